@@ -1,0 +1,97 @@
+# KV events: Contract 2 of docs/DESIGN.md. The prose spec is schema/README.md.
+# Append-only: never renumber, retype or reuse a field; add new fields at the end.
+@0xeeef072a2910b1bd;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("kvfleet::schema");
+
+enum Tier {
+  device @0;  # GPU (or the cpu backend's primary) memory
+  host @1;    # the secondary tier: pinned host memory
+}
+
+struct StoredBlock {
+  hash @0 :UInt64;          # Contract 1 sequence hash
+  tokens @1 :List(UInt32);  # the block's tokens; empty unless the worker's events.include_tokens is on
+  tier @2 :Tier;
+  priority @3 :UInt8;       # retention priority 0..100
+}
+
+struct KvEvent {
+  windowSize @0 :UInt32;    # attention window of the pool the event concerns; 0 = full attention
+
+  union {
+    stored @1 :Stored;
+    removed @2 :Removed;
+    updated @3 :Updated;
+    cleared @4 :Void;       # every block of every tier is gone
+    created @5 :Created;
+  }
+
+  struct Stored {
+    parentHash @0 :UInt64;          # hash of the block before blocks[0]; 0 = the root
+    blocks @1 :List(StoredBlock);   # a chain: blocks[i] is the parent of blocks[i+1]
+  }
+
+  struct Removed {
+    hashes @0 :List(UInt64);
+    tier @1 :Tier;
+  }
+
+  struct Updated {
+    hash @0 :UInt64;
+    hasTier @1 :Bool;       # the block moved to `tier` (offload or onboard)
+    tier @2 :Tier;
+    hasPriority @3 :Bool;   # the block's retention priority changed to `priority`
+    priority @4 :UInt8;
+  }
+
+  struct Created {
+    blocksPerTier @0 :List(UInt64);  # indexed by Tier ordinal
+    blockSize @1 :UInt32;
+  }
+}
+
+struct Load {
+  activeRequests @0 :UInt32;
+  queuedRequests @1 :UInt32;
+  activePrefillTokens @2 :UInt64;      # prompt tokens still to compute, queued requests included
+  activeDecodeBlocks @3 :UInt64;
+  freeBlocks @4 :List(UInt64);         # per tier, indexed by Tier ordinal
+  totalBlocks @5 :List(UInt64);
+  prefillTokensPerSecond @6 :Float32;  # measured, smoothed
+  decodeTokensPerSecond @7 :Float32;
+}
+
+struct EventBatch {
+  workerId @0 :Text;
+  epoch @1 :UInt64;         # random, chosen at worker process start
+  seq @2 :UInt64;           # +1 per batch within an epoch; the first batch is 1
+  events @3 :List(KvEvent); # empty for a heartbeat
+  load @4 :Load;
+  createdNs @5 :Int64;      # worker wall clock (Unix ns) when sealed, for the lag metric
+}
+
+# Sent by a router's DEALER to a worker's replay ROUTER.
+struct ReplayRequest {
+  epoch @0 :UInt64;         # the epoch the router knows; 0 = none
+  fromSeq @1 :UInt64;       # the first seq the router is missing
+}
+
+# The answer to a ReplayRequest: one or more messages; the final one has `last` set.
+struct ReplayReply {
+  workerId @0 :Text;
+  epoch @1 :UInt64;         # the worker's current epoch
+  last @2 :Bool;
+
+  union {
+    batches @3 :List(EventBatch);  # replay: consecutive batches from fromSeq on
+    snapshot @4 :Snapshot;         # the range is gone or the epoch is old
+    error @5 :Text;
+  }
+
+  struct Snapshot {
+    consistentSeq @0 :UInt64;      # reflects every batch with seq <= this, and none after
+    events @1 :List(KvEvent);      # `stored` events, parents before children
+  }
+}

@@ -1,0 +1,58 @@
+// Cap'n Proto framing for ZMQ: one message per frame, as a flat word array.
+//
+// Decode() copies the frame into word-aligned memory and walks the whole message once
+// (totalSize), so a malformed or truncated frame is an error here and never later.
+//
+// Thread safety: values; a DecodedMessage is owned by one thread.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/array.h>
+#include <kj/exception.h>
+
+#include "common/status.h"
+
+namespace kvfleet::wire {
+
+// Limits for untrusted input: 512 MiB of words, nesting 64 deep.
+constexpr uint64_t kTraversalLimitWords = 64ull * 1024 * 1024;
+constexpr int kNestingLimit = 64;
+
+// Serializes a builder into the bytes of one frame.
+std::string Encode(capnp::MessageBuilder& message);
+
+class DecodedMessage {
+ public:
+  template <typename T>
+  typename T::Reader Root() {
+    return reader_->getRoot<T>();
+  }
+
+ private:
+  friend Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size);
+  kj::Array<capnp::word> words_;
+  std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
+};
+
+// Parses the segment table. Prefer Decode<T>, which also validates the root.
+Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size);
+
+// Decodes and fully validates a frame whose root is T.
+template <typename T>
+Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size) {
+  auto msg = DecodeRaw(data, size);
+  if (!msg.ok()) return msg.status();
+  try {
+    (void)(*msg)->template Root<T>().totalSize();
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+  }
+  return msg;
+}
+
+}  // namespace kvfleet::wire

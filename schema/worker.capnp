@@ -1,0 +1,144 @@
+# Requests between routers and workers: Contract 3 of docs/DESIGN.md.
+# Append-only: never renumber, retype or reuse a field; add new fields at the end.
+@0xcacafd8e046dc816;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("kvfleet::schema");
+
+using Events = import "events.capnp";
+
+# TensorRT-LLM KvCacheRetentionConfig: token ranges with a priority and an optional
+# duration; earlier ranges win where they overlap.
+struct RetentionRange {
+  start @0 :UInt32;
+  end @1 :UInt32;            # exclusive; used when hasEnd
+  hasEnd @2 :Bool;           # false: to the end of the sequence
+  priority @3 :UInt8;        # 0..100
+  durationMs @4 :UInt64;     # used when hasDuration: then the block drops to the default priority
+  hasDuration @5 :Bool;
+}
+
+struct Retention {
+  ranges @0 :List(RetentionRange);
+  decodePriority @1 :UInt8;  # for blocks filled during generation, when hasDecodePriority
+  hasDecodePriority @2 :Bool;
+  decodeDurationMs @3 :UInt64;
+  hasDecodeDuration @4 :Bool;
+}
+
+struct Sampling {
+  temperature @0 :Float32 = 1.0;  # 0 = greedy
+  topP @1 :Float32 = 1.0;
+  topK @2 :Int32 = 0;             # 0 = off
+  seed @3 :UInt64;
+  hasSeed @4 :Bool;
+  maxTokens @5 :UInt32 = 16;
+  stopTokenIds @6 :List(UInt32);
+  ignoreEos @7 :Bool;
+}
+
+struct Generate {
+  requestId @0 :UInt64;      # unique per router connection
+  tokens @1 :List(UInt32);
+  sampling @2 :Sampling;
+  retention @3 :Retention;
+  loraName @4 :Text;         # empty: none
+  cacheSalt @5 :Text;        # empty: none
+  model @6 :Text;            # empty: the worker's model
+}
+
+struct Cancel {
+  requestId @0 :UInt64;
+}
+
+struct Usage {
+  promptTokens @0 :UInt32;
+  cachedDeviceTokens @1 :UInt32;
+  cachedHostTokens @2 :UInt32;
+  completionTokens @3 :UInt32;
+  timeToFirstTokenUs @4 :UInt64;  # measured inside the worker
+}
+
+enum FinishReason {
+  none @0;       # more deltas follow
+  stop @1;       # EOS or a stop token id
+  length @2;     # maxTokens or the context limit
+  cancelled @3;
+  error @4;
+}
+
+struct Delta {
+  requestId @0 :UInt64;
+  tokens @1 :List(UInt32);
+  finishReason @2 :FinishReason;
+  usage @3 :Usage;           # final counts once finishReason != none; running counts before
+}
+
+enum ErrorCode {
+  invalidRequest @0;
+  contextTooLong @1;
+  unknownLora @2;
+  overloaded @3;       # queue full: retry elsewhere
+  shuttingDown @4;
+  internal @5;
+  unknownModel @6;
+}
+
+struct Error {
+  requestId @0 :UInt64;
+  code @1 :ErrorCode;
+  message @2 :Text;
+}
+
+struct Endpoints {
+  requests @0 :Text;   # tcp://host:5556
+  events @1 :Text;     # tcp://host:5557
+  replay @2 :Text;     # tcp://host:5558
+  http @3 :Text;       # http://host:9400
+}
+
+struct TierInfo {
+  tier @0 :Events.Tier;
+  totalBlocks @1 :UInt64;
+}
+
+struct Hello {
+  workerId @0 :Text;
+  model @1 :Text;
+  blockSize @2 :UInt32;
+  maxContext @3 :UInt32;
+  tiers @4 :List(TierInfo);
+  endpoints @5 :Endpoints;
+  backend @6 :Text;    # cpu, cuda or mock
+  epoch @7 :UInt64;
+}
+
+# Router DEALER -> worker requests ROUTER: one frame.
+struct ToWorker {
+  union {
+    generate @0 :Generate;
+    cancel @1 :Cancel;
+  }
+}
+
+# Worker requests ROUTER -> router DEALER: one frame.
+struct FromWorker {
+  union {
+    delta @0 :Delta;
+    error @1 :Error;
+  }
+}
+
+# A worker that shuts down cleanly says so, so routers stop sending to it at once.
+struct Bye {
+  workerId @0 :Text;
+  epoch @1 :UInt64;
+}
+
+# Worker DEALER -> router registration ROUTER: one frame.
+struct ToRouter {
+  union {
+    hello @0 :Hello;
+    bye @1 :Bye;
+  }
+}
