@@ -61,3 +61,20 @@ function(kvfleet_bench)
   target_compile_options(${ARG_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KVFLEET_WARNINGS}>)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 endfunction()
+
+# kvfleet_fuzzer(NAME name SOURCES ... [DEPS ...]): a libFuzzer target (LLVMFuzzerTestOneInput).
+# Built only with -DKVFLEET_FUZZ=ON and clang (tests/fuzz/run.sh does that in build-fuzz);
+# run for a bounded time by tests/run.sh. Corpus seeds: tests/fuzz/corpus/<name>/.
+function(kvfleet_fuzzer)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;DEPS" ${ARGN})
+  if(NOT KVFLEET_FUZZ)
+    return()
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+  target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_compile_options(${ARG_NAME} PRIVATE -fsanitize=fuzzer)
+  target_link_options(${ARG_NAME} PRIVATE -fsanitize=fuzzer)
+  set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzzers)
+  set_property(GLOBAL APPEND PROPERTY KVFLEET_FUZZERS ${ARG_NAME})
+endfunction()

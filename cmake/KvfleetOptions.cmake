@@ -51,3 +51,11 @@ endif()
 
 # libFuzzer targets need clang; they are built only when the C++ compiler is clang.
 option(KVFLEET_FUZZ "Build libFuzzer targets (needs clang)" OFF)
+if(KVFLEET_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "KVFLEET_FUZZ needs clang: configure with CC=clang CXX=clang++")
+  endif()
+  # Everything is built with the fuzzer's coverage and ASan+UBSan, so bugs in libraries show.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
