@@ -200,6 +200,7 @@ BlockId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
   }
   QueueUpdate(n);
   ++onboards_;
+  ++version_;
   EmitUpdated(n, Tier::kDevice, std::nullopt);
   return db;
 }
@@ -224,6 +225,7 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   block_node_[kDev][b] = n;
   LinkChild(parent, n);
   IndexInsert(h, n);
+  ++version_;
   Touch(x, now);
   if (x.duration > 0) expiry_.push({x.expires_at, n, ++x.expiry_stamp});
   if (parent != kNoNode) QueueUpdate(parent);
@@ -393,6 +395,7 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
     }
     QueueUpdate(n);
     ++offloads_;
+    ++version_;
     EmitUpdated(n, Tier::kHost, std::nullopt);
     if (out) out->push_back({index_, x.hash, prio, true});
     return true;
@@ -443,6 +446,7 @@ void BlockPool::RemoveNode(NodeId n) {
   ++x.expiry_stamp;
   --live_nodes_;
   free_nodes_.push_back(n);
+  ++version_;
   if (parent != kNoNode) QueueUpdate(parent);
 }
 
@@ -488,6 +492,7 @@ void BlockPool::Clear() {
   root_num_children_ = 0;
   live_nodes_ = 0;
   unpinned_cached_ = {};
+  ++version_;
   CloseEvents();
   Emit(KvEvent{window_, ClearedEvent{}});
 }

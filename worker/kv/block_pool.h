@@ -64,6 +64,15 @@ class BlockPool {
   uint32_t num_reclaimable() const { return unpinned_cached_[0]; }
 
   // --- the tree (read-only) ---
+  // Changes whenever a node is added, removed or moves tier: a cached match is stale then.
+  uint64_t version() const { return version_; }
+  // Starts loading the index slot of h (a lookup a few blocks ahead hides its cache miss).
+  void PrefetchSlot(BlockHash h) const { __builtin_prefetch(&index_slots_[Home(h)]); }
+  // Starts loading node n and its tokens.
+  void PrefetchNode(NodeId n) const {
+    __builtin_prefetch(&nodes_[n]);
+    __builtin_prefetch(&tokens_[size_t{n} * block_size_]);
+  }
   NodeId FindHash(BlockHash h) const;
   // The child of `parent` (kNoNode = root) with hash h and these tokens, or kNoNode.
   NodeId Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const;
@@ -210,6 +219,7 @@ class BlockPool {
   std::array<uint32_t, kNumTiers> queued_{};
   std::priority_queue<ExpiryEntry, std::vector<ExpiryEntry>, std::greater<ExpiryEntry>> expiry_;
   uint64_t tick_ = 0;
+  uint64_t version_ = 0;
 
   // Event batching: consecutive stored blocks of one chain, or removals on one tier, share
   // one event.
