@@ -14,4 +14,7 @@ using Action = std::function<int()>;
 // kvfleet hash --model NAME [--lora L] [--salt S] --block-size B TOKEN...
 Action AddHashCommand(CLI::App& parent);
 
+// kvfleet up --backend mock --workers N: a router and N workers on loopback.
+Action AddUpCommand(CLI::App& parent);
+
 }  // namespace kvfleet::cli

@@ -179,11 +179,8 @@ class FleetImpl {
     wake_fd_ = -1;
   }
 
-  uint64_t Submit(ForwardRequest request) {
-    uint64_t handle = next_handle_.fetch_add(1) + 1;
-    Post(SubmitCmd{handle, std::move(request)});
-    return handle;
-  }
+  uint64_t NewHandle() { return next_handle_.fetch_add(1) + 1; }
+  void Submit(uint64_t handle, ForwardRequest request) { Post(SubmitCmd{handle, std::move(request)}); }
 
   void Cancel(uint64_t handle) { Post(CancelCmd{handle}); }
 
@@ -297,7 +294,7 @@ class FleetImpl {
     uint64_t attempt_id = 0;
     std::vector<WorkerId> tried;
     bool first_token = false;
-    uint32_t prompt_tokens = 0;
+    uint32_t prompt_tokens = 0;  // counted as queued prefill until the first token
     TimeNs deadline = 0;
     TimeNs first_token_deadline = 0;
   };
@@ -361,7 +358,13 @@ class FleetImpl {
     model.block_size = hello.block_size;
     if (existing != by_endpoint_.end()) {
       WorkerRecord& w = *workers_[existing->second];
-      bool changed = w.info.model != hello.model || w.info.epoch != hello.epoch || w.removed.load();
+      // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
+      // new model make this a different worker to it.
+      bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
+                     w.info.replay_endpoint != hello.replay_endpoint || w.removed.load();
+      if (w.info.epoch != hello.epoch && !from_static) {
+        log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
+      }
       if (w.info.model != hello.model) {
         auto& old = models_[w.info.model].members;
         std::erase(old, w.id);
@@ -375,9 +378,9 @@ class FleetImpl {
       if (!from_static) w.from_static = false;
       WorkerId id = w.id;
       lock.unlock();
-      if (changed) {
-        log->info("worker {} ({}) re-registered: model {}, block size {}, epoch {}", hello.name,
-                  hello.requests_endpoint, hello.model, hello.block_size, hello.epoch);
+      if (changed && !(from_static && !w.from_static)) {
+        log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
+                  hello.model, hello.block_size);
         if (signals_) {
           signals_->RemoveWorker(id);
           signals_->AddWorker(id, merged);
@@ -500,7 +503,7 @@ class FleetImpl {
     for (auto& cmd : cmds) {
       if (auto* s = std::get_if<SubmitCmd>(&cmd)) {
         Flight f;
-        f.prompt_tokens = static_cast<uint32_t>(s->request.params.tokens.size());
+        f.prompt_tokens = s->request.prefill_tokens;
         f.worker = s->request.worker;
         f.request = std::move(s->request);
         TimeNs now = clock_->Now();
@@ -844,7 +847,8 @@ Result<std::unique_ptr<Fleet>> Fleet::Start(const FleetOptions& options, WorkerS
 }
 
 void Fleet::Stop() { impl_->Stop(); }
-uint64_t Fleet::Submit(ForwardRequest request) { return impl_->Submit(std::move(request)); }
+uint64_t Fleet::NewHandle() { return impl_->NewHandle(); }
+void Fleet::Submit(uint64_t handle, ForwardRequest request) { impl_->Submit(handle, std::move(request)); }
 void Fleet::Cancel(uint64_t handle) { impl_->Cancel(handle); }
 std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { return impl_->FindModel(model); }
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }

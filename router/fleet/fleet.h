@@ -95,6 +95,9 @@ class ResponseSink {
 struct ForwardRequest {
   WorkerId worker = 0;
   GenerateParams params;
+  // Prompt tokens the worker is expected to prefill (the uncached part); counted in the
+  // router's own queued-prefill load until the first token.
+  uint32_t prefill_tokens = 0;
   std::shared_ptr<ResponseSink> sink;
   // Picks the worker for a retry, excluding `tried`. Runs on the fleet thread.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
@@ -133,8 +136,10 @@ class Fleet {
   // Ends every request (sinks get Unavailable), closes the sockets, joins. Idempotent.
   void Stop();
 
-  // Queues a request; returns its handle.
-  uint64_t Submit(ForwardRequest request);
+  // A fresh request handle, for Submit (known before any sink call can happen).
+  uint64_t NewHandle();
+  // Queues a request under `handle` (from NewHandle()).
+  void Submit(uint64_t handle, ForwardRequest request);
   // Ends a request early and cancels it on its worker. Its sink gets no further call
   // once the fleet thread has handled the cancel (calls already running may finish).
   void Cancel(uint64_t handle);

@@ -444,12 +444,14 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     fleet_->OwnLoad(id, &own_requests, &own_prefill);
     c.running_requests = own_requests;
     c.queued_prefill_tokens = own_prefill;
+    // Without a report, every request this router has in flight there may be queued.
+    c.queued_requests = own_requests;
     if (policy != Policy::kApprox) {
       if (auto load = fleet_->ReportedLoad(id)) {
         // Both are lower bounds of the truth (README.md): take the larger.
         c.running_requests = std::max(own_requests, load->active_requests + load->queued_requests);
         c.queued_prefill_tokens = std::max(own_prefill, load->active_prefill_tokens);
-        c.queued_requests = load->queued_requests;
+        c.queued_requests = std::max(load->queued_requests, own_requests - load->active_requests);
         c.prefill_tokens_per_s = load->prefill_tokens_per_s;
       }
     }
@@ -483,6 +485,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   ForwardRequest fwd;
   fwd.worker = decision->worker;
   fwd.params = std::move(params);
+  fwd.prefill_tokens = prompt - decision->predicted_cached_tokens;
   fwd.sink = stream;
   Picker* picker = picker_;
   fwd.reroute = [picker, policy, route, candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
@@ -494,8 +497,9 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     KVF_ASSIGN_OR_RETURN(Decision d, picker->Pick(policy, route, rest));
     return d.worker;
   };
-  uint64_t handle = fleet_->Submit(std::move(fwd));
+  uint64_t handle = fleet_->NewHandle();
   stream->set_handle(handle);
+  fleet_->Submit(handle, std::move(fwd));
   Fleet* fleet = fleet_;
   ex->OnClientGone([fleet, handle] { fleet->Cancel(handle); });
 }

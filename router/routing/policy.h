@@ -41,7 +41,7 @@ inline constexpr double kDefaultPrefillTokensPerSecond = 8'000.0;
 inline constexpr double kOnboardSecondsPerBlock = 200e-6;
 inline constexpr double kDecodeSecondsPerRunningRequest = 1e-3;
 inline constexpr double kHotSpotFactor = 2.0;
-inline constexpr double kHotSpotMinRequests = 4.0;
+inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 }  // namespace config
