@@ -102,7 +102,8 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
         KVF_RETURN_IF_ERROR(CheckPriority(o.priority));
         auto toks = b.getTokens();
         if (toks.size() > config::kMaxTokensPerBlock) return InvalidArgument("stored block with too many tokens");
-        o.tokens.assign(toks.begin(), toks.end());
+        o.tokens.resize(toks.size());
+        for (unsigned j = 0; j < toks.size(); ++j) o.tokens[j] = toks[j];
       }
       out->data = std::move(e);
       return Status::Ok();
@@ -112,7 +113,8 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
       kv::RemovedEvent e;
       KVF_ASSIGN_OR_RETURN(e.tier, FromWire(r.getTier()));
       auto hashes = r.getHashes();
-      e.hashes.assign(hashes.begin(), hashes.end());
+      e.hashes.resize(hashes.size());
+      for (unsigned j = 0; j < hashes.size(); ++j) e.hashes[j] = hashes[j];
       out->data = std::move(e);
       return Status::Ok();
     }
