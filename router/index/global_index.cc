@@ -16,6 +16,12 @@ uint8_t TierBit(kv::Tier tier) {
 }
 constexpr uint8_t kTierBits = GlobalIndex::kDeviceBit | GlobalIndex::kHostBit;
 
+// Counters written only under their shard's exclusive lock and read lock-free elsewhere:
+// a relaxed load + store is enough and avoids a locked read-modify-write per event.
+void Bump(std::atomic<uint64_t>& counter, int64_t delta) {
+  counter.store(counter.load(std::memory_order_relaxed) + static_cast<uint64_t>(delta), std::memory_order_relaxed);
+}
+
 int ShardIndex(BlockHash h) {
   // Hashes are XXH3 outputs; a multiply spreads test-sized small integers too.
   return static_cast<int>((h * 0x9E3779B97F4A7C15ull) >> (64 - config::kShardBits));
@@ -171,7 +177,7 @@ struct alignas(64) GlobalIndex::Shard {
   boost::unordered_flat_map<BlockHash, HolderList> map;
   std::unique_ptr<PerWorker[]> workers{new PerWorker[config::kMaxWorkers]};
   std::vector<Predicted> predicted;  // insertion order; swept when expired
-  uint64_t entries = 0;              // (block, worker) entries in this shard
+  std::atomic<uint64_t> entries{0};  // (block, worker) entries in this shard; written under mu
   uint64_t heap_bytes = 0;           // overflow holder arrays
 };
 
@@ -335,7 +341,11 @@ uint64_t GlobalIndex::BlockCount(WorkerId worker, kv::Tier tier) const {
   return n;
 }
 
-uint64_t GlobalIndex::EntryCount() const { return entries_.load(std::memory_order_relaxed); }
+uint64_t GlobalIndex::EntryCount() const {
+  uint64_t n = 0;
+  for (int i = 0; i < config::kShards; ++i) n += shards_[i].entries.load(std::memory_order_relaxed);
+  return n;
+}
 
 uint64_t GlobalIndex::HashCount() const {
   uint64_t n = 0;
@@ -381,9 +391,18 @@ std::vector<BlockHash> GlobalIndex::BlocksOf(WorkerId worker, kv::Tier tier) con
 
 void GlobalIndex::Store(WorkerId worker, BlockHash hash, kv::Tier tier) {
   KVF_CHECK(worker < config::kMaxWorkers);
+  StoreOne(worker, hash, tier, NowMs());
+}
+
+void GlobalIndex::StoreBlocks(WorkerId worker, std::span<const kv::StoredBlock> blocks) {
+  KVF_CHECK(worker < config::kMaxWorkers);
+  const uint32_t now_ms = NowMs();
+  for (const kv::StoredBlock& b : blocks) StoreOne(worker, b.hash, b.tier, now_ms);
+}
+
+void GlobalIndex::StoreOne(WorkerId worker, BlockHash hash, kv::Tier tier, uint32_t now_ms) {
   Shard& shard = ShardOf(hash);
   const uint8_t bit = TierBit(tier);
-  const uint32_t now_ms = NowMs();
   {
     std::unique_lock lock(shard.mu);
     HolderList& list = shard.map[hash];
@@ -394,11 +413,9 @@ void GlobalIndex::Store(WorkerId worker, BlockHash hash, kv::Tier tier) {
       h = &list.Add(worker);
       shard.heap_bytes += list.HeapBytes() - before;
       shard.workers[worker].blocks.insert(hash);
-      ++shard.entries;
-      entries_.fetch_add(1, std::memory_order_relaxed);
+      Bump(shard.entries, 1);
     }
-    if (!(h->flags & bit))
-      shard.workers[worker].tier_count[static_cast<int>(tier)].fetch_add(1, std::memory_order_relaxed);
+    if (!(h->flags & bit)) Bump(shard.workers[worker].tier_count[static_cast<int>(tier)], 1);
     list.SetFlags(h, static_cast<uint8_t>((h->flags & ~kPredictedBit) | bit));  // confirms a prediction
     h->expiry_ms = 0;
   }
@@ -416,12 +433,11 @@ void GlobalIndex::Remove(WorkerId worker, BlockHash hash, kv::Tier tier) {
   Holder* h = list.Find(worker);
   if (h == nullptr || !(h->flags & bit)) return;
   list.SetFlags(h, static_cast<uint8_t>(h->flags & ~bit));
-  shard.workers[worker].tier_count[static_cast<int>(tier)].fetch_sub(1, std::memory_order_relaxed);
+  Bump(shard.workers[worker].tier_count[static_cast<int>(tier)], -1);
   if (h->flags == 0) {
     list.Erase(h);
     shard.workers[worker].blocks.erase(hash);
-    --shard.entries;
-    entries_.fetch_sub(1, std::memory_order_relaxed);
+    Bump(shard.entries, -1);
     if (list.empty()) {
       shard.heap_bytes -= list.HeapBytes();
       shard.map.erase(it);
@@ -438,10 +454,10 @@ bool GlobalIndex::Move(WorkerId worker, BlockHash hash, kv::Tier tier) {
   Holder* h = it->second.Find(worker);
   if (h == nullptr || !(h->flags & kTierBits)) return false;
   auto& counts = shard.workers[worker].tier_count;
-  if (h->flags & kDeviceBit) counts[0].fetch_sub(1, std::memory_order_relaxed);
-  if (h->flags & kHostBit) counts[1].fetch_sub(1, std::memory_order_relaxed);
+  if (h->flags & kDeviceBit) Bump(counts[0], -1);
+  if (h->flags & kHostBit) Bump(counts[1], -1);
   it->second.SetFlags(h, static_cast<uint8_t>((h->flags & ~kTierBits) | TierBit(tier)));
-  counts[static_cast<int>(tier)].fetch_add(1, std::memory_order_relaxed);
+  Bump(counts[static_cast<int>(tier)], 1);
   return true;
 }
 
@@ -461,8 +477,7 @@ void GlobalIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> ha
         h = &list.Add(worker);
         shard.heap_bytes += list.HeapBytes() - before;
         shard.workers[worker].blocks.insert(hash);
-        ++shard.entries;
-        entries_.fetch_add(1, std::memory_order_relaxed);
+        Bump(shard.entries, 1);
       } else if (h->flags & kTierBits) {
         continue;  // already held for real
       }
@@ -492,8 +507,8 @@ void GlobalIndex::RemoveWorker(WorkerId worker) {
         shard.map.erase(it);
       }
     }
-    shard.entries -= pw.blocks.size();
-    entries_.fetch_sub(pw.blocks.size(), std::memory_order_relaxed);
+    Bump(shard.entries, -static_cast<int64_t>(pw.blocks.size()));
+    
     pw.blocks.clear();
     pw.tier_count[0].store(0, std::memory_order_relaxed);
     pw.tier_count[1].store(0, std::memory_order_relaxed);
@@ -524,8 +539,7 @@ uint64_t GlobalIndex::SweepExpired() {
       if (h->flags == 0) {
         it->second.Erase(h);
         shard.workers[p.worker].blocks.erase(p.hash);
-        --shard.entries;
-        entries_.fetch_sub(1, std::memory_order_relaxed);
+        Bump(shard.entries, -1);
         if (it->second.empty()) {
           shard.heap_bytes -= it->second.HeapBytes();
           shard.map.erase(it);
@@ -540,14 +554,14 @@ uint64_t GlobalIndex::SweepExpired() {
 void GlobalIndex::TrimIfNeeded(Shard& shard) {
   const uint64_t cap = std::max<uint64_t>(1, options_.max_entries / config::kShards);
   std::unique_lock lock(shard.mu);
-  if (shard.entries <= cap) return;
+  if (shard.entries.load(std::memory_order_relaxed) <= cap) return;
   // Find the stamp below which the oldest blocks hold (entries - target) entries.
   const uint64_t target = static_cast<uint64_t>(cap * config::kTrimTargetFraction);
   std::vector<std::pair<uint32_t, uint16_t>> stamps;  // (lru_ms, holders)
   stamps.reserve(shard.map.size());
   for (const auto& [hash, list] : shard.map) stamps.emplace_back(list.lru_ms, list.size());
   std::sort(stamps.begin(), stamps.end());
-  uint64_t to_drop = shard.entries - target, dropped = 0;
+  uint64_t to_drop = shard.entries.load(std::memory_order_relaxed) - target, dropped = 0;
   uint32_t cutoff = 0;
   for (const auto& [stamp, n] : stamps) {
     if (dropped >= to_drop) break;
@@ -560,10 +574,9 @@ void GlobalIndex::TrimIfNeeded(Shard& shard) {
     for (const Holder& h : entry.second) {
       auto& pw = shard.workers[h.worker];
       pw.blocks.erase(entry.first);
-      if (h.flags & kDeviceBit) pw.tier_count[0].fetch_sub(1, std::memory_order_relaxed);
-      if (h.flags & kHostBit) pw.tier_count[1].fetch_sub(1, std::memory_order_relaxed);
-      --shard.entries;
-      entries_.fetch_sub(1, std::memory_order_relaxed);
+      if (h.flags & kDeviceBit) Bump(pw.tier_count[0], -1);
+      if (h.flags & kHostBit) Bump(pw.tier_count[1], -1);
+      Bump(shard.entries, -1);
     }
     shard.heap_bytes -= entry.second.HeapBytes();
     return true;
@@ -598,7 +611,7 @@ void GlobalIndex::CheckInvariants() const {
         ++entries;
       }
     }
-    KVF_CHECK(entries == shard.entries);
+    KVF_CHECK(entries == shard.entries.load());
     uint64_t reverse = 0;
     for (WorkerId w = 0; w < config::kMaxWorkers; ++w) {
       reverse += shard.workers[w].blocks.size();

@@ -124,6 +124,8 @@ class GlobalIndex {
   // `worker` stores `hash` on `tier`. Confirms a predicted entry. Idempotent.
   // REQUIRES: worker < config::kMaxWorkers.
   void Store(WorkerId worker, BlockHash hash, kv::Tier tier);
+  // Store() for each block of a stored event, reading the clock once.
+  void StoreBlocks(WorkerId worker, std::span<const kv::StoredBlock> blocks);
   // `worker` no longer holds `hash` on `tier`. Unknown blocks are ignored.
   void Remove(WorkerId worker, BlockHash hash, kv::Tier tier);
   // The block moved to `tier` (offload or onboard): it is now held on `tier` only.
@@ -159,12 +161,12 @@ class GlobalIndex {
   Shard& ShardOf(BlockHash h) const;
   uint32_t NowMs() const;
   void TrimIfNeeded(Shard& shard);
+  void StoreOne(WorkerId worker, BlockHash hash, kv::Tier tier, uint32_t now_ms);
 
   const GlobalIndexOptions options_;
   Clock* const clock_;
   const TimeNs base_ns_;
   std::unique_ptr<Shard[]> shards_;
-  std::atomic<uint64_t> entries_{0};
 };
 
 }  // namespace kvfleet::router
