@@ -1,6 +1,10 @@
 #include "router/events/event_plane.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <capnp/message.h>
@@ -8,6 +12,7 @@
 #include <prometheus/registry.h>
 #include <zmq.hpp>
 
+#include "common/curve_keys.h"
 #include "router/events/fault_injection.h"
 #include "schema/wire.h"
 #include "tests/router/events/sim_worker.h"
@@ -234,6 +239,43 @@ TEST_CASE("workers join and leave many times without disturbing each other") {
   CHECK(Eventually([&] { return FromIndex(plane.index(), 0) == held; }, std::chrono::milliseconds(2000)));
   CHECK(plane.Stats().size() == 1);
   plane.index().CheckInvariants();
+}
+
+TEST_CASE("with CURVE keys from files, a known router syncs and an unknown one hears nothing") {
+  REQUIRE(CurveAvailable());
+  const std::string dir = "/tmp/kvfleet-curve-test-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto server = GenerateCurveKeyPair(), known = GenerateCurveKeyPair(), stranger = GenerateCurveKeyPair();
+  REQUIRE((server.ok() && known.ok() && stranger.ok()));
+  REQUIRE(WriteCurveKeyPair(dir + "/server.key", *server).ok());
+  REQUIRE(WriteCurveKeyPair(dir + "/router.key", *known).ok());
+  REQUIRE(WriteCurveKeyPair(dir + "/stranger.key", *stranger).ok());
+  std::ofstream(dir + "/server.pub") << server->public_key << "\n";
+  std::ofstream(dir + "/authorized") << "# routers allowed to subscribe\n" << known->public_key << "\n";
+  CHECK(!LoadCurveKeyPair(dir + "/server.pub").ok());  // one line is not a key pair
+  CHECK(!LoadCurveKeyPair(dir + "/missing").ok());
+
+  SimWorker worker("secure", 11, SimWorker::Kind::kScripted);
+  worker.SetCurve({dir + "/server.key", dir + "/authorized"});
+  worker.Start();
+  worker.Run(20);
+  prometheus::Registry r1, r2;
+  EventPlaneOptions good;
+  good.curve = {dir + "/router.key", dir + "/server.pub"};
+  EventPlaneOptions bad;
+  bad.curve = {dir + "/stranger.key", dir + "/server.pub"};
+  EventPlane plane(good, SystemClock::Default(), &r1);
+  EventPlane intruder(bad, SystemClock::Default(), &r2);
+  REQUIRE(plane.AddWorker(0, "secure", worker.endpoints()).ok());
+  REQUIRE(intruder.AddWorker(0, "secure", worker.endpoints()).ok());
+  while (!worker.Idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  TierSets held = worker.Holdings();
+  CHECK(Eventually([&] { return plane.State(0) == WorkerState::kLive && FromIndex(plane.index(), 0) == held; },
+                   std::chrono::milliseconds(2000)));
+  CHECK(intruder.State(0) != WorkerState::kLive);
+  CHECK(intruder.index().EntryCount() == 0);
+  CHECK(!intruder.Load(0).has_value());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -140,6 +140,7 @@ class SimWorker {
     o.worker_id = name_;
     o.events_endpoint = endpoints_.events.empty() ? "tcp://127.0.0.1:*" : endpoints_.events;
     o.replay_endpoint = endpoints_.replay.empty() ? "tcp://127.0.0.1:*" : endpoints_.replay;
+    o.curve = curve_;
     auto p = events::EventPublisher::Make(o, SystemClock::Default(), &registry_);
     KVF_CHECK(p.ok()) << p.status().ToString();
     publisher_ = std::move(*p);
@@ -169,6 +170,9 @@ class SimWorker {
     Kill();
     Start();
   }
+
+  // CURVE settings for the next Start().
+  void SetCurve(const events::EventPublisherCurve& curve) { curve_ = curve; }
 
   // Queues `n` engine steps that change the cache.
   void Run(uint64_t n) { steps_left_.fetch_add(n); }
@@ -219,6 +223,7 @@ class SimWorker {
   const size_t per_step_;
   prometheus::Registry registry_;
   router::WorkerEndpoints endpoints_;
+  events::EventPublisherCurve curve_;
   std::unique_ptr<events::EventPublisher> publisher_;
   std::unique_ptr<CountingSink> sink_;
   std::unique_ptr<KvWorkload> kv_;
