@@ -12,6 +12,8 @@
 #include "common/config.h"
 #include "common/http/server.h"
 #include "common/log.h"
+#include "router/events/event_plane.h"
+#include "router/fleet/event_signals.h"
 #include "router/fleet/fleet.h"
 #include "router/http/api.h"
 #include "router/http/codec.h"
@@ -35,6 +37,7 @@ struct RouterConfig {
   double request_timeout_s = 600;
   double first_token_timeout_s = 60;
   double dns_interval_s = 10;
+  int64_t heartbeat_timeout_ms = 3000;
 };
 
 void AddOptions(CLI::App& app, RouterConfig* c) {
@@ -66,6 +69,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")
       ->capture_default_str();
   app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
+                 "a worker silent this long on its event stream is dead")
       ->capture_default_str();
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
@@ -118,17 +124,20 @@ int Run(RouterConfig& c) {
   }
   auto registry = std::make_shared<prometheus::Registry>();
   const Clock* clock = SystemClock::Default();
-  // The event plane (router/events) is not connected yet: liveness comes from the DEALER
-  // connections and the kv policy reads the router's own predicted entries.
-  WorkerSignals* worker_signals = nullptr;
-  PredictedIndex predicted(clock);
-  auto fleet = Fleet::Start(c.fleet, worker_signals, clock, registry.get());
+  // KV events and load reports: the global index, worker liveness and load.
+  EventPlaneOptions events;
+  events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  EventPlane plane(events, SystemClock::Default(), registry.get());
+  EventPlaneSignals worker_signals(&plane);
+  GlobalPrefixIndex global_index(&plane.index());
+  PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
+  auto fleet = Fleet::Start(c.fleet, &worker_signals, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());
     return 1;
   }
   Picker picker(c.routing);
-  Api api(c.api, fleet->get(), &picker, &predicted, &predicted, codec, clock, registry);
+  Api api(c.api, fleet->get(), &picker, &global_index, &approx_index, codec, clock, registry);
   http::Routes routes;
   api.AddRoutes(&routes);
   auto server = http::Server::Start(c.http, std::move(routes));

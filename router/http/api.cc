@@ -270,6 +270,10 @@ class RequestStream final : public ResponseSink {
     usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
     usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
     usage_.completion_tokens = completion_tokens_;
+    if (d.finish != FinishReason::kNone || stopped) {
+      usage_.worker = api_->fleet_->WorkerName(worker);
+      usage_.worker_ttft_ms = static_cast<double>(d.usage.time_to_first_token_us) / 1000.0;
+    }
     std::string finish;
     if (stopped) {
       finish = "stop";

@@ -155,6 +155,10 @@ json UsageJson(const UsageCounts& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+void AddExtension(json& j, const UsageCounts& u) {
+  if (!u.worker.empty()) j["kvfleet"] = {{"worker", u.worker}, {"worker_ttft_ms", u.worker_ttft_ms}};
+}
+
 json FinishJson(std::string_view finish) { return finish.empty() ? json(nullptr) : json(std::string(finish)); }
 
 }  // namespace
@@ -325,6 +329,7 @@ std::string FormatCompletion(const CompletionRequest& req, std::string_view id, 
             {"model", req.model},
             {"choices", json::array({std::move(choice)})},
             {"usage", UsageJson(usage)}};
+  AddExtension(j, usage);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -356,7 +361,8 @@ std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, 
             {"model", req.model},
             {"choices", json::array()},
             {"usage", UsageJson(usage)}};
-  return "data: " + j.dump() + "\n\n";
+  AddExtension(j, usage);
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
 std::string FormatStreamError(const ApiError& error) { return "data: " + error.ToJson() + "\n\n"; }

@@ -76,6 +76,11 @@ struct UsageCounts {
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
   uint32_t cached_tokens = 0;
+  // Extension, for operators and benchmarks: a top-level "kvfleet" object beside usage
+  // {"worker": name, "worker_ttft_ms": the worker's own time to first token}. OpenAI
+  // clients ignore fields they do not know. Empty worker: left out.
+  std::string worker;
+  double worker_ttft_ms = 0;
 };
 
 std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...
