@@ -30,14 +30,12 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/backend/backend.h"
 #include "worker/engine/engine_stats.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
 
-namespace kvfleet::backend {
-class ModelBackend;
-}
 
 namespace kvfleet::engine {
 
@@ -75,7 +73,7 @@ class Engine {
   void CancelAll();
 
   // True when a Step() would do something.
-  bool HasWork() const { return !waiting_.empty() || !running_.empty() || !cancelled_.empty(); }
+  bool HasWork() const { return !sequences_.empty(); }
   size_t num_requests() const { return sequences_.size(); }
 
   // One engine step. Returns the news of every request that has some.
@@ -83,15 +81,22 @@ class Engine {
 
   LoadReport Load() const;
   const EngineCounters& counters() const { return counters_; }
+  const Scheduler& scheduler() const { return scheduler_; }
 
-  // Asserts the invariants above (tests).
-  void CheckInvariants() const;
+  // Checks the invariants above and the scheduler's (tests).
+  Status CheckInvariants() const;
 
  private:
-  std::vector<RequestOutput> Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>& sampled);
+  Status Execute(const ScheduledBatch& batch, std::vector<TokenId>* sampled);
+  void Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>& sampled,
+                   std::vector<RequestOutput>* outputs, uint32_t* preemptions);
   void ApplyCancellations(std::vector<RequestOutput>* outputs);
+  // Why `seq` stops after its newest token, or kNone.
+  FinishReason StopReason(const Sequence& seq) const;
+  // Ends a request: frees its blocks and reports it; it leaves sequences_ at the end of
+  // the step.
   void Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs);
-  RequestOutput MakeOutput(const Sequence& seq, FinishReason reason) const;
+  RequestOutput MakeOutput(Sequence* seq, FinishReason reason);
   void UpdateRates(const StepReport& report);
 
   const EngineOptions options_;
@@ -103,9 +108,13 @@ class Engine {
 
   RequestId next_id_ = 1;
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> sequences_;
-  std::deque<Sequence*> waiting_;   // arrival order; preempted requests go to the front
-  std::vector<Sequence*> running_;  // admission order
-  std::vector<RequestId> cancelled_;
+  std::vector<RequestId> cancelled_;  // asked for; applied at the start of the next step
+  std::vector<RequestId> finished_;   // reported this step; erased at its end
+
+  // Per step scratch: the backend batch and the block tables of windowed pools.
+  backend::StepBatch step_batch_;
+  backend::StepOutput step_output_;
+  std::vector<std::vector<backend::BlockId>> window_tables_;
 
   EngineCounters counters_;
   double prefill_rate_ = 0;  // tokens/s, exponentially smoothed

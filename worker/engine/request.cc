@@ -1,21 +1,15 @@
 #include "worker/engine/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 namespace kvfleet::engine {
 
-namespace config {
-// Retention priorities are TensorRT-LLM's 0..100 scale.
-constexpr uint8_t kMaxRetentionPriority = 100;
-}  // namespace config
-
-uint8_t Retention::PriorityAt(uint32_t position, uint32_t prompt_len, uint8_t default_priority) const {
-  if (position >= prompt_len && decode_priority) return *decode_priority;
-  for (const RetentionRange& r : ranges) {
-    if (position >= r.start && (!r.end || position < *r.end)) return r.priority;
-  }
-  return default_priority;
+uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention) {
+  uint8_t p = retention.decode_priority;
+  for (const kv::TokenRangeRetention& r : retention.token_ranges) p = std::max(p, r.priority);
+  return p;
 }
 
 Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits) {
@@ -41,15 +35,8 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
       if (t >= limits.vocab_size) return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
-  for (const RetentionRange& r : request.retention.ranges) {
-    if (r.priority > config::kMaxRetentionPriority) {
-      return InvalidArgument("retention priority must be 0..100, got " + std::to_string(r.priority));
-    }
-    if (r.end && *r.end <= r.start) return InvalidArgument("a retention range ends before it starts");
-  }
-  if (request.retention.decode_priority && *request.retention.decode_priority > config::kMaxRetentionPriority) {
-    return InvalidArgument("decode retention priority must be 0..100");
-  }
+  Status retention = request.retention.Validate();
+  if (!retention.ok()) return InvalidArgument("retention: " + retention.message());
   // At least one token must be generated within the context.
   if (request.prompt.size() >= limits.max_context) {
     return OutOfRange("the prompt has " + std::to_string(request.prompt.size()) +

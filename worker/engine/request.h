@@ -16,6 +16,7 @@
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/kv/retention.h"
 
 namespace kvfleet::engine {
 
@@ -33,31 +34,10 @@ struct SamplingOptions {
   bool ignore_eos = false;
 };
 
-// TensorRT-LLM KvCacheRetentionConfig: token ranges with a priority (0..100) and an
-// optional duration after which their blocks drop back to the default priority.
-// Earlier ranges win where they overlap.
-struct RetentionRange {
-  uint32_t start = 0;
-  std::optional<uint32_t> end;  // exclusive; none: to the end of the sequence
-  uint8_t priority = 35;
-  std::optional<DurationNs> duration;
-};
-
-struct Retention {
-  std::vector<RetentionRange> ranges;
-  std::optional<uint8_t> decode_priority;  // blocks filled during generation
-  std::optional<DurationNs> decode_duration;
-
-  // The priority of the block that holds token `position` (its first token); the
-  // default when no range covers it. Positions at or past `prompt_len` are decode
-  // tokens and take decode_priority when set.
-  uint8_t PriorityAt(uint32_t position, uint32_t prompt_len, uint8_t default_priority) const;
-};
-
 struct GenerateRequest {
   std::vector<TokenId> prompt;
   SamplingOptions sampling;
-  Retention retention;
+  kv::KvCacheRetentionConfig retention;  // passed through to the KV cache manager
   std::string lora;        // empty: none
   std::string cache_salt;  // empty: none
 };
@@ -69,6 +49,10 @@ struct EngineLimits {
   uint32_t max_queued = 1024;    // requests waiting for their first step
   uint32_t vocab_size = 0;       // 0: unknown; else token ids must be below it
 };
+
+// The retention priority that ranks a request for preemption: the highest priority it
+// asks for any of its blocks (its ranges and its decode blocks).
+uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention);
 
 // Checks a request against the limits. The codes the request server maps to wire
 // errors: InvalidArgument (bad sampling values, empty prompt, bad token id or

@@ -55,12 +55,12 @@ engine::GenerateRequest ToRequest(schema::Generate::Reader g) {
   r.sampling.ignore_eos = s.getIgnoreEos();
   auto ret = g.getRetention();
   for (auto range : ret.getRanges()) {
-    engine::RetentionRange rr;
+    kv::TokenRangeRetention rr;
     rr.start = range.getStart();
     if (range.getHasEnd()) rr.end = range.getEnd();
     rr.priority = range.getPriority();
     if (range.getHasDuration()) rr.duration = static_cast<DurationNs>(range.getDurationMs()) * kNsPerMs;
-    r.retention.ranges.push_back(rr);
+    r.retention.token_ranges.push_back(rr);
   }
   if (ret.getHasDecodePriority()) r.retention.decode_priority = ret.getDecodePriority();
   if (ret.getHasDecodeDuration()) {
