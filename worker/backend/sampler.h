@@ -26,6 +26,7 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "worker/model/splitmix64.h"
 
 namespace kvfleet::backend {
 
@@ -42,14 +43,7 @@ struct SamplingParams {
 // finite, top_p outside (0, 1], top_k < 0).
 Status ValidateSamplingParams(const SamplingParams& p);
 
-// SplitMix64 (Steele et al., "Fast splittable pseudorandom number generators"): an
-// integer-only mixer, identical on every machine and on the GPU.
-constexpr uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using model::SplitMix64;
 
 // The uniform draw in [0, 1) for the `counter`-th sampled token of a request: 24 random
 // bits, so the float is exact.

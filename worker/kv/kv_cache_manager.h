@@ -197,6 +197,8 @@ class KvCacheManager {
   // Load report figures, summed over pools.
   uint64_t FreeBlocks(Tier tier) const;
   uint64_t TotalBlocks(Tier tier) const;
+  // Host memory of the manager's bookkeeping in bytes (nodes, tokens, index, free lists).
+  size_t MemoryBytes() const;
 
  private:
   struct Sequence;
@@ -206,8 +208,12 @@ class KvCacheManager {
 
   Sequence& Seq(SequenceId id);
   const Sequence& Seq(SequenceId id) const;
+  BlockHash HashAt(const Sequence& s, uint32_t i) const;
+  void ExtendHashes(Sequence& s);
   void PlanMatch(const Sequence& s, Plan* plan) const;
   uint32_t BlocksNeeded(const Sequence& s, uint32_t pool, const Plan& plan) const;
+  bool Fits(const Sequence& s, const Plan& plan) const;
+  std::optional<uint32_t> TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const;
   void StoreFullBlocks(Sequence& s);
   void TrimWindows(Sequence& s);
   void FreeBlocks(Sequence& s);
@@ -224,6 +230,7 @@ class KvCacheManager {
   std::unique_ptr<EventBuffer> events_;
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<BlockCopy> copies_;  // this call's copies, issued by FinishCall
+  std::unique_ptr<Plan> scratch_;  // Match/Allocate working space, reused to avoid allocations
   std::vector<std::unique_ptr<Sequence>> seqs_;  // slot -> sequence
   std::vector<uint32_t> free_slots_;
   uint64_t reused_tokens_ = 0;

@@ -39,9 +39,12 @@ Result<bool> GetBool(const json& j, const char* field, bool fallback) {
   return it->get<bool>();
 }
 
+// `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5, which also holds
+// rope_theta).
 Result<RopeScaling> ParseRopeScaling(const json& j) {
   RopeScaling rs;
   auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) it = j.find("rope_parameters");
   if (it == j.end() || it->is_null()) return rs;
   if (!it->is_object()) return FieldError("rope_scaling", "not an object");
   const json& r = *it;
@@ -200,6 +203,9 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
 
   KVF_ASSIGN_OR_RETURN(c.rms_norm_eps, GetNumber(j, "rms_norm_eps", 1e-6));
   KVF_ASSIGN_OR_RETURN(c.rope_theta, GetNumber(j, "rope_theta", 10000.0));
+  if (auto rp = j.find("rope_parameters"); !j.contains("rope_theta") && rp != j.end() && rp->is_object()) {
+    KVF_ASSIGN_OR_RETURN(c.rope_theta, GetNumber(*rp, "rope_theta", 10000.0));
+  }
   if (!(c.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be > 0");
   if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be > 0");
   KVF_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j));
