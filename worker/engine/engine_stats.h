@@ -44,9 +44,6 @@ struct EngineCounters {
   uint64_t requests_finished = 0;
   uint64_t requests_cancelled = 0;
   uint64_t preemptions = 0;
-  uint64_t prompt_tokens = 0;          // of admitted requests
-  uint64_t prefix_hit_tokens = 0;      // prompt tokens served from the cache (both tiers)
-  uint64_t prefix_miss_tokens = 0;     // prompt tokens computed on first admission
   uint64_t generated_tokens = 0;
 };
 
