@@ -21,12 +21,6 @@ Registry& GetRegistry() {
 
 }  // namespace
 
-int64_t SlotOf(const KvPoolInfo& pool, int32_t block_size, int64_t position) {
-  if (pool.cyclic_tokens == 0 || position < pool.sink_tokens) return position;
-  int64_t sink_pad = (static_cast<int64_t>(pool.sink_tokens) + block_size - 1) / block_size * block_size;
-  return sink_pad + (position - pool.sink_tokens) % pool.cyclic_tokens;
-}
-
 bool RegisterBackend(std::string name, BackendFactory factory) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -22,11 +22,9 @@
 // in the backend's KV element type (cpu: fp32, cuda: bf16). K is stored with RoPE
 // already applied at the token's absolute position.
 //
-// Where token t of a sequence lives in a pool (the KV manager uses the same rule):
-//   slot = SlotOf(pool, t); block id = block_table[slot / B]; offset in block = slot % B.
-//   SlotOf: cyclic_tokens == 0 → t (a linear cache);
-//           otherwise t < S → t, else RoundUp(S, B) + (t - S) % cyclic_tokens
-//   (S = sink_tokens; TensorRT-LLM's cyclic KV cache with sinks padded to a block).
+// Where token t of a sequence lives in a pool: block block_table[t / B], offset t % B.
+// The table is linear in positions; blocks the KV manager dropped behind a sliding window
+// (kv::PoolView's kept blocks) are kNoBlock entries, which no query may see.
 //
 // Attention semantics, for a query at absolute position q in a pool with window W,
 // sinks S and attention chunk C (0 = off for each), key t is visible iff
@@ -53,15 +51,12 @@
 #include "common/block_hash.h"
 #include "common/status.h"
 #include "worker/backend/sampler.h"
+#include "worker/kv/block_copier.h"
 #include "worker/model/model_config.h"
-
-namespace kvfleet::kv {
-class BlockCopier;  // worker/kv: whole-block copies within a pool and between tiers
-}  // namespace kvfleet::kv
 
 namespace kvfleet::backend {
 
-using BlockId = uint32_t;  // as kv::BlockId
+using BlockId = kv::BlockId;
 constexpr BlockId kNoBlock = UINT32_MAX;  // a block-table entry the step never reads
 constexpr TokenId kNoToken = UINT32_MAX;  // StepOutput::tokens for a sequence not sampled
 
@@ -83,9 +78,6 @@ struct BackendOptions {
   // streaming_window tokens plus the sinks, with position_shift.
   int32_t sink_tokens = 0;
   int32_t streaming_window = 0;  // required > 0 when sink_tokens > 0
-  // Windowed pools as cyclic buffers (KvPoolInfo::cyclic_tokens > 0). false: a linear
-  // cache whose blocks behind the window the KV manager frees (kNoBlock in the table).
-  bool cyclic_windows = false;
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal
   int32_t tensor_parallel = 1;   // cuda: GPUs, NCCL tensor parallel
@@ -100,23 +92,14 @@ struct KvPoolInfo {
   int32_t sink_tokens = 0;      // StreamingLLM sinks kept forever; 0: none
   bool position_shift = false;  // RoPE positions within the cache (see the header comment)
   int32_t attention_chunk = 0;  // chunked attention: queries see only their own chunk; 0: off
-  // 0: linear cache (slot = position); > 0: the cyclic region's length in tokens, a
-  // multiple of B, at least window - 1 + max_num_tokens so a step never overwrites a key
-  // one of its own queries still reads.
-  int32_t cyclic_tokens = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   std::vector<int32_t> layers;  // model layers in this pool, ascending
   uint64_t bytes_per_block = 0; // layers.size() * 2 * num_kv_heads * B * head_dim * element size
   int64_t device_blocks = 0;    // device blocks
   int64_t host_blocks = 0;      // host tier blocks; 0: no host tier
-  // Blocks in one sequence's block table at most: ceil(max_context / B) for a linear
-  // cache, RoundUp(S, B) / B + cyclic_tokens / B for a cyclic one.
-  int64_t max_blocks_per_seq = 0;
+  int64_t max_blocks_per_seq = 0;  // ceil(max_context / B): the longest block table
 };
-
-// The slot of token `position` in a pool (see the header comment).
-int64_t SlotOf(const KvPoolInfo& pool, int32_t block_size, int64_t position);
 
 enum class LogitsRequest : uint8_t {
   kNone,  // only the sampled token
