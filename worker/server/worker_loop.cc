@@ -75,6 +75,7 @@ void WorkerLoop::Run() {
     if (between_steps_) between_steps_();
     if (engine_->HasWork()) {
       std::vector<engine::RequestOutput> outputs = engine_->Step();
+      if (output_observer_) output_observer_(outputs);
       Send(outputs);
     }
     in_flight_.store(engine_->num_requests(), std::memory_order_relaxed);

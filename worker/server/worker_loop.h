@@ -38,6 +38,11 @@ class WorkerLoop {
   WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, RequestServer* server, const Clock* clock,
              std::function<void()> between_steps);
 
+  // Called on the engine thread with each step's outputs, before they are sent (metrics).
+  void SetOutputObserver(std::function<void(const std::vector<engine::RequestOutput>&)> observer) {
+    output_observer_ = std::move(observer);
+  }
+
   // Runs until RequestStop() and the drain are done.
   void Run();
   void RequestStop();
@@ -55,6 +60,7 @@ class WorkerLoop {
   RequestServer* const server_;
   const Clock* const clock_;
   std::function<void()> between_steps_;
+  std::function<void(const std::vector<engine::RequestOutput>&)> output_observer_;
   std::atomic<bool> stop_requested_{false};
   std::atomic<size_t> in_flight_{0};
 
