@@ -19,4 +19,7 @@ Action AddKeygenCommand(CLI::App& parent);
 // kvfleet up --backend mock --workers N: a router and N workers on loopback.
 Action AddUpCommand(CLI::App& parent);
 
+// kvfleet make-model --shape S --tokenizer DIR --out DIR [--seed N] [--dtype bf16|fp32]
+Action AddMakeModelCommand(CLI::App& parent);
+
 }  // namespace kvfleet::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   actions["hash"] = kvfleet::cli::AddHashCommand(app);
   actions["up"] = kvfleet::cli::AddUpCommand(app);
   actions["keygen"] = kvfleet::cli::AddKeygenCommand(app);
+  actions["make-model"] = kvfleet::cli::AddMakeModelCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;
