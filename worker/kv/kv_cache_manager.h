@@ -174,6 +174,9 @@ class KvCacheManager {
   // The KV slot (block * B + offset) of token t, or nullopt when its block was dropped
   // by the window. REQUIRES: t < NumTokens(id).
   std::optional<uint64_t> SlotOf(SequenceId id, uint32_t pool, uint32_t t) const;
+  // SlotOf for tokens [begin, end), appended to *out (-1 where the window dropped the
+  // block): the slot mapping a forward pass writes new KV to. REQUIRES: end <= NumTokens(id).
+  void SlotsOf(SequenceId id, uint32_t pool, uint32_t begin, uint32_t end, std::vector<int64_t>* out) const;
   // The token's position within the kept cache (table index * B + offset): the position
   // StreamingLLM's position-shift RoPE uses. Equals t when nothing was dropped.
   std::optional<uint32_t> CachePosition(SequenceId id, uint32_t pool, uint32_t t) const;

@@ -416,6 +416,9 @@ TEST_CASE("a sliding window frees blocks wholly outside it and maps kept tokens 
   CHECK_FALSE(f.m->SlotOf(id, 0, 11).has_value());
   CHECK(*f.m->SlotOf(id, 0, 13) == uint64_t{v.blocks[0]} * 4 + 1);
   CHECK(*f.m->CachePosition(id, 0, 13) == 1);
+  std::vector<int64_t> slots;
+  f.m->SlotsOf(id, 0, 11, 14, &slots);
+  CHECK(slots == std::vector<int64_t>{-1, int64_t{v.blocks[0]} * 4, int64_t{v.blocks[0]} * 4 + 1});
   CHECK(f.m->Stats().pools[0].tiers[0].in_use == 2);
   CHECK(testing::FirstWrongKv(*f.m, *f.mem, id, f.TokensOf(id)) == -1);
   f.Release(id);
