@@ -95,7 +95,7 @@ uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, No
   *source = kNoNode;
   uint32_t best = 0;
   NodeId c = parent == kNoNode ? root_first_child_ : nodes_[parent].first_child;
-  for (uint32_t scanned = 0; c != kNoNode && scanned < config::kMaxPartialReuseCandidates;
+  for (uint32_t scanned = 0; c != kNoNode && scanned < options_.partial_reuse_max_candidates;
        c = nodes_[c].next_sibling, ++scanned) {
     const std::span<const TokenId> have = TokensOf(c);
     uint32_t k = 0;

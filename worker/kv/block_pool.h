@@ -52,6 +52,7 @@ class BlockPool {
     bool enable_offload = true;
     uint8_t offload_min_priority = config::kDefaultOffloadMinPriority;
     bool include_tokens = false;
+    uint32_t partial_reuse_max_candidates = config::kMaxPartialReuseCandidates;
   };
 
   // REQUIRES: events outlives the pool.
@@ -79,7 +80,7 @@ class BlockPool {
   NodeId Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const;
   bool SameBlock(NodeId n, NodeId parent, std::span<const TokenId> tokens) const;
   // The child of `parent` sharing the longest leading run with `want` (device preferred on
-  // ties), scanning at most config::kMaxPartialReuseCandidates children. Returns the run
+  // ties), scanning at most options.partial_reuse_max_candidates children. Returns the run
   // length (0: none) and sets *source.
   uint32_t BestPartial(NodeId parent, std::span<const TokenId> want, NodeId* source) const;
   Tier tier(NodeId n) const { return nodes_[n].tier; }

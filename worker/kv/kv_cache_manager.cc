@@ -88,6 +88,7 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   opts.enable_offload = config.enable_offload;
   opts.offload_min_priority = config.offload_min_priority;
   opts.include_tokens = config.events_include_tokens;
+  opts.partial_reuse_max_candidates = config.partial_reuse_max_candidates;
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     const PoolLayout& l = layouts_[i];
     pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
