@@ -13,5 +13,8 @@ using Action = std::function<int()>;
 
 // kvfleet hash --model NAME [--lora L] [--salt S] --block-size B TOKEN...
 Action AddHashCommand(CLI::App& parent);
+// kvfleet tokenize --model-dir DIR [--chat] / kvfleet detokenize --model-dir DIR (stdin lines)
+Action AddTokenizeCommand(CLI::App& parent);
+Action AddDetokenizeCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

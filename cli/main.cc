@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
 
   std::map<std::string, kvfleet::cli::Action> actions;
   actions["hash"] = kvfleet::cli::AddHashCommand(app);
+  actions["tokenize"] = kvfleet::cli::AddTokenizeCommand(app);
+  actions["detokenize"] = kvfleet::cli::AddDetokenizeCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;
