@@ -277,6 +277,11 @@ class Lexer {
 
 using NodePtr = std::unique_ptr<Node>;
 
+namespace config {
+// Nesting deeper than this is refused, so hostile templates cannot exhaust the stack.
+constexpr int kMaxNesting = 256;
+}  // namespace config
+
 NodePtr Make(NodeKind k) { return std::make_unique<Node>(k); }
 
 class Parser {
@@ -328,7 +333,17 @@ class Parser {
     Expect(TokenType::kCloseStatement, "%}");
   }
 
+  // Counts nesting for as long as it lives.
+  struct Depth {
+    explicit Depth(int* d) : d_(d) {
+      if (++*d_ > config::kMaxNesting) throw SyntaxError("template nests deeper than " + std::to_string(config::kMaxNesting));
+    }
+    ~Depth() { --*d_; }
+    int* d_;
+  };
+
   NodePtr Any() {
+    Depth depth(&depth_);
     const Token& tok = Peek();
     switch (tok.type) {
       case TokenType::kComment: {
@@ -483,7 +498,10 @@ class Parser {
     return t;
   }
 
-  NodePtr Expression() { return IfExpression(); }
+  NodePtr Expression() {
+    Depth depth(&depth_);
+    return IfExpression();
+  }
 
   NodePtr IfExpression() {
     NodePtr a = Or();
@@ -531,6 +549,7 @@ class Parser {
     return left;
   }
   NodePtr Not() {
+    Depth depth(&depth_);
     NodePtr result;
     while (IsIdentifier("not")) {
       ++cur_;
@@ -615,6 +634,7 @@ class Parser {
     return operand;
   }
   NodePtr UnarySign() {
+    Depth depth(&depth_);
     if (cur_ < t_.size() &&
         (t_[cur_].type == TokenType::kUnaryOperator || t_[cur_].type == TokenType::kAdditiveBinaryOperator) &&
         (t_[cur_].value == "-" || t_[cur_].value == "+")) {
@@ -779,6 +799,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t cur_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

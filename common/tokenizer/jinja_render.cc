@@ -24,6 +24,15 @@ struct RenderError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+namespace config {
+// Macro calls nest at most this deep (recursive macros would otherwise exhaust the stack).
+constexpr int kMaxCallDepth = 64;
+// A render producing more than this is stopped (loops over huge ranges, exponential macros).
+constexpr size_t kMaxOutputBytes = 64 << 20;
+// range() longer than this is refused.
+constexpr size_t kMaxRange = 1 << 20;
+}  // namespace config
+
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 class Env;
@@ -515,6 +524,7 @@ class Interpreter {
     for (const auto& s : body) {
       ValuePtr v = Eval(*s, env, flow);
       if (v->kind != Kind::kNull && v->kind != Kind::kUndefined) out += Display(*v);
+      if (out.size() > config::kMaxOutputBytes) throw RenderError("the template's output exceeds the limit");
       if (*flow != Flow::kNormal) break;
     }
     return out;
@@ -1219,9 +1229,20 @@ class Interpreter {
     for (const auto& [name, dflt] : pending) scope.Set(name, Expr(*dflt, scope));
   }
 
+  // Counts macro call nesting for as long as it lives.
+  struct CallDepth {
+    explicit CallDepth(int* d) : d_(d) {
+      if (++*d_ > config::kMaxCallDepth) throw RenderError("macro calls nest deeper than " + std::to_string(config::kMaxCallDepth));
+    }
+    ~CallDepth() { --*d_; }
+    int* d_;
+  };
+  int call_depth_ = 0;
+
   ValuePtr EvalMacro(const Node& n, Env& env) {
     const Node* node = &n;
     env.Set(n.text, Fn([this, node](std::vector<ValuePtr>& args, Env& caller) {
+              CallDepth depth(&call_depth_);
               Env scope(&caller);
               BindArguments(node->args, args, scope);
               Flow flow = Flow::kNormal;
@@ -1234,6 +1255,7 @@ class Interpreter {
     const Node* node = &n;
     Env* defining = &env;
     ValuePtr caller = Fn([this, node, defining](std::vector<ValuePtr>& args, Env&) {
+      CallDepth depth(&call_depth_);
       Env scope(defining);
       BindArguments(node->args, args, scope);
       Flow flow = Flow::kNormal;
@@ -1288,7 +1310,10 @@ void SetupGlobals(Env& env) {
             if (args.size() > 2 && args[2]->kind == Kind::kInt) step = args[2]->integer;
             if (step == 0) throw RenderError("range() step must not be zero");
             std::vector<ValuePtr> out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Int(i));
+            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+              if (out.size() >= config::kMaxRange) throw RenderError("range() is longer than the limit");
+              out.push_back(Int(i));
+            }
             return Array(std::move(out));
           }));
   env.Set("strftime_now", Fn([](std::vector<ValuePtr>& args, Env&) {
