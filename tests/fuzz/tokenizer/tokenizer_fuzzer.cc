@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 1: {
-      auto ids = g_llama2->Encode(input, {.add_special_tokens = true, .parse_special = data[0] & 4});
+      auto ids = g_llama2->Encode(input, {.add_special_tokens = true, .parse_special = (data[0] & 4) != 0});
       if (!ids.ok()) std::abort();
       (void)g_llama2->Decode(*ids, true);
       break;
