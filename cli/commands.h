@@ -21,5 +21,8 @@ Action AddUpCommand(CLI::App& parent);
 
 // kvfleet make-model --shape S --tokenizer DIR --out DIR [--seed N] [--dtype bf16|fp32]
 Action AddMakeModelCommand(CLI::App& parent);
+// kvfleet tokenize --model-dir DIR [--chat] / kvfleet detokenize --model-dir DIR (stdin lines)
+Action AddTokenizeCommand(CLI::App& parent);
+Action AddDetokenizeCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   actions["up"] = kvfleet::cli::AddUpCommand(app);
   actions["keygen"] = kvfleet::cli::AddKeygenCommand(app);
   actions["make-model"] = kvfleet::cli::AddMakeModelCommand(app);
+  actions["tokenize"] = kvfleet::cli::AddTokenizeCommand(app);
+  actions["detokenize"] = kvfleet::cli::AddDetokenizeCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <atomic>
+#include <cstring>
 #include <queue>
 
 #include <xxhash.h>
@@ -107,7 +109,37 @@ class BpeModel::MergeMap {
   size_t mask_;
 };
 
-BpeModel::BpeModel() = default;
+namespace {
+
+namespace config {
+// The word cache: direct-mapped, per thread. Words repeat (Zipf), and a hit avoids both
+// the vocabulary probe (two cache misses in a multi-megabyte table) and BPE merging.
+// 8192 entries of 64 bytes = 512 KiB, about an L2 cache.
+constexpr size_t kWordCacheEntries = 8192;
+constexpr size_t kWordCacheMaxBytes = 20;  // longer words bypass the cache
+constexpr size_t kWordCacheMaxIds = 8;     // and so do words of more ids
+}  // namespace config
+
+struct WordCacheEntry {
+  uint32_t model = 0;  // BpeModel::cache_id_; 0 = empty
+  uint8_t length = 0;
+  uint8_t n_ids = 0;
+  char word[config::kWordCacheMaxBytes];
+  TokenId ids[config::kWordCacheMaxIds];
+};
+static_assert(sizeof(WordCacheEntry) <= 64);
+
+std::atomic<uint32_t> next_cache_id{1};
+
+WordCacheEntry& CacheSlot(uint32_t model, std::string_view word) {
+  thread_local std::vector<WordCacheEntry> cache(config::kWordCacheEntries);
+  uint64_t h = XXH3_64bits_withSeed(word.data(), word.size(), model);
+  return cache[h & (config::kWordCacheEntries - 1)];
+}
+
+}  // namespace
+
+BpeModel::BpeModel() : cache_id_(next_cache_id.fetch_add(1)) {}
 BpeModel::~BpeModel() = default;
 
 Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model, bool byte_level) {
@@ -249,6 +281,28 @@ void BpeModel::EmitUnknown(std::string_view text, std::vector<TokenId>* out) con
 
 void BpeModel::Encode(std::string_view word, std::vector<TokenId>* out) const {
   if (word.empty()) return;
+  if (word.size() > config::kWordCacheMaxBytes) {
+    EncodeUncached(word, out);
+    return;
+  }
+  WordCacheEntry& slot = CacheSlot(cache_id_, word);
+  if (slot.model == cache_id_ && slot.length == word.size() && std::memcmp(slot.word, word.data(), word.size()) == 0) {
+    out->insert(out->end(), slot.ids, slot.ids + slot.n_ids);
+    return;
+  }
+  size_t first = out->size();
+  EncodeUncached(word, out);
+  size_t n = out->size() - first;
+  if (n <= config::kWordCacheMaxIds) {
+    slot.model = cache_id_;
+    slot.length = static_cast<uint8_t>(word.size());
+    slot.n_ids = static_cast<uint8_t>(n);
+    std::memcpy(slot.word, word.data(), word.size());
+    std::copy(out->begin() + static_cast<std::ptrdiff_t>(first), out->end(), slot.ids);
+  }
+}
+
+void BpeModel::EncodeUncached(std::string_view word, std::vector<TokenId>* out) const {
   if (ignore_merges_) {
     auto id = byte_level_ ? raw_vocab_.Find(word) : vocab_.Find(word);
     if (id) {

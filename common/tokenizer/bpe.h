@@ -9,7 +9,8 @@
 //     symbol left outside the vocabulary becomes <0xXX> byte tokens (byte_fallback) or
 //     the unknown token.
 //
-// Thread safety: immutable after FromJson; Encode is thread-safe.
+// Thread safety: immutable after FromJson; Encode is thread-safe (its word cache is
+// per thread).
 #pragma once
 
 #include <cstdint>
@@ -82,10 +83,12 @@ class BpeModel {
   static constexpr uint32_t kExtraBase = 0x80000000u;
   static constexpr uint32_t kUnknownSymbol = 0xFFFFFFFFu;
 
-  uint32_t SymbolOf(std::string_view ch) const;
+  // Encode without the per-thread word cache.
+  void EncodeUncached(std::string_view word, std::vector<TokenId>* out) const;
   // Emits a symbol that is no vocabulary id: byte fallback, else unk, else nothing.
   void EmitUnknown(std::string_view text, std::vector<TokenId>* out) const;
 
+  const uint32_t cache_id_;  // tells this model's entries in the per-thread word cache
   bool byte_level_ = false;
   bool ignore_merges_ = false;
   bool byte_fallback_ = false;

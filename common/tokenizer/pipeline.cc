@@ -56,18 +56,17 @@ struct Pattern {
     return InvalidArgument(std::string(owner) + ": pattern is neither String nor Regex");
   }
   template <typename Fn>
-  void ForEachMatch(std::string_view text, Fn&& fn) const {
-    if (regex) {
-      regex->ForEachMatch(text, fn);
-      return;
-    }
-    if (literal.empty()) return;
+  Status ForEachMatch(std::string_view text, Fn&& fn) const {
+    if (regex) return regex->ForEachMatch(text, fn);
+    if (literal.empty()) return Status::Ok();
     for (size_t pos = text.find(literal); pos != std::string_view::npos; pos = text.find(literal, pos + literal.size())) {
       fn(pos, pos + literal.size());
     }
+    return Status::Ok();
   }
-  std::string ReplaceAll(std::string_view text, std::string_view content) const {
-    return regex ? regex->ReplaceAll(text, content) : ReplaceLiteral(text, literal, content);
+  Result<std::string> ReplaceAll(std::string_view text, std::string_view content) const {
+    if (regex) return regex->ReplaceAll(text, content);
+    return ReplaceLiteral(text, literal, content);
   }
 };
 
@@ -99,7 +98,7 @@ class ReplaceNormalizer final : public Normalizer {
   Pattern pattern;
   std::string content;
   Status Apply(std::string* text) const override {
-    *text = pattern.ReplaceAll(*text, content);
+    KVF_ASSIGN_OR_RETURN(*text, pattern.ReplaceAll(*text, content));
     return Status::Ok();
   }
 };
@@ -132,16 +131,17 @@ class SplitPreTokenizer final : public PreTokenizer {
   Pattern pattern;
   bool invert = false;
   bool removed = false;  // behavior "Removed"; otherwise "Isolated"
-  void Apply(std::string_view text, int, const Emit& emit) const override {
+  Status Apply(std::string_view text, int, const Emit& emit) const override {
     // As the reference: invert keeps only the matches (whatever the behavior).
     bool keep_matches = invert || !removed;
     size_t last = 0;
-    pattern.ForEachMatch(text, [&](size_t b, size_t e) {
+    KVF_RETURN_IF_ERROR(pattern.ForEachMatch(text, [&](size_t b, size_t e) {
       if (!invert && b > last) emit(text.substr(last, b - last));
       if (keep_matches && e > b) emit(text.substr(b, e - b));
       last = e;
-    });
+    }));
     if (!invert && last < text.size()) emit(text.substr(last));
+    return Status::Ok();
   }
 };
 
@@ -149,7 +149,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
  public:
   bool add_prefix_space = false;
   std::shared_ptr<const Regex> regex;  // GPT-2's split, when use_regex
-  void Apply(std::string_view text, int, const Emit& emit) const override {
+  Status Apply(std::string_view text, int, const Emit& emit) const override {
     std::string prefixed;
     if (add_prefix_space && (text.empty() || text[0] != ' ')) {
       prefixed = " " + std::string(text);
@@ -157,9 +157,9 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     }
     if (!regex) {
       emit(text);
-      return;
+      return Status::Ok();
     }
-    regex->ForEachMatch(text, [&](size_t b, size_t e) {
+    return regex->ForEachMatch(text, [&](size_t b, size_t e) {
       if (e > b) emit(text.substr(b, e - b));
     });
   }
@@ -170,13 +170,13 @@ class MetaspacePreTokenizer final : public PreTokenizer {
   std::string replacement = "\u2581";
   std::string scheme = "always";  // always, first, never
   bool split = true;
-  void Apply(std::string_view text, int section_index, const Emit& emit) const override {
+  Status Apply(std::string_view text, int section_index, const Emit& emit) const override {
     std::string s = ReplaceLiteral(text, " ", replacement);
     bool starts = s.compare(0, replacement.size(), replacement) == 0;
     if (!starts && (scheme == "always" || (scheme == "first" && section_index == 0))) s.insert(0, replacement);
     if (!split) {
       emit(s);
-      return;
+      return Status::Ok();
     }
     // Rust's split: each piece starts at a replacement character (merged with next).
     std::string_view v = s;
@@ -186,6 +186,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       start = pos;
     }
     if (start < v.size()) emit(v.substr(start));
+    return Status::Ok();
   }
 };
 
@@ -193,7 +194,7 @@ class DigitsPreTokenizer final : public PreTokenizer {
  public:
   bool individual = false;
   // The reference's /[^\d]+|\d+/gu: \d is ASCII digits in JS.
-  void Apply(std::string_view text, int, const Emit& emit) const override {
+  Status Apply(std::string_view text, int, const Emit& emit) const override {
     auto digit = [](char c) { return c >= '0' && c <= '9'; };
     size_t i = 0;
     while (i < text.size()) {
@@ -206,23 +207,28 @@ class DigitsPreTokenizer final : public PreTokenizer {
       emit(text.substr(i, j - i));
       i = j;
     }
+    return Status::Ok();
   }
 };
 
 class SequencePreTokenizer final : public PreTokenizer {
  public:
   std::vector<std::unique_ptr<PreTokenizer>> steps;
-  void Apply(std::string_view text, int section_index, const Emit& emit) const override {
-    Run(0, text, section_index, emit);
+  Status Apply(std::string_view text, int section_index, const Emit& emit) const override {
+    return Run(0, text, section_index, emit);
   }
 
  private:
-  void Run(size_t step, std::string_view text, int section_index, const Emit& emit) const {
+  Status Run(size_t step, std::string_view text, int section_index, const Emit& emit) const {
     if (step == steps.size()) {
       emit(text);
-      return;
+      return Status::Ok();
     }
-    steps[step]->Apply(text, section_index, [&](std::string_view piece) { Run(step + 1, piece, section_index, emit); });
+    Status inner;  // the first failure of a later step
+    KVF_RETURN_IF_ERROR(steps[step]->Apply(text, section_index, [&](std::string_view piece) {
+      if (inner.ok()) inner = Run(step + 1, piece, section_index, emit);
+    }));
+    return inner;
   }
 };
 
@@ -275,7 +281,10 @@ class ReplaceDecoder final : public Decoder {
   Pattern pattern;
   std::string content;
   void Apply(std::vector<std::string>* tokens) const override {
-    for (std::string& t : *tokens) t = pattern.ReplaceAll(t, content);
+    for (std::string& t : *tokens) {
+      // A regex failing on hostile input leaves the token as it is: decoding never fails.
+      if (auto r = pattern.ReplaceAll(t, content); r.ok()) t = std::move(*r);
+    }
   }
 };
 

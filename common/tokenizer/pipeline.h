@@ -38,7 +38,8 @@ class PreTokenizer {
   virtual ~PreTokenizer() = default;
   // section_index: the position of this text among the added-token sections (Metaspace's
   // prepend_scheme "first" prepends only in section 0).
-  virtual void Apply(std::string_view text, int section_index, const Emit& emit) const = 0;
+  // Fails only when a regex hits PCRE2's limits on hostile input.
+  virtual Status Apply(std::string_view text, int section_index, const Emit& emit) const = 0;
 };
 // Null JSON gives a null pre-tokenizer. *byte_level is set when the last step is
 // ByteLevel: pieces are then emitted as raw bytes for the model to map.

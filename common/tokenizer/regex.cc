@@ -5,7 +5,6 @@
 
 #include <cctype>
 
-#include "common/check.h"
 
 namespace kvfleet::tok {
 
@@ -157,7 +156,7 @@ Result<std::shared_ptr<const Regex>> Regex::FromTokenizerJson(std::string_view p
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-bool Regex::NextMatch(std::string_view text, size_t start, std::pair<size_t, size_t>* match) const {
+int Regex::NextMatch(std::string_view text, size_t start, std::pair<size_t, size_t>* match) const {
   ThreadMatchState& state = MatchState();
   auto* code = static_cast<pcre2_code*>(code_);
   int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start, PCRE2_NO_UTF_CHECK,
@@ -166,23 +165,26 @@ bool Regex::NextMatch(std::string_view text, size_t start, std::pair<size_t, siz
     rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start,
                      PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, state.data, state.context);
   }
-  if (rc == PCRE2_ERROR_NOMATCH) return false;
-  // Other errors mean resource limits on absurd input; KVF_CHECK names the pattern.
-  KVF_CHECK(rc >= 0) << "regex '" << pattern_ << "' failed: " << PcreError(rc);
+  if (rc == PCRE2_ERROR_NOMATCH) return 0;
+  if (rc < 0) return rc;  // match or depth limits on hostile input
   PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
   match->first = ovector[0];
   match->second = ovector[1];
-  return true;
+  return 1;
 }
 
-std::string Regex::ReplaceAll(std::string_view text, std::string_view replacement) const {
+Status Regex::MatchError(int rc) const {
+  return ResourceExhausted("regex '" + pattern_ + "' failed on this input: " + PcreError(rc));
+}
+
+Result<std::string> Regex::ReplaceAll(std::string_view text, std::string_view replacement) const {
   std::string out;
   size_t last = 0;
-  ForEachMatch(text, [&](size_t b, size_t e) {
+  KVF_RETURN_IF_ERROR(ForEachMatch(text, [&](size_t b, size_t e) {
     out.append(text.substr(last, b - last));
     out.append(replacement);
     last = e;
-  });
+  }));
   out.append(text.substr(last));
   return out;
 }

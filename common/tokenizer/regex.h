@@ -37,12 +37,16 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls fn(begin, end) for every match in `text`, left to right, as JS matchAll does.
+  // Fails only when PCRE2 runs out of its match limits on hostile input.
   // REQUIRES: text is valid UTF-8.
   template <typename Fn>
-  void ForEachMatch(std::string_view text, Fn&& fn) const {
+  Status ForEachMatch(std::string_view text, Fn&& fn) const {
     size_t pos = 0;
     std::pair<size_t, size_t> m;
-    while (pos <= text.size() && NextMatch(text, pos, &m)) {
+    while (pos <= text.size()) {
+      int rc = NextMatch(text, pos, &m);
+      if (rc < 0) return MatchError(rc);
+      if (rc == 0) break;
       fn(m.first, m.second);
       if (m.second > m.first) {
         pos = m.second;
@@ -54,17 +58,19 @@ class Regex {
         while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
       }
     }
+    return Status::Ok();
   }
 
   // text with every match replaced by `replacement` (taken literally).
-  std::string ReplaceAll(std::string_view text, std::string_view replacement) const;
+  Result<std::string> ReplaceAll(std::string_view text, std::string_view replacement) const;
 
   const std::string& pattern() const { return pattern_; }
 
  private:
   Regex() = default;
-  // The first match at or after `start`; false when there is none.
-  bool NextMatch(std::string_view text, size_t start, std::pair<size_t, size_t>* match) const;
+  // 1 and the first match at or after `start`; 0 when there is none; a PCRE2 error (< 0).
+  int NextMatch(std::string_view text, size_t start, std::pair<size_t, size_t>* match) const;
+  Status MatchError(int rc) const;
 
   std::string pattern_;
   void* code_ = nullptr;  // pcre2_code_8*

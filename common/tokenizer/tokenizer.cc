@@ -209,10 +209,11 @@ class TokenizerImpl {
   }
 
   // The model's ids for one piece of text that holds no added token.
-  void EncodeText(std::string_view text, int section_index, std::vector<TokenId>* out) const {
+  Status EncodeText(std::string_view text, int section_index, std::vector<TokenId>* out) const {
     size_t first = out->size();
     if (pre_tokenizer) {
-      pre_tokenizer->Apply(text, section_index, [&](std::string_view piece) { model->Encode(piece, out); });
+      KVF_RETURN_IF_ERROR(
+          pre_tokenizer->Apply(text, section_index, [&](std::string_view piece) { model->Encode(piece, out); }));
     } else {
       model->Encode(text, out);
     }
@@ -228,6 +229,7 @@ class TokenizerImpl {
                              [unk](TokenId a, TokenId b) { return a == unk && b == unk; });
       out->erase(end, out->end());
     }
+    return Status::Ok();
   }
 
   Result<std::vector<TokenId>> Encode(std::string_view input, const EncodeOptions& options) const {
@@ -265,7 +267,7 @@ class TokenizerImpl {
       }
       if (piece.empty()) continue;
       if (normalized_trie.empty()) {
-        EncodeText(piece, static_cast<int>(si), &ids);
+        KVF_RETURN_IF_ERROR(EncodeText(piece, static_cast<int>(si), &ids));
         continue;
       }
       SplitAdded(piece, normalized_trie, options.parse_special, &subsections);
@@ -273,7 +275,7 @@ class TokenizerImpl {
         if (sub.token >= 0) {
           ids.push_back(added[sub.token].id);
         } else if (!sub.text.empty()) {
-          EncodeText(sub.text, static_cast<int>(si), &ids);
+          KVF_RETURN_IF_ERROR(EncodeText(sub.text, static_cast<int>(si), &ids));
         }
       }
     }
