@@ -18,7 +18,7 @@
 //                context takes ~9 ms/step (≈7k tokens/s), as published.
 //   d = 0.05 µs  per KV token read: 128 KiB/token (32 layers × 8 KV heads × 128 dims ×
 //                K,V × 2 bytes) at ~2.6 TB/s achieved = 50 ns.
-// tests/bench/mock_cost_model.md records the derivation and how to re-fit on a GPU.
+// worker/backend/mock/README.md and tests/bench/worker/calibrate_mock.py: how to re-fit on a GPU.
 //
 // Thread safety: immutable value.
 #pragma once
