@@ -25,6 +25,9 @@ inline float Sum(V8 v) {
 constexpr int64_t kMinRowsPerTask = 16;
 // Tasks per thread for a large matrix, so a slow thread does not hold everyone up.
 constexpr int64_t kTasksPerThread = 4;
+// Below this many multiply-adds a product runs on the calling thread: waking another
+// thread costs more (tens of microseconds on a busy machine).
+constexpr int64_t kMinParallelMacs = 1 << 19;
 
 // y[m][n0..n1) for rows m of x, four rows of x at a time so each w row is loaded once per
 // four dot products.
@@ -86,6 +89,10 @@ void MatMulBlock(const float* x, int64_t M, int64_t K, const float* w, int64_t n
 
 void MatMul(ThreadPool& pool, const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias,
             float* y) {
+  if (M * N * K < kMinParallelMacs) {
+    MatMulBlock(x, M, K, w, 0, N, bias, y, N);
+    return;
+  }
   const int64_t want_tasks = static_cast<int64_t>(pool.size()) * kTasksPerThread;
   const int64_t rows = std::max(kMinRowsPerTask, (N + want_tasks - 1) / want_tasks);
   const int64_t tasks = (N + rows - 1) / rows;

@@ -18,10 +18,11 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::RunItems() {
-  for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
-       i = next_.fetch_add(1, std::memory_order_relaxed)) {
-    (*fn_)(i);
+void ThreadPool::RunItems(Job* job) {
+  for (int64_t i = job->next.fetch_add(1, std::memory_order_relaxed); i < job->n;
+       i = job->next.fetch_add(1, std::memory_order_relaxed)) {
+    (*job->fn)(i);
+    job->done.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -31,35 +32,39 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  Job job;
+  job.fn = &fn;
+  job.n = n;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    busy_ = static_cast<int>(workers_.size());
+    job_ = &job;
     ++generation_;
   }
   start_cv_.notify_all();
-  RunItems();
+  RunItems(&job);
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return busy_ == 0; });
-  fn_ = nullptr;
+  job_ = nullptr;  // no worker joins from now on
+  done_cv_.wait(lock, [&] { return job.joined == 0 && job.done.load(std::memory_order_acquire) == n; });
 }
 
 void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
+    Job* job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      start_cv_.wait(lock, [&] { return stop_ || (job_ != nullptr && generation_ != seen); });
       if (stop_) return;
       seen = generation_;
+      job = job_;
+      ++job->joined;
     }
-    RunItems();
+    RunItems(job);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) done_cv_.notify_one();
+      --job->joined;
     }
+    done_cv_.notify_one();
   }
 }
 
