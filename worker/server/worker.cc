@@ -185,18 +185,9 @@ Status Worker::Init(zmq::context_t& context) {
   po.events_endpoint = config_.events;
   po.replay_endpoint = config_.replay;
   KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));
-  engine::KvMemorySettings memory;
-  memory.block_size = config_.block_size;
-  memory.max_context = static_cast<uint32_t>(backend_->max_context());
   const auto pools = backend_->pools();
   if (pools.empty()) return Internal("the backend reports no KV pool");
-  const auto& p0 = pools[0];
-  const uint64_t elements_per_block = static_cast<uint64_t>(p0.layers.size()) * 2 * p0.num_kv_heads * p0.head_dim * config_.block_size;
-  memory.dtype_bytes = elements_per_block == 0 ? 2 : static_cast<uint32_t>(p0.bytes_per_block / elements_per_block);
-  for (const auto& p : pools) {
-    memory.device_bytes += static_cast<uint64_t>(p.device_blocks) * p.bytes_per_block;
-    memory.host_bytes += static_cast<uint64_t>(p.host_blocks) * p.bytes_per_block;
-  }
+  engine::KvMemorySettings memory = engine::KvMemoryOf(*backend_);
   memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
   memory.events_include_tokens = config_.events_include_tokens;
   KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(engine::KvCacheConfigFor(backend_->config(), memory),
