@@ -9,9 +9,9 @@ CUDA graphs so no Python overhead is timed. Then fits
 
     step = a + b*(prefill tokens) + c*(decode sequences) + d*(KV tokens read)
 
-(the mock's model, worker/backend/mock/cost_model.h) by least squares over prefill steps
-of 256..4096 tokens and decode steps of 1..128 sequences at 512..4096 tokens of context,
-and prints the constants in microseconds.
+(the mock's model, worker/backend/mock/cost_model.h): a, c and d by least squares over
+decode steps of 1..128 sequences at 512..4096 tokens of context, then b over prefill steps
+of 256..4096 tokens; prints the constants in microseconds.
 
     python3 tests/bench/worker/calibrate_mock.py   # needs torch and a CUDA GPU
 """
@@ -46,11 +46,12 @@ def prefill(x):  # x: [N, H], one sequence, causal
     n = x.shape[0]
     for l in layers:
         q, k, v = (norm(x) @ l["qkv"]).split([NH * D, KVH * D, KVH * D], dim=-1)
-        q = q.view(n, NH, D).transpose(0, 1)
-        k = k.view(n, KVH, D).transpose(0, 1).repeat_interleave(NH // KVH, dim=0)
-        v = v.view(n, KVH, D).transpose(0, 1).repeat_interleave(NH // KVH, dim=0)
+        # [1, heads, n, D]: the 4-D layout flash attention takes.
+        q = q.view(1, n, NH, D).transpose(1, 2)
+        k = k.view(1, n, KVH, D).transpose(1, 2).repeat_interleave(NH // KVH, dim=1)
+        v = v.view(1, n, KVH, D).transpose(1, 2).repeat_interleave(NH // KVH, dim=1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + a.transpose(0, 1).reshape(n, NH * D) @ l["o"]
+        x = x + a.transpose(1, 2).reshape(n, NH * D) @ l["o"]
         x = x + mlp(norm(x), l)
     return norm(x[-1:]) @ lm_head
 
@@ -106,8 +107,14 @@ with torch.inference_mode():
             torch.cuda.empty_cache()
 
 A, y = np.array(rows, dtype=float), np.array(ys) * 1e6  # microseconds
-coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-coef = np.maximum(coef, 0)
+# a, c, d from the decode steps (weight-streaming floor, per sequence, per KV token read);
+# then b from the prefill steps given a and d.
+dec = A[:, 2] > 0
+acd, *_ = np.linalg.lstsq(A[dec][:, [0, 2, 3]], y[dec], rcond=None)
+a, c, d = np.maximum(acd, 0)
+pre = ~dec
+b = float(np.sum((y[pre] - a - d * A[pre, 3]) * A[pre, 1]) / np.sum(A[pre, 1] ** 2))
+coef = np.array([a, max(b, 0), c, d])
 pred = A @ coef
 names = ["step_base_us (a)", "prefill_token_us (b)", "decode_seq_us (c)", "kv_token_read_us (d)"]
 print("fit on", torch.cuda.get_device_name(), "torch", torch.__version__)
