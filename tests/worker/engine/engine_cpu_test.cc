@@ -19,9 +19,10 @@ struct NullSink final : kv::EventSink {
 };
 
 struct CpuEngine {
-  CpuEngine(int64_t blocks, uint32_t max_num_tokens, uint32_t max_batch) {
+  CpuEngine(int64_t blocks, uint32_t max_num_tokens, uint32_t max_batch, const std::string& shape = "tiny",
+            uint64_t seed = 1) {
     backend::BackendOptions bo;
-    bo.model_dir = testing::RandomModelDir("tiny", 1);
+    bo.model_dir = testing::RandomModelDir(shape, seed);
     bo.block_size = 16;
     bo.max_num_tokens = static_cast<int32_t>(max_num_tokens);
     bo.max_batch_size = static_cast<int32_t>(max_batch);
@@ -117,6 +118,17 @@ TEST_CASE("cpu backend: a prompt served from the reuse tree gives the same token
   auto second = e.Run({prompts[3]}, 16);
   CHECK(second == first);
   CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
+}
+
+TEST_CASE("cpu backend, sliding window (tiny-mistral, window 20): chunked and batched runs match runs alone") {
+  const auto prompts = Prompts();  // 30..69 tokens: longer than the window
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny-mistral", 2);
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 20)[0]);
+  }
+  CpuEngine e(256, 16, 8, "tiny-mistral", 2);
+  CHECK(e.Run(prompts, 20) == alone);
 }
 
 }  // namespace
