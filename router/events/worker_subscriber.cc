@@ -192,7 +192,7 @@ void WorkerSubscriber::ApplyEvent(const kv::KvEvent& event) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, kv::StoredEvent>) {
           if (e.parent_hash != 0 && !index_->Holds(id_, e.parent_hash)) ++counters_->unknown_parent;
-          for (const kv::StoredBlock& b : e.blocks) index_->Store(id_, b.hash, b.tier);
+          index_->StoreBlocks(id_, e.blocks);
           counters_->applied_stored += e.blocks.size();
         } else if constexpr (std::is_same_v<T, kv::RemovedEvent>) {
           for (BlockHash h : e.hashes) index_->Remove(id_, h, e.tier);

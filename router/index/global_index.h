@@ -12,6 +12,8 @@
 //     worker, a reverse set (unordered_flat_set<BlockHash>, 8-byte slots) of what that
 //     worker holds in the shard.
 //   - A holder is 8 bytes: worker id, tier bits, a predicted bit and its expiry.
+//   - A hot block (more than 16 holders, e.g. a shared system prompt) also keeps 256 bytes
+//     of worker bitsets, so FindMatches intersects 64 workers per instruction on it.
 //   - So one (block, worker) entry costs about 8 (holder) + 9..18 (reverse set slot at
 //     load 0.875..0.44) + 32/holders-per-block (map slot) + map metadata: ~50 bytes for a
 //     block held by one worker, ~20 bytes each for a block held by many.
@@ -25,6 +27,11 @@
 //   2. Worker w is in hash h's holder list iff h is in w's reverse set of h's shard.
 //   3. BlockCount(w, t) equals the number of holders of w whose tier bit t is set.
 //   4. No hash maps to an empty holder list.
+//   5. A holder list past 16 holders carries worker bitsets (device, any tier) and a count
+//      of predicted holders that agree with its holders.
+//
+// FindMatches keeps the still-matching workers as bitsets: per block it costs one hash lookup
+// plus one AND per 64 workers on hot blocks, or a walk of the (few) holders otherwise.
 //
 // Thread safety: thread-safe. Readers (FindMatches, BlockCount, Holds) take per-shard
 // shared locks, each at most once per call; writers take one shard's exclusive lock per
@@ -117,6 +124,8 @@ class GlobalIndex {
   // `worker` stores `hash` on `tier`. Confirms a predicted entry. Idempotent.
   // REQUIRES: worker < config::kMaxWorkers.
   void Store(WorkerId worker, BlockHash hash, kv::Tier tier);
+  // Store() for each block of a stored event, reading the clock once.
+  void StoreBlocks(WorkerId worker, std::span<const kv::StoredBlock> blocks);
   // `worker` no longer holds `hash` on `tier`. Unknown blocks are ignored.
   void Remove(WorkerId worker, BlockHash hash, kv::Tier tier);
   // The block moved to `tier` (offload or onboard): it is now held on `tier` only.
@@ -152,12 +161,12 @@ class GlobalIndex {
   Shard& ShardOf(BlockHash h) const;
   uint32_t NowMs() const;
   void TrimIfNeeded(Shard& shard);
+  void StoreOne(WorkerId worker, BlockHash hash, kv::Tier tier, uint32_t now_ms);
 
   const GlobalIndexOptions options_;
   Clock* const clock_;
   const TimeNs base_ns_;
   std::unique_ptr<Shard[]> shards_;
-  std::atomic<uint64_t> entries_{0};
 };
 
 }  // namespace kvfleet::router

@@ -15,59 +15,14 @@
 #include <prometheus/registry.h>
 
 #include "common/http/metrics.h"
+#include "tests/common/http/test_client.h"
 
 namespace kvfleet::http {
+
+using testing::Client;
+
 namespace {
 
-// A blocking loopback client on raw sockets.
-class Client {
- public:
-  explicit Client(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~Client() { Close(); }
-  void Close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  void Send(std::string_view s) {
-    while (!s.empty()) {
-      ssize_t n = ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;
-      s.remove_prefix(static_cast<size_t>(n));
-    }
-  }
-  // Reads until `needle` has been seen (or EOF / timeout); returns everything read.
-  std::string ReadUntil(std::string_view needle) {
-    while (buf_.find(needle) == std::string::npos) {
-      char tmp[4096];
-      ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
-      if (n <= 0) break;
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
-    size_t at = buf_.find(needle);
-    size_t end = at == std::string::npos ? buf_.size() : at + needle.size();
-    std::string out = buf_.substr(0, end);
-    buf_.erase(0, end);
-    return out;
-  }
-  // True when the server closed the connection.
-  bool ReadEof() {
-    char tmp[256];
-    return ::recv(fd_, tmp, sizeof(tmp), 0) == 0;
-  }
-
- private:
-  int fd_ = -1;
-  std::string buf_;
-};
 
 ServerOptions TestOptions() {
   ServerOptions o;
