@@ -15,6 +15,7 @@
 #include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/kv_event_source.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
 #include "worker/server/worker_loop.h"
@@ -31,23 +32,11 @@ constexpr DurationNs kKvMetricsInterval = 250 * kNsPerMs;
 constexpr auto kPublisherDrain = std::chrono::milliseconds(100);
 }  // namespace config
 
-// The KV manager as the event publisher's EventSource.
-class KvEventSource final : public events::EventSource {
- public:
-  explicit KvEventSource(kv::KvCacheManager* kv) : kv_(kv) {}
-  void FlushEvents() override { kv_->FlushEvents(); }
-  uint64_t DroppedEvents() const override { return kv_->Stats().events_dropped; }
-  std::vector<kv::KvEvent> Snapshot() const override { return kv_->Snapshot(); }
-
- private:
-  kv::KvCacheManager* kv_;
-};
-
 // The engine's per-step hook: metrics, then this step's KV events.
 class StepHook final : public engine::StepListener {
  public:
-  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, KvEventSource* source, kv::KvCacheManager* kv,
-           const Clock* clock)
+  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, events::KvEventSource* source,
+           kv::KvCacheManager* kv, const Clock* clock)
       : metrics_(metrics), publisher_(publisher), source_(source), kv_(kv), clock_(clock) {}
 
   void OnStep(const engine::StepReport& report) override {
@@ -90,7 +79,7 @@ class StepHook final : public engine::StepListener {
  private:
   WorkerMetrics* metrics_;
   events::EventPublisher* publisher_;
-  KvEventSource* source_;
+  events::KvEventSource* source_;
   kv::KvCacheManager* kv_;
   const Clock* clock_;
   TimeNs last_kv_metrics_ = 0;
@@ -193,7 +182,7 @@ Status Worker::Init(zmq::context_t& context) {
   KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(engine::KvCacheConfigFor(backend_->config(), memory),
                                                      &backend_->block_copier(), publisher_.get(), clock));
   KVF_RETURN_IF_ERROR(engine::CheckPoolsAgree(kv_->pools(), pools));
-  source_ = std::make_unique<KvEventSource>(kv_.get());
+  source_ = std::make_unique<events::KvEventSource>(kv_.get());
   hook_ = std::make_unique<StepHook>(metrics_.get(), publisher_.get(), source_.get(), kv_.get(), clock);
 
   // 5. The engine. A request never needs more blocks than the cache has.
