@@ -14,6 +14,7 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   for (int64_t w : model.layer_window) c.attention_windows.push_back(static_cast<uint32_t>(w));
   if (c.attention_windows.empty()) c.attention_windows = {0};
   c.max_seq_len = memory.max_context;
+  c.attention_chunk_size = static_cast<uint32_t>(model.attention_chunk_size);
   c.block_size = memory.block_size;
   c.device_bytes = memory.device_bytes;
   c.host_bytes = memory.host_bytes;
@@ -21,6 +22,24 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   c.enable_offload = memory.host_bytes > 0;
   c.events_include_tokens = memory.events_include_tokens;
   return c;
+}
+
+KvMemorySettings KvMemoryOf(const backend::ModelBackend& backend) {
+  KvMemorySettings m;
+  m.block_size = static_cast<uint32_t>(backend.block_size());
+  m.max_context = static_cast<uint32_t>(backend.max_context());
+  const auto pools = backend.pools();
+  if (!pools.empty()) {
+    const backend::KvPoolInfo& p = pools[0];
+    const uint64_t elements = static_cast<uint64_t>(p.layers.size()) * 2 * static_cast<uint64_t>(p.num_kv_heads) *
+                              static_cast<uint64_t>(p.head_dim) * m.block_size;
+    if (elements > 0) m.dtype_bytes = static_cast<uint32_t>(p.bytes_per_block / elements);
+  }
+  for (const backend::KvPoolInfo& p : pools) {
+    m.device_bytes += static_cast<uint64_t>(p.device_blocks) * p.bytes_per_block;
+    m.host_bytes += static_cast<uint64_t>(p.host_blocks) * p.bytes_per_block;
+  }
+  return m;
 }
 
 Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools) {

@@ -28,6 +28,11 @@ struct KvMemorySettings {
 
 kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemorySettings& memory);
 
+// The memory settings that reproduce a backend's pools: its block size, max context, element
+// size and the bytes of its device and host blocks. Offload and event settings keep their
+// defaults.
+KvMemorySettings KvMemoryOf(const backend::ModelBackend& backend);
+
 // Checks that the manager's pools are the backend's: same count, windows, heads and
 // block counts per tier. The message names the first difference.
 Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools);

@@ -15,6 +15,7 @@
 #include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/kv_event_source.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
 #include "worker/server/worker_loop.h"
@@ -31,23 +32,11 @@ constexpr DurationNs kKvMetricsInterval = 250 * kNsPerMs;
 constexpr auto kPublisherDrain = std::chrono::milliseconds(100);
 }  // namespace config
 
-// The KV manager as the event publisher's EventSource.
-class KvEventSource final : public events::EventSource {
- public:
-  explicit KvEventSource(kv::KvCacheManager* kv) : kv_(kv) {}
-  void FlushEvents() override { kv_->FlushEvents(); }
-  uint64_t DroppedEvents() const override { return kv_->Stats().events_dropped; }
-  std::vector<kv::KvEvent> Snapshot() const override { return kv_->Snapshot(); }
-
- private:
-  kv::KvCacheManager* kv_;
-};
-
 // The engine's per-step hook: metrics, then this step's KV events.
 class StepHook final : public engine::StepListener {
  public:
-  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, KvEventSource* source, kv::KvCacheManager* kv,
-           const Clock* clock)
+  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, events::KvEventSource* source,
+           kv::KvCacheManager* kv, const Clock* clock)
       : metrics_(metrics), publisher_(publisher), source_(source), kv_(kv), clock_(clock) {}
 
   void OnStep(const engine::StepReport& report) override {
@@ -90,7 +79,7 @@ class StepHook final : public engine::StepListener {
  private:
   WorkerMetrics* metrics_;
   events::EventPublisher* publisher_;
-  KvEventSource* source_;
+  events::KvEventSource* source_;
   kv::KvCacheManager* kv_;
   const Clock* clock_;
   TimeNs last_kv_metrics_ = 0;
@@ -185,24 +174,15 @@ Status Worker::Init(zmq::context_t& context) {
   po.events_endpoint = config_.events;
   po.replay_endpoint = config_.replay;
   KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));
-  engine::KvMemorySettings memory;
-  memory.block_size = config_.block_size;
-  memory.max_context = static_cast<uint32_t>(backend_->max_context());
   const auto pools = backend_->pools();
   if (pools.empty()) return Internal("the backend reports no KV pool");
-  const auto& p0 = pools[0];
-  const uint64_t elements_per_block = static_cast<uint64_t>(p0.layers.size()) * 2 * p0.num_kv_heads * p0.head_dim * config_.block_size;
-  memory.dtype_bytes = elements_per_block == 0 ? 2 : static_cast<uint32_t>(p0.bytes_per_block / elements_per_block);
-  for (const auto& p : pools) {
-    memory.device_bytes += static_cast<uint64_t>(p.device_blocks) * p.bytes_per_block;
-    memory.host_bytes += static_cast<uint64_t>(p.host_blocks) * p.bytes_per_block;
-  }
+  engine::KvMemorySettings memory = engine::KvMemoryOf(*backend_);
   memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
   memory.events_include_tokens = config_.events_include_tokens;
   KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(engine::KvCacheConfigFor(backend_->config(), memory),
                                                      &backend_->block_copier(), publisher_.get(), clock));
   KVF_RETURN_IF_ERROR(engine::CheckPoolsAgree(kv_->pools(), pools));
-  source_ = std::make_unique<KvEventSource>(kv_.get());
+  source_ = std::make_unique<events::KvEventSource>(kv_.get());
   hook_ = std::make_unique<StepHook>(metrics_.get(), publisher_.get(), source_.get(), kv_.get(), clock);
 
   // 5. The engine. A request never needs more blocks than the cache has.

@@ -43,6 +43,7 @@ class KvCacheManager;
 }
 namespace kvfleet::events {
 class EventPublisher;
+class KvEventSource;
 }
 namespace kvfleet::engine {
 class Engine;
@@ -55,7 +56,6 @@ class Registration;
 class WorkerLoop;
 class WorkerMetrics;
 class StepHook;
-class KvEventSource;
 
 class Worker {
  public:
@@ -91,7 +91,7 @@ class Worker {
   std::unique_ptr<backend::ModelBackend> backend_;
   std::unique_ptr<events::EventPublisher> publisher_;
   std::unique_ptr<kv::KvCacheManager> kv_;
-  std::unique_ptr<KvEventSource> source_;
+  std::unique_ptr<events::KvEventSource> source_;
   std::unique_ptr<StepHook> hook_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<RequestServer> requests_;

@@ -5,20 +5,18 @@
 // "KV tokens read" counts, for every sequence in the step, the tokens its attention
 // reads from the cache: its context after the step (cached prefix + new tokens).
 //
-// Default constants: Llama-3.1-8B, bf16, one H100 80GB SXM (3.35 TB/s HBM3, 989 TFLOP/s
-// dense bf16), as an optimized engine (vLLM 0.6 / SGLang, CUDA graphs) runs it:
-//   a = 6.5 ms   a decode step of one short sequence streams the 16 GB of weights:
-//                16.06e9 B / 3.35e12 B/s = 4.8 ms at peak; measured ITL at batch 1 is
-//                6-7 ms (vLLM and SGLang published H100 benchmarks, 2024).
-//   b = 55 µs    per prefill token: 2·8.03e9 FLOP/token = 16 GFLOP; at the ~300 TFLOP/s
-//                8B prefill reaches this is 54 µs (about 18k prompt tokens/s per GPU, the
-//                figure vLLM's and SGLang's offline prefill benchmarks report).
-//   c = 40 µs    per decode sequence: sampling, the per-sequence attention launch share
-//                and the growing GEMM M dimension; fitted so that batch 64 at short
-//                context takes ~9 ms/step (≈7k tokens/s), as published.
-//   d = 0.05 µs  per KV token read: 128 KiB/token (32 layers × 8 KV heads × 128 dims ×
-//                K,V × 2 bytes) at ~2.6 TB/s achieved = 50 ns.
-// tests/bench/mock_cost_model.md records the derivation and how to re-fit on a GPU.
+// Default constants: measured, not guessed. tests/bench/worker/calibrate_mock.py ran the
+// forward pass of a Llama-3.1-8B-shaped model (bf16, random weights; cuBLAS GEMMs, flash
+// attention for prefill, decode steps replayed as CUDA graphs) on one NVIDIA H100 80GB
+// HBM3 with torch 2.11 (2026-11-21) and fitted the model to 5 prefill steps (256..4096
+// tokens) and 14 decode steps (1..128 sequences × 512..4096 tokens of context):
+//   a = 7290 µs    decode floor: the 16 GB of weights streamed once (1 seq × 512: 6.84 ms)
+//   b = 26 µs      per prefill token (4096 tokens: 118 ms, ~550 TFLOP/s)
+//   c = 11.5 µs    per decoding sequence (GEMM rows, sampling)
+//   d = 0.057 µs   per KV token read: 128 KiB/token at ~2.3 TB/s
+// Measured points, for comparison: decode 64 seqs × 2048 ctx = 15.4 ms; 128 × 512 = 12.6 ms.
+// A tuned engine (vLLM, SGLang) is within ~10-20% of these figures on the same GPU.
+// worker/backend/mock/README.md says how to re-fit for another GPU or model.
 //
 // Thread safety: immutable value.
 #pragma once
@@ -31,10 +29,10 @@
 namespace kvfleet::backend::mock {
 
 struct CostModel {
-  double step_base_us = 6500.0;       // a: fixed cost of a step (weights streamed once)
-  double prefill_token_us = 55.0;     // b: per prompt token computed (not served from cache)
-  double decode_seq_us = 40.0;        // c: per sequence decoding one token
-  double kv_token_read_us = 0.05;     // d: per KV token attention reads
+  double step_base_us = 7290.0;       // a: fixed cost of a step (weights streamed once)
+  double prefill_token_us = 26.0;     // b: per prompt token computed (not served from cache)
+  double decode_seq_us = 11.5;        // c: per sequence decoding one token
+  double kv_token_read_us = 0.057;    // d: per KV token attention reads
 
   // A step's work, as the cost model sees it.
   struct Work {
