@@ -221,15 +221,20 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
   if (hashes.empty()) return;
   MatchScratch& s = t_scratch;
   const uint32_t now_ms = NowMs();
-  uint64_t locked = 0;  // bit i: shard i is held shared by this call
   static_assert(config::kShards <= 64);
+  // A miss on block 0 (the common case for a new prompt) costs one lock.
+  {
+    const Shard& shard = ShardOf(hashes[0]);
+    std::shared_lock lock(shard.mu);
+    if (!shard.map.contains(hashes[0])) return;
+  }
+  // Shard locks are taken in ascending order, all before reading, so no reader and writer
+  // can wait on each other in a cycle. Writers hold one shard at a time.
+  uint64_t locked = 0;  // bit i: shard i is held shared by this call
+  for (BlockHash h : hashes) locked |= 1ull << ShardIndex(h);
+  for (uint64_t m = locked; m; m &= m - 1) shards_[__builtin_ctzll(m)].mu.lock_shared();
   auto find = [&](BlockHash h) -> const HolderList* {
-    const int si = ShardIndex(h);
-    const Shard& shard = shards_[si];
-    if (!(locked & (1ull << si))) {
-      shard.mu.lock_shared();
-      locked |= 1ull << si;
-    }
+    const Shard& shard = shards_[ShardIndex(h)];
     auto it = shard.map.find(h);
     return it == shard.map.end() ? nullptr : &it->second;
   };

@@ -33,9 +33,9 @@
 // FindMatches keeps the still-matching workers as bitsets: per block it costs one hash lookup
 // plus one AND per 64 workers on hot blocks, or a walk of the (few) holders otherwise.
 //
-// Thread safety: thread-safe. Readers (FindMatches, BlockCount, Holds) take per-shard
-// shared locks, each at most once per call; writers take one shard's exclusive lock per
-// operation and never hold two shard locks at once. FindMatches allocates nothing once
+// Thread safety: thread-safe. FindMatches takes the shared locks of its request's shards in
+// ascending order (after a one-lock check of block 0), other readers one shard at a time;
+// writers take one shard's exclusive lock per operation and never hold two shard locks. FindMatches allocates nothing once
 // *out has capacity for every worker that matches.
 #pragma once
 
