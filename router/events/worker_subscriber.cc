@@ -306,7 +306,8 @@ void WorkerSubscriber::OnTick() {
     EnterDead();
     return;
   }
-  if (pending_request_ != 0 && now - request_sent_ > options_.replay_timeout) {
+  const DurationNs timeout = pending_is_snapshot_ ? options_.snapshot_timeout : options_.replay_timeout;
+  if (pending_request_ != 0 && now - request_sent_ > timeout) {
     log_->info("worker {}: replay request timed out, asking again", name_);
     if (state_ == WorkerState::kReplaying && !pending_is_snapshot_) {
       Request(epoch_, applied_seq_ + 1);
