@@ -271,9 +271,34 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     touch(*first);
   }
 
+  // Lookups run a window ahead of the intersection and prefetch each block's bits, so the
+  // cache misses of a long request overlap instead of queueing (the window is the most
+  // wasted work after an early stop).
+  constexpr uint32_t kAhead = 8;
+  const HolderList* ahead[kAhead];
+  uint32_t ahead_begin = 1, ahead_end = 1;
+  auto lookup = [&](uint32_t j) -> const HolderList* {
+    if (j >= ahead_end) {
+      ahead_begin = j;
+      ahead_end = std::min<uint32_t>(static_cast<uint32_t>(hashes.size()), j + kAhead);
+      for (uint32_t k = ahead_begin; k < ahead_end; ++k) {
+        const HolderList* l = find(hashes[k]);
+        ahead[k - ahead_begin] = l;
+        if (l == nullptr) continue;
+        if (const DenseBits* d = l->dense()) {
+          __builtin_prefetch(&d->device[0]);
+          __builtin_prefetch(&d->any[0]);
+        } else {
+          __builtin_prefetch(l->data());
+        }
+      }
+    }
+    return ahead[j - ahead_begin];
+  };
+
   uint32_t i = 1;
   for (; i < hashes.size() && hi >= lo; ++i) {
-    const HolderList* list = find(hashes[i]);
+    const HolderList* list = lookup(i);
     if (list == nullptr) break;
     const uint64_t* any;
     const uint64_t* dev;
