@@ -8,8 +8,8 @@
 // never wrong KV. A hash index (open addressing) finds a node in O(1); each node keeps a
 // child list for partial reuse and snapshots. A node lives on one tier at a time.
 //
-// Eviction (TensorRT-LLM's priority LRU): each tier has one min-heap of the nodes that can
-// go now, keyed by (priority, last use). Device candidates are unreferenced nodes without a
+// Eviction (TensorRT-LLM's priority LRU): each tier has one LRU queue per priority of the
+// nodes that can go now; the victim is the head of the lowest non-empty priority. Device candidates are unreferenced nodes without a
 // device child; host candidates are nodes without any child. Only those are evictable, so
 // the tree stays connected; a parent becomes a candidate, at its own last use, when its last
 // child goes. A device node whose priority >= offload_min_priority moves to the host tier
@@ -35,6 +35,7 @@
 #include "worker/kv/block_allocator.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/event_buffer.h"
+#include "worker/kv/huge_page_allocator.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/kv/kv_config.h"
 #include "worker/kv/retention.h"
@@ -51,6 +52,7 @@ class BlockPool {
     bool enable_offload = true;
     uint8_t offload_min_priority = config::kDefaultOffloadMinPriority;
     bool include_tokens = false;
+    uint32_t partial_reuse_max_candidates = config::kMaxPartialReuseCandidates;
   };
 
   // REQUIRES: events outlives the pool.
@@ -64,12 +66,21 @@ class BlockPool {
   uint32_t num_reclaimable() const { return unpinned_cached_[0]; }
 
   // --- the tree (read-only) ---
+  // Changes whenever a node is added, removed or moves tier: a cached match is stale then.
+  uint64_t version() const { return version_; }
+  // Starts loading the index slot of h (a lookup a few blocks ahead hides its cache miss).
+  void PrefetchSlot(BlockHash h) const { __builtin_prefetch(&index_slots_[Home(h)]); }
+  // Starts loading node n and its tokens.
+  void PrefetchNode(NodeId n) const {
+    __builtin_prefetch(&nodes_[n]);
+    __builtin_prefetch(&tokens_[size_t{n} * block_size_]);
+  }
   NodeId FindHash(BlockHash h) const;
   // The child of `parent` (kNoNode = root) with hash h and these tokens, or kNoNode.
   NodeId Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const;
   bool SameBlock(NodeId n, NodeId parent, std::span<const TokenId> tokens) const;
   // The child of `parent` sharing the longest leading run with `want` (device preferred on
-  // ties), scanning at most config::kMaxPartialReuseCandidates children. Returns the run
+  // ties), scanning at most options.partial_reuse_max_candidates children. Returns the run
   // length (0: none) and sets *source.
   uint32_t BestPartial(NodeId parent, std::span<const TokenId> want, NodeId* source) const;
   Tier tier(NodeId n) const { return nodes_[n].tier; }
@@ -131,15 +142,18 @@ class BlockPool {
     NodeId prev_sibling = kNoNode;
     uint32_t num_children = 0;
     uint32_t num_device_children = 0;
-    uint32_t heap_pos = UINT32_MAX;
+    NodeId lru_prev = kNoNode;  // eviction queue links
+    NodeId lru_next = kNoNode;
     uint32_t expiry_stamp = 0;
     uint8_t priority = kDefaultPriority;
+    uint8_t queued_priority = 0;  // the queue it is in, when queued
     Tier tier = Tier::kDevice;
     bool live = false;
+    bool queued = false;
   };
-  struct HeapEntry {
-    uint64_t key;
-    NodeId node;
+  struct Queue {
+    NodeId head = kNoNode;  // least recently used
+    NodeId tail = kNoNode;
   };
   struct __attribute__((packed)) Slot {
     BlockHash hash;
@@ -154,13 +168,13 @@ class BlockPool {
 
   static int Idx(Tier t) { return static_cast<int>(t); }
   std::span<const TokenId> TokensOf(NodeId n) const { return {&tokens_[size_t{n} * block_size_], block_size_}; }
-  uint64_t Key(const Node& x) const { return (uint64_t{x.priority} << 56) | (x.tick & ((uint64_t{1} << 56) - 1)); }
   void Touch(Node& x, TimeNs now);
 
-  void HeapUpdate(NodeId n);
-  void HeapRemove(int t, NodeId n);
-  void SiftUp(int t, uint32_t pos);
-  void SiftDown(int t, uint32_t pos);
+  // Puts n in, or takes it out of, its tier's eviction queue as invariant 7 says.
+  void QueueUpdate(NodeId n);
+  void QueueInsert(NodeId n);
+  void QueueRemove(NodeId n);
+  NodeId Front(int t) const;  // the next victim: lowest priority, least recently used
 
   uint64_t Home(BlockHash h) const { return (h * 0x9E3779B97F4A7C15ull) >> index_shift_; }
   void IndexInsert(BlockHash h, NodeId n);
@@ -168,6 +182,7 @@ class BlockPool {
 
   bool EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<EvictedBlock>* out);
   bool EvictOneHost();
+  void PrefetchNextVictims(const Node& x) const;
   bool MakeHostRoom(uint8_t priority);
   void RemoveNode(NodeId n);
   void DropHostDescendants(NodeId n);
@@ -186,23 +201,28 @@ class BlockPool {
   EventBuffer* events_;
 
   std::array<BlockAllocator, kNumTiers> alloc_;
-  std::array<std::vector<NodeId>, kNumTiers> block_node_;
-  std::array<std::vector<uint32_t>, kNumTiers> refcount_;
+  std::array<HugeVector<NodeId>, kNumTiers> block_node_;
+  std::array<HugeVector<uint32_t>, kNumTiers> refcount_;
   std::array<uint32_t, kNumTiers> unpinned_cached_{};
 
-  std::vector<Node> nodes_;
-  std::vector<TokenId> tokens_;  // [node][B]
-  std::vector<NodeId> free_nodes_;
+  HugeVector<Node> nodes_;
+  HugeVector<TokenId> tokens_;  // [node][B]
+  HugeVector<NodeId> free_nodes_;
   NodeId root_first_child_ = kNoNode;
   uint32_t root_num_children_ = 0;
   uint32_t live_nodes_ = 0;
 
-  std::vector<Slot> index_slots_;
+  HugeVector<Slot> index_slots_;
   uint32_t index_shift_ = 0;
 
-  std::array<std::vector<HeapEntry>, kNumTiers> heap_;
+  // Per tier and priority, the evictable nodes in LRU order (tick ascending), and a bitmap
+  // of the non-empty priorities so the lowest is found in O(1).
+  std::array<std::array<Queue, kMaxPriority + 1>, kNumTiers> queues_{};
+  std::array<std::array<uint64_t, 2>, kNumTiers> nonempty_{};
+  std::array<uint32_t, kNumTiers> queued_{};
   std::priority_queue<ExpiryEntry, std::vector<ExpiryEntry>, std::greater<ExpiryEntry>> expiry_;
   uint64_t tick_ = 0;
+  uint64_t version_ = 0;
 
   // Event batching: consecutive stored blocks of one chain, or removals on one tier, share
   // one event.
