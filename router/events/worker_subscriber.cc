@@ -243,6 +243,13 @@ void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
   last_heard_ = clock_->Now();
   stats_.last_heard = last_heard_;
   request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
+  // Lists of zero-sized structs would expand a few bytes into millions of default entries.
+  const uint64_t words = reply.totalSize().wordCount;
+  if ((reply.isBatches() && reply.getBatches().size() > words) ||
+      (reply.isSnapshot() && reply.getSnapshot().getEvents().size() > words)) {
+    ++counters_->bad_replies;
+    return;
+  }
   switch (reply.which()) {
     case schema::ReplayReply::ERROR:
       ++counters_->bad_replies;
