@@ -78,8 +78,11 @@ struct EventPlaneOptions {
   GlobalIndexOptions index;
   // No batch (heartbeats included) from a worker for this long: DEAD. Contract 2 default.
   DurationNs heartbeat_timeout = 3 * kNsPerSec;
-  // A replay or snapshot request not fully answered in this long is sent again.
+  // A replay request met by this much silence is sent again.
   DurationNs replay_timeout = 2 * kNsPerSec;
+  // The same for a snapshot request, whose first chunk waits for the worker's engine to take
+  // the snapshot between steps (a 1 M-block cache takes a fraction of a second).
+  DurationNs snapshot_timeout = 10 * kNsPerSec;
   // Live batches buffered per worker while SYNCING/REPLAYING; beyond it the oldest go
   // (and are recovered by the next replay).
   size_t max_buffered_batches = 20'000;

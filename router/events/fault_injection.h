@@ -5,9 +5,11 @@
 // Held batches are released after max_hold even when no more traffic comes, so a test that
 // stops its traffic still sees every batch that was not dropped.
 //
-// Thread safety: thread-compatible; the event plane calls it from its event thread only.
+// Thread safety: Process/Release from one thread (the event plane's event thread); the
+// counters from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -36,9 +38,10 @@ class FaultInjector {
   // Releases held batches older than max_hold (all of them when `all`).
   void Release(TimeNs now, bool all, std::vector<Delivery>* out);
 
-  uint64_t dropped() const { return dropped_; }
-  uint64_t duplicated() const { return duplicated_; }
-  uint64_t reordered() const { return reordered_; }
+  // Readable from any thread.
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  uint64_t duplicated() const { return duplicated_.load(std::memory_order_relaxed); }
+  uint64_t reordered() const { return reordered_.load(std::memory_order_relaxed); }
 
  private:
   struct Held {
@@ -48,7 +51,7 @@ class FaultInjector {
   FaultOptions options_;
   std::mt19937_64 rng_;
   std::vector<Held> held_;
-  uint64_t dropped_ = 0, duplicated_ = 0, reordered_ = 0;
+  std::atomic<uint64_t> dropped_{0}, duplicated_{0}, reordered_{0};
 };
 
 }  // namespace kvfleet::router

@@ -243,6 +243,13 @@ void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
   last_heard_ = clock_->Now();
   stats_.last_heard = last_heard_;
   request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
+  // Lists of zero-sized structs would expand a few bytes into millions of default entries.
+  const uint64_t words = reply.totalSize().wordCount;
+  if ((reply.isBatches() && reply.getBatches().size() > words) ||
+      (reply.isSnapshot() && reply.getSnapshot().getEvents().size() > words)) {
+    ++counters_->bad_replies;
+    return;
+  }
   switch (reply.which()) {
     case schema::ReplayReply::ERROR:
       ++counters_->bad_replies;
@@ -306,7 +313,8 @@ void WorkerSubscriber::OnTick() {
     EnterDead();
     return;
   }
-  if (pending_request_ != 0 && now - request_sent_ > options_.replay_timeout) {
+  const DurationNs timeout = pending_is_snapshot_ ? options_.snapshot_timeout : options_.replay_timeout;
+  if (pending_request_ != 0 && now - request_sent_ > timeout) {
     log_->info("worker {}: replay request timed out, asking again", name_);
     if (state_ == WorkerState::kReplaying && !pending_is_snapshot_) {
       Request(epoch_, applied_seq_ + 1);

@@ -221,15 +221,20 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
   if (hashes.empty()) return;
   MatchScratch& s = t_scratch;
   const uint32_t now_ms = NowMs();
-  uint64_t locked = 0;  // bit i: shard i is held shared by this call
   static_assert(config::kShards <= 64);
+  // A miss on block 0 (the common case for a new prompt) costs one lock.
+  {
+    const Shard& shard = ShardOf(hashes[0]);
+    std::shared_lock lock(shard.mu);
+    if (!shard.map.contains(hashes[0])) return;
+  }
+  // Shard locks are taken in ascending order, all before reading, so no reader and writer
+  // can wait on each other in a cycle. Writers hold one shard at a time.
+  uint64_t locked = 0;  // bit i: shard i is held shared by this call
+  for (BlockHash h : hashes) locked |= 1ull << ShardIndex(h);
+  for (uint64_t m = locked; m; m &= m - 1) shards_[__builtin_ctzll(m)].mu.lock_shared();
   auto find = [&](BlockHash h) -> const HolderList* {
-    const int si = ShardIndex(h);
-    const Shard& shard = shards_[si];
-    if (!(locked & (1ull << si))) {
-      shard.mu.lock_shared();
-      locked |= 1ull << si;
-    }
+    const Shard& shard = shards_[ShardIndex(h)];
     auto it = shard.map.find(h);
     return it == shard.map.end() ? nullptr : &it->second;
   };
@@ -266,9 +271,34 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     touch(*first);
   }
 
+  // Lookups run a window ahead of the intersection and prefetch each block's bits, so the
+  // cache misses of a long request overlap instead of queueing (the window is the most
+  // wasted work after an early stop).
+  constexpr uint32_t kAhead = 8;
+  const HolderList* ahead[kAhead];
+  uint32_t ahead_begin = 1, ahead_end = 1;
+  auto lookup = [&](uint32_t j) -> const HolderList* {
+    if (j >= ahead_end) {
+      ahead_begin = j;
+      ahead_end = std::min<uint32_t>(static_cast<uint32_t>(hashes.size()), j + kAhead);
+      for (uint32_t k = ahead_begin; k < ahead_end; ++k) {
+        const HolderList* l = find(hashes[k]);
+        ahead[k - ahead_begin] = l;
+        if (l == nullptr) continue;
+        if (const DenseBits* d = l->dense()) {
+          __builtin_prefetch(&d->device[0]);
+          __builtin_prefetch(&d->any[0]);
+        } else {
+          __builtin_prefetch(l->data());
+        }
+      }
+    }
+    return ahead[j - ahead_begin];
+  };
+
   uint32_t i = 1;
   for (; i < hashes.size() && hi >= lo; ++i) {
-    const HolderList* list = find(hashes[i]);
+    const HolderList* list = lookup(i);
     if (list == nullptr) break;
     const uint64_t* any;
     const uint64_t* dev;

@@ -14,9 +14,11 @@
 //   - A holder is 8 bytes: worker id, tier bits, a predicted bit and its expiry.
 //   - A hot block (more than 16 holders, e.g. a shared system prompt) also keeps 256 bytes
 //     of worker bitsets, so FindMatches intersects 64 workers per instruction on it.
-//   - So one (block, worker) entry costs about 8 (holder) + 9..18 (reverse set slot at
-//     load 0.875..0.44) + 32/holders-per-block (map slot) + map metadata: ~50 bytes for a
-//     block held by one worker, ~20 bytes each for a block held by many.
+//   - So one (block, worker) entry costs its reverse-set slot (9..18 bytes: 8 + metadata at
+//     load 0.875..0.44) plus its share of the block's map slot (33..75 bytes by load) and,
+//     past two holders, 8 bytes of holder array: about 45..95 bytes for a block one worker
+//     holds, 27..55 for two, ~20 for many. bench (tests/bench/events) measured 43 bytes per
+//     entry over 3.2 M entries (1 M blocks held by two workers each, plus hot prefixes).
 //
 // Windows: the index holds one tier set per (block, worker). EventPlane indexes only the
 // events of the pool it routes on (full attention, or the largest window when every pool
@@ -33,9 +35,9 @@
 // FindMatches keeps the still-matching workers as bitsets: per block it costs one hash lookup
 // plus one AND per 64 workers on hot blocks, or a walk of the (few) holders otherwise.
 //
-// Thread safety: thread-safe. Readers (FindMatches, BlockCount, Holds) take per-shard
-// shared locks, each at most once per call; writers take one shard's exclusive lock per
-// operation and never hold two shard locks at once. FindMatches allocates nothing once
+// Thread safety: thread-safe. FindMatches takes the shared locks of its request's shards in
+// ascending order (after a one-lock check of block 0), other readers one shard at a time;
+// writers take one shard's exclusive lock per operation and never hold two shard locks. FindMatches allocates nothing once
 // *out has capacity for every worker that matches.
 #pragma once
 

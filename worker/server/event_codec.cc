@@ -92,6 +92,9 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
       kv::StoredEvent e;
       e.parent_hash = s.getParentHash();
       auto blocks = s.getBlocks();
+      // A list of zero-sized structs costs the sender nothing per element: a few bytes could
+      // expand into millions of default blocks. A real block takes at least one word.
+      if (blocks.size() > s.totalSize().wordCount) return DataLoss("stored event with empty block entries");
       e.blocks.resize(blocks.size());
       for (unsigned i = 0; i < blocks.size(); ++i) {
         auto b = blocks[i];
@@ -206,6 +209,7 @@ Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in) {
     if (out.header.epoch == 0) return InvalidArgument("epoch 0");
     if (out.header.seq == 0) return InvalidArgument("seq 0");
     auto events = in.getEvents();
+    if (events.size() > in.totalSize().wordCount) return DataLoss("batch with empty event entries");
     out.events.resize(events.size());
     for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEvent(events[i], &out.events[i]));
     out.load = ParseLoad(in.getLoad());

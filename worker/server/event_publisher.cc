@@ -366,7 +366,15 @@ void EventPublisher::Impl::HandleReplayRequests() {
                          from > last_hole;
     if (!in_ring) {
       std::lock_guard lock(mu_);
-      snapshot_requests_.push_back(Requester{identity, req.getRequestId()});
+      // A router that asks again before its snapshot went out gets one snapshot, under the
+      // newest request id: the retries of a slow snapshot must not pile up.
+      auto same = std::find_if(snapshot_requests_.begin(), snapshot_requests_.end(),
+                               [&](const Requester& r) { return r.identity == identity; });
+      if (same != snapshot_requests_.end()) {
+        same->request_id = req.getRequestId();
+      } else {
+        snapshot_requests_.push_back(Requester{identity, req.getRequestId()});
+      }
       owner_->snapshot_wanted_.store(true, std::memory_order_release);
       continue;
     }

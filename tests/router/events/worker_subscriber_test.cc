@@ -187,15 +187,25 @@ TEST_CASE("silence past the heartbeat timeout marks the worker DEAD; its next ba
   CHECK(f.sub.state() == WorkerState::kSyncing);
 }
 
-TEST_CASE("an unanswered request is sent again after the replay timeout") {
+TEST_CASE("an unanswered request is sent again after its timeout") {
   Fixture f;
+  f.options.heartbeat_timeout = 60 * kNsPerSec;
   f.sub.Start();
-  f.clock.AdvanceMs(1000);
-  f.sub.OnBatch(Batch(7, 1));  // heard, so not dead
+  f.clock.AdvanceMs(9000);
+  f.sub.OnTick();
+  CHECK(f.io.requests.size() == 1);  // a snapshot may take a while
   f.clock.AdvanceMs(1500);
   f.sub.OnTick();
-  CHECK(f.io.requests.size() == 2);
+  REQUIRE(f.io.requests.size() == 2);
   CHECK(f.io.requests[1].id != f.io.requests[0].id);
+  Reply snap(f.io.requests[1].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {}).reader());
+  f.sub.OnBatch(Batch(7, 5));  // a gap: a replay request, with the shorter timeout
+  REQUIRE(f.io.requests.size() == 3);
+  f.clock.AdvanceMs(2100);
+  f.sub.OnTick();
+  REQUIRE(f.io.requests.size() == 4);
+  CHECK(f.io.requests[3].from == 2);
 }
 
 TEST_CASE("a seq far in the future is counted and dropped, not replayed") {
