@@ -38,6 +38,10 @@
 
 namespace kvfleet::model {
 
+// Bumped whenever a shape's config or the weight rule changes, so caches of generated
+// models (tests) are not reused across versions.
+constexpr int kRandomModelVersion = 1;
+
 // The shape names MakeRandomModel accepts.
 std::vector<std::string> RandomModelShapes();
 
