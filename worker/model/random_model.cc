@@ -340,6 +340,8 @@ Status MakeRandomModel(const RandomModelOptions& o) {
     if (!out) return Unavailable(o.out_dir + "/config.json: write failed");
   }
 
+  if (o.config_only) return Status::Ok();
+
   // Plan the shards: consecutive tensors until the next would pass max_shard_bytes.
   std::vector<TensorSpec> specs = ExpectedTensors(cfg);
   std::vector<std::vector<const TensorSpec*>> shards(1);
