@@ -29,7 +29,6 @@ BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& op
     const uint32_t n = alloc_[t].num_blocks();
     block_node_[t].assign(n, kNoNode);
     refcount_[t].assign(n, 0);
-    heap_[t].reserve(n);
   }
   nodes_.resize(max_nodes);
   tokens_.resize(size_t{max_nodes} * block_size_);
@@ -123,7 +122,7 @@ void BlockPool::Pin(NodeId n, TimeNs now) {
   const int t = Idx(x.tier);
   if (refcount_[t][x.block]++ == 0) --unpinned_cached_[t];
   Touch(x, now);
-  HeapUpdate(n);
+  QueueUpdate(n);
 }
 
 void BlockPool::Unpin(Tier tier, BlockId b, TimeNs now) {
@@ -137,7 +136,7 @@ void BlockPool::Unpin(Tier tier, BlockId b, TimeNs now) {
   }
   ++unpinned_cached_[t];
   Touch(nodes_[n], now);
-  HeapUpdate(n);
+  QueueUpdate(n);
 }
 
 void BlockPool::Raise(NodeId n, const BlockRetention& r, TimeNs now) {
@@ -152,7 +151,7 @@ void BlockPool::Raise(NodeId n, const BlockRetention& r, TimeNs now) {
       expiry_.push({x.expires_at, n, x.expiry_stamp});
     }
     EmitUpdated(n, std::nullopt, x.priority);
-    HeapUpdate(n);
+    QueueUpdate(n);
   } else if (r.priority == x.priority && x.duration > 0) {
     // Same priority: the longer keep wins; no duration means keep for good. The queued
     // expiry entry re-queues itself at the later deadline (ProcessExpired).
@@ -197,10 +196,11 @@ BlockId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
   x.block = db;
   if (x.parent != kNoNode) {
     ++nodes_[x.parent].num_device_children;
-    HeapUpdate(x.parent);
+    QueueUpdate(x.parent);
   }
-  HeapUpdate(n);
+  QueueUpdate(n);
   ++onboards_;
+  ++version_;
   EmitUpdated(n, Tier::kDevice, std::nullopt);
   return db;
 }
@@ -225,9 +225,10 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   block_node_[kDev][b] = n;
   LinkChild(parent, n);
   IndexInsert(h, n);
+  ++version_;
   Touch(x, now);
   if (x.duration > 0) expiry_.push({x.expires_at, n, ++x.expiry_stamp});
-  if (parent != kNoNode) HeapUpdate(parent);
+  if (parent != kNoNode) QueueUpdate(parent);
   EmitStored(n);
   return n;
 }
@@ -265,77 +266,90 @@ void BlockPool::UnlinkChild(NodeId n) {
   }
 }
 
-// ---------------------------------------------------------------- eviction heaps
+// ---------------------------------------------------------------- eviction queues
 
-void BlockPool::HeapUpdate(NodeId n) {
+void BlockPool::QueueUpdate(NodeId n) {
   Node& x = nodes_[n];
   const int t = Idx(x.tier);
   const bool want = x.live && refcount_[t][x.block] == 0 &&
                     (t == kDev ? x.num_device_children == 0 : x.num_children == 0);
-  if (!want) {
-    if (x.heap_pos != UINT32_MAX) HeapRemove(t, n);
-    return;
+  if (x.queued) {
+    if (want && x.queued_priority == x.priority) return;
+    QueueRemove(n);
   }
-  const uint64_t key = Key(x);
-  if (x.heap_pos == UINT32_MAX) {
-    x.heap_pos = static_cast<uint32_t>(heap_[t].size());
-    heap_[t].push_back({key, n});
-    SiftUp(t, x.heap_pos);
-  } else if (heap_[t][x.heap_pos].key != key) {
-    const uint32_t pos = x.heap_pos;
-    const uint64_t old = heap_[t][pos].key;
-    heap_[t][pos].key = key;
-    if (key < old) {
-      SiftUp(t, pos);
-    } else {
-      SiftDown(t, pos);
+  if (want) QueueInsert(n);
+}
+
+void BlockPool::QueueInsert(NodeId n) {
+  Node& x = nodes_[n];
+  const int t = Idx(x.tier);
+  Queue& q = queues_[t][x.priority];
+  NodeId before;  // insert x before this node (kNoNode: at the tail)
+  if (q.tail == kNoNode || nodes_[q.tail].tick <= x.tick) {
+    before = kNoNode;  // the common case: released just now
+  } else if (nodes_[q.head].tick >= x.tick) {
+    before = q.head;
+  } else {
+    // A parent that became a leaf goes in at its own last use. Search from both ends; it
+    // is usually close to one of them.
+    NodeId a = q.head;
+    NodeId b = q.tail;
+    for (;;) {
+      a = nodes_[a].lru_next;
+      if (nodes_[a].tick > x.tick) {
+        before = a;
+        break;
+      }
+      b = nodes_[b].lru_prev;
+      if (nodes_[b].tick < x.tick) {
+        before = nodes_[b].lru_next;
+        break;
+      }
     }
   }
-}
-
-void BlockPool::HeapRemove(int t, NodeId n) {
-  auto& h = heap_[t];
-  const uint32_t pos = nodes_[n].heap_pos;
-  KVF_DCHECK(pos < h.size() && h[pos].node == n);
-  nodes_[n].heap_pos = UINT32_MAX;
-  const HeapEntry last = h.back();
-  h.pop_back();
-  if (pos == h.size()) return;
-  h[pos] = last;
-  nodes_[last.node].heap_pos = pos;
-  SiftUp(t, pos);
-  SiftDown(t, nodes_[last.node].heap_pos);
-}
-
-void BlockPool::SiftUp(int t, uint32_t pos) {
-  auto& h = heap_[t];
-  const HeapEntry e = h[pos];
-  while (pos > 0) {
-    const uint32_t parent = (pos - 1) / 2;
-    if (h[parent].key <= e.key) break;
-    h[pos] = h[parent];
-    nodes_[h[pos].node].heap_pos = pos;
-    pos = parent;
+  x.lru_next = before;
+  x.lru_prev = before == kNoNode ? q.tail : nodes_[before].lru_prev;
+  if (x.lru_prev == kNoNode) {
+    q.head = n;
+  } else {
+    nodes_[x.lru_prev].lru_next = n;
   }
-  h[pos] = e;
-  nodes_[e.node].heap_pos = pos;
+  if (before == kNoNode) {
+    q.tail = n;
+  } else {
+    nodes_[before].lru_prev = n;
+  }
+  x.queued = true;
+  x.queued_priority = x.priority;
+  nonempty_[t][x.priority / 64] |= uint64_t{1} << (x.priority % 64);
+  ++queued_[t];
 }
 
-void BlockPool::SiftDown(int t, uint32_t pos) {
-  auto& h = heap_[t];
-  const uint32_t size = static_cast<uint32_t>(h.size());
-  const HeapEntry e = h[pos];
-  for (;;) {
-    uint32_t child = 2 * pos + 1;
-    if (child >= size) break;
-    if (child + 1 < size && h[child + 1].key < h[child].key) ++child;
-    if (h[child].key >= e.key) break;
-    h[pos] = h[child];
-    nodes_[h[pos].node].heap_pos = pos;
-    pos = child;
+void BlockPool::QueueRemove(NodeId n) {
+  Node& x = nodes_[n];
+  const int t = Idx(x.tier);
+  Queue& q = queues_[t][x.queued_priority];
+  if (x.lru_prev == kNoNode) {
+    q.head = x.lru_next;
+  } else {
+    nodes_[x.lru_prev].lru_next = x.lru_next;
   }
-  h[pos] = e;
-  nodes_[e.node].heap_pos = pos;
+  if (x.lru_next == kNoNode) {
+    q.tail = x.lru_prev;
+  } else {
+    nodes_[x.lru_next].lru_prev = x.lru_prev;
+  }
+  if (q.head == kNoNode) nonempty_[t][x.queued_priority / 64] &= ~(uint64_t{1} << (x.queued_priority % 64));
+  x.queued = false;
+  x.lru_prev = x.lru_next = kNoNode;
+  --queued_[t];
+}
+
+NodeId BlockPool::Front(int t) const {
+  for (int w = 0; w < 2; ++w) {
+    if (nonempty_[t][w] != 0) return queues_[t][w * 64 + std::countr_zero(nonempty_[t][w])].head;
+  }
+  return kNoNode;
 }
 
 // ---------------------------------------------------------------- eviction
@@ -352,13 +366,14 @@ bool BlockPool::MakeHostRoom(uint8_t priority) {
   }
   if (alloc_[kHost].num_free() > 0) return true;
   // Only a host block of lower or equal priority gives way to this one.
-  if (heap_[kHost].empty() || nodes_[heap_[kHost][0].node].priority > priority) return false;
+  const NodeId victim = Front(kHost);
+  if (victim == kNoNode || nodes_[victim].priority > priority) return false;
   return EvictOneHost();
 }
 
 bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<EvictedBlock>* out) {
-  if (heap_[kDev].empty()) return false;
-  const NodeId n = heap_[kDev][0].node;
+  const NodeId n = Front(kDev);
+  if (n == kNoNode) return false;
   Node& x = nodes_[n];
   const uint8_t prio = x.priority;
   ++evictions_[kDev][prio];
@@ -366,7 +381,7 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
     const BlockId db = x.block;
     const BlockId hb = alloc_[kHost].AllocateOne();
     copies->push_back({index_, Tier::kDevice, db, Tier::kHost, hb});
-    HeapRemove(kDev, n);
+    QueueRemove(n);
     block_node_[kDev][db] = kNoNode;
     alloc_[kDev].Free(db);
     --unpinned_cached_[kDev];
@@ -376,10 +391,11 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
     ++unpinned_cached_[kHost];
     if (x.parent != kNoNode) {
       --nodes_[x.parent].num_device_children;
-      HeapUpdate(x.parent);
+      QueueUpdate(x.parent);
     }
-    HeapUpdate(n);
+    QueueUpdate(n);
     ++offloads_;
+    ++version_;
     EmitUpdated(n, Tier::kHost, std::nullopt);
     if (out) out->push_back({index_, x.hash, prio, true});
     return true;
@@ -392,8 +408,8 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
 }
 
 bool BlockPool::EvictOneHost() {
-  if (heap_[kHost].empty()) return false;
-  const NodeId n = heap_[kHost][0].node;
+  const NodeId n = Front(kHost);
+  if (n == kNoNode) return false;
   ++evictions_[kHost][nodes_[n].priority];
   RemoveNode(n);
   return true;
@@ -418,7 +434,7 @@ void BlockPool::RemoveNode(NodeId n) {
   Node& x = nodes_[n];
   const int t = Idx(x.tier);
   KVF_DCHECK(x.num_children == 0 && refcount_[t][x.block] == 0);
-  if (x.heap_pos != UINT32_MAX) HeapRemove(t, n);
+  if (x.queued) QueueRemove(n);
   const NodeId parent = x.parent;
   UnlinkChild(n);
   IndexErase(x.hash);
@@ -430,7 +446,8 @@ void BlockPool::RemoveNode(NodeId n) {
   ++x.expiry_stamp;
   --live_nodes_;
   free_nodes_.push_back(n);
-  if (parent != kNoNode) HeapUpdate(parent);
+  ++version_;
+  if (parent != kNoNode) QueueUpdate(parent);
 }
 
 void BlockPool::ProcessExpired(TimeNs now) {
@@ -448,7 +465,7 @@ void BlockPool::ProcessExpired(TimeNs now) {
     if (x.priority != kDefaultPriority) {
       x.priority = kDefaultPriority;
       EmitUpdated(e.node, std::nullopt, x.priority);
-      HeapUpdate(e.node);
+      QueueUpdate(e.node);
     }
   }
 }
@@ -462,18 +479,20 @@ void BlockPool::Clear() {
     block_node_[t][x.block] = kNoNode;
     alloc_[t].Free(x.block);
     x.live = false;
-    x.heap_pos = UINT32_MAX;
+    x.queued = false;
     ++x.expiry_stamp;
   }
   free_nodes_.clear();
   for (uint32_t i = static_cast<uint32_t>(nodes_.size()); i > 0; --i) free_nodes_.push_back(i - 1);
   std::fill(index_slots_.begin(), index_slots_.end(), Slot{0, kNoNode});
-  heap_[kDev].clear();
-  heap_[kHost].clear();
+  queues_ = {};
+  nonempty_ = {};
+  queued_ = {};
   root_first_child_ = kNoNode;
   root_num_children_ = 0;
   live_nodes_ = 0;
   unpinned_cached_ = {};
+  ++version_;
   CloseEvents();
   Emit(KvEvent{window_, ClearedEvent{}});
 }
@@ -580,7 +599,7 @@ size_t BlockPool::MemoryBytes() const {
   for (int t = 0; t < kNumTiers; ++t) {
     const size_t n = alloc_[t].num_blocks();
     bytes += block_node_[t].capacity() * sizeof(NodeId) + refcount_[t].capacity() * sizeof(uint32_t) +
-             heap_[t].capacity() * sizeof(HeapEntry) + n * (sizeof(BlockId) + 1);  // allocator stack + flag
+             n * (sizeof(BlockId) + 1);  // allocator stack + flag
   }
   return bytes;
 }
@@ -622,7 +641,6 @@ Status BlockPool::CheckInvariants() const {
     ++root_children;
   }
   if (root_children != root_num_children_) return fail("root child count");
-  std::array<size_t, kNumTiers> heap_members{};
   for (NodeId n = 0; n < nodes_.size(); ++n) {
     const Node& x = nodes_[n];
     if (!x.live) continue;
@@ -652,20 +670,29 @@ Status BlockPool::CheckInvariants() const {
     }
     // Invariant 7.
     const bool want = refcount_[t][x.block] == 0 && (t == kDev ? x.num_device_children == 0 : x.num_children == 0);
-    const bool in_heap = x.heap_pos != UINT32_MAX && x.heap_pos < heap_[t].size() && heap_[t][x.heap_pos].node == n;
-    if (want != in_heap) return fail("invariant 7: node " + std::to_string(n) + " eviction-queue membership");
-    if (in_heap) {
-      ++heap_members[t];
-      if (heap_[t][x.heap_pos].key != Key(x)) return fail("invariant 7: stale eviction key");
-    }
+    if (want != x.queued) return fail("invariant 7: node " + std::to_string(n) + " eviction-queue membership");
+    if (x.queued && x.queued_priority != x.priority) return fail("invariant 7: queued under a stale priority");
   }
   if (live != live_nodes_) return fail("live node count");
   if (live + free_nodes_.size() != nodes_.size()) return fail("node free list");
   for (int t = 0; t < kNumTiers; ++t) {
-    if (heap_members[t] != heap_[t].size()) return fail("invariant 7: eviction queue holds extra entries");
-    for (size_t i = 1; i < heap_[t].size(); ++i) {
-      if (heap_[t][(i - 1) / 2].key > heap_[t][i].key) return fail("invariant 7: heap order");
+    uint32_t members = 0;
+    for (int p = 0; p <= kMaxPriority; ++p) {
+      const Queue& q = queues_[t][p];
+      const bool bit = (nonempty_[t][p / 64] >> (p % 64)) & 1;
+      if (bit != (q.head != kNoNode)) return fail("invariant 7: non-empty bitmap");
+      NodeId prev = kNoNode;
+      for (NodeId c = q.head; c != kNoNode; prev = c, c = nodes_[c].lru_next) {
+        const Node& y = nodes_[c];
+        if (!y.live || !y.queued || Idx(y.tier) != t || y.priority != p || y.lru_prev != prev) {
+          return fail("invariant 7: eviction queue links");
+        }
+        if (prev != kNoNode && nodes_[prev].tick >= y.tick) return fail("invariant 7: queue not in LRU order");
+        ++members;
+      }
+      if (q.tail != prev) return fail("invariant 7: queue tail");
     }
+    if (members != queued_[t]) return fail("invariant 7: queue sizes");
   }
   size_t indexed = 0;
   for (const Slot& s : index_slots_) indexed += s.node != kNoNode;

@@ -8,8 +8,8 @@
 // never wrong KV. A hash index (open addressing) finds a node in O(1); each node keeps a
 // child list for partial reuse and snapshots. A node lives on one tier at a time.
 //
-// Eviction (TensorRT-LLM's priority LRU): each tier has one min-heap of the nodes that can
-// go now, keyed by (priority, last use). Device candidates are unreferenced nodes without a
+// Eviction (TensorRT-LLM's priority LRU): each tier has one LRU queue per priority of the
+// nodes that can go now; the victim is the head of the lowest non-empty priority. Device candidates are unreferenced nodes without a
 // device child; host candidates are nodes without any child. Only those are evictable, so
 // the tree stays connected; a parent becomes a candidate, at its own last use, when its last
 // child goes. A device node whose priority >= offload_min_priority moves to the host tier
@@ -64,6 +64,15 @@ class BlockPool {
   uint32_t num_reclaimable() const { return unpinned_cached_[0]; }
 
   // --- the tree (read-only) ---
+  // Changes whenever a node is added, removed or moves tier: a cached match is stale then.
+  uint64_t version() const { return version_; }
+  // Starts loading the index slot of h (a lookup a few blocks ahead hides its cache miss).
+  void PrefetchSlot(BlockHash h) const { __builtin_prefetch(&index_slots_[Home(h)]); }
+  // Starts loading node n and its tokens.
+  void PrefetchNode(NodeId n) const {
+    __builtin_prefetch(&nodes_[n]);
+    __builtin_prefetch(&tokens_[size_t{n} * block_size_]);
+  }
   NodeId FindHash(BlockHash h) const;
   // The child of `parent` (kNoNode = root) with hash h and these tokens, or kNoNode.
   NodeId Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const;
@@ -131,15 +140,18 @@ class BlockPool {
     NodeId prev_sibling = kNoNode;
     uint32_t num_children = 0;
     uint32_t num_device_children = 0;
-    uint32_t heap_pos = UINT32_MAX;
+    NodeId lru_prev = kNoNode;  // eviction queue links
+    NodeId lru_next = kNoNode;
     uint32_t expiry_stamp = 0;
     uint8_t priority = kDefaultPriority;
+    uint8_t queued_priority = 0;  // the queue it is in, when queued
     Tier tier = Tier::kDevice;
     bool live = false;
+    bool queued = false;
   };
-  struct HeapEntry {
-    uint64_t key;
-    NodeId node;
+  struct Queue {
+    NodeId head = kNoNode;  // least recently used
+    NodeId tail = kNoNode;
   };
   struct __attribute__((packed)) Slot {
     BlockHash hash;
@@ -154,13 +166,13 @@ class BlockPool {
 
   static int Idx(Tier t) { return static_cast<int>(t); }
   std::span<const TokenId> TokensOf(NodeId n) const { return {&tokens_[size_t{n} * block_size_], block_size_}; }
-  uint64_t Key(const Node& x) const { return (uint64_t{x.priority} << 56) | (x.tick & ((uint64_t{1} << 56) - 1)); }
   void Touch(Node& x, TimeNs now);
 
-  void HeapUpdate(NodeId n);
-  void HeapRemove(int t, NodeId n);
-  void SiftUp(int t, uint32_t pos);
-  void SiftDown(int t, uint32_t pos);
+  // Puts n in, or takes it out of, its tier's eviction queue as invariant 7 says.
+  void QueueUpdate(NodeId n);
+  void QueueInsert(NodeId n);
+  void QueueRemove(NodeId n);
+  NodeId Front(int t) const;  // the next victim: lowest priority, least recently used
 
   uint64_t Home(BlockHash h) const { return (h * 0x9E3779B97F4A7C15ull) >> index_shift_; }
   void IndexInsert(BlockHash h, NodeId n);
@@ -200,9 +212,14 @@ class BlockPool {
   std::vector<Slot> index_slots_;
   uint32_t index_shift_ = 0;
 
-  std::array<std::vector<HeapEntry>, kNumTiers> heap_;
+  // Per tier and priority, the evictable nodes in LRU order (tick ascending), and a bitmap
+  // of the non-empty priorities so the lowest is found in O(1).
+  std::array<std::array<Queue, kMaxPriority + 1>, kNumTiers> queues_{};
+  std::array<std::array<uint64_t, 2>, kNumTiers> nonempty_{};
+  std::array<uint32_t, kNumTiers> queued_{};
   std::priority_queue<ExpiryEntry, std::vector<ExpiryEntry>, std::greater<ExpiryEntry>> expiry_;
   uint64_t tick_ = 0;
+  uint64_t version_ = 0;
 
   // Event batching: consecutive stored blocks of one chain, or removals on one tier, share
   // one event.

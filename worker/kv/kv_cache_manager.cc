@@ -40,6 +40,12 @@ struct KvCacheManager::Plan {
     NodeId partial_src = kNoNode;
   };
   std::vector<PoolPlan> pools;
+  // What the plan was computed for: reused while none of it changed (Match, CanAllocate
+  // and Allocate of one sequence in a row walk the tree once).
+  SequenceId id = 0;
+  size_t num_tokens = 0;
+  std::vector<uint64_t> versions;
+  bool valid = false;
   uint32_t full = 0;     // full blocks every pool matched
   uint32_t partial = 0;  // tokens of block `full` every pool can copy
   uint32_t device_full = 0;
@@ -97,6 +103,7 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
     events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks, l.host_blocks}, config.block_size}});
   }
   scratch_->pools.resize(pools_.size());
+  scratch_->versions.resize(pools_.size());
 }
 
 KvCacheManager::~KvCacheManager() = default;
@@ -157,7 +164,15 @@ Result<SequenceId> KvCacheManager::AddSequence(SequenceSpec spec) {
   return (SequenceId{s.generation} << 32) | slot;
 }
 
-void KvCacheManager::PlanMatch(const Sequence& s, Plan* plan) const {
+void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) const {
+  bool fresh = plan->valid && plan->id == id && plan->num_tokens == s.tokens.size();
+  for (uint32_t p = 0; fresh && p < pools_.size(); ++p) fresh = plan->versions[p] == pools_[p]->version();
+  if (fresh) return;
+  plan->valid = true;
+  plan->id = id;
+  plan->num_tokens = s.tokens.size();
+  plan->versions.resize(pools_.size());
+  for (uint32_t p = 0; p < pools_.size(); ++p) plan->versions[p] = pools_[p]->version();
   plan->full = plan->partial = plan->device_full = 0;
   for (auto& pp : plan->pools) {
     pp.chain.clear();
@@ -175,7 +190,21 @@ void KvCacheManager::PlanMatch(const Sequence& s, Plan* plan) const {
     Plan::PoolPlan& pp = plan->pools[p];
     NodeId parent = kNoNode;
     bool on_device = true;
+    // Lookups are cache misses on a large tree: prefetch index slots kSlotAhead blocks
+    // ahead and nodes kNodeAhead blocks ahead so the misses overlap.
+    constexpr uint32_t kSlotAhead = 16;
+    constexpr uint32_t kNodeAhead = 6;
+    for (uint32_t i = 0; i < std::min(full, kSlotAhead); ++i) pool.PrefetchSlot(HashAt(s, i));
     for (uint32_t i = 0; i < full; ++i) {
+      if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
+      if (i + kNodeAhead < full) {
+        const NodeId ahead = pool.FindHash(HashAt(s, i + kNodeAhead));
+        if (ahead == kNoNode) {
+          full = std::min(full, i + kNodeAhead);  // the chain ends there at the latest
+        } else {
+          pool.PrefetchNode(ahead);
+        }
+      }
       const NodeId n = pool.Find(parent, HashAt(s, i), tokens.subspan(size_t{i} * B, B));
       if (n == kNoNode) break;
       pp.chain.push_back(n);
@@ -208,7 +237,7 @@ void KvCacheManager::PlanMatch(const Sequence& s, Plan* plan) const {
 MatchInfo KvCacheManager::Match(SequenceId id) const {
   const Sequence& s = Seq(id);
   KVF_CHECK(!s.allocated) << "Match() on an allocated sequence";
-  PlanMatch(s, scratch_.get());
+  PlanMatch(id, s, scratch_.get());
   const uint32_t B = config_.block_size;
   return MatchInfo{scratch_->device_full * B, (scratch_->full - scratch_->device_full) * B, scratch_->partial};
 }
@@ -240,7 +269,7 @@ bool KvCacheManager::Fits(const Sequence& s, const Plan& plan) const {
 bool KvCacheManager::CanAllocate(SequenceId id) const {
   const Sequence& s = Seq(id);
   if (s.allocated) return false;
-  PlanMatch(s, scratch_.get());
+  PlanMatch(id, s, scratch_.get());
   return Fits(s, *scratch_);
 }
 
@@ -249,7 +278,7 @@ Status KvCacheManager::Allocate(SequenceId id) {
   if (s.allocated) return FailedPrecondition("kv: sequence already holds blocks");
   Tick();
   Plan& plan = *scratch_;
-  PlanMatch(s, &plan);
+  PlanMatch(id, s, &plan);
   if (!Fits(s, plan)) {
     FinishCall();
     return ResourceExhausted("kv: not enough free or evictable blocks for " + std::to_string(s.tokens.size()) +
@@ -321,8 +350,13 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
     BlockPool& pool = *pools_[p];
     Sequence::PoolState& st = s.pools[p];
     const uint32_t window = layouts_[p].window;
+    constexpr uint32_t kSlotAhead = 8;  // see PlanMatch
+    for (uint32_t i = st.num_stored; st.storing && i < std::min(full, st.num_stored + kSlotAhead); ++i) {
+      pool.PrefetchSlot(HashAt(s, i));
+    }
     while (st.storing && st.num_stored < full) {
       const uint32_t i = st.num_stored;
+      if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
       // A windowed pool stores only blocks within its first window: past it the cache is
       // cyclic and its blocks would pin their dropped ancestors.
       if (window != 0 && (i + 1) * B > window) {

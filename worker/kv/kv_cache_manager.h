@@ -210,7 +210,7 @@ class KvCacheManager {
   const Sequence& Seq(SequenceId id) const;
   BlockHash HashAt(const Sequence& s, uint32_t i) const;
   void ExtendHashes(Sequence& s);
-  void PlanMatch(const Sequence& s, Plan* plan) const;
+  void PlanMatch(SequenceId id, const Sequence& s, Plan* plan) const;
   uint32_t BlocksNeeded(const Sequence& s, uint32_t pool, const Plan& plan) const;
   bool Fits(const Sequence& s, const Plan& plan) const;
   std::optional<uint32_t> TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const;
