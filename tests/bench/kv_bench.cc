@@ -45,16 +45,16 @@ class NullSink final : public EventSink {
   uint64_t n = 0;
 };
 
-KvCacheConfig Config(uint32_t device_blocks, uint32_t host_blocks) {
+KvCacheConfig Config(uint32_t device_blocks, uint32_t host_blocks, uint32_t block_size = kB) {
   KvCacheConfig c;
   c.num_layers = 1;
   c.num_kv_heads = {1};
   c.head_dim = 1;
   c.dtype_bytes = 1;
   c.max_seq_len = 1u << 20;
-  c.block_size = kB;
-  c.device_bytes = uint64_t{device_blocks} * 2 * kB;
-  c.host_bytes = uint64_t{host_blocks} * 2 * kB;
+  c.block_size = block_size;
+  c.device_bytes = uint64_t{device_blocks} * 2 * block_size;
+  c.host_bytes = uint64_t{host_blocks} * 2 * block_size;
   return c;
 }
 
@@ -199,5 +199,15 @@ int main(int argc, char** argv) {
               large.onboard / small.onboard);
   std::printf("bytes_per_block: host memory of the bookkeeping per device block, %u of them tokens (4 x B)\n",
               4 * kB);
+  // Bookkeeping per block as B varies (100k device blocks, no host tier).
+  for (uint32_t b : {2u, 16u, 32u, 64u}) {
+    CountingCopier copier;
+    NullSink sink;
+    auto m = KvCacheManager::Make(Config(100'000, 0, b), &copier, &sink, kvfleet::SystemClock::Default());
+    KVF_CHECK(m.ok());
+    const double per_block = static_cast<double>((*m)->MemoryBytes()) / 100'000;
+    std::printf("B=%-3u %7.1f bytes per block (%5.1f without tokens), %6.2f bytes per token\n", b, per_block,
+                per_block - 4.0 * b, per_block / b);
+  }
   return 0;
 }

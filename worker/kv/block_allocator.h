@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "worker/kv/block_copier.h"
+#include "worker/kv/huge_page_allocator.h"
 
 namespace kvfleet::kv {
 
@@ -49,8 +50,8 @@ class BlockAllocator {
   uint32_t num_blocks_;
   uint32_t run_begin_ = 0;
   uint32_t run_end_ = 0;
-  std::vector<BlockId> stack_;
-  std::vector<uint8_t> free_;  // 1 = free
+  HugeVector<BlockId> stack_;
+  HugeVector<uint8_t> free_;  // 1 = free
 };
 
 }  // namespace kvfleet::kv

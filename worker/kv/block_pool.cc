@@ -95,7 +95,7 @@ uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, No
   *source = kNoNode;
   uint32_t best = 0;
   NodeId c = parent == kNoNode ? root_first_child_ : nodes_[parent].first_child;
-  for (uint32_t scanned = 0; c != kNoNode && scanned < config::kMaxPartialReuseCandidates;
+  for (uint32_t scanned = 0; c != kNoNode && scanned < options_.partial_reuse_max_candidates;
        c = nodes_[c].next_sibling, ++scanned) {
     const std::span<const TokenId> have = TokensOf(c);
     uint32_t k = 0;
@@ -212,6 +212,7 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   KVF_CHECK(!free_nodes_.empty()) << "node pool exhausted";
   const NodeId n = free_nodes_.back();
   free_nodes_.pop_back();
+  if (!free_nodes_.empty()) PrefetchNode(free_nodes_.back());  // the next Store's node and tokens
   Node& x = nodes_[n];
   x = Node{};
   x.hash = h;
@@ -375,6 +376,7 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
   const NodeId n = Front(kDev);
   if (n == kNoNode) return false;
   Node& x = nodes_[n];
+  PrefetchNextVictims(x);
   const uint8_t prio = x.priority;
   ++evictions_[kDev][prio];
   if (MakeHostRoom(prio)) {
@@ -407,9 +409,17 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
   return true;
 }
 
+void BlockPool::PrefetchNextVictims(const Node& x) const {
+  // The next victim is usually x's parent (a chain is evicted leaf first) or the next in
+  // x's queue; start loading their index slots, the one cache miss of a removal.
+  if (x.parent != kNoNode) PrefetchSlot(nodes_[x.parent].hash);
+  if (x.lru_next != kNoNode) PrefetchSlot(nodes_[x.lru_next].hash);
+}
+
 bool BlockPool::EvictOneHost() {
   const NodeId n = Front(kHost);
   if (n == kNoNode) return false;
+  PrefetchNextVictims(nodes_[n]);
   ++evictions_[kHost][nodes_[n].priority];
   RemoveNode(n);
   return true;

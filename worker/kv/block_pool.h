@@ -35,6 +35,7 @@
 #include "worker/kv/block_allocator.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/event_buffer.h"
+#include "worker/kv/huge_page_allocator.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/kv/kv_config.h"
 #include "worker/kv/retention.h"
@@ -51,6 +52,7 @@ class BlockPool {
     bool enable_offload = true;
     uint8_t offload_min_priority = config::kDefaultOffloadMinPriority;
     bool include_tokens = false;
+    uint32_t partial_reuse_max_candidates = config::kMaxPartialReuseCandidates;
   };
 
   // REQUIRES: events outlives the pool.
@@ -78,7 +80,7 @@ class BlockPool {
   NodeId Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const;
   bool SameBlock(NodeId n, NodeId parent, std::span<const TokenId> tokens) const;
   // The child of `parent` sharing the longest leading run with `want` (device preferred on
-  // ties), scanning at most config::kMaxPartialReuseCandidates children. Returns the run
+  // ties), scanning at most options.partial_reuse_max_candidates children. Returns the run
   // length (0: none) and sets *source.
   uint32_t BestPartial(NodeId parent, std::span<const TokenId> want, NodeId* source) const;
   Tier tier(NodeId n) const { return nodes_[n].tier; }
@@ -180,6 +182,7 @@ class BlockPool {
 
   bool EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<EvictedBlock>* out);
   bool EvictOneHost();
+  void PrefetchNextVictims(const Node& x) const;
   bool MakeHostRoom(uint8_t priority);
   void RemoveNode(NodeId n);
   void DropHostDescendants(NodeId n);
@@ -198,18 +201,18 @@ class BlockPool {
   EventBuffer* events_;
 
   std::array<BlockAllocator, kNumTiers> alloc_;
-  std::array<std::vector<NodeId>, kNumTiers> block_node_;
-  std::array<std::vector<uint32_t>, kNumTiers> refcount_;
+  std::array<HugeVector<NodeId>, kNumTiers> block_node_;
+  std::array<HugeVector<uint32_t>, kNumTiers> refcount_;
   std::array<uint32_t, kNumTiers> unpinned_cached_{};
 
-  std::vector<Node> nodes_;
-  std::vector<TokenId> tokens_;  // [node][B]
-  std::vector<NodeId> free_nodes_;
+  HugeVector<Node> nodes_;
+  HugeVector<TokenId> tokens_;  // [node][B]
+  HugeVector<NodeId> free_nodes_;
   NodeId root_first_child_ = kNoNode;
   uint32_t root_num_children_ = 0;
   uint32_t live_nodes_ = 0;
 
-  std::vector<Slot> index_slots_;
+  HugeVector<Slot> index_slots_;
   uint32_t index_shift_ = 0;
 
   // Per tier and priority, the evictable nodes in LRU order (tick ascending), and a bitmap

@@ -88,6 +88,7 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   opts.enable_offload = config.enable_offload;
   opts.offload_min_priority = config.offload_min_priority;
   opts.include_tokens = config.events_include_tokens;
+  opts.partial_reuse_max_candidates = config.partial_reuse_max_candidates;
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     const PoolLayout& l = layouts_[i];
     pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
@@ -516,6 +517,18 @@ std::optional<uint64_t> KvCacheManager::SlotOf(SequenceId id, uint32_t pool, uin
   const auto j = TableIndex(s, pool, t);
   if (!j) return std::nullopt;
   return uint64_t{s.pools[pool].table[*j]} * config_.block_size + t % config_.block_size;
+}
+
+void KvCacheManager::SlotsOf(SequenceId id, uint32_t pool, uint32_t begin, uint32_t end,
+                             std::vector<int64_t>* out) const {
+  const Sequence& s = Seq(id);
+  KVF_CHECK(begin <= end && end <= s.tokens.size()) << "SlotsOf(" << begin << ", " << end << ")";
+  const uint32_t B = config_.block_size;
+  out->reserve(out->size() + (end - begin));
+  for (uint32_t t = begin; t < end; ++t) {
+    const auto j = TableIndex(s, pool, t);
+    out->push_back(j ? static_cast<int64_t>(uint64_t{s.pools[pool].table[*j]} * B + t % B) : -1);
+  }
 }
 
 std::optional<uint32_t> KvCacheManager::CachePosition(SequenceId id, uint32_t pool, uint32_t t) const {

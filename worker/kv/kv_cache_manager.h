@@ -23,6 +23,8 @@
 //      Preemption: Preempt(id) frees the blocks but keeps the sequence (all its tokens);
 //      later Match/Allocate it again.
 //   7. Once per engine step: FlushEvents() hands the buffered events to the EventSink.
+// Match, CanAllocate and Allocate of one sequence in a row walk the tree once: the match is
+// kept until the tree changes.
 //
 // Per sequence the attention kernels read View(id, pool): the block ids (the block table)
 // and, for windowed pools, which logical blocks they hold; SlotOf() and CachePosition()
@@ -38,7 +40,10 @@
 //      subtree, so onboarding and offloading never disconnect the tree.
 //   6. A node held by a sequence has every ancestor held (refcount > 0).
 //   7. The eviction queue of a tier holds exactly the unreferenced nodes with no child on
-//      that tier (device) / no child at all (host).
+//      that tier (device) / no child at all (host), per priority in LRU order.
+//   8. A sequence's block table holds its blocks in logical order; a stored block a window
+//      dropped stays held (not in the table) until the sequence has no stored block left,
+//      so invariant 6 holds with windows too.
 #pragma once
 
 #include <array>
@@ -169,6 +174,9 @@ class KvCacheManager {
   // The KV slot (block * B + offset) of token t, or nullopt when its block was dropped
   // by the window. REQUIRES: t < NumTokens(id).
   std::optional<uint64_t> SlotOf(SequenceId id, uint32_t pool, uint32_t t) const;
+  // SlotOf for tokens [begin, end), appended to *out (-1 where the window dropped the
+  // block): the slot mapping a forward pass writes new KV to. REQUIRES: end <= NumTokens(id).
+  void SlotsOf(SequenceId id, uint32_t pool, uint32_t begin, uint32_t end, std::vector<int64_t>* out) const;
   // The token's position within the kept cache (table index * B + offset): the position
   // StreamingLLM's position-shift RoPE uses. Equals t when nothing was dropped.
   std::optional<uint32_t> CachePosition(SequenceId id, uint32_t pool, uint32_t t) const;

@@ -54,6 +54,7 @@ struct KvCacheConfig {
   uint64_t host_bytes = 0;                // host tier budget in bytes; 0 = no host tier
   bool enable_block_reuse = true;         // radix reuse tree across requests
   bool enable_partial_reuse = true;       // copy the matching tokens of a partly matching block
+  uint32_t partial_reuse_max_candidates = config::kMaxPartialReuseCandidates;  // children scanned
   bool enable_offload = true;             // evicted device blocks go to the host tier
   uint8_t offload_min_priority = config::kDefaultOffloadMinPriority;  // 0..100
 
