@@ -33,7 +33,8 @@ std::string TokenizerDir() {
 std::string RandomModelDir(const std::string& shape, uint64_t seed, bool bf16) {
   const char* tmp = std::getenv("TMPDIR");
   fs::path root = fs::path(tmp && *tmp ? tmp : "/tmp") / "kvfleet-test-models";
-  fs::path dir = root / (shape + "-s" + std::to_string(seed) + (bf16 ? "" : "-f32"));
+  fs::path dir = root / (shape + "-s" + std::to_string(seed) + (bf16 ? "" : "-f32") + "-v" +
+                         std::to_string(model::kRandomModelVersion));
   if (fs::exists(dir / "config.json")) return dir.string();
   fs::create_directories(root);
   fs::path partial = root / (dir.filename().string() + ".tmp" + std::to_string(::getpid()));

@@ -32,7 +32,7 @@ constexpr int64_t kMinParallelMacs = 1 << 19;
 // y[m][n0..n1) for rows m of x, four rows of x at a time so each w row is loaded once per
 // four dot products.
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("arch=haswell", "default")))
+__attribute__((target_clones("avx2", "default")))
 #endif
 void MatMulBlock(const float* x, int64_t M, int64_t K, const float* w, int64_t n0, int64_t n1, const float* bias,
                  float* y, int64_t ldy) {
@@ -103,7 +103,7 @@ void MatMul(ThreadPool& pool, const float* x, int64_t M, int64_t K, const float*
 }
 
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("arch=haswell", "default")))
+__attribute__((target_clones("avx2", "default")))
 #endif
 float Dot(const float* a, const float* b, int64_t n) {
   const int64_t n8 = n / 8 * 8;
