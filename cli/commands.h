@@ -13,5 +13,7 @@ using Action = std::function<int()>;
 
 // kvfleet hash --model NAME [--lora L] [--salt S] --block-size B TOKEN...
 Action AddHashCommand(CLI::App& parent);
+// kvfleet bench --router URL --trace FILE.jsonl [...] (cli/bench/)
+Action AddBenchCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
 
   std::map<std::string, kvfleet::cli::Action> actions;
   actions["hash"] = kvfleet::cli::AddHashCommand(app);
+  actions["bench"] = kvfleet::cli::AddBenchCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;

@@ -1,0 +1,41 @@
+// A fleet that `kvfleet bench --compare --fleet-cmd CMD` starts before each run and stops
+// after it, so that every policy starts from empty KV caches.
+//
+// CMD runs under /bin/sh in its own process group; Stop() signals the whole group
+// (SIGTERM, then SIGKILL after a grace period), so a `kvfleet up` and everything it
+// started go down together.
+//
+// Thread safety: thread-compatible; owned by the bench command.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "common/status.h"
+
+namespace kvfleet::bench {
+
+class FleetProcess {
+ public:
+  FleetProcess() = default;
+  ~FleetProcess();  // Stop()s
+  FleetProcess(const FleetProcess&) = delete;
+  FleetProcess& operator=(const FleetProcess&) = delete;
+
+  // Starts `command`. REQUIRES: not running.
+  Status Start(const std::string& command);
+  // Polls GET <router_url>/ready until it answers 200, the process exits, or timeout_s.
+  Status WaitReady(const std::string& router_url, double timeout_s);
+  // Stops the process group; waits at most grace_s before SIGKILL. Idempotent.
+  void Stop(double grace_s = 10);
+  bool running() const { return pid_ > 0; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// GET <url><path> with a short timeout; the status code, or why there was none.
+Result<int> HttpGetStatus(const std::string& url, const std::string& path, double timeout_s);
+
+}  // namespace kvfleet::bench
