@@ -9,6 +9,7 @@ PACKAGES=(
   doctest-dev libxxhash-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   clang libclang-rt-14-dev
   prometheus gnuplot-nox curl python3 procps
+  yamllint python3-yaml
 )
 
 missing=()

@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string out_path;
   std::string plot_path;
   bool quiet = false;
+  bool dry_run = false;  // print the trace's figures and stop
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -83,6 +84,15 @@ int RunBench(const BenchArgs& args) {
             << args.scale.time_scale << ", length scale " << args.scale.length_scale << ", block "
             << args.scale.block_tokens() << " tokens); ideal cached-token ratio " << ideal.token_ratio()
             << " (blocks " << ideal.block_ratio() << ")\n";
+  if (args.dry_run) {
+    uint64_t output_tokens = 0;
+    for (const auto& r : requests) output_tokens += r.output_length;
+    std::cout << "requests " << requests.size() << "\nspan_s " << (requests.empty() ? 0 : requests.back().arrival_s)
+              << "\nprompt_tokens " << ideal.prompt_tokens << "\noutput_tokens " << output_tokens
+              << "\nblock_tokens " << args.scale.block_tokens() << "\nideal_cached_token_ratio "
+              << ideal.token_ratio() << "\nideal_cached_block_ratio " << ideal.block_ratio() << "\n";
+    return 0;
+  }
 
   std::vector<bench::RunReport> reports;
   const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
@@ -162,6 +172,7 @@ Action AddBenchCommand(CLI::App& parent) {
   cmd->add_option("--out", args->out_path, "write JSON results here");
   cmd->add_option("--plot", args->plot_path, "write a PNG (TTFT CDF and hit rate per policy) here");
   cmd->add_flag("--quiet", args->quiet, "no progress lines");
+  cmd->add_flag("--dry-run", args->dry_run, "print the scaled trace's size and ideal cached ratio; send nothing");
   return [args]() { return RunBench(*args); };
 }
 

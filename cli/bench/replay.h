@@ -28,8 +28,9 @@ namespace config {
 // ASSUMED: branch `router` did not set this name yet when the bench was written.
 inline constexpr const char* kWorkerHeader = "x-kvfleet-worker";
 // The request-body extension that overrides the router's routing policy per request.
-// ASSUMED likewise; change both here if the router settles on other names.
-inline constexpr const char* kPolicyField = "kv_routing_policy";
+// Read from branch `router`'s work in progress (router/http/openai.cc: "routing", a
+// policy name); change it here if the router settles on another name.
+inline constexpr const char* kPolicyField = "routing";
 // Default cap on requests in flight: high enough not to shape a Mooncake replay at 10x
 // on 8 mock workers, low enough to stay under the default 1024 open files.
 inline constexpr uint32_t kDefaultConcurrencyLimit = 512;

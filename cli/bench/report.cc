@@ -131,7 +131,7 @@ void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
   out << std::left << std::setw(14) << "policy" << std::right << std::setw(7) << "reqs" << std::setw(6) << "err"
       << std::setw(10) << "ttft_mean" << std::setw(9) << "ttft_p50" << std::setw(9) << "ttft_p90" << std::setw(9)
       << "ttft_p99" << std::setw(9) << "itl_p50" << std::setw(9) << "itl_p99" << std::setw(9) << "e2e_p50"
-      << std::setw(9) << "e2e_p99" << std::setw(9) << "out_tok/s" << std::setw(8) << "cached" << std::setw(7)
+      << std::setw(9) << "e2e_p99" << std::setw(11) << "out_tok/s" << std::setw(8) << "cached" << std::setw(7)
       << "ideal" << "\n";
   out << std::fixed;
   for (const RunReport& r : runs) {
@@ -139,7 +139,7 @@ void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
         << r.failed << std::setprecision(1) << std::setw(10) << ms(r.ttft.mean) << std::setw(9) << ms(r.ttft.p50)
         << std::setw(9) << ms(r.ttft.p90) << std::setw(9) << ms(r.ttft.p99) << std::setw(9) << ms(r.itl.p50)
         << std::setw(9) << ms(r.itl.p99) << std::setw(9) << ms(r.e2e.p50) << std::setw(9) << ms(r.e2e.p99)
-        << std::setw(9) << r.output_tokens_per_s << std::setprecision(3) << std::setw(8) << r.cached_ratio
+        << std::setw(11) << r.output_tokens_per_s << std::setprecision(3) << std::setw(8) << r.cached_ratio
         << std::setw(7) << r.ideal.token_ratio() << "\n";
   }
   out << "(times in ms; cached = usage cached_tokens / prompt_tokens; ideal = infinite cache on the trace)\n";
