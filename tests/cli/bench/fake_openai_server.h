@@ -1,0 +1,142 @@
+// A fake OpenAI /v1/completions server for kvfleet bench tests (see the class comment).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+namespace kvfleet::bench::testing {
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using asio::ip::tcp;
+
+// A stand-in for the router's /v1/completions, one thread per connection (a test has a
+// handful). GET of any path answers 200 (the readiness probe). Behaviour is chosen by the request's max_tokens:
+//   3  -> 503 with an OpenAI error body;
+//   4  -> streams two tokens and closes without [DONE];
+//   otherwise -> max_tokens token chunks, a final chunk, a usage chunk with
+//                cached_tokens = prompt length / 2, then [DONE].
+// The serving worker, in x-kvfleet-worker, is "w" + the prompt's first token mod 2.
+class FakeOpenAiServer {
+ public:
+  FakeOpenAiServer() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FakeOpenAiServer() {
+    stopping_ = true;
+    boost::system::error_code ec;
+    // Wake the blocking accept with one last connection.
+    tcp::socket poke(io_);
+    poke.connect(acceptor_.local_endpoint(), ec);
+    accept_thread_.join();
+    std::lock_guard lock(mu_);
+    for (auto& t : connections_) t.join();
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()); }
+  int max_concurrent() const { return max_concurrent_.load(); }
+  int gets() const { return gets_.load(); }
+  std::vector<nlohmann::json> bodies() {
+    std::lock_guard lock(mu_);
+    return bodies_;
+  }
+
+ private:
+  void AcceptLoop() {
+    while (true) {
+      tcp::socket socket(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (stopping_ || ec) return;
+      std::lock_guard lock(mu_);
+      connections_.emplace_back([this, s = std::move(socket)]() mutable { Serve(std::move(s)); });
+    }
+  }
+
+  static void Write(tcp::socket& s, const std::string& bytes) {
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(bytes), ec);
+  }
+  static std::string Chunk(const std::string& data) {
+    std::ostringstream o;
+    o << std::hex << data.size() << "\r\n" << data << "\r\n";
+    return o.str();
+  }
+  static std::string Sse(const nlohmann::json& j) { return Chunk("data: " + j.dump() + "\n\n"); }
+
+  void Serve(tcp::socket socket) {
+    boost::beast::flat_buffer buffer;
+    http::request<http::string_body> req;
+    boost::system::error_code ec;
+    http::read(socket, buffer, req, ec);
+    if (ec) return;
+    if (req.method() == http::verb::get) {  // /health, /ready
+      ++gets_;
+      Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+      return;
+    }
+    int now = ++concurrent_;
+    for (int seen = max_concurrent_.load(); now > seen && !max_concurrent_.compare_exchange_weak(seen, now);) {
+    }
+    nlohmann::json body = nlohmann::json::parse(req.body());
+    {
+      std::lock_guard lock(mu_);
+      bodies_.push_back(body);
+    }
+    const int max_tokens = body["max_tokens"].get<int>();
+    const size_t prompt_len = body["prompt"].size();
+    const std::string worker = "w" + std::to_string(body["prompt"][0].get<uint32_t>() % 2);
+    if (max_tokens == 3) {
+      std::string err = R"({"error":{"message":"no live worker","type":"server_error","code":503}})";
+      --concurrent_;
+      Write(socket, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                    "x-kvfleet-worker: " + worker + "\r\nContent-Length: " + std::to_string(err.size()) +
+                        "\r\nConnection: close\r\n\r\n" + err);
+      return;
+    }
+    Write(socket, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                  "x-kvfleet-worker: " + worker + "\r\nConnection: close\r\n\r\n");
+    const int tokens = max_tokens == 4 ? 2 : max_tokens;
+    for (int i = 0; i < tokens; ++i) {
+      Write(socket, Sse({{"object", "text_completion"},
+                         {"choices", {{{"index", 0}, {"text", "t"}, {"finish_reason", nullptr}}}}}));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (max_tokens == 4) {
+      --concurrent_;
+      Write(socket, "0\r\n\r\n");
+      return;
+    }
+    Write(socket, Sse({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}}));
+    Write(socket, Sse({{"choices", nlohmann::json::array()},
+                       {"usage",
+                        {{"prompt_tokens", prompt_len},
+                         {"completion_tokens", max_tokens},
+                         {"total_tokens", prompt_len + max_tokens},
+                         {"prompt_tokens_details", {{"cached_tokens", prompt_len / 2}}}}}}));
+    --concurrent_;
+    Write(socket, Chunk("data: [DONE]\n\n") + "0\r\n\r\n");
+  }
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> concurrent_{0};
+  std::atomic<int> max_concurrent_{0};
+  std::atomic<int> gets_{0};
+  std::mutex mu_;
+  std::vector<std::thread> connections_;  // GUARDED_BY(mu_)
+  std::vector<nlohmann::json> bodies_;    // GUARDED_BY(mu_)
+};
+
+}  // namespace kvfleet::bench::testing
