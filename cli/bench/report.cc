@@ -147,7 +147,7 @@ void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
 
 Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title) {
   std::ostringstream script;
-  script << "set terminal pngcairo size 1400,600 font ',10'\n"
+  script << "set terminal pngcairo noenhanced size 1400,600 font ',10'\n"
          << "set output " << GnuplotString(png_path) << "\n";
   for (size_t i = 0; i < runs.size(); ++i) {
     script << "$ttft" << i << " << EOD\n";
@@ -166,7 +166,7 @@ Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs
   bool any = false;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].ttft_sorted.empty()) continue;
-    script << (any ? ", " : "") << "$ttft" << i << " using 1:2 with lines lw 2 title " << GnuplotString(runs[i].policy);
+    script << (any ? ", " : "") << "$ttft" << i << " using 1:2 with steps lw 2 title " << GnuplotString(runs[i].policy);
     any = true;
   }
   if (!any) script << "NaN title 'no completed requests'";

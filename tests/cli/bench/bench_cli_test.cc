@@ -102,6 +102,7 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
   }
   CHECK(results["settings"]["length_scale"] == 8);
   CHECK(fs::file_size(png) > 1000);
+  if (const char* keep = std::getenv("KVFLEET_KEEP_PLOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
 }
 
 TEST_CASE("a bad trace line stops kvfleet bench with the line named") {
