@@ -95,6 +95,7 @@ int RunBench(const BenchArgs& args) {
   }
 
   std::vector<bench::RunReport> reports;
+  std::string model = args.replay.model;
   const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
   for (const std::string& policy : policies) {
     bench::ReplayOptions options = args.replay;
@@ -108,20 +109,39 @@ int RunBench(const BenchArgs& args) {
       if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
       if (Status s = fleet.WaitReady(options.router_url, args.ready_timeout_s); !s.ok()) return fail(s);
     }
+    if (options.model.empty()) {
+      auto model = bench::OnlyModel(options.router_url);
+      if (!model.ok()) return fail(model.status());
+      options.model = *model;
+      std::cerr << "bench: model " << options.model << "\n";
+    }
+    model = options.model;
     std::cerr << "bench: run " << (policy.empty() ? "(router's default policy)" : policy) << "\n";
+    auto before = bench::ScrapeRequestsByWorker(options.router_url);
     auto run = bench::Replay(requests, prompts, options);
+    auto after = bench::ScrapeRequestsByWorker(options.router_url);
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
     reports.push_back(bench::Summarize(policy.empty() ? "default" : policy, *run, ideal));
-    const bench::RunReport& r = reports.back();
+    bench::RunReport& r = reports.back();
+    if (before.ok() && after.ok()) {
+      for (const auto& [worker, n] : *after) {
+        double d = n - (before->count(worker) ? before->at(worker) : 0.0);
+        if (d > 0) r.requests_by_worker_metrics[worker] = d;
+      }
+    }
     std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed; by worker:";
     for (const auto& [worker, n] : r.requests_by_worker) std::cerr << " " << worker << "=" << n;
+    if (!r.requests_by_worker_metrics.empty()) {
+      std::cerr << "; by worker (router metrics):";
+      for (const auto& [worker, n] : r.requests_by_worker_metrics) std::cerr << " " << worker << "=" << n;
+    }
     std::cerr << "\n";
     for (const auto& e : r.error_examples) std::cerr << "bench:   error " << e << "\n";
   }
 
   bench::PrintTable(std::cout, reports);
-  bench::BenchSettings settings{args.replay.router_url, args.trace_path, args.replay.model, args.scale,
+  bench::BenchSettings settings{args.replay.router_url, args.trace_path, model, args.scale,
                                 args.vocab_size, args.replay.concurrency_limit};
   if (!args.out_path.empty()) {
     std::ofstream out(args.out_path);

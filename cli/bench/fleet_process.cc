@@ -10,6 +10,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 
 namespace kvfleet::bench {
 
@@ -43,9 +44,9 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s) 
       pid_ = -1;
       return Unavailable("--fleet-cmd exited before the router was ready");
     }
-    auto status = HttpGetStatus(router_url, "/ready", 1.0);
-    if (status.ok() && *status == 200) return Status::Ok();
-    last = status.ok() ? "HTTP " + std::to_string(*status) : status.status().message();
+    auto reply = HttpGet(router_url, "/ready", 1.0);
+    if (reply.ok() && reply->status == 200) return Status::Ok();
+    last = reply.ok() ? "HTTP " + std::to_string(reply->status) : reply.status().message();
     std::this_thread::sleep_for(kPollPeriod);
   }
   return Unavailable("router at " + router_url + " not ready after " + std::to_string(timeout_s) + " s (" + last + ")");
@@ -72,7 +73,7 @@ void FleetProcess::Stop(double grace_s) {
   pid_ = -1;
 }
 
-Result<int> HttpGetStatus(const std::string& url, const std::string& path, double timeout_s) {
+Result<HttpReply> HttpGet(const std::string& url, const std::string& path, double timeout_s) {
   namespace asio = boost::asio;
   namespace beast = boost::beast;
   namespace http = beast::http;
@@ -118,7 +119,56 @@ Result<int> HttpGetStatus(const std::string& url, const std::string& path, doubl
   });
   io.run();
   if (ec) return Unavailable(ec.message());
-  return static_cast<int>(res.result_int());
+  return HttpReply{static_cast<int>(res.result_int()), std::move(res.body())};
+}
+
+Result<std::string> OnlyModel(const std::string& router_url) {
+  KVF_ASSIGN_OR_RETURN(HttpReply reply, HttpGet(router_url, "/v1/models", 5.0));
+  if (reply.status != 200) {
+    return Unavailable("GET /v1/models answered " + std::to_string(reply.status) + "; pass --model");
+  }
+  auto j = nlohmann::json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> ids;
+  if (j.is_object() && j.contains("data") && j["data"].is_array()) {
+    for (const auto& m : j["data"]) {
+      if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
+    }
+  }
+  if (ids.size() == 1) return ids[0];
+  std::string list;
+  for (const auto& id : ids) list += (list.empty() ? "" : ", ") + id;
+  return FailedPrecondition("the router serves " + std::to_string(ids.size()) + " models (" + list +
+                            "); pass --model");
+}
+
+std::map<std::string, double> ParseRequestsByWorker(std::string_view text) {
+  constexpr std::string_view kMetric = "kvfleet_router_requests_total{";
+  constexpr std::string_view kWorker = "worker=\"";
+  std::map<std::string, double> out;
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    if (line.rfind(kMetric, 0) != 0) continue;
+    size_t close = line.find('}');
+    size_t w = line.find(kWorker);
+    if (close == std::string_view::npos || w == std::string_view::npos || w > close) continue;
+    size_t start = w + kWorker.size();
+    size_t end = line.find('"', start);
+    if (end == std::string_view::npos || end > close) continue;
+    try {
+      out[std::string(line.substr(start, end - start))] += std::stod(std::string(line.substr(close + 1)));
+    } catch (const std::exception&) {
+      // A malformed sample line: not ours to judge; skip it.
+    }
+  }
+  return out;
+}
+
+Result<std::map<std::string, double>> ScrapeRequestsByWorker(const std::string& router_url) {
+  KVF_ASSIGN_OR_RETURN(HttpReply reply, HttpGet(router_url, "/metrics", 5.0));
+  if (reply.status != 200) return Unavailable("GET /metrics answered " + std::to_string(reply.status));
+  return ParseRequestsByWorker(reply.body);
 }
 
 }  // namespace kvfleet::bench

@@ -10,7 +10,9 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -35,7 +37,23 @@ class FleetProcess {
   pid_t pid_ = -1;
 };
 
-// GET <url><path> with a short timeout; the status code, or why there was none.
-Result<int> HttpGetStatus(const std::string& url, const std::string& path, double timeout_s);
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+// GET <url><path> with a deadline; the reply, or why there was none.
+Result<HttpReply> HttpGet(const std::string& url, const std::string& path, double timeout_s);
+
+// The router's only model, from GET /v1/models; an error when it serves none or several
+// (then --model must choose).
+Result<std::string> OnlyModel(const std::string& router_url);
+
+// Requests per worker from Prometheus text: the sum over every other label of
+// kvfleet_router_requests_total{worker="..."} (issue 7's router metric).
+std::map<std::string, double> ParseRequestsByWorker(std::string_view metrics_text);
+
+// The same, scraped from <router_url>/metrics. Before and after a run, the difference is
+// the run's requests per worker, for routers that do not name the worker in a header.
+Result<std::map<std::string, double>> ScrapeRequestsByWorker(const std::string& router_url);
 
 }  // namespace kvfleet::bench

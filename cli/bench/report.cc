@@ -108,6 +108,7 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
         {"errors", r.errors},
         {"error_examples", r.error_examples},
         {"requests_by_worker", r.requests_by_worker},
+        {"requests_by_worker_router_metrics", r.requests_by_worker_metrics},
         {"ttft_ms", Ms(r.ttft)},
         {"inter_token_ms", Ms(r.itl)},
         {"e2e_ms", Ms(r.e2e)},

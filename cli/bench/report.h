@@ -37,6 +37,9 @@ struct RunReport {
   IdealReuse ideal;
   std::vector<double> ttft_sorted;  // every completed request's TTFT, ascending (for CDFs)
   std::vector<std::string> error_examples;  // the first few error details
+  // From the router's kvfleet_router_requests_total, scraped before and after the run
+  // (empty when /metrics could not be read). Counts every request the router saw.
+  std::map<std::string, double> requests_by_worker_metrics;
 };
 
 // Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never

@@ -25,6 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploy_check import KNOWN_METRICS  # noqa: E402
 

@@ -55,7 +55,7 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
   const std::string fleet_cmd = "echo x >> " + started.string() + "; exec sleep 60";
   const std::string cmd = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
                           trace.string() + " --length-scale 8 --time-scale 10 --compare kv,round_robin" +
-                          " --fleet-cmd '" + fleet_cmd + "' --model tiny --out " + out.string() + " --plot " +
+                           " --fleet-cmd '" + fleet_cmd + "' --out " + out.string() + " --plot " +
                           png.string() + " --quiet 2>/dev/null";
   auto [rc, table] = RunCommand(cmd);
   CHECK(rc == 0);
@@ -77,6 +77,7 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
     ++per_policy[b["routing"].get<std::string>()];
     salts[b["routing"].get<std::string>()].insert(b["cache_salt"].get<std::string>());
     CHECK(b["max_tokens"] == 5);  // ceil(40 / 8)
+    CHECK(b["model"] == "fake");  // the router's only model, as no --model was given
   }
   CHECK(per_policy["kv"] == 6);
   CHECK(per_policy["round_robin"] == 6);
@@ -101,6 +102,7 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
     CHECK(run["ideal_cached_block_ratio"].get<double>() == doctest::Approx(5.0 / 6.0));
   }
   CHECK(results["settings"]["length_scale"] == 8);
+  CHECK(results["settings"]["model"] == "fake");
   CHECK(fs::file_size(png) > 1000);
   if (const char* keep = std::getenv("KVFLEET_KEEP_PLOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
 }
@@ -144,6 +146,21 @@ TEST_CASE("a fleet command that exits is reported, and Stop takes down its whole
     if (!gone) usleep(20'000);
   }
   CHECK(gone);
+}
+
+TEST_CASE("requests per worker are read from the router's kvfleet_router_requests_total") {
+  auto by_worker = ParseRequestsByWorker(
+      "# HELP kvfleet_router_requests_total Requests\n"
+      "# TYPE kvfleet_router_requests_total counter\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"200\",worker=\"w0\"} 5\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"503\",worker=\"w0\"} 2\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"200\",worker=\"w1\"} 1e+01\n"
+      "kvfleet_router_requests_total_other{worker=\"w9\"} 3\n"
+      "kvfleet_router_inflight{worker=\"w0\"} 4\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"400\"} 6\n");
+  CHECK(by_worker.size() == 2);
+  CHECK(by_worker["w0"] == 7);
+  CHECK(by_worker["w1"] == 10);
 }
 
 }  // namespace

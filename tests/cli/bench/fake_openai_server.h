@@ -20,7 +20,7 @@ namespace http = boost::beast::http;
 using asio::ip::tcp;
 
 // A stand-in for the router's /v1/completions, one thread per connection (a test has a
-// handful). GET of any path answers 200 (the readiness probe). Behaviour is chosen by the request's max_tokens:
+// handful). GET answers 200 (readiness), with one model "fake" for /v1/models. Behaviour is chosen by the request's max_tokens:
 //   3  -> 503 with an OpenAI error body;
 //   4  -> streams two tokens and closes without [DONE];
 //   otherwise -> max_tokens token chunks, a final chunk, a usage chunk with
@@ -79,9 +79,11 @@ class FakeOpenAiServer {
     boost::system::error_code ec;
     http::read(socket, buffer, req, ec);
     if (ec) return;
-    if (req.method() == http::verb::get) {  // /health, /ready
+    if (req.method() == http::verb::get) {  // /health, /ready, /v1/models
       ++gets_;
-      Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+      std::string body = req.target() == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})" : "";
+      Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\nConnection: close\r\n\r\n" + body);
       return;
     }
     int now = ++concurrent_;
