@@ -108,6 +108,7 @@ class Replayer {
     --in_flight_;
     ++done_;
     last_end_ = std::chrono::steady_clock::now();
+    if (done_ == requests_.size()) progress_timer_.cancel();  // let io_.run() return now
     if (!waiting_.empty()) {
       size_t next = waiting_.front();
       waiting_.pop_front();
@@ -116,10 +117,10 @@ class Replayer {
   }
 
   asio::awaitable<void> Progress() {
-    asio::steady_timer timer(io_);
     while (done_ < requests_.size()) {
-      timer.expires_after(kProgressPeriod);
-      co_await timer.async_wait(kAwait);
+      progress_timer_.expires_after(kProgressPeriod);
+      co_await progress_timer_.async_wait(kAwait);
+      if (done_ == requests_.size()) break;
       std::fprintf(stderr, "bench: %.0fs  done %zu/%zu  in flight %u  waiting %zu  errors %zu\n",
                    Seconds(std::chrono::steady_clock::now() - start_), done_, requests_.size(), in_flight_,
                    waiting_.size(), errors_);
@@ -234,6 +235,7 @@ class Replayer {
   ReplayRun run_;
   SteadyTime start_{};
   SteadyTime last_end_{};
+  asio::steady_timer progress_timer_{io_};
   std::deque<size_t> waiting_;  // arrived, held back by the concurrency limit
   uint32_t in_flight_ = 0;
   size_t done_ = 0;

@@ -25,7 +25,8 @@ namespace kvfleet::bench {
 
 namespace config {
 // The response header in which the router names the worker that served a request.
-// ASSUMED: branch `router` did not set this name yet when the bench was written.
+// ASSUMED: branch `router` sends no such header yet (2026-11-21); the bench also counts
+// requests per worker from the router's metrics (fleet_process.h).
 inline constexpr const char* kWorkerHeader = "x-kvfleet-worker";
 // The request-body extension that overrides the router's routing policy per request.
 // Read from branch `router`'s work in progress (router/http/openai.cc: "routing", a

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <cctype>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -9,14 +10,11 @@
 #include <vector>
 
 #include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 namespace kvfleet::bench::testing {
 
 namespace asio = boost::asio;
-namespace http = boost::beast::http;
 using asio::ip::tcp;
 
 // A stand-in for the router's /v1/completions, one thread per connection (a test has a
@@ -73,15 +71,40 @@ class FakeOpenAiServer {
   }
   static std::string Sse(const nlohmann::json& j) { return Chunk("data: " + j.dump() + "\n\n"); }
 
-  void Serve(tcp::socket socket) {
-    boost::beast::flat_buffer buffer;
-    http::request<http::string_body> req;
+  // Reads one request by hand (request line, headers up to the blank line, then
+  // Content-Length bytes of body): enough for the bench client, and independent of the
+  // Beast parser under test on the other side.
+  static bool ReadRequest(tcp::socket& socket, std::string* method, std::string* target, std::string* body) {
+    asio::streambuf buf;
     boost::system::error_code ec;
-    http::read(socket, buffer, req, ec);
-    if (ec) return;
-    if (req.method() == http::verb::get) {  // /health, /ready, /v1/models
+    size_t head_len = asio::read_until(socket, buf, "\r\n\r\n", ec);
+    if (ec) return false;
+    std::string data(asio::buffers_begin(buf.data()), asio::buffers_end(buf.data()));
+    std::string head = data.substr(0, head_len);
+    std::istringstream line(head.substr(0, head.find("\r\n")));
+    line >> *method >> *target;
+    size_t length = 0;
+    std::istringstream headers(head);
+    for (std::string h; std::getline(headers, h);) {
+      for (auto& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (h.rfind("content-length:", 0) == 0) length = std::stoul(h.substr(15));
+    }
+    *body = data.substr(head_len);
+    if (body->size() < length) {
+      std::string rest(length - body->size(), '\0');
+      asio::read(socket, asio::buffer(rest), ec);
+      if (ec) return false;
+      *body += rest;
+    }
+    return true;
+  }
+
+  void Serve(tcp::socket socket) {
+    std::string method, target, request_body;
+    if (!ReadRequest(socket, &method, &target, &request_body)) return;
+    if (method == "GET") {  // /health, /ready, /v1/models
       ++gets_;
-      std::string body = req.target() == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})" : "";
+      std::string body = target == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})" : "";
       Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\nConnection: close\r\n\r\n" + body);
       return;
@@ -89,7 +112,7 @@ class FakeOpenAiServer {
     int now = ++concurrent_;
     for (int seen = max_concurrent_.load(); now > seen && !max_concurrent_.compare_exchange_weak(seen, now);) {
     }
-    nlohmann::json body = nlohmann::json::parse(req.body());
+    nlohmann::json body = nlohmann::json::parse(request_body);
     {
       std::lock_guard lock(mu_);
       bodies_.push_back(body);

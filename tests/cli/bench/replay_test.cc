@@ -12,8 +12,6 @@
 #include <thread>
 
 #include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/bench/ideal_cache.h"
