@@ -22,7 +22,7 @@ SKIP = 77
 COMMON_FLAGS = {"log-level", "log-format", "config"}
 ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads max-body-bytes max-header-bytes api-key-file
 registration workers workers-dns dns-interval-s model block-size max-context tokenizer routing-policy
-routing-temperature hot-spot-factor max-queued-requests predicted-ttl-ms request-timeout-s
+routing-temperature hot-spot-factor max-queued-requests predicted-ttl-ms heartbeat-timeout-ms request-timeout-s
 first-token-timeout-s""".split())
 WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay http-port router
 advertise-host block-size max-num-tokens max-batch-size max-context max-queued kv-cache-bytes gpu-memory-fraction

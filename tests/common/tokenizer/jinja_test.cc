@@ -1,0 +1,83 @@
+// Behaviour of the Jinja engine on small templates; the real chat templates are compared
+// with @huggingface/jinja in tokenizer_reference_test.cc.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer/jinja.h"
+
+namespace kvfleet::tok::jinja {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Render(std::string_view source, const json& context = json::object()) {
+  auto t = Template::Parse(source);
+  REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+  auto out = (*t)->Render(context);
+  REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+  return *out;
+}
+
+TEST_CASE("whitespace control: - strips, trim_blocks and lstrip_blocks apply as in transformers") {
+  CHECK(Render("a  {{- 'b' -}}  c") == "abc");
+  CHECK(Render("{% if true %}\nyes\n{% endif %}\n") == "yes\n");
+  CHECK(Render("x\n    {% if true %}y{% endif %}") == "x\ny");
+  CHECK(Render("{# note #}z") == "z");
+}
+
+TEST_CASE("loops: loop variables, else, filters on the iterable, break and continue") {
+  json ctx = {{"xs", {1, 2, 3, 4}}};
+  CHECK(Render("{% for x in xs %}{{ loop.index0 }}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}", ctx) ==
+        "01,12,23,34");
+  CHECK(Render("{% for x in xs if x is even %}{{ x }}{% endfor %}", ctx) == "24");
+  CHECK(Render("{% for x in [] %}{{ x }}{% else %}empty{% endfor %}") == "empty");
+  CHECK(Render("{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+               ctx) == "13");
+  CHECK(Render("{% for x in xs[::-1] %}{{ x }}{% endfor %}|{{ xs[1:3] }}|{{ xs[-1] }}", ctx) == "4321|[2, 3]|4");
+  CHECK(Render("{% for k, v in d | items %}{{ k }}={{ v }};{% endfor %}", {{"d", {{"a", 1}, {"b", "x"}}}}) == "a=1;b=x;");
+}
+
+TEST_CASE("namespaces carry values out of loops; plain sets do not") {
+  std::string t =
+      "{% set ns = namespace(n=0) %}{% set m = 0 %}{% for x in xs %}{% set ns.n = ns.n + x %}{% set m = m + x %}"
+      "{% endfor %}{{ ns.n }},{{ m }}";
+  CHECK(Render(t, {{"xs", {1, 2, 3}}}) == "6,0");
+}
+
+TEST_CASE("expressions, tests and string methods follow the reference") {
+  json ctx = {{"s", "  Hello, World  "}, {"m", {{"role", "user"}, {"content", "a</think>b"}}}};
+  CHECK(Render("{{ s | trim }}|{{ s.strip() }}|{{ s.lstrip('\\n') | length }}", ctx) == "Hello, World|Hello, World|14");
+  CHECK(Render("{{ m.content.split('</think>')[-1] }}{{ '</think>' in m.content }}", ctx) == "btrue");
+  CHECK(Render("{{ m.missing is defined }}{{ m.role is string }}{{ none is none }}{{ 1 if m.x else 2 }}", ctx) ==
+        "falsetruetrue2");
+  CHECK(Render("{{ 7 // 2 }} {{ 7 / 2 }} {{ 2 ** 3 }} {{ 'a' ~ 1 }} {{ 'ab' + 'c' }} {{ -3 + 1 }}") == "3 3.5 8 a1 abc -2");
+  CHECK(Render("{{ x | tojson }}", {{"x", {{"a", {1, "é"}}, {"b", nullptr}}}}) == "{\"a\": [1, \"é\"], \"b\": null}");
+  CHECK(Render("{{ x | tojson(indent=2) }}", {{"x", {{"a", {1, 2}}}}}) == "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+  CHECK(Render("{{ 'a-b-c'.replace('-', '+', 1) }} {{ 'x'.upper() }} {{ ['a','b'] | join(', ') }}") == "a+b-c X a, b");
+  CHECK(Render("{% macro greet(name, punct='!') %}hi {{ name }}{{ punct }}{% endmacro %}{{ greet('bob') }}") == "hi bob!");
+}
+
+TEST_CASE("raise_exception and unsupported constructs fail with a message naming them") {
+  auto t = Template::Parse("{{ raise_exception('no system role') }}");
+  REQUIRE(t.ok());
+  auto out = (*t)->Render(json::object());
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.status().message().find("no system role") != std::string::npos);
+
+  auto include = Template::Parse("{% include 'x.jinja' %}");
+  REQUIRE_FALSE(include.ok());
+  CHECK(include.status().message().find("include") != std::string::npos);
+
+  auto filter = Template::Parse("{{ xs | wordwrap }}");
+  REQUIRE(filter.ok());
+  auto rendered = (*filter)->Render({{"xs", "abc"}});
+  REQUIRE_FALSE(rendered.ok());
+  CHECK(rendered.status().message().find("wordwrap") != std::string::npos);
+
+  CHECK_FALSE(Template::Parse("{% if x %}unterminated").ok());
+  CHECK_FALSE(Template::Parse("{{ 'unterminated }}").ok());
+}
+
+}  // namespace
+}  // namespace kvfleet::tok::jinja
