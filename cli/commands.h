@@ -24,5 +24,7 @@ Action AddMakeModelCommand(CLI::App& parent);
 // kvfleet tokenize --model-dir DIR [--chat] / kvfleet detokenize --model-dir DIR (stdin lines)
 Action AddTokenizeCommand(CLI::App& parent);
 Action AddDetokenizeCommand(CLI::App& parent);
+// kvfleet bench --router URL --trace FILE.jsonl [...] (cli/bench/)
+Action AddBenchCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

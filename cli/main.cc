@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   actions["make-model"] = kvfleet::cli::AddMakeModelCommand(app);
   actions["tokenize"] = kvfleet::cli::AddTokenizeCommand(app);
   actions["detokenize"] = kvfleet::cli::AddDetokenizeCommand(app);
+  actions["bench"] = kvfleet::cli::AddBenchCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;

@@ -10,6 +10,7 @@ PACKAGES=(
   libutf8proc-dev
   clang libclang-rt-14-dev
   prometheus gnuplot-nox curl python3 procps
+  yamllint python3-yaml
 )
 
 missing=()

@@ -1,0 +1,199 @@
+// kvfleet bench: replays a Mooncake-format trace against a router and reports latency,
+// throughput and prefix reuse; --compare runs it once per routing policy.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli/bench/fleet_process.h"
+#include "cli/bench/ideal_cache.h"
+#include "cli/bench/prompt_builder.h"
+#include "cli/bench/replay.h"
+#include "cli/bench/report.h"
+#include "cli/bench/trace.h"
+#include "cli/commands.h"
+
+namespace kvfleet::cli {
+
+namespace {
+
+namespace config {
+// Default vocabulary for prompt tokens: fits every supported tokenizer (Llama 2 has the
+// smallest, 32,000) and stays below Llama 3's special tokens.
+inline constexpr uint32_t kDefaultVocabSize = 32000;
+// How long --fleet-cmd may take to bring the router to /ready (model loads included).
+inline constexpr double kDefaultReadyTimeoutS = 120;
+}  // namespace config
+
+struct BenchArgs {
+  bench::ReplayOptions replay;
+  bench::TraceScale scale;
+  std::string trace_path;
+  uint32_t vocab_size = config::kDefaultVocabSize;
+  std::string compare;     // comma-separated policies; empty: one run
+  std::string fleet_cmd;   // restarts the fleet before each --compare run
+  double ready_timeout_s = config::kDefaultReadyTimeoutS;
+  std::string out_path;
+  std::string plot_path;
+  bool quiet = false;
+  bool dry_run = false;  // print the trace's figures and stop
+};
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// One connection per in-flight request: lift the soft open-file limit to the hard one.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+int RunBench(const BenchArgs& args) {
+  auto fail = [](const Status& s) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  };
+  if (Status s = args.scale.Validate(); !s.ok()) return fail(s);
+  if (Status s = args.replay.Validate(); !s.ok()) return fail(s);
+  if (args.vocab_size < 2) return fail(InvalidArgument("--vocab-size must be >= 2"));
+  auto trace = bench::LoadTrace(args.trace_path);
+  if (!trace.ok()) return fail(trace.status());
+  const auto requests = bench::ScaleTrace(*trace, args.scale);
+  const bench::PromptBuilder prompts(args.vocab_size, args.scale.block_tokens());
+  const bench::IdealReuse ideal = bench::ComputeIdealReuse(requests, args.scale.block_tokens());
+  RaiseOpenFileLimit();
+
+  std::vector<std::string> policies = SplitList(args.compare);
+  const bool comparing = !policies.empty();
+  if (!comparing) policies.push_back(args.replay.policy);
+  std::cerr << "bench: " << requests.size() << " requests from " << args.trace_path << " (time scale "
+            << args.scale.time_scale << ", length scale " << args.scale.length_scale << ", block "
+            << args.scale.block_tokens() << " tokens); ideal cached-token ratio " << ideal.token_ratio()
+            << " (blocks " << ideal.block_ratio() << ")\n";
+  if (args.dry_run) {
+    uint64_t output_tokens = 0;
+    for (const auto& r : requests) output_tokens += r.output_length;
+    std::cout << "requests " << requests.size() << "\nspan_s " << (requests.empty() ? 0 : requests.back().arrival_s)
+              << "\nprompt_tokens " << ideal.prompt_tokens << "\noutput_tokens " << output_tokens
+              << "\nblock_tokens " << args.scale.block_tokens() << "\nideal_cached_token_ratio "
+              << ideal.token_ratio() << "\nideal_cached_block_ratio " << ideal.block_ratio() << "\n";
+    return 0;
+  }
+
+  std::vector<bench::RunReport> reports;
+  std::string model = args.replay.model;
+  const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
+  for (const std::string& policy : policies) {
+    bench::ReplayOptions options = args.replay;
+    options.policy = policy;
+    options.progress = !args.quiet;
+    // A fresh salt per run: blocks cached by an earlier run hash differently, so they
+    // cannot help this one even when the fleet is not restarted.
+    if (comparing) options.cache_salt = "kvfleet-bench-" + std::to_string(run_id) + "-" + policy;
+    bench::FleetProcess fleet;
+    if (!args.fleet_cmd.empty()) {
+      if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
+      if (Status s = fleet.WaitReady(options.router_url, args.ready_timeout_s); !s.ok()) return fail(s);
+    }
+    if (options.model.empty()) {
+      auto model = bench::OnlyModel(options.router_url);
+      if (!model.ok()) return fail(model.status());
+      options.model = *model;
+      std::cerr << "bench: model " << options.model << "\n";
+    }
+    model = options.model;
+    std::cerr << "bench: run " << (policy.empty() ? "(router's default policy)" : policy) << "\n";
+    auto before = bench::ScrapeRequestsByWorker(options.router_url);
+    auto run = bench::Replay(requests, prompts, options);
+    auto after = bench::ScrapeRequestsByWorker(options.router_url);
+    fleet.Stop();
+    if (!run.ok()) return fail(run.status());
+    reports.push_back(bench::Summarize(policy.empty() ? "default" : policy, *run, ideal));
+    bench::RunReport& r = reports.back();
+    if (before.ok() && after.ok()) {
+      for (const auto& [worker, n] : *after) {
+        double d = n - (before->count(worker) ? before->at(worker) : 0.0);
+        if (d > 0) r.requests_by_worker_metrics[worker] = d;
+      }
+    }
+    std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed; by worker:";
+    for (const auto& [worker, n] : r.requests_by_worker) std::cerr << " " << worker << "=" << n;
+    if (!r.requests_by_worker_metrics.empty()) {
+      std::cerr << "; by worker (router metrics):";
+      for (const auto& [worker, n] : r.requests_by_worker_metrics) std::cerr << " " << worker << "=" << n;
+    }
+    std::cerr << "\n";
+    for (const auto& e : r.error_examples) std::cerr << "bench:   error " << e << "\n";
+  }
+
+  bench::PrintTable(std::cout, reports);
+  bench::BenchSettings settings{args.replay.router_url, args.trace_path, model, args.scale,
+                                args.vocab_size, args.replay.concurrency_limit};
+  if (!args.out_path.empty()) {
+    std::ofstream out(args.out_path);
+    out << bench::ResultsJson(settings, reports).dump(2) << "\n";
+    if (!out) return fail(Internal("cannot write " + args.out_path));
+    std::cerr << "bench: results in " << args.out_path << "\n";
+  }
+  if (!args.plot_path.empty()) {
+    std::ostringstream title;
+    title << "kvfleet bench: " << args.trace_path.substr(args.trace_path.find_last_of('/') + 1) << ", time x"
+          << args.scale.time_scale << ", lengths /" << args.scale.length_scale << ", " << requests.size()
+          << " requests";
+    if (Status s = bench::WritePlot(args.plot_path, reports, title.str()); !s.ok()) return fail(s);
+    std::cerr << "bench: plot in " << args.plot_path << "\n";
+  }
+  size_t failed = 0;
+  for (const auto& r : reports) failed += r.failed;
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+Action AddBenchCommand(CLI::App& parent) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = parent.add_subcommand("bench", "replay a Mooncake-format trace against a router and report");
+  cmd->add_option("--router", args->replay.router_url, "router base URL")->capture_default_str();
+  cmd->add_option("--trace", args->trace_path, "Mooncake-format JSONL trace")->required();
+  cmd->add_option("--time-scale", args->scale.time_scale, "replay this many times faster than the trace")
+      ->capture_default_str();
+  cmd->add_option("--length-scale", args->scale.length_scale,
+                  "divide token lengths by this (a power of two; blocks become 512/Y tokens)")
+      ->capture_default_str();
+  cmd->add_option("--concurrency-limit", args->replay.concurrency_limit, "most requests in flight")
+      ->capture_default_str();
+  cmd->add_option("--duration", args->scale.duration_s, "replay only arrivals in the first S seconds (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--model", args->replay.model, "\"model\" of each request (empty: the router's only model)");
+  cmd->add_option("--vocab-size", args->vocab_size, "prompt token ids are drawn from [0, N)")->capture_default_str();
+  cmd->add_option("--policy", args->replay.policy, "routing policy override for a single run (empty: router's)");
+  cmd->add_option("--cache-salt", args->replay.cache_salt, "cache_salt of every request of a single run");
+  cmd->add_option("--compare", args->compare, "run once per policy, e.g. round_robin,least_loaded,kv,approx");
+  cmd->add_option("--fleet-cmd", args->fleet_cmd,
+                  "shell command that starts the fleet; run (and stopped) around each --compare run");
+  cmd->add_option("--ready-timeout", args->ready_timeout_s, "seconds --fleet-cmd may take to be ready")
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", args->replay.request_timeout_s, "per-request deadline (s)")
+      ->capture_default_str();
+  cmd->add_option("--out", args->out_path, "write JSON results here");
+  cmd->add_option("--plot", args->plot_path, "write a PNG (TTFT CDF and hit rate per policy) here");
+  cmd->add_flag("--quiet", args->quiet, "no progress lines");
+  cmd->add_flag("--dry-run", args->dry_run, "print the scaled trace's size and ideal cached ratio; send nothing");
+  return [args]() { return RunBench(*args); };
+}
+
+}  // namespace kvfleet::cli

@@ -1,0 +1,59 @@
+// A fleet that `kvfleet bench --compare --fleet-cmd CMD` starts before each run and stops
+// after it, so that every policy starts from empty KV caches.
+//
+// CMD runs under /bin/sh in its own process group; Stop() signals the whole group
+// (SIGTERM, then SIGKILL after a grace period), so a `kvfleet up` and everything it
+// started go down together.
+//
+// Thread safety: thread-compatible; owned by the bench command.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvfleet::bench {
+
+class FleetProcess {
+ public:
+  FleetProcess() = default;
+  ~FleetProcess();  // Stop()s
+  FleetProcess(const FleetProcess&) = delete;
+  FleetProcess& operator=(const FleetProcess&) = delete;
+
+  // Starts `command`. REQUIRES: not running.
+  Status Start(const std::string& command);
+  // Polls GET <router_url>/ready until it answers 200, the process exits, or timeout_s.
+  Status WaitReady(const std::string& router_url, double timeout_s);
+  // Stops the process group; waits at most grace_s before SIGKILL. Idempotent.
+  void Stop(double grace_s = 10);
+  bool running() const { return pid_ > 0; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+// GET <url><path> with a deadline; the reply, or why there was none.
+Result<HttpReply> HttpGet(const std::string& url, const std::string& path, double timeout_s);
+
+// The router's only model, from GET /v1/models; an error when it serves none or several
+// (then --model must choose).
+Result<std::string> OnlyModel(const std::string& router_url);
+
+// Requests per worker from Prometheus text: the sum over every other label of
+// kvfleet_router_requests_total{worker="..."} (issue 7's router metric).
+std::map<std::string, double> ParseRequestsByWorker(std::string_view metrics_text);
+
+// The same, scraped from <router_url>/metrics. Before and after a run, the difference is
+// the run's requests per worker, for routers that do not name the worker in a header.
+Result<std::map<std::string, double>> ScrapeRequestsByWorker(const std::string& router_url);
+
+}  // namespace kvfleet::bench

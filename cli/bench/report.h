@@ -1,0 +1,67 @@
+// The figures of one replay run, the JSON results file, the comparison table, and the
+// gnuplot rendering of TTFT CDFs and hit rates per policy.
+//
+// Thread safety: plain values and functions; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench/ideal_cache.h"
+#include "cli/bench/replay.h"
+#include "cli/bench/trace.h"
+#include "common/status.h"
+
+namespace kvfleet::bench {
+
+struct LatencySummary {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;  // seconds
+  size_t count = 0;
+};
+
+struct RunReport {
+  std::string policy;  // "default" when the router chose
+  size_t requests = 0, completed = 0, failed = 0;
+  std::map<std::string, size_t> errors;            // kind -> count
+  std::map<std::string, size_t> requests_by_worker;  // completed and failed; "" -> "unknown"
+  LatencySummary ttft, itl, e2e, queue;
+  double wall_s = 0;
+  uint64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;  // from usage, completed requests
+  double output_tokens_per_s = 0;
+  double cached_ratio = 0;  // cached_tokens / prompt_tokens
+  IdealReuse ideal;
+  std::vector<double> ttft_sorted;  // every completed request's TTFT, ascending (for CDFs)
+  std::vector<std::string> error_examples;  // the first few error details
+  // From the router's kvfleet_router_requests_total, scraped before and after the run
+  // (empty when /metrics could not be read). Counts every request the router saw.
+  std::map<std::string, double> requests_by_worker_metrics;
+};
+
+// Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never
+// in latencies or token counts.
+RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal);
+
+struct BenchSettings {
+  std::string router_url, trace_path, model;
+  TraceScale scale;
+  uint32_t vocab_size = 0;
+  uint32_t concurrency_limit = 0;
+};
+
+// {"settings": ..., "runs": [...]} with percentiles in milliseconds.
+nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunReport>& runs);
+
+// One row per run: requests, errors, TTFT mean/p50/p90/p99, ITL p50/p99, E2E p50/p99,
+// output tok/s, cached ratio and the ideal. Times in ms.
+void PrintTable(std::ostream& out, const std::vector<RunReport>& runs);
+
+// Writes a PNG with two panels: the TTFT CDF of every run, and each run's cached-token
+// ratio beside the trace's ideal. Runs gnuplot; fails when it is missing or errs.
+Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title);
+
+}  // namespace kvfleet::bench

@@ -1,0 +1,167 @@
+// `kvfleet bench` as an operator runs it: --compare against a fake router, with a
+// --fleet-cmd restarted around each run, JSON results and a plot.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "cli/bench/fleet_process.h"
+#include "tests/cli/bench/fake_openai_server.h"
+
+namespace kvfleet::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("kvfleet_bench_cli_" + std::to_string(getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Runs a shell command; returns its exit code and stdout.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and writes JSON and a PNG") {
+  testing::FakeOpenAiServer server;
+  TempDir dir;
+  const fs::path trace = dir.path / "trace.jsonl";
+  {
+    std::ofstream t(trace);
+    // Six requests sharing a first block, at 0..50 ms; lengths /8 at --length-scale 8.
+    for (int i = 0; i < 6; ++i) {
+      t << "{\"timestamp\": " << i * 10 << ", \"input_length\": " << 600 + 50 * i
+        << ", \"output_length\": 40, \"hash_ids\": [1, " << 100 + i << "]}\n";
+    }
+  }
+  const fs::path out = dir.path / "results.json", png = dir.path / "plot.png";
+  const fs::path started = dir.path / "fleet_started";
+  // The "fleet" records each start and then idles until the bench stops it.
+  const std::string fleet_cmd = "echo x >> " + started.string() + "; exec sleep 60";
+  const std::string cmd = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
+                          trace.string() + " --length-scale 8 --time-scale 10 --compare kv,round_robin" +
+                           " --fleet-cmd '" + fleet_cmd + "' --out " + out.string() + " --plot " +
+                          png.string() + " --quiet 2>/dev/null";
+  auto [rc, table] = RunCommand(cmd);
+  CHECK(rc == 0);
+  CHECK(table.find("kv ") != std::string::npos);
+  CHECK(table.find("round_robin") != std::string::npos);
+
+  // The fleet command ran once per policy, and the readiness probe was asked.
+  std::ifstream s(started);
+  std::string line;
+  int starts = 0;
+  while (std::getline(s, line)) ++starts;
+  CHECK(starts == 2);
+  CHECK(server.gets() >= 2);
+
+  // Each policy's requests carry that policy and a salt no other run shares.
+  std::map<std::string, std::set<std::string>> salts;
+  std::map<std::string, int> per_policy;
+  for (const auto& b : server.bodies()) {
+    ++per_policy[b["routing"].get<std::string>()];
+    salts[b["routing"].get<std::string>()].insert(b["cache_salt"].get<std::string>());
+    CHECK(b["max_tokens"] == 5);  // ceil(40 / 8)
+    CHECK(b["model"] == "fake");  // the router's only model, as no --model was given
+  }
+  CHECK(per_policy["kv"] == 6);
+  CHECK(per_policy["round_robin"] == 6);
+  REQUIRE(salts["kv"].size() == 1);
+  REQUIRE(salts["round_robin"].size() == 1);
+  CHECK(*salts["kv"].begin() != *salts["round_robin"].begin());
+
+  std::ifstream j(out);
+  nlohmann::json results = nlohmann::json::parse(j);
+  REQUIRE(results["runs"].size() == 2);
+  CHECK(results["runs"][0]["policy"] == "kv");
+  CHECK(results["runs"][1]["policy"] == "round_robin");
+  for (const auto& run : results["runs"]) {
+    CHECK(run["completed"] == 6);
+    CHECK(run["failed"] == 0);
+    CHECK(run["completion_tokens"] == 30);
+    CHECK(run["ttft_ms"]["count"] == 6);
+    // The fake server reports half of every prompt cached.
+    CHECK(run["cached_token_ratio"].get<double>() == doctest::Approx(0.5).epsilon(0.02));
+    // Each prompt (75..107 tokens) holds one full 64-token block, id 1 in all six: five
+    // hit it.
+    CHECK(run["ideal_cached_block_ratio"].get<double>() == doctest::Approx(5.0 / 6.0));
+  }
+  CHECK(results["settings"]["length_scale"] == 8);
+  CHECK(results["settings"]["model"] == "fake");
+  CHECK(fs::file_size(png) > 1000);
+  if (const char* keep = std::getenv("KVFLEET_KEEP_PLOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+}
+
+TEST_CASE("a bad trace line stops kvfleet bench with the line named") {
+  TempDir dir;
+  const fs::path trace = dir.path / "bad.jsonl";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n"
+                       << "{\"timestamp\": 1, \"input_length\": 10}\n";
+  auto [rc, out] = RunCommand(std::string(KVFLEET_CLI) + " bench --trace " + trace.string() + " --dry-run 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("bad.jsonl:2:") != std::string::npos);
+}
+
+TEST_CASE("a fleet command that exits is reported, and Stop takes down its whole process group") {
+  FleetProcess dead;
+  REQUIRE(dead.Start("exit 3").ok());
+  auto st = dead.WaitReady("http://127.0.0.1:1", 5);
+  CHECK_FALSE(st.ok());
+  CHECK(st.message().find("exited") != std::string::npos);
+
+  TempDir dir;
+  const fs::path pid_file = dir.path / "child.pid";
+  FleetProcess fleet;
+  // A child in the background, as `kvfleet up` starts its router and workers.
+  REQUIRE(fleet.Start("sleep 60 & echo $! > " + pid_file.string() + "; wait").ok());
+  pid_t child = 0;
+  for (int i = 0; i < 100 && child == 0; ++i) {
+    std::ifstream in(pid_file);
+    in >> child;
+    if (child == 0) usleep(20'000);
+  }
+  REQUIRE(child > 0);
+  CHECK(kill(child, 0) == 0);
+  fleet.Stop(5);
+  CHECK_FALSE(fleet.running());
+  // The background child is gone too (reaped by init once its shell died).
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = kill(child, 0) != 0;
+    if (!gone) usleep(20'000);
+  }
+  CHECK(gone);
+}
+
+TEST_CASE("requests per worker are read from the router's kvfleet_router_requests_total") {
+  auto by_worker = ParseRequestsByWorker(
+      "# HELP kvfleet_router_requests_total Requests\n"
+      "# TYPE kvfleet_router_requests_total counter\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"200\",worker=\"w0\"} 5\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"503\",worker=\"w0\"} 2\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"200\",worker=\"w1\"} 1e+01\n"
+      "kvfleet_router_requests_total_other{worker=\"w9\"} 3\n"
+      "kvfleet_router_inflight{worker=\"w0\"} 4\n"
+      "kvfleet_router_requests_total{model=\"m\",status=\"400\"} 6\n");
+  CHECK(by_worker.size() == 2);
+  CHECK(by_worker["w0"] == 7);
+  CHECK(by_worker["w1"] == 10);
+}
+
+}  // namespace
+}  // namespace kvfleet::bench

@@ -1,0 +1,175 @@
+// kvfleet bench against a fake OpenAI server: the replay sends what the router expects,
+// times streamed chunks, and its report counts completions, errors, workers and tokens.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/bench/ideal_cache.h"
+#include "cli/bench/replay.h"
+#include "cli/bench/report.h"
+#include "tests/cli/bench/fake_openai_server.h"
+
+namespace kvfleet::bench {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+std::vector<TraceRequest> MakeTrace() {
+  // Ten requests at t = 0..9 ms; output lengths pick the fake server's behaviour.
+  const int outputs[] = {5, 3, 6, 4, 2, 7, 3, 5, 8, 1};
+  std::vector<TraceRequest> trace;
+  for (int i = 0; i < 10; ++i) {
+    TraceRequest r;
+    r.timestamp_ms = i;
+    r.input_length = 100 + 10 * i;
+    r.output_length = outputs[i];
+    r.hash_ids = {static_cast<uint64_t>(1 + i % 3)};
+    r.line = i + 1;
+    trace.push_back(r);
+  }
+  return trace;
+}
+
+TEST_CASE("a replay against a fake server reports completions, errors, workers and usage") {
+  testing::FakeOpenAiServer server;
+  const auto trace = MakeTrace();
+  TraceScale scale;
+  const auto requests = ScaleTrace(trace, scale);
+  PromptBuilder prompts(32000, scale.block_tokens());
+  ReplayOptions options;
+  options.router_url = server.url();
+  options.model = "tiny";
+  options.policy = "kv";
+  options.cache_salt = "salt-1";
+  options.concurrency_limit = 3;
+  options.progress = false;
+  auto run = Replay(requests, prompts, options);
+  REQUIRE(run.ok());
+  REQUIRE(run->outcomes.size() == 10);
+
+  // What the router received: the fields the bench contract names.
+  auto bodies = server.bodies();
+  REQUIRE(bodies.size() == 10);
+  for (const auto& b : bodies) {
+    CHECK(b["stream"] == true);
+    CHECK(b["stream_options"]["include_usage"] == true);
+    CHECK(b["ignore_eos"] == true);
+    CHECK(b["model"] == "tiny");
+    CHECK(b[config::kPolicyField] == "kv");
+    CHECK(b["cache_salt"] == "salt-1");
+    CHECK(b["prompt"].is_array());
+  }
+  CHECK(server.max_concurrent() <= 3);
+
+  RunReport r = Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens()));
+  CHECK(r.requests == 10);
+  CHECK(r.completed == 7);
+  CHECK(r.failed == 3);
+  CHECK(r.errors["http_503"] == 2);
+  CHECK(r.errors["incomplete"] == 1);
+  // Workers follow the prompt's first token; every request is counted, failed or not.
+  std::map<std::string, size_t> expected_workers;
+  uint64_t prompt_tokens = 0, completion_tokens = 0, cached = 0;
+  size_t gaps = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto tokens = prompts.Build(requests[i]);
+    ++expected_workers["w" + std::to_string(tokens[0] % 2)];
+    const auto& o = run->outcomes[i];
+    if (requests[i].output_length == 3 || requests[i].output_length == 4) {
+      CHECK_FALSE(o.ok);
+      continue;
+    }
+    CHECK(o.ok);
+    CHECK(o.prompt_tokens == tokens.size());
+    prompt_tokens += tokens.size();
+    cached += tokens.size() / 2;
+    completion_tokens += requests[i].output_length;
+    gaps += requests[i].output_length - 1;
+    CHECK(o.token_gaps_s.size() == requests[i].output_length - 1);
+    CHECK(o.ttft_s >= 0);
+    CHECK(o.e2e_s >= o.ttft_s);
+  }
+  CHECK(r.requests_by_worker == expected_workers);
+  CHECK(r.prompt_tokens == prompt_tokens);
+  CHECK(r.cached_tokens == cached);
+  CHECK(r.completion_tokens == completion_tokens);
+  CHECK(r.cached_ratio == doctest::Approx(double(cached) / double(prompt_tokens)));
+  CHECK(r.ttft.count == 7);
+  CHECK(r.itl.count == gaps);
+  CHECK(r.ttft.p50 <= r.ttft.p99);
+
+  BenchSettings settings{server.url(), "t.jsonl", "tiny", scale, 32000, 3};
+  auto j = ResultsJson(settings, {r});
+  CHECK(j["runs"][0]["completed"] == 7);
+  CHECK(j["runs"][0]["errors"]["http_503"] == 2);
+  CHECK(j["settings"]["block_tokens"] == 512);
+
+  SUBCASE("the plot is a PNG") {
+    std::string png = "/tmp/kvfleet_bench_test_" + std::to_string(getpid()) + ".png";
+    REQUIRE(WritePlot(png, {r, r}, "test").ok());
+    std::ifstream in(png, std::ios::binary);
+    char magic[8] = {};
+    in.read(magic, 8);
+    CHECK(std::string(magic + 1, 3) == "PNG");
+    std::remove(png.c_str());
+  }
+}
+
+TEST_CASE("a router that is not there gives connect errors, not a hang") {
+  // Bind then close a port so nothing listens on it.
+  uint16_t port;
+  {
+    asio::io_context io;
+    tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  auto trace = MakeTrace();
+  trace.resize(3);
+  TraceScale scale;
+  PromptBuilder prompts(32000, 512);
+  ReplayOptions options;
+  options.router_url = "http://127.0.0.1:" + std::to_string(port);
+  options.progress = false;
+  auto run = Replay(ScaleTrace(trace, scale), prompts, options);
+  REQUIRE(run.ok());
+  for (const auto& o : run->outcomes) CHECK(o.error == "connect");
+  options.router_url = "ftp://x";
+  CHECK_FALSE(Replay(ScaleTrace(trace, scale), prompts, options).ok());
+}
+
+TEST_CASE("the SSE parser handles events split across reads and CRLF line ends") {
+  SseChunkParser p;
+  std::vector<SseChunkParser::Event> ev;
+  std::string stream =
+      "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\r\n\r\n"
+      ": a comment\n\n"
+      "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
+      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,"
+      "\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
+      "data: {\"error\":{\"message\":\"worker died\"}}\n\n"
+      "data: [DONE]\n\n";
+  for (char c : stream) p.Feed(std::string_view(&c, 1), &ev);
+  REQUIRE(ev.size() == 4);
+  CHECK(ev[0].kind == SseChunkParser::Event::kTokens);
+  CHECK(ev[1].kind == SseChunkParser::Event::kUsage);
+  CHECK(ev[1].prompt_tokens == 9);
+  CHECK(ev[1].completion_tokens == 2);
+  CHECK(ev[1].cached_tokens == 4);
+  CHECK(ev[2].kind == SseChunkParser::Event::kError);
+  CHECK(ev[2].message == "worker died");
+  CHECK(ev[3].kind == SseChunkParser::Event::kDone);
+}
+
+}  // namespace
+}  // namespace kvfleet::bench
