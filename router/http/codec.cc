@@ -50,12 +50,11 @@ class ByteCodec final : public TextCodec {
 #ifdef KVFLEET_HAVE_TOKENIZER
 class TokenizerDecoder final : public StreamDecoder {
  public:
-  explicit TokenizerDecoder(std::shared_ptr<const tok::Tokenizer> t) : tok_(std::move(t)), dec_(*tok_, true) {}
+  explicit TokenizerDecoder(std::shared_ptr<const tok::Tokenizer> t) : dec_(std::move(t), true) {}
   std::string Push(TokenId id) override { return dec_.Push(id); }
   std::string Finish() override { return dec_.Finish(); }
 
  private:
-  std::shared_ptr<const tok::Tokenizer> tok_;
   tok::IncrementalDecoder dec_;
 };
 

@@ -337,6 +337,21 @@ TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {
   CHECK(std::count(counts.begin(), counts.end(), 20) == 1);
 }
 
+TEST_CASE("workers found through a DNS name serve requests") {
+  FakeWorker w("dns");
+  auto port = w.endpoint().substr(w.endpoint().rfind(':') + 1);
+  FleetOptions fo;
+  fo.dns_name = "localhost:" + port;  // 127.0.0.1 (and ::1, where nothing listens)
+  RouterUnderTest r({}, {}, {}, fo);
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("m");
+    return m && !m->routable.empty();
+  }));
+  auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":3})");
+  CHECK(StatusOf(resp) == 200);
+  CHECK(json::parse(BodyOf(resp))["kvfleet"]["worker"] == "tcp://127.0.0.1:" + port);
+}
+
 TEST_CASE("API keys load from a file") {
   std::string path = "/tmp/kvfleet_api_keys_test.txt";
   {
