@@ -11,9 +11,9 @@ dir="$(mktemp -d)"
 "$BUILD/router/kvfleet-router" --http-host 127.0.0.1 --http-port "$PORT" --http-threads 2 \
   --registration "tcp://127.0.0.1:$((PORT + 1))" --log-level warn >"$dir/router.log" 2>&1 &
 rpid=$!
-"$BUILD/worker/kvfleet-worker" --backend mock --mock-workers 8 --worker-id bench --model-name mock \
+"${KVFLEET_WORKER_BIN:-$BUILD/worker/kvfleet-worker}" --backend mock --mock-workers 8 --worker-id bench --model-name mock \
   --requests "tcp://127.0.0.1:$((PORT + 10))" --events "tcp://127.0.0.1:$((PORT + 11))" \
-  --replay "tcp://127.0.0.1:$((PORT + 12))" --http-port $((PORT + 50)) --router "tcp://127.0.0.1:$((PORT + 1))" \
+  --replay "tcp://127.0.0.1:$((PORT + 12))" --http-port $((PORT + 500)) --router "tcp://127.0.0.1:$((PORT + 1))" \
   --advertise-host 127.0.0.1 --max-context 16384 --log-level warn >"$dir/workers.log" 2>&1 &
 wpid=$!
 trap 'kill $rpid $wpid 2>/dev/null; wait 2>/dev/null; echo "logs: $dir"' EXIT
