@@ -532,18 +532,21 @@ Result<Request> ParseRequest(std::string_view bytes, const ServerOptions& limits
   beast::error_code ec;
   net::const_buffer buffer(bytes.data(), bytes.size());
   while (!parser.is_done()) {
+    if (buffer.size() == 0) return InvalidArgument("400: incomplete request");
     size_t used = parser.put(buffer, ec);
     buffer += used;
     if (ec == bhttp::error::need_more) {
-      if (buffer.size() == 0) return InvalidArgument("400: incomplete request");
       ec = {};
-      if (used == 0) return InvalidArgument("400: parser made no progress");
+      if (used == 0) return InvalidArgument("400: incomplete request");
       continue;
     }
     if (ec) {
       int status = StatusForReadError(ec);
       return InvalidArgument(std::to_string(status == 0 ? 400 : status) + ": " + ec.message());
     }
+    // Regression (found by router_http_fuzzer): a put that consumes nothing without an
+    // error must not spin.
+    if (used == 0) return InvalidArgument("400: the parser made no progress");
   }
   return FromParsed(parser.release());
 }

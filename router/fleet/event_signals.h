@@ -5,6 +5,9 @@
 // Thread safety: as thread-safe as EventPlane and GlobalIndex, which are.
 #pragma once
 
+#include <mutex>
+#include <set>
+
 #include "common/log.h"
 #include "router/events/event_plane.h"
 #include "router/fleet/fleet.h"
@@ -23,11 +26,25 @@ class EventPlaneSignals final : public WorkerSignals {
       return;
     }
     Status st = plane_->AddWorker(id, info.name, WorkerEndpoints{info.events_endpoint, info.replay_endpoint});
-    if (!st.ok()) Logger("router")->warn("worker {}: event plane: {}", info.name, st.message());
+    if (!st.ok()) {
+      Logger("router")->warn("worker {}: event plane: {}", info.name, st.message());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_.insert(id);
   }
-  void RemoveWorker(WorkerId id) override { plane_->RemoveWorker(id); }
+  void RemoveWorker(WorkerId id) override {
+    plane_->RemoveWorker(id);
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_.erase(id);
+  }
 
   WorkerLiveness State(WorkerId id) const override {
+    {
+      // A worker without an event stream is judged by its connection alone.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (watched_.count(id) == 0) return WorkerLiveness::kUnknown;
+    }
     switch (plane_->State(id)) {
       case WorkerState::kSyncing: return WorkerLiveness::kSyncing;
       case WorkerState::kLive: return WorkerLiveness::kLive;
@@ -51,6 +68,8 @@ class EventPlaneSignals final : public WorkerSignals {
 
  private:
   EventPlane* plane_;
+  mutable std::mutex mu_;
+  std::set<WorkerId> watched_;  // GUARDED_BY(mu_)
 };
 
 class GlobalPrefixIndex final : public PrefixIndex {

@@ -117,6 +117,7 @@ struct WorkerRecord {
   std::atomic<bool> removed{false};
   std::atomic<int64_t> inflight_requests{0};
   std::atomic<int64_t> inflight_prefill_tokens{0};
+  std::atomic<int64_t> inflight_prompt_tokens{0};
   prometheus::Gauge* inflight_gauge = nullptr;
   // Fleet thread only.
   std::unique_ptr<zmq::socket_t> dealer;
@@ -254,14 +255,15 @@ class FleetImpl {
     return out;
   }
 
-  void OwnLoad(WorkerId id, double* requests, double* prefill_tokens) const {
+  Fleet::OwnLoadCounts OwnLoad(WorkerId id) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) {
-      *requests = *prefill_tokens = 0;
-      return;
-    }
-    *requests = static_cast<double>(workers_[id]->inflight_requests.load(std::memory_order_relaxed));
-    *prefill_tokens = static_cast<double>(workers_[id]->inflight_prefill_tokens.load(std::memory_order_relaxed));
+    Fleet::OwnLoadCounts c;
+    if (id >= workers_.size()) return c;
+    const WorkerRecord& w = *workers_[id];
+    c.requests = static_cast<double>(w.inflight_requests.load(std::memory_order_relaxed));
+    c.prefill_tokens = static_cast<double>(w.inflight_prefill_tokens.load(std::memory_order_relaxed));
+    c.prompt_tokens = static_cast<double>(w.inflight_prompt_tokens.load(std::memory_order_relaxed));
+    return c;
   }
 
   std::optional<LoadReport> ReportedLoad(WorkerId id) const {
@@ -295,6 +297,7 @@ class FleetImpl {
     std::vector<WorkerId> tried;
     bool first_token = false;
     uint32_t prompt_tokens = 0;  // counted as queued prefill until the first token
+    uint32_t whole_prompt = 0;   // the prompt's length, likewise
     TimeNs deadline = 0;
     TimeNs first_token_deadline = 0;
   };
@@ -504,6 +507,7 @@ class FleetImpl {
       if (auto* s = std::get_if<SubmitCmd>(&cmd)) {
         Flight f;
         f.prompt_tokens = s->request.prefill_tokens;
+        f.whole_prompt = static_cast<uint32_t>(s->request.params.tokens.size());
         f.worker = s->request.worker;
         f.request = std::move(s->request);
         TimeNs now = clock_->Now();
@@ -549,6 +553,7 @@ class FleetImpl {
     attempts_[f.attempt_id] = handle;
     w->inflight_requests.fetch_add(1, std::memory_order_relaxed);
     w->inflight_prefill_tokens.fetch_add(f.prompt_tokens, std::memory_order_relaxed);
+    w->inflight_prompt_tokens.fetch_add(f.whole_prompt, std::memory_order_relaxed);
     if (w->inflight_gauge) w->inflight_gauge->Increment();
   }
 
@@ -558,7 +563,10 @@ class FleetImpl {
     WorkerRecord* w = Record(f.worker);
     if (w == nullptr) return;
     w->inflight_requests.fetch_sub(1, std::memory_order_relaxed);
-    if (!f.first_token) w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
+    if (!f.first_token) {
+      w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
+      w->inflight_prompt_tokens.fetch_sub(f.whole_prompt, std::memory_order_relaxed);
+    }
     if (w->inflight_gauge) w->inflight_gauge->Decrement();
   }
 
@@ -622,6 +630,7 @@ class FleetImpl {
       f.first_token = true;
       if (WorkerRecord* w = Record(f.worker)) {
         w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
+        w->inflight_prompt_tokens.fetch_sub(f.whole_prompt, std::memory_order_relaxed);
       }
     }
     f.request.sink->OnDelta(f.worker, d);
@@ -854,9 +863,7 @@ std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { retur
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
 bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
-void Fleet::OwnLoad(WorkerId worker, double* requests, double* prefill_tokens) const {
-  impl_->OwnLoad(worker, requests, prefill_tokens);
-}
+Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 std::optional<LoadReport> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

@@ -151,8 +151,14 @@ class Fleet {
   // True when every known model has a routable worker (and there is at least one).
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
-  // This router's in-flight requests and not-yet-prefilled tokens on `worker`.
-  void OwnLoad(WorkerId worker, double* requests, double* prefill_tokens) const;
+  // This router's own load on `worker`: requests in flight; for those without a first
+  // token yet, the tokens it expects uncached and their whole prompts.
+  struct OwnLoadCounts {
+    double requests = 0;
+    double prefill_tokens = 0;
+    double prompt_tokens = 0;
+  };
+  OwnLoadCounts OwnLoad(WorkerId worker) const;
   std::optional<LoadReport> ReportedLoad(WorkerId worker) const;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;

@@ -444,18 +444,20 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
         c.host_blocks = m.host_blocks;
       }
     }
-    double own_requests = 0, own_prefill = 0;
-    fleet_->OwnLoad(id, &own_requests, &own_prefill);
-    c.running_requests = own_requests;
-    c.queued_prefill_tokens = own_prefill;
+    Fleet::OwnLoadCounts own = fleet_->OwnLoad(id);
+    c.running_requests = own.requests;
+    c.queued_prefill_tokens = own.prefill_tokens;
     // Without a report, every request this router has in flight there may be queued.
-    c.queued_requests = own_requests;
+    c.queued_requests = own.requests;
     if (policy != Policy::kApprox) {
       if (auto load = fleet_->ReportedLoad(id)) {
-        // Both are lower bounds of the truth (README.md): take the larger.
-        c.running_requests = std::max(own_requests, load->active_requests + load->queued_requests);
-        c.queued_prefill_tokens = std::max(own_prefill, load->active_prefill_tokens);
-        c.queued_requests = std::max(load->queued_requests, own_requests - load->active_requests);
+        // The report lags and counts a waiting prompt whole, cached prefix included; the
+        // router's own count is fresh and counts what it expects uncached. So: the
+        // router's own estimate plus what the report holds beyond this router's prompts
+        // (other routers' requests), and the larger request count (README.md).
+        c.running_requests = std::max(own.requests, load->active_requests + load->queued_requests);
+        c.queued_prefill_tokens = own.prefill_tokens + std::max(0.0, load->active_prefill_tokens - own.prompt_tokens);
+        c.queued_requests = std::max(load->queued_requests, own.requests - load->active_requests);
         c.prefill_tokens_per_s = load->prefill_tokens_per_s;
       }
     }

@@ -31,7 +31,7 @@ Status RoutingOptions::Validate() const {
     return InvalidArgument("hot-spot factor must be 0 (off) or >= 1");
   }
   if (!(default_prefill_tokens_per_s > 0)) return InvalidArgument("default prefill rate must be > 0");
-  if (!(onboard_s_per_block >= 0) || !(decode_s_per_running_request >= 0)) {
+  if (!(onboard_s_per_block >= 0) || !(decode_s_per_running_request >= 0) || !(uncached_work_weight >= 0)) {
     return InvalidArgument("routing cost constants must be >= 0");
   }
   if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
@@ -67,6 +67,12 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
          c.running_requests * options_.decode_s_per_running_request;
 }
 
+double Picker::Cost(const RouteRequest& request, const Candidate& c, double fallback_rate) const {
+  double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
+  double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
+  return EstimateTtft(request, c, fallback_rate) + options_.uncached_work_weight * uncached / rate;
+}
+
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                               std::span<const size_t> eligible, double* cost) {
   std::vector<double> rates;
@@ -76,7 +82,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   // A worker without a measured rate is assumed as fast as the fleet's median one.
   double fallback = rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
   std::vector<double> costs(eligible.size());
-  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = EstimateTtft(request, candidates[eligible[i]], fallback);
+  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback);
 
   auto better = [&](size_t a, size_t b) {  // positions in eligible
     if (costs[a] != costs[b]) return costs[a] < costs[b];
@@ -105,7 +111,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
       best = dist(rng_);
     }
   }
-  *cost = costs[best];
+  *cost = EstimateTtft(request, candidates[eligible[best]], fallback);
   return eligible[best];
 }
 

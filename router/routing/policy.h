@@ -40,6 +40,7 @@ namespace config {
 inline constexpr double kDefaultPrefillTokensPerSecond = 8'000.0;
 inline constexpr double kOnboardSecondsPerBlock = 200e-6;
 inline constexpr double kDecodeSecondsPerRunningRequest = 1e-3;
+inline constexpr double kUncachedWorkWeight = 1.0;
 inline constexpr double kHotSpotFactor = 2.0;
 inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
@@ -61,6 +62,9 @@ struct RoutingOptions {
   // What each running request adds to a new request's first token (seconds): decode
   // tokens go first in every engine step.
   double decode_s_per_running_request = config::kDecodeSecondsPerRunningRequest;
+  // The kv cost adds weight × (uncached tokens / rate) to the estimated TTFT: the prefill
+  // a choice adds to the fleet, beyond this request's wait. 0: pure TTFT.
+  double uncached_work_weight = config::kUncachedWorkWeight;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
   // Lifetime of the predicted index entries inserted after each decision (ns).
@@ -102,9 +106,11 @@ class Picker {
   // returns ResourceExhausted. REQUIRES: !candidates.empty().
   Result<Decision> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
 
-  // The kv cost: estimated seconds to the first token of `request` on `c`.
-  // `fallback_rate` is used when c reports no prefill rate.
+  // Estimated seconds to the first token of `request` on `c`. `fallback_rate` is used
+  // when c reports no prefill rate.
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fallback_rate) const;
+  // The kv cost: EstimateTtft plus the weighted prefill work the choice adds (README.md).
+  double Cost(const RouteRequest& request, const Candidate& c, double fallback_rate) const;
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,

@@ -68,6 +68,26 @@ TEST_CASE("kv weighs a prefix hit against queued prefill work") {
   CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 0);
 }
 
+TEST_CASE("kv keeps a burst sharing a new prefix on the worker already computing it") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  // The burst's first request (2,080 shared + 10 own tokens) is still prefilling on 0; its
+  // blocks are predicted there. Each later request shares 65 blocks and adds 10 tokens.
+  fleet[0].device_blocks = 65;
+  for (int queued = 1; queued < 20; ++queued) {
+    fleet[0].queued_prefill_tokens = 2090 + 10.0 * (queued - 1);
+    fleet[0].running_requests = queued;
+    CHECK(picker.Pick(Policy::kKv, {2090, 32}, fleet)->worker == 0);
+  }
+  // Pure TTFT (no work term) would already send the second request elsewhere.
+  RoutingOptions pure;
+  pure.uncached_work_weight = 0;
+  Picker ttft_only(pure);
+  fleet[0].queued_prefill_tokens = 2090;
+  fleet[0].running_requests = 1;
+  CHECK(ttft_only.Pick(Policy::kKv, {2090, 32}, fleet)->worker != 0);
+}
+
 TEST_CASE("kv charges host-tier hits their onboarding cost") {
   RoutingOptions o;
   o.onboard_s_per_block = 0.01;  // slow onboarding: a host hit is worth less than a device hit
