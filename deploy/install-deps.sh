@@ -10,6 +10,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   nodejs npm
   prometheus gnuplot-nox curl python3 procps
+  patchelf
 )
 
 missing=()

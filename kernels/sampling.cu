@@ -1,0 +1,13 @@
+#include "kernels/sampling.cuh"
+
+namespace kvfleet::kernels {
+
+cudaError_t LaunchSampling(const SamplingParams& p, cudaStream_t stream) {
+  if (p.num_seqs <= 0) return cudaSuccess;
+  if (p.vocab <= 0) return cudaErrorInvalidValue;
+  sample::SamplingKernel<<<p.num_seqs, sample::kThreads, 0, stream>>>(p);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+}  // namespace kvfleet::kernels
