@@ -15,8 +15,8 @@ cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int chunks = (group + kGroup - 1) / kGroup;
   const int max_parts = MaxParts(p);
-  const size_t smem =
-      sizeof(float) * std::max<size_t>(size_t(kGroup) * p.partition_size, size_t(decode::kWarps) * kGroup * kHeadDim);
+  constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * kGroup * (kHeadDim + 2);
+  constexpr size_t smem = std::max<size_t>(decode::Tiling<kHeadDim>::kSmemBytes, kMergeBytes);
   auto kernel = decode::PagedDecodeKernel<kHeadDim, kGroup, kShift>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -53,10 +53,10 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
                                    int32_t num_sms) {
   const int group = num_q_heads / num_kv_heads;
   const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + GroupChunk(group) - 1) / GroupChunk(group));
-  // Largest partition (fewest partial results) that still gives two waves; 64 is the floor
-  // below which the reduction costs more than the extra parallelism gains.
+  // Largest partition (fewest partial results) that still gives two waves; 128 (one tile of
+  // the smallest head size) is the floor.
   int32_t part = 512;
-  while (part > 64 && blocks_per_part * ((max_seq_len + part - 1) / part) < 2 * int64_t(num_sms)) part /= 2;
+  while (part > 128 && blocks_per_part * ((max_seq_len + part - 1) / part) < 2 * int64_t(num_sms)) part /= 2;
   return part;
 }
 
@@ -68,7 +68,7 @@ size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) {
 }
 
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (p.num_seqs <= 0 || p.partition_size <= 0 || p.partition_size % 32 != 0 || p.max_seq_len <= 0 ||
+  if (p.num_seqs <= 0 || p.partition_size <= 0 || p.partition_size % 128 != 0 || p.max_seq_len <= 0 ||
       p.layout.num_kv_heads <= 0 || p.num_q_heads % p.layout.num_kv_heads != 0)
     return cudaErrorInvalidValue;
   if (MaxParts(p) > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;

@@ -1,13 +1,13 @@
 // Paged-attention decode kernels (see paged_decode.h for the contract and shapes).
 //
 // Grid: x = split-K partition, y = KV head, z = sequence * query-head chunks.
-// Block: 4 warps. Each token row of K or V (head_dim bf16) is read by kLanes = head_dim/8
-// lanes with one 16-byte load each, kUnroll loads in flight per lane.
-//   1. scores[g][i] = q_g . k_i for the partition's tokens (into shared memory);
-//   2. per head: max, p = exp2(s - max), sum;
-//   3. acc_g = sum_i p[g][i] v_i, reduced over lanes and warps.
-// One partition writes the normalised output; several write (acc, max, sum) to the
-// workspace and PagedDecodeCombine merges them.
+// Block: 4 warps. K/V tiles of 32 KB stream into shared memory through cp.async, two stages
+// deep, so the bytes in flight do not depend on registers; the block table is read by the
+// copying threads one tile ahead. Each token row (head_dim bf16) is then read by
+// kLanes = head_dim/8 lanes, 16 bytes each. One pass: scores, online softmax (per warp) and
+// acc_g += p v; warps merge through shared memory at the end. One partition writes the
+// normalised output; several write (acc, max, sum) to the workspace and PagedDecodeCombine
+// merges them.
 #pragma once
 
 #include "kernels/attention_mask.h"
@@ -50,14 +50,29 @@ __device__ __forceinline__ void RotateHalf(float (&x)[8], const float (&inv_freq
   }
 }
 
+template <int kHeadDim>
+struct Tiling {
+  static constexpr int kLanes = kHeadDim / 8;           // lanes per token row (16 B each)
+  static constexpr int kRowGroups = 32 / kLanes;        // token rows a warp reads at once
+  static constexpr int kPerLane = 8;                    // tokens per lane per tile
+  static constexpr int kTile = kWarps * kRowGroups * kPerLane;  // tokens per tile: 32 KB of K+V
+  static constexpr int kStages = 2;
+  static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
+};
+
+// Copies 16 bytes global -> shared without registers; zero-fills when !valid.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
 template <int kHeadDim, int kGroup, bool kShiftRope>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams p) {
-  constexpr int kLanes = kHeadDim / 8;          // lanes per token row
-  constexpr int kRowsPerLoad = 32 / kLanes;     // token rows per warp per load
-  constexpr int kUnroll = kGroup <= 4 ? 8 : 4;  // 16-byte loads in flight per lane
-  constexpr int kTokensPerIter = kRowsPerLoad * kUnroll;
-  extern __shared__ float smem[];               // scores[kGroup][P], later red[kWarps][kGroup][D]
-  __shared__ float s_max[kGroup], s_sum[kGroup];
+  using T = Tiling<kHeadDim>;
+  constexpr int kLanes = T::kLanes, kTile = T::kTile, kPerLane = T::kPerLane;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // [stage][K, V][kTile][kHeadDim] bf16; after the loop: per-warp (acc, max, sum) for the merge.
+  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
 
   const int part = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -66,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int seq = blockIdx.z / chunks;
   const int g0 = (blockIdx.z % chunks) * kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int lane_in_row = lane % kLanes, row = lane / kLanes;
+  const int lane_in_row = lane % kLanes, row_group = lane / kLanes;
   const int P = p.partition_size;
 
   const int32_t seq_len = p.seq_lens[seq];
@@ -77,13 +92,36 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int len = min(P, range.n - i0);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int B = p.layout.block_size;
+  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+
+  // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
+  auto load_tile = [&](int t, int st) {
+    __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
+    __nv_bfloat16* vs = ks + kTile * kHeadDim;
+#pragma unroll
+    for (int c = threadIdx.x; c < kTile * kLanes; c += kThreads) {
+      const int row = c / kLanes, chunk = c % kLanes;
+      const int i = t * kTile + row;
+      const bool valid = i < len;
+      const __nv_bfloat16* src = p.kv_pool;
+      if (valid) {
+        const int32_t pos = range.Pos(i0 + i);
+        src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
+      }
+      CpAsync16(ks + row * kHeadDim + chunk * 8, src, valid);
+      CpAsync16(vs + row * kHeadDim + chunk * 8, valid ? src + v_offset : src, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  const int num_tiles = (len + kTile - 1) / kTile;
+  load_tile(0, 0);
 
   float inv_freq[8];
   if constexpr (kShiftRope) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) inv_freq[e] = p.rope_inv_freq[(lane_in_row * 8 + e) % (kHeadDim / 2)];
   }
-
   // This lane's 8 dims of each query head, pre-scaled so that softmax uses exp2.
   float q[kGroup][8];
 #pragma unroll
@@ -102,116 +140,122 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
     for (int e = 0; e < 8; ++e) q[g][e] *= p.scale * kLog2e;
   }
 
-  auto row_ptr = [&](int i, int kv) {
-    const int32_t pos = range.Pos(i0 + i);
-    const int32_t block = table[pos / B];
-    return p.kv_pool + p.layout.Offset(block, p.layer, kv, kv_head, pos % B) + lane_in_row * 8;
-  };
+  // Online softmax state of this warp (the lanes of a row group hold the same max and sum).
+  float acc[kGroup][8], m[kGroup], l[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
 
-  // 1. Scores.
-  float* scores = smem;
-  for (int base = warp * kTokensPerIter; base < len; base += kWarps * kTokensPerIter) {
-    uint4 k[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kRowsPerLoad + row;
-      k[u] = i < len ? LoadStreaming(row_ptr(i, 0)) : make_uint4(0, 0, 0, 0);
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t & 1;
+    if (t + 1 < num_tiles) {
+      load_tile(t + 1, st ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
     }
+    __syncthreads();
+    const __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
+    const __nv_bfloat16* vs = ks + kTile * kHeadDim;
+    // This lane's tokens in the tile: rows (warp, row_group, u).
+    const int row0 = (warp * T::kRowGroups + row_group) * kPerLane;
+
+    float s[kGroup][kPerLane];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kRowsPerLoad + row;
+    for (int u = 0; u < kPerLane; ++u) {
       float kf[8];
-      Bf16x8ToFloat(k[u], kf);
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(ks + (row0 + u) * kHeadDim + lane_in_row * 8), kf);
+      const int i = t * kTile + row0 + u;
       if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, i0 + i);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        float s = 0.f;
+        float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(q[g][e], kf[e], s);
-        s = WarpSum<kLanes>(s);
-        if (lane_in_row == 0 && i < len) scores[g * P + i] = s;
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
+        dot = WarpSum<kLanes>(dot);
+        s[g][u] = i < len ? dot : -INFINITY;
       }
     }
-  }
-  __syncthreads();
-
-  // 2. Softmax statistics of this partition, per head.
-  for (int g = warp; g < kGroup; g += kWarps) {
-    float m = -INFINITY;
-    for (int i = lane; i < len; i += 32) m = fmaxf(m, scores[g * P + i]);
-    m = WarpMax(m);
-    float l = 0.f;
-    for (int i = lane; i < len; i += 32) {
-      const float e = exp2f(scores[g * P + i] - m);
-      scores[g * P + i] = e;
-      l += e;
-    }
-    l = WarpSum(l);
-    if (lane == 0) {
-      s_max[g] = m;
-      s_sum[g] = l;
-    }
-  }
-  __syncthreads();
-
-  // 3. Weighted sum of V.
-  float acc[kGroup][8];
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g)
+    for (int g = 0; g < kGroup; ++g) {
+      float mx = m[g];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-  for (int base = warp * kTokensPerIter; base < len; base += kWarps * kTokensPerIter) {
-    uint4 v[kUnroll];
+      for (int u = 0; u < kPerLane; ++u) mx = fmaxf(mx, s[g][u]);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kRowsPerLoad + row;
-      v[u] = i < len ? LoadStreaming(row_ptr(i, 1)) : make_uint4(0, 0, 0, 0);
+      for (int o = kLanes; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float corr = exp2f(m[g] - base);
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        s[g][u] = exp2f(s[g][u] - base);
+        l[g] += s[g][u];
+      }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kRowsPerLoad + row;
-      if (i >= len) continue;
+    for (int u = 0; u < kPerLane; ++u) {
       float vf[8];
-      Bf16x8ToFloat(v[u], vf);
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(vs + (row0 + u) * kHeadDim + lane_in_row * 8), vf);
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const float w = scores[g * P + i];
+      for (int g = 0; g < kGroup; ++g)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
-      }
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s[g][u], vf[e], acc[g][e]);
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+  }
+
+  // Merge the row groups of the warp (same max), then the warps through shared memory.
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int o = kLanes; o < 32; o <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
     }
   }
-  // Sum over the rows a warp covers, then over warps.
+  float* red = reinterpret_cast<float*>(smem_raw);  // [kWarps][kGroup][kHeadDim]
+  float* red_m = red + kWarps * kGroup * kHeadDim;  // [kWarps][kGroup]
+  float* red_l = red_m + kWarps * kGroup;           // [kWarps][kGroup]
+  if (row_group == 0) {
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-#pragma unroll
-      for (int o = kLanes; o < 32; o <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-  __syncthreads();  // scores are no longer read
-  float* red = smem;
-  if (row == 0) {
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g)
+    for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) red[(warp * kGroup + g) * kHeadDim + lane_in_row * 8 + e] = acc[g][e];
+      if (lane == 0) {
+        red_m[warp * kGroup + g] = m[g];
+        red_l[warp * kGroup + g] = l[g];
+      }
+    }
   }
   __syncthreads();
 
   for (int idx = threadIdx.x; idx < kGroup * kLanes; idx += kThreads) {
     const int g = idx / kLanes, d = (idx % kLanes) * 8;
     if (g0 + g >= group) continue;
-    float o[8];
+    float mx = -INFINITY;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      o[e] = 0.f;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kGroup + g]);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float o[8] = {}, sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) o[e] += red[(w * kGroup + g) * kHeadDim + d + e];
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = exp2f(red_m[w * kGroup + g] - base);
+      sum += c * red_l[w * kGroup + g];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kGroup + g) * kHeadDim + d + e];
     }
     const int hq = kv_head * group + g0 + g;
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
     if (num_parts == 1) {
-      const float inv = 1.f / s_sum[g];
+      const float inv = 1.f / sum;
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[e] *= inv;
       *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
@@ -222,8 +266,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
       *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
       if (d == 0) {
         float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
-        ml[(row_idx * max_parts + part) * 2] = s_max[g];
-        ml[(row_idx * max_parts + part) * 2 + 1] = s_sum[g];
+        ml[(row_idx * max_parts + part) * 2] = mx;
+        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
       }
     }
   }

@@ -38,7 +38,7 @@ struct PagedDecodeParams {
   int32_t num_q_heads = 0;       // multiple of layout.num_kv_heads
   int32_t max_blocks_per_seq = 0;
   int32_t max_seq_len = 0;       // upper bound of seq_lens: sizes the grid (CUDA graphs: fixed)
-  int32_t partition_size = 0;    // tokens per split-K partition, multiple of 32, > 0
+  int32_t partition_size = 0;    // tokens per split-K partition, multiple of 128, > 0
   float scale = 0;               // softmax scale, usually 1/sqrt(head_dim)
   AttentionMask mask;
 };

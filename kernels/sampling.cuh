@@ -58,38 +58,72 @@ __device__ __forceinline__ uint64_t FixedProb(float logit, float max, float temp
   return static_cast<uint64_t>(static_cast<double>(expf((logit - max) / temperature)) * kProbFixedScale);
 }
 
-// The key of the element where the running total over keys >= floor, taken from the largest
+// The key of the element where the running total over keys >= min_key, taken from the largest
 // key down, first reaches target (by count when kMass is false, by probability mass if true).
+// Logits cluster in a few high bytes, so lanes of a warp that hit the same bin add once
+// (__match_any_sync + __reduce_add_sync) instead of contending on one shared atomic.
 template <bool kMass>
 __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_key, uint64_t target,
                                 float max_logit, float temperature) {
   __shared__ unsigned long long hist[256];
   __shared__ uint32_t s_sel;
   __shared__ uint64_t s_remaining;
+  const int lane = threadIdx.x % 32;
   uint32_t prefix = 0, prefix_mask = 0;
   uint64_t remaining = target;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const float l = row[i];
+    for (int32_t base = 0; base < vocab; base += kThreads) {
+      const int32_t i = base + threadIdx.x;
+      const float l = i < vocab ? row[i] : -INFINITY;
       const uint32_t key = FloatOrderKey(l);
-      if (key < min_key || (key & prefix_mask) != prefix) continue;
-      atomicAdd(&hist[(key >> shift) & 255u], kMass ? FixedProb(l, max_logit, temperature) : 1ull);
+      const bool take = i < vocab && key >= min_key && (key & prefix_mask) == prefix;
+      const uint32_t bin = take ? (key >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      uint64_t add;
+      if constexpr (kMass) {
+        // Fixed-point mass <= 2^32 per token: sum 16-bit halves so 32 lanes fit in 32 bits.
+        const uint64_t v = take ? FixedProb(l, max_logit, temperature) : 0;
+        const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(v >> 16));
+        const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(v & 0xffffu));
+        add = (static_cast<uint64_t>(hi) << 16) + lo;
+      } else {
+        add = __popc(peers);
+      }
+      if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<unsigned long long>(add));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t cum = 0;
-      uint32_t sel = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (cum + hist[b] >= remaining) {
-          sel = b;
-          break;
-        }
-        cum += hist[b];
+    if (threadIdx.x < 32) {
+      // Lane L owns bins 255 - 8L ... 248 - 8L (descending); scan the lanes, then the bins.
+      uint64_t local[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        local[j] = hist[255 - 8 * lane - j];
+        sum += local[j];
       }
-      s_sel = sel;
-      s_remaining = remaining - cum;
+      uint64_t incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      const unsigned crossed = __ballot_sync(0xffffffffu, incl >= remaining);
+      const int owner = crossed ? __ffs(crossed) - 1 : 31;
+      if (lane == owner) {
+        uint64_t cum = incl - sum;
+        uint32_t sel = 255 - 8 * lane - 7;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (cum + local[j] >= remaining) {
+            sel = 255 - 8 * lane - j;
+            break;
+          }
+          cum += local[j];
+        }
+        s_sel = sel;
+        s_remaining = remaining - cum;
+      }
     }
     __syncthreads();
     prefix |= s_sel << shift;
