@@ -37,6 +37,27 @@ cudaError_t DispatchShift(const PagedDecodeParams& p, cudaStream_t s) {
   return p.rope_inv_freq ? Launch<kHeadDim, kGroup, true>(p, s) : Launch<kHeadDim, kGroup, false>(p, s);
 }
 
+// The tensor-core kernel: head_dim <= 128, no shifted RoPE, query heads in chunks of 16.
+template <int kHeadDim>
+cudaError_t LaunchMma(const PagedDecodeParams& p, cudaStream_t stream) {
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  const int chunks = (group + 15) / 16;
+  const int max_parts = MaxParts(p);
+  constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * 16 * (kHeadDim + 2);
+  constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim>(), kMergeBytes);
+  auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  dim3 grid(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks);
+  kernel<<<grid, decode::kThreads, smem, stream>>>(p);
+  KVF_RETURN_LAUNCH_ERROR();
+  if (max_parts > 1) {
+    decode::PagedDecodeCombine<kHeadDim><<<dim3(p.num_q_heads, p.num_seqs), decode::kThreads, 0, stream>>>(p, max_parts);
+    KVF_RETURN_LAUNCH_ERROR();
+  }
+  return cudaSuccess;
+}
+
 template <int kHeadDim>
 cudaError_t DispatchGroup(const PagedDecodeParams& p, cudaStream_t s) {
   switch (GroupChunk(p.num_q_heads / p.layout.num_kv_heads)) {
@@ -72,9 +93,10 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
       p.layout.num_kv_heads <= 0 || p.num_q_heads % p.layout.num_kv_heads != 0)
     return cudaErrorInvalidValue;
   if (MaxParts(p) > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
+  const bool cuda_cores = p.rope_inv_freq != nullptr || p.force_cuda_cores;
   switch (p.layout.head_dim) {
-    case 64: return DispatchGroup<64>(p, stream);
-    case 128: return DispatchGroup<128>(p, stream);
+    case 64: return cuda_cores ? DispatchGroup<64>(p, stream) : LaunchMma<64>(p, stream);
+    case 128: return cuda_cores ? DispatchGroup<128>(p, stream) : LaunchMma<128>(p, stream);
     case 256: return DispatchGroup<256>(p, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -41,6 +41,9 @@ struct PagedDecodeParams {
   int32_t partition_size = 0;    // tokens per split-K partition, multiple of 128, > 0
   float scale = 0;               // softmax scale, usually 1/sqrt(head_dim)
   AttentionMask mask;
+  // head_dim <= 128 without shifted RoPE runs on tensor cores; true forces the CUDA-core
+  // kernel (which head_dim 256 and shifted RoPE always use). For tests and benches.
+  bool force_cuda_cores = false;
 };
 
 // A partition size that gives the grid about two waves of thread blocks on num_sms.

@@ -14,7 +14,7 @@
 
 namespace kvfleet::kernels::prefill {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;  // 128 rows per K/V tile read: halves L2 traffic against 64
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16 * kWarps;  // query rows per block
 constexpr int kCols = 64;           // cached tokens per K/V tile

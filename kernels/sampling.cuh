@@ -11,6 +11,7 @@
 namespace kvfleet::kernels::sample {
 
 constexpr int kThreads = 1024;
+constexpr int kHistBytes = kThreads / 32 * 256 * 8;  // per-warp radix histograms
 
 struct ArgMax {
   float v;
@@ -61,10 +62,14 @@ __device__ __forceinline__ uint64_t FixedProb(float logit, float max, float temp
 // The key of the element where the running total over keys >= min_key, taken from the largest
 // key down, first reaches target (by count when kMass is false, by probability mass if true).
 // Logits cluster in a few high bytes, so lanes of a warp that hit the same bin add once
-// (__match_any_sync + __reduce_add_sync) instead of contending on one shared atomic.
+// (__match_any_sync + __reduce_add_sync) into the warp's own histogram: no shared atomics,
+// which serialise badly when every warp hits the same bin.
 template <bool kMass>
 __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_key, uint64_t target,
                                 float max_logit, float temperature) {
+  // One 256-bin histogram per warp (dynamic shared memory, kHistBytes): a warp's leader lanes
+  // own distinct bins, so updates need no atomics; the warps' histograms are summed after.
+  extern __shared__ unsigned long long warp_hist[];  // [kThreads / 32][256]
   __shared__ unsigned long long hist[256];
   __shared__ uint32_t s_sel;
   __shared__ uint64_t s_remaining;
@@ -72,8 +77,9 @@ __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_ke
   uint32_t prefix = 0, prefix_mask = 0;
   uint64_t remaining = target;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
-    __syncthreads();
+    unsigned long long* my_hist = warp_hist + (threadIdx.x / 32) * 256;
+    for (int b = lane; b < 256; b += 32) my_hist[b] = 0;
+    __syncwarp();
     for (int32_t base = 0; base < vocab; base += kThreads) {
       const int32_t i = base + threadIdx.x;
       const float l = i < vocab ? row[i] : -INFINITY;
@@ -91,7 +97,14 @@ __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_ke
       } else {
         add = __popc(peers);
       }
-      if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], static_cast<unsigned long long>(add));
+      if (take && lane == __ffs(peers) - 1) my_hist[bin] += add;
+      __syncwarp();
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      unsigned long long total = 0;
+      for (int w = 0; w < kThreads / 32; ++w) total += warp_hist[w * 256 + b];
+      hist[b] = total;
     }
     __syncthreads();
     if (threadIdx.x < 32) {

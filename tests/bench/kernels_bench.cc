@@ -192,11 +192,16 @@ void BenchDecode(const Limits& lim, bool quick) {
     p.scale = 0.088f;
     DeviceBuffer<float> ws(std::max<size_t>(PagedDecodeWorkspaceBytes(p) / 4, 1));
     p.workspace = ws.get();
-    const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
     const double bytes = double(num_blocks) * layout.BlockBytes() + 2.0 * batch * hq * d * 2;
-    char name[96];
-    std::snprintf(name, sizeof(name), "paged decode b=%d ctx=%d (P=%d)", batch, ctx, p.partition_size);
-    Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+    for (bool cuda_cores : {false, true}) {
+      if (cuda_cores && batch == 1) continue;
+      p.force_cuda_cores = cuda_cores;
+      const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+      char name[96];
+      std::snprintf(name, sizeof(name), "paged decode%s b=%d ctx=%d (P=%d)", cuda_cores ? " cuda-cores" : "", batch,
+                    ctx, p.partition_size);
+      Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+    }
   }
 }
 

@@ -29,6 +29,7 @@ struct Case {
   AttentionMask mask;
   bool shift_rope = false;
   int partition_size = 0;  // decode: 0 = PagedDecodeChoosePartition
+  bool force_cuda_cores = false;  // decode: the CUDA-core kernel instead of the tensor-core one
 };
 
 // A pool of random K/V with two layers (the test reads layer 1), block tables drawing
@@ -113,6 +114,7 @@ double RunDecode(Case c, uint32_t seed) {
                                                                        f.layout.num_kv_heads, p.max_seq_len, 132);
   p.scale = 1.f / std::sqrt(float(c.head_dim));
   p.mask = c.mask;
+  p.force_cuda_cores = c.force_cuda_cores;
   DeviceBuffer<float> ws(std::max<size_t>(PagedDecodeWorkspaceBytes(p) / sizeof(float), 1));
   p.workspace = ws.get();
   out.Poison();
@@ -150,29 +152,35 @@ double RunPrefill(const Case& c, uint32_t seed) {
 
 TEST_CASE("decode matches the reference for every head size and block sizes 2..256") {
   uint32_t seed = 1;
-  for (int head_dim : {64, 128, 256})
-    for (int block_size : {2, 7, 16, 64, 256}) {
-      Case c;
-      c.head_dim = head_dim;
-      c.block_size = block_size;
-      c.seq_lens = {1, 37, 300, 1029};
-      CAPTURE(head_dim);
-      CAPTURE(block_size);
-      CHECK(RunDecode(c, seed++) < kTolerance);
-    }
+  for (bool cuda_cores : {false, true})
+    for (int head_dim : {64, 128, 256})
+      for (int block_size : {2, 7, 16, 64, 256}) {
+        Case c;
+        c.head_dim = head_dim;
+        c.block_size = block_size;
+        c.seq_lens = {1, 37, 300, 1029};
+        c.force_cuda_cores = cuda_cores;
+        CAPTURE(cuda_cores);
+        CAPTURE(head_dim);
+        CAPTURE(block_size);
+        CHECK(RunDecode(c, seed++) < kTolerance);
+      }
 }
 
 TEST_CASE("decode shares each KV head across its query group: MHA, GQA, MQA, groups over 8") {
   uint32_t seed = 100;
-  for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}, {14, 2}, {9, 3}, {12, 1}, {32, 2}}) {
-    Case c;
-    c.num_q_heads = hq;
-    c.num_kv_heads = hkv;
-    c.seq_lens = {5, 700, 2100};
-    CAPTURE(hq);
-    CAPTURE(hkv);
-    CHECK(RunDecode(c, seed++) < kTolerance);
-  }
+  for (bool cuda_cores : {false, true})
+    for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}, {14, 2}, {9, 3}, {12, 1}, {32, 2}, {40, 1}}) {
+      Case c;
+      c.num_q_heads = hq;
+      c.num_kv_heads = hkv;
+      c.seq_lens = {5, 700, 2100};
+      c.force_cuda_cores = cuda_cores;
+      CAPTURE(cuda_cores);
+      CAPTURE(hq);
+      CAPTURE(hkv);
+      CHECK(RunDecode(c, seed++) < kTolerance);
+    }
 }
 
 TEST_CASE("decode split-K partitions reduce to the single-partition result") {
