@@ -61,14 +61,12 @@ __device__ __forceinline__ uint64_t FixedProb(float logit, float max, float temp
 
 // The key of the element where the running total over keys >= min_key, taken from the largest
 // key down, first reaches target (by count when kMass is false, by probability mass if true).
-// Logits cluster in a few high bytes, so lanes of a warp that hit the same bin add once
-// (__match_any_sync + __reduce_add_sync) into the warp's own histogram: no shared atomics,
-// which serialise badly when every warp hits the same bin.
+// Logits cluster in a few high bytes, so each warp adds into its own histogram: contention
+// stays inside a warp instead of 32 warps serialising on one shared-memory bin.
 template <bool kMass>
 __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_key, uint64_t target,
                                 float max_logit, float temperature) {
-  // One 256-bin histogram per warp (dynamic shared memory, kHistBytes): a warp's leader lanes
-  // own distinct bins, so updates need no atomics; the warps' histograms are summed after.
+  // One 256-bin histogram per warp (dynamic shared memory, kHistBytes), summed after each pass.
   extern __shared__ unsigned long long warp_hist[];  // [kThreads / 32][256]
   __shared__ unsigned long long hist[256];
   __shared__ uint32_t s_sel;
@@ -85,20 +83,10 @@ __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_ke
       const float l = i < vocab ? row[i] : -INFINITY;
       const uint32_t key = FloatOrderKey(l);
       const bool take = i < vocab && key >= min_key && (key & prefix_mask) == prefix;
-      const uint32_t bin = take ? (key >> shift) & 255u : 256u;
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      uint64_t add;
-      if constexpr (kMass) {
-        // Fixed-point mass <= 2^32 per token: sum 16-bit halves so 32 lanes fit in 32 bits.
-        const uint64_t v = take ? FixedProb(l, max_logit, temperature) : 0;
-        const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(v >> 16));
-        const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(v & 0xffffu));
-        add = (static_cast<uint64_t>(hi) << 16) + lo;
-      } else {
-        add = __popc(peers);
+      if (take) {
+        const uint64_t add = kMass ? FixedProb(l, max_logit, temperature) : 1ull;
+        atomicAdd(&my_hist[(key >> shift) & 255u], static_cast<unsigned long long>(add));
       }
-      if (take && lane == __ffs(peers) - 1) my_hist[bin] += add;
-      __syncwarp();
     }
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += kThreads) {
