@@ -202,6 +202,32 @@ void BenchDecode(const Limits& lim, bool quick) {
                     ctx, p.partition_size);
       Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
     }
+    if (batch == 64 && ctx == 4096) {
+      // The same with blocks in pool order (a contiguous table), against the shuffled order
+      // above: shows what scattered blocks cost (TLB reach, DRAM pages).
+      std::vector<int32_t> seq_ids(num_blocks);
+      std::iota(seq_ids.begin(), seq_ids.end(), 0);
+      tables.Upload(seq_ids);
+      p.force_cuda_cores = false;
+      const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+      char name[96];
+      std::snprintf(name, sizeof(name), "paged decode b=%d ctx=%d (P=%d, contiguous blocks)", batch, ctx,
+                    p.partition_size);
+      Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+      tables.Upload(ids);
+    }
+    if (batch == 64 && ctx == 4096) {  // partition-size sweep (the chooser's evidence)
+      for (int part : {128, 256, 1024, 2048}) {
+        p.force_cuda_cores = false;
+        p.partition_size = part;
+        DeviceBuffer<float> ws2(std::max<size_t>(PagedDecodeWorkspaceBytes(p) / 4, 1));
+        p.workspace = ws2.get();
+        const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+        char name[96];
+        std::snprintf(name, sizeof(name), "paged decode b=%d ctx=%d (P=%d, sweep)", batch, ctx, part);
+        Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+      }
+    }
   }
 }
 
