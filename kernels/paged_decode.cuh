@@ -340,46 +340,28 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
   const int num_tiles = (len + kTile - 1) / kTile;
 
-  // Each thread copies kRowsPerThread rows (chunk c of rows r, r + kRowStep, ...) of a tile.
-  // Their block-table entries are read one iteration before the copies are issued, so the
-  // table's load latency never sits between two tiles.
-  constexpr int kRowStep = kThreads / kChunks;
-  constexpr int kRowsPerThread = kTile / kRowStep;
-  const int my_row = threadIdx.x / kChunks, my_chunk = threadIdx.x % kChunks;
-  auto fetch_blocks = [&](int t, int32_t (&blk)[kRowsPerThread]) {
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const int i = t * kTile + my_row + k * kRowStep;
-      blk[k] = (t < num_tiles && i < len) ? table[range.Pos(i0 + i) / B] : 0;
-    }
-  };
-  auto load_tile = [&](int t, const int32_t (&blk)[kRowsPerThread]) {
+  auto load_tile = [&](int t) {
     if (t < num_tiles) {
       __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride;
       __nv_bfloat16* vs = ks + kTile * kStride;
 #pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) {
-        const int row = my_row + k * kRowStep;
+      for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
+        const int row = c / kChunks, chunk = c % kChunks;
         const int i = t * kTile + row;
         const bool valid = i < len;
         const __nv_bfloat16* src = p.kv_pool;
         if (valid) {
           const int32_t pos = range.Pos(i0 + i);
-          src = p.kv_pool + p.layout.Offset(blk[k], p.layer, 0, kv_head, pos % B) + my_chunk * 8;
+          src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
         }
-        CpAsync16(ks + row * kStride + my_chunk * 8, src, valid);
-        CpAsync16(vs + row * kStride + my_chunk * 8, valid ? src + v_offset : src, valid);
+        CpAsync16(ks + row * kStride + chunk * 8, src, valid);
+        CpAsync16(vs + row * kStride + chunk * 8, valid ? src + v_offset : src, valid);
       }
     }
     asm volatile("cp.async.commit_group;\n" ::);  // empty groups keep the wait counts uniform
   };
-  int32_t blocks[kRowsPerThread];
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    fetch_blocks(t, blocks);
-    load_tile(t, blocks);
-  }
-  fetch_blocks(kStages - 1, blocks);
+  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
 
   // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).
   uint32_t qa[kKSteps][4];
@@ -409,8 +391,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   for (int t = 0; t < num_tiles; ++t) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
     __syncthreads();  // tile t landed for everyone; stage (t-1) % kStages is free again
-    load_tile(t + kStages - 1, blocks);
-    fetch_blocks(t + kStages, blocks);
+    load_tile(t + kStages - 1);
     const __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
     const __nv_bfloat16* vs = ks + kTile * kStride;
 
