@@ -13,5 +13,13 @@ using Action = std::function<int()>;
 
 // kvfleet hash --model NAME [--lora L] [--salt S] --block-size B TOKEN...
 Action AddHashCommand(CLI::App& parent);
+// kvfleet keygen PATH: a CURVE key pair file for the event sockets
+Action AddKeygenCommand(CLI::App& parent);
+
+// kvfleet up --backend mock --workers N: a router and N workers on loopback.
+Action AddUpCommand(CLI::App& parent);
+
+// kvfleet make-model --shape S --tokenizer DIR --out DIR [--seed N] [--dtype bf16|fp32]
+Action AddMakeModelCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

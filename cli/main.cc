@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
 
   std::map<std::string, kvfleet::cli::Action> actions;
   actions["hash"] = kvfleet::cli::AddHashCommand(app);
+  actions["up"] = kvfleet::cli::AddUpCommand(app);
+  actions["keygen"] = kvfleet::cli::AddKeygenCommand(app);
+  actions["make-model"] = kvfleet::cli::AddMakeModelCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;

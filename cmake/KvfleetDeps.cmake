@@ -40,6 +40,10 @@ kvfleet_require(XXHASH_FOUND "libxxhash-dev" "xxHash")
 pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)
 kvfleet_require(PCRE2_FOUND "libpcre2-dev" "PCRE2")
 
+# Unicode normalization (NFC for Qwen's tokenizer) in common/tokenizer.
+pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)
+kvfleet_require(UTF8PROC_FOUND "libutf8proc-dev" "utf8proc (Unicode normalization for the tokenizer)")
+
 if(KVFLEET_CUDA)
   # CMake 3.25 has no CUDA::nccl target; NCCL ships with the toolkit on our machines.
   find_library(KVFLEET_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)

@@ -7,8 +7,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev libboost1.81-dev prometheus-cpp-dev
   doctest-dev libxxhash-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  libutf8proc-dev
   clang libclang-rt-14-dev
-  nodejs npm
   prometheus gnuplot-nox curl python3 procps
   patchelf
 )
@@ -19,6 +19,11 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+
+# Node.js and npm (tokenizer references, the openai client tests): any install will do,
+# Debian's packages or a vendor's nodejs that bundles npm.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"

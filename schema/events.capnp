@@ -76,6 +76,7 @@ struct EventBatch {
 struct ReplayRequest {
   epoch @0 :UInt64;         # the epoch the router knows; 0 = none
   fromSeq @1 :UInt64;       # the first seq the router is missing
+  requestId @2 :UInt64;     # echoed in every ReplayReply, so late answers to an old request are ignored
 }
 
 # The answer to a ReplayRequest: one or more messages; the final one has `last` set.
@@ -89,6 +90,8 @@ struct ReplayReply {
     snapshot @4 :Snapshot;         # the range is gone or the epoch is old
     error @5 :Text;
   }
+
+  requestId @6 :UInt64;     # the ReplayRequest's requestId
 
   struct Snapshot {
     consistentSeq @0 :UInt64;      # reflects every batch with seq <= this, and none after

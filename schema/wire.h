@@ -1,7 +1,10 @@
 // Cap'n Proto framing for ZMQ: one message per frame, as a flat word array.
 //
 // Decode() copies the frame into word-aligned memory and walks the whole message once
-// (totalSize), so a malformed or truncated frame is an error here and never later.
+// (totalSize), so a frame with bad framing or out-of-bounds pointers is an error here.
+// A frame can still hold a field of the wrong type (a bit list where a struct list is
+// due); Cap'n Proto throws kj::Exception when such a field is read. Code that reads an
+// untrusted frame therefore reads it inside Guard(), which turns that into a Status.
 //
 // Thread safety: values; a DecodedMessage is owned by one thread.
 #pragma once
@@ -53,6 +56,17 @@ Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size) {
     return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
   }
   return msg;
+}
+
+// Runs `fn` (returning Status) and turns a kj::Exception thrown while reading an
+// untrusted message into DataLoss.
+template <typename F>
+Status Guard(F&& fn) {
+  try {
+    return fn();
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+  }
 }
 
 }  // namespace kvfleet::wire

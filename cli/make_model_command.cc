@@ -1,0 +1,69 @@
+// kvfleet make-model: writes a Hugging Face model directory with random weights
+// (worker/model/random_model.h) for tests and benchmarks.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "common/log.h"
+#include "worker/model/random_model.h"
+
+namespace kvfleet::cli {
+
+namespace {
+struct MakeModelArgs {
+  std::string shape;
+  std::string tokenizer;
+  std::string out;
+  uint64_t seed = 0;
+  std::string dtype = "bf16";
+};
+}  // namespace
+
+Action AddMakeModelCommand(CLI::App& parent) {
+  auto args = std::make_shared<MakeModelArgs>();
+  CLI::App* cmd = parent.add_subcommand("make-model", "write a random-weight HF model directory of a known shape");
+  std::string shapes;
+  for (const auto& s : model::RandomModelShapes()) shapes += (shapes.empty() ? "" : ", ") + s;
+  cmd->add_option("--shape", args->shape, "model shape: " + shapes)->required();
+  cmd->add_option("--tokenizer", args->tokenizer, "directory with tokenizer.json (and tokenizer_config.json)")
+      ->required();
+  cmd->add_option("--out", args->out, "output directory")->required();
+  cmd->add_option("--seed", args->seed, "weight seed; the same seed writes the same bytes")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "weight dtype: bf16 or fp32")->capture_default_str();
+  return [args]() {
+    model::RandomModelOptions o;
+    o.shape = args->shape;
+    o.tokenizer_dir = args->tokenizer;
+    o.out_dir = args->out;
+    o.seed = args->seed;
+    if (args->dtype == "bf16") {
+      o.dtype = model::DType::kBF16;
+    } else if (args->dtype == "fp32") {
+      o.dtype = model::DType::kF32;
+    } else {
+      std::cerr << "error: --dtype must be bf16 or fp32, not " << args->dtype << "\n";
+      return 2;
+    }
+    const bool tty = ::isatty(STDERR_FILENO) == 1;
+    o.progress = [tty](size_t t, size_t tn, uint64_t b, uint64_t bn) {
+      if (tty) std::fprintf(stderr, "\rwriting: %zu/%zu tensors, %.2f/%.2f GB\033[K", t, tn, b * 1e-9, bn * 1e-9);
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = model::MakeRandomModel(o);
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    if (!st.ok()) {
+      std::cerr << "error: " << st.message() << "\n";
+      return 1;
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Logger("model")->info("make-model: wrote {} ({}, seed {}, {}) in {:.1f} s", o.out_dir, o.shape, o.seed,
+                          args->dtype, s);
+    return 0;
+  };
+}
+
+}  // namespace kvfleet::cli

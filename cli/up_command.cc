@@ -1,0 +1,238 @@
+// kvfleet up: a whole fleet on this machine, for trying kvfleet and for tests. Starts one
+// router and N workers on loopback, each logging to its own file in one directory, and
+// stops them all (router first, then workers) on Ctrl-C or SIGTERM.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace kvfleet::cli {
+
+namespace {
+
+struct UpArgs {
+  std::string backend = "mock";
+  int workers = 2;
+  uint16_t http_port = 8000;
+  uint16_t registration_port = 5555;
+  uint16_t worker_base_port = 5600;   // worker i: requests base+3i, events +1, replay +2
+  uint16_t worker_http_base_port = 9400;
+  std::string model_dir;              // cpu/cuda backends; the router's tokenizer too
+  std::string model = "mock";         // model name for the mock backend
+  uint32_t block_size = 32;
+  std::string log_dir = "kvfleet-logs";
+  std::string routing_policy = "kv";
+  std::string router_bin;             // default: found beside this binary, then on PATH
+  std::string worker_bin;
+  std::vector<std::string> worker_args;  // passed through to every worker
+  double stop_timeout_s = 10;
+};
+
+// A program beside this one (build tree or install prefix), else the bare name (PATH).
+std::string FindProgram(const std::string& name, const std::string& subdir) {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    auto dir = self.parent_path();
+    for (auto candidate : {dir / name, dir.parent_path() / subdir / name}) {
+      if (std::filesystem::exists(candidate, ec)) return candidate.string();
+    }
+  }
+  return name;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setpgid(0, 0);  // Ctrl-C reaches only `kvfleet up`, which stops children in order
+  int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::fprintf(stderr, "kvfleet up: cannot run %s: %s\n", args[0], std::strerror(errno));
+  _exit(127);
+}
+
+// GET /ready on loopback: true on 200.
+bool Ready(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const char req[] = "GET /ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) > 0) {
+      char buf[32] = {};
+      ok = recv(fd, buf, sizeof(buf) - 1, 0) > 12 && std::string(buf).find(" 200 ") != std::string::npos;
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+struct Child {
+  std::string name;
+  pid_t pid;
+  bool running = true;
+};
+
+// Sends SIGTERM, waits up to `timeout_s`, then SIGKILLs what is left.
+void StopChildren(std::vector<Child>& children, double timeout_s) {
+  for (auto& c : children) {
+    if (c.running) kill(c.pid, SIGTERM);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool any = false;
+    for (auto& c : children) {
+      if (c.running && waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.running = false;
+      any = any || c.running;
+    }
+    if (!any) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto& c : children) {
+    if (!c.running) continue;
+    std::cerr << "kvfleet up: " << c.name << " did not stop in " << timeout_s << " s; killing it\n";
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, nullptr, 0);
+    c.running = false;
+  }
+}
+
+int RunUp(const UpArgs& a) {
+  if (a.backend != "mock" && a.model_dir.empty()) {
+    std::cerr << "kvfleet up: --backend " << a.backend << " needs --model-dir\n";
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(a.log_dir, ec);
+  if (ec) {
+    std::cerr << "kvfleet up: cannot create " << a.log_dir << ": " << ec.message() << "\n";
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string router_bin = a.router_bin.empty() ? FindProgram("kvfleet-router", "router") : a.router_bin;
+  std::string worker_bin = a.worker_bin.empty() ? FindProgram("kvfleet-worker", "worker") : a.worker_bin;
+  std::string registration = "tcp://127.0.0.1:" + std::to_string(a.registration_port);
+  std::vector<Child> router, workers;
+
+  std::vector<std::string> rargs = {router_bin, "--http-host", "127.0.0.1", "--http-port", std::to_string(a.http_port),
+                                    "--registration", registration, "--routing-policy", a.routing_policy};
+  if (!a.model_dir.empty()) rargs.insert(rargs.end(), {"--tokenizer", a.model_dir});
+  router.push_back({"router", Spawn(rargs, a.log_dir + "/router.log")});
+  for (int i = 0; i < a.workers; ++i) {
+    int base = a.worker_base_port + 3 * i;
+    std::string host = "tcp://127.0.0.1:";
+    std::vector<std::string> wargs = {worker_bin, "--backend", a.backend, "--worker-id", "worker-" + std::to_string(i),
+                                      "--requests", host + std::to_string(base), "--events",
+                                      host + std::to_string(base + 1), "--replay", host + std::to_string(base + 2),
+                                      "--http-port", std::to_string(a.worker_http_base_port + i), "--router",
+                                      registration, "--block-size", std::to_string(a.block_size)};
+    if (!a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-dir", a.model_dir});
+    wargs.insert(wargs.end(), {"--advertise-host", "127.0.0.1"});
+    if (a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-name", a.model});
+    wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
+    workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, a.log_dir + "/worker-" + std::to_string(i) + ".log")});
+  }
+  std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " " << a.backend
+            << " workers; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
+
+  bool announced = false;
+  int rc = 0;
+  timespec poll{0, 200'000'000};
+  while (true) {
+    siginfo_t info;
+    int sig = sigtimedwait(&signals, &info, &poll);
+    if (sig == SIGINT || sig == SIGTERM) break;
+    if (sig == SIGCHLD || sig < 0) {
+      // Reap whoever exited; the router's exit ends the fleet.
+      bool router_gone = false;
+      for (auto* group : {&router, &workers}) {
+        for (auto& c : *group) {
+          int status = 0;
+          if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
+            c.running = false;
+            std::cerr << "kvfleet up: " << c.name << " exited ("
+                      << (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                            : "signal " + std::to_string(WTERMSIG(status)))
+                      << "); see " << a.log_dir << "/" << c.name << ".log\n";
+            router_gone = router_gone || group == &router;
+          }
+        }
+      }
+      if (router_gone) {
+        rc = 1;
+        break;
+      }
+    }
+    if (!announced && Ready(a.http_port)) {
+      announced = true;
+      std::cerr << "kvfleet up: ready\n";
+    }
+  }
+  std::cerr << "kvfleet up: stopping\n";
+  StopChildren(router, a.stop_timeout_s);
+  StopChildren(workers, a.stop_timeout_s);
+  return rc;
+}
+
+}  // namespace
+
+Action AddUpCommand(CLI::App& parent) {
+  auto args = std::make_shared<UpArgs>();
+  CLI::App* cmd = parent.add_subcommand("up", "start a router and N workers on loopback; Ctrl-C stops them all");
+  cmd->add_option("--backend", args->backend, "worker backend: mock, cpu or cuda")->capture_default_str();
+  cmd->add_option("--workers", args->workers, "number of workers")->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_option("--http-port", args->http_port, "router HTTP port")->capture_default_str();
+  cmd->add_option("--registration-port", args->registration_port, "router registration port")->capture_default_str();
+  cmd->add_option("--worker-base-port", args->worker_base_port,
+                  "worker i uses base+3i (requests), +1 (events), +2 (replay)")
+      ->capture_default_str();
+  cmd->add_option("--worker-http-base-port", args->worker_http_base_port, "worker i serves HTTP on base+i")
+      ->capture_default_str();
+  cmd->add_option("--model-dir", args->model_dir, "HF model directory (cpu/cuda; optional for mock)");
+  cmd->add_option("--model", args->model, "model name of mock workers without --model-dir")->capture_default_str();
+  cmd->add_option("--block-size", args->block_size, "tokens per KV block")->capture_default_str();
+  cmd->add_option("--log-dir", args->log_dir, "directory for router.log and worker-N.log")->capture_default_str();
+  cmd->add_option("--routing-policy", args->routing_policy, "round_robin, least_loaded, kv or approx")
+      ->capture_default_str();
+  cmd->add_option("--router-bin", args->router_bin, "kvfleet-router to run (default: beside kvfleet, then PATH)");
+  cmd->add_option("--worker-bin", args->worker_bin, "kvfleet-worker to run (default: beside kvfleet, then PATH)");
+  cmd->add_option("--stop-timeout-s", args->stop_timeout_s, "grace period before SIGKILL")->capture_default_str();
+  cmd->add_option("--worker-arg", args->worker_args, "an extra argument for every worker (repeatable)");
+  return [args]() { return RunUp(*args); };
+}
+
+}  // namespace kvfleet::cli

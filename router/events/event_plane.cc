@@ -1,0 +1,506 @@
+#include "router/events/event_plane.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "common/check.h"
+#include "common/curve_keys.h"
+#include "common/log.h"
+#include "router/events/fault_injection.h"
+#include "router/events/worker_subscriber.h"
+#include "schema/wire.h"
+
+namespace kvfleet::router {
+
+namespace {
+
+namespace tuning {
+// The event thread wakes at least this often to run heartbeat and replay timeouts.
+constexpr auto kPollInterval = std::chrono::milliseconds(5);
+// Messages taken from the SUB socket per loop turn, so replies and commands are not starved.
+constexpr int kMaxSubMessagesPerTurn = 4096;
+// Gauges (index blocks, worker state) and views are refreshed this often.
+constexpr DurationNs kGaugeInterval = 250 * kNsPerMs;
+// Expired predicted entries are swept this often.
+constexpr DurationNs kSweepInterval = kNsPerSec;
+}  // namespace tuning
+
+bool ValidEndpoint(const std::string& e) {
+  return e.rfind("tcp://", 0) == 0 || e.rfind("ipc://", 0) == 0 || e.rfind("inproc://", 0) == 0;
+}
+
+}  // namespace
+
+class EventPlane::Impl final : public WorkerSubscriber::Io {
+ public:
+  Impl(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics);
+  ~Impl() override;
+
+  // WorkerSubscriber::Io
+  void RequestReplay(WorkerId worker, uint64_t epoch, uint64_t from_seq, uint64_t request_id) override;
+  void OnApplied(WorkerId worker, double lag_seconds) override { m_lag_->Observe(lag_seconds); }
+
+  struct Command {
+    enum Kind { kAdd, kRemove, kNoop } kind = kNoop;
+    WorkerId id = 0;
+    std::string name;
+    WorkerEndpoints endpoints;
+  };
+  void Enqueue(Command c, bool wait);
+
+  struct View {
+    WorkerState state = WorkerState::kSyncing;
+    std::optional<WorkerLoad> load;
+    WorkerEventStats stats;
+  };
+
+  EventPlaneOptions options_;
+  Clock* clock_;
+  GlobalIndex index_;
+  mutable std::mutex view_mu_;
+  std::unordered_map<WorkerId, View> views_;
+
+ private:
+  struct Entry {
+    WorkerId id;
+    std::string name;
+    WorkerEndpoints endpoints;
+    zmq::socket_t dealer;
+    std::unique_ptr<WorkerSubscriber> sub;
+    std::array<prometheus::Gauge*, kv::kNumTiers> blocks_gauge{};
+    std::array<prometheus::Gauge*, 4> state_gauge{};
+  };
+
+  void Run();
+  void HandleCommand(Command& c);
+  void Add(const Command& c);
+  void Remove(WorkerId id);
+  void ReceiveSub();
+  void Deliver(WorkerId id, events::DecodedBatch batch);
+  void ReceiveReplies(Entry& e);
+  void Periodic(TimeNs now, bool force);
+  void RefreshView(const Entry& e);
+  void ExportCounters();
+  void Malformed(const char* reason, const std::string& detail);
+
+  zmq::context_t ctx_;
+  zmq::socket_t sub_;
+  bool curve_ = false;
+  CurveKeyPair client_keys_;
+  std::string server_public_;
+  std::shared_ptr<spdlog::logger> log_ = Logger("events");
+  RateLimit malformed_log_;
+
+  std::unordered_map<WorkerId, std::unique_ptr<Entry>> workers_;
+  std::unordered_map<std::string, WorkerId> by_topic_;
+  std::unordered_set<WorkerId> touched_;
+  std::vector<FaultInjector::Delivery> deliveries_;
+  EventCounters counters_, exported_;
+  TimeNs last_gauges_ = 0, last_sweep_ = 0;
+
+  std::mutex cmd_mu_;
+  std::condition_variable cmd_cv_;
+  std::deque<Command> cmds_;
+  uint64_t cmds_queued_ = 0, cmds_done_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Metrics.
+  prometheus::Registry* registry_;
+  prometheus::Family<prometheus::Counter>* f_applied_;
+  prometheus::Counter *m_stored_, *m_removed_, *m_updated_, *m_cleared_;
+  prometheus::Counter *m_gaps_, *m_replays_, *m_snapshots_, *m_epochs_, *m_unknown_parent_;
+  prometheus::Family<prometheus::Counter>* f_malformed_;
+  prometheus::Family<prometheus::Gauge>* f_blocks_;
+  prometheus::Family<prometheus::Gauge>* f_state_;
+  prometheus::Histogram* m_lag_;
+};
+
+EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics)
+    : options_(options), clock_(clock), index_(options.index, clock), ctx_(1), registry_(metrics) {
+  KVF_CHECK(metrics != nullptr);
+  auto& r = *metrics;
+  f_applied_ = &prometheus::BuildCounter()
+                    .Name("kvfleet_router_events_applied_total")
+                    .Help("KV block events applied to the index, by type")
+                    .Register(r);
+  m_stored_ = &f_applied_->Add({{"type", "stored"}});
+  m_removed_ = &f_applied_->Add({{"type", "removed"}});
+  m_updated_ = &f_applied_->Add({{"type", "updated"}});
+  m_cleared_ = &f_applied_->Add({{"type", "cleared"}});
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+  };
+  m_gaps_ = counter("kvfleet_router_event_gaps_total", "Seq gaps seen in live KV event batches");
+  m_replays_ = counter("kvfleet_router_event_replays_total", "Replay requests sent to workers");
+  m_snapshots_ = counter("kvfleet_router_event_snapshots_total", "Snapshots requested or received from workers");
+  m_epochs_ = counter("kvfleet_router_event_epoch_changes_total", "Worker restarts seen as a new event epoch");
+  m_unknown_parent_ =
+      counter("kvfleet_router_event_unknown_parent_total", "Stored events whose parent block the index did not hold");
+  f_malformed_ = &prometheus::BuildCounter()
+                      .Name("kvfleet_router_events_malformed_total")
+                      .Help("KV event messages dropped as malformed, by reason")
+                      .Register(r);
+  f_blocks_ = &prometheus::BuildGauge()
+                   .Name("kvfleet_router_index_blocks")
+                   .Help("Blocks in the global index, by worker and tier")
+                   .Register(r);
+  f_state_ = &prometheus::BuildGauge()
+                  .Name("kvfleet_router_worker_state")
+                  .Help("1 for the event subscriber state each worker is in")
+                  .Register(r);
+  m_lag_ = &prometheus::BuildHistogram()
+                .Name("kvfleet_router_event_lag_seconds")
+                .Help("Time from a batch's creation on the worker to its application in the index")
+                .Register(r)
+                .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+                                                                  0.25, 0.5, 1, 2.5, 5});
+
+  const auto& curve = options_.curve;
+  if (!curve.client_keypair_file.empty() || !curve.server_public_key_file.empty()) {
+    auto keys = LoadCurveKeyPair(curve.client_keypair_file);
+    auto server = LoadCurvePublicKey(curve.server_public_key_file);
+    KVF_CHECK(keys.ok() && server.ok()) << "event plane CURVE keys: " << keys.status().ToString() << " / "
+                                        << server.status().ToString();
+    client_keys_ = *keys;
+    server_public_ = *server;
+    curve_ = true;
+  }
+  sub_ = zmq::socket_t(ctx_, zmq::socket_type::sub);
+  sub_.set(zmq::sockopt::rcvhwm, options_.sub_rcvhwm);
+  sub_.set(zmq::sockopt::linger, 0);
+  if (curve_) KVF_CHECK(MakeCurveClient(sub_, client_keys_, server_public_).ok());
+  sub_.set(zmq::sockopt::subscribe, "kv.");
+  thread_ = std::thread([this] { Run(); });
+}
+
+EventPlane::Impl::~Impl() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void EventPlane::Impl::Enqueue(Command c, bool wait) {
+  std::unique_lock lock(cmd_mu_);
+  cmds_.push_back(std::move(c));
+  const uint64_t ticket = ++cmds_queued_;
+  if (wait) cmd_cv_.wait(lock, [&] { return cmds_done_ >= ticket || stop_.load(); });
+}
+
+void EventPlane::Impl::RequestReplay(WorkerId worker, uint64_t epoch, uint64_t from_seq, uint64_t request_id) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  capnp::MallocMessageBuilder msg;
+  auto req = msg.initRoot<schema::ReplayRequest>();
+  req.setEpoch(epoch);
+  req.setFromSeq(from_seq);
+  req.setRequestId(request_id);
+  std::string payload = wire::Encode(msg);
+  // A full pipe drops the request; the replay timeout asks again.
+  (void)it->second->dealer.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+}
+
+void EventPlane::Impl::Malformed(const char* reason, const std::string& detail) {
+  f_malformed_->Add({{"reason", reason}}).Increment();
+  uint64_t suppressed = 0;
+  if (malformed_log_.Allow(&suppressed))
+    log_->warn("dropped a malformed KV event message ({}): {} ({} more suppressed)", reason, detail, suppressed);
+}
+
+void EventPlane::Impl::Add(const Command& c) {
+  if (auto it = workers_.find(c.id); it != workers_.end()) {
+    if (it->second->name == c.name && it->second->endpoints.events == c.endpoints.events &&
+        it->second->endpoints.replay == c.endpoints.replay)
+      return;  // idempotent
+    Remove(c.id);
+  }
+  auto e = std::make_unique<Entry>();
+  e->id = c.id;
+  e->name = c.name;
+  e->endpoints = c.endpoints;
+  try {
+    e->dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
+    e->dealer.set(zmq::sockopt::linger, 0);
+    e->dealer.set(zmq::sockopt::rcvhwm, 0);  // snapshot chunks must not be dropped
+    if (curve_) KVF_CHECK(MakeCurveClient(e->dealer, client_keys_, server_public_).ok());
+    e->dealer.connect(c.endpoints.replay);
+    sub_.connect(c.endpoints.events);
+  } catch (const zmq::error_t& err) {
+    log_->error("worker {}: cannot connect to {} / {}: {}", c.name, c.endpoints.events, c.endpoints.replay, err.what());
+    return;
+  }
+  for (int t = 0; t < kv::kNumTiers; ++t)
+    e->blocks_gauge[t] = &f_blocks_->Add({{"worker", c.name}, {"tier", kv::TierName(static_cast<kv::Tier>(t))}});
+  for (int s = 0; s < 4; ++s)
+    e->state_gauge[s] = &f_state_->Add({{"worker", c.name}, {"state", WorkerStateName(static_cast<WorkerState>(s))}});
+  e->sub = std::make_unique<WorkerSubscriber>(c.id, c.name, options_, &index_, clock_, this, &counters_);
+  by_topic_["kv." + c.name] = c.id;
+  Entry& ref = *e;
+  workers_[c.id] = std::move(e);
+  log_->info("subscribing to worker {} ({}, replay {})", c.name, c.endpoints.events, c.endpoints.replay);
+  ref.sub->Start();
+  RefreshView(ref);
+}
+
+void EventPlane::Impl::Remove(WorkerId id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  Entry& e = *it->second;
+  try {
+    sub_.disconnect(e.endpoints.events);
+  } catch (const zmq::error_t&) {
+  }
+  e.sub->Drop();
+  for (auto* g : e.blocks_gauge) f_blocks_->Remove(g);
+  for (auto* g : e.state_gauge) f_state_->Remove(g);
+  by_topic_.erase("kv." + e.name);
+  workers_.erase(it);
+  std::lock_guard lock(view_mu_);
+  views_.erase(id);
+}
+
+void EventPlane::Impl::HandleCommand(Command& c) {
+  switch (c.kind) {
+    case Command::kAdd: Add(c); break;
+    case Command::kRemove: Remove(c.id); break;
+    case Command::kNoop: break;
+  }
+}
+
+void EventPlane::Impl::Deliver(WorkerId id, events::DecodedBatch batch) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  it->second->sub->OnBatch(std::move(batch));
+  touched_.insert(id);
+}
+
+void EventPlane::Impl::ReceiveSub() {
+  for (int n = 0; n < tuning::kMaxSubMessagesPerTurn; ++n) {
+    std::vector<zmq::message_t> parts;
+    auto got = zmq::recv_multipart(sub_, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    if (!got) return;
+    if (parts.size() != 2) {
+      Malformed("frames", std::to_string(parts.size()) + " frames");
+      continue;
+    }
+    auto topic = by_topic_.find(parts[0].to_string());
+    if (topic == by_topic_.end()) {
+      Malformed("topic", "unknown topic " + parts[0].to_string().substr(0, 64));
+      continue;
+    }
+    auto batch = events::DecodeBatch(parts[1].data(), parts[1].size());
+    if (!batch.ok()) {
+      Malformed("decode", batch.status().ToString());
+      continue;
+    }
+    const Entry& e = *workers_.at(topic->second);
+    if (batch->header.worker_id != e.name) {
+      Malformed("topic", "batch of " + batch->header.worker_id.substr(0, 64) + " under topic kv." + e.name);
+      continue;
+    }
+    if (options_.fault_injector) {
+      deliveries_.clear();
+      options_.fault_injector->Process(e.id, std::move(*batch), clock_->Now(), &deliveries_);
+      for (auto& [id, b] : deliveries_) Deliver(id, std::move(b));
+    } else {
+      Deliver(e.id, std::move(*batch));
+    }
+  }
+}
+
+void EventPlane::Impl::ReceiveReplies(Entry& e) {
+  while (true) {
+    zmq::message_t m;
+    if (!e.dealer.recv(m, zmq::recv_flags::dontwait)) return;
+    auto decoded = wire::Decode<schema::ReplayReply>(m.data(), m.size());
+    if (!decoded.ok()) {
+      Malformed("replay", decoded.status().ToString());
+      continue;
+    }
+    try {
+      e.sub->OnReplayReply((*decoded)->Root<schema::ReplayReply>());
+    } catch (const kj::Exception& ex) {
+      Malformed("replay", ex.getDescription().cStr());
+    }
+    touched_.insert(e.id);
+  }
+}
+
+void EventPlane::Impl::RefreshView(const Entry& e) {
+  View v;
+  v.state = e.sub->state();
+  v.load = e.sub->load();
+  v.stats = e.sub->stats();
+  v.stats.state = v.state;
+  v.stats.epoch = e.sub->epoch();
+  v.stats.applied_seq = e.sub->applied_seq();
+  v.stats.buffered_batches = e.sub->buffered();
+  v.stats.index_blocks = {index_.BlockCount(e.id, kv::Tier::kDevice), index_.BlockCount(e.id, kv::Tier::kHost)};
+  std::lock_guard lock(view_mu_);
+  views_[e.id] = std::move(v);
+}
+
+void EventPlane::Impl::ExportCounters() {
+  auto push = [](prometheus::Counter* c, uint64_t now, uint64_t& seen) {
+    if (now > seen) c->Increment(static_cast<double>(now - seen));
+    seen = now;
+  };
+  push(m_stored_, counters_.applied_stored, exported_.applied_stored);
+  push(m_removed_, counters_.applied_removed, exported_.applied_removed);
+  push(m_updated_, counters_.applied_updated, exported_.applied_updated);
+  push(m_cleared_, counters_.applied_cleared, exported_.applied_cleared);
+  push(m_gaps_, counters_.gaps, exported_.gaps);
+  push(m_replays_, counters_.replays, exported_.replays);
+  push(m_snapshots_, counters_.snapshots, exported_.snapshots);
+  push(m_epochs_, counters_.epoch_changes, exported_.epoch_changes);
+  push(m_unknown_parent_, counters_.unknown_parent, exported_.unknown_parent);
+  if (counters_.seq_too_far > exported_.seq_too_far) {
+    f_malformed_->Add({{"reason", "seq_too_far"}}).Increment(static_cast<double>(counters_.seq_too_far - exported_.seq_too_far));
+    exported_.seq_too_far = counters_.seq_too_far;
+  }
+  if (counters_.bad_replies > exported_.bad_replies) {
+    f_malformed_->Add({{"reason", "replay"}}).Increment(static_cast<double>(counters_.bad_replies - exported_.bad_replies));
+    exported_.bad_replies = counters_.bad_replies;
+  }
+}
+
+void EventPlane::Impl::Periodic(TimeNs now, bool force) {
+  for (auto& [id, e] : workers_) {
+    const WorkerState before = e->sub->state();
+    e->sub->OnTick();
+    if (e->sub->state() != before) touched_.insert(id);
+  }
+  if (options_.fault_injector) {
+    deliveries_.clear();
+    options_.fault_injector->Release(now, false, &deliveries_);
+    for (auto& [id, b] : deliveries_) Deliver(id, std::move(b));
+  }
+  ExportCounters();
+  if (now - last_sweep_ >= tuning::kSweepInterval) {
+    index_.SweepExpired();
+    last_sweep_ = now;
+  }
+  if (force || now - last_gauges_ >= tuning::kGaugeInterval) {
+    last_gauges_ = now;
+    for (auto& [id, e] : workers_) {
+      for (int t = 0; t < kv::kNumTiers; ++t)
+        e->blocks_gauge[t]->Set(static_cast<double>(index_.BlockCount(id, static_cast<kv::Tier>(t))));
+      for (int s = 0; s < 4; ++s) e->state_gauge[s]->Set(static_cast<int>(e->sub->state()) == s ? 1 : 0);
+      RefreshView(*e);
+    }
+    touched_.clear();
+  }
+  for (WorkerId id : touched_)
+    if (auto it = workers_.find(id); it != workers_.end()) RefreshView(*it->second);
+  touched_.clear();
+}
+
+void EventPlane::Impl::Run() {
+  std::vector<zmq::pollitem_t> items;
+  std::vector<Entry*> item_entries;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    items.clear();
+    item_entries.clear();
+    items.push_back({sub_.handle(), 0, ZMQ_POLLIN, 0});
+    for (auto& [id, e] : workers_) {
+      items.push_back({e->dealer.handle(), 0, ZMQ_POLLIN, 0});
+      item_entries.push_back(e.get());
+    }
+    zmq::poll(items.data(), items.size(), tuning::kPollInterval);
+    if (items[0].revents & ZMQ_POLLIN) ReceiveSub();
+    for (size_t i = 1; i < items.size(); ++i)
+      if (items[i].revents & ZMQ_POLLIN) ReceiveReplies(*item_entries[i - 1]);
+
+    std::deque<Command> cmds;
+    uint64_t taken = 0;
+    {
+      std::lock_guard lock(cmd_mu_);
+      cmds.swap(cmds_);
+      taken = cmds_queued_;
+    }
+    for (Command& c : cmds) HandleCommand(c);
+    Periodic(clock_->Now(), !cmds.empty());
+    if (!cmds.empty()) {
+      std::lock_guard lock(cmd_mu_);
+      cmds_done_ = taken;
+      cmd_cv_.notify_all();
+    }
+  }
+  std::lock_guard lock(cmd_mu_);
+  cmds_done_ = cmds_queued_;
+  cmd_cv_.notify_all();
+}
+
+// ---- EventPlane ------------------------------------------------------------------------
+
+EventPlane::EventPlane(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics)
+    : impl_(std::make_unique<Impl>(options, clock, metrics)) {}
+
+EventPlane::~EventPlane() = default;
+
+Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints) {
+  if (id >= config::kMaxWorkers) return InvalidArgument("worker id " + std::to_string(id) + " >= kMaxWorkers");
+  if (worker_name.empty() || worker_name.size() > events::config::kMaxWorkerIdBytes)
+    return InvalidArgument("worker name must be 1..256 bytes");
+  if (!ValidEndpoint(endpoints.events) || !ValidEndpoint(endpoints.replay))
+    return InvalidArgument("worker " + worker_name + ": endpoints must be tcp://, ipc:// or inproc:// addresses");
+  Impl::Command c;
+  c.kind = Impl::Command::kAdd;
+  c.id = id;
+  c.name = worker_name;
+  c.endpoints = endpoints;
+  impl_->Enqueue(std::move(c), /*wait=*/false);
+  {
+    // Visible as SYNCING at once, so callers can route around it until it is LIVE.
+    std::lock_guard lock(impl_->view_mu_);
+    auto& v = impl_->views_[id];
+    v.stats.id = id;
+    v.stats.name = worker_name;
+  }
+  return Status::Ok();
+}
+
+void EventPlane::RemoveWorker(WorkerId id) {
+  Impl::Command c;
+  c.kind = Impl::Command::kRemove;
+  c.id = id;
+  impl_->Enqueue(std::move(c), /*wait=*/true);
+}
+
+WorkerState EventPlane::State(WorkerId id) const {
+  std::lock_guard lock(impl_->view_mu_);
+  auto it = impl_->views_.find(id);
+  return it == impl_->views_.end() ? WorkerState::kDead : it->second.state;
+}
+
+std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
+  std::lock_guard lock(impl_->view_mu_);
+  auto it = impl_->views_.find(id);
+  if (it == impl_->views_.end()) return std::nullopt;
+  return it->second.load;
+}
+
+std::vector<WorkerEventStats> EventPlane::Stats() const {
+  std::vector<WorkerEventStats> out;
+  std::lock_guard lock(impl_->view_mu_);
+  for (const auto& [id, v] : impl_->views_) out.push_back(v.stats);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return out;
+}
+
+const GlobalIndex& EventPlane::index() const { return impl_->index_; }
+GlobalIndex& EventPlane::index() { return impl_->index_; }
+
+void EventPlane::Sync() { impl_->Enqueue(Impl::Command{}, /*wait=*/true); }
+
+}  // namespace kvfleet::router

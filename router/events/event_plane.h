@@ -1,0 +1,147 @@
+// EventPlane: the router's side of Contract 2. It subscribes to every worker's KV event
+// PUB socket, keeps one subscriber state machine per worker, recovers lost batches through
+// the worker's replay ROUTER, and folds everything into the GlobalIndex it owns.
+//
+// Per worker (Contract 2, schema/README.md):
+//   SYNCING   asked for a snapshot; live batches are buffered, then applied in seq order
+//             after the snapshot, skipping those it already covers.
+//   LIVE      applies batches in seq order; duplicates and stale batches are ignored.
+//   REPLAYING a gap was seen: asked for {epoch, fromSeq}; live batches are buffered; back
+//             to LIVE after the replay, or to SYNCING when the worker answers with a snapshot.
+//   DEAD      nothing heard for heartbeat_timeout: its blocks are dropped from the index;
+//             the next batch heard from it starts SYNCING again.
+//   A batch with a new epoch clears the worker's blocks and starts SYNCING.
+//
+// Windows: events of pools with windowSize == routing_window_size are indexed (0 = full
+// attention, the default); others are counted and skipped. A sliding-window pool forgets
+// prefixes as the window moves, so the full-attention pool is what a prefix match can use.
+//
+// Threads: one event thread owns the SUB socket, the replay DEALERs and the state
+// machines, and applies to the index; AddWorker/RemoveWorker queue commands to it. The
+// index is read concurrently by the routing threads.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "router/index/global_index.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvfleet::router {
+
+class FaultInjector;  // router/events/fault_injection.h; tests only.
+
+enum class WorkerState { kSyncing, kLive, kReplaying, kDead };
+const char* WorkerStateName(WorkerState state);
+
+// A worker's last load report (schema Load), as plain C++.
+struct WorkerLoad {
+  uint32_t active_requests = 0;
+  uint32_t queued_requests = 0;
+  uint64_t active_prefill_tokens = 0;
+  uint64_t active_decode_blocks = 0;
+  std::array<uint64_t, 2> free_blocks{};   // by kv::Tier
+  std::array<uint64_t, 2> total_blocks{};  // by kv::Tier
+  float prefill_tokens_per_second = 0;
+  float decode_tokens_per_second = 0;
+  TimeNs received_at = 0;  // router monotonic clock
+};
+
+struct WorkerEndpoints {
+  std::string events;  // the worker's PUB, tcp://host:port
+  std::string replay;  // the worker's replay ROUTER, tcp://host:port
+};
+
+// CURVE settings for the router's sockets (all optional; empty = plaintext).
+struct EventPlaneCurve {
+  // The router's own key pair: a file with two lines, Z85 public key then Z85 secret key
+  // (common/curve_keys.h; `kvfleet keygen` writes one).
+  std::string client_keypair_file;
+  // The workers' server public key (Z85, one line). Workers of one fleet share a server
+  // key pair in the simple deployment; per-worker keys can come from registration later.
+  std::string server_public_key_file;
+};
+
+struct EventPlaneOptions {
+  GlobalIndexOptions index;
+  // No batch (heartbeats included) from a worker for this long: DEAD. Contract 2 default.
+  DurationNs heartbeat_timeout = 3 * kNsPerSec;
+  // A replay or snapshot request not fully answered in this long is sent again.
+  DurationNs replay_timeout = 2 * kNsPerSec;
+  // Live batches buffered per worker while SYNCING/REPLAYING; beyond it the oldest go
+  // (and are recovered by the next replay).
+  size_t max_buffered_batches = 20'000;
+  // A batch whose seq is this far ahead of what the worker is known to be at is treated
+  // as malformed (counted, dropped) instead of triggering a huge replay.
+  uint64_t max_seq_jump = 1'000'000;
+  // Events of pools with this windowSize are indexed (0 = full attention).
+  uint32_t routing_window_size = 0;
+  // ZMQ receive high-water mark of the SUB socket (messages).
+  int sub_rcvhwm = 100'000;
+  EventPlaneCurve curve;
+  // Tests only: disturbs live batches between the SUB socket and the state machines.
+  std::shared_ptr<FaultInjector> fault_injector;
+};
+
+// What an operator needs per worker, for /fleet.
+struct WorkerEventStats {
+  WorkerId id = 0;
+  std::string name;
+  WorkerState state = WorkerState::kSyncing;
+  uint64_t epoch = 0;
+  uint64_t applied_seq = 0;           // last seq folded into the index
+  uint64_t batches_applied = 0;
+  uint64_t gaps = 0;
+  uint64_t replays = 0;
+  uint64_t snapshots = 0;
+  uint64_t epoch_changes = 0;
+  uint64_t buffered_batches = 0;
+  TimeNs last_heard = 0;              // router monotonic clock; 0 = never
+  double last_lag_seconds = 0;        // batch creation (worker wall clock) to apply
+  std::array<uint64_t, 2> index_blocks{};  // by kv::Tier
+};
+
+class EventPlane {
+ public:
+  // Starts the event thread. REQUIRES: clock and metrics outlive the plane.
+  EventPlane(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics);
+  ~EventPlane();  // stops the event thread
+  EventPlane(const EventPlane&) = delete;
+  EventPlane& operator=(const EventPlane&) = delete;
+
+  // Subscribes to a worker: connects to its endpoints and asks for a snapshot.
+  // Idempotent: the same id with the same name and endpoints is a no-op; different
+  // endpoints reconnect. REQUIRES: id < config::kMaxWorkers.
+  Status AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints);
+  // Unsubscribes and drops the worker's blocks from the index.
+  void RemoveWorker(WorkerId id);
+
+  // kDead for an unknown worker.
+  WorkerState State(WorkerId id) const;
+  std::optional<WorkerLoad> Load(WorkerId id) const;
+  std::vector<WorkerEventStats> Stats() const;
+
+  const GlobalIndex& index() const;
+  GlobalIndex& index();
+
+  // Blocks until every queued command has been taken by the event thread (tests).
+  void Sync();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvfleet::router

@@ -1,0 +1,54 @@
+// FaultInjector: disturbs live event batches between the router's SUB socket and the
+// subscriber state machines, as a lossy network would: drops, duplicates, and reorders
+// within a window. Tests only (EventPlaneOptions::fault_injector); production leaves it null.
+//
+// Held batches are released after max_hold even when no more traffic comes, so a test that
+// stops its traffic still sees every batch that was not dropped.
+//
+// Thread safety: thread-compatible; the event plane calls it from its event thread only.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/clock.h"
+#include "router/index/global_index.h"
+#include "worker/server/event_codec.h"
+
+namespace kvfleet::router {
+
+struct FaultOptions {
+  double drop_rate = 0.10;       // fraction of batches dropped
+  double duplicate_rate = 0.05;  // fraction delivered twice
+  size_t reorder_window = 8;     // batches held back and released in random order; 0 = in order
+  DurationNs max_hold = 20 * kNsPerMs;  // a held batch is released after this long
+  uint64_t seed = 1;
+};
+
+class FaultInjector {
+ public:
+  explicit FaultInjector(const FaultOptions& options) : options_(options), rng_(options.seed) {}
+
+  using Delivery = std::pair<WorkerId, events::DecodedBatch>;
+  // Takes one received batch; appends what is to be delivered now to *out.
+  void Process(WorkerId worker, events::DecodedBatch batch, TimeNs now, std::vector<Delivery>* out);
+  // Releases held batches older than max_hold (all of them when `all`).
+  void Release(TimeNs now, bool all, std::vector<Delivery>* out);
+
+  uint64_t dropped() const { return dropped_; }
+  uint64_t duplicated() const { return duplicated_; }
+  uint64_t reordered() const { return reordered_; }
+
+ private:
+  struct Held {
+    Delivery delivery;
+    TimeNs since;
+  };
+  FaultOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<Held> held_;
+  uint64_t dropped_ = 0, duplicated_ = 0, reordered_ = 0;
+};
+
+}  // namespace kvfleet::router

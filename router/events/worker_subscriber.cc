@@ -1,0 +1,320 @@
+#include "router/events/worker_subscriber.h"
+
+#include <atomic>
+
+namespace kvfleet::router {
+
+namespace {
+std::atomic<uint64_t> g_next_request_id{1};
+
+WorkerLoad ToWorkerLoad(const events::LoadReport& l, TimeNs now) {
+  WorkerLoad w;
+  w.active_requests = l.active_requests;
+  w.queued_requests = l.queued_requests;
+  w.active_prefill_tokens = l.active_prefill_tokens;
+  w.active_decode_blocks = l.active_decode_blocks;
+  w.free_blocks = l.free_blocks;
+  w.total_blocks = l.total_blocks;
+  w.prefill_tokens_per_second = l.prefill_tokens_per_second;
+  w.decode_tokens_per_second = l.decode_tokens_per_second;
+  w.received_at = now;
+  return w;
+}
+}  // namespace
+
+const char* WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kSyncing: return "syncing";
+    case WorkerState::kLive: return "live";
+    case WorkerState::kReplaying: return "replaying";
+    case WorkerState::kDead: return "dead";
+  }
+  return "unknown";
+}
+
+WorkerSubscriber::WorkerSubscriber(WorkerId id, std::string name, const EventPlaneOptions& options,
+                                   GlobalIndex* index, Clock* clock, Io* io, EventCounters* counters)
+    : id_(id), name_(std::move(name)), options_(options), index_(index), clock_(clock), io_(io), counters_(counters) {
+  stats_.id = id_;
+  stats_.name = name_;
+}
+
+void WorkerSubscriber::SetState(WorkerState s) {
+  if (s != state_) log_->debug("worker {}: {} -> {}", name_, WorkerStateName(state_), WorkerStateName(s));
+  state_ = s;
+  stats_.state = s;
+}
+
+void WorkerSubscriber::Start() {
+  last_heard_ = clock_->Now();
+  EnterSyncing();
+}
+
+void WorkerSubscriber::EnterSyncing() {
+  index_->RemoveWorker(id_);
+  epoch_ = 0;
+  applied_seq_ = 0;
+  snapshot_started_ = 0;
+  SetState(WorkerState::kSyncing);
+  Request(0, 0);
+}
+
+void WorkerSubscriber::EnterDead() {
+  log_->warn("worker {}: no batch for {} ms, marking it dead", name_, options_.heartbeat_timeout / kNsPerMs);
+  ++counters_->deaths;
+  index_->RemoveWorker(id_);
+  buffer_.clear();
+  epoch_ = 0;
+  live_epoch_ = 0;
+  applied_seq_ = 0;
+  pending_request_ = 0;
+  load_.reset();
+  SetState(WorkerState::kDead);
+}
+
+void WorkerSubscriber::Drop() {
+  index_->RemoveWorker(id_);
+  buffer_.clear();
+  pending_request_ = 0;
+}
+
+void WorkerSubscriber::Request(uint64_t epoch, uint64_t from_seq) {
+  pending_request_ = g_next_request_id.fetch_add(1, std::memory_order_relaxed);
+  pending_is_snapshot_ = epoch == 0;
+  request_sent_ = clock_->Now();
+  if (pending_is_snapshot_) {
+    ++counters_->snapshots;
+    ++stats_.snapshots;
+  } else {
+    ++counters_->replays;
+    ++stats_.replays;
+  }
+  io_->RequestReplay(id_, epoch, from_seq, pending_request_);
+}
+
+void WorkerSubscriber::Buffer(events::DecodedBatch batch) {
+  if (batch.header.epoch != live_epoch_) {
+    buffer_.clear();  // invariant 2: only the newest epoch is worth keeping
+    live_epoch_ = batch.header.epoch;
+  }
+  if (epoch_ == batch.header.epoch && batch.header.seq <= applied_seq_) {
+    ++counters_->duplicates;
+    return;
+  }
+  buffer_.emplace(batch.header.seq, std::move(batch));
+  while (buffer_.size() > options_.max_buffered_batches) buffer_.erase(buffer_.begin());
+  stats_.buffered_batches = buffer_.size();
+}
+
+void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
+  const TimeNs now = clock_->Now();
+  const auto& h = batch.header;
+  if (state_ == WorkerState::kLive && h.epoch == epoch_ && h.seq > applied_seq_ + options_.max_seq_jump) {
+    // Not heard: a worker that only sends such batches goes DEAD and resyncs.
+    ++counters_->seq_too_far;
+    uint64_t suppressed = 0;
+    if (far_seq_log_.Allow(&suppressed))
+      log_->warn("worker {}: seq {} is {} ahead of {}, dropped ({} more suppressed)", name_, h.seq,
+                 h.seq - applied_seq_, applied_seq_, suppressed);
+    return;
+  }
+  last_heard_ = now;
+  stats_.last_heard = now;
+  load_ = ToWorkerLoad(batch.load, now);
+
+  switch (state_) {
+    case WorkerState::kDead:
+      log_->info("worker {} is back (epoch {:016x}), syncing", name_, h.epoch);
+      live_epoch_ = h.epoch;
+      EnterSyncing();
+      Buffer(std::move(batch));
+      return;
+    case WorkerState::kLive:
+      if (h.epoch != epoch_) {
+        log_->info("worker {}: new epoch {:016x} (was {:016x}), resyncing", name_, h.epoch, epoch_);
+        ++counters_->epoch_changes;
+        ++stats_.epoch_changes;
+        live_epoch_ = h.epoch;
+        buffer_.clear();
+        EnterSyncing();
+        Buffer(std::move(batch));
+        return;
+      }
+      if (h.seq <= applied_seq_) {
+        ++counters_->duplicates;
+        return;
+      }
+      if (h.seq == applied_seq_ + 1) {
+        live_epoch_ = h.epoch;
+        Apply(batch);
+        return;
+      }
+      ++counters_->gaps;
+      ++stats_.gaps;
+      Buffer(std::move(batch));
+      SetState(WorkerState::kReplaying);
+      Request(epoch_, applied_seq_ + 1);
+      return;
+    case WorkerState::kReplaying:
+      if (h.epoch != epoch_) {
+        ++counters_->epoch_changes;
+        ++stats_.epoch_changes;
+        live_epoch_ = h.epoch;
+        buffer_.clear();
+        EnterSyncing();
+      }
+      Buffer(std::move(batch));
+      return;
+    case WorkerState::kSyncing:
+      Buffer(std::move(batch));
+      return;
+  }
+}
+
+void WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
+  for (const kv::KvEvent& e : batch.events) ApplyEvent(e);
+  applied_seq_ = batch.header.seq;
+  stats_.applied_seq = applied_seq_;
+  ++stats_.batches_applied;
+  const double lag = static_cast<double>(clock_->WallNs() - batch.header.created_ns) / 1e9;
+  stats_.last_lag_seconds = lag;
+  counters_->last_lag_seconds = lag;
+  io_->OnApplied(id_, lag);
+}
+
+void WorkerSubscriber::ApplyEvent(const kv::KvEvent& event) {
+  if (event.window_size != options_.routing_window_size) {
+    ++counters_->other_window;
+    return;
+  }
+  std::visit(
+      [&](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, kv::StoredEvent>) {
+          if (e.parent_hash != 0 && !index_->Holds(id_, e.parent_hash)) ++counters_->unknown_parent;
+          index_->StoreBlocks(id_, e.blocks);
+          counters_->applied_stored += e.blocks.size();
+        } else if constexpr (std::is_same_v<T, kv::RemovedEvent>) {
+          for (BlockHash h : e.hashes) index_->Remove(id_, h, e.tier);
+          counters_->applied_removed += e.hashes.size();
+        } else if constexpr (std::is_same_v<T, kv::UpdatedEvent>) {
+          if (e.tier) index_->Move(id_, e.hash, *e.tier);
+          ++counters_->applied_updated;
+        } else if constexpr (std::is_same_v<T, kv::ClearedEvent>) {
+          index_->RemoveWorker(id_);
+          ++counters_->applied_cleared;
+        }
+      },
+      event.data);
+}
+
+void WorkerSubscriber::DrainBuffer() {
+  if (live_epoch_ != 0 && live_epoch_ != epoch_) {
+    // The worker restarted while we synced to its previous life; the buffer holds the new one.
+    ++counters_->epoch_changes;
+    ++stats_.epoch_changes;
+    EnterSyncing();
+    return;
+  }
+  while (!buffer_.empty()) {
+    auto it = buffer_.begin();
+    if (it->second.header.epoch != epoch_ || it->first <= applied_seq_) {
+      buffer_.erase(it);
+      continue;
+    }
+    if (it->first != applied_seq_ + 1) break;
+    Apply(it->second);
+    buffer_.erase(it);
+  }
+  stats_.buffered_batches = buffer_.size();
+  if (buffer_.empty()) {
+    pending_request_ = 0;
+    SetState(WorkerState::kLive);
+    return;
+  }
+  ++counters_->gaps;
+  ++stats_.gaps;
+  SetState(WorkerState::kReplaying);
+  Request(epoch_, applied_seq_ + 1);
+}
+
+void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
+  if (state_ == WorkerState::kDead || pending_request_ == 0 || reply.getRequestId() != pending_request_) return;
+  last_heard_ = clock_->Now();
+  stats_.last_heard = last_heard_;
+  request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
+  switch (reply.which()) {
+    case schema::ReplayReply::ERROR:
+      ++counters_->bad_replies;
+      log_->warn("worker {}: replay error: {}", name_, std::string(reply.getError().cStr()));
+      return;  // OnTick asks again after replay_timeout
+    case schema::ReplayReply::BATCHES: {
+      if (state_ != WorkerState::kReplaying || reply.getEpoch() != epoch_) {
+        ++counters_->bad_replies;
+        return;
+      }
+      for (auto b : reply.getBatches()) {
+        auto parsed = events::ParseBatch(b);
+        if (!parsed.ok()) {
+          ++counters_->bad_replies;
+          return;
+        }
+        if (parsed->header.epoch != epoch_ || parsed->header.seq != applied_seq_ + 1) continue;
+        Apply(*parsed);
+      }
+      if (reply.getLast()) DrainBuffer();
+      return;
+    }
+    case schema::ReplayReply::SNAPSHOT: {
+      auto snap = reply.getSnapshot();
+      if (snapshot_started_ != pending_request_) {
+        // First chunk: the snapshot replaces whatever we had.
+        index_->RemoveWorker(id_);
+        snapshot_started_ = pending_request_;
+        epoch_ = reply.getEpoch();
+        if (state_ == WorkerState::kReplaying) {
+          // The range was gone; count it as a snapshot too.
+          ++counters_->snapshots;
+          ++stats_.snapshots;
+        }
+        SetState(WorkerState::kSyncing);
+      }
+      for (auto e : snap.getEvents()) {
+        kv::KvEvent event;
+        if (!events::ParseKvEvent(e, &event).ok()) {
+          ++counters_->bad_replies;
+          continue;
+        }
+        ApplyEvent(event);
+      }
+      if (reply.getLast()) {
+        applied_seq_ = snap.getConsistentSeq();
+        stats_.applied_seq = applied_seq_;
+        stats_.epoch = epoch_;
+        if (live_epoch_ == 0) live_epoch_ = epoch_;
+        DrainBuffer();
+      }
+      return;
+    }
+  }
+}
+
+void WorkerSubscriber::OnTick() {
+  const TimeNs now = clock_->Now();
+  if (state_ == WorkerState::kDead) return;
+  if (now - last_heard_ > options_.heartbeat_timeout) {
+    EnterDead();
+    return;
+  }
+  if (pending_request_ != 0 && now - request_sent_ > options_.replay_timeout) {
+    log_->info("worker {}: replay request timed out, asking again", name_);
+    if (state_ == WorkerState::kReplaying && !pending_is_snapshot_) {
+      Request(epoch_, applied_seq_ + 1);
+    } else {
+      EnterSyncing();
+    }
+  }
+  stats_.epoch = epoch_;
+}
+
+}  // namespace kvfleet::router

@@ -1,0 +1,116 @@
+// WorkerSubscriber: Contract 2's per-worker state machine on the router, without sockets.
+// EventPlane feeds it live batches and replay replies and lets it ask for replays through
+// an Io; it folds what it accepts into the GlobalIndex.
+//
+//   start ──▶ SYNCING ──snapshot complete, buffer drained──▶ LIVE
+//   LIVE ──seq gap──▶ REPLAYING ──batches──▶ LIVE   (or a snapshot: the range was gone)
+//   LIVE/REPLAYING ──batch with a new epoch──▶ clear blocks, SYNCING
+//   any ──nothing heard for heartbeat_timeout──▶ DEAD (blocks dropped)
+//   DEAD ──a batch──▶ SYNCING
+//
+// Invariants:
+//   1. In LIVE, the index holds exactly what the worker held after batch applied_seq of
+//      epoch (events of other windows excepted).
+//   2. Buffered batches all have seq > applied_seq and belong to the newest epoch heard.
+//   3. At most one replay/snapshot request is outstanding (pending_request_ != 0), and only
+//      replies carrying its id are used.
+//
+// Thread safety: thread-compatible; owned by the event plane's event thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "router/events/event_plane.h"
+#include "router/index/global_index.h"
+#include "schema/events.capnp.h"
+#include "worker/server/event_codec.h"
+
+namespace kvfleet::router {
+
+// Counters shared by every subscriber of a plane; EventPlane exports them as metrics.
+struct EventCounters {
+  uint64_t applied_stored = 0, applied_removed = 0, applied_updated = 0, applied_cleared = 0;
+  uint64_t gaps = 0, replays = 0, snapshots = 0, epoch_changes = 0, unknown_parent = 0;
+  uint64_t duplicates = 0, seq_too_far = 0, other_window = 0, bad_replies = 0, deaths = 0;
+  double last_lag_seconds = 0;
+};
+
+class WorkerSubscriber {
+ public:
+  class Io {
+   public:
+    virtual ~Io() = default;
+    // Send ReplayRequest{epoch, from_seq, request_id} to the worker's replay ROUTER.
+    virtual void RequestReplay(WorkerId worker, uint64_t epoch, uint64_t from_seq, uint64_t request_id) = 0;
+    // A batch was applied; lag = router wall clock - batch creation (for the histogram).
+    virtual void OnApplied(WorkerId worker, double lag_seconds) = 0;
+  };
+
+  // REQUIRES: index, clock, io and counters outlive the subscriber.
+  WorkerSubscriber(WorkerId id, std::string name, const EventPlaneOptions& options, GlobalIndex* index,
+                   Clock* clock, Io* io, EventCounters* counters);
+
+  // Enters SYNCING and asks for a snapshot.
+  void Start();
+  // A batch from the SUB socket (already decoded and checked against the topic).
+  void OnBatch(events::DecodedBatch batch);
+  // A reply from the replay DEALER.
+  void OnReplayReply(schema::ReplayReply::Reader reply);
+  // Heartbeat and replay timeouts. Call often (every few ms).
+  void OnTick();
+  // Drops the worker's blocks from the index (RemoveWorker).
+  void Drop();
+
+  WorkerId id() const { return id_; }
+  const std::string& name() const { return name_; }
+  WorkerState state() const { return state_; }
+  uint64_t epoch() const { return epoch_; }
+  uint64_t applied_seq() const { return applied_seq_; }
+  size_t buffered() const { return buffer_.size(); }
+  TimeNs last_heard() const { return last_heard_; }
+  const std::optional<WorkerLoad>& load() const { return load_; }
+  // Per-worker counts for /fleet.
+  const WorkerEventStats& stats() const { return stats_; }
+
+ private:
+  void EnterSyncing();
+  void EnterDead();
+  void Request(uint64_t epoch, uint64_t from_seq);
+  void Buffer(events::DecodedBatch batch);
+  void Apply(const events::DecodedBatch& batch);
+  void ApplyEvent(const kv::KvEvent& event);
+  // Applies buffered batches that follow applied_seq; LIVE when none is missing, else
+  // REPLAYING from the first missing seq.
+  void DrainBuffer();
+  void SetState(WorkerState s);
+
+  const WorkerId id_;
+  const std::string name_;
+  const EventPlaneOptions& options_;
+  GlobalIndex* const index_;
+  Clock* const clock_;
+  Io* const io_;
+  EventCounters* const counters_;
+  std::shared_ptr<spdlog::logger> log_ = Logger("events");
+
+  WorkerState state_ = WorkerState::kSyncing;
+  uint64_t epoch_ = 0;        // the epoch applied_seq belongs to; 0 = none yet
+  uint64_t applied_seq_ = 0;
+  uint64_t live_epoch_ = 0;   // epoch of the newest live batch heard
+  std::map<uint64_t, events::DecodedBatch> buffer_;  // seq -> batch, all of live_epoch_
+  uint64_t pending_request_ = 0;  // outstanding request id; 0 = none
+  bool pending_is_snapshot_ = false;
+  TimeNs request_sent_ = 0;
+  uint64_t snapshot_started_ = 0;  // request id whose snapshot chunks are being applied
+  TimeNs last_heard_ = 0;
+  std::optional<WorkerLoad> load_;
+  WorkerEventStats stats_;
+  RateLimit far_seq_log_;
+};
+
+}  // namespace kvfleet::router

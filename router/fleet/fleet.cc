@@ -1,0 +1,864 @@
+#include "router/fleet/fleet.h"
+
+#include <netdb.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <zmq.h>
+#include <zmq.hpp>
+
+#include "common/check.h"
+#include "common/log.h"
+
+namespace kvfleet::router {
+
+std::string_view LivenessName(WorkerLiveness l) {
+  switch (l) {
+    case WorkerLiveness::kUnknown: return "unknown";
+    case WorkerLiveness::kSyncing: return "syncing";
+    case WorkerLiveness::kLive: return "live";
+    case WorkerLiveness::kReplaying: return "replaying";
+    case WorkerLiveness::kDead: return "dead";
+  }
+  return "?";
+}
+
+namespace {
+
+// "tcp://host:5556" -> ("tcp://host", 5556); nullopt when there is no numeric port.
+std::optional<std::pair<std::string, int>> SplitPort(const std::string& endpoint) {
+  size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= endpoint.size()) return std::nullopt;
+  try {
+    return std::make_pair(endpoint.substr(0, colon), std::stoi(endpoint.substr(colon + 1)));
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+WorkerHello StaticHello(const std::string& requests, const FleetOptions& o) {
+  WorkerHello h;
+  h.name = requests;
+  h.model = o.static_model;
+  h.block_size = o.static_block_size;
+  h.max_context = o.static_max_context;
+  h.requests_endpoint = requests;
+  if (auto hp = SplitPort(requests)) {
+    h.events_endpoint = hp->first + ":" + std::to_string(hp->second + 1);
+    h.replay_endpoint = hp->first + ":" + std::to_string(hp->second + 2);
+  }
+  h.backend = "static";
+  return h;
+}
+
+// getaddrinfo of "host:port": every IPv4/IPv6 address as tcp://addr:port.
+std::vector<std::string> Resolve(const std::string& host_port) {
+  std::vector<std::string> out;
+  size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return out;
+  std::string host = host_port.substr(0, colon), port = host_port.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return out;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string addr = buf;
+    if (a->ai_family == AF_INET6) addr = "[" + addr + "]";
+    out.push_back("tcp://" + addr + ":" + port);
+  }
+  freeaddrinfo(res);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Status StatusFromWorkerError(const WorkerError& e) {
+  std::string m = "worker: " + e.message;
+  switch (e.code) {
+    case WorkerErrorCode::kInvalidRequest: return InvalidArgument(m);
+    case WorkerErrorCode::kContextTooLong: return OutOfRange(m);
+    case WorkerErrorCode::kUnknownLora: return NotFound(m);
+    case WorkerErrorCode::kUnknownModel: return NotFound(m);
+    case WorkerErrorCode::kOverloaded: return ResourceExhausted(m);
+    case WorkerErrorCode::kShuttingDown: return Unavailable(m);
+    case WorkerErrorCode::kInternal: return Internal(m);
+  }
+  return Internal(m);
+}
+
+}  // namespace
+
+// One worker. Fields read by other threads are atomics or guarded by the registry lock.
+struct WorkerRecord {
+  WorkerId id = 0;
+  WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_)
+  bool from_static = false;               // static list or DNS: removed when DNS drops it
+  std::atomic<bool> connected{false};
+  std::atomic<bool> said_bye{false};
+  std::atomic<bool> removed{false};
+  std::atomic<int64_t> inflight_requests{0};
+  std::atomic<int64_t> inflight_prefill_tokens{0};
+  prometheus::Gauge* inflight_gauge = nullptr;
+  // Fleet thread only.
+  std::unique_ptr<zmq::socket_t> dealer;
+  std::unique_ptr<zmq::socket_t> monitor;
+};
+
+class FleetImpl {
+ public:
+  FleetImpl(const FleetOptions& options, WorkerSignals* signals, const Clock* clock, prometheus::Registry* registry)
+      : options_(options), signals_(signals), clock_(clock) {
+    if (registry != nullptr) {
+      retries_ = &prometheus::BuildCounter()
+                      .Name("kvfleet_router_retries_total")
+                      .Help("Requests retried on another worker before their first token")
+                      .Register(*registry)
+                      .Add({});
+      inflight_family_ = &prometheus::BuildGauge()
+                              .Name("kvfleet_router_inflight")
+                              .Help("Requests this router has in flight, per worker")
+                              .Register(*registry);
+      refused_family_ = &prometheus::BuildCounter()
+                             .Name("kvfleet_router_workers_refused_total")
+                             .Help("Worker registrations refused, by reason")
+                             .Register(*registry);
+    }
+  }
+
+  ~FleetImpl() { Stop(); }
+
+  Status Init() {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return Internal("eventfd failed");
+    try {
+      if (!options_.registration_endpoint.empty()) {
+        registration_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
+        registration_->set(zmq::sockopt::linger, 0);
+        registration_->bind(options_.registration_endpoint);
+        bound_registration_ = registration_->get(zmq::sockopt::last_endpoint);
+      }
+    } catch (const zmq::error_t& e) {
+      return Unavailable("cannot bind registration socket " + options_.registration_endpoint + ": " + e.what());
+    }
+    for (const auto& ep : options_.static_workers) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+    thread_ = std::thread([this] { Loop(); });
+    if (!options_.dns_name.empty()) resolver_ = std::thread([this] { ResolveLoop(); });
+    return Status::Ok();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    resolver_cv_.notify_all();
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    if (resolver_.joinable()) resolver_.join();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
+  }
+
+  uint64_t NewHandle() { return next_handle_.fetch_add(1) + 1; }
+  void Submit(uint64_t handle, ForwardRequest request) { Post(SubmitCmd{handle, std::move(request)}); }
+
+  void Cancel(uint64_t handle) { Post(CancelCmd{handle}); }
+
+  std::optional<ModelFleet> FindModel(std::string_view model) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    auto it = models_.find(std::string(model));
+    if (it == models_.end()) return std::nullopt;
+    ModelFleet f;
+    f.block_size = it->second.block_size;
+    f.max_context = 0;
+    for (WorkerId id : it->second.members) {
+      const WorkerRecord& w = *workers_[id];
+      if (w.removed.load()) continue;
+      ++f.workers;
+      if (!Routable(w)) continue;
+      f.routable.push_back(id);
+      if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
+        f.max_context = w.info.max_context;
+      }
+    }
+    return f;
+  }
+
+  std::vector<std::string> LiveModels() const {
+    std::vector<std::string> out;
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (const auto& [name, m] : models_) {
+      for (WorkerId id : m.members) {
+        if (!workers_[id]->removed.load() && Routable(*workers_[id])) {
+          out.push_back(name);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+
+  bool Ready() const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    size_t ready = 0, known = 0;
+    for (const auto& [name, m] : models_) {
+      bool any_member = false, live = false;
+      for (WorkerId id : m.members) {
+        if (workers_[id]->removed.load()) continue;
+        any_member = true;
+        live = live || Routable(*workers_[id]);
+      }
+      known += any_member;
+      ready += any_member && live;
+    }
+    return known > 0 && ready == known;
+  }
+
+  std::vector<WorkerStatus> Workers() const {
+    std::vector<WorkerStatus> out;
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (const auto& w : workers_) {
+      if (w->removed.load()) continue;
+      WorkerStatus s;
+      s.id = w->id;
+      s.info = w->info;
+      s.connected = w->connected.load();
+      s.said_bye = w->said_bye.load();
+      s.liveness = signals_ ? signals_->State(w->id) : WorkerLiveness::kUnknown;
+      s.routable = Routable(*w);
+      s.inflight_requests = w->inflight_requests.load();
+      s.inflight_prefill_tokens = w->inflight_prefill_tokens.load();
+      if (signals_) s.load = signals_->Load(w->id);
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  void OwnLoad(WorkerId id, double* requests, double* prefill_tokens) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) {
+      *requests = *prefill_tokens = 0;
+      return;
+    }
+    *requests = static_cast<double>(workers_[id]->inflight_requests.load(std::memory_order_relaxed));
+    *prefill_tokens = static_cast<double>(workers_[id]->inflight_prefill_tokens.load(std::memory_order_relaxed));
+  }
+
+  std::optional<LoadReport> ReportedLoad(WorkerId id) const {
+    return signals_ ? signals_->Load(id) : std::nullopt;
+  }
+
+  std::string registration_endpoint() const { return bound_registration_; }
+
+  std::string WorkerName(WorkerId id) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return id < workers_.size() ? workers_[id]->info.name : std::string();
+  }
+
+ private:
+  struct SubmitCmd {
+    uint64_t handle;
+    ForwardRequest request;
+  };
+  struct CancelCmd {
+    uint64_t handle;
+  };
+  struct DnsCmd {
+    std::vector<std::string> endpoints;
+  };
+  using Command = std::variant<SubmitCmd, CancelCmd, DnsCmd>;
+
+  struct Flight {
+    ForwardRequest request;
+    WorkerId worker = 0;
+    uint64_t attempt_id = 0;
+    std::vector<WorkerId> tried;
+    bool first_token = false;
+    uint32_t prompt_tokens = 0;  // counted as queued prefill until the first token
+    TimeNs deadline = 0;
+    TimeNs first_token_deadline = 0;
+  };
+
+  struct ModelEntry {
+    uint32_t block_size = 0;
+    std::vector<WorkerId> members;
+  };
+
+  bool Routable(const WorkerRecord& w) const {
+    if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
+    return signals_ == nullptr || signals_->State(w.id) != WorkerLiveness::kDead;
+  }
+
+  void Post(Command cmd) {
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu_);
+      commands_.push_back(std::move(cmd));
+    }
+    Wake();
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+
+  // --- registry (fleet thread, or Init before the thread starts) ---
+
+  // Returns the worker's id, or nullopt when refused.
+  std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, bool from_static) {
+    auto log = Logger("fleet");
+    if (!IsValidBlockSize(hello.block_size)) {
+      Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
+                                              " is not a power of two >= 2");
+      return std::nullopt;
+    }
+    if (hello.requests_endpoint.empty()) {
+      Refuse(hello, "no-endpoint", "it announced no requests endpoint");
+      return std::nullopt;
+    }
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    auto& model = models_[hello.model];
+    auto existing = by_endpoint_.find(hello.requests_endpoint);
+    // Block size: every live member of a model's fleet must agree (Contract 1).
+    if (model.block_size != 0 && model.block_size != hello.block_size) {
+      bool others_live = false;
+      for (WorkerId id : model.members) {
+        const WorkerRecord& w = *workers_[id];
+        if (existing != by_endpoint_.end() && id == existing->second) continue;
+        others_live = others_live || (!w.removed.load() && Routable(w));
+      }
+      if (others_live) {
+        lock.unlock();
+        Refuse(hello, "block-size-mismatch",
+               "block size " + std::to_string(hello.block_size) + " disagrees with model '" + hello.model +
+                   "' whose fleet uses " + std::to_string(model.block_size));
+        return std::nullopt;
+      }
+    }
+    model.block_size = hello.block_size;
+    if (existing != by_endpoint_.end()) {
+      WorkerRecord& w = *workers_[existing->second];
+      // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
+      // new model make this a different worker to it.
+      bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
+                     w.info.replay_endpoint != hello.replay_endpoint || w.removed.load();
+      if (w.info.epoch != hello.epoch && !from_static) {
+        log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
+      }
+      if (w.info.model != hello.model) {
+        auto& old = models_[w.info.model].members;
+        std::erase(old, w.id);
+        model.members.push_back(w.id);
+      }
+      if (w.removed.exchange(false)) model.members.push_back(w.id);
+      WorkerHello merged = hello;
+      if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
+      w.info = merged;
+      w.said_bye = false;
+      if (!from_static) w.from_static = false;
+      WorkerId id = w.id;
+      lock.unlock();
+      if (changed && !(from_static && !w.from_static)) {
+        log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
+                  hello.model, hello.block_size);
+        if (signals_) {
+          signals_->RemoveWorker(id);
+          signals_->AddWorker(id, merged);
+        }
+      }
+      return id;
+    }
+    auto record = std::make_unique<WorkerRecord>();
+    record->id = static_cast<WorkerId>(workers_.size());
+    record->info = hello;
+    record->from_static = from_static;
+    if (inflight_family_ != nullptr) record->inflight_gauge = &inflight_family_->Add({{"worker", hello.name}});
+    WorkerRecord* w = record.get();
+    workers_.push_back(std::move(record));
+    by_endpoint_[hello.requests_endpoint] = w->id;
+    model.members.push_back(w->id);
+    lock.unlock();
+    Connect(*w);
+    log->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model, hello.block_size,
+              hello.requests_endpoint);
+    if (signals_) signals_->AddWorker(w->id, hello);
+    return w->id;
+  }
+
+  void Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
+    if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
+    // Registrations repeat every few seconds: log each (worker, reason) once.
+    if (refusals_logged_.insert(hello.requests_endpoint + "|" + reason).second) {
+      Logger("fleet")->warn("refusing worker {} ({}): {}", hello.name, hello.requests_endpoint, why);
+    }
+  }
+
+  void Connect(WorkerRecord& w) {
+    w.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    w.dealer->set(zmq::sockopt::linger, 0);
+    w.dealer->set(zmq::sockopt::reconnect_ivl, 100);
+    w.dealer->set(zmq::sockopt::reconnect_ivl_max, 2000);
+    // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
+    w.dealer->set(zmq::sockopt::heartbeat_ivl, 1000);
+    w.dealer->set(zmq::sockopt::heartbeat_timeout, 3000);
+    std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
+    KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
+                                 ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
+    w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+    w.monitor->set(zmq::sockopt::linger, 0);
+    w.monitor->connect(monitor_ep);
+    try {
+      w.dealer->connect(w.info.requests_endpoint);
+    } catch (const zmq::error_t& e) {
+      Logger("fleet")->warn("worker {}: cannot connect to {}: {}", w.info.name, w.info.requests_endpoint, e.what());
+    }
+  }
+
+  void Disconnect(WorkerRecord& w) {
+    w.connected = false;
+    w.monitor.reset();
+    w.dealer.reset();
+  }
+
+  // --- the loop ---
+
+  void Loop() {
+    TimeNs next_tick = clock_->Now();
+    std::vector<zmq::pollitem_t> items;
+    std::vector<WorkerRecord*> item_workers;  // parallel to items from index 2
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(cmd_mu_);
+        if (stopping_) break;
+      }
+      items.clear();
+      item_workers.clear();
+      items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+      items.push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
+                       static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
+      {
+        std::shared_lock<std::shared_mutex> lock(mu_);
+        for (auto& w : workers_) {
+          if (!w->dealer) continue;
+          items.push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
+          items.push_back({w->monitor->handle(), 0, ZMQ_POLLIN, 0});
+          item_workers.push_back(w.get());
+        }
+      }
+      long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
+      if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0) continue;
+      if (items[0].revents & ZMQ_POLLIN) {
+        uint64_t v;
+        (void)!::read(wake_fd_, &v, sizeof(v));
+      }
+      DrainCommands();
+      if (registration_ && (items[1].revents & ZMQ_POLLIN)) DrainRegistration();
+      for (size_t i = 0; i < item_workers.size(); ++i) {
+        WorkerRecord* w = item_workers[i];
+        if (items[2 + 2 * i + 1].revents & ZMQ_POLLIN) DrainMonitor(*w);
+        if (items[2 + 2 * i].revents & ZMQ_POLLIN) DrainDealer(*w);
+      }
+      if (clock_->Now() >= next_tick) {
+        Tick();
+        next_tick = clock_->Now() + options_.tick;
+      }
+    }
+    // Stopping: every request still in flight ends.
+    for (auto& [handle, f] : flights_) {
+      f.request.sink->OnError(f.worker, Unavailable("the router is shutting down"), f.first_token);
+    }
+    flights_.clear();
+    attempts_.clear();
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) Disconnect(*w);
+    registration_.reset();
+  }
+
+  void DrainCommands() {
+    std::deque<Command> cmds;
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu_);
+      cmds.swap(commands_);
+    }
+    for (auto& cmd : cmds) {
+      if (auto* s = std::get_if<SubmitCmd>(&cmd)) {
+        Flight f;
+        f.prompt_tokens = s->request.prefill_tokens;
+        f.worker = s->request.worker;
+        f.request = std::move(s->request);
+        TimeNs now = clock_->Now();
+        f.deadline = now + options_.request_timeout;
+        auto [it, inserted] = flights_.emplace(s->handle, std::move(f));
+        StartAttempt(s->handle, it->second, it->second.worker);
+      } else if (auto* c = std::get_if<CancelCmd>(&cmd)) {
+        auto it = flights_.find(c->handle);
+        if (it == flights_.end()) continue;
+        SendCancel(it->second);
+        Release(it->second);
+        attempts_.erase(it->second.attempt_id);
+        flights_.erase(it);
+      } else if (auto* d = std::get_if<DnsCmd>(&cmd)) {
+        ApplyDns(d->endpoints);
+      }
+    }
+  }
+
+  WorkerRecord* Record(WorkerId id) {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return id < workers_.size() ? workers_[id].get() : nullptr;
+  }
+
+  // Sends the flight to `worker`; on failure tries the next worker or ends the flight.
+  void StartAttempt(uint64_t handle, Flight& f, WorkerId worker) {
+    WorkerRecord* w = Record(worker);
+    f.tried.push_back(worker);
+    if (w == nullptr || !w->dealer || !Routable(*w)) {
+      return FailOver(handle, f, Unavailable("worker " + std::to_string(worker) + " is not live"));
+    }
+    f.worker = worker;
+    f.attempt_id = next_attempt_++;
+    f.first_token_deadline = clock_->Now() + options_.first_token_timeout;
+    std::string frame = EncodeGenerate(f.attempt_id, f.request.params);
+    try {
+      if (!w->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
+        return FailOver(handle, f, Unavailable("worker " + w->info.name + " is not accepting requests"));
+      }
+    } catch (const zmq::error_t& e) {
+      return FailOver(handle, f, Unavailable(std::string("send failed: ") + e.what()));
+    }
+    attempts_[f.attempt_id] = handle;
+    w->inflight_requests.fetch_add(1, std::memory_order_relaxed);
+    w->inflight_prefill_tokens.fetch_add(f.prompt_tokens, std::memory_order_relaxed);
+    if (w->inflight_gauge) w->inflight_gauge->Increment();
+  }
+
+  // Undoes the in-flight counts of the flight's current attempt.
+  void Release(Flight& f) {
+    if (attempts_.count(f.attempt_id) == 0) return;
+    WorkerRecord* w = Record(f.worker);
+    if (w == nullptr) return;
+    w->inflight_requests.fetch_sub(1, std::memory_order_relaxed);
+    if (!f.first_token) w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
+    if (w->inflight_gauge) w->inflight_gauge->Decrement();
+  }
+
+  void SendCancel(const Flight& f) {
+    if (attempts_.count(f.attempt_id) == 0) return;
+    WorkerRecord* w = Record(f.worker);
+    if (w == nullptr || !w->dealer) return;
+    std::string frame = EncodeCancel(f.attempt_id);
+    try {
+      (void)w->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+    }
+  }
+
+  // The current attempt failed with `why`. Before the first token: retry once elsewhere.
+  // Erases the flight when it ends.
+  void FailOver(uint64_t handle, Flight& f, const Status& why) {
+    Release(f);
+    attempts_.erase(f.attempt_id);
+    if (!f.first_token && static_cast<int>(f.tried.size()) < options_.max_attempts && f.request.reroute) {
+      auto next = f.request.reroute(f.tried);
+      if (next.ok()) {
+        Logger("fleet")->info("request {}: {}; retrying on worker {}", handle, why.message(), *next);
+        if (retries_) retries_->Increment();
+        f.request.sink->OnRetry(f.worker, *next);
+        return StartAttempt(handle, f, *next);
+      }
+    }
+    f.request.sink->OnError(f.worker, why, f.first_token);
+    flights_.erase(handle);
+  }
+
+  void DrainDealer(WorkerRecord& w) {
+    for (int i = 0; i < 1024; ++i) {
+      zmq::message_t msg;
+      auto got = w.dealer->recv(msg, zmq::recv_flags::dontwait);
+      if (!got) return;
+      auto decoded = DecodeFromWorker(msg.data(), msg.size());
+      if (!decoded.ok()) {
+        uint64_t suppressed = 0;
+        if (bad_frames_.Allow(&suppressed)) {
+          Logger("fleet")->warn("worker {}: {} ({} more suppressed)", w.info.name, decoded.status().message(),
+                                suppressed);
+        }
+        continue;
+      }
+      if (auto* d = std::get_if<WorkerDelta>(&*decoded)) {
+        OnDelta(*d);
+      } else {
+        OnWorkerError(std::get<WorkerError>(*decoded));
+      }
+    }
+  }
+
+  void OnDelta(const WorkerDelta& d) {
+    auto a = attempts_.find(d.request_id);
+    if (a == attempts_.end()) return;  // cancelled, retried or timed out: a late answer
+    uint64_t handle = a->second;
+    Flight& f = flights_.at(handle);
+    if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
+      f.first_token = true;
+      if (WorkerRecord* w = Record(f.worker)) {
+        w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
+      }
+    }
+    f.request.sink->OnDelta(f.worker, d);
+    if (d.finish != FinishReason::kNone) {
+      Release(f);
+      attempts_.erase(a);
+      flights_.erase(handle);
+    }
+  }
+
+  void OnWorkerError(const WorkerError& e) {
+    auto a = attempts_.find(e.request_id);
+    if (a == attempts_.end()) return;
+    uint64_t handle = a->second;
+    Flight& f = flights_.at(handle);
+    Status st = StatusFromWorkerError(e);
+    bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown;
+    if (retryable) return FailOver(handle, f, st);
+    Release(f);
+    attempts_.erase(a);
+    f.request.sink->OnError(f.worker, st, f.first_token);
+    flights_.erase(handle);
+  }
+
+  void DrainMonitor(WorkerRecord& w) {
+    while (true) {
+      zmq::message_t event, address;
+      if (!w.monitor->recv(event, zmq::recv_flags::dontwait)) return;
+      if (!event.more() || !w.monitor->recv(address, zmq::recv_flags::dontwait)) return;
+      uint16_t code = 0;
+      if (event.size() >= sizeof(code)) std::memcpy(&code, event.data(), sizeof(code));
+      if (code == ZMQ_EVENT_CONNECTED) {
+        w.connected = true;
+      } else if (code == ZMQ_EVENT_DISCONNECTED) {
+        if (w.connected.exchange(false)) {
+          Logger("fleet")->warn("worker {} disconnected", w.info.name);
+        }
+        FailWorker(w.id, Unavailable("worker " + w.info.name + " disconnected"));
+      }
+    }
+  }
+
+  // Every flight on worker `id` fails over.
+  void FailWorker(WorkerId id, const Status& why) {
+    std::vector<uint64_t> handles;
+    for (auto& [handle, f] : flights_) {
+      if (f.worker == id && attempts_.count(f.attempt_id)) handles.push_back(handle);
+    }
+    for (uint64_t h : handles) {
+      auto it = flights_.find(h);
+      if (it != flights_.end()) FailOver(h, it->second, why);
+    }
+  }
+
+  void DrainRegistration() {
+    for (int i = 0; i < 256; ++i) {
+      zmq::message_t identity, body;
+      if (!registration_->recv(identity, zmq::recv_flags::dontwait)) return;
+      if (!identity.more() || !registration_->recv(body, zmq::recv_flags::dontwait)) continue;
+      while (body.more()) {  // a frame more than Contract 3 says: skip the rest
+        zmq::message_t extra;
+        if (!registration_->recv(extra, zmq::recv_flags::dontwait)) break;
+        if (!extra.more()) break;
+      }
+      auto decoded = DecodeToRouter(body.data(), body.size());
+      if (!decoded.ok()) {
+        uint64_t suppressed = 0;
+        if (bad_frames_.Allow(&suppressed)) {
+          Logger("fleet")->warn("registration: {} ({} more suppressed)", decoded.status().message(), suppressed);
+        }
+        continue;
+      }
+      if (auto* hello = std::get_if<WorkerHello>(&*decoded)) {
+        AddOrUpdate(*hello, /*from_static=*/false);
+      } else {
+        const WorkerBye& bye = std::get<WorkerBye>(*decoded);
+        std::vector<WorkerId> gone;
+        {
+          std::shared_lock<std::shared_mutex> lock(mu_);
+          for (auto& w : workers_) {
+            if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
+              w->said_bye = true;
+              gone.push_back(w->id);
+            }
+          }
+        }
+        for (WorkerId id : gone) {
+          Logger("fleet")->info("worker {} said bye", bye.name);
+          FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
+        }
+      }
+    }
+  }
+
+  void Tick() {
+    TimeNs now = clock_->Now();
+    // Timeouts.
+    std::vector<std::pair<uint64_t, bool>> expired;  // handle, whole-request deadline
+    for (auto& [handle, f] : flights_) {
+      if (now >= f.deadline) expired.emplace_back(handle, true);
+      else if (!f.first_token && now >= f.first_token_deadline) expired.emplace_back(handle, false);
+    }
+    for (auto [handle, whole] : expired) {
+      auto it = flights_.find(handle);
+      if (it == flights_.end()) continue;
+      Flight& f = it->second;
+      SendCancel(f);
+      if (whole) {
+        Release(f);
+        attempts_.erase(f.attempt_id);
+        f.request.sink->OnError(f.worker, Status(StatusCode::kDeadlineExceeded, "the request timed out"), f.first_token);
+        flights_.erase(it);
+      } else {
+        FailOver(handle, f, Status(StatusCode::kDeadlineExceeded, "no first token in time"));
+      }
+    }
+    // Workers the event plane declared dead lose their requests.
+    if (signals_) {
+      std::set<WorkerId> busy;
+      for (auto& [handle, f] : flights_) busy.insert(f.worker);
+      for (WorkerId id : busy) {
+        if (signals_->State(id) == WorkerLiveness::kDead) {
+          FailWorker(id, Unavailable("worker " + std::to_string(id) + " missed its heartbeats"));
+        }
+      }
+    }
+  }
+
+  // --- DNS ---
+
+  void ResolveLoop() {
+    std::unique_lock<std::mutex> lock(cmd_mu_);
+    while (!stopping_) {
+      lock.unlock();
+      std::vector<std::string> endpoints = Resolve(options_.dns_name);
+      if (endpoints.empty()) Logger("fleet")->warn("DNS name {} resolved to no address", options_.dns_name);
+      Post(DnsCmd{std::move(endpoints)});
+      lock.lock();
+      resolver_cv_.wait_for(lock, std::chrono::nanoseconds(options_.dns_interval), [&] { return stopping_; });
+    }
+  }
+
+  void ApplyDns(const std::vector<std::string>& endpoints) {
+    std::set<std::string> now(endpoints.begin(), endpoints.end());
+    for (const auto& ep : endpoints) {
+      if (dns_known_.insert(ep).second) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+    }
+    for (auto it = dns_known_.begin(); it != dns_known_.end();) {
+      if (now.count(*it)) {
+        ++it;
+        continue;
+      }
+      RemoveByEndpoint(*it);
+      it = dns_known_.erase(it);
+    }
+  }
+
+  void RemoveByEndpoint(const std::string& endpoint) {
+    WorkerRecord* w = nullptr;
+    {
+      std::unique_lock<std::shared_mutex> lock(mu_);
+      auto it = by_endpoint_.find(endpoint);
+      if (it == by_endpoint_.end()) return;
+      w = workers_[it->second].get();
+      if (!w->from_static) return;  // it registered itself: its Hellos and Byes decide
+      w->removed = true;
+      std::erase(models_[w->info.model].members, w->id);
+    }
+    Logger("fleet")->info("worker {} left the DNS answer", w->info.name);
+    FailWorker(w->id, Unavailable("worker removed from DNS"));
+    Disconnect(*w);
+    if (signals_) signals_->RemoveWorker(w->id);
+  }
+
+  FleetOptions options_;
+  WorkerSignals* signals_;
+  const Clock* clock_;
+  zmq::context_t ctx_{1};
+  std::unique_ptr<zmq::socket_t> registration_;  // fleet thread
+  std::string bound_registration_;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::thread resolver_;
+  std::condition_variable resolver_cv_;
+
+  std::mutex cmd_mu_;
+  std::deque<Command> commands_;  // GUARDED_BY(cmd_mu_)
+  bool stopping_ = false;         // GUARDED_BY(cmd_mu_)
+  std::atomic<uint64_t> next_handle_{0};
+
+  // Registry: records are never deleted (ids stay dense and valid), only marked removed.
+  mutable std::shared_mutex mu_;
+  std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_)
+  std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
+  std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
+
+  // Fleet thread only.
+  std::unordered_map<uint64_t, Flight> flights_;     // by handle
+  std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle
+  uint64_t next_attempt_ = 1;
+  uint64_t monitors_ = 0;
+  std::set<std::string> refusals_logged_;
+  std::set<std::string> dns_known_;
+  RateLimit bad_frames_;
+
+  prometheus::Counter* retries_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* inflight_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* refused_family_ = nullptr;
+};
+
+Fleet::Fleet(std::unique_ptr<FleetImpl> impl) : impl_(std::move(impl)) {}
+Fleet::~Fleet() { Stop(); }
+
+Result<std::unique_ptr<Fleet>> Fleet::Start(const FleetOptions& options, WorkerSignals* signals, const Clock* clock,
+                                            prometheus::Registry* registry) {
+  if (options.max_attempts < 1) return InvalidArgument("max attempts must be >= 1");
+  if (options.request_timeout <= 0 || options.first_token_timeout <= 0) {
+    return InvalidArgument("request timeouts must be positive");
+  }
+  auto impl = std::make_unique<FleetImpl>(options, signals, clock, registry);
+  KVF_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Fleet>(new Fleet(std::move(impl)));
+}
+
+void Fleet::Stop() { impl_->Stop(); }
+uint64_t Fleet::NewHandle() { return impl_->NewHandle(); }
+void Fleet::Submit(uint64_t handle, ForwardRequest request) { impl_->Submit(handle, std::move(request)); }
+void Fleet::Cancel(uint64_t handle) { impl_->Cancel(handle); }
+std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { return impl_->FindModel(model); }
+std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
+bool Fleet::Ready() const { return impl_->Ready(); }
+std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
+void Fleet::OwnLoad(WorkerId worker, double* requests, double* prefill_tokens) const {
+  impl_->OwnLoad(worker, requests, prefill_tokens);
+}
+std::optional<LoadReport> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
+std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
+
+}  // namespace kvfleet::router

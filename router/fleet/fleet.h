@@ -1,0 +1,167 @@
+// Fleet: the workers this router knows, per model, and the forwarding of requests to
+// them over Contract 3 (schema/worker.capnp).
+//
+// Workers come from a static list of request endpoints, from Hello registrations on the
+// router's ROUTER socket, and from a DNS name re-resolved periodically (a Kubernetes
+// headless service). A worker is keyed by its requests endpoint, so a static entry and
+// that worker's Hello are one record. Each model has one fleet; a worker whose block size
+// disagrees with its model's fleet is refused, with a logged reason.
+//
+// Forwarding: one DEALER per worker, all owned by the fleet thread. A request that fails
+// before its first token (worker disconnected or dead, overloaded, first-token timeout)
+// is retried once on the worker `reroute` picks; after its first token the sink gets an
+// error. The router's own in-flight counts per worker are kept here for routing.
+//
+// Request lifecycle:
+//   1. Submit(): queued to the fleet thread, which sends Generate to the chosen worker.
+//   2. Deltas arrive on that worker's DEALER and go to the sink, in order.
+//   3. The final delta (finish reason set) or an error ends it; Cancel() ends it early
+//      and tells the worker.
+//
+// Thread safety: thread-safe. Sinks are called on the fleet thread, one request's calls
+// in order, never after the terminal call or after Cancel() returned... (see Cancel).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "router/fleet/protocol.h"
+#include "router/routing/policy.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvfleet::router {
+
+// A worker's event-stream state, as router/events tracks it (Contract 2).
+enum class WorkerLiveness { kUnknown, kSyncing, kLive, kReplaying, kDead };
+std::string_view LivenessName(WorkerLiveness l);
+
+struct LoadReport {
+  double active_requests = 0;
+  double queued_requests = 0;
+  double active_prefill_tokens = 0;
+  double prefill_tokens_per_s = 0;
+  TimeNs received_at = 0;
+};
+
+// What the event plane tells the fleet; router/main adapts router/events to it. Without
+// one (nullptr), liveness is the DEALER connection alone and there are no load reports.
+class WorkerSignals {
+ public:
+  virtual ~WorkerSignals() = default;
+  virtual void AddWorker(WorkerId id, const WorkerHello& info) = 0;
+  virtual void RemoveWorker(WorkerId id) = 0;
+  virtual WorkerLiveness State(WorkerId id) const = 0;
+  virtual std::optional<LoadReport> Load(WorkerId id) const = 0;
+};
+
+struct FleetOptions {
+  std::string registration_endpoint = "tcp://*:5555";  // Hello/Bye ROUTER; empty: none
+  // Static workers: their requests endpoints (tcp://host:5556). Their events and replay
+  // endpoints are the next two ports, the worker's defaults.
+  std::vector<std::string> static_workers;
+  std::string dns_name;                   // "host:port" resolving to many workers; empty: none
+  DurationNs dns_interval = 10 * kNsPerSec;
+  std::string static_model = "default";   // model served by static and DNS workers
+  uint32_t static_block_size = 32;
+  uint32_t static_max_context = 8192;
+  DurationNs request_timeout = 600 * kNsPerSec;      // whole request
+  DurationNs first_token_timeout = 60 * kNsPerSec;   // no first token: retry elsewhere
+  int max_attempts = 2;                   // the first try and one retry before the first token
+  DurationNs tick = 20 * kNsPerMs;        // timeouts and liveness are checked this often
+};
+
+// Called on the fleet thread.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void OnDelta(WorkerId worker, const WorkerDelta& delta) = 0;
+  // Terminal. `after_first_token`: some tokens were already delivered.
+  virtual void OnError(WorkerId worker, const Status& status, bool after_first_token) = 0;
+  // A retry moved the request to `worker` (before any token).
+  virtual void OnRetry(WorkerId from, WorkerId to) {}
+};
+
+struct ForwardRequest {
+  WorkerId worker = 0;
+  GenerateParams params;
+  // Prompt tokens the worker is expected to prefill (the uncached part); counted in the
+  // router's own queued-prefill load until the first token.
+  uint32_t prefill_tokens = 0;
+  std::shared_ptr<ResponseSink> sink;
+  // Picks the worker for a retry, excluding `tried`. Runs on the fleet thread.
+  std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
+};
+
+struct ModelFleet {
+  uint32_t block_size = 0;
+  uint32_t max_context = 0;             // the smallest of its workers'
+  std::vector<WorkerId> routable;       // live workers, ascending
+  size_t workers = 0;                   // known workers, routable or not
+};
+
+struct WorkerStatus {
+  WorkerId id = 0;
+  WorkerHello info;
+  bool connected = false;
+  bool said_bye = false;
+  WorkerLiveness liveness = WorkerLiveness::kUnknown;
+  bool routable = false;
+  int64_t inflight_requests = 0;       // this router's
+  int64_t inflight_prefill_tokens = 0; // this router's, not yet past the first token
+  std::optional<LoadReport> load;
+};
+
+class FleetImpl;
+
+class Fleet {
+ public:
+  // `signals` and `registry` may be null; both must outlive the Fleet.
+  static Result<std::unique_ptr<Fleet>> Start(const FleetOptions& options, WorkerSignals* signals, const Clock* clock,
+                                              prometheus::Registry* registry);
+  ~Fleet();  // Stop()s
+  Fleet(const Fleet&) = delete;
+  Fleet& operator=(const Fleet&) = delete;
+
+  // Ends every request (sinks get Unavailable), closes the sockets, joins. Idempotent.
+  void Stop();
+
+  // A fresh request handle, for Submit (known before any sink call can happen).
+  uint64_t NewHandle();
+  // Queues a request under `handle` (from NewHandle()).
+  void Submit(uint64_t handle, ForwardRequest request);
+  // Ends a request early and cancels it on its worker. Its sink gets no further call
+  // once the fleet thread has handled the cancel (calls already running may finish).
+  void Cancel(uint64_t handle);
+
+  // nullopt: no worker has ever announced `model`.
+  std::optional<ModelFleet> FindModel(std::string_view model) const;
+  // Models with at least one routable worker.
+  std::vector<std::string> LiveModels() const;
+  // True when every known model has a routable worker (and there is at least one).
+  bool Ready() const;
+  std::vector<WorkerStatus> Workers() const;
+  // This router's in-flight requests and not-yet-prefilled tokens on `worker`.
+  void OwnLoad(WorkerId worker, double* requests, double* prefill_tokens) const;
+  std::optional<LoadReport> ReportedLoad(WorkerId worker) const;
+  // The worker's announced name ("" when unknown).
+  std::string WorkerName(WorkerId worker) const;
+  // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).
+  std::string registration_endpoint() const;
+
+ private:
+  explicit Fleet(std::unique_ptr<FleetImpl> impl);
+  std::unique_ptr<FleetImpl> impl_;
+};
+
+}  // namespace kvfleet::router

@@ -1,0 +1,265 @@
+#include "router/fleet/protocol.h"
+
+#include <capnp/message.h>
+
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+
+namespace kvfleet::router {
+
+namespace s = kvfleet::schema;
+
+namespace {
+
+FinishReason FromSchema(s::FinishReason r) {
+  switch (r) {
+    case s::FinishReason::NONE: return FinishReason::kNone;
+    case s::FinishReason::STOP: return FinishReason::kStop;
+    case s::FinishReason::LENGTH: return FinishReason::kLength;
+    case s::FinishReason::CANCELLED: return FinishReason::kCancelled;
+    case s::FinishReason::ERROR: return FinishReason::kError;
+  }
+  return FinishReason::kError;
+}
+
+s::FinishReason ToSchema(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return s::FinishReason::NONE;
+    case FinishReason::kStop: return s::FinishReason::STOP;
+    case FinishReason::kLength: return s::FinishReason::LENGTH;
+    case FinishReason::kCancelled: return s::FinishReason::CANCELLED;
+    case FinishReason::kError: return s::FinishReason::ERROR;
+  }
+  return s::FinishReason::ERROR;
+}
+
+template <typename Fn>
+auto Guard(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+  }
+}
+
+}  // namespace
+
+std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
+  capnp::MallocMessageBuilder message;
+  auto g = message.initRoot<s::ToWorker>().initGenerate();
+  g.setRequestId(request_id);
+  auto tokens = g.initTokens(static_cast<unsigned>(p.tokens.size()));
+  for (size_t i = 0; i < p.tokens.size(); ++i) tokens.set(static_cast<unsigned>(i), p.tokens[i]);
+  auto sp = g.initSampling();
+  sp.setTemperature(p.sampling.temperature);
+  sp.setTopP(p.sampling.top_p);
+  sp.setTopK(p.sampling.top_k);
+  if (p.sampling.seed) {
+    sp.setSeed(*p.sampling.seed);
+    sp.setHasSeed(true);
+  }
+  sp.setMaxTokens(p.sampling.max_tokens);
+  auto stops = sp.initStopTokenIds(static_cast<unsigned>(p.sampling.stop_token_ids.size()));
+  for (size_t i = 0; i < p.sampling.stop_token_ids.size(); ++i) {
+    stops.set(static_cast<unsigned>(i), p.sampling.stop_token_ids[i]);
+  }
+  sp.setIgnoreEos(p.sampling.ignore_eos);
+  auto r = g.initRetention();
+  auto ranges = r.initRanges(static_cast<unsigned>(p.retention.ranges.size()));
+  for (size_t i = 0; i < p.retention.ranges.size(); ++i) {
+    const auto& src = p.retention.ranges[i];
+    auto dst = ranges[static_cast<unsigned>(i)];
+    dst.setStart(src.start);
+    if (src.end) {
+      dst.setEnd(*src.end);
+      dst.setHasEnd(true);
+    }
+    dst.setPriority(src.priority);
+    if (src.duration_ms) {
+      dst.setDurationMs(*src.duration_ms);
+      dst.setHasDuration(true);
+    }
+  }
+  if (p.retention.decode_priority) {
+    r.setDecodePriority(*p.retention.decode_priority);
+    r.setHasDecodePriority(true);
+  }
+  if (p.retention.decode_duration_ms) {
+    r.setDecodeDurationMs(*p.retention.decode_duration_ms);
+    r.setHasDecodeDuration(true);
+  }
+  g.setLoraName(p.lora);
+  g.setCacheSalt(p.cache_salt);
+  g.setModel(p.model);
+  return wire::Encode(message);
+}
+
+std::string EncodeCancel(uint64_t request_id) {
+  capnp::MallocMessageBuilder message;
+  message.initRoot<s::ToWorker>().initCancel().setRequestId(request_id);
+  return wire::Encode(message);
+}
+
+Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
+  auto decoded = wire::Decode<s::FromWorker>(data, size);
+  if (!decoded.ok()) return decoded.status();
+  return Guard([&]() -> Result<FromWorkerMessage> {
+    auto root = (*decoded)->Root<s::FromWorker>();
+    if (root.isDelta()) {
+      auto d = root.getDelta();
+      WorkerDelta out;
+      out.request_id = d.getRequestId();
+      auto tokens = d.getTokens();
+      out.tokens.reserve(tokens.size());
+      for (auto t : tokens) out.tokens.push_back(t);
+      out.finish = FromSchema(d.getFinishReason());
+      auto u = d.getUsage();
+      out.usage = {u.getPromptTokens(), u.getCachedDeviceTokens(), u.getCachedHostTokens(), u.getCompletionTokens(),
+                   u.getTimeToFirstTokenUs()};
+      return FromWorkerMessage(std::move(out));
+    }
+    if (root.isError()) {
+      auto e = root.getError();
+      WorkerError out;
+      out.request_id = e.getRequestId();
+      out.code = static_cast<WorkerErrorCode>(static_cast<int>(e.getCode()));
+      if (static_cast<int>(e.getCode()) > static_cast<int>(WorkerErrorCode::kUnknownModel)) {
+        out.code = WorkerErrorCode::kInternal;
+      }
+      out.message = e.getMessage().cStr();
+      return FromWorkerMessage(std::move(out));
+    }
+    return DataLoss("FromWorker of an unknown kind");
+  });
+}
+
+Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
+  auto decoded = wire::Decode<s::ToRouter>(data, size);
+  if (!decoded.ok()) return decoded.status();
+  return Guard([&]() -> Result<ToRouterMessage> {
+    auto root = (*decoded)->Root<s::ToRouter>();
+    if (root.isHello()) {
+      auto h = root.getHello();
+      WorkerHello out;
+      out.name = h.getWorkerId().cStr();
+      out.model = h.getModel().cStr();
+      out.block_size = h.getBlockSize();
+      out.max_context = h.getMaxContext();
+      for (auto t : h.getTiers()) {
+        if (t.getTier() == schema::Tier::DEVICE) out.device_blocks = t.getTotalBlocks();
+        else out.host_blocks += t.getTotalBlocks();
+      }
+      auto e = h.getEndpoints();
+      out.requests_endpoint = e.getRequests().cStr();
+      out.events_endpoint = e.getEvents().cStr();
+      out.replay_endpoint = e.getReplay().cStr();
+      out.http_endpoint = e.getHttp().cStr();
+      out.backend = h.getBackend().cStr();
+      out.epoch = h.getEpoch();
+      return ToRouterMessage(std::move(out));
+    }
+    if (root.isBye()) {
+      auto b = root.getBye();
+      return ToRouterMessage(WorkerBye{b.getWorkerId().cStr(), b.getEpoch()});
+    }
+    return DataLoss("ToRouter of an unknown kind");
+  });
+}
+
+Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
+  auto decoded = wire::Decode<s::ToWorker>(data, size);
+  if (!decoded.ok()) return decoded.status();
+  return Guard([&]() -> Result<ToWorkerMessage> {
+    auto root = (*decoded)->Root<s::ToWorker>();
+    ToWorkerMessage out;
+    if (root.isCancel()) {
+      out.cancel = true;
+      out.request_id = root.getCancel().getRequestId();
+      return out;
+    }
+    auto g = root.getGenerate();
+    out.request_id = g.getRequestId();
+    auto tokens = g.getTokens();
+    out.params.tokens.reserve(tokens.size());
+    for (auto t : tokens) out.params.tokens.push_back(t);
+    auto sp = g.getSampling();
+    out.params.sampling.temperature = sp.getTemperature();
+    out.params.sampling.top_p = sp.getTopP();
+    out.params.sampling.top_k = sp.getTopK();
+    if (sp.getHasSeed()) out.params.sampling.seed = sp.getSeed();
+    out.params.sampling.max_tokens = sp.getMaxTokens();
+    for (auto t : sp.getStopTokenIds()) out.params.sampling.stop_token_ids.push_back(t);
+    out.params.sampling.ignore_eos = sp.getIgnoreEos();
+    for (auto r : g.getRetention().getRanges()) {
+      RetentionRange rr;
+      rr.start = r.getStart();
+      if (r.getHasEnd()) rr.end = r.getEnd();
+      rr.priority = r.getPriority();
+      if (r.getHasDuration()) rr.duration_ms = r.getDurationMs();
+      out.params.retention.ranges.push_back(rr);
+    }
+    out.params.lora = g.getLoraName().cStr();
+    out.params.cache_salt = g.getCacheSalt().cStr();
+    out.params.model = g.getModel().cStr();
+    return out;
+  });
+}
+
+std::string EncodeDelta(const WorkerDelta& d) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::FromWorker>().initDelta();
+  out.setRequestId(d.request_id);
+  auto tokens = out.initTokens(static_cast<unsigned>(d.tokens.size()));
+  for (size_t i = 0; i < d.tokens.size(); ++i) tokens.set(static_cast<unsigned>(i), d.tokens[i]);
+  out.setFinishReason(ToSchema(d.finish));
+  auto u = out.initUsage();
+  u.setPromptTokens(d.usage.prompt_tokens);
+  u.setCachedDeviceTokens(d.usage.cached_device_tokens);
+  u.setCachedHostTokens(d.usage.cached_host_tokens);
+  u.setCompletionTokens(d.usage.completion_tokens);
+  u.setTimeToFirstTokenUs(d.usage.time_to_first_token_us);
+  return wire::Encode(message);
+}
+
+std::string EncodeError(const WorkerError& e) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::FromWorker>().initError();
+  out.setRequestId(e.request_id);
+  out.setCode(static_cast<s::ErrorCode>(static_cast<int>(e.code)));
+  out.setMessage(e.message);
+  return wire::Encode(message);
+}
+
+std::string EncodeHello(const WorkerHello& h) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::ToRouter>().initHello();
+  out.setWorkerId(h.name);
+  out.setModel(h.model);
+  out.setBlockSize(h.block_size);
+  out.setMaxContext(h.max_context);
+  auto tiers = out.initTiers(h.host_blocks > 0 ? 2 : 1);
+  tiers[0].setTier(schema::Tier::DEVICE);
+  tiers[0].setTotalBlocks(h.device_blocks);
+  if (h.host_blocks > 0) {
+    tiers[1].setTier(schema::Tier::HOST);
+    tiers[1].setTotalBlocks(h.host_blocks);
+  }
+  auto e = out.initEndpoints();
+  e.setRequests(h.requests_endpoint);
+  e.setEvents(h.events_endpoint);
+  e.setReplay(h.replay_endpoint);
+  e.setHttp(h.http_endpoint);
+  out.setBackend(h.backend);
+  out.setEpoch(h.epoch);
+  return wire::Encode(message);
+}
+
+std::string EncodeBye(const WorkerBye& b) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::ToRouter>().initBye();
+  out.setWorkerId(b.name);
+  out.setEpoch(b.epoch);
+  return wire::Encode(message);
+}
+
+}  // namespace kvfleet::router

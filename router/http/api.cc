@@ -1,0 +1,520 @@
+#include "router/http/api.h"
+
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "common/block_hash.h"
+#include "common/http/metrics.h"
+#include "common/log.h"
+
+namespace kvfleet::router {
+
+using nlohmann::json;
+
+Result<std::vector<std::string>> LoadApiKeys(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read API key file " + path);
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys.push_back(line.substr(start));
+  }
+  if (keys.empty()) return InvalidArgument("API key file " + path + " holds no key");
+  return keys;
+}
+
+namespace {
+
+http::Response JsonResponse(int status, std::string body) {
+  http::Response r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+http::Response ErrorResponse(const ApiError& e) {
+  http::Response r = JsonResponse(e.status, e.ToJson());
+  if (e.retry_after_s > 0) r.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s));
+  return r;
+}
+
+ApiError MakeError(int status, std::string message, std::string type, std::string code = "", int retry_after = 0) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.retry_after_s = retry_after;
+  return e;
+}
+
+// Compares without an early exit, so the time taken says nothing about the key.
+bool SameKey(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0 && !b.empty();
+}
+
+int64_t UnixSeconds(const Clock* clock) { return clock->WallNs() / kNsPerSec; }
+
+double Seconds(DurationNs d) { return static_cast<double>(d) / kNsPerSec; }
+
+}  // namespace
+
+struct Metrics {
+  explicit Metrics(prometheus::Registry& r)
+      : requests(prometheus::BuildCounter()
+                     .Name("kvfleet_router_requests_total")
+                     .Help("Completion requests answered, by model, worker and HTTP status")
+                     .Register(r)),
+        routing(prometheus::BuildHistogram()
+                    .Name("kvfleet_router_routing_seconds")
+                    .Help("Routing decision time, tokenization and block hashing included")
+                    .Register(r)
+                    .Add({}, prometheus::Histogram::BucketBoundaries{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+                                                                     1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3})),
+        matched(prometheus::BuildHistogram()
+                    .Name("kvfleet_router_matched_blocks")
+                    .Help("Leading prompt blocks the chosen worker was believed to hold")
+                    .Register(r)
+                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                                                     1024})),
+        cached(prometheus::BuildCounter()
+                   .Name("kvfleet_router_cached_tokens_total")
+                   .Help("Prompt tokens expected cached at routing (predicted) and reported cached by workers (actual)")
+                   .Register(r)),
+        predicted(cached.Add({{"kind", "predicted"}})),
+        actual(cached.Add({{"kind", "actual"}})),
+        ttft(prometheus::BuildHistogram()
+                 .Name("kvfleet_router_time_to_first_token_seconds")
+                 .Help("Time from the request's arrival to its first token, seen by the router")
+                 .Register(r)
+                 .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+                                                                  250e-3, 500e-3, 1, 2.5, 5, 10, 30})),
+        itl(prometheus::BuildHistogram()
+                .Name("kvfleet_router_inter_token_seconds")
+                .Help("Time between successive deltas of a stream, per token")
+                .Register(r)
+                .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+                                                                 250e-3, 1})) {}
+
+  prometheus::Family<prometheus::Counter>& requests;
+  prometheus::Histogram& routing;
+  prometheus::Histogram& matched;
+  prometheus::Family<prometheus::Counter>& cached;
+  prometheus::Counter& predicted;
+  prometheus::Counter& actual;
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& itl;
+};
+
+class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
+ public:
+  ApiImpl(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
+          std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
+      : options_(options),
+        fleet_(fleet),
+        picker_(picker),
+        kv_index_(kv_index),
+        approx_index_(approx_index),
+        codec_(std::move(codec)),
+        clock_(clock),
+        registry_(std::move(registry)),
+        metrics_(*registry_),
+        id_rng_(std::random_device{}()) {}
+
+  void AddRoutes(http::Routes* routes) {
+    std::weak_ptr<ApiImpl> weak = shared_from_this();
+    routes->SetErrorFormatter([](int status, std::string_view message) {
+      std::string type = status >= 500 ? "server_error" : "invalid_request_error";
+      return ErrorResponse(MakeError(status, std::string(message), type));
+    });
+    auto self = shared_from_this();
+    routes->Add("POST", "/v1/completions", [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, false); });
+    routes->Add("POST", "/v1/chat/completions",
+                [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, true); });
+    routes->AddSync("GET", "/v1/models", [self](const http::Request& req) { return self->Models(req); });
+    routes->AddSync("GET", "/health", [](const http::Request&) { return JsonResponse(200, R"({"status":"ok"})"); });
+    routes->AddSync("GET", "/ready", [self](const http::Request&) {
+      bool ready = self->fleet_->Ready();
+      return JsonResponse(ready ? 200 : 503, ready ? R"({"status":"ready"})" : R"({"status":"no live worker"})");
+    });
+    routes->AddSync("GET", "/fleet", [self](const http::Request&) { return self->FleetJson(); });
+    http::AddMetricsRoute(*routes, registry_);
+  }
+
+  // --- handlers ---
+
+  std::optional<ApiError> Authorize(const http::Request& req) const {
+    if (options_.api_keys.empty()) return std::nullopt;
+    std::string_view auth = req.Header("authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer) {
+      std::string_view key = auth.substr(kBearer.size());
+      for (const auto& k : options_.api_keys) {
+        if (SameKey(key, k)) return std::nullopt;
+      }
+    }
+    return MakeError(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key");
+  }
+
+  http::Response Models(const http::Request& req) {
+    if (auto e = Authorize(req)) return ErrorResponse(*e);
+    json data = json::array();
+    for (const auto& m : fleet_->LiveModels()) {
+      data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "kvfleet"}});
+    }
+    return JsonResponse(200, json{{"object", "list"}, {"data", data}}.dump());
+  }
+
+  http::Response FleetJson() {
+    json workers = json::array();
+    for (const auto& w : fleet_->Workers()) {
+      json j = {{"id", w.id},
+                {"name", w.info.name},
+                {"model", w.info.model},
+                {"block_size", w.info.block_size},
+                {"max_context", w.info.max_context},
+                {"backend", w.info.backend},
+                {"epoch", w.info.epoch},
+                {"endpoints",
+                 {{"requests", w.info.requests_endpoint},
+                  {"events", w.info.events_endpoint},
+                  {"replay", w.info.replay_endpoint},
+                  {"http", w.info.http_endpoint}}},
+                {"connected", w.connected},
+                {"said_bye", w.said_bye},
+                {"state", std::string(LivenessName(w.liveness))},
+                {"routable", w.routable},
+                {"router_inflight_requests", w.inflight_requests},
+                {"router_inflight_prefill_tokens", w.inflight_prefill_tokens}};
+      if (w.load) {
+        j["load"] = {{"active_requests", w.load->active_requests},
+                     {"queued_requests", w.load->queued_requests},
+                     {"active_prefill_tokens", w.load->active_prefill_tokens},
+                     {"prefill_tokens_per_second", w.load->prefill_tokens_per_s},
+                     {"report_age_seconds", Seconds(clock_->Now() - w.load->received_at)}};
+      } else {
+        j["load"] = nullptr;
+      }
+      workers.push_back(std::move(j));
+    }
+    return JsonResponse(200, json{{"workers", workers}, {"ready", fleet_->Ready()}}.dump(2));
+  }
+
+  void Fail(const std::shared_ptr<http::Exchange>& ex, const std::string& model, const ApiError& e) {
+    metrics_.requests.Add({{"model", model}, {"worker", "none"}, {"status", std::to_string(e.status)}}).Increment();
+    ex->Reply(ErrorResponse(e));
+  }
+
+  void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
+
+  ApiOptions options_;
+  Fleet* fleet_;
+  Picker* picker_;
+  PrefixIndex* kv_index_;
+  PrefixIndex* approx_index_;
+  std::shared_ptr<const TextCodec> codec_;
+  const Clock* clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  Metrics metrics_;
+  std::mutex id_mu_;
+  std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
+};
+
+// One request's answer, fed by the fleet thread.
+class RequestStream final : public ResponseSink {
+ public:
+  RequestStream(std::shared_ptr<ApiImpl> api, std::shared_ptr<http::Exchange> ex, CompletionRequest req,
+                std::string id, TimeNs arrived, uint32_t prompt_tokens)
+      : api_(std::move(api)),
+        ex_(std::move(ex)),
+        req_(std::move(req)),
+        id_(std::move(id)),
+        created_(UnixSeconds(api_->clock_)),
+        arrived_(arrived),
+        last_(arrived),
+        prompt_tokens_(prompt_tokens),
+        decoder_(api_->codec_->NewDecoder()),
+        stops_(req_.stop) {}
+
+  void set_handle(uint64_t h) { handle_.store(h); }
+
+  void OnDelta(WorkerId worker, const WorkerDelta& d) override {
+    if (done_) return;
+    TimeNs now = api_->clock_->Now();
+    if (!first_ && !d.tokens.empty()) {
+      first_ = true;
+      api_->metrics_.ttft.Observe(Seconds(now - arrived_));
+    } else if (!d.tokens.empty()) {
+      api_->metrics_.itl.Observe(Seconds(now - last_) / static_cast<double>(d.tokens.size()));
+    }
+    last_ = now;
+    std::string text;
+    for (TokenId t : d.tokens) {
+      ++completion_tokens_;
+      text += decoder_->Push(t);
+    }
+    if (d.finish != FinishReason::kNone) text += decoder_->Finish();
+    bool stopped = false;
+    std::string out = stops_.Push(text, &stopped);
+    usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
+    usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
+    usage_.completion_tokens = completion_tokens_;
+    if (d.finish != FinishReason::kNone || stopped) {
+      usage_.worker = api_->fleet_->WorkerName(worker);
+      usage_.worker_ttft_ms = static_cast<double>(d.usage.time_to_first_token_us) / 1000.0;
+    }
+    std::string finish;
+    if (stopped) {
+      finish = "stop";
+      api_->fleet_->Cancel(handle_.load());  // a stop string: the worker need not go on
+    } else if (d.finish != FinishReason::kNone) {
+      out += stops_.Flush();
+      finish = std::string(FinishReasonText(d.finish));
+    }
+    if (req_.stream) {
+      if (!started_) {
+        started_ = true;
+        ex_->StartStream(200, "text/event-stream");
+      }
+      if (!out.empty() || (first_chunk_ && req_.chat)) {
+        ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
+        first_chunk_ = false;
+      }
+    } else {
+      text_ += out;
+    }
+    if (!finish.empty()) End(worker, finish);
+  }
+
+  void OnError(WorkerId worker, const Status& status, bool after_first_token) override {
+    if (done_) return;
+    done_ = true;
+    ApiError e = ToApiError(status);
+    api_->metrics_.requests
+        .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", std::to_string(e.status)}})
+        .Increment();
+    if (started_) {
+      // Tokens already went out: the stream ends with an error event.
+      ex_->Write(FormatStreamError(e));
+      ex_->Write(kDoneEvent);
+      ex_->Finish();
+      return;
+    }
+    ex_->Reply(ErrorResponse(e));
+  }
+
+  void OnRetry(WorkerId from, WorkerId to) override {}
+
+ private:
+  ApiError ToApiError(const Status& s) const {
+    int retry = api_->options_.retry_after_s;
+    switch (s.code()) {
+      case StatusCode::kInvalidArgument: return MakeError(400, s.message(), "invalid_request_error");
+      case StatusCode::kOutOfRange:
+        return MakeError(400, s.message(), "invalid_request_error", "context_length_exceeded");
+      case StatusCode::kNotFound: return MakeError(404, s.message(), "invalid_request_error", "model_not_found");
+      case StatusCode::kResourceExhausted: return MakeError(429, s.message(), "rate_limit_error", "overloaded", retry);
+      case StatusCode::kUnavailable: return MakeError(503, s.message(), "server_error", "service_unavailable", retry);
+      case StatusCode::kDeadlineExceeded: return MakeError(504, s.message(), "server_error", "timeout");
+      default: return MakeError(500, s.message(), "server_error");
+    }
+  }
+
+  void End(WorkerId worker, const std::string& finish) {
+    done_ = true;
+    api_->metrics_.actual.Increment(usage_.cached_tokens);
+    api_->metrics_.requests
+        .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", "200"}})
+        .Increment();
+    if (req_.stream) {
+      ex_->Write(FormatChunk(req_, id_, created_, "", finish, false));
+      if (req_.include_usage) ex_->Write(FormatUsageChunk(req_, id_, created_, usage_));
+      ex_->Write(kDoneEvent);
+      ex_->Finish();
+    } else {
+      http::Response r;
+      r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
+      ex_->Reply(std::move(r));
+    }
+  }
+
+  std::shared_ptr<ApiImpl> api_;
+  std::shared_ptr<http::Exchange> ex_;
+  CompletionRequest req_;
+  std::string id_;
+  int64_t created_;
+  TimeNs arrived_;
+  TimeNs last_;
+  uint32_t prompt_tokens_;
+  std::unique_ptr<StreamDecoder> decoder_;
+  StopMatcher stops_;
+  std::atomic<uint64_t> handle_{0};
+  // Fleet thread only.
+  bool first_ = false;
+  bool started_ = false;
+  bool first_chunk_ = true;
+  bool done_ = false;
+  uint32_t completion_tokens_ = 0;
+  UsageCounts usage_;
+  std::string text_;
+};
+
+void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
+  TimeNs arrived = clock_->Now();
+  const http::Request& http_req = ex->request();
+  if (auto e = Authorize(http_req)) return Fail(ex, "", *e);
+  auto parsed = ParseCompletionRequest(http_req.body, chat, options_.limits);
+  if (!parsed.ok()) return Fail(ex, "", ErrorFromStatus(parsed.status()));
+  CompletionRequest req = std::move(parsed).value();
+
+  auto model = fleet_->FindModel(req.model);
+  if (!model) {
+    return Fail(ex, req.model,
+                MakeError(404, "The model '" + req.model + "' does not exist.", "invalid_request_error",
+                          "model_not_found"));
+  }
+  if (model->routable.empty()) {
+    return Fail(ex, req.model,
+                MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
+                          "service_unavailable", options_.retry_after_s));
+  }
+  // Tokenize.
+  GenerateParams params;
+  if (chat) {
+    auto t = codec_->EncodeChat(req.messages_json);
+    if (!t.ok()) return Fail(ex, req.model, BadRequest(t.status().message(), "messages"));
+    params.tokens = std::move(t).value();
+  } else if (req.prompt_text) {
+    auto t = codec_->EncodePrompt(*req.prompt_text);
+    if (!t.ok()) return Fail(ex, req.model, BadRequest(t.status().message(), "prompt"));
+    params.tokens = std::move(t).value();
+  } else {
+    params.tokens = std::move(req.prompt_tokens);
+  }
+  if (params.tokens.empty()) return Fail(ex, req.model, BadRequest("the prompt is empty", "prompt"));
+  uint32_t prompt = static_cast<uint32_t>(params.tokens.size());
+  uint32_t context = model->max_context;
+  uint32_t max_tokens = req.max_tokens.value_or(chat ? options_.default_chat_max_tokens : options_.default_max_tokens);
+  if (context > 0 && !req.max_tokens && chat && prompt < context) max_tokens = std::min(max_tokens, context - prompt);
+  if (context > 0 && uint64_t{prompt} + max_tokens > context) {
+    return Fail(ex, req.model,
+                MakeError(400,
+                          "This model's maximum context length is " + std::to_string(context) +
+                              " tokens. However, you requested " + std::to_string(uint64_t{prompt} + max_tokens) +
+                              " tokens (" + std::to_string(prompt) + " in the prompt, " + std::to_string(max_tokens) +
+                              " for the completion).",
+                          "invalid_request_error", "context_length_exceeded"));
+  }
+  params.sampling.temperature = req.temperature;
+  params.sampling.top_p = req.top_p;
+  params.sampling.top_k = req.top_k;
+  params.sampling.seed = req.seed;
+  params.sampling.max_tokens = max_tokens;
+  params.sampling.ignore_eos = req.ignore_eos;
+  params.retention = req.retention;
+  params.cache_salt = req.cache_salt;
+  params.model = req.model;
+
+  // Route.
+  Policy policy = req.routing.value_or(picker_->options().policy);
+  BlockHasher hasher(model->block_size, HashNamespace{req.model, "", req.cache_salt});
+  std::vector<BlockHash> hashes = hasher.HashAll(params.tokens);
+  PrefixIndex* index = policy == Policy::kApprox ? approx_index_ : kv_index_;
+  std::vector<PrefixMatch> matches;
+  if (policy == Policy::kKv || policy == Policy::kApprox) index->FindMatches(hashes, &matches);
+  auto candidates = std::make_shared<std::vector<Candidate>>();
+  candidates->reserve(model->routable.size());
+  for (WorkerId id : model->routable) {
+    Candidate c;
+    c.worker = id;
+    for (const auto& m : matches) {
+      if (m.worker == id) {
+        c.device_blocks = m.device_blocks;
+        c.host_blocks = m.host_blocks;
+      }
+    }
+    double own_requests = 0, own_prefill = 0;
+    fleet_->OwnLoad(id, &own_requests, &own_prefill);
+    c.running_requests = own_requests;
+    c.queued_prefill_tokens = own_prefill;
+    // Without a report, every request this router has in flight there may be queued.
+    c.queued_requests = own_requests;
+    if (policy != Policy::kApprox) {
+      if (auto load = fleet_->ReportedLoad(id)) {
+        // Both are lower bounds of the truth (README.md): take the larger.
+        c.running_requests = std::max(own_requests, load->active_requests + load->queued_requests);
+        c.queued_prefill_tokens = std::max(own_prefill, load->active_prefill_tokens);
+        c.queued_requests = std::max(load->queued_requests, own_requests - load->active_requests);
+        c.prefill_tokens_per_s = load->prefill_tokens_per_s;
+      }
+    }
+    candidates->push_back(c);
+  }
+  RouteRequest route{prompt, model->block_size};
+  auto decision = picker_->Pick(policy, route, *candidates);
+  if (!decision.ok()) {
+    return Fail(ex, req.model,
+                MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
+                          options_.retry_after_s));
+  }
+  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  if (approx_index_ != kv_index_) {
+    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  }
+  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));
+  const Candidate& chosen = (*candidates)[decision->index];
+  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
+  metrics_.predicted.Increment(decision->predicted_cached_tokens);
+
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(id_mu_);
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
+                  static_cast<unsigned long long>(id_rng_()));
+    id = buf;
+  }
+  auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, prompt);
+  ForwardRequest fwd;
+  fwd.worker = decision->worker;
+  fwd.params = std::move(params);
+  fwd.prefill_tokens = prompt - decision->predicted_cached_tokens;
+  fwd.sink = stream;
+  Picker* picker = picker_;
+  fwd.reroute = [picker, policy, route, candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
+    std::vector<Candidate> rest;
+    for (const Candidate& c : *candidates) {
+      if (std::find(tried.begin(), tried.end(), c.worker) == tried.end()) rest.push_back(c);
+    }
+    if (rest.empty()) return Unavailable("no other live worker to retry on");
+    KVF_ASSIGN_OR_RETURN(Decision d, picker->Pick(policy, route, rest));
+    return d.worker;
+  };
+  uint64_t handle = fleet_->NewHandle();
+  stream->set_handle(handle);
+  fleet_->Submit(handle, std::move(fwd));
+  Fleet* fleet = fleet_;
+  ex->OnClientGone([fleet, handle] { fleet->Cancel(handle); });
+}
+
+Api::Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
+         std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
+    : impl_(std::make_shared<ApiImpl>(options, fleet, picker, kv_index, approx_index, std::move(codec), clock,
+                                      std::move(registry))) {}
+
+Api::~Api() = default;
+
+void Api::AddRoutes(http::Routes* routes) { impl_->AddRoutes(routes); }
+
+}  // namespace kvfleet::router

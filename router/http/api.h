@@ -1,0 +1,60 @@
+// The router's HTTP API: OpenAI /v1/completions, /v1/chat/completions and /v1/models, and
+// the operator's /health, /ready, /metrics and /fleet, on the common HTTP server.
+//
+// A completion request is parsed (router/http/openai.h), tokenized, hashed into blocks
+// (Contract 1), routed (router/routing) and forwarded (router/fleet); the answer streams
+// back as SSE or is returned whole. A client that disconnects cancels its request on the
+// worker.
+//
+// Thread safety: thread-safe; handlers run on the HTTP I/O threads, request streams on
+// the fleet thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/http/server.h"
+#include "common/status.h"
+#include "router/fleet/fleet.h"
+#include "router/http/codec.h"
+#include "router/http/openai.h"
+#include "router/routing/policy.h"
+#include "router/routing/predicted_index.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvfleet::router {
+
+struct ApiOptions {
+  std::vector<std::string> api_keys;        // empty: no authentication
+  RequestLimits limits;
+  uint32_t default_max_tokens = 16;         // /v1/completions without max_tokens (OpenAI's default)
+  uint32_t default_chat_max_tokens = 4096;  // /v1/chat/completions without one (capped by the context)
+  int retry_after_s = 1;                    // Retry-After on 429 and 503
+};
+
+// Reads API keys from a file: one per line; blank lines and lines starting with '#' skipped.
+Result<std::vector<std::string>> LoadApiKeys(const std::string& path);
+
+class ApiImpl;
+
+class Api {
+ public:
+  // Every pointer must outlive the Api. `kv_index` serves the kv policy (the global index
+  // when events are connected); `approx_index` the approx policy; they may be the same.
+  Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
+      std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry);
+  ~Api();
+
+  // Adds every route to `routes` (and its OpenAI-style error formatter).
+  void AddRoutes(http::Routes* routes);
+
+ private:
+  std::shared_ptr<ApiImpl> impl_;
+};
+
+}  // namespace kvfleet::router

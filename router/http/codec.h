@@ -1,0 +1,46 @@
+// TextCodec: how the router turns prompts into token ids and generated ids back into
+// text. With a model directory it is the model's tokenizer (common/tokenizer); without
+// one (a mock fleet) it is the byte codec: one token per UTF-8 byte, a plain-text chat
+// template, and ids >= 256 shown as letters, since a mock worker's ids mean nothing.
+//
+// Thread safety: a TextCodec is immutable and shared; a StreamDecoder belongs to one
+// request.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+
+namespace kvfleet::router {
+
+class StreamDecoder {
+ public:
+  virtual ~StreamDecoder() = default;
+  // The text that `id` completes (may be empty while a multi-byte character is partial).
+  virtual std::string Push(TokenId id) = 0;
+  virtual std::string Finish() = 0;
+};
+
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  // A completion prompt (with the tokenizer's special prefix, e.g. BOS).
+  virtual Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const = 0;
+  // A chat: `messages_json` is the validated OpenAI messages array.
+  virtual Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const = 0;
+  virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
+  virtual std::vector<TokenId> eos_token_ids() const = 0;
+  virtual std::string name() const = 0;
+};
+
+std::unique_ptr<TextCodec> MakeByteCodec();
+
+// The model's tokenizer from `model_dir` (tokenizer.json, tokenizer_config.json).
+// Unimplemented when this build has no tokenizer library.
+Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& model_dir);
+
+}  // namespace kvfleet::router

@@ -1,0 +1,409 @@
+#include "router/http/openai.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+namespace kvfleet::router {
+
+using nlohmann::json;
+
+namespace {
+
+// nlohmann's parser recurses per nesting level; deeper input than this is refused before
+// parsing, so no body can exhaust the stack.
+constexpr int kMaxJsonDepth = 64;
+
+bool DepthWithin(std::string_view s, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+Status Bad(std::string message, std::string_view param) {
+  return InvalidArgument(std::string(param) + "\x1f" + message);
+}
+
+// Reads an optional number field into *out; null counts as absent.
+template <typename T>
+Status ReadNumber(const json& j, const char* name, T* out, double lo, double hi, bool integer) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number() || (integer && !it->is_number_integer())) {
+    return Bad(std::string("'") + name + "' must be " + (integer ? "an integer" : "a number"), name);
+  }
+  double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    return Bad(std::string("'") + name + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi),
+               name);
+  }
+  *out = static_cast<T>(integer ? static_cast<double>(it->get<int64_t>()) : v);
+  if constexpr (std::is_integral_v<T>) {
+    if (it->is_number_unsigned()) *out = static_cast<T>(it->get<uint64_t>());
+    else *out = static_cast<T>(it->get<int64_t>());
+  }
+  return Status::Ok();
+}
+
+Status ReadBool(const json& j, const char* name, bool* out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean()) return Bad(std::string("'") + name + "' must be a boolean", name);
+  *out = it->get<bool>();
+  return Status::Ok();
+}
+
+Status ReadString(const json& j, const char* name, std::string* out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_string()) return Bad(std::string("'") + name + "' must be a string", name);
+  *out = it->get<std::string>();
+  return Status::Ok();
+}
+
+Status ParseRetention(const json& j, Retention* out) {
+  if (j.is_null()) return Status::Ok();
+  if (!j.is_object()) return Bad("'kv_retention' must be an object", "kv_retention");
+  if (auto it = j.find("token_ranges"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Bad("'kv_retention.token_ranges' must be an array", "kv_retention");
+    if (it->size() > 64) return Bad("'kv_retention.token_ranges' has more than 64 ranges", "kv_retention");
+    for (const json& r : *it) {
+      if (!r.is_object()) return Bad("each token range must be an object", "kv_retention");
+      RetentionRange range;
+      uint32_t start = 0;
+      KVF_RETURN_IF_ERROR(ReadNumber(r, "start", &start, 0, 4294967295.0, true));
+      range.start = start;
+      if (r.contains("end") && !r["end"].is_null()) {
+        uint32_t end = 0;
+        KVF_RETURN_IF_ERROR(ReadNumber(r, "end", &end, 0, 4294967295.0, true));
+        if (end <= start) return Bad("a token range's end must be after its start", "kv_retention");
+        range.end = end;
+      }
+      int priority = 35;
+      KVF_RETURN_IF_ERROR(ReadNumber(r, "priority", &priority, 0, 100, true));
+      range.priority = static_cast<uint8_t>(priority);
+      if (r.contains("duration_ms") && !r["duration_ms"].is_null()) {
+        uint64_t d = 0;
+        KVF_RETURN_IF_ERROR(ReadNumber(r, "duration_ms", &d, 0, 1e15, true));
+        range.duration_ms = d;
+      }
+      out->ranges.push_back(range);
+    }
+  }
+  if (j.contains("decode_priority") && !j["decode_priority"].is_null()) {
+    int p = 35;
+    KVF_RETURN_IF_ERROR(ReadNumber(j, "decode_priority", &p, 0, 100, true));
+    out->decode_priority = static_cast<uint8_t>(p);
+  }
+  if (j.contains("decode_duration_ms") && !j["decode_duration_ms"].is_null()) {
+    uint64_t d = 0;
+    KVF_RETURN_IF_ERROR(ReadNumber(j, "decode_duration_ms", &d, 0, 1e15, true));
+    out->decode_duration_ms = d;
+  }
+  return Status::Ok();
+}
+
+Status ParseMessages(const json& j, std::string* out) {
+  if (!j.is_array() || j.empty()) return Bad("'messages' must be a non-empty array", "messages");
+  for (const json& m : j) {
+    if (!m.is_object()) return Bad("each message must be an object", "messages");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return Bad("each message needs a string 'role'", "messages");
+    static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer", "function"};
+    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* r) { return *role == r; })) {
+      return Bad("unknown message role '" + role->get<std::string>() + "'", "messages");
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      if (*role != "assistant") return Bad("a " + role->get<std::string>() + " message needs 'content'", "messages");
+      continue;
+    }
+    if (content->is_array()) {
+      for (const json& part : *content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return Bad("only text content parts are supported", "messages");
+        }
+      }
+    } else if (!content->is_string()) {
+      return Bad("'content' must be a string or an array of text parts", "messages");
+    }
+  }
+  *out = j.dump();
+  return Status::Ok();
+}
+
+json UsageJson(const UsageCounts& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+void AddExtension(json& j, const UsageCounts& u) {
+  if (!u.worker.empty()) j["kvfleet"] = {{"worker", u.worker}, {"worker_ttft_ms", u.worker_ttft_ms}};
+}
+
+json FinishJson(std::string_view finish) { return finish.empty() ? json(nullptr) : json(std::string(finish)); }
+
+}  // namespace
+
+std::string ApiError::ToJson() const {
+  json j = {{"error",
+             {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? json(nullptr) : json(param)},
+              {"code", code.empty() ? json(nullptr) : json(code)}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ApiError BadRequest(std::string message, std::string param) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+ApiError ErrorFromStatus(const Status& status) {
+  const std::string& m = status.message();
+  size_t sep = m.find('\x1f');
+  if (sep == std::string::npos) return BadRequest(m);
+  return BadRequest(m.substr(sep + 1), m.substr(0, sep));
+}
+
+Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits) {
+  if (!DepthWithin(body, kMaxJsonDepth)) return Bad("the JSON body is nested too deeply", "");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("the body is not valid JSON", "");
+  if (!j.is_object()) return Bad("the body must be a JSON object", "");
+  CompletionRequest r;
+  r.chat = chat;
+  auto model = j.find("model");
+  if (model == j.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
+    return Bad("'model' is required and must be a non-empty string", "model");
+  }
+  r.model = model->get<std::string>();
+
+  if (chat) {
+    auto messages = j.find("messages");
+    if (messages == j.end()) return Bad("'messages' is required", "messages");
+    KVF_RETURN_IF_ERROR(ParseMessages(*messages, &r.messages_json));
+  } else {
+    auto prompt = j.find("prompt");
+    if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
+    if (prompt->is_string()) {
+      r.prompt_text = prompt->get<std::string>();
+    } else if (prompt->is_array()) {
+      // A list of token ids; a list of one string or one id-list is that prompt (n=1).
+      const json* p = &*prompt;
+      if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+      if (p->is_string()) {
+        r.prompt_text = p->get<std::string>();
+      } else {
+        if (p->empty()) return Bad("'prompt' must not be empty", "prompt");
+        for (const json& t : *p) {
+          if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
+            return Bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+          }
+          r.prompt_tokens.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+        }
+      }
+    } else {
+      return Bad("'prompt' must be a string or an array of token ids", "prompt");
+    }
+  }
+
+  uint32_t max_tokens = 0;
+  const char* max_name = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (j.contains(max_name) && !j[max_name].is_null()) {
+    KVF_RETURN_IF_ERROR(ReadNumber(j, max_name, &max_tokens, 1, limits.max_tokens_cap, true));
+    r.max_tokens = max_tokens;
+  }
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "temperature", &r.temperature, 0, 2, false));
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "top_p", &r.top_p, 0, 1, false));
+  if (r.top_p == 0) return Bad("'top_p' must be greater than 0", "top_p");
+  int64_t top_k = 0;
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "top_k", &top_k, -1, 1 << 20, true));
+  r.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));  // -1 (vLLM): off
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return Bad("'seed' must be an integer", "seed");
+    r.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>()
+                                            : static_cast<uint64_t>(j["seed"].get<int64_t>());
+  }
+  if (auto stop = j.find("stop"); stop != j.end() && !stop->is_null()) {
+    if (stop->is_string()) {
+      r.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& s : *stop) {
+        if (!s.is_string()) return Bad("'stop' must be a string or an array of strings", "stop");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Bad("'stop' must be a string or an array of strings", "stop");
+    }
+    if (r.stop.size() > limits.max_stop_strings) {
+      return Bad("'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings", "stop");
+    }
+    for (const auto& s : r.stop) {
+      if (s.empty() || s.size() > limits.max_stop_bytes) return Bad("each stop string must be 1 to 256 bytes", "stop");
+    }
+  }
+  int64_t n = 1;
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &n, 1, 128, true));
+  if (n != 1) return Bad("only n=1 is supported", "n");
+  int64_t best_of = 1;
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "best_of", &best_of, 1, 128, true));
+  if (best_of != 1) return Bad("only best_of=1 is supported", "best_of");
+  for (const char* unsupported : {"logprobs", "top_logprobs", "suffix", "tools", "functions", "logit_bias"}) {
+    auto it = j.find(unsupported);
+    if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
+        (it->is_array() && it->empty()) || (it->is_object() && it->empty())) {
+      continue;
+    }
+    return Bad(std::string("'") + unsupported + "' is not supported", unsupported);
+  }
+  for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
+    double v = 0;
+    KVF_RETURN_IF_ERROR(ReadNumber(j, penalty, &v, -2, 2, false));
+    if (v != 0) return Bad(std::string("'") + penalty + "' is not supported (only 0)", penalty);
+  }
+  KVF_RETURN_IF_ERROR(ReadBool(j, "stream", &r.stream));
+  KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));
+  if (r.echo) return Bad("'echo' is not supported", "echo");
+  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
+    if (!so->is_object()) return Bad("'stream_options' must be an object", "stream_options");
+    if (!r.stream) return Bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    KVF_RETURN_IF_ERROR(ReadBool(*so, "include_usage", &r.include_usage));
+  }
+  KVF_RETURN_IF_ERROR(ReadString(j, "user", &r.user));
+  KVF_RETURN_IF_ERROR(ReadString(j, "cache_salt", &r.cache_salt));
+  KVF_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", &r.ignore_eos));
+  if (auto kr = j.find("kv_retention"); kr != j.end()) KVF_RETURN_IF_ERROR(ParseRetention(*kr, &r.retention));
+  if (auto routing = j.find("routing"); routing != j.end() && !routing->is_null()) {
+    if (!routing->is_string()) return Bad("'routing' must be a string", "routing");
+    auto p = ParsePolicy(routing->get<std::string>());
+    if (!p.ok()) return Bad(p.status().message(), "routing");
+    r.routing = *p;
+  }
+  return r;
+}
+
+std::string_view FinishReasonText(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
+                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
+  if (req.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", std::string(text)}};
+  } else {
+    choice["text"] = std::string(text);
+  }
+  json j = {{"id", std::string(id)},
+            {"object", req.chat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", req.model},
+            {"choices", json::array({std::move(choice)})},
+            {"usage", UsageJson(usage)}};
+  AddExtension(j, usage);
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
+                        std::string_view finish_reason, bool first) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
+  if (req.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = std::string(text);
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = std::string(text);
+  }
+  json j = {{"id", std::string(id)},
+            {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", req.model},
+            {"choices", json::array({std::move(choice)})}};
+  if (req.include_usage) j["usage"] = nullptr;
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
+                             const UsageCounts& usage) {
+  json j = {{"id", std::string(id)},
+            {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", req.model},
+            {"choices", json::array()},
+            {"usage", UsageJson(usage)}};
+  AddExtension(j, usage);
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string FormatStreamError(const ApiError& error) { return "data: " + error.ToJson() + "\n\n"; }
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const auto& s : stops_) max_len_ = std::max(max_len_, s.size());
+}
+
+std::string StopMatcher::Push(std::string_view text, bool* stopped) {
+  *stopped = stopped_;
+  if (stopped_) return {};
+  if (stops_.empty()) return std::string(text);
+  pending_.append(text);
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    *stopped = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const auto& s : stops_) {
+    for (size_t len = std::min(s.size() - 1, pending_.size()); len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::Flush() {
+  std::string out;
+  if (!stopped_) out.swap(pending_);
+  return out;
+}
+
+}  // namespace kvfleet::router

@@ -1,0 +1,120 @@
+// The OpenAI API's request and response shapes for /v1/completions and
+// /v1/chat/completions: parsing a request body into a CompletionRequest (every check that
+// earns a 400), and formatting responses, stream chunks and error objects.
+//
+// Extensions (in the request body): `kv_retention` (TensorRT-LLM KvCacheRetentionConfig:
+// {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
+// "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, and `routing` (a policy name
+// overriding the router's for this request).
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+#include "router/fleet/protocol.h"
+#include "router/routing/policy.h"
+
+namespace kvfleet::router {
+
+// An error as OpenAI words it: {"error":{"message","type","param","code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  int retry_after_s = 0;  // > 0: a Retry-After header
+
+  std::string ToJson() const;
+};
+
+ApiError BadRequest(std::string message, std::string param = "");
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::optional<std::string> prompt_text;  // completions, a string prompt
+  std::vector<TokenId> prompt_tokens;      // completions, a token-id prompt
+  std::string messages_json;               // chat: the messages array, as JSON text
+  std::optional<uint32_t> max_tokens;      // max_tokens / max_completion_tokens
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  std::string user;
+  Retention retention;
+  std::string cache_salt;
+  bool ignore_eos = false;
+  std::optional<Policy> routing;
+};
+
+// Limits a request must respect besides the body size.
+struct RequestLimits {
+  size_t max_stop_strings = 4;       // OpenAI's limit
+  size_t max_stop_bytes = 256;
+  uint32_t max_tokens_cap = 1 << 20;
+};
+
+// Parses and validates a request body. `chat` selects the chat schema.
+Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
+// The ApiError for a failed parse (its message; status 400).
+ApiError ErrorFromStatus(const Status& status);
+
+struct UsageCounts {
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  uint32_t cached_tokens = 0;
+  // Extension, for operators and benchmarks: a top-level "kvfleet" object beside usage
+  // {"worker": name, "worker_ttft_ms": the worker's own time to first token}. OpenAI
+  // clients ignore fields they do not know. Empty worker: left out.
+  std::string worker;
+  double worker_ttft_ms = 0;
+};
+
+std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...
+
+// Whole responses.
+std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
+                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage);
+// One SSE event ("data: {...}\n\n") carrying a text delta; `finish_reason` empty: null.
+// For chat, `first` adds the assistant role.
+std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
+                        std::string_view finish_reason, bool first);
+// The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
+std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
+                             const UsageCounts& usage);
+// An error event inside a stream.
+std::string FormatStreamError(const ApiError& error);
+inline constexpr std::string_view kDoneEvent = "data: [DONE]\n\n";
+
+// Stop strings matched across token boundaries: text goes in piece by piece; what may
+// still turn out to begin a stop string is held back.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Adds text; returns what can be emitted now. Sets *stopped when a stop string
+  // appeared (the text before it is returned; nothing after it ever is).
+  std::string Push(std::string_view text, bool* stopped);
+  // The held-back tail, once generation ended without a stop string.
+  std::string Flush();
+
+ private:
+  std::vector<std::string> stops_;
+  size_t max_len_ = 0;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace kvfleet::router

@@ -1,0 +1,170 @@
+// kvfleet-router: the OpenAI-compatible front of a kvfleet fleet. It tokenizes each
+// request, finds the worker where it will start soonest (prefix cache hit against load),
+// forwards it over Contract 3 and streams the answer back.
+//
+//   kvfleet-router --http-port 8000 --registration tcp://*:5555
+//   kvfleet-router --workers tcp://10.0.0.5:5556,tcp://10.0.0.6:5556 --model llama --block-size 32
+#include <csignal>
+#include <iostream>
+
+#include <prometheus/registry.h>
+
+#include "common/config.h"
+#include "common/http/server.h"
+#include "common/log.h"
+#include "router/events/event_plane.h"
+#include "router/fleet/event_signals.h"
+#include "router/fleet/fleet.h"
+#include "router/http/api.h"
+#include "router/http/codec.h"
+#include "router/routing/policy.h"
+#include "router/routing/predicted_index.h"
+
+namespace kvfleet::router {
+namespace {
+
+struct RouterConfig {
+  CommonOptions common;
+  http::ServerOptions http;
+  FleetOptions fleet;
+  RoutingOptions routing;
+  ApiOptions api;
+  std::string policy = "kv";
+  std::string static_workers;            // comma-separated requests endpoints
+  std::string api_key_file;              // empty: no authentication
+  std::string tokenizer_dir;             // empty: the byte codec (mock fleets)
+  int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;
+  double request_timeout_s = 600;
+  double first_token_timeout_s = 60;
+  double dns_interval_s = 10;
+  int64_t heartbeat_timeout_ms = 3000;
+};
+
+void AddOptions(CLI::App& app, RouterConfig* c) {
+  app.add_option("--http-host", c->http.address, "HTTP listen address")->capture_default_str();
+  app.add_option("--http-port", c->http.port, "HTTP port (0: any free port, printed at start)")->capture_default_str();
+  app.add_option("--http-threads", c->http.io_threads, "HTTP I/O threads")->capture_default_str();
+  app.add_option("--max-body-bytes", c->http.max_body_bytes, "largest request body (413 beyond)")
+      ->capture_default_str();
+  app.add_option("--max-header-bytes", c->http.max_header_bytes, "largest request header (431 beyond)")
+      ->capture_default_str();
+  app.add_option("--api-key-file", c->api_key_file, "file of accepted API keys, one per line (default: no auth)");
+  app.add_option("--registration", c->fleet.registration_endpoint,
+                 "ROUTER endpoint workers send Hello to (empty: none)")
+      ->capture_default_str();
+  app.add_option("--workers", c->static_workers, "static workers: comma-separated requests endpoints");
+  app.add_option("--workers-dns", c->fleet.dns_name, "host:port resolving to many workers (re-resolved)");
+  app.add_option("--dns-interval-s", c->dns_interval_s, "DNS re-resolution period (seconds)")->capture_default_str();
+  app.add_option("--model", c->fleet.static_model, "model served by static and DNS workers")->capture_default_str();
+  app.add_option("--block-size", c->fleet.static_block_size, "block size of static and DNS workers")
+      ->capture_default_str();
+  app.add_option("--max-context", c->fleet.static_max_context, "context length of static and DNS workers")
+      ->capture_default_str();
+  app.add_option("--tokenizer", c->tokenizer_dir, "model directory whose tokenizer the router uses (default: bytes)");
+  app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
+  app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
+      ->capture_default_str();
+  app.add_option("--hot-spot-factor", c->routing.hot_spot_factor, "skip workers above k x median load (0: off)")
+      ->capture_default_str();
+  app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")
+      ->capture_default_str();
+  app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
+                 "a worker silent this long on its event stream is dead")
+      ->capture_default_str();
+  app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
+  app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
+      ->capture_default_str();
+}
+
+Status Prepare(RouterConfig* c) {
+  KVF_ASSIGN_OR_RETURN(c->routing.policy, ParsePolicy(c->policy));
+  c->routing.predicted_ttl = c->predicted_ttl_ms * kNsPerMs;
+  KVF_RETURN_IF_ERROR(c->routing.Validate());
+  c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
+  c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);
+  c->fleet.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
+  std::string rest = c->static_workers;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string ep = rest.substr(0, comma);
+    if (!ep.empty()) c->fleet.static_workers.push_back(ep);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  if (!c->api_key_file.empty()) {
+    KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));
+  }
+  return Status::Ok();
+}
+
+int Run(RouterConfig& c) {
+  auto log = Logger("router");
+  if (Status st = Prepare(&c); !st.ok()) {
+    log->error("{}", st.message());
+    return 2;
+  }
+  // Signals are taken by sigwait below; threads started from here on inherit the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::shared_ptr<const TextCodec> codec;
+  if (c.tokenizer_dir.empty()) {
+    codec = MakeByteCodec();
+  } else {
+    auto loaded = LoadTokenizerCodec(c.tokenizer_dir);
+    if (!loaded.ok()) {
+      log->error("{}", loaded.status().message());
+      return 2;
+    }
+    codec = *loaded;
+  }
+  auto registry = std::make_shared<prometheus::Registry>();
+  const Clock* clock = SystemClock::Default();
+  // KV events and load reports: the global index, worker liveness and load.
+  EventPlaneOptions events;
+  events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  EventPlane plane(events, SystemClock::Default(), registry.get());
+  EventPlaneSignals worker_signals(&plane);
+  GlobalPrefixIndex global_index(&plane.index());
+  PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
+  auto fleet = Fleet::Start(c.fleet, &worker_signals, clock, registry.get());
+  if (!fleet.ok()) {
+    log->error("{}", fleet.status().message());
+    return 1;
+  }
+  Picker picker(c.routing);
+  Api api(c.api, fleet->get(), &picker, &global_index, &approx_index, codec, clock, registry);
+  http::Routes routes;
+  api.AddRoutes(&routes);
+  auto server = http::Server::Start(c.http, std::move(routes));
+  if (!server.ok()) {
+    log->error("{}", server.status().message());
+    return 1;
+  }
+  log->info("listening on http://{}:{} (policy {}, codec {}, registration {})", c.http.address, (*server)->port(),
+            c.policy, codec->name(), (*fleet)->registration_endpoint());
+  int sig = 0;
+  sigwait(&signals, &sig);
+  log->info("signal {}: stopping", sig);
+  (*server)->Stop();   // no new requests; in-flight exchanges see their clients gone
+  (*fleet)->Stop();    // ends what is still in flight and drops its exchanges
+  server->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvfleet::router
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvfleet-router: the OpenAI-compatible, cache-aware router of a kvfleet fleet"};
+  kvfleet::router::RouterConfig config;
+  kvfleet::AddCommonOptions(app, &config.common);
+  kvfleet::router::AddOptions(app, &config);
+  int rc = kvfleet::ParseCommandLine(app, &config.common, argc, argv);
+  if (rc >= 0) return rc;
+  return kvfleet::router::Run(config);
+}

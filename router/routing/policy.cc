@@ -1,0 +1,163 @@
+#include "router/routing/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace kvfleet::router {
+
+Result<Policy> ParsePolicy(std::string_view name) {
+  if (name == "round_robin") return Policy::kRoundRobin;
+  if (name == "least_loaded") return Policy::kLeastLoaded;
+  if (name == "kv") return Policy::kKv;
+  if (name == "approx") return Policy::kApprox;
+  return InvalidArgument("unknown routing policy '" + std::string(name) +
+                         "' (expected round_robin, least_loaded, kv or approx)");
+}
+
+std::string_view PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kRoundRobin: return "round_robin";
+    case Policy::kLeastLoaded: return "least_loaded";
+    case Policy::kKv: return "kv";
+    case Policy::kApprox: return "approx";
+  }
+  return "?";
+}
+
+Status RoutingOptions::Validate() const {
+  if (!(temperature >= 0)) return InvalidArgument("routing temperature must be >= 0");
+  if (!(hot_spot_factor == 0 || hot_spot_factor >= 1)) {
+    return InvalidArgument("hot-spot factor must be 0 (off) or >= 1");
+  }
+  if (!(default_prefill_tokens_per_s > 0)) return InvalidArgument("default prefill rate must be > 0");
+  if (!(onboard_s_per_block >= 0) || !(decode_s_per_running_request >= 0)) {
+    return InvalidArgument("routing cost constants must be >= 0");
+  }
+  if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
+  if (predicted_ttl < 0) return InvalidArgument("predicted TTL must be >= 0");
+  return Status::Ok();
+}
+
+namespace {
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  double hi = values[mid];
+  if (values.size() % 2 == 1) return hi;
+  double lo = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  return (lo + hi) / 2;
+}
+
+uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
+  uint64_t cached = (uint64_t{c.device_blocks} + c.host_blocks) * r.block_size;
+  return static_cast<uint32_t>(std::min<uint64_t>(cached, r.prompt_tokens));
+}
+
+}  // namespace
+
+Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
+
+double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fallback_rate) const {
+  double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
+  double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
+  return (c.queued_prefill_tokens + uncached) / rate + c.host_blocks * options_.onboard_s_per_block +
+         c.running_requests * options_.decode_s_per_running_request;
+}
+
+size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
+                              std::span<const size_t> eligible, double* cost) {
+  std::vector<double> rates;
+  for (const Candidate& c : candidates) {
+    if (c.prefill_tokens_per_s > 0) rates.push_back(c.prefill_tokens_per_s);
+  }
+  // A worker without a measured rate is assumed as fast as the fleet's median one.
+  double fallback = rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
+  std::vector<double> costs(eligible.size());
+  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = EstimateTtft(request, candidates[eligible[i]], fallback);
+
+  auto better = [&](size_t a, size_t b) {  // positions in eligible
+    if (costs[a] != costs[b]) return costs[a] < costs[b];
+    const Candidate& ca = candidates[eligible[a]];
+    const Candidate& cb = candidates[eligible[b]];
+    if (ca.device_blocks != cb.device_blocks) return ca.device_blocks > cb.device_blocks;
+    return ca.worker < cb.worker;
+  };
+  size_t best = 0;
+  for (size_t i = 1; i < eligible.size(); ++i) {
+    if (better(i, best)) best = i;
+  }
+  if (options_.temperature > 0 && eligible.size() > 1) {
+    // Dynamo-style: softmax over costs normalized to [0, 1], so the temperature means the
+    // same thing whatever the absolute TTFTs are.
+    double lo = costs[best];
+    double hi = *std::max_element(costs.begin(), costs.end());
+    double span = hi - lo;
+    if (span > 0) {
+      std::vector<double> weights(costs.size());
+      for (size_t i = 0; i < costs.size(); ++i) {
+        weights[i] = std::exp(-((costs[i] - lo) / span) / options_.temperature);
+      }
+      std::discrete_distribution<size_t> dist(weights.begin(), weights.end());
+      std::lock_guard<std::mutex> lock(rng_mu_);
+      best = dist(rng_);
+    }
+  }
+  *cost = costs[best];
+  return eligible[best];
+}
+
+Result<Decision> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates) {
+  std::vector<size_t> eligible;
+  eligible.reserve(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].queued_requests < options_.max_queued_requests) eligible.push_back(i);
+  }
+  if (eligible.empty()) {
+    return ResourceExhausted("every worker serving the model has " +
+                             std::to_string(static_cast<int64_t>(options_.max_queued_requests)) +
+                             " or more requests queued");
+  }
+  Decision d;
+  switch (policy) {
+    case Policy::kRoundRobin:
+      d.index = eligible[next_.fetch_add(1, std::memory_order_relaxed) % eligible.size()];
+      break;
+    case Policy::kLeastLoaded: {
+      d.index = eligible[0];
+      for (size_t i : eligible) {
+        const Candidate& c = candidates[i];
+        const Candidate& b = candidates[d.index];
+        if (c.running_requests < b.running_requests ||
+            (c.running_requests == b.running_requests && c.queued_prefill_tokens < b.queued_prefill_tokens)) {
+          d.index = i;
+        }
+      }
+      break;
+    }
+    case Policy::kKv:
+    case Policy::kApprox: {
+      if (options_.hot_spot_factor > 0) {
+        std::vector<double> loads;
+        for (size_t i : eligible) loads.push_back(candidates[i].running_requests);
+        double limit = std::max(options_.hot_spot_factor * Median(loads), options_.hot_spot_min_requests);
+        std::vector<size_t> cool;
+        for (size_t i : eligible) {
+          if (candidates[i].running_requests <= limit) cool.push_back(i);
+        }
+        // The least loaded worker is never above the median, so `cool` is empty only
+        // when the limit is below it, which max() with min_requests >= 0 rules out.
+        if (!cool.empty()) eligible.swap(cool);
+      }
+      d.index = PickLowestCost(request, candidates, eligible, &d.estimated_ttft_s);
+      break;
+    }
+  }
+  d.worker = candidates[d.index].worker;
+  d.predicted_cached_tokens = CachedTokens(request, candidates[d.index]);
+  return d;
+}
+
+}  // namespace kvfleet::router

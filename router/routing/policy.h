@@ -1,0 +1,119 @@
+// Routing policies: which worker of a model's fleet gets a request.
+//
+// The caller (router/http) builds one Candidate per live worker serving the model: how
+// many of the prompt's leading blocks that worker holds (from the global index, events
+// plus the router's predicted entries) and its load (its reports blended with the
+// router's own in-flight counts). Picker::Pick chooses among them. The cost model of the
+// `kv` policy and every constant are explained in router/routing/README.md.
+//
+// Thread safety: Picker is thread-safe (round-robin state is atomic; the softmax draw
+// takes a mutex only when temperature > 0).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string_view>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace kvfleet::router {
+
+// Dense id the fleet registry gives each worker it knows.
+using WorkerId = uint32_t;
+
+enum class Policy {
+  kRoundRobin,   // every live worker in turn
+  kLeastLoaded,  // fewest requests running + queued
+  kKv,           // least estimated time to first token, from the event-fed index
+  kApprox,       // kv's cost over an index of the router's own decisions only (no events)
+};
+
+Result<Policy> ParsePolicy(std::string_view name);
+std::string_view PolicyName(Policy policy);
+
+// Defaults of RoutingOptions; README.md says why each value.
+namespace config {
+inline constexpr double kDefaultPrefillTokensPerSecond = 8'000.0;
+inline constexpr double kOnboardSecondsPerBlock = 200e-6;
+inline constexpr double kDecodeSecondsPerRunningRequest = 1e-3;
+inline constexpr double kHotSpotFactor = 2.0;
+inline constexpr double kHotSpotMinRequests = 32.0;
+inline constexpr double kMaxQueuedRequests = 256.0;
+inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
+}  // namespace config
+
+struct RoutingOptions {
+  Policy policy = Policy::kKv;  // the default; a request may override it
+  // Softmax temperature over costs normalized to [0, 1]; 0 picks the minimum.
+  double temperature = 0.0;
+  // Hot-spot guard: skip a worker running more than factor × the fleet's median
+  // requests, unless it runs fewer than hot_spot_min_requests. 0 disables the guard.
+  double hot_spot_factor = config::kHotSpotFactor;
+  double hot_spot_min_requests = config::kHotSpotMinRequests;
+  // Prefill rate assumed for a worker that has not reported one (tokens/s).
+  double default_prefill_tokens_per_s = config::kDefaultPrefillTokensPerSecond;
+  // Copying one block from the host tier back to the device (seconds).
+  double onboard_s_per_block = config::kOnboardSecondsPerBlock;
+  // What each running request adds to a new request's first token (seconds): decode
+  // tokens go first in every engine step.
+  double decode_s_per_running_request = config::kDecodeSecondsPerRunningRequest;
+  // A worker with this many requests queued (not yet running) is saturated.
+  double max_queued_requests = config::kMaxQueuedRequests;
+  // Lifetime of the predicted index entries inserted after each decision (ns).
+  DurationNs predicted_ttl = config::kPredictedTtl;
+
+  Status Validate() const;
+};
+
+// One worker that could take the request, as the router sees it now.
+struct Candidate {
+  WorkerId worker = 0;
+  uint32_t device_blocks = 0;       // leading prompt blocks cached on the device tier
+  uint32_t host_blocks = 0;         // further leading blocks cached on the host tier
+  double queued_prefill_tokens = 0; // prompt tokens admitted but not yet prefilled
+  double running_requests = 0;      // active + queued requests
+  double queued_requests = 0;       // waiting for admission
+  double prefill_tokens_per_s = 0;  // measured; 0 = unknown
+};
+
+struct RouteRequest {
+  uint32_t prompt_tokens = 0;
+  uint32_t block_size = 32;
+};
+
+struct Decision {
+  WorkerId worker = 0;
+  size_t index = 0;               // into the candidates
+  double estimated_ttft_s = 0;    // kv / approx only
+  uint32_t predicted_cached_tokens = 0;
+};
+
+class Picker {
+ public:
+  explicit Picker(const RoutingOptions& options, uint64_t seed = 0x6b7666);
+
+  const RoutingOptions& options() const { return options_; }
+
+  // Chooses a worker. Candidates that are saturated are skipped; when all are,
+  // returns ResourceExhausted. REQUIRES: !candidates.empty().
+  Result<Decision> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
+
+  // The kv cost: estimated seconds to the first token of `request` on `c`.
+  // `fallback_rate` is used when c reports no prefill rate.
+  double EstimateTtft(const RouteRequest& request, const Candidate& c, double fallback_rate) const;
+
+ private:
+  size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
+                        std::span<const size_t> eligible, double* cost);
+
+  RoutingOptions options_;
+  std::atomic<uint64_t> next_{0};
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;  // GUARDED_BY(rng_mu_)
+};
+
+}  // namespace kvfleet::router

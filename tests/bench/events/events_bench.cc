@@ -1,0 +1,365 @@
+// Event plane and global index benchmark (issue 4). Prints:
+//   1. index apply rate on one core (stored/removed block events per second), raw and through
+//      the subscriber state machine, and decode + apply from wire bytes;
+//   2. FindMatches p50/p99 for 128- and 1,024-block requests, 64 workers, ~1 M blocks, idle
+//      and with a concurrent writer;
+//   3. bytes per (block, worker) entry;
+//   4. end to end over loopback ZMQ: a worker's Stored to the router index, p50/p99, and the
+//      sustained rate before loss;
+//   5. snapshot sync of 1 M blocks: AddWorker to LIVE.
+// Usage: events_bench [--quick]   (quick: 10x fewer blocks, for a smoke run)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <capnp/message.h>
+#include <prometheus/registry.h>
+
+#include "router/events/event_plane.h"
+#include "router/events/worker_subscriber.h"
+#include "tests/router/events/scripted_kv_source.h"
+#include "worker/server/event_publisher.h"
+
+using namespace kvfleet;
+using Steady = std::chrono::steady_clock;
+
+namespace {
+
+double Seconds(Steady::time_point a, Steady::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+uint64_t RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t pages = 0, rss = 0;
+  f >> pages >> rss;
+  return rss * 4096;
+}
+
+struct NullIo : router::WorkerSubscriber::Io {
+  uint64_t last = 0;
+  void RequestReplay(router::WorkerId, uint64_t, uint64_t, uint64_t id) override { last = id; }
+  void OnApplied(router::WorkerId, double) override {}
+};
+
+constexpr int kWorkers = 64;
+constexpr size_t kChain = 64;  // blocks per stored event (one request's prompt)
+
+// 1 M distinct blocks as chains of 64; each chain held by 2 workers (a shared prefix).
+struct Workload {
+  std::vector<std::vector<BlockHash>> chains;
+  std::vector<std::array<int, 2>> holders;
+  explicit Workload(size_t blocks) {
+    std::mt19937_64 rng(42);
+    for (size_t c = 0; c < blocks / kChain; ++c) {
+      std::vector<BlockHash> chain(kChain);
+      for (auto& h : chain) h = rng() | 1;
+      chains.push_back(std::move(chain));
+      int a = static_cast<int>(rng() % kWorkers), b = static_cast<int>((a + 1 + rng() % (kWorkers - 1)) % kWorkers);
+      holders.push_back({a, b});
+    }
+  }
+};
+
+void BenchApply(const Workload& w) {
+  ManualClock clock;
+  std::printf("\n== 1. apply rate, one core (%d workers, %zu blocks, %zu entries) ==\n", kWorkers,
+              w.chains.size() * kChain, w.chains.size() * kChain * 2);
+  {
+    router::GlobalIndex index({}, &clock);
+    auto t0 = Steady::now();
+    for (size_t c = 0; c < w.chains.size(); ++c)
+      for (int k = 0; k < 2; ++k)
+        for (BlockHash h : w.chains[c]) index.Store(w.holders[c][k], h, kv::Tier::kDevice);
+    auto t1 = Steady::now();
+    const double n = static_cast<double>(index.EntryCount());
+    std::printf("GlobalIndex::Store           %7.2f M block events/s\n", n / Seconds(t0, t1) / 1e6);
+    t0 = Steady::now();
+    for (size_t c = 0; c < w.chains.size(); ++c)
+      for (int k = 0; k < 2; ++k)
+        for (BlockHash h : w.chains[c]) index.Remove(w.holders[c][k], h, kv::Tier::kDevice);
+    t1 = Steady::now();
+    std::printf("GlobalIndex::Remove          %7.2f M block events/s\n", n / Seconds(t0, t1) / 1e6);
+  }
+  {
+    // Through the subscriber state machine (what the event thread does per decoded batch):
+    // 64 LIVE workers, batches of 8 stored events x 64 blocks.
+    router::GlobalIndex index({}, &clock);
+    router::EventPlaneOptions options;
+    NullIo io;
+    router::EventCounters counters;
+    std::vector<std::unique_ptr<router::WorkerSubscriber>> subs;
+    for (int i = 0; i < kWorkers; ++i) {
+      subs.push_back(std::make_unique<router::WorkerSubscriber>(i, "w", options, &index, &clock, &io, &counters));
+      subs.back()->Start();
+      capnp::MallocMessageBuilder m;
+      auto r = m.initRoot<schema::ReplayReply>();
+      r.setEpoch(1);
+      r.setLast(true);
+      r.setRequestId(io.last);
+      r.initSnapshot().setConsistentSeq(0);
+      subs.back()->OnReplayReply(r.asReader());
+    }
+    std::vector<std::pair<int, events::DecodedBatch>> batches;
+    std::vector<uint64_t> seq(kWorkers, 0);
+    size_t blocks = 0;
+    for (size_t c = 0; c + 8 <= w.chains.size(); c += 8) {
+      for (int k = 0; k < 2; ++k) {
+        const int wk = w.holders[c][k];
+        events::DecodedBatch b;
+        b.header = {"w", 1, ++seq[wk], 0};
+        for (size_t j = 0; j < 8; ++j) {
+          kv::StoredEvent e;
+          for (BlockHash h : w.chains[c + j]) e.blocks.push_back({h, {}, kv::Tier::kDevice, 35});
+          b.events.push_back({0, std::move(e)});
+          blocks += kChain;
+        }
+        batches.emplace_back(wk, std::move(b));
+      }
+    }
+    auto t0 = Steady::now();
+    for (auto& [wk, b] : batches) subs[wk]->OnBatch(std::move(b));
+    auto t1 = Steady::now();
+    std::printf("WorkerSubscriber::OnBatch    %7.2f M block events/s (%llu applied)\n",
+                static_cast<double>(blocks) / Seconds(t0, t1) / 1e6,
+                static_cast<unsigned long long>(counters.applied_stored));
+  }
+  {
+    // Decode + apply from wire bytes: batches of 8 stored events x 64 blocks.
+    router::GlobalIndex index({}, &clock);
+    std::vector<std::string> frames;
+    std::vector<int> owner;
+    size_t blocks = 0;
+    for (size_t c = 0; c + 8 <= w.chains.size(); c += 8) {
+      std::vector<kv::KvEvent> evs;
+      for (size_t j = 0; j < 8; ++j) {
+        kv::StoredEvent e;
+        for (BlockHash h : w.chains[c + j]) e.blocks.push_back({h, {}, kv::Tier::kDevice, 35});
+        evs.push_back({0, std::move(e)});
+        blocks += kChain;
+      }
+      frames.push_back(events::EncodeBatch({"w", 1, 1, 0}, evs, {}));
+      owner.push_back(w.holders[c][0]);
+    }
+    auto t0 = Steady::now();
+    for (size_t i = 0; i < frames.size(); ++i) {
+      auto b = events::DecodeBatch(frames[i].data(), frames[i].size());
+      for (const auto& e : b->events)
+        for (const auto& blk : std::get<kv::StoredEvent>(e.data).blocks) index.Store(owner[i], blk.hash, blk.tier);
+    }
+    auto t1 = Steady::now();
+    std::printf("decode + apply (wire bytes)  %7.2f M block events/s\n",
+                static_cast<double>(blocks) / Seconds(t0, t1) / 1e6);
+  }
+}
+
+void BenchFindMatches(const Workload& w) {
+  ManualClock clock;
+  router::GlobalIndex index({}, &clock);
+  const uint64_t rss0 = RssBytes();
+  for (size_t c = 0; c < w.chains.size(); ++c)
+    for (int k = 0; k < 2; ++k)
+      for (BlockHash h : w.chains[c]) index.Store(w.holders[c][k], h, kv::Tier::kDevice);
+  // Hot prefixes: 32 chains of 1,024 blocks that every worker holds a prefix of (worst case:
+  // 64 workers still matching deep into the request).
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<BlockHash>> hot(32, std::vector<BlockHash>(1024));
+  for (auto& chain : hot) {
+    for (auto& h : chain) h = rng() | 1;
+    for (int wk = 0; wk < kWorkers; ++wk) {
+      const size_t len = 128 + rng() % 897;
+      for (size_t i = 0; i < len; ++i)
+        index.Store(wk, chain[i], i < len * 3 / 4 ? kv::Tier::kDevice : kv::Tier::kHost);
+    }
+  }
+  const uint64_t rss1 = RssBytes();
+  std::printf("\n== 3. memory ==\n");
+  std::printf("entries %llu, hashes %llu: %.1f bytes per (block, worker) entry by capacity, %.1f by RSS\n",
+              static_cast<unsigned long long>(index.EntryCount()), static_cast<unsigned long long>(index.HashCount()),
+              static_cast<double>(index.MemoryBytes()) / static_cast<double>(index.EntryCount()),
+              static_cast<double>(rss1 - rss0) / static_cast<double>(index.EntryCount()));
+
+  std::printf("\n== 2. FindMatches latency (64 workers all matching the hot prefixes) ==\n");
+  auto measure = [&](size_t len, const char* label) {
+    std::vector<router::WorkerMatch> out;
+    out.reserve(router::config::kMaxWorkers);
+    std::vector<double> us;
+    uint64_t sink = 0;
+    for (int q = 0; q < 50'000; ++q) {
+      const auto& chain = hot[q % hot.size()];
+      std::span<const BlockHash> req(chain.data(), len);
+      auto t0 = Steady::now();
+      index.FindMatches(req, &out);
+      auto t1 = Steady::now();
+      us.push_back(Seconds(t0, t1) * 1e6);
+      sink += out.size();
+    }
+    std::printf("%-28s %5zu blocks: p50 %6.2f us  p99 %6.2f us  (%llu matches)\n", label, len, Percentile(us, 0.5),
+                Percentile(us, 0.99), static_cast<unsigned long long>(sink / 50'000));
+  };
+  measure(128, "idle");
+  measure(1024, "idle");
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    std::mt19937_64 r(9);
+    while (!stop.load(std::memory_order_relaxed)) {
+      const auto& chain = w.chains[r() % w.chains.size()];
+      const int wk = static_cast<int>(r() % kWorkers);
+      for (BlockHash h : chain) index.Store(wk, h, kv::Tier::kDevice);
+      for (BlockHash h : chain) index.Remove(wk, h, kv::Tier::kDevice);
+    }
+  });
+  measure(128, "with a concurrent writer");
+  measure(1024, "with a concurrent writer");
+  stop = true;
+  writer.join();
+}
+
+// A worker with a publisher whose engine thread is driven by the bench.
+struct BenchWorker {
+  prometheus::Registry registry;
+  std::unique_ptr<events::EventPublisher> pub;
+  explicit BenchWorker(const std::string& name) {
+    events::EventPublisherOptions o;
+    o.worker_id = name;
+    o.events_endpoint = "tcp://127.0.0.1:*";
+    o.replay_endpoint = "tcp://127.0.0.1:*";
+    pub = std::move(events::EventPublisher::Make(o, SystemClock::Default(), &registry).value());
+  }
+};
+
+struct EmptySource : events::EventSource {
+  void FlushEvents() override {}
+  uint64_t DroppedEvents() const override { return 0; }
+  std::vector<kv::KvEvent> Snapshot() const override { return {}; }
+};
+
+void BenchEndToEnd() {
+  std::printf("\n== 4. end to end over loopback ZMQ (Stored -> Flush -> PUB -> SUB -> index) ==\n");
+  BenchWorker worker("e2e");
+  prometheus::Registry registry;
+  router::EventPlane plane({}, SystemClock::Default(), &registry);
+  (void)plane.AddWorker(0, "e2e", {worker.pub->events_endpoint(), worker.pub->replay_endpoint()});
+  EmptySource src;
+  std::atomic<bool> stop{false};
+  // The engine thread answers the sync snapshot while the plane starts.
+  std::thread engine([&] {
+    while (!stop) {
+      worker.pub->ServiceSnapshots(src);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  while (plane.State(0) != router::WorkerState::kLive) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  stop = true;
+  engine.join();
+  // Latency: one stored block per step, measured until the index holds it.
+  std::vector<double> us;
+  for (int i = 0; i < 2000; ++i) {
+    const BlockHash h = 0x5000000 + i;
+    auto t0 = Steady::now();
+    worker.pub->Emit(kv::KvEvent{0, kv::StoredEvent{0, {{h, {}, kv::Tier::kDevice, 35}}}});
+    worker.pub->Flush(src, {});
+    while (!plane.index().Holds(0, h)) {
+    }
+    us.push_back(Seconds(t0, Steady::now()) * 1e6);
+  }
+  std::printf("latency, 1 block per batch: p50 %.1f us  p99 %.1f us\n", Percentile(us, 0.5), Percentile(us, 0.99));
+
+  // Sustained rate: batches of 64 stored blocks at a paced rate for 1 s each; loss shows as a
+  // gap at the router (the PUB or SUB queue overflowed) or a backlog that does not drain.
+  std::printf("sustained rate (batches of 64 blocks, 1 s each):\n");
+  uint64_t next = 0x9000000;
+  for (double rate : {0.25e6, 0.5e6, 1e6, 2e6, 4e6}) {
+    auto gaps_before = plane.Stats()[0].gaps;
+    const double batches_per_s = rate / 64;
+    auto start = Steady::now();
+    uint64_t sent = 0;
+    while (Seconds(start, Steady::now()) < 1.0) {
+      const double due = Seconds(start, Steady::now()) * batches_per_s;
+      while (static_cast<double>(sent) < due) {
+        kv::StoredEvent e;
+        for (int b = 0; b < 64; ++b) e.blocks.push_back({next++, {}, kv::Tier::kDevice, 35});
+        worker.pub->Emit(kv::KvEvent{0, std::move(e)});
+        worker.pub->Flush(src, {});
+        ++sent;
+      }
+    }
+    const double send_s = Seconds(start, Steady::now());
+    const BlockHash last = next - 1;
+    auto t_drain = Steady::now();
+    bool held = false;
+    while (Seconds(t_drain, Steady::now()) < 3.0 && !(held = plane.index().Holds(0, last))) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const double total_s = Seconds(start, Steady::now());
+    auto gaps = plane.Stats()[0].gaps - gaps_before;
+    std::printf("  offered %5.2f M/s: sent %.2f M blocks in %.2f s, applied by %.2f s (%.2f M/s), gaps %llu%s\n",
+                rate / 1e6, static_cast<double>(sent) * 64 / 1e6, send_s, total_s,
+                static_cast<double>(sent) * 64 / total_s / 1e6, static_cast<unsigned long long>(gaps),
+                held ? "" : ", NOT drained in 3 s");
+    // Free the index for the next round.
+    plane.index().RemoveWorker(0);
+  }
+}
+
+void BenchSnapshot(size_t blocks) {
+  std::printf("\n== 5. snapshot sync of %zu blocks (AddWorker -> LIVE) ==\n", blocks);
+  BenchWorker worker("snap");
+  testing::ScriptedKvSource kv(worker.pub.get(), 3, /*other_window=*/0);
+  while (kv.size() < blocks) kv.StoreChain(std::min<size_t>(64, blocks - kv.size()));
+  kv.FlushEvents();
+  worker.pub->Flush(kv, {});  // one big batch before any router listens: lost, as intended
+  std::atomic<bool> stop{false};
+  std::atomic<double> snapshot_s{0};
+  std::thread engine([&] {
+    while (!stop) {
+      auto t0 = Steady::now();
+      const uint64_t before = worker.pub->snapshots_sent();
+      worker.pub->ServiceSnapshots(kv);
+      if (worker.pub->snapshots_sent() != before || Seconds(t0, Steady::now()) > 0.01)
+        snapshot_s = Seconds(t0, Steady::now());
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  prometheus::Registry registry;
+  router::EventPlane plane({}, SystemClock::Default(), &registry);
+  auto t0 = Steady::now();
+  (void)plane.AddWorker(0, "snap", {worker.pub->events_endpoint(), worker.pub->replay_endpoint()});
+  while (!(plane.State(0) == router::WorkerState::kLive &&
+           plane.index().BlockCount(0, kv::Tier::kDevice) + plane.index().BlockCount(0, kv::Tier::kHost) == blocks)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (Seconds(t0, Steady::now()) > 30) break;
+  }
+  auto t1 = Steady::now();
+  stop = true;
+  engine.join();
+  std::printf("synced %llu blocks in %.3f s (engine-thread Snapshot() + seal: %.3f s)\n",
+              static_cast<unsigned long long>(plane.index().BlockCount(0, kv::Tier::kDevice) +
+                                              plane.index().BlockCount(0, kv::Tier::kHost)),
+              Seconds(t0, t1), snapshot_s.load());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const size_t blocks = quick ? 100'000 : 1'000'000;
+  spdlog::set_level(spdlog::level::warn);
+  std::printf("kvfleet events bench: %u hardware threads%s\n", std::thread::hardware_concurrency(),
+              quick ? " (quick)" : "");
+  Workload w(blocks);
+  BenchApply(w);
+  BenchFindMatches(w);
+  BenchEndToEnd();
+  BenchSnapshot(blocks);
+  return 0;
+}

@@ -1,0 +1,185 @@
+// router_loadgen: drives a running kvfleet-router with streaming completions and prints
+// what the router adds to time to first token.
+//
+//   router_loadgen --port 8000 --prompt-tokens 8192 --rate 200 --seconds 10
+//   router_loadgen --port 8000 --prompt-tokens 1024 --concurrency 32 --seconds 5   (closed loop: max req/s)
+//
+// Each request is a fresh random prompt (the byte codec: one token per byte), streamed with
+// include_usage. Router-added latency = the time to the first text chunk seen here minus
+// the worker's own time to first token (the response's "kvfleet.worker_ttft_ms").
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int port = 8000;
+  int prompt_tokens = 1024;
+  double rate = 200;       // open loop, requests/s; 0: closed loop
+  int concurrency = 32;    // closed loop
+  double seconds = 10;
+  int max_tokens = 4;
+  std::string model = "mock";
+};
+
+struct Sample {
+  double client_ttft_ms;
+  double worker_ttft_ms;
+  bool ok;
+};
+
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+std::string RandomPrompt(std::mt19937_64& rng, int n) {
+  std::string s(static_cast<size_t>(n), ' ');
+  for (auto& c : s) c = static_cast<char>('a' + rng() % 26);
+  return s;
+}
+
+// One streamed request on connection *fd (reconnecting when needed).
+Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
+  Sample s{0, 0, false};
+  std::string body = nlohmann::json{{"model", a.model},
+                                    {"prompt", RandomPrompt(rng, a.prompt_tokens)},
+                                    {"max_tokens", a.max_tokens},
+                                    {"ignore_eos", true},
+                                    {"stream", true},
+                                    {"stream_options", {{"include_usage", true}}}}
+                         .dump();
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (*fd < 0) *fd = Connect(a.port);
+  if (*fd < 0) return s;
+  auto t0 = Clock::now();
+  if (send(*fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    close(*fd);
+    *fd = -1;
+    return s;
+  }
+  std::string in;
+  bool first = false;
+  char buf[16384];
+  while (in.find("0\r\n\r\n") == std::string::npos || in.find("[DONE]") == std::string::npos) {
+    ssize_t n = recv(*fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      close(*fd);
+      *fd = -1;
+      return s;
+    }
+    in.append(buf, static_cast<size_t>(n));
+    if (!first && in.find("\"text\":\"") != std::string::npos) {
+      first = true;
+      s.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    }
+  }
+  size_t at = in.find("\"worker_ttft_ms\":");
+  if (!first || at == std::string::npos || in.find(" 200 ") == std::string::npos) return s;
+  s.worker_ttft_ms = std::atof(in.c_str() + at + 17);
+  s.ok = true;
+  return s;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--port") a.port = std::stoi(v);
+    else if (k == "--prompt-tokens") a.prompt_tokens = std::stoi(v);
+    else if (k == "--rate") a.rate = std::stod(v);
+    else if (k == "--concurrency") a.concurrency = std::stoi(v);
+    else if (k == "--seconds") a.seconds = std::stod(v);
+    else if (k == "--max-tokens") a.max_tokens = std::stoi(v);
+    else if (k == "--model") a.model = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  std::mutex mu;
+  std::vector<Sample> samples;
+  std::atomic<int64_t> next{0};
+  int64_t total = a.rate > 0 ? static_cast<int64_t>(a.rate * a.seconds) : INT64_MAX;
+  int threads = a.rate > 0 ? std::max(8, static_cast<int>(a.rate / 10)) : a.concurrency;
+  auto start = Clock::now() + std::chrono::milliseconds(100);
+  auto end = start + std::chrono::duration<double>(a.seconds);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) * 7919 + 1);
+      int fd = -1;
+      while (true) {
+        int64_t i = next.fetch_add(1);
+        if (i >= total) break;
+        if (a.rate > 0) {
+          std::this_thread::sleep_until(start + std::chrono::duration<double>(static_cast<double>(i) / a.rate));
+        } else if (Clock::now() >= end) {
+          break;
+        }
+        Sample s = RunOne(&fd, a, rng);
+        std::lock_guard<std::mutex> lock(mu);
+        samples.push_back(s);
+      }
+      if (fd >= 0) close(fd);
+    });
+  }
+  for (auto& t : pool) t.join();
+  double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> added, client;
+  size_t failed = 0;
+  for (const auto& s : samples) {
+    if (!s.ok) {
+      ++failed;
+      continue;
+    }
+    added.push_back(s.client_ttft_ms - s.worker_ttft_ms);
+    client.push_back(s.client_ttft_ms);
+  }
+  std::printf("prompt_tokens=%d mode=%s requests=%zu failed=%zu wall_s=%.2f req_per_s=%.1f\n", a.prompt_tokens,
+              a.rate > 0 ? ("open@" + std::to_string(static_cast<int>(a.rate)) + "/s").c_str()
+                         : ("closed@" + std::to_string(a.concurrency)).c_str(),
+              samples.size(), failed, wall, static_cast<double>(added.size()) / wall);
+  std::printf("  client TTFT ms: p50=%.3f p99=%.3f\n", Percentile(client, 0.5), Percentile(client, 0.99));
+  std::printf("  router-added ms (client TTFT - worker TTFT): p50=%.3f p99=%.3f\n", Percentile(added, 0.5),
+              Percentile(added, 0.99));
+  return failed > samples.size() / 100 ? 1 : 0;
+}

@@ -1,0 +1,16 @@
+set(extra "")
+if(NOT lora STREQUAL "")
+  list(APPEND extra --lora "${lora}")
+endif()
+if(NOT salt STREQUAL "")
+  list(APPEND extra --salt "${salt}")
+endif()
+# "${model}" is quoted so that an empty model name stays an argument.
+execute_process(COMMAND ${KVFLEET} hash --model "${model}" --block-size ${bs} ${extra} ${tokens}
+  OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kvfleet hash --model '${model}' ${extra} exited ${rc}")
+endif()
+if(NOT out STREQUAL expected)
+  message(FATAL_ERROR "kvfleet hash for model '${model}' lora '${lora}' salt '${salt}':\n${out}\nexpected:\n${expected}")
+endif()

@@ -1,0 +1,191 @@
+// The HTTP server: routing, keep-alive, limits, streaming and client disconnects.
+#include "common/http/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+#include <prometheus/registry.h>
+
+#include "common/http/metrics.h"
+#include "tests/common/http/test_client.h"
+
+namespace kvfleet::http {
+
+using testing::Client;
+
+namespace {
+
+
+ServerOptions TestOptions() {
+  ServerOptions o;
+  o.address = "127.0.0.1";
+  o.port = 0;
+  o.io_threads = 2;
+  o.max_header_bytes = 1024;
+  o.max_body_bytes = 4096;
+  return o;
+}
+
+Routes EchoRoutes() {
+  Routes routes;
+  routes.AddSync("GET", "/hello", [](const Request&) {
+    Response r;
+    r.content_type = "text/plain";
+    r.body = "hi";
+    return r;
+  });
+  routes.AddSync("POST", "/echo", [](const Request& req) {
+    Response r;
+    r.body = req.body;
+    r.headers.emplace_back("X-Got", std::string(req.Header("x-test")));
+    return r;
+  });
+  routes.Add("GET", "/drop", [](std::shared_ptr<Exchange>) {});
+  return routes;
+}
+
+}  // namespace
+
+TEST_CASE("two requests on one keep-alive connection get their responses in order") {
+  auto server = Server::Start(TestOptions(), EchoRoutes());
+  REQUIRE(server.ok());
+  Client c((*server)->port());
+  c.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nX-Test: abc\r\nContent-Length: 5\r\n\r\nhello");
+  std::string first = c.ReadUntil("hi");
+  CHECK(first.find("HTTP/1.1 200 OK") == 0);
+  std::string second = c.ReadUntil("hello");
+  CHECK(second.find("HTTP/1.1 200 OK") == 0);
+  CHECK(second.find("X-Got: abc") != std::string::npos);
+}
+
+TEST_CASE("unknown paths answer 404 and wrong methods 405") {
+  auto server = Server::Start(TestOptions(), EchoRoutes());
+  REQUIRE(server.ok());
+  Client c((*server)->port());
+  c.Send("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(c.ReadUntil("}}").find("HTTP/1.1 404") == 0);
+  c.Send("DELETE /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(c.ReadUntil("}}").find("HTTP/1.1 405") == 0);
+}
+
+TEST_CASE("a body over the limit answers 413 and a header over the limit 431") {
+  auto server = Server::Start(TestOptions(), EchoRoutes());
+  REQUIRE(server.ok());
+  {
+    Client c((*server)->port());
+    c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+    std::string r = c.ReadUntil("}}");
+    CHECK(r.find("HTTP/1.1 413") == 0);
+    CHECK(r.find("Connection: close") != std::string::npos);
+  }
+  {
+    Client c((*server)->port());
+    c.Send("GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(2000, 'a') + "\r\n\r\n");
+    CHECK(c.ReadUntil("}}").find("HTTP/1.1 431") == 0);
+  }
+  {
+    Client c((*server)->port());
+    c.Send("GARBAGE\r\n\r\n");
+    CHECK(c.ReadUntil("}}").find("HTTP/1.1 400") == 0);
+  }
+}
+
+TEST_CASE("Expect: 100-continue is answered before the body is sent") {
+  auto server = Server::Start(TestOptions(), EchoRoutes());
+  REQUIRE(server.ok());
+  Client c((*server)->port());
+  c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n");
+  CHECK(c.ReadUntil("\r\n\r\n").find("HTTP/1.1 100 Continue") == 0);
+  c.Send("abc");
+  CHECK(c.ReadUntil("abc").find("HTTP/1.1 200") == 0);
+}
+
+TEST_CASE("a handler that drops its exchange answers 500") {
+  auto server = Server::Start(TestOptions(), EchoRoutes());
+  REQUIRE(server.ok());
+  Client c((*server)->port());
+  c.Send("GET /drop HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(c.ReadUntil("}}").find("HTTP/1.1 500") == 0);
+}
+
+TEST_CASE("a streamed response arrives as chunks, and a client that leaves is noticed") {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::shared_ptr<Exchange> held;
+  bool gone = false;
+  Routes routes;
+  routes.Add("GET", "/stream", [&](std::shared_ptr<Exchange> ex) {
+    ex->StartStream(200, "text/event-stream");
+    ex->Write("data: one\n\n");
+    ex->OnClientGone([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      gone = true;
+      cv.notify_all();
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    held = ex;
+    cv.notify_all();
+  });
+  auto server = Server::Start(TestOptions(), std::move(routes));
+  REQUIRE(server.ok());
+  {
+    Client c((*server)->port());
+    c.Send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string head = c.ReadUntil("data: one\n\n");
+    CHECK(head.find("Transfer-Encoding: chunked") != std::string::npos);
+    CHECK(head.find("b\r\ndata: one\n\n") != std::string::npos);
+    // The stream finishes from another thread.
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return held != nullptr; });
+    }
+    std::thread([ex = held] {
+      ex->Write("data: two\n\n");
+      ex->Finish();
+    }).join();
+    CHECK(c.ReadUntil("0\r\n\r\n").find("data: two") != std::string::npos);
+    held.reset();
+    // The connection is reusable after a stream, and a client that then leaves mid-stream
+    // is reported.
+    c.Send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    c.ReadUntil("data: one\n\n");
+    c.Close();
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  CHECK(cv.wait_for(lock, std::chrono::seconds(5), [&] { return gone; }));
+  CHECK(held->client_gone());
+  CHECK_FALSE(held->Write("data: late\n\n"));
+  held.reset();
+}
+
+TEST_CASE("ParseRequest applies the server's limits") {
+  ServerOptions limits = TestOptions();
+  auto ok = ParseRequest("POST /v1/x?q=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi", limits);
+  REQUIRE(ok.ok());
+  CHECK(ok->path == "/v1/x");
+  CHECK(ok->body == "hi");
+  CHECK(ok->Header("HOST") == "a");
+  auto big = ParseRequest("POST / HTTP/1.1\r\nContent-Length: 99999\r\n\r\n", limits);
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().message().rfind("413", 0) == 0);
+  CHECK_FALSE(ParseRequest("GET / HTTP/1.1\r\nHost", limits).ok());
+}
+
+TEST_CASE("SerializeMetrics writes the text format") {
+  auto registry = std::make_shared<prometheus::Registry>();
+  Routes routes;
+  AddMetricsRoute(routes, registry);
+  int status = 0;
+  CHECK(routes.Find("GET", "/metrics", &status) != nullptr);
+  CHECK(SerializeMetrics(*registry).empty());
+}
+
+}  // namespace kvfleet::http

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# run.sh SCRIPT ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT: runs one Node integration script.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+script="$1"; router="$2"; worker="$3"; dir="$4"; port="$5"
+if [ "$worker" = missing ] || [ ! -x "$worker" ]; then echo "SKIP: kvfleet-worker is not built"; exit 77; fi
+command -v node >/dev/null || { echo "SKIP: node is missing"; exit 77; }
+cache="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}"
+if [ "$script" = openai_client_test.mjs ] && [ ! -f "$cache/npm/node_modules/openai/package.json" ]; then
+  echo "SKIP: the openai npm package is missing (run tests/assets.sh)"; exit 77
+fi
+rm -rf "$dir"; mkdir -p "$dir"
+node "$here/$script" "$router" "$worker" "$dir" "$port"
+rc=$?
+if [ $rc -ne 0 ]; then for f in "$dir"/*.log; do echo "== $f"; tail -20 "$f"; done; fi
+exit $rc

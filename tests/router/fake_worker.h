@@ -1,0 +1,124 @@
+// A fake worker for router tests: a ROUTER socket speaking Contract 3. It answers each
+// Generate with `reply` one byte-token per delta (up to max_tokens), reports as cached
+// the longest block-aligned prefix it saw before, and records cancels. It can hang
+// (never answer), stop after the first token, or close its socket (a crash, to the router).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "router/fleet/protocol.h"
+
+namespace kvfleet::router::testing {
+
+class FakeWorker {
+ public:
+  enum class Mode { kAnswer, kHang, kFirstTokenThenHang };
+
+  explicit FakeWorker(std::string reply = "hello world", uint32_t block_size = 32)
+      : reply_(std::move(reply)), block_size_(block_size), socket_(ctx_, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("tcp://127.0.0.1:*");
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeWorker() { Crash(); }
+
+  const std::string& endpoint() const { return endpoint_; }
+  void set_mode(Mode m) { mode_ = m; }
+  // Answers only the first `n` tokens of each request, then hangs.
+  void set_hang_after(uint32_t n) { hang_after_ = n; }
+  // Closes the socket: the router sees the connection drop.
+  void Crash() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  int generates() const { return generates_.load(); }
+  int cancels() const { return cancels_.load(); }
+  GenerateParams last_params() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+
+  // Sends Hello (or Bye) to a router's registration endpoint from a DEALER.
+  static void Register(const std::string& router_endpoint, const std::string& frame) {
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 2000);
+    s.connect(router_endpoint);
+    s.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(10));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      zmq::message_t id, body;
+      if (!socket_.recv(id) || !socket_.recv(body)) continue;
+      auto msg = DecodeToWorker(body.data(), body.size());
+      if (!msg.ok()) continue;
+      if (msg->cancel) {
+        ++cancels_;
+        continue;
+      }
+      ++generates_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_ = msg->params;
+      }
+      if (mode_ == Mode::kHang) continue;
+      uint32_t cached = CachedPrefix(msg->params.tokens);
+      uint32_t n = std::min<uint32_t>(msg->params.sampling.max_tokens, static_cast<uint32_t>(reply_.size()));
+      if (mode_ == Mode::kFirstTokenThenHang) n = std::min<uint32_t>(n, 1);
+      bool hangs = mode_ != Mode::kAnswer || hang_after_ < n;
+      n = std::min(n, hang_after_.load());
+      for (uint32_t i = 0; i < n; ++i) {
+        WorkerDelta d;
+        d.request_id = msg->request_id;
+        d.tokens = {static_cast<TokenId>(static_cast<unsigned char>(reply_[i]))};
+        bool last = i + 1 == n && !hangs;
+        d.finish = last ? (n == reply_.size() ? FinishReason::kStop : FinishReason::kLength) : FinishReason::kNone;
+        d.usage = {static_cast<uint32_t>(msg->params.tokens.size()), cached, 0, i + 1, 100};
+        socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+        socket_.send(zmq::buffer(EncodeDelta(d)), zmq::send_flags::none);
+      }
+    }
+    socket_.close();
+  }
+
+  uint32_t CachedPrefix(const std::vector<TokenId>& tokens) {
+    size_t best = 0;
+    for (const auto& seen : seen_) {
+      size_t i = 0;
+      while (i < seen.size() && i < tokens.size() && seen[i] == tokens[i]) ++i;
+      best = std::max(best, i);
+    }
+    seen_.push_back(tokens);
+    return static_cast<uint32_t>(best / block_size_ * block_size_);
+  }
+
+  std::string reply_;
+  uint32_t block_size_;
+  zmq::context_t ctx_{1};
+  zmq::socket_t socket_;
+  std::string endpoint_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<Mode> mode_{Mode::kAnswer};
+  std::atomic<uint32_t> hang_after_{~0u};
+  std::atomic<int> generates_{0};
+  std::atomic<int> cancels_{0};
+  std::mutex mu_;
+  GenerateParams last_;
+  std::vector<std::vector<TokenId>> seen_;  // worker thread only
+};
+
+}  // namespace kvfleet::router::testing

@@ -1,0 +1,352 @@
+// The router's HTTP API end to end against fake workers: shapes, usage, streaming,
+// every error code, retries, disconnects and registration.
+#include "router/http/api.h"
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+#include <prometheus/registry.h>
+
+#include "common/http/metrics.h"
+#include "tests/common/http/test_client.h"
+#include "tests/router/fake_worker.h"
+
+namespace kvfleet::router {
+
+using http::testing::BodyOf;
+using http::testing::Client;
+using http::testing::Roundtrip;
+using http::testing::StatusOf;
+using nlohmann::json;
+using testing::FakeWorker;
+
+namespace {
+
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 5000) {
+  for (int i = 0; i < ms / 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+struct RouterUnderTest {
+  explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
+                           RoutingOptions routing = {}, FleetOptions fleet_options = {})
+      : registry(std::make_shared<prometheus::Registry>()),
+        index(SystemClock::Default()),
+        picker(routing) {
+    fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
+    fleet_options.static_workers = std::move(workers);
+    fleet_options.static_model = "m";
+    fleet_options.static_max_context = 4096;
+    fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
+    api = std::make_unique<Api>(api_options, fleet.get(), &picker, &index, &index, MakeByteCodec(),
+                                SystemClock::Default(), registry);
+    http::Routes routes;
+    api->AddRoutes(&routes);
+    http::ServerOptions o;
+    o.address = "127.0.0.1";
+    o.port = 0;
+    o.max_body_bytes = 64 * 1024;
+    server = std::move(http::Server::Start(o, std::move(routes))).value();
+  }
+  ~RouterUnderTest() {
+    server->Stop();
+    fleet->Stop();
+  }
+  void WaitRoutable(size_t n) {
+    REQUIRE(WaitFor([&] {
+      auto m = fleet->FindModel("m");
+      return m && m->routable.size() == n;
+    }));
+  }
+  std::string Post(const std::string& path, const std::string& body, const std::string& headers = "") {
+    return Roundtrip(server->port(), "POST", path, body, headers);
+  }
+  uint16_t port() const { return server->port(); }
+
+  std::shared_ptr<prometheus::Registry> registry;
+  PredictedIndex index;
+  Picker picker;
+  std::unique_ptr<Fleet> fleet;
+  std::unique_ptr<Api> api;
+  std::unique_ptr<http::Server> server;
+};
+
+// The JSON objects of an SSE body, [DONE] excluded; *done says whether it came.
+std::vector<json> Events(const std::string& response, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t at = 0;
+  while ((at = response.find("data: ", at)) != std::string::npos) {
+    size_t end = response.find("\n\n", at);
+    std::string data = response.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    out.push_back(json::parse(data));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a completion returns OpenAI's shape with the worker's usage and cached tokens") {
+  FakeWorker w("hello world");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  std::string prompt(100, 'p');
+  std::string body = json{{"model", "m"}, {"prompt", prompt}, {"max_tokens", 5}}.dump();
+  auto first = r.Post("/v1/completions", body);
+  REQUIRE(StatusOf(first) == 200);
+  auto j = json::parse(BodyOf(first));
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["choices"][0]["text"] == "hello");
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["usage"]["prompt_tokens"] == 100);
+  CHECK(j["usage"]["completion_tokens"] == 5);
+  CHECK(j["usage"]["total_tokens"] == 105);
+  CHECK(j["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  // The same prompt again: the fake worker reports its 96 block-aligned tokens cached.
+  auto second = json::parse(BodyOf(r.Post("/v1/completions", body)));
+  CHECK(second["usage"]["prompt_tokens_details"]["cached_tokens"] == 96);
+  CHECK(w.last_params().sampling.max_tokens == 5);
+}
+
+TEST_CASE("chat streaming sends role, deltas, finish, usage and [DONE]") {
+  FakeWorker w("hi there");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  std::string body = json{{"model", "m"},
+                          {"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                          {"stream", true},
+                          {"stream_options", {{"include_usage", true}}}}
+                         .dump();
+  auto resp = r.Post("/v1/chat/completions", body);
+  REQUIRE(StatusOf(resp) == 200);
+  CHECK(resp.find("Content-Type: text/event-stream") != std::string::npos);
+  bool done = false;
+  auto events = Events(resp, &done);
+  CHECK(done);
+  REQUIRE(events.size() >= 3);
+  CHECK(events[0]["object"] == "chat.completion.chunk");
+  CHECK(events[0]["choices"][0]["delta"]["role"] == "assistant");
+  std::string text;
+  std::string finish;
+  for (const auto& e : events) {
+    if (e["choices"].empty()) continue;
+    if (e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  CHECK(text == "hi there");
+  CHECK(finish == "stop");
+  const json& usage = events.back();
+  CHECK(usage["choices"].empty());
+  CHECK(usage["usage"]["completion_tokens"] == 8);
+}
+
+TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker") {
+  FakeWorker w("one END two three");
+  w.set_hang_after(8);  // still generating when the stop string appears
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 50},
+                                             {"stop", "END"}}.dump());
+  auto j = json::parse(BodyOf(resp));
+  CHECK(j["choices"][0]["text"] == "one ");
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(WaitFor([&] { return w.cancels() == 1; }));
+}
+
+TEST_CASE("every error has its status code and OpenAI error object") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-good"};
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  const std::string auth = "Authorization: Bearer sk-good\r\n";
+  auto check = [&](const std::string& body, int status, const std::string& headers) {
+    auto resp = r.Post("/v1/completions", body, headers);
+    CHECK(StatusOf(resp) == status);
+    auto j = json::parse(BodyOf(resp), nullptr, false);
+    REQUIRE_FALSE(j.is_discarded());
+    CHECK(j["error"]["message"].is_string());
+    CHECK(j["error"]["type"].is_string());
+    return resp;
+  };
+  check(R"({"model":"m","prompt":"x"})", 401, "");
+  check(R"({"model":"m","prompt":"x"})", 401, "Authorization: Bearer sk-bad\r\n");
+  check("{oops", 400, auth);
+  check(R"({"model":"m","prompt":7})", 400, auth);
+  check(R"({"model":"m","prompt":"x","n":3})", 400, auth);
+  auto ctx = check(json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump(), 400, auth);
+  CHECK(ctx.find("context_length_exceeded") != std::string::npos);
+  auto unknown = check(R"({"model":"nope","prompt":"x"})", 404, auth);
+  CHECK(unknown.find("model_not_found") != std::string::npos);
+  check(json{{"model", "m"}, {"prompt", std::string(70 * 1024, 'a')}}.dump(), 413, auth);
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})", auth)) == 200);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/v1/models", "", auth)) == 200);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/v1/models")) == 401);
+  // No live worker: 503 with Retry-After.
+  w.Crash();
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("m")->routable.empty(); }));
+  auto none = check(R"({"model":"m","prompt":"x"})", 503, auth);
+  CHECK(none.find("Retry-After: 1") != std::string::npos);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/ready")) == 503);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
+}
+
+TEST_CASE("a saturated fleet answers 429 with Retry-After") {
+  FakeWorker w;
+  w.set_mode(FakeWorker::Mode::kHang);
+  RoutingOptions routing;
+  routing.max_queued_requests = 1;
+  RouterUnderTest r({w.endpoint()}, {}, routing);
+  r.WaitRoutable(1);
+  Client hanging(r.port());
+  std::string body = R"({"model":"m","prompt":"x"})";
+  hanging.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+               "\r\n\r\n" + body);
+  REQUIRE(WaitFor([&] { return w.generates() == 1; }));
+  auto resp = r.Post("/v1/completions", body);
+  CHECK(StatusOf(resp) == 429);
+  CHECK(resp.find("Retry-After:") != std::string::npos);
+}
+
+TEST_CASE("a client that disconnects mid-stream cancels its request on the worker") {
+  FakeWorker w;
+  w.set_mode(FakeWorker::Mode::kFirstTokenThenHang);
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  {
+    Client c(r.port());
+    std::string body = R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})";
+    c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\n\r\n" + body);
+    c.ReadUntil("\"text\":\"h\"");
+  }
+  CHECK(WaitFor([&] { return w.cancels() == 1; }));
+}
+
+TEST_CASE("a worker that dies before the first token: the request is retried on another") {
+  FakeWorker a, b;
+  a.set_mode(FakeWorker::Mode::kHang);
+  b.set_mode(FakeWorker::Mode::kHang);
+  RouterUnderTest r({a.endpoint(), b.endpoint()});
+  r.WaitRoutable(2);
+  std::string result;
+  std::thread client([&] { result = r.Post("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":3})"); });
+  REQUIRE(WaitFor([&] { return a.generates() + b.generates() == 1; }));
+  FakeWorker& first = a.generates() == 1 ? a : b;
+  FakeWorker& second = a.generates() == 1 ? b : a;
+  second.set_mode(FakeWorker::Mode::kAnswer);
+  first.Crash();
+  client.join();
+  CHECK(StatusOf(result) == 200);
+  CHECK(json::parse(BodyOf(result))["choices"][0]["text"] == "hel");
+  CHECK(http::SerializeMetrics(*r.registry).find("kvfleet_router_retries_total 1") != std::string::npos);
+}
+
+TEST_CASE("a worker that dies after the first token ends the stream with an error event") {
+  FakeWorker w;
+  w.set_mode(FakeWorker::Mode::kFirstTokenThenHang);
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  Client c(r.port());
+  std::string body = R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})";
+  c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         body);
+  c.ReadUntil("\"text\":\"h\"");
+  w.Crash();
+  std::string rest = c.ReadUntil("0\r\n\r\n");
+  CHECK(rest.find("\"error\"") != std::string::npos);
+  CHECK(rest.find("data: [DONE]") != std::string::npos);
+}
+
+TEST_CASE("no first token within the timeout: the request moves to another worker") {
+  FakeWorker a, b;
+  a.set_mode(FakeWorker::Mode::kHang);
+  b.set_mode(FakeWorker::Mode::kHang);
+  FleetOptions fo;
+  fo.first_token_timeout = 300 * kNsPerMs;
+  RouterUnderTest r({a.endpoint(), b.endpoint()}, {}, {}, fo);
+  r.WaitRoutable(2);
+  std::string result;
+  std::thread client([&] { result = r.Post("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":2})"); });
+  REQUIRE(WaitFor([&] { return a.generates() + b.generates() == 1; }));
+  (a.generates() == 1 ? b : a).set_mode(FakeWorker::Mode::kAnswer);
+  client.join();
+  CHECK(StatusOf(result) == 200);
+  CHECK((a.generates() == 1 ? a : b).cancels() == 1);
+}
+
+TEST_CASE("registration adds workers per model and refuses a block-size mismatch") {
+  FakeWorker w1, w2;
+  RouterUnderTest r({});
+  WorkerHello hello;
+  hello.name = "w1";
+  hello.model = "llama";
+  hello.block_size = 16;
+  hello.max_context = 2048;
+  hello.requests_endpoint = w1.endpoint();
+  hello.backend = "mock";
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("llama");
+    return m && m->routable.size() == 1;
+  }));
+  hello.name = "w2";
+  hello.block_size = 32;
+  hello.requests_endpoint = w2.endpoint();
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] {
+    return http::SerializeMetrics(*r.registry).find("reason=\"block-size-mismatch\"") != std::string::npos;
+  }));
+  CHECK(r.fleet->FindModel("llama")->workers == 1);
+  auto models = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/v1/models")));
+  CHECK(models["data"][0]["id"] == "llama");
+  auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["workers"][0]["block_size"] == 16);
+  // Bye takes it out of routing at once.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
+  CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));
+}
+
+TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {
+  FakeWorker a("ok"), b("ok"), c("ok");
+  RouterUnderTest r({a.endpoint(), b.endpoint(), c.endpoint()});
+  r.WaitRoutable(3);
+  std::string shared(2000, 's');
+  std::vector<std::thread> clients;
+  // The first request picks a worker; the rest find its predicted blocks.
+  CHECK(StatusOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", shared + "0"}}.dump())) == 200);
+  for (int i = 1; i < 20; ++i) {
+    clients.emplace_back([&, i] {
+      r.Post("/v1/completions", json{{"model", "m"}, {"prompt", shared + std::to_string(i)}}.dump());
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::vector<int> counts = {a.generates(), b.generates(), c.generates()};
+  CHECK(std::count(counts.begin(), counts.end(), 20) == 1);
+}
+
+TEST_CASE("API keys load from a file") {
+  std::string path = "/tmp/kvfleet_api_keys_test.txt";
+  {
+    std::ofstream out(path);
+    out << "# keys\n\nsk-one\n  sk-two  \n";
+  }
+  auto keys = LoadApiKeys(path);
+  REQUIRE(keys.ok());
+  CHECK(*keys == std::vector<std::string>{"sk-one", "sk-two"});
+  CHECK_FALSE(LoadApiKeys("/nonexistent/keys").ok());
+}
+
+}  // namespace kvfleet::router

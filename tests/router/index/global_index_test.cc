@@ -1,0 +1,304 @@
+#include "router/index/global_index.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+// Counts allocations so a test can show that FindMatches makes none. GCC cannot see that
+// the replaced new and delete pair up (malloc/free) and warns at every inlined delete.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+static std::atomic<uint64_t> g_allocations{0};
+void* operator new(size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace kvfleet::router {
+namespace {
+
+using kv::Tier;
+
+// The reference: per worker, hash -> tier bits, and predicted hash -> expiry.
+struct Model {
+  std::map<WorkerId, std::map<BlockHash, uint8_t>> held;
+  std::map<WorkerId, std::map<BlockHash, TimeNs>> predicted;
+
+  std::vector<WorkerMatch> Match(const std::vector<BlockHash>& hashes, TimeNs now) const {
+    std::vector<WorkerMatch> out;
+    std::set<WorkerId> workers;
+    for (auto& [w, m] : held) workers.insert(w);
+    for (auto& [w, m] : predicted) workers.insert(w);
+    for (WorkerId w : workers) {
+      WorkerMatch m{w, 0, 0};
+      bool host_phase = false;
+      for (BlockHash h : hashes) {
+        uint8_t bits = 0;
+        if (auto it = held.find(w); it != held.end())
+          if (auto b = it->second.find(h); b != it->second.end()) bits = b->second;
+        bool pred = false;
+        if (auto it = predicted.find(w); it != predicted.end())
+          if (auto p = it->second.find(h); p != it->second.end()) pred = p->second > now;
+        if (!bits && !pred) break;
+        if (!host_phase && ((bits & 1) || pred)) {
+          ++m.device_blocks;
+        } else {
+          host_phase = true;
+          ++m.host_blocks;
+        }
+      }
+      if (m.device_blocks + m.host_blocks > 0) out.push_back(m);
+    }
+    return out;
+  }
+};
+
+std::vector<WorkerMatch> Sorted(std::vector<WorkerMatch> v) {
+  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.worker < b.worker; });
+  return v;
+}
+
+void ExpectSame(const std::vector<WorkerMatch>& got, const std::vector<WorkerMatch>& want) {
+  auto g = Sorted(got), w = Sorted(want);
+  REQUIRE(g.size() == w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    CHECK(g[i].worker == w[i].worker);
+    CHECK(g[i].device_blocks == w[i].device_blocks);
+    CHECK(g[i].host_blocks == w[i].host_blocks);
+  }
+}
+
+TEST_CASE("FindMatches agrees with a brute-force reference on random indexes") {
+  ManualClock clock;
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    GlobalIndex index({}, &clock);
+    Model model;
+    // A few prompt trees: chains of 64 blocks, which workers hold prefixes of, on tiers.
+    std::vector<std::vector<BlockHash>> chains;
+    for (int c = 0; c < 8; ++c) {
+      std::vector<BlockHash> chain;
+      for (int i = 0; i < 64; ++i) chain.push_back(rng() | 1);
+      chains.push_back(chain);
+    }
+    const WorkerId workers = 1 + rng() % 40;  // past 16 holders a block goes dense
+    for (int op = 0; op < 3000; ++op) {
+      const WorkerId w = static_cast<WorkerId>(rng() % workers) * 23;  // sparse ids over many words
+      const auto& chain = chains[rng() % chains.size()];
+      const size_t at = rng() % chain.size();
+      const BlockHash h = chain[at];
+      const Tier tier = rng() % 3 == 0 ? Tier::kHost : Tier::kDevice;
+      const uint8_t bit = tier == Tier::kDevice ? 1 : 2;
+      switch (rng() % 6) {
+        case 0:
+        case 1:
+        case 2:  // store a prefix run ending at `at`
+          for (size_t i = 0; i <= at; ++i) {
+            index.Store(w, chain[i], tier);
+            model.held[w][chain[i]] |= bit;
+            model.predicted[w].erase(chain[i]);
+          }
+          break;
+        case 3:
+          index.Remove(w, h, tier);
+          if (auto it = model.held[w].find(h); it != model.held[w].end()) {
+            it->second &= ~bit;
+            if (!it->second) model.held[w].erase(it);
+          }
+          break;
+        case 4:
+          if (index.Move(w, h, tier)) {
+            CHECK(model.held[w].count(h));
+            model.held[w][h] = bit;
+          } else {
+            CHECK(!model.held[w].count(h));
+          }
+          break;
+        case 5: {
+          std::vector<BlockHash> run(chain.begin(), chain.begin() + at + 1);
+          const DurationNs ttl = static_cast<DurationNs>(rng() % 3) * kNsPerSec;
+          index.InsertPredicted(w, run, ttl);
+          for (BlockHash p : run)
+            if (!model.held[w].count(p)) model.predicted[w][p] = clock.Now() + ttl;
+          break;
+        }
+      }
+      if (op % 500 == 0) clock.AdvanceMs(700);
+    }
+    index.CheckInvariants();
+    std::vector<WorkerMatch> got;
+    for (const auto& chain : chains) {
+      for (size_t len : {size_t{1}, size_t{5}, size_t{64}}) {
+        std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
+        index.FindMatches(q, &got);
+        ExpectSame(got, model.Match(q, clock.Now()));
+      }
+    }
+    for (WorkerId w = 0; w < workers * 23; w += 23) {
+      for (Tier t : {Tier::kDevice, Tier::kHost}) {
+        uint64_t want = 0;
+        for (auto& [h, bits] : model.held[w]) want += (bits & (t == Tier::kDevice ? 1 : 2)) ? 1 : 0;
+        CHECK(index.BlockCount(w, t) == want);
+      }
+    }
+    // Expired predictions are swept without changing any answer.
+    clock.AdvanceMs(5000);
+    index.SweepExpired();
+    index.CheckInvariants();
+    for (const auto& chain : chains) {
+      index.FindMatches(chain, &got);
+      ExpectSame(got, model.Match(chain, clock.Now()));
+    }
+  }
+}
+
+TEST_CASE("a match counts leading device blocks, then the host blocks after them") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> h = {11, 12, 13, 14, 15};
+  index.Store(1, 11, Tier::kDevice);
+  index.Store(1, 12, Tier::kDevice);
+  index.Store(1, 13, Tier::kHost);
+  index.Store(1, 14, Tier::kDevice);  // after the device run: counts as host
+  index.Store(2, 11, Tier::kHost);
+  index.Store(3, 12, Tier::kDevice);  // does not hold block 0: no match
+  std::vector<WorkerMatch> out;
+  index.FindMatches(h, &out);
+  ExpectSame(out, {{1, 2, 2}, {2, 0, 1}});
+}
+
+TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  index.Store(1, 1, Tier::kDevice);
+  index.Store(2, 2, Tier::kDevice);  // 2 holds block 1 but not block 0
+  index.Store(2, 3, Tier::kDevice);
+  std::vector<WorkerMatch> out;
+  std::vector<BlockHash> q = {1, 2, 3};
+  index.FindMatches(q, &out);
+  ExpectSame(out, {{1, 1, 0}});
+}
+
+TEST_CASE("FindMatches allocates nothing once the output has capacity") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> chain;
+  for (int i = 0; i < 1024; ++i) chain.push_back(1000 + i);
+  for (WorkerId w = 0; w < 64; ++w)
+    for (int i = 0; i < 1024 - static_cast<int>(w); ++i) index.Store(w, chain[i], Tier::kDevice);
+  std::vector<WorkerMatch> out;
+  out.reserve(config::kMaxWorkers);
+  index.FindMatches(chain, &out);  // warms the thread's scratch
+  const uint64_t before = g_allocations.load();
+  for (int i = 0; i < 100; ++i) index.FindMatches(chain, &out);
+  CHECK(g_allocations.load() == before);
+  REQUIRE(out.size() == 64);
+  for (const WorkerMatch& m : out) CHECK(m.device_blocks == 1024 - m.worker);  // dense blocks
+  index.CheckInvariants();
+}
+
+TEST_CASE("a predicted entry counts until its TTL passes or a stored event confirms it") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> run = {5, 6, 7};
+  index.InsertPredicted(4, run, 2 * kNsPerSec);
+  std::vector<WorkerMatch> out;
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{4, 3, 0}});
+  CHECK(index.BlockCount(4, Tier::kDevice) == 0);  // predictions are not holdings
+  index.Store(4, 5, Tier::kDevice);                  // confirms block 5 only
+  clock.AdvanceMs(2500);
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{4, 1, 0}});
+  CHECK(index.SweepExpired() == 2);
+  CHECK(index.EntryCount() == 1);
+  index.CheckInvariants();
+}
+
+TEST_CASE("RemoveWorker drops every entry of that worker and no other") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  for (BlockHash h = 1; h <= 5000; ++h) {
+    index.Store(1, h, Tier::kDevice);
+    if (h % 2) index.Store(2, h, Tier::kHost);
+  }
+  std::vector<BlockHash> pred = {9001, 9002};
+  index.InsertPredicted(1, pred, kNsPerSec);
+  index.RemoveWorker(1);
+  index.CheckInvariants();
+  CHECK(index.BlockCount(1, Tier::kDevice) == 0);
+  CHECK(index.BlockCount(2, Tier::kHost) == 2500);
+  CHECK(index.EntryCount() == 2500);
+  CHECK(index.HashCount() == 2500);
+}
+
+TEST_CASE("a capped index trims the least recently used blocks") {
+  ManualClock clock;
+  GlobalIndexOptions options;
+  options.max_entries = 64 * 100;  // 100 per shard
+  GlobalIndex index(options, &clock);
+  for (BlockHash h = 1; h <= 5000; ++h) index.Store(1, h, Tier::kDevice);
+  clock.AdvanceMs(10);
+  for (BlockHash h = 100001; h <= 105000; ++h) {
+    index.Store(1, h, Tier::kDevice);
+    clock.AdvanceMs(1);
+  }
+  CHECK(index.EntryCount() <= options.max_entries);
+  index.CheckInvariants();
+  // The newest blocks survive; the oldest are gone.
+  CHECK(index.Holds(1, 105000));
+  CHECK(!index.Holds(1, 1));
+}
+
+TEST_CASE("readers match while writers store, move and remove (TSan)") {
+  SystemClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> chain;
+  for (int i = 0; i < 256; ++i) chain.push_back(0xABC000 + i);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (WorkerId w = 0; w < 4; ++w) {
+    writers.emplace_back([&, w] {
+      std::mt19937 rng(w);
+      for (int op = 0; op < 20000; ++op) {
+        BlockHash h = chain[rng() % chain.size()];
+        switch (rng() % 4) {
+          case 0: index.Store(w, h, Tier::kDevice); break;
+          case 1: index.Remove(w, h, Tier::kDevice); break;
+          case 2: index.Move(w, h, Tier::kHost); break;
+          case 3: index.InsertPredicted(w, std::span(&h, 1), kNsPerMs); break;
+        }
+        if (op % 5000 == 0) index.RemoveWorker(w);
+      }
+    });
+  }
+  std::vector<std::thread> readers;
+  std::atomic<uint64_t> matched{0};
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      std::vector<WorkerMatch> out;
+      while (!stop.load()) {
+        index.FindMatches(chain, &out);
+        for (auto& m : out) matched += m.device_blocks + m.host_blocks;
+        (void)index.BlockCount(0, Tier::kDevice);
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  stop = true;
+  for (auto& t : readers) t.join();
+  index.SweepExpired();
+  index.CheckInvariants();
+}
+
+}  // namespace
+}  // namespace kvfleet::router

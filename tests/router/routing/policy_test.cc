@@ -1,0 +1,158 @@
+// Each routing policy's choice on constructed fleets.
+#include "router/routing/policy.h"
+
+#include <map>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+namespace kvfleet::router {
+namespace {
+
+Candidate Idle(WorkerId id) {
+  Candidate c;
+  c.worker = id;
+  c.prefill_tokens_per_s = 10'000;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("policy names parse and print") {
+  for (auto name : {"round_robin", "least_loaded", "kv", "approx"}) {
+    auto p = ParsePolicy(name);
+    REQUIRE(p.ok());
+    CHECK(PolicyName(*p) == name);
+  }
+  CHECK_FALSE(ParsePolicy("random").ok());
+}
+
+TEST_CASE("round_robin visits every worker in turn") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  std::map<WorkerId, int> seen;
+  for (int i = 0; i < 9; ++i) seen[picker.Pick(Policy::kRoundRobin, {100, 32}, fleet)->worker]++;
+  CHECK(seen == std::map<WorkerId, int>{{0, 3}, {1, 3}, {2, 3}});
+}
+
+TEST_CASE("least_loaded picks the worker running the fewest requests") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[0].running_requests = 5;
+  fleet[1].running_requests = 2;
+  fleet[2].running_requests = 7;
+  fleet[1].device_blocks = 0;
+  fleet[0].device_blocks = 100;  // ignored by this policy
+  CHECK(picker.Pick(Policy::kLeastLoaded, {3200, 32}, fleet)->worker == 1);
+}
+
+TEST_CASE("kv prefers the worker holding the prompt's prefix") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[2].device_blocks = 100;  // 3,200 of 4,000 tokens cached
+  auto d = picker.Pick(Policy::kKv, {4000, 32}, fleet);
+  REQUIRE(d.ok());
+  CHECK(d->worker == 2);
+  CHECK(d->predicted_cached_tokens == 3200);
+  CHECK(d->estimated_ttft_s == doctest::Approx(800.0 / 10'000 + 0).epsilon(1e-9));
+}
+
+TEST_CASE("kv weighs a prefix hit against queued prefill work") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1)};
+  fleet[0].device_blocks = 10;               // saves 320 tokens
+  fleet[0].queued_prefill_tokens = 20'000;   // but 2 s of prefill are queued ahead
+  fleet[0].running_requests = 3;
+  CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 1);
+  fleet[0].queued_prefill_tokens = 100;      // a short queue: the hit wins
+  CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 0);
+}
+
+TEST_CASE("kv charges host-tier hits their onboarding cost") {
+  RoutingOptions o;
+  o.onboard_s_per_block = 0.01;  // slow onboarding: a host hit is worth less than a device hit
+  Picker picker(o);
+  std::vector<Candidate> fleet = {Idle(0), Idle(1)};
+  fleet[0].host_blocks = 10;     // 320 tokens = 32 ms of prefill, but 100 ms to onboard
+  fleet[1].device_blocks = 5;    // 160 tokens = 16 ms
+  CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 1);
+  o.onboard_s_per_block = 0.0001;
+  Picker fast(o);
+  CHECK(fast.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 0);
+}
+
+TEST_CASE("kv uses the fleet's median prefill rate for a worker without one") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[2].prefill_tokens_per_s = 0;
+  Candidate probe = fleet[2];
+  CHECK(picker.EstimateTtft({1000, 32}, probe, 10'000) == doctest::Approx(0.1));
+  fleet[0].running_requests = 1;
+  fleet[1].running_requests = 1;
+  // Same rate assumed, fewer running requests: worker 2 wins.
+  CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 2);
+}
+
+TEST_CASE("the hot-spot guard skips a worker far above the fleet's median load") {
+  RoutingOptions o;
+  o.hot_spot_factor = 2;
+  o.hot_spot_min_requests = 4;
+  o.decode_s_per_running_request = 0;  // only the guard keeps traffic off the hot worker
+  Picker picker(o);
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[0].device_blocks = 120;  // everyone's shared system prompt is here
+  fleet[0].running_requests = 10;
+  fleet[1].running_requests = 2;
+  fleet[2].running_requests = 3;
+  CHECK(picker.Pick(Policy::kKv, {4000, 32}, fleet)->worker != 0);
+  o.hot_spot_factor = 0;  // guard off: the hit wins
+  Picker unguarded(o);
+  CHECK(unguarded.Pick(Policy::kKv, {4000, 32}, fleet)->worker == 0);
+  // Below the absolute floor the guard does not act.
+  fleet[0].running_requests = 4;
+  fleet[1].running_requests = 0;
+  fleet[2].running_requests = 0;
+  CHECK(picker.Pick(Policy::kKv, {4000, 32}, fleet)->worker == 0);
+}
+
+TEST_CASE("a softmax temperature spreads choices, mostly to the cheapest") {
+  RoutingOptions o;
+  o.temperature = 0.5;
+  Picker picker(o, 42);
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[0].device_blocks = 30;
+  fleet[1].device_blocks = 15;
+  std::map<WorkerId, int> seen;
+  for (int i = 0; i < 2000; ++i) seen[picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker]++;
+  CHECK(seen[0] > seen[1]);
+  CHECK(seen[1] > seen[2]);
+  CHECK(seen[2] > 0);
+}
+
+TEST_CASE("saturated workers are skipped, and a saturated fleet is refused") {
+  RoutingOptions o;
+  o.max_queued_requests = 8;
+  Picker picker(o);
+  std::vector<Candidate> fleet = {Idle(0), Idle(1)};
+  fleet[0].queued_requests = 8;
+  fleet[0].device_blocks = 100;
+  for (Policy p : {Policy::kRoundRobin, Policy::kLeastLoaded, Policy::kKv}) {
+    CHECK(picker.Pick(p, {4000, 32}, fleet)->worker == 1);
+  }
+  fleet[1].queued_requests = 9;
+  auto d = picker.Pick(Policy::kKv, {4000, 32}, fleet);
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.status().code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("options are validated") {
+  RoutingOptions o;
+  CHECK(o.Validate().ok());
+  o.temperature = -1;
+  CHECK_FALSE(o.Validate().ok());
+  o = {};
+  o.hot_spot_factor = 0.5;
+  CHECK_FALSE(o.Validate().ok());
+}
+
+}  // namespace kvfleet::router

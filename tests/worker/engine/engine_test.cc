@@ -1,0 +1,332 @@
+// The engine with the real KV cache manager and the mock backend in verify_kv mode (its
+// tokens depend on everything attention reads through the block tables), on a manual
+// clock that the mock advances by its modelled step time.
+#include "worker/engine/engine.h"
+
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "worker/backend/mock/mock_backend.h"
+#include "worker/engine/kv_setup.h"
+#include "worker/kv/kv_cache_manager.h"
+
+namespace kvfleet::engine {
+namespace {
+
+constexpr uint32_t kBlock = 16;
+
+struct RecordingSink final : kv::EventSink {
+  void Emit(kv::KvEvent event) override { events.push_back(std::move(event)); }
+  std::vector<kv::KvEvent> events;
+};
+
+struct StepLog final : StepListener {
+  void OnStep(const StepReport& r) override { reports.push_back(r); }
+  std::vector<StepReport> reports;
+};
+
+struct HarnessOptions {
+  int64_t device_blocks = 256;
+  uint32_t max_num_tokens = 64;
+  uint32_t max_batch_size = 16;
+  uint32_t max_context = 1024;
+  uint32_t max_queued = 64;
+  uint32_t eos_after = 0;
+};
+
+struct Harness {
+  explicit Harness(const HarnessOptions& o = {}) {
+    backend::BackendOptions bo;
+    bo.block_size = kBlock;
+    bo.max_num_tokens = static_cast<int32_t>(o.max_num_tokens);
+    bo.max_batch_size = static_cast<int32_t>(o.max_batch_size);
+    bo.max_context = o.max_context;
+    bo.num_blocks = o.device_blocks;
+    backend::mock::MockOptions mo;
+    mo.verify_kv = true;
+    mo.eos_after = o.eos_after;
+    mo.clock = &clock;
+    mo.wait = [this](TimeNs deadline) {
+      if (deadline > clock.Now()) clock.Set(deadline);
+    };
+    auto b = backend::mock::MockBackend::Make(bo, mo);
+    REQUIRE_MESSAGE(b.ok(), b.status().ToString());
+    backend = std::move(*b);
+    KvMemorySettings memory;
+    memory.block_size = kBlock;
+    memory.max_context = o.max_context;
+    memory.device_bytes = backend->kv_device_bytes();
+    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), memory), &backend->block_copier(), &sink,
+                                      &clock);
+    REQUIRE_MESSAGE(k.ok(), k.status().ToString());
+    kv = std::move(*k);
+    REQUIRE(CheckPoolsAgree(kv->pools(), backend->pools()).ok());
+    EngineOptions eo;
+    eo.model_name = "mock-8b";
+    eo.scheduler.max_num_tokens = o.max_num_tokens;
+    eo.scheduler.max_batch_size = o.max_batch_size;
+    eo.limits.max_context = o.max_context;
+    eo.limits.max_queued = o.max_queued;
+    eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
+    for (int64_t e : backend->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
+    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock, &log);
+  }
+
+  RequestId Add(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7) {
+    GenerateRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.sampling.seed = seed;
+    r.sampling.max_tokens = max_tokens;
+    auto id = engine->Add(std::move(r), clock.Now());
+    REQUIRE_MESSAGE(id.ok(), id.status().ToString());
+    return *id;
+  }
+
+  // One step; accumulates tokens and final outputs; checks invariants.
+  std::vector<RequestOutput> Step() {
+    auto outs = engine->Step();
+    for (const RequestOutput& o : outs) {
+      auto& t = tokens[o.id];
+      t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
+      CHECK_FALSE(finals.contains(o.id));  // nothing after the final Delta
+      if (o.finish != FinishReason::kNone) finals[o.id] = o;
+    }
+    Status st = engine->CheckInvariants();
+    CHECK_MESSAGE(st.ok(), st.ToString());
+    return outs;
+  }
+
+  void RunToCompletion(int max_steps = 10'000) {
+    for (int i = 0; i < max_steps && engine->HasWork(); ++i) Step();
+    REQUIRE_FALSE(engine->HasWork());
+  }
+
+  uint32_t DeviceBlocksInUse() const { return kv->Stats().pools[0].tiers[0].in_use; }
+
+  ManualClock clock;
+  RecordingSink sink;
+  StepLog log;
+  std::unique_ptr<backend::mock::MockBackend> backend;
+  std::unique_ptr<kv::KvCacheManager> kv;
+  std::unique_ptr<Engine> engine;
+  std::map<RequestId, std::vector<TokenId>> tokens;
+  std::map<RequestId, RequestOutput> finals;
+};
+
+std::vector<TokenId> Prompt(uint32_t n, TokenId first = 1000) {
+  std::vector<TokenId> p(n);
+  for (uint32_t i = 0; i < n; ++i) p[i] = first + i;
+  return p;
+}
+
+TEST_CASE("a long prompt is prefilled in chunks while a running request keeps decoding") {
+  Harness h;  // 64 tokens per step
+  RequestId a = h.Add(Prompt(20), 12);
+  h.Step();  // a: whole prompt, first token
+  REQUIRE(h.tokens[a].size() == 1);
+  RequestId b = h.Add(Prompt(200, 5000), 4);  // joins without waiting for a to finish
+  int steps_with_both = 0;
+  while (h.tokens[b].empty()) {
+    size_t before = h.tokens[a].size();
+    h.Step();
+    const StepReport& r = h.log.reports.back();
+    CHECK(r.batch_tokens <= 64);
+    if (!h.finals.contains(a)) {
+      CHECK(h.tokens[a].size() == before + 1);  // a decodes in every step of b's prefill
+      CHECK(r.decode_sequences == 1);
+      CHECK(r.prefill_tokens == r.batch_tokens - 1);
+      ++steps_with_both;
+    }
+  }
+  // 200 tokens at 63 per step (one token of the budget goes to a's decode): 4 chunks.
+  CHECK(steps_with_both == 4);
+  h.RunToCompletion();
+  CHECK(h.tokens[a].size() == 12);
+  CHECK(h.finals[a].finish == FinishReason::kLength);
+  CHECK(h.tokens[b].size() == 4);
+}
+
+TEST_CASE("preemption and recompute produce the same tokens as an uninterrupted run") {
+  auto run = [](int64_t blocks, uint64_t* preemptions) {
+    HarnessOptions o;
+    o.device_blocks = blocks;
+    o.max_num_tokens = 128;
+    Harness h(o);
+    std::vector<RequestId> ids;
+    for (uint32_t i = 0; i < 6; ++i) ids.push_back(h.Add(Prompt(40 + 7 * i, 100 * i + 1), 60, 11 + i));
+    h.RunToCompletion();
+    *preemptions = h.engine->counters().preemptions;
+    std::vector<std::vector<TokenId>> out;
+    for (RequestId id : ids) {
+      CHECK(h.finals[id].finish == FinishReason::kLength);
+      CHECK(h.finals[id].usage.completion_tokens == 60);
+      out.push_back(h.tokens[id]);
+    }
+    CHECK(h.DeviceBlocksInUse() == 0);
+    return out;
+  };
+  uint64_t roomy_preemptions = 0, tight_preemptions = 0;
+  auto roomy = run(256, &roomy_preemptions);
+  auto tight = run(20, &tight_preemptions);  // 6 requests of up to 135 tokens: 9 blocks each
+  CHECK(roomy_preemptions == 0);
+  CHECK(tight_preemptions > 0);
+  CHECK(tight == roomy);
+}
+
+TEST_CASE("the request with the lowest retention priority is preempted first, the newest on ties") {
+  HarnessOptions o;
+  o.device_blocks = 12;
+  o.max_num_tokens = 256;
+  Harness h(o);
+  auto add = [&](uint8_t priority, TokenId first) {
+    GenerateRequest r;
+    r.prompt = Prompt(60, first);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 100;
+    r.retention.decode_priority = priority;
+    return *h.engine->Add(std::move(r), h.clock.Now());
+  };
+  RequestId high = add(80, 1);
+  RequestId low_old = add(20, 1000);
+  RequestId low_new = add(20, 2000);
+  // 3 × 4 blocks fill the cache; the first decode block needed preempts someone.
+  while (h.engine->counters().preemptions == 0) h.Step();
+  const auto& waiting = h.engine->scheduler().waiting();
+  REQUIRE(waiting.size() == 1);
+  CHECK(waiting.front()->id == low_new);
+  CHECK(waiting.front()->num_preemptions == 1);
+  (void)high;
+  (void)low_old;
+  h.RunToCompletion();
+  CHECK(h.tokens[low_new].size() == 100);
+}
+
+TEST_CASE("cancel frees the request's blocks in the next step") {
+  Harness h;
+  RequestId a = h.Add(Prompt(100), 50);
+  for (int i = 0; i < 3; ++i) h.Step();
+  CHECK(h.DeviceBlocksInUse() > 0);
+  h.engine->Cancel(a);
+  auto outs = h.Step();
+  REQUIRE(h.finals.contains(a));
+  CHECK(h.finals[a].finish == FinishReason::kCancelled);
+  CHECK(h.DeviceBlocksInUse() == 0);
+  CHECK_FALSE(h.engine->HasWork());
+  h.engine->Cancel(a);  // unknown now: ignored
+  CHECK_FALSE(h.engine->HasWork());
+}
+
+TEST_CASE("a prompt over the context limit is refused; generation stops at the limit") {
+  HarnessOptions o;
+  o.max_context = 64;
+  Harness h(o);
+  GenerateRequest r;
+  r.prompt = Prompt(64);
+  auto refused = h.engine->Add(r, h.clock.Now());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kOutOfRange);
+  RequestId a = h.Add(Prompt(60), 100);
+  h.RunToCompletion();
+  CHECK(h.finals[a].finish == FinishReason::kLength);
+  CHECK(h.tokens[a].size() == 4);  // 60 + 4 = the limit; never truncated, never past it
+}
+
+TEST_CASE("a repeated prompt is served from the cache: cached tokens reported, shorter time to first token") {
+  HarnessOptions o;
+  o.max_num_tokens = 512;
+  Harness h(o);
+  RequestId first = h.Add(Prompt(320), 3);
+  h.RunToCompletion();
+  RequestId second = h.Add(Prompt(320), 3);
+  h.RunToCompletion();
+  CHECK(h.finals[first].usage.cached_device_tokens == 0);
+  CHECK(h.finals[second].usage.cached_device_tokens == 319);  // all but the last token
+  CHECK(h.finals[second].usage.prompt_tokens == 320);
+  CHECK(h.tokens[first] == h.tokens[second]);  // same seed, same context
+  CHECK(h.finals[second].usage.time_to_first_token < h.finals[first].usage.time_to_first_token);
+  CHECK(h.engine->counters().requests_finished == 2);
+}
+
+TEST_CASE("stop conditions: EOS unless ignore_eos, stop token ids, max_tokens") {
+  HarnessOptions o;
+  o.eos_after = 3;  // the mock's third generated token is EOS
+  Harness h(o);
+  RequestId eos = h.Add(Prompt(10), 10);
+  GenerateRequest r;
+  r.prompt = Prompt(10);
+  r.sampling.temperature = 0;
+  r.sampling.seed = 7;
+  r.sampling.max_tokens = 10;
+  r.sampling.ignore_eos = true;
+  RequestId ignore = *h.engine->Add(r, h.clock.Now());
+  h.RunToCompletion();
+  CHECK(h.finals[eos].finish == FinishReason::kStop);
+  CHECK(h.tokens[eos].size() == 3);
+  CHECK(h.finals[ignore].finish == FinishReason::kLength);
+  CHECK(h.tokens[ignore].size() == 10);
+
+  // A stop id: the second token of a known stream.
+  Harness h2;
+  RequestId probe = h2.Add(Prompt(10), 5);
+  h2.RunToCompletion();
+  GenerateRequest s;
+  s.prompt = Prompt(10);
+  s.sampling.temperature = 0;
+  s.sampling.seed = 7;
+  s.sampling.max_tokens = 5;
+  s.sampling.stop_token_ids = {h2.tokens[probe][1]};
+  RequestId stopped = *h2.engine->Add(s, h2.clock.Now());
+  h2.RunToCompletion();
+  CHECK(h2.finals[stopped].finish == FinishReason::kStop);
+  CHECK(h2.tokens[stopped].size() == 2);
+}
+
+TEST_CASE("bad requests are refused with the code the wire error needs") {
+  HarnessOptions o;
+  o.max_queued = 2;
+  Harness h(o);
+  auto add = [&](auto edit) {
+    GenerateRequest r;
+    r.prompt = Prompt(8);
+    edit(r);
+    return h.engine->Add(std::move(r), h.clock.Now()).status().code();
+  };
+  CHECK(add([](GenerateRequest& r) { r.sampling.temperature = -1; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.sampling.top_p = 0; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.sampling.top_k = -2; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.sampling.max_tokens = 0; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.prompt.clear(); }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.prompt[0] = 1u << 30; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.lora = "sql-adapter"; }) == StatusCode::kNotFound);
+  CHECK(add([](GenerateRequest&) {}) == StatusCode::kOk);
+  CHECK(add([](GenerateRequest&) {}) == StatusCode::kOk);
+  CHECK(add([](GenerateRequest&) {}) == StatusCode::kResourceExhausted);  // two queued already
+  h.RunToCompletion();
+}
+
+TEST_CASE("many requests with shared prefixes under pressure: every stream completes, blocks all return") {
+  HarnessOptions o;
+  o.device_blocks = 48;
+  o.max_num_tokens = 96;
+  o.max_batch_size = 8;
+  Harness h(o);
+  std::vector<RequestId> ids;
+  for (uint32_t i = 0; i < 40; ++i) {
+    std::vector<TokenId> p = Prompt(48);  // a shared 3-block system prompt
+    for (uint32_t j = 0; j < 10 + i % 23; ++j) p.push_back(20000 + i * 50 + j);
+    ids.push_back(h.Add(std::move(p), 5 + i % 17, i));
+    if (i % 5 == 4) h.Step();  // arrivals between steps
+  }
+  h.RunToCompletion();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    CHECK(h.finals[ids[i]].finish == FinishReason::kLength);
+    CHECK(h.tokens[ids[i]].size() == 5 + i % 17);
+  }
+  CHECK(h.DeviceBlocksInUse() == 0);
+  CHECK(h.kv->Stats().reused_tokens > 0);
+}
+
+}  // namespace
+}  // namespace kvfleet::engine

@@ -1,0 +1,536 @@
+#include "worker/kv/kv_cache_manager.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "common/block_hash.h"
+#include "tests/worker/kv/kv_fixture.h"
+
+namespace kvfleet::kv {
+namespace {
+
+using testing::Concat;
+using testing::EventIndex;
+using testing::Fixture;
+using testing::Retain;
+using testing::SmallConfig;
+using testing::Tokens;
+
+std::vector<BlockHash> Hashes(const std::vector<TokenId>& tokens, uint32_t block_size) {
+  return BlockHasher(block_size, HashNamespace{"m", "", ""}).HashAll(tokens);
+}
+
+uint8_t PriorityInSnapshot(const KvCacheManager& m, BlockHash h) {
+  for (const KvEvent& e : m.Snapshot()) {
+    for (const StoredBlock& b : std::get<StoredEvent>(e.data).blocks) {
+      if (b.hash == h) return b.priority;
+    }
+  }
+  FAIL("block not in the snapshot");
+  return 0;
+}
+
+TEST_CASE("a new sequence gets its blocks as one contiguous run") {
+  Fixture f(SmallConfig(4, 64));
+  const SequenceId id = f.Add(Tokens(20, 1));
+  REQUIRE(f.m->Allocate(id).ok());
+  const PoolView v = f.m->View(id, 0);
+  REQUIRE(v.blocks.size() == 5);
+  for (size_t i = 1; i < v.blocks.size(); ++i) CHECK(v.blocks[i] == v.blocks[0] + i);
+  f.Check();
+}
+
+TEST_CASE("a request sharing a prefix shares the device blocks of that prefix") {
+  Fixture f(SmallConfig(4, 64));
+  const SequenceId a = f.Add(Concat(Tokens(16, 1), Tokens(4, 2)));
+  f.Prefill(a);
+  const SequenceId b = f.Add(Concat(Tokens(16, 1), Tokens(8, 3)));
+  const MatchInfo info = f.m->Match(b);
+  CHECK(info.device_tokens == 16);
+  CHECK(info.host_tokens == 0);
+  CHECK(info.partial_tokens == 0);
+  f.Prefill(b);
+  for (size_t i = 0; i < 4; ++i) CHECK(f.m->View(a, 0).blocks[i] == f.m->View(b, 0).blocks[i]);
+  CHECK(f.m->View(a, 0).blocks[4] != f.m->View(b, 0).blocks[4]);
+  CHECK(f.m->Stats().reused_tokens == 16);
+  f.Release(a);
+  f.Release(b);
+}
+
+TEST_CASE("the last prompt token is always computed, even when the whole prompt is cached") {
+  Fixture f(SmallConfig(4, 64));
+  const auto prompt = Tokens(16, 1);
+  f.Request(prompt);
+  const SequenceId b = f.Add(prompt);
+  const MatchInfo info = f.m->Match(b);
+  CHECK(info.device_tokens == 12);
+  CHECK(info.partial_tokens == 3);
+  f.Prefill(b);  // checks the 15 reused tokens hold this prompt's KV
+  CHECK(f.m->NumComputedTokens(b) == 16);
+  CHECK(f.m->Stats().pools[0].partial_copies == 1);
+  f.Release(b);
+}
+
+TEST_CASE("partial reuse copies the matching tokens of a partly matching block into a fresh block") {
+  Fixture f(SmallConfig(4, 64));
+  const std::vector<TokenId> tail_a = {7, 8, 9, 10, 11};
+  const std::vector<TokenId> tail_b = {7, 8, 90, 100, 110};
+  const SequenceId a = f.Add(Concat(Tokens(8, 1), tail_a));
+  f.Prefill(a);
+  const SequenceId b = f.Add(Concat(Tokens(8, 1), tail_b));
+  CHECK(f.m->Match(b).partial_tokens == 2);
+  f.mem->log.clear();
+  f.Prefill(b);
+  const BlockId src = f.m->View(a, 0).blocks[2];
+  const BlockId dst = f.m->View(b, 0).blocks[2];
+  CHECK(src != dst);
+  const bool copied = std::any_of(f.mem->log.begin(), f.mem->log.end(), [&](const BlockCopy& c) {
+    return c.src == src && c.dst == dst && c.src_tier == Tier::kDevice && c.dst_tier == Tier::kDevice;
+  });
+  CHECK(copied);
+  f.Release(a);
+  f.Release(b);
+}
+
+TEST_CASE("partial reuse can be turned off") {
+  auto c = SmallConfig(4, 64);
+  c.enable_partial_reuse = false;
+  Fixture f(c);
+  const auto prompt = Tokens(16, 1);
+  f.Request(prompt);
+  const SequenceId b = f.Add(prompt);
+  CHECK(f.m->Match(b).partial_tokens == 0);
+  CHECK(f.m->Match(b).device_tokens == 12);
+}
+
+TEST_CASE("a hash collision never shares KV") {
+  // Every block hashes alike: only the token and parent checks keep requests apart.
+  KvTestHooks hooks;
+  hooks.hash_override = [](BlockHash) { return BlockHash{42}; };
+  Fixture f(SmallConfig(4, 64), hooks);
+  f.Request(Tokens(9, 1));
+  const SequenceId b = f.Add(Tokens(9, 2));
+  CHECK(f.m->Match(b).cached_tokens() == 0);
+  f.Prefill(b);
+  f.Release(b);
+  // Same first block, different second: the first is shared, the colliding second is not.
+  const SequenceId c = f.Add(Concat(Tokens(4, 1), Tokens(5, 3)));
+  CHECK(f.m->Match(c).device_tokens == 4);
+  CHECK(f.m->Match(c).partial_tokens == 0);
+  f.Prefill(c);  // checks every reused token holds c's own KV
+  f.Release(c);
+}
+
+TEST_CASE("a block with equal tokens and an equal hash under another parent is another block") {
+  KvTestHooks hooks;
+  hooks.hash_override = [](BlockHash) { return BlockHash{42}; };
+  Fixture f(SmallConfig(4, 64), hooks);
+  const auto x = Tokens(4, 5);
+  f.Request(Concat(Concat(x, x), {1}));
+  const SequenceId d = f.Add(Concat(Concat(Concat(x, x), x), {2}));
+  CHECK(f.m->Match(d).device_tokens == 4);
+  f.Prefill(d);
+  f.Release(d);
+}
+
+TEST_CASE("a priority-100 system prompt outlives 10,000 one-off requests at priority 0") {
+  Fixture f(SmallConfig(4, 64));
+  const auto system = Tokens(16, 7);
+  f.Request(system, Retain(100));
+  for (uint32_t i = 0; i < 10'000; ++i) f.Request(Tokens(12, 1000 + i), Retain(0));
+  const SequenceId s = f.Add(system);
+  CHECK(f.m->Match(s).device_tokens == 12);
+  CHECK(f.m->Match(s).partial_tokens == 3);
+  CHECK(f.m->Stats().pools[0].tiers[0].evictions_by_priority[0] > 0);
+  CHECK(f.m->Stats().pools[0].tiers[0].evictions_by_priority[100] == 0);
+}
+
+TEST_CASE("TensorRT-LLM example 1: a one-off request at priority 0 is evicted before default blocks") {
+  Fixture f(SmallConfig(4, 16));
+  const auto normal = Tokens(9, 1);
+  const auto one_off = Tokens(9, 2);
+  f.Request(normal);
+  f.Request(one_off, Retain(0));  // more recent, but priority 0
+  const auto evicted = f.m->Evict(0, 2);
+  REQUIRE(evicted.size() == 2);
+  const auto one_off_hashes = Hashes(one_off, 4);
+  for (const EvictedBlock& e : evicted) {
+    CHECK(e.priority == 0);
+    CHECK(std::find(one_off_hashes.begin(), one_off_hashes.end(), e.hash) != one_off_hashes.end());
+  }
+  CHECK(f.m->Match(f.Add(normal)).device_tokens == 8);
+}
+
+TEST_CASE("TensorRT-LLM example 2: a high-priority system prompt [0, 1000) survives user traffic") {
+  Fixture f(SmallConfig(8, 200));
+  const auto system = Tokens(1000, 5);
+  KvCacheRetentionConfig r;
+  r.token_ranges.push_back({0, 1000, 100, std::nullopt});
+  for (uint32_t i = 0; i < 50; ++i) f.Request(Concat(system, Tokens(200, 100 + i)), r);
+  const SequenceId s = f.Add(Concat(system, Tokens(200, 999)));
+  CHECK(f.m->Match(s).device_tokens == 1000);
+  // The user parts (priority 35) were evicted, the system prompt (priority 100) never was.
+  CHECK(f.m->Stats().pools[0].tiers[0].evictions_by_priority[35] > 0);
+  CHECK(f.m->Stats().pools[0].tiers[0].evictions_by_priority[100] == 0);
+  CHECK(PriorityInSnapshot(*f.m, Hashes(system, 8).back()) == 100);
+}
+
+TEST_CASE("TensorRT-LLM example 3: context blocks kept 30 s and decode blocks 10 s") {
+  Fixture f(SmallConfig(4, 64));
+  KvCacheRetentionConfig r;
+  r.token_ranges.push_back({0, std::nullopt, 100, 30 * kNsPerSec});
+  r.decode_priority = 100;
+  r.decode_duration = 10 * kNsPerSec;
+  const SequenceId id = f.Add(Tokens(16, 1), r);
+  f.Prefill(id);
+  for (TokenId t = 0; t < 8; ++t) f.Decode(id, 500 + t);
+  const auto hashes = Hashes(f.TokensOf(id), 4);  // blocks 0-3: prompt, 4-5: generated
+  REQUIRE(hashes.size() == 6);
+  f.Release(id);
+  f.clock.Advance(5 * kNsPerSec);
+  f.m->Evict(0, 0);  // any call applies expired durations
+  CHECK(PriorityInSnapshot(*f.m, hashes[3]) == 100);
+  CHECK(PriorityInSnapshot(*f.m, hashes[4]) == 100);
+  f.clock.Advance(10 * kNsPerSec);
+  f.m->Evict(0, 0);
+  CHECK(PriorityInSnapshot(*f.m, hashes[3]) == 100);
+  CHECK(PriorityInSnapshot(*f.m, hashes[4]) == kDefaultPriority);
+  CHECK(PriorityInSnapshot(*f.m, hashes[5]) == kDefaultPriority);
+  f.clock.Advance(20 * kNsPerSec);
+  f.m->Evict(0, 0);
+  CHECK(PriorityInSnapshot(*f.m, hashes[0]) == kDefaultPriority);
+  f.Check();
+}
+
+TEST_CASE("a block whose duration expired becomes evictable at the default priority") {
+  Fixture f(SmallConfig(4, 64));
+  const auto kept = Tokens(5, 1);
+  f.Request(kept, Retain(90, 10 * kNsPerSec));
+  f.Request(Tokens(5, 2));  // default priority, used later
+  f.clock.Advance(5 * kNsPerSec);
+  auto first = f.m->Evict(0, 1);
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].hash != Hashes(kept, 4)[0]);  // still priority 90
+  f.Request(Tokens(5, 3));
+  f.clock.Advance(6 * kNsPerSec);
+  auto second = f.m->Evict(0, 1);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].hash == Hashes(kept, 4)[0]);  // now 35 and the least recently used
+  CHECK(second[0].priority == kDefaultPriority);
+}
+
+TEST_CASE("reusing a block before its duration passes keeps its priority") {
+  Fixture f(SmallConfig(4, 64));
+  const auto kept = Tokens(5, 1);
+  f.Request(kept, Retain(90, 10 * kNsPerSec));
+  f.clock.Advance(8 * kNsPerSec);
+  f.Request(kept);  // reuse restarts the duration
+  f.clock.Advance(8 * kNsPerSec);
+  f.m->Evict(0, 0);
+  CHECK(PriorityInSnapshot(*f.m, Hashes(kept, 4)[0]) == 90);
+}
+
+TEST_CASE("offloaded blocks are found on the host and onboarded") {
+  Fixture f(SmallConfig(4, 8, 16));
+  const auto prompt = Tokens(9, 1);
+  f.Request(prompt);
+  const auto evicted = f.m->Evict(0, 2);
+  REQUIRE(evicted.size() == 2);
+  CHECK(evicted[0].offloaded);
+  CHECK(evicted[1].offloaded);
+  CHECK(f.m->FreeBlocks(Tier::kHost) == 14);
+  f.mem->ScribbleDevice();  // the freed device blocks get reused by others
+  f.Flush();
+  const SequenceId id = f.Add(prompt);
+  const MatchInfo info = f.m->Match(id);
+  CHECK(info.device_tokens == 0);
+  CHECK(info.host_tokens == 8);
+  f.Prefill(id);  // checks the onboarded KV is this prompt's
+  CHECK(f.m->NumComputedTokens(id) == 9);
+  const auto stats = f.m->Stats().pools[0];
+  CHECK(stats.offloads == 2);
+  CHECK(stats.onboards == 2);
+  int to_device = 0;
+  for (const KvEvent& e : f.Flush()) {
+    if (auto* u = std::get_if<UpdatedEvent>(&e.data); u && u->tier == Tier::kDevice) ++to_device;
+  }
+  CHECK(to_device == 2);
+  f.Release(id);
+}
+
+TEST_CASE("blocks below offload_min_priority are dropped, not offloaded") {
+  Fixture f(SmallConfig(4, 8, 16));
+  f.Request(Tokens(9, 1), Retain(10));
+  const auto evicted = f.m->Evict(0, 2);
+  REQUIRE(evicted.size() == 2);
+  CHECK_FALSE(evicted[0].offloaded);
+  CHECK_FALSE(evicted[1].offloaded);
+  CHECK(f.m->Match(f.Add(Tokens(9, 1))).cached_tokens() == 0);
+}
+
+TEST_CASE("a full host tier evicts its own least recently used blocks to take new ones") {
+  Fixture f(SmallConfig(4, 8, 2));
+  const auto a = Tokens(9, 1);
+  const auto b = Tokens(9, 2);
+  f.Request(a);
+  f.m->Evict(0, 2);  // a -> host
+  f.Request(b);
+  f.m->Evict(0, 2);  // b -> host, pushing a out
+  CHECK(f.m->Match(f.Add(a)).cached_tokens() == 0);
+  CHECK(f.m->Match(f.Add(b)).host_tokens == 8);
+  CHECK(f.m->Stats().pools[0].tiers[1].evictions_by_priority[35] == 2);
+  f.Check();
+}
+
+TEST_CASE("a dropped device block takes its host descendants with it, children first") {
+  Fixture f(SmallConfig(4, 8, 16));
+  const auto a = Tokens(13, 1);
+  KvCacheRetentionConfig r;
+  r.token_ranges.push_back({0, 8, 10, std::nullopt});  // blocks 0-1: too low to offload
+  f.Request(a, r);                                     // block 2: default priority
+  const auto h = Hashes(a, 4);
+  auto first = f.m->Evict(0, 1);
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].hash == h[2]);
+  CHECK(first[0].offloaded);
+  f.Flush();
+  auto second = f.m->Evict(0, 1);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].hash == h[1]);
+  CHECK_FALSE(second[0].offloaded);
+  const auto events = f.Flush();
+  REQUIRE(events.size() == 2);
+  CHECK(std::get<RemovedEvent>(events[0].data).tier == Tier::kHost);
+  CHECK(std::get<RemovedEvent>(events[0].data).hashes == std::vector<BlockHash>{h[2]});
+  CHECK(std::get<RemovedEvent>(events[1].data).tier == Tier::kDevice);
+  CHECK(f.m->Match(f.Add(a)).device_tokens == 4);
+  f.Check();
+}
+
+TEST_CASE("eviction takes the least recently used leaf first and a block before its ancestors") {
+  Fixture f(SmallConfig(4, 64));
+  const auto a = Tokens(13, 1);  // 3 stored blocks
+  f.Request(a);
+  f.clock.Advance(kNsPerSec);
+  f.Request(Tokens(9, 2));
+  const auto ha = Hashes(a, 4);
+  auto e1 = f.m->Evict(0, 1);
+  auto e2 = f.m->Evict(0, 1);
+  REQUIRE(e1.size() == 1);
+  REQUIRE(e2.size() == 1);
+  CHECK(e1[0].hash == ha[2]);
+  CHECK(e2[0].hash == ha[1]);
+  f.Check();
+}
+
+TEST_CASE("Allocate fails cleanly when every block is held") {
+  Fixture f(SmallConfig(4, 4));
+  const SequenceId a = f.Add(Tokens(16, 1));
+  f.Prefill(a);
+  const SequenceId b = f.Add(Tokens(4, 2));
+  CHECK_FALSE(f.m->CanAllocate(b));
+  CHECK(f.m->Allocate(b).code() == StatusCode::kResourceExhausted);
+  CHECK_FALSE(f.m->CanAppend(a));
+  f.Check();
+  f.Release(a);
+  CHECK(f.m->CanAllocate(b));
+}
+
+TEST_CASE("a preempted sequence matches its own blocks again") {
+  Fixture f(SmallConfig(4, 64));
+  const SequenceId a = f.Add(Tokens(8, 1));
+  f.Prefill(a);
+  for (TokenId t = 0; t < 5; ++t) f.Decode(a, 900 + t);
+  f.m->Preempt(a);
+  f.Check();
+  CHECK_FALSE(f.m->IsAllocated(a));
+  CHECK(f.m->Match(a).device_tokens == 12);
+  f.Prefill(a);
+  CHECK(f.m->NumTokens(a) == 13);
+  f.Release(a);
+}
+
+TEST_CASE("identical prompts in flight at once end up sharing one stored copy") {
+  Fixture f(SmallConfig(4, 64));
+  const auto prompt = Tokens(9, 1);
+  const SequenceId a = f.Add(prompt);
+  const SequenceId b = f.Add(prompt);
+  REQUIRE(f.m->Allocate(a).ok());
+  REQUIRE(f.m->Allocate(b).ok());  // nothing stored yet: b computes too
+  testing::WriteKv(*f.m, *f.mem, a, prompt, 0, 9);
+  testing::WriteKv(*f.m, *f.mem, b, prompt, 0, 9);
+  f.m->Commit(a, 9);
+  f.m->Commit(b, 9);
+  f.Check();
+  CHECK(f.m->View(a, 0).blocks[0] == f.m->View(b, 0).blocks[0]);
+  CHECK(f.m->View(a, 0).blocks[1] == f.m->View(b, 0).blocks[1]);
+  CHECK(f.m->Stats().pools[0].tiers[0].in_use == 4);  // 2 shared + 2 private tails
+  f.Release(a);
+  f.Release(b);
+}
+
+TEST_CASE("a 1M-token StreamingLLM sequence stays within its block bound") {
+  auto c = SmallConfig(32, 200);
+  c.attention_windows = {4096};
+  c.sink_tokens = 4;
+  Fixture f(c);
+  CHECK_FALSE(f.m->reuse_enabled());  // sinks shift positions: reuse is off
+  const SequenceId id = f.Add(Tokens(10, 1));
+  REQUIRE(f.m->Allocate(id).ok());
+  f.m->Commit(id, 10);
+  const size_t bound = (4096 + 4 + 31) / 32 + 1;
+  size_t most = 0;
+  for (uint32_t n = 10; n < 1'000'000; ++n) {
+    const TokenId t = n;
+    const bool appended = f.m->Append(id, std::span<const TokenId>(&t, 1)).ok();
+    if (!appended) REQUIRE(appended);  // not a REQUIRE per token: a million of them is slow
+    f.m->Commit(id, n + 1);
+    most = std::max(most, f.m->View(id, 0).blocks.size());
+  }
+  CHECK(most <= bound);
+  CHECK(f.m->Stats().pools[0].tiers[0].in_use <= bound);
+  const PoolView v = f.m->View(id, 0);
+  CHECK(v.num_sink_blocks == 1);
+  CHECK(f.m->SlotOf(id, 0, 3).has_value());  // sink token kept
+  CHECK_FALSE(f.m->SlotOf(id, 0, 500'000).has_value());
+  CHECK(f.m->SlotOf(id, 0, 999'999).has_value());
+  // Position-shift RoPE: the sink keeps position 3, the newest token sits right after the window.
+  CHECK(*f.m->CachePosition(id, 0, 3) == 3);
+  CHECK(*f.m->CachePosition(id, 0, 999'999) < bound * 32);
+  f.Check();
+}
+
+TEST_CASE("a sliding window frees blocks wholly outside it and maps kept tokens to slots") {
+  auto c = SmallConfig(4, 64);
+  c.attention_windows = {8};
+  c.enable_block_reuse = false;
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(4, 1));
+  f.Prefill(id);
+  for (TokenId t = 0; t < 16; ++t) f.Decode(id, 100 + t);
+  // 20 tokens; the next query (position 20) sees 13..20: blocks 3 and 4 (+ the next one).
+  const PoolView v = f.m->View(id, 0);
+  CHECK(v.first_window_block == 3);
+  CHECK(v.blocks.size() == 2);
+  CHECK_FALSE(f.m->SlotOf(id, 0, 11).has_value());
+  CHECK(*f.m->SlotOf(id, 0, 13) == uint64_t{v.blocks[0]} * 4 + 1);
+  CHECK(*f.m->CachePosition(id, 0, 13) == 1);
+  std::vector<int64_t> slots;
+  f.m->SlotsOf(id, 0, 11, 14, &slots);
+  CHECK(slots == std::vector<int64_t>{-1, int64_t{v.blocks[0]} * 4, int64_t{v.blocks[0]} * 4 + 1});
+  CHECK(f.m->Stats().pools[0].tiers[0].in_use == 2);
+  CHECK(testing::FirstWrongKv(*f.m, *f.mem, id, f.TokensOf(id)) == -1);
+  f.Release(id);
+}
+
+TEST_CASE("a windowed pool reuses blocks within its first window") {
+  auto c = SmallConfig(4, 64);
+  c.attention_windows = {8};
+  Fixture f(c);
+  const SequenceId a = f.Add(Tokens(6, 1));
+  f.Prefill(a);
+  for (TokenId t = 0; t < 20; ++t) f.Decode(a, 100 + t);  // drops and later releases stored blocks
+  f.Check();
+  f.Release(a);
+  const SequenceId b = f.Add(Tokens(6, 1));
+  CHECK(f.m->Match(b).device_tokens == 4);
+  f.Prefill(b);
+  f.Release(b);
+}
+
+TEST_CASE("chunked attention exposes the blocks each chunk may see") {
+  auto c = SmallConfig(4, 64);
+  c.attention_chunk_size = 8;
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(18, 1));
+  f.Prefill(id);
+  CHECK(f.m->ChunkBlocks(id, 0) == std::pair<uint32_t, uint32_t>{0, 2});
+  CHECK(f.m->ChunkBlocks(id, 1) == std::pair<uint32_t, uint32_t>{2, 4});
+  CHECK(f.m->ChunkBlocks(id, 2) == std::pair<uint32_t, uint32_t>{4, 5});
+  CHECK(f.m->ChunkBlocks(id, 3) == std::pair<uint32_t, uint32_t>{0, 0});
+  f.Release(id);
+}
+
+TEST_CASE("pools follow the (window, kv heads) pairs and mixed pools reuse together") {
+  auto c = SmallConfig(4, 64);
+  c.num_layers = 4;
+  c.attention_windows = {16, 0};
+  c.max_seq_len = 64;
+  c.device_bytes = 4096;
+  Fixture f(c);
+  REQUIRE(f.m->pools().size() == 2);
+  CHECK(f.m->pools()[0].window == 0);
+  CHECK(f.m->pools()[1].window == 16);
+  const auto prompt = Tokens(13, 1);
+  f.Request(prompt);
+  const SequenceId b = f.Add(prompt);
+  CHECK(f.m->Match(b).device_tokens == 12);
+  f.Prefill(b);
+  f.Release(b);
+}
+
+TEST_CASE("events replayed in order rebuild exactly the snapshot") {
+  Fixture f(SmallConfig(4, 12, 6));
+  EventIndex replayed;
+  for (uint32_t i = 0; i < 40; ++i) {
+    f.Request(Concat(Tokens(8, i % 3), Tokens(6, 100 + i)), Retain(static_cast<uint8_t>(i % 3 == 0 ? 10 : 60)));
+    if (i % 7 == 0) f.m->Evict(0, 3);
+    f.clock.Advance(kNsPerSec);
+    CHECK(replayed.ApplyAll(f.Flush()) == "");
+  }
+  EventIndex from_snapshot;
+  CHECK(from_snapshot.ApplyAll(f.m->Snapshot()) == "");
+  CHECK(replayed.entries == from_snapshot.entries);
+  CHECK(replayed.Count(Tier::kHost) > 0);
+}
+
+TEST_CASE("Clear drops every cached block and emits cleared") {
+  Fixture f(SmallConfig(4, 16));
+  f.Request(Tokens(9, 1));
+  f.m->Clear();
+  CHECK(f.m->Snapshot().empty());
+  CHECK(f.m->FreeBlocks(Tier::kDevice) == 16);
+  const auto events = f.Flush();
+  REQUIRE_FALSE(events.empty());
+  CHECK(std::holds_alternative<ClearedEvent>(events.back().data));
+  f.Check();
+}
+
+TEST_CASE("the event buffer drops the oldest events when full and counts them") {
+  auto c = SmallConfig(4, 64);
+  c.event_buffer_max_size = 3;
+  Fixture f(c);
+  for (uint32_t i = 0; i < 10; ++i) f.Request(Tokens(9, i));
+  CHECK(f.m->Stats().events_dropped == 8);  // 1 created + 10 stored, 3 kept
+  const auto events = f.Flush();
+  REQUIRE(events.size() == 3);
+  CHECK(std::get<StoredEvent>(events.back().data).blocks[0].hash == Hashes(Tokens(9, 9), 4)[0]);
+}
+
+TEST_CASE("the created event states each pool's size") {
+  Fixture f(SmallConfig(4, 10, 5));
+  const auto events = f.Flush();
+  REQUIRE_FALSE(events.empty());
+  const auto& created = std::get<CreatedEvent>(events[0].data);
+  CHECK(created.blocks_per_tier[0] == 10);
+  CHECK(created.blocks_per_tier[1] == 5);
+  CHECK(created.block_size == 4);
+}
+
+TEST_CASE("bad input is refused with a status") {
+  Fixture f(SmallConfig(4, 16));
+  CHECK(f.m->AddSequence(SequenceSpec{}).status().code() == StatusCode::kInvalidArgument);
+  SequenceSpec spec;
+  spec.prompt = {1, 2};
+  spec.retention.token_ranges.push_back({0, 1, 101, std::nullopt});
+  CHECK(f.m->AddSequence(spec).status().code() == StatusCode::kInvalidArgument);
+  auto bad = SmallConfig(3, 16);
+  testing::RecordingSink sink;
+  ManualClock clock;
+  testing::FakeKvMemory mem({}, 4);
+  CHECK(KvCacheManager::Make(bad, &mem, &sink, &clock).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvfleet::kv

@@ -1,0 +1,72 @@
+#include "worker/kv/kv_config.h"
+
+#include <doctest/doctest.h>
+
+namespace kvfleet::kv {
+namespace {
+
+KvCacheConfig Model() {
+  KvCacheConfig c;
+  c.num_layers = 4;
+  c.num_kv_heads = {8};
+  c.head_dim = 128;
+  c.dtype_bytes = 2;
+  c.max_seq_len = 4096;
+  c.block_size = 32;
+  c.device_bytes = uint64_t{1} << 30;
+  return c;
+}
+
+TEST_CASE("a full-attention model has one pool sized from the byte budget") {
+  const auto pools = ComputePools(Model());
+  REQUIRE(pools.ok());
+  REQUIRE(pools->size() == 1);
+  const uint64_t per_block = 4ull * 2 * 8 * 128 * 2 * 32;  // layers x K,V x heads x dim x bytes x B
+  CHECK((*pools)[0].bytes_per_block == per_block);
+  CHECK((*pools)[0].device_blocks == (uint64_t{1} << 30) / per_block);
+  CHECK((*pools)[0].host_blocks == 0);
+}
+
+TEST_CASE("memory is split between pools by bytes per token x window x layers") {
+  auto c = Model();
+  c.attention_windows = {1024, 0};  // repeated: layers 0, 2 windowed; 1, 3 full
+  const auto pools = ComputePools(c);
+  REQUIRE(pools.ok());
+  REQUIRE(pools->size() == 2);
+  CHECK((*pools)[0].window == 0);
+  CHECK((*pools)[0].layers == std::vector<uint32_t>{1, 3});
+  CHECK((*pools)[1].window == 1024);
+  // Same bytes per block; windows 4096 vs 1024: a 4:1 split.
+  const double ratio = static_cast<double>((*pools)[0].device_blocks) / (*pools)[1].device_blocks;
+  CHECK(ratio == doctest::Approx(4.0).epsilon(0.01));
+}
+
+TEST_CASE("layers with different kv head counts get different pools") {
+  auto c = Model();
+  c.num_kv_heads = {8, 4};
+  const auto pools = ComputePools(c);
+  REQUIRE(pools.ok());
+  CHECK(pools->size() == 2);
+}
+
+TEST_CASE("a budget too small for one block is refused") {
+  auto c = Model();
+  c.device_bytes = 1000;
+  CHECK(ComputePools(c).status().code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("the device budget can be a fraction of free memory") {
+  CHECK(DeviceBudgetFromFreeMemory(1000, 0.9) == 900);
+  CHECK(DeviceBudgetFromFreeMemory(1000, 1.5) == 1000);
+}
+
+TEST_CASE("block sizes must be powers of two of at least 2") {
+  auto c = Model();
+  c.block_size = 2;
+  CHECK(c.Validate().ok());
+  c.block_size = 24;
+  CHECK_FALSE(c.Validate().ok());
+}
+
+}  // namespace
+}  // namespace kvfleet::kv

@@ -1,0 +1,254 @@
+#include "worker/server/event_publisher.h"
+
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include <capnp/message.h>
+#include <doctest/doctest.h>
+#include <prometheus/registry.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "schema/wire.h"
+#include "tests/router/events/scripted_kv_source.h"
+
+namespace kvfleet::events {
+namespace {
+
+using testing::ScriptedKvSource;
+
+// Generous bound for a message that should arrive at once; only failing tests wait it out.
+constexpr auto kPatience = std::chrono::seconds(5);
+
+EventPublisherOptions LoopbackOptions(const std::string& id) {
+  EventPublisherOptions o;
+  o.worker_id = id;
+  o.events_endpoint = "tcp://127.0.0.1:*";
+  o.replay_endpoint = "tcp://127.0.0.1:*";
+  o.epoch = 0xE0E0;
+  return o;
+}
+
+struct Subscriber {
+  zmq::context_t ctx{1};
+  zmq::socket_t sub{ctx, zmq::socket_type::sub};
+  zmq::socket_t dealer{ctx, zmq::socket_type::dealer};
+  explicit Subscriber(const EventPublisher& p) {
+    sub.set(zmq::sockopt::subscribe, "kv.");
+    sub.connect(p.events_endpoint());
+    dealer.connect(p.replay_endpoint());
+  }
+  std::optional<DecodedBatch> NextBatch() {
+    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, kPatience) == 0) return std::nullopt;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(sub, std::back_inserter(parts));
+    REQUIRE(parts.size() == 2);
+    auto b = DecodeBatch(parts[1].data(), parts[1].size());
+    REQUIRE(b.ok());
+    CHECK(parts[0].to_string() == "kv." + b->header.worker_id);
+    return std::move(*b);
+  }
+  // Skips heartbeats until a batch with events arrives.
+  std::optional<DecodedBatch> NextEventBatch() {
+    for (int i = 0; i < 100; ++i) {
+      auto b = NextBatch();
+      if (!b || !b->events.empty()) return b;
+    }
+    return std::nullopt;
+  }
+  void Request(uint64_t epoch, uint64_t from, uint64_t id) {
+    capnp::MallocMessageBuilder msg;
+    auto r = msg.initRoot<schema::ReplayRequest>();
+    r.setEpoch(epoch);
+    r.setFromSeq(from);
+    r.setRequestId(id);
+    std::string bytes = wire::Encode(msg);
+    dealer.send(zmq::buffer(bytes));
+  }
+  // Receives one reply, calling `service` (the engine's between-steps hook) while waiting.
+  std::unique_ptr<wire::DecodedMessage> Reply(const std::function<void()>& service = {}) {
+    const auto deadline = std::chrono::steady_clock::now() + kPatience;
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (service) service();
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(5)) == 0) continue;
+      zmq::message_t m;
+      (void)dealer.recv(m);
+      auto d = wire::Decode<schema::ReplayReply>(m.data(), m.size());
+      REQUIRE(d.ok());
+      return std::move(*d);
+    }
+    return nullptr;
+  }
+};
+
+TEST_CASE("each flushed step becomes one batch with the worker's epoch and the next seq") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w1"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  EventPublisher& p = **pub;
+  Subscriber s(p);
+  ScriptedKvSource kv(&p, 1);
+  REQUIRE(s.NextBatch());  // a heartbeat: the subscription is live
+  uint64_t last = p.last_seq();
+  LoadReport load;
+  load.active_requests = 3;
+  for (int step = 0; step < 5; ++step) {
+    kv.Step(10);
+    p.Flush(kv, load);
+    auto b = s.NextEventBatch();
+    REQUIRE(b);
+    CHECK(b->header.epoch == 0xE0E0);
+    CHECK(b->header.seq > last);
+    CHECK(b->block_events >= 10);
+    CHECK(b->load.active_requests == 3);
+    last = b->header.seq;
+  }
+  p.Flush(kv, load);  // no events: no batch, no seq
+  CHECK(p.last_seq() == last);
+}
+
+TEST_CASE("an idle worker sends heartbeats with its last load at least every 250 ms") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w2"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  Subscriber s(**pub);
+  ScriptedKvSource kv(pub->get(), 2);
+  LoadReport load;
+  load.free_blocks = {7, 9};
+  (*pub)->Flush(kv, load);
+  auto first = s.NextBatch();
+  auto second = s.NextBatch();
+  auto third = s.NextBatch();
+  REQUIRE((first && second && third));
+  CHECK(third->events.empty());
+  CHECK(third->header.seq == second->header.seq + 1);  // heartbeats take seqs too
+  CHECK(third->load.free_blocks[1] == 9);
+  const double gap_ms = static_cast<double>(third->header.created_ns - second->header.created_ns) / 1e6;
+  CHECK(gap_ms < 250);
+}
+
+TEST_CASE("a replay request inside the ring gets the batches from fromSeq on") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w3"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  EventPublisher& p = **pub;
+  Subscriber s(p);
+  ScriptedKvSource kv(&p, 3);
+  REQUIRE(s.NextBatch());
+  std::vector<uint64_t> seqs;
+  for (int i = 0; i < 4; ++i) {
+    kv.Step(5);
+    p.Flush(kv, {});
+    auto b = s.NextEventBatch();
+    REQUIRE(b);
+    seqs.push_back(b->header.seq);
+  }
+  s.Request(p.epoch(), seqs[1], 42);
+  auto reply = s.Reply();
+  REQUIRE(reply);
+  auto r = reply->Root<schema::ReplayReply>();
+  CHECK(r.getRequestId() == 42);
+  REQUIRE(r.isBatches());
+  CHECK(r.getLast());
+  REQUIRE(r.getBatches().size() >= 3);
+  CHECK(r.getBatches()[0].getSeq() == seqs[1]);
+  for (unsigned i = 1; i < r.getBatches().size(); ++i)
+    CHECK(r.getBatches()[i].getSeq() == r.getBatches()[i - 1].getSeq() + 1);
+  CHECK(p.replay_requests() == 1);
+}
+
+TEST_CASE("an unknown epoch gets a snapshot consistent with the last sealed seq") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w4"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  EventPublisher& p = **pub;
+  Subscriber s(p);
+  ScriptedKvSource kv(&p, 4);
+  for (int i = 0; i < 20; ++i) {
+    kv.Step(50);
+    p.Flush(kv, {});
+  }
+  kv.Step(7);  // emitted but not flushed: the snapshot must seal it first
+  s.Request(0, 0, 9);
+  std::vector<BlockHash> device;
+  uint64_t consistent = 0;
+  while (true) {
+    auto reply = s.Reply([&] { p.ServiceSnapshots(kv); });
+    REQUIRE(reply);
+    auto r = reply->Root<schema::ReplayReply>();
+    REQUIRE(r.isSnapshot());
+    CHECK(r.getRequestId() == 9);
+    consistent = r.getSnapshot().getConsistentSeq();
+    for (auto e : r.getSnapshot().getEvents()) {
+      REQUIRE(e.isStored());
+      if (e.getWindowSize() != 0) continue;
+      for (auto b : e.getStored().getBlocks())
+        if (b.getTier() == schema::Tier::DEVICE) device.push_back(b.getHash());
+    }
+    if (r.getLast()) break;
+  }
+  CHECK(consistent == p.last_seq());
+  std::sort(device.begin(), device.end());
+  CHECK(device == kv.Blocks(kv::Tier::kDevice));
+  CHECK(p.snapshots_sent() == 1);
+}
+
+TEST_CASE("events the KV buffer dropped leave a seq hole, so a replay across it becomes a snapshot") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w5"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  EventPublisher& p = **pub;
+  Subscriber s(p);
+  ScriptedKvSource kv(&p, 5);
+  REQUIRE(s.NextBatch());
+  kv.Step(5);
+  p.Flush(kv, {});
+  auto before = s.NextEventBatch();
+  REQUIRE(before);
+  kv.DropNextEvents(true);
+  kv.Step(5);
+  kv.DropNextEvents(false);
+  kv.Step(5);
+  p.Flush(kv, {});
+  auto after = s.NextEventBatch();
+  REQUIRE(after);
+  CHECK(after->header.seq >= before->header.seq + 2);  // one seq skipped at least
+  CHECK(p.events_dropped() >= 1);
+  s.Request(p.epoch(), before->header.seq + 1, 11);
+  auto reply = s.Reply([&] { p.ServiceSnapshots(kv); });
+  REQUIRE(reply);
+  CHECK(reply->Root<schema::ReplayReply>().isSnapshot());
+}
+
+TEST_CASE("a malformed replay request gets an error reply and the publisher keeps going") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w6"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  Subscriber s(**pub);
+  s.dealer.send(zmq::str_buffer("not a capnp message at all"));
+  auto reply = s.Reply();
+  REQUIRE(reply);
+  CHECK(reply->Root<schema::ReplayReply>().isError());
+  s.Request((*pub)->epoch(), (*pub)->last_seq() + 1, 5);  // nothing missing: empty batches
+  reply = s.Reply();
+  REQUIRE(reply);
+  CHECK(reply->Root<schema::ReplayReply>().isBatches());
+}
+
+TEST_CASE("options outside the contract are refused") {
+  prometheus::Registry registry;
+  auto o = LoopbackOptions("");
+  CHECK(!EventPublisher::Make(o, SystemClock::Default(), &registry).ok());
+  o = LoopbackOptions("w7");
+  o.heartbeat_interval = kNsPerSec;
+  CHECK(!EventPublisher::Make(o, SystemClock::Default(), &registry).ok());
+  o = LoopbackOptions("w7");
+  o.events_endpoint = "nonsense";
+  CHECK(!EventPublisher::Make(o, SystemClock::Default(), &registry).ok());
+}
+
+}  // namespace
+}  // namespace kvfleet::events

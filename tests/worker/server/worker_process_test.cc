@@ -1,0 +1,268 @@
+// A kvfleet-worker process (mock backend, shadow-KV verification on) driven over its real
+// sockets by a test client: a DEALER on the requests socket (Contract 3), plain HTTP for
+// /health, /ready and /metrics, and SIGTERM for the graceful shutdown.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <capnp/message.h>
+#include <zmq.hpp>
+
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+
+namespace {
+
+// A port nobody listens on now (the kernel's choice for a socket bound to port 0).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET `path` on 127.0.0.1:port; returns the whole response ("" when nothing answers).
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    (void)!write(fd, req.data(), req.size());
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+struct WorkerProcess {
+  WorkerProcess() {
+    requests_port = FreePort();
+    http_port = FreePort();
+    std::vector<std::string> args = {KVFLEET_WORKER_BIN,
+                                     "--backend", "mock",
+                                     "--model-name", "mock-8b",
+                                     "--requests", "tcp://127.0.0.1:" + std::to_string(requests_port),
+                                     "--events", "tcp://127.0.0.1:" + std::to_string(FreePort()),
+                                     "--replay", "tcp://127.0.0.1:" + std::to_string(FreePort()),
+                                     "--http-port", std::to_string(http_port),
+                                     "--block-size", "16",
+                                     "--max-num-tokens", "256",
+                                     "--max-context", "512",
+                                     "--kv-cache-bytes", std::to_string(64ull * 2 * 1024 * 1024),  // 64 blocks of 2 MiB
+                                     "--mock-step-base-us", "500",
+                                     "--mock-prefill-token-us", "20",
+                                     "--mock-verify-kv",
+                                     "--shutdown-grace-s", "5",
+                                     "--log-level", "warn"};
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    // Ready once /ready answers 200.
+    for (int i = 0; i < 300; ++i) {
+      if (HttpGet(http_port, "/ready").starts_with("HTTP/1.1 200")) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL("the worker did not become ready");
+  }
+  ~WorkerProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  // SIGTERM; returns the exit status.
+  int Terminate() {
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  pid_t pid = -1;
+  int requests_port = 0;
+  int http_port = 0;
+};
+
+struct Reply {
+  bool is_error = false;
+  uint64_t request_id = 0;
+  std::vector<uint32_t> tokens;
+  kvfleet::schema::FinishReason finish = kvfleet::schema::FinishReason::NONE;
+  uint32_t prompt_tokens = 0, cached_device = 0, completion = 0;
+  uint64_t ttft_us = 0;
+  kvfleet::schema::ErrorCode code = kvfleet::schema::ErrorCode::INTERNAL;
+};
+
+struct Client {
+  explicit Client(int port) : socket(context, zmq::socket_type::dealer) {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.connect("tcp://127.0.0.1:" + std::to_string(port));
+  }
+  void Generate(uint64_t id, const std::vector<uint32_t>& prompt, uint32_t max_tokens, const std::string& lora = "",
+                float temperature = 0) {
+    capnp::MallocMessageBuilder msg;
+    auto g = msg.initRoot<kvfleet::schema::ToWorker>().initGenerate();
+    g.setRequestId(id);
+    auto t = g.initTokens(static_cast<unsigned>(prompt.size()));
+    for (unsigned i = 0; i < prompt.size(); ++i) t.set(i, prompt[i]);
+    g.getSampling().setTemperature(temperature);
+    g.getSampling().setMaxTokens(max_tokens);
+    g.getSampling().setSeed(42);
+    g.getSampling().setHasSeed(true);
+    g.setLoraName(lora);
+    Send(msg);
+  }
+  void Cancel(uint64_t id) {
+    capnp::MallocMessageBuilder msg;
+    msg.initRoot<kvfleet::schema::ToWorker>().initCancel().setRequestId(id);
+    Send(msg);
+  }
+  void Send(capnp::MallocMessageBuilder& msg) {
+    std::string frame = kvfleet::wire::Encode(msg);
+    socket.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  // The next reply, waiting up to 10 s.
+  Reply Next() {
+    zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(10'000)) == 1);
+    zmq::message_t m;
+    REQUIRE(socket.recv(m, zmq::recv_flags::none));
+    auto decoded = kvfleet::wire::Decode<kvfleet::schema::FromWorker>(m.data(), m.size());
+    REQUIRE(decoded.ok());
+    auto root = (*decoded)->Root<kvfleet::schema::FromWorker>();
+    Reply r;
+    if (root.isError()) {
+      r.is_error = true;
+      r.request_id = root.getError().getRequestId();
+      r.code = root.getError().getCode();
+      return r;
+    }
+    auto d = root.getDelta();
+    r.request_id = d.getRequestId();
+    for (uint32_t t : d.getTokens()) r.tokens.push_back(t);
+    r.finish = d.getFinishReason();
+    r.prompt_tokens = d.getUsage().getPromptTokens();
+    r.cached_device = d.getUsage().getCachedDeviceTokens();
+    r.completion = d.getUsage().getCompletionTokens();
+    r.ttft_us = d.getUsage().getTimeToFirstTokenUs();
+    return r;
+  }
+  // Deltas of `id` up to its final one; the tokens, and the final Delta.
+  Reply Collect(uint64_t id, std::vector<uint32_t>* tokens, int* deltas) {
+    while (true) {
+      Reply r = Next();
+      REQUIRE_FALSE(r.is_error);
+      REQUIRE(r.request_id == id);
+      tokens->insert(tokens->end(), r.tokens.begin(), r.tokens.end());
+      ++*deltas;
+      if (r.finish != kvfleet::schema::FinishReason::NONE) return r;
+    }
+  }
+  zmq::context_t context;
+  zmq::socket_t socket;
+};
+
+std::vector<uint32_t> Prompt(uint32_t n, uint32_t first) {
+  std::vector<uint32_t> p(n);
+  for (uint32_t i = 0; i < n; ++i) p[i] = first + i * 7;
+  return p;
+}
+
+TEST_CASE("a worker process streams deltas, reports usage and cached tokens, refuses bad requests, stops on SIGTERM") {
+  WorkerProcess worker;
+  Client client(worker.requests_port);
+  CHECK(HttpGet(worker.http_port, "/health").starts_with("HTTP/1.1 200"));
+
+  // Streamed deltas: one per step, the final one with the finish reason and full usage.
+  std::vector<uint32_t> first_tokens;
+  int deltas = 0;
+  client.Generate(1, Prompt(100, 10), 8);
+  Reply last = client.Collect(1, &first_tokens, &deltas);
+  CHECK(first_tokens.size() == 8);
+  CHECK(deltas >= 2);
+  CHECK(last.finish == kvfleet::schema::FinishReason::LENGTH);
+  CHECK(last.prompt_tokens == 100);
+  CHECK(last.completion == 8);
+  CHECK(last.cached_device == 0);
+  CHECK(last.ttft_us > 0);
+
+  // The same prompt again: its 6 full blocks (96 tokens) come from the cache.
+  std::vector<uint32_t> second_tokens;
+  deltas = 0;
+  client.Generate(2, Prompt(100, 10), 8);
+  Reply again = client.Collect(2, &second_tokens, &deltas);
+  CHECK(again.cached_device == 96);
+  CHECK(second_tokens == first_tokens);
+
+  // Bad requests get an Error each; the worker stays up.
+  client.Generate(3, Prompt(600, 1), 4);  // over --max-context 512
+  Reply too_long = client.Next();
+  CHECK(too_long.is_error);
+  CHECK(too_long.request_id == 3);
+  CHECK(too_long.code == kvfleet::schema::ErrorCode::CONTEXT_TOO_LONG);
+  client.Generate(4, Prompt(10, 1), 4, "no-such-adapter");
+  Reply lora = client.Next();
+  CHECK(lora.is_error);
+  CHECK(lora.code == kvfleet::schema::ErrorCode::UNKNOWN_LORA);
+  client.Generate(5, Prompt(10, 1), 4, "", -0.5f);
+  Reply bad_temperature = client.Next();
+  CHECK(bad_temperature.is_error);
+  CHECK(bad_temperature.code == kvfleet::schema::ErrorCode::INVALID_REQUEST);
+  client.socket.send(zmq::str_buffer("not a capnp message"), zmq::send_flags::none);
+
+  // Cancel: the stream ends with `cancelled`.
+  client.Generate(6, Prompt(20, 3), 400);
+  Reply started = client.Next();
+  CHECK(started.request_id == 6);
+  client.Cancel(6);
+  Reply r;
+  do {
+    r = client.Next();
+  } while (r.finish == kvfleet::schema::FinishReason::NONE);
+  CHECK(r.finish == kvfleet::schema::FinishReason::CANCELLED);
+
+  std::string metrics = HttpGet(worker.http_port, "/metrics");
+  CHECK(metrics.find("kvfleet_worker_time_to_first_token_seconds_count 3") != std::string::npos);
+  CHECK(metrics.find("kvfleet_worker_prefix_hit_tokens_total") != std::string::npos);
+  CHECK(metrics.find("kvfleet_worker_kv_blocks{") != std::string::npos);
+
+  // SIGTERM with a request in flight: it finishes within the grace period, exit 0.
+  client.Generate(7, Prompt(30, 5), 30);
+  (void)client.Next();
+  CHECK(worker.Terminate() == 0);
+  std::vector<uint32_t> rest;
+  Reply final_reply;
+  do {
+    final_reply = client.Next();
+  } while (final_reply.finish == kvfleet::schema::FinishReason::NONE);
+  CHECK(final_reply.finish == kvfleet::schema::FinishReason::LENGTH);
+  CHECK(final_reply.completion == 30);
+}
+
+}  // namespace

@@ -1,0 +1,172 @@
+// Worker in-process, on ephemeral ports: concurrent clients over the requests socket,
+// registration with a router (Hello, then Bye on stop), KV events on the PUB socket.
+// Runs under TSAN: the engine thread, the request I/O thread, the publisher thread, the
+// HTTP threads and the clients all meet here.
+#include "worker/server/worker.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include <capnp/message.h>
+
+#include "schema/events.capnp.h"
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+#include "worker/backend/mock/mock_backend.h"
+#include "worker/server/registration.h"
+
+namespace kvfleet::server {
+namespace {
+
+std::string Frame(uint64_t id, uint32_t first, uint32_t n, uint32_t max_tokens) {
+  capnp::MallocMessageBuilder msg;
+  auto g = msg.initRoot<schema::ToWorker>().initGenerate();
+  g.setRequestId(id);
+  auto t = g.initTokens(n);
+  for (uint32_t i = 0; i < n; ++i) t.set(i, first + i);
+  g.getSampling().setTemperature(0);
+  g.getSampling().setMaxTokens(max_tokens);
+  return wire::Encode(msg);
+}
+
+TEST_CASE("concurrent clients, registration and events against an in-process worker") {
+  zmq::context_t context;
+  zmq::socket_t registry(context, zmq::socket_type::router);
+  registry.bind("tcp://127.0.0.1:*");
+  const std::string registry_endpoint = registry.get(zmq::sockopt::last_endpoint);
+
+  WorkerConfig config;
+  config.backend = "mock";
+  config.model_name = "mock-8b";
+  config.requests = "tcp://127.0.0.1:0";
+  config.events = "tcp://127.0.0.1:0";
+  config.replay = "tcp://127.0.0.1:0";
+  config.http_port = 0;
+  config.router = registry_endpoint;
+  config.advertise_host = "127.0.0.1";
+  config.block_size = 16;
+  config.max_num_tokens = 256;
+  config.max_batch_size = 16;
+  config.kv_cache_bytes = 128ull * 2 * 1024 * 1024;  // 128 blocks
+  config.mock_cost.step_base_us = 200;
+  config.mock_cost.prefill_token_us = 1;
+  config.mock_verify_kv = true;
+  config.shutdown_grace_s = 5;
+  auto started = Worker::Start(config, context);
+  REQUIRE_MESSAGE(started.ok(), started.status().ToString());
+  std::unique_ptr<Worker> worker = std::move(*started);
+
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv.");
+  sub.connect(worker->events_endpoint());
+
+  std::thread engine([&] { worker->Run(); });
+
+  constexpr int kClients = 4;
+  constexpr int kRequests = 8;
+  std::atomic<int> completed{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      zmq::socket_t s(context, zmq::socket_type::dealer);
+      s.set(zmq::sockopt::linger, 0);
+      s.connect(worker->requests_endpoint());
+      // Every client uses request ids 1..N: ids are per connection.
+      for (int i = 1; i <= kRequests; ++i) s.send(zmq::buffer(Frame(i, 500 + c * 3, 40 + i, 6)), zmq::send_flags::none);
+      int finished = 0;
+      while (finished < kRequests) {
+        zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(10'000)) != 1) break;
+        zmq::message_t m;
+        (void)s.recv(m, zmq::recv_flags::none);
+        auto d = wire::Decode<schema::FromWorker>(m.data(), m.size());
+        if (!d.ok() || !(*d)->Root<schema::FromWorker>().isDelta()) break;
+        auto delta = (*d)->Root<schema::FromWorker>().getDelta();
+        if (delta.getFinishReason() != schema::FinishReason::NONE) {
+          if (delta.getUsage().getCompletionTokens() == 6) ++finished;
+        }
+      }
+      completed += finished;
+    });
+  }
+  for (auto& t : clients) t.join();
+  CHECK(completed.load() == kClients * kRequests);
+
+  // Hello arrived (routing id = the worker id), with the worker's facts.
+  zmq::pollitem_t item{static_cast<void*>(registry), 0, ZMQ_POLLIN, 0};
+  REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(5000)) == 1);
+  zmq::message_t identity, frame;
+  (void)registry.recv(identity, zmq::recv_flags::none);
+  (void)registry.recv(frame, zmq::recv_flags::none);
+  CHECK(identity.to_string() == worker->worker_id());
+  auto hello_msg = wire::Decode<schema::ToRouter>(frame.data(), frame.size());
+  REQUIRE(hello_msg.ok());
+  auto hello = (*hello_msg)->Root<schema::ToRouter>().getHello();
+  CHECK(std::string(hello.getModel().cStr()) == "mock-8b");
+  CHECK(hello.getBlockSize() == 16);
+  CHECK(hello.getTiers()[0].getTotalBlocks() == 128);
+  CHECK(std::string(hello.getBackend().cStr()) == "mock");
+  CHECK(std::string(hello.getEndpoints().getRequests().cStr()) == worker->requests_endpoint());
+
+  // KV events: some batch stored blocks.
+  bool stored = false;
+  for (int i = 0; i < 200 && !stored; ++i) {
+    zmq::pollitem_t ev{static_cast<void*>(sub), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&ev, 1, std::chrono::milliseconds(1000)) != 1) break;
+    zmq::message_t topic, batch;
+    (void)sub.recv(topic, zmq::recv_flags::none);
+    (void)sub.recv(batch, zmq::recv_flags::none);
+    auto b = wire::Decode<schema::EventBatch>(batch.data(), batch.size());
+    REQUIRE(b.ok());
+    for (auto e : (*b)->Root<schema::EventBatch>().getEvents()) stored = stored || e.isStored();
+  }
+  CHECK(stored);
+
+  worker->RequestStop();
+  engine.join();
+  // Bye follows the Hellos.
+  bool bye = false;
+  while (!bye && zmq::poll(&item, 1, std::chrono::milliseconds(2000)) == 1) {
+    (void)registry.recv(identity, zmq::recv_flags::none);
+    (void)registry.recv(frame, zmq::recv_flags::none);
+    auto m = wire::Decode<schema::ToRouter>(frame.data(), frame.size());
+    REQUIRE(m.ok());
+    bye = (*m)->Root<schema::ToRouter>().isBye();
+  }
+  CHECK(bye);
+  worker.reset();
+}
+
+TEST_CASE("Hello lists the host tier only when there is one") {
+  HelloInfo info;
+  info.worker_id = "w";
+  info.device_blocks = 10;
+  auto decode = [](const std::string& f) {
+    auto m = wire::Decode<schema::ToRouter>(f.data(), f.size());
+    REQUIRE(m.ok());
+    return (*m)->Root<schema::ToRouter>().getHello().getTiers().size();
+  };
+  CHECK(decode(EncodeHello(info)) == 1);
+  info.host_blocks = 5;
+  CHECK(decode(EncodeHello(info)) == 2);
+}
+
+TEST_CASE("worker config: instances of one process get distinct ports and ids") {
+  WorkerConfig c;
+  c.worker_id = "w";
+  WorkerConfig third = c.ForInstance(2);
+  CHECK(third.requests == "tcp://*:5576");
+  CHECK(third.events == "tcp://*:5577");
+  CHECK(third.http_port == 9420);
+  CHECK(third.worker_id == "w-2");
+  c.max_num_tokens = 100;  // not a multiple of 32
+  CHECK_FALSE(c.Validate().ok());
+  CHECK(EndpointPort("tcp://host:5556") == 5556);
+  CHECK(EndpointPort("tcp://host") == -1);
+}
+
+}  // namespace
+}  // namespace kvfleet::server

@@ -1,0 +1,197 @@
+// ModelBackend: the one interface between the engine and a model implementation.
+//
+// Three implementations: `cpu` (fp32 reference, worker/backend/cpu), `mock` (a cost
+// model, no math, worker/backend/mock) and `cuda` (bf16, worker/backend/cuda). The
+// worker binary picks one by name through CreateBackend().
+//
+// What each side owns:
+//   - The backend owns the model weights and ALL KV memory: device blocks and, when
+//     asked for, host (secondary tier) blocks. It reports each pool's geometry; the KV
+//     cache manager (worker/kv) decides which block ids a sequence uses and moves whole
+//     blocks between slots and tiers through the backend's kv::BlockCopier.
+//   - The engine owns requests, scheduling, stop conditions and the per-request RNG
+//     counter; each step it hands the backend a StepBatch and gets one token per
+//     sequence that asked for one.
+//
+// KV pools. Layers are grouped into pools by their attention geometry (window, kv heads);
+// a model with full attention everywhere has one pool. A block of a pool holds B tokens
+// of every layer of that pool, laid out block-major so a block is one contiguous range:
+//
+//   pool memory: [num_blocks][layers_in_pool][2 (K, V)][num_kv_heads][B][head_dim]
+//
+// in the backend's KV element type (cpu: fp32, cuda: bf16). K is stored with RoPE
+// already applied at the token's absolute position.
+//
+// Where token t of a sequence lives in a pool: block block_table[t / B], offset t % B.
+// The table is linear in positions; blocks the KV manager dropped behind a sliding window
+// (kv::PoolView's kept blocks) are kNoBlock entries, which no query may see.
+//
+// Attention semantics, for a query at absolute position q in a pool with window W,
+// sinks S and attention chunk C (0 = off for each), key t is visible iff
+//   t <= q  and  (W == 0 or q - t < W or t < S)  and  (C == 0 or t / C == q / C).
+// With position_shift (StreamingLLM, "Efficient Streaming Language Models with Attention
+// Sinks": positions are taken within the cache), the query is rotated at
+// min(q, S + W - 1) when scored against sink keys (t < S) and at q against the others;
+// since RoPE scores depend only on the position difference, this equals rotating every
+// key at its cache position.
+//
+// Thread safety: thread-compatible. The engine thread calls Execute() and the copier;
+// nothing else touches a backend while a step runs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+#include "worker/backend/sampler.h"
+#include "worker/kv/block_copier.h"
+#include "worker/model/model_config.h"
+
+namespace kvfleet::backend {
+
+using BlockId = kv::BlockId;
+constexpr BlockId kNoBlock = UINT32_MAX;  // a block-table entry the step never reads
+constexpr TokenId kNoToken = UINT32_MAX;  // StepOutput::tokens for a sequence not sampled
+
+// Everything a backend needs to start. One struct for every backend; settings a single
+// backend understands go in `extra` (e.g. the mock's cost constants), documented there.
+struct BackendOptions {
+  std::string model_dir;          // a Hugging Face directory (config.json, *.safetensors)
+  int32_t block_size = 32;        // B: tokens per KV block; a power of two >= 2
+  int32_t max_num_tokens = 8192;  // most tokens computed in one step, all sequences together
+  int32_t max_batch_size = 256;   // most sequences in one step
+  int64_t max_context = 0;        // longest sequence in tokens; 0: the model's max_position_embeddings
+  // Device KV memory for all pools together, in bytes; 0: the backend's default
+  // (cpu: 512 MiB; cuda: kv_memory_fraction of the free memory after the weights load).
+  uint64_t kv_cache_bytes = 0;
+  double kv_memory_fraction = 0.9;  // cuda only, used when kv_cache_bytes == 0
+  int64_t num_blocks = 0;           // > 0: exactly this many device blocks per pool (tests)
+  uint64_t host_kv_bytes = 0;       // secondary tier (host memory) bytes; 0: no host tier
+  // StreamingLLM. sink_tokens > 0 turns every full-attention layer into a window of
+  // streaming_window tokens plus the sinks, with position_shift.
+  int32_t sink_tokens = 0;
+  int32_t streaming_window = 0;  // required > 0 when sink_tokens > 0
+  int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
+  int32_t device = 0;            // cuda: device ordinal
+  int32_t tensor_parallel = 1;   // cuda: GPUs, NCCL tensor parallel
+  std::map<std::string, std::string> extra;  // backend-specific settings by name
+};
+
+// One KV pool as the backend laid it out; the KV manager builds one pool per entry. The
+// fields mirror kv::PoolLayout (worker/kv/kv_config.h); pools are ordered and the device
+// budget is split between them as kv::ComputePools does.
+struct KvPoolInfo {
+  int32_t window = 0;           // attention window in tokens; 0: full attention
+  int32_t sink_tokens = 0;      // StreamingLLM sinks kept forever; 0: none
+  bool position_shift = false;  // RoPE positions within the cache (see the header comment)
+  int32_t attention_chunk = 0;  // chunked attention: queries see only their own chunk; 0: off
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  std::vector<int32_t> layers;  // model layers in this pool, ascending
+  uint64_t bytes_per_block = 0; // layers.size() * 2 * num_kv_heads * B * head_dim * element size
+  int64_t device_blocks = 0;    // device blocks
+  int64_t host_blocks = 0;      // host tier blocks; 0: no host tier
+  int64_t max_blocks_per_seq = 0;  // ceil(max_context / B): the longest block table
+};
+
+enum class LogitsRequest : uint8_t {
+  kNone,  // only the sampled token
+  kLast,  // the logits of the step's last token of this sequence
+  kAll,   // the logits of every token this step computes for this sequence
+};
+
+// One sequence's share of a step: a prefill chunk or one decode token.
+struct SequenceStep {
+  uint64_t request_id = 0;          // for messages only
+  std::span<const TokenId> tokens;  // the tokens to compute; at least one
+  // Absolute position of tokens[0]. Positions [0, start_position) are in the cache
+  // already (computed by earlier steps or served from reused blocks) as far as this
+  // step's queries can see them.
+  int64_t start_position = 0;
+  // One block table per pool, in pools() order. It covers every slot this step reads or
+  // writes; entries for blocks no query can see may be kNoBlock. Blocks this step writes
+  // (those holding positions [start_position, start_position + tokens.size())) belong to
+  // this sequence alone.
+  std::vector<std::span<const BlockId>> block_tables;
+  // True: sample a token from the logits of tokens.back() (the last prefill chunk or a
+  // decode step). False: a prefill chunk that is not the last one.
+  bool sample = false;
+  SamplingParams sampling;   // used when `sample`
+  uint64_t rng_counter = 0;  // tokens this request sampled before (the per-request RNG state)
+  LogitsRequest logits = LogitsRequest::kNone;  // tests and debugging; costs a copy
+};
+
+struct StepBatch {
+  std::vector<SequenceStep> seqs;  // at most max_batch_size; tokens in all <= max_num_tokens
+};
+
+struct StepOutput {
+  std::vector<TokenId> tokens;         // [seq]: the sampled token, or kNoToken when !sample
+  std::vector<int64_t> logits_offset;  // [seq]: first row of this sequence in `logits`, -1: none
+  std::vector<float> logits;           // requested rows, [rows][vocab_size], fp32
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  ModelBackend() = default;
+  ModelBackend(const ModelBackend&) = delete;
+  ModelBackend& operator=(const ModelBackend&) = delete;
+
+  virtual std::string_view name() const = 0;  // "cpu", "mock", "cuda"
+  virtual const model::ModelConfig& config() const = 0;
+  virtual int32_t block_size() const = 0;
+  virtual int32_t max_num_tokens() const = 0;
+  virtual int32_t max_batch_size() const = 0;
+  virtual int64_t max_context() const = 0;
+  // The KV pools, fixed at construction.
+  virtual std::span<const KvPoolInfo> pools() const = 0;
+
+  // Runs one step: writes the K/V of every token of every sequence into its blocks,
+  // attends, and samples where asked; `out` is resized here. The batch is validated
+  // before anything is computed: a malformed one (a block id out of range, a block table
+  // too short, too many tokens, bad sampling values) fails with InvalidArgument and
+  // changes nothing.
+  // REQUIRES: the engine's side of the contract above (visible positions cached, written
+  // blocks unshared).
+  virtual Status Execute(const StepBatch& batch, StepOutput* out) = 0;
+
+  // Whole-block copies within a pool (copy on partial reuse) and between tiers (offload,
+  // onboard). Owned by the backend; valid for its lifetime.
+  virtual kv::BlockCopier& block_copier() = 0;
+};
+
+// ---- Selection by name -------------------------------------------------------------
+
+using BackendFactory = std::function<Result<std::unique_ptr<ModelBackend>>(const BackendOptions&)>;
+
+// Adds a backend under `name`; returns true (for the static registrar below).
+// REQUIRES: no backend of that name yet.
+bool RegisterBackend(std::string name, BackendFactory factory);
+
+// Builds the named backend; NotFound lists the registered names when `name` is unknown.
+Result<std::unique_ptr<ModelBackend>> CreateBackend(std::string_view name, const BackendOptions& options);
+
+// Registered names, sorted.
+std::vector<std::string> BackendNames();
+
+}  // namespace kvfleet::backend
+
+// KVF_REGISTER_BACKEND(cpu, "cpu", factory) in a backend's .cc registers it before main.
+// A static library's object is only linked when something refers to it, so the backend's
+// CMakeLists.txt must also say
+//   target_link_options(<lib> INTERFACE "LINKER:--undefined=kvfleet_backend_<ident>_registered")
+// and then linking the library is all it takes.
+#define KVF_REGISTER_BACKEND(ident, name, factory)               \
+  extern "C" {                                                  \
+  extern const bool kvfleet_backend_##ident##_registered;      \
+  const bool kvfleet_backend_##ident##_registered =            \
+      ::kvfleet::backend::RegisterBackend(name, factory);       \
+  }

@@ -1,0 +1,282 @@
+#include "worker/backend/mock/mock_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "common/check.h"
+#include "worker/backend/sampler.h"
+#include "worker/engine/kv_setup.h"
+
+namespace kvfleet::backend::mock {
+
+// The shadow KV cache of verify_kv: per pool and tier, the (token, position) in each slot.
+// Without verify_kv it only counts copies.
+class MockBackend::ShadowCopier final : public kv::BlockCopier {
+ public:
+  struct Slot {
+    TokenId token = 0;
+    uint32_t position_plus_one = 0;  // 0: never written
+  };
+  ShadowCopier(const std::vector<KvPoolInfo>& pools, uint32_t block_size, bool enabled) : block_size_(block_size) {
+    if (!enabled) return;
+    for (const KvPoolInfo& p : pools) {
+      tiers_.push_back({std::vector<Slot>(static_cast<size_t>(p.device_blocks) * block_size),
+                        std::vector<Slot>(static_cast<size_t>(p.host_blocks) * block_size)});
+    }
+  }
+  void Copy(std::span<const kv::BlockCopy> copies) override {
+    copies_ += copies.size();
+    if (tiers_.empty()) return;
+    for (const kv::BlockCopy& c : copies) {
+      auto& src = tiers_[c.pool][static_cast<int>(c.src_tier)];
+      auto& dst = tiers_[c.pool][static_cast<int>(c.dst_tier)];
+      std::copy_n(src.begin() + static_cast<size_t>(c.src) * block_size_, block_size_,
+                  dst.begin() + static_cast<size_t>(c.dst) * block_size_);
+    }
+  }
+  bool enabled() const { return !tiers_.empty(); }
+  std::vector<Slot>& device(uint32_t pool) { return tiers_[pool][0]; }
+  uint64_t copies() const { return copies_; }
+
+ private:
+  uint32_t block_size_;
+  std::vector<std::array<std::vector<Slot>, kv::kNumTiers>> tiers_;
+  uint64_t copies_ = 0;
+};
+
+Status ParseMockSettings(const BackendOptions& options, MockOptions* mock) {
+  for (const auto& [key, value] : options.extra) {
+    if (!key.starts_with("mock.")) continue;
+    try {
+      if (key == "mock.step_base_us") {
+        mock->cost.step_base_us = std::stod(value);
+      } else if (key == "mock.prefill_token_us") {
+        mock->cost.prefill_token_us = std::stod(value);
+      } else if (key == "mock.decode_seq_us") {
+        mock->cost.decode_seq_us = std::stod(value);
+      } else if (key == "mock.kv_token_read_us") {
+        mock->cost.kv_token_read_us = std::stod(value);
+      } else if (key == "mock.verify_kv") {
+        mock->verify_kv = value == "1" || value == "true";
+      } else if (key == "mock.eos_after") {
+        mock->eos_after = static_cast<uint32_t>(std::stoul(value));
+      } else {
+        return InvalidArgument("unknown mock backend setting '" + key + "'");
+      }
+    } catch (const std::exception&) {
+      return InvalidArgument("mock backend setting " + key + ": '" + value + "' is not a number");
+    }
+  }
+  return mock->cost.Validate();
+}
+
+model::ModelConfig DefaultMockModelConfig() {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kLlama;
+  c.model_type = "llama";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 131072;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.layer_window.assign(32, 0);
+  c.bos_token_id = 128000;
+  c.eos_token_ids = {128001, 128008, 128009};
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
+MockBackend::MockBackend(const BackendOptions& options, MockOptions mock, model::ModelConfig config)
+    : options_(options), mock_(std::move(mock)), config_(std::move(config)) {}
+
+MockBackend::~MockBackend() = default;
+
+Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& options, MockOptions mock) {
+  KVF_RETURN_IF_ERROR(mock.cost.Validate());
+  model::ModelConfig config = DefaultMockModelConfig();
+  if (!options.model_dir.empty()) {
+    KVF_ASSIGN_OR_RETURN(config, model::LoadModelConfig(options.model_dir));
+  }
+  if (config.layer_window.empty()) config.layer_window.assign(config.num_layers, 0);
+  if (!IsValidBlockSize(options.block_size)) return InvalidArgument("block size must be a power of two >= 2");
+  std::unique_ptr<MockBackend> b(new MockBackend(options, std::move(mock), std::move(config)));
+  b->max_context_ = options.max_context > 0 ? options.max_context : b->config_.max_position_embeddings;
+
+  engine::KvMemorySettings memory;
+  memory.block_size = static_cast<uint32_t>(options.block_size);
+  memory.max_context = static_cast<uint32_t>(b->max_context_);
+  memory.dtype_bytes = config::kKvElementBytes;
+  memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
+  memory.host_bytes = options.host_kv_bytes;
+  kv::KvCacheConfig kv_config = engine::KvCacheConfigFor(b->config_, memory);
+  if (options.num_blocks > 0) {
+    // Exactly num_blocks per pool when there is one pool (tests): size the budget to it.
+    KVF_RETURN_IF_ERROR(kv_config.Validate());
+    KVF_ASSIGN_OR_RETURN(auto probe, kv::ComputePools(kv_config));
+    uint64_t per_block = 0;
+    for (const auto& p : probe) per_block += p.bytes_per_block;
+    kv_config.device_bytes = static_cast<uint64_t>(options.num_blocks) * per_block;
+  }
+  KVF_RETURN_IF_ERROR(kv_config.Validate());
+  KVF_ASSIGN_OR_RETURN(auto layouts, kv::ComputePools(kv_config));
+  b->device_bytes_ = kv_config.device_bytes;
+  b->host_bytes_ = kv_config.host_bytes;
+  for (const kv::PoolLayout& l : layouts) {
+    KvPoolInfo p;
+    p.window = static_cast<int32_t>(l.window);
+    p.num_kv_heads = static_cast<int32_t>(l.num_kv_heads);
+    p.head_dim = static_cast<int32_t>(b->config_.head_dim);
+    p.layers.assign(l.layers.begin(), l.layers.end());
+    p.bytes_per_block = l.bytes_per_block;
+    p.device_blocks = l.device_blocks;
+    p.host_blocks = l.host_blocks;
+    p.max_blocks_per_seq = (b->max_context_ + options.block_size - 1) / options.block_size;
+    b->pools_.push_back(std::move(p));
+  }
+  b->copier_ = std::make_unique<ShadowCopier>(b->pools_, options.block_size, b->mock_.verify_kv);
+  if (!b->mock_.clock) b->mock_.clock = SystemClock::Default();
+  return b;
+}
+
+kv::BlockCopier& MockBackend::block_copier() { return *copier_; }
+
+Status MockBackend::Validate(const StepBatch& batch) const {
+  if (batch.seqs.size() > static_cast<size_t>(options_.max_batch_size)) {
+    return InvalidArgument("a step of " + std::to_string(batch.seqs.size()) + " sequences; the limit is " +
+                           std::to_string(options_.max_batch_size));
+  }
+  int64_t tokens = 0;
+  const int64_t block_size = options_.block_size;
+  for (const SequenceStep& s : batch.seqs) {
+    if (s.tokens.empty()) return InvalidArgument("request " + std::to_string(s.request_id) + ": no tokens");
+    tokens += static_cast<int64_t>(s.tokens.size());
+    if (s.block_tables.size() != pools_.size()) {
+      return InvalidArgument("request " + std::to_string(s.request_id) + ": a block table per pool is required");
+    }
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    for (size_t p = 0; p < pools_.size(); ++p) {
+      const auto& table = s.block_tables[p];
+      if (static_cast<int64_t>(table.size()) * block_size < end) {
+        return InvalidArgument("request " + std::to_string(s.request_id) + ": the block table of pool " +
+                               std::to_string(p) + " does not cover position " + std::to_string(end - 1));
+      }
+      for (int64_t pos = s.start_position; pos < end; pos += block_size - pos % block_size) {
+        if (table[pos / block_size] == kNoBlock) {
+          return InvalidArgument("request " + std::to_string(s.request_id) + ": no block for written position " +
+                                 std::to_string(pos));
+        }
+      }
+      for (BlockId b : table) {
+        if (b != kNoBlock && b >= static_cast<BlockId>(pools_[p].device_blocks)) {
+          return InvalidArgument("request " + std::to_string(s.request_id) + ": block id " + std::to_string(b) +
+                                 " out of range");
+        }
+      }
+    }
+    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
+  }
+  if (tokens > options_.max_num_tokens) {
+    return InvalidArgument("a step of " + std::to_string(tokens) + " tokens; the limit is " +
+                           std::to_string(options_.max_num_tokens));
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> MockBackend::WriteAndRead(const SequenceStep& s) {
+  const int64_t block_size = options_.block_size;
+  const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+  uint64_t h = 0;
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    auto& shadow = copier_->device(p);
+    const auto& table = s.block_tables[p];
+    auto slot = [&](int64_t pos) -> ShadowCopier::Slot& {
+      return shadow[static_cast<size_t>(table[pos / block_size]) * block_size + pos % block_size];
+    };
+    for (int64_t i = 0; i < static_cast<int64_t>(s.tokens.size()); ++i) {
+      slot(s.start_position + i) = {s.tokens[i], static_cast<uint32_t>(s.start_position + i + 1)};
+    }
+    // What the last query sees (backend.h's visibility rule without chunking).
+    const int64_t q = end - 1;
+    const int64_t window = pools_[p].window;
+    for (int64_t t = 0; t <= q; ++t) {
+      if (window != 0 && q - t >= window && t >= pools_[p].sink_tokens) continue;
+      if (table[t / block_size] == kNoBlock) {
+        return Internal("request " + std::to_string(s.request_id) + ": position " + std::to_string(t) +
+                        " is visible but has no block");
+      }
+      const ShadowCopier::Slot& got = slot(t);
+      if (got.position_plus_one != static_cast<uint32_t>(t + 1)) {
+        return Internal("request " + std::to_string(s.request_id) + ": the KV slot of position " + std::to_string(t) +
+                        (got.position_plus_one == 0 ? std::string(" was never written")
+                                                    : " holds position " + std::to_string(got.position_plus_one - 1)));
+      }
+      h = SplitMix64(h ^ (static_cast<uint64_t>(got.token) << 32 | static_cast<uint64_t>(t)));
+    }
+  }
+  return h;
+}
+
+TokenId MockBackend::TokenFor(const SequenceStep& s, uint64_t context) const {
+  const uint64_t vocab = static_cast<uint64_t>(config_.vocab_size);
+  if (mock_.eos_after > 0 && s.rng_counter + 1 == mock_.eos_after && !config_.eos_token_ids.empty()) {
+    return static_cast<TokenId>(config_.eos_token_ids.front());
+  }
+  TokenId t = static_cast<TokenId>(SplitMix64(s.sampling.seed ^ SplitMix64(s.rng_counter + 1) ^ context) % vocab);
+  while (std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), static_cast<int64_t>(t))) {
+    t = static_cast<TokenId>((t + 1) % vocab);
+  }
+  return t;
+}
+
+Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
+  const TimeNs start = mock_.clock->Now();
+  KVF_RETURN_IF_ERROR(Validate(batch));
+  CostModel::Work work;
+  out->tokens.assign(batch.seqs.size(), kNoToken);
+  out->logits_offset.assign(batch.seqs.size(), -1);
+  out->logits.clear();
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SequenceStep& s = batch.seqs[i];
+    if (s.tokens.size() == 1) {
+      ++work.decode_seqs;
+    } else {
+      work.prefill_tokens += s.tokens.size();
+    }
+    work.kv_tokens_read += static_cast<uint64_t>(s.start_position) + s.tokens.size();
+    uint64_t context = s.tokens.back();
+    if (copier_->enabled()) {
+      KVF_ASSIGN_OR_RETURN(context, WriteAndRead(s));
+    }
+    if (s.sample) out->tokens[i] = TokenFor(s, context);
+  }
+  last_step_ = mock_.cost.StepDuration(work);
+  const TimeNs deadline = start + last_step_;
+  if (mock_.wait) {
+    mock_.wait(deadline);
+  } else {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(deadline - mock_.clock->Now()));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Result<std::unique_ptr<ModelBackend>> MakeMock(const BackendOptions& options) {
+  MockOptions mock;
+  KVF_RETURN_IF_ERROR(ParseMockSettings(options, &mock));
+  KVF_ASSIGN_OR_RETURN(auto backend, MockBackend::Make(options, std::move(mock)));
+  return std::unique_ptr<ModelBackend>(std::move(backend));
+}
+
+}  // namespace
+
+}  // namespace kvfleet::backend::mock
+
+KVF_REGISTER_BACKEND(mock, "mock", ::kvfleet::backend::mock::MakeMock)

@@ -1,0 +1,106 @@
+// MockBackend: the `mock` model backend. No math: each step takes the time the cost
+// model (cost_model.h) says a real GPU would, and samples deterministic pseudo-random
+// tokens. Everything around it is real (scheduler, KV cache manager, events, sockets),
+// so prefix hits really shorten time to first token, and many mock workers can run in
+// one process for fleet benchmarks.
+//
+// Tokens. The token sampled for a sequence is a pure function of its seed, the index of
+// the token (rng_counter) and its context, so a request gives the same tokens in any
+// batch and after preemption and recompute. The context is the step's last input token;
+// with verify_kv it is instead a hash of every (token, position) attention reads through
+// the block tables from a shadow KV cache, so a wrong block table, a wrongly reused block
+// or a lost copy changes the output (or fails the step) — an oracle for engine tests.
+// The mock never samples an EOS token unless eos_after says so.
+//
+// Time. Execute() returns once the step's modelled duration has passed since it began:
+// `wait` is called with that deadline (default: sleep on the steady clock; tests pass a
+// ManualClock's Advance).
+//
+// Settings in BackendOptions::extra (all optional):
+//   mock.step_base_us, mock.prefill_token_us, mock.decode_seq_us, mock.kv_token_read_us
+//   mock.verify_kv (0/1), mock.eos_after (N: the Nth generated token is EOS; 0: never)
+// Without a model_dir the model is Llama-3.1-8B's shape (config.json of
+// meta-llama/Llama-3.1-8B): 32 layers, 8 KV heads of 128, vocab 128256.
+//
+// Thread safety: thread-compatible; the engine thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/clock.h"
+#include "worker/backend/backend.h"
+#include "worker/backend/mock/cost_model.h"
+#include "worker/kv/block_copier.h"
+
+namespace kvfleet::backend::mock {
+
+namespace config {
+// KV bytes when none are given: what an H100 80GB holds for Llama-3.1-8B in bf16 after
+// the 16 GB of weights at vLLM's gpu_memory_utilization 0.9 (~442k tokens, as vLLM logs
+// "GPU KV cache size" for that setup).
+constexpr uint64_t kDefaultKvBytes = 54ull << 30;
+// Bytes per K/V element of the GPU the mock imitates (bf16).
+constexpr uint32_t kKvElementBytes = 2;
+}  // namespace config
+
+struct MockOptions {
+  CostModel cost;
+  bool verify_kv = false;
+  uint32_t eos_after = 0;  // > 0: the eos_after-th generated token is the first EOS id
+  // Called with the step's deadline (the clock's time when Execute began + the modelled
+  // duration). Empty: sleep until then on the steady clock.
+  std::function<void(TimeNs deadline)> wait;
+  const Clock* clock = nullptr;  // null: SystemClock::Default()
+};
+
+// Parses the mock.* settings of options.extra into `mock` (other fields untouched).
+Status ParseMockSettings(const BackendOptions& options, MockOptions* mock);
+
+// Llama-3.1-8B's architecture, for a mock without a model directory.
+model::ModelConfig DefaultMockModelConfig();
+
+class MockBackend final : public ModelBackend {
+ public:
+  static Result<std::unique_ptr<MockBackend>> Make(const BackendOptions& options, MockOptions mock);
+  ~MockBackend() override;
+
+  std::string_view name() const override { return "mock"; }
+  const model::ModelConfig& config() const override { return config_; }
+  int32_t block_size() const override { return options_.block_size; }
+  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
+  int32_t max_batch_size() const override { return options_.max_batch_size; }
+  int64_t max_context() const override { return max_context_; }
+  std::span<const KvPoolInfo> pools() const override { return pools_; }
+  Status Execute(const StepBatch& batch, StepOutput* out) override;
+  kv::BlockCopier& block_copier() override;
+
+  // The device bytes the pools were sized from (the KV manager must get the same).
+  uint64_t kv_device_bytes() const { return device_bytes_; }
+  uint64_t kv_host_bytes() const { return host_bytes_; }
+  const CostModel& cost_model() const { return mock_.cost; }
+  // The modelled duration of the last step.
+  DurationNs last_step_duration() const { return last_step_; }
+
+ private:
+  class ShadowCopier;
+  MockBackend(const BackendOptions& options, MockOptions mock, model::ModelConfig config);
+  Status Validate(const StepBatch& batch) const;
+  // The context hash of one sequence after writing its tokens (verify_kv).
+  Result<uint64_t> WriteAndRead(const SequenceStep& step);
+  TokenId TokenFor(const SequenceStep& step, uint64_t context) const;
+
+  BackendOptions options_;
+  MockOptions mock_;
+  model::ModelConfig config_;
+  int64_t max_context_ = 0;
+  uint64_t device_bytes_ = 0;
+  uint64_t host_bytes_ = 0;
+  std::vector<KvPoolInfo> pools_;
+  std::unique_ptr<ShadowCopier> copier_;
+  DurationNs last_step_ = 0;
+};
+
+}  // namespace kvfleet::backend::mock

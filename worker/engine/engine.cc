@@ -1,0 +1,276 @@
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "worker/backend/sampler.h"
+
+namespace kvfleet::engine {
+
+namespace config {
+// Weight of the newest step in the smoothed prefill/decode rates the router sees: about
+// the last ten steps count, so a rate follows a load change within a second.
+constexpr double kRateSmoothing = 0.1;
+}  // namespace config
+
+Status EngineOptions::Validate(uint32_t block_size) const {
+  KVF_RETURN_IF_ERROR(scheduler.Validate(block_size));
+  if (model_name.empty()) return InvalidArgument("the model name is empty");
+  if (limits.max_context < 2) return InvalidArgument("max_context must be >= 2");
+  return Status::Ok();
+}
+
+Engine::Engine(const EngineOptions& options, backend::ModelBackend* backend, kv::KvCacheManager* kv,
+               const Clock* clock, StepListener* listener)
+    : options_(options),
+      backend_(backend),
+      kv_(kv),
+      clock_(clock),
+      listener_(listener),
+      scheduler_(options.scheduler, options.model_name, kv) {
+  KVF_CHECK(options.Validate(kv->block_size()).ok()) << options.Validate(kv->block_size()).ToString();
+}
+
+Engine::~Engine() = default;
+
+Result<RequestId> Engine::Add(GenerateRequest request, TimeNs arrival) {
+  KVF_RETURN_IF_ERROR(ValidateRequest(request, options_.limits));
+  if (scheduler_.waiting().size() >= options_.limits.max_queued) {
+    return ResourceExhausted("the queue is full (" + std::to_string(options_.limits.max_queued) +
+                             " requests waiting)");
+  }
+  RequestId id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, std::move(request), arrival);
+  scheduler_.Enqueue(seq.get());
+  sequences_.emplace(id, std::move(seq));
+  ++counters_.requests_added;
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  if (sequences_.contains(id)) cancelled_.push_back(id);
+}
+
+void Engine::CancelAll() {
+  for (const auto& [id, seq] : sequences_) cancelled_.push_back(id);
+}
+
+// ---- The loop body ------------------------------------------------------------------
+
+std::vector<RequestOutput> Engine::Step() {
+  const TimeNs start = clock_->Now();
+  std::vector<RequestOutput> outputs;
+  ApplyCancellations(&outputs);
+
+  ScheduledBatch batch = scheduler_.Schedule();
+  for (Sequence* seq : batch.unfittable) Finish(seq, FinishReason::kError, &outputs);
+
+  std::vector<TokenId> sampled;
+  uint32_t preemptions = 0;
+  if (!batch.empty()) {
+    Status st = Execute(batch, &sampled);
+    if (st.ok()) {
+      Postprocess(batch, sampled, &outputs, &preemptions);
+    } else {
+      Logger("engine")->error("step failed, ending its {} requests: {}", batch.seqs.size(), st.ToString());
+      for (const ScheduledSeq& s : batch.seqs) Finish(s.seq, FinishReason::kError, &outputs);
+    }
+  }
+
+  StepReport report;
+  report.duration = clock_->Now() - start;
+  report.batch_sequences = static_cast<uint32_t>(batch.seqs.size());
+  report.batch_tokens = batch.num_tokens;
+  report.prefill_tokens = batch.prefill_tokens;
+  report.decode_sequences = batch.decode_seqs;
+  report.preemptions = preemptions;
+  report.finished = static_cast<uint32_t>(finished_.size());
+  ++counters_.steps;
+  counters_.preemptions += preemptions;
+  UpdateRates(report);
+  for (RequestId id : finished_) sequences_.erase(id);
+  finished_.clear();
+  report.load = Load();
+  if (listener_) listener_->OnStep(report);  // flushes this step's KV events
+  return outputs;
+}
+
+// ---- Execute ------------------------------------------------------------------------
+
+Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sampled) {
+  const auto pools = backend_->pools();
+  step_batch_.seqs.clear();
+  window_tables_.clear();
+  window_tables_.reserve(batch.seqs.size() * pools.size());
+  for (const ScheduledSeq& s : batch.seqs) {
+    const Sequence& seq = *s.seq;
+    backend::SequenceStep& step = step_batch_.seqs.emplace_back();
+    step.request_id = seq.id;
+    step.tokens = std::span<const TokenId>(seq.tokens).subspan(s.start, s.num_tokens);
+    step.start_position = s.start;
+    step.sample = s.sample;
+    step.sampling = backend::SamplingParams{seq.request.sampling.temperature, seq.request.sampling.top_p,
+                                            seq.request.sampling.top_k, seq.seed};
+    step.rng_counter = seq.num_generated();
+    for (uint32_t pool = 0; pool < pools.size(); ++pool) {
+      kv::PoolView view = kv_->View(seq.kv_id, pool);
+      if (view.num_sink_blocks == 0 && view.first_window_block == 0) {
+        step.block_tables.push_back(view.blocks);  // every logical block is kept
+        continue;
+      }
+      // A window dropped blocks: the backend indexes a linear table by logical block, with
+      // kNoBlock where nothing is kept.
+      std::vector<backend::BlockId>& table = window_tables_.emplace_back();
+      const uint32_t kept_after_sinks = static_cast<uint32_t>(view.blocks.size()) - view.num_sink_blocks;
+      table.assign(view.first_window_block + kept_after_sinks, backend::kNoBlock);
+      for (uint32_t i = 0; i < view.blocks.size(); ++i) {
+        uint32_t logical = i < view.num_sink_blocks ? i : view.first_window_block + i - view.num_sink_blocks;
+        table[logical] = view.blocks[i];
+      }
+      step.block_tables.emplace_back(table);
+    }
+  }
+  KVF_RETURN_IF_ERROR(backend_->Execute(step_batch_, &step_output_));
+  if (step_output_.tokens.size() != batch.seqs.size()) {
+    return Internal("the backend returned " + std::to_string(step_output_.tokens.size()) + " tokens for " +
+                    std::to_string(batch.seqs.size()) + " sequences");
+  }
+  *sampled = step_output_.tokens;
+  return Status::Ok();
+}
+
+// ---- Postprocess --------------------------------------------------------------------
+
+void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>& sampled,
+                         std::vector<RequestOutput>* outputs, uint32_t* preemptions) {
+  // 1. The KV of every computed token is written: full blocks become reusable.
+  for (const ScheduledSeq& s : batch.seqs) {
+    s.seq->num_computed = s.start + s.num_tokens;
+    kv_->Commit(s.seq->kv_id, s.seq->num_computed);
+  }
+  // 2. Sampled tokens: stop conditions, then a slot for the next step.
+  const TimeNs now = clock_->Now();
+  std::vector<Sequence*> preempted;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    Sequence* seq = s.seq;
+    if (!s.sample) continue;
+    KVF_CHECK(sampled[i] != backend::kNoToken) << "the backend did not sample request " << seq->id;
+    seq->tokens.push_back(sampled[i]);
+    ++counters_.generated_tokens;
+    if (seq->first_token_time == 0) seq->first_token_time = now;
+    FinishReason stop = StopReason(*seq);
+    if (stop != FinishReason::kNone) {
+      Finish(seq, stop, outputs);
+      continue;
+    }
+    if (seq->state == SequenceState::kWaiting) {
+      // Preempted earlier in this loop, before its token arrived: the KV manager's copy of
+      // its tokens is one short, so register it afresh on readmission.
+      if (seq->kv_registered) kv_->Release(seq->kv_id);
+      seq->kv_registered = false;
+    } else if (scheduler_.MakeRoomToAppend(seq, &preempted)) {
+      Status st = kv_->Append(seq->kv_id, std::span<const TokenId>(&seq->tokens.back(), 1));
+      KVF_CHECK(st.ok()) << "Append after CanAppend: " << st.ToString();
+    }
+  }
+  *preemptions = static_cast<uint32_t>(preempted.size());
+  // 3. News for the clients: tokens generated this step, by the unfinished requests.
+  for (const ScheduledSeq& s : batch.seqs) {
+    Sequence* seq = s.seq;
+    if (s.sample && !seq->finished && seq->num_generated() > seq->num_streamed) {
+      outputs->push_back(MakeOutput(seq, FinishReason::kNone));
+    }
+  }
+}
+
+FinishReason Engine::StopReason(const Sequence& seq) const {
+  const TokenId last = seq.tokens.back();
+  const SamplingOptions& s = seq.request.sampling;
+  if (!s.ignore_eos && std::count(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), last)) {
+    return FinishReason::kStop;
+  }
+  if (std::count(s.stop_token_ids.begin(), s.stop_token_ids.end(), last)) return FinishReason::kStop;
+  if (seq.num_generated() >= s.max_tokens) return FinishReason::kLength;
+  if (seq.num_tokens() >= options_.limits.max_context) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+void Engine::ApplyCancellations(std::vector<RequestOutput>* outputs) {
+  for (RequestId id : cancelled_) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end() || it->second->finished) continue;
+    ++counters_.requests_cancelled;
+    Finish(it->second.get(), FinishReason::kCancelled, outputs);
+  }
+  cancelled_.clear();
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs) {
+  scheduler_.Remove(seq);
+  outputs->push_back(MakeOutput(seq, reason));
+  finished_.push_back(seq->id);
+  seq->finished = true;
+  ++counters_.requests_finished;
+}
+
+RequestOutput Engine::MakeOutput(Sequence* seq, FinishReason reason) {
+  RequestOutput out;
+  out.id = seq->id;
+  out.new_tokens.assign(seq->tokens.begin() + seq->prompt_len + seq->num_streamed, seq->tokens.end());
+  seq->num_streamed = seq->num_generated();
+  out.finish = reason;
+  out.usage.prompt_tokens = seq->prompt_len;
+  out.usage.cached_device_tokens = seq->cached_device_tokens;
+  out.usage.cached_host_tokens = seq->cached_host_tokens;
+  out.usage.completion_tokens = seq->num_generated();
+  if (seq->first_token_time != 0) out.usage.time_to_first_token = seq->first_token_time - seq->arrival;
+  return out;
+}
+
+// ---- Load ---------------------------------------------------------------------------
+
+void Engine::UpdateRates(const StepReport& report) {
+  if (report.duration <= 0) return;
+  const double seconds = static_cast<double>(report.duration) / kNsPerSec;
+  if (report.prefill_tokens > 0) {
+    double rate = report.prefill_tokens / seconds;
+    prefill_rate_ = prefill_rate_ == 0 ? rate : prefill_rate_ + config::kRateSmoothing * (rate - prefill_rate_);
+  }
+  if (report.decode_sequences > 0) {
+    double rate = report.decode_sequences / seconds;
+    decode_rate_ = decode_rate_ == 0 ? rate : decode_rate_ + config::kRateSmoothing * (rate - decode_rate_);
+  }
+}
+
+LoadReport Engine::Load() const {
+  LoadReport load;
+  const uint32_t block_size = kv_->block_size();
+  for (const Sequence* seq : scheduler_.running()) {
+    if (seq->num_uncomputed() > 1) load.active_prefill_tokens += seq->num_uncomputed();
+    if (seq->decoding()) load.active_decode_blocks += (seq->num_tokens() + block_size - 1) / block_size;
+  }
+  for (const Sequence* seq : scheduler_.waiting()) load.active_prefill_tokens += seq->num_tokens();
+  load.active_requests = static_cast<uint32_t>(scheduler_.running().size());
+  load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size());
+  for (int t = 0; t < kNumTiers; ++t) {
+    load.free_blocks[t] = kv_->FreeBlocks(static_cast<kv::Tier>(t));
+    load.total_blocks[t] = kv_->TotalBlocks(static_cast<kv::Tier>(t));
+  }
+  load.prefill_tokens_per_second = static_cast<float>(prefill_rate_);
+  load.decode_tokens_per_second = static_cast<float>(decode_rate_);
+  return load;
+}
+
+Status Engine::CheckInvariants() const {
+  KVF_RETURN_IF_ERROR(scheduler_.CheckInvariants());
+  size_t queued = scheduler_.waiting().size() + scheduler_.running().size();
+  if (queued != sequences_.size()) {
+    return Internal("invariant 1: " + std::to_string(sequences_.size()) + " requests, " + std::to_string(queued) +
+                    " waiting or running");
+  }
+  return kv_->CheckInvariants();
+}
+
+}  // namespace kvfleet::engine

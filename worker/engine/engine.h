@@ -1,0 +1,124 @@
+// Engine: one model's continuous-batching inference loop (nano-vllm's LLMEngine).
+//
+// Step() is the whole loop body:
+//
+//   batch   = scheduler.Schedule()     decode first, then chunked prefill, within the
+//                                      token budget; preempts under KV pressure
+//   backend.Execute(batch)             one forward pass, one token per finished prompt
+//   outputs = Postprocess(batch)       append tokens, stop conditions, free what ended
+//   listener.OnStep(report)            the event publisher flushes this step's KV events
+//
+// Requests join between steps (Add) without waiting for the batch to drain; Cancel takes
+// effect at the start of the next step, which frees the request's blocks.
+//
+// Thread safety: thread-compatible; owned by the engine thread. The KV cache manager and
+// the backend it is given are used from that thread only.
+//
+// Invariants (CheckInvariants):
+//   1. Every request is in exactly one of waiting, running.
+//   2. A running request holds KV blocks for every token it has computed.
+//   3. A waiting request holds no KV blocks.
+//   4. Finished requests are gone from the engine after the step that reported them.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/backend/backend.h"
+#include "worker/engine/engine_stats.h"
+#include "worker/engine/request.h"
+#include "worker/engine/scheduler.h"
+#include "worker/engine/sequence.h"
+
+
+namespace kvfleet::engine {
+
+struct EngineOptions {
+  std::string model_name;  // Contract 1's hash namespace
+  SchedulerOptions scheduler;
+  EngineLimits limits;
+  std::vector<TokenId> eos_token_ids;  // from the model's config
+  Status Validate(uint32_t block_size) const;
+};
+
+// Told about every step; the worker exports metrics and flushes KV events from here.
+class StepListener {
+ public:
+  virtual ~StepListener() = default;
+  virtual void OnStep(const StepReport& report) = 0;
+};
+
+class Engine {
+ public:
+  // REQUIRES: options.Validate(kv->block_size()).ok(); the pointers outlive the engine.
+  // `listener` may be null.
+  Engine(const EngineOptions& options, backend::ModelBackend* backend, kv::KvCacheManager* kv, const Clock* clock,
+         StepListener* listener);
+  ~Engine();
+
+  // Queues a request. Fails (nothing queued) when the request is invalid (see
+  // ValidateRequest) or the queue is full (ResourceExhausted). `arrival` starts its TTFT.
+  Result<RequestId> Add(GenerateRequest request, TimeNs arrival);
+
+  // Asks for a request to end; the next Step() frees its blocks and reports it with
+  // FinishReason::kCancelled. Unknown or finished ids are ignored.
+  void Cancel(RequestId id);
+  // Cancels every request (shutdown after the grace period).
+  void CancelAll();
+
+  // True when a Step() would do something.
+  bool HasWork() const { return !sequences_.empty(); }
+  size_t num_requests() const { return sequences_.size(); }
+
+  // One engine step. Returns the news of every request that has some.
+  std::vector<RequestOutput> Step();
+
+  LoadReport Load() const;
+  const EngineCounters& counters() const { return counters_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+
+  // Checks the invariants above and the scheduler's (tests).
+  Status CheckInvariants() const;
+
+ private:
+  Status Execute(const ScheduledBatch& batch, std::vector<TokenId>* sampled);
+  void Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>& sampled,
+                   std::vector<RequestOutput>* outputs, uint32_t* preemptions);
+  void ApplyCancellations(std::vector<RequestOutput>* outputs);
+  // Why `seq` stops after its newest token, or kNone.
+  FinishReason StopReason(const Sequence& seq) const;
+  // Ends a request: frees its blocks and reports it; it leaves sequences_ at the end of
+  // the step.
+  void Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs);
+  RequestOutput MakeOutput(Sequence* seq, FinishReason reason);
+  void UpdateRates(const StepReport& report);
+
+  const EngineOptions options_;
+  backend::ModelBackend* const backend_;
+  kv::KvCacheManager* const kv_;
+  const Clock* const clock_;
+  StepListener* const listener_;
+  Scheduler scheduler_;
+
+  RequestId next_id_ = 1;
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> sequences_;
+  std::vector<RequestId> cancelled_;  // asked for; applied at the start of the next step
+  std::vector<RequestId> finished_;   // reported this step; erased at its end
+
+  // Per step scratch: the backend batch and the block tables of windowed pools.
+  backend::StepBatch step_batch_;
+  backend::StepOutput step_output_;
+  std::vector<std::vector<backend::BlockId>> window_tables_;
+
+  EngineCounters counters_;
+  double prefill_rate_ = 0;  // tokens/s, exponentially smoothed
+  double decode_rate_ = 0;
+};
+
+}  // namespace kvfleet::engine

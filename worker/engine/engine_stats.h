@@ -1,0 +1,50 @@
+// What the engine reports about itself after each step: the load a router weighs and the
+// counters the worker's /metrics exports.
+//
+// Thread safety: values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "common/clock.h"
+
+namespace kvfleet::engine {
+
+constexpr int kNumTiers = 2;  // device, host (kv::Tier order)
+
+// Contract 2's Load: what the event publisher sends with every batch.
+struct LoadReport {
+  uint32_t active_requests = 0;        // running: scheduled at least once and not finished
+  uint32_t queued_requests = 0;        // waiting for their first (or, after preemption, next) step
+  uint64_t active_prefill_tokens = 0;  // prompt tokens still to compute, queued requests included
+  uint64_t active_decode_blocks = 0;   // blocks held by decoding sequences
+  std::array<uint64_t, kNumTiers> free_blocks{};   // free or evictable
+  std::array<uint64_t, kNumTiers> total_blocks{};
+  float prefill_tokens_per_second = 0;  // measured, smoothed over recent steps
+  float decode_tokens_per_second = 0;
+};
+
+// One step, for metrics.
+struct StepReport {
+  DurationNs duration = 0;          // schedule + execute + postprocess
+  uint32_t batch_sequences = 0;
+  uint32_t batch_tokens = 0;        // tokens computed
+  uint32_t prefill_tokens = 0;      // of batch_tokens, prompt (or recompute) tokens
+  uint32_t decode_sequences = 0;
+  uint32_t preemptions = 0;         // requests preempted by this step's schedule
+  uint32_t finished = 0;
+  LoadReport load;
+};
+
+// Running totals since the engine started.
+struct EngineCounters {
+  uint64_t steps = 0;
+  uint64_t requests_added = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t preemptions = 0;
+  uint64_t generated_tokens = 0;
+};
+
+}  // namespace kvfleet::engine

@@ -1,0 +1,45 @@
+#include "worker/engine/kv_setup.h"
+
+#include <string>
+
+namespace kvfleet::engine {
+
+kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemorySettings& memory) {
+  kv::KvCacheConfig c;
+  c.num_layers = static_cast<uint32_t>(model.num_layers);
+  c.num_kv_heads = {static_cast<uint32_t>(model.num_kv_heads)};
+  c.head_dim = static_cast<uint32_t>(model.head_dim);
+  c.dtype_bytes = memory.dtype_bytes;
+  c.attention_windows.clear();
+  for (int64_t w : model.layer_window) c.attention_windows.push_back(static_cast<uint32_t>(w));
+  if (c.attention_windows.empty()) c.attention_windows = {0};
+  c.max_seq_len = memory.max_context;
+  c.block_size = memory.block_size;
+  c.device_bytes = memory.device_bytes;
+  c.host_bytes = memory.host_bytes;
+  c.offload_min_priority = memory.offload_min_priority;
+  c.enable_offload = memory.host_bytes > 0;
+  c.events_include_tokens = memory.events_include_tokens;
+  return c;
+}
+
+Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools) {
+  if (kv_pools.size() != backend_pools.size()) {
+    return Internal("the KV manager has " + std::to_string(kv_pools.size()) + " pools, the backend " +
+                    std::to_string(backend_pools.size()));
+  }
+  for (size_t i = 0; i < kv_pools.size(); ++i) {
+    const kv::PoolLayout& k = kv_pools[i];
+    const backend::KvPoolInfo& b = backend_pools[i];
+    if (static_cast<int64_t>(k.window) != b.window || static_cast<int64_t>(k.num_kv_heads) != b.num_kv_heads ||
+        static_cast<int64_t>(k.device_blocks) != b.device_blocks || static_cast<int64_t>(k.host_blocks) != b.host_blocks) {
+      return Internal("KV pool " + std::to_string(i) + ": the manager has window " + std::to_string(k.window) + ", " +
+                      std::to_string(k.device_blocks) + "+" + std::to_string(k.host_blocks) +
+                      " blocks; the backend window " + std::to_string(b.window) + ", " +
+                      std::to_string(b.device_blocks) + "+" + std::to_string(b.host_blocks));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::engine

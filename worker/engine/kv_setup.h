@@ -1,0 +1,35 @@
+// The KV cache manager's configuration for a model: the one place that turns a model's
+// shape and the worker's memory settings into kv::KvCacheConfig, so a backend sizing its
+// pools and the worker building the manager cannot disagree.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/backend/backend.h"
+#include "worker/kv/kv_config.h"
+#include "worker/model/model_config.h"
+
+namespace kvfleet::engine {
+
+struct KvMemorySettings {
+  uint32_t block_size = 32;         // tokens per block
+  uint32_t max_context = 0;         // tokens; caps windows when splitting memory
+  uint32_t dtype_bytes = 2;         // bytes per K/V element: bf16 = 2, fp32 = 4
+  uint64_t device_bytes = 0;        // device KV budget
+  uint64_t host_bytes = 0;          // host tier budget; 0: none
+  uint8_t offload_min_priority = kv::config::kDefaultOffloadMinPriority;
+  bool events_include_tokens = false;
+};
+
+kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemorySettings& memory);
+
+// Checks that the manager's pools are the backend's: same count, windows, heads and
+// block counts per tier. The message names the first difference.
+Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools);
+
+}  // namespace kvfleet::engine

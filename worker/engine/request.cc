@@ -1,0 +1,60 @@
+#include "worker/engine/request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace kvfleet::engine {
+
+uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention) {
+  uint8_t p = retention.decode_priority;
+  for (const kv::TokenRangeRetention& r : retention.token_ranges) p = std::max(p, r.priority);
+  return p;
+}
+
+Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits) {
+  const SamplingOptions& s = request.sampling;
+  if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
+    return InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(s.temperature));
+  }
+  if (!std::isfinite(s.top_p) || s.top_p <= 0.0f || s.top_p > 1.0f) {
+    return InvalidArgument("top_p must be in (0, 1], got " + std::to_string(s.top_p));
+  }
+  if (s.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off), got " + std::to_string(s.top_k));
+  if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");
+  if (!request.lora.empty()) return NotFound("unknown lora '" + request.lora + "': this worker serves none");
+  if (limits.vocab_size > 0) {
+    for (TokenId t : request.prompt) {
+      if (t >= limits.vocab_size) {
+        return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                               std::to_string(limits.vocab_size));
+      }
+    }
+    for (TokenId t : s.stop_token_ids) {
+      if (t >= limits.vocab_size) return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+  }
+  Status retention = request.retention.Validate();
+  if (!retention.ok()) return InvalidArgument("retention: " + retention.message());
+  // At least one token must be generated within the context.
+  if (request.prompt.size() >= limits.max_context) {
+    return OutOfRange("the prompt has " + std::to_string(request.prompt.size()) +
+                      " tokens; this worker's context limit is " + std::to_string(limits.max_context) +
+                      " (prompt + at least one generated token)");
+  }
+  return Status::Ok();
+}
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+}  // namespace kvfleet::engine

@@ -1,0 +1,88 @@
+// A generation request as the engine sees it, its limits, and what the engine reports
+// back for it: streamed tokens, a finish reason, usage counts.
+//
+// These are plain values. The request server builds a GenerateRequest from a capnp
+// Generate (Contract 3 of docs/DESIGN.md) and turns RequestOutput back into Deltas, so
+// the engine itself knows nothing of the wire.
+//
+// Thread safety: values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/kv/retention.h"
+
+namespace kvfleet::engine {
+
+// The engine's handle of a request: unique within one engine, never reused. The request
+// server maps (router connection, wire request id) to one of these.
+using RequestId = uint64_t;
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  int32_t top_k = 0;         // 0 = off
+  std::optional<uint64_t> seed;  // none: derived from the request id
+  uint32_t max_tokens = 16;  // generated tokens, >= 1
+  std::vector<TokenId> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+struct GenerateRequest {
+  std::vector<TokenId> prompt;
+  SamplingOptions sampling;
+  kv::KvCacheRetentionConfig retention;  // passed through to the KV cache manager
+  std::string lora;        // empty: none
+  std::string cache_salt;  // empty: none
+};
+
+// Limits the engine enforces. A request that cannot fit is refused with an error; it is
+// never truncated.
+struct EngineLimits {
+  uint32_t max_context = 8192;   // prompt + generated tokens of one request
+  uint32_t max_queued = 1024;    // requests waiting for their first step
+  uint32_t vocab_size = 0;       // 0: unknown; else token ids must be below it
+};
+
+// The retention priority that ranks a request for preemption: the highest priority it
+// asks for any of its blocks (its ranges and its decode blocks).
+uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention);
+
+// Checks a request against the limits. The codes the request server maps to wire
+// errors: InvalidArgument (bad sampling values, empty prompt, bad token id or
+// retention), OutOfRange (prompt does not fit the context), NotFound (unknown lora).
+Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits);
+
+enum class FinishReason : uint8_t {
+  kNone = 0,   // more output follows
+  kStop,       // EOS or a stop token id
+  kLength,     // max_tokens, or the context limit
+  kCancelled,
+  kError,
+};
+const char* FinishReasonName(FinishReason reason);
+
+struct Usage {
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_device_tokens = 0;  // prompt tokens served from the device tier
+  uint32_t cached_host_tokens = 0;    // prompt tokens onboarded from the host tier
+  uint32_t completion_tokens = 0;
+  DurationNs time_to_first_token = 0;  // from arrival to the first generated token; 0 before it
+};
+
+// One step's news about one request: the tokens generated in that step, and a finish
+// reason when it is the last.
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<TokenId> new_tokens;
+  FinishReason finish = FinishReason::kNone;
+  Usage usage;
+};
+
+}  // namespace kvfleet::engine

@@ -1,0 +1,648 @@
+#include "worker/kv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "worker/kv/block_pool.h"
+#include "worker/kv/event_buffer.h"
+
+namespace kvfleet::kv {
+
+struct KvCacheManager::Sequence {
+  struct PoolState {
+    std::vector<BlockId> table;  // kept blocks, logical order
+    std::vector<BlockId> held;   // stored blocks the window dropped, held until no stored block is left
+    uint32_t num_sink_blocks = 0;
+    uint32_t first_window_block = 0;
+    uint32_t num_stored = 0;     // logical blocks [0, num_stored) are tree nodes
+    NodeId last_node = kNoNode;  // node of logical block num_stored - 1
+    bool storing = true;
+  };
+  uint32_t generation = 0;
+  bool live = false;
+  bool allocated = false;
+  std::vector<TokenId> tokens;
+  uint32_t prompt_len = 0;
+  uint64_t seed = 0;
+  std::vector<BlockHash> raw_hashes;  // Contract 1 hashes of every full block
+  KvCacheRetentionConfig retention;
+  uint32_t num_computed = 0;
+  std::vector<PoolState> pools;
+};
+
+struct KvCacheManager::Plan {
+  struct PoolPlan {
+    std::vector<NodeId> chain;    // matched full blocks (may run past `full`)
+    uint32_t device_prefix = 0;   // leading chain nodes on the device
+    NodeId partial_src = kNoNode;
+  };
+  std::vector<PoolPlan> pools;
+  // What the plan was computed for: reused while none of it changed (Match, CanAllocate
+  // and Allocate of one sequence in a row walk the tree once).
+  SequenceId id = 0;
+  size_t num_tokens = 0;
+  std::vector<uint64_t> versions;
+  bool valid = false;
+  uint32_t full = 0;     // full blocks every pool matched
+  uint32_t partial = 0;  // tokens of block `full` every pool can copy
+  uint32_t device_full = 0;
+};
+
+namespace {
+uint32_t CeilDiv(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+}  // namespace
+
+Result<std::unique_ptr<KvCacheManager>> KvCacheManager::Make(const KvCacheConfig& config, BlockCopier* copier,
+                                                             EventSink* sink, const Clock* clock, KvTestHooks hooks) {
+  KVF_RETURN_IF_ERROR(config.Validate());
+  if (copier == nullptr || clock == nullptr) return InvalidArgument("kv: copier and clock are required");
+  if (sink == nullptr && config.event_buffer_max_size > 0) {
+    return InvalidArgument("kv: events are on (event_buffer_max_size > 0) but there is no EventSink");
+  }
+  KVF_ASSIGN_OR_RETURN(std::vector<PoolLayout> layouts, ComputePools(config));
+  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config, std::move(layouts), copier, sink, clock, hooks));
+}
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayout> layouts, BlockCopier* copier,
+                               EventSink* sink, const Clock* clock, KvTestHooks hooks)
+    : config_(config),
+      layouts_(std::move(layouts)),
+      copier_(copier),
+      sink_(sink),
+      clock_(clock),
+      hooks_(hooks),
+      events_(std::make_unique<EventBuffer>(config.event_buffer_max_size)),
+      scratch_(std::make_unique<Plan>()) {
+  auto log = Logger("kv");
+  reuse_enabled_ = config.enable_block_reuse;
+  if (reuse_enabled_ && config.sink_tokens > 0) {
+    reuse_enabled_ = false;
+    log->info("block reuse is off: StreamingLLM sink tokens ({}) shift cache positions, so cached KV is not reusable",
+              config.sink_tokens);
+  }
+  BlockPool::Options opts;
+  opts.block_size = config.block_size;
+  opts.enable_offload = config.enable_offload;
+  opts.offload_min_priority = config.offload_min_priority;
+  opts.include_tokens = config.events_include_tokens;
+  opts.partial_reuse_max_candidates = config.partial_reuse_max_candidates;
+  for (uint32_t i = 0; i < layouts_.size(); ++i) {
+    const PoolLayout& l = layouts_[i];
+    pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
+    log->info("pool {}: window {} kv_heads {} layers {}: {} device blocks ({} tokens), {} host blocks ({} tokens), "
+              "{} bytes per block",
+              i, l.window == 0 ? std::string("full") : std::to_string(l.window), l.num_kv_heads, l.layers.size(),
+              l.device_blocks, uint64_t{l.device_blocks} * config.block_size, l.host_blocks,
+              uint64_t{l.host_blocks} * config.block_size, l.bytes_per_block);
+    if (reuse_enabled_ && l.windowed()) {
+      log->info("pool {}: blocks past the first {} tokens are not reused (the window makes the cache cyclic)", i,
+                l.window);
+    }
+    events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks, l.host_blocks}, config.block_size}});
+  }
+  scratch_->pools.resize(pools_.size());
+  scratch_->versions.resize(pools_.size());
+}
+
+KvCacheManager::~KvCacheManager() = default;
+
+// ---------------------------------------------------------------- sequences
+
+KvCacheManager::Sequence& KvCacheManager::Seq(SequenceId id) {
+  const uint32_t slot = static_cast<uint32_t>(id);
+  KVF_CHECK(slot < seqs_.size() && seqs_[slot]->live && seqs_[slot]->generation == (id >> 32))
+      << "unknown sequence " << id;
+  return *seqs_[slot];
+}
+
+const KvCacheManager::Sequence& KvCacheManager::Seq(SequenceId id) const {
+  return const_cast<KvCacheManager*>(this)->Seq(id);
+}
+
+BlockHash KvCacheManager::HashAt(const Sequence& s, uint32_t i) const {
+  return hooks_.hash_override != nullptr ? hooks_.hash_override(s.raw_hashes[i]) : s.raw_hashes[i];
+}
+
+void KvCacheManager::ExtendHashes(Sequence& s) {
+  const uint32_t B = config_.block_size;
+  const size_t full = s.tokens.size() / B;
+  uint64_t parent = s.raw_hashes.empty() ? s.seed : s.raw_hashes.back();
+  for (size_t i = s.raw_hashes.size(); i < full; ++i) {
+    parent = ChainBlockHash(parent, LocalBlockHash(std::span(s.tokens).subspan(i * B, B), s.seed));
+    s.raw_hashes.push_back(parent);
+  }
+}
+
+Result<SequenceId> KvCacheManager::AddSequence(SequenceSpec spec) {
+  if (spec.prompt.empty()) return InvalidArgument("kv: empty prompt");
+  if (spec.prompt.size() > config_.max_seq_len) {
+    return OutOfRange("kv: prompt of " + std::to_string(spec.prompt.size()) + " tokens exceeds max_seq_len " +
+                      std::to_string(config_.max_seq_len));
+  }
+  KVF_RETURN_IF_ERROR(spec.retention.Validate());
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(seqs_.size());
+    seqs_.push_back(std::make_unique<Sequence>());
+  }
+  Sequence& s = *seqs_[slot];
+  s.live = true;
+  s.allocated = false;
+  s.prompt_len = static_cast<uint32_t>(spec.prompt.size());
+  s.tokens = std::move(spec.prompt);
+  s.seed = HashSeed(HashNamespace{spec.model, spec.lora, spec.cache_salt});
+  s.raw_hashes.clear();
+  s.retention = std::move(spec.retention);
+  s.num_computed = 0;
+  s.pools.assign(pools_.size(), {});
+  if (reuse_enabled_) ExtendHashes(s);
+  return (SequenceId{s.generation} << 32) | slot;
+}
+
+void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) const {
+  bool fresh = plan->valid && plan->id == id && plan->num_tokens == s.tokens.size();
+  for (uint32_t p = 0; fresh && p < pools_.size(); ++p) fresh = plan->versions[p] == pools_[p]->version();
+  if (fresh) return;
+  plan->valid = true;
+  plan->id = id;
+  plan->num_tokens = s.tokens.size();
+  plan->versions.resize(pools_.size());
+  for (uint32_t p = 0; p < pools_.size(); ++p) plan->versions[p] = pools_[p]->version();
+  plan->full = plan->partial = plan->device_full = 0;
+  for (auto& pp : plan->pools) {
+    pp.chain.clear();
+    pp.device_prefix = 0;
+    pp.partial_src = kNoNode;
+  }
+  if (!reuse_enabled_) return;
+  const uint32_t B = config_.block_size;
+  const uint32_t len = static_cast<uint32_t>(s.tokens.size());
+  const std::span<const TokenId> tokens(s.tokens);
+  // The last token is always computed, so a full hit still produces logits.
+  uint32_t full = (len - 1) / B;
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    const BlockPool& pool = *pools_[p];
+    Plan::PoolPlan& pp = plan->pools[p];
+    NodeId parent = kNoNode;
+    bool on_device = true;
+    // Lookups are cache misses on a large tree: prefetch index slots kSlotAhead blocks
+    // ahead and nodes kNodeAhead blocks ahead so the misses overlap.
+    constexpr uint32_t kSlotAhead = 16;
+    constexpr uint32_t kNodeAhead = 6;
+    for (uint32_t i = 0; i < std::min(full, kSlotAhead); ++i) pool.PrefetchSlot(HashAt(s, i));
+    for (uint32_t i = 0; i < full; ++i) {
+      if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
+      if (i + kNodeAhead < full) {
+        const NodeId ahead = pool.FindHash(HashAt(s, i + kNodeAhead));
+        if (ahead == kNoNode) {
+          full = std::min(full, i + kNodeAhead);  // the chain ends there at the latest
+        } else {
+          pool.PrefetchNode(ahead);
+        }
+      }
+      const NodeId n = pool.Find(parent, HashAt(s, i), tokens.subspan(size_t{i} * B, B));
+      if (n == kNoNode) break;
+      pp.chain.push_back(n);
+      on_device = on_device && pool.tier(n) == Tier::kDevice;
+      if (on_device) ++pp.device_prefix;
+      parent = n;
+    }
+    full = std::min<uint32_t>(full, static_cast<uint32_t>(pp.chain.size()));
+  }
+  plan->full = full;
+  plan->device_full = full;
+  for (const auto& pp : plan->pools) plan->device_full = std::min(plan->device_full, pp.device_prefix);
+  if (!config_.enable_partial_reuse) return;
+  const uint32_t want_end = std::min(len - 1, (full + 1) * B);
+  if (want_end <= full * B) return;
+  const std::span<const TokenId> want = tokens.subspan(size_t{full} * B, want_end - full * B);
+  uint32_t partial = static_cast<uint32_t>(want.size());
+  for (uint32_t p = 0; p < pools_.size() && partial > 0; ++p) {
+    Plan::PoolPlan& pp = plan->pools[p];
+    if (pp.chain.size() > full) {
+      pp.partial_src = pp.chain[full];  // the whole block matches; the last token is recomputed
+      continue;
+    }
+    const NodeId parent = full == 0 ? kNoNode : pp.chain[full - 1];
+    partial = std::min(partial, pools_[p]->BestPartial(parent, want, &pp.partial_src));
+  }
+  plan->partial = partial;
+}
+
+MatchInfo KvCacheManager::Match(SequenceId id) const {
+  const Sequence& s = Seq(id);
+  KVF_CHECK(!s.allocated) << "Match() on an allocated sequence";
+  PlanMatch(id, s, scratch_.get());
+  const uint32_t B = config_.block_size;
+  return MatchInfo{scratch_->device_full * B, (scratch_->full - scratch_->device_full) * B, scratch_->partial};
+}
+
+uint32_t KvCacheManager::BlocksNeeded(const Sequence& s, uint32_t p, const Plan& plan) const {
+  const uint32_t total = CeilDiv(s.tokens.size(), config_.block_size);
+  return total - std::min(plan.full, plan.pools[p].device_prefix);
+}
+
+bool KvCacheManager::Fits(const Sequence& s, const Plan& plan) const {
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    const BlockPool& pool = *pools_[p];
+    const Plan::PoolPlan& pp = plan.pools[p];
+    // Matched device blocks nobody holds count as reclaimable now but will be held.
+    uint32_t claimed = 0;
+    for (uint32_t i = 0; i < std::min(plan.full, pp.device_prefix); ++i) {
+      if (pool.refcount(Tier::kDevice, pool.block(pp.chain[i])) == 0) ++claimed;
+    }
+    if (plan.partial > 0 && pool.tier(pp.partial_src) == Tier::kDevice &&
+        pool.refcount(Tier::kDevice, pool.block(pp.partial_src)) == 0) {
+      ++claimed;
+    }
+    const uint64_t available = uint64_t{pool.num_free(Tier::kDevice)} + pool.num_reclaimable() - claimed;
+    if (BlocksNeeded(s, p, plan) > available) return false;
+  }
+  return true;
+}
+
+bool KvCacheManager::CanAllocate(SequenceId id) const {
+  const Sequence& s = Seq(id);
+  if (s.allocated) return false;
+  PlanMatch(id, s, scratch_.get());
+  return Fits(s, *scratch_);
+}
+
+Status KvCacheManager::Allocate(SequenceId id) {
+  Sequence& s = Seq(id);
+  if (s.allocated) return FailedPrecondition("kv: sequence already holds blocks");
+  Tick();
+  Plan& plan = *scratch_;
+  PlanMatch(id, s, &plan);
+  if (!Fits(s, plan)) {
+    FinishCall();
+    return ResourceExhausted("kv: not enough free or evictable blocks for " + std::to_string(s.tokens.size()) +
+                             " tokens");
+  }
+  const TimeNs now = clock_->Now();
+  const uint32_t B = config_.block_size;
+  const uint32_t len = static_cast<uint32_t>(s.tokens.size());
+  const uint32_t total = CeilDiv(len, B);
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    BlockPool& pool = *pools_[p];
+    Plan::PoolPlan& pp = plan.pools[p];
+    Sequence::PoolState& st = s.pools[p];
+    st = {};
+    st.table.reserve(total);
+    for (uint32_t i = 0; i < plan.full; ++i) {
+      pool.Pin(pp.chain[i], now);
+      pool.Raise(pp.chain[i], RetentionForBlock(s.retention, s.prompt_len, i * B, (i + 1) * B), now);
+    }
+    const NodeId src = plan.partial > 0 ? pp.partial_src : kNoNode;
+    if (src != kNoNode) pool.Pin(src, now);  // so eviction below cannot take it
+    KVF_CHECK(pool.EnsureDeviceFree(BlocksNeeded(s, p, plan), &copies_)) << "Fits() promised blocks";
+    for (uint32_t i = 0; i < plan.full; ++i) {
+      const NodeId n = pp.chain[i];
+      st.table.push_back(pool.tier(n) == Tier::kDevice ? pool.block(n) : pool.Onboard(n, &copies_));
+    }
+    if (src != kNoNode) {
+      // Partial reuse: copy the whole block; the sequence recomputes and overwrites the rest.
+      pool.AllocateDevice(1, &st.table);
+      copies_.push_back({p, pool.tier(src), pool.block(src), Tier::kDevice, st.table.back()});
+      pool.Unpin(pool.tier(src), pool.block(src), now);
+      pool.CountPartialCopy();
+    }
+    pool.AllocateDevice(total - static_cast<uint32_t>(st.table.size()), &st.table);
+    st.num_stored = plan.full;
+    st.last_node = plan.full > 0 ? pp.chain[plan.full - 1] : kNoNode;
+    st.storing = reuse_enabled_;
+    if (layouts_[p].windowed()) st.num_sink_blocks = CeilDiv(config_.sink_tokens, B);
+    st.first_window_block = st.num_sink_blocks;
+  }
+  s.allocated = true;
+  s.num_computed = plan.full * B + plan.partial;
+  reused_tokens_ += s.num_computed;
+  missed_tokens_ += len - s.num_computed;
+  TrimWindows(s);
+  FinishCall();
+  return Status::Ok();
+}
+
+void KvCacheManager::Commit(SequenceId id, uint32_t n) {
+  Sequence& s = Seq(id);
+  KVF_CHECK(s.allocated) << "Commit() before Allocate()";
+  KVF_CHECK(n >= s.num_computed && n <= s.tokens.size()) << "Commit(" << n << ") with " << s.num_computed
+                                                          << " computed of " << s.tokens.size();
+  Tick();
+  s.num_computed = n;
+  StoreFullBlocks(s);
+  TrimWindows(s);
+  FinishCall();
+}
+
+void KvCacheManager::StoreFullBlocks(Sequence& s) {
+  if (!reuse_enabled_) return;
+  const uint32_t B = config_.block_size;
+  const uint32_t full = s.num_computed / B;
+  const TimeNs now = clock_->Now();
+  const std::span<const TokenId> tokens(s.tokens);
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    BlockPool& pool = *pools_[p];
+    Sequence::PoolState& st = s.pools[p];
+    const uint32_t window = layouts_[p].window;
+    constexpr uint32_t kSlotAhead = 8;  // see PlanMatch
+    for (uint32_t i = st.num_stored; st.storing && i < std::min(full, st.num_stored + kSlotAhead); ++i) {
+      pool.PrefetchSlot(HashAt(s, i));
+    }
+    while (st.storing && st.num_stored < full) {
+      const uint32_t i = st.num_stored;
+      if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
+      // A windowed pool stores only blocks within its first window: past it the cache is
+      // cyclic and its blocks would pin their dropped ancestors.
+      if (window != 0 && (i + 1) * B > window) {
+        st.storing = false;
+        break;
+      }
+      KVF_CHECK(i >= st.first_window_block) << "a block left the window before it was stored";
+      const uint32_t j = st.num_sink_blocks + (i - st.first_window_block);
+      const BlockHash h = HashAt(s, i);
+      const std::span<const TokenId> block_tokens = tokens.subspan(size_t{i} * B, B);
+      const BlockRetention r = RetentionForBlock(s.retention, s.prompt_len, i * B, (i + 1) * B);
+      const NodeId existing = pool.FindHash(h);
+      if (existing != kNoNode) {
+        if (!pool.SameBlock(existing, st.last_node, block_tokens) || pool.tier(existing) != Tier::kDevice) {
+          st.storing = false;  // a hash collision, or a copy on the host: keep this block private
+          break;
+        }
+        // Another sequence stored the same block first: share it and free our copy.
+        pool.Pin(existing, now);
+        pool.Unpin(Tier::kDevice, st.table[j], now);
+        st.table[j] = pool.block(existing);
+        pool.Raise(existing, r, now);
+        st.last_node = existing;
+      } else {
+        st.last_node = pool.Store(st.last_node, h, block_tokens, st.table[j], r, now);
+      }
+      ++st.num_stored;
+    }
+  }
+}
+
+void KvCacheManager::TrimWindows(Sequence& s) {
+  const uint32_t B = config_.block_size;
+  const TimeNs now = clock_->Now();
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    const uint32_t W = layouts_[p].window;
+    if (W == 0) continue;
+    BlockPool& pool = *pools_[p];
+    Sequence::PoolState& st = s.pools[p];
+    // The next query is at position num_computed and sees (num_computed - W, num_computed].
+    const uint64_t horizon = uint64_t{s.num_computed} + 1;
+    uint32_t k = 0;
+    while (st.num_sink_blocks + k < st.table.size() && uint64_t{st.first_window_block + k + 1} * B + W <= horizon) {
+      ++k;
+    }
+    if (k == 0) continue;
+    for (uint32_t j = st.num_sink_blocks; j < st.num_sink_blocks + k; ++j) {
+      const BlockId b = st.table[j];
+      if (pool.node_of(Tier::kDevice, b) != kNoNode) {
+        st.held.push_back(b);  // released with the last stored block, keeping invariant 6
+      } else {
+        pool.Unpin(Tier::kDevice, b, now);
+      }
+    }
+    st.table.erase(st.table.begin() + st.num_sink_blocks, st.table.begin() + st.num_sink_blocks + k);
+    st.first_window_block += k;
+    if (!st.held.empty() && st.num_stored <= st.first_window_block) {
+      for (auto it = st.held.rbegin(); it != st.held.rend(); ++it) pool.Unpin(Tier::kDevice, *it, now);
+      st.held.clear();
+    }
+  }
+}
+
+bool KvCacheManager::CanAppend(SequenceId id, uint32_t n) const {
+  const Sequence& s = Seq(id);
+  if (!s.allocated) return false;
+  const uint32_t B = config_.block_size;
+  const uint32_t more = CeilDiv(s.tokens.size() + n, B) - CeilDiv(s.tokens.size(), B);
+  for (const auto& pool : pools_) {
+    if (more > uint64_t{pool->num_free(Tier::kDevice)} + pool->num_reclaimable()) return false;
+  }
+  return true;
+}
+
+Status KvCacheManager::Append(SequenceId id, std::span<const TokenId> tokens) {
+  Sequence& s = Seq(id);
+  if (!s.allocated) return FailedPrecondition("kv: Append() before Allocate()");
+  if (!CanAppend(id, static_cast<uint32_t>(tokens.size()))) {
+    return ResourceExhausted("kv: no block for " + std::to_string(tokens.size()) + " more tokens");
+  }
+  Tick();
+  const uint32_t B = config_.block_size;
+  for (const TokenId t : tokens) {
+    if (s.tokens.size() % B == 0) {
+      for (auto& pool : pools_) {
+        KVF_CHECK(pool->EnsureDeviceFree(1, &copies_)) << "CanAppend() promised a block";
+        pool->AllocateDevice(1, &s.pools[pool->index()].table);
+      }
+    }
+    s.tokens.push_back(t);
+  }
+  if (reuse_enabled_) ExtendHashes(s);
+  FinishCall();
+  return Status::Ok();
+}
+
+void KvCacheManager::FreeBlocks(Sequence& s) {
+  if (!s.allocated) return;
+  const TimeNs now = clock_->Now();
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    Sequence::PoolState& st = s.pools[p];
+    // Deepest first, so a chain's leaf is queued before its ancestors become leaves.
+    for (auto it = st.table.rbegin(); it != st.table.rend(); ++it) pools_[p]->Unpin(Tier::kDevice, *it, now);
+    for (auto it = st.held.rbegin(); it != st.held.rend(); ++it) pools_[p]->Unpin(Tier::kDevice, *it, now);
+    st = {};
+  }
+  s.allocated = false;
+  s.num_computed = 0;
+}
+
+void KvCacheManager::Release(SequenceId id) {
+  Sequence& s = Seq(id);
+  Tick();
+  FreeBlocks(s);
+  s.live = false;
+  ++s.generation;
+  s.tokens = {};
+  s.raw_hashes = {};
+  s.pools = {};
+  free_slots_.push_back(static_cast<uint32_t>(id));
+  FinishCall();
+}
+
+void KvCacheManager::Preempt(SequenceId id) {
+  Sequence& s = Seq(id);
+  Tick();
+  FreeBlocks(s);
+  FinishCall();
+}
+
+uint32_t KvCacheManager::NumTokens(SequenceId id) const { return static_cast<uint32_t>(Seq(id).tokens.size()); }
+uint32_t KvCacheManager::NumComputedTokens(SequenceId id) const { return Seq(id).num_computed; }
+bool KvCacheManager::IsAllocated(SequenceId id) const { return Seq(id).allocated; }
+
+PoolView KvCacheManager::View(SequenceId id, uint32_t pool) const {
+  const Sequence::PoolState& st = Seq(id).pools.at(pool);
+  return PoolView{st.table, st.num_sink_blocks, st.first_window_block};
+}
+
+std::optional<uint32_t> KvCacheManager::TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const {
+  const Sequence::PoolState& st = s.pools.at(pool);
+  const uint32_t b = t / config_.block_size;
+  uint32_t j;
+  if (b < st.num_sink_blocks) {
+    j = b;
+  } else if (b < st.first_window_block) {
+    return std::nullopt;
+  } else {
+    j = st.num_sink_blocks + (b - st.first_window_block);
+  }
+  if (j >= st.table.size()) return std::nullopt;
+  return j;
+}
+
+std::optional<uint64_t> KvCacheManager::SlotOf(SequenceId id, uint32_t pool, uint32_t t) const {
+  const Sequence& s = Seq(id);
+  const auto j = TableIndex(s, pool, t);
+  if (!j) return std::nullopt;
+  return uint64_t{s.pools[pool].table[*j]} * config_.block_size + t % config_.block_size;
+}
+
+void KvCacheManager::SlotsOf(SequenceId id, uint32_t pool, uint32_t begin, uint32_t end,
+                             std::vector<int64_t>* out) const {
+  const Sequence& s = Seq(id);
+  KVF_CHECK(begin <= end && end <= s.tokens.size()) << "SlotsOf(" << begin << ", " << end << ")";
+  const uint32_t B = config_.block_size;
+  out->reserve(out->size() + (end - begin));
+  for (uint32_t t = begin; t < end; ++t) {
+    const auto j = TableIndex(s, pool, t);
+    out->push_back(j ? static_cast<int64_t>(uint64_t{s.pools[pool].table[*j]} * B + t % B) : -1);
+  }
+}
+
+std::optional<uint32_t> KvCacheManager::CachePosition(SequenceId id, uint32_t pool, uint32_t t) const {
+  const auto j = TableIndex(Seq(id), pool, t);
+  if (!j) return std::nullopt;
+  return *j * config_.block_size + t % config_.block_size;
+}
+
+std::pair<uint32_t, uint32_t> KvCacheManager::ChunkBlocks(SequenceId id, uint32_t chunk) const {
+  KVF_CHECK(config_.attention_chunk_size > 0) << "chunked attention is off";
+  const uint64_t C = config_.attention_chunk_size;
+  const uint64_t B = config_.block_size;
+  const uint64_t len = Seq(id).tokens.size();
+  const uint64_t first_token = chunk * C;
+  const uint64_t end_token = std::min(len, (chunk + 1) * C);
+  if (first_token >= end_token) return {0, 0};
+  return {static_cast<uint32_t>(first_token / B), static_cast<uint32_t>((end_token + B - 1) / B)};
+}
+
+// ---------------------------------------------------------------- cache-wide
+
+std::vector<EvictedBlock> KvCacheManager::Evict(uint32_t pool, uint32_t n) {
+  KVF_CHECK_LT(pool, pools_.size());
+  Tick();
+  std::vector<EvictedBlock> out;
+  pools_[pool]->EvictDevice(n, &copies_, &out);
+  FinishCall();
+  return out;
+}
+
+void KvCacheManager::Clear() {
+  for (const auto& s : seqs_) KVF_CHECK(!s->live || !s->allocated) << "Clear() while a sequence holds blocks";
+  for (auto& pool : pools_) pool->Clear();
+  FinishCall();
+}
+
+void KvCacheManager::Tick() {
+  const TimeNs now = clock_->Now();
+  for (auto& pool : pools_) pool->ProcessExpired(now);
+}
+
+void KvCacheManager::FinishCall() {
+  if (!copies_.empty()) {
+    copier_->Copy(copies_);
+    copies_.clear();
+  }
+  for (auto& pool : pools_) pool->CloseEvents();
+}
+
+size_t KvCacheManager::FlushEvents() {
+  for (auto& pool : pools_) pool->CloseEvents();
+  if (sink_ == nullptr) return 0;
+  return events_->Flush(sink_);
+}
+
+std::vector<KvEvent> KvCacheManager::Snapshot() const {
+  std::vector<KvEvent> out;
+  for (const auto& pool : pools_) pool->Snapshot(&out);
+  return out;
+}
+
+KvStats KvCacheManager::Stats() const {
+  KvStats st;
+  st.pools.resize(pools_.size());
+  for (size_t p = 0; p < pools_.size(); ++p) pools_[p]->FillStats(&st.pools[p]);
+  st.reused_tokens = reused_tokens_;
+  st.missed_tokens = missed_tokens_;
+  st.events_dropped = events_->dropped();
+  return st;
+}
+
+uint64_t KvCacheManager::FreeBlocks(Tier tier) const {
+  uint64_t n = 0;
+  for (const auto& pool : pools_) n += pool->num_free(tier);
+  return n;
+}
+
+uint64_t KvCacheManager::TotalBlocks(Tier tier) const {
+  uint64_t n = 0;
+  for (const auto& pool : pools_) n += pool->num_blocks(tier);
+  return n;
+}
+
+size_t KvCacheManager::MemoryBytes() const {
+  size_t n = 0;
+  for (const auto& pool : pools_) n += pool->MemoryBytes();
+  return n;
+}
+
+Status KvCacheManager::CheckInvariants() const {
+  for (const auto& pool : pools_) KVF_RETURN_IF_ERROR(pool->CheckInvariants());
+  // Invariant 3: device refcounts equal the holds of live sequences; host blocks are held
+  // only inside a call.
+  for (uint32_t p = 0; p < pools_.size(); ++p) {
+    const BlockPool& pool = *pools_[p];
+    std::vector<uint32_t> holds(pool.num_blocks(Tier::kDevice), 0);
+    for (const auto& s : seqs_) {
+      if (!s->live || !s->allocated) continue;
+      for (BlockId b : s->pools[p].table) ++holds[b];
+      for (BlockId b : s->pools[p].held) ++holds[b];
+    }
+    for (BlockId b = 0; b < holds.size(); ++b) {
+      if (holds[b] != pool.refcount(Tier::kDevice, b)) {
+        return Internal("invariant 3: pool " + std::to_string(p) + " device block " + std::to_string(b) +
+                        " refcount " + std::to_string(pool.refcount(Tier::kDevice, b)) + " but " +
+                        std::to_string(holds[b]) + " holds");
+      }
+    }
+    for (BlockId b = 0; b < pool.num_blocks(Tier::kHost); ++b) {
+      if (pool.refcount(Tier::kHost, b) != 0) return Internal("invariant 3: a host block is held between calls");
+    }
+  }
+  if (!copies_.empty()) return Internal("copies left unissued");
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::kv

@@ -1,0 +1,257 @@
+#include "worker/model/model_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kvfleet::model {
+namespace {
+
+using nlohmann::json;
+
+Status FieldError(std::string_view field, std::string_view what) {
+  return InvalidArgument("config.json: " + std::string(field) + ": " + std::string(what));
+}
+
+// Reads an integer field; `fallback` when absent or null, an error when required and absent.
+Result<int64_t> GetInt(const json& j, const char* field, std::optional<int64_t> fallback) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    return FieldError(field, "missing");
+  }
+  if (!it->is_number_integer()) return FieldError(field, "not an integer: " + it->dump());
+  return it->get<int64_t>();
+}
+
+Result<double> GetNumber(const json& j, const char* field, double fallback) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) return FieldError(field, "not a number: " + it->dump());
+  return it->get<double>();
+}
+
+Result<bool> GetBool(const json& j, const char* field, bool fallback) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return FieldError(field, "not a boolean: " + it->dump());
+  return it->get<bool>();
+}
+
+// `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5, which also holds
+// rope_theta).
+Result<RopeScaling> ParseRopeScaling(const json& j) {
+  RopeScaling rs;
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) it = j.find("rope_parameters");
+  if (it == j.end() || it->is_null()) return rs;
+  if (!it->is_object()) return FieldError("rope_scaling", "not an object");
+  const json& r = *it;
+  std::string type;
+  if (r.contains("rope_type") && r["rope_type"].is_string()) {
+    type = r["rope_type"].get<std::string>();
+  } else if (r.contains("type") && r["type"].is_string()) {
+    type = r["type"].get<std::string>();
+  } else {
+    return FieldError("rope_scaling.rope_type", "missing");
+  }
+  if (type == "default") return rs;
+  KVF_ASSIGN_OR_RETURN(rs.factor, GetNumber(r, "factor", 1.0));
+  if (!(rs.factor >= 1.0)) return FieldError("rope_scaling.factor", "must be >= 1");
+  if (type == "linear") {
+    rs.type = RopeScaling::Type::kLinear;
+    return rs;
+  }
+  if (type != "llama3") return FieldError("rope_scaling.rope_type", "unsupported: " + type);
+  rs.type = RopeScaling::Type::kLlama3;
+  KVF_ASSIGN_OR_RETURN(rs.low_freq_factor, GetNumber(r, "low_freq_factor", 1.0));
+  KVF_ASSIGN_OR_RETURN(rs.high_freq_factor, GetNumber(r, "high_freq_factor", 4.0));
+  KVF_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                       GetInt(r, "original_max_position_embeddings", std::nullopt));
+  if (!(rs.high_freq_factor > rs.low_freq_factor)) {
+    return FieldError("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+  }
+  if (rs.original_max_position_embeddings <= 0) {
+    return FieldError("rope_scaling.original_max_position_embeddings", "must be > 0");
+  }
+  return rs;
+}
+
+// Fills layer_window from the architecture's sliding-window fields.
+Status ParseWindows(const json& j, ModelConfig* c) {
+  c->layer_window.assign(c->num_layers, 0);
+  auto sw = j.find("sliding_window");
+  // A per-layer list: sliding_window: [w0, w1, ...] (0 or null = full attention).
+  if (sw != j.end() && sw->is_array()) {
+    if (static_cast<int64_t>(sw->size()) != c->num_layers) {
+      return FieldError("sliding_window", "a list must have num_hidden_layers entries");
+    }
+    for (int64_t i = 0; i < c->num_layers; ++i) {
+      const json& w = (*sw)[i];
+      if (w.is_null()) continue;
+      if (!w.is_number_integer() || w.get<int64_t>() < 0) {
+        return FieldError("sliding_window[" + std::to_string(i) + "]", "not a window size");
+      }
+      c->layer_window[i] = w.get<int64_t>();
+    }
+    return Status::Ok();
+  }
+  int64_t window = 0;
+  if (sw != j.end() && !sw->is_null()) {
+    if (!sw->is_number_integer() || sw->get<int64_t>() <= 0) {
+      return FieldError("sliding_window", "not a positive integer: " + sw->dump());
+    }
+    window = sw->get<int64_t>();
+  }
+  // layer_types (newer transformers): "sliding_attention" layers use sliding_window.
+  auto lt = j.find("layer_types");
+  if (lt != j.end() && lt->is_array()) {
+    if (static_cast<int64_t>(lt->size()) != c->num_layers) {
+      return FieldError("layer_types", "must have num_hidden_layers entries");
+    }
+    for (int64_t i = 0; i < c->num_layers; ++i) {
+      std::string t = (*lt)[i].is_string() ? (*lt)[i].get<std::string>() : "";
+      if (t == "sliding_attention") {
+        if (window == 0) return FieldError("sliding_window", "missing for a sliding_attention layer");
+        c->layer_window[i] = window;
+      } else if (t != "full_attention") {
+        return FieldError("layer_types[" + std::to_string(i) + "]", "unsupported: " + (*lt)[i].dump());
+      }
+    }
+    return Status::Ok();
+  }
+  if (window == 0) return Status::Ok();
+  if (c->architecture == Architecture::kMistral) {
+    c->layer_window.assign(c->num_layers, window);
+  } else if (c->architecture == Architecture::kQwen2) {
+    // Qwen2: the window applies only with use_sliding_window, to layers >= max_window_layers.
+    KVF_ASSIGN_OR_RETURN(bool use, GetBool(j, "use_sliding_window", false));
+    if (!use) return Status::Ok();
+    KVF_ASSIGN_OR_RETURN(int64_t max_window_layers, GetInt(j, "max_window_layers", c->num_layers));
+    for (int64_t i = max_window_layers; i < c->num_layers; ++i) c->layer_window[i] = window;
+  }
+  // Llama has no sliding window; a stray sliding_window field there is ignored as HF does.
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view ArchitectureName(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+bool ModelConfig::has_sliding_window() const {
+  for (int64_t w : layer_window) {
+    if (w > 0) return true;
+  }
+  return false;
+}
+
+Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("config.json: not valid JSON");
+  if (!j.is_object()) return InvalidArgument("config.json: not a JSON object");
+
+  ModelConfig c;
+  auto archs = j.find("architectures");
+  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+    return FieldError("architectures", "missing");
+  }
+  std::string arch = (*archs)[0].get<std::string>();
+  if (arch == "LlamaForCausalLM") {
+    c.architecture = Architecture::kLlama;
+  } else if (arch == "Qwen2ForCausalLM") {
+    c.architecture = Architecture::kQwen2;
+  } else if (arch == "MistralForCausalLM") {
+    c.architecture = Architecture::kMistral;
+  } else {
+    return Unimplemented("config.json: architectures: unsupported architecture " + arch +
+                         " (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+  }
+  if (j.contains("model_type") && j["model_type"].is_string()) c.model_type = j["model_type"].get<std::string>();
+
+  std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") return Unimplemented("config.json: hidden_act: unsupported " + act + " (only silu)");
+
+  KVF_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", std::nullopt));
+  KVF_ASSIGN_OR_RETURN(c.hidden_size, GetInt(j, "hidden_size", std::nullopt));
+  KVF_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(j, "intermediate_size", std::nullopt));
+  KVF_ASSIGN_OR_RETURN(c.num_layers, GetInt(j, "num_hidden_layers", std::nullopt));
+  KVF_ASSIGN_OR_RETURN(c.num_heads, GetInt(j, "num_attention_heads", std::nullopt));
+  KVF_ASSIGN_OR_RETURN(c.num_kv_heads, GetInt(j, "num_key_value_heads", c.num_heads));
+  KVF_ASSIGN_OR_RETURN(c.max_position_embeddings, GetInt(j, "max_position_embeddings", 2048));
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_layers},
+                         {"num_attention_heads", c.num_heads}, {"num_key_value_heads", c.num_kv_heads},
+                         {"max_position_embeddings", c.max_position_embeddings}}) {
+    if (v <= 0) return FieldError(name, "must be > 0");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return FieldError("num_key_value_heads", "must divide num_attention_heads");
+  }
+  if (c.hidden_size % c.num_heads != 0 && !(j.contains("head_dim") && !j["head_dim"].is_null())) {
+    return FieldError("head_dim", "missing, and hidden_size is not a multiple of num_attention_heads");
+  }
+  KVF_ASSIGN_OR_RETURN(c.head_dim, GetInt(j, "head_dim", c.hidden_size / c.num_heads));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) return FieldError("head_dim", "must be even and > 0");
+
+  KVF_ASSIGN_OR_RETURN(c.rms_norm_eps, GetNumber(j, "rms_norm_eps", 1e-6));
+  KVF_ASSIGN_OR_RETURN(c.rope_theta, GetNumber(j, "rope_theta", 10000.0));
+  if (auto rp = j.find("rope_parameters"); !j.contains("rope_theta") && rp != j.end() && rp->is_object()) {
+    KVF_ASSIGN_OR_RETURN(c.rope_theta, GetNumber(*rp, "rope_theta", 10000.0));
+  }
+  if (!(c.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be > 0");
+  if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be > 0");
+  KVF_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j));
+  KVF_ASSIGN_OR_RETURN(c.tie_word_embeddings, GetBool(j, "tie_word_embeddings", false));
+
+  if (c.architecture == Architecture::kQwen2) {
+    c.attention_bias = true;  // Qwen2Attention: q/k/v projections always carry a bias
+  } else if (c.architecture == Architecture::kLlama) {
+    KVF_ASSIGN_OR_RETURN(bool bias, GetBool(j, "attention_bias", false));
+    c.attention_bias = c.attention_out_bias = bias;
+    KVF_ASSIGN_OR_RETURN(c.mlp_bias, GetBool(j, "mlp_bias", false));
+  }
+  KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
+
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
+    c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  }
+  if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
+    if (e->is_number_integer()) {
+      c.eos_token_ids.push_back(e->get<int64_t>());
+    } else if (e->is_array()) {
+      for (const json& x : *e) {
+        if (!x.is_number_integer()) return FieldError("eos_token_id", "not a list of integers");
+        c.eos_token_ids.push_back(x.get<int64_t>());
+      }
+    } else {
+      return FieldError("eos_token_id", "not an integer or a list");
+    }
+  }
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
+    c.torch_dtype = j["torch_dtype"].get<std::string>();
+  } else if (j.contains("dtype") && j["dtype"].is_string()) {
+    c.torch_dtype = j["dtype"].get<std::string>();
+  }
+  return c;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Result<ModelConfig> c = ParseModelConfig(ss.str());
+  if (!c.ok()) return c.status().WithContext(model_dir);
+  return c;
+}
+
+}  // namespace kvfleet::model

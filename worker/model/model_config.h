@@ -1,0 +1,79 @@
+// ModelConfig: the architecture of a Llama-family model, read from a Hugging Face
+// `config.json`.
+//
+// Supported `architectures`: LlamaForCausalLM (Llama 2/3/3.1/3.2, TinyLlama, SmolLM2),
+// Qwen2ForCausalLM (QKV bias) and MistralForCausalLM (sliding window). Parsing rejects
+// anything else, and any field it cannot honour (e.g. an unknown rope_scaling type or a
+// hidden_act other than silu), with a message naming the field.
+//
+// Thread safety: a value; immutable once parsed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvfleet::model {
+
+enum class Architecture : uint8_t {
+  kLlama,    // LlamaForCausalLM
+  kQwen2,    // Qwen2ForCausalLM: bias on q_proj, k_proj, v_proj
+  kMistral,  // MistralForCausalLM: optional sliding window on every layer
+};
+std::string_view ArchitectureName(Architecture a);  // the HF class name
+
+// rope_scaling. kNone: plain RoPE with rope_theta. kLlama3: Llama 3.1's frequency-dependent
+// scaling (wavelengths above original_max/low_freq_factor are divided by `factor`, below
+// original_max/high_freq_factor untouched, smoothly interpolated in between). kLinear:
+// positions divided by `factor`.
+struct RopeScaling {
+  enum class Type : uint8_t { kNone, kLinear, kLlama3 } type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  std::string model_type;  // "llama", "qwen2", "mistral"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;         // num_hidden_layers
+  int64_t num_heads = 0;          // num_attention_heads
+  int64_t num_kv_heads = 0;       // num_key_value_heads (defaults to num_heads); 1 = MQA
+  int64_t head_dim = 0;           // head_dim, else hidden_size / num_heads
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;  // lm_head shares embed_tokens.weight
+  bool attention_bias = false;       // bias on q/k/v projections (Qwen2; Llama's attention_bias)
+  bool attention_out_bias = false;   // bias on o_proj (Llama's attention_bias)
+  bool mlp_bias = false;             // bias on gate/up/down (Llama's mlp_bias)
+  // Per layer attention window in tokens, 0 = full attention; size num_layers.
+  // From Mistral's sliding_window, Qwen2's use_sliding_window + sliding_window +
+  // max_window_layers, or a per-layer list `layer_sliding_windows` / `layer_types`.
+  std::vector<int64_t> layer_window;
+  int64_t bos_token_id = -1;              // -1: none given
+  std::vector<int64_t> eos_token_ids;     // eos_token_id, a number or a list
+  std::string torch_dtype;                // "bfloat16", "float16", "float32" or ""
+
+  int64_t q_size() const { return num_heads * head_dim; }
+  int64_t kv_size() const { return num_kv_heads * head_dim; }
+  // True when some layer has a sliding window.
+  bool has_sliding_window() const;
+};
+
+// Parses the text of a config.json. Errors name the field, e.g.
+// "config.json: num_attention_heads: missing".
+Result<ModelConfig> ParseModelConfig(std::string_view json_text);
+// Reads and parses `<dir>/config.json`.
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+}  // namespace kvfleet::model

@@ -1,0 +1,406 @@
+#include "worker/model/random_model.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "common/check.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/model_config.h"
+#include "worker/model/splitmix64.h"
+
+namespace kvfleet::model {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Elements generated per write: 4 MiB of fp32, small next to any machine's memory.
+constexpr size_t kChunkElements = 1 << 20;
+
+uint64_t Fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct TokenizerInfo {
+  int64_t vocab_size = 0;  // the largest id + 1
+  int64_t bos = -1, eos = -1;
+};
+
+// The id of a special token named in tokenizer_config.json ("<s>" or {"content": "<s>"}).
+int64_t SpecialTokenId(const json& cfg, const char* key, const json& tok) {
+  auto it = cfg.find(key);
+  if (it == cfg.end()) return -1;
+  std::string content;
+  if (it->is_string()) content = it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    content = (*it)["content"].get<std::string>();
+  }
+  if (content.empty()) return -1;
+  if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
+    for (const json& a : tok["added_tokens"]) {
+      if (a.value("content", std::string()) == content && a.contains("id")) return a["id"].get<int64_t>();
+    }
+  }
+  if (tok.contains("model") && tok["model"].contains("vocab") && tok["model"]["vocab"].is_object()) {
+    auto v = tok["model"]["vocab"].find(content);
+    if (v != tok["model"]["vocab"].end() && v->is_number_integer()) return v->get<int64_t>();
+  }
+  return -1;
+}
+
+Result<TokenizerInfo> ReadTokenizerInfo(const std::string& dir) {
+  KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/tokenizer.json"));
+  json tok = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (tok.is_discarded() || !tok.is_object()) return InvalidArgument(dir + "/tokenizer.json: not a JSON object");
+  TokenizerInfo info;
+  if (tok.contains("model") && tok["model"].contains("vocab")) {
+    const json& vocab = tok["model"]["vocab"];
+    if (vocab.is_object()) {
+      for (const auto& [k, id] : vocab.items()) {
+        if (id.is_number_integer()) info.vocab_size = std::max(info.vocab_size, id.get<int64_t>() + 1);
+      }
+    } else if (vocab.is_array()) {  // Unigram: [[piece, score], ...]
+      info.vocab_size = static_cast<int64_t>(vocab.size());
+    }
+  }
+  if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
+    for (const json& a : tok["added_tokens"]) {
+      if (a.contains("id") && a["id"].is_number_integer()) {
+        info.vocab_size = std::max(info.vocab_size, a["id"].get<int64_t>() + 1);
+      }
+    }
+  }
+  if (info.vocab_size <= 0) return InvalidArgument(dir + "/tokenizer.json: no vocabulary");
+  auto cfg_text = ReadFile(dir + "/tokenizer_config.json");
+  if (cfg_text.ok()) {
+    json cfg = json::parse(*cfg_text, nullptr, /*allow_exceptions=*/false);
+    if (cfg.is_object()) {
+      info.bos = SpecialTokenId(cfg, "bos_token", tok);
+      info.eos = SpecialTokenId(cfg, "eos_token", tok);
+    }
+  }
+  return info;
+}
+
+// Tokenizer files are everything a tokenizer directory holds except model files.
+bool IsTokenizerFile(const std::string& name) {
+  return name.rfind("tokenizer", 0) == 0 || name == "special_tokens_map.json" || name == "vocab.json" ||
+         name == "merges.txt" || name == "added_tokens.json" || name == "generation_config.json" ||
+         name == "chat_template.jinja";
+}
+
+json LlamaBase(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab,
+               int64_t max_pos, double theta, double eps, bool tie) {
+  return json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"hidden_act", "silu"},
+              {"hidden_size", hidden},
+              {"initializer_range", 0.02},
+              {"intermediate_size", inter},
+              {"max_position_embeddings", max_pos},
+              {"mlp_bias", false},
+              {"num_attention_heads", heads},
+              {"num_hidden_layers", layers},
+              {"num_key_value_heads", kv_heads},
+              {"pretraining_tp", 1},
+              {"rms_norm_eps", eps},
+              {"rope_scaling", nullptr},
+              {"rope_theta", theta},
+              {"tie_word_embeddings", tie},
+              {"torch_dtype", "bfloat16"},
+              {"use_cache", true},
+              {"vocab_size", vocab}};
+}
+
+json Llama3Scaling(double factor) {
+  return json{{"factor", factor},
+              {"high_freq_factor", 4.0},
+              {"low_freq_factor", 1.0},
+              {"original_max_position_embeddings", 8192},
+              {"rope_type", "llama3"}};
+}
+
+void SetSpecialIds(json& c, int64_t bos, int64_t eos) {
+  if (bos >= 0) c["bos_token_id"] = bos;
+  if (eos >= 0) c["eos_token_id"] = eos;
+}
+
+// Half-range and centre of a tensor's uniform distribution (see the header).
+void InitRange(const TensorSpec& spec, int64_t hidden, double* half_range, float* centre) {
+  const std::string& n = spec.name;
+  auto ends_with = [&n](std::string_view s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  *centre = 0.0f;
+  if (n == "model.embed_tokens.weight" || n == "lm_head.weight") {
+    *half_range = 2.0 * std::sqrt(3.0 / static_cast<double>(hidden));
+  } else if (ends_with("norm.weight")) {
+    *half_range = 0.25;
+    *centre = 1.0f;
+  } else if (ends_with(".bias")) {
+    *half_range = 0.5;
+  } else {
+    *half_range = std::sqrt(3.0 / static_cast<double>(spec.shape.back()));
+  }
+}
+
+// Writes one safetensors file from a list of tensors, streaming their contents.
+class ShardWriter {
+ public:
+  static Result<std::unique_ptr<ShardWriter>> Create(const std::string& path, const std::vector<const TensorSpec*>& specs,
+                                                     DType dtype) {
+    json header = json::object();
+    header["__metadata__"] = json{{"format", "pt"}};
+    uint64_t offset = 0;
+    for (const TensorSpec* s : specs) {
+      uint64_t n = 1;
+      for (int64_t d : s->shape) n *= static_cast<uint64_t>(d);
+      uint64_t bytes = n * DTypeSize(dtype);
+      header[s->name] = json{{"dtype", DTypeName(dtype)}, {"shape", s->shape}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+    }
+    std::string text = header.dump();
+    while ((8 + text.size()) % 8 != 0) text.push_back(' ');  // align the data, as safetensors does
+    std::unique_ptr<ShardWriter> w(new ShardWriter());
+    w->path_ = path;
+    w->tmp_path_ = path + ".partial";
+    w->f_ = std::fopen(w->tmp_path_.c_str(), "wb");
+    if (w->f_ == nullptr) return Unavailable(w->tmp_path_ + ": " + std::strerror(errno));
+    uint8_t len[8];
+    uint64_t hl = text.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
+    KVF_RETURN_IF_ERROR(w->Write(len, 8));
+    KVF_RETURN_IF_ERROR(w->Write(text.data(), text.size()));
+    return w;
+  }
+  ~ShardWriter() {
+    if (f_ != nullptr) {
+      std::fclose(f_);
+      std::remove(tmp_path_.c_str());
+    }
+  }
+  Status Write(const void* data, size_t n) {
+    if (std::fwrite(data, 1, n, f_) != n) return Unavailable(tmp_path_ + ": write failed: " + std::strerror(errno));
+    return Status::Ok();
+  }
+  // Closes the file and moves it into place.
+  Status Finish() {
+    int rc = std::fclose(f_);
+    f_ = nullptr;
+    if (rc != 0) return Unavailable(tmp_path_ + ": close failed");
+    std::error_code ec;
+    fs::rename(tmp_path_, path_, ec);
+    if (ec) return Unavailable(path_ + ": " + ec.message());
+    return Status::Ok();
+  }
+
+ private:
+  ShardWriter() = default;
+  std::string path_, tmp_path_;
+  std::FILE* f_ = nullptr;
+};
+
+uint64_t TensorBytes(const TensorSpec& s, DType dtype) {
+  uint64_t n = DTypeSize(dtype);
+  for (int64_t d : s.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::string> RandomModelShapes() {
+  return {"tiny", "tiny-qwen2", "tiny-mistral", "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b",
+          "mistral-7b"};
+}
+
+Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t bos, int64_t eos) {
+  json c;
+  if (shape == "tiny") {
+    c = LlamaBase(64, 192, 2, 4, 2, vocab, 131072, 500000.0, 1e-5, true);
+    c["head_dim"] = 16;
+    c["rope_scaling"] = Llama3Scaling(32.0);
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-qwen2") {
+    c = LlamaBase(64, 192, 2, 4, 2, vocab, 32768, 1000000.0, 1e-6, true);
+    c["architectures"] = {"Qwen2ForCausalLM"};
+    c["model_type"] = "qwen2";
+    c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c.erase("pretraining_tp");
+    c.erase("rope_scaling");
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = 32768;
+    c["max_window_layers"] = 2;
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-mistral") {
+    c = LlamaBase(64, 192, 2, 4, 1, vocab, 32768, 10000.0, 1e-5, false);
+    c["architectures"] = {"MistralForCausalLM"};
+    c["model_type"] = "mistral";
+    c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c.erase("pretraining_tp");
+    c.erase("rope_scaling");
+    c["head_dim"] = 16;
+    c["sliding_window"] = 20;
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "smollm2-135m") {  // HuggingFaceTB/SmolLM2-135M
+    c = LlamaBase(576, 1536, 30, 9, 3, 49152, 8192, 100000.0, 1e-5, true);
+    c["head_dim"] = 64;
+    SetSpecialIds(c, 0, 0);
+  } else if (shape == "qwen2.5-0.5b") {  // Qwen/Qwen2.5-0.5B
+    c = LlamaBase(896, 4864, 24, 14, 2, 151936, 32768, 1000000.0, 1e-6, true);
+    c["architectures"] = {"Qwen2ForCausalLM"};
+    c["model_type"] = "qwen2";
+    c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c.erase("pretraining_tp");
+    c.erase("rope_scaling");
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = 32768;
+    c["max_window_layers"] = 24;
+    SetSpecialIds(c, 151643, 151643);
+  } else if (shape == "llama-3.2-1b") {  // meta-llama/Llama-3.2-1B
+    c = LlamaBase(2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1e-5, true);
+    c["head_dim"] = 64;
+    c["rope_scaling"] = Llama3Scaling(32.0);
+    SetSpecialIds(c, 128000, 128001);
+  } else if (shape == "llama-3.1-8b") {  // meta-llama/Llama-3.1-8B
+    c = LlamaBase(4096, 14336, 32, 32, 8, 128256, 131072, 500000.0, 1e-5, false);
+    c["rope_scaling"] = Llama3Scaling(8.0);
+    SetSpecialIds(c, 128000, 128001);
+  } else if (shape == "mistral-7b") {  // mistralai/Mistral-7B-v0.1
+    c = LlamaBase(4096, 14336, 32, 32, 8, 32000, 32768, 10000.0, 1e-5, false);
+    c["architectures"] = {"MistralForCausalLM"};
+    c["model_type"] = "mistral";
+    c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c.erase("pretraining_tp");
+    c.erase("rope_scaling");
+    c["sliding_window"] = 4096;
+    SetSpecialIds(c, 1, 2);
+  } else {
+    std::string names;
+    for (const auto& s : RandomModelShapes()) names += (names.empty() ? "" : ", ") + s;
+    return InvalidArgument("unknown shape '" + shape + "' (one of: " + names + ")");
+  }
+  return c;
+}
+
+uint64_t RandomTensorKey(uint64_t seed, const std::string& name) { return SplitMix64(seed ^ Fnv1a64(name)); }
+
+float RandomWeight(uint64_t tensor_key, uint64_t index, float step, float centre) {
+  int32_t r = static_cast<int32_t>(SplitMix64(tensor_key + index) >> 40) - (1 << 23);
+  float v = (static_cast<float>(r) + 0.5f) * step;
+  return v + centre;
+}
+
+Status MakeRandomModel(const RandomModelOptions& o) {
+  if (o.dtype != DType::kBF16 && o.dtype != DType::kF32) return InvalidArgument("make-model: dtype must be bf16 or fp32");
+  KVF_ASSIGN_OR_RETURN(TokenizerInfo tok, ReadTokenizerInfo(o.tokenizer_dir));
+  KVF_ASSIGN_OR_RETURN(json cfg_json, RandomModelConfig(o.shape, tok.vocab_size, tok.bos, tok.eos));
+  cfg_json["torch_dtype"] = o.dtype == DType::kBF16 ? "bfloat16" : "float32";
+  const std::string cfg_text = cfg_json.dump(2) + "\n";
+  KVF_ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfig(cfg_text));
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return Unavailable(o.out_dir + ": " + ec.message());
+
+  // Tokenizer files first: the model directory is complete only when the weights land.
+  for (const auto& entry : fs::directory_iterator(o.tokenizer_dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || !IsTokenizerFile(name)) continue;
+    fs::copy_file(entry.path(), fs::path(o.out_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Unavailable(name + ": " + ec.message());
+  }
+  if (ec) return Unavailable(o.tokenizer_dir + ": " + ec.message());
+  {
+    std::ofstream out(o.out_dir + "/config.json", std::ios::binary);
+    out << cfg_text;
+    if (!out) return Unavailable(o.out_dir + "/config.json: write failed");
+  }
+
+  // Plan the shards: consecutive tensors until the next would pass max_shard_bytes.
+  std::vector<TensorSpec> specs = ExpectedTensors(cfg);
+  std::vector<std::vector<const TensorSpec*>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
+  for (const TensorSpec& s : specs) {
+    uint64_t b = TensorBytes(s, o.dtype);
+    if (!shards.back().empty() && shard_bytes + b > o.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(&s);
+    shard_bytes += b;
+    total_bytes += b;
+  }
+  // Remove the other layout's files so the directory holds exactly one.
+  fs::remove(fs::path(o.out_dir) / (shards.size() == 1 ? "model.safetensors.index.json" : "model.safetensors"), ec);
+
+  std::vector<float> f32(kChunkElements);
+  std::vector<uint16_t> b16(kChunkElements);
+  json weight_map = json::object();
+  size_t tensors_done = 0;
+  uint64_t bytes_done = 0;
+  for (size_t si = 0; si < shards.size(); ++si) {
+    char name[64];
+    if (shards.size() == 1) {
+      std::snprintf(name, sizeof(name), "model.safetensors");
+    } else {
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", si + 1, shards.size());
+    }
+    KVF_ASSIGN_OR_RETURN(auto writer, ShardWriter::Create(o.out_dir + "/" + name, shards[si], o.dtype));
+    for (const TensorSpec* s : shards[si]) {
+      double half_range;
+      float centre;
+      InitRange(*s, cfg.hidden_size, &half_range, &centre);
+      const float step = static_cast<float>(half_range / 8388608.0);
+      const uint64_t key = RandomTensorKey(o.seed, s->name);
+      uint64_t n = 1;
+      for (int64_t d : s->shape) n *= static_cast<uint64_t>(d);
+      for (uint64_t begin = 0; begin < n; begin += kChunkElements) {
+        size_t m = static_cast<size_t>(std::min<uint64_t>(kChunkElements, n - begin));
+        for (size_t i = 0; i < m; ++i) f32[i] = RandomWeight(key, begin + i, step, centre);
+        if (o.dtype == DType::kBF16) {
+          for (size_t i = 0; i < m; ++i) b16[i] = F32ToBF16(f32[i]);
+          KVF_RETURN_IF_ERROR(writer->Write(b16.data(), m * 2));  // x86-64: little-endian as stored
+        } else {
+          KVF_RETURN_IF_ERROR(writer->Write(f32.data(), m * 4));
+        }
+      }
+      weight_map[s->name] = name;
+      ++tensors_done;
+      bytes_done += TensorBytes(*s, o.dtype);
+      if (o.progress) o.progress(tensors_done, specs.size(), bytes_done, total_bytes);
+    }
+    KVF_RETURN_IF_ERROR(writer->Finish());
+  }
+  if (shards.size() > 1) {
+    json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    std::ofstream out(o.out_dir + "/model.safetensors.index.json", std::ios::binary);
+    out << index.dump(2) << "\n";
+    if (!out) return Unavailable(o.out_dir + "/model.safetensors.index.json: write failed");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::model

@@ -1,0 +1,67 @@
+// Random-weight models in Hugging Face format, for tests and benchmarks
+// (`kvfleet make-model`).
+//
+// A shape names a real model whose config.json we reproduce (smollm2-135m, qwen2.5-0.5b,
+// llama-3.2-1b, llama-3.1-8b, mistral-7b) or a tiny one for CI (tiny: Llama 3 style with
+// GQA, tied embeddings and llama3 rope scaling; tiny-qwen2: QKV bias; tiny-mistral: MQA,
+// untied lm_head and a 20-token sliding window). Tiny shapes take their vocab size and
+// bos/eos ids from the tokenizer, so a real tokenizer works with them.
+//
+// Weights are a pure function of (seed, tensor name, element index): an integer
+// counter-based generator (SplitMix64) and one float multiply-add per element, so the same
+// seed writes byte-identical files on any x86-64 machine. tests/gpu/make_reference.py
+// implements the same rule in numpy. Element i of tensor `name` with half-range `a` and
+// centre `c`:
+//   key = SplitMix64(seed ^ Fnv1a64(name)); r = SplitMix64(key + i) >> 40   (24 bits)
+//   w   = float(float(r - 2^23) + 0.5f) * float(a / 2^23) + c              (fp32)
+// then rounded to bf16 (nearest even) when the dtype is bf16. The ranges (in fp32):
+// embeddings and lm_head a = 2·sqrt(3/hidden) (logits of a few units, so greedy choices
+// are not near-ties); projections a = sqrt(3/fan_in) (unit-variance activations, so
+// attention is far from uniform); norms c = 1, a = 0.25; biases a = 0.5.
+//
+// Files are written tensor by tensor in chunks, never holding a model in memory, and
+// sharded HF style (model-0000i-of-0000n.safetensors + model.safetensors.index.json)
+// above 5 GB.
+//
+// Thread safety: functions without shared state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "worker/model/safetensors.h"
+
+namespace kvfleet::model {
+
+// The shape names MakeRandomModel accepts.
+std::vector<std::string> RandomModelShapes();
+
+struct RandomModelOptions {
+  std::string shape;          // one of RandomModelShapes()
+  std::string tokenizer_dir;  // copied: tokenizer.json, tokenizer_config.json, and the rest
+  std::string out_dir;        // created if missing; existing model files are replaced
+  uint64_t seed = 0;
+  DType dtype = DType::kBF16;  // kBF16 or kF32
+  // Shards hold at most this many bytes of tensors; HF's save_pretrained default.
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+  // Called after each tensor with (tensors done, tensors, bytes done, bytes).
+  std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
+};
+
+// The config.json object of `shape`; `vocab_size`, `bos`, `eos` are used by tiny shapes
+// (bos/eos < 0: left out).
+Result<nlohmann::json> RandomModelConfig(const std::string& shape, int64_t vocab_size, int64_t bos, int64_t eos);
+
+// The weight of element `index` of tensor `name` (fp32, before any bf16 rounding).
+float RandomWeight(uint64_t tensor_key, uint64_t index, float step, float centre);
+uint64_t RandomTensorKey(uint64_t seed, const std::string& name);
+
+// Writes the model directory. Reports the tensors and bytes written through `progress`.
+Status MakeRandomModel(const RandomModelOptions& options);
+
+}  // namespace kvfleet::model

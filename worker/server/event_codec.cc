@@ -1,0 +1,224 @@
+#include "worker/server/event_codec.h"
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include "schema/wire.h"
+
+namespace kvfleet::events {
+
+namespace {
+
+schema::Tier ToWire(kv::Tier t) { return t == kv::Tier::kDevice ? schema::Tier::DEVICE : schema::Tier::HOST; }
+
+Result<kv::Tier> FromWire(schema::Tier t) {
+  switch (t) {
+    case schema::Tier::DEVICE: return kv::Tier::kDevice;
+    case schema::Tier::HOST: return kv::Tier::kHost;
+  }
+  return InvalidArgument("unknown tier " + std::to_string(static_cast<int>(t)));
+}
+
+Status CheckPriority(uint8_t p) {
+  if (p > kv::kMaxPriority) return InvalidArgument("priority " + std::to_string(p) + " > 100");
+  return Status::Ok();
+}
+
+struct BlockEventCounter {
+  size_t operator()(const kv::StoredEvent& e) const { return e.blocks.size(); }
+  size_t operator()(const kv::RemovedEvent& e) const { return e.hashes.size(); }
+  size_t operator()(const kv::UpdatedEvent&) const { return 1; }
+  size_t operator()(const kv::ClearedEvent&) const { return 1; }
+  size_t operator()(const kv::CreatedEvent&) const { return 0; }
+};
+
+}  // namespace
+
+size_t BlockEventCount(std::span<const kv::KvEvent> events) {
+  size_t n = 0;
+  for (const kv::KvEvent& e : events) n += std::visit(BlockEventCounter{}, e.data);
+  return n;
+}
+
+void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
+  out.setWindowSize(event.window_size);
+  std::visit(
+      [&](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, kv::StoredEvent>) {
+          auto s = out.initStored();
+          s.setParentHash(e.parent_hash);
+          auto blocks = s.initBlocks(static_cast<unsigned>(e.blocks.size()));
+          for (size_t i = 0; i < e.blocks.size(); ++i) {
+            const kv::StoredBlock& b = e.blocks[i];
+            auto wb = blocks[static_cast<unsigned>(i)];
+            wb.setHash(b.hash);
+            wb.setTier(ToWire(b.tier));
+            wb.setPriority(b.priority);
+            if (!b.tokens.empty()) {
+              auto toks = wb.initTokens(static_cast<unsigned>(b.tokens.size()));
+              for (size_t j = 0; j < b.tokens.size(); ++j) toks.set(static_cast<unsigned>(j), b.tokens[j]);
+            }
+          }
+        } else if constexpr (std::is_same_v<T, kv::RemovedEvent>) {
+          auto r = out.initRemoved();
+          r.setTier(ToWire(e.tier));
+          auto hashes = r.initHashes(static_cast<unsigned>(e.hashes.size()));
+          for (size_t i = 0; i < e.hashes.size(); ++i) hashes.set(static_cast<unsigned>(i), e.hashes[i]);
+        } else if constexpr (std::is_same_v<T, kv::UpdatedEvent>) {
+          auto u = out.initUpdated();
+          u.setHash(e.hash);
+          u.setHasTier(e.tier.has_value());
+          if (e.tier) u.setTier(ToWire(*e.tier));
+          u.setHasPriority(e.priority.has_value());
+          if (e.priority) u.setPriority(*e.priority);
+        } else if constexpr (std::is_same_v<T, kv::ClearedEvent>) {
+          out.setCleared();
+        } else {
+          auto c = out.initCreated();
+          auto per_tier = c.initBlocksPerTier(kv::kNumTiers);
+          for (int t = 0; t < kv::kNumTiers; ++t) per_tier.set(t, e.blocks_per_tier[t]);
+          c.setBlockSize(e.block_size);
+        }
+      },
+      event.data);
+}
+
+Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
+  out->window_size = in.getWindowSize();
+  switch (in.which()) {
+    case schema::KvEvent::STORED: {
+      auto s = in.getStored();
+      kv::StoredEvent e;
+      e.parent_hash = s.getParentHash();
+      auto blocks = s.getBlocks();
+      e.blocks.resize(blocks.size());
+      for (unsigned i = 0; i < blocks.size(); ++i) {
+        auto b = blocks[i];
+        kv::StoredBlock& o = e.blocks[i];
+        o.hash = b.getHash();
+        KVF_ASSIGN_OR_RETURN(o.tier, FromWire(b.getTier()));
+        o.priority = b.getPriority();
+        KVF_RETURN_IF_ERROR(CheckPriority(o.priority));
+        auto toks = b.getTokens();
+        if (toks.size() > config::kMaxTokensPerBlock) return InvalidArgument("stored block with too many tokens");
+        o.tokens.resize(toks.size());
+        for (unsigned j = 0; j < toks.size(); ++j) o.tokens[j] = toks[j];
+      }
+      out->data = std::move(e);
+      return Status::Ok();
+    }
+    case schema::KvEvent::REMOVED: {
+      auto r = in.getRemoved();
+      kv::RemovedEvent e;
+      KVF_ASSIGN_OR_RETURN(e.tier, FromWire(r.getTier()));
+      auto hashes = r.getHashes();
+      e.hashes.resize(hashes.size());
+      for (unsigned j = 0; j < hashes.size(); ++j) e.hashes[j] = hashes[j];
+      out->data = std::move(e);
+      return Status::Ok();
+    }
+    case schema::KvEvent::UPDATED: {
+      auto u = in.getUpdated();
+      kv::UpdatedEvent e;
+      e.hash = u.getHash();
+      if (u.getHasTier()) {
+        KVF_ASSIGN_OR_RETURN(auto tier, FromWire(u.getTier()));
+        e.tier = tier;
+      }
+      if (u.getHasPriority()) {
+        KVF_RETURN_IF_ERROR(CheckPriority(u.getPriority()));
+        e.priority = u.getPriority();
+      }
+      out->data = e;
+      return Status::Ok();
+    }
+    case schema::KvEvent::CLEARED:
+      out->data = kv::ClearedEvent{};
+      return Status::Ok();
+    case schema::KvEvent::CREATED: {
+      auto c = in.getCreated();
+      kv::CreatedEvent e;
+      auto per_tier = c.getBlocksPerTier();
+      for (unsigned t = 0; t < per_tier.size() && t < kv::kNumTiers; ++t) e.blocks_per_tier[t] = per_tier[t];
+      e.block_size = c.getBlockSize();
+      out->data = e;
+      return Status::Ok();
+    }
+  }
+  return InvalidArgument("unknown event kind " + std::to_string(static_cast<int>(in.which())));
+}
+
+void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
+  out.setActiveRequests(load.active_requests);
+  out.setQueuedRequests(load.queued_requests);
+  out.setActivePrefillTokens(load.active_prefill_tokens);
+  out.setActiveDecodeBlocks(load.active_decode_blocks);
+  auto free = out.initFreeBlocks(kv::kNumTiers);
+  auto total = out.initTotalBlocks(kv::kNumTiers);
+  for (int t = 0; t < kv::kNumTiers; ++t) {
+    free.set(t, load.free_blocks[t]);
+    total.set(t, load.total_blocks[t]);
+  }
+  out.setPrefillTokensPerSecond(load.prefill_tokens_per_second);
+  out.setDecodeTokensPerSecond(load.decode_tokens_per_second);
+}
+
+LoadReport ParseLoad(schema::Load::Reader in) {
+  LoadReport l;
+  l.active_requests = in.getActiveRequests();
+  l.queued_requests = in.getQueuedRequests();
+  l.active_prefill_tokens = in.getActivePrefillTokens();
+  l.active_decode_blocks = in.getActiveDecodeBlocks();
+  auto free = in.getFreeBlocks();
+  auto total = in.getTotalBlocks();
+  for (unsigned t = 0; t < kv::kNumTiers; ++t) {
+    if (t < free.size()) l.free_blocks[t] = free[t];
+    if (t < total.size()) l.total_blocks[t] = total[t];
+  }
+  l.prefill_tokens_per_second = in.getPrefillTokensPerSecond();
+  l.decode_tokens_per_second = in.getDecodeTokensPerSecond();
+  return l;
+}
+
+std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load) {
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<schema::EventBatch>();
+  b.setWorkerId(header.worker_id);
+  b.setEpoch(header.epoch);
+  b.setSeq(header.seq);
+  b.setCreatedNs(header.created_ns);
+  auto list = b.initEvents(static_cast<unsigned>(events.size()));
+  for (size_t i = 0; i < events.size(); ++i) BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
+  BuildLoad(load, b.initLoad());
+  return wire::Encode(message);
+}
+
+Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in) {
+  try {
+    DecodedBatch out;
+    auto id = in.getWorkerId();
+    if (id.size() == 0 || id.size() > config::kMaxWorkerIdBytes) return InvalidArgument("bad worker id length");
+    out.header.worker_id.assign(id.begin(), id.end());
+    out.header.epoch = in.getEpoch();
+    out.header.seq = in.getSeq();
+    out.header.created_ns = in.getCreatedNs();
+    if (out.header.epoch == 0) return InvalidArgument("epoch 0");
+    if (out.header.seq == 0) return InvalidArgument("seq 0");
+    auto events = in.getEvents();
+    out.events.resize(events.size());
+    for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEvent(events[i], &out.events[i]));
+    out.load = ParseLoad(in.getLoad());
+    out.block_events = BlockEventCount(out.events);
+    return out;
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed batch: ") + e.getDescription().cStr());
+  }
+}
+
+Result<DecodedBatch> DecodeBatch(const void* data, size_t size) {
+  KVF_ASSIGN_OR_RETURN(auto msg, wire::Decode<schema::EventBatch>(data, size));
+  return ParseBatch(msg->Root<schema::EventBatch>());
+}
+
+}  // namespace kvfleet::events

@@ -1,0 +1,73 @@
+// Event codec: kv::KvEvent and load reports <-> schema/events.capnp (Contract 2).
+//
+// Shared by the worker's publisher (encode) and the router's event plane (decode), so the
+// two sides cannot disagree on the mapping. Decoding never trusts its input: every
+// structural or semantic problem is a DataLoss / InvalidArgument Status, never a crash.
+//
+// Thread safety: free functions over values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "schema/events.capnp.h"
+#include "worker/kv/kv_event.h"
+
+namespace kvfleet::events {
+
+namespace config {
+// A worker id is a short name; 256 bytes bounds what a malformed batch can make us keep.
+constexpr size_t kMaxWorkerIdBytes = 256;
+// Tokens per stored block on the wire; block sizes are far smaller.
+constexpr size_t kMaxTokensPerBlock = 1 << 16;
+}  // namespace config
+
+// The worker's load, as schema Load.
+struct LoadReport {
+  uint32_t active_requests = 0;
+  uint32_t queued_requests = 0;
+  uint64_t active_prefill_tokens = 0;
+  uint64_t active_decode_blocks = 0;
+  std::array<uint64_t, kv::kNumTiers> free_blocks{};
+  std::array<uint64_t, kv::kNumTiers> total_blocks{};
+  float prefill_tokens_per_second = 0;
+  float decode_tokens_per_second = 0;
+};
+
+struct BatchHeader {
+  std::string worker_id;
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  int64_t created_ns = 0;  // worker wall clock
+};
+
+// A decoded EventBatch.
+struct DecodedBatch {
+  BatchHeader header;
+  std::vector<kv::KvEvent> events;
+  LoadReport load;
+  size_t block_events = 0;  // stored blocks + removed hashes + updates: the unit of "events"
+};
+
+void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out);
+Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out);
+void BuildLoad(const LoadReport& load, schema::Load::Builder out);
+LoadReport ParseLoad(schema::Load::Reader in);
+
+// The bytes of one EventBatch frame.
+std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load);
+
+// Decodes and validates one EventBatch frame: epoch and seq non-zero, a short non-empty
+// worker id, known event kinds, tiers and priorities in range.
+Result<DecodedBatch> DecodeBatch(const void* data, size_t size);
+// The same from an already-decoded reader (ReplayReply carries batches inline).
+Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in);
+
+// Counts the block-level events in a list (a stored block, a removed hash, an update).
+size_t BlockEventCount(std::span<const kv::KvEvent> events);
+
+}  // namespace kvfleet::events

@@ -1,0 +1,152 @@
+// EventPublisher: the worker's side of Contract 2. It is the KV cache manager's EventSink,
+// seals the events of each engine step into one EventBatch {epoch, seq}, and publishes it
+// on a ZMQ PUB socket (topic `kv.<worker_id>`) from its own thread. It answers routers'
+// replay requests on a ROUTER socket from a ring of recent batches, or with a snapshot of
+// the KV manager stamped with the seq it is consistent with.
+//
+// The engine-facing API is two calls, both on the engine thread, once per step:
+//
+//   kv_manager.FlushEvents()  — through the EventSource, inside Flush:
+//   publisher.Flush(source, load);         // seals this step's events as the next batch
+//   publisher.ServiceSnapshots(source);    // answers queued snapshot requests, if any
+//
+// Neither blocks on the network: batches go to the publisher thread through a bounded
+// queue, and a full queue drops the batch (counted) instead of waiting.
+//
+// Sequence rules (schema/README.md has the full contract):
+//   1. `epoch` is random and non-zero, fixed for the publisher's life.
+//   2. Every batch (heartbeats included) takes the next seq; the first is 1.
+//   3. Lost events never pass silently: when the KV manager's event buffer dropped events,
+//      or the publisher's own queue was full, the publisher skips a seq. Routers see a gap,
+//      ask for a replay, and since a skipped seq is never in the ring, get a snapshot.
+//   4. A snapshot stamped `consistentSeq = S` reflects every batch <= S and none after.
+//      ServiceSnapshots seals pending events first, so S is the batch just sealed.
+//   5. A heartbeat (no events, the last load) goes out when nothing was published for
+//      heartbeat_interval.
+//
+// Threads: the engine thread (Emit, Flush, ServiceSnapshots) and the publisher thread
+// (sockets, encoding, ring). Thread safety: the engine calls are engine-thread-only;
+// everything else is internal.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/kv/kv_event.h"
+#include "worker/server/event_codec.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvfleet::events {
+
+namespace config {
+// Contract 2 promises a heartbeat at least every 250 ms; 200 ms leaves room for a busy
+// publisher thread.
+constexpr DurationNs kDefaultHeartbeatInterval = 200 * kNsPerMs;
+// Contract 2's default ring: 10,000 batches (about 40 minutes of idle heartbeats, or
+// seconds of a busy engine).
+constexpr size_t kDefaultRingBatches = 10'000;
+// Stored blocks per snapshot message: 64 Ki blocks is ~1.5 MB, small enough not to
+// monopolise the socket, large enough that 1 M blocks take 16 messages.
+constexpr size_t kSnapshotBlocksPerMessage = 64 * 1024;
+// Batches per replay message.
+constexpr size_t kReplayBatchesPerMessage = 256;
+}  // namespace config
+
+// What the publisher needs from the KV cache manager. Engine thread only.
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  // Hands buffered events to the sink (the publisher's Emit).
+  virtual void FlushEvents() = 0;
+  // Events the manager's buffer dropped since it was made (only grows).
+  virtual uint64_t DroppedEvents() const = 0;
+  // Every stored block per tier, parents before children, as stored events; reflects every
+  // event already flushed.
+  virtual std::vector<kv::KvEvent> Snapshot() const = 0;
+};
+
+struct EventPublisherCurve {
+  std::string server_keypair_file;     // empty = plaintext
+  std::string authorized_keys_file;    // empty = any client with the server key may connect
+};
+
+struct EventPublisherOptions {
+  std::string worker_id;                              // REQUIRED: the topic is kv.<worker_id>
+  std::string events_endpoint = "tcp://*:5557";       // PUB bind
+  std::string replay_endpoint = "tcp://*:5558";       // replay ROUTER bind
+  uint64_t epoch = 0;                                 // 0 = random (production); tests may fix it
+  DurationNs heartbeat_interval = config::kDefaultHeartbeatInterval;
+  size_t ring_batches = config::kDefaultRingBatches;  // batches kept for replay
+  size_t max_queued_batches = 10'000;                 // engine -> publisher thread queue
+  int pub_sndhwm = 100'000;                           // PUB send high-water mark (messages)
+  int replay_sndhwm = 10'000;                         // replay ROUTER send high-water mark
+  size_t snapshot_blocks_per_message = config::kSnapshotBlocksPerMessage;
+  EventPublisherCurve curve;
+};
+
+class EventPublisher final : public kv::EventSink {
+ public:
+  // Binds both sockets and starts the publisher thread. REQUIRES: clock and metrics
+  // (when non-null) outlive the publisher.
+  static Result<std::unique_ptr<EventPublisher>> Make(const EventPublisherOptions& options, Clock* clock,
+                                                      prometheus::Registry* metrics);
+  ~EventPublisher() override;  // stops the thread; unsent batches are lost
+  EventPublisher(const EventPublisher&) = delete;
+  EventPublisher& operator=(const EventPublisher&) = delete;
+
+  // kv::EventSink: the manager's events of the current step. Engine thread.
+  void Emit(kv::KvEvent event) override;
+
+  // Engine thread, once per step: source.FlushEvents(), then seals the step's events
+  // (if any) as the next batch with `load`, and records `load` for heartbeats.
+  void Flush(EventSource& source, const LoadReport& load);
+  // Engine thread, between steps: if a router asked for a snapshot, seals pending events,
+  // takes source.Snapshot() and hands it to the publisher thread to send. Cheap otherwise.
+  void ServiceSnapshots(EventSource& source);
+
+  uint64_t epoch() const { return epoch_; }
+  // The seq of the last batch sealed (0 before the first).
+  uint64_t last_seq() const;
+  // The endpoints actually bound (resolves port 0 / wildcard binds), for tests and Hello.
+  const std::string& events_endpoint() const { return bound_events_; }
+  const std::string& replay_endpoint() const { return bound_replay_; }
+
+  // Counters (also exported as metrics).
+  uint64_t batches_published() const { return published_.load(std::memory_order_relaxed); }
+  uint64_t events_dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  uint64_t replay_requests() const { return replay_requests_.load(std::memory_order_relaxed); }
+  uint64_t snapshots_sent() const { return snapshots_sent_.load(std::memory_order_relaxed); }
+
+ private:
+  class Impl;
+  EventPublisher(const EventPublisherOptions& options, Clock* clock);
+
+  // Under mu_: seals open_events_ as the next batch; returns false when the queue is full.
+  void SealLocked(TimeNs wall_now);
+
+  const EventPublisherOptions options_;
+  Clock* const clock_;
+  uint64_t epoch_ = 0;
+  std::string bound_events_, bound_replay_;
+
+  // Engine thread only.
+  std::vector<kv::KvEvent> open_events_;
+  uint64_t kv_dropped_seen_ = 0;
+
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> snapshot_wanted_{false};
+  std::atomic<uint64_t> published_{0}, dropped_{0}, replay_requests_{0}, snapshots_sent_{0};
+};
+
+}  // namespace kvfleet::events

@@ -1,0 +1,77 @@
+// Registration: the worker's Hello to a router (Contract 3), re-sent periodically so a
+// router that restarts finds the fleet again, and a Bye on clean shutdown so routers stop
+// sending at once.
+//
+// A DEALER socket connects to the router's registration ROUTER; ZMQ reconnects by
+// itself, so a router that is down when the worker starts is found when it comes up.
+//
+// Thread safety: thread-safe. One background thread owns the socket.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace kvfleet::server {
+
+struct HelloInfo {
+  std::string worker_id;
+  std::string model;
+  uint32_t block_size = 0;
+  uint32_t max_context = 0;
+  uint64_t device_blocks = 0;
+  uint64_t host_blocks = 0;  // 0: no host tier (left out of Hello's tiers)
+  std::string requests_endpoint;  // tcp://host:5556, as routers should connect
+  std::string events_endpoint;
+  std::string replay_endpoint;
+  std::string http_endpoint;      // http://host:9400
+  std::string backend;            // cpu, cuda or mock
+  uint64_t epoch = 0;             // the event publisher's epoch
+};
+
+// The encoded ToRouter frames, exposed for tests.
+std::string EncodeHello(const HelloInfo& info);
+std::string EncodeBye(const HelloInfo& info);
+
+struct RegistrationOptions {
+  std::string router_endpoint;  // tcp://host:5555
+  DurationNs interval = 2 * kNsPerSec;  // Hello period: a restarted router knows the fleet within it
+};
+
+class Registration {
+ public:
+  // Connects and sends the first Hello at once.
+  static Result<std::unique_ptr<Registration>> Start(zmq::context_t& context, const RegistrationOptions& options,
+                                                     const HelloInfo& info);
+  ~Registration();  // Stop(false)
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+
+  // Stops the Hellos; sends a Bye first when `say_bye`. Idempotent.
+  void Stop(bool say_bye);
+
+ private:
+  Registration(zmq::context_t& context, const RegistrationOptions& options, const HelloInfo& info);
+  void Loop();
+
+  const RegistrationOptions options_;
+  const std::string hello_;
+  const std::string bye_;
+  zmq::socket_t socket_;  // the background thread's alone
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;     // GUARDED_BY(mu_)
+  bool say_bye_ = false;  // GUARDED_BY(mu_)
+};
+
+}  // namespace kvfleet::server

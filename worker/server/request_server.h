@@ -1,0 +1,138 @@
+// RequestServer: the worker's requests ROUTER socket (Contract 3 of docs/DESIGN.md).
+//
+// Routers connect DEALER sockets and send one ToWorker frame (after the identity frame
+// ZMQ adds): Generate or Cancel. The worker answers with FromWorker frames: a stream of
+// Deltas per request, or one Error. A frame that does not decode is answered with an
+// Error when its request id can be read, and logged otherwise; the server stays up.
+//
+// One I/O thread owns the socket. It decodes what arrives into Commands for the engine
+// thread (Poll/Wait), and encodes what the engine thread hands to Send*/SendError. Wire
+// request ids are unique per router connection only, so a request is named by its
+// ClientKey (connection identity, wire id).
+//
+// Thread safety: thread-safe. Every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/engine/request.h"
+
+namespace kvfleet::server {
+
+// Who asked: the ROUTER identity of the router's connection, and its request id.
+struct ClientKey {
+  std::string identity;
+  uint64_t request_id = 0;
+  bool operator==(const ClientKey&) const = default;
+};
+
+struct ClientKeyHash {
+  size_t operator()(const ClientKey& k) const;
+};
+
+// The wire error codes of schema/worker.capnp's ErrorCode.
+enum class ErrorCode : uint8_t {
+  kInvalidRequest = 0,
+  kContextTooLong,
+  kUnknownLora,
+  kOverloaded,
+  kShuttingDown,
+  kInternal,
+  kUnknownModel,
+};
+
+// The wire code for an engine Status (see engine::ValidateRequest for the mapping).
+ErrorCode ErrorCodeFor(const Status& status);
+
+struct GenerateCommand {
+  ClientKey key;
+  std::string model;  // empty: the worker's model
+  engine::GenerateRequest request;
+  TimeNs arrival = 0;  // when the frame was read
+};
+
+struct CancelCommand {
+  ClientKey key;
+};
+
+using Command = std::variant<GenerateCommand, CancelCommand>;
+
+struct RequestServerOptions {
+  std::string endpoint = "tcp://*:5556";  // where the ROUTER binds
+  // Outgoing frames queued for one peer before ZMQ drops more (ZMQ_SNDHWM).
+  int send_high_water_mark = 100'000;
+};
+
+class RequestServer {
+ public:
+  // Binds the socket and starts the I/O thread. `clock` stamps arrivals.
+  static Result<std::unique_ptr<RequestServer>> Start(zmq::context_t& context, const RequestServerOptions& options,
+                                                      const Clock* clock);
+  ~RequestServer();  // Stop()s
+  RequestServer(const RequestServer&) = delete;
+  RequestServer& operator=(const RequestServer&) = delete;
+
+  // The endpoint actually bound (resolves "tcp://*:0" to its port).
+  const std::string& bound_endpoint() const { return bound_endpoint_; }
+
+  // Takes every command received so far, oldest first; waits up to `timeout` for one when
+  // there is none (0: do not wait). Returns early on Wake().
+  std::vector<Command> Take(DurationNs timeout);
+  // Makes a Take() that is waiting return now.
+  void Wake();
+
+  // Queues a Delta (or an Error) for the I/O thread to send.
+  void SendOutput(const ClientKey& key, const engine::RequestOutput& output);
+  void SendError(const ClientKey& key, ErrorCode code, const std::string& message);
+
+  // Sends what is queued, then stops the I/O thread and closes the socket. Idempotent.
+  void Stop();
+
+  // Frames received that did not decode as ToWorker.
+  uint64_t malformed_frames() const { return malformed_.load(std::memory_order_relaxed); }
+
+ private:
+  RequestServer(zmq::context_t& context, const Clock* clock);
+  void IoLoop();
+  void HandleFrame(const std::string& identity, const zmq::message_t& frame);
+  void FlushOutbox();
+
+  const Clock* clock_;
+  zmq::socket_t socket_;  // used by the I/O thread only, after Start()
+  std::string bound_endpoint_;
+  int wake_fd_ = -1;      // eventfd: the I/O thread wakes when the outbox fills or on Stop
+  std::thread io_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> malformed_{0};
+
+  std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<Command> inbox_;  // GUARDED_BY(inbox_mu_)
+  bool inbox_woken_ = false;    // GUARDED_BY(inbox_mu_)
+
+  struct ErrorReply {
+    ErrorCode code;
+    std::string message;
+  };
+  // Encoded on the I/O thread, so the engine thread only copies tokens.
+  struct Outgoing {
+    ClientKey key;
+    std::variant<engine::RequestOutput, ErrorReply> body;
+  };
+  std::mutex outbox_mu_;
+  std::vector<Outgoing> outbox_;  // GUARDED_BY(outbox_mu_)
+};
+
+}  // namespace kvfleet::server

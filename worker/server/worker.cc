@@ -1,0 +1,280 @@
+#include "worker/server/worker.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <prometheus/registry.h>
+
+#include "common/http/metrics.h"
+#include "common/http/server.h"
+#include "common/log.h"
+#include "worker/backend/backend.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/kv_setup.h"
+#include "worker/kv/kv_cache_manager.h"
+#include "worker/server/event_publisher.h"
+#include "worker/server/registration.h"
+#include "worker/server/request_server.h"
+#include "worker/server/worker_loop.h"
+#include "worker/server/worker_metrics.h"
+
+namespace kvfleet::server {
+
+namespace config {
+// The KV gauges read the manager's full statistics; a few times a second is plenty for a
+// Prometheus scrape and keeps the per-step cost flat.
+constexpr DurationNs kKvMetricsInterval = 250 * kNsPerMs;
+// After the last flush on shutdown: the publisher thread polls every 20 ms, so this lets
+// it send the final batches before it is stopped.
+constexpr auto kPublisherDrain = std::chrono::milliseconds(100);
+}  // namespace config
+
+// The KV manager as the event publisher's EventSource.
+class KvEventSource final : public events::EventSource {
+ public:
+  explicit KvEventSource(kv::KvCacheManager* kv) : kv_(kv) {}
+  void FlushEvents() override { kv_->FlushEvents(); }
+  uint64_t DroppedEvents() const override { return kv_->Stats().events_dropped; }
+  std::vector<kv::KvEvent> Snapshot() const override { return kv_->Snapshot(); }
+
+ private:
+  kv::KvCacheManager* kv_;
+};
+
+// The engine's per-step hook: metrics, then this step's KV events.
+class StepHook final : public engine::StepListener {
+ public:
+  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, KvEventSource* source, kv::KvCacheManager* kv,
+           const Clock* clock)
+      : metrics_(metrics), publisher_(publisher), source_(source), kv_(kv), clock_(clock) {}
+
+  void OnStep(const engine::StepReport& report) override {
+    metrics_->OnStep(report);
+    const TimeNs now = clock_->Now();
+    if (now - last_kv_metrics_ >= config::kKvMetricsInterval) {
+      metrics_->UpdateKv(kv_->Stats());
+      last_kv_metrics_ = now;
+    }
+    publisher_->Flush(*source_, ToWire(report.load));
+    last_load_ = report.load;
+  }
+
+  // Between steps: snapshots, and a fresh load for heartbeats while idle.
+  void BetweenSteps(bool idle, const engine::LoadReport& load) {
+    publisher_->ServiceSnapshots(*source_);
+    if (idle) {
+      const TimeNs now = clock_->Now();
+      if (now - last_kv_metrics_ >= config::kKvMetricsInterval) {
+        metrics_->UpdateKv(kv_->Stats());
+        last_kv_metrics_ = now;
+        publisher_->Flush(*source_, ToWire(load));  // records the idle load for heartbeats
+      }
+    }
+  }
+
+  static events::LoadReport ToWire(const engine::LoadReport& l) {
+    events::LoadReport w;
+    w.active_requests = l.active_requests;
+    w.queued_requests = l.queued_requests;
+    w.active_prefill_tokens = l.active_prefill_tokens;
+    w.active_decode_blocks = l.active_decode_blocks;
+    w.free_blocks = l.free_blocks;
+    w.total_blocks = l.total_blocks;
+    w.prefill_tokens_per_second = l.prefill_tokens_per_second;
+    w.decode_tokens_per_second = l.decode_tokens_per_second;
+    return w;
+  }
+
+ private:
+  WorkerMetrics* metrics_;
+  events::EventPublisher* publisher_;
+  KvEventSource* source_;
+  kv::KvCacheManager* kv_;
+  const Clock* clock_;
+  TimeNs last_kv_metrics_ = 0;
+  engine::LoadReport last_load_;
+};
+
+namespace {
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+Worker::Worker(const WorkerConfig& config) : config_(config) {}
+
+Worker::~Worker() {
+  if (registration_) registration_->Stop(false);
+  if (requests_) requests_->Stop();
+  if (http_) http_->Stop();
+}
+
+Result<std::unique_ptr<Worker>> Worker::Start(const WorkerConfig& config, zmq::context_t& context) {
+  KVF_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<Worker> w(new Worker(config));
+  KVF_RETURN_IF_ERROR(w->Init(context));
+  return w;
+}
+
+const std::string& Worker::requests_endpoint() const { return requests_->bound_endpoint(); }
+const std::string& Worker::events_endpoint() const { return publisher_->events_endpoint(); }
+uint16_t Worker::http_port() const { return http_->port(); }
+
+Status Worker::Init(zmq::context_t& context) {
+  auto log = Logger("worker");
+  SystemClock* clock = SystemClock::Default();
+  const std::string host = config_.advertise_host.empty() ? HostName() : config_.advertise_host;
+  model_name_ = config_.ModelName();
+
+  // 1. HTTP first: /health answers and /ready says false while the model loads.
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<WorkerMetrics>(*registry_);
+  http::Routes routes;
+  routes.AddSync("GET", "/health", [](const http::Request&) { return http::Response{200, "application/json", {}, R"({"status":"ok"})"}; });
+  routes.AddSync("GET", "/ready", [this](const http::Request&) {
+    const bool ready = ready_.load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire);
+    nlohmann::json body = {{"ready", ready}, {"model", model_name_}, {"worker_id", worker_id_}};
+    return http::Response{ready ? 200 : 503, "application/json", {}, body.dump()};
+  });
+  http::AddMetricsRoute(routes, registry_);
+  http::ServerOptions http_options;
+  http_options.port = static_cast<uint16_t>(config_.http_port);
+  http_options.io_threads = 1;
+  KVF_ASSIGN_OR_RETURN(http_, http::Server::Start(http_options, std::move(routes)));
+
+  // 2. The requests socket is bound early so the worker id can name its port.
+  RequestServerOptions request_options;
+  request_options.endpoint = config_.requests;
+  KVF_ASSIGN_OR_RETURN(requests_, RequestServer::Start(context, request_options, clock));
+  worker_id_ = config_.worker_id.empty() ? host + ":" + std::to_string(EndpointPort(requests_->bound_endpoint()))
+                                         : config_.worker_id;
+
+  // 3. The model.
+  backend::BackendOptions bo;
+  bo.model_dir = config_.model_dir;
+  bo.block_size = static_cast<int32_t>(config_.block_size);
+  bo.max_num_tokens = static_cast<int32_t>(config_.max_num_tokens);
+  bo.max_batch_size = static_cast<int32_t>(config_.max_batch_size);
+  bo.max_context = config_.max_context;
+  bo.kv_cache_bytes = config_.kv_cache_bytes;
+  bo.kv_memory_fraction = config_.gpu_memory_fraction;
+  bo.host_kv_bytes = config_.host_cache_bytes;
+  if (config_.backend == "mock") {
+    bo.extra["mock.step_base_us"] = std::to_string(config_.mock_cost.step_base_us);
+    bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);
+    bo.extra["mock.decode_seq_us"] = std::to_string(config_.mock_cost.decode_seq_us);
+    bo.extra["mock.kv_token_read_us"] = std::to_string(config_.mock_cost.kv_token_read_us);
+    bo.extra["mock.verify_kv"] = config_.mock_verify_kv ? "1" : "0";
+  }
+  const TimeNs load_start = clock->Now();
+  auto backend = backend::CreateBackend(config_.backend, bo);
+  if (!backend.ok()) return backend.status().WithContext("backend " + config_.backend);
+  backend_ = std::move(*backend);
+  log->info("{} backend ready for {} in {:.2f} s", config_.backend, model_name_,
+            static_cast<double>(clock->Now() - load_start) / kNsPerSec);
+
+  // 4. Events and the KV cache manager over the backend's memory.
+  events::EventPublisherOptions po;
+  po.worker_id = worker_id_;
+  po.events_endpoint = config_.events;
+  po.replay_endpoint = config_.replay;
+  KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));
+  engine::KvMemorySettings memory;
+  memory.block_size = config_.block_size;
+  memory.max_context = static_cast<uint32_t>(backend_->max_context());
+  const auto pools = backend_->pools();
+  if (pools.empty()) return Internal("the backend reports no KV pool");
+  const auto& p0 = pools[0];
+  const uint64_t elements_per_block = static_cast<uint64_t>(p0.layers.size()) * 2 * p0.num_kv_heads * p0.head_dim * config_.block_size;
+  memory.dtype_bytes = elements_per_block == 0 ? 2 : static_cast<uint32_t>(p0.bytes_per_block / elements_per_block);
+  for (const auto& p : pools) {
+    memory.device_bytes += static_cast<uint64_t>(p.device_blocks) * p.bytes_per_block;
+    memory.host_bytes += static_cast<uint64_t>(p.host_blocks) * p.bytes_per_block;
+  }
+  memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
+  memory.events_include_tokens = config_.events_include_tokens;
+  KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(engine::KvCacheConfigFor(backend_->config(), memory),
+                                                     &backend_->block_copier(), publisher_.get(), clock));
+  KVF_RETURN_IF_ERROR(engine::CheckPoolsAgree(kv_->pools(), pools));
+  source_ = std::make_unique<KvEventSource>(kv_.get());
+  hook_ = std::make_unique<StepHook>(metrics_.get(), publisher_.get(), source_.get(), kv_.get(), clock);
+
+  // 5. The engine. A request never needs more blocks than the cache has.
+  engine::EngineOptions eo;
+  eo.model_name = model_name_;
+  eo.scheduler.max_num_tokens = config_.max_num_tokens;
+  eo.scheduler.max_batch_size = config_.max_batch_size;
+  uint64_t max_context = static_cast<uint64_t>(backend_->max_context());
+  uint64_t cache_tokens = UINT64_MAX;
+  for (const auto& l : kv_->pools()) {
+    if (!l.windowed()) cache_tokens = std::min<uint64_t>(cache_tokens, uint64_t{l.device_blocks} * config_.block_size);
+  }
+  if (max_context > cache_tokens) {
+    log->warn("max context {} tokens exceeds the KV cache ({} tokens): requests are limited to {}", max_context,
+              cache_tokens, cache_tokens);
+    max_context = cache_tokens;
+  }
+  eo.limits.max_context = static_cast<uint32_t>(max_context);
+  eo.limits.max_queued = config_.max_queued;
+  eo.limits.vocab_size = static_cast<uint32_t>(backend_->config().vocab_size);
+  for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
+  KVF_RETURN_IF_ERROR(eo.Validate(config_.block_size));
+  engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock, hook_.get());
+
+  WorkerLoopOptions lo;
+  lo.model_name = model_name_;
+  lo.shutdown_grace = static_cast<DurationNs>(config_.shutdown_grace_s * kNsPerSec);
+  loop_ = std::make_unique<WorkerLoop>(lo, engine_.get(), requests_.get(), clock, [this] {
+    hook_->BetweenSteps(!engine_->HasWork(), engine_->Load());
+  });
+  loop_->SetOutputObserver([this](const std::vector<engine::RequestOutput>& outs) { metrics_->OnOutputs(outs); });
+
+  // 6. Registration.
+  if (!config_.router.empty()) {
+    HelloInfo hello;
+    hello.worker_id = worker_id_;
+    hello.model = model_name_;
+    hello.block_size = config_.block_size;
+    hello.max_context = eo.limits.max_context;
+    hello.device_blocks = kv_->TotalBlocks(kv::Tier::kDevice);
+    hello.host_blocks = kv_->TotalBlocks(kv::Tier::kHost);
+    hello.requests_endpoint = WithPort(requests_->bound_endpoint(), EndpointPort(requests_->bound_endpoint()), host);
+    hello.events_endpoint = WithPort(publisher_->events_endpoint(), EndpointPort(publisher_->events_endpoint()), host);
+    hello.replay_endpoint = WithPort(publisher_->replay_endpoint(), EndpointPort(publisher_->replay_endpoint()), host);
+    hello.http_endpoint = "http://" + host + ":" + std::to_string(http_->port());
+    hello.backend = config_.backend;
+    hello.epoch = publisher_->epoch();
+    RegistrationOptions ro;
+    ro.router_endpoint = config_.router;
+    KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello));
+  }
+  ready_.store(true, std::memory_order_release);
+  log->info("worker {} serving {} on {} (events {}, http :{}), block size {}, max context {}", worker_id_,
+            model_name_, requests_->bound_endpoint(), publisher_->events_endpoint(), http_->port(),
+            config_.block_size, eo.limits.max_context);
+  return Status::Ok();
+}
+
+void Worker::RequestStop() {
+  stopping_.store(true, std::memory_order_release);
+  if (registration_) registration_->Stop(true);  // routers stop sending at once
+  loop_->RequestStop();
+}
+
+void Worker::Run() {
+  loop_->Run();
+  // The last step flushed its events; seal anything left and give the publisher thread
+  // time to send it.
+  publisher_->Flush(*source_, StepHook::ToWire(engine_->Load()));
+  std::this_thread::sleep_for(config::kPublisherDrain);
+  requests_->Stop();  // sends the final Deltas
+  Logger("worker")->info("worker {} stopped", worker_id_);
+}
+
+}  // namespace kvfleet::server

@@ -1,0 +1,102 @@
+// Worker: one kvfleet-worker serving one model, assembled from its parts.
+//
+//   backend ──────────────┐ (KV memory, forward pass)
+//   KvCacheManager ───────┤ events → EventPublisher (PUB + replay ROUTER)
+//   Engine ───────────────┘ driven by WorkerLoop on the engine thread
+//   RequestServer (requests ROUTER), Registration (Hello/Bye), HTTP (/health /ready /metrics)
+//
+// Per engine step the hook below runs on the engine thread: metrics, then
+// publisher.Flush(kv, load) (one EventBatch per step that changed the cache); between
+// steps publisher.ServiceSnapshots(kv) answers snapshot requests, since only the engine
+// thread may read the KV manager.
+//
+// Lifecycle: Start() binds every socket and loads the model (HTTP first, so /health
+// answers and /ready says false during a long load). Run() serves until RequestStop()
+// (SIGTERM), then: Bye to the router, new requests refused, in-flight ones finished or,
+// after the grace period, cancelled, a last event flush; Run() returns and the process
+// exits 0.
+//
+// Thread safety: Start/Run/destructor on one thread; RequestStop from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "worker/server/worker_config.h"
+
+namespace prometheus {
+class Registry;
+}
+namespace kvfleet::http {
+class Server;
+}
+namespace kvfleet::backend {
+class ModelBackend;
+}
+namespace kvfleet::kv {
+class KvCacheManager;
+}
+namespace kvfleet::events {
+class EventPublisher;
+}
+namespace kvfleet::engine {
+class Engine;
+}
+
+namespace kvfleet::server {
+
+class RequestServer;
+class Registration;
+class WorkerLoop;
+class WorkerMetrics;
+class StepHook;
+class KvEventSource;
+
+class Worker {
+ public:
+  // `context` outlives the worker.
+  static Result<std::unique_ptr<Worker>> Start(const WorkerConfig& config, zmq::context_t& context);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Serves until RequestStop() and the drain; the calling thread is the engine thread.
+  void Run();
+  void RequestStop();
+
+  const std::string& worker_id() const { return worker_id_; }
+  const std::string& model_name() const { return model_name_; }
+  const std::string& requests_endpoint() const;  // as bound
+  const std::string& events_endpoint() const;
+  uint16_t http_port() const;
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+
+ private:
+  explicit Worker(const WorkerConfig& config);
+  Status Init(zmq::context_t& context);
+
+  const WorkerConfig config_;
+  std::string worker_id_;
+  std::string model_name_;
+  std::atomic<bool> ready_{false};     // the model is loaded and every socket is up
+  std::atomic<bool> stopping_{false};  // RequestStop() was called: /ready says no
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<http::Server> http_;
+  std::unique_ptr<backend::ModelBackend> backend_;
+  std::unique_ptr<events::EventPublisher> publisher_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<KvEventSource> source_;
+  std::unique_ptr<StepHook> hook_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<RequestServer> requests_;
+  std::unique_ptr<WorkerLoop> loop_;
+  std::unique_ptr<Registration> registration_;
+};
+
+}  // namespace kvfleet::server

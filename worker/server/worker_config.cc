@@ -1,0 +1,126 @@
+#include "worker/server/worker_config.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace kvfleet::server {
+
+void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
+  app.add_option("--backend", c->backend, "model backend: mock, cpu or cuda")->capture_default_str();
+  app.add_option("--model-dir", c->model_dir, "Hugging Face model directory (config.json, *.safetensors)");
+  app.add_option("--model-name", c->model_name, "served model name (default: the directory's name)");
+  app.add_option("--worker-id", c->worker_id, "worker id in events and Hello (default: hostname:port)");
+  app.add_option("--requests", c->requests, "requests ROUTER endpoint")->capture_default_str();
+  app.add_option("--events", c->events, "KV events PUB endpoint")->capture_default_str();
+  app.add_option("--replay", c->replay, "replay/snapshot ROUTER endpoint")->capture_default_str();
+  app.add_option("--http-port", c->http_port, "HTTP port for /health, /ready, /metrics (0: any)")
+      ->capture_default_str();
+  app.add_option("--router", c->router, "router registration endpoint, e.g. tcp://host:5555 (optional)");
+  app.add_option("--advertise-host", c->advertise_host, "host name routers use to reach this worker (default: hostname)");
+  app.add_option("--block-size", c->block_size, "tokens per KV block (power of two)")->capture_default_str();
+  app.add_option("--max-num-tokens", c->max_num_tokens, "tokens computed per step (multiple of the block size)")
+      ->capture_default_str();
+  app.add_option("--max-batch-size", c->max_batch_size, "running sequences at most")->capture_default_str();
+  app.add_option("--max-context", c->max_context, "tokens per request, prompt + output (0: the model's)")
+      ->capture_default_str();
+  app.add_option("--max-queued", c->max_queued, "waiting requests before refusing with 'overloaded'")
+      ->capture_default_str();
+  app.add_option("--kv-cache-bytes", c->kv_cache_bytes, "device KV cache bytes (0: backend default)")
+      ->capture_default_str();
+  app.add_option("--gpu-memory-fraction", c->gpu_memory_fraction,
+                 "cuda: share of free GPU memory for the KV cache when --kv-cache-bytes is 0")
+      ->capture_default_str();
+  app.add_option("--host-cache-bytes", c->host_cache_bytes, "host-memory KV tier bytes (0: none)")
+      ->capture_default_str();
+  app.add_option("--offload-min-priority", c->offload_min_priority,
+                 "evicted blocks of at least this retention priority move to the host tier")
+      ->capture_default_str();
+  app.add_flag("--events-include-tokens", c->events_include_tokens, "stored KV events carry the block tokens");
+  app.add_option("--shutdown-grace-s", c->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str();
+  app.add_option("--mock-step-base-us", c->mock_cost.step_base_us, "mock: fixed cost per step (a), µs")
+      ->capture_default_str();
+  app.add_option("--mock-prefill-token-us", c->mock_cost.prefill_token_us, "mock: per prefill token (b), µs")
+      ->capture_default_str();
+  app.add_option("--mock-decode-seq-us", c->mock_cost.decode_seq_us, "mock: per decoding sequence (c), µs")
+      ->capture_default_str();
+  app.add_option("--mock-kv-token-read-us", c->mock_cost.kv_token_read_us, "mock: per KV token read (d), µs")
+      ->capture_default_str();
+  app.add_flag("--mock-verify-kv", c->mock_verify_kv, "mock: check KV contents through a shadow cache (tests)");
+  app.add_option("--mock-workers", c->mock_workers, "mock: workers in this process (fleet benchmarks)")
+      ->capture_default_str();
+  app.add_option("--port-stride", c->port_stride, "port offset between the workers of one process")
+      ->capture_default_str();
+}
+
+Status WorkerConfig::Validate() const {
+  if (backend != "mock" && backend != "cpu" && backend != "cuda") {
+    return InvalidArgument("--backend must be mock, cpu or cuda, got '" + backend + "'");
+  }
+  if (backend != "mock" && model_dir.empty()) return InvalidArgument("--model-dir is required for --backend " + backend);
+  if (block_size < 2 || (block_size & (block_size - 1)) != 0) {
+    return InvalidArgument("--block-size must be a power of two >= 2");
+  }
+  if (max_num_tokens == 0 || max_num_tokens % block_size != 0) {
+    return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");
+  }
+  if (max_batch_size == 0) return InvalidArgument("--max-batch-size must be >= 1");
+  if (offload_min_priority > 100) return InvalidArgument("--offload-min-priority must be 0..100");
+  if (gpu_memory_fraction <= 0 || gpu_memory_fraction > 1) return InvalidArgument("--gpu-memory-fraction must be in (0, 1]");
+  if (shutdown_grace_s < 0) return InvalidArgument("--shutdown-grace-s must be >= 0");
+  if (mock_workers == 0) return InvalidArgument("--mock-workers must be >= 1");
+  if (mock_workers > 1 && backend != "mock") return InvalidArgument("--mock-workers needs --backend mock");
+  if (http_port < 0 || http_port > 65535) return InvalidArgument("--http-port must be 0..65535");
+  for (const std::string* e : {&requests, &events, &replay}) {
+    if (EndpointPort(*e) < 0) return InvalidArgument("endpoint '" + *e + "' needs a port");
+  }
+  return mock_cost.Validate();
+}
+
+std::string WorkerConfig::ModelName() const {
+  if (!model_name.empty()) return model_name;
+  if (!model_dir.empty()) {
+    std::filesystem::path p(model_dir);
+    std::string name = p.filename().string();
+    if (name.empty()) name = p.parent_path().filename().string();
+    if (!name.empty()) return name;
+  }
+  return "mock";
+}
+
+int EndpointPort(const std::string& endpoint) {
+  auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= endpoint.size()) return -1;
+  try {
+    size_t used = 0;
+    int port = std::stoi(endpoint.substr(colon + 1), &used);
+    return used == endpoint.size() - colon - 1 ? port : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string WithPort(const std::string& endpoint, int port, const std::string& host) {
+  auto scheme_end = endpoint.find("://");
+  auto colon = endpoint.rfind(':');
+  std::string scheme = scheme_end == std::string::npos ? "tcp" : endpoint.substr(0, scheme_end);
+  std::string h = scheme_end == std::string::npos ? "" : endpoint.substr(scheme_end + 3, colon - scheme_end - 3);
+  if ((h == "*" || h == "0.0.0.0") && !host.empty()) h = host;
+  return scheme + "://" + h + ":" + std::to_string(port);
+}
+
+WorkerConfig WorkerConfig::ForInstance(uint32_t index) const {
+  WorkerConfig c = *this;
+  if (index == 0) return c;
+  const int shift = static_cast<int>(index * port_stride);
+  auto shifted = [shift](int port) { return port == 0 ? 0 : port + shift; };  // 0 stays ephemeral
+  c.requests = WithPort(requests, shifted(EndpointPort(requests)));
+  c.events = WithPort(events, shifted(EndpointPort(events)));
+  c.replay = WithPort(replay, shifted(EndpointPort(replay)));
+  c.http_port = shifted(http_port);
+  if (!worker_id.empty()) c.worker_id = worker_id + "-" + std::to_string(index);
+  return c;
+}
+
+}  // namespace kvfleet::server

@@ -1,0 +1,72 @@
+// WorkerConfig: every setting of kvfleet-worker, with its default and unit, and the
+// command-line flags that set them (common/config.h conventions: flag, KVFLEET_<FLAG>
+// environment variable, config file, default). `kvfleet up` passes these same flags.
+//
+// Thread safety: a value; filled at start-up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+#include "worker/backend/mock/cost_model.h"
+
+namespace kvfleet::server {
+
+struct WorkerConfig {
+  // --- model and backend ---
+  std::string backend = "mock";      // mock, cpu or cuda
+  std::string model_dir;             // HF directory; the mock may run without one
+  std::string model_name;            // served name; default: the model directory's name ("mock" without one)
+  std::string worker_id;             // default: hostname:<requests port>
+
+  // --- sockets ---
+  std::string requests = "tcp://*:5556";  // requests ROUTER (Contract 3)
+  std::string events = "tcp://*:5557";    // KV events PUB (Contract 2)
+  std::string replay = "tcp://*:5558";    // replay/snapshot ROUTER
+  int http_port = 9400;                   // /health, /ready, /metrics; 0: ephemeral
+  std::string router;                     // registration ROUTER to send Hello to; empty: none
+  std::string advertise_host;             // host routers should connect to; default: hostname
+
+  // --- engine ---
+  uint32_t block_size = 32;          // tokens per KV block (B)
+  uint32_t max_num_tokens = 8192;    // tokens computed per step; a multiple of B
+  uint32_t max_batch_size = 256;     // running sequences
+  uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache
+  uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
+
+  // --- KV memory ---
+  uint64_t kv_cache_bytes = 0;       // device KV bytes; 0: the backend's default
+  double gpu_memory_fraction = 0.9;  // cuda, when kv_cache_bytes is 0: share of free memory
+  uint64_t host_cache_bytes = 0;     // host tier bytes; 0: no host tier
+  uint32_t offload_min_priority = 35;  // evicted blocks at or above it go to the host tier
+  bool events_include_tokens = false;  // stored events carry block tokens
+
+  // --- shutdown ---
+  double shutdown_grace_s = 30;      // seconds in-flight requests get after SIGTERM
+
+  // --- mock backend ---
+  backend::mock::CostModel mock_cost;  // --mock-step-base-us and friends
+  bool mock_verify_kv = false;         // shadow KV check (tests; costs O(context) per step)
+  uint32_t mock_workers = 1;           // workers in this process (mock only; fleet benchmarks)
+  uint32_t port_stride = 10;           // port offset between the workers of one process
+
+  Status Validate() const;
+  // The served model name (model_name, else the directory's last component, else "mock").
+  std::string ModelName() const;
+  // This config for worker `index` of a multi-worker process: ports + index·stride, id
+  // suffixed "-<index>". index 0 is this config unchanged.
+  WorkerConfig ForInstance(uint32_t index) const;
+};
+
+// Adds every flag to `app`.
+void AddWorkerFlags(CLI::App& app, WorkerConfig* config);
+
+// "tcp://*:5556" -> 5556; -1 when the endpoint has no port.
+int EndpointPort(const std::string& endpoint);
+// The endpoint with its port replaced; "*" hosts become `host` when `host` is non-empty.
+std::string WithPort(const std::string& endpoint, int port, const std::string& host = "");
+
+}  // namespace kvfleet::server

@@ -1,0 +1,86 @@
+#include "worker/server/worker_loop.h"
+
+#include "common/log.h"
+
+namespace kvfleet::server {
+
+WorkerLoop::WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, RequestServer* server,
+                       const Clock* clock, std::function<void()> between_steps)
+    : options_(options), engine_(engine), server_(server), clock_(clock), between_steps_(std::move(between_steps)) {}
+
+void WorkerLoop::RequestStop() {
+  stop_requested_.store(true, std::memory_order_release);
+  server_->Wake();
+}
+
+void WorkerLoop::Apply(Command& command, bool refuse_new) {
+  if (auto* cancel = std::get_if<CancelCommand>(&command)) {
+    auto it = by_key_.find(cancel->key);
+    if (it != by_key_.end()) engine_->Cancel(it->second);
+    return;
+  }
+  auto& gen = std::get<GenerateCommand>(command);
+  if (refuse_new) {
+    server_->SendError(gen.key, ErrorCode::kShuttingDown, "the worker is shutting down");
+    return;
+  }
+  if (!gen.model.empty() && gen.model != options_.model_name) {
+    server_->SendError(gen.key, ErrorCode::kUnknownModel,
+                       "this worker serves '" + options_.model_name + "', not '" + gen.model + "'");
+    return;
+  }
+  if (by_key_.contains(gen.key)) {
+    server_->SendError(gen.key, ErrorCode::kInvalidRequest,
+                       "request id " + std::to_string(gen.key.request_id) + " is already in flight");
+    return;
+  }
+  auto id = engine_->Add(std::move(gen.request), gen.arrival);
+  if (!id.ok()) {
+    server_->SendError(gen.key, ErrorCodeFor(id.status()), id.status().message());
+    return;
+  }
+  by_key_.emplace(gen.key, *id);
+  by_id_.emplace(*id, gen.key);
+}
+
+void WorkerLoop::Send(std::vector<engine::RequestOutput>& outputs) {
+  for (const engine::RequestOutput& out : outputs) {
+    auto it = by_id_.find(out.id);
+    if (it == by_id_.end()) continue;
+    server_->SendOutput(it->second, out);
+    if (out.finish != engine::FinishReason::kNone) {
+      by_key_.erase(it->second);
+      by_id_.erase(it);
+    }
+  }
+}
+
+void WorkerLoop::Run() {
+  TimeNs drain_deadline = 0;
+  bool cancelled_all = false;
+  while (true) {
+    bool stopping = stop_requested_.load(std::memory_order_acquire);
+    if (stopping && drain_deadline == 0) {
+      drain_deadline = clock_->Now() + options_.shutdown_grace;
+      Logger("worker")->info("shutting down: {} requests in flight, {} s grace", engine_->num_requests(),
+                             options_.shutdown_grace / kNsPerSec);
+    }
+    std::vector<Command> commands = server_->Take(engine_->HasWork() || stopping ? 0 : options_.idle_wait);
+    for (Command& c : commands) Apply(c, stopping);
+    if (stopping && !cancelled_all && clock_->Now() >= drain_deadline) {
+      Logger("worker")->warn("grace period over: cancelling {} requests", engine_->num_requests());
+      engine_->CancelAll();
+      cancelled_all = true;
+    }
+    if (between_steps_) between_steps_();
+    if (engine_->HasWork()) {
+      std::vector<engine::RequestOutput> outputs = engine_->Step();
+      if (output_observer_) output_observer_(outputs);
+      Send(outputs);
+    }
+    in_flight_.store(engine_->num_requests(), std::memory_order_relaxed);
+    if (stopping && !engine_->HasWork()) break;
+  }
+}
+
+}  // namespace kvfleet::server

@@ -1,0 +1,71 @@
+// WorkerMetrics: the worker's Prometheus metrics (served on /metrics), updated by the
+// engine thread after each step.
+//
+//   kvfleet_worker_kv_blocks{tier,state}            gauge: free, in_use, cached blocks
+//   kvfleet_worker_prefix_hit_tokens_total          prompt tokens served from the cache
+//   kvfleet_worker_prefix_miss_tokens_total         prompt tokens computed
+//   kvfleet_worker_evictions_total{priority}        device blocks evicted, by retention priority
+//   kvfleet_worker_offloads_total, _onboards_total  device <-> host block copies
+//   kvfleet_worker_step_seconds                     histogram: engine step duration
+//   kvfleet_worker_batch_tokens                     histogram: tokens computed per step
+//   kvfleet_worker_requests{state}                  gauge: running, waiting
+//   kvfleet_worker_preemptions_total
+//   kvfleet_worker_time_to_first_token_seconds      histogram, measured inside the worker
+//   kvfleet_worker_generated_tokens_total, kvfleet_worker_requests_finished_total{reason}
+//
+// Thread safety: prometheus-cpp metrics are thread-safe; Update* run on the engine thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "common/clock.h"
+#include "worker/engine/engine_stats.h"
+#include "worker/engine/request.h"
+#include "worker/kv/kv_cache_manager.h"
+
+namespace kvfleet::server {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void OnStep(const engine::StepReport& report);
+  // The KV gauges and counters from the manager's totals.
+  void UpdateKv(const kv::KvStats& stats);
+  // TTFT from the first Delta that carries tokens, and finish reasons.
+  void OnOutputs(const std::vector<engine::RequestOutput>& outputs);
+
+ private:
+  prometheus::Family<prometheus::Gauge>& kv_blocks_;
+  std::array<std::array<prometheus::Gauge*, 3>, kv::kNumTiers> kv_block_gauges_{};  // [tier][free,in_use,cached]
+  prometheus::Counter& prefix_hit_;
+  prometheus::Counter& prefix_miss_;
+  prometheus::Family<prometheus::Counter>& evictions_;
+  std::array<prometheus::Counter*, kv::kMaxPriority + 1> evictions_by_priority_{};  // created on first use
+  prometheus::Counter& offloads_;
+  prometheus::Counter& onboards_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& batch_tokens_;
+  prometheus::Family<prometheus::Gauge>& requests_;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Counter& preemptions_;
+  prometheus::Histogram& ttft_;
+  prometheus::Counter& generated_;
+  prometheus::Family<prometheus::Counter>& finished_;
+
+  // Last totals seen, to turn the manager's running totals into counter increments.
+  uint64_t seen_hit_ = 0, seen_miss_ = 0, seen_offloads_ = 0, seen_onboards_ = 0;
+  std::array<uint64_t, kv::kMaxPriority + 1> seen_evictions_{};
+};
+
+}  // namespace kvfleet::server
