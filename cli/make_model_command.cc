@@ -20,6 +20,7 @@ struct MakeModelArgs {
   std::string out;
   uint64_t seed = 0;
   std::string dtype = "bf16";
+  bool config_only = false;
 };
 }  // namespace
 
@@ -34,12 +35,15 @@ Action AddMakeModelCommand(CLI::App& parent) {
   cmd->add_option("--out", args->out, "output directory")->required();
   cmd->add_option("--seed", args->seed, "weight seed; the same seed writes the same bytes")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "weight dtype: bf16 or fp32")->capture_default_str();
+  cmd->add_flag("--config-only", args->config_only,
+                "write config.json and the tokenizer files only (weights: tests/gpu/make_reference.py --make-model)");
   return [args]() {
     model::RandomModelOptions o;
     o.shape = args->shape;
     o.tokenizer_dir = args->tokenizer;
     o.out_dir = args->out;
     o.seed = args->seed;
+    o.config_only = args->config_only;
     if (args->dtype == "bf16") {
       o.dtype = model::DType::kBF16;
     } else if (args->dtype == "fp32") {

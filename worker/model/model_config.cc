@@ -219,6 +219,8 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     KVF_ASSIGN_OR_RETURN(c.mlp_bias, GetBool(j, "mlp_bias", false));
   }
   KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
+  KVF_ASSIGN_OR_RETURN(c.attention_chunk_size, GetInt(j, "attention_chunk_size", 0));
+  if (c.attention_chunk_size < 0) return FieldError("attention_chunk_size", "must be >= 0");
 
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
     c.bos_token_id = j["bos_token_id"].get<int64_t>();

@@ -60,6 +60,10 @@ struct ModelConfig {
   // From Mistral's sliding_window, Qwen2's use_sliding_window + sliding_window +
   // max_window_layers, or a per-layer list `layer_sliding_windows` / `layer_types`.
   std::vector<int64_t> layer_window;
+  // Chunked attention (Llama 4's attention_chunk_size): a query sees only keys of its own
+  // chunk of this many positions; 0 = off. Read on any architecture; HF honours it only
+  // for Llama 4.
+  int64_t attention_chunk_size = 0;
   int64_t bos_token_id = -1;              // -1: none given
   std::vector<int64_t> eos_token_ids;     // eos_token_id, a number or a list
   std::string torch_dtype;                // "bfloat16", "float16", "float32" or ""

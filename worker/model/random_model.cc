@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "common/check.h"
 #include "worker/model/checkpoint.h"
@@ -339,6 +340,8 @@ Status MakeRandomModel(const RandomModelOptions& o) {
     if (!out) return Unavailable(o.out_dir + "/config.json: write failed");
   }
 
+  if (o.config_only) return Status::Ok();
+
   // Plan the shards: consecutive tensors until the next would pass max_shard_bytes.
   std::vector<TensorSpec> specs = ExpectedTensors(cfg);
   std::vector<std::vector<const TensorSpec*>> shards(1);
@@ -356,8 +359,10 @@ Status MakeRandomModel(const RandomModelOptions& o) {
   // Remove the other layout's files so the directory holds exactly one.
   fs::remove(fs::path(o.out_dir) / (shards.size() == 1 ? "model.safetensors.index.json" : "model.safetensors"), ec);
 
-  std::vector<float> f32(kChunkElements);
-  std::vector<uint16_t> b16(kChunkElements);
+  const size_t threads = o.threads > 0 ? static_cast<size_t>(o.threads)
+                                       : std::max<size_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::vector<float>> f32(threads, std::vector<float>(kChunkElements));
+  std::vector<std::vector<uint16_t>> b16(threads, std::vector<uint16_t>(kChunkElements));
   json weight_map = json::object();
   size_t tensors_done = 0;
   uint64_t bytes_done = 0;
@@ -377,14 +382,30 @@ Status MakeRandomModel(const RandomModelOptions& o) {
       const uint64_t key = RandomTensorKey(o.seed, s->name);
       uint64_t n = 1;
       for (int64_t d : s->shape) n *= static_cast<uint64_t>(d);
-      for (uint64_t begin = 0; begin < n; begin += kChunkElements) {
-        size_t m = static_cast<size_t>(std::min<uint64_t>(kChunkElements, n - begin));
-        for (size_t i = 0; i < m; ++i) f32[i] = RandomWeight(key, begin + i, step, centre);
-        if (o.dtype == DType::kBF16) {
-          for (size_t i = 0; i < m; ++i) b16[i] = F32ToBF16(f32[i]);
-          KVF_RETURN_IF_ERROR(writer->Write(b16.data(), m * 2));  // x86-64: little-endian as stored
-        } else {
-          KVF_RETURN_IF_ERROR(writer->Write(f32.data(), m * 4));
+      // Chunks are generated `threads` at a time, then written in order.
+      for (uint64_t group = 0; group < n; group += threads * kChunkElements) {
+        auto fill = [&](size_t t) {
+          const uint64_t begin = group + t * kChunkElements;
+          const size_t m = begin < n ? static_cast<size_t>(std::min<uint64_t>(kChunkElements, n - begin)) : 0;
+          for (size_t i = 0; i < m; ++i) f32[t][i] = RandomWeight(key, begin + i, step, centre);
+          if (o.dtype == DType::kBF16) {
+            for (size_t i = 0; i < m; ++i) b16[t][i] = F32ToBF16(f32[t][i]);
+          }
+          return m;
+        };
+        std::vector<std::thread> helpers;
+        std::vector<size_t> sizes(threads);
+        for (size_t t = 1; t < threads && group + t * kChunkElements < n; ++t) {
+          helpers.emplace_back([&, t] { sizes[t] = fill(t); });
+        }
+        sizes[0] = fill(0);
+        for (std::thread& h : helpers) h.join();
+        for (size_t t = 0; t < threads && sizes[t] > 0; ++t) {
+          if (o.dtype == DType::kBF16) {
+            KVF_RETURN_IF_ERROR(writer->Write(b16[t].data(), sizes[t] * 2));  // x86-64: little-endian as stored
+          } else {
+            KVF_RETURN_IF_ERROR(writer->Write(f32[t].data(), sizes[t] * 4));
+          }
         }
       }
       weight_map[s->name] = name;

@@ -38,6 +38,10 @@
 
 namespace kvfleet::model {
 
+// Bumped whenever a shape's config or the weight rule changes, so caches of generated
+// models (tests) are not reused across versions.
+constexpr int kRandomModelVersion = 1;
+
 // The shape names MakeRandomModel accepts.
 std::vector<std::string> RandomModelShapes();
 
@@ -49,6 +53,8 @@ struct RandomModelOptions {
   DType dtype = DType::kBF16;  // kBF16 or kF32
   // Shards hold at most this many bytes of tensors; HF's save_pretrained default.
   uint64_t max_shard_bytes = 5'000'000'000ull;
+  bool config_only = false;  // write config.json and the tokenizer files, no weights
+  int threads = 0;  // generator threads; 0: hardware concurrency (the bytes do not depend on it)
   // Called after each tensor with (tensors done, tensors, bytes done, bytes).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };

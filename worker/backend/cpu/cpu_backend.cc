@@ -1,0 +1,455 @@
+#include "worker/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "common/block_hash.h"
+#include "common/check.h"
+#include "common/log.h"
+
+namespace kvfleet::backend::cpu {
+
+struct CpuBackend::Row {
+  int32_t seq = 0;        // index in the batch
+  int32_t index = 0;      // index of the token within its sequence's step
+  int64_t position = 0;   // absolute position
+  int32_t logits_row = -1;  // row in logits_, -1: no logits needed
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::string Req(const SequenceStep& s) { return "request " + std::to_string(s.request_id); }
+
+// The positions a query at q sees in a pool (backend.h): the main range [lo, q] and the
+// sink range [sink_lo, sink_hi) (empty unless the pool has a window and sinks).
+struct Visible {
+  int64_t lo, sink_lo, sink_hi;
+};
+
+Visible VisibleOf(const KvPoolInfo& p, int64_t q) {
+  const int64_t chunk_lo = p.attention_chunk > 0 ? q / p.attention_chunk * p.attention_chunk : 0;
+  int64_t lo = chunk_lo;
+  if (p.window > 0) lo = std::max(lo, q - p.window + 1);
+  Visible v{lo, 0, 0};
+  if (p.window > 0 && p.sink_tokens > 0) {
+    v.sink_lo = chunk_lo;
+    v.sink_hi = std::min<int64_t>(p.sink_tokens, lo);
+    if (v.sink_hi < v.sink_lo) v.sink_hi = v.sink_lo;
+  }
+  return v;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const BackendOptions& options) : options_(options) {}
+
+CpuBackend::~CpuBackend() {
+  for (float* p : device_kv_) std::free(p);
+  for (float* p : host_kv_) std::free(p);
+}
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& options) {
+  const auto t0 = Clock::now();
+  if (!IsValidBlockSize(static_cast<uint32_t>(options.block_size))) {
+    return InvalidArgument("cpu backend: block_size " + std::to_string(options.block_size) +
+                           " is not a power of two >= 2");
+  }
+  if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
+    return InvalidArgument("cpu backend: max_num_tokens and max_batch_size must be > 0");
+  }
+  if (options.sink_tokens < 0 || (options.sink_tokens > 0 && options.streaming_window <= 0)) {
+    return InvalidArgument("cpu backend: sink_tokens > 0 needs streaming_window > 0");
+  }
+  std::unique_ptr<CpuBackend> b(new CpuBackend(options));
+  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  b->pool_ = std::make_unique<ThreadPool>(std::max(threads, 1));
+
+  KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
+  b->config_ = checkpoint->config();
+  const model::ModelConfig& c = b->config_;
+  b->max_context_ = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
+  const auto t_open = Clock::now();
+  KVF_ASSIGN_OR_RETURN(b->w_, LoadCpuWeights(*checkpoint, *b->pool_));
+  const auto t_weights = Clock::now();
+  b->rope_ = std::make_unique<Rope>(c);
+
+  // KV pools, as the KV manager computes them.
+  kv::KvCacheConfig& kc = b->kv_config_;
+  kc.num_layers = static_cast<uint32_t>(c.num_layers);
+  kc.num_kv_heads = {static_cast<uint32_t>(c.num_kv_heads)};
+  kc.head_dim = static_cast<uint32_t>(c.head_dim);
+  kc.dtype_bytes = sizeof(float);
+  for (int64_t w : c.layer_window) {
+    kc.attention_windows.push_back(static_cast<uint32_t>(w == 0 && options.sink_tokens > 0 ? options.streaming_window : w));
+  }
+  kc.max_seq_len = static_cast<uint32_t>(b->max_context_);
+  kc.sink_tokens = static_cast<uint32_t>(options.sink_tokens);
+  kc.attention_chunk_size = static_cast<uint32_t>(c.attention_chunk_size);
+  kc.block_size = static_cast<uint32_t>(options.block_size);
+  kc.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
+  kc.host_bytes = options.host_kv_bytes;
+  kc.enable_offload = options.host_kv_bytes > 0;
+  if (options.num_blocks > 0) {
+    // num_blocks per pool: a budget of exactly that many blocks of every pool, split by
+    // the same weights (exact when there is one pool, as in tests).
+    KVF_RETURN_IF_ERROR(kc.Validate());
+    KVF_ASSIGN_OR_RETURN(auto probe, kv::ComputePools(kc));
+    uint64_t per_block = 0;
+    for (const auto& p : probe) per_block += p.bytes_per_block;
+    kc.device_bytes = static_cast<uint64_t>(options.num_blocks) * per_block;
+  }
+  KVF_RETURN_IF_ERROR(kc.Validate());
+  KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
+  b->layer_pool_.assign(c.num_layers, -1);
+  b->layer_index_.assign(c.num_layers, -1);
+  std::vector<kv::MemcpyBlockCopier::Arena> arenas;
+  for (size_t pi = 0; pi < layouts.size(); ++pi) {
+    const kv::PoolLayout& l = layouts[pi];
+    KvPoolInfo p;
+    p.window = static_cast<int32_t>(l.window);
+    p.sink_tokens = l.window > 0 ? options.sink_tokens : 0;
+    p.position_shift = p.sink_tokens > 0;
+    p.attention_chunk = static_cast<int32_t>(c.attention_chunk_size);
+    p.num_kv_heads = static_cast<int32_t>(l.num_kv_heads);
+    p.head_dim = static_cast<int32_t>(c.head_dim);
+    p.layers.assign(l.layers.begin(), l.layers.end());
+    p.bytes_per_block = l.bytes_per_block;
+    p.device_blocks = l.device_blocks;
+    p.host_blocks = l.host_blocks;
+    p.max_blocks_per_seq = (b->max_context_ + options.block_size - 1) / options.block_size;
+    for (size_t li = 0; li < p.layers.size(); ++li) {
+      b->layer_pool_[p.layers[li]] = static_cast<int32_t>(pi);
+      b->layer_index_[p.layers[li]] = static_cast<int32_t>(li);
+    }
+    // calloc: large arenas come from fresh zero pages, committed as they are touched.
+    float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), l.bytes_per_block));
+    float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, l.bytes_per_block)) : nullptr;
+    b->device_kv_.push_back(dev);
+    b->host_kv_.push_back(host);
+    if (dev == nullptr || (l.host_blocks > 0 && host == nullptr)) {
+      return ResourceExhausted("cpu backend: cannot allocate the KV cache of pool " + std::to_string(pi));
+    }
+    arenas.push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), l.bytes_per_block});
+    b->pools_.push_back(std::move(p));
+  }
+  b->copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas));
+
+  const auto t_end = Clock::now();
+  const double convert_s = Seconds(t_open, t_weights);
+  uint64_t kv_bytes = 0;
+  for (const auto& p : b->pools_) kv_bytes += p.bytes_per_block * static_cast<uint64_t>(p.device_blocks);
+  Logger("model")->info(
+      "cpu backend: {} ({}, {} layers) ready in {:.2f} s: open+validate {:.2f} s, {:.2f} GB to fp32 in {:.2f} s "
+      "({:.2f} GB/s, {} threads), KV {:.0f} MiB in {} pool(s) {:.2f} s",
+      options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, Seconds(t0, t_end),
+      Seconds(t0, t_open), static_cast<double>(checkpoint->weight_bytes()) * 1e-9, convert_s,
+      convert_s > 0 ? static_cast<double>(checkpoint->weight_bytes()) * 1e-9 / convert_s : 0.0, b->pool_->size(),
+      static_cast<double>(kv_bytes) / (1 << 20), b->pools_.size(), Seconds(t_weights, t_end));
+  return b;
+}
+
+float* CpuBackend::KvBase(size_t pool, kv::BlockId block) const {
+  return device_kv_[pool] + static_cast<size_t>(block) * (pools_[pool].bytes_per_block / sizeof(float));
+}
+
+Status CpuBackend::Validate(const StepBatch& batch) const {
+  if (batch.seqs.size() > static_cast<size_t>(options_.max_batch_size)) {
+    return InvalidArgument("a step of " + std::to_string(batch.seqs.size()) + " sequences; the limit is " +
+                           std::to_string(options_.max_batch_size));
+  }
+  const int64_t B = options_.block_size;
+  int64_t total = 0;
+  std::set<std::pair<size_t, kv::BlockId>> written;
+  for (const SequenceStep& s : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (n == 0) return InvalidArgument(Req(s) + ": no tokens");
+    total += n;
+    const int64_t end = s.start_position + n;
+    if (s.start_position < 0 || end > max_context_) {
+      return InvalidArgument(Req(s) + ": positions [" + std::to_string(s.start_position) + ", " + std::to_string(end) +
+                             ") are outside the context of " + std::to_string(max_context_));
+    }
+    for (TokenId t : s.tokens) {
+      if (static_cast<int64_t>(t) >= config_.vocab_size) {
+        return InvalidArgument(Req(s) + ": token " + std::to_string(t) + " is outside the vocabulary of " +
+                               std::to_string(config_.vocab_size));
+      }
+    }
+    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
+    if (s.block_tables.size() != pools_.size()) {
+      return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +
+                             std::to_string(pools_.size()) + " KV pools");
+    }
+    for (size_t p = 0; p < pools_.size(); ++p) {
+      const auto& table = s.block_tables[p];
+      const std::string where = Req(s) + ", pool " + std::to_string(p);
+      if (static_cast<int64_t>(table.size()) * B < end) {
+        return InvalidArgument(where + ": the block table does not reach position " + std::to_string(end - 1));
+      }
+      for (kv::BlockId id : table) {
+        if (id != kNoBlock && static_cast<int64_t>(id) >= pools_[p].device_blocks) {
+          return InvalidArgument(where + ": block id " + std::to_string(id) + " out of range");
+        }
+      }
+      auto need = [&](int64_t lo, int64_t hi, const char* what) -> Status {  // positions [lo, hi)
+        for (int64_t t = lo; t < hi; t += B - t % B) {
+          if (table[t / B] == kNoBlock) {
+            return InvalidArgument(where + ": no block for " + what + " position " + std::to_string(t));
+          }
+        }
+        return Status::Ok();
+      };
+      const Visible first = VisibleOf(pools_[p], s.start_position);
+      const Visible last = VisibleOf(pools_[p], end - 1);
+      KVF_RETURN_IF_ERROR(need(first.lo, end, "visible"));
+      KVF_RETURN_IF_ERROR(need(first.sink_lo, std::max(first.sink_hi, last.sink_hi), "sink"));
+      for (int64_t t = s.start_position; t < end; t += B - t % B) {
+        if (!written.emplace(p, table[t / B]).second) {
+          return InvalidArgument(where + ": block " + std::to_string(table[t / B]) +
+                                 " is written by two sequences of the step");
+        }
+      }
+    }
+  }
+  if (total > options_.max_num_tokens) {
+    return InvalidArgument("a step of " + std::to_string(total) + " tokens; the limit is " +
+                           std::to_string(options_.max_num_tokens));
+  }
+  return Status::Ok();
+}
+
+void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
+  const model::ModelConfig& c = config_;
+  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+  const KvPoolInfo& pool = pools_[pi];
+  const int64_t li = layer_index_[layer];
+  const int64_t B = options_.block_size, hd = c.head_dim, kvh = c.num_kv_heads, nh = c.num_heads;
+  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const int64_t k_off = c.q_size(), v_off = c.q_size() + c.kv_size();
+  // Element offsets inside a block: [layers_in_pool][2][kv_heads][B][head_dim].
+  auto k_at = [&](int64_t g) { return ((li * 2 + 0) * kvh + g) * B * hd; };
+  auto v_at = [&](int64_t g) { return ((li * 2 + 1) * kvh + g) * B * hd; };
+
+  // 1. Write this step's K and V.
+  const int64_t T = static_cast<int64_t>(rows_.size());
+  pool_->ParallelFor((T + 63) / 64, [&](int64_t chunk) {
+    for (int64_t r = chunk * 64; r < std::min(T, chunk * 64 + 64); ++r) {
+      const Row& row = rows_[r];
+      const auto& table = batch.seqs[row.seq].block_tables[pi];
+      float* base = KvBase(pi, table[row.position / B]);
+      const int64_t off = (row.position % B) * hd;
+      const float* src = qkv_.data() + r * qkv_width;
+      for (int64_t g = 0; g < kvh; ++g) {
+        std::memcpy(base + k_at(g) + off, src + k_off + g * hd, hd * sizeof(float));
+        std::memcpy(base + v_at(g) + off, src + v_off + g * hd, hd * sizeof(float));
+      }
+    }
+  });
+
+  // 2. Attention: one task per (sequence, head, block of query rows).
+  struct Task {
+    int32_t seq, head;
+    int64_t row0, rows;  // rows_ range
+  };
+  std::vector<Task> tasks;
+  int64_t r0 = 0;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(batch.seqs[s].tokens.size());
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t i = 0; i < n; i += config::kAttentionRowsPerTask) {
+        tasks.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), r0 + i,
+                         std::min<int64_t>(config::kAttentionRowsPerTask, n - i)});
+      }
+    }
+    r0 += n;
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const int64_t group = nh / kvh;
+  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
+    const Task& task = tasks[ti];
+    const auto& table = batch.seqs[task.seq].block_tables[pi];
+    const int64_t g = task.head / group;
+    thread_local std::vector<float> scores, q_shift, acc, cs;
+    q_shift.resize(hd);
+    acc.resize(hd);
+    cs.resize(hd);
+    for (int64_t r = task.row0; r < task.row0 + task.rows; ++r) {
+      const int64_t q = rows_[r].position;
+      const float* qv = qkv_.data() + r * qkv_width + task.head * hd;
+      const Visible vis = VisibleOf(pool, q);
+      const int64_t n_sink = vis.sink_hi - vis.sink_lo, n_main = q + 1 - vis.lo;
+      scores.resize(n_sink + n_main);
+      // StreamingLLM position shift: score sinks with the query rotated to its cache position.
+      const float* q_sink = qv;
+      if (pool.position_shift && n_sink > 0) {
+        const int64_t cache_pos = std::min<int64_t>(q, pool.sink_tokens + pool.window - 1);
+        if (cache_pos != q) {
+          std::memcpy(q_shift.data(), qv, hd * sizeof(float));
+          rope_->Angles(static_cast<double>(cache_pos - q), cs.data(), cs.data() + hd / 2);
+          rope_->Apply(cs.data(), cs.data() + hd / 2, q_shift.data());
+          q_sink = q_shift.data();
+        }
+      }
+      // Visits positions [lo, hi) block run by block run: fn(first score index, K or V
+      // pointer of the run's first token, run length).
+      auto for_runs = [&](int64_t lo, int64_t hi, int64_t score0, bool values, auto&& fn) {
+        for (int64_t t = lo; t < hi;) {
+          const int64_t off = t % B, len = std::min(hi - t, B - off);
+          const float* base = KvBase(pi, table[t / B]) + (values ? v_at(g) : k_at(g)) + off * hd;
+          fn(score0 + (t - lo), base, len);
+          t += len;
+        }
+      };
+      auto score_run = [&](const float* qq) {
+        return [&, qq](int64_t s0, const float* k, int64_t len) {
+          for (int64_t j = 0; j < len; ++j) scores[s0 + j] = Dot(qq, k + j * hd, hd) * scale;
+        };
+      };
+      for_runs(vis.sink_lo, vis.sink_hi, 0, false, score_run(q_sink));
+      for_runs(vis.lo, q + 1, n_sink, false, score_run(qv));
+      float m = -INFINITY;
+      for (float s : scores) m = std::max(m, s);
+      double sum = 0.0;
+      for (float& s : scores) {
+        s = std::exp(s - m);
+        sum += s;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      auto value_run = [&](int64_t s0, const float* v, int64_t len) {
+        for (int64_t j = 0; j < len; ++j) Axpy(scores[s0 + j], v + j * hd, acc.data(), hd);
+      };
+      for_runs(vis.sink_lo, vis.sink_hi, 0, true, value_run);
+      for_runs(vis.lo, q + 1, n_sink, true, value_run);
+      const float inv = static_cast<float>(1.0 / sum);
+      float* out = attn_.data() + r * c.q_size() + task.head * hd;
+      for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
+    }
+  });
+}
+
+Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
+  KVF_RETURN_IF_ERROR(Validate(batch));
+  const model::ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
+  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const size_t nseq = batch.seqs.size();
+
+  // Rows of the step, and which of them need logits.
+  rows_.clear();
+  int32_t logit_rows = 0;
+  for (size_t s = 0; s < nseq; ++s) {
+    const SequenceStep& step = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(step.tokens.size());
+    for (int64_t i = 0; i < n; ++i) {
+      Row row{static_cast<int32_t>(s), static_cast<int32_t>(i), step.start_position + i, -1};
+      const bool last = i == n - 1;
+      if (step.logits == LogitsRequest::kAll || (last && (step.sample || step.logits == LogitsRequest::kLast))) {
+        row.logits_row = logit_rows++;
+      }
+      rows_.push_back(row);
+    }
+  }
+  const int64_t T = static_cast<int64_t>(rows_.size());
+  x_.resize(T * H);
+  xn_.resize(T * H);
+  qkv_.resize(T * qkv_width);
+  attn_.resize(T * c.q_size());
+  mlp_.resize(T * 2 * I);
+  act_.resize(T * I);
+  cos_.resize(T * hd / 2);
+  sin_.resize(T * hd / 2);
+  for (int64_t r = 0; r < T; ++r) {
+    const TokenId tok = batch.seqs[rows_[r].seq].tokens[rows_[r].index];
+    std::memcpy(&x_[r * H], &w_.embed[static_cast<size_t>(tok) * H], H * sizeof(float));
+    rope_->Angles(static_cast<double>(rows_[r].position), &cos_[r * hd / 2], &sin_[r * hd / 2]);
+  }
+
+  // Parallel over rows in chunks, for the per-row elementwise stages.
+  auto per_row = [&](auto&& fn) {
+    pool_->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
+      for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) fn(r);
+    });
+  };
+  auto add_residual = [&] {
+    per_row([&](int64_t r) {
+      for (int64_t i = 0; i < H; ++i) x_[r * H + i] += xn_[r * H + i];
+    });
+  };
+  auto or_null = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const CpuLayerWeights& lw = w_.layers[l];
+    per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
+    MatMul(*pool_, xn_.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), qkv_.data());
+    per_row([&](int64_t r) {
+      float* row = &qkv_[r * qkv_width];
+      const float* cs = &cos_[r * hd / 2];
+      const float* sn = &sin_[r * hd / 2];
+      for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
+    });
+    Attention(batch, l);
+    MatMul(*pool_, attn_.data(), T, c.q_size(), lw.o.data(), H, or_null(lw.o_bias), xn_.data());
+    add_residual();
+    per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
+    MatMul(*pool_, xn_.data(), T, H, lw.gate_up.data(), 2 * I, or_null(lw.gate_up_bias), mlp_.data());
+    per_row([&](int64_t r) { SiluMul(&mlp_[r * 2 * I], &mlp_[r * 2 * I + I], I, &act_[r * I]); });
+    MatMul(*pool_, act_.data(), T, I, lw.down.data(), H, or_null(lw.down_bias), xn_.data());
+    add_residual();
+  }
+
+  // LM head for the rows that need logits.
+  head_.resize(static_cast<size_t>(logit_rows) * H);
+  for (int64_t r = 0; r < T; ++r) {
+    if (rows_[r].logits_row >= 0) {
+      RmsNorm(&x_[r * H], w_.final_norm.data(), H, c.rms_norm_eps, &head_[rows_[r].logits_row * H]);
+    }
+  }
+  logits_.resize(static_cast<size_t>(logit_rows) * V);
+  if (logit_rows > 0) MatMul(*pool_, head_.data(), logit_rows, H, w_.lm_head_data(), V, nullptr, logits_.data());
+
+  out->tokens.assign(nseq, kNoToken);
+  out->logits_offset.assign(nseq, -1);
+  out->logits.clear();
+  int64_t out_rows = 0;
+  int64_t r = 0;
+  for (size_t s = 0; s < nseq; ++s) {
+    const SequenceStep& step = batch.seqs[s];
+    const int64_t n = static_cast<int64_t>(step.tokens.size());
+    const Row& last = rows_[r + n - 1];
+    if (step.sample) {
+      out->tokens[s] = sampler_.Sample(std::span<const float>(&logits_[last.logits_row * V], V), step.sampling,
+                                       step.rng_counter);
+    }
+    if (step.logits != LogitsRequest::kNone) {
+      const int64_t first = step.logits == LogitsRequest::kAll ? r : r + n - 1;
+      out->logits_offset[s] = out_rows;
+      for (int64_t k = first; k < r + n; ++k) {
+        const float* src = &logits_[rows_[k].logits_row * V];
+        out->logits.insert(out->logits.end(), src, src + V);
+        ++out_rows;
+      }
+    }
+    r += n;
+  }
+  return Status::Ok();
+}
+
+namespace {
+Result<std::unique_ptr<ModelBackend>> MakeCpuBackend(const BackendOptions& options) {
+  KVF_ASSIGN_OR_RETURN(auto b, CpuBackend::Make(options));
+  return std::unique_ptr<ModelBackend>(std::move(b));
+}
+}  // namespace
+
+}  // namespace kvfleet::backend::cpu
+
+KVF_REGISTER_BACKEND(cpu, "cpu", kvfleet::backend::cpu::MakeCpuBackend)

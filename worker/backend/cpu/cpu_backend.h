@@ -1,0 +1,93 @@
+// CpuBackend: the `cpu` model backend, an fp32 reference forward pass of the Llama family
+// (Llama 2/3/3.x, Qwen2, Mistral) over the paged KV layout of backend.h.
+//
+// One step: embeddings → per layer [RMSNorm → QKV (+bias) → RoPE → write K/V into the
+// sequence's blocks → attention through the block tables (GQA/MQA, sliding window,
+// sinks with position shift, chunked attention) → o_proj → residual → RMSNorm → SwiGLU
+// MLP → residual] → final RMSNorm → LM head for the rows that need logits → sampler.
+// Matrix products split output rows, attention splits (sequence, head, query rows) over a
+// std::thread pool. KV memory is fp32 and lives in host memory, so the "device" tier and
+// the host tier are both plain arrays and block copies are memcpy.
+//
+// Thread safety: thread-compatible (backend.h); the engine thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "worker/backend/backend.h"
+#include "worker/backend/cpu/cpu_kernels.h"
+#include "worker/backend/cpu/cpu_weights.h"
+#include "worker/backend/cpu/thread_pool.h"
+#include "worker/kv/block_copier.h"
+#include "worker/kv/kv_config.h"
+
+namespace kvfleet::backend::cpu {
+
+namespace config {
+// KV memory when BackendOptions::kv_cache_bytes is 0: 512 MiB holds 32k tokens of the
+// tiny model or 2.8k tokens of SmolLM2-135M in fp32, plenty for tests, small for a laptop.
+constexpr uint64_t kDefaultKvBytes = 512ull << 20;
+// Query rows per attention work item: long prefill chunks split across threads.
+constexpr int64_t kAttentionRowsPerTask = 16;
+}  // namespace config
+
+class CpuBackend final : public ModelBackend {
+ public:
+  // Opens and validates the checkpoint, converts the weights, allocates the KV pools.
+  static Result<std::unique_ptr<CpuBackend>> Make(const BackendOptions& options);
+  ~CpuBackend() override;
+
+  std::string_view name() const override { return "cpu"; }
+  const model::ModelConfig& config() const override { return config_; }
+  int32_t block_size() const override { return options_.block_size; }
+  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
+  int32_t max_batch_size() const override { return options_.max_batch_size; }
+  int64_t max_context() const override { return max_context_; }
+  std::span<const KvPoolInfo> pools() const override { return pools_; }
+  Status Execute(const StepBatch& batch, StepOutput* out) override;
+  kv::BlockCopier& block_copier() override { return *copier_; }
+
+  // The KV cache configuration the pools were computed from (kv::ComputePools); a KV
+  // manager built from it has the same pools.
+  const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
+  int threads() const { return pool_->size(); }
+
+ private:
+  struct Row;  // one token of the step: sequence, position, destination of its logits
+  explicit CpuBackend(const BackendOptions& options);
+  Status Validate(const StepBatch& batch) const;
+  // Writes the step's K/V of layer `layer` and computes attention into attn_.
+  void Attention(const StepBatch& batch, int64_t layer);
+  float* KvBase(size_t pool, kv::BlockId block) const;
+
+  BackendOptions options_;
+  model::ModelConfig config_;
+  int64_t max_context_ = 0;
+  std::unique_ptr<ThreadPool> pool_;
+  CpuWeights w_;
+  std::unique_ptr<Rope> rope_;
+  kv::KvCacheConfig kv_config_;
+  std::vector<KvPoolInfo> pools_;
+  std::vector<int32_t> layer_pool_;   // [layer] → pool
+  std::vector<int32_t> layer_index_;  // [layer] → index of the layer within its pool
+  std::vector<float*> device_kv_;     // [pool] → [device_blocks][block elements]
+  std::vector<float*> host_kv_;       // [pool] → [host_blocks][block elements] or null
+  std::unique_ptr<kv::MemcpyBlockCopier> copier_;
+  Sampler sampler_;
+
+  // Per-step scratch, reused across steps. T = tokens in the step.
+  std::vector<Row> rows_;
+  std::vector<float> x_;      // [T][hidden] residual stream
+  std::vector<float> xn_;     // [T][hidden] normed
+  std::vector<float> qkv_;    // [T][q + 2kv]
+  std::vector<float> attn_;   // [T][q]
+  std::vector<float> mlp_;    // [T][2·intermediate]
+  std::vector<float> act_;    // [T][intermediate]
+  std::vector<float> cos_, sin_;  // [T][head_dim / 2]
+  std::vector<float> head_;   // [rows needing logits][hidden]
+  std::vector<float> logits_; // [rows needing logits][vocab]
+};
+
+}  // namespace kvfleet::backend::cpu

@@ -1,0 +1,179 @@
+#include "worker/backend/cpu/cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+namespace kvfleet::backend::cpu {
+namespace {
+
+typedef float V8 __attribute__((vector_size(32)));
+
+inline V8 Load(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float Sum(V8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// Rows of w per work item: enough that a task amortizes its scheduling, few enough that
+// two cores share a 64-row projection.
+constexpr int64_t kMinRowsPerTask = 16;
+// Tasks per thread for a large matrix, so a slow thread does not hold everyone up.
+constexpr int64_t kTasksPerThread = 4;
+// Below this many multiply-adds a product runs on the calling thread: waking another
+// thread costs more (tens of microseconds on a busy machine).
+constexpr int64_t kMinParallelMacs = 1 << 19;
+
+// y[m][n0..n1) for rows m of x, four rows of x at a time so each w row is loaded once per
+// four dot products.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+void MatMulBlock(const float* x, int64_t M, int64_t K, const float* w, int64_t n0, int64_t n1, const float* bias,
+                 float* y, int64_t ldy) {
+  const int64_t k8 = K / 8 * 8;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    const float* x0 = x + (m + 0) * K;
+    const float* x1 = x + (m + 1) * K;
+    const float* x2 = x + (m + 2) * K;
+    const float* x3 = x + (m + 3) * K;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* wr = w + n * K;
+      V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t k = 0; k < k8; k += 8) {
+        V8 wv = Load(wr + k);
+        a0 += wv * Load(x0 + k);
+        a1 += wv * Load(x1 + k);
+        a2 += wv * Load(x2 + k);
+        a3 += wv * Load(x3 + k);
+      }
+      float s0 = Sum(a0), s1 = Sum(a1), s2 = Sum(a2), s3 = Sum(a3);
+      for (int64_t k = k8; k < K; ++k) {
+        s0 += wr[k] * x0[k];
+        s1 += wr[k] * x1[k];
+        s2 += wr[k] * x2[k];
+        s3 += wr[k] * x3[k];
+      }
+      const float b = bias ? bias[n] : 0.0f;
+      y[(m + 0) * ldy + n] = s0 + b;
+      y[(m + 1) * ldy + n] = s1 + b;
+      y[(m + 2) * ldy + n] = s2 + b;
+      y[(m + 3) * ldy + n] = s3 + b;
+    }
+  }
+  for (; m < M; ++m) {
+    const float* x0 = x + m * K;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* wr = w + n * K;
+      V8 a0 = {}, a1 = {};
+      int64_t k = 0;
+      for (; k + 16 <= k8; k += 16) {
+        a0 += Load(wr + k) * Load(x0 + k);
+        a1 += Load(wr + k + 8) * Load(x0 + k + 8);
+      }
+      for (; k < k8; k += 8) a0 += Load(wr + k) * Load(x0 + k);
+      float s = Sum(a0 + a1);
+      for (k = k8; k < K; ++k) s += wr[k] * x0[k];
+      y[m * ldy + n] = s + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+void MatMul(ThreadPool& pool, const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias,
+            float* y) {
+  if (M * N * K < kMinParallelMacs) {
+    MatMulBlock(x, M, K, w, 0, N, bias, y, N);
+    return;
+  }
+  const int64_t want_tasks = static_cast<int64_t>(pool.size()) * kTasksPerThread;
+  const int64_t rows = std::max(kMinRowsPerTask, (N + want_tasks - 1) / want_tasks);
+  const int64_t tasks = (N + rows - 1) / rows;
+  pool.ParallelFor(tasks, [&](int64_t t) {
+    const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
+    MatMulBlock(x, M, K, w, n0, n1, bias, y, N);
+  });
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+float Dot(const float* a, const float* b, int64_t n) {
+  const int64_t n8 = n / 8 * 8;
+  V8 acc = {};
+  for (int64_t i = 0; i < n8; i += 8) acc += Load(a + i) * Load(b + i);
+  float s = Sum(acc);
+  for (int64_t i = n8; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* out) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+Rope::Rope(const model::ModelConfig& c) : head_dim_(c.head_dim) {
+  const int64_t half = head_dim_ / 2;
+  inv_freq_.resize(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq_[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim_));
+  }
+  const model::RopeScaling& rs = c.rope_scaling;
+  if (rs.type == model::RopeScaling::Type::kLinear) {
+    for (double& f : inv_freq_) f /= rs.factor;
+  } else if (rs.type == model::RopeScaling::Type::kLlama3) {
+    // Llama 3.1 (HF _compute_llama3_parameters): long wavelengths slowed by `factor`,
+    // short ones kept, a linear blend in between.
+    const double old_ctx = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / rs.low_freq_factor;
+    const double high_wavelen = old_ctx / rs.high_freq_factor;
+    for (double& f : inv_freq_) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f = f / rs.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  }
+}
+
+void Rope::Angles(double position, float* cos_out, float* sin_out) const {
+  for (size_t i = 0; i < inv_freq_.size(); ++i) {
+    const double a = position * inv_freq_[i];
+    cos_out[i] = static_cast<float>(std::cos(a));
+    sin_out[i] = static_cast<float>(std::sin(a));
+  }
+}
+
+void Rope::Apply(const float* cos_v, const float* sin_v, float* x) const {
+  const int64_t half = head_dim_ / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * cos_v[i] - x2 * sin_v[i];
+    x[i + half] = x2 * cos_v[i] + x1 * sin_v[i];
+  }
+}
+
+}  // namespace kvfleet::backend::cpu

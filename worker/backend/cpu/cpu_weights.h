@@ -1,0 +1,41 @@
+// CpuWeights: a model's weights in fp32, laid out for the cpu backend's matrix products.
+// q/k/v projections are stacked into one [q + 2·kv][hidden] matrix and gate/up into one
+// [2·intermediate][hidden], so each takes one pass over the activations.
+//
+// Thread safety: immutable after LoadCpuWeights().
+#pragma once
+
+#include <vector>
+
+#include "common/status.h"
+#include "worker/backend/cpu/thread_pool.h"
+#include "worker/model/checkpoint.h"
+
+namespace kvfleet::backend::cpu {
+
+struct CpuLayerWeights {
+  std::vector<float> input_norm;    // [hidden]
+  std::vector<float> qkv;           // [q + 2·kv][hidden]: q_proj, then k_proj, then v_proj rows
+  std::vector<float> qkv_bias;      // [q + 2·kv], empty without attention_bias
+  std::vector<float> o;             // [hidden][q]
+  std::vector<float> o_bias;        // [hidden] or empty
+  std::vector<float> post_norm;     // [hidden]
+  std::vector<float> gate_up;       // [2·intermediate][hidden]: gate rows, then up rows
+  std::vector<float> gate_up_bias;  // [2·intermediate] or empty
+  std::vector<float> down;          // [hidden][intermediate]
+  std::vector<float> down_bias;     // [hidden] or empty
+};
+
+struct CpuWeights {
+  std::vector<float> embed;       // [vocab][hidden]
+  std::vector<CpuLayerWeights> layers;
+  std::vector<float> final_norm;  // [hidden]
+  std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed
+  const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+};
+
+// Copies every tensor of the (already validated) checkpoint to fp32, showing progress on
+// a terminal. Fails only when memory runs out.
+Result<CpuWeights> LoadCpuWeights(const model::Checkpoint& checkpoint, ThreadPool& pool);
+
+}  // namespace kvfleet::backend::cpu
