@@ -11,6 +11,7 @@
 #include "common/block_hash.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
 #include "kernels/rope.h"
@@ -85,6 +86,7 @@ struct CudaBackend::StepMeta {
   const int32_t* ids = nullptr;        // [T]
   const int32_t* positions = nullptr;  // [T]
   const int32_t* row_lens = nullptr;   // [T] position + 1
+  const int32_t* row_seq = nullptr;    // [T] sequence of each row
   std::vector<const int32_t*> slots;   // [pool] → [T]
   std::vector<const int32_t*> tables;  // [pool] → [S][table_stride]
   const int32_t* cu_q_lens = nullptr;  // [S + 1]
@@ -142,8 +144,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
   const model::ModelConfig& c = b->config_;
-  if (c.head_dim != 64 && c.head_dim != 128) {
-    return Unimplemented("cuda backend: head_dim " + std::to_string(c.head_dim) + " (the kernels take 64 or 128)");
+  if (c.head_dim % 16 != 0 || c.head_dim > 256) {
+    return Unimplemented("cuda backend: head_dim " + std::to_string(c.head_dim) +
+                         " (the kernels take multiples of 16 up to 256)");
   }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return Unimplemented("cuda backend: hidden_size and intermediate_size must be multiples of 8");
@@ -318,13 +321,13 @@ Status CudaBackend::AllocateBuffers() {
   }
   KVF_ASSIGN_OR_RETURN(decode_workspace_, DeviceAlloc<float>(decode_workspace_bytes_ / sizeof(float) + 1));
 
-  // Step metadata, worst case: ids, positions, row lengths, head rows [T]; slots [pools][T];
+  // Step metadata, worst case: ids, positions, row lengths, row sequences, head rows [T]; slots [pools][T];
   // tables [pools][S][max blocks]; cu_q_lens, seq_lens, sampling settings [S]. Pools are
   // at most one per distinct layer window.
   std::set<int64_t> windows(c.layer_window.begin(), c.layer_window.end());
   const size_t max_pools = windows.size() + 1;
   const size_t max_blocks = static_cast<size_t>((max_context_ + options_.block_size - 1) / options_.block_size);
-  staging_bytes_ = (4 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
+  staging_bytes_ = (5 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
                    S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) +
                    (16 + 4 * max_pools) * kStagingAlign;
   void* h = nullptr;
@@ -535,6 +538,28 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     return Status::Ok();
   };
 
+  // Shapes the tensor-core kernels do not take go through the generic kernel.
+  const int32_t hd = pool.head_dim;
+  const bool fast = m.all_decode ? (hd == 64 || hd == 128 || hd == 256) : (hd == 64 || hd == 128);
+  if (!fast) {
+    kernels::GenericAttentionParams g;
+    g.q = q_;
+    g.kv_pool = device_kv_[pi];
+    g.block_tables = m.tables[pi];
+    g.token_seq = m.row_seq;
+    g.positions = m.positions;
+    g.out = attn_;
+    g.rope_inv_freq = shift ? inv_freq_ : nullptr;
+    g.layout = layout;
+    g.layer = li;
+    g.num_tokens = m.num_tokens;
+    g.num_q_heads = nh;
+    g.max_blocks_per_seq = m.table_stride;
+    g.scale = scale;
+    g.mask = mask;
+    KVF_CUDA_RETURN(kernels::LaunchGenericAttention(g, stream_));
+    return Status::Ok();
+  }
   if (m.all_decode) {
     return decode(q_, attn_, m.tables[pi], m.table_stride, m.seq_lens, m.num_seqs, m.max_seq_len);
   }
@@ -619,6 +644,7 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   auto [ids_h, ids_d] = pack.Take<int32_t>(T);
   auto [pos_h, pos_d] = pack.Take<int32_t>(T);
   auto [len_h, len_d] = pack.Take<int32_t>(T);
+  auto [rseq_h, rseq_d] = pack.Take<int32_t>(T);
   auto [cu_h, cu_d] = pack.Take<int32_t>(S + 1);
   auto [sl_h, sl_d] = pack.Take<int32_t>(S);
   auto [rows_h, rows_d] = pack.Take<int32_t>(static_cast<size_t>(na + nb));
@@ -630,6 +656,7 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   m.ids = ids_d;
   m.positions = pos_d;
   m.row_lens = len_d;
+  m.row_seq = rseq_d;
   m.cu_q_lens = cu_d;
   m.seq_lens = sl_d;
   for (int32_t s = 0; s < S; ++s) {
@@ -641,6 +668,7 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
       ids_h[r] = static_cast<int32_t>(st.tokens[i]);
       pos_h[r] = static_cast<int32_t>(st.start_position + i);
       len_h[r] = pos_h[r] + 1;
+      rseq_h[r] = s;
     }
   }
   cu_h[S] = T;

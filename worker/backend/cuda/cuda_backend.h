@@ -60,7 +60,8 @@ constexpr uint64_t kReserveBytes = 512ull << 20;
 class CudaBackend final : public ModelBackend {
  public:
   // Opens and validates the checkpoint, uploads the weights, allocates every buffer and
-  // the KV pools. Unimplemented for tensor_parallel > 1 or head_dim not in {64, 128}.
+  // the KV pools. Unimplemented for tensor_parallel > 1 or head_dim not a multiple of 16
+  // up to 256 (64 and 128 run on the tensor-core kernels, others on the generic one).
   static Result<std::unique_ptr<CudaBackend>> Make(const BackendOptions& options);
   ~CudaBackend() override;
 
