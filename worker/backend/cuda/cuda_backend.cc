@@ -419,7 +419,7 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
     copier_pools.push_back({reinterpret_cast<std::byte*>(dev), host, l.bytes_per_block});
     pools_.push_back(std::move(p));
   }
-  KVF_ASSIGN_OR_RETURN(copier_, CudaBlockCopier::Make(std::move(copier_pools), stream_));
+  KVF_ASSIGN_OR_RETURN(copier_, CudaBlockCopier::Make(std::move(copier_pools), stream_, options_.device));
   return Status::Ok();
 }
 
@@ -599,6 +599,8 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
 
 Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));  // (1)
+  // The CUDA device is per host thread; the engine thread may not be the one that built us.
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
   const model::ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t qkv_width = c.q_size() + 2 * c.kv_size();

@@ -9,10 +9,12 @@
 
 namespace kvfleet::backend::cuda {
 
-Result<std::unique_ptr<CudaBlockCopier>> CudaBlockCopier::Make(std::vector<Pool> pools, cudaStream_t stream) {
+Result<std::unique_ptr<CudaBlockCopier>> CudaBlockCopier::Make(std::vector<Pool> pools, cudaStream_t stream,
+                                                              int device) {
   std::unique_ptr<CudaBlockCopier> c(new CudaBlockCopier());
   c->pools_ = std::move(pools);
   c->stream_ = stream;
+  c->device_ = device;
   KVF_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c->pairs_), sizeof(int32_t) * 2 * config::kMaxCopyPairs,
                                 cudaHostAllocDefault));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&c->done_, cudaEventDisableTiming));
@@ -26,6 +28,7 @@ CudaBlockCopier::~CudaBlockCopier() {
 
 void CudaBlockCopier::Copy(std::span<const kv::BlockCopy> copies) {
   if (copies.empty()) return;
+  KVF_CHECK(cudaSetDevice(device_) == cudaSuccess) << "block copy: cannot select device " << device_;
   // The previous call's kernels may still read the pairs buffer.
   KVF_CHECK(cudaEventSynchronize(done_) == cudaSuccess) << "block copy: waiting for the previous copies failed";
   int32_t used = 0;  // pairs filled in this call

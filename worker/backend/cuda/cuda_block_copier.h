@@ -39,7 +39,8 @@ class CudaBlockCopier final : public kv::BlockCopier {
     std::byte* host = nullptr;    // pinned [host_blocks][bytes_per_block] or null
     uint64_t bytes_per_block = 0;
   };
-  static Result<std::unique_ptr<CudaBlockCopier>> Make(std::vector<Pool> pools, cudaStream_t stream);
+  // `stream`: the backend's stream on CUDA device `device`.
+  static Result<std::unique_ptr<CudaBlockCopier>> Make(std::vector<Pool> pools, cudaStream_t stream, int device);
   ~CudaBlockCopier() override;
 
   // Aborts (KVF_CHECK) on a CUDA error: the interface has no error path, and a failed copy
@@ -50,6 +51,7 @@ class CudaBlockCopier final : public kv::BlockCopier {
   CudaBlockCopier() = default;
   std::vector<Pool> pools_;
   cudaStream_t stream_ = nullptr;
+  int device_ = 0;
   int32_t* pairs_ = nullptr;  // pinned [kMaxCopyPairs][2]
   cudaEvent_t done_ = nullptr;
 };
