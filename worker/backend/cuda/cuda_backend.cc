@@ -99,6 +99,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) : options_(options) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   copier_.reset();
   gemm_.reset();
   for (void* p : allocations_) cudaFree(p);
@@ -135,6 +136,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
                          " (one GPU per worker for now)");
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  auto graphs = options.extra.find("cuda_graphs");
+  b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
   KVF_CUDA_RETURN(cudaSetDevice(options.device));
   cudaDeviceProp prop{};
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
@@ -604,9 +607,29 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   const model::ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
-  const int32_t S = static_cast<int32_t>(batch.seqs.size());
+  const int32_t S_real = static_cast<int32_t>(batch.seqs.size());
   const int64_t B = options_.block_size;
   const size_t P = pools_.size();
+
+  // A decode step that only samples runs as a CUDA graph of its shape bucket (4): the batch
+  // padded to a power of two, lengths rounded up to a power of two.
+  bool graph = use_graphs_;
+  int32_t max_end = 0;
+  for (const SequenceStep& st : batch.seqs) {
+    graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
+    max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
+  }
+  int32_t S = S_real, bucket_len = 0;
+  if (graph) {
+    S = 1;
+    while (S < S_real) S *= 2;
+    S = std::min({S, options_.max_batch_size, options_.max_num_tokens});
+    bucket_len = config::kMinGraphLength;
+    while (bucket_len < max_end) bucket_len *= 2;
+    bucket_len = static_cast<int32_t>(std::min<int64_t>(bucket_len, max_context_));
+    graph = S >= S_real;
+  }
+  if (!graph) S = S_real;
 
   // ---- Metadata, packed into the pinned staging buffer ----
   StepMeta m;
@@ -615,7 +638,11 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   m.end_pos.assign(S, 0);
   m.all_decode = true;
   size_t stride = 1;
-  for (int32_t s = 0; s < S; ++s) {
+  for (int32_t s = S_real; s < S; ++s) {  // padding rows: one token at position 0
+    m.row0[s + 1] = s + 1;
+    m.end_pos[s] = 1;
+  }
+  for (int32_t s = 0; s < S_real; ++s) {
     const SequenceStep& st = batch.seqs[s];
     const int32_t n = static_cast<int32_t>(st.tokens.size());
     m.row0[s + 1] = m.row0[s] + n;
@@ -624,6 +651,11 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     m.max_q_len = std::max(m.max_q_len, n);
     m.max_seq_len = std::max(m.max_seq_len, m.end_pos[s]);
     for (const auto& t : st.block_tables) stride = std::max(stride, t.size());
+  }
+  if (graph) {
+    m.row0[S] = S;
+    m.max_seq_len = bucket_len;
+    stride = static_cast<size_t>((bucket_len + B - 1) / B);  // entries past the bucket are never read
   }
   const int32_t T = m.row0[S];
   m.num_tokens = T;
@@ -634,6 +666,10 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   std::vector<int32_t> part_a_seq;                  // sequences of part A rows
   std::vector<std::pair<int32_t, int32_t>> part_b;  // (sequence, row) of part B rows
   for (int32_t s = 0; s < S; ++s) {
+    if (s >= S_real) {
+      part_a_seq.push_back(s);  // padding: sampled greedily, ignored
+      continue;
+    }
     const SequenceStep& st = batch.seqs[s];
     if (st.sample || st.logits != LogitsRequest::kNone) part_a_seq.push_back(s);
     if (st.logits == LogitsRequest::kAll) {
@@ -663,9 +699,16 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   m.cu_q_lens = cu_d;
   m.seq_lens = sl_d;
   for (int32_t s = 0; s < S; ++s) {
-    const SequenceStep& st = batch.seqs[s];
     cu_h[s] = m.row0[s];
     sl_h[s] = m.end_pos[s];
+    if (s >= S_real) {
+      ids_h[s] = 0;
+      pos_h[s] = 0;
+      len_h[s] = 1;
+      rseq_h[s] = s;
+      continue;
+    }
+    const SequenceStep& st = batch.seqs[s];
     for (int32_t i = 0; i < m.row0[s + 1] - m.row0[s]; ++i) {
       const int32_t r = m.row0[s] + i;
       ids_h[r] = static_cast<int32_t>(st.tokens[i]);
@@ -681,8 +724,13 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     m.slots.push_back(slot_d);
     m.tables.push_back(tab_d);
     for (int32_t s = 0; s < S; ++s) {
-      const auto& table = batch.seqs[s].block_tables[pi];
       int32_t* row = tab_h + static_cast<size_t>(s) * stride;
+      if (s >= S_real) {  // padding reads position 0 of block 0 and writes nothing
+        for (size_t j = 0; j < stride; ++j) row[j] = j == 0 ? 0 : -1;
+        slot_h[s] = -1;
+        continue;
+      }
+      const auto& table = batch.seqs[s].block_tables[pi];
       for (size_t j = 0; j < stride; ++j) {
         row[j] = j < table.size() && table[j] != kNoBlock ? static_cast<int32_t>(table[j]) : -1;
       }
@@ -693,8 +741,16 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     }
   }
   for (int32_t a = 0; a < na; ++a) {
-    const SequenceStep& st = batch.seqs[part_a_seq[a]];
     rows_h[a] = m.row0[part_a_seq[a] + 1] - 1;
+    if (part_a_seq[a] >= S_real) {
+      temp_h[a] = 0.0f;
+      topk_h[a] = 0;
+      topp_h[a] = 1.0f;
+      seed_h[a] = 0;
+      ctr_h[a] = 0;
+      continue;
+    }
+    const SequenceStep& st = batch.seqs[part_a_seq[a]];
     const bool sample = st.sample;
     temp_h[a] = sample ? st.sampling.temperature : 0.0f;
     topk_h[a] = sample ? st.sampling.top_k : 0;
@@ -703,6 +759,27 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     ctr_h[a] = st.rng_counter;
   }
   for (int32_t j = 0; j < nb; ++j) rows_h[na + j] = part_b[j].second;
+
+  // Output rows of logits, per sequence.
+  out->tokens.assign(S_real, kNoToken);
+  out->logits_offset.assign(S_real, -1);
+  int64_t out_rows = 0;
+  for (int32_t s = 0; s < S_real; ++s) {
+    const SequenceStep& st = batch.seqs[s];
+    if (st.logits == LogitsRequest::kNone) continue;
+    out->logits_offset[s] = out_rows;
+    out_rows += st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] : 1;
+  }
+  out->logits.resize(static_cast<size_t>(out_rows * V));
+  const int32_t Hi = static_cast<int32_t>(H);
+  auto head = [&](const int32_t* rows_dev, int32_t n) -> Status {  // logits_[0, n) for these rows
+    KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, T, Hi, stream_));
+    return gemm_->Run(lm_head_, head_in_, nullptr, logits_, LtGemm::Out::kF32, V, n, H, stream_);
+  };
+
+  // Everything from the metadata upload to the sampled tokens' copy back: one graph in
+  // graph mode.
+  auto enqueue = [&]() -> Status {
   KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, pack.used(), cudaMemcpyHostToDevice, stream_));
 
   // ---- Forward ----
@@ -710,7 +787,6 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const int32_t Hi = static_cast<int32_t>(H);
   KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
   KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -726,21 +802,7 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid_, next_norm, xn_, T, Hi, eps, stream_));
   }
 
-  // ---- LM head, sampling, outputs ----
-  out->tokens.assign(S, kNoToken);
-  out->logits_offset.assign(S, -1);
-  int64_t out_rows = 0;
-  for (int32_t s = 0; s < S; ++s) {
-    const SequenceStep& st = batch.seqs[s];
-    if (st.logits == LogitsRequest::kNone) continue;
-    out->logits_offset[s] = out_rows;
-    out_rows += st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] : 1;
-  }
-  out->logits.resize(static_cast<size_t>(out_rows * V));
-  auto head = [&](const int32_t* rows_dev, int32_t n) -> Status {  // logits_[0, n) for these rows
-    KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, T, Hi, stream_));
-    return gemm_->Run(lm_head_, head_in_, nullptr, logits_, LtGemm::Out::kF32, V, n, H, stream_);
-  };
+  // ---- LM head, sampling ----
   if (na > 0) {
     KVF_RETURN_IF_ERROR(head(rows_d, na));
     kernels::SamplingParams sp;
@@ -755,14 +817,47 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     sp.vocab = static_cast<int32_t>(V);
     KVF_CUDA_RETURN(kernels::LaunchSampling(sp, stream_));
     KVF_CUDA_RETURN(cudaMemcpyAsync(tokens_host_, tokens_dev_, na * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    if (out_rows > 0) {
-      KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(na) * V * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream_));
+  }
+  return Status::Ok();
+  };  // enqueue
+
+  if (graph) {
+    const std::pair<int32_t, int32_t> key{S, bucket_len};
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() && !graph_seen_.insert(key).second) {
+      // Second step of this shape: capture it (the first ran eagerly, so every kernel
+      // attribute and cuBLASLt plan is set up outside capture).
+      cudaGraph_t g = nullptr;
+      KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      const Status captured = enqueue();
+      const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+      if (!captured.ok()) {
+        if (g != nullptr) cudaGraphDestroy(g);
+        return captured;
+      }
+      KVF_CUDA_RETURN(end);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      KVF_CUDA_RETURN(inst);
+      it = graphs_.emplace(key, exec).first;
     }
+    if (it != graphs_.end()) {
+      KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));
+    } else {
+      KVF_RETURN_IF_ERROR(enqueue());
+    }
+  } else {
+    KVF_RETURN_IF_ERROR(enqueue());
+  }
+  if (na > 0 && out_rows > 0) {
+    KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(na) * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
   }
   KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));  // (3)
   for (int32_t a = 0; a < na; ++a) {
     const int32_t s = part_a_seq[a];
+    if (s >= S_real) continue;
     const SequenceStep& st = batch.seqs[s];
     if (st.sample) out->tokens[s] = static_cast<TokenId>(tokens_host_[a]);
     if (st.logits != LogitsRequest::kNone) {

@@ -29,6 +29,12 @@
 //   2. No device or pinned allocation after Make() (cuBLASLt plans are host objects
 //      created once per GEMM shape).
 //   3. Execute() returns after the step's work on the stream is complete.
+//   4. CUDA graphs: a step where every sequence decodes one token, samples and asks for no
+//      logits is padded to a bucket (batch: the next power of two up to max_batch_size;
+//      length: the next power of two from kMinGraphLength up to max_context) and, from the
+//      second step of that bucket on, replayed as one captured graph (metadata upload,
+//      forward, sampling, tokens back). Padding rows compute a token at position 0, read
+//      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -37,7 +43,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "worker/backend/backend.h"
@@ -55,6 +64,8 @@ constexpr int64_t kMinLogitsRows = 64;
 // Device memory left out of the KV budget when it is a fraction of free memory: the CUDA
 // context's later growth, cuBLASLt's internal allocations.
 constexpr uint64_t kReserveBytes = 512ull << 20;
+// Smallest sequence-length bucket of a decode graph (the decode kernel's partition unit).
+constexpr int32_t kMinGraphLength = 128;
 }  // namespace config
 
 class CudaBackend final : public ModelBackend {
@@ -136,6 +147,11 @@ class CudaBackend final : public ModelBackend {
   int32_t* tokens_host_ = nullptr;  // pinned [max_batch_size]: sampled tokens
   int32_t* tokens_dev_ = nullptr;
   float* logits_host_ = nullptr;    // pinned [logits_rows_][vocab]
+
+  // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
+  bool use_graphs_ = true;
+  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  std::set<std::pair<int32_t, int32_t>> graph_seen_;
 };
 
 }  // namespace kvfleet::backend::cuda
