@@ -26,8 +26,8 @@
 //
 // Invariants:
 //   1. Execute() validates the whole batch before launching anything.
-//   2. No device or pinned allocation after Make() (cuBLASLt plans are host objects
-//      created once per GEMM shape).
+//   2. No buffer allocation after Make(). Created once per shape, on first use: cuBLASLt
+//      plans (host objects, per GEMM shape) and decode graphs (per bucket, see 4).
 //   3. Execute() returns after the step's work on the stream is complete.
 //   4. CUDA graphs: a step where every sequence decodes one token, samples and asks for no
 //      logits is padded to a bucket (batch: the next power of two up to max_batch_size;
