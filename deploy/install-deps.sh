@@ -11,6 +11,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   prometheus gnuplot-nox curl python3 procps
   yamllint python3-yaml
+  patchelf
 )
 
 missing=()

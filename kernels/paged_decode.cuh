@@ -1,0 +1,561 @@
+// Paged-attention decode kernels (see paged_decode.h for the contract and shapes).
+//
+// Grid: x = split-K partition, y = KV head, z = sequence * query-head chunks.
+// Block: 4 warps. K/V tiles of 32 KB stream into shared memory through cp.async, two stages
+// deep, so the bytes in flight do not depend on registers; the block table is read by the
+// copying threads one tile ahead. Each token row (head_dim bf16) is then read by
+// kLanes = head_dim/8 lanes, 16 bytes each. One pass: scores, online softmax (per warp) and
+// acc_g += p v; warps merge through shared memory at the end. One partition writes the
+// normalised output; several write (acc, max, sum) to the workspace and PagedDecodeCombine
+// merges them.
+#pragma once
+
+#include "kernels/attention_mask.h"
+#include "kernels/cuda_common.cuh"
+#include "kernels/paged_decode.h"
+
+namespace kvfleet::kernels::decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+// The attended tokens of a sequence in order: sinks [0, ns), then [lo, seq_len).
+struct TokenRange {
+  int32_t lo, ns, n;
+  __device__ __forceinline__ int32_t Pos(int32_t i) const { return i < ns ? i : lo + (i - ns); }
+};
+
+__device__ __forceinline__ TokenRange MakeRange(const AttentionMask& m, int32_t seq_len) {
+  TokenRange r;
+  r.lo = MaskRangeStart(m, seq_len - 1);
+  r.ns = MaskSinkCount(m, r.lo);
+  r.n = r.ns + seq_len - r.lo;
+  return r;
+}
+
+// Rotates this lane's 8 dims (rotate_half pairing: dim d with d +- head_dim/2, held by the
+// lane kLanes/2 away) by position pos.
+template <int kLanes>
+__device__ __forceinline__ void RotateHalf(float (&x)[8], const float (&inv_freq)[8], int lane_in_row,
+                                           int32_t pos) {
+  const bool upper = lane_in_row >= kLanes / 2;
+  float partner[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, x[e], kLanes / 2);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float s, c;
+    sincosf(static_cast<float>(pos) * inv_freq[e], &s, &c);
+    x[e] = upper ? x[e] * c + partner[e] * s : x[e] * c - partner[e] * s;
+  }
+}
+
+template <int kHeadDim>
+struct Tiling {
+  static constexpr int kLanes = kHeadDim / 8;           // lanes per token row (16 B each)
+  static constexpr int kRowGroups = 32 / kLanes;        // token rows a warp reads at once
+  static constexpr int kPerLane = 8;                    // tokens per lane per tile
+  static constexpr int kTile = kWarps * kRowGroups * kPerLane;  // tokens per tile: 32 KB of K+V
+  static constexpr int kStages = 2;
+  static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
+};
+
+// Copies 16 bytes global -> shared without registers; zero-fills when !valid.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+template <int kHeadDim, int kGroup, bool kShiftRope>
+__global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams p) {
+  using T = Tiling<kHeadDim>;
+  constexpr int kLanes = T::kLanes, kTile = T::kTile, kPerLane = T::kPerLane;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // [stage][K, V][kTile][kHeadDim] bf16; after the loop: per-warp (acc, max, sum) for the merge.
+  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+
+  const int part = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  const int chunks = (group + kGroup - 1) / kGroup;
+  const int seq = blockIdx.z / chunks;
+  const int g0 = (blockIdx.z % chunks) * kGroup;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lane_in_row = lane % kLanes, row_group = lane / kLanes;
+  const int P = p.partition_size;
+
+  const int32_t seq_len = p.seq_lens[seq];
+  const TokenRange range = MakeRange(p.mask, seq_len);
+  const int num_parts = (range.n + P - 1) / P;
+  if (part >= num_parts) return;
+  const int i0 = part * P;
+  const int len = min(P, range.n - i0);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int B = p.layout.block_size;
+  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+
+  // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
+  auto load_tile = [&](int t, int st) {
+    __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
+    __nv_bfloat16* vs = ks + kTile * kHeadDim;
+#pragma unroll
+    for (int c = threadIdx.x; c < kTile * kLanes; c += kThreads) {
+      const int row = c / kLanes, chunk = c % kLanes;
+      const int i = t * kTile + row;
+      const bool valid = i < len;
+      const __nv_bfloat16* src = p.kv_pool;
+      if (valid) {
+        const int32_t pos = range.Pos(i0 + i);
+        src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
+      }
+      CpAsync16(ks + row * kHeadDim + chunk * 8, src, valid);
+      CpAsync16(vs + row * kHeadDim + chunk * 8, valid ? src + v_offset : src, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  const int num_tiles = (len + kTile - 1) / kTile;
+  load_tile(0, 0);
+
+  float inv_freq[8];
+  if constexpr (kShiftRope) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) inv_freq[e] = p.rope_inv_freq[(lane_in_row * 8 + e) % (kHeadDim / 2)];
+  }
+  // This lane's 8 dims of each query head, pre-scaled so that softmax uses exp2.
+  float q[kGroup][8];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    const int hq = kv_head * group + g0 + g;
+    if (g0 + g < group) {
+      const uint4 v = *reinterpret_cast<const uint4*>(
+          p.q + (static_cast<int64_t>(seq) * p.num_q_heads + hq) * kHeadDim + lane_in_row * 8);
+      Bf16x8ToFloat(v, q[g]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = 0.f;
+    }
+    if constexpr (kShiftRope) RotateHalf<kLanes>(q[g], inv_freq, lane_in_row, range.n - 1);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[g][e] *= p.scale * kLog2e;
+  }
+
+  // Online softmax state of this warp (the lanes of a row group hold the same max and sum).
+  float acc[kGroup][8], m[kGroup], l[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t & 1;
+    if (t + 1 < num_tiles) {
+      load_tile(t + 1, st ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();
+    const __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
+    const __nv_bfloat16* vs = ks + kTile * kHeadDim;
+    // This lane's tokens in the tile: rows (warp, row_group, u).
+    const int row0 = (warp * T::kRowGroups + row_group) * kPerLane;
+
+    float s[kGroup][kPerLane];
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      float kf[8];
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(ks + (row0 + u) * kHeadDim + lane_in_row * 8), kf);
+      const int i = t * kTile + row0 + u;
+      if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, i0 + i);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
+        dot = WarpSum<kLanes>(dot);
+        s[g][u] = i < len ? dot : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) mx = fmaxf(mx, s[g][u]);
+#pragma unroll
+      for (int o = kLanes; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float corr = exp2f(m[g] - base);
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        s[g][u] = exp2f(s[g][u] - base);
+        l[g] += s[g][u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      float vf[8];
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(vs + (row0 + u) * kHeadDim + lane_in_row * 8), vf);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(s[g][u], vf[e], acc[g][e]);
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+  }
+
+  // Merge the row groups of the warp (same max), then the warps through shared memory.
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int o = kLanes; o < 32; o <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+    }
+  }
+  float* red = reinterpret_cast<float*>(smem_raw);  // [kWarps][kGroup][kHeadDim]
+  float* red_m = red + kWarps * kGroup * kHeadDim;  // [kWarps][kGroup]
+  float* red_l = red_m + kWarps * kGroup;           // [kWarps][kGroup]
+  if (row_group == 0) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(warp * kGroup + g) * kHeadDim + lane_in_row * 8 + e] = acc[g][e];
+      if (lane == 0) {
+        red_m[warp * kGroup + g] = m[g];
+        red_l[warp * kGroup + g] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < kGroup * kLanes; idx += kThreads) {
+    const int g = idx / kLanes, d = (idx % kLanes) * 8;
+    if (g0 + g >= group) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kGroup + g]);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float o[8] = {}, sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = exp2f(red_m[w * kGroup + g] - base);
+      sum += c * red_l[w * kGroup + g];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kGroup + g) * kHeadDim + d + e];
+    }
+    const int hq = kv_head * group + g0 + g;
+    const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
+    if (num_parts == 1) {
+      const float inv = 1.f / sum;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] *= inv;
+      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
+    } else {
+      const int max_parts = gridDim.x;
+      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
+      *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
+      if (d == 0) {
+        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
+        ml[(row_idx * max_parts + part) * 2] = mx;
+        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// Tensor-core variant for head_dim <= 128 without shifted RoPE. The (up to 16) query heads of
+// a KV head are the 16 rows of one mma.sync m16n8k16 tile; each warp takes 16 tokens of every
+// 64-token K/V tile (three cp.async stages deep), computes S = Q K^T and O += P V on tensor
+// cores with its own online softmax, and the warps merge at the end. Rows past the group are
+// zero queries whose results are dropped: the tensor cores have far more throughput than a
+// memory-bound decode needs, and this path issues ~8x fewer instructions per token than the
+// CUDA-core kernel above.
+namespace mma {
+
+constexpr int kTile = 64;  // tokens per stage: 16 per warp
+constexpr int kStages = 3;
+constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
+
+template <int kHeadDim>
+constexpr int SmemBytes() {
+  return kStages * 2 * kTile * (kHeadDim + kPad) * 2;
+}
+
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
+  constexpr int kStride = kHeadDim + kPad;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kDTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [stage][K,V][kTile][kStride]
+
+  const int part = blockIdx.x, kv_head = blockIdx.y;
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  const int chunks = (group + 15) / 16;
+  const int seq = blockIdx.z / chunks;
+  const int g0 = (blockIdx.z % chunks) * 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tig = lane % 4;
+  const int P = p.partition_size;
+
+  const int32_t seq_len = p.seq_lens[seq];
+  const TokenRange range = MakeRange(p.mask, seq_len);
+  const int num_parts = (range.n + P - 1) / P;
+  if (part >= num_parts) return;
+  const int i0 = part * P;
+  const int len = min(P, range.n - i0);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int B = p.layout.block_size;
+  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  const int num_tiles = (len + kTile - 1) / kTile;
+
+  auto load_tile = [&](int t) {
+    if (t < num_tiles) {
+      __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride;
+      __nv_bfloat16* vs = ks + kTile * kStride;
+#pragma unroll
+      for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
+        const int row = c / kChunks, chunk = c % kChunks;
+        const int i = t * kTile + row;
+        const bool valid = i < len;
+        const __nv_bfloat16* src = p.kv_pool;
+        if (valid) {
+          const int32_t pos = range.Pos(i0 + i);
+          src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
+        }
+        CpAsync16(ks + row * kStride + chunk * 8, src, valid);
+        CpAsync16(vs + row * kStride + chunk * 8, valid ? src + v_offset : src, valid);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);  // empty groups keep the wait counts uniform
+  };
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
+
+  // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).
+  uint32_t qa[kKSteps][4];
+  {
+    const int r_lo = g0 + gid, r_hi = g0 + gid + 8;
+    const __nv_bfloat16* q_lo = p.q + (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + r_lo) * kHeadDim;
+    const __nv_bfloat16* q_hi = q_lo + 8 * kHeadDim;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool hi = j & 1;
+        const int col = kk * 16 + (j >> 1) * 8 + 2 * tig;
+        const bool valid = (hi ? r_hi : r_lo) < group;
+        qa[kk][j] = valid ? *reinterpret_cast<const uint32_t*>((hi ? q_hi : q_lo) + col) : 0u;
+      }
+  }
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[t][j] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();  // tile t landed for everyone; stage (t-1) % kStages is free again
+    load_tile(t + kStages - 1);
+    const __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
+    const __nv_bfloat16* vs = ks + kTile * kStride;
+
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
+      const __nv_bfloat16* krow = ks + (nt * 8 + gid) * kStride + 2 * tig;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+        Mma(s[nt], qa[kk], *reinterpret_cast<const uint32_t*>(krow + kk * 16),
+            *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8));
+    }
+    const int base_i = t * kTile + warp * 16;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        s[nt][j] = base_i + nt * 8 + 2 * tig + (j & 1) < len ? s[nt][j] * scale_log2 : -INFINITY;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float corr = exp2f(m[h] - base);
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+        sum += s[nt][2 * h] + s[nt][2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int d = 0; d < kDTiles; ++d) {
+        o[d][2 * h] *= corr;
+        o[d][2 * h + 1] *= corr;
+      }
+    }
+    const uint32_t pa[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]), PackBf16(s[1][0], s[1][1]),
+                            PackBf16(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dn = 0; dn < kHeadDim / 16; ++dn) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, vs + (lane & 15) * kStride + dn * 16 + (lane >> 4) * 8);
+      Mma(o[2 * dn], pa, b[0], b[1]);
+      Mma(o[2 * dn + 1], pa, b[2], b[3]);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();  // shared memory is reused for the merge
+
+  // Merge the warps: [kWarps][16 rows][kHeadDim] partial O, [kWarps][16] max and sum.
+  float* red = reinterpret_cast<float*>(smem_raw);
+  float* red_m = red + kWarps * 16 * kHeadDim;
+  float* red_l = red_m + kWarps * 16;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = gid + 8 * h;
+    if (tig == 0) {
+      red_m[warp * 16 + r] = m[h];
+      red_l[warp * 16 + r] = sum;
+    }
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d) {
+      red[(warp * 16 + r) * kHeadDim + d * 8 + 2 * tig] = o[d][2 * h];
+      red[(warp * 16 + r) * kHeadDim + d * 8 + 2 * tig + 1] = o[d][2 * h + 1];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, d = (idx % kChunks) * 8;
+    if (g0 + r >= group) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * 16 + r]);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float out[8] = {}, sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = exp2f(red_m[w * 16 + r] - base);
+      sum += c * red_l[w * 16 + r];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] += c * red[(w * 16 + r) * kHeadDim + d + e];
+    }
+    const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
+    if (num_parts == 1) {
+      const float inv = 1.f / sum;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] *= inv;
+      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(out);
+    } else {
+      const int max_parts = gridDim.x;
+      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
+      *reinterpret_cast<float4*>(po) = make_float4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<float4*>(po + 4) = make_float4(out[4], out[5], out[6], out[7]);
+      if (d == 0) {
+        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
+        ml[(row_idx * max_parts + part) * 2] = mx;
+        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+}  // namespace mma
+
+// Merges the partitions of one (sequence, query head): grid (num_q_heads, num_seqs).
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PagedDecodeCombine(PagedDecodeParams p, int max_parts) {
+  const int hq = blockIdx.x, seq = blockIdx.y;
+  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
+  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
+  if (num_parts <= 1) return;  // the attention kernel wrote this row itself
+  const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
+  const float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim +
+                    row_idx * max_parts * 2;
+  __shared__ float s_w[kThreads];
+  __shared__ float s_total;
+  // Global max, then weights; partitions are few (<= a few hundred), one pass each.
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < num_parts; i += kThreads) m = fmaxf(m, ml[2 * i]);
+  __shared__ float s_red[kWarps];
+  m = WarpMax(m);
+  if (threadIdx.x % 32 == 0) s_red[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = fmaxf(fmaxf(s_red[0], s_red[1]), fmaxf(s_red[2], s_red[3]));
+  __syncthreads();
+  float l = 0.f;
+  for (int i = threadIdx.x; i < num_parts; i += kThreads) l += exp2f(ml[2 * i] - m) * ml[2 * i + 1];
+  l = WarpSum(l);
+  if (threadIdx.x % 32 == 0) s_red[threadIdx.x / 32] = l;
+  __syncthreads();
+  if (threadIdx.x == 0) s_total = s_red[0] + s_red[1] + s_red[2] + s_red[3];
+  const float* po = p.workspace + row_idx * max_parts * kHeadDim;
+  constexpr int kPerThread = (kHeadDim + kThreads - 1) / kThreads;
+  float o[kPerThread] = {};
+  for (int c = 0; c < num_parts; c += kThreads) {
+    __syncthreads();
+    if (c + threadIdx.x < num_parts) s_w[threadIdx.x] = exp2f(ml[2 * (c + threadIdx.x)] - m);
+    __syncthreads();
+    const int n = min(kThreads, num_parts - c);
+    for (int j = 0; j < n; ++j) {
+      const float w = s_w[j];
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int d = threadIdx.x + k * kThreads;
+        if (d < kHeadDim) o[k] += w * po[(c + j) * kHeadDim + d];
+      }
+    }
+  }
+  __syncthreads();
+  const float inv = 1.f / s_total;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int d = threadIdx.x + k * kThreads;
+    if (d < kHeadDim) p.out[row_idx * kHeadDim + d] = __float2bfloat16(o[k] * inv);
+  }
+}
+
+}  // namespace kvfleet::kernels::decode

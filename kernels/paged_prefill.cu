@@ -1,0 +1,32 @@
+#include "kernels/paged_prefill.cuh"
+
+namespace kvfleet::kernels {
+namespace {
+
+template <int kHeadDim>
+cudaError_t Launch(const PagedPrefillParams& p, cudaStream_t stream) {
+  constexpr int kSmem = prefill::SmemBytes<kHeadDim>();
+  auto kernel = prefill::PagedPrefillKernel<kHeadDim>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  const int64_t row_tiles = (int64_t(p.max_q_len) * group + prefill::kRows - 1) / prefill::kRows;
+  dim3 grid(static_cast<unsigned>(row_tiles), p.layout.num_kv_heads, p.num_seqs);
+  kernel<<<grid, prefill::kThreads, kSmem, stream>>>(p);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream) {
+  if (p.num_seqs <= 0 || p.max_q_len <= 0) return cudaSuccess;
+  if (p.layout.num_kv_heads <= 0 || p.num_q_heads % p.layout.num_kv_heads != 0) return cudaErrorInvalidValue;
+  switch (p.layout.head_dim) {
+    case 64: return Launch<64>(p, stream);
+    case 128: return Launch<128>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kvfleet::kernels

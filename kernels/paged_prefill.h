@@ -1,0 +1,42 @@
+// Paged-attention prefill / chunked prefill: a chunk of new query tokens per sequence attends,
+// causally, to the sequence's cached prefix plus itself (the chunk's K/V are already in the
+// cache: LaunchRopeKvStore runs first). Flash-attention-2 style: K/V tiles stream through
+// shared memory (cp.async, double-buffered), scores and P.V run on tensor cores
+// (mma.sync m16n8k16 bf16, fp32 accumulation), softmax is online, nothing of size
+// q_len x kv_len is ever stored. GQA: the rows of a thread block are (token, query head) pairs
+// of one KV head, so each K/V tile is loaded once for the whole group. Masks as decode
+// (attention_mask.h); StreamingLLM shifted RoPE is decode-only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention_mask.h"
+#include "kernels/paged_kv.h"
+
+namespace kvfleet::kernels {
+
+struct PagedPrefillParams {
+  const __nv_bfloat16* q = nullptr;        // [num_tokens][num_q_heads][head_dim], RoPE applied
+  const __nv_bfloat16* kv_pool = nullptr;  // PagedKvLayout
+  const int32_t* block_tables = nullptr;   // [num_seqs][max_blocks_per_seq]
+  const int32_t* cu_q_lens = nullptr;      // [num_seqs + 1] query token offsets into q / out
+  const int32_t* seq_lens = nullptr;       // [num_seqs] cached tokens incl. this chunk; query
+                                           // token j sits at seq_lens[s] - q_len + j
+  __nv_bfloat16* out = nullptr;            // [num_tokens][num_q_heads][head_dim]
+  PagedKvLayout layout;
+  int32_t layer = 0;
+  int32_t num_seqs = 0;
+  int32_t num_q_heads = 0;
+  int32_t max_blocks_per_seq = 0;
+  int32_t max_q_len = 0;  // upper bound of the chunk lengths: sizes the grid
+  float scale = 0;
+  AttentionMask mask;
+};
+
+// REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above.
+cudaError_t LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream);
+
+}  // namespace kvfleet::kernels

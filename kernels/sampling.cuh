@@ -1,0 +1,174 @@
+// Sampling kernel (contract in sampling.h). One block of kThreads per sequence; every pass
+// reads the logits row (from L2 after the first), so a 128K vocabulary costs ~10 row reads.
+//   1. max and argmax;  2. top-k: radix select of the k-th largest key (4 passes of 8 bits,
+//   counts);  3. top-p: radix select over fixed-point probability mass;  4. Gumbel-max.
+#pragma once
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/sampling.h"
+#include "kernels/sampling_common.h"
+
+namespace kvfleet::kernels::sample {
+
+constexpr int kThreads = 1024;
+constexpr int kHistBytes = kThreads / 32 * 256 * 8;  // per-warp radix histograms
+
+struct ArgMax {
+  float v;
+  int32_t i;
+};
+
+__device__ __forceinline__ ArgMax Better(ArgMax a, ArgMax b) {
+  if (b.i < 0) return a;
+  if (a.i < 0) return b;
+  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+}
+
+__device__ ArgMax BlockArgMax(ArgMax x) {
+  __shared__ float s_v[32];
+  __shared__ int32_t s_i[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgMax y{__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.i, o)};
+    x = Better(x, y);
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) {
+    s_v[threadIdx.x / 32] = x.v;
+    s_i[threadIdx.x / 32] = x.i;
+  }
+  __syncthreads();
+  ArgMax r{s_v[0], s_i[0]};
+  for (int w = 1; w < kThreads / 32; ++w) r = Better(r, ArgMax{s_v[w], s_i[w]});
+  return r;
+}
+
+__device__ uint64_t BlockSumU64(uint64_t x) {
+  __shared__ uint64_t s[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = x;
+  __syncthreads();
+  uint64_t r = 0;
+  for (int w = 0; w < kThreads / 32; ++w) r += s[w];
+  return r;
+}
+
+__device__ __forceinline__ uint64_t FixedProb(float logit, float max, float temperature) {
+  return static_cast<uint64_t>(static_cast<double>(expf((logit - max) / temperature)) * kProbFixedScale);
+}
+
+// The key of the element where the running total over keys >= min_key, taken from the largest
+// key down, first reaches target (by count when kMass is false, by probability mass if true).
+// Logits cluster in a few high bytes, so each warp adds into its own histogram: contention
+// stays inside a warp instead of 32 warps serialising on one shared-memory bin.
+template <bool kMass>
+__device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_key, uint64_t target,
+                                float max_logit, float temperature) {
+  // One 256-bin histogram per warp (dynamic shared memory, kHistBytes), summed after each pass.
+  extern __shared__ unsigned long long warp_hist[];  // [kThreads / 32][256]
+  __shared__ unsigned long long hist[256];
+  __shared__ uint32_t s_sel;
+  __shared__ uint64_t s_remaining;
+  const int lane = threadIdx.x % 32;
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint64_t remaining = target;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    unsigned long long* my_hist = warp_hist + (threadIdx.x / 32) * 256;
+    for (int b = lane; b < 256; b += 32) my_hist[b] = 0;
+    __syncwarp();
+    for (int32_t base = 0; base < vocab; base += kThreads) {
+      const int32_t i = base + threadIdx.x;
+      const float l = i < vocab ? row[i] : -INFINITY;
+      const uint32_t key = FloatOrderKey(l);
+      const bool take = i < vocab && key >= min_key && (key & prefix_mask) == prefix;
+      if (take) {
+        const uint64_t add = kMass ? FixedProb(l, max_logit, temperature) : 1ull;
+        atomicAdd(&my_hist[(key >> shift) & 255u], static_cast<unsigned long long>(add));
+      }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      unsigned long long total = 0;
+      for (int w = 0; w < kThreads / 32; ++w) total += warp_hist[w * 256 + b];
+      hist[b] = total;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // Lane L owns bins 255 - 8L ... 248 - 8L (descending); scan the lanes, then the bins.
+      uint64_t local[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        local[j] = hist[255 - 8 * lane - j];
+        sum += local[j];
+      }
+      uint64_t incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      const unsigned crossed = __ballot_sync(0xffffffffu, incl >= remaining);
+      const int owner = crossed ? __ffs(crossed) - 1 : 31;
+      if (lane == owner) {
+        uint64_t cum = incl - sum;
+        uint32_t sel = 255 - 8 * lane - 7;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (cum + local[j] >= remaining) {
+            sel = 255 - 8 * lane - j;
+            break;
+          }
+          cum += local[j];
+        }
+        s_sel = sel;
+        s_remaining = remaining - cum;
+      }
+    }
+    __syncthreads();
+    prefix |= s_sel << shift;
+    prefix_mask |= 255u << shift;
+    remaining = s_remaining;
+  }
+  return prefix;
+}
+
+__global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
+  const int seq = blockIdx.x;
+  const float* row = p.logits + static_cast<int64_t>(seq) * p.vocab;
+  ArgMax best{-INFINITY, -1};
+  for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) best = Better(best, ArgMax{row[i], i});
+  best = BlockArgMax(best);
+  const float temperature = p.temperature[seq];
+  const int32_t top_k = p.top_k[seq];
+  if (temperature <= 0.f || top_k == 1) {
+    if (threadIdx.x == 0) p.tokens[seq] = best.i;
+    return;
+  }
+  const float max_logit = best.v;
+  uint32_t min_key = 0;
+  if (top_k > 0 && top_k < p.vocab) min_key = RadixSelect<false>(row, p.vocab, 0, top_k, max_logit, temperature);
+  const float top_p = p.top_p[seq];
+  if (top_p < 1.f) {
+    uint64_t total = 0;
+    for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads)
+      if (FloatOrderKey(row[i]) >= min_key) total += FixedProb(row[i], max_logit, temperature);
+    total = BlockSumU64(total);
+    uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+    if (target < 1) target = 1;
+    min_key = max(min_key, RadixSelect<true>(row, p.vocab, min_key, target, max_logit, temperature));
+  }
+  const uint64_t seed = p.seed[seq], step = p.step[seq];
+  ArgMax pick{-INFINITY, -1};
+  for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+    const float l = row[i];
+    if (FloatOrderKey(l) < min_key) continue;
+    const float u = SampleUniform(seed, step, static_cast<uint64_t>(i));
+    pick = Better(pick, ArgMax{l / temperature - logf(-logf(u)), i});
+  }
+  pick = BlockArgMax(pick);
+  if (threadIdx.x == 0) p.tokens[seq] = pick.i;
+}
+
+}  // namespace kvfleet::kernels::sample

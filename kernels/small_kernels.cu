@@ -1,0 +1,51 @@
+#include "kernels/small_kernels.cuh"
+
+namespace kvfleet::kernels {
+
+cudaError_t LaunchRmsNorm(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,
+                          __nv_bfloat16* out, int32_t rows, int32_t hidden, float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (hidden % 8 != 0 || hidden > 32768) return cudaErrorInvalidValue;
+  const int vecs = hidden / 8;
+  // 4 vectors per thread at most; 256 threads up to hidden 8192, 1024 beyond.
+  const int threads = vecs <= 1024 ? 256 : 1024;
+  small::RmsNormKernel<4><<<rows, threads, 0, stream>>>(x, residual, weight, out, hidden, eps);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                              const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                              const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
+                              bool rotate, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (layout.head_dim % 16 != 0) return cudaErrorInvalidValue;
+  small::RopeKvStoreKernel<<<tokens, 128, 0, stream>>>(qkv, positions, slots, inv_freq, q_out, kv_pool, layout, layer,
+                                                       num_q_heads, rotate);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter,
+                          cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (inter % 8 != 0) return cudaErrorInvalidValue;
+  const int64_t vecs = int64_t(rows) * inter / 8;
+  const int threads = 256;
+  // Enough blocks to fill the GPU several times over; the grid-stride loop covers the rest.
+  const int blocks = static_cast<int>(std::min<int64_t>((vecs + threads - 1) / threads, 132 * 16));
+  small::SiluMulKernel<<<blocks, threads, 0, stream>>>(gate_up, out, rows, inter);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+cudaError_t LaunchEmbedding(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int32_t tokens,
+                            int32_t vocab, int32_t hidden, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (hidden % 8 != 0) return cudaErrorInvalidValue;
+  small::EmbeddingKernel<<<tokens, 256, 0, stream>>>(ids, table, out, vocab, hidden);
+  KVF_RETURN_LAUNCH_ERROR();
+  return cudaSuccess;
+}
+
+}  // namespace kvfleet::kernels

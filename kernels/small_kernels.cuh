@@ -1,0 +1,136 @@
+// Kernels behind small_kernels.h. Each thread moves 16-byte vectors of 8 bf16.
+#pragma once
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/small_kernels.h"
+
+namespace kvfleet::kernels::small {
+
+__device__ __forceinline__ float Bf16Round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// One block per row; each thread keeps up to kMaxVec vectors of the row in registers.
+template <int kMaxVec>
+__global__ void RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,
+                              __nv_bfloat16* out, int32_t hidden, float eps) {
+  const int64_t row = blockIdx.x;
+  const int vecs = hidden / 8;
+  float v[kMaxVec][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxVec; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= vecs) break;
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(x + row * hidden)[c], v[j]);
+    if (residual) {
+      float r[8];
+      uint4* rp = reinterpret_cast<uint4*>(residual + row * hidden) + c;
+      Bf16x8ToFloat(*rp, r);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[j][e] = Bf16Round(v[j][e] + r[e]);
+      *rp = FloatToBf16x8(v[j]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[j][e] * v[j][e];
+  }
+  __shared__ float s_warp[32];
+  __shared__ float s_inv;
+  ss = WarpSum(ss);
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float t = threadIdx.x < blockDim.x / 32 ? s_warp[threadIdx.x] : 0.f;
+    t = WarpSum(t);
+    if (threadIdx.x == 0) s_inv = rsqrtf(t / hidden + eps);
+  }
+  __syncthreads();
+  const float inv = s_inv;
+#pragma unroll
+  for (int j = 0; j < kMaxVec; ++j) {
+    const int c = threadIdx.x + j * blockDim.x;
+    if (c >= vecs) break;
+    float w[8];
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(weight)[c], w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[j][e] = w[e] * Bf16Round(v[j][e] * inv);
+    reinterpret_cast<uint4*>(out + row * hidden)[c] = FloatToBf16x8(v[j]);
+  }
+}
+
+// One block per token. Work items: for each q and k head, 8 dims of the lower half (with their
+// rotate_half partners in the upper half); for each v head, 8 dims.
+__global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                                  const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                                  PagedKvLayout layout, int32_t layer, int32_t num_q_heads, bool rotate) {
+  const int64_t t = blockIdx.x;
+  const int D = layout.head_dim, half = D / 2, hk = layout.num_kv_heads;
+  const int row_elems = (num_q_heads + 2 * hk) * D;
+  const __nv_bfloat16* in = qkv + t * row_elems;
+  const int32_t pos = positions[t];
+  const int32_t slot = slots[t];
+  const int64_t block = slot >= 0 ? slot / layout.block_size : 0;
+  const int32_t in_block = slot >= 0 ? slot % layout.block_size : 0;
+  const int rot_items = (num_q_heads + hk) * (half / 8);
+  const int items = rot_items + hk * (D / 8);
+  for (int it = threadIdx.x; it < items; it += blockDim.x) {
+    if (it < rot_items) {
+      const int head = it / (half / 8), d = (it % (half / 8)) * 8;
+      float lo[8], hi[8];
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + d), lo);
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + d + half), hi);
+      if (rotate) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float s, c;
+          sincosf(static_cast<float>(pos) * inv_freq[d + e], &s, &c);
+          c = Bf16Round(c);
+          s = Bf16Round(s);
+          const float a = lo[e], b = hi[e];
+          lo[e] = Bf16Round(a * c) + Bf16Round(-b * s);
+          hi[e] = Bf16Round(b * c) + Bf16Round(a * s);
+        }
+      }
+      __nv_bfloat16* dst;
+      if (head < num_q_heads) {
+        dst = q_out + (t * num_q_heads + head) * D;
+      } else {
+        if (slot < 0) continue;
+        dst = kv_pool + layout.Offset(block, layer, 0, head - num_q_heads, in_block);
+      }
+      *reinterpret_cast<uint4*>(dst + d) = FloatToBf16x8(lo);
+      *reinterpret_cast<uint4*>(dst + d + half) = FloatToBf16x8(hi);
+    } else {
+      if (slot < 0) continue;
+      const int v_it = it - rot_items;
+      const int head = v_it / (D / 8), d = (v_it % (D / 8)) * 8;
+      const uint4 val = *reinterpret_cast<const uint4*>(in + (num_q_heads + hk + head) * D + d);
+      *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 1, head, in_block) + d) = val;
+    }
+  }
+}
+
+__global__ void SiluMulKernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter) {
+  const int64_t vecs_per_row = inter / 8;
+  const int64_t total = rows * vecs_per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / vecs_per_row, c = i % vecs_per_row;
+    float g[8], u[8];
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(gate_up + r * 2 * inter)[c], g);
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter)[c], u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = Bf16Round(g[e] / (1.f + expf(-g[e]))) * u[e];
+    reinterpret_cast<uint4*>(out + r * inter)[c] = FloatToBf16x8(g);
+  }
+}
+
+__global__ void EmbeddingKernel(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int32_t vocab,
+                                int32_t hidden) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  const bool valid = id >= 0 && id < vocab;
+  for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+    const uint4 v = valid ? reinterpret_cast<const uint4*>(table + int64_t(id) * hidden)[c] : make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(out + t * hidden)[c] = v;
+  }
+}
+
+}  // namespace kvfleet::kernels::small

@@ -1,0 +1,49 @@
+// The elementwise and row kernels of the Llama forward pass: RMSNorm fused with the residual
+// add, RoPE fused with the K/V store into the paged cache, SiLU-and-mul, embedding lookup.
+// Framework-free: raw pointers, every shape in a comment. Each launcher takes a stream and
+// returns cudaError_t; shape checks live in the backend. Rounding follows HF transformers in
+// bf16 (each op rounds its output to bf16), so greedy tokens can match HF's bf16 run.
+// CPU references: small_kernels_ref.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/paged_kv.h"
+
+namespace kvfleet::kernels {
+
+// With residual: residual = bf16(residual + x); out = bf16(weight * bf16(r / rms(r))).
+// Without (residual == null): the same on x. rms(r) = sqrt(mean(r^2) + eps) in fp32.
+//   x, out: [rows][hidden]; residual: [rows][hidden] or null; weight: [hidden].
+// REQUIRES: hidden % 8 == 0, hidden <= 32768; out may alias x.
+cudaError_t LaunchRmsNorm(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,
+                          __nv_bfloat16* out, int32_t rows, int32_t hidden, float eps, cudaStream_t stream);
+
+// Rotates q and k (HF rotate_half, cos/sin rounded to bf16 as HF does in a bf16 model) and
+// writes K and V into the paged cache.
+//   qkv: [tokens][(num_q_heads + 2 * num_kv_heads) * head_dim]: q heads, k heads, v heads
+//        (biases already added by the GEMM epilogue)
+//   positions: [tokens]; slots: [tokens] block_id * block_size + slot, < 0 = not stored
+//   inv_freq: [head_dim / 2] (rope.h); q_out: [tokens][num_q_heads][head_dim]
+//   rotate == false (StreamingLLM shifted RoPE): q and K are stored un-rotated; the
+//   attention kernel rotates them.
+// REQUIRES: head_dim % 16 == 0.
+cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                              const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                              const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
+                              bool rotate, cudaStream_t stream);
+
+// out = bf16(bf16(silu(gate)) * up).
+//   gate_up: [rows][2 * inter] (gate, then up); out: [rows][inter].  REQUIRES: inter % 8 == 0.
+cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter,
+                          cudaStream_t stream);
+
+// out[t] = table[ids[t]]; an id outside [0, vocab) gives a zero row.
+//   ids: [tokens]; table: [vocab][hidden]; out: [tokens][hidden].  REQUIRES: hidden % 8 == 0.
+cudaError_t LaunchEmbedding(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int32_t tokens,
+                            int32_t vocab, int32_t hidden, cudaStream_t stream);
+
+}  // namespace kvfleet::kernels

@@ -1,0 +1,82 @@
+#include "kernels/small_kernels_ref.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kvfleet::kernels {
+
+void RmsNormRef(const bf16_bits* x, bf16_bits* residual, const bf16_bits* weight, bf16_bits* out, int32_t rows,
+                int32_t hidden, float eps) {
+  std::vector<float> v(hidden);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < hidden; ++i) {
+      float a = Bf16ToFloat(x[r * hidden + i]);
+      if (residual) {
+        a = RoundBf16(a + Bf16ToFloat(residual[r * hidden + i]));
+        residual[r * hidden + i] = FloatToBf16(a);
+      }
+      v[i] = a;
+      ss += double(a) * a;
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / hidden + eps));
+    for (int i = 0; i < hidden; ++i)
+      out[r * hidden + i] = FloatToBf16(Bf16ToFloat(weight[i]) * RoundBf16(v[i] * inv));
+  }
+}
+
+void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
+                    bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
+                    int32_t tokens, int32_t num_q_heads, bool rotate) {
+  const int D = layout.head_dim, half = D / 2, hk = layout.num_kv_heads;
+  const int row = (num_q_heads + 2 * hk) * D;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const bf16_bits* in = qkv + t * row;
+    const int32_t slot = slots[t];
+    auto rotated = [&](int head, bf16_bits* dst) {
+      for (int d = 0; d < half; ++d) {
+        const float a = Bf16ToFloat(in[head * D + d]), b = Bf16ToFloat(in[head * D + d + half]);
+        if (!rotate) {
+          dst[d] = FloatToBf16(a);
+          dst[d + half] = FloatToBf16(b);
+          continue;
+        }
+        const float angle = static_cast<float>(positions[t]) * inv_freq[d];
+        const float c = RoundBf16(std::cos(angle)), s = RoundBf16(std::sin(angle));
+        dst[d] = FloatToBf16(RoundBf16(a * c) + RoundBf16(-b * s));
+        dst[d + half] = FloatToBf16(RoundBf16(b * c) + RoundBf16(a * s));
+      }
+    };
+    for (int h = 0; h < num_q_heads; ++h) rotated(h, q_out + (t * num_q_heads + h) * D);
+    if (slot < 0) continue;
+    const int64_t block = slot / layout.block_size;
+    const int32_t in_block = slot % layout.block_size;
+    for (int h = 0; h < hk; ++h) {
+      rotated(num_q_heads + h, kv_pool + layout.Offset(block, layer, 0, h, in_block));
+      std::memcpy(kv_pool + layout.Offset(block, layer, 1, h, in_block), in + (num_q_heads + hk + h) * D,
+                  D * sizeof(bf16_bits));
+    }
+  }
+}
+
+void SiluMulRef(const bf16_bits* gate_up, bf16_bits* out, int32_t rows, int32_t inter) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < inter; ++i) {
+      const float g = Bf16ToFloat(gate_up[r * 2 * inter + i]), u = Bf16ToFloat(gate_up[r * 2 * inter + inter + i]);
+      out[r * inter + i] = FloatToBf16(RoundBf16(g / (1.f + std::exp(-g))) * u);
+    }
+}
+
+void EmbeddingRef(const int32_t* ids, const bf16_bits* table, bf16_bits* out, int32_t tokens, int32_t vocab,
+                  int32_t hidden) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (ids[t] < 0 || ids[t] >= vocab) {
+      std::memset(out + t * hidden, 0, hidden * sizeof(bf16_bits));
+    } else {
+      std::memcpy(out + t * hidden, table + int64_t(ids[t]) * hidden, hidden * sizeof(bf16_bits));
+    }
+  }
+}
+
+}  // namespace kvfleet::kernels

@@ -1,0 +1,28 @@
+// CPU references of small_kernels.h, with the same bf16 rounding points. Plain C++ (no CUDA),
+// so CI builds and tests them; the cpu backend may call them. Thread-compatible.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/bf16.h"
+#include "kernels/paged_kv.h"
+
+namespace kvfleet::kernels {
+
+// Shapes as LaunchRmsNorm; residual may be null.
+void RmsNormRef(const bf16_bits* x, bf16_bits* residual, const bf16_bits* weight, bf16_bits* out, int32_t rows,
+                int32_t hidden, float eps);
+
+// Shapes as LaunchRopeKvStore.
+void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
+                    bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
+                    int32_t tokens, int32_t num_q_heads, bool rotate);
+
+// Shapes as LaunchSiluMul.
+void SiluMulRef(const bf16_bits* gate_up, bf16_bits* out, int32_t rows, int32_t inter);
+
+// Shapes as LaunchEmbedding.
+void EmbeddingRef(const int32_t* ids, const bf16_bits* table, bf16_bits* out, int32_t tokens, int32_t vocab,
+                  int32_t hidden);
+
+}  // namespace kvfleet::kernels

@@ -1,0 +1,239 @@
+// cuda backend end-to-end figures on one GPU, for a model directory (e.g. a
+// llama-3.1-8b-shaped random model from `kvfleet make-model --shape llama-3.1-8b`):
+//
+//   cuda_backend_bench --model DIR [--steps N]
+//
+//   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
+//                       ceiling for memory-bound decode
+//   cuBLASLt peak       one bf16 GEMM 8192³ through the backend's own LtGemm
+//   decode b=1 @1K      step time (Execute wall time, host work and sync included) and
+//                       achieved bandwidth = (weights read + KV read) / step time
+//   decode b=32/64/128 @2K   generated tokens/s
+//   prefill 8K in 2K chunks  TFLOP/s (matmul + causal attention FLOPs) vs the GEMM peak
+//
+// Decode steps run at their context length without prefilling it first: the cache holds
+// zeros, which costs the same to read as real K/V (timing depends only on lengths).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "worker/backend/backend.h"
+#include "worker/backend/cuda/lt_gemm.h"
+
+using namespace kvfleet;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+#define BENCH_CUDA(call)                                                                     \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+double CopyBandwidthGBs() {
+  const size_t bytes = 1ull << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, bytes));
+  BENCH_CUDA(cudaMalloc(&b, bytes));
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  BENCH_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const int iters = 10;
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const double s = Since(t0);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) * iters / s * 1e-9;
+}
+
+double GemmPeakTflops() {
+  const int64_t n = 8192;
+  __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&a), n * n * 2));
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&b), n * n * 2));
+  BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&c), n * n * 2));
+  BENCH_CUDA(cudaMemset(a, 0x3c, n * n * 2));  // bf16 ~0.0115: finite products
+  BENCH_CUDA(cudaMemset(b, 0x3c, n * n * 2));
+  auto g = backend::cuda::LtGemm::Make();
+  if (!g.ok()) {
+    std::fprintf(stderr, "LtGemm: %s\n", g.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto& gemm = *g.value();
+  auto run = [&] {
+    Status st = gemm.Run(a, b, nullptr, c, backend::cuda::LtGemm::Out::kBf16, n, n, n, nullptr);
+    if (!st.ok()) std::exit(1);
+  };
+  run();
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const int iters = 20;
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) run();
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const double s = Since(t0);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * n * iters / s * 1e-12;
+}
+
+struct Decode {
+  double step_s;  // per step
+  double tokens_per_s;
+};
+
+// `batch` sequences decoding from position ctx - 1 for `steps` timed steps (3 warm-up).
+Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps) {
+  const int B = b.block_size();
+  const int total = 3 + steps;
+  const int nblocks = (ctx + total + B - 1) / B;
+  std::vector<std::vector<backend::BlockId>> tables(batch);
+  for (int s = 0; s < batch; ++s) {
+    for (int i = 0; i < nblocks; ++i) tables[s].push_back(static_cast<backend::BlockId>(s * nblocks + i));
+  }
+  std::vector<TokenId> tok(batch, 1000);
+  backend::StepBatch step;
+  step.seqs.resize(batch);
+  backend::StepOutput out;
+  Clock::time_point t0;
+  for (int i = 0; i < total; ++i) {
+    if (i == 3) t0 = Clock::now();
+    for (int s = 0; s < batch; ++s) {
+      auto& q = step.seqs[s];
+      q.request_id = s;
+      q.tokens = std::span<const TokenId>(&tok[s], 1);
+      q.start_position = ctx - 1 + i;
+      q.block_tables = {tables[s]};
+      q.sample = true;
+    }
+    Status st = b.Execute(step, &out);
+    if (!st.ok()) {
+      std::fprintf(stderr, "decode: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+    for (int s = 0; s < batch; ++s) tok[s] = out.tokens[s];
+  }
+  const double s = Since(t0);
+  return {s / steps, static_cast<double>(batch) * steps / s};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model;
+  int steps = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: cuda_backend_bench --model DIR [--steps N]\n");
+      return 2;
+    }
+  }
+  if (model.empty()) {
+    std::fprintf(stderr, "usage: cuda_backend_bench --model DIR [--steps N]\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  const double peak = GemmPeakTflops();
+  std::printf("cuBLASLt bf16 GEMM 8192^3: %.1f TFLOP/s\n", peak);
+
+  backend::BackendOptions o;
+  o.model_dir = model;
+  o.block_size = 32;
+  o.max_num_tokens = 8192;
+  o.max_batch_size = 128;
+  o.max_context = 8192;
+  o.kv_memory_fraction = 0.85;
+  auto t0 = Clock::now();
+  auto made = backend::CreateBackend("cuda", o);
+  if (!made.ok()) {
+    std::fprintf(stderr, "backend: %s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  auto& b = *made.value();
+  std::printf("backend ready in %.1f s\n", Since(t0));
+  const double copy = CopyBandwidthGBs();
+  std::printf("copy bandwidth (D2D, read+write): %.0f GB/s\n", copy);
+
+  const auto& c = b.config();
+  const double L = static_cast<double>(c.num_layers), H = static_cast<double>(c.hidden_size);
+  const double matmul_params = L * (H * (c.q_size() + 2 * c.kv_size()) + c.q_size() * H + 3 * H * c.intermediate_size) +
+                               static_cast<double>(c.vocab_size) * H;
+  const double kv_bytes_per_token = L * 2 * c.num_kv_heads * c.head_dim * 2;
+  std::printf("model: %lld layers, hidden %lld, %.2f B matmul params (%.2f GB bf16 read per step), KV %.0f KiB/token\n",
+              static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size), matmul_params * 1e-9,
+              matmul_params * 2e-9, kv_bytes_per_token / 1024);
+
+  {
+    const int ctx = 1024;
+    Decode d = RunDecode(b, 1, ctx, steps);
+    const double bytes = matmul_params * 2 + kv_bytes_per_token * (ctx + 3 + steps / 2.0);
+    std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
+                d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
+  }
+  for (int batch : {32, 64, 128}) {
+    const int ctx = 2048;
+    const int64_t need = static_cast<int64_t>(batch) * ((ctx + steps + 3 + 31) / 32);
+    if (need > b.pools()[0].device_blocks) {
+      std::printf("decode batch %d @ %d: skipped, needs %lld blocks, the cache has %lld\n", batch, ctx,
+                  static_cast<long long>(need), static_cast<long long>(b.pools()[0].device_blocks));
+      continue;
+    }
+    Decode d = RunDecode(b, batch, ctx, steps);
+    const double bytes = matmul_params * 2 + kv_bytes_per_token * batch * (ctx + 3 + steps / 2.0);
+    std::printf("decode batch %d @ %d context: %.3f ms/step, %.0f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n",
+                batch, ctx, d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9,
+                100.0 * bytes / d.step_s * 1e-9 / copy);
+  }
+  {
+    const int total = 8192, chunk = 2048;
+    std::vector<TokenId> prompt(total);
+    for (int i = 0; i < total; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
+    std::vector<backend::BlockId> table;
+    for (int i = 0; i < total / 32; ++i) table.push_back(static_cast<backend::BlockId>(i));
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {  // the first run plans the GEMM shapes
+      auto t = Clock::now();
+      for (int pos = 0; pos < total; pos += chunk) {
+        backend::StepBatch step;
+        backend::SequenceStep q;
+        q.tokens = std::span<const TokenId>(prompt).subspan(pos, chunk);
+        q.start_position = pos;
+        q.block_tables = {table};
+        q.sample = pos + chunk == total;
+        step.seqs = {q};
+        backend::StepOutput out;
+        Status st = b.Execute(step, &out);
+        if (!st.ok()) {
+          std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
+          return 1;
+        }
+      }
+      best = std::min(best, Since(t));
+    }
+    // Matmul FLOPs: every token through every projection (LM head only for the sampled
+    // rows: one per chunk's last step, negligible). Attention: QK^T and PV over the
+    // causal triangle.
+    const double flops = 2.0 * (matmul_params - static_cast<double>(c.vocab_size) * H) * total +
+                         4.0 * L * c.num_heads * c.head_dim * (static_cast<double>(total) * total / 2.0);
+    std::printf("prefill %d tokens in %d-token chunks: %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the GEMM peak\n",
+                total, chunk, best * 1e3, total / best, flops / best * 1e-12, 100.0 * flops / best * 1e-12 / peak);
+  }
+  return 0;
+}

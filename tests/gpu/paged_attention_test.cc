@@ -1,0 +1,272 @@
+// Paged-attention decode and prefill kernels against the double-precision CPU reference, over
+// head sizes, block sizes (2..256), GQA/MQA groups, split-K partitions and every mask.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/paged_attention_ref.h"
+#include "kernels/paged_decode.h"
+#include "kernels/paged_prefill.h"
+#include "kernels/rope.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvfleet::kernels {
+namespace {
+
+using gputest::DeviceBuffer;
+
+// bf16 inputs and output, fp32 accumulation: the error METHOD.md expects of bf16 operands.
+constexpr double kTolerance = 1e-2;
+
+struct Case {
+  int head_dim = 128;
+  int block_size = 16;
+  int num_kv_heads = 2;
+  int num_q_heads = 8;
+  std::vector<int> seq_lens;  // cached tokens per sequence, new ones included
+  std::vector<int> q_lens;    // prefill: new tokens per sequence (decode: all 1)
+  AttentionMask mask;
+  bool shift_rope = false;
+  int partition_size = 0;  // decode: 0 = PagedDecodeChoosePartition
+  bool force_cuda_cores = false;  // decode: the CUDA-core kernel instead of the tensor-core one
+};
+
+// A pool of random K/V with two layers (the test reads layer 1), block tables drawing
+// distinct blocks in shuffled order, and random queries.
+struct Fixture {
+  PagedKvLayout layout;
+  int max_blocks = 0;
+  int num_tokens = 0;
+  std::vector<bf16_bits> pool, q;
+  std::vector<int32_t> tables, cu_q;
+  std::vector<float> inv_freq;
+
+  Fixture(const Case& c, std::mt19937& rng) {
+    layout = PagedKvLayout{2, c.num_kv_heads, c.block_size, c.head_dim};
+    const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+    max_blocks = (max_len + c.block_size - 1) / c.block_size;
+    const int num_blocks = max_blocks * static_cast<int>(c.seq_lens.size()) + 3;
+    pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables.assign(c.seq_lens.size() * max_blocks, -1);
+    int next = 0;
+    for (size_t s = 0; s < c.seq_lens.size(); ++s)
+      for (int j = 0; j < (c.seq_lens[s] + c.block_size - 1) / c.block_size; ++j)
+        tables[s * max_blocks + j] = ids[next++];
+    cu_q.push_back(0);
+    for (int ql : c.q_lens) cu_q.push_back(cu_q.back() + ql);
+    num_tokens = cu_q.back();
+    // Queries in [-2, 2] so that softmax is neither flat nor one-hot.
+    q = gputest::RandomBf16(size_t(num_tokens) * c.num_q_heads * c.head_dim, rng, -2.f, 2.f);
+    RopeConfig rope;
+    rope.head_dim = c.head_dim;
+    rope.theta = 10000;
+    inv_freq = RopeInvFreq(rope);
+  }
+
+  std::vector<float> Reference(const Case& c) const {
+    std::vector<float> out(q.size());
+    PagedAttentionRefArgs a;
+    a.q = q.data();
+    a.kv_pool = pool.data();
+    a.block_tables = tables.data();
+    a.cu_q_lens = cu_q.data();
+    a.seq_lens = c.seq_lens.data();
+    a.rope_inv_freq = c.shift_rope ? inv_freq.data() : nullptr;
+    a.out = out.data();
+    a.layout = layout;
+    a.layer = 1;
+    a.num_seqs = static_cast<int>(c.seq_lens.size());
+    a.num_q_heads = c.num_q_heads;
+    a.max_blocks_per_seq = max_blocks;
+    a.scale = 1.f / std::sqrt(float(c.head_dim));
+    a.mask = c.mask;
+    PagedAttentionRef(a);
+    return out;
+  }
+};
+
+double RunDecode(Case c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  c.q_lens.assign(c.seq_lens.size(), 1);
+  Fixture f(c, rng);
+  DeviceBuffer<bf16_bits> pool(f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<int32_t> tables(f.tables), lens(std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end()));
+  DeviceBuffer<float> inv_freq(f.inv_freq);
+  PagedDecodeParams p;
+  p.q = q.as<__nv_bfloat16>();
+  p.kv_pool = pool.as<__nv_bfloat16>();
+  p.block_tables = tables.get();
+  p.seq_lens = lens.get();
+  p.out = out.as<__nv_bfloat16>();
+  p.rope_inv_freq = c.shift_rope ? inv_freq.get() : nullptr;
+  p.layout = f.layout;
+  p.layer = 1;
+  p.num_seqs = static_cast<int>(c.seq_lens.size());
+  p.num_q_heads = c.num_q_heads;
+  p.max_blocks_per_seq = f.max_blocks;
+  p.max_seq_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  p.partition_size = c.partition_size > 0 ? c.partition_size
+                                          : PagedDecodeChoosePartition(p.num_seqs, p.num_q_heads,
+                                                                       f.layout.num_kv_heads, p.max_seq_len, 132);
+  p.scale = 1.f / std::sqrt(float(c.head_dim));
+  p.mask = c.mask;
+  p.force_cuda_cores = c.force_cuda_cores;
+  DeviceBuffer<float> ws(std::max<size_t>(PagedDecodeWorkspaceBytes(p) / sizeof(float), 1));
+  p.workspace = ws.get();
+  out.Poison();
+  KVF_CUDA_OK(LaunchPagedDecode(p, nullptr));
+  KVF_CUDA_OK(cudaDeviceSynchronize());
+  return gputest::RelativeError(out.Download(), f.Reference(c));
+}
+
+double RunPrefill(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Fixture f(c, rng);
+  DeviceBuffer<bf16_bits> pool(f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<int32_t> tables(f.tables), lens(std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end())),
+      cu(f.cu_q);
+  PagedPrefillParams p;
+  p.q = q.as<__nv_bfloat16>();
+  p.kv_pool = pool.as<__nv_bfloat16>();
+  p.block_tables = tables.get();
+  p.cu_q_lens = cu.get();
+  p.seq_lens = lens.get();
+  p.out = out.as<__nv_bfloat16>();
+  p.layout = f.layout;
+  p.layer = 1;
+  p.num_seqs = static_cast<int>(c.seq_lens.size());
+  p.num_q_heads = c.num_q_heads;
+  p.max_blocks_per_seq = f.max_blocks;
+  p.max_q_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+  p.scale = 1.f / std::sqrt(float(c.head_dim));
+  p.mask = c.mask;
+  out.Poison();
+  KVF_CUDA_OK(LaunchPagedPrefill(p, nullptr));
+  KVF_CUDA_OK(cudaDeviceSynchronize());
+  return gputest::RelativeError(out.Download(), f.Reference(c));
+}
+
+TEST_CASE("decode matches the reference for every head size and block sizes 2..256") {
+  uint32_t seed = 1;
+  for (bool cuda_cores : {false, true})
+    for (int head_dim : {64, 128, 256})
+      for (int block_size : {2, 7, 16, 64, 256}) {
+        Case c;
+        c.head_dim = head_dim;
+        c.block_size = block_size;
+        c.seq_lens = {1, 37, 300, 1029};
+        c.force_cuda_cores = cuda_cores;
+        CAPTURE(cuda_cores);
+        CAPTURE(head_dim);
+        CAPTURE(block_size);
+        CHECK(RunDecode(c, seed++) < kTolerance);
+      }
+}
+
+TEST_CASE("decode shares each KV head across its query group: MHA, GQA, MQA, groups over 8") {
+  uint32_t seed = 100;
+  for (bool cuda_cores : {false, true})
+    for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}, {14, 2}, {9, 3}, {12, 1}, {32, 2}, {40, 1}}) {
+      Case c;
+      c.num_q_heads = hq;
+      c.num_kv_heads = hkv;
+      c.seq_lens = {5, 700, 2100};
+      c.force_cuda_cores = cuda_cores;
+      CAPTURE(cuda_cores);
+      CAPTURE(hq);
+      CAPTURE(hkv);
+      CHECK(RunDecode(c, seed++) < kTolerance);
+    }
+}
+
+TEST_CASE("decode split-K partitions reduce to the single-partition result") {
+  uint32_t seed = 200;
+  for (int part : {128, 256, 512, 4096}) {
+    Case c;
+    c.seq_lens = {3000, 17, 4500};
+    c.partition_size = part;
+    CAPTURE(part);
+    CHECK(RunDecode(c, seed++) < kTolerance);
+  }
+}
+
+TEST_CASE("decode honours sliding windows, sinks and chunked attention") {
+  uint32_t seed = 300;
+  std::vector<AttentionMask> masks = {{64, 0, 0}, {1000, 0, 0}, {100, 4, 0}, {33, 16, 0}, {0, 0, 256}, {0, 0, 100}};
+  for (const AttentionMask& m : masks) {
+    Case c;
+    c.seq_lens = {1, 50, 101, 1500, 2049};
+    c.mask = m;
+    CAPTURE(m.window);
+    CAPTURE(m.sinks);
+    CAPTURE(m.chunk);
+    CHECK(RunDecode(c, seed++) < kTolerance);
+  }
+}
+
+TEST_CASE("decode with StreamingLLM sinks rotates q and K by their positions in the kept cache") {
+  uint32_t seed = 400;
+  for (int head_dim : {64, 128}) {
+    Case c;
+    c.head_dim = head_dim;
+    c.mask = {256, 4, 0};
+    c.shift_rope = true;
+    c.seq_lens = {3, 300, 2000};
+    c.partition_size = 128;
+    CAPTURE(head_dim);
+    CHECK(RunDecode(c, seed++) < kTolerance);
+  }
+}
+
+TEST_CASE("prefill of a chunk attends causally to the cached prefix and itself") {
+  uint32_t seed = 500;
+  for (int head_dim : {64, 128})
+    for (int block_size : {2, 16, 256}) {
+      Case c;
+      c.head_dim = head_dim;
+      c.block_size = block_size;
+      c.seq_lens = {70, 200, 33};  // cached prefixes 0, 130 and 32
+      c.q_lens = {70, 70, 1};
+      CAPTURE(head_dim);
+      CAPTURE(block_size);
+      CHECK(RunPrefill(c, seed++) < kTolerance);
+    }
+}
+
+TEST_CASE("prefill handles GQA groups, MQA and every mask") {
+  uint32_t seed = 600;
+  for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{2, 2}, {7, 1}, {8, 2}, {9, 3}}) {
+    Case c;
+    c.num_q_heads = hq;
+    c.num_kv_heads = hkv;
+    c.seq_lens = {150, 90};
+    c.q_lens = {100, 90};
+    CAPTURE(hq);
+    CHECK(RunPrefill(c, seed++) < kTolerance);
+  }
+  for (const AttentionMask& m : std::vector<AttentionMask>{{32, 0, 0}, {50, 4, 0}, {0, 0, 64}, {17, 3, 0}}) {
+    Case c;
+    c.seq_lens = {300, 129};
+    c.q_lens = {200, 129};
+    c.mask = m;
+    CAPTURE(m.window);
+    CAPTURE(m.sinks);
+    CAPTURE(m.chunk);
+    CHECK(RunPrefill(c, seed++) < kTolerance);
+  }
+}
+
+TEST_CASE("prefill of one token per sequence equals decode") {
+  Case c;
+  c.seq_lens = {513, 64};
+  c.q_lens = {1, 1};
+  CHECK(RunPrefill(c, 700) < kTolerance);
+  CHECK(RunDecode(c, 700) < kTolerance);
+}
+
+}  // namespace
+}  // namespace kvfleet::kernels

@@ -1,0 +1,141 @@
+// RMSNorm(+residual), RoPE + paged K/V store, SiLU-and-mul and embedding lookup against their
+// CPU references at several sizes. The references round at the same points, so results agree
+// to within one bf16 ulp (device and host transcendental functions differ in the last bits).
+#include <doctest/doctest.h>
+
+#include <numeric>
+
+#include "kernels/rope.h"
+#include "kernels/small_kernels.h"
+#include "kernels/small_kernels_ref.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvfleet::kernels {
+namespace {
+
+using gputest::DeviceBuffer;
+
+// Largest difference in bf16 ulps (units of the larger value's last place); NaN counts as huge.
+int MaxUlpDiff(const std::vector<bf16_bits>& a, const std::vector<bf16_bits>& b) {
+  int worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
+    if (std::isnan(x) || std::isnan(y)) return 1 << 30;
+    if (x == y) continue;
+    // bf16 bit patterns of same-sign values are ordered; opposite signs near 0 count as 1.
+    const int d = (std::signbit(x) == std::signbit(y)) ? std::abs(int(a[i]) - int(b[i])) : 1;
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
+TEST_CASE("RMSNorm with and without the residual add matches the reference") {
+  std::mt19937 rng(11);
+  for (int hidden : {64, 576, 896, 4096, 8192, 16384})
+    for (bool with_residual : {false, true}) {
+      const int rows = 5;
+      auto x = gputest::RandomBf16(size_t(rows) * hidden, rng, -3, 3);
+      auto res = gputest::RandomBf16(size_t(rows) * hidden, rng, -3, 3);
+      auto w = gputest::RandomBf16(hidden, rng, 0.5, 1.5);
+      DeviceBuffer<bf16_bits> dx(x), dres(res), dw(w), dout(x.size());
+      dout.Poison();
+      KVF_CUDA_OK(LaunchRmsNorm(dx.as<__nv_bfloat16>(), with_residual ? dres.as<__nv_bfloat16>() : nullptr,
+                                dw.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), rows, hidden, 1e-5f, nullptr));
+      KVF_CUDA_OK(cudaDeviceSynchronize());
+      std::vector<bf16_bits> out(x.size());
+      RmsNormRef(x.data(), with_residual ? res.data() : nullptr, w.data(), out.data(), rows, hidden, 1e-5f);
+      CAPTURE(hidden);
+      CAPTURE(with_residual);
+      CHECK(MaxUlpDiff(dout.Download(), out) <= 1);
+      if (with_residual) CHECK(MaxUlpDiff(dres.Download(), res) == 0);
+    }
+}
+
+TEST_CASE("RoPE with llama3 scaling writes rotated q and K and plain V into the paged cache") {
+  std::mt19937 rng(12);
+  struct Shape {
+    int hq, hkv, d, block;
+  };
+  for (Shape s : {Shape{32, 8, 128, 16}, Shape{14, 2, 64, 2}, Shape{9, 3, 64, 256}, Shape{4, 1, 256, 7}})
+    for (bool rotate : {true, false}) {
+      const int tokens = 37, layers = 3, layer = 2;
+      PagedKvLayout layout{layers, s.hkv, s.block, s.d};
+      const int num_blocks = tokens / s.block + 4;
+      auto qkv = gputest::RandomBf16(size_t(tokens) * (s.hq + 2 * s.hkv) * s.d, rng, -2, 2);
+      std::vector<int32_t> pos(tokens), slots(tokens);
+      std::vector<int32_t> perm(num_blocks * s.block);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int t = 0; t < tokens; ++t) {
+        pos[t] = 1000 + 517 * t;  // large positions exercise the low-frequency scaling
+        slots[t] = t == 5 ? -1 : perm[t];
+      }
+      RopeConfig rc;
+      rc.head_dim = s.d;
+      rc.llama3_factor = 8;
+      auto inv = RopeInvFreq(rc);
+      auto pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
+      DeviceBuffer<bf16_bits> dqkv(qkv), dpool(pool), dq(size_t(tokens) * s.hq * s.d);
+      DeviceBuffer<int32_t> dpos(pos), dslots(slots);
+      DeviceBuffer<float> dinv(inv);
+      dq.Poison();
+      KVF_CUDA_OK(LaunchRopeKvStore(dqkv.as<__nv_bfloat16>(), dpos.get(), dslots.get(), dinv.get(),
+                                    dq.as<__nv_bfloat16>(), dpool.as<__nv_bfloat16>(), layout, layer, tokens, s.hq,
+                                    rotate, nullptr));
+      KVF_CUDA_OK(cudaDeviceSynchronize());
+      std::vector<bf16_bits> q(dq.size());
+      RopeKvStoreRef(qkv.data(), pos.data(), slots.data(), inv.data(), q.data(), pool.data(), layout, layer, tokens,
+                     s.hq, rotate);
+      CAPTURE(s.hq);
+      CAPTURE(s.d);
+      CAPTURE(rotate);
+      CHECK(MaxUlpDiff(dq.Download(), q) <= 1);
+      CHECK(MaxUlpDiff(dpool.Download(), pool) <= 1);  // untouched slots stay equal too
+    }
+}
+
+TEST_CASE("RoPE inverse frequencies follow Llama 3.1's scaling") {
+  RopeConfig rc;  // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original 8192
+  rc.llama3_factor = 8;
+  auto inv = RopeInvFreq(rc);
+  REQUIRE(inv.size() == 64);
+  CHECK(inv[0] == doctest::Approx(1.0));                     // short wavelengths unchanged
+  CHECK(inv[63] == doctest::Approx(std::pow(500000.0, -126.0 / 128) / 8).epsilon(1e-5));  // long: / factor
+}
+
+TEST_CASE("SiLU-and-mul matches the reference") {
+  std::mt19937 rng(13);
+  for (int inter : {8, 1536, 4864, 14336}) {
+    const int rows = 9;
+    auto gu = gputest::RandomBf16(size_t(rows) * 2 * inter, rng, -6, 6);
+    DeviceBuffer<bf16_bits> dgu(gu), dout(size_t(rows) * inter);
+    dout.Poison();
+    KVF_CUDA_OK(LaunchSiluMul(dgu.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), rows, inter, nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<bf16_bits> out(dout.size());
+    SiluMulRef(gu.data(), out.data(), rows, inter);
+    CAPTURE(inter);
+    CHECK(MaxUlpDiff(dout.Download(), out) <= 1);
+  }
+}
+
+TEST_CASE("embedding lookup copies rows and zeroes out-of-range ids") {
+  std::mt19937 rng(14);
+  for (int hidden : {64, 576, 4096}) {
+    const int vocab = 1000;
+    auto table = gputest::RandomBf16(size_t(vocab) * hidden, rng);
+    std::vector<int32_t> ids = {0, 999, 17, -1, 1000, 500, 17};
+    DeviceBuffer<bf16_bits> dtable(table), dout(ids.size() * hidden);
+    DeviceBuffer<int32_t> dids(ids);
+    dout.Poison();
+    KVF_CUDA_OK(LaunchEmbedding(dids.get(), dtable.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
+                                static_cast<int>(ids.size()), vocab, hidden, nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<bf16_bits> out(dout.size());
+    EmbeddingRef(ids.data(), table.data(), out.data(), static_cast<int>(ids.size()), vocab, hidden);
+    CHECK(dout.Download() == out);
+  }
+}
+
+}  // namespace
+}  // namespace kvfleet::kernels

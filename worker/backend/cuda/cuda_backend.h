@@ -1,0 +1,157 @@
+// CudaBackend: the `cuda` model backend, the bf16 forward pass of the Llama family
+// (Llama 2/3/3.x, Qwen2, Mistral) on one GPU over the paged KV layout of backend.h.
+//
+// One step, all on one stream:
+//   upload the step's metadata (token ids, positions, KV slots, block tables, sampling
+//   settings: one packed host-to-device copy from pinned memory)
+//   → embedding → per layer [RMSNorm (fused with the residual add) → QKV GEMM (Qwen2 bias
+//   in the cuBLASLt epilogue) → RoPE fused with the K/V store into the pool → paged
+//   attention (decode kernel when every sequence brings one token, prefill kernel
+//   otherwise; StreamingLLM pools always through the decode kernel, one query row per
+//   token) → O GEMM → RMSNorm + residual → gate/up GEMM → SiLU·mul → down GEMM]
+//   → final RMSNorm → gather the rows that need logits → LM head GEMM (fp32 out)
+//   → sampling kernel → copy the tokens (and requested logits) back.
+//
+// Weights: every tensor of the checkpoint goes to the device as bf16 (fp32 and fp16
+// checkpoints are converted on the host while uploading); q/k/v and gate/up are stacked
+// into one matrix each. KV memory: bf16 pools per kv::ComputePools, sized by
+// BackendOptions::kv_cache_bytes or kv_memory_fraction of the free memory once weights
+// and activations are allocated; the host tier is pinned memory. Every buffer is
+// allocated at start-up, sized for max_num_tokens / max_batch_size / max_context.
+//
+// Numerics: bf16 storage, fp32 accumulation (GEMMs, norms, attention), each op rounded to
+// bf16 as HF transformers does in a bf16 model; logits in fp32. Sampling uses the GPU
+// kernel (kernels/sampling.h): greedy is exact argmax, seeded draws are reproducible on
+// this backend but differ from the cpu backend's sampler.
+//
+// Invariants:
+//   1. Execute() validates the whole batch before launching anything.
+//   2. No buffer allocation after Make(). Created once per shape, on first use: cuBLASLt
+//      plans (host objects, per GEMM shape) and decode graphs (per bucket, see 4).
+//   3. Execute() returns after the step's work on the stream is complete.
+//   4. CUDA graphs: a step where every sequence decodes one token, samples and asks for no
+//      logits is padded to a bucket (batch: the next power of two up to max_batch_size;
+//      length: the next power of two from kMinGraphLength up to max_context) and, from the
+//      second step of that bucket on, replayed as one captured graph (metadata upload,
+//      forward, sampling, tokens back). Padding rows compute a token at position 0, read
+//      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
+//
+// Thread safety: thread-compatible (backend.h); the engine thread calls it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "worker/backend/backend.h"
+#include "worker/backend/cuda/cuda_block_copier.h"
+#include "worker/backend/cuda/lt_gemm.h"
+#include "worker/kv/kv_config.h"
+#include "worker/model/checkpoint.h"
+
+namespace kvfleet::backend::cuda {
+
+namespace config {
+// Rows of fp32 logits the LM head writes at once. Sampled rows (one per sequence, at
+// most max_batch_size) must fit together; extra rows (LogitsRequest::kAll) go in chunks.
+constexpr int64_t kMinLogitsRows = 64;
+// Device memory left out of the KV budget when it is a fraction of free memory: the CUDA
+// context's later growth, cuBLASLt's internal allocations.
+constexpr uint64_t kReserveBytes = 512ull << 20;
+// Smallest sequence-length bucket of a decode graph (the decode kernel's partition unit).
+constexpr int32_t kMinGraphLength = 128;
+}  // namespace config
+
+class CudaBackend final : public ModelBackend {
+ public:
+  // Opens and validates the checkpoint, uploads the weights, allocates every buffer and
+  // the KV pools. Unimplemented for tensor_parallel > 1 or head_dim not a multiple of 16
+  // up to 256 (64 and 128 run on the tensor-core kernels, others on the generic one).
+  static Result<std::unique_ptr<CudaBackend>> Make(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  const model::ModelConfig& config() const override { return config_; }
+  int32_t block_size() const override { return options_.block_size; }
+  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
+  int32_t max_batch_size() const override { return options_.max_batch_size; }
+  int64_t max_context() const override { return max_context_; }
+  std::span<const KvPoolInfo> pools() const override { return pools_; }
+  Status Execute(const StepBatch& batch, StepOutput* out) override;
+  kv::BlockCopier& block_copier() override { return *copier_; }
+
+  const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
+  // Bytes of weights on the device.
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct LayerWeights {
+    __nv_bfloat16 *input_norm = nullptr, *qkv = nullptr, *qkv_bias = nullptr, *o = nullptr, *o_bias = nullptr;
+    __nv_bfloat16 *post_norm = nullptr, *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr,
+                  *down_bias = nullptr;
+  };
+  // The step's metadata in the packed staging buffer: device pointers.
+  struct StepMeta;
+
+  explicit CudaBackend(const BackendOptions& options);
+  Status Validate(const StepBatch& batch) const;
+  Status LoadWeights(const model::Checkpoint& checkpoint);
+  Status AllocateBuffers();
+  Status AllocateKv(uint64_t free_after_buffers);
+  Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer);
+  // A device allocation owned by the backend (freed in the destructor).
+  template <typename T>
+  Result<T*> DeviceAlloc(size_t count);
+
+  BackendOptions options_;
+  model::ModelConfig config_;
+  int64_t max_context_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<LtGemm> gemm_;
+  std::vector<void*> allocations_;       // device
+  std::vector<void*> host_allocations_;  // pinned
+
+  // Weights.
+  __nv_bfloat16* embed_ = nullptr;  // [vocab][hidden]
+  __nv_bfloat16* final_norm_ = nullptr;
+  __nv_bfloat16* lm_head_ = nullptr;  // [vocab][hidden]; == embed_ when tied
+  std::vector<LayerWeights> layers_;
+  float* inv_freq_ = nullptr;  // [head_dim / 2]
+  uint64_t weight_bytes_ = 0;
+
+  // KV.
+  kv::KvCacheConfig kv_config_;
+  std::vector<KvPoolInfo> pools_;
+  std::vector<int32_t> layer_pool_, layer_index_;  // [layer] → pool, index within it
+  std::vector<__nv_bfloat16*> device_kv_;           // [pool]
+  std::unique_ptr<CudaBlockCopier> copier_;
+
+  // Activations, [max_num_tokens][...] bf16.
+  __nv_bfloat16 *resid_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *qkv_ = nullptr, *q_ = nullptr,
+                *attn_ = nullptr, *gate_up_ = nullptr, *act_ = nullptr, *head_in_ = nullptr;
+  float* logits_ = nullptr;  // [logits_rows_][vocab]
+  int64_t logits_rows_ = 0;
+  float* decode_workspace_ = nullptr;
+  size_t decode_workspace_bytes_ = 0;
+  // Step metadata: pinned host staging and its device mirror, one copy per step.
+  std::byte* staging_host_ = nullptr;
+  std::byte* staging_dev_ = nullptr;
+  size_t staging_bytes_ = 0;
+  int32_t* tokens_host_ = nullptr;  // pinned [max_batch_size]: sampled tokens
+  int32_t* tokens_dev_ = nullptr;
+  float* logits_host_ = nullptr;    // pinned [logits_rows_][vocab]
+
+  // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
+  bool use_graphs_ = true;
+  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  std::set<std::pair<int32_t, int32_t>> graph_seen_;
+};
+
+}  // namespace kvfleet::backend::cuda
