@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
+#include <string>
+
+#include "worker/backend/sampler.h"
 
 #include "common/check.h"
 
@@ -52,6 +56,94 @@ std::vector<std::string> BackendNames() {
   std::vector<std::string> names;
   for (const auto& [n, f] : r.factories) names.push_back(n);
   return names;
+}
+
+namespace {
+std::string Req(const SequenceStep& s) { return "request " + std::to_string(s.request_id); }
+}  // namespace
+
+VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q) {
+  const int64_t chunk_lo = p.attention_chunk > 0 ? q / p.attention_chunk * p.attention_chunk : 0;
+  int64_t lo = chunk_lo;
+  if (p.window > 0) lo = std::max(lo, q - p.window + 1);
+  VisibleRange v{lo, 0, 0};
+  if (p.window > 0 && p.sink_tokens > 0) {
+    v.sink_lo = chunk_lo;
+    v.sink_hi = std::min<int64_t>(p.sink_tokens, lo);
+    if (v.sink_hi < v.sink_lo) v.sink_hi = v.sink_lo;
+  }
+  return v;
+}
+
+Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, const std::vector<KvPoolInfo>& pools,
+                         int64_t vocab_size, int64_t max_context) {
+  if (batch.seqs.size() > static_cast<size_t>(options.max_batch_size)) {
+    return InvalidArgument("a step of " + std::to_string(batch.seqs.size()) + " sequences; the limit is " +
+                           std::to_string(options.max_batch_size));
+  }
+  const int64_t B = options.block_size;
+  int64_t total = 0;
+  std::set<std::pair<size_t, kv::BlockId>> written;
+  for (const SequenceStep& s : batch.seqs) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (n == 0) return InvalidArgument(Req(s) + ": no tokens");
+    total += n;
+    const int64_t end = s.start_position + n;
+    if (s.start_position < 0 || end > max_context) {
+      return InvalidArgument(Req(s) + ": positions [" + std::to_string(s.start_position) + ", " + std::to_string(end) +
+                             ") are outside the context of " + std::to_string(max_context));
+    }
+    for (TokenId t : s.tokens) {
+      if (static_cast<int64_t>(t) >= vocab_size) {
+        return InvalidArgument(Req(s) + ": token " + std::to_string(t) + " is outside the vocabulary of " +
+                               std::to_string(vocab_size));
+      }
+    }
+    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
+    if (s.block_tables.size() != pools.size()) {
+      return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +
+                             std::to_string(pools.size()) + " KV pools");
+    }
+    for (size_t p = 0; p < pools.size(); ++p) {
+      const auto& table = s.block_tables[p];
+      const std::string where = Req(s) + ", pool " + std::to_string(p);
+      if (static_cast<int64_t>(table.size()) * B < end) {
+        return InvalidArgument(where + ": the block table does not reach position " + std::to_string(end - 1));
+      }
+      if (static_cast<int64_t>(table.size()) > pools[p].max_blocks_per_seq) {
+        return InvalidArgument(where + ": a block table of " + std::to_string(table.size()) + " entries; the limit is " +
+                               std::to_string(pools[p].max_blocks_per_seq));
+      }
+      for (kv::BlockId id : table) {
+        if (id != kNoBlock && static_cast<int64_t>(id) >= pools[p].device_blocks) {
+          return InvalidArgument(where + ": block id " + std::to_string(id) + " out of range");
+        }
+      }
+      auto need = [&](int64_t lo, int64_t hi, const char* what) -> Status {  // positions [lo, hi)
+        for (int64_t t = lo; t < hi; t += B - t % B) {
+          if (table[t / B] == kNoBlock) {
+            return InvalidArgument(where + ": no block for " + what + " position " + std::to_string(t));
+          }
+        }
+        return Status::Ok();
+      };
+      const VisibleRange first = VisibleOf(pools[p], s.start_position);
+      const VisibleRange last = VisibleOf(pools[p], end - 1);
+      KVF_RETURN_IF_ERROR(need(first.lo, end, "visible"));
+      KVF_RETURN_IF_ERROR(need(first.sink_lo, std::max(first.sink_hi, last.sink_hi), "sink"));
+      for (int64_t t = s.start_position; t < end; t += B - t % B) {
+        if (!written.emplace(p, table[t / B]).second) {
+          return InvalidArgument(where + ": block " + std::to_string(table[t / B]) +
+                                 " is written by two sequences of the step");
+        }
+      }
+    }
+  }
+  if (total > options.max_num_tokens) {
+    return InvalidArgument("a step of " + std::to_string(total) + " tokens; the limit is " +
+                           std::to_string(options.max_num_tokens));
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvfleet::backend

@@ -168,6 +168,22 @@ class ModelBackend {
   virtual kv::BlockCopier& block_copier() = 0;
 };
 
+// ---- Shared by every backend --------------------------------------------------------
+
+// The positions a query at q sees in a pool (the rule above): the main range [lo, q] and the
+// sink range [sink_lo, sink_hi) (empty unless the pool has a window and sinks).
+struct VisibleRange {
+  int64_t lo, sink_lo, sink_hi;
+};
+VisibleRange VisibleOf(const KvPoolInfo& pool, int64_t q);
+
+// The checks Execute() makes before computing anything: batch and token limits, positions
+// inside the context, token ids inside the vocabulary, sampling values, one block table per
+// pool reaching every visible and written position with in-range ids, and no block written
+// by two sequences. InvalidArgument names the request and the reason.
+Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, const std::vector<KvPoolInfo>& pools,
+                         int64_t vocab_size, int64_t max_context);
+
 // ---- Selection by name -------------------------------------------------------------
 
 using BackendFactory = std::function<Result<std::unique_ptr<ModelBackend>>(const BackendOptions&)>;

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <thread>
 
 #include "common/block_hash.h"
@@ -26,27 +25,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-std::string Req(const SequenceStep& s) { return "request " + std::to_string(s.request_id); }
-
-// The positions a query at q sees in a pool (backend.h): the main range [lo, q] and the
-// sink range [sink_lo, sink_hi) (empty unless the pool has a window and sinks).
-struct Visible {
-  int64_t lo, sink_lo, sink_hi;
-};
-
-Visible VisibleOf(const KvPoolInfo& p, int64_t q) {
-  const int64_t chunk_lo = p.attention_chunk > 0 ? q / p.attention_chunk * p.attention_chunk : 0;
-  int64_t lo = chunk_lo;
-  if (p.window > 0) lo = std::max(lo, q - p.window + 1);
-  Visible v{lo, 0, 0};
-  if (p.window > 0 && p.sink_tokens > 0) {
-    v.sink_lo = chunk_lo;
-    v.sink_hi = std::min<int64_t>(p.sink_tokens, lo);
-    if (v.sink_hi < v.sink_lo) v.sink_hi = v.sink_lo;
-  }
-  return v;
-}
 
 }  // namespace
 
@@ -162,69 +140,7 @@ float* CpuBackend::KvBase(size_t pool, kv::BlockId block) const {
 }
 
 Status CpuBackend::Validate(const StepBatch& batch) const {
-  if (batch.seqs.size() > static_cast<size_t>(options_.max_batch_size)) {
-    return InvalidArgument("a step of " + std::to_string(batch.seqs.size()) + " sequences; the limit is " +
-                           std::to_string(options_.max_batch_size));
-  }
-  const int64_t B = options_.block_size;
-  int64_t total = 0;
-  std::set<std::pair<size_t, kv::BlockId>> written;
-  for (const SequenceStep& s : batch.seqs) {
-    const int64_t n = static_cast<int64_t>(s.tokens.size());
-    if (n == 0) return InvalidArgument(Req(s) + ": no tokens");
-    total += n;
-    const int64_t end = s.start_position + n;
-    if (s.start_position < 0 || end > max_context_) {
-      return InvalidArgument(Req(s) + ": positions [" + std::to_string(s.start_position) + ", " + std::to_string(end) +
-                             ") are outside the context of " + std::to_string(max_context_));
-    }
-    for (TokenId t : s.tokens) {
-      if (static_cast<int64_t>(t) >= config_.vocab_size) {
-        return InvalidArgument(Req(s) + ": token " + std::to_string(t) + " is outside the vocabulary of " +
-                               std::to_string(config_.vocab_size));
-      }
-    }
-    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
-    if (s.block_tables.size() != pools_.size()) {
-      return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +
-                             std::to_string(pools_.size()) + " KV pools");
-    }
-    for (size_t p = 0; p < pools_.size(); ++p) {
-      const auto& table = s.block_tables[p];
-      const std::string where = Req(s) + ", pool " + std::to_string(p);
-      if (static_cast<int64_t>(table.size()) * B < end) {
-        return InvalidArgument(where + ": the block table does not reach position " + std::to_string(end - 1));
-      }
-      for (kv::BlockId id : table) {
-        if (id != kNoBlock && static_cast<int64_t>(id) >= pools_[p].device_blocks) {
-          return InvalidArgument(where + ": block id " + std::to_string(id) + " out of range");
-        }
-      }
-      auto need = [&](int64_t lo, int64_t hi, const char* what) -> Status {  // positions [lo, hi)
-        for (int64_t t = lo; t < hi; t += B - t % B) {
-          if (table[t / B] == kNoBlock) {
-            return InvalidArgument(where + ": no block for " + what + " position " + std::to_string(t));
-          }
-        }
-        return Status::Ok();
-      };
-      const Visible first = VisibleOf(pools_[p], s.start_position);
-      const Visible last = VisibleOf(pools_[p], end - 1);
-      KVF_RETURN_IF_ERROR(need(first.lo, end, "visible"));
-      KVF_RETURN_IF_ERROR(need(first.sink_lo, std::max(first.sink_hi, last.sink_hi), "sink"));
-      for (int64_t t = s.start_position; t < end; t += B - t % B) {
-        if (!written.emplace(p, table[t / B]).second) {
-          return InvalidArgument(where + ": block " + std::to_string(table[t / B]) +
-                                 " is written by two sequences of the step");
-        }
-      }
-    }
-  }
-  if (total > options_.max_num_tokens) {
-    return InvalidArgument("a step of " + std::to_string(total) + " tokens; the limit is " +
-                           std::to_string(options_.max_num_tokens));
-  }
-  return Status::Ok();
+  return ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_);
 }
 
 void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
@@ -285,7 +201,7 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
     for (int64_t r = task.row0; r < task.row0 + task.rows; ++r) {
       const int64_t q = rows_[r].position;
       const float* qv = qkv_.data() + r * qkv_width + task.head * hd;
-      const Visible vis = VisibleOf(pool, q);
+      const VisibleRange vis = VisibleOf(pool, q);
       const int64_t n_sink = vis.sink_hi - vis.sink_lo, n_main = q + 1 - vis.lo;
       scores.resize(n_sink + n_main);
       // StreamingLLM position shift: score sinks with the query rotated to its cache position.
