@@ -13,6 +13,9 @@ JOBS="${JOBS:-$(nproc)}"
 SANITIZERS="${KVFLEET_SANITIZERS-address thread}"
 export KVFLEET_FUZZ_SECONDS="${KVFLEET_FUZZ_SECONDS:-20}"
 export KVFLEET_CACHE="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}"
+# Sanitizer and fuzz builds: -O1 with line tables compiles markedly faster on 2 cores and
+# still gives symbolized stack traces.
+export SAN_OPT_FLAGS="-O1 -g1 -DNDEBUG"
 failures=()
 t0=$(date +%s)
 stage() { echo; echo "=== tests/run.sh: $* ($(( $(date +%s) - t0 ))s)"; }
@@ -38,7 +41,8 @@ for san in $SANITIZERS; do
   stage "sanitizer: $san (tests labelled $label)"
   dir="$ROOT/build-$label"
   if BUILD_DIR="$dir" BUILD_TARGET="kvfleet_${label}_tests" deploy/build.sh \
-      -DKVFLEET_SANITIZE="$san" -DKVFLEET_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+      -DKVFLEET_SANITIZE="$san" -DKVFLEET_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$SAN_OPT_FLAGS" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$SAN_OPT_FLAGS"; then
     (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
       ctest -L "^$label\$" --output-on-failure -j "$JOBS" --timeout 900 --no-tests=ignore) || failures+=("$san")

@@ -7,7 +7,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SECONDS_EACH="${KVFLEET_FUZZ_SECONDS:-20}"
 DIR="$ROOT/build-fuzz"
 CC=clang CXX=clang++ BUILD_DIR="$DIR" BUILD_TARGET=kvfleet_fuzzers "$ROOT/deploy/build.sh" \
-  -DKVFLEET_FUZZ=ON -DKVFLEET_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo || { echo "fuzz: build failed"; exit 1; }
+  -DKVFLEET_FUZZ=ON -DKVFLEET_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=${SAN_OPT_FLAGS:--O1 -g1 -DNDEBUG}" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=${SAN_OPT_FLAGS:--O1 -g1 -DNDEBUG}" || { echo "fuzz: build failed"; exit 1; }
 shopt -s nullglob
 fuzzers=("$DIR"/fuzzers/*)
 if [ ${#fuzzers[@]} -eq 0 ]; then echo "fuzz: no fuzz targets in this build"; exit 0; fi
