@@ -30,7 +30,10 @@ stage "build (RelWithDebInfo)"
 BUILD_DIR="$ROOT/build" deploy/build.sh || { echo "FAILED: build" >&2; exit 1; }
 
 stage "ctest (every label but gpu)"
-(cd build && ctest -LE gpu --output-on-failure -j "$JOBS" --timeout 600) || failures+=("ctest")
+CTEST_LOG="$(mktemp)"
+trap 'rm -f "$CTEST_LOG"' EXIT
+(cd build && ctest -LE gpu --output-on-failure -j "$JOBS" --timeout 600) 2>&1 | tee -a "$CTEST_LOG"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failures+=("ctest")
 
 for san in $SANITIZERS; do
   case "$san" in
@@ -45,7 +48,8 @@ for san in $SANITIZERS; do
       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$SAN_OPT_FLAGS" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$SAN_OPT_FLAGS"; then
     (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-      ctest -L "^$label\$" --output-on-failure -j "$JOBS" --timeout 900 --no-tests=ignore) || failures+=("$san")
+      ctest -L "^$label\$" --output-on-failure -j "$JOBS" --timeout 900 --no-tests=ignore) 2>&1 | tee -a "$CTEST_LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failures+=("$san")
   else
     failures+=("$san build")
   fi
@@ -68,6 +72,10 @@ else
 fi
 
 stage "done"
+# One closing count over every ctest pass above (each sanitizer pass counts its tests again).
+read -r total failed < <(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\2 \1/p' "$CTEST_LOG" |
+  awk '{t += $1; f += $2} END {print t + 0, f + 0}')
+echo "summary: $((total - failed)) passed, $failed failed"
 if [ ${#failures[@]} -ne 0 ]; then
   echo "tests/run.sh: FAILED: ${failures[*]}"
   exit 1
