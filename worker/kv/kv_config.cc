@@ -82,4 +82,13 @@ Result<std::vector<PoolLayout>> ComputePools(const KvCacheConfig& c) {
   return pools;
 }
 
+Status SizeForBlocksPerPool(KvCacheConfig* config, uint64_t blocks_per_pool) {
+  KVF_RETURN_IF_ERROR(config->Validate());
+  KVF_ASSIGN_OR_RETURN(auto probe, ComputePools(*config));
+  uint64_t per_block = 0;
+  for (const auto& p : probe) per_block += p.bytes_per_block;
+  config->device_bytes = blocks_per_pool * per_block;
+  return Status::Ok();
+}
+
 }  // namespace kvfleet::kv

@@ -85,4 +85,8 @@ struct PoolLayout {
 // REQUIRES: config.Validate().ok(). Fails when the budget gives a pool no block.
 Result<std::vector<PoolLayout>> ComputePools(const KvCacheConfig& config);
 
+// Sets config->device_bytes to exactly `blocks_per_pool` blocks of every pool, split by the
+// same weights as any budget (exact when there is one pool, as in tests).
+Status SizeForBlocksPerPool(KvCacheConfig* config, uint64_t blocks_per_pool);
+
 }  // namespace kvfleet::kv

@@ -76,15 +76,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   kc.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
   kc.host_bytes = options.host_kv_bytes;
   kc.enable_offload = options.host_kv_bytes > 0;
-  if (options.num_blocks > 0) {
-    // num_blocks per pool: a budget of exactly that many blocks of every pool, split by
-    // the same weights (exact when there is one pool, as in tests).
-    KVF_RETURN_IF_ERROR(kc.Validate());
-    KVF_ASSIGN_OR_RETURN(auto probe, kv::ComputePools(kc));
-    uint64_t per_block = 0;
-    for (const auto& p : probe) per_block += p.bytes_per_block;
-    kc.device_bytes = static_cast<uint64_t>(options.num_blocks) * per_block;
-  }
+  if (options.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
   b->layer_pool_.assign(c.num_layers, -1);

@@ -351,13 +351,7 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   }
   kc.host_bytes = options_.host_kv_bytes;
   kc.enable_offload = options_.host_kv_bytes > 0;
-  if (options_.num_blocks > 0) {
-    KVF_RETURN_IF_ERROR(kc.Validate());
-    KVF_ASSIGN_OR_RETURN(auto probe, kv::ComputePools(kc));
-    uint64_t per_block = 0;
-    for (const auto& p : probe) per_block += p.bytes_per_block;
-    kc.device_bytes = static_cast<uint64_t>(options_.num_blocks) * per_block;
-  }
+  if (options_.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options_.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
   layer_pool_.assign(c.num_layers, -1);
