@@ -426,10 +426,11 @@ void EventPublisher::Impl::SendSnapshot(const SnapshotJob& job) {
       auto [b, e] = chunks[c];
       auto list = snap.initEvents(static_cast<unsigned>(e - b));
       for (size_t i = b; i < e; ++i) BuildKvEvent(job.events[i], list[static_cast<unsigned>(i - b)]);
+      // Counted before the last chunk goes out, so whoever has received it sees the count.
+      if (c + 1 == chunks.size()) owner_->snapshots_sent_.fetch_add(1, std::memory_order_relaxed);
       SendReply(r.identity, msg);
     }
   }
-  owner_->snapshots_sent_.fetch_add(job.requesters.size(), std::memory_order_relaxed);
 }
 
 }  // namespace kvfleet::events
