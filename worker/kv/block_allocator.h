@@ -2,17 +2,22 @@
 //
 // Like LightLLM's TokenAttention allocator it prefers handing a new sequence one contiguous
 // run of blocks, which keeps its KV in one span. It keeps one free run [run_begin, run_end)
-// plus a stack of scattered free blocks:
-//   - Allocate(n >= 2) takes n blocks from the run when the run holds n, else the stack
-//     first (so the run survives for the next sequence), then the run.
-//   - Allocate(1) (a decode step) takes from the stack first.
+// plus the scattered free blocks outside it:
+//   - Allocate(n >= 2) takes n blocks from the run when the run holds n, else scattered
+//     blocks first (so the run survives for the next sequence), then the run.
+//   - Allocate(1) (a decode step) takes a scattered block first, the lowest-numbered one.
 //   - Free(b) extends the run when b touches either end, seeds a new run when the run is
-//     empty, and otherwise pushes b on the stack. A sequence freed last block first
-//     therefore rebuilds a run.
+//     empty, and otherwise marks b scattered. A sequence freed last block first therefore
+//     rebuilds a run.
+// The scattered blocks are a bitmap with a summary level per 64 words (1/8 byte per block
+// plus 1/512 above it), so finding one costs a few word scans however many blocks there
+// are: allocation stays O(1) in practice (O(log64 blocks)) without a 4-byte stack entry
+// per block.
 //
 // Invariants:
-//   1. Every block is free (in the run or on the stack, exactly once) or allocated.
-//   2. num_free() == run length + stack size.
+//   1. Every block is free (in the run or scattered, exactly once) or allocated.
+//   2. num_free() == run length + scattered count.
+//   3. A summary bit is set iff the word (or summary word) below it is non-zero.
 //
 // Thread safety: thread-compatible; owned by the engine thread with its manager.
 #pragma once
@@ -23,7 +28,6 @@
 
 #include "common/status.h"
 #include "worker/kv/block_copier.h"
-#include "worker/kv/huge_page_allocator.h"
 
 namespace kvfleet::kv {
 
@@ -32,8 +36,8 @@ class BlockAllocator {
   explicit BlockAllocator(uint32_t num_blocks);
 
   uint32_t num_blocks() const { return num_blocks_; }
-  uint32_t num_free() const { return (run_end_ - run_begin_) + static_cast<uint32_t>(stack_.size()); }
-  bool IsFree(BlockId b) const { return free_[b] != 0; }
+  uint32_t num_free() const { return (run_end_ - run_begin_) + num_scattered_; }
+  bool IsFree(BlockId b) const { return (b >= run_begin_ && b < run_end_) || Bit(0, b); }
 
   // Appends n block ids to *out. REQUIRES: n <= num_free().
   void Allocate(uint32_t n, std::vector<BlockId>* out);
@@ -41,17 +45,24 @@ class BlockAllocator {
   // REQUIRES: b is allocated.
   void Free(BlockId b);
 
-  // Checks invariants 1-2; the message names the first broken one.
+  // Checks invariants 1-3; the message names the first broken one.
   Status CheckInvariants() const;
+  // Host memory of the allocator in bytes.
+  size_t MemoryBytes() const;
 
  private:
+  bool Bit(size_t level, uint64_t i) const { return (levels_[level][i / 64] >> (i % 64)) & 1; }
+  void SetScattered(BlockId b);
+  BlockId TakeScattered();  // REQUIRES: num_scattered_ > 0
   void TakeFromRun(uint32_t n, std::vector<BlockId>* out);
 
   uint32_t num_blocks_;
   uint32_t run_begin_ = 0;
   uint32_t run_end_ = 0;
-  HugeVector<BlockId> stack_;
-  HugeVector<uint8_t> free_;  // 1 = free
+  uint32_t num_scattered_ = 0;
+  // levels_[0]: one bit per block (scattered free); levels_[k + 1]: one bit per word of
+  // levels_[k] that is non-zero. The last level is a single word.
+  std::vector<std::vector<uint64_t>> levels_;
 };
 
 }  // namespace kvfleet::kv

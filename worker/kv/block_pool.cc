@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -13,8 +12,6 @@ namespace kvfleet::kv {
 namespace {
 constexpr int kDev = 0;
 constexpr int kHost = 1;
-// The hash index stays at most this full, so a probe usually ends within two slots.
-constexpr double kMaxIndexLoad = 0.7;
 }  // namespace
 
 BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& options, EventBuffer* events)
@@ -23,67 +20,28 @@ BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& op
       options_(options),
       block_size_(options.block_size),
       events_(events),
-      alloc_{BlockAllocator(layout.device_blocks), BlockAllocator(layout.host_blocks)} {
-  const uint32_t max_nodes = layout.device_blocks + layout.host_blocks;
-  for (int t = 0; t < kNumTiers; ++t) {
-    const uint32_t n = alloc_[t].num_blocks();
-    block_node_[t].assign(n, kNoNode);
-    refcount_[t].assign(n, 0);
-  }
-  nodes_.resize(max_nodes);
-  tokens_.resize(size_t{max_nodes} * block_size_);
-  free_nodes_.reserve(max_nodes);
-  for (uint32_t i = max_nodes; i > 0; --i) free_nodes_.push_back(i - 1);
-  const uint64_t slots = std::bit_ceil(static_cast<uint64_t>(max_nodes / kMaxIndexLoad) + 2);
-  index_slots_.assign(slots, Slot{0, kNoNode});
-  index_shift_ = 64 - std::countr_zero(slots);
-}
-
-// ---------------------------------------------------------------- hash index
-
-NodeId BlockPool::FindHash(BlockHash h) const {
-  const uint64_t mask = index_slots_.size() - 1;
-  for (uint64_t i = Home(h);; i = (i + 1) & mask) {
-    const Slot& s = index_slots_[i];
-    if (s.node == kNoNode) return kNoNode;
-    if (s.hash == h) return s.node;
-  }
-}
-
-void BlockPool::IndexInsert(BlockHash h, NodeId n) {
-  const uint64_t mask = index_slots_.size() - 1;
-  uint64_t i = Home(h);
-  while (index_slots_[i].node != kNoNode) i = (i + 1) & mask;
-  index_slots_[i] = Slot{h, n};
-}
-
-void BlockPool::IndexErase(BlockHash h) {
-  const uint64_t mask = index_slots_.size() - 1;
-  uint64_t i = Home(h);
-  while (index_slots_[i].hash != h || index_slots_[i].node == kNoNode) {
-    KVF_DCHECK(index_slots_[i].node != kNoNode) << "erasing a hash that is not indexed";
-    i = (i + 1) & mask;
-  }
-  // Backward-shift deletion: move later entries of the probe run into the hole.
-  uint64_t hole = i;
-  for (uint64_t j = (i + 1) & mask; index_slots_[j].node != kNoNode; j = (j + 1) & mask) {
-    const uint64_t home = Home(index_slots_[j].hash);
-    // Entry j may move to the hole if its home is not within (hole, j] cyclically.
-    const bool in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (!in_range) {
-      index_slots_[hole] = index_slots_[j];
-      hole = j;
-    }
-  }
-  index_slots_[hole] = Slot{0, kNoNode};
-}
+      alloc_{BlockAllocator(layout.device_blocks), BlockAllocator(layout.host_blocks)},
+      num_device_(layout.device_blocks),
+      nodes_(size_t{layout.device_blocks} + layout.host_blocks),
+      tokens_(layout.device_blocks + layout.host_blocks, options.block_size, options.vocab_size),
+      packed_(tokens_.buffer_bytes()),
+      hash_index_(layout.device_blocks + layout.host_blocks),
+      tick_(options.first_lru_tick) {}
 
 // ---------------------------------------------------------------- tree queries
 
+bool BlockPool::PrefetchCandidate(BlockHash h) const {
+  const NodeId n = hash_index_.Candidate(h);
+  if (n == kNoNode) return false;
+  __builtin_prefetch(&nodes_[n]);
+  const uint8_t* t = tokens_.data(n);
+  __builtin_prefetch(t);
+  __builtin_prefetch(t + tokens_.stride() - 1);
+  return true;
+}
+
 bool BlockPool::SameBlock(NodeId n, NodeId parent, std::span<const TokenId> tokens) const {
-  const Node& x = nodes_[n];
-  return x.parent == parent && tokens.size() == block_size_ &&
-         std::memcmp(TokensOf(n).data(), tokens.data(), tokens.size_bytes()) == 0;
+  return nodes_[n].parent == parent && tokens_.Pack(tokens, packed_.data()) && tokens_.Equals(n, packed_.data());
 }
 
 NodeId BlockPool::Find(NodeId parent, BlockHash h, std::span<const TokenId> tokens) const {
@@ -97,11 +55,8 @@ uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, No
   NodeId c = parent == kNoNode ? root_first_child_ : nodes_[parent].first_child;
   for (uint32_t scanned = 0; c != kNoNode && scanned < options_.partial_reuse_max_candidates;
        c = nodes_[c].next_sibling, ++scanned) {
-    const std::span<const TokenId> have = TokensOf(c);
-    uint32_t k = 0;
-    while (k < want.size() && have[k] == want[k]) ++k;
-    const bool better = k > best || (k == best && k > 0 && nodes_[c].tier == Tier::kDevice &&
-                                     nodes_[*source].tier == Tier::kHost);
+    const uint32_t k = tokens_.CommonPrefix(c, want);
+    const bool better = k > best || (k == best && k > 0 && IsDevice(c) && !IsDevice(*source));
     if (better) {
       best = k;
       *source = c;
@@ -113,55 +68,69 @@ uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, No
 // ---------------------------------------------------------------- references
 
 void BlockPool::Touch(Node& x, TimeNs now) {
+  if (tick_ == UINT32_MAX) RenumberTicks();
   x.tick = ++tick_;
-  if (x.duration > 0) x.expires_at = now + x.duration;
+  if (x.duration != 0) x.expires_at = Deadline(now, x.duration);
+}
+
+void BlockPool::RenumberTicks() {
+  // The 32-bit use counter is about to wrap: renumber live nodes 1..n in use order, which
+  // keeps every LRU comparison the same. Once per ~4 billion uses.
+  std::vector<std::pair<uint32_t, NodeId>> order;
+  order.reserve(live_nodes_);
+  for (NodeId n = 0; n < nodes_.size(); ++n) {
+    if (nodes_[n].live) order.emplace_back(nodes_[n].tick, n);
+  }
+  std::sort(order.begin(), order.end());
+  tick_ = 0;
+  for (const auto& [tick, n] : order) nodes_[n].tick = ++tick_;
 }
 
 void BlockPool::Pin(NodeId n, TimeNs now) {
   Node& x = nodes_[n];
-  const int t = Idx(x.tier);
-  if (refcount_[t][x.block]++ == 0) --unpinned_cached_[t];
+  KVF_CHECK_LT(uint32_t{x.refcount}, config::kMaxRefcount) << "too many sequences share block " << n;
+  if (x.refcount++ == 0) --unpinned_cached_[Idx(tier(n))];
   Touch(x, now);
   QueueUpdate(n);
 }
 
-void BlockPool::Unpin(Tier tier, BlockId b, TimeNs now) {
-  const int t = Idx(tier);
-  KVF_DCHECK(refcount_[t][b] > 0) << "unpinning a free block " << b;
-  if (--refcount_[t][b] > 0) return;
-  const NodeId n = block_node_[t][b];
-  if (n == kNoNode) {
-    alloc_[t].Free(b);
+void BlockPool::Unpin(Tier t, BlockId b, TimeNs now) {
+  const NodeId n = Id(t, b);
+  Node& x = nodes_[n];
+  KVF_DCHECK(x.refcount > 0) << "unpinning a free block " << b;
+  if (--x.refcount > 0) return;
+  if (!x.live) {
+    alloc_[Idx(t)].Free(b);
     return;
   }
-  ++unpinned_cached_[t];
-  Touch(nodes_[n], now);
+  ++unpinned_cached_[Idx(t)];
+  Touch(x, now);
   QueueUpdate(n);
 }
 
 void BlockPool::Raise(NodeId n, const BlockRetention& r, TimeNs now) {
   Node& x = nodes_[n];
   if (r.priority > x.priority) {
-    x.priority = r.priority;
-    x.duration = r.duration;
-    ++x.expiry_stamp;  // any queued expiry belongs to the old priority
-    x.expires_at = 0;
-    if (x.duration > 0) {
-      x.expires_at = now + x.duration;
-      expiry_.push({x.expires_at, n, x.expiry_stamp});
+    ReleaseDuration(x);
+    x.duration = InternDuration(r.duration);
+    if (x.duration != 0) {
+      x.expires_at = Deadline(now, x.duration);
+      PushExpiry(n);
     }
-    EmitUpdated(n, std::nullopt, x.priority);
-    QueueUpdate(n);
-  } else if (r.priority == x.priority && x.duration > 0) {
-    // Same priority: the longer keep wins; no duration means keep for good. The queued
-    // expiry entry re-queues itself at the later deadline (ProcessExpired).
+    SetPriority(n, r.priority);
+    EmitUpdated(n, std::nullopt, r.priority);
+  } else if (r.priority == x.priority && x.duration != 0) {
+    // Same priority: the longer keep wins; no duration means keep for good. The node's
+    // expiry entry re-queues itself at a later deadline (ProcessExpired).
+    const DurationNs have = durations_[x.duration];
     if (r.duration == 0) {
-      x.duration = 0;
-      x.expires_at = 0;
-      ++x.expiry_stamp;
-    } else {
-      x.duration = std::max(x.duration, r.duration);
-      x.expires_at = std::max(x.expires_at, now + x.duration);
+      ReleaseDuration(x);
+    } else if (r.duration > have) {
+      ReleaseDuration(x);
+      x.duration = InternDuration(r.duration);
+      const uint32_t deadline = Deadline(now, x.duration);
+      if (Before(x.expires_at, deadline)) x.expires_at = deadline;
+      if (Before(x.expires_at, x.heap_at)) PushExpiry(n);  // rounding picked a shorter slot
     }
   }
 }
@@ -178,112 +147,129 @@ bool BlockPool::EnsureDeviceFree(uint32_t n, std::vector<BlockCopy>* copies) {
 void BlockPool::AllocateDevice(uint32_t n, std::vector<BlockId>* out) {
   const size_t first = out->size();
   alloc_[kDev].Allocate(n, out);
-  for (size_t i = first; i < out->size(); ++i) refcount_[kDev][(*out)[i]] = 1;
+  for (size_t i = first; i < out->size(); ++i) nodes_[(*out)[i]].refcount = 1;
 }
 
-BlockId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
-  Node& x = nodes_[n];
-  KVF_DCHECK(x.tier == Tier::kHost && refcount_[kHost][x.block] > 0);
-  KVF_DCHECK(x.parent == kNoNode || nodes_[x.parent].tier == Tier::kDevice);
-  const BlockId hb = x.block;
-  const BlockId db = alloc_[kDev].AllocateOne();
-  copies->push_back({index_, Tier::kHost, hb, Tier::kDevice, db});
-  refcount_[kDev][db] = std::exchange(refcount_[kHost][hb], 0);
-  block_node_[kHost][hb] = kNoNode;
+NodeId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
+  KVF_DCHECK(!IsDevice(n) && nodes_[n].refcount > 0);
+  KVF_DCHECK(nodes_[n].parent == kNoNode || IsDevice(nodes_[n].parent));
+  const BlockId hb = block(n);
+  const NodeId d = alloc_[kDev].AllocateOne();
+  copies->push_back({index_, Tier::kHost, hb, Tier::kDevice, d});
+  MoveNode(n, d);
   alloc_[kHost].Free(hb);
-  block_node_[kDev][db] = n;
-  x.tier = Tier::kDevice;
-  x.block = db;
-  if (x.parent != kNoNode) {
-    ++nodes_[x.parent].num_device_children;
-    QueueUpdate(x.parent);
-  }
-  QueueUpdate(n);
+  QueueUpdate(d);
   ++onboards_;
   ++version_;
-  EmitUpdated(n, Tier::kDevice, std::nullopt);
-  return db;
+  EmitUpdated(d, Tier::kDevice, std::nullopt);
+  return d;
 }
 
 NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b,
                         const BlockRetention& r, TimeNs now) {
   KVF_DCHECK(FindHash(h) == kNoNode);
-  KVF_DCHECK(refcount_[kDev][b] > 0 && block_node_[kDev][b] == kNoNode);
-  KVF_CHECK(!free_nodes_.empty()) << "node pool exhausted";
-  const NodeId n = free_nodes_.back();
-  free_nodes_.pop_back();
-  if (!free_nodes_.empty()) PrefetchNode(free_nodes_.back());  // the next Store's node and tokens
-  Node& x = nodes_[n];
-  x = Node{};
+  Node& x = nodes_[b];
+  KVF_DCHECK(x.refcount > 0 && !x.live);
+  if (!tokens_.Pack(tokens, packed_.data())) return kNoNode;
+  tokens_.Set(b, packed_.data());
   x.hash = h;
-  x.block = b;
-  x.tier = Tier::kDevice;
+  x.first_child = kNoNode;
+  x.lru_prev = x.lru_next = kNoNode;
   x.priority = r.priority;
-  x.duration = r.duration;
-  x.live = true;
+  x.duration = InternDuration(r.duration);
+  x.live = 1;
+  x.queued = 0;
   ++live_nodes_;
-  std::memcpy(&tokens_[size_t{n} * block_size_], tokens.data(), tokens.size_bytes());
-  block_node_[kDev][b] = n;
-  LinkChild(parent, n);
-  IndexInsert(h, n);
+  LinkChild(parent, b);
+  hash_index_.Insert(h, b);
   ++version_;
   Touch(x, now);
-  if (x.duration > 0) expiry_.push({x.expires_at, n, ++x.expiry_stamp});
+  if (x.duration != 0) PushExpiry(b);
   if (parent != kNoNode) QueueUpdate(parent);
-  EmitStored(n);
-  return n;
+  EmitStored(b);
+  return b;
 }
+
+// ---------------------------------------------------------------- child lists
 
 void BlockPool::LinkChild(NodeId parent, NodeId n) {
   Node& x = nodes_[n];
   x.parent = parent;
-  NodeId& head = parent == kNoNode ? root_first_child_ : nodes_[parent].first_child;
-  x.prev_sibling = kNoNode;
-  x.next_sibling = head;
-  if (head != kNoNode) nodes_[head].prev_sibling = n;
-  head = n;
-  if (parent == kNoNode) {
-    ++root_num_children_;
+  NodeId& head = HeadOf(parent);
+  if (head == kNoNode) {
+    x.next_sibling = kNoNode;
+    x.prev_sibling = n;
+    head = n;
+  } else if (IsDevice(n)) {  // invariant 9: device children first
+    x.next_sibling = head;
+    x.prev_sibling = nodes_[head].prev_sibling;
+    nodes_[head].prev_sibling = n;
+    head = n;
   } else {
-    ++nodes_[parent].num_children;
-    if (x.tier == Tier::kDevice) ++nodes_[parent].num_device_children;
+    const NodeId tail = nodes_[head].prev_sibling;
+    nodes_[tail].next_sibling = n;
+    x.prev_sibling = tail;
+    x.next_sibling = kNoNode;
+    nodes_[head].prev_sibling = n;
   }
 }
 
 void BlockPool::UnlinkChild(NodeId n) {
   Node& x = nodes_[n];
-  NodeId& head = x.parent == kNoNode ? root_first_child_ : nodes_[x.parent].first_child;
-  if (x.prev_sibling != kNoNode) {
-    nodes_[x.prev_sibling].next_sibling = x.next_sibling;
-  } else {
+  NodeId& head = HeadOf(x.parent);
+  if (head == n) {
     head = x.next_sibling;
-  }
-  if (x.next_sibling != kNoNode) nodes_[x.next_sibling].prev_sibling = x.prev_sibling;
-  if (x.parent == kNoNode) {
-    --root_num_children_;
+    if (head != kNoNode) nodes_[head].prev_sibling = x.prev_sibling;
   } else {
-    --nodes_[x.parent].num_children;
-    if (x.tier == Tier::kDevice) --nodes_[x.parent].num_device_children;
+    nodes_[x.prev_sibling].next_sibling = x.next_sibling;
+    if (x.next_sibling != kNoNode) {
+      nodes_[x.next_sibling].prev_sibling = x.prev_sibling;
+    } else {
+      nodes_[head].prev_sibling = x.prev_sibling;  // n was the tail
+    }
   }
+  x.next_sibling = x.prev_sibling = kNoNode;
+}
+
+void BlockPool::MoveNode(NodeId from, NodeId to) {
+  KVF_DCHECK(!nodes_[from].queued && !nodes_[to].live && nodes_[to].refcount == 0);
+  const NodeId parent = nodes_[from].parent;
+  UnlinkChild(from);
+  nodes_[to] = nodes_[from];
+  nodes_[from] = Node{};
+  tokens_.Copy(from, to);
+  Node& y = nodes_[to];
+  LinkChild(parent, to);
+  // Children keep their place; only their parent id changes. They are all on the host
+  // (invariant 5 for an onboarded node; invariant 7 for an offloaded one).
+  for (NodeId c = y.first_child; c != kNoNode; c = nodes_[c].next_sibling) nodes_[c].parent = to;
+  hash_index_.Repoint(y.hash, from, to);
+  if (y.duration != 0) PushExpiry(to);
+  if (parent != kNoNode) QueueUpdate(parent);
 }
 
 // ---------------------------------------------------------------- eviction queues
 
 void BlockPool::QueueUpdate(NodeId n) {
   Node& x = nodes_[n];
-  const int t = Idx(x.tier);
-  const bool want = x.live && refcount_[t][x.block] == 0 &&
-                    (t == kDev ? x.num_device_children == 0 : x.num_children == 0);
+  const bool want = x.live && x.refcount == 0 && (IsDevice(n) ? !HasDeviceChild(x) : x.first_child == kNoNode);
   if (x.queued) {
-    if (want && x.queued_priority == x.priority) return;
+    if (want) return;
     QueueRemove(n);
   }
   if (want) QueueInsert(n);
 }
 
+void BlockPool::SetPriority(NodeId n, uint8_t p) {
+  Node& x = nodes_[n];
+  if (x.queued) QueueRemove(n);  // the queue is per priority
+  x.priority = p;
+  QueueUpdate(n);
+}
+
 void BlockPool::QueueInsert(NodeId n) {
   Node& x = nodes_[n];
-  const int t = Idx(x.tier);
+  const int t = Idx(tier(n));
   Queue& q = queues_[t][x.priority];
   NodeId before;  // insert x before this node (kNoNode: at the tail)
   if (q.tail == kNoNode || nodes_[q.tail].tick <= x.tick) {
@@ -320,16 +306,15 @@ void BlockPool::QueueInsert(NodeId n) {
   } else {
     nodes_[before].lru_prev = n;
   }
-  x.queued = true;
-  x.queued_priority = x.priority;
+  x.queued = 1;
   nonempty_[t][x.priority / 64] |= uint64_t{1} << (x.priority % 64);
   ++queued_[t];
 }
 
 void BlockPool::QueueRemove(NodeId n) {
   Node& x = nodes_[n];
-  const int t = Idx(x.tier);
-  Queue& q = queues_[t][x.queued_priority];
+  const int t = Idx(tier(n));
+  Queue& q = queues_[t][x.priority];
   if (x.lru_prev == kNoNode) {
     q.head = x.lru_next;
   } else {
@@ -340,8 +325,8 @@ void BlockPool::QueueRemove(NodeId n) {
   } else {
     nodes_[x.lru_next].lru_prev = x.lru_prev;
   }
-  if (q.head == kNoNode) nonempty_[t][x.queued_priority / 64] &= ~(uint64_t{1} << (x.queued_priority % 64));
-  x.queued = false;
+  if (q.head == kNoNode) nonempty_[t][x.priority / 64] &= ~(uint64_t{1} << (x.priority % 64));
+  x.queued = 0;
   x.lru_prev = x.lru_next = kNoNode;
   --queued_[t];
 }
@@ -351,6 +336,78 @@ NodeId BlockPool::Front(int t) const {
     if (nonempty_[t][w] != 0) return queues_[t][w * 64 + std::countr_zero(nonempty_[t][w])].head;
   }
   return kNoNode;
+}
+
+// ---------------------------------------------------------------- expiry
+
+uint32_t BlockPool::NowTicks(TimeNs now) const {
+  return static_cast<uint32_t>(static_cast<uint64_t>(now - options_.epoch) / config::kExpiryTickNs);
+}
+
+uint32_t BlockPool::Deadline(TimeNs now, uint32_t slot) const {
+  // Rounded up, so a block never falls back early.
+  const uint64_t since = static_cast<uint64_t>(now - options_.epoch) + static_cast<uint64_t>(durations_[slot]);
+  return static_cast<uint32_t>((since + config::kExpiryTickNs - 1) / config::kExpiryTickNs);
+}
+
+uint32_t BlockPool::InternDuration(DurationNs d) {
+  if (d <= 0) return 0;
+  d = std::min<DurationNs>(d, DurationNs{config::kMaxDurationTicks} * config::kExpiryTickNs);
+  uint32_t free_slot = 0;
+  uint32_t longer = 0;   // the shortest duration in use that is longer than d
+  uint32_t longest = 0;  // the longest duration in use
+  for (uint32_t s = 1; s <= config::kMaxDurationSlots; ++s) {
+    if (duration_uses_[s] == 0) {
+      if (free_slot == 0) free_slot = s;
+      continue;
+    }
+    if (durations_[s] == d) {
+      ++duration_uses_[s];
+      return s;
+    }
+    if (durations_[s] > d && (longer == 0 || durations_[s] < durations_[longer])) longer = s;
+    if (longest == 0 || durations_[s] > durations_[longest]) longest = s;
+  }
+  const uint32_t s = free_slot != 0 ? free_slot : (longer != 0 ? longer : longest);
+  durations_[s] = free_slot != 0 ? d : durations_[s];
+  ++duration_uses_[s];
+  return s;
+}
+
+void BlockPool::ReleaseDuration(Node& x) {
+  if (x.duration == 0) return;
+  --duration_uses_[x.duration];
+  x.duration = 0;
+}
+
+void BlockPool::PushExpiry(NodeId n) {
+  // This entry now speaks for n; older entries of n find heap_at changed and drop out.
+  Node& x = nodes_[n];
+  x.heap_at = x.expires_at;
+  expiry_.push_back({x.expires_at, n});
+  std::push_heap(expiry_.begin(), expiry_.end(),
+                 [](const ExpiryEntry& a, const ExpiryEntry& b) { return Before(b.at, a.at); });
+}
+
+void BlockPool::ProcessExpired(TimeNs now) {
+  const uint32_t now_ticks = NowTicks(now);
+  const auto later = [](const ExpiryEntry& a, const ExpiryEntry& b) { return Before(b.at, a.at); };
+  while (!expiry_.empty() && !Before(now_ticks, expiry_.front().at)) {
+    std::pop_heap(expiry_.begin(), expiry_.end(), later);
+    const ExpiryEntry e = expiry_.back();
+    expiry_.pop_back();
+    Node& x = nodes_[e.node];
+    if (!x.live || x.duration == 0 || x.heap_at != e.at) continue;  // stale
+    if (Before(now_ticks, x.expires_at)) {  // used since: wait for the new deadline
+      PushExpiry(e.node);
+      continue;
+    }
+    ReleaseDuration(x);
+    if (x.priority != kDefaultPriority) {
+      SetPriority(e.node, kDefaultPriority);
+      EmitUpdated(e.node, std::nullopt, kDefaultPriority);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- eviction
@@ -375,34 +432,26 @@ bool BlockPool::MakeHostRoom(uint8_t priority) {
 bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<EvictedBlock>* out) {
   const NodeId n = Front(kDev);
   if (n == kNoNode) return false;
-  Node& x = nodes_[n];
-  PrefetchNextVictims(x);
-  const uint8_t prio = x.priority;
+  PrefetchNextVictims(nodes_[n]);
+  const uint8_t prio = priority(n);
+  const BlockHash h = nodes_[n].hash;
   ++evictions_[kDev][prio];
   if (MakeHostRoom(prio)) {
-    const BlockId db = x.block;
     const BlockId hb = alloc_[kHost].AllocateOne();
-    copies->push_back({index_, Tier::kDevice, db, Tier::kHost, hb});
+    const NodeId m = Id(Tier::kHost, hb);
+    copies->push_back({index_, Tier::kDevice, n, Tier::kHost, hb});
     QueueRemove(n);
-    block_node_[kDev][db] = kNoNode;
-    alloc_[kDev].Free(db);
     --unpinned_cached_[kDev];
-    x.tier = Tier::kHost;
-    x.block = hb;
-    block_node_[kHost][hb] = n;
+    MoveNode(n, m);
+    alloc_[kDev].Free(n);
     ++unpinned_cached_[kHost];
-    if (x.parent != kNoNode) {
-      --nodes_[x.parent].num_device_children;
-      QueueUpdate(x.parent);
-    }
-    QueueUpdate(n);
+    QueueUpdate(m);
     ++offloads_;
     ++version_;
-    EmitUpdated(n, Tier::kHost, std::nullopt);
-    if (out) out->push_back({index_, x.hash, prio, true});
+    EmitUpdated(m, Tier::kHost, std::nullopt);
+    if (out) out->push_back({index_, h, prio, true});
     return true;
   }
-  const BlockHash h = x.hash;
   DropHostDescendants(n);
   RemoveNode(n);
   if (out) out->push_back({index_, h, prio, false});
@@ -420,7 +469,7 @@ bool BlockPool::EvictOneHost() {
   const NodeId n = Front(kHost);
   if (n == kNoNode) return false;
   PrefetchNextVictims(nodes_[n]);
-  ++evictions_[kHost][nodes_[n].priority];
+  ++evictions_[kHost][priority(n)];
   RemoveNode(n);
   return true;
 }
@@ -434,7 +483,7 @@ void BlockPool::DropHostDescendants(NodeId top) {
       continue;
     }
     const NodeId parent = nodes_[c].parent;
-    ++evictions_[kHost][nodes_[c].priority];
+    ++evictions_[kHost][priority(c)];
     RemoveNode(c);
     c = parent == top ? nodes_[top].first_child : parent;
   }
@@ -442,66 +491,39 @@ void BlockPool::DropHostDescendants(NodeId top) {
 
 void BlockPool::RemoveNode(NodeId n) {
   Node& x = nodes_[n];
-  const int t = Idx(x.tier);
-  KVF_DCHECK(x.num_children == 0 && refcount_[t][x.block] == 0);
+  const int t = Idx(tier(n));
+  KVF_DCHECK(x.first_child == kNoNode && x.refcount == 0);
   if (x.queued) QueueRemove(n);
   const NodeId parent = x.parent;
+  const BlockHash h = x.hash;
   UnlinkChild(n);
-  IndexErase(x.hash);
-  block_node_[t][x.block] = kNoNode;
-  alloc_[t].Free(x.block);
+  hash_index_.Erase(h, n);
+  ReleaseDuration(x);
+  x = Node{};
+  alloc_[t].Free(block(n));
   --unpinned_cached_[t];
-  EmitRemoved(x.hash, x.tier);
-  x.live = false;
-  ++x.expiry_stamp;
+  EmitRemoved(h, tier(n));
   --live_nodes_;
-  free_nodes_.push_back(n);
   ++version_;
   if (parent != kNoNode) QueueUpdate(parent);
 }
 
-void BlockPool::ProcessExpired(TimeNs now) {
-  while (!expiry_.empty() && expiry_.top().at <= now) {
-    const ExpiryEntry e = expiry_.top();
-    expiry_.pop();
-    Node& x = nodes_[e.node];
-    if (!x.live || x.expiry_stamp != e.stamp || x.expires_at == 0) continue;
-    if (x.expires_at > now) {  // used since: wait for the new deadline
-      expiry_.push({x.expires_at, e.node, ++x.expiry_stamp});
-      continue;
-    }
-    x.expires_at = 0;
-    x.duration = 0;
-    if (x.priority != kDefaultPriority) {
-      x.priority = kDefaultPriority;
-      EmitUpdated(e.node, std::nullopt, x.priority);
-      QueueUpdate(e.node);
-    }
-  }
-}
-
 void BlockPool::Clear() {
   for (NodeId n = 0; n < nodes_.size(); ++n) {
-    Node& x = nodes_[n];
-    if (!x.live) continue;
-    const int t = Idx(x.tier);
-    KVF_CHECK_EQ(refcount_[t][x.block], 0u) << "Clear() with a held block";
-    block_node_[t][x.block] = kNoNode;
-    alloc_[t].Free(x.block);
-    x.live = false;
-    x.queued = false;
-    ++x.expiry_stamp;
+    KVF_CHECK_EQ(uint32_t{nodes_[n].refcount}, 0u) << "Clear() with a held block";
   }
-  free_nodes_.clear();
-  for (uint32_t i = static_cast<uint32_t>(nodes_.size()); i > 0; --i) free_nodes_.push_back(i - 1);
-  std::fill(index_slots_.begin(), index_slots_.end(), Slot{0, kNoNode});
+  std::fill(nodes_.begin(), nodes_.end(), Node{});
+  alloc_ = {BlockAllocator(alloc_[kDev].num_blocks()), BlockAllocator(alloc_[kHost].num_blocks())};
+  hash_index_.Clear();
   queues_ = {};
   nonempty_ = {};
   queued_ = {};
   root_first_child_ = kNoNode;
-  root_num_children_ = 0;
   live_nodes_ = 0;
   unpinned_cached_ = {};
+  durations_ = {};
+  duration_uses_ = {};
+  expiry_.clear();
   ++version_;
   CloseEvents();
   Emit(KvEvent{window_, ClearedEvent{}});
@@ -519,21 +541,25 @@ void BlockPool::CloseEvents() {
   pending_last_ = kNoNode;
 }
 
+StoredBlock BlockPool::MakeStoredBlock(NodeId n) const {
+  StoredBlock b;
+  b.hash = nodes_[n].hash;
+  if (options_.include_tokens) tokens_.Unpack(n, &b.tokens);
+  b.tier = tier(n);
+  b.priority = priority(n);
+  return b;
+}
+
 void BlockPool::EmitStored(NodeId n) {
   if (!events_->enabled()) return;
-  const Node& x = nodes_[n];
-  StoredBlock b;
-  b.hash = x.hash;
-  if (options_.include_tokens) b.tokens.assign(TokensOf(n).begin(), TokensOf(n).end());
-  b.tier = x.tier;
-  b.priority = x.priority;
-  const bool extend = pending_ && std::holds_alternative<StoredEvent>(pending_->data) && pending_last_ == x.parent &&
-                      x.parent != kNoNode;
+  const NodeId parent = nodes_[n].parent;
+  const bool extend = pending_ && std::holds_alternative<StoredEvent>(pending_->data) && pending_last_ == parent &&
+                      parent != kNoNode;
   if (!extend) {
     CloseEvents();
-    pending_ = KvEvent{window_, StoredEvent{x.parent == kNoNode ? 0 : nodes_[x.parent].hash, {}}};
+    pending_ = KvEvent{window_, StoredEvent{parent == kNoNode ? 0 : nodes_[parent].hash, {}}};
   }
-  std::get<StoredEvent>(pending_->data).blocks.push_back(std::move(b));
+  std::get<StoredEvent>(pending_->data).blocks.push_back(MakeStoredBlock(n));
   pending_last_ = n;
 }
 
@@ -555,33 +581,39 @@ void BlockPool::EmitUpdated(NodeId n, std::optional<Tier> tier, std::optional<ui
 }
 
 void BlockPool::Snapshot(std::vector<KvEvent>* out) const {
-  for (const Tier tier : {Tier::kDevice, Tier::kHost}) {
-    // Pre-order walk: a parent comes before its children. Device nodes form a rooted
-    // subtree (invariant 5), so the device pass never needs to look below a host node.
-    std::vector<NodeId> stack;
-    for (NodeId c = root_first_child_; c != kNoNode; c = nodes_[c].next_sibling) stack.push_back(c);
-    StoredEvent* cur = nullptr;
-    NodeId last = kNoNode;
+  // Pre-order walks, first child first, so a chain comes out as one stored event. The
+  // device pass starts at the root and stops at the first host child of each list
+  // (invariant 9); the host pass starts at each host node whose parent is on the device
+  // (or the root), found by one scan of the host entries.
+  std::vector<NodeId> stack;
+  StoredEvent* cur = nullptr;
+  NodeId last = kNoNode;
+  auto walk = [&](NodeId top, bool device) {
+    stack.push_back(top);
     while (!stack.empty()) {
       const NodeId n = stack.back();
       stack.pop_back();
       const Node& x = nodes_[n];
-      if (tier == Tier::kDevice && x.tier == Tier::kHost) continue;
-      if (x.tier == tier) {
-        if (cur == nullptr || last == kNoNode || x.parent != last) {
-          out->push_back(KvEvent{window_, StoredEvent{x.parent == kNoNode ? 0 : nodes_[x.parent].hash, {}}});
-          cur = &std::get<StoredEvent>(out->back().data);
-        }
-        StoredBlock b;
-        b.hash = x.hash;
-        if (options_.include_tokens) b.tokens.assign(TokensOf(n).begin(), TokensOf(n).end());
-        b.tier = x.tier;
-        b.priority = x.priority;
-        cur->blocks.push_back(std::move(b));
-        last = n;
+      if (cur == nullptr || last == kNoNode || x.parent != last) {
+        out->push_back(KvEvent{window_, StoredEvent{x.parent == kNoNode ? 0 : nodes_[x.parent].hash, {}}});
+        cur = &std::get<StoredEvent>(out->back().data);
       }
-      for (NodeId c = x.first_child; c != kNoNode; c = nodes_[c].next_sibling) stack.push_back(c);
+      cur->blocks.push_back(MakeStoredBlock(n));
+      last = n;
+      // Push children last-first so the first child is walked next and extends the chain.
+      const NodeId head = x.first_child;
+      if (head == kNoNode || (device && !IsDevice(head))) continue;
+      for (NodeId c = nodes_[head].prev_sibling;; c = nodes_[c].prev_sibling) {
+        if (!device || IsDevice(c)) stack.push_back(c);
+        if (c == head) break;
+      }
     }
+  };
+  for (NodeId c = root_first_child_; c != kNoNode && IsDevice(c); c = nodes_[c].next_sibling) walk(c, true);
+  cur = nullptr;
+  for (NodeId n = num_device_; n < nodes_.size(); ++n) {
+    const Node& x = nodes_[n];
+    if (x.live && (x.parent == kNoNode || IsDevice(x.parent))) walk(n, false);
   }
 }
 
@@ -604,14 +636,8 @@ void BlockPool::FillStats(PoolStats* s) const {
 }
 
 size_t BlockPool::MemoryBytes() const {
-  size_t bytes = nodes_.capacity() * sizeof(Node) + tokens_.capacity() * sizeof(TokenId) +
-                 free_nodes_.capacity() * sizeof(NodeId) + index_slots_.capacity() * sizeof(Slot);
-  for (int t = 0; t < kNumTiers; ++t) {
-    const size_t n = alloc_[t].num_blocks();
-    bytes += block_node_[t].capacity() * sizeof(NodeId) + refcount_[t].capacity() * sizeof(uint32_t) +
-             n * (sizeof(BlockId) + 1);  // allocator stack + flag
-  }
-  return bytes;
+  return nodes_.capacity() * sizeof(Node) + tokens_.MemoryBytes() + packed_.capacity() + hash_index_.MemoryBytes() +
+         alloc_[kDev].MemoryBytes() + alloc_[kHost].MemoryBytes() + expiry_.capacity() * sizeof(ExpiryEntry);
 }
 
 Status BlockPool::CheckInvariants() const {
@@ -619,72 +645,63 @@ Status BlockPool::CheckInvariants() const {
   for (int t = 0; t < kNumTiers; ++t) KVF_RETURN_IF_ERROR(alloc_[t].CheckInvariants());
   std::array<uint32_t, kNumTiers> cached{};
   std::array<uint32_t, kNumTiers> in_use{};
-  // Invariant 2: free iff refcount 0 and outside the tree.
-  for (int t = 0; t < kNumTiers; ++t) {
-    for (BlockId b = 0; b < alloc_[t].num_blocks(); ++b) {
-      const bool free = alloc_[t].IsFree(b);
-      const bool in_tree = block_node_[t][b] != kNoNode;
-      const uint32_t rc = refcount_[t][b];
-      if (free != (rc == 0 && !in_tree)) {
-        return fail("invariant 2: block " + std::to_string(b) + " of tier " + TierName(Tier(t)) +
-                    " free=" + std::to_string(free) + " refcount=" + std::to_string(rc) +
-                    " in_tree=" + std::to_string(in_tree));
-      }
-      if (rc > 0) ++in_use[t];
-      if (rc == 0 && in_tree) ++cached[t];
-      if (in_tree) {
-        const Node& x = nodes_[block_node_[t][b]];
-        if (!x.live || x.block != b || Idx(x.tier) != t) return fail("block/node link broken at block " + std::to_string(b));
-      }
+  uint32_t live = 0;
+  for (NodeId n = 0; n < nodes_.size(); ++n) {
+    const Node& x = nodes_[n];
+    const int t = Idx(tier(n));
+    // Invariant 2: free iff refcount 0 and outside the tree.
+    const bool free = alloc_[t].IsFree(block(n));
+    if (free != (x.refcount == 0 && !x.live)) {
+      return fail("invariant 2: block " + std::to_string(block(n)) + " of tier " + TierName(tier(n)) +
+                  " free=" + std::to_string(free) + " refcount=" + std::to_string(x.refcount) +
+                  " in_tree=" + std::to_string(x.live));
     }
+    if (x.refcount > 0) ++in_use[t];
+    if (x.refcount == 0 && x.live) ++cached[t];
+    if (!x.live) {
+      if (x.queued || x.first_child != kNoNode) return fail("a free node is queued or has children");
+      continue;
+    }
+    ++live;
+    // Invariant 4: links and the index. Invariant 5: device parents. Invariant 9: order.
+    if (FindHash(x.hash) != n) return fail("invariant 4: node not in the hash index under its hash");
+    if (x.parent != kNoNode && !nodes_[x.parent].live) return fail("invariant 4: parent not in the tree");
+    bool seen_host = false;
+    NodeId prev = kNoNode;
+    for (NodeId c = x.first_child; c != kNoNode; c = nodes_[c].next_sibling) {
+      if (!nodes_[c].live || nodes_[c].parent != n) return fail("invariant 4: child list broken");
+      if (prev != kNoNode && nodes_[c].prev_sibling != prev) return fail("invariant 4: sibling links broken");
+      if (IsDevice(c) && seen_host) return fail("invariant 9: a device child after a host child");
+      seen_host = seen_host || !IsDevice(c);
+      prev = c;
+    }
+    if (x.first_child != kNoNode && nodes_[x.first_child].prev_sibling != prev) return fail("invariant 4: tail link");
+    if (IsDevice(n) && x.parent != kNoNode && !IsDevice(x.parent)) {
+      return fail("invariant 5: device node under a host node");
+    }
+    // Invariant 6 (the pool's part): a held node's parent is held.
+    if (x.refcount > 0 && x.parent != kNoNode && nodes_[x.parent].refcount == 0) {
+      return fail("invariant 6: held node under an unheld parent");
+    }
+    // Invariant 7.
+    const bool want = x.refcount == 0 && (IsDevice(n) ? !HasDeviceChild(x) : x.first_child == kNoNode);
+    if (want != bool(x.queued)) return fail("invariant 7: node " + std::to_string(n) + " eviction-queue membership");
+  }
+  for (NodeId c = root_first_child_, prev = kNoNode; c != kNoNode; prev = c, c = nodes_[c].next_sibling) {
+    if (nodes_[c].parent != kNoNode || !nodes_[c].live) return fail("root child with a parent");
+    if (prev != kNoNode && nodes_[c].prev_sibling != prev) return fail("invariant 4: root sibling links broken");
+  }
+  for (int t = 0; t < kNumTiers; ++t) {
     // Invariant 1.
     if (alloc_[t].num_free() + in_use[t] + cached[t] != alloc_[t].num_blocks()) {
       return fail("invariant 1: free + in_use + cached != total");
     }
     if (cached[t] != unpinned_cached_[t]) return fail("cached counter disagrees");
   }
-  // Invariant 4: links, counts, index. Invariant 5: device parents.
-  uint32_t live = 0;
-  uint32_t root_children = 0;
-  for (NodeId c = root_first_child_; c != kNoNode; c = nodes_[c].next_sibling) {
-    if (nodes_[c].parent != kNoNode) return fail("root child with a parent");
-    ++root_children;
-  }
-  if (root_children != root_num_children_) return fail("root child count");
-  for (NodeId n = 0; n < nodes_.size(); ++n) {
-    const Node& x = nodes_[n];
-    if (!x.live) continue;
-    ++live;
-    const int t = Idx(x.tier);
-    if (block_node_[t][x.block] != n) return fail("node " + std::to_string(n) + " not owning its block");
-    if (FindHash(x.hash) != n) return fail("invariant 4: node not in the hash index under its hash");
-    uint32_t children = 0;
-    uint32_t dev_children = 0;
-    NodeId prev = kNoNode;
-    for (NodeId c = x.first_child; c != kNoNode; c = nodes_[c].next_sibling) {
-      if (!nodes_[c].live || nodes_[c].parent != n || nodes_[c].prev_sibling != prev) {
-        return fail("invariant 4: child list broken");
-      }
-      ++children;
-      if (nodes_[c].tier == Tier::kDevice) ++dev_children;
-      prev = c;
-    }
-    if (children != x.num_children || dev_children != x.num_device_children) return fail("invariant 4: child counts");
-    if (x.tier == Tier::kDevice && x.parent != kNoNode && nodes_[x.parent].tier != Tier::kDevice) {
-      return fail("invariant 5: device node under a host node");
-    }
-    // Invariant 6 (the pool's part): a held node's parent is held.
-    if (refcount_[t][x.block] > 0 && x.parent != kNoNode) {
-      const Node& p = nodes_[x.parent];
-      if (refcount_[Idx(p.tier)][p.block] == 0) return fail("invariant 6: held node under an unheld parent");
-    }
-    // Invariant 7.
-    const bool want = refcount_[t][x.block] == 0 && (t == kDev ? x.num_device_children == 0 : x.num_children == 0);
-    if (want != x.queued) return fail("invariant 7: node " + std::to_string(n) + " eviction-queue membership");
-    if (x.queued && x.queued_priority != x.priority) return fail("invariant 7: queued under a stale priority");
-  }
   if (live != live_nodes_) return fail("live node count");
-  if (live + free_nodes_.size() != nodes_.size()) return fail("node free list");
+  if (hash_index_.size() != live || !hash_index_.Check([this](NodeId n) { return nodes_[n].hash; })) {
+    return fail("invariant 4: hash index");
+  }
   for (int t = 0; t < kNumTiers; ++t) {
     uint32_t members = 0;
     for (int p = 0; p <= kMaxPriority; ++p) {
@@ -694,7 +711,7 @@ Status BlockPool::CheckInvariants() const {
       NodeId prev = kNoNode;
       for (NodeId c = q.head; c != kNoNode; prev = c, c = nodes_[c].lru_next) {
         const Node& y = nodes_[c];
-        if (!y.live || !y.queued || Idx(y.tier) != t || y.priority != p || y.lru_prev != prev) {
+        if (!y.live || !y.queued || Idx(tier(c)) != t || y.priority != p || y.lru_prev != prev) {
           return fail("invariant 7: eviction queue links");
         }
         if (prev != kNoNode && nodes_[prev].tick >= y.tick) return fail("invariant 7: queue not in LRU order");
@@ -704,9 +721,11 @@ Status BlockPool::CheckInvariants() const {
     }
     if (members != queued_[t]) return fail("invariant 7: queue sizes");
   }
-  size_t indexed = 0;
-  for (const Slot& s : index_slots_) indexed += s.node != kNoNode;
-  if (indexed != live) return fail("invariant 4: hash index size");
+  uint32_t uses = 0;
+  for (NodeId n = 0; n < nodes_.size(); ++n) uses += nodes_[n].live && nodes_[n].duration != 0;
+  uint32_t counted = 0;
+  for (uint32_t u : duration_uses_) counted += u;
+  if (uses != counted) return fail("duration slot use counts");
   return Status::Ok();
 }
 

@@ -89,6 +89,9 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   opts.offload_min_priority = config.offload_min_priority;
   opts.include_tokens = config.events_include_tokens;
   opts.partial_reuse_max_candidates = config.partial_reuse_max_candidates;
+  opts.vocab_size = config.vocab_size;
+  opts.epoch = clock->Now();
+  opts.first_lru_tick = hooks.first_lru_tick;
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     const PoolLayout& l = layouts_[i];
     pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
@@ -199,12 +202,8 @@ void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) con
     for (uint32_t i = 0; i < full; ++i) {
       if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
       if (i + kNodeAhead < full) {
-        const NodeId ahead = pool.FindHash(HashAt(s, i + kNodeAhead));
-        if (ahead == kNoNode) {
-          full = std::min(full, i + kNodeAhead);  // the chain ends there at the latest
-        } else {
-          pool.PrefetchNode(ahead);
-        }
+        // A hash with no index candidate is certainly absent: the chain ends there at the latest.
+        if (!pool.PrefetchCandidate(HashAt(s, i + kNodeAhead))) full = std::min(full, i + kNodeAhead);
       }
       const NodeId n = pool.Find(parent, HashAt(s, i), tokens.subspan(size_t{i} * B, B));
       if (n == kNoNode) break;
@@ -303,8 +302,9 @@ Status KvCacheManager::Allocate(SequenceId id) {
     if (src != kNoNode) pool.Pin(src, now);  // so eviction below cannot take it
     KVF_CHECK(pool.EnsureDeviceFree(BlocksNeeded(s, p, plan), &copies_)) << "Fits() promised blocks";
     for (uint32_t i = 0; i < plan.full; ++i) {
-      const NodeId n = pp.chain[i];
-      st.table.push_back(pool.tier(n) == Tier::kDevice ? pool.block(n) : pool.Onboard(n, &copies_));
+      NodeId& n = pp.chain[i];
+      if (pool.tier(n) == Tier::kHost) n = pool.Onboard(n, &copies_);  // a new id on the device
+      st.table.push_back(pool.block(n));
     }
     if (src != kNoNode) {
       // Partial reuse: copy the whole block; the sequence recomputes and overwrites the rest.
@@ -382,7 +382,12 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
         pool.Raise(existing, r, now);
         st.last_node = existing;
       } else {
-        st.last_node = pool.Store(st.last_node, h, block_tokens, st.table[j], r, now);
+        const NodeId stored = pool.Store(st.last_node, h, block_tokens, st.table[j], r, now);
+        if (stored == kNoNode) {
+          st.storing = false;  // a token outside the vocabulary: keep this block private
+          break;
+        }
+        st.last_node = stored;
       }
       ++st.num_stored;
     }

@@ -134,6 +134,8 @@ struct KvStats {
 struct KvTestHooks {
   // Replaces every block hash, e.g. [](BlockHash h) { return h & 7; } to force collisions.
   BlockHash (*hash_override)(BlockHash) = nullptr;
+  // Starts each pool's 32-bit LRU use counter here, to test what happens when it wraps.
+  uint32_t first_lru_tick = 0;
 };
 
 class KvCacheManager {

@@ -47,6 +47,8 @@ struct KvCacheConfig {
   uint32_t max_seq_len = 0;               // tokens; caps windows when splitting memory
   uint32_t sink_tokens = 0;               // StreamingLLM: first S tokens always kept
   uint32_t attention_chunk_size = 0;      // Llama-4 chunked attention, tokens; 0 = off
+  uint32_t vocab_size = 0;                // token ids are < vocab_size; sets the bits each cached
+                                          // token is stored in (17 for 128K); 0 = unknown (32 bits)
 
   // --- cache ---
   uint32_t block_size = config::kDefaultBlockSize;  // tokens per block (B): power of two >= 2

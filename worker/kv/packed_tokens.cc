@@ -1,0 +1,101 @@
+#include "worker/kv/packed_tokens.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+namespace kvfleet::kv {
+
+uint32_t PackedTokens::BitsForVocab(uint32_t vocab_size) {
+  if (vocab_size == 0) return 32;
+  return std::max<uint32_t>(1, static_cast<uint32_t>(std::bit_width(vocab_size - 1)));
+}
+
+PackedTokens::PackedTokens(uint32_t num_entries, uint32_t block_size, uint32_t vocab_size)
+    : block_size_(block_size),
+      bits_(BitsForVocab(vocab_size)),
+      stride_((size_t{block_size} * bits_ + 7) / 8),
+      limit_(uint64_t{1} << bits_),
+      bytes_(size_t{num_entries} * stride_ + kSlack, 0) {}
+
+bool PackedTokens::Pack(std::span<const TokenId> tokens, uint8_t* out) const {
+  if (tokens.size() != block_size_) return false;
+  uint64_t acc = 0;
+  uint32_t have = 0;  // bits in acc
+  for (const TokenId t : tokens) {
+    if (t >= limit_) return false;
+    acc |= uint64_t{t} << have;
+    have += bits_;
+    if (have >= 32) {
+      const uint32_t word = static_cast<uint32_t>(acc);
+      std::memcpy(out, &word, 4);
+      out += 4;
+      acc >>= 32;
+      have -= 32;
+    }
+  }
+  if (have > 0) {
+    const uint32_t word = static_cast<uint32_t>(acc);
+    std::memcpy(out, &word, 4);  // within buffer_bytes(); bytes past stride() are ignored
+  }
+  return true;
+}
+
+void PackedTokens::UnpackFrom(const uint8_t* in, TokenId* out) const {
+  const uint64_t mask = limit_ - 1;
+  uint64_t acc = 0;
+  uint32_t have = 0;
+  for (uint32_t i = 0; i < block_size_; ++i) {
+    if (have < bits_) {
+      uint32_t word;
+      std::memcpy(&word, in, 4);
+      in += 4;
+      acc |= uint64_t{word} << have;
+      have += 32;
+    }
+    out[i] = static_cast<TokenId>(acc & mask);
+    acc >>= bits_;
+    have -= bits_;
+  }
+}
+
+uint32_t PackedTokens::CommonPrefix(uint32_t e, std::span<const TokenId> want) const {
+  // UnpackFrom with an early exit: partial reuse scans many children that differ at once.
+  const uint8_t* in = data(e);
+  const uint64_t mask = limit_ - 1;
+  const uint32_t n = std::min<uint32_t>(block_size_, static_cast<uint32_t>(want.size()));
+  uint64_t acc = 0;
+  uint32_t have = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (have < bits_) {
+      uint32_t word;
+      std::memcpy(&word, in, 4);
+      in += 4;
+      acc |= uint64_t{word} << have;
+      have += 32;
+    }
+    if ((acc & mask) != want[i]) return i;
+    acc >>= bits_;
+    have -= bits_;
+  }
+  return n;
+}
+
+void PackedTokens::Unpack(uint32_t e, TokenId* out) const { UnpackFrom(data(e), out); }
+
+void PackedTokens::Unpack(uint32_t e, std::vector<TokenId>* out) const {
+  out->resize(block_size_);
+  UnpackFrom(data(e), out->data());
+}
+
+bool PackedTokens::Equals(uint32_t e, const uint8_t* packed) const {
+  return std::memcmp(data(e), packed, stride_) == 0;
+}
+
+void PackedTokens::Set(uint32_t e, const uint8_t* packed) { std::memcpy(&bytes_[size_t{e} * stride_], packed, stride_); }
+
+void PackedTokens::Copy(uint32_t from, uint32_t to) {
+  std::memcpy(&bytes_[size_t{to} * stride_], &bytes_[size_t{from} * stride_], stride_);
+}
+
+}  // namespace kvfleet::kv
