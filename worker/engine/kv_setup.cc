@@ -15,6 +15,7 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   if (c.attention_windows.empty()) c.attention_windows = {0};
   c.max_seq_len = memory.max_context;
   c.attention_chunk_size = static_cast<uint32_t>(model.attention_chunk_size);
+  c.vocab_size = static_cast<uint32_t>(model.vocab_size);  // cached tokens are stored in just the bits it needs
   c.block_size = memory.block_size;
   c.device_bytes = memory.device_bytes;
   c.host_bytes = memory.host_bytes;

@@ -134,6 +134,36 @@ TEST_CASE("a block with equal tokens and an equal hash under another parent is a
   f.Release(d);
 }
 
+TEST_CASE("a block holding a token outside the vocabulary is kept private and never matched") {
+  auto c = SmallConfig(4, 64);
+  c.vocab_size = 16;  // tokens are stored in 4 bits
+  Fixture f(c);
+  const std::vector<TokenId> prompt{1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 10, 11, 12, 13, 14, 15, 1};
+  f.Request(prompt);  // blocks 0 and 1 are stored; block 2 holds token 16 and stops the chain
+  size_t stored = 0;
+  for (const KvEvent& e : f.m->Snapshot()) stored += std::get<StoredEvent>(e.data).blocks.size();
+  CHECK(stored == 2);
+  const MatchInfo again = f.Request(prompt);  // Prefill checks the reused KV is right
+  CHECK(again.device_tokens == 8);
+  CHECK(again.partial_tokens == 0);
+}
+
+TEST_CASE("LRU order holds when the 32-bit use counter wraps") {
+  KvTestHooks hooks;
+  hooks.first_lru_tick = UINT32_MAX - 8;  // request a uses 6 ticks; the counter wraps during b
+  Fixture f(SmallConfig(4, 64), hooks);
+  const auto a = Tokens(13, 1);  // 3 stored blocks
+  const auto b = Tokens(9, 2);   // 2 stored blocks
+  f.Request(a);
+  f.Request(b);
+  const auto ha = Hashes(a, 4);
+  const auto e = f.m->Evict(0, 2);  // a is the least recently used
+  REQUIRE(e.size() == 2);
+  CHECK(e[0].hash == ha[2]);
+  CHECK(e[1].hash == ha[1]);
+  f.Check();
+}
+
 TEST_CASE("a priority-100 system prompt outlives 10,000 one-off requests at priority 0") {
   Fixture f(SmallConfig(4, 64));
   const auto system = Tokens(16, 7);

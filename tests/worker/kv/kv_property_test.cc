@@ -72,7 +72,7 @@ MatchInfo ModelMatch(const EventIndex& index, const std::vector<TokenId>& tokens
   return info;
 }
 
-void RunProperty(KvCacheConfig config, uint64_t ops, uint64_t seed, KvTestHooks hooks = {}) {
+void RunProperty(KvCacheConfig config, uint64_t ops, uint64_t seed, KvTestHooks hooks = {}, uint32_t prefix_seed = 50) {
   config.event_buffer_max_size = 1u << 22;
   config.partial_reuse_max_candidates = UINT32_MAX;  // the model scans every child
   Fixture f(config, hooks);
@@ -83,7 +83,7 @@ void RunProperty(KvCacheConfig config, uint64_t ops, uint64_t seed, KvTestHooks 
   const uint32_t B = config.block_size;
   // A few shared prefixes and a small alphabet make full and partial matches common.
   std::vector<std::vector<TokenId>> prefixes;
-  for (int p = 0; p < 4; ++p) prefixes.push_back(testing::Tokens(3 * B, 50 + p));
+  for (int p = 0; p < 4; ++p) prefixes.push_back(testing::Tokens(3 * B, prefix_seed + p));
   std::vector<SequenceId> live;
   uint64_t allocations = 0;
   uint64_t refused = 0;
@@ -198,6 +198,21 @@ TEST_CASE("random operations with colliding hashes never hand out wrong KV") {
   hooks.hash_override = [](BlockHash h) { return h % 61 + 1; };
   RunProperty(testing::SmallConfig(4, 48, 24), EnvOr("KVFLEET_KV_PROPERTY_OPS", 100'000) / 4,
               EnvOr("KVFLEET_KV_PROPERTY_SEED", 1) + 2, hooks);
+}
+
+TEST_CASE("random operations with 26-bit packed tokens, some outside the vocabulary") {
+  // Tokens are stored in 26 bits; prefixes 0 and 1 fit, prefixes 2 and 3 (ids >= 2^26) do
+  // not, so their blocks are never stored and never matched.
+  auto c = testing::SmallConfig(4, 48, 24);
+  c.vocab_size = 1u << 26;
+  RunProperty(c, EnvOr("KVFLEET_KV_PROPERTY_OPS", 100'000) / 4, EnvOr("KVFLEET_KV_PROPERTY_SEED", 1) + 3, {}, 66);
+}
+
+TEST_CASE("random operations across the 32-bit LRU use counter wrapping") {
+  KvTestHooks hooks;
+  hooks.first_lru_tick = UINT32_MAX - 5'000;
+  RunProperty(testing::SmallConfig(4, 48, 24), EnvOr("KVFLEET_KV_PROPERTY_OPS", 100'000) / 4,
+              EnvOr("KVFLEET_KV_PROPERTY_SEED", 1) + 4, hooks);
 }
 
 }  // namespace
