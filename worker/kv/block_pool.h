@@ -102,6 +102,12 @@ class BlockPool {
   // Starts loading the node the index slot of h points at, and its tokens. False when the
   // index certainly holds no node with hash h.
   bool PrefetchCandidate(BlockHash h) const;
+  // Starts loading device block b's node and token entry (a Store to come writes them).
+  void PrefetchDeviceEntry(BlockId b) const {
+    PrefetchAddress(&nodes_[b]);
+    PrefetchAddress(tokens_.data(b));
+    PrefetchAddress(tokens_.data(b) + tokens_.stride() - 1);
+  }
   NodeId FindHash(BlockHash h) const {
     return hash_index_.Find(h, [this](NodeId n) { return nodes_[n].hash; });
   }

@@ -25,7 +25,12 @@ struct HugePageAllocator {
 
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
-    if (bytes < kHugePageBytes) return static_cast<T*>(::operator new(bytes));
+    if (bytes < kHugePageBytes) {
+      if constexpr (alignof(T) > __STDCPP_DEFAULT_NEW_ALIGNMENT__) {
+        return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+      }
+      return static_cast<T*>(::operator new(bytes));
+    }
     const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
     void* p = std::aligned_alloc(kHugePageBytes, rounded);
     if (p == nullptr) throw std::bad_alloc();
@@ -34,6 +39,10 @@ struct HugePageAllocator {
   }
   void deallocate(T* p, size_t n) {
     if (n * sizeof(T) < kHugePageBytes) {
+      if constexpr (alignof(T) > __STDCPP_DEFAULT_NEW_ALIGNMENT__) {
+        ::operator delete(p, std::align_val_t{alignof(T)});
+        return;
+      }
       ::operator delete(p);
     } else {
       std::free(p);

@@ -358,6 +358,9 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
     while (st.storing && st.num_stored < full) {
       const uint32_t i = st.num_stored;
       if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
+      constexpr uint32_t kEntryAhead = 4;  // the block Store will write a few blocks on
+      const uint32_t ahead = st.num_sink_blocks + (i + kEntryAhead - st.first_window_block);
+      if (i + kEntryAhead < full && ahead < st.table.size()) pool.PrefetchDeviceEntry(st.table[ahead]);
       // A windowed pool stores only blocks within its first window: past it the cache is
       // cyclic and its blocks would pin their dropped ancestors.
       if (window != 0 && (i + 1) * B > window) {

@@ -1,10 +1,40 @@
 #include "worker/kv/packed_tokens.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <utility>
 #include <cstring>
 
 namespace kvfleet::kv {
+
+namespace {
+// 32 tokens of W bits are exactly W 32-bit words. With W a constant and the loop unrolled,
+// every shift and flush is fixed at compile time: this is the hot path of Match and Store.
+template <uint32_t W>
+void PackGroup32(const TokenId* t, uint8_t* out) {
+  uint64_t acc = 0;
+  uint32_t have = 0;
+#pragma GCC unroll 32
+  for (int i = 0; i < 32; ++i) {
+    acc |= uint64_t{t[i]} << have;
+    have += W;
+    if (have >= 32) {
+      const uint32_t word = static_cast<uint32_t>(acc);
+      std::memcpy(out, &word, 4);
+      out += 4;
+      acc >>= 32;
+      have -= 32;
+    }
+  }
+}
+using PackGroupFn = void (*)(const TokenId*, uint8_t*);
+template <size_t... I>
+constexpr std::array<PackGroupFn, 33> MakePackGroups(std::index_sequence<I...>) {
+  return {nullptr, &PackGroup32<static_cast<uint32_t>(I + 1)>...};
+}
+constexpr std::array<PackGroupFn, 33> kPackGroup32 = MakePackGroups(std::make_index_sequence<32>{});
+}  // namespace
 
 uint32_t PackedTokens::BitsForVocab(uint32_t vocab_size) {
   if (vocab_size == 0) return 32;
@@ -20,6 +50,13 @@ PackedTokens::PackedTokens(uint32_t num_entries, uint32_t block_size, uint32_t v
 
 bool PackedTokens::Pack(std::span<const TokenId> tokens, uint8_t* out) const {
   if (tokens.size() != block_size_) return false;
+  TokenId any = 0;
+  for (const TokenId t : tokens) any |= t;
+  if (any >= limit_) return false;
+  if (block_size_ % 32 == 0) {
+    for (size_t g = 0; g < block_size_; g += 32) kPackGroup32[bits_](&tokens[g], out + g / 8 * bits_);
+    return true;
+  }
   uint64_t acc = 0;
   uint32_t have = 0;  // bits in acc
   for (const TokenId t : tokens) {
