@@ -12,7 +12,8 @@
 //   evict:   Evict() of every cached block, dropping them (no host tier).
 //   offload: Evict() of every cached block into an equally large host tier.
 //   onboard: Match + Allocate + Release of requests whose 64 blocks all sit on the host.
-// and the host memory the manager's bookkeeping costs per block.
+// and the host memory the manager's bookkeeping costs per block, and the time Snapshot() of
+// the full tree takes (milliseconds, all blocks).
 #include <time.h>
 
 #include <cstdio>
@@ -112,7 +113,7 @@ void Fill(Bench& b, uint32_t blocks, uint64_t* next_id) {
 }
 
 struct Row {
-  double request = 0, evict = 0, offload = 0, onboard = 0, bytes_per_block = 0;
+  double request = 0, evict = 0, offload = 0, onboard = 0, bytes_per_block = 0, snapshot_ms = 0;
 };
 
 Row Measure(uint32_t tree_blocks, uint32_t requests) {
@@ -129,6 +130,13 @@ Row Measure(uint32_t tree_blocks, uint32_t requests) {
     for (const auto& r : reqs) b.Request(r);
     row.request = NsSince(t0) / (static_cast<double>(requests) * kBlocksPerRequest);
     row.bytes_per_block = static_cast<double>(b.mgr->MemoryBytes()) / tree_blocks;
+    // snapshot: Snapshot() of the whole (full) tree, as the event publisher takes it.
+    const double t1 = CpuNs();
+    const std::vector<KvEvent> snap = b.mgr->Snapshot();
+    row.snapshot_ms = NsSince(t1) / 1e6;
+    size_t listed = 0;
+    for (const KvEvent& e : snap) listed += std::get<StoredEvent>(e.data).blocks.size();
+    KVF_CHECK_EQ(listed, b.mgr->Stats().pools[0].tiers[0].cached);
   }
   {
     Bench b(tree_blocks, 0);
@@ -191,16 +199,16 @@ int main(int argc, char** argv) {
   (void)kvfleet::InitLogging(log);
   std::printf("kv_bench: B=%u, %u-token requests sharing a %u-token prefix; ns per block (lower is better)\n", kB,
               kRequestTokens, kSharedTokens);
-  std::printf("%12s %12s %12s %12s %12s %16s\n", "tree_blocks", "request", "evict", "offload", "onboard",
-              "bytes_per_block");
+  std::printf("%12s %12s %12s %12s %12s %16s %12s\n", "tree_blocks", "request", "evict", "offload", "onboard",
+              "bytes_per_block", "snapshot_ms");
   std::vector<uint32_t> sizes = {10'000, 100'000, 1'000'000};
   if (quick) sizes = {10'000, 100'000};
   std::vector<Row> rows;
   for (uint32_t n : sizes) {
     rows.push_back(Measure(n, quick ? 500 : 2000));
     const Row& r = rows.back();
-    std::printf("%12u %12.1f %12.1f %12.1f %12.1f %16.1f\n", n, r.request, r.evict, r.offload, r.onboard,
-                r.bytes_per_block);
+    std::printf("%12u %12.1f %12.1f %12.1f %12.1f %16.1f %12.1f\n", n, r.request, r.evict, r.offload, r.onboard,
+                r.bytes_per_block, r.snapshot_ms);
     std::fflush(stdout);
   }
   const Row& small = rows.front();

@@ -104,6 +104,11 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       log->info("pool {}: blocks past the first {} tokens are not reused (the window makes the cache cyclic)", i,
                 l.window);
     }
+    if (reuse_enabled_ && config.attention_chunk_size != 0 &&
+        (!l.windowed() || config.attention_chunk_size < l.window)) {
+      log->info("pool {}: blocks past the first {} tokens are not reused (chunked attention drops earlier chunks)", i,
+                config.attention_chunk_size);
+    }
     events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks, l.host_blocks}, config.block_size}});
   }
   scratch_->pools.resize(pools_.size());
@@ -350,7 +355,7 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
   for (uint32_t p = 0; p < pools_.size(); ++p) {
     BlockPool& pool = *pools_[p];
     Sequence::PoolState& st = s.pools[p];
-    const uint32_t window = layouts_[p].window;
+    const uint32_t limit = ReuseLimit(p);
     constexpr uint32_t kSlotAhead = 8;  // see PlanMatch
     for (uint32_t i = st.num_stored; st.storing && i < std::min(full, st.num_stored + kSlotAhead); ++i) {
       pool.PrefetchSlot(HashAt(s, i));
@@ -361,9 +366,9 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
       constexpr uint32_t kEntryAhead = 4;  // the block Store will write a few blocks on
       const uint32_t ahead = st.num_sink_blocks + (i + kEntryAhead - st.first_window_block);
       if (i + kEntryAhead < full && ahead < st.table.size()) pool.PrefetchDeviceEntry(st.table[ahead]);
-      // A windowed pool stores only blocks within its first window: past it the cache is
-      // cyclic and its blocks would pin their dropped ancestors.
-      if (window != 0 && (i + 1) * B > window) {
+      // A windowed (chunked) pool stores only blocks within its first window (chunk): past
+      // it the cache is cyclic and its blocks would pin their dropped ancestors.
+      if (limit != 0 && (i + 1) * B > limit) {
         st.storing = false;
         break;
       }
@@ -397,20 +402,31 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
   }
 }
 
+uint32_t KvCacheManager::ReuseLimit(uint32_t pool) const {
+  uint32_t limit = layouts_[pool].window;
+  const uint32_t C = config_.attention_chunk_size;
+  if (C != 0) limit = limit == 0 ? C : std::min(limit, C);
+  return limit;
+}
+
 void KvCacheManager::TrimWindows(Sequence& s) {
   const uint32_t B = config_.block_size;
+  const uint32_t C = config_.attention_chunk_size;
   const TimeNs now = clock_->Now();
   for (uint32_t p = 0; p < pools_.size(); ++p) {
     const uint32_t W = layouts_[p].window;
-    if (W == 0) continue;
+    if (W == 0 && C == 0) continue;
     BlockPool& pool = *pools_[p];
     Sequence::PoolState& st = s.pools[p];
-    // The next query is at position num_computed and sees (num_computed - W, num_computed].
-    const uint64_t horizon = uint64_t{s.num_computed} + 1;
+    // The next query is at position q = num_computed and sees [lo, q]: lo = q - W + 1 with a
+    // window, and at least the start of q's chunk with chunked attention (Llama 4). Later
+    // queries see no earlier token, so a block wholly before lo is seen by no query again.
+    const uint64_t q = s.num_computed;
+    uint64_t lo = 0;
+    if (W != 0 && q + 1 > W) lo = q + 1 - W;
+    if (C != 0) lo = std::max(lo, q / C * C);
     uint32_t k = 0;
-    while (st.num_sink_blocks + k < st.table.size() && uint64_t{st.first_window_block + k + 1} * B + W <= horizon) {
-      ++k;
-    }
+    while (st.num_sink_blocks + k < st.table.size() && uint64_t{st.first_window_block + k + 1} * B <= lo) ++k;
     if (k == 0) continue;
     for (uint32_t j = st.num_sink_blocks; j < st.num_sink_blocks + k; ++j) {
       const BlockId b = st.table[j];

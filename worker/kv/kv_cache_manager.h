@@ -27,7 +27,7 @@
 // kept until the tree changes.
 //
 // Per sequence the attention kernels read View(id, pool): the block ids (the block table)
-// and, for windowed pools, which logical blocks they hold; SlotOf() and CachePosition()
+// and, for windowed or chunked pools, which logical blocks they hold; SlotOf() and CachePosition()
 // give the token -> slot mapping and the position-shift RoPE positions (StreamingLLM).
 //
 // Invariants (CheckInvariants() verifies them; tests call it after every operation):
@@ -42,8 +42,8 @@
 //   7. The eviction queue of a tier holds exactly the unreferenced nodes with no child on
 //      that tier (device) / no child at all (host), per priority in LRU order.
 //   8. A sequence's block table holds its blocks in logical order; a stored block a window
-//      dropped stays held (not in the table) until the sequence has no stored block left,
-//      so invariant 6 holds with windows too.
+//      or attention chunk dropped stays held (not in the table) until the sequence has no
+//      stored block left in its table, so invariant 6 holds with windows and chunks too.
 #pragma once
 
 #include <array>
@@ -89,7 +89,7 @@ struct MatchInfo {
 struct PoolView {
   std::span<const BlockId> blocks;  // the block table: kept blocks in logical order
   // Logical block of blocks[i]: i when i < num_sink_blocks, else first_window_block + i -
-  // num_sink_blocks. Without a window every block is kept and logical == i.
+  // num_sink_blocks. Without a window or attention chunk every block is kept and logical == i.
   uint32_t num_sink_blocks = 0;
   uint32_t first_window_block = 0;
 };
@@ -225,6 +225,11 @@ class KvCacheManager {
   bool Fits(const Sequence& s, const Plan& plan) const;
   std::optional<uint32_t> TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const;
   void StoreFullBlocks(Sequence& s);
+  // Tokens of a pool's first window / attention chunk (the smaller): blocks past it are not
+  // stored for reuse. 0: no limit.
+  uint32_t ReuseLimit(uint32_t pool) const;
+  // Drops the blocks no later query of the sequence can see (sliding window, chunked
+  // attention): unstored ones are freed, stored ones released to the reuse tree.
   void TrimWindows(Sequence& s);
   void FreeBlocks(Sequence& s);
   void Tick();  // expires durations; called at the start of each mutating call

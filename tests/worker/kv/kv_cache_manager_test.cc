@@ -482,6 +482,54 @@ TEST_CASE("chunked attention exposes the blocks each chunk may see") {
   f.Release(id);
 }
 
+TEST_CASE("chunked attention frees the blocks no chunk can see any more") {
+  auto c = SmallConfig(4, 64);
+  c.attention_chunk_size = 8;
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(6, 1));
+  f.Prefill(id);
+  size_t most = 0;
+  for (TokenId t = 0; t < 40; ++t) {
+    f.Decode(id, 100 + t);
+    f.Check();
+    most = std::max<size_t>(most, f.m->Stats().pools[0].tiers[0].in_use);
+  }
+  // 46 tokens; the next query (position 46) sees its chunk [40, 46]: logical blocks 10, 11.
+  const PoolView v = f.m->View(id, 0);
+  CHECK(v.first_window_block == 10);
+  CHECK(v.blocks.size() == 2);
+  CHECK_FALSE(f.m->SlotOf(id, 0, 39).has_value());
+  CHECK(*f.m->SlotOf(id, 0, 41) == uint64_t{v.blocks[0]} * 4 + 1);
+  CHECK(testing::FirstWrongKv(*f.m, *f.mem, id, f.TokensOf(id)) == -1);
+  // Held at most: one chunk (2 blocks), the block a decode step opens, and the stored blocks
+  // of the first chunk until the sequence has left it.
+  CHECK(most <= 4);
+  // The first chunk's blocks went back to the reuse tree: a new request finds them.
+  CHECK(f.m->Stats().pools[0].tiers[0].cached == 2);
+  const SequenceId again = f.Add(Tokens(6, 1));
+  CHECK(f.m->Match(again).device_tokens == 4);
+  f.Release(id);
+}
+
+TEST_CASE("a sliding window releases its stored blocks to the reuse tree once it has passed them") {
+  auto c = SmallConfig(4, 64);
+  c.attention_windows = {8};
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(6, 1));
+  f.Prefill(id);
+  for (TokenId t = 0; t < 2; ++t) f.Decode(id, 100 + t);  // 8 tokens: blocks 0 and 1 stored
+  CHECK(f.m->Stats().pools[0].tiers[0].cached == 0);      // both still held
+  for (TokenId t = 2; t < 20; ++t) f.Decode(id, 100 + t);
+  // The window [14, 22] has passed both stored blocks: released (cached, evictable) while
+  // the sequence runs on.
+  const TierStats dev = f.m->Stats().pools[0].tiers[0];
+  CHECK(dev.cached == 2);
+  CHECK(dev.in_use <= 3);
+  CHECK(f.m->Evict(0, 2).size() == 2);
+  f.Check();
+  f.Release(id);
+}
+
 TEST_CASE("pools follow the (window, kv heads) pairs and mixed pools reuse together") {
   auto c = SmallConfig(4, 64);
   c.num_layers = 4;

@@ -208,6 +208,12 @@ TEST_CASE("random operations with 26-bit packed tokens, some outside the vocabul
   RunProperty(c, EnvOr("KVFLEET_KV_PROPERTY_OPS", 100'000) / 4, EnvOr("KVFLEET_KV_PROPERTY_SEED", 1) + 3, {}, 66);
 }
 
+TEST_CASE("random operations with chunked attention") {
+  auto c = testing::SmallConfig(4, 48, 24);
+  c.attention_chunk_size = 8;
+  RunProperty(c, EnvOr("KVFLEET_KV_PROPERTY_OPS", 100'000) / 4, EnvOr("KVFLEET_KV_PROPERTY_SEED", 1) + 5);
+}
+
 TEST_CASE("random operations across the 32-bit LRU use counter wrapping") {
   KvTestHooks hooks;
   hooks.first_lru_tick = UINT32_MAX - 5'000;
