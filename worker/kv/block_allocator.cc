@@ -59,6 +59,13 @@ void BlockAllocator::Allocate(uint32_t n, std::vector<BlockId>* out) {
   TakeFromRun(n, out);
 }
 
+BlockId BlockAllocator::PeekOne() const {
+  if (num_scattered_ == 0) return run_begin_;
+  uint64_t i = 0;
+  for (size_t k = levels_.size(); k-- > 0;) i = i * 64 + std::countr_zero(levels_[k][i]);
+  return static_cast<BlockId>(i);
+}
+
 BlockId BlockAllocator::AllocateOne() {
   KVF_CHECK(num_free() > 0) << "no free block";
   if (num_scattered_ > 0) return TakeScattered();

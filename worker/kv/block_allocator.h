@@ -42,6 +42,8 @@ class BlockAllocator {
   // Appends n block ids to *out. REQUIRES: n <= num_free().
   void Allocate(uint32_t n, std::vector<BlockId>* out);
   BlockId AllocateOne();
+  // The block AllocateOne() would return now. REQUIRES: num_free() > 0.
+  BlockId PeekOne() const;
   // REQUIRES: b is allocated.
   void Free(BlockId b);
 

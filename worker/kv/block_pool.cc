@@ -438,6 +438,12 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
   ++evictions_[kDev][prio];
   if (MakeHostRoom(prio)) {
     const BlockId hb = alloc_[kHost].AllocateOne();
+    if (alloc_[kHost].num_free() > 0) {  // the next offload writes this entry: start loading it
+      const NodeId next = Id(Tier::kHost, alloc_[kHost].PeekOne());
+      PrefetchAddress(&nodes_[next]);
+      PrefetchAddress(tokens_.data(next));
+      PrefetchAddress(tokens_.data(next) + tokens_.stride() - 1);
+    }
     const NodeId m = Id(Tier::kHost, hb);
     copies->push_back({index_, Tier::kDevice, n, Tier::kHost, hb});
     QueueRemove(n);
@@ -459,10 +465,17 @@ bool BlockPool::EvictOneDevice(std::vector<BlockCopy>* copies, std::vector<Evict
 }
 
 void BlockPool::PrefetchNextVictims(const Node& x) const {
-  // The next victim is usually x's parent (a chain is evicted leaf first) or the next in
-  // x's queue; start loading their index slots, the one cache miss of a removal.
-  if (x.parent != kNoNode) PrefetchSlot(nodes_[x.parent].hash);
-  if (x.lru_next != kNoNode) PrefetchSlot(nodes_[x.lru_next].hash);
+  // A chain is evicted leaf first: the next victim is usually x's parent p, then p's parent.
+  // p's node was prefetched one eviction ago, so its hash is at hand: start loading p's
+  // index bucket and its parent's node now, two steps of misses in flight. The next in x's
+  // queue is the other likely victim.
+  PrefetchSlot(x.hash);  // needed at once; in flight already when x was the parent
+  if (x.parent != kNoNode) {
+    const Node& p = nodes_[x.parent];
+    PrefetchSlot(p.hash);
+    if (p.parent != kNoNode) PrefetchAddress(&nodes_[p.parent]);
+  }
+  if (x.lru_next != kNoNode) PrefetchAddress(&nodes_[x.lru_next]);
 }
 
 bool BlockPool::EvictOneHost() {
