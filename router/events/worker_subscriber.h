@@ -83,7 +83,16 @@ class WorkerSubscriber {
   void Request(uint64_t epoch, uint64_t from_seq);
   void Buffer(events::DecodedBatch batch);
   void Apply(const events::DecodedBatch& batch);
-  void ApplyEvent(const kv::KvEvent& event);
+  // Adds the event's block changes to ops_ (a `cleared` flushes ops_ and drops the
+  // worker's blocks at once, so later events of the batch land after it).
+  void CollectEvent(const kv::KvEvent& event);
+  // Whether `parent` is indexed for this worker or stored earlier in ops_.
+  bool ParentKnown(BlockHash parent) const;
+  // Applies ops_ to the index as one batch and clears it.
+  void FlushOps();
+  // Applies one snapshot chunk's events straight from the reader. Returns false (after
+  // applying nothing more) when the chunk is malformed.
+  bool ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader events, uint64_t max_blocks);
   // Applies buffered batches that follow applied_seq; LIVE when none is missing, else
   // REPLAYING from the first missing seq.
   void DrainBuffer();
@@ -111,6 +120,7 @@ class WorkerSubscriber {
   std::optional<WorkerLoad> load_;
   WorkerEventStats stats_;
   RateLimit far_seq_log_;
+  std::vector<BlockOp> ops_;  // the batch being collected; reused
 };
 
 }  // namespace kvfleet::router

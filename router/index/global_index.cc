@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
+
+#include <sys/mman.h>
 
 #include <boost/unordered/unordered_flat_map.hpp>
 #include <boost/unordered/unordered_flat_set.hpp>
@@ -63,6 +66,8 @@ constexpr uint64_t kInitialSlots = 1024;
 // the slack): each compaction then pays for itself over the appends since the last one.
 constexpr size_t kCompactFactor = 4;
 constexpr size_t kCompactSlack = 32;
+// Apply prefetches the home slots of the ops this far ahead, so their cache misses overlap.
+constexpr size_t kPrefetchAhead = 12;
 
 // 32 bytes, two per cache line.
 struct alignas(32) Slot {
@@ -77,11 +82,29 @@ static_assert(sizeof(Slot) == 32);
 
 }  // namespace
 
+// A shard's slot array. Arrays of 2 MiB and more are 2 MiB aligned and asked to be backed by
+// huge pages: a million-block index is tens of MiB of random probes, and with 4 KiB pages
+// nearly every probe would also miss the TLB.
 struct GlobalIndex::Table {
-  explicit Table(uint64_t capacity) : mask(capacity - 1), slots(new Slot[capacity]) {}
+  explicit Table(uint64_t capacity) : mask(capacity - 1), bytes(capacity * sizeof(Slot)) {
+    const bool huge = bytes >= kHugePage;
+    void* p = std::aligned_alloc(huge ? kHugePage : 64, bytes);
+    KVF_CHECK(p != nullptr) << "index table of " << bytes << " bytes";
+#if defined(MADV_HUGEPAGE)
+    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    slots = static_cast<Slot*>(p);
+    for (uint64_t i = 0; i < capacity; ++i) new (&slots[i]) Slot();  // all zero: unused
+  }
+  ~Table() { std::free(slots); }
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+  static constexpr size_t kHugePage = 2u << 20;
   const uint64_t mask;
-  const std::unique_ptr<Slot[]> slots;
+  const size_t bytes;
+  Slot* slots;
 };
+static_assert(std::is_trivially_destructible_v<Slot>);
 
 namespace {
 
@@ -143,14 +166,19 @@ struct alignas(64) GlobalIndex::Shard {
     }
   }
   // Returns h's slot, claiming one (stamped now_ms, no holders) when absent. May grow the
-  // table; *old receives the replaced table for the caller to retire.
+  // table; *old receives the replaced table for the caller to retire. REQUIRES: inside a
+  // write section (BeginWrite), which it closes and reopens around a growth.
   uint64_t FindOrInsert(BlockHash h, uint64_t mix, uint32_t now_ms, Table** old) {
     Table* t = T();
     for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
       Slot& s = t->slots[i];
       if (Ld(s.lru_ms) == 0) {
         if ((used + 1) * 4 > (t->mask + 1) * 3) {
+          // Readers keep reading the old table while the new one is built (it does not
+          // change meanwhile), so the write section is closed for the rebuild.
+          EndWrite();
           *old = Grow();
+          BeginWrite();
           return FindOrInsert(h, mix, now_ms, old);
         }
         St(s.hash, h);
@@ -621,7 +649,7 @@ uint64_t GlobalIndex::MemoryBytes() const {
   for (int i = 0; i < config::kShards; ++i) {
     const Shard& shard = shards_[i];
     std::lock_guard lock(shard.mu);
-    bytes += static_cast<double>((shard.T()->mask + 1) * sizeof(Slot) + sizeof(Table));
+    bytes += static_cast<double>(shard.T()->bytes + sizeof(Table));
     bytes += static_cast<double>(shard.overflow.bucket_count()) *
              (sizeof(std::pair<OverflowKey, Masks>) + kMetaPerSlot);
     bytes += static_cast<double>(shard.predicted.bucket_count()) *
@@ -652,19 +680,16 @@ std::vector<BlockHash> GlobalIndex::BlocksOf(WorkerId worker, kv::Tier tier) con
 
 // ---- Updates ---------------------------------------------------------------------------
 
-void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, uint32_t now_ms) {
+void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms) {
   Table* retired = nullptr;
   int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
   auto& pw = shard.workers[worker];
   {
     std::lock_guard lock(shard.mu);
     shard.BeginWrite();
-    constexpr size_t kAhead = 4;
     for (size_t k = 0; k < n; ++k) {
-      if (k + kAhead < n) {
-        const Table* t = shard.T();
-        __builtin_prefetch(&t->slots[ops[k + kAhead].mix & t->mask]);
-      }
+      // ops[n..n + ahead) are the next shards' ops: the window runs across shards.
+      if (k + kPrefetchAhead < n + ahead) Prefetch(ops[k + kPrefetchAhead]);
       const Op& op = ops[k];
       switch (op.kind) {
         case BlockOp::kStore: {
@@ -750,12 +775,19 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
   if (options_.max_entries) TrimIfNeeded(shard);
 }
 
+void GlobalIndex::Prefetch(const Op& op) const {
+  // Another shard's table may be replaced meanwhile; a prefetch into a retired one is
+  // harmless. REQUIRES: a ReaderGuard is live, so no retired table is freed.
+  const Table* t = shards_[ShardOfMix(op.mix)].table.load(std::memory_order_relaxed);
+  __builtin_prefetch(&t->slots[op.mix & t->mask]);
+}
+
 void GlobalIndex::ApplyOps(WorkerId worker, Op* ops, size_t n) {
   KVF_CHECK(worker < config::kMaxWorkers);
   if (n == 0) return;
   const uint32_t now_ms = NowMs();
   if (n == 1) {
-    ApplyToShard(shards_[ShardOfMix(ops[0].mix)], worker, ops, 1, now_ms);
+    ApplyToShard(shards_[ShardOfMix(ops[0].mix)], worker, ops, 1, 0, now_ms);
   } else {
     // Counting sort by shard, stable, so each block's ops keep their order.
     thread_local std::vector<Op> sorted;
@@ -766,8 +798,12 @@ void GlobalIndex::ApplyOps(WorkerId worker, Op* ops, size_t n) {
     uint32_t fill[config::kShards];
     std::memcpy(fill, start, sizeof(fill));
     for (size_t k = 0; k < n; ++k) sorted[fill[ShardOfMix(ops[k].mix)]++] = ops[k];
+    // Prefetch reads other shards' tables: registered as a reader, none is freed meanwhile.
+    ReaderGuard guard(readers_);
+    for (size_t k = 0; k < std::min<size_t>(n, kPrefetchAhead); ++k) Prefetch(sorted[k]);
     for (int i = 0; i < config::kShards; ++i)
-      if (start[i + 1] > start[i]) ApplyToShard(shards_[i], worker, &sorted[start[i]], start[i + 1] - start[i], now_ms);
+      if (start[i + 1] > start[i])
+        ApplyToShard(shards_[i], worker, &sorted[start[i]], start[i + 1] - start[i], n - start[i + 1], now_ms);
   }
   ReclaimRetired();
 }

@@ -5,7 +5,7 @@
 // predicted entries the router adds for the worker it just chose (they cover the lag
 // between a routing decision and that worker's `stored` events).
 //
-// Layout. kShards shards, picked by the top bits of a mix of the hash. Each shard owns:
+// Layout. config::kShards shards, picked by the top bits of a mix of the hash. Each shard owns:
 //   - an open-addressing table (linear probing, load <= 3/4, power-of-two capacity) of
 //     32-byte slots: {hash, device mask, host mask, LRU stamp, predicted count, overflow
 //     count}. Bit w of the masks is worker w, for workers 0..63 (config::kInlineWorkers):
@@ -71,9 +71,9 @@ constexpr WorkerId kMaxWorkers = 1024;
 // Workers 0..63 are bits of a slot's own masks (the fast path); higher ids use the
 // overflow table.
 constexpr WorkerId kInlineWorkers = 64;
-// 64 shards: writers of different batches rarely meet on one mutex, and per-shard tables
-// stay small enough to grow quickly.
-constexpr int kShardBits = 6;
+// 16 shards: readers take no lock, so shards only separate writers (the event thread and
+// the HTTP threads' predictions), and fewer, larger tables can live in huge pages.
+constexpr int kShardBits = 4;
 constexpr int kShards = 1 << kShardBits;
 // When a capped index trims, it removes the least recently used blocks until the entry
 // count is this fraction of the cap, so trimming runs rarely and its cost amortises.
@@ -176,7 +176,9 @@ class GlobalIndex {
   Shard& ShardAt(int i) const;
   uint32_t NowMs() const;
   void ApplyOps(WorkerId worker, Op* ops, size_t n);
-  void ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, uint32_t now_ms);
+  // ops[0..n) are this shard's; ops[n..n + ahead) follow (other shards), for prefetching.
+  void ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms);
+  void Prefetch(const Op& op) const;
   void TrimIfNeeded(Shard& shard);
   void Retire(Table* table);
   void ReclaimRetired();

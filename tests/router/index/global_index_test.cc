@@ -244,7 +244,7 @@ TEST_CASE("RemoveWorker drops every entry of that worker and no other") {
 TEST_CASE("a capped index trims the least recently used blocks") {
   ManualClock clock;
   GlobalIndexOptions options;
-  options.max_entries = 64 * 100;  // 100 per shard
+  options.max_entries = config::kShards * 100;  // 100 per shard
   GlobalIndex index(options, &clock);
   for (BlockHash h = 1; h <= 5000; ++h) index.Store(1, h, Tier::kDevice);
   clock.AdvanceMs(10);
