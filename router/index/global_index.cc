@@ -54,8 +54,6 @@ inline void Bump(std::atomic<uint64_t>& counter, int64_t delta) {
 inline void CpuRelax() {
 #if defined(__x86_64__)
   __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
 #endif
 }
 
@@ -410,10 +408,17 @@ class ReaderGuard {
 // Reads h's slot without a lock: retries while a writer has the shard (seqlock).
 // REQUIRES: a ReaderGuard is live.
 SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t mix) {
-  while (true) {
+  // A write section lasts well under a microsecond unless its thread was preempted; then
+  // spinning only keeps it off the core, so the reader yields after a short spin.
+  constexpr int kSpinsBeforeYield = 128;
+  for (int spins = 0;; ++spins) {
     const uint64_t s0 = shard.seq.load(std::memory_order_acquire);
     if (s0 & 1) {
-      CpuRelax();
+      if (spins < kSpinsBeforeYield) {
+        CpuRelax();
+      } else {
+        std::this_thread::yield();
+      }
       continue;
     }
     const GlobalIndex::Table* t = shard.table.load(std::memory_order_acquire);
@@ -559,7 +564,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
 
   // The home slots of the next blocks are prefetched a window ahead, so the cache misses
   // of a long request overlap instead of queueing.
-  constexpr size_t kAhead = 8;
+  constexpr size_t kAhead = 16;
   const size_t n = hashes.size();
   auto prefetch = [&](size_t j) {
     const uint64_t m = Mix(hashes[j]);
