@@ -314,13 +314,13 @@ void WorkerSubscriber::DrainBuffer() {
   Request(epoch_, applied_seq_ + 1);
 }
 
-void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
+void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words) {
   if (state_ == WorkerState::kDead || pending_request_ == 0 || reply.getRequestId() != pending_request_) return;
   last_heard_ = clock_->Now();
   stats_.last_heard = last_heard_;
   request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
   // Lists of zero-sized structs would expand a few bytes into millions of default entries.
-  const uint64_t words = reply.totalSize().wordCount;
+  const uint64_t words = message_words != 0 ? message_words : reply.totalSize().wordCount;
   if ((reply.isBatches() && reply.getBatches().size() > words) ||
       (reply.isSnapshot() && reply.getSnapshot().getEvents().size() > words)) {
     ++counters_->bad_replies;

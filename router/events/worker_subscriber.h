@@ -59,8 +59,11 @@ class WorkerSubscriber {
   void Start();
   // A batch from the SUB socket (already decoded and checked against the topic).
   void OnBatch(events::DecodedBatch batch);
-  // A reply from the replay DEALER.
-  void OnReplayReply(schema::ReplayReply::Reader reply);
+  // A reply from the replay DEALER. `message_words`, the size of the message it came in,
+  // bounds how many list structs it can carry; 0 = measure the reply (one more traversal).
+  // A malformed reply may throw kj::Exception mid-way (EventPlane catches it); a snapshot
+  // chunk's blocks reach the index only once the whole chunk was read.
+  void OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words = 0);
   // Heartbeat and replay timeouts. Call often (every few ms).
   void OnTick();
   // Drops the worker's blocks from the index (RemoveWorker).
