@@ -548,9 +548,11 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
   const Shard& shard0 = shards_[ShardOfMix(mix0)];
   const SlotView v0 = ReadSlot(shard0, hashes[0], mix0);
   if (v0.slot == nullptr) return;
-  block_bits(shard0, hashes[0], v0, 0, v0.overflow != 0 ? kWords - 1 : 0);
+  // Workers past 63 can hold block 0 through an overflow row or a prediction.
+  const int words0 = v0.overflow != 0 || v0.predicted != 0 ? kWords : 1;
+  block_bits(shard0, hashes[0], v0, 0, words0 - 1);
   int lo = kWords, hi = -1;  // the words that hold active workers
-  for (int w = 0; w < (v0.overflow != 0 ? kWords : 1); ++w) {
+  for (int w = 0; w < words0; ++w) {
     s.active[w] = s.blk_any[w];
     s.dev_run[w] = s.blk_dev[w];
     if (s.active[w] == 0) continue;

@@ -342,6 +342,18 @@ TEST_CASE("a fleet of more than 64 workers matches exactly (overflow groups)") {
   CHECK(!index.Holds(150, chain[0]));
 }
 
+TEST_CASE("a prediction of a worker past 63 counts on a block no such worker stores") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> run = {21, 22, 23};
+  for (BlockHash h : run) index.Store(1, h, Tier::kDevice);
+  index.InsertPredicted(130, run, kNsPerSec);
+  std::vector<WorkerMatch> out;
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{1, 3, 0}, {130, 3, 0}});
+  index.CheckInvariants();
+}
+
 TEST_CASE("Apply keeps each block's ops in order and ignores moves of blocks not held") {
   ManualClock clock;
   GlobalIndex index({}, &clock);
