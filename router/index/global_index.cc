@@ -37,14 +37,16 @@ inline uint64_t Mix(BlockHash h) {
 inline int ShardOfMix(uint64_t mix) { return static_cast<int>(mix >> (64 - config::kShardBits)); }
 
 // Slots are read by lock-free readers while a writer may change them, so every field is an
-// atomic accessed relaxed; the shard's sequence counter orders them.
+// atomic. Stores release and loads acquire (plain moves on x86): a reader that sees any
+// store of a write section then also sees the section's odd sequence number (seqlock
+// without fences, which TSan does not model).
 template <typename T>
 inline T Ld(const std::atomic<T>& a) {
-  return a.load(std::memory_order_relaxed);
+  return a.load(std::memory_order_acquire);
 }
 template <typename T>
 inline void St(std::atomic<T>& a, T v) {
-  a.store(v, std::memory_order_relaxed);
+  a.store(v, std::memory_order_release);
 }
 // Counters written only under their shard's mutex and read lock-free elsewhere.
 inline void Bump(std::atomic<uint64_t>& counter, int64_t delta) {
@@ -149,10 +151,8 @@ struct alignas(64) GlobalIndex::Shard {
 
   // ---- Writer side (mu held) -------------------------------------------------------------
   Table* T() const { return table.load(std::memory_order_relaxed); }
-  void BeginWrite() {
-    seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-  }
+  // Slot stores after BeginWrite are releases, so none is seen before the odd number.
+  void BeginWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   void EndWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
 
   uint64_t Find(BlockHash h, uint64_t mix) const {
@@ -437,7 +437,8 @@ SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t mix) {
       v.overflow = Ld(s.overflow);
       break;
     }
-    std::atomic_thread_fence(std::memory_order_acquire);
+    // The slot loads above are acquires: this load cannot move before them, and it sees an
+    // odd or newer number if any of them read a store of a later write section.
     if (shard.seq.load(std::memory_order_relaxed) == s0) return v;
   }
 }
