@@ -322,13 +322,15 @@ void EventPlane::Impl::ReceiveReplies(Entry& e) {
   while (true) {
     zmq::message_t m;
     if (!e.dealer.recv(m, zmq::recv_flags::dontwait)) return;
-    auto decoded = wire::Decode<schema::ReplayReply>(m.data(), m.size());
+    // No validating traversal up front: a snapshot chunk is tens of MB, and the reader
+    // checks each pointer as the subscriber follows it (a bad one throws, caught below).
+    auto decoded = wire::DecodeRaw(m.data(), m.size());
     if (!decoded.ok()) {
       Malformed("replay", decoded.status().ToString());
       continue;
     }
     try {
-      e.sub->OnReplayReply((*decoded)->Root<schema::ReplayReply>());
+      e.sub->OnReplayReply((*decoded)->Root<schema::ReplayReply>(), m.size() / sizeof(capnp::word));
     } catch (const kj::Exception& ex) {
       Malformed("replay", ex.getDescription().cStr());
     }

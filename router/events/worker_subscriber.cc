@@ -172,7 +172,9 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
 }
 
 void WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
-  for (const kv::KvEvent& e : batch.events) ApplyEvent(e);
+  ops_.clear();
+  for (const kv::KvEvent& e : batch.events) CollectEvent(e);
+  FlushOps();
   applied_seq_ = batch.header.seq;
   stats_.applied_seq = applied_seq_;
   ++stats_.batches_applied;
@@ -182,7 +184,24 @@ void WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
   io_->OnApplied(id_, lag);
 }
 
-void WorkerSubscriber::ApplyEvent(const kv::KvEvent& event) {
+void WorkerSubscriber::FlushOps() {
+  index_->Apply(id_, ops_);
+  ops_.clear();
+}
+
+bool WorkerSubscriber::ParentKnown(BlockHash parent) const {
+  // The usual case inside a batch: the parent is the previous event's last block.
+  if (!ops_.empty() && ops_.back().hash == parent && ops_.back().kind == BlockOp::kStore) return true;
+  if (index_->Holds(id_, parent)) return true;
+  // A branch off a chain stored earlier in this batch; the window bounds the scan.
+  constexpr size_t kParentScan = 1024;
+  const size_t stop = ops_.size() > kParentScan ? ops_.size() - kParentScan : 0;
+  for (size_t k = ops_.size(); k > stop; --k)
+    if (ops_[k - 1].hash == parent && ops_[k - 1].kind == BlockOp::kStore) return true;
+  return false;
+}
+
+void WorkerSubscriber::CollectEvent(const kv::KvEvent& event) {
   if (event.window_size != options_.routing_window_size) {
     ++counters_->other_window;
     return;
@@ -191,21 +210,78 @@ void WorkerSubscriber::ApplyEvent(const kv::KvEvent& event) {
       [&](const auto& e) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, kv::StoredEvent>) {
-          if (e.parent_hash != 0 && !index_->Holds(id_, e.parent_hash)) ++counters_->unknown_parent;
-          index_->StoreBlocks(id_, e.blocks);
+          if (e.parent_hash != 0 && !ParentKnown(e.parent_hash)) ++counters_->unknown_parent;
+          for (const kv::StoredBlock& b : e.blocks) ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier});
           counters_->applied_stored += e.blocks.size();
         } else if constexpr (std::is_same_v<T, kv::RemovedEvent>) {
-          for (BlockHash h : e.hashes) index_->Remove(id_, h, e.tier);
+          for (BlockHash h : e.hashes) ops_.push_back(BlockOp{h, BlockOp::kRemove, e.tier});
           counters_->applied_removed += e.hashes.size();
         } else if constexpr (std::is_same_v<T, kv::UpdatedEvent>) {
-          if (e.tier) index_->Move(id_, e.hash, *e.tier);
+          if (e.tier) ops_.push_back(BlockOp{e.hash, BlockOp::kMove, *e.tier});
           ++counters_->applied_updated;
         } else if constexpr (std::is_same_v<T, kv::ClearedEvent>) {
+          FlushOps();
           index_->RemoveWorker(id_);
           ++counters_->applied_cleared;
         }
       },
       event.data);
+}
+
+bool WorkerSubscriber::ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader events, uint64_t max_blocks) {
+  // Snapshot events are `stored` chains, parents first (Contract 2): they go to the index
+  // straight from the reader, as one batch, with no per-event copies.
+  ops_.clear();
+  uint64_t blocks_seen = 0;
+  bool ok = true;
+  for (auto e : events) {
+    if (e.which() != schema::KvEvent::STORED) {
+      // Not what a snapshot carries, but harmless: apply it the general way.
+      kv::KvEvent event;
+      if (!events::ParseKvEvent(e, &event).ok()) {
+        ++counters_->bad_replies;
+        continue;
+      }
+      CollectEvent(event);
+      continue;
+    }
+    if (e.getWindowSize() != options_.routing_window_size) {
+      ++counters_->other_window;
+      continue;
+    }
+    auto blocks = e.getStored().getBlocks();
+    // A list of zero-sized structs costs the sender nothing per element; real blocks take
+    // words, so the whole reply's size bounds how many a chunk can honestly carry.
+    blocks_seen += blocks.size();
+    if (blocks_seen > max_blocks) {
+      ok = false;
+      break;
+    }
+    const size_t mark = ops_.size();
+    bool valid = true;
+    for (auto b : blocks) {
+      const schema::Tier tier = b.getTier();
+      if ((tier != schema::Tier::DEVICE && tier != schema::Tier::HOST) || b.getPriority() > kv::kMaxPriority) {
+        valid = false;
+        break;
+      }
+      ops_.push_back(BlockOp{b.getHash(), BlockOp::kStore,
+                             tier == schema::Tier::DEVICE ? kv::Tier::kDevice : kv::Tier::kHost});
+    }
+    if (!valid) {
+      ops_.resize(mark);  // the event is dropped whole, as a parse failure would
+      ++counters_->bad_replies;
+      continue;
+    }
+    counters_->applied_stored += blocks.size();
+  }
+  if (!ok) {
+    ops_.clear();
+    ++counters_->bad_replies;
+    return false;
+  }
+  FlushOps();
+  return true;
 }
 
 void WorkerSubscriber::DrainBuffer() {
@@ -238,13 +314,13 @@ void WorkerSubscriber::DrainBuffer() {
   Request(epoch_, applied_seq_ + 1);
 }
 
-void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
+void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words) {
   if (state_ == WorkerState::kDead || pending_request_ == 0 || reply.getRequestId() != pending_request_) return;
   last_heard_ = clock_->Now();
   stats_.last_heard = last_heard_;
   request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
   // Lists of zero-sized structs would expand a few bytes into millions of default entries.
-  const uint64_t words = reply.totalSize().wordCount;
+  const uint64_t words = message_words != 0 ? message_words : reply.totalSize().wordCount;
   if ((reply.isBatches() && reply.getBatches().size() > words) ||
       (reply.isSnapshot() && reply.getSnapshot().getEvents().size() > words)) {
     ++counters_->bad_replies;
@@ -286,14 +362,7 @@ void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply) {
         }
         SetState(WorkerState::kSyncing);
       }
-      for (auto e : snap.getEvents()) {
-        kv::KvEvent event;
-        if (!events::ParseKvEvent(e, &event).ok()) {
-          ++counters_->bad_replies;
-          continue;
-        }
-        ApplyEvent(event);
-      }
+      if (!ApplySnapshotEvents(snap.getEvents(), words)) return;  // counted; the timeout asks again
       if (reply.getLast()) {
         applied_seq_ = snap.getConsistentSeq();
         stats_.applied_seq = applied_seq_;

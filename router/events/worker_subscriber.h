@@ -59,8 +59,11 @@ class WorkerSubscriber {
   void Start();
   // A batch from the SUB socket (already decoded and checked against the topic).
   void OnBatch(events::DecodedBatch batch);
-  // A reply from the replay DEALER.
-  void OnReplayReply(schema::ReplayReply::Reader reply);
+  // A reply from the replay DEALER. `message_words`, the size of the message it came in,
+  // bounds how many list structs it can carry; 0 = measure the reply (one more traversal).
+  // A malformed reply may throw kj::Exception mid-way (EventPlane catches it); a snapshot
+  // chunk's blocks reach the index only once the whole chunk was read.
+  void OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words = 0);
   // Heartbeat and replay timeouts. Call often (every few ms).
   void OnTick();
   // Drops the worker's blocks from the index (RemoveWorker).
@@ -83,7 +86,16 @@ class WorkerSubscriber {
   void Request(uint64_t epoch, uint64_t from_seq);
   void Buffer(events::DecodedBatch batch);
   void Apply(const events::DecodedBatch& batch);
-  void ApplyEvent(const kv::KvEvent& event);
+  // Adds the event's block changes to ops_ (a `cleared` flushes ops_ and drops the
+  // worker's blocks at once, so later events of the batch land after it).
+  void CollectEvent(const kv::KvEvent& event);
+  // Whether `parent` is indexed for this worker or stored earlier in ops_.
+  bool ParentKnown(BlockHash parent) const;
+  // Applies ops_ to the index as one batch and clears it.
+  void FlushOps();
+  // Applies one snapshot chunk's events straight from the reader. Returns false (after
+  // applying nothing more) when the chunk is malformed.
+  bool ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader events, uint64_t max_blocks);
   // Applies buffered batches that follow applied_seq; LIVE when none is missing, else
   // REPLAYING from the first missing seq.
   void DrainBuffer();
@@ -111,6 +123,7 @@ class WorkerSubscriber {
   std::optional<WorkerLoad> load_;
   WorkerEventStats stats_;
   RateLimit far_seq_log_;
+  std::vector<BlockOp> ops_;  // the batch being collected; reused
 };
 
 }  // namespace kvfleet::router

@@ -5,52 +5,58 @@
 // predicted entries the router adds for the worker it just chose (they cover the lag
 // between a routing decision and that worker's `stored` events).
 //
-// Layout (bytes per (block, worker) entry are measured by bench_global_index and
-// reported by MemoryBytes(); the figures below are the design budget):
-//   - kShards shards, picked by the hash's top bits; each owns a boost::unordered_flat_map
-//     hash -> HolderList (32-byte slot: key, up to 2 holders inline, an LRU stamp) and, per
-//     worker, a reverse set (unordered_flat_set<BlockHash>, 8-byte slots) of what that
-//     worker holds in the shard.
-//   - A holder is 8 bytes: worker id, tier bits, a predicted bit and its expiry.
-//   - A hot block (more than 16 holders, e.g. a shared system prompt) also keeps 256 bytes
-//     of worker bitsets, so FindMatches intersects 64 workers per instruction on it.
-//   - So one (block, worker) entry costs its reverse-set slot (9..18 bytes: 8 + metadata at
-//     load 0.875..0.44) plus its share of the block's map slot (33..75 bytes by load) and,
-//     past two holders, 8 bytes of holder array: about 45..95 bytes for a block one worker
-//     holds, 27..55 for two, ~20 for many. bench (tests/bench/events) measured 43 bytes per
-//     entry over 3.2 M entries (1 M blocks held by two workers each, plus hot prefixes).
+// Layout. config::kShards shards, picked by the top bits of a mix of the hash. Each shard owns:
+//   - an open-addressing table (linear probing, load <= 3/4, power-of-two capacity) of
+//     32-byte slots: {hash, device mask, host mask, LRU stamp, predicted count, overflow
+//     count}. Bit w of the masks is worker w, for workers 0..63 (config::kInlineWorkers):
+//     a fleet of up to 64 workers lives entirely in the slots.
+//   - an overflow table {hash, group} -> {device, host} masks for workers 64..kMaxWorkers-1,
+//     one 64-worker group per row (the slot counts its rows). Correct for any fleet; slower.
+//   - a predicted table hash -> [(worker, expiry)] (the slot counts its holders).
+//   - per worker, a reverse list: every hash the worker gained state on in this shard,
+//     appended when it gains it and compacted (stale and duplicate hashes dropped) once it
+//     is over twice the worker's live entries, so RemoveWorker costs O(its own blocks).
+//
+// Memory per (block, worker) entry (the budget; bench section 3 measures it): a block's
+// slot is 32 bytes / load (0.375..0.75) = 43..85 bytes, shared by its holders; each holder
+// adds 8 bytes of reverse list, plus the hashes of entries removed since the list was last
+// compacted (at most 3x more under heavy churn, none in steady growth). So 1 holder: ~50..95
+// bytes, 2 holders: ~30..50, many (shared prefixes): ~10..15. Workers >= 64 add ~40 bytes per
+// (block, 64-worker group) of overflow row; a predicted holder ~40 bytes. Measured: 31.8
+// bytes per entry over 3.17 M entries (1 M blocks held by two workers each, plus 32 hot
+// 1,024-block prefixes held by all 64 workers).
 //
 // Windows: the index holds one tier set per (block, worker). EventPlane indexes only the
 // events of the pool it routes on (full attention, or the largest window when every pool
 // is windowed; see router/events/event_plane.h), so windowSize does not appear here.
 //
 // Invariants (CheckInvariants() asserts them):
-//   1. A holder exists iff its tier bits are non-zero or it has a predicted bit.
-//   2. Worker w is in hash h's holder list iff h is in w's reverse set of h's shard.
-//   3. BlockCount(w, t) equals the number of holders of w whose tier bit t is set.
-//   4. No hash maps to an empty holder list.
-//   5. A holder list past 16 holders carries worker bitsets (device, any tier) and a count
-//      of predicted holders that agree with its holders.
+//   1. A slot is in use iff its LRU stamp is non-zero; an in-use slot has a holder (a mask
+//      bit, an overflow row or a predicted holder). Its predicted and overflow counts equal
+//      its rows in those tables, and no such row exists without its slot.
+//   2. A (block, worker) pair is held (tier bits) or predicted, never both.
+//   3. Every (block, worker) pair with state is in the worker's reverse list of its shard,
+//      and the list's live count is the number of such pairs.
+//   4. BlockCount(w, t) equals the number of blocks w holds with tier bit t.
+//   5. Every slot is reachable from its home position by linear probing.
 //
-// FindMatches keeps the still-matching workers as bitsets: per block it costs one hash lookup
-// plus one AND per 64 workers on hot blocks, or a walk of the (few) holders otherwise.
-//
-// Thread safety: thread-safe. FindMatches takes the shared locks of its request's shards in
-// ascending order (after a one-lock check of block 0), other readers one shard at a time;
-// writers take one shard's exclusive lock per operation and never hold two shard locks. FindMatches allocates nothing once
-// *out has capacity for every worker that matches.
+// Thread safety: thread-safe. Readers (FindMatches, Holds for workers < 64) take no lock:
+// each shard has a sequence counter that a writer makes odd while it changes the shard's
+// table, and a reader retries a slot read that overlapped a write. A table that grows is
+// freed only once no lock-free reader is running. Readers of the predicted and overflow
+// tables (rare: only blocks that have such rows) and every other call take the shard's
+// mutex. Writers (Apply and the single-block calls, InsertPredicted, RemoveWorker,
+// SweepExpired) take one shard's mutex at a time, once per shard per call: Apply groups a
+// batch's blocks by shard. FindMatches allocates nothing once *out has capacity for every
+// worker that matches.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
+#include <mutex>
 #include <span>
 #include <vector>
-
-#include <boost/unordered/unordered_flat_map.hpp>
-#include <boost/unordered/unordered_flat_set.hpp>
 
 #include "common/block_hash.h"
 #include "common/clock.h"
@@ -63,11 +69,14 @@ using WorkerId = uint32_t;
 
 namespace config {
 // Worker ids are dense and small: 1024 covers a large fleet and keeps the per-shard
-// per-worker tables (reverse sets, counters) a few hundred KiB.
+// per-worker tables (reverse lists, counters) a few MiB in all.
 constexpr WorkerId kMaxWorkers = 1024;
-// 64 shards: enough that apply threads and readers rarely meet on one lock, few enough
-// that a 1,024-block FindMatches takes at most 64 lock acquisitions.
-constexpr int kShardBits = 6;
+// Workers 0..63 are bits of a slot's own masks (the fast path); higher ids use the
+// overflow table.
+constexpr WorkerId kInlineWorkers = 64;
+// 16 shards: readers take no lock, so shards only separate writers (the event thread and
+// the HTTP threads' predictions), and fewer, larger tables can live in huge pages.
+constexpr int kShardBits = 4;
 constexpr int kShards = 1 << kShardBits;
 // When a capped index trims, it removes the least recently used blocks until the entry
 // count is this fraction of the cap, so trimming runs rarely and its cost amortises.
@@ -91,6 +100,18 @@ struct WorkerMatch {
   uint32_t host_blocks;
 };
 
+// One block-level change of a worker's event batch (GlobalIndex::Apply).
+struct BlockOp {
+  enum Kind : uint8_t {
+    kStore,   // the worker stores the block on `tier` (Store)
+    kRemove,  // the worker no longer holds it on `tier` (Remove)
+    kMove,    // the block moved to `tier` (Move); ignored when not held
+  };
+  BlockHash hash;
+  Kind kind;
+  kv::Tier tier;
+};
+
 class GlobalIndex {
  public:
   // REQUIRES: clock outlives the index.
@@ -102,9 +123,9 @@ class GlobalIndex {
   // ---- Queries -------------------------------------------------------------------------
 
   // Per worker that holds hashes[0] (stored or unexpired predicted): its leading run, in
-  // the order the workers appear in block 0's holder list. Stops at the first block no
-  // still-matching worker holds. Clears and fills *out; no allocation once *out has
-  // capacity for the matching workers (reserve config::kMaxWorkers to be sure).
+  // ascending worker order. Stops at the first block no still-matching worker holds.
+  // Clears and fills *out; no allocation once *out has capacity for the matching workers
+  // (reserve config::kMaxWorkers to be sure).
   void FindMatches(std::span<const BlockHash> hashes, std::vector<WorkerMatch>* out) const;
 
   // Whether `worker` holds `hash` on any tier (predicted entries do not count).
@@ -115,18 +136,22 @@ class GlobalIndex {
   uint64_t EntryCount() const;
   // Distinct block hashes.
   uint64_t HashCount() const;
-  // Bytes held by the maps, reverse sets and overflow holder arrays (an estimate from
-  // their capacities; excludes allocator overhead).
+  // Bytes held by the tables, side tables and reverse lists (from their capacities;
+  // excludes allocator overhead).
   uint64_t MemoryBytes() const;
   // Every hash `worker` holds on `tier`, sorted. For tests and debugging: O(blocks).
   std::vector<BlockHash> BlocksOf(WorkerId worker, kv::Tier tier) const;
 
   // ---- Updates (EventPlane applies events through these) ---------------------------------
 
+  // Applies a batch of one worker's block changes, in order per block, taking each shard's
+  // mutex once. The fast path for event batches and snapshots. REQUIRES: worker <
+  // config::kMaxWorkers.
+  void Apply(WorkerId worker, std::span<const BlockOp> ops);
   // `worker` stores `hash` on `tier`. Confirms a predicted entry. Idempotent.
   // REQUIRES: worker < config::kMaxWorkers.
   void Store(WorkerId worker, BlockHash hash, kv::Tier tier);
-  // Store() for each block of a stored event, reading the clock once.
+  // Store() for each block of a stored event, as one Apply.
   void StoreBlocks(WorkerId worker, std::span<const kv::StoredBlock> blocks);
   // `worker` no longer holds `hash` on `tier`. Unknown blocks are ignored.
   void Remove(WorkerId worker, BlockHash hash, kv::Tier tier);
@@ -146,29 +171,30 @@ class GlobalIndex {
   // Test support: KVF_CHECKs the invariants above. O(entries).
   void CheckInvariants() const;
 
-  // ---- Internals, public for the benchmark's memory accounting ---------------------------
-  // 8 bytes: who holds a block and how.
-  struct Holder {
-    uint16_t worker;
-    uint8_t flags;        // bit 0: device, bit 1: host, bit 2: predicted
-    uint8_t reserved;
-    uint32_t expiry_ms;   // predicted: index-relative expiry in ms; else 0
-  };
-  static constexpr uint8_t kDeviceBit = 1, kHostBit = 2, kPredictedBit = 4;
-  // 24 bytes: the holders of one block; up to two inline, more on the heap.
-  class HolderList;
+  struct Shard;  // defined in global_index.cc
+  struct Table;
 
  private:
-  struct Shard;
-  Shard& ShardOf(BlockHash h) const;
+  struct Op;
+  Shard& ShardAt(int i) const;
   uint32_t NowMs() const;
+  void ApplyOps(WorkerId worker, Op* ops, size_t n);
+  // ops[0..n) are this shard's; ops[n..n + ahead) follow (other shards), for prefetching.
+  void ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms);
+  void Prefetch(const Op& op) const;
   void TrimIfNeeded(Shard& shard);
-  void StoreOne(WorkerId worker, BlockHash hash, kv::Tier tier, uint32_t now_ms);
+  void Retire(Table* table);
+  void ReclaimRetired();
 
   const GlobalIndexOptions options_;
   Clock* const clock_;
   const TimeNs base_ns_;
   std::unique_ptr<Shard[]> shards_;
+  // Lock-free readers in flight; a retired table is freed only when this is 0.
+  mutable std::atomic<uint64_t> readers_{0};
+  std::mutex retired_mu_;
+  std::vector<Table*> retired_;  // GUARDED_BY(retired_mu_)
+  std::atomic<bool> has_retired_{false};
 };
 
 }  // namespace kvfleet::router

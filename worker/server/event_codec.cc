@@ -84,7 +84,21 @@ void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
       event.data);
 }
 
-Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
+namespace {
+
+// Lists of structs may hold zero-sized elements, which cost the sender nothing each: a few
+// bytes could expand into millions of default entries. A real element takes at least one
+// word, so a message's size in words bounds how many list structs it can honestly carry.
+struct StructBudget {
+  uint64_t left;
+  bool Take(uint64_t n) {
+    if (n > left) return false;
+    left -= n;
+    return true;
+  }
+};
+
+Status ParseKvEventIn(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget& budget) {
   out->window_size = in.getWindowSize();
   switch (in.which()) {
     case schema::KvEvent::STORED: {
@@ -92,9 +106,7 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
       kv::StoredEvent e;
       e.parent_hash = s.getParentHash();
       auto blocks = s.getBlocks();
-      // A list of zero-sized structs costs the sender nothing per element: a few bytes could
-      // expand into millions of default blocks. A real block takes at least one word.
-      if (blocks.size() > s.totalSize().wordCount) return DataLoss("stored event with empty block entries");
+      if (!budget.Take(blocks.size())) return DataLoss("stored event with empty block entries");
       e.blocks.resize(blocks.size());
       for (unsigned i = 0; i < blocks.size(); ++i) {
         auto b = blocks[i];
@@ -104,6 +116,7 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
         o.priority = b.getPriority();
         KVF_RETURN_IF_ERROR(CheckPriority(o.priority));
         auto toks = b.getTokens();
+        if (toks.size() == 0) continue;
         if (toks.size() > config::kMaxTokensPerBlock) return InvalidArgument("stored block with too many tokens");
         o.tokens.resize(toks.size());
         for (unsigned j = 0; j < toks.size(); ++j) o.tokens[j] = toks[j];
@@ -152,6 +165,13 @@ Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
   return InvalidArgument("unknown event kind " + std::to_string(static_cast<int>(in.which())));
 }
 
+}  // namespace
+
+Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
+  StructBudget budget{in.totalSize().wordCount};
+  return ParseKvEventIn(in, out, budget);
+}
+
 void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   out.setActiveRequests(load.active_requests);
   out.setQueuedRequests(load.queued_requests);
@@ -197,32 +217,48 @@ std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> 
   return wire::Encode(message);
 }
 
+namespace {
+
+// REQUIRES: called inside a kj::Exception guard (a malformed pointer throws).
+Result<DecodedBatch> ParseBatchIn(schema::EventBatch::Reader in, StructBudget budget) {
+  DecodedBatch out;
+  auto id = in.getWorkerId();
+  if (id.size() == 0 || id.size() > config::kMaxWorkerIdBytes) return InvalidArgument("bad worker id length");
+  out.header.worker_id.assign(id.begin(), id.end());
+  out.header.epoch = in.getEpoch();
+  out.header.seq = in.getSeq();
+  out.header.created_ns = in.getCreatedNs();
+  if (out.header.epoch == 0) return InvalidArgument("epoch 0");
+  if (out.header.seq == 0) return InvalidArgument("seq 0");
+  auto events = in.getEvents();
+  if (!budget.Take(events.size())) return DataLoss("batch with empty event entries");
+  out.events.resize(events.size());
+  for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEventIn(events[i], &out.events[i], budget));
+  out.load = ParseLoad(in.getLoad());
+  out.block_events = BlockEventCount(out.events);
+  return out;
+}
+
+}  // namespace
+
 Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in) {
   try {
-    DecodedBatch out;
-    auto id = in.getWorkerId();
-    if (id.size() == 0 || id.size() > config::kMaxWorkerIdBytes) return InvalidArgument("bad worker id length");
-    out.header.worker_id.assign(id.begin(), id.end());
-    out.header.epoch = in.getEpoch();
-    out.header.seq = in.getSeq();
-    out.header.created_ns = in.getCreatedNs();
-    if (out.header.epoch == 0) return InvalidArgument("epoch 0");
-    if (out.header.seq == 0) return InvalidArgument("seq 0");
-    auto events = in.getEvents();
-    if (events.size() > in.totalSize().wordCount) return DataLoss("batch with empty event entries");
-    out.events.resize(events.size());
-    for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEvent(events[i], &out.events[i]));
-    out.load = ParseLoad(in.getLoad());
-    out.block_events = BlockEventCount(out.events);
-    return out;
+    return ParseBatchIn(in, StructBudget{in.totalSize().wordCount});
   } catch (const kj::Exception& e) {
     return DataLoss(std::string("malformed batch: ") + e.getDescription().cStr());
   }
 }
 
 Result<DecodedBatch> DecodeBatch(const void* data, size_t size) {
-  KVF_ASSIGN_OR_RETURN(auto msg, wire::Decode<schema::EventBatch>(data, size));
-  return ParseBatch(msg->Root<schema::EventBatch>());
+  // One pass over the frame: the reader validates each pointer as it is followed (and
+  // throws on a bad one), and the frame's size bounds the list structs, so the separate
+  // validating traversals (wire::Decode's and totalSize()) are not needed.
+  KVF_ASSIGN_OR_RETURN(auto msg, wire::DecodeRaw(data, size));
+  try {
+    return ParseBatchIn(msg->Root<schema::EventBatch>(), StructBudget{size / sizeof(capnp::word)});
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed batch: ") + e.getDescription().cStr());
+  }
 }
 
 }  // namespace kvfleet::events

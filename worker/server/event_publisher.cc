@@ -318,9 +318,13 @@ void EventPublisher::Impl::Publish(SealedBatch& batch) {
 }
 
 void EventPublisher::Impl::SendReply(const std::string& identity, capnp::MallocMessageBuilder& message) {
-  std::string payload = wire::Encode(message);
+  // One copy, from the flat array into ZMQ's message (snapshot chunks are megabytes). Handing
+  // ZMQ the array itself would have it freed on ZMQ's I/O thread, which TSan cannot follow.
+  const kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
+  const auto bytes = words.asBytes();
+  zmq::message_t payload(bytes.begin(), bytes.size());
   (void)replay_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)replay_.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+  (void)replay_.send(payload, zmq::send_flags::dontwait);
 }
 
 void EventPublisher::Impl::HandleReplayRequests() {

@@ -244,7 +244,7 @@ TEST_CASE("RemoveWorker drops every entry of that worker and no other") {
 TEST_CASE("a capped index trims the least recently used blocks") {
   ManualClock clock;
   GlobalIndexOptions options;
-  options.max_entries = 64 * 100;  // 100 per shard
+  options.max_entries = config::kShards * 100;  // 100 per shard
   GlobalIndex index(options, &clock);
   for (BlockHash h = 1; h <= 5000; ++h) index.Store(1, h, Tier::kDevice);
   clock.AdvanceMs(10);
@@ -297,6 +297,144 @@ TEST_CASE("readers match while writers store, move and remove (TSan)") {
   stop = true;
   for (auto& t : readers) t.join();
   index.SweepExpired();
+  index.CheckInvariants();
+}
+
+TEST_CASE("a fleet of more than 64 workers matches exactly (overflow groups)") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  Model model;
+  std::mt19937_64 rng(11);
+  std::vector<BlockHash> chain;
+  for (int i = 0; i < 96; ++i) chain.push_back(rng() | 1);
+  constexpr WorkerId kFleet = 200;
+  for (WorkerId w = 0; w < kFleet; ++w) {
+    const size_t len = 1 + rng() % chain.size();
+    const size_t dev = rng() % (len + 1);
+    std::vector<BlockOp> ops;
+    for (size_t i = 0; i < len; ++i) {
+      const Tier t = i < dev ? Tier::kDevice : Tier::kHost;
+      ops.push_back({chain[i], BlockOp::kStore, t});
+      model.held[w][chain[i]] |= t == Tier::kDevice ? 1 : 2;
+    }
+    index.Apply(w, ops);
+  }
+  // Predictions for high ids count too.
+  index.InsertPredicted(700, std::span<const BlockHash>(chain).first(10), kNsPerSec);
+  for (int i = 0; i < 10; ++i) model.predicted[700][chain[i]] = clock.Now() + kNsPerSec;
+  index.CheckInvariants();
+  std::vector<WorkerMatch> got;
+  for (size_t len : {size_t{1}, size_t{7}, size_t{96}}) {
+    std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
+    index.FindMatches(q, &got);
+    ExpectSame(got, model.Match(q, clock.Now()));
+  }
+  // Removing workers on either side of the 64 boundary leaves the others intact.
+  for (WorkerId w : {WorkerId{3}, WorkerId{64}, WorkerId{150}}) {
+    index.RemoveWorker(w);
+    model.held.erase(w);
+  }
+  index.CheckInvariants();
+  index.FindMatches(chain, &got);
+  ExpectSame(got, model.Match(chain, clock.Now()));
+  CHECK(index.BlockCount(150, Tier::kDevice) + index.BlockCount(150, Tier::kHost) == 0);
+  CHECK(index.Holds(199, chain[0]));
+  CHECK(!index.Holds(150, chain[0]));
+}
+
+TEST_CASE("a prediction of a worker past 63 counts on a block no such worker stores") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockHash> run = {21, 22, 23};
+  for (BlockHash h : run) index.Store(1, h, Tier::kDevice);
+  index.InsertPredicted(130, run, kNsPerSec);
+  std::vector<WorkerMatch> out;
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{1, 3, 0}, {130, 3, 0}});
+  index.CheckInvariants();
+}
+
+TEST_CASE("Apply keeps each block's ops in order and ignores moves of blocks not held") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockOp> ops = {
+      {1, BlockOp::kStore, Tier::kDevice}, {1, BlockOp::kRemove, Tier::kDevice},  // gone
+      {2, BlockOp::kRemove, Tier::kDevice}, {2, BlockOp::kStore, Tier::kDevice},  // held
+      {3, BlockOp::kStore, Tier::kDevice},  {3, BlockOp::kMove, Tier::kHost},     // moved
+      {4, BlockOp::kMove, Tier::kHost},                                           // not held: ignored
+  };
+  for (WorkerId w : {WorkerId{5}, WorkerId{300}}) {
+    index.Apply(w, ops);
+    CHECK(!index.Holds(w, 1));
+    CHECK(index.Holds(w, 2));
+    CHECK(index.BlocksOf(w, Tier::kHost) == std::vector<BlockHash>{3});
+    CHECK(index.BlocksOf(w, Tier::kDevice) == std::vector<BlockHash>{2});
+    CHECK(!index.Holds(w, 4));
+  }
+  CHECK(index.EntryCount() == 4);
+  index.CheckInvariants();
+}
+
+TEST_CASE("reverse lists stay bounded under store/remove churn, and RemoveWorker still clears all") {
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  std::vector<BlockOp> store, remove;
+  for (BlockHash h = 1; h <= 2000; ++h) {
+    store.push_back({h, BlockOp::kStore, Tier::kDevice});
+    remove.push_back({h, BlockOp::kRemove, Tier::kDevice});
+  }
+  index.Store(2, 1, Tier::kHost);  // another worker shares block 1
+  index.Apply(1, store);
+  const uint64_t after_one = index.MemoryBytes();
+  for (int round = 0; round < 50; ++round) {
+    index.Apply(1, remove);
+    index.Apply(1, store);  // the same blocks again: duplicates in the lists until compacted
+  }
+  index.CheckInvariants();
+  // Tables keep their size; the lists are compacted back to about one hash per entry.
+  CHECK(index.MemoryBytes() <= after_one * 2);
+  CHECK(index.BlockCount(1, Tier::kDevice) == 2000);
+  index.RemoveWorker(1);
+  index.CheckInvariants();
+  CHECK(index.EntryCount() == 1);
+  CHECK(index.Holds(2, 1));
+}
+
+TEST_CASE("readers match while the tables grow and shrink under them (TSan)") {
+  SystemClock clock;
+  GlobalIndex index({}, &clock);
+  // A chain two workers hold throughout: every answer must show it whole.
+  std::vector<BlockHash> chain;
+  for (int i = 0; i < 64; ++i) chain.push_back(0xC0FFEE000 + i);
+  for (BlockHash h : chain) {
+    index.Store(0, h, Tier::kDevice);
+    index.Store(70, h, Tier::kHost);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> bad{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      std::vector<WorkerMatch> out;
+      while (!stop.load()) {
+        index.FindMatches(chain, &out);
+        bool ok = out.size() == 2;
+        for (const auto& m : out)
+          ok &= (m.worker == 0 && m.device_blocks == 64) || (m.worker == 70 && m.host_blocks == 64);
+        if (!ok || !index.Holds(0, chain[7])) bad.fetch_add(1);
+      }
+    });
+  }
+  // Growth of every shard's table several times, then removal of it all.
+  std::vector<BlockOp> ops;
+  for (BlockHash h = 1; h <= 60000; ++h) ops.push_back({h * 0x9E3779B97F4A7C15ull, BlockOp::kStore, Tier::kDevice});
+  for (size_t k = 0; k < ops.size(); k += 500) index.Apply(k / 500 % 3 + 1, std::span(ops).subspan(k, 500));
+  for (auto& op : ops) op.kind = BlockOp::kRemove;
+  for (size_t k = 0; k < ops.size(); k += 500) index.Apply(k / 500 % 3 + 1, std::span(ops).subspan(k, 500));
+  stop = true;
+  for (auto& t : readers) t.join();
+  CHECK(bad.load() == 0);
+  CHECK(index.EntryCount() == 2 * chain.size());
   index.CheckInvariants();
 }
 
