@@ -285,7 +285,7 @@ class RequestStream final : public ResponseSink {
     if (req_.stream) {
       if (!started_) {
         started_ = true;
-        ex_->StartStream(200, "text/event-stream");
+        ex_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), api_->fleet_->WorkerName(worker)}});
       }
       if (!out.empty() || (first_chunk_ && req_.chat)) {
         ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
@@ -311,7 +311,9 @@ class RequestStream final : public ResponseSink {
       ex_->Finish();
       return;
     }
-    ex_->Reply(ErrorResponse(e));
+    http::Response r = ErrorResponse(e);
+    r.headers.emplace_back(kWorkerHeader, api_->fleet_->WorkerName(worker));
+    ex_->Reply(std::move(r));
   }
 
   void OnRetry(WorkerId from, WorkerId to) override {}
@@ -344,6 +346,7 @@ class RequestStream final : public ResponseSink {
       ex_->Finish();
     } else {
       http::Response r;
+      r.headers.emplace_back(kWorkerHeader, usage_.worker);
       r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
       ex_->Reply(std::move(r));
     }
