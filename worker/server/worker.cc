@@ -217,8 +217,8 @@ Status Worker::Init(zmq::context_t& context) {
 
   // 6. Registration.
   if (!config_.router.empty()) {
-    HelloInfo hello;
-    hello.worker_id = worker_id_;
+    WorkerHello hello;
+    hello.name = worker_id_;
     hello.model = model_name_;
     hello.block_size = config_.block_size;
     hello.max_context = eo.limits.max_context;

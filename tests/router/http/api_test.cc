@@ -14,11 +14,6 @@
 #include "tests/common/http/test_client.h"
 #include "tests/router/fake_worker.h"
 
-// libzmq is not built with ThreadSanitizer: the hand-off of messages between a socket's
-// thread and libzmq's I/O thread (its lock-free pipes) is invisible to it and reported as
-// races inside libzmq.so. Only frames in that library are suppressed.
-extern "C" const char* __tsan_default_suppressions() { return "race:libzmq.so\n"; }
-
 namespace kvfleet::router {
 
 using http::testing::BodyOf;
