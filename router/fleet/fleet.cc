@@ -24,6 +24,7 @@
 #include <zmq.hpp>
 
 #include "common/check.h"
+#include "common/curve_keys.h"
 #include "common/log.h"
 
 namespace kvfleet::router {
@@ -148,6 +149,15 @@ class FleetImpl {
   ~FleetImpl() { Stop(); }
 
   Status Init() {
+    const FleetCurve& curve = options_.curve;
+    if (curve.client_keypair_file.empty() != curve.server_public_key_file.empty()) {
+      return InvalidArgument("request CURVE needs both the router's key pair and the workers' public key");
+    }
+    if (!curve.client_keypair_file.empty()) {
+      KVF_ASSIGN_OR_RETURN(curve_keys_, LoadCurveKeyPair(curve.client_keypair_file));
+      KVF_ASSIGN_OR_RETURN(curve_server_public_, LoadCurvePublicKey(curve.server_public_key_file));
+      curve_ = true;
+    }
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Internal("eventfd failed");
     try {
@@ -424,6 +434,7 @@ class FleetImpl {
     // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
     w.dealer->set(zmq::sockopt::heartbeat_ivl, 1000);
     w.dealer->set(zmq::sockopt::heartbeat_timeout, 3000);
+    if (curve_) KVF_CHECK(MakeCurveClient(*w.dealer, curve_keys_, curve_server_public_).ok());
     std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
     KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
                                  ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
@@ -809,6 +820,9 @@ class FleetImpl {
   WorkerSignals* signals_;
   const Clock* clock_;
   zmq::context_t ctx_{1};
+  bool curve_ = false;  // set by Init: every DEALER is a CURVE client
+  CurveKeyPair curve_keys_;
+  std::string curve_server_public_;
   std::unique_ptr<zmq::socket_t> registration_;  // fleet thread
   std::string bound_registration_;
   int wake_fd_ = -1;
