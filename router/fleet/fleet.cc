@@ -441,6 +441,7 @@ class FleetImpl {
     w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
     w.monitor->set(zmq::sockopt::linger, 0);
     w.monitor->connect(monitor_ep);
+    sockets_changed_ = true;
     try {
       w.dealer->connect(w.info.requests_endpoint);
     } catch (const zmq::error_t& e) {
@@ -449,12 +450,32 @@ class FleetImpl {
   }
 
   void Disconnect(WorkerRecord& w) {
+    sockets_changed_ = true;
     w.connected = false;
     w.monitor.reset();
     w.dealer.reset();
   }
 
   // --- the loop ---
+
+  // The poll set: the wake eventfd, the registration socket and every worker's DEALER.
+  // Rebuilt only when sockets come or go (sockets_changed_). Monitor sockets are not
+  // polled: zmq_poll costs a ZMQ_EVENTS query per socket per wake-up, and the loop wakes
+  // several times per request, so they are drained each tick instead (connect and
+  // disconnect are noticed within one tick, 20 ms by default).
+  void RebuildPollSet(std::vector<zmq::pollitem_t>* items, std::vector<WorkerRecord*>* item_workers) {
+    items->clear();
+    item_workers->clear();
+    items->push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    items->push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
+                      static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w->dealer) continue;
+      items->push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
+      item_workers->push_back(w.get());
+    }
+  }
 
   void Loop() {
     TimeNs next_tick = clock_->Now();
@@ -465,19 +486,9 @@ class FleetImpl {
         std::lock_guard<std::mutex> lock(cmd_mu_);
         if (stopping_) break;
       }
-      items.clear();
-      item_workers.clear();
-      items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-      items.push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
-                       static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
-      {
-        std::shared_lock<std::shared_mutex> lock(mu_);
-        for (auto& w : workers_) {
-          if (!w->dealer) continue;
-          items.push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
-          items.push_back({w->monitor->handle(), 0, ZMQ_POLLIN, 0});
-          item_workers.push_back(w.get());
-        }
+      if (sockets_changed_) {
+        sockets_changed_ = false;
+        RebuildPollSet(&items, &item_workers);
       }
       long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
       if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0) continue;
@@ -489,10 +500,11 @@ class FleetImpl {
       if (registration_ && (items[1].revents & ZMQ_POLLIN)) DrainRegistration();
       for (size_t i = 0; i < item_workers.size(); ++i) {
         WorkerRecord* w = item_workers[i];
-        if (items[2 + 2 * i + 1].revents & ZMQ_POLLIN) DrainMonitor(*w);
-        if (items[2 + 2 * i].revents & ZMQ_POLLIN) DrainDealer(*w);
+        // A socket closed by the commands or registrations above is gone from the set.
+        if (!sockets_changed_ && (items[2 + i].revents & ZMQ_POLLIN)) DrainDealer(*w);
       }
       if (clock_->Now() >= next_tick) {
+        DrainMonitors();
         Tick();
         next_tick = clock_->Now() + options_.tick;
       }
@@ -664,6 +676,19 @@ class FleetImpl {
     attempts_.erase(a);
     f.request.sink->OnError(f.worker, st, f.first_token);
     flights_.erase(handle);
+  }
+
+  void DrainMonitors() {
+    std::vector<WorkerRecord*> with_monitor;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (auto& w : workers_) {
+        if (w->monitor) with_monitor.push_back(w.get());
+      }
+    }
+    for (WorkerRecord* w : with_monitor) {
+      if (w->monitor) DrainMonitor(*w);
+    }
   }
 
   void DrainMonitor(WorkerRecord& w) {
@@ -846,6 +871,7 @@ class FleetImpl {
   std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle
   uint64_t next_attempt_ = 1;
   uint64_t monitors_ = 0;
+  bool sockets_changed_ = true;  // a DEALER came or went: rebuild the poll set
   std::set<std::string> refusals_logged_;
   std::set<std::string> dns_known_;
   RateLimit bad_frames_;
