@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include "common/config.h"
+#include "common/curve_keys.h"
 #include "common/http/server.h"
 #include "common/log.h"
 #include "router/events/event_plane.h"
@@ -38,6 +39,8 @@ struct RouterConfig {
   double first_token_timeout_s = 60;
   double dns_interval_s = 10;
   int64_t heartbeat_timeout_ms = 3000;
+  std::string curve_keypair;     // empty: plaintext to workers
+  std::string curve_server_key;
 };
 
 void AddOptions(CLI::App& app, RouterConfig* c) {
@@ -73,6 +76,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
                  "a worker silent this long on its event stream is dead")
       ->capture_default_str();
+  app.add_option("--curve-keypair", c->curve_keypair,
+                 "CURVE: this router's key pair file, for the request, event and replay sockets (kvfleet keygen)");
+  app.add_option("--curve-server-key", c->curve_server_key, "CURVE: the workers' server public key file");
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
       ->capture_default_str();
@@ -85,6 +91,14 @@ Status Prepare(RouterConfig* c) {
   c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);
   c->fleet.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
+  if (c->curve_keypair.empty() != c->curve_server_key.empty()) {
+    return InvalidArgument("--curve-keypair and --curve-server-key go together");
+  }
+  c->fleet.curve = {c->curve_keypair, c->curve_server_key};
+  if (!c->curve_keypair.empty()) {  // fail here with the reason, not later in a socket setup
+    KVF_RETURN_IF_ERROR(LoadCurveKeyPair(c->curve_keypair).status());
+    KVF_RETURN_IF_ERROR(LoadCurvePublicKey(c->curve_server_key).status());
+  }
   std::string rest = c->static_workers;
   while (!rest.empty()) {
     size_t comma = rest.find(',');
@@ -127,6 +141,8 @@ int Run(RouterConfig& c) {
   // KV events and load reports: the global index, worker liveness and load.
   EventPlaneOptions events;
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  events.curve.client_keypair_file = c.curve_keypair;
+  events.curve.server_public_key_file = c.curve_server_key;
   EventPlane plane(events, SystemClock::Default(), registry.get());
   EventPlaneSignals worker_signals(&plane);
   GlobalPrefixIndex global_index(&plane.index());

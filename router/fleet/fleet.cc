@@ -24,6 +24,7 @@
 #include <zmq.hpp>
 
 #include "common/check.h"
+#include "common/curve_keys.h"
 #include "common/log.h"
 
 namespace kvfleet::router {
@@ -148,6 +149,15 @@ class FleetImpl {
   ~FleetImpl() { Stop(); }
 
   Status Init() {
+    const FleetCurve& curve = options_.curve;
+    if (curve.client_keypair_file.empty() != curve.server_public_key_file.empty()) {
+      return InvalidArgument("request CURVE needs both the router's key pair and the workers' public key");
+    }
+    if (!curve.client_keypair_file.empty()) {
+      KVF_ASSIGN_OR_RETURN(curve_keys_, LoadCurveKeyPair(curve.client_keypair_file));
+      KVF_ASSIGN_OR_RETURN(curve_server_public_, LoadCurvePublicKey(curve.server_public_key_file));
+      curve_ = true;
+    }
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Internal("eventfd failed");
     try {
@@ -424,12 +434,14 @@ class FleetImpl {
     // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
     w.dealer->set(zmq::sockopt::heartbeat_ivl, 1000);
     w.dealer->set(zmq::sockopt::heartbeat_timeout, 3000);
+    if (curve_) KVF_CHECK(MakeCurveClient(*w.dealer, curve_keys_, curve_server_public_).ok());
     std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
     KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
                                  ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
     w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
     w.monitor->set(zmq::sockopt::linger, 0);
     w.monitor->connect(monitor_ep);
+    sockets_changed_ = true;
     try {
       w.dealer->connect(w.info.requests_endpoint);
     } catch (const zmq::error_t& e) {
@@ -438,12 +450,32 @@ class FleetImpl {
   }
 
   void Disconnect(WorkerRecord& w) {
+    sockets_changed_ = true;
     w.connected = false;
     w.monitor.reset();
     w.dealer.reset();
   }
 
   // --- the loop ---
+
+  // The poll set: the wake eventfd, the registration socket and every worker's DEALER.
+  // Rebuilt only when sockets come or go (sockets_changed_). Monitor sockets are not
+  // polled: zmq_poll costs a ZMQ_EVENTS query per socket per wake-up, and the loop wakes
+  // several times per request, so they are drained each tick instead (connect and
+  // disconnect are noticed within one tick, 20 ms by default).
+  void RebuildPollSet(std::vector<zmq::pollitem_t>* items, std::vector<WorkerRecord*>* item_workers) {
+    items->clear();
+    item_workers->clear();
+    items->push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    items->push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
+                      static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w->dealer) continue;
+      items->push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
+      item_workers->push_back(w.get());
+    }
+  }
 
   void Loop() {
     TimeNs next_tick = clock_->Now();
@@ -454,19 +486,9 @@ class FleetImpl {
         std::lock_guard<std::mutex> lock(cmd_mu_);
         if (stopping_) break;
       }
-      items.clear();
-      item_workers.clear();
-      items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-      items.push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
-                       static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
-      {
-        std::shared_lock<std::shared_mutex> lock(mu_);
-        for (auto& w : workers_) {
-          if (!w->dealer) continue;
-          items.push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
-          items.push_back({w->monitor->handle(), 0, ZMQ_POLLIN, 0});
-          item_workers.push_back(w.get());
-        }
+      if (sockets_changed_) {
+        sockets_changed_ = false;
+        RebuildPollSet(&items, &item_workers);
       }
       long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
       if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0) continue;
@@ -478,10 +500,11 @@ class FleetImpl {
       if (registration_ && (items[1].revents & ZMQ_POLLIN)) DrainRegistration();
       for (size_t i = 0; i < item_workers.size(); ++i) {
         WorkerRecord* w = item_workers[i];
-        if (items[2 + 2 * i + 1].revents & ZMQ_POLLIN) DrainMonitor(*w);
-        if (items[2 + 2 * i].revents & ZMQ_POLLIN) DrainDealer(*w);
+        // A socket closed by the commands or registrations above is gone from the set.
+        if (!sockets_changed_ && (items[2 + i].revents & ZMQ_POLLIN)) DrainDealer(*w);
       }
       if (clock_->Now() >= next_tick) {
+        DrainMonitors();
         Tick();
         next_tick = clock_->Now() + options_.tick;
       }
@@ -655,6 +678,19 @@ class FleetImpl {
     flights_.erase(handle);
   }
 
+  void DrainMonitors() {
+    std::vector<WorkerRecord*> with_monitor;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (auto& w : workers_) {
+        if (w->monitor) with_monitor.push_back(w.get());
+      }
+    }
+    for (WorkerRecord* w : with_monitor) {
+      if (w->monitor) DrainMonitor(*w);
+    }
+  }
+
   void DrainMonitor(WorkerRecord& w) {
     while (true) {
       zmq::message_t event, address;
@@ -809,6 +845,9 @@ class FleetImpl {
   WorkerSignals* signals_;
   const Clock* clock_;
   zmq::context_t ctx_{1};
+  bool curve_ = false;  // set by Init: every DEALER is a CURVE client
+  CurveKeyPair curve_keys_;
+  std::string curve_server_public_;
   std::unique_ptr<zmq::socket_t> registration_;  // fleet thread
   std::string bound_registration_;
   int wake_fd_ = -1;
@@ -832,6 +871,7 @@ class FleetImpl {
   std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle
   uint64_t next_attempt_ = 1;
   uint64_t monitors_ = 0;
+  bool sockets_changed_ = true;  // a DEALER came or went: rebuild the poll set
   std::set<std::string> refusals_logged_;
   std::set<std::string> dns_known_;
   RateLimit bad_frames_;

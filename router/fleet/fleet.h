@@ -65,6 +65,13 @@ class WorkerSignals {
   virtual std::optional<LoadReport> Load(WorkerId id) const = 0;
 };
 
+// CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
+// EventPlaneCurve: both set, or both empty for plaintext.
+struct FleetCurve {
+  std::string client_keypair_file;     // this router's key pair (kvfleet keygen)
+  std::string server_public_key_file;  // the workers' server public key
+};
+
 struct FleetOptions {
   std::string registration_endpoint = "tcp://*:5555";  // Hello/Bye ROUTER; empty: none
   // Static workers: their requests endpoints (tcp://host:5556). Their events and replay
@@ -79,6 +86,7 @@ struct FleetOptions {
   DurationNs first_token_timeout = 60 * kNsPerSec;   // no first token: retry elsewhere
   int max_attempts = 2;                   // the first try and one retry before the first token
   DurationNs tick = 20 * kNsPerMs;        // timeouts and liveness are checked this often
+  FleetCurve curve;
 };
 
 // Called on the fleet thread.

@@ -133,39 +133,6 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
   });
 }
 
-Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
-  auto decoded = wire::Decode<s::ToRouter>(data, size);
-  if (!decoded.ok()) return decoded.status();
-  return Guard([&]() -> Result<ToRouterMessage> {
-    auto root = (*decoded)->Root<s::ToRouter>();
-    if (root.isHello()) {
-      auto h = root.getHello();
-      WorkerHello out;
-      out.name = h.getWorkerId().cStr();
-      out.model = h.getModel().cStr();
-      out.block_size = h.getBlockSize();
-      out.max_context = h.getMaxContext();
-      for (auto t : h.getTiers()) {
-        if (t.getTier() == schema::Tier::DEVICE) out.device_blocks = t.getTotalBlocks();
-        else out.host_blocks += t.getTotalBlocks();
-      }
-      auto e = h.getEndpoints();
-      out.requests_endpoint = e.getRequests().cStr();
-      out.events_endpoint = e.getEvents().cStr();
-      out.replay_endpoint = e.getReplay().cStr();
-      out.http_endpoint = e.getHttp().cStr();
-      out.backend = h.getBackend().cStr();
-      out.epoch = h.getEpoch();
-      return ToRouterMessage(std::move(out));
-    }
-    if (root.isBye()) {
-      auto b = root.getBye();
-      return ToRouterMessage(WorkerBye{b.getWorkerId().cStr(), b.getEpoch()});
-    }
-    return DataLoss("ToRouter of an unknown kind");
-  });
-}
-
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
   auto decoded = wire::Decode<s::ToWorker>(data, size);
   if (!decoded.ok()) return decoded.status();
@@ -227,38 +194,6 @@ std::string EncodeError(const WorkerError& e) {
   out.setRequestId(e.request_id);
   out.setCode(static_cast<s::ErrorCode>(static_cast<int>(e.code)));
   out.setMessage(e.message);
-  return wire::Encode(message);
-}
-
-std::string EncodeHello(const WorkerHello& h) {
-  capnp::MallocMessageBuilder message;
-  auto out = message.initRoot<s::ToRouter>().initHello();
-  out.setWorkerId(h.name);
-  out.setModel(h.model);
-  out.setBlockSize(h.block_size);
-  out.setMaxContext(h.max_context);
-  auto tiers = out.initTiers(h.host_blocks > 0 ? 2 : 1);
-  tiers[0].setTier(schema::Tier::DEVICE);
-  tiers[0].setTotalBlocks(h.device_blocks);
-  if (h.host_blocks > 0) {
-    tiers[1].setTier(schema::Tier::HOST);
-    tiers[1].setTotalBlocks(h.host_blocks);
-  }
-  auto e = out.initEndpoints();
-  e.setRequests(h.requests_endpoint);
-  e.setEvents(h.events_endpoint);
-  e.setReplay(h.replay_endpoint);
-  e.setHttp(h.http_endpoint);
-  out.setBackend(h.backend);
-  out.setEpoch(h.epoch);
-  return wire::Encode(message);
-}
-
-std::string EncodeBye(const WorkerBye& b) {
-  capnp::MallocMessageBuilder message;
-  auto out = message.initRoot<s::ToRouter>().initBye();
-  out.setWorkerId(b.name);
-  out.setEpoch(b.epoch);
   return wire::Encode(message);
 }
 

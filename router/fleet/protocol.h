@@ -12,6 +12,7 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "schema/registration.h"
 
 namespace kvfleet::router {
 
@@ -75,31 +76,12 @@ struct WorkerError {
 
 using FromWorkerMessage = std::variant<WorkerDelta, WorkerError>;
 
-// A worker's registration (Hello) or farewell (Bye).
-struct WorkerHello {
-  std::string name;  // workerId
-  std::string model;
-  uint32_t block_size = 0;
-  uint32_t max_context = 0;
-  uint64_t device_blocks = 0;
-  uint64_t host_blocks = 0;
-  std::string requests_endpoint;
-  std::string events_endpoint;
-  std::string replay_endpoint;
-  std::string http_endpoint;
-  std::string backend;
-  uint64_t epoch = 0;
-};
-struct WorkerBye {
-  std::string name;
-  uint64_t epoch = 0;
-};
-using ToRouterMessage = std::variant<WorkerHello, WorkerBye>;
+// A worker's registration (Hello) or farewell (Bye): kvfleet::WorkerHello, WorkerBye,
+// EncodeHello, EncodeBye and DecodeToRouter, shared with the worker (schema/registration.h).
 
 std::string EncodeGenerate(uint64_t request_id, const GenerateParams& params);
 std::string EncodeCancel(uint64_t request_id);
 Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size);
-Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size);
 
 // For tests (a fake worker speaks the other side).
 struct ToWorkerMessage {
@@ -110,7 +92,5 @@ struct ToWorkerMessage {
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size);
 std::string EncodeDelta(const WorkerDelta& delta);
 std::string EncodeError(const WorkerError& error);
-std::string EncodeHello(const WorkerHello& hello);
-std::string EncodeBye(const WorkerBye& bye);
 
 }  // namespace kvfleet::router

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -28,6 +29,10 @@ class Registry;
 }
 
 namespace kvfleet::router {
+
+// Response header naming the worker that served (or failed) a completion: its announced
+// name, as in the body's "kvfleet.worker". Absent when no worker was reached.
+inline constexpr std::string_view kWorkerHeader = "x-kvfleet-worker";
 
 struct ApiOptions {
   std::vector<std::string> api_keys;        // empty: no authentication

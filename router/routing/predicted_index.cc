@@ -34,28 +34,35 @@ void PredictedIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<
 }
 
 void PredictedIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) {
-  TimeNs expires = clock_->Now() + ttl;
+  TimeNs now = clock_->Now();
+  TimeNs expires = now + ttl;
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_ + hashes.size() > max_entries_) SweepLocked(clock_->Now());
+  ExpireLocked(now);
   if (entries_ + hashes.size() > max_entries_) return;
   for (BlockHash h : hashes) {
-    auto& entries = map_[h];
-    auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.worker == worker; });
-    if (it != entries.end()) {
-      it->expires = std::max(it->expires, expires);
+    Holders& holders = map_[h];
+    auto it = std::find_if(holders.begin(), holders.end(), [&](const Entry& e) { return e.worker == worker; });
+    if (it != holders.end()) {
+      if (it->expires >= expires) continue;
+      it->expires = expires;
     } else {
-      entries.push_back({worker, expires});
+      holders.push_back({worker, expires});
       ++entries_;
     }
+    expiry_.push_back({expires, h, worker});
   }
 }
 
 void PredictedIndex::RemoveWorker(WorkerId worker) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = map_.begin(); it != map_.end();) {
-    entries_ -= std::erase_if(it->second, [&](const Entry& e) { return e.worker == worker; });
-    it = it->second.empty() ? map_.erase(it) : std::next(it);
-  }
+  // Its records stay in expiry_ and are skipped when popped (invariant 3).
+  boost::unordered::erase_if(map_, [&](auto& kv) {
+    Holders& holders = kv.second;
+    auto gone = std::remove_if(holders.begin(), holders.end(), [&](const Entry& e) { return e.worker == worker; });
+    entries_ -= static_cast<size_t>(holders.end() - gone);
+    holders.erase(gone, holders.end());
+    return holders.empty();
+  });
 }
 
 size_t PredictedIndex::entries() const {
@@ -63,10 +70,21 @@ size_t PredictedIndex::entries() const {
   return entries_;
 }
 
-void PredictedIndex::SweepLocked(TimeNs now) {
-  for (auto it = map_.begin(); it != map_.end();) {
-    entries_ -= std::erase_if(it->second, [&](const Entry& e) { return e.expires < now; });
-    it = it->second.empty() ? map_.erase(it) : std::next(it);
+void PredictedIndex::ExpireLocked(TimeNs now) {
+  while (!expiry_.empty() && expiry_.front().expires < now) {
+    const Expiry& x = expiry_.front();
+    auto it = map_.find(x.hash);
+    if (it != map_.end()) {
+      Holders& holders = it->second;
+      auto e = std::find_if(holders.begin(), holders.end(), [&](const Entry& h) { return h.worker == x.worker; });
+      // A refreshed pair has a later record of its own; this one is stale.
+      if (e != holders.end() && e->expires == x.expires) {
+        holders.erase(e);
+        --entries_;
+        if (holders.empty()) map_.erase(it);
+      }
+    }
+    expiry_.pop_front();
   }
 }
 

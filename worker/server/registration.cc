@@ -1,10 +1,6 @@
 #include "worker/server/registration.h"
 
-#include <capnp/message.h>
-
 #include "common/log.h"
-#include "schema/wire.h"
-#include "schema/worker.capnp.h"
 
 namespace kvfleet::server {
 
@@ -15,48 +11,16 @@ constexpr int kByeLingerMs = 500;
 constexpr int kSendHighWaterMark = 4;
 }  // namespace config
 
-std::string EncodeHello(const HelloInfo& info) {
-  capnp::MallocMessageBuilder msg;
-  auto hello = msg.initRoot<schema::ToRouter>().initHello();
-  hello.setWorkerId(info.worker_id);
-  hello.setModel(info.model);
-  hello.setBlockSize(info.block_size);
-  hello.setMaxContext(info.max_context);
-  auto tiers = hello.initTiers(info.host_blocks > 0 ? 2 : 1);
-  tiers[0].setTier(schema::Tier::DEVICE);
-  tiers[0].setTotalBlocks(info.device_blocks);
-  if (info.host_blocks > 0) {
-    tiers[1].setTier(schema::Tier::HOST);
-    tiers[1].setTotalBlocks(info.host_blocks);
-  }
-  auto ep = hello.initEndpoints();
-  ep.setRequests(info.requests_endpoint);
-  ep.setEvents(info.events_endpoint);
-  ep.setReplay(info.replay_endpoint);
-  ep.setHttp(info.http_endpoint);
-  hello.setBackend(info.backend);
-  hello.setEpoch(info.epoch);
-  return wire::Encode(msg);
-}
-
-std::string EncodeBye(const HelloInfo& info) {
-  capnp::MallocMessageBuilder msg;
-  auto bye = msg.initRoot<schema::ToRouter>().initBye();
-  bye.setWorkerId(info.worker_id);
-  bye.setEpoch(info.epoch);
-  return wire::Encode(msg);
-}
-
-Registration::Registration(zmq::context_t& context, const RegistrationOptions& options, const HelloInfo& info)
-    : options_(options), hello_(EncodeHello(info)), bye_(EncodeBye(info)), socket_(context, zmq::socket_type::dealer) {}
+Registration::Registration(zmq::context_t& context, const RegistrationOptions& options, const WorkerHello& info)
+    : options_(options), hello_(EncodeHello(info)), bye_(EncodeBye(WorkerBye{info.name, info.epoch})), socket_(context, zmq::socket_type::dealer) {}
 
 Result<std::unique_ptr<Registration>> Registration::Start(zmq::context_t& context, const RegistrationOptions& options,
-                                                          const HelloInfo& info) {
+                                                          const WorkerHello& info) {
   std::unique_ptr<Registration> r(new Registration(context, options, info));
   try {
     r->socket_.set(zmq::sockopt::sndhwm, config::kSendHighWaterMark);
     r->socket_.set(zmq::sockopt::linger, config::kByeLingerMs);
-    r->socket_.set(zmq::sockopt::routing_id, info.worker_id);
+    r->socket_.set(zmq::sockopt::routing_id, info.name);
     r->socket_.connect(options.router_endpoint);
   } catch (const zmq::error_t& e) {
     return InvalidArgument("--router " + options.router_endpoint + ": " + e.what());

@@ -20,27 +20,11 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "schema/registration.h"
 
 namespace kvfleet::server {
 
-struct HelloInfo {
-  std::string worker_id;
-  std::string model;
-  uint32_t block_size = 0;
-  uint32_t max_context = 0;
-  uint64_t device_blocks = 0;
-  uint64_t host_blocks = 0;  // 0: no host tier (left out of Hello's tiers)
-  std::string requests_endpoint;  // tcp://host:5556, as routers should connect
-  std::string events_endpoint;
-  std::string replay_endpoint;
-  std::string http_endpoint;      // http://host:9400
-  std::string backend;            // cpu, cuda or mock
-  uint64_t epoch = 0;             // the event publisher's epoch
-};
-
-// The encoded ToRouter frames, exposed for tests.
-std::string EncodeHello(const HelloInfo& info);
-std::string EncodeBye(const HelloInfo& info);
+// The Hello and Bye frames are schema/registration.h's EncodeHello / EncodeBye.
 
 struct RegistrationOptions {
   std::string router_endpoint;  // tcp://host:5555
@@ -51,7 +35,7 @@ class Registration {
  public:
   // Connects and sends the first Hello at once.
   static Result<std::unique_ptr<Registration>> Start(zmq::context_t& context, const RegistrationOptions& options,
-                                                     const HelloInfo& info);
+                                                     const WorkerHello& info);
   ~Registration();  // Stop(false)
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
@@ -60,7 +44,7 @@ class Registration {
   void Stop(bool say_bye);
 
  private:
-  Registration(zmq::context_t& context, const RegistrationOptions& options, const HelloInfo& info);
+  Registration(zmq::context_t& context, const RegistrationOptions& options, const WorkerHello& info);
   void Loop();
 
   const RegistrationOptions options_;

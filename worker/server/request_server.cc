@@ -109,13 +109,31 @@ std::string EncodeError(uint64_t wire_id, ErrorCode code, const std::string& mes
 
 }  // namespace
 
-RequestServer::RequestServer(zmq::context_t& context, const Clock* clock)
-    : clock_(clock), socket_(context, zmq::socket_type::router) {}
+RequestServer::RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context,
+                             const Clock* clock)
+    : own_context_(std::move(own_context)),
+      clock_(clock),
+      socket_(own_context_ ? *own_context_ : context, zmq::socket_type::router) {}
 
 Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& context,
                                                             const RequestServerOptions& options,
                                                             const Clock* clock) {
-  std::unique_ptr<RequestServer> server(new RequestServer(context, clock));
+  const RequestServerCurve& curve = options.curve;
+  if (curve.server_keypair_file.empty() && !curve.authorized_keys_file.empty()) {
+    return InvalidArgument("requests socket: authorized keys need a server key pair");
+  }
+  std::unique_ptr<zmq::context_t> own_context;
+  if (!curve.authorized_keys_file.empty()) own_context = std::make_unique<zmq::context_t>(1);
+  std::unique_ptr<RequestServer> server(new RequestServer(context, std::move(own_context), clock));
+  if (!curve.server_keypair_file.empty()) {
+    KVF_ASSIGN_OR_RETURN(auto keys, LoadCurveKeyPair(curve.server_keypair_file));
+    if (!curve.authorized_keys_file.empty()) {
+      KVF_ASSIGN_OR_RETURN(auto authorized, LoadAuthorizedKeys(curve.authorized_keys_file));
+      server->zap_ = std::make_unique<ZapAuthenticator>(server->own_context_.get(), std::move(authorized));
+      KVF_RETURN_IF_ERROR(server->zap_->status());
+    }
+    KVF_RETURN_IF_ERROR(MakeCurveServer(server->socket_, keys));
+  }
   try {
     server->socket_.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
     server->socket_.set(zmq::sockopt::rcvhwm, options.send_high_water_mark);

@@ -26,6 +26,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/curve_keys.h"
 #include "common/status.h"
 #include "worker/engine/request.h"
 
@@ -69,8 +70,15 @@ struct CancelCommand {
 
 using Command = std::variant<GenerateCommand, CancelCommand>;
 
+// CURVE on the requests socket, with common/curve_keys.h's files (all optional).
+struct RequestServerCurve {
+  std::string server_keypair_file;   // empty = plaintext
+  std::string authorized_keys_file;  // empty = any client with the server key may connect
+};
+
 struct RequestServerOptions {
   std::string endpoint = "tcp://*:5556";  // where the ROUTER binds
+  RequestServerCurve curve;
   // Outgoing frames queued for one peer before ZMQ drops more (ZMQ_SNDHWM).
   int send_high_water_mark = 100'000;
 };
@@ -104,11 +112,15 @@ class RequestServer {
   uint64_t malformed_frames() const { return malformed_.load(std::memory_order_relaxed); }
 
  private:
-  RequestServer(zmq::context_t& context, const Clock* clock);
+  RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock);
   void IoLoop();
   void HandleFrame(const std::string& identity, const zmq::message_t& frame);
   void FlushOutbox();
 
+  // With authorized keys the socket lives in a context of its own, whose ZAP handler
+  // (one per context) admits them; the process's other workers keep the shared one.
+  std::unique_ptr<zmq::context_t> own_context_;
+  std::unique_ptr<ZapAuthenticator> zap_;
   const Clock* clock_;
   zmq::socket_t socket_;  // used by the I/O thread only, after Start()
   std::string bound_endpoint_;

@@ -140,6 +140,8 @@ Status Worker::Init(zmq::context_t& context) {
   // 2. The requests socket is bound early so the worker id can name its port.
   RequestServerOptions request_options;
   request_options.endpoint = config_.requests;
+  request_options.curve.server_keypair_file = config_.curve_keypair;
+  request_options.curve.authorized_keys_file = config_.curve_authorized_keys;
   KVF_ASSIGN_OR_RETURN(requests_, RequestServer::Start(context, request_options, clock));
   worker_id_ = config_.worker_id.empty() ? host + ":" + std::to_string(EndpointPort(requests_->bound_endpoint()))
                                          : config_.worker_id;
@@ -173,6 +175,8 @@ Status Worker::Init(zmq::context_t& context) {
   po.worker_id = worker_id_;
   po.events_endpoint = config_.events;
   po.replay_endpoint = config_.replay;
+  po.curve.server_keypair_file = config_.curve_keypair;
+  po.curve.authorized_keys_file = config_.curve_authorized_keys;
   KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));
   const auto pools = backend_->pools();
   if (pools.empty()) return Internal("the backend reports no KV pool");
@@ -217,8 +221,8 @@ Status Worker::Init(zmq::context_t& context) {
 
   // 6. Registration.
   if (!config_.router.empty()) {
-    HelloInfo hello;
-    hello.worker_id = worker_id_;
+    WorkerHello hello;
+    hello.name = worker_id_;
     hello.model = model_name_;
     hello.block_size = config_.block_size;
     hello.max_context = eo.limits.max_context;

@@ -18,6 +18,10 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--router", c->router, "router registration endpoint, e.g. tcp://host:5555 (optional)");
   app.add_option("--advertise-host", c->advertise_host, "host name routers use to reach this worker (default: hostname)");
+  app.add_option("--curve-keypair", c->curve_keypair,
+                 "CURVE server key pair file for the requests, events and replay sockets (kvfleet keygen)");
+  app.add_option("--curve-authorized-keys", c->curve_authorized_keys,
+                 "router public keys admitted, one per line (default: any router with the server key)");
   app.add_option("--block-size", c->block_size, "tokens per KV block (power of two)")->capture_default_str();
   app.add_option("--max-num-tokens", c->max_num_tokens, "tokens computed per step (multiple of the block size)")
       ->capture_default_str();

@@ -29,6 +29,11 @@ struct WorkerConfig {
   int http_port = 9400;                   // /health, /ready, /metrics; 0: ephemeral
   std::string router;                     // registration ROUTER to send Hello to; empty: none
   std::string advertise_host;             // host routers should connect to; default: hostname
+  // CURVE (common/curve_keys.h files) on the requests, events and replay sockets: this
+  // worker's server key pair, and the router public keys it admits (empty: any router
+  // that knows the server key). Both empty: plaintext.
+  std::string curve_keypair;
+  std::string curve_authorized_keys;
 
   // --- engine ---
   uint32_t block_size = 32;          // tokens per KV block (B)

@@ -49,6 +49,16 @@ try {
   check(text.length > 0 && finish !== null, 'chat stream text and finish_reason');
   check(usage && usage.completion_tokens > 0 && usage.prompt_tokens > 0, 'chat stream usage (include_usage)');
 
+  // The x-kvfleet-worker header names the worker that served, as the body's kvfleet.worker does.
+  const { data: wc, response: wr } = await client.completions
+    .create({ model: 'mock', prompt: 'which worker?', max_tokens: 3 }).withResponse();
+  const served = wr.headers.get('x-kvfleet-worker');
+  check(typeof served === 'string' && served.length > 0 && served === wc.kvfleet?.worker,
+        `x-kvfleet-worker header (${served}) matches the body (${wc.kvfleet?.worker})`);
+  const { response: sr } = await client.completions
+    .create({ model: 'mock', prompt: 'which worker?', max_tokens: 3, stream: true }).withResponse();
+  check((sr.headers.get('x-kvfleet-worker') ?? '').length > 0, 'x-kvfleet-worker header on a stream');
+
   const cstream = await client.completions.create({ model: 'mock', prompt: 'abc', max_tokens: 5, stream: true });
   let ctext = '';
   for await (const chunk of cstream) ctext += chunk.choices[0]?.text ?? '';

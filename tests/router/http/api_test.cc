@@ -14,11 +14,6 @@
 #include "tests/common/http/test_client.h"
 #include "tests/router/fake_worker.h"
 
-// libzmq is not built with ThreadSanitizer: the hand-off of messages between a socket's
-// thread and libzmq's I/O thread (its lock-free pipes) is invisible to it and reported as
-// races inside libzmq.so. Only frames in that library are suppressed.
-extern "C" const char* __tsan_default_suppressions() { return "race:libzmq.so\n"; }
-
 namespace kvfleet::router {
 
 using http::testing::BodyOf;
@@ -111,6 +106,7 @@ TEST_CASE("a completion returns OpenAI's shape with the worker's usage and cache
   std::string body = json{{"model", "m"}, {"prompt", prompt}, {"max_tokens", 5}}.dump();
   auto first = r.Post("/v1/completions", body);
   REQUIRE(StatusOf(first) == 200);
+  CHECK(first.find("\r\nx-kvfleet-worker: " + w.endpoint() + "\r\n") != std::string::npos);
   auto j = json::parse(BodyOf(first));
   CHECK(j["object"] == "text_completion");
   CHECK(j["choices"][0]["text"] == "hello");
@@ -137,6 +133,7 @@ TEST_CASE("chat streaming sends role, deltas, finish, usage and [DONE]") {
   auto resp = r.Post("/v1/chat/completions", body);
   REQUIRE(StatusOf(resp) == 200);
   CHECK(resp.find("Content-Type: text/event-stream") != std::string::npos);
+  CHECK(resp.find("\r\nx-kvfleet-worker: " + w.endpoint() + "\r\n") != std::string::npos);
   bool done = false;
   auto events = Events(resp, &done);
   CHECK(done);
@@ -256,6 +253,9 @@ TEST_CASE("a worker that dies before the first token: the request is retried on 
   client.join();
   CHECK(StatusOf(result) == 200);
   CHECK(json::parse(BodyOf(result))["choices"][0]["text"] == "hel");
+  // The header names the worker that answered, not the one that died.
+  CHECK(result.find("\r\nx-kvfleet-worker: " + second.endpoint() + "\r\n") != std::string::npos);
+  CHECK(json::parse(BodyOf(result))["kvfleet"]["worker"] == second.endpoint());
   CHECK(http::SerializeMetrics(*r.registry).find("kvfleet_router_retries_total 1") != std::string::npos);
 }
 

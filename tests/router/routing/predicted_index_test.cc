@@ -57,6 +57,42 @@ TEST_CASE("a full predicted index sweeps expired entries before refusing new one
   CHECK(out[0].worker == 2);
 }
 
+TEST_CASE("expired entries are dropped by later inserts, without reaching the cap") {
+  ManualClock clock;
+  PredictedIndex index(&clock);
+  std::vector<BlockHash> a = {1, 2, 3}, b = {4, 5};
+  index.InsertPredicted(1, a, kNsPerSec);
+  CHECK(index.entries() == 3);
+  clock.AdvanceMs(1001);
+  index.InsertPredicted(1, b, kNsPerSec);
+  CHECK(index.entries() == 2);  // a's three went, b's two came
+  std::vector<PrefixMatch> out;
+  index.FindMatches(a, &out);
+  CHECK(out.empty());
+}
+
+TEST_CASE("a refreshed prediction outlives its first TTL") {
+  ManualClock clock;
+  PredictedIndex index(&clock);
+  std::vector<BlockHash> a = {1, 2};
+  index.InsertPredicted(3, a, kNsPerSec);
+  clock.AdvanceMs(600);
+  index.InsertPredicted(3, a, kNsPerSec);  // now expires at 1.6 s
+  CHECK(index.entries() == 2);
+  clock.AdvanceMs(600);                    // 1.2 s: the first records are stale, not the pair
+  index.InsertPredicted(4, std::vector<BlockHash>{9}, kNsPerSec);
+  std::vector<PrefixMatch> out;
+  index.FindMatches(a, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].device_blocks == 2);
+  clock.AdvanceMs(500);                    // 1.7 s: gone
+  index.InsertPredicted(4, std::vector<BlockHash>{9}, kNsPerSec);
+  CHECK(index.entries() == 1);
+  out.clear();
+  index.FindMatches(a, &out);
+  CHECK(out.empty());
+}
+
 TEST_CASE("concurrent inserts and lookups are safe") {
   SystemClock clock;
   PredictedIndex index(&clock);

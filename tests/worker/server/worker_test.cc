@@ -141,8 +141,8 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
 }
 
 TEST_CASE("Hello lists the host tier only when there is one") {
-  HelloInfo info;
-  info.worker_id = "w";
+  WorkerHello info;
+  info.name = "w";
   info.device_blocks = 10;
   auto decode = [](const std::string& f) {
     auto m = wire::Decode<schema::ToRouter>(f.data(), f.size());

@@ -1,0 +1,45 @@
+// Contract 3's registration messages (schema/worker.capnp ToRouter) as plain structs, and
+// their one encoding: a worker's Hello (who it is, what it serves, where to reach it) and
+// Bye (it is shutting down). The worker encodes them (worker/server/registration.h), the
+// router decodes them (router/fleet); tests of either side encode the other's.
+//
+// Thread safety: values and pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+
+#include "common/status.h"
+
+namespace kvfleet {
+
+struct WorkerHello {
+  std::string name;               // the wire's workerId
+  std::string model;
+  uint32_t block_size = 0;
+  uint32_t max_context = 0;
+  uint64_t device_blocks = 0;
+  uint64_t host_blocks = 0;       // 0: no host tier (left out of the Hello's tiers)
+  std::string requests_endpoint;  // tcp://host:5556, as routers should connect
+  std::string events_endpoint;
+  std::string replay_endpoint;
+  std::string http_endpoint;      // http://host:9400
+  std::string backend;            // cpu, cuda, mock (or "static" for a router's static entry)
+  uint64_t epoch = 0;             // the worker's event publisher epoch
+};
+
+struct WorkerBye {
+  std::string name;
+  uint64_t epoch = 0;  // 0: every epoch of that worker
+};
+
+using ToRouterMessage = std::variant<WorkerHello, WorkerBye>;
+
+std::string EncodeHello(const WorkerHello& hello);
+std::string EncodeBye(const WorkerBye& bye);
+// An untrusted frame: DataLoss when it does not decode or is neither Hello nor Bye.
+Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size);
+
+}  // namespace kvfleet
