@@ -13,6 +13,7 @@
 #include "common/http/server.h"
 #include "common/log.h"
 #include "router/events/event_plane.h"
+#include "router/events/fault_injection.h"
 #include "router/fleet/event_signals.h"
 #include "router/fleet/fleet.h"
 #include "router/http/api.h"
@@ -38,6 +39,9 @@ struct RouterConfig {
   double first_token_timeout_s = 60;
   double dns_interval_s = 10;
   int64_t heartbeat_timeout_ms = 3000;
+  // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
+  // network would, through router/events/fault_injection.h. 0 in production.
+  double debug_drop_events = 0;
 };
 
 void AddOptions(CLI::App& app, RouterConfig* c) {
@@ -72,6 +76,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
                  "a worker silent this long on its event stream is dead")
+      ->capture_default_str();
+  app.add_option("--debug-drop-events", c->debug_drop_events,
+                 "TESTING ONLY: drop this fraction of received KV event batches (fault injection)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
@@ -127,6 +135,15 @@ int Run(RouterConfig& c) {
   // KV events and load reports: the global index, worker liveness and load.
   EventPlaneOptions events;
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  if (c.debug_drop_events > 0) {
+    FaultOptions faults;
+    faults.drop_rate = c.debug_drop_events;
+    faults.duplicate_rate = 0;
+    faults.reorder_window = 0;
+    events.fault_injector = std::make_shared<FaultInjector>(faults);
+    log->warn("--debug-drop-events {}: dropping that fraction of KV event batches (testing only)",
+              c.debug_drop_events);
+  }
   EventPlane plane(events, SystemClock::Default(), registry.get());
   EventPlaneSignals worker_signals(&plane);
   GlobalPrefixIndex global_index(&plane.index());
