@@ -328,7 +328,8 @@ void SseChunkParser::ParseEvent(std::string_view block, std::vector<Event>* out)
     if (auto d = usage->find("prompt_tokens_details"); d != usage->end() && d->is_object()) {
       e.cached_tokens = d->value("cached_tokens", 0u);
     }
-    if (auto k = usage->find("kvfleet"); k != usage->end() && k->is_object()) {
+    // The router's extension beside usage names the worker that served the request.
+    if (auto k = j.find("kvfleet"); k != j.end() && k->is_object()) {
       if (auto w = k->find("worker"); w != k->end() && w->is_string()) e.worker = w->get<std::string>();
     }
     out->push_back(e);

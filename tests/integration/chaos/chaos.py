@@ -282,6 +282,7 @@ def client_checks(c, reqs, expected, bench_rc, span_s):
     c.figure("requests", len(reqs))
     c.figure("errors_by_kind", errors)
     c.check(all(r["ok"] or r["error"] for r in reqs), "every request completed or ended with a named error")
+    c.check(all(r["worker"] for r in reqs if r["ok"]), "every completed request names the worker that served it")
     c.check("timeout" not in errors, f"no request timed out ({errors.get('timeout', 0)} did)")
     return errors
 
