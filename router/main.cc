@@ -68,6 +68,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();
+  app.add_option("--uncached-work-weight", c->routing.uncached_work_weight,
+                 "kv cost: weight of the prefill a choice adds to the fleet (higher: stickier prefixes)")
+      ->capture_default_str();
   app.add_option("--hot-spot-factor", c->routing.hot_spot_factor, "skip workers above k x median load (0: off)")
       ->capture_default_str();
   app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")

@@ -57,6 +57,9 @@ REQUEST_TIMEOUT_S = 30
 ROUTER_RESTART_DELAY_S = 0.5
 # Index rebuild target after a router restart (issue 9).
 INDEX_REBUILD_TARGET_S = 2.0
+# drop: mean seconds between two requests of one shared prefix; above the router's
+# predicted-entry TTL (2 s), so that hits come from events, not from the router's own guesses.
+DROP_GROUP_PERIOD_S = 6.0
 # The hit rate under 5% event loss may differ from the clean run's by this fraction.
 DROP_HIT_RATE_TOLERANCE = 0.05
 
@@ -98,8 +101,9 @@ def metric_sum(text, name, **want):
     return total
 
 
-def write_trace(path, duration_s, rate, seed):
-    """A Mooncake-format trace: Poisson arrivals at `rate`/s for `duration_s`."""
+def write_trace(path, duration_s, rate, seed, groups=GROUPS):
+    """A Mooncake-format trace: Poisson arrivals at `rate`/s for `duration_s`, each prompt
+    one of `groups` shared prefixes plus blocks of its own."""
     rng = random.Random(seed)
     t, n = 0.0, 0
     next_unique = 10_000_000
@@ -108,7 +112,7 @@ def write_trace(path, duration_s, rate, seed):
             t += rng.expovariate(rate)
             if t >= duration_s:
                 break
-            g = rng.randrange(GROUPS)
+            g = rng.randrange(groups)
             ids = [g * 1000 + k for k in range(SHARED_BLOCKS)]
             ids += list(range(next_unique, next_unique + UNIQUE_BLOCKS))
             next_unique += UNIQUE_BLOCKS
@@ -354,7 +358,9 @@ def scenario_kill(args, c):
 
 def scenario_drop(args, c):
     trace = os.path.join(args.work, "drop.trace.jsonl")
-    n = write_trace(trace, args.duration_s, args.rate, seed=2)
+    # A prefix comes back every DROP_GROUP_PERIOD_S on average, after the router's predicted
+    # entries for it have expired: its hits are found through the event-fed index alone.
+    n = write_trace(trace, args.duration_s, args.rate, seed=2, groups=max(GROUPS, int(args.rate * DROP_GROUP_PERIOD_S)))
     ratios = {}
     for name, extra in (("clean", ()), ("drop", (f"--debug-drop-events={args.drop_rate}",))):
         fleet = Fleet(args, f"drop-{name}", router_args=extra)
