@@ -160,7 +160,7 @@ def children(pid):
 class Fleet:
     """`kvfleet up --restart` in its own process group."""
 
-    def __init__(self, args, name, router_args=(), restart_delay_s=None):
+    def __init__(self, args, name, router_args=(), restart_delay_s=None, worker_args=()):
         self.args = args
         self.dir = os.path.join(args.work, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -174,6 +174,7 @@ class Fleet:
                "--restart-delay-s", str(args.restart_delay_s if restart_delay_s is None else restart_delay_s),
                f"--router-arg=--heartbeat-timeout-ms={int(HEARTBEAT_TIMEOUT_S * 1000)}"]
         cmd += [f"--router-arg={a}" for a in router_args]
+        cmd += [f"--worker-arg={a}" for a in worker_args]
         if args.router_bin:
             cmd += ["--router-bin", args.router_bin]
         if args.worker_bin:
@@ -473,7 +474,10 @@ def scenario_router_restart(args, c):
 def scenario_soak(args, c):
     trace = os.path.join(args.work, "soak.trace.jsonl")
     n = write_trace(trace, args.duration_s, args.rate, seed=4)
-    fleet = Fleet(args, "soak-asan" if args.asan else "soak")
+    # A bounded KV cache per worker: the workers evict, so the index and every cache reach
+    # a steady size, and growing memory would mean a leak, not a fuller cache.
+    worker_args = [f"--kv-cache-bytes={args.kv_cache_mib << 20}"] if args.kv_cache_mib else []
+    fleet = Fleet(args, "soak-asan" if args.asan else "soak", worker_args=worker_args)
     try:
         fleet.wait_ready(timeout_s=180)
         p, out, reqs_path = run_bench(args, fleet, trace, "soak")
@@ -483,6 +487,8 @@ def scenario_soak(args, c):
         while p.poll() is None and time.time() < start + args.duration_s + REQUEST_TIMEOUT_S + 30:
             if time.time() >= next_sample:
                 sample = {name: rss_kb(pid) for name, pid in fleet.pids().items()}
+                st, metrics = http_get(fleet.url + "/metrics")
+                sample["router_index_blocks"] = metric_sum(metrics, "kvfleet_router_index_blocks") if st == 200 else None
                 series.append((round(time.time() - start), sample))
                 log(f"RSS kB at {series[-1][0]} s: {sample}")
                 next_sample += 30
@@ -529,6 +535,8 @@ def main():
     ap.add_argument("--restart-delay-s", type=float, default=4,
                     help="kvfleet up --restart-delay-s (longer than the heartbeat timeout, so the dead window shows)")
     ap.add_argument("--drop-rate", type=float, default=0.05)
+    ap.add_argument("--kv-cache-mib", type=int, default=1024,
+                    help="soak: each mock worker's KV cache (MiB; 0: the backend's default, 54 GiB)")
     ap.add_argument("--asan", action="store_true", help="the binaries are ASan builds: fail on sanitizer reports")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
