@@ -7,6 +7,8 @@
 R is `kvfleet bench --requests-out` (one line per request, with the worker that served it).
 For every request, in arrival order, it counts the leading full blocks (512/Y tokens) that:
   ideal     an infinite cache shared by the whole fleet would hold (the bench's "ideal");
+  best_worker  the most that any one worker's infinite cache would hold (ideal -
+            best_worker: the prefix was split between workers by earlier choices);
   routed    an infinite cache on the worker the request went to would hold, given where
             the earlier requests went (so ideal - routed is lost to routing: the prefix
             was on another worker);
@@ -78,6 +80,13 @@ def main():
         while routed < full and ch[routed] in mine:
             routed += 1
         tot["routed"] += routed * block
+        best = 0
+        for other in on_worker.values():
+            m = 0
+            while m < full and ch[m] in other:
+                m += 1
+            best = max(best, m)
+        tot["best_worker"] += best * block
         tot["in_flight"] += sum(block for c in ch[:routed] if mine[c] > sent)
         tot["actual"] += min(r["cached_tokens"], n_in)
         ready = sent + max(r["ttft_s"], 0)
@@ -86,9 +95,11 @@ def main():
                 mine[c] = ready
     p = tot["prompt"]
     print(f"requests {len(reqs)} (failed {tot['failed']}), block {block} tokens, prompt tokens {p}")
-    for k in ("ideal", "routed", "in_flight", "actual"):
+    for k in ("ideal", "best_worker", "routed", "in_flight", "actual"):
         print(f"{k:>10} {tot[k] / p:.3f}")
     print(f"lost to routing (prefix on another worker)   {(tot['ideal'] - tot['routed']) / p:.3f}")
+    print(f"  of which no worker had it whole            {(tot['ideal'] - tot['best_worker']) / p:.3f}")
+    print(f"  of which the choice (load over hit)        {(tot['best_worker'] - tot['routed']) / p:.3f}")
     print(f"lost at the worker (eviction, in flight)     {(tot['routed'] - tot['actual']) / p:.3f}")
 
 
