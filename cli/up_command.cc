@@ -1,6 +1,11 @@
 // kvfleet up: a whole fleet on this machine, for trying kvfleet and for tests. Starts one
 // router and N workers on loopback, each logging to its own file in one directory, and
 // stops them all (router first, then workers) on Ctrl-C or SIGTERM.
+//
+// With --restart it also supervises: a router or worker that exits while the fleet is up
+// (a crash, a SIGKILL) is started again with the same arguments after a short delay, as
+// systemd's Restart=always or a Kubernetes controller would. Without it, a worker's exit
+// leaves the fleet one worker short and the router's exit ends the fleet.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -42,7 +47,10 @@ struct UpArgs {
   std::string router_bin;             // default: found beside this binary, then on PATH
   std::string worker_bin;
   std::vector<std::string> worker_args;  // passed through to every worker
+  std::vector<std::string> router_args;  // passed through to the router
   double stop_timeout_s = 10;
+  bool restart = false;               // start a child again when it exits while the fleet is up
+  double restart_delay_s = 0.5;       // --restart: wait this long first (ports freed, no busy loop)
 };
 
 // A program beside this one (build tree or install prefix), else the bare name (PATH).
@@ -98,7 +106,11 @@ bool Ready(uint16_t port) {
 struct Child {
   std::string name;
   pid_t pid;
+  std::vector<std::string> argv;  // to start it again (--restart)
+  std::string log_path;
   bool running = true;
+  std::chrono::steady_clock::time_point restart_at{};  // --restart: when it is due, if not running
+  int restarts = 0;
 };
 
 // Sends SIGTERM, waits up to `timeout_s`, then SIGKILLs what is left.
@@ -151,7 +163,8 @@ int RunUp(const UpArgs& a) {
   std::vector<std::string> rargs = {router_bin, "--http-host", "127.0.0.1", "--http-port", std::to_string(a.http_port),
                                     "--registration", registration, "--routing-policy", a.routing_policy};
   if (!a.model_dir.empty()) rargs.insert(rargs.end(), {"--tokenizer", a.model_dir});
-  router.push_back({"router", Spawn(rargs, a.log_dir + "/router.log")});
+  rargs.insert(rargs.end(), a.router_args.begin(), a.router_args.end());
+  router.push_back({"router", Spawn(rargs, a.log_dir + "/router.log"), rargs, a.log_dir + "/router.log"});
   for (int i = 0; i < a.workers; ++i) {
     int base = a.worker_base_port + 3 * i;
     std::string host = "tcp://127.0.0.1:";
@@ -164,7 +177,8 @@ int RunUp(const UpArgs& a) {
     wargs.insert(wargs.end(), {"--advertise-host", "127.0.0.1"});
     if (a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-name", a.model});
     wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
-    workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, a.log_dir + "/worker-" + std::to_string(i) + ".log")});
+    std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
+    workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, log), wargs, log});
   }
   std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " " << a.backend
             << " workers; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
@@ -184,17 +198,35 @@ int RunUp(const UpArgs& a) {
           int status = 0;
           if (c.running && waitpid(c.pid, &status, WNOHANG) == c.pid) {
             c.running = false;
-            std::cerr << "kvfleet up: " << c.name << " exited ("
+            std::cerr << "kvfleet up: " << c.name << " (pid " << c.pid << ") exited ("
                       << (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
                                             : "signal " + std::to_string(WTERMSIG(status)))
-                      << "); see " << a.log_dir << "/" << c.name << ".log\n";
-            router_gone = router_gone || group == &router;
+                      << "); see " << c.log_path << (a.restart ? "; restarting it" : "") << "\n";
+            if (a.restart) {
+              c.restart_at = std::chrono::steady_clock::now() +
+                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(a.restart_delay_s));
+            } else {
+              router_gone = router_gone || group == &router;
+            }
           }
         }
       }
       if (router_gone) {
         rc = 1;
         break;
+      }
+    }
+    if (a.restart) {
+      const auto now = std::chrono::steady_clock::now();
+      for (auto* group : {&router, &workers}) {
+        for (auto& c : *group) {
+          if (c.running || now < c.restart_at) continue;
+          c.pid = Spawn(c.argv, c.log_path);
+          c.running = true;
+          ++c.restarts;
+          std::cerr << "kvfleet up: " << c.name << " restarted (pid " << c.pid << ", restart " << c.restarts << ")\n";
+        }
       }
     }
     if (!announced && Ready(a.http_port)) {
@@ -231,7 +263,11 @@ Action AddUpCommand(CLI::App& parent) {
   cmd->add_option("--router-bin", args->router_bin, "kvfleet-router to run (default: beside kvfleet, then PATH)");
   cmd->add_option("--worker-bin", args->worker_bin, "kvfleet-worker to run (default: beside kvfleet, then PATH)");
   cmd->add_option("--stop-timeout-s", args->stop_timeout_s, "grace period before SIGKILL")->capture_default_str();
+  cmd->add_flag("--restart", args->restart, "start a router or worker again when it exits while the fleet is up");
+  cmd->add_option("--restart-delay-s", args->restart_delay_s, "--restart: seconds before starting it again")
+      ->capture_default_str();
   cmd->add_option("--worker-arg", args->worker_args, "an extra argument for every worker (repeatable)");
+  cmd->add_option("--router-arg", args->router_args, "an extra argument for the router (repeatable)");
   return [args]() { return RunUp(*args); };
 }
 

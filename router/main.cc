@@ -14,6 +14,7 @@
 #include "common/http/server.h"
 #include "common/log.h"
 #include "router/events/event_plane.h"
+#include "router/events/fault_injection.h"
 #include "router/fleet/event_signals.h"
 #include "router/fleet/fleet.h"
 #include "router/http/api.h"
@@ -41,6 +42,9 @@ struct RouterConfig {
   int64_t heartbeat_timeout_ms = 3000;
   std::string curve_keypair;     // empty: plaintext to workers
   std::string curve_server_key;
+  // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
+  // network would, through router/events/fault_injection.h. 0 in production.
+  double debug_drop_events = 0;
 };
 
 void AddOptions(CLI::App& app, RouterConfig* c) {
@@ -67,6 +71,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();
+  app.add_option("--uncached-work-weight", c->routing.uncached_work_weight,
+                 "kv cost: weight of the prefill a choice adds to the fleet (higher: stickier prefixes)")
+      ->capture_default_str();
   app.add_option("--hot-spot-factor", c->routing.hot_spot_factor, "skip workers above k x median load (0: off)")
       ->capture_default_str();
   app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")
@@ -79,6 +86,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--curve-keypair", c->curve_keypair,
                  "CURVE: this router's key pair file, for the request, event and replay sockets (kvfleet keygen)");
   app.add_option("--curve-server-key", c->curve_server_key, "CURVE: the workers' server public key file");
+  app.add_option("--debug-drop-events", c->debug_drop_events,
+                 "TESTING ONLY: drop this fraction of received KV event batches (fault injection)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
       ->capture_default_str();
@@ -143,6 +154,15 @@ int Run(RouterConfig& c) {
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
   events.curve.client_keypair_file = c.curve_keypair;
   events.curve.server_public_key_file = c.curve_server_key;
+  if (c.debug_drop_events > 0) {
+    FaultOptions faults;
+    faults.drop_rate = c.debug_drop_events;
+    faults.duplicate_rate = 0;
+    faults.reorder_window = 0;
+    events.fault_injector = std::make_shared<FaultInjector>(faults);
+    log->warn("--debug-drop-events {}: dropping that fraction of KV event batches (testing only)",
+              c.debug_drop_events);
+  }
   EventPlane plane(events, SystemClock::Default(), registry.get());
   EventPlaneSignals worker_signals(&plane);
   GlobalPrefixIndex global_index(&plane.index());

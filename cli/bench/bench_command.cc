@@ -9,6 +9,8 @@
 #include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/bench/fleet_process.h"
 #include "cli/bench/ideal_cache.h"
 #include "cli/bench/prompt_builder.h"
@@ -39,6 +41,7 @@ struct BenchArgs {
   double ready_timeout_s = config::kDefaultReadyTimeoutS;
   std::string out_path;
   std::string plot_path;
+  std::string requests_out_path;  // one JSON line per request (chaos tests read it)
   bool quiet = false;
   bool dry_run = false;  // print the trace's figures and stop
 };
@@ -59,6 +62,21 @@ void RaiseOpenFileLimit() {
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
     lim.rlim_cur = lim.rlim_max;
     setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+// One JSON object per request of one run: when it left, where it went, how it ended.
+void WriteRequestLines(std::ostream& out, const std::string& policy, const bench::ReplayRun& run) {
+  for (size_t i = 0; i < run.outcomes.size(); ++i) {
+    const bench::RequestOutcome& o = run.outcomes[i];
+    nlohmann::json j = {{"policy", policy},       {"index", i},
+                        {"arrival_s", o.arrival_s}, {"sent_unix_s", o.sent_unix_s},
+                        {"ok", o.ok},              {"error", o.error},
+                        {"http_status", o.http_status}, {"worker", o.worker},
+                        {"ttft_s", o.ttft_s},      {"e2e_s", o.e2e_s},
+                        {"prompt_tokens", o.prompt_tokens}, {"cached_tokens", o.cached_tokens}};
+    if (!o.error_detail.empty()) j["error_detail"] = o.error_detail;
+    out << j.dump() << "\n";
   }
 }
 
@@ -94,6 +112,11 @@ int RunBench(const BenchArgs& args) {
     return 0;
   }
 
+  std::ofstream request_lines;
+  if (!args.requests_out_path.empty()) {
+    request_lines.open(args.requests_out_path);
+    if (!request_lines) return fail(Internal("cannot write " + args.requests_out_path));
+  }
   std::vector<bench::RunReport> reports;
   std::string model = args.replay.model;
   const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
@@ -122,6 +145,7 @@ int RunBench(const BenchArgs& args) {
     auto after = bench::ScrapeRequestsByWorker(options.router_url);
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
+    if (request_lines.is_open()) WriteRequestLines(request_lines, policy.empty() ? "default" : policy, *run);
     reports.push_back(bench::Summarize(policy.empty() ? "default" : policy, *run, ideal));
     bench::RunReport& r = reports.back();
     if (before.ok() && after.ok()) {
@@ -191,6 +215,8 @@ Action AddBenchCommand(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--out", args->out_path, "write JSON results here");
   cmd->add_option("--plot", args->plot_path, "write a PNG (TTFT CDF and hit rate per policy) here");
+  cmd->add_option("--requests-out", args->requests_out_path,
+                  "write one JSON line per request (send time, worker, outcome) here");
   cmd->add_flag("--quiet", args->quiet, "no progress lines");
   cmd->add_flag("--dry-run", args->dry_run, "print the scaled trace's size and ideal cached ratio; send nothing");
   return [args]() { return RunBench(*args); };

@@ -141,6 +141,7 @@ class Replayer {
     stream.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(options_.request_timeout_s)));
     const SteadyTime sent = std::chrono::steady_clock::now();
+    out.sent_unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     auto elapsed = [&] { return Seconds(std::chrono::steady_clock::now() - sent); };
     auto socket_error = [&](const beast::error_code& ec, const char* what) {
       Fail(out, ec == beast::error::timeout ? "timeout" : what, ec.message());
@@ -203,6 +204,7 @@ class Replayer {
             out.prompt_tokens = e.prompt_tokens;
             out.completion_tokens = e.completion_tokens;
             out.cached_tokens = e.cached_tokens;
+            if (out.worker.empty()) out.worker = e.worker;
             break;
           case SseChunkParser::Event::kDone:
             done = true;
@@ -296,19 +298,19 @@ void SseChunkParser::ParseEvent(std::string_view block, std::vector<Event>* out)
   }
   if (data.empty()) return;
   if (data == "[DONE]") {
-    out->push_back(Event{Event::kDone, 0, 0, 0, {}});
+    out->push_back(Event{Event::kDone, 0, 0, 0, {}, {}});
     return;
   }
   nlohmann::json j = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    out->push_back({Event::kError, 0, 0, 0, "unparsable stream chunk: " + data.substr(0, 200)});
+    out->push_back({Event::kError, 0, 0, 0, "unparsable stream chunk: " + data.substr(0, 200), {}});
     return;
   }
   if (auto err = j.find("error"); err != j.end() && !err->is_null()) {
     std::string message = err->is_object() && err->contains("message") && (*err)["message"].is_string()
                               ? (*err)["message"].get<std::string>()
                               : err->dump();
-    out->push_back({Event::kError, 0, 0, 0, message});
+    out->push_back({Event::kError, 0, 0, 0, message, {}});
     return;
   }
   if (auto choices = j.find("choices"); choices != j.end() && choices->is_array() && !choices->empty()) {
@@ -317,14 +319,18 @@ void SseChunkParser::ParseEvent(std::string_view block, std::vector<Event>* out)
     bool final_chunk = c.contains("finish_reason") && !c["finish_reason"].is_null();
     // A chunk with tokens carries text, or is a non-final chunk whose text is held back
     // (a token that ends inside a multi-byte character).
-    if (has_text || !final_chunk) out->push_back(Event{Event::kTokens, 0, 0, 0, {}});
+    if (has_text || !final_chunk) out->push_back(Event{Event::kTokens, 0, 0, 0, {}, {}});
   }
   if (auto usage = j.find("usage"); usage != j.end() && usage->is_object()) {
-    Event e{Event::kUsage, 0, 0, 0, {}};
+    Event e{Event::kUsage, 0, 0, 0, {}, {}};
     e.prompt_tokens = usage->value("prompt_tokens", 0u);
     e.completion_tokens = usage->value("completion_tokens", 0u);
     if (auto d = usage->find("prompt_tokens_details"); d != usage->end() && d->is_object()) {
       e.cached_tokens = d->value("cached_tokens", 0u);
+    }
+    // The router's extension beside usage names the worker that served the request.
+    if (auto k = j.find("kvfleet"); k != j.end() && k->is_object()) {
+      if (auto w = k->find("worker"); w != k->end() && w->is_string()) e.worker = w->get<std::string>();
     }
     out->push_back(e);
   }

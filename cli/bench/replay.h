@@ -57,7 +57,8 @@ struct RequestOutcome {
   std::string error;           // empty when ok; else a short kind: "http_503", "timeout", ...
   std::string error_detail;    // the server's message or the socket error, for the log
   int http_status = 0;
-  std::string worker;          // from the worker header; empty when absent
+  std::string worker;          // from the worker header, else the usage chunk's kvfleet.worker; empty when neither
+  double sent_unix_s = 0;      // wall-clock send time (Unix seconds), to line up with other logs
   double arrival_s = 0;        // scheduled send time, from the start of the run
   double queue_s = 0;          // waited for the concurrency limit
   double ttft_s = -1;          // send to first token; -1: no token
@@ -89,6 +90,7 @@ class SseChunkParser {
     enum Kind { kTokens, kUsage, kDone, kError, kOther } kind = kOther;
     uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // kUsage
     std::string message;  // kError
+    std::string worker;   // kUsage: the router's chunk's kvfleet.worker extension, when present
   };
   // Feeds bytes; appends each complete event to `out` (a chunk that carries both tokens
   // and usage gives two events).

@@ -56,21 +56,27 @@ uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
   return static_cast<uint32_t>(std::min<uint64_t>(cached, r.prompt_tokens));
 }
 
+// A worker is never costed as slower than the fleet's median: a measured rate depends on
+// the prompts the worker happened to get (a long prompt prefills slower, its attention
+// reads growing with the context), and a worker rated slow after a few long prompts would
+// get no work and so never measure again (README.md, "prefill rate").
+double EffectiveRate(const Candidate& c, double fleet_rate) { return std::max(c.prefill_tokens_per_s, fleet_rate); }
+
 }  // namespace
 
 Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
 
-double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fallback_rate) const {
-  double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
+double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+  double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   return (c.queued_prefill_tokens + uncached) / rate + c.host_blocks * options_.onboard_s_per_block +
          c.running_requests * options_.decode_s_per_running_request;
 }
 
-double Picker::Cost(const RouteRequest& request, const Candidate& c, double fallback_rate) const {
-  double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
+double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+  double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return EstimateTtft(request, c, fallback_rate) + options_.uncached_work_weight * uncached / rate;
+  return EstimateTtft(request, c, fleet_rate) + options_.uncached_work_weight * uncached / rate;
 }
 
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
@@ -79,7 +85,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   for (const Candidate& c : candidates) {
     if (c.prefill_tokens_per_s > 0) rates.push_back(c.prefill_tokens_per_s);
   }
-  // A worker without a measured rate is assumed as fast as the fleet's median one.
+  // The fleet's median rate: a floor under each worker's own (EffectiveRate).
   double fallback = rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
   std::vector<double> costs(eligible.size());
   for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback);

@@ -106,11 +106,12 @@ class Picker {
   // returns ResourceExhausted. REQUIRES: !candidates.empty().
   Result<Decision> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
 
-  // Estimated seconds to the first token of `request` on `c`. `fallback_rate` is used
-  // when c reports no prefill rate.
-  double EstimateTtft(const RouteRequest& request, const Candidate& c, double fallback_rate) const;
+  // Estimated seconds to the first token of `request` on `c`. `fleet_rate` (the fleet's
+  // median reported prefill rate) is a floor under c's own rate, and stands in for it when
+  // c reports none (README.md, "prefill rate").
+  double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
   // The kv cost: EstimateTtft plus the weighted prefill work the choice adds (README.md).
-  double Cost(const RouteRequest& request, const Candidate& c, double fallback_rate) const;
+  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,

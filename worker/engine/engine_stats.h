@@ -21,7 +21,7 @@ struct LoadReport {
   uint64_t active_decode_blocks = 0;   // blocks held by decoding sequences
   std::array<uint64_t, kNumTiers> free_blocks{};   // free or evictable
   std::array<uint64_t, kNumTiers> total_blocks{};
-  float prefill_tokens_per_second = 0;  // measured, smoothed over recent steps
+  float prefill_tokens_per_second = 0;  // capacity: smoothed over steps mostly spent on prefill; 0 = not yet measured
   float decode_tokens_per_second = 0;
 };
 

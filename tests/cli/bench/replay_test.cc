@@ -155,8 +155,8 @@ TEST_CASE("the SSE parser handles events split across reads and CRLF line ends")
       "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\r\n\r\n"
       ": a comment\n\n"
       "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n"
-      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,"
-      "\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
+      "data: {\"choices\":[],\"kvfleet\":{\"worker\":\"worker-3\"},\"usage\":{\"prompt_tokens\":9,"
+      "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
       "data: {\"error\":{\"message\":\"worker died\"}}\n\n"
       "data: [DONE]\n\n";
   for (char c : stream) p.Feed(std::string_view(&c, 1), &ev);
@@ -166,6 +166,7 @@ TEST_CASE("the SSE parser handles events split across reads and CRLF line ends")
   CHECK(ev[1].prompt_tokens == 9);
   CHECK(ev[1].completion_tokens == 2);
   CHECK(ev[1].cached_tokens == 4);
+  CHECK(ev[1].worker == "worker-3");  // the router's usage extension names the worker
   CHECK(ev[2].kind == SseChunkParser::Event::kError);
   CHECK(ev[2].message == "worker died");
   CHECK(ev[3].kind == SseChunkParser::Event::kDone);

@@ -113,6 +113,21 @@ TEST_CASE("kv uses the fleet's median prefill rate for a worker without one") {
   CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 2);
 }
 
+TEST_CASE("kv never rates a worker slower than the fleet's median: a slow measurement cannot starve it") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  // Worker 2's last steps were long prompts (attention-bound): it measured 500 tokens/s.
+  fleet[2].prefill_tokens_per_s = 500;
+  CHECK(picker.EstimateTtft({1000, 32}, fleet[2], 10'000) == doctest::Approx(0.1));
+  fleet[0].running_requests = 1;
+  fleet[1].running_requests = 1;
+  // Idle and costed at the fleet's rate, it gets the request.
+  CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == 2);
+  // A worker measured faster than the median keeps its own rate.
+  fleet[0].prefill_tokens_per_s = 40'000;
+  CHECK(picker.EstimateTtft({1000, 32}, fleet[0], 10'000) == doctest::Approx(0.025 + 0.001));
+}
+
 TEST_CASE("the hot-spot guard skips a worker far above the fleet's median load") {
   RoutingOptions o;
   o.hot_spot_factor = 2;

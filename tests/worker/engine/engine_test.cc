@@ -249,6 +249,31 @@ TEST_CASE("a repeated prompt is served from the cache: cached tokens reported, s
   CHECK(h.engine->counters().requests_finished == 2);
 }
 
+TEST_CASE("the reported prefill rate is the prefill capacity: steps with little prefill leave it alone") {
+  HarnessOptions o;
+  o.max_num_tokens = 64;
+  Harness h(o);
+  // Short prompts alone never fill half a step with prefill: the rate stays unknown (0), so
+  // the router uses the fleet's rate rather than a figure that only says the worker is idle.
+  h.Add(Prompt(8), 4);
+  h.RunToCompletion();
+  CHECK(h.engine->Load().prefill_tokens_per_second == 0);
+  // A long prompt is prefilled in full 64-token chunks: those steps measure the rate.
+  h.Add(Prompt(320, 5000), 2);
+  h.RunToCompletion();
+  const float capacity = h.engine->Load().prefill_tokens_per_second;
+  CHECK(capacity > 0);
+  // A short prompt beside decodes again: the capacity measured under load stands.
+  h.Add(Prompt(320, 9000), 40);
+  for (int i = 0; i < 8; ++i) h.Step();  // the long prompt is prefilled; decoding begins
+  for (int i = 0; i < 16; ++i) {  // one short prompt per step, each step mostly decodes
+    h.Add(Prompt(5, static_cast<TokenId>(20000 + 100 * i)), 4);
+    h.Step();
+  }
+  h.RunToCompletion();
+  CHECK(h.engine->Load().prefill_tokens_per_second > 0.5f * capacity);
+}
+
 TEST_CASE("stop conditions: EOS unless ignore_eos, stop token ids, max_tokens") {
   HarnessOptions o;
   o.eos_after = 3;  // the mock's third generated token is EOS

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where the cached-token ratio of a `kvfleet bench` run goes, next to the trace's ideal.
+
+  reuse_breakdown.py --trace T.jsonl --time-scale X --length-scale Y [--duration S] \
+      --requests R.jsonl [--policy kv]
+
+R is `kvfleet bench --requests-out` (one line per request, with the worker that served it).
+For every request, in arrival order, it counts the leading full blocks (512/Y tokens) that:
+  ideal     an infinite cache shared by the whole fleet would hold (the bench's "ideal");
+  best_worker  the most that any one worker's infinite cache would hold (ideal -
+            best_worker: the prefix was split between workers by earlier choices);
+  routed    an infinite cache on the worker the request went to would hold, given where
+            the earlier requests went (so ideal - routed is lost to routing: the prefix
+            was on another worker);
+  in_flight of those, blocks whose first request on that worker had not yet had its first
+            token when this one was sent (the prefix was being computed: a worker can
+            share it only once it is written);
+and the tokens the worker reported cached (`actual`). routed - actual is lost at the
+worker: eviction (finite cache) or a prefix still being computed.
+"""
+
+import argparse
+import json
+import math
+from collections import defaultdict
+
+TRACE_BLOCK = 512
+
+
+def chain(ids):
+    out, prefix = [], ()
+    for i in ids:
+        prefix = prefix + (i,)
+        out.append(hash(prefix))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--time-scale", type=float, default=1)
+    ap.add_argument("--length-scale", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=0)
+    ap.add_argument("--requests", required=True)
+    ap.add_argument("--policy", default="")
+    a = ap.parse_args()
+    block = TRACE_BLOCK // a.length_scale
+    trace = [json.loads(l) for l in open(a.trace) if l.strip()]
+    trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
+    t0 = trace[0]["timestamp"]
+    scaled = []
+    for r in trace:
+        arrival = (r["timestamp"] - t0) / 1000.0 / a.time_scale
+        if a.duration > 0 and arrival >= a.duration:
+            break
+        scaled.append((arrival, math.ceil(r["input_length"] / a.length_scale), r["hash_ids"]))
+    reqs = [json.loads(l) for l in open(a.requests) if l.strip()]
+    if a.policy:
+        reqs = [r for r in reqs if r["policy"] == a.policy]
+    assert len(reqs) == len(scaled), f"{len(reqs)} request lines for {len(scaled)} scaled requests"
+
+    seen = set()
+    on_worker = defaultdict(dict)  # worker -> chain id -> Unix time its KV was first written there
+    tot = defaultdict(int)
+    for (arrival, n_in, ids), r in zip(scaled, reqs):
+        full = n_in // block
+        ch = chain(ids[:full])
+        tot["prompt"] += n_in
+        hits = 0
+        while hits < full and ch[hits] in seen:
+            hits += 1
+        tot["ideal"] += hits * block
+        seen.update(ch)
+        if not r["ok"]:
+            tot["failed"] += 1
+            continue
+        w, sent = r["worker"], r["sent_unix_s"]
+        mine = on_worker[w]
+        routed = 0
+        while routed < full and ch[routed] in mine:
+            routed += 1
+        tot["routed"] += routed * block
+        best = 0
+        for other in on_worker.values():
+            m = 0
+            while m < full and ch[m] in other:
+                m += 1
+            best = max(best, m)
+        tot["best_worker"] += best * block
+        tot["in_flight"] += sum(block for c in ch[:routed] if mine[c] > sent)
+        tot["actual"] += min(r["cached_tokens"], n_in)
+        ready = sent + max(r["ttft_s"], 0)
+        for c in ch:
+            if c not in mine:
+                mine[c] = ready
+    p = tot["prompt"]
+    print(f"requests {len(reqs)} (failed {tot['failed']}), block {block} tokens, prompt tokens {p}")
+    for k in ("ideal", "best_worker", "routed", "in_flight", "actual"):
+        print(f"{k:>10} {tot[k] / p:.3f}")
+    print(f"lost to routing (prefix on another worker)   {(tot['ideal'] - tot['routed']) / p:.3f}")
+    print(f"  of which no worker had it whole            {(tot['ideal'] - tot['best_worker']) / p:.3f}")
+    print(f"  of which the choice (load over hit)        {(tot['best_worker'] - tot['routed']) / p:.3f}")
+    print(f"lost at the worker (eviction, in flight)     {(tot['routed'] - tot['actual']) / p:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,564 @@
+#!/usr/bin/env python3
+"""Chaos and soak tests of a whole local fleet (issue 9).
+
+Each scenario starts `kvfleet up --backend mock --restart` (router + N mock workers, the
+router and workers restarted by `kvfleet up` when they die, as systemd or Kubernetes would),
+replays a generated Mooncake-format trace through `kvfleet bench --requests-out`, does
+something unkind to the fleet while the bench runs, and checks what clients saw:
+
+  kill            SIGKILL a random worker every --kill-period-s seconds. No request hangs
+                  (no bench timeout, the bench ends in time); every request completes or
+                  ends with a clean error; the router stops routing to the killed worker
+                  (/fleet "routable" false) within the heartbeat timeout.
+  drop            Two runs on fresh fleets, clean and with the router's testing-only
+                  --debug-drop-events RATE: the cached-token ratio with drops stays within
+                  5% (relative) of the clean run.
+  router_restart  SIGKILL the router mid-run. Requests sent while it is down fail cleanly
+                  (connect errors, counted); requests sent once it is ready again succeed;
+                  the index is rebuilt (router index blocks per worker equal to the
+                  workers' own device blocks) within 2 s of the new router's start.
+  soak            A steady rate for --duration-s; router and worker RSS sampled at start
+                  and end (and every 30 s). With --asan, the binaries are ASan/LSan
+                  builds and any sanitizer report in the logs fails the run.
+
+Prints one summary line per figure and writes them as JSON to --out. Exit 0: pass, 1: a
+check failed, 77: skipped (binaries missing).
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+# The generated trace: prompts of SHARED_BLOCKS blocks from one of GROUPS shared prefixes,
+# then UNIQUE_BLOCKS blocks of their own; lengths in trace tokens (512 per block), replayed
+# with --length-scale LENGTH_SCALE so a block is 32 tokens, the workers' block size.
+TRACE_BLOCK = 512
+LENGTH_SCALE = 16
+BLOCK_SIZE = TRACE_BLOCK // LENGTH_SCALE
+GROUPS = 24
+SHARED_BLOCKS = 6
+UNIQUE_BLOCKS = 2
+OUTPUT_TOKENS = 64         # after scaling: long enough that a kill catches requests mid-stream
+# Router liveness: a worker silent this long on its event stream is dead (router default).
+HEARTBEAT_TIMEOUT_S = 3.0
+# /fleet is polled this often; a state change is seen at most this late.
+POLL_S = 0.1
+# A client request that takes longer than this is a hang.
+REQUEST_TIMEOUT_S = 30
+# kvfleet up --restart-delay-s for the router restart: as quick as systemd's RestartSec.
+ROUTER_RESTART_DELAY_S = 0.5
+# Index rebuild target after a router restart (issue 9).
+INDEX_REBUILD_TARGET_S = 2.0
+# drop: mean seconds between two requests of one shared prefix; above the router's
+# predicted-entry TTL (2 s), so that hits come from events, not from the router's own guesses.
+DROP_GROUP_PERIOD_S = 6.0
+# The hit rate under 5% event loss may differ from the clean run's by this fraction.
+DROP_HIT_RATE_TOLERANCE = 0.05
+
+
+def log(msg):
+    print(f"chaos: {msg}", file=sys.stderr, flush=True)
+
+
+def http_get(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except Exception as e:  # connection refused, reset, timeout: the server is not there
+        return 0, str(e)
+
+
+def parse_metrics(text, name):
+    """{frozenset(labels.items()): value} for every sample of metric `name`."""
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        m = re.match(r'([a-zA-Z_:]+)(\{(.*)\})?\s+(\S+)', line)
+        if not m or m.group(1) != name:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
+        out[frozenset(labels.items())] = float(m.group(4))
+    return out
+
+
+def metric_sum(text, name, **want):
+    total = 0.0
+    for labels, v in parse_metrics(text, name).items():
+        d = dict(labels)
+        if all(d.get(k) == val for k, val in want.items()):
+            total += v
+    return total
+
+
+def write_trace(path, duration_s, rate, seed, groups=GROUPS):
+    """A Mooncake-format trace: Poisson arrivals at `rate`/s for `duration_s`, each prompt
+    one of `groups` shared prefixes plus blocks of its own."""
+    rng = random.Random(seed)
+    t, n = 0.0, 0
+    next_unique = 10_000_000
+    with open(path, "w") as f:
+        while True:
+            t += rng.expovariate(rate)
+            if t >= duration_s:
+                break
+            g = rng.randrange(groups)
+            ids = [g * 1000 + k for k in range(SHARED_BLOCKS)]
+            ids += list(range(next_unique, next_unique + UNIQUE_BLOCKS))
+            next_unique += UNIQUE_BLOCKS
+            f.write(json.dumps({"timestamp": int(t * 1000), "input_length": len(ids) * TRACE_BLOCK,
+                                "output_length": OUTPUT_TOKENS * LENGTH_SCALE, "hash_ids": ids}) + "\n")
+            n += 1
+    return n
+
+
+def rss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def children(pid):
+    """{name: pid} of the router and workers `kvfleet up` (pid) started."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            if ppid != pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        args = [a.decode() for a in argv]
+        if "--worker-id" in args:
+            out[args[args.index("--worker-id") + 1]] = int(entry)
+        elif args and args[0].endswith("kvfleet-router"):
+            out["router"] = int(entry)
+    return out
+
+
+class Fleet:
+    """`kvfleet up --restart` in its own process group."""
+
+    def __init__(self, args, name, router_args=(), restart_delay_s=None, worker_args=()):
+        self.args = args
+        self.dir = os.path.join(args.work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        p = args.port_base
+        self.url = f"http://127.0.0.1:{p}"
+        self.worker_http = [f"http://127.0.0.1:{p + 50 + i}" for i in range(args.workers)]
+        cmd = [args.kvfleet, "up", "--backend", "mock", "--workers", str(args.workers), "--http-port", str(p),
+               "--registration-port", str(p + 1), "--worker-base-port", str(p + 10),
+               "--worker-http-base-port", str(p + 50), "--block-size", str(BLOCK_SIZE),
+               "--log-dir", os.path.join(self.dir, "logs"), "--restart",
+               "--restart-delay-s", str(args.restart_delay_s if restart_delay_s is None else restart_delay_s),
+               f"--router-arg=--heartbeat-timeout-ms={int(HEARTBEAT_TIMEOUT_S * 1000)}"]
+        cmd += [f"--router-arg={a}" for a in router_args]
+        cmd += [f"--worker-arg={a}" for a in worker_args]
+        if args.router_bin:
+            cmd += ["--router-bin", args.router_bin]
+        if args.worker_bin:
+            cmd += ["--worker-bin", args.worker_bin]
+        self.up_log = open(os.path.join(self.dir, "up.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.up_log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout_s=60):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvfleet up exited (see {self.dir}/up.log)")
+            st, body = http_get(self.url + "/fleet")
+            if st == 200:
+                ws = json.loads(body)["workers"]
+                if len([w for w in ws if w["routable"]]) == self.args.workers:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"fleet not ready with {self.args.workers} routable workers in {timeout_s} s")
+
+    def pids(self):
+        return children(self.proc.pid)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.up_log.close()
+
+
+class FleetPoller(threading.Thread):
+    """Samples /fleet every POLL_S: [(t, {worker name: routable})]."""
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.samples, self.stopping = url, [], False
+
+    def run(self):
+        while not self.stopping:
+            t = time.time()
+            st, body = http_get(self.url + "/fleet", timeout=1.0)
+            if st == 200:
+                try:
+                    self.samples.append((t, {w["name"]: w["routable"] for w in json.loads(body)["workers"]}))
+                except (ValueError, KeyError):
+                    pass
+            time.sleep(POLL_S)
+
+
+def run_bench(args, fleet, trace, name, extra=()):
+    """Starts `kvfleet bench` on `trace`; returns (Popen, out json path, requests path)."""
+    out = os.path.join(fleet.dir, f"{name}.json")
+    reqs = os.path.join(fleet.dir, f"{name}.requests.jsonl")
+    cmd = [args.kvfleet, "bench", "--router", fleet.url, "--trace", trace, "--length-scale", str(LENGTH_SCALE),
+           "--request-timeout", str(REQUEST_TIMEOUT_S), "--policy", "kv", "--out", out, "--requests-out", reqs,
+           "--quiet", *extra]
+    log(" ".join(cmd))
+    p = subprocess.Popen(cmd, stdout=open(os.path.join(fleet.dir, f"{name}.txt"), "w"),
+                         stderr=open(os.path.join(fleet.dir, f"{name}.err"), "w"))
+    return p, out, reqs
+
+
+def wait_bench(p, deadline_s):
+    """The bench's exit code; None when it outlived `deadline_s` (a hang)."""
+    try:
+        return p.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return None
+
+
+def load_requests(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary_of(out_path):
+    with open(out_path) as f:
+        runs = json.load(f)["runs"]
+    return runs[0]
+
+
+class Checks:
+    def __init__(self):
+        self.failures, self.figures = [], {}
+
+    def check(self, ok, what):
+        log(("ok: " if ok else "FAILED: ") + what)
+        if not ok:
+            self.failures.append(what)
+
+    def figure(self, key, value):
+        self.figures[key] = value
+        log(f"figure {key} = {value}")
+
+
+def client_checks(c, reqs, expected, bench_rc, span_s):
+    """No hang, every request accounted for, errors clean (an error kind, no timeout)."""
+    c.check(bench_rc is not None, f"kvfleet bench ended within its deadline (rc {bench_rc})")
+    c.check(len(reqs) == expected, f"every request has an outcome ({len(reqs)} of {expected})")
+    errors = {}
+    for r in reqs:
+        if not r["ok"]:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    c.figure("requests", len(reqs))
+    c.figure("errors_by_kind", errors)
+    c.check(all(r["ok"] or r["error"] for r in reqs), "every request completed or ended with a named error")
+    c.check(all(r["worker"] for r in reqs if r["ok"]), "every completed request names the worker that served it")
+    c.check("timeout" not in errors, f"no request timed out ({errors.get('timeout', 0)} did)")
+    return errors
+
+
+def scenario_kill(args, c):
+    trace = os.path.join(args.work, "kill.trace.jsonl")
+    n = write_trace(trace, args.duration_s, args.rate, seed=1)
+    fleet = Fleet(args, "kill")
+    try:
+        fleet.wait_ready()
+        poller = FleetPoller(fleet.url)
+        poller.start()
+        p, out, reqs_path = run_bench(args, fleet, trace, "kill")
+        start = time.time()
+        kills = []
+        rng = random.Random(7)
+        next_kill = start + args.kill_period_s
+        while p.poll() is None and time.time() < start + args.duration_s + REQUEST_TIMEOUT_S + 30:
+            if time.time() >= next_kill and time.time() < start + args.duration_s - 1:
+                pids = {k: v for k, v in fleet.pids().items() if k != "router"}
+                if pids:
+                    name = rng.choice(sorted(pids))
+                    os.kill(pids[name], signal.SIGKILL)
+                    kills.append((time.time(), name))
+                    log(f"SIGKILL {name} (pid {pids[name]})")
+                next_kill += args.kill_period_s
+            time.sleep(0.05)
+        rc = wait_bench(p, REQUEST_TIMEOUT_S + 30)
+        poller.stopping = True
+        poller.join()
+        reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+        client_checks(c, reqs, n, rc, args.duration_s)
+        c.figure("kills", len(kills))
+        c.check(len(kills) >= 1, "at least one worker was killed during the run")
+        # The router stops routing to a killed worker within the heartbeat timeout.
+        worst = 0.0
+        for t_kill, name in kills:
+            seen = [t for t, ws in poller.samples if t >= t_kill and not ws.get(name, False)]
+            delay = (seen[0] - t_kill) if seen else float("inf")
+            worst = max(worst, delay)
+            c.check(delay <= HEARTBEAT_TIMEOUT_S + POLL_S * 2,
+                    f"{name} unroutable {delay:.2f} s after SIGKILL (limit {HEARTBEAT_TIMEOUT_S} s)")
+        c.figure("worst_unroutable_after_kill_s", round(worst, 3))
+        # No request that started once the router had dropped a worker ran on it before it
+        # came back (its restarted process is the same name, so look only at the dead window).
+        on_dead = 0
+        for t_kill, name in kills:
+            down = [t for t, ws in poller.samples if t >= t_kill and not ws.get(name, False)]
+            back = [t for t, ws in poller.samples if down and t > down[0] and ws.get(name, False)]
+            if not down:
+                continue
+            end = back[0] if back else float("inf")
+            on_dead += sum(1 for r in reqs if r["worker"] == name and down[0] + POLL_S < r["sent_unix_s"] < end - 1.0)
+        c.figure("requests_served_by_a_dead_worker", on_dead)
+        c.check(on_dead == 0, "no request sent in a worker's dead window was served by it")
+        ok = sum(1 for r in reqs if r["ok"])
+        c.figure("completed", ok)
+        st, metrics = http_get(fleet.url + "/metrics")
+        c.figure("router_retries", metric_sum(metrics, "kvfleet_router_retries_total") if st == 200 else None)
+        try:
+            fleet.wait_ready(timeout_s=args.restart_delay_s + 15)
+            back = True
+        except RuntimeError:
+            back = False
+        c.check(back, "kvfleet up restarted every killed worker and the router routes to it again")
+    finally:
+        fleet.stop()
+
+
+def scenario_drop(args, c):
+    trace = os.path.join(args.work, "drop.trace.jsonl")
+    # A prefix comes back every DROP_GROUP_PERIOD_S on average, after the router's predicted
+    # entries for it have expired: its hits are found through the event-fed index alone.
+    n = write_trace(trace, args.duration_s, args.rate, seed=2, groups=max(GROUPS, int(args.rate * DROP_GROUP_PERIOD_S)))
+    ratios = {}
+    for name, extra in (("clean", ()), ("drop", (f"--debug-drop-events={args.drop_rate}",))):
+        fleet = Fleet(args, f"drop-{name}", router_args=extra)
+        try:
+            fleet.wait_ready()
+            p, out, reqs_path = run_bench(args, fleet, trace, name)
+            rc = wait_bench(p, args.duration_s + REQUEST_TIMEOUT_S + 30)
+            reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+            client_checks(c, reqs, n, rc, args.duration_s)
+            s = summary_of(out)
+            ratios[name] = s["cached_token_ratio"]
+            c.figure(f"{name}_cached_token_ratio", round(ratios[name], 4))
+            c.figure(f"{name}_ttft_mean_ms", round(s["ttft_ms"]["mean"], 1))
+            st, metrics = http_get(fleet.url + "/metrics")
+            if st == 200:
+                c.figure(f"{name}_event_gaps", metric_sum(metrics, "kvfleet_router_event_gaps_total"))
+                c.figure(f"{name}_event_replays", metric_sum(metrics, "kvfleet_router_event_replays_total"))
+        finally:
+            fleet.stop()
+    clean, drop = ratios.get("clean", 0), ratios.get("drop", 0)
+    rel = abs(drop - clean) / clean if clean > 0 else float("inf")
+    c.figure("hit_rate_relative_change", round(rel, 4))
+    c.check(clean > 0, "the clean run found prefix hits")
+    c.check(rel <= DROP_HIT_RATE_TOLERANCE,
+            f"hit rate with {args.drop_rate:.0%} event loss {drop:.3f} within 5% of clean {clean:.3f}")
+    c.check(c.figures.get("drop_event_gaps", 0) > 0, "the router saw the dropped batches as gaps")
+
+
+def index_matches(fleet, tolerance):
+    """True when, for every worker, the router's device-tier index blocks equal the worker's
+    own device blocks holding a hash (in use or cached), within `tolerance` (a fraction)."""
+    st, rm = http_get(fleet.url + "/metrics", timeout=1.0)
+    if st != 200:
+        return False
+    index = parse_metrics(rm, "kvfleet_router_index_blocks")
+    for i, wurl in enumerate(fleet.worker_http):
+        st, wm = http_get(wurl + "/metrics", timeout=1.0)
+        if st != 200:
+            return False
+        own = metric_sum(wm, "kvfleet_worker_kv_blocks", tier="device", state="cached") + \
+            metric_sum(wm, "kvfleet_worker_kv_blocks", tier="device", state="in_use")
+        have = index.get(frozenset({"worker": f"worker-{i}", "tier": "device"}.items()))
+        if have is None:
+            return False
+        if tolerance == 0:
+            # Idle: nothing in use, so every block the worker has is a cached, hashed one.
+            if have != own:
+                return False
+        elif have < own * (1 - tolerance):
+            return False
+    return True
+
+
+def restart_router_and_time(fleet, c, label, tolerance):
+    """SIGKILLs the router; `kvfleet up` starts a new one. Returns the new router's start time."""
+    old = fleet.pids().get("router")
+    os.kill(old, signal.SIGKILL)
+    t_kill = time.time()
+    log(f"SIGKILL router (pid {old}) [{label}]")
+    new = None
+    while new is None and time.time() < t_kill + 10:
+        p = fleet.pids().get("router")
+        if p and p != old:
+            new = p
+        else:
+            time.sleep(0.01)
+    t_start = time.time()
+    c.check(new is not None, f"kvfleet up started a new router [{label}]")
+    ready = rebuilt = None
+    while time.time() < t_start + 15 and (ready is None or rebuilt is None):
+        if ready is None and http_get(fleet.url + "/ready", timeout=0.5)[0] == 200:
+            ready = time.time() - t_start
+        if rebuilt is None and index_matches(fleet, tolerance):
+            rebuilt = time.time() - t_start
+        time.sleep(0.02)
+    c.figure(f"{label}_router_ready_s", None if ready is None else round(ready, 3))
+    c.figure(f"{label}_index_rebuilt_s", None if rebuilt is None else round(rebuilt, 3))
+    c.check(rebuilt is not None and rebuilt <= INDEX_REBUILD_TARGET_S,
+            f"index rebuilt within {INDEX_REBUILD_TARGET_S} s of the router's start [{label}]: {rebuilt}")
+    return t_kill, t_start + (ready or 0)
+
+
+def scenario_router_restart(args, c):
+    trace = os.path.join(args.work, "router.trace.jsonl")
+    n = write_trace(trace, args.duration_s, args.rate, seed=3)
+    # The router comes back as fast as a supervisor would restart it.
+    fleet = Fleet(args, "router_restart", restart_delay_s=ROUTER_RESTART_DELAY_S)
+    try:
+        fleet.wait_ready()
+        p, out, reqs_path = run_bench(args, fleet, trace, "router_restart")
+        time.sleep(args.duration_s / 2)
+        # Under load: the index is rebuilt once it holds what the workers hold, give or take
+        # the blocks whose events are in flight (5%).
+        t_kill, t_ready = restart_router_and_time(fleet, c, "loaded", 0.05)
+        rc = wait_bench(p, args.duration_s + REQUEST_TIMEOUT_S + 30)
+        reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+        client_checks(c, reqs, n, rc, args.duration_s)
+        late = [r for r in reqs if r["sent_unix_s"] > t_ready + 0.5]
+        c.figure("requests_after_restart", len(late))
+        c.check(late and all(r["ok"] for r in late), "every request sent once the new router was ready completed")
+        down = [r for r in reqs if t_kill <= r["sent_unix_s"] <= t_ready]
+        c.figure("errors_while_router_down", sum(1 for r in down if not r["ok"]))
+        # Idle: exact equality with the workers' blocks.
+        time.sleep(1)
+        restart_router_and_time(fleet, c, "idle", 0)
+    finally:
+        fleet.stop()
+
+
+def scenario_soak(args, c):
+    trace = os.path.join(args.work, "soak.trace.jsonl")
+    n = write_trace(trace, args.duration_s, args.rate, seed=4)
+    # A bounded KV cache per worker: the workers evict, so the index and every cache reach
+    # a steady size, and growing memory would mean a leak, not a fuller cache.
+    worker_args = [f"--kv-cache-bytes={args.kv_cache_mib << 20}"] if args.kv_cache_mib else []
+    fleet = Fleet(args, "soak-asan" if args.asan else "soak", worker_args=worker_args)
+    try:
+        fleet.wait_ready(timeout_s=180)
+        p, out, reqs_path = run_bench(args, fleet, trace, "soak")
+        start = time.time()
+        series = []
+        next_sample = start + 10
+        while p.poll() is None and time.time() < start + args.duration_s + REQUEST_TIMEOUT_S + 30:
+            if time.time() >= next_sample:
+                sample = {name: rss_kb(pid) for name, pid in fleet.pids().items()}
+                st, metrics = http_get(fleet.url + "/metrics")
+                sample["router_index_blocks"] = metric_sum(metrics, "kvfleet_router_index_blocks") if st == 200 else None
+                series.append((round(time.time() - start), sample))
+                log(f"RSS kB at {series[-1][0]} s: {sample}")
+                next_sample += 30
+            time.sleep(0.2)
+        rc = wait_bench(p, REQUEST_TIMEOUT_S + 30)
+        reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+        client_checks(c, reqs, n, rc, args.duration_s)
+        c.check(all(r["ok"] for r in reqs), "every soak request completed")
+        if series:
+            c.figure("rss_kb_start", series[0])
+            c.figure("rss_kb_end", series[-1])
+            c.figure("rss_kb_series", series)
+        s = summary_of(out) if os.path.exists(out) else None
+        if s:
+            c.figure("soak_cached_token_ratio", round(s["cached_token_ratio"], 4))
+            c.figure("soak_ttft_ms", s["ttft_ms"])
+    finally:
+        fleet.stop()
+    if args.asan:
+        reports = []
+        logs = os.path.join(fleet.dir, "logs")
+        for name in sorted(os.listdir(logs)):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                text = f.read()
+            for marker in ("ERROR: LeakSanitizer", "ERROR: AddressSanitizer", "runtime error:"):
+                if marker in text:
+                    reports.append(f"{name}: {marker}")
+        c.figure("sanitizer_reports", reports)
+        c.check(not reports, "no ASan/LSan report in the router's or workers' logs")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", required=True, choices=["kill", "drop", "router_restart", "soak"])
+    ap.add_argument("--kvfleet", required=True)
+    ap.add_argument("--router-bin", default="")
+    ap.add_argument("--worker-bin", default="")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--port-base", type=int, default=21000)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--duration-s", type=float, default=30)
+    ap.add_argument("--rate", type=float, default=10, help="requests per second")
+    ap.add_argument("--kill-period-s", type=float, default=10)
+    ap.add_argument("--restart-delay-s", type=float, default=4,
+                    help="kvfleet up --restart-delay-s (longer than the heartbeat timeout, so the dead window shows)")
+    ap.add_argument("--drop-rate", type=float, default=0.05)
+    ap.add_argument("--kv-cache-mib", type=int, default=1024,
+                    help="soak: each mock worker's KV cache (MiB; 0: the backend's default, 54 GiB)")
+    ap.add_argument("--asan", action="store_true", help="the binaries are ASan builds: fail on sanitizer reports")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    for b in (args.kvfleet, args.router_bin, args.worker_bin):
+        if b and not os.access(b, os.X_OK):
+            log(f"skipped: {b} is missing")
+            return 77
+    os.makedirs(args.work, exist_ok=True)
+    c = Checks()
+    loadavg = os.getloadavg()
+    c.figure("load_average_at_start", [round(x, 2) for x in loadavg])
+    {"kill": scenario_kill, "drop": scenario_drop, "router_restart": scenario_router_restart,
+     "soak": scenario_soak}[args.scenario](args, c)
+    c.figure("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
+    result = {"scenario": args.scenario, "workers": args.workers, "duration_s": args.duration_s, "rate": args.rate,
+              "asan": args.asan, "passed": not c.failures, "failures": c.failures, "figures": c.figures}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    log(("PASSED " if not c.failures else "FAILED ") + args.scenario + (": " + "; ".join(c.failures) if c.failures else ""))
+    return 0 if not c.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
