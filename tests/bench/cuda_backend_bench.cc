@@ -1,7 +1,11 @@
 // cuda backend end-to-end figures on one GPU, for a model directory (e.g. a
 // llama-3.1-8b-shaped random model from `kvfleet make-model --shape llama-3.1-8b`):
 //
-//   cuda_backend_bench --model DIR [--steps N]
+//   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
+//
+//   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
+//                       to measure one change against the default in the same run
+//   --only-batch1       only the batch-1 decode (no large batches, no prefill)
 //
 //   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
 //                       ceiling for memory-bound decode
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -133,18 +138,28 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* usage = "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]\n";
   std::string model;
   int steps = 20;
+  bool only_batch1 = false;
+  std::map<std::string, std::string> extra;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: cuda_backend_bench --model DIR [--steps N]\n");
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
+      model = argv[++i];
+    } else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
+      steps = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) {
+      const std::string kv = argv[++i];
+      extra[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    } else if (!std::strcmp(argv[i], "--only-batch1")) {
+      only_batch1 = true;
+    } else {
+      std::fprintf(stderr, "%s", usage);
       return 2;
     }
   }
   if (model.empty()) {
-    std::fprintf(stderr, "usage: cuda_backend_bench --model DIR [--steps N]\n");
+    std::fprintf(stderr, "%s", usage);
     return 2;
   }
   cudaDeviceProp prop{};
@@ -160,6 +175,8 @@ int main(int argc, char** argv) {
   o.max_batch_size = 128;
   o.max_context = 8192;
   o.kv_memory_fraction = 0.85;
+  o.extra = extra;
+  for (const auto& [k, v] : extra) std::printf("backend setting %s=%s\n", k.c_str(), v.c_str());
   auto t0 = Clock::now();
   auto made = backend::CreateBackend("cuda", o);
   if (!made.ok()) {
@@ -187,6 +204,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
   }
+  if (only_batch1) return 0;
   for (int batch : {32, 64, 128}) {
     const int ctx = 2048;
     const int64_t need = static_cast<int64_t>(batch) * ((ctx + steps + 3 + 31) / 32);

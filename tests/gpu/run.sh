@@ -11,7 +11,10 @@
 #   KVFLEET_GPU_BENCH=0                          skip the benchmarks
 #   KVFLEET_BENCH_ARGS="--quick"                 arguments for the kernel bench
 #   KVFLEET_BENCH_MODEL=DIR                      also run cuda_backend_bench over that model
-#                                                (e.g. kvfleet make-model --shape llama-3.1-8b)
+#                                                (e.g. kvfleet make-model --shape llama-3.1-8b),
+#                                                then the same model through HF transformers
+#                                                (hf_transformers_bench.py) for the side by side
+#   KVFLEET_HF_BENCH=0                           skip the transformers side by side
 # Exits non-zero when any test or sanitizer run fails.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -71,6 +74,13 @@ if [ "${KVFLEET_GPU_BENCH:-1}" != 0 ]; then
     timeout 600 "$BUNDLE/bin/cuda_backend_bench" --model "$KVFLEET_BENCH_MODEL" > "$RESULTS/cuda_backend_bench.txt" 2>&1 ||
       { fail=1; echo "bench cuda_backend_bench: FAILED" >> "$summary"; }
     grep -E '^(device|decode|prefill|copy|cuBLASLt)' "$RESULTS/cuda_backend_bench.txt" >> "$summary"
+    if [ "${KVFLEET_HF_BENCH:-1}" != 0 ] && [ -f "$BUNDLE/hf_transformers_bench.py" ] &&
+       python3 -c 'import torch, transformers' 2>/dev/null; then
+      PYTHONUNBUFFERED=1 timeout 900 python3 "$BUNDLE/hf_transformers_bench.py" --model "$KVFLEET_BENCH_MODEL" \
+        --kvfleet-log "$RESULTS/cuda_backend_bench.txt" > "$RESULTS/hf_transformers_bench.txt" 2>&1 ||
+        { fail=1; echo "bench hf_transformers_bench: FAILED" >> "$summary"; }
+      grep -E '^(hf |side by side|  decode|  prefill)' "$RESULTS/hf_transformers_bench.txt" >> "$summary"
+    fi
   fi
 fi
 echo "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)" >> "$summary"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 #include "common/block_hash.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "kernels/gemv.h"
 #include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
@@ -117,6 +119,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
   auto graphs = options.extra.find("cuda_graphs");
   b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
+  if (auto gemv = options.extra.find("gemv_max_rows"); gemv != options.extra.end()) {
+    char* end = nullptr;
+    const long v = std::strtol(gemv->second.c_str(), &end, 10);
+    if (end == gemv->second.c_str() || *end != '\0' || v < 0 || v > kernels::kGemvMaxRows) {
+      return InvalidArgument("cuda backend: gemv_max_rows must be an integer in [0, " +
+                             std::to_string(kernels::kGemvMaxRows) + "], got '" + gemv->second + "'");
+    }
+    b->gemv_max_rows_ = static_cast<int32_t>(v);
+  }
   KVF_CUDA_RETURN(cudaSetDevice(options.device));
   cudaDeviceProp prop{};
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
@@ -681,6 +692,11 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   const int32_t Hi = static_cast<int32_t>(H);
   auto head = [&](const int32_t* rows_dev, int32_t n) -> Status {  // logits_[0, n) for these rows
     KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, T, Hi, stream_));
+    if (n <= gemv_max_rows_) {  // (5)
+      return CudaStatus(kernels::LaunchGemv(lm_head_, head_in_, nullptr, logits_, /*out_f32=*/true,
+                                            static_cast<int32_t>(V), n, Hi, stream_),
+                        "LaunchGemv");
+    }
     return gemm_->Run(lm_head_, head_in_, nullptr, logits_, LtGemm::Out::kF32, V, n, H, stream_);
   };
 
@@ -691,6 +707,11 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
 
   // ---- Forward ----
   auto gemm = [&](const bf16* w, const bf16* x, const bf16* bias, bf16* y, int64_t rows_out, int64_t k) {
+    if (T <= gemv_max_rows_) {  // (5)
+      return CudaStatus(kernels::LaunchGemv(w, x, bias, y, /*out_f32=*/false, static_cast<int32_t>(rows_out), T,
+                                            static_cast<int32_t>(k), stream_),
+                        "LaunchGemv");
+    }
     return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);

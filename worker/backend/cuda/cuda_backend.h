@@ -35,6 +35,10 @@
 //      second step of that bucket on, replayed as one captured graph (metadata upload,
 //      forward, sampling, tokens back). Padding rows compute a token at position 0, read
 //      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
+//   5. A matrix product over at most gemv_max_rows token rows (decode at small batch, the
+//      LM head of few sequences) runs on the skinny GEMM kernel (kernels/gemv.h), others on
+//      cuBLASLt; both accumulate in fp32 and round once. BackendOptions::extra
+//      ["gemv_max_rows"] sets the bound (0: cuBLASLt always; at most kernels::kGemvMaxRows).
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -66,6 +70,10 @@ constexpr int64_t kMinLogitsRows = 64;
 constexpr uint64_t kReserveBytes = 512ull << 20;
 // Smallest sequence-length bucket of a decode graph (the decode kernel's partition unit).
 constexpr int32_t kMinGraphLength = 128;
+// Token rows up to which the matrix products run on the skinny GEMM kernel instead of
+// cuBLASLt (invariant 5). Measured on the llama-3.1-8b shapes (tests/bench/gemv_bench.cc,
+// tests/bench/results/README.md).
+constexpr int32_t kGemvMaxRowsDefault = 4;
 }  // namespace config
 
 class CudaBackend final : public ModelBackend {
@@ -150,6 +158,7 @@ class CudaBackend final : public ModelBackend {
 
   // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
   bool use_graphs_ = true;
+  int32_t gemv_max_rows_ = config::kGemvMaxRowsDefault;  // (5)
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
   std::set<std::pair<int32_t, int32_t>> graph_seen_;
 };
