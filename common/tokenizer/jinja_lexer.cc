@@ -3,6 +3,7 @@
 // escapes, so that a template tokenizes the same way there and here.
 #include <cctype>
 #include <stdexcept>
+#include <utility>
 
 #include "common/tokenizer/jinja_internal.h"
 #include "common/tokenizer/unicode.h"
@@ -193,7 +194,9 @@ class Lexer {
       ++pos_;
       num += "." + ConsumeDigits();
     }
-    tokens_.push_back({std::string(1, c) + num, num.empty() ? TokenType::kUnaryOperator : TokenType::kNumericLiteral});
+    std::string text(1, c);
+    text += num;
+    tokens_.push_back({std::move(text), num.empty() ? TokenType::kUnaryOperator : TokenType::kNumericLiteral});
     return true;
   }
 
