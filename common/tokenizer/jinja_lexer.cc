@@ -131,7 +131,8 @@ class Lexer {
         if ((tokens_.empty() || Last() != TokenType::kDot) && pos_ + 1 < src_.size() && src_[pos_] == '.' &&
             IsDigit(src_[pos_ + 1])) {
           ++pos_;
-          num += "." + ConsumeDigits();
+          num.push_back('.');
+          num += ConsumeDigits();
         }
         tokens_.push_back({std::move(num), TokenType::kNumericLiteral});
         continue;
@@ -192,7 +193,8 @@ class Lexer {
     std::string num = ConsumeDigits();
     if (!num.empty() && pos_ + 1 < src_.size() && src_[pos_] == '.' && IsDigit(src_[pos_ + 1])) {
       ++pos_;
-      num += "." + ConsumeDigits();
+      num.push_back('.');
+      num += ConsumeDigits();
     }
     std::string text(1, c);
     text += num;
