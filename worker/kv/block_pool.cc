@@ -172,13 +172,13 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   KVF_DCHECK(x.refcount > 0 && !x.live);
   if (!tokens_.Pack(tokens, packed_.data())) return kNoNode;
   tokens_.Set(b, packed_.data());
-  x.hash = h;
-  x.first_child = kNoNode;
-  x.lru_prev = x.lru_next = kNoNode;
-  x.priority = r.priority;
-  x.duration = InternDuration(r.duration);
-  x.live = 1;
-  x.queued = 0;
+  Node y;  // assembled here and written once
+  y.hash = h;
+  y.refcount = x.refcount;
+  y.priority = r.priority;
+  y.duration = r.duration > 0 ? InternDuration(r.duration) : 0;
+  y.live = 1;
+  x = y;
   ++live_nodes_;
   LinkChild(parent, b);
   hash_index_.Insert(h, b);

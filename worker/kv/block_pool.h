@@ -64,9 +64,9 @@ namespace config {
 // 2^32; a duration is capped at kMaxDurationTicks so every live deadline is within 2^31.
 constexpr DurationNs kExpiryTickNs = 1'000'000;  // 1 ms: far below any useful retention
 constexpr uint32_t kMaxDurationTicks = 1u << 30;  // ~12.4 days
-// Distinct durations a pool tracks at once (a node keeps a 7-bit slot, not 8 bytes). A new
+// Distinct durations a pool tracks at once (a node keeps a 6-bit slot, not 8 bytes). A new
 // duration beyond that is rounded up to the next longer one in use (or the longest).
-constexpr uint32_t kMaxDurationSlots = 127;
+constexpr uint32_t kMaxDurationSlots = 63;
 // A block's refcount is 16 bits: more sequences than this never share one block.
 constexpr uint32_t kMaxRefcount = 0xFFFF;
 }  // namespace config
@@ -180,11 +180,13 @@ class BlockPool {
     uint32_t tick = 0;        // last use, for LRU (32-bit, renumbered before it wraps)
     uint32_t expires_at = 0;  // expiry ticks; meaningful when duration != 0
     uint32_t heap_at = 0;     // the expiry entry that speaks for this node (ProcessExpired)
-    uint32_t refcount : 16 = 0;
-    uint32_t priority : 7 = kDefaultPriority;
-    uint32_t live : 1 = 0;
-    uint32_t queued : 1 = 0;
-    uint32_t duration : 7 = 0;  // slot in durations_; 0 = none
+    // Whole bytes where they can be: a narrow store followed by a wider load of the same
+    // word (refcount++ then a flag test) would defeat store-to-load forwarding.
+    uint16_t refcount = 0;
+    uint8_t priority = kDefaultPriority;
+    uint8_t live : 1 = 0;
+    uint8_t queued : 1 = 0;
+    uint8_t duration : 6 = 0;  // slot in durations_; 0 = none
   };
   static_assert(sizeof(Node) == 48);
   struct Queue {

@@ -11,12 +11,15 @@ namespace kvfleet::kv {
 namespace {
 // 32 tokens of W bits are exactly W 32-bit words. With W a constant and the loop unrolled,
 // every shift and flush is fixed at compile time: this is the hot path of Match and Store.
+// Returns the OR of the tokens, for the caller's range check.
 template <uint32_t W>
-void PackGroup32(const TokenId* t, uint8_t* out) {
+TokenId PackGroup32(const TokenId* t, uint8_t* out) {
   uint64_t acc = 0;
   uint32_t have = 0;
+  TokenId any = 0;
 #pragma GCC unroll 32
   for (int i = 0; i < 32; ++i) {
+    any |= t[i];
     acc |= uint64_t{t[i]} << have;
     have += W;
     if (have >= 32) {
@@ -27,8 +30,9 @@ void PackGroup32(const TokenId* t, uint8_t* out) {
       have -= 32;
     }
   }
+  return any;
 }
-using PackGroupFn = void (*)(const TokenId*, uint8_t*);
+using PackGroupFn = TokenId (*)(const TokenId*, uint8_t*);
 template <size_t... I>
 constexpr std::array<PackGroupFn, 33> MakePackGroups(std::index_sequence<I...>) {
   return {nullptr, &PackGroup32<static_cast<uint32_t>(I + 1)>...};
@@ -50,12 +54,11 @@ PackedTokens::PackedTokens(uint32_t num_entries, uint32_t block_size, uint32_t v
 
 bool PackedTokens::Pack(std::span<const TokenId> tokens, uint8_t* out) const {
   if (tokens.size() != block_size_) return false;
-  TokenId any = 0;
-  for (const TokenId t : tokens) any |= t;
-  if (any >= limit_) return false;
   if (block_size_ % 32 == 0) {
-    for (size_t g = 0; g < block_size_; g += 32) kPackGroup32[bits_](&tokens[g], out + g / 8 * bits_);
-    return true;
+    // A token too wide spills into its neighbours' bits: the output is garbage, and refused.
+    TokenId any = 0;
+    for (size_t g = 0; g < block_size_; g += 32) any |= kPackGroup32[bits_](&tokens[g], out + g / 8 * bits_);
+    return any < limit_;
   }
   uint64_t acc = 0;
   uint32_t have = 0;  // bits in acc
