@@ -36,7 +36,13 @@ void PredictedIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<
 void PredictedIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) {
   TimeNs expires = clock_->Now() + ttl;
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_ + hashes.size() > max_entries_) SweepLocked(clock_->Now());
+  // Sweep once the index has doubled since the last sweep (amortized O(1) per entry), or
+  // when it is full. Without the doubling rule expired predictions of prompts never seen
+  // again stayed until max_entries: a router grew by ~200 bytes a request for hours.
+  if (entries_ >= sweep_at_ || entries_ + hashes.size() > max_entries_) {
+    SweepLocked(clock_->Now());
+    sweep_at_ = std::max(kSweepMinEntries, 2 * entries_);
+  }
   if (entries_ + hashes.size() > max_entries_) return;
   for (BlockHash h : hashes) {
     auto& entries = map_[h];

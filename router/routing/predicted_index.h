@@ -42,8 +42,15 @@ class PrefixIndex {
 // Invariants:
 //   1. An entry whose expiry has passed is never reported by FindMatches.
 //   2. entries_ counts the (hash, worker) pairs stored, expired ones included until swept.
+//   3. entries_ < max(2 x the entries left by the last sweep, kSweepMinEntries) + one
+//      insert's hashes: expired entries are swept as inserts go on, so a router that sees a
+//      steady stream of new prompts holds about what the TTL keeps alive, not everything
+//      it ever predicted.
 class PredictedIndex final : public PrefixIndex {
  public:
+  // Below this many entries no sweep runs: small indexes are not worth walking.
+  static constexpr size_t kSweepMinEntries = 4096;
+
   // `max_entries`: past it, expired entries are swept; if still over, the oldest
   // predictions are simply not added (they are hints, never needed for correctness).
   explicit PredictedIndex(const Clock* clock, size_t max_entries = 4'000'000);
@@ -66,6 +73,7 @@ class PredictedIndex final : public PrefixIndex {
   mutable std::mutex mu_;
   std::unordered_map<BlockHash, std::vector<Entry>> map_;  // GUARDED_BY(mu_)
   size_t entries_ = 0;                                     // GUARDED_BY(mu_)
+  size_t sweep_at_ = kSweepMinEntries;  // GUARDED_BY(mu_); the next sweep runs at this size
 };
 
 }  // namespace kvfleet::router
