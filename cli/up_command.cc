@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -70,6 +71,11 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   setpgid(0, 0);  // Ctrl-C reaches only `kvfleet up`, which stops children in order
+  // If `kvfleet up` itself is killed (SIGKILL from a supervisor or `kvfleet bench
+  // --fleet-cmd` running out of patience), its children must not live on as orphans still
+  // holding the fleet's ports: they get SIGTERM when it dies.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() == 1) _exit(0);  // it died before prctl took effect
   int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd >= 0) {
     dup2(fd, STDOUT_FILENO);

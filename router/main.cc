@@ -74,6 +74,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--uncached-work-weight", c->routing.uncached_work_weight,
                  "kv cost: weight of the prefill a choice adds to the fleet (higher: stickier prefixes)")
       ->capture_default_str();
+  app.add_option("--decode-s-per-running-request", c->routing.decode_s_per_running_request,
+                 "kv cost: seconds each running request adds to a new request's first token")
+      ->capture_default_str();
   app.add_option("--hot-spot-factor", c->routing.hot_spot_factor, "skip workers above k x median load (0: off)")
       ->capture_default_str();
   app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")

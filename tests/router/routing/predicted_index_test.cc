@@ -93,6 +93,21 @@ TEST_CASE("a refreshed prediction outlives its first TTL") {
   CHECK(out.empty());
 }
 
+TEST_CASE("expired predictions are swept as inserts go on: the index holds what the TTL keeps alive") {
+  ManualClock clock;
+  PredictedIndex index(&clock);
+  // A steady stream of prompts never seen again: 1,000 new hashes a second, 1 s TTL.
+  BlockHash next = 1;
+  for (int second = 0; second < 100; ++second) {
+    std::vector<BlockHash> hashes(1000);
+    for (auto& h : hashes) h = next++;
+    index.InsertPredicted(1, hashes, kNsPerSec);
+    clock.AdvanceMs(1000);
+  }
+  // 100,000 predicted in all; about 1,000 alive at a time.
+  CHECK(index.entries() <= 2000);
+}
+
 TEST_CASE("concurrent inserts and lookups are safe") {
   SystemClock clock;
   PredictedIndex index(&clock);
