@@ -37,19 +37,25 @@ while IFS= read -r f; do bins+=("$f"); done < <(find "$BUILD" -type f -perm -u+x
 (cd "$BUILD" && ctest --show-only=json-v1) | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
+    if not t.get("command"):  # a test whose executable this build does not define
+        continue
     labels = ",".join(next((p["value"] for p in t.get("properties", []) if p["name"] == "LABELS"), []))
     print(t["name"] + "\t" + labels + "\t" + t["command"][0])
 ' > "$OUT/tests.tsv.abs"
-while IFS=$'\t' read -r name labels exe; do bins+=("$exe"); done < "$OUT/tests.tsv.abs"
-# Only the tests that were built.
-awk -F'\t' 'BEGIN{OFS="\t"} {n=split($3, p, "/"); if (system("test -x \"" $3 "\"") == 0) print $1, $2, "bin/" p[n]}' \
+# Only executables this build produced (tests that run a system tool, e.g. cmake or python3 on a
+# script, need nothing bundled).
+while IFS=$'\t' read -r name labels exe; do
+  case "$exe" in "$BUILD"/*) bins+=("$exe") ;; esac
+done < "$OUT/tests.tsv.abs"
+# Only the tests this build produced and built.
+awk -F'\t' -v build="$BUILD/" 'BEGIN{OFS="\t"} index($3, build) == 1 {n=split($3, p, "/"); if (system("test -x \"" $3 "\"") == 0) print $1, $2, "bin/" p[n]}' \
   "$OUT/tests.tsv.abs" > "$OUT/tests.tsv"
 rm "$OUT/tests.tsv.abs"
 
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "bundle: $b is not built; skipped" >&2; continue; }
   cp "$b" "$OUT/bin/"
-  ldd "$b" | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+  { ldd "$b" 2>/dev/null || true; } | awk '/=> \// {print $1, $3}' | while read -r soname path; do
     skip_lib "$soname" && continue
     [ -e "$OUT/lib/$soname" ] || cp -L "$path" "$OUT/lib/$soname"
   done
@@ -58,7 +64,7 @@ done
 for pass in 1 2; do
   for l in "$OUT"/lib/*; do
     [ -e "$l" ] || continue
-    ldd "$l" | awk '/=> \// {print $1, $3}' | while read -r soname path; do
+    { ldd "$l" 2>/dev/null || true; } | awk '/=> \// {print $1, $3}' | while read -r soname path; do
       skip_lib "$soname" && continue
       [ -e "$OUT/lib/$soname" ] || cp -L "$path" "$OUT/lib/$soname"
     done

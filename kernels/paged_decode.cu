@@ -43,7 +43,7 @@ cudaError_t LaunchMma(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int chunks = (group + 15) / 16;
   const int max_parts = MaxParts(p);
-  constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * 16 * (kHeadDim + 2);
+  constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * 16 * (decode::mma::MergeStride<kHeadDim>() + 2);
   constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim>(), kMergeBytes);
   auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -74,12 +74,19 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
                                    int32_t num_sms) {
   const int group = num_q_heads / num_kv_heads;
   const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + GroupChunk(group) - 1) / GroupChunk(group));
-  // Largest partition (at most 2048 tokens) that still gives two waves of thread blocks.
-  // Measured on an H200 (tests/bench/results, v6 sweep at batch 64, 4K context): 128: 49.5%,
-  // 256: 59.9%, 512: 65.0%, 1024: 67.7%, 2048: 68.9% of copy bandwidth.
-  int32_t part = 2048;
-  while (part > 128 && blocks_per_part * ((max_seq_len + part - 1) / part) < 2 * int64_t(num_sms)) part /= 2;
-  return part;
+  // The largest partition (256..2048 tokens) that gives at least kMinWaves waves of resident
+  // blocks, so the last, partly filled wave is a small part of the time; else 256 when that
+  // fills one wave; else 128 (too few blocks: parallelism first). Decode graphs size the
+  // grid for their length bucket, up to twice the real length, so the real grid can have
+  // half the waves planned. Measured on an H200, 2-stage tensor-core kernel (tests/bench/
+  // results, v8): batch 64 at 4K: P=128: 68.3%, 256: 75.0%, 1024: 76.0%, 2048: 74.2% of copy
+  // bandwidth; a grid of 1.3 waves of full partitions (batch 64, 2K, P=2048) 61.4%.
+  constexpr int64_t kMinWaves = 4;
+  const int64_t slots = int64_t(decode::mma::kResidentBlocksPerSm) * num_sms;
+  auto blocks = [&](int32_t part) { return blocks_per_part * ((max_seq_len + part - 1) / part); };
+  for (int32_t part = 2048; part >= 256; part /= 2)
+    if (blocks(part) >= kMinWaves * slots) return part;
+  return blocks(256) >= slots ? 256 : 128;
 }
 
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) {

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 
 // Tensor-core variant for head_dim <= 128 without shifted RoPE. The (up to 16) query heads of
 // a KV head are the 16 rows of one mma.sync m16n8k16 tile; each warp takes 16 tokens of every
-// 64-token K/V tile (three cp.async stages deep), computes S = Q K^T and O += P V on tensor
+// 64-token K/V tile (two cp.async stages), computes S = Q K^T and O += P V on tensor
 // cores with its own online softmax, and the warps merge at the end. Rows past the group are
 // zero queries whose results are dropped: the tensor cores have far more throughput than a
 // memory-bound decode needs, and this path issues ~8x fewer instructions per token than the
@@ -283,8 +283,19 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 namespace mma {
 
 constexpr int kTile = 64;  // tokens per stage: 16 per warp
-constexpr int kStages = 3;
+// Two stages of 34 KB (one tile loading while the other is used): three blocks fit an SM
+// (registers allow three as well), twelve warps. Measured on an H200 against three stages
+// (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
+// (tests/bench/results, v8).
+constexpr int kStages = 2;
+constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
+// Floats per row of the warps' partial O in the merge: 8 of padding make the float2 stores
+// of a quad's 8 rows fall in distinct banks (unpadded, the 8 rows share 4 banks: 8-way).
+template <int kHeadDim>
+constexpr int MergeStride() {
+  return kHeadDim + 8;
+}
 
 template <int kHeadDim>
 constexpr int SmemBytes() {
@@ -302,6 +313,16 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Four 8x8 b16 matrices, row-major in shared memory: lane t receives row t / 4, elements
+// 2 (t % 4) and 2 (t % 4) + 1 of each: the col-major B fragment of m16n8k16 when rows are
+// tokens (n) and columns head dims (k).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 }
@@ -400,11 +421,15 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
-      const __nv_bfloat16* krow = ks + (nt * 8 + gid) * kStride + 2 * tig;
+      // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
+      const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk)
-        Mma(s[nt], qa[kk], *reinterpret_cast<const uint32_t*>(krow + kk * 16),
-            *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8));
+      for (int kk = 0; kk < kKSteps; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4(b, kaddr + kk * 16);
+        Mma(s[nt], qa[kk], b[0], b[1]);
+        Mma(s[nt], qa[kk + 1], b[2], b[3]);
+      }
     }
     const int base_i = t * kTile + warp * 16;
 #pragma unroll
@@ -448,8 +473,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   __syncthreads();  // shared memory is reused for the merge
 
   // Merge the warps: [kWarps][16 rows][kHeadDim] partial O, [kWarps][16] max and sum.
+  constexpr int kRed = MergeStride<kHeadDim>();
   float* red = reinterpret_cast<float*>(smem_raw);
-  float* red_m = red + kWarps * 16 * kHeadDim;
+  float* red_m = red + kWarps * 16 * kRed;
   float* red_l = red_m + kWarps * 16;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -457,15 +483,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int r = gid + 8 * h;
+    if (g0 + r >= group) continue;  // zero query rows: never read back
     if (tig == 0) {
       red_m[warp * 16 + r] = m[h];
       red_l[warp * 16 + r] = sum;
     }
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d) {
-      red[(warp * 16 + r) * kHeadDim + d * 8 + 2 * tig] = o[d][2 * h];
-      red[(warp * 16 + r) * kHeadDim + d * 8 + 2 * tig + 1] = o[d][2 * h + 1];
-    }
+    for (int d = 0; d < kDTiles; ++d)
+      *reinterpret_cast<float2*>(red + (warp * 16 + r) * kRed + d * 8 + 2 * tig) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {
@@ -481,7 +506,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
       const float c = exp2f(red_m[w * 16 + r] - base);
       sum += c * red_l[w * 16 + r];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] += c * red[(w * 16 + r) * kHeadDim + d + e];
+      for (int e = 0; e < 8; ++e) out[e] += c * red[(w * 16 + r) * kRed + d + e];
     }
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
     if (num_parts == 1) {

@@ -46,7 +46,8 @@ struct PagedDecodeParams {
   bool force_cuda_cores = false;
 };
 
-// A partition size that gives the grid about two waves of thread blocks on num_sms.
+// A partition size (multiple of 128, <= 2048) whose grid fills whole waves of resident thread
+// blocks on num_sms as far as it can (paged_decode.cu says how).
 int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
                                    int32_t max_seq_len, int32_t num_sms);
 

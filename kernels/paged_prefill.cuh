@@ -50,11 +50,24 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* sm
                : "r"(s));
 }
 
+// Four 8x8 b16 matrices, row-major in shared memory: lane t receives row t / 4, elements
+// 2 (t % 4) and 2 (t % 4) + 1 of each, which is the col-major B fragment of m16n8k16 when the
+// rows are tokens (n) and the columns head dims (k).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// One block per SM at head_dim 128 (227 registers). Capping registers for two (128 each)
+// spills 352 bytes per thread and measured slower on an H200: 152 against 166 TFLOP/s
+// (tests/bench/results, v8).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PagedPrefillParams p) {
   constexpr int kStride = kHeadDim + kPad;  // bf16 per shared row
@@ -69,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PagedPrefillParam
   const int q_begin = p.cu_q_lens[seq];
   const int q_len = p.cu_q_lens[seq + 1] - q_begin;
   const int rows = q_len * group;
-  const int r0 = blockIdx.x * kRows;
+  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest (latest) rows first
   if (r0 >= rows) return;
   const int seq_len = p.seq_lens[seq];
   const int first_pos = seq_len - q_len;  // position of query token 0
@@ -158,12 +171,14 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PagedPrefillParam
     for (int nt = 0; nt < kCols / 8; ++nt) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
-      const __nv_bfloat16* krow = ks + (nt * 8 + gid) * kStride + 2 * tig;
+      // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
+      const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kk * 16);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8);
-        Mma(s[nt], qa[kk], b0, b1);
+      for (int kk = 0; kk < kKSteps; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4(b, kaddr + kk * 16);
+        Mma(s[nt], qa[kk], b[0], b[1]);
+        Mma(s[nt], qa[kk + 1], b[2], b[3]);
       }
     }
 

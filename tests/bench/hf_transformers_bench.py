@@ -84,11 +84,12 @@ def kvfleet_figures(path):
     dec = pre = None
     with open(path) as f:
         for line in f:
+            # The first figure of each: the bench's default settings.
             m = re.match(r"decode batch 1 @ \d+ context: ([0-9.]+) ms/step", line)
-            if m:
+            if m and dec is None:
                 dec = float(m.group(1))
             m = re.match(r"prefill \d+ tokens in \d+-token chunks: ([0-9.]+) ms", line)
-            if m:
+            if m and pre is None:
                 pre = float(m.group(1))
     return dec, pre
 

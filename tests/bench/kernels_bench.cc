@@ -3,7 +3,8 @@
 // copy bandwidth). Timing: CUDA events, warm-up first, median of repeated single launches; the
 // data of memory-bound cases is several times the L2 so no case measures the cache.
 //
-//   kvfleet_kernels_bench [--quick]     prints one line per case and a summary table
+//   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy]
+//                                       prints one line per case and a summary table
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -379,16 +380,28 @@ void BenchKvCopy(const Limits& lim, bool quick) {
 
 int main(int argc, char** argv) {
   using namespace kvfleet::kernels;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::string only;  // one section: decode, prefill, small, kvcopy
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy]\n");
+      return 2;
+    }
+  }
+  auto want = [&](const char* section) { return only.empty() || only == section; };
   cudaDeviceProp prop;
   KVF_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, %.0f MiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1048576.0, prop.l2CacheSize >> 20);
   Limits lim = MeasureLimits(quick);
-  BenchDecode(lim, quick);
-  BenchPrefill(lim, quick);
-  BenchSmall(lim);
-  BenchKvCopy(lim, quick);
+  if (want("decode")) BenchDecode(lim, quick);
+  if (want("prefill")) BenchPrefill(lim, quick);
+  if (want("small")) BenchSmall(lim);
+  if (want("kvcopy")) BenchKvCopy(lim, quick);
   std::printf("\nsummary (%s)\n", prop.name);
   for (const Row& r : g_rows) std::printf("  %-48s %9.1f %-8s %5.1f%%\n", r.name.c_str(), r.value, r.unit, 100 * r.fraction);
   return 0;

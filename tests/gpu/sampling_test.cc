@@ -45,7 +45,7 @@ std::vector<float> RandomLogits(int rows, int vocab, std::mt19937& rng, float sp
 
 TEST_CASE("every configuration draws from the reference's surviving set, and mostly the same token") {
   std::mt19937 rng(21);
-  for (int vocab : {1000, 32000, 128256}) {
+  for (int vocab : {1000, 1001, 32000, 128256}) {  // 1001: the scalar argmax pass
     std::vector<SamplingRow> rows;
     for (uint64_t s = 0; s < 48; ++s) {
       SamplingRow r;

@@ -11,6 +11,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/bf16.h"
+#include "kernels/gemv_ref.h"
 #include "kernels/paged_attention_ref.h"
 #include "kernels/rope.h"
 #include "kernels/sampling_ref.h"
@@ -232,6 +233,19 @@ TEST_CASE("sampling reference: greedy, top-k, top-p and seeded draws") {
     const double sd = std::sqrt(draws * pk[v] * (1 - pk[v]));
     CHECK(std::abs(counts[v] - draws * pk[v]) <= 5 * sd + 1);
   }
+}
+
+TEST_CASE("gemv reference: each output is the dot product of its weight row and x row, plus bias") {
+  // w = [[1, 2], [3, -4], [0.5, 0]], x = [[1, 1], [2, -1]], bias = [10, 0, -1].
+  const std::vector<bf16_bits> w = {FloatToBf16(1), FloatToBf16(2), FloatToBf16(3), FloatToBf16(-4),
+                                    FloatToBf16(0.5f), FloatToBf16(0)};
+  const std::vector<bf16_bits> x = {FloatToBf16(1), FloatToBf16(1), FloatToBf16(2), FloatToBf16(-1)};
+  const std::vector<bf16_bits> bias = {FloatToBf16(10), FloatToBf16(0), FloatToBf16(-1)};
+  std::vector<float> y(6, NAN);
+  GemvRef(w.data(), x.data(), nullptr, y.data(), 3, 2, 2);
+  CHECK(y == std::vector<float>{3, -1, 0.5f, 0, 10, 1});
+  GemvRef(w.data(), x.data(), bias.data(), y.data(), 3, 2, 2);
+  CHECK(y == std::vector<float>{13, -1, -0.5f, 10, 10, 0});
 }
 
 }  // namespace
