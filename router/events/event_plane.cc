@@ -117,7 +117,6 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::thread thread_;
 
   // Metrics.
-  prometheus::Registry* registry_;
   prometheus::Family<prometheus::Counter>* f_applied_;
   prometheus::Counter *m_stored_, *m_removed_, *m_updated_, *m_cleared_;
   prometheus::Counter *m_gaps_, *m_replays_, *m_snapshots_, *m_epochs_, *m_unknown_parent_;
@@ -128,7 +127,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
 };
 
 EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics)
-    : options_(options), clock_(clock), index_(options.index, clock), ctx_(1), registry_(metrics) {
+    : options_(options), clock_(clock), index_(options.index, clock), ctx_(1) {
   KVF_CHECK(metrics != nullptr);
   auto& r = *metrics;
   f_applied_ = &prometheus::BuildCounter()

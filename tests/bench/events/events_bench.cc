@@ -257,7 +257,7 @@ void BenchFindMatches(const Workload& w) {
   }
   const uint64_t rss1 = RssBytes();
   std::printf("\n== 3. memory ==\n");
-  std::printf("entries %llu, hashes %llu: %.1f bytes per (block, worker) entry by capacity, %.1f by RSS\n",
+  std::printf("entries %llu, hashes %llu: %.1f bytes per (block, worker) entry by capacity, %.1f by RSS growth (only meaningful with --only=2)\n",
               static_cast<unsigned long long>(index.EntryCount()), static_cast<unsigned long long>(index.HashCount()),
               static_cast<double>(index.MemoryBytes()) / static_cast<double>(index.EntryCount()),
               static_cast<double>(rss1 - rss0) / static_cast<double>(index.EntryCount()));
