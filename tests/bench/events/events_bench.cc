@@ -23,10 +23,13 @@
 #include <capnp/message.h>
 #include <prometheus/registry.h>
 
+#include "common/check.h"
 #include "router/events/event_plane.h"
 #include "router/events/worker_subscriber.h"
 #include "tests/router/events/scripted_kv_source.h"
+#include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/kv_event_source.h"
 
 using namespace kvfleet;
 using Steady = std::chrono::steady_clock;
@@ -286,20 +289,32 @@ void BenchFindMatches(const Workload& w) {
   };
   measure(128, "idle");
   measure(1024, "idle");
-  std::atomic<bool> stop{false};
-  std::thread writer([&] {
-    std::mt19937_64 r(9);
-    while (!stop.load(std::memory_order_relaxed)) {
-      const auto& chain = w.chains[r() % w.chains.size()];
-      const int wk = static_cast<int>(r() % kWorkers);
-      for (BlockHash h : chain) index.Store(wk, h, kv::Tier::kDevice);
-      for (BlockHash h : chain) index.Remove(wk, h, kv::Tier::kDevice);
-    }
-  });
-  measure(128, "with a concurrent writer");
-  measure(1024, "with a concurrent writer");
-  stop = true;
-  writer.join();
+  // A writer on the other core: unthrottled (as fast as one thread can store and remove,
+  // ~7 M block events/s, far past any fleet), then paced at 1 M block events/s (64 workers
+  // each storing or removing ~16 K blocks a second: a busy fleet).
+  auto with_writer = [&](double events_per_s, const char* label) {
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+      std::mt19937_64 r(9);
+      auto next = Steady::now();
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto& chain = w.chains[r() % w.chains.size()];
+        const int wk = static_cast<int>(r() % kWorkers);
+        for (BlockHash h : chain) index.Store(wk, h, kv::Tier::kDevice);
+        for (BlockHash h : chain) index.Remove(wk, h, kv::Tier::kDevice);
+        if (events_per_s > 0) {
+          next += std::chrono::nanoseconds(static_cast<int64_t>(2e9 * static_cast<double>(chain.size()) / events_per_s));
+          std::this_thread::sleep_until(next);
+        }
+      }
+    });
+    measure(128, label);
+    measure(1024, label);
+    stop = true;
+    writer.join();
+  };
+  with_writer(0, "unthrottled writer");
+  with_writer(1e6, "writer at 1 M events/s");
 }
 
 // A worker with a publisher whose engine thread is driven by the bench.
@@ -389,11 +404,8 @@ void BenchEndToEnd() {
   }
 }
 
-void BenchSnapshot(size_t blocks) {
-  std::printf("\n== 5. snapshot sync of %zu blocks (AddWorker -> LIVE) ==\n", blocks);
-  BenchWorker worker("snap");
-  testing::ScriptedKvSource kv(worker.pub.get(), 3, /*other_window=*/0);
-  while (kv.size() < blocks) kv.StoreChain(std::min<size_t>(64, blocks - kv.size()));
+// Times a router's sync of `blocks` blocks that `kv` (publishing through `worker`) holds.
+void SyncFrom(BenchWorker& worker, events::EventSource& kv, size_t blocks) {
   kv.FlushEvents();
   worker.pub->Flush(kv, {});  // one big batch before any router listens: lost, as intended
   std::atomic<bool> stop{false};
@@ -429,8 +441,62 @@ void BenchSnapshot(size_t blocks) {
               static_cast<unsigned long long>(plane.index().BlockCount(0, kv::Tier::kDevice) +
                                               plane.index().BlockCount(0, kv::Tier::kHost)),
               Seconds(t0, t1), snapshot_s.load(), Seconds(t_handed, t1));
-  std::printf("  (the source is tests/router/events/scripted_kv_source.h: one stored event per block, the worst "
-              "case for the wire)\n");
+}
+
+// A real KvCacheManager holding `blocks` cached device blocks (B=32, Llama 3's vocabulary),
+// filled by 64-block requests that share nothing, as a worker's engine would leave it.
+std::unique_ptr<kv::KvCacheManager> FilledManager(size_t blocks, kv::BlockCopier* copier, kv::EventSink* sink) {
+  constexpr uint32_t kB = 32, kBlocksPerRequest = 64, kVocab = 128'256;
+  kv::KvCacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = {1};
+  c.head_dim = 1;
+  c.dtype_bytes = 1;
+  c.max_seq_len = 1u << 20;
+  c.block_size = kB;
+  c.vocab_size = kVocab;
+  c.device_bytes = uint64_t{blocks} * 2 * kB;
+  auto m = kv::KvCacheManager::Make(c, copier, sink, SystemClock::Default());
+  KVF_CHECK(m.ok()) << m.status().ToString();
+  auto mgr = std::move(m).value();
+  std::mt19937_64 rng(7);
+  for (size_t r = 0; r < blocks / kBlocksPerRequest; ++r) {
+    kv::SequenceSpec spec;
+    spec.prompt.resize(kB * kBlocksPerRequest);
+    for (auto& t : spec.prompt) t = static_cast<TokenId>(rng() % kVocab);
+    spec.model = "bench";
+    auto id = mgr->AddSequence(std::move(spec));
+    KVF_CHECK(id.ok());
+    mgr->Match(*id);
+    KVF_CHECK(mgr->Allocate(*id).ok());
+    mgr->Commit(*id, kB * kBlocksPerRequest);
+    mgr->Release(*id);
+  }
+  return mgr;
+}
+
+void BenchSnapshot(size_t blocks) {
+  std::printf("\n== 5. snapshot sync of %zu blocks (AddWorker -> LIVE) ==\n", blocks);
+  {
+    // What a worker sends: the real KV manager's Snapshot(), every block with its tokens.
+    BenchWorker worker("snap");
+    class NoCopies final : public kv::BlockCopier {
+     public:
+      void Copy(std::span<const kv::BlockCopy>) override {}
+    } copier;
+    auto mgr = FilledManager(blocks, &copier, worker.pub.get());
+    events::KvEventSource kv(mgr.get());
+    std::printf("KvCacheManager (B=32, tokens included):   ");
+    SyncFrom(worker, kv, blocks);
+  }
+  {
+    // The wire's worst case: one stored event per block (tests/router/events/scripted_kv_source.h).
+    BenchWorker worker("snap");
+    testing::ScriptedKvSource kv(worker.pub.get(), 3, /*other_window=*/0);
+    while (kv.size() < blocks) kv.StoreChain(std::min<size_t>(64, blocks - kv.size()));
+    std::printf("scripted source, one event per block:     ");
+    SyncFrom(worker, kv, blocks);
+  }
 }
 
 }  // namespace
