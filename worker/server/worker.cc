@@ -175,6 +175,7 @@ Status Worker::Init(zmq::context_t& context) {
   po.worker_id = worker_id_;
   po.events_endpoint = config_.events;
   po.replay_endpoint = config_.replay;
+  po.ring_batches = config_.event_ring_batches;
   po.curve.server_keypair_file = config_.curve_keypair;
   po.curve.authorized_keys_file = config_.curve_authorized_keys;
   KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));

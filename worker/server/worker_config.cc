@@ -14,6 +14,10 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_option("--requests", c->requests, "requests ROUTER endpoint")->capture_default_str();
   app.add_option("--events", c->events, "KV events PUB endpoint")->capture_default_str();
   app.add_option("--replay", c->replay, "replay/snapshot ROUTER endpoint")->capture_default_str();
+  app.add_option("--event-ring-batches", c->event_ring_batches,
+                 "event batches (heartbeats included) kept for replay; a router further behind gets a snapshot")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--http-port", c->http_port, "HTTP port for /health, /ready, /metrics (0: any)")
       ->capture_default_str();
   app.add_option("--router", c->router, "router registration endpoint, e.g. tcp://host:5555 (optional)");

@@ -48,6 +48,7 @@ struct WorkerConfig {
   uint64_t host_cache_bytes = 0;     // host tier bytes; 0: no host tier
   uint32_t offload_min_priority = 35;  // evicted blocks at or above it go to the host tier
   bool events_include_tokens = false;  // stored events carry block tokens
+  uint32_t event_ring_batches = 10'000;  // event batches (heartbeats included) kept for replay
 
   // --- shutdown ---
   double shutdown_grace_s = 30;      // seconds in-flight requests get after SIGTERM

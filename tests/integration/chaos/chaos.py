@@ -477,6 +477,10 @@ def scenario_soak(args, c):
     # A bounded KV cache per worker: the workers evict, so the index and every cache reach
     # a steady size, and growing memory would mean a leak, not a fuller cache.
     worker_args = [f"--kv-cache-bytes={args.kv_cache_mib << 20}"] if args.kv_cache_mib else []
+    # The replay ring fills for its first --event-ring-batches batches (heartbeats included),
+    # which a soak shorter than that sees as growth; a small ring shows the steady state.
+    if args.event_ring_batches:
+        worker_args.append(f"--event-ring-batches={args.event_ring_batches}")
     fleet = Fleet(args, "soak-asan" if args.asan else "soak", worker_args=worker_args)
     try:
         fleet.wait_ready(timeout_s=180)
@@ -535,6 +539,8 @@ def main():
     ap.add_argument("--restart-delay-s", type=float, default=4,
                     help="kvfleet up --restart-delay-s (longer than the heartbeat timeout, so the dead window shows)")
     ap.add_argument("--drop-rate", type=float, default=0.05)
+    ap.add_argument("--event-ring-batches", type=int, default=0,
+                    help="soak: each worker's replay ring in batches (0: the worker's default, 10,000)")
     ap.add_argument("--kv-cache-mib", type=int, default=1024,
                     help="soak: each mock worker's KV cache (MiB; 0: the backend's default, 54 GiB)")
     ap.add_argument("--asan", action="store_true", help="the binaries are ASan builds: fail on sanitizer reports")
