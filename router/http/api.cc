@@ -388,6 +388,13 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   CompletionRequest req = std::move(parsed).value();
 
   auto model = fleet_->FindModel(req.model);
+  if (!model && fleet_->LiveModels().empty()) {
+    // Nothing is routable at all (a router that just started, before workers register, or a
+    // fleet that is down): the model may well exist, so this is "try again", not 404.
+    return Fail(ex, req.model,
+                MakeError(503, "no live worker yet: cannot tell whether model '" + req.model + "' exists",
+                          "server_error", "service_unavailable", options_.retry_after_s));
+  }
   if (!model) {
     return Fail(ex, req.model,
                 MakeError(404, "The model '" + req.model + "' does not exist.", "invalid_request_error",

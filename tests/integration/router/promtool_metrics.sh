@@ -3,7 +3,7 @@
 # router and one mock worker, then checks /metrics with `promtool check metrics`.
 set -uo pipefail
 router="$1"; worker="$2"; dir="$3"; port="$4"
-port=$((port + ($$ % 200) * 50))  # other fleets may run on this machine
+port=$((port + ($$ % 20) * 50))  # other fleets may run here; stays below the ephemeral range (32768+)
 command -v promtool >/dev/null || { echo "SKIP: promtool is missing (Debian package prometheus)"; exit 77; }
 rm -rf "$dir"; mkdir -p "$dir"
 "$router" --http-host 127.0.0.1 --http-port "$port" --registration "tcp://127.0.0.1:$((port + 1))" >"$dir/router.log" 2>&1 &

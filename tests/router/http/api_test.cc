@@ -201,6 +201,9 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   REQUIRE(WaitFor([&] { return r.fleet->FindModel("m")->routable.empty(); }));
   auto none = check(R"({"model":"m","prompt":"x"})", 503, auth);
   CHECK(none.find("Retry-After: 1") != std::string::npos);
+  // With nothing routable, an unknown model may simply not have registered yet: 503, not 404.
+  auto unknown_now = check(R"({"model":"nope","prompt":"x"})", 503, auth);
+  CHECK(unknown_now.find("Retry-After: 1") != std::string::npos);
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/ready")) == 503);
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
 }
