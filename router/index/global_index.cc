@@ -692,6 +692,19 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
   Table* retired = nullptr;
   int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
   auto& pw = shard.workers[worker];
+  // The slot of op.hash, inserted if new, stamped as used now. A growth replaces the table;
+  // more than one per batch is possible, and each old table is retired.
+  auto touch = [&](const Op& op) -> Slot& {
+    Table* old = nullptr;
+    const uint64_t i = shard.FindOrInsert(op.hash, op.mix, now_ms, &old);
+    if (old != nullptr) {
+      if (retired != nullptr) Retire(retired);
+      retired = old;
+    }
+    Slot& s = shard.T()->slots[i];
+    St(s.lru_ms, now_ms);
+    return s;
+  };
   {
     std::lock_guard lock(shard.mu);
     shard.BeginWrite();
@@ -701,15 +714,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
       const Op& op = ops[k];
       switch (op.kind) {
         case BlockOp::kStore: {
-          Table* old = nullptr;
-          const uint64_t i = shard.FindOrInsert(op.hash, op.mix, now_ms, &old);
-          if (old != nullptr) {
-            // More than one growth per batch is possible; retire each.
-            if (retired != nullptr) Retire(retired);
-            retired = old;
-          }
-          Slot& s = shard.T()->slots[i];
-          St(s.lru_ms, now_ms);
+          Slot& s = touch(op);
           const uint8_t bits = shard.Bits(s, op.hash, worker);
           const bool was_predicted = shard.TakePredicted(s, op.hash, worker);  // confirms it
           if (bits == 0 && !was_predicted) {
@@ -750,14 +755,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
           break;
         }
         case Op::kPredict: {
-          Table* old = nullptr;
-          const uint64_t i = shard.FindOrInsert(op.hash, op.mix, now_ms, &old);
-          if (old != nullptr) {
-            if (retired != nullptr) Retire(retired);
-            retired = old;
-          }
-          Slot& s = shard.T()->slots[i];
-          St(s.lru_ms, now_ms);
+          Slot& s = touch(op);
           if (shard.Bits(s, op.hash, worker) != 0) break;  // already held for real
           auto& list = shard.predicted[op.hash];
           auto it = std::find_if(list.begin(), list.end(), [&](const PredHolder& p) { return p.worker == worker; });
