@@ -84,6 +84,25 @@ struct Workload {
   }
 };
 
+// kWorkers subscribers brought to LIVE by an empty snapshot (epoch 1, consistent at seq 0).
+std::vector<std::unique_ptr<router::WorkerSubscriber>> LiveSubscribers(const router::EventPlaneOptions& options,
+                                                                        router::GlobalIndex* index, Clock* clock,
+                                                                        NullIo* io, router::EventCounters* counters) {
+  std::vector<std::unique_ptr<router::WorkerSubscriber>> subs;
+  for (int i = 0; i < kWorkers; ++i) {
+    subs.push_back(std::make_unique<router::WorkerSubscriber>(i, "w", options, index, clock, io, counters));
+    subs.back()->Start();
+    capnp::MallocMessageBuilder m;
+    auto r = m.initRoot<schema::ReplayReply>();
+    r.setEpoch(1);
+    r.setLast(true);
+    r.setRequestId(io->last);
+    r.initSnapshot().setConsistentSeq(0);
+    subs.back()->OnReplayReply(r.asReader());
+  }
+  return subs;
+}
+
 void BenchApply(const Workload& w) {
   ManualClock clock;
   std::printf("\n== 1. apply rate, one core (%d workers, %zu blocks, %zu entries) ==\n", kWorkers,
@@ -151,18 +170,7 @@ void BenchApply(const Workload& w) {
     router::EventPlaneOptions options;
     NullIo io;
     router::EventCounters counters;
-    std::vector<std::unique_ptr<router::WorkerSubscriber>> subs;
-    for (int i = 0; i < kWorkers; ++i) {
-      subs.push_back(std::make_unique<router::WorkerSubscriber>(i, "w", options, &index, &clock, &io, &counters));
-      subs.back()->Start();
-      capnp::MallocMessageBuilder m;
-      auto r = m.initRoot<schema::ReplayReply>();
-      r.setEpoch(1);
-      r.setLast(true);
-      r.setRequestId(io.last);
-      r.initSnapshot().setConsistentSeq(0);
-      subs.back()->OnReplayReply(r.asReader());
-    }
+    auto subs = LiveSubscribers(options, &index, &clock, &io, &counters);
     std::vector<std::pair<int, events::DecodedBatch>> batches;
     std::vector<uint64_t> seq(kWorkers, 0);
     size_t blocks = 0;
@@ -196,18 +204,7 @@ void BenchApply(const Workload& w) {
     router::EventPlaneOptions options;
     NullIo io;
     router::EventCounters counters;
-    std::vector<std::unique_ptr<router::WorkerSubscriber>> subs;
-    for (int i = 0; i < kWorkers; ++i) {
-      subs.push_back(std::make_unique<router::WorkerSubscriber>(i, "w", options, &index, &clock, &io, &counters));
-      subs.back()->Start();
-      capnp::MallocMessageBuilder m;
-      auto r = m.initRoot<schema::ReplayReply>();
-      r.setEpoch(1);
-      r.setLast(true);
-      r.setRequestId(io.last);
-      r.initSnapshot().setConsistentSeq(0);
-      subs.back()->OnReplayReply(r.asReader());
-    }
+    auto subs = LiveSubscribers(options, &index, &clock, &io, &counters);
     std::vector<std::string> frames;
     std::vector<int> owner;
     std::vector<uint64_t> seq(kWorkers, 0);
