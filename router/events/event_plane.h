@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "router/index/global_index.h"
+#include "schema/load_report.h"
 
 namespace prometheus {
 class Registry;
@@ -46,16 +47,8 @@ class FaultInjector;  // router/events/fault_injection.h; tests only.
 enum class WorkerState { kSyncing, kLive, kReplaying, kDead };
 const char* WorkerStateName(WorkerState state);
 
-// A worker's last load report (schema Load), as plain C++.
-struct WorkerLoad {
-  uint32_t active_requests = 0;
-  uint32_t queued_requests = 0;
-  uint64_t active_prefill_tokens = 0;
-  uint64_t active_decode_blocks = 0;
-  std::array<uint64_t, 2> free_blocks{};   // by kv::Tier
-  std::array<uint64_t, 2> total_blocks{};  // by kv::Tier
-  float prefill_tokens_per_second = 0;
-  float decode_tokens_per_second = 0;
+// A worker's last load report (schema Load) and when it arrived.
+struct WorkerLoad : kvfleet::LoadReport {
   TimeNs received_at = 0;  // router monotonic clock
 };
 

@@ -6,20 +6,6 @@ namespace kvfleet::router {
 
 namespace {
 std::atomic<uint64_t> g_next_request_id{1};
-
-WorkerLoad ToWorkerLoad(const events::LoadReport& l, TimeNs now) {
-  WorkerLoad w;
-  w.active_requests = l.active_requests;
-  w.queued_requests = l.queued_requests;
-  w.active_prefill_tokens = l.active_prefill_tokens;
-  w.active_decode_blocks = l.active_decode_blocks;
-  w.free_blocks = l.free_blocks;
-  w.total_blocks = l.total_blocks;
-  w.prefill_tokens_per_second = l.prefill_tokens_per_second;
-  w.decode_tokens_per_second = l.decode_tokens_per_second;
-  w.received_at = now;
-  return w;
-}
 }  // namespace
 
 const char* WorkerStateName(WorkerState state) {
@@ -120,7 +106,7 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
   }
   last_heard_ = now;
   stats_.last_heard = now;
-  load_ = ToWorkerLoad(batch.load, now);
+  load_ = WorkerLoad{batch.load, now};
 
   switch (state_) {
     case WorkerState::kDead:

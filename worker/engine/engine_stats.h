@@ -8,22 +8,14 @@
 #include <cstdint>
 
 #include "common/clock.h"
+#include "schema/load_report.h"
 
 namespace kvfleet::engine {
 
-constexpr int kNumTiers = 2;  // device, host (kv::Tier order)
+constexpr int kNumTiers = kLoadTiers;  // device, host (kv::Tier order)
 
 // Contract 2's Load: what the event publisher sends with every batch.
-struct LoadReport {
-  uint32_t active_requests = 0;        // running: scheduled at least once and not finished
-  uint32_t queued_requests = 0;        // waiting for their first (or, after preemption, next) step
-  uint64_t active_prefill_tokens = 0;  // prompt tokens still to compute, queued requests included
-  uint64_t active_decode_blocks = 0;   // blocks held by decoding sequences
-  std::array<uint64_t, kNumTiers> free_blocks{};   // free or evictable
-  std::array<uint64_t, kNumTiers> total_blocks{};
-  float prefill_tokens_per_second = 0;  // capacity: smoothed over steps mostly spent on prefill; 0 = not yet measured
-  float decode_tokens_per_second = 0;
-};
+using LoadReport = kvfleet::LoadReport;
 
 // One step, for metrics.
 struct StepReport {

@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "schema/events.capnp.h"
+#include "schema/load_report.h"
 #include "worker/kv/kv_event.h"
 
 namespace kvfleet::events {
@@ -27,16 +28,8 @@ constexpr size_t kMaxTokensPerBlock = 1 << 16;
 }  // namespace config
 
 // The worker's load, as schema Load.
-struct LoadReport {
-  uint32_t active_requests = 0;
-  uint32_t queued_requests = 0;
-  uint64_t active_prefill_tokens = 0;
-  uint64_t active_decode_blocks = 0;
-  std::array<uint64_t, kv::kNumTiers> free_blocks{};
-  std::array<uint64_t, kv::kNumTiers> total_blocks{};
-  float prefill_tokens_per_second = 0;
-  float decode_tokens_per_second = 0;
-};
+using LoadReport = kvfleet::LoadReport;
+static_assert(kv::kNumTiers == kLoadTiers, "schema Load is kept per kv::Tier");
 
 struct BatchHeader {
   std::string worker_id;

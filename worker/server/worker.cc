@@ -46,7 +46,7 @@ class StepHook final : public engine::StepListener {
       metrics_->UpdateKv(kv_->Stats());
       last_kv_metrics_ = now;
     }
-    publisher_->Flush(*source_, ToWire(report.load));
+    publisher_->Flush(*source_, report.load);
     last_load_ = report.load;
   }
 
@@ -58,22 +58,9 @@ class StepHook final : public engine::StepListener {
       if (now - last_kv_metrics_ >= config::kKvMetricsInterval) {
         metrics_->UpdateKv(kv_->Stats());
         last_kv_metrics_ = now;
-        publisher_->Flush(*source_, ToWire(load));  // records the idle load for heartbeats
+        publisher_->Flush(*source_, load);  // records the idle load for heartbeats
       }
     }
-  }
-
-  static events::LoadReport ToWire(const engine::LoadReport& l) {
-    events::LoadReport w;
-    w.active_requests = l.active_requests;
-    w.queued_requests = l.queued_requests;
-    w.active_prefill_tokens = l.active_prefill_tokens;
-    w.active_decode_blocks = l.active_decode_blocks;
-    w.free_blocks = l.free_blocks;
-    w.total_blocks = l.total_blocks;
-    w.prefill_tokens_per_second = l.prefill_tokens_per_second;
-    w.decode_tokens_per_second = l.decode_tokens_per_second;
-    return w;
   }
 
  private:
@@ -256,7 +243,7 @@ void Worker::Run() {
   loop_->Run();
   // The last step flushed its events; seal anything left and give the publisher thread
   // time to send it.
-  publisher_->Flush(*source_, StepHook::ToWire(engine_->Load()));
+  publisher_->Flush(*source_, engine_->Load());
   std::this_thread::sleep_for(config::kPublisherDrain);
   requests_->Stop();  // sends the final Deltas
   Logger("worker")->info("worker {} stopped", worker_id_);

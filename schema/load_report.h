@@ -1,0 +1,26 @@
+// Contract 2's Load as plain C++: one struct for the engine that computes a worker's load,
+// the event codec that carries it in every EventBatch, and the router that weighs it.
+//
+// Thread safety: a value.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace kvfleet {
+
+// Tiers in kv::Tier order: device, host.
+constexpr int kLoadTiers = 2;
+
+struct LoadReport {
+  uint32_t active_requests = 0;        // running: scheduled at least once and not finished
+  uint32_t queued_requests = 0;        // waiting for their first (or, after preemption, next) step
+  uint64_t active_prefill_tokens = 0;  // prompt tokens still to compute, queued requests included
+  uint64_t active_decode_blocks = 0;   // blocks held by decoding sequences
+  std::array<uint64_t, kLoadTiers> free_blocks{};   // free or evictable, by tier
+  std::array<uint64_t, kLoadTiers> total_blocks{};  // by tier
+  float prefill_tokens_per_second = 0;  // capacity: smoothed over steps mostly spent on prefill; 0 = not yet measured
+  float decode_tokens_per_second = 0;
+};
+
+}  // namespace kvfleet
