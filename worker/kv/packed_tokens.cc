@@ -81,42 +81,48 @@ bool PackedTokens::Pack(std::span<const TokenId> tokens, uint8_t* out) const {
   return true;
 }
 
-void PackedTokens::UnpackFrom(const uint8_t* in, TokenId* out) const {
-  const uint64_t mask = limit_ - 1;
-  uint64_t acc = 0;
-  uint32_t have = 0;
-  for (uint32_t i = 0; i < block_size_; ++i) {
-    if (have < bits_) {
+namespace {
+// Reads `bits`-wide fields back from what Pack wrote: 32-bit little-endian words, low bits
+// first. Reads whole words, so it may touch up to 3 bytes past the last field's end (within
+// buffer_bytes()).
+class FieldReader {
+ public:
+  FieldReader(const uint8_t* in, uint32_t bits) : in_(in), bits_(bits), mask_((uint64_t{1} << bits) - 1) {}
+
+  TokenId Next() {
+    if (have_ < bits_) {
       uint32_t word;
-      std::memcpy(&word, in, 4);
-      in += 4;
-      acc |= uint64_t{word} << have;
-      have += 32;
+      std::memcpy(&word, in_, 4);
+      in_ += 4;
+      acc_ |= uint64_t{word} << have_;
+      have_ += 32;
     }
-    out[i] = static_cast<TokenId>(acc & mask);
-    acc >>= bits_;
-    have -= bits_;
+    const auto v = static_cast<TokenId>(acc_ & mask_);
+    acc_ >>= bits_;
+    have_ -= bits_;
+    return v;
   }
+
+ private:
+  const uint8_t* in_;
+  const uint32_t bits_;
+  const uint64_t mask_;
+  uint64_t acc_ = 0;
+  uint32_t have_ = 0;
+};
+}  // namespace
+
+void PackedTokens::UnpackFrom(const uint8_t* in, TokenId* out) const {
+  FieldReader reader(in, bits_);
+  for (uint32_t i = 0; i < block_size_; ++i) out[i] = reader.Next();
 }
 
 uint32_t PackedTokens::CommonPrefix(uint32_t e, std::span<const TokenId> want) const {
   // UnpackFrom with an early exit: partial reuse scans many children that differ at once.
-  const uint8_t* in = data(e);
-  const uint64_t mask = limit_ - 1;
+  FieldReader reader(data(e), bits_);
   const uint32_t n = std::min<uint32_t>(block_size_, static_cast<uint32_t>(want.size()));
-  uint64_t acc = 0;
-  uint32_t have = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    if (have < bits_) {
-      uint32_t word;
-      std::memcpy(&word, in, 4);
-      in += 4;
-      acc |= uint64_t{word} << have;
-      have += 32;
-    }
-    if ((acc & mask) != want[i]) return i;
-    acc >>= bits_;
-    have -= bits_;
+    if (reader.Next() != want[i]) return i;
   }
   return n;
 }
