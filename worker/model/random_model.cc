@@ -143,6 +143,14 @@ json Llama3Scaling(double factor) {
               {"rope_type", "llama3"}};
 }
 
+// Turns a LlamaBase config into another Llama-like architecture's: its names, and without the
+// Llama-only keys (attention/MLP bias flags, pretraining_tp, rope_scaling).
+void AsArchitecture(json& c, const char* architecture, const char* model_type) {
+  c["architectures"] = {architecture};
+  c["model_type"] = model_type;
+  for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) c.erase(key);
+}
+
 void SetSpecialIds(json& c, int64_t bos, int64_t eos) {
   if (bos >= 0) c["bos_token_id"] = bos;
   if (eos >= 0) c["eos_token_id"] = eos;
@@ -243,24 +251,14 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     SetSpecialIds(c, bos, eos);
   } else if (shape == "tiny-qwen2") {
     c = LlamaBase(64, 192, 2, 4, 2, vocab, 32768, 1000000.0, 1e-6, true);
-    c["architectures"] = {"Qwen2ForCausalLM"};
-    c["model_type"] = "qwen2";
-    c.erase("attention_bias");
-    c.erase("mlp_bias");
-    c.erase("pretraining_tp");
-    c.erase("rope_scaling");
+    AsArchitecture(c, "Qwen2ForCausalLM", "qwen2");
     c["use_sliding_window"] = false;
     c["sliding_window"] = 32768;
     c["max_window_layers"] = 2;
     SetSpecialIds(c, bos, eos);
   } else if (shape == "tiny-mistral") {
     c = LlamaBase(64, 192, 2, 4, 1, vocab, 32768, 10000.0, 1e-5, false);
-    c["architectures"] = {"MistralForCausalLM"};
-    c["model_type"] = "mistral";
-    c.erase("attention_bias");
-    c.erase("mlp_bias");
-    c.erase("pretraining_tp");
-    c.erase("rope_scaling");
+    AsArchitecture(c, "MistralForCausalLM", "mistral");
     c["head_dim"] = 16;
     c["sliding_window"] = 20;
     SetSpecialIds(c, bos, eos);
@@ -270,12 +268,7 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     SetSpecialIds(c, 0, 0);
   } else if (shape == "qwen2.5-0.5b") {  // Qwen/Qwen2.5-0.5B
     c = LlamaBase(896, 4864, 24, 14, 2, 151936, 32768, 1000000.0, 1e-6, true);
-    c["architectures"] = {"Qwen2ForCausalLM"};
-    c["model_type"] = "qwen2";
-    c.erase("attention_bias");
-    c.erase("mlp_bias");
-    c.erase("pretraining_tp");
-    c.erase("rope_scaling");
+    AsArchitecture(c, "Qwen2ForCausalLM", "qwen2");
     c["use_sliding_window"] = false;
     c["sliding_window"] = 32768;
     c["max_window_layers"] = 24;
@@ -291,12 +284,7 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     SetSpecialIds(c, 128000, 128001);
   } else if (shape == "mistral-7b") {  // mistralai/Mistral-7B-v0.1
     c = LlamaBase(4096, 14336, 32, 32, 8, 32000, 32768, 10000.0, 1e-5, false);
-    c["architectures"] = {"MistralForCausalLM"};
-    c["model_type"] = "mistral";
-    c.erase("attention_bias");
-    c.erase("mlp_bias");
-    c.erase("pretraining_tp");
-    c.erase("rope_scaling");
+    AsArchitecture(c, "MistralForCausalLM", "mistral");
     c["sliding_window"] = 4096;
     SetSpecialIds(c, 1, 2);
   } else {
