@@ -1,17 +1,21 @@
 // Paged prefill kernel (contract in paged_prefill.h).
 //
-// Grid: x = tile of 128 rows (heaviest first), y = KV head, z = sequence. Row r of a (sequence,
-// KV head) is query token r / group, query head r % group. Block: 4 warps of 32 rows each, two
-// m16 MMA tiles per warp, so every K and V fragment read from shared memory feeds two MMAs
-// (with one m16 tile per warp the kernel was bound by shared-memory reads: 165 TFLOP/s).
-// Q stays in shared memory for the whole block and is re-read per tile (registers hold the
-// 2 x 64 scores and 2 x 128 outputs per thread). Per K/V tile of 64 cached tokens (any number
-// of pages; cp.async, two stages, one barrier per tile): S = Q K^T (K by ldmatrix as the
-// col-major B operand), mask (only on tiles that need it), online softmax in the exp2 domain
-// with the scale folded into one FMA, O += P V (P reused from the S accumulators as the
-// A operand, V by ldmatrix.trans). A warp skips a tile none of its rows sees. The output goes
-// through the warp's own Q rows in shared memory to 16-byte stores. Fragment layouts: PTX ISA,
-// "Matrix Fragments for mma.m16n8k16".
+// Grid: x = KV head, y = sequence, z = tile of 256 rows, heaviest (latest rows, longest causal
+// range) first across every head and sequence: the block scheduler starts blocks in linear
+// order, so with z slowest the longest blocks start in the first wave (with the row tile in x,
+// the heads after the first few started their longest blocks late: the first 2K chunk of a
+// causal prompt ran at 2/3 the rate of the later ones). Row r of a (sequence, KV head) is query
+// token r / group, query head r % group. Block: 8 warps of 32 rows each, two m16 MMA tiles per
+// warp, so every K and V fragment read from shared memory feeds two MMAs (with one m16 tile per
+// warp the kernel was bound by shared-memory reads: 165 TFLOP/s on an H100 against 245). Q stays
+// in shared memory for the whole block and is re-read per tile (the registers hold 2 x 64 scores
+// and 2 x 128 outputs per thread). Per K/V tile of 64 cached tokens (any number of pages;
+// cp.async, two stages, one barrier per tile): S = Q K^T (K by ldmatrix as the col-major B
+// operand), mask (only on tiles that need it), online softmax in the exp2 domain with the scale
+// folded into one FMA, O += P V (P reused from the S accumulators as the A operand, V by
+// ldmatrix.trans). A warp skips a tile none of its rows sees. The output goes through the
+// warp's own Q rows in shared memory to 16-byte stores. Fragment layouts: PTX ISA, "Matrix
+// Fragments for mma.m16n8k16".
 #pragma once
 
 #include "kernels/attention_mask.h"
@@ -20,17 +24,18 @@
 
 namespace kvfleet::kernels::prefill {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMTiles = 2;                  // m16 tiles per warp: each K/V fragment feeds 2 MMAs
 constexpr int kWarpRows = 16 * kMTiles;     // query rows per warp
-constexpr int kRows = kWarps * kWarpRows;   // query rows per block: 128 (32 tokens of a group of 4)
+constexpr int kRows = kWarps * kWarpRows;   // query rows per block: 256 (64 tokens of a group of 4)
 constexpr int kCols = 64;                   // cached tokens per K/V tile
 constexpr int kStages = 2;                  // K/V tiles in shared memory
 constexpr int kPad = 8;                     // bf16 of padding per shared row: conflict-free ldmatrix
-// Two blocks per SM: 255 registers each at head_dim 128 (2 x 64 scores + 2 x 128 outputs per
-// thread), 104 KiB of shared memory each; one block's softmax overlaps the other's MMAs.
-constexpr int kMinBlocksPerSm = 2;
+// One block per SM: 255 registers per thread at head_dim 128 (2 x 64 scores + 2 x 128 outputs),
+// 136 KiB of shared memory. Measured on an H100 (8K prompt in 2K chunks): 245 TFLOP/s against
+// 241 for two blocks of 4 warps and 243 for three K/V stages.
+constexpr int kMinBlocksPerSm = 1;
 
 template <int kHeadDim>
 constexpr int SmemBytes() {
@@ -42,7 +47,10 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::); }
+template <int kN>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN));
+}
 
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -94,12 +102,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kRows][kStride], then output
   __nv_bfloat16* kv_s = q_s + kRows * kStride;                       // [stage][K,V][kCols][kStride]
 
-  const int seq = blockIdx.z, kv_head = blockIdx.y;
+  const int kv_head = blockIdx.x, seq = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int q_begin = p.cu_q_lens[seq];
   const int q_len = p.cu_q_lens[seq + 1] - q_begin;
   const int rows = q_len * group;
-  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest (latest) rows first
+  const int r0 = (gridDim.z - 1 - blockIdx.z) * kRows;  // heaviest (latest) rows first
   if (r0 >= rows) return;
   const int first_pos = p.seq_lens[seq] - q_len;  // position of query token 0
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -123,8 +131,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int ns = MaskSinkCount(p.mask, lo);
   const int n = ns + q_max + 1 - lo;
   auto pos_of = [&](int i) { return i < ns ? i : lo + (i - ns); };
-  // Positions below this may be sinks for some row: never skipped as "before the window".
-  const int sink_limit = MaskSinkCount(p.mask, INT32_MAX);
 
   const int wr0 = warp * kWarpRows;  // first block row of the warp
   // This warp's rows: their query positions (-1 past the chunk) and the span they cover.
@@ -136,12 +142,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const int r = r0 + wr0 + mt * 16 + gid + 8 * h;
       row_q[mt][h] = r < rows ? first_pos + r / group : -1;
     }
-  const bool warp_any = r0 + wr0 < rows;
-  const bool warp_full = r0 + wr0 + kWarpRows <= rows;
+  // The warp's tiles, as thresholds on a tile's first index i0 (computed once: registers are
+  // the scarce resource). Invisible to every row: i0 > vis_hi (past the warp's last query; all
+  // of them when the warp has no rows), or i0 >= below_from and i_last < vis_lo (wholly before
+  // every row's range start, above any position that may be a sink). Full (no mask needed):
+  // full_lo <= i0 <= full_hi.
   const int wq_min = first_pos + (r0 + wr0) / group;
   const int wq_max = first_pos + (min(rows, r0 + wr0 + kWarpRows) - 1) / group;
-  const int w_lo_min = MaskRangeStart(p.mask, wq_min);
-  const int w_lo_max = MaskRangeStart(p.mask, wq_max);
+  const int vis_hi = r0 + wr0 < rows ? ns + wq_max - lo : -1;
+  const int vis_lo = ns + MaskRangeStart(p.mask, wq_min) - lo;
+  const int below_from = ns + max(0, MaskSinkCount(p.mask, INT32_MAX) - lo);
+  const int full_lo = r0 + wr0 + kWarpRows <= rows ? ns + max(0, MaskRangeStart(p.mask, wq_max) - lo) : INT32_MAX;
+  const int full_hi = min(ns + wq_min - lo - (kCols - 1), n - kCols);
 
   // K/V tile loads: thread t copies 16-byte chunk t % kChunks of rows t / kChunks + k kLoadRows.
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
@@ -149,11 +161,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const bool b_pow2 = (B & (B - 1)) == 0;
   const int b_shift = __ffs(B) - 1;
   const int64_t block_elems = p.layout.BlockElems();
-  const int64_t k_base = p.layout.Offset(0, p.layer, 0, kv_head, 0) + (threadIdx.x % kChunks) * 8;
-  const int64_t v_delta = p.layout.TileElems() * p.layout.num_kv_heads;  // K -> V of the same slot
+  const __nv_bfloat16* kv_base = p.kv_pool + p.layout.Offset(0, p.layer, 0, kv_head, 0) + (threadIdx.x % kChunks) * 8;
+  // K -> V of the same slot: block_size * head_dim * num_kv_heads < 2^31 (int32: one register).
+  const int v_delta = static_cast<int>(p.layout.TileElems()) * p.layout.num_kv_heads;
   const int load_row = threadIdx.x / kChunks;
   const int load_col = (threadIdx.x % kChunks) * 8;
-  auto load_tile = [&](int tile, int stage) {
+  const int num_tiles = (n + kCols - 1) / kCols;
+  // Loads tile `tile` into its stage and commits one cp.async group (empty past the last tile,
+  // so that the wait below always counts kStages - 2 younger groups).
+  auto load_tile = [&](int tile) {
+    if (tile >= num_tiles) {
+      CpAsyncCommit();
+      return;
+    }
+    const int stage = tile % kStages;
     __nv_bfloat16* ks = kv_s + stage * 2 * kCols * kStride;
     __nv_bfloat16* vs = ks + kCols * kStride;
 #pragma unroll
@@ -166,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         const int pos = pos_of(i);
         const int page = b_pow2 ? pos >> b_shift : pos / B;
         const int slot = pos - page * B;
-        k_src = p.kv_pool + __ldg(table + page) * block_elems + k_base + static_cast<int64_t>(slot) * kHeadDim;
+        k_src = kv_base + __ldg(table + page) * block_elems + slot * kHeadDim;
       }
       CpAsync16(ks + row * kStride + load_col, k_src, valid);
       CpAsync16(vs + row * kStride + load_col, valid ? k_src + v_delta : k_src, valid);
@@ -188,25 +209,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     for (int h = 0; h < 2; ++h) m[mt][h] = -INFINITY, l[mt][h] = 0.f;
   const float scale_log2 = p.scale * kLog2e;
 
-  const int num_tiles = (n + kCols - 1) / kCols;
-  load_tile(0, 0);
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
   for (int tile = 0; tile < num_tiles; ++tile) {
     // The barrier publishes tile `tile` and ends every read of the stage refilled next.
-    CpAsyncWaitAll();
+    CpAsyncWait<kStages - 2>();
     __syncthreads();
-    if (tile + 1 < num_tiles) load_tile(tile + 1, (tile + 1) % kStages);
     const __nv_bfloat16* ks = kv_s + (tile % kStages) * 2 * kCols * kStride;
     const __nv_bfloat16* vs = ks + kCols * kStride;
 
     const int i0 = tile * kCols;
     const int i_last = min(i0 + kCols, n) - 1;
-    // Tiles wholly past the warp's last query, or wholly before its first row's range start
-    // (and no sink), are invisible to every row of the warp.
-    const bool invisible = !warp_any || (i0 >= ns && (pos_of(i0) > wq_max ||
-                                                      (pos_of(i_last) < w_lo_min && pos_of(i0) >= sink_limit)));
-    if (invisible) continue;
+    const bool invisible = i0 > vis_hi || (i0 >= below_from && i_last < vis_lo);
+    if (invisible) {
+      load_tile(tile + kStages - 1);
+      continue;
+    }
     // Every row of the warp sees every token of the tile: no mask.
-    const bool full = warp_full && i0 + kCols <= n && i0 >= ns && pos_of(i0) >= w_lo_max && pos_of(i_last) <= wq_min;
+    const bool full = i0 >= full_lo && i0 <= full_hi;
 
     // S = Q K^T for the warp's 32 rows x 64 tokens.
     float s[kMTiles][kNTiles][4];
@@ -234,69 +254,85 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       }
     }
 
+    // Issued behind the QK^T MMAs, so that its block-table reads wait while the tensor cores work.
+    load_tile(tile + kStages - 1);
     if (!full) {
+      // MaskAttends, with the per-row parts hoisted: row q sees [MaskRangeStart(q), q] and the
+      // sinks below it. Indices past n map past q_max, so "pos <= q" also rejects them.
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int qpos = row_q[mt][h];
+          const int qpos = row_q[mt][h];  // -1 past the chunk: nothing is kept
+          const int row_lo = MaskRangeStart(p.mask, qpos);
+          const int row_sinks = MaskSinkCount(p.mask, row_lo);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-              const int i = i0 + nt * 8 + 2 * tig + j;
-              if (!(i < n && qpos >= 0 && MaskAttends(p.mask, qpos, pos_of(i)))) s[mt][nt][2 * h + j] = -INFINITY;
+              const int pos = pos_of(i0 + nt * 8 + 2 * tig + j);
+              if (!(pos <= qpos && (pos >= row_lo || pos < row_sinks))) s[mt][nt][2 * h + j] = -INFINITY;
             }
         }
     }
 
     // Online softmax per row (gid + 8 h of m tile mt); a row spans the 4 lanes of a quad.
+    // Reductions are trees: with two warps per scheduler, serial chains stall on latency.
+    // P in the A-operand layout of the P V MMA (the S accumulators' layout, k = token).
+    uint32_t pa[kMTiles][kCols / 16][4];
+    float correction[kMTiles][2];
+    bool unchanged = true;  // no row's max moved: the rescale of O is skipped warp-wide
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = m[mt][h];
+        float v[kNTiles];
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        for (int nt = 0; nt < kNTiles; ++nt) v[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+#pragma unroll
+        for (int w = kNTiles / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int k = 0; k < w; ++k) v[k] = fmaxf(v[k], v[k + w]);
+        float mx = fmaxf(m[mt][h], v[0]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.f : mx * scale_log2;  // 0: every token so far masked
-        const float correction = Exp2(m[mt][h] * scale_log2 - base);
+        correction[mt][h] = Exp2(m[mt][h] * scale_log2 - base);
+        unchanged = unchanged && mx == m[mt][h];
         m[mt][h] = mx;
-        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          s[mt][nt][2 * h] = Exp2(fmaf(s[mt][nt][2 * h], scale_log2, -base));
-          s[mt][nt][2 * h + 1] = Exp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -base));
-          sum += s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
+          const float p0 = Exp2(fmaf(s[mt][nt][2 * h], scale_log2, -base));
+          const float p1 = Exp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -base));
+          v[nt] = p0 + p1;
+          pa[mt][nt / 2][(nt % 2) * 2 + h] = PackBf16(p0, p1);  // P as bf16 at once: frees registers
         }
-        l[mt][h] = l[mt][h] * correction + sum;
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          o[mt][t][2 * h] *= correction;
-          o[mt][t][2 * h + 1] *= correction;
-        }
+        for (int w = kNTiles / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int k = 0; k < w; ++k) v[k] += v[k + w];
+        l[mt][h] = l[mt][h] * correction[mt][h] + v[0];
       }
+    if (!__all_sync(0xffffffffu, unchanged)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) o[mt][t][j] *= correction[mt][j >> 1];
+    }
 
-    // O += P V: P's accumulator layout is the A-operand layout of the next MMA.
+    // O += P V.
 #pragma unroll
     for (int kk = 0; kk < kCols / 16; ++kk) {
-      uint32_t pa[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        pa[mt][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int dn = 0; dn < kHeadDim / 16; ++dn) {
         uint32_t b[4];  // dims dn * 16 .. + 7 (b[0], b[1]) and + 8 .. + 15 (b[2], b[3])
         LdMatrixX4Trans(b, vs + (kk * 16 + (lane & 15)) * kStride + dn * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          Mma(o[mt][2 * dn], pa[mt], b[0], b[1]);
-          Mma(o[mt][2 * dn + 1], pa[mt], b[2], b[3]);
+          Mma(o[mt][2 * dn], pa[mt][kk], b[0], b[1]);
+          Mma(o[mt][2 * dn + 1], pa[mt][kk], b[2], b[3]);
         }
       }
     }

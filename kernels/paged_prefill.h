@@ -36,7 +36,9 @@ struct PagedPrefillParams {
   AttentionMask mask;
 };
 
-// REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above.
+// REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above; num_seqs and
+// max_q_len * (num_q_heads / num_kv_heads) / 256 at most 65535 (grid y and z; else
+// cudaErrorInvalidValue).
 cudaError_t LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream);
 
 }  // namespace kvfleet::kernels
