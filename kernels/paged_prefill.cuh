@@ -4,16 +4,16 @@
 // range) first across every head and sequence: the block scheduler starts blocks in linear
 // order, so with z slowest the longest blocks start in the first wave (with the row tile in x,
 // the heads after the first few started their longest blocks late: the first 2K chunk of a
-// causal prompt ran at 2/3 the rate of the later ones). Row r of a (sequence, KV head) is query
+// causal 8K prompt ran at 60% of the last chunk's rate, now at 80%). Row r of a (sequence, KV head) is query
 // token r / group, query head r % group. Block: 8 warps of 32 rows each, two m16 MMA tiles per
-// warp, so every K and V fragment read from shared memory feeds two MMAs (with one m16 tile per
-// warp the kernel was bound by shared-memory reads: 165 TFLOP/s on an H100 against 245). Q stays
+// warp, so every K and V fragment read from shared memory feeds two MMAs (one m16 tile per warp,
+// 4 warps: 165 TFLOP/s on an H100; two per warp in the same grid: 231). Q stays
 // in shared memory for the whole block and is re-read per tile (the registers hold 2 x 64 scores
 // and 2 x 128 outputs per thread). Per K/V tile of 64 cached tokens (any number of pages;
 // cp.async, two stages, one barrier per tile): S = Q K^T (K by ldmatrix as the col-major B
 // operand), mask (only on tiles that need it), online softmax in the exp2 domain with the scale
 // folded into one FMA, O += P V (P reused from the S accumulators as the A operand, V by
-// ldmatrix.trans). A warp skips a tile none of its rows sees. The output goes through the
+// ldmatrix.trans). A warp skips a tile wholly past its last query. The output goes through the
 // warp's own Q rows in shared memory to 16-byte stores. Fragment layouts: PTX ISA, "Matrix
 // Fragments for mma.m16n8k16".
 #pragma once
@@ -33,8 +33,8 @@ constexpr int kCols = 64;                   // cached tokens per K/V tile
 constexpr int kStages = 2;                  // K/V tiles in shared memory
 constexpr int kPad = 8;                     // bf16 of padding per shared row: conflict-free ldmatrix
 // One block per SM: 255 registers per thread at head_dim 128 (2 x 64 scores + 2 x 128 outputs),
-// 136 KiB of shared memory. Measured on an H100 (8K prompt in 2K chunks): 245 TFLOP/s against
-// 241 for two blocks of 4 warps and 243 for three K/V stages.
+// 136 KiB of shared memory. Measured on an H100 (8K prompt in 2K chunks, before the grid-order
+// change): 245 TFLOP/s against 241 for two blocks of 4 warps and 243 for three K/V stages.
 constexpr int kMinBlocksPerSm = 1;
 
 template <int kHeadDim>
