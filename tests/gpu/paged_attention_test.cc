@@ -278,9 +278,11 @@ TEST_CASE("prefill K/V tiles span pages of every block size, power of two or not
     }
 }
 
-TEST_CASE("prefill over a long prefix skips only the tiles a mask hides") {
-  // Windows far shorter than the prefix leave whole K/V tiles invisible to some warps (skipped);
-  // sinks sit in a tile far below every row's window; chunk masks start mid-tile.
+TEST_CASE("prefill over a long prefix applies windows, sinks and chunks on every tile") {
+  // Windows far shorter than the prefix put the block's range start mid-tile and differ between
+  // the warps of a block; sinks sit in a tile far below every row's window; chunk masks start
+  // mid-tile; with prefixes not a multiple of 64, some warps meet tiles wholly past their last
+  // query (skipped).
   uint32_t seed = 680;
   for (int head_dim : {64, 128})
     for (const AttentionMask& m :
