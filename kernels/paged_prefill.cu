@@ -3,6 +3,8 @@
 namespace kvfleet::kernels {
 namespace {
 
+constexpr int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+
 template <int kHeadDim>
 cudaError_t Launch(const PagedPrefillParams& p, cudaStream_t stream) {
   constexpr int kSmem = prefill::SmemBytes<kHeadDim>();
@@ -11,7 +13,8 @@ cudaError_t Launch(const PagedPrefillParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int64_t row_tiles = (int64_t(p.max_q_len) * group + prefill::kRows - 1) / prefill::kRows;
-  dim3 grid(static_cast<unsigned>(row_tiles), p.layout.num_kv_heads, p.num_seqs);
+  if (row_tiles > kMaxGridYZ || p.num_seqs > kMaxGridYZ) return cudaErrorInvalidValue;
+  dim3 grid(p.layout.num_kv_heads, p.num_seqs, static_cast<unsigned>(row_tiles));
   kernel<<<grid, prefill::kThreads, kSmem, stream>>>(p);
   KVF_RETURN_LAUNCH_ERROR();
   return cudaSuccess;

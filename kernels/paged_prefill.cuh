@@ -1,11 +1,21 @@
 // Paged prefill kernel (contract in paged_prefill.h).
 //
-// Grid: x = tile of 64 rows, y = KV head, z = sequence. Row r of a (sequence, KV head) is query
-// token r / group, query head r % group. Block: 4 warps, 16 rows each (one m16 MMA tile).
-// Per K/V tile of 64 cached tokens: S = Q K^T (mma.sync, K from shared memory as the col-major
-// B operand), mask, online softmax in registers, O += P V (P reused from the S accumulators
-// as the A operand, V through ldmatrix.trans). Fragment layouts: PTX ISA, "Matrix Fragments
-// for mma.m16n8k16".
+// Grid: x = KV head, y = sequence, z = tile of 256 rows, heaviest (latest rows, longest causal
+// range) first across every head and sequence: the block scheduler starts blocks in linear
+// order, so with z slowest the longest blocks start in the first wave (with the row tile in x,
+// the heads after the first few started their longest blocks late: the first 2K chunk of a
+// causal 8K prompt ran at 60% of the last chunk's rate, now at 80%). Row r of a (sequence, KV head) is query
+// token r / group, query head r % group. Block: 8 warps of 32 rows each, two m16 MMA tiles per
+// warp, so every K and V fragment read from shared memory feeds two MMAs (one m16 tile per warp,
+// 4 warps: 165 TFLOP/s on an H100; two per warp in the same grid: 231). Q stays
+// in shared memory for the whole block and is re-read per tile (the registers hold 2 x 64 scores
+// and 2 x 128 outputs per thread). Per K/V tile of 64 cached tokens (any number of pages;
+// cp.async, two stages, one barrier per tile): S = Q K^T (K by ldmatrix as the col-major B
+// operand), mask (only on tiles that need it), online softmax in the exp2 domain with the scale
+// folded into one FMA, O += P V (P reused from the S accumulators as the A operand, V by
+// ldmatrix.trans). A warp skips a tile wholly past its last query. The output goes through the
+// warp's own Q rows in shared memory to 16-byte stores. Fragment layouts: PTX ISA, "Matrix
+// Fragments for mma.m16n8k16".
 #pragma once
 
 #include "kernels/attention_mask.h"
@@ -14,15 +24,22 @@
 
 namespace kvfleet::kernels::prefill {
 
-constexpr int kWarps = 8;  // 128 rows per K/V tile read: halves L2 traffic against 64
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16 * kWarps;  // query rows per block
-constexpr int kCols = 64;           // cached tokens per K/V tile
-constexpr int kPad = 8;             // bf16 of padding per shared row: conflict-free fragments
+constexpr int kMTiles = 2;                  // m16 tiles per warp: each K/V fragment feeds 2 MMAs
+constexpr int kWarpRows = 16 * kMTiles;     // query rows per warp
+constexpr int kRows = kWarps * kWarpRows;   // query rows per block: 256 (64 tokens of a group of 4)
+constexpr int kCols = 64;                   // cached tokens per K/V tile
+constexpr int kStages = 2;                  // K/V tiles in shared memory
+constexpr int kPad = 8;                     // bf16 of padding per shared row: conflict-free ldmatrix
+// One block per SM: 255 registers per thread at head_dim 128 (2 x 64 scores + 2 x 128 outputs),
+// 136 KiB of shared memory. Measured on an H100 (8K prompt in 2K chunks, before the grid-order
+// change): 245 TFLOP/s against 241 for two blocks of 4 warps and 243 for three K/V stages.
+constexpr int kMinBlocksPerSm = 1;
 
 template <int kHeadDim>
 constexpr int SmemBytes() {
-  return 2 /*stages*/ * 2 /*K,V*/ * kCols * (kHeadDim + kPad) * 2;
+  return (kRows + kStages * 2 /*K,V*/ * kCols) * (kHeadDim + kPad) * 2;
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
@@ -43,6 +60,15 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 b16 matrices, row-major in shared memory, lanes 8j..8j+7 addressing the rows of
+// matrix j: lane t receives row t / 4, elements 2 (t % 4) and 2 (t % 4) + 1 of each.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+// The same, transposed: lane t receives rows 2 (t % 4) and 2 (t % 4) + 1 of column t / 4.
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -50,14 +76,11 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* sm
                : "r"(s));
 }
 
-// Four 8x8 b16 matrices, row-major in shared memory: lane t receives row t / 4, elements
-// 2 (t % 4) and 2 (t % 4) + 1 of each, which is the col-major B fragment of m16n8k16 when the
-// rows are tokens (n) and the columns head dims (k).
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
+// 2^x; -inf gives +0 (PTX ISA, ex2.approx: max relative error 2^-22, far below bf16's).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -65,195 +88,279 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// One block per SM at head_dim 128 (227 registers). Capping registers for two (128 each)
-// spills 352 bytes per thread and measured slower on an H200: 152 against 166 TFLOP/s
-// (tests/bench/results, v8).
 template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PagedPrefillParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    PagedPrefillKernel(const __grid_constant__ PagedPrefillParams p) {
   constexpr int kStride = kHeadDim + kPad;  // bf16 per shared row
   constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;    // k steps of S = Q K^T
   constexpr int kDTiles = kHeadDim / 8;     // n tiles of O
+  constexpr int kNTiles = kCols / 8;        // n tiles of S
+  constexpr int kLoadRows = kThreads / kChunks;  // tile rows one pass of the block loads
+  static_assert(kThreads % kChunks == 0 && kCols % kLoadRows == 0, "load passes must tile the K/V tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [stage][K,V][kCols][kStride]
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kRows][kStride], then output
+  __nv_bfloat16* kv_s = q_s + kRows * kStride;                       // [stage][K,V][kCols][kStride]
 
-  const int seq = blockIdx.z, kv_head = blockIdx.y;
+  const int kv_head = blockIdx.x, seq = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int q_begin = p.cu_q_lens[seq];
   const int q_len = p.cu_q_lens[seq + 1] - q_begin;
   const int rows = q_len * group;
-  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest (latest) rows first
+  const int r0 = (gridDim.z - 1 - blockIdx.z) * kRows;  // heaviest (latest) rows first
   if (r0 >= rows) return;
-  const int seq_len = p.seq_lens[seq];
-  const int first_pos = seq_len - q_len;  // position of query token 0
+  const int first_pos = p.seq_lens[seq] - q_len;  // position of query token 0
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
+  auto q_row_offset = [&](int r) {  // element offset of block row r0 + r in q / out
+    const int token = (r0 + r) / group, g = (r0 + r) % group;
+    return (static_cast<int64_t>(q_begin + token) * p.num_q_heads + kv_head * group + g) * kHeadDim;
+  };
 
-  // This thread's two rows (gid and gid + 8 of its warp's 16), their query positions.
-  int row_q[2];
-  const __nv_bfloat16* row_ptr[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + warp * 16 + gid + 8 * h;
-    const int token = r / group, g = r % group;
-    row_q[h] = r < rows ? first_pos + token : -1;
-    row_ptr[h] = p.q + (static_cast<int64_t>(q_begin + token) * p.num_q_heads + kv_head * group + g) * kHeadDim;
+  // Q tile -> shared memory (rows past the chunk read as zero); committed with K/V tile 0.
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks, chunk = c % kChunks;
+    const bool valid = r0 + row < rows;
+    CpAsync16(q_s + row * kStride + chunk * 8, valid ? p.q + q_row_offset(row) + chunk * 8 : p.q, valid);
   }
-  uint32_t qa[kKSteps][4];
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int h = j & 1, col = kk * 16 + (j >> 1) * 8 + 2 * tig;
-      qa[kk][j] = row_q[h] >= 0 ? *reinterpret_cast<const uint32_t*>(row_ptr[h] + col) : 0u;
-    }
 
-  // Cached tokens this block visits: sinks [0, ns), then [lo, q_max].
+  // Cached tokens this block visits, as indices i in [0, n): sinks [0, ns), then [lo, q_max].
   const int q_min = first_pos + r0 / group;
   const int q_max = first_pos + (min(rows, r0 + kRows) - 1) / group;
   const int lo = MaskRangeStart(p.mask, q_min);
   const int ns = MaskSinkCount(p.mask, lo);
   const int n = ns + q_max + 1 - lo;
-  const int lo_of_max = MaskRangeStart(p.mask, q_max);
-  const bool rows_full = r0 + kRows <= rows;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int B = p.layout.block_size;
   auto pos_of = [&](int i) { return i < ns ? i : lo + (i - ns); };
 
-  auto load_tile = [&](int tile, int stage) {
-    const int i0 = tile * kCols;
-    __nv_bfloat16* ks = smem + stage * 2 * kCols * kStride;
+  const int wr0 = warp * kWarpRows;  // first block row of the warp
+  // This warp's rows: their query positions (-1 past the chunk) and the span they cover.
+  int row_q[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + wr0 + mt * 16 + gid + 8 * h;
+      row_q[mt][h] = r < rows ? first_pos + r / group : -1;
+    }
+  // The warp's tiles, as thresholds on a tile's first index i0 (computed once: registers are
+  // the scarce resource). Invisible to every row: i0 > vis_hi (past the warp's last query; all
+  // of them when the warp has no rows), or i0 >= below_from and i_last < vis_lo (wholly before
+  // every row's range start, above any position that may be a sink). Full (no mask needed):
+  // full_lo <= i0 <= full_hi.
+  const int wq_min = first_pos + (r0 + wr0) / group;
+  const int wq_max = first_pos + (min(rows, r0 + wr0 + kWarpRows) - 1) / group;
+  const int vis_hi = r0 + wr0 < rows ? ns + wq_max - lo : -1;
+  const int vis_lo = ns + MaskRangeStart(p.mask, wq_min) - lo;
+  const int below_from = ns + max(0, MaskSinkCount(p.mask, INT32_MAX) - lo);
+  const int full_lo = r0 + wr0 + kWarpRows <= rows ? ns + max(0, MaskRangeStart(p.mask, wq_max) - lo) : INT32_MAX;
+  const int full_hi = min(ns + wq_min - lo - (kCols - 1), n - kCols);
+
+  // K/V tile loads: thread t copies 16-byte chunk t % kChunks of rows t / kChunks + k kLoadRows.
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int B = p.layout.block_size;
+  const bool b_pow2 = (B & (B - 1)) == 0;
+  const int b_shift = __ffs(B) - 1;
+  const int64_t block_elems = p.layout.BlockElems();
+  const __nv_bfloat16* kv_base = p.kv_pool + p.layout.Offset(0, p.layer, 0, kv_head, 0) + (threadIdx.x % kChunks) * 8;
+  // K -> V of the same slot: block_size * head_dim * num_kv_heads < 2^31 (int32: one register).
+  const int v_delta = static_cast<int>(p.layout.TileElems()) * p.layout.num_kv_heads;
+  const int load_row = threadIdx.x / kChunks;
+  const int load_col = (threadIdx.x % kChunks) * 8;
+  const int num_tiles = (n + kCols - 1) / kCols;
+  // Loads tile `tile` into its stage and commits one cp.async group (empty past the last tile,
+  // so that the wait below always counts kStages - 2 younger groups).
+  auto load_tile = [&](int tile) {
+    if (tile >= num_tiles) {
+      CpAsyncCommit();
+      return;
+    }
+    const int stage = tile % kStages;
+    __nv_bfloat16* ks = kv_s + stage * 2 * kCols * kStride;
     __nv_bfloat16* vs = ks + kCols * kStride;
 #pragma unroll
-    for (int c = threadIdx.x; c < kCols * kChunks; c += kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks;
-      const int i = i0 + row;
+    for (int k = 0; k < kCols / kLoadRows; ++k) {
+      const int row = load_row + k * kLoadRows;
+      const int i = tile * kCols + row;
       const bool valid = i < n;
       const __nv_bfloat16* k_src = p.kv_pool;
-      const __nv_bfloat16* v_src = p.kv_pool;
       if (valid) {
         const int pos = pos_of(i);
-        const int64_t block = table[pos / B];
-        k_src = p.kv_pool + p.layout.Offset(block, p.layer, 0, kv_head, pos % B) + chunk * 8;
-        v_src = k_src + p.layout.TileElems() * p.layout.num_kv_heads;
+        const int page = b_pow2 ? pos >> b_shift : pos / B;
+        const int slot = pos - page * B;
+        k_src = kv_base + __ldg(table + page) * block_elems + slot * kHeadDim;
       }
-      CpAsync16(ks + row * kStride + chunk * 8, k_src, valid);
-      CpAsync16(vs + row * kStride + chunk * 8, v_src, valid);
+      CpAsync16(ks + row * kStride + load_col, k_src, valid);
+      CpAsync16(vs + row * kStride + load_col, valid ? k_src + v_delta : k_src, valid);
     }
     CpAsyncCommit();
   };
 
-  float o[kDTiles][4];
+  float o[kMTiles][kDTiles][4];
 #pragma unroll
-  for (int t = 0; t < kDTiles; ++t)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) o[t][j] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float scale_log2 = p.scale * kLog2e;
-
-  const int num_tiles = (n + kCols - 1) / kCols;
-  load_tile(0, 0);
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile & 1;
-    if (tile + 1 < num_tiles) {
-      load_tile(tile + 1, stage ^ 1);
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const __nv_bfloat16* ks = smem + stage * 2 * kCols * kStride;
-    const __nv_bfloat16* vs = ks + kCols * kStride;
-
-    // S = Q K^T for this warp's 16 rows x 64 tokens.
-    float s[kCols / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
-      // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
-      const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; kk += 2) {
-        uint32_t b[4];
-        LdMatrixX4(b, kaddr + kk * 16);
-        Mma(s[nt], qa[kk], b[0], b[1]);
-        Mma(s[nt], qa[kk + 1], b[2], b[3]);
-      }
-    }
-
-    // Mask (skipped when every row sees every token of the tile).
-    const int i0 = tile * kCols;
-    const bool full = rows_full && i0 + kCols <= n && i0 >= ns && pos_of(i0) >= lo_of_max &&
-                      pos_of(i0 + kCols - 1) <= q_min;
-#pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = i0 + nt * 8 + 2 * tig + (j & 1);
-        const int qpos = row_q[j >> 1];
-        const bool keep = full || (i < n && qpos >= 0 && MaskAttends(p.mask, qpos, pos_of(i)));
-        s[nt][j] = keep ? s[nt][j] * scale_log2 : -INFINITY;
-      }
-
-    // Online softmax, rows gid (h = 0) and gid + 8 (h = 1); a row spans the 4 lanes of a quad.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
-#pragma unroll
-      for (int nt = 0; nt < kCols / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx;  // a fully masked row so far
-      const float correction = exp2f(m[h] - base);
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kCols / 8; ++nt) {
-        s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-        s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
-        sum += s[nt][2 * h] + s[nt][2 * h + 1];
-      }
-      l[h] = l[h] * correction + sum;
-#pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        o[t][2 * h] *= correction;
-        o[t][2 * h + 1] *= correction;
-      }
-    }
-
-    // O += P V: P's accumulator layout is the A-operand layout of the next MMA.
-#pragma unroll
-    for (int kk = 0; kk < kCols / 16; ++kk) {
-      const uint32_t pa[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]), PackBf16(s[2 * kk][2], s[2 * kk][3]),
-                              PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dn = 0; dn < kHeadDim / 16; ++dn) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, vs + (kk * 16 + (lane & 15)) * kStride + dn * 16 + (lane >> 4) * 8);
-        Mma(o[2 * dn], pa, b[0], b[1]);
-        Mma(o[2 * dn + 1], pa, b[2], b[3]);
-      }
-    }
-    __syncthreads();  // the stage is refilled by the next iteration's prefetch
-  }
-
-  // Normalise and store.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (row_q[h] < 0) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int r = r0 + warp * 16 + gid + 8 * h;
-    const int token = r / group, g = r % group;
-    __nv_bfloat16* dst =
-        p.out + (static_cast<int64_t>(q_begin + token) * p.num_q_heads + kv_head * group + g) * kHeadDim + 2 * tig;
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int t = 0; t < kDTiles; ++t)
-      *reinterpret_cast<__nv_bfloat162*>(dst + t * 8) = __floats2bfloat162_rn(o[t][2 * h] * inv, o[t][2 * h + 1] * inv);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[mt][t][j] = 0.f;
+  float m[kMTiles][2], l[kMTiles][2];  // running max (unscaled scores) and this lane's partial sum
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[mt][h] = -INFINITY, l[mt][h] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;
+
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // The barrier publishes tile `tile` and ends every read of the stage refilled next.
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    const __nv_bfloat16* ks = kv_s + (tile % kStages) * 2 * kCols * kStride;
+    const __nv_bfloat16* vs = ks + kCols * kStride;
+
+    const int i0 = tile * kCols;
+    const int i_last = min(i0 + kCols, n) - 1;
+    const bool invisible = i0 > vis_hi || (i0 >= below_from && i_last < vis_lo);
+    if (invisible) {
+      load_tile(tile + kStages - 1);
+      continue;
+    }
+    // Every row of the warp sees every token of the tile: no mask.
+    const bool full = i0 >= full_lo && i0 <= full_hi;
+
+    // S = Q K^T for the warp's 32 rows x 64 tokens.
+    float s[kMTiles][kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[mt][nt][j] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t qa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        LdMatrixX4(qa[mt], q_s + (wr0 + mt * 16 + (lane & 15)) * kStride + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; nt += 2) {
+        uint32_t b[4];  // k step kk of tokens nt * 8 .. + 7 (b[0], b[1]) and (nt + 1) * 8 .. + 7 (b[2], b[3])
+        LdMatrixX4(b, ks + (nt * 8 + (lane & 7) + (lane >> 4) * 8) * kStride + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma(s[mt][nt], qa[mt], b[0], b[1]);
+          Mma(s[mt][nt + 1], qa[mt], b[2], b[3]);
+        }
+      }
+    }
+
+    // Issued behind the QK^T MMAs, so that its block-table reads wait while the tensor cores work.
+    load_tile(tile + kStages - 1);
+    if (!full) {
+      // MaskAttends, with the per-row parts hoisted: row q sees [MaskRangeStart(q), q] and the
+      // sinks below it. Indices past n map past q_max, so "pos <= q" also rejects them.
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qpos = row_q[mt][h];  // -1 past the chunk: nothing is kept
+          const int row_lo = MaskRangeStart(p.mask, qpos);
+          const int row_sinks = MaskSinkCount(p.mask, row_lo);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int pos = pos_of(i0 + nt * 8 + 2 * tig + j);
+              if (!(pos <= qpos && (pos >= row_lo || pos < row_sinks))) s[mt][nt][2 * h + j] = -INFINITY;
+            }
+        }
+    }
+
+    // Online softmax per row (gid + 8 h of m tile mt); a row spans the 4 lanes of a quad.
+    // Reductions are trees: with two warps per scheduler, serial chains stall on latency.
+    // P in the A-operand layout of the P V MMA (the S accumulators' layout, k = token).
+    uint32_t pa[kMTiles][kCols / 16][4];
+    float correction[kMTiles][2];
+    bool unchanged = true;  // no row's max moved: the rescale of O is skipped warp-wide
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[kNTiles];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) v[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+#pragma unroll
+        for (int w = kNTiles / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int k = 0; k < w; ++k) v[k] = fmaxf(v[k], v[k + w]);
+        float mx = fmaxf(m[mt][h], v[0]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx * scale_log2;  // 0: every token so far masked
+        correction[mt][h] = Exp2(m[mt][h] * scale_log2 - base);
+        unchanged = unchanged && mx == m[mt][h];
+        m[mt][h] = mx;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float p0 = Exp2(fmaf(s[mt][nt][2 * h], scale_log2, -base));
+          const float p1 = Exp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -base));
+          v[nt] = p0 + p1;
+          pa[mt][nt / 2][(nt % 2) * 2 + h] = PackBf16(p0, p1);  // P as bf16 at once: frees registers
+        }
+#pragma unroll
+        for (int w = kNTiles / 2; w >= 1; w /= 2)
+#pragma unroll
+          for (int k = 0; k < w; ++k) v[k] += v[k + w];
+        l[mt][h] = l[mt][h] * correction[mt][h] + v[0];
+      }
+    if (!__all_sync(0xffffffffu, unchanged)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) o[mt][t][j] *= correction[mt][j >> 1];
+    }
+
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < kCols / 16; ++kk) {
+#pragma unroll
+      for (int dn = 0; dn < kHeadDim / 16; ++dn) {
+        uint32_t b[4];  // dims dn * 16 .. + 7 (b[0], b[1]) and + 8 .. + 15 (b[2], b[3])
+        LdMatrixX4Trans(b, vs + (kk * 16 + (lane & 15)) * kStride + dn * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma(o[mt][2 * dn], pa[mt][kk], b[0], b[1]);
+          Mma(o[mt][2 * dn + 1], pa[mt][kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Normalise into the warp's own Q rows (no other warp reads them), then 16-byte stores.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[mt][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      __nv_bfloat16* dst = q_s + (wr0 + mt * 16 + gid + 8 * h) * kStride + 2 * tig;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t)
+        *reinterpret_cast<__nv_bfloat162*>(dst + t * 8) =
+            __floats2bfloat162_rn(o[mt][t][2 * h] * inv, o[mt][t][2 * h + 1] * inv);
+    }
+  __syncwarp();
+#pragma unroll
+  for (int c = lane; c < kWarpRows * kChunks; c += 32) {
+    const int row = wr0 + c / kChunks, chunk = c % kChunks;
+    if (r0 + row < rows)
+      *reinterpret_cast<uint4*>(p.out + q_row_offset(row) + chunk * 8) =
+          *reinterpret_cast<const uint4*>(q_s + row * kStride + chunk * 8);
   }
 }
 

@@ -1,11 +1,11 @@
 // Paged-attention prefill / chunked prefill: a chunk of new query tokens per sequence attends,
 // causally, to the sequence's cached prefix plus itself (the chunk's K/V are already in the
-// cache: LaunchRopeKvStore runs first). Flash-attention-2 style: K/V tiles stream through
-// shared memory (cp.async, double-buffered), scores and P.V run on tensor cores
-// (mma.sync m16n8k16 bf16, fp32 accumulation), softmax is online, nothing of size
-// q_len x kv_len is ever stored. GQA: the rows of a thread block are (token, query head) pairs
-// of one KV head, so each K/V tile is loaded once for the whole group. Masks as decode
-// (attention_mask.h); StreamingLLM shifted RoPE is decode-only.
+// cache: LaunchRopeKvStore runs first). Flash-attention-2 style: K/V tiles of 64 cached tokens
+// (spanning any number of pages) stream through shared memory (cp.async, double-buffered),
+// scores and P.V run on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulation), softmax is
+// online, nothing of size q_len x kv_len is ever stored. GQA: the rows of a thread block are
+// (token, query head) pairs of one KV head, so each K/V tile is loaded once for the whole group.
+// Masks as decode (attention_mask.h); StreamingLLM shifted RoPE is decode-only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,7 +36,9 @@ struct PagedPrefillParams {
   AttentionMask mask;
 };
 
-// REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above.
+// REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above; num_seqs and
+// max_q_len * (num_q_heads / num_kv_heads) / 256 at most 65535 (grid y and z; else
+// cudaErrorInvalidValue).
 cudaError_t LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream);
 
 }  // namespace kvfleet::kernels

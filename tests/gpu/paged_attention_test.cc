@@ -260,6 +260,49 @@ TEST_CASE("prefill handles GQA groups, MQA and every mask") {
   }
 }
 
+TEST_CASE("prefill K/V tiles span pages of every block size, power of two or not") {
+  // 64-token K/V tiles cover 4 pages of 16, 2 of 32, one of 64, and cut pages of 7 and 48.
+  uint32_t seed = 650;
+  for (int head_dim : {64, 128})
+    for (int block_size : {7, 16, 32, 48, 64}) {
+      Case c;
+      c.head_dim = head_dim;
+      c.block_size = block_size;
+      c.num_q_heads = 8;
+      c.num_kv_heads = 2;
+      c.seq_lens = {517, 190};  // prefixes 260 and 0; chunks not multiples of the 32-token row tile
+      c.q_lens = {257, 190};
+      CAPTURE(head_dim);
+      CAPTURE(block_size);
+      CHECK(RunPrefill(c, seed++) < kTolerance);
+    }
+}
+
+TEST_CASE("prefill over a long prefix applies windows, sinks and chunks on every tile") {
+  // Windows far shorter than the prefix put the block's range start mid-tile and differ between
+  // the warps of a block; sinks sit in a tile far below every row's window; chunk masks start
+  // mid-tile; with prefixes not a multiple of 64, some warps meet tiles wholly past their last
+  // query (skipped).
+  uint32_t seed = 680;
+  for (int head_dim : {64, 128})
+    for (const AttentionMask& m :
+         std::vector<AttentionMask>{{0, 0, 0}, {100, 0, 0}, {100, 4, 0}, {130, 70, 0}, {0, 0, 200}, {64, 3, 0}}) {
+      Case c;
+      c.head_dim = head_dim;
+      c.block_size = 16;
+      c.num_q_heads = 4;
+      c.num_kv_heads = 1;
+      c.seq_lens = {1200, 700};
+      c.q_lens = {300, 333};
+      c.mask = m;
+      CAPTURE(head_dim);
+      CAPTURE(m.window);
+      CAPTURE(m.sinks);
+      CAPTURE(m.chunk);
+      CHECK(RunPrefill(c, seed++) < kTolerance);
+    }
+}
+
 TEST_CASE("prefill of one token per sequence equals decode") {
   Case c;
   c.seq_lens = {513, 64};
