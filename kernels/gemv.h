@@ -24,4 +24,14 @@ constexpr int32_t kGemvMaxRows = 8;
 cudaError_t LaunchGemv(const __nv_bfloat16* w, const __nv_bfloat16* x, const __nv_bfloat16* bias, void* y,
                        bool out_f32, int32_t m, int32_t n, int32_t k, cudaStream_t stream);
 
+// The gate/up projection fused with SiLU-and-mul: out[j][i] = bf16(bf16(silu(g)) * u) with
+// g = bf16(x[j] · w[i] (+ bias[i])) and u = bf16(x[j] · w[inter + i] (+ bias[inter + i])),
+// exactly LaunchGemv into [n][2 * inter] followed by LaunchSiluMul (small_kernels.h), without
+// the intermediate's round trip and the second launch.
+//   w: [2 * inter][k] bf16 (gate rows, then up rows); x: [n][k]; bias: [2 * inter] or null;
+//   out: [n][inter] bf16.
+// REQUIRES: as LaunchGemv; out must not alias x.
+cudaError_t LaunchGemvSiluMul(const __nv_bfloat16* w, const __nv_bfloat16* x, const __nv_bfloat16* bias,
+                              __nv_bfloat16* out, int32_t inter, int32_t n, int32_t k, cudaStream_t stream);
+
 }  // namespace kvfleet::kernels

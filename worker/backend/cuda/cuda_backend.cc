@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "kernels/gemv.h"
+#include "kernels/launch.h"
 #include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
@@ -127,6 +128,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
                              std::to_string(kernels::kGemvMaxRows) + "], got '" + gemv->second + "'");
     }
     b->gemv_max_rows_ = static_cast<int32_t>(v);
+  }
+  if (auto pdl = options.extra.find("pdl"); pdl != options.extra.end()) {
+    if (pdl->second != "0" && pdl->second != "1") {
+      return InvalidArgument("cuda backend: pdl must be 0 or 1, got '" + pdl->second + "'");
+    }
+    kernels::SetProgrammaticDependentLaunch(pdl->second == "1");  // (6)
   }
   KVF_CUDA_RETURN(cudaSetDevice(options.device));
   cudaDeviceProp prop{};
@@ -723,8 +730,13 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     KVF_RETURN_IF_ERROR(Attention(batch, m, l));
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
     KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid_, w.post_norm, xn_, T, Hi, eps, stream_));
-    KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
-    KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
+    if (T <= gemv_max_rows_) {  // (5): SiLU-mul in the gate/up gemv's epilogue
+      KVF_CUDA_RETURN(kernels::LaunchGemvSiluMul(w.gate_up, xn_, w.gate_up_bias, act_, static_cast<int32_t>(I), T, Hi,
+                                                 stream_));
+    } else {
+      KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
+      KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
+    }
     KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
     const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
     KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid_, next_norm, xn_, T, Hi, eps, stream_));

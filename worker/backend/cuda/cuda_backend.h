@@ -37,8 +37,14 @@
 //      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
 //   5. A matrix product over at most gemv_max_rows token rows (decode at small batch, the
 //      LM head of few sequences) runs on the skinny GEMM kernel (kernels/gemv.h), others on
-//      cuBLASLt; both accumulate in fp32 and round once. BackendOptions::extra
+//      cuBLASLt; both accumulate in fp32 and round once (on the gemv, the gate/up product
+//      fuses SiLU-mul into its epilogue, same roundings). BackendOptions::extra
 //      ["gemv_max_rows"] sets the bound (0: cuBLASLt always; at most kernels::kGemvMaxRows).
+//   6. kvfleet's own kernels other than the prefill attention launch with programmatic
+//      dependent launch (kernels/launch.h): each may start while the one before it finishes
+//      and waits for it before touching activations; CUDA graphs keep these edges.
+//      BackendOptions::extra["pdl"] = "0" turns it off for the whole process (a process-wide
+//      kernel setting).
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
