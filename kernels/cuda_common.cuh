@@ -52,11 +52,8 @@ __device__ __forceinline__ void GridDependencyWait() {
 
 // PDL: lets the next kernel of the stream be scheduled once every block of this one has
 // called it (or exited). It still waits in GridDependencyWait() for this one to complete.
-#ifndef KVF_PDL_TRIGGER
-#define KVF_PDL_TRIGGER 2
-#endif
 __device__ __forceinline__ void GridDependentsLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KVF_PDL_TRIGGER != 0
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
