@@ -34,6 +34,18 @@ cudaError_t Dispatch(const gemv::Args& a, int32_t n, cudaStream_t stream) {
   }
 }
 
+// The RoPE epilogue's row counts: at most kGemvRopeKvMaxRows.
+template <bool kNorm>
+cudaError_t DispatchRope(const gemv::Args& a, int32_t n, cudaStream_t stream) {
+  static_assert(kGemvRopeKvMaxRows == 4);
+  switch (n) {
+    case 1: return Launch<1, __nv_bfloat16, gemv::kRopeKv, kNorm>(a, stream);
+    case 2: return Launch<2, __nv_bfloat16, gemv::kRopeKv, kNorm>(a, stream);
+    case 3: return Launch<3, __nv_bfloat16, gemv::kRopeKv, kNorm>(a, stream);
+    default: return Launch<4, __nv_bfloat16, gemv::kRopeKv, kNorm>(a, stream);
+  }
+}
+
 bool Supported(const __nv_bfloat16* w, const __nv_bfloat16* x, int32_t n, int32_t k) {
   return n >= 1 && n <= kGemvMaxRows && k > 0 && k % 8 == 0 &&
          (reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
@@ -88,16 +100,16 @@ int32_t RopePairs(const GemvRopeKvStore& rope) {
 
 cudaError_t LaunchGemvRopeKv(const __nv_bfloat16* w, const __nv_bfloat16* x, const __nv_bfloat16* bias,
                              const GemvRopeKvStore& rope, int32_t n, int32_t k, cudaStream_t stream) {
-  if (!Supported(w, x, n, k) || !RopeSupported(rope)) return cudaErrorInvalidValue;
+  if (!Supported(w, x, n, k) || n > kGemvRopeKvMaxRows || !RopeSupported(rope)) return cudaErrorInvalidValue;
   const gemv::Args a{w, x, bias, nullptr, RopePairs(rope), k, {}, rope};
-  return Dispatch<__nv_bfloat16, gemv::kRopeKv, false>(a, n, stream);
+  return DispatchRope<false>(a, n, stream);
 }
 
 cudaError_t LaunchRmsNormGemvRopeKv(const GemvRmsNorm& norm, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                     const GemvRopeKvStore& rope, int32_t n, int32_t k, cudaStream_t stream) {
-  if (!NormSupported(norm, w, n, k) || !RopeSupported(rope)) return cudaErrorInvalidValue;
+  if (!NormSupported(norm, w, n, k) || n > kGemvRopeKvMaxRows || !RopeSupported(rope)) return cudaErrorInvalidValue;
   const gemv::Args a{w, norm.x, bias, nullptr, RopePairs(rope), k, norm, rope};
-  return Dispatch<__nv_bfloat16, gemv::kRopeKv, true>(a, n, stream);
+  return DispatchRope<true>(a, n, stream);
 }
 
 }  // namespace kvfleet::kernels

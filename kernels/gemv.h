@@ -76,10 +76,13 @@ struct GemvRopeKvStore {
   bool rotate = true;                  // false: q and K stored un-rotated (StreamingLLM)
 };
 
+// Largest n the RoPE epilogue takes: its per-row rotation (sincosf) at 8 rows spills registers.
+constexpr int32_t kGemvRopeKvMaxRows = 4;
+
 // x · wᵀ (+ bias) with w the stacked [(num_q_heads + 2 num_kv_heads) * head_dim][k] q, k, v
 // projection, then RoPE + K/V store: LaunchGemv and LaunchRopeKvStore in one launch; the
 // [n][q + 2 kv] intermediate is never written. A warp takes dims d and d + head_dim / 2 of one
-// head, the rotate_half pair.  REQUIRES: as LaunchGemv; head_dim even.
+// head, the rotate_half pair.  REQUIRES: as LaunchGemv; n <= kGemvRopeKvMaxRows; head_dim even.
 cudaError_t LaunchGemvRopeKv(const __nv_bfloat16* w, const __nv_bfloat16* x, const __nv_bfloat16* bias,
                              const GemvRopeKvStore& rope, int32_t n, int32_t k, cudaStream_t stream);
 
@@ -87,7 +90,7 @@ cudaError_t LaunchGemvRopeKv(const __nv_bfloat16* w, const __nv_bfloat16* x, con
 // q, k, v projection, then RoPE + K/V store: LaunchRmsNorm, LaunchGemv and LaunchRopeKvStore
 // in one launch; the [n][q + 2 kv] intermediate is never written. A warp takes dims d and
 // d + head_dim / 2 of one head, the rotate_half pair.
-// REQUIRES: as LaunchRmsNormGemv; head_dim even.
+// REQUIRES: as LaunchRmsNormGemv; n <= kGemvRopeKvMaxRows; head_dim even.
 cudaError_t LaunchRmsNormGemvRopeKv(const GemvRmsNorm& norm, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                     const GemvRopeKvStore& rope, int32_t n, int32_t k, cudaStream_t stream);
 

@@ -180,7 +180,7 @@ TEST_CASE("the QKV gemv with RoPE + K/V store epilogue (and RMSNorm prologue) eq
     int hq, hkv, d, hidden, block;
   };
   for (Shape s : {Shape{32, 8, 128, 4096, 16}, Shape{14, 2, 64, 896, 2}, Shape{4, 1, 16, 64, 7}})
-    for (int n : {1, 3, kGemvMaxRows})
+    for (int n : {1, 3, kGemvRopeKvMaxRows})
       for (bool rotate : {true, false})
         for (bool with_bias : {false, true}) {
           const int layers = 3, layer = 1, width = (s.hq + 2 * s.hkv) * s.d;
@@ -299,6 +299,18 @@ TEST_CASE("gemv rejects what it cannot do instead of computing garbage") {
   nrm.residual_out = y.as<__nv_bfloat16>();  // a residual out without a residual in
   CHECK(LaunchRmsNormGemv(nrm, w.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), false, 64, 1, 64, nullptr) ==
         cudaErrorInvalidValue);
+  GemvRopeKvStore rope;  // complete but for the row count
+  DeviceBuffer<int32_t> ints(16);
+  DeviceBuffer<float> freqs(32);
+  rope.positions = ints.get();
+  rope.slots = ints.get();
+  rope.inv_freq = freqs.get();
+  rope.q_out = y.as<__nv_bfloat16>();
+  rope.kv_pool = y.as<__nv_bfloat16>();
+  rope.layout = PagedKvLayout{1, 1, 16, 16};
+  rope.num_q_heads = 1;
+  CHECK(LaunchGemvRopeKv(w.as<__nv_bfloat16>(), x.as<__nv_bfloat16>(), nullptr, rope, kGemvRopeKvMaxRows + 1, 64,
+                         nullptr) == cudaErrorInvalidValue);
   nrm.residual_out = nullptr;
   nrm.weight = nullptr;
   CHECK(LaunchRmsNormGemv(nrm, w.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), false, 64, 1, 64, nullptr) ==

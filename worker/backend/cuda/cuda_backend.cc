@@ -741,10 +741,10 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
   // the others still read the old one).
   const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
-  const bool fused_rope = fused_silu && gemv_fusion_ >= 2;
+  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows;
   const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
-  const bool fused_post_norm = fused_rope && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
-  const bool fused_norm = fused_post_norm && gemv_fusion_ >= 4;                // before QKV
+  const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
+  const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
   bf16* resid = resid_;
   bf16* resid_next = resid_alt_;
   auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,

@@ -11,6 +11,8 @@
 //   token) → O GEMM → RMSNorm + residual → gate/up GEMM → SiLU·mul → down GEMM]
 //   → final RMSNorm → gather the rows that need logits → LM head GEMM (fp32 out)
 //   → sampling kernel → copy the tokens (and requested logits) back.
+//   On the gemv (few token rows, 5), RoPE + K/V store, the post-attention RMSNorm and
+//   SiLU·mul run inside the QKV and gate/up products; the kernels launch with PDL (6).
 //
 // Weights: every tensor of the checkpoint goes to the device as bf16 (fp32 and fp16
 // checkpoints are converted on the host while uploading); q/k/v and gate/up are stacked
