@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/launch.h"
+
 namespace kvfleet::kernels {
 
 // log2(e): the kernels fold it into the softmax scale and use exp2f.
@@ -18,6 +20,43 @@ constexpr float kLog2e = 1.4426950408889634f;
     cudaError_t _kvf_err = cudaGetLastError(); \
     if (_kvf_err != cudaSuccess) return _kvf_err; \
   } while (0)
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch
+// when it is on (launch.h). The kernel must call GridDependencyWait() before it reads or
+// writes anything an earlier kernel of the stream writes or reads.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = ProgrammaticDependentLaunch() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (e != cudaSuccess) cudaGetLastError();  // not left behind for the next launcher's check
+  return e;
+}
+
+// PDL (launch.h): waits until the previous kernel of the stream has completed and its writes
+// are visible. A no-op when the kernel was launched without PDL.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// PDL: lets the next kernel of the stream be scheduled once every block of this one has
+// called it (or exited). It still waits in GridDependencyWait() for this one to complete.
+__device__ __forceinline__ void GridDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
 
 // 8 bf16 <-> 8 floats through one 16-byte access.
 __device__ __forceinline__ void Bf16x8ToFloat(const uint4& v, float (&f)[8]) {

@@ -10,6 +10,16 @@ int GroupChunk(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 
 
 int MaxParts(const PagedDecodeParams& p) { return (p.max_seq_len + p.partition_size - 1) / p.partition_size; }
 
+// The attention kernel over `grid`, then the partitions' merge when there are several.
+template <int kHeadDim>
+cudaError_t LaunchWithCombine(void (*kernel)(PagedDecodeParams), dim3 grid, size_t smem, const PagedDecodeParams& p,
+                              cudaStream_t stream) {
+  const cudaError_t e = LaunchKernel(kernel, grid, decode::kThreads, smem, stream, p);
+  if (e != cudaSuccess || grid.x <= 1) return e;
+  return LaunchKernel(decode::PagedDecodeCombine<kHeadDim>, dim3(p.num_q_heads, p.num_seqs), decode::kThreads, 0,
+                      stream, p, static_cast<int>(grid.x));
+}
+
 template <int kHeadDim, int kGroup, bool kShift>
 cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
@@ -22,14 +32,8 @@ cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
   }
-  dim3 grid(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks);
-  kernel<<<grid, decode::kThreads, smem, stream>>>(p);
-  KVF_RETURN_LAUNCH_ERROR();
-  if (max_parts > 1) {
-    decode::PagedDecodeCombine<kHeadDim><<<dim3(p.num_q_heads, p.num_seqs), decode::kThreads, 0, stream>>>(p, max_parts);
-    KVF_RETURN_LAUNCH_ERROR();
-  }
-  return cudaSuccess;
+  return LaunchWithCombine<kHeadDim>(kernel, dim3(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks), smem, p,
+                                     stream);
 }
 
 template <int kHeadDim, int kGroup>
@@ -48,14 +52,8 @@ cudaError_t LaunchMma(const PagedDecodeParams& p, cudaStream_t stream) {
   auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  dim3 grid(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks);
-  kernel<<<grid, decode::kThreads, smem, stream>>>(p);
-  KVF_RETURN_LAUNCH_ERROR();
-  if (max_parts > 1) {
-    decode::PagedDecodeCombine<kHeadDim><<<dim3(p.num_q_heads, p.num_seqs), decode::kThreads, 0, stream>>>(p, max_parts);
-    KVF_RETURN_LAUNCH_ERROR();
-  }
-  return cudaSuccess;
+  return LaunchWithCombine<kHeadDim>(kernel, dim3(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks), smem, p,
+                                     stream);
 }
 
 template <int kHeadDim>

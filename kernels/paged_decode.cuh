@@ -84,6 +84,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int lane_in_row = lane % kLanes, row_group = lane / kLanes;
   const int P = p.partition_size;
 
+  // PDL (launch.h): seq_lens and tables are step metadata; q and the cache come after the wait.
+  GridDependentsLaunch();
   const int32_t seq_len = p.seq_lens[seq];
   const TokenRange range = MakeRange(p.mask, seq_len);
   const int num_parts = (range.n + P - 1) / P;
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int B = p.layout.block_size;
   const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  GridDependencyWait();
 
   // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
   auto load_tile = [&](int t, int st) {
@@ -350,6 +353,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int gid = lane / 4, tig = lane % 4;
   const int P = p.partition_size;
 
+  GridDependentsLaunch();
   const int32_t seq_len = p.seq_lens[seq];
   const TokenRange range = MakeRange(p.mask, seq_len);
   const int num_parts = (range.n + P - 1) / P;
@@ -360,6 +364,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int B = p.layout.block_size;
   const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
   const int num_tiles = (len + kTile - 1) / kTile;
+  GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
   auto load_tile = [&](int t) {
     if (t < num_tiles) {
@@ -534,6 +539,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PagedDecodeCombine(PagedDecodeParams p, int max_parts) {
   const int hq = blockIdx.x, seq = blockIdx.y;
+  GridDependentsLaunch();
+  GridDependencyWait();  // PDL: the partitions come from the previous kernel
   const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
   const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
   if (num_parts <= 1) return;  // the attention kernel wrote this row itself

@@ -8,9 +8,7 @@ cudaError_t LaunchSampling(const SamplingParams& p, cudaStream_t stream) {
   cudaError_t e = cudaFuncSetAttribute(sample::SamplingKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        sample::kHistBytes);
   if (e != cudaSuccess) return e;
-  sample::SamplingKernel<<<p.num_seqs, sample::kThreads, sample::kHistBytes, stream>>>(p);
-  KVF_RETURN_LAUNCH_ERROR();
-  return cudaSuccess;
+  return LaunchKernel(sample::SamplingKernel, p.num_seqs, sample::kThreads, sample::kHistBytes, stream, p);
 }
 
 }  // namespace kvfleet::kernels

@@ -137,6 +137,8 @@ __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_ke
 __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
   const int seq = blockIdx.x;
   const float* row = p.logits + static_cast<int64_t>(seq) * p.vocab;
+  GridDependentsLaunch();
+  GridDependencyWait();  // PDL (launch.h): the logits come from the previous kernel
   // Better() is a total order (value, then lowest index), so any visiting order gives the
   // same argmax. 16-byte loads, several in flight: a 128K-row pass is ~31 loads per thread
   // instead of ~125 dependent ones (the greedy step is this pass alone).

@@ -14,9 +14,7 @@ cudaError_t LaunchRmsNorm(const __nv_bfloat16* x, __nv_bfloat16* residual, const
   const int vecs = hidden / 8;
   // 4 vectors per thread at most; 256 threads up to hidden 8192, 1024 beyond.
   const int threads = vecs <= 1024 ? 256 : 1024;
-  small::RmsNormKernel<4><<<rows, threads, 0, stream>>>(x, residual, weight, out, hidden, eps);
-  KVF_RETURN_LAUNCH_ERROR();
-  return cudaSuccess;
+  return LaunchKernel(small::RmsNormKernel<4>, rows, threads, 0, stream, x, residual, weight, out, hidden, eps);
 }
 
 cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
@@ -28,10 +26,8 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
   // One block per token; a decode step's few tokens get 4x the threads so each does one or
   // two (rotation, store) items instead of a serial chain of four (llama-8b: 448 items).
   const int threads = tokens <= kRopeWideTokens ? 512 : 128;
-  small::RopeKvStoreKernel<<<tokens, threads, 0, stream>>>(qkv, positions, slots, inv_freq, q_out, kv_pool, layout, layer,
-                                                       num_q_heads, rotate);
-  KVF_RETURN_LAUNCH_ERROR();
-  return cudaSuccess;
+  return LaunchKernel(small::RopeKvStoreKernel, tokens, threads, 0, stream, qkv, positions, slots, inv_freq, q_out,
+                      kv_pool, layout, layer, num_q_heads, rotate);
 }
 
 cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter,
@@ -42,18 +38,14 @@ cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int3
   const int threads = 256;
   // Enough blocks to fill the GPU several times over; the grid-stride loop covers the rest.
   const int blocks = static_cast<int>(std::min<int64_t>((vecs + threads - 1) / threads, 132 * 16));
-  small::SiluMulKernel<<<blocks, threads, 0, stream>>>(gate_up, out, rows, inter);
-  KVF_RETURN_LAUNCH_ERROR();
-  return cudaSuccess;
+  return LaunchKernel(small::SiluMulKernel, blocks, threads, 0, stream, gate_up, out, rows, inter);
 }
 
 cudaError_t LaunchEmbedding(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int32_t tokens,
                             int32_t vocab, int32_t hidden, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (hidden % 8 != 0) return cudaErrorInvalidValue;
-  small::EmbeddingKernel<<<tokens, 256, 0, stream>>>(ids, table, out, vocab, hidden);
-  KVF_RETURN_LAUNCH_ERROR();
-  return cudaSuccess;
+  return LaunchKernel(small::EmbeddingKernel, tokens, 256, 0, stream, ids, table, out, vocab, hidden);
 }
 
 }  // namespace kvfleet::kernels

@@ -1,4 +1,5 @@
-// Kernels behind small_kernels.h. Each thread moves 16-byte vectors of 8 bf16.
+// Kernels behind small_kernels.h. Each thread moves 16-byte vectors of 8 bf16. PDL
+// (launch.h): each waits for the previous kernel before touching activations or the cache.
 #pragma once
 
 #include "kernels/cuda_common.cuh"
@@ -16,6 +17,8 @@ __global__ void RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual, c
   const int vecs = hidden / 8;
   float v[kMaxVec][8];
   float ss = 0.f;
+  GridDependentsLaunch();
+  GridDependencyWait();
 #pragma unroll
   for (int j = 0; j < kMaxVec; ++j) {
     const int c = threadIdx.x + j * blockDim.x;
@@ -67,6 +70,8 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
   const __nv_bfloat16* in = qkv + t * row_elems;
   const int32_t pos = positions[t];
   const int32_t slot = slots[t];
+  GridDependentsLaunch();
+  GridDependencyWait();
   const int64_t block = slot >= 0 ? slot / layout.block_size : 0;
   const int32_t in_block = slot >= 0 ? slot % layout.block_size : 0;
   const int rot_items = (num_q_heads + hk) * (half / 8);
@@ -111,6 +116,8 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
 __global__ void SiluMulKernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter) {
   const int64_t vecs_per_row = inter / 8;
   const int64_t total = rows * vecs_per_row;
+  GridDependentsLaunch();
+  GridDependencyWait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / vecs_per_row, c = i % vecs_per_row;
     float g[8], u[8];
@@ -127,6 +134,8 @@ __global__ void EmbeddingKernel(const int32_t* ids, const __nv_bfloat16* table, 
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
+  GridDependentsLaunch();
+  GridDependencyWait();
   for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
     const uint4 v = valid ? reinterpret_cast<const uint4*>(table + int64_t(id) * hidden)[c] : make_uint4(0, 0, 0, 0);
     reinterpret_cast<uint4*>(out + t * hidden)[c] = v;

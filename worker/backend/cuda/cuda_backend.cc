@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "kernels/gemv.h"
+#include "kernels/launch.h"
 #include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
@@ -127,6 +128,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
                              std::to_string(kernels::kGemvMaxRows) + "], got '" + gemv->second + "'");
     }
     b->gemv_max_rows_ = static_cast<int32_t>(v);
+  }
+  if (auto f = options.extra.find("gemv_fusion"); f != options.extra.end()) {
+    if (f->second.size() != 1 || f->second[0] < '0' || f->second[0] > '4') {
+      return InvalidArgument("cuda backend: gemv_fusion must be 0..4, got '" + f->second + "'");
+    }
+    b->gemv_fusion_ = f->second[0] - '0';
+  }
+  if (auto pdl = options.extra.find("pdl"); pdl != options.extra.end()) {
+    if (pdl->second != "0" && pdl->second != "1") {
+      return InvalidArgument("cuda backend: pdl must be 0 or 1, got '" + pdl->second + "'");
+    }
+    kernels::SetProgrammaticDependentLaunch(pdl->second == "1");  // (6)
   }
   KVF_CUDA_RETURN(cudaSetDevice(options.device));
   cudaDeviceProp prop{};
@@ -285,6 +298,7 @@ Status CudaBackend::AllocateBuffers() {
   const size_t Q = static_cast<size_t>(c.q_size()), KV = static_cast<size_t>(c.kv_size());
   const size_t V = static_cast<size_t>(c.vocab_size);
   KVF_ASSIGN_OR_RETURN(resid_, DeviceAlloc<bf16>(T * H));
+  KVF_ASSIGN_OR_RETURN(resid_alt_, DeviceAlloc<bf16>(std::min<size_t>(T, kernels::kGemvMaxRows) * H));
   KVF_ASSIGN_OR_RETURN(xn_, DeviceAlloc<bf16>(T * H));
   KVF_ASSIGN_OR_RETURN(tmp_, DeviceAlloc<bf16>(T * H));
   KVF_ASSIGN_OR_RETURN(qkv_, DeviceAlloc<bf16>(T * (Q + 2 * KV)));
@@ -415,20 +429,28 @@ Status CudaBackend::Validate(const StepBatch& batch) const {
   return ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_);
 }
 
-Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer) {
-  const model::ModelConfig& c = config_;
-  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
   const KvPoolInfo& pool = pools_[pi];
   kernels::PagedKvLayout layout;
   layout.num_layers = static_cast<int32_t>(pool.layers.size());
   layout.num_kv_heads = pool.num_kv_heads;
   layout.block_size = options_.block_size;
   layout.head_dim = pool.head_dim;
+  return layout;
+}
+
+Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done) {
+  const model::ModelConfig& c = config_;
+  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+  const KvPoolInfo& pool = pools_[pi];
+  const kernels::PagedKvLayout layout = PoolLayout(pi);
   const int32_t li = layer_index_[layer];
   const int32_t nh = static_cast<int32_t>(c.num_heads);
   const bool shift = pool.position_shift;
-  KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq_, q_, device_kv_[pi], layout, li,
-                                             m.num_tokens, nh, /*rotate=*/!shift, stream_));
+  if (!rope_done) {
+    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq_, q_, device_kv_[pi], layout,
+                                               li, m.num_tokens, nh, /*rotate=*/!shift, stream_));
+  }
   kernels::AttentionMask mask;
   mask.window = pool.window;
   mask.sinks = pool.sink_tokens;
@@ -715,19 +737,81 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
     return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
+  // (5) On the gemv, each RMSNorm is the next product's prologue; the residual stream
+  // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
+  // the others still read the old one).
+  const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
+  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows;
+  const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
+  const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
+  const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
+  bf16* resid = resid_;
+  bf16* resid_next = resid_alt_;
+  auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,
+                       bool silu_mul, int64_t rows_out) -> Status {
+    kernels::GemvRmsNorm nrm;
+    nrm.x = x;
+    nrm.residual_in = add_residual ? resid : nullptr;
+    nrm.residual_out = add_residual ? resid_next : nullptr;
+    nrm.weight = norm_w;
+    nrm.eps = eps;
+    KVF_CUDA_RETURN(kernels::LaunchRmsNormGemv(nrm, w, bias, y, silu_mul, static_cast<int32_t>(rows_out), T, Hi,
+                                               stream_));
+    if (add_residual) std::swap(resid, resid_next);
+    return Status::Ok();
+  };
   KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
-  KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
+  if (!fused_norm) {
+    KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
-    KVF_RETURN_IF_ERROR(Attention(batch, m, l));
+    if (fused_rope) {  // (RMSNorm,) QKV, RoPE and the K/V store in one launch
+      kernels::GemvRmsNorm nrm;
+      nrm.x = l == 0 ? resid : tmp_;
+      nrm.residual_in = l == 0 ? nullptr : resid;
+      nrm.residual_out = l == 0 ? nullptr : resid_next;
+      nrm.weight = w.input_norm;
+      nrm.eps = eps;
+      const size_t pi = static_cast<size_t>(layer_pool_[l]);
+      kernels::GemvRopeKvStore rope;
+      rope.positions = m.positions;
+      rope.slots = m.slots[pi];
+      rope.inv_freq = inv_freq_;
+      rope.q_out = q_;
+      rope.kv_pool = device_kv_[pi];
+      rope.layout = PoolLayout(pi);
+      rope.layer = layer_index_[l];
+      rope.num_q_heads = static_cast<int32_t>(c.num_heads);
+      rope.rotate = !pools_[pi].position_shift;
+      if (fused_norm) {
+        KVF_CUDA_RETURN(kernels::LaunchRmsNormGemvRopeKv(nrm, w.qkv, w.qkv_bias, rope, T, Hi, stream_));
+        if (l > 0) std::swap(resid, resid_next);
+      } else {
+        KVF_CUDA_RETURN(kernels::LaunchGemvRopeKv(w.qkv, xn_, w.qkv_bias, rope, T, Hi, stream_));
+      }
+    } else {
+      KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
+    }
+    KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
-    KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid_, w.post_norm, xn_, T, Hi, eps, stream_));
-    KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
-    KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
+    if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
+      KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
+    } else {
+      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
+      if (fused_silu) {
+        KVF_CUDA_RETURN(kernels::LaunchGemvSiluMul(w.gate_up, xn_, w.gate_up_bias, act_, static_cast<int32_t>(I), T,
+                                                   Hi, stream_));
+      } else {
+        KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
+        KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
+      }
+    }
     KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
-    const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
-    KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid_, next_norm, xn_, T, Hi, eps, stream_));
+    if (!fused_norm || l + 1 == c.num_layers) {
+      const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
+      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
+    }
   }
 
   // ---- LM head, sampling ----
