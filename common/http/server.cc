@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -116,6 +117,62 @@ std::string FormatWhole(const Response& r, bool keep_alive) {
   return out;
 }
 
+// The IoThread of one io_context (one I/O thread).
+class IoThreadImpl final : public IoThread {
+ public:
+  explicit IoThreadImpl(net::io_context& ioc) : ioc_(ioc) {}
+
+  void Post(std::function<void()> fn) override { net::post(ioc_, std::move(fn)); }
+  std::unique_ptr<Watch> WatchReadable(int fd, std::function<void()> on_readable) override;
+  void* attachment() const override { return attachment_.get(); }
+  void set_attachment(std::shared_ptr<void> object) override { attachment_ = std::move(object); }
+
+ private:
+  net::io_context& ioc_;
+  std::shared_ptr<void> attachment_;
+};
+
+// An fd watched with async_wait. Asio registers descriptors edge-triggered, but each
+// async_wait re-arms with EPOLL_CTL_MOD, which reports an fd that is readable now: an fd
+// drained by the callback is not reported again, one still readable is.
+class FdWatch final : public IoThread::Watch {
+ public:
+  FdWatch(net::io_context& ioc, int fd, std::function<void()> on_readable)
+      : state_(std::make_shared<State>(ioc, fd, std::move(on_readable))) {
+    Arm(state_);
+  }
+  ~FdWatch() override {
+    state_->live = false;
+    beast::error_code ec;
+    state_->descriptor.cancel(ec);
+  }
+
+ private:
+  struct State {
+    State(net::io_context& ioc, int fd, std::function<void()> cb) : descriptor(ioc, fd), on_readable(std::move(cb)) {}
+    ~State() { (void)descriptor.release(); }  // the fd is the caller's
+    net::posix::stream_descriptor descriptor;
+    std::function<void()> on_readable;
+    bool live = true;
+  };
+
+  static void Arm(std::shared_ptr<State> state) {
+    State* s = state.get();
+    s->descriptor.async_wait(net::posix::descriptor_base::wait_read,
+                             [state = std::move(state)](beast::error_code ec) mutable {
+                               if (ec || !state->live) return;
+                               state->on_readable();  // may destroy the watch (live = false)
+                               if (state->live) Arm(std::move(state));
+                             });
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+std::unique_ptr<IoThread::Watch> IoThreadImpl::WatchReadable(int fd, std::function<void()> on_readable) {
+  return std::make_unique<FdWatch>(ioc_, fd, std::move(on_readable));
+}
+
 }  // namespace
 
 std::string_view Request::Header(std::string_view name) const {
@@ -139,8 +196,8 @@ std::string_view ReasonPhrase(int status) {
 // read is cancelled and the next request is parsed from the buffer.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes)
-      : stream_(std::move(socket)), options_(options), routes_(routes) {}
+  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes, IoThread* io_thread)
+      : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread) {}
 
   void Start() {
     beast::error_code ec;
@@ -164,6 +221,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   const Routes& routes() const { return *routes_; }
+  IoThread* io_thread() const { return io_thread_; }
 
  private:
   void ReadRequest() {
@@ -311,6 +369,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   beast::tcp_stream stream_;
   const ServerOptions& options_;
   const Routes* routes_;
+  IoThread* io_thread_;
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   std::weak_ptr<Exchange> exchange_;
@@ -329,6 +388,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 Exchange::Exchange(std::shared_ptr<Connection> connection, Request request)
     : connection_(std::move(connection)), request_(std::move(request)) {}
+
+IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
 
 Exchange::~Exchange() {
   if (!started_.load()) {
@@ -431,7 +492,9 @@ class ServerImpl {
  public:
   ServerImpl(const ServerOptions& options, Routes routes)
       : options_(options), routes_(std::move(routes)), iocs_(MakeContexts(options.io_threads)),
-        acceptor_(net::make_strand(*iocs_[0])) {}
+        acceptor_(net::make_strand(*iocs_[0])) {
+    for (auto& ioc : iocs_) io_threads_.push_back(std::make_unique<IoThreadImpl>(*ioc));
+  }
 
   Status Listen() {
     beast::error_code ec;
@@ -477,19 +540,23 @@ class ServerImpl {
     for (auto& ioc : iocs_) ioc->stop();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    // Attachments go while their threads' io_contexts (and the watches' descriptors) live.
+    for (auto& t : io_threads_) t->set_attachment(nullptr);
   }
 
   uint16_t port() const { return port_; }
 
  private:
   void Accept() {
-    net::io_context& ioc = *iocs_[next_context_++ % iocs_.size()];
-    acceptor_.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    size_t index = next_context_++ % iocs_.size();
+    net::io_context& ioc = *iocs_[index];
+    IoThread* io_thread = io_threads_[index].get();
+    acceptor_.async_accept(net::make_strand(ioc), [this, io_thread](beast::error_code ec, tcp::socket socket) {
       if (ec) {
         if (ec == net::error::operation_aborted || stopped_) return;
         Logger("http")->warn("accept failed: {}", ec.message());
       } else {
-        auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_);
+        auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_, io_thread);
         {
           std::lock_guard<std::mutex> lock(mu_);
           // Drop the entries of closed connections now and then, so the list stays small.
@@ -517,6 +584,7 @@ class ServerImpl {
   ServerOptions options_;
   Routes routes_;
   std::vector<std::unique_ptr<net::io_context>> iocs_;
+  std::vector<std::unique_ptr<IoThreadImpl>> io_threads_;  // parallel to iocs_
   std::vector<net::executor_work_guard<net::io_context::executor_type>> guards_;
   size_t next_context_ = 0;  // the acceptor's strand only
   tcp::acceptor acceptor_;
