@@ -142,15 +142,18 @@ class FdWatch final : public IoThread::Watch {
     Arm(state_);
   }
   ~FdWatch() override {
+    // Deregistered now, not when the aborted wait lets go of the state: by then the fd may
+    // be closed and its number reused by a newer watch, whose registration it would drop.
     state_->live = false;
-    beast::error_code ec;
-    state_->descriptor.cancel(ec);
+    (void)state_->descriptor.release();
   }
 
  private:
   struct State {
     State(net::io_context& ioc, int fd, std::function<void()> cb) : descriptor(ioc, fd), on_readable(std::move(cb)) {}
-    ~State() { (void)descriptor.release(); }  // the fd is the caller's
+    ~State() {
+      if (descriptor.is_open()) (void)descriptor.release();  // the fd is the caller's
+    }
     net::posix::stream_descriptor descriptor;
     std::function<void()> on_readable;
     bool live = true;
@@ -314,7 +317,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Close();
     }
     out_.push_back(std::move(bytes));
-    if (!writing_) DoWrite();
+    if (writing_ || flush_posted_) return;
+    // Write after the handlers already queued here have run, so the pieces one answer
+    // delivers together (a stream's head and first chunk; the last chunk, usage and [DONE])
+    // leave in one write: one send and one client wake-up instead of several. The flush
+    // runs on this thread, so it costs no wake-up.
+    flush_posted_ = true;
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      self->flush_posted_ = false;
+      if (!self->writing_ && !self->out_.empty() && !self->closed_) self->DoWrite();
+    });
   }
 
   void DoWrite() {
@@ -378,6 +390,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t pending_bytes_ = 0;
   bool reading_ = false;        // a read (request or watch) is outstanding
   bool writing_ = false;
+  bool flush_posted_ = false;  // a DoWrite is posted (Queue)
   bool responding_ = false;     // a request was read and its response is not yet sent
   bool response_done_ = false;  // the response's last bytes are queued
   bool close_after_ = false;

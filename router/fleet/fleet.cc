@@ -199,7 +199,8 @@ class FleetImpl final : public LaneFleet {
         return;
       }
       own_loop_ = std::make_unique<PollLoop>();
-      own_loop_->Post([this] { own_lane_ = std::make_unique<Lane>(this, own_loop_.get()); });
+      PollLoop* loop = own_loop_.get();
+      loop->Post([this, loop] { own_lane_ = std::make_unique<Lane>(this, loop); });
     }
     auto shared = std::make_shared<ForwardRequest>(std::move(request));
     own_loop_->Post([this, handle, shared] { own_lane_->Submit(handle, std::move(*shared)); });

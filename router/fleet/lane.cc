@@ -113,7 +113,7 @@ void Lane::Submit(uint64_t handle, ForwardRequest request) {
   f.request = std::move(request);
   f.deadline = fleet_->clock()->Now() + options_.request_timeout;
   WorkerId worker = f.worker;
-  flights_.emplace(handle, std::move(f));
+  KVF_CHECK(flights_.emplace(handle, std::move(f)).second);  // handles are unique per lane
   if (fleet_->Stopping()) {
     return End(handle, worker, Unavailable("the router is shutting down"));
   }

@@ -531,15 +531,6 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                 MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
                           options_.retry_after_s));
   }
-  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  if (policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
-  if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
-    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  }
-  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));
-  const Candidate& chosen = (*candidates)[decision->index];
-  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
-  metrics_.predicted.Increment(decision->predicted_cached_tokens);
 
   std::string id;
   {
@@ -549,6 +540,9 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                   static_cast<unsigned long long>(id_rng_()));
     id = buf;
   }
+  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));  // parse, tokenize, hash, route
+  const Candidate chosen = (*candidates)[decision->index];
+  const uint32_t predicted_cached = decision->predicted_cached_tokens;
   auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, prompt);
   ForwardRequest fwd;
   fwd.worker = decision->worker;
@@ -572,6 +566,16 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   stream->set_lane(lane, handle);
   lane->Submit(handle, std::move(fwd));
   ex->OnClientGone([lane, handle] { lane->Cancel(handle); });
+  // Predicted entries go in once the request is on its way: the worker starts sooner, and
+  // the next request this thread routes sees them all the same. (A request routed on
+  // another I/O thread meanwhile could miss them either way; the window is tens of µs.)
+  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  if (policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
+  if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
+    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  }
+  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
+  metrics_.predicted.Increment(predicted_cached);
 }
 
 Api::Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
