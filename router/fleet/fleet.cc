@@ -14,7 +14,6 @@
 #include <set>
 #include <shared_mutex>
 #include <thread>
-#include <unordered_map>
 #include <variant>
 
 #include <prometheus/counter.h>
@@ -555,11 +554,6 @@ class FleetImpl final : public LaneFleet {
     for (auto& cmd : cmds) {
       if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->endpoints);
     }
-  }
-
-  WorkerRecord* Record(WorkerId id) {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    return id < workers_.size() ? workers_[id].get() : nullptr;
   }
 
   void DrainMonitors() {
