@@ -210,12 +210,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Any thread: queue bytes of the current response. `last`: the response is complete
   // after them; `close`: close the connection once they are sent.
+  //
+  // Pieces delivered back to back (a stream's head and first chunk; the last chunk, usage
+  // and [DONE]) leave in one write: one send and one client wake-up instead of several.
+  // A piece is held only while another Deliver is already posted behind it.
   void Deliver(std::string bytes, bool last, bool close) {
+    pending_delivers_.fetch_add(1, std::memory_order_relaxed);
     net::post(stream_.get_executor(), [self = shared_from_this(), bytes = std::move(bytes), last, close]() mutable {
-      if (self->closed_ || !self->responding_ || self->response_done_) return;
+      const bool more = self->pending_delivers_.fetch_sub(1, std::memory_order_relaxed) > 1;
+      if (self->closed_ || !self->responding_ || self->response_done_) {
+        if (!more) self->Flush();
+        return;
+      }
       if (close) self->close_after_ = true;
       if (last) self->response_done_ = true;
-      self->Queue(std::move(bytes));
+      self->Queue(std::move(bytes), /*write_now=*/!more);
     });
   }
 
@@ -309,7 +318,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ReadRequest();
   }
 
-  void Queue(std::string bytes) {
+  void Queue(std::string bytes, bool write_now = true) {
     if (closed_) return;
     pending_bytes_ += bytes.size();
     if (pending_bytes_ > options_.max_pending_write_bytes) {
@@ -317,16 +326,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Close();
     }
     out_.push_back(std::move(bytes));
-    if (writing_ || flush_posted_) return;
-    // Write after the handlers already queued here have run, so the pieces one answer
-    // delivers together (a stream's head and first chunk; the last chunk, usage and [DONE])
-    // leave in one write: one send and one client wake-up instead of several. The flush
-    // runs on this thread, so it costs no wake-up.
-    flush_posted_ = true;
-    net::post(stream_.get_executor(), [self = shared_from_this()] {
-      self->flush_posted_ = false;
-      if (!self->writing_ && !self->out_.empty() && !self->closed_) self->DoWrite();
-    });
+    if (write_now) Flush();
+  }
+
+  void Flush() {
+    if (!writing_ && !out_.empty() && !closed_) DoWrite();
   }
 
   void DoWrite() {
@@ -390,7 +394,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t pending_bytes_ = 0;
   bool reading_ = false;        // a read (request or watch) is outstanding
   bool writing_ = false;
-  bool flush_posted_ = false;  // a DoWrite is posted (Queue)
+  std::atomic<int> pending_delivers_{0};  // Deliver()s posted and not yet run (any thread)
   bool responding_ = false;     // a request was read and its response is not yet sent
   bool response_done_ = false;  // the response's last bytes are queued
   bool close_after_ = false;

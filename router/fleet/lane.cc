@@ -3,8 +3,6 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <set>
 
 #include <zmq.h>
 #include <zmq.hpp>
@@ -16,9 +14,9 @@ namespace kvfleet::router {
 
 namespace {
 
-// Most messages one DEALER drain reads before the others get a turn; the watch reports
-// the socket again if more are waiting.
-constexpr int kMaxDrain = 256;
+// Most messages one DEALER drain reads before the thread's other work (the writes of the
+// answers just read, other sockets, new requests) gets a turn; the rest is drained next.
+constexpr int kMaxDrain = 16;
 
 Status StatusFromWorkerError(const WorkerError& e) {
   std::string m = "worker: " + e.message;

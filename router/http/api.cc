@@ -10,8 +10,8 @@
 #include <prometheus/registry.h>
 
 #include "common/block_hash.h"
-#include "common/http/metrics.h"
 #include "common/check.h"
+#include "common/http/metrics.h"
 #include "common/log.h"
 #include "router/fleet/lane.h"
 

@@ -7,7 +7,8 @@
 # mock workers can take 200 req/s of 8K-token prompts and the router is what is measured.
 # KVFLEET_BENCH_REPEAT (default 1): runs of each case, each on a fresh fleet; with more than
 # one, a summary line per case gives the median and the spread of the runs' percentiles.
-# KVFLEET_BENCH_ROUTER_ARGS: extra router flags.
+# KVFLEET_BENCH_ROUTER_ARGS: extra router flags; KVFLEET_BENCH_HTTP_THREADS (default 2): the
+# router's --http-threads.
 # KVFLEET_ROUTER_BIN / KVFLEET_WORKER_BIN: other binaries (A/B comparisons: run the script
 # once per router binary, alternately, and compare the summaries).
 #
@@ -16,6 +17,10 @@
 # reports in the response (kvfleet.worker_ttft_ms, from decoding the request frame to its
 # first token). The worker-side transport (its ZMQ I/O thread before the decode, and the
 # hand-off of the first delta from its engine to its socket) is counted as router-added.
+# So the last two cases measure that floor: router_loadgen --direct 1 sends the same
+# requests straight to the workers over Contract 3 (a bare DEALER client, no router, no
+# HTTP) and makes the same subtraction; router-added minus the floor is the router's own
+# share (HTTP, parse, tokenize, hash, route, its ZMQ hops beyond a bare client's).
 set -euo pipefail
 BUILD="${1:-build}"
 PORT="${KVFLEET_BENCH_PORT:-18800}"
@@ -35,7 +40,7 @@ stop_fleet() {
 }
 trap 'stop_fleet; echo "logs: $dir"' EXIT
 start_fleet() {
-  "$ROUTER_BIN" --http-host 127.0.0.1 --http-port "$PORT" --http-threads 2 \
+  "$ROUTER_BIN" --http-host 127.0.0.1 --http-port "$PORT" --http-threads "${KVFLEET_BENCH_HTTP_THREADS:-2}" \
     --registration "tcp://127.0.0.1:$((PORT + 1))" --log-level warn ${KVFLEET_BENCH_ROUTER_ARGS:-} >>"$dir/router.log" 2>&1 &
   rpid=$!
   "$WORKER_BIN" --backend mock --mock-workers 8 --worker-id bench --model-name mock \
@@ -54,7 +59,9 @@ start_fleet() {
 echo "router $ROUTER_BIN; $(nproc) CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 cases=("--prompt-tokens 1024 --rate 200 --seconds $SECONDS_EACH"
        "--prompt-tokens 8192 --rate 200 --seconds $SECONDS_EACH"
-       "--prompt-tokens 1024 --rate 0 --concurrency 32 --seconds 5")
+       "--prompt-tokens 1024 --rate 0 --concurrency 32 --seconds 5"
+       "--direct 1 --prompt-tokens 1024 --rate 200 --seconds $SECONDS_EACH"
+       "--direct 1 --prompt-tokens 8192 --rate 200 --seconds $SECONDS_EACH")
 for run in $(seq "$REPEAT"); do
   start_fleet
   echo "run $run: router + $n mock workers; load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -75,11 +82,12 @@ def col(pattern):
     return [float(x) for x in re.findall(pattern, text)]
 def fmt(v):
     return f"{statistics.median(v):.3f} [{min(v):.3f}..{max(v):.3f}]" if v else "-"
-p50 = col(r"router-added latency.*?p50 ([\d.]+) ms")
-p99 = col(r"router-added latency.*?p99 ([\d.]+) ms")
+p50 = col(r"(?:router-added latency|transport floor).*?p50 ([\d.]+) ms")
+p99 = col(r"(?:router-added latency|transport floor).*?p99 ([\d.]+) ms")
 rps = col(r"([\d.]+) req/s sustained")
 route = col(r"mean ([\d.]+) ms")
-print(f"  {head}: router-added p50 {fmt(p50)} ms, p99 {fmt(p99)} ms; {fmt(rps)} req/s; routing step {fmt(route)} ms")
+what = "floor" if "DIRECT" in head else "router-added"
+print(f"  {head}: {what} p50 {fmt(p50)} ms, p99 {fmt(p99)} ms; {fmt(rps)} req/s; routing step {fmt(route)} ms")
 PY
   done
 fi
