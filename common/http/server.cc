@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -116,6 +117,65 @@ std::string FormatWhole(const Response& r, bool keep_alive) {
   return out;
 }
 
+// The IoThread of one io_context (one I/O thread).
+class IoThreadImpl final : public IoThread {
+ public:
+  explicit IoThreadImpl(net::io_context& ioc) : ioc_(ioc) {}
+
+  void Post(std::function<void()> fn) override { net::post(ioc_, std::move(fn)); }
+  std::unique_ptr<Watch> WatchReadable(int fd, std::function<void()> on_readable) override;
+  void* attachment() const override { return attachment_.get(); }
+  void set_attachment(std::shared_ptr<void> object) override { attachment_ = std::move(object); }
+
+ private:
+  net::io_context& ioc_;
+  std::shared_ptr<void> attachment_;
+};
+
+// An fd watched with async_wait. Asio registers descriptors edge-triggered, but each
+// async_wait re-arms with EPOLL_CTL_MOD, which reports an fd that is readable now: an fd
+// drained by the callback is not reported again, one still readable is.
+class FdWatch final : public IoThread::Watch {
+ public:
+  FdWatch(net::io_context& ioc, int fd, std::function<void()> on_readable)
+      : state_(std::make_shared<State>(ioc, fd, std::move(on_readable))) {
+    Arm(state_);
+  }
+  ~FdWatch() override {
+    // Deregistered now, not when the aborted wait lets go of the state: by then the fd may
+    // be closed and its number reused by a newer watch, whose registration it would drop.
+    state_->live = false;
+    (void)state_->descriptor.release();
+  }
+
+ private:
+  struct State {
+    State(net::io_context& ioc, int fd, std::function<void()> cb) : descriptor(ioc, fd), on_readable(std::move(cb)) {}
+    ~State() {
+      if (descriptor.is_open()) (void)descriptor.release();  // the fd is the caller's
+    }
+    net::posix::stream_descriptor descriptor;
+    std::function<void()> on_readable;
+    bool live = true;
+  };
+
+  static void Arm(std::shared_ptr<State> state) {
+    State* s = state.get();
+    s->descriptor.async_wait(net::posix::descriptor_base::wait_read,
+                             [state = std::move(state)](beast::error_code ec) mutable {
+                               if (ec || !state->live) return;
+                               state->on_readable();  // may destroy the watch (live = false)
+                               if (state->live) Arm(std::move(state));
+                             });
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+std::unique_ptr<IoThread::Watch> IoThreadImpl::WatchReadable(int fd, std::function<void()> on_readable) {
+  return std::make_unique<FdWatch>(ioc_, fd, std::move(on_readable));
+}
+
 }  // namespace
 
 std::string_view Request::Header(std::string_view name) const {
@@ -139,8 +199,8 @@ std::string_view ReasonPhrase(int status) {
 // read is cancelled and the next request is parsed from the buffer.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes)
-      : stream_(std::move(socket)), options_(options), routes_(routes) {}
+  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes, IoThread* io_thread)
+      : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread) {}
 
   void Start() {
     beast::error_code ec;
@@ -150,12 +210,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Any thread: queue bytes of the current response. `last`: the response is complete
   // after them; `close`: close the connection once they are sent.
+  //
+  // Pieces delivered back to back (a stream's head and first chunk; the last chunk, usage
+  // and [DONE]) leave in one write: one send and one client wake-up instead of several.
+  // A piece is held only while another Deliver is already posted behind it.
   void Deliver(std::string bytes, bool last, bool close) {
+    pending_delivers_.fetch_add(1, std::memory_order_relaxed);
     net::post(stream_.get_executor(), [self = shared_from_this(), bytes = std::move(bytes), last, close]() mutable {
-      if (self->closed_ || !self->responding_ || self->response_done_) return;
+      const bool more = self->pending_delivers_.fetch_sub(1, std::memory_order_relaxed) > 1;
+      if (self->closed_ || !self->responding_ || self->response_done_) {
+        if (!more) self->Flush();
+        return;
+      }
       if (close) self->close_after_ = true;
       if (last) self->response_done_ = true;
-      self->Queue(std::move(bytes));
+      self->Queue(std::move(bytes), /*write_now=*/!more);
     });
   }
 
@@ -164,6 +233,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   const Routes& routes() const { return *routes_; }
+  IoThread* io_thread() const { return io_thread_; }
 
  private:
   void ReadRequest() {
@@ -248,7 +318,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ReadRequest();
   }
 
-  void Queue(std::string bytes) {
+  void Queue(std::string bytes, bool write_now = true) {
     if (closed_) return;
     pending_bytes_ += bytes.size();
     if (pending_bytes_ > options_.max_pending_write_bytes) {
@@ -256,7 +326,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Close();
     }
     out_.push_back(std::move(bytes));
-    if (!writing_) DoWrite();
+    if (write_now) Flush();
+  }
+
+  void Flush() {
+    if (!writing_ && !out_.empty() && !closed_) DoWrite();
   }
 
   void DoWrite() {
@@ -311,6 +385,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   beast::tcp_stream stream_;
   const ServerOptions& options_;
   const Routes* routes_;
+  IoThread* io_thread_;
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   std::weak_ptr<Exchange> exchange_;
@@ -319,6 +394,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t pending_bytes_ = 0;
   bool reading_ = false;        // a read (request or watch) is outstanding
   bool writing_ = false;
+  std::atomic<int> pending_delivers_{0};  // Deliver()s posted and not yet run (any thread)
   bool responding_ = false;     // a request was read and its response is not yet sent
   bool response_done_ = false;  // the response's last bytes are queued
   bool close_after_ = false;
@@ -329,6 +405,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 Exchange::Exchange(std::shared_ptr<Connection> connection, Request request)
     : connection_(std::move(connection)), request_(std::move(request)) {}
+
+IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
 
 Exchange::~Exchange() {
   if (!started_.load()) {
@@ -431,7 +509,9 @@ class ServerImpl {
  public:
   ServerImpl(const ServerOptions& options, Routes routes)
       : options_(options), routes_(std::move(routes)), iocs_(MakeContexts(options.io_threads)),
-        acceptor_(net::make_strand(*iocs_[0])) {}
+        acceptor_(net::make_strand(*iocs_[0])) {
+    for (auto& ioc : iocs_) io_threads_.push_back(std::make_unique<IoThreadImpl>(*ioc));
+  }
 
   Status Listen() {
     beast::error_code ec;
@@ -477,19 +557,23 @@ class ServerImpl {
     for (auto& ioc : iocs_) ioc->stop();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    // Attachments go while their threads' io_contexts (and the watches' descriptors) live.
+    for (auto& t : io_threads_) t->set_attachment(nullptr);
   }
 
   uint16_t port() const { return port_; }
 
  private:
   void Accept() {
-    net::io_context& ioc = *iocs_[next_context_++ % iocs_.size()];
-    acceptor_.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    size_t index = next_context_++ % iocs_.size();
+    net::io_context& ioc = *iocs_[index];
+    IoThread* io_thread = io_threads_[index].get();
+    acceptor_.async_accept(net::make_strand(ioc), [this, io_thread](beast::error_code ec, tcp::socket socket) {
       if (ec) {
         if (ec == net::error::operation_aborted || stopped_) return;
         Logger("http")->warn("accept failed: {}", ec.message());
       } else {
-        auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_);
+        auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_, io_thread);
         {
           std::lock_guard<std::mutex> lock(mu_);
           // Drop the entries of closed connections now and then, so the list stays small.
@@ -517,6 +601,7 @@ class ServerImpl {
   ServerOptions options_;
   Routes routes_;
   std::vector<std::unique_ptr<net::io_context>> iocs_;
+  std::vector<std::unique_ptr<IoThreadImpl>> io_threads_;  // parallel to iocs_
   std::vector<net::executor_work_guard<net::io_context::executor_type>> guards_;
   size_t next_context_ = 0;  // the acceptor's strand only
   tcp::acceptor acceptor_;

@@ -11,7 +11,8 @@
 // client disconnects, so a streaming handler can cancel the work behind it.
 //
 // Thread safety: Server is thread-safe. Exchange is thread-safe; handlers run on an I/O
-// thread and must not block it (hand long work to another thread and answer later).
+// thread and must not block it (hand long work to another thread and answer later). A
+// handler may keep per-thread state on its Exchange's IoThread.
 //
 // Invariants:
 //   1. Every request gets exactly one response; an Exchange dropped without one answers
@@ -73,6 +74,33 @@ struct Response {
 
 class Connection;  // server.cc
 
+// One of the server's I/O threads, for per-thread work beside its connections: the router
+// forwards each request from the I/O thread that read it and reads the worker's answer
+// there too, so no other thread wakes on the request path.
+//
+// Thread safety: Post() from any thread; everything else only on this I/O thread (or
+// once the server stopped and its threads ended).
+class IoThread {
+ public:
+  virtual ~IoThread() = default;
+  // Runs `fn` on this thread.
+  virtual void Post(std::function<void()> fn) = 0;
+  // A watch on a file descriptor; destroying it (on this thread) ends the watch.
+  class Watch {
+   public:
+    virtual ~Watch() = default;
+  };
+  // Calls `on_readable` on this thread each time `fd` is (or becomes) readable, until the
+  // watch is destroyed. The fd stays the caller's; it must outlive the watch. Readiness is
+  // re-checked after each call, so an fd drained inside the call is not reported again.
+  virtual std::unique_ptr<Watch> WatchReadable(int fd, std::function<void()> on_readable) = 0;
+  // An object kept for this thread: destroyed after the thread ended (Server::Stop), while
+  // the thread's watches can still be destroyed. One per thread, for the one handler layer
+  // that runs on the server.
+  virtual void* attachment() const = 0;
+  virtual void set_attachment(std::shared_ptr<void> object) = 0;
+};
+
 // One request and its response. Created by the server, shared with the handler.
 class Exchange {
  public:
@@ -82,6 +110,8 @@ class Exchange {
   Exchange& operator=(const Exchange&) = delete;
 
   const Request& request() const { return request_; }
+  // The I/O thread this exchange's connection runs on (handlers, OnClientGone callbacks).
+  IoThread* io_thread() const;
 
   // Sends a whole response. REQUIRES: no response started yet (later calls are ignored).
   void Reply(Response response);

@@ -14,7 +14,6 @@
 #include <set>
 #include <shared_mutex>
 #include <thread>
-#include <unordered_map>
 #include <variant>
 
 #include <prometheus/counter.h>
@@ -26,6 +25,8 @@
 #include "common/check.h"
 #include "common/curve_keys.h"
 #include "common/log.h"
+#include "router/fleet/lane.h"
+#include "router/fleet/poll_loop.h"
 
 namespace kvfleet::router {
 
@@ -92,20 +93,6 @@ std::vector<std::string> Resolve(const std::string& host_port) {
   return out;
 }
 
-Status StatusFromWorkerError(const WorkerError& e) {
-  std::string m = "worker: " + e.message;
-  switch (e.code) {
-    case WorkerErrorCode::kInvalidRequest: return InvalidArgument(m);
-    case WorkerErrorCode::kContextTooLong: return OutOfRange(m);
-    case WorkerErrorCode::kUnknownLora: return NotFound(m);
-    case WorkerErrorCode::kUnknownModel: return NotFound(m);
-    case WorkerErrorCode::kOverloaded: return ResourceExhausted(m);
-    case WorkerErrorCode::kShuttingDown: return Unavailable(m);
-    case WorkerErrorCode::kInternal: return Internal(m);
-  }
-  return Internal(m);
-}
-
 }  // namespace
 
 // One worker. Fields read by other threads are atomics or guarded by the registry lock.
@@ -119,13 +106,15 @@ struct WorkerRecord {
   std::atomic<int64_t> inflight_requests{0};
   std::atomic<int64_t> inflight_prefill_tokens{0};
   std::atomic<int64_t> inflight_prompt_tokens{0};
+  std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
+  std::string last_failure;               // GUARDED_BY(FleetImpl::mu_)
   prometheus::Gauge* inflight_gauge = nullptr;
   // Fleet thread only.
   std::unique_ptr<zmq::socket_t> dealer;
   std::unique_ptr<zmq::socket_t> monitor;
 };
 
-class FleetImpl {
+class FleetImpl final : public LaneFleet {
  public:
   FleetImpl(const FleetOptions& options, WorkerSignals* signals, const Clock* clock, prometheus::Registry* registry)
       : options_(options), signals_(signals), clock_(clock) {
@@ -146,7 +135,7 @@ class FleetImpl {
     }
   }
 
-  ~FleetImpl() { Stop(); }
+  ~FleetImpl() override { Stop(); }
 
   Status Init() {
     const FleetCurve& curve = options_.curve;
@@ -181,6 +170,15 @@ class FleetImpl {
       std::lock_guard<std::mutex> lock(cmd_mu_);
       if (stopping_) return;
       stopping_ = true;
+      stopping_flag_.store(true);
+    }
+    {
+      // Fleet::Submit's lane ends what it has in flight, on its own thread.
+      std::lock_guard<std::mutex> lock(own_lane_mu_);
+      if (own_loop_) {
+        own_loop_->Post([this] { own_lane_.reset(); });
+        own_loop_.reset();
+      }
     }
     resolver_cv_.notify_all();
     Wake();
@@ -191,9 +189,79 @@ class FleetImpl {
   }
 
   uint64_t NewHandle() { return next_handle_.fetch_add(1) + 1; }
-  void Submit(uint64_t handle, ForwardRequest request) { Post(SubmitCmd{handle, std::move(request)}); }
 
-  void Cancel(uint64_t handle) { Post(CancelCmd{handle}); }
+  void Submit(uint64_t handle, ForwardRequest request) {
+    std::lock_guard<std::mutex> lock(own_lane_mu_);
+    if (own_loop_ == nullptr) {
+      if (stopping_flag_.load()) {
+        request.sink->OnError(request.worker, Unavailable("the router is shutting down"), false);
+        return;
+      }
+      own_loop_ = std::make_unique<PollLoop>();
+      PollLoop* loop = own_loop_.get();
+      loop->Post([this, loop] { own_lane_ = std::make_unique<Lane>(this, loop); });
+    }
+    auto shared = std::make_shared<ForwardRequest>(std::move(request));
+    own_loop_->Post([this, handle, shared] { own_lane_->Submit(handle, std::move(*shared)); });
+  }
+
+  void Cancel(uint64_t handle) {
+    std::lock_guard<std::mutex> lock(own_lane_mu_);
+    if (own_loop_) own_loop_->Post([this, handle] { own_lane_->Cancel(handle); });
+  }
+
+  std::unique_ptr<Lane> NewLane(LaneLoop* loop) { return std::make_unique<Lane>(this, loop); }
+
+  // --- LaneFleet ---
+
+  uint64_t Generation() const override { return generation_.load(std::memory_order_acquire); }
+
+  std::vector<WorkerEndpoint> Endpoints() const override {
+    std::vector<WorkerEndpoint> out;
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (const auto& w : workers_) {
+      if (!w->removed.load()) out.push_back({w->id, w->info.requests_endpoint});
+    }
+    return out;
+  }
+
+  std::unique_ptr<zmq::socket_t> NewDealer() override {
+    auto dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    ConfigureDealer(*dealer);
+    return dealer;
+  }
+
+  bool Routable(WorkerId id) const override {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return id < workers_.size() && !workers_[id]->removed.load() && Routable(*workers_[id]);
+  }
+
+  uint64_t Failures(WorkerId id, std::string* why) const override {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return 0;
+    if (why != nullptr) *why = workers_[id]->last_failure;
+    return workers_[id]->failures.load();
+  }
+
+  void CountInflight(WorkerId id, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) override {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return;
+    WorkerRecord& w = *workers_[id];
+    if (requests != 0) {
+      w.inflight_requests.fetch_add(requests, std::memory_order_relaxed);
+      if (w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
+    }
+    w.inflight_prefill_tokens.fetch_add(prefill_tokens, std::memory_order_relaxed);
+    w.inflight_prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed);
+  }
+
+  void CountRetry() override {
+    if (retries_) retries_->Increment();
+  }
+
+  bool Stopping() const override { return stopping_flag_.load(std::memory_order_acquire); }
+  const FleetOptions& options() const override { return options_; }
+  const Clock* clock() const override { return clock_; }
 
   std::optional<ModelFleet> FindModel(std::string_view model) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
@@ -282,35 +350,16 @@ class FleetImpl {
 
   std::string registration_endpoint() const { return bound_registration_; }
 
-  std::string WorkerName(WorkerId id) const {
+  std::string WorkerName(WorkerId id) const override {
     std::shared_lock<std::shared_mutex> lock(mu_);
     return id < workers_.size() ? workers_[id]->info.name : std::string();
   }
 
  private:
-  struct SubmitCmd {
-    uint64_t handle;
-    ForwardRequest request;
-  };
-  struct CancelCmd {
-    uint64_t handle;
-  };
   struct DnsCmd {
     std::vector<std::string> endpoints;
   };
-  using Command = std::variant<SubmitCmd, CancelCmd, DnsCmd>;
-
-  struct Flight {
-    ForwardRequest request;
-    WorkerId worker = 0;
-    uint64_t attempt_id = 0;
-    std::vector<WorkerId> tried;
-    bool first_token = false;
-    uint32_t prompt_tokens = 0;  // counted as queued prefill until the first token
-    uint32_t whole_prompt = 0;   // the prompt's length, likewise
-    TimeNs deadline = 0;
-    TimeNs first_token_deadline = 0;
-  };
+  using Command = std::variant<DnsCmd>;
 
   struct ModelEntry {
     uint32_t block_size = 0;
@@ -383,7 +432,8 @@ class FleetImpl {
         std::erase(old, w.id);
         model.members.push_back(w.id);
       }
-      if (w.removed.exchange(false)) model.members.push_back(w.id);
+      bool readded = w.removed.exchange(false);
+      if (readded) model.members.push_back(w.id);
       WorkerHello merged = hello;
       if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
       w.info = merged;
@@ -391,6 +441,7 @@ class FleetImpl {
       if (!from_static) w.from_static = false;
       WorkerId id = w.id;
       lock.unlock();
+      if (readded && !w.dealer) Connect(w);
       if (changed && !(from_static && !w.from_static)) {
         log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
                   hello.model, hello.block_size);
@@ -426,22 +477,27 @@ class FleetImpl {
     }
   }
 
-  void Connect(WorkerRecord& w) {
-    w.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-    w.dealer->set(zmq::sockopt::linger, 0);
-    w.dealer->set(zmq::sockopt::reconnect_ivl, 100);
-    w.dealer->set(zmq::sockopt::reconnect_ivl_max, 2000);
+  void ConfigureDealer(zmq::socket_t& dealer) {
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::reconnect_ivl, 100);
+    dealer.set(zmq::sockopt::reconnect_ivl_max, 2000);
     // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
-    w.dealer->set(zmq::sockopt::heartbeat_ivl, 1000);
-    w.dealer->set(zmq::sockopt::heartbeat_timeout, 3000);
-    if (curve_) KVF_CHECK(MakeCurveClient(*w.dealer, curve_keys_, curve_server_public_).ok());
+    dealer.set(zmq::sockopt::heartbeat_ivl, 1000);
+    dealer.set(zmq::sockopt::heartbeat_timeout, 3000);
+    if (curve_) KVF_CHECK(MakeCurveClient(dealer, curve_keys_, curve_server_public_).ok());
+  }
+
+  // The fleet thread's own DEALER to a worker carries no requests (the lanes have theirs);
+  // its monitor tells whether the worker is connected, and when it drops.
+  void Connect(WorkerRecord& w) {
+    w.dealer = NewDealer();
     std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
     KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
                                  ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
     w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
     w.monitor->set(zmq::sockopt::linger, 0);
     w.monitor->connect(monitor_ep);
-    sockets_changed_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
     try {
       w.dealer->connect(w.info.requests_endpoint);
     } catch (const zmq::error_t& e) {
@@ -450,7 +506,7 @@ class FleetImpl {
   }
 
   void Disconnect(WorkerRecord& w) {
-    sockets_changed_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
     w.connected = false;
     w.monitor.reset();
     w.dealer.reset();
@@ -458,63 +514,32 @@ class FleetImpl {
 
   // --- the loop ---
 
-  // The poll set: the wake eventfd, the registration socket and every worker's DEALER.
-  // Rebuilt only when sockets come or go (sockets_changed_). Monitor sockets are not
-  // polled: zmq_poll costs a ZMQ_EVENTS query per socket per wake-up, and the loop wakes
-  // several times per request, so they are drained each tick instead (connect and
-  // disconnect are noticed within one tick, 20 ms by default).
-  void RebuildPollSet(std::vector<zmq::pollitem_t>* items, std::vector<WorkerRecord*>* item_workers) {
-    items->clear();
-    item_workers->clear();
-    items->push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    items->push_back({registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
-                      static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0});
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    for (auto& w : workers_) {
-      if (!w->dealer) continue;
-      items->push_back({w->dealer->handle(), 0, ZMQ_POLLIN, 0});
-      item_workers->push_back(w.get());
-    }
-  }
-
+  // The poll set: the wake eventfd and the registration socket. Monitor sockets are not
+  // polled but drained each tick: connect and disconnect are noticed within one tick
+  // (20 ms by default), and the lanes check failures at their own ticks.
   void Loop() {
     TimeNs next_tick = clock_->Now();
-    std::vector<zmq::pollitem_t> items;
-    std::vector<WorkerRecord*> item_workers;  // parallel to items from index 2
+    zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                                {registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
+                                 static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0}};
     while (true) {
       {
         std::lock_guard<std::mutex> lock(cmd_mu_);
         if (stopping_) break;
       }
-      if (sockets_changed_) {
-        sockets_changed_ = false;
-        RebuildPollSet(&items, &item_workers);
-      }
       long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
-      if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0) continue;
+      if (zmq_poll(items, 2, timeout_ms) < 0) continue;
       if (items[0].revents & ZMQ_POLLIN) {
         uint64_t v;
         (void)!::read(wake_fd_, &v, sizeof(v));
       }
       DrainCommands();
       if (registration_ && (items[1].revents & ZMQ_POLLIN)) DrainRegistration();
-      for (size_t i = 0; i < item_workers.size(); ++i) {
-        WorkerRecord* w = item_workers[i];
-        // A socket closed by the commands or registrations above is gone from the set.
-        if (!sockets_changed_ && (items[2 + i].revents & ZMQ_POLLIN)) DrainDealer(*w);
-      }
       if (clock_->Now() >= next_tick) {
         DrainMonitors();
-        Tick();
         next_tick = clock_->Now() + options_.tick;
       }
     }
-    // Stopping: every request still in flight ends.
-    for (auto& [handle, f] : flights_) {
-      f.request.sink->OnError(f.worker, Unavailable("the router is shutting down"), f.first_token);
-    }
-    flights_.clear();
-    attempts_.clear();
     std::unique_lock<std::shared_mutex> lock(mu_);
     for (auto& w : workers_) Disconnect(*w);
     registration_.reset();
@@ -527,155 +552,8 @@ class FleetImpl {
       cmds.swap(commands_);
     }
     for (auto& cmd : cmds) {
-      if (auto* s = std::get_if<SubmitCmd>(&cmd)) {
-        Flight f;
-        f.prompt_tokens = s->request.prefill_tokens;
-        f.whole_prompt = static_cast<uint32_t>(s->request.params.tokens.size());
-        f.worker = s->request.worker;
-        f.request = std::move(s->request);
-        TimeNs now = clock_->Now();
-        f.deadline = now + options_.request_timeout;
-        auto [it, inserted] = flights_.emplace(s->handle, std::move(f));
-        StartAttempt(s->handle, it->second, it->second.worker);
-      } else if (auto* c = std::get_if<CancelCmd>(&cmd)) {
-        auto it = flights_.find(c->handle);
-        if (it == flights_.end()) continue;
-        SendCancel(it->second);
-        Release(it->second);
-        attempts_.erase(it->second.attempt_id);
-        flights_.erase(it);
-      } else if (auto* d = std::get_if<DnsCmd>(&cmd)) {
-        ApplyDns(d->endpoints);
-      }
+      if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->endpoints);
     }
-  }
-
-  WorkerRecord* Record(WorkerId id) {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    return id < workers_.size() ? workers_[id].get() : nullptr;
-  }
-
-  // Sends the flight to `worker`; on failure tries the next worker or ends the flight.
-  void StartAttempt(uint64_t handle, Flight& f, WorkerId worker) {
-    WorkerRecord* w = Record(worker);
-    f.tried.push_back(worker);
-    if (w == nullptr || !w->dealer || !Routable(*w)) {
-      return FailOver(handle, f, Unavailable("worker " + std::to_string(worker) + " is not live"));
-    }
-    f.worker = worker;
-    f.attempt_id = next_attempt_++;
-    f.first_token_deadline = clock_->Now() + options_.first_token_timeout;
-    std::string frame = EncodeGenerate(f.attempt_id, f.request.params);
-    try {
-      if (!w->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
-        return FailOver(handle, f, Unavailable("worker " + w->info.name + " is not accepting requests"));
-      }
-    } catch (const zmq::error_t& e) {
-      return FailOver(handle, f, Unavailable(std::string("send failed: ") + e.what()));
-    }
-    attempts_[f.attempt_id] = handle;
-    w->inflight_requests.fetch_add(1, std::memory_order_relaxed);
-    w->inflight_prefill_tokens.fetch_add(f.prompt_tokens, std::memory_order_relaxed);
-    w->inflight_prompt_tokens.fetch_add(f.whole_prompt, std::memory_order_relaxed);
-    if (w->inflight_gauge) w->inflight_gauge->Increment();
-  }
-
-  // Undoes the in-flight counts of the flight's current attempt.
-  void Release(Flight& f) {
-    if (attempts_.count(f.attempt_id) == 0) return;
-    WorkerRecord* w = Record(f.worker);
-    if (w == nullptr) return;
-    w->inflight_requests.fetch_sub(1, std::memory_order_relaxed);
-    if (!f.first_token) {
-      w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
-      w->inflight_prompt_tokens.fetch_sub(f.whole_prompt, std::memory_order_relaxed);
-    }
-    if (w->inflight_gauge) w->inflight_gauge->Decrement();
-  }
-
-  void SendCancel(const Flight& f) {
-    if (attempts_.count(f.attempt_id) == 0) return;
-    WorkerRecord* w = Record(f.worker);
-    if (w == nullptr || !w->dealer) return;
-    std::string frame = EncodeCancel(f.attempt_id);
-    try {
-      (void)w->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t&) {
-    }
-  }
-
-  // The current attempt failed with `why`. Before the first token: retry once elsewhere.
-  // Erases the flight when it ends.
-  void FailOver(uint64_t handle, Flight& f, const Status& why) {
-    Release(f);
-    attempts_.erase(f.attempt_id);
-    if (!f.first_token && static_cast<int>(f.tried.size()) < options_.max_attempts && f.request.reroute) {
-      auto next = f.request.reroute(f.tried);
-      if (next.ok()) {
-        Logger("fleet")->info("request {}: {}; retrying on worker {}", handle, why.message(), *next);
-        if (retries_) retries_->Increment();
-        f.request.sink->OnRetry(f.worker, *next);
-        return StartAttempt(handle, f, *next);
-      }
-    }
-    f.request.sink->OnError(f.worker, why, f.first_token);
-    flights_.erase(handle);
-  }
-
-  void DrainDealer(WorkerRecord& w) {
-    for (int i = 0; i < 1024; ++i) {
-      zmq::message_t msg;
-      auto got = w.dealer->recv(msg, zmq::recv_flags::dontwait);
-      if (!got) return;
-      auto decoded = DecodeFromWorker(msg.data(), msg.size());
-      if (!decoded.ok()) {
-        uint64_t suppressed = 0;
-        if (bad_frames_.Allow(&suppressed)) {
-          Logger("fleet")->warn("worker {}: {} ({} more suppressed)", w.info.name, decoded.status().message(),
-                                suppressed);
-        }
-        continue;
-      }
-      if (auto* d = std::get_if<WorkerDelta>(&*decoded)) {
-        OnDelta(*d);
-      } else {
-        OnWorkerError(std::get<WorkerError>(*decoded));
-      }
-    }
-  }
-
-  void OnDelta(const WorkerDelta& d) {
-    auto a = attempts_.find(d.request_id);
-    if (a == attempts_.end()) return;  // cancelled, retried or timed out: a late answer
-    uint64_t handle = a->second;
-    Flight& f = flights_.at(handle);
-    if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
-      f.first_token = true;
-      if (WorkerRecord* w = Record(f.worker)) {
-        w->inflight_prefill_tokens.fetch_sub(f.prompt_tokens, std::memory_order_relaxed);
-        w->inflight_prompt_tokens.fetch_sub(f.whole_prompt, std::memory_order_relaxed);
-      }
-    }
-    f.request.sink->OnDelta(f.worker, d);
-    if (d.finish != FinishReason::kNone) {
-      Release(f);
-      attempts_.erase(a);
-      flights_.erase(handle);
-    }
-  }
-
-  void OnWorkerError(const WorkerError& e) {
-    auto a = attempts_.find(e.request_id);
-    if (a == attempts_.end()) return;
-    uint64_t handle = a->second;
-    Flight& f = flights_.at(handle);
-    Status st = StatusFromWorkerError(e);
-    bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown;
-    if (retryable) return FailOver(handle, f, st);
-    Release(f);
-    attempts_.erase(a);
-    f.request.sink->OnError(f.worker, st, f.first_token);
-    flights_.erase(handle);
   }
 
   void DrainMonitors() {
@@ -709,16 +587,13 @@ class FleetImpl {
     }
   }
 
-  // Every flight on worker `id` fails over.
+  // The requests the lanes have on worker `id` are lost: they fail over at the lanes' next
+  // tick (LaneFleet::Failures).
   void FailWorker(WorkerId id, const Status& why) {
-    std::vector<uint64_t> handles;
-    for (auto& [handle, f] : flights_) {
-      if (f.worker == id && attempts_.count(f.attempt_id)) handles.push_back(handle);
-    }
-    for (uint64_t h : handles) {
-      auto it = flights_.find(h);
-      if (it != flights_.end()) FailOver(h, it->second, why);
-    }
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return;
+    workers_[id]->last_failure = std::string(why.message());
+    workers_[id]->failures.fetch_add(1);
   }
 
   void DrainRegistration() {
@@ -756,40 +631,6 @@ class FleetImpl {
         for (WorkerId id : gone) {
           Logger("fleet")->info("worker {} said bye", bye.name);
           FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
-        }
-      }
-    }
-  }
-
-  void Tick() {
-    TimeNs now = clock_->Now();
-    // Timeouts.
-    std::vector<std::pair<uint64_t, bool>> expired;  // handle, whole-request deadline
-    for (auto& [handle, f] : flights_) {
-      if (now >= f.deadline) expired.emplace_back(handle, true);
-      else if (!f.first_token && now >= f.first_token_deadline) expired.emplace_back(handle, false);
-    }
-    for (auto [handle, whole] : expired) {
-      auto it = flights_.find(handle);
-      if (it == flights_.end()) continue;
-      Flight& f = it->second;
-      SendCancel(f);
-      if (whole) {
-        Release(f);
-        attempts_.erase(f.attempt_id);
-        f.request.sink->OnError(f.worker, Status(StatusCode::kDeadlineExceeded, "the request timed out"), f.first_token);
-        flights_.erase(it);
-      } else {
-        FailOver(handle, f, Status(StatusCode::kDeadlineExceeded, "no first token in time"));
-      }
-    }
-    // Workers the event plane declared dead lose their requests.
-    if (signals_) {
-      std::set<WorkerId> busy;
-      for (auto& [handle, f] : flights_) busy.insert(f.worker);
-      for (WorkerId id : busy) {
-        if (signals_->State(id) == WorkerLiveness::kDead) {
-          FailWorker(id, Unavailable("worker " + std::to_string(id) + " missed its heartbeats"));
         }
       }
     }
@@ -866,12 +707,16 @@ class FleetImpl {
   std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
   std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
 
+  std::atomic<uint64_t> generation_{0};  // see LaneFleet::Generation
+  std::atomic<bool> stopping_flag_{false};
+
+  // Fleet::Submit's lane, on a PollLoop started by the first Submit.
+  std::mutex own_lane_mu_;
+  std::unique_ptr<PollLoop> own_loop_;  // GUARDED_BY(own_lane_mu_)
+  std::unique_ptr<Lane> own_lane_;      // own_loop_'s thread only
+
   // Fleet thread only.
-  std::unordered_map<uint64_t, Flight> flights_;     // by handle
-  std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle
-  uint64_t next_attempt_ = 1;
   uint64_t monitors_ = 0;
-  bool sockets_changed_ = true;  // a DEALER came or went: rebuild the poll set
   std::set<std::string> refusals_logged_;
   std::set<std::string> dns_known_;
   RateLimit bad_frames_;
@@ -899,6 +744,7 @@ void Fleet::Stop() { impl_->Stop(); }
 uint64_t Fleet::NewHandle() { return impl_->NewHandle(); }
 void Fleet::Submit(uint64_t handle, ForwardRequest request) { impl_->Submit(handle, std::move(request)); }
 void Fleet::Cancel(uint64_t handle) { impl_->Cancel(handle); }
+std::unique_ptr<Lane> Fleet::NewLane(LaneLoop* loop) { return impl_->NewLane(loop); }
 std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { return impl_->FindModel(model); }
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
 bool Fleet::Ready() const { return impl_->Ready(); }

@@ -7,19 +7,16 @@
 // that worker's Hello are one record. Each model has one fleet; a worker whose block size
 // disagrees with its model's fleet is refused, with a logged reason.
 //
-// Forwarding: one DEALER per worker, all owned by the fleet thread. A request that fails
-// before its first token (worker disconnected or dead, overloaded, first-token timeout)
-// is retried once on the worker `reroute` picks; after its first token the sink gets an
-// error. The router's own in-flight counts per worker are kept here for routing.
+// Forwarding happens in lanes (lane.h): each has its own DEALER per worker and lives on
+// one thread, which sends the requests and reads their answers, so the request path needs
+// no hand-off between threads. The router runs one lane per HTTP I/O thread (NewLane);
+// Submit() uses a lane of the Fleet's own, on a thread started by the first Submit. The
+// fleet thread keeps the registry: registrations, DNS, and one monitored DEALER per worker
+// that says whether it is connected; the lanes learn of failures at their ticks. The
+// router's own in-flight counts per worker are kept here, summed over the lanes.
 //
-// Request lifecycle:
-//   1. Submit(): queued to the fleet thread, which sends Generate to the chosen worker.
-//   2. Deltas arrive on that worker's DEALER and go to the sink, in order.
-//   3. The final delta (finish reason set) or an error ends it; Cancel() ends it early
-//      and tells the worker.
-//
-// Thread safety: thread-safe. Sinks are called on the fleet thread, one request's calls
-// in order, never after the terminal call or after Cancel() returned... (see Cancel).
+// Thread safety: thread-safe. Submit()'s sinks are called on the Fleet's lane thread, one
+// request's calls in order, never after the terminal call or after the cancel was handled.
 #pragma once
 
 #include <atomic>
@@ -89,7 +86,7 @@ struct FleetOptions {
   FleetCurve curve;
 };
 
-// Called on the fleet thread.
+// Called on the thread of the lane that forwards the request.
 class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
@@ -107,7 +104,7 @@ struct ForwardRequest {
   // router's own queued-prefill load until the first token.
   uint32_t prefill_tokens = 0;
   std::shared_ptr<ResponseSink> sink;
-  // Picks the worker for a retry, excluding `tried`. Runs on the fleet thread.
+  // Picks the worker for a retry, excluding `tried`. Runs on the lane's thread.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
 };
 
@@ -131,6 +128,8 @@ struct WorkerStatus {
 };
 
 class FleetImpl;
+class Lane;
+class LaneLoop;
 
 class Fleet {
  public:
@@ -141,15 +140,20 @@ class Fleet {
   Fleet(const Fleet&) = delete;
   Fleet& operator=(const Fleet&) = delete;
 
-  // Ends every request (sinks get Unavailable), closes the sockets, joins. Idempotent.
+  // Ends every request (sinks get Unavailable: at once on Submit's lane, at the next tick
+  // on the others), closes the sockets, joins. Idempotent.
   void Stop();
+
+  // A lane living on `loop`'s thread (lane.h). REQUIRES: called on that thread; the lane is
+  // destroyed there (or after the thread stopped) and before this Fleet.
+  std::unique_ptr<Lane> NewLane(LaneLoop* loop);
 
   // A fresh request handle, for Submit (known before any sink call can happen).
   uint64_t NewHandle();
-  // Queues a request under `handle` (from NewHandle()).
+  // Queues a request under `handle` (from NewHandle()) on the Fleet's own lane.
   void Submit(uint64_t handle, ForwardRequest request);
   // Ends a request early and cancels it on its worker. Its sink gets no further call
-  // once the fleet thread has handled the cancel (calls already running may finish).
+  // once the lane thread has handled the cancel (calls already running may finish).
   void Cancel(uint64_t handle);
 
   // nullopt: no worker has ever announced `model`.

@@ -10,8 +10,10 @@
 #include <prometheus/registry.h>
 
 #include "common/block_hash.h"
+#include "common/check.h"
 #include "common/http/metrics.h"
 #include "common/log.h"
+#include "router/fleet/lane.h"
 
 namespace kvfleet::router {
 
@@ -67,6 +69,31 @@ bool SameKey(std::string_view a, std::string_view b) {
 int64_t UnixSeconds(const Clock* clock) { return clock->WallNs() / kNsPerSec; }
 
 double Seconds(DurationNs d) { return static_cast<double>(d) / kNsPerSec; }
+
+// An HTTP I/O thread as a lane's loop.
+class IoThreadLoop final : public LaneLoop {
+ public:
+  explicit IoThreadLoop(http::IoThread* thread) : thread_(thread) {}
+  void Post(std::function<void()> fn) override { thread_->Post(std::move(fn)); }
+  std::unique_ptr<Watch> WatchReadable(int fd, std::function<void()> on_readable) override {
+    auto w = std::make_unique<HttpWatch>();
+    w->watch = thread_->WatchReadable(fd, std::move(on_readable));
+    return w;
+  }
+
+ private:
+  struct HttpWatch final : Watch {
+    std::unique_ptr<http::IoThread::Watch> watch;
+  };
+  http::IoThread* thread_;
+};
+
+// The lane of one HTTP I/O thread, kept as that thread's attachment.
+struct ThreadLane {
+  const void* owner;  // the ApiImpl that made it
+  IoThreadLoop loop;
+  std::unique_ptr<Lane> lane;  // destroyed before `loop`
+};
 
 }  // namespace
 
@@ -219,6 +246,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 
   void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
 
+  // The lane of the I/O thread running this handler (made on its first request there).
+  Lane* LaneOf(http::IoThread* thread) {
+    auto* tl = static_cast<ThreadLane*>(thread->attachment());
+    if (tl == nullptr) {
+      auto made = std::make_shared<ThreadLane>(ThreadLane{this, IoThreadLoop(thread), nullptr});
+      made->lane = fleet_->NewLane(&made->loop);
+      tl = made.get();
+      thread->set_attachment(std::move(made));
+    }
+    KVF_CHECK(tl->owner == this);  // one Api per server
+    return tl->lane.get();
+  }
+
   ApiOptions options_;
   Fleet* fleet_;
   Picker* picker_;
@@ -237,7 +277,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
 };
 
-// One request's answer, fed by the fleet thread.
+// One request's answer, fed by its lane: on the HTTP I/O thread that read the request.
 class RequestStream final : public ResponseSink {
  public:
   RequestStream(std::shared_ptr<ApiImpl> api, std::shared_ptr<http::Exchange> ex, CompletionRequest req,
@@ -253,7 +293,11 @@ class RequestStream final : public ResponseSink {
         decoder_(api_->codec_->NewDecoder()),
         stops_(req_.stop) {}
 
-  void set_handle(uint64_t h) { handle_.store(h); }
+  // The lane forwarding this request, and its handle there (for a stop string's cancel).
+  void set_lane(Lane* lane, uint64_t handle) {
+    lane_ = lane;
+    handle_ = handle;
+  }
 
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
@@ -283,7 +327,7 @@ class RequestStream final : public ResponseSink {
     std::string finish;
     if (stopped) {
       finish = "stop";
-      api_->fleet_->Cancel(handle_.load());  // a stop string: the worker need not go on
+      lane_->Cancel(handle_);  // a stop string: the worker need not go on
     } else if (d.finish != FinishReason::kNone) {
       out += stops_.Flush();
       finish = std::string(FinishReasonText(d.finish));
@@ -368,8 +412,9 @@ class RequestStream final : public ResponseSink {
   uint32_t prompt_tokens_;
   std::unique_ptr<StreamDecoder> decoder_;
   StopMatcher stops_;
-  std::atomic<uint64_t> handle_{0};
-  // Fleet thread only.
+  Lane* lane_ = nullptr;
+  uint64_t handle_ = 0;
+  // The lane's thread only.
   bool first_ = false;
   bool started_ = false;
   bool first_chunk_ = true;
@@ -486,15 +531,6 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                 MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
                           options_.retry_after_s));
   }
-  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  if (policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
-  if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
-    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  }
-  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));
-  const Candidate& chosen = (*candidates)[decision->index];
-  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
-  metrics_.predicted.Increment(decision->predicted_cached_tokens);
 
   std::string id;
   {
@@ -504,6 +540,9 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                   static_cast<unsigned long long>(id_rng_()));
     id = buf;
   }
+  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));  // parse, tokenize, hash, route
+  const Candidate chosen = (*candidates)[decision->index];
+  const uint32_t predicted_cached = decision->predicted_cached_tokens;
   auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, prompt);
   ForwardRequest fwd;
   fwd.worker = decision->worker;
@@ -520,11 +559,23 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     KVF_ASSIGN_OR_RETURN(Decision d, picker->Pick(policy, route, rest));
     return d.worker;
   };
-  uint64_t handle = fleet_->NewHandle();
-  stream->set_handle(handle);
-  fleet_->Submit(handle, std::move(fwd));
-  Fleet* fleet = fleet_;
-  ex->OnClientGone([fleet, handle] { fleet->Cancel(handle); });
+  // Forwarded from this I/O thread, whose lane also reads the answer and feeds the stream:
+  // no other thread wakes on the request path. The client-gone callback runs here too.
+  Lane* lane = LaneOf(ex->io_thread());
+  uint64_t handle = lane->NewHandle();
+  stream->set_lane(lane, handle);
+  lane->Submit(handle, std::move(fwd));
+  ex->OnClientGone([lane, handle] { lane->Cancel(handle); });
+  // Predicted entries go in once the request is on its way: the worker starts sooner, and
+  // the next request this thread routes sees them all the same. (A request routed on
+  // another I/O thread meanwhile could miss them either way; the window is tens of µs.)
+  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  if (policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
+  if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
+    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
+  }
+  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
+  metrics_.predicted.Increment(predicted_cached);
 }
 
 Api::Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,

@@ -6,8 +6,10 @@
 // back as SSE or is returned whole. A client that disconnects cancels its request on the
 // worker.
 //
-// Thread safety: thread-safe; handlers run on the HTTP I/O threads, request streams on
-// the fleet thread.
+// Thread safety: thread-safe; handlers run on the HTTP I/O threads. Each I/O thread has
+// its own forwarding lane (router/fleet/lane.h, kept as the thread's attachment), so a
+// request's answer streams on the thread that read it. REQUIRES: the Fleet outlives the
+// HTTP server the routes run on (its lanes are destroyed when the server stops).
 #pragma once
 
 #include <memory>

@@ -208,7 +208,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
     auto prompt = j.find("prompt");
     if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
     if (prompt->is_string()) {
-      r.prompt_text = prompt->get<std::string>();
+      r.prompt_text = std::move(prompt->get_ref<std::string&>());  // 8K-token prompts: no copy
     } else if (prompt->is_array()) {
       // A list of token ids; a list of one string or one id-list is that prompt (n=1).
       const json* p = &*prompt;

@@ -3,13 +3,23 @@
 //
 //   router_loadgen --port 8000 --prompt-tokens 8192 --rate 200 --seconds 10
 //   router_loadgen --port 8000 --prompt-tokens 1024 --concurrency 32 --seconds 5   (closed loop: max req/s)
+//   router_loadgen --port 8000 --direct 1 --prompt-tokens 8192 --rate 200 --seconds 10
 //
 // Each request is a fresh random prompt (the byte codec: one token per byte), streamed with
 // include_usage. Router-added latency = the time to the first text chunk seen here minus
-// the worker's own time to first token (the response's "kvfleet.worker_ttft_ms", measured
-// from the moment the worker read the request frame to its first token). It thus covers
-// the HTTP read, parse, tokenization, hashing, routing, the forward over ZMQ both ways and
-// the SSE write. The router's own routing step is also read from its /metrics.
+// the worker's own time to first token for that same request (the response's
+// "kvfleet.worker_ttft_ms": the worker's clock from decoding the request frame to its first
+// generated token). So it covers the HTTP read, parse, tokenization, hashing, routing, the
+// forward over ZMQ both ways, the SSE write and the client's wake-up, and also the worker's
+// side of the transport: its ZMQ I/O thread before the decode, and the hand-off of the first
+// delta from its engine thread to its socket. The router's own routing step is also read
+// from its /metrics.
+//
+// --direct 1 measures that worker-side floor: the same requests (Contract 3 Generate, the
+// token ids the byte codec would make) sent straight to the workers the router lists in
+// /fleet, round robin, from a DEALER per worker per client thread, and the same subtraction
+// (time to the first delta minus the delta's time_to_first_token_us). What remains of
+// router-added above this floor is what the router itself adds.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +39,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "router/fleet/protocol.h"
 
 namespace {
 
@@ -42,6 +55,7 @@ struct Args {
   double seconds = 10;
   int max_tokens = 4;
   std::string model = "mock";
+  bool direct = false;
 };
 
 struct Sample {
@@ -114,6 +128,39 @@ Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
   return s;
 }
 
+// The requests endpoints the router lists in /fleet.
+std::vector<std::string> WorkerEndpoints(int port);
+
+// One Generate straight to a worker over `dealer` (Contract 3); the same subtraction.
+Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std::mt19937_64& rng) {
+  Sample s{0, 0, false};
+  kvfleet::router::GenerateParams p;
+  std::string prompt = RandomPrompt(rng, a.prompt_tokens);
+  p.tokens.assign(prompt.begin(), prompt.end());
+  p.sampling.max_tokens = static_cast<uint32_t>(a.max_tokens);
+  p.sampling.ignore_eos = true;
+  p.model = a.model;
+  std::string frame = kvfleet::router::EncodeGenerate(request_id, p);
+  auto t0 = Clock::now();
+  if (!dealer.send(zmq::buffer(frame), zmq::send_flags::none)) return s;
+  while (true) {
+    zmq::message_t msg;
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::seconds(30)) <= 0) return s;
+    if (!dealer.recv(msg, zmq::recv_flags::dontwait)) continue;
+    auto decoded = kvfleet::router::DecodeFromWorker(msg.data(), msg.size());
+    if (!decoded.ok()) return s;
+    auto* d = std::get_if<kvfleet::router::WorkerDelta>(&*decoded);
+    if (d == nullptr || d->request_id != request_id) return s;
+    if (!s.ok && !d->tokens.empty()) {
+      s.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      s.worker_ttft_ms = static_cast<double>(d->usage.time_to_first_token_us) / 1000.0;
+      s.ok = true;
+    }
+    if (d->finish != kvfleet::router::FinishReason::kNone) return s;
+  }
+}
+
 // GET /metrics; the value of the first sample line that starts with `name ` (0 if none).
 double ScrapeMetric(int port, const std::string& name) {
   int fd = Connect(port);
@@ -127,6 +174,27 @@ double ScrapeMetric(int port, const std::string& name) {
   close(fd);
   size_t at = in.find("\n" + name + " ");
   return at == std::string::npos ? 0 : std::atof(in.c_str() + at + name.size() + 2);
+}
+
+std::vector<std::string> WorkerEndpoints(int port) {
+  int fd = Connect(port);
+  std::vector<std::string> out;
+  if (fd < 0) return out;
+  std::string req = "GET /fleet HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string in;
+  char buf[16384];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.append(buf, static_cast<size_t>(n));
+  close(fd);
+  size_t body = in.find("\r\n\r\n");
+  if (body == std::string::npos) return out;
+  auto j = nlohmann::json::parse(in.substr(body + 4), nullptr, false);
+  if (j.is_discarded()) return out;
+  for (const auto& w : j["workers"]) {
+    if (w.value("routable", false)) out.push_back(w["endpoints"]["requests"].get<std::string>());
+  }
+  return out;
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -148,6 +216,7 @@ int main(int argc, char** argv) {
     else if (k == "--seconds") a.seconds = std::stod(v);
     else if (k == "--max-tokens") a.max_tokens = std::stoi(v);
     else if (k == "--model") a.model = v;
+    else if (k == "--direct") a.direct = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -162,10 +231,26 @@ int main(int argc, char** argv) {
   int threads = a.rate > 0 ? std::max(8, static_cast<int>(a.rate / 10)) : a.concurrency;
   auto start = Clock::now() + std::chrono::milliseconds(100);
   auto end = start + std::chrono::duration<double>(a.seconds);
+  std::vector<std::string> endpoints;
+  if (a.direct) {
+    endpoints = WorkerEndpoints(a.port);
+    if (endpoints.empty()) {
+      std::fprintf(stderr, "--direct: the router at port %d lists no routable worker\n", a.port);
+      return 1;
+    }
+  }
+  zmq::context_t zmq_ctx(1);
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       std::mt19937_64 rng(static_cast<uint64_t>(t) * 7919 + 1);
+      std::vector<std::unique_ptr<zmq::socket_t>> dealers;
+      for (const auto& ep : endpoints) {
+        dealers.push_back(std::make_unique<zmq::socket_t>(zmq_ctx, zmq::socket_type::dealer));
+        dealers.back()->set(zmq::sockopt::linger, 0);
+        dealers.back()->connect(ep);
+      }
+      if (!dealers.empty()) std::this_thread::sleep_until(start);  // connected before the first send
       int fd = -1;
       while (true) {
         int64_t i = next.fetch_add(1);
@@ -175,7 +260,9 @@ int main(int argc, char** argv) {
         } else if (Clock::now() >= end) {
           break;
         }
-        Sample s = RunOne(&fd, a, rng);
+        Sample s = a.direct ? RunDirect(*dealers[static_cast<size_t>(i) % dealers.size()],
+                                        static_cast<uint64_t>(i) + 1, a, rng)
+                            : RunOne(&fd, a, rng);
         std::lock_guard<std::mutex> lock(mu);
         samples.push_back(s);
       }
@@ -197,15 +284,17 @@ int main(int argc, char** argv) {
   }
   const double routing_s = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_sum") - routing_sum0;
   const double routed = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_count") - routing_count0;
-  std::string mode = a.rate > 0 ? "open loop at " + std::to_string(static_cast<int>(a.rate)) + " req/s offered"
-                                : "closed loop, " + std::to_string(a.concurrency) + " in flight";
+  std::string mode = std::string(a.direct ? "DIRECT to the workers (no router), " : "") + (a.rate > 0 ? "open loop at " + std::to_string(static_cast<int>(a.rate)) + " req/s offered"
+                                : "closed loop, " + std::to_string(a.concurrency) + " in flight");
   std::printf("%d-token prompts, %s: %zu requests, %zu failed, %.1f s, %.1f req/s sustained\n", a.prompt_tokens,
               mode.c_str(), samples.size(), failed, wall, static_cast<double>(added.size()) / wall);
-  std::printf("  router-added latency (client TTFT - worker TTFT): p50 %.3f ms  p99 %.3f ms\n",
+  std::printf("  %s: p50 %.3f ms  p99 %.3f ms\n",
+              a.direct ? "worker-side transport floor (client TTFT - worker TTFT, no router)"
+                       : "router-added latency (client TTFT - worker TTFT)",
               Percentile(added, 0.5), Percentile(added, 0.99));
   std::printf("  client TTFT: p50 %.3f ms  p99 %.3f ms;  worker's own TTFT: p50 %.3f ms  p99 %.3f ms\n",
               Percentile(client, 0.5), Percentile(client, 0.99), Percentile(worker, 0.5), Percentile(worker, 0.99));
-  if (routed > 0) {
+  if (routed > 0 && !a.direct) {
     std::printf("  router routing step (parse, tokenize, hash, route; kvfleet_router_routing_seconds): mean %.3f ms\n",
                 1000.0 * routing_s / routed);
   }

@@ -3,9 +3,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -164,6 +166,68 @@ TEST_CASE("a streamed response arrives as chunks, and a client that leaves is no
   CHECK(held->client_gone());
   CHECK_FALSE(held->Write("data: late\n\n"));
   held.reset();
+}
+
+// Per-thread state on an I/O thread: an attachment made by the handler and an fd watch
+// whose callback answers the request on that same thread (as the router's lanes do).
+struct PerThread {
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  std::thread::id thread;
+  std::unique_ptr<IoThread::Watch> watch;
+  std::vector<std::shared_ptr<Exchange>> waiting;  // answered when fd is readable
+  std::atomic<int>* destroyed;
+  explicit PerThread(std::atomic<int>* d) : destroyed(d) {}
+  ~PerThread() {
+    watch.reset();
+    ::close(fd);
+    ++*destroyed;
+  }
+};
+
+TEST_CASE("an fd watch on an I/O thread answers there; attachments last until the server stops") {
+  std::atomic<int> destroyed{0};
+  Routes routes;
+  routes.Add("GET", "/later", [&](std::shared_ptr<Exchange> ex) {
+    IoThread* io = ex->io_thread();
+    REQUIRE(io != nullptr);
+    auto* pt = static_cast<PerThread*>(io->attachment());
+    if (pt == nullptr) {
+      auto made = std::make_shared<PerThread>(&destroyed);
+      pt = made.get();
+      pt->thread = std::this_thread::get_id();
+      pt->watch = io->WatchReadable(pt->fd, [pt] {
+        uint64_t v;
+        while (::read(pt->fd, &v, sizeof(v)) > 0) {
+        }
+        CHECK(std::this_thread::get_id() == pt->thread);
+        for (auto& waiting : pt->waiting) {
+          Response r;
+          r.body = "done";
+          waiting->Reply(std::move(r));
+        }
+        pt->waiting.clear();
+      });
+      io->set_attachment(std::move(made));
+    }
+    CHECK(std::this_thread::get_id() == pt->thread);
+    pt->waiting.push_back(ex);
+    // Another thread makes the fd readable; the answer comes from the watch.
+    int fd = pt->fd;
+    std::thread([fd] {
+      uint64_t one = 1;
+      (void)!::write(fd, &one, sizeof(one));
+    }).detach();
+  });
+  auto server = Server::Start(TestOptions(), std::move(routes));
+  REQUIRE(server.ok());
+  for (int i = 0; i < 6; ++i) {  // several connections: both I/O threads, each watch re-armed
+    Client c((*server)->port());
+    c.Send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(c.ReadUntil("done").find("200 OK") != std::string::npos);
+  }
+  CHECK(destroyed.load() == 0);
+  (*server)->Stop();
+  CHECK(destroyed.load() == 2);
 }
 
 TEST_CASE("ParseRequest applies the server's limits") {

@@ -1,0 +1,319 @@
+#include "router/fleet/lane.h"
+
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+
+#include <zmq.h>
+#include <zmq.hpp>
+
+#include "common/check.h"
+#include "common/log.h"
+
+namespace kvfleet::router {
+
+namespace {
+
+// Most messages one DEALER drain reads before the thread's other work (the writes of the
+// answers just read, other sockets, new requests) gets a turn; the rest is drained next.
+constexpr int kMaxDrain = 16;
+
+Status StatusFromWorkerError(const WorkerError& e) {
+  std::string m = "worker: " + e.message;
+  switch (e.code) {
+    case WorkerErrorCode::kInvalidRequest: return InvalidArgument(m);
+    case WorkerErrorCode::kContextTooLong: return OutOfRange(m);
+    case WorkerErrorCode::kUnknownLora: return NotFound(m);
+    case WorkerErrorCode::kUnknownModel: return NotFound(m);
+    case WorkerErrorCode::kOverloaded: return ResourceExhausted(m);
+    case WorkerErrorCode::kShuttingDown: return Unavailable(m);
+    case WorkerErrorCode::kInternal: return Internal(m);
+  }
+  return Internal(m);
+}
+
+}  // namespace
+
+Lane::Lane(LaneFleet* fleet, LaneLoop* loop)
+    : fleet_(fleet), loop_(loop), options_(fleet->options()), alive_(std::make_shared<bool>(true)) {
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  KVF_CHECK(timer_fd_ >= 0);
+  itimerspec spec{};
+  spec.it_interval.tv_sec = options_.tick / kNsPerSec;
+  spec.it_interval.tv_nsec = options_.tick % kNsPerSec;
+  spec.it_value = spec.it_interval;
+  KVF_CHECK(timerfd_settime(timer_fd_, 0, &spec, nullptr) == 0);
+  timer_watch_ = loop_->WatchReadable(timer_fd_, [this] { Tick(); });
+  Sync();
+}
+
+Lane::~Lane() {
+  *alive_ = false;
+  timer_watch_.reset();
+  ::close(timer_fd_);
+  std::vector<uint64_t> handles;
+  for (auto& [handle, f] : flights_) handles.push_back(handle);
+  for (uint64_t h : handles) {
+    auto it = flights_.find(h);
+    if (it != flights_.end()) End(h, it->second.worker, Unavailable("the router is shutting down"));
+  }
+  for (Peer& p : peers_) {
+    p.watch.reset();
+    p.dealer.reset();
+  }
+}
+
+// --- workers ---
+
+void Lane::Sync() {
+  uint64_t gen = fleet_->Generation();
+  if (gen == generation_) return;
+  generation_ = gen;
+  std::vector<bool> present(peers_.size(), false);
+  for (const auto& w : fleet_->Endpoints()) {
+    if (w.id >= peers_.size()) {
+      peers_.resize(w.id + 1);
+      present.resize(w.id + 1, false);
+    }
+    present[w.id] = true;
+    if (!peers_[w.id].dealer || peers_[w.id].endpoint != w.requests_endpoint) Connect(w.id, w.requests_endpoint);
+  }
+  for (WorkerId id = 0; id < peers_.size(); ++id) {
+    if (!present[id] && peers_[id].dealer) {
+      peers_[id].watch.reset();
+      peers_[id].dealer.reset();
+      peers_[id].endpoint.clear();
+    }
+  }
+}
+
+void Lane::Connect(WorkerId id, const std::string& endpoint) {
+  Peer& p = peers_[id];
+  p.watch.reset();
+  p.dealer = fleet_->NewDealer();
+  p.endpoint = endpoint;
+  try {
+    p.dealer->connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    Logger("fleet")->warn("lane: cannot connect to {}: {}", endpoint, e.what());
+  }
+  int fd = p.dealer->get(zmq::sockopt::fd);
+  p.watch = loop_->WatchReadable(fd, [this, id] { Drain(id); });
+}
+
+// --- requests ---
+
+void Lane::Submit(uint64_t handle, ForwardRequest request) {
+  Flight f;
+  f.prefill_tokens = request.prefill_tokens;
+  f.whole_prompt = static_cast<uint32_t>(request.params.tokens.size());
+  f.worker = request.worker;
+  f.request = std::move(request);
+  f.deadline = fleet_->clock()->Now() + options_.request_timeout;
+  WorkerId worker = f.worker;
+  KVF_CHECK(flights_.emplace(handle, std::move(f)).second);  // handles are unique per lane
+  if (fleet_->Stopping()) {
+    return End(handle, worker, Unavailable("the router is shutting down"));
+  }
+  Sync();  // a worker that joined since the last tick
+  StartAttempt(handle, worker);
+}
+
+void Lane::Cancel(uint64_t handle) {
+  auto it = flights_.find(handle);
+  if (it == flights_.end()) return;
+  SendCancel(it->second);
+  Release(it->second);
+  flights_.erase(it);
+}
+
+// Sends the flight to `worker`; on failure tries the next worker or ends the flight.
+void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
+  Flight& f = flights_.at(handle);
+  f.tried.push_back(worker);
+  f.worker = worker;
+  Peer* p = worker < peers_.size() ? &peers_[worker] : nullptr;
+  if (p == nullptr || !p->dealer || !fleet_->Routable(worker)) {
+    return FailOver(handle, Unavailable("worker " + std::to_string(worker) + " is not live"));
+  }
+  uint64_t attempt = next_attempt_++;
+  std::string frame = EncodeGenerate(attempt, f.request.params);
+  try {
+    if (!p->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
+      return FailOver(handle, Unavailable("worker " + fleet_->WorkerName(worker) + " is not accepting requests"));
+    }
+  } catch (const zmq::error_t& e) {
+    return FailOver(handle, Unavailable(std::string("send failed: ") + e.what()));
+  }
+  f.attempt_id = attempt;
+  f.failures_at_send = fleet_->Failures(worker, nullptr);
+  f.first_token_deadline = fleet_->clock()->Now() + options_.first_token_timeout;
+  attempts_[attempt] = handle;
+  fleet_->CountInflight(worker, 1, f.prefill_tokens, f.whole_prompt);
+  AfterSend(worker);
+}
+
+// Undoes the in-flight counts of the flight's current attempt and forgets the attempt.
+void Lane::Release(Flight& f) {
+  if (f.attempt_id == 0) return;
+  attempts_.erase(f.attempt_id);
+  f.attempt_id = 0;
+  if (f.first_token) {
+    fleet_->CountInflight(f.worker, -1, 0, 0);
+  } else {
+    fleet_->CountInflight(f.worker, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt});
+  }
+}
+
+void Lane::SendCancel(const Flight& f) {
+  if (f.attempt_id == 0 || f.worker >= peers_.size() || !peers_[f.worker].dealer) return;
+  std::string frame = EncodeCancel(f.attempt_id);
+  try {
+    (void)peers_[f.worker].dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+  }
+  AfterSend(f.worker);
+}
+
+// The current attempt failed with `why`. Before the first token: retry once elsewhere.
+void Lane::FailOver(uint64_t handle, const Status& why) {
+  Flight& f = flights_.at(handle);
+  Release(f);
+  if (!f.first_token && static_cast<int>(f.tried.size()) < options_.max_attempts && f.request.reroute &&
+      !fleet_->Stopping()) {
+    auto next = f.request.reroute(f.tried);
+    if (next.ok()) {
+      Logger("fleet")->info("request {}: {}; retrying on worker {}", handle, why.message(), *next);
+      fleet_->CountRetry();
+      auto sink = f.request.sink;
+      sink->OnRetry(f.worker, *next);
+      if (flights_.count(handle) == 0) return;  // the sink cancelled it
+      return StartAttempt(handle, *next);
+    }
+  }
+  End(handle, f.worker, why);
+}
+
+// Ends the flight with an error: forgotten first, so the sink may call Cancel().
+void Lane::End(uint64_t handle, WorkerId worker, const Status& why) {
+  auto it = flights_.find(handle);
+  if (it == flights_.end()) return;
+  Release(it->second);
+  std::shared_ptr<ResponseSink> sink = std::move(it->second.request.sink);
+  bool after_first_token = it->second.first_token;
+  flights_.erase(it);
+  sink->OnError(worker, why, after_first_token);
+}
+
+// ZMQ_FD is a notification, not a level: it reads readable when the socket's state may
+// have changed, and a send can consume that signal while answers wait. So readiness is
+// read from ZMQ_EVENTS, and every send is followed by AfterSend.
+void Lane::Drain(WorkerId id) {
+  if (id >= peers_.size()) return;
+  peers_[id].drain_posted = false;
+  for (int i = 0; i < kMaxDrain; ++i) {
+    Peer& p = peers_[id];  // a sink may submit, and peers_ may grow
+    if (!p.dealer) return;
+    if (!(p.dealer->get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
+    zmq::message_t msg;
+    if (!p.dealer->recv(msg, zmq::recv_flags::dontwait)) return;
+    auto decoded = DecodeFromWorker(msg.data(), msg.size());
+    if (!decoded.ok()) {
+      static RateLimit bad_frames;
+      uint64_t suppressed = 0;
+      if (bad_frames.Allow(&suppressed)) {
+        Logger("fleet")->warn("worker {}: {} ({} more suppressed)", fleet_->WorkerName(id),
+                              decoded.status().message(), suppressed);
+      }
+      continue;
+    }
+    if (auto* d = std::get_if<WorkerDelta>(&*decoded)) {
+      OnDelta(*d);
+    } else {
+      OnWorkerError(std::get<WorkerError>(*decoded));
+    }
+  }
+  AfterSend(id);  // more than kMaxDrain waiting: come back after the others
+}
+
+void Lane::AfterSend(WorkerId id) {
+  Peer& p = peers_[id];
+  if (p.drain_posted || !p.dealer || !(p.dealer->get(zmq::sockopt::events) & ZMQ_POLLIN)) return;
+  p.drain_posted = true;
+  loop_->Post([this, id, alive = alive_] {
+    if (*alive) Drain(id);
+  });
+}
+
+void Lane::OnDelta(const WorkerDelta& d) {
+  auto a = attempts_.find(d.request_id);
+  if (a == attempts_.end()) return;  // cancelled, retried or timed out: a late answer
+  uint64_t handle = a->second;
+  Flight& f = flights_.at(handle);
+  WorkerId worker = f.worker;
+  if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
+    fleet_->CountInflight(worker, 0, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt});
+    f.first_token = true;
+  }
+  std::shared_ptr<ResponseSink> sink = f.request.sink;
+  if (d.finish != FinishReason::kNone) {
+    Release(f);
+    flights_.erase(handle);
+  }
+  sink->OnDelta(worker, d);  // may Cancel(handle)
+}
+
+void Lane::OnWorkerError(const WorkerError& e) {
+  auto a = attempts_.find(e.request_id);
+  if (a == attempts_.end()) return;
+  uint64_t handle = a->second;
+  Status st = StatusFromWorkerError(e);
+  bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown;
+  if (retryable) return FailOver(handle, st);
+  End(handle, flights_.at(handle).worker, st);
+}
+
+void Lane::Tick() {
+  uint64_t expirations;
+  (void)!::read(timer_fd_, &expirations, sizeof(expirations));
+  Sync();
+  if (flights_.empty()) return;
+  TimeNs now = fleet_->clock()->Now();
+  bool stopping = fleet_->Stopping();
+  std::vector<std::pair<uint64_t, Status>> failed;
+  std::vector<uint64_t> timed_out;  // whole-request deadline
+  for (auto& [handle, f] : flights_) {
+    if (stopping) {
+      timed_out.push_back(handle);
+      continue;
+    }
+    if (now >= f.deadline) {
+      timed_out.push_back(handle);
+    } else if (f.attempt_id != 0 && !f.first_token && now >= f.first_token_deadline) {
+      failed.emplace_back(handle, Status(StatusCode::kDeadlineExceeded, "no first token in time"));
+    } else if (f.attempt_id != 0) {
+      std::string why;
+      if (fleet_->Failures(f.worker, &why) != f.failures_at_send) {
+        failed.emplace_back(handle, Unavailable(why));
+      } else if (!fleet_->Routable(f.worker)) {
+        failed.emplace_back(handle, Unavailable("worker " + fleet_->WorkerName(f.worker) + " is not live"));
+      }
+    }
+  }
+  for (uint64_t handle : timed_out) {
+    auto it = flights_.find(handle);
+    if (it == flights_.end()) continue;
+    SendCancel(it->second);
+    End(handle, it->second.worker,
+        stopping ? Unavailable("the router is shutting down")
+                 : Status(StatusCode::kDeadlineExceeded, "the request timed out"));
+  }
+  for (auto& [handle, why] : failed) {
+    auto it = flights_.find(handle);
+    if (it == flights_.end()) continue;
+    SendCancel(it->second);
+    FailOver(handle, why);
+  }
+}
+
+}  // namespace kvfleet::router

@@ -1,0 +1,230 @@
+// Lanes (router/fleet/lane.h): requests forwarded from one thread, answers read and
+// delivered on that same thread, cancels racing answers, failures the fleet saw, and a
+// lane destroyed with requests in flight.
+#include "router/fleet/lane.h"
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include <doctest/doctest.h>
+
+#include "router/fleet/poll_loop.h"
+#include "tests/router/fake_worker.h"
+
+namespace kvfleet::router {
+namespace {
+
+using testing::FakeWorker;
+
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 5000) {
+  for (int i = 0; i < ms / 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+// Runs `fn` on the loop's thread and waits for it.
+void RunOn(PollLoop& loop, std::function<void()> fn) {
+  std::promise<void> done;
+  loop.Post([&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+// Records every call with the thread it came on; optionally cancels after the first delta
+// (as a stop string does), through the lane it was given.
+class Recorder final : public ResponseSink {
+ public:
+  void OnDelta(WorkerId, const WorkerDelta& d) override {
+    Note();
+    tokens += d.tokens.size();
+    if (after_cancel) ++calls_after_cancel;
+    if (cancel_on_first && lane != nullptr && !after_cancel) {
+      lane->Cancel(handle);
+      after_cancel = true;
+      return;
+    }
+    if (d.finish != FinishReason::kNone) Finish(Status::Ok());
+  }
+  void OnError(WorkerId, const Status& s, bool) override {
+    Note();
+    if (after_cancel) ++calls_after_cancel;
+    Finish(s);
+  }
+
+  void Note() {
+    std::lock_guard<std::mutex> lock(mu);
+    threads.push_back(std::this_thread::get_id());
+  }
+  void Finish(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (finished) return;
+    finished = true;
+    outcome.set_value(s);
+  }
+
+  std::mutex mu;
+  std::vector<std::thread::id> threads;  // GUARDED_BY(mu)
+  bool finished = false;                 // GUARDED_BY(mu)
+  std::promise<Status> outcome;
+  // The lane thread only.
+  size_t tokens = 0;
+  bool cancel_on_first = false;
+  bool after_cancel = false;
+  int calls_after_cancel = 0;
+  Lane* lane = nullptr;
+  uint64_t handle = 0;
+};
+
+struct Setup {
+  explicit Setup(std::vector<std::string> workers, DurationNs first_token_timeout = 60 * kNsPerSec) {
+    FleetOptions o;
+    o.registration_endpoint = "";
+    o.static_workers = std::move(workers);
+    o.static_model = "m";
+    o.first_token_timeout = first_token_timeout;
+    fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
+    REQUIRE(WaitFor([&] {
+      auto m = fleet->FindModel("m");
+      return m && m->routable.size() == o.static_workers.size();
+    }));
+    RunOn(loop, [&] {
+      lane = fleet->NewLane(&loop);
+      loop_thread = std::this_thread::get_id();
+    });
+  }
+  ~Setup() {
+    RunOn(loop, [&] { lane.reset(); });
+    fleet->Stop();
+  }
+  // Submits on the lane thread; returns the handle.
+  uint64_t Submit(WorkerId worker, std::shared_ptr<Recorder> sink, uint32_t max_tokens = 4,
+                  std::function<Result<WorkerId>(std::span<const WorkerId>)> reroute = nullptr) {
+    uint64_t handle = 0;
+    RunOn(loop, [&] {
+      ForwardRequest r;
+      r.worker = worker;
+      r.params.tokens = std::vector<TokenId>(64, 7);
+      r.params.sampling.max_tokens = max_tokens;
+      r.sink = sink;
+      r.reroute = std::move(reroute);
+      handle = lane->NewHandle();
+      sink->lane = lane.get();
+      sink->handle = handle;
+      lane->Submit(handle, std::move(r));
+    });
+    return handle;
+  }
+  int64_t Inflight(WorkerId id) { return fleet->Workers()[id].inflight_requests; }
+
+  std::unique_ptr<Fleet> fleet;
+  PollLoop loop;
+  std::unique_ptr<Lane> lane;  // the loop thread only
+  std::thread::id loop_thread;
+};
+
+}  // namespace
+
+TEST_CASE("a lane delivers every answer on its own thread and releases its in-flight counts") {
+  FakeWorker w("hello");
+  Setup s({w.endpoint()});
+  std::vector<std::shared_ptr<Recorder>> sinks;
+  for (int i = 0; i < 20; ++i) {
+    sinks.push_back(std::make_shared<Recorder>());
+    s.Submit(0, sinks.back());
+  }
+  for (auto& sink : sinks) {
+    auto f = sink->outcome.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(f.get().ok());
+    std::lock_guard<std::mutex> lock(sink->mu);
+    CHECK(sink->threads.size() == 4);
+    for (auto t : sink->threads) CHECK(t == s.loop_thread);
+  }
+  CHECK(s.Inflight(0) == 0);
+  CHECK(s.fleet->Workers()[0].inflight_prefill_tokens == 0);
+}
+
+TEST_CASE("a cancel from inside a delta (racing the rest of the answer) ends the sink's calls") {
+  FakeWorker w("hello world");
+  Setup s({w.endpoint()});
+  std::vector<std::shared_ptr<Recorder>> sinks;
+  for (int i = 0; i < 20; ++i) {
+    sinks.push_back(std::make_shared<Recorder>());
+    sinks.back()->cancel_on_first = true;  // the worker has already sent the rest
+    s.Submit(0, sinks.back(), 8);
+  }
+  REQUIRE(WaitFor([&] { return w.cancels() == 20; }));
+  // Let the answers already on the wire arrive: none may reach a sink.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  RunOn(s.loop, [&] {
+    for (auto& sink : sinks) {
+      CHECK(sink->tokens == 1);
+      CHECK(sink->calls_after_cancel == 0);
+    }
+  });
+  CHECK(s.Inflight(0) == 0);
+}
+
+TEST_CASE("a cancel right after submit, before any answer, releases the request") {
+  FakeWorker w("hello");
+  w.set_mode(FakeWorker::Mode::kHang);
+  Setup s({w.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  uint64_t h = s.Submit(0, sink);
+  CHECK(s.Inflight(0) == 1);
+  RunOn(s.loop, [&] { s.lane->Cancel(h); });
+  CHECK(s.Inflight(0) == 0);
+  REQUIRE(WaitFor([&] { return w.cancels() == 1; }));
+  std::lock_guard<std::mutex> lock(sink->mu);
+  CHECK(sink->threads.empty());
+}
+
+TEST_CASE("a worker that crashes before the first token: the lane retries on the next one") {
+  FakeWorker dying("hello"), healthy("hello");
+  dying.set_mode(FakeWorker::Mode::kHang);
+  Setup s({dying.endpoint(), healthy.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  s.Submit(0, sink, 4, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{1}; });
+  REQUIRE(WaitFor([&] { return dying.generates() == 1; }));
+  dying.Crash();
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());
+  CHECK(healthy.generates() == 1);
+  CHECK(s.Inflight(0) == 0);
+  CHECK(s.Inflight(1) == 0);
+}
+
+TEST_CASE("no first token in time, and nowhere to retry: the sink gets DeadlineExceeded") {
+  FakeWorker w("hello");
+  w.set_mode(FakeWorker::Mode::kHang);
+  Setup s({w.endpoint()}, 100 * kNsPerMs);
+  auto sink = std::make_shared<Recorder>();
+  s.Submit(0, sink);
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().code() == StatusCode::kDeadlineExceeded);
+  CHECK(s.Inflight(0) == 0);
+}
+
+TEST_CASE("a lane destroyed with requests in flight ends them with Unavailable") {
+  FakeWorker w("hello");
+  w.set_mode(FakeWorker::Mode::kHang);
+  Setup s({w.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  s.Submit(0, sink);
+  RunOn(s.loop, [&] { s.lane.reset(); });
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(1)) == std::future_status::ready);
+  CHECK(f.get().code() == StatusCode::kUnavailable);
+  CHECK(s.Inflight(0) == 0);
+}
+
+}  // namespace kvfleet::router
