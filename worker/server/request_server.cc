@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <capnp/message.h>
 
 #include "common/check.h"
@@ -189,7 +191,7 @@ void RequestServer::Wake() {
 void RequestServer::SendOutput(const ClientKey& key, const engine::RequestOutput& output) {
   {
     std::lock_guard lock(outbox_mu_);
-    outbox_.push_back(Outgoing{key, output});
+    outbox_.push_back(Outgoing{key, output, clock_->Now()});
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -198,7 +200,7 @@ void RequestServer::SendOutput(const ClientKey& key, const engine::RequestOutput
 void RequestServer::SendError(const ClientKey& key, ErrorCode code, const std::string& message) {
   {
     std::lock_guard lock(outbox_mu_);
-    outbox_.push_back(Outgoing{key, ErrorReply{code, message}});
+    outbox_.push_back(Outgoing{key, ErrorReply{code, message}, clock_->Now()});
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -210,11 +212,13 @@ void RequestServer::FlushOutbox() {
     std::lock_guard lock(outbox_mu_);
     batch.swap(outbox_);
   }
-  for (const Outgoing& o : batch) {
+  for (Outgoing& o : batch) {
     std::string frame;
-    if (const auto* out = std::get_if<engine::RequestOutput>(&o.body)) {
+    if (auto* out = std::get_if<engine::RequestOutput>(&o.body)) {
+      StampTimeToFirstToken(o.key, o.queued_at, out);
       frame = EncodeDelta(o.key.request_id, *out);
     } else {
+      first_token_sent_.erase(o.key);  // an Error ends the request
       const auto& e = std::get<ErrorReply>(o.body);
       frame = EncodeError(o.key.request_id, e.code, e.message);
     }
@@ -227,6 +231,23 @@ void RequestServer::FlushOutbox() {
       Logger("server")->warn("sending to a router failed: {}", e.what());
     }
   }
+}
+
+void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at, engine::RequestOutput* out) {
+  const bool last = out->finish != engine::FinishReason::kNone;
+  auto it = first_token_sent_.find(key);
+  if (it != first_token_sent_.end()) {
+    out->usage.time_to_first_token = it->second;
+    if (last) first_token_sent_.erase(it);
+    return;
+  }
+  if (out->usage.time_to_first_token == 0) return;  // no token yet
+  // The engine measured decode -> first token; the wait in the outbox (the engine thread
+  // handing the Delta to this thread) is the worker's own time too. Measured from the
+  // queueing, so the few instructions between the engine's step and SendOutput stay out:
+  // the figure errs low, never high.
+  out->usage.time_to_first_token += std::max<DurationNs>(0, clock_->Now() - queued_at);
+  if (!last) first_token_sent_.emplace(key, out->usage.time_to_first_token);
 }
 
 void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame) {

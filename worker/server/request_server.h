@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -116,6 +117,11 @@ class RequestServer {
   void IoLoop();
   void HandleFrame(const std::string& identity, const zmq::message_t& frame);
   void FlushOutbox();
+  // Sets out->usage.time_to_first_token to the worker's whole time to first token: from the
+  // request's decode to the moment its first token is handed to the socket (now), not only
+  // to the engine step that produced it. Every later Delta of the request repeats that value.
+  // REQUIRES: the I/O thread.
+  void StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at, engine::RequestOutput* out);
 
   // With authorized keys the socket lives in a context of its own, whose ZAP handler
   // (one per context) admits them; the process's other workers keep the shared one.
@@ -142,9 +148,13 @@ class RequestServer {
   struct Outgoing {
     ClientKey key;
     std::variant<engine::RequestOutput, ErrorReply> body;
+    TimeNs queued_at = 0;  // when SendOutput/SendError queued it (clock_)
   };
   std::mutex outbox_mu_;
   std::vector<Outgoing> outbox_;  // GUARDED_BY(outbox_mu_)
+  // Requests whose first token has left, with the time to first token their Deltas report;
+  // erased with the request's last Delta. I/O thread only.
+  std::unordered_map<ClientKey, DurationNs, ClientKeyHash> first_token_sent_;
 };
 
 }  // namespace kvfleet::server

@@ -8,12 +8,11 @@
 // Each request is a fresh random prompt (the byte codec: one token per byte), streamed with
 // include_usage. Router-added latency = the time to the first text chunk seen here minus
 // the worker's own time to first token for that same request (the response's
-// "kvfleet.worker_ttft_ms": the worker's clock from decoding the request frame to its first
-// generated token). So it covers the HTTP read, parse, tokenization, hashing, routing, the
-// forward over ZMQ both ways, the SSE write and the client's wake-up, and also the worker's
-// side of the transport: its ZMQ I/O thread before the decode, and the hand-off of the first
-// delta from its engine thread to its socket. The router's own routing step is also read
-// from its /metrics.
+// "kvfleet.worker_ttft_ms": the worker's clock from decoding the request frame to handing its
+// first token to the socket). So it covers the HTTP read, parse, tokenization, hashing,
+// routing, the forward over ZMQ both ways, the SSE write and the client's wake-up, and also
+// the worker's side of the transport: its ZMQ I/O thread before the decode and after the
+// send. The router's own routing step is also read from its /metrics.
 //
 // --direct 1 measures that worker-side floor: the same requests (Contract 3 Generate, the
 // token ids the byte codec would make) sent straight to the workers the router lists in

@@ -14,9 +14,9 @@
 #
 # What is measured (router_loadgen.cc says it in full): router-added = the client's time to
 # the first text chunk minus the worker's own TTFT for that very request, which the worker
-# reports in the response (kvfleet.worker_ttft_ms, from decoding the request frame to its
-# first token). The worker-side transport (its ZMQ I/O thread before the decode, and the
-# hand-off of the first delta from its engine to its socket) is counted as router-added.
+# reports in the response (kvfleet.worker_ttft_ms, from decoding the request frame to handing
+# its first token to the socket). The rest of the worker-side transport (its ZMQ I/O thread
+# before the decode and after the send) is counted as router-added.
 # So the last two cases measure that floor: router_loadgen --direct 1 sends the same
 # requests straight to the workers over Contract 3 (a bare DEALER client, no router, no
 # HTTP) and makes the same subtraction; router-added minus the floor is the router's own

@@ -1,0 +1,112 @@
+// RequestServer: what a router sees of the worker's own time to first token.
+#include "worker/server/request_server.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <capnp/message.h>
+#include <zmq.hpp>
+
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+
+namespace kvfleet::server {
+namespace {
+
+// Each reading is 1 ms after the one before, whichever thread reads it: a hand-off between
+// two readings always shows up as elapsed time.
+class SteppingClock final : public Clock {
+ public:
+  TimeNs Now() const override { return now_.fetch_add(kNsPerMs) + kNsPerMs; }
+  TimeNs WallNs() const override { return Now(); }
+
+ private:
+  mutable std::atomic<TimeNs> now_{0};
+};
+
+std::string GenerateFrame(uint64_t request_id) {
+  capnp::MallocMessageBuilder message;
+  auto g = message.initRoot<schema::ToWorker>().initGenerate();
+  g.setRequestId(request_id);
+  auto tokens = g.initTokens(3);
+  for (uint32_t i = 0; i < 3; ++i) tokens.set(i, 10 + i);
+  g.initSampling().setMaxTokens(4);
+  return wire::Encode(message);
+}
+
+struct SentDelta {
+  uint64_t request_id = 0;
+  size_t tokens = 0;
+  uint64_t ttft_us = 0;
+};
+
+SentDelta Receive(zmq::socket_t& dealer) {
+  zmq::message_t frame;
+  REQUIRE(dealer.recv(frame, zmq::recv_flags::none));
+  auto decoded = wire::Decode<schema::FromWorker>(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  auto root = (*decoded)->Root<schema::FromWorker>();
+  REQUIRE(root.isDelta());
+  auto d = root.getDelta();
+  return SentDelta{d.getRequestId(), d.getTokens().size(), d.getUsage().getTimeToFirstTokenUs()};
+}
+
+engine::RequestOutput Output(size_t tokens, DurationNs engine_ttft, engine::FinishReason finish) {
+  engine::RequestOutput out;
+  out.new_tokens.assign(tokens, 42);
+  out.usage.time_to_first_token = engine_ttft;
+  out.finish = finish;
+  return out;
+}
+
+TEST_CASE("the reported time to first token runs until the first token leaves the worker") {
+  zmq::context_t context;
+  SteppingClock clock;
+  RequestServerOptions options;
+  options.endpoint = "tcp://127.0.0.1:0";
+  auto server = RequestServer::Start(context, options, &clock);
+  REQUIRE(server.ok());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::routing_id, "router-a");
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.connect((*server)->bound_endpoint());
+
+  for (uint64_t id : {7, 8}) {
+    const std::string frame = GenerateFrame(id);
+    dealer.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  std::vector<GenerateCommand> got;
+  for (int i = 0; i < 100 && got.size() < 2; ++i) {
+    for (auto& c : (*server)->Take(100 * kNsPerMs)) got.push_back(std::get<GenerateCommand>(std::move(c)));
+  }
+  REQUIRE(got.size() == 2);
+  const ClientKey a = got[0].key, b = got[1].key;
+  CHECK(a.identity == "router-a");
+
+  const DurationNs engine_ttft = 20 * kNsPerMs;
+  const uint64_t engine_us = engine_ttft / kNsPerUs;
+  // Request a: a Delta before any token, the first token, one more, the last.
+  (*server)->SendOutput(a, Output(0, 0, engine::FinishReason::kNone));
+  SentDelta none = Receive(dealer);
+  CHECK(none.ttft_us == 0);
+  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
+  SentDelta first = Receive(dealer);
+  CHECK(first.tokens == 1);
+  // The outbox wait (at least one clock step) is counted, on top of the engine's figure.
+  CHECK(first.ttft_us >= engine_us + 1000);
+  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
+  CHECK(Receive(dealer).ttft_us == first.ttft_us);
+  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kLength));
+  CHECK(Receive(dealer).ttft_us == first.ttft_us);
+
+  // Request b: its first token comes in its last Delta; nothing of a's is carried over.
+  (*server)->SendOutput(b, Output(2, 3 * kNsPerMs, engine::FinishReason::kStop));
+  SentDelta only = Receive(dealer);
+  CHECK(only.request_id == 8);
+  CHECK(only.ttft_us >= 3000 + 1000);
+  CHECK(only.ttft_us < first.ttft_us);
+  (*server)->Stop();
+}
+
+}  // namespace
+}  // namespace kvfleet::server
