@@ -168,6 +168,29 @@ class ModelBackend {
   virtual kv::BlockCopier& block_copier() = 0;
 };
 
+// The part every backend holds and reports the same way: its options, its model's
+// configuration, the longest context it serves and its KV pools. A backend derives from it
+// and fills config_, max_context_ and pools_ while it is built (Make), before the engine
+// sees it.
+class ModelBackendBase : public ModelBackend {
+ public:
+  const model::ModelConfig& config() const final { return config_; }
+  int32_t block_size() const final { return options_.block_size; }
+  int32_t max_num_tokens() const final { return options_.max_num_tokens; }
+  int32_t max_batch_size() const final { return options_.max_batch_size; }
+  int64_t max_context() const final { return max_context_; }
+  std::span<const KvPoolInfo> pools() const final { return pools_; }
+
+ protected:
+  explicit ModelBackendBase(const BackendOptions& options, model::ModelConfig config = {})
+      : options_(options), config_(std::move(config)) {}
+
+  BackendOptions options_;
+  model::ModelConfig config_;
+  int64_t max_context_ = 0;
+  std::vector<KvPoolInfo> pools_;
+};
+
 // ---- Shared by every backend --------------------------------------------------------
 
 // The positions a query at q sees in a pool (the rule above): the main range [lo, q] and the

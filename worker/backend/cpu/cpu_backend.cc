@@ -28,7 +28,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 }  // namespace
 
-CpuBackend::CpuBackend(const BackendOptions& options) : options_(options) {}
+CpuBackend::CpuBackend(const BackendOptions& options) : ModelBackendBase(options) {}
 
 CpuBackend::~CpuBackend() {
   for (float* p : device_kv_) std::free(p);

@@ -33,19 +33,13 @@ constexpr uint64_t kDefaultKvBytes = 512ull << 20;
 constexpr int64_t kAttentionRowsPerTask = 16;
 }  // namespace config
 
-class CpuBackend final : public ModelBackend {
+class CpuBackend final : public ModelBackendBase {
  public:
   // Opens and validates the checkpoint, converts the weights, allocates the KV pools.
   static Result<std::unique_ptr<CpuBackend>> Make(const BackendOptions& options);
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
-  const model::ModelConfig& config() const override { return config_; }
-  int32_t block_size() const override { return options_.block_size; }
-  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
-  int32_t max_batch_size() const override { return options_.max_batch_size; }
-  int64_t max_context() const override { return max_context_; }
-  std::span<const KvPoolInfo> pools() const override { return pools_; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return *copier_; }
 
@@ -62,14 +56,10 @@ class CpuBackend final : public ModelBackend {
   void Attention(const StepBatch& batch, int64_t layer);
   float* KvBase(size_t pool, kv::BlockId block) const;
 
-  BackendOptions options_;
-  model::ModelConfig config_;
-  int64_t max_context_ = 0;
   std::unique_ptr<ThreadPool> pool_;
   CpuWeights w_;
   std::unique_ptr<Rope> rope_;
   kv::KvCacheConfig kv_config_;
-  std::vector<KvPoolInfo> pools_;
   std::vector<int32_t> layer_pool_;   // [layer] → pool
   std::vector<int32_t> layer_index_;  // [layer] → index of the layer within its pool
   std::vector<float*> device_kv_;     // [pool] → [device_blocks][block elements]

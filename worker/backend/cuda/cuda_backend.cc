@@ -77,7 +77,7 @@ struct CudaBackend::StepMeta {
   std::vector<int32_t> end_pos;        // host: [S] sequence end positions
 };
 
-CudaBackend::CudaBackend(const BackendOptions& options) : options_(options) {}
+CudaBackend::CudaBackend(const BackendOptions& options) : ModelBackendBase(options) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);

@@ -92,7 +92,7 @@ constexpr int32_t kMinGraphLength = 128;
 constexpr int32_t kGemvMaxRowsDefault = 1;
 }  // namespace config
 
-class CudaBackend final : public ModelBackend {
+class CudaBackend final : public ModelBackendBase {
  public:
   // Opens and validates the checkpoint, uploads the weights, allocates every buffer and
   // the KV pools. Unimplemented for tensor_parallel > 1 or head_dim not a multiple of 16
@@ -101,12 +101,6 @@ class CudaBackend final : public ModelBackend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
-  const model::ModelConfig& config() const override { return config_; }
-  int32_t block_size() const override { return options_.block_size; }
-  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
-  int32_t max_batch_size() const override { return options_.max_batch_size; }
-  int64_t max_context() const override { return max_context_; }
-  std::span<const KvPoolInfo> pools() const override { return pools_; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return *copier_; }
 
@@ -135,9 +129,6 @@ class CudaBackend final : public ModelBackend {
   template <typename T>
   Result<T*> DeviceAlloc(size_t count);
 
-  BackendOptions options_;
-  model::ModelConfig config_;
-  int64_t max_context_ = 0;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;
@@ -154,7 +145,6 @@ class CudaBackend final : public ModelBackend {
 
   // KV.
   kv::KvCacheConfig kv_config_;
-  std::vector<KvPoolInfo> pools_;
   std::vector<int32_t> layer_pool_, layer_index_;  // [layer] → pool, index within it
   std::vector<__nv_bfloat16*> device_kv_;           // [pool]
   std::unique_ptr<CudaBlockCopier> copier_;

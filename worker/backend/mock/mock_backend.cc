@@ -94,7 +94,7 @@ model::ModelConfig DefaultMockModelConfig() {
 }
 
 MockBackend::MockBackend(const BackendOptions& options, MockOptions mock, model::ModelConfig config)
-    : options_(options), mock_(std::move(mock)), config_(std::move(config)) {}
+    : ModelBackendBase(options, std::move(config)), mock_(std::move(mock)) {}
 
 MockBackend::~MockBackend() = default;
 

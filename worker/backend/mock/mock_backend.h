@@ -62,18 +62,12 @@ Status ParseMockSettings(const BackendOptions& options, MockOptions* mock);
 // Llama-3.1-8B's architecture, for a mock without a model directory.
 model::ModelConfig DefaultMockModelConfig();
 
-class MockBackend final : public ModelBackend {
+class MockBackend final : public ModelBackendBase {
  public:
   static Result<std::unique_ptr<MockBackend>> Make(const BackendOptions& options, MockOptions mock);
   ~MockBackend() override;
 
   std::string_view name() const override { return "mock"; }
-  const model::ModelConfig& config() const override { return config_; }
-  int32_t block_size() const override { return options_.block_size; }
-  int32_t max_num_tokens() const override { return options_.max_num_tokens; }
-  int32_t max_batch_size() const override { return options_.max_batch_size; }
-  int64_t max_context() const override { return max_context_; }
-  std::span<const KvPoolInfo> pools() const override { return pools_; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override;
 
@@ -92,13 +86,9 @@ class MockBackend final : public ModelBackend {
   Result<uint64_t> WriteAndRead(const SequenceStep& step);
   TokenId TokenFor(const SequenceStep& step, uint64_t context) const;
 
-  BackendOptions options_;
   MockOptions mock_;
-  model::ModelConfig config_;
-  int64_t max_context_ = 0;
   uint64_t device_bytes_ = 0;
   uint64_t host_bytes_ = 0;
-  std::vector<KvPoolInfo> pools_;
   std::unique_ptr<ShadowCopier> copier_;
   DurationNs last_step_ = 0;
 };
