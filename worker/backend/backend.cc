@@ -62,6 +62,35 @@ namespace {
 std::string Req(const SequenceStep& s) { return "request " + std::to_string(s.request_id); }
 }  // namespace
 
+KvPoolInfo PoolInfoOf(const kv::PoolLayout& layout, const model::ModelConfig& c, const BackendOptions& options,
+                      int64_t max_context) {
+  KvPoolInfo p;
+  p.window = static_cast<int32_t>(layout.window);
+  p.sink_tokens = layout.window > 0 ? options.sink_tokens : 0;
+  p.position_shift = p.sink_tokens > 0;
+  p.attention_chunk = static_cast<int32_t>(c.attention_chunk_size);
+  p.num_kv_heads = static_cast<int32_t>(layout.num_kv_heads);
+  p.head_dim = static_cast<int32_t>(c.head_dim);
+  p.layers.assign(layout.layers.begin(), layout.layers.end());
+  p.bytes_per_block = layout.bytes_per_block;
+  p.device_blocks = layout.device_blocks;
+  p.host_blocks = layout.host_blocks;
+  p.max_blocks_per_seq = (max_context + options.block_size - 1) / options.block_size;
+  return p;
+}
+
+void MapLayersToPools(std::span<const KvPoolInfo> pools, int64_t num_layers, std::vector<int32_t>* pool_of,
+                      std::vector<int32_t>* index_in_pool) {
+  pool_of->assign(num_layers, -1);
+  index_in_pool->assign(num_layers, -1);
+  for (size_t pi = 0; pi < pools.size(); ++pi) {
+    for (size_t li = 0; li < pools[pi].layers.size(); ++li) {
+      (*pool_of)[pools[pi].layers[li]] = static_cast<int32_t>(pi);
+      (*index_in_pool)[pools[pi].layers[li]] = static_cast<int32_t>(li);
+    }
+  }
+}
+
 VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q) {
   const int64_t chunk_lo = p.attention_chunk > 0 ? q / p.attention_chunk * p.attention_chunk : 0;
   int64_t lo = chunk_lo;

@@ -52,6 +52,7 @@
 #include "common/status.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/block_copier.h"
+#include "worker/kv/kv_config.h"
 #include "worker/model/model_config.h"
 
 namespace kvfleet::backend {
@@ -199,6 +200,15 @@ struct VisibleRange {
   int64_t lo, sink_lo, sink_hi;
 };
 VisibleRange VisibleOf(const KvPoolInfo& pool, int64_t q);
+
+// The description of a pool the KV manager laid out (kv::ComputePools) for model `c` under
+// `options`, serving contexts of up to max_context tokens: geometry, tiers and masks.
+KvPoolInfo PoolInfoOf(const kv::PoolLayout& layout, const model::ModelConfig& c, const BackendOptions& options,
+                      int64_t max_context);
+// For each model layer: the pool that holds it (*pool_of) and its index among that pool's
+// layers (*index_in_pool).
+void MapLayersToPools(std::span<const KvPoolInfo> pools, int64_t num_layers, std::vector<int32_t>* pool_of,
+                      std::vector<int32_t>* index_in_pool);
 
 // The checks Execute() makes before computing anything: batch and token limits, positions
 // inside the context, token ids inside the vocabulary, sampling values, one block table per

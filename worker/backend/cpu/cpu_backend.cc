@@ -79,27 +79,10 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   if (options.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
-  b->layer_pool_.assign(c.num_layers, -1);
-  b->layer_index_.assign(c.num_layers, -1);
   std::vector<kv::MemcpyBlockCopier::Arena> arenas;
   for (size_t pi = 0; pi < layouts.size(); ++pi) {
     const kv::PoolLayout& l = layouts[pi];
-    KvPoolInfo p;
-    p.window = static_cast<int32_t>(l.window);
-    p.sink_tokens = l.window > 0 ? options.sink_tokens : 0;
-    p.position_shift = p.sink_tokens > 0;
-    p.attention_chunk = static_cast<int32_t>(c.attention_chunk_size);
-    p.num_kv_heads = static_cast<int32_t>(l.num_kv_heads);
-    p.head_dim = static_cast<int32_t>(c.head_dim);
-    p.layers.assign(l.layers.begin(), l.layers.end());
-    p.bytes_per_block = l.bytes_per_block;
-    p.device_blocks = l.device_blocks;
-    p.host_blocks = l.host_blocks;
-    p.max_blocks_per_seq = (b->max_context_ + options.block_size - 1) / options.block_size;
-    for (size_t li = 0; li < p.layers.size(); ++li) {
-      b->layer_pool_[p.layers[li]] = static_cast<int32_t>(pi);
-      b->layer_index_[p.layers[li]] = static_cast<int32_t>(li);
-    }
+    KvPoolInfo p = PoolInfoOf(l, c, options, b->max_context_);
     // calloc: large arenas come from fresh zero pages, committed as they are touched.
     float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), l.bytes_per_block));
     float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, l.bytes_per_block)) : nullptr;
@@ -111,6 +94,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
     arenas.push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), l.bytes_per_block});
     b->pools_.push_back(std::move(p));
   }
+  MapLayersToPools(b->pools_, c.num_layers, &b->layer_pool_, &b->layer_index_);
   b->copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas));
 
   const auto t_end = Clock::now();

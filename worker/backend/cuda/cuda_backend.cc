@@ -379,27 +379,9 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   if (options_.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options_.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
-  layer_pool_.assign(c.num_layers, -1);
-  layer_index_.assign(c.num_layers, -1);
   std::vector<CudaBlockCopier::Pool> copier_pools;
-  for (size_t pi = 0; pi < layouts.size(); ++pi) {
-    const kv::PoolLayout& l = layouts[pi];
-    KvPoolInfo p;
-    p.window = static_cast<int32_t>(l.window);
-    p.sink_tokens = l.window > 0 ? options_.sink_tokens : 0;
-    p.position_shift = p.sink_tokens > 0;
-    p.attention_chunk = static_cast<int32_t>(c.attention_chunk_size);
-    p.num_kv_heads = static_cast<int32_t>(l.num_kv_heads);
-    p.head_dim = static_cast<int32_t>(c.head_dim);
-    p.layers.assign(l.layers.begin(), l.layers.end());
-    p.bytes_per_block = l.bytes_per_block;
-    p.device_blocks = l.device_blocks;
-    p.host_blocks = l.host_blocks;
-    p.max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size;
-    for (size_t li = 0; li < p.layers.size(); ++li) {
-      layer_pool_[p.layers[li]] = static_cast<int32_t>(pi);
-      layer_index_[p.layers[li]] = static_cast<int32_t>(li);
-    }
+  for (const kv::PoolLayout& l : layouts) {
+    KvPoolInfo p = PoolInfoOf(l, c, options_, max_context_);
     const size_t elems = static_cast<size_t>(l.device_blocks) * (l.bytes_per_block / sizeof(bf16));
     KVF_ASSIGN_OR_RETURN(bf16 * dev, DeviceAlloc<bf16>(elems));
     // Zeroed so a stale NaN pattern can never reach a masked-out lane's arithmetic.
@@ -420,6 +402,7 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
     copier_pools.push_back({reinterpret_cast<std::byte*>(dev), host, l.bytes_per_block});
     pools_.push_back(std::move(p));
   }
+  MapLayersToPools(pools_, c.num_layers, &layer_pool_, &layer_index_);
   KVF_ASSIGN_OR_RETURN(copier_, CudaBlockCopier::Make(std::move(copier_pools), stream_, options_.device));
   return Status::Ok();
 }

@@ -128,18 +128,7 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   KVF_ASSIGN_OR_RETURN(auto layouts, kv::ComputePools(kv_config));
   b->device_bytes_ = kv_config.device_bytes;
   b->host_bytes_ = kv_config.host_bytes;
-  for (const kv::PoolLayout& l : layouts) {
-    KvPoolInfo p;
-    p.window = static_cast<int32_t>(l.window);
-    p.num_kv_heads = static_cast<int32_t>(l.num_kv_heads);
-    p.head_dim = static_cast<int32_t>(b->config_.head_dim);
-    p.layers.assign(l.layers.begin(), l.layers.end());
-    p.bytes_per_block = l.bytes_per_block;
-    p.device_blocks = l.device_blocks;
-    p.host_blocks = l.host_blocks;
-    p.max_blocks_per_seq = (b->max_context_ + options.block_size - 1) / options.block_size;
-    b->pools_.push_back(std::move(p));
-  }
+  for (const kv::PoolLayout& l : layouts) b->pools_.push_back(PoolInfoOf(l, b->config_, options, b->max_context_));
   b->copier_ = std::make_unique<ShadowCopier>(b->pools_, options.block_size, b->mock_.verify_kv);
   if (!b->mock_.clock) b->mock_.clock = SystemClock::Default();
   return b;
