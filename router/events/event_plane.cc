@@ -17,6 +17,7 @@
 #include "common/check.h"
 #include "common/curve_keys.h"
 #include "common/log.h"
+#include "common/thread_priority.h"
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
 #include "schema/wire.h"
@@ -407,6 +408,8 @@ void EventPlane::Impl::Periodic(TimeNs now, bool force) {
 }
 
 void EventPlane::Impl::Run() {
+  // Index freshness can wait a few microseconds; an HTTP thread writing a first token cannot.
+  LowerThisThreadPriority();
   std::vector<zmq::pollitem_t> items;
   std::vector<Entry*> item_entries;
   while (!stop_.load(std::memory_order_relaxed)) {

@@ -13,6 +13,7 @@
 
 #include "common/curve_keys.h"
 #include "common/log.h"
+#include "common/thread_priority.h"
 #include "schema/wire.h"
 
 namespace kvfleet::events {
@@ -255,6 +256,8 @@ void EventPublisher::ServiceSnapshots(EventSource& source) {
 }
 
 void EventPublisher::Impl::Run() {
+  // Events may leave a little later; the request socket's thread sending a first token must not.
+  LowerThisThreadPriority();
   const EventPublisherOptions& options = owner_->options_;
   Clock* clock = owner_->clock_;
   zmq::pollitem_t items[] = {{wake_pull_.handle(), 0, ZMQ_POLLIN, 0}, {replay_.handle(), 0, ZMQ_POLLIN, 0}};
