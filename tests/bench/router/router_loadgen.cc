@@ -160,32 +160,30 @@ Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std:
   }
 }
 
-// GET /metrics; the value of the first sample line that starts with `name ` (0 if none).
-double ScrapeMetric(int port, const std::string& name) {
+// GET `path` with Connection: close; the whole response, head included ("" if no connection).
+std::string HttpGet(int port, const std::string& path) {
   int fd = Connect(port);
-  if (fd < 0) return 0;
-  std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (fd < 0) return "";
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   std::string in;
   char buf[16384];
   ssize_t n;
   while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.append(buf, static_cast<size_t>(n));
   close(fd);
+  return in;
+}
+
+// GET /metrics; the value of the first sample line that starts with `name ` (0 if none).
+double ScrapeMetric(int port, const std::string& name) {
+  const std::string in = HttpGet(port, "/metrics");
   size_t at = in.find("\n" + name + " ");
   return at == std::string::npos ? 0 : std::atof(in.c_str() + at + name.size() + 2);
 }
 
 std::vector<std::string> WorkerEndpoints(int port) {
-  int fd = Connect(port);
   std::vector<std::string> out;
-  if (fd < 0) return out;
-  std::string req = "GET /fleet HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string in;
-  char buf[16384];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.append(buf, static_cast<size_t>(n));
-  close(fd);
+  const std::string in = HttpGet(port, "/fleet");
   size_t body = in.find("\r\n\r\n");
   if (body == std::string::npos) return out;
   auto j = nlohmann::json::parse(in.substr(body + 4), nullptr, false);
