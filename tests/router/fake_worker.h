@@ -17,6 +17,16 @@
 
 namespace kvfleet::router::testing {
 
+// Polls `pred` every 5 ms until it holds or `ms` pass; returns its last value.
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 5000) {
+  for (int i = 0; i < ms / 5; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
 class FakeWorker {
  public:
   enum class Mode { kAnswer, kHang, kFirstTokenThenHang };

@@ -17,15 +17,7 @@ namespace kvfleet::router {
 namespace {
 
 using testing::FakeWorker;
-
-template <typename Pred>
-bool WaitFor(Pred pred, int ms = 5000) {
-  for (int i = 0; i < ms / 5; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return pred();
-}
+using testing::WaitFor;
 
 // Runs `fn` on the loop's thread and waits for it.
 void RunOn(PollLoop& loop, std::function<void()> fn) {

@@ -22,17 +22,9 @@ using http::testing::Roundtrip;
 using http::testing::StatusOf;
 using nlohmann::json;
 using testing::FakeWorker;
+using testing::WaitFor;
 
 namespace {
-
-template <typename Pred>
-bool WaitFor(Pred pred, int ms = 5000) {
-  for (int i = 0; i < ms / 5; ++i) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return pred();
-}
 
 struct RouterUnderTest {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
