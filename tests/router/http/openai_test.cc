@@ -1,6 +1,9 @@
 // Parsing OpenAI request bodies: every check that earns a 400, and the stop matcher.
 #include "router/http/openai.h"
 
+#include <cstdint>
+#include <cstdio>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -75,6 +78,179 @@ TEST_CASE("malformed and unsupported requests are 400s naming the parameter") {
   CHECK(ParseError(R"({"model":"m","messages":[]})", true).param == "messages");
   CHECK(ParseError(R"({"model":"m","messages":[{"role":"wizard","content":"x"}]})", true).param == "messages");
   CHECK(ParseError(R"({"model":"m","messages":[{"role":"user","content":5}]})", true).param == "messages");
+}
+
+// The edges below pin what the parser did when it was nlohmann::json::parse alone; the
+// simdjson front end must keep every one (same values, same 400s and messages).
+namespace {
+std::string Completion(std::string_view fields) { return std::string(R"({"model":"m","prompt":"x",)") + std::string(fields) + "}"; }
+constexpr std::string_view kInvalidJson = "the body is not valid JSON";
+}  // namespace
+
+TEST_CASE("a duplicated key takes its last value, as nlohmann's object did") {
+  auto r = ParseCompletionRequest(R"({"model":"a","prompt":"x","model":"b","max_tokens":"five","max_tokens":5})", false);
+  REQUIRE(r.ok());
+  CHECK(r->model == "b");
+  CHECK(*r->max_tokens == 5);
+  CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":5,"max_tokens":"five"})").param == "max_tokens");
+  auto chat = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"wizard","role":"user","content":"hi"}]})", true);
+  REQUIRE(chat.ok());
+  CHECK(chat->messages_json == R"([{"content":"hi","role":"user"}])");
+}
+
+TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are refused where an integer is due") {
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":18446744073709551615)"), false)->seed == UINT64_MAX);
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":-1)"), false)->seed == UINT64_MAX);
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":-9223372036854775808)"), false)->seed == 0x8000000000000000ull);
+  for (const char* big : {"18446744073709551616", "-9223372036854775809", "123456789012345678901234567890"}) {
+    CAPTURE(big);
+    ApiError seed = ParseError(Completion(std::string(R"("seed":)") + big));
+    CHECK(seed.param == "seed");
+    CHECK(seed.message == "'seed' must be an integer");
+    CHECK(ParseError(Completion(std::string(R"("max_tokens":)") + big)).message == "'max_tokens' must be an integer");
+    CHECK(ParseError(Completion(std::string(R"("top_k":)") + big)).param == "top_k");
+    CHECK(ParseError(std::string(R"({"model":"m","prompt":[)") + big + "]}").param == "prompt");
+    // A field the router does not read may hold any number JSON allows.
+    CHECK(ParseCompletionRequest(Completion(std::string(R"("metadata":{"n":)") + big + "}"), false).ok());
+  }
+  CHECK(ParseError(Completion(R"("max_tokens":4294967296)")).message.find("must be between") != std::string::npos);
+}
+
+TEST_CASE("numbers beyond double's range are malformed JSON; below it they are zero") {
+  for (const char* inf : {"1e400", "-1e400", "1.7976931348623159e308"}) {
+    CAPTURE(inf);
+    ApiError e = ParseError(Completion(std::string(R"("metadata":)") + inf));
+    CHECK(e.message == kInvalidJson);
+    CHECK(e.param.empty());
+    CHECK(e.status == 400);
+  }
+  auto tiny = ParseCompletionRequest(Completion(R"("temperature":1e-400)"), false);
+  REQUIRE(tiny.ok());
+  CHECK(tiny->temperature == 0.0f);
+}
+
+TEST_CASE("-0 is the integer 0 but not an unsigned token id; -0.0 is not an integer") {
+  auto r = ParseCompletionRequest(Completion(R"("top_k":-0,"seed":-0,"temperature":-0)"), false);
+  REQUIRE(r.ok());
+  CHECK(r->top_k == 0);
+  CHECK(*r->seed == 0);
+  CHECK(ParseError(Completion(R"("max_tokens":-0)")).message.find("must be between") != std::string::npos);
+  CHECK(ParseError(Completion(R"("top_k":-0.0)")).message == "'top_k' must be an integer");
+  CHECK(ParseError(R"({"model":"m","prompt":[1,-0]})").param == "prompt");
+  CHECK(ParseCompletionRequest(R"({"model":"m","prompt":[0]})", false)->prompt_tokens == std::vector<TokenId>{0});
+  auto chat = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":"hi","n":-0,"x":-0.0}]})", true);
+  REQUIRE(chat.ok());
+  CHECK(chat->messages_json == R"([{"content":"hi","n":0,"role":"user","x":-0.0}])");
+}
+
+TEST_CASE("token-id prompts take only unsigned 32-bit integers") {
+  CHECK(ParseCompletionRequest(R"({"model":"m","prompt":[4294967295]})", false)->prompt_tokens ==
+        std::vector<TokenId>{static_cast<TokenId>(4294967295u)});
+  for (const char* bad : {"4294967296", "-1", "1.0", "1e2", "18446744073709551615", "\"1\"", "null", "[1]"}) {
+    CAPTURE(bad);
+    CHECK(ParseError(std::string(R"({"model":"m","prompt":[1,)") + bad + "]}").param == "prompt");
+  }
+  CHECK(ParseError(R"({"model":"m","prompt":[1,1e400]})").message == kInvalidJson);
+  CHECK(ParseError(R"({"model":"m","prompt":[1,2,]})").message == kInvalidJson);
+}
+
+TEST_CASE("strings must be valid UTF-8, and escapes decode as JSON defines them") {
+  for (const char* bad : {"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80", "a\x01z", "a\tz"}) {
+    CAPTURE(std::string_view(bad));
+    CHECK(ParseError(std::string(R"({"model":"m","prompt":")") + bad + "\"}").message == kInvalidJson);
+  }
+  CHECK(ParseError("{\"model\":\"m\",\"prompt\":\"x\"\xff}").message == kInvalidJson);
+  auto nul = ParseCompletionRequest(R"({"model":"m","prompt":"a\u0000b"})", false);
+  REQUIRE(nul.ok());
+  CHECK(*nul->prompt_text == std::string("a\0b", 3));
+  auto pair = ParseCompletionRequest(R"({"model":"m","prompt":"\ud83d\ude00\u00e9\"\\\/\b\f\n\r\t"})", false);
+  REQUIRE(pair.ok());
+  CHECK(*pair->prompt_text == "\xf0\x9f\x98\x80\xc3\xa9\"\\/\b\f\n\r\t");
+  for (const char* lone : {R"(\ud800)", R"(\udc00)", R"(\ud800\u0041)", R"(\ud800x)", R"(\ude00\ud83d)", R"(\u12)",
+                           R"(\x41)"}) {
+    CAPTURE(lone);
+    CHECK(ParseError(std::string(R"({"model":"m","prompt":")") + lone + "\"}").message == kInvalidJson);
+  }
+}
+
+TEST_CASE("the body is one JSON object and nothing more") {
+  for (const char* not_object : {"[1]", "\"x\"", "1", "null", "true", " [] "}) {
+    CAPTURE(not_object);
+    CHECK(ParseError(not_object).message == "the body must be a JSON object");
+  }
+  for (std::string bad : {std::string(), std::string(" \n\t"), std::string(R"({"model":"m","prompt":"x"} x)"),
+                          std::string(R"({"model":"m","prompt":"x"}{})"), std::string(R"({"model":"m","prompt":"x"},)"),
+                          std::string(R"({"model":"m","prompt":"x")"), std::string("\0", 1),
+                          std::string(R"({'model':'m'})"), std::string("\xef\xbb\xbf"), std::string(" \xef\xbb\xbf{}")}) {
+    CAPTURE(bad);
+    ApiError e = ParseError(bad);
+    CHECK(e.message == kInvalidJson);
+    CHECK(e.status == 400);
+  }
+  CHECK(ParseCompletionRequest(" \r\n{\"model\":\"m\",\"prompt\":\"x\"}\n\t ", false).ok());
+  // nlohmann ends the input at a NUL byte outside strings (one inside a string is malformed).
+  CHECK(ParseCompletionRequest(std::string(R"({"model":"m","prompt":"x"} )") + '\0' + "garbage", false).ok());
+  CHECK(ParseError(std::string(R"({"model":"m","prompt":"x)") + '\0' + "\"}").message == kInvalidJson);
+  CHECK(ParseError(std::string(R"({"model":"m","prompt":)") + '\0' + "\"x\"}").message == kInvalidJson);
+  CHECK(ParseError(std::string("{}") + '\0' + std::string(80, '[')).message == "the JSON body is nested too deeply");
+  // nlohmann skips a UTF-8 byte order mark at the very start.
+  CHECK(ParseCompletionRequest("\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}", false).ok());
+}
+
+TEST_CASE("nesting deeper than 64 is refused before parsing, counted outside strings only") {
+  auto nested = [](int depth) {
+    return Completion(R"("metadata":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']'));
+  };
+  CHECK(ParseCompletionRequest(nested(64), false).ok());
+  CHECK(ParseError(nested(65)).message == "the JSON body is nested too deeply");
+  // Unclosed or otherwise broken, deep input is still "too deep", as the depth check runs first.
+  CHECK(ParseError(std::string(100, '[')).message == "the JSON body is nested too deeply");
+  CHECK(ParseError(R"({"model":"m" "prompt":)" + std::string(80, '{')).message == "the JSON body is nested too deeply");
+  CHECK(ParseError(R"({"model":"m","prompt":[1,-0],"x":)" + std::string(70, '[')).message ==
+        "the JSON body is nested too deeply");
+  CHECK(ParseError(R"({"model":"m" "prompt":)" + std::string(40, '{')).message == kInvalidJson);
+  auto brackets = ParseCompletionRequest(R"({"model":"m","prompt":")" + std::string(200, '[') + R"(\"{{"})", false);
+  REQUIRE(brackets.ok());
+  CHECK(brackets->prompt_text->size() == 203);
+}
+
+TEST_CASE("a 1 MB prompt comes through byte for byte") {
+  std::string prompt;
+  for (int i = 0; prompt.size() < (1 << 20); ++i) prompt += "token " + std::to_string(i) + " \xc3\xa9 ";
+  auto r = ParseCompletionRequest(R"({"model":"m","prompt":")" + prompt + "\"}", false);
+  REQUIRE(r.ok());
+  CHECK(*r->prompt_text == prompt);
+  std::string escaped;
+  for (int i = 0; escaped.size() < (1 << 20); ++i) escaped += "line\\n\\\"q\\\"\\u00e9 ";
+  auto e = ParseCompletionRequest(R"({"model":"m","prompt":")" + escaped + "\"}", false);
+  REQUIRE(e.ok());
+  CHECK(e->prompt_text->find("line\n\"q\"\xc3\xa9 ") == 0);
+}
+
+TEST_CASE("a chat's messages_json is nlohmann's compact dump: sorted keys, its escapes, its numbers") {
+  auto r = ParseCompletionRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"a\"b\\c\n\u0001\u001f\u007f\u00e9\ud83d\ude00 \/",)"
+      R"("name":"x","z":1.5,"a":[1,-2,true,null,1e2,0.1,1E-7,18446744073709551615,-9223372036854775808,{}],"e":[]},)"
+      R"({"role":"assistant","content":null},{"role":"system","content":[{"type":"text","text":"t","x":{"b":1,"a":2}}]}]})",
+      true);
+  REQUIRE(r.ok());
+  CHECK(r->messages_json ==
+        "[{\"a\":[1,-2,true,null,100.0,0.1,1e-07,18446744073709551615,-9223372036854775808,{}],"
+        "\"content\":\"a\\\"b\\\\c\\n\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80 /\",\"e\":[],\"name\":\"x\","
+        "\"role\":\"user\",\"z\":1.5},{\"content\":null,\"role\":\"assistant\"},"
+        "{\"content\":[{\"text\":\"t\",\"type\":\"text\",\"x\":{\"a\":2,\"b\":1}}],\"role\":\"system\"}]");
+  std::string control;
+  for (int c = 0; c < 0x20; ++c) {
+    char esc[8];
+    std::snprintf(esc, sizeof(esc), "\\u%04x", c);
+    control += esc;
+  }
+  auto all = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":")" + control + "\"}]}", true);
+  REQUIRE(all.ok());
+  CHECK(all->messages_json ==
+        "[{\"content\":\"\\u0000\\u0001\\u0002\\u0003\\u0004\\u0005\\u0006\\u0007\\b\\t\\n\\u000b\\f\\r\\u000e"
+        "\\u000f\\u0010\\u0011\\u0012\\u0013\\u0014\\u0015\\u0016\\u0017\\u0018\\u0019\\u001a\\u001b\\u001c\\u001d"
+        "\\u001e\\u001f\",\"role\":\"user\"}]");
 }
 
 TEST_CASE("error objects have OpenAI's shape") {
