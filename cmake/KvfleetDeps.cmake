@@ -28,6 +28,10 @@ kvfleet_require(doctest_FOUND "doctest-dev" "doctest")
 find_package(nlohmann_json 3.10 QUIET)
 kvfleet_require(nlohmann_json_FOUND "nlohmann-json3-dev" "nlohmann-json")
 
+# The router parses request bodies with it (router/http/json_body.h).
+find_package(simdjson QUIET)
+kvfleet_require(simdjson_FOUND "libsimdjson-dev" "simdjson")
+
 find_package(CLI11 QUIET)
 kvfleet_require(CLI11_FOUND "libcli11-dev" "CLI11")
 

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git ca-certificates
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev libboost1.81-dev prometheus-cpp-dev
-  doctest-dev libxxhash-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  doctest-dev libxxhash-dev libpcre2-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev
   libutf8proc-dev
   clang libclang-rt-14-dev
   prometheus gnuplot-nox curl python3 procps

@@ -5,35 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/http/json_body.h"
+
 namespace kvfleet::router {
 
 using nlohmann::json;
 
 namespace {
-
-// nlohmann's parser recurses per nesting level; deeper input than this is refused before
-// parsing, so no body can exhaust the stack.
-constexpr int kMaxJsonDepth = 64;
-
-bool DepthWithin(std::string_view s, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 Status Bad(std::string message, std::string_view param) {
   return InvalidArgument(std::string(param) + "\x1f" + message);
@@ -144,7 +122,7 @@ Status ParseMessages(const json& j, std::string* out) {
       return Bad("'content' must be a string or an array of text parts", "messages");
     }
   }
-  *out = j.dump();
+  *out = DumpJson(j);  // j.dump()'s text
   return Status::Ok();
 }
 
@@ -188,9 +166,9 @@ ApiError ErrorFromStatus(const Status& status) {
 }
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits) {
-  if (!DepthWithin(body, kMaxJsonDepth)) return Bad("the JSON body is nested too deeply", "");
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad("the body is not valid JSON", "");
+  Result<json> parsed = ParseJsonBody(body);
+  if (!parsed.ok()) return Bad(parsed.status().message(), "");
+  json& j = *parsed;
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
   CompletionRequest r;
   r.chat = chat;
@@ -211,13 +189,17 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
       r.prompt_text = std::move(prompt->get_ref<std::string&>());  // 8K-token prompts: no copy
     } else if (prompt->is_array()) {
       // A list of token ids; a list of one string or one id-list is that prompt (n=1).
-      const json* p = &*prompt;
+      json* p = &*prompt;
       if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
       if (p->is_string()) {
         r.prompt_text = p->get<std::string>();
       } else {
         if (p->empty()) return Bad("'prompt' must not be empty", "prompt");
-        for (const json& t : *p) {
+        // Out of the json first: a plain vector frees 8K numbers far faster than
+        // nlohmann's array destructor, which moves each one onto a stack.
+        json::array_t ids = std::move(p->get_ref<json::array_t&>());
+        r.prompt_tokens.reserve(ids.size());
+        for (const json& t : ids) {
           if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
             return Bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
           }

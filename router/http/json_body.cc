@@ -1,0 +1,246 @@
+#include "router/http/json_body.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include <simdjson.h>
+
+namespace kvfleet::router {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
+
+// A "-0" token ('-', '0', then no digit, '.', 'e' or 'E'). Matches inside strings too; those
+// only send the body down nlohmann's slower path.
+bool MayHoldNegativeZero(std::string_view s) {
+  for (size_t at = s.find("-0"); at != std::string_view::npos; at = s.find("-0", at + 2)) {
+    if (at + 2 == s.size()) return true;
+    char next = s[at + 2];
+    if (!(next >= '0' && next <= '9') && next != '.' && next != 'e' && next != 'E') return true;
+  }
+  return false;
+}
+
+// Bodies whose bytes simdjson reads as nlohmann does (see the header).
+bool SimdjsonReadsAsNlohmann(std::string_view body) {
+  return body.substr(0, kUtf8Bom.size()) != kUtf8Bom && std::memchr(body.data(), '\0', body.size()) == nullptr &&
+         !MayHoldNegativeZero(body);
+}
+
+// simdjson's errors for bytes nlohmann refuses too. Any other error (numbers above all)
+// goes to nlohmann for its own verdict.
+bool RefusedByBoth(simdjson::error_code e) {
+  switch (e) {
+    case simdjson::TAPE_ERROR:
+    case simdjson::DEPTH_ERROR:
+    case simdjson::STRING_ERROR:
+    case simdjson::T_ATOM_ERROR:
+    case simdjson::F_ATOM_ERROR:
+    case simdjson::N_ATOM_ERROR:
+    case simdjson::UTF8_ERROR:
+    case simdjson::EMPTY:
+    case simdjson::UNESCAPED_CHARS:
+    case simdjson::UNCLOSED_STRING:
+    case simdjson::INCOMPLETE_ARRAY_OR_OBJECT:
+    case simdjson::TRAILING_CONTENT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Recursion is bounded by the parser's max depth (config::kMaxJsonBodyDepth).
+json FromDom(simdjson::dom::element e) {
+  switch (e.type()) {
+    case simdjson::dom::element_type::ARRAY: {
+      simdjson::dom::array array = e.get_array().value_unsafe();
+      json out = json::array();
+      auto& items = out.get_ref<json::array_t&>();
+      items.reserve(array.size());
+      for (simdjson::dom::element item : array) {
+        // Token-id prompts are thousands of integers: construct those in place.
+        if (item.type() == simdjson::dom::element_type::INT64 && item.get_int64().value_unsafe() >= 0) {
+          items.emplace_back(static_cast<uint64_t>(item.get_int64().value_unsafe()));
+        } else {
+          items.push_back(FromDom(item));
+        }
+      }
+      return out;
+    }
+    case simdjson::dom::element_type::OBJECT: {
+      json out = json::object();
+      auto& fields = out.get_ref<json::object_t&>();
+      // The last of duplicated keys wins, as nlohmann's parser assigns each in turn.
+      simdjson::dom::object object = e.get_object().value_unsafe();
+      for (simdjson::dom::key_value_pair field : object) {
+        fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
+      }
+      return out;
+    }
+    case simdjson::dom::element_type::INT64: {
+      int64_t v = e.get_int64().value_unsafe();
+      // nlohmann keeps non-negative integers unsigned (token ids check for that).
+      return v >= 0 ? json(static_cast<uint64_t>(v)) : json(v);
+    }
+    case simdjson::dom::element_type::UINT64:
+      return json(e.get_uint64().value_unsafe());
+    case simdjson::dom::element_type::DOUBLE:
+      return json(e.get_double().value_unsafe());
+    case simdjson::dom::element_type::STRING:
+      return json(json::string_t(e.get_string().value_unsafe()));
+    case simdjson::dom::element_type::BOOL:
+      return json(e.get_bool().value_unsafe());
+    case simdjson::dom::element_type::NULL_VALUE:
+      return json(nullptr);
+  }
+  return json();
+}
+
+Result<json> ParseWithNlohmann(std::string_view body) {
+  if (!JsonDepthWithin(body, config::kMaxJsonBodyDepth)) return InvalidArgument(std::string(kJsonTooDeep));
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(std::string(kJsonInvalid));
+  return j;
+}
+
+Result<json> ParseWithSimdjson(simdjson::dom::parser& parser, std::string_view body) {
+  // realloc_if_needed: simdjson reads up to SIMDJSON_PADDING bytes past the end, so it parses
+  // a padded copy in its own buffer, never the caller's bytes.
+  if (parser.max_depth() != static_cast<size_t>(config::kMaxJsonBodyDepth)) return ParseWithNlohmann(body);
+  simdjson::dom::element root;
+  simdjson::error_code error = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
+  if (error == simdjson::SUCCESS) return FromDom(root);
+  if (!RefusedByBoth(error)) return ParseWithNlohmann(body);
+  // Deep garbage is "too deep" whichever error simdjson met first, as the depth check ran first.
+  return InvalidArgument(std::string(JsonDepthWithin(body, config::kMaxJsonBodyDepth) ? kJsonInvalid : kJsonTooDeep));
+}
+
+simdjson::dom::parser NewParser(size_t capacity) {
+  simdjson::dom::parser parser;
+  // Growing later keeps this depth (parser::ensure_capacity passes max_depth() on). Out of
+  // memory, the parser has another depth, and ParseWithSimdjson hands every body to nlohmann.
+  if (parser.allocate(capacity, config::kMaxJsonBodyDepth) != simdjson::SUCCESS) return simdjson::dom::parser();
+  return parser;
+}
+
+}  // namespace
+
+bool JsonDepthWithin(std::string_view s, int limit) {
+  int depth = 0;
+  size_t i = 0;
+  while (i < s.size()) {
+    char c = s[i++];
+    if (c == '"') {
+      // Skip the string: to the next quote not escaped by an odd run of backslashes.
+      for (;;) {
+        const void* q = std::memchr(s.data() + i, '"', s.size() - i);
+        if (q == nullptr) return true;
+        size_t quote = static_cast<const char*>(q) - s.data();
+        size_t backslashes = 0;
+        while (quote - backslashes > i && s[quote - backslashes - 1] == '\\') ++backslashes;
+        i = quote + 1;
+        if (backslashes % 2 == 0) break;
+      }
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+Result<json> ParseJsonBody(std::string_view body) {
+  if (!SimdjsonReadsAsNlohmann(body)) return ParseWithNlohmann(body);
+  if (body.size() > config::kMaxPooledBodyBytes) {
+    simdjson::dom::parser parser = NewParser(body.size());
+    return ParseWithSimdjson(parser, body);
+  }
+  thread_local simdjson::dom::parser parser = NewParser(config::kMaxPooledBodyBytes / 16);
+  return ParseWithSimdjson(parser, body);
+}
+
+namespace {
+
+// The bytes a JSON string must escape: control characters, '"' and '\\'.
+constexpr std::array<bool, 256> kMustEscape = [] {
+  std::array<bool, 256> table{};
+  for (int c = 0; c < 0x20; ++c) table[c] = true;
+  table['"'] = table['\\'] = true;
+  return table;
+}();
+
+void DumpString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  size_t run = 0;  // start of the bytes not yet written
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (!kMustEscape[c]) continue;
+    out->append(s.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\b': out->append("\\b"); break;
+      case '\f': out->append("\\f"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default: {
+        static constexpr char kHex[] = "0123456789abcdef";  // nlohmann writes lower-case hex
+        const char escape[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 0xf]};
+        out->append(escape, sizeof(escape));
+      }
+    }
+  }
+  out->append(s.data() + run, s.size() - run);
+  out->push_back('"');
+}
+
+void Dump(const json& j, std::string* out) {
+  switch (j.type()) {
+    case json::value_t::object: {
+      out->push_back('{');
+      bool first = true;
+      for (const auto& [key, value] : j.get_ref<const json::object_t&>()) {
+        if (!first) out->push_back(',');
+        first = false;
+        DumpString(key, out);
+        out->push_back(':');
+        Dump(value, out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case json::value_t::array: {
+      out->push_back('[');
+      bool first = true;
+      for (const json& item : j.get_ref<const json::array_t&>()) {
+        if (!first) out->push_back(',');
+        first = false;
+        Dump(item, out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case json::value_t::string:
+      DumpString(j.get_ref<const json::string_t&>(), out);
+      return;
+    default:
+      out->append(j.dump());  // numbers, booleans, null: nlohmann's own formats
+  }
+}
+
+}  // namespace
+
+std::string DumpJson(const json& j) {
+  std::string out;
+  Dump(j, &out);
+  return out;
+}
+
+}  // namespace kvfleet::router

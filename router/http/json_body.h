@@ -1,0 +1,55 @@
+// Request bodies as nlohmann::json, parsed by simdjson: the value nlohmann::json::parse would
+// give (same values, same number types, the last of duplicated keys), at a tenth of its cost
+// for long prompts, whose strings nlohmann's lexer copies a character at a time.
+//
+// simdjson builds its DOM; a small converter makes the nlohmann value from it (one copy per
+// string). Where the two libraries read the same bytes differently, the body goes to
+// nlohmann itself, so the result never depends on which parser ran:
+//   - integers past 64 bits (nlohmann: a double; simdjson: an error), and every number
+//     simdjson refuses (so 1e400 gets nlohmann's verdict too);
+//   - "-0" (nlohmann: a signed integer; simdjson: indistinguishable from 0);
+//   - a NUL byte (nlohmann ends the input there) and a leading UTF-8 byte order mark
+//     (nlohmann skips it).
+//
+// Thread safety: thread-safe; each thread keeps its own simdjson parser (its buffers grow to
+// the largest body that thread parsed, up to config::kMaxPooledBodyBytes).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace kvfleet::router {
+
+namespace config {
+// Deeper bodies are refused before nlohmann sees them, so no body can exhaust the stack of
+// its recursive parser, destructor or dump. OpenAI bodies nest at most about 6 deep.
+inline constexpr int kMaxJsonBodyDepth = 64;
+// Bodies up to this size reuse their thread's simdjson parser (about 15x the body in
+// buffers); a larger one gets a parser of its own, so a rare huge body pins no memory.
+inline constexpr size_t kMaxPooledBodyBytes = size_t{1} << 20;
+}  // namespace config
+
+// The messages of a refused body, as ParseCompletionRequest reports them.
+inline constexpr std::string_view kJsonTooDeep = "the JSON body is nested too deeply";
+inline constexpr std::string_view kJsonInvalid = "the body is not valid JSON";
+
+// True when no bracket outside strings opens deeper than `limit`. Counts raw bytes, valid
+// JSON or not, so deep garbage is "too deep" rather than "invalid".
+bool JsonDepthWithin(std::string_view body, int limit);
+
+// Parses `body` as JsonDepthWithin(body, kMaxJsonBodyDepth) then nlohmann::json::parse(body)
+// would: InvalidArgument(kJsonTooDeep) or InvalidArgument(kJsonInvalid), or the value.
+Result<nlohmann::json> ParseJsonBody(std::string_view body);
+
+// The text j.dump() gives (compact, object keys in order, nlohmann's escapes and number
+// formats), writing strings a run of plain bytes at a time instead of through nlohmann's
+// per-byte UTF-8 decoder. REQUIRES: every string in `j` is valid UTF-8 (true of whatever
+// ParseJsonBody returns); nlohmann would throw where this copies the bytes through.
+std::string DumpJson(const nlohmann::json& j);
+
+}  // namespace kvfleet::router
