@@ -95,6 +95,12 @@ rps = col(r"([\d.]+) req/s sustained")
 route = col(r"mean ([\d.]+) ms")
 what = "floor" if "DIRECT" in head else "router-added"
 print(f"  {head}: {what} p50 {fmt(p50)} ms, p99 {fmt(p99)} ms; {fmt(rps)} req/s; routing step {fmt(route)} ms")
+hops = {}
+for name, a, b, c in re.findall(r"^    (\S.*?\S)\s+([\d.-]+) /\s+([\d.-]+) /\s+([\d.-]+)$", text, re.M):
+    hops.setdefault(name, []).append((float(a), float(b), float(c)))
+for name, rows in hops.items():
+    med = [statistics.median(r[k] for r in rows) for k in range(3)]
+    print(f"    {name:<36} p50 {med[0]:.3f}  p99 {med[1]:.3f}  slowest-2% mean {med[2]:.3f} ms (medians over runs)")
 PY
   done
 fi
