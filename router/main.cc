@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include "common/config.h"
+#include "common/cpu_latency.h"
 #include "common/curve_keys.h"
 #include "common/http/server.h"
 #include "common/log.h"
@@ -27,6 +28,7 @@ namespace {
 
 struct RouterConfig {
   CommonOptions common;
+  CpuLatencyOption cpu_latency;
   http::ServerOptions http;
   FleetOptions fleet;
   RoutingOptions routing;
@@ -94,6 +96,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
+  app.add_option("--report-timings", c->api.report_timings,
+                 "add the router's own timestamps of each request (monotonic ns of this host) to its usage's "
+                 "kvfleet extension, for latency breakdowns (router_loadgen)")
+      ->capture_default_str();
+  AddCpuLatencyOption(app, &c->cpu_latency);
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
       ->capture_default_str();
 }
@@ -132,6 +139,12 @@ int Run(RouterConfig& c) {
     log->error("{}", st.message());
     return 2;
   }
+  auto cpu_latency = HoldCpuLatency(c.cpu_latency);
+  if (!cpu_latency.ok()) {
+    log->error("--cpu-latency-us: {}", cpu_latency.status().message());
+    return 2;
+  }
+  if (*cpu_latency) log->info("holding a CPU latency request of {} µs", (*cpu_latency)->max_latency_us());
   // Signals are taken by sigwait below; threads started from here on inherit the mask.
   sigset_t signals;
   sigemptyset(&signals);

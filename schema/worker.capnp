@@ -56,7 +56,7 @@ struct Usage {
   cachedDeviceTokens @1 :UInt32;
   cachedHostTokens @2 :UInt32;
   completionTokens @3 :UInt32;
-  timeToFirstTokenUs @4 :UInt64;  # measured inside the worker: request decoded -> first token sent
+  timeToFirstTokenUs @4 :UInt64;  # measured inside the worker: request frame read (before its decode) -> first token handed to the socket
 }
 
 enum FinishReason {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/cpu_latency.h"
 #include "common/log.h"
 #include "worker/server/worker.h"
 #include "worker/server/worker_config.h"
@@ -21,12 +22,20 @@ int main(int argc, char** argv) {
   AddCommonOptions(app, &common);
   server::WorkerConfig config;
   server::AddWorkerFlags(app, &config);
+  CpuLatencyOption cpu_latency;
+  AddCpuLatencyOption(app, &cpu_latency);
   int rc = ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;
   if (Status st = config.Validate(); !st.ok()) {
     std::cerr << "error: " << st.message() << "\n";
     return 2;
   }
+  auto held_latency = HoldCpuLatency(cpu_latency);
+  if (!held_latency.ok()) {
+    std::cerr << "error: --cpu-latency-us: " << held_latency.status().message() << "\n";
+    return 2;
+  }
+  if (*held_latency) Logger("worker")->info("holding a CPU latency request of {} µs", (*held_latency)->max_latency_us());
 
   // Signals go to one waiting thread, never to a worker thread mid-step.
   sigset_t signals;

@@ -485,6 +485,8 @@ void Routes::SetErrorFormatter(std::function<Response(int, std::string_view)> fo
   error_formatter_ = std::move(formatter);
 }
 
+void Routes::OnThreadStart(std::function<void(IoThread*)> init) { thread_start_ = std::move(init); }
+
 const Handler* Routes::Find(std::string_view method, std::string_view path, int* status) const {
   *status = 404;
   for (const Route& r : routes_) {
@@ -531,6 +533,10 @@ class ServerImpl {
   }
 
   void Run() {
+    if (const auto& init = routes_.thread_start()) {
+      // Queued before the acceptor starts: it runs ahead of any connection's handlers.
+      for (auto& t : io_threads_) t->Post([init, thread = t.get()] { init(thread); });
+    }
     Accept();
     for (auto& ioc : iocs_) {
       guards_.push_back(net::make_work_guard(*ioc));  // a context with no connection yet keeps running

@@ -153,6 +153,11 @@ class Routes {
   // How the server words its own errors (400, 404, 405, 413, 431, 500); default: a JSON
   // {"error":{"message":...,"code":status}} body.
   void SetErrorFormatter(std::function<Response(int status, std::string_view message)> formatter);
+  // Runs `init` once on each I/O thread as the server starts, before that thread serves
+  // any request: per-thread state of the handler layer (the router's forwarding lanes) is
+  // then ready for the first request.
+  void OnThreadStart(std::function<void(IoThread*)> init);
+  const std::function<void(IoThread*)>& thread_start() const { return thread_start_; }
 
   // Looks up a handler; nullptr with *status 404 or 405 when there is none.
   const Handler* Find(std::string_view method, std::string_view path, int* status) const;
@@ -166,6 +171,7 @@ class Routes {
   };
   std::vector<Route> routes_;
   std::function<Response(int, std::string_view)> error_formatter_;
+  std::function<void(IoThread*)> thread_start_;
 };
 
 class ServerImpl;

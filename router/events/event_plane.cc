@@ -18,6 +18,7 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/thread_priority.h"
+#include "common/zmq_threads.h"
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
 #include "schema/wire.h"
@@ -177,6 +178,8 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
     server_public_ = *server;
     curve_ = true;
   }
+  // The event thread runs at the background priority; so do the threads that feed it.
+  StartZmqThreadsAtLowerPriority(ctx_);
   sub_ = zmq::socket_t(ctx_, zmq::socket_type::sub);
   sub_.set(zmq::sockopt::rcvhwm, options_.sub_rcvhwm);
   sub_.set(zmq::sockopt::linger, 0);

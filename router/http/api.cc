@@ -178,6 +178,9 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     });
     routes->AddSync("GET", "/fleet", [self](const http::Request&) { return self->FleetJson(); });
     http::AddMetricsRoute(*routes, registry_);
+    // Each I/O thread's lane exists before its first request: that request does not wait
+    // for the lane's connections to the workers.
+    routes->OnThreadStart([self](http::IoThread* thread) { self->LaneOf(thread); });
   }
 
   // --- handlers ---
@@ -246,7 +249,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 
   void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
 
-  // The lane of the I/O thread running this handler (made on its first request there).
+  // The lane of the I/O thread running this handler (made as the thread starts).
   Lane* LaneOf(http::IoThread* thread) {
     auto* tl = static_cast<ThreadLane*>(thread->attachment());
     if (tl == nullptr) {
@@ -281,7 +284,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 class RequestStream final : public ResponseSink {
  public:
   RequestStream(std::shared_ptr<ApiImpl> api, std::shared_ptr<http::Exchange> ex, CompletionRequest req,
-                std::string id, TimeNs arrived, uint32_t prompt_tokens)
+                std::string id, TimeNs arrived, TimeNs routed, uint32_t prompt_tokens)
       : api_(std::move(api)),
         ex_(std::move(ex)),
         req_(std::move(req)),
@@ -291,19 +294,25 @@ class RequestStream final : public ResponseSink {
         last_(arrived),
         prompt_tokens_(prompt_tokens),
         decoder_(api_->codec_->NewDecoder()),
-        stops_(req_.stop) {}
+        stops_(req_.stop) {
+    timings_.read = arrived;
+    timings_.routed = routed;
+  }
 
   // The lane forwarding this request, and its handle there (for a stop string's cancel).
   void set_lane(Lane* lane, uint64_t handle) {
     lane_ = lane;
     handle_ = handle;
   }
+  // The request was handed to its worker's socket.
+  void MarkSent(TimeNs now) { timings_.sent = now; }
 
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
     TimeNs now = api_->clock_->Now();
     if (!first_ && !d.tokens.empty()) {
       first_ = true;
+      timings_.first_delta = now;
       api_->metrics_.ttft.Observe(Seconds(now - arrived_));
     } else if (!d.tokens.empty()) {
       api_->metrics_.itl.Observe(Seconds(now - last_) / static_cast<double>(d.tokens.size()));
@@ -323,6 +332,7 @@ class RequestStream final : public ResponseSink {
     if (d.finish != FinishReason::kNone || stopped) {
       usage_.worker = api_->fleet_->WorkerName(worker);
       usage_.worker_ttft_ms = static_cast<double>(d.usage.time_to_first_token_us) / 1000.0;
+      if (api_->options_.report_timings) usage_.timings = timings_;
     }
     std::string finish;
     if (stopped) {
@@ -339,6 +349,7 @@ class RequestStream final : public ResponseSink {
       }
       if (!out.empty() || (first_chunk_ && req_.chat)) {
         ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
+        if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = api_->clock_->Now();
         first_chunk_ = false;
       }
     } else {
@@ -420,6 +431,7 @@ class RequestStream final : public ResponseSink {
   bool first_chunk_ = true;
   bool done_ = false;
   uint32_t completion_tokens_ = 0;
+  RouterTimings timings_;
   UsageCounts usage_;
   std::string text_;
 };
@@ -540,10 +552,12 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                   static_cast<unsigned long long>(id_rng_()));
     id = buf;
   }
-  metrics_.routing.Observe(Seconds(clock_->Now() - arrived));  // parse, tokenize, hash, route
+  const TimeNs routed = clock_->Now();
+  metrics_.routing.Observe(Seconds(routed - arrived));  // parse, tokenize, hash, route
   const Candidate chosen = (*candidates)[decision->index];
   const uint32_t predicted_cached = decision->predicted_cached_tokens;
-  auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, prompt);
+  auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, routed,
+                                                prompt);
   ForwardRequest fwd;
   fwd.worker = decision->worker;
   fwd.params = std::move(params);
@@ -565,6 +579,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   uint64_t handle = lane->NewHandle();
   stream->set_lane(lane, handle);
   lane->Submit(handle, std::move(fwd));
+  stream->MarkSent(clock_->Now());
   ex->OnClientGone([lane, handle] { lane->Cancel(handle); });
   // Predicted entries go in once the request is on its way: the worker starts sooner, and
   // the next request this thread routes sees them all the same. (A request routed on

@@ -42,6 +42,7 @@ struct ApiOptions {
   uint32_t default_max_tokens = 16;         // /v1/completions without max_tokens (OpenAI's default)
   uint32_t default_chat_max_tokens = 4096;  // /v1/chat/completions without one (capped by the context)
   int retry_after_s = 1;                    // Retry-After on 429 and 503
+  bool report_timings = false;              // RouterTimings in each response's usage extension
 };
 
 // Reads API keys from a file: one per line; blank lines and lines starting with '#' skipped.

@@ -134,7 +134,15 @@ json UsageJson(const UsageCounts& u) {
 }
 
 void AddExtension(json& j, const UsageCounts& u) {
-  if (!u.worker.empty()) j["kvfleet"] = {{"worker", u.worker}, {"worker_ttft_ms", u.worker_ttft_ms}};
+  if (u.worker.empty()) return;
+  j["kvfleet"] = {{"worker", u.worker}, {"worker_ttft_ms", u.worker_ttft_ms}};
+  if (const auto& t = u.timings) {
+    j["kvfleet"]["router_timings_ns"] = {{"read", t->read},
+                                         {"routed", t->routed},
+                                         {"sent", t->sent},
+                                         {"first_delta", t->first_delta},
+                                         {"first_chunk", t->first_chunk}};
+  }
 }
 
 json FinishJson(std::string_view finish) { return finish.empty() ? json(nullptr) : json(std::string(finish)); }

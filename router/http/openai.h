@@ -18,6 +18,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "router/fleet/protocol.h"
 #include "router/routing/policy.h"
@@ -72,6 +73,16 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 
+// The router's own timestamps of one request, for latency breakdowns (router_loadgen).
+// Clock::Now() values: CLOCK_MONOTONIC ns, comparable only with clocks read on the same host.
+struct RouterTimings {
+  TimeNs read = 0;         // the request was read and handed to the API
+  TimeNs routed = 0;       // parsed, tokenized, hashed and routed
+  TimeNs sent = 0;         // handed to the chosen worker's socket
+  TimeNs first_delta = 0;  // the worker's first token was read
+  TimeNs first_chunk = 0;  // its text was queued for the client
+};
+
 struct UsageCounts {
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
@@ -81,6 +92,8 @@ struct UsageCounts {
   // clients ignore fields they do not know. Empty worker: left out.
   std::string worker;
   double worker_ttft_ms = 0;
+  // With ApiOptions::report_timings: also {"router_timings_ns": {...}} in that object.
+  std::optional<RouterTimings> timings;
 };
 
 std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...

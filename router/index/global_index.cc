@@ -8,6 +8,7 @@
 
 #include <sys/mman.h>
 
+#include <boost/container/small_vector.hpp>
 #include <boost/unordered/unordered_flat_map.hpp>
 #include <boost/unordered/unordered_flat_set.hpp>
 
@@ -123,6 +124,12 @@ struct PredHolder {
   uint32_t worker;
   uint32_t expiry_ms;
 };
+// A block's predicted holders. Almost always one (the worker a request was just routed
+// to), so one is kept inline: inserting a prediction allocates nothing and touches one
+// element of the table, not a separate heap block (the router's HTTP thread inserts a
+// prompt's blocks, 256 for 8K tokens, after each send).
+constexpr size_t kInlineHolders = 1;
+using PredList = boost::container::small_vector<PredHolder, kInlineHolders>;
 struct MixHash {
   size_t operator()(BlockHash h) const { return Mix(h); }
 };
@@ -138,7 +145,7 @@ struct alignas(64) GlobalIndex::Shard {
   uint64_t used = 0;                   // slots in use
   std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
   boost::unordered_flat_map<OverflowKey, Masks, OverflowKeyHash> overflow;
-  boost::unordered_flat_map<BlockHash, std::vector<PredHolder>, MixHash> predicted;
+  boost::unordered_flat_map<BlockHash, PredList, MixHash> predicted;
   struct PerWorker {
     std::vector<BlockHash> blocks;  // reverse list: hashes the worker gained state on
     uint64_t live = 0;              // (block, this worker) pairs with state
@@ -661,8 +668,10 @@ uint64_t GlobalIndex::MemoryBytes() const {
     bytes += static_cast<double>(shard.overflow.bucket_count()) *
              (sizeof(std::pair<OverflowKey, Masks>) + kMetaPerSlot);
     bytes += static_cast<double>(shard.predicted.bucket_count()) *
-             (sizeof(std::pair<BlockHash, std::vector<PredHolder>>) + kMetaPerSlot);
-    for (const auto& [h, list] : shard.predicted) bytes += static_cast<double>(list.capacity() * sizeof(PredHolder));
+             (sizeof(std::pair<BlockHash, PredList>) + kMetaPerSlot);
+    for (const auto& [h, list] : shard.predicted) {
+      if (list.capacity() > kInlineHolders) bytes += static_cast<double>(list.capacity() * sizeof(PredHolder));
+    }
     for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
       bytes += static_cast<double>(shard.workers[w].blocks.capacity() * sizeof(BlockHash));
   }

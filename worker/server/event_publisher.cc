@@ -14,6 +14,7 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/thread_priority.h"
+#include "common/zmq_threads.h"
 #include "schema/wire.h"
 
 namespace kvfleet::events {
@@ -126,6 +127,8 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Make(const EventPublishe
   Impl& impl = *p->impl_;
   p->epoch_ = options.epoch ? options.epoch : RandomEpoch();
   impl.topic_ = "kv." + options.worker_id;
+  // The publisher thread runs at the background priority; so do the threads that send for it.
+  StartZmqThreadsAtLowerPriority(impl.ctx_);
   try {
     impl.pub_ = zmq::socket_t(impl.ctx_, zmq::socket_type::pub);
     impl.replay_ = zmq::socket_t(impl.ctx_, zmq::socket_type::router);

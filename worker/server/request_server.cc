@@ -250,7 +250,7 @@ void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at
   if (!last) first_token_sent_.emplace(key, out->usage.time_to_first_token);
 }
 
-void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame) {
+void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received) {
   static RateLimit limit;
   auto decoded = wire::Decode<schema::ToWorker>(frame.data(), frame.size());
   if (!decoded.ok()) {
@@ -268,7 +268,7 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
     switch (root.which()) {
       case schema::ToWorker::GENERATE: {
         auto g = root.getGenerate();
-        GenerateCommand gc{ClientKey{identity, g.getRequestId()}, g.getModel().cStr(), ToRequest(g), clock_->Now()};
+        GenerateCommand gc{ClientKey{identity, g.getRequestId()}, g.getModel().cStr(), ToRequest(g), received};
         cmd = std::move(gc);
         break;
       }
@@ -311,6 +311,8 @@ void RequestServer::IoLoop() {
       zmq::message_t identity;
       auto got = socket_.recv(identity, zmq::recv_flags::dontwait);
       if (!got) break;
+      // The worker's own time starts here: decoding an 8K-token frame is the worker's work.
+      const TimeNs received = clock_->Now();
       std::vector<zmq::message_t> parts;
       while (socket_.get(zmq::sockopt::rcvmore)) {
         zmq::message_t part;
@@ -321,7 +323,7 @@ void RequestServer::IoLoop() {
         malformed_.fetch_add(1, std::memory_order_relaxed);
         continue;  // Contract 3: exactly one frame after the identity
       }
-      HandleFrame(identity.to_string(), parts[0]);
+      HandleFrame(identity.to_string(), parts[0], received);
     }
   }
   FlushOutbox();

@@ -62,7 +62,7 @@ struct GenerateCommand {
   ClientKey key;
   std::string model;  // empty: the worker's model
   engine::GenerateRequest request;
-  TimeNs arrival = 0;  // when the frame was read
+  TimeNs arrival = 0;  // when the frame was read off the socket, before its decode
 };
 
 struct CancelCommand {
@@ -115,7 +115,8 @@ class RequestServer {
  private:
   RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock);
   void IoLoop();
-  void HandleFrame(const std::string& identity, const zmq::message_t& frame);
+  // `received`: when the frame was read off the socket.
+  void HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received);
   void FlushOutbox();
   // Sets out->usage.time_to_first_token to the worker's whole time to first token: from the
   // request's decode to the moment its first token is handed to the socket (now), not only

@@ -14,6 +14,14 @@
 // the worker's side of the transport: its ZMQ I/O thread before the decode and after the
 // send. The router's own routing step is also read from its /metrics.
 //
+// With a router started with --report-timings 1, each response also carries the router's own
+// timestamps (monotonic ns: this host's clock, which this process reads too), and the
+// router-added time is split into hops: client -> router (the request's send to its read),
+// route, send, the worker round trip (send to the first token's read, minus the worker's own
+// TTFT), the router's answer (first token read to its SSE chunk queued), and the chunk's
+// write to the client's read. Each hop's p50, p99 and its mean over the slowest 2% of
+// requests say which hop makes the tail.
+//
 // --direct 1 measures that worker-side floor: the same requests (Contract 3 Generate, the
 // token ids the byte codec would make) sent straight to the workers the router lists in
 // /fleet, round robin, from a DEALER per worker per client thread, and the same subtraction
@@ -57,11 +65,39 @@ struct Args {
   bool direct = false;
 };
 
+// The router's own timestamps of a request (--report-timings), in the order of its hops.
+constexpr int kRouterStamps = 5;
+constexpr const char* kStampNames[kRouterStamps] = {"read", "routed", "sent", "first_delta", "first_chunk"};
+
 struct Sample {
-  double client_ttft_ms;
-  double worker_ttft_ms;
-  bool ok;
+  double client_ttft_ms = 0;
+  double worker_ttft_ms = 0;
+  bool ok = false;
+  int64_t sent_ns = 0;         // this process's clock: the request's send
+  int64_t first_ns = 0;        // and the first text chunk's read
+  bool has_router_stamps = false;
+  int64_t router_ns[kRouterStamps] = {};
 };
+
+int64_t MonotonicNs(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Reads the router's "router_timings_ns" object out of a response, if there is one.
+void ReadRouterStamps(const std::string& response, Sample* s) {
+  size_t at = response.find("\"router_timings_ns\":");
+  if (at == std::string::npos) return;
+  size_t open = response.find('{', at);
+  size_t close = response.find('}', open);
+  if (open == std::string::npos || close == std::string::npos) return;
+  auto j = nlohmann::json::parse(response.substr(open, close - open + 1), nullptr, false);
+  if (j.is_discarded()) return;
+  for (int k = 0; k < kRouterStamps; ++k) {
+    if (!j.contains(kStampNames[k]) || !j[kStampNames[k]].is_number_integer()) return;
+    s->router_ns[k] = j[kStampNames[k]].get<int64_t>();
+  }
+  s->has_router_stamps = true;
+}
 
 int Connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -86,7 +122,7 @@ std::string RandomPrompt(std::mt19937_64& rng, int n) {
 
 // One streamed request on connection *fd (reconnecting when needed).
 Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
-  Sample s{0, 0, false};
+  Sample s;
   std::string body = nlohmann::json{{"model", a.model},
                                     {"prompt", RandomPrompt(rng, a.prompt_tokens)},
                                     {"max_tokens", a.max_tokens},
@@ -117,13 +153,17 @@ Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
     in.append(buf, static_cast<size_t>(n));
     if (!first && in.find("\"text\":\"") != std::string::npos) {
       first = true;
-      s.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      const auto now = Clock::now();
+      s.client_ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+      s.sent_ns = MonotonicNs(t0);
+      s.first_ns = MonotonicNs(now);
     }
   }
   size_t at = in.find("\"worker_ttft_ms\":");
   if (!first || at == std::string::npos || in.find(" 200 ") == std::string::npos) return s;
   s.worker_ttft_ms = std::atof(in.c_str() + at + 17);
   s.ok = true;
+  ReadRouterStamps(in, &s);
   return s;
 }
 
@@ -132,7 +172,7 @@ std::vector<std::string> WorkerEndpoints(int port);
 
 // One Generate straight to a worker over `dealer` (Contract 3); the same subtraction.
 Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std::mt19937_64& rng) {
-  Sample s{0, 0, false};
+  Sample s;
   kvfleet::router::GenerateParams p;
   std::string prompt = RandomPrompt(rng, a.prompt_tokens);
   p.tokens.assign(prompt.begin(), prompt.end());
@@ -198,6 +238,36 @@ double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+// The router-added time of the samples that carry router stamps, split into hops.
+void PrintHops(const std::vector<Sample>& samples) {
+  constexpr int kHops = 6;
+  constexpr const char* kHopNames[kHops] = {
+      "client -> router read", "route (parse, tokenize, hash, pick)", "send to the worker socket",
+      "worker round trip - worker TTFT", "first token read -> chunk queued", "chunk queued -> client read"};
+  std::vector<std::vector<double>> hops(kHops);
+  std::vector<std::pair<double, size_t>> by_added;  // (router-added, index in hops)
+  for (const Sample& s : samples) {
+    if (!s.ok || !s.has_router_stamps) continue;
+    const int64_t* r = s.router_ns;
+    const double ms[kHops] = {static_cast<double>(r[0] - s.sent_ns) / 1e6, static_cast<double>(r[1] - r[0]) / 1e6,
+                              static_cast<double>(r[2] - r[1]) / 1e6,
+                              static_cast<double>(r[3] - r[2]) / 1e6 - s.worker_ttft_ms,
+                              static_cast<double>(r[4] - r[3]) / 1e6, static_cast<double>(s.first_ns - r[4]) / 1e6};
+    by_added.emplace_back(s.client_ttft_ms - s.worker_ttft_ms, hops[0].size());
+    for (int k = 0; k < kHops; ++k) hops[k].push_back(ms[k]);
+  }
+  if (by_added.empty()) return;
+  std::sort(by_added.rbegin(), by_added.rend());
+  const size_t slowest = std::max<size_t>(1, by_added.size() / 50);
+  std::printf("  router-added by hop (router --report-timings; ms): p50 / p99 / mean over the slowest 2%% of requests\n");
+  for (int k = 0; k < kHops; ++k) {
+    double sum = 0;
+    for (size_t j = 0; j < slowest; ++j) sum += hops[k][by_added[j].second];
+    std::printf("    %-36s %6.3f / %6.3f / %6.3f\n", kHopNames[k], Percentile(hops[k], 0.5), Percentile(hops[k], 0.99),
+                sum / static_cast<double>(slowest));
+  }
 }
 
 }  // namespace
@@ -295,5 +365,6 @@ int main(int argc, char** argv) {
     std::printf("  router routing step (parse, tokenize, hash, route; kvfleet_router_routing_seconds): mean %.3f ms\n",
                 1000.0 * routing_s / routed);
   }
+  if (!a.direct) PrintHops(samples);
   return failed > samples.size() / 100 ? 1 : 0;
 }

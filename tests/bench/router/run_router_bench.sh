@@ -9,14 +9,18 @@
 # one, a summary line per case gives the median and the spread of the runs' percentiles.
 # KVFLEET_BENCH_ROUTER_ARGS: extra router flags; KVFLEET_BENCH_HTTP_THREADS (default 2): the
 # router's --http-threads.
+# KVFLEET_BENCH_CPU_LATENCY_US: the router's --cpu-latency-us (default: unset, the machine as
+# it is). 0 keeps idle CPUs polling while the router runs (a machine-wide CPU latency QoS
+# request, common/cpu_latency.h): every hand-off on the request path then wakes a CPU in µs
+# instead of paying a halt exit, which on a VM is tens of µs with ms tails. Needs root.
 # KVFLEET_ROUTER_BIN / KVFLEET_WORKER_BIN: other binaries (A/B comparisons: run the script
 # once per router binary, alternately, and compare the summaries).
 #
 # What is measured (router_loadgen.cc says it in full): router-added = the client's time to
 # the first text chunk minus the worker's own TTFT for that very request, which the worker
-# reports in the response (kvfleet.worker_ttft_ms, from decoding the request frame to handing
-# its first token to the socket). The rest of the worker-side transport (its ZMQ I/O thread
-# before the decode and after the send) is counted as router-added.
+# reports in the response (kvfleet.worker_ttft_ms, from reading the request frame off its
+# socket to handing its first token to the socket). The rest of the worker-side transport
+# (its ZMQ I/O thread before the read and after the send) is counted as router-added.
 # So the last two cases measure that floor: router_loadgen --direct 1 sends the same
 # requests straight to the workers over Contract 3 (a bare DEALER client, no router, no
 # HTTP) and makes the same subtraction; router-added minus the floor is the router's own
@@ -41,7 +45,9 @@ stop_fleet() {
 trap 'stop_fleet; echo "logs: $dir"' EXIT
 start_fleet() {
   "$ROUTER_BIN" --http-host 127.0.0.1 --http-port "$PORT" --http-threads "${KVFLEET_BENCH_HTTP_THREADS:-2}" \
-    --registration "tcp://127.0.0.1:$((PORT + 1))" --log-level warn ${KVFLEET_BENCH_ROUTER_ARGS:-} >>"$dir/router.log" 2>&1 &
+    --registration "tcp://127.0.0.1:$((PORT + 1))" --log-level warn --report-timings 1 \
+    ${KVFLEET_BENCH_CPU_LATENCY_US:+--cpu-latency-us "$KVFLEET_BENCH_CPU_LATENCY_US"} \
+    ${KVFLEET_BENCH_ROUTER_ARGS:-} >>"$dir/router.log" 2>&1 &
   rpid=$!
   "$WORKER_BIN" --backend mock --mock-workers 8 --worker-id bench --model-name mock \
     --requests "tcp://127.0.0.1:$((PORT + 10))" --events "tcp://127.0.0.1:$((PORT + 11))" \
@@ -57,6 +63,7 @@ start_fleet() {
   done
 }
 echo "router $ROUTER_BIN; $(nproc) CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "CPU latency request: ${KVFLEET_BENCH_CPU_LATENCY_US:-none} (cpuidle $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown), guest halt poll $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns 2>/dev/null || echo n/a) ns)"
 cases=("--prompt-tokens 1024 --rate 200 --seconds $SECONDS_EACH"
        "--prompt-tokens 8192 --rate 200 --seconds $SECONDS_EACH"
        "--prompt-tokens 1024 --rate 0 --concurrency 32 --seconds 5"
@@ -88,6 +95,12 @@ rps = col(r"([\d.]+) req/s sustained")
 route = col(r"mean ([\d.]+) ms")
 what = "floor" if "DIRECT" in head else "router-added"
 print(f"  {head}: {what} p50 {fmt(p50)} ms, p99 {fmt(p99)} ms; {fmt(rps)} req/s; routing step {fmt(route)} ms")
+hops = {}
+for name, a, b, c in re.findall(r"^    (\S.*?\S)\s+([\d.-]+) /\s+([\d.-]+) /\s+([\d.-]+)$", text, re.M):
+    hops.setdefault(name, []).append((float(a), float(b), float(c)))
+for name, rows in hops.items():
+    med = [statistics.median(r[k] for r in rows) for k in range(3)]
+    print(f"    {name:<36} p50 {med[0]:.3f}  p99 {med[1]:.3f}  slowest-2% mean {med[2]:.3f} ms (medians over runs)")
 PY
   done
 fi

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -183,6 +185,36 @@ struct PerThread {
     ++*destroyed;
   }
 };
+
+TEST_CASE("OnThreadStart runs once on each I/O thread before it serves a request") {
+  std::mutex mu;
+  std::map<IoThread*, std::thread::id> started;  // GUARDED_BY(mu)
+  Routes routes;
+  routes.OnThreadStart([&](IoThread* io) {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(started.emplace(io, std::this_thread::get_id()).second);
+  });
+  routes.AddSync("GET", "/hello", [](const Request&) { return Response{}; });
+  routes.Add("GET", "/where", [&](std::shared_ptr<Exchange> ex) {
+    Response r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = started.find(ex->io_thread());
+      r.body = it != started.end() && it->second == std::this_thread::get_id() ? "started here|end" : "not started|end";
+    }
+    ex->Reply(std::move(r));
+  });
+  auto server = Server::Start(TestOptions(), std::move(routes));
+  REQUIRE(server.ok());
+  for (int i = 0; i < 6; ++i) {  // connections spread over both I/O threads
+    Client c((*server)->port());
+    c.Send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(c.ReadUntil("|end").find("started here") != std::string::npos);
+  }
+  (*server)->Stop();
+  std::lock_guard<std::mutex> lock(mu);
+  CHECK(started.size() == 2);
+}
 
 TEST_CASE("an fd watch on an I/O thread answers there; attachments last until the server stops") {
   std::atomic<int> destroyed{0};

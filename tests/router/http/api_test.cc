@@ -146,6 +146,51 @@ TEST_CASE("chat streaming sends role, deltas, finish, usage and [DONE]") {
   CHECK(usage["usage"]["completion_tokens"] == 8);
 }
 
+TEST_CASE("--report-timings: the usage carries the router's own timestamps, in the order of its hops") {
+  FakeWorker w("hi there");
+  std::string body = json{{"model", "m"},
+                          {"prompt", std::string(64, 'p')},
+                          {"max_tokens", 4},
+                          {"stream", true},
+                          {"stream_options", {{"include_usage", true}}}}
+                         .dump();
+  auto usage_of = [&](RouterUnderTest& r) {
+    auto resp = r.Post("/v1/completions", body);
+    REQUIRE(StatusOf(resp) == 200);
+    bool done = false;
+    auto events = Events(resp, &done);
+    REQUIRE(done);
+    REQUIRE(!events.empty());
+    return events.back();
+  };
+  SUBCASE("on") {
+    ApiOptions api;
+    api.report_timings = true;
+    RouterUnderTest r({w.endpoint()}, api);
+    r.WaitRoutable(1);
+    const TimeNs before = SystemClock::Default()->Now();
+    json usage = usage_of(r);
+    const TimeNs after = SystemClock::Default()->Now();
+    REQUIRE(usage["kvfleet"].contains("router_timings_ns"));
+    const json& t = usage["kvfleet"]["router_timings_ns"];
+    TimeNs last = before;
+    for (const char* hop : {"read", "routed", "sent", "first_delta", "first_chunk"}) {
+      INFO(hop);
+      REQUIRE(t[hop].is_number_integer());
+      CHECK(t[hop].get<TimeNs>() >= last);
+      last = t[hop].get<TimeNs>();
+    }
+    CHECK(last <= after);
+  }
+  SUBCASE("off (the default)") {
+    RouterUnderTest r({w.endpoint()});
+    r.WaitRoutable(1);
+    json usage = usage_of(r);
+    CHECK(usage["kvfleet"].contains("worker_ttft_ms"));
+    CHECK_FALSE(usage["kvfleet"].contains("router_timings_ns"));
+  }
+}
+
 TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker") {
   FakeWorker w("one END two three");
   w.set_hang_after(8);  // still generating when the stop string appears
