@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/http/json_body.h"
 
 namespace kvfleet::router {
 
@@ -23,8 +24,9 @@ class ByteCodec final : public TextCodec {
                                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   }
   Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const override {
-    auto messages = nlohmann::json::parse(messages_json, nullptr, false);
-    if (messages.is_discarded() || !messages.is_array()) return InvalidArgument("messages must be an array");
+    auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
+    if (!parsed.ok() || !parsed->is_array()) return InvalidArgument("messages must be an array");
+    const nlohmann::json& messages = *parsed;
     std::string text;
     for (const auto& m : messages) {
       text += "<|" + m.value("role", std::string("user")) + "|>\n";

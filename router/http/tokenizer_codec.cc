@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "router/http/codec.h"
+#include "router/http/json_body.h"
 
 #ifdef KVFLEET_HAVE_TOKENIZER
 #include "common/tokenizer/tokenizer.h"
@@ -30,8 +31,9 @@ class TokenizerCodec final : public TextCodec {
     return tok_->Encode(text, tok::EncodeOptions{});
   }
   Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const override {
-    auto messages = nlohmann::json::parse(messages_json, nullptr, false);
-    if (messages.is_discarded()) return InvalidArgument("messages must be JSON");
+    auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
+    if (!parsed.ok()) return InvalidArgument("messages must be JSON");
+    const nlohmann::json& messages = *parsed;
     KVF_ASSIGN_OR_RETURN(std::string prompt, tok_->ApplyChatTemplate(messages, /*add_generation_prompt=*/true));
     // The template already wrote BOS where the model wants it.
     tok::EncodeOptions options;
