@@ -40,6 +40,11 @@ namespace {
 // buffered; a client that pipelines more than this waits for its earlier responses.
 constexpr size_t kMaxReadAhead = 64 * 1024;
 constexpr size_t kWatchReadBytes = 4096;
+// A connection's read buffer starts this large: Beast reads as much as the buffer has room
+// for (512 bytes into an empty one), so a request of up to 16 KiB (an 8K-token prompt of
+// token-sized words) arrives in one read rather than one per doubling of the buffer. Kept
+// small because every open connection holds it.
+constexpr size_t kInitialReadBuffer = 16 * 1024;
 
 void ConfigureParser(Parser& parser, const ServerOptions& options) {
   parser.header_limit(static_cast<uint32_t>(options.max_header_bytes));
@@ -203,6 +208,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread) {}
 
   void Start() {
+    buffer_.reserve(kInitialReadBuffer);
     beast::error_code ec;
     stream_.socket().set_option(tcp::no_delay(true), ec);  // SSE chunks are small: send at once
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
