@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include <simdjson.h>
 
@@ -100,6 +101,47 @@ json FromDom(simdjson::dom::element e) {
   return json();
 }
 
+// Token ids of `e` when it is a non-empty array of integers in [0, 2^32).
+bool ReadTokenIds(simdjson::dom::element e, std::vector<uint32_t>* ids) {
+  simdjson::dom::array array;
+  if (e.get_array().get(array) != simdjson::SUCCESS || array.size() == 0) return false;
+  ids->clear();
+  ids->reserve(array.size());
+  for (simdjson::dom::element item : array) {
+    int64_t v;
+    if (item.type() != simdjson::dom::element_type::INT64 || item.get_int64().get(v) != simdjson::SUCCESS || v < 0 ||
+        v > int64_t{0xffffffff}) {
+      ids->clear();
+      return false;
+    }
+    ids->push_back(static_cast<uint32_t>(v));
+  }
+  return true;
+}
+
+// FromDom of the root, with `member` taken out when it is a token-id array (see the header).
+json RootFromDom(simdjson::dom::element root, const TokenIdMember* member) {
+  simdjson::dom::object object;
+  if (member == nullptr || root.get_object().get(object) != simdjson::SUCCESS) return FromDom(root);
+  // The last of repeated keys is the one nlohmann keeps.
+  simdjson::dom::element last;
+  bool found = false;
+  for (simdjson::dom::key_value_pair field : object) {
+    if (field.key == member->key) {
+      last = field.value;
+      found = true;
+    }
+  }
+  if (!found || !ReadTokenIds(last, member->ids)) return FromDom(root);
+  *member->taken = true;
+  json out = json::object();
+  auto& fields = out.get_ref<json::object_t&>();
+  for (simdjson::dom::key_value_pair field : object) {
+    if (field.key != member->key) fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
+  }
+  return out;
+}
+
 Result<json> ParseWithNlohmann(std::string_view body) {
   if (!JsonDepthWithin(body, config::kMaxJsonBodyDepth)) return InvalidArgument(std::string(kJsonTooDeep));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -107,13 +149,13 @@ Result<json> ParseWithNlohmann(std::string_view body) {
   return j;
 }
 
-Result<json> ParseWithSimdjson(simdjson::dom::parser& parser, std::string_view body) {
+Result<json> ParseWithSimdjson(simdjson::dom::parser& parser, std::string_view body, const TokenIdMember* member) {
   // realloc_if_needed: simdjson reads up to SIMDJSON_PADDING bytes past the end, so it parses
   // a padded copy in its own buffer, never the caller's bytes.
   if (parser.max_depth() != static_cast<size_t>(config::kMaxJsonBodyDepth)) return ParseWithNlohmann(body);
   simdjson::dom::element root;
   simdjson::error_code error = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
-  if (error == simdjson::SUCCESS) return FromDom(root);
+  if (error == simdjson::SUCCESS) return RootFromDom(root, member);
   if (!RefusedByBoth(error)) return ParseWithNlohmann(body);
   // Deep garbage is "too deep" whichever error simdjson met first, as the depth check ran first.
   return InvalidArgument(std::string(JsonDepthWithin(body, config::kMaxJsonBodyDepth) ? kJsonInvalid : kJsonTooDeep));
@@ -154,14 +196,25 @@ bool JsonDepthWithin(std::string_view s, int limit) {
   return true;
 }
 
-Result<json> ParseJsonBody(std::string_view body) {
+namespace {
+
+Result<json> Parse(std::string_view body, const TokenIdMember* member) {
   if (!SimdjsonReadsAsNlohmann(body)) return ParseWithNlohmann(body);
   if (body.size() > config::kMaxPooledBodyBytes) {
     simdjson::dom::parser parser = NewParser(body.size());
-    return ParseWithSimdjson(parser, body);
+    return ParseWithSimdjson(parser, body, member);
   }
   thread_local simdjson::dom::parser parser = NewParser(config::kMaxPooledBodyBytes / 16);
-  return ParseWithSimdjson(parser, body);
+  return ParseWithSimdjson(parser, body, member);
+}
+
+}  // namespace
+
+Result<json> ParseJsonBody(std::string_view body) { return Parse(body, nullptr); }
+
+Result<json> ParseJsonBody(std::string_view body, TokenIdMember member) {
+  *member.taken = false;
+  return Parse(body, &member);
 }
 
 namespace {

@@ -174,12 +174,15 @@ ApiError ErrorFromStatus(const Status& status) {
 }
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits) {
-  Result<json> parsed = ParseJsonBody(body);
+  CompletionRequest r;
+  r.chat = chat;
+  // A token-id prompt comes straight out of the parser, not through 8K json values.
+  bool prompt_taken = false;
+  Result<json> parsed =
+      chat ? ParseJsonBody(body) : ParseJsonBody(body, TokenIdMember{"prompt", &r.prompt_tokens, &prompt_taken});
   if (!parsed.ok()) return Bad(parsed.status().message(), "");
   json& j = *parsed;
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
-  CompletionRequest r;
-  r.chat = chat;
   auto model = j.find("model");
   if (model == j.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
     return Bad("'model' is required and must be a non-empty string", "model");
@@ -190,7 +193,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
     auto messages = j.find("messages");
     if (messages == j.end()) return Bad("'messages' is required", "messages");
     KVF_RETURN_IF_ERROR(ParseMessages(*messages, &r.messages_json));
-  } else {
+  } else if (!prompt_taken) {
     auto prompt = j.find("prompt");
     if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
     if (prompt->is_string()) {

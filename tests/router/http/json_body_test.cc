@@ -176,4 +176,54 @@ TEST_CASE("a body past the pooled size parses with a parser of its own, same lim
                      std::string(config::kMaxPooledBodyBytes, 'y') + "\"}");
 }
 
+TEST_CASE("a token-id member comes out as ids, and only when it is a non-empty array of ids in [0, 2^32)") {
+  std::vector<uint32_t> ids;
+  bool taken = false;
+  auto parse = [&](const std::string& body) { return ParseJsonBody(body, TokenIdMember{"prompt", &ids, &taken}); };
+
+  SUBCASE("taken: the ids, and the key left out") {
+    auto r = parse(R"({"model":"m","prompt":[0,1,4294967295],"max_tokens":3})");
+    REQUIRE(r.ok());
+    CHECK(taken);
+    CHECK(ids == std::vector<uint32_t>{0, 1, 4294967295u});
+    CHECK(*r == json::parse(R"({"model":"m","max_tokens":3})"));
+  }
+  SUBCASE("anything else: ParseJsonBody's value, nothing taken") {
+    for (const char* prompt : {"[]", "[1,-1]", "[1,2.0]", "[1,4294967296]", "[1,18446744073709551615]", "[[1,2]]",
+                               "[\"a\"]", "\"text\"", "null", "{}"}) {
+      INFO(prompt);
+      const std::string body = std::string(R"({"model":"m","prompt":)") + prompt + "}";
+      auto r = parse(body);
+      auto plain = ParseJsonBody(body);
+      REQUIRE(r.ok() == plain.ok());
+      CHECK_FALSE(taken);
+      CHECK(ids.empty());
+      if (r.ok()) CHECK(*r == *plain);
+    }
+  }
+  SUBCASE("a repeated key: the last one counts, as in nlohmann") {
+    auto r = parse(R"({"prompt":[1,2],"model":"m","prompt":"x"})");
+    REQUIRE(r.ok());
+    CHECK_FALSE(taken);
+    CHECK((*r)["prompt"] == "x");
+    r = parse(R"({"prompt":"x","model":"m","prompt":[3]})");
+    REQUIRE(r.ok());
+    CHECK(taken);
+    CHECK(ids == std::vector<uint32_t>{3});
+    CHECK_FALSE(r->contains("prompt"));
+  }
+  SUBCASE("bodies nlohmann parses itself keep the array in the value") {
+    auto r = parse(R"({"model":"m","prompt":[1,2],"x":-0})");
+    REQUIRE(r.ok());
+    CHECK_FALSE(taken);
+    CHECK((*r)["prompt"] == json::array({1, 2}));
+  }
+  SUBCASE("not an object, or invalid: as ParseJsonBody") {
+    CHECK(parse("[1,2]").ok());  // a top-level array: nothing to take
+    CHECK_FALSE(taken);
+    CHECK(parse(R"({"prompt":[1,2)").status().message() == kJsonInvalid);
+    CHECK_FALSE(taken);
+  }
+}
+
 }  // namespace kvfleet::router
