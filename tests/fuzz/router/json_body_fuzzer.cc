@@ -2,7 +2,6 @@
 // nlohmann for the bytes the two read differently) must give exactly what the depth check
 // then nlohmann::json::parse give: the same verdict and message, the same value with the
 // same number types, and DumpJson must write nlohmann's dump. Any difference aborts.
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -10,34 +9,13 @@
 #include <string_view>
 
 #include "router/http/json_body.h"
+#include "tests/router/http/json_same.h"
 
 namespace {
 
 using nlohmann::json;
 
-bool Same(const json& a, const json& b) {
-  if (a.type() != b.type()) return false;
-  switch (a.type()) {
-    case json::value_t::object: {
-      if (a.size() != b.size()) return false;
-      for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib) {
-        if (ia.key() != ib.key() || !Same(*ia, *ib)) return false;
-      }
-      return true;
-    }
-    case json::value_t::array: {
-      if (a.size() != b.size()) return false;
-      for (size_t i = 0; i < a.size(); ++i) {
-        if (!Same(a[i], b[i])) return false;
-      }
-      return true;
-    }
-    case json::value_t::number_float:
-      return std::bit_cast<uint64_t>(a.get<double>()) == std::bit_cast<uint64_t>(b.get<double>());
-    default:
-      return a == b;
-  }
-}
+using kvfleet::router::testing::SameJson;
 
 [[noreturn]] void Differ(const char* what) {
   std::fprintf(stderr, "json_body_fuzzer: ParseJsonBody and nlohmann differ: %s\n", what);
@@ -59,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (!got.ok()) Differ("only nlohmann accepted the body");
-  if (!Same(*got, want)) Differ("the values");
+  if (!SameJson(*got, want)) Differ("the values");
   if (kvfleet::router::DumpJson(*got) != want.dump()) Differ("the dumps");
   return 0;
 }

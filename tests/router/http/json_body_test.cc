@@ -1,8 +1,8 @@
 // ParseJsonBody against its definition (the depth check, then nlohmann::json::parse), and
 // DumpJson against nlohmann's dump, on hand-picked edges and on random mutations.
 #include "router/http/json_body.h"
+#include "tests/router/http/json_same.h"
 
-#include <bit>
 #include <cmath>
 #include <random>
 #include <string>
@@ -44,30 +44,7 @@ Result<json> Reference(std::string_view body) {
   return j;
 }
 
-// Equal values of equal types all the way down (nlohmann's == calls 1u and 1 equal).
-bool Same(const json& a, const json& b) {
-  if (a.type() != b.type()) return false;
-  switch (a.type()) {
-    case json::value_t::object: {
-      if (a.size() != b.size()) return false;
-      for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib) {
-        if (ia.key() != ib.key() || !Same(*ia, *ib)) return false;
-      }
-      return true;
-    }
-    case json::value_t::array: {
-      if (a.size() != b.size()) return false;
-      for (size_t i = 0; i < a.size(); ++i) {
-        if (!Same(a[i], b[i])) return false;
-      }
-      return true;
-    }
-    case json::value_t::number_float:
-      return std::bit_cast<uint64_t>(a.get<double>()) == std::bit_cast<uint64_t>(b.get<double>());
-    default:
-      return a == b;
-  }
-}
+using testing::SameJson;
 
 void CheckLikeReference(std::string_view body) {
   CAPTURE(body);
@@ -78,7 +55,7 @@ void CheckLikeReference(std::string_view body) {
     CHECK(got.status().message() == want.status().message());
     return;
   }
-  CHECK(Same(*got, *want));
+  CHECK(SameJson(*got, *want));
   CHECK(DumpJson(*got) == want->dump());
 }
 
