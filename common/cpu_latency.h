@@ -5,9 +5,10 @@
 // thread, the worker's ZMQ I/O thread and socket thread, and back. Each hand-off that lands
 // on an idle CPU pays that CPU's wake-up: a few µs from a polling idle loop, but from HLT on
 // a virtual machine a VM exit and an IPI through the hypervisor, tens of µs on average with
-// millisecond tails. On the 2-vCPU benchmark VM (guest halt polling off) the router's
-// 8K-prompt p99 fell from ~1.6 ms to ~1.0 ms with --cpu-latency-us 0
-// (tests/bench/results/2026-11-22-router-latency-s4.txt).
+// millisecond tails. On the 2-vCPU benchmark VM (guest halt polling off), with
+// --cpu-latency-us 0 the router's added latency for 8K-token prompts went from 0.49 to 0.44 ms
+// at p50 and 0.97 to 0.92 ms at p99, and the bare transport floor's p99 from 0.58 to 0.52 ms
+// (medians of 5 runs each; tests/bench/results/2026-11-22-router-latency-s4.txt).
 //
 // Linux's CPU latency QoS (Documentation/power/pm_qos_interface.rst): a process that writes a
 // 32-bit latency in µs to /dev/cpu_dma_latency and keeps the file open caps the exit latency
