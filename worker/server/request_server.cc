@@ -112,9 +112,10 @@ std::string EncodeError(uint64_t wire_id, ErrorCode code, const std::string& mes
 }  // namespace
 
 RequestServer::RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context,
-                             const Clock* clock)
+                             const Clock* clock, std::function<void(DurationNs)> on_first_token)
     : own_context_(std::move(own_context)),
       clock_(clock),
+      on_first_token_(std::move(on_first_token)),
       socket_(own_context_ ? *own_context_ : context, zmq::socket_type::router) {}
 
 Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& context,
@@ -126,7 +127,7 @@ Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& cont
   }
   std::unique_ptr<zmq::context_t> own_context;
   if (!curve.authorized_keys_file.empty()) own_context = std::make_unique<zmq::context_t>(1);
-  std::unique_ptr<RequestServer> server(new RequestServer(context, std::move(own_context), clock));
+  std::unique_ptr<RequestServer> server(new RequestServer(context, std::move(own_context), clock, options.on_first_token));
   if (!curve.server_keypair_file.empty()) {
     KVF_ASSIGN_OR_RETURN(auto keys, LoadCurveKeyPair(curve.server_keypair_file));
     if (!curve.authorized_keys_file.empty()) {
@@ -248,6 +249,7 @@ void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at
   // the figure errs low, never high.
   out->usage.time_to_first_token += std::max<DurationNs>(0, clock_->Now() - queued_at);
   if (!last) first_token_sent_.emplace(key, out->usage.time_to_first_token);
+  if (on_first_token_) on_first_token_(out->usage.time_to_first_token);
 }
 
 void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received) {

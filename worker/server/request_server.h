@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -82,6 +83,9 @@ struct RequestServerOptions {
   RequestServerCurve curve;
   // Outgoing frames queued for one peer before ZMQ drops more (ZMQ_SNDHWM).
   int send_high_water_mark = 100'000;
+  // Called with each request's time to first token as its first token is handed to the
+  // socket: the figure its Deltas report (StampTimeToFirstToken). On the I/O thread.
+  std::function<void(DurationNs)> on_first_token;
 };
 
 class RequestServer {
@@ -113,14 +117,16 @@ class RequestServer {
   uint64_t malformed_frames() const { return malformed_.load(std::memory_order_relaxed); }
 
  private:
-  RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock);
+  RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock,
+                std::function<void(DurationNs)> on_first_token);
   void IoLoop();
   // `received`: when the frame was read off the socket.
   void HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received);
   void FlushOutbox();
   // Sets out->usage.time_to_first_token to the worker's whole time to first token: from the
-  // request's decode to the moment its first token is handed to the socket (now), not only
-  // to the engine step that produced it. Every later Delta of the request repeats that value.
+  // request frame's read off the socket to the moment its first token is handed to the socket
+  // (now), not only to the engine step that produced it. Every later Delta of the request
+  // repeats that value. Reports it to options.on_first_token once.
   // REQUIRES: the I/O thread.
   void StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at, engine::RequestOutput* out);
 
@@ -129,6 +135,7 @@ class RequestServer {
   std::unique_ptr<zmq::context_t> own_context_;
   std::unique_ptr<ZapAuthenticator> zap_;
   const Clock* clock_;
+  const std::function<void(DurationNs)> on_first_token_;
   zmq::socket_t socket_;  // used by the I/O thread only, after Start()
   std::string bound_endpoint_;
   int wake_fd_ = -1;      // eventfd: the I/O thread wakes when the outbox fills or on Stop

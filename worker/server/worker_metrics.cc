@@ -56,7 +56,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                        .Add({})),
       ttft_(prometheus::BuildHistogram()
                 .Name("kvfleet_worker_time_to_first_token_seconds")
-                .Help("Time from a request's arrival to its first token, inside the worker")
+                .Help("Time from reading a request off the socket to handing its first token to the socket")
                 .Register(r)
                 .Add({}, TtftBuckets())),
       generated_(prometheus::BuildCounter().Name("kvfleet_worker_generated_tokens_total").Help("Tokens generated").Register(r).Add({})),
@@ -116,15 +116,13 @@ void WorkerMetrics::UpdateKv(const kv::KvStats& stats) {
   }
 }
 
+void WorkerMetrics::OnFirstToken(DurationNs time_to_first_token) {
+  ttft_.Observe(static_cast<double>(time_to_first_token) / kNsPerSec);
+}
+
 void WorkerMetrics::OnOutputs(const std::vector<engine::RequestOutput>& outputs) {
   for (const engine::RequestOutput& out : outputs) {
-    if (!out.new_tokens.empty()) {
-      generated_.Increment(static_cast<double>(out.new_tokens.size()));
-      // The first Delta with tokens carries all the tokens generated so far.
-      if (out.usage.completion_tokens == out.new_tokens.size()) {
-        ttft_.Observe(static_cast<double>(out.usage.time_to_first_token) / kNsPerSec);
-      }
-    }
+    if (!out.new_tokens.empty()) generated_.Increment(static_cast<double>(out.new_tokens.size()));
     if (out.finish != engine::FinishReason::kNone) {
       finished_.Add({{"reason", engine::FinishReasonName(out.finish)}}).Increment();
     }

@@ -41,8 +41,11 @@ class WorkerMetrics {
   void OnStep(const engine::StepReport& report);
   // The KV gauges and counters from the manager's totals.
   void UpdateKv(const kv::KvStats& stats);
-  // TTFT from the first Delta that carries tokens, and finish reasons.
+  // Generated tokens and finish reasons.
   void OnOutputs(const std::vector<engine::RequestOutput>& outputs);
+  // A request's time to first token, as its Deltas report it (the request frame's read to
+  // the first token handed to the socket). Thread-safe: the request socket's thread calls it.
+  void OnFirstToken(DurationNs time_to_first_token);
 
  private:
   prometheus::Family<prometheus::Gauge>& kv_blocks_;

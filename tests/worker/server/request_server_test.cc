@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 #include <capnp/message.h>
 #include <zmq.hpp>
 
@@ -64,6 +66,12 @@ TEST_CASE("the reported time to first token runs until the first token leaves th
   SteppingClock clock;
   RequestServerOptions options;
   options.endpoint = "tcp://127.0.0.1:0";
+  std::mutex reported_mu;
+  std::vector<DurationNs> reported;  // GUARDED_BY(reported_mu): what on_first_token got
+  options.on_first_token = [&](DurationNs ttft) {
+    std::lock_guard<std::mutex> lock(reported_mu);
+    reported.push_back(ttft);
+  };
   auto server = RequestServer::Start(context, options, &clock);
   REQUIRE(server.ok());
   zmq::socket_t dealer(context, zmq::socket_type::dealer);
@@ -106,6 +114,11 @@ TEST_CASE("the reported time to first token runs until the first token leaves th
   CHECK(only.ttft_us >= 3000 + 1000);
   CHECK(only.ttft_us < first.ttft_us);
   (*server)->Stop();
+  // The metric hook saw each request once, with the figure its Deltas carried.
+  std::lock_guard<std::mutex> lock(reported_mu);
+  REQUIRE(reported.size() == 2);
+  CHECK(static_cast<uint64_t>(reported[0] / kNsPerUs) == first.ttft_us);
+  CHECK(static_cast<uint64_t>(reported[1] / kNsPerUs) == only.ttft_us);
 }
 
 }  // namespace
