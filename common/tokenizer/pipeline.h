@@ -37,7 +37,8 @@ class PreTokenizer {
   using Emit = std::function<void(std::string_view)>;
   virtual ~PreTokenizer() = default;
   // section_index: the position of this text among the added-token sections (Metaspace's
-  // prepend_scheme "first" prepends only in section 0).
+  // prepend_scheme "first" prepends only in section 0). The section cache (section_cache.h)
+  // keys on section_index == 0 only: a step that used the index otherwise must widen its key.
   // Fails only when a regex hits PCRE2's limits on hostile input.
   virtual Status Apply(std::string_view text, int section_index, const Emit& emit) const = 0;
 };

@@ -1,6 +1,7 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -9,6 +10,7 @@
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/jinja.h"
 #include "common/tokenizer/pipeline.h"
+#include "common/tokenizer/section_cache.h"
 #include "common/tokenizer/unicode.h"
 
 namespace kvfleet::tok {
@@ -126,8 +128,14 @@ std::string CleanUpTokenization(std::string s) {
 
 }  // namespace
 
+namespace {
+// Instance ids for the section cache's keys; never reused, unlike addresses.
+std::atomic<uint64_t> next_instance_id{1};
+}  // namespace
+
 class TokenizerImpl {
  public:
+  const uint64_t instance_id = next_instance_id.fetch_add(1, std::memory_order_relaxed);
   std::unique_ptr<BpeModel> model;
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
@@ -232,6 +240,37 @@ class TokenizerImpl {
     return Status::Ok();
   }
 
+  // Appends the ids of one text section (no added token was cut out of it). They depend
+  // only on the text, parse_special and whether section_index is 0 (SectionKey).
+  Status EncodeSection(std::string_view text, int section_index, bool parse_special, std::vector<TokenId>* ids,
+                       std::vector<Section>* subsections) const {
+    if (parse_special) {
+      auto it = added_by_text.find(std::string(text));
+      if (it != added_by_text.end()) {
+        ids->push_back(added[it->second].id);
+        return Status::Ok();
+      }
+    }
+    std::string normalized;
+    std::string_view piece = text;
+    if (normalizer) {
+      normalized = std::string(text);
+      KVF_RETURN_IF_ERROR(normalizer->Apply(&normalized));
+      piece = normalized;
+    }
+    if (piece.empty()) return Status::Ok();
+    if (normalized_trie.empty()) return EncodeText(piece, section_index, ids);
+    SplitAdded(piece, normalized_trie, parse_special, subsections);
+    for (const Section& sub : *subsections) {
+      if (sub.token >= 0) {
+        ids->push_back(added[sub.token].id);
+      } else if (!sub.text.empty()) {
+        KVF_RETURN_IF_ERROR(EncodeText(sub.text, section_index, ids));
+      }
+    }
+    return Status::Ok();
+  }
+
   Result<std::vector<TokenId>> Encode(std::string_view input, const EncodeOptions& options) const {
     std::string repaired;
     std::string_view text = input;
@@ -251,33 +290,17 @@ class TokenizerImpl {
         continue;
       }
       if (section.text.empty()) continue;
-      if (options.parse_special) {
-        auto it = added_by_text.find(std::string(section.text));
-        if (it != added_by_text.end()) {
-          ids.push_back(added[it->second].id);
-          continue;
-        }
-      }
-      std::string normalized;
-      std::string_view piece = section.text;
-      if (normalizer) {
-        normalized = std::string(section.text);
-        KVF_RETURN_IF_ERROR(normalizer->Apply(&normalized));
-        piece = normalized;
-      }
-      if (piece.empty()) continue;
-      if (normalized_trie.empty()) {
-        KVF_RETURN_IF_ERROR(EncodeText(piece, static_cast<int>(si), &ids));
+      const int index = static_cast<int>(si);
+      if (!options.use_section_cache || section.text.size() < config::kSectionCacheMinBytes) {
+        KVF_RETURN_IF_ERROR(EncodeSection(section.text, index, options.parse_special, &ids, &subsections));
         continue;
       }
-      SplitAdded(piece, normalized_trie, options.parse_special, &subsections);
-      for (const Section& sub : subsections) {
-        if (sub.token >= 0) {
-          ids.push_back(added[sub.token].id);
-        } else if (!sub.text.empty()) {
-          KVF_RETURN_IF_ERROR(EncodeText(sub.text, static_cast<int>(si), &ids));
-        }
-      }
+      const SectionKey key{instance_id, options.parse_special, /*first_section=*/si == 0, section.text};
+      SectionCache& cache = ThisThreadSectionCache();
+      if (cache.Lookup(key, &ids)) continue;
+      const size_t first = ids.size();
+      KVF_RETURN_IF_ERROR(EncodeSection(section.text, index, options.parse_special, &ids, &subsections));
+      cache.Insert(key, std::span<const TokenId>(ids).subspan(first));
     }
     if (options.add_special_tokens) ids.insert(ids.end(), suffix_ids.begin(), suffix_ids.end());
     return ids;

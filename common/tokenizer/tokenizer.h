@@ -16,11 +16,20 @@
 //      normalized / single_word; with EncodeOptions::parse_special = false special tokens
 //      are plain text;
 //   3. each remaining section is normalized, pre-tokenized (PCRE2 regexes with Unicode
-//      properties) and run through the model;
+//      properties) and run through the model, independently of the other sections;
 //   4. the post-processor adds BOS etc. when add_special_tokens is set.
 //
+// Section cache: chat prompts repeat long sections (system prompt, few-shot examples,
+// earlier turns), so step 3's ids for each section of >= 512 bytes are kept in a
+// per-thread LRU cache (section_cache.h; 8 MiB per thread), keyed by the tokenizer
+// instance, parse_special, whether the section comes first and its text. A repeated
+// section costs a hash, one compare and a copy of its ids instead of its encoding. The
+// ids are exactly those of an uncached encode (tests compare both on real tokenizers).
+//
 // Thread safety: a loaded Tokenizer is immutable and thread-safe; share it through the
-// shared_ptr that Load returns. IncrementalDecoder is thread-compatible (one per stream).
+// shared_ptr that Load returns. Encode takes no lock: the section cache and the BPE word
+// cache are thread_local, so each thread warms its own. IncrementalDecoder is
+// thread-compatible (one per stream).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +50,9 @@ namespace kvfleet::tok {
 struct EncodeOptions {
   bool add_special_tokens = true;  // BOS etc., as the post_processor says
   bool parse_special = true;       // false: special-token text in user input is plain text
+  // false: neither read nor fill this thread's section cache (tests compare against it;
+  // also for one-off texts that should not evict repeated ones).
+  bool use_section_cache = true;
 };
 
 struct DecodeOptions {
@@ -63,7 +75,7 @@ class Tokenizer {
                                                            std::string_view generation_config_json = {});
   ~Tokenizer();
 
-  // Thread-safe.
+  // Thread-safe; repeated long sections hit the calling thread's section cache.
   Result<std::vector<TokenId>> Encode(std::string_view text, const EncodeOptions& options = {}) const;
   // Ids outside the vocabulary decode to the unknown token, or to nothing without one.
   std::string Decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;

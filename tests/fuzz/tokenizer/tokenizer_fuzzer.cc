@@ -59,9 +59,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 1: {
-      auto ids = g_llama2->Encode(input, {.add_special_tokens = true, .parse_special = (data[0] & 4) != 0});
+      kvfleet::tok::EncodeOptions options{.add_special_tokens = true, .parse_special = (data[0] & 4) != 0};
+      auto ids = g_llama2->Encode(input, options);
       if (!ids.ok()) std::abort();
       (void)g_llama2->Decode(*ids, true);
+      // The section cache (filled by the encode above for sections >= 512 bytes) must give
+      // exactly the uncached ids.
+      auto again = g_llama2->Encode(input, options);
+      options.use_section_cache = false;
+      auto uncached = g_llama2->Encode(input, options);
+      if (!again.ok() || !uncached.ok() || *again != *ids || *uncached != *ids) {
+        std::fprintf(stderr, "cached and uncached encodes differ\n");
+        std::abort();
+      }
       break;
     }
     case 2: {
