@@ -8,6 +8,7 @@
 
 #include "common/tokenizer/section_cache.h"
 #include "common/tokenizer/unicode.h"
+#include "tests/common/tokenizer/byte_level_bpe.h"
 #include "tests/common/tokenizer/section_texts.h"
 
 namespace kvfleet::tok {
@@ -235,19 +236,10 @@ TEST_CASE("two tokenizers on one thread never share entries: Llama 3 and Qwen3 a
 // adds a normalizer and a special token matched after normalization.
 std::shared_ptr<const Tokenizer> TinyByteLevel(const std::vector<std::pair<std::string, std::string>>& merges,
                                                bool normalized_special = false) {
-  const ByteLevelAlphabet& a = ByteLevelAlphabet::Get();
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[a.byte_to_text[b]] = b;
-  json merge_list = json::array();
-  TokenId next = 256;
-  for (const auto& [l, r] : merges) {
-    vocab[l + r] = next++;
-    merge_list.push_back(l + " " + r);
-  }
   json t;
   t["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
   t["decoder"] = {{"type", "ByteLevel"}};
-  t["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}};
+  t["model"] = testing::ByteLevelBpeModel(merges);
   if (normalized_special) {
     t["normalizer"] = {{"type", "NFC"}};
     t["added_tokens"] = json::array({{{"id", 400}, {"content", "<|sep|>"}, {"single_word", false}, {"lstrip", false},

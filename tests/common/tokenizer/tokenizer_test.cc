@@ -10,6 +10,7 @@
 #include "common/tokenizer/regex.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
+#include "tests/common/tokenizer/byte_level_bpe.h"
 
 namespace kvfleet::tok {
 namespace {
@@ -24,16 +25,6 @@ json AddedToken(TokenId id, const std::string& content, bool special = true) {
 // A byte-level BPE: the 256 byte symbols (ids 0..255 in byte order), merges that spell
 // "he", "ll", "hell", "hello", "Ġw", and two added tokens.
 json ByteLevelTokenizer() {
-  const ByteLevelAlphabet& a = ByteLevelAlphabet::Get();
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[a.byte_to_text[b]] = b;
-  std::vector<std::pair<std::string, std::string>> merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"}};
-  json merge_list = json::array();
-  TokenId next = 256;
-  for (const auto& [l, r] : merges) {
-    vocab[l + r] = next++;
-    merge_list.push_back(l + " " + r);
-  }
   json t;
   t["added_tokens"] = json::array({AddedToken(300, "<|eot|>"), AddedToken(301, "<tool>", false)});
   t["normalizer"] = nullptr;
@@ -42,7 +33,7 @@ json ByteLevelTokenizer() {
                          {"single", json::array({{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
                                                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}};
   t["decoder"] = {{"type", "ByteLevel"}};
-  t["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}};
+  t["model"] = testing::ByteLevelBpeModel({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"}});
   return t;
 }
 
