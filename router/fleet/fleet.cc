@@ -106,6 +106,8 @@ struct WorkerRecord {
   std::atomic<int64_t> inflight_requests{0};
   std::atomic<int64_t> inflight_prefill_tokens{0};
   std::atomic<int64_t> inflight_prompt_tokens{0};
+  std::mutex history_mu;                  // orders the counts' changes with their samples
+  OwnLoadHistory<config::kOwnLoadHistory> history;  // GUARDED_BY(history_mu)
   std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
   std::string last_failure;               // GUARDED_BY(FleetImpl::mu_)
   prometheus::Gauge* inflight_gauge = nullptr;
@@ -247,12 +249,15 @@ class FleetImpl final : public LaneFleet {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (id >= workers_.size()) return;
     WorkerRecord& w = *workers_[id];
-    if (requests != 0) {
-      w.inflight_requests.fetch_add(requests, std::memory_order_relaxed);
-      if (w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
-    }
-    w.inflight_prefill_tokens.fetch_add(prefill_tokens, std::memory_order_relaxed);
-    w.inflight_prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed);
+    if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
+    std::lock_guard<std::mutex> history_lock(w.history_mu);
+    Fleet::OwnLoadCounts after;
+    after.requests = static_cast<double>(w.inflight_requests.fetch_add(requests, std::memory_order_relaxed) + requests);
+    after.prefill_tokens =
+        static_cast<double>(w.inflight_prefill_tokens.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
+    after.prompt_tokens =
+        static_cast<double>(w.inflight_prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed) + prompt_tokens);
+    w.history.Record(clock_->Now(), after);
   }
 
   void CountRetry() override {
@@ -342,6 +347,18 @@ class FleetImpl final : public LaneFleet {
     c.prefill_tokens = static_cast<double>(w.inflight_prefill_tokens.load(std::memory_order_relaxed));
     c.prompt_tokens = static_cast<double>(w.inflight_prompt_tokens.load(std::memory_order_relaxed));
     return c;
+  }
+
+  Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return {};
+    WorkerRecord& w = *workers_[id];
+    std::lock_guard<std::mutex> history_lock(w.history_mu);
+    Fleet::OwnLoadCounts now;
+    now.requests = static_cast<double>(w.inflight_requests.load(std::memory_order_relaxed));
+    now.prefill_tokens = static_cast<double>(w.inflight_prefill_tokens.load(std::memory_order_relaxed));
+    now.prompt_tokens = static_cast<double>(w.inflight_prompt_tokens.load(std::memory_order_relaxed));
+    return w.history.At(at, now);
   }
 
   std::optional<LoadReport> ReportedLoad(WorkerId id) const {
@@ -750,6 +767,7 @@ std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels();
 bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
+Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<LoadReport> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "router/fleet/own_load_history.h"
 #include "router/fleet/protocol.h"
 #include "router/routing/policy.h"
 
@@ -38,6 +40,14 @@ class Registry;
 }
 
 namespace kvfleet::router {
+
+namespace config {
+// Changes of this router's in-flight counts kept per worker (Fleet::OwnLoadAt). A worker's
+// load rides on each event batch (every engine step) and at least every 200 ms (heartbeat);
+// each request changes the counts ~3 times, so 256 changes reach back past a 200 ms-old
+// report up to ~400 requests/s to that one worker, and past a one-step-old one far beyond.
+inline constexpr size_t kOwnLoadHistory = 256;
+}  // namespace config
 
 // A worker's event-stream state, as router/events tracks it (Contract 2).
 enum class WorkerLiveness { kUnknown, kSyncing, kLive, kReplaying, kDead };
@@ -165,12 +175,13 @@ class Fleet {
   std::vector<WorkerStatus> Workers() const;
   // This router's own load on `worker`: requests in flight; for those without a first
   // token yet, the tokens it expects uncached and their whole prompts.
-  struct OwnLoadCounts {
-    double requests = 0;
-    double prefill_tokens = 0;
-    double prompt_tokens = 0;
-  };
+  using OwnLoadCounts = router::OwnLoadCounts;
   OwnLoadCounts OwnLoad(WorkerId worker) const;
+  // This router's own load on `worker` as it was at time `at` (the fleet's clock): what a
+  // load report received then already counted of this router's requests. The counts after
+  // the last change at or before `at`; the current counts when `at` is older than the last
+  // config::kOwnLoadHistory changes (a report that old is stale anyway).
+  OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const;
   std::optional<LoadReport> ReportedLoad(WorkerId worker) const;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;

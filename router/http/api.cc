@@ -526,10 +526,13 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
       if (auto load = fleet_->ReportedLoad(id)) {
         // The report lags and counts a waiting prompt whole, cached prefix included; the
         // router's own count is fresh and counts what it expects uncached. So: the
-        // router's own estimate plus what the report holds beyond this router's prompts
-        // (other routers' requests), and the larger request count (README.md).
-        c.running_requests = std::max(own.requests, load->active_requests + load->queued_requests);
-        c.queued_prefill_tokens = own.prefill_tokens + std::max(0.0, load->active_prefill_tokens - own.prompt_tokens);
+        // router's own load now, plus what the report holds beyond what this router had in
+        // flight there when the report came (other routers' requests; README.md).
+        const Fleet::OwnLoadCounts then = fleet_->OwnLoadAt(id, load->received_at);
+        c.running_requests =
+            own.requests + std::max(0.0, load->active_requests + load->queued_requests - then.requests);
+        c.queued_prefill_tokens =
+            own.prefill_tokens + std::max(0.0, load->active_prefill_tokens - then.prompt_tokens);
         c.queued_requests = std::max(load->queued_requests, own.requests - load->active_requests);
         c.prefill_tokens_per_s = load->prefill_tokens_per_s;
       }

@@ -1,0 +1,37 @@
+#include "router/fleet/own_load_history.h"
+
+#include <doctest/doctest.h>
+
+namespace kvfleet::router {
+namespace {
+
+OwnLoadCounts Counts(double requests) { return OwnLoadCounts{requests, requests * 10, requests * 100}; }
+
+TEST_CASE("At gives the counts after the last change at or before the time asked") {
+  OwnLoadHistory<8> h;
+  const OwnLoadCounts current = Counts(7);
+  CHECK(h.At(100, current) == OwnLoadCounts{});  // nothing ever recorded: nothing in flight
+  h.Record(10, Counts(1));
+  h.Record(20, Counts(2));
+  h.Record(20, Counts(3));  // two changes at one time: the later one counts
+  h.Record(30, Counts(1));
+  CHECK(h.At(9, current) == OwnLoadCounts{});  // before the first change: zero
+  CHECK(h.At(10, current) == Counts(1));
+  CHECK(h.At(19, current) == Counts(1));
+  CHECK(h.At(20, current) == Counts(3));
+  CHECK(h.At(29, current) == Counts(3));
+  CHECK(h.At(1000, current) == Counts(1));
+}
+
+TEST_CASE("once the ring has dropped changes, a time before every kept one gives the current counts") {
+  OwnLoadHistory<4> h;
+  for (int i = 1; i <= 6; ++i) h.Record(i * 10, Counts(i));  // keeps 30, 40, 50, 60
+  const OwnLoadCounts current = Counts(9);
+  CHECK(h.At(29, current) == current);  // unknown: what dropped samples held
+  CHECK(h.At(30, current) == Counts(3));
+  CHECK(h.At(55, current) == Counts(5));
+  CHECK(h.At(60, current) == Counts(6));
+}
+
+}  // namespace
+}  // namespace kvfleet::router
