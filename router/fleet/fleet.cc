@@ -251,13 +251,15 @@ class FleetImpl final : public LaneFleet {
     WorkerRecord& w = *workers_[id];
     if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
     std::lock_guard<std::mutex> history_lock(w.history_mu);
+    // Stamped before the change: whoever sees the new counts sees a sample no later than now.
+    const TimeNs now = clock_->Now();
     Fleet::OwnLoadCounts after;
     after.requests = static_cast<double>(w.inflight_requests.fetch_add(requests, std::memory_order_relaxed) + requests);
     after.prefill_tokens =
         static_cast<double>(w.inflight_prefill_tokens.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
     after.prompt_tokens =
         static_cast<double>(w.inflight_prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed) + prompt_tokens);
-    w.history.Record(clock_->Now(), after);
+    w.history.Record(now, after);
   }
 
   void CountRetry() override {
