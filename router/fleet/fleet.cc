@@ -106,6 +106,14 @@ struct WorkerRecord {
   std::atomic<int64_t> inflight_requests{0};
   std::atomic<int64_t> inflight_prefill_tokens{0};
   std::atomic<int64_t> inflight_prompt_tokens{0};
+  // The three counts above, as the routing step reads them.
+  Fleet::OwnLoadCounts Own() const {
+    Fleet::OwnLoadCounts c;
+    c.requests = static_cast<double>(inflight_requests.load(std::memory_order_relaxed));
+    c.prefill_tokens = static_cast<double>(inflight_prefill_tokens.load(std::memory_order_relaxed));
+    c.prompt_tokens = static_cast<double>(inflight_prompt_tokens.load(std::memory_order_relaxed));
+    return c;
+  }
   std::mutex history_mu;                  // orders the counts' changes with their samples
   OwnLoadHistory<config::kOwnLoadHistory> history;  // GUARDED_BY(history_mu)
   std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
@@ -342,13 +350,8 @@ class FleetImpl final : public LaneFleet {
 
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    Fleet::OwnLoadCounts c;
-    if (id >= workers_.size()) return c;
-    const WorkerRecord& w = *workers_[id];
-    c.requests = static_cast<double>(w.inflight_requests.load(std::memory_order_relaxed));
-    c.prefill_tokens = static_cast<double>(w.inflight_prefill_tokens.load(std::memory_order_relaxed));
-    c.prompt_tokens = static_cast<double>(w.inflight_prompt_tokens.load(std::memory_order_relaxed));
-    return c;
+    if (id >= workers_.size()) return {};
+    return workers_[id]->Own();
   }
 
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const {
@@ -356,11 +359,7 @@ class FleetImpl final : public LaneFleet {
     if (id >= workers_.size()) return {};
     WorkerRecord& w = *workers_[id];
     std::lock_guard<std::mutex> history_lock(w.history_mu);
-    Fleet::OwnLoadCounts now;
-    now.requests = static_cast<double>(w.inflight_requests.load(std::memory_order_relaxed));
-    now.prefill_tokens = static_cast<double>(w.inflight_prefill_tokens.load(std::memory_order_relaxed));
-    now.prompt_tokens = static_cast<double>(w.inflight_prompt_tokens.load(std::memory_order_relaxed));
-    return w.history.At(at, now);
+    return w.history.At(at, w.Own());
   }
 
   std::optional<LoadReport> ReportedLoad(WorkerId id) const {
