@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <simdjson.h>
@@ -54,6 +55,19 @@ bool RefusedByBoth(simdjson::error_code e) {
   }
 }
 
+json FromDom(simdjson::dom::element e);
+
+// The object's fields, `skip` left out. The last of duplicated keys wins, as nlohmann's
+// parser assigns each in turn.
+json ObjectFromDom(simdjson::dom::object object, std::optional<std::string_view> skip) {
+  json out = json::object();
+  auto& fields = out.get_ref<json::object_t&>();
+  for (simdjson::dom::key_value_pair field : object) {
+    if (field.key != skip) fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
+  }
+  return out;
+}
+
 // Recursion is bounded by the parser's max depth (config::kMaxJsonBodyDepth).
 json FromDom(simdjson::dom::element e) {
   switch (e.type()) {
@@ -72,16 +86,8 @@ json FromDom(simdjson::dom::element e) {
       }
       return out;
     }
-    case simdjson::dom::element_type::OBJECT: {
-      json out = json::object();
-      auto& fields = out.get_ref<json::object_t&>();
-      // The last of duplicated keys wins, as nlohmann's parser assigns each in turn.
-      simdjson::dom::object object = e.get_object().value_unsafe();
-      for (simdjson::dom::key_value_pair field : object) {
-        fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
-      }
-      return out;
-    }
+    case simdjson::dom::element_type::OBJECT:
+      return ObjectFromDom(e.get_object().value_unsafe(), std::nullopt);
     case simdjson::dom::element_type::INT64: {
       int64_t v = e.get_int64().value_unsafe();
       // nlohmann keeps non-negative integers unsigned (token ids check for that).
@@ -134,12 +140,7 @@ json RootFromDom(simdjson::dom::element root, const TokenIdMember* member) {
   }
   if (!found || !ReadTokenIds(last, member->ids)) return FromDom(root);
   *member->taken = true;
-  json out = json::object();
-  auto& fields = out.get_ref<json::object_t&>();
-  for (simdjson::dom::key_value_pair field : object) {
-    if (field.key != member->key) fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
-  }
-  return out;
+  return ObjectFromDom(object, member->key);
 }
 
 Result<json> ParseWithNlohmann(std::string_view body) {
