@@ -58,10 +58,10 @@ Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size) {
   return msg;
 }
 
-// Runs `fn` (returning Status) and turns a kj::Exception thrown while reading an
-// untrusted message into DataLoss.
+// Runs `fn` (returning Status or Result<T>) and turns a kj::Exception thrown while
+// reading an untrusted message into DataLoss.
 template <typename F>
-Status Guard(F&& fn) {
+auto Guard(F&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const kj::Exception& e) {

@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "router/index/global_index.h"
-#include "worker/server/event_codec.h"
+#include "schema/event_codec.h"
 
 namespace kvfleet::router {
 

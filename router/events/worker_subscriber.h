@@ -28,7 +28,7 @@
 #include "router/events/event_plane.h"
 #include "router/index/global_index.h"
 #include "schema/events.capnp.h"
-#include "worker/server/event_codec.h"
+#include "schema/event_codec.h"
 
 namespace kvfleet::router {
 

@@ -32,7 +32,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "router/fleet/own_load_history.h"
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 #include "router/routing/policy.h"
 
 namespace prometheus {

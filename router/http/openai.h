@@ -20,7 +20,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 #include "router/routing/policy.h"
 
 namespace kvfleet::router {

@@ -60,7 +60,7 @@
 
 #include "common/block_hash.h"
 #include "common/clock.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::router {
 

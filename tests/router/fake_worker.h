@@ -13,7 +13,7 @@
 
 #include <zmq.hpp>
 
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 
 namespace kvfleet::router::testing {
 

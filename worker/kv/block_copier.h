@@ -24,7 +24,7 @@
 #include <span>
 #include <vector>
 
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::kv {
 

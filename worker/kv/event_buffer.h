@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <deque>
 
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::kv {
 

@@ -59,7 +59,7 @@
 #include "common/status.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_config.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 #include "worker/kv/retention.h"
 
 namespace kvfleet::kv {

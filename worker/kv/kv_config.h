@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::kv {
 

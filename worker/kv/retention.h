@@ -21,7 +21,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::kv {
 

@@ -40,8 +40,8 @@
 
 #include "common/clock.h"
 #include "common/status.h"
-#include "worker/kv/kv_event.h"
-#include "worker/server/event_codec.h"
+#include "schema/kv_event.h"
+#include "schema/event_codec.h"
 
 namespace prometheus {
 class Registry;

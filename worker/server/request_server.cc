@@ -6,12 +6,8 @@
 
 #include <algorithm>
 
-#include <capnp/message.h>
-
 #include "common/check.h"
 #include "common/log.h"
-#include "schema/wire.h"
-#include "schema/worker.capnp.h"
 
 namespace kvfleet::server {
 
@@ -27,86 +23,67 @@ size_t ClientKeyHash::operator()(const ClientKey& k) const {
   return std::hash<std::string>()(k.identity) ^ (std::hash<uint64_t>()(k.request_id) * 0x9E3779B97F4A7C15ull);
 }
 
-ErrorCode ErrorCodeFor(const Status& status) {
+WorkerErrorCode ErrorCodeFor(const Status& status) {
   switch (status.code()) {
-    case StatusCode::kOutOfRange: return ErrorCode::kContextTooLong;
-    case StatusCode::kNotFound: return ErrorCode::kUnknownLora;
-    case StatusCode::kResourceExhausted: return ErrorCode::kOverloaded;
-    case StatusCode::kUnavailable: return ErrorCode::kShuttingDown;
+    case StatusCode::kOutOfRange: return WorkerErrorCode::kContextTooLong;
+    case StatusCode::kNotFound: return WorkerErrorCode::kUnknownLora;
+    case StatusCode::kResourceExhausted: return WorkerErrorCode::kOverloaded;
+    case StatusCode::kUnavailable: return WorkerErrorCode::kShuttingDown;
     case StatusCode::kInvalidArgument:
-    case StatusCode::kAlreadyExists: return ErrorCode::kInvalidRequest;
-    default: return ErrorCode::kInternal;
+    case StatusCode::kAlreadyExists: return WorkerErrorCode::kInvalidRequest;
+    default: return WorkerErrorCode::kInternal;
   }
 }
 
 namespace {
 
-engine::GenerateRequest ToRequest(schema::Generate::Reader g) {
+// Contract 3's Generate as the engine's request; the prompt is moved, not copied.
+engine::GenerateRequest ToRequest(GenerateParams&& g) {
   engine::GenerateRequest r;
-  auto tokens = g.getTokens();
-  r.prompt.reserve(tokens.size());
-  for (TokenId t : tokens) r.prompt.push_back(t);
-  auto s = g.getSampling();
-  r.sampling.temperature = s.getTemperature();
-  r.sampling.top_p = s.getTopP();
-  r.sampling.top_k = s.getTopK();
-  if (s.getHasSeed()) r.sampling.seed = s.getSeed();
-  r.sampling.max_tokens = s.getMaxTokens();
-  auto stops = s.getStopTokenIds();
-  for (TokenId t : stops) r.sampling.stop_token_ids.push_back(t);
-  r.sampling.ignore_eos = s.getIgnoreEos();
-  auto ret = g.getRetention();
-  for (auto range : ret.getRanges()) {
+  r.prompt = std::move(g.tokens);
+  r.sampling.temperature = g.sampling.temperature;
+  r.sampling.top_p = g.sampling.top_p;
+  r.sampling.top_k = g.sampling.top_k;
+  r.sampling.seed = g.sampling.seed;
+  r.sampling.max_tokens = g.sampling.max_tokens;
+  r.sampling.stop_token_ids = std::move(g.sampling.stop_token_ids);
+  r.sampling.ignore_eos = g.sampling.ignore_eos;
+  for (const RetentionRange& range : g.retention.ranges) {
     kv::TokenRangeRetention rr;
-    rr.start = range.getStart();
-    if (range.getHasEnd()) rr.end = range.getEnd();
-    rr.priority = range.getPriority();
-    if (range.getHasDuration()) rr.duration = static_cast<DurationNs>(range.getDurationMs()) * kNsPerMs;
+    rr.start = range.start;
+    rr.end = range.end;
+    rr.priority = range.priority;
+    if (range.duration_ms) rr.duration = static_cast<DurationNs>(*range.duration_ms) * kNsPerMs;
     r.retention.token_ranges.push_back(rr);
   }
-  if (ret.getHasDecodePriority()) r.retention.decode_priority = ret.getDecodePriority();
-  if (ret.getHasDecodeDuration()) {
-    r.retention.decode_duration = static_cast<DurationNs>(ret.getDecodeDurationMs()) * kNsPerMs;
+  r.retention.decode_priority = g.retention.decode_priority;
+  if (g.retention.decode_duration_ms) {
+    r.retention.decode_duration = static_cast<DurationNs>(*g.retention.decode_duration_ms) * kNsPerMs;
   }
-  r.lora = g.getLoraName().cStr();
-  r.cache_salt = g.getCacheSalt().cStr();
+  r.lora = std::move(g.lora);
+  r.cache_salt = std::move(g.cache_salt);
   return r;
 }
 
-schema::FinishReason ToWire(engine::FinishReason f) {
+FinishReason ToWire(engine::FinishReason f) {
   switch (f) {
-    case engine::FinishReason::kNone: return schema::FinishReason::NONE;
-    case engine::FinishReason::kStop: return schema::FinishReason::STOP;
-    case engine::FinishReason::kLength: return schema::FinishReason::LENGTH;
-    case engine::FinishReason::kCancelled: return schema::FinishReason::CANCELLED;
-    case engine::FinishReason::kError: return schema::FinishReason::ERROR;
+    case engine::FinishReason::kNone: return FinishReason::kNone;
+    case engine::FinishReason::kStop: return FinishReason::kStop;
+    case engine::FinishReason::kLength: return FinishReason::kLength;
+    case engine::FinishReason::kCancelled: return FinishReason::kCancelled;
+    case engine::FinishReason::kError: return FinishReason::kError;
   }
-  return schema::FinishReason::ERROR;
+  return FinishReason::kError;
 }
 
-std::string EncodeDelta(uint64_t wire_id, const engine::RequestOutput& out) {
-  capnp::MallocMessageBuilder msg;
-  auto delta = msg.initRoot<schema::FromWorker>().initDelta();
-  delta.setRequestId(wire_id);
-  auto tokens = delta.initTokens(static_cast<unsigned>(out.new_tokens.size()));
-  for (unsigned i = 0; i < out.new_tokens.size(); ++i) tokens.set(i, out.new_tokens[i]);
-  delta.setFinishReason(ToWire(out.finish));
-  auto usage = delta.initUsage();
-  usage.setPromptTokens(out.usage.prompt_tokens);
-  usage.setCachedDeviceTokens(out.usage.cached_device_tokens);
-  usage.setCachedHostTokens(out.usage.cached_host_tokens);
-  usage.setCompletionTokens(out.usage.completion_tokens);
-  usage.setTimeToFirstTokenUs(static_cast<uint64_t>(out.usage.time_to_first_token / kNsPerUs));
-  return wire::Encode(msg);
-}
-
-std::string EncodeError(uint64_t wire_id, ErrorCode code, const std::string& message) {
-  capnp::MallocMessageBuilder msg;
-  auto err = msg.initRoot<schema::FromWorker>().initError();
-  err.setRequestId(wire_id);
-  err.setCode(static_cast<schema::ErrorCode>(code));
-  err.setMessage(message);
-  return wire::Encode(msg);
+std::string EncodeOutput(uint64_t wire_id, const engine::RequestOutput& out) {
+  WorkerDelta delta;
+  delta.request_id = wire_id;
+  delta.tokens = out.new_tokens;
+  delta.finish = ToWire(out.finish);
+  delta.usage = {out.usage.prompt_tokens, out.usage.cached_device_tokens, out.usage.cached_host_tokens,
+                 out.usage.completion_tokens, static_cast<uint64_t>(out.usage.time_to_first_token / kNsPerUs)};
+  return EncodeDelta(delta);
 }
 
 }  // namespace
@@ -198,7 +175,7 @@ void RequestServer::SendOutput(const ClientKey& key, const engine::RequestOutput
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-void RequestServer::SendError(const ClientKey& key, ErrorCode code, const std::string& message) {
+void RequestServer::SendError(const ClientKey& key, WorkerErrorCode code, const std::string& message) {
   {
     std::lock_guard lock(outbox_mu_);
     outbox_.push_back(Outgoing{key, ErrorReply{code, message}, clock_->Now()});
@@ -217,11 +194,11 @@ void RequestServer::FlushOutbox() {
     std::string frame;
     if (auto* out = std::get_if<engine::RequestOutput>(&o.body)) {
       StampTimeToFirstToken(o.key, o.queued_at, out);
-      frame = EncodeDelta(o.key.request_id, *out);
+      frame = EncodeOutput(o.key.request_id, *out);
     } else {
       first_token_sent_.erase(o.key);  // an Error ends the request
       const auto& e = std::get<ErrorReply>(o.body);
-      frame = EncodeError(o.key.request_id, e.code, e.message);
+      frame = EncodeError(WorkerError{o.key.request_id, e.code, e.message});
     }
     try {
       // A peer that is gone makes ROUTER drop the message silently (no mandatory flag):
@@ -254,7 +231,7 @@ void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at
 
 void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received) {
   static RateLimit limit;
-  auto decoded = wire::Decode<schema::ToWorker>(frame.data(), frame.size());
+  auto decoded = DecodeToWorker(frame.data(), frame.size());
   if (!decoded.ok()) {
     malformed_.fetch_add(1, std::memory_order_relaxed);
     uint64_t suppressed = 0;
@@ -264,32 +241,20 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
     }
     return;
   }
-  try {
-    auto root = (*decoded)->Root<schema::ToWorker>();
-    Command cmd;
-    switch (root.which()) {
-      case schema::ToWorker::GENERATE: {
-        auto g = root.getGenerate();
-        GenerateCommand gc{ClientKey{identity, g.getRequestId()}, g.getModel().cStr(), ToRequest(g), received};
-        cmd = std::move(gc);
-        break;
-      }
-      case schema::ToWorker::CANCEL:
-        cmd = CancelCommand{ClientKey{identity, root.getCancel().getRequestId()}};
-        break;
-      default:
-        malformed_.fetch_add(1, std::memory_order_relaxed);
-        return;  // a union member from a newer schema: nothing we can answer
-    }
-    {
-      std::lock_guard lock(inbox_mu_);
-      inbox_.push_back(std::move(cmd));
-    }
-    inbox_cv_.notify_one();
-  } catch (const kj::Exception& e) {
-    malformed_.fetch_add(1, std::memory_order_relaxed);
-    Logger("server")->warn("malformed request: {}", e.getDescription().cStr());
+  ToWorkerMessage& msg = *decoded;
+  Command cmd;
+  if (msg.cancel) {
+    cmd = CancelCommand{ClientKey{identity, msg.request_id}};
+  } else {
+    std::string model = std::move(msg.params.model);
+    cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), ToRequest(std::move(msg.params)),
+                          received};
   }
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox_.push_back(std::move(cmd));
+  }
+  inbox_cv_.notify_one();
 }
 
 void RequestServer::IoLoop() {

@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/curve_keys.h"
 #include "common/status.h"
+#include "schema/requests.h"
 #include "worker/engine/request.h"
 
 namespace kvfleet::server {
@@ -45,19 +46,8 @@ struct ClientKeyHash {
   size_t operator()(const ClientKey& k) const;
 };
 
-// The wire error codes of schema/worker.capnp's ErrorCode.
-enum class ErrorCode : uint8_t {
-  kInvalidRequest = 0,
-  kContextTooLong,
-  kUnknownLora,
-  kOverloaded,
-  kShuttingDown,
-  kInternal,
-  kUnknownModel,
-};
-
 // The wire code for an engine Status (see engine::ValidateRequest for the mapping).
-ErrorCode ErrorCodeFor(const Status& status);
+WorkerErrorCode ErrorCodeFor(const Status& status);
 
 struct GenerateCommand {
   ClientKey key;
@@ -108,7 +98,7 @@ class RequestServer {
 
   // Queues a Delta (or an Error) for the I/O thread to send.
   void SendOutput(const ClientKey& key, const engine::RequestOutput& output);
-  void SendError(const ClientKey& key, ErrorCode code, const std::string& message);
+  void SendError(const ClientKey& key, WorkerErrorCode code, const std::string& message);
 
   // Sends what is queued, then stops the I/O thread and closes the socket. Idempotent.
   void Stop();
@@ -149,7 +139,7 @@ class RequestServer {
   bool inbox_woken_ = false;    // GUARDED_BY(inbox_mu_)
 
   struct ErrorReply {
-    ErrorCode code;
+    WorkerErrorCode code;
     std::string message;
   };
   // Encoded on the I/O thread, so the engine thread only copies tokens.

@@ -21,16 +21,16 @@ void WorkerLoop::Apply(Command& command, bool refuse_new) {
   }
   auto& gen = std::get<GenerateCommand>(command);
   if (refuse_new) {
-    server_->SendError(gen.key, ErrorCode::kShuttingDown, "the worker is shutting down");
+    server_->SendError(gen.key, WorkerErrorCode::kShuttingDown, "the worker is shutting down");
     return;
   }
   if (!gen.model.empty() && gen.model != options_.model_name) {
-    server_->SendError(gen.key, ErrorCode::kUnknownModel,
+    server_->SendError(gen.key, WorkerErrorCode::kUnknownModel,
                        "this worker serves '" + options_.model_name + "', not '" + gen.model + "'");
     return;
   }
   if (by_key_.contains(gen.key)) {
-    server_->SendError(gen.key, ErrorCode::kInvalidRequest,
+    server_->SendError(gen.key, WorkerErrorCode::kInvalidRequest,
                        "request id " + std::to_string(gen.key.request_id) + " is already in flight");
     return;
   }

@@ -48,7 +48,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 
 namespace {
 
@@ -179,7 +179,7 @@ Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std:
   p.sampling.max_tokens = static_cast<uint32_t>(a.max_tokens);
   p.sampling.ignore_eos = true;
   p.model = a.model;
-  std::string frame = kvfleet::router::EncodeGenerate(request_id, p);
+  std::string frame = kvfleet::EncodeGenerate(request_id, p);
   auto t0 = Clock::now();
   if (!dealer.send(zmq::buffer(frame), zmq::send_flags::none)) return s;
   while (true) {
@@ -187,7 +187,7 @@ Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std:
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, std::chrono::seconds(30)) <= 0) return s;
     if (!dealer.recv(msg, zmq::recv_flags::dontwait)) continue;
-    auto decoded = kvfleet::router::DecodeFromWorker(msg.data(), msg.size());
+    auto decoded = kvfleet::DecodeFromWorker(msg.data(), msg.size());
     if (!decoded.ok()) return s;
     auto* d = std::get_if<kvfleet::router::WorkerDelta>(&*decoded);
     if (d == nullptr || d->request_id != request_id) return s;

@@ -22,7 +22,7 @@
 
 #include "common/block_hash.h"
 #include "common/clock.h"
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 #include "router/http/codec.h"
 #include "router/index/global_index.h"
 

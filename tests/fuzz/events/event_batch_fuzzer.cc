@@ -6,7 +6,7 @@
 
 #include "router/events/worker_subscriber.h"
 #include "schema/wire.h"
-#include "worker/server/event_codec.h"
+#include "schema/event_codec.h"
 
 namespace {
 

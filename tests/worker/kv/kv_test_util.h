@@ -14,7 +14,7 @@
 #include "common/check.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_cache_manager.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::kv::testing {
 

@@ -1,5 +1,11 @@
-// Contract 3 (schema/worker.capnp) as plain structs: what the router sends a worker and
-// what it hears back, encoded to / decoded from one ZMQ frame each.
+// Contract 3's requests (schema/worker.capnp ToWorker / FromWorker) as plain structs, and
+// their one codec: what a router sends a worker (Generate, Cancel) and what it hears back
+// (Delta, Error), one ZMQ frame each. The router encodes requests and decodes answers
+// (router/fleet); the worker decodes requests and encodes answers (worker/server); each
+// side's tests speak the other's part. Registration (Hello, Bye) is schema/registration.h.
+//
+// Decoding never trusts its input: a frame that does not decode, or is of a kind this
+// schema does not know, is DataLoss, never a crash.
 //
 // Thread safety: values and pure functions.
 #pragma once
@@ -14,7 +20,7 @@
 #include "common/status.h"
 #include "schema/registration.h"
 
-namespace kvfleet::router {
+namespace kvfleet {
 
 struct RetentionRange {
   uint32_t start = 0;
@@ -65,8 +71,16 @@ struct WorkerDelta {
   WorkerUsage usage;
 };
 
-enum class WorkerErrorCode { kInvalidRequest, kContextTooLong, kUnknownLora, kOverloaded, kShuttingDown, kInternal,
-                             kUnknownModel };
+// schema/worker.capnp's ErrorCode, value for value.
+enum class WorkerErrorCode : uint8_t {
+  kInvalidRequest = 0,
+  kContextTooLong,
+  kUnknownLora,
+  kOverloaded,    // queue full: retry elsewhere
+  kShuttingDown,
+  kInternal,
+  kUnknownModel,
+};
 
 struct WorkerError {
   uint64_t request_id = 0;
@@ -76,21 +90,20 @@ struct WorkerError {
 
 using FromWorkerMessage = std::variant<WorkerDelta, WorkerError>;
 
-// A worker's registration (Hello) or farewell (Bye): kvfleet::WorkerHello, WorkerBye,
-// EncodeHello, EncodeBye and DecodeToRouter, shared with the worker (schema/registration.h).
-
-std::string EncodeGenerate(uint64_t request_id, const GenerateParams& params);
-std::string EncodeCancel(uint64_t request_id);
-Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size);
-
-// For tests (a fake worker speaks the other side).
 struct ToWorkerMessage {
   bool cancel = false;
   uint64_t request_id = 0;
   GenerateParams params;  // when !cancel
 };
+
+// The router's side.
+std::string EncodeGenerate(uint64_t request_id, const GenerateParams& params);
+std::string EncodeCancel(uint64_t request_id);
+Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size);
+
+// The worker's side.
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size);
 std::string EncodeDelta(const WorkerDelta& delta);
 std::string EncodeError(const WorkerError& error);
 
-}  // namespace kvfleet::router
+}  // namespace kvfleet

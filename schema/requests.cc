@@ -1,11 +1,11 @@
-#include "router/fleet/protocol.h"
+#include "schema/requests.h"
 
 #include <capnp/message.h>
 
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
-namespace kvfleet::router {
+namespace kvfleet {
 
 namespace s = kvfleet::schema;
 
@@ -31,15 +31,6 @@ s::FinishReason ToSchema(FinishReason r) {
     case FinishReason::kError: return s::FinishReason::ERROR;
   }
   return s::FinishReason::ERROR;
-}
-
-template <typename Fn>
-auto Guard(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
-  }
 }
 
 }  // namespace
@@ -103,7 +94,7 @@ std::string EncodeCancel(uint64_t request_id) {
 Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
   auto decoded = wire::Decode<s::FromWorker>(data, size);
   if (!decoded.ok()) return decoded.status();
-  return Guard([&]() -> Result<FromWorkerMessage> {
+  return wire::Guard([&]() -> Result<FromWorkerMessage> {
     auto root = (*decoded)->Root<s::FromWorker>();
     if (root.isDelta()) {
       auto d = root.getDelta();
@@ -136,7 +127,7 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
   auto decoded = wire::Decode<s::ToWorker>(data, size);
   if (!decoded.ok()) return decoded.status();
-  return Guard([&]() -> Result<ToWorkerMessage> {
+  return wire::Guard([&]() -> Result<ToWorkerMessage> {
     auto root = (*decoded)->Root<s::ToWorker>();
     ToWorkerMessage out;
     if (root.isCancel()) {
@@ -144,6 +135,7 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
       out.request_id = root.getCancel().getRequestId();
       return out;
     }
+    if (!root.isGenerate()) return DataLoss("ToWorker of an unknown kind");
     auto g = root.getGenerate();
     out.request_id = g.getRequestId();
     auto tokens = g.getTokens();
@@ -157,7 +149,8 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     out.params.sampling.max_tokens = sp.getMaxTokens();
     for (auto t : sp.getStopTokenIds()) out.params.sampling.stop_token_ids.push_back(t);
     out.params.sampling.ignore_eos = sp.getIgnoreEos();
-    for (auto r : g.getRetention().getRanges()) {
+    auto retention = g.getRetention();
+    for (auto r : retention.getRanges()) {
       RetentionRange rr;
       rr.start = r.getStart();
       if (r.getHasEnd()) rr.end = r.getEnd();
@@ -165,6 +158,8 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
       if (r.getHasDuration()) rr.duration_ms = r.getDurationMs();
       out.params.retention.ranges.push_back(rr);
     }
+    if (retention.getHasDecodePriority()) out.params.retention.decode_priority = retention.getDecodePriority();
+    if (retention.getHasDecodeDuration()) out.params.retention.decode_duration_ms = retention.getDecodeDurationMs();
     out.params.lora = g.getLoraName().cStr();
     out.params.cache_salt = g.getCacheSalt().cStr();
     out.params.model = g.getModel().cStr();
@@ -197,4 +192,4 @@ std::string EncodeError(const WorkerError& e) {
   return wire::Encode(message);
 }
 
-}  // namespace kvfleet::router
+}  // namespace kvfleet

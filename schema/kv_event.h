@@ -1,11 +1,13 @@
-// KV cache events: what the KV cache manager tells the world about the blocks it holds.
-// Modelled on TensorRT-LLM's KV cache event API; on the wire they become
-// schema/events.capnp's KvEvent (Contract 2 of docs/DESIGN.md).
+// Contract 2's KV events as plain C++: what a worker's KV cache manager says about the
+// blocks it holds (worker/kv), carried by schema/event_codec.h in each EventBatch, and
+// folded by routers into their global index (router/index). Modelled on TensorRT-LLM's KV
+// cache event API; the wire form is schema/events.capnp's KvEvent. The names live in
+// kvfleet::kv because the tiers and priorities are the KV cache's own vocabulary.
 //
 // Ordering contract: a parent is stored before its children, a child is removed before
 // its parent, so any consumer can apply events in the order they come.
 //
-// Thread safety: the manager calls its EventSink on the engine thread only.
+// Thread safety: values.
 #pragma once
 
 #include <array>

@@ -16,7 +16,7 @@
 #include "common/status.h"
 #include "schema/events.capnp.h"
 #include "schema/load_report.h"
-#include "worker/kv/kv_event.h"
+#include "schema/kv_event.h"
 
 namespace kvfleet::events {
 

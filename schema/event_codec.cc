@@ -1,4 +1,4 @@
-#include "worker/server/event_codec.h"
+#include "schema/event_codec.h"
 
 #include <capnp/message.h>
 #include <kj/exception.h>

@@ -1,0 +1,141 @@
+// schema/requests.h: Contract 3's one codec, which routers and workers both use.
+#include "schema/requests.h"
+
+#include <capnp/message.h>
+#include <doctest/doctest.h>
+
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+
+namespace kvfleet {
+
+TEST_CASE("a Generate round-trips through the codec with every field, retention included") {
+  GenerateParams p;
+  p.tokens = {1, 2, 3, 128009};
+  p.sampling.temperature = 0.5f;
+  p.sampling.top_p = 0.9f;
+  p.sampling.top_k = 40;
+  p.sampling.seed = 7;
+  p.sampling.max_tokens = 99;
+  p.sampling.stop_token_ids = {128001, 128009};
+  p.sampling.ignore_eos = true;
+  p.retention.ranges = {{0, 64, 100, 30'000}, {64, std::nullopt, 10, std::nullopt}};
+  p.retention.decode_priority = 80;
+  p.retention.decode_duration_ms = 5'000;
+  p.lora = "adapter";
+  p.cache_salt = "salt";
+  p.model = "llama";
+  std::string frame = EncodeGenerate(42, p);
+  auto got = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK_FALSE(got->cancel);
+  CHECK(got->request_id == 42);
+  const GenerateParams& g = got->params;
+  CHECK(g.tokens == p.tokens);
+  CHECK(g.sampling.temperature == 0.5f);
+  CHECK(g.sampling.top_p == 0.9f);
+  CHECK(g.sampling.top_k == 40);
+  CHECK(g.sampling.seed == std::optional<uint64_t>(7));
+  CHECK(g.sampling.max_tokens == 99);
+  CHECK(g.sampling.stop_token_ids == p.sampling.stop_token_ids);
+  CHECK(g.sampling.ignore_eos);
+  REQUIRE(g.retention.ranges.size() == 2);
+  CHECK(g.retention.ranges[0].start == 0);
+  CHECK(g.retention.ranges[0].end == std::optional<uint32_t>(64));
+  CHECK(g.retention.ranges[0].priority == 100);
+  CHECK(g.retention.ranges[0].duration_ms == std::optional<uint64_t>(30'000));
+  CHECK(g.retention.ranges[1].start == 64);
+  CHECK_FALSE(g.retention.ranges[1].end.has_value());
+  CHECK(g.retention.ranges[1].priority == 10);
+  CHECK_FALSE(g.retention.ranges[1].duration_ms.has_value());
+  CHECK(g.retention.decode_priority == std::optional<uint8_t>(80));
+  CHECK(g.retention.decode_duration_ms == std::optional<uint64_t>(5'000));
+  CHECK(g.lora == "adapter");
+  CHECK(g.cache_salt == "salt");
+  CHECK(g.model == "llama");
+
+  GenerateParams plain;
+  plain.tokens = {5};
+  frame = EncodeGenerate(1, plain);
+  got = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK_FALSE(got->params.sampling.seed.has_value());
+  CHECK_FALSE(got->params.retention.decode_priority.has_value());
+  CHECK_FALSE(got->params.retention.decode_duration_ms.has_value());
+}
+
+TEST_CASE("a Cancel round-trips through the codec") {
+  std::string frame = EncodeCancel(9);
+  auto got = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK(got->cancel);
+  CHECK(got->request_id == 9);
+}
+
+TEST_CASE("Deltas and Errors round-trip through the codec") {
+  WorkerDelta d;
+  d.request_id = 3;
+  d.tokens = {10, 11};
+  d.finish = FinishReason::kStop;
+  d.usage = {100, 64, 32, 2, 1'234};
+  std::string frame = EncodeDelta(d);
+  auto got = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  REQUIRE(std::holds_alternative<WorkerDelta>(*got));
+  const auto& gd = std::get<WorkerDelta>(*got);
+  CHECK(gd.request_id == 3);
+  CHECK(gd.tokens == d.tokens);
+  CHECK(gd.finish == FinishReason::kStop);
+  CHECK(gd.usage.prompt_tokens == 100);
+  CHECK(gd.usage.cached_device_tokens == 64);
+  CHECK(gd.usage.cached_host_tokens == 32);
+  CHECK(gd.usage.completion_tokens == 2);
+  CHECK(gd.usage.time_to_first_token_us == 1'234);
+
+  for (WorkerErrorCode code : {WorkerErrorCode::kInvalidRequest, WorkerErrorCode::kContextTooLong,
+                               WorkerErrorCode::kUnknownLora, WorkerErrorCode::kOverloaded,
+                               WorkerErrorCode::kShuttingDown, WorkerErrorCode::kInternal,
+                               WorkerErrorCode::kUnknownModel}) {
+    frame = EncodeError(WorkerError{5, code, "why"});
+    got = DecodeFromWorker(frame.data(), frame.size());
+    REQUIRE(got.ok());
+    REQUIRE(std::holds_alternative<WorkerError>(*got));
+    CHECK(std::get<WorkerError>(*got).code == code);
+    CHECK(std::get<WorkerError>(*got).request_id == 5);
+    CHECK(std::get<WorkerError>(*got).message == "why");
+  }
+}
+
+TEST_CASE("the codec's error codes are the schema's, value for value") {
+  CHECK(static_cast<int>(WorkerErrorCode::kInvalidRequest) == static_cast<int>(schema::ErrorCode::INVALID_REQUEST));
+  CHECK(static_cast<int>(WorkerErrorCode::kContextTooLong) == static_cast<int>(schema::ErrorCode::CONTEXT_TOO_LONG));
+  CHECK(static_cast<int>(WorkerErrorCode::kUnknownLora) == static_cast<int>(schema::ErrorCode::UNKNOWN_LORA));
+  CHECK(static_cast<int>(WorkerErrorCode::kOverloaded) == static_cast<int>(schema::ErrorCode::OVERLOADED));
+  CHECK(static_cast<int>(WorkerErrorCode::kShuttingDown) == static_cast<int>(schema::ErrorCode::SHUTTING_DOWN));
+  CHECK(static_cast<int>(WorkerErrorCode::kInternal) == static_cast<int>(schema::ErrorCode::INTERNAL));
+  CHECK(static_cast<int>(WorkerErrorCode::kUnknownModel) == static_cast<int>(schema::ErrorCode::UNKNOWN_MODEL));
+}
+
+TEST_CASE("frames that are not Contract 3 are DataLoss, never a crash") {
+  std::string garbage = "not a capnp frame at all";
+  CHECK(DecodeToWorker(garbage.data(), garbage.size()).status().code() == StatusCode::kDataLoss);
+  CHECK(DecodeFromWorker(garbage.data(), garbage.size()).status().code() == StatusCode::kDataLoss);
+  CHECK(DecodeToWorker(nullptr, 0).status().code() == StatusCode::kDataLoss);
+
+  // A FromWorker frame where a ToWorker is due decodes as some union member or fails; it
+  // never crashes. An empty ToWorker (no union member set) is a Generate of nothing.
+  std::string delta = EncodeDelta(WorkerDelta{});
+  (void)DecodeToWorker(delta.data(), delta.size());
+
+  // An Error whose code is past the ones this build knows reads as internal.
+  capnp::MallocMessageBuilder msg;
+  auto err = msg.initRoot<schema::FromWorker>().initError();
+  err.setRequestId(1);
+  err.setCode(static_cast<schema::ErrorCode>(200));
+  std::string frame = wire::Encode(msg);
+  auto got = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK(std::get<WorkerError>(*got).code == WorkerErrorCode::kInternal);
+}
+
+}  // namespace kvfleet
