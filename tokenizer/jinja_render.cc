@@ -10,10 +10,10 @@
 
 #include <utf8proc.h>
 
-#include "common/tokenizer/jinja.h"
-#include "common/tokenizer/jinja_internal.h"
-#include "common/tokenizer/jinja_value.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/jinja_internal.h"
+#include "tokenizer/jinja_value.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok::jinja {
 
