@@ -12,7 +12,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "common/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvfleet::cli {
 

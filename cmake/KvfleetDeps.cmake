@@ -44,7 +44,7 @@ kvfleet_require(XXHASH_FOUND "libxxhash-dev" "xxHash")
 pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)
 kvfleet_require(PCRE2_FOUND "libpcre2-dev" "PCRE2")
 
-# Unicode normalization (NFC for Qwen's tokenizer) in common/tokenizer.
+# Unicode normalization (NFC for Qwen's tokenizer) in tokenizer/.
 pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)
 kvfleet_require(UTF8PROC_FOUND "libutf8proc-dev" "utf8proc (Unicode normalization for the tokenizer)")
 

@@ -1,125 +1,32 @@
+// The server's listener and I/O threads: one io_context per thread, connections accepted
+// round robin onto them, fd watches for the handler layer (IoThread), and the route
+// table. A connection's reading and writing, and Exchange, are in connection.cc.
 #include "common/http/server.h"
 
-#include <cstdio>
-#include <deque>
-#include <optional>
+#include <algorithm>
+#include <chrono>
 #include <thread>
 
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/write.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http/error.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/status.hpp>
-#include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/http/connection.h"
 #include "common/log.h"
 
 namespace kvfleet::http {
 
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
-using Parser = bhttp::request_parser<bhttp::string_body>;
-
 namespace {
-
-// A watch read (see Connection) stops reading ahead once this much unparsed input is
-// buffered; a client that pipelines more than this waits for its earlier responses.
-constexpr size_t kMaxReadAhead = 64 * 1024;
-constexpr size_t kWatchReadBytes = 4096;
-// A connection's read buffer starts this large: Beast reads as much as the buffer has room
-// for (512 bytes into an empty one), so a request of up to 16 KiB (an 8K-token prompt of
-// token-sized words) arrives in one read rather than one per doubling of the buffer. Kept
-// small because every open connection holds it.
-constexpr size_t kInitialReadBuffer = 16 * 1024;
-
-void ConfigureParser(Parser& parser, const ServerOptions& options) {
-  parser.header_limit(static_cast<uint32_t>(options.max_header_bytes));
-  parser.body_limit(options.max_body_bytes);
-}
-
-// The HTTP status to answer for a parse error, or 0 when the connection just ends.
-int StatusForReadError(const beast::error_code& ec) {
-  if (ec == bhttp::error::body_limit) return 413;
-  if (ec == bhttp::error::header_limit) return 431;
-  if (ec.category() == beast::error_code(bhttp::error::end_of_stream).category() && ec != bhttp::error::end_of_stream &&
-      ec != bhttp::error::partial_message) {
-    return 400;
-  }
-  return 0;
-}
-
-Request FromParsed(bhttp::request<bhttp::string_body>&& msg) {
-  Request r;
-  r.method = std::string(msg.method_string());
-  r.target = std::string(msg.target());
-  size_t q = r.target.find('?');
-  r.path = q == std::string::npos ? r.target : r.target.substr(0, q);
-  r.keep_alive = msg.keep_alive();
-  r.headers.reserve(8);
-  for (const auto& field : msg) {
-    r.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-  }
-  r.body = std::move(msg.body());
-  return r;
-}
 
 std::string DefaultErrorBody(int status, std::string_view message) {
   nlohmann::json j;
   j["error"] = {{"message", message}, {"code", status}};
   return j.dump();
-}
-
-// The status line and headers of a response. content_length < 0: chunked.
-std::string FormatHead(int status, std::string_view content_type, const Headers& headers, int64_t content_length,
-                       bool keep_alive) {
-  std::string head;
-  head.reserve(256);
-  head += "HTTP/1.1 ";
-  head += std::to_string(status);
-  head += ' ';
-  head += ReasonPhrase(status);
-  head += "\r\nServer: kvfleet\r\n";
-  if (!content_type.empty()) {
-    head += "Content-Type: ";
-    head += content_type;
-    head += "\r\n";
-  }
-  for (const auto& [name, value] : headers) {
-    head += name;
-    head += ": ";
-    head += value;
-    head += "\r\n";
-  }
-  if (content_length >= 0) {
-    head += "Content-Length: ";
-    head += std::to_string(content_length);
-    head += "\r\n";
-  } else {
-    head += "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
-  }
-  if (!keep_alive) head += "Connection: close\r\n";
-  head += "\r\n";
-  return head;
-}
-
-std::string FormatWhole(const Response& r, bool keep_alive) {
-  std::string out = FormatHead(r.status, r.content_type, r.headers, static_cast<int64_t>(r.body.size()), keep_alive);
-  out += r.body;
-  return out;
 }
 
 // The IoThread of one io_context (one I/O thread).
@@ -193,286 +100,6 @@ std::string_view Request::Header(std::string_view name) const {
 std::string_view ReasonPhrase(int status) {
   auto sv = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
   return {sv.data(), sv.size()};
-}
-
-// One client connection. Every member is touched only on the connection's strand.
-//
-// Reading: a request is read (header, then body after "100 Continue" when asked). While
-// its response is in progress a small "watch" read stays armed: it completes with an
-// error when the client goes away (the Exchange is told) and otherwise reads ahead the
-// next pipelined request into the same buffer. When the response completes the watch
-// read is cancelled and the next request is parsed from the buffer.
-class Connection : public std::enable_shared_from_this<Connection> {
- public:
-  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes, IoThread* io_thread)
-      : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread) {}
-
-  void Start() {
-    buffer_.reserve(kInitialReadBuffer);
-    beast::error_code ec;
-    stream_.socket().set_option(tcp::no_delay(true), ec);  // SSE chunks are small: send at once
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadRequest(); });
-  }
-
-  // Any thread: queue bytes of the current response. `last`: the response is complete
-  // after them; `close`: close the connection once they are sent.
-  //
-  // Pieces delivered back to back (a stream's head and first chunk; the last chunk, usage
-  // and [DONE]) leave in one write: one send and one client wake-up instead of several.
-  // A piece is held only while another Deliver is already posted behind it.
-  void Deliver(std::string bytes, bool last, bool close) {
-    pending_delivers_.fetch_add(1, std::memory_order_relaxed);
-    net::post(stream_.get_executor(), [self = shared_from_this(), bytes = std::move(bytes), last, close]() mutable {
-      const bool more = self->pending_delivers_.fetch_sub(1, std::memory_order_relaxed) > 1;
-      if (self->closed_ || !self->responding_ || self->response_done_) {
-        if (!more) self->Flush();
-        return;
-      }
-      if (close) self->close_after_ = true;
-      if (last) self->response_done_ = true;
-      self->Queue(std::move(bytes), /*write_now=*/!more);
-    });
-  }
-
-  void PostClose() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
-  }
-
-  const Routes& routes() const { return *routes_; }
-  IoThread* io_thread() const { return io_thread_; }
-
- private:
-  void ReadRequest() {
-    if (closed_) return;
-    parser_.emplace();
-    ConfigureParser(*parser_, options_);
-    stream_.expires_after(std::chrono::milliseconds(buffer_.size() > 0 ? options_.read_timeout_ms
-                                                                         : options_.idle_timeout_ms));
-    reading_ = true;
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
-  }
-
-  void OnHeader(beast::error_code ec) {
-    reading_ = false;
-    if (ec) return OnReadError(ec);
-    stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
-    if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
-      Queue("HTTP/1.1 100 Continue\r\n\r\n");
-    }
-    if (parser_->is_done()) return OnRequest();
-    reading_ = true;
-    bhttp::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->reading_ = false;
-      if (ec) return self->OnReadError(ec);
-      self->OnRequest();
-    });
-  }
-
-  void OnReadError(beast::error_code ec) {
-    int status = StatusForReadError(ec);
-    if (status == 0 || closed_) return Close();
-    // Answer the error and close: the rest of the stream cannot be trusted.
-    responding_ = true;
-    response_done_ = true;
-    close_after_ = true;
-    stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
-    Response r = routes_->FormatError(status, ec.message());
-    Queue(FormatWhole(r, false));
-  }
-
-  void OnRequest() {
-    stream_.expires_never();  // a response may take as long as generation does
-    Request request = FromParsed(parser_->release());
-    parser_.reset();
-    bool keep_alive = request.keep_alive;
-    responding_ = true;
-    response_done_ = false;
-    close_after_ = !keep_alive;
-    StartWatch();
-    int status = 0;
-    const Handler* handler = routes_->Find(request.method, request.path, &status);
-    std::string path = request.path;
-    auto exchange = std::make_shared<Exchange>(shared_from_this(), std::move(request));
-    exchange_ = exchange;
-    if (handler == nullptr) {
-      exchange->Reply(routes_->FormatError(status, status == 404 ? "no such path" : "method not allowed"));
-      return;
-    }
-    try {
-      (*handler)(std::move(exchange));
-    } catch (const std::exception& e) {
-      // Nothing throws across this boundary: a handler bug becomes a 500 (the Exchange,
-      // if dropped without a response, answers it).
-      Logger("http")->error("handler for {} threw: {}", path, e.what());
-    }
-  }
-
-  void StartWatch() {
-    if (reading_ || closed_ || buffer_.size() >= kMaxReadAhead) return;
-    reading_ = true;
-    stream_.async_read_some(buffer_.prepare(kWatchReadBytes),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
-  }
-
-  void OnWatch(beast::error_code ec, size_t n) {
-    reading_ = false;
-    if (ec == net::error::operation_aborted && !responding_ && !closed_) return ReadRequest();
-    if (ec) return Close();
-    buffer_.commit(n);
-    if (responding_) return StartWatch();
-    ReadRequest();
-  }
-
-  void Queue(std::string bytes, bool write_now = true) {
-    if (closed_) return;
-    pending_bytes_ += bytes.size();
-    if (pending_bytes_ > options_.max_pending_write_bytes) {
-      Logger("http")->warn("closing a connection whose client reads too slowly ({} bytes unsent)", pending_bytes_);
-      return Close();
-    }
-    out_.push_back(std::move(bytes));
-    if (write_now) Flush();
-  }
-
-  void Flush() {
-    if (!writing_ && !out_.empty() && !closed_) DoWrite();
-  }
-
-  void DoWrite() {
-    // Gather everything queued into one write.
-    inflight_.clear();
-    for (auto& s : out_) inflight_ += s;
-    out_.clear();
-    writing_ = true;
-    net::async_write(stream_, net::buffer(inflight_), [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->OnWrite(ec, n);
-    });
-  }
-
-  void OnWrite(beast::error_code ec, size_t n) {
-    writing_ = false;
-    if (ec) return Close();
-    pending_bytes_ -= n;
-    if (!out_.empty()) return DoWrite();
-    if (responding_ && response_done_) OnResponseComplete();
-  }
-
-  void OnResponseComplete() {
-    responding_ = false;
-    response_done_ = false;
-    exchange_.reset();
-    if (close_after_) {
-      beast::error_code ec;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-      return Close();
-    }
-    if (reading_) {
-      // The watch read: cancelling it continues in OnWatch, which reads the next request.
-      beast::error_code ec;
-      stream_.socket().cancel(ec);
-      return;
-    }
-    ReadRequest();
-  }
-
-  void Close() {
-    if (closed_) return;
-    closed_ = true;
-    if (responding_ && !response_done_) {
-      if (auto exchange = exchange_.lock()) exchange->MarkClientGone();
-    }
-    exchange_.reset();
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
-  }
-
-  beast::tcp_stream stream_;
-  const ServerOptions& options_;
-  const Routes* routes_;
-  IoThread* io_thread_;
-  beast::flat_buffer buffer_;
-  std::optional<Parser> parser_;
-  std::weak_ptr<Exchange> exchange_;
-  std::deque<std::string> out_;
-  std::string inflight_;
-  size_t pending_bytes_ = 0;
-  bool reading_ = false;        // a read (request or watch) is outstanding
-  bool writing_ = false;
-  std::atomic<int> pending_delivers_{0};  // Deliver()s posted and not yet run (any thread)
-  bool responding_ = false;     // a request was read and its response is not yet sent
-  bool response_done_ = false;  // the response's last bytes are queued
-  bool close_after_ = false;
-  bool closed_ = false;
-};
-
-// --- Exchange ---
-
-Exchange::Exchange(std::shared_ptr<Connection> connection, Request request)
-    : connection_(std::move(connection)), request_(std::move(request)) {}
-
-IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
-
-Exchange::~Exchange() {
-  if (!started_.load()) {
-    Logger("http")->error("no response to {} {}: answering 500", request_.method, request_.path);
-    Reply(connection_->routes().FormatError(500, "internal error: the request was dropped"));
-  } else if (!finished_.load()) {
-    connection_->Deliver("0\r\n\r\n", /*last=*/true, /*close=*/true);
-  }
-}
-
-void Exchange::Reply(Response response) {
-  if (started_.exchange(true)) return;
-  finished_.store(true);
-  connection_->Deliver(FormatWhole(response, request_.keep_alive), /*last=*/true, !request_.keep_alive);
-}
-
-void Exchange::StartStream(int status, std::string_view content_type, Headers headers) {
-  if (started_.exchange(true)) return;
-  connection_->Deliver(FormatHead(status, content_type, headers, -1, request_.keep_alive), false, false);
-}
-
-bool Exchange::Write(std::string_view data) {
-  if (gone_.load(std::memory_order_acquire)) return false;
-  if (!started_.load() || finished_.load()) return false;
-  if (data.empty()) return true;  // an empty chunk would end the stream
-  char size[24];
-  int len = std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
-  std::string chunk;
-  chunk.reserve(static_cast<size_t>(len) + data.size() + 2);
-  chunk.append(size, static_cast<size_t>(len));
-  chunk.append(data);
-  chunk += "\r\n";
-  connection_->Deliver(std::move(chunk), false, false);
-  return true;
-}
-
-void Exchange::Finish() {
-  if (!started_.load() || finished_.exchange(true)) return;
-  connection_->Deliver("0\r\n\r\n", /*last=*/true, !request_.keep_alive);
-}
-
-void Exchange::OnClientGone(std::function<void()> callback) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!gone_.load()) {
-      on_gone_ = std::move(callback);
-      return;
-    }
-  }
-  callback();
-}
-
-void Exchange::MarkClientGone() {
-  std::function<void()> callback;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (gone_.exchange(true)) return;
-    callback = std::move(on_gone_);
-  }
-  if (callback) callback();
 }
 
 // --- Routes ---
@@ -639,31 +266,5 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Rout
 
 uint16_t Server::port() const { return impl_->port(); }
 void Server::Stop() { impl_->Stop(); }
-
-Result<Request> ParseRequest(std::string_view bytes, const ServerOptions& limits) {
-  Parser parser;
-  ConfigureParser(parser, limits);
-  parser.eager(true);
-  beast::error_code ec;
-  net::const_buffer buffer(bytes.data(), bytes.size());
-  while (!parser.is_done()) {
-    if (buffer.size() == 0) return InvalidArgument("400: incomplete request");
-    size_t used = parser.put(buffer, ec);
-    buffer += used;
-    if (ec == bhttp::error::need_more) {
-      ec = {};
-      if (used == 0) return InvalidArgument("400: incomplete request");
-      continue;
-    }
-    if (ec) {
-      int status = StatusForReadError(ec);
-      return InvalidArgument(std::to_string(status == 0 ? 400 : status) + ": " + ec.message());
-    }
-    // Regression (found by router_http_fuzzer): a put that consumes nothing without an
-    // error must not spin.
-    if (used == 0) return InvalidArgument("400: the parser made no progress");
-  }
-  return FromParsed(parser.release());
-}
 
 }  // namespace kvfleet::http

@@ -1,9 +1,9 @@
 // An HTTP/1.1 server for kvfleet's processes: the router's OpenAI API and every
 // process's /health, /ready and /metrics.
 //
-// Boost.Beast underneath (only server.cc includes it, so users of this header compile
-// fast). Keep-alive connections, a pool of I/O threads, limits on header and body size,
-// an idle timeout, and a route table of exact (method, path) matches.
+// Boost.Beast underneath (only server.cc and connection.cc include it, so users of this
+// header compile fast). Keep-alive connections, a pool of I/O threads, limits on header
+// and body size, an idle timeout, and a route table of exact (method, path) matches.
 //
 // A handler receives an Exchange: the parsed request plus the means to answer it, now or
 // later, from any thread. It either Reply()s once, or StartStream()s a chunked response
@@ -72,7 +72,7 @@ struct Response {
   std::string body;
 };
 
-class Connection;  // server.cc
+class Connection;  // connection.h
 
 // One of the server's I/O threads, for per-thread work beside its connections: the router
 // forwards each request from the I/O thread that read it and reads the worker's answer

@@ -6,7 +6,7 @@
 #include "router/http/json_body.h"
 
 #ifdef KVFLEET_HAVE_TOKENIZER
-#include "common/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #endif
 
 namespace kvfleet::router {

@@ -1,4 +1,4 @@
-// Writes the reference results that tests/common/tokenizer/tokenizer_reference_test.cc
+// Writes the reference results that tests/tokenizer/tokenizer_reference_test.cc
 // compares kvfleet's tokenizer and chat templates against, byte for byte.
 //
 //   node tests/js/tokenizer_reference.mjs NODE_MODULES OUT_DIR [--only NAME] [--scale F]

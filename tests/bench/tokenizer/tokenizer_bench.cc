@@ -26,8 +26,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer/section_cache.h"
-#include "common/tokenizer/tokenizer.h"
+#include "tokenizer/section_cache.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

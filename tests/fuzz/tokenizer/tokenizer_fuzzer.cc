@@ -12,9 +12,9 @@
 #include <cstring>
 #include <string>
 
-#include "common/tokenizer/jinja.h"
-#include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/unicode.h"
 
 #include <cstdlib>
 #include <cstring>

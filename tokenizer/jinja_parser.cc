@@ -3,7 +3,7 @@
 // there and here.
 #include <stdexcept>
 
-#include "common/tokenizer/jinja_internal.h"
+#include "tokenizer/jinja_internal.h"
 
 namespace kvfleet::tok::jinja {
 

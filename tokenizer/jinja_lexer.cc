@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "common/tokenizer/jinja_internal.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/jinja_internal.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok::jinja {
 

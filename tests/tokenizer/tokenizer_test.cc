@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer/regex.h"
-#include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/unicode.h"
-#include "tests/common/tokenizer/byte_level_bpe.h"
+#include "tests/tokenizer/byte_level_bpe.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/tokenizer/bpe.h"
+#include "tokenizer/bpe.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include <xxhash.h>
 
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 

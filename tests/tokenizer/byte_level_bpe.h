@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/block_hash.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok::testing {
 

@@ -1,6 +1,6 @@
 // Internals of the Jinja engine (jinja.h): tokens, the syntax tree and runtime values.
 // The shapes follow @huggingface/jinja (lexer.ts, ast.ts, runtime.ts) so that rendering
-// agrees with it byte for byte; only jinja_parser.cc and jinja_render.cc include this.
+// agrees with it byte for byte; only the engine's own files (jinja_*) include this.
 //
 // Thread safety: a parsed tree is immutable; values live in one Render call.
 #pragma once

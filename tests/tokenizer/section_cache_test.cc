@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <random>
 
-#include "common/tokenizer/section_cache.h"
-#include "common/tokenizer/unicode.h"
-#include "tests/common/tokenizer/byte_level_bpe.h"
-#include "tests/common/tokenizer/section_texts.h"
+#include "tests/tokenizer/byte_level_bpe.h"
+#include "tests/tokenizer/section_texts.h"
+#include "tokenizer/section_cache.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 namespace {

@@ -5,8 +5,8 @@
 #include <atomic>
 #include <thread>
 
-#include "common/tokenizer/section_cache.h"
-#include "tests/common/tokenizer/section_texts.h"
+#include "tests/tokenizer/section_texts.h"
+#include "tokenizer/section_cache.h"
 
 namespace kvfleet::tok {
 namespace {

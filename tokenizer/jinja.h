@@ -7,7 +7,7 @@
 // over the iterable), set (also namespace attributes and blocks), macro / call, filter
 // blocks, break / continue; literals (strings, numbers, lists, dicts, tuples); operators
 // (+ - * / // % ~, comparisons, and / or / not, in / not in, is [not] tests, ternary
-// if-else, slicing); the filters and methods that chat templates use (see jinja.cc).
+// if-else, slicing); the filters and methods that chat templates use (see jinja_filters.cc).
 // A construct outside the subset fails to parse (or to render) with an error naming it.
 //
 // Thread safety: a parsed Template is immutable; Render is thread-safe.

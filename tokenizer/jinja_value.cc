@@ -1,4 +1,4 @@
-#include "common/tokenizer/jinja_value.h"
+#include "tokenizer/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -8,7 +8,7 @@
 
 #include <utf8proc.h>
 
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok::jinja {
 

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvfleet::tok::testing {
 

@@ -1,4 +1,4 @@
-#include "common/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,11 +7,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "common/tokenizer/bpe.h"
-#include "common/tokenizer/jinja.h"
-#include "common/tokenizer/pipeline.h"
-#include "common/tokenizer/section_cache.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/pipeline.h"
+#include "tokenizer/section_cache.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 

@@ -1,4 +1,4 @@
-#include "common/tokenizer/section_cache.h"
+#include "tokenizer/section_cache.h"
 
 #include <iterator>
 

@@ -1,9 +1,9 @@
-#include "common/tokenizer/pipeline.h"
+#include "tokenizer/pipeline.h"
 
 #include <cstdlib>
 
-#include "common/tokenizer/regex.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer/jinja.h"
+#include "tokenizer/jinja.h"
 
 namespace kvfleet::tok::jinja {
 namespace {

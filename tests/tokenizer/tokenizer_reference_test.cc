@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
-#include "common/tokenizer/jinja.h"
-#include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/unicode.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace kvfleet::tok {
 namespace {

@@ -1,6 +1,7 @@
 // Runtime values of the Jinja engine (jinja.h) and the conversions the reference
 // (@huggingface/jinja's runtime.ts) applies to them: truthiness, JS-style equality and
-// number formatting, tojson, output. Only jinja_render.cc and jinja_value.cc use this.
+// number formatting, tojson, output. Only the interpreter (jinja_interpreter.h and its
+// three .cc files) and jinja_value.cc use this.
 //
 // Thread safety: values belong to one Render call; the shared singletons (Undefined,
 // Null) are immutable.
