@@ -1,5 +1,5 @@
 // TextCodec: how the router turns prompts into token ids and generated ids back into
-// text. With a model directory it is the model's tokenizer (common/tokenizer); without
+// text. With a model directory it is the model's tokenizer (tokenizer/); without
 // one (a mock fleet) it is the byte codec: one token per UTF-8 byte, a plain-text chat
 // template, and ids >= 256 shown as letters, since a mock worker's ids mean nothing.
 //

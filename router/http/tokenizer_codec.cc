@@ -60,7 +60,7 @@ Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& m
   KVF_ASSIGN_OR_RETURN(auto t, tok::Tokenizer::Load(model_dir));
   return std::shared_ptr<const TextCodec>(std::make_shared<TokenizerCodec>(std::move(t), model_dir));
 #else
-  return Unimplemented("this build has no tokenizer library (common/tokenizer); cannot load " + model_dir);
+  return Unimplemented("this build has no tokenizer library (tokenizer/); cannot load " + model_dir);
 #endif
 }
 
