@@ -14,7 +14,7 @@ constexpr int kDev = 0;
 constexpr int kHost = 1;
 }  // namespace
 
-BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& options, EventBuffer* events)
+BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& options, EventList* events)
     : index_(index),
       window_(layout.window),
       options_(options),

@@ -1,8 +1,10 @@
-// EventBuffer: a bounded queue of KV events between the KV cache manager and its EventSink.
+// EventList: the KV events a KvCacheManager and its pools produced since the last
+// KvCacheManager::TakeEvents(), oldest first, bounded.
 //
-// The manager pushes events as the cache changes; the engine flushes them to the sink once
-// per step (KvCacheManager::FlushEvents). When the buffer holds max_size events, pushing
-// drops the oldest and counts it: a consumer that sees a gap recovers by snapshot
+// The manager owns it and its pools append to it as the cache changes; the worker loop
+// takes the whole list once per engine step and moves it into the event publisher. When
+// the list holds max_size events, appending drops the oldest and counts it: the publisher
+// sees the count rise and skips a seq, and routers recover by snapshot
 // (KvCacheManager::Snapshot). max_size 0 turns events off: nothing is kept or counted.
 //
 // Invariants:
@@ -14,33 +16,33 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <vector>
 
 #include "schema/kv_event.h"
 
 namespace kvfleet::kv {
 
-class EventBuffer {
+class EventList {
  public:
-  explicit EventBuffer(size_t max_size) : max_size_(max_size) {}
+  explicit EventList(size_t max_size) : max_size_(max_size) {}
 
   bool enabled() const { return max_size_ > 0; }
-  size_t size() const { return events_.size(); }
+  size_t size() const { return events_.size() - head_; }
   size_t max_size() const { return max_size_; }
-  // Events dropped because the buffer was full, since construction.
+  // Events dropped because the list was full, since construction.
   uint64_t dropped() const { return dropped_; }
 
   void Push(KvEvent event);
-  // Sends every buffered event to `sink`, oldest first, and empties the buffer.
-  // Returns how many were sent. REQUIRES: sink != nullptr.
-  size_t Flush(EventSink* sink);
-  // Removes every buffered event without sending it (counted as dropped).
-  void Discard();
+  // Every event in the list, oldest first; the list is empty after. O(1) unless events
+  // were dropped since the last call.
+  std::vector<KvEvent> Take();
 
  private:
   size_t max_size_;
   uint64_t dropped_ = 0;
-  std::deque<KvEvent> events_;
+  // events_[0, head_) were dropped: emptied at once, their slots reclaimed together.
+  size_t head_ = 0;
+  std::vector<KvEvent> events_;
 };
 
 }  // namespace kvfleet::kv

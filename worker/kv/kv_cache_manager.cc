@@ -7,7 +7,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "worker/kv/block_pool.h"
-#include "worker/kv/event_buffer.h"
+#include "worker/kv/event_list.h"
 
 namespace kvfleet::kv {
 
@@ -56,25 +56,21 @@ uint32_t CeilDiv(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b -
 }  // namespace
 
 Result<std::unique_ptr<KvCacheManager>> KvCacheManager::Make(const KvCacheConfig& config, BlockCopier* copier,
-                                                             EventSink* sink, const Clock* clock, KvTestHooks hooks) {
+                                                             const Clock* clock, KvTestHooks hooks) {
   KVF_RETURN_IF_ERROR(config.Validate());
   if (copier == nullptr || clock == nullptr) return InvalidArgument("kv: copier and clock are required");
-  if (sink == nullptr && config.event_buffer_max_size > 0) {
-    return InvalidArgument("kv: events are on (event_buffer_max_size > 0) but there is no EventSink");
-  }
   KVF_ASSIGN_OR_RETURN(std::vector<PoolLayout> layouts, ComputePools(config));
-  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config, std::move(layouts), copier, sink, clock, hooks));
+  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config, std::move(layouts), copier, clock, hooks));
 }
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayout> layouts, BlockCopier* copier,
-                               EventSink* sink, const Clock* clock, KvTestHooks hooks)
+                               const Clock* clock, KvTestHooks hooks)
     : config_(config),
       layouts_(std::move(layouts)),
       copier_(copier),
-      sink_(sink),
       clock_(clock),
       hooks_(hooks),
-      events_(std::make_unique<EventBuffer>(config.event_buffer_max_size)),
+      events_(std::make_unique<EventList>(config.event_buffer_max_size)),
       scratch_(std::make_unique<Plan>()) {
   auto log = Logger("kv");
   reuse_enabled_ = config.enable_block_reuse;
@@ -602,11 +598,12 @@ void KvCacheManager::FinishCall() {
   for (auto& pool : pools_) pool->CloseEvents();
 }
 
-size_t KvCacheManager::FlushEvents() {
+std::vector<KvEvent> KvCacheManager::TakeEvents() {
   for (auto& pool : pools_) pool->CloseEvents();
-  if (sink_ == nullptr) return 0;
-  return events_->Flush(sink_);
+  return events_->Take();
 }
+
+uint64_t KvCacheManager::events_dropped() const { return events_->dropped(); }
 
 std::vector<KvEvent> KvCacheManager::Snapshot() const {
   std::vector<KvEvent> out;
