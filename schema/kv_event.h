@@ -66,12 +66,4 @@ struct KvEvent {
   std::variant<CreatedEvent, StoredEvent, RemovedEvent, UpdatedEvent, ClearedEvent> data;
 };
 
-// Where the KV cache manager sends its events. The event publisher implements it; tests
-// implement it to check the events without sockets.
-class EventSink {
- public:
-  virtual ~EventSink() = default;
-  virtual void Emit(KvEvent event) = 0;
-};
-
 }  // namespace kvfleet::kv

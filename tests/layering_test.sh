@@ -17,7 +17,7 @@ RULES=(
   "tokenizer: common"
   "worker/kv: common schema"
   "worker/model: common schema kernels"
-  "worker/backend: common schema kernels worker/kv worker/model worker/engine"
+  "worker/backend: common schema kernels worker/kv worker/model"
   "worker/engine: common schema worker/kv worker/model worker/backend"
   "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine"
   "worker: common common/http schema kernels worker/kv worker/model worker/backend worker/engine worker/server"

@@ -4,8 +4,8 @@
 //
 // Times are thread CPU time (CLOCK_THREAD_CPUTIME_ID), so other load on the core does not count.
 //
-// Prints, for trees of 10k, 100k and 1M cached blocks (B = 32, events on, flushed per
-// request to a sink that drops them, copies counted but not performed):
+// Prints, for trees of 10k, 100k and 1M cached blocks (B = 32, events on, taken and dropped
+// after each request, copies counted but not performed):
 //   request: AddSequence + Match + Allocate + Commit (stores) + Release of 2,048-token
 //            requests sharing a 1,024-token prefix, with the cache full, so each request also
 //            evicts the 32 blocks it adds. ns per block = time / 64 blocks per request.
@@ -41,11 +41,6 @@ class CountingCopier final : public BlockCopier {
   void Copy(std::span<const BlockCopy> copies) override { n += copies.size(); }
   uint64_t n = 0;
 };
-class NullSink final : public EventSink {
- public:
-  void Emit(KvEvent) override { ++n; }
-  uint64_t n = 0;
-};
 
 KvCacheConfig Config(uint32_t device_blocks, uint32_t host_blocks, uint32_t block_size = kB) {
   KvCacheConfig c;
@@ -63,7 +58,7 @@ KvCacheConfig Config(uint32_t device_blocks, uint32_t host_blocks, uint32_t bloc
 
 struct Bench {
   Bench(uint32_t device_blocks, uint32_t host_blocks) {
-    auto m = KvCacheManager::Make(Config(device_blocks, host_blocks), &copier, &sink, SystemClock::Default());
+    auto m = KvCacheManager::Make(Config(device_blocks, host_blocks), &copier, SystemClock::Default());
     KVF_CHECK(m.ok()) << m.status().ToString();
     mgr = std::move(m).value();
   }
@@ -78,10 +73,9 @@ struct Bench {
     KVF_CHECK(mgr->Allocate(*id).ok());
     mgr->Commit(*id, static_cast<uint32_t>(tokens.size()));
     mgr->Release(*id);
-    mgr->FlushEvents();
+    (void)mgr->TakeEvents();
   }
   CountingCopier copier;
-  NullSink sink;
   std::unique_ptr<KvCacheManager> mgr;
 };
 
@@ -148,7 +142,7 @@ Row Measure(uint32_t tree_blocks, uint32_t requests) {
       const auto out = b.mgr->Evict(0, 256);
       if (out.empty()) break;
       n += out.size();
-      b.mgr->FlushEvents();
+      (void)b.mgr->TakeEvents();
     }
     KVF_CHECK_EQ(n, cached);
     row.evict = NsSince(t0) / static_cast<double>(n);
@@ -162,7 +156,7 @@ Row Measure(uint32_t tree_blocks, uint32_t requests) {
       const auto out = b.mgr->Evict(0, 256);
       if (out.empty()) break;
       n += out.size();
-      b.mgr->FlushEvents();
+      (void)b.mgr->TakeEvents();
     }
     row.offload = NsSince(t0) / static_cast<double>(n);
     // onboard: requests whose blocks are all on the host (the last block is recomputed).
@@ -180,7 +174,7 @@ Row Measure(uint32_t tree_blocks, uint32_t requests) {
       KVF_CHECK(b.mgr->Allocate(*id).ok());
       onboarded += info.host_tokens / kB;
       b.mgr->Release(*id);
-      b.mgr->FlushEvents();
+      (void)b.mgr->TakeEvents();
     }
     KVF_CHECK(onboarded > 0);
     row.onboard = NsSince(t1) / static_cast<double>(n_req * kBlocksPerRequest);
@@ -222,8 +216,7 @@ int main(int argc, char** argv) {
   // Bookkeeping per block as B varies (100k device blocks, no host tier).
   for (uint32_t b : {2u, 16u, 32u, 64u}) {
     CountingCopier copier;
-    NullSink sink;
-    auto m = KvCacheManager::Make(Config(100'000, 0, b), &copier, &sink, kvfleet::SystemClock::Default());
+    auto m = KvCacheManager::Make(Config(100'000, 0, b), &copier, kvfleet::SystemClock::Default());
     KVF_CHECK(m.ok());
     const double per_block = static_cast<double>((*m)->MemoryBytes()) / 100'000;
     const double token_bytes = (b * 17 + 7) / 8;

@@ -29,12 +29,11 @@ Status EngineOptions::Validate(uint32_t block_size) const {
 }
 
 Engine::Engine(const EngineOptions& options, backend::ModelBackend* backend, kv::KvCacheManager* kv,
-               const Clock* clock, StepListener* listener)
+               const Clock* clock)
     : options_(options),
       backend_(backend),
       kv_(kv),
       clock_(clock),
-      listener_(listener),
       scheduler_(options.scheduler, options.model_name, kv) {
   KVF_CHECK(options.Validate(kv->block_size()).ok()) << options.Validate(kv->block_size()).ToString();
 }
@@ -99,7 +98,7 @@ std::vector<RequestOutput> Engine::Step() {
   for (RequestId id : finished_) sequences_.erase(id);
   finished_.clear();
   report.load = Load();
-  if (listener_) listener_->OnStep(report);  // flushes this step's KV events
+  last_step_ = report;
   return outputs;
 }
 

@@ -6,7 +6,10 @@
 //                                      token budget; preempts under KV pressure
 //   backend.Execute(batch)             one forward pass, one token per finished prompt
 //   outputs = Postprocess(batch)       append tokens, stop conditions, free what ended
-//   listener.OnStep(report)            the event publisher flushes this step's KV events
+//   last_step() = report               for metrics and the load report
+//
+// The KV cache manager collects the step's events; the worker loop takes them after Step()
+// and publishes them with the load (worker/server/worker_loop.h).
 //
 // Requests join between steps (Add) without waiting for the batch to drain; Cancel takes
 // effect at the start of the next step, which frees the request's blocks.
@@ -47,19 +50,10 @@ struct EngineOptions {
   Status Validate(uint32_t block_size) const;
 };
 
-// Told about every step; the worker exports metrics and flushes KV events from here.
-class StepListener {
- public:
-  virtual ~StepListener() = default;
-  virtual void OnStep(const StepReport& report) = 0;
-};
-
 class Engine {
  public:
   // REQUIRES: options.Validate(kv->block_size()).ok(); the pointers outlive the engine.
-  // `listener` may be null.
-  Engine(const EngineOptions& options, backend::ModelBackend* backend, kv::KvCacheManager* kv, const Clock* clock,
-         StepListener* listener);
+  Engine(const EngineOptions& options, backend::ModelBackend* backend, kv::KvCacheManager* kv, const Clock* clock);
   ~Engine();
 
   // Queues a request. Fails (nothing queued) when the request is invalid (see
@@ -79,6 +73,8 @@ class Engine {
   // One engine step. Returns the news of every request that has some.
   std::vector<RequestOutput> Step();
 
+  // The report of the latest Step(); its load is Load() as that step left it.
+  const StepReport& last_step() const { return last_step_; }
   LoadReport Load() const;
   const EngineCounters& counters() const { return counters_; }
   const Scheduler& scheduler() const { return scheduler_; }
@@ -103,7 +99,6 @@ class Engine {
   backend::ModelBackend* const backend_;
   kv::KvCacheManager* const kv_;
   const Clock* const clock_;
-  StepListener* const listener_;
   Scheduler scheduler_;
 
   RequestId next_id_ = 1;
@@ -117,6 +112,7 @@ class Engine {
   std::vector<std::vector<backend::BlockId>> window_tables_;
 
   EngineCounters counters_;
+  StepReport last_step_;
   double prefill_rate_ = 0;  // tokens/s, exponentially smoothed
   double decode_rate_ = 0;
 };

@@ -17,7 +17,7 @@ constexpr int kNumTiers = kLoadTiers;  // device, host (kv::Tier order)
 // Contract 2's Load: what the event publisher sends with every batch.
 using LoadReport = kvfleet::LoadReport;
 
-// One step, for metrics.
+// One step, for metrics; its load goes out with the step's KV events.
 struct StepReport {
   DurationNs duration = 0;          // schedule + execute + postprocess
   uint32_t batch_sequences = 0;

@@ -49,7 +49,7 @@
 #include "common/status.h"
 #include "worker/kv/block_allocator.h"
 #include "worker/kv/block_copier.h"
-#include "worker/kv/event_buffer.h"
+#include "worker/kv/event_list.h"
 #include "worker/kv/hash_index.h"
 #include "worker/kv/huge_page_allocator.h"
 #include "worker/kv/kv_cache_manager.h"
@@ -85,7 +85,7 @@ class BlockPool {
   };
 
   // REQUIRES: events outlives the pool.
-  BlockPool(uint32_t index, const PoolLayout& layout, const Options& options, EventBuffer* events);
+  BlockPool(uint32_t index, const PoolLayout& layout, const Options& options, EventList* events);
 
   uint32_t index() const { return index_; }
   uint32_t window() const { return window_; }
@@ -241,7 +241,7 @@ class BlockPool {
   uint32_t window_;
   Options options_;
   uint32_t block_size_;
-  EventBuffer* events_;
+  EventList* events_;
 
   std::array<BlockAllocator, kNumTiers> alloc_;
   uint32_t num_device_;

@@ -7,31 +7,10 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "worker/kv/block_pool.h"
-#include "worker/kv/event_buffer.h"
+#include "worker/kv/event_list.h"
+#include "worker/kv/sequence_state.h"
 
 namespace kvfleet::kv {
-
-struct KvCacheManager::Sequence {
-  struct PoolState {
-    std::vector<BlockId> table;  // kept blocks, logical order
-    std::vector<BlockId> held;   // stored blocks the window dropped, held until no stored block is left
-    uint32_t num_sink_blocks = 0;
-    uint32_t first_window_block = 0;
-    uint32_t num_stored = 0;     // logical blocks [0, num_stored) are tree nodes
-    NodeId last_node = kNoNode;  // node of logical block num_stored - 1
-    bool storing = true;
-  };
-  uint32_t generation = 0;
-  bool live = false;
-  bool allocated = false;
-  std::vector<TokenId> tokens;
-  uint32_t prompt_len = 0;
-  uint64_t seed = 0;
-  std::vector<BlockHash> raw_hashes;  // Contract 1 hashes of every full block
-  KvCacheRetentionConfig retention;
-  uint32_t num_computed = 0;
-  std::vector<PoolState> pools;
-};
 
 struct KvCacheManager::Plan {
   struct PoolPlan {
@@ -56,25 +35,21 @@ uint32_t CeilDiv(uint64_t a, uint64_t b) { return static_cast<uint32_t>((a + b -
 }  // namespace
 
 Result<std::unique_ptr<KvCacheManager>> KvCacheManager::Make(const KvCacheConfig& config, BlockCopier* copier,
-                                                             EventSink* sink, const Clock* clock, KvTestHooks hooks) {
+                                                             const Clock* clock, KvTestHooks hooks) {
   KVF_RETURN_IF_ERROR(config.Validate());
   if (copier == nullptr || clock == nullptr) return InvalidArgument("kv: copier and clock are required");
-  if (sink == nullptr && config.event_buffer_max_size > 0) {
-    return InvalidArgument("kv: events are on (event_buffer_max_size > 0) but there is no EventSink");
-  }
   KVF_ASSIGN_OR_RETURN(std::vector<PoolLayout> layouts, ComputePools(config));
-  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config, std::move(layouts), copier, sink, clock, hooks));
+  return std::unique_ptr<KvCacheManager>(new KvCacheManager(config, std::move(layouts), copier, clock, hooks));
 }
 
 KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayout> layouts, BlockCopier* copier,
-                               EventSink* sink, const Clock* clock, KvTestHooks hooks)
+                               const Clock* clock, KvTestHooks hooks)
     : config_(config),
       layouts_(std::move(layouts)),
       copier_(copier),
-      sink_(sink),
       clock_(clock),
       hooks_(hooks),
-      events_(std::make_unique<EventBuffer>(config.event_buffer_max_size)),
+      events_(std::make_unique<EventList>(config.event_buffer_max_size)),
       scratch_(std::make_unique<Plan>()) {
   auto log = Logger("kv");
   reuse_enabled_ = config.enable_block_reuse;
@@ -402,49 +377,6 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
   }
 }
 
-uint32_t KvCacheManager::ReuseLimit(uint32_t pool) const {
-  uint32_t limit = layouts_[pool].window;
-  const uint32_t C = config_.attention_chunk_size;
-  if (C != 0) limit = limit == 0 ? C : std::min(limit, C);
-  return limit;
-}
-
-void KvCacheManager::TrimWindows(Sequence& s) {
-  const uint32_t B = config_.block_size;
-  const uint32_t C = config_.attention_chunk_size;
-  const TimeNs now = clock_->Now();
-  for (uint32_t p = 0; p < pools_.size(); ++p) {
-    const uint32_t W = layouts_[p].window;
-    if (W == 0 && C == 0) continue;
-    BlockPool& pool = *pools_[p];
-    Sequence::PoolState& st = s.pools[p];
-    // The next query is at position q = num_computed and sees [lo, q]: lo = q - W + 1 with a
-    // window, and at least the start of q's chunk with chunked attention (Llama 4). Later
-    // queries see no earlier token, so a block wholly before lo is seen by no query again.
-    const uint64_t q = s.num_computed;
-    uint64_t lo = 0;
-    if (W != 0 && q + 1 > W) lo = q + 1 - W;
-    if (C != 0) lo = std::max(lo, q / C * C);
-    uint32_t k = 0;
-    while (st.num_sink_blocks + k < st.table.size() && uint64_t{st.first_window_block + k + 1} * B <= lo) ++k;
-    if (k == 0) continue;
-    for (uint32_t j = st.num_sink_blocks; j < st.num_sink_blocks + k; ++j) {
-      const BlockId b = st.table[j];
-      if (pool.node_of(Tier::kDevice, b) != kNoNode) {
-        st.held.push_back(b);  // released with the last stored block, keeping invariant 6
-      } else {
-        pool.Unpin(Tier::kDevice, b, now);
-      }
-    }
-    st.table.erase(st.table.begin() + st.num_sink_blocks, st.table.begin() + st.num_sink_blocks + k);
-    st.first_window_block += k;
-    if (!st.held.empty() && st.num_stored <= st.first_window_block) {
-      for (auto it = st.held.rbegin(); it != st.held.rend(); ++it) pool.Unpin(Tier::kDevice, *it, now);
-      st.held.clear();
-    }
-  }
-}
-
 bool KvCacheManager::CanAppend(SequenceId id, uint32_t n) const {
   const Sequence& s = Seq(id);
   if (!s.allocated) return false;
@@ -512,66 +444,6 @@ void KvCacheManager::Preempt(SequenceId id) {
   FinishCall();
 }
 
-uint32_t KvCacheManager::NumTokens(SequenceId id) const { return static_cast<uint32_t>(Seq(id).tokens.size()); }
-uint32_t KvCacheManager::NumComputedTokens(SequenceId id) const { return Seq(id).num_computed; }
-bool KvCacheManager::IsAllocated(SequenceId id) const { return Seq(id).allocated; }
-
-PoolView KvCacheManager::View(SequenceId id, uint32_t pool) const {
-  const Sequence::PoolState& st = Seq(id).pools.at(pool);
-  return PoolView{st.table, st.num_sink_blocks, st.first_window_block};
-}
-
-std::optional<uint32_t> KvCacheManager::TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const {
-  const Sequence::PoolState& st = s.pools.at(pool);
-  const uint32_t b = t / config_.block_size;
-  uint32_t j;
-  if (b < st.num_sink_blocks) {
-    j = b;
-  } else if (b < st.first_window_block) {
-    return std::nullopt;
-  } else {
-    j = st.num_sink_blocks + (b - st.first_window_block);
-  }
-  if (j >= st.table.size()) return std::nullopt;
-  return j;
-}
-
-std::optional<uint64_t> KvCacheManager::SlotOf(SequenceId id, uint32_t pool, uint32_t t) const {
-  const Sequence& s = Seq(id);
-  const auto j = TableIndex(s, pool, t);
-  if (!j) return std::nullopt;
-  return uint64_t{s.pools[pool].table[*j]} * config_.block_size + t % config_.block_size;
-}
-
-void KvCacheManager::SlotsOf(SequenceId id, uint32_t pool, uint32_t begin, uint32_t end,
-                             std::vector<int64_t>* out) const {
-  const Sequence& s = Seq(id);
-  KVF_CHECK(begin <= end && end <= s.tokens.size()) << "SlotsOf(" << begin << ", " << end << ")";
-  const uint32_t B = config_.block_size;
-  out->reserve(out->size() + (end - begin));
-  for (uint32_t t = begin; t < end; ++t) {
-    const auto j = TableIndex(s, pool, t);
-    out->push_back(j ? static_cast<int64_t>(uint64_t{s.pools[pool].table[*j]} * B + t % B) : -1);
-  }
-}
-
-std::optional<uint32_t> KvCacheManager::CachePosition(SequenceId id, uint32_t pool, uint32_t t) const {
-  const auto j = TableIndex(Seq(id), pool, t);
-  if (!j) return std::nullopt;
-  return *j * config_.block_size + t % config_.block_size;
-}
-
-std::pair<uint32_t, uint32_t> KvCacheManager::ChunkBlocks(SequenceId id, uint32_t chunk) const {
-  KVF_CHECK(config_.attention_chunk_size > 0) << "chunked attention is off";
-  const uint64_t C = config_.attention_chunk_size;
-  const uint64_t B = config_.block_size;
-  const uint64_t len = Seq(id).tokens.size();
-  const uint64_t first_token = chunk * C;
-  const uint64_t end_token = std::min(len, (chunk + 1) * C);
-  if (first_token >= end_token) return {0, 0};
-  return {static_cast<uint32_t>(first_token / B), static_cast<uint32_t>((end_token + B - 1) / B)};
-}
-
 // ---------------------------------------------------------------- cache-wide
 
 std::vector<EvictedBlock> KvCacheManager::Evict(uint32_t pool, uint32_t n) {
@@ -602,11 +474,12 @@ void KvCacheManager::FinishCall() {
   for (auto& pool : pools_) pool->CloseEvents();
 }
 
-size_t KvCacheManager::FlushEvents() {
+std::vector<KvEvent> KvCacheManager::TakeEvents() {
   for (auto& pool : pools_) pool->CloseEvents();
-  if (sink_ == nullptr) return 0;
-  return events_->Flush(sink_);
+  return events_->Take();
 }
+
+uint64_t KvCacheManager::events_dropped() const { return events_->dropped(); }
 
 std::vector<KvEvent> KvCacheManager::Snapshot() const {
   std::vector<KvEvent> out;

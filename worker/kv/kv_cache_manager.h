@@ -6,8 +6,8 @@
 // BlockCopier to copy whole blocks between tiers (block_copier.h has the memory layout).
 //
 // Ownership and threads: thread-compatible. The engine thread owns the manager and is the
-// only caller of every method, including Snapshot() and FlushEvents() (the event publisher
-// runs them on the engine thread). No locks: nothing here blocks.
+// only caller of every method, including TakeEvents() and Snapshot() (the worker loop
+// hands their results to the event publisher). No locks: nothing here blocks.
 //
 // Lifecycle of a request (the engine's calls, nano-vllm style check/action pairs):
 //   1. id = AddSequence({prompt, namespace, retention}).
@@ -22,7 +22,8 @@
 //   6. Finish or cancel: Release(id). Stored blocks stay cached, evictable.
 //      Preemption: Preempt(id) frees the blocks but keeps the sequence (all its tokens);
 //      later Match/Allocate it again.
-//   7. Once per engine step: FlushEvents() hands the buffered events to the EventSink.
+//   7. Once per engine step: TakeEvents() hands over the step's events (the worker loop
+//      moves them into the event publisher).
 // Match, CanAllocate and Allocate of one sequence in a row walk the tree once: the match is
 // kept until the tree changes.
 //
@@ -65,7 +66,7 @@
 namespace kvfleet::kv {
 
 class BlockPool;
-class EventBuffer;
+class EventList;
 
 using SequenceId = uint64_t;
 
@@ -140,11 +141,9 @@ struct KvTestHooks {
 
 class KvCacheManager {
  public:
-  // REQUIRES: copier, sink and clock outlive the manager. sink may be null only when
-  // config.event_buffer_max_size == 0.
+  // REQUIRES: copier and clock outlive the manager.
   static Result<std::unique_ptr<KvCacheManager>> Make(const KvCacheConfig& config, BlockCopier* copier,
-                                                      EventSink* sink, const Clock* clock,
-                                                      KvTestHooks hooks = {});
+                                                      const Clock* clock, KvTestHooks hooks = {});
   ~KvCacheManager();
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -192,10 +191,14 @@ class KvCacheManager {
   std::vector<EvictedBlock> Evict(uint32_t pool, uint32_t n);
   // Drops every cached block and emits `cleared`. REQUIRES: no sequence holds blocks.
   void Clear();
-  // Sends buffered events to the sink, oldest first. Returns how many.
-  size_t FlushEvents();
+  // The events since the last call, oldest first (at most event_buffer_max_size: the
+  // oldest beyond that were dropped and counted in events_dropped()).
+  std::vector<KvEvent> TakeEvents();
+  // Events dropped because the list was full, since the manager was made (only grows).
+  uint64_t events_dropped() const;
   // Every stored block, per pool and tier (device first), parent before child, as stored
-  // events. It reflects every event pushed so far: flush first for a consistent cut.
+  // events. It reflects every event so far, taken or not: take them first for a
+  // consistent cut.
   std::vector<KvEvent> Snapshot() const;
 
   KvStats Stats() const;
@@ -214,7 +217,7 @@ class KvCacheManager {
   struct Sequence;
   struct Plan;
   KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayout> layouts, BlockCopier* copier,
-                 EventSink* sink, const Clock* clock, KvTestHooks hooks);
+                 const Clock* clock, KvTestHooks hooks);
 
   Sequence& Seq(SequenceId id);
   const Sequence& Seq(SequenceId id) const;
@@ -238,11 +241,10 @@ class KvCacheManager {
   KvCacheConfig config_;
   std::vector<PoolLayout> layouts_;
   BlockCopier* copier_;
-  EventSink* sink_;
   const Clock* clock_;
   KvTestHooks hooks_;
   bool reuse_enabled_ = true;
-  std::unique_ptr<EventBuffer> events_;
+  std::unique_ptr<EventList> events_;  // this manager's and its pools' events, until taken
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<BlockCopy> copies_;  // this call's copies, issued by FinishCall
   std::unique_ptr<Plan> scratch_;  // Match/Allocate working space, reused to avoid allocations

@@ -30,7 +30,8 @@ constexpr uint32_t kDefaultBlockSize = 32;
 // TensorRT-LLM's secondary_offload_min_priority default: only default-or-higher blocks
 // are worth a host copy.
 constexpr uint8_t kDefaultOffloadMinPriority = 35;
-// Enough for several seconds of engine steps between flushes; the router recovers by snapshot.
+// Enough for several seconds of engine steps between two TakeEvents(); past it the router
+// recovers by snapshot.
 constexpr size_t kDefaultEventBufferMaxSize = 10'000;
 // Partial reuse scans at most this many children of the last matched block: a hot system
 // prompt can have thousands of children, and a miss here only costs recomputation.

@@ -186,73 +186,60 @@ EventPublisher::~EventPublisher() {
   if (impl_->thread_.joinable()) impl_->thread_.join();
 }
 
-void EventPublisher::Emit(kv::KvEvent event) { open_events_.push_back(std::move(event)); }
-
 uint64_t EventPublisher::last_seq() const {
   std::lock_guard lock(impl_->mu_);
   return impl_->next_seq_ - 1;
 }
 
-void EventPublisher::SealLocked(TimeNs wall_now) {
+void EventPublisher::NoteKvDropsLocked(uint64_t kv_events_dropped) {
+  if (kv_events_dropped <= kv_dropped_seen_) return;
+  impl_->CountDropped(kv_events_dropped - kv_dropped_seen_);
+  kv_dropped_seen_ = kv_events_dropped;
+  impl_->last_hole_ = impl_->next_seq_++;  // rule 3
+}
+
+void EventPublisher::SealLocked(std::vector<kv::KvEvent>&& events, TimeNs wall_now) {
   Impl& impl = *impl_;
-  if (open_events_.empty()) return;
+  if (events.empty()) return;
   const uint64_t seq = impl.next_seq_++;
   if (impl.queue_.size() >= options_.max_queued_batches) {
     // Rule 3: the loss becomes a hole that routers see as a gap.
     impl.last_hole_ = seq;
-    impl.CountDropped(BlockEventCount(open_events_));
-    open_events_.clear();
+    impl.CountDropped(BlockEventCount(events));
     return;
   }
   SealedBatch b;
   b.seq = seq;
   b.created_ns = wall_now;
-  b.events = std::move(open_events_);
+  b.events = std::move(events);
   b.load = impl.last_load_;
   impl.queue_.emplace_back(std::move(b));
-  open_events_.clear();
 }
 
-void EventPublisher::Flush(EventSource& source, const LoadReport& load) {
-  source.FlushEvents();
-  const uint64_t kv_dropped = source.DroppedEvents();
+void EventPublisher::Publish(std::vector<kv::KvEvent> events, const LoadReport& load, uint64_t kv_events_dropped) {
   const TimeNs wall = clock_->WallNs();
-  bool sealed = false;
+  const bool sealing = !events.empty();
   {
     std::lock_guard lock(impl_->mu_);
-    if (kv_dropped > kv_dropped_seen_) {
-      impl_->CountDropped(kv_dropped - kv_dropped_seen_);
-      kv_dropped_seen_ = kv_dropped;
-      impl_->last_hole_ = impl_->next_seq_++;  // rule 3
-    }
+    NoteKvDropsLocked(kv_events_dropped);
     impl_->last_load_ = load;
-    sealed = !open_events_.empty();
-    SealLocked(wall);
+    SealLocked(std::move(events), wall);
   }
-  if (sealed) impl_->Wake();
+  if (sealing) impl_->Wake();
 }
 
-void EventPublisher::ServiceSnapshots(EventSource& source) {
-  if (!snapshot_wanted_.load(std::memory_order_acquire)) return;
-  source.FlushEvents();
+void EventPublisher::PublishSnapshot(std::vector<kv::KvEvent> events, uint64_t kv_events_dropped,
+                                     std::vector<kv::KvEvent> snapshot) {
   const TimeNs wall = clock_->WallNs();
   SnapshotJob job;
+  job.events = std::move(snapshot);
   {
     std::lock_guard lock(impl_->mu_);
-    const uint64_t kv_dropped = source.DroppedEvents();
-    if (kv_dropped > kv_dropped_seen_) {
-      impl_->CountDropped(kv_dropped - kv_dropped_seen_);
-      kv_dropped_seen_ = kv_dropped;
-      impl_->last_hole_ = impl_->next_seq_++;
-    }
-    SealLocked(wall);  // rule 4: the snapshot is consistent with the batch just sealed
+    NoteKvDropsLocked(kv_events_dropped);
+    SealLocked(std::move(events), wall);  // rule 4: the snapshot is consistent with the batch just sealed
     job.seq = impl_->next_seq_ - 1;
     job.requesters.swap(impl_->snapshot_requests_);
     snapshot_wanted_.store(false, std::memory_order_release);
-  }
-  job.events = source.Snapshot();
-  {
-    std::lock_guard lock(impl_->mu_);
     impl_->queue_.emplace_back(std::move(job));  // never dropped: routers wait for it
   }
   impl_->Wake();

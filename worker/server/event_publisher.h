@@ -1,30 +1,33 @@
-// EventPublisher: the worker's side of Contract 2. It is the KV cache manager's EventSink,
-// seals the events of each engine step into one EventBatch {epoch, seq}, and publishes it
-// on a ZMQ PUB socket (topic `kv.<worker_id>`) from its own thread. It answers routers'
-// replay requests on a ROUTER socket from a ring of recent batches, or with a snapshot of
-// the KV manager stamped with the seq it is consistent with.
+// EventPublisher: the worker's side of Contract 2. It seals the KV events of each engine
+// step into one EventBatch {epoch, seq} and publishes it on a ZMQ PUB socket (topic
+// `kv.<worker_id>`) from its own thread. It answers routers' replay requests on a ROUTER
+// socket from a ring of recent batches, or with a snapshot of the KV manager stamped with
+// the seq it is consistent with.
 //
-// The engine-facing API is two calls, both on the engine thread, once per step:
+// The worker loop (worker_loop.h) feeds it on the engine thread; events flow one way,
+// moved from the KV manager into a sealed batch:
 //
-//   kv_manager.FlushEvents()  — through the EventSource, inside Flush:
-//   publisher.Flush(source, load);         // seals this step's events as the next batch
-//   publisher.ServiceSnapshots(source);    // answers queued snapshot requests, if any
+//   outputs = engine.Step();
+//   publisher.Publish(kv.TakeEvents(), load, kv.events_dropped());  // this step's batch
+//   ...
+//   if (publisher.snapshot_wanted())                                 // between steps
+//     publisher.PublishSnapshot(kv.TakeEvents(), kv.events_dropped(), kv.Snapshot());
 //
-// Neither blocks on the network: batches go to the publisher thread through a bounded
-// queue, and a full queue drops the batch (counted) instead of waiting.
+// Neither call blocks on the network: batches go to the publisher thread through a
+// bounded queue, and a full queue drops the batch (counted) instead of waiting.
 //
 // Sequence rules (schema/README.md has the full contract):
 //   1. `epoch` is random and non-zero, fixed for the publisher's life.
 //   2. Every batch (heartbeats included) takes the next seq; the first is 1.
-//   3. Lost events never pass silently: when the KV manager's event buffer dropped events,
+//   3. Lost events never pass silently: when the KV manager's event list dropped events,
 //      or the publisher's own queue was full, the publisher skips a seq. Routers see a gap,
 //      ask for a replay, and since a skipped seq is never in the ring, get a snapshot.
 //   4. A snapshot stamped `consistentSeq = S` reflects every batch <= S and none after.
-//      ServiceSnapshots seals pending events first, so S is the batch just sealed.
+//      PublishSnapshot seals the events given with it first, so S is the batch just sealed.
 //   5. A heartbeat (no events, the last load) goes out when nothing was published for
 //      heartbeat_interval.
 //
-// Threads: the engine thread (Emit, Flush, ServiceSnapshots) and the publisher thread
+// Threads: the engine thread (Publish, PublishSnapshot) and the publisher thread
 // (sockets, encoding, ring). Thread safety: the engine calls are engine-thread-only;
 // everything else is internal.
 #pragma once
@@ -63,19 +66,6 @@ constexpr size_t kSnapshotBlocksPerMessage = 64 * 1024;
 constexpr size_t kReplayBatchesPerMessage = 256;
 }  // namespace config
 
-// What the publisher needs from the KV cache manager. Engine thread only.
-class EventSource {
- public:
-  virtual ~EventSource() = default;
-  // Hands buffered events to the sink (the publisher's Emit).
-  virtual void FlushEvents() = 0;
-  // Events the manager's buffer dropped since it was made (only grows).
-  virtual uint64_t DroppedEvents() const = 0;
-  // Every stored block per tier, parents before children, as stored events; reflects every
-  // event already flushed.
-  virtual std::vector<kv::KvEvent> Snapshot() const = 0;
-};
-
 struct EventPublisherCurve {
   std::string server_keypair_file;     // empty = plaintext
   std::string authorized_keys_file;    // empty = any client with the server key may connect
@@ -95,25 +85,29 @@ struct EventPublisherOptions {
   EventPublisherCurve curve;
 };
 
-class EventPublisher final : public kv::EventSink {
+class EventPublisher {
  public:
   // Binds both sockets and starts the publisher thread. REQUIRES: clock and metrics
   // (when non-null) outlive the publisher.
   static Result<std::unique_ptr<EventPublisher>> Make(const EventPublisherOptions& options, Clock* clock,
                                                       prometheus::Registry* metrics);
-  ~EventPublisher() override;  // stops the thread; unsent batches are lost
+  ~EventPublisher();  // stops the thread; unsent batches are lost
   EventPublisher(const EventPublisher&) = delete;
   EventPublisher& operator=(const EventPublisher&) = delete;
 
-  // kv::EventSink: the manager's events of the current step. Engine thread.
-  void Emit(kv::KvEvent event) override;
-
-  // Engine thread, once per step: source.FlushEvents(), then seals the step's events
-  // (if any) as the next batch with `load`, and records `load` for heartbeats.
-  void Flush(EventSource& source, const LoadReport& load);
-  // Engine thread, between steps: if a router asked for a snapshot, seals pending events,
-  // takes source.Snapshot() and hands it to the publisher thread to send. Cheap otherwise.
-  void ServiceSnapshots(EventSource& source);
+  // Engine thread, once per step: seals `events` (if any) as the next batch with `load`,
+  // and records `load` for heartbeats. `kv_events_dropped` is the KV manager's running
+  // count of events it dropped (KvCacheManager::events_dropped()); a rise skips a seq
+  // (rule 3).
+  void Publish(std::vector<kv::KvEvent> events, const LoadReport& load, uint64_t kv_events_dropped);
+  // Engine thread, between steps: whether a router asked for a snapshot. Cheap.
+  bool snapshot_wanted() const { return snapshot_wanted_.load(std::memory_order_acquire); }
+  // Engine thread: seals `events` as the next batch, then hands `snapshot` to the publisher
+  // thread, stamped with that batch's seq, for every router that asked.
+  // REQUIRES: `events` are all the KV manager's events not yet published, and `snapshot`
+  // (KvCacheManager::Snapshot()) was taken with no cache change after them (rule 4).
+  void PublishSnapshot(std::vector<kv::KvEvent> events, uint64_t kv_events_dropped,
+                       std::vector<kv::KvEvent> snapshot);
 
   uint64_t epoch() const { return epoch_; }
   // The seq of the last batch sealed (0 before the first).
@@ -132,8 +126,11 @@ class EventPublisher final : public kv::EventSink {
   class Impl;
   EventPublisher(const EventPublisherOptions& options, Clock* clock);
 
-  // Under mu_: seals open_events_ as the next batch; returns false when the queue is full.
-  void SealLocked(TimeNs wall_now);
+  // Under mu_: a rise in the KV manager's dropped count becomes a skipped seq (rule 3).
+  void NoteKvDropsLocked(uint64_t kv_events_dropped);
+  // Under mu_: seals `events` (if any) as the next batch, or drops them (counted, a hole)
+  // when the queue is full.
+  void SealLocked(std::vector<kv::KvEvent>&& events, TimeNs wall_now);
 
   const EventPublisherOptions options_;
   Clock* const clock_;
@@ -141,7 +138,6 @@ class EventPublisher final : public kv::EventSink {
   std::string bound_events_, bound_replay_;
 
   // Engine thread only.
-  std::vector<kv::KvEvent> open_events_;
   uint64_t kv_dropped_seen_ = 0;
 
   std::unique_ptr<Impl> impl_;

@@ -11,11 +11,10 @@
 #include "common/http/server.h"
 #include "common/log.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
-#include "worker/server/kv_event_source.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
 #include "worker/server/worker_loop.h"
@@ -27,53 +26,31 @@ namespace config {
 // The KV gauges read the manager's full statistics; a few times a second is plenty for a
 // Prometheus scrape and keeps the per-step cost flat.
 constexpr DurationNs kKvMetricsInterval = 250 * kNsPerMs;
-// After the last flush on shutdown: the publisher thread polls every 20 ms, so this lets
-// it send the final batches before it is stopped.
+// After the loop's last publish on shutdown: the publisher thread polls every 20 ms, so
+// this lets it send the final batches before it is stopped.
 constexpr auto kPublisherDrain = std::chrono::milliseconds(100);
 }  // namespace config
 
-// The engine's per-step hook: metrics, then this step's KV events.
-class StepHook final : public engine::StepListener {
+namespace {
+
+// The KV gauges, at most every kKvMetricsInterval: after steps and while idle.
+class KvGauges {
  public:
-  StepHook(WorkerMetrics* metrics, events::EventPublisher* publisher, events::KvEventSource* source,
-           kv::KvCacheManager* kv, const Clock* clock)
-      : metrics_(metrics), publisher_(publisher), source_(source), kv_(kv), clock_(clock) {}
-
-  void OnStep(const engine::StepReport& report) override {
-    metrics_->OnStep(report);
+  KvGauges(WorkerMetrics* metrics, const kv::KvCacheManager* kv, const Clock* clock)
+      : metrics_(metrics), kv_(kv), clock_(clock) {}
+  void MaybeUpdate() {
     const TimeNs now = clock_->Now();
-    if (now - last_kv_metrics_ >= config::kKvMetricsInterval) {
-      metrics_->UpdateKv(kv_->Stats());
-      last_kv_metrics_ = now;
-    }
-    publisher_->Flush(*source_, report.load);
-    last_load_ = report.load;
-  }
-
-  // Between steps: snapshots, and a fresh load for heartbeats while idle.
-  void BetweenSteps(bool idle, const engine::LoadReport& load) {
-    publisher_->ServiceSnapshots(*source_);
-    if (idle) {
-      const TimeNs now = clock_->Now();
-      if (now - last_kv_metrics_ >= config::kKvMetricsInterval) {
-        metrics_->UpdateKv(kv_->Stats());
-        last_kv_metrics_ = now;
-        publisher_->Flush(*source_, load);  // records the idle load for heartbeats
-      }
-    }
+    if (now - last_ < config::kKvMetricsInterval) return;
+    metrics_->UpdateKv(kv_->Stats());
+    last_ = now;
   }
 
  private:
   WorkerMetrics* metrics_;
-  events::EventPublisher* publisher_;
-  events::KvEventSource* source_;
-  kv::KvCacheManager* kv_;
+  const kv::KvCacheManager* kv_;
   const Clock* clock_;
-  TimeNs last_kv_metrics_ = 0;
-  engine::LoadReport last_load_;
+  TimeNs last_ = 0;
 };
-
-namespace {
 
 std::string HostName() {
   char buf[256] = {0};
@@ -169,14 +146,12 @@ Status Worker::Init(zmq::context_t& context) {
   KVF_ASSIGN_OR_RETURN(publisher_, events::EventPublisher::Make(po, clock, registry_.get()));
   const auto pools = backend_->pools();
   if (pools.empty()) return Internal("the backend reports no KV pool");
-  engine::KvMemorySettings memory = engine::KvMemoryOf(*backend_);
+  backend::KvMemorySettings memory = backend::KvMemoryOf(*backend_);
   memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
   memory.events_include_tokens = config_.events_include_tokens;
-  KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(engine::KvCacheConfigFor(backend_->config(), memory),
-                                                     &backend_->block_copier(), publisher_.get(), clock));
-  KVF_RETURN_IF_ERROR(engine::CheckPoolsAgree(kv_->pools(), pools));
-  source_ = std::make_unique<events::KvEventSource>(kv_.get());
-  hook_ = std::make_unique<StepHook>(metrics_.get(), publisher_.get(), source_.get(), kv_.get(), clock);
+  KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(backend::KvCacheConfigFor(backend_->config(), memory),
+                                                     &backend_->block_copier(), clock));
+  KVF_RETURN_IF_ERROR(backend::CheckPoolsAgree(kv_->pools(), pools));
 
   // 5. The engine. A request never needs more blocks than the cache has.
   engine::EngineOptions eo;
@@ -198,15 +173,21 @@ Status Worker::Init(zmq::context_t& context) {
   eo.limits.vocab_size = static_cast<uint32_t>(backend_->config().vocab_size);
   for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
   KVF_RETURN_IF_ERROR(eo.Validate(config_.block_size));
-  engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock, hook_.get());
+  engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock);
 
   WorkerLoopOptions lo;
   lo.model_name = model_name_;
   lo.shutdown_grace = static_cast<DurationNs>(config_.shutdown_grace_s * kNsPerSec);
-  loop_ = std::make_unique<WorkerLoop>(lo, engine_.get(), requests_.get(), clock, [this] {
-    hook_->BetweenSteps(!engine_->HasWork(), engine_->Load());
+  auto gauges = std::make_shared<KvGauges>(metrics_.get(), kv_.get(), clock);
+  loop_ = std::make_unique<WorkerLoop>(lo, engine_.get(), kv_.get(), publisher_.get(), requests_.get(), clock,
+                                       [this, gauges] {
+                                         if (!engine_->HasWork()) gauges->MaybeUpdate();
+                                       });
+  loop_->SetStepObserver([this, gauges](const engine::StepReport& step, const std::vector<engine::RequestOutput>& outs) {
+    metrics_->OnStep(step);
+    gauges->MaybeUpdate();
+    metrics_->OnOutputs(outs);
   });
-  loop_->SetOutputObserver([this](const std::vector<engine::RequestOutput>& outs) { metrics_->OnOutputs(outs); });
 
   // 6. Registration.
   if (!config_.router.empty()) {
@@ -241,10 +222,7 @@ void Worker::RequestStop() {
 }
 
 void Worker::Run() {
-  loop_->Run();
-  // The last step flushed its events; seal anything left and give the publisher thread
-  // time to send it.
-  publisher_->Flush(*source_, engine_->Load());
+  loop_->Run();  // publishes the KV manager's last events as it returns
   std::this_thread::sleep_for(config::kPublisherDrain);
   requests_->Stop();  // sends the final Deltas
   Logger("worker")->info("worker {} stopped", worker_id_);

@@ -1,14 +1,13 @@
 // Worker: one kvfleet-worker serving one model, assembled from its parts.
 //
 //   backend ──────────────┐ (KV memory, forward pass)
-//   KvCacheManager ───────┤ events → EventPublisher (PUB + replay ROUTER)
+//   KvCacheManager ───────┤ events, taken by the WorkerLoop → EventPublisher (PUB + replay ROUTER)
 //   Engine ───────────────┘ driven by WorkerLoop on the engine thread
 //   RequestServer (requests ROUTER), Registration (Hello/Bye), HTTP (/health /ready /metrics)
 //
-// Per engine step the hook below runs on the engine thread: metrics, then
-// publisher.Flush(kv, load) (one EventBatch per step that changed the cache); between
-// steps publisher.ServiceSnapshots(kv) answers snapshot requests, since only the engine
-// thread may read the KV manager.
+// After each engine step the WorkerLoop publishes the KV manager's events with the load
+// (one EventBatch per step that changed the cache) and answers snapshot requests between
+// steps, since only the engine thread may read the KV manager; metrics are updated there too.
 //
 // Lifecycle: Start() binds every socket and loads the model (HTTP first, so /health
 // answers and /ready says false during a long load). Run() serves until RequestStop()
@@ -43,7 +42,6 @@ class KvCacheManager;
 }
 namespace kvfleet::events {
 class EventPublisher;
-class KvEventSource;
 }
 namespace kvfleet::engine {
 class Engine;
@@ -55,7 +53,6 @@ class RequestServer;
 class Registration;
 class WorkerLoop;
 class WorkerMetrics;
-class StepHook;
 
 class Worker {
  public:
@@ -91,8 +88,6 @@ class Worker {
   std::unique_ptr<backend::ModelBackend> backend_;
   std::unique_ptr<events::EventPublisher> publisher_;
   std::unique_ptr<kv::KvCacheManager> kv_;
-  std::unique_ptr<events::KvEventSource> source_;
-  std::unique_ptr<StepHook> hook_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<RequestServer> requests_;
   std::unique_ptr<WorkerLoop> loop_;

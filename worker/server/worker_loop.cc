@@ -4,9 +4,16 @@
 
 namespace kvfleet::server {
 
-WorkerLoop::WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, RequestServer* server,
-                       const Clock* clock, std::function<void()> between_steps)
-    : options_(options), engine_(engine), server_(server), clock_(clock), between_steps_(std::move(between_steps)) {}
+WorkerLoop::WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, kv::KvCacheManager* kv,
+                       events::EventPublisher* publisher, RequestServer* server, const Clock* clock,
+                       std::function<void()> between_steps)
+    : options_(options),
+      engine_(engine),
+      kv_(kv),
+      publisher_(publisher),
+      server_(server),
+      clock_(clock),
+      between_steps_(std::move(between_steps)) {}
 
 void WorkerLoop::RequestStop() {
   stop_requested_.store(true, std::memory_order_release);
@@ -72,15 +79,26 @@ void WorkerLoop::Run() {
       engine_->CancelAll();
       cancelled_all = true;
     }
+    if (publisher_->snapshot_wanted()) {
+      std::vector<kv::KvEvent> events = kv_->TakeEvents();  // sealed before the snapshot they lead to
+      publisher_->PublishSnapshot(std::move(events), kv_->events_dropped(), kv_->Snapshot());
+    }
     if (between_steps_) between_steps_();
     if (engine_->HasWork()) {
       std::vector<engine::RequestOutput> outputs = engine_->Step();
-      if (output_observer_) output_observer_(outputs);
+      const engine::StepReport& step = engine_->last_step();
+      publisher_->Publish(kv_->TakeEvents(), step.load, kv_->events_dropped());
+      if (step_observer_) step_observer_(step, outputs);
       Send(outputs);
+    } else if (clock_->Now() >= next_idle_load_) {
+      publisher_->Publish(kv_->TakeEvents(), engine_->Load(), kv_->events_dropped());
+      next_idle_load_ = clock_->Now() + options_.idle_load_interval;
     }
     in_flight_.store(engine_->num_requests(), std::memory_order_relaxed);
     if (stopping && !engine_->HasWork()) break;
   }
+  // Anything the drain left (cancellations after the last step) goes out too.
+  publisher_->Publish(kv_->TakeEvents(), engine_->Load(), kv_->events_dropped());
 }
 
 }  // namespace kvfleet::server

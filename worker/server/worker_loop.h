@@ -1,12 +1,20 @@
-// WorkerLoop: the engine thread of kvfleet-worker. It joins the request socket to the
-// engine: takes Generate/Cancel commands between steps, runs Engine::Step() while there
-// is work, streams each step's outputs back as Deltas, and shuts down gracefully.
+// WorkerLoop: the engine thread of kvfleet-worker. It joins the request socket and the
+// event publisher to the engine: takes Generate/Cancel commands between steps, runs
+// Engine::Step() while there is work, publishes each step's KV events, streams the step's
+// outputs back as Deltas, and shuts down gracefully.
 //
 //   loop:
 //     commands = server.Take(wait: none while busy, idle_wait when idle)
 //     apply them (Add → Error on refusal; Cancel)
-//     between_steps()            (the event publisher's snapshot service, heartbeats)
-//     if engine has work: outputs = engine.Step(); send them
+//     if publisher.snapshot_wanted():
+//       publisher.PublishSnapshot(kv.TakeEvents(), kv.events_dropped(), kv.Snapshot())
+//     between_steps()                                (metrics)
+//     if engine has work:
+//       outputs = engine.Step()
+//       publisher.Publish(kv.TakeEvents(), load, kv.events_dropped())
+//       send outputs         (after the events: a prompt's blocks leave with its first token)
+//     else, every idle_load_interval: publisher.Publish(kv.TakeEvents(), load, ...)
+//                                                    (the load idle heartbeats carry)
 //
 // Shutdown (RequestStop, e.g. on SIGTERM): new Generates are refused with shuttingDown;
 // running requests continue until they finish or the grace period ends, then the rest
@@ -22,6 +30,8 @@
 
 #include "common/clock.h"
 #include "worker/engine/engine.h"
+#include "worker/kv/kv_cache_manager.h"
+#include "worker/server/event_publisher.h"
 #include "worker/server/request_server.h"
 
 namespace kvfleet::server {
@@ -30,18 +40,23 @@ struct WorkerLoopOptions {
   std::string model_name;                   // Generates naming another model are refused
   DurationNs idle_wait = 50 * kNsPerMs;     // longest wait for a command when idle
   DurationNs shutdown_grace = 30 * kNsPerSec;  // time running requests get to finish
+  // While idle, how often the load heartbeats carry is refreshed; well inside Contract 2's
+  // 250 ms heartbeat, and nothing changes it while the engine is idle but a command.
+  DurationNs idle_load_interval = 250 * kNsPerMs;
 };
 
 class WorkerLoop {
  public:
-  // The pointers outlive the loop. `between_steps` may be empty.
-  WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, RequestServer* server, const Clock* clock,
+  // The pointers outlive the loop; `kv` is the engine's KV cache manager. `between_steps`
+  // (metrics) may be empty.
+  WorkerLoop(const WorkerLoopOptions& options, engine::Engine* engine, kv::KvCacheManager* kv,
+             events::EventPublisher* publisher, RequestServer* server, const Clock* clock,
              std::function<void()> between_steps);
 
-  // Called on the engine thread with each step's outputs, before they are sent (metrics).
-  void SetOutputObserver(std::function<void(const std::vector<engine::RequestOutput>&)> observer) {
-    output_observer_ = std::move(observer);
-  }
+  using StepObserver = std::function<void(const engine::StepReport&, const std::vector<engine::RequestOutput>&)>;
+  // Called on the engine thread after each step with its report and outputs, before the
+  // outputs are sent (metrics).
+  void SetStepObserver(StepObserver observer) { step_observer_ = std::move(observer); }
 
   // Runs until RequestStop() and the drain are done.
   void Run();
@@ -57,10 +72,13 @@ class WorkerLoop {
 
   const WorkerLoopOptions options_;
   engine::Engine* const engine_;
+  kv::KvCacheManager* const kv_;
+  events::EventPublisher* const publisher_;
   RequestServer* const server_;
   const Clock* const clock_;
   std::function<void()> between_steps_;
-  std::function<void(const std::vector<engine::RequestOutput>&)> output_observer_;
+  StepObserver step_observer_;
+  TimeNs next_idle_load_ = 0;
   std::atomic<bool> stop_requested_{false};
   std::atomic<size_t> in_flight_{0};
 

@@ -29,7 +29,6 @@
 #include "tests/router/events/scripted_kv_source.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
-#include "worker/server/kv_event_source.h"
 
 using namespace kvfleet;
 using Steady = std::chrono::steady_clock;
@@ -327,24 +326,32 @@ struct BenchWorker {
   }
 };
 
-struct EmptySource : events::EventSource {
-  void FlushEvents() override {}
-  uint64_t DroppedEvents() const override { return 0; }
-  std::vector<kv::KvEvent> Snapshot() const override { return {}; }
+// A KV manager that holds nothing: the end-to-end bench publishes its own events.
+struct EmptyKv {
+  std::vector<kv::KvEvent> TakeEvents() { return {}; }
+  uint64_t events_dropped() const { return 0; }
+  std::vector<kv::KvEvent> Snapshot() const { return {}; }
 };
 
+// One step's events: moved in, as the KV manager's list is.
+std::vector<kv::KvEvent> StepOf(kv::KvEvent event) {
+  std::vector<kv::KvEvent> events;
+  events.push_back(std::move(event));
+  return events;
+}
+
 void BenchEndToEnd() {
-  std::printf("\n== 4. end to end over loopback ZMQ (Stored -> Flush -> PUB -> SUB -> index) ==\n");
+  std::printf("\n== 4. end to end over loopback ZMQ (Stored -> Publish -> PUB -> SUB -> index) ==\n");
   BenchWorker worker("e2e");
   prometheus::Registry registry;
   router::EventPlane plane({}, SystemClock::Default(), &registry);
   (void)plane.AddWorker(0, "e2e", {worker.pub->events_endpoint(), worker.pub->replay_endpoint()});
-  EmptySource src;
+  EmptyKv src;
   std::atomic<bool> stop{false};
   // The engine thread answers the sync snapshot while the plane starts.
   std::thread engine([&] {
     while (!stop) {
-      worker.pub->ServiceSnapshots(src);
+      testing::ServeSnapshots(*worker.pub, src);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
@@ -356,8 +363,7 @@ void BenchEndToEnd() {
   for (int i = 0; i < 2000; ++i) {
     const BlockHash h = 0x5000000 + i;
     auto t0 = Steady::now();
-    worker.pub->Emit(kv::KvEvent{0, kv::StoredEvent{0, {{h, {}, kv::Tier::kDevice, 35}}}});
-    worker.pub->Flush(src, {});
+    worker.pub->Publish(StepOf(kv::KvEvent{0, kv::StoredEvent{0, {{h, {}, kv::Tier::kDevice, 35}}}}), {}, 0);
     while (!plane.index().Holds(0, h)) {
     }
     us.push_back(Seconds(t0, Steady::now()) * 1e6);
@@ -378,8 +384,7 @@ void BenchEndToEnd() {
       while (static_cast<double>(sent) < due) {
         kv::StoredEvent e;
         for (int b = 0; b < 64; ++b) e.blocks.push_back({next++, {}, kv::Tier::kDevice, 35});
-        worker.pub->Emit(kv::KvEvent{0, std::move(e)});
-        worker.pub->Flush(src, {});
+        worker.pub->Publish(StepOf(kv::KvEvent{0, std::move(e)}), {}, 0);
         ++sent;
       }
     }
@@ -402,16 +407,16 @@ void BenchEndToEnd() {
 }
 
 // Times a router's sync of `blocks` blocks that `kv` (publishing through `worker`) holds.
-void SyncFrom(BenchWorker& worker, events::EventSource& kv, size_t blocks) {
-  kv.FlushEvents();
-  worker.pub->Flush(kv, {});  // one big batch before any router listens: lost, as intended
+template <typename Kv>
+void SyncFrom(BenchWorker& worker, Kv& kv, size_t blocks) {
+  testing::PublishStep(*worker.pub, kv);  // one big batch before any router listens: lost, as intended
   std::atomic<bool> stop{false};
   std::atomic<double> snapshot_s{0};
-  std::atomic<Steady::rep> handed_over{0};  // when ServiceSnapshots returned with the job queued
+  std::atomic<Steady::rep> handed_over{0};  // when ServeSnapshots returned with the job queued
   std::thread engine([&] {
     while (!stop) {
       auto t0 = Steady::now();
-      worker.pub->ServiceSnapshots(kv);
+      testing::ServeSnapshots(*worker.pub, kv);
       auto t1 = Steady::now();
       if (Seconds(t0, t1) > 0.01) {
         snapshot_s = Seconds(t0, t1);
@@ -433,7 +438,7 @@ void SyncFrom(BenchWorker& worker, events::EventSource& kv, size_t blocks) {
   stop = true;
   engine.join();
   const Steady::time_point t_handed{Steady::duration(handed_over.load())};
-  std::printf("synced %llu blocks in %.3f s: engine-thread ServiceSnapshots (the source's Snapshot() + seal) "
+  std::printf("synced %llu blocks in %.3f s: engine-thread ServeSnapshots (the source's Snapshot() + seal) "
               "%.3f s, then encode + send + decode + apply %.3f s\n",
               static_cast<unsigned long long>(plane.index().BlockCount(0, kv::Tier::kDevice) +
                                               plane.index().BlockCount(0, kv::Tier::kHost)),
@@ -442,7 +447,7 @@ void SyncFrom(BenchWorker& worker, events::EventSource& kv, size_t blocks) {
 
 // A real KvCacheManager holding `blocks` cached device blocks (B=32, Llama 3's vocabulary),
 // filled by 64-block requests that share nothing, as a worker's engine would leave it.
-std::unique_ptr<kv::KvCacheManager> FilledManager(size_t blocks, kv::BlockCopier* copier, kv::EventSink* sink) {
+std::unique_ptr<kv::KvCacheManager> FilledManager(size_t blocks, kv::BlockCopier* copier) {
   constexpr uint32_t kB = 32, kBlocksPerRequest = 64, kVocab = 128'256;
   kv::KvCacheConfig c;
   c.num_layers = 1;
@@ -453,7 +458,7 @@ std::unique_ptr<kv::KvCacheManager> FilledManager(size_t blocks, kv::BlockCopier
   c.block_size = kB;
   c.vocab_size = kVocab;
   c.device_bytes = uint64_t{blocks} * 2 * kB;
-  auto m = kv::KvCacheManager::Make(c, copier, sink, SystemClock::Default());
+  auto m = kv::KvCacheManager::Make(c, copier, SystemClock::Default());
   KVF_CHECK(m.ok()) << m.status().ToString();
   auto mgr = std::move(m).value();
   std::mt19937_64 rng(7);
@@ -481,15 +486,14 @@ void BenchSnapshot(size_t blocks) {
      public:
       void Copy(std::span<const kv::BlockCopy>) override {}
     } copier;
-    auto mgr = FilledManager(blocks, &copier, worker.pub.get());
-    events::KvEventSource kv(mgr.get());
+    auto mgr = FilledManager(blocks, &copier);
     std::printf("KvCacheManager (B=32, tokens included):   ");
-    SyncFrom(worker, kv, blocks);
+    SyncFrom(worker, *mgr, blocks);
   }
   {
     // The wire's worst case: one stored event per block (tests/router/events/scripted_kv_source.h).
     BenchWorker worker("snap");
-    testing::ScriptedKvSource kv(worker.pub.get(), 3, /*other_window=*/0);
+    testing::ScriptedKvSource kv(3, /*other_window=*/0);
     while (kv.size() < blocks) kv.StoreChain(std::min<size_t>(64, blocks - kv.size()));
     std::printf("scripted source, one event per block:     ");
     SyncFrom(worker, kv, blocks);

@@ -16,17 +16,13 @@
 #include "common/log.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 
 using namespace kvfleet;
 
 namespace {
-
-struct NullSink final : kv::EventSink {
-  void Emit(kv::KvEvent) override {}
-};
 
 // Process CPU seconds: a figure that a loaded machine distorts less than wall time.
 double CpuSeconds() {
@@ -63,16 +59,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
       return 1;
     }
-    NullSink sink;
-    auto kv = kv::KvCacheManager::Make(engine::KvCacheConfigFor((*b)->config(), engine::KvMemoryOf(**b)),
-                                       &(*b)->block_copier(), &sink, SystemClock::Default());
+    auto kv = kv::KvCacheManager::Make(backend::KvCacheConfigFor((*b)->config(), backend::KvMemoryOf(**b)),
+                                       &(*b)->block_copier(), SystemClock::Default());
     if (!kv.ok()) return 1;
     engine::EngineOptions eo;
     eo.model_name = "tiny";
     eo.scheduler.max_num_tokens = 2048;
     eo.scheduler.max_batch_size = 64;
     eo.limits.max_context = 4096;
-    engine::Engine e(eo, b->get(), kv->get(), SystemClock::Default(), nullptr);
+    engine::Engine e(eo, b->get(), kv->get(), SystemClock::Default());
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = CpuSeconds();
     for (int s = 0; s < batch; ++s) {

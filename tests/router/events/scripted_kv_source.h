@@ -1,7 +1,9 @@
-// ScriptedKvSource: a small stand-in for the KV cache manager that emits a random but
+// ScriptedKvSource: a small stand-in for the KV cache manager that produces a random but
 // well-formed event stream (parents stored before children, leaves removed first, tier
-// moves of leaves) and can snapshot what it holds. Used by the publisher tests and the
-// benchmarks; the convergence test also runs on the real KvCacheManager.
+// moves of leaves) and can snapshot what it holds. It has the manager's three event calls
+// (TakeEvents, events_dropped, Snapshot), so PublishStep and ServeSnapshots below drive a
+// publisher from either. Used by the publisher tests and the benchmarks; the convergence
+// test also runs on the real KvCacheManager.
 //
 // Thread safety: thread-compatible; owned by one "engine" thread.
 #pragma once
@@ -9,13 +11,14 @@
 #include <algorithm>
 #include <random>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "worker/server/event_publisher.h"
 
 namespace kvfleet::testing {
 
-class ScriptedKvSource final : public events::EventSource {
+class ScriptedKvSource {
  public:
   struct Node {
     BlockHash parent = 0;
@@ -25,8 +28,7 @@ class ScriptedKvSource final : public events::EventSource {
     uint32_t window = 0;
   };
 
-  ScriptedKvSource(kv::EventSink* sink, uint64_t seed, uint32_t other_window = 4096)
-      : sink_(sink), rng_(seed), other_window_(other_window) {}
+  explicit ScriptedKvSource(uint64_t seed, uint32_t other_window = 4096) : rng_(seed), other_window_(other_window) {}
 
   // One engine step's worth of cache changes: about `block_events` block events.
   void Step(size_t block_events) {
@@ -90,16 +92,13 @@ class ScriptedKvSource final : public events::EventSource {
     return 1;
   }
 
-  // Test hook: events the "manager" lost before flushing (they still changed the cache).
+  // Test hook: events the "manager" lost before they were taken (they still changed the cache).
   void DropNextEvents(bool drop) { dropping_ = drop; }
 
-  // --- events::EventSource ---
-  void FlushEvents() override {
-    for (auto& e : pending_) sink_->Emit(std::move(e));
-    pending_.clear();
-  }
-  uint64_t DroppedEvents() const override { return dropped_; }
-  std::vector<kv::KvEvent> Snapshot() const override {
+  // --- as KvCacheManager ---
+  std::vector<kv::KvEvent> TakeEvents() { return std::exchange(pending_, {}); }
+  uint64_t events_dropped() const { return dropped_; }
+  std::vector<kv::KvEvent> Snapshot() const {
     std::vector<std::pair<std::pair<int, uint32_t>, BlockHash>> order;  // (tier, depth)
     order.reserve(nodes_.size());
     for (auto& [h, n] : nodes_) order.push_back({{static_cast<int>(n.tier), n.depth}, h});
@@ -150,7 +149,6 @@ class ScriptedKvSource final : public events::EventSource {
     keys_.pop_back();
   }
 
-  kv::EventSink* sink_;
   std::mt19937_64 rng_;
   uint32_t other_window_;
   std::unordered_map<BlockHash, Node> nodes_;
@@ -159,5 +157,19 @@ class ScriptedKvSource final : public events::EventSource {
   bool dropping_ = false;
   uint64_t dropped_ = 0;
 };
+
+// A test's engine thread, as the worker loop drives the publisher (worker/server/worker_loop.h):
+// after a step, its events and load; between steps, a snapshot when a router asked for one.
+// `Kv` is a KvCacheManager or a ScriptedKvSource.
+template <typename Kv>
+void PublishStep(events::EventPublisher& publisher, Kv& kv, const events::LoadReport& load = {}) {
+  publisher.Publish(kv.TakeEvents(), load, kv.events_dropped());
+}
+template <typename Kv>
+void ServeSnapshots(events::EventPublisher& publisher, Kv& kv) {
+  if (!publisher.snapshot_wanted()) return;
+  std::vector<kv::KvEvent> events = kv.TakeEvents();  // sealed before the snapshot they lead to
+  publisher.PublishSnapshot(std::move(events), kv.events_dropped(), kv.Snapshot());
+}
 
 }  // namespace kvfleet::testing

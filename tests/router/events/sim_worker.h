@@ -1,7 +1,7 @@
 // SimWorker: one worker process as far as the event plane can tell: an EventPublisher on
 // real loopback ZMQ sockets, a KV source (the real KvCacheManager under a random request
-// workload, or the ScriptedKvSource), and an engine thread that steps it and makes the
-// publisher's two per-step calls. Tests and benchmarks use it.
+// workload, or the ScriptedKvSource), and an engine thread that steps it and feeds the
+// publisher as the worker loop does (PublishStep, ServeSnapshots). Tests and benchmarks use it.
 //
 // Thread safety: the control methods are for one test thread; the engine thread is internal.
 #pragma once
@@ -20,24 +20,8 @@
 #include "tests/router/events/scripted_kv_source.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
-#include "worker/server/kv_event_source.h"
 
 namespace kvfleet::testing {
-
-// Counts block events on their way from the KV source to the publisher.
-class CountingSink final : public kv::EventSink {
- public:
-  explicit CountingSink(kv::EventSink* next) : next_(next) {}
-  void Emit(kv::KvEvent event) override {
-    count_.fetch_add(events::BlockEventCount(std::span(&event, 1)), std::memory_order_relaxed);
-    next_->Emit(std::move(event));
-  }
-  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
-
- private:
-  kv::EventSink* next_;
-  std::atomic<uint64_t> count_{0};
-};
 
 class NullCopier final : public kv::BlockCopier {
  public:
@@ -48,7 +32,7 @@ class NullCopier final : public kv::BlockCopier {
 // prefixes, so blocks are reused, evicted, offloaded and onboarded.
 class KvWorkload {
  public:
-  KvWorkload(kv::EventSink* sink, uint64_t seed) : rng_(seed) {
+  explicit KvWorkload(uint64_t seed) : rng_(seed) {
     kv::KvCacheConfig c;
     c.num_layers = 2;
     c.num_kv_heads = {1};
@@ -60,10 +44,9 @@ class KvWorkload {
     const uint64_t bytes_per_token = 2 * 1 * 4 * 4;  // K+V x heads x head_dim x bytes
     c.device_bytes = bytes_per_token * 4 * 160 * 2;
     c.host_bytes = bytes_per_token * 4 * 96 * 2;
-    auto m = kv::KvCacheManager::Make(c, &copier_, sink, SystemClock::Default());
+    auto m = kv::KvCacheManager::Make(c, &copier_, SystemClock::Default());
     KVF_CHECK(m.ok()) << m.status().ToString();
     manager_ = std::move(*m);
-    source_ = std::make_unique<events::KvEventSource>(manager_.get());
     for (int p = 0; p < 12; ++p) {
       std::vector<TokenId> prefix;
       for (int t = 0; t < 24; ++t) prefix.push_back(static_cast<TokenId>(rng_() % 50000));
@@ -88,8 +71,7 @@ class KvWorkload {
       manager_->Release(*id);
     }
   }
-  events::EventSource& source() { return *source_; }
-  std::vector<kv::KvEvent> Snapshot() const { return manager_->Snapshot(); }
+  kv::KvCacheManager& manager() { return *manager_; }
   events::LoadReport Load() const {
     events::LoadReport l;
     for (int t = 0; t < kv::kNumTiers; ++t) {
@@ -103,7 +85,6 @@ class KvWorkload {
   std::mt19937_64 rng_;
   NullCopier copier_;
   std::unique_ptr<kv::KvCacheManager> manager_;
-  std::unique_ptr<events::KvEventSource> source_;
   std::vector<std::vector<TokenId>> prefixes_;
 };
 
@@ -145,12 +126,11 @@ class SimWorker {
     KVF_CHECK(p.ok()) << p.status().ToString();
     publisher_ = std::move(*p);
     endpoints_ = {publisher_->events_endpoint(), publisher_->replay_endpoint()};
-    sink_ = std::make_unique<CountingSink>(publisher_.get());
     ++lives_;
     if (kind_ == Kind::kRealKv) {
-      kv_ = std::make_unique<KvWorkload>(sink_.get(), seed_ * 1000 + lives_);
+      kv_ = std::make_unique<KvWorkload>(seed_ * 1000 + lives_);
     } else {
-      scripted_ = std::make_unique<ScriptedKvSource>(sink_.get(), seed_ * 1000 + lives_);
+      scripted_ = std::make_unique<ScriptedKvSource>(seed_ * 1000 + lives_);
     }
     stop_ = false;
     thread_ = std::thread([this] { Loop(); });
@@ -160,11 +140,10 @@ class SimWorker {
     if (!thread_.joinable()) return;
     stop_ = true;
     thread_.join();
-    total_events_ += sink_->count();
+    total_events_ += life_events_.exchange(0);
     kv_.reset();
     scripted_.reset();
     publisher_.reset();
-    sink_.reset();
   }
   void Restart() {
     Kill();
@@ -187,29 +166,34 @@ class SimWorker {
     }
     return f.get();
   }
-  uint64_t block_events() const { return total_events_ + (sink_ ? sink_->count() : 0); }
+  uint64_t block_events() const { return total_events_ + life_events_.load(std::memory_order_relaxed); }
   const router::WorkerEndpoints& endpoints() const { return endpoints_; }
   const std::string& name() const { return name_; }
   events::EventPublisher* publisher() { return publisher_.get(); }
 
  private:
   void Loop() {
-    events::EventSource& source = kv_ ? kv_->source() : static_cast<events::EventSource&>(*scripted_);
+    if (kv_) {
+      Loop(kv_->manager(), [this] { kv_->Step(); });
+    } else {
+      Loop(*scripted_, [this] { scripted_->Step(per_step_); });
+    }
+  }
+  template <typename Kv, typename StepFn>
+  void Loop(Kv& kv, StepFn step) {
     while (!stop_.load()) {
       if (steps_left_.load() > 0) {
-        if (kv_) {
-          kv_->Step();
-        } else {
-          scripted_->Step(per_step_);
-        }
+        step();
         steps_left_.fetch_sub(1);
       }
-      publisher_->Flush(source, kv_ ? kv_->Load() : events::LoadReport{});
-      publisher_->ServiceSnapshots(source);
+      std::vector<kv::KvEvent> step_events = kv.TakeEvents();
+      life_events_.fetch_add(events::BlockEventCount(step_events), std::memory_order_relaxed);
+      publisher_->Publish(std::move(step_events), kv_ ? kv_->Load() : events::LoadReport{}, kv.events_dropped());
+      ServeSnapshots(*publisher_, kv);  // no event since the Publish: block_events() stays exact
       {
         std::lock_guard lock(mu_);
         if (holdings_request_) {
-          holdings_request_->set_value(FromSnapshot(source.Snapshot()));
+          holdings_request_->set_value(FromSnapshot(kv.Snapshot()));
           holdings_request_ = nullptr;
         }
       }
@@ -225,7 +209,6 @@ class SimWorker {
   router::WorkerEndpoints endpoints_;
   events::EventPublisherCurve curve_;
   std::unique_ptr<events::EventPublisher> publisher_;
-  std::unique_ptr<CountingSink> sink_;
   std::unique_ptr<KvWorkload> kv_;
   std::unique_ptr<ScriptedKvSource> scripted_;
   std::atomic<bool> stop_{false};
@@ -233,6 +216,7 @@ class SimWorker {
   std::thread thread_;
   std::mutex mu_;
   std::promise<TierSets>* holdings_request_ = nullptr;
+  std::atomic<uint64_t> life_events_{0};  // block events published in this life
   uint64_t total_events_ = 0;
   uint64_t lives_ = 0;
 };

@@ -7,16 +7,17 @@
 
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 
 namespace kvfleet::engine {
-namespace {
 
-struct NullSink final : kv::EventSink {
-  void Emit(kv::KvEvent) override {}
-};
+using backend::CheckPoolsAgree;
+using backend::KvCacheConfigFor;
+using backend::KvMemoryOf;
+
+namespace {
 
 struct CpuEngine {
   CpuEngine(int64_t blocks, uint32_t max_num_tokens, uint32_t max_batch, const std::string& shape = "tiny",
@@ -33,7 +34,7 @@ struct CpuEngine {
     REQUIRE_MESSAGE(b.ok(), b.status().ToString());
     backend = std::move(*b);
     auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), KvMemoryOf(*backend)),
-                                      &backend->block_copier(), &sink, SystemClock::Default());
+                                      &backend->block_copier(), SystemClock::Default());
     REQUIRE_MESSAGE(k.ok(), k.status().ToString());
     kv = std::move(*k);
     REQUIRE(CheckPoolsAgree(kv->pools(), backend->pools()).ok());
@@ -43,7 +44,7 @@ struct CpuEngine {
     eo.scheduler.max_batch_size = max_batch;
     eo.limits.max_context = 1024;
     eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
-    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), SystemClock::Default(), nullptr);
+    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), SystemClock::Default());
   }
 
   std::vector<std::vector<TokenId>> Run(const std::vector<std::vector<TokenId>>& prompts, uint32_t max_tokens) {
@@ -74,7 +75,6 @@ struct CpuEngine {
     return out;
   }
 
-  NullSink sink;
   std::unique_ptr<backend::ModelBackend> backend;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<Engine> engine;

@@ -7,24 +7,19 @@
 
 #include <map>
 
+#include "worker/backend/kv_setup.h"
 #include "worker/backend/mock/mock_backend.h"
-#include "worker/engine/kv_setup.h"
 #include "worker/kv/kv_cache_manager.h"
 
 namespace kvfleet::engine {
+
+using backend::CheckPoolsAgree;
+using backend::KvCacheConfigFor;
+using backend::KvMemorySettings;
+
 namespace {
 
 constexpr uint32_t kBlock = 16;
-
-struct RecordingSink final : kv::EventSink {
-  void Emit(kv::KvEvent event) override { events.push_back(std::move(event)); }
-  std::vector<kv::KvEvent> events;
-};
-
-struct StepLog final : StepListener {
-  void OnStep(const StepReport& r) override { reports.push_back(r); }
-  std::vector<StepReport> reports;
-};
 
 struct HarnessOptions {
   int64_t device_blocks = 256;
@@ -57,7 +52,7 @@ struct Harness {
     memory.block_size = kBlock;
     memory.max_context = o.max_context;
     memory.device_bytes = backend->kv_device_bytes();
-    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), memory), &backend->block_copier(), &sink,
+    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), memory), &backend->block_copier(),
                                       &clock);
     REQUIRE_MESSAGE(k.ok(), k.status().ToString());
     kv = std::move(*k);
@@ -70,7 +65,7 @@ struct Harness {
     eo.limits.max_queued = o.max_queued;
     eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
     for (int64_t e : backend->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
-    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock, &log);
+    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
   }
 
   RequestId Add(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7) {
@@ -106,8 +101,6 @@ struct Harness {
   uint32_t DeviceBlocksInUse() const { return kv->Stats().pools[0].tiers[0].in_use; }
 
   ManualClock clock;
-  RecordingSink sink;
-  StepLog log;
   std::unique_ptr<backend::mock::MockBackend> backend;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<Engine> engine;
@@ -131,7 +124,7 @@ TEST_CASE("a long prompt is prefilled in chunks while a running request keeps de
   while (h.tokens[b].empty()) {
     size_t before = h.tokens[a].size();
     h.Step();
-    const StepReport& r = h.log.reports.back();
+    const StepReport& r = h.engine->last_step();
     CHECK(r.batch_tokens <= 64);
     if (!h.finals.contains(a)) {
       CHECK(h.tokens[a].size() == before + 1);  // a decodes in every step of b's prefill

@@ -575,12 +575,13 @@ TEST_CASE("Clear drops every cached block and emits cleared") {
   f.Check();
 }
 
-TEST_CASE("the event buffer drops the oldest events when full and counts them") {
+TEST_CASE("the event list drops the oldest events when full and counts them") {
   auto c = SmallConfig(4, 64);
   c.event_buffer_max_size = 3;
   Fixture f(c);
   for (uint32_t i = 0; i < 10; ++i) f.Request(Tokens(9, i));
   CHECK(f.m->Stats().events_dropped == 8);  // 1 created + 10 stored, 3 kept
+  CHECK(f.m->events_dropped() == 8);
   const auto events = f.Flush();
   REQUIRE(events.size() == 3);
   CHECK(std::get<StoredEvent>(events.back().data).blocks[0].hash == Hashes(Tokens(9, 9), 4)[0]);
@@ -604,10 +605,9 @@ TEST_CASE("bad input is refused with a status") {
   spec.retention.token_ranges.push_back({0, 1, 101, std::nullopt});
   CHECK(f.m->AddSequence(spec).status().code() == StatusCode::kInvalidArgument);
   auto bad = SmallConfig(3, 16);
-  testing::RecordingSink sink;
   ManualClock clock;
   testing::FakeKvMemory mem({}, 4);
-  CHECK(KvCacheManager::Make(bad, &mem, &sink, &clock).status().code() == StatusCode::kInvalidArgument);
+  CHECK(KvCacheManager::Make(bad, &mem, &clock).status().code() == StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// A KV cache manager wired to a ManualClock, a recording sink and simulated KV memory.
+// A KV cache manager wired to a ManualClock and simulated KV memory.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -29,7 +29,7 @@ struct Fixture {
     auto pools = ComputePools(c);
     REQUIRE(pools.ok());
     mem = std::make_unique<FakeKvMemory>(*pools, c.block_size);
-    auto made = KvCacheManager::Make(c, mem.get(), &sink, &clock, hooks);
+    auto made = KvCacheManager::Make(c, mem.get(), &clock, hooks);
     REQUIRE(made.ok());
     m = std::move(made).value();
   }
@@ -78,16 +78,12 @@ struct Fixture {
     const Status st = m->CheckInvariants();
     REQUIRE_MESSAGE(st.ok(), st.ToString());
   }
-  std::vector<KvEvent> Flush() {
-    sink.events.clear();
-    m->FlushEvents();
-    return sink.events;
-  }
+  // The events since the last call, as the worker loop takes them once per step.
+  std::vector<KvEvent> Flush() { return m->TakeEvents(); }
   const std::vector<TokenId>& TokensOf(SequenceId id) { return tokens_[id]; }
 
   KvCacheConfig config;
   ManualClock clock;
-  RecordingSink sink;
   std::unique_ptr<FakeKvMemory> mem;
   std::unique_ptr<KvCacheManager> m;
   std::map<SequenceId, std::vector<TokenId>> tokens_;

@@ -1,4 +1,4 @@
-// Test helpers for the KV cache manager: a recording EventSink, simulated KV memory that
+// Test helpers for the KV cache manager: simulated KV memory that
 // proves a sequence only ever sees the KV of its own prefix, and an index that applies
 // KV events the way a router would, checking their order.
 #pragma once
@@ -17,12 +17,6 @@
 #include "schema/kv_event.h"
 
 namespace kvfleet::kv::testing {
-
-class RecordingSink final : public EventSink {
- public:
-  void Emit(KvEvent e) override { events.push_back(std::move(e)); }
-  std::vector<KvEvent> events;
-};
 
 // A config with 1 layer, 1 head, head_dim 1, 1-byte elements: a block costs 2 x B bytes,
 // so budgets are easy to state in blocks.

@@ -16,7 +16,9 @@
 namespace kvfleet::events {
 namespace {
 
+using testing::PublishStep;
 using testing::ScriptedKvSource;
+using testing::ServeSnapshots;
 
 // Generous bound for a message that should arrive at once; only failing tests wait it out.
 constexpr auto kPatience = std::chrono::seconds(5);
@@ -84,20 +86,20 @@ struct Subscriber {
   }
 };
 
-TEST_CASE("each flushed step becomes one batch with the worker's epoch and the next seq") {
+TEST_CASE("each published step becomes one batch with the worker's epoch and the next seq") {
   prometheus::Registry registry;
   auto pub = EventPublisher::Make(LoopbackOptions("w1"), SystemClock::Default(), &registry);
   REQUIRE(pub.ok());
   EventPublisher& p = **pub;
   Subscriber s(p);
-  ScriptedKvSource kv(&p, 1);
+  ScriptedKvSource kv(1);
   REQUIRE(s.NextBatch());  // a heartbeat: the subscription is live
   uint64_t last = p.last_seq();
   LoadReport load;
   load.active_requests = 3;
   for (int step = 0; step < 5; ++step) {
     kv.Step(10);
-    p.Flush(kv, load);
+    PublishStep(p, kv, load);
     auto b = s.NextEventBatch();
     REQUIRE(b);
     CHECK(b->header.epoch == 0xE0E0);
@@ -106,7 +108,7 @@ TEST_CASE("each flushed step becomes one batch with the worker's epoch and the n
     CHECK(b->load.active_requests == 3);
     last = b->header.seq;
   }
-  p.Flush(kv, load);  // no events: no batch, no seq
+  PublishStep(p, kv, load);  // no events: no batch, no seq
   CHECK(p.last_seq() == last);
 }
 
@@ -115,10 +117,10 @@ TEST_CASE("an idle worker sends heartbeats with its last load at least every 250
   auto pub = EventPublisher::Make(LoopbackOptions("w2"), SystemClock::Default(), &registry);
   REQUIRE(pub.ok());
   Subscriber s(**pub);
-  ScriptedKvSource kv(pub->get(), 2);
+  ScriptedKvSource kv(2);
   LoadReport load;
   load.free_blocks = {7, 9};
-  (*pub)->Flush(kv, load);
+  PublishStep(**pub, kv, load);
   auto first = s.NextBatch();
   auto second = s.NextBatch();
   auto third = s.NextBatch();
@@ -136,12 +138,12 @@ TEST_CASE("a replay request inside the ring gets the batches from fromSeq on") {
   REQUIRE(pub.ok());
   EventPublisher& p = **pub;
   Subscriber s(p);
-  ScriptedKvSource kv(&p, 3);
+  ScriptedKvSource kv(3);
   REQUIRE(s.NextBatch());
   std::vector<uint64_t> seqs;
   for (int i = 0; i < 4; ++i) {
     kv.Step(5);
-    p.Flush(kv, {});
+    PublishStep(p, kv);
     auto b = s.NextEventBatch();
     REQUIRE(b);
     seqs.push_back(b->header.seq);
@@ -166,17 +168,17 @@ TEST_CASE("an unknown epoch gets a snapshot consistent with the last sealed seq"
   REQUIRE(pub.ok());
   EventPublisher& p = **pub;
   Subscriber s(p);
-  ScriptedKvSource kv(&p, 4);
+  ScriptedKvSource kv(4);
   for (int i = 0; i < 20; ++i) {
     kv.Step(50);
-    p.Flush(kv, {});
+    PublishStep(p, kv);
   }
-  kv.Step(7);  // emitted but not flushed: the snapshot must seal it first
+  kv.Step(7);  // not taken yet: the snapshot must seal it first
   s.Request(0, 0, 9);
   std::vector<BlockHash> device;
   uint64_t consistent = 0;
   while (true) {
-    auto reply = s.Reply([&] { p.ServiceSnapshots(kv); });
+    auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
     REQUIRE(reply);
     auto r = reply->Root<schema::ReplayReply>();
     REQUIRE(r.isSnapshot());
@@ -196,29 +198,29 @@ TEST_CASE("an unknown epoch gets a snapshot consistent with the last sealed seq"
   CHECK(p.snapshots_sent() == 1);
 }
 
-TEST_CASE("events the KV buffer dropped leave a seq hole, so a replay across it becomes a snapshot") {
+TEST_CASE("events the KV manager dropped leave a seq hole, so a replay across it becomes a snapshot") {
   prometheus::Registry registry;
   auto pub = EventPublisher::Make(LoopbackOptions("w5"), SystemClock::Default(), &registry);
   REQUIRE(pub.ok());
   EventPublisher& p = **pub;
   Subscriber s(p);
-  ScriptedKvSource kv(&p, 5);
+  ScriptedKvSource kv(5);
   REQUIRE(s.NextBatch());
   kv.Step(5);
-  p.Flush(kv, {});
+  PublishStep(p, kv);
   auto before = s.NextEventBatch();
   REQUIRE(before);
   kv.DropNextEvents(true);
   kv.Step(5);
   kv.DropNextEvents(false);
   kv.Step(5);
-  p.Flush(kv, {});
+  PublishStep(p, kv);
   auto after = s.NextEventBatch();
   REQUIRE(after);
   CHECK(after->header.seq >= before->header.seq + 2);  // one seq skipped at least
   CHECK(p.events_dropped() >= 1);
   s.Request(p.epoch(), before->header.seq + 1, 11);
-  auto reply = s.Reply([&] { p.ServiceSnapshots(kv); });
+  auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
   REQUIRE(reply);
   CHECK(reply->Root<schema::ReplayReply>().isSnapshot());
 }

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "common/check.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/backend/sampler.h"
-#include "worker/engine/kv_setup.h"
 
 namespace kvfleet::backend::mock {
 
@@ -109,13 +109,13 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   std::unique_ptr<MockBackend> b(new MockBackend(options, std::move(mock), std::move(config)));
   b->max_context_ = options.max_context > 0 ? options.max_context : b->config_.max_position_embeddings;
 
-  engine::KvMemorySettings memory;
+  KvMemorySettings memory;
   memory.block_size = static_cast<uint32_t>(options.block_size);
   memory.max_context = static_cast<uint32_t>(b->max_context_);
   memory.dtype_bytes = config::kKvElementBytes;
   memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
   memory.host_bytes = options.host_kv_bytes;
-  kv::KvCacheConfig kv_config = engine::KvCacheConfigFor(b->config_, memory);
+  kv::KvCacheConfig kv_config = KvCacheConfigFor(b->config_, memory);
   if (options.num_blocks > 0) {
     // Exactly num_blocks per pool when there is one pool (tests): size the budget to it.
     KVF_RETURN_IF_ERROR(kv_config.Validate());

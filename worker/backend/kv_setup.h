@@ -1,6 +1,7 @@
 // The KV cache manager's configuration for a model: the one place that turns a model's
 // shape and the worker's memory settings into kv::KvCacheConfig, so a backend sizing its
-// pools and the worker building the manager cannot disagree.
+// pools and the worker building the manager cannot disagree. It lives with the backends
+// because it reads both a model and a backend's pools; the KV manager knows neither.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -14,7 +15,7 @@
 #include "worker/kv/kv_config.h"
 #include "worker/model/model_config.h"
 
-namespace kvfleet::engine {
+namespace kvfleet::backend {
 
 struct KvMemorySettings {
   uint32_t block_size = 32;         // tokens per block
@@ -31,10 +32,10 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
 // The memory settings that reproduce a backend's pools: its block size, max context, element
 // size and the bytes of its device and host blocks. Offload and event settings keep their
 // defaults.
-KvMemorySettings KvMemoryOf(const backend::ModelBackend& backend);
+KvMemorySettings KvMemoryOf(const ModelBackend& backend);
 
 // Checks that the manager's pools are the backend's: same count, windows, heads and
 // block counts per tier. The message names the first difference.
-Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools);
+Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const KvPoolInfo> backend_pools);
 
-}  // namespace kvfleet::engine
+}  // namespace kvfleet::backend

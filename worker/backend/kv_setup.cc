@@ -1,8 +1,8 @@
-#include "worker/engine/kv_setup.h"
+#include "worker/backend/kv_setup.h"
 
 #include <string>
 
-namespace kvfleet::engine {
+namespace kvfleet::backend {
 
 kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemorySettings& memory) {
   kv::KvCacheConfig c;
@@ -25,32 +25,32 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   return c;
 }
 
-KvMemorySettings KvMemoryOf(const backend::ModelBackend& backend) {
+KvMemorySettings KvMemoryOf(const ModelBackend& backend) {
   KvMemorySettings m;
   m.block_size = static_cast<uint32_t>(backend.block_size());
   m.max_context = static_cast<uint32_t>(backend.max_context());
   const auto pools = backend.pools();
   if (!pools.empty()) {
-    const backend::KvPoolInfo& p = pools[0];
+    const KvPoolInfo& p = pools[0];
     const uint64_t elements = static_cast<uint64_t>(p.layers.size()) * 2 * static_cast<uint64_t>(p.num_kv_heads) *
                               static_cast<uint64_t>(p.head_dim) * m.block_size;
     if (elements > 0) m.dtype_bytes = static_cast<uint32_t>(p.bytes_per_block / elements);
   }
-  for (const backend::KvPoolInfo& p : pools) {
+  for (const KvPoolInfo& p : pools) {
     m.device_bytes += static_cast<uint64_t>(p.device_blocks) * p.bytes_per_block;
     m.host_bytes += static_cast<uint64_t>(p.host_blocks) * p.bytes_per_block;
   }
   return m;
 }
 
-Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const backend::KvPoolInfo> backend_pools) {
+Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const KvPoolInfo> backend_pools) {
   if (kv_pools.size() != backend_pools.size()) {
     return Internal("the KV manager has " + std::to_string(kv_pools.size()) + " pools, the backend " +
                     std::to_string(backend_pools.size()));
   }
   for (size_t i = 0; i < kv_pools.size(); ++i) {
     const kv::PoolLayout& k = kv_pools[i];
-    const backend::KvPoolInfo& b = backend_pools[i];
+    const KvPoolInfo& b = backend_pools[i];
     if (static_cast<int64_t>(k.window) != b.window || static_cast<int64_t>(k.num_kv_heads) != b.num_kv_heads ||
         static_cast<int64_t>(k.device_blocks) != b.device_blocks || static_cast<int64_t>(k.host_blocks) != b.host_blocks) {
       return Internal("KV pool " + std::to_string(i) + ": the manager has window " + std::to_string(k.window) + ", " +
@@ -62,4 +62,4 @@ Status CheckPoolsAgree(std::span<const kv::PoolLayout> kv_pools, std::span<const
   return Status::Ok();
 }
 
-}  // namespace kvfleet::engine
+}  // namespace kvfleet::backend
