@@ -12,6 +12,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/paged_decode.h"
 
 namespace kvfleet::kernels::decode {
@@ -59,12 +60,6 @@ struct Tiling {
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
 };
-
-// Copies 16 bytes global -> shared without registers; zero-fills when !valid.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
 
 template <int kHeadDim, int kGroup, bool kShiftRope>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams p) {
@@ -114,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
       CpAsync16(ks + row * kHeadDim + chunk * 8, src, valid);
       CpAsync16(vs + row * kHeadDim + chunk * 8, valid ? src + v_offset : src, valid);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    CpAsyncCommit();
   };
 
   const int num_tiles = (len + kTile - 1) / kTile;
@@ -157,9 +152,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
     const int st = t & 1;
     if (t + 1 < num_tiles) {
       load_tile(t + 1, st ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      CpAsyncWait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      CpAsyncWait<0>();
     }
     __syncthreads();
     const __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
@@ -305,36 +300,6 @@ constexpr int SmemBytes() {
   return kStages * 2 * kTile * (kHeadDim + kPad) * 2;
 }
 
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-// Four 8x8 b16 matrices, row-major in shared memory: lane t receives row t / 4, elements
-// 2 (t % 4) and 2 (t % 4) + 1 of each: the col-major B fragment of m16n8k16 when rows are
-// tokens (n) and columns head dims (k).
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
   constexpr int kStride = kHeadDim + kPad;
@@ -384,7 +349,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
         CpAsync16(vs + row * kStride + chunk * 8, valid ? src + v_offset : src, valid);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);  // empty groups keep the wait counts uniform
+    CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) load_tile(t);
@@ -415,7 +380,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const float scale_log2 = p.scale * kLog2e;
 
   for (int t = 0; t < num_tiles; ++t) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    CpAsyncWait<kStages - 2>();
     __syncthreads();  // tile t landed for everyone; stage (t-1) % kStages is free again
     load_tile(t + kStages - 1);
     const __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
@@ -474,7 +439,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
       Mma(o[2 * dn + 1], pa, b[2], b[3]);
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  CpAsyncWait<0>();
   __syncthreads();  // shared memory is reused for the merge
 
   // Merge the warps: [kWarps][16 rows][kHeadDim] partial O, [kWarps][16] max and sum.
