@@ -61,6 +61,53 @@ struct Tiling {
   static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
 };
 
+// Merges the warps' online-softmax partials of row r, dims [d, d + 8), from shared memory:
+// red [kWarps][kRows][kStride] partial O, red_m and red_l [kWarps][kRows] max and sum.
+// Returns the row's O (unnormalised), max and sum.
+template <int kRows, int kStride>
+__device__ __forceinline__ void MergeWarps(const float* red, const float* red_m, const float* red_l, int r, int d,
+                                           float (&o)[8], float& mx, float& sum) {
+  mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kRows + r]);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float c = exp2f(red_m[w * kRows + r] - base);
+    sum += c * red_l[w * kRows + r];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kRows + r) * kStride + d + e];
+  }
+}
+
+// Stores dims [d, d + 8) of output row row_idx (sequence * num_q_heads + query head) from
+// partition `part` of num_parts: normalised into out when it is the only one, else o, max
+// and sum into the workspace for PagedDecodeCombine. Workspace (max_parts = gridDim.x):
+// [num_seqs * num_q_heads][max_parts][kHeadDim] partial O, then [...][max_parts][2] (max, sum).
+template <int kHeadDim>
+__device__ __forceinline__ void StorePartition(const PagedDecodeParams& p, int64_t row_idx, int part, int num_parts,
+                                               int d, float (&o)[8], float mx, float sum) {
+  if (num_parts == 1) {
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] *= inv;
+    *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
+  } else {
+    const int max_parts = gridDim.x;
+    float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
+    *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    if (d == 0) {
+      float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
+      ml[(row_idx * max_parts + part) * 2] = mx;
+      ml[(row_idx * max_parts + part) * 2 + 1] = sum;
+    }
+  }
+}
+
 template <int kHeadDim, int kGroup, bool kShiftRope>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams p) {
   using T = Tiling<kHeadDim>;
@@ -238,36 +285,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   for (int idx = threadIdx.x; idx < kGroup * kLanes; idx += kThreads) {
     const int g = idx / kLanes, d = (idx % kLanes) * 8;
     if (g0 + g >= group) continue;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kGroup + g]);
-    const float base = mx == -INFINITY ? 0.f : mx;
-    float o[8] = {}, sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = exp2f(red_m[w * kGroup + g] - base);
-      sum += c * red_l[w * kGroup + g];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kGroup + g) * kHeadDim + d + e];
-    }
+    float o[8], mx, sum;
+    MergeWarps<kGroup, kHeadDim>(red, red_m, red_l, g, d, o, mx, sum);
     const int hq = kv_head * group + g0 + g;
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
-    if (num_parts == 1) {
-      const float inv = 1.f / sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] *= inv;
-      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
-    } else {
-      const int max_parts = gridDim.x;
-      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
-      *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
-      *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
-      if (d == 0) {
-        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
-        ml[(row_idx * max_parts + part) * 2] = mx;
-        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
-      }
-    }
+    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, o, mx, sum);
   }
 }
 
@@ -466,35 +488,10 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {
     const int r = idx / kChunks, d = (idx % kChunks) * 8;
     if (g0 + r >= group) continue;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * 16 + r]);
-    const float base = mx == -INFINITY ? 0.f : mx;
-    float out[8] = {}, sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = exp2f(red_m[w * 16 + r] - base);
-      sum += c * red_l[w * 16 + r];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] += c * red[(w * 16 + r) * kRed + d + e];
-    }
+    float out[8], mx, sum;
+    MergeWarps<16, kRed>(red, red_m, red_l, r, d, out, mx, sum);
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
-    if (num_parts == 1) {
-      const float inv = 1.f / sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] *= inv;
-      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(out);
-    } else {
-      const int max_parts = gridDim.x;
-      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
-      *reinterpret_cast<float4*>(po) = make_float4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<float4*>(po + 4) = make_float4(out[4], out[5], out[6], out[7]);
-      if (d == 0) {
-        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
-        ml[(row_idx * max_parts + part) * 2] = mx;
-        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
-      }
-    }
+    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, out, mx, sum);
   }
 }
 
