@@ -34,6 +34,53 @@ __device__ __forceinline__ TokenRange MakeRange(const AttentionMask& m, int32_t 
   return r;
 }
 
+// Split-K partition `part` of a sequence attending to `range`: its tokens are
+// range.Pos(i0 + i) for i in [0, len). A token at position pos has its K at
+// kv_pool + layout.Offset(table[pos / B], layer, 0, kv_head, pos % B), its V v_offset
+// elements further.
+struct Partition {
+  int i0, len;
+  const int32_t* table;  // [max_blocks_per_seq]: the sequence's block table
+  int B;                 // tokens per block
+  int64_t v_offset;
+};
+
+// REQUIRES: part < the sequence's number of partitions.
+__device__ __forceinline__ Partition MakePartition(const PagedDecodeParams& p, const TokenRange& range, int seq,
+                                                   int part) {
+  Partition pt;
+  pt.i0 = part * p.partition_size;
+  pt.len = min(p.partition_size, range.n - pt.i0);
+  pt.table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  pt.B = p.layout.block_size;
+  pt.v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  return pt;
+}
+
+// Issues the cp.async copies of partition tokens [t * kRows, (t + 1) * kRows) of one KV head
+// into stage st of tiles ([stage][K, V][kRows][kStride] bf16), 16-byte chunks spread over
+// the block's threads; rows past pt.len are zero-filled. Commits nothing.
+template <int kHeadDim, int kRows, int kStride>
+__device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const TokenRange& range, const Partition& pt,
+                                           int kv_head, int t, __nv_bfloat16* tiles, int st) {
+  constexpr int kChunks = kHeadDim / 8;
+  __nv_bfloat16* ks = tiles + st * 2 * kRows * kStride;
+  __nv_bfloat16* vs = ks + kRows * kStride;
+#pragma unroll
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks, chunk = c % kChunks;
+    const int i = t * kRows + row;
+    const bool valid = i < pt.len;
+    const __nv_bfloat16* src = p.kv_pool;
+    if (valid) {
+      const int32_t pos = range.Pos(pt.i0 + i);
+      src = p.kv_pool + p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B) + chunk * 8;
+    }
+    CpAsync16(ks + row * kStride + chunk * 8, src, valid);
+    CpAsync16(vs + row * kStride + chunk * 8, valid ? src + pt.v_offset : src, valid);
+  }
+}
+
 // Rotates this lane's 8 dims (rotate_half pairing: dim d with d +- head_dim/2, held by the
 // lane kLanes/2 away) by position pos.
 template <int kLanes>
@@ -124,42 +171,22 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int g0 = (blockIdx.z % chunks) * kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lane_in_row = lane % kLanes, row_group = lane / kLanes;
-  const int P = p.partition_size;
 
   // PDL (launch.h): seq_lens and tables are step metadata; q and the cache come after the wait.
   GridDependentsLaunch();
-  const int32_t seq_len = p.seq_lens[seq];
-  const TokenRange range = MakeRange(p.mask, seq_len);
-  const int num_parts = (range.n + P - 1) / P;
+  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
+  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
   if (part >= num_parts) return;
-  const int i0 = part * P;
-  const int len = min(P, range.n - i0);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int B = p.layout.block_size;
-  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  const Partition pt = MakePartition(p, range, seq, part);
   GridDependencyWait();
 
   // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
   auto load_tile = [&](int t, int st) {
-    __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
-    __nv_bfloat16* vs = ks + kTile * kHeadDim;
-#pragma unroll
-    for (int c = threadIdx.x; c < kTile * kLanes; c += kThreads) {
-      const int row = c / kLanes, chunk = c % kLanes;
-      const int i = t * kTile + row;
-      const bool valid = i < len;
-      const __nv_bfloat16* src = p.kv_pool;
-      if (valid) {
-        const int32_t pos = range.Pos(i0 + i);
-        src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
-      }
-      CpAsync16(ks + row * kHeadDim + chunk * 8, src, valid);
-      CpAsync16(vs + row * kHeadDim + chunk * 8, valid ? src + v_offset : src, valid);
-    }
+    LoadKvTile<kHeadDim, kTile, kHeadDim>(p, range, pt, kv_head, t, tiles, st);
     CpAsyncCommit();
   };
 
-  const int num_tiles = (len + kTile - 1) / kTile;
+  const int num_tiles = (pt.len + kTile - 1) / kTile;
   load_tile(0, 0);
 
   float inv_freq[8];
@@ -215,14 +242,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
       float kf[8];
       Bf16x8ToFloat(*reinterpret_cast<const uint4*>(ks + (row0 + u) * kHeadDim + lane_in_row * 8), kf);
       const int i = t * kTile + row0 + u;
-      if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, i0 + i);
+      if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, pt.i0 + i);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
         dot = WarpSum<kLanes>(dot);
-        s[g][u] = i < len ? dot : -INFINITY;
+        s[g][u] = i < pt.len ? dot : -INFINITY;
       }
     }
 #pragma unroll
@@ -338,39 +365,17 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int g0 = (blockIdx.z % chunks) * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
-  const int P = p.partition_size;
 
   GridDependentsLaunch();
-  const int32_t seq_len = p.seq_lens[seq];
-  const TokenRange range = MakeRange(p.mask, seq_len);
-  const int num_parts = (range.n + P - 1) / P;
+  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
+  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
   if (part >= num_parts) return;
-  const int i0 = part * P;
-  const int len = min(P, range.n - i0);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int B = p.layout.block_size;
-  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
-  const int num_tiles = (len + kTile - 1) / kTile;
+  const Partition pt = MakePartition(p, range, seq, part);
+  const int num_tiles = (pt.len + kTile - 1) / kTile;
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
   auto load_tile = [&](int t) {
-    if (t < num_tiles) {
-      __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride;
-      __nv_bfloat16* vs = ks + kTile * kStride;
-#pragma unroll
-      for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
-        const int row = c / kChunks, chunk = c % kChunks;
-        const int i = t * kTile + row;
-        const bool valid = i < len;
-        const __nv_bfloat16* src = p.kv_pool;
-        if (valid) {
-          const int32_t pos = range.Pos(i0 + i);
-          src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
-        }
-        CpAsync16(ks + row * kStride + chunk * 8, src, valid);
-        CpAsync16(vs + row * kStride + chunk * 8, valid ? src + v_offset : src, valid);
-      }
-    }
+    if (t < num_tiles) LoadKvTile<kHeadDim, kTile, kStride>(p, range, pt, kv_head, t, tiles, t % kStages);
     CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
@@ -428,7 +433,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        s[nt][j] = base_i + nt * 8 + 2 * tig + (j & 1) < len ? s[nt][j] * scale_log2 : -INFINITY;
+        s[nt][j] = base_i + nt * 8 + 2 * tig + (j & 1) < pt.len ? s[nt][j] * scale_log2 : -INFINITY;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
