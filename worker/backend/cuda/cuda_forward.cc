@@ -130,28 +130,33 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   mask.sinks = pool.sink_tokens;
   mask.chunk = pool.attention_chunk;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  // The fields the params of every attention kernel share: q, out and block tables of the
+  // launch; the layer's pool, heads, scale and mask.
+  auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride) {
+    p.q = q;
+    p.kv_pool = device_kv_[pi];
+    p.block_tables = tables;
+    p.out = out;
+    p.layout = layout;
+    p.layer = li;
+    p.num_q_heads = nh;
+    p.max_blocks_per_seq = stride;
+    p.scale = scale;
+    p.mask = mask;
+  };
 
   // Decode-kernel launch over `n` query rows (one per "sequence" of the kernel).
   auto decode = [&](const bf16* q, bf16* out, const int32_t* tables, int32_t stride, const int32_t* lens, int32_t n,
                     int32_t max_len) -> Status {
     kernels::PagedDecodeParams p;
-    p.q = q;
-    p.kv_pool = device_kv_[pi];
-    p.block_tables = tables;
+    set_common(p, q, out, tables, stride);
     p.seq_lens = lens;
-    p.out = out;
     p.workspace = decode_workspace_;
     p.rope_inv_freq = shift ? inv_freq_ : nullptr;
-    p.layout = layout;
-    p.layer = li;
     p.num_seqs = n;
-    p.num_q_heads = nh;
-    p.max_blocks_per_seq = stride;
     p.max_seq_len = max_len;
     p.partition_size = kernels::PagedDecodeChoosePartition(n, nh, layout.num_kv_heads, max_len, num_sms_);
     while (kernels::PagedDecodeWorkspaceBytes(p) > decode_workspace_bytes_) p.partition_size *= 2;
-    p.scale = scale;
-    p.mask = mask;
     KVF_CUDA_RETURN(kernels::LaunchPagedDecode(p, stream_));
     return Status::Ok();
   };
@@ -161,20 +166,11 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   const bool fast = m.all_decode ? (hd == 64 || hd == 128 || hd == 256) : (hd == 64 || hd == 128);
   if (!fast) {
     kernels::GenericAttentionParams g;
-    g.q = q_;
-    g.kv_pool = device_kv_[pi];
-    g.block_tables = m.tables[pi];
+    set_common(g, q_, attn_, m.tables[pi], m.table_stride);
     g.token_seq = m.row_seq;
     g.positions = m.positions;
-    g.out = attn_;
     g.rope_inv_freq = shift ? inv_freq_ : nullptr;
-    g.layout = layout;
-    g.layer = li;
     g.num_tokens = m.num_tokens;
-    g.num_q_heads = nh;
-    g.max_blocks_per_seq = m.table_stride;
-    g.scale = scale;
-    g.mask = mask;
     KVF_CUDA_RETURN(kernels::LaunchGenericAttention(g, stream_));
     return Status::Ok();
   }
@@ -196,20 +192,11 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     return Status::Ok();
   }
   kernels::PagedPrefillParams p;
-  p.q = q_;
-  p.kv_pool = device_kv_[pi];
-  p.block_tables = m.tables[pi];
+  set_common(p, q_, attn_, m.tables[pi], m.table_stride);
   p.cu_q_lens = m.cu_q_lens;
   p.seq_lens = m.seq_lens;
-  p.out = attn_;
-  p.layout = layout;
-  p.layer = li;
   p.num_seqs = m.num_seqs;
-  p.num_q_heads = nh;
-  p.max_blocks_per_seq = m.table_stride;
   p.max_q_len = m.max_q_len;
-  p.scale = scale;
-  p.mask = mask;
   KVF_CUDA_RETURN(kernels::LaunchPagedPrefill(p, stream_));
   return Status::Ok();
 }
