@@ -1,5 +1,6 @@
-// Small device helpers shared by the kernels: 16-byte bf16 vectors, warp reductions and the
-// launcher's error return. Header-only, device code; include from .cu files only.
+// Small device helpers shared by the kernels: 16-byte bf16 vectors, bf16 rounding, warp
+// reductions and the launcher's error return. Header-only, device code; include from .cu
+// files only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,6 +77,10 @@ __device__ __forceinline__ uint4 FloatToBf16x8(const float (&f)[8]) {
   for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
   return v;
 }
+
+// The value a float takes once stored as bf16 (round to nearest even): the kernels round
+// each op's result as a bf16 model does.
+__device__ __forceinline__ float Bf16Round(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // Read-only, streaming 16-byte load (the KV cache and weights are read once per launch).
 __device__ __forceinline__ uint4 LoadStreaming(const void* p) {

@@ -31,8 +31,6 @@ __device__ __forceinline__ void Store<float>(float* y, float v) { *y = v; }
 template <>
 __device__ __forceinline__ void Store<__nv_bfloat16>(__nv_bfloat16* y, float v) { *y = __float2bfloat16(v); }
 
-__device__ __forceinline__ float Bf16Round(float v) { return __bfloat162float(__float2bfloat16(v)); }
-
 // What a warp does with its two rows' sums.
 enum Epilogue : int {
   kStore = 0,    // rows row0, row0 + 1 of w [m][k]: y = sums (+ bias)

@@ -12,6 +12,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/paged_decode.h"
 
 namespace kvfleet::kernels::decode {
@@ -31,6 +32,53 @@ __device__ __forceinline__ TokenRange MakeRange(const AttentionMask& m, int32_t 
   r.ns = MaskSinkCount(m, r.lo);
   r.n = r.ns + seq_len - r.lo;
   return r;
+}
+
+// Split-K partition `part` of a sequence attending to `range`: its tokens are
+// range.Pos(i0 + i) for i in [0, len). A token at position pos has its K at
+// kv_pool + layout.Offset(table[pos / B], layer, 0, kv_head, pos % B), its V v_offset
+// elements further.
+struct Partition {
+  int i0, len;
+  const int32_t* table;  // [max_blocks_per_seq]: the sequence's block table
+  int B;                 // tokens per block
+  int64_t v_offset;
+};
+
+// REQUIRES: part < the sequence's number of partitions.
+__device__ __forceinline__ Partition MakePartition(const PagedDecodeParams& p, const TokenRange& range, int seq,
+                                                   int part) {
+  Partition pt;
+  pt.i0 = part * p.partition_size;
+  pt.len = min(p.partition_size, range.n - pt.i0);
+  pt.table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  pt.B = p.layout.block_size;
+  pt.v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  return pt;
+}
+
+// Issues the cp.async copies of partition tokens [t * kRows, (t + 1) * kRows) of one KV head
+// into stage st of tiles ([stage][K, V][kRows][kStride] bf16), 16-byte chunks spread over
+// the block's threads; rows past pt.len are zero-filled. Commits nothing.
+template <int kHeadDim, int kRows, int kStride>
+__device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const TokenRange& range, const Partition& pt,
+                                           int kv_head, int t, __nv_bfloat16* tiles, int st) {
+  constexpr int kChunks = kHeadDim / 8;
+  __nv_bfloat16* ks = tiles + st * 2 * kRows * kStride;
+  __nv_bfloat16* vs = ks + kRows * kStride;
+#pragma unroll
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks, chunk = c % kChunks;
+    const int i = t * kRows + row;
+    const bool valid = i < pt.len;
+    const __nv_bfloat16* src = p.kv_pool;
+    if (valid) {
+      const int32_t pos = range.Pos(pt.i0 + i);
+      src = p.kv_pool + p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B) + chunk * 8;
+    }
+    CpAsync16(ks + row * kStride + chunk * 8, src, valid);
+    CpAsync16(vs + row * kStride + chunk * 8, valid ? src + pt.v_offset : src, valid);
+  }
 }
 
 // Rotates this lane's 8 dims (rotate_half pairing: dim d with d +- head_dim/2, held by the
@@ -60,10 +108,51 @@ struct Tiling {
   static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
 };
 
-// Copies 16 bytes global -> shared without registers; zero-fills when !valid.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+// Merges the warps' online-softmax partials of row r, dims [d, d + 8), from shared memory:
+// red [kWarps][kRows][kStride] partial O, red_m and red_l [kWarps][kRows] max and sum.
+// Returns the row's O (unnormalised), max and sum.
+template <int kRows, int kStride>
+__device__ __forceinline__ void MergeWarps(const float* red, const float* red_m, const float* red_l, int r, int d,
+                                           float (&o)[8], float& mx, float& sum) {
+  mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kRows + r]);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float c = exp2f(red_m[w * kRows + r] - base);
+    sum += c * red_l[w * kRows + r];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kRows + r) * kStride + d + e];
+  }
+}
+
+// Stores dims [d, d + 8) of output row row_idx (sequence * num_q_heads + query head) from
+// partition `part` of num_parts: normalised into out when it is the only one, else o, max
+// and sum into the workspace for PagedDecodeCombine. Workspace (max_parts = gridDim.x):
+// [num_seqs * num_q_heads][max_parts][kHeadDim] partial O, then [...][max_parts][2] (max, sum).
+template <int kHeadDim>
+__device__ __forceinline__ void StorePartition(const PagedDecodeParams& p, int64_t row_idx, int part, int num_parts,
+                                               int d, float (&o)[8], float mx, float sum) {
+  if (num_parts == 1) {
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] *= inv;
+    *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
+  } else {
+    const int max_parts = gridDim.x;
+    float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
+    *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    if (d == 0) {
+      float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
+      ml[(row_idx * max_parts + part) * 2] = mx;
+      ml[(row_idx * max_parts + part) * 2 + 1] = sum;
+    }
+  }
 }
 
 template <int kHeadDim, int kGroup, bool kShiftRope>
@@ -82,42 +171,22 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   const int g0 = (blockIdx.z % chunks) * kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lane_in_row = lane % kLanes, row_group = lane / kLanes;
-  const int P = p.partition_size;
 
   // PDL (launch.h): seq_lens and tables are step metadata; q and the cache come after the wait.
   GridDependentsLaunch();
-  const int32_t seq_len = p.seq_lens[seq];
-  const TokenRange range = MakeRange(p.mask, seq_len);
-  const int num_parts = (range.n + P - 1) / P;
+  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
+  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
   if (part >= num_parts) return;
-  const int i0 = part * P;
-  const int len = min(P, range.n - i0);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int B = p.layout.block_size;
-  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
+  const Partition pt = MakePartition(p, range, seq, part);
   GridDependencyWait();
 
   // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
   auto load_tile = [&](int t, int st) {
-    __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
-    __nv_bfloat16* vs = ks + kTile * kHeadDim;
-#pragma unroll
-    for (int c = threadIdx.x; c < kTile * kLanes; c += kThreads) {
-      const int row = c / kLanes, chunk = c % kLanes;
-      const int i = t * kTile + row;
-      const bool valid = i < len;
-      const __nv_bfloat16* src = p.kv_pool;
-      if (valid) {
-        const int32_t pos = range.Pos(i0 + i);
-        src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
-      }
-      CpAsync16(ks + row * kHeadDim + chunk * 8, src, valid);
-      CpAsync16(vs + row * kHeadDim + chunk * 8, valid ? src + v_offset : src, valid);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
+    LoadKvTile<kHeadDim, kTile, kHeadDim>(p, range, pt, kv_head, t, tiles, st);
+    CpAsyncCommit();
   };
 
-  const int num_tiles = (len + kTile - 1) / kTile;
+  const int num_tiles = (pt.len + kTile - 1) / kTile;
   load_tile(0, 0);
 
   float inv_freq[8];
@@ -157,9 +226,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
     const int st = t & 1;
     if (t + 1 < num_tiles) {
       load_tile(t + 1, st ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      CpAsyncWait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      CpAsyncWait<0>();
     }
     __syncthreads();
     const __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
@@ -173,14 +242,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
       float kf[8];
       Bf16x8ToFloat(*reinterpret_cast<const uint4*>(ks + (row0 + u) * kHeadDim + lane_in_row * 8), kf);
       const int i = t * kTile + row0 + u;
-      if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, i0 + i);
+      if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, pt.i0 + i);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
         dot = WarpSum<kLanes>(dot);
-        s[g][u] = i < len ? dot : -INFINITY;
+        s[g][u] = i < pt.len ? dot : -INFINITY;
       }
     }
 #pragma unroll
@@ -243,36 +312,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   for (int idx = threadIdx.x; idx < kGroup * kLanes; idx += kThreads) {
     const int g = idx / kLanes, d = (idx % kLanes) * 8;
     if (g0 + g >= group) continue;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kGroup + g]);
-    const float base = mx == -INFINITY ? 0.f : mx;
-    float o[8] = {}, sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = exp2f(red_m[w * kGroup + g] - base);
-      sum += c * red_l[w * kGroup + g];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] += c * red[(w * kGroup + g) * kHeadDim + d + e];
-    }
+    float o[8], mx, sum;
+    MergeWarps<kGroup, kHeadDim>(red, red_m, red_l, g, d, o, mx, sum);
     const int hq = kv_head * group + g0 + g;
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
-    if (num_parts == 1) {
-      const float inv = 1.f / sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] *= inv;
-      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(o);
-    } else {
-      const int max_parts = gridDim.x;
-      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
-      *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
-      *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
-      if (d == 0) {
-        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
-        ml[(row_idx * max_parts + part) * 2] = mx;
-        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
-      }
-    }
+    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, o, mx, sum);
   }
 }
 
@@ -305,36 +349,6 @@ constexpr int SmemBytes() {
   return kStages * 2 * kTile * (kHeadDim + kPad) * 2;
 }
 
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-// Four 8x8 b16 matrices, row-major in shared memory: lane t receives row t / 4, elements
-// 2 (t % 4) and 2 (t % 4) + 1 of each: the col-major B fragment of m16n8k16 when rows are
-// tokens (n) and columns head dims (k).
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
   constexpr int kStride = kHeadDim + kPad;
@@ -351,40 +365,18 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int g0 = (blockIdx.z % chunks) * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
-  const int P = p.partition_size;
 
   GridDependentsLaunch();
-  const int32_t seq_len = p.seq_lens[seq];
-  const TokenRange range = MakeRange(p.mask, seq_len);
-  const int num_parts = (range.n + P - 1) / P;
+  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
+  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
   if (part >= num_parts) return;
-  const int i0 = part * P;
-  const int len = min(P, range.n - i0);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int B = p.layout.block_size;
-  const int64_t v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
-  const int num_tiles = (len + kTile - 1) / kTile;
+  const Partition pt = MakePartition(p, range, seq, part);
+  const int num_tiles = (pt.len + kTile - 1) / kTile;
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
   auto load_tile = [&](int t) {
-    if (t < num_tiles) {
-      __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride;
-      __nv_bfloat16* vs = ks + kTile * kStride;
-#pragma unroll
-      for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
-        const int row = c / kChunks, chunk = c % kChunks;
-        const int i = t * kTile + row;
-        const bool valid = i < len;
-        const __nv_bfloat16* src = p.kv_pool;
-        if (valid) {
-          const int32_t pos = range.Pos(i0 + i);
-          src = p.kv_pool + p.layout.Offset(table[pos / B], p.layer, 0, kv_head, pos % B) + chunk * 8;
-        }
-        CpAsync16(ks + row * kStride + chunk * 8, src, valid);
-        CpAsync16(vs + row * kStride + chunk * 8, valid ? src + v_offset : src, valid);
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);  // empty groups keep the wait counts uniform
+    if (t < num_tiles) LoadKvTile<kHeadDim, kTile, kStride>(p, range, pt, kv_head, t, tiles, t % kStages);
+    CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) load_tile(t);
@@ -415,7 +407,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const float scale_log2 = p.scale * kLog2e;
 
   for (int t = 0; t < num_tiles; ++t) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    CpAsyncWait<kStages - 2>();
     __syncthreads();  // tile t landed for everyone; stage (t-1) % kStages is free again
     load_tile(t + kStages - 1);
     const __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
@@ -441,7 +433,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        s[nt][j] = base_i + nt * 8 + 2 * tig + (j & 1) < len ? s[nt][j] * scale_log2 : -INFINITY;
+        s[nt][j] = base_i + nt * 8 + 2 * tig + (j & 1) < pt.len ? s[nt][j] * scale_log2 : -INFINITY;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = fmaxf(m[h], fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
@@ -474,7 +466,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
       Mma(o[2 * dn + 1], pa, b[2], b[3]);
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  CpAsyncWait<0>();
   __syncthreads();  // shared memory is reused for the merge
 
   // Merge the warps: [kWarps][16 rows][kHeadDim] partial O, [kWarps][16] max and sum.
@@ -501,35 +493,10 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {
     const int r = idx / kChunks, d = (idx % kChunks) * 8;
     if (g0 + r >= group) continue;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * 16 + r]);
-    const float base = mx == -INFINITY ? 0.f : mx;
-    float out[8] = {}, sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = exp2f(red_m[w * 16 + r] - base);
-      sum += c * red_l[w * 16 + r];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] += c * red[(w * 16 + r) * kRed + d + e];
-    }
+    float out[8], mx, sum;
+    MergeWarps<16, kRed>(red, red_m, red_l, r, d, out, mx, sum);
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
-    if (num_parts == 1) {
-      const float inv = 1.f / sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] *= inv;
-      *reinterpret_cast<uint4*>(p.out + row_idx * kHeadDim + d) = FloatToBf16x8(out);
-    } else {
-      const int max_parts = gridDim.x;
-      float* po = p.workspace + (row_idx * max_parts + part) * kHeadDim + d;
-      *reinterpret_cast<float4*>(po) = make_float4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<float4*>(po + 4) = make_float4(out[4], out[5], out[6], out[7]);
-      if (d == 0) {
-        float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim;
-        ml[(row_idx * max_parts + part) * 2] = mx;
-        ml[(row_idx * max_parts + part) * 2 + 1] = sum;
-      }
-    }
+    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, out, mx, sum);
   }
 }
 

@@ -7,8 +7,6 @@
 
 namespace kvfleet::kernels::small {
 
-__device__ __forceinline__ float Bf16Round(float x) { return __bfloat162float(__float2bfloat16(x)); }
-
 // One block per row; each thread keeps up to kMaxVec vectors of the row in registers.
 template <int kMaxVec>
 __global__ void RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,

@@ -1,8 +1,11 @@
+// CudaBackend: construction (options, weights, activation buffers, KV pools), the step
+// driver Execute, and the backend's registration under "cuda". A step's parts live beside
+// it: cuda_batch.cc (metadata), cuda_forward.cc (layers), cuda_sampling.cc (LM head,
+// sampling, outputs). Thread-compatible (cuda_backend.h): the engine thread calls it.
 #include "worker/backend/cuda/cuda_backend.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -10,16 +13,11 @@
 #include <utility>
 
 #include "common/block_hash.h"
-#include "common/check.h"
 #include "common/log.h"
 #include "kernels/gemv.h"
 #include "kernels/launch.h"
-#include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
-#include "kernels/paged_prefill.h"
 #include "kernels/rope.h"
-#include "kernels/sampling.h"
-#include "kernels/small_kernels.h"
 #include "worker/backend/cuda/cuda_util.h"
 #include "worker/model/checkpoint.h"
 
@@ -31,51 +29,7 @@ using bf16 = __nv_bfloat16;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Alignment of every array in the staging buffer (16 bytes: vector loads in kernels).
-constexpr size_t kStagingAlign = 16;
-
-// Bump allocation of one step's metadata in the pinned staging buffer; each array's
-// device address is the same offset in the device mirror.
-class Packer {
- public:
-  Packer(std::byte* host, std::byte* dev, size_t capacity) : host_(host), dev_(dev), capacity_(capacity) {}
-  template <typename T>
-  std::pair<T*, T*> Take(size_t n) {  // (host, device)
-    used_ = (used_ + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
-    KVF_CHECK(used_ + n * sizeof(T) <= capacity_) << "cuda backend: step metadata exceeds its staging buffer";
-    std::pair<T*, T*> p{reinterpret_cast<T*>(host_ + used_), reinterpret_cast<T*>(dev_ + used_)};
-    used_ += n * sizeof(T);
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  std::byte* host_;
-  std::byte* dev_;
-  size_t capacity_;
-  size_t used_ = 0;
-};
-
 }  // namespace
-
-// Device pointers into the uploaded staging buffer, for one step.
-struct CudaBackend::StepMeta {
-  int32_t num_tokens = 0, num_seqs = 0;
-  bool all_decode = false;      // every sequence brings exactly one token
-  int32_t max_q_len = 0;        // longest chunk of the step
-  int32_t max_seq_len = 0;      // longest sequence end of the step
-  int32_t table_stride = 0;     // block-table entries per sequence in this step
-  const int32_t* ids = nullptr;        // [T]
-  const int32_t* positions = nullptr;  // [T]
-  const int32_t* row_lens = nullptr;   // [T] position + 1
-  const int32_t* row_seq = nullptr;    // [T] sequence of each row
-  std::vector<const int32_t*> slots;   // [pool] → [T]
-  std::vector<const int32_t*> tables;  // [pool] → [S][table_stride]
-  const int32_t* cu_q_lens = nullptr;  // [S + 1]
-  const int32_t* seq_lens = nullptr;   // [S]
-  std::vector<int32_t> row0;           // host: first row of each sequence, [S + 1]
-  std::vector<int32_t> end_pos;        // host: [S] sequence end positions
-};
 
 CudaBackend::CudaBackend(const BackendOptions& options) : ModelBackendBase(options) {}
 
@@ -337,7 +291,7 @@ Status CudaBackend::AllocateBuffers() {
   const size_t max_blocks = static_cast<size_t>((max_context_ + options_.block_size - 1) / options_.block_size);
   staging_bytes_ = (5 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
                    S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) +
-                   (16 + 4 * max_pools) * kStagingAlign;
+                   (16 + 4 * max_pools) * config::kStagingAlign;
   void* h = nullptr;
   KVF_CUDA_RETURN(cudaHostAlloc(&h, staging_bytes_, cudaHostAllocDefault));
   host_allocations_.push_back(h);
@@ -422,457 +376,49 @@ kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
   return layout;
 }
 
-Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done) {
-  const model::ModelConfig& c = config_;
-  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
-  const KvPoolInfo& pool = pools_[pi];
-  const kernels::PagedKvLayout layout = PoolLayout(pi);
-  const int32_t li = layer_index_[layer];
-  const int32_t nh = static_cast<int32_t>(c.num_heads);
-  const bool shift = pool.position_shift;
-  if (!rope_done) {
-    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq_, q_, device_kv_[pi], layout,
-                                               li, m.num_tokens, nh, /*rotate=*/!shift, stream_));
-  }
-  kernels::AttentionMask mask;
-  mask.window = pool.window;
-  mask.sinks = pool.sink_tokens;
-  mask.chunk = pool.attention_chunk;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-
-  // Decode-kernel launch over `n` query rows (one per "sequence" of the kernel).
-  auto decode = [&](const bf16* q, bf16* out, const int32_t* tables, int32_t stride, const int32_t* lens, int32_t n,
-                    int32_t max_len) -> Status {
-    kernels::PagedDecodeParams p;
-    p.q = q;
-    p.kv_pool = device_kv_[pi];
-    p.block_tables = tables;
-    p.seq_lens = lens;
-    p.out = out;
-    p.workspace = decode_workspace_;
-    p.rope_inv_freq = shift ? inv_freq_ : nullptr;
-    p.layout = layout;
-    p.layer = li;
-    p.num_seqs = n;
-    p.num_q_heads = nh;
-    p.max_blocks_per_seq = stride;
-    p.max_seq_len = max_len;
-    p.partition_size = kernels::PagedDecodeChoosePartition(n, nh, layout.num_kv_heads, max_len, num_sms_);
-    while (kernels::PagedDecodeWorkspaceBytes(p) > decode_workspace_bytes_) p.partition_size *= 2;
-    p.scale = scale;
-    p.mask = mask;
-    KVF_CUDA_RETURN(kernels::LaunchPagedDecode(p, stream_));
-    return Status::Ok();
-  };
-
-  // Shapes the tensor-core kernels do not take go through the generic kernel.
-  const int32_t hd = pool.head_dim;
-  const bool fast = m.all_decode ? (hd == 64 || hd == 128 || hd == 256) : (hd == 64 || hd == 128);
-  if (!fast) {
-    kernels::GenericAttentionParams g;
-    g.q = q_;
-    g.kv_pool = device_kv_[pi];
-    g.block_tables = m.tables[pi];
-    g.token_seq = m.row_seq;
-    g.positions = m.positions;
-    g.out = attn_;
-    g.rope_inv_freq = shift ? inv_freq_ : nullptr;
-    g.layout = layout;
-    g.layer = li;
-    g.num_tokens = m.num_tokens;
-    g.num_q_heads = nh;
-    g.max_blocks_per_seq = m.table_stride;
-    g.scale = scale;
-    g.mask = mask;
-    KVF_CUDA_RETURN(kernels::LaunchGenericAttention(g, stream_));
-    return Status::Ok();
-  }
-  if (m.all_decode) {
-    return decode(q_, attn_, m.tables[pi], m.table_stride, m.seq_lens, m.num_seqs, m.max_seq_len);
-  }
-  if (shift) {
-    // Shifted RoPE is decode-only: every query row of a chunk is its own decode query,
-    // all reading the sequence's one table (stride 0), at most max_batch_size per launch.
-    const size_t qs = static_cast<size_t>(c.q_size());
-    for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      for (int32_t r = m.row0[s]; r < m.row0[s + 1]; r += options_.max_batch_size) {
-        const int32_t n = std::min(options_.max_batch_size, m.row0[s + 1] - r);
-        const int32_t max_len = m.end_pos[s] - (m.row0[s + 1] - (r + n));
-        KVF_RETURN_IF_ERROR(decode(q_ + r * qs, attn_ + r * qs, m.tables[pi] + s * m.table_stride, 0, m.row_lens + r,
-                                   n, max_len));
-      }
-    }
-    return Status::Ok();
-  }
-  kernels::PagedPrefillParams p;
-  p.q = q_;
-  p.kv_pool = device_kv_[pi];
-  p.block_tables = m.tables[pi];
-  p.cu_q_lens = m.cu_q_lens;
-  p.seq_lens = m.seq_lens;
-  p.out = attn_;
-  p.layout = layout;
-  p.layer = li;
-  p.num_seqs = m.num_seqs;
-  p.num_q_heads = nh;
-  p.max_blocks_per_seq = m.table_stride;
-  p.max_q_len = m.max_q_len;
-  p.scale = scale;
-  p.mask = mask;
-  KVF_CUDA_RETURN(kernels::LaunchPagedPrefill(p, stream_));
-  return Status::Ok();
-}
-
 Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));  // (1)
   // The CUDA device is per host thread; the engine thread may not be the one that built us.
   KVF_CUDA_RETURN(cudaSetDevice(options_.device));
-  const model::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
-  const int32_t S_real = static_cast<int32_t>(batch.seqs.size());
-  const int64_t B = options_.block_size;
-  const size_t P = pools_.size();
-
-  // A decode step that only samples runs as a CUDA graph of its shape bucket (4): the batch
-  // padded to a power of two, lengths rounded up to a power of two.
-  bool graph = use_graphs_;
-  int32_t max_end = 0;
-  for (const SequenceStep& st : batch.seqs) {
-    graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
-    max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
-  }
-  int32_t S = S_real, bucket_len = 0;
-  if (graph) {
-    S = 1;
-    while (S < S_real) S *= 2;
-    S = std::min({S, options_.max_batch_size, options_.max_num_tokens});
-    bucket_len = config::kMinGraphLength;
-    while (bucket_len < max_end) bucket_len *= 2;
-    bucket_len = static_cast<int32_t>(std::min<int64_t>(bucket_len, max_context_));
-    graph = S >= S_real;
-  }
-  if (!graph) S = S_real;
-
-  // ---- Metadata, packed into the pinned staging buffer ----
   StepMeta m;
-  m.num_seqs = S;
-  m.row0.assign(S + 1, 0);
-  m.end_pos.assign(S, 0);
-  m.all_decode = true;
-  size_t stride = 1;
-  for (int32_t s = S_real; s < S; ++s) {  // padding rows: one token at position 0
-    m.row0[s + 1] = s + 1;
-    m.end_pos[s] = 1;
-  }
-  for (int32_t s = 0; s < S_real; ++s) {
-    const SequenceStep& st = batch.seqs[s];
-    const int32_t n = static_cast<int32_t>(st.tokens.size());
-    m.row0[s + 1] = m.row0[s] + n;
-    m.end_pos[s] = static_cast<int32_t>(st.start_position + n);
-    m.all_decode = m.all_decode && n == 1;
-    m.max_q_len = std::max(m.max_q_len, n);
-    m.max_seq_len = std::max(m.max_seq_len, m.end_pos[s]);
-    for (const auto& t : st.block_tables) stride = std::max(stride, t.size());
-  }
-  if (graph) {
-    m.row0[S] = S;
-    m.max_seq_len = bucket_len;
-    stride = static_cast<size_t>((bucket_len + B - 1) / B);  // entries past the bucket are never read
-  }
-  const int32_t T = m.row0[S];
-  m.num_tokens = T;
-  m.table_stride = static_cast<int32_t>(stride);
+  PackStep(batch, &m);
+  const int64_t out_rows = ShapeOutput(batch, m, out);
+  KVF_RETURN_IF_ERROR(m.graph ? EnqueueGraphed(batch, m) : EnqueueStep(batch, m));
+  return CollectOutput(batch, m, out_rows, out);
+}
 
-  // Rows that need logits: part A, the last row of each sequence that samples or asks for
-  // logits (sampled together); part B, the other rows of kAll sequences (in chunks).
-  std::vector<int32_t> part_a_seq;                  // sequences of part A rows
-  std::vector<std::pair<int32_t, int32_t>> part_b;  // (sequence, row) of part B rows
-  for (int32_t s = 0; s < S; ++s) {
-    if (s >= S_real) {
-      part_a_seq.push_back(s);  // padding: sampled greedily, ignored
-      continue;
-    }
-    const SequenceStep& st = batch.seqs[s];
-    if (st.sample || st.logits != LogitsRequest::kNone) part_a_seq.push_back(s);
-    if (st.logits == LogitsRequest::kAll) {
-      for (int32_t r = m.row0[s]; r < m.row0[s + 1] - 1; ++r) part_b.emplace_back(s, r);
-    }
-  }
-  const int32_t na = static_cast<int32_t>(part_a_seq.size());
-  const int32_t nb = static_cast<int32_t>(part_b.size());
+Status CudaBackend::EnqueueStep(const StepBatch& batch, const StepMeta& m) {
+  KVF_RETURN_IF_ERROR(UploadMeta(m));
+  KVF_RETURN_IF_ERROR(Forward(batch, m));
+  return Sample(m);
+}
 
-  Packer pack(staging_host_, staging_dev_, staging_bytes_);
-  auto [ids_h, ids_d] = pack.Take<int32_t>(T);
-  auto [pos_h, pos_d] = pack.Take<int32_t>(T);
-  auto [len_h, len_d] = pack.Take<int32_t>(T);
-  auto [rseq_h, rseq_d] = pack.Take<int32_t>(T);
-  auto [cu_h, cu_d] = pack.Take<int32_t>(S + 1);
-  auto [sl_h, sl_d] = pack.Take<int32_t>(S);
-  auto [rows_h, rows_d] = pack.Take<int32_t>(static_cast<size_t>(na + nb));
-  auto [temp_h, temp_d] = pack.Take<float>(na);
-  auto [topk_h, topk_d] = pack.Take<int32_t>(na);
-  auto [topp_h, topp_d] = pack.Take<float>(na);
-  auto [seed_h, seed_d] = pack.Take<uint64_t>(na);
-  auto [ctr_h, ctr_d] = pack.Take<uint64_t>(na);
-  m.ids = ids_d;
-  m.positions = pos_d;
-  m.row_lens = len_d;
-  m.row_seq = rseq_d;
-  m.cu_q_lens = cu_d;
-  m.seq_lens = sl_d;
-  for (int32_t s = 0; s < S; ++s) {
-    cu_h[s] = m.row0[s];
-    sl_h[s] = m.end_pos[s];
-    if (s >= S_real) {
-      ids_h[s] = 0;
-      pos_h[s] = 0;
-      len_h[s] = 1;
-      rseq_h[s] = s;
-      continue;
+Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
+  const std::pair<int32_t, int32_t> key{m.num_seqs, m.bucket_len};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end() && !graph_seen_.insert(key).second) {
+    // Second step of this shape: capture it (the first ran eagerly, so every kernel
+    // attribute and cuBLASLt plan is set up outside capture).
+    cudaGraph_t g = nullptr;
+    KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const Status captured = EnqueueStep(batch, m);
+    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+    if (!captured.ok()) {
+      if (g != nullptr) cudaGraphDestroy(g);
+      return captured;
     }
-    const SequenceStep& st = batch.seqs[s];
-    for (int32_t i = 0; i < m.row0[s + 1] - m.row0[s]; ++i) {
-      const int32_t r = m.row0[s] + i;
-      ids_h[r] = static_cast<int32_t>(st.tokens[i]);
-      pos_h[r] = static_cast<int32_t>(st.start_position + i);
-      len_h[r] = pos_h[r] + 1;
-      rseq_h[r] = s;
-    }
+    KVF_CUDA_RETURN(end);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    KVF_CUDA_RETURN(inst);
+    it = graphs_.emplace(key, exec).first;
   }
-  cu_h[S] = T;
-  for (size_t pi = 0; pi < P; ++pi) {
-    auto [slot_h, slot_d] = pack.Take<int32_t>(T);
-    auto [tab_h, tab_d] = pack.Take<int32_t>(static_cast<size_t>(S) * stride);
-    m.slots.push_back(slot_d);
-    m.tables.push_back(tab_d);
-    for (int32_t s = 0; s < S; ++s) {
-      int32_t* row = tab_h + static_cast<size_t>(s) * stride;
-      if (s >= S_real) {  // padding reads position 0 of block 0 and writes nothing
-        for (size_t j = 0; j < stride; ++j) row[j] = j == 0 ? 0 : -1;
-        slot_h[s] = -1;
-        continue;
-      }
-      const auto& table = batch.seqs[s].block_tables[pi];
-      for (size_t j = 0; j < stride; ++j) {
-        row[j] = j < table.size() && table[j] != kNoBlock ? static_cast<int32_t>(table[j]) : -1;
-      }
-      for (int32_t r = m.row0[s]; r < m.row0[s + 1]; ++r) {
-        const int64_t pos = pos_h[r];
-        slot_h[r] = static_cast<int32_t>(static_cast<int64_t>(table[pos / B]) * B + pos % B);
-      }
-    }
-  }
-  for (int32_t a = 0; a < na; ++a) {
-    rows_h[a] = m.row0[part_a_seq[a] + 1] - 1;
-    if (part_a_seq[a] >= S_real) {
-      temp_h[a] = 0.0f;
-      topk_h[a] = 0;
-      topp_h[a] = 1.0f;
-      seed_h[a] = 0;
-      ctr_h[a] = 0;
-      continue;
-    }
-    const SequenceStep& st = batch.seqs[part_a_seq[a]];
-    const bool sample = st.sample;
-    temp_h[a] = sample ? st.sampling.temperature : 0.0f;
-    topk_h[a] = sample ? st.sampling.top_k : 0;
-    topp_h[a] = sample ? st.sampling.top_p : 1.0f;
-    seed_h[a] = st.sampling.seed;
-    ctr_h[a] = st.rng_counter;
-  }
-  for (int32_t j = 0; j < nb; ++j) rows_h[na + j] = part_b[j].second;
-
-  // Output rows of logits, per sequence.
-  out->tokens.assign(S_real, kNoToken);
-  out->logits_offset.assign(S_real, -1);
-  int64_t out_rows = 0;
-  for (int32_t s = 0; s < S_real; ++s) {
-    const SequenceStep& st = batch.seqs[s];
-    if (st.logits == LogitsRequest::kNone) continue;
-    out->logits_offset[s] = out_rows;
-    out_rows += st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] : 1;
-  }
-  out->logits.resize(static_cast<size_t>(out_rows * V));
-  const int32_t Hi = static_cast<int32_t>(H);
-  auto head = [&](const int32_t* rows_dev, int32_t n) -> Status {  // logits_[0, n) for these rows
-    KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, T, Hi, stream_));
-    if (n <= gemv_max_rows_) {  // (5)
-      return CudaStatus(kernels::LaunchGemv(lm_head_, head_in_, nullptr, logits_, /*out_f32=*/true,
-                                            static_cast<int32_t>(V), n, Hi, stream_),
-                        "LaunchGemv");
-    }
-    return gemm_->Run(lm_head_, head_in_, nullptr, logits_, LtGemm::Out::kF32, V, n, H, stream_);
-  };
-
-  // Everything from the metadata upload to the sampled tokens' copy back: one graph in
-  // graph mode.
-  auto enqueue = [&]() -> Status {
-  KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, pack.used(), cudaMemcpyHostToDevice, stream_));
-
-  // ---- Forward ----
-  auto gemm = [&](const bf16* w, const bf16* x, const bf16* bias, bf16* y, int64_t rows_out, int64_t k) {
-    if (T <= gemv_max_rows_) {  // (5)
-      return CudaStatus(kernels::LaunchGemv(w, x, bias, y, /*out_f32=*/false, static_cast<int32_t>(rows_out), T,
-                                            static_cast<int32_t>(k), stream_),
-                        "LaunchGemv");
-    }
-    return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
-  };
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  // (5) On the gemv, each RMSNorm is the next product's prologue; the residual stream
-  // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
-  // the others still read the old one).
-  const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
-  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows;
-  const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
-  const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
-  const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
-  bf16* resid = resid_;
-  bf16* resid_next = resid_alt_;
-  auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,
-                       bool silu_mul, int64_t rows_out) -> Status {
-    kernels::GemvRmsNorm nrm;
-    nrm.x = x;
-    nrm.residual_in = add_residual ? resid : nullptr;
-    nrm.residual_out = add_residual ? resid_next : nullptr;
-    nrm.weight = norm_w;
-    nrm.eps = eps;
-    KVF_CUDA_RETURN(kernels::LaunchRmsNormGemv(nrm, w, bias, y, silu_mul, static_cast<int32_t>(rows_out), T, Hi,
-                                               stream_));
-    if (add_residual) std::swap(resid, resid_next);
+  if (it != graphs_.end()) {
+    KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));
     return Status::Ok();
-  };
-  KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
-  if (!fused_norm) {
-    KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
   }
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = layers_[l];
-    if (fused_rope) {  // (RMSNorm,) QKV, RoPE and the K/V store in one launch
-      kernels::GemvRmsNorm nrm;
-      nrm.x = l == 0 ? resid : tmp_;
-      nrm.residual_in = l == 0 ? nullptr : resid;
-      nrm.residual_out = l == 0 ? nullptr : resid_next;
-      nrm.weight = w.input_norm;
-      nrm.eps = eps;
-      const size_t pi = static_cast<size_t>(layer_pool_[l]);
-      kernels::GemvRopeKvStore rope;
-      rope.positions = m.positions;
-      rope.slots = m.slots[pi];
-      rope.inv_freq = inv_freq_;
-      rope.q_out = q_;
-      rope.kv_pool = device_kv_[pi];
-      rope.layout = PoolLayout(pi);
-      rope.layer = layer_index_[l];
-      rope.num_q_heads = static_cast<int32_t>(c.num_heads);
-      rope.rotate = !pools_[pi].position_shift;
-      if (fused_norm) {
-        KVF_CUDA_RETURN(kernels::LaunchRmsNormGemvRopeKv(nrm, w.qkv, w.qkv_bias, rope, T, Hi, stream_));
-        if (l > 0) std::swap(resid, resid_next);
-      } else {
-        KVF_CUDA_RETURN(kernels::LaunchGemvRopeKv(w.qkv, xn_, w.qkv_bias, rope, T, Hi, stream_));
-      }
-    } else {
-      KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
-    }
-    KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
-    KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
-    if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
-      KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
-    } else {
-      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
-      if (fused_silu) {
-        KVF_CUDA_RETURN(kernels::LaunchGemvSiluMul(w.gate_up, xn_, w.gate_up_bias, act_, static_cast<int32_t>(I), T,
-                                                   Hi, stream_));
-      } else {
-        KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
-        KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
-      }
-    }
-    KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
-    if (!fused_norm || l + 1 == c.num_layers) {
-      const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
-      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
-    }
-  }
-
-  // ---- LM head, sampling ----
-  if (na > 0) {
-    KVF_RETURN_IF_ERROR(head(rows_d, na));
-    kernels::SamplingParams sp;
-    sp.logits = logits_;
-    sp.temperature = temp_d;
-    sp.top_k = topk_d;
-    sp.top_p = topp_d;
-    sp.seed = seed_d;
-    sp.step = ctr_d;
-    sp.tokens = tokens_dev_;
-    sp.num_seqs = na;
-    sp.vocab = static_cast<int32_t>(V);
-    KVF_CUDA_RETURN(kernels::LaunchSampling(sp, stream_));
-    KVF_CUDA_RETURN(cudaMemcpyAsync(tokens_host_, tokens_dev_, na * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  }
-  return Status::Ok();
-  };  // enqueue
-
-  if (graph) {
-    const std::pair<int32_t, int32_t> key{S, bucket_len};
-    auto it = graphs_.find(key);
-    if (it == graphs_.end() && !graph_seen_.insert(key).second) {
-      // Second step of this shape: capture it (the first ran eagerly, so every kernel
-      // attribute and cuBLASLt plan is set up outside capture).
-      cudaGraph_t g = nullptr;
-      KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      const Status captured = enqueue();
-      const cudaError_t end = cudaStreamEndCapture(stream_, &g);
-      if (!captured.ok()) {
-        if (g != nullptr) cudaGraphDestroy(g);
-        return captured;
-      }
-      KVF_CUDA_RETURN(end);
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
-      cudaGraphDestroy(g);
-      KVF_CUDA_RETURN(inst);
-      it = graphs_.emplace(key, exec).first;
-    }
-    if (it != graphs_.end()) {
-      KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));
-    } else {
-      KVF_RETURN_IF_ERROR(enqueue());
-    }
-  } else {
-    KVF_RETURN_IF_ERROR(enqueue());
-  }
-  if (na > 0 && out_rows > 0) {
-    KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(na) * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-  }
-  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));  // (3)
-  for (int32_t a = 0; a < na; ++a) {
-    const int32_t s = part_a_seq[a];
-    if (s >= S_real) continue;
-    const SequenceStep& st = batch.seqs[s];
-    if (st.sample) out->tokens[s] = static_cast<TokenId>(tokens_host_[a]);
-    if (st.logits != LogitsRequest::kNone) {
-      const int64_t dst = out->logits_offset[s] + (st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] - 1 : 0);
-      std::memcpy(&out->logits[dst * V], logits_host_ + static_cast<size_t>(a) * V, V * sizeof(float));
-    }
-  }
-  for (int32_t j0 = 0; j0 < nb; j0 += static_cast<int32_t>(logits_rows_)) {
-    const int32_t n = std::min<int32_t>(static_cast<int32_t>(logits_rows_), nb - j0);
-    KVF_RETURN_IF_ERROR(head(rows_d + na + j0, n));
-    KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(n) * V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-    KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
-    for (int32_t j = j0; j < j0 + n; ++j) {
-      const auto [s, r] = part_b[j];
-      const int64_t dst = out->logits_offset[s] + (r - m.row0[s]);
-      std::memcpy(&out->logits[dst * V], logits_host_ + static_cast<size_t>(j - j0) * V, V * sizeof(float));
-    }
-  }
-  return Status::Ok();
+  return EnqueueStep(batch, m);
 }
 
 namespace {

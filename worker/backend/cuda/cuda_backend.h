@@ -60,6 +60,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -90,6 +91,9 @@ constexpr int32_t kMinGraphLength = 128;
 // (kvfleet_gemv_bench, tests/bench/results/README.md): all matmuls of a step at 1 row take
 // 3.83 ms against cuBLASLt's 3.99; at 2 rows they tie, from 3 rows on cuBLASLt is faster.
 constexpr int32_t kGemvMaxRowsDefault = 1;
+// Alignment of every array in the step's metadata staging buffer (16 bytes: vector loads in
+// kernels).
+constexpr size_t kStagingAlign = 16;
 }  // namespace config
 
 class CudaBackend final : public ModelBackendBase {
@@ -114,17 +118,71 @@ class CudaBackend final : public ModelBackendBase {
     __nv_bfloat16 *post_norm = nullptr, *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr,
                   *down_bias = nullptr;
   };
-  // The step's metadata in the packed staging buffer: device pointers.
-  struct StepMeta;
+  // One step as the kernels see it: its shape, and device pointers into the packed staging
+  // buffer (valid once UploadMeta's copy has run on the stream). T: token rows, S: sequences
+  // (padding included in graph mode).
+  struct StepMeta {
+    bool graph = false;           // replayed as the captured graph of its bucket (4)
+    int32_t bucket_len = 0;       // graph mode: the length bucket
+    size_t staging_used = 0;      // bytes of the staging buffer in use
+    int32_t num_tokens = 0, num_seqs = 0;
+    bool all_decode = false;      // every sequence brings exactly one token
+    int32_t max_q_len = 0;        // longest chunk of the step
+    int32_t max_seq_len = 0;      // longest sequence end of the step
+    int32_t table_stride = 0;     // block-table entries per sequence in this step
+    const int32_t* ids = nullptr;        // [T]
+    const int32_t* positions = nullptr;  // [T]
+    const int32_t* row_lens = nullptr;   // [T] position + 1
+    const int32_t* row_seq = nullptr;    // [T] sequence of each row
+    std::vector<const int32_t*> slots;   // [pool] → [T]
+    std::vector<const int32_t*> tables;  // [pool] → [S][table_stride]
+    const int32_t* cu_q_lens = nullptr;  // [S + 1]
+    const int32_t* seq_lens = nullptr;   // [S]
+    std::vector<int32_t> row0;           // host: first row of each sequence, [S + 1]
+    std::vector<int32_t> end_pos;        // host: [S] sequence end positions
+    // Rows that need logits: part A, the last row of each sequence that samples or asks for
+    // logits (sampled together); part B, the other rows of kAll sequences (in chunks).
+    std::vector<int32_t> part_a_seq;                  // host: sequences of part A rows
+    std::vector<std::pair<int32_t, int32_t>> part_b;  // host: (sequence, row) of part B rows
+    const int32_t* head_rows = nullptr;  // [part A + part B] row of each, part A first
+    // Sampling settings, [part A].
+    const float* temperature = nullptr;
+    const int32_t* top_k = nullptr;
+    const float* top_p = nullptr;
+    const uint64_t* seed = nullptr;
+    const uint64_t* rng_counter = nullptr;
+  };
 
   explicit CudaBackend(const BackendOptions& options);
   Status Validate(const StepBatch& batch) const;
   Status LoadWeights(const model::Checkpoint& checkpoint);
   Status AllocateBuffers();
   Status AllocateKv(uint64_t free_after_buffers);
+  kernels::PagedKvLayout PoolLayout(size_t pool) const;
+
+  // The parts of a step (Execute). Packing (cuda_batch.cc): the step's shape and metadata
+  // into the pinned staging buffer, and its upload.
+  void PackStep(const StepBatch& batch, StepMeta* m);
+  Status UploadMeta(const StepMeta& m);
+  // Everything from the metadata upload to the sampled tokens' copy back; with m.graph, as
+  // the bucket's graph (captured on its second step).
+  Status EnqueueStep(const StepBatch& batch, const StepMeta& m);
+  Status EnqueueGraphed(const StepBatch& batch, const StepMeta& m);
+  // The forward pass (cuda_forward.cc): embedding, layers, final RMSNorm into xn_.
+  Status Forward(const StepBatch& batch, const StepMeta& m);
   // RoPE + K/V store (unless rope_done: the QKV gemv's epilogue did it), then attention.
   Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done);
-  kernels::PagedKvLayout PoolLayout(size_t pool) const;
+  // Sampling and outputs (cuda_sampling.cc). Sizes out's tokens and logits; returns the
+  // rows of logits it holds.
+  int64_t ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const;
+  // logits_[0, n) = LM head of the rows_dev rows of xn_.
+  Status LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n);
+  // LM head over part A, then the sampling kernel and the tokens' copy back.
+  Status Sample(const StepMeta& m);
+  // Waits for the step (3), fills out with its tokens and logits (part B rows computed here,
+  // in chunks of logits_rows_).
+  Status CollectOutput(const StepBatch& batch, const StepMeta& m, int64_t out_rows, StepOutput* out);
+
   // A device allocation owned by the backend (freed in the destructor).
   template <typename T>
   Result<T*> DeviceAlloc(size_t count);

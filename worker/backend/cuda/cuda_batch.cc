@@ -1,0 +1,210 @@
+// CudaBackend, step metadata: a step's shape (its decode-graph bucket, invariant 4) and the
+// packing of its token ids, positions, KV slots, block tables, sequence lengths, logits rows
+// and sampling settings into the pinned staging buffer, uploaded in one copy.
+// Thread-compatible, as CudaBackend: the engine thread calls it.
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_util.h"
+
+namespace kvfleet::backend::cuda {
+namespace {
+
+// Bump allocation of one step's metadata in the pinned staging buffer; each array's
+// device address is the same offset in the device mirror.
+class Packer {
+ public:
+  Packer(std::byte* host, std::byte* dev, size_t capacity) : host_(host), dev_(dev), capacity_(capacity) {}
+  template <typename T>
+  std::pair<T*, T*> Take(size_t n) {  // (host, device)
+    used_ = (used_ + config::kStagingAlign - 1) / config::kStagingAlign * config::kStagingAlign;
+    KVF_CHECK(used_ + n * sizeof(T) <= capacity_) << "cuda backend: step metadata exceeds its staging buffer";
+    std::pair<T*, T*> p{reinterpret_cast<T*>(host_ + used_), reinterpret_cast<T*>(dev_ + used_)};
+    used_ += n * sizeof(T);
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  std::byte* host_;
+  std::byte* dev_;
+  size_t capacity_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
+  StepMeta& m = *meta;
+  const int32_t S_real = static_cast<int32_t>(batch.seqs.size());
+  const int64_t B = options_.block_size;
+  const size_t P = pools_.size();
+
+  // A decode step that only samples runs as a CUDA graph of its shape bucket (4): the batch
+  // padded to a power of two, lengths rounded up to a power of two.
+  bool graph = use_graphs_;
+  int32_t max_end = 0;
+  for (const SequenceStep& st : batch.seqs) {
+    graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
+    max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
+  }
+  int32_t S = S_real, bucket_len = 0;
+  if (graph) {
+    S = 1;
+    while (S < S_real) S *= 2;
+    S = std::min({S, options_.max_batch_size, options_.max_num_tokens});
+    bucket_len = config::kMinGraphLength;
+    while (bucket_len < max_end) bucket_len *= 2;
+    bucket_len = static_cast<int32_t>(std::min<int64_t>(bucket_len, max_context_));
+    graph = S >= S_real;
+  }
+  if (!graph) S = S_real;
+  m.graph = graph;
+  m.bucket_len = bucket_len;
+
+  // ---- Rows of each sequence ----
+  m.num_seqs = S;
+  m.row0.assign(S + 1, 0);
+  m.end_pos.assign(S, 0);
+  m.all_decode = true;
+  size_t stride = 1;
+  for (int32_t s = S_real; s < S; ++s) {  // padding rows: one token at position 0
+    m.row0[s + 1] = s + 1;
+    m.end_pos[s] = 1;
+  }
+  for (int32_t s = 0; s < S_real; ++s) {
+    const SequenceStep& st = batch.seqs[s];
+    const int32_t n = static_cast<int32_t>(st.tokens.size());
+    m.row0[s + 1] = m.row0[s] + n;
+    m.end_pos[s] = static_cast<int32_t>(st.start_position + n);
+    m.all_decode = m.all_decode && n == 1;
+    m.max_q_len = std::max(m.max_q_len, n);
+    m.max_seq_len = std::max(m.max_seq_len, m.end_pos[s]);
+    for (const auto& t : st.block_tables) stride = std::max(stride, t.size());
+  }
+  if (graph) {
+    m.row0[S] = S;
+    m.max_seq_len = bucket_len;
+    stride = static_cast<size_t>((bucket_len + B - 1) / B);  // entries past the bucket are never read
+  }
+  const int32_t T = m.row0[S];
+  m.num_tokens = T;
+  m.table_stride = static_cast<int32_t>(stride);
+
+  // Rows that need logits (StepMeta: parts A and B).
+  std::vector<int32_t>& part_a_seq = m.part_a_seq;
+  std::vector<std::pair<int32_t, int32_t>>& part_b = m.part_b;
+  for (int32_t s = 0; s < S; ++s) {
+    if (s >= S_real) {
+      part_a_seq.push_back(s);  // padding: sampled greedily, ignored
+      continue;
+    }
+    const SequenceStep& st = batch.seqs[s];
+    if (st.sample || st.logits != LogitsRequest::kNone) part_a_seq.push_back(s);
+    if (st.logits == LogitsRequest::kAll) {
+      for (int32_t r = m.row0[s]; r < m.row0[s + 1] - 1; ++r) part_b.emplace_back(s, r);
+    }
+  }
+  const int32_t na = static_cast<int32_t>(part_a_seq.size());
+  const int32_t nb = static_cast<int32_t>(part_b.size());
+
+  // ---- Packed into the pinned staging buffer ----
+  Packer pack(staging_host_, staging_dev_, staging_bytes_);
+  auto [ids_h, ids_d] = pack.Take<int32_t>(T);
+  auto [pos_h, pos_d] = pack.Take<int32_t>(T);
+  auto [len_h, len_d] = pack.Take<int32_t>(T);
+  auto [rseq_h, rseq_d] = pack.Take<int32_t>(T);
+  auto [cu_h, cu_d] = pack.Take<int32_t>(S + 1);
+  auto [sl_h, sl_d] = pack.Take<int32_t>(S);
+  auto [rows_h, rows_d] = pack.Take<int32_t>(static_cast<size_t>(na + nb));
+  auto [temp_h, temp_d] = pack.Take<float>(na);
+  auto [topk_h, topk_d] = pack.Take<int32_t>(na);
+  auto [topp_h, topp_d] = pack.Take<float>(na);
+  auto [seed_h, seed_d] = pack.Take<uint64_t>(na);
+  auto [ctr_h, ctr_d] = pack.Take<uint64_t>(na);
+  m.ids = ids_d;
+  m.positions = pos_d;
+  m.row_lens = len_d;
+  m.row_seq = rseq_d;
+  m.cu_q_lens = cu_d;
+  m.seq_lens = sl_d;
+  m.head_rows = rows_d;
+  m.temperature = temp_d;
+  m.top_k = topk_d;
+  m.top_p = topp_d;
+  m.seed = seed_d;
+  m.rng_counter = ctr_d;
+  for (int32_t s = 0; s < S; ++s) {
+    cu_h[s] = m.row0[s];
+    sl_h[s] = m.end_pos[s];
+    if (s >= S_real) {
+      ids_h[s] = 0;
+      pos_h[s] = 0;
+      len_h[s] = 1;
+      rseq_h[s] = s;
+      continue;
+    }
+    const SequenceStep& st = batch.seqs[s];
+    for (int32_t i = 0; i < m.row0[s + 1] - m.row0[s]; ++i) {
+      const int32_t r = m.row0[s] + i;
+      ids_h[r] = static_cast<int32_t>(st.tokens[i]);
+      pos_h[r] = static_cast<int32_t>(st.start_position + i);
+      len_h[r] = pos_h[r] + 1;
+      rseq_h[r] = s;
+    }
+  }
+  cu_h[S] = T;
+  for (size_t pi = 0; pi < P; ++pi) {
+    auto [slot_h, slot_d] = pack.Take<int32_t>(T);
+    auto [tab_h, tab_d] = pack.Take<int32_t>(static_cast<size_t>(S) * stride);
+    m.slots.push_back(slot_d);
+    m.tables.push_back(tab_d);
+    for (int32_t s = 0; s < S; ++s) {
+      int32_t* row = tab_h + static_cast<size_t>(s) * stride;
+      if (s >= S_real) {  // padding reads position 0 of block 0 and writes nothing
+        for (size_t j = 0; j < stride; ++j) row[j] = j == 0 ? 0 : -1;
+        slot_h[s] = -1;
+        continue;
+      }
+      const auto& table = batch.seqs[s].block_tables[pi];
+      for (size_t j = 0; j < stride; ++j) {
+        row[j] = j < table.size() && table[j] != kNoBlock ? static_cast<int32_t>(table[j]) : -1;
+      }
+      for (int32_t r = m.row0[s]; r < m.row0[s + 1]; ++r) {
+        const int64_t pos = pos_h[r];
+        slot_h[r] = static_cast<int32_t>(static_cast<int64_t>(table[pos / B]) * B + pos % B);
+      }
+    }
+  }
+  for (int32_t a = 0; a < na; ++a) {
+    rows_h[a] = m.row0[part_a_seq[a] + 1] - 1;
+    if (part_a_seq[a] >= S_real) {
+      temp_h[a] = 0.0f;
+      topk_h[a] = 0;
+      topp_h[a] = 1.0f;
+      seed_h[a] = 0;
+      ctr_h[a] = 0;
+      continue;
+    }
+    const SequenceStep& st = batch.seqs[part_a_seq[a]];
+    const bool sample = st.sample;
+    temp_h[a] = sample ? st.sampling.temperature : 0.0f;
+    topk_h[a] = sample ? st.sampling.top_k : 0;
+    topp_h[a] = sample ? st.sampling.top_p : 1.0f;
+    seed_h[a] = st.sampling.seed;
+    ctr_h[a] = st.rng_counter;
+  }
+  for (int32_t j = 0; j < nb; ++j) rows_h[na + j] = part_b[j].second;
+  m.staging_used = pack.used();
+}
+
+Status CudaBackend::UploadMeta(const StepMeta& m) {
+  KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, m.staging_used, cudaMemcpyHostToDevice, stream_));
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::backend::cuda

@@ -1,0 +1,204 @@
+// CudaBackend, forward pass: the embedding, every transformer layer (QKV, RoPE + K/V store,
+// paged attention, O, MLP; on the gemv with the fusions of invariant 5) and the final
+// RMSNorm, enqueued on the backend's stream. Thread-compatible, as CudaBackend: the engine
+// thread calls it.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "kernels/gemv.h"
+#include "kernels/paged_attention_generic.h"
+#include "kernels/paged_decode.h"
+#include "kernels/paged_prefill.h"
+#include "kernels/small_kernels.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_util.h"
+
+namespace kvfleet::backend::cuda {
+namespace {
+using bf16 = __nv_bfloat16;
+}  // namespace
+
+Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
+  const model::ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const int32_t T = m.num_tokens;
+  const int32_t Hi = static_cast<int32_t>(H);
+  auto gemm = [&](const bf16* w, const bf16* x, const bf16* bias, bf16* y, int64_t rows_out, int64_t k) {
+    if (T <= gemv_max_rows_) {  // (5)
+      return CudaStatus(kernels::LaunchGemv(w, x, bias, y, /*out_f32=*/false, static_cast<int32_t>(rows_out), T,
+                                            static_cast<int32_t>(k), stream_),
+                        "LaunchGemv");
+    }
+    return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
+  };
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // (5) On the gemv, each RMSNorm is the next product's prologue; the residual stream
+  // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
+  // the others still read the old one).
+  const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
+  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows;
+  const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
+  const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
+  const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
+  bf16* resid = resid_;
+  bf16* resid_next = resid_alt_;
+  auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,
+                       bool silu_mul, int64_t rows_out) -> Status {
+    kernels::GemvRmsNorm nrm;
+    nrm.x = x;
+    nrm.residual_in = add_residual ? resid : nullptr;
+    nrm.residual_out = add_residual ? resid_next : nullptr;
+    nrm.weight = norm_w;
+    nrm.eps = eps;
+    KVF_CUDA_RETURN(kernels::LaunchRmsNormGemv(nrm, w, bias, y, silu_mul, static_cast<int32_t>(rows_out), T, Hi,
+                                               stream_));
+    if (add_residual) std::swap(resid, resid_next);
+    return Status::Ok();
+  };
+  KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
+  if (!fused_norm) {
+    KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    if (fused_rope) {  // (RMSNorm,) QKV, RoPE and the K/V store in one launch
+      kernels::GemvRmsNorm nrm;
+      nrm.x = l == 0 ? resid : tmp_;
+      nrm.residual_in = l == 0 ? nullptr : resid;
+      nrm.residual_out = l == 0 ? nullptr : resid_next;
+      nrm.weight = w.input_norm;
+      nrm.eps = eps;
+      const size_t pi = static_cast<size_t>(layer_pool_[l]);
+      kernels::GemvRopeKvStore rope;
+      rope.positions = m.positions;
+      rope.slots = m.slots[pi];
+      rope.inv_freq = inv_freq_;
+      rope.q_out = q_;
+      rope.kv_pool = device_kv_[pi];
+      rope.layout = PoolLayout(pi);
+      rope.layer = layer_index_[l];
+      rope.num_q_heads = static_cast<int32_t>(c.num_heads);
+      rope.rotate = !pools_[pi].position_shift;
+      if (fused_norm) {
+        KVF_CUDA_RETURN(kernels::LaunchRmsNormGemvRopeKv(nrm, w.qkv, w.qkv_bias, rope, T, Hi, stream_));
+        if (l > 0) std::swap(resid, resid_next);
+      } else {
+        KVF_CUDA_RETURN(kernels::LaunchGemvRopeKv(w.qkv, xn_, w.qkv_bias, rope, T, Hi, stream_));
+      }
+    } else {
+      KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
+    }
+    KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
+    KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
+    if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
+      KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
+    } else {
+      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
+      if (fused_silu) {
+        KVF_CUDA_RETURN(kernels::LaunchGemvSiluMul(w.gate_up, xn_, w.gate_up_bias, act_, static_cast<int32_t>(I), T,
+                                                   Hi, stream_));
+      } else {
+        KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
+        KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
+      }
+    }
+    KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
+    if (!fused_norm || l + 1 == c.num_layers) {
+      const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
+      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done) {
+  const model::ModelConfig& c = config_;
+  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+  const KvPoolInfo& pool = pools_[pi];
+  const kernels::PagedKvLayout layout = PoolLayout(pi);
+  const int32_t li = layer_index_[layer];
+  const int32_t nh = static_cast<int32_t>(c.num_heads);
+  const bool shift = pool.position_shift;
+  if (!rope_done) {
+    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq_, q_, device_kv_[pi], layout,
+                                               li, m.num_tokens, nh, /*rotate=*/!shift, stream_));
+  }
+  kernels::AttentionMask mask;
+  mask.window = pool.window;
+  mask.sinks = pool.sink_tokens;
+  mask.chunk = pool.attention_chunk;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  // The fields the params of every attention kernel share: q, out and block tables of the
+  // launch; the layer's pool, heads, scale and mask.
+  auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride) {
+    p.q = q;
+    p.kv_pool = device_kv_[pi];
+    p.block_tables = tables;
+    p.out = out;
+    p.layout = layout;
+    p.layer = li;
+    p.num_q_heads = nh;
+    p.max_blocks_per_seq = stride;
+    p.scale = scale;
+    p.mask = mask;
+  };
+
+  // Decode-kernel launch over `n` query rows (one per "sequence" of the kernel).
+  auto decode = [&](const bf16* q, bf16* out, const int32_t* tables, int32_t stride, const int32_t* lens, int32_t n,
+                    int32_t max_len) -> Status {
+    kernels::PagedDecodeParams p;
+    set_common(p, q, out, tables, stride);
+    p.seq_lens = lens;
+    p.workspace = decode_workspace_;
+    p.rope_inv_freq = shift ? inv_freq_ : nullptr;
+    p.num_seqs = n;
+    p.max_seq_len = max_len;
+    p.partition_size = kernels::PagedDecodeChoosePartition(n, nh, layout.num_kv_heads, max_len, num_sms_);
+    while (kernels::PagedDecodeWorkspaceBytes(p) > decode_workspace_bytes_) p.partition_size *= 2;
+    KVF_CUDA_RETURN(kernels::LaunchPagedDecode(p, stream_));
+    return Status::Ok();
+  };
+
+  // Shapes the tensor-core kernels do not take go through the generic kernel.
+  const int32_t hd = pool.head_dim;
+  const bool fast = m.all_decode ? (hd == 64 || hd == 128 || hd == 256) : (hd == 64 || hd == 128);
+  if (!fast) {
+    kernels::GenericAttentionParams g;
+    set_common(g, q_, attn_, m.tables[pi], m.table_stride);
+    g.token_seq = m.row_seq;
+    g.positions = m.positions;
+    g.rope_inv_freq = shift ? inv_freq_ : nullptr;
+    g.num_tokens = m.num_tokens;
+    KVF_CUDA_RETURN(kernels::LaunchGenericAttention(g, stream_));
+    return Status::Ok();
+  }
+  if (m.all_decode) {
+    return decode(q_, attn_, m.tables[pi], m.table_stride, m.seq_lens, m.num_seqs, m.max_seq_len);
+  }
+  if (shift) {
+    // Shifted RoPE is decode-only: every query row of a chunk is its own decode query,
+    // all reading the sequence's one table (stride 0), at most max_batch_size per launch.
+    const size_t qs = static_cast<size_t>(c.q_size());
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      for (int32_t r = m.row0[s]; r < m.row0[s + 1]; r += options_.max_batch_size) {
+        const int32_t n = std::min(options_.max_batch_size, m.row0[s + 1] - r);
+        const int32_t max_len = m.end_pos[s] - (m.row0[s + 1] - (r + n));
+        KVF_RETURN_IF_ERROR(decode(q_ + r * qs, attn_ + r * qs, m.tables[pi] + s * m.table_stride, 0, m.row_lens + r,
+                                   n, max_len));
+      }
+    }
+    return Status::Ok();
+  }
+  kernels::PagedPrefillParams p;
+  set_common(p, q_, attn_, m.tables[pi], m.table_stride);
+  p.cu_q_lens = m.cu_q_lens;
+  p.seq_lens = m.seq_lens;
+  p.num_seqs = m.num_seqs;
+  p.max_q_len = m.max_q_len;
+  KVF_CUDA_RETURN(kernels::LaunchPagedPrefill(p, stream_));
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::backend::cuda

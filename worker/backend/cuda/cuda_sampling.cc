@@ -1,0 +1,101 @@
+// CudaBackend, sampling and the step's outputs: the LM head over the rows that need logits,
+// the sampling kernel, and the copy of tokens and logits back into the StepOutput.
+// Thread-compatible, as CudaBackend: the engine thread calls it.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/gemv.h"
+#include "kernels/sampling.h"
+#include "kernels/small_kernels.h"
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_util.h"
+
+namespace kvfleet::backend::cuda {
+
+int64_t CudaBackend::ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const {
+  const int64_t V = config_.vocab_size;
+  const int32_t S_real = static_cast<int32_t>(batch.seqs.size());
+  // Output rows of logits, per sequence.
+  out->tokens.assign(S_real, kNoToken);
+  out->logits_offset.assign(S_real, -1);
+  int64_t out_rows = 0;
+  for (int32_t s = 0; s < S_real; ++s) {
+    const SequenceStep& st = batch.seqs[s];
+    if (st.logits == LogitsRequest::kNone) continue;
+    out->logits_offset[s] = out_rows;
+    out_rows += st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] : 1;
+  }
+  out->logits.resize(static_cast<size_t>(out_rows * V));
+  return out_rows;
+}
+
+Status CudaBackend::LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  const int32_t Hi = static_cast<int32_t>(H);
+  KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, m.num_tokens, Hi, stream_));
+  if (n <= gemv_max_rows_) {  // (5)
+    return CudaStatus(kernels::LaunchGemv(lm_head_, head_in_, nullptr, logits_, /*out_f32=*/true,
+                                          static_cast<int32_t>(V), n, Hi, stream_),
+                      "LaunchGemv");
+  }
+  return gemm_->Run(lm_head_, head_in_, nullptr, logits_, LtGemm::Out::kF32, V, n, H, stream_);
+}
+
+Status CudaBackend::Sample(const StepMeta& m) {
+  const int32_t na = static_cast<int32_t>(m.part_a_seq.size());
+  if (na > 0) {
+    KVF_RETURN_IF_ERROR(LmHead(m, m.head_rows, na));
+    kernels::SamplingParams sp;
+    sp.logits = logits_;
+    sp.temperature = m.temperature;
+    sp.top_k = m.top_k;
+    sp.top_p = m.top_p;
+    sp.seed = m.seed;
+    sp.step = m.rng_counter;
+    sp.tokens = tokens_dev_;
+    sp.num_seqs = na;
+    sp.vocab = static_cast<int32_t>(config_.vocab_size);
+    KVF_CUDA_RETURN(kernels::LaunchSampling(sp, stream_));
+    KVF_CUDA_RETURN(cudaMemcpyAsync(tokens_host_, tokens_dev_, na * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::CollectOutput(const StepBatch& batch, const StepMeta& m, int64_t out_rows, StepOutput* out) {
+  const int64_t V = config_.vocab_size;
+  const int32_t S_real = static_cast<int32_t>(batch.seqs.size());
+  const std::vector<int32_t>& part_a_seq = m.part_a_seq;
+  const std::vector<std::pair<int32_t, int32_t>>& part_b = m.part_b;
+  const int32_t na = static_cast<int32_t>(part_a_seq.size());
+  const int32_t nb = static_cast<int32_t>(part_b.size());
+  if (na > 0 && out_rows > 0) {
+    KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(na) * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  }
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));  // (3)
+  for (int32_t a = 0; a < na; ++a) {
+    const int32_t s = part_a_seq[a];
+    if (s >= S_real) continue;
+    const SequenceStep& st = batch.seqs[s];
+    if (st.sample) out->tokens[s] = static_cast<TokenId>(tokens_host_[a]);
+    if (st.logits != LogitsRequest::kNone) {
+      const int64_t dst = out->logits_offset[s] + (st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] - 1 : 0);
+      std::memcpy(&out->logits[dst * V], logits_host_ + static_cast<size_t>(a) * V, V * sizeof(float));
+    }
+  }
+  for (int32_t j0 = 0; j0 < nb; j0 += static_cast<int32_t>(logits_rows_)) {
+    const int32_t n = std::min<int32_t>(static_cast<int32_t>(logits_rows_), nb - j0);
+    KVF_RETURN_IF_ERROR(LmHead(m, m.head_rows + na + j0, n));
+    KVF_CUDA_RETURN(cudaMemcpyAsync(logits_host_, logits_, static_cast<size_t>(n) * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    for (int32_t j = j0; j < j0 + n; ++j) {
+      const auto [s, r] = part_b[j];
+      const int64_t dst = out->logits_offset[s] + (r - m.row0[s]);
+      std::memcpy(&out->logits[dst * V], logits_host_ + static_cast<size_t>(j - j0) * V, V * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::backend::cuda
