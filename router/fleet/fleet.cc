@@ -30,17 +30,6 @@
 
 namespace kvfleet::router {
 
-std::string_view LivenessName(WorkerLiveness l) {
-  switch (l) {
-    case WorkerLiveness::kUnknown: return "unknown";
-    case WorkerLiveness::kSyncing: return "syncing";
-    case WorkerLiveness::kLive: return "live";
-    case WorkerLiveness::kReplaying: return "replaying";
-    case WorkerLiveness::kDead: return "dead";
-  }
-  return "?";
-}
-
 namespace {
 
 // "tcp://host:5556" -> ("tcp://host", 5556); nullopt when there is no numeric port.
@@ -338,7 +327,7 @@ class FleetImpl final : public LaneFleet {
       s.info = w->info;
       s.connected = w->connected.load();
       s.said_bye = w->said_bye.load();
-      s.liveness = signals_ ? signals_->State(w->id) : WorkerLiveness::kUnknown;
+      s.state = signals_ ? signals_->State(w->id) : WorkerState::kUnknown;
       s.routable = Routable(*w);
       s.inflight_requests = w->inflight_requests.load();
       s.inflight_prefill_tokens = w->inflight_prefill_tokens.load();
@@ -362,7 +351,7 @@ class FleetImpl final : public LaneFleet {
     return w.history.At(at, w.Own());
   }
 
-  std::optional<LoadReport> ReportedLoad(WorkerId id) const {
+  std::optional<WorkerLoad> ReportedLoad(WorkerId id) const {
     return signals_ ? signals_->Load(id) : std::nullopt;
   }
 
@@ -386,7 +375,7 @@ class FleetImpl final : public LaneFleet {
 
   bool Routable(const WorkerRecord& w) const {
     if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
-    return signals_ == nullptr || signals_->State(w.id) != WorkerLiveness::kDead;
+    return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
   }
 
   void Post(Command cmd) {
@@ -769,7 +758,7 @@ bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
-std::optional<LoadReport> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
 

@@ -507,7 +507,7 @@ void GlobalIndex::ReclaimRetired() {
 
 // ---- Queries ---------------------------------------------------------------------------
 
-void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<WorkerMatch>* out) const {
+void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const {
   out->clear();
   if (hashes.empty()) return;
   ReaderGuard guard(readers_);
@@ -567,7 +567,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     lo = std::min(lo, w);
     hi = std::max(hi, w);
     ForEachBit(s.active[w] & ~s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = 0; });
-    ForEachBit(s.active[w], w, [&](WorkerId id) { out->push_back(WorkerMatch{id, 0, 0}); });
+    ForEachBit(s.active[w], w, [&](WorkerId id) { out->push_back(PrefixMatch{id, 0, 0}); });
   }
   if (hi < 0) return;  // only expired predictions
   touch(v0);
@@ -614,7 +614,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     ForEachBit(s.active[w], w, [&](WorkerId id) { s.total_len[id] = i; });
     ForEachBit(s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = i; });
   }
-  for (WorkerMatch& m : *out) {
+  for (PrefixMatch& m : *out) {
     m.device_blocks = s.dev_len[m.worker];
     m.host_blocks = s.total_len[m.worker] - m.device_blocks;
   }

@@ -173,7 +173,7 @@ std::vector<std::string> WorkerEndpoints(int port);
 // One Generate straight to a worker over `dealer` (Contract 3); the same subtraction.
 Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std::mt19937_64& rng) {
   Sample s;
-  kvfleet::router::GenerateParams p;
+  kvfleet::GenerateParams p;
   std::string prompt = RandomPrompt(rng, a.prompt_tokens);
   p.tokens.assign(prompt.begin(), prompt.end());
   p.sampling.max_tokens = static_cast<uint32_t>(a.max_tokens);
@@ -189,14 +189,14 @@ Sample RunDirect(zmq::socket_t& dealer, uint64_t request_id, const Args& a, std:
     if (!dealer.recv(msg, zmq::recv_flags::dontwait)) continue;
     auto decoded = kvfleet::DecodeFromWorker(msg.data(), msg.size());
     if (!decoded.ok()) return s;
-    auto* d = std::get_if<kvfleet::router::WorkerDelta>(&*decoded);
+    auto* d = std::get_if<kvfleet::WorkerDelta>(&*decoded);
     if (d == nullptr || d->request_id != request_id) return s;
     if (!s.ok && !d->tokens.empty()) {
       s.client_ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       s.worker_ttft_ms = static_cast<double>(d->usage.time_to_first_token_us) / 1000.0;
       s.ok = true;
     }
-    if (d->finish != kvfleet::router::FinishReason::kNone) return s;
+    if (d->finish != kvfleet::FinishReason::kNone) return s;
   }
 }
 
