@@ -56,7 +56,7 @@ engine::GenerateRequest ToRequest(GenerateParams&& g) {
     if (range.duration_ms) rr.duration = static_cast<DurationNs>(*range.duration_ms) * kNsPerMs;
     r.retention.token_ranges.push_back(rr);
   }
-  r.retention.decode_priority = g.retention.decode_priority;
+  if (g.retention.decode_priority) r.retention.decode_priority = *g.retention.decode_priority;
   if (g.retention.decode_duration_ms) {
     r.retention.decode_duration = static_cast<DurationNs>(*g.retention.decode_duration_ms) * kNsPerMs;
   }
