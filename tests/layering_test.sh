@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The rooms of the tree and what each may include. Routers and workers share only common/,
-# schema/ (every wire contract) and, for the router, tokenizer/; inside the worker, each
-# layer includes only the layers below it. A new include that crosses these lines fails here.
+# schema/ (every wire contract) and, for the router, tokenizer/; inside the worker and the
+# router, each layer includes only the layers below it. A new include that crosses these lines fails here.
 #
 #   tests/layering_test.sh [ROOT]
 set -uo pipefail
@@ -21,12 +21,16 @@ RULES=(
   "worker/engine: common schema worker/kv worker/model worker/backend"
   "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine"
   "worker: common common/http schema kernels worker/kv worker/model worker/backend worker/engine worker/server"
-  "router/index: common schema"
-  "router/routing: common schema router/index"
-  "router/events: common schema router/index"
-  "router/fleet: common schema router/index router/routing router/events"
-  "router/http: common common/http schema tokenizer router/index router/routing router/events router/fleet"
-  "router: common common/http schema tokenizer router/index router/routing router/events router/fleet router/http"
+  # The router's rooms point one way: core (worker id, state, load, WorkerSignals) at the
+  # bottom; index and fleet on it; events (a WorkerSignals, feeding the index) and routing
+  # (the decision, over the fleet's loads and a PrefixIndex) above; http, then the binary.
+  "router/core: common schema"
+  "router/index: common schema router/core"
+  "router/fleet: common schema router/core"
+  "router/events: common schema router/core router/index"
+  "router/routing: common schema router/core router/index router/fleet"
+  "router/http: common common/http schema tokenizer router/core router/routing router/fleet"
+  "router: common common/http schema tokenizer router/core router/index router/routing router/events router/fleet router/http"
   "cli: common common/http schema tokenizer worker/model cli"
 )
 

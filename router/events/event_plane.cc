@@ -81,7 +81,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
     zmq::socket_t dealer;
     std::unique_ptr<WorkerSubscriber> sub;
     std::array<prometheus::Gauge*, kv::kNumTiers> blocks_gauge{};
-    std::array<prometheus::Gauge*, 4> state_gauge{};
+    std::array<prometheus::Gauge*, kEventStreamStates> state_gauge{};
   };
 
   void Run();
@@ -244,7 +244,7 @@ void EventPlane::Impl::Add(const Command& c) {
   }
   for (int t = 0; t < kv::kNumTiers; ++t)
     e->blocks_gauge[t] = &f_blocks_->Add({{"worker", c.name}, {"tier", kv::TierName(static_cast<kv::Tier>(t))}});
-  for (int s = 0; s < 4; ++s)
+  for (int s = 0; s < kEventStreamStates; ++s)
     e->state_gauge[s] = &f_state_->Add({{"worker", c.name}, {"state", WorkerStateName(static_cast<WorkerState>(s))}});
   e->sub = std::make_unique<WorkerSubscriber>(c.id, c.name, options_, &index_, clock_, this, &counters_);
   by_topic_["kv." + c.name] = c.id;
@@ -400,7 +400,7 @@ void EventPlane::Impl::Periodic(TimeNs now, bool force) {
     for (auto& [id, e] : workers_) {
       for (int t = 0; t < kv::kNumTiers; ++t)
         e->blocks_gauge[t]->Set(static_cast<double>(index_.BlockCount(id, static_cast<kv::Tier>(t))));
-      for (int s = 0; s < 4; ++s) e->state_gauge[s]->Set(static_cast<int>(e->sub->state()) == s ? 1 : 0);
+      for (int s = 0; s < kEventStreamStates; ++s) e->state_gauge[s]->Set(static_cast<int>(e->sub->state()) == s ? 1 : 0);
       RefreshView(*e);
     }
     touched_.clear();
@@ -477,6 +477,15 @@ Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const 
   return Status::Ok();
 }
 
+void EventPlane::AddWorker(WorkerId id, const WorkerHello& info) {
+  if (info.events_endpoint.empty()) {
+    Logger("router")->warn("worker {} announced no events endpoint: no index entries for it", info.name);
+    return;
+  }
+  Status st = AddWorker(id, info.name, WorkerEndpoints{info.events_endpoint, info.replay_endpoint});
+  if (!st.ok()) Logger("router")->warn("worker {}: event plane: {}", info.name, st.message());
+}
+
 void EventPlane::RemoveWorker(WorkerId id) {
   Impl::Command c;
   c.kind = Impl::Command::kRemove;
@@ -487,7 +496,7 @@ void EventPlane::RemoveWorker(WorkerId id) {
 WorkerState EventPlane::State(WorkerId id) const {
   std::lock_guard lock(impl_->view_mu_);
   auto it = impl_->views_.find(id);
-  return it == impl_->views_.end() ? WorkerState::kDead : it->second.state;
+  return it == impl_->views_.end() ? WorkerState::kUnknown : it->second.state;
 }
 
 std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {

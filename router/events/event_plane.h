@@ -16,6 +16,9 @@
 // attention, the default); others are counted and skipped. A sliding-window pool forgets
 // prefixes as the window moves, so the full-attention pool is what a prefix match can use.
 //
+// The plane is the fleet's WorkerSignals (router/core/worker.h): the fleet adds and removes
+// workers through it and reads their stream state and load reports.
+//
 // Threads: one event thread owns the SUB socket, the replay DEALERs and the state
 // machines, and applies to the index; AddWorker/RemoveWorker queue commands to it. The
 // index is read concurrently by the routing threads.
@@ -33,8 +36,8 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "router/core/worker.h"
 #include "router/index/global_index.h"
-#include "schema/load_report.h"
 
 namespace prometheus {
 class Registry;
@@ -43,14 +46,6 @@ class Registry;
 namespace kvfleet::router {
 
 class FaultInjector;  // router/events/fault_injection.h; tests only.
-
-enum class WorkerState { kSyncing, kLive, kReplaying, kDead };
-const char* WorkerStateName(WorkerState state);
-
-// A worker's last load report (schema Load) and when it arrived.
-struct WorkerLoad : kvfleet::LoadReport {
-  TimeNs received_at = 0;  // router monotonic clock
-};
 
 struct WorkerEndpoints {
   std::string events;  // the worker's PUB, tcp://host:port
@@ -109,11 +104,11 @@ struct WorkerEventStats {
   std::array<uint64_t, 2> index_blocks{};  // by kv::Tier
 };
 
-class EventPlane {
+class EventPlane final : public WorkerSignals {
  public:
   // Starts the event thread. REQUIRES: clock and metrics outlive the plane.
   EventPlane(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics);
-  ~EventPlane();  // stops the event thread
+  ~EventPlane() override;  // stops the event thread
   EventPlane(const EventPlane&) = delete;
   EventPlane& operator=(const EventPlane&) = delete;
 
@@ -121,12 +116,16 @@ class EventPlane {
   // Idempotent: the same id with the same name and endpoints is a no-op; different
   // endpoints reconnect. REQUIRES: id < config::kMaxWorkers.
   Status AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints);
+  // WorkerSignals: AddWorker above with the endpoints of the worker's Hello. A worker that
+  // announced no events endpoint, or whose endpoints are refused, is logged and skipped:
+  // its state stays kUnknown and it gets no index entries.
+  void AddWorker(WorkerId id, const WorkerHello& info) override;
   // Unsubscribes and drops the worker's blocks from the index.
-  void RemoveWorker(WorkerId id);
+  void RemoveWorker(WorkerId id) override;
 
-  // kDead for an unknown worker.
-  WorkerState State(WorkerId id) const;
-  std::optional<WorkerLoad> Load(WorkerId id) const;
+  // kUnknown for a worker not subscribed to (never added, refused, or removed).
+  WorkerState State(WorkerId id) const override;
+  std::optional<WorkerLoad> Load(WorkerId id) const override;
   std::vector<WorkerEventStats> Stats() const;
 
   const GlobalIndex& index() const;

@@ -8,16 +8,6 @@ namespace {
 std::atomic<uint64_t> g_next_request_id{1};
 }  // namespace
 
-const char* WorkerStateName(WorkerState state) {
-  switch (state) {
-    case WorkerState::kSyncing: return "syncing";
-    case WorkerState::kLive: return "live";
-    case WorkerState::kReplaying: return "replaying";
-    case WorkerState::kDead: return "dead";
-  }
-  return "unknown";
-}
-
 WorkerSubscriber::WorkerSubscriber(WorkerId id, std::string name, const EventPlaneOptions& options,
                                    GlobalIndex* index, Clock* clock, Io* io, EventCounters* counters)
     : id_(id), name_(std::move(name)), options_(options), index_(index), clock_(clock), io_(io), counters_(counters) {
@@ -152,6 +142,7 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
       Buffer(std::move(batch));
       return;
     case WorkerState::kSyncing:
+    case WorkerState::kUnknown:  // never a subscriber's: it starts SYNCING
       Buffer(std::move(batch));
       return;
   }

@@ -1,13 +1,10 @@
 #include "router/fleet/fleet.h"
 
-#include <netdb.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -25,75 +22,11 @@
 #include "common/check.h"
 #include "common/curve_keys.h"
 #include "common/log.h"
+#include "router/fleet/discovery.h"
 #include "router/fleet/lane.h"
 #include "router/fleet/poll_loop.h"
 
 namespace kvfleet::router {
-
-std::string_view LivenessName(WorkerLiveness l) {
-  switch (l) {
-    case WorkerLiveness::kUnknown: return "unknown";
-    case WorkerLiveness::kSyncing: return "syncing";
-    case WorkerLiveness::kLive: return "live";
-    case WorkerLiveness::kReplaying: return "replaying";
-    case WorkerLiveness::kDead: return "dead";
-  }
-  return "?";
-}
-
-namespace {
-
-// "tcp://host:5556" -> ("tcp://host", 5556); nullopt when there is no numeric port.
-std::optional<std::pair<std::string, int>> SplitPort(const std::string& endpoint) {
-  size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= endpoint.size()) return std::nullopt;
-  try {
-    return std::make_pair(endpoint.substr(0, colon), std::stoi(endpoint.substr(colon + 1)));
-  } catch (...) {
-    return std::nullopt;
-  }
-}
-
-WorkerHello StaticHello(const std::string& requests, const FleetOptions& o) {
-  WorkerHello h;
-  h.name = requests;
-  h.model = o.static_model;
-  h.block_size = o.static_block_size;
-  h.max_context = o.static_max_context;
-  h.requests_endpoint = requests;
-  if (auto hp = SplitPort(requests)) {
-    h.events_endpoint = hp->first + ":" + std::to_string(hp->second + 1);
-    h.replay_endpoint = hp->first + ":" + std::to_string(hp->second + 2);
-  }
-  h.backend = "static";
-  return h;
-}
-
-// getaddrinfo of "host:port": every IPv4/IPv6 address as tcp://addr:port.
-std::vector<std::string> Resolve(const std::string& host_port) {
-  std::vector<std::string> out;
-  size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return out;
-  std::string host = host_port.substr(0, colon), port = host_port.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return out;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    char buf[NI_MAXHOST];
-    if (getnameinfo(a->ai_addr, a->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) continue;
-    std::string addr = buf;
-    if (a->ai_family == AF_INET6) addr = "[" + addr + "]";
-    out.push_back("tcp://" + addr + ":" + port);
-  }
-  freeaddrinfo(res);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-}  // namespace
 
 // One worker. Fields read by other threads are atomics or guarded by the registry lock.
 struct WorkerRecord {
@@ -103,19 +36,7 @@ struct WorkerRecord {
   std::atomic<bool> connected{false};
   std::atomic<bool> said_bye{false};
   std::atomic<bool> removed{false};
-  std::atomic<int64_t> inflight_requests{0};
-  std::atomic<int64_t> inflight_prefill_tokens{0};
-  std::atomic<int64_t> inflight_prompt_tokens{0};
-  // The three counts above, as the routing step reads them.
-  Fleet::OwnLoadCounts Own() const {
-    Fleet::OwnLoadCounts c;
-    c.requests = static_cast<double>(inflight_requests.load(std::memory_order_relaxed));
-    c.prefill_tokens = static_cast<double>(inflight_prefill_tokens.load(std::memory_order_relaxed));
-    c.prompt_tokens = static_cast<double>(inflight_prompt_tokens.load(std::memory_order_relaxed));
-    return c;
-  }
-  std::mutex history_mu;                  // orders the counts' changes with their samples
-  OwnLoadHistory<config::kOwnLoadHistory> history;  // GUARDED_BY(history_mu)
+  OwnLoadCounter<config::kOwnLoadHistory> own;  // this router's in-flight counts there
   std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
   std::string last_failure;               // GUARDED_BY(FleetImpl::mu_)
   prometheus::Gauge* inflight_gauge = nullptr;
@@ -159,19 +80,16 @@ class FleetImpl final : public LaneFleet {
     }
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Internal("eventfd failed");
-    try {
-      if (!options_.registration_endpoint.empty()) {
-        registration_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
-        registration_->set(zmq::sockopt::linger, 0);
-        registration_->bind(options_.registration_endpoint);
-        bound_registration_ = registration_->get(zmq::sockopt::last_endpoint);
-      }
-    } catch (const zmq::error_t& e) {
-      return Unavailable("cannot bind registration socket " + options_.registration_endpoint + ": " + e.what());
+    if (!options_.registration_endpoint.empty()) {
+      KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
     }
     for (const auto& ep : options_.static_workers) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
     thread_ = std::thread([this] { Loop(); });
-    if (!options_.dns_name.empty()) resolver_ = std::thread([this] { ResolveLoop(); });
+    if (!options_.dns_name.empty()) {
+      dns_ = std::make_unique<DnsWatcher>(options_.dns_name, options_.dns_interval, [this](std::vector<std::string> answer) {
+        Post(DnsCmd{std::move(answer)});
+      });
+    }
     return Status::Ok();
   }
 
@@ -182,43 +100,18 @@ class FleetImpl final : public LaneFleet {
       stopping_ = true;
       stopping_flag_.store(true);
     }
-    {
-      // Fleet::Submit's lane ends what it has in flight, on its own thread.
-      std::lock_guard<std::mutex> lock(own_lane_mu_);
-      if (own_loop_) {
-        own_loop_->Post([this] { own_lane_.reset(); });
-        own_loop_.reset();
-      }
-    }
-    resolver_cv_.notify_all();
+    own_lane_.Stop();  // Fleet::Submit's lane ends what it has in flight, on its own thread
     Wake();
     if (thread_.joinable()) thread_.join();
-    if (resolver_.joinable()) resolver_.join();
+    dns_.reset();  // joins the resolver thread
     if (wake_fd_ >= 0) ::close(wake_fd_);
     wake_fd_ = -1;
   }
 
   uint64_t NewHandle() { return next_handle_.fetch_add(1) + 1; }
 
-  void Submit(uint64_t handle, ForwardRequest request) {
-    std::lock_guard<std::mutex> lock(own_lane_mu_);
-    if (own_loop_ == nullptr) {
-      if (stopping_flag_.load()) {
-        request.sink->OnError(request.worker, Unavailable("the router is shutting down"), false);
-        return;
-      }
-      own_loop_ = std::make_unique<PollLoop>();
-      PollLoop* loop = own_loop_.get();
-      loop->Post([this, loop] { own_lane_ = std::make_unique<Lane>(this, loop); });
-    }
-    auto shared = std::make_shared<ForwardRequest>(std::move(request));
-    own_loop_->Post([this, handle, shared] { own_lane_->Submit(handle, std::move(*shared)); });
-  }
-
-  void Cancel(uint64_t handle) {
-    std::lock_guard<std::mutex> lock(own_lane_mu_);
-    if (own_loop_) own_loop_->Post([this, handle] { own_lane_->Cancel(handle); });
-  }
+  void Submit(uint64_t handle, ForwardRequest request) { own_lane_.Submit(handle, std::move(request)); }
+  void Cancel(uint64_t handle) { own_lane_.Cancel(handle); }
 
   std::unique_ptr<Lane> NewLane(LaneLoop* loop) { return std::make_unique<Lane>(this, loop); }
 
@@ -258,16 +151,7 @@ class FleetImpl final : public LaneFleet {
     if (id >= workers_.size()) return;
     WorkerRecord& w = *workers_[id];
     if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
-    std::lock_guard<std::mutex> history_lock(w.history_mu);
-    // Stamped before the change: whoever sees the new counts sees a sample no later than now.
-    const TimeNs now = clock_->Now();
-    Fleet::OwnLoadCounts after;
-    after.requests = static_cast<double>(w.inflight_requests.fetch_add(requests, std::memory_order_relaxed) + requests);
-    after.prefill_tokens =
-        static_cast<double>(w.inflight_prefill_tokens.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
-    after.prompt_tokens =
-        static_cast<double>(w.inflight_prompt_tokens.fetch_add(prompt_tokens, std::memory_order_relaxed) + prompt_tokens);
-    w.history.Record(now, after);
+    w.own.Add(clock_, requests, prefill_tokens, prompt_tokens);
   }
 
   void CountRetry() override {
@@ -338,10 +222,10 @@ class FleetImpl final : public LaneFleet {
       s.info = w->info;
       s.connected = w->connected.load();
       s.said_bye = w->said_bye.load();
-      s.liveness = signals_ ? signals_->State(w->id) : WorkerLiveness::kUnknown;
+      s.state = signals_ ? signals_->State(w->id) : WorkerState::kUnknown;
       s.routable = Routable(*w);
-      s.inflight_requests = w->inflight_requests.load();
-      s.inflight_prefill_tokens = w->inflight_prefill_tokens.load();
+      s.inflight_requests = w->own.requests();
+      s.inflight_prefill_tokens = w->own.prefill_tokens();
       if (signals_) s.load = signals_->Load(w->id);
       out.push_back(std::move(s));
     }
@@ -351,22 +235,20 @@ class FleetImpl final : public LaneFleet {
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (id >= workers_.size()) return {};
-    return workers_[id]->Own();
+    return workers_[id]->own.Now();
   }
 
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (id >= workers_.size()) return {};
-    WorkerRecord& w = *workers_[id];
-    std::lock_guard<std::mutex> history_lock(w.history_mu);
-    return w.history.At(at, w.Own());
+    return workers_[id]->own.At(at);
   }
 
-  std::optional<LoadReport> ReportedLoad(WorkerId id) const {
+  std::optional<WorkerLoad> ReportedLoad(WorkerId id) const {
     return signals_ ? signals_->Load(id) : std::nullopt;
   }
 
-  std::string registration_endpoint() const { return bound_registration_; }
+  std::string registration_endpoint() const { return registration_.endpoint(); }
 
   std::string WorkerName(WorkerId id) const override {
     std::shared_lock<std::shared_mutex> lock(mu_);
@@ -386,7 +268,7 @@ class FleetImpl final : public LaneFleet {
 
   bool Routable(const WorkerRecord& w) const {
     if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
-    return signals_ == nullptr || signals_->State(w.id) != WorkerLiveness::kDead;
+    return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
   }
 
   void Post(Command cmd) {
@@ -537,9 +419,10 @@ class FleetImpl final : public LaneFleet {
   // (20 ms by default), and the lanes check failures at their own ticks.
   void Loop() {
     TimeNs next_tick = clock_->Now();
+    const bool registration = registration_.bound();
     zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
-                                {registration_ ? registration_->handle() : nullptr, registration_ ? 0 : -1,
-                                 static_cast<short>(registration_ ? ZMQ_POLLIN : 0), 0}};
+                                {registration ? registration_.socket().handle() : nullptr, registration ? 0 : -1,
+                                 static_cast<short>(registration ? ZMQ_POLLIN : 0), 0}};
     while (true) {
       {
         std::lock_guard<std::mutex> lock(cmd_mu_);
@@ -552,7 +435,9 @@ class FleetImpl final : public LaneFleet {
         (void)!::read(wake_fd_, &v, sizeof(v));
       }
       DrainCommands();
-      if (registration_ && (items[1].revents & ZMQ_POLLIN)) DrainRegistration();
+      if (registration && (items[1].revents & ZMQ_POLLIN)) {
+        registration_.Drain([this](const ToRouterMessage& m) { OnRegistration(m); });
+      }
       if (clock_->Now() >= next_tick) {
         DrainMonitors();
         next_tick = clock_->Now() + options_.tick;
@@ -560,7 +445,7 @@ class FleetImpl final : public LaneFleet {
     }
     std::unique_lock<std::shared_mutex> lock(mu_);
     for (auto& w : workers_) Disconnect(*w);
-    registration_.reset();
+    registration_.Close();
   }
 
   void DrainCommands() {
@@ -614,73 +499,36 @@ class FleetImpl final : public LaneFleet {
     workers_[id]->failures.fetch_add(1);
   }
 
-  void DrainRegistration() {
-    for (int i = 0; i < 256; ++i) {
-      zmq::message_t identity, body;
-      if (!registration_->recv(identity, zmq::recv_flags::dontwait)) return;
-      if (!identity.more() || !registration_->recv(body, zmq::recv_flags::dontwait)) continue;
-      while (body.more()) {  // a frame more than Contract 3 says: skip the rest
-        zmq::message_t extra;
-        if (!registration_->recv(extra, zmq::recv_flags::dontwait)) break;
-        if (!extra.more()) break;
-      }
-      auto decoded = DecodeToRouter(body.data(), body.size());
-      if (!decoded.ok()) {
-        uint64_t suppressed = 0;
-        if (bad_frames_.Allow(&suppressed)) {
-          Logger("fleet")->warn("registration: {} ({} more suppressed)", decoded.status().message(), suppressed);
-        }
-        continue;
-      }
-      if (auto* hello = std::get_if<WorkerHello>(&*decoded)) {
-        AddOrUpdate(*hello, /*from_static=*/false);
-      } else {
-        const WorkerBye& bye = std::get<WorkerBye>(*decoded);
-        std::vector<WorkerId> gone;
-        {
-          std::shared_lock<std::shared_mutex> lock(mu_);
-          for (auto& w : workers_) {
-            if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
-              w->said_bye = true;
-              gone.push_back(w->id);
-            }
-          }
-        }
-        for (WorkerId id : gone) {
-          Logger("fleet")->info("worker {} said bye", bye.name);
-          FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
+  // A Hello or Bye from the registration socket.
+  void OnRegistration(const ToRouterMessage& message) {
+    if (auto* hello = std::get_if<WorkerHello>(&message)) {
+      AddOrUpdate(*hello, /*from_static=*/false);
+      return;
+    }
+    const WorkerBye& bye = std::get<WorkerBye>(message);
+    std::vector<WorkerId> gone;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (auto& w : workers_) {
+        if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
+          w->said_bye = true;
+          gone.push_back(w->id);
         }
       }
+    }
+    for (WorkerId id : gone) {
+      Logger("fleet")->info("worker {} said bye", bye.name);
+      FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
     }
   }
 
   // --- DNS ---
 
-  void ResolveLoop() {
-    std::unique_lock<std::mutex> lock(cmd_mu_);
-    while (!stopping_) {
-      lock.unlock();
-      std::vector<std::string> endpoints = Resolve(options_.dns_name);
-      if (endpoints.empty()) Logger("fleet")->warn("DNS name {} resolved to no address", options_.dns_name);
-      Post(DnsCmd{std::move(endpoints)});
-      lock.lock();
-      resolver_cv_.wait_for(lock, std::chrono::nanoseconds(options_.dns_interval), [&] { return stopping_; });
-    }
-  }
-
   void ApplyDns(const std::vector<std::string>& endpoints) {
-    std::set<std::string> now(endpoints.begin(), endpoints.end());
-    for (const auto& ep : endpoints) {
-      if (dns_known_.insert(ep).second) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
-    }
-    for (auto it = dns_known_.begin(); it != dns_known_.end();) {
-      if (now.count(*it)) {
-        ++it;
-        continue;
-      }
-      RemoveByEndpoint(*it);
-      it = dns_known_.erase(it);
-    }
+    std::vector<std::string> joined, left;
+    dns_members_.Update(endpoints, &joined, &left);
+    for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+    for (const auto& ep : left) RemoveByEndpoint(ep);
   }
 
   void RemoveByEndpoint(const std::string& endpoint) {
@@ -707,12 +555,10 @@ class FleetImpl final : public LaneFleet {
   bool curve_ = false;  // set by Init: every DEALER is a CURVE client
   CurveKeyPair curve_keys_;
   std::string curve_server_public_;
-  std::unique_ptr<zmq::socket_t> registration_;  // fleet thread
-  std::string bound_registration_;
+  Registration registration_;  // bound by Init; read on the fleet thread
   int wake_fd_ = -1;
   std::thread thread_;
-  std::thread resolver_;
-  std::condition_variable resolver_cv_;
+  std::unique_ptr<DnsWatcher> dns_;  // with --workers-dns
 
   std::mutex cmd_mu_;
   std::deque<Command> commands_;  // GUARDED_BY(cmd_mu_)
@@ -728,16 +574,12 @@ class FleetImpl final : public LaneFleet {
   std::atomic<uint64_t> generation_{0};  // see LaneFleet::Generation
   std::atomic<bool> stopping_flag_{false};
 
-  // Fleet::Submit's lane, on a PollLoop started by the first Submit.
-  std::mutex own_lane_mu_;
-  std::unique_ptr<PollLoop> own_loop_;  // GUARDED_BY(own_lane_mu_)
-  std::unique_ptr<Lane> own_lane_;      // own_loop_'s thread only
+  ThreadLane own_lane_{this};  // Fleet::Submit's
 
   // Fleet thread only.
   uint64_t monitors_ = 0;
   std::set<std::string> refusals_logged_;
-  std::set<std::string> dns_known_;
-  RateLimit bad_frames_;
+  DnsMembership dns_members_;
 
   prometheus::Counter* retries_ = nullptr;
   prometheus::Family<prometheus::Gauge>* inflight_family_ = nullptr;
@@ -769,7 +611,7 @@ bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
-std::optional<LoadReport> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
 

@@ -31,9 +31,9 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "router/core/worker.h"
 #include "router/fleet/own_load_history.h"
 #include "schema/requests.h"
-#include "router/routing/policy.h"
 
 namespace prometheus {
 class Registry;
@@ -49,27 +49,15 @@ namespace config {
 inline constexpr size_t kOwnLoadHistory = 256;
 }  // namespace config
 
-// A worker's event-stream state, as router/events tracks it (Contract 2).
-enum class WorkerLiveness { kUnknown, kSyncing, kLive, kReplaying, kDead };
-std::string_view LivenessName(WorkerLiveness l);
-
-struct LoadReport {
-  double active_requests = 0;
-  double queued_requests = 0;
-  double active_prefill_tokens = 0;
-  double prefill_tokens_per_s = 0;
-  TimeNs received_at = 0;
-};
-
-// What the event plane tells the fleet; router/main adapts router/events to it. Without
-// one (nullptr), liveness is the DEALER connection alone and there are no load reports.
-class WorkerSignals {
+// What the routing step reads of each worker's load (router/routing/router.h): this
+// router's own in-flight counts, now and as they were when a report was written, and the
+// worker's last report. Fleet implements it; tests fake it.
+class WorkerLoads {
  public:
-  virtual ~WorkerSignals() = default;
-  virtual void AddWorker(WorkerId id, const WorkerHello& info) = 0;
-  virtual void RemoveWorker(WorkerId id) = 0;
-  virtual WorkerLiveness State(WorkerId id) const = 0;
-  virtual std::optional<LoadReport> Load(WorkerId id) const = 0;
+  virtual ~WorkerLoads() = default;
+  virtual OwnLoadCounts OwnLoad(WorkerId worker) const = 0;
+  virtual OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const = 0;
+  virtual std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const = 0;
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -130,23 +118,23 @@ struct WorkerStatus {
   WorkerHello info;
   bool connected = false;
   bool said_bye = false;
-  WorkerLiveness liveness = WorkerLiveness::kUnknown;
+  WorkerState state = WorkerState::kUnknown;  // its event stream's
   bool routable = false;
   int64_t inflight_requests = 0;       // this router's
   int64_t inflight_prefill_tokens = 0; // this router's, not yet past the first token
-  std::optional<LoadReport> load;
+  std::optional<WorkerLoad> load;
 };
 
 class FleetImpl;
 class Lane;
 class LaneLoop;
 
-class Fleet {
+class Fleet final : public WorkerLoads {
  public:
   // `signals` and `registry` may be null; both must outlive the Fleet.
   static Result<std::unique_ptr<Fleet>> Start(const FleetOptions& options, WorkerSignals* signals, const Clock* clock,
                                               prometheus::Registry* registry);
-  ~Fleet();  // Stop()s
+  ~Fleet() override;  // Stop()s
   Fleet(const Fleet&) = delete;
   Fleet& operator=(const Fleet&) = delete;
 
@@ -176,13 +164,14 @@ class Fleet {
   // This router's own load on `worker`: requests in flight; for those without a first
   // token yet, the tokens it expects uncached and their whole prompts.
   using OwnLoadCounts = router::OwnLoadCounts;
-  OwnLoadCounts OwnLoad(WorkerId worker) const;
+  OwnLoadCounts OwnLoad(WorkerId worker) const override;
   // This router's own load on `worker` as it was at time `at` (the fleet's clock): what a
   // load report received then already counted of this router's requests. The counts after
   // the last change at or before `at`; the current counts when `at` is older than the last
   // config::kOwnLoadHistory changes (a report that old is stale anyway).
-  OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const;
-  std::optional<LoadReport> ReportedLoad(WorkerId worker) const;
+  OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const override;
+  // The worker's last load report (from the WorkerSignals; nullopt without them).
+  std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

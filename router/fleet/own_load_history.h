@@ -1,8 +1,10 @@
 // OwnLoadHistory: a router's own in-flight counts on one worker after each of their last
 // changes, so that a worker's load report can be set against what this router had in flight
 // there when the report was written (Fleet::OwnLoadAt, router/routing/README.md).
+// OwnLoadCounter: those counts themselves, with their history, as the fleet keeps them per
+// worker (the lanes change them; the routing step reads them).
 //
-// Thread safety: thread-compatible (the fleet guards each worker's history with a mutex).
+// Thread safety: OwnLoadHistory is thread-compatible; OwnLoadCounter is thread-safe.
 //
 // Invariants:
 //   1. Samples are recorded in time order; At(t) returns the counts of the last sample at or
@@ -14,8 +16,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "common/clock.h"
 
@@ -50,6 +54,47 @@ class OwnLoadHistory {
   };
   std::array<Sample, N> ring_;
   uint64_t recorded_ = 0;  // samples ever recorded; the newest is ring_[(recorded_ - 1) % N]
+};
+
+// One worker's own counts and the history of their changes. Now() reads the counts without
+// a lock (the routing step's hot path); Add() and At() order changes with their samples.
+template <size_t N>
+class OwnLoadCounter {
+ public:
+  OwnLoadCounts Now() const {
+    OwnLoadCounts c;
+    c.requests = static_cast<double>(requests_.load(std::memory_order_relaxed));
+    c.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_relaxed));
+    c.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_relaxed));
+    return c;
+  }
+  // The counts after the last change at or before `at` (OwnLoadHistory::At).
+  OwnLoadCounts At(TimeNs at) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return history_.At(at, Now());
+  }
+  // Changes the counts by the deltas, recording a sample stamped by `clock` before the
+  // change: whoever sees the new counts sees a sample no later than now.
+  void Add(const Clock* clock, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const TimeNs now = clock->Now();
+    OwnLoadCounts after;
+    after.requests = static_cast<double>(requests_.fetch_add(requests, std::memory_order_relaxed) + requests);
+    after.prefill_tokens =
+        static_cast<double>(prefill_tokens_.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
+    after.prompt_tokens =
+        static_cast<double>(prompt_tokens_.fetch_add(prompt_tokens, std::memory_order_relaxed) + prompt_tokens);
+    history_.Record(now, after);
+  }
+  int64_t requests() const { return requests_.load(); }
+  int64_t prefill_tokens() const { return prefill_tokens_.load(); }
+
+ private:
+  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> prefill_tokens_{0};  // expected uncached, requests without a first token
+  std::atomic<int64_t> prompt_tokens_{0};   // their whole prompts
+  mutable std::mutex mu_;                   // orders the counts' changes with their samples
+  OwnLoadHistory<N> history_;               // GUARDED_BY(mu_)
 };
 
 }  // namespace kvfleet::router

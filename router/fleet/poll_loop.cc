@@ -88,4 +88,32 @@ void PollLoop::Loop() {
   }
 }
 
+void ThreadLane::Submit(uint64_t handle, ForwardRequest request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loop_ == nullptr) {
+    if (fleet_->Stopping()) {
+      request.sink->OnError(request.worker, Unavailable("the router is shutting down"), false);
+      return;
+    }
+    loop_ = std::make_unique<PollLoop>();
+    PollLoop* loop = loop_.get();
+    loop->Post([this, loop] { lane_ = std::make_unique<Lane>(fleet_, loop); });
+  }
+  auto shared = std::make_shared<ForwardRequest>(std::move(request));
+  loop_->Post([this, handle, shared] { lane_->Submit(handle, std::move(*shared)); });
+}
+
+void ThreadLane::Cancel(uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loop_) loop_->Post([this, handle] { lane_->Cancel(handle); });
+}
+
+void ThreadLane::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loop_) {
+    loop_->Post([this] { lane_.reset(); });
+    loop_.reset();  // runs the posted reset, then joins
+  }
+}
+
 }  // namespace kvfleet::router

@@ -1,8 +1,11 @@
 // PollLoop: a thread running poll(2) over watched file descriptors and posted functions,
 // a LaneLoop for lanes that have no HTTP I/O thread to live on (Fleet::Submit, tests).
+// ThreadLane: such a lane on a PollLoop of its own, started by its first Submit; the fleet
+// owns one for Fleet::Submit.
 //
-// Thread safety: Post() and the destructor from any thread but the loop's own; watches are
-// made and destroyed on the loop thread (or before Start-up work runs, from a posted fn).
+// Thread safety: PollLoop: Post() and the destructor from any thread but the loop's own;
+// watches are made and destroyed on the loop thread (or before Start-up work runs, from a
+// posted fn). ThreadLane: thread-safe; its sinks are called on its loop's thread.
 #pragma once
 
 #include <functional>
@@ -39,6 +42,28 @@ class PollLoop final : public LaneLoop {
   bool stopping_ = false;                      // GUARDED_BY(mu_)
   std::vector<Entry> entries_;                 // loop thread only
   std::thread thread_;
+};
+
+class ThreadLane {
+ public:
+  // REQUIRES: `fleet` outlives the ThreadLane.
+  explicit ThreadLane(LaneFleet* fleet) : fleet_(fleet) {}
+  ~ThreadLane() { Stop(); }
+  ThreadLane(const ThreadLane&) = delete;
+  ThreadLane& operator=(const ThreadLane&) = delete;
+
+  // Lane::Submit on the lane's thread, starting it first if need be. Once the fleet is
+  // stopping and the lane never started, the sink fails at once.
+  void Submit(uint64_t handle, ForwardRequest request);
+  void Cancel(uint64_t handle);
+  // Ends what the lane has in flight, on its own thread, and joins it. Idempotent.
+  void Stop();
+
+ private:
+  LaneFleet* const fleet_;
+  std::mutex mu_;
+  std::unique_ptr<PollLoop> loop_;  // GUARDED_BY(mu_)
+  std::unique_ptr<Lane> lane_;      // loop_'s thread only
 };
 
 }  // namespace kvfleet::router

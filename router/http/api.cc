@@ -9,7 +9,6 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include "common/block_hash.h"
 #include "common/check.h"
 #include "common/http/metrics.h"
 #include "common/log.h"
@@ -146,18 +145,15 @@ struct Metrics {
 
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
-  ApiImpl(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
-          std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
+  ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
+          const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
       : options_(options),
         fleet_(fleet),
-        picker_(picker),
-        kv_index_(kv_index),
-        approx_index_(approx_index),
+        router_(router),
         codec_(std::move(codec)),
         clock_(clock),
         registry_(std::move(registry)),
         metrics_(*registry_),
-        approx_in_use_(picker_->options().policy == Policy::kApprox),
         id_rng_(std::random_device{}()) {}
 
   void AddRoutes(http::Routes* routes) {
@@ -224,15 +220,16 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                   {"http", w.info.http_endpoint}}},
                 {"connected", w.connected},
                 {"said_bye", w.said_bye},
-                {"state", std::string(LivenessName(w.liveness))},
+                {"state", WorkerStateName(w.state)},
                 {"routable", w.routable},
                 {"router_inflight_requests", w.inflight_requests},
                 {"router_inflight_prefill_tokens", w.inflight_prefill_tokens}};
       if (w.load) {
-        j["load"] = {{"active_requests", w.load->active_requests},
-                     {"queued_requests", w.load->queued_requests},
-                     {"active_prefill_tokens", w.load->active_prefill_tokens},
-                     {"prefill_tokens_per_second", w.load->prefill_tokens_per_s},
+        // Numbers as the router weighs them (double).
+        j["load"] = {{"active_requests", static_cast<double>(w.load->active_requests)},
+                     {"queued_requests", static_cast<double>(w.load->queued_requests)},
+                     {"active_prefill_tokens", static_cast<double>(w.load->active_prefill_tokens)},
+                     {"prefill_tokens_per_second", static_cast<double>(w.load->prefill_tokens_per_second)},
                      {"report_age_seconds", Seconds(clock_->Now() - w.load->received_at)}};
       } else {
         j["load"] = nullptr;
@@ -264,18 +261,11 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 
   ApiOptions options_;
   Fleet* fleet_;
-  Picker* picker_;
-  PrefixIndex* kv_index_;
-  PrefixIndex* approx_index_;
+  Router* router_;
   std::shared_ptr<const TextCodec> codec_;
   const Clock* clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   Metrics metrics_;
-  // The approx index learns decisions only once the approx policy is in use (the router's
-  // default, or a request's override): feeding it on every kv-routed request cost ~5% of
-  // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first
-  // request that asks for approx therefore sees what a freshly started router would.
-  std::atomic<bool> approx_in_use_;
   std::mutex id_mu_;
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
 };
@@ -476,16 +466,19 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     params.tokens = std::move(req.prompt_tokens);
   }
   if (params.tokens.empty()) return Fail(ex, req.model, BadRequest("the prompt is empty", "prompt"));
-  uint32_t prompt = static_cast<uint32_t>(params.tokens.size());
+  const uint32_t prompt_tokens = static_cast<uint32_t>(params.tokens.size());
   uint32_t context = model->max_context;
   uint32_t max_tokens = req.max_tokens.value_or(chat ? options_.default_chat_max_tokens : options_.default_max_tokens);
-  if (context > 0 && !req.max_tokens && chat && prompt < context) max_tokens = std::min(max_tokens, context - prompt);
-  if (context > 0 && uint64_t{prompt} + max_tokens > context) {
+  if (context > 0 && !req.max_tokens && chat && prompt_tokens < context) {
+    max_tokens = std::min(max_tokens, context - prompt_tokens);
+  }
+  if (context > 0 && uint64_t{prompt_tokens} + max_tokens > context) {
     return Fail(ex, req.model,
                 MakeError(400,
                           "This model's maximum context length is " + std::to_string(context) +
-                              " tokens. However, you requested " + std::to_string(uint64_t{prompt} + max_tokens) +
-                              " tokens (" + std::to_string(prompt) + " in the prompt, " + std::to_string(max_tokens) +
+                              " tokens. However, you requested " +
+                              std::to_string(uint64_t{prompt_tokens} + max_tokens) + " tokens (" +
+                              std::to_string(prompt_tokens) + " in the prompt, " + std::to_string(max_tokens) +
                               " for the completion).",
                           "invalid_request_error", "context_length_exceeded"));
   }
@@ -500,47 +493,8 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.model = req.model;
 
   // Route.
-  Policy policy = req.routing.value_or(picker_->options().policy);
-  BlockHasher hasher(model->block_size, HashNamespace{req.model, "", req.cache_salt});
-  std::vector<BlockHash> hashes = hasher.HashAll(params.tokens);
-  PrefixIndex* index = policy == Policy::kApprox ? approx_index_ : kv_index_;
-  std::vector<PrefixMatch> matches;
-  if (policy == Policy::kKv || policy == Policy::kApprox) index->FindMatches(hashes, &matches);
-  auto candidates = std::make_shared<std::vector<Candidate>>();
-  candidates->reserve(model->routable.size());
-  for (WorkerId id : model->routable) {
-    Candidate c;
-    c.worker = id;
-    for (const auto& m : matches) {
-      if (m.worker == id) {
-        c.device_blocks = m.device_blocks;
-        c.host_blocks = m.host_blocks;
-      }
-    }
-    Fleet::OwnLoadCounts own = fleet_->OwnLoad(id);
-    c.running_requests = own.requests;
-    c.queued_prefill_tokens = own.prefill_tokens;
-    // Without a report, every request this router has in flight there may be queued.
-    c.queued_requests = own.requests;
-    if (policy != Policy::kApprox) {
-      if (auto load = fleet_->ReportedLoad(id)) {
-        // The report lags and counts a waiting prompt whole, cached prefix included; the
-        // router's own count is fresh and counts what it expects uncached. So: the
-        // router's own load now, plus what the report holds beyond what this router had in
-        // flight there when the report came (other routers' requests; README.md).
-        const Fleet::OwnLoadCounts then = fleet_->OwnLoadAt(id, load->received_at);
-        c.running_requests =
-            own.requests + std::max(0.0, load->active_requests + load->queued_requests - then.requests);
-        c.queued_prefill_tokens =
-            own.prefill_tokens + std::max(0.0, load->active_prefill_tokens - then.prompt_tokens);
-        c.queued_requests = std::max(load->queued_requests, own.requests - load->active_requests);
-        c.prefill_tokens_per_s = load->prefill_tokens_per_s;
-      }
-    }
-    candidates->push_back(c);
-  }
-  RouteRequest route{prompt, model->block_size};
-  auto decision = picker_->Pick(policy, route, *candidates);
+  Prompt prompt{req.model, params.tokens, req.cache_salt, req.routing.value_or(router_->options().policy)};
+  auto decision = router_->Route(*model, prompt);
   if (!decision.ok()) {
     return Fail(ex, req.model,
                 MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
@@ -557,25 +511,14 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   const TimeNs routed = clock_->Now();
   metrics_.routing.Observe(Seconds(routed - arrived));  // parse, tokenize, hash, route
-  const Candidate chosen = (*candidates)[decision->index];
-  const uint32_t predicted_cached = decision->predicted_cached_tokens;
   auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, routed,
-                                                prompt);
+                                                prompt_tokens);
   ForwardRequest fwd;
   fwd.worker = decision->worker;
   fwd.params = std::move(params);
-  fwd.prefill_tokens = prompt - decision->predicted_cached_tokens;
+  fwd.prefill_tokens = prompt_tokens - decision->predicted_cached_tokens;
   fwd.sink = stream;
-  Picker* picker = picker_;
-  fwd.reroute = [picker, policy, route, candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
-    std::vector<Candidate> rest;
-    for (const Candidate& c : *candidates) {
-      if (std::find(tried.begin(), tried.end(), c.worker) == tried.end()) rest.push_back(c);
-    }
-    if (rest.empty()) return Unavailable("no other live worker to retry on");
-    KVF_ASSIGN_OR_RETURN(Decision d, picker->Pick(policy, route, rest));
-    return d.worker;
-  };
+  fwd.reroute = router_->Rerouter(*decision);
   // Forwarded from this I/O thread, whose lane also reads the answer and feeds the stream:
   // no other thread wakes on the request path. The client-gone callback runs here too.
   Lane* lane = LaneOf(ex->io_thread());
@@ -587,19 +530,14 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   // Predicted entries go in once the request is on its way: the worker starts sooner, and
   // the next request this thread routes sees them all the same. (A request routed on
   // another I/O thread meanwhile could miss them either way; the window is tens of µs.)
-  kv_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  if (policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
-  if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
-    approx_index_->InsertPredicted(decision->worker, hashes, picker_->options().predicted_ttl);
-  }
-  metrics_.matched.Observe(chosen.device_blocks + chosen.host_blocks);
-  metrics_.predicted.Increment(predicted_cached);
+  router_->Commit(*decision);
+  metrics_.matched.Observe(decision->device_blocks + decision->host_blocks);
+  metrics_.predicted.Increment(decision->predicted_cached_tokens);
 }
 
-Api::Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
-         std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
-    : impl_(std::make_shared<ApiImpl>(options, fleet, picker, kv_index, approx_index, std::move(codec), clock,
-                                      std::move(registry))) {}
+Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
+         const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
+    : impl_(std::make_shared<ApiImpl>(options, fleet, router, std::move(codec), clock, std::move(registry))) {}
 
 Api::~Api() = default;
 

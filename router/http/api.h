@@ -1,8 +1,8 @@
 // The router's HTTP API: OpenAI /v1/completions, /v1/chat/completions and /v1/models, and
 // the operator's /health, /ready, /metrics and /fleet, on the common HTTP server.
 //
-// A completion request is parsed (router/http/openai.h), tokenized, hashed into blocks
-// (Contract 1), routed (router/routing) and forwarded (router/fleet); the answer streams
+// A completion request is parsed (router/http/openai.h), tokenized, routed
+// (router/routing/router.h) and forwarded (router/fleet); the answer streams
 // back as SSE or is returned whole. A client that disconnects cancels its request on the
 // worker.
 //
@@ -23,8 +23,7 @@
 #include "router/fleet/fleet.h"
 #include "router/http/codec.h"
 #include "router/http/openai.h"
-#include "router/routing/policy.h"
-#include "router/routing/predicted_index.h"
+#include "router/routing/router.h"
 
 namespace prometheus {
 class Registry;
@@ -52,10 +51,10 @@ class ApiImpl;
 
 class Api {
  public:
-  // Every pointer must outlive the Api. `kv_index` serves the kv policy (the global index
-  // when events are connected); `approx_index` the approx policy; they may be the same.
-  Api(const ApiOptions& options, Fleet* fleet, Picker* picker, PrefixIndex* kv_index, PrefixIndex* approx_index,
-      std::shared_ptr<const TextCodec> codec, const Clock* clock, std::shared_ptr<prometheus::Registry> registry);
+  // Every pointer must outlive the Api. The router's default policy is the one a request
+  // without a "routing" field gets.
+  Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
+      const Clock* clock, std::shared_ptr<prometheus::Registry> registry);
   ~Api();
 
   // Adds every route to `routes` (and its OpenAI-style error formatter).

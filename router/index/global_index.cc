@@ -2,385 +2,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
-#include <sys/mman.h>
-
-#include <boost/container/small_vector.hpp>
-#include <boost/unordered/unordered_flat_map.hpp>
-#include <boost/unordered/unordered_flat_set.hpp>
-
 #include "common/check.h"
+#include "router/index/shard_table.h"
 
 namespace kvfleet::router {
-
-namespace {
-
-constexpr int kWords = config::kMaxWorkers / 64;  // 64-worker groups
-static_assert(config::kInlineWorkers == 64, "slots hold exactly one 64-bit mask per tier");
-static_assert(config::kShards <= 64);
-constexpr uint8_t kDev = 1, kHostBit = 2;  // tier bits of a (block, worker) pair
-
-uint8_t TierBit(kv::Tier tier) { return tier == kv::Tier::kDevice ? kDev : kHostBit; }
-
-// murmur3's 64-bit finaliser: the top bits pick the shard, the low bits the home slot, so
-// both stay uniform for test-sized small integers as well as XXH3 outputs.
-inline uint64_t Mix(BlockHash h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ULL;
-  h ^= h >> 33;
-  return h;
-}
-inline int ShardOfMix(uint64_t mix) { return static_cast<int>(mix >> (64 - config::kShardBits)); }
-
-// Slots are read by lock-free readers while a writer may change them, so every field is an
-// atomic. Stores release and loads acquire (plain moves on x86): a reader that sees any
-// store of a write section then also sees the section's odd sequence number (seqlock
-// without fences, which TSan does not model).
-template <typename T>
-inline T Ld(const std::atomic<T>& a) {
-  return a.load(std::memory_order_acquire);
-}
-template <typename T>
-inline void St(std::atomic<T>& a, T v) {
-  a.store(v, std::memory_order_release);
-}
-// Counters written only under their shard's mutex and read lock-free elsewhere.
-inline void Bump(std::atomic<uint64_t>& counter, int64_t delta) {
-  counter.store(counter.load(std::memory_order_relaxed) + static_cast<uint64_t>(delta), std::memory_order_relaxed);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
-
-constexpr uint64_t kNpos = ~0ull;
-// Tables start at 1,024 slots (32 KiB) and double past 3/4 full.
-constexpr uint64_t kInitialSlots = 1024;
-// A worker's reverse list is compacted once it holds this many times its live pairs (plus
-// the slack): each compaction then pays for itself over the appends since the last one.
-constexpr size_t kCompactFactor = 4;
-constexpr size_t kCompactSlack = 32;
-// Apply prefetches the home slots of the ops this far ahead, so their cache misses overlap.
-constexpr size_t kPrefetchAhead = 12;
-
-// 32 bytes, two per cache line.
-struct alignas(32) Slot {
-  std::atomic<uint64_t> hash;
-  std::atomic<uint64_t> device;      // workers 0..63 holding the block on the device
-  std::atomic<uint64_t> host;        // ... on the host
-  std::atomic<uint32_t> lru_ms;      // last store, prediction or match; 0 = slot unused
-  std::atomic<uint16_t> predicted;   // holders in the shard's predicted table
-  std::atomic<uint16_t> overflow;    // rows in the shard's overflow table (groups >= 1)
-};
-static_assert(sizeof(Slot) == 32);
-
-}  // namespace
-
-// A shard's slot array. Arrays of 2 MiB and more are 2 MiB aligned and asked to be backed by
-// huge pages: a million-block index is tens of MiB of random probes, and with 4 KiB pages
-// nearly every probe would also miss the TLB.
-struct GlobalIndex::Table {
-  explicit Table(uint64_t capacity) : mask(capacity - 1), bytes(capacity * sizeof(Slot)) {
-    const bool huge = bytes >= kHugePage;
-    void* p = std::aligned_alloc(huge ? kHugePage : 64, bytes);
-    KVF_CHECK(p != nullptr) << "index table of " << bytes << " bytes";
-#if defined(MADV_HUGEPAGE)
-    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    slots = static_cast<Slot*>(p);
-    for (uint64_t i = 0; i < capacity; ++i) new (&slots[i]) Slot();  // all zero: unused
-  }
-  ~Table() { std::free(slots); }
-  Table(const Table&) = delete;
-  Table& operator=(const Table&) = delete;
-  static constexpr size_t kHugePage = 2u << 20;
-  const uint64_t mask;
-  const size_t bytes;
-  Slot* slots;
-};
-static_assert(std::is_trivially_destructible_v<Slot>);
-
-namespace {
-
-struct OverflowKey {
-  BlockHash hash;
-  uint32_t group;  // worker / 64, >= 1
-  bool operator==(const OverflowKey&) const = default;
-};
-struct OverflowKeyHash {
-  size_t operator()(const OverflowKey& k) const { return Mix(k.hash ^ (static_cast<uint64_t>(k.group) << 50)); }
-};
-struct Masks {
-  uint64_t device = 0, host = 0;
-};
-struct PredHolder {
-  uint32_t worker;
-  uint32_t expiry_ms;
-};
-// A block's predicted holders. Almost always one (the worker a request was just routed
-// to), so one is kept inline: inserting a prediction allocates nothing and touches one
-// element of the table, not a separate heap block (the router's HTTP thread inserts a
-// prompt's blocks, 256 for 8K tokens, after each send).
-constexpr size_t kInlineHolders = 1;
-using PredList = boost::container::small_vector<PredHolder, kInlineHolders>;
-struct MixHash {
-  size_t operator()(BlockHash h) const { return Mix(h); }
-};
-
-}  // namespace
-
-struct alignas(64) GlobalIndex::Shard {
-  // Read by lock-free readers.
-  std::atomic<uint64_t> seq{0};  // odd while a writer changes `table`
-  std::atomic<Table*> table{nullptr};
-  alignas(64) mutable std::mutex mu;  // writers; readers of the side tables
-  // Below: GUARDED_BY(mu).
-  uint64_t used = 0;                   // slots in use
-  std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
-  boost::unordered_flat_map<OverflowKey, Masks, OverflowKeyHash> overflow;
-  boost::unordered_flat_map<BlockHash, PredList, MixHash> predicted;
-  struct PerWorker {
-    std::vector<BlockHash> blocks;  // reverse list: hashes the worker gained state on
-    uint64_t live = 0;              // (block, this worker) pairs with state
-    std::atomic<uint64_t> tier_count[kv::kNumTiers] = {};  // read lock-free
-  };
-  std::unique_ptr<PerWorker[]> workers{new PerWorker[config::kMaxWorkers]};
-
-  Shard() : table(new Table(kInitialSlots)) {}
-  ~Shard() { delete table.load(); }
-
-  // ---- Writer side (mu held) -------------------------------------------------------------
-  Table* T() const { return table.load(std::memory_order_relaxed); }
-  // Slot stores after BeginWrite are releases, so none is seen before the odd number.
-  void BeginWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-  void EndWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
-
-  uint64_t Find(BlockHash h, uint64_t mix) const {
-    const Table* t = T();
-    for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
-      const Slot& s = t->slots[i];
-      if (Ld(s.lru_ms) == 0) return kNpos;
-      if (Ld(s.hash) == h) return i;
-    }
-  }
-  // Returns h's slot, claiming one (stamped now_ms, no holders) when absent. May grow the
-  // table; *old receives the replaced table for the caller to retire. REQUIRES: inside a
-  // write section (BeginWrite), which it closes and reopens around a growth.
-  uint64_t FindOrInsert(BlockHash h, uint64_t mix, uint32_t now_ms, Table** old) {
-    Table* t = T();
-    for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
-      Slot& s = t->slots[i];
-      if (Ld(s.lru_ms) == 0) {
-        if ((used + 1) * 4 > (t->mask + 1) * 3) {
-          // Readers keep reading the old table while the new one is built (it does not
-          // change meanwhile), so the write section is closed for the rebuild.
-          EndWrite();
-          *old = Grow();
-          BeginWrite();
-          return FindOrInsert(h, mix, now_ms, old);
-        }
-        St(s.hash, h);
-        St(s.device, uint64_t{0});
-        St(s.host, uint64_t{0});
-        St(s.predicted, uint16_t{0});
-        St(s.overflow, uint16_t{0});
-        St(s.lru_ms, now_ms);
-        ++used;
-        return i;
-      }
-      if (Ld(s.hash) == h) return i;
-    }
-  }
-  Table* Grow() {
-    Table* old = T();
-    auto* fresh = new Table((old->mask + 1) * 2);
-    for (uint64_t i = 0; i <= old->mask; ++i) {
-      const Slot& s = old->slots[i];
-      if (Ld(s.lru_ms) == 0) continue;
-      const BlockHash h = Ld(s.hash);
-      for (uint64_t j = Mix(h) & fresh->mask;; j = (j + 1) & fresh->mask) {
-        Slot& d = fresh->slots[j];
-        if (Ld(d.lru_ms) != 0) continue;
-        St(d.hash, h);
-        St(d.device, Ld(s.device));
-        St(d.host, Ld(s.host));
-        St(d.predicted, Ld(s.predicted));
-        St(d.overflow, Ld(s.overflow));
-        St(d.lru_ms, Ld(s.lru_ms));
-        break;
-      }
-    }
-    // seq_cst: pairs with ReclaimRetired's check of the reader count.
-    table.store(fresh, std::memory_order_seq_cst);
-    return old;
-  }
-  // Frees slot i, shifting later slots of its probe run back (no tombstones).
-  void Erase(uint64_t i) {
-    Table* t = T();
-    uint64_t hole = i;
-    for (uint64_t j = (i + 1) & t->mask;; j = (j + 1) & t->mask) {
-      Slot& s = t->slots[j];
-      if (Ld(s.lru_ms) == 0) break;
-      const uint64_t home = Mix(Ld(s.hash)) & t->mask;
-      if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
-        Slot& d = t->slots[hole];
-        St(d.hash, Ld(s.hash));
-        St(d.device, Ld(s.device));
-        St(d.host, Ld(s.host));
-        St(d.predicted, Ld(s.predicted));
-        St(d.overflow, Ld(s.overflow));
-        St(d.lru_ms, Ld(s.lru_ms));
-        hole = j;
-      }
-    }
-    Slot& d = t->slots[hole];
-    St(d.lru_ms, uint32_t{0});
-    St(d.hash, uint64_t{0});
-    St(d.device, uint64_t{0});
-    St(d.host, uint64_t{0});
-    St(d.predicted, uint16_t{0});
-    St(d.overflow, uint16_t{0});
-    --used;
-  }
-  static bool Empty(const Slot& s) {
-    return (Ld(s.device) | Ld(s.host)) == 0 && Ld(s.predicted) == 0 && Ld(s.overflow) == 0;
-  }
-
-  uint8_t Bits(const Slot& s, BlockHash h, WorkerId w) const {
-    if (w < config::kInlineWorkers) {
-      const uint64_t bit = 1ull << w;
-      return static_cast<uint8_t>(((Ld(s.device) & bit) ? kDev : 0) | ((Ld(s.host) & bit) ? kHostBit : 0));
-    }
-    if (Ld(s.overflow) == 0) return 0;
-    auto it = overflow.find(OverflowKey{h, w / 64});
-    if (it == overflow.end()) return 0;
-    const uint64_t bit = 1ull << (w % 64);
-    return static_cast<uint8_t>(((it->second.device & bit) ? kDev : 0) | ((it->second.host & bit) ? kHostBit : 0));
-  }
-  void SetBits(Slot& s, BlockHash h, WorkerId w, uint8_t bits) {
-    const uint64_t bit = 1ull << (w % 64);
-    auto apply = [&](uint64_t m, uint8_t tier_bit) { return (bits & tier_bit) ? m | bit : m & ~bit; };
-    if (w < config::kInlineWorkers) {
-      St(s.device, apply(Ld(s.device), kDev));
-      St(s.host, apply(Ld(s.host), kHostBit));
-      return;
-    }
-    const OverflowKey key{h, w / 64};
-    auto it = overflow.find(key);
-    if (it == overflow.end()) {
-      if (bits == 0) return;
-      it = overflow.emplace(key, Masks{}).first;
-      St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) + 1));
-    }
-    it->second.device = apply(it->second.device, kDev);
-    it->second.host = apply(it->second.host, kHostBit);
-    if ((it->second.device | it->second.host) == 0) {
-      overflow.erase(it);
-      St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) - 1));
-    }
-  }
-  // Removes w's predicted holder of h; returns whether there was one.
-  bool TakePredicted(Slot& s, BlockHash h, WorkerId w) {
-    if (Ld(s.predicted) == 0) return false;
-    auto it = predicted.find(h);
-    if (it == predicted.end()) return false;
-    auto& list = it->second;
-    for (size_t k = 0; k < list.size(); ++k) {
-      if (list[k].worker != w) continue;
-      list[k] = list.back();
-      list.pop_back();
-      if (list.empty()) predicted.erase(it);
-      St(s.predicted, static_cast<uint16_t>(Ld(s.predicted) - 1));
-      return true;
-    }
-    return false;
-  }
-  bool HasState(BlockHash h, WorkerId w) const {
-    const uint64_t i = Find(h, Mix(h));
-    if (i == kNpos) return false;
-    const Slot& s = T()->slots[i];
-    if (Bits(s, h, w) != 0) return true;
-    if (Ld(s.predicted) == 0) return false;
-    auto it = predicted.find(h);
-    return it != predicted.end() &&
-           std::any_of(it->second.begin(), it->second.end(), [&](const PredHolder& p) { return p.worker == w; });
-  }
-  // Drops stale and duplicate hashes from w's reverse list. The lookups are prefetched a
-  // window ahead; the sort runs only when a pair was lost and regained (a duplicate).
-  void Compact(WorkerId w) {
-    auto& list = workers[w].blocks;
-    constexpr size_t kAhead = 8;
-    const Table* t = T();
-    size_t keep = 0;
-    for (size_t k = 0; k < list.size(); ++k) {
-      if (k + kAhead < list.size()) __builtin_prefetch(&t->slots[Mix(list[k + kAhead]) & t->mask]);
-      if (HasState(list[k], w)) list[keep++] = list[k];
-    }
-    list.resize(keep);
-    if (list.size() > workers[w].live) {
-      std::sort(list.begin(), list.end());
-      list.erase(std::unique(list.begin(), list.end()), list.end());
-    }
-    if (list.capacity() > 2 * list.size() + kCompactSlack) list.shrink_to_fit();
-  }
-  void NoteGained(WorkerId w, BlockHash h) {
-    auto& pw = workers[w];
-    pw.blocks.push_back(h);
-    ++pw.live;
-  }
-  void MaybeCompact(WorkerId w) {
-    const auto& pw = workers[w];
-    if (pw.blocks.size() > kCompactFactor * pw.live + kCompactSlack) Compact(w);
-  }
-  // Removes every holder of slot i (trimming); the reverse lists keep stale hashes.
-  void DropSlot(uint64_t i) {
-    Slot& s = T()->slots[i];
-    const BlockHash h = Ld(s.hash);
-    int64_t dropped = 0;
-    auto drop_word = [&](uint64_t dev, uint64_t host, WorkerId base) {
-      for (uint64_t m = dev | host; m; m &= m - 1) {
-        const int b = std::countr_zero(m);
-        auto& pw = workers[base + b];
-        if (dev >> b & 1) Bump(pw.tier_count[0], -1);
-        if (host >> b & 1) Bump(pw.tier_count[1], -1);
-        --pw.live;
-        ++dropped;
-      }
-    };
-    drop_word(Ld(s.device), Ld(s.host), 0);
-    for (uint32_t g = 1; Ld(s.overflow) != 0 && g < kWords; ++g) {
-      auto it = overflow.find(OverflowKey{h, g});
-      if (it == overflow.end()) continue;
-      drop_word(it->second.device, it->second.host, g * 64);
-      overflow.erase(it);
-      St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) - 1));
-    }
-    if (Ld(s.predicted) != 0) {
-      auto it = predicted.find(h);
-      for (const PredHolder& p : it->second) {
-        --workers[p.worker].live;
-        ++dropped;
-      }
-      predicted.erase(it);
-    }
-    Bump(entries, -dropped);
-    Erase(i);
-  }
-  uint32_t Holders(const Slot& s) const {
-    uint32_t n = static_cast<uint32_t>(std::popcount(Ld(s.device) | Ld(s.host))) + Ld(s.predicted);
-    for (uint32_t g = 1; Ld(s.overflow) != 0 && g < kWords; ++g)
-      if (auto it = overflow.find(OverflowKey{Ld(s.hash), g}); it != overflow.end())
-        n += static_cast<uint32_t>(std::popcount(it->second.device | it->second.host));
-    return n;
-  }
-};
 
 // An internal op: a BlockOp or a prediction, with the hash's mix computed once.
 struct GlobalIndex::Op {
@@ -393,6 +21,12 @@ struct GlobalIndex::Op {
 };
 
 namespace {
+
+void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
 
 // A slot as one lock-free reader saw it.
 struct SlotView {
@@ -507,7 +141,7 @@ void GlobalIndex::ReclaimRetired() {
 
 // ---- Queries ---------------------------------------------------------------------------
 
-void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<WorkerMatch>* out) const {
+void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const {
   out->clear();
   if (hashes.empty()) return;
   ReaderGuard guard(readers_);
@@ -567,7 +201,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     lo = std::min(lo, w);
     hi = std::max(hi, w);
     ForEachBit(s.active[w] & ~s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = 0; });
-    ForEachBit(s.active[w], w, [&](WorkerId id) { out->push_back(WorkerMatch{id, 0, 0}); });
+    ForEachBit(s.active[w], w, [&](WorkerId id) { out->push_back(PrefixMatch{id, 0, 0}); });
   }
   if (hi < 0) return;  // only expired predictions
   touch(v0);
@@ -614,7 +248,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Wor
     ForEachBit(s.active[w], w, [&](WorkerId id) { s.total_len[id] = i; });
     ForEachBit(s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = i; });
   }
-  for (WorkerMatch& m : *out) {
+  for (PrefixMatch& m : *out) {
     m.device_blocks = s.dev_len[m.worker];
     m.host_blocks = s.total_len[m.worker] - m.device_blocks;
   }
@@ -911,145 +545,16 @@ void GlobalIndex::RemoveWorker(WorkerId worker) {
 uint64_t GlobalIndex::SweepExpired() {
   const uint32_t now_ms = NowMs();
   uint64_t dropped = 0;
-  for (int si = 0; si < config::kShards; ++si) {
-    Shard& shard = shards_[si];
-    std::lock_guard lock(shard.mu);
-    if (shard.predicted.empty()) continue;
-    shard.BeginWrite();
-    int64_t d_entries = 0;
-    boost::unordered::erase_if(shard.predicted, [&](auto& entry) {
-      auto& list = entry.second;
-      size_t keep = 0;
-      for (const PredHolder& p : list) {
-        if (p.expiry_ms > now_ms) {
-          list[keep++] = p;
-          continue;
-        }
-        --shard.workers[p.worker].live;
-        --d_entries;
-        ++dropped;
-      }
-      if (keep == list.size()) return false;
-      const uint64_t i = shard.Find(entry.first, Mix(entry.first));
-      KVF_CHECK(i != kNpos);
-      Slot& s = shard.T()->slots[i];
-      St(s.predicted, static_cast<uint16_t>(keep));
-      list.resize(keep);
-      if (keep != 0) return false;
-      if (Shard::Empty(s)) shard.Erase(i);
-      return true;
-    });
-    shard.EndWrite();
-    Bump(shard.entries, d_entries);
-  }
+  for (int si = 0; si < config::kShards; ++si) dropped += shards_[si].SweepExpired(now_ms);
   return dropped;
 }
 
 void GlobalIndex::TrimIfNeeded(Shard& shard) {
-  const uint64_t cap = std::max<uint64_t>(1, options_.max_entries / config::kShards);
-  if (shard.entries.load(std::memory_order_relaxed) <= cap) return;
-  std::lock_guard lock(shard.mu);
-  const uint64_t entries = shard.entries.load(std::memory_order_relaxed);
-  if (entries <= cap) return;
-  // Find the stamp below which the oldest blocks hold (entries - target) entries.
-  const uint64_t target = static_cast<uint64_t>(static_cast<double>(cap) * config::kTrimTargetFraction);
-  const Table* t = shard.T();
-  std::vector<std::pair<uint32_t, uint32_t>> stamps;  // (lru_ms, holders)
-  stamps.reserve(shard.used);
-  for (uint64_t i = 0; i <= t->mask; ++i)
-    if (const uint32_t lru = Ld(t->slots[i].lru_ms)) stamps.emplace_back(lru, shard.Holders(t->slots[i]));
-  std::sort(stamps.begin(), stamps.end());
-  const uint64_t to_drop = entries - target;
-  uint64_t dropped = 0;
-  uint32_t cutoff = 0;
-  for (const auto& [stamp, holders] : stamps) {
-    if (dropped >= to_drop) break;
-    cutoff = stamp;
-    dropped += holders;
-  }
-  // Remove every block stamped <= cutoff (ties go together, so this may drop a bit more).
-  std::vector<BlockHash> doomed;
-  for (uint64_t i = 0; i <= t->mask; ++i) {
-    const uint32_t lru = Ld(t->slots[i].lru_ms);
-    if (lru != 0 && lru <= cutoff) doomed.push_back(Ld(t->slots[i].hash));
-  }
-  shard.BeginWrite();
-  for (BlockHash h : doomed) {
-    const uint64_t i = shard.Find(h, Mix(h));
-    if (i != kNpos) shard.DropSlot(i);
-  }
-  shard.EndWrite();
-  for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
-    if (!shard.workers[w].blocks.empty()) shard.MaybeCompact(w);
+  shard.TrimTo(std::max<uint64_t>(1, options_.max_entries / config::kShards));
 }
 
 void GlobalIndex::CheckInvariants() const {
-  for (int si = 0; si < config::kShards; ++si) {
-    const Shard& shard = shards_[si];
-    std::lock_guard lock(shard.mu);
-    KVF_CHECK((shard.seq.load() & 1) == 0);
-    const Table* t = shard.T();
-    uint64_t used = 0, entries = 0;
-    std::vector<uint64_t> counts(config::kMaxWorkers * kv::kNumTiers, 0), live(config::kMaxWorkers, 0);
-    std::vector<boost::unordered_flat_set<BlockHash>> reverse(config::kMaxWorkers);
-    for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
-      reverse[w].insert(shard.workers[w].blocks.begin(), shard.workers[w].blocks.end());
-    auto held = [&](WorkerId w, uint8_t bits, BlockHash h) {
-      if (bits & kDev) ++counts[w * kv::kNumTiers];
-      if (bits & kHostBit) ++counts[w * kv::kNumTiers + 1];
-      ++live[w];
-      ++entries;
-      KVF_CHECK(reverse[w].contains(h));                                   // 3
-    };
-    uint64_t overflow_rows = 0, predicted_rows = 0;
-    for (uint64_t i = 0; i <= t->mask; ++i) {
-      const Slot& s = t->slots[i];
-      if (Ld(s.lru_ms) == 0) continue;
-      ++used;
-      const BlockHash h = Ld(s.hash);
-      KVF_CHECK(ShardOfMix(Mix(h)) == si);
-      KVF_CHECK(shard.Find(h, Mix(h)) == i);                              // 5
-      KVF_CHECK(!Shard::Empty(s));                                        // 1
-      for (uint64_t m = Ld(s.device) | Ld(s.host); m; m &= m - 1)
-        held(static_cast<WorkerId>(std::countr_zero(m)), shard.Bits(s, h, static_cast<WorkerId>(std::countr_zero(m))), h);
-      uint16_t rows = 0;
-      for (uint32_t g = 1; g < kWords; ++g) {
-        auto it = shard.overflow.find(OverflowKey{h, g});
-        if (it == shard.overflow.end()) continue;
-        ++rows;
-        KVF_CHECK((it->second.device | it->second.host) != 0);
-        for (uint64_t m = it->second.device | it->second.host; m; m &= m - 1) {
-          const WorkerId w = g * 64 + static_cast<WorkerId>(std::countr_zero(m));
-          held(w, shard.Bits(s, h, w), h);
-        }
-      }
-      KVF_CHECK(rows == Ld(s.overflow));                                  // 1
-      overflow_rows += rows;
-      if (Ld(s.predicted) != 0) {
-        auto it = shard.predicted.find(h);
-        KVF_CHECK(it != shard.predicted.end());
-        KVF_CHECK(it->second.size() == Ld(s.predicted));                  // 1
-        ++predicted_rows;
-        for (const PredHolder& p : it->second) {
-          KVF_CHECK(shard.Bits(s, h, p.worker) == 0);                     // 2
-          ++live[p.worker];
-          ++entries;
-          KVF_CHECK(reverse[p.worker].contains(h));                       // 3
-        }
-      } else {
-        KVF_CHECK(!shard.predicted.contains(h));
-      }
-    }
-    KVF_CHECK(used == shard.used);
-    KVF_CHECK(overflow_rows == shard.overflow.size());                    // 1: no orphan rows
-    KVF_CHECK(predicted_rows == shard.predicted.size());
-    KVF_CHECK(entries == shard.entries.load());
-    for (WorkerId w = 0; w < config::kMaxWorkers; ++w) {
-      KVF_CHECK(shard.workers[w].live == live[w]);                        // 3
-      for (int tier = 0; tier < kv::kNumTiers; ++tier)                     // 4
-        KVF_CHECK(shard.workers[w].tier_count[tier].load() == counts[w * kv::kNumTiers + tier]);
-    }
-  }
+  for (int si = 0; si < config::kShards; ++si) shards_[si].CheckInvariants(si);
 }
 
 }  // namespace kvfleet::router

@@ -3,7 +3,8 @@
 // It maps a block's sequence hash (Contract 1) to the set of {worker, tier} that hold it,
 // folded from every worker's KV events (Contract 2) by router/events/EventPlane, plus
 // predicted entries the router adds for the worker it just chose (they cover the lag
-// between a routing decision and that worker's `stored` events).
+// between a routing decision and that worker's `stored` events). It is the kv policy's
+// PrefixIndex (prefix_index.h).
 //
 // Layout. config::kShards shards, picked by the top bits of a mix of the hash. Each shard owns:
 //   - an open-addressing table (linear probing, load <= 3/4, power-of-two capacity) of
@@ -60,12 +61,11 @@
 
 #include "common/block_hash.h"
 #include "common/clock.h"
+#include "router/core/worker.h"
+#include "router/index/prefix_index.h"
 #include "schema/kv_event.h"
 
 namespace kvfleet::router {
-
-// Dense id, assigned by the router's fleet registry.
-using WorkerId = uint32_t;
 
 namespace config {
 // Worker ids are dense and small: 1024 covers a large fleet and keeps the per-shard
@@ -90,16 +90,6 @@ struct GlobalIndexOptions {
   uint64_t max_entries = 0;
 };
 
-// One worker's match for a request: `device_blocks` leading blocks held on the device,
-// then `host_blocks` more held on the host (a block after the device run that the worker
-// holds on the device again counts as a host block: it is usable, and counting it as host
-// keeps the estimate conservative). A predicted entry counts as a device block.
-struct WorkerMatch {
-  WorkerId worker;
-  uint32_t device_blocks;
-  uint32_t host_blocks;
-};
-
 // One block-level change of a worker's event batch (GlobalIndex::Apply).
 struct BlockOp {
   enum Kind : uint8_t {
@@ -112,21 +102,23 @@ struct BlockOp {
   kv::Tier tier;
 };
 
-class GlobalIndex {
+class GlobalIndex final : public PrefixIndex {
  public:
   // REQUIRES: clock outlives the index.
   explicit GlobalIndex(const GlobalIndexOptions& options, Clock* clock);
-  ~GlobalIndex();
+  ~GlobalIndex() override;
   GlobalIndex(const GlobalIndex&) = delete;
   GlobalIndex& operator=(const GlobalIndex&) = delete;
 
   // ---- Queries -------------------------------------------------------------------------
 
   // Per worker that holds hashes[0] (stored or unexpired predicted): its leading run, in
-  // ascending worker order. Stops at the first block no still-matching worker holds.
+  // ascending worker order. Stops at the first block no still-matching worker holds. A
+  // block after the device run that the worker holds on the device again counts as a host
+  // block: it is usable, and counting it as host keeps the estimate conservative.
   // Clears and fills *out; no allocation once *out has capacity for the matching workers
   // (reserve config::kMaxWorkers to be sure).
-  void FindMatches(std::span<const BlockHash> hashes, std::vector<WorkerMatch>* out) const;
+  void FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const override;
 
   // Whether `worker` holds `hash` on any tier (predicted entries do not count).
   bool Holds(WorkerId worker, BlockHash hash) const;
@@ -160,10 +152,10 @@ class GlobalIndex {
   bool Move(WorkerId worker, BlockHash hash, kv::Tier tier);
   // Adds predicted entries: they count for matching (as device blocks) until `ttl` passes
   // or a Store confirms them. A block the worker already holds is left as it is.
-  void InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl);
+  void InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) override;
   // Removes every entry of `worker`, predicted ones included, in time proportional to its
   // own entries (plus one lock per shard).
-  void RemoveWorker(WorkerId worker);
+  void RemoveWorker(WorkerId worker) override;
   // Drops predicted entries whose TTL has passed (matching already ignores them; this
   // returns their memory). Returns how many it dropped.
   uint64_t SweepExpired();

@@ -121,7 +121,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   return eligible[best];
 }
 
-Result<Decision> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates) {
+Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates) {
   std::vector<size_t> eligible;
   eligible.reserve(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -132,7 +132,7 @@ Result<Decision> Picker::Pick(Policy policy, const RouteRequest& request, std::s
                              std::to_string(static_cast<int64_t>(options_.max_queued_requests)) +
                              " or more requests queued");
   }
-  Decision d;
+  Choice d;
   switch (policy) {
     case Policy::kRoundRobin:
       d.index = eligible[next_.fetch_add(1, std::memory_order_relaxed) % eligible.size()];

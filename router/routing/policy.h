@@ -19,11 +19,9 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "router/core/worker.h"
 
 namespace kvfleet::router {
-
-// Dense id the fleet registry gives each worker it knows.
-using WorkerId = uint32_t;
 
 enum class Policy {
   kRoundRobin,   // every live worker in turn
@@ -89,7 +87,8 @@ struct RouteRequest {
   uint32_t block_size = 32;
 };
 
-struct Decision {
+// What Pick chose among the candidates.
+struct Choice {
   WorkerId worker = 0;
   size_t index = 0;               // into the candidates
   double estimated_ttft_s = 0;    // kv / approx only
@@ -104,7 +103,7 @@ class Picker {
 
   // Chooses a worker. Candidates that are saturated are skipped; when all are,
   // returns ResourceExhausted. REQUIRES: !candidates.empty().
-  Result<Decision> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
+  Result<Choice> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
 
   // Estimated seconds to the first token of `request` on `c`. `fleet_rate` (the fleet's
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when

@@ -8,7 +8,8 @@ PredictedIndex::PredictedIndex(const Clock* clock, size_t max_entries) : clock_(
 
 void PredictedIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const {
   TimeNs now = clock_->Now();
-  size_t first = out->size();
+  out->clear();
+  const size_t first = 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < hashes.size(); ++i) {
     auto it = map_.find(hashes[i]);

@@ -1,13 +1,12 @@
-// PrefixIndex: what routing asks of a block index. PredictedIndex: an index of the
-// router's own decisions only.
+// PredictedIndex: an index of the router's own decisions only.
 //
-// The `kv` policy reads the event-fed global index (router/index) through PrefixIndex;
-// the `approx` policy reads a PredictedIndex, which holds nothing but the blocks of
-// requests this router sent, each for a TTL. Predicted entries cover the gap between a
-// decision and the worker's `stored` events (a burst sharing a new prefix lands on one
-// worker) and are all `approx` knows.
+// The `kv` policy reads the event-fed global index (router/index) through PrefixIndex
+// (router/index/prefix_index.h); the `approx` policy reads a PredictedIndex, which holds
+// nothing but the blocks of requests this router sent, each for a TTL. Predicted entries
+// cover the gap between a decision and the worker's `stored` events (a burst sharing a new
+// prefix lands on one worker) and are all `approx` knows.
 //
-// Thread safety: implementations are thread-safe.
+// Thread safety: thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -21,26 +20,10 @@
 
 #include "common/block_hash.h"
 #include "common/clock.h"
-#include "router/routing/policy.h"
+#include "router/core/worker.h"
+#include "router/index/prefix_index.h"
 
 namespace kvfleet::router {
-
-struct PrefixMatch {
-  WorkerId worker = 0;
-  uint32_t device_blocks = 0;  // leading blocks on the device tier
-  uint32_t host_blocks = 0;    // further leading blocks on the host tier
-};
-
-class PrefixIndex {
- public:
-  virtual ~PrefixIndex() = default;
-  // Appends, for every worker holding the first block, how many leading blocks of
-  // `hashes` it holds. Read-only.
-  virtual void FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const = 0;
-  // Records that `worker` will hold `hashes` (on its device tier) for `ttl`.
-  virtual void InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) = 0;
-  virtual void RemoveWorker(WorkerId worker) = 0;
-};
 
 // Expiry is incremental: every insert first drops the entries whose TTL has passed, oldest
 // first, from a queue kept in insertion order, so the cost of expiry is spread over the

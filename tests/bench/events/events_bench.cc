@@ -263,7 +263,7 @@ void BenchFindMatches(const Workload& w) {
 
   std::printf("\n== 2. FindMatches latency (64 workers all matching the hot prefixes) ==\n");
   auto measure = [&](size_t len, const char* label) {
-    std::vector<router::WorkerMatch> out;
+    std::vector<router::PrefixMatch> out;
     out.reserve(router::config::kMaxWorkers);
     std::vector<double> us, cpu_us;
     uint64_t sink = 0;

@@ -73,7 +73,7 @@ void Run(int iterations) {
     };
     std::vector<TokenId> tokens;
     std::vector<BlockHash> hashes;
-    std::vector<WorkerMatch> matches;
+    std::vector<PrefixMatch> matches;
     matches.reserve(64);
     Time("tokenize (byte codec)", iterations, fresh_text, [&] { tokens = std::move(*codec->EncodePrompt(text)); });
     Time("hash blocks", iterations, [] {}, [&] { hashes = hasher.HashAll(tokens); });

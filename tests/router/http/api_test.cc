@@ -11,6 +11,7 @@
 #include <prometheus/registry.h>
 
 #include "common/http/metrics.h"
+#include "router/routing/predicted_index.h"
 #include "tests/common/http/test_client.h"
 #include "tests/router/fake_worker.h"
 
@@ -30,14 +31,14 @@ struct RouterUnderTest {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
                            RoutingOptions routing = {}, FleetOptions fleet_options = {})
       : registry(std::make_shared<prometheus::Registry>()),
-        index(SystemClock::Default()),
-        picker(routing) {
+        index(SystemClock::Default()) {
     fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
     fleet_options.static_workers = std::move(workers);
     fleet_options.static_model = "m";
     fleet_options.static_max_context = 4096;
     fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
-    api = std::make_unique<Api>(api_options, fleet.get(), &picker, &index, &index, MakeByteCodec(),
+    router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
+    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), MakeByteCodec(),
                                 SystemClock::Default(), registry);
     http::Routes routes;
     api->AddRoutes(&routes);
@@ -64,8 +65,8 @@ struct RouterUnderTest {
 
   std::shared_ptr<prometheus::Registry> registry;
   PredictedIndex index;
-  Picker picker;
   std::unique_ptr<Fleet> fleet;
+  std::unique_ptr<Router> router;
   std::unique_ptr<Api> api;
   std::unique_ptr<http::Server> server;
 };

@@ -33,13 +33,13 @@ struct Model {
   std::map<WorkerId, std::map<BlockHash, uint8_t>> held;
   std::map<WorkerId, std::map<BlockHash, TimeNs>> predicted;
 
-  std::vector<WorkerMatch> Match(const std::vector<BlockHash>& hashes, TimeNs now) const {
-    std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> Match(const std::vector<BlockHash>& hashes, TimeNs now) const {
+    std::vector<PrefixMatch> out;
     std::set<WorkerId> workers;
     for (auto& [w, m] : held) workers.insert(w);
     for (auto& [w, m] : predicted) workers.insert(w);
     for (WorkerId w : workers) {
-      WorkerMatch m{w, 0, 0};
+      PrefixMatch m{w, 0, 0};
       bool host_phase = false;
       for (BlockHash h : hashes) {
         uint8_t bits = 0;
@@ -62,12 +62,12 @@ struct Model {
   }
 };
 
-std::vector<WorkerMatch> Sorted(std::vector<WorkerMatch> v) {
+std::vector<PrefixMatch> Sorted(std::vector<PrefixMatch> v) {
   std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.worker < b.worker; });
   return v;
 }
 
-void ExpectSame(const std::vector<WorkerMatch>& got, const std::vector<WorkerMatch>& want) {
+void ExpectSame(const std::vector<PrefixMatch>& got, const std::vector<PrefixMatch>& want) {
   auto g = Sorted(got), w = Sorted(want);
   REQUIRE(g.size() == w.size());
   for (size_t i = 0; i < g.size(); ++i) {
@@ -135,7 +135,7 @@ TEST_CASE("FindMatches agrees with a brute-force reference on random indexes") {
       if (op % 500 == 0) clock.AdvanceMs(700);
     }
     index.CheckInvariants();
-    std::vector<WorkerMatch> got;
+    std::vector<PrefixMatch> got;
     for (const auto& chain : chains) {
       for (size_t len : {size_t{1}, size_t{5}, size_t{64}}) {
         std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
@@ -171,7 +171,7 @@ TEST_CASE("a match counts leading device blocks, then the host blocks after them
   index.Store(1, 14, Tier::kDevice);  // after the device run: counts as host
   index.Store(2, 11, Tier::kHost);
   index.Store(3, 12, Tier::kDevice);  // does not hold block 0: no match
-  std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> out;
   index.FindMatches(h, &out);
   ExpectSame(out, {{1, 2, 2}, {2, 0, 1}});
 }
@@ -182,7 +182,7 @@ TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
   index.Store(1, 1, Tier::kDevice);
   index.Store(2, 2, Tier::kDevice);  // 2 holds block 1 but not block 0
   index.Store(2, 3, Tier::kDevice);
-  std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> out;
   std::vector<BlockHash> q = {1, 2, 3};
   index.FindMatches(q, &out);
   ExpectSame(out, {{1, 1, 0}});
@@ -195,14 +195,14 @@ TEST_CASE("FindMatches allocates nothing once the output has capacity") {
   for (int i = 0; i < 1024; ++i) chain.push_back(1000 + i);
   for (WorkerId w = 0; w < 64; ++w)
     for (int i = 0; i < 1024 - static_cast<int>(w); ++i) index.Store(w, chain[i], Tier::kDevice);
-  std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> out;
   out.reserve(config::kMaxWorkers);
   index.FindMatches(chain, &out);  // warms the thread's scratch
   const uint64_t before = g_allocations.load();
   for (int i = 0; i < 100; ++i) index.FindMatches(chain, &out);
   CHECK(g_allocations.load() == before);
   REQUIRE(out.size() == 64);
-  for (const WorkerMatch& m : out) CHECK(m.device_blocks == 1024 - m.worker);  // dense blocks
+  for (const PrefixMatch& m : out) CHECK(m.device_blocks == 1024 - m.worker);  // dense blocks
   index.CheckInvariants();
 }
 
@@ -211,7 +211,7 @@ TEST_CASE("a predicted entry counts until its TTL passes or a stored event confi
   GlobalIndex index({}, &clock);
   std::vector<BlockHash> run = {5, 6, 7};
   index.InsertPredicted(4, run, 2 * kNsPerSec);
-  std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
   ExpectSame(out, {{4, 3, 0}});
   CHECK(index.BlockCount(4, Tier::kDevice) == 0);  // predictions are not holdings
@@ -285,7 +285,7 @@ TEST_CASE("readers match while writers store, move and remove (TSan)") {
   std::atomic<uint64_t> matched{0};
   for (int r = 0; r < 2; ++r) {
     readers.emplace_back([&] {
-      std::vector<WorkerMatch> out;
+      std::vector<PrefixMatch> out;
       while (!stop.load()) {
         index.FindMatches(chain, &out);
         for (auto& m : out) matched += m.device_blocks + m.host_blocks;
@@ -323,7 +323,7 @@ TEST_CASE("a fleet of more than 64 workers matches exactly (overflow groups)") {
   index.InsertPredicted(700, std::span<const BlockHash>(chain).first(10), kNsPerSec);
   for (int i = 0; i < 10; ++i) model.predicted[700][chain[i]] = clock.Now() + kNsPerSec;
   index.CheckInvariants();
-  std::vector<WorkerMatch> got;
+  std::vector<PrefixMatch> got;
   for (size_t len : {size_t{1}, size_t{7}, size_t{96}}) {
     std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
     index.FindMatches(q, &got);
@@ -348,7 +348,7 @@ TEST_CASE("a prediction of a worker past 63 counts on a block no such worker sto
   std::vector<BlockHash> run = {21, 22, 23};
   for (BlockHash h : run) index.Store(1, h, Tier::kDevice);
   index.InsertPredicted(130, run, kNsPerSec);
-  std::vector<WorkerMatch> out;
+  std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
   ExpectSame(out, {{1, 3, 0}, {130, 3, 0}});
   index.CheckInvariants();
@@ -415,7 +415,7 @@ TEST_CASE("readers match while the tables grow and shrink under them (TSan)") {
   std::vector<std::thread> readers;
   for (int r = 0; r < 2; ++r) {
     readers.emplace_back([&] {
-      std::vector<WorkerMatch> out;
+      std::vector<PrefixMatch> out;
       while (!stop.load()) {
         index.FindMatches(chain, &out);
         bool ok = out.size() == 2;

@@ -1,0 +1,62 @@
+// What every room of the router knows of a worker beyond its registry record: its dense
+// id, the state of its KV event stream, its last load report, and WorkerSignals, the
+// interface through which the event plane (router/events) tells the fleet (router/fleet)
+// about both. One type each, from the event plane to the routing decision.
+//
+// Thread safety: values, and an interface whose implementations are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "common/clock.h"
+#include "schema/load_report.h"
+#include "schema/requests.h"
+
+namespace kvfleet::router {
+
+// Dense id the fleet registry gives each worker it knows.
+using WorkerId = uint32_t;
+
+// A worker's KV event stream (Contract 2), as the event plane tracks it. kUnknown is last:
+// the event plane's state gauges index the four stream states 0..3.
+enum class WorkerState {
+  kSyncing,    // asked for a snapshot; not yet in step with the worker
+  kLive,       // applying batches in seq order
+  kReplaying,  // a gap was seen; replaying the missing batches
+  kDead,       // nothing heard for the heartbeat timeout: not routable
+  kUnknown,    // no event stream (none announced, or not subscribed): judged by its connection alone
+};
+inline constexpr int kEventStreamStates = 4;  // kSyncing..kDead
+
+inline const char* WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kSyncing: return "syncing";
+    case WorkerState::kLive: return "live";
+    case WorkerState::kReplaying: return "replaying";
+    case WorkerState::kDead: return "dead";
+    case WorkerState::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+// A worker's last load report (Contract 2's Load, carried in every event batch) and when
+// it arrived.
+struct WorkerLoad : kvfleet::LoadReport {
+  TimeNs received_at = 0;  // router monotonic clock
+};
+
+// What the event plane tells the fleet. Without one, a worker's liveness is its request
+// connection alone and there are no load reports.
+class WorkerSignals {
+ public:
+  virtual ~WorkerSignals() = default;
+  // Starts following the worker's event stream (the endpoints its Hello announced).
+  virtual void AddWorker(WorkerId id, const WorkerHello& info) = 0;
+  virtual void RemoveWorker(WorkerId id) = 0;
+  // kUnknown for a worker whose events are not followed.
+  virtual WorkerState State(WorkerId id) const = 0;
+  virtual std::optional<WorkerLoad> Load(WorkerId id) const = 0;
+};
+
+}  // namespace kvfleet::router

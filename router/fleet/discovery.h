@@ -1,0 +1,91 @@
+// Discovery: where the fleet's workers come from besides the records it keeps. Three
+// sources (router/README.md, "Configuration"):
+//   - a static list of requests endpoints: StaticHello() makes each a Hello, its events and
+//     replay endpoints the next two ports (the worker's defaults);
+//   - a DNS name re-resolved periodically (a Kubernetes headless service): DnsWatcher
+//     resolves it on its own thread and DnsMembership turns each answer into joins and leaves;
+//   - Hello and Bye messages on the registration ROUTER socket: Registration reads and
+//     decodes them (Contract 3), rate-limiting the log of malformed frames.
+//
+// Owned by the fleet (router/fleet/fleet.cc). Thread safety: DnsWatcher is thread-safe (its
+// callback runs on its own thread); DnsMembership and Registration are thread-compatible,
+// used on the fleet thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "router/fleet/fleet.h"
+#include "schema/requests.h"
+
+namespace kvfleet::router {
+
+// A Hello for a static or DNS worker, served at `requests` (tcp://host:port).
+WorkerHello StaticHello(const std::string& requests, const FleetOptions& options);
+
+// getaddrinfo of "host:port": every IPv4/IPv6 address as tcp://addr:port, sorted, unique.
+std::vector<std::string> Resolve(const std::string& host_port);
+
+// Resolves `host_port` now and every `interval`, handing each answer to `on_answer` (an
+// empty answer is logged and handed on too). Stops, and joins, when destroyed.
+class DnsWatcher {
+ public:
+  DnsWatcher(std::string host_port, DurationNs interval, std::function<void(std::vector<std::string>)> on_answer);
+  ~DnsWatcher();
+  DnsWatcher(const DnsWatcher&) = delete;
+  DnsWatcher& operator=(const DnsWatcher&) = delete;
+
+ private:
+  void Loop();
+
+  const std::string host_port_;
+  const DurationNs interval_;
+  std::function<void(std::vector<std::string>)> on_answer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+// The endpoints the DNS name answered last: each new answer yields who joined and who left.
+class DnsMembership {
+ public:
+  void Update(const std::vector<std::string>& answer, std::vector<std::string>* joined,
+              std::vector<std::string>* left);
+
+ private:
+  std::set<std::string> known_;
+};
+
+// The registration ROUTER socket.
+class Registration {
+ public:
+  // Binds `endpoint` (its bound form, e.g. with the port chosen for *, is endpoint()).
+  Status Bind(zmq::context_t& ctx, const std::string& endpoint);
+  bool bound() const { return socket_ != nullptr; }
+  zmq::socket_t& socket() { return *socket_; }
+  const std::string& endpoint() const { return endpoint_; }
+  // Reads what is waiting (at most 256 messages) and hands each Hello or Bye to `on_message`;
+  // malformed ones are logged (rate-limited) and skipped. REQUIRES: bound().
+  void Drain(const std::function<void(const ToRouterMessage&)>& on_message);
+  void Close() { socket_.reset(); }
+
+ private:
+  std::unique_ptr<zmq::socket_t> socket_;
+  std::string endpoint_;
+  RateLimit bad_frames_;
+};
+
+}  // namespace kvfleet::router

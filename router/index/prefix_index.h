@@ -1,0 +1,37 @@
+// PrefixIndex: what routing asks of a block index. Two implement it: the event-fed
+// GlobalIndex (global_index.h, the kv policy) and routing's PredictedIndex (the router's own
+// decisions only, the approx policy).
+//
+// Thread safety: implementations are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/clock.h"
+#include "router/core/worker.h"
+
+namespace kvfleet::router {
+
+// One worker's match for a request: `device_blocks` leading blocks held on the device,
+// then `host_blocks` more held on the host. A predicted entry counts as a device block.
+struct PrefixMatch {
+  WorkerId worker = 0;
+  uint32_t device_blocks = 0;  // leading blocks on the device tier
+  uint32_t host_blocks = 0;    // further leading blocks on the host tier
+};
+
+class PrefixIndex {
+ public:
+  virtual ~PrefixIndex() = default;
+  // Clears *out and fills it with, for every worker holding the first block, how many
+  // leading blocks of `hashes` it holds. Read-only.
+  virtual void FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const = 0;
+  // Records that `worker` will hold `hashes` (on its device tier) for `ttl`.
+  virtual void InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) = 0;
+  virtual void RemoveWorker(WorkerId worker) = 0;
+};
+
+}  // namespace kvfleet::router

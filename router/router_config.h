@@ -1,0 +1,53 @@
+// RouterConfig: every setting of kvfleet-router, with its command-line option (and env
+// KVFLEET_<OPTION>), default and unit. AddOptions registers them; Prepare validates them
+// once at start-up and derives the component options (FleetOptions, RoutingOptions,
+// ApiOptions) from the flat values.
+//
+// Thread safety: a value, filled and prepared on the main thread before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config.h"
+#include "common/cpu_latency.h"
+#include "common/http/server.h"
+#include "common/status.h"
+#include "router/fleet/fleet.h"
+#include "router/http/api.h"
+#include "router/routing/policy.h"
+
+namespace kvfleet::router {
+
+struct RouterConfig {
+  CommonOptions common;          // logging and the like (common/config.h)
+  CpuLatencyOption cpu_latency;  // --cpu-latency-us
+  http::ServerOptions http;      // --http-host, --http-port, --http-threads, body and header limits
+  FleetOptions fleet;            // registration, static and DNS workers; derived fields set by Prepare
+  RoutingOptions routing;        // the kv cost model; policy and predicted_ttl set by Prepare
+  ApiOptions api;                // api_keys set by Prepare
+  std::string policy = "kv";     // --routing-policy: round_robin, least_loaded, kv or approx
+  std::string static_workers;    // --workers: comma-separated requests endpoints
+  std::string api_key_file;      // empty: no authentication
+  std::string tokenizer_dir;     // empty: the byte codec (mock fleets)
+  int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;  // ms
+  double request_timeout_s = 600;                                // s, whole request
+  double first_token_timeout_s = 60;                             // s, then retry elsewhere
+  double dns_interval_s = 10;                                    // s between DNS resolutions
+  int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
+  std::string curve_keypair;     // empty: plaintext to workers
+  std::string curve_server_key;  // the workers' public key; set with curve_keypair
+  // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
+  // network would, through router/events/fault_injection.h. 0 in production.
+  double debug_drop_events = 0;
+};
+
+// Registers every option of `c` on `app` (--help prints them with their defaults).
+void AddOptions(CLI::App& app, RouterConfig* c);
+
+// Validates the parsed options and derives the component options from them: the routing
+// policy, durations in ns, the static worker list, CURVE key files (read here, so a bad one
+// fails at start-up with its reason) and the API keys.
+Status Prepare(RouterConfig* c);
+
+}  // namespace kvfleet::router

@@ -1,0 +1,90 @@
+// Router: the routing decision for one request. Given the prompt's tokens, its model's
+// fleet, its cache salt and a policy, it hashes the prompt's full blocks (Contract 1), asks
+// the policy's index which workers hold its prefix, builds one Candidate per routable worker
+// (its matched blocks, and its load: the worker's last report blended with this router's
+// own in-flight counts, README.md) and lets the Picker choose.
+//
+// A decision is used in two steps, so that the request leaves before the bookkeeping:
+//   1. Route() decides; the caller forwards the request to decision.worker.
+//   2. Commit() inserts the prompt's blocks as predicted entries for that worker (in the kv
+//      index, and in the approx index once the approx policy is in use).
+// Rerouter() gives the forwarding lane its retry: a new choice among the same candidates,
+// the workers already tried excluded.
+//
+// Thread safety: thread-safe; the HTTP I/O threads route concurrently. The Router adds no
+// lock of its own to the indexes', the fleet's and the Picker's.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+#include "router/core/worker.h"
+#include "router/fleet/fleet.h"
+#include "router/index/prefix_index.h"
+#include "router/routing/policy.h"
+
+namespace kvfleet::router {
+
+// One request, as routing sees it.
+struct Prompt {
+  std::string_view model;           // its name: part of the blocks' hash namespace
+  std::span<const TokenId> tokens;  // REQUIRES: not empty
+  std::string_view cache_salt;      // empty: none
+  Policy policy = Policy::kKv;
+};
+
+struct Decision {
+  WorkerId worker = 0;
+  uint32_t device_blocks = 0;            // leading prompt blocks it holds on the device
+  uint32_t host_blocks = 0;              // further leading blocks on its host tier
+  uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
+  double estimated_ttft_s = 0;           // kv / approx only
+  // For Commit and Rerouter.
+  Policy policy = Policy::kKv;
+  RouteRequest route;
+  std::vector<BlockHash> hashes;  // the prompt's full blocks
+  std::shared_ptr<const std::vector<Candidate>> candidates;  // every worker considered
+};
+
+class Router {
+ public:
+  // `kv_index` serves the kv policy (the global index when events are connected),
+  // `approx_index` the approx policy; they may be the same. REQUIRES: `loads` and both
+  // indexes outlive the Router.
+  Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index, PrefixIndex* approx_index);
+
+  const RoutingOptions& options() const { return picker_.options(); }
+
+  // Chooses a worker of `fleet` for `prompt`. ResourceExhausted when every worker is
+  // saturated. REQUIRES: !fleet.routable.empty().
+  Result<Decision> Route(const ModelFleet& fleet, const Prompt& prompt);
+  // Inserts the decision's predicted entries (README.md, "Predicted entries"). Call once the
+  // request is on its way: the worker starts sooner, and the next request sees them all the same.
+  void Commit(const Decision& decision);
+  // The retry of a decided request (ForwardRequest::reroute): the decision's candidates less
+  // the workers tried, chosen by the same policy. The Router must outlive it.
+  std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Rerouter(const Decision& decision);
+
+ private:
+  // How much the worker of `c` is loaded, now: its last report blended with this router's own
+  // counts (kv, least_loaded, round_robin), or this router's counts alone (approx).
+  void AddLoad(Policy policy, Candidate* c) const;
+
+  Picker picker_;
+  const WorkerLoads* loads_;
+  PrefixIndex* kv_index_;
+  PrefixIndex* approx_index_;
+  // The approx index learns decisions only once the approx policy is in use (the router's
+  // default, or a request's override): feeding it on every kv-routed request cost ~5% of
+  // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first
+  // request that asks for approx therefore sees what a freshly started router would.
+  std::atomic<bool> approx_in_use_;
+};
+
+}  // namespace kvfleet::router
