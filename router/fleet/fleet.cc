@@ -1,14 +1,17 @@
+// The Fleet (fleet.h) and most of FleetImpl (fleet_impl.h): start and stop, the registry
+// of workers and models, the fleet thread's loop over registrations and DNS answers, and
+// the queries the router and the lanes make. The DEALERs to the workers and their monitors
+// are in fleet_connections.cc.
+//
+// Thread safety: thread-safe, as FleetImpl.
 #include "router/fleet/fleet.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
-#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <variant>
@@ -23,568 +26,417 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "router/fleet/discovery.h"
+#include "router/fleet/fleet_impl.h"
 #include "router/fleet/lane.h"
 #include "router/fleet/poll_loop.h"
 
 namespace kvfleet::router {
 
-// One worker. Fields read by other threads are atomics or guarded by the registry lock.
-struct WorkerRecord {
-  WorkerId id = 0;
-  WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_)
-  bool from_static = false;               // static list or DNS: removed when DNS drops it
-  std::atomic<bool> connected{false};
-  std::atomic<bool> said_bye{false};
-  std::atomic<bool> removed{false};
-  OwnLoadCounter<config::kOwnLoadHistory> own;  // this router's in-flight counts there
-  std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
-  std::string last_failure;               // GUARDED_BY(FleetImpl::mu_)
-  prometheus::Gauge* inflight_gauge = nullptr;
-  // Fleet thread only.
-  std::unique_ptr<zmq::socket_t> dealer;
-  std::unique_ptr<zmq::socket_t> monitor;
-};
+FleetImpl::FleetImpl(const FleetOptions& options, WorkerSignals* signals, const Clock* clock,
+                     prometheus::Registry* registry)
+    : options_(options), signals_(signals), clock_(clock) {
+  if (registry != nullptr) {
+    retries_ = &prometheus::BuildCounter()
+                    .Name("kvfleet_router_retries_total")
+                    .Help("Requests retried on another worker before their first token")
+                    .Register(*registry)
+                    .Add({});
+    inflight_family_ = &prometheus::BuildGauge()
+                            .Name("kvfleet_router_inflight")
+                            .Help("Requests this router has in flight, per worker")
+                            .Register(*registry);
+    refused_family_ = &prometheus::BuildCounter()
+                           .Name("kvfleet_router_workers_refused_total")
+                           .Help("Worker registrations refused, by reason")
+                           .Register(*registry);
+  }
+}
 
-class FleetImpl final : public LaneFleet {
- public:
-  FleetImpl(const FleetOptions& options, WorkerSignals* signals, const Clock* clock, prometheus::Registry* registry)
-      : options_(options), signals_(signals), clock_(clock) {
-    if (registry != nullptr) {
-      retries_ = &prometheus::BuildCounter()
-                      .Name("kvfleet_router_retries_total")
-                      .Help("Requests retried on another worker before their first token")
-                      .Register(*registry)
-                      .Add({});
-      inflight_family_ = &prometheus::BuildGauge()
-                              .Name("kvfleet_router_inflight")
-                              .Help("Requests this router has in flight, per worker")
-                              .Register(*registry);
-      refused_family_ = &prometheus::BuildCounter()
-                             .Name("kvfleet_router_workers_refused_total")
-                             .Help("Worker registrations refused, by reason")
-                             .Register(*registry);
+Status FleetImpl::Init() {
+  const FleetCurve& curve = options_.curve;
+  if (curve.client_keypair_file.empty() != curve.server_public_key_file.empty()) {
+    return InvalidArgument("request CURVE needs both the router's key pair and the workers' public key");
+  }
+  if (!curve.client_keypair_file.empty()) {
+    KVF_ASSIGN_OR_RETURN(curve_keys_, LoadCurveKeyPair(curve.client_keypair_file));
+    KVF_ASSIGN_OR_RETURN(curve_server_public_, LoadCurvePublicKey(curve.server_public_key_file));
+    curve_ = true;
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Internal("eventfd failed");
+  if (!options_.registration_endpoint.empty()) {
+    KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
+  }
+  for (const auto& ep : options_.static_workers) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+  thread_ = std::thread([this] { Loop(); });
+  if (!options_.dns_name.empty()) {
+    dns_ = std::make_unique<DnsWatcher>(options_.dns_name, options_.dns_interval, [this](std::vector<std::string> answer) {
+      Post(DnsCmd{std::move(answer)});
+    });
+  }
+  return Status::Ok();
+}
+
+void FleetImpl::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    stopping_flag_.store(true);
+  }
+  own_lane_.Stop();  // Fleet::Submit's lane ends what it has in flight, on its own thread
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  dns_.reset();  // joins the resolver thread
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  wake_fd_ = -1;
+}
+
+// --- LaneFleet ---
+
+std::vector<LaneFleet::WorkerEndpoint> FleetImpl::Endpoints() const {
+  std::vector<WorkerEndpoint> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (!w->removed.load()) out.push_back({w->id, w->info.requests_endpoint});
+  }
+  return out;
+}
+
+bool FleetImpl::Routable(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return id < workers_.size() && !workers_[id]->removed.load() && Routable(*workers_[id]);
+}
+
+uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return 0;
+  if (why != nullptr) *why = workers_[id]->last_failure;
+  return workers_[id]->failures.load();
+}
+
+void FleetImpl::CountInflight(WorkerId id, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return;
+  WorkerRecord& w = *workers_[id];
+  if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
+  w.own.Add(clock_, requests, prefill_tokens, prompt_tokens);
+}
+
+void FleetImpl::CountRetry() {
+  if (retries_) retries_->Increment();
+}
+
+std::string FleetImpl::WorkerName(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return id < workers_.size() ? workers_[id]->info.name : std::string();
+}
+
+// --- the Fleet's queries ---
+
+std::optional<ModelFleet> FleetImpl::FindModel(std::string_view model) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = models_.find(std::string(model));
+  if (it == models_.end()) return std::nullopt;
+  ModelFleet f;
+  f.block_size = it->second.block_size;
+  f.max_context = 0;
+  for (WorkerId id : it->second.members) {
+    const WorkerRecord& w = *workers_[id];
+    if (w.removed.load()) continue;
+    ++f.workers;
+    if (!Routable(w)) continue;
+    f.routable.push_back(id);
+    if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
+      f.max_context = w.info.max_context;
     }
   }
+  return f;
+}
 
-  ~FleetImpl() override { Stop(); }
-
-  Status Init() {
-    const FleetCurve& curve = options_.curve;
-    if (curve.client_keypair_file.empty() != curve.server_public_key_file.empty()) {
-      return InvalidArgument("request CURVE needs both the router's key pair and the workers' public key");
+std::vector<std::string> FleetImpl::LiveModels() const {
+  std::vector<std::string> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& [name, m] : models_) {
+    for (WorkerId id : m.members) {
+      if (!workers_[id]->removed.load() && Routable(*workers_[id])) {
+        out.push_back(name);
+        break;
+      }
     }
-    if (!curve.client_keypair_file.empty()) {
-      KVF_ASSIGN_OR_RETURN(curve_keys_, LoadCurveKeyPair(curve.client_keypair_file));
-      KVF_ASSIGN_OR_RETURN(curve_server_public_, LoadCurvePublicKey(curve.server_public_key_file));
-      curve_ = true;
+  }
+  return out;
+}
+
+bool FleetImpl::Ready() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  size_t ready = 0, known = 0;
+  for (const auto& [name, m] : models_) {
+    bool any_member = false, live = false;
+    for (WorkerId id : m.members) {
+      if (workers_[id]->removed.load()) continue;
+      any_member = true;
+      live = live || Routable(*workers_[id]);
     }
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return Internal("eventfd failed");
-    if (!options_.registration_endpoint.empty()) {
-      KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
-    }
-    for (const auto& ep : options_.static_workers) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
-    thread_ = std::thread([this] { Loop(); });
-    if (!options_.dns_name.empty()) {
-      dns_ = std::make_unique<DnsWatcher>(options_.dns_name, options_.dns_interval, [this](std::vector<std::string> answer) {
-        Post(DnsCmd{std::move(answer)});
-      });
-    }
-    return Status::Ok();
+    known += any_member;
+    ready += any_member && live;
   }
+  return known > 0 && ready == known;
+}
 
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      stopping_flag_.store(true);
-    }
-    own_lane_.Stop();  // Fleet::Submit's lane ends what it has in flight, on its own thread
-    Wake();
-    if (thread_.joinable()) thread_.join();
-    dns_.reset();  // joins the resolver thread
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    wake_fd_ = -1;
+std::vector<WorkerStatus> FleetImpl::Workers() const {
+  std::vector<WorkerStatus> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (w->removed.load()) continue;
+    WorkerStatus s;
+    s.id = w->id;
+    s.info = w->info;
+    s.connected = w->connected.load();
+    s.said_bye = w->said_bye.load();
+    s.state = signals_ ? signals_->State(w->id) : WorkerState::kUnknown;
+    s.routable = Routable(*w);
+    s.inflight_requests = w->own.requests();
+    s.inflight_prefill_tokens = w->own.prefill_tokens();
+    if (signals_) s.load = signals_->Load(w->id);
+    out.push_back(std::move(s));
   }
+  return out;
+}
 
-  uint64_t NewHandle() { return next_handle_.fetch_add(1) + 1; }
+Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return {};
+  return workers_[id]->own.Now();
+}
 
-  void Submit(uint64_t handle, ForwardRequest request) { own_lane_.Submit(handle, std::move(request)); }
-  void Cancel(uint64_t handle) { own_lane_.Cancel(handle); }
+Fleet::OwnLoadCounts FleetImpl::OwnLoadAt(WorkerId id, TimeNs at) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return {};
+  return workers_[id]->own.At(at);
+}
 
-  std::unique_ptr<Lane> NewLane(LaneLoop* loop) { return std::make_unique<Lane>(this, loop); }
+std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
+  return signals_ ? signals_->Load(id) : std::nullopt;
+}
 
-  // --- LaneFleet ---
+// --- internals ---
 
-  uint64_t Generation() const override { return generation_.load(std::memory_order_acquire); }
+bool FleetImpl::Routable(const WorkerRecord& w) const {
+  if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
+  return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
+}
 
-  std::vector<WorkerEndpoint> Endpoints() const override {
-    std::vector<WorkerEndpoint> out;
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    for (const auto& w : workers_) {
-      if (!w->removed.load()) out.push_back({w->id, w->info.requests_endpoint});
-    }
-    return out;
+void FleetImpl::Post(Command cmd) {
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    commands_.push_back(std::move(cmd));
   }
+  Wake();
+}
 
-  std::unique_ptr<zmq::socket_t> NewDealer() override {
-    auto dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-    ConfigureDealer(*dealer);
-    return dealer;
+void FleetImpl::Wake() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
+}
+
+// --- registry (fleet thread, or Init before the thread starts) ---
+
+// Returns the worker's id, or nullopt when refused.
+std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool from_static) {
+  auto log = Logger("fleet");
+  if (!IsValidBlockSize(hello.block_size)) {
+    Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
+                                            " is not a power of two >= 2");
+    return std::nullopt;
   }
-
-  bool Routable(WorkerId id) const override {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    return id < workers_.size() && !workers_[id]->removed.load() && Routable(*workers_[id]);
+  if (hello.requests_endpoint.empty()) {
+    Refuse(hello, "no-endpoint", "it announced no requests endpoint");
+    return std::nullopt;
   }
-
-  uint64_t Failures(WorkerId id, std::string* why) const override {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return 0;
-    if (why != nullptr) *why = workers_[id]->last_failure;
-    return workers_[id]->failures.load();
-  }
-
-  void CountInflight(WorkerId id, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) override {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return;
-    WorkerRecord& w = *workers_[id];
-    if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
-    w.own.Add(clock_, requests, prefill_tokens, prompt_tokens);
-  }
-
-  void CountRetry() override {
-    if (retries_) retries_->Increment();
-  }
-
-  bool Stopping() const override { return stopping_flag_.load(std::memory_order_acquire); }
-  const FleetOptions& options() const override { return options_; }
-  const Clock* clock() const override { return clock_; }
-
-  std::optional<ModelFleet> FindModel(std::string_view model) const {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    auto it = models_.find(std::string(model));
-    if (it == models_.end()) return std::nullopt;
-    ModelFleet f;
-    f.block_size = it->second.block_size;
-    f.max_context = 0;
-    for (WorkerId id : it->second.members) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  auto& model = models_[hello.model];
+  auto existing = by_endpoint_.find(hello.requests_endpoint);
+  // Block size: every live member of a model's fleet must agree (Contract 1).
+  if (model.block_size != 0 && model.block_size != hello.block_size) {
+    bool others_live = false;
+    for (WorkerId id : model.members) {
       const WorkerRecord& w = *workers_[id];
-      if (w.removed.load()) continue;
-      ++f.workers;
-      if (!Routable(w)) continue;
-      f.routable.push_back(id);
-      if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
-        f.max_context = w.info.max_context;
-      }
+      if (existing != by_endpoint_.end() && id == existing->second) continue;
+      others_live = others_live || (!w.removed.load() && Routable(w));
     }
-    return f;
-  }
-
-  std::vector<std::string> LiveModels() const {
-    std::vector<std::string> out;
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    for (const auto& [name, m] : models_) {
-      for (WorkerId id : m.members) {
-        if (!workers_[id]->removed.load() && Routable(*workers_[id])) {
-          out.push_back(name);
-          break;
-        }
-      }
-    }
-    return out;
-  }
-
-  bool Ready() const {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    size_t ready = 0, known = 0;
-    for (const auto& [name, m] : models_) {
-      bool any_member = false, live = false;
-      for (WorkerId id : m.members) {
-        if (workers_[id]->removed.load()) continue;
-        any_member = true;
-        live = live || Routable(*workers_[id]);
-      }
-      known += any_member;
-      ready += any_member && live;
-    }
-    return known > 0 && ready == known;
-  }
-
-  std::vector<WorkerStatus> Workers() const {
-    std::vector<WorkerStatus> out;
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    for (const auto& w : workers_) {
-      if (w->removed.load()) continue;
-      WorkerStatus s;
-      s.id = w->id;
-      s.info = w->info;
-      s.connected = w->connected.load();
-      s.said_bye = w->said_bye.load();
-      s.state = signals_ ? signals_->State(w->id) : WorkerState::kUnknown;
-      s.routable = Routable(*w);
-      s.inflight_requests = w->own.requests();
-      s.inflight_prefill_tokens = w->own.prefill_tokens();
-      if (signals_) s.load = signals_->Load(w->id);
-      out.push_back(std::move(s));
-    }
-    return out;
-  }
-
-  Fleet::OwnLoadCounts OwnLoad(WorkerId id) const {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return {};
-    return workers_[id]->own.Now();
-  }
-
-  Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return {};
-    return workers_[id]->own.At(at);
-  }
-
-  std::optional<WorkerLoad> ReportedLoad(WorkerId id) const {
-    return signals_ ? signals_->Load(id) : std::nullopt;
-  }
-
-  std::string registration_endpoint() const { return registration_.endpoint(); }
-
-  std::string WorkerName(WorkerId id) const override {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    return id < workers_.size() ? workers_[id]->info.name : std::string();
-  }
-
- private:
-  struct DnsCmd {
-    std::vector<std::string> endpoints;
-  };
-  using Command = std::variant<DnsCmd>;
-
-  struct ModelEntry {
-    uint32_t block_size = 0;
-    std::vector<WorkerId> members;
-  };
-
-  bool Routable(const WorkerRecord& w) const {
-    if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
-    return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
-  }
-
-  void Post(Command cmd) {
-    {
-      std::lock_guard<std::mutex> lock(cmd_mu_);
-      commands_.push_back(std::move(cmd));
-    }
-    Wake();
-  }
-
-  void Wake() {
-    uint64_t one = 1;
-    if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
-  }
-
-  // --- registry (fleet thread, or Init before the thread starts) ---
-
-  // Returns the worker's id, or nullopt when refused.
-  std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, bool from_static) {
-    auto log = Logger("fleet");
-    if (!IsValidBlockSize(hello.block_size)) {
-      Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
-                                              " is not a power of two >= 2");
-      return std::nullopt;
-    }
-    if (hello.requests_endpoint.empty()) {
-      Refuse(hello, "no-endpoint", "it announced no requests endpoint");
-      return std::nullopt;
-    }
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    auto& model = models_[hello.model];
-    auto existing = by_endpoint_.find(hello.requests_endpoint);
-    // Block size: every live member of a model's fleet must agree (Contract 1).
-    if (model.block_size != 0 && model.block_size != hello.block_size) {
-      bool others_live = false;
-      for (WorkerId id : model.members) {
-        const WorkerRecord& w = *workers_[id];
-        if (existing != by_endpoint_.end() && id == existing->second) continue;
-        others_live = others_live || (!w.removed.load() && Routable(w));
-      }
-      if (others_live) {
-        lock.unlock();
-        Refuse(hello, "block-size-mismatch",
-               "block size " + std::to_string(hello.block_size) + " disagrees with model '" + hello.model +
-                   "' whose fleet uses " + std::to_string(model.block_size));
-        return std::nullopt;
-      }
-    }
-    model.block_size = hello.block_size;
-    if (existing != by_endpoint_.end()) {
-      WorkerRecord& w = *workers_[existing->second];
-      // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
-      // new model make this a different worker to it.
-      bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
-                     w.info.replay_endpoint != hello.replay_endpoint || w.removed.load();
-      if (w.info.epoch != hello.epoch && !from_static) {
-        log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
-      }
-      if (w.info.model != hello.model) {
-        auto& old = models_[w.info.model].members;
-        std::erase(old, w.id);
-        model.members.push_back(w.id);
-      }
-      bool readded = w.removed.exchange(false);
-      if (readded) model.members.push_back(w.id);
-      WorkerHello merged = hello;
-      if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
-      w.info = merged;
-      w.said_bye = false;
-      if (!from_static) w.from_static = false;
-      WorkerId id = w.id;
+    if (others_live) {
       lock.unlock();
-      if (readded && !w.dealer) Connect(w);
-      if (changed && !(from_static && !w.from_static)) {
-        log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
-                  hello.model, hello.block_size);
-        if (signals_) {
-          signals_->RemoveWorker(id);
-          signals_->AddWorker(id, merged);
-        }
-      }
-      return id;
+      Refuse(hello, "block-size-mismatch",
+             "block size " + std::to_string(hello.block_size) + " disagrees with model '" + hello.model +
+                 "' whose fleet uses " + std::to_string(model.block_size));
+      return std::nullopt;
     }
-    auto record = std::make_unique<WorkerRecord>();
-    record->id = static_cast<WorkerId>(workers_.size());
-    record->info = hello;
-    record->from_static = from_static;
-    if (inflight_family_ != nullptr) record->inflight_gauge = &inflight_family_->Add({{"worker", hello.name}});
-    WorkerRecord* w = record.get();
-    workers_.push_back(std::move(record));
-    by_endpoint_[hello.requests_endpoint] = w->id;
-    model.members.push_back(w->id);
+  }
+  model.block_size = hello.block_size;
+  if (existing != by_endpoint_.end()) {
+    WorkerRecord& w = *workers_[existing->second];
+    // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
+    // new model make this a different worker to it.
+    bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
+                   w.info.replay_endpoint != hello.replay_endpoint || w.removed.load();
+    if (w.info.epoch != hello.epoch && !from_static) {
+      log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
+    }
+    if (w.info.model != hello.model) {
+      auto& old = models_[w.info.model].members;
+      std::erase(old, w.id);
+      model.members.push_back(w.id);
+    }
+    bool readded = w.removed.exchange(false);
+    if (readded) model.members.push_back(w.id);
+    WorkerHello merged = hello;
+    if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
+    w.info = merged;
+    w.said_bye = false;
+    if (!from_static) w.from_static = false;
+    WorkerId id = w.id;
     lock.unlock();
-    Connect(*w);
-    log->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model, hello.block_size,
-              hello.requests_endpoint);
-    if (signals_) signals_->AddWorker(w->id, hello);
-    return w->id;
-  }
-
-  void Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
-    if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
-    // Registrations repeat every few seconds: log each (worker, reason) once.
-    if (refusals_logged_.insert(hello.requests_endpoint + "|" + reason).second) {
-      Logger("fleet")->warn("refusing worker {} ({}): {}", hello.name, hello.requests_endpoint, why);
-    }
-  }
-
-  void ConfigureDealer(zmq::socket_t& dealer) {
-    dealer.set(zmq::sockopt::linger, 0);
-    dealer.set(zmq::sockopt::reconnect_ivl, 100);
-    dealer.set(zmq::sockopt::reconnect_ivl_max, 2000);
-    // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
-    dealer.set(zmq::sockopt::heartbeat_ivl, 1000);
-    dealer.set(zmq::sockopt::heartbeat_timeout, 3000);
-    if (curve_) KVF_CHECK(MakeCurveClient(dealer, curve_keys_, curve_server_public_).ok());
-  }
-
-  // The fleet thread's own DEALER to a worker carries no requests (the lanes have theirs);
-  // its monitor tells whether the worker is connected, and when it drops.
-  void Connect(WorkerRecord& w) {
-    w.dealer = NewDealer();
-    std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
-    KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
-                                 ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
-    w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
-    w.monitor->set(zmq::sockopt::linger, 0);
-    w.monitor->connect(monitor_ep);
-    generation_.fetch_add(1, std::memory_order_release);
-    try {
-      w.dealer->connect(w.info.requests_endpoint);
-    } catch (const zmq::error_t& e) {
-      Logger("fleet")->warn("worker {}: cannot connect to {}: {}", w.info.name, w.info.requests_endpoint, e.what());
-    }
-  }
-
-  void Disconnect(WorkerRecord& w) {
-    generation_.fetch_add(1, std::memory_order_release);
-    w.connected = false;
-    w.monitor.reset();
-    w.dealer.reset();
-  }
-
-  // --- the loop ---
-
-  // The poll set: the wake eventfd and the registration socket. Monitor sockets are not
-  // polled but drained each tick: connect and disconnect are noticed within one tick
-  // (20 ms by default), and the lanes check failures at their own ticks.
-  void Loop() {
-    TimeNs next_tick = clock_->Now();
-    const bool registration = registration_.bound();
-    zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
-                                {registration ? registration_.socket().handle() : nullptr, registration ? 0 : -1,
-                                 static_cast<short>(registration ? ZMQ_POLLIN : 0), 0}};
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(cmd_mu_);
-        if (stopping_) break;
-      }
-      long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
-      if (zmq_poll(items, 2, timeout_ms) < 0) continue;
-      if (items[0].revents & ZMQ_POLLIN) {
-        uint64_t v;
-        (void)!::read(wake_fd_, &v, sizeof(v));
-      }
-      DrainCommands();
-      if (registration && (items[1].revents & ZMQ_POLLIN)) {
-        registration_.Drain([this](const ToRouterMessage& m) { OnRegistration(m); });
-      }
-      if (clock_->Now() >= next_tick) {
-        DrainMonitors();
-        next_tick = clock_->Now() + options_.tick;
+    if (readded && !w.dealer) Connect(w);
+    if (changed && !(from_static && !w.from_static)) {
+      log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
+                hello.model, hello.block_size);
+      if (signals_) {
+        signals_->RemoveWorker(id);
+        signals_->AddWorker(id, merged);
       }
     }
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    for (auto& w : workers_) Disconnect(*w);
-    registration_.Close();
+    return id;
   }
+  auto record = std::make_unique<WorkerRecord>();
+  record->id = static_cast<WorkerId>(workers_.size());
+  record->info = hello;
+  record->from_static = from_static;
+  if (inflight_family_ != nullptr) record->inflight_gauge = &inflight_family_->Add({{"worker", hello.name}});
+  WorkerRecord* w = record.get();
+  workers_.push_back(std::move(record));
+  by_endpoint_[hello.requests_endpoint] = w->id;
+  model.members.push_back(w->id);
+  lock.unlock();
+  Connect(*w);
+  log->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model, hello.block_size,
+            hello.requests_endpoint);
+  if (signals_) signals_->AddWorker(w->id, hello);
+  return w->id;
+}
 
-  void DrainCommands() {
-    std::deque<Command> cmds;
+void FleetImpl::Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
+  if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
+  // Registrations repeat every few seconds: log each (worker, reason) once.
+  if (refusals_logged_.insert(hello.requests_endpoint + "|" + reason).second) {
+    Logger("fleet")->warn("refusing worker {} ({}): {}", hello.name, hello.requests_endpoint, why);
+  }
+}
+
+// --- the loop (the DEALERs' monitors are drained in fleet_connections.cc) ---
+
+// The poll set: the wake eventfd and the registration socket. Monitor sockets are not
+// polled but drained each tick: connect and disconnect are noticed within one tick
+// (20 ms by default), and the lanes check failures at their own ticks.
+void FleetImpl::Loop() {
+  TimeNs next_tick = clock_->Now();
+  const bool registration = registration_.bound();
+  zmq::pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                              {registration ? registration_.socket().handle() : nullptr, registration ? 0 : -1,
+                               static_cast<short>(registration ? ZMQ_POLLIN : 0), 0}};
+  while (true) {
     {
       std::lock_guard<std::mutex> lock(cmd_mu_);
-      cmds.swap(commands_);
+      if (stopping_) break;
     }
-    for (auto& cmd : cmds) {
-      if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->endpoints);
+    long timeout_ms = std::max<long>(1, static_cast<long>((next_tick - clock_->Now()) / kNsPerMs));
+    if (zmq_poll(items, 2, timeout_ms) < 0) continue;
+    if (items[0].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      (void)!::read(wake_fd_, &v, sizeof(v));
+    }
+    DrainCommands();
+    if (registration && (items[1].revents & ZMQ_POLLIN)) {
+      registration_.Drain([this](const ToRouterMessage& m) { OnRegistration(m); });
+    }
+    if (clock_->Now() >= next_tick) {
+      DrainMonitors();
+      next_tick = clock_->Now() + options_.tick;
     }
   }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (auto& w : workers_) Disconnect(*w);
+  registration_.Close();
+}
 
-  void DrainMonitors() {
-    std::vector<WorkerRecord*> with_monitor;
-    {
-      std::shared_lock<std::shared_mutex> lock(mu_);
-      for (auto& w : workers_) {
-        if (w->monitor) with_monitor.push_back(w.get());
+void FleetImpl::DrainCommands() {
+  std::deque<Command> cmds;
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    cmds.swap(commands_);
+  }
+  for (auto& cmd : cmds) {
+    if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->endpoints);
+  }
+}
+
+// The requests the lanes have on worker `id` are lost: they fail over at the lanes' next
+// tick (LaneFleet::Failures).
+void FleetImpl::FailWorker(WorkerId id, const Status& why) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return;
+  workers_[id]->last_failure = std::string(why.message());
+  workers_[id]->failures.fetch_add(1);
+}
+
+// A Hello or Bye from the registration socket.
+void FleetImpl::OnRegistration(const ToRouterMessage& message) {
+  if (auto* hello = std::get_if<WorkerHello>(&message)) {
+    AddOrUpdate(*hello, /*from_static=*/false);
+    return;
+  }
+  const WorkerBye& bye = std::get<WorkerBye>(message);
+  std::vector<WorkerId> gone;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
+        w->said_bye = true;
+        gone.push_back(w->id);
       }
     }
-    for (WorkerRecord* w : with_monitor) {
-      if (w->monitor) DrainMonitor(*w);
-    }
   }
-
-  void DrainMonitor(WorkerRecord& w) {
-    while (true) {
-      zmq::message_t event, address;
-      if (!w.monitor->recv(event, zmq::recv_flags::dontwait)) return;
-      if (!event.more() || !w.monitor->recv(address, zmq::recv_flags::dontwait)) return;
-      uint16_t code = 0;
-      if (event.size() >= sizeof(code)) std::memcpy(&code, event.data(), sizeof(code));
-      if (code == ZMQ_EVENT_CONNECTED) {
-        w.connected = true;
-      } else if (code == ZMQ_EVENT_DISCONNECTED) {
-        if (w.connected.exchange(false)) {
-          Logger("fleet")->warn("worker {} disconnected", w.info.name);
-        }
-        FailWorker(w.id, Unavailable("worker " + w.info.name + " disconnected"));
-      }
-    }
+  for (WorkerId id : gone) {
+    Logger("fleet")->info("worker {} said bye", bye.name);
+    FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
   }
+}
 
-  // The requests the lanes have on worker `id` are lost: they fail over at the lanes' next
-  // tick (LaneFleet::Failures).
-  void FailWorker(WorkerId id, const Status& why) {
+// --- DNS ---
+
+void FleetImpl::ApplyDns(const std::vector<std::string>& endpoints) {
+  std::vector<std::string> joined, left;
+  dns_members_.Update(endpoints, &joined, &left);
+  for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+  for (const auto& ep : left) RemoveByEndpoint(ep);
+}
+
+void FleetImpl::RemoveByEndpoint(const std::string& endpoint) {
+  WorkerRecord* w = nullptr;
+  {
     std::unique_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return;
-    workers_[id]->last_failure = std::string(why.message());
-    workers_[id]->failures.fetch_add(1);
+    auto it = by_endpoint_.find(endpoint);
+    if (it == by_endpoint_.end()) return;
+    w = workers_[it->second].get();
+    if (!w->from_static) return;  // it registered itself: its Hellos and Byes decide
+    w->removed = true;
+    std::erase(models_[w->info.model].members, w->id);
   }
-
-  // A Hello or Bye from the registration socket.
-  void OnRegistration(const ToRouterMessage& message) {
-    if (auto* hello = std::get_if<WorkerHello>(&message)) {
-      AddOrUpdate(*hello, /*from_static=*/false);
-      return;
-    }
-    const WorkerBye& bye = std::get<WorkerBye>(message);
-    std::vector<WorkerId> gone;
-    {
-      std::shared_lock<std::shared_mutex> lock(mu_);
-      for (auto& w : workers_) {
-        if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
-          w->said_bye = true;
-          gone.push_back(w->id);
-        }
-      }
-    }
-    for (WorkerId id : gone) {
-      Logger("fleet")->info("worker {} said bye", bye.name);
-      FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
-    }
-  }
-
-  // --- DNS ---
-
-  void ApplyDns(const std::vector<std::string>& endpoints) {
-    std::vector<std::string> joined, left;
-    dns_members_.Update(endpoints, &joined, &left);
-    for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
-    for (const auto& ep : left) RemoveByEndpoint(ep);
-  }
-
-  void RemoveByEndpoint(const std::string& endpoint) {
-    WorkerRecord* w = nullptr;
-    {
-      std::unique_lock<std::shared_mutex> lock(mu_);
-      auto it = by_endpoint_.find(endpoint);
-      if (it == by_endpoint_.end()) return;
-      w = workers_[it->second].get();
-      if (!w->from_static) return;  // it registered itself: its Hellos and Byes decide
-      w->removed = true;
-      std::erase(models_[w->info.model].members, w->id);
-    }
-    Logger("fleet")->info("worker {} left the DNS answer", w->info.name);
-    FailWorker(w->id, Unavailable("worker removed from DNS"));
-    Disconnect(*w);
-    if (signals_) signals_->RemoveWorker(w->id);
-  }
-
-  FleetOptions options_;
-  WorkerSignals* signals_;
-  const Clock* clock_;
-  zmq::context_t ctx_{1};
-  bool curve_ = false;  // set by Init: every DEALER is a CURVE client
-  CurveKeyPair curve_keys_;
-  std::string curve_server_public_;
-  Registration registration_;  // bound by Init; read on the fleet thread
-  int wake_fd_ = -1;
-  std::thread thread_;
-  std::unique_ptr<DnsWatcher> dns_;  // with --workers-dns
-
-  std::mutex cmd_mu_;
-  std::deque<Command> commands_;  // GUARDED_BY(cmd_mu_)
-  bool stopping_ = false;         // GUARDED_BY(cmd_mu_)
-  std::atomic<uint64_t> next_handle_{0};
-
-  // Registry: records are never deleted (ids stay dense and valid), only marked removed.
-  mutable std::shared_mutex mu_;
-  std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_)
-  std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
-  std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
-
-  std::atomic<uint64_t> generation_{0};  // see LaneFleet::Generation
-  std::atomic<bool> stopping_flag_{false};
-
-  ThreadLane own_lane_{this};  // Fleet::Submit's
-
-  // Fleet thread only.
-  uint64_t monitors_ = 0;
-  std::set<std::string> refusals_logged_;
-  DnsMembership dns_members_;
-
-  prometheus::Counter* retries_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* inflight_family_ = nullptr;
-  prometheus::Family<prometheus::Counter>* refused_family_ = nullptr;
-};
+  Logger("fleet")->info("worker {} left the DNS answer", w->info.name);
+  FailWorker(w->id, Unavailable("worker removed from DNS"));
+  Disconnect(*w);
+  if (signals_) signals_->RemoveWorker(w->id);
+}
 
 Fleet::Fleet(std::unique_ptr<FleetImpl> impl) : impl_(std::move(impl)) {}
 Fleet::~Fleet() { Stop(); }
