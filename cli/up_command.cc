@@ -6,6 +6,13 @@
 // (a crash, a SIGKILL) is started again with the same arguments after a short delay, as
 // systemd's Restart=always or a Kubernetes controller would. Without it, a worker's exit
 // leaves the fleet one worker short and the router's exit ends the fleet.
+//
+// The children get this process's environment without its KVFLEET_* variables. Those
+// configure `kvfleet up` itself (KVFLEET_WORKERS is its --workers), and the router and
+// worker read KVFLEET_<OPTION> too (common/config.h), where the same name can mean
+// something else: the router's KVFLEET_WORKERS is a list of worker addresses. What a
+// child should get goes through --router-arg and --worker-arg; `kvfleet up` names the
+// variables it kept back so that none is dropped silently.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -24,6 +31,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -67,7 +75,22 @@ std::string FindProgram(const std::string& name, const std::string& subdir) {
   return name;
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+// The environment of the router and workers: this process's, less every KVFLEET_*
+// variable. The names of those left out go to `dropped`.
+std::vector<std::string> ChildEnvironment(std::vector<std::string>* dropped) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry = *e;
+    if (entry.starts_with("KVFLEET_")) {
+      dropped->emplace_back(entry.substr(0, entry.find('=')));
+    } else {
+      env.emplace_back(entry);
+    }
+  }
+  return env;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   setpgid(0, 0);  // Ctrl-C reaches only `kvfleet up`, which stops children in order
@@ -84,7 +107,10 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  execvp(args[0], args.data());
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  execvpe(args[0], args.data(), envp.data());
   std::fprintf(stderr, "kvfleet up: cannot run %s: %s\n", args[0], std::strerror(errno));
   _exit(127);
 }
@@ -165,12 +191,19 @@ int RunUp(const UpArgs& a) {
   std::string worker_bin = a.worker_bin.empty() ? FindProgram("kvfleet-worker", "worker") : a.worker_bin;
   std::string registration = "tcp://127.0.0.1:" + std::to_string(a.registration_port);
   std::vector<Child> router, workers;
+  std::vector<std::string> dropped;
+  const std::vector<std::string> env = ChildEnvironment(&dropped);
+  if (!dropped.empty()) {
+    std::cerr << "kvfleet up: not passing";
+    for (const auto& name : dropped) std::cerr << " " << name;
+    std::cerr << " to the router and workers (use --router-arg or --worker-arg for their options)\n";
+  }
 
   std::vector<std::string> rargs = {router_bin, "--http-host", "127.0.0.1", "--http-port", std::to_string(a.http_port),
                                     "--registration", registration, "--routing-policy", a.routing_policy};
   if (!a.model_dir.empty()) rargs.insert(rargs.end(), {"--tokenizer", a.model_dir});
   rargs.insert(rargs.end(), a.router_args.begin(), a.router_args.end());
-  router.push_back({"router", Spawn(rargs, a.log_dir + "/router.log"), rargs, a.log_dir + "/router.log"});
+  router.push_back({"router", Spawn(rargs, env, a.log_dir + "/router.log"), rargs, a.log_dir + "/router.log"});
   for (int i = 0; i < a.workers; ++i) {
     int base = a.worker_base_port + 3 * i;
     std::string host = "tcp://127.0.0.1:";
@@ -184,7 +217,7 @@ int RunUp(const UpArgs& a) {
     if (a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-name", a.model});
     wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
-    workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, log), wargs, log});
+    workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});
   }
   std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " " << a.backend
             << " workers; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
@@ -228,7 +261,7 @@ int RunUp(const UpArgs& a) {
       for (auto* group : {&router, &workers}) {
         for (auto& c : *group) {
           if (c.running || now < c.restart_at) continue;
-          c.pid = Spawn(c.argv, c.log_path);
+          c.pid = Spawn(c.argv, env, c.log_path);
           c.running = true;
           ++c.restarts;
           std::cerr << "kvfleet up: " << c.name << " restarted (pid " << c.pid << ", restart " << c.restarts << ")\n";

@@ -1,0 +1,151 @@
+// `kvfleet up` as the quickstart runs it: configured through KVFLEET_* variables, which
+// are meant for `kvfleet up` and must not reach the router and workers it starts.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Ports of this test's fleet: router HTTP and registration, then the workers'.
+constexpr int kHttpPort = 24200;
+constexpr int kRegistrationPort = 24201;
+constexpr int kWorkerBasePort = 24210;      // worker i: +3i, +3i+1, +3i+2
+constexpr int kWorkerHttpBasePort = 24250;  // worker i: +i
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("kvfleet_up_test_" + std::to_string(getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// One HTTP/1.1 exchange on loopback; the whole response, or "" when nothing answers.
+std::string HttpExchange(int port, const std::string& request) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    (void)!write(fd, request.data(), request.size());
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  return HttpExchange(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+}
+
+std::string HttpPost(int port, const std::string& path, const std::string& body) {
+  return HttpExchange(port, "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" +
+                                "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                                "\r\n\r\n" + body);
+}
+
+std::string Body(const std::string& response) {
+  size_t at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `kvfleet up` with `env` added to this process's environment; SIGTERMed at the end.
+struct UpProcess {
+  UpProcess(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env) {
+    log_path = dir / "up.log";
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+      FILE* log = std::fopen(log_path.c_str(), "w");
+      if (log) {
+        dup2(fileno(log), STDOUT_FILENO);
+        dup2(fileno(log), STDERR_FILENO);
+      }
+      const std::string logs = (dir / "logs").string();
+      execl(KVFLEET_CLI, KVFLEET_CLI, "up", "--backend", "mock", "--http-port", std::to_string(kHttpPort).c_str(),
+            "--registration-port", std::to_string(kRegistrationPort).c_str(), "--worker-base-port",
+            std::to_string(kWorkerBasePort).c_str(), "--worker-http-base-port",
+            std::to_string(kWorkerHttpBasePort).c_str(), "--router-bin", KVFLEET_ROUTER_BIN, "--worker-bin",
+            KVFLEET_WORKER_BIN, "--log-dir", logs.c_str(), "--stop-timeout-s", "5", nullptr);
+      _exit(127);
+    }
+  }
+  ~UpProcess() {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+  }
+  bool Running() { return waitpid(pid, nullptr, WNOHANG) == 0; }
+
+  pid_t pid = -1;
+  fs::path log_path;
+};
+
+TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and workers") {
+  TempDir dir;
+  // KVFLEET_WORKERS is `kvfleet up --workers`; to the router it would be a list of worker
+  // addresses. KVFLEET_TOKENIZER names no `kvfleet up` option; to the router it would be
+  // a tokenizer directory that does not exist. Either one reaching the router stops the
+  // fleet from becoming ready.
+  UpProcess up(dir.path, {{"KVFLEET_WORKERS", "4"}, {"KVFLEET_TOKENIZER", (dir.path / "no-such-model").string()}});
+
+  // Ready means the router has every worker `kvfleet up` started, all four.
+  size_t routable = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && up.Running()) {
+    std::string fleet = Body(HttpGet(kHttpPort, "/fleet"));
+    auto j = nlohmann::json::parse(fleet, nullptr, false);
+    routable = 0;
+    if (j.is_object() && j.contains("workers")) {
+      for (const auto& w : j["workers"]) routable += w.value("routable", false) ? 1 : 0;
+    }
+    if (routable == 4 && HttpGet(kHttpPort, "/ready").starts_with("HTTP/1.1 200")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO("kvfleet up log:\n" << ReadFile(up.log_path) << "\nrouter log:\n" << ReadFile(dir.path / "logs/router.log"));
+  REQUIRE(routable == 4);
+
+  // It serves a request.
+  std::string reply =
+      HttpPost(kHttpPort, "/v1/completions", R"({"model": "mock", "prompt": "hello fleet", "max_tokens": 4})");
+  INFO("reply:\n" << reply);
+  CHECK(reply.starts_with("HTTP/1.1 200"));
+  auto j = nlohmann::json::parse(Body(reply), nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["usage"]["completion_tokens"] == 4);
+
+  // It said which variables it kept back.
+  const std::string log = ReadFile(up.log_path);
+  CHECK(log.find("not passing") != std::string::npos);
+  CHECK(log.find("KVFLEET_WORKERS") != std::string::npos);
+  CHECK(log.find("KVFLEET_TOKENIZER") != std::string::npos);
+}
+
+}  // namespace
