@@ -1,9 +1,13 @@
 #include "cli/bench/report.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <sstream>
 
@@ -45,6 +49,21 @@ std::string GnuplotString(std::string_view s) {
     else out += c;
   }
   return out + "'";
+}
+
+// True when `program` can be run: an executable path, or a bare name found on PATH.
+bool CanRun(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "";
+  while (true) {
+    size_t end = dirs.find(':');
+    std::string dir(dirs.substr(0, end));
+    if (dir.empty()) dir = ".";
+    if (access((dir + "/" + program).c_str(), X_OK) == 0) return true;
+    if (end == std::string_view::npos) return false;
+    dirs.remove_prefix(end + 1);
+  }
 }
 
 }  // namespace
@@ -146,7 +165,12 @@ void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
   out << "(times in ms; cached = usage cached_tokens / prompt_tokens; ideal = infinite cache on the trace)\n";
 }
 
-Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title) {
+Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title,
+                 const std::string& plotter) {
+  if (!CanRun(plotter)) {
+    return NotFound(plotter + " not found, so no plot in " + png_path +
+                    "; install it for --plot (Debian/Ubuntu: apt-get install gnuplot-nox)");
+  }
   std::ostringstream script;
   script << "set terminal pngcairo noenhanced size 1400,600 font ',10'\n"
          << "set output " << GnuplotString(png_path) << "\n";
@@ -176,13 +200,13 @@ Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs
          << "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset key top right\n"
          << "plot $hits using 2:xtic(1) title 'measured', '' using 3 title 'ideal (infinite cache)'\n"
          << "unset multiplot\n";
-  FILE* gp = popen("gnuplot", "w");
-  if (gp == nullptr) return Unavailable("cannot run gnuplot (install gnuplot-nox)");
+  FILE* gp = popen(plotter.c_str(), "w");
+  if (gp == nullptr) return Internal("cannot start " + plotter + ": " + std::strerror(errno));
   const std::string text = script.str();
   std::fwrite(text.data(), 1, text.size(), gp);
   int status = pclose(gp);
   if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Internal("gnuplot failed writing " + png_path + " (exit status " + std::to_string(status) + ")");
+    return Internal(plotter + " failed writing " + png_path + " (exit status " + std::to_string(status) + ")");
   }
   return Status::Ok();
 }

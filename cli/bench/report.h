@@ -61,7 +61,10 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
 void PrintTable(std::ostream& out, const std::vector<RunReport>& runs);
 
 // Writes a PNG with two panels: the TTFT CDF of every run, and each run's cached-token
-// ratio beside the trace's ideal. Runs gnuplot; fails when it is missing or errs.
-Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title);
+// ratio beside the trace's ideal. Runs `plotter` (gnuplot; a bare name is looked up on
+// PATH). Returns NotFound, with the install hint, when there is no such program, and
+// Internal when it runs and fails.
+Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title,
+                 const std::string& plotter = "gnuplot");
 
 }  // namespace kvfleet::bench

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "cli/bench/fleet_process.h"
+#include "cli/bench/report.h"
 #include "tests/cli/bench/fake_openai_server.h"
 
 namespace kvfleet::bench {
@@ -105,6 +106,48 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
   CHECK(results["settings"]["model"] == "fake");
   CHECK(fs::file_size(png) > 1000);
   if (const char* keep = std::getenv("KVFLEET_KEEP_PLOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+}
+
+TEST_CASE("without gnuplot, kvfleet bench --plot writes the JSON, prints the install hint and exits 0") {
+  testing::FakeOpenAiServer server;
+  TempDir dir;
+  const fs::path trace = dir.path / "trace.jsonl";
+  {
+    std::ofstream t(trace);
+    for (int i = 0; i < 3; ++i) {
+      t << "{\"timestamp\": " << i * 10 << ", \"input_length\": 600, \"output_length\": 40, \"hash_ids\": [1, "
+        << 100 + i << "]}\n";
+    }
+  }
+  const fs::path empty_bin = dir.path / "bin";  // PATH without gnuplot
+  fs::create_directories(empty_bin);
+  const fs::path out = dir.path / "results.json", png = dir.path / "plot.png";
+  auto [rc, output] = RunCommand("env PATH=" + empty_bin.string() + " " + KVFLEET_CLI + " bench --router " +
+                                 server.url() + " --trace " + trace.string() +
+                                 " --length-scale 8 --time-scale 10 --out " + out.string() + " --plot " +
+                                 png.string() + " --quiet 2>&1");
+  INFO(output);
+  CHECK(rc == 0);
+  CHECK(output.find("gnuplot not found") != std::string::npos);
+  CHECK(output.find("apt-get install gnuplot-nox") != std::string::npos);
+  CHECK(!fs::exists(png));
+  REQUIRE(fs::exists(out));
+  std::ifstream j(out);
+  nlohmann::json results = nlohmann::json::parse(j);
+  REQUIRE(results["runs"].size() == 1);
+  CHECK(results["runs"][0]["completed"] == 3);
+}
+
+TEST_CASE("WritePlot tells a missing plotter from one that fails") {
+  TempDir dir;
+  const std::string png = (dir.path / "plot.png").string();
+  Status missing = WritePlot(png, {}, "t", "kvfleet-no-such-plotter");
+  CHECK(missing.code() == StatusCode::kNotFound);
+  CHECK(missing.message().find("apt-get install gnuplot-nox") != std::string::npos);
+  CHECK(WritePlot(png, {}, "t", (dir.path / "no-such-dir/gnuplot").string()).code() == StatusCode::kNotFound);
+  Status failing = WritePlot(png, {}, "t", "false");
+  CHECK(failing.code() == StatusCode::kInternal);
+  CHECK(failing.message().find("false failed") != std::string::npos);
 }
 
 TEST_CASE("a bad trace line stops kvfleet bench with the line named") {
