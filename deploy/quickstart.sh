@@ -2,12 +2,14 @@
 # The first command of the README, on a fresh Debian 12 machine:
 #   1. installs what is missing and builds;
 #   2. makes the `tiny` model (random weights, the real Llama-3 tokenizer) once;
-#   3. starts a local fleet with `kvfleet up`: a router and 2 workers (cuda when an NVIDIA
-#      GPU is present and the CUDA backend was built, cpu otherwise);
+#   3. starts a local fleet with `kvfleet up`: a router and 2 workers, cuda when the build
+#      has the CUDA backend and its kernels were built for this GPU's compute capability,
+#      cpu otherwise (deploy/choose-backend.sh); it prints the backend and why;
 #   4. sends two chat requests that share a long system prompt and shows, for each, the
 #      reply, the worker that served it and its cached prompt tokens;
 #   5. leaves the fleet running and prints its URLs (stop it: kill the printed PID).
 # Environment: KVFLEET_WORKERS (2), KVFLEET_HTTP_PORT (8000), KVFLEET_BACKEND (auto).
+# `kvfleet up` keeps every KVFLEET_* variable from the router and workers it starts.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,11 +29,18 @@ if [ ! -f "$MODEL/config.json" ]; then
   "$KVFLEET" make-model --shape tiny --tokenizer "$TOKENIZER" --out "$MODEL" --seed 1
 fi
 
-BACKEND="${KVFLEET_BACKEND:-cpu}"
-if [ -z "${KVFLEET_BACKEND:-}" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
-    && "$ROOT/build/worker/kvfleet-worker" --help 2>/dev/null | grep -q cuda; then
-  BACKEND=cuda
+if [ -n "${KVFLEET_BACKEND:-}" ]; then
+  BACKEND="$KVFLEET_BACKEND" WHY="set by KVFLEET_BACKEND"
+else
+  . deploy/choose-backend.sh
+  GPU=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    GPU="$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null)" || GPU=""
+    GPU="${GPU%%$'\n'*}"  # the first GPU
+  fi
+  read -r BACKEND WHY <<<"$(choose_backend "$ROOT/build/CMakeCache.txt" "$GPU")"
 fi
+echo "quickstart: backend: $BACKEND ($WHY)"
 
 LOGDIR="$CACHE/fleet-logs"
 mkdir -p "$LOGDIR"
