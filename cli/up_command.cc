@@ -305,8 +305,10 @@ Action AddUpCommand(CLI::App& parent) {
   cmd->add_flag("--restart", args->restart, "start a router or worker again when it exits while the fleet is up");
   cmd->add_option("--restart-delay-s", args->restart_delay_s, "--restart: seconds before starting it again")
       ->capture_default_str();
-  cmd->add_option("--worker-arg", args->worker_args, "an extra argument for every worker (repeatable)");
-  cmd->add_option("--router-arg", args->router_args, "an extra argument for the router (repeatable)");
+  cmd->add_option("--worker-arg", args->worker_args,
+                  "an extra argument for every worker (repeatable; KVFLEET_* variables do not reach workers)");
+  cmd->add_option("--router-arg", args->router_args,
+                  "an extra argument for the router (repeatable; KVFLEET_* variables do not reach it)");
   return [args]() { return RunUp(*args); };
 }
 
