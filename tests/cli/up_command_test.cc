@@ -2,10 +2,7 @@
 // are meant for `kvfleet up` and must not reach the router and workers it starts.
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench/fleet_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -28,45 +27,13 @@ constexpr int kHttpPort = 24200;
 constexpr int kRegistrationPort = 24201;
 constexpr int kWorkerBasePort = 24210;      // worker i: +3i, +3i+1, +3i+2
 constexpr int kWorkerHttpBasePort = 24250;  // worker i: +i
+const std::string kRouterUrl = "http://127.0.0.1:" + std::to_string(kHttpPort);
 
 struct TempDir {
   fs::path path = fs::temp_directory_path() / ("kvfleet_up_test_" + std::to_string(getpid()));
   TempDir() { fs::create_directories(path); }
   ~TempDir() { fs::remove_all(path); }
 };
-
-// One HTTP/1.1 exchange on loopback; the whole response, or "" when nothing answers.
-std::string HttpExchange(int port, const std::string& request) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    (void)!write(fd, request.data(), request.size());
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  return HttpExchange(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-}
-
-std::string HttpPost(int port, const std::string& path, const std::string& body) {
-  return HttpExchange(port, "POST " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" +
-                                "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                                "\r\n\r\n" + body);
-}
-
-std::string Body(const std::string& response) {
-  size_t at = response.find("\r\n\r\n");
-  return at == std::string::npos ? "" : response.substr(at + 4);
-}
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
@@ -120,26 +87,31 @@ TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and 
   size_t routable = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline && up.Running()) {
-    std::string fleet = Body(HttpGet(kHttpPort, "/fleet"));
-    auto j = nlohmann::json::parse(fleet, nullptr, false);
+    auto fleet = kvfleet::bench::HttpGet(kRouterUrl, "/fleet", 1.0);
+    auto j = fleet.ok() ? nlohmann::json::parse(fleet->body, nullptr, false) : nlohmann::json();
     routable = 0;
     if (j.is_object() && j.contains("workers")) {
       for (const auto& w : j["workers"]) routable += w.value("routable", false) ? 1 : 0;
     }
-    if (routable == 4 && HttpGet(kHttpPort, "/ready").starts_with("HTTP/1.1 200")) break;
+    auto ready = kvfleet::bench::HttpGet(kRouterUrl, "/ready", 1.0);
+    if (routable == 4 && ready.ok() && ready->status == 200) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   INFO("kvfleet up log:\n" << ReadFile(up.log_path) << "\nrouter log:\n" << ReadFile(dir.path / "logs/router.log"));
   REQUIRE(routable == 4);
 
-  // It serves a request.
-  std::string reply =
-      HttpPost(kHttpPort, "/v1/completions", R"({"model": "mock", "prompt": "hello fleet", "max_tokens": 4})");
-  INFO("reply:\n" << reply);
-  CHECK(reply.starts_with("HTTP/1.1 200"));
-  auto j = nlohmann::json::parse(Body(reply), nullptr, false);
+  // It serves requests: `kvfleet bench` exits 0 only when all of them completed.
+  const fs::path trace = dir.path / "trace.jsonl", results = dir.path / "results.json";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 64, \"output_length\": 4, \"hash_ids\": [1]}\n"
+                       << "{\"timestamp\": 10, \"input_length\": 64, \"output_length\": 4, \"hash_ids\": [1]}\n";
+  const std::string bench = std::string(KVFLEET_CLI) + " bench --router " + kRouterUrl + " --trace " + trace.string() +
+                            " --out " + results.string() + " --quiet > " + (dir.path / "bench.log").string() + " 2>&1";
+  INFO("bench log:\n" << ReadFile(dir.path / "bench.log"));
+  CHECK(std::system(bench.c_str()) == 0);
+  auto j = nlohmann::json::parse(ReadFile(results), nullptr, false);
   REQUIRE(j.is_object());
-  CHECK(j["usage"]["completion_tokens"] == 4);
+  CHECK(j["runs"][0]["completed"] == 2);
+  CHECK(j["runs"][0]["completion_tokens"] == 8);
 
   // It said which variables it kept back.
   const std::string log = ReadFile(up.log_path);

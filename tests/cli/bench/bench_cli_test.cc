@@ -38,18 +38,21 @@ std::pair<int, std::string> RunCommand(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// `count` requests sharing a first block, 10 ms apart, with inputs of 600, 650, ...
+// tokens and 40 output tokens (lengths /8 at --length-scale 8).
+fs::path WriteTrace(const fs::path& path, int count) {
+  std::ofstream t(path);
+  for (int i = 0; i < count; ++i) {
+    t << "{\"timestamp\": " << i * 10 << ", \"input_length\": " << 600 + 50 * i
+      << ", \"output_length\": 40, \"hash_ids\": [1, " << 100 + i << "]}\n";
+  }
+  return path;
+}
+
 TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and writes JSON and a PNG") {
   testing::FakeOpenAiServer server;
   TempDir dir;
-  const fs::path trace = dir.path / "trace.jsonl";
-  {
-    std::ofstream t(trace);
-    // Six requests sharing a first block, at 0..50 ms; lengths /8 at --length-scale 8.
-    for (int i = 0; i < 6; ++i) {
-      t << "{\"timestamp\": " << i * 10 << ", \"input_length\": " << 600 + 50 * i
-        << ", \"output_length\": 40, \"hash_ids\": [1, " << 100 + i << "]}\n";
-    }
-  }
+  const fs::path trace = WriteTrace(dir.path / "trace.jsonl", 6);
   const fs::path out = dir.path / "results.json", png = dir.path / "plot.png";
   const fs::path started = dir.path / "fleet_started";
   // The "fleet" records each start and then idles until the bench stops it.
@@ -111,14 +114,7 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
 TEST_CASE("without gnuplot, kvfleet bench --plot writes the JSON, prints the install hint and exits 0") {
   testing::FakeOpenAiServer server;
   TempDir dir;
-  const fs::path trace = dir.path / "trace.jsonl";
-  {
-    std::ofstream t(trace);
-    for (int i = 0; i < 3; ++i) {
-      t << "{\"timestamp\": " << i * 10 << ", \"input_length\": 600, \"output_length\": 40, \"hash_ids\": [1, "
-        << 100 + i << "]}\n";
-    }
-  }
+  const fs::path trace = WriteTrace(dir.path / "trace.jsonl", 3);
   const fs::path empty_bin = dir.path / "bin";  // PATH without gnuplot
   fs::create_directories(empty_bin);
   const fs::path out = dir.path / "results.json", png = dir.path / "plot.png";
