@@ -488,6 +488,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.seed = req.seed;
   params.sampling.max_tokens = max_tokens;
   params.sampling.ignore_eos = req.ignore_eos;
+  params.sampling.stop_token_ids = std::move(req.stop_token_ids);
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;

@@ -205,6 +205,23 @@ TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker"
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
 }
 
+TEST_CASE("stop_token_ids reach the worker on completions and chat; the worker's stop is finish_reason stop") {
+  FakeWorker w("hello world");  // ends with finish reason stop once its reply runs out
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto c = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 50},
+                                                               {"stop_token_ids", {128009, 7}}}.dump())));
+  CHECK(w.last_params().sampling.stop_token_ids == std::vector<TokenId>{128009, 7});
+  CHECK(c["choices"][0]["finish_reason"] == "stop");
+  auto chat = r.Post("/v1/chat/completions", json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                  {"stop_token_ids", {128009}}}.dump());
+  CHECK(StatusOf(chat) == 200);
+  CHECK(w.last_params().sampling.stop_token_ids == std::vector<TokenId>{128009});
+  auto bad = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"stop_token_ids", {-1}}}.dump());
+  CHECK(StatusOf(bad) == 400);
+  CHECK(json::parse(BodyOf(bad))["error"]["param"] == "stop_token_ids");
+}
+
 TEST_CASE("every error has its status code and OpenAI error object") {
   FakeWorker w;
   ApiOptions api;
