@@ -29,7 +29,8 @@ namespace {
 
 struct RouterUnderTest {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
-                           RoutingOptions routing = {}, FleetOptions fleet_options = {})
+                           RoutingOptions routing = {}, FleetOptions fleet_options = {},
+                           std::shared_ptr<const TextCodec> codec = MakeByteCodec())
       : registry(std::make_shared<prometheus::Registry>()),
         index(SystemClock::Default()) {
     fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
@@ -38,7 +39,7 @@ struct RouterUnderTest {
     fleet_options.static_max_context = 4096;
     fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
     router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
-    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), MakeByteCodec(),
+    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), std::move(codec),
                                 SystemClock::Default(), registry);
     http::Routes routes;
     api->AddRoutes(&routes);
@@ -220,6 +221,56 @@ TEST_CASE("stop_token_ids reach the worker on completions and chat; the worker's
   auto bad = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"stop_token_ids", {-1}}}.dump());
   CHECK(StatusOf(bad) == 400);
   CHECK(json::parse(BodyOf(bad))["error"]["param"] == "stop_token_ids");
+}
+
+// A codec whose chats fail as a tokenizer's do: no template, or one that did not parse.
+class NoTemplateCodec final : public TextCodec {
+ public:
+  explicit NoTemplateCodec(Status chat_error) : bytes_(MakeByteCodec()), chat_error_(std::move(chat_error)) {}
+  Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override { return bytes_->EncodePrompt(text); }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view) const override { return chat_error_; }
+  std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
+  std::vector<TokenId> eos_token_ids() const override { return {}; }
+  std::string name() const override { return "no-template"; }
+
+ private:
+  std::unique_ptr<TextCodec> bytes_;
+  Status chat_error_;
+};
+
+TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, not a 400 on messages") {
+  FakeWorker w;
+  RouterUnderTest r({w.endpoint()}, {}, {}, {},
+                    std::make_shared<NoTemplateCodec>(FailedPrecondition("the model has no chat template")));
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/chat/completions",
+                     json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
+  CHECK(StatusOf(resp) == 500);
+  auto e = json::parse(BodyOf(resp))["error"];
+  CHECK(e["code"] == "chat_template_missing");
+  CHECK(e["type"] == "server_error");
+  CHECK(e["param"].is_null());
+  CHECK(e["message"].get<std::string>().find("--chat-template FILE") != std::string::npos);
+  CHECK(e["message"].get<std::string>().find("chat_template.jinja") != std::string::npos);
+  CHECK(w.generates() == 0);
+  // Completions still work on that model.
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200);
+
+  RouterUnderTest broken({w.endpoint()}, {}, {}, {},
+                         std::make_shared<NoTemplateCodec>(Unimplemented("chat_template: unknown tag")));
+  broken.WaitRoutable(1);
+  auto b = broken.Post("/v1/chat/completions",
+                       json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
+  CHECK(StatusOf(b) == 500);
+  CHECK(json::parse(BodyOf(b))["error"]["code"] == "chat_template_invalid");
+  // A template that refuses these messages (raise_exception) blames the request.
+  RouterUnderTest refusing({w.endpoint()}, {}, {}, {},
+                           std::make_shared<NoTemplateCodec>(InvalidArgument("chat template: roles must alternate")));
+  refusing.WaitRoutable(1);
+  auto q = refusing.Post("/v1/chat/completions",
+                         json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
+  CHECK(StatusOf(q) == 400);
+  CHECK(json::parse(BodyOf(q))["error"]["param"] == "messages");
 }
 
 TEST_CASE("every error has its status code and OpenAI error object") {
