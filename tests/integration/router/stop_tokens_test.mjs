@@ -5,7 +5,7 @@
 //   node stop_tokens_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import fs from 'node:fs';
 import path from 'node:path';
-import { Fleet, check } from './fleet.mjs';
+import { Fleet, check, runAgainst } from './fleet.mjs';
 
 const [routerBin, workerBin, dir, basePort] = process.argv.slice(2);
 
@@ -44,19 +44,11 @@ async function stopsAt(route, request) {
         `${route}: it ends at step ${k + 1}, the stop token's (${JSON.stringify(got)})`);
 }
 
-let failed = false;
-try {
-  await fleet.start();
+await runAgainst(fleet, async () => {
   await stopsAt('completions', { prompt: [1, 2, 3, 4, 5, 6, 7, 8] });
   await stopsAt('chat/completions', { messages: [{ role: 'user', content: 'Hello' }] });
   const bad = await post('completions', { prompt: 'x', stop_token_ids: [-1] });
   check(bad.status === 400 && bad.body.error.param === 'stop_token_ids', 'a negative id: 400 naming stop_token_ids');
   const outside = await post('completions', { prompt: 'x', stop_token_ids: [128] });
   check(outside.status === 400, `an id outside the vocabulary: 400 (${JSON.stringify(outside.body)})`);
-} catch (e) {
-  console.error(e.stack || String(e));
-  failed = true;
-} finally {
-  await fleet.stop();
-}
-process.exit(failed ? 1 : 0);
+});

@@ -238,39 +238,45 @@ class NoTemplateCodec final : public TextCodec {
   Status chat_error_;
 };
 
-TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, not a 400 on messages") {
-  FakeWorker w;
-  RouterUnderTest r({w.endpoint()}, {}, {}, {},
-                    std::make_shared<NoTemplateCodec>(FailedPrecondition("the model has no chat template")));
+// The status and error object of a chat to a router whose codec fails chats with `chat_error`;
+// and whether a completion on that router still succeeds.
+struct ChatFailure {
+  int status = 0;
+  json error;
+  bool completions_work = false;
+};
+ChatFailure ChatWith(const FakeWorker& w, Status chat_error) {
+  RouterUnderTest r({w.endpoint()}, {}, {}, {}, std::make_shared<NoTemplateCodec>(std::move(chat_error)));
   r.WaitRoutable(1);
   auto resp = r.Post("/v1/chat/completions",
                      json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
-  CHECK(StatusOf(resp) == 500);
-  auto e = json::parse(BodyOf(resp))["error"];
-  CHECK(e["code"] == "chat_template_missing");
-  CHECK(e["type"] == "server_error");
-  CHECK(e["param"].is_null());
-  CHECK(e["message"].get<std::string>().find("--chat-template FILE") != std::string::npos);
-  CHECK(e["message"].get<std::string>().find("chat_template.jinja") != std::string::npos);
-  CHECK(w.generates() == 0);
-  // Completions still work on that model.
-  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200);
+  ChatFailure out;
+  out.status = StatusOf(resp);
+  out.error = json::parse(BodyOf(resp))["error"];
+  out.completions_work = StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200;
+  return out;
+}
 
-  RouterUnderTest broken({w.endpoint()}, {}, {}, {},
-                         std::make_shared<NoTemplateCodec>(Unimplemented("chat_template: unknown tag")));
-  broken.WaitRoutable(1);
-  auto b = broken.Post("/v1/chat/completions",
-                       json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
-  CHECK(StatusOf(b) == 500);
-  CHECK(json::parse(BodyOf(b))["error"]["code"] == "chat_template_invalid");
+TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, not a 400 on messages") {
+  FakeWorker w;
+  ChatFailure missing = ChatWith(w, FailedPrecondition("the model has no chat template"));
+  CHECK(missing.status == 500);
+  CHECK(missing.error["code"] == "chat_template_missing");
+  CHECK(missing.error["type"] == "server_error");
+  CHECK(missing.error["param"].is_null());
+  const std::string message = missing.error["message"].get<std::string>();
+  CHECK(message.find("--chat-template FILE") != std::string::npos);
+  CHECK(message.find("chat_template.jinja") != std::string::npos);
+  CHECK(missing.completions_work);
+  CHECK(w.generates() == 1);  // the completion's only
+
+  ChatFailure broken = ChatWith(w, Unimplemented("chat_template: unknown tag"));
+  CHECK(broken.status == 500);
+  CHECK(broken.error["code"] == "chat_template_invalid");
   // A template that refuses these messages (raise_exception) blames the request.
-  RouterUnderTest refusing({w.endpoint()}, {}, {}, {},
-                           std::make_shared<NoTemplateCodec>(InvalidArgument("chat template: roles must alternate")));
-  refusing.WaitRoutable(1);
-  auto q = refusing.Post("/v1/chat/completions",
-                         json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
-  CHECK(StatusOf(q) == 400);
-  CHECK(json::parse(BodyOf(q))["error"]["param"] == "messages");
+  ChatFailure refusing = ChatWith(w, InvalidArgument("chat template: roles must alternate"));
+  CHECK(refusing.status == 400);
+  CHECK(refusing.error["param"] == "messages");
 }
 
 TEST_CASE("every error has its status code and OpenAI error object") {
