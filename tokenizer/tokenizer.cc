@@ -507,8 +507,10 @@ namespace {
 //      (tokenization_utils_base.py; tests/test_tokenization_common.py,
 //      test_chat_template_file_priority).
 //   2. chat_template.json, {"chat_template": "..."}: LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, read
-//      by processors (processing_utils.py, get_processor_dict), whose template is passed over
-//      the tokenizer's; "a raw chat_template.jinja is preferred in future".
+//      only by processors (processing_utils.py, get_processor_dict), whose template is passed
+//      over the tokenizer's. A processor takes it even over a chat_template.jinja beside it,
+//      but a text model loads through its tokenizer, which reads only the .jinja ("a raw
+//      chat_template.jinja is preferred in future"), so the .jinja goes first here.
 //   3. tokenizer_config.json's "chat_template" (read in TokenizerImpl::Load).
 // Returns the template and its file name, nullopt when neither file exists.
 Result<std::optional<std::pair<std::string, std::string>>> FindChatTemplateFile(const std::string& model_dir) {
