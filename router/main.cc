@@ -49,9 +49,14 @@ int Run(RouterConfig& c) {
   if (c.tokenizer_dir.empty()) {
     codec = MakeByteCodec();
   } else {
-    auto loaded = LoadTokenizerCodec(c.tokenizer_dir);
+    auto loaded = LoadTokenizerCodec(c.tokenizer_dir, c.chat_template);
     if (!loaded.ok()) {
-      log->error("{}", loaded.status().message());
+      if (c.chat_template) {
+        log->error("--tokenizer {} with --chat-template {}: {}", c.tokenizer_dir, c.chat_template_file,
+                   loaded.status().message());
+      } else {
+        log->error("{}", loaded.status().message());
+      }
       return 2;
     }
     codec = *loaded;

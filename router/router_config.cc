@@ -1,5 +1,9 @@
 #include "router/router_config.h"
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "common/curve_keys.h"
 
 namespace kvfleet::router {
@@ -25,6 +29,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--max-context", c->fleet.static_max_context, "context length of static and DNS workers")
       ->capture_default_str();
   app.add_option("--tokenizer", c->tokenizer_dir, "model directory whose tokenizer the router uses (default: bytes)");
+  app.add_option("--chat-template", c->chat_template_file,
+                 "Jinja chat template file replacing the --tokenizer directory's (default: its chat_template.jinja, "
+                 "else chat_template.json, else tokenizer_config.json's)");
   app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();
@@ -81,6 +88,19 @@ Status Prepare(RouterConfig* c) {
     std::string ep = rest.substr(0, comma);
     if (!ep.empty()) c->fleet.static_workers.push_back(ep);
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  if (!c->chat_template_file.empty()) {
+    if (c->tokenizer_dir.empty()) {
+      return InvalidArgument("--chat-template needs --tokenizer: the byte codec renders chats as plain text");
+    }
+    std::error_code ec;
+    std::ifstream in(c->chat_template_file, std::ios::binary);
+    if (!std::filesystem::is_regular_file(c->chat_template_file, ec) || !in) {
+      return InvalidArgument("--chat-template " + c->chat_template_file + ": cannot read the file");
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    c->chat_template = text.str();
   }
   if (!c->api_key_file.empty()) {
     KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/config.h"
@@ -30,6 +31,8 @@ struct RouterConfig {
   std::string static_workers;    // --workers: comma-separated requests endpoints
   std::string api_key_file;      // empty: no authentication
   std::string tokenizer_dir;     // empty: the byte codec (mock fleets)
+  std::string chat_template_file;  // --chat-template: replaces the model directory's template
+  std::optional<std::string> chat_template;  // that file's text, read by Prepare
   int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;  // ms
   double request_timeout_s = 600;                                // s, whole request
   double first_token_timeout_s = 60;                             // s, then retry elsewhere
@@ -46,8 +49,8 @@ struct RouterConfig {
 void AddOptions(CLI::App& app, RouterConfig* c);
 
 // Validates the parsed options and derives the component options from them: the routing
-// policy, durations in ns, the static worker list, CURVE key files (read here, so a bad one
-// fails at start-up with its reason) and the API keys.
+// policy, durations in ns, the static worker list, CURVE key files and the chat template file
+// (read here, so a bad one fails at start-up with its reason) and the API keys.
 Status Prepare(RouterConfig* c);
 
 }  // namespace kvfleet::router

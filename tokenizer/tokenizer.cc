@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -157,6 +158,7 @@ class TokenizerImpl {
   json special_context = json::object();  // bos_token, eos_token, ... for chat templates
   std::shared_ptr<const jinja::Template> chat_template;
   std::string chat_template_error;
+  std::string chat_template_source;
 
   std::optional<TokenId> TokenToId(std::string_view t) const {
     auto it = added_by_text.find(std::string(t));
@@ -344,11 +346,12 @@ class TokenizerImpl {
     return text;
   }
 
-  Status Load(std::string_view tokenizer_text, std::string_view config_text, std::string_view generation_text);
+  Status Load(std::string_view tokenizer_text, std::string_view config_text, std::string_view generation_text,
+              const std::optional<std::string>& chat_template_override);
 };
 
 Status TokenizerImpl::Load(std::string_view tokenizer_text, std::string_view config_text,
-                           std::string_view generation_text) {
+                           std::string_view generation_text, const std::optional<std::string>& chat_template_override) {
   json tj = json::parse(tokenizer_text, nullptr, /*allow_exceptions=*/false);
   if (tj.is_discarded() || !tj.is_object()) return InvalidArgument("tokenizer.json is not a JSON object");
   json config = config_text.empty() ? json::object() : json::parse(config_text, nullptr, false);
@@ -451,6 +454,13 @@ Status TokenizerImpl::Load(std::string_view tokenizer_text, std::string_view con
   std::sort(eos_ids.begin(), eos_ids.end());
   eos_ids.erase(std::unique(eos_ids.begin(), eos_ids.end()), eos_ids.end());
 
+  if (chat_template_override) {
+    auto parsed = jinja::Template::Parse(*chat_template_override);
+    if (!parsed.ok()) return InvalidArgument("chat template: " + parsed.status().message());
+    chat_template = *parsed;
+    chat_template_source = "override";
+    return Status::Ok();
+  }
   // chat_template: a string, or a list of {name, template} where "default" is used.
   if (config.contains("chat_template")) {
     std::string source;
@@ -463,6 +473,7 @@ Status TokenizerImpl::Load(std::string_view tokenizer_text, std::string_view con
       }
     }
     if (!source.empty()) {
+      chat_template_source = "tokenizer_config.json";
       auto parsed = jinja::Template::Parse(source);
       if (parsed.ok()) {
         chat_template = *parsed;
@@ -482,22 +493,75 @@ Tokenizer::~Tokenizer() = default;
 
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view tokenizer_json,
                                                              std::string_view tokenizer_config_json,
-                                                             std::string_view generation_config_json) {
+                                                             std::string_view generation_config_json,
+                                                             std::optional<std::string> chat_template) {
   auto impl = std::make_unique<TokenizerImpl>();
-  KVF_RETURN_IF_ERROR(impl->Load(tokenizer_json, tokenizer_config_json, generation_config_json));
+  KVF_RETURN_IF_ERROR(impl->Load(tokenizer_json, tokenizer_config_json, generation_config_json, chat_template));
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::string& model_dir) {
+namespace {
+
+// The model directory's chat template file, in Hugging Face transformers' precedence:
+//   1. chat_template.jinja: a tokenizer's from_pretrained lets it clobber tokenizer_config.json's
+//      (tokenization_utils_base.py; tests/test_tokenization_common.py,
+//      test_chat_template_file_priority).
+//   2. chat_template.json, {"chat_template": "..."}: LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, read
+//      only by processors (processing_utils.py, get_processor_dict), whose template is passed
+//      over the tokenizer's. A processor takes it even over a chat_template.jinja beside it,
+//      but a text model loads through its tokenizer, which reads only the .jinja ("a raw
+//      chat_template.jinja is preferred in future"), so the .jinja goes first here.
+//   3. tokenizer_config.json's "chat_template" (read in TokenizerImpl::Load).
+// Returns the template and its file name, nullopt when neither file exists.
+Result<std::optional<std::pair<std::string, std::string>>> FindChatTemplateFile(const std::string& model_dir) {
+  const std::string jinja_path = model_dir + "/chat_template.jinja";
+  if (std::filesystem::exists(jinja_path)) {
+    KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(jinja_path));
+    return std::make_optional(std::make_pair(std::move(text), std::string("chat_template.jinja")));
+  }
+  const std::string json_path = model_dir + "/chat_template.json";
+  if (!std::filesystem::exists(json_path)) return std::optional<std::pair<std::string, std::string>>();
+  KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(json_path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(json_path + ": not a JSON object");
+  auto ct = j.find("chat_template");
+  if (ct == j.end() || !ct->is_string()) return InvalidArgument(json_path + ": chat_template: missing or not a string");
+  return std::make_optional(std::make_pair(ct->get<std::string>(), std::string("chat_template.json")));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::string& model_dir, const LoadOptions& options) {
   auto tokenizer_json = ReadFile(model_dir + "/tokenizer.json");
   if (!tokenizer_json.ok()) return tokenizer_json.status().WithContext("loading tokenizer");
   auto config_json = ReadFile(model_dir + "/tokenizer_config.json");
   std::string config_text = config_json.ok() ? *config_json : std::string();
   auto generation_json = ReadFile(model_dir + "/generation_config.json");
   std::string generation_text = generation_json.ok() ? *generation_json : std::string();
-  auto tok = FromJson(*tokenizer_json, config_text, generation_text);
-  if (!tok.ok()) return tok.status().WithContext("loading tokenizer from " + model_dir);
-  return tok;
+  if (options.chat_template) {
+    auto tok = FromJson(*tokenizer_json, config_text, generation_text, options.chat_template);
+    if (!tok.ok()) return tok.status().WithContext("loading tokenizer from " + model_dir);
+    return tok;
+  }
+  auto file = FindChatTemplateFile(model_dir);
+  if (!file.ok()) return file.status().WithContext("loading tokenizer");
+  auto impl = std::make_unique<TokenizerImpl>();
+  Status st = impl->Load(*tokenizer_json, config_text, generation_text, std::nullopt);
+  if (!st.ok()) return st.WithContext("loading tokenizer from " + model_dir);
+  if (*file) {
+    // A template file replaces tokenizer_config.json's; like that one, it reports a parse
+    // error only when a chat is rendered, so completions still work.
+    impl->chat_template = nullptr;
+    impl->chat_template_error.clear();
+    impl->chat_template_source = (*file)->second;
+    auto parsed = jinja::Template::Parse((*file)->first);
+    if (parsed.ok()) {
+      impl->chat_template = *parsed;
+    } else {
+      impl->chat_template_error = (*file)->second + ": " + parsed.status().message();
+    }
+  }
+  return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
 Result<std::vector<TokenId>> Tokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
@@ -518,7 +582,8 @@ Result<std::string> Tokenizer::ApplyChatTemplate(const json& messages, bool add_
                                                  const json& extra_context) const {
   if (!impl_->chat_template) {
     if (!impl_->chat_template_error.empty()) return Unimplemented("chat_template: " + impl_->chat_template_error);
-    return FailedPrecondition("tokenizer_config.json has no chat_template");
+    return FailedPrecondition(
+        "the model has no chat template (none in chat_template.jinja, chat_template.json or tokenizer_config.json)");
   }
   if (!messages.is_array()) return InvalidArgument("messages must be a JSON array");
   json context = impl_->special_context;
@@ -531,6 +596,7 @@ Result<std::string> Tokenizer::ApplyChatTemplate(const json& messages, bool add_
 }
 
 bool Tokenizer::has_chat_template() const { return impl_->chat_template != nullptr; }
+const std::string& Tokenizer::chat_template_source() const { return impl_->chat_template_source; }
 const std::vector<TokenId>& Tokenizer::eos_token_ids() const { return impl_->eos_ids; }
 std::optional<TokenId> Tokenizer::bos_token_id() const { return impl_->bos_id; }
 size_t Tokenizer::vocab_size() const { return impl_->vocab_size; }

@@ -62,17 +62,27 @@ struct DecodeOptions {
   bool clean_up_tokenization_spaces = true;
 };
 
+struct LoadOptions {
+  // A chat template that replaces the model directory's (the router's --chat-template); it
+  // must parse. Unset: the directory's, found as ChatTemplateSource describes.
+  std::optional<std::string> chat_template;
+};
+
 class TokenizerImpl;
 
 class Tokenizer {
  public:
   // Loads tokenizer.json + tokenizer_config.json (and generation_config.json's eos ids,
-  // when present) from a HF model directory.
-  static Result<std::shared_ptr<const Tokenizer>> Load(const std::string& model_dir);
-  // The same from the files' contents; `generation_config_json` may be empty.
+  // when present) from a HF model directory, and its chat template: chat_template.jinja,
+  // else chat_template.json's "chat_template", else tokenizer_config.json's (a malformed
+  // chat_template.json fails the load).
+  static Result<std::shared_ptr<const Tokenizer>> Load(const std::string& model_dir, const LoadOptions& options = {});
+  // The same from the files' contents; `generation_config_json` may be empty. A set
+  // `chat_template` replaces tokenizer_config.json's, and must parse.
   static Result<std::shared_ptr<const Tokenizer>> FromJson(std::string_view tokenizer_json,
                                                            std::string_view tokenizer_config_json,
-                                                           std::string_view generation_config_json = {});
+                                                           std::string_view generation_config_json = {},
+                                                           std::optional<std::string> chat_template = {});
   ~Tokenizer();
 
   // Thread-safe; repeated long sections hit the calling thread's section cache.
@@ -81,11 +91,15 @@ class Tokenizer {
   std::string Decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
   std::string Decode(std::span<const TokenId> ids, const DecodeOptions& options) const;
 
-  // Renders tokenizer_config.json's chat_template. messages: [{"role":..,"content":..}, ...].
-  // extra_context adds variables (tools, date_string, enable_thinking, ...).
+  // Renders the chat template. messages: [{"role":..,"content":..}, ...]. extra_context adds
+  // variables (tools, date_string, enable_thinking, ...). FailedPrecondition when the model
+  // has no template; Unimplemented when its template did not parse.
   Result<std::string> ApplyChatTemplate(const nlohmann::json& messages, bool add_generation_prompt,
                                         const nlohmann::json& extra_context = nlohmann::json::object()) const;
   bool has_chat_template() const;
+  // Where the chat template came from: "chat_template.jinja", "chat_template.json",
+  // "tokenizer_config.json", "override" (LoadOptions), or "" (none).
+  const std::string& chat_template_source() const;
 
   // From tokenizer_config's eos_token and generation_config's eos_token_id, deduplicated.
   const std::vector<TokenId>& eos_token_ids() const;

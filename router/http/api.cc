@@ -58,6 +58,22 @@ ApiError MakeError(int status, std::string message, std::string type, std::strin
   return e;
 }
 
+// A chat the codec could not render. A missing or broken template is the operator's to fix,
+// so it is a 500 naming the fix; a template's raise_exception on these messages is a 400.
+ApiError ChatError(const std::string& model, const Status& s) {
+  constexpr std::string_view kFix =
+      ": start the router with --chat-template FILE, or put chat_template.jinja in the model directory";
+  switch (s.code()) {
+    case StatusCode::kFailedPrecondition:
+      return MakeError(500, "model '" + model + "' cannot serve chats: " + s.message() + std::string(kFix),
+                       "server_error", "chat_template_missing");
+    case StatusCode::kUnimplemented:
+      return MakeError(500, "model '" + model + "' cannot serve chats: " + s.message() + std::string(kFix),
+                       "server_error", "chat_template_invalid");
+    default: return BadRequest(s.message(), "messages");
+  }
+}
+
 // Compares without an early exit, so the time taken says nothing about the key.
 bool SameKey(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -456,7 +472,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   GenerateParams params;
   if (chat) {
     auto t = codec_->EncodeChat(req.messages_json);
-    if (!t.ok()) return Fail(ex, req.model, BadRequest(t.status().message(), "messages"));
+    if (!t.ok()) return Fail(ex, req.model, ChatError(req.model, t.status()));
     params.tokens = std::move(t).value();
   } else if (req.prompt_text) {
     auto t = codec_->EncodePrompt(*req.prompt_text);
@@ -488,6 +504,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.seed = req.seed;
   params.sampling.max_tokens = max_tokens;
   params.sampling.ignore_eos = req.ignore_eos;
+  params.sampling.stop_token_ids = std::move(req.stop_token_ids);
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,7 +31,9 @@ class TextCodec {
   virtual ~TextCodec() = default;
   // A completion prompt (with the tokenizer's special prefix, e.g. BOS).
   virtual Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const = 0;
-  // A chat: `messages_json` is the validated OpenAI messages array.
+  // A chat: `messages_json` is the validated OpenAI messages array. FailedPrecondition:
+  // the model has no chat template; Unimplemented: its template does not parse; both are
+  // the server's problem, not the request's.
   virtual Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const = 0;
   virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
   virtual std::vector<TokenId> eos_token_ids() const = 0;
@@ -39,8 +42,10 @@ class TextCodec {
 
 std::unique_ptr<TextCodec> MakeByteCodec();
 
-// The model's tokenizer from `model_dir` (tokenizer.json, tokenizer_config.json).
-// Unimplemented when this build has no tokenizer library.
-Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& model_dir);
+// The model's tokenizer from `model_dir` (tokenizer.json, tokenizer_config.json, and the
+// chat template files tok::Tokenizer::Load names). A set `chat_template` replaces the
+// directory's template and must parse. Unimplemented when this build has no tokenizer library.
+Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& model_dir,
+                                                            const std::optional<std::string>& chat_template = {});
 
 }  // namespace kvfleet::router

@@ -257,6 +257,19 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
       if (s.empty() || s.size() > limits.max_stop_bytes) return Bad("each stop string must be 1 to 256 bytes", "stop");
     }
   }
+  if (auto ids = j.find("stop_token_ids"); ids != j.end() && !ids->is_null()) {
+    if (!ids->is_array()) return Bad("'stop_token_ids' must be an array of token ids", "stop_token_ids");
+    if (ids->size() > limits.max_stop_token_ids) {
+      return Bad("'stop_token_ids' may hold at most " + std::to_string(limits.max_stop_token_ids) + " ids",
+                 "stop_token_ids");
+    }
+    for (const json& t : *ids) {
+      if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
+        return Bad("'stop_token_ids' must be an array of non-negative integer token ids", "stop_token_ids");
+      }
+      r.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+    }
+  }
   int64_t n = 1;
   KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &n, 1, 128, true));
   if (n != 1) return Bad("only n=1 is supported", "n");

@@ -4,8 +4,9 @@
 //
 // Extensions (in the request body): `kv_retention` (TensorRT-LLM KvCacheRetentionConfig:
 // {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
-// "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, and `routing` (a policy name
-// overriding the router's for this request).
+// "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, `stop_token_ids` (vLLM's: ids that
+// end the answer with finish_reason "stop", besides the model's eos ids), and `routing` (a
+// policy name overriding the router's for this request).
 //
 // Thread safety: pure functions over values.
 #pragma once
@@ -51,6 +52,7 @@ struct CompletionRequest {
   int32_t top_k = 0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  std::vector<TokenId> stop_token_ids;
   bool stream = false;
   bool include_usage = false;
   bool echo = false;
@@ -65,6 +67,9 @@ struct CompletionRequest {
 struct RequestLimits {
   size_t max_stop_strings = 4;       // OpenAI's limit
   size_t max_stop_bytes = 256;
+  // Every generated token is compared with each: a model needs a handful (its end-of-turn
+  // ids), so a longer list is a mistake, not a use.
+  size_t max_stop_token_ids = 256;
   uint32_t max_tokens_cap = 1 << 20;
 };
 

@@ -45,7 +45,10 @@ class TokenizerCodec final : public TextCodec {
     auto ids = tok_->eos_token_ids();
     return std::vector<TokenId>(ids.begin(), ids.end());
   }
-  std::string name() const override { return "tokenizer:" + dir_; }
+  std::string name() const override {
+    const std::string& source = tok_->chat_template_source();
+    return "tokenizer:" + dir_ + (source.empty() ? " (no chat template)" : " (chat template: " + source + ")");
+  }
 
  private:
   std::shared_ptr<const tok::Tokenizer> tok_;
@@ -55,9 +58,12 @@ class TokenizerCodec final : public TextCodec {
 
 }  // namespace
 
-Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& model_dir) {
+Result<std::shared_ptr<const TextCodec>> LoadTokenizerCodec(const std::string& model_dir,
+                                                            const std::optional<std::string>& chat_template) {
 #ifdef KVFLEET_HAVE_TOKENIZER
-  KVF_ASSIGN_OR_RETURN(auto t, tok::Tokenizer::Load(model_dir));
+  tok::LoadOptions options;
+  options.chat_template = chat_template;
+  KVF_ASSIGN_OR_RETURN(auto t, tok::Tokenizer::Load(model_dir, options));
   return std::shared_ptr<const TextCodec>(std::make_shared<TokenizerCodec>(std::move(t), model_dir));
 #else
   return Unimplemented("this build has no tokenizer library (tokenizer/); cannot load " + model_dir);

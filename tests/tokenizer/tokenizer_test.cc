@@ -3,6 +3,10 @@
 // match with the reference on real tokenizers is tokenizer_reference_test.cc.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -203,6 +207,71 @@ TEST_CASE("config: eos ids from tokenizer_config and generation_config, bos, cha
   auto rendered = (*bad)->ApplyChatTemplate(json::array(), true);
   REQUIRE_FALSE(rendered.ok());
   CHECK(rendered.status().message().find("include") != std::string::npos);
+}
+
+// A model directory with the byte-level tokenizer and the given chat template files.
+struct TemplateDir {
+  explicit TemplateDir(const std::string& tag)
+      : path(std::filesystem::temp_directory_path() / ("kvfleet-tpl-" + tag + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+    Write("tokenizer.json", ByteLevelTokenizer().dump());
+    Write("tokenizer_config.json", json{{"chat_template", "config:{{ messages[0].content }}"}}.dump());
+  }
+  ~TemplateDir() { std::filesystem::remove_all(path); }
+  void Write(const std::string& name, const std::string& text) const { std::ofstream(path / name) << text; }
+  std::string Render(const LoadOptions& options = {}) const {
+    auto tok = Tokenizer::Load(path.string(), options);
+    REQUIRE_MESSAGE(tok.ok(), tok.status().ToString());
+    auto text = (*tok)->ApplyChatTemplate(json::array({{{"role", "user"}, {"content", "hi"}}}), true);
+    REQUIRE_MESSAGE(text.ok(), text.status().ToString());
+    return *text + " from " + (*tok)->chat_template_source();
+  }
+  std::filesystem::path path;
+};
+
+TEST_CASE("chat template precedence: chat_template.jinja, then chat_template.json, then tokenizer_config.json") {
+  TemplateDir dir("precedence");
+  CHECK(dir.Render() == "config:hi from tokenizer_config.json");
+  dir.Write("chat_template.json", json{{"chat_template", "json:{{ messages[0].content }}"}}.dump());
+  CHECK(dir.Render() == "json:hi from chat_template.json");
+  dir.Write("chat_template.jinja", "jinja:{{ messages[0].content }}");
+  CHECK(dir.Render() == "jinja:hi from chat_template.jinja");
+  // The override (the router's --chat-template) beats all three.
+  CHECK(dir.Render({.chat_template = "override:{{ messages[0].content }}"}) == "override:hi from override");
+}
+
+TEST_CASE("a template file is found without any in tokenizer_config.json") {
+  TemplateDir dir("jinja-only");
+  dir.Write("tokenizer_config.json", "{}");
+  auto none = Tokenizer::Load(dir.path.string());
+  REQUIRE(none.ok());
+  CHECK_FALSE((*none)->has_chat_template());
+  auto missing = (*none)->ApplyChatTemplate(json::array(), true);
+  CHECK(missing.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(missing.status().message().find("chat_template.jinja") != std::string::npos);
+  dir.Write("chat_template.jinja", "<{{ messages[0].content }}>");
+  CHECK(dir.Render() == "<hi> from chat_template.jinja");
+}
+
+TEST_CASE("a malformed chat_template.json fails the load naming the file; a bad override fails it too") {
+  TemplateDir dir("bad");
+  for (const char* text : {"{oops", R"({"template": "x"})", R"({"chat_template": 5})"}) {
+    dir.Write("chat_template.json", text);
+    auto tok = Tokenizer::Load(dir.path.string());
+    REQUIRE_FALSE(tok.ok());
+    CHECK_MESSAGE(tok.status().message().find("chat_template.json") != std::string::npos, tok.status().message());
+  }
+  std::filesystem::remove(dir.path / "chat_template.json");
+  auto bad_override = Tokenizer::Load(dir.path.string(), {.chat_template = "{% if %}"});
+  REQUIRE_FALSE(bad_override.ok());
+  CHECK(bad_override.status().message().find("chat template") != std::string::npos);
+  // A directory's unparsable chat_template.jinja leaves completions working; chats report it.
+  dir.Write("chat_template.jinja", "{% if %}");
+  auto lazy = Tokenizer::Load(dir.path.string());
+  REQUIRE(lazy.ok());
+  auto rendered = (*lazy)->ApplyChatTemplate(json::array(), true);
+  CHECK(rendered.status().code() == StatusCode::kUnimplemented);
+  CHECK(rendered.status().message().find("chat_template.jinja") != std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "worker/model/model_config.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -135,6 +137,38 @@ Status ParseWindows(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// eos_token_id: a number, a list of numbers, or absent/null (none).
+Result<std::vector<int64_t>> ReadEosIds(const json& j, std::string_view file) {
+  std::vector<int64_t> ids;
+  auto e = j.find("eos_token_id");
+  if (e == j.end() || e->is_null()) return ids;
+  auto bad = [&](std::string_view what) {
+    return InvalidArgument(std::string(file) + ": eos_token_id: " + std::string(what) + ": " + e->dump());
+  };
+  if (e->is_number_integer()) {
+    ids.push_back(e->get<int64_t>());
+  } else if (e->is_array()) {
+    for (const json& x : *e) {
+      if (!x.is_number_integer()) return bad("not a list of integers");
+      ids.push_back(x.get<int64_t>());
+    }
+  } else {
+    return bad("not an integer or a list");
+  }
+  for (int64_t id : ids) {
+    if (id < 0) return bad("negative id");
+  }
+  return ids;
+}
+
+Result<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
 
 std::string_view ArchitectureName(Architecture a) {
@@ -225,18 +259,7 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
     c.bos_token_id = j["bos_token_id"].get<int64_t>();
   }
-  if (auto e = j.find("eos_token_id"); e != j.end() && !e->is_null()) {
-    if (e->is_number_integer()) {
-      c.eos_token_ids.push_back(e->get<int64_t>());
-    } else if (e->is_array()) {
-      for (const json& x : *e) {
-        if (!x.is_number_integer()) return FieldError("eos_token_id", "not a list of integers");
-        c.eos_token_ids.push_back(x.get<int64_t>());
-      }
-    } else {
-      return FieldError("eos_token_id", "not an integer or a list");
-    }
-  }
+  KVF_ASSIGN_OR_RETURN(c.eos_token_ids, ReadEosIds(j, "config.json"));
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
     c.torch_dtype = j["torch_dtype"].get<std::string>();
   } else if (j.contains("dtype") && j["dtype"].is_string()) {
@@ -245,14 +268,29 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
   return c;
 }
 
+Result<std::vector<int64_t>> ParseGenerationEosIds(std::string_view json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("generation_config.json: not valid JSON");
+  if (!j.is_object()) return InvalidArgument("generation_config.json: not a JSON object");
+  return ReadEosIds(j, "generation_config.json");
+}
+
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  std::string path = model_dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) return NotFound(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Result<ModelConfig> c = ParseModelConfig(ss.str());
+  KVF_ASSIGN_OR_RETURN(std::string text, ReadText(model_dir + "/config.json"));
+  Result<ModelConfig> c = ParseModelConfig(text);
   if (!c.ok()) return c.status().WithContext(model_dir);
+  // generation_config.json is optional; a present one must parse.
+  const std::string generation_path = model_dir + "/generation_config.json";
+  if (!std::filesystem::exists(generation_path)) return c;
+  Result<std::string> generation_text = ReadText(generation_path);
+  if (!generation_text.ok()) return generation_text.status();
+  Result<std::vector<int64_t>> extra = ParseGenerationEosIds(*generation_text);
+  if (!extra.ok()) return extra.status().WithContext(model_dir);
+  for (int64_t id : *extra) {
+    if (std::find(c->eos_token_ids.begin(), c->eos_token_ids.end(), id) == c->eos_token_ids.end()) {
+      c->eos_token_ids.push_back(id);
+    }
+  }
   return c;
 }
 

@@ -65,7 +65,9 @@ struct ModelConfig {
   // for Llama 4.
   int64_t attention_chunk_size = 0;
   int64_t bos_token_id = -1;              // -1: none given
-  std::vector<int64_t> eos_token_ids;     // eos_token_id, a number or a list
+  // eos_token_id, a number or a list; LoadModelConfig adds generation_config.json's
+  // (Llama 3 Instruct ends its turns with <|eot_id|>, listed only there).
+  std::vector<int64_t> eos_token_ids;
   std::string torch_dtype;                // "bfloat16", "float16", "float32" or ""
 
   int64_t q_size() const { return num_heads * head_dim; }
@@ -77,7 +79,11 @@ struct ModelConfig {
 // Parses the text of a config.json. Errors name the field, e.g.
 // "config.json: num_attention_heads: missing".
 Result<ModelConfig> ParseModelConfig(std::string_view json_text);
-// Reads and parses `<dir>/config.json`.
+// The eos_token_id of a generation_config.json's text (a number or a list; none when absent).
+// Errors name the file and field, e.g. "generation_config.json: eos_token_id: ...".
+Result<std::vector<int64_t>> ParseGenerationEosIds(std::string_view json_text);
+// Reads and parses `<dir>/config.json`, and `<dir>/generation_config.json` when present:
+// eos_token_ids is the union of both files' eos ids, config.json's first.
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 }  // namespace kvfleet::model

@@ -109,6 +109,21 @@ export function diff(after, before) {
   return out;
 }
 
+// Runs a test script's body against a started fleet, stops the fleet, and exits 0 or 1.
+export async function runAgainst(fleet, body) {
+  let failed = false;
+  try {
+    await fleet.start();
+    await body();
+  } catch (e) {
+    console.error(e.stack || String(e));
+    failed = true;
+  } finally {
+    await fleet.stop();
+  }
+  process.exit(failed ? 1 : 0);
+}
+
 export function check(cond, message) {
   if (!cond) throw new Error(`FAILED: ${message}`);
   console.log(`ok: ${message}`);

@@ -5,7 +5,7 @@
 //      skips the worker within the heartbeat timeout;
 //   4. restarting the router: the index is rebuilt from the workers' snapshots and routing resumes.
 //   node fleet_behaviour_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
-import { Fleet, check, diff, sleep } from './fleet.mjs';
+import { Fleet, check, diff, sleep, runAgainst } from './fleet.mjs';
 
 const [routerBin, workerBin, dir, basePort] = process.argv.slice(2);
 const fleet = new Fleet({ routerBin, workerBin, dir, basePort: Number(basePort), workers: 3 });
@@ -33,9 +33,7 @@ async function streamOnce(prompt, maxTokens) {
   }
 }
 
-let failed = false;
-try {
-  await fleet.start();
+await runAgainst(fleet, async () => {
   const system = 'You are a helpful assistant. '.repeat(138).slice(0, 4000);  // 4,000 byte-tokens
 
   // 1. A repeated system prompt.
@@ -88,10 +86,4 @@ try {
   const predicted = await fleet.metric('kvfleet_router_cached_tokens_total{kind="predicted"}') - predictedBefore;
   check(predicted >= 2560, `the rebuilt index knew where the prompt is (${predicted} tokens predicted)`);
   check(again.body.usage.prompt_tokens_details.cached_tokens >= 2560, 'and that worker reports it cached');
-} catch (e) {
-  console.error(e.stack || String(e));
-  failed = true;
-} finally {
-  await fleet.stop();
-}
-process.exit(failed ? 1 : 0);
+});

@@ -3,7 +3,7 @@
 // proves compatibility with a real client, not only with our reading of the spec.
 //   node openai_client_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { createRequire } from 'node:module';
-import { Fleet, check } from './fleet.mjs';
+import { Fleet, check, runAgainst } from './fleet.mjs';
 
 const [routerBin, workerBin, dir, basePort] = process.argv.slice(2);
 const cache = process.env.KVFLEET_CACHE || `${process.env.HOME}/.cache/kvfleet`;
@@ -11,9 +11,7 @@ const require = createRequire(`${cache}/npm/`);
 const OpenAI = require('openai').default ?? require('openai');
 
 const fleet = new Fleet({ routerBin, workerBin, dir, basePort: Number(basePort), workers: 3 });
-let failed = false;
-try {
-  await fleet.start();
+await runAgainst(fleet, async () => {
   const client = new OpenAI({ baseURL: `${fleet.url()}/v1`, apiKey: 'unused', maxRetries: 0 });
 
   const models = await client.models.list();
@@ -76,10 +74,4 @@ try {
   } catch (e) {
     check(e.status === 400 && e.error?.param === 'n', 'n=2: 400 naming the parameter');
   }
-} catch (e) {
-  console.error(e.stack || String(e));
-  failed = true;
-} finally {
-  await fleet.stop();
-}
-process.exit(failed ? 1 : 0);
+});

@@ -29,7 +29,8 @@ namespace {
 
 struct RouterUnderTest {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
-                           RoutingOptions routing = {}, FleetOptions fleet_options = {})
+                           RoutingOptions routing = {}, FleetOptions fleet_options = {},
+                           std::shared_ptr<const TextCodec> codec = MakeByteCodec())
       : registry(std::make_shared<prometheus::Registry>()),
         index(SystemClock::Default()) {
     fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
@@ -38,7 +39,7 @@ struct RouterUnderTest {
     fleet_options.static_max_context = 4096;
     fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
     router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
-    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), MakeByteCodec(),
+    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), std::move(codec),
                                 SystemClock::Default(), registry);
     http::Routes routes;
     api->AddRoutes(&routes);
@@ -203,6 +204,79 @@ TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker"
   CHECK(j["choices"][0]["text"] == "one ");
   CHECK(j["choices"][0]["finish_reason"] == "stop");
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
+}
+
+TEST_CASE("stop_token_ids reach the worker on completions and chat; the worker's stop is finish_reason stop") {
+  FakeWorker w("hello world");  // ends with finish reason stop once its reply runs out
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto c = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 50},
+                                                               {"stop_token_ids", {128009, 7}}}.dump())));
+  CHECK(w.last_params().sampling.stop_token_ids == std::vector<TokenId>{128009, 7});
+  CHECK(c["choices"][0]["finish_reason"] == "stop");
+  auto chat = r.Post("/v1/chat/completions", json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                  {"stop_token_ids", {128009}}}.dump());
+  CHECK(StatusOf(chat) == 200);
+  CHECK(w.last_params().sampling.stop_token_ids == std::vector<TokenId>{128009});
+  auto bad = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"stop_token_ids", {-1}}}.dump());
+  CHECK(StatusOf(bad) == 400);
+  CHECK(json::parse(BodyOf(bad))["error"]["param"] == "stop_token_ids");
+}
+
+// A codec whose chats fail as a tokenizer's do: no template, or one that did not parse.
+class NoTemplateCodec final : public TextCodec {
+ public:
+  explicit NoTemplateCodec(Status chat_error) : bytes_(MakeByteCodec()), chat_error_(std::move(chat_error)) {}
+  Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override { return bytes_->EncodePrompt(text); }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view) const override { return chat_error_; }
+  std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
+  std::vector<TokenId> eos_token_ids() const override { return {}; }
+  std::string name() const override { return "no-template"; }
+
+ private:
+  std::unique_ptr<TextCodec> bytes_;
+  Status chat_error_;
+};
+
+// The status and error object of a chat to a router whose codec fails chats with `chat_error`;
+// and whether a completion on that router still succeeds.
+struct ChatFailure {
+  int status = 0;
+  json error;
+  bool completions_work = false;
+};
+ChatFailure ChatWith(const FakeWorker& w, Status chat_error) {
+  RouterUnderTest r({w.endpoint()}, {}, {}, {}, std::make_shared<NoTemplateCodec>(std::move(chat_error)));
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/chat/completions",
+                     json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
+  ChatFailure out;
+  out.status = StatusOf(resp);
+  out.error = json::parse(BodyOf(resp))["error"];
+  out.completions_work = StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200;
+  return out;
+}
+
+TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, not a 400 on messages") {
+  FakeWorker w;
+  ChatFailure missing = ChatWith(w, FailedPrecondition("the model has no chat template"));
+  CHECK(missing.status == 500);
+  CHECK(missing.error["code"] == "chat_template_missing");
+  CHECK(missing.error["type"] == "server_error");
+  CHECK(missing.error["param"].is_null());
+  const std::string message = missing.error["message"].get<std::string>();
+  CHECK(message.find("--chat-template FILE") != std::string::npos);
+  CHECK(message.find("chat_template.jinja") != std::string::npos);
+  CHECK(missing.completions_work);
+  CHECK(w.generates() == 1);  // the completion's only
+
+  ChatFailure broken = ChatWith(w, Unimplemented("chat_template: unknown tag"));
+  CHECK(broken.status == 500);
+  CHECK(broken.error["code"] == "chat_template_invalid");
+  // A template that refuses these messages (raise_exception) blames the request.
+  ChatFailure refusing = ChatWith(w, InvalidArgument("chat template: roles must alternate"));
+  CHECK(refusing.status == 400);
+  CHECK(refusing.error["param"] == "messages");
 }
 
 TEST_CASE("every error has its status code and OpenAI error object") {

@@ -80,6 +80,32 @@ TEST_CASE("malformed and unsupported requests are 400s naming the parameter") {
   CHECK(ParseError(R"({"model":"m","messages":[{"role":"user","content":5}]})", true).param == "messages");
 }
 
+TEST_CASE("stop_token_ids: an array of non-negative ids on completions and chat; anything else is a 400 naming it") {
+  auto c = ParseCompletionRequest(R"({"model":"m","prompt":"x","stop_token_ids":[128009, 0]})", false);
+  REQUIRE(c.ok());
+  CHECK(c->stop_token_ids == std::vector<TokenId>{128009, 0});
+  auto chat = ParseCompletionRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop_token_ids":[128009]})", true);
+  REQUIRE(chat.ok());
+  CHECK(chat->stop_token_ids == std::vector<TokenId>{128009});
+  auto none = ParseCompletionRequest(R"({"model":"m","prompt":"x","stop_token_ids":null})", false);
+  REQUIRE(none.ok());
+  CHECK(none->stop_token_ids.empty());
+
+  for (const char* bad : {R"("stop_token_ids":5)", R"("stop_token_ids":[-1])", R"("stop_token_ids":[1.5])",
+                          R"("stop_token_ids":["2"])", R"("stop_token_ids":[4294967296])",
+                          R"("stop_token_ids":{"a":1})"}) {
+    ApiError e = ParseError(std::string(R"({"model":"m","prompt":"x",)") + bad + "}");
+    CHECK_MESSAGE(e.status == 400, bad);
+    CHECK_MESSAGE(e.param == "stop_token_ids", bad);
+  }
+  std::string many = "[";
+  for (int i = 0; i <= 256; ++i) many += (i ? "," : "") + std::to_string(i);
+  ApiError e = ParseError(std::string(R"({"model":"m","prompt":"x","stop_token_ids":)") + many + "]}");
+  CHECK(e.param == "stop_token_ids");
+  CHECK(e.message.find("at most 256") != std::string::npos);
+}
+
 // The edges below pin what the parser did when it was nlohmann::json::parse alone; the
 // simdjson front end must keep every one (same values, same 400s and messages).
 namespace {

@@ -5,11 +5,17 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
 
 #include "worker/backend/kv_setup.h"
 #include "worker/backend/mock/mock_backend.h"
 #include "worker/kv/kv_cache_manager.h"
+#include "worker/model/model_config.h"
 
 namespace kvfleet::engine {
 
@@ -28,6 +34,8 @@ struct HarnessOptions {
   uint32_t max_context = 1024;
   uint32_t max_queued = 64;
   uint32_t eos_after = 0;
+  // The engine's eos ids; unset: the backend's model config's.
+  std::optional<std::vector<TokenId>> eos_token_ids;
 };
 
 struct Harness {
@@ -65,6 +73,7 @@ struct Harness {
     eo.limits.max_queued = o.max_queued;
     eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
     for (int64_t e : backend->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
+    if (o.eos_token_ids) eo.eos_token_ids = *o.eos_token_ids;
     engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
   }
 
@@ -299,6 +308,34 @@ TEST_CASE("stop conditions: EOS unless ignore_eos, stop token ids, max_tokens") 
   h2.RunToCompletion();
   CHECK(h2.finals[stopped].finish == FinishReason::kStop);
   CHECK(h2.tokens[stopped].size() == 2);
+}
+
+TEST_CASE("an eos id listed only in generation_config.json ends generation (Llama 3 Instruct's <|eot_id|>)") {
+  // A probe finds the mock's third token; a model directory then lists it as
+  // generation_config.json's second eos id, as Llama-3-8B-Instruct lists 128009.
+  Harness probe_harness;
+  RequestId probe = probe_harness.Add(Prompt(10), 5);
+  probe_harness.RunToCompletion();
+  const TokenId turn_end = probe_harness.tokens[probe][2];
+
+  const auto dir = std::filesystem::temp_directory_path() / ("kvfleet-engine-eos-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 128256,
+      "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "eos_token_id": 128001})";
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [128001, )" << turn_end << "]}";
+  auto config = model::LoadModelConfig(dir.string());
+  std::filesystem::remove_all(dir);
+  REQUIRE_MESSAGE(config.ok(), config.status().ToString());
+
+  HarnessOptions o;
+  o.eos_token_ids.emplace(config->eos_token_ids.begin(), config->eos_token_ids.end());
+  Harness h(o);
+  RequestId id = h.Add(Prompt(10), 5);
+  h.RunToCompletion();
+  CHECK(h.finals[id].finish == FinishReason::kStop);
+  CHECK(h.tokens[id].size() == 3);
+  CHECK(h.tokens[id].back() == turn_end);
 }
 
 TEST_CASE("bad requests are refused with the code the wire error needs") {

@@ -1,6 +1,10 @@
 // config.json parsing: the fields of each architecture, and errors that name the field.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "worker/model/model_config.h"
@@ -121,6 +125,62 @@ TEST_CASE("missing and malformed fields are named") {
 
   CHECK_FALSE(ParseModelConfig("{not json").ok());
   CHECK_FALSE(ParseModelConfig("[1, 2]").ok());
+}
+
+// A model directory in a temporary folder, removed at the end.
+struct ModelDir {
+  explicit ModelDir(const std::string& tag)
+      : path(std::filesystem::temp_directory_path() / ("kvfleet-cfg-" + tag + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~ModelDir() { std::filesystem::remove_all(path); }
+  void Write(const std::string& name, const std::string& text) const { std::ofstream(path / name) << text; }
+  std::filesystem::path path;
+};
+
+// Meta-Llama-3-8B-Instruct's two files, their eos fields as the repository has them.
+std::string Llama3InstructConfig() {
+  return R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16"})";
+}
+constexpr const char* kLlama3InstructGeneration =
+    R"({"bos_token_id": 128000, "eos_token_id": [128001, 128009], "do_sample": true,
+        "temperature": 0.6, "max_length": 4096, "top_p": 0.9, "transformers_version": "4.40.0.dev0"})";
+
+TEST_CASE("Llama-3-8B-Instruct's layout: the eos set is config.json's 128001 and generation_config's 128009") {
+  ModelDir dir("llama3-instruct");
+  dir.Write("config.json", Llama3InstructConfig());
+  dir.Write("generation_config.json", kLlama3InstructGeneration);
+  auto c = LoadModelConfig(dir.path.string());
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->eos_token_ids == std::vector<int64_t>{128001, 128009});
+}
+
+TEST_CASE("without generation_config.json the eos set is config.json's alone") {
+  ModelDir dir("no-generation");
+  dir.Write("config.json", Llama3InstructConfig());
+  auto c = LoadModelConfig(dir.path.string());
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->eos_token_ids == std::vector<int64_t>{128001});
+}
+
+TEST_CASE("a malformed generation_config.json is refused, naming the file and the field") {
+  ModelDir dir("bad-generation");
+  dir.Write("config.json", Llama3InstructConfig());
+  for (const char* text : {R"({"eos_token_id": "</s>"})", R"({"eos_token_id": [128001, "x"]})",
+                           R"({"eos_token_id": [-5]})"}) {
+    dir.Write("generation_config.json", text);
+    auto c = LoadModelConfig(dir.path.string());
+    REQUIRE_FALSE(c.ok());
+    CHECK_MESSAGE(c.status().message().find("generation_config.json: eos_token_id") != std::string::npos,
+                  c.status().message());
+  }
+  dir.Write("generation_config.json", "{\"eos_token_id\": ");
+  auto c = LoadModelConfig(dir.path.string());
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().message().find("generation_config.json: not valid JSON") != std::string::npos);
 }
 
 }  // namespace
