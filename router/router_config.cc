@@ -50,6 +50,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
                  "a worker silent this long on its event stream is dead")
       ->capture_default_str();
+  app.add_option("--unknown-model-grace-s", c->unknown_model_grace_s,
+                 "for this long after start, a model no worker has announced yet is 503 with Retry-After, not 404 "
+                 "(a restarted router re-learns the fleet; workers re-send Hello every 2 s)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--curve-keypair", c->curve_keypair,
                  "CURVE: this router's key pair file, for the request, event and replay sockets (kvfleet keygen)");
   app.add_option("--curve-server-key", c->curve_server_key, "CURVE: the workers' server public key file");
@@ -74,6 +79,7 @@ Status Prepare(RouterConfig* c) {
   c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);
   c->fleet.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
+  c->api.unknown_model_grace = static_cast<DurationNs>(c->unknown_model_grace_s * kNsPerSec);
   if (c->curve_keypair.empty() != c->curve_server_key.empty()) {
     return InvalidArgument("--curve-keypair and --curve-server-key go together");
   }

@@ -38,6 +38,7 @@ struct RouterConfig {
   double first_token_timeout_s = 60;                             // s, then retry elsewhere
   double dns_interval_s = 10;                                    // s between DNS resolutions
   int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
+  double unknown_model_grace_s = 10;  // s after start: an unannounced model is 503, not 404
   std::string curve_keypair;     // empty: plaintext to workers
   std::string curve_server_key;  // the workers' public key; set with curve_keypair
   // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy

@@ -1,6 +1,7 @@
 #include "router/http/api.h"
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <random>
 
@@ -168,6 +169,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         router_(router),
         codec_(std::move(codec)),
         clock_(clock),
+        started_(clock->Now()),
         registry_(std::move(registry)),
         metrics_(*registry_),
         id_rng_(std::random_device{}()) {}
@@ -280,6 +282,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   Router* router_;
   std::shared_ptr<const TextCodec> codec_;
   const Clock* clock_;
+  const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
   Metrics metrics_;
   std::mutex id_mu_;
@@ -456,6 +459,16 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     // fleet that is down): the model may well exist, so this is "try again", not 404.
     return Fail(ex, req.model,
                 MakeError(503, "no live worker yet: cannot tell whether model '" + req.model + "' exists",
+                          "server_error", "service_unavailable", options_.retry_after_s));
+  }
+  if (!model && arrived - started_ < options_.unknown_model_grace) {
+    // A router that started moments ago may not have heard from this model's workers yet.
+    char since[32];
+    std::snprintf(since, sizeof(since), "%.1f", Seconds(arrived - started_));
+    return Fail(ex, req.model,
+                MakeError(503,
+                          "model '" + req.model + "' is not known yet: this router started " + since +
+                              " s ago and its workers are still registering",
                           "server_error", "service_unavailable", options_.retry_after_s));
   }
   if (!model) {

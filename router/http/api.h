@@ -41,6 +41,10 @@ struct ApiOptions {
   uint32_t default_max_tokens = 16;         // /v1/completions without max_tokens (OpenAI's default)
   uint32_t default_chat_max_tokens = 4096;  // /v1/chat/completions without one (capped by the context)
   int retry_after_s = 1;                    // Retry-After on 429 and 503
+  // For this long after the router starts, a model no worker has announced is 503 with
+  // Retry-After, not 404: a restarted router re-learns the fleet from the workers' Hellos
+  // (every 2 s) and event streams, and a model may simply not have come back yet.
+  DurationNs unknown_model_grace = 10 * kNsPerSec;
   bool report_timings = false;              // RouterTimings in each response's usage extension
 };
 

@@ -10,7 +10,9 @@ const cache = process.env.KVFLEET_CACHE || `${process.env.HOME}/.cache/kvfleet`;
 const require = createRequire(`${cache}/npm/`);
 const OpenAI = require('openai').default ?? require('openai');
 
-const fleet = new Fleet({ routerBin, workerBin, dir, basePort: Number(basePort), workers: 3 });
+// No grace after start for unknown models: this test checks the 404 of one that never exists.
+const fleet = new Fleet({ routerBin, workerBin, dir, basePort: Number(basePort), workers: 3,
+                          routerArgs: ['--unknown-model-grace-s', '0'] });
 await runAgainst(fleet, async () => {
   const client = new OpenAI({ baseURL: `${fleet.url()}/v1`, apiKey: 'unused', maxRetries: 0 });
 

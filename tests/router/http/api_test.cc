@@ -283,6 +283,7 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   FakeWorker w;
   ApiOptions api;
   api.api_keys = {"sk-good"};
+  api.unknown_model_grace = 0;  // the grace after start has its own test
   RouterUnderTest r({w.endpoint()}, api);
   r.WaitRoutable(1);
   const std::string auth = "Authorization: Bearer sk-good\r\n";
@@ -318,6 +319,25 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   CHECK(unknown_now.find("Retry-After: 1") != std::string::npos);
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/ready")) == 503);
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
+}
+
+TEST_CASE("a model unknown to a router that just started is 503 with Retry-After, not 404") {
+  // Regression: a restarted router answered 404 model_not_found until the model's workers
+  // re-registered.
+  FakeWorker w;
+  ApiOptions api;
+  api.unknown_model_grace = 600 * kNsPerSec;  // the whole test runs inside it
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/completions", R"({"model":"other","prompt":"x"})");
+  CHECK(StatusOf(resp) == 503);
+  CHECK(resp.find("Retry-After: 1") != std::string::npos);
+  auto j = json::parse(BodyOf(resp), nullptr, false);
+  REQUIRE_FALSE(j.is_discarded());
+  CHECK(j["error"]["code"] == "service_unavailable");
+  CHECK(j["error"]["message"].get<std::string>().find("still registering") != std::string::npos);
+  // The model that is known is served all the same.
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200);
 }
 
 TEST_CASE("a saturated fleet answers 429 with Retry-After") {
