@@ -28,6 +28,7 @@ std::string EncodeHello(const WorkerHello& h) {
   e.setHttp(h.http_endpoint);
   out.setBackend(h.backend);
   out.setEpoch(h.epoch);
+  out.setTokenizerDigest(h.tokenizer_digest);
   return wire::Encode(message);
 }
 
@@ -62,6 +63,7 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
       out.http_endpoint = e.getHttp().cStr();
       out.backend = h.getBackend().cStr();
       out.epoch = h.getEpoch();
+      out.tokenizer_digest = h.getTokenizerDigest();
       return ToRouterMessage(std::move(out));
     }
     if (root.isBye()) {

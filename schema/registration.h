@@ -28,6 +28,9 @@ struct WorkerHello {
   std::string http_endpoint;      // http://host:9400
   std::string backend;            // cpu, cuda, mock (or "static" for a router's static entry)
   uint64_t epoch = 0;             // the worker's event publisher epoch
+  // XXH3-64 of its tokenizer.json and chat template (common/tokenizer_files.h); 0: none
+  // (a mock, a directory without tokenizer.json, or a static entry).
+  uint64_t tokenizer_digest = 0;
 };
 
 struct WorkerBye {

@@ -111,6 +111,7 @@ struct Hello {
   endpoints @5 :Endpoints;
   backend @6 :Text;    # cpu, cuda or mock
   epoch @7 :UInt64;
+  tokenizerDigest @8 :UInt64;  # common/tokenizer_files.h; 0: none (a mock, or no tokenizer.json)
 }
 
 # Router DEALER -> worker requests ROUTER: one frame.

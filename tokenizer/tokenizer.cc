@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/tokenizer_files.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/pipeline.h"
@@ -88,14 +86,6 @@ struct Section {
   std::string_view text;
   int token = -1;  // index into added tokens, or -1 for text
 };
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // tokenizer_config.json spells special tokens as strings or as {"content": ...}.
 std::optional<std::string> TokenText(const json& config, const char* key) {
@@ -462,25 +452,14 @@ Status TokenizerImpl::Load(std::string_view tokenizer_text, std::string_view con
     return Status::Ok();
   }
   // chat_template: a string, or a list of {name, template} where "default" is used.
-  if (config.contains("chat_template")) {
-    std::string source;
-    const json& ct = config["chat_template"];
-    if (ct.is_string()) {
-      source = ct.get<std::string>();
-    } else if (ct.is_array()) {
-      for (const auto& entry : ct) {
-        if (entry.value("name", "") == "default" && entry.contains("template")) source = entry["template"].get<std::string>();
-      }
-    }
-    if (!source.empty()) {
-      chat_template_source = "tokenizer_config.json";
-      auto parsed = jinja::Template::Parse(source);
-      if (parsed.ok()) {
-        chat_template = *parsed;
-      } else {
-        // The tokenizer still works; only ApplyChatTemplate reports the problem.
-        chat_template_error = parsed.status().message();
-      }
+  if (auto source = ChatTemplateOfConfig(config)) {
+    chat_template_source = "tokenizer_config.json";
+    auto parsed = jinja::Template::Parse(*source);
+    if (parsed.ok()) {
+      chat_template = *parsed;
+    } else {
+      // The tokenizer still works; only ApplyChatTemplate reports the problem.
+      chat_template_error = parsed.status().message();
     }
   }
   return Status::Ok();
@@ -500,49 +479,20 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view to
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-namespace {
-
-// The model directory's chat template file, in Hugging Face transformers' precedence:
-//   1. chat_template.jinja: a tokenizer's from_pretrained lets it clobber tokenizer_config.json's
-//      (tokenization_utils_base.py; tests/test_tokenization_common.py,
-//      test_chat_template_file_priority).
-//   2. chat_template.json, {"chat_template": "..."}: LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE, read
-//      only by processors (processing_utils.py, get_processor_dict), whose template is passed
-//      over the tokenizer's. A processor takes it even over a chat_template.jinja beside it,
-//      but a text model loads through its tokenizer, which reads only the .jinja ("a raw
-//      chat_template.jinja is preferred in future"), so the .jinja goes first here.
-//   3. tokenizer_config.json's "chat_template" (read in TokenizerImpl::Load).
-// Returns the template and its file name, nullopt when neither file exists.
-Result<std::optional<std::pair<std::string, std::string>>> FindChatTemplateFile(const std::string& model_dir) {
-  const std::string jinja_path = model_dir + "/chat_template.jinja";
-  if (std::filesystem::exists(jinja_path)) {
-    KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(jinja_path));
-    return std::make_optional(std::make_pair(std::move(text), std::string("chat_template.jinja")));
-  }
-  const std::string json_path = model_dir + "/chat_template.json";
-  if (!std::filesystem::exists(json_path)) return std::optional<std::pair<std::string, std::string>>();
-  KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(json_path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(json_path + ": not a JSON object");
-  auto ct = j.find("chat_template");
-  if (ct == j.end() || !ct->is_string()) return InvalidArgument(json_path + ": chat_template: missing or not a string");
-  return std::make_optional(std::make_pair(ct->get<std::string>(), std::string("chat_template.json")));
-}
-
-}  // namespace
-
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::string& model_dir, const LoadOptions& options) {
-  auto tokenizer_json = ReadFile(model_dir + "/tokenizer.json");
+  auto tokenizer_json = ReadModelFile(model_dir + "/tokenizer.json");
   if (!tokenizer_json.ok()) return tokenizer_json.status().WithContext("loading tokenizer");
-  auto config_json = ReadFile(model_dir + "/tokenizer_config.json");
+  auto config_json = ReadModelFile(model_dir + "/tokenizer_config.json");
   std::string config_text = config_json.ok() ? *config_json : std::string();
-  auto generation_json = ReadFile(model_dir + "/generation_config.json");
+  auto generation_json = ReadModelFile(model_dir + "/generation_config.json");
   std::string generation_text = generation_json.ok() ? *generation_json : std::string();
   if (options.chat_template) {
     auto tok = FromJson(*tokenizer_json, config_text, generation_text, options.chat_template);
     if (!tok.ok()) return tok.status().WithContext("loading tokenizer from " + model_dir);
     return tok;
   }
+  // The precedence of the template files is common/tokenizer_files.h's, shared with the
+  // worker's tokenizer digest.
   auto file = FindChatTemplateFile(model_dir);
   if (!file.ok()) return file.status().WithContext("loading tokenizer");
   auto impl = std::make_unique<TokenizerImpl>();
@@ -553,12 +503,12 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::string& mode
     // error only when a chat is rendered, so completions still work.
     impl->chat_template = nullptr;
     impl->chat_template_error.clear();
-    impl->chat_template_source = (*file)->second;
-    auto parsed = jinja::Template::Parse((*file)->first);
+    impl->chat_template_source = (*file)->source;
+    auto parsed = jinja::Template::Parse((*file)->text);
     if (parsed.ok()) {
       impl->chat_template = *parsed;
     } else {
-      impl->chat_template_error = (*file)->second + ": " + parsed.status().message();
+      impl->chat_template_error = (*file)->source + ": " + parsed.status().message();
     }
   }
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));

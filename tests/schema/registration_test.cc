@@ -19,6 +19,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   h.http_endpoint = "http://10.0.0.5:9400";
   h.backend = "cuda";
   h.epoch = 77;
+  h.tokenizer_digest = 0x8badf00ddeadbeefULL;
   std::string frame = EncodeHello(h);
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
@@ -36,6 +37,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.http_endpoint == h.http_endpoint);
   CHECK(got.backend == "cuda");
   CHECK(got.epoch == 77);
+  CHECK(got.tokenizer_digest == 0x8badf00ddeadbeefULL);
 
   h.host_blocks = 0;  // no host tier
   frame = EncodeHello(h);

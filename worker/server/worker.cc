@@ -10,6 +10,7 @@
 #include "common/http/metrics.h"
 #include "common/http/server.h"
 #include "common/log.h"
+#include "common/tokenizer_files.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
@@ -204,6 +205,15 @@ Status Worker::Init(zmq::context_t& context) {
     hello.http_endpoint = "http://" + host + ":" + std::to_string(http_->port());
     hello.backend = config_.backend;
     hello.epoch = publisher_->epoch();
+    // Routers refuse a worker whose tokenizer is not theirs. A mock's ids mean nothing: none.
+    if (config_.backend != "mock") {
+      auto digest = TokenizerDigest(config_.model_dir);
+      if (digest.ok()) {
+        hello.tokenizer_digest = *digest;
+      } else {
+        log->warn("announcing no tokenizer digest: {}", digest.status().ToString());
+      }
+    }
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;
     KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello));

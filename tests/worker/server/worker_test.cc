@@ -109,6 +109,7 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
   CHECK(hello.getBlockSize() == 16);
   CHECK(hello.getTiers()[0].getTotalBlocks() == 128);
   CHECK(std::string(hello.getBackend().cStr()) == "mock");
+  CHECK(hello.getTokenizerDigest() == 0);  // a mock's ids are no tokenizer's
   CHECK(std::string(hello.getEndpoints().getRequests().cStr()) == worker->requests_endpoint());
 
   // KV events: some batch stored blocks.
