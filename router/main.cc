@@ -13,6 +13,7 @@
 #include "common/cpu_latency.h"
 #include "common/http/server.h"
 #include "common/log.h"
+#include "common/tokenizer_files.h"
 #include "router/events/event_plane.h"
 #include "router/events/fault_injection.h"
 #include "router/fleet/fleet.h"
@@ -60,6 +61,17 @@ int Run(RouterConfig& c) {
       return 2;
     }
     codec = *loaded;
+    // Workers are compared on the model directory's own tokenizer.json and template: a
+    // --chat-template changes only how this router renders chats, not the token ids a
+    // worker's model was trained on, so it does not make every worker a stranger.
+    auto digest = TokenizerDigest(c.tokenizer_dir);
+    if (!digest.ok()) {
+      log->error("--tokenizer {}: {}", c.tokenizer_dir, digest.status().message());
+      return 2;
+    }
+    c.fleet.tokenizer_digest = *digest;
+    log->info("tokenizer {} (digest {}, chat template: {})", c.tokenizer_dir, DigestHex(*digest),
+              c.chat_template ? "--chat-template " + c.chat_template_file : std::string("the directory's"));
   }
   auto registry = std::make_shared<prometheus::Registry>();
   const Clock* clock = SystemClock::Default();

@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/curve_keys.h"
 #include "common/log.h"
+#include "common/tokenizer_files.h"
 #include "router/fleet/discovery.h"
 #include "router/fleet/fleet_impl.h"
 #include "router/fleet/lane.h"
@@ -145,6 +146,7 @@ std::optional<ModelFleet> FleetImpl::FindModel(std::string_view model) const {
     const WorkerRecord& w = *workers_[id];
     if (w.removed.load()) continue;
     ++f.workers;
+    f.needs_tokenizer = f.needs_tokenizer || w.info.backend == "cpu" || w.info.backend == "cuda";
     if (!Routable(w)) continue;
     f.routable.push_back(id);
     if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
@@ -182,6 +184,13 @@ bool FleetImpl::Ready() const {
     ready += any_member && live;
   }
   return known > 0 && ready == known;
+}
+
+std::vector<RefusedWorker> FleetImpl::Refused() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<RefusedWorker> out;
+  for (const auto& [endpoint, r] : refused_) out.push_back(r);
+  return out;
 }
 
 std::vector<WorkerStatus> FleetImpl::Workers() const {
@@ -254,7 +263,18 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
     Refuse(hello, "no-endpoint", "it announced no requests endpoint");
     return std::nullopt;
   }
+  // Tokenizer: a worker whose model reads token ids differently would answer garbage. Zero
+  // on either side is "unknown" (the byte codec, a mock, a static entry): no comparison.
+  const uint64_t ours = options_.tokenizer_digest;
+  if (ours != 0 && hello.tokenizer_digest != 0 && hello.tokenizer_digest != ours) {
+    Withdraw(hello.requests_endpoint);
+    Refuse(hello, "tokenizer-mismatch",
+           "tokenizer digest " + DigestHex(hello.tokenizer_digest) + " differs from the router's " +
+               DigestHex(ours) + " (start the worker and the router on the same model directory)");
+    return std::nullopt;
+  }
   std::unique_lock<std::shared_mutex> lock(mu_);
+  refused_.erase(hello.requests_endpoint);
   auto& model = models_[hello.model];
   auto existing = by_endpoint_.find(hello.requests_endpoint);
   // Block size: every live member of a model's fleet must agree (Contract 1).
@@ -326,11 +346,30 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
 }
 
 void FleetImpl::Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    refused_[hello.requests_endpoint] = RefusedWorker{hello, reason, why};
+  }
   if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
   // Registrations repeat every few seconds: log each (worker, reason) once.
   if (refusals_logged_.insert(hello.requests_endpoint + "|" + reason).second) {
     Logger("fleet")->warn("refusing worker {} ({}): {}", hello.name, hello.requests_endpoint, why);
   }
+}
+
+void FleetImpl::Withdraw(const std::string& endpoint) {
+  WorkerRecord* w = nullptr;
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    auto it = by_endpoint_.find(endpoint);
+    if (it == by_endpoint_.end() || workers_[it->second]->removed.load()) return;
+    w = workers_[it->second].get();
+    w->removed = true;
+    std::erase(models_[w->info.model].members, w->id);
+  }
+  FailWorker(w->id, Unavailable("worker " + w->info.name + " was refused"));
+  Disconnect(*w);
+  if (signals_) signals_->RemoveWorker(w->id);
 }
 
 // --- the loop (the DEALERs' monitors are drained in fleet_connections.cc) ---
@@ -398,7 +437,8 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message) {
   const WorkerBye& bye = std::get<WorkerBye>(message);
   std::vector<WorkerId> gone;
   {
-    std::shared_lock<std::shared_mutex> lock(mu_);
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    std::erase_if(refused_, [&](const auto& entry) { return entry.second.info.name == bye.name; });
     for (auto& w : workers_) {
       if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
         w->said_bye = true;
@@ -461,6 +501,7 @@ std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { retur
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
 bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
+std::vector<RefusedWorker> Fleet::Refused() const { return impl_->Refused(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }

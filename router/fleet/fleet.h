@@ -5,7 +5,8 @@
 // router's ROUTER socket, and from a DNS name re-resolved periodically (a Kubernetes
 // headless service). A worker is keyed by its requests endpoint, so a static entry and
 // that worker's Hello are one record. Each model has one fleet; a worker whose block size
-// disagrees with its model's fleet is refused, with a logged reason.
+// disagrees with its model's fleet, or whose tokenizer digest is not the router's, is
+// refused: its reason is logged once, counted, and listed by Refused().
 //
 // Forwarding happens in lanes (lane.h): each has its own DEALER per worker and lives on
 // one thread, which sends the requests and reads their answers, so the request path needs
@@ -77,6 +78,9 @@ struct FleetOptions {
   std::string static_model = "default";   // model served by static and DNS workers
   uint32_t static_block_size = 32;
   uint32_t static_max_context = 8192;
+  // The digest of the router's tokenizer (common/tokenizer_files.h): a worker announcing a
+  // different non-zero one is refused. 0: the byte codec, every worker accepted.
+  uint64_t tokenizer_digest = 0;
   DurationNs request_timeout = 600 * kNsPerSec;      // whole request
   DurationNs first_token_timeout = 60 * kNsPerSec;   // no first token: retry elsewhere
   int max_attempts = 2;                   // the first try and one retry before the first token
@@ -111,6 +115,17 @@ struct ModelFleet {
   uint32_t max_context = 0;             // the smallest of its workers'
   std::vector<WorkerId> routable;       // live workers, ascending
   size_t workers = 0;                   // known workers, routable or not
+  // Some known worker runs a real model (backend cpu or cuda): its ids are a tokenizer's,
+  // so the byte codec cannot speak to it.
+  bool needs_tokenizer = false;
+};
+
+// A registration the fleet refused, latest per requests endpoint; gone once that endpoint
+// is accepted or says bye.
+struct RefusedWorker {
+  WorkerHello info;
+  std::string reason;  // the metric's label: "tokenizer-mismatch", "block-size-mismatch", ...
+  std::string why;     // for people: "tokenizer digest 0x... differs from the router's 0x..."
 };
 
 struct WorkerStatus {
@@ -161,6 +176,7 @@ class Fleet final : public WorkerLoads {
   // True when every known model has a routable worker (and there is at least one).
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
+  std::vector<RefusedWorker> Refused() const;
   // This router's own load on `worker`: requests in flight; for those without a first
   // token yet, the tokens it expects uncached and their whole prompts.
   using OwnLoadCounts = router::OwnLoadCounts;

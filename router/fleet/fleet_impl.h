@@ -87,6 +87,7 @@ class FleetImpl final : public LaneFleet {
   std::vector<std::string> LiveModels() const;
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
+  std::vector<RefusedWorker> Refused() const;
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const;
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
@@ -111,6 +112,9 @@ class FleetImpl final : public LaneFleet {
 
   std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, bool from_static);
   void Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why);
+  // Takes the accepted worker at `endpoint` (if any) out of routing: it now announces
+  // something this router refuses.
+  void Withdraw(const std::string& endpoint);
 
   // --- connections (fleet_connections.cc) ---
 
@@ -154,6 +158,7 @@ class FleetImpl final : public LaneFleet {
   std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_)
   std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
   std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
+  std::map<std::string, RefusedWorker> refused_;              // GUARDED_BY(mu_); by requests endpoint
 
   std::atomic<uint64_t> generation_{0};  // see LaneFleet::Generation
   std::atomic<bool> stopping_flag_{false};

@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/http/metrics.h"
 #include "common/log.h"
+#include "common/tokenizer_files.h"
 #include "router/fleet/lane.h"
 
 namespace kvfleet::router {
@@ -231,6 +232,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                 {"max_context", w.info.max_context},
                 {"backend", w.info.backend},
                 {"epoch", w.info.epoch},
+                {"tokenizer_digest", w.info.tokenizer_digest == 0 ? json(nullptr) : json(DigestHex(w.info.tokenizer_digest))},
                 {"endpoints",
                  {{"requests", w.info.requests_endpoint},
                   {"events", w.info.events_endpoint},
@@ -254,7 +256,16 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
       }
       workers.push_back(std::move(j));
     }
-    return JsonResponse(200, json{{"workers", workers}, {"ready", fleet_->Ready()}}.dump(2));
+    json refused = json::array();
+    for (const auto& r : fleet_->Refused()) {
+      refused.push_back({{"name", r.info.name},
+                         {"model", r.info.model},
+                         {"backend", r.info.backend},
+                         {"requests", r.info.requests_endpoint},
+                         {"reason", r.reason},
+                         {"refused", r.why}});
+    }
+    return JsonResponse(200, json{{"workers", workers}, {"refused", refused}, {"ready", fleet_->Ready()}}.dump(2));
   }
 
   void Fail(const std::shared_ptr<http::Exchange>& ex, const std::string& model, const ApiError& e) {
@@ -481,7 +492,16 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                 MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
                           "service_unavailable", options_.retry_after_s));
   }
-  // Tokenize.
+  // Tokenize. Byte ids sent to a real model are garbage in, garbage out: refuse instead.
+  if (codec_->is_byte_codec() && model->needs_tokenizer && (chat || req.prompt_text)) {
+    return Fail(ex, req.model,
+                MakeError(500,
+                          "model '" + req.model +
+                              "' runs on cpu/cuda workers, but this router has no tokenizer and cannot turn text "
+                              "into its token ids: start the router with --tokenizer MODEL_DIR (or send the "
+                              "prompt as token ids)",
+                          "server_error", "tokenizer_missing"));
+  }
   GenerateParams params;
   if (chat) {
     auto t = codec_->EncodeChat(req.messages_json);

@@ -44,6 +44,7 @@ class ByteCodec final : public TextCodec {
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return std::make_unique<ByteDecoder>(); }
   std::vector<TokenId> eos_token_ids() const override { return {}; }
   std::string name() const override { return "bytes"; }
+  bool is_byte_codec() const override { return true; }
 };
 
 

@@ -38,6 +38,8 @@ class TextCodec {
   virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
   virtual std::vector<TokenId> eos_token_ids() const = 0;
   virtual std::string name() const = 0;
+  // The byte codec: its ids are bytes, which only a mock worker accepts.
+  virtual bool is_byte_codec() const { return false; }
 };
 
 std::unique_ptr<TextCodec> MakeByteCodec();

@@ -460,6 +460,89 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));
 }
 
+namespace {
+
+WorkerHello HelloOf(const std::string& name, const FakeWorker& w, uint64_t tokenizer_digest,
+                    const std::string& backend = "cpu") {
+  WorkerHello hello;
+  hello.name = name;
+  hello.model = "llama";
+  hello.block_size = 16;
+  hello.max_context = 2048;
+  hello.requests_endpoint = w.endpoint();
+  hello.backend = backend;
+  hello.tokenizer_digest = tokenizer_digest;
+  return hello;
+}
+
+size_t RoutableLlama(const RouterUnderTest& r) {
+  auto m = r.fleet->FindModel("llama");
+  return m ? m->routable.size() : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a worker whose tokenizer digest differs from the router's is refused, shown and counted") {
+  FakeWorker stranger, same, unknown;
+  FleetOptions fo;
+  fo.tokenizer_digest = 0x1111;
+  RouterUnderTest r({}, {}, {}, fo);
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("stranger", stranger, 0x2222)));
+  REQUIRE(WaitFor([&] {
+    return http::SerializeMetrics(*r.registry).find("reason=\"tokenizer-mismatch\"") != std::string::npos;
+  }));
+  auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["workers"].empty());
+  REQUIRE(fleet["refused"].size() == 1);
+  CHECK(fleet["refused"][0]["name"] == "stranger");
+  CHECK(fleet["refused"][0]["reason"] == "tokenizer-mismatch");
+  CHECK(fleet["refused"][0]["refused"].get<std::string>().find(
+            "tokenizer digest 0x0000000000002222 differs from the router's 0x0000000000001111") == 0);
+
+  // The same digest, or none (a mock, an old worker), is accepted.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("same", same, 0x1111)));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("unknown", unknown, 0, "mock")));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 2; }));
+  fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["refused"].size() == 1);
+  for (const auto& w : fleet["workers"]) {
+    CHECK(w["tokenizer_digest"] == (w["name"] == "same" ? json("0x0000000000001111") : json(nullptr)));
+  }
+
+  // An accepted worker that comes back with another tokenizer leaves routing.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("same", same, 0x3333)));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 1 && r.fleet->Refused().size() == 2; }));
+
+  // The stranger restarted on the right model directory: accepted, no longer listed.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("stranger", stranger, 0x1111)));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 2; }));
+  fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  REQUIRE(fleet["refused"].size() == 1);
+  CHECK(fleet["refused"][0]["name"] == "same");
+}
+
+TEST_CASE("a router without a tokenizer refuses text for cpu/cuda workers, and passes token ids") {
+  FakeWorker w("hello world");
+  RouterUnderTest r({});  // the byte codec
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("real", w, 0x1111, "cpu")));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 1; }));
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/completions", R"({"model":"llama","prompt":"hello","max_tokens":2})"},
+           {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true})"}}) {
+    CAPTURE(path);
+    auto resp = r.Post(path, body);
+    CHECK(StatusOf(resp) == 500);
+    auto j = json::parse(BodyOf(resp));
+    CHECK(j["error"]["type"] == "server_error");
+    CHECK(j["error"]["code"] == "tokenizer_missing");
+    CHECK(j["error"]["message"].get<std::string>().find("--tokenizer MODEL_DIR") != std::string::npos);
+  }
+  CHECK(w.generates() == 0);
+  auto ids = r.Post("/v1/completions", R"({"model":"llama","prompt":[1,2,3],"max_tokens":2})");
+  CHECK(StatusOf(ids) == 200);
+  CHECK(w.generates() == 1);
+}
+
 TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {
   FakeWorker a("ok"), b("ok"), c("ok");
   RouterUnderTest r({a.endpoint(), b.endpoint(), c.endpoint()});
