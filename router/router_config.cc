@@ -1,10 +1,9 @@
 #include "router/router_config.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/curve_keys.h"
+#include "common/tokenizer_files.h"
 
 namespace kvfleet::router {
 
@@ -100,13 +99,11 @@ Status Prepare(RouterConfig* c) {
       return InvalidArgument("--chat-template needs --tokenizer: the byte codec renders chats as plain text");
     }
     std::error_code ec;
-    std::ifstream in(c->chat_template_file, std::ios::binary);
-    if (!std::filesystem::is_regular_file(c->chat_template_file, ec) || !in) {
+    Result<std::string> text = ReadModelFile(c->chat_template_file);
+    if (!std::filesystem::is_regular_file(c->chat_template_file, ec) || !text.ok()) {
       return InvalidArgument("--chat-template " + c->chat_template_file + ": cannot read the file");
     }
-    std::ostringstream text;
-    text << in.rdbuf();
-    c->chat_template = text.str();
+    c->chat_template = std::move(text).value();
   }
   if (!c->api_key_file.empty()) {
     KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));

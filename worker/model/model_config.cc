@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "common/tokenizer_files.h"
 
 namespace kvfleet::model {
 namespace {
@@ -161,14 +161,6 @@ Result<std::vector<int64_t>> ReadEosIds(const json& j, std::string_view file) {
   return ids;
 }
 
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 std::string_view ArchitectureName(Architecture a) {
@@ -276,13 +268,13 @@ Result<std::vector<int64_t>> ParseGenerationEosIds(std::string_view json_text) {
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  KVF_ASSIGN_OR_RETURN(std::string text, ReadText(model_dir + "/config.json"));
+  KVF_ASSIGN_OR_RETURN(std::string text, ReadModelFile(model_dir + "/config.json"));
   Result<ModelConfig> c = ParseModelConfig(text);
   if (!c.ok()) return c.status().WithContext(model_dir);
   // generation_config.json is optional; a present one must parse.
   const std::string generation_path = model_dir + "/generation_config.json";
   if (!std::filesystem::exists(generation_path)) return c;
-  Result<std::string> generation_text = ReadText(generation_path);
+  Result<std::string> generation_text = ReadModelFile(generation_path);
   if (!generation_text.ok()) return generation_text.status();
   Result<std::vector<int64_t>> extra = ParseGenerationEosIds(*generation_text);
   if (!extra.ok()) return extra.status().WithContext(model_dir);
