@@ -5,7 +5,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 script="$1"; router="$2"; worker="$3"; dir="$4"; port="$5"
 # Other fleets may run on this machine: offset the base port by this process's id, staying
 # below the kernel's ephemeral range (32768 and up), where outgoing connections take ports.
-port=$((port + ($$ % 20) * 50))
+port=$((port + ($$ % 10) * 30))
 if [ "$worker" = missing ] || [ ! -x "$worker" ]; then echo "SKIP: kvfleet-worker is not built"; exit 77; fi
 command -v node >/dev/null || { echo "SKIP: node is missing"; exit 77; }
 cache="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}"
