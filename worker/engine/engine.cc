@@ -17,7 +17,9 @@ constexpr double kRateSmoothing = 0.1;
 // a queue of prompts drains; a step with a few prompt tokens beside many decodes says how
 // little prefill there was, not how fast it goes. Measured on every step, an idle mock
 // worker reported ~1,000 tok/s beside busy ones at ~30,000, looked 30x slower to the
-// router, got no work and so never measured again (2026-11-22, 8 mock workers).
+// router, got no work and so never measured again (2026-11-22, 8 mock workers). A step
+// whose prefill the budget or the step-time bound cut short (more was ready) measures too:
+// under the bound, its small chunks are how fast the queue drains.
 constexpr double kMinPrefillShareForRate = 0.5;
 }  // namespace config
 
@@ -74,10 +76,12 @@ std::vector<RequestOutput> Engine::Step() {
 
   std::vector<TokenId> sampled;
   uint32_t preemptions = 0;
+  bool executed = false;
   if (!batch.empty()) {
     Status st = Execute(batch, &sampled);
     if (st.ok()) {
       Postprocess(batch, sampled, &outputs, &preemptions);
+      executed = true;
     } else {
       Logger("engine")->error("step failed, ending its {} requests: {}", batch.seqs.size(), st.ToString());
       for (const ScheduledSeq& s : batch.seqs) Finish(s.seq, FinishReason::kError, &outputs);
@@ -86,6 +90,10 @@ std::vector<RequestOutput> Engine::Step() {
 
   StepReport report;
   report.duration = clock_->Now() - start;
+  if (executed) scheduler_.ObserveStep(batch, report.duration);  // the step-time model learns
+  report.predicted_duration = static_cast<DurationNs>(batch.predicted_us * kNsPerUs);
+  report.time_bounded = batch.time_bounded;
+  report.prefill_limited = batch.prefill_limited;
   report.batch_sequences = static_cast<uint32_t>(batch.seqs.size());
   report.batch_tokens = batch.num_tokens;
   report.prefill_tokens = batch.prefill_tokens;
@@ -241,7 +249,8 @@ void Engine::UpdateRates(const StepReport& report) {
   if (report.duration <= 0) return;
   const double seconds = static_cast<double>(report.duration) / kNsPerSec;
   if (report.prefill_tokens > 0 &&
-      report.prefill_tokens >= config::kMinPrefillShareForRate * options_.scheduler.max_num_tokens) {
+      (report.prefill_limited ||
+       report.prefill_tokens >= config::kMinPrefillShareForRate * options_.scheduler.max_num_tokens)) {
     double rate = report.prefill_tokens / seconds;
     prefill_rate_ = prefill_rate_ == 0 ? rate : prefill_rate_ + config::kRateSmoothing * (rate - prefill_rate_);
   }

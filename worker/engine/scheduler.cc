@@ -1,6 +1,7 @@
 #include "worker/engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -13,11 +14,19 @@ Status SchedulerOptions::Validate(uint32_t block_size) const {
                            ") must be a positive multiple of the block size " + std::to_string(block_size));
   }
   if (max_batch_size == 0) return InvalidArgument("max_batch_size must be >= 1");
+  if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
+    return InvalidArgument("max_step_ms (" + std::to_string(max_step_ms) +
+                           ") must be 0 (no bound) or between 1 and 60000 ms");
+  }
+  for (double c : {step_prior.base_us, step_prior.prefill_token_us, step_prior.decode_seq_us, step_prior.kv_token_us,
+                   step_prior.prefill_pair_us}) {
+    if (!std::isfinite(c) || c < 0) return InvalidArgument("step_prior coefficients must be finite and >= 0");
+  }
   return Status::Ok();
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options, std::string model_name, kv::KvCacheManager* kv)
-    : options_(options), model_name_(std::move(model_name)), kv_(kv) {}
+    : options_(options), model_name_(std::move(model_name)), kv_(kv), step_model_(options.step_prior) {}
 
 void Scheduler::Enqueue(Sequence* seq) {
   seq->state = SequenceState::kWaiting;
@@ -60,28 +69,59 @@ bool Scheduler::TryAdmit(Sequence* seq) {
 ScheduledBatch Scheduler::Schedule() {
   ScheduledBatch batch;
   uint32_t budget = options_.max_num_tokens;
-  auto add = [&](Sequence* seq) {
-    uint32_t n = std::min(seq->num_uncomputed(), budget);
+  auto add = [&](Sequence* seq, uint32_t n) {
+    const uint32_t start = seq->num_computed;
     bool decode = seq->num_uncomputed() == 1 && seq->num_generated() > 0;
-    batch.seqs.push_back(ScheduledSeq{seq, seq->num_computed, n, n == seq->num_uncomputed(), decode});
+    batch.seqs.push_back(ScheduledSeq{seq, start, n, n == seq->num_uncomputed(), decode});
     batch.num_tokens += n;
     if (decode) {
       ++batch.decode_seqs;
+      batch.shape.AddDecode(start + 1);
     } else {
       batch.prefill_tokens += n;
+      batch.shape.AddPrefill(start, n);
     }
     budget -= n;
   };
-  // 1. Decodes, 2. unfinished prefills: every running sequence, decodes first.
+  // 1. Decodes (and prompts with one token left after a prefix hit).
   for (Sequence* seq : running_) {
-    if (budget > 0 && seq->num_uncomputed() == 1) add(seq);
+    if (budget > 0 && seq->num_uncomputed() == 1) add(seq, 1);
   }
+  // The bound protects the decodes of this step; a step without any runs at full budget.
+  const bool bounded = options_.max_step_ms > 0 && batch.decode_seqs > 0;
+  const double target_us = bounded ? StepTargetUs(batch.shape) : 0;
+  bool chunked = false;  // a prefill chunk (not a one-token rest) is in the step
+  // The chunk `seq` gets now, 0 when the budget or the bound leaves nothing.
+  auto chunk = [&](Sequence* seq) -> uint32_t {
+    const uint32_t max_n = std::min(seq->num_uncomputed(), budget);
+    uint32_t n = max_n;
+    bool cut = false;
+    if (bounded && max_n > 0) n = BoundedChunk(batch.shape, seq->num_computed, max_n, target_us, !chunked, &cut);
+    if (n < seq->num_uncomputed()) batch.prefill_limited = true;
+    batch.time_bounded |= cut;
+    return n;
+  };
+  // 2. Unfinished prefills, oldest first; one that gets nothing holds back the younger.
   for (Sequence* seq : running_) {
-    if (budget > 0 && seq->num_uncomputed() > 1) add(seq);
+    if (seq->num_uncomputed() <= 1) continue;
+    const uint32_t n = chunk(seq);
+    if (n == 0) break;
+    add(seq, n);
+    chunked = true;
   }
   // 3. Admissions.
-  while (!waiting_.empty() && budget > 0 && running_.size() < options_.max_batch_size) {
+  while (!waiting_.empty() && running_.size() < options_.max_batch_size) {
     Sequence* seq = waiting_.front();
+    if (budget == 0) {
+      batch.prefill_limited = true;
+      break;
+    }
+    if (bounded && chunked &&
+        step_model_.PredictUs(batch.shape.WithPrefill(0, kv_->block_size())) > target_us) {
+      // Not even a block of a new prompt fits: admit it when it can start.
+      batch.prefill_limited = batch.time_bounded = true;
+      break;
+    }
     if (!TryAdmit(seq)) {
       if (running_.empty()) {
         // Nothing holds blocks and it still does not fit: it never will.
@@ -94,9 +134,43 @@ ScheduledBatch Scheduler::Schedule() {
       break;
     }
     waiting_.pop_front();
-    add(seq);
+    const uint32_t n = chunk(seq);
+    if (n == 0) break;  // admitted (it holds its blocks); it starts next step
+    add(seq, n);
+    if (seq->num_uncomputed() > 1) chunked = true;
   }
+  batch.predicted_us = step_model_.PredictUs(batch.shape);
   return batch;
+}
+
+uint32_t Scheduler::BoundedChunk(const StepShape& shape, uint32_t start, uint32_t max_n, double target_us,
+                                 bool guarantee, bool* cut) const {
+  auto fits = [&](uint32_t n) { return step_model_.PredictUs(shape.WithPrefill(start, n)) <= target_us; };
+  if (fits(max_n)) return max_n;
+  *cut = true;
+  // The model is monotone in n (no coefficient is negative): the largest n that fits.
+  uint32_t lo = 0, hi = max_n;  // fits(lo) or lo == 0; !fits(hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  const uint32_t block = kv_->block_size();
+  const uint32_t end = (start + lo) / block * block;  // the chunk ends on a block boundary
+  uint32_t n = end > start ? end - start : 0;
+  if (guarantee) {
+    // At least one block, ending on a boundary: [B, 2B) tokens from an unaligned start.
+    const uint32_t progress = ((start + block) / block) * block - start + (start % block == 0 ? 0 : block);
+    n = std::max(n, std::min(progress, max_n));
+  }
+  return n;
+}
+
+double Scheduler::StepTargetUs(const StepShape& decodes) const {
+  return std::max(options_.max_step_ms * 1000, config::kMinStepOverDecodes * step_model_.PredictUs(decodes));
+}
+
+void Scheduler::ObserveStep(const ScheduledBatch& batch, DurationNs duration) {
+  step_model_.Observe(batch.shape, duration);
 }
 
 Sequence* Scheduler::PickVictim() const {

@@ -1,0 +1,249 @@
+// The scheduler's stall bound on its own: a real KV cache manager over simulated memory, a
+// step-time model with fixed coefficients (the prior, never fed a measurement), and a
+// stand-in for the engine's postprocess that commits each step and appends one token to
+// every sequence that sampled.
+#include "worker/engine/scheduler.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "tests/worker/kv/kv_fixture.h"
+
+namespace kvfleet::engine {
+namespace {
+
+constexpr uint32_t kB = 16;
+constexpr uint32_t kBudget = 8192;
+
+// 5 ms a step, 20 µs a prompt token, 10 µs a decode, 0.05 µs a KV token, 1 ns a pair.
+constexpr StepCoefficients kFake{5000.0, 20.0, 10.0, 0.05, 0.001};
+
+struct Rig {
+  explicit Rig(double max_step_ms, StepCoefficients model = kFake, uint32_t device_blocks = 4096)
+      : kv(kv::testing::SmallConfig(kB, device_blocks)) {
+    SchedulerOptions o;
+    o.max_num_tokens = kBudget;
+    o.max_batch_size = 64;
+    o.max_step_ms = max_step_ms;
+    o.step_prior = model;
+    REQUIRE(o.Validate(kB).ok());
+    scheduler = std::make_unique<Scheduler>(o, "m", kv.m.get());
+  }
+
+  std::vector<TokenId> Fresh(uint32_t n) {
+    std::vector<TokenId> t;
+    for (uint32_t i = 0; i < n; ++i) t.push_back(static_cast<TokenId>(next_token_++));
+    return t;
+  }
+  Sequence* Add(std::vector<TokenId> prompt) {
+    GenerateRequest r;
+    r.prompt = std::move(prompt);
+    seqs.push_back(std::make_unique<Sequence>(seqs.size() + 1, std::move(r), 0));
+    scheduler->Enqueue(seqs.back().get());
+    return seqs.back().get();
+  }
+  Sequence* Add(uint32_t prompt_len) { return Add(Fresh(prompt_len)); }
+
+  // Schedules a step and completes it as the engine would.
+  ScheduledBatch Step() {
+    ScheduledBatch batch = scheduler->Schedule();
+    for (const ScheduledSeq& s : batch.seqs) {
+      s.seq->num_computed = s.start + s.num_tokens;
+      kv.m->Commit(s.seq->kv_id, s.seq->num_computed);
+    }
+    for (const ScheduledSeq& s : batch.seqs) {
+      if (!s.sample) continue;
+      const TokenId t = static_cast<TokenId>(next_token_++);
+      s.seq->tokens.push_back(t);
+      REQUIRE(kv.m->CanAppend(s.seq->kv_id, 1));
+      REQUIRE(kv.m->Append(s.seq->kv_id, std::span<const TokenId>(&t, 1)).ok());
+    }
+    const Status st = scheduler->CheckInvariants();
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    return batch;
+  }
+
+  // `n` sequences decoding with contexts of about `context` tokens.
+  void StartDecodes(uint32_t n, uint32_t context) {
+    std::vector<Sequence*> started;
+    for (uint32_t i = 0; i < n; ++i) started.push_back(Add(context - 1));
+    ScheduledBatch first = Step();  // no decodes yet: every prompt in one step
+    REQUIRE(first.decode_seqs == 0);
+    for (Sequence* seq : started) REQUIRE(seq->decoding());
+  }
+
+  const ScheduledSeq* Find(const ScheduledBatch& b, const Sequence* seq) const {
+    for (const ScheduledSeq& s : b.seqs) {
+      if (s.seq == seq) return &s;
+    }
+    return nullptr;
+  }
+
+  double Predict(const StepShape& s) const { return scheduler->step_model().PredictUs(s); }
+
+  kv::testing::Fixture kv;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  uint32_t next_token_ = 1;
+};
+
+TEST_CASE("while decodes run, each step's prefill is the longest block-aligned chunk within max_step_ms") {
+  Rig rig(20);
+  rig.StartDecodes(8, 512);
+  Sequence* prompt = rig.Add(4000);
+  int steps = 0;
+  while (prompt->num_uncomputed() > 1 || prompt->num_generated() == 0) {
+    ScheduledBatch b = rig.Step();
+    ++steps;
+    CHECK(b.decode_seqs == 8);  // no decode waits for the prompt
+    const ScheduledSeq* chunk = rig.Find(b, prompt);
+    REQUIRE(chunk != nullptr);
+    CHECK(b.predicted_us <= 20'000);
+    CHECK(b.predicted_us == doctest::Approx(rig.Predict(b.shape)));
+    if (!chunk->sample) {
+      // Cut by the bound: it ends on a block boundary, and one block more would not fit.
+      CHECK(b.time_bounded);
+      CHECK(b.prefill_limited);
+      CHECK((chunk->start + chunk->num_tokens) % kB == 0);
+      StepShape bigger = b.shape;
+      bigger.AddPrefill(chunk->start + chunk->num_tokens, kB);
+      CHECK(rig.Predict(bigger) > 20'000);
+    }
+  }
+  // 8 decodes cost ~5.3 ms, which leaves ~14.7 ms: ~700 tokens a step.
+  CHECK(steps >= 5);
+  CHECK(steps <= 7);
+}
+
+TEST_CASE("with no decode running a prompt takes the whole token budget, bound or not") {
+  for (double bound : {0.0, 20.0}) {
+    Rig rig(bound);
+    Sequence* prompt = rig.Add(20000);
+    ScheduledBatch b = rig.Step();
+    CHECK(b.decode_seqs == 0);
+    CHECK(b.prefill_tokens == kBudget);
+    CHECK(rig.Find(b, prompt)->num_tokens == kBudget);
+    CHECK_FALSE(b.time_bounded);
+    CHECK(b.prefill_limited);       // more of it was ready
+    CHECK(b.predicted_us > 20'000);  // long, but nothing waits on it
+    // A second prompt behind it: still no decode (the first has not sampled), full budget.
+    rig.Add(3000);
+    b = rig.Step();
+    CHECK(b.num_tokens == kBudget);
+  }
+}
+
+TEST_CASE("a prefill progresses by at least one block a step when not even a block fits the bound") {
+  StepCoefficients slow_prefill = kFake;
+  slow_prefill.prefill_token_us = 100'000;  // 100 ms a token: no chunk fits 20 ms, nor 2x the decodes
+  Rig rig(20, slow_prefill);
+  rig.StartDecodes(4, 256);
+  Sequence* prompt = rig.Add(10 * kB);
+  Sequence* behind = rig.Add(5 * kB);
+  for (int step = 1; step <= 10; ++step) {
+    ScheduledBatch b = rig.Step();
+    CHECK(b.decode_seqs == 4);
+    const ScheduledSeq* chunk = rig.Find(b, prompt);
+    REQUIRE(chunk != nullptr);
+    CHECK(chunk->num_tokens == kB);
+    CHECK(chunk->sample == (step == 10));
+    CHECK(b.time_bounded);
+    CHECK(rig.Find(b, behind) == nullptr);  // only the oldest prefill gets the guarantee
+  }
+  CHECK(prompt->num_generated() == 1);
+}
+
+TEST_CASE("a chunk from a start off the block grid gets a block plus the rest of its first block") {
+  StepCoefficients slow_prefill = kFake;
+  slow_prefill.prefill_token_us = 100'000;
+  Rig rig(20, slow_prefill);
+  // A finished request leaves its blocks cached; a prompt that shares 5 blocks and 10
+  // tokens of the sixth starts at 90 (partial reuse copies the 10).
+  const std::vector<TokenId> cached = rig.Fresh(100);
+  Sequence* old = rig.Add(cached);
+  rig.Step();
+  rig.scheduler->Remove(old);
+  rig.StartDecodes(2, 100);
+  std::vector<TokenId> prompt_tokens(cached.begin(), cached.begin() + 90);
+  for (TokenId t : rig.Fresh(200)) prompt_tokens.push_back(t);
+  Sequence* prompt = rig.Add(prompt_tokens);
+  ScheduledBatch b = rig.Step();
+  const ScheduledSeq* chunk = rig.Find(b, prompt);
+  REQUIRE(chunk != nullptr);
+  REQUIRE(chunk->start == 90);
+  CHECK(chunk->num_tokens == 2 * kB - 10);  // to 112: the rest of block 5, then block 6
+  ScheduledBatch b2 = rig.Step();
+  CHECK(rig.Find(b2, prompt)->start == 7 * kB);
+  CHECK(rig.Find(b2, prompt)->num_tokens == kB);
+}
+
+TEST_CASE("when the decodes alone nearly fill the bound, prefill still gets as long as they take") {
+  StepCoefficients dear_decodes = kFake;
+  dear_decodes.decode_seq_us = 2500;  // 8 decodes: 25 ms with the base, over the 20 ms bound
+  Rig rig(20, dear_decodes);
+  rig.StartDecodes(8, 256);
+  Sequence* prompt = rig.Add(8000);
+  ScheduledBatch b = rig.Step();
+  StepShape decodes;
+  for (const ScheduledSeq& s : b.seqs) {
+    if (s.decode) decodes.AddDecode(s.start + 1);
+  }
+  const double decode_us = rig.Predict(decodes);
+  REQUIRE(decode_us > 20'000);
+  const ScheduledSeq* chunk = rig.Find(b, prompt);
+  REQUIRE(chunk != nullptr);
+  CHECK(b.predicted_us <= config::kMinStepOverDecodes * decode_us);
+  CHECK(b.predicted_us > 1.9 * decode_us);  // the prefill's share is close to the decodes'
+  CHECK(chunk->num_tokens > 1000);
+}
+
+TEST_CASE("max_step_ms 0 schedules as before the bound: the budget left by the decodes") {
+  Rig rig(0);
+  rig.StartDecodes(8, 512);
+  Sequence* prompt = rig.Add(9000);
+  ScheduledBatch b = rig.Step();
+  CHECK(b.decode_seqs == 8);
+  CHECK(rig.Find(b, prompt)->num_tokens == kBudget - 8);
+  CHECK_FALSE(b.time_bounded);
+  CHECK(b.predicted_us > 100'000);
+}
+
+TEST_CASE("a waiting prompt is admitted only while a block of it still fits the bound") {
+  Rig rig(20);
+  rig.StartDecodes(8, 512);
+  Sequence* first = rig.Add(600);   // fits in one step beside the decodes
+  Sequence* second = rig.Add(3000);  // gets what is left
+  Sequence* third = rig.Add(3000);   // nothing is left: stays waiting, holds no blocks
+  ScheduledBatch b = rig.Step();
+  CHECK(rig.Find(b, first)->num_tokens == 600);
+  const ScheduledSeq* c2 = rig.Find(b, second);
+  REQUIRE(c2 != nullptr);
+  CHECK(c2->num_tokens % kB == 0);
+  CHECK(rig.Find(b, third) == nullptr);
+  CHECK(third->state == SequenceState::kWaiting);
+  CHECK(b.predicted_us <= 20'000);
+  CHECK(b.prefill_limited);
+}
+
+TEST_CASE("max_step_ms is 0 or 1..60000 ms, and the prior's coefficients are finite and >= 0") {
+  SchedulerOptions o;
+  for (double ok : {0.0, 1.0, 25.0, 60000.0}) {
+    o.max_step_ms = ok;
+    CHECK(o.Validate(kB).ok());
+  }
+  for (double bad : {-1.0, 0.5, 60001.0, std::nan(""), HUGE_VAL}) {
+    o.max_step_ms = bad;
+    Status st = o.Validate(kB);
+    CHECK_FALSE(st.ok());
+    CHECK(st.message().find("max_step_ms") != std::string::npos);
+  }
+  o.max_step_ms = 25;
+  o.step_prior.prefill_token_us = -1;
+  CHECK(o.Validate(kB).message().find("step_prior") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvfleet::engine

@@ -1,0 +1,140 @@
+#include "worker/engine/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kvfleet::engine {
+
+namespace {
+// Feature scales: a typical step's P, D, K and Q are of order one in these units, so the
+// normal equations are well conditioned and the prior weight means the same in every term.
+constexpr double kScale[] = {1.0, 1024.0, 64.0, 65536.0, 1048576.0};
+}  // namespace
+
+void StepShape::AddDecode(uint32_t context) {
+  ++decode_seqs;
+  kv_tokens += context;
+}
+
+void StepShape::AddPrefill(uint32_t start, uint32_t n) {
+  prefill_tokens += n;
+  kv_tokens += uint64_t{start} + n;
+  prefill_pairs += uint64_t{n} * start + uint64_t{n} * (n + 1) / 2;
+}
+
+StepShape StepShape::WithPrefill(uint32_t start, uint32_t n) const {
+  StepShape s = *this;
+  s.AddPrefill(start, n);
+  return s;
+}
+
+StepTimeModel::StepTimeModel(const StepCoefficients& prior) {
+  const double c[kTerms] = {prior.base_us, prior.prefill_token_us, prior.decode_seq_us, prior.kv_token_us,
+                            prior.prefill_pair_us};
+  for (int i = 0; i < kTerms; ++i) {
+    KVF_CHECK(std::isfinite(c[i]) && c[i] >= 0) << "step-time prior coefficient " << i << " = " << c[i];
+    prior_[i] = c[i] * kScale[i];
+  }
+  theta_ = prior_;
+  coefficients_ = prior;
+}
+
+StepTimeModel::Vec StepTimeModel::Features(const StepShape& s) {
+  return {1.0, static_cast<double>(s.prefill_tokens) / kScale[1], static_cast<double>(s.decode_seqs) / kScale[2],
+          static_cast<double>(s.kv_tokens) / kScale[3], static_cast<double>(s.prefill_pairs) / kScale[4]};
+}
+
+double StepTimeModel::PredictUs(const StepShape& shape) const {
+  if (shape.empty()) return 0;
+  const Vec x = Features(shape);
+  double t = 0;
+  for (int i = 0; i < kTerms; ++i) t += theta_[i] * x[i];
+  return std::max(t, 0.0);
+}
+
+void StepTimeModel::Observe(const StepShape& shape, DurationNs measured) {
+  if (shape.empty() || measured <= 0) return;
+  const double predicted = std::max(PredictUs(shape), 1.0);
+  const double y = static_cast<double>(measured) / static_cast<double>(kNsPerUs);
+  const double rel = std::abs(y - predicted) / predicted;
+  const double clip = config::kClip * relative_error_;
+  double y_fit = y;
+  if (rel > clip) {
+    y_fit = predicted * (y > predicted ? 1.0 + clip : std::max(1.0 - clip, 0.0));
+    ++outliers_;
+  }
+  relative_error_ += config::kErrorSmoothing * (std::min(rel, clip) - relative_error_);
+  relative_error_ = std::max(relative_error_, config::kMinRelativeError);
+
+  const Vec x = Features(shape);
+  for (int i = 0; i < kTerms; ++i) {
+    for (int j = 0; j < kTerms; ++j) a_[i][j] = config::kForgetting * a_[i][j] + x[i] * x[j];
+    b_[i] = config::kForgetting * b_[i] + x[i] * y_fit;
+  }
+  prior_weight_ = std::max(prior_weight_ * config::kForgetting, config::kPriorFloor);
+  ++observations_;
+  Solve();
+}
+
+void StepTimeModel::Solve() {
+  // Every term is a cost, so none may be negative (a negative one would also make a longer
+  // chunk look cheaper): solve, fix the most negative term at zero, solve again (an active
+  // set; at most kTerms rounds).
+  std::array<bool, kTerms> fixed{};
+  for (int round = 0; round < kTerms; ++round) {
+    SolveFree(fixed);
+    int worst = -1;
+    for (int i = 0; i < kTerms; ++i) {
+      if (!fixed[i] && theta_[i] < 0 && (worst < 0 || theta_[i] < theta_[worst])) worst = i;
+    }
+    if (worst < 0) break;
+    fixed[worst] = true;
+  }
+  for (int i = 0; i < kTerms; ++i) theta_[i] = std::max(theta_[i], 0.0);
+  coefficients_ = StepCoefficients{theta_[0] / kScale[0], theta_[1] / kScale[1], theta_[2] / kScale[2],
+                                   theta_[3] / kScale[3], theta_[4] / kScale[4]};
+}
+
+void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {
+  // M = Λ + A (symmetric positive definite: Λ = prior_weight_·I), r = Λθ₀ + b, with the
+  // fixed terms' rows and columns replaced by the identity and 0; then Cholesky.
+  Mat m = a_;
+  Vec r{};
+  for (int i = 0; i < kTerms; ++i) {
+    m[i][i] += prior_weight_;
+    r[i] = prior_weight_ * prior_[i] + b_[i];
+  }
+  for (int i = 0; i < kTerms; ++i) {
+    if (!fixed[i]) continue;
+    for (int k = 0; k < kTerms; ++k) m[i][k] = m[k][i] = 0;
+    m[i][i] = 1;
+    r[i] = 0;
+  }
+  Mat l{};
+  for (int j = 0; j < kTerms; ++j) {
+    double d = m[j][j];
+    for (int k = 0; k < j; ++k) d -= l[j][k] * l[j][k];
+    KVF_CHECK(d > 0) << "step-time model: the normal equations lost positive definiteness";
+    l[j][j] = std::sqrt(d);
+    for (int i = j + 1; i < kTerms; ++i) {
+      double v = m[i][j];
+      for (int k = 0; k < j; ++k) v -= l[i][k] * l[j][k];
+      l[i][j] = v / l[j][j];
+    }
+  }
+  Vec z{};
+  for (int i = 0; i < kTerms; ++i) {
+    double v = r[i];
+    for (int k = 0; k < i; ++k) v -= l[i][k] * z[k];
+    z[i] = v / l[i][i];
+  }
+  for (int i = kTerms - 1; i >= 0; --i) {
+    double v = z[i];
+    for (int k = i + 1; k < kTerms; ++k) v -= l[k][i] * theta_[k];
+    theta_[i] = v / l[i][i];
+  }
+}
+
+}  // namespace kvfleet::engine
