@@ -68,12 +68,17 @@ void StepTimeModel::Observe(const StepShape& shape, DurationNs measured) {
   relative_error_ += config::kErrorSmoothing * (std::min(rel, clip) - relative_error_);
   relative_error_ = std::max(relative_error_, config::kMinRelativeError);
 
+  // Forget faster while the model is persistently wrong (a new GPU or model): the clipped
+  // measurements it kept meanwhile say little about the truth.
+  const double speedup = std::clamp(relative_error_ / config::kSettledRelativeError, 1.0, config::kMaxForgetSpeedup);
+  const double forget = 1 - (1 - config::kForgetting) * speedup;
   const Vec x = Features(shape);
   for (int i = 0; i < kTerms; ++i) {
-    for (int j = 0; j < kTerms; ++j) a_[i][j] = config::kForgetting * a_[i][j] + x[i] * x[j];
-    b_[i] = config::kForgetting * b_[i] + x[i] * y_fit;
+    for (int j = 0; j < kTerms; ++j) a_[i][j] = forget * a_[i][j] + x[i] * x[j];
+    b_[i] = forget * b_[i] + x[i] * y_fit;
+    excitation_[i] = forget * excitation_[i] + (1 - forget) * x[i] * x[i];
   }
-  prior_weight_ = std::max(prior_weight_ * config::kForgetting, config::kPriorFloor);
+  prior_weight_ = std::max(prior_weight_ * config::kPriorForgetting, config::kPriorFloor);
   ++observations_;
   Solve();
 }
@@ -103,8 +108,9 @@ void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {
   Mat m = a_;
   Vec r{};
   for (int i = 0; i < kTerms; ++i) {
-    m[i][i] += prior_weight_;
-    r[i] = prior_weight_ * prior_[i] + b_[i];
+    const double lambda = prior_weight_ * std::max(excitation_[i], config::kMinExcitation);
+    m[i][i] += lambda;
+    r[i] = lambda * prior_[i] + b_[i];
   }
   for (int i = 0; i < kTerms; ++i) {
     if (!fixed[i]) continue;

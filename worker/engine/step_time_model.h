@@ -13,14 +13,14 @@
 //   Q  prefill attention pairs: Σ over chunks of n·s + n(n+1)/2 for n tokens after s
 //      cached ones (causal query-key pairs, compute bound; long prompts' later chunks)
 //
-// The fit: exponentially weighted least squares (forgetting factor config::kForgetting),
-// regularized toward the prior (ridge with the prior as its centre: pseudo-steps that age
-// like real ones down to a floor, config::kPriorWeight and kPriorFloor). A direction the
-// recent steps do not excite (no prefill for a while) stays near the prior instead of
-// winding up. A
-// measurement is clipped to within config::kClip typical relative errors of the
-// prediction before it enters the fit (Huber), so a lone slow step (CUDA warm-up, a graph
-// capture) moves the model little; a run of them raises the typical error and is learnt.
+// The fit: exponentially weighted least squares on durations (forgetting factor
+// config::kForgetting), regularized toward the prior (ridge with the prior as its centre:
+// pseudo-steps that fade down to a floor). A term the recent steps do not exercise (no
+// prefill for a while) stays near the prior instead of winding up, and no term goes
+// negative. A measurement is clipped to within config::kClip typical relative errors of
+// the prediction before it enters the fit (Huber), so a lone slow step (CUDA warm-up, a
+// graph capture) moves the model little; a run of them raises the typical error, which
+// widens the clip and speeds up forgetting, and is learnt.
 //
 // Thread safety: thread-compatible; owned by the scheduler (the engine thread).
 #pragma once
@@ -65,23 +65,33 @@ namespace config {
 // and is fitted within a few hundred steps.
 inline constexpr StepCoefficients kPriorCoefficients{7290.0, 26.0, 11.5, 0.057, 0.0017};
 // Weight of a step n steps old: 0.99^n, so about the last 100 steps count (a few seconds
-// under load): the fit follows a change of clocks or workload quickly, and one step's noise
-// is averaged over many.
+// under load) and one step's noise is averaged over many.
 inline constexpr double kForgetting = 0.99;
-// The prior counts as kPriorWeight steps of unit (normalized) features taken before the
-// first real one, and ages like them (kForgetting per step) down to kPriorFloor: it steadies
-// the first steps (one slow warm-up step cannot drag it far), fades so that it does not
-// bias the fit of a well-measured term, and keeps anchoring a term no recent step
-// exercises (no prefill for a while) instead of letting it wind up.
+// While the typical relative error is above kSettledRelativeError the model is wrong, not
+// noisy (a GPU or model unlike the prior's): steps are forgotten up to kMaxForgetSpeedup
+// times faster, in proportion, since what was kept meanwhile was clipped toward the wrong
+// predictions. A prior 3-10x off is then within 10% after ~50-75 steps.
+inline constexpr double kSettledRelativeError = 0.05;
+inline constexpr double kMaxForgetSpeedup = 10;
+// The prior counts as kPriorWeight typical steps taken before the first real one (in every
+// term, "typical" being the recent steps' mean squared feature), and fades by
+// kPriorForgetting a step down to kPriorFloor of a step: it steadies the first steps (one
+// slow warm-up step cannot drag it far), does not bias the fit of a well-measured term, and
+// keeps anchoring a term no recent step exercises (no prefill for a while) instead of
+// letting it wind up.
 inline constexpr double kPriorWeight = 8.0;
+inline constexpr double kPriorForgetting = 0.95;
 inline constexpr double kPriorFloor = 0.25;
+// A term's typical squared feature never counts as less than this (normalized units), so
+// the prior of a term no step has exercised in a long time still anchors it.
+inline constexpr double kMinExcitation = 1e-6;
 // A measurement is clipped to the prediction ± kClip typical relative errors.
 inline constexpr double kClip = 3.0;
-// The typical relative error: an average over ~20 steps, floored at 2% so a noiseless
+// The typical relative error: an average over ~10 steps, floored at 2% so a noiseless
 // backend (the mock) still learns a genuine change. It starts at 10%: a 100x warm-up step
-// then moves the prior's prediction by ~8%, and a prior 10x off is still learnt in ~100
-// steps, as each step's allowance grows with the error it keeps seeing.
-inline constexpr double kErrorSmoothing = 0.05;
+// then moves the prior's prediction by ~8%, while a run of large errors widens the clip by
+// ~20% a step, so a wrong prior is not held back for long.
+inline constexpr double kErrorSmoothing = 0.1;
 inline constexpr double kMinRelativeError = 0.02;
 inline constexpr double kInitialRelativeError = 0.1;
 }  // namespace config
@@ -117,7 +127,8 @@ class StepTimeModel {
   Mat a_{};    // Σ γ^age x xᵀ
   Vec b_{};    // Σ γ^age x y
   Vec theta_{};
-  double prior_weight_ = config::kPriorWeight;  // Λ = prior_weight_·I
+  double prior_weight_ = config::kPriorWeight;  // in typical steps: Λᵢ = prior_weight_·excitation_ᵢ
+  Vec excitation_ = {1, 1, 1, 1, 1};           // typical xᵢ² of recent steps (weighted like a_)
   StepCoefficients coefficients_;
   double relative_error_ = config::kInitialRelativeError;
   uint64_t observations_ = 0;

@@ -159,6 +159,7 @@ Status Worker::Init(zmq::context_t& context) {
   eo.model_name = model_name_;
   eo.scheduler.max_num_tokens = config_.max_num_tokens;
   eo.scheduler.max_batch_size = config_.max_batch_size;
+  eo.scheduler.max_step_ms = config_.max_step_ms;
   uint64_t max_context = static_cast<uint64_t>(backend_->max_context());
   uint64_t cache_tokens = UINT64_MAX;
   for (const auto& l : kv_->pools()) {
@@ -175,6 +176,7 @@ Status Worker::Init(zmq::context_t& context) {
   for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
   KVF_RETURN_IF_ERROR(eo.Validate(config_.block_size));
   engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock);
+  metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);  // the prior, until a step
 
   WorkerLoopOptions lo;
   lo.model_name = model_name_;
@@ -186,6 +188,7 @@ Status Worker::Init(zmq::context_t& context) {
                                        });
   loop_->SetStepObserver([this, gauges](const engine::StepReport& step, const std::vector<engine::RequestOutput>& outs) {
     metrics_->OnStep(step);
+    metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);
     gauges->MaybeUpdate();
     metrics_->OnOutputs(outs);
   });

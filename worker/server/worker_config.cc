@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 namespace kvfleet::server {
@@ -33,6 +34,11 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_option("--max-context", c->max_context, "tokens per request, prompt + output (0: the model's)")
       ->capture_default_str();
   app.add_option("--max-queued", c->max_queued, "waiting requests before refusing with 'overloaded'")
+      ->capture_default_str();
+  app.add_option("--max-step-ms", c->max_step_ms,
+                 "while requests decode, cut each step's prefill chunk so the step takes at most this long "
+                 "(ms; or twice the decodes' own time if longer): the inter-token latency a prefill may add. "
+                 "0: no bound, prefill fills --max-num-tokens")
       ->capture_default_str();
   app.add_option("--kv-cache-bytes", c->kv_cache_bytes, "device KV cache bytes (0: backend default)")
       ->capture_default_str();
@@ -74,6 +80,10 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");
   }
   if (max_batch_size == 0) return InvalidArgument("--max-batch-size must be >= 1");
+  if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
+    return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
+                           std::to_string(max_step_ms));
+  }
   if (offload_min_priority > 100) return InvalidArgument("--offload-min-priority must be 0..100");
   if (gpu_memory_fraction <= 0 || gpu_memory_fraction > 1) return InvalidArgument("--gpu-memory-fraction must be in (0, 1]");
   if (shutdown_grace_s < 0) return InvalidArgument("--shutdown-grace-s must be >= 0");

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "worker/backend/mock/cost_model.h"
+#include "worker/engine/scheduler.h"
 
 namespace kvfleet::server {
 
@@ -41,6 +42,8 @@ struct WorkerConfig {
   uint32_t max_batch_size = 256;     // running sequences
   uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
+  // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
+  double max_step_ms = engine::config::kDefaultMaxStepMs;
 
   // --- KV memory ---
   uint64_t kv_cache_bytes = 0;       // device KV bytes; 0: the backend's default

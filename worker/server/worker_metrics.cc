@@ -63,7 +63,33 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       finished_(prometheus::BuildCounter()
                     .Name("kvfleet_worker_requests_finished_total")
                     .Help("Requests finished, by reason")
-                    .Register(r)) {
+                    .Register(r)),
+      step_bound_(prometheus::BuildGauge()
+                      .Name("kvfleet_worker_step_bound_seconds")
+                      .Help("Longest a step may take while requests decode (--max-step-ms); 0: no bound")
+                      .Register(r)
+                      .Add({})),
+      bounded_steps_(prometheus::BuildCounter()
+                         .Name("kvfleet_worker_bounded_steps_total")
+                         .Help("Engine steps whose prefill chunk the step bound cut")
+                         .Register(r)
+                         .Add({})),
+      step_model_error_(prometheus::BuildGauge()
+                            .Name("kvfleet_worker_step_model_error_ratio")
+                            .Help("The step-time model's typical relative error on recent steps (floored at 0.02)")
+                            .Register(r)
+                            .Add({})),
+      step_model_outliers_(prometheus::BuildCounter()
+                               .Name("kvfleet_worker_step_model_outliers_total")
+                               .Help("Measured steps the step-time model clipped as outliers (warm-up, captures)")
+                               .Register(r)
+                               .Add({})) {
+  auto& terms = prometheus::BuildGauge()
+                    .Name("kvfleet_worker_step_model_seconds")
+                    .Help("Fitted step-time model: seconds per step (base) or per unit of each term")
+                    .Register(r);
+  const char* names[] = {"base", "prefill_token", "decode_sequence", "kv_token", "prefill_pair"};
+  for (size_t i = 0; i < step_model_.size(); ++i) step_model_[i] = &terms.Add({{"term", names[i]}});
   running_ = &requests_.Add({{"state", "running"}});
   waiting_ = &requests_.Add({{"state", "waiting"}});
   const char* states[3] = {"free", "in_use", "cached"};
@@ -82,6 +108,19 @@ void WorkerMetrics::OnStep(const engine::StepReport& report) {
   running_->Set(report.load.active_requests);
   waiting_->Set(report.load.queued_requests);
   if (report.preemptions > 0) preemptions_.Increment(report.preemptions);
+  if (report.time_bounded) bounded_steps_.Increment();
+}
+
+void WorkerMetrics::UpdateStepModel(const engine::StepTimeModel& model, double max_step_ms) {
+  step_bound_.Set(max_step_ms / 1000);
+  const engine::StepCoefficients& c = model.coefficients();
+  const double us[] = {c.base_us, c.prefill_token_us, c.decode_seq_us, c.kv_token_us, c.prefill_pair_us};
+  for (size_t i = 0; i < step_model_.size(); ++i) step_model_[i]->Set(us[i] * 1e-6);
+  step_model_error_.Set(model.relative_error());
+  if (model.outliers() > seen_outliers_) {
+    step_model_outliers_.Increment(static_cast<double>(model.outliers() - seen_outliers_));
+  }
+  seen_outliers_ = model.outliers();
 }
 
 void WorkerMetrics::UpdateKv(const kv::KvStats& stats) {

@@ -12,6 +12,13 @@
 //   kvfleet_worker_preemptions_total
 //   kvfleet_worker_time_to_first_token_seconds      histogram, measured inside the worker
 //   kvfleet_worker_generated_tokens_total, kvfleet_worker_requests_finished_total{reason}
+//   kvfleet_worker_step_bound_seconds               gauge: --max-step-ms (0: no bound)
+//   kvfleet_worker_bounded_steps_total              steps whose prefill the bound cut
+//   kvfleet_worker_step_model_seconds{term}         gauge: the fitted step-time model, seconds per
+//                                                   step (base) or per prefill_token,
+//                                                   decode_sequence, kv_token, prefill_pair
+//   kvfleet_worker_step_model_error_ratio           gauge: typical |measured - predicted| / predicted
+//   kvfleet_worker_step_model_outliers_total        measured steps clipped as outliers
 //
 // Thread safety: prometheus-cpp metrics are thread-safe; Update* run on the engine thread.
 #pragma once
@@ -30,6 +37,7 @@
 #include "common/clock.h"
 #include "worker/engine/engine_stats.h"
 #include "worker/engine/request.h"
+#include "worker/engine/step_time_model.h"
 #include "worker/kv/kv_cache_manager.h"
 
 namespace kvfleet::server {
@@ -46,6 +54,8 @@ class WorkerMetrics {
   // A request's time to first token, as its Deltas report it (the request frame's read to
   // the first token handed to the socket). Thread-safe: the request socket's thread calls it.
   void OnFirstToken(DurationNs time_to_first_token);
+  // The scheduler's step bound and its step-time model as fitted so far.
+  void UpdateStepModel(const engine::StepTimeModel& model, double max_step_ms);
 
  private:
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
@@ -65,9 +75,14 @@ class WorkerMetrics {
   prometheus::Histogram& ttft_;
   prometheus::Counter& generated_;
   prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Gauge& step_bound_;
+  prometheus::Counter& bounded_steps_;
+  std::array<prometheus::Gauge*, 5> step_model_{};  // base, prefill_token, decode_sequence, kv_token, prefill_pair
+  prometheus::Gauge& step_model_error_;
+  prometheus::Counter& step_model_outliers_;
 
   // Last totals seen, to turn the manager's running totals into counter increments.
-  uint64_t seen_hit_ = 0, seen_miss_ = 0, seen_offloads_ = 0, seen_onboards_ = 0;
+  uint64_t seen_hit_ = 0, seen_miss_ = 0, seen_offloads_ = 0, seen_onboards_ = 0, seen_outliers_ = 0;
   std::array<uint64_t, kv::kMaxPriority + 1> seen_evictions_{};
 };
 

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -165,6 +166,16 @@ TEST_CASE("worker config: instances of one process get distinct ports and ids") 
   CHECK(third.worker_id == "w-2");
   c.max_num_tokens = 100;  // not a multiple of 32
   CHECK_FALSE(c.Validate().ok());
+  c.max_num_tokens = 8192;
+  CHECK(c.max_step_ms == engine::config::kDefaultMaxStepMs);  // the bound is on by default
+  for (double ok : {0.0, 1.0, 60000.0}) {
+    c.max_step_ms = ok;
+    CHECK(c.Validate().ok());
+  }
+  for (double bad : {-5.0, 0.5, 1e9, std::nan("")}) {
+    c.max_step_ms = bad;
+    CHECK(c.Validate().message().find("--max-step-ms") != std::string::npos);
+  }
   CHECK(EndpointPort("tcp://host:5556") == 5556);
   CHECK(EndpointPort("tcp://host") == -1);
 }
