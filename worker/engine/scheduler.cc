@@ -18,8 +18,8 @@ Status SchedulerOptions::Validate(uint32_t block_size) const {
     return InvalidArgument("max_step_ms (" + std::to_string(max_step_ms) +
                            ") must be 0 (no bound) or between 1 and 60000 ms");
   }
-  for (double c : {step_prior.base_us, step_prior.prefill_token_us, step_prior.decode_seq_us, step_prior.kv_token_us,
-                   step_prior.prefill_pair_us}) {
+  for (double c : {step_prior.base_us, step_prior.prefill_step_us, step_prior.prefill_token_us,
+                   step_prior.decode_seq_us, step_prior.kv_token_us, step_prior.prefill_pair_us}) {
     if (!std::isfinite(c) || c < 0) return InvalidArgument("step_prior coefficients must be finite and >= 0");
   }
   return Status::Ok();

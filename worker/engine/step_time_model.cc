@@ -10,7 +10,15 @@ namespace kvfleet::engine {
 namespace {
 // Feature scales: a typical step's P, D, K and Q are of order one in these units, so the
 // normal equations are well conditioned and the prior weight means the same in every term.
-constexpr double kScale[] = {1.0, 1024.0, 64.0, 65536.0, 1048576.0};
+constexpr double kScale[] = {1.0, 1.0, 1024.0, 64.0, 65536.0, 1048576.0};
+// A typical step of the prior's GPU and model (a decode of 64 sequences): its weight in the
+// fit is 1, which is what the prior's weight and kMinExcitation are counted in.
+constexpr double kReferenceUs = 10'000;
+
+// The coefficients in feature order.
+std::array<double, 6> AsArray(const StepCoefficients& c) {
+  return {c.base_us, c.prefill_step_us, c.prefill_token_us, c.decode_seq_us, c.kv_token_us, c.prefill_pair_us};
+}
 }  // namespace
 
 void StepShape::AddDecode(uint32_t context) {
@@ -31,8 +39,7 @@ StepShape StepShape::WithPrefill(uint32_t start, uint32_t n) const {
 }
 
 StepTimeModel::StepTimeModel(const StepCoefficients& prior) {
-  const double c[kTerms] = {prior.base_us, prior.prefill_token_us, prior.decode_seq_us, prior.kv_token_us,
-                            prior.prefill_pair_us};
+  const std::array<double, kTerms> c = AsArray(prior);
   for (int i = 0; i < kTerms; ++i) {
     KVF_CHECK(std::isfinite(c[i]) && c[i] >= 0) << "step-time prior coefficient " << i << " = " << c[i];
     prior_[i] = c[i] * kScale[i];
@@ -42,8 +49,12 @@ StepTimeModel::StepTimeModel(const StepCoefficients& prior) {
 }
 
 StepTimeModel::Vec StepTimeModel::Features(const StepShape& s) {
-  return {1.0, static_cast<double>(s.prefill_tokens) / kScale[1], static_cast<double>(s.decode_seqs) / kScale[2],
-          static_cast<double>(s.kv_tokens) / kScale[3], static_cast<double>(s.prefill_pairs) / kScale[4]};
+  return {1.0,
+          s.prefill_tokens > 0 ? 1.0 : 0.0,
+          static_cast<double>(s.prefill_tokens) / kScale[2],
+          static_cast<double>(s.decode_seqs) / kScale[3],
+          static_cast<double>(s.kv_tokens) / kScale[4],
+          static_cast<double>(s.prefill_pairs) / kScale[5]};
 }
 
 double StepTimeModel::PredictUs(const StepShape& shape) const {
@@ -72,11 +83,14 @@ void StepTimeModel::Observe(const StepShape& shape, DurationNs measured) {
   // measurements it kept meanwhile say little about the truth.
   const double speedup = std::clamp(relative_error_ / config::kSettledRelativeError, 1.0, config::kMaxForgetSpeedup);
   const double forget = 1 - (1 - config::kForgetting) * speedup;
+  // Relative least squares: a step's error counts in units of its predicted duration, so a
+  // 10 ms decode is fitted as closely as a 200 ms prefill (weights are 1 at kReferenceUs).
+  const double w = (kReferenceUs / predicted) * (kReferenceUs / predicted);
   const Vec x = Features(shape);
   for (int i = 0; i < kTerms; ++i) {
-    for (int j = 0; j < kTerms; ++j) a_[i][j] = forget * a_[i][j] + x[i] * x[j];
-    b_[i] = forget * b_[i] + x[i] * y_fit;
-    excitation_[i] = forget * excitation_[i] + (1 - forget) * x[i] * x[i];
+    for (int j = 0; j < kTerms; ++j) a_[i][j] = forget * a_[i][j] + w * x[i] * x[j];
+    b_[i] = forget * b_[i] + w * x[i] * y_fit;
+    excitation_[i] = forget * excitation_[i] + (1 - forget) * w * x[i] * x[i];
   }
   prior_weight_ = std::max(prior_weight_ * config::kPriorForgetting, config::kPriorFloor);
   ++observations_;
@@ -99,7 +113,7 @@ void StepTimeModel::Solve() {
   }
   for (int i = 0; i < kTerms; ++i) theta_[i] = std::max(theta_[i], 0.0);
   coefficients_ = StepCoefficients{theta_[0] / kScale[0], theta_[1] / kScale[1], theta_[2] / kScale[2],
-                                   theta_[3] / kScale[3], theta_[4] / kScale[4]};
+                                   theta_[3] / kScale[3], theta_[4] / kScale[4], theta_[5] / kScale[5]};
 }
 
 void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {

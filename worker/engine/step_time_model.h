@@ -4,8 +4,10 @@
 // 2024: stall-free batching, a per-step token budget derived from the latency target;
 // here the budget comes from this fitted model instead of an offline profile).
 //
-//   t = base + prefill_token·P + decode_seq·D + kv_token·K + prefill_pair·Q
+//   t = base + prefill_step·[P > 0] + prefill_token·P + decode_seq·D + kv_token·K + prefill_pair·Q
 //
+//   [P > 0]  the step computes prompt tokens: a fixed cost (the cuda backend runs a
+//      decode-only step as a CUDA graph, any other eagerly)
 //   P  prompt (or recompute) tokens computed: GEMM rows, compute bound
 //   D  sequences decoding one token: GEMM rows of a memory-bound pass, sampling
 //   K  KV tokens attention reads: Σ over sequences of the context after the step (a
@@ -13,7 +15,8 @@
 //   Q  prefill attention pairs: Σ over chunks of n·s + n(n+1)/2 for n tokens after s
 //      cached ones (causal query-key pairs, compute bound; long prompts' later chunks)
 //
-// The fit: exponentially weighted least squares on durations (forgetting factor
+// The fit: exponentially weighted least squares on durations relative to their prediction
+// (a 10 ms step is fitted as closely as a 200 ms one; forgetting factor
 // config::kForgetting), regularized toward the prior (ridge with the prior as its centre:
 // pseudo-steps that fade down to a floor). A term the recent steps do not exercise (no
 // prefill for a while) stays near the prior instead of winding up, and no term goes
@@ -51,6 +54,7 @@ struct StepShape {
 // The model's coefficients, in µs per unit.
 struct StepCoefficients {
   double base_us = 0;
+  double prefill_step_us = 0;
   double prefill_token_us = 0;
   double decode_seq_us = 0;
   double kv_token_us = 0;
@@ -63,14 +67,15 @@ namespace config {
 // our prefill kernel reaches (tests/bench/results/README.md): 2 GEMMs × 2 flops × 128 dims ×
 // 32 heads × 32 layers = 0.52 MFLOP per query-key pair. Another model or GPU starts from it
 // and is fitted within a few hundred steps.
-inline constexpr StepCoefficients kPriorCoefficients{7290.0, 26.0, 11.5, 0.057, 0.0017};
+// A step with prefill costs nothing more than its parts until measured.
+inline constexpr StepCoefficients kPriorCoefficients{7290.0, 0.0, 26.0, 11.5, 0.057, 0.0017};
 // Weight of a step n steps old: 0.99^n, so about the last 100 steps count (a few seconds
 // under load) and one step's noise is averaged over many.
 inline constexpr double kForgetting = 0.99;
 // While the typical relative error is above kSettledRelativeError the model is wrong, not
 // noisy (a GPU or model unlike the prior's): steps are forgotten up to kMaxForgetSpeedup
 // times faster, in proportion, since what was kept meanwhile was clipped toward the wrong
-// predictions. A prior 3-10x off is then within 10% after ~50-75 steps.
+// predictions. A prior 3-10x off is then within ~10% after ~100 steps.
 inline constexpr double kSettledRelativeError = 0.05;
 inline constexpr double kMaxForgetSpeedup = 10;
 // The prior counts as kPriorWeight typical steps taken before the first real one (in every
@@ -112,11 +117,11 @@ class StepTimeModel {
   uint64_t outliers() const { return outliers_; }  // measurements that were clipped
 
  private:
-  static constexpr int kTerms = 5;
+  static constexpr int kTerms = 6;
   using Vec = std::array<double, kTerms>;
   using Mat = std::array<Vec, kTerms>;
 
-  // Normalized features: [1, P/2^10, D/2^6, K/2^16, Q/2^20].
+  // Normalized features: [1, [P > 0], P/2^10, D/2^6, K/2^16, Q/2^20].
   static Vec Features(const StepShape& shape);
   // θ = (Λ + A)⁻¹ (Λ θ₀ + b) with no term negative; coefficients_ from θ.
   void Solve();
@@ -124,11 +129,11 @@ class StepTimeModel {
   void SolveFree(const std::array<bool, kTerms>& fixed);
 
   Vec prior_;  // θ₀: normalized coefficients (µs per normalized unit)
-  Mat a_{};    // Σ γ^age x xᵀ
-  Vec b_{};    // Σ γ^age x y
+  Mat a_{};    // Σ γ^age w x xᵀ, w = (10 ms / predicted)²
+  Vec b_{};    // Σ γ^age w x y
   Vec theta_{};
   double prior_weight_ = config::kPriorWeight;  // in typical steps: Λᵢ = prior_weight_·excitation_ᵢ
-  Vec excitation_ = {1, 1, 1, 1, 1};           // typical xᵢ² of recent steps (weighted like a_)
+  Vec excitation_ = {1, 1, 1, 1, 1, 1};        // typical weighted xᵢ² of recent steps (as in a_)
   StepCoefficients coefficients_;
   double relative_error_ = config::kInitialRelativeError;
   uint64_t observations_ = 0;

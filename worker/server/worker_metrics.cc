@@ -88,7 +88,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                     .Name("kvfleet_worker_step_model_seconds")
                     .Help("Fitted step-time model: seconds per step (base) or per unit of each term")
                     .Register(r);
-  const char* names[] = {"base", "prefill_token", "decode_sequence", "kv_token", "prefill_pair"};
+  const char* names[] = {"base", "prefill_step", "prefill_token", "decode_sequence", "kv_token", "prefill_pair"};
   for (size_t i = 0; i < step_model_.size(); ++i) step_model_[i] = &terms.Add({{"term", names[i]}});
   running_ = &requests_.Add({{"state", "running"}});
   waiting_ = &requests_.Add({{"state", "waiting"}});
@@ -114,7 +114,8 @@ void WorkerMetrics::OnStep(const engine::StepReport& report) {
 void WorkerMetrics::UpdateStepModel(const engine::StepTimeModel& model, double max_step_ms) {
   step_bound_.Set(max_step_ms / 1000);
   const engine::StepCoefficients& c = model.coefficients();
-  const double us[] = {c.base_us, c.prefill_token_us, c.decode_seq_us, c.kv_token_us, c.prefill_pair_us};
+  const double us[] = {c.base_us,        c.prefill_step_us, c.prefill_token_us,
+                       c.decode_seq_us,  c.kv_token_us,     c.prefill_pair_us};
   for (size_t i = 0; i < step_model_.size(); ++i) step_model_[i]->Set(us[i] * 1e-6);
   step_model_error_.Set(model.relative_error());
   if (model.outliers() > seen_outliers_) {

@@ -15,7 +15,8 @@
 //   kvfleet_worker_step_bound_seconds               gauge: --max-step-ms (0: no bound)
 //   kvfleet_worker_bounded_steps_total              steps whose prefill the bound cut
 //   kvfleet_worker_step_model_seconds{term}         gauge: the fitted step-time model, seconds per
-//                                                   step (base) or per prefill_token,
+//                                                   step (base), per step with prefill
+//                                                   (prefill_step), or per prefill_token,
 //                                                   decode_sequence, kv_token, prefill_pair
 //   kvfleet_worker_step_model_error_ratio           gauge: typical |measured - predicted| / predicted
 //   kvfleet_worker_step_model_outliers_total        measured steps clipped as outliers
@@ -77,7 +78,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& finished_;
   prometheus::Gauge& step_bound_;
   prometheus::Counter& bounded_steps_;
-  std::array<prometheus::Gauge*, 5> step_model_{};  // base, prefill_token, decode_sequence, kv_token, prefill_pair
+  std::array<prometheus::Gauge*, 6> step_model_{};  // base, prefill_step, prefill_token, decode_sequence, kv_token, prefill_pair
   prometheus::Gauge& step_model_error_;
   prometheus::Counter& step_model_outliers_;
 

@@ -22,6 +22,12 @@
 // write to the client's read. Each hop's p50, p99 and its mean over the slowest 2% of
 // requests say which hop makes the tail.
 //
+// Streaming decode (tests/bench/stall_bench.sh): --max-tokens 128 --warmup-seconds 10 also
+// prints the inter-token latency (gaps between a request's successive text chunks: one token
+// each) and the output tokens per second, both over the steady window after the warm-up;
+// --token-ids 1 sends each prompt as token ids, so it is exactly --prompt-tokens long
+// whatever the tokenizer; --json FILE writes the figures for scripts.
+//
 // --direct 1 measures that worker-side floor: the same requests (Contract 3 Generate, the
 // token ids the byte codec would make) sent straight to the workers the router lists in
 // /fleet, round robin, from a DEALER per worker per client thread, and the same subtraction
@@ -63,6 +69,9 @@ struct Args {
   int max_tokens = 4;
   std::string model = "mock";
   bool direct = false;
+  bool token_ids = false;    // prompts as token ids instead of text
+  double warmup_seconds = 0;  // requests sent before this, and tokens read before it, are not measured
+  std::string json_path;      // write the figures here too
 };
 
 // The router's own timestamps of a request (--report-timings), in the order of its hops.
@@ -77,6 +86,7 @@ struct Sample {
   int64_t first_ns = 0;        // and the first text chunk's read
   bool has_router_stamps = false;
   int64_t router_ns[kRouterStamps] = {};
+  std::vector<int64_t> token_ns;  // the read of each text chunk (one token each)
 };
 
 int64_t MonotonicNs(Clock::time_point t) {
@@ -120,11 +130,34 @@ std::string RandomPrompt(std::mt19937_64& rng, int n) {
   return s;
 }
 
+// Token ids below every supported vocabulary's special tokens (Llama 2 has 32,000 ids).
+std::vector<int> RandomTokenIds(std::mt19937_64& rng, int n) {
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int& id : ids) id = 256 + static_cast<int>(rng() % 31000);
+  return ids;
+}
+
+// Text chunks in `in` from `from` on: `"text":"` followed by at least one character.
+int CountTextChunks(const std::string& in, size_t from, size_t* next) {
+  static const std::string kText = "\"text\":\"";
+  int n = 0;
+  size_t at = from;
+  while ((at = in.find(kText, at)) != std::string::npos) {
+    if (at + kText.size() >= in.size()) break;  // the rest has not arrived: look again later
+    if (in[at + kText.size()] != '"') ++n;
+    at += kText.size();
+  }
+  *next = at == std::string::npos ? (in.size() >= kText.size() ? in.size() - kText.size() + 1 : 0) : at;
+  return n;
+}
+
 // One streamed request on connection *fd (reconnecting when needed).
 Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
   Sample s;
+  nlohmann::json prompt = a.token_ids ? nlohmann::json(RandomTokenIds(rng, a.prompt_tokens))
+                                      : nlohmann::json(RandomPrompt(rng, a.prompt_tokens));
   std::string body = nlohmann::json{{"model", a.model},
-                                    {"prompt", RandomPrompt(rng, a.prompt_tokens)},
+                                    {"prompt", std::move(prompt)},
                                     {"max_tokens", a.max_tokens},
                                     {"ignore_eos", true},
                                     {"stream", true},
@@ -142,7 +175,9 @@ Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
   }
   std::string in;
   bool first = false;
+  size_t scanned = 0;
   char buf[16384];
+  s.sent_ns = MonotonicNs(t0);
   while (in.find("0\r\n\r\n") == std::string::npos || in.find("[DONE]") == std::string::npos) {
     ssize_t n = recv(*fd, buf, sizeof(buf), 0);
     if (n <= 0) {
@@ -151,11 +186,12 @@ Sample RunOne(int* fd, const Args& a, std::mt19937_64& rng) {
       return s;
     }
     in.append(buf, static_cast<size_t>(n));
-    if (!first && in.find("\"text\":\"") != std::string::npos) {
+    const auto now = Clock::now();
+    const int chunks = CountTextChunks(in, scanned, &scanned);
+    for (int c = 0; c < chunks; ++c) s.token_ns.push_back(MonotonicNs(now));
+    if (!first && chunks > 0) {
       first = true;
-      const auto now = Clock::now();
       s.client_ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
-      s.sent_ns = MonotonicNs(t0);
       s.first_ns = MonotonicNs(now);
     }
   }
@@ -284,6 +320,9 @@ int main(int argc, char** argv) {
     else if (k == "--max-tokens") a.max_tokens = std::stoi(v);
     else if (k == "--model") a.model = v;
     else if (k == "--direct") a.direct = v == "1";
+    else if (k == "--token-ids") a.token_ids = v == "1";
+    else if (k == "--warmup-seconds") a.warmup_seconds = std::stod(v);
+    else if (k == "--json") a.json_path = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -338,17 +377,30 @@ int main(int argc, char** argv) {
   }
   for (auto& t : pool) t.join();
   double wall = std::chrono::duration<double>(Clock::now() - start).count();
-  std::vector<double> added, client, worker;
-  size_t failed = 0;
+  // The steady window: from the end of the warm-up to the last send (closed loop) or now.
+  const int64_t window_start = MonotonicNs(start + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(a.warmup_seconds)));
+  const int64_t window_end =
+      a.rate > 0 ? MonotonicNs(Clock::now()) : MonotonicNs(std::chrono::time_point_cast<Clock::duration>(end));
+  std::vector<double> added, client, worker, itl;
+  size_t failed = 0, window_tokens = 0;
   for (const auto& s : samples) {
     if (!s.ok) {
       ++failed;
       continue;
     }
+    for (size_t t = 0; t < s.token_ns.size(); ++t) {
+      if (s.token_ns[t] < window_start || s.token_ns[t] > window_end) continue;
+      ++window_tokens;
+      if (t > 0) itl.push_back(static_cast<double>(s.token_ns[t] - s.token_ns[t - 1]) / 1e6);
+    }
+    if (s.sent_ns < window_start) continue;  // sent during the warm-up
     added.push_back(s.client_ttft_ms - s.worker_ttft_ms);
     client.push_back(s.client_ttft_ms);
     worker.push_back(s.worker_ttft_ms);
   }
+  const double window_s = static_cast<double>(window_end - window_start) / 1e9;
+  const double output_tps = window_s > 0 ? static_cast<double>(window_tokens) / window_s : 0;
   const double routing_s = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_sum") - routing_sum0;
   const double routed = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_count") - routing_count0;
   std::string mode = std::string(a.direct ? "DIRECT to the workers (no router), " : "") + (a.rate > 0 ? "open loop at " + std::to_string(static_cast<int>(a.rate)) + " req/s offered"
@@ -365,6 +417,32 @@ int main(int argc, char** argv) {
     std::printf("  router routing step (parse, tokenize, hash, route; kvfleet_router_routing_seconds): mean %.3f ms\n",
                 1000.0 * routing_s / routed);
   }
+  if (a.max_tokens > 1 && !a.direct) {
+    std::printf("  inter-token latency: p50 %.3f ms  p99 %.3f ms (%zu gaps); output %.1f tok/s (%zu tokens in the "
+                "%.1f s after a %.1f s warm-up)\n",
+                Percentile(itl, 0.5), Percentile(itl, 0.99), itl.size(), output_tps, window_tokens, window_s,
+                a.warmup_seconds);
+  }
   if (!a.direct) PrintHops(samples);
+  if (!a.json_path.empty()) {
+    nlohmann::json j = {{"prompt_tokens", a.prompt_tokens},
+                        {"max_tokens", a.max_tokens},
+                        {"concurrency", a.rate > 0 ? 0 : a.concurrency},
+                        {"rate", a.rate},
+                        {"requests", samples.size()},
+                        {"failed", failed},
+                        {"measured_requests", client.size()},
+                        {"window_s", window_s},
+                        {"ttft_ms", {{"p50", Percentile(client, 0.5)}, {"p99", Percentile(client, 0.99)}}},
+                        {"itl_ms", {{"p50", Percentile(itl, 0.5)}, {"p99", Percentile(itl, 0.99)}, {"gaps", itl.size()}}},
+                        {"output_tokens_per_s", output_tps}};
+    FILE* f = std::fopen(a.json_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", a.json_path.c_str());
+      return 2;
+    }
+    std::fprintf(f, "%s\n", j.dump(2).c_str());
+    std::fclose(f);
+  }
   return failed > samples.size() / 100 ? 1 : 0;
 }

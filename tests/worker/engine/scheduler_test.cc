@@ -18,8 +18,9 @@ namespace {
 constexpr uint32_t kB = 16;
 constexpr uint32_t kBudget = 8192;
 
-// 5 ms a step, 20 µs a prompt token, 10 µs a decode, 0.05 µs a KV token, 1 ns a pair.
-constexpr StepCoefficients kFake{5000.0, 20.0, 10.0, 0.05, 0.001};
+// 5 ms a step, 1 ms more with prefill, 20 µs a prompt token, 10 µs a decode, 0.05 µs a KV
+// token, 1 ns a pair.
+constexpr StepCoefficients kFake{5000.0, 1000.0, 20.0, 10.0, 0.05, 0.001};
 
 struct Rig {
   explicit Rig(double max_step_ms, StepCoefficients model = kFake, uint32_t device_blocks = 4096)
