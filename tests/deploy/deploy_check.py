@@ -25,7 +25,7 @@ registration workers workers-dns dns-interval-s model block-size max-context tok
 routing-temperature hot-spot-factor max-queued-requests predicted-ttl-ms heartbeat-timeout-ms request-timeout-s
 first-token-timeout-s""".split())
 WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay http-port router
-advertise-host block-size max-num-tokens max-batch-size max-context max-queued kv-cache-bytes gpu-memory-fraction
+advertise-host block-size max-num-tokens max-batch-size max-context max-queued max-step-ms kv-cache-bytes gpu-memory-fraction
 host-cache-bytes offload-min-priority events-include-tokens shutdown-grace-s mock-step-base-us
 mock-prefill-token-us mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride""".split())
 

@@ -378,8 +378,11 @@ int main(int argc, char** argv) {
   for (auto& t : pool) t.join();
   double wall = std::chrono::duration<double>(Clock::now() - start).count();
   // The steady window: from the end of the warm-up to the last send (closed loop) or now.
-  const int64_t window_start = MonotonicNs(start + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(a.warmup_seconds)));
+  // Without a warm-up every request counts (closed-loop clients start before `start`).
+  const int64_t window_start =
+      a.warmup_seconds > 0 ? MonotonicNs(start + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(a.warmup_seconds)))
+                           : INT64_MIN;
   const int64_t window_end =
       a.rate > 0 ? MonotonicNs(Clock::now()) : MonotonicNs(std::chrono::time_point_cast<Clock::duration>(end));
   std::vector<double> added, client, worker, itl;
@@ -399,7 +402,8 @@ int main(int argc, char** argv) {
     client.push_back(s.client_ttft_ms);
     worker.push_back(s.worker_ttft_ms);
   }
-  const double window_s = static_cast<double>(window_end - window_start) / 1e9;
+  const double window_s =
+      static_cast<double>(window_end - (a.warmup_seconds > 0 ? window_start : MonotonicNs(start))) / 1e9;
   const double output_tps = window_s > 0 ? static_cast<double>(window_tokens) / window_s : 0;
   const double routing_s = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_sum") - routing_sum0;
   const double routed = ScrapeMetric(a.port, "kvfleet_router_routing_seconds_count") - routing_count0;
