@@ -91,7 +91,6 @@ std::vector<RequestOutput> Engine::Step() {
   StepReport report;
   report.duration = clock_->Now() - start;
   if (executed) scheduler_.ObserveStep(batch, report.duration);  // the step-time model learns
-  report.predicted_duration = static_cast<DurationNs>(batch.predicted_us * kNsPerUs);
   report.time_bounded = batch.time_bounded;
   report.prefill_limited = batch.prefill_limited;
   report.batch_sequences = static_cast<uint32_t>(batch.seqs.size());

@@ -26,9 +26,8 @@ struct StepReport {
   uint32_t decode_sequences = 0;
   uint32_t preemptions = 0;         // requests preempted by this step's schedule
   uint32_t finished = 0;
-  DurationNs predicted_duration = 0;  // the step-time model's prediction when scheduled
-  bool time_bounded = false;          // the step bound (max_step_ms) cut its prefill
-  bool prefill_limited = false;       // more prefill was ready than the step took
+  bool time_bounded = false;        // the step bound (max_step_ms) cut its prefill
+  bool prefill_limited = false;     // more prefill was ready than the step took
   LoadReport load;
 };
 

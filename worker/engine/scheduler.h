@@ -11,10 +11,11 @@
 //      by smaller ones behind it.
 // Stall-bounded steps (Sarathi-Serve): while any sequence decodes, the prefill chunks of
 // 2 and 3 are also cut so that the step-time model (step_time_model.h, fitted to the
-// engine's measured steps) predicts at most max_step_ms for the step; a cut chunk ends on a
-// block boundary. The first prefill of a step always gets at least one block, so a prefill
-// is never starved however long the decodes alone take. With no decode running, prefill
-// takes the whole max_num_tokens budget: there is no inter-token latency to protect.
+// engine's measured steps) predicts at most max_step_ms for the step, or twice the
+// decodes' own time when that is longer; a cut chunk ends on a block boundary. The first
+// prefill of a step always gets at least one block, so a prefill is never starved however
+// long the decodes alone take. With no decode running, prefill takes the whole
+// max_num_tokens budget: there is no inter-token latency to protect.
 // KV memory is the KV cache manager's: Allocate reclaims evictable cached blocks by itself.
 // When a running sequence cannot get a slot for its next token (MakeRoomToAppend), the
 // scheduler preempts the running request with the lowest retention priority, the newest
@@ -123,7 +124,6 @@ class Scheduler {
   const std::vector<Sequence*>& running() const { return running_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
   const StepTimeModel& step_model() const { return step_model_; }
-  const SchedulerOptions& options() const { return options_; }
 
   Status CheckInvariants() const;
 

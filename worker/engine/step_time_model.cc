@@ -100,25 +100,26 @@ void StepTimeModel::Observe(const StepShape& shape, DurationNs measured) {
 void StepTimeModel::Solve() {
   // Every term is a cost, so none may be negative (a negative one would also make a longer
   // chunk look cheaper): solve, fix the most negative term at zero, solve again (an active
-  // set; at most kTerms rounds).
+  // set; at most kTerms rounds). Equations too ill-conditioned to solve keep the last fit.
   std::array<bool, kTerms> fixed{};
+  Vec theta{};
   for (int round = 0; round < kTerms; ++round) {
-    SolveFree(fixed);
+    if (!SolveFree(fixed, &theta)) return;
     int worst = -1;
     for (int i = 0; i < kTerms; ++i) {
-      if (!fixed[i] && theta_[i] < 0 && (worst < 0 || theta_[i] < theta_[worst])) worst = i;
+      if (!fixed[i] && theta[i] < 0 && (worst < 0 || theta[i] < theta[worst])) worst = i;
     }
     if (worst < 0) break;
     fixed[worst] = true;
   }
-  for (int i = 0; i < kTerms; ++i) theta_[i] = std::max(theta_[i], 0.0);
+  for (int i = 0; i < kTerms; ++i) theta_[i] = std::max(theta[i], 0.0);
   coefficients_ = StepCoefficients{theta_[0] / kScale[0], theta_[1] / kScale[1], theta_[2] / kScale[2],
                                    theta_[3] / kScale[3], theta_[4] / kScale[4], theta_[5] / kScale[5]};
 }
 
-void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {
-  // M = Λ + A (symmetric positive definite: Λ = prior_weight_·I), r = Λθ₀ + b, with the
-  // fixed terms' rows and columns replaced by the identity and 0; then Cholesky.
+bool StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed, Vec* theta) const {
+  // M = Λ + A (symmetric positive definite: Λ is diagonal and positive), r = Λθ₀ + b, with
+  // the fixed terms' rows and columns replaced by the identity and 0; then Cholesky.
   Mat m = a_;
   Vec r{};
   for (int i = 0; i < kTerms; ++i) {
@@ -136,7 +137,7 @@ void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {
   for (int j = 0; j < kTerms; ++j) {
     double d = m[j][j];
     for (int k = 0; k < j; ++k) d -= l[j][k] * l[j][k];
-    KVF_CHECK(d > 0) << "step-time model: the normal equations lost positive definiteness";
+    if (!(d > 0) || !std::isfinite(d)) return false;  // rounding ate the diagonal
     l[j][j] = std::sqrt(d);
     for (int i = j + 1; i < kTerms; ++i) {
       double v = m[i][j];
@@ -152,9 +153,13 @@ void StepTimeModel::SolveFree(const std::array<bool, kTerms>& fixed) {
   }
   for (int i = kTerms - 1; i >= 0; --i) {
     double v = z[i];
-    for (int k = i + 1; k < kTerms; ++k) v -= l[k][i] * theta_[k];
-    theta_[i] = v / l[i][i];
+    for (int k = i + 1; k < kTerms; ++k) v -= l[k][i] * (*theta)[k];
+    (*theta)[i] = v / l[i][i];
   }
+  for (double t : *theta) {
+    if (!std::isfinite(t)) return false;
+  }
+  return true;
 }
 
 }  // namespace kvfleet::engine

@@ -123,10 +123,11 @@ class StepTimeModel {
 
   // Normalized features: [1, [P > 0], P/2^10, D/2^6, K/2^16, Q/2^20].
   static Vec Features(const StepShape& shape);
-  // θ = (Λ + A)⁻¹ (Λ θ₀ + b) with no term negative; coefficients_ from θ.
+  // θ = (Λ + A)⁻¹ (Λ θ₀ + b) with no term negative, into theta_ and coefficients_.
   void Solve();
-  // The unconstrained solution with the `fixed` terms held at zero, into theta_.
-  void SolveFree(const std::array<bool, kTerms>& fixed);
+  // The unconstrained solution with the `fixed` terms held at zero; false when the
+  // equations are too ill-conditioned to solve.
+  bool SolveFree(const std::array<bool, kTerms>& fixed, Vec* theta) const;
 
   Vec prior_;  // θ₀: normalized coefficients (µs per normalized unit)
   Mat a_{};    // Σ γ^age w x xᵀ, w = (10 ms / predicted)²
