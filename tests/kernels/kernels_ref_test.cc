@@ -64,7 +64,8 @@ TEST_CASE("llama3 RoPE scaling keeps high frequencies, divides low ones, blends 
   plain.head_dim = 128;
   plain.theta = 500000;
   RopeConfig scaled = plain;
-  scaled.llama3_factor = 8;
+  scaled.scaling.type = RopeScaling::Type::kLlama3;
+  scaled.scaling.factor = 8;
   const auto a = RopeInvFreq(plain), b = RopeInvFreq(scaled);
   REQUIRE(a.size() == 64);
   for (int i = 0; i < 64; ++i) {
