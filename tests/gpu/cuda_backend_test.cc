@@ -10,7 +10,9 @@
 //
 // Against the cpu backend (fp32) where HF has no reference: StreamingLLM sinks with
 // position shift (full-attention and sliding-window models), chunked prefill + decode,
-// logits within the same tolerance and identical greedy tokens.
+// logits within the same tolerance and identical greedy tokens; Qwen3 (tiny-qwen3, qwen3-0.6b)
+// and dynamic NTK RoPE past max_position_embeddings. tiny-qwen3 also decodes free-running
+// against transformers' 32 greedy tokens once its fixture is in tests/data/model.
 //
 // Also: blocks offloaded to the pinned host tier and onboarded elsewhere give the same
 // logits, and malformed batches are rejected before anything runs.

@@ -109,6 +109,30 @@ TEST_CASE("bad options and bad model directories fail at construction") {
   CHECK(CreateBackend("cpu", o).status().message().find("/nonexistent/model") != std::string::npos);
 }
 
+TEST_CASE("a model it cannot run is refused at start-up, naming the config.json field") {
+  const std::string base = RandomModelDir("tiny", 1);
+  struct Case {
+    const char* tag;
+    std::function<void(nlohmann::json&)> edit;
+    const char* field;
+  };
+  for (const Case& k :
+       {Case{"arch", [](nlohmann::json& j) { j["architectures"] = {"Gemma2ForCausalLM"}; }, "architectures"},
+        Case{"act", [](nlohmann::json& j) { j["hidden_act"] = "gelu_pytorch_tanh"; }, "hidden_act"},
+        Case{"rope", [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; },
+             "rope_scaling.rope_type"},
+        Case{"partial", [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor"}}) {
+    VariantModel m(base, std::string("refused-") + k.tag, k.edit);
+    BackendOptions o;
+    o.model_dir = m.dir.string();
+    o.num_blocks = 64;
+    auto b = CreateBackend("cpu", o);
+    REQUIRE_FALSE(b.ok());
+    CHECK_MESSAGE(b.status().message().find(std::string("config.json: ") + k.field + ":") != std::string::npos,
+                  b.status().message());
+  }
+}
+
 TEST_CASE("KV pools: block-major fp32 blocks, one pool per window") {
   auto b = Make(RandomModelDir("tiny", 1), 16);
   REQUIRE(b->pools().size() == 1);
