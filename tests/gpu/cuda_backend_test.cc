@@ -183,7 +183,7 @@ void ExpectMatches(const ForcedSeq& s) {
   CHECK(s.exact + s.near_ties == s.sampled);
 }
 
-TEST_CASE("prefilled whole, then the reference's greedy steps: tokens match transformers, logits within bf16 tolerance") {
+TEST_CASE("prefilled whole, then greedy steps: tokens match transformers, logits within bf16 tolerance") {
   int exact = 0, near_ties = 0;
   for (const std::string& name : TinyModels()) {
     Reference ref = Reference::Load(DataDir() + "/model", name);
@@ -550,7 +550,8 @@ TEST_CASE("batch-1 decode gives the unfused kernels' tokens at every gemv fusion
     const char* shape;
     int32_t sinks;
   };
-  for (Config cfg : {Config{"tiny", 0}, Config{"smollm2-135m", 0}, Config{"smollm2-135m", 4}, Config{"tiny-qwen3", 0}}) {
+  for (Config cfg :
+       {Config{"tiny", 0}, Config{"smollm2-135m", 0}, Config{"smollm2-135m", 4}, Config{"tiny-qwen3", 0}}) {
     INFO(std::string(cfg.shape) << (cfg.sinks > 0 ? " with sinks" : ""));
     backend::BackendOptions o = Options(cfg.shape, 5, 16);
     o.threads = 0;

@@ -121,7 +121,9 @@ Result<RopeScaling> ParseRopeScaling(const json& j, int64_t max_position_embeddi
     KVF_ASSIGN_OR_RETURN(rs.beta_slow, GetNumberIn(r, field, "beta_slow", 0.0));
     if (rs.beta_fast == 0) rs.beta_fast = 32.0;
     if (rs.beta_slow == 0) rs.beta_slow = 1.0;
-    if (!(rs.beta_fast > 0) || !(rs.beta_slow > 0)) return FieldError(field + ".beta_fast", "beta_fast and beta_slow must be > 0");
+    if (!(rs.beta_fast > 0) || !(rs.beta_slow > 0)) {
+      return FieldError(field + ".beta_fast", "beta_fast and beta_slow must be > 0");
+    }
     if (r.contains("attention_factor") && !r["attention_factor"].is_null()) {
       KVF_ASSIGN_OR_RETURN(double af, GetNumberIn(r, field, "attention_factor", no_default));
       if (!(af > 0)) return FieldError(field + ".attention_factor", "must be > 0");

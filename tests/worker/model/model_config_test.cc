@@ -55,7 +55,8 @@ TEST_CASE("llama3 rope_scaling, and the same under transformers 5's rope_paramet
 
 TEST_CASE("an unknown rope_type is refused, naming the field and the supported types") {
   for (const char* type : {"longrope", "su", "mrope"}) {
-    auto c = ParseModelConfig(Llama(std::string(R"(, "rope_scaling": {"rope_type": ")") + type + R"(", "factor": 4.0})"));
+    auto c = ParseModelConfig(
+        Llama(std::string(R"(, "rope_scaling": {"rope_type": ")") + type + R"(", "factor": 4.0})"));
     REQUIRE_FALSE(c.ok());
     CHECK(c.status().code() == StatusCode::kUnimplemented);
     CHECK(c.status().message().find("rope_scaling.rope_type") != std::string::npos);
@@ -94,7 +95,8 @@ TEST_CASE("yarn: its fields, HF's defaults, and transformers 5's factor from the
   CHECK(d->rope_scaling.attention_factor == 0.5);
 
   // No factor: max_position_embeddings / original_max_position_embeddings (transformers 5).
-  auto e = ParseModelConfig(Llama(R"(, "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 512})"));
+  auto e = ParseModelConfig(
+      Llama(R"(, "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 512})"));
   REQUIRE_MESSAGE(e.ok(), e.status().ToString());
   CHECK(e->rope_scaling.factor == 4.0);
   // A top-level original_max_position_embeddings wins over the dict's (Phi-3 style).
@@ -129,7 +131,8 @@ TEST_CASE("bad rope fields are refused, naming the field") {
   };
   for (Case k : {Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 0.5})", "rope_scaling.factor"},
                  Case{R"("rope_scaling": {"rope_type": "dynamic", "factor": "2"})", "rope_scaling.factor"},
-                 Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "beta_fast": -1})", "rope_scaling.beta_fast"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "beta_fast": -1})",
+                      "rope_scaling.beta_fast"},
                  Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0})",
                       "rope_scaling.attention_factor"},
                  Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "truncate": 1})", "rope_scaling.truncate"},

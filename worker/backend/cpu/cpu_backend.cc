@@ -298,9 +298,9 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     per_row([&](int64_t r) {
       float* row = &qkv_[r * qkv_width];
       if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-        for (int64_t h = 0; h < c.num_heads; ++h) RmsNorm(row + h * hd, lw.q_norm.data(), hd, c.rms_norm_eps, row + h * hd);
-        for (int64_t h = c.num_heads; h < c.num_heads + c.num_kv_heads; ++h) {
-          RmsNorm(row + h * hd, lw.k_norm.data(), hd, c.rms_norm_eps, row + h * hd);
+        for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) {
+          const float* w = h < c.num_heads ? lw.q_norm.data() : lw.k_norm.data();
+          RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
         }
       }
       const float* cs = &cos_[r * hd / 2];
