@@ -434,39 +434,56 @@ TEST_CASE("Qwen3, YaRN and dynamic NTK RoPE agree with the cpu backend") {
   CHECK(refused.status().message().find("rope_type dynamic") != std::string::npos);
 }
 
-// The bar for Qwen3 in bf16: decoding free-running (its own tokens fed back, decode
-// steps through CUDA graphs), the backend writes transformers' 32 greedy tokens exactly.
+// The bar for Qwen3 in bf16: decoding free-running (its own tokens fed back, decode steps
+// through CUDA graphs), the backend writes transformers' 32 greedy tokens. As in the
+// teacher-forced cases, a choice may differ only where the fp32 reference's own top-2 gap is
+// below kBf16Tolerance (a near-tie bf16 rounding may flip); the comparison of that prompt ends
+// there, its tokens being different from then on. tiny-qwen3's seed is the one of 200 whose
+// greedy paths come closest to no near-tie at all (tests/data/model/README.md); random weights
+// over a 128K vocabulary always leave a few top-2 gaps of a few hundredths.
 TEST_CASE("tiny-qwen3: 32 free-running greedy tokens identical to transformers'") {
   if (!Reference::Exists(DataDir() + "/model", "tiny-qwen3")) {
     MESSAGE("tiny-qwen3.json is missing: Qwen3's greedy tokens are not compared with transformers'");
     return;
   }
   Reference ref = Reference::Load(DataDir() + "/model", "tiny-qwen3");
+  int matched = 0, near_tie_stops = 0;
   for (int32_t block_size : {8, 32}) {
     auto b = Make("cuda", Options(ref.shape, ref.seed, block_size));
     BlockIds ids;
     for (size_t p = 0; p < ref.prompts.size(); ++p) {
       REQUIRE(ref.greedy[p].size() == 32);
+      INFO("B=" << block_size << " prompt " << p);
       std::vector<TokenId> toks = ref.prompts[p];
       const std::vector<backend::BlockId> table = ids.Take(BlocksFor(ref, p, block_size));
-      std::vector<TokenId> generated;
-      while (generated.size() < ref.greedy[p].size()) {
+      for (size_t i = 0; i < ref.greedy[p].size(); ++i) {
         backend::SequenceStep st;
-        st.start_position = generated.empty() ? 0 : static_cast<int64_t>(toks.size()) - 1;
-        st.tokens = generated.empty() ? std::span<const TokenId>(toks) : std::span<const TokenId>(&toks.back(), 1);
+        st.start_position = i == 0 ? 0 : static_cast<int64_t>(toks.size()) - 1;
+        st.tokens = i == 0 ? std::span<const TokenId>(toks) : std::span<const TokenId>(&toks.back(), 1);
         st.block_tables = {table};
         st.sample = true;
         backend::StepBatch batch;
         batch.seqs = {st};
         backend::StepOutput out;
         REQUIRE(b->Execute(batch, &out).ok());
-        generated.push_back(out.tokens[0]);
-        toks.push_back(out.tokens[0]);
+        if (out.tokens[0] == ref.greedy[p][i]) {
+          ++matched;
+          toks.push_back(out.tokens[0]);
+          continue;
+        }
+        const int64_t position = static_cast<int64_t>(toks.size()) - 1;
+        const float gap = TopGap(ref, p, position);
+        MESSAGE("greedy token " << i << " differs: " << out.tokens[0] << " for transformers' " << ref.greedy[p][i]
+                                << " (reference top-2 gap " << gap << ")");
+        CHECK(gap < kBf16Tolerance);
+        ++near_tie_stops;
+        break;
       }
-      INFO("B=" << block_size << " prompt " << p);
-      CHECK(generated == ref.greedy[p]);
     }
   }
+  MESSAGE("tiny-qwen3 free-running: " << matched << " greedy tokens equal to transformers', " << near_tie_stops
+                                      << " prompts stopped at a near-tie");
+  CHECK(matched > 0);
 }
 
 // Decode steps that only sample run as CUDA graphs (padded to a power-of-two batch) from
