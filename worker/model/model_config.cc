@@ -87,14 +87,17 @@ Result<RopeScaling> ParseRopeScaling(const json& j, int64_t max_position_embeddi
     return Unimplemented("config.json: " + field + ".rope_type: unsupported " + type +
                          " (supported: default, linear, llama3, yarn, dynamic)");
   }
-  // The pre-extension length: a top-level original_max_position_embeddings wins (Phi-3
-  // style, as transformers 5 standardizes it), then the one in the dict.
+  // llama3 and yarn: the pre-extension length. A top-level original_max_position_embeddings
+  // wins (Phi-3 style, as transformers 5 standardizes it), then the one in the dict.
   std::optional<int64_t> original;
   for (const json* where : {&j, &r}) {
     auto o = where->find("original_max_position_embeddings");
-    if (original || o == where->end() || o->is_null()) continue;
+    if (original || (rs.type != Type::kLlama3 && rs.type != Type::kYarn) || o == where->end() || o->is_null()) {
+      continue;
+    }
     if (!o->is_number_integer() || o->get<int64_t>() <= 0) {
-      return FieldError(field + ".original_max_position_embeddings", "not a positive integer: " + o->dump());
+      const std::string name = (where == &j ? "" : field + ".") + "original_max_position_embeddings";
+      return FieldError(name, "not a positive integer: " + o->dump());
     }
     original = o->get<int64_t>();
   }
