@@ -126,12 +126,14 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     if (alone > bound) {
       return refuse(Unavailable("no worker of model '" + std::string(prompt.model) + "' can give the first token of " +
                                 std::to_string(prompt.tokens.size()) + " prompt tokens within " + Seconds(bound) +
-                                " (--first-token-timeout-s): its prefill alone takes about " + Seconds(alone)),
+                                " (--admission-ttft-s; by default 0.8 x --first-token-timeout-s): its prefill "
+                                "alone takes about " + Seconds(alone)),
                     "unattainable", 0);
     }
     return refuse(ResourceExhausted("every worker of model '" + std::string(prompt.model) +
-                                    "' would give the first token after " + Seconds(bound) +
-                                    " (--first-token-timeout-s): the soonest in about " + Seconds(best)),
+                                    "' would give the first token later than " + Seconds(bound) +
+                                    " (--admission-ttft-s; by default 0.8 x --first-token-timeout-s): the soonest "
+                                    "in about " + Seconds(best)),
                   "predicted_ttft", retry_after);
   }
   auto choice = picker_.Pick(d.policy, d.route, *admitted);
@@ -171,7 +173,7 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Reroute
     rest = Admissible(route, rest, &ttft);
     if (rest.empty()) {
       return ResourceExhausted("no other worker can give the first token within " +
-                               Seconds(options().admission_ttft_s));
+                               Seconds(options().admission_ttft_s) + " (--admission-ttft-s)");
     }
     KVF_ASSIGN_OR_RETURN(Choice choice, picker_.Pick(policy, route, rest));
     return choice.worker;
