@@ -177,7 +177,8 @@ void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
   for (const RunReport& r : runs) {
     out << std::left << std::setw(14) << r.policy << std::right << std::setw(7) << r.requests << std::setw(6)
         << r.failed << std::setw(6) << errors(r, "429") << std::setw(6) << errors(r, "503") << std::setw(6)
-        << errors(r, "504") << std::setw(6) << errors(r, "other") << std::setprecision(1) << std::setw(10) << ms(r.ttft.mean) << std::setw(9) << ms(r.ttft.p50)
+        << errors(r, "504") << std::setw(6) << errors(r, "other") << std::setprecision(1) << std::setw(10)
+        << ms(r.ttft.mean) << std::setw(9) << ms(r.ttft.p50)
         << std::setw(9) << ms(r.ttft.p90) << std::setw(9) << ms(r.ttft.p99) << std::setw(9) << ms(r.itl.p50)
         << std::setw(9) << ms(r.itl.p99) << std::setw(9) << ms(r.e2e.p50) << std::setw(9) << ms(r.e2e.p99)
         << std::setw(11) << r.output_tokens_per_s << std::setprecision(2) << std::setw(9) << r.goodput_rps

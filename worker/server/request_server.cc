@@ -106,8 +106,8 @@ Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& cont
   }
   std::unique_ptr<zmq::context_t> own_context;
   if (!curve.authorized_keys_file.empty()) own_context = std::make_unique<zmq::context_t>(1);
-  std::unique_ptr<RequestServer> server(new RequestServer(context, std::move(own_context), clock, options.on_first_token,
-                                                                options.on_error));
+  std::unique_ptr<RequestServer> server(
+      new RequestServer(context, std::move(own_context), clock, options.on_first_token, options.on_error));
   if (!curve.server_keypair_file.empty()) {
     KVF_ASSIGN_OR_RETURN(auto keys, LoadCurveKeyPair(curve.server_keypair_file));
     if (!curve.authorized_keys_file.empty()) {

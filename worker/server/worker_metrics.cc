@@ -79,7 +79,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                     .Register(r)),
       refused_(prometheus::BuildCounter()
                    .Name("kvfleet_worker_requests_refused_total")
-                   .Help("Generates answered with an Error instead of a stream, by code (overloaded: the queue was full)")
+                   .Help("Generates answered with an Error instead of a stream, by code (overloaded: queue full)")
                    .Register(r)) {
   refused_.Add({{"code", "overloaded"}});  // present at 0, so an alert on it has a series
   running_ = &requests_.Add({{"state", "running"}});

@@ -220,7 +220,9 @@ TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput 
   double refused = 0;
   std::istringstream lines(metrics->body);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("kvfleet_router_requests_refused_total{", 0) == 0) refused += std::stod(line.substr(line.rfind(' ')));
+    if (line.rfind("kvfleet_router_requests_refused_total{", 0) == 0) {
+      refused += std::stod(line.substr(line.rfind(' ')));
+    }
   }
   CHECK(refused == static_cast<double>(overload.errors_by_status.at("429") + overload.errors_by_status.at("503") +
                                        at_capacity.errors_by_status.at("429") +

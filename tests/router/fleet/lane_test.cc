@@ -206,7 +206,7 @@ TEST_CASE("no first token in time, and nowhere to retry: the sink gets DeadlineE
   CHECK(s.Inflight(0) == 0);
 }
 
-TEST_CASE("a worker that refuses (queue full) or serves another model: retried on the next; refused everywhere, the sink hears why") {
+TEST_CASE("a worker refusing (queue full, another model): retried on the next; refused everywhere, the sink hears why") {
   for (WorkerErrorCode code : {WorkerErrorCode::kOverloaded, WorkerErrorCode::kUnknownModel}) {
     CAPTURE(static_cast<int>(code));
     FakeWorker full("hello"), open("hello");
