@@ -13,6 +13,19 @@ prometheus::Histogram::BucketBoundaries StepBuckets() {
 prometheus::Histogram::BucketBoundaries TokenBuckets() {
   return {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 }
+const char* ErrorCodeLabel(WorkerErrorCode code) {
+  switch (code) {
+    case WorkerErrorCode::kInvalidRequest: return "invalid_request";
+    case WorkerErrorCode::kContextTooLong: return "context_too_long";
+    case WorkerErrorCode::kUnknownLora: return "unknown_lora";
+    case WorkerErrorCode::kOverloaded: return "overloaded";
+    case WorkerErrorCode::kShuttingDown: return "shutting_down";
+    case WorkerErrorCode::kInternal: return "internal";
+    case WorkerErrorCode::kUnknownModel: return "unknown_model";
+  }
+  return "internal";
+}
+
 // TTFT: 5 ms (a prefix hit on a GPU) to a minute (a long queue).
 prometheus::Histogram::BucketBoundaries TtftBuckets() {
   return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
@@ -64,6 +77,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                     .Name("kvfleet_worker_requests_finished_total")
                     .Help("Requests finished, by reason")
                     .Register(r)),
+      refused_(prometheus::BuildCounter()
+                   .Name("kvfleet_worker_requests_refused_total")
+                   .Help("Generates answered with an Error instead of a stream, by code (overloaded: queue full)")
+                   .Register(r)),
       step_bound_(prometheus::BuildGauge()
                       .Name("kvfleet_worker_step_bound_seconds")
                       .Help("Longest a step may take while requests decode (--max-step-ms); 0: no bound")
@@ -84,6 +101,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                                .Help("Measured steps the step-time model clipped as outliers (warm-up, captures)")
                                .Register(r)
                                .Add({})) {
+  refused_.Add({{"code", "overloaded"}});  // present at 0, so an alert on it has a series
   auto& terms = prometheus::BuildGauge()
                     .Name("kvfleet_worker_step_model_seconds")
                     .Help("Fitted step-time model: seconds per step (base) or per unit of each term")
@@ -159,6 +177,8 @@ void WorkerMetrics::UpdateKv(const kv::KvStats& stats) {
 void WorkerMetrics::OnFirstToken(DurationNs time_to_first_token) {
   ttft_.Observe(static_cast<double>(time_to_first_token) / kNsPerSec);
 }
+
+void WorkerMetrics::OnRefused(WorkerErrorCode code) { refused_.Add({{"code", ErrorCodeLabel(code)}}).Increment(); }
 
 void WorkerMetrics::OnOutputs(const std::vector<engine::RequestOutput>& outputs) {
   for (const engine::RequestOutput& out : outputs) {

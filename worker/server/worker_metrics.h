@@ -20,6 +20,8 @@
 //                                                   decode_sequence, kv_token, prefill_pair
 //   kvfleet_worker_step_model_error_ratio           gauge: typical |measured - predicted| / predicted
 //   kvfleet_worker_step_model_outliers_total        measured steps clipped as outliers
+//   kvfleet_worker_requests_refused_total{code}     Generates answered with an Error, by its code
+//                                                   (overloaded: the queue was full, --max-queued)
 //
 // Thread safety: prometheus-cpp metrics are thread-safe; Update* run on the engine thread.
 #pragma once
@@ -36,6 +38,7 @@
 #include <prometheus/registry.h>
 
 #include "common/clock.h"
+#include "schema/requests.h"
 #include "worker/engine/engine_stats.h"
 #include "worker/engine/request.h"
 #include "worker/engine/step_time_model.h"
@@ -57,6 +60,8 @@ class WorkerMetrics {
   void OnFirstToken(DurationNs time_to_first_token);
   // The scheduler's step bound and its step-time model as fitted so far.
   void UpdateStepModel(const engine::StepTimeModel& model, double max_step_ms);
+  // A Generate answered with an Error instead of a stream. Thread-safe.
+  void OnRefused(WorkerErrorCode code);
 
  private:
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
@@ -76,6 +81,7 @@ class WorkerMetrics {
   prometheus::Histogram& ttft_;
   prometheus::Counter& generated_;
   prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Family<prometheus::Counter>& refused_;
   prometheus::Gauge& step_bound_;
   prometheus::Counter& bounded_steps_;
   std::array<prometheus::Gauge*, 6> step_model_{};  // base, prefill_step, prefill_token, decode_sequence, kv_token, prefill_pair
