@@ -79,6 +79,10 @@ Action AddMakeModelCommand(CLI::App& parent) {
       std::cerr << "error: make-model needs one of --shape or --layout\n";
       return 2;
     }
+    if (args->layout.empty() && (!args->chat_template.empty() || args->end_of_turn_scale != 1.0)) {
+      std::cerr << "error: --chat-template and --end-of-turn-scale go with --layout, not --shape\n";
+      return 2;
+    }
     if (!args->layout.empty()) {
       if (args->dtype != "bf16" && args->dtype != "fp32") {
         std::cerr << "error: --dtype must be bf16 or fp32, not " << args->dtype << "\n";

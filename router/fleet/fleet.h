@@ -5,8 +5,8 @@
 // router's ROUTER socket, and from a DNS name re-resolved periodically (a Kubernetes
 // headless service). A worker is keyed by its requests endpoint, so a static entry and
 // that worker's Hello are one record. Each model has one fleet; a worker whose block size
-// disagrees with its model's fleet, or whose tokenizer digest is not the router's, is
-// refused: its reason is logged once, counted, and listed by Refused().
+// disagrees with its model's fleet, or whose tokenizer digest is not the one the router
+// holds for its model, is refused: its reason is logged once, counted, and listed by Refused().
 //
 // Forwarding happens in lanes (lane.h): each has its own DEALER per worker and lives on
 // one thread, which sends the requests and reads their answers, so the request path needs

