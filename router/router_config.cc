@@ -191,32 +191,40 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--registration", c->fleet.registration_endpoint,
                  "ROUTER endpoint workers send Hello to (empty: none)")
       ->capture_default_str();
-  // The per-model options take one value per occurrence: `--tokenizer a=X --tokenizer b=Y`.
+  // The per-model options take one value per occurrence, `--tokenizer a=X --tokenizer b=Y`,
+  // or several split at ';', which is how the environment gives several:
+  // KVFLEET_TOKENIZER="a=X;b=Y".
   app.add_option("--workers", c->workers,
                  "static workers: [MODEL=]EP,EP,... requests endpoints (tcp://HOST:PORT); plain: --model's; repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--workers-dns", c->workers_dns,
                  "[MODEL=]HOST:PORT resolving to many workers, re-resolved; plain: --model's; repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--dns-interval-s", c->dns_interval_s, "DNS re-resolution period (seconds)")->capture_default_str();
   app.add_option("--model", c->fleet.static_model, "model of a plain --workers and --workers-dns")
       ->capture_default_str();
   app.add_option("--block-size", c->block_sizes,
                  "[MODEL=]N: block size of static and DNS workers (default 32; plain: every model's); repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--max-context", c->max_contexts,
                  "[MODEL=]N: context length of static and DNS workers (default 8192; plain: every model's); "
                  "repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--tokenizer", c->tokenizer_dirs,
                  "[MODEL=]DIR: model directory whose tokenizer the router uses for MODEL (plain: for every model "
                  "without its own; none: bytes, for mock fleets); repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--chat-template", c->chat_template_files,
                  "[MODEL=]FILE: Jinja chat template replacing the tokenizer directory's (default: its "
                  "chat_template.jinja, else chat_template.json, else tokenizer_config.json's); plain: the plain "
                  "--tokenizer's; repeatable")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();

@@ -97,21 +97,26 @@ TEST_CASE("MODEL= forms give each model its own workers, DNS names and sizes; th
   CHECK(mistral->max_context == 1024);
 }
 
-TEST_CASE("the environment's KVFLEET_WORKERS still gives the plain form") {
+TEST_CASE("the environment gives the plain form, and several values split at ';'") {
   RouterConfig c;
   CLI::App app;
   AddOptions(app, &c);
   BindEnvironment(app);
   ::setenv("KVFLEET_WORKERS", "tcp://e:1,tcp://e:4", 1);
+  ::setenv("KVFLEET_WORKERS_DNS", "a=svc-a:1;b=svc-b:2", 1);
   std::vector<std::string> argv = {"kvfleet-router", "--model", "env"};
   std::vector<char*> ptrs;
   for (auto& a : argv) ptrs.push_back(a.data());
   app.parse(static_cast<int>(ptrs.size()), ptrs.data());
   ::unsetenv("KVFLEET_WORKERS");
+  ::unsetenv("KVFLEET_WORKERS_DNS");
   REQUIRE(Prepare(&c).ok());
-  REQUIRE(c.fleet.static_fleets.size() == 1);
-  CHECK(c.fleet.static_fleets[0].model == "env");
-  CHECK(c.fleet.static_fleets[0].workers.size() == 2);
+  REQUIRE(c.fleet.static_fleets.size() == 3);
+  REQUIRE(FleetOf(c, "env"));
+  CHECK(FleetOf(c, "env")->workers.size() == 2);
+  REQUIRE((FleetOf(c, "a") && FleetOf(c, "b")));
+  CHECK(FleetOf(c, "a")->dns_names == std::vector<std::string>{"svc-a:1"});
+  CHECK(FleetOf(c, "b")->dns_names == std::vector<std::string>{"svc-b:2"});
 }
 
 TEST_CASE("bad static and DNS worker options stop the router, naming the option") {
