@@ -251,7 +251,7 @@ const LAYOUTS = {
 function makeModel(name, spec) {
   const out = path.join(dir, name);
   const args = ['make-model', '--layout', name, '--tokenizer', spec.tokenizer, '--out', out, '--seed', '3',
-                '--end-of-turn-scale', '6'];
+                '--end-of-turn-scale', '8'];
   if (spec.template) args.push('--chat-template', spec.template);
   const r = spawnSync(kvfleetBin, args, { encoding: 'utf8', timeout: 120000 });
   return { out, status: r.status, output: `${r.stdout}${r.stderr}` };
