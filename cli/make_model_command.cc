@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/model_layouts.h"
 #include "common/log.h"
 #include "worker/model/random_model.h"
 
@@ -21,7 +22,33 @@ struct MakeModelArgs {
   uint64_t seed = 0;
   std::string dtype = "bf16";
   bool config_only = false;
+  std::string layout;         // --layout: a real repository's files instead of --shape's
+  std::string chat_template;  // --layout's template (default: --tokenizer's)
+  double end_of_turn_scale = 1.0;
 };
+
+// --layout: cli/model_layouts.h.
+int MakeLayout(const MakeModelArgs& a, model::DType dtype) {
+  if (!a.shape.empty() || a.config_only) {
+    std::cerr << "error: --layout writes a whole repository: it takes no --shape or --config-only\n";
+    return 2;
+  }
+  ModelLayoutOptions o;
+  o.layout = a.layout;
+  o.tokenizer_dir = a.tokenizer;
+  o.chat_template_file = a.chat_template;
+  o.out_dir = a.out;
+  o.seed = a.seed;
+  o.dtype = dtype;
+  o.end_of_turn_scale = a.end_of_turn_scale;
+  Status st = WriteModelLayout(o);
+  if (!st.ok()) {
+    std::cerr << "error: " << st.message() << "\n";
+    return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  Logger("model")->info("make-model: wrote {} (layout {}, seed {})", a.out, a.layout, a.seed);
+  return 0;
+}
 }  // namespace
 
 Action AddMakeModelCommand(CLI::App& parent) {
@@ -29,7 +56,17 @@ Action AddMakeModelCommand(CLI::App& parent) {
   CLI::App* cmd = parent.add_subcommand("make-model", "write a random-weight HF model directory of a known shape");
   std::string shapes;
   for (const auto& s : model::RandomModelShapes()) shapes += (shapes.empty() ? "" : ", ") + s;
-  cmd->add_option("--shape", args->shape, "model shape: " + shapes)->required();
+  cmd->add_option("--shape", args->shape, "model shape: " + shapes);
+  std::string layouts;
+  for (const auto& s : ModelLayoutNames()) layouts += (layouts.empty() ? "" : ", ") + s;
+  cmd->add_option("--layout", args->layout,
+                  "instead of --shape: a real repository's file set and config values at tiny sizes: " + layouts);
+  cmd->add_option("--chat-template", args->chat_template, "--layout: the repository's chat template file "
+                                                           "(default: the --tokenizer directory's)");
+  cmd->add_option("--end-of-turn-scale", args->end_of_turn_scale,
+                  "--layout: multiply the end-of-turn token's lm_head row by this, so greedy answers end at it "
+                  "within a few tokens (tests of stop ids)")
+      ->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer, "directory with tokenizer.json (and tokenizer_config.json)")
       ->required();
   cmd->add_option("--out", args->out, "output directory")->required();
@@ -38,6 +75,21 @@ Action AddMakeModelCommand(CLI::App& parent) {
   cmd->add_flag("--config-only", args->config_only,
                 "write config.json and the tokenizer files only (weights: tests/gpu/make_reference.py --make-model)");
   return [args]() {
+    if (args->shape.empty() == args->layout.empty()) {
+      std::cerr << "error: make-model needs one of --shape or --layout\n";
+      return 2;
+    }
+    if (args->layout.empty() && (!args->chat_template.empty() || args->end_of_turn_scale != 1.0)) {
+      std::cerr << "error: --chat-template and --end-of-turn-scale go with --layout, not --shape\n";
+      return 2;
+    }
+    if (!args->layout.empty()) {
+      if (args->dtype != "bf16" && args->dtype != "fp32") {
+        std::cerr << "error: --dtype must be bf16 or fp32, not " << args->dtype << "\n";
+        return 2;
+      }
+      return MakeLayout(*args, args->dtype == "bf16" ? model::DType::kBF16 : model::DType::kF32);
+    }
     model::RandomModelOptions o;
     o.shape = args->shape;
     o.tokenizer_dir = args->tokenizer;

@@ -4,8 +4,10 @@
 //
 //   kvfleet-router --http-port 8000 --registration tcp://*:5555
 //   kvfleet-router --workers tcp://10.0.0.5:5556,tcp://10.0.0.6:5556 --model llama --block-size 32
+//   kvfleet-router --tokenizer llama=/models/llama --tokenizer qwen=/models/qwen   (several models)
 #include <csignal>
 #include <iostream>
+#include <map>
 
 #include <prometheus/registry.h>
 
@@ -46,33 +48,42 @@ int Run(RouterConfig& c) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::shared_ptr<const TextCodec> codec;
-  if (c.tokenizer_dir.empty()) {
-    codec = MakeByteCodec();
-  } else {
-    auto loaded = LoadTokenizerCodec(c.tokenizer_dir, c.chat_template);
+  // Each model's codec: its own --tokenizer MODEL=DIR, else the plain --tokenizer's, else
+  // the byte codec. Workers are compared on the model directory's own tokenizer.json and
+  // template: a --chat-template changes only how this router renders chats, not the token
+  // ids a worker's model was trained on, so it does not make every worker a stranger.
+  std::shared_ptr<const TextCodec> fallback = MakeByteCodec();
+  std::map<std::string, std::shared_ptr<const TextCodec>> own;
+  for (const RouterConfig::ModelTokenizer& t : c.tokenizers) {
+    const std::string flag = t.model.empty() ? t.dir : t.model + "=" + t.dir;
+    auto loaded = LoadTokenizerCodec(t.dir, t.chat_template);
     if (!loaded.ok()) {
-      if (c.chat_template) {
-        log->error("--tokenizer {} with --chat-template {}: {}", c.tokenizer_dir, c.chat_template_file,
-                   loaded.status().message());
+      if (t.chat_template) {
+        log->error("--tokenizer {} with --chat-template {}: {}", flag, t.chat_template_file, loaded.status().message());
       } else {
-        log->error("{}", loaded.status().message());
+        log->error("--tokenizer {}: {}", flag, loaded.status().message());
       }
       return 2;
     }
-    codec = *loaded;
-    // Workers are compared on the model directory's own tokenizer.json and template: a
-    // --chat-template changes only how this router renders chats, not the token ids a
-    // worker's model was trained on, so it does not make every worker a stranger.
-    auto digest = TokenizerDigest(c.tokenizer_dir);
+    auto digest = TokenizerDigest(t.dir);
     if (!digest.ok()) {
-      log->error("--tokenizer {}: {}", c.tokenizer_dir, digest.status().message());
+      log->error("--tokenizer {}: {}", flag, digest.status().message());
       return 2;
     }
-    c.fleet.tokenizer_digest = *digest;
-    log->info("tokenizer {} (digest {}, chat template: {})", c.tokenizer_dir, DigestHex(*digest),
-              c.chat_template ? "--chat-template " + c.chat_template_file : std::string("the directory's"));
+    if (t.model.empty()) {
+      fallback = *loaded;
+      c.fleet.tokenizer_digest = *digest;
+    } else {
+      own[t.model] = *loaded;
+      c.fleet.tokenizer_digests[t.model] = *digest;
+    }
+    log->info("tokenizer of {}: {} (digest {}, chat template: {})",
+              t.model.empty() ? std::string("every model without its own") : "model " + t.model, t.dir,
+              DigestHex(*digest),
+              t.chat_template ? "--chat-template " + t.chat_template_file : std::string("the directory's"));
   }
+  ModelCodecs codecs(fallback);
+  for (auto& [model, codec] : own) codecs.Set(model, std::move(codec));
   auto registry = std::make_shared<prometheus::Registry>();
   const Clock* clock = SystemClock::Default();
   // KV events and load reports: the global index, worker liveness and load.
@@ -98,7 +109,10 @@ int Run(RouterConfig& c) {
     return 1;
   }
   Router router(c.routing, fleet->get(), &plane.index(), &approx_index);
-  Api api(c.api, fleet->get(), &router, codec, clock, registry);
+  const std::string codec_name =
+      codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
+                                                                         " per-model tokenizers");
+  Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
   http::Routes routes;
   api.AddRoutes(&routes);
   auto server = http::Server::Start(c.http, std::move(routes));
@@ -107,7 +121,7 @@ int Run(RouterConfig& c) {
     return 1;
   }
   log->info("listening on http://{}:{} (policy {}, codec {}, registration {})", c.http.address, (*server)->port(),
-            c.policy, codec->name(), (*fleet)->registration_endpoint());
+            c.policy, codec_name, (*fleet)->registration_endpoint());
   int sig = 0;
   sigwait(&signals, &sig);
   log->info("signal {}: stopping", sig);

@@ -1,11 +1,183 @@
 #include "router/router_config.h"
 
+#include <charconv>
 #include <filesystem>
+#include <initializer_list>
+#include <map>
+#include <set>
 
+#include "common/block_hash.h"
 #include "common/curve_keys.h"
 #include "common/tokenizer_files.h"
 
 namespace kvfleet::router {
+
+namespace {
+
+// Each [MODEL=]N of `option`, by model ("" for a plain N).
+Status ParseCounts(std::string_view option, const std::vector<std::string>& values,
+                   std::map<std::string, uint32_t>* out) {
+  for (const auto& value : values) {
+    KVF_ASSIGN_OR_RETURN(auto mv, SplitModelValue(option, value));
+    uint32_t n = 0;
+    const char* end = mv.second.data() + mv.second.size();
+    auto [ptr, ec] = std::from_chars(mv.second.data(), end, n);
+    if (ec != std::errc() || ptr != end || n == 0) {
+      return InvalidArgument(std::string(option) + " " + value + ": '" + mv.second + "' is not a positive integer");
+    }
+    if (!out->emplace(mv.first, n).second) {
+      return InvalidArgument(std::string(option) + " " + value + ": " +
+                             (mv.first.empty() ? std::string("a plain value") : "model '" + mv.first + "'") +
+                             " is given twice");
+    }
+  }
+  return Status::Ok();
+}
+
+// --workers, --workers-dns, --block-size and --max-context into FleetOptions::static_fleets.
+Status PrepareStaticFleets(RouterConfig* c) {
+  c->fleet.static_fleets.clear();
+  std::map<std::string, StaticFleet> fleets;
+  std::map<std::string, std::string> owner;  // endpoint or DNS name -> its model
+  auto fleet_of = [&](const std::string& model) -> StaticFleet& {
+    StaticFleet& f = fleets[model];
+    f.model = model;
+    return f;
+  };
+  for (const auto& value : c->workers) {
+    KVF_ASSIGN_OR_RETURN(auto mv, SplitModelValue("--workers", value));
+    const std::string model = mv.first.empty() ? c->fleet.static_model : mv.first;
+    std::string rest = mv.second;
+    size_t start = 0;
+    while (start <= rest.size()) {
+      size_t comma = rest.find(',', start);
+      std::string ep = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      start = comma == std::string::npos ? rest.size() + 1 : comma + 1;
+      if (ep.empty()) continue;
+      if (ep.find("://") == std::string::npos) {
+        return InvalidArgument("--workers " + value + ": '" + ep + "' is not an endpoint (tcp://HOST:PORT)");
+      }
+      auto [it, fresh] = owner.emplace(ep, model);
+      if (!fresh) {
+        return InvalidArgument("--workers " + value + ": " + ep + " is listed twice (models '" + it->second +
+                               "' and '" + model + "')");
+      }
+      fleet_of(model).workers.push_back(ep);
+    }
+  }
+  for (const auto& value : c->workers_dns) {
+    KVF_ASSIGN_OR_RETURN(auto mv, SplitModelValue("--workers-dns", value));
+    const std::string model = mv.first.empty() ? c->fleet.static_model : mv.first;
+    size_t colon = mv.second.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == mv.second.size() ||
+        mv.second.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+      return InvalidArgument("--workers-dns " + value + ": '" + mv.second + "' is not HOST:PORT");
+    }
+    auto [it, fresh] = owner.emplace("dns:" + mv.second, model);
+    if (!fresh) {
+      return InvalidArgument("--workers-dns " + value + ": " + mv.second + " is given twice (models '" + it->second +
+                             "' and '" + model + "')");
+    }
+    fleet_of(model).dns_names.push_back(mv.second);
+  }
+  std::map<std::string, uint32_t> block_sizes, max_contexts;
+  KVF_RETURN_IF_ERROR(ParseCounts("--block-size", c->block_sizes, &block_sizes));
+  KVF_RETURN_IF_ERROR(ParseCounts("--max-context", c->max_contexts, &max_contexts));
+  for (const auto& [option, counts] : std::initializer_list<std::pair<std::string, const std::map<std::string, uint32_t>*>>{
+           {"--block-size", &block_sizes}, {"--max-context", &max_contexts}}) {
+    for (const auto& [model, n] : *counts) {
+      // Registered workers announce their own sizes: a size for a model without static
+      // or DNS workers would be silently unused.
+      if (!model.empty() && !fleets.count(model)) {
+        return InvalidArgument(option + " " + model + "=" + std::to_string(n) + ": model '" + model +
+                               "' has no --workers or --workers-dns (registered workers announce their own)");
+      }
+    }
+  }
+  for (auto& [model, f] : fleets) {
+    auto pick = [&](const std::map<std::string, uint32_t>& m, uint32_t fallback) {
+      auto it = m.find(model);
+      if (it != m.end()) return it->second;
+      it = m.find("");
+      return it != m.end() ? it->second : fallback;
+    };
+    f.block_size = pick(block_sizes, StaticFleet{}.block_size);
+    f.max_context = pick(max_contexts, StaticFleet{}.max_context);
+    if (!IsValidBlockSize(f.block_size)) {
+      return InvalidArgument("--block-size: " + std::to_string(f.block_size) + " (model '" + model +
+                             "') is not a power of two >= 2");
+    }
+    c->fleet.static_fleets.push_back(f);
+  }
+  return Status::Ok();
+}
+
+// --tokenizer and --chat-template into RouterConfig::tokenizers, each template file read.
+Status PrepareTokenizers(RouterConfig* c) {
+  std::map<std::string, RouterConfig::ModelTokenizer> by_model;
+  for (const auto& value : c->tokenizer_dirs) {
+    KVF_ASSIGN_OR_RETURN(auto mv, SplitModelValue("--tokenizer", value));
+    std::error_code ec;
+    if (!std::filesystem::is_directory(mv.second, ec)) {
+      return InvalidArgument("--tokenizer " + value + ": " + mv.second + " is not a directory");
+    }
+    if (by_model.count(mv.first)) {
+      return InvalidArgument("--tokenizer " + value + ": " +
+                             (mv.first.empty() ? std::string("a plain --tokenizer") : "model '" + mv.first + "'") +
+                             " is given twice");
+    }
+    by_model[mv.first] = RouterConfig::ModelTokenizer{mv.first, mv.second, {}, {}};
+  }
+  std::set<std::string> templated;
+  for (const auto& value : c->chat_template_files) {
+    KVF_ASSIGN_OR_RETURN(auto mv, SplitModelValue("--chat-template", value));
+    if (!templated.insert(mv.first).second) {
+      return InvalidArgument("--chat-template " + value + ": " +
+                             (mv.first.empty() ? std::string("a plain --chat-template") : "model '" + mv.first + "'") +
+                             " is given twice");
+    }
+    auto it = by_model.find(mv.first);
+    if (it == by_model.end()) {
+      auto fallback = by_model.find("");
+      if (mv.first.empty() || fallback == by_model.end()) {
+        if (by_model.empty()) {
+          return InvalidArgument("--chat-template needs --tokenizer: the byte codec renders chats as plain text");
+        }
+        return InvalidArgument("--chat-template " + value + ": no --tokenizer for " +
+                               (mv.first.empty() ? std::string("the plain --chat-template (give a plain --tokenizer "
+                                                               "DIR, or name the model: --chat-template MODEL=FILE)")
+                                                 : "model '" + mv.first + "'"));
+      }
+      // The default tokenizer directory with this model's own template.
+      it = by_model.emplace(mv.first, RouterConfig::ModelTokenizer{mv.first, fallback->second.dir, {}, {}}).first;
+    }
+    std::error_code ec;
+    Result<std::string> text = ReadModelFile(mv.second);
+    if (!std::filesystem::is_regular_file(mv.second, ec) || !text.ok()) {
+      return InvalidArgument("--chat-template " + value + ": cannot read the file");
+    }
+    it->second.chat_template_file = mv.second;
+    it->second.chat_template = std::move(text).value();
+  }
+  c->tokenizers.clear();
+  for (auto& [model, t] : by_model) c->tokenizers.push_back(std::move(t));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::pair<std::string, std::string>> SplitModelValue(std::string_view option, const std::string& text) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) {
+    if (text.empty()) return InvalidArgument(std::string(option) + ": an empty value");
+    return std::make_pair(std::string(), text);
+  }
+  std::string model = text.substr(0, eq), value = text.substr(eq + 1);
+  if (model.empty() || value.empty()) {
+    return InvalidArgument(std::string(option) + " " + text + ": expected MODEL=VALUE with neither empty");
+  }
+  return std::make_pair(std::move(model), std::move(value));
+}
 
 void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--http-host", c->http.address, "HTTP listen address")->capture_default_str();
@@ -19,18 +191,40 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--registration", c->fleet.registration_endpoint,
                  "ROUTER endpoint workers send Hello to (empty: none)")
       ->capture_default_str();
-  app.add_option("--workers", c->static_workers, "static workers: comma-separated requests endpoints");
-  app.add_option("--workers-dns", c->fleet.dns_name, "host:port resolving to many workers (re-resolved)");
+  // The per-model options take one value per occurrence, `--tokenizer a=X --tokenizer b=Y`,
+  // or several split at ';', which is how the environment gives several:
+  // KVFLEET_TOKENIZER="a=X;b=Y".
+  app.add_option("--workers", c->workers,
+                 "static workers: [MODEL=]EP,EP,... requests endpoints (tcp://HOST:PORT); plain: --model's; repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
+  app.add_option("--workers-dns", c->workers_dns,
+                 "[MODEL=]HOST:PORT resolving to many workers, re-resolved; plain: --model's; repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--dns-interval-s", c->dns_interval_s, "DNS re-resolution period (seconds)")->capture_default_str();
-  app.add_option("--model", c->fleet.static_model, "model served by static and DNS workers")->capture_default_str();
-  app.add_option("--block-size", c->fleet.static_block_size, "block size of static and DNS workers")
+  app.add_option("--model", c->fleet.static_model, "model of a plain --workers and --workers-dns")
       ->capture_default_str();
-  app.add_option("--max-context", c->fleet.static_max_context, "context length of static and DNS workers")
-      ->capture_default_str();
-  app.add_option("--tokenizer", c->tokenizer_dir, "model directory whose tokenizer the router uses (default: bytes)");
-  app.add_option("--chat-template", c->chat_template_file,
-                 "Jinja chat template file replacing the --tokenizer directory's (default: its chat_template.jinja, "
-                 "else chat_template.json, else tokenizer_config.json's)");
+  app.add_option("--block-size", c->block_sizes,
+                 "[MODEL=]N: block size of static and DNS workers (default 32; plain: every model's); repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
+  app.add_option("--max-context", c->max_contexts,
+                 "[MODEL=]N: context length of static and DNS workers (default 8192; plain: every model's); "
+                 "repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
+  app.add_option("--tokenizer", c->tokenizer_dirs,
+                 "[MODEL=]DIR: model directory whose tokenizer the router uses for MODEL (plain: for every model "
+                 "without its own; none: bytes, for mock fleets); repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
+  app.add_option("--chat-template", c->chat_template_files,
+                 "[MODEL=]FILE: Jinja chat template replacing the tokenizer directory's (default: its "
+                 "chat_template.jinja, else chat_template.json, else tokenizer_config.json's); plain: the plain "
+                 "--tokenizer's; repeatable")
+      ->allow_extra_args(false)
+      ->delimiter(';');
   app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv or approx")->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();
@@ -104,24 +298,8 @@ Status Prepare(RouterConfig* c) {
     KVF_RETURN_IF_ERROR(LoadCurveKeyPair(c->curve_keypair).status());
     KVF_RETURN_IF_ERROR(LoadCurvePublicKey(c->curve_server_key).status());
   }
-  std::string rest = c->static_workers;
-  while (!rest.empty()) {
-    size_t comma = rest.find(',');
-    std::string ep = rest.substr(0, comma);
-    if (!ep.empty()) c->fleet.static_workers.push_back(ep);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-  }
-  if (!c->chat_template_file.empty()) {
-    if (c->tokenizer_dir.empty()) {
-      return InvalidArgument("--chat-template needs --tokenizer: the byte codec renders chats as plain text");
-    }
-    std::error_code ec;
-    Result<std::string> text = ReadModelFile(c->chat_template_file);
-    if (!std::filesystem::is_regular_file(c->chat_template_file, ec) || !text.ok()) {
-      return InvalidArgument("--chat-template " + c->chat_template_file + ": cannot read the file");
-    }
-    c->chat_template = std::move(text).value();
-  }
+  KVF_RETURN_IF_ERROR(PrepareStaticFleets(c));
+  KVF_RETURN_IF_ERROR(PrepareTokenizers(c));
   if (!c->api_key_file.empty()) {
     KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));
   }

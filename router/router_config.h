@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/config.h"
 #include "common/cpu_latency.h"
@@ -37,11 +40,25 @@ struct RouterConfig {
   RoutingOptions routing;        // the kv cost model; policy and predicted_ttl set by Prepare
   ApiOptions api;                // api_keys set by Prepare
   std::string policy = "kv";     // --routing-policy: round_robin, least_loaded, kv or approx
-  std::string static_workers;    // --workers: comma-separated requests endpoints
   std::string api_key_file;      // empty: no authentication
-  std::string tokenizer_dir;     // empty: the byte codec (mock fleets)
-  std::string chat_template_file;  // --chat-template: replaces the model directory's template
-  std::optional<std::string> chat_template;  // that file's text, read by Prepare
+  // Per-model options (repeatable). Each value is VALUE or MODEL=VALUE, split at the first
+  // '='. A plain --workers / --workers-dns belongs to --model; a plain --tokenizer,
+  // --chat-template, --block-size or --max-context is the default of every model without
+  // a MODEL= value of its own.
+  std::vector<std::string> workers;         // --workers: [MODEL=]EP,EP,... requests endpoints
+  std::vector<std::string> workers_dns;     // --workers-dns: [MODEL=]HOST:PORT
+  std::vector<std::string> block_sizes;     // --block-size: [MODEL=]N, of static and DNS workers (32)
+  std::vector<std::string> max_contexts;    // --max-context: [MODEL=]N, of static and DNS workers (8192)
+  std::vector<std::string> tokenizer_dirs;  // --tokenizer: [MODEL=]DIR; none: the byte codec (mock fleets)
+  std::vector<std::string> chat_template_files;  // --chat-template: [MODEL=]FILE, replaces the directory's
+  // Derived by Prepare: each tokenizer, the default's model "" (every model without its own).
+  struct ModelTokenizer {
+    std::string model;  // "": the default
+    std::string dir;
+    std::string chat_template_file;            // empty: the directory's template
+    std::optional<std::string> chat_template;  // that file's text
+  };
+  std::vector<ModelTokenizer> tokenizers;
   int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;  // ms
   double request_timeout_s = 600;                                // s, whole request
   double first_token_timeout_s = 60;                             // s, then retry elsewhere
@@ -62,8 +79,13 @@ struct RouterConfig {
 void AddOptions(CLI::App& app, RouterConfig* c);
 
 // Validates the parsed options and derives the component options from them: the routing
-// policy, durations in ns, the static worker list, CURVE key files and the chat template file
-// (read here, so a bad one fails at start-up with its reason) and the API keys.
+// policy, durations in ns, each model's static and DNS workers (FleetOptions::static_fleets),
+// each model's tokenizer directory and chat template file (read here, so a bad one fails at
+// start-up with its reason), CURVE key files and the API keys. Every error names its option.
 Status Prepare(RouterConfig* c);
+
+// "MODEL=VALUE" -> {MODEL, VALUE}; "VALUE" (no '=') -> {"", VALUE}. InvalidArgument, naming
+// `option`, for an empty MODEL or VALUE.
+Result<std::pair<std::string, std::string>> SplitModelValue(std::string_view option, const std::string& text);
 
 }  // namespace kvfleet::router

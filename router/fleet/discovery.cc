@@ -24,12 +24,12 @@ std::optional<std::pair<std::string, int>> SplitPort(const std::string& endpoint
 
 }  // namespace
 
-WorkerHello StaticHello(const std::string& requests, const FleetOptions& o) {
+WorkerHello StaticHello(const std::string& requests, const StaticFleet& fleet) {
   WorkerHello h;
   h.name = requests;
-  h.model = o.static_model;
-  h.block_size = o.static_block_size;
-  h.max_context = o.static_max_context;
+  h.model = fleet.model;
+  h.block_size = fleet.block_size;
+  h.max_context = fleet.max_context;
   h.requests_endpoint = requests;
   if (auto hp = SplitPort(requests)) {
     h.events_endpoint = hp->first + ":" + std::to_string(hp->second + 1);

@@ -1,9 +1,10 @@
 // Discovery: where the fleet's workers come from besides the records it keeps. Three
 // sources (router/README.md, "Configuration"):
-//   - a static list of requests endpoints: StaticHello() makes each a Hello, its events and
-//     replay endpoints the next two ports (the worker's defaults);
-//   - a DNS name re-resolved periodically (a Kubernetes headless service): DnsWatcher
-//     resolves it on its own thread and DnsMembership turns each answer into joins and leaves;
+//   - per model (StaticFleet), a static list of requests endpoints: StaticHello() makes each
+//     a Hello, its events and replay endpoints the next two ports (the worker's defaults);
+//   - per model, DNS names re-resolved periodically (a Kubernetes headless service each):
+//     a DnsWatcher resolves each on its own thread and its DnsMembership turns each answer
+//     into joins and leaves;
 //   - Hello and Bye messages on the registration ROUTER socket: Registration reads and
 //     decodes them (Contract 3), rate-limiting the log of malformed frames.
 //
@@ -32,8 +33,8 @@
 
 namespace kvfleet::router {
 
-// A Hello for a static or DNS worker, served at `requests` (tcp://host:port).
-WorkerHello StaticHello(const std::string& requests, const FleetOptions& options);
+// A Hello for a static or DNS worker of `fleet`, served at `requests` (tcp://host:port).
+WorkerHello StaticHello(const std::string& requests, const StaticFleet& fleet);
 
 // getaddrinfo of "host:port": every IPv4/IPv6 address as tcp://addr:port, sorted, unique.
 std::vector<std::string> Resolve(const std::string& host_port);

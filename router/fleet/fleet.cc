@@ -68,12 +68,16 @@ Status FleetImpl::Init() {
   if (!options_.registration_endpoint.empty()) {
     KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
   }
-  for (const auto& ep : options_.static_workers) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+  for (const StaticFleet& fleet : options_.AllStaticFleets()) {
+    for (const auto& ep : fleet.workers) AddOrUpdate(StaticHello(ep, fleet), /*from_static=*/true);
+    for (const auto& name : fleet.dns_names) dns_sources_.push_back(DnsSource{fleet, name, {}});
+  }
   thread_ = std::thread([this] { Loop(); });
-  if (!options_.dns_name.empty()) {
-    dns_ = std::make_unique<DnsWatcher>(options_.dns_name, options_.dns_interval, [this](std::vector<std::string> answer) {
-      Post(DnsCmd{std::move(answer)});
-    });
+  for (size_t i = 0; i < dns_sources_.size(); ++i) {
+    dns_.push_back(std::make_unique<DnsWatcher>(dns_sources_[i].name, options_.dns_interval,
+                                                [this, i](std::vector<std::string> answer) {
+                                                  Post(DnsCmd{i, std::move(answer)});
+                                                }));
   }
   return Status::Ok();
 }
@@ -88,7 +92,7 @@ void FleetImpl::Stop() {
   own_lane_.Stop();  // Fleet::Submit's lane ends what it has in flight, on its own thread
   Wake();
   if (thread_.joinable()) thread_.join();
-  dns_.reset();  // joins the resolver thread
+  dns_.clear();  // joins the resolver threads
   if (wake_fd_ >= 0) ::close(wake_fd_);
   wake_fd_ = -1;
 }
@@ -265,12 +269,13 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
   }
   // Tokenizer: a worker whose model reads token ids differently would answer garbage. Zero
   // on either side is "unknown" (the byte codec, a mock, a static entry): no comparison.
-  const uint64_t ours = options_.tokenizer_digest;
+  const uint64_t ours = options_.TokenizerDigestFor(hello.model);
   if (ours != 0 && hello.tokenizer_digest != 0 && hello.tokenizer_digest != ours) {
     Withdraw(hello.requests_endpoint);
     Refuse(hello, "tokenizer-mismatch",
            "tokenizer digest " + DigestHex(hello.tokenizer_digest) + " differs from the router's " +
-               DigestHex(ours) + " (start the worker and the router on the same model directory)");
+               DigestHex(ours) + " for model '" + hello.model +
+               "' (start the worker and the router on the same model directory)");
     return std::nullopt;
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
@@ -415,7 +420,7 @@ void FleetImpl::DrainCommands() {
     cmds.swap(commands_);
   }
   for (auto& cmd : cmds) {
-    if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->endpoints);
+    if (auto* d = std::get_if<DnsCmd>(&cmd)) ApplyDns(d->source, d->endpoints);
   }
 }
 
@@ -454,10 +459,11 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message) {
 
 // --- DNS ---
 
-void FleetImpl::ApplyDns(const std::vector<std::string>& endpoints) {
+void FleetImpl::ApplyDns(size_t source, const std::vector<std::string>& endpoints) {
+  DnsSource& dns = dns_sources_[source];
   std::vector<std::string> joined, left;
-  dns_members_.Update(endpoints, &joined, &left);
-  for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, options_), /*from_static=*/true);
+  dns.members.Update(endpoints, &joined, &left);
+  for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, dns.fleet), /*from_static=*/true);
   for (const auto& ep : left) RemoveByEndpoint(ep);
 }
 
@@ -476,6 +482,21 @@ void FleetImpl::RemoveByEndpoint(const std::string& endpoint) {
   FailWorker(w->id, Unavailable("worker removed from DNS"));
   Disconnect(*w);
   if (signals_) signals_->RemoveWorker(w->id);
+}
+
+std::vector<StaticFleet> FleetOptions::AllStaticFleets() const {
+  std::vector<StaticFleet> out;
+  if (!static_workers.empty() || !dns_name.empty()) {
+    StaticFleet flat;
+    flat.model = static_model;
+    flat.block_size = static_block_size;
+    flat.max_context = static_max_context;
+    flat.workers = static_workers;
+    if (!dns_name.empty()) flat.dns_names.push_back(dns_name);
+    out.push_back(std::move(flat));
+  }
+  out.insert(out.end(), static_fleets.begin(), static_fleets.end());
+  return out;
 }
 
 Fleet::Fleet(std::unique_ptr<FleetImpl> impl) : impl_(std::move(impl)) {}

@@ -5,8 +5,8 @@
 // router's ROUTER socket, and from a DNS name re-resolved periodically (a Kubernetes
 // headless service). A worker is keyed by its requests endpoint, so a static entry and
 // that worker's Hello are one record. Each model has one fleet; a worker whose block size
-// disagrees with its model's fleet, or whose tokenizer digest is not the router's, is
-// refused: its reason is logged once, counted, and listed by Refused().
+// disagrees with its model's fleet, or whose tokenizer digest is not the one the router
+// holds for its model, is refused: its reason is logged once, counted, and listed by Refused().
 //
 // Forwarding happens in lanes (lane.h): each has its own DEALER per worker and lives on
 // one thread, which sends the requests and reads their answers, so the request path needs
@@ -24,10 +24,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -68,19 +70,44 @@ struct FleetCurve {
   std::string server_public_key_file;  // the workers' server public key
 };
 
+// Static and DNS workers of one model: they send no Hello, so the router takes their
+// model, block size and context length from here (router_config.h: --workers and
+// --workers-dns, plain or MODEL=...).
+struct StaticFleet {
+  std::string model = "default";
+  uint32_t block_size = 32;
+  uint32_t max_context = 8192;
+  // Requests endpoints (tcp://host:5556). Their events and replay endpoints are the next two
+  // ports, the worker's defaults.
+  std::vector<std::string> workers;
+  std::vector<std::string> dns_names;  // "host:port", each resolving to many workers
+};
+
 struct FleetOptions {
   std::string registration_endpoint = "tcp://*:5555";  // Hello/Bye ROUTER; empty: none
-  // Static workers: their requests endpoints (tcp://host:5556). Their events and replay
-  // endpoints are the next two ports, the worker's defaults.
+  // One model's static and DNS workers in flat fields (static_workers, dns_name,
+  // static_model, static_block_size, static_max_context); static_fleets adds any number of
+  // models. The router's main fills static_fleets only.
   std::vector<std::string> static_workers;
   std::string dns_name;                   // "host:port" resolving to many workers; empty: none
   DurationNs dns_interval = 10 * kNsPerSec;
   std::string static_model = "default";   // model served by static and DNS workers
   uint32_t static_block_size = 32;
   uint32_t static_max_context = 8192;
-  // The digest of the router's tokenizer (common/tokenizer_files.h): a worker announcing a
-  // different non-zero one is refused. 0: the byte codec, every worker accepted.
+  std::vector<StaticFleet> static_fleets;
+  // The digest of the router's tokenizer for models without their own entry in
+  // tokenizer_digests (common/tokenizer_files.h): a worker announcing a different non-zero
+  // one is refused. 0: the byte codec, every worker accepted.
   uint64_t tokenizer_digest = 0;
+  // Per model: the digest of that model's tokenizer (--tokenizer MODEL=DIR); 0 compares nothing.
+  std::map<std::string, uint64_t, std::less<>> tokenizer_digests;
+  // The digest a worker of `model` is compared with.
+  uint64_t TokenizerDigestFor(std::string_view model) const {
+    auto it = tokenizer_digests.find(model);
+    return it == tokenizer_digests.end() ? tokenizer_digest : it->second;
+  }
+  // static_fleets with the flat fields' model first, when they name any worker.
+  std::vector<StaticFleet> AllStaticFleets() const;
   DurationNs request_timeout = 600 * kNsPerSec;      // whole request
   DurationNs first_token_timeout = 60 * kNsPerSec;   // no first token: retry elsewhere
   int max_attempts = 2;                   // the first try and one retry before the first token

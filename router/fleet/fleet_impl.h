@@ -95,7 +95,14 @@ class FleetImpl final : public LaneFleet {
 
  private:
   struct DnsCmd {
+    size_t source = 0;  // index into dns_sources_
     std::vector<std::string> endpoints;
+  };
+  // One DNS name of one model's static fleet.
+  struct DnsSource {
+    StaticFleet fleet;
+    std::string name;
+    DnsMembership members;  // fleet thread only
   };
   using Command = std::variant<DnsCmd>;
 
@@ -133,7 +140,7 @@ class FleetImpl final : public LaneFleet {
 
   // --- DNS ---
 
-  void ApplyDns(const std::vector<std::string>& endpoints);
+  void ApplyDns(size_t source, const std::vector<std::string>& endpoints);
   void RemoveByEndpoint(const std::string& endpoint);
 
   FleetOptions options_;
@@ -146,7 +153,8 @@ class FleetImpl final : public LaneFleet {
   Registration registration_;  // bound by Init; read on the fleet thread
   int wake_fd_ = -1;
   std::thread thread_;
-  std::unique_ptr<DnsWatcher> dns_;  // with --workers-dns
+  std::vector<DnsSource> dns_sources_;            // set by Init
+  std::vector<std::unique_ptr<DnsWatcher>> dns_;  // one per source (--workers-dns)
 
   std::mutex cmd_mu_;
   std::deque<Command> commands_;  // GUARDED_BY(cmd_mu_)
@@ -168,7 +176,6 @@ class FleetImpl final : public LaneFleet {
   // Fleet thread only.
   uint64_t monitors_ = 0;
   std::set<std::string> refusals_logged_;
-  DnsMembership dns_members_;
 
   prometheus::Counter* retries_ = nullptr;
   prometheus::Family<prometheus::Gauge>* inflight_family_ = nullptr;

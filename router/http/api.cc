@@ -176,12 +176,12 @@ struct Metrics {
 
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
-  ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
-          const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
+  ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
+          std::shared_ptr<prometheus::Registry> registry)
       : options_(options),
         fleet_(fleet),
         router_(router),
-        codec_(std::move(codec)),
+        codecs_(std::move(codecs)),
         clock_(clock),
         started_(clock->Now()),
         registry_(std::move(registry)),
@@ -310,7 +310,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   ApiOptions options_;
   Fleet* fleet_;
   Router* router_;
-  std::shared_ptr<const TextCodec> codec_;
+  const ModelCodecs codecs_;  // each model's tokenizer
   const Clock* clock_;
   const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
@@ -332,7 +332,7 @@ class RequestStream final : public ResponseSink {
         arrived_(arrived),
         last_(arrived),
         prompt_tokens_(prompt_tokens),
-        decoder_(api_->codec_->NewDecoder()),
+        decoder_(api_->codecs_.For(req_.model)->NewDecoder()),
         stops_(req_.stop) {
     timings_.read = arrived;
     timings_.routed = routed;
@@ -519,23 +519,25 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                   MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
                             "service_unavailable", options_.retry_after_s));
   }
-  // Tokenize. Byte ids sent to a real model are garbage in, garbage out: refuse instead.
-  if (codec_->is_byte_codec() && model->needs_tokenizer && (chat || req.prompt_text)) {
+  // Tokenize with the model's codec. Byte ids sent to a real model are garbage in, garbage
+  // out: refuse instead.
+  const TextCodec& codec = *codecs_.For(req.model);
+  if (codec.is_byte_codec() && model->needs_tokenizer && (chat || req.prompt_text)) {
     return Fail(ex, req.model,
                 MakeError(500,
                           "model '" + req.model +
                               "' runs on cpu/cuda workers, but this router has no tokenizer and cannot turn text "
-                              "into its token ids: start the router with --tokenizer MODEL_DIR (or send the "
-                              "prompt as token ids)",
+                              "into its token ids: start the router with --tokenizer MODEL_DIR (or --tokenizer " +
+                              req.model + "=MODEL_DIR; or send the prompt as token ids)",
                           "server_error", "tokenizer_missing"));
   }
   GenerateParams params;
   if (chat) {
-    auto t = codec_->EncodeChat(req.messages_json);
+    auto t = codec.EncodeChat(req.messages_json);
     if (!t.ok()) return Fail(ex, req.model, ChatError(req.model, t.status()));
     params.tokens = std::move(t).value();
   } else if (req.prompt_text) {
-    auto t = codec_->EncodePrompt(*req.prompt_text);
+    auto t = codec.EncodePrompt(*req.prompt_text);
     if (!t.ok()) return Fail(ex, req.model, BadRequest(t.status().message(), "prompt"));
     params.tokens = std::move(t).value();
   } else {
@@ -621,7 +623,11 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
 
 Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
          const Clock* clock, std::shared_ptr<prometheus::Registry> registry)
-    : impl_(std::make_shared<ApiImpl>(options, fleet, router, std::move(codec), clock, std::move(registry))) {}
+    : Api(options, fleet, router, ModelCodecs(std::move(codec)), clock, std::move(registry)) {}
+
+Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
+         std::shared_ptr<prometheus::Registry> registry)
+    : impl_(std::make_shared<ApiImpl>(options, fleet, router, std::move(codecs), clock, std::move(registry))) {}
 
 Api::~Api() = default;
 

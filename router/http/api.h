@@ -59,6 +59,9 @@ class Api {
   // without a "routing" field gets.
   Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,
       const Clock* clock, std::shared_ptr<prometheus::Registry> registry);
+  // Each model with its own codec (router/http/codec.h).
+  Api(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
+      std::shared_ptr<prometheus::Registry> registry);
   ~Api();
 
   // Adds every route to `routes` (and its OpenAI-style error formatter).

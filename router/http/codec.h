@@ -3,10 +3,11 @@
 // one (a mock fleet) it is the byte codec: one token per UTF-8 byte, a plain-text chat
 // template, and ids >= 256 shown as letters, since a mock worker's ids mean nothing.
 //
-// Thread safety: a TextCodec is immutable and shared; a StreamDecoder belongs to one
-// request.
+// Thread safety: a TextCodec (and a ModelCodecs once filled) is immutable and shared; a
+// StreamDecoder belongs to one request.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,24 @@ class TextCodec {
 };
 
 std::unique_ptr<TextCodec> MakeByteCodec();
+
+// The codec of each model a router serves: its own (--tokenizer MODEL=DIR), else the
+// default (a plain --tokenizer DIR, else the byte codec). Filled at start-up, then only read.
+class ModelCodecs {
+ public:
+  explicit ModelCodecs(std::shared_ptr<const TextCodec> fallback) : fallback_(std::move(fallback)) {}
+  void Set(std::string model, std::shared_ptr<const TextCodec> codec) { by_model_[std::move(model)] = std::move(codec); }
+  const std::shared_ptr<const TextCodec>& For(std::string_view model) const {
+    auto it = by_model_.find(model);
+    return it == by_model_.end() ? fallback_ : it->second;
+  }
+  const std::shared_ptr<const TextCodec>& fallback() const { return fallback_; }
+  const std::map<std::string, std::shared_ptr<const TextCodec>, std::less<>>& by_model() const { return by_model_; }
+
+ private:
+  std::shared_ptr<const TextCodec> fallback_;
+  std::map<std::string, std::shared_ptr<const TextCodec>, std::less<>> by_model_;
+};
 
 // The model's tokenizer from `model_dir` (tokenizer.json, tokenizer_config.json, and the
 // chat template files tok::Tokenizer::Load names). A set `chat_template` replaces the

@@ -114,9 +114,13 @@ TEST_CASE("RoPE after Qwen3's per-head q/k RMSNorm, with per-sequence frequency 
         auto q_norm = gputest::RandomBf16(s.d, rng, 0.5, 1.5);
         auto k_norm = gputest::RandomBf16(s.d, rng, 0.5, 1.5);
         std::vector<int32_t> pos(tokens), slots(tokens), row(tokens);
+        // Distinct slots: two tokens storing into one slot would race.
+        std::vector<int32_t> perm(num_blocks * s.block);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
         for (int t = 0; t < tokens; ++t) {
           pos[t] = 40000 + 911 * t;
-          slots[t] = t == 3 ? -1 : (t * 7) % (num_blocks * s.block);
+          slots[t] = t == 3 ? -1 : perm[t];
           row[t] = t % seqs;
         }
         // Three sequences' rows: dynamic NTK frequencies at three lengths past 32768.

@@ -337,7 +337,12 @@ float RandomWeight(uint64_t tensor_key, uint64_t index, float step, float centre
 Status MakeRandomModel(const RandomModelOptions& o) {
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF32) return InvalidArgument("make-model: dtype must be bf16 or fp32");
   KVF_ASSIGN_OR_RETURN(TokenizerInfo tok, ReadTokenizerInfo(o.tokenizer_dir));
-  KVF_ASSIGN_OR_RETURN(json cfg_json, RandomModelConfig(o.shape, tok.vocab_size, tok.bos, tok.eos));
+  json cfg_json;
+  if (o.config) {
+    cfg_json = *o.config;
+  } else {
+    KVF_ASSIGN_OR_RETURN(cfg_json, RandomModelConfig(o.shape, tok.vocab_size, tok.bos, tok.eos));
+  }
   cfg_json["torch_dtype"] = o.dtype == DType::kBF16 ? "bfloat16" : "float32";
   const std::string cfg_text = cfg_json.dump(2) + "\n";
   KVF_ASSIGN_OR_RETURN(ModelConfig cfg, ParseModelConfig(cfg_text));

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct RandomModelOptions {
   // Shards hold at most this many bytes of tensors; HF's save_pretrained default.
   uint64_t max_shard_bytes = 5'000'000'000ull;
   bool config_only = false;  // write config.json and the tokenizer files, no weights
+  // When set, config.json is this object (torch_dtype set from `dtype`) instead of the
+  // shape's: a real repository's own field set (cli/model_layouts.h). `shape` is then unused.
+  std::optional<nlohmann::json> config;
   int threads = 0;  // generator threads; 0: hardware concurrency (the bytes do not depend on it)
   // Called after each tensor with (tensors done, tensors, bytes done, bytes).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;

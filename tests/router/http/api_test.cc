@@ -30,7 +30,7 @@ namespace {
 struct RouterUnderTest {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
                            RoutingOptions routing = {}, FleetOptions fleet_options = {},
-                           std::shared_ptr<const TextCodec> codec = MakeByteCodec())
+                           ModelCodecs codecs = ModelCodecs(MakeByteCodec()))
       : registry(std::make_shared<prometheus::Registry>()),
         index(SystemClock::Default()) {
     fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
@@ -39,7 +39,7 @@ struct RouterUnderTest {
     fleet_options.static_max_context = 4096;
     fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
     router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
-    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), std::move(codec),
+    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), std::move(codecs),
                                 SystemClock::Default(), registry);
     http::Routes routes;
     api->AddRoutes(&routes);
@@ -246,7 +246,7 @@ struct ChatFailure {
   bool completions_work = false;
 };
 ChatFailure ChatWith(const FakeWorker& w, Status chat_error) {
-  RouterUnderTest r({w.endpoint()}, {}, {}, {}, std::make_shared<NoTemplateCodec>(std::move(chat_error)));
+  RouterUnderTest r({w.endpoint()}, {}, {}, {}, ModelCodecs(std::make_shared<NoTemplateCodec>(std::move(chat_error))));
   r.WaitRoutable(1);
   auto resp = r.Post("/v1/chat/completions",
                      json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
@@ -608,6 +608,116 @@ TEST_CASE("a router without a tokenizer refuses text for cpu/cuda workers, and p
   auto ids = r.Post("/v1/completions", R"({"model":"llama","prompt":[1,2,3],"max_tokens":2})");
   CHECK(StatusOf(ids) == 200);
   CHECK(w.generates() == 1);
+}
+
+TEST_CASE("each model's workers are compared with that model's tokenizer digest") {
+  FakeWorker llama, qwen, qwen_stranger, other;
+  FleetOptions fo;
+  fo.tokenizer_digests = {{"llama", 0x1111}, {"qwen", 0x2222}};  // no default: other models compare nothing
+  RouterUnderTest r({}, {}, {}, fo);
+  auto hello = [](const std::string& name, const std::string& model, const FakeWorker& w, uint64_t digest) {
+    WorkerHello h = HelloOf(name, w, digest);
+    h.model = model;
+    return EncodeHello(h);
+  };
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("llama-0", "llama", llama, 0x1111));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("qwen-0", "qwen", qwen, 0x2222));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("qwen-1", "qwen", qwen_stranger, 0x1111));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("other-0", "other", other, 0x9999));
+  REQUIRE(WaitFor([&] {
+    auto q = r.fleet->FindModel("qwen");
+    auto o = r.fleet->FindModel("other");
+    return RoutableLlama(r) == 1 && q && q->routable.size() == 1 && o && o->routable.size() == 1 &&
+           r.fleet->Refused().size() == 1;
+  }));
+  auto refused = r.fleet->Refused();
+  CHECK(refused[0].info.name == "qwen-1");
+  CHECK(refused[0].why.find("differs from the router's 0x0000000000002222 for model 'qwen'") != std::string::npos);
+}
+
+// A codec that is a model's tokenizer (not bytes) and marks its ids, so a test sees which
+// model's codec encoded a prompt.
+class MarkedCodec final : public TextCodec {
+ public:
+  explicit MarkedCodec(TokenId mark) : bytes_(MakeByteCodec()), mark_(mark) {}
+  Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override {
+    KVF_ASSIGN_OR_RETURN(auto ids, bytes_->EncodePrompt(text));
+    ids.insert(ids.begin(), mark_);
+    return ids;
+  }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view messages) const override { return EncodePrompt("chat"); }
+  std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
+  std::vector<TokenId> eos_token_ids() const override { return {}; }
+  std::string name() const override { return "marked"; }
+
+ private:
+  std::unique_ptr<TextCodec> bytes_;
+  TokenId mark_;
+};
+
+TEST_CASE("each model's prompts are tokenized by its own codec; a model without one gets the default") {
+  FakeWorker llama("ok"), qwen("ok"), bare("ok");
+  ModelCodecs codecs(MakeByteCodec());
+  codecs.Set("llama", std::make_shared<MarkedCodec>(1001));
+  codecs.Set("qwen", std::make_shared<MarkedCodec>(2002));
+  RouterUnderTest r({}, {}, {}, {}, std::move(codecs));
+  auto hello = [](const std::string& model, const FakeWorker& w) {
+    WorkerHello h = HelloOf(model + "-0", w, 0, "cpu");
+    h.model = model;
+    return EncodeHello(h);
+  };
+  for (auto [model, w] : {std::pair{"llama", &llama}, std::pair{"qwen", &qwen}, std::pair{"bare", &bare}}) {
+    FakeWorker::Register(r.fleet->registration_endpoint(), hello(model, *w));
+  }
+  REQUIRE(WaitFor([&] {
+    for (const char* m : {"llama", "qwen", "bare"}) {
+      auto f = r.fleet->FindModel(m);
+      if (!f || f->routable.size() != 1) return false;
+    }
+    return true;
+  }));
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"llama","prompt":"hi","max_tokens":1})")) == 200);
+  CHECK(llama.last_params().tokens == std::vector<TokenId>{1001, 'h', 'i'});
+  CHECK(StatusOf(r.Post("/v1/chat/completions",
+                        R"({"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":1})")) == 200);
+  CHECK(qwen.last_params().tokens == std::vector<TokenId>{2002, 'c', 'h', 'a', 't'});
+  // "bare" runs on cpu workers and has no tokenizer of its own: the default byte codec
+  // refuses its text, naming the per-model fix.
+  auto resp = r.Post("/v1/completions", R"({"model":"bare","prompt":"hi","max_tokens":1})");
+  CHECK(StatusOf(resp) == 500);
+  auto j = json::parse(BodyOf(resp));
+  CHECK(j["error"]["code"] == "tokenizer_missing");
+  CHECK(j["error"]["message"].get<std::string>().find("--tokenizer bare=MODEL_DIR") != std::string::npos);
+  CHECK(bare.generates() == 0);
+}
+
+TEST_CASE("static and DNS workers of several models each serve only their own model") {
+  FakeWorker a("a"), b("b"), d("d");
+  auto port = d.endpoint().substr(d.endpoint().rfind(':') + 1);
+  FleetOptions fo;
+  StaticFleet llama, qwen;
+  llama.model = "llama";
+  llama.block_size = 16;
+  llama.workers = {a.endpoint()};
+  qwen.model = "qwen";
+  qwen.max_context = 2048;
+  qwen.workers = {b.endpoint()};
+  qwen.dns_names = {"127.0.0.1:" + port};
+  fo.static_fleets = {llama, qwen};
+  RouterUnderTest r({}, {}, {}, fo);
+  REQUIRE(WaitFor([&] {
+    auto l = r.fleet->FindModel("llama");
+    auto q = r.fleet->FindModel("qwen");
+    return l && l->routable.size() == 1 && q && q->routable.size() == 2;
+  }));
+  CHECK(r.fleet->FindModel("llama")->block_size == 16);
+  CHECK(r.fleet->FindModel("qwen")->max_context == 2048);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(StatusOf(r.Post("/v1/completions", json{{"model", i % 2 ? "llama" : "qwen"}, {"prompt", "p" + std::to_string(i)},
+                                                  {"max_tokens", 1}}.dump())) == 200);
+  }
+  CHECK(a.generates() == 3);
+  CHECK(b.generates() + d.generates() == 3);
 }
 
 TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {

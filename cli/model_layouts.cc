@@ -1,0 +1,537 @@
+#include "cli/model_layouts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer_files.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/model_config.h"
+#include "worker/model/random_model.h"
+
+namespace kvfleet::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+// The tiny sizes every layout shares: GQA (2 query heads per KV head), head_dim 16.
+constexpr int64_t kHidden = 64, kIntermediate = 128, kLayers = 2, kHeads = 4, kKvHeads = 2, kHeadDim = 16;
+
+// One repository. Field order in the ojson objects is the repository files' own.
+struct Layout {
+  std::string name;
+  std::string repo;
+  ojson config;             // config.json at tiny sizes
+  ojson generation_config;  // generation_config.json
+  // Special tokens the repository's tokenizer has, at these ids.
+  std::vector<std::pair<std::string, int64_t>> tokens;
+  int64_t max_added_id = -1;  // added tokens above this id are not the repository's (-1: keep all)
+  int64_t end_of_turn = 0;
+  std::string end_of_turn_text;  // what its chat template writes at the end of a turn
+  int shards = 1;                // model-0000i-of-0000N.safetensors in the repository
+  // tokenizer_config.json fields set over the tokenizer directory's (the template aside).
+  ojson tokenizer_config;
+  bool vocab_and_merges = false;     // vocab.json + merges.txt (Qwen's slow-tokenizer files)
+  bool special_tokens_map = false;   // special_tokens_map.json of bos/eos(/unk)
+  std::string params_path;           // the reference implementation's params.json ("": none)
+  ojson params;
+};
+
+ojson Token(const std::string& content) {
+  return ojson{{"content", content}, {"lstrip", false}, {"normalized", false}, {"rstrip", false}, {"single_word", false}};
+}
+
+std::vector<Layout> Layouts() {
+  std::vector<Layout> out;
+  {
+    Layout l;
+    l.name = "llama-3.1-8b-instruct";
+    l.repo = "meta-llama/Llama-3.1-8B-Instruct";
+    l.config = ojson{{"architectures", {"LlamaForCausalLM"}},
+                     {"attention_bias", false},
+                     {"attention_dropout", 0.0},
+                     {"bos_token_id", 128000},
+                     {"eos_token_id", {128001, 128008, 128009}},
+                     {"hidden_act", "silu"},
+                     {"hidden_size", kHidden},
+                     {"initializer_range", 0.02},
+                     {"intermediate_size", kIntermediate},
+                     {"max_position_embeddings", 131072},
+                     {"mlp_bias", false},
+                     {"model_type", "llama"},
+                     {"num_attention_heads", kHeads},
+                     {"num_hidden_layers", kLayers},
+                     {"num_key_value_heads", kKvHeads},
+                     {"pretraining_tp", 1},
+                     {"rms_norm_eps", 1e-05},
+                     {"rope_scaling",
+                      {{"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192},
+                       {"rope_type", "llama3"}}},
+                     {"rope_theta", 500000.0},
+                     {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"transformers_version", "4.43.0.dev0"},
+                     {"use_cache", true},
+                     {"vocab_size", 128256}};
+    l.generation_config = ojson{{"bos_token_id", 128000},
+                                {"do_sample", true},
+                                {"eos_token_id", {128001, 128008, 128009}},
+                                {"temperature", 0.6},
+                                {"top_p", 0.9},
+                                {"transformers_version", "4.43.0.dev0"}};
+    l.tokens = {{"<|begin_of_text|>", 128000}, {"<|end_of_text|>", 128001}, {"<|eom_id|>", 128008}, {"<|eot_id|>", 128009}};
+    l.end_of_turn = 128009;
+    l.end_of_turn_text = "<|eot_id|>";
+    l.shards = 4;
+    l.tokenizer_config = ojson{{"bos_token", "<|begin_of_text|>"},
+                               {"clean_up_tokenization_spaces", true},
+                               {"eos_token", "<|eot_id|>"},
+                               {"model_input_names", {"input_ids", "attention_mask"}},
+                               {"model_max_length", 131072},
+                               {"tokenizer_class", "PreTrainedTokenizerFast"}};
+    l.special_tokens_map = true;
+    l.params_path = "original/params.json";
+    l.params = ojson{{"dim", kHidden},     {"ffn_dim_multiplier", 1.3}, {"multiple_of", 1024},
+                     {"n_heads", kHeads},  {"n_kv_heads", kKvHeads},    {"n_layers", kLayers},
+                     {"norm_eps", 1e-05},  {"rope_theta", 500000.0},    {"use_scaled_rope", true},
+                     {"vocab_size", 128256}};
+    out.push_back(std::move(l));
+  }
+  // Qwen's tokenizer_config.json fields, shared by Qwen2.5 and Qwen3.
+  const ojson qwen_tokenizer_config{
+      {"add_bos_token", false},
+      {"add_prefix_space", false},
+      {"additional_special_tokens",
+       {"<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+        "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+        "<|video_pad|>"}},
+      {"bos_token", nullptr},
+      {"clean_up_tokenization_spaces", false},
+      {"eos_token", "<|im_end|>"},
+      {"errors", "replace"},
+      {"model_max_length", 131072},
+      {"pad_token", "<|endoftext|>"},
+      {"split_special_tokens", false},
+      {"tokenizer_class", "Qwen2Tokenizer"},
+      {"unk_token", nullptr}};
+  {
+    Layout l;
+    l.name = "qwen2.5-7b-instruct";
+    l.repo = "Qwen/Qwen2.5-7B-Instruct";
+    l.config = ojson{{"architectures", {"Qwen2ForCausalLM"}},
+                     {"attention_dropout", 0.0},
+                     {"bos_token_id", 151643},
+                     {"eos_token_id", 151645},
+                     {"hidden_act", "silu"},
+                     {"hidden_size", kHidden},
+                     {"initializer_range", 0.02},
+                     {"intermediate_size", kIntermediate},
+                     {"max_position_embeddings", 32768},
+                     {"max_window_layers", kLayers},
+                     {"model_type", "qwen2"},
+                     {"num_attention_heads", kHeads},
+                     {"num_hidden_layers", kLayers},
+                     {"num_key_value_heads", kKvHeads},
+                     {"rms_norm_eps", 1e-06},
+                     {"rope_theta", 1000000.0},
+                     {"sliding_window", 131072},
+                     {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"transformers_version", "4.43.1"},
+                     {"use_cache", true},
+                     {"use_sliding_window", false},
+                     {"vocab_size", 152064}};
+    l.generation_config = ojson{{"bos_token_id", 151643},     {"pad_token_id", 151643}, {"do_sample", true},
+                                {"eos_token_id", {151645, 151643}}, {"repetition_penalty", 1.05},
+                                {"temperature", 0.7},         {"top_p", 0.8},           {"top_k", 20},
+                                {"transformers_version", "4.37.0"}};
+    l.tokens = {{"<|endoftext|>", 151643}, {"<|im_start|>", 151644}, {"<|im_end|>", 151645}, {"<|file_sep|>", 151664}};
+    l.max_added_id = 151664;  // Qwen3 added <tool_response>, </tool_response>, <think>, </think> after it
+    l.end_of_turn = 151645;
+    l.end_of_turn_text = "<|im_end|>";
+    l.shards = 4;
+    l.tokenizer_config = qwen_tokenizer_config;
+    l.vocab_and_merges = true;
+    out.push_back(std::move(l));
+  }
+  {
+    Layout l;
+    l.name = "qwen3-8b";
+    l.repo = "Qwen/Qwen3-8B";
+    l.config = ojson{{"architectures", {"Qwen3ForCausalLM"}},
+                     {"attention_bias", false},
+                     {"attention_dropout", 0.0},
+                     {"bos_token_id", 151643},
+                     {"eos_token_id", 151645},
+                     {"head_dim", kHeadDim},
+                     {"hidden_act", "silu"},
+                     {"hidden_size", kHidden},
+                     {"initializer_range", 0.02},
+                     {"intermediate_size", kIntermediate},
+                     {"max_position_embeddings", 40960},
+                     {"max_window_layers", kLayers},
+                     {"model_type", "qwen3"},
+                     {"num_attention_heads", kHeads},
+                     {"num_hidden_layers", kLayers},
+                     {"num_key_value_heads", kKvHeads},
+                     {"rms_norm_eps", 1e-06},
+                     {"rope_scaling", nullptr},
+                     {"rope_theta", 1000000},
+                     {"sliding_window", nullptr},
+                     {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"transformers_version", "4.51.0"},
+                     {"use_cache", true},
+                     {"use_sliding_window", false},
+                     {"vocab_size", 151936}};
+    l.generation_config = ojson{{"bos_token_id", 151643}, {"do_sample", true},        {"eos_token_id", {151645, 151643}},
+                                {"pad_token_id", 151643}, {"temperature", 0.6},       {"top_k", 20},
+                                {"top_p", 0.95},          {"transformers_version", "4.51.0"}};
+    l.tokens = {{"<|endoftext|>", 151643}, {"<|im_start|>", 151644}, {"<|im_end|>", 151645}, {"<think>", 151667},
+                {"</think>", 151668}};
+    l.end_of_turn = 151645;
+    l.end_of_turn_text = "<|im_end|>";
+    l.shards = 5;
+    l.tokenizer_config = qwen_tokenizer_config;
+    l.vocab_and_merges = true;
+    out.push_back(std::move(l));
+  }
+  {
+    Layout l;
+    l.name = "mistral-7b-instruct-v0.3";
+    l.repo = "mistralai/Mistral-7B-Instruct-v0.3";
+    l.config = ojson{{"architectures", {"MistralForCausalLM"}},
+                     {"attention_dropout", 0.0},
+                     {"bos_token_id", 1},
+                     {"eos_token_id", 2},
+                     {"hidden_act", "silu"},
+                     {"hidden_size", kHidden},
+                     {"initializer_range", 0.02},
+                     {"intermediate_size", kIntermediate},
+                     {"max_position_embeddings", 32768},
+                     {"model_type", "mistral"},
+                     {"num_attention_heads", kHeads},
+                     {"num_hidden_layers", kLayers},
+                     {"num_key_value_heads", kKvHeads},
+                     {"rms_norm_eps", 1e-05},
+                     {"rope_theta", 1000000.0},
+                     {"sliding_window", nullptr},
+                     {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"transformers_version", "4.42.0.dev0"},
+                     {"use_cache", true},
+                     {"vocab_size", 32768}};
+    l.generation_config = ojson{
+        {"_from_model_config", true}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"transformers_version", "4.42.0.dev0"}};
+    l.tokens = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"[INST]", 3}, {"[/INST]", 4}};
+    l.end_of_turn = 2;
+    l.end_of_turn_text = "eos_token";  // its template appends eos_token after each answer
+    l.shards = 3;
+    l.tokenizer_config = ojson{{"add_bos_token", true},
+                               {"add_eos_token", false},
+                               {"additional_special_tokens", json::array()},
+                               {"bos_token", "<s>"},
+                               {"clean_up_tokenization_spaces", false},
+                               {"eos_token", "</s>"},
+                               {"legacy", false},
+                               {"model_max_length", 1e30},
+                               {"pad_token", nullptr},
+                               {"sp_model_kwargs", json::object()},
+                               {"spaces_between_special_tokens", false},
+                               {"tokenizer_class", "LlamaTokenizer"},
+                               {"unk_token", "<unk>"},
+                               {"use_default_system_prompt", false}};
+    l.special_tokens_map = true;
+    l.params_path = "params.json";
+    l.params = ojson{{"dim", kHidden},       {"n_layers", kLayers},     {"head_dim", kHeadDim},
+                     {"hidden_dim", kIntermediate}, {"n_heads", kHeads}, {"n_kv_heads", kKvHeads},
+                     {"norm_eps", 1e-05},    {"vocab_size", 32768},     {"rope_theta", 1000000.0}};
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+Result<Layout> FindLayout(const std::string& name) {
+  for (Layout& l : Layouts()) {
+    if (l.name == name) return std::move(l);
+  }
+  std::string names;
+  for (const auto& n : ModelLayoutNames()) names += (names.empty() ? "" : ", ") + n;
+  return InvalidArgument("--layout " + name + ": unknown layout (one of: " + names + ")");
+}
+
+Status WriteText(const fs::path& path, const std::string& text) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) return Unavailable(path.string() + ": write failed");
+  return Status::Ok();
+}
+
+Status WriteJson(const fs::path& path, const ojson& j) { return WriteText(path, j.dump(2) + "\n"); }
+
+// The id of `content` in a tokenizer.json: an added token, else a vocabulary entry; -1: none.
+int64_t TokenId(const json& tok, const std::string& content) {
+  if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
+    for (const auto& a : tok["added_tokens"]) {
+      if (a.value("content", std::string()) == content && a.contains("id")) return a["id"].get<int64_t>();
+    }
+  }
+  if (tok.contains("model") && tok["model"].contains("vocab") && tok["model"]["vocab"].is_object()) {
+    auto v = tok["model"]["vocab"].find(content);
+    if (v != tok["model"]["vocab"].end() && v->is_number_integer()) return v->get<int64_t>();
+  }
+  return -1;
+}
+
+// vocab.json (ids ascending) and merges.txt ("#version: 0.2", one "a b" per line).
+Status WriteVocabAndMerges(const fs::path& dir, const json& tok, const std::string& flag) {
+  const json& model = tok["model"];
+  if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges")) {
+    return InvalidArgument(flag + ": tokenizer.json has no BPE vocab and merges");
+  }
+  std::vector<std::pair<int64_t, std::string>> by_id;
+  for (const auto& [piece, id] : model["vocab"].items()) by_id.emplace_back(id.get<int64_t>(), piece);
+  std::sort(by_id.begin(), by_id.end());
+  // Written by hand: an ordered_json object inserts in linear time per key.
+  std::string vocab = "{";
+  for (const auto& [id, piece] : by_id) {
+    vocab += (vocab.size() > 1 ? "," : "") + json(piece).dump() + ":" + std::to_string(id);
+  }
+  KVF_RETURN_IF_ERROR(WriteText(dir / "vocab.json", vocab + "}"));
+  std::string merges = "#version: 0.2\n";
+  for (const auto& m : model["merges"]) {
+    if (m.is_string()) {
+      merges += m.get<std::string>();
+    } else if (m.is_array() && m.size() == 2) {  // newer tokenizers: ["a", "b"]
+      merges += m[0].get<std::string>() + " " + m[1].get<std::string>();
+    } else {
+      return InvalidArgument(flag + ": tokenizer.json: a merge is neither \"a b\" nor [a, b]");
+    }
+    merges += "\n";
+  }
+  return WriteText(dir / "merges.txt", merges);
+}
+
+// Multiplies row `row` of `name` (a [rows, cols] bf16 or fp32 tensor) in the model's
+// safetensors file by `scale`, in place.
+Status ScaleRow(const std::string& dir, const std::string& name, int64_t row, double scale) {
+  std::string file = "model.safetensors";
+  if (fs::exists(dir + "/model.safetensors.index.json")) {
+    KVF_ASSIGN_OR_RETURN(std::string text, ReadModelFile(dir + "/model.safetensors.index.json"));
+    json index = json::parse(text, nullptr, false);
+    if (index.is_discarded() || !index["weight_map"].contains(name)) return Internal(name + ": not in the index");
+    file = index["weight_map"][name].get<std::string>();
+  }
+  const std::string path = dir + "/" + file;
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f) return Unavailable(path + ": cannot open");
+  uint8_t len_bytes[8];
+  f.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  json h = json::parse(header, nullptr, false);
+  if (!f || h.is_discarded() || !h.contains(name)) return Internal(path + ": no tensor " + name);
+  const json& t = h[name];
+  const std::string dtype = t["dtype"].get<std::string>();
+  const int64_t cols = t["shape"][1].get<int64_t>();
+  const size_t size = dtype == "BF16" ? 2 : 4;
+  if ((dtype != "BF16" && dtype != "F32") || row >= t["shape"][0].get<int64_t>()) {
+    return Internal(path + ": " + name + " is not a bf16/fp32 matrix with row " + std::to_string(row));
+  }
+  const uint64_t at = 8 + header_len + t["data_offsets"][0].get<uint64_t>() + static_cast<uint64_t>(row * cols) * size;
+  std::vector<char> bytes(static_cast<size_t>(cols) * size);
+  f.seekg(static_cast<std::streamoff>(at));
+  f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  for (int64_t i = 0; i < cols; ++i) {
+    float v;
+    if (size == 2) {
+      uint16_t b;
+      std::memcpy(&b, &bytes[i * 2], 2);
+      uint32_t u = static_cast<uint32_t>(b) << 16;
+      std::memcpy(&v, &u, 4);
+      uint16_t out = model::F32ToBF16(static_cast<float>(v * scale));
+      std::memcpy(&bytes[i * 2], &out, 2);
+    } else {
+      std::memcpy(&v, &bytes[i * 4], 4);
+      v = static_cast<float>(v * scale);
+      std::memcpy(&bytes[i * 4], &v, 4);
+    }
+  }
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) return Unavailable(path + ": write failed");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> ModelLayoutNames() {
+  std::vector<std::string> out;
+  for (const Layout& l : Layouts()) out.push_back(l.name);
+  return out;
+}
+
+Result<int64_t> EndOfTurnId(const std::string& layout) {
+  KVF_ASSIGN_OR_RETURN(Layout l, FindLayout(layout));
+  return l.end_of_turn;
+}
+
+Status WriteModelLayout(const ModelLayoutOptions& o) {
+  KVF_ASSIGN_OR_RETURN(Layout l, FindLayout(o.layout));
+  const std::string tflag = "--tokenizer " + o.tokenizer_dir;
+  std::error_code ec;
+  if (fs::exists(o.out_dir, ec) && !fs::is_empty(o.out_dir, ec)) {
+    return InvalidArgument("--out " + o.out_dir + ": not empty (a layout writes exactly the repository's files)");
+  }
+  if (!(o.end_of_turn_scale > 0) || !std::isfinite(o.end_of_turn_scale)) {
+    return InvalidArgument("--end-of-turn-scale: must be a positive number");
+  }
+
+  // The tokenizer: the repository's special tokens at its ids, and only its added tokens.
+  KVF_ASSIGN_OR_RETURN(std::string tok_text, ReadModelFile(o.tokenizer_dir + "/tokenizer.json"));
+  json tok = json::parse(tok_text, nullptr, false);
+  if (tok.is_discarded() || !tok.is_object() || !tok.contains("model")) {
+    return InvalidArgument(tflag + ": tokenizer.json is not a tokenizer");
+  }
+  for (const auto& [content, id] : l.tokens) {
+    int64_t got = TokenId(tok, content);
+    if (got != id) {
+      return InvalidArgument(tflag + ": not " + l.repo + "'s tokenizer: " + content + " is " +
+                             (got < 0 ? std::string("missing") : "id " + std::to_string(got)) + ", not " +
+                             std::to_string(id));
+    }
+  }
+  std::set<int64_t> kept_added;
+  bool dropped = false;
+  if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
+    json kept = json::array();
+    for (const auto& a : tok["added_tokens"]) {
+      int64_t id = a.value("id", int64_t{-1});
+      if (l.max_added_id >= 0 && id > l.max_added_id) {
+        dropped = true;
+        continue;
+      }
+      kept_added.insert(id);
+      kept.push_back(a);
+    }
+    tok["added_tokens"] = std::move(kept);
+  }
+  int64_t max_id = -1;
+  const json vocab = tok["model"].value("vocab", json::object());
+  for (const auto& [piece, id] : vocab.items()) {
+    if (id.is_number_integer()) max_id = std::max(max_id, id.get<int64_t>());
+  }
+  if (!kept_added.empty()) max_id = std::max(max_id, *kept_added.rbegin());
+  const int64_t vocab_size = l.config["vocab_size"].get<int64_t>();
+  if (max_id >= vocab_size) {
+    return InvalidArgument(tflag + ": token id " + std::to_string(max_id) + " does not fit " + l.repo +
+                           "'s vocab_size " + std::to_string(vocab_size));
+  }
+
+  // The chat template: --chat-template FILE, else the tokenizer directory's.
+  std::string chat_template;
+  if (!o.chat_template_file.empty()) {
+    auto text = ReadModelFile(o.chat_template_file);
+    if (!text.ok()) return InvalidArgument("--chat-template " + o.chat_template_file + ": cannot read the file");
+    chat_template = *text;
+  } else {
+    auto found = FindChatTemplate(o.tokenizer_dir);
+    if (!found.ok()) return InvalidArgument(tflag + ": " + std::string(found.status().message()));
+    if (!*found) {
+      return InvalidArgument(tflag + ": no chat template (" + l.repo +
+                             " ships one in tokenizer_config.json): give --chat-template FILE");
+    }
+    chat_template = (*found)->text;
+  }
+  if (chat_template.find(l.end_of_turn_text) == std::string::npos) {
+    return InvalidArgument("the chat template does not write " + l.end_of_turn_text + ": not " + l.repo +
+                           "'s (give its template with --chat-template FILE)");
+  }
+
+  // tokenizer_config.json: the directory's, with the repository's fields and template.
+  ojson tcfg = ojson::object();
+  if (auto text = ReadModelFile(o.tokenizer_dir + "/tokenizer_config.json"); text.ok()) {
+    tcfg = ojson::parse(*text, nullptr, false);
+    if (tcfg.is_discarded() || !tcfg.is_object()) {
+      return InvalidArgument(tflag + ": tokenizer_config.json is not a JSON object");
+    }
+  }
+  ojson decoder = ojson::object();
+  const json added = tok.value("added_tokens", json::array());
+  for (const auto& a : added) {
+    decoder[std::to_string(a["id"].get<int64_t>())] =
+        ojson{{"content", a["content"]},         {"lstrip", a.value("lstrip", false)},
+              {"normalized", a.value("normalized", false)}, {"rstrip", a.value("rstrip", false)},
+              {"single_word", a.value("single_word", false)}, {"special", a.value("special", true)}};
+  }
+  tcfg["added_tokens_decoder"] = decoder;
+  for (const auto& [key, value] : l.tokenizer_config.items()) tcfg[key] = value;
+  tcfg["chat_template"] = chat_template;
+
+  // Stage the tokenizer files, so the model directory gets exactly these.
+  const fs::path out(o.out_dir);
+  const fs::path staging = out / ".layout-tokenizer";
+  fs::create_directories(staging, ec);
+  if (ec) return Unavailable(staging.string() + ": " + ec.message());
+  // The source's bytes unless tokens were dropped (a rewrite orders the vocab by key).
+  KVF_RETURN_IF_ERROR(WriteText(staging / "tokenizer.json", dropped ? tok.dump() : tok_text));
+  KVF_RETURN_IF_ERROR(WriteJson(staging / "tokenizer_config.json", tcfg));
+  KVF_RETURN_IF_ERROR(WriteJson(staging / "generation_config.json", l.generation_config));
+  if (l.vocab_and_merges) KVF_RETURN_IF_ERROR(WriteVocabAndMerges(staging, tok, tflag));
+  if (l.special_tokens_map) {
+    ojson map{{"bos_token", Token(tcfg["bos_token"].get<std::string>())},
+              {"eos_token", Token(tcfg["eos_token"].get<std::string>())}};
+    if (tcfg.contains("unk_token") && tcfg["unk_token"].is_string()) {
+      map["unk_token"] = Token(tcfg["unk_token"].get<std::string>());
+    }
+    KVF_RETURN_IF_ERROR(WriteJson(staging / "special_tokens_map.json", map));
+  }
+
+  // Weights, sharded as many ways as the repository's.
+  const std::string config_text = l.config.dump(2) + "\n";
+  auto parsed = model::ParseModelConfig(config_text);
+  if (!parsed.ok()) {
+    fs::remove_all(staging, ec);
+    return InvalidArgument("--layout " + l.name + ": this build cannot make " +
+                           l.config["architectures"][0].get<std::string>() + " weights: " +
+                           std::string(parsed.status().message()));
+  }
+  uint64_t total = 0;
+  for (const auto& spec : model::ExpectedTensors(*parsed)) {
+    uint64_t n = model::DTypeSize(o.dtype);
+    for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    total += n;
+  }
+  model::RandomModelOptions r;
+  r.config = json::parse(config_text);
+  r.tokenizer_dir = staging.string();
+  r.out_dir = o.out_dir;
+  r.seed = o.seed;
+  r.dtype = o.dtype;
+  r.max_shard_bytes = l.shards > 1 ? total / static_cast<uint64_t>(l.shards) + 1 : total + 1;
+  Status made = model::MakeRandomModel(r);
+  fs::remove_all(staging, ec);
+  KVF_RETURN_IF_ERROR(made);
+  if (!l.params_path.empty()) KVF_RETURN_IF_ERROR(WriteJson(out / l.params_path, l.params));
+  if (o.end_of_turn_scale != 1.0) {
+    KVF_RETURN_IF_ERROR(ScaleRow(o.out_dir, "lm_head.weight", l.end_of_turn, o.end_of_turn_scale));
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::cli

@@ -1,0 +1,177 @@
+// RouterConfig's per-model options: --workers, --workers-dns, --block-size, --max-context,
+// --tokenizer and --chat-template as VALUE or MODEL=VALUE, and the start-up error each
+// mistake gets (naming its option).
+#include "router/router_config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <doctest/doctest.h>
+
+namespace kvfleet::router {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Parses `args` as kvfleet-router's command line and prepares the config.
+Status Parse(std::vector<std::string> args, RouterConfig* c) {
+  CLI::App app;
+  AddOptions(app, c);
+  std::vector<std::string> argv = {"kvfleet-router"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> ptrs;
+  for (auto& a : argv) ptrs.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument(e.what());
+  }
+  return Prepare(c);
+}
+
+std::string ErrorOf(std::vector<std::string> args) {
+  RouterConfig c;
+  Status st = Parse(std::move(args), &c);
+  return st.ok() ? std::string("(ok)") : std::string(st.message());
+}
+
+const StaticFleet* FleetOf(const RouterConfig& c, const std::string& model) {
+  for (const auto& f : c.fleet.static_fleets) {
+    if (f.model == model) return &f;
+  }
+  return nullptr;
+}
+
+// A scratch directory with two tokenizer directories and a template file.
+struct Dirs {
+  Dirs() : root(fs::temp_directory_path() / ("kvfleet_router_config_test_" + std::to_string(::getpid()))) {
+    fs::create_directories(root / "a");
+    fs::create_directories(root / "b");
+    std::ofstream(root / "t.jinja") << "{{ messages[0].content }}";
+  }
+  ~Dirs() { fs::remove_all(root); }
+  std::string a() const { return (root / "a").string(); }
+  std::string b() const { return (root / "b").string(); }
+  std::string tmpl() const { return (root / "t.jinja").string(); }
+  fs::path root;
+};
+
+}  // namespace
+
+TEST_CASE("plain --workers and --workers-dns belong to --model, with the plain sizes") {
+  RouterConfig c;
+  REQUIRE(Parse({"--workers", "tcp://h:1,tcp://h:4", "--workers-dns", "svc:5556", "--model", "llama", "--block-size",
+                 "16", "--max-context", "4096"},
+                &c)
+              .ok());
+  REQUIRE(c.fleet.static_fleets.size() == 1);
+  const StaticFleet& f = c.fleet.static_fleets[0];
+  CHECK(f.model == "llama");
+  CHECK(f.workers == std::vector<std::string>{"tcp://h:1", "tcp://h:4"});
+  CHECK(f.dns_names == std::vector<std::string>{"svc:5556"});
+  CHECK(f.block_size == 16);
+  CHECK(f.max_context == 4096);
+  CHECK(c.fleet.AllStaticFleets().size() == 1);  // the flat fields stay empty
+}
+
+TEST_CASE("MODEL= forms give each model its own workers, DNS names and sizes; the plain size is the default") {
+  RouterConfig c;
+  REQUIRE(Parse({"--workers", "llama=tcp://a:1,tcp://a:4", "--workers", "qwen=tcp://b:1", "--workers-dns",
+                 "qwen=qwen-svc:5556", "--workers-dns", "mistral=m:7", "--block-size", "16", "--block-size", "qwen=64",
+                 "--max-context", "mistral=1024"},
+                &c)
+              .ok());
+  REQUIRE(c.fleet.static_fleets.size() == 3);
+  const StaticFleet* llama = FleetOf(c, "llama");
+  const StaticFleet* qwen = FleetOf(c, "qwen");
+  const StaticFleet* mistral = FleetOf(c, "mistral");
+  REQUIRE((llama && qwen && mistral));
+  CHECK(llama->workers == std::vector<std::string>{"tcp://a:1", "tcp://a:4"});
+  CHECK(llama->block_size == 16);
+  CHECK(llama->max_context == 8192);
+  CHECK(qwen->workers == std::vector<std::string>{"tcp://b:1"});
+  CHECK(qwen->dns_names == std::vector<std::string>{"qwen-svc:5556"});
+  CHECK(qwen->block_size == 64);
+  CHECK(mistral->workers.empty());
+  CHECK(mistral->dns_names == std::vector<std::string>{"m:7"});
+  CHECK(mistral->max_context == 1024);
+}
+
+TEST_CASE("the environment gives the plain form, and several values split at ';'") {
+  RouterConfig c;
+  CLI::App app;
+  AddOptions(app, &c);
+  BindEnvironment(app);
+  ::setenv("KVFLEET_WORKERS", "tcp://e:1,tcp://e:4", 1);
+  ::setenv("KVFLEET_WORKERS_DNS", "a=svc-a:1;b=svc-b:2", 1);
+  std::vector<std::string> argv = {"kvfleet-router", "--model", "env"};
+  std::vector<char*> ptrs;
+  for (auto& a : argv) ptrs.push_back(a.data());
+  app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+  ::unsetenv("KVFLEET_WORKERS");
+  ::unsetenv("KVFLEET_WORKERS_DNS");
+  REQUIRE(Prepare(&c).ok());
+  REQUIRE(c.fleet.static_fleets.size() == 3);
+  REQUIRE(FleetOf(c, "env"));
+  CHECK(FleetOf(c, "env")->workers.size() == 2);
+  REQUIRE((FleetOf(c, "a") && FleetOf(c, "b")));
+  CHECK(FleetOf(c, "a")->dns_names == std::vector<std::string>{"svc-a:1"});
+  CHECK(FleetOf(c, "b")->dns_names == std::vector<std::string>{"svc-b:2"});
+}
+
+TEST_CASE("bad static and DNS worker options stop the router, naming the option") {
+  CHECK(ErrorOf({"--workers", "=tcp://a:1"}).find("--workers =tcp://a:1: expected MODEL=VALUE") == 0);
+  CHECK(ErrorOf({"--workers", "llama="}).find("--workers llama=: expected MODEL=VALUE") == 0);
+  CHECK(ErrorOf({"--workers", "a:1"}).find("--workers a:1: 'a:1' is not an endpoint (tcp://HOST:PORT)") == 0);
+  CHECK(ErrorOf({"--workers", "x=tcp://a:1", "--workers", "y=tcp://a:1"})
+            .find("tcp://a:1 is listed twice (models 'x' and 'y')") != std::string::npos);
+  CHECK(ErrorOf({"--workers-dns", "m=svc"}).find("--workers-dns m=svc: 'svc' is not HOST:PORT") == 0);
+  CHECK(ErrorOf({"--workers-dns", "svc:p"}).find("is not HOST:PORT") != std::string::npos);
+  CHECK(ErrorOf({"--workers-dns", "a=s:1", "--workers-dns", "b=s:1"}).find("s:1 is given twice") != std::string::npos);
+  CHECK(ErrorOf({"--workers", "tcp://a:1", "--block-size", "12"}).find("--block-size: 12 (model 'default') is not a "
+                                                                        "power of two") == 0);
+  CHECK(ErrorOf({"--block-size", "x"}).find("--block-size x: 'x' is not a positive integer") == 0);
+  CHECK(ErrorOf({"--max-context", "m=0"}).find("--max-context m=0: '0' is not a positive integer") == 0);
+  CHECK(ErrorOf({"--block-size", "16", "--block-size", "32"}).find("a plain value is given twice") !=
+        std::string::npos);
+  // A size for a model that has no static or DNS workers would do nothing.
+  CHECK(ErrorOf({"--workers", "tcp://a:1", "--block-size", "qwen=16"})
+            .find("--block-size qwen=16: model 'qwen' has no --workers or --workers-dns") == 0);
+}
+
+TEST_CASE("--tokenizer and --chat-template per model: the plain ones are the default of every other model") {
+  Dirs d;
+  RouterConfig c;
+  REQUIRE(Parse({"--tokenizer", d.a(), "--tokenizer", "qwen=" + d.b(), "--chat-template", "llama=" + d.tmpl()}, &c)
+              .ok());
+  REQUIRE(c.tokenizers.size() == 3);  // by model: "" (the default), llama, qwen
+  CHECK(c.tokenizers[0].model.empty());
+  CHECK(c.tokenizers[0].dir == d.a());
+  CHECK_FALSE(c.tokenizers[0].chat_template);
+  // llama has only its own template: the default directory, with it.
+  CHECK(c.tokenizers[1].model == "llama");
+  CHECK(c.tokenizers[1].dir == d.a());
+  CHECK(c.tokenizers[1].chat_template == std::optional<std::string>("{{ messages[0].content }}"));
+  CHECK(c.tokenizers[2].model == "qwen");
+  CHECK(c.tokenizers[2].dir == d.b());
+}
+
+TEST_CASE("bad tokenizer options stop the router, naming the option") {
+  Dirs d;
+  CHECK(ErrorOf({"--tokenizer", d.root.string() + "/none"}).find("--tokenizer " + d.root.string() + "/none: ") == 0);
+  CHECK(ErrorOf({"--tokenizer", "m=" + d.a(), "--tokenizer", "m=" + d.b()}).find("model 'm' is given twice") !=
+        std::string::npos);
+  CHECK(ErrorOf({"--tokenizer", d.a(), "--tokenizer", d.b()}).find("a plain --tokenizer is given twice") !=
+        std::string::npos);
+  CHECK(ErrorOf({"--chat-template", d.tmpl()}) ==
+        "--chat-template needs --tokenizer: the byte codec renders chats as plain text");
+  // A plain template with only per-model tokenizers: which model's is it?
+  CHECK(ErrorOf({"--tokenizer", "m=" + d.a(), "--chat-template", d.tmpl()})
+            .find("no --tokenizer for the plain --chat-template") != std::string::npos);
+  CHECK(ErrorOf({"--tokenizer", "m=" + d.a(), "--chat-template", "n=" + d.tmpl()}).find("no --tokenizer for model 'n'") !=
+        std::string::npos);
+  CHECK(ErrorOf({"--tokenizer", d.a(), "--chat-template", "m=" + d.root.string() + "/none.jinja"})
+            .find("cannot read the file") != std::string::npos);
+}
+
+}  // namespace kvfleet::router
