@@ -45,6 +45,20 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "evicted blocks of at least this retention priority move to the host tier")
       ->capture_default_str();
   app.add_flag("--events-include-tokens", c->events_include_tokens, "stored KV events carry the block tokens");
+  app.add_option("--max-attention-window", c->max_attention_window,
+                 "attention window per layer in tokens, N[,N...] repeated to the number of layers (TensorRT-LLM's "
+                 "max_attention_window); a window >= the context is full attention (default: config.json's)")
+      ->delimiter(',');
+  app.add_option("--sink-tokens", c->sink_tokens,
+                 "StreamingLLM attention sinks: the first tokens every windowed layer keeps (needs a window)")
+      ->capture_default_str();
+  app.add_flag("--streaming-llm", c->streaming_llm,
+               "StreamingLLM on the windowed layers: RoPE positions within the cache and a dense context phase "
+               "(the prompt attends to the whole prompt; then only the sinks and the window are kept)");
+  app.add_option("--attention-chunk-size", c->attention_chunk_size,
+                 "chunked attention (Llama 4): a query sees only its own chunk of this many tokens, a multiple of "
+                 "--block-size (default: config.json's attention_chunk_size)")
+      ->capture_default_str();
   app.add_option("--shutdown-grace-s", c->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str();
   app.add_option("--mock-step-base-us", c->mock_cost.step_base_us, "mock: fixed cost per step (a), µs")
@@ -74,6 +88,15 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");
   }
   if (max_batch_size == 0) return InvalidArgument("--max-batch-size must be >= 1");
+  // The rest of the attention rules need the model: backend::CheckAttentionOptions.
+  for (int32_t w : max_attention_window) {
+    if (w <= 0) return InvalidArgument("--max-attention-window: window " + std::to_string(w) + " is not a positive token count");
+  }
+  if (sink_tokens < 0) return InvalidArgument("--sink-tokens must be >= 0");
+  if (attention_chunk_size < 0 || attention_chunk_size % static_cast<int32_t>(block_size) != 0) {
+    return InvalidArgument("--attention-chunk-size " + std::to_string(attention_chunk_size) +
+                           " is not a multiple of --block-size " + std::to_string(block_size));
+  }
   if (offload_min_priority > 100) return InvalidArgument("--offload-min-priority must be 0..100");
   if (gpu_memory_fraction <= 0 || gpu_memory_fraction > 1) return InvalidArgument("--gpu-memory-fraction must be in (0, 1]");
   if (shutdown_grace_s < 0) return InvalidArgument("--shutdown-grace-s must be >= 0");

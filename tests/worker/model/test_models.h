@@ -20,6 +20,11 @@ std::string TokenizerDir();
 // A model directory of `shape` (make-model's shapes) with `seed`, in fp32 or bf16.
 std::string RandomModelDir(const std::string& shape, uint64_t seed, bool bf16 = true);
 
+// A model directory of `shape` whose tokenizer (a WordLevel tokenizer.json, ids 0..vocab-1,
+// <s> = 1, </s> = 2) and so whose vocabulary has `vocab` entries: tests that run very many
+// steps (a long streamed generation) pay for a small LM head. Written once per machine.
+std::string SmallVocabModelDir(const std::string& shape, uint64_t seed, int vocab);
+
 // The repository's tests/data directory.
 std::string TestDataDir();
 
