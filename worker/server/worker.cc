@@ -174,6 +174,19 @@ Status Worker::Init(zmq::context_t& context) {
     max_context = cache_tokens;
   }
   eo.limits.max_context = static_cast<uint32_t>(max_context);
+  // A windowed pool holds a prompt whole for a while (it allocates the prompt's blocks at once),
+  // then at most MaxSequenceBlocks however long the sequence runs: refuse a cache that cannot.
+  for (uint32_t p = 0; p < kv_->pools().size(); ++p) {
+    const kv::PoolLayout& l = kv_->pools()[p];
+    const uint32_t bound = kv_->MaxSequenceBlocks(p);
+    if (bound == 0) continue;
+    if (l.device_blocks < bound) {
+      return InvalidArgument("the KV pool of window " + std::to_string(l.window) + " has " +
+                             std::to_string(l.device_blocks) + " blocks; one sequence may hold " + std::to_string(bound) +
+                             " (sinks, window and first-window blocks): raise --kv-cache-bytes");
+    }
+    eo.limits.max_prompt = std::min<uint64_t>(eo.limits.max_prompt, uint64_t{l.device_blocks} * config_.block_size);
+  }
   eo.limits.max_queued = config_.max_queued;
   eo.limits.vocab_size = static_cast<uint32_t>(backend_->config().vocab_size);
   for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));

@@ -160,5 +160,23 @@ TEST_CASE("cpu backend, StreamingLLM: chunked, batched and reused runs match run
   CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
 }
 
+TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match runs alone") {
+  // Chunks of 32 tokens (Llama 4's chunked attention) on the tiny model: prompts of 30..69
+  // tokens cross chunk boundaries while prefilling and decoding.
+  backend::AttentionOptions chunked;
+  chunked.attention_chunk_size = 32;
+  const auto prompts = Prompts();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny", 1, chunked);
+    REQUIRE(e.backend->pools()[0].attention_chunk == 32);
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 40)[0]);
+  }
+  CpuEngine e(256, 16, 8, "tiny", 1, chunked);
+  CHECK(e.Run(prompts, 40) == alone);
+  CpuEngine plain(256, 256, 1);
+  CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
+}
+
 }  // namespace
 }  // namespace kvfleet::engine

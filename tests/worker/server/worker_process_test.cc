@@ -317,6 +317,9 @@ TEST_CASE("bad attention flags stop the worker at start-up with an error naming 
        "contradict each other"},
       {{"--backend", "cpu", "--model-dir", tiny, "--max-attention-window", "64,x"}, "--max-attention-window"},
       {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "48"}, "--block-size must be a power of two"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "16", "--max-attention-window", "64", "--sink-tokens",
+        "4", "--kv-cache-bytes", std::to_string(5 * 2 * 2 * 2 * 16 * 4 * 16)},  // 5 blocks
+       "has 5 blocks; one sequence may hold 10 (sinks, window and first-window blocks): raise --kv-cache-bytes"},
   };
   for (const Case& c : cases) {
     const auto [status, out] = RunRefused(c.flags);
@@ -364,6 +367,15 @@ TEST_CASE("a StreamingLLM worker streams a long generation in a KV cache of its 
   Reply second = client.Collect(2, &again, &deltas);
   CHECK(second.cached_device == 64);
   CHECK(std::equal(again.begin(), again.end(), got.begin()));  // greedy: the same first tokens
+
+  // A prompt longer than the windowed pool (10 blocks, 160 tokens) cannot be allocated whole:
+  // refused at once rather than queued for good.
+  std::vector<uint32_t> long_prompt(161, 7);
+  client.Generate(3, long_prompt, 4, "", 0, true);
+  Reply refused = client.Next();
+  CHECK(refused.is_error);
+  CHECK(refused.code == kvfleet::schema::ErrorCode::CONTEXT_TOO_LONG);
+  CHECK(refused.message.find("holds a prompt of at most 160") != std::string::npos);
 }
 
 }  // namespace
