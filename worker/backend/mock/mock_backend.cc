@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/check.h"
 #include "worker/backend/kv_setup.h"
@@ -166,9 +167,9 @@ Status MockBackend::Validate(const StepBatch& batch) const {
       }
       // The entries the step reads: a streamed sequence's table is long, its window short.
       const VisibleRange vis = VisibleOf(pools_[p], s.start_position, s.context_end);
-      for (int64_t pos : {vis.sink_lo, vis.lo}) {
-        const int64_t hi = pos == vis.sink_lo ? vis.sink_hi : end;
-        for (int64_t t = pos; t < hi; t += block_size - t % block_size) {
+      const std::pair<int64_t, int64_t> ranges[] = {{vis.sink_lo, vis.sink_hi}, {vis.lo, end}};
+      for (const auto& [lo, hi] : ranges) {
+        for (int64_t t = lo; t < hi; t += block_size - t % block_size) {
           const BlockId b = table[t / block_size];
           if (b != kNoBlock && b >= static_cast<BlockId>(pools_[p].device_blocks)) {
             return InvalidArgument("request " + std::to_string(s.request_id) + ": block id " + std::to_string(b) +
