@@ -42,9 +42,11 @@
 //   6. A node held by a sequence has every ancestor held (refcount > 0).
 //   7. The eviction queue of a tier holds exactly the unreferenced nodes with no child on
 //      that tier (device) / no child at all (host), per priority in LRU order.
-//   8. A sequence's block table holds its blocks in logical order; a stored block a window
-//      or attention chunk dropped stays held (not in the table) until the sequence has no
-//      stored block left in its table, so invariant 6 holds with windows and chunks too.
+//   8. A sequence's block table holds its blocks in logical order, and its linear table the
+//      same blocks at their logical indexes (kNoBlock elsewhere); a stored block a window
+//      or attention chunk dropped stays held (not in the table) until no stored block past
+//      the sink blocks is left in its table, so invariant 6 holds with windows and chunks too
+//      (sink blocks are the chain's root end: held for good, they hold no descendant up).
 #pragma once
 
 #include <array>
