@@ -89,6 +89,7 @@ int Run(RouterConfig& c) {
   // KV events and load reports: the global index, worker liveness and load.
   EventPlaneOptions events;
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  events.routing_window_size = c.routing_window;
   events.curve.client_keypair_file = c.curve_keypair;
   events.curve.server_public_key_file = c.curve_server_key;
   if (c.debug_drop_events > 0) {

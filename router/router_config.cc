@@ -238,6 +238,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->capture_default_str();
   app.add_option("--max-queued-requests", c->routing.max_queued_requests, "a worker with this many queued is saturated")
       ->capture_default_str();
+  app.add_option("--routing-window-size", c->routing_window_size,
+                 "KV pool whose events are indexed: auto (each worker's Hello names the pool a prefix hit is "
+                 "limited by: full attention, or an all-windowed model's windowed pool) or a windowSize in tokens "
+                 "for every worker (0: full attention)")
+      ->capture_default_str();
   app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
       ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
@@ -274,6 +279,16 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
 
 Status Prepare(RouterConfig* c) {
   KVF_ASSIGN_OR_RETURN(c->routing.policy, ParsePolicy(c->policy));
+  if (c->routing_window_size != "auto") {
+    const std::string& v = c->routing_window_size;
+    const bool digits = !v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) {
+      return InvalidArgument("--routing-window-size must be auto or a window in tokens (0: full attention), got '" +
+                             v + "'");
+    }
+    c->routing_window = static_cast<uint32_t>(std::stoul(v));
+  }
+  c->api.routing_window_size = c->routing_window;
   c->routing.predicted_ttl = c->predicted_ttl_ms * kNsPerMs;
   if (!(c->first_token_timeout_s > 0)) return InvalidArgument("--first-token-timeout-s must be > 0");
   if (!(c->admission_ttft_s >= 0) || c->admission_ttft_s > c->first_token_timeout_s) {

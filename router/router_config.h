@@ -68,6 +68,10 @@ struct RouterConfig {
   double dns_interval_s = 10;                                    // s between DNS resolutions
   int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
   double unknown_model_grace_s = 10;  // s after start: an unannounced model is 503, not 404
+  // --routing-window-size: "auto" indexes, per worker, the KV pool its Hello says a prefix
+  // hit is limited by (IndexedWindow); a number indexes that windowSize for every worker.
+  std::string routing_window_size = "auto";
+  std::optional<uint32_t> routing_window;  // parsed by Prepare; none: auto
   std::string curve_keypair;     // empty: plaintext to workers
   std::string curve_server_key;  // the workers' public key; set with curve_keypair
   // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy

@@ -29,7 +29,34 @@ std::string EncodeHello(const WorkerHello& h) {
   out.setBackend(h.backend);
   out.setEpoch(h.epoch);
   out.setTokenizerDigest(h.tokenizer_digest);
+  auto pools = out.initKvPools(static_cast<unsigned>(h.kv_pools.size()));
+  for (unsigned i = 0; i < h.kv_pools.size(); ++i) {
+    const KvPoolAnnounce& p = h.kv_pools[i];
+    auto w = pools[i];
+    w.setWindow(p.window);
+    w.setSinkTokens(p.sink_tokens);
+    w.setDenseContext(p.dense_context);
+    w.setAttentionChunk(p.attention_chunk);
+    w.setLayers(p.layers);
+    w.setDeviceBlocks(p.device_blocks);
+    w.setHostBlocks(p.host_blocks);
+    w.setReuse(p.reuse);
+    w.setReuseTokens(p.reuse_tokens);
+  }
   return wire::Encode(message);
+}
+
+uint32_t IndexedWindow(const WorkerHello& hello) {
+  const KvPoolAnnounce* best = nullptr;
+  // A pool's stored prefix in tokens, "no limit" last.
+  auto stored = [](const KvPoolAnnounce& p) { return p.reuse_tokens == 0 ? UINT64_MAX : uint64_t{p.reuse_tokens}; };
+  for (const KvPoolAnnounce& p : hello.kv_pools) {
+    if (!p.reuse) continue;
+    if (best == nullptr || stored(p) < stored(*best) || (stored(p) == stored(*best) && p.window < best->window)) {
+      best = &p;
+    }
+  }
+  return best == nullptr ? 0 : best->window;
 }
 
 std::string EncodeBye(const WorkerBye& b) {
@@ -64,6 +91,11 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
       out.backend = h.getBackend().cStr();
       out.epoch = h.getEpoch();
       out.tokenizer_digest = h.getTokenizerDigest();
+      for (auto p : h.getKvPools()) {
+        out.kv_pools.push_back(KvPoolAnnounce{p.getWindow(), p.getSinkTokens(), p.getDenseContext(),
+                                              p.getAttentionChunk(), p.getLayers(), p.getDeviceBlocks(),
+                                              p.getHostBlocks(), p.getReuse(), p.getReuseTokens()});
+      }
       return ToRouterMessage(std::move(out));
     }
     if (root.isBye()) {

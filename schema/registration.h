@@ -10,10 +10,26 @@
 #include <cstdint>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "common/status.h"
 
 namespace kvfleet {
+
+// One KV pool as a worker announces it (schema/worker.capnp KvPool).
+struct KvPoolAnnounce {
+  uint32_t window = 0;           // tokens; 0 = full attention (the pool's events' window_size)
+  uint32_t sink_tokens = 0;      // StreamingLLM sinks
+  bool dense_context = false;    // StreamingLLM position shift and dense context phase
+  uint32_t attention_chunk = 0;  // tokens; 0 = off
+  uint32_t layers = 0;
+  uint64_t device_blocks = 0;
+  uint64_t host_blocks = 0;
+  bool reuse = true;             // stores (and publishes) blocks for reuse
+  uint32_t reuse_tokens = 0;     // only a sequence's first reuse_tokens tokens are stored; 0 = no limit
+
+  bool operator==(const KvPoolAnnounce&) const = default;
+};
 
 struct WorkerHello {
   std::string name;               // the wire's workerId
@@ -31,7 +47,15 @@ struct WorkerHello {
   // XXH3-64 of its tokenizer.json and chat template (common/tokenizer_files.h); 0: none
   // (a mock, a directory without tokenizer.json, or a static entry).
   uint64_t tokenizer_digest = 0;
+  std::vector<KvPoolAnnounce> kv_pools;  // empty: a worker older than the field, or a static entry
 };
+
+// The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs
+// every pool to match, so it is the pool storing the shortest prefix (a windowed pool stores
+// only its first window, a chunked one its first chunk); ties go to the smaller window, full
+// attention first. Pools that store nothing are passed over. 0 (full attention) when the
+// Hello names no pool or none stores blocks.
+uint32_t IndexedWindow(const WorkerHello& hello);
 
 struct WorkerBye {
   std::string name;

@@ -102,6 +102,20 @@ struct TierInfo {
   totalBlocks @1 :UInt64;
 }
 
+# One KV pool of a worker (worker/kv: one per distinct attention window and kv heads).
+struct KvPool {
+  window @0 :UInt32;          # attention window in tokens; 0 = full attention (the events' windowSize)
+  sinkTokens @1 :UInt32;      # StreamingLLM attention sinks the pool keeps
+  denseContext @2 :Bool;      # StreamingLLM: position shift and a dense context phase
+  attentionChunk @3 :UInt32;  # chunked attention in tokens; 0 = off
+  layers @4 :UInt32;          # model layers in the pool
+  deviceBlocks @5 :UInt64;
+  hostBlocks @6 :UInt64;
+  reuse @7 :Bool;             # the pool stores blocks for reuse (and publishes them)
+  reuseTokens @8 :UInt32;     # with reuse: only blocks within a sequence's first reuseTokens
+                              # tokens are stored (its first window or chunk); 0 = no limit
+}
+
 struct Hello {
   workerId @0 :Text;
   model @1 :Text;
@@ -112,6 +126,7 @@ struct Hello {
   backend @6 :Text;    # cpu, cuda or mock
   epoch @7 :UInt64;
   tokenizerDigest @8 :UInt64;  # common/tokenizer_files.h; 0: none (a mock, or no tokenizer.json)
+  kvPools @9 :List(KvPool);    # empty: a worker older than the field (one full-attention pool assumed)
 }
 
 # Router DEALER -> worker requests ROUTER: one frame.

@@ -58,6 +58,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
     WorkerId id = 0;
     std::string name;
     WorkerEndpoints endpoints;
+    uint32_t indexed_window = 0;
   };
   void Enqueue(Command c, bool wait);
 
@@ -78,6 +79,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
     WorkerId id;
     std::string name;
     WorkerEndpoints endpoints;
+    uint32_t indexed_window = 0;  // as asked by AddWorker (before the override)
     zmq::socket_t dealer;
     std::unique_ptr<WorkerSubscriber> sub;
     std::array<prometheus::Gauge*, kv::kNumTiers> blocks_gauge{};
@@ -223,7 +225,7 @@ void EventPlane::Impl::Malformed(const char* reason, const std::string& detail) 
 void EventPlane::Impl::Add(const Command& c) {
   if (auto it = workers_.find(c.id); it != workers_.end()) {
     if (it->second->name == c.name && it->second->endpoints.events == c.endpoints.events &&
-        it->second->endpoints.replay == c.endpoints.replay)
+        it->second->endpoints.replay == c.endpoints.replay && it->second->indexed_window == c.indexed_window)
       return;  // idempotent
     Remove(c.id);
   }
@@ -231,6 +233,7 @@ void EventPlane::Impl::Add(const Command& c) {
   e->id = c.id;
   e->name = c.name;
   e->endpoints = c.endpoints;
+  e->indexed_window = c.indexed_window;
   try {
     e->dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
     e->dealer.set(zmq::sockopt::linger, 0);
@@ -246,11 +249,15 @@ void EventPlane::Impl::Add(const Command& c) {
     e->blocks_gauge[t] = &f_blocks_->Add({{"worker", c.name}, {"tier", kv::TierName(static_cast<kv::Tier>(t))}});
   for (int s = 0; s < kEventStreamStates; ++s)
     e->state_gauge[s] = &f_state_->Add({{"worker", c.name}, {"state", WorkerStateName(static_cast<WorkerState>(s))}});
-  e->sub = std::make_unique<WorkerSubscriber>(c.id, c.name, options_, &index_, clock_, this, &counters_);
+  e->sub = std::make_unique<WorkerSubscriber>(c.id, c.name, options_, &index_, clock_, this, &counters_,
+                                              c.indexed_window);
   by_topic_["kv." + c.name] = c.id;
   Entry& ref = *e;
   workers_[c.id] = std::move(e);
-  log_->info("subscribing to worker {} ({}, replay {})", c.name, c.endpoints.events, c.endpoints.replay);
+  const uint32_t window = ref.sub->stats().indexed_window;
+  log_->info("subscribing to worker {} ({}, replay {}), indexing the events of its {} pool", c.name,
+             c.endpoints.events, c.endpoints.replay,
+             window == 0 ? std::string("full-attention") : "window-" + std::to_string(window));
   ref.sub->Start();
   RefreshView(ref);
 }
@@ -455,7 +462,8 @@ EventPlane::EventPlane(const EventPlaneOptions& options, Clock* clock, prometheu
 
 EventPlane::~EventPlane() = default;
 
-Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints) {
+Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints,
+                             uint32_t indexed_window) {
   if (id >= config::kMaxWorkers) return InvalidArgument("worker id " + std::to_string(id) + " >= kMaxWorkers");
   if (worker_name.empty() || worker_name.size() > events::config::kMaxWorkerIdBytes)
     return InvalidArgument("worker name must be 1..256 bytes");
@@ -466,6 +474,7 @@ Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const 
   c.id = id;
   c.name = worker_name;
   c.endpoints = endpoints;
+  c.indexed_window = indexed_window;
   impl_->Enqueue(std::move(c), /*wait=*/false);
   {
     // Visible as SYNCING at once, so callers can route around it until it is LIVE.
@@ -482,7 +491,7 @@ void EventPlane::AddWorker(WorkerId id, const WorkerHello& info) {
     Logger("router")->warn("worker {} announced no events endpoint: no index entries for it", info.name);
     return;
   }
-  Status st = AddWorker(id, info.name, WorkerEndpoints{info.events_endpoint, info.replay_endpoint});
+  Status st = AddWorker(id, info.name, WorkerEndpoints{info.events_endpoint, info.replay_endpoint}, IndexedWindow(info));
   if (!st.ok()) Logger("router")->warn("worker {}: event plane: {}", info.name, st.message());
 }
 

@@ -12,9 +12,11 @@
 //             the next batch heard from it starts SYNCING again.
 //   A batch with a new epoch clears the worker's blocks and starts SYNCING.
 //
-// Windows: events of pools with windowSize == routing_window_size are indexed (0 = full
-// attention, the default); others are counted and skipped. A sliding-window pool forgets
-// prefixes as the window moves, so the full-attention pool is what a prefix match can use.
+// Windows: per worker, the events of one pool are indexed; others are counted and skipped.
+// The pool is the one its Hello says a prefix hit is limited by (IndexedWindow,
+// schema/registration.h: full attention, or for an all-windowed model such as Mistral its
+// windowed pool, whose stored blocks are each sequence's first window), or
+// routing_window_size for every worker when set.
 //
 // The plane is the fleet's WorkerSignals (router/core/worker.h): the fleet adds and removes
 // workers through it and reads their stream state and load reports.
@@ -77,8 +79,9 @@ struct EventPlaneOptions {
   // A batch whose seq is this far ahead of what the worker is known to be at is treated
   // as malformed (counted, dropped) instead of triggering a huge replay.
   uint64_t max_seq_jump = 1'000'000;
-  // Events of pools with this windowSize are indexed (0 = full attention).
-  uint32_t routing_window_size = 0;
+  // Set: the events of pools with this windowSize are indexed for every worker (0 = full
+  // attention). Unset: each worker's announced pool (AddWorker's indexed_window).
+  std::optional<uint32_t> routing_window_size;
   // ZMQ receive high-water mark of the SUB socket (messages).
   int sub_rcvhwm = 100'000;
   EventPlaneCurve curve;
@@ -100,6 +103,7 @@ struct WorkerEventStats {
   uint64_t epoch_changes = 0;
   uint64_t buffered_batches = 0;
   TimeNs last_heard = 0;              // router monotonic clock; 0 = never
+  uint32_t indexed_window = 0;        // windowSize of the pool whose events are indexed
   double last_lag_seconds = 0;        // batch creation (worker wall clock) to apply
   std::array<uint64_t, 2> index_blocks{};  // by kv::Tier
 };
@@ -112,11 +116,13 @@ class EventPlane final : public WorkerSignals {
   EventPlane(const EventPlane&) = delete;
   EventPlane& operator=(const EventPlane&) = delete;
 
-  // Subscribes to a worker: connects to its endpoints and asks for a snapshot.
-  // Idempotent: the same id with the same name and endpoints is a no-op; different
-  // endpoints reconnect. REQUIRES: id < config::kMaxWorkers.
-  Status AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints);
-  // WorkerSignals: AddWorker above with the endpoints of the worker's Hello. A worker that
+  // Subscribes to a worker: connects to its endpoints and asks for a snapshot. Its events of
+  // windowSize indexed_window are indexed (routing_window_size, when set, overrides it).
+  // Idempotent: the same id with the same name, endpoints and window is a no-op; a change
+  // resubscribes. REQUIRES: id < config::kMaxWorkers.
+  Status AddWorker(WorkerId id, const std::string& worker_name, const WorkerEndpoints& endpoints,
+                   uint32_t indexed_window = 0);
+  // WorkerSignals: AddWorker above with the endpoints and IndexedWindow of the worker's Hello. A worker that
   // announced no events endpoint, or whose endpoints are refused, is logged and skipped:
   // its state stays kUnknown and it gets no index entries.
   void AddWorker(WorkerId id, const WorkerHello& info) override;

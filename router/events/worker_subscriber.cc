@@ -9,10 +9,19 @@ std::atomic<uint64_t> g_next_request_id{1};
 }  // namespace
 
 WorkerSubscriber::WorkerSubscriber(WorkerId id, std::string name, const EventPlaneOptions& options,
-                                   GlobalIndex* index, Clock* clock, Io* io, EventCounters* counters)
-    : id_(id), name_(std::move(name)), options_(options), index_(index), clock_(clock), io_(io), counters_(counters) {
+                                   GlobalIndex* index, Clock* clock, Io* io, EventCounters* counters,
+                                   uint32_t indexed_window)
+    : id_(id),
+      name_(std::move(name)),
+      options_(options),
+      window_(options.routing_window_size.value_or(indexed_window)),
+      index_(index),
+      clock_(clock),
+      io_(io),
+      counters_(counters) {
   stats_.id = id_;
   stats_.name = name_;
+  stats_.indexed_window = window_;
 }
 
 void WorkerSubscriber::SetState(WorkerState s) {
@@ -179,7 +188,7 @@ bool WorkerSubscriber::ParentKnown(BlockHash parent) const {
 }
 
 void WorkerSubscriber::CollectEvent(const kv::KvEvent& event) {
-  if (event.window_size != options_.routing_window_size) {
+  if (event.window_size != window_) {
     ++counters_->other_window;
     return;
   }
@@ -222,7 +231,7 @@ bool WorkerSubscriber::ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader 
       CollectEvent(event);
       continue;
     }
-    if (e.getWindowSize() != options_.routing_window_size) {
+    if (e.getWindowSize() != window_) {
       ++counters_->other_window;
       continue;
     }

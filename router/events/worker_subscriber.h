@@ -51,9 +51,10 @@ class WorkerSubscriber {
     virtual void OnApplied(WorkerId worker, double lag_seconds) = 0;
   };
 
-  // REQUIRES: index, clock, io and counters outlive the subscriber.
+  // REQUIRES: index, clock, io and counters outlive the subscriber. Events of windowSize
+  // indexed_window are indexed, unless options.routing_window_size overrides it.
   WorkerSubscriber(WorkerId id, std::string name, const EventPlaneOptions& options, GlobalIndex* index,
-                   Clock* clock, Io* io, EventCounters* counters);
+                   Clock* clock, Io* io, EventCounters* counters, uint32_t indexed_window = 0);
 
   // Enters SYNCING and asks for a snapshot.
   void Start();
@@ -104,6 +105,7 @@ class WorkerSubscriber {
   const WorkerId id_;
   const std::string name_;
   const EventPlaneOptions& options_;
+  const uint32_t window_;  // windowSize of the events indexed
   GlobalIndex* const index_;
   Clock* const clock_;
   Io* const io_;

@@ -304,7 +304,8 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
     // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
     // new model make this a different worker to it.
     bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
-                   w.info.replay_endpoint != hello.replay_endpoint || w.removed.load();
+                   w.info.replay_endpoint != hello.replay_endpoint || w.removed.load() ||
+                   (!from_static && IndexedWindow(w.info) != IndexedWindow(hello));  // its events' pool
     if (w.info.epoch != hello.epoch && !from_static) {
       log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
     }

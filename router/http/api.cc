@@ -235,6 +235,23 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     return JsonResponse(200, json{{"object", "list"}, {"data", data}}.dump());
   }
 
+  // A worker's KV pools as its Hello announced them (window 0: full attention).
+  static json KvPoolsJson(const WorkerHello& info) {
+    json pools = json::array();
+    for (const KvPoolAnnounce& p : info.kv_pools) {
+      pools.push_back({{"window", p.window},
+                       {"sink_tokens", p.sink_tokens},
+                       {"dense_context", p.dense_context},
+                       {"attention_chunk", p.attention_chunk},
+                       {"layers", p.layers},
+                       {"device_blocks", p.device_blocks},
+                       {"host_blocks", p.host_blocks},
+                       {"reuse", p.reuse},
+                       {"reuse_tokens", p.reuse_tokens}});
+    }
+    return pools;
+  }
+
   http::Response FleetJson() {
     json workers = json::array();
     for (const auto& w : fleet_->Workers()) {
@@ -246,6 +263,8 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                 {"backend", w.info.backend},
                 {"epoch", w.info.epoch},
                 {"tokenizer_digest", w.info.tokenizer_digest == 0 ? json(nullptr) : json(DigestHex(w.info.tokenizer_digest))},
+                {"kv_pools", KvPoolsJson(w.info)},
+                {"indexed_window", options_.routing_window_size.value_or(IndexedWindow(w.info))},
                 {"endpoints",
                  {{"requests", w.info.requests_endpoint},
                   {"events", w.info.events_endpoint},

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,8 @@ struct ApiOptions {
   // (every 2 s) and event streams, and a model may simply not have come back yet.
   DurationNs unknown_model_grace = 10 * kNsPerSec;
   bool report_timings = false;              // RouterTimings in each response's usage extension
+  // --routing-window-size's override of the indexed KV pool, for /fleet; none: IndexedWindow.
+  std::optional<uint32_t> routing_window_size;
 };
 
 // Reads API keys from a file: one per line; blank lines and lines starting with '#' skipped.

@@ -38,6 +38,14 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.backend == "cuda");
   CHECK(got.epoch == 77);
   CHECK(got.tokenizer_digest == 0x8badf00ddeadbeefULL);
+  CHECK(got.kv_pools.empty());  // none announced: a router assumes one full-attention pool
+
+  h.kv_pools = {KvPoolAnnounce{0, 0, false, 0, 8, 600, 2000, true, 0},
+                KvPoolAnnounce{4096, 4, true, 0, 24, 400, 2000, true, 4096}};
+  frame = EncodeHello(h);
+  decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK(std::get<WorkerHello>(*decoded).kv_pools == h.kv_pools);
 
   h.host_blocks = 0;  // no host tier
   frame = EncodeHello(h);
@@ -57,6 +65,32 @@ TEST_CASE("a frame that is not a ToRouter message is an error") {
   std::string junk = "not capnp at all";
   CHECK(!DecodeToRouter(junk.data(), junk.size()).ok());
   CHECK(!DecodeToRouter(nullptr, 0).ok());
+}
+
+TEST_CASE("a router indexes the pool a prefix hit is limited by") {
+  WorkerHello h;
+  CHECK(IndexedWindow(h) == 0);  // a worker older than kvPools: full attention
+  auto pool = [](uint32_t window, bool reuse, uint32_t reuse_tokens) {
+    KvPoolAnnounce p;
+    p.window = window;
+    p.reuse = reuse;
+    p.reuse_tokens = reuse_tokens;
+    return p;
+  };
+  h.kv_pools = {pool(0, true, 0)};
+  CHECK(IndexedWindow(h) == 0);
+  // Mistral-7B: every layer windowed (4096 of a 32K context): its one windowed pool.
+  h.kv_pools = {pool(4096, true, 4096)};
+  CHECK(IndexedWindow(h) == 4096);
+  // Mixed layers: a hit needs every pool, and the windowed one stores only its first window.
+  h.kv_pools = {pool(0, true, 0), pool(1024, true, 1024), pool(4096, true, 4096)};
+  CHECK(IndexedWindow(h) == 1024);
+  // Chunked attention limits the full pool as much as the window: the smaller window wins ties.
+  h.kv_pools = {pool(0, true, 8192), pool(16384, true, 8192)};
+  CHECK(IndexedWindow(h) == 0);
+  // No pool stores blocks (reuse off): nothing to index but the default.
+  h.kv_pools = {pool(4096, false, 4096)};
+  CHECK(IndexedWindow(h) == 0);
 }
 
 }  // namespace kvfleet

@@ -66,9 +66,10 @@ KvPoolInfo PoolInfoOf(const kv::PoolLayout& layout, const model::ModelConfig& c,
                       int64_t max_context) {
   KvPoolInfo p;
   p.window = static_cast<int32_t>(layout.window);
-  p.sink_tokens = layout.window > 0 ? options.sink_tokens : 0;
-  p.position_shift = p.sink_tokens > 0;
-  p.attention_chunk = static_cast<int32_t>(c.attention_chunk_size);
+  p.sink_tokens = static_cast<int32_t>(layout.sink_tokens);
+  p.position_shift = layout.dense_context;  // --streaming-llm turns on both, on windowed pools
+  p.dense_context = layout.dense_context;
+  p.attention_chunk = static_cast<int32_t>(layout.attention_chunk);
   p.num_kv_heads = static_cast<int32_t>(layout.num_kv_heads);
   p.head_dim = static_cast<int32_t>(c.head_dim);
   p.layers.assign(layout.layers.begin(), layout.layers.end());
@@ -91,7 +92,8 @@ void MapLayersToPools(std::span<const KvPoolInfo> pools, int64_t num_layers, std
   }
 }
 
-VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q) {
+VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q, int64_t context_end) {
+  if (DenseQuery(p, q, context_end)) return VisibleRange{0, 0, 0};
   const int64_t chunk_lo = p.attention_chunk > 0 ? q / p.attention_chunk * p.attention_chunk : 0;
   int64_t lo = chunk_lo;
   if (p.window > 0) lo = std::max(lo, q - p.window + 1);
@@ -143,21 +145,24 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
         return InvalidArgument(where + ": a block table of " + std::to_string(table.size()) + " entries; the limit is " +
                                std::to_string(pools[p].max_blocks_per_seq));
       }
-      for (kv::BlockId id : table) {
-        if (id != kNoBlock && static_cast<int64_t>(id) >= pools[p].device_blocks) {
-          return InvalidArgument(where + ": block id " + std::to_string(id) + " out of range");
-        }
-      }
+      // Only the entries the step reads or writes: a streamed sequence's table is long, but a
+      // step sees its window and sinks.
       auto need = [&](int64_t lo, int64_t hi, const char* what) -> Status {  // positions [lo, hi)
         for (int64_t t = lo; t < hi; t += B - t % B) {
-          if (table[t / B] == kNoBlock) {
+          const kv::BlockId id = table[t / B];
+          if (id == kNoBlock) {
             return InvalidArgument(where + ": no block for " + what + " position " + std::to_string(t));
+          }
+          if (static_cast<int64_t>(id) >= pools[p].device_blocks) {
+            return InvalidArgument(where + ": block id " + std::to_string(id) + " out of range");
           }
         }
         return Status::Ok();
       };
-      const VisibleRange first = VisibleOf(pools[p], s.start_position);
-      const VisibleRange last = VisibleOf(pools[p], end - 1);
+      // Visible ranges only grow towards the end of the step, except where a dense prompt
+      // query precedes windowed ones: then the first query's range is the widest.
+      const VisibleRange first = VisibleOf(pools[p], s.start_position, s.context_end);
+      const VisibleRange last = VisibleOf(pools[p], end - 1, s.context_end);
       KVF_RETURN_IF_ERROR(need(first.lo, end, "visible"));
       KVF_RETURN_IF_ERROR(need(first.sink_lo, std::max(first.sink_hi, last.sink_hi), "sink"));
       for (int64_t t = s.start_position; t < end; t += B - t % B) {

@@ -34,6 +34,9 @@
 // min(q, S + W - 1) when scored against sink keys (t < S) and at q against the others;
 // since RoPE scores depend only on the position difference, this equals rotating every
 // key at its cache position.
+// With dense_context (StreamingLLM's dense context phase, TensorRT-LLM's
+// dense_context_fmha), a query of the prompt (q < SequenceStep::context_end) sees every key
+// t <= q at its own position; only the tokens after the prompt see the window and sinks.
 //
 // Thread safety: thread-compatible. The engine thread calls Execute() and the copier;
 // nothing else touches a backend while a step runs.
@@ -58,8 +61,20 @@
 namespace kvfleet::backend {
 
 using BlockId = kv::BlockId;
-constexpr BlockId kNoBlock = UINT32_MAX;  // a block-table entry the step never reads
+constexpr BlockId kNoBlock = kv::kNoBlock;  // a block-table entry the step never reads
 constexpr TokenId kNoToken = UINT32_MAX;  // StepOutput::tokens for a sequence not sampled
+
+// The worker's attention flags (TensorRT-LLM's KvCacheConfig names in brackets). Every
+// backend turns them and the model's config.json into per-layer windows the same way
+// (kv_setup.h: CheckAttentionOptions, KvCacheConfigFor), so its pools are the KV manager's.
+struct AttentionOptions {
+  // --max-attention-window [max_attention_window]: per-layer windows in tokens, repeated to
+  // the number of layers; a window >= the context is full attention. Empty: config.json's.
+  std::vector<int32_t> max_attention_window;
+  int32_t sink_tokens = 0;           // --sink-tokens [sink_token_length]: kept by windowed layers
+  bool streaming_llm = false;        // --streaming-llm: position shift + dense context phase
+  int32_t attention_chunk_size = 0;  // --attention-chunk-size: Llama 4 chunks; 0: config.json's
+};
 
 // Everything a backend needs to start. One struct for every backend; settings a single
 // backend understands go in `extra` (e.g. the mock's cost constants), documented there.
@@ -75,10 +90,7 @@ struct BackendOptions {
   double kv_memory_fraction = 0.9;  // cuda only, used when kv_cache_bytes == 0
   int64_t num_blocks = 0;           // > 0: exactly this many device blocks per pool (tests)
   uint64_t host_kv_bytes = 0;       // secondary tier (host memory) bytes; 0: no host tier
-  // StreamingLLM. sink_tokens > 0 turns every full-attention layer into a window of
-  // streaming_window tokens plus the sinks, with position_shift.
-  int32_t sink_tokens = 0;
-  int32_t streaming_window = 0;  // required > 0 when sink_tokens > 0
+  AttentionOptions attention;       // windows, sinks, StreamingLLM, chunks (kv_setup.h applies them)
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal
   int32_t tensor_parallel = 1;   // cuda: GPUs, NCCL tensor parallel
@@ -92,6 +104,7 @@ struct KvPoolInfo {
   int32_t window = 0;           // attention window in tokens; 0: full attention
   int32_t sink_tokens = 0;      // StreamingLLM sinks kept forever; 0: none
   bool position_shift = false;  // RoPE positions within the cache (see the header comment)
+  bool dense_context = false;   // prompt queries see the whole prompt (see the header comment)
   int32_t attention_chunk = 0;  // chunked attention: queries see only their own chunk; 0: off
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
@@ -121,6 +134,9 @@ struct SequenceStep {
   // (those holding positions [start_position, start_position + tokens.size())) belong to
   // this sequence alone.
   std::vector<std::span<const BlockId>> block_tables;
+  // The prompt's length: with a dense_context pool, queries at positions below it attend
+  // to every earlier position (the dense context phase). 0: none.
+  int64_t context_end = 0;
   // True: sample a token from the logits of tokens.back() (the last prefill chunk or a
   // decode step). False: a prefill chunk that is not the last one.
   bool sample = false;
@@ -195,11 +211,16 @@ class ModelBackendBase : public ModelBackend {
 // ---- Shared by every backend --------------------------------------------------------
 
 // The positions a query at q sees in a pool (the rule above): the main range [lo, q] and the
-// sink range [sink_lo, sink_hi) (empty unless the pool has a window and sinks).
+// sink range [sink_lo, sink_hi) (empty unless the pool has a window and sinks). A query
+// below context_end in a dense_context pool sees [0, q].
 struct VisibleRange {
   int64_t lo, sink_lo, sink_hi;
 };
-VisibleRange VisibleOf(const KvPoolInfo& pool, int64_t q);
+VisibleRange VisibleOf(const KvPoolInfo& pool, int64_t q, int64_t context_end = 0);
+// True when a query at q of a step with this context_end is in the pool's dense context phase.
+inline bool DenseQuery(const KvPoolInfo& pool, int64_t q, int64_t context_end) {
+  return pool.dense_context && q < context_end;
+}
 
 // The description of a pool the KV manager laid out (kv::ComputePools) for model `c` under
 // `options`, serving contexts of up to max_context tokens: geometry, tiers and masks.

@@ -115,8 +115,6 @@ std::vector<RequestOutput> Engine::Step() {
 Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sampled) {
   const auto pools = backend_->pools();
   step_batch_.seqs.clear();
-  window_tables_.clear();
-  window_tables_.reserve(batch.seqs.size() * pools.size());
   for (const ScheduledSeq& s : batch.seqs) {
     const Sequence& seq = *s.seq;
     backend::SequenceStep& step = step_batch_.seqs.emplace_back();
@@ -127,23 +125,10 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.sampling = backend::SamplingParams{seq.request.sampling.temperature, seq.request.sampling.top_p,
                                             seq.request.sampling.top_k, seq.seed};
     step.rng_counter = seq.num_generated();
-    for (uint32_t pool = 0; pool < pools.size(); ++pool) {
-      kv::PoolView view = kv_->View(seq.kv_id, pool);
-      if (view.num_sink_blocks == 0 && view.first_window_block == 0) {
-        step.block_tables.push_back(view.blocks);  // every logical block is kept
-        continue;
-      }
-      // A window dropped blocks: the backend indexes a linear table by logical block, with
-      // kNoBlock where nothing is kept.
-      std::vector<backend::BlockId>& table = window_tables_.emplace_back();
-      const uint32_t kept_after_sinks = static_cast<uint32_t>(view.blocks.size()) - view.num_sink_blocks;
-      table.assign(view.first_window_block + kept_after_sinks, backend::kNoBlock);
-      for (uint32_t i = 0; i < view.blocks.size(); ++i) {
-        uint32_t logical = i < view.num_sink_blocks ? i : view.first_window_block + i - view.num_sink_blocks;
-        table[logical] = view.blocks[i];
-      }
-      step.block_tables.emplace_back(table);
-    }
+    step.context_end = seq.prompt_len;  // StreamingLLM's dense context phase (pools that have one)
+    // The backend reads a linear table (kNoBlock where a window dropped the block); the KV
+    // manager keeps one per sequence, so a long streamed sequence costs no copy per step.
+    for (uint32_t pool = 0; pool < pools.size(); ++pool) step.block_tables.push_back(kv_->View(seq.kv_id, pool).linear);
   }
   KVF_RETURN_IF_ERROR(backend_->Execute(step_batch_, &step_output_));
   if (step_output_.tokens.size() != batch.seqs.size()) {

@@ -106,10 +106,9 @@ class Engine {
   std::vector<RequestId> cancelled_;  // asked for; applied at the start of the next step
   std::vector<RequestId> finished_;   // reported this step; erased at its end
 
-  // Per step scratch: the backend batch and the block tables of windowed pools.
+  // Per step scratch: the backend batch (its block tables are the KV manager's).
   backend::StepBatch step_batch_;
   backend::StepOutput step_output_;
-  std::vector<std::vector<backend::BlockId>> window_tables_;
 
   EngineCounters counters_;
   StepReport last_step_;

@@ -37,6 +37,11 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
   }
   Status retention = request.retention.Validate();
   if (!retention.ok()) return InvalidArgument("retention: " + retention.message());
+  if (request.prompt.size() > limits.max_prompt) {
+    return OutOfRange("the prompt has " + std::to_string(request.prompt.size()) +
+                      " tokens; this worker's windowed KV pool holds a prompt of at most " +
+                      std::to_string(limits.max_prompt));
+  }
   // At least one token must be generated within the context.
   if (request.prompt.size() >= limits.max_context) {
     return OutOfRange("the prompt has " + std::to_string(request.prompt.size()) +

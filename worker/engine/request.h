@@ -46,6 +46,9 @@ struct GenerateRequest {
 // never truncated.
 struct EngineLimits {
   uint32_t max_context = 8192;   // prompt + generated tokens of one request
+  // Prompt tokens of one request: a windowed pool allocates a prompt's blocks at once (and
+  // StreamingLLM keeps them through its dense context phase), so its blocks bound a prompt.
+  uint32_t max_prompt = UINT32_MAX;
   uint32_t max_queued = 1024;    // requests waiting for their first step
   uint32_t vocab_size = 0;       // 0: unknown; else token ids must be below it
 };

@@ -29,6 +29,7 @@
 namespace kvfleet::kv {
 
 using BlockId = uint32_t;
+constexpr BlockId kNoBlock = UINT32_MAX;  // a block-table entry with no block (dropped, or none)
 
 struct BlockCopy {
   uint32_t pool = 0;

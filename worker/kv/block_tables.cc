@@ -21,6 +21,21 @@ uint32_t KvCacheManager::ReuseLimit(uint32_t pool) const {
   return limit;
 }
 
+uint32_t KvCacheManager::MaxSequenceBlocks(uint32_t pool) const {
+  const uint64_t B = config_.block_size;
+  const uint64_t W = layouts_[pool].window;
+  const uint64_t C = config_.attention_chunk_size;
+  if (W == 0 && C == 0) return 0;
+  // After Commit(q) and the Append of the next token: [q + 1 - W, q + 1] spans at most
+  // ceil((W - 1) / B) + 1 blocks; a chunk's [q - q % C, q + 1] at most C / B + 1.
+  uint64_t seen = UINT64_MAX;
+  if (W != 0) seen = (W - 1 + B - 1) / B + 1;
+  if (C != 0) seen = std::min(seen, C / B + 1);
+  const uint64_t sinks = (layouts_[pool].sink_tokens + B - 1) / B;
+  const uint64_t held = reuse_enabled_ ? ReuseLimit(pool) / B : 0;
+  return static_cast<uint32_t>(sinks + seen + held);
+}
+
 void KvCacheManager::TrimWindows(Sequence& s) {
   const uint32_t B = config_.block_size;
   const uint32_t C = config_.attention_chunk_size;
@@ -33,7 +48,10 @@ void KvCacheManager::TrimWindows(Sequence& s) {
     // The next query is at position q = num_computed and sees [lo, q]: lo = q - W + 1 with a
     // window, and at least the start of q's chunk with chunked attention (Llama 4). Later
     // queries see no earlier token, so a block wholly before lo is seen by no query again.
+    // StreamingLLM's dense context phase: a prompt query sees the whole prompt, so nothing
+    // is dropped before the prompt is computed.
     const uint64_t q = s.num_computed;
+    if (layouts_[p].dense_context && q < s.prompt_len) continue;
     uint64_t lo = 0;
     if (W != 0 && q + 1 > W) lo = q + 1 - W;
     if (C != 0) lo = std::max(lo, q / C * C);
@@ -42,6 +60,7 @@ void KvCacheManager::TrimWindows(Sequence& s) {
     if (k == 0) continue;
     for (uint32_t j = st.num_sink_blocks; j < st.num_sink_blocks + k; ++j) {
       const BlockId b = st.table[j];
+      st.linear[st.first_window_block + (j - st.num_sink_blocks)] = kNoBlock;
       if (pool.node_of(Tier::kDevice, b) != kNoNode) {
         st.held.push_back(b);  // released with the last stored block, keeping invariant 6
       } else {
@@ -63,7 +82,7 @@ bool KvCacheManager::IsAllocated(SequenceId id) const { return Seq(id).allocated
 
 PoolView KvCacheManager::View(SequenceId id, uint32_t pool) const {
   const Sequence::PoolState& st = Seq(id).pools.at(pool);
-  return PoolView{st.table, st.num_sink_blocks, st.first_window_block};
+  return PoolView{st.table, st.num_sink_blocks, st.first_window_block, st.linear};
 }
 
 std::optional<uint32_t> KvCacheManager::TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const {

@@ -52,12 +52,11 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       events_(std::make_unique<EventList>(config.event_buffer_max_size)),
       scratch_(std::make_unique<Plan>()) {
   auto log = Logger("kv");
+  // Reuse stays on with StreamingLLM sinks (TensorRT-LLM turns it off): a model with sinks has a
+  // windowed pool, so only blocks within its first window W are stored and matched (every
+  // pool must match), and a query at q < W sees [0, q] at its own position under every mask
+  // (window, sinks, dense context, position shift): their KV is what a fresh run computes.
   reuse_enabled_ = config.enable_block_reuse;
-  if (reuse_enabled_ && config.sink_tokens > 0) {
-    reuse_enabled_ = false;
-    log->info("block reuse is off: StreamingLLM sink tokens ({}) shift cache positions, so cached KV is not reusable",
-              config.sink_tokens);
-  }
   BlockPool::Options opts;
   opts.block_size = config.block_size;
   opts.enable_offload = config.enable_offload;
@@ -70,9 +69,12 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     const PoolLayout& l = layouts_[i];
     pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
+    std::string window = l.window == 0 ? std::string("full") : std::to_string(l.window);
+    if (l.sink_tokens > 0) window += " + " + std::to_string(l.sink_tokens) + " sinks";
+    if (l.dense_context) window += " (StreamingLLM: dense context, position shift)";
     log->info("pool {}: window {} kv_heads {} layers {}: {} device blocks ({} tokens), {} host blocks ({} tokens), "
               "{} bytes per block",
-              i, l.window == 0 ? std::string("full") : std::to_string(l.window), l.num_kv_heads, l.layers.size(),
+              i, window, l.num_kv_heads, l.layers.size(),
               l.device_blocks, uint64_t{l.device_blocks} * config.block_size, l.host_blocks,
               uint64_t{l.host_blocks} * config.block_size, l.bytes_per_block);
     if (reuse_enabled_ && l.windowed()) {
@@ -294,6 +296,7 @@ Status KvCacheManager::Allocate(SequenceId id) {
       pool.CountPartialCopy();
     }
     pool.AllocateDevice(total - static_cast<uint32_t>(st.table.size()), &st.table);
+    st.linear = st.table;  // nothing dropped yet: logical block j is table[j]
     st.num_stored = plan.full;
     st.last_node = plan.full > 0 ? pp.chain[plan.full - 1] : kNoNode;
     st.storing = reuse_enabled_;
@@ -339,7 +342,11 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
       const uint32_t i = st.num_stored;
       if (i + kSlotAhead < full) pool.PrefetchSlot(HashAt(s, i + kSlotAhead));
       constexpr uint32_t kEntryAhead = 4;  // the block Store will write a few blocks on
-      const uint32_t ahead = st.num_sink_blocks + (i + kEntryAhead - st.first_window_block);
+      const uint32_t ahead_block = i + kEntryAhead;
+      const uint32_t ahead = ahead_block < st.num_sink_blocks ? ahead_block
+                             : ahead_block >= st.first_window_block
+                                 ? st.num_sink_blocks + (ahead_block - st.first_window_block)
+                                 : UINT32_MAX;
       if (i + kEntryAhead < full && ahead < st.table.size()) pool.PrefetchDeviceEntry(st.table[ahead]);
       // A windowed (chunked) pool stores only blocks within its first window (chunk): past
       // it the cache is cyclic and its blocks would pin their dropped ancestors.
@@ -347,8 +354,9 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
         st.storing = false;
         break;
       }
-      KVF_CHECK(i >= st.first_window_block) << "a block left the window before it was stored";
-      const uint32_t j = st.num_sink_blocks + (i - st.first_window_block);
+      // Sink blocks keep their table entries; the window's follow them.
+      KVF_CHECK(i < st.num_sink_blocks || i >= st.first_window_block) << "a block left the window before it was stored";
+      const uint32_t j = i < st.num_sink_blocks ? i : st.num_sink_blocks + (i - st.first_window_block);
       const BlockHash h = HashAt(s, i);
       const std::span<const TokenId> block_tokens = tokens.subspan(size_t{i} * B, B);
       const BlockRetention r = RetentionForBlock(s.retention, s.prompt_len, i * B, (i + 1) * B);
@@ -362,6 +370,7 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
         pool.Pin(existing, now);
         pool.Unpin(Tier::kDevice, st.table[j], now);
         st.table[j] = pool.block(existing);
+        st.linear[i] = st.table[j];
         pool.Raise(existing, r, now);
         st.last_node = existing;
       } else {
@@ -400,7 +409,9 @@ Status KvCacheManager::Append(SequenceId id, std::span<const TokenId> tokens) {
     if (s.tokens.size() % B == 0) {
       for (auto& pool : pools_) {
         KVF_CHECK(pool->EnsureDeviceFree(1, &copies_)) << "CanAppend() promised a block";
-        pool->AllocateDevice(1, &s.pools[pool->index()].table);
+        Sequence::PoolState& st = s.pools[pool->index()];
+        pool->AllocateDevice(1, &st.table);
+        st.linear.push_back(st.table.back());
       }
     }
     s.tokens.push_back(t);
@@ -524,8 +535,19 @@ Status KvCacheManager::CheckInvariants() const {
     std::vector<uint32_t> holds(pool.num_blocks(Tier::kDevice), 0);
     for (const auto& s : seqs_) {
       if (!s->live || !s->allocated) continue;
-      for (BlockId b : s->pools[p].table) ++holds[b];
-      for (BlockId b : s->pools[p].held) ++holds[b];
+      const Sequence::PoolState& st = s->pools[p];
+      for (BlockId b : st.table) ++holds[b];
+      for (BlockId b : st.held) ++holds[b];
+      // Invariant 8: the linear table is the block table indexed by logical block.
+      size_t kept = 0;
+      for (size_t j = 0; j < st.linear.size(); ++j) {
+        if (st.linear[j] == kNoBlock) continue;
+        const size_t i = j < st.num_sink_blocks ? j : st.num_sink_blocks + (j - st.first_window_block);
+        if (j >= st.num_sink_blocks && j < st.first_window_block) return Internal("invariant 8: a dropped block in the linear table");
+        if (i >= st.table.size() || st.table[i] != st.linear[j]) return Internal("invariant 8: linear table entry " + std::to_string(j) + " is not the block table's");
+        ++kept;
+      }
+      if (kept != st.table.size()) return Internal("invariant 8: the linear table misses kept blocks");
     }
     for (BlockId b = 0; b < holds.size(); ++b) {
       if (holds[b] != pool.refcount(Tier::kDevice, b)) {

@@ -42,9 +42,11 @@
 //   6. A node held by a sequence has every ancestor held (refcount > 0).
 //   7. The eviction queue of a tier holds exactly the unreferenced nodes with no child on
 //      that tier (device) / no child at all (host), per priority in LRU order.
-//   8. A sequence's block table holds its blocks in logical order; a stored block a window
-//      or attention chunk dropped stays held (not in the table) until the sequence has no
-//      stored block left in its table, so invariant 6 holds with windows and chunks too.
+//   8. A sequence's block table holds its blocks in logical order, and its linear table the
+//      same blocks at their logical indexes (kNoBlock elsewhere); a stored block a window
+//      or attention chunk dropped stays held (not in the table) until no stored block past
+//      the sink blocks is left in its table, so invariant 6 holds with windows and chunks too
+//      (sink blocks are the chain's root end: held for good, they hold no descendant up).
 #pragma once
 
 #include <array>
@@ -93,6 +95,10 @@ struct PoolView {
   // num_sink_blocks. Without a window or attention chunk every block is kept and logical == i.
   uint32_t num_sink_blocks = 0;
   uint32_t first_window_block = 0;
+  // The same table indexed by logical block (entry j holds tokens [j·B, (j+1)·B)), kNoBlock
+  // where a window or chunk dropped the block: what a backend's step reads. Kept up to date
+  // as blocks come and go, so a step of a long streamed sequence costs no O(length) copy.
+  std::span<const BlockId> linear;
 };
 
 // A block Evict() moved off the device.
@@ -207,6 +213,15 @@ class KvCacheManager {
   const std::vector<PoolLayout>& pools() const { return layouts_; }
   uint32_t block_size() const { return config_.block_size; }
   bool reuse_enabled() const { return reuse_enabled_; }
+  // Tokens of a pool's first window / attention chunk (the smaller): blocks past it are not
+  // stored for reuse. 0: no limit.
+  uint32_t ReuseLimit(uint32_t pool) const;
+  // The most device blocks one sequence holds in a windowed or chunked pool once its prompt
+  // is computed, however long it runs: its sink blocks, the blocks its window (chunk) can
+  // see, the block of the next token, and, with reuse, the stored blocks of its first window
+  // (chunk) until the window has passed them (invariant 8). 0: unbounded (full attention).
+  // A prompt's blocks are all allocated at once, so a prompt longer than this needs more.
+  uint32_t MaxSequenceBlocks(uint32_t pool) const;
   // Load report figures, summed over pools.
   uint64_t FreeBlocks(Tier tier) const;
   uint64_t TotalBlocks(Tier tier) const;
@@ -228,9 +243,6 @@ class KvCacheManager {
   bool Fits(const Sequence& s, const Plan& plan) const;
   std::optional<uint32_t> TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const;
   void StoreFullBlocks(Sequence& s);
-  // Tokens of a pool's first window / attention chunk (the smaller): blocks past it are not
-  // stored for reuse. 0: no limit.
-  uint32_t ReuseLimit(uint32_t pool) const;
   // Drops the blocks no later query of the sequence can see (sliding window, chunked
   // attention): unstored ones are freed, stored ones released to the reuse tree.
   void TrimWindows(Sequence& s);

@@ -22,8 +22,26 @@ Status KvCacheConfig::Validate() const {
   }
   if (offload_min_priority > kMaxPriority) return InvalidArgument("kv: offload_min_priority > 100");
   if (device_bytes == 0) return InvalidArgument("kv: device_bytes must be > 0");
-  if (sink_tokens > 0 && attention_windows.empty()) {
-    return InvalidArgument("kv: sink_tokens needs a sliding window (attention_windows)");
+  if (attention_chunk_size % block_size != 0) {
+    return InvalidArgument("kv: attention_chunk_size " + std::to_string(attention_chunk_size) +
+                           " is not a multiple of block_size " + std::to_string(block_size));
+  }
+  uint32_t windowed = 0;
+  for (uint32_t l = 0; l < num_layers; ++l) {
+    const uint32_t w = WindowOfLayer(l);
+    if (w == 0) continue;
+    ++windowed;
+    if (w < sink_tokens) {
+      return InvalidArgument("kv: layer " + std::to_string(l) + "'s window of " + std::to_string(w) +
+                             " tokens is shorter than its " + std::to_string(sink_tokens) + " sink tokens");
+    }
+  }
+  if ((sink_tokens > 0 || dense_context) && windowed == 0) {
+    return InvalidArgument("kv: sink_tokens and dense_context need a layer with a window shorter than max_seq_len");
+  }
+  // A chunked mask hides the sinks, and a chunk ends the dense phase's view of the prompt.
+  if ((sink_tokens > 0 || dense_context) && attention_chunk_size > 0) {
+    return InvalidArgument("kv: sink_tokens and dense_context do not combine with attention_chunk_size");
   }
   return Status::Ok();
 }
@@ -49,6 +67,9 @@ Result<std::vector<PoolLayout>> ComputePools(const KvCacheConfig& c) {
     const uint32_t h = c.KvHeadsOfLayer(l);
     PoolLayout& p = by_key[{w, h}];
     p.window = w;
+    p.sink_tokens = w != 0 ? c.sink_tokens : 0;
+    p.dense_context = w != 0 && c.dense_context;
+    p.attention_chunk = c.attention_chunk_size;
     p.num_kv_heads = h;
     p.layers.push_back(l);
   }

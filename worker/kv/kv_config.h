@@ -46,8 +46,10 @@ struct KvCacheConfig {
   uint32_t dtype_bytes = 2;               // bytes per KV element (bf16 = 2, fp32 = 4)
   std::vector<uint32_t> attention_windows;  // tokens, per layer; 0 = full attention; repeats
   uint32_t max_seq_len = 0;               // tokens; caps windows when splitting memory
-  uint32_t sink_tokens = 0;               // StreamingLLM: first S tokens always kept
-  uint32_t attention_chunk_size = 0;      // Llama-4 chunked attention, tokens; 0 = off
+  uint32_t sink_tokens = 0;               // StreamingLLM: first S tokens kept by windowed layers
+  bool dense_context = false;             // StreamingLLM's dense context phase: windowed pools keep
+                                          // the whole prompt until it is computed
+  uint32_t attention_chunk_size = 0;      // Llama-4 chunked attention, tokens (a multiple of B); 0 = off
   uint32_t vocab_size = 0;                // token ids are < vocab_size; sets the bits each cached
                                           // token is stored in (17 for 128K); 0 = unknown (32 bits)
 
@@ -76,6 +78,9 @@ uint64_t DeviceBudgetFromFreeMemory(uint64_t free_bytes, double fraction);
 
 struct PoolLayout {
   uint32_t window = 0;          // tokens; 0 = full attention (also the events' window_size)
+  uint32_t sink_tokens = 0;     // StreamingLLM sinks (windowed pools only)
+  bool dense_context = false;   // StreamingLLM's dense context phase (windowed pools only)
+  uint32_t attention_chunk = 0; // chunked attention, tokens; 0 = off
   uint32_t num_kv_heads = 0;
   std::vector<uint32_t> layers;  // model layers in this pool, ascending
   uint64_t bytes_per_block = 0;

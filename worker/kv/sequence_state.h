@@ -18,6 +18,7 @@ namespace kvfleet::kv {
 struct KvCacheManager::Sequence {
   struct PoolState {
     std::vector<BlockId> table;  // kept blocks, logical order
+    std::vector<BlockId> linear; // logical block j -> its block, kNoBlock where dropped (View)
     std::vector<BlockId> held;   // stored blocks the window dropped, held until no stored block is left
     uint32_t num_sink_blocks = 0;
     uint32_t first_window_block = 0;

@@ -123,6 +123,10 @@ Status Worker::Init(zmq::context_t& context) {
   bo.kv_cache_bytes = config_.kv_cache_bytes;
   bo.kv_memory_fraction = config_.gpu_memory_fraction;
   bo.host_kv_bytes = config_.host_cache_bytes;
+  bo.attention.max_attention_window = config_.max_attention_window;
+  bo.attention.sink_tokens = config_.sink_tokens;
+  bo.attention.streaming_llm = config_.streaming_llm;
+  bo.attention.attention_chunk_size = config_.attention_chunk_size;
   if (config_.backend == "mock") {
     bo.extra["mock.step_base_us"] = std::to_string(config_.mock_cost.step_base_us);
     bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);
@@ -151,7 +155,7 @@ Status Worker::Init(zmq::context_t& context) {
   backend::KvMemorySettings memory = backend::KvMemoryOf(*backend_);
   memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
   memory.events_include_tokens = config_.events_include_tokens;
-  KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(backend::KvCacheConfigFor(backend_->config(), memory),
+  KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(backend::KvCacheConfigFor(backend_->config(), memory, bo.attention),
                                                      &backend_->block_copier(), clock));
   KVF_RETURN_IF_ERROR(backend::CheckPoolsAgree(kv_->pools(), pools));
 
@@ -172,6 +176,19 @@ Status Worker::Init(zmq::context_t& context) {
     max_context = cache_tokens;
   }
   eo.limits.max_context = static_cast<uint32_t>(max_context);
+  // A windowed pool holds a prompt whole for a while (it allocates the prompt's blocks at once),
+  // then at most MaxSequenceBlocks however long the sequence runs: refuse a cache that cannot.
+  for (uint32_t p = 0; p < kv_->pools().size(); ++p) {
+    const kv::PoolLayout& l = kv_->pools()[p];
+    const uint32_t bound = kv_->MaxSequenceBlocks(p);
+    if (bound == 0) continue;
+    if (l.device_blocks < bound) {
+      return InvalidArgument("the KV pool of window " + std::to_string(l.window) + " has " +
+                             std::to_string(l.device_blocks) + " blocks; one sequence may hold " + std::to_string(bound) +
+                             " (sinks, window and first-window blocks): raise --kv-cache-bytes");
+    }
+    eo.limits.max_prompt = std::min<uint64_t>(eo.limits.max_prompt, uint64_t{l.device_blocks} * config_.block_size);
+  }
   eo.limits.max_queued = config_.max_queued;
   eo.limits.vocab_size = static_cast<uint32_t>(backend_->config().vocab_size);
   for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
@@ -209,6 +226,12 @@ Status Worker::Init(zmq::context_t& context) {
     hello.http_endpoint = "http://" + host + ":" + std::to_string(http_->port());
     hello.backend = config_.backend;
     hello.epoch = publisher_->epoch();
+    for (uint32_t i = 0; i < kv_->pools().size(); ++i) {
+      const kv::PoolLayout& l = kv_->pools()[i];
+      hello.kv_pools.push_back(KvPoolAnnounce{l.window, l.sink_tokens, l.dense_context, l.attention_chunk,
+                                              static_cast<uint32_t>(l.layers.size()), l.device_blocks, l.host_blocks,
+                                              kv_->reuse_enabled(), kv_->ReuseLimit(i)});
+    }
     // Routers refuse a worker whose tokenizer is not theirs. A mock's ids mean nothing: none.
     if (config_.backend != "mock") {
       auto digest = TokenizerDigest(config_.model_dir);

@@ -51,6 +51,20 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "evicted blocks of at least this retention priority move to the host tier")
       ->capture_default_str();
   app.add_flag("--events-include-tokens", c->events_include_tokens, "stored KV events carry the block tokens");
+  app.add_option("--max-attention-window", c->max_attention_window,
+                 "attention window per layer in tokens, N[,N...] repeated to the number of layers (TensorRT-LLM's "
+                 "max_attention_window); a window >= the context is full attention (default: config.json's)")
+      ->delimiter(',');
+  app.add_option("--sink-tokens", c->sink_tokens,
+                 "StreamingLLM attention sinks: the first tokens every windowed layer keeps (needs a window)")
+      ->capture_default_str();
+  app.add_flag("--streaming-llm", c->streaming_llm,
+               "StreamingLLM on the windowed layers: RoPE positions within the cache and a dense context phase "
+               "(the prompt attends to the whole prompt; then only the sinks and the window are kept)");
+  app.add_option("--attention-chunk-size", c->attention_chunk_size,
+                 "chunked attention (Llama 4): a query sees only its own chunk of this many tokens, a multiple of "
+                 "--block-size (default: config.json's attention_chunk_size)")
+      ->capture_default_str();
   app.add_option("--shutdown-grace-s", c->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str();
   app.add_option("--mock-step-base-us", c->mock_cost.step_base_us, "mock: fixed cost per step (a), µs")
@@ -83,6 +97,15 @@ Status WorkerConfig::Validate() const {
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
                            std::to_string(max_step_ms));
+  }
+  // The rest of the attention rules need the model: backend::CheckAttentionOptions.
+  for (int32_t w : max_attention_window) {
+    if (w <= 0) return InvalidArgument("--max-attention-window: window " + std::to_string(w) + " is not a positive token count");
+  }
+  if (sink_tokens < 0) return InvalidArgument("--sink-tokens must be >= 0");
+  if (attention_chunk_size < 0 || attention_chunk_size % static_cast<int32_t>(block_size) != 0) {
+    return InvalidArgument("--attention-chunk-size " + std::to_string(attention_chunk_size) +
+                           " is not a multiple of --block-size " + std::to_string(block_size));
   }
   if (offload_min_priority > 100) return InvalidArgument("--offload-min-priority must be 0..100");
   if (gpu_memory_fraction <= 0 || gpu_memory_fraction > 1) return InvalidArgument("--gpu-memory-fraction must be in (0, 1]");

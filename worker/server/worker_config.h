@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -52,6 +53,12 @@ struct WorkerConfig {
   uint32_t offload_min_priority = 35;  // evicted blocks at or above it go to the host tier
   bool events_include_tokens = false;  // stored events carry block tokens
   uint32_t event_ring_batches = 10'000;  // event batches (heartbeats included) kept for replay
+
+  // --- attention (worker/backend/kv_setup.h checks them against the model) ---
+  std::vector<int32_t> max_attention_window;  // tokens per layer, repeated to the layers; empty: config.json's
+  int32_t sink_tokens = 0;                    // StreamingLLM sinks kept by windowed layers
+  bool streaming_llm = false;                 // position shift + dense context phase
+  int32_t attention_chunk_size = 0;           // Llama 4 chunked attention, tokens; 0: config.json's
 
   // --- shutdown ---
   double shutdown_grace_s = 30;      // seconds in-flight requests get after SIGTERM

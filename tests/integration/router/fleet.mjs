@@ -8,8 +8,9 @@ import path from 'node:path';
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export class Fleet {
-  constructor({ routerBin, workerBin, dir, basePort, workers = 3, model = 'mock', routerArgs = [], workerArgs = [] }) {
-    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs });
+  constructor({ routerBin, workerBin, dir, basePort, workers = 3, model = 'mock', routerArgs = [], workerArgs = [],
+                blockSize = 32 }) {
+    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs, blockSize });
     this.httpPort = basePort;
     this.registration = `tcp://127.0.0.1:${basePort + 1}`;
     this.workerCount = workers;
@@ -39,7 +40,8 @@ export class Fleet {
       '--backend', 'mock', '--worker-id', `worker-${i}`, '--model-name', this.model,
       '--requests', `tcp://127.0.0.1:${p}`, '--events', `tcp://127.0.0.1:${p + 1}`,
       '--replay', `tcp://127.0.0.1:${p + 2}`, '--http-port', String(this.basePort + 100 + i),
-      '--router', this.registration, '--advertise-host', '127.0.0.1', '--block-size', '32', ...this.workerArgs]);
+      '--router', this.registration, '--advertise-host', '127.0.0.1', '--block-size', String(this.blockSize),
+      ...this.workerArgs]);
   }
 
   async start() {

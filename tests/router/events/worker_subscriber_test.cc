@@ -231,5 +231,31 @@ TEST_CASE("events of another attention window are not indexed; unknown parents a
   CHECK(f.counters.unknown_parent == 1);
 }
 
+TEST_CASE("an all-windowed worker's announced pool is indexed; --routing-window-size overrides it for all") {
+  // A Mistral-shaped worker: one pool, window 4096; its stored blocks are each sequence's first window.
+  ManualClock clock;
+  GlobalIndex index{{}, &clock};
+  FakeIo io;
+  EventCounters counters;
+  EventPlaneOptions options;
+  WorkerSubscriber windowed{4, "mistral", options, &index, &clock, &io, &counters, /*indexed_window=*/4096};
+  CHECK(windowed.stats().indexed_window == 4096);
+  windowed.Start();
+  Reply snap(io.requests.back().id, 7);
+  windowed.OnReplayReply(snap.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096), Stored(0, {9})}).reader());
+  windowed.OnBatch(Batch(7, 1, {Stored(1, {2}, kv::Tier::kDevice, 4096), Stored(0, {8})}));
+  CHECK(index.BlocksOf(4, kv::Tier::kDevice) == std::vector<BlockHash>{1, 2});
+  CHECK(counters.other_window == 2);
+
+  EventPlaneOptions forced;
+  forced.routing_window_size = 0;  // the operator's override: full attention for every worker
+  WorkerSubscriber overridden{5, "mistral-2", forced, &index, &clock, &io, &counters, 4096};
+  CHECK(overridden.stats().indexed_window == 0);
+  overridden.Start();
+  Reply snap2(io.requests.back().id, 7);
+  overridden.OnReplayReply(snap2.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096)}).reader());
+  CHECK(index.BlocksOf(5, kv::Tier::kDevice).empty());
+}
+
 }  // namespace
 }  // namespace kvfleet::router

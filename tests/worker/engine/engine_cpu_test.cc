@@ -21,8 +21,9 @@ namespace {
 
 struct CpuEngine {
   CpuEngine(int64_t blocks, uint32_t max_num_tokens, uint32_t max_batch, const std::string& shape = "tiny",
-            uint64_t seed = 1) {
+            uint64_t seed = 1, backend::AttentionOptions attention = {}) {
     backend::BackendOptions bo;
+    bo.attention = attention;
     bo.model_dir = testing::RandomModelDir(shape, seed);
     bo.block_size = 16;
     bo.max_num_tokens = static_cast<int32_t>(max_num_tokens);
@@ -33,7 +34,7 @@ struct CpuEngine {
     auto b = backend::CreateBackend("cpu", bo);
     REQUIRE_MESSAGE(b.ok(), b.status().ToString());
     backend = std::move(*b);
-    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), KvMemoryOf(*backend)),
+    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), KvMemoryOf(*backend), attention),
                                       &backend->block_copier(), SystemClock::Default());
     REQUIRE_MESSAGE(k.ok(), k.status().ToString());
     kv = std::move(*k);
@@ -129,6 +130,52 @@ TEST_CASE("cpu backend, sliding window (tiny-mistral, window 20): chunked and ba
   }
   CpuEngine e(256, 16, 8, "tiny-mistral", 2);
   CHECK(e.Run(prompts, 20) == alone);
+}
+
+TEST_CASE("cpu backend, StreamingLLM: chunked, batched and reused runs match runs alone") {
+  // Sinks 4, window 24 over the tiny model's two layers; prompts of 30..69 tokens run a dense
+  // context phase longer than sinks + window, then generate past it.
+  backend::AttentionOptions streaming;
+  streaming.sink_tokens = 4;
+  streaming.max_attention_window = {24};
+  streaming.streaming_llm = true;
+  const auto prompts = Prompts();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny", 1, streaming);
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 40)[0]);
+  }
+  SUBCASE("batched, with 16-token chunks") {
+    CpuEngine e(256, 16, 8, "tiny", 1, streaming);
+    CHECK(e.Run(prompts, 40) == alone);
+  }
+  SUBCASE("the first window served from the reuse tree") {
+    CpuEngine e(256, 256, 8, "tiny", 1, streaming);
+    CHECK(e.Run({prompts[3]}, 40)[0] == alone[3]);
+    CHECK(e.Run({prompts[3]}, 40)[0] == alone[3]);
+    CHECK(e.usage[e.last_ids[0]].cached_device_tokens == 16);  // the blocks wholly inside [0, 24)
+  }
+  // The streaming runs are not the plain model's: the window applies after the prompt.
+  CpuEngine plain(256, 256, 1);
+  CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
+}
+
+TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match runs alone") {
+  // Chunks of 32 tokens (Llama 4's chunked attention) on the tiny model: prompts of 30..69
+  // tokens cross chunk boundaries while prefilling and decoding.
+  backend::AttentionOptions chunked;
+  chunked.attention_chunk_size = 32;
+  const auto prompts = Prompts();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny", 1, chunked);
+    REQUIRE(e.backend->pools()[0].attention_chunk == 32);
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 40)[0]);
+  }
+  CpuEngine e(256, 16, 8, "tiny", 1, chunked);
+  CHECK(e.Run(prompts, 40) == alone);
+  CpuEngine plain(256, 256, 1);
+  CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
 }
 
 }  // namespace

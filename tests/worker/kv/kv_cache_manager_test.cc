@@ -401,34 +401,101 @@ TEST_CASE("identical prompts in flight at once end up sharing one stored copy") 
 }
 
 TEST_CASE("a 1M-token StreamingLLM sequence stays within its block bound") {
-  auto c = SmallConfig(32, 200);
+  // Sinks 4, window 4096, B = 32: 1 sink block + ceil(4095 / 32) + 1 = 130 blocks once the
+  // window has passed the first window's 128 stored blocks, which it holds until then.
+  auto c = SmallConfig(32, 300);
   c.attention_windows = {4096};
   c.sink_tokens = 4;
+  c.dense_context = true;
   Fixture f(c);
-  CHECK_FALSE(f.m->reuse_enabled());  // sinks shift positions: reuse is off
+  CHECK(f.m->reuse_enabled());  // kept: only the first window is stored, the same KV in every mode
+  const uint32_t bound = f.m->MaxSequenceBlocks(0);
+  CHECK(bound == 1 + 128 + 1 + 128);
+  const uint32_t steady = 1 + 128 + 1;
   const SequenceId id = f.Add(Tokens(10, 1));
   REQUIRE(f.m->Allocate(id).ok());
   f.m->Commit(id, 10);
-  const size_t bound = (4096 + 4 + 31) / 32 + 1;
-  size_t most = 0;
+  uint32_t most = 0, most_steady = 0;
   for (uint32_t n = 10; n < 1'000'000; ++n) {
     const TokenId t = n;
     const bool appended = f.m->Append(id, std::span<const TokenId>(&t, 1)).ok();
     if (!appended) REQUIRE(appended);  // not a REQUIRE per token: a million of them is slow
     f.m->Commit(id, n + 1);
-    most = std::max(most, f.m->View(id, 0).blocks.size());
+    const uint32_t in_use = f.m->Stats().pools[0].tiers[0].in_use;
+    most = std::max(most, in_use);
+    if (n > 2 * 4096) most_steady = std::max(most_steady, in_use);
   }
   CHECK(most <= bound);
-  CHECK(f.m->Stats().pools[0].tiers[0].in_use <= bound);
+  CHECK(most_steady == steady);
   const PoolView v = f.m->View(id, 0);
   CHECK(v.num_sink_blocks == 1);
+  CHECK(v.linear.size() == (1'000'000 + 31) / 32);
+  CHECK(v.linear[0] == v.blocks[0]);
+  CHECK(v.linear[1] == kNoBlock);
   CHECK(f.m->SlotOf(id, 0, 3).has_value());  // sink token kept
   CHECK_FALSE(f.m->SlotOf(id, 0, 500'000).has_value());
   CHECK(f.m->SlotOf(id, 0, 999'999).has_value());
   // Position-shift RoPE: the sink keeps position 3, the newest token sits right after the window.
   CHECK(*f.m->CachePosition(id, 0, 3) == 3);
-  CHECK(*f.m->CachePosition(id, 0, 999'999) < bound * 32);
+  CHECK(*f.m->CachePosition(id, 0, 999'999) < steady * 32);
+  // Only the first window was stored for reuse: 128 blocks.
+  size_t stored = 0;
+  for (const KvEvent& e : f.m->Snapshot()) stored += std::get<StoredEvent>(e.data).blocks.size();
+  CHECK(stored == 128);
   f.Check();
+}
+
+TEST_CASE("StreamingLLM's dense context phase keeps the whole prompt until it is computed") {
+  for (const bool dense : {true, false}) {
+    INFO("dense context " << dense);
+    auto c = SmallConfig(4, 64);
+    c.attention_windows = {8};
+    c.sink_tokens = 4;
+    c.dense_context = dense;
+    Fixture f(c);
+    const SequenceId id = f.Add(Tokens(40, 1));
+    REQUIRE(f.m->Allocate(id).ok());
+    // Chunked prefill of the 40-token prompt (10 blocks). A dense prompt query at n sees
+    // [0, n]; a windowed one the sinks and [n - 7, n], so blocks wholly before n - 7 go.
+    const uint32_t ends[] = {12, 24, 36};
+    const size_t dense_blocks[] = {10, 10, 10}, windowed_blocks[] = {10, 7, 4};
+    for (int i = 0; i < 3; ++i) {
+      testing::WriteKv(*f.m, *f.mem, id, f.TokensOf(id), f.m->NumComputedTokens(id), ends[i]);
+      f.m->Commit(id, ends[i]);
+      f.Check();
+      CHECK(f.m->View(id, 0).blocks.size() == (dense ? dense_blocks[i] : windowed_blocks[i]));
+      CHECK(f.m->SlotOf(id, 0, 8).has_value() == (dense || i == 0));
+    }
+    testing::WriteKv(*f.m, *f.mem, id, f.TokensOf(id), 36, 40);
+    f.m->Commit(id, 40);
+    // Computed: the next query (position 40, generated) sees the sinks and [33, 40].
+    const PoolView v = f.m->View(id, 0);
+    CHECK(v.num_sink_blocks == 1);
+    CHECK(v.first_window_block == 8);
+    CHECK(v.blocks.size() == 3);  // block 0 and blocks 8, 9 (block 10 comes with token 40)
+    CHECK(testing::FirstWrongKv(*f.m, *f.mem, id, f.TokensOf(id)) == -1);
+    f.Release(id);
+  }
+}
+
+TEST_CASE("with StreamingLLM sinks a request reuses the blocks of its first window, no further") {
+  auto c = SmallConfig(4, 64);
+  c.attention_windows = {8};
+  c.sink_tokens = 4;
+  c.dense_context = true;
+  Fixture f(c);
+  const SequenceId a = f.Add(Tokens(30, 1));
+  f.Prefill(a);
+  for (TokenId t = 0; t < 20; ++t) f.Decode(a, 100 + t);
+  f.Check();
+  f.Release(a);
+  // Stored: blocks wholly inside the first window [0, 8): two blocks.
+  const MatchInfo m = f.Request(Tokens(30, 1));
+  CHECK(m.device_tokens == 8);
+  CHECK(m.partial_tokens == 0);
+  size_t stored = 0;
+  for (const KvEvent& e : f.m->Snapshot()) stored += std::get<StoredEvent>(e.data).blocks.size();
+  CHECK(stored == 2);
 }
 
 TEST_CASE("a sliding window frees blocks wholly outside it and maps kept tokens to slots") {

@@ -68,5 +68,41 @@ TEST_CASE("block sizes must be powers of two of at least 2") {
   CHECK_FALSE(c.Validate().ok());
 }
 
+TEST_CASE("attention settings that cannot work are refused") {
+  auto c = Model();
+  c.attention_chunk_size = 48;  // not a multiple of B = 32
+  CHECK(c.Validate().message().find("not a multiple of block_size") != std::string::npos);
+  c.attention_chunk_size = 64;
+  CHECK(c.Validate().ok());
+  c.sink_tokens = 4;  // chunked queries never see sinks
+  c.attention_windows = {1024};
+  CHECK(c.Validate().message().find("do not combine with attention_chunk_size") != std::string::npos);
+  c.attention_chunk_size = 0;
+  CHECK(c.Validate().ok());
+  c.sink_tokens = 2048;  // more sinks than the window holds
+  CHECK(c.Validate().message().find("shorter than its 2048 sink tokens") != std::string::npos);
+  c.sink_tokens = 4;
+  c.attention_windows = {4096};  // as long as max_seq_len: full attention, so no window for the sinks
+  CHECK(c.Validate().message().find("need a layer with a window") != std::string::npos);
+  c.sink_tokens = 0;
+  c.dense_context = true;
+  CHECK_FALSE(c.Validate().ok());
+}
+
+TEST_CASE("windowed pools carry their sinks and dense context; full-attention pools neither") {
+  auto c = Model();
+  c.attention_windows = {1024, 0};
+  c.sink_tokens = 4;
+  c.dense_context = true;
+  const auto pools = ComputePools(c);
+  REQUIRE(pools.ok());
+  REQUIRE(pools->size() == 2);
+  CHECK((*pools)[0].window == 0);
+  CHECK((*pools)[0].sink_tokens == 0);
+  CHECK_FALSE((*pools)[0].dense_context);
+  CHECK((*pools)[1].sink_tokens == 4);
+  CHECK((*pools)[1].dense_context);
+}
+
 }  // namespace
 }  // namespace kvfleet::kv

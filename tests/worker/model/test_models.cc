@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "worker/model/random_model.h"
 
 namespace kvfleet::testing {
@@ -69,6 +71,44 @@ std::string VariantModelDir(const std::string& shape, uint64_t seed, const std::
   edit(j);
   std::ofstream(partial / "config.json") << j.dump(2);
   std::error_code ec;
+  fs::rename(partial, dir, ec);  // another process may have won the race: use its copy
+  if (ec) fs::remove_all(partial, ec);
+  return dir.string();
+}
+
+std::string SmallVocabModelDir(const std::string& shape, uint64_t seed, int vocab) {
+  const char* tmp = std::getenv("TMPDIR");
+  fs::path root = fs::path(tmp && *tmp ? tmp : "/tmp") / "kvfleet-test-models";
+  const std::string name = shape + "-s" + std::to_string(seed) + "-vocab" + std::to_string(vocab) + "-v" +
+                           std::to_string(model::kRandomModelVersion);
+  fs::path dir = root / name;
+  if (fs::exists(dir / "config.json")) return dir.string();
+  fs::path tok = root / (name + ".tokenizer" + std::to_string(::getpid()));
+  fs::create_directories(tok);
+  {
+    nlohmann::json vocab_json = nlohmann::json::object();
+    for (int i = 0; i < vocab; ++i) {
+      vocab_json[i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : "t" + std::to_string(i)] = i;
+    }
+    const nlohmann::json tokenizer = {
+        {"version", "1.0"}, {"model", {{"type", "WordLevel"}, {"unk_token", "<unk>"}, {"vocab", vocab_json}}}};
+    std::ofstream(tok / "tokenizer.json") << tokenizer.dump() << "\n";
+    std::ofstream(tok / "tokenizer_config.json") << nlohmann::json{{"bos_token", "<s>"}, {"eos_token", "</s>"}}.dump()
+                                                  << "\n";
+  }
+  fs::path partial = root / (name + ".tmp" + std::to_string(::getpid()));
+  model::RandomModelOptions o;
+  o.shape = shape;
+  o.tokenizer_dir = tok.string();
+  o.out_dir = partial.string();
+  o.seed = seed;
+  Status st = model::MakeRandomModel(o);
+  std::error_code ec;
+  fs::remove_all(tok, ec);
+  if (!st.ok()) {
+    std::fprintf(stderr, "FATAL: make-model %s: %s\n", shape.c_str(), st.ToString().c_str());
+    std::abort();
+  }
   fs::rename(partial, dir, ec);  // another process may have won the race: use its copy
   if (ec) fs::remove_all(partial, ec);
   return dir.string();

@@ -28,6 +28,10 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, bool bf16 = 
 // machine like the models themselves, so `edit` must depend on nothing else).
 std::string VariantModelDir(const std::string& shape, uint64_t seed, const std::string& tag,
                             const std::function<void(nlohmann::json&)>& edit);
+// A model directory of `shape` whose tokenizer (a WordLevel tokenizer.json, ids 0..vocab-1,
+// <s> = 1, </s> = 2) and so whose vocabulary has `vocab` entries: tests that run very many
+// steps (a long streamed generation) pay for a small LM head. Written once per machine.
+std::string SmallVocabModelDir(const std::string& shape, uint64_t seed, int vocab);
 
 // The repository's tests/data directory.
 std::string TestDataDir();

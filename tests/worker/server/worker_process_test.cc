@@ -9,8 +9,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "schema/wire.h"
+#include "tests/worker/model/test_models.h"
 #include "schema/worker.capnp.h"
 
 namespace {
@@ -56,25 +60,29 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 struct WorkerProcess {
-  WorkerProcess() {
+  // The mock worker most cases use.
+  WorkerProcess()
+      : WorkerProcess({"--backend", "mock",
+                       "--model-name", "mock-8b",
+                       "--block-size", "16",
+                       "--max-num-tokens", "256",
+                       "--max-context", "512",
+                       "--kv-cache-bytes", std::to_string(64ull * 2 * 1024 * 1024),  // 64 blocks of 2 MiB
+                       "--mock-step-base-us", "500",
+                       "--mock-prefill-token-us", "20",
+                       "--mock-verify-kv",
+                       "--shutdown-grace-s", "5"}) {}
+  // A worker with these flags, on free ports.
+  explicit WorkerProcess(std::vector<std::string> flags) {
     requests_port = FreePort();
     http_port = FreePort();
     std::vector<std::string> args = {KVFLEET_WORKER_BIN,
-                                     "--backend", "mock",
-                                     "--model-name", "mock-8b",
                                      "--requests", "tcp://127.0.0.1:" + std::to_string(requests_port),
                                      "--events", "tcp://127.0.0.1:" + std::to_string(FreePort()),
                                      "--replay", "tcp://127.0.0.1:" + std::to_string(FreePort()),
                                      "--http-port", std::to_string(http_port),
-                                     "--block-size", "16",
-                                     "--max-num-tokens", "256",
-                                     "--max-context", "512",
-                                     "--kv-cache-bytes", std::to_string(64ull * 2 * 1024 * 1024),  // 64 blocks of 2 MiB
-                                     "--mock-step-base-us", "500",
-                                     "--mock-prefill-token-us", "20",
-                                     "--mock-verify-kv",
-                                     "--shutdown-grace-s", "5",
                                      "--log-level", "warn"};
+    args.insert(args.end(), flags.begin(), flags.end());
     pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -118,6 +126,7 @@ struct Reply {
   uint32_t prompt_tokens = 0, cached_device = 0, completion = 0;
   uint64_t ttft_us = 0;
   kvfleet::schema::ErrorCode code = kvfleet::schema::ErrorCode::INTERNAL;
+  std::string message;  // of an error
 };
 
 struct Client {
@@ -126,7 +135,7 @@ struct Client {
     socket.connect("tcp://127.0.0.1:" + std::to_string(port));
   }
   void Generate(uint64_t id, const std::vector<uint32_t>& prompt, uint32_t max_tokens, const std::string& lora = "",
-                float temperature = 0) {
+                float temperature = 0, bool ignore_eos = false) {
     capnp::MallocMessageBuilder msg;
     auto g = msg.initRoot<kvfleet::schema::ToWorker>().initGenerate();
     g.setRequestId(id);
@@ -136,6 +145,7 @@ struct Client {
     g.getSampling().setMaxTokens(max_tokens);
     g.getSampling().setSeed(42);
     g.getSampling().setHasSeed(true);
+    g.getSampling().setIgnoreEos(ignore_eos);
     g.setLoraName(lora);
     Send(msg);
   }
@@ -162,6 +172,7 @@ struct Client {
       r.is_error = true;
       r.request_id = root.getError().getRequestId();
       r.code = root.getError().getCode();
+      r.message = root.getError().getMessage().cStr();
       return r;
     }
     auto d = root.getDelta();
@@ -178,6 +189,7 @@ struct Client {
   Reply Collect(uint64_t id, std::vector<uint32_t>* tokens, int* deltas) {
     while (true) {
       Reply r = Next();
+      INFO(r.message);
       REQUIRE_FALSE(r.is_error);
       REQUIRE(r.request_id == id);
       tokens->insert(tokens->end(), r.tokens.begin(), r.tokens.end());
@@ -274,6 +286,107 @@ TEST_CASE("a worker process streams deltas, reports usage and cached tokens, ref
   } while (final_reply.finish == kvfleet::schema::FinishReason::NONE);
   CHECK(final_reply.finish == kvfleet::schema::FinishReason::LENGTH);
   CHECK(final_reply.completion == 30);
+}
+
+// The worker binary run with `flags`, expected to refuse them: its exit status and output.
+std::pair<int, std::string> RunRefused(const std::vector<std::string>& flags) {
+  std::string cmd = std::string(KVFLEET_WORKER_BIN) + " --requests tcp://127.0.0.1:0 --events tcp://127.0.0.1:0" +
+                    " --replay tcp://127.0.0.1:0 --http-port 0";
+  for (const std::string& f : flags) cmd += " '" + f + "'";
+  cmd += " 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("bad attention flags stop the worker at start-up with an error naming the flag") {
+  const std::string tiny = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);  // full attention, 2 layers
+  const std::string mistral = kvfleet::testing::SmallVocabModelDir("tiny-mistral", 2, 512);  // window 20
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  const Case cases[] = {
+      {{"--backend", "cpu", "--model-dir", tiny, "--sink-tokens", "4"}, "--sink-tokens needs a sliding window"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--sink-tokens", "16", "--max-attention-window", "8"},
+       "--max-attention-window 8 is shorter than --sink-tokens 16"},
+      {{"--backend", "cpu", "--model-dir", mistral, "--sink-tokens", "32"},
+       "the model's sliding window of 20 tokens (config.json) is shorter than --sink-tokens 32"},
+      {{"--backend", "cpu", "--model-dir", mistral, "--max-attention-window", "64"},
+       "exceeds the model's sliding window of 20 (config.json)"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--attention-chunk-size", "40"},
+       "--attention-chunk-size 40 is not a multiple of --block-size 32"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--streaming-llm", "--max-attention-window", "64"},
+       "--streaming-llm needs --sink-tokens"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--streaming-llm", "--sink-tokens", "4", "--max-attention-window",
+        "64", "--attention-chunk-size", "64"},
+       "contradict each other"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--max-attention-window", "64,x"}, "--max-attention-window"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "48"}, "--block-size must be a power of two"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "16", "--max-attention-window", "64", "--sink-tokens",
+        "4", "--kv-cache-bytes", std::to_string(5 * 2 * 2 * 2 * 16 * 4 * 16)},  // 5 blocks
+       "has 5 blocks; one sequence may hold 10 (sinks, window and first-window blocks): raise --kv-cache-bytes"},
+  };
+  for (const Case& c : cases) {
+    const auto [status, out] = RunRefused(c.flags);
+    INFO(c.says << "\n" << out);
+    CHECK(status != 0);
+    CHECK(out.find(c.says) != std::string::npos);
+  }
+}
+
+// The cpu backend's KV bytes per block of the tiny shape: 2 layers x K,V x 2 kv heads x
+// head_dim 16 x fp32 x B.
+uint64_t TinyCpuBlockBytes(uint64_t block_size) { return 2ull * 2 * 2 * 16 * 4 * block_size; }
+
+TEST_CASE("a StreamingLLM worker streams a long generation in a KV cache of its per-sequence block bound") {
+  // CI streams 20,000 tokens (seconds); KVFLEET_STREAMING_TOKENS=1048576 runs the full
+  // million through the same worker (a few minutes on 2 cores). Sinks 4, window 64, B = 16:
+  // MaxSequenceBlocks = 1 sink block + ceil(63 / 16) + 1 + 4 first-window blocks held until
+  // the window passes them = 10; the worker gets exactly 10 blocks, so one block more at any
+  // step would fail the request.
+  uint32_t tokens = 20'000;
+  if (const char* e = std::getenv("KVFLEET_STREAMING_TOKENS"); e != nullptr && *e != 0) tokens = std::stoul(e);
+  const std::string model = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);
+  constexpr uint32_t kPrompt = 100;  // 7 blocks, all kept until the dense context phase ends
+  WorkerProcess worker({"--backend", "cpu", "--model-dir", model, "--block-size", "16", "--max-num-tokens", "256",
+                        "--max-context", std::to_string(tokens + kPrompt + 1), "--kv-cache-bytes",
+                        std::to_string(10 * TinyCpuBlockBytes(16)), "--max-attention-window", "64", "--sink-tokens",
+                        "4", "--streaming-llm"});
+  Client client(worker.requests_port);
+  std::vector<uint32_t> prompt = Prompt(kPrompt, 3);
+  for (uint32_t& t : prompt) t = t % 500 + 3;  // inside the 512-token vocabulary
+  client.Generate(1, prompt, tokens, "", 0, /*ignore_eos=*/true);
+  std::vector<uint32_t> got;
+  int deltas = 0;
+  Reply last = client.Collect(1, &got, &deltas);
+  CHECK(last.finish == kvfleet::schema::FinishReason::LENGTH);
+  CHECK(last.completion == tokens);
+  CHECK(got.size() == tokens);
+  CHECK(std::count(got.begin(), got.end(), got[0]) < static_cast<long>(tokens));  // not one token over and over
+  const std::string metrics = HttpGet(worker.http_port, "/metrics");
+  CHECK(metrics.find("kvfleet_worker_kv_blocks{") != std::string::npos);
+
+  // The same prompt again reuses its first window (64 tokens: 4 blocks), nothing further.
+  client.Generate(2, prompt, 4, "", 0, true);
+  std::vector<uint32_t> again;
+  Reply second = client.Collect(2, &again, &deltas);
+  CHECK(second.cached_device == 64);
+  CHECK(std::equal(again.begin(), again.end(), got.begin()));  // greedy: the same first tokens
+
+  // A prompt longer than the windowed pool (10 blocks, 160 tokens) cannot be allocated whole:
+  // refused at once rather than queued for good.
+  std::vector<uint32_t> long_prompt(161, 7);
+  client.Generate(3, long_prompt, 4, "", 0, true);
+  Reply refused = client.Next();
+  CHECK(refused.is_error);
+  CHECK(refused.code == kvfleet::schema::ErrorCode::CONTEXT_TOO_LONG);
+  CHECK(refused.message.find("holds a prompt of at most 160") != std::string::npos);
 }
 
 }  // namespace

@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -113,6 +115,12 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
   CHECK(std::string(hello.getBackend().cStr()) == "mock");
   CHECK(hello.getTokenizerDigest() == 0);  // a mock's ids are no tokenizer's
   CHECK(std::string(hello.getEndpoints().getRequests().cStr()) == worker->requests_endpoint());
+  REQUIRE(hello.getKvPools().size() == 1);  // the mock's Llama shape: one full-attention pool
+  CHECK(hello.getKvPools()[0].getWindow() == 0);
+  CHECK(hello.getKvPools()[0].getLayers() == 32);
+  CHECK(hello.getKvPools()[0].getDeviceBlocks() == 128);
+  CHECK(hello.getKvPools()[0].getReuse());
+  CHECK(hello.getKvPools()[0].getReuseTokens() == 0);
 
   // KV events: some batch stored blocks.
   bool stored = false;
@@ -231,6 +239,63 @@ TEST_CASE("worker config: instances of one process get distinct ports and ids") 
   }
   CHECK(EndpointPort("tcp://host:5556") == 5556);
   CHECK(EndpointPort("tcp://host") == -1);
+}
+
+TEST_CASE("worker config: the attention flags, and bad ones named at start-up") {
+  WorkerConfig c;
+  CLI::App app;
+  AddWorkerFlags(app, &c);
+  std::vector<std::string> args = {"--streaming-llm", "--sink-tokens", "4", "--max-attention-window", "64,128",
+                                   "--attention-chunk-size", "0"};
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  REQUIRE_NOTHROW(app.parse(args));
+  CHECK(c.max_attention_window == std::vector<int32_t>{64, 128});
+  CHECK(c.sink_tokens == 4);
+  CHECK(c.streaming_llm);
+  CHECK(c.Validate().ok());
+
+  // Each bad combination fails Worker::Start with a message naming the flag.
+  zmq::context_t context;
+  auto start_error = [&](const std::function<void(WorkerConfig&)>& edit) {
+    WorkerConfig w;
+    w.backend = "mock";  // the mock's Llama shape: 32 full-attention layers, context 131072
+    w.requests = "tcp://127.0.0.1:0";
+    w.events = "tcp://127.0.0.1:0";
+    w.replay = "tcp://127.0.0.1:0";
+    w.http_port = 0;
+    w.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
+    edit(w);
+    auto started = Worker::Start(w, context);
+    return started.ok() ? std::string("started") : started.status().message();
+  };
+  auto has = [](const std::string& message, const std::string& part) {
+    INFO(message);
+    return message.find(part) != std::string::npos;
+  };
+  CHECK(has(start_error([](WorkerConfig& w) { w.sink_tokens = 4; }), "--sink-tokens needs a sliding window"));
+  CHECK(has(start_error([](WorkerConfig& w) {
+              w.sink_tokens = 8;
+              w.max_attention_window = {4};
+            }),
+            "--max-attention-window 4 is shorter than --sink-tokens 8"));
+  CHECK(has(start_error([](WorkerConfig& w) {
+              w.streaming_llm = true;
+              w.max_attention_window = {1024};
+            }),
+            "--streaming-llm needs --sink-tokens"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.streaming_llm = true; }), "--streaming-llm needs a sliding window"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.attention_chunk_size = 100; }),
+            "--attention-chunk-size 100 is not a multiple of --block-size 32"));
+  CHECK(has(start_error([](WorkerConfig& w) {
+              w.sink_tokens = 4;
+              w.max_attention_window = {1024};
+              w.attention_chunk_size = 256;
+            }),
+            "--sink-tokens and --attention-chunk-size contradict each other"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.max_attention_window = std::vector<int32_t>(33, 64); }),
+            "--max-attention-window has 33 windows for a model of 32 layers"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.max_attention_window = {0}; }), "--max-attention-window: window 0"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.block_size = 24; }), "--block-size must be a power of two"));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "common/block_hash.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "worker/backend/kv_setup.h"
 
 namespace kvfleet::backend::cpu {
 
@@ -44,9 +45,6 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cpu backend: max_num_tokens and max_batch_size must be > 0");
   }
-  if (options.sink_tokens < 0 || (options.sink_tokens > 0 && options.streaming_window <= 0)) {
-    return InvalidArgument("cpu backend: sink_tokens > 0 needs streaming_window > 0");
-  }
   std::unique_ptr<CpuBackend> b(new CpuBackend(options));
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   b->pool_ = std::make_unique<ThreadPool>(std::max(threads, 1));
@@ -55,31 +53,23 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   b->config_ = checkpoint->config();
   const model::ModelConfig& c = b->config_;
   b->max_context_ = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
+  // Flag errors before the weights load.
+  KVF_RETURN_IF_ERROR(CheckAttentionOptions(c, options.attention, static_cast<uint32_t>(options.block_size),
+                                            static_cast<uint32_t>(b->max_context_)));
   const auto t_open = Clock::now();
   KVF_ASSIGN_OR_RETURN(b->w_, LoadCpuWeights(*checkpoint, *b->pool_));
   const auto t_weights = Clock::now();
   b->rope_ = std::make_unique<Rope>(c.rope());
-  if (b->rope_->depends_on_length() && options.sink_tokens > 0) {
-    // StreamingLLM re-rotates cached keys with one set of frequencies; dynamic NTK has many.
-    return Unimplemented("cpu backend: rope_scaling.rope_type dynamic cannot be combined with sink_tokens");
-  }
 
   // KV pools, as the KV manager computes them.
+  KvMemorySettings memory;
+  memory.block_size = static_cast<uint32_t>(options.block_size);
+  memory.max_context = static_cast<uint32_t>(b->max_context_);
+  memory.dtype_bytes = sizeof(float);
+  memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
+  memory.host_bytes = options.host_kv_bytes;
   kv::KvCacheConfig& kc = b->kv_config_;
-  kc.num_layers = static_cast<uint32_t>(c.num_layers);
-  kc.num_kv_heads = {static_cast<uint32_t>(c.num_kv_heads)};
-  kc.head_dim = static_cast<uint32_t>(c.head_dim);
-  kc.dtype_bytes = sizeof(float);
-  for (int64_t w : c.layer_window) {
-    kc.attention_windows.push_back(static_cast<uint32_t>(w == 0 && options.sink_tokens > 0 ? options.streaming_window : w));
-  }
-  kc.max_seq_len = static_cast<uint32_t>(b->max_context_);
-  kc.sink_tokens = static_cast<uint32_t>(options.sink_tokens);
-  kc.attention_chunk_size = static_cast<uint32_t>(c.attention_chunk_size);
-  kc.block_size = static_cast<uint32_t>(options.block_size);
-  kc.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
-  kc.host_bytes = options.host_kv_bytes;
-  kc.enable_offload = options.host_kv_bytes > 0;
+  kc = KvCacheConfigFor(c, memory, options.attention);
   if (options.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
@@ -175,6 +165,7 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
   pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
     const Task& task = tasks[ti];
     const auto& table = batch.seqs[task.seq].block_tables[pi];
+    const int64_t context_end = batch.seqs[task.seq].context_end;
     const int64_t g = task.head / group;
     thread_local std::vector<float> scores, q_shift, acc, cs;
     q_shift.resize(hd);
@@ -183,7 +174,7 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
     for (int64_t r = task.row0; r < task.row0 + task.rows; ++r) {
       const int64_t q = rows_[r].position;
       const float* qv = qkv_.data() + r * qkv_width + task.head * hd;
-      const VisibleRange vis = VisibleOf(pool, q);
+      const VisibleRange vis = VisibleOf(pool, q, context_end);  // a dense prompt query: [0, q], no sinks
       const int64_t n_sink = vis.sink_hi - vis.sink_lo, n_main = q + 1 - vis.lo;
       scores.resize(n_sink + n_main);
       // StreamingLLM position shift: score sinks with the query rotated to its cache position.

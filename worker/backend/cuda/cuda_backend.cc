@@ -20,6 +20,7 @@
 #include "kernels/paged_decode.h"
 #include "kernels/rope.h"
 #include "worker/backend/cuda/cuda_util.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/model/checkpoint.h"
 
 namespace kvfleet::backend::cuda {
@@ -64,9 +65,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   }
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cuda backend: max_num_tokens and max_batch_size must be > 0");
-  }
-  if (options.sink_tokens < 0 || (options.sink_tokens > 0 && options.streaming_window <= 0)) {
-    return InvalidArgument("cuda backend: sink_tokens > 0 needs streaming_window > 0");
   }
   if (options.tensor_parallel != 1) {
     return Unimplemented("cuda backend: tensor_parallel " + std::to_string(options.tensor_parallel) +
@@ -115,10 +113,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   b->max_context_ = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
   if (b->max_context_ > INT32_MAX / 2) return InvalidArgument("cuda backend: max_context too large");
   b->rope_ = c.rope();
-  if (kernels::RopeDependsOnLength(b->rope_) && options.sink_tokens > 0) {
-    // StreamingLLM re-rotates cached keys with one set of frequencies; dynamic NTK has many.
-    return Unimplemented("cuda backend: rope_scaling.rope_type dynamic cannot be combined with sink_tokens");
-  }
+  KVF_RETURN_IF_ERROR(CheckAttentionOptions(c, options.attention, static_cast<uint32_t>(options.block_size),
+                                            static_cast<uint32_t>(b->max_context_)));
   const auto t_open = Clock::now();
   KVF_ASSIGN_OR_RETURN(b->gemm_, LtGemm::Make());
   KVF_RETURN_IF_ERROR(b->LoadWeights(*checkpoint));
@@ -288,6 +284,7 @@ Status CudaBackend::AllocateBuffers() {
   // tables [pools][S][max blocks]; cu_q_lens, seq_lens, sampling settings [S]. Pools are
   // at most one per distinct layer window.
   std::set<int64_t> windows(c.layer_window.begin(), c.layer_window.end());
+  windows.insert(options_.attention.max_attention_window.begin(), options_.attention.max_attention_window.end());
   const size_t max_pools = windows.size() + 1;
   const size_t max_blocks = static_cast<size_t>((max_context_ + options_.block_size - 1) / options_.block_size);
   // Dynamic NTK adds each sequence's RoPE frequencies, [S][head_dim / 2].
@@ -312,27 +309,19 @@ Status CudaBackend::AllocateBuffers() {
 
 Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   const model::ModelConfig& c = config_;
-  kv::KvCacheConfig& kc = kv_config_;
-  kc.num_layers = static_cast<uint32_t>(c.num_layers);
-  kc.num_kv_heads = {static_cast<uint32_t>(c.num_kv_heads)};
-  kc.head_dim = static_cast<uint32_t>(c.head_dim);
-  kc.dtype_bytes = sizeof(bf16);
-  for (int64_t w : c.layer_window) {
-    kc.attention_windows.push_back(
-        static_cast<uint32_t>(w == 0 && options_.sink_tokens > 0 ? options_.streaming_window : w));
-  }
-  kc.max_seq_len = static_cast<uint32_t>(max_context_);
-  kc.sink_tokens = static_cast<uint32_t>(options_.sink_tokens);
-  kc.attention_chunk_size = static_cast<uint32_t>(c.attention_chunk_size);
-  kc.block_size = static_cast<uint32_t>(options_.block_size);
+  KvMemorySettings memory;
+  memory.block_size = static_cast<uint32_t>(options_.block_size);
+  memory.max_context = static_cast<uint32_t>(max_context_);
+  memory.dtype_bytes = sizeof(bf16);
   if (options_.kv_cache_bytes > 0) {
-    kc.device_bytes = options_.kv_cache_bytes;
+    memory.device_bytes = options_.kv_cache_bytes;
   } else {
     const uint64_t usable = free_after_buffers > config::kReserveBytes ? free_after_buffers - config::kReserveBytes : 0;
-    kc.device_bytes = kv::DeviceBudgetFromFreeMemory(usable, options_.kv_memory_fraction);
+    memory.device_bytes = kv::DeviceBudgetFromFreeMemory(usable, options_.kv_memory_fraction);
   }
-  kc.host_bytes = options_.host_kv_bytes;
-  kc.enable_offload = options_.host_kv_bytes > 0;
+  memory.host_bytes = options_.host_kv_bytes;
+  kv::KvCacheConfig& kc = kv_config_;
+  kc = KvCacheConfigFor(c, memory, options_.attention);
   if (options_.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options_.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));

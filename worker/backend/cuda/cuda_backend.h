@@ -214,6 +214,7 @@ class CudaBackend final : public ModelBackendBase {
   // KV.
   kv::KvCacheConfig kv_config_;
   std::vector<int32_t> layer_pool_, layer_index_;  // [layer] → pool, index within it
+  std::vector<int32_t> dense_rows_scratch_;         // Attention: [seq] its dense context rows
   std::vector<__nv_bfloat16*> device_kv_;           // [pool]
   std::unique_ptr<CudaBlockCopier> copier_;
 

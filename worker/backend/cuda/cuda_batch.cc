@@ -47,9 +47,12 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
   // A decode step that only samples runs as a CUDA graph of its shape bucket (4): the batch
   // padded to a power of two, lengths rounded up to a power of two.
   bool graph = use_graphs_;
+  bool dense_pool = false;  // a prompt row of a dense context pool attends with its own mask
+  for (const KvPoolInfo& p : pools_) dense_pool = dense_pool || p.dense_context;
   int32_t max_end = 0;
   for (const SequenceStep& st : batch.seqs) {
     graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
+    graph = graph && !(dense_pool && st.start_position < st.context_end);
     max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
   }
   int32_t S = S_real, bucket_len = 0;

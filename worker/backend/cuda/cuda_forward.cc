@@ -138,10 +138,27 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   mask.window = pool.window;
   mask.sinks = pool.sink_tokens;
   mask.chunk = pool.attention_chunk;
+  // StreamingLLM's dense context phase: prompt rows (positions below their sequence's
+  // context_end) attend to [0, q] at absolute positions: no window, no sinks (backend.h).
+  const kernels::AttentionMask dense_mask{};
+  // Per sequence, its leading rows that are dense; none unless the pool has a dense phase.
+  std::vector<int32_t>& dense_rows = dense_rows_scratch_;
+  dense_rows.assign(batch.seqs.size(), 0);
+  bool any_dense = false;
+  if (pool.dense_context) {
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const SequenceStep& st = batch.seqs[s];
+      const int64_t d = std::clamp<int64_t>(st.context_end - st.start_position, 0,
+                                            static_cast<int64_t>(st.tokens.size()));
+      dense_rows[s] = static_cast<int32_t>(d);
+      any_dense = any_dense || d > 0;
+    }
+  }
   const float scale = attention_scale_;
   // The fields the params of every attention kernel share: q, out and block tables of the
   // launch; the layer's pool, heads, scale and mask.
-  auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride) {
+  auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride,
+                        const kernels::AttentionMask& launch_mask) {
     p.q = q;
     p.kv_pool = device_kv_[pi];
     p.block_tables = tables;
@@ -151,14 +168,14 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     p.num_q_heads = nh;
     p.max_blocks_per_seq = stride;
     p.scale = scale;
-    p.mask = mask;
+    p.mask = launch_mask;
   };
 
   // Decode-kernel launch over `n` query rows (one per "sequence" of the kernel).
   auto decode = [&](const bf16* q, bf16* out, const int32_t* tables, int32_t stride, const int32_t* lens, int32_t n,
-                    int32_t max_len) -> Status {
+                    int32_t max_len, const kernels::AttentionMask& launch_mask) -> Status {
     kernels::PagedDecodeParams p;
-    set_common(p, q, out, tables, stride);
+    set_common(p, q, out, tables, stride, launch_mask);
     p.seq_lens = lens;
     p.workspace = decode_workspace_;
     p.rope_inv_freq = shift ? inv_freq_ : nullptr;
@@ -169,39 +186,60 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     KVF_CUDA_RETURN(kernels::LaunchPagedDecode(p, stream_));
     return Status::Ok();
   };
+  const size_t qs = static_cast<size_t>(c.q_size());
+  // Rows [r, r + n) of sequence s as decode queries, each reading the sequence's one table
+  // (stride 0), at most max_batch_size per launch.
+  auto decode_rows = [&](size_t s, int32_t r_begin, int32_t r_end, const kernels::AttentionMask& launch_mask) {
+    for (int32_t r = r_begin; r < r_end; r += options_.max_batch_size) {
+      const int32_t n = std::min(options_.max_batch_size, r_end - r);
+      const int32_t max_len = m.end_pos[s] - (m.row0[s + 1] - (r + n));
+      KVF_RETURN_IF_ERROR(decode(q_ + r * qs, attn_ + r * qs, m.tables[pi] + s * m.table_stride, 0, m.row_lens + r,
+                                 n, max_len, launch_mask));
+    }
+    return Status::Ok();
+  };
 
   // Shapes the tensor-core kernels do not take go through the generic kernel.
   const int32_t hd = pool.head_dim;
   const bool fast = m.all_decode ? (hd == 64 || hd == 128 || hd == 256) : (hd == 64 || hd == 128);
   if (!fast) {
     kernels::GenericAttentionParams g;
-    set_common(g, q_, attn_, m.tables[pi], m.table_stride);
+    set_common(g, q_, attn_, m.tables[pi], m.table_stride, mask);
     g.token_seq = m.row_seq;
     g.positions = m.positions;
     g.rope_inv_freq = shift ? inv_freq_ : nullptr;
     g.num_tokens = m.num_tokens;
     KVF_CUDA_RETURN(kernels::LaunchGenericAttention(g, stream_));
-    return Status::Ok();
-  }
-  if (m.all_decode) {
-    return decode(q_, attn_, m.tables[pi], m.table_stride, m.seq_lens, m.num_seqs, m.max_seq_len);
-  }
-  if (shift) {
-    // Shifted RoPE is decode-only: every query row of a chunk is its own decode query,
-    // all reading the sequence's one table (stride 0), at most max_batch_size per launch.
-    const size_t qs = static_cast<size_t>(c.q_size());
-    for (size_t s = 0; s < batch.seqs.size(); ++s) {
-      for (int32_t r = m.row0[s]; r < m.row0[s + 1]; r += options_.max_batch_size) {
-        const int32_t n = std::min(options_.max_batch_size, m.row0[s + 1] - r);
-        const int32_t max_len = m.end_pos[s] - (m.row0[s + 1] - (r + n));
-        KVF_RETURN_IF_ERROR(decode(q_ + r * qs, attn_ + r * qs, m.tables[pi] + s * m.table_stride, 0, m.row_lens + r,
-                                   n, max_len));
-      }
+    // Dense prompt rows again with the dense mask, over what the windowed launch wrote.
+    for (size_t s = 0; any_dense && s < batch.seqs.size(); ++s) {
+      if (dense_rows[s] == 0) continue;
+      const int32_t r = m.row0[s];
+      kernels::GenericAttentionParams d = g;
+      d.q = q_ + r * qs;
+      d.out = attn_ + r * qs;
+      d.token_seq = m.row_seq + r;
+      d.positions = m.positions + r;
+      d.num_tokens = dense_rows[s];
+      d.mask = dense_mask;
+      KVF_CUDA_RETURN(kernels::LaunchGenericAttention(d, stream_));
     }
     return Status::Ok();
   }
+  if (m.all_decode && !any_dense) {
+    return decode(q_, attn_, m.tables[pi], m.table_stride, m.seq_lens, m.num_seqs, m.max_seq_len, mask);
+  }
+  if (shift) {
+    // Shifted RoPE is decode-only: every query row of a chunk is its own decode query.
+    for (size_t s = 0; s < batch.seqs.size(); ++s) {
+      const int32_t dense_end = m.row0[s] + dense_rows[s];
+      KVF_RETURN_IF_ERROR(decode_rows(s, m.row0[s], dense_end, dense_mask));
+      KVF_RETURN_IF_ERROR(decode_rows(s, dense_end, m.row0[s + 1], mask));
+    }
+    return Status::Ok();
+  }
+  // A dense context phase comes with position shift (--streaming-llm), so it never gets here.
   kernels::PagedPrefillParams p;
-  set_common(p, q_, attn_, m.tables[pi], m.table_stride);
+  set_common(p, q_, attn_, m.tables[pi], m.table_stride, mask);
   p.cu_q_lens = m.cu_q_lens;
   p.seq_lens = m.seq_lens;
   p.num_seqs = m.num_seqs;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/check.h"
 #include "worker/backend/kv_setup.h"
@@ -108,6 +109,8 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   if (!IsValidBlockSize(options.block_size)) return InvalidArgument("block size must be a power of two >= 2");
   std::unique_ptr<MockBackend> b(new MockBackend(options, std::move(mock), std::move(config)));
   b->max_context_ = options.max_context > 0 ? options.max_context : b->config_.max_position_embeddings;
+  KVF_RETURN_IF_ERROR(CheckAttentionOptions(b->config_, options.attention, static_cast<uint32_t>(options.block_size),
+                                            static_cast<uint32_t>(b->max_context_)));
 
   KvMemorySettings memory;
   memory.block_size = static_cast<uint32_t>(options.block_size);
@@ -115,7 +118,7 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   memory.dtype_bytes = config::kKvElementBytes;
   memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
   memory.host_bytes = options.host_kv_bytes;
-  kv::KvCacheConfig kv_config = KvCacheConfigFor(b->config_, memory);
+  kv::KvCacheConfig kv_config = KvCacheConfigFor(b->config_, memory, options.attention);
   if (options.num_blocks > 0) {
     // Exactly num_blocks per pool when there is one pool (tests): size the budget to it.
     KVF_RETURN_IF_ERROR(kv_config.Validate());
@@ -162,10 +165,16 @@ Status MockBackend::Validate(const StepBatch& batch) const {
                                  std::to_string(pos));
         }
       }
-      for (BlockId b : table) {
-        if (b != kNoBlock && b >= static_cast<BlockId>(pools_[p].device_blocks)) {
-          return InvalidArgument("request " + std::to_string(s.request_id) + ": block id " + std::to_string(b) +
-                                 " out of range");
+      // The entries the step reads: a streamed sequence's table is long, its window short.
+      const VisibleRange vis = VisibleOf(pools_[p], s.start_position, s.context_end);
+      const std::pair<int64_t, int64_t> ranges[] = {{vis.sink_lo, vis.sink_hi}, {vis.lo, end}};
+      for (const auto& [lo, hi] : ranges) {
+        for (int64_t t = lo; t < hi; t += block_size - t % block_size) {
+          const BlockId b = table[t / block_size];
+          if (b != kNoBlock && b >= static_cast<BlockId>(pools_[p].device_blocks)) {
+            return InvalidArgument("request " + std::to_string(s.request_id) + ": block id " + std::to_string(b) +
+                                   " out of range");
+          }
         }
       }
     }
@@ -191,23 +200,28 @@ Result<uint64_t> MockBackend::WriteAndRead(const SequenceStep& s) {
     for (int64_t i = 0; i < static_cast<int64_t>(s.tokens.size()); ++i) {
       slot(s.start_position + i) = {s.tokens[i], static_cast<uint32_t>(s.start_position + i + 1)};
     }
-    // What the last query sees (backend.h's visibility rule without chunking).
+    // What the last query sees (backend.h's visibility rule): sinks, then [lo, q].
     const int64_t q = end - 1;
-    const int64_t window = pools_[p].window;
-    for (int64_t t = 0; t <= q; ++t) {
-      if (window != 0 && q - t >= window && t >= pools_[p].sink_tokens) continue;
-      if (table[t / block_size] == kNoBlock) {
-        return Internal("request " + std::to_string(s.request_id) + ": position " + std::to_string(t) +
-                        " is visible but has no block");
+    const VisibleRange vis = VisibleOf(pools_[p], q, s.context_end);
+    auto read = [&](int64_t lo, int64_t hi) -> Status {  // positions [lo, hi)
+      for (int64_t t = lo; t < hi; ++t) {
+        if (table[t / block_size] == kNoBlock) {
+          return Internal("request " + std::to_string(s.request_id) + ": position " + std::to_string(t) +
+                          " is visible but has no block");
+        }
+        const ShadowCopier::Slot& got = slot(t);
+        if (got.position_plus_one != static_cast<uint32_t>(t + 1)) {
+          return Internal("request " + std::to_string(s.request_id) + ": the KV slot of position " +
+                          std::to_string(t) +
+                          (got.position_plus_one == 0 ? std::string(" was never written")
+                                                      : " holds position " + std::to_string(got.position_plus_one - 1)));
+        }
+        h = SplitMix64(h ^ (static_cast<uint64_t>(got.token) << 32 | static_cast<uint64_t>(t)));
       }
-      const ShadowCopier::Slot& got = slot(t);
-      if (got.position_plus_one != static_cast<uint32_t>(t + 1)) {
-        return Internal("request " + std::to_string(s.request_id) + ": the KV slot of position " + std::to_string(t) +
-                        (got.position_plus_one == 0 ? std::string(" was never written")
-                                                    : " holds position " + std::to_string(got.position_plus_one - 1)));
-      }
-      h = SplitMix64(h ^ (static_cast<uint64_t>(got.token) << 32 | static_cast<uint64_t>(t)));
-    }
+      return Status::Ok();
+    };
+    KVF_RETURN_IF_ERROR(read(vis.sink_lo, vis.sink_hi));
+    KVF_RETURN_IF_ERROR(read(vis.lo, q + 1));
   }
   return h;
 }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/worker/backend/cpu/streaming_reference.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 
@@ -22,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using kvfleet::testing::RandomModelDir;
+using kvfleet::testing::StreamingReference;
 
 // A copy of a model directory whose config.json `edit` changes (weights linked, not copied).
 struct VariantModel {
@@ -102,9 +104,14 @@ TEST_CASE("bad options and bad model directories fail at construction") {
   o.block_size = 12;
   CHECK(CreateBackend("cpu", o).status().message().find("block_size") != std::string::npos);
   o.block_size = 8;
-  o.sink_tokens = 4;
-  CHECK_FALSE(CreateBackend("cpu", o).ok());  // sinks need a streaming window
-  o.sink_tokens = 0;
+  o.attention.sink_tokens = 4;  // sinks need a window
+  CHECK(CreateBackend("cpu", o).status().message().find("--sink-tokens needs a sliding window") != std::string::npos);
+  o.attention.max_attention_window = {2};
+  CHECK(CreateBackend("cpu", o).status().message().find("shorter than --sink-tokens") != std::string::npos);
+  o.attention = {};
+  o.attention.attention_chunk_size = 12;
+  CHECK(CreateBackend("cpu", o).status().message().find("not a multiple of --block-size") != std::string::npos);
+  o.attention = {};
   o.model_dir = "/nonexistent/model";
   CHECK(CreateBackend("cpu", o).status().message().find("/nonexistent/model") != std::string::npos);
 }
@@ -151,12 +158,24 @@ TEST_CASE("KV pools: block-major fp32 blocks, one pool per window") {
   CHECK(m->pools()[0].num_kv_heads == 1);
 
   auto s = Make(RandomModelDir("tiny", 1), 16, 2, [](BackendOptions& o) {
-    o.sink_tokens = 4;
-    o.streaming_window = 64;
+    o.attention.sink_tokens = 4;
+    o.attention.max_attention_window = {64};
+    o.attention.streaming_llm = true;
   });
   CHECK(s->pools()[0].window == 64);
   CHECK(s->pools()[0].sink_tokens == 4);
   CHECK(s->pools()[0].position_shift);
+  CHECK(s->pools()[0].dense_context);
+
+  // --max-attention-window's list repeats to the layers; a window >= the context is full attention.
+  auto mixed = Make(RandomModelDir("tiny", 1), 16, 2,
+                    [](BackendOptions& o) { o.attention.max_attention_window = {32, 4096}; });
+  REQUIRE(mixed->pools().size() == 2);
+  CHECK(mixed->pools()[0].window == 0);
+  CHECK(mixed->pools()[0].layers == std::vector<int32_t>{1});
+  CHECK(mixed->pools()[1].window == 32);
+  CHECK(mixed->pools()[1].layers == std::vector<int32_t>{0});
+  CHECK_FALSE(mixed->pools()[1].position_shift);
 }
 
 TEST_CASE("a malformed batch is refused with the reason, before anything runs") {
@@ -275,8 +294,9 @@ TEST_CASE("StreamingLLM sinks with position shift: the cache reads as sinks + wi
   VariantModel one_layer(base, "onelayer", [](nlohmann::json& j) { j["num_hidden_layers"] = 1; });
   constexpr int S = 4, W = 8, B = 4;
   auto stream = Make(one_layer.dir.string(), B, 2, [](BackendOptions& o) {
-    o.sink_tokens = S;
-    o.streaming_window = W;
+    o.attention.sink_tokens = S;
+    o.attention.max_attention_window = {W};
+    o.attention.streaming_llm = true;
   });
   auto plain = Make(one_layer.dir.string(), B);
   const int64_t V = plain->config().vocab_size;
@@ -366,11 +386,109 @@ TEST_CASE("dynamic NTK RoPE: plain up to max_position_embeddings, grown theta pa
   BackendOptions o;
   o.model_dir = dynamic.dir.string();
   o.num_blocks = 64;
-  o.sink_tokens = 4;
-  o.streaming_window = 8;
+  o.attention.max_attention_window = {8};
+  o.attention.sink_tokens = 4;
+  o.attention.streaming_llm = true;
   auto refused = CreateBackend("cpu", o);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().message().find("rope_type dynamic") != std::string::npos);
+}
+
+// Runs `toks` through a StreamingLLM backend as the engine would: the prompt (its first
+// prompt_len tokens) in chunks of `chunk` with context_end = prompt_len and every block kept,
+// then one token per step with the blocks behind the window dropped (the sinks stay), as the
+// KV manager drops them. Returns the logits of every position.
+std::vector<float> StreamRun(ModelBackend& b, std::span<const TokenId> toks, int64_t prompt_len, int64_t chunk,
+                             int64_t context_end) {
+  const int64_t B = b.block_size();
+  const KvPoolInfo& pool = b.pools()[0];
+  std::vector<BlockId> table = Table(0, static_cast<int>(toks.size() / B) + 1);
+  std::vector<float> rows;
+  for (int64_t pos = 0; pos < static_cast<int64_t>(toks.size());) {
+    const int64_t n = pos < prompt_len ? std::min(chunk, prompt_len - pos) : 1;
+    if (pos >= prompt_len) {  // blocks wholly before the query's window, sink blocks excepted
+      for (int64_t blk = (pool.sink_tokens + B - 1) / B; (blk + 1) * B <= pos - pool.window + 1; ++blk) {
+        table[blk] = kNoBlock;
+      }
+    }
+    StepBatch batch;
+    SequenceStep s;
+    s.tokens = toks.subspan(pos, n);
+    s.start_position = pos;
+    s.context_end = context_end;
+    s.block_tables = {table};
+    s.logits = LogitsRequest::kAll;
+    batch.seqs.push_back(s);
+    StepOutput out;
+    const Status st = b.Execute(batch, &out);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    rows.insert(rows.end(), out.logits.begin(), out.logits.end());
+    pos += n;
+  }
+  return rows;
+}
+
+TEST_CASE("StreamingLLM's dense context phase: the prompt attends densely, then only sinks + window are kept") {
+  // Two layers, so the second layer's KV of a prompt token depends on how the first attended:
+  // the reference attends densely over the prompt, then keeps S + W (StreamingLLM).
+  constexpr int S = 4, W = 8, B = 4, kPrompt = 30, kTotal = 50;
+  const std::string dir = RandomModelDir("tiny", 1);
+  auto stream = Make(dir, B, 2, [](BackendOptions& o) {
+    o.attention.sink_tokens = S;
+    o.attention.max_attention_window = {W};
+    o.attention.streaming_llm = true;
+  });
+  const int64_t V = stream->config().vocab_size;
+  const std::vector<TokenId> toks = Tokens(kTotal, 4);
+  StreamingReference ref(dir, {.sinks = S, .window = W, .prompt_len = kPrompt});
+  std::vector<float> want;
+  for (TokenId t : toks) {
+    const std::vector<float> row = ref.Next(t);
+    want.insert(want.end(), row.begin(), row.end());
+  }
+  for (int64_t chunk : {kPrompt, 7}) {
+    const std::vector<float> got = StreamRun(*stream, toks, kPrompt, chunk, kPrompt);
+    float most = 0;
+    for (int q = 0; q < kTotal; ++q) {
+      INFO("chunk " << chunk << ", position " << q);
+      const float d = MaxDiff(std::span<const float>(got).subspan(q * V, V), std::span<const float>(want).subspan(q * V, V));
+      CHECK(d < 1e-4f);
+      most = std::max(most, d);
+    }
+    MESSAGE("chunk " << chunk << ": max |logit - reference| " << most);
+  }
+  // Without the dense phase the prompt sees only sinks + window: its rows past S + W differ.
+  const std::vector<float> windowed = StreamRun(*stream, toks, kPrompt, kPrompt, /*context_end=*/0);
+  CHECK(MaxDiff(std::span<const float>(windowed).subspan(20 * V, V), std::span<const float>(want).subspan(20 * V, V)) >
+        1e-2f);
+  // And the dense phase's later rows differ from a plain dense model's: the window applies.
+  StreamingReference dense(dir, {.window = 0});
+  std::vector<float> last;
+  for (TokenId t : toks) last = dense.Next(t);
+  CHECK(MaxDiff(last, std::vector<float>(want.end() - V, want.end())) > 1e-2f);
+}
+
+TEST_CASE("a step reading a dropped block of a dense prompt query is refused") {
+  auto stream = Make(RandomModelDir("tiny", 1), 4, 2, [](BackendOptions& o) {
+    o.attention.sink_tokens = 4;
+    o.attention.max_attention_window = {8};
+    o.attention.streaming_llm = true;
+  });
+  const std::vector<TokenId> toks = Tokens(24, 5);
+  std::vector<BlockId> table = Table(0, 7);
+  table[2] = kNoBlock;  // fine for a windowed query at 23, not for the dense phase
+  StepBatch batch;
+  SequenceStep s;
+  s.tokens = std::span<const TokenId>(toks).subspan(20, 4);
+  s.start_position = 20;
+  s.block_tables = {table};
+  batch.seqs.push_back(s);
+  StepOutput out;
+  CHECK(stream->Execute(batch, &out).ok());
+  batch.seqs[0].context_end = 24;
+  const Status st = stream->Execute(batch, &out);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("no block for visible position 8") != std::string::npos);
 }
 
 }  // namespace
