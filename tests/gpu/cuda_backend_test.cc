@@ -440,8 +440,9 @@ TEST_CASE("Qwen3, YaRN and dynamic NTK RoPE agree with the cpu backend") {
   }
   // StreamingLLM re-rotates cached keys at one set of frequencies: refused with dynamic.
   backend::BackendOptions o = OptionsFor(DynamicTinyDir(5), 16);
-  o.sink_tokens = 4;
-  o.streaming_window = 12;
+  o.attention.max_attention_window = {12};
+  o.attention.sink_tokens = 4;
+  o.attention.streaming_llm = true;
   auto refused = backend::CreateBackend("cuda", o);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().message().find("rope_type dynamic") != std::string::npos);

@@ -41,7 +41,7 @@ StreamingReference::StreamingReference(const std::string& model_dir, Options opt
   auto weights = backend::cpu::LoadCpuWeights(**checkpoint, s_->pool);
   REQUIRE_MESSAGE(weights.ok(), weights.status().ToString());
   s_->w = std::move(weights).value();
-  s_->rope = std::make_unique<backend::cpu::Rope>(s_->c);
+  s_->rope = std::make_unique<backend::cpu::Rope>(s_->c.rope());
   s_->k.resize(s_->c.num_layers);
   s_->v.resize(s_->c.num_layers);
 }
