@@ -21,13 +21,25 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
                               const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
                               const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
                               bool rotate, cudaStream_t stream) {
+  return LaunchRopeKvStore(qkv, positions, slots, inv_freq, q_out, kv_pool, layout, layer, tokens, num_q_heads, rotate,
+                           RopeKvExtras{}, stream);
+}
+
+cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                              const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                              const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
+                              bool rotate, const RopeKvExtras& extras, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (layout.head_dim % 16 != 0) return cudaErrorInvalidValue;
+  const bool norm = extras.q_norm != nullptr;
+  if (norm != (extras.k_norm != nullptr) || (norm && layout.head_dim > 256)) return cudaErrorInvalidValue;
   // One block per token; a decode step's few tokens get 4x the threads so each does one or
   // two (rotation, store) items instead of a serial chain of four (llama-8b: 448 items).
   const int threads = tokens <= kRopeWideTokens ? 512 : 128;
-  return LaunchKernel(small::RopeKvStoreKernel, tokens, threads, 0, stream, qkv, positions, slots, inv_freq, q_out,
-                      kv_pool, layout, layer, num_q_heads, rotate);
+  // With norms: one fp32 1/rms per q and k head.
+  const size_t smem = norm ? sizeof(float) * static_cast<size_t>(num_q_heads + layout.num_kv_heads) : 0;
+  return LaunchKernel(small::RopeKvStoreKernel, tokens, threads, smem, stream, qkv, positions, slots, inv_freq, q_out,
+                      kv_pool, layout, layer, num_q_heads, rotate, extras);
 }
 
 cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter,

@@ -58,18 +58,40 @@ __global__ void RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual, c
 }
 
 // One block per token. Work items: for each q and k head, 8 dims of the lower half (with their
-// rotate_half partners in the upper half); for each v head, 8 dims.
+// rotate_half partners in the upper half); for each v head, 8 dims. With norms, a first pass
+// puts each q and k head's 1/rms in shared memory.
 __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
                                   const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
-                                  PagedKvLayout layout, int32_t layer, int32_t num_q_heads, bool rotate) {
+                                  PagedKvLayout layout, int32_t layer, int32_t num_q_heads, bool rotate,
+                                  RopeKvExtras ex) {
+  extern __shared__ float s_inv_rms[];  // [num_q_heads + num_kv_heads], with norms
   const int64_t t = blockIdx.x;
   const int D = layout.head_dim, half = D / 2, hk = layout.num_kv_heads;
   const int row_elems = (num_q_heads + 2 * hk) * D;
   const __nv_bfloat16* in = qkv + t * row_elems;
   const int32_t pos = positions[t];
   const int32_t slot = slots[t];
+  if (ex.inv_freq_row != nullptr) inv_freq += static_cast<int64_t>(ex.inv_freq_row[t]) * half;
+  const bool norm = ex.q_norm != nullptr;
   GridDependentsLaunch();
   GridDependencyWait();
+  if (norm) {
+    // 1/rms of each q and k head: a warp per head, a lane per 8 dims (D <= 256), so the sum's
+    // order is fixed and the result reproducible.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int head = warp; head < num_q_heads + hk; head += warps) {
+      float ss = 0.f;
+      if (lane < D / 8) {
+        float v[8];
+        Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + lane * 8), v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+      }
+      ss = WarpSum(ss);
+      if (lane == 0) s_inv_rms[head] = rsqrtf(ss / D + ex.norm_eps);
+    }
+    __syncthreads();
+  }
   const int64_t block = slot >= 0 ? slot / layout.block_size : 0;
   const int32_t in_block = slot >= 0 ? slot % layout.block_size : 0;
   const int rot_items = (num_q_heads + hk) * (half / 8);
@@ -80,6 +102,18 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
       float lo[8], hi[8];
       Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + d), lo);
       Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + d + half), hi);
+      if (norm) {
+        const __nv_bfloat16* w = head < num_q_heads ? ex.q_norm : ex.k_norm;
+        const float inv = s_inv_rms[head];
+        float wl[8], wh[8];
+        Bf16x8ToFloat(*reinterpret_cast<const uint4*>(w + d), wl);
+        Bf16x8ToFloat(*reinterpret_cast<const uint4*>(w + d + half), wh);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          lo[e] = Bf16Round(wl[e] * Bf16Round(lo[e] * inv));
+          hi[e] = Bf16Round(wh[e] * Bf16Round(hi[e] * inv));
+        }
+      }
       if (rotate) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {

@@ -1,5 +1,6 @@
 // The elementwise and row kernels of the Llama forward pass: RMSNorm fused with the residual
-// add, RoPE fused with the K/V store into the paged cache, SiLU-and-mul, embedding lookup.
+// add, RoPE (after Qwen3's per-head q/k RMSNorm) fused with the K/V store into the paged
+// cache, SiLU-and-mul, embedding lookup.
 // Framework-free: raw pointers, every shape in a comment. Each launcher takes a stream and
 // returns cudaError_t; shape checks live in the backend. Rounding follows HF transformers in
 // bf16 (each op rounds its output to bf16), so greedy tokens can match HF's bf16 run.
@@ -35,6 +36,25 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
                               const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
                               const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
                               bool rotate, cudaStream_t stream);
+
+// What LaunchRopeKvStore does besides, when set: Qwen3's per-head RMSNorm before the
+// rotation, and frequencies per token (dynamic NTK scaling: one row per sequence).
+struct RopeKvExtras {
+  // Each q head becomes bf16(q_norm * bf16(x / rms(x))) over its head_dim, rms in fp32 with
+  // norm_eps (HF's RMSNorm in a bf16 model); each k head the same with k_norm. Both or none.
+  const __nv_bfloat16* q_norm = nullptr;  // [head_dim] or null
+  const __nv_bfloat16* k_norm = nullptr;  // [head_dim] or null
+  float norm_eps = 0.f;
+  // Token t rotates with inv_freq + inv_freq_row[t] * head_dim / 2 (inv_freq then holds
+  // [rows][head_dim / 2]); null: every token with inv_freq's one row.
+  const int32_t* inv_freq_row = nullptr;  // [tokens] or null
+};
+
+// LaunchRopeKvStore with the extras. REQUIRES: as above; head_dim <= 256 with norms.
+cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                              const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                              const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,
+                              bool rotate, const RopeKvExtras& extras, cudaStream_t stream);
 
 // out = bf16(bf16(silu(gate)) * up).
 //   gate_up: [rows][2 * inter] (gate, then up); out: [rows][inter].  REQUIRES: inter % 8 == 0.

@@ -28,21 +28,32 @@ void RmsNormRef(const bf16_bits* x, bf16_bits* residual, const bf16_bits* weight
 
 void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
                     bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
-                    int32_t tokens, int32_t num_q_heads, bool rotate) {
+                    int32_t tokens, int32_t num_q_heads, bool rotate, const bf16_bits* q_norm,
+                    const bf16_bits* k_norm, float norm_eps, const int32_t* inv_freq_row) {
   const int D = layout.head_dim, half = D / 2, hk = layout.num_kv_heads;
   const int row = (num_q_heads + 2 * hk) * D;
+  std::vector<float> x(D);
   for (int64_t t = 0; t < tokens; ++t) {
     const bf16_bits* in = qkv + t * row;
     const int32_t slot = slots[t];
+    const float* freq = inv_freq + (inv_freq_row ? int64_t{inv_freq_row[t]} * half : 0);
     auto rotated = [&](int head, bf16_bits* dst) {
+      for (int d = 0; d < D; ++d) x[d] = Bf16ToFloat(in[head * D + d]);
+      if (q_norm != nullptr) {  // HF's RMSNorm in bf16: bf16(w * bf16(x / rms))
+        const bf16_bits* w = head < num_q_heads ? q_norm : k_norm;
+        double ss = 0;
+        for (int d = 0; d < D; ++d) ss += double(x[d]) * x[d];
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + norm_eps));
+        for (int d = 0; d < D; ++d) x[d] = RoundBf16(Bf16ToFloat(w[d]) * RoundBf16(x[d] * inv));
+      }
       for (int d = 0; d < half; ++d) {
-        const float a = Bf16ToFloat(in[head * D + d]), b = Bf16ToFloat(in[head * D + d + half]);
+        const float a = x[d], b = x[d + half];
         if (!rotate) {
           dst[d] = FloatToBf16(a);
           dst[d + half] = FloatToBf16(b);
           continue;
         }
-        const float angle = static_cast<float>(positions[t]) * inv_freq[d];
+        const float angle = static_cast<float>(positions[t]) * freq[d];
         const float c = RoundBf16(std::cos(angle)), s = RoundBf16(std::sin(angle));
         dst[d] = FloatToBf16(RoundBf16(a * c) + RoundBf16(-b * s));
         dst[d + half] = FloatToBf16(RoundBf16(b * c) + RoundBf16(a * s));

@@ -13,10 +13,11 @@ namespace kvfleet::kernels {
 void RmsNormRef(const bf16_bits* x, bf16_bits* residual, const bf16_bits* weight, bf16_bits* out, int32_t rows,
                 int32_t hidden, float eps);
 
-// Shapes as LaunchRopeKvStore.
+// Shapes as LaunchRopeKvStore; q_norm, k_norm, norm_eps and inv_freq_row as its RopeKvExtras.
 void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
                     bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
-                    int32_t tokens, int32_t num_q_heads, bool rotate);
+                    int32_t tokens, int32_t num_q_heads, bool rotate, const bf16_bits* q_norm = nullptr,
+                    const bf16_bits* k_norm = nullptr, float norm_eps = 0.f, const int32_t* inv_freq_row = nullptr);
 
 // Shapes as LaunchSiluMul.
 void SiluMulRef(const bf16_bits* gate_up, bf16_bits* out, int32_t rows, int32_t inter);

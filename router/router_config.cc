@@ -69,11 +69,28 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   AddCpuLatencyOption(app, &c->cpu_latency);
   app.add_option("--first-token-timeout-s", c->first_token_timeout_s, "no first token by then: retry elsewhere")
       ->capture_default_str();
+  app.add_option("--admission-ttft-s", c->admission_ttft_s,
+                 "refuse at once (429, Retry-After) a request predicted to wait longer than this for its first "
+                 "token on every worker (0: 0.8 x --first-token-timeout-s); at most --first-token-timeout-s")
+      ->capture_default_str();
+  app.add_option("--max-waiting-requests", c->routing.max_waiting_requests,
+                 "requests of one model sent by this router and without a first token; beyond, 429")
+      ->capture_default_str();
 }
 
 Status Prepare(RouterConfig* c) {
   KVF_ASSIGN_OR_RETURN(c->routing.policy, ParsePolicy(c->policy));
   c->routing.predicted_ttl = c->predicted_ttl_ms * kNsPerMs;
+  if (!(c->first_token_timeout_s > 0)) return InvalidArgument("--first-token-timeout-s must be > 0");
+  if (!(c->admission_ttft_s >= 0) || c->admission_ttft_s > c->first_token_timeout_s) {
+    return InvalidArgument("--admission-ttft-s must be between 0 and --first-token-timeout-s (" +
+                           std::to_string(c->first_token_timeout_s) + "): a request admitted beyond the timeout "
+                           "would time out (504) after its wait");
+  }
+  c->routing.admission_ttft_s = c->admission_ttft_s > 0
+                                    ? c->admission_ttft_s
+                                    : config::kAdmissionShareOfFirstTokenTimeout * c->first_token_timeout_s;
+  if (!(c->routing.max_waiting_requests >= 1)) return InvalidArgument("--max-waiting-requests must be >= 1");
   KVF_RETURN_IF_ERROR(c->routing.Validate());
   c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);

@@ -20,6 +20,15 @@
 
 namespace kvfleet::router {
 
+namespace config {
+// The default admission bound as a share of the first-token timeout. Predictions err by
+// about an engine step (the router's view of a worker lags by one load report, and a
+// prompt's first token comes at the end of a step that also computes others' tokens); the
+// rest of the timeout is the margin that keeps a request admitted at the bound from timing
+// out (504) all the same.
+inline constexpr double kAdmissionShareOfFirstTokenTimeout = 0.8;
+}  // namespace config
+
 struct RouterConfig {
   CommonOptions common;          // logging and the like (common/config.h)
   CpuLatencyOption cpu_latency;  // --cpu-latency-us
@@ -36,6 +45,9 @@ struct RouterConfig {
   int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;  // ms
   double request_timeout_s = 600;                                // s, whole request
   double first_token_timeout_s = 60;                             // s, then retry elsewhere
+  // s: a request predicted to wait longer for its first token on every worker is refused at
+  // once (429); 0: config::kAdmissionShareOfFirstTokenTimeout × first_token_timeout_s.
+  double admission_ttft_s = 0;
   double dns_interval_s = 10;                                    // s between DNS resolutions
   int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
   double unknown_model_grace_s = 10;  // s after start: an unannounced model is 503, not 404

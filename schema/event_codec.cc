@@ -203,6 +203,7 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   }
   out.setPrefillTokensPerSecond(load.prefill_tokens_per_second);
   out.setDecodeTokensPerSecond(load.decode_tokens_per_second);
+  out.setPredictedWaitUs(load.predicted_wait_us);
 }
 
 LoadReport ParseLoad(schema::Load::Reader in) {
@@ -219,6 +220,7 @@ LoadReport ParseLoad(schema::Load::Reader in) {
   }
   l.prefill_tokens_per_second = in.getPrefillTokensPerSecond();
   l.decode_tokens_per_second = in.getDecodeTokensPerSecond();
+  l.predicted_wait_us = in.getPredictedWaitUs();
   return l;
 }
 

@@ -66,6 +66,11 @@ struct Load {
   totalBlocks @5 :List(UInt64);
   prefillTokensPerSecond @6 :Float32;  # measured, smoothed
   decodeTokensPerSecond @7 :Float32;
+  # How long a request arriving now would wait before its prefill starts, in µs:
+  # activePrefillTokens / prefillTokensPerSecond (0 while that rate is unmeasured) plus the
+  # wait for running requests to finish when the batch or the KV cache is full (README.md).
+  # 0 from a worker older than the field.
+  predictedWaitUs @8 :UInt64;
 }
 
 struct EventBatch {

@@ -21,6 +21,10 @@ struct LoadReport {
   std::array<uint64_t, kLoadTiers> total_blocks{};  // by tier
   float prefill_tokens_per_second = 0;  // capacity: smoothed over steps mostly spent on prefill; 0 = not yet measured
   float decode_tokens_per_second = 0;
+  // Microseconds a request arriving now waits before its prefill starts: the prefill ahead
+  // at prefill_tokens_per_second (none while that is 0) plus the admission wait when the
+  // batch or the KV cache is full (schema/README.md, "Load"). 0 from older workers.
+  uint64_t predicted_wait_us = 0;
 };
 
 }  // namespace kvfleet

@@ -44,6 +44,7 @@ struct BenchArgs {
   std::string out_path;
   std::string plot_path;
   std::string requests_out_path;  // one JSON line per request (chaos tests read it)
+  double ttft_slo_ms = 0;  // goodput counts completed requests with TTFT within it; 0: all
   bool quiet = false;
   bool dry_run = false;  // print the trace's figures and stop
 };
@@ -90,6 +91,8 @@ int RunBench(const BenchArgs& args) {
   if (Status s = args.scale.Validate(); !s.ok()) return fail(s);
   if (Status s = args.replay.Validate(); !s.ok()) return fail(s);
   if (args.vocab_size < 2) return fail(InvalidArgument("--vocab-size must be >= 2"));
+  if (!(args.ttft_slo_ms >= 0)) return fail(InvalidArgument("--ttft-slo-ms must be >= 0 (0: no SLO)"));
+  const double ttft_slo_s = args.ttft_slo_ms / 1e3;
   auto trace = bench::LoadTrace(args.trace_path);
   if (!trace.ok()) return fail(trace.status());
   const auto requests = bench::ScaleTrace(*trace, args.scale);
@@ -171,7 +174,7 @@ int RunBench(const BenchArgs& args) {
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
     if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
-    reports.push_back(bench::Summarize(spec.label, *run, ideal));
+    reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s));
     bench::RunReport& r = reports.back();
     if (before.ok() && after.ok()) {
       for (const auto& [worker, n] : *after) {
@@ -179,7 +182,9 @@ int RunBench(const BenchArgs& args) {
         if (d > 0) r.requests_by_worker_metrics[worker] = d;
       }
     }
-    std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed; by worker:";
+    std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed (429 "
+              << r.errors_by_status["429"] << ", 503 " << r.errors_by_status["503"] << ", 504 "
+              << r.errors_by_status["504"] << ", other " << r.errors_by_status["other"] << "); by worker:";
     for (const auto& [worker, n] : r.requests_by_worker) std::cerr << " " << worker << "=" << n;
     if (!r.requests_by_worker_metrics.empty()) {
       std::cerr << "; by worker (router metrics):";
@@ -191,7 +196,7 @@ int RunBench(const BenchArgs& args) {
 
   bench::PrintTable(std::cout, reports);
   bench::BenchSettings settings{args.replay.router_url, args.trace_path, model, args.scale,
-                                args.vocab_size, args.replay.concurrency_limit};
+                                args.vocab_size, args.replay.concurrency_limit, ttft_slo_s};
   if (!args.out_path.empty()) {
     std::ofstream out(args.out_path);
     out << bench::ResultsJson(settings, reports).dump(2) << "\n";
@@ -258,6 +263,9 @@ Action AddBenchCommand(CLI::App& parent) {
   cmd->add_option("--ready-timeout", args->ready_timeout_s, "seconds --fleet-cmd may take to be ready")
       ->capture_default_str();
   cmd->add_option("--request-timeout", args->replay.request_timeout_s, "per-request deadline (s)")
+      ->capture_default_str();
+  cmd->add_option("--ttft-slo-ms", args->ttft_slo_ms,
+                  "goodput counts the completed requests whose TTFT is within this (ms; 0: every completed one)")
       ->capture_default_str();
   cmd->add_option("--out", args->out_path, "write JSON results here");
   cmd->add_option("--plot", args->plot_path, "write a PNG (TTFT CDF and hit rate per policy) here");

@@ -68,12 +68,14 @@ bool CanRun(const std::string& program) {
 
 }  // namespace
 
-RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal) {
+RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s) {
   RunReport r;
   r.policy = std::move(policy);
   r.ideal = ideal;
   r.wall_s = run.wall_s;
-  Samples ttft, itl, e2e, queue;
+  r.ttft_slo_s = ttft_slo_s;
+  for (const char* status : {"429", "503", "504", "other"}) r.errors_by_status[status] = 0;
+  Samples ttft, itl, e2e, queue, refusal;
   for (const RequestOutcome& o : run.outcomes) {
     ++r.requests;
     ++r.requests_by_worker[o.worker.empty() ? "unknown" : o.worker];
@@ -81,10 +83,15 @@ RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal)
     if (!o.ok) {
       ++r.failed;
       ++r.errors[o.error];
+      const bool http_error = o.error.rfind("http_", 0) == 0;
+      const std::string status = std::to_string(o.http_status);
+      ++r.errors_by_status[http_error && r.errors_by_status.count(status) ? status : "other"];
+      if (http_error && (o.http_status == 429 || o.http_status == 503) && o.e2e_s >= 0) refusal.Add(o.e2e_s);
       if (r.error_examples.size() < kErrorExamples) r.error_examples.push_back(o.error + ": " + o.error_detail);
       continue;
     }
     ++r.completed;
+    if (ttft_slo_s <= 0 || (o.ttft_s >= 0 && o.ttft_s <= ttft_slo_s)) ++r.slo_met;
     if (o.ttft_s >= 0) ttft.Add(o.ttft_s);
     e2e.Add(o.e2e_s);
     for (double g : o.token_gaps_s) itl.Add(g);
@@ -96,8 +103,10 @@ RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal)
   r.itl = Summary(itl);
   r.e2e = Summary(e2e);
   r.queue = Summary(queue);
+  r.refusal = Summary(refusal);
   r.ttft_sorted = ttft.Sorted();
   r.output_tokens_per_s = r.wall_s > 0 ? double(r.completion_tokens) / r.wall_s : 0.0;
+  r.goodput_rps = r.wall_s > 0 ? double(r.slo_met) / r.wall_s : 0.0;
   r.cached_ratio = r.prompt_tokens ? double(r.cached_tokens) / double(r.prompt_tokens) : 0.0;
   return r;
 }
@@ -114,6 +123,7 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
       {"duration_s", settings.scale.duration_s},
       {"vocab_size", settings.vocab_size},
       {"concurrency_limit", settings.concurrency_limit},
+      {"ttft_slo_ms", settings.ttft_slo_s * 1e3},
   };
   j["runs"] = nlohmann::json::array();
   for (const RunReport& r : runs) {
@@ -125,7 +135,12 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
         {"completed", r.completed},
         {"failed", r.failed},
         {"errors", r.errors},
+        {"errors_by_status", r.errors_by_status},
         {"error_examples", r.error_examples},
+        {"ttft_slo_ms", r.ttft_slo_s * 1e3},
+        {"slo_met", r.slo_met},
+        {"goodput_rps", r.goodput_rps},
+        {"refusal_ms", Ms(r.refusal)},
         {"requests_by_worker", r.requests_by_worker},
         {"requests_by_worker_router_metrics", r.requests_by_worker_metrics},
         {"ttft_ms", Ms(r.ttft)},
@@ -148,21 +163,33 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
 
 void PrintTable(std::ostream& out, const std::vector<RunReport>& runs) {
   auto ms = [](double s) { return s * 1e3; };
+  auto errors = [](const RunReport& r, const char* status) {
+    auto it = r.errors_by_status.find(status);
+    return it == r.errors_by_status.end() ? size_t{0} : it->second;
+  };
   out << std::left << std::setw(14) << "policy" << std::right << std::setw(7) << "reqs" << std::setw(6) << "err"
+      << std::setw(6) << "429" << std::setw(6) << "503" << std::setw(6) << "504" << std::setw(6) << "other"
       << std::setw(10) << "ttft_mean" << std::setw(9) << "ttft_p50" << std::setw(9) << "ttft_p90" << std::setw(9)
       << "ttft_p99" << std::setw(9) << "itl_p50" << std::setw(9) << "itl_p99" << std::setw(9) << "e2e_p50"
-      << std::setw(9) << "e2e_p99" << std::setw(11) << "out_tok/s" << std::setw(8) << "cached" << std::setw(7)
-      << "ideal" << "\n";
+      << std::setw(9) << "e2e_p99" << std::setw(11) << "out_tok/s" << std::setw(9) << "goodput" << std::setw(8)
+      << "cached" << std::setw(7) << "ideal" << "\n";
   out << std::fixed;
   for (const RunReport& r : runs) {
     out << std::left << std::setw(14) << r.policy << std::right << std::setw(7) << r.requests << std::setw(6)
-        << r.failed << std::setprecision(1) << std::setw(10) << ms(r.ttft.mean) << std::setw(9) << ms(r.ttft.p50)
+        << r.failed << std::setw(6) << errors(r, "429") << std::setw(6) << errors(r, "503") << std::setw(6)
+        << errors(r, "504") << std::setw(6) << errors(r, "other") << std::setprecision(1) << std::setw(10)
+        << ms(r.ttft.mean) << std::setw(9) << ms(r.ttft.p50)
         << std::setw(9) << ms(r.ttft.p90) << std::setw(9) << ms(r.ttft.p99) << std::setw(9) << ms(r.itl.p50)
         << std::setw(9) << ms(r.itl.p99) << std::setw(9) << ms(r.e2e.p50) << std::setw(9) << ms(r.e2e.p99)
-        << std::setw(11) << r.output_tokens_per_s << std::setprecision(3) << std::setw(8) << r.cached_ratio
+        << std::setw(11) << r.output_tokens_per_s << std::setprecision(2) << std::setw(9) << r.goodput_rps
+        << std::setprecision(3) << std::setw(8) << r.cached_ratio
         << std::setw(7) << r.ideal.token_ratio() << "\n";
   }
-  out << "(times in ms; cached = usage cached_tokens / prompt_tokens; ideal = infinite cache on the trace)\n";
+  out << "(times in ms; goodput = completed requests per second";
+  if (!runs.empty() && runs[0].ttft_slo_s > 0) {
+    out << " with TTFT <= " << std::setprecision(0) << ms(runs[0].ttft_slo_s) << " ms";
+  }
+  out << "; cached = usage cached_tokens / prompt_tokens; ideal = infinite cache on the trace)\n";
 }
 
 Status WritePlot(const std::string& png_path, const std::vector<RunReport>& runs, const std::string& title,

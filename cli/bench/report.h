@@ -28,6 +28,15 @@ struct RunReport {
   std::string policy;  // "default" when the router chose
   size_t requests = 0, completed = 0, failed = 0;
   std::map<std::string, size_t> errors;            // kind -> count
+  // Failed requests by HTTP status: "429" and "503" (refused: overload, no worker), "504"
+  // (timed out at the router), "other" (other statuses, and failures without one: a
+  // broken or timed-out connection, a stream that ended in an error).
+  std::map<std::string, size_t> errors_by_status;
+  // Goodput: completed requests whose TTFT met the SLO, per second of the run's wall time.
+  double ttft_slo_s = 0;  // 0: no SLO, every completed request counts
+  size_t slo_met = 0;
+  double goodput_rps = 0;
+  LatencySummary refusal;  // send to the end of a 429 or 503 answer: how fast a refusal came
   std::map<std::string, size_t> requests_by_worker;  // completed and failed; "" -> "unknown"
   LatencySummary ttft, itl, e2e, queue;
   double wall_s = 0;
@@ -43,21 +52,23 @@ struct RunReport {
 };
 
 // Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never
-// in latencies or token counts.
-RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal);
+// in latencies or token counts. `ttft_slo_s` (0: none) decides which completed requests
+// count toward goodput.
+RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s = 0);
 
 struct BenchSettings {
   std::string router_url, trace_path, model;
   TraceScale scale;
   uint32_t vocab_size = 0;
   uint32_t concurrency_limit = 0;
+  double ttft_slo_s = 0;  // 0: none
 };
 
 // {"settings": ..., "runs": [...]} with percentiles in milliseconds.
 nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunReport>& runs);
 
-// One row per run: requests, errors, TTFT mean/p50/p90/p99, ITL p50/p99, E2E p50/p99,
-// output tok/s, cached ratio and the ideal. Times in ms.
+// One row per run: requests, errors (429, 503, 504, other), TTFT mean/p50/p90/p99, ITL
+// p50/p99, E2E p50/p99, output tok/s, goodput, cached ratio and the ideal. Times in ms.
 void PrintTable(std::ostream& out, const std::vector<RunReport>& runs);
 
 // Writes a PNG with two panels: the TTFT CDF of every run, and each run's cached-token

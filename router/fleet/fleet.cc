@@ -116,12 +116,12 @@ uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
   return workers_[id]->failures.load();
 }
 
-void FleetImpl::CountInflight(WorkerId id, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) {
+void FleetImpl::CountInflight(WorkerId id, const OwnLoadDelta& delta) {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (id >= workers_.size()) return;
   WorkerRecord& w = *workers_[id];
-  if (requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(requests));
-  w.own.Add(clock_, requests, prefill_tokens, prompt_tokens);
+  if (delta.requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(delta.requests));
+  w.own.Add(clock_, delta);
 }
 
 void FleetImpl::CountRetry() {

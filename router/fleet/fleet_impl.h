@@ -74,7 +74,7 @@ class FleetImpl final : public LaneFleet {
   std::unique_ptr<zmq::socket_t> NewDealer() override;  // fleet_connections.cc
   bool Routable(WorkerId id) const override;
   uint64_t Failures(WorkerId id, std::string* why) const override;
-  void CountInflight(WorkerId id, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) override;
+  void CountInflight(WorkerId id, const OwnLoadDelta& delta) override;
   void CountRetry() override;
   bool Stopping() const override { return stopping_flag_.load(std::memory_order_acquire); }
   const FleetOptions& options() const override { return options_; }

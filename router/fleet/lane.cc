@@ -24,7 +24,7 @@ Status StatusFromWorkerError(const WorkerError& e) {
     case WorkerErrorCode::kInvalidRequest: return InvalidArgument(m);
     case WorkerErrorCode::kContextTooLong: return OutOfRange(m);
     case WorkerErrorCode::kUnknownLora: return NotFound(m);
-    case WorkerErrorCode::kUnknownModel: return NotFound(m);
+    case WorkerErrorCode::kUnknownModel: return Unavailable(m);  // the registry is stale, not the request
     case WorkerErrorCode::kOverloaded: return ResourceExhausted(m);
     case WorkerErrorCode::kShuttingDown: return Unavailable(m);
     case WorkerErrorCode::kInternal: return Internal(m);
@@ -149,7 +149,7 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
   f.failures_at_send = fleet_->Failures(worker, nullptr);
   f.first_token_deadline = fleet_->clock()->Now() + options_.first_token_timeout;
   attempts_[attempt] = handle;
-  fleet_->CountInflight(worker, 1, f.prefill_tokens, f.whole_prompt);
+  fleet_->CountInflight(worker, {1, 1, f.prefill_tokens, f.whole_prompt});
   AfterSend(worker);
 }
 
@@ -159,9 +159,9 @@ void Lane::Release(Flight& f) {
   attempts_.erase(f.attempt_id);
   f.attempt_id = 0;
   if (f.first_token) {
-    fleet_->CountInflight(f.worker, -1, 0, 0);
+    fleet_->CountInflight(f.worker, {-1, 0, 0, 0});
   } else {
-    fleet_->CountInflight(f.worker, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt});
+    fleet_->CountInflight(f.worker, {-1, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt}});
   }
 }
 
@@ -251,8 +251,14 @@ void Lane::OnDelta(const WorkerDelta& d) {
   uint64_t handle = a->second;
   Flight& f = flights_.at(handle);
   WorkerId worker = f.worker;
+  if (d.finish == FinishReason::kError || d.finish == FinishReason::kCancelled) {
+    // The worker ended it on its own: a failed step, or its shutdown's grace ran out (a
+    // cancel this lane sent has forgotten the attempt already). Not an answer: before the
+    // first token it is retried elsewhere, after it the stream ends with an error.
+    return WorkerEnded(handle, d);
+  }
   if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
-    fleet_->CountInflight(worker, 0, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt});
+    fleet_->CountInflight(worker, {0, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt}});
     f.first_token = true;
   }
   std::shared_ptr<ResponseSink> sink = f.request.sink;
@@ -263,12 +269,35 @@ void Lane::OnDelta(const WorkerDelta& d) {
   sink->OnDelta(worker, d);  // may Cancel(handle)
 }
 
+void Lane::WorkerEnded(uint64_t handle, const WorkerDelta& d) {
+  Flight& f = flights_.at(handle);
+  const WorkerId worker = f.worker;
+  const std::string name = fleet_->WorkerName(worker);
+  if (!f.first_token && d.tokens.empty()) {
+    return FailOver(handle, d.finish == FinishReason::kError
+                                ? Internal("worker " + name + " failed the request")
+                                : Unavailable("worker " + name + " cancelled the request (shutting down)"));
+  }
+  if (!d.tokens.empty()) {
+    WorkerDelta tokens = d;
+    tokens.finish = FinishReason::kNone;
+    OnDelta(tokens);  // the tokens it did produce; may cancel the flight
+    if (flights_.count(handle) == 0) return;
+  }
+  End(handle, worker,
+      d.finish == FinishReason::kError ? Internal("worker " + name + " failed the request mid-stream")
+                                       : Unavailable("worker " + name + " cancelled the request mid-stream"));
+}
+
 void Lane::OnWorkerError(const WorkerError& e) {
   auto a = attempts_.find(e.request_id);
   if (a == attempts_.end()) return;
   uint64_t handle = a->second;
   Status st = StatusFromWorkerError(e);
-  bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown;
+  // Another worker may take it: this one's queue is full, it is stopping, or it serves
+  // another model than its registration said (it restarted with a new one).
+  bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown ||
+                   e.code == WorkerErrorCode::kUnknownModel;
   if (retryable) return FailOver(handle, st);
   End(handle, flights_.at(handle).worker, st);
 }

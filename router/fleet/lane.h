@@ -5,8 +5,10 @@
 // router thread wakes on the request path (docs/DESIGN.md, "Request path").
 //
 // A request that fails before its first token (worker disconnected, said bye, declared dead,
-// overloaded, first-token timeout) is retried once on the worker `reroute` picks; after its
-// first token the sink gets an error. The router's own in-flight counts per worker are kept
+// overloaded or stopping or serving another model, a final Delta with finish error or
+// cancelled, first-token timeout) is retried once on the worker `reroute` picks; after its
+// first token the sink gets an error. Every request ends with its final Delta or one error:
+// none is dropped. The router's own in-flight counts per worker are kept
 // in the fleet (LaneFleet::CountInflight), summed over every lane.
 //
 // Request lifecycle (all on the home thread):
@@ -79,7 +81,7 @@ class LaneFleet {
   // since a request was sent means that request is lost there. *why: the last reason.
   virtual uint64_t Failures(WorkerId worker, std::string* why) const = 0;
   // Adds to this router's in-flight counts of `worker`.
-  virtual void CountInflight(WorkerId worker, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) = 0;
+  virtual void CountInflight(WorkerId worker, const OwnLoadDelta& delta) = 0;
   virtual void CountRetry() = 0;
   virtual std::string WorkerName(WorkerId worker) const = 0;
   // Fleet::Stop() was called: new requests fail, those in flight end.
@@ -139,6 +141,8 @@ class Lane {
   void AfterSend(WorkerId id);
   void OnDelta(const WorkerDelta& d);
   void OnWorkerError(const WorkerError& e);
+  // A final Delta with finish error or cancelled: the worker gave up on the request.
+  void WorkerEnded(uint64_t handle, const WorkerDelta& d);
   void Tick();
 
   LaneFleet* fleet_;

@@ -29,7 +29,17 @@ struct OwnLoadCounts {
   double requests = 0;
   double prefill_tokens = 0;  // tokens expected uncached, for requests without a first token
   double prompt_tokens = 0;   // their whole prompts
+  double waiting = 0;         // requests without a first token
   bool operator==(const OwnLoadCounts&) const = default;
+};
+
+// A change of the counts: a request sent (+1 request, +1 waiting, + its tokens), its first
+// token (−1 waiting, − its tokens), its end (−1 request, and the rest if still waiting).
+struct OwnLoadDelta {
+  int64_t requests = 0;
+  int64_t waiting = 0;
+  int64_t prefill_tokens = 0;
+  int64_t prompt_tokens = 0;
 };
 
 template <size_t N>
@@ -66,6 +76,7 @@ class OwnLoadCounter {
     c.requests = static_cast<double>(requests_.load(std::memory_order_relaxed));
     c.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_relaxed));
     c.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_relaxed));
+    c.waiting = static_cast<double>(waiting_.load(std::memory_order_relaxed));
     return c;
   }
   // The counts after the last change at or before `at` (OwnLoadHistory::At).
@@ -75,11 +86,13 @@ class OwnLoadCounter {
   }
   // Changes the counts by the deltas, recording a sample stamped by `clock` before the
   // change: whoever sees the new counts sees a sample no later than now.
-  void Add(const Clock* clock, int64_t requests, int64_t prefill_tokens, int64_t prompt_tokens) {
+  void Add(const Clock* clock, const OwnLoadDelta& d) {
     std::lock_guard<std::mutex> lock(mu_);
     const TimeNs now = clock->Now();
+    const int64_t requests = d.requests, prefill_tokens = d.prefill_tokens, prompt_tokens = d.prompt_tokens;
     OwnLoadCounts after;
     after.requests = static_cast<double>(requests_.fetch_add(requests, std::memory_order_relaxed) + requests);
+    after.waiting = static_cast<double>(waiting_.fetch_add(d.waiting, std::memory_order_relaxed) + d.waiting);
     after.prefill_tokens =
         static_cast<double>(prefill_tokens_.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
     after.prompt_tokens =
@@ -93,6 +106,7 @@ class OwnLoadCounter {
   std::atomic<int64_t> requests_{0};
   std::atomic<int64_t> prefill_tokens_{0};  // expected uncached, requests without a first token
   std::atomic<int64_t> prompt_tokens_{0};   // their whole prompts
+  std::atomic<int64_t> waiting_{0};         // requests without a first token
   mutable std::mutex mu_;                   // orders the counts' changes with their samples
   OwnLoadHistory<N> history_;               // GUARDED_BY(mu_)
 };

@@ -1,6 +1,8 @@
 #include "router/http/api.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -58,6 +60,11 @@ ApiError MakeError(int status, std::string message, std::string type, std::strin
   e.code = std::move(code);
   e.retry_after_s = retry_after;
   return e;
+}
+
+// Retry-After is whole seconds (RFC 9110): a predicted wait rounded up, at least 1.
+int RetryAfterSeconds(double seconds) {
+  return static_cast<int>(std::min(std::ceil(std::max(seconds, 1.0)), 3600.0));
 }
 
 // A chat the codec could not render. A missing or broken template is the operator's to fix,
@@ -149,7 +156,12 @@ struct Metrics {
                 .Help("Time between successive deltas of a stream, per token")
                 .Register(r)
                 .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                 250e-3, 1})) {}
+                                                                 250e-3, 1})),
+        refused(prometheus::BuildCounter()
+                    .Name("kvfleet_router_requests_refused_total")
+                    .Help("Completion requests refused for load (429 or 503), by model and reason: queue_full, "
+                          "saturated, predicted_ttft, unattainable, no_worker, worker_queue_full")
+                    .Register(r)) {}
 
   prometheus::Family<prometheus::Counter>& requests;
   prometheus::Histogram& routing;
@@ -159,6 +171,7 @@ struct Metrics {
   prometheus::Counter& actual;
   prometheus::Histogram& ttft;
   prometheus::Histogram& itl;
+  prometheus::Family<prometheus::Counter>& refused;
 };
 
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
@@ -272,6 +285,12 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     metrics_.requests.Add({{"model", model}, {"worker", "none"}, {"status", std::to_string(e.status)}}).Increment();
     ex->Reply(ErrorResponse(e));
   }
+  // A request refused for load, answered at once and counted by reason.
+  void Refuse(const std::shared_ptr<http::Exchange>& ex, const std::string& model, std::string_view reason,
+              const ApiError& e) {
+    metrics_.refused.Add({{"model", model}, {"reason", std::string(reason)}}).Increment();
+    Fail(ex, model, e);
+  }
 
   void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
 
@@ -326,6 +345,9 @@ class RequestStream final : public ResponseSink {
   }
   // The request was handed to its worker's socket.
   void MarkSent(TimeNs now) { timings_.sent = now; }
+  // Retry-After of a 429 that comes back from the workers (every one tried refused it, its
+  // queue full): the predicted time to first token where it was routed.
+  void set_retry_after(int seconds) { retry_after_s_ = seconds; }
 
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
@@ -382,6 +404,9 @@ class RequestStream final : public ResponseSink {
     if (done_) return;
     done_ = true;
     ApiError e = ToApiError(status);
+    if (status.code() == StatusCode::kResourceExhausted) {
+      api_->metrics_.refused.Add({{"model", req_.model}, {"reason", "worker_queue_full"}}).Increment();
+    }
     api_->metrics_.requests
         .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", std::to_string(e.status)}})
         .Increment();
@@ -407,7 +432,8 @@ class RequestStream final : public ResponseSink {
       case StatusCode::kOutOfRange:
         return MakeError(400, s.message(), "invalid_request_error", "context_length_exceeded");
       case StatusCode::kNotFound: return MakeError(404, s.message(), "invalid_request_error", "model_not_found");
-      case StatusCode::kResourceExhausted: return MakeError(429, s.message(), "rate_limit_error", "overloaded", retry);
+      case StatusCode::kResourceExhausted:
+        return MakeError(429, s.message(), "rate_limit_error", "overloaded", retry_after_s_);
       case StatusCode::kUnavailable: return MakeError(503, s.message(), "server_error", "service_unavailable", retry);
       case StatusCode::kDeadlineExceeded: return MakeError(504, s.message(), "server_error", "timeout");
       default: return MakeError(500, s.message(), "server_error");
@@ -445,6 +471,7 @@ class RequestStream final : public ResponseSink {
   StopMatcher stops_;
   Lane* lane_ = nullptr;
   uint64_t handle_ = 0;
+  int retry_after_s_ = 1;
   // The lane's thread only.
   bool first_ = false;
   bool started_ = false;
@@ -468,9 +495,9 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   if (!model && fleet_->LiveModels().empty()) {
     // Nothing is routable at all (a router that just started, before workers register, or a
     // fleet that is down): the model may well exist, so this is "try again", not 404.
-    return Fail(ex, req.model,
-                MakeError(503, "no live worker yet: cannot tell whether model '" + req.model + "' exists",
-                          "server_error", "service_unavailable", options_.retry_after_s));
+    return Refuse(ex, req.model, "no_worker",
+                  MakeError(503, "no live worker yet: cannot tell whether model '" + req.model + "' exists",
+                            "server_error", "service_unavailable", options_.retry_after_s));
   }
   if (!model && arrived - started_ < options_.unknown_model_grace) {
     // A router that started moments ago may not have heard from this model's workers yet.
@@ -488,9 +515,9 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
                           "model_not_found"));
   }
   if (model->routable.empty()) {
-    return Fail(ex, req.model,
-                MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
-                          "service_unavailable", options_.retry_after_s));
+    return Refuse(ex, req.model, "no_worker",
+                  MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
+                            "service_unavailable", options_.retry_after_s));
   }
   // Tokenize. Byte ids sent to a real model are garbage in, garbage out: refuse instead.
   if (codec_->is_byte_codec() && model->needs_tokenizer && (chat || req.prompt_text)) {
@@ -544,11 +571,17 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
 
   // Route.
   Prompt prompt{req.model, params.tokens, req.cache_salt, req.routing.value_or(router_->options().policy)};
-  auto decision = router_->Route(*model, prompt);
+  Refusal refusal;
+  auto decision = router_->Route(*model, prompt, &refusal);
   if (!decision.ok()) {
-    return Fail(ex, req.model,
-                MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
-                          options_.retry_after_s));
+    // Refused now, not after a wait (router/routing/README.md, "Admission"): 429 when a
+    // retry may be admitted later, with Retry-After from the predicted wait; 503 when no
+    // worker could serve it in time even idle.
+    const bool later = decision.status().code() == StatusCode::kResourceExhausted;
+    return Refuse(ex, req.model, refusal.reason,
+                  later ? MakeError(429, decision.status().message(), "rate_limit_error", "overloaded",
+                                    RetryAfterSeconds(refusal.retry_after_s))
+                        : MakeError(503, decision.status().message(), "server_error", "service_unavailable"));
   }
 
   std::string id;
@@ -574,6 +607,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   Lane* lane = LaneOf(ex->io_thread());
   uint64_t handle = lane->NewHandle();
   stream->set_lane(lane, handle);
+  stream->set_retry_after(RetryAfterSeconds(decision->estimated_ttft_s));
   lane->Submit(handle, std::move(fwd));
   stream->MarkSent(clock_->Now());
   ex->OnClientGone([lane, handle] { lane->Cancel(handle); });

@@ -36,6 +36,8 @@ Status RoutingOptions::Validate() const {
   }
   if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
   if (predicted_ttl < 0) return InvalidArgument("predicted TTL must be >= 0");
+  if (!(admission_ttft_s >= 0)) return InvalidArgument("the admission TTFT must be >= 0 seconds");
+  if (!(max_waiting_requests >= 1)) return InvalidArgument("max waiting requests must be >= 1");
   return Status::Ok();
 }
 
@@ -70,7 +72,15 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   return (c.queued_prefill_tokens + uncached) / rate + c.host_blocks * options_.onboard_s_per_block +
-         c.running_requests * options_.decode_s_per_running_request;
+         c.running_requests * options_.decode_s_per_running_request + c.admission_wait_s;
+}
+
+double Picker::FleetRate(std::span<const Candidate> candidates) const {
+  std::vector<double> rates;
+  for (const Candidate& c : candidates) {
+    if (c.prefill_tokens_per_s > 0) rates.push_back(c.prefill_tokens_per_s);
+  }
+  return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }
 
 double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
@@ -81,12 +91,8 @@ double Picker::Cost(const RouteRequest& request, const Candidate& c, double flee
 
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                               std::span<const size_t> eligible, double* cost) {
-  std::vector<double> rates;
-  for (const Candidate& c : candidates) {
-    if (c.prefill_tokens_per_s > 0) rates.push_back(c.prefill_tokens_per_s);
-  }
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
-  double fallback = rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
+  const double fallback = FleetRate(candidates);
   std::vector<double> costs(eligible.size());
   for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback);
 

@@ -43,6 +43,7 @@ inline constexpr double kHotSpotFactor = 2.0;
 inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
+inline constexpr double kMaxWaitingRequests = 4096.0;
 }  // namespace config
 
 struct RoutingOptions {
@@ -67,6 +68,13 @@ struct RoutingOptions {
   double max_queued_requests = config::kMaxQueuedRequests;
   // Lifetime of the predicted index entries inserted after each decision (ns).
   DurationNs predicted_ttl = config::kPredictedTtl;
+  // Admission (README.md): a request whose predicted time to first token exceeds this on
+  // every worker is refused at once (429), rather than answered 504 after the wait. Seconds;
+  // 0: no such check. The router's configuration derives it from --first-token-timeout-s.
+  double admission_ttft_s = 0;
+  // Requests of one model this router has sent and that have no first token yet; beyond it,
+  // new ones are refused (429).
+  double max_waiting_requests = config::kMaxWaitingRequests;
 
   Status Validate() const;
 };
@@ -80,6 +88,9 @@ struct Candidate {
   double running_requests = 0;      // active + queued requests
   double queued_requests = 0;       // waiting for admission
   double prefill_tokens_per_s = 0;  // measured; 0 = unknown
+  // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
+  // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
+  double admission_wait_s = 0;
 };
 
 struct RouteRequest {
@@ -105,6 +116,9 @@ class Picker {
   // returns ResourceExhausted. REQUIRES: !candidates.empty().
   Result<Choice> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
 
+  // The prefill rate standing in for workers that report none: the median of the
+  // candidates' reported rates, else default_prefill_tokens_per_s.
+  double FleetRate(std::span<const Candidate> candidates) const;
   // Estimated seconds to the first token of `request` on `c`. `fleet_rate` (the fleet's
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when
   // c reports none (README.md, "prefill rate").

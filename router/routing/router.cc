@@ -1,6 +1,8 @@
 #include "router/routing/router.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 namespace kvfleet::router {
 
@@ -12,15 +14,27 @@ Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIn
       approx_index_(approx_index),
       approx_in_use_(options.policy == Policy::kApprox) {}
 
-void Router::AddLoad(Policy policy, Candidate* c) const {
+namespace {
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f s", s);
+  return buf;
+}
+
+}  // namespace
+
+OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   const OwnLoadCounts own = loads_->OwnLoad(c->worker);
   c->running_requests = own.requests;
   c->queued_prefill_tokens = own.prefill_tokens;
   // Without a report, every request this router has in flight there may be queued.
   c->queued_requests = own.requests;
-  if (policy == Policy::kApprox) return;
+  c->prefill_tokens_per_s = 0;
+  c->admission_wait_s = 0;
+  if (policy == Policy::kApprox) return own;
   const std::optional<WorkerLoad> load = loads_->ReportedLoad(c->worker);
-  if (!load) return;
+  if (!load) return own;
   const double active = load->active_requests;
   const double queued = load->queued_requests;
   // The report lags and counts a waiting prompt whole, cached prefix included; the router's
@@ -33,9 +47,29 @@ void Router::AddLoad(Policy policy, Candidate* c) const {
       own.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
   c->queued_requests = std::max(queued, own.requests - active);
   c->prefill_tokens_per_s = load->prefill_tokens_per_second;
+  // The worker's predicted wait less its prefill term, which the blend above recounts: what
+  // only the worker knows, a batch or KV cache too full to admit one more (README.md).
+  const double prefill_s = load->prefill_tokens_per_second > 0
+                               ? static_cast<double>(load->active_prefill_tokens) / load->prefill_tokens_per_second
+                               : 0;
+  c->admission_wait_s = std::max(0.0, static_cast<double>(load->predicted_wait_us) / 1e6 - prefill_s);
+  return own;
 }
 
-Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt) {
+std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
+                                          std::vector<double>* ttft) const {
+  const double fleet_rate = picker_.FleetRate(candidates);
+  const double bound = options().admission_ttft_s;
+  std::vector<Candidate> out;
+  ttft->clear();
+  for (const Candidate& c : candidates) {
+    ttft->push_back(picker_.EstimateTtft(route, c, fleet_rate));
+    if (bound == 0 || ttft->back() <= bound) out.push_back(c);
+  }
+  return out;
+}
+
+Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Refusal* refusal) {
   Decision d;
   d.policy = prompt.policy;
   d.route = RouteRequest{static_cast<uint32_t>(prompt.tokens.size()), fleet.block_size};
@@ -46,8 +80,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt) {
     PrefixIndex* index = d.policy == Policy::kApprox ? approx_index_ : kv_index_;
     index->FindMatches(d.hashes, &matches);
   }
-  auto candidates = std::make_shared<std::vector<Candidate>>();
-  candidates->reserve(fleet.routable.size());
+  std::vector<Candidate> candidates;
+  candidates.reserve(fleet.routable.size());
+  double waiting = 0;  // this router's requests of the model without a first token
   for (WorkerId id : fleet.routable) {
     Candidate c;
     c.worker = id;
@@ -57,17 +92,61 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt) {
         c.host_blocks = m.host_blocks;
       }
     }
-    AddLoad(d.policy, &c);
-    candidates->push_back(c);
+    waiting += AddLoad(d.policy, &c).waiting;
+    candidates.push_back(c);
   }
-  KVF_ASSIGN_OR_RETURN(Choice choice, picker_.Pick(d.policy, d.route, *candidates));
-  const Candidate& chosen = (*candidates)[choice.index];
-  d.worker = choice.worker;
+
+  // Admission.
+  std::vector<double> ttft;
+  auto admitted = std::make_shared<std::vector<Candidate>>(Admissible(d.route, candidates, &ttft));
+  const double best = *std::min_element(ttft.begin(), ttft.end());
+  const double bound = options().admission_ttft_s;
+  // A retry may be admitted once the best worker's queue has drained below the bound (or,
+  // within it, once the requests ahead have their first tokens): at least a second.
+  const double retry_after = std::max(1.0, best > bound ? best - bound : best);
+  auto refuse = [&](Status why, std::string_view reason, double after) -> Status {
+    if (refusal != nullptr) *refusal = Refusal{reason, after};
+    return why;
+  };
+  if (waiting >= options().max_waiting_requests) {
+    return refuse(ResourceExhausted("model '" + std::string(prompt.model) + "' has " +
+                                    std::to_string(static_cast<int64_t>(waiting)) +
+                                    " requests waiting for their first token at this router (the bound, "
+                                    "--max-waiting-requests)"),
+                  "queue_full", retry_after);
+  }
+  if (admitted->empty()) {
+    // Would an idle worker serve it in time? Its own prefill alone, on the fastest.
+    double alone = best;
+    const double fleet_rate = picker_.FleetRate(candidates);
+    for (Candidate c : candidates) {
+      c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = 0;
+      alone = std::min(alone, picker_.EstimateTtft(d.route, c, fleet_rate));
+    }
+    if (alone > bound) {
+      return refuse(Unavailable("no worker of model '" + std::string(prompt.model) + "' can give the first token of " +
+                                std::to_string(prompt.tokens.size()) + " prompt tokens within " + Seconds(bound) +
+                                " (--admission-ttft-s; by default 0.8 x --first-token-timeout-s): its prefill "
+                                "alone takes about " + Seconds(alone)),
+                    "unattainable", 0);
+    }
+    return refuse(ResourceExhausted("every worker of model '" + std::string(prompt.model) +
+                                    "' would give the first token later than " + Seconds(bound) +
+                                    " (--admission-ttft-s; by default 0.8 x --first-token-timeout-s): the soonest "
+                                    "in about " + Seconds(best)),
+                  "predicted_ttft", retry_after);
+  }
+  auto choice = picker_.Pick(d.policy, d.route, *admitted);
+  if (!choice.ok()) return refuse(choice.status(), "saturated", retry_after);
+  const Candidate& chosen = (*admitted)[choice->index];
+  d.worker = choice->worker;
   d.device_blocks = chosen.device_blocks;
   d.host_blocks = chosen.host_blocks;
-  d.predicted_cached_tokens = choice.predicted_cached_tokens;
-  d.estimated_ttft_s = choice.estimated_ttft_s;
-  d.candidates = std::move(candidates);
+  d.predicted_cached_tokens = choice->predicted_cached_tokens;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].worker == d.worker) d.estimated_ttft_s = ttft[i];
+  }
+  d.candidates = std::move(admitted);
   return d;
 }
 
@@ -84,10 +163,18 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Reroute
   return [this, policy = decision.policy, route = decision.route,
           candidates = decision.candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
     std::vector<Candidate> rest;
-    for (const Candidate& c : *candidates) {
-      if (std::find(tried.begin(), tried.end(), c.worker) == tried.end()) rest.push_back(c);
+    for (Candidate c : *candidates) {
+      if (std::find(tried.begin(), tried.end(), c.worker) != tried.end()) continue;
+      AddLoad(policy, &c);  // its load now, not at the decision
+      rest.push_back(c);
     }
     if (rest.empty()) return Unavailable("no other live worker to retry on");
+    std::vector<double> ttft;
+    rest = Admissible(route, rest, &ttft);
+    if (rest.empty()) {
+      return ResourceExhausted("no other worker can give the first token within " +
+                               Seconds(options().admission_ttft_s) + " (--admission-ttft-s)");
+    }
     KVF_ASSIGN_OR_RETURN(Choice choice, picker_.Pick(policy, route, rest));
     return choice.worker;
   };

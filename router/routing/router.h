@@ -9,7 +9,16 @@
 //   2. Commit() inserts the prompt's blocks as predicted entries for that worker (in the kv
 //      index, and in the approx index once the approx policy is in use).
 // Rerouter() gives the forwarding lane its retry: a new choice among the same candidates,
-// the workers already tried excluded.
+// the workers already tried excluded, on their loads at the time of the retry.
+//
+// Admission (README.md, "Admission"): every candidate's time to first token is predicted
+// (Picker::EstimateTtft: the worker's queue as its load report and this router's own
+// in-flight counts say, the admission wait it reports, and this request's own prefill).
+// Only workers predicted within admission_ttft_s are chosen; when there is none, or the
+// model has max_waiting_requests of this router's requests without a first token, or every
+// worker is saturated, Route refuses at once and says why (Refusal), with a Retry-After
+// derived from the predicted wait. A request no idle worker could serve in time is refused
+// as unattainable (503): waiting would not help it.
 //
 // Thread safety: thread-safe; the HTTP I/O threads route concurrently. The Router adds no
 // lock of its own to the indexes', the fleet's and the Picker's.
@@ -44,12 +53,19 @@ struct Decision {
   uint32_t device_blocks = 0;            // leading prompt blocks it holds on the device
   uint32_t host_blocks = 0;              // further leading blocks on its host tier
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
-  double estimated_ttft_s = 0;           // kv / approx only
+  double estimated_ttft_s = 0;           // predicted time to first token there (every policy)
   // For Commit and Rerouter.
   Policy policy = Policy::kKv;
   RouteRequest route;
   std::vector<BlockHash> hashes;  // the prompt's full blocks
   std::shared_ptr<const std::vector<Candidate>> candidates;  // every worker considered
+};
+
+// Why Route refused a request: the label of kvfleet_router_requests_refused_total and when
+// a retry may be admitted.
+struct Refusal {
+  std::string_view reason;   // "queue_full", "saturated", "predicted_ttft" (429) or "unattainable" (503)
+  double retry_after_s = 0;  // seconds until a retry may be admitted, from the predicted wait; 0: none
 };
 
 class Router {
@@ -61,9 +77,10 @@ class Router {
 
   const RoutingOptions& options() const { return picker_.options(); }
 
-  // Chooses a worker of `fleet` for `prompt`. ResourceExhausted when every worker is
-  // saturated. REQUIRES: !fleet.routable.empty().
-  Result<Decision> Route(const ModelFleet& fleet, const Prompt& prompt);
+  // Chooses a worker of `fleet` for `prompt`, or refuses it (see Admission above):
+  // ResourceExhausted (429: queue_full, saturated, predicted_ttft) or Unavailable (503:
+  // unattainable), with *refusal (when given) saying why. REQUIRES: !fleet.routable.empty().
+  Result<Decision> Route(const ModelFleet& fleet, const Prompt& prompt, Refusal* refusal = nullptr);
   // Inserts the decision's predicted entries (README.md, "Predicted entries"). Call once the
   // request is on its way: the worker starts sooner, and the next request sees them all the same.
   void Commit(const Decision& decision);
@@ -73,8 +90,13 @@ class Router {
 
  private:
   // How much the worker of `c` is loaded, now: its last report blended with this router's own
-  // counts (kv, least_loaded, round_robin), or this router's counts alone (approx).
-  void AddLoad(Policy policy, Candidate* c) const;
+  // counts (kv, least_loaded, round_robin), or this router's counts alone (approx). Returns
+  // this router's own counts there.
+  OwnLoadCounts AddLoad(Policy policy, Candidate* c) const;
+  // The candidates whose predicted time to first token is within admission_ttft_s (all of
+  // them when it is 0), and each one's prediction in *ttft.
+  std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
+                                    std::vector<double>* ttft) const;
 
   Picker picker_;
   const WorkerLoads* loads_;

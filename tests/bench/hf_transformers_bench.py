@@ -2,8 +2,9 @@
 """The cuda backend's end-to-end figures side by side with Hugging Face transformers.
 
 Runs, on the device machine, the same model directory that cuda_backend_bench reads (a
-llama-3.1-8b-shaped random model from `kvfleet make-model --shape llama-3.1-8b`) through
-transformers in bf16 with its SDPA attention, and prints:
+random model from `kvfleet make-model`, e.g. --shape llama-3.1-8b or qwen3-8b; any
+architecture transformers' AutoModelForCausalLM loads) through transformers in bf16 with its
+SDPA attention, and prints:
 
   decode batch 1 @ 1K   per-token time of greedy generation with the static cache
                         (cache_implementation="static"), eager and, unless --no-compile,
@@ -112,8 +113,9 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, device_map="cuda",
                                                  attn_implementation="sdpa")
     model.eval()
-    print(f"model loaded in {time.perf_counter() - t0:.1f} s ({model.config.num_hidden_layers} layers, "
-          f"hidden {model.config.hidden_size}, attention {model.config._attn_implementation})", flush=True)
+    print(f"model loaded in {time.perf_counter() - t0:.1f} s ({(model.config.architectures or ['?'])[0]}, "
+          f"{model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+          f"attention {model.config._attn_implementation})", flush=True)
     g = torch.Generator(device="cpu").manual_seed(7)
     vocab = model.config.vocab_size
     prompt = torch.randint(100, vocab - 100, (1, a.context - 1), generator=g).cuda()

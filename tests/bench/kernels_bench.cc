@@ -304,7 +304,8 @@ void BenchSmall(const Limits& lim) {
     std::iota(pos.begin(), pos.end(), 0);
     std::iota(slots.begin(), slots.end(), 0);
     RopeConfig rc;
-    rc.llama3_factor = 8;
+    rc.scaling.type = RopeScaling::Type::kLlama3;
+    rc.scaling.factor = 8;
     DeviceBuffer<int32_t> dpos(pos), dslots(slots);
     DeviceBuffer<float> inv(RopeInvFreq(rc));
     const double ms = TimeMs([&] {

@@ -47,6 +47,8 @@ KNOWN_METRICS = {
     "kvfleet_worker_evictions_total", "kvfleet_worker_offloads_total", "kvfleet_worker_onboards_total",
     "kvfleet_worker_step_seconds", "kvfleet_worker_batch_tokens", "kvfleet_worker_requests",
     "kvfleet_worker_preemptions_total", "kvfleet_worker_time_to_first_token_seconds",
+    # issue 19: admission control
+    "kvfleet_router_requests_refused_total", "kvfleet_worker_requests_refused_total",
     # issue 18
     "kvfleet_router_event_id_mismatches_total",
 }

@@ -53,6 +53,8 @@ LABELS = {
     "kvfleet_worker_kv_blocks": [{"tier": t, "state": s} for t in ("device", "host") for s in ("free", "in_use", "cached")],
     "kvfleet_worker_evictions_total": [{"priority": "35"}],
     "kvfleet_worker_requests": [{"state": "running"}, {"state": "waiting"}],
+    "kvfleet_router_requests_refused_total": [{"model": "tiny", "reason": "predicted_ttft"}],
+    "kvfleet_worker_requests_refused_total": [{"code": "overloaded"}],
 }
 
 

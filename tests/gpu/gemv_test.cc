@@ -200,7 +200,8 @@ TEST_CASE("the QKV gemv with RoPE + K/V store epilogue (and RMSNorm prologue) eq
           }
           RopeConfig rc;
           rc.head_dim = s.d;
-          rc.llama3_factor = 8;
+          rc.scaling.type = RopeScaling::Type::kLlama3;
+          rc.scaling.factor = 8;
           auto inv = RopeInvFreq(rc);
           auto pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
 

@@ -8,8 +8,9 @@ computes what it is compared with. For each model of a manifest it
      model.safetensors, checks that both are bit-identical;
   2. loads the directory with transformers' from_pretrained (so our safetensors and
      config.json are read by HF's own loader), in fp32 with eager attention;
-  3. for each prompt, greedily extends it by 16 tokens (a full forward pass per step, no
-     KV cache, so nothing but the model's math is involved), then runs one forward pass
+  3. for each prompt, greedily extends it by 16 tokens (the manifest entry's "decode_steps"
+     where given; a full forward pass per step, no KV cache, so nothing but the model's
+     math is involved), then runs one forward pass
      over prompt + generated tokens and records, for every position, the logits at 128
      fixed columns (a stride over the vocab) and at the row's top 8 columns.
 
@@ -18,6 +19,9 @@ NAME.logits.f32 (little-endian float32 [rows][8 + 128], rows = every position of
 prompt in order: first the 8 top-column values, then the 128 stride-column values).
 
   python3 make_reference.py --manifest manifest.json --out OUT_DIR
+  python3 make_reference.py --rope --out rope_reference.json
+      (transformers' inv_freq and attention_scaling for ROPE_CASES: default, linear, llama3,
+      yarn variants, dynamic at several lengths; compared by rope_reference_test.cc)
   python3 make_reference.py --make-model --config config.json --seed N --dtype bf16 --out DIR
       (writes make-model's weights for that config.json, e.g. on a GPU machine without the
       kvfleet binary: take config.json from `kvfleet make-model --shape S --config-only`
@@ -71,9 +75,11 @@ def expected_tensors(cfg):
     hd = cfg.get("head_dim") or h // nh
     q, kv, inter = nh * hd, kvh * hd, cfg["intermediate_size"]
     arch = cfg["architectures"][0]
-    qkv_bias = arch == "Qwen2ForCausalLM" or (arch == "LlamaForCausalLM" and cfg.get("attention_bias", False))
-    o_bias = arch == "LlamaForCausalLM" and cfg.get("attention_bias", False)
+    biased = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and cfg.get("attention_bias", False)
+    qkv_bias = arch == "Qwen2ForCausalLM" or biased
+    o_bias = biased
     mlp_bias = arch == "LlamaForCausalLM" and cfg.get("mlp_bias", False)
+    qk_norm = arch == "Qwen3ForCausalLM"
     out = [("model.embed_tokens.weight", [cfg["vocab_size"], h])]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
@@ -86,6 +92,8 @@ def expected_tensors(cfg):
         out.append((p + "self_attn.o_proj.weight", [h, q]))
         if o_bias:
             out.append((p + "self_attn.o_proj.bias", [h]))
+        if qk_norm:
+            out += [(p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd])]
         out.append((p + "post_attention_layernorm.weight", [h]))
         out += [(p + "mlp.gate_proj.weight", [inter, h]), (p + "mlp.up_proj.weight", [inter, h]),
                 (p + "mlp.down_proj.weight", [h, inter])]
@@ -229,7 +237,7 @@ def reference(entry, work, out_dir):
     with torch.no_grad():
         for p in prompts:
             ids = list(p)
-            for _ in range(DECODE_STEPS):
+            for _ in range(entry.get("decode_steps", DECODE_STEPS)):
                 logits = model(torch.tensor([ids], device=dev)).logits[0, -1]
                 ids.append(int(torch.argmax(logits).item()))
             greedy.append(ids[len(p):])
@@ -251,6 +259,83 @@ def reference(entry, work, out_dir):
           flush=True)
 
 
+# RoPE configurations whose frequencies and attention scaling kvfleet (kernels/rope.h) must
+# reproduce: tests/worker/model/rope_reference_test.cc parses each `config` as config.json and
+# compares. Each case: name, fields over ROPE_BASE, and the sequence lengths to sample (None:
+# as loaded; N: after a forward pass over positions 0..N-1, which is when dynamic NTK
+# recomputes). Wherever a yarn config names original_max_position_embeddings,
+# max_position_embeddings is factor times it, so transformers 4.5x (which took the factor
+# from that ratio) and 5 (which keeps the explicit factor) agree.
+ROPE_BASE = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=1000, hidden_size=256,
+                 intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
+QWEN3_ROPE = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=4096, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960)
+ROPE_CASES = [
+    ("default", {}, [None]),
+    ("default-qwen3", QWEN3_ROPE, [None]),
+    ("linear", dict(rope_scaling={"rope_type": "linear", "factor": 4.0}), [None]),
+    ("llama3", dict(head_dim=128, rope_theta=500000.0, max_position_embeddings=131072,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}), [None]),
+    ("yarn", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), [None]),
+    ("yarn-qwen3", dict(QWEN3_ROPE, max_position_embeddings=131072,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+     [None]),
+    ("yarn-mscale-equal", dict(max_position_embeddings=163840, rope_scaling={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}), [None]),
+    ("yarn-mscale", dict(max_position_embeddings=163840, rope_scaling={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
+        "mscale_all_dim": 0.8}), [None]),
+    ("yarn-attention-factor", dict(max_position_embeddings=16384, rope_scaling={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 2048, "attention_factor": 0.8,
+        "beta_fast": 16, "beta_slow": 2}), [None]),
+    ("yarn-no-truncate", dict(rope_theta=150000.0, max_position_embeddings=131072, rope_scaling={
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+        "beta_slow": 1.0, "truncate": False}), [None]),
+    ("dynamic", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), [None, 4096, 4097, 6000, 16384]),
+    ("dynamic-qwen3", dict(QWEN3_ROPE, rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+     [None, 40960, 40961, 100000]),
+]
+
+
+def rope_reference(out_path):
+    """Writes transformers' own inv_freq and attention_scaling for ROPE_CASES to out_path."""
+    import inspect
+    import torch
+    import transformers
+    from transformers import modeling_rope_utils
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+    rotary_of = {"llama": (transformers.LlamaConfig, LlamaRotaryEmbedding),
+                 "qwen3": (transformers.Qwen3Config, Qwen3RotaryEmbedding)}
+    has_truncate = "truncate" in inspect.getsource(modeling_rope_utils._compute_yarn_parameters)
+    cases = []
+    for name, fields, seq_lens in ROPE_CASES:
+        cfg = dict(ROPE_BASE, **fields)
+        if "truncate" in cfg.get("rope_scaling", {}) and not has_truncate:
+            print(f"  {name}: skipped (this transformers has no yarn truncate)", flush=True)
+            continue
+        config_cls, rotary_cls = rotary_of[cfg["model_type"]]
+        for seq_len in seq_lens:
+            kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+            kwargs = json.loads(json.dumps(kwargs))  # the config may rewrite its rope dict in place
+            rotary = rotary_cls(config=config_cls(**kwargs), device="cpu")
+            if seq_len:  # HF's dynamic update runs in forward, from the largest position
+                with torch.no_grad():
+                    rotary(torch.zeros(1, 1, 1, dtype=torch.float32), torch.arange(seq_len)[None])
+            cases.append(dict(name=name, config=cfg, seq_len=seq_len or 0,
+                              inv_freq=rotary.inv_freq.float().tolist(),
+                              attention_scaling=float(rotary.attention_scaling)))
+            print(f"  {name} seq_len {seq_len}: {len(cases[-1]['inv_freq'])} frequencies, "
+                  f"attention scaling {cases[-1]['attention_scaling']:.6f}", flush=True)
+    with open(out_path, "w") as f:
+        json.dump(dict(torch=torch.__version__, transformers=transformers.__version__, cases=cases), f)
+        f.write("\n")
+    print(f"{out_path}: {len(cases)} cases", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest")
@@ -260,7 +345,11 @@ def main():
     ap.add_argument("--config")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--rope", action="store_true", help="write transformers' RoPE frequencies to --out (a .json)")
     a = ap.parse_args()
+    if a.rope:
+        rope_reference(a.out)
+        return
     if a.make_model:
         with open(a.config) as f:
             write_model(json.load(f), a.seed, a.dtype == "bf16", a.out)

@@ -11,7 +11,7 @@
 #   KVFLEET_GPU_BENCH=0                          skip the benchmarks
 #   KVFLEET_BENCH_ARGS="--quick"                 arguments for the kernel bench
 #   KVFLEET_BENCH_MODEL=DIR                      also run cuda_backend_bench over that model
-#                                                (e.g. kvfleet make-model --shape llama-3.1-8b),
+#                                                (e.g. kvfleet make-model --shape llama-3.1-8b or qwen3-8b),
 #                                                then the same model through HF transformers
 #                                                (hf_transformers_bench.py) for the side by side
 #   KVFLEET_HF_BENCH=0                           skip the transformers side by side

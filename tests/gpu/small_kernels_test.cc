@@ -72,7 +72,8 @@ TEST_CASE("RoPE with llama3 scaling writes rotated q and K and plain V into the 
       }
       RopeConfig rc;
       rc.head_dim = s.d;
-      rc.llama3_factor = 8;
+      rc.scaling.type = RopeScaling::Type::kLlama3;
+      rc.scaling.factor = 8;
       auto inv = RopeInvFreq(rc);
       auto pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
       DeviceBuffer<bf16_bits> dqkv(qkv), dpool(pool), dq(size_t(tokens) * s.hq * s.d);
@@ -94,9 +95,78 @@ TEST_CASE("RoPE with llama3 scaling writes rotated q and K and plain V into the 
     }
 }
 
+// Qwen3: q_norm/k_norm over each head before the rotation; dynamic NTK: a frequency row
+// per sequence, picked per token. The norm's fp32 sum runs in another order on the GPU
+// (warp shuffles) than in the reference (double), so a 1-ulp difference in the normed value
+// can grow to 2 after the rotation's roundings.
+TEST_CASE("RoPE after Qwen3's per-head q/k RMSNorm, with per-sequence frequency rows, matches the reference") {
+  std::mt19937 rng(15);
+  struct Shape {
+    int hq, hkv, d, block;
+  };
+  for (Shape s : {Shape{32, 8, 128, 16}, Shape{16, 8, 128, 32}, Shape{4, 2, 64, 8}, Shape{9, 3, 256, 4}})
+    for (bool rotate : {true, false})
+      for (bool per_seq : {false, true}) {
+        const int tokens = 29, layers = 2, layer = 1, seqs = 3;
+        PagedKvLayout layout{layers, s.hkv, s.block, s.d};
+        const int num_blocks = tokens / s.block + 4;
+        auto qkv = gputest::RandomBf16(size_t(tokens) * (s.hq + 2 * s.hkv) * s.d, rng, -4, 4);
+        auto q_norm = gputest::RandomBf16(s.d, rng, 0.5, 1.5);
+        auto k_norm = gputest::RandomBf16(s.d, rng, 0.5, 1.5);
+        std::vector<int32_t> pos(tokens), slots(tokens), row(tokens);
+        for (int t = 0; t < tokens; ++t) {
+          pos[t] = 40000 + 911 * t;
+          slots[t] = t == 3 ? -1 : (t * 7) % (num_blocks * s.block);
+          row[t] = t % seqs;
+        }
+        // Three sequences' rows: dynamic NTK frequencies at three lengths past 32768.
+        RopeConfig rc;
+        rc.head_dim = s.d;
+        rc.theta = 1e6;
+        rc.max_position_embeddings = 32768;
+        rc.scaling.type = RopeScaling::Type::kDynamic;
+        rc.scaling.factor = 4;
+        std::vector<float> inv;
+        for (int q = 0; q < seqs; ++q) {
+          auto r = RopeInvFreq(rc, 40000 + 20000 * q);
+          inv.insert(inv.end(), r.begin(), r.end());
+        }
+        auto pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
+        DeviceBuffer<bf16_bits> dqkv(qkv), dpool(pool), dq(size_t(tokens) * s.hq * s.d), dqn(q_norm), dkn(k_norm);
+        DeviceBuffer<int32_t> dpos(pos), dslots(slots), drow(row);
+        DeviceBuffer<float> dinv(inv);
+        dq.Poison();
+        RopeKvExtras extras;
+        extras.q_norm = dqn.as<__nv_bfloat16>();
+        extras.k_norm = dkn.as<__nv_bfloat16>();
+        extras.norm_eps = 1e-6f;
+        extras.inv_freq_row = per_seq ? drow.get() : nullptr;
+        KVF_CUDA_OK(LaunchRopeKvStore(dqkv.as<__nv_bfloat16>(), dpos.get(), dslots.get(), dinv.get(),
+                                      dq.as<__nv_bfloat16>(), dpool.as<__nv_bfloat16>(), layout, layer, tokens, s.hq,
+                                      rotate, extras, nullptr));
+        KVF_CUDA_OK(cudaDeviceSynchronize());
+        std::vector<bf16_bits> q(dq.size());
+        RopeKvStoreRef(qkv.data(), pos.data(), slots.data(), inv.data(), q.data(), pool.data(), layout, layer, tokens,
+                       s.hq, rotate, q_norm.data(), k_norm.data(), 1e-6f, per_seq ? row.data() : nullptr);
+        CAPTURE(s.hq);
+        CAPTURE(s.d);
+        CAPTURE(rotate);
+        CAPTURE(per_seq);
+        CHECK(MaxUlpDiff(dq.Download(), q) <= 2);
+        CHECK(MaxUlpDiff(dpool.Download(), pool) <= 2);
+      }
+  // Norms need both weights, and head_dim up to 256.
+  RopeKvExtras half;
+  half.q_norm = reinterpret_cast<const __nv_bfloat16*>(&rng);  // never read: refused first
+  PagedKvLayout layout{1, 1, 16, 64};
+  CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout, 0, 1, 1, true, half,
+                          nullptr) == cudaErrorInvalidValue);
+}
+
 TEST_CASE("RoPE inverse frequencies follow Llama 3.1's scaling") {
   RopeConfig rc;  // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original 8192
-  rc.llama3_factor = 8;
+  rc.scaling.type = RopeScaling::Type::kLlama3;
+  rc.scaling.factor = 8;
   auto inv = RopeInvFreq(rc);
   REQUIRE(inv.size() == 64);
   CHECK(inv[0] == doctest::Approx(1.0));                     // short wavelengths unchanged

@@ -64,7 +64,8 @@ TEST_CASE("llama3 RoPE scaling keeps high frequencies, divides low ones, blends 
   plain.head_dim = 128;
   plain.theta = 500000;
   RopeConfig scaled = plain;
-  scaled.llama3_factor = 8;
+  scaled.scaling.type = RopeScaling::Type::kLlama3;
+  scaled.scaling.factor = 8;
   const auto a = RopeInvFreq(plain), b = RopeInvFreq(scaled);
   REQUIRE(a.size() == 64);
   for (int i = 0; i < 64; ++i) {
@@ -76,6 +77,64 @@ TEST_CASE("llama3 RoPE scaling keeps high frequencies, divides low ones, blends 
     CHECK(b[i] >= a[i] / 8 * (1 - 1e-6));
     if (i > 0) CHECK(b[i] < b[i - 1]);  // still strictly decreasing
   }
+}
+
+// Qwen3's q_norm/k_norm (RopeKvStoreRef's extras): RMSNorm makes each head's output blind to
+// the head's scale, uses its own weights for q and for k, and leaves V alone; a token's
+// frequency row picks its rotation.
+TEST_CASE("RoPE + KV store reference: per-head q/k RMSNorm before rotating, frequency rows per token") {
+  std::mt19937 rng(4);
+  const int hq = 4, hkv = 2, d = 16, tokens = 3;
+  PagedKvLayout layout{1, hkv, 4, d};
+  auto qkv = Random(size_t(tokens) * (hq + 2 * hkv) * d, rng, -3, 3);
+  auto q_norm = Random(d, rng, 0.5, 1.5), k_norm = Random(d, rng, 0.5, 1.5);
+  std::vector<int32_t> pos = {0, 5, 9}, slots = {0, 1, 2}, rows = {1, 0, 1};
+  RopeConfig rc;
+  rc.head_dim = d;
+  std::vector<float> inv = RopeInvFreq(rc), slow = inv;
+  for (float& f : slow) f /= 3;
+  std::vector<float> table = inv;  // row 0: plain, row 1: a third of it
+  table.insert(table.end(), slow.begin(), slow.end());
+  auto run = [&](const std::vector<bf16_bits>& in, const std::vector<float>& freq, const int32_t* row,
+                 float eps = 1e-6f) {
+    std::vector<bf16_bits> q(size_t(tokens) * hq * d), pool(layout.BlockElems(), 0);
+    RopeKvStoreRef(in.data(), pos.data(), slots.data(), freq.data(), q.data(), pool.data(), layout, 0, tokens, hq,
+                   true, q_norm.data(), k_norm.data(), eps, row);
+    q.insert(q.end(), pool.begin(), pool.end());
+    return q;
+  };
+  const auto base = run(qkv, table, rows.data());
+  // Every element times 4 (exact in bf16; eps 0 keeps the norm exactly scale-free): q and K
+  // unchanged, V four times larger.
+  std::vector<bf16_bits> scaled(qkv.size());
+  for (size_t i = 0; i < qkv.size(); ++i) scaled[i] = FloatToBf16(4 * Bf16ToFloat(qkv[i]));
+  const auto by4 = run(scaled, table, rows.data(), 0.f);
+  const auto unscaled = run(qkv, table, rows.data(), 0.f);
+  const size_t q_elems = size_t(tokens) * hq * d;
+  for (size_t i = 0; i < q_elems; ++i) CHECK(by4[i] == unscaled[i]);
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < hkv; ++h)
+      for (int i = 0; i < d; ++i) {
+        const size_t k = q_elems + layout.Offset(0, 0, 0, h, t) + i, v = q_elems + layout.Offset(0, 0, 1, h, t) + i;
+        CHECK(by4[k] == unscaled[k]);
+        CHECK(Bf16ToFloat(by4[v]) == 4 * Bf16ToFloat(unscaled[v]));
+      }
+  // Position 0 does not rotate: token 0's q heads are exactly the normed input.
+  for (int h = 0; h < hq; ++h) {
+    double ss = 0;
+    for (int i = 0; i < d; ++i) ss += std::pow(Bf16ToFloat(qkv[h * d + i]), 2);
+    const float inv_rms = static_cast<float>(1 / std::sqrt(ss / d + 1e-6));
+    for (int i = 0; i < d; ++i) {
+      CHECK(base[h * d + i] == FloatToBf16(Bf16ToFloat(q_norm[i]) * RoundBf16(Bf16ToFloat(qkv[h * d + i]) * inv_rms)));
+    }
+  }
+  // Rows: token t rotates exactly as with its row as the only frequencies.
+  const auto plain = run(qkv, inv, nullptr), thirds = run(qkv, slow, nullptr);
+  for (int t = 0; t < tokens; ++t) {
+    const auto& want = rows[t] == 0 ? plain : thirds;
+    for (int i = 0; i < hq * d; ++i) CHECK(base[t * hq * d + i] == want[t * hq * d + i]);
+  }
+  CHECK(plain != thirds);
 }
 
 // Dense causal attention over contiguous K/V, in double.

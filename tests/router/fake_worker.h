@@ -1,7 +1,9 @@
 // A fake worker for router tests: a ROUTER socket speaking Contract 3. It answers each
 // Generate with `reply` one byte-token per delta (up to max_tokens), reports as cached
 // the longest block-aligned prefix it saw before, and records cancels. It can hang
-// (never answer), stop after the first token, or close its socket (a crash, to the router).
+// (never answer), stop after the first token, refuse (an Error with a code), end the request
+// itself (a final Delta with finish error, after `hang_after` tokens), or close its socket (a
+// crash, to the router).
 #pragma once
 
 #include <atomic>
@@ -29,7 +31,7 @@ bool WaitFor(Pred pred, int ms = 5000) {
 
 class FakeWorker {
  public:
-  enum class Mode { kAnswer, kHang, kFirstTokenThenHang };
+  enum class Mode { kAnswer, kHang, kFirstTokenThenHang, kRefuse, kFail };
 
   explicit FakeWorker(std::string reply = "hello world", uint32_t block_size = 32)
       : reply_(std::move(reply)), block_size_(block_size), socket_(ctx_, zmq::socket_type::router) {
@@ -42,8 +44,10 @@ class FakeWorker {
 
   const std::string& endpoint() const { return endpoint_; }
   void set_mode(Mode m) { mode_ = m; }
-  // Answers only the first `n` tokens of each request, then hangs.
+  // Answers only the first `n` tokens of each request, then hangs (kFail: then fails it).
   void set_hang_after(uint32_t n) { hang_after_ = n; }
+  // kRefuse answers with this code.
+  void set_refusal(WorkerErrorCode code) { refusal_ = code; }
   // Closes the socket: the router sees the connection drop.
   void Crash() {
     stop_ = true;
@@ -85,11 +89,29 @@ class FakeWorker {
         last_ = msg->params;
       }
       if (mode_ == Mode::kHang) continue;
+      if (mode_ == Mode::kRefuse) {
+        socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+        socket_.send(zmq::buffer(EncodeError(WorkerError{msg->request_id, refusal_.load(), "refused"})),
+                     zmq::send_flags::none);
+        continue;
+      }
       uint32_t cached = CachedPrefix(msg->params.tokens);
       uint32_t n = std::min<uint32_t>(msg->params.sampling.max_tokens, static_cast<uint32_t>(reply_.size()));
       if (mode_ == Mode::kFirstTokenThenHang) n = std::min<uint32_t>(n, 1);
-      bool hangs = mode_ != Mode::kAnswer || hang_after_ < n;
+      const bool fails = mode_ == Mode::kFail;
+      bool hangs = !fails && (mode_ != Mode::kAnswer || hang_after_ < n);
       n = std::min(n, hang_after_.load());
+      if (fails) {  // the tokens before the failure, then a final Delta with finish error
+        for (uint32_t i = 0; i <= n; ++i) {
+          WorkerDelta d;
+          d.request_id = msg->request_id;
+          if (i < n) d.tokens = {static_cast<TokenId>(static_cast<unsigned char>(reply_[i]))};
+          d.finish = i == n ? FinishReason::kError : FinishReason::kNone;
+          socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+          socket_.send(zmq::buffer(EncodeDelta(d)), zmq::send_flags::none);
+        }
+        continue;
+      }
       for (uint32_t i = 0; i < n; ++i) {
         WorkerDelta d;
         d.request_id = msg->request_id;
@@ -124,6 +146,7 @@ class FakeWorker {
   std::atomic<bool> stop_{false};
   std::atomic<Mode> mode_{Mode::kAnswer};
   std::atomic<uint32_t> hang_after_{~0u};
+  std::atomic<WorkerErrorCode> refusal_{WorkerErrorCode::kOverloaded};
   std::atomic<int> generates_{0};
   std::atomic<int> cancels_{0};
   std::mutex mu_;

@@ -2,12 +2,15 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <vector>
 
 #include <capnp/common.h>
 #include <doctest/doctest.h>
+
+#include "schema/wire.h"
 
 namespace kvfleet::events {
 namespace {
@@ -21,6 +24,8 @@ TEST_CASE("a batch survives encoding and decoding") {
   LoadReport load;
   load.active_requests = 3;
   load.free_blocks = {5, 6};
+  load.prefill_tokens_per_second = 18500;
+  load.predicted_wait_us = 1'250'000;
   const std::string frame = EncodeBatch({"w1", 9, 4, 123}, events, load);
   auto batch = DecodeBatch(frame.data(), frame.size());
   REQUIRE(batch.ok());
@@ -30,6 +35,8 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(batch->header.created_ns == 123);
   CHECK(batch->load.active_requests == 3);
   CHECK(batch->load.free_blocks[1] == 6);
+  CHECK(batch->load.prefill_tokens_per_second == 18500);
+  CHECK(batch->load.predicted_wait_us == 1'250'000);
   CHECK(batch->block_events == 2 + 2 + 1 + 1);
   REQUIRE(batch->events.size() == 4);
   const auto& stored = std::get<kv::StoredEvent>(batch->events[0].data);
@@ -42,6 +49,31 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(batch->events[2].window_size == 512);
   CHECK(std::get<kv::UpdatedEvent>(batch->events[2].data).tier == kv::Tier::kDevice);
   CHECK(std::holds_alternative<kv::ClearedEvent>(batch->events[3].data));
+}
+
+TEST_CASE("a Load without predictedWaitUs (a worker older than the field) reads as no wait") {
+  // The Load of schema/README.md's example batch, as a worker from before the field wrote it:
+  // the capnp data section of 4 words (two u32 counts, two u64 counts, two f32 rates).
+  uint64_t data[4] = {};
+  const uint32_t counts[2] = {3, 1};      // activeRequests, queuedRequests
+  const uint64_t tokens[2] = {2048, 40};  // activePrefillTokens, activeDecodeBlocks
+  const float rates[2] = {18500, 2400};   // prefillTokensPerSecond, decodeTokensPerSecond
+  std::memcpy(&data[0], counts, sizeof(counts));
+  std::memcpy(&data[1], tokens, sizeof(tokens));
+  std::memcpy(&data[3], rates, sizeof(rates));
+  // Segment table (one segment of 7 words); the root: a struct pointer to 4 data words and
+  // 2 pointers (the block lists, null).
+  std::vector<uint64_t> w = {uint64_t{7} << 32, (uint64_t{4} << 32) | (uint64_t{2} << 48)};
+  w.insert(w.end(), std::begin(data), std::end(data));
+  w.insert(w.end(), {0, 0});
+  auto msg = wire::Decode<schema::Load>(w.data(), w.size() * sizeof(uint64_t));
+  REQUIRE(msg.ok());
+  LoadReport load = ParseLoad((*msg)->Root<schema::Load>());
+  CHECK(load.active_requests == 3);
+  CHECK(load.queued_requests == 1);
+  CHECK(load.active_prefill_tokens == 2048);
+  CHECK(load.decode_tokens_per_second == 2400);
+  CHECK(load.predicted_wait_us == 0);
 }
 
 TEST_CASE("truncated frames and lists of empty structs are refused, not expanded") {
@@ -172,6 +204,7 @@ void CheckExampleBatch(const std::string& frame, bool ids) {
   CHECK(b->load.total_blocks == std::array<uint64_t, kLoadTiers>{2048, 4096});
   CHECK(b->load.prefill_tokens_per_second == 18500);
   CHECK(b->load.decode_tokens_per_second == 2400);
+  CHECK(b->load.predicted_wait_us == (ids ? 110702u : 0u));  // the older worker predates it too
 }
 
 TEST_CASE("the spec's example frames decode, and an older worker's frame reads as event id 0 and lora id 0") {

@@ -5,6 +5,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "worker/backend/sampler.h"
+#include "worker/engine/predicted_wait.h"
 
 namespace kvfleet::engine {
 
@@ -240,6 +241,9 @@ RequestOutput Engine::MakeOutput(Sequence* seq, FinishReason reason) {
 void Engine::UpdateRates(const StepReport& report) {
   if (report.duration <= 0) return;
   const double seconds = static_cast<double>(report.duration) / kNsPerSec;
+  if (report.batch_sequences > 0) {
+    step_s_ = step_s_ == 0 ? seconds : step_s_ + config::kRateSmoothing * (seconds - step_s_);
+  }
   if (report.prefill_tokens > 0 &&
       report.prefill_tokens >= config::kMinPrefillShareForRate * options_.scheduler.max_num_tokens) {
     double rate = report.prefill_tokens / seconds;
@@ -254,11 +258,22 @@ void Engine::UpdateRates(const StepReport& report) {
 LoadReport Engine::Load() const {
   LoadReport load;
   const uint32_t block_size = kv_->block_size();
+  std::vector<uint32_t> running_remaining, waiting_tokens;
+  running_remaining.reserve(scheduler_.running().size());
+  waiting_tokens.reserve(scheduler_.waiting().size());
   for (const Sequence* seq : scheduler_.running()) {
     if (seq->num_uncomputed() > 1) load.active_prefill_tokens += seq->num_uncomputed();
     if (seq->decoding()) load.active_decode_blocks += (seq->num_tokens() + block_size - 1) / block_size;
+    // Tokens it may still generate, to max_tokens or the context limit (an EOS may come sooner).
+    const uint32_t max_tokens = seq->request.sampling.max_tokens, max_context = options_.limits.max_context;
+    const uint32_t to_length = max_tokens - std::min(seq->num_generated(), max_tokens);
+    const uint32_t to_context = max_context - std::min(seq->num_tokens(), max_context);
+    running_remaining.push_back(std::max(1u, std::min(to_length, to_context)));
   }
-  for (const Sequence* seq : scheduler_.waiting()) load.active_prefill_tokens += seq->num_tokens();
+  for (const Sequence* seq : scheduler_.waiting()) {
+    load.active_prefill_tokens += seq->num_tokens();
+    waiting_tokens.push_back(seq->num_tokens());
+  }
   load.active_requests = static_cast<uint32_t>(scheduler_.running().size());
   load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size());
   for (int t = 0; t < kNumTiers; ++t) {
@@ -267,6 +282,16 @@ LoadReport Engine::Load() const {
   }
   load.prefill_tokens_per_second = static_cast<float>(prefill_rate_);
   load.decode_tokens_per_second = static_cast<float>(decode_rate_);
+  QueueSnapshot queue;
+  queue.prefill_tokens = load.active_prefill_tokens;
+  queue.prefill_tokens_per_s = prefill_rate_;
+  queue.step_s = step_s_;
+  queue.max_batch_size = options_.scheduler.max_batch_size;
+  queue.block_size = block_size;
+  queue.free_blocks = load.free_blocks[0] / std::max<size_t>(1, backend_->pools().size());
+  queue.waiting_tokens = waiting_tokens;
+  queue.running_remaining = running_remaining;
+  load.predicted_wait_us = static_cast<uint64_t>(PredictedWaitSeconds(queue) * 1e6);
   return load;
 }
 

@@ -115,6 +115,7 @@ class Engine {
   StepReport last_step_;
   double prefill_rate_ = 0;  // tokens/s, exponentially smoothed
   double decode_rate_ = 0;
+  double step_s_ = 0;        // step duration, exponentially smoothed (predicted wait)
 };
 
 }  // namespace kvfleet::engine

@@ -83,6 +83,10 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
     }
     add("self_attn.o_proj.weight", {h, q});
     if (c.attention_out_bias) add("self_attn.o_proj.bias", {h});
+    if (c.qk_norm) {
+      add("self_attn.q_norm.weight", {c.head_dim});
+      add("self_attn.k_norm.weight", {c.head_dim});
+    }
     add("post_attention_layernorm.weight", {h});
     add("mlp.gate_proj.weight", {inter, h});
     add("mlp.up_proj.weight", {inter, h});

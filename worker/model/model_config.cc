@@ -41,14 +41,29 @@ Result<bool> GetBool(const json& j, const char* field, bool fallback) {
   return it->get<bool>();
 }
 
+// The number at r[key]: `fallback` when absent or null; errors name `prefix.key`.
+Result<double> GetNumberIn(const json& r, const std::string& prefix, const char* key, std::optional<double> fallback) {
+  auto it = r.find(key);
+  if (it == r.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    return FieldError(prefix + "." + key, "missing");
+  }
+  if (!it->is_number()) return FieldError(prefix + "." + key, "not a number: " + it->dump());
+  return it->get<double>();
+}
+
 // `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5, which also holds
-// rope_theta).
-Result<RopeScaling> ParseRopeScaling(const json& j) {
+// rope_theta), with transformers 5's defaults (kernels/rope.h has the math).
+Result<RopeScaling> ParseRopeScaling(const json& j, int64_t max_position_embeddings) {
   RopeScaling rs;
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) it = j.find("rope_parameters");
+  std::string field = "rope_scaling";
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) {
+    field = "rope_parameters";
+    it = j.find(field);
+  }
   if (it == j.end() || it->is_null()) return rs;
-  if (!it->is_object()) return FieldError("rope_scaling", "not an object");
+  if (!it->is_object()) return FieldError(field, "not an object");
   const json& r = *it;
   std::string type;
   if (r.contains("rope_type") && r["rope_type"].is_string()) {
@@ -56,28 +71,97 @@ Result<RopeScaling> ParseRopeScaling(const json& j) {
   } else if (r.contains("type") && r["type"].is_string()) {
     type = r["type"].get<std::string>();
   } else {
-    return FieldError("rope_scaling.rope_type", "missing");
+    return FieldError(field + ".rope_type", "missing");
   }
+  using Type = RopeScaling::Type;
   if (type == "default") return rs;
-  KVF_ASSIGN_OR_RETURN(rs.factor, GetNumber(r, "factor", 1.0));
-  if (!(rs.factor >= 1.0)) return FieldError("rope_scaling.factor", "must be >= 1");
   if (type == "linear") {
-    rs.type = RopeScaling::Type::kLinear;
-    return rs;
+    rs.type = Type::kLinear;
+  } else if (type == "llama3") {
+    rs.type = Type::kLlama3;
+  } else if (type == "yarn") {
+    rs.type = Type::kYarn;
+  } else if (type == "dynamic") {
+    rs.type = Type::kDynamic;
+  } else {
+    return Unimplemented("config.json: " + field + ".rope_type: unsupported " + type +
+                         " (supported: default, linear, llama3, yarn, dynamic)");
   }
-  if (type != "llama3") return FieldError("rope_scaling.rope_type", "unsupported: " + type);
-  rs.type = RopeScaling::Type::kLlama3;
-  KVF_ASSIGN_OR_RETURN(rs.low_freq_factor, GetNumber(r, "low_freq_factor", 1.0));
-  KVF_ASSIGN_OR_RETURN(rs.high_freq_factor, GetNumber(r, "high_freq_factor", 4.0));
-  KVF_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
-                       GetInt(r, "original_max_position_embeddings", std::nullopt));
-  if (!(rs.high_freq_factor > rs.low_freq_factor)) {
-    return FieldError("rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+  // llama3 and yarn: the pre-extension length. A top-level original_max_position_embeddings
+  // wins (Phi-3 style, as transformers 5 standardizes it), then the one in the dict.
+  std::optional<int64_t> original;
+  for (const json* where : {&j, &r}) {
+    auto o = where->find("original_max_position_embeddings");
+    if (original || (rs.type != Type::kLlama3 && rs.type != Type::kYarn) || o == where->end() || o->is_null()) {
+      continue;
+    }
+    if (!o->is_number_integer() || o->get<int64_t>() <= 0) {
+      const std::string name = (where == &j ? "" : field + ".") + "original_max_position_embeddings";
+      return FieldError(name, "not a positive integer: " + o->dump());
+    }
+    original = o->get<int64_t>();
   }
-  if (rs.original_max_position_embeddings <= 0) {
-    return FieldError("rope_scaling.original_max_position_embeddings", "must be > 0");
+  std::optional<double> no_default;
+  if (rs.type == Type::kYarn && original && !(r.contains("factor") && !r["factor"].is_null())) {
+    // transformers 5: a yarn without factor extends original to max_position_embeddings.
+    rs.factor = static_cast<double>(max_position_embeddings) / static_cast<double>(*original);
+  } else {
+    KVF_ASSIGN_OR_RETURN(rs.factor, GetNumberIn(r, field, "factor", no_default));
+  }
+  if (!(rs.factor >= 1.0)) return FieldError(field + ".factor", "must be >= 1");
+  if (rs.type == Type::kLlama3) {
+    KVF_ASSIGN_OR_RETURN(rs.low_freq_factor, GetNumberIn(r, field, "low_freq_factor", 1.0));
+    KVF_ASSIGN_OR_RETURN(rs.high_freq_factor, GetNumberIn(r, field, "high_freq_factor", 4.0));
+    if (!original) return FieldError(field + ".original_max_position_embeddings", "missing");
+    rs.original_max_position_embeddings = *original;
+    if (!(rs.high_freq_factor > rs.low_freq_factor) || !(rs.low_freq_factor > 0)) {
+      return FieldError(field + ".high_freq_factor", "must exceed low_freq_factor, and both be > 0");
+    }
+  } else if (rs.type == Type::kYarn) {
+    rs.original_max_position_embeddings = original.value_or(max_position_embeddings);
+    // HF reads `beta_fast or 32`: null and 0 mean the default.
+    KVF_ASSIGN_OR_RETURN(rs.beta_fast, GetNumberIn(r, field, "beta_fast", 0.0));
+    KVF_ASSIGN_OR_RETURN(rs.beta_slow, GetNumberIn(r, field, "beta_slow", 0.0));
+    if (rs.beta_fast == 0) rs.beta_fast = 32.0;
+    if (rs.beta_slow == 0) rs.beta_slow = 1.0;
+    if (!(rs.beta_fast > 0) || !(rs.beta_slow > 0)) {
+      return FieldError(field + ".beta_fast", "beta_fast and beta_slow must be > 0");
+    }
+    if (r.contains("attention_factor") && !r["attention_factor"].is_null()) {
+      KVF_ASSIGN_OR_RETURN(double af, GetNumberIn(r, field, "attention_factor", no_default));
+      if (!(af > 0)) return FieldError(field + ".attention_factor", "must be > 0");
+      rs.attention_factor = af;
+    }
+    KVF_ASSIGN_OR_RETURN(rs.mscale, GetNumberIn(r, field, "mscale", 0.0));
+    KVF_ASSIGN_OR_RETURN(rs.mscale_all_dim, GetNumberIn(r, field, "mscale_all_dim", 0.0));
+    if (!(rs.mscale >= 0) || !(rs.mscale_all_dim >= 0)) return FieldError(field + ".mscale", "must be >= 0");
+    auto t = r.find("truncate");
+    if (t != r.end() && !t->is_null()) {
+      if (!t->is_boolean()) return FieldError(field + ".truncate", "not a boolean: " + t->dump());
+      rs.truncate = t->get<bool>();
+    }
   }
   return rs;
+}
+
+// partial_rotary_factor (top level, or in rope_parameters): only 1, every dim rotated.
+Status CheckPartialRotary(const json& j) {
+  for (const char* where : {"", "rope_parameters", "rope_scaling"}) {
+    const json* o = &j;
+    if (*where != 0) {
+      auto it = j.find(where);
+      if (it == j.end() || !it->is_object()) continue;
+      o = &*it;
+    }
+    auto p = o->find("partial_rotary_factor");
+    if (p == o->end() || p->is_null()) continue;
+    const std::string name = std::string(where) + (*where != 0 ? "." : "") + "partial_rotary_factor";
+    if (!p->is_number()) return FieldError(name, "not a number: " + p->dump());
+    if (p->get<double>() != 1.0) {
+      return Unimplemented("config.json: " + name + ": unsupported " + p->dump() + " (only 1: every dim rotated)");
+    }
+  }
+  return Status::Ok();
 }
 
 // Fills layer_window from the architecture's sliding-window fields.
@@ -126,8 +210,8 @@ Status ParseWindows(const json& j, ModelConfig* c) {
   if (window == 0) return Status::Ok();
   if (c->architecture == Architecture::kMistral) {
     c->layer_window.assign(c->num_layers, window);
-  } else if (c->architecture == Architecture::kQwen2) {
-    // Qwen2: the window applies only with use_sliding_window, to layers >= max_window_layers.
+  } else if (c->architecture == Architecture::kQwen2 || c->architecture == Architecture::kQwen3) {
+    // Qwen2/3: the window applies only with use_sliding_window, to layers >= max_window_layers.
     KVF_ASSIGN_OR_RETURN(bool use, GetBool(j, "use_sliding_window", false));
     if (!use) return Status::Ok();
     KVF_ASSIGN_OR_RETURN(int64_t max_window_layers, GetInt(j, "max_window_layers", c->num_layers));
@@ -168,6 +252,7 @@ std::string_view ArchitectureName(Architecture a) {
     case Architecture::kLlama: return "LlamaForCausalLM";
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
     case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kQwen3: return "Qwen3ForCausalLM";
   }
   return "?";
 }
@@ -196,14 +281,20 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     c.architecture = Architecture::kQwen2;
   } else if (arch == "MistralForCausalLM") {
     c.architecture = Architecture::kMistral;
+  } else if (arch == "Qwen3ForCausalLM") {
+    c.architecture = Architecture::kQwen3;
   } else {
     return Unimplemented("config.json: architectures: unsupported architecture " + arch +
-                         " (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+                         " (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
   }
   if (j.contains("model_type") && j["model_type"].is_string()) c.model_type = j["model_type"].get<std::string>();
 
-  std::string act = j.value("hidden_act", std::string("silu"));
-  if (act != "silu") return Unimplemented("config.json: hidden_act: unsupported " + act + " (only silu)");
+  if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
+    if (!act->is_string()) return FieldError("hidden_act", "not a string: " + act->dump());
+    if (act->get<std::string>() != "silu") {
+      return Unimplemented("config.json: hidden_act: unsupported " + act->get<std::string>() + " (only silu)");
+    }
+  }
 
   KVF_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", std::nullopt));
   KVF_ASSIGN_OR_RETURN(c.hidden_size, GetInt(j, "hidden_size", std::nullopt));
@@ -234,7 +325,8 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
   }
   if (!(c.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be > 0");
   if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be > 0");
-  KVF_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j));
+  KVF_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j, c.max_position_embeddings));
+  KVF_RETURN_IF_ERROR(CheckPartialRotary(j));
   KVF_ASSIGN_OR_RETURN(c.tie_word_embeddings, GetBool(j, "tie_word_embeddings", false));
 
   if (c.architecture == Architecture::kQwen2) {
@@ -243,6 +335,10 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     KVF_ASSIGN_OR_RETURN(bool bias, GetBool(j, "attention_bias", false));
     c.attention_bias = c.attention_out_bias = bias;
     KVF_ASSIGN_OR_RETURN(c.mlp_bias, GetBool(j, "mlp_bias", false));
+  } else if (c.architecture == Architecture::kQwen3) {
+    KVF_ASSIGN_OR_RETURN(bool bias, GetBool(j, "attention_bias", false));  // Qwen3Attention: q, k, v and o
+    c.attention_bias = c.attention_out_bias = bias;
+    c.qk_norm = true;
   }
   KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
   KVF_ASSIGN_OR_RETURN(c.attention_chunk_size, GetInt(j, "attention_chunk_size", 0));

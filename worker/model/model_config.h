@@ -2,8 +2,10 @@
 // `config.json`.
 //
 // Supported `architectures`: LlamaForCausalLM (Llama 2/3/3.1/3.2, TinyLlama, SmolLM2),
-// Qwen2ForCausalLM (QKV bias) and MistralForCausalLM (sliding window). Parsing rejects
-// anything else, and any field it cannot honour (e.g. an unknown rope_scaling type or a
+// Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (RMSNorm over each q and k head before
+// RoPE, head_dim free of hidden/heads) and MistralForCausalLM (sliding window). rope_type:
+// default, linear, llama3, yarn, dynamic (kernels/rope.h). Parsing rejects anything else,
+// and any field it cannot honour (e.g. an unknown rope_type, a partial_rotary_factor or a
 // hidden_act other than silu), with a message naming the field.
 //
 // Thread safety: a value; immutable once parsed.
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/rope.h"
 
 namespace kvfleet::model {
 
@@ -23,24 +26,16 @@ enum class Architecture : uint8_t {
   kLlama,    // LlamaForCausalLM
   kQwen2,    // Qwen2ForCausalLM: bias on q_proj, k_proj, v_proj
   kMistral,  // MistralForCausalLM: optional sliding window on every layer
+  kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head; attention_bias on q, k, v and o
 };
 std::string_view ArchitectureName(Architecture a);  // the HF class name
 
-// rope_scaling. kNone: plain RoPE with rope_theta. kLlama3: Llama 3.1's frequency-dependent
-// scaling (wavelengths above original_max/low_freq_factor are divided by `factor`, below
-// original_max/high_freq_factor untouched, smoothly interpolated in between). kLinear:
-// positions divided by `factor`.
-struct RopeScaling {
-  enum class Type : uint8_t { kNone, kLinear, kLlama3 } type = Type::kNone;
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-};
+// rope_scaling / rope_parameters: its types and fields are kernels/rope.h's.
+using RopeScaling = kernels::RopeScaling;
 
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
-  std::string model_type;  // "llama", "qwen2", "mistral"
+  std::string model_type;  // "llama", "qwen2", "qwen3", "mistral"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -56,6 +51,8 @@ struct ModelConfig {
   bool attention_bias = false;       // bias on q/k/v projections (Qwen2; Llama's attention_bias)
   bool attention_out_bias = false;   // bias on o_proj (Llama's attention_bias)
   bool mlp_bias = false;             // bias on gate/up/down (Llama's mlp_bias)
+  bool qk_norm = false;              // q_norm/k_norm: RMSNorm over head_dim on each q and k
+                                     // head before RoPE (Qwen3), weights [head_dim] per layer
   // Per layer attention window in tokens, 0 = full attention; size num_layers.
   // From Mistral's sliding_window, Qwen2's use_sliding_window + sliding_window +
   // max_window_layers, or a per-layer list `layer_sliding_windows` / `layer_types`.
@@ -72,6 +69,10 @@ struct ModelConfig {
 
   int64_t q_size() const { return num_heads * head_dim; }
   int64_t kv_size() const { return num_kv_heads * head_dim; }
+  // The RoPE of this model, for kernels::RopeInvFreq / RopeAttentionScaling.
+  kernels::RopeConfig rope() const {
+    return {static_cast<int>(head_dim), rope_theta, max_position_embeddings, rope_scaling};
+  }
   // True when some layer has a sliding window.
   bool has_sliding_window() const;
 };

@@ -151,6 +151,21 @@ void AsArchitecture(json& c, const char* architecture, const char* model_type) {
   for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) c.erase(key);
 }
 
+// Qwen3 (Qwen/Qwen3-*): Qwen2's config keys without QKV bias, an explicit head_dim (not
+// hidden/heads), theta 1e6, 40960 positions, no sliding window.
+json Qwen3Base(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               int64_t vocab, bool tie) {
+  json c = LlamaBase(hidden, inter, layers, heads, kv_heads, vocab, 40960, 1000000.0, 1e-6, tie);
+  AsArchitecture(c, "Qwen3ForCausalLM", "qwen3");
+  c["attention_bias"] = false;
+  c["head_dim"] = head_dim;
+  c["rope_scaling"] = nullptr;
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  c["max_window_layers"] = layers;
+  return c;
+}
+
 void SetSpecialIds(json& c, int64_t bos, int64_t eos) {
   if (bos >= 0) c["bos_token_id"] = bos;
   if (eos >= 0) c["eos_token_id"] = eos;
@@ -238,8 +253,8 @@ uint64_t TensorBytes(const TensorSpec& s, DType dtype) {
 }  // namespace
 
 std::vector<std::string> RandomModelShapes() {
-  return {"tiny", "tiny-qwen2", "tiny-mistral", "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b",
-          "mistral-7b"};
+  return {"tiny",         "tiny-qwen2",   "tiny-qwen3",   "tiny-mistral", "smollm2-135m", "qwen2.5-0.5b",
+          "qwen3-0.6b",   "llama-3.2-1b", "llama-3.1-8b", "qwen3-8b",     "mistral-7b",   "qwen3-32b"};
 }
 
 Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t bos, int64_t eos) {
@@ -255,6 +270,13 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     c["use_sliding_window"] = false;
     c["sliding_window"] = 32768;
     c["max_window_layers"] = 2;
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-qwen3") {
+    // head_dim 64 is not hidden/heads (16), so q and o are wider than the hidden state; YaRN
+    // x4 from 32768 (as Qwen3's model card extends it) scales the attention scores too.
+    c = Qwen3Base(64, 192, 2, 4, 2, 64, vocab, true);
+    c["max_position_embeddings"] = 131072;
+    c["rope_scaling"] = json{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
     SetSpecialIds(c, bos, eos);
   } else if (shape == "tiny-mistral") {
     c = LlamaBase(64, 192, 2, 4, 1, vocab, 32768, 10000.0, 1e-5, false);
@@ -273,6 +295,15 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     c["sliding_window"] = 32768;
     c["max_window_layers"] = 24;
     SetSpecialIds(c, 151643, 151643);
+  } else if (shape == "qwen3-0.6b") {  // Qwen/Qwen3-0.6B
+    c = Qwen3Base(1024, 3072, 28, 16, 8, 128, 151936, true);
+    SetSpecialIds(c, 151643, 151645);
+  } else if (shape == "qwen3-8b") {  // Qwen/Qwen3-8B
+    c = Qwen3Base(4096, 12288, 36, 32, 8, 128, 151936, false);
+    SetSpecialIds(c, 151643, 151645);
+  } else if (shape == "qwen3-32b") {  // Qwen/Qwen3-32B
+    c = Qwen3Base(5120, 25600, 64, 64, 8, 128, 151936, false);
+    SetSpecialIds(c, 151643, 151645);
   } else if (shape == "llama-3.2-1b") {  // meta-llama/Llama-3.2-1B
     c = LlamaBase(2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1e-5, true);
     c["head_dim"] = 64;

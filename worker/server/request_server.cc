@@ -89,10 +89,12 @@ std::string EncodeOutput(uint64_t wire_id, const engine::RequestOutput& out) {
 }  // namespace
 
 RequestServer::RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context,
-                             const Clock* clock, std::function<void(DurationNs)> on_first_token)
+                             const Clock* clock, std::function<void(DurationNs)> on_first_token,
+                             std::function<void(WorkerErrorCode)> on_error)
     : own_context_(std::move(own_context)),
       clock_(clock),
       on_first_token_(std::move(on_first_token)),
+      on_error_(std::move(on_error)),
       socket_(own_context_ ? *own_context_ : context, zmq::socket_type::router) {}
 
 Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& context,
@@ -104,7 +106,8 @@ Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& cont
   }
   std::unique_ptr<zmq::context_t> own_context;
   if (!curve.authorized_keys_file.empty()) own_context = std::make_unique<zmq::context_t>(1);
-  std::unique_ptr<RequestServer> server(new RequestServer(context, std::move(own_context), clock, options.on_first_token));
+  std::unique_ptr<RequestServer> server(
+      new RequestServer(context, std::move(own_context), clock, options.on_first_token, options.on_error));
   if (!curve.server_keypair_file.empty()) {
     KVF_ASSIGN_OR_RETURN(auto keys, LoadCurveKeyPair(curve.server_keypair_file));
     if (!curve.authorized_keys_file.empty()) {
@@ -176,6 +179,7 @@ void RequestServer::SendOutput(const ClientKey& key, const engine::RequestOutput
 }
 
 void RequestServer::SendError(const ClientKey& key, WorkerErrorCode code, const std::string& message) {
+  if (on_error_) on_error_(code);
   {
     std::lock_guard lock(outbox_mu_);
     outbox_.push_back(Outgoing{key, ErrorReply{code, message}, clock_->Now()});

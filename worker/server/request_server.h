@@ -76,6 +76,9 @@ struct RequestServerOptions {
   // Called with each request's time to first token as its first token is handed to the
   // socket: the figure its Deltas report (StampTimeToFirstToken). On the I/O thread.
   std::function<void(DurationNs)> on_first_token;
+  // Called with the code of each Error sent instead of a stream (a refusal: a full queue, a
+  // shutdown, a bad request). On the thread that calls SendError.
+  std::function<void(WorkerErrorCode)> on_error;
 };
 
 class RequestServer {
@@ -108,7 +111,7 @@ class RequestServer {
 
  private:
   RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock,
-                std::function<void(DurationNs)> on_first_token);
+                std::function<void(DurationNs)> on_first_token, std::function<void(WorkerErrorCode)> on_error);
   void IoLoop();
   // `received`: when the frame was read off the socket.
   void HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received);
@@ -126,6 +129,7 @@ class RequestServer {
   std::unique_ptr<ZapAuthenticator> zap_;
   const Clock* clock_;
   const std::function<void(DurationNs)> on_first_token_;
+  const std::function<void(WorkerErrorCode)> on_error_;
   zmq::socket_t socket_;  // used by the I/O thread only, after Start()
   std::string bound_endpoint_;
   int wake_fd_ = -1;      // eventfd: the I/O thread wakes when the outbox fills or on Stop

@@ -108,6 +108,7 @@ Status Worker::Init(zmq::context_t& context) {
   request_options.curve.server_keypair_file = config_.curve_keypair;
   request_options.curve.authorized_keys_file = config_.curve_authorized_keys;
   request_options.on_first_token = [metrics = metrics_.get()](DurationNs ttft) { metrics->OnFirstToken(ttft); };
+  request_options.on_error = [metrics = metrics_.get()](WorkerErrorCode code) { metrics->OnRefused(code); };
   KVF_ASSIGN_OR_RETURN(requests_, RequestServer::Start(context, request_options, clock));
   worker_id_ = config_.worker_id.empty() ? host + ":" + std::to_string(EndpointPort(requests_->bound_endpoint()))
                                          : config_.worker_id;

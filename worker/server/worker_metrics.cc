@@ -13,6 +13,19 @@ prometheus::Histogram::BucketBoundaries StepBuckets() {
 prometheus::Histogram::BucketBoundaries TokenBuckets() {
   return {1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 }
+const char* ErrorCodeLabel(WorkerErrorCode code) {
+  switch (code) {
+    case WorkerErrorCode::kInvalidRequest: return "invalid_request";
+    case WorkerErrorCode::kContextTooLong: return "context_too_long";
+    case WorkerErrorCode::kUnknownLora: return "unknown_lora";
+    case WorkerErrorCode::kOverloaded: return "overloaded";
+    case WorkerErrorCode::kShuttingDown: return "shutting_down";
+    case WorkerErrorCode::kInternal: return "internal";
+    case WorkerErrorCode::kUnknownModel: return "unknown_model";
+  }
+  return "internal";
+}
+
 // TTFT: 5 ms (a prefix hit on a GPU) to a minute (a long queue).
 prometheus::Histogram::BucketBoundaries TtftBuckets() {
   return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
@@ -63,7 +76,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       finished_(prometheus::BuildCounter()
                     .Name("kvfleet_worker_requests_finished_total")
                     .Help("Requests finished, by reason")
-                    .Register(r)) {
+                    .Register(r)),
+      refused_(prometheus::BuildCounter()
+                   .Name("kvfleet_worker_requests_refused_total")
+                   .Help("Generates answered with an Error instead of a stream, by code (overloaded: queue full)")
+                   .Register(r)) {
+  refused_.Add({{"code", "overloaded"}});  // present at 0, so an alert on it has a series
   running_ = &requests_.Add({{"state", "running"}});
   waiting_ = &requests_.Add({{"state", "waiting"}});
   const char* states[3] = {"free", "in_use", "cached"};
@@ -119,6 +137,8 @@ void WorkerMetrics::UpdateKv(const kv::KvStats& stats) {
 void WorkerMetrics::OnFirstToken(DurationNs time_to_first_token) {
   ttft_.Observe(static_cast<double>(time_to_first_token) / kNsPerSec);
 }
+
+void WorkerMetrics::OnRefused(WorkerErrorCode code) { refused_.Add({{"code", ErrorCodeLabel(code)}}).Increment(); }
 
 void WorkerMetrics::OnOutputs(const std::vector<engine::RequestOutput>& outputs) {
   for (const engine::RequestOutput& out : outputs) {

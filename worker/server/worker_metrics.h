@@ -12,6 +12,8 @@
 //   kvfleet_worker_preemptions_total
 //   kvfleet_worker_time_to_first_token_seconds      histogram, measured inside the worker
 //   kvfleet_worker_generated_tokens_total, kvfleet_worker_requests_finished_total{reason}
+//   kvfleet_worker_requests_refused_total{code}     Generates answered with an Error, by its code
+//                                                   (overloaded: the queue was full, --max-queued)
 //
 // Thread safety: prometheus-cpp metrics are thread-safe; Update* run on the engine thread.
 #pragma once
@@ -28,6 +30,7 @@
 #include <prometheus/registry.h>
 
 #include "common/clock.h"
+#include "schema/requests.h"
 #include "worker/engine/engine_stats.h"
 #include "worker/engine/request.h"
 #include "worker/kv/kv_cache_manager.h"
@@ -46,6 +49,8 @@ class WorkerMetrics {
   // A request's time to first token, as its Deltas report it (the request frame's read to
   // the first token handed to the socket). Thread-safe: the request socket's thread calls it.
   void OnFirstToken(DurationNs time_to_first_token);
+  // A Generate answered with an Error instead of a stream. Thread-safe.
+  void OnRefused(WorkerErrorCode code);
 
  private:
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
@@ -65,6 +70,7 @@ class WorkerMetrics {
   prometheus::Histogram& ttft_;
   prometheus::Counter& generated_;
   prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Family<prometheus::Counter>& refused_;
 
   // Last totals seen, to turn the manager's running totals into counter increments.
   uint64_t seen_hit_ = 0, seen_miss_ = 0, seen_offloads_ = 0, seen_onboards_ = 0;

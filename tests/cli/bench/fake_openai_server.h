@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <csignal>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -19,14 +20,18 @@ using asio::ip::tcp;
 
 // A stand-in for the router's /v1/completions, one thread per connection (a test has a
 // handful). GET answers 200 (readiness), with one model "fake" for /v1/models. Behaviour is chosen by the request's max_tokens:
-//   3  -> 503 with an OpenAI error body;
+//   3, 9, 10 -> 503, 429, 504 with an OpenAI error body;
 //   4  -> streams two tokens and closes without [DONE];
+//   11 -> as otherwise, after 300 ms before the first token;
 //   otherwise -> max_tokens token chunks, a final chunk, a usage chunk with
 //                cached_tokens = prompt length / 2, then [DONE].
 // The serving worker, in x-kvfleet-worker, is "w" + the prompt's first token mod 2.
 class FakeOpenAiServer {
  public:
   FakeOpenAiServer() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    // A client that hangs up mid-answer (a bench that gave up) must cost a write error, not
+    // the test process (bench_cli_test died of SIGPIPE now and then).
+    std::signal(SIGPIPE, SIG_IGN);
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~FakeOpenAiServer() {
@@ -120,14 +125,18 @@ class FakeOpenAiServer {
     const int max_tokens = body["max_tokens"].get<int>();
     const size_t prompt_len = body["prompt"].size();
     const std::string worker = "w" + std::to_string(body["prompt"][0].get<uint32_t>() % 2);
-    if (max_tokens == 3) {
+    if (max_tokens == 3 || max_tokens == 9 || max_tokens == 10) {
+      const char* status = max_tokens == 3 ? "503 Service Unavailable"
+                           : max_tokens == 9 ? "429 Too Many Requests"
+                                             : "504 Gateway Timeout";
       std::string err = R"({"error":{"message":"no live worker","type":"server_error","code":503}})";
       --concurrent_;
-      Write(socket, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+      Write(socket, std::string("HTTP/1.1 ") + status + "\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                     "x-kvfleet-worker: " + worker + "\r\nContent-Length: " + std::to_string(err.size()) +
                         "\r\nConnection: close\r\n\r\n" + err);
       return;
     }
+    if (max_tokens == 11) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     Write(socket, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                   "x-kvfleet-worker: " + worker + "\r\nConnection: close\r\n\r\n");
     const int tokens = max_tokens == 4 ? 2 : max_tokens;

@@ -126,6 +126,56 @@ TEST_CASE("a replay against a fake server reports completions, errors, workers a
   }
 }
 
+TEST_CASE("the report counts errors by status (429, 503, 504, other) and goodput within a TTFT SLO") {
+  testing::FakeOpenAiServer server;
+  // Output lengths pick the fake server's answer: 9 -> 429, 10 -> 504, 3 -> 503, 4 -> a
+  // stream cut short, 11 -> a first token 300 ms late; the others stream at once.
+  const int outputs[] = {5, 9, 10, 3, 11, 6, 9, 4};
+  std::vector<TraceRequest> trace;
+  for (int i = 0; i < 8; ++i) {
+    TraceRequest t;
+    t.timestamp_ms = i;
+    t.input_length = 50;
+    t.output_length = outputs[i];
+    t.hash_ids = {static_cast<uint64_t>(i + 1)};
+    t.line = i + 1;
+    trace.push_back(t);
+  }
+  TraceScale scale;
+  const auto requests = ScaleTrace(trace, scale);
+  ReplayOptions options;
+  options.router_url = server.url();
+  options.model = "tiny";
+  options.progress = false;
+  auto run = Replay(requests, PromptBuilder(32000, scale.block_tokens()), options);
+  REQUIRE(run.ok());
+  RunReport r = Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens()), 0.150);
+  CHECK(r.completed == 3);
+  CHECK(r.errors_by_status["429"] == 2);
+  CHECK(r.errors_by_status["503"] == 1);
+  CHECK(r.errors_by_status["504"] == 1);
+  CHECK(r.errors_by_status["other"] == 1);  // the cut stream
+  CHECK(r.refusal.count == 3);              // the 429s and the 503
+  CHECK(r.slo_met == 2);                    // the late first token misses 150 ms
+  REQUIRE(r.wall_s > 0.3);
+  CHECK(r.goodput_rps == doctest::Approx(2 / r.wall_s));
+
+  BenchSettings settings{server.url(), "t.jsonl", "tiny", scale, 32000, 512, 0.150};
+  auto j = ResultsJson(settings, {r});
+  CHECK(j["settings"]["ttft_slo_ms"] == doctest::Approx(150));
+  CHECK(j["runs"][0]["errors_by_status"]["504"] == 1);
+  CHECK(j["runs"][0]["slo_met"] == 2);
+  CHECK(j["runs"][0]["goodput_rps"].get<double>() == doctest::Approx(r.goodput_rps));
+  CHECK(j["runs"][0]["refusal_ms"]["count"] == 3);
+  std::ostringstream table;
+  PrintTable(table, {r});
+  CHECK(table.str().find("goodput") != std::string::npos);
+  CHECK(table.str().find("TTFT <= 150 ms") != std::string::npos);
+
+  // Without an SLO every completed request counts.
+  CHECK(Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens())).slo_met == 3);
+}
+
 TEST_CASE("a router that is not there gives connect errors, not a hang") {
   // Bind then close a port so nothing listens on it.
   uint16_t port;

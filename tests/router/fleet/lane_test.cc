@@ -206,6 +206,59 @@ TEST_CASE("no first token in time, and nowhere to retry: the sink gets DeadlineE
   CHECK(s.Inflight(0) == 0);
 }
 
+TEST_CASE("a worker refusing (queue full, another model): retried on the next; refused everywhere, the sink hears why") {
+  for (WorkerErrorCode code : {WorkerErrorCode::kOverloaded, WorkerErrorCode::kUnknownModel}) {
+    CAPTURE(static_cast<int>(code));
+    FakeWorker full("hello"), open("hello");
+    full.set_mode(FakeWorker::Mode::kRefuse);
+    full.set_refusal(code);
+    Setup s({full.endpoint(), open.endpoint()});
+    auto sink = std::make_shared<Recorder>();
+    s.Submit(0, sink, 4, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{1}; });
+    auto f = sink->outcome.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(f.get().ok());
+    CHECK(open.generates() == 1);
+
+    open.set_mode(FakeWorker::Mode::kRefuse);
+    open.set_refusal(code);
+    auto refused = std::make_shared<Recorder>();
+    s.Submit(0, refused, 4, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{1}; });
+    auto g = refused->outcome.get_future();
+    REQUIRE(g.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    // A full queue is the client's to retry later (429); a stale registry is ours (503).
+    CHECK(g.get().code() == (code == WorkerErrorCode::kOverloaded ? StatusCode::kResourceExhausted
+                                                                  : StatusCode::kUnavailable));
+    CHECK(s.Inflight(0) == 0);
+    CHECK(s.Inflight(1) == 0);
+  }
+}
+
+TEST_CASE("a worker that ends a request with finish error: retried before its first token, an error after it") {
+  FakeWorker failing("hello"), healthy("hello");
+  failing.set_mode(FakeWorker::Mode::kFail);
+  failing.set_hang_after(0);  // fails it at once, no token
+  Setup s({failing.endpoint(), healthy.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  s.Submit(0, sink, 4, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{1}; });
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());  // the whole answer, from the healthy worker
+  CHECK(healthy.generates() == 1);
+  RunOn(s.loop, [&] { CHECK(sink->tokens == 4); });
+
+  // Two tokens, then the failure: the sink has the two, then an error, never a normal end.
+  failing.set_hang_after(2);
+  auto mid = std::make_shared<Recorder>();
+  s.Submit(0, mid, 4, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{1}; });
+  auto g = mid->outcome.get_future();
+  REQUIRE(g.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(g.get().code() == StatusCode::kInternal);
+  RunOn(s.loop, [&] { CHECK(mid->tokens == 2); });
+  CHECK(healthy.generates() == 1);  // not retried: tokens had gone out
+  CHECK(s.Inflight(0) == 0);
+}
+
 TEST_CASE("the fleet remembers this router's in-flight counts as they were at a past time") {
   FakeWorker w("hello");
   w.set_mode(FakeWorker::Mode::kHang);
@@ -220,7 +273,7 @@ TEST_CASE("the fleet remembers this router's in-flight counts as they were at a 
   CHECK(s.Inflight(0) == 0);
   const TimeNs after = clock->Now();
 
-  const OwnLoadCounts in_flight{1, 0, 64};
+  const OwnLoadCounts in_flight{1, 0, 64, 1};  // one request, waiting for its first token
   CHECK(s.fleet->OwnLoadAt(0, before) == OwnLoadCounts{});
   CHECK(s.fleet->OwnLoadAt(0, during) == in_flight);  // what a report received then counted
   CHECK(s.fleet->OwnLoadAt(0, after) == OwnLoadCounts{});

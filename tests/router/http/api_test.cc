@@ -357,6 +357,73 @@ TEST_CASE("a saturated fleet answers 429 with Retry-After") {
   CHECK(resp.find("Retry-After:") != std::string::npos);
 }
 
+TEST_CASE("a request no worker would start in time is refused at once: 429, Retry-After from the predicted wait") {
+  FakeWorker w;
+  w.set_mode(FakeWorker::Mode::kHang);
+  RoutingOptions routing;
+  routing.default_prefill_tokens_per_s = 1000;  // no load reports here: the router's prior
+  routing.admission_ttft_s = 3;
+  RouterUnderTest r({w.endpoint()}, {}, routing);
+  r.WaitRoutable(1);
+  const std::string body = R"({"model":"m","prompt":")" + std::string(2000, 'a') + R"("})";
+  Client first(r.port());  // 2,000 tokens: first token predicted in 2 s, admitted; it hangs there
+  first.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\n\r\n" + body);
+  REQUIRE(WaitFor([&] { return w.generates() == 1; }));
+  // The next one (another prompt: no prefix to share) would wait for the first: ~4 s > 3 s.
+  // Refused now, not after 3 s.
+  const std::string other = R"({"model":"m","prompt":")" + std::string(2000, 'c') + R"("})";
+  const auto start = std::chrono::steady_clock::now();
+  auto resp = r.Post("/v1/completions", other);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  CHECK(StatusOf(resp) == 429);
+  CHECK(resp.find("Retry-After: 2\r\n") != std::string::npos);  // 4.0 s predicted - 3 s, rounded up
+  auto j = json::parse(BodyOf(resp));
+  CHECK(j["error"]["type"] == "rate_limit_error");
+  CHECK(j["error"]["code"] == "overloaded");
+  CHECK(w.generates() == 1);  // it never reached the worker
+  const std::string metrics = http::SerializeMetrics(*r.registry);
+  CHECK(metrics.find(R"(kvfleet_router_requests_refused_total{model="m",reason="predicted_ttft"} 1)") !=
+        std::string::npos);
+  // A short prompt still fits in: 2,000 + 100 tokens, ~2.1 s.
+  const std::string small = R"({"model":"m","prompt":")" + std::string(100, 'b') + R"("})";
+  std::thread admitted([&] { r.Post("/v1/completions", small); });
+  CHECK(WaitFor([&] { return w.generates() == 2; }));
+  w.Crash();
+  admitted.join();
+}
+
+TEST_CASE("a prompt no idle worker could start in time is 503 without Retry-After: waiting would not help") {
+  FakeWorker w;
+  RoutingOptions routing;
+  routing.default_prefill_tokens_per_s = 1000;
+  routing.admission_ttft_s = 2;
+  RouterUnderTest r({w.endpoint()}, {}, routing);
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":")" + std::string(3000, 'a') + R"("})");
+  CHECK(StatusOf(resp) == 503);
+  CHECK(resp.find("Retry-After") == std::string::npos);
+  auto j = json::parse(BodyOf(resp));
+  CHECK(j["error"]["code"] == "service_unavailable");
+  CHECK(j["error"]["message"].get<std::string>().find("--first-token-timeout-s") != std::string::npos);
+  CHECK(w.generates() == 0);
+  CHECK(http::SerializeMetrics(*r.registry).find(R"(reason="unattainable"} 1)") != std::string::npos);
+}
+
+TEST_CASE("workers that refuse a request (queue full) make it a 429 with Retry-After, counted") {
+  FakeWorker a, b;
+  a.set_mode(FakeWorker::Mode::kRefuse);
+  b.set_mode(FakeWorker::Mode::kRefuse);
+  RouterUnderTest r({a.endpoint(), b.endpoint()});
+  r.WaitRoutable(2);
+  auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"x"})");
+  CHECK(StatusOf(resp) == 429);
+  CHECK(resp.find("Retry-After: 1\r\n") != std::string::npos);
+  CHECK(json::parse(BodyOf(resp))["error"]["type"] == "rate_limit_error");
+  CHECK(a.generates() + b.generates() == 2);  // tried on one, retried on the other
+  CHECK(http::SerializeMetrics(*r.registry).find(R"(reason="worker_queue_full"} 1)") != std::string::npos);
+}
+
 TEST_CASE("a client that disconnects mid-stream cancels its request on the worker") {
   FakeWorker w;
   w.set_mode(FakeWorker::Mode::kFirstTokenThenHang);

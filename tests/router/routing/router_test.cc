@@ -40,7 +40,8 @@ class FakeLoads final : public WorkerLoads {
 };
 
 struct Fixture {
-  Fixture() : kv(&clock), approx(&clock), router(RoutingOptions{}, &loads, &kv, &approx) {
+  explicit Fixture(const RoutingOptions& options = {})
+      : kv(&clock), approx(&clock), router(options, &loads, &kv, &approx) {
     fleet.block_size = kBlockSize;
     fleet.routable = {0, 1, 2};
     fleet.workers = 3;
@@ -189,8 +190,116 @@ TEST_CASE("a fleet whose every worker is saturated is refused") {
     full.queued_requests = static_cast<uint32_t>(config::kMaxQueuedRequests);
     f.loads.reported[w] = full;
   }
-  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  Refusal why;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv), &why);
   CHECK(d.status().code() == StatusCode::kResourceExhausted);
+  CHECK(why.reason == "saturated");
+  CHECK(why.retry_after_s >= 1);
+}
+
+// A worker whose last report holds `queued_prefill` prompt tokens at 10,000 tokens/s and
+// `admission_s` of wait for batch slots or KV blocks (its predictedWaitUs beyond them).
+WorkerLoad Busy(double queued_prefill, double admission_s = 0) {
+  WorkerLoad l;
+  l.active_prefill_tokens = static_cast<uint64_t>(queued_prefill);
+  l.prefill_tokens_per_second = 10'000;
+  l.predicted_wait_us = static_cast<uint64_t>((queued_prefill / 10'000 + admission_s) * 1e6);
+  return l;
+}
+
+RoutingOptions AdmitWithin(double seconds) {
+  RoutingOptions o;
+  o.admission_ttft_s = seconds;
+  return o;
+}
+
+TEST_CASE("admission: no worker predicted to give the first token in time, so a 429 now, not a 504 later") {
+  for (Policy policy : {Policy::kRoundRobin, Policy::kLeastLoaded, Policy::kKv}) {
+    CAPTURE(PolicyName(policy));
+    Fixture f(AdmitWithin(1.0));
+    // 2.5 s of prefill queued on each: the 40-token prompt's first token ~2.5 s away.
+    for (WorkerId w : f.fleet.routable) f.loads.reported[w] = Busy(25'000);
+    Refusal why;
+    auto d = f.router.Route(f.fleet, f.PromptOf(policy), &why);
+    CHECK(d.status().code() == StatusCode::kResourceExhausted);
+    CHECK(d.status().message().find("--first-token-timeout-s") != std::string::npos);
+    CHECK(why.reason == "predicted_ttft");
+    // Retry once the soonest worker's queue is down to the bound: ~1.5 s.
+    CHECK(why.retry_after_s == doctest::Approx(2.5 + 40.0 / 10'000 - 1.0).epsilon(0.01));
+
+    // One worker's queue shrinks to 0.5 s: every policy sends the request there, and only there.
+    f.loads.reported[1] = Busy(5'000);
+    for (int i = 0; i < 3; ++i) {
+      auto ok = f.router.Route(f.fleet, f.PromptOf(policy));
+      REQUIRE(ok.ok());
+      CHECK(ok->worker == 1);
+      CHECK(ok->estimated_ttft_s == doctest::Approx(0.5 + 40.0 / 10'000).epsilon(0.01));
+      CHECK(ok->candidates->size() == 1);
+    }
+  }
+}
+
+TEST_CASE("admission: the wait a worker reports beyond its prefill queue (a full batch or KV cache) counts") {
+  Fixture f(AdmitWithin(1.0));
+  f.fleet.routable = {0, 1};
+  f.loads.reported[0] = Busy(1'000, 3.0);  // a short queue, but no room before 3 s of decodes end
+  f.loads.reported[1] = Busy(6'000);
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker == 1);
+  f.loads.reported[1] = Busy(1'000, 2.0);
+  Refusal why;
+  CHECK(f.router.Route(f.fleet, f.PromptOf(Policy::kKv), &why).status().code() == StatusCode::kResourceExhausted);
+  CHECK(why.retry_after_s == doctest::Approx(0.1 + 2.0 + 40.0 / 10'000 - 1.0).epsilon(0.01));
+}
+
+TEST_CASE("admission: this router's requests sent since the last report count against the bound") {
+  Fixture f(AdmitWithin(1.0));
+  f.fleet.routable = {0};
+  f.loads.reported[0] = Busy(2'000);  // 0.2 s when the report was written
+  CHECK(f.router.Route(f.fleet, f.PromptOf(Policy::kKv)).ok());
+  // Since then this router sent 9,000 more uncached prompt tokens there.
+  f.loads.own[0] = OwnLoadCounts{3, 9'000, 9'000, 3};
+  CHECK(f.router.Route(f.fleet, f.PromptOf(Policy::kKv)).status().code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("admission: a prompt whose prefill alone exceeds the bound on an idle fleet is 503, not worth a retry") {
+  Fixture f(AdmitWithin(0.002));  // 40 tokens at the 8,000 tokens/s prior take 5 ms
+  Refusal why;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv), &why);
+  CHECK(d.status().code() == StatusCode::kUnavailable);
+  CHECK(why.reason == "unattainable");
+  CHECK(why.retry_after_s == 0);
+}
+
+TEST_CASE("the requests of a model waiting for their first token at this router are bounded") {
+  RoutingOptions o;
+  o.max_waiting_requests = 5;
+  Fixture f(o);
+  f.loads.own[0] = OwnLoadCounts{4, 100, 100, 2};
+  f.loads.own[2] = OwnLoadCounts{3, 100, 100, 2};  // 4 waiting: one more may come
+  CHECK(f.router.Route(f.fleet, f.PromptOf(Policy::kRoundRobin)).ok());
+  f.loads.own[1] = OwnLoadCounts{1, 100, 100, 1};
+  Refusal why;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kRoundRobin), &why);
+  CHECK(d.status().code() == StatusCode::kResourceExhausted);
+  CHECK(d.status().message().find("--max-waiting-requests") != std::string::npos);
+  CHECK(why.reason == "queue_full");
+}
+
+TEST_CASE("a retry is admitted on the workers' loads at the time of the retry") {
+  Fixture f(AdmitWithin(1.0));
+  for (WorkerId w : f.fleet.routable) f.loads.reported[w] = Busy(1'000);
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  auto reroute = f.router.Rerouter(*d);
+  std::vector<WorkerId> tried = {d->worker};
+  CHECK(reroute(tried).ok());
+  // Meanwhile the others filled up: the retry is refused rather than sent to wait.
+  for (WorkerId w : f.fleet.routable) {
+    if (w != d->worker) f.loads.reported[w] = Busy(50'000);
+  }
+  CHECK(reroute(tried).status().code() == StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -274,6 +275,46 @@ TEST_CASE("the reported prefill rate is the prefill capacity: steps with little 
   }
   h.RunToCompletion();
   CHECK(h.engine->Load().prefill_tokens_per_second > 0.5f * capacity);
+}
+
+TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a queue of prompts") {
+  Harness h;  // 64 tokens per step; the manual clock moves by the mock's modelled step times
+  h.Add(Prompt(320, 5000), 2);
+  h.RunToCompletion();  // full prefill steps: the rate is measured
+  const double rate = h.engine->Load().prefill_tokens_per_second;
+  REQUIRE(rate > 0);
+  for (int i = 0; i < 4; ++i) h.Add(Prompt(256, static_cast<TokenId>(10000 + 1000 * i)), 2);
+  h.Step();
+  const LoadReport load = h.engine->Load();
+  CHECK(load.predicted_wait_us == doctest::Approx(1e6 * load.active_prefill_tokens / rate).epsilon(0.01));
+  RequestId x = h.Add(Prompt(64, 30000), 1);
+  h.RunToCompletion();
+  // Its first token: the wait, then its own 64 tokens, within a step or two of the steps'
+  // rounding and the decodes beside them.
+  const double predicted = load.predicted_wait_us / 1e6 + 64 / rate;
+  const double actual = static_cast<double>(h.finals[x].usage.time_to_first_token) / kNsPerSec;
+  const double step = 64 / rate;
+  CHECK(std::abs(actual - predicted) <= 2 * step);
+}
+
+TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a full batch") {
+  HarnessOptions o;
+  o.max_batch_size = 2;
+  Harness h(o);
+  h.Add(Prompt(8, 1000), 30);
+  h.Add(Prompt(8, 2000), 60);
+  for (int i = 0; i < 5; ++i) h.Step();
+  // Nobody waits, but both slots are taken: the newcomer waits for the shorter to finish.
+  const LoadReport load = h.engine->Load();
+  CHECK(load.queued_requests == 0);
+  REQUIRE(load.predicted_wait_us > 0);
+  RequestId c = h.Add(Prompt(8, 3000), 1);
+  h.RunToCompletion();
+  const double actual = static_cast<double>(h.finals[c].usage.time_to_first_token) / kNsPerSec;
+  const double step = load.predicted_wait_us / 1e6 / 25;  // 25 of the first request's 30 tokens remain
+  CHECK(std::abs(actual - load.predicted_wait_us / 1e6) <= 2 * step);
+  // With a slot free, no wait at all.
+  CHECK(h.engine->Load().predicted_wait_us == 0);
 }
 
 TEST_CASE("stop conditions: EOS unless ignore_eos, stop token ids, max_tokens") {

@@ -62,6 +62,25 @@ TEST_CASE("the tiny model opens: every tensor the architecture needs, with its s
   CHECK((*ck)->weight_bytes() > static_cast<uint64_t>(c.vocab_size * c.hidden_size * 2));
 }
 
+TEST_CASE("a Qwen3 checkpoint holds q_norm and k_norm of head_dim per layer; without them it is refused") {
+  auto ck = Checkpoint::Open(testing::RandomModelDir("tiny-qwen3", 4));
+  REQUIRE_MESSAGE(ck.ok(), ck.status().ToString());
+  const ModelConfig& c = (*ck)->config();
+  CHECK(c.qk_norm);
+  CHECK((*ck)->specs().size() == 1 + 11 * static_cast<size_t>(c.num_layers) + 1);
+  CHECK((*ck)->tensor("model.layers.1.self_attn.q_norm.weight").shape == std::vector<int64_t>{64});
+  CHECK((*ck)->tensor("model.layers.1.self_attn.k_norm.weight").shape == std::vector<int64_t>{64});
+  CHECK((*ck)->tensor("model.layers.0.self_attn.q_proj.weight").shape == std::vector<int64_t>{256, 64});
+  CHECK((*ck)->tensor("model.layers.0.self_attn.o_proj.weight").shape == std::vector<int64_t>{64, 256});
+
+  ScratchModel m("qwen3");  // a Llama checkpoint relabelled: no q_norm
+  m.Replace("config.json", "LlamaForCausalLM", "Qwen3ForCausalLM");
+  auto bad = Checkpoint::Open(m.dir.string());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == StatusCode::kNotFound);
+  CHECK(Mentions(bad.status(), "missing tensor model.layers.0.self_attn.q_norm.weight (needed by Qwen3ForCausalLM)"));
+}
+
 TEST_CASE("a missing tensor fails the load and is named") {
   ScratchModel m("missing");
   m.Replace("model.safetensors", "\"model.norm.weight\"", "\"model.norX.weight\"");

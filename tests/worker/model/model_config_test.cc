@@ -53,11 +53,105 @@ TEST_CASE("llama3 rope_scaling, and the same under transformers 5's rope_paramet
   CHECK(d->rope_theta == 123.0);
 }
 
-TEST_CASE("an unknown rope scaling is refused, naming the field") {
-  auto c = ParseModelConfig(Llama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"));
-  REQUIRE_FALSE(c.ok());
-  CHECK(c.status().message().find("rope_scaling.rope_type") != std::string::npos);
-  CHECK(c.status().message().find("yarn") != std::string::npos);
+TEST_CASE("an unknown rope_type is refused, naming the field and the supported types") {
+  for (const char* type : {"longrope", "su", "mrope"}) {
+    auto c = ParseModelConfig(
+        Llama(std::string(R"(, "rope_scaling": {"rope_type": ")") + type + R"(", "factor": 4.0})"));
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kUnimplemented);
+    CHECK(c.status().message().find("rope_scaling.rope_type") != std::string::npos);
+    CHECK(c.status().message().find(type) != std::string::npos);
+    CHECK(c.status().message().find("yarn") != std::string::npos);  // the supported list
+  }
+  auto v5 = ParseModelConfig(Llama(R"(, "rope_parameters": {"rope_type": "longrope", "factor": 4.0})"));
+  REQUIRE_FALSE(v5.ok());
+  CHECK(v5.status().message().find("rope_parameters.rope_type") != std::string::npos);
+}
+
+TEST_CASE("yarn: its fields, HF's defaults, and transformers 5's factor from the two lengths") {
+  auto c = ParseModelConfig(Llama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+      "original_max_position_embeddings": 512, "beta_fast": 16, "beta_slow": 2, "mscale": 0.707,
+      "mscale_all_dim": 0.707, "truncate": false})"));
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  const RopeScaling& y = c->rope_scaling;
+  CHECK(y.type == RopeScaling::Type::kYarn);
+  CHECK(y.factor == 4.0);
+  CHECK(y.original_max_position_embeddings == 512);
+  CHECK(y.beta_fast == 16.0);
+  CHECK(y.beta_slow == 2.0);
+  CHECK(y.mscale == doctest::Approx(0.707));
+  CHECK_FALSE(y.truncate);
+  CHECK_FALSE(y.attention_factor.has_value());
+
+  // Absent (or null, or 0 for the betas, as HF's `or`) fields take HF's defaults; the
+  // original length defaults to max_position_embeddings.
+  auto d = ParseModelConfig(Llama(R"(, "rope_scaling": {"type": "yarn", "factor": 2.0, "beta_fast": 0,
+      "beta_slow": null, "attention_factor": 0.5})"));
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  CHECK(d->rope_scaling.beta_fast == 32.0);
+  CHECK(d->rope_scaling.beta_slow == 1.0);
+  CHECK(d->rope_scaling.original_max_position_embeddings == 2048);
+  CHECK(d->rope_scaling.truncate);
+  CHECK(d->rope_scaling.attention_factor == 0.5);
+
+  // No factor: max_position_embeddings / original_max_position_embeddings (transformers 5).
+  auto e = ParseModelConfig(
+      Llama(R"(, "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 512})"));
+  REQUIRE_MESSAGE(e.ok(), e.status().ToString());
+  CHECK(e->rope_scaling.factor == 4.0);
+  // A top-level original_max_position_embeddings wins over the dict's (Phi-3 style).
+  auto f = ParseModelConfig(Llama(R"(, "original_max_position_embeddings": 1024,
+      "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 512})"));
+  REQUIRE(f.ok());
+  CHECK(f->rope_scaling.original_max_position_embeddings == 1024);
+  // The model's RoPE config carries it all to kernels/rope.h.
+  const kernels::RopeConfig rope = f->rope();
+  CHECK(rope.head_dim == 8);
+  CHECK(rope.theta == 500000.0);
+  CHECK(rope.max_position_embeddings == 2048);
+  CHECK(rope.scaling.type == RopeScaling::Type::kYarn);
+}
+
+TEST_CASE("dynamic: the factor, required like every scaled type's") {
+  auto c = ParseModelConfig(Llama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})"));
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->rope_scaling.type == RopeScaling::Type::kDynamic);
+  CHECK(c->rope_scaling.factor == 2.0);
+  for (const char* type : {"dynamic", "linear", "llama3"}) {
+    auto m = ParseModelConfig(Llama(std::string(R"(, "rope_scaling": {"rope_type": ")") + type + R"("})"));
+    REQUIRE_FALSE(m.ok());
+    CHECK_MESSAGE(m.status().message() == "config.json: rope_scaling.factor: missing", m.status().message());
+  }
+}
+
+TEST_CASE("bad rope fields are refused, naming the field") {
+  struct Case {
+    const char* extra;
+    const char* field;
+  };
+  for (Case k : {Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 0.5})", "rope_scaling.factor"},
+                 Case{R"("rope_scaling": {"rope_type": "dynamic", "factor": "2"})", "rope_scaling.factor"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "beta_fast": -1})",
+                      "rope_scaling.beta_fast"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": 0})",
+                      "rope_scaling.attention_factor"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "truncate": 1})", "rope_scaling.truncate"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 0})",
+                      "rope_scaling.original_max_position_embeddings"},
+                 Case{R"("rope_scaling": {"rope_type": "yarn"})", "rope_scaling.factor"},
+                 Case{R"("rope_scaling": {"factor": 2})", "rope_scaling.rope_type"},
+                 Case{R"("rope_scaling": {"rope_type": "llama3", "factor": 8})",
+                      "rope_scaling.original_max_position_embeddings"},
+                 Case{R"("partial_rotary_factor": 0.5)", "partial_rotary_factor"},
+                 Case{R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25})",
+                      "rope_parameters.partial_rotary_factor"},
+                 Case{R"("hidden_act": 7)", "hidden_act"}}) {
+    auto c = ParseModelConfig(Llama(std::string(", ") + k.extra));
+    REQUIRE_FALSE(c.ok());
+    CHECK_MESSAGE(c.status().message().find(std::string("config.json: ") + k.field + ":") != std::string::npos,
+                  k.extra << " -> " << c.status().message());
+  }
+  CHECK(ParseModelConfig(Llama(R"(, "partial_rotary_factor": 1.0)")).ok());  // every dim rotated: fine
 }
 
 TEST_CASE("Qwen2: QKV bias always; the window only with use_sliding_window, above max_window_layers") {
@@ -74,6 +168,64 @@ TEST_CASE("Qwen2: QKV bias always; the window only with use_sliding_window, abov
   auto on = ParseModelConfig(q);
   REQUIRE(on.ok());
   CHECK(on->layer_window == std::vector<int64_t>{0, 0, 4096, 4096});
+}
+
+// `text` with its first `from` replaced by `to`.
+std::string Replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+// Qwen/Qwen3-8B's config.json, as the repository has it.
+std::string Qwen3Config(const std::string& extra = "") {
+  return R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936)" +
+         extra + "}";
+}
+
+TEST_CASE("Qwen3: q_norm/k_norm, a head_dim of its own, no bias unless attention_bias (then on o too)") {
+  auto c = ParseModelConfig(Qwen3Config());
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->architecture == Architecture::kQwen3);
+  CHECK(ArchitectureName(c->architecture) == "Qwen3ForCausalLM");
+  CHECK(c->qk_norm);
+  CHECK(c->head_dim == 128);
+  CHECK(c->q_size() == 4096);
+  CHECK(c->kv_size() == 1024);
+  CHECK_FALSE(c->attention_bias);
+  CHECK_FALSE(c->attention_out_bias);
+  CHECK_FALSE(c->mlp_bias);
+  CHECK_FALSE(c->has_sliding_window());
+  CHECK(c->rope_theta == 1e6);
+  CHECK(c->rope_scaling.type == RopeScaling::Type::kNone);
+  CHECK(c->eos_token_ids == std::vector<int64_t>{151645});
+
+  // The model card's long-context setting.
+  auto y = ParseModelConfig(Replaced(Qwen3Config(), R"("rope_scaling": null)",
+      R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"));
+  REQUIRE_MESSAGE(y.ok(), y.status().ToString());
+  CHECK(y->rope_scaling.type == RopeScaling::Type::kYarn);
+  CHECK(y->rope_scaling.factor == 4.0);  // the explicit factor, not 40960 / 32768 (transformers 5)
+  CHECK(y->rope_scaling.original_max_position_embeddings == 32768);
+
+  auto b = ParseModelConfig(Replaced(Qwen3Config(), R"("attention_bias": false)", R"("attention_bias": true)"));
+  REQUIRE(b.ok());
+  CHECK(b->attention_bias);
+  CHECK(b->attention_out_bias);
+
+  std::string windowed = Replaced(Qwen3Config(), R"("sliding_window": null)", R"("sliding_window": 4096)");
+  windowed = Replaced(windowed, R"("use_sliding_window": false)", R"("use_sliding_window": true)");
+  auto w = ParseModelConfig(Replaced(windowed, R"("max_window_layers": 36)", R"("max_window_layers": 34)"));
+  REQUIRE(w.ok());
+  CHECK(w->layer_window[33] == 0);
+  CHECK(w->layer_window[34] == 4096);
+  CHECK(w->layer_window[35] == 4096);
 }
 
 TEST_CASE("Mistral: the window on every layer; a per-layer list or layer_types where given") {

@@ -72,6 +72,50 @@ TEST_CASE("the shapes' configs are the real models' architectures") {
   CHECK_FALSE(RandomModelConfig("gpt-5", 1000, 1, 2).ok());
 }
 
+TEST_CASE("the Qwen3 shapes are Qwen/Qwen3-0.6B, -8B and -32B") {
+  struct Want {
+    const char* shape;
+    int64_t hidden, inter, layers, heads;
+    bool tied;
+  };
+  for (Want w : {Want{"qwen3-0.6b", 1024, 3072, 28, 16, true}, Want{"qwen3-8b", 4096, 12288, 36, 32, false},
+                 Want{"qwen3-32b", 5120, 25600, 64, 64, false}}) {
+    CAPTURE(w.shape);
+    ModelConfig c = ConfigOf(w.shape);
+    CHECK(c.architecture == Architecture::kQwen3);
+    CHECK(c.model_type == "qwen3");
+    CHECK(c.qk_norm);
+    CHECK(c.hidden_size == w.hidden);
+    CHECK(c.intermediate_size == w.inter);
+    CHECK(c.num_layers == w.layers);
+    CHECK(c.num_heads == w.heads);
+    CHECK(c.num_kv_heads == 8);
+    CHECK(c.head_dim == 128);
+    CHECK(c.tie_word_embeddings == w.tied);
+    CHECK(c.vocab_size == 151936);
+    CHECK(c.max_position_embeddings == 40960);
+    CHECK(c.rope_theta == 1e6);
+    CHECK(c.rms_norm_eps == 1e-6);
+    CHECK(c.rope_scaling.type == RopeScaling::Type::kNone);
+    CHECK_FALSE(c.attention_bias);
+    CHECK_FALSE(c.attention_out_bias);
+    CHECK_FALSE(c.has_sliding_window());
+    CHECK(c.bos_token_id == 151643);
+    CHECK(c.eos_token_ids == std::vector<int64_t>{151645});
+  }
+  // qwen3-0.6b: q is twice as wide as the hidden state (16 heads of 128).
+  CHECK(ConfigOf("qwen3-0.6b").q_size() == 2048);
+
+  // tiny-qwen3: head_dim 64 where hidden/heads is 16, and YaRN x4 from 32768.
+  ModelConfig t = ConfigOf("tiny-qwen3");
+  CHECK(t.head_dim == 64);
+  CHECK(t.hidden_size / t.num_heads == 16);
+  CHECK(t.rope_scaling.type == RopeScaling::Type::kYarn);
+  CHECK(t.rope_scaling.factor == 4.0);
+  CHECK(t.rope_scaling.original_max_position_embeddings == 32768);
+  CHECK(t.max_position_embeddings == 4 * 32768);
+}
+
 TEST_CASE("tiny shapes take the tokenizer's vocabulary and special tokens") {
   const fs::path dir = testing::RandomModelDir("tiny", 1);
   auto c = LoadModelConfig(dir.string());

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "worker/model/random_model.h"
 
@@ -49,6 +50,24 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, bool bf16) {
     std::fprintf(stderr, "FATAL: make-model %s: %s\n", shape.c_str(), st.ToString().c_str());
     std::abort();
   }
+  std::error_code ec;
+  fs::rename(partial, dir, ec);  // another process may have won the race: use its copy
+  if (ec) fs::remove_all(partial, ec);
+  return dir.string();
+}
+
+std::string VariantModelDir(const std::string& shape, uint64_t seed, const std::string& tag,
+                            const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path base = RandomModelDir(shape, seed);
+  const fs::path dir = base.parent_path() / (base.filename().string() + "-" + tag);
+  if (fs::exists(dir / "config.json")) return dir.string();
+  const fs::path partial = dir.parent_path() / (dir.filename().string() + ".tmp" + std::to_string(::getpid()));
+  fs::create_directories(partial);
+  fs::create_symlink(base / "model.safetensors", partial / "model.safetensors");
+  std::ifstream in(base / "config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  edit(j);
+  std::ofstream(partial / "config.json") << j.dump(2);
   std::error_code ec;
   fs::rename(partial, dir, ec);  // another process may have won the race: use its copy
   if (ec) fs::remove_all(partial, ec);

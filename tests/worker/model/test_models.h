@@ -9,7 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace kvfleet::testing {
 
@@ -19,6 +22,12 @@ std::string TokenizerDir();
 
 // A model directory of `shape` (make-model's shapes) with `seed`, in fp32 or bf16.
 std::string RandomModelDir(const std::string& shape, uint64_t seed, bool bf16 = true);
+
+// RandomModelDir(shape, seed)'s weights (linked, not copied) under its config.json as `edit`
+// changes it; `tag` names the variant (one directory per shape, seed and tag, made once per
+// machine like the models themselves, so `edit` must depend on nothing else).
+std::string VariantModelDir(const std::string& shape, uint64_t seed, const std::string& tag,
+                            const std::function<void(nlohmann::json&)>& edit);
 
 // The repository's tests/data directory.
 std::string TestDataDir();

@@ -17,6 +17,7 @@
 #include "schema/worker.capnp.h"
 #include "worker/backend/mock/mock_backend.h"
 #include "worker/server/registration.h"
+#include "tests/common/http/test_client.h"
 
 namespace kvfleet::server {
 namespace {
@@ -139,6 +140,58 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
   }
   CHECK(bye);
   worker.reset();
+}
+
+TEST_CASE("a worker whose queue is full refuses with overloaded at once, and counts the refusals") {
+  zmq::context_t context;
+  WorkerConfig config;
+  config.backend = "mock";
+  config.model_name = "mock-8b";
+  config.requests = config.events = config.replay = "tcp://127.0.0.1:0";
+  config.http_port = 0;
+  config.block_size = 16;
+  config.max_num_tokens = 256;
+  config.max_batch_size = 1;  // one runs; at most one waits for it (--max-queued 1)
+  config.max_queued = 1;
+  config.kv_cache_bytes = 128ull * 2 * 1024 * 1024;
+  config.mock_cost.step_base_us = 20'000;  // 20 ms steps: the queue stays full while they arrive
+  auto started = Worker::Start(config, context);
+  REQUIRE_MESSAGE(started.ok(), started.status().ToString());
+  std::unique_ptr<Worker> worker = std::move(*started);
+  std::thread engine([&] { worker->Run(); });
+
+  zmq::socket_t s(context, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(worker->requests_endpoint());
+  constexpr int kRequests = 6;
+  for (int i = 1; i <= kRequests; ++i) s.send(zmq::buffer(Frame(i, 100 * i, 20, 4)), zmq::send_flags::none);
+  int served = 0, refused = 0;
+  while (served + refused < kRequests) {
+    zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(10'000)) == 1);
+    zmq::message_t m;
+    (void)s.recv(m, zmq::recv_flags::none);
+    auto d = wire::Decode<schema::FromWorker>(m.data(), m.size());
+    REQUIRE(d.ok());
+    auto root = (*d)->Root<schema::FromWorker>();
+    if (root.isError()) {
+      CHECK(root.getError().getCode() == schema::ErrorCode::OVERLOADED);
+      CHECK(std::string(root.getError().getMessage().cStr()).find("queue is full") != std::string::npos);
+      ++refused;
+    } else if (root.getDelta().getFinishReason() != schema::FinishReason::NONE) {
+      CHECK(root.getDelta().getUsage().getCompletionTokens() == 4);
+      ++served;
+    }
+  }
+  // Every request was answered: a whole stream or a refusal, never silence.
+  CHECK(served >= 1);
+  CHECK(refused >= kRequests - 2);
+
+  std::string metrics = http::testing::Roundtrip(worker->http_port(), "GET", "/metrics", "");
+  CHECK(metrics.find("kvfleet_worker_requests_refused_total{code=\"overloaded\"} " + std::to_string(refused)) !=
+        std::string::npos);
+  worker->RequestStop();
+  engine.join();
 }
 
 TEST_CASE("Hello lists the host tier only when there is one") {

@@ -58,7 +58,11 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   const auto t_open = Clock::now();
   KVF_ASSIGN_OR_RETURN(b->w_, LoadCpuWeights(*checkpoint, *b->pool_));
   const auto t_weights = Clock::now();
-  b->rope_ = std::make_unique<Rope>(c);
+  b->rope_ = std::make_unique<Rope>(c.rope());
+  if (b->rope_->depends_on_length() && options.sink_tokens > 0) {
+    // StreamingLLM re-rotates cached keys with one set of frequencies; dynamic NTK has many.
+    return Unimplemented("cpu backend: rope_scaling.rope_type dynamic cannot be combined with sink_tokens");
+  }
 
   // KV pools, as the KV manager computes them.
   kv::KvCacheConfig& kc = b->kv_config_;
@@ -164,7 +168,9 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
     }
     r0 += n;
   }
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // YaRN scales cos and sin by attention_scaling (HF), so q·k by its square.
+  const double rope_scale = rope_->attention_scaling();
+  const float scale = static_cast<float>(rope_scale * rope_scale / std::sqrt(static_cast<double>(hd)));
   const int64_t group = nh / kvh;
   pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
     const Task& task = tasks[ti];
@@ -259,10 +265,17 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   act_.resize(T * I);
   cos_.resize(T * hd / 2);
   sin_.resize(T * hd / 2);
+  // Dynamic NTK: each sequence's frequencies for its length at the end of this step.
+  seq_inv_freq_.resize(nseq);
+  for (size_t s = 0; s < nseq && rope_->depends_on_length(); ++s) {
+    const SequenceStep& step = batch.seqs[s];
+    seq_inv_freq_[s] = rope_->InvFreqFor(step.start_position + static_cast<int64_t>(step.tokens.size()));
+  }
   for (int64_t r = 0; r < T; ++r) {
     const TokenId tok = batch.seqs[rows_[r].seq].tokens[rows_[r].index];
     std::memcpy(&x_[r * H], &w_.embed[static_cast<size_t>(tok) * H], H * sizeof(float));
-    rope_->Angles(static_cast<double>(rows_[r].position), &cos_[r * hd / 2], &sin_[r * hd / 2]);
+    const float* inv = rope_->depends_on_length() ? seq_inv_freq_[rows_[r].seq].data() : rope_->inv_freq().data();
+    rope_->Angles(inv, static_cast<double>(rows_[r].position), &cos_[r * hd / 2], &sin_[r * hd / 2]);
   }
 
   // Parallel over rows in chunks, for the per-row elementwise stages.
@@ -284,6 +297,12 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     MatMul(*pool_, xn_.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), qkv_.data());
     per_row([&](int64_t r) {
       float* row = &qkv_[r * qkv_width];
+      if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+        for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) {
+          const float* w = h < c.num_heads ? lw.q_norm.data() : lw.k_norm.data();
+          RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
+        }
+      }
       const float* cs = &cos_[r * hd / 2];
       const float* sn = &sin_[r * hd / 2];
       for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);

@@ -1,7 +1,8 @@
 // CpuBackend: the `cpu` model backend, an fp32 reference forward pass of the Llama family
-// (Llama 2/3/3.x, Qwen2, Mistral) over the paged KV layout of backend.h.
+// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral) over the paged KV layout of backend.h.
 //
-// One step: embeddings → per layer [RMSNorm → QKV (+bias) → RoPE → write K/V into the
+// One step: embeddings → per layer [RMSNorm → QKV (+bias) → Qwen3's per-head q/k RMSNorm →
+// RoPE (kernels/rope.h; dynamic NTK per sequence, at its length after the step) → write K/V into the
 // sequence's blocks → attention through the block tables (GQA/MQA, sliding window,
 // sinks with position shift, chunked attention) → o_proj → residual → RMSNorm → SwiGLU
 // MLP → residual] → final RMSNorm → LM head for the rows that need logits → sampler.
@@ -76,6 +77,7 @@ class CpuBackend final : public ModelBackendBase {
   std::vector<float> mlp_;    // [T][2·intermediate]
   std::vector<float> act_;    // [T][intermediate]
   std::vector<float> cos_, sin_;  // [T][head_dim / 2]
+  std::vector<std::vector<float>> seq_inv_freq_;  // [sequences][head_dim / 2]: dynamic NTK only
   std::vector<float> head_;   // [rows needing logits][hidden]
   std::vector<float> logits_; // [rows needing logits][vocab]
 };

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 
 namespace kvfleet::backend::cpu {
 namespace {
@@ -132,36 +131,19 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-Rope::Rope(const model::ModelConfig& c) : head_dim_(c.head_dim) {
-  const int64_t half = head_dim_ / 2;
-  inv_freq_.resize(half);
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq_[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim_));
-  }
-  const model::RopeScaling& rs = c.rope_scaling;
-  if (rs.type == model::RopeScaling::Type::kLinear) {
-    for (double& f : inv_freq_) f /= rs.factor;
-  } else if (rs.type == model::RopeScaling::Type::kLlama3) {
-    // Llama 3.1 (HF _compute_llama3_parameters): long wavelengths slowed by `factor`,
-    // short ones kept, a linear blend in between.
-    const double old_ctx = static_cast<double>(rs.original_max_position_embeddings);
-    const double low_wavelen = old_ctx / rs.low_freq_factor;
-    const double high_wavelen = old_ctx / rs.high_freq_factor;
-    for (double& f : inv_freq_) {
-      const double wavelen = 2.0 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f = f / rs.factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        f = (1.0 - smooth) * f / rs.factor + smooth * f;
-      }
-    }
-  }
+Rope::Rope(const kernels::RopeConfig& config)
+    : config_(config),
+      head_dim_(config.head_dim),
+      inv_freq_(kernels::RopeInvFreq(config)),
+      attention_scaling_(kernels::RopeAttentionScaling(config)) {}
+
+std::vector<float> Rope::InvFreqFor(int64_t seq_len) const {
+  return depends_on_length() ? kernels::RopeInvFreq(config_, seq_len) : inv_freq_;
 }
 
-void Rope::Angles(double position, float* cos_out, float* sin_out) const {
-  for (size_t i = 0; i < inv_freq_.size(); ++i) {
-    const double a = position * inv_freq_[i];
+void Rope::Angles(const float* inv_freq, double position, float* cos_out, float* sin_out) const {
+  for (int64_t i = 0; i < head_dim_ / 2; ++i) {
+    const double a = position * inv_freq[i];
     cos_out[i] = static_cast<float>(std::cos(a));
     sin_out[i] = static_cast<float>(std::sin(a));
   }

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/rope.h"
 #include "worker/backend/cpu/thread_pool.h"
-#include "worker/model/model_config.h"
 
 namespace kvfleet::backend::cpu {
 
@@ -30,19 +30,32 @@ void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* 
 // out[i] = silu(gate[i]) · up[i]: the SwiGLU activation of n elements.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 
-// RoPE frequencies (HF rotate_half convention) with the config's rope_scaling applied.
+// RoPE (HF rotate_half convention) with the frequencies and attention scaling of
+// kernels/rope.h.
 class Rope {
  public:
-  explicit Rope(const model::ModelConfig& config);
+  explicit Rope(const kernels::RopeConfig& config);
   int64_t head_dim() const { return head_dim_; }
-  // cos/sin for `position`: [head_dim / 2] each.
-  void Angles(double position, float* cos_out, float* sin_out) const;
+  // The frequencies of a sequence whose step ends at position seq_len - 1: [head_dim / 2].
+  // Only dynamic NTK scaling depends on seq_len; other types always return inv_freq().
+  std::vector<float> InvFreqFor(int64_t seq_len) const;
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  bool depends_on_length() const { return kernels::RopeDependsOnLength(config_); }
+  // HF multiplies cos and sin by this (yarn); attention scores scale by its square.
+  double attention_scaling() const { return attention_scaling_; }
+  // cos/sin for `position` under `inv_freq` (inv_freq() when omitted): [head_dim / 2] each.
+  void Angles(const float* inv_freq, double position, float* cos_out, float* sin_out) const;
+  void Angles(double position, float* cos_out, float* sin_out) const {
+    Angles(inv_freq_.data(), position, cos_out, sin_out);
+  }
   // Rotates one head vector x[head_dim] in place by the angles from Angles().
   void Apply(const float* cos_v, const float* sin_v, float* x) const;
 
  private:
+  kernels::RopeConfig config_;
   int64_t head_dim_;
-  std::vector<double> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;  // [head_dim / 2], for every length unless dynamic
+  double attention_scaling_;
 };
 
 }  // namespace kvfleet::backend::cpu

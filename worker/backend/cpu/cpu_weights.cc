@@ -59,6 +59,10 @@ Result<CpuWeights> LoadCpuWeights(const model::Checkpoint& ck, ThreadPool& pool)
       }
       load.Append(name("self_attn.o_proj.weight"), &lw.o);
       if (c.attention_out_bias) load.Append(name("self_attn.o_proj.bias"), &lw.o_bias);
+      if (c.qk_norm) {
+        load.Append(name("self_attn.q_norm.weight"), &lw.q_norm);
+        load.Append(name("self_attn.k_norm.weight"), &lw.k_norm);
+      }
       load.Append(name("post_attention_layernorm.weight"), &lw.post_norm);
       load.Append(name("mlp.gate_proj.weight"), &lw.gate_up);
       load.Append(name("mlp.up_proj.weight"), &lw.gate_up);

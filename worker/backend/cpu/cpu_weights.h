@@ -19,6 +19,8 @@ struct CpuLayerWeights {
   std::vector<float> qkv_bias;      // [q + 2·kv], empty without attention_bias
   std::vector<float> o;             // [hidden][q]
   std::vector<float> o_bias;        // [hidden] or empty
+  std::vector<float> q_norm;        // [head_dim] or empty without qk_norm (Qwen3)
+  std::vector<float> k_norm;        // [head_dim] or empty
   std::vector<float> post_norm;     // [hidden]
   std::vector<float> gate_up;       // [2·intermediate][hidden]: gate rows, then up rows
   std::vector<float> gate_up_bias;  // [2·intermediate] or empty

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -113,6 +114,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   }
   b->max_context_ = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
   if (b->max_context_ > INT32_MAX / 2) return InvalidArgument("cuda backend: max_context too large");
+  b->rope_ = c.rope();
+  if (kernels::RopeDependsOnLength(b->rope_) && options.sink_tokens > 0) {
+    // StreamingLLM re-rotates cached keys with one set of frequencies; dynamic NTK has many.
+    return Unimplemented("cuda backend: rope_scaling.rope_type dynamic cannot be combined with sink_tokens");
+  }
   const auto t_open = Clock::now();
   KVF_ASSIGN_OR_RETURN(b->gemm_, LtGemm::Make());
   KVF_RETURN_IF_ERROR(b->LoadWeights(*checkpoint));
@@ -209,6 +215,10 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
     }
     KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.weight"), H * c.q_size(), &w.o));
     if (c.attention_out_bias) KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.bias"), H, &w.o_bias));
+    if (c.qk_norm) {
+      KVF_RETURN_IF_ERROR(load(name("self_attn.q_norm.weight"), c.head_dim, &w.q_norm));
+      KVF_RETURN_IF_ERROR(load(name("self_attn.k_norm.weight"), c.head_dim, &w.k_norm));
+    }
     KVF_RETURN_IF_ERROR(load(name("post_attention_layernorm.weight"), H, &w.post_norm));
     KVF_RETURN_IF_ERROR(stack({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, 2 * I, H, &w.gate_up));
     KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down));
@@ -224,23 +234,14 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
     KVF_RETURN_IF_ERROR(load("lm_head.weight", V * H, &lm_head_));
   }
 
-  // RoPE frequencies, as the cpu backend computes them (llama3 and linear scaling).
-  kernels::RopeConfig rc;
-  rc.head_dim = static_cast<int>(c.head_dim);
-  rc.theta = c.rope_theta;
-  const model::RopeScaling& rs = c.rope_scaling;
-  if (rs.type == model::RopeScaling::Type::kLlama3) {
-    rc.llama3_factor = rs.factor;
-    rc.llama3_low_freq_factor = rs.low_freq_factor;
-    rc.llama3_high_freq_factor = rs.high_freq_factor;
-    rc.llama3_original_max_position = static_cast<int>(rs.original_max_position_embeddings);
-  }
-  std::vector<float> inv_freq = kernels::RopeInvFreq(rc);
-  if (rs.type == model::RopeScaling::Type::kLinear) {
-    for (float& f : inv_freq) f = static_cast<float>(f / rs.factor);
-  }
-  KVF_ASSIGN_OR_RETURN(inv_freq_, DeviceAlloc<float>(inv_freq.size()));
-  KVF_CUDA_RETURN(cudaMemcpy(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  // RoPE frequencies, as the cpu backend takes them (kernels/rope.h). HF scales cos and sin
+  // by attention_scaling (yarn), which scales every score by its square.
+  inv_freq_host_ = kernels::RopeInvFreq(rope_);
+  const double rope_scale = kernels::RopeAttentionScaling(rope_);
+  attention_scale_ = static_cast<float>(rope_scale * rope_scale / std::sqrt(static_cast<double>(c.head_dim)));
+  KVF_ASSIGN_OR_RETURN(inv_freq_, DeviceAlloc<float>(inv_freq_host_.size()));
+  KVF_CUDA_RETURN(cudaMemcpy(inv_freq_, inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float),
+                             cudaMemcpyHostToDevice));
   return Status::Ok();
 }
 
@@ -289,9 +290,11 @@ Status CudaBackend::AllocateBuffers() {
   std::set<int64_t> windows(c.layer_window.begin(), c.layer_window.end());
   const size_t max_pools = windows.size() + 1;
   const size_t max_blocks = static_cast<size_t>((max_context_ + options_.block_size - 1) / options_.block_size);
+  // Dynamic NTK adds each sequence's RoPE frequencies, [S][head_dim / 2].
+  const size_t rope_rows = kernels::RopeDependsOnLength(rope_) ? S * static_cast<size_t>(c.head_dim / 2) : 0;
   staging_bytes_ = (5 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
-                   S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) +
-                   (16 + 4 * max_pools) * config::kStagingAlign;
+                   S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) + rope_rows * sizeof(float) +
+                   (17 + 4 * max_pools) * config::kStagingAlign;
   void* h = nullptr;
   KVF_CUDA_RETURN(cudaHostAlloc(&h, staging_bytes_, cudaHostAllocDefault));
   host_allocations_.push_back(h);

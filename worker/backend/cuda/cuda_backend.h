@@ -1,11 +1,13 @@
 // CudaBackend: the `cuda` model backend, the bf16 forward pass of the Llama family
-// (Llama 2/3/3.x, Qwen2, Mistral) on one GPU over the paged KV layout of backend.h.
+// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral) on one GPU over the paged KV layout of backend.h.
 //
 // One step, all on one stream:
 //   upload the step's metadata (token ids, positions, KV slots, block tables, sampling
 //   settings: one packed host-to-device copy from pinned memory)
 //   → embedding → per layer [RMSNorm (fused with the residual add) → QKV GEMM (Qwen2 bias
-//   in the cuBLASLt epilogue) → RoPE fused with the K/V store into the pool → paged
+//   in the cuBLASLt epilogue) → RoPE fused with the K/V store into the pool (Qwen3's per-head
+//   q/k RMSNorm first, in the same kernel; frequencies from kernels/rope.h, per sequence for
+//   dynamic NTK scaling, and yarn's cos/sin scaling folded into the softmax scale) → paged
 //   attention (decode kernel when every sequence brings one token, prefill kernel
 //   otherwise; StreamingLLM pools always through the decode kernel, one query row per
 //   token) → O GEMM → RMSNorm + residual → gate/up GEMM → SiLU·mul → down GEMM]
@@ -69,6 +71,7 @@
 #include <vector>
 
 #include "kernels/paged_kv.h"
+#include "kernels/rope.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_block_copier.h"
 #include "worker/backend/cuda/lt_gemm.h"
@@ -115,6 +118,7 @@ class CudaBackend final : public ModelBackendBase {
  private:
   struct LayerWeights {
     __nv_bfloat16 *input_norm = nullptr, *qkv = nullptr, *qkv_bias = nullptr, *o = nullptr, *o_bias = nullptr;
+    __nv_bfloat16 *q_norm = nullptr, *k_norm = nullptr;  // [head_dim], Qwen3 only
     __nv_bfloat16 *post_norm = nullptr, *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr,
                   *down_bias = nullptr;
   };
@@ -145,6 +149,9 @@ class CudaBackend final : public ModelBackendBase {
     std::vector<int32_t> part_a_seq;                  // host: sequences of part A rows
     std::vector<std::pair<int32_t, int32_t>> part_b;  // host: (sequence, row) of part B rows
     const int32_t* head_rows = nullptr;  // [part A + part B] row of each, part A first
+    // Dynamic NTK scaling only: each sequence's RoPE frequencies at its length after the
+    // step (row_seq picks a token's row); null otherwise (inv_freq_ serves every token).
+    const float* seq_inv_freq = nullptr;  // [S][head_dim / 2]
     // Sampling settings, [part A].
     const float* temperature = nullptr;
     const int32_t* top_k = nullptr;
@@ -199,6 +206,9 @@ class CudaBackend final : public ModelBackendBase {
   __nv_bfloat16* lm_head_ = nullptr;  // [vocab][hidden]; == embed_ when tied
   std::vector<LayerWeights> layers_;
   float* inv_freq_ = nullptr;  // [head_dim / 2]
+  kernels::RopeConfig rope_;          // the model's RoPE (kernels/rope.h)
+  std::vector<float> inv_freq_host_;  // [head_dim / 2]: inv_freq_'s values
+  float attention_scale_ = 0;         // softmax scale: yarn's attention_scaling² / sqrt(head_dim)
   uint64_t weight_bytes_ = 0;
 
   // KV.

@@ -199,6 +199,16 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     ctr_h[a] = st.rng_counter;
   }
   for (int32_t j = 0; j < nb; ++j) rows_h[na + j] = part_b[j].second;
+  if (kernels::RopeDependsOnLength(rope_)) {  // each sequence's frequencies at its new length
+    const size_t half = inv_freq_host_.size();
+    auto [freq_h, freq_d] = pack.Take<float>(static_cast<size_t>(S) * half);
+    m.seq_inv_freq = freq_d;
+    for (int32_t s = 0; s < S; ++s) {
+      const bool grown = s < S_real && m.end_pos[s] > rope_.max_position_embeddings;
+      const std::vector<float> inv = grown ? kernels::RopeInvFreq(rope_, m.end_pos[s]) : std::vector<float>();
+      std::copy_n(grown ? inv.data() : inv_freq_host_.data(), half, freq_h + static_cast<size_t>(s) * half);
+    }
+  }
   m.staging_used = pack.used();
 }
 

@@ -38,7 +38,9 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
   // the others still read the old one).
   const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
-  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows;
+  // The gemv's RoPE epilogue takes one frequency row and no per-head norm (Qwen3).
+  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows && !c.qk_norm &&
+                          m.seq_inv_freq == nullptr;
   const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
   const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
   const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
@@ -122,14 +124,21 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   const int32_t nh = static_cast<int32_t>(c.num_heads);
   const bool shift = pool.position_shift;
   if (!rope_done) {
-    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq_, q_, device_kv_[pi], layout,
-                                               li, m.num_tokens, nh, /*rotate=*/!shift, stream_));
+    const LayerWeights& w = layers_[layer];
+    kernels::RopeKvExtras extras;
+    extras.q_norm = w.q_norm;
+    extras.k_norm = w.k_norm;
+    extras.norm_eps = static_cast<float>(c.rms_norm_eps);
+    extras.inv_freq_row = m.seq_inv_freq != nullptr ? m.row_seq : nullptr;
+    const float* inv_freq = m.seq_inv_freq != nullptr ? m.seq_inv_freq : inv_freq_;
+    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq, q_, device_kv_[pi], layout,
+                                               li, m.num_tokens, nh, /*rotate=*/!shift, extras, stream_));
   }
   kernels::AttentionMask mask;
   mask.window = pool.window;
   mask.sinks = pool.sink_tokens;
   mask.chunk = pool.attention_chunk;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  const float scale = attention_scale_;
   // The fields the params of every attention kernel share: q, out and block tables of the
   // launch; the layer's pool, heads, scale and mask.
   auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride) {

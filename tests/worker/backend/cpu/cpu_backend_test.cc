@@ -1,6 +1,6 @@
 // The cpu backend beyond parity: selection by name, its KV pools, batch validation,
-// chunked attention and StreamingLLM sinks (checked against equivalent plain runs), and
-// results that do not depend on the thread count or the batch.
+// chunked attention, StreamingLLM sinks and dynamic NTK RoPE (checked against equivalent
+// plain runs), and results that do not depend on the thread count or the batch.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -107,6 +107,30 @@ TEST_CASE("bad options and bad model directories fail at construction") {
   o.sink_tokens = 0;
   o.model_dir = "/nonexistent/model";
   CHECK(CreateBackend("cpu", o).status().message().find("/nonexistent/model") != std::string::npos);
+}
+
+TEST_CASE("a model it cannot run is refused at start-up, naming the config.json field") {
+  const std::string base = RandomModelDir("tiny", 1);
+  struct Case {
+    const char* tag;
+    std::function<void(nlohmann::json&)> edit;
+    const char* field;
+  };
+  for (const Case& k :
+       {Case{"arch", [](nlohmann::json& j) { j["architectures"] = {"Gemma2ForCausalLM"}; }, "architectures"},
+        Case{"act", [](nlohmann::json& j) { j["hidden_act"] = "gelu_pytorch_tanh"; }, "hidden_act"},
+        Case{"rope", [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}}; },
+             "rope_scaling.rope_type"},
+        Case{"partial", [](nlohmann::json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor"}}) {
+    VariantModel m(base, std::string("refused-") + k.tag, k.edit);
+    BackendOptions o;
+    o.model_dir = m.dir.string();
+    o.num_blocks = 64;
+    auto b = CreateBackend("cpu", o);
+    REQUIRE_FALSE(b.ok());
+    CHECK_MESSAGE(b.status().message().find(std::string("config.json: ") + k.field + ":") != std::string::npos,
+                  b.status().message());
+  }
 }
 
 TEST_CASE("KV pools: block-major fp32 blocks, one pool per window") {
@@ -290,6 +314,63 @@ TEST_CASE("StreamingLLM sinks with position shift: the cache reads as sinks + wi
     INFO("query at " << q);
     CHECK(MaxDiff(std::span<const float>(rows).subspan(q * V, V), std::span<const float>(want).last(V)) < 1e-4f);
   }
+}
+
+// Dynamic NTK (HF's "dynamic" rope_type): a sequence no longer than max_position_embeddings
+// rotates with the plain frequencies; a longer one with theta grown to
+// theta · (factor · L / max − (factor − 1))^(d / (d − 2)) for its length L after the step, so
+// its prefill equals a plain model with that theta. Each sequence of a batch by its own length.
+TEST_CASE("dynamic NTK RoPE: plain up to max_position_embeddings, grown theta past it, per sequence") {
+  const std::string base = RandomModelDir("tiny", 1);
+  VariantModel dynamic(base, "dynamic", [](nlohmann::json& j) {
+    j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+    j["max_position_embeddings"] = 16;
+  });
+  VariantModel plain_model(base, "plain", [](nlohmann::json& j) { j["rope_scaling"] = nullptr; });
+  const double theta = 500000.0, d = 16;  // the tiny model's
+  const double grown_theta = theta * std::pow(2.0 * 24 / 16 - 1, d / (d - 2));
+  VariantModel grown_model(base, "grown", [&](nlohmann::json& j) {
+    j["rope_scaling"] = nullptr;
+    j["rope_theta"] = grown_theta;
+  });
+  auto dyn = Make(dynamic.dir.string());
+  auto plain = Make(plain_model.dir.string());
+  auto grown = Make(grown_model.dir.string());
+  const int64_t V = dyn->config().vocab_size;
+  const std::vector<TokenId> toks = Tokens(24, 5);
+  const std::span<const TokenId> first16 = std::span<const TokenId>(toks).first(16);
+
+  CHECK(MaxDiff(PrefillLogits(*dyn, first16, 0), PrefillLogits(*plain, first16, 0)) < 1e-6f);
+  const std::vector<float> long_dyn = PrefillLogits(*dyn, toks, 0);
+  CHECK(MaxDiff(long_dyn, PrefillLogits(*grown, toks, 0)) < 1e-4f);
+  const std::vector<float> long_plain = PrefillLogits(*plain, toks, 0);
+  CHECK(MaxDiff(std::span<const float>(long_dyn).last(V), std::span<const float>(long_plain).last(V)) > 1e-2f);
+
+  // One step, two sequences: 16 tokens (plain) and 24 (grown), each with its own frequencies.
+  std::vector<BlockId> ta = Table(0, 3), tb = Table(8, 4);
+  StepBatch batch;
+  for (auto [span, table] : {std::pair{first16, &ta}, std::pair{std::span<const TokenId>(toks), &tb}}) {
+    SequenceStep s;
+    s.tokens = span;
+    s.block_tables = {*table};
+    s.logits = LogitsRequest::kAll;
+    batch.seqs.push_back(s);
+  }
+  StepOutput out;
+  REQUIRE(dyn->Execute(batch, &out).ok());
+  const std::span<const float> both(out.logits);
+  CHECK(MaxDiff(both.subspan(out.logits_offset[0] * V, 16 * V), PrefillLogits(*plain, first16, 0)) < 1e-6f);
+  CHECK(MaxDiff(both.subspan(out.logits_offset[1] * V, 24 * V), long_dyn) < 1e-6f);
+
+  // StreamingLLM re-rotates cached keys at one set of frequencies: refused with dynamic.
+  BackendOptions o;
+  o.model_dir = dynamic.dir.string();
+  o.num_blocks = 64;
+  o.sink_tokens = 4;
+  o.streaming_window = 8;
+  auto refused = CreateBackend("cpu", o);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("rope_type dynamic") != std::string::npos);
 }
 
 }  // namespace

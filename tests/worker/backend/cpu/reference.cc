@@ -20,6 +20,21 @@ namespace {
 }
 }  // namespace
 
+std::vector<std::string> TinyReferenceModels(const std::string& dir) {
+  std::vector<std::string> names = {"tiny", "tiny-qwen2", "tiny-mistral"};
+  if (Reference::Exists(dir, "tiny-qwen3")) {
+    names.push_back("tiny-qwen3");
+  } else {
+    MESSAGE(dir << "/tiny-qwen3.json is missing: Qwen3 (q_norm/k_norm, head_dim 64, YaRN) is not compared with "
+                   "transformers (make it with tests/gpu/make_reference.py, tests/data/model/README.md)");
+  }
+  return names;
+}
+
+bool Reference::Exists(const std::string& dir, const std::string& name) {
+  return std::ifstream(dir + "/" + name + ".json").good();
+}
+
 Reference Reference::Load(const std::string& dir, const std::string& name) {
   std::ifstream in(dir + "/" + name + ".json");
   if (!in) Die("no reference " + dir + "/" + name + ".json");

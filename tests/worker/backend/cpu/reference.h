@@ -13,12 +13,17 @@
 
 namespace kvfleet::testing {
 
+// The tiny models with HF references in tests/data/model: tiny, tiny-qwen2, tiny-mistral,
+// and tiny-qwen3 once its fixture is there (made on the GPU machine; until then a MESSAGE
+// says it is not compared).
+std::vector<std::string> TinyReferenceModels(const std::string& dir);
+
 struct Reference {
   std::string name, shape;
   uint64_t seed = 0;
   int64_t vocab = 0;
   std::vector<std::vector<TokenId>> prompts;  // [prompt][token]
-  std::vector<std::vector<TokenId>> greedy;   // [prompt][16 greedy tokens]
+  std::vector<std::vector<TokenId>> greedy;   // [prompt][16 greedy tokens, or the fixture's decode_steps]
   // Per prompt and position of prompt + greedy: the 8 top columns and 128 stride columns.
   std::vector<std::vector<std::vector<int64_t>>> top_ids;
   std::vector<int64_t> stride_columns;
@@ -28,6 +33,8 @@ struct Reference {
 
   // Loads DIR/NAME.json and DIR/NAME.logits.f32; aborts when they are missing or malformed.
   static Reference Load(const std::string& dir, const std::string& name);
+  // Whether DIR/NAME.json is there (fixtures made on the GPU machine may not be yet).
+  static bool Exists(const std::string& dir, const std::string& name);
   // max |ours - reference| over the stored columns of prompt p's row at `position`.
   float MaxDiff(size_t p, int64_t position, std::span<const float> logits) const;
 };
@@ -58,7 +65,9 @@ struct ReplaySeq {
   bool done = false;
 
   int64_t prompt_len() const { return static_cast<int64_t>(ref->prompts[prompt].size()); }
-  int64_t end() const { return prompt_len() + 16; }  // positions the reference covers
+  int64_t end() const {  // positions the reference covers
+    return prompt_len() + static_cast<int64_t>(ref->greedy[prompt].size());
+  }
 };
 
 // Runs every sequence to completion, all of them in each step (a mixed batch when they

@@ -1,0 +1,242 @@
+// Overload (issue 19): two mock workers behind a router, replayed open-loop at their
+// capacity and at 1.5 times it. Before admission control the 1.5x run ended in 504s, each
+// after waiting out the first-token timeout. Now:
+//   1. no 504: what cannot get its first token in time is refused at once (429), the
+//      refusal taking a small fraction of the timeout;
+//   2. no request is lost: each one ends with its whole stream or a 429/503;
+//   3. goodput (requests whose TTFT meets the timeout) holds: more such requests than in the
+//      run at capacity, as many per second.
+// The mock backend's cost model (worker/backend/mock/cost_model.h) makes the capacity
+// computable: prefill-bound requests of 2048 prompt tokens fill full 8192-token steps.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench/fleet_process.h"
+#include "cli/bench/prompt_builder.h"
+#include "cli/bench/replay.h"
+#include "cli/bench/report.h"
+#include "cli/bench/trace.h"
+#include "worker/backend/mock/cost_model.h"
+
+namespace kvfleet::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kHttpPort = 24400;
+constexpr int kRegistrationPort = 24401;
+constexpr int kWorkerBasePort = 24410;      // worker i: +10i (requests), +1 (events), +2 (replay)
+constexpr int kWorkerHttpBasePort = 24450;  // worker i: +10i
+const std::string kRouterUrl = "http://127.0.0.1:" + std::to_string(kHttpPort);
+
+constexpr uint32_t kWorkers = 2;
+constexpr uint32_t kStepTokens = 8192;   // the workers' --max-num-tokens (default)
+constexpr uint32_t kPromptTokens = 2048;
+constexpr uint32_t kOutputTokens = 4;    // decodes ride along with prefill: prefill-bound
+constexpr double kFirstTokenTimeoutS = 1;
+constexpr double kRunSeconds = 3;        // of arrivals per run
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("kvfleet_overload_test_" + std::to_string(getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A child process logging to a file; SIGTERMed and reaped at the end.
+struct Process {
+  Process(const std::string& bin, std::vector<std::string> args, const fs::path& log) : log_path(log) {
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      FILE* f = std::fopen(log.c_str(), "w");
+      if (f) {
+        dup2(fileno(f), STDOUT_FILENO);
+        dup2(fileno(f), STDERR_FILENO);
+      }
+      std::vector<char*> argv{const_cast<char*>(bin.c_str())};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~Process() {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+  }
+  // Waits for the exit; its status, or -1 after `timeout_s`.
+  int Wait(double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  pid_t pid = -1;
+  fs::path log_path;
+};
+
+std::vector<std::string> RouterArgs() {
+  return {"--http-host", "127.0.0.1", "--http-port", std::to_string(kHttpPort), "--registration",
+          "tcp://127.0.0.1:" + std::to_string(kRegistrationPort), "--first-token-timeout-s",
+          std::to_string(kFirstTokenTimeoutS), "--log-level", "warn"};
+}
+
+std::vector<std::string> WorkerArgs() {
+  const std::string host = "tcp://127.0.0.1:";
+  return {"--backend", "mock", "--mock-workers", std::to_string(kWorkers), "--port-stride", "10",
+          "--requests", host + std::to_string(kWorkerBasePort), "--events", host + std::to_string(kWorkerBasePort + 1),
+          "--replay", host + std::to_string(kWorkerBasePort + 2), "--http-port", std::to_string(kWorkerHttpBasePort),
+          "--router", host + std::to_string(kRegistrationPort), "--advertise-host", "127.0.0.1",
+          "--worker-id", "overload", "--max-num-tokens", std::to_string(kStepTokens), "--log-level", "warn"};
+}
+
+// Requests per second the fleet computes: full prefill steps, kStepTokens each.
+double CapacityRps() {
+  backend::mock::CostModel cost;  // the workers' defaults
+  const double step_s =
+      static_cast<double>(cost.StepDuration({kStepTokens, 0, kStepTokens})) / static_cast<double>(kNsPerSec);
+  return kWorkers * kStepTokens / step_s / kPromptTokens;
+}
+
+// Evenly spaced arrivals at `rate` for kRunSeconds; no two prompts share a block.
+std::vector<TraceRequest> Arrivals(double rate, uint64_t first_hash) {
+  std::vector<TraceRequest> trace;
+  const int n = static_cast<int>(rate * kRunSeconds);
+  for (int i = 0; i < n; ++i) {
+    TraceRequest r;
+    r.timestamp_ms = static_cast<int64_t>(i * 1000.0 / rate);
+    r.input_length = kPromptTokens;
+    r.output_length = kOutputTokens;
+    for (uint32_t b = 0; b < kPromptTokens / config::kTraceBlockTokens; ++b) r.hash_ids.push_back(first_hash++);
+    r.line = static_cast<uint32_t>(i + 1);
+    trace.push_back(r);
+  }
+  return trace;
+}
+
+RunReport RunAt(double rate, uint64_t first_hash, std::vector<RequestOutcome>* outcomes) {
+  const std::vector<TraceRequest> trace = Arrivals(rate, first_hash);
+  const TraceScale scale;
+  const auto requests = ScaleTrace(trace, scale);
+  ReplayOptions options;
+  options.router_url = kRouterUrl;
+  options.model = "mock";
+  options.progress = false;
+  auto run = Replay(requests, PromptBuilder(32000, scale.block_tokens()), options);
+  REQUIRE_MESSAGE(run.ok(), run.status().ToString());
+  *outcomes = run->outcomes;
+  return Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens()), kFirstTokenTimeoutS);
+}
+
+std::string Describe(const RunReport& r) {
+  std::ostringstream s;
+  PrintTable(s, {r});
+  for (const auto& e : r.error_examples) s << "  " << e << "\n";
+  return s.str();
+}
+
+TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput at least that at capacity") {
+  TempDir dir;
+  Process worker(KVFLEET_WORKER_BIN, WorkerArgs(), dir.path / "worker.log");
+  Process router(KVFLEET_ROUTER_BIN, RouterArgs(), dir.path / "router.log");
+  INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
+  // Ready: both workers routable and their load reports live (admission reads them).
+  size_t live = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline && live < kWorkers) {
+    auto fleet = HttpGet(kRouterUrl, "/fleet", 1.0);
+    auto j = fleet.ok() ? nlohmann::json::parse(fleet->body, nullptr, false) : nlohmann::json();
+    live = 0;
+    if (j.is_object() && j.contains("workers")) {
+      for (const auto& w : j["workers"]) live += w.value("routable", false) && w.value("state", "") == "live";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(live == kWorkers);
+
+  const double capacity = CapacityRps();
+  CAPTURE(capacity);
+  std::vector<RequestOutcome> at_capacity_outcomes, overload_outcomes;
+  const RunReport at_capacity = RunAt(capacity, 1, &at_capacity_outcomes);
+  INFO("at capacity:\n" << Describe(at_capacity));
+  const RunReport overload = RunAt(1.5 * capacity, 1'000'000, &overload_outcomes);
+  INFO("at 1.5x capacity:\n" << Describe(overload));
+
+  // 1. Overloaded, and refused rather than timed out.
+  CHECK(overload.errors_by_status.at("504") == 0);
+  CHECK(overload.errors_by_status.at("429") > 0);
+  for (const RequestOutcome& o : overload_outcomes) {
+    if (o.http_status == 429 || o.http_status == 503) CHECK(o.e2e_s < 0.1 * kFirstTokenTimeoutS);
+  }
+  // 2. Every request: its whole stream (the usage chunk and [DONE] seen), or a refusal.
+  for (const auto* outcomes : {&at_capacity_outcomes, &overload_outcomes}) {
+    for (const RequestOutcome& o : *outcomes) {
+      CHECK_MESSAGE((o.ok || o.http_status == 429 || o.http_status == 503), o.error << ": " << o.error_detail);
+      if (o.ok) {
+        CHECK(o.completion_tokens == kOutputTokens);
+        CHECK(o.ttft_s <= kFirstTokenTimeoutS);  // admitted requests are served in time
+      }
+    }
+  }
+  CHECK(at_capacity.errors_by_status.at("504") == 0);
+  // 3. Refusing the excess keeps the fleet busy with what it can serve in time: it serves
+  // more requests within the timeout than at capacity, and as many per second. Both runs
+  // keep the fleet busy, so their rates agree within where each run's wall time ends (the
+  // last answer): 5%. Without admission this run's goodput was less than half (2026-11-24).
+  CHECK(overload.slo_met >= at_capacity.slo_met);
+  CHECK(overload.goodput_rps >= 0.95 * at_capacity.goodput_rps);
+
+  // The router counted each refusal by reason.
+  auto metrics = HttpGet(kRouterUrl, "/metrics", 2.0);
+  REQUIRE(metrics.ok());
+  double refused = 0;
+  std::istringstream lines(metrics->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("kvfleet_router_requests_refused_total{", 0) == 0) {
+      refused += std::stod(line.substr(line.rfind(' ')));
+    }
+  }
+  CHECK(refused == static_cast<double>(overload.errors_by_status.at("429") + overload.errors_by_status.at("503") +
+                                       at_capacity.errors_by_status.at("429") +
+                                       at_capacity.errors_by_status.at("503")));
+}
+
+TEST_CASE("an admission bound past the first-token timeout is refused at start-up, naming the flag") {
+  TempDir dir;
+  std::vector<std::string> args = RouterArgs();
+  args.insert(args.end(), {"--admission-ttft-s", "2"});
+  Process router(KVFLEET_ROUTER_BIN, args, dir.path / "router.log");
+  CHECK(router.Wait(10) == 2);
+  CHECK(ReadFile(dir.path / "router.log").find("--admission-ttft-s") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvfleet::bench
