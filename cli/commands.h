@@ -13,6 +13,8 @@ using Action = std::function<int()>;
 
 // kvfleet hash --model NAME [--lora L] [--salt S] --block-size B TOKEN...
 Action AddHashCommand(CLI::App& parent);
+// kvfleet events --events EP | --replay EP --snapshot: a worker's KV events as JSON lines
+Action AddEventsCommand(CLI::App& parent);
 // kvfleet keygen PATH: a CURVE key pair file for the event sockets
 Action AddKeygenCommand(CLI::App& parent);
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
 
   std::map<std::string, kvfleet::cli::Action> actions;
   actions["hash"] = kvfleet::cli::AddHashCommand(app);
+  actions["events"] = kvfleet::cli::AddEventsCommand(app);
   actions["up"] = kvfleet::cli::AddUpCommand(app);
   actions["keygen"] = kvfleet::cli::AddKeygenCommand(app);
   actions["make-model"] = kvfleet::cli::AddMakeModelCommand(app);

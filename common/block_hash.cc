@@ -25,6 +25,12 @@ uint64_t HashSeed(const HashNamespace& ns) {
   return XXH3_64bits(buf.data(), buf.size());
 }
 
+uint64_t LoraId(std::string_view lora) {
+  if (lora.empty()) return 0;
+  const uint64_t id = XXH3_64bits(lora.data(), lora.size());
+  return id == 0 ? 1 : id;
+}
+
 uint64_t LocalBlockHash(std::span<const TokenId> block_tokens, uint64_t seed) {
   return XXH3_64bits_withSeed(block_tokens.data(), block_tokens.size_bytes(), seed);
 }

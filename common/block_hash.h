@@ -34,6 +34,10 @@ struct HashNamespace {
 // XXH3_64(model ‖ 0x00 ‖ lora ‖ 0x00 ‖ cache_salt).
 uint64_t HashSeed(const HashNamespace& ns);
 
+// Contract 2's StoredBlock.loraId of an adapter: XXH3_64(lora) (0 is sent as 1); 0 for the
+// base model (an empty name).
+uint64_t LoraId(std::string_view lora);
+
 // local_i for one block of tokens.
 uint64_t LocalBlockHash(std::span<const TokenId> block_tokens, uint64_t seed);
 

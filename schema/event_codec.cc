@@ -24,6 +24,20 @@ Status CheckPriority(uint8_t p) {
   return Status::Ok();
 }
 
+// A publisher stamps a batch's events with consecutive ids; an older one leaves them all 0.
+Status CheckEventIds(std::span<const kv::KvEvent> events) {
+  if (events.empty()) return Status::Ok();
+  const uint64_t first = events.front().id;
+  for (size_t i = 1; i < events.size(); ++i) {
+    const uint64_t want = first == 0 ? 0 : first + i;
+    if (events[i].id != want) {
+      return InvalidArgument("event ids " + std::to_string(first) + ", ..., " + std::to_string(events[i].id) +
+                             " at position " + std::to_string(i) + " are neither all 0 nor consecutive");
+    }
+  }
+  return Status::Ok();
+}
+
 struct BlockEventCounter {
   size_t operator()(const kv::StoredEvent& e) const { return e.blocks.size(); }
   size_t operator()(const kv::RemovedEvent& e) const { return e.hashes.size(); }
@@ -42,6 +56,7 @@ size_t BlockEventCount(std::span<const kv::KvEvent> events) {
 
 void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
   out.setWindowSize(event.window_size);
+  out.setEventId(event.id);
   std::visit(
       [&](const auto& e) {
         using T = std::decay_t<decltype(e)>;
@@ -55,6 +70,7 @@ void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
             wb.setHash(b.hash);
             wb.setTier(ToWire(b.tier));
             wb.setPriority(b.priority);
+            wb.setLoraId(b.lora_id);
             if (!b.tokens.empty()) {
               auto toks = wb.initTokens(static_cast<unsigned>(b.tokens.size()));
               for (size_t j = 0; j < b.tokens.size(); ++j) toks.set(static_cast<unsigned>(j), b.tokens[j]);
@@ -100,6 +116,7 @@ struct StructBudget {
 
 Status ParseKvEventIn(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget& budget) {
   out->window_size = in.getWindowSize();
+  out->id = in.getEventId();
   switch (in.which()) {
     case schema::KvEvent::STORED: {
       auto s = in.getStored();
@@ -115,6 +132,7 @@ Status ParseKvEventIn(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget
         KVF_ASSIGN_OR_RETURN(o.tier, FromWire(b.getTier()));
         o.priority = b.getPriority();
         KVF_RETURN_IF_ERROR(CheckPriority(o.priority));
+        o.lora_id = b.getLoraId();
         auto toks = b.getTokens();
         if (toks.size() == 0) continue;
         if (toks.size() > config::kMaxTokensPerBlock) return InvalidArgument("stored block with too many tokens");
@@ -236,6 +254,7 @@ Result<DecodedBatch> ParseBatchIn(schema::EventBatch::Reader in, StructBudget bu
   if (!budget.Take(events.size())) return DataLoss("batch with empty event entries");
   out.events.resize(events.size());
   for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEventIn(events[i], &out.events[i], budget));
+  KVF_RETURN_IF_ERROR(CheckEventIds(out.events));
   out.load = ParseLoad(in.getLoad());
   out.block_events = BlockEventCount(out.events);
   return out;

@@ -55,10 +55,16 @@ LoadReport ParseLoad(schema::Load::Reader in);
 std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load);
 
 // Decodes and validates one EventBatch frame: epoch and seq non-zero, a short non-empty
-// worker id, known event kinds, tiers and priorities in range.
+// worker id, known event kinds, tiers and priorities in range, event ids all 0 (a worker
+// older than eventId) or consecutive.
 Result<DecodedBatch> DecodeBatch(const void* data, size_t size);
 // The same from an already-decoded reader (ReplayReply carries batches inline).
 Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in);
+
+// The eventId of a batch's first event, and of its last; 0 when it has none or its worker
+// predates eventId. A decoded batch's ids are consecutive (DecodeBatch checks).
+inline uint64_t FirstEventId(const DecodedBatch& b) { return b.events.empty() ? 0 : b.events.front().id; }
+inline uint64_t LastEventId(const DecodedBatch& b) { return b.events.empty() ? 0 : b.events.back().id; }
 
 // Counts the block-level events in a list (a stored block, a removed hash, an update).
 size_t BlockEventCount(std::span<const kv::KvEvent> events);

@@ -15,6 +15,8 @@ struct StoredBlock {
   tokens @1 :List(UInt32);  # the block's tokens; empty unless the worker's events.include_tokens is on
   tier @2 :Tier;
   priority @3 :UInt8;       # retention priority 0..100
+  loraId @4 :UInt64;        # the adapter the block's KV was computed with: XXH3_64 of the request's
+                            # loraName (a digest of 0 is sent as 1); 0 = the base model
 }
 
 struct KvEvent {
@@ -27,6 +29,9 @@ struct KvEvent {
     cleared @4 :Void;       # every block of every tier is gone
     created @5 :Created;
   }
+
+  eventId @6 :UInt64;       # 1 for the first event of an epoch, +1 per event the KV manager made,
+                            # lost ones included; 0 = none (a snapshot's events, an older worker)
 
   struct Stored {
     parentHash @0 :UInt64;          # hash of the block before blocks[0]; 0 = the root
@@ -101,5 +106,7 @@ struct ReplayReply {
   struct Snapshot {
     consistentSeq @0 :UInt64;      # reflects every batch with seq <= this, and none after
     events @1 :List(KvEvent);      # `stored` events, parents before children
+    consistentEventId @2 :UInt64;  # reflects every event with eventId <= this, and none after;
+                                   # 0 = no event yet, or an older worker
   }
 }

@@ -41,6 +41,7 @@ struct StoredBlock {
   std::vector<TokenId> tokens;  // empty unless the manager's include_tokens is on
   Tier tier = Tier::kDevice;
   uint8_t priority = kDefaultPriority;
+  uint64_t lora_id = 0;  // LoraId(loraName) of the adapter the KV was computed with; 0 = the base model
 };
 
 struct StoredEvent {
@@ -64,6 +65,10 @@ struct ClearedEvent {};
 struct KvEvent {
   uint32_t window_size = 0;  // the pool's attention window; 0 = full attention
   std::variant<CreatedEvent, StoredEvent, RemovedEvent, UpdatedEvent, ClearedEvent> data;
+  // Contract 2's eventId (TensorRT-LLM's KVCacheEvent.event_id): stamped by the worker's
+  // publisher as it seals the event, 1, 2, ... within an epoch; 0 = not stamped (the KV
+  // manager's own events before publication, snapshot events, an older worker's).
+  uint64_t id = 0;
 };
 
 }  // namespace kvfleet::kv

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -37,6 +38,7 @@ struct BenchArgs {
   std::string trace_path;
   uint32_t vocab_size = config::kDefaultVocabSize;
   std::string compare;     // comma-separated policies; empty: one run
+  bool compare_retention = false;  // each policy without, then with, replay.retention
   std::string fleet_cmd;   // restarts the fleet before each --compare run
   double ready_timeout_s = config::kDefaultReadyTimeoutS;
   std::string out_path;
@@ -98,9 +100,24 @@ int RunBench(const BenchArgs& args) {
   const bench::IdealReuse ideal = bench::ComputeIdealReuse(requests, args.scale.block_tokens());
   RaiseOpenFileLimit();
 
+  if (args.compare_retention && args.replay.retention.prefix_tokens == 0)
+    return fail(InvalidArgument("--compare-retention needs --retain-prefix-tokens (the range to retain)"));
   std::vector<std::string> policies = SplitList(args.compare);
-  const bool comparing = !policies.empty();
-  if (!comparing) policies.push_back(args.replay.policy);
+  if (policies.empty()) policies.push_back(args.replay.policy);
+  // One run per policy, or two with --compare-retention: without kv_retention, then with it.
+  struct Run {
+    std::string policy;
+    bool retain = false;
+    std::string label;
+  };
+  std::vector<Run> runs;
+  for (const std::string& policy : policies) {
+    const std::string name = policy.empty() ? "default" : policy;
+    const bool retain = args.replay.retention.prefix_tokens > 0;
+    if (args.compare_retention) runs.push_back({policy, false, name});
+    runs.push_back({policy, retain, retain ? name + "+retain" : name});
+  }
+  const bool comparing = runs.size() > 1;
   std::cerr << "bench: " << requests.size() << " requests from " << args.trace_path << " (time scale "
             << args.scale.time_scale << ", length scale " << args.scale.length_scale << ", block "
             << args.scale.block_tokens() << " tokens); ideal cached-token ratio " << ideal.token_ratio()
@@ -123,13 +140,15 @@ int RunBench(const BenchArgs& args) {
   std::vector<bench::RunReport> reports;
   std::string model = args.replay.model;
   const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
-  for (const std::string& policy : policies) {
+  for (const Run& spec : runs) {
+    const std::string& policy = spec.policy;
     bench::ReplayOptions options = args.replay;
     options.policy = policy;
     options.progress = !args.quiet;
+    if (!spec.retain) options.retention = {};
     // A fresh salt per run: blocks cached by an earlier run hash differently, so they
     // cannot help this one even when the fleet is not restarted.
-    if (comparing) options.cache_salt = "kvfleet-bench-" + std::to_string(run_id) + "-" + policy;
+    if (comparing) options.cache_salt = "kvfleet-bench-" + std::to_string(run_id) + "-" + spec.label;
     bench::FleetProcess fleet;
     if (!args.fleet_cmd.empty()) {
       if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
@@ -142,14 +161,20 @@ int RunBench(const BenchArgs& args) {
       std::cerr << "bench: model " << options.model << "\n";
     }
     model = options.model;
-    std::cerr << "bench: run " << (policy.empty() ? "(router's default policy)" : policy) << "\n";
+    std::cerr << "bench: run " << (policy.empty() ? "(router's default policy)" : policy);
+    if (spec.retain) {
+      std::cerr << " with kv_retention: tokens [0, " << options.retention.prefix_tokens << ") at priority "
+                << options.retention.priority;
+      if (options.retention.duration_ms > 0) std::cerr << " for " << options.retention.duration_ms << " ms";
+    }
+    std::cerr << "\n";
     auto before = bench::ScrapeRequestsByWorker(options.router_url);
     auto run = bench::Replay(requests, prompts, options);
     auto after = bench::ScrapeRequestsByWorker(options.router_url);
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
-    if (request_lines.is_open()) WriteRequestLines(request_lines, policy.empty() ? "default" : policy, *run);
-    reports.push_back(bench::Summarize(policy.empty() ? "default" : policy, *run, ideal, ttft_slo_s));
+    if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
+    reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s));
     bench::RunReport& r = reports.back();
     if (before.ok() && after.ok()) {
       for (const auto& [worker, n] : *after) {
@@ -219,6 +244,20 @@ Action AddBenchCommand(CLI::App& parent) {
   cmd->add_option("--policy", args->replay.policy, "routing policy override for a single run (empty: router's)");
   cmd->add_option("--cache-salt", args->replay.cache_salt, "cache_salt of every request of a single run");
   cmd->add_option("--compare", args->compare, "run once per policy, e.g. round_robin,least_loaded,kv,approx");
+  auto* retain = cmd->add_option("--retain-prefix-tokens", args->replay.retention.prefix_tokens,
+                                 "attach kv_retention to every request: its first N prompt tokens (after "
+                                 "--length-scale) at --retain-priority (0: none)")
+                     ->capture_default_str()
+                     ->check(CLI::Range(1u, std::numeric_limits<uint32_t>::max()));
+  cmd->add_option("--retain-priority", args->replay.retention.priority, "priority of the retained range, 0..100")
+      ->capture_default_str()
+      ->needs(retain);
+  cmd->add_option("--retain-duration-ms", args->replay.retention.duration_ms,
+                  "the retained range's duration_ms (0: for good)")
+      ->capture_default_str()
+      ->needs(retain);
+  cmd->add_flag("--compare-retention", args->compare_retention,
+                "run each policy twice, without and then with the --retain-* kv_retention (labelled +retain)");
   cmd->add_option("--fleet-cmd", args->fleet_cmd,
                   "shell command that starts the fleet; run (and stopped) around each --compare run");
   cmd->add_option("--ready-timeout", args->ready_timeout_s, "seconds --fleet-cmd may take to be ready")

@@ -1,5 +1,7 @@
 #include "cli/bench/replay.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -249,7 +251,13 @@ class Replayer {
 Status ReplayOptions::Validate() const {
   if (concurrency_limit == 0) return InvalidArgument("--concurrency-limit must be >= 1");
   if (!(request_timeout_s > 0)) return InvalidArgument("--request-timeout must be > 0");
+  KVF_RETURN_IF_ERROR(retention.Validate());
   return ParseUrl(router_url).status();
+}
+
+Status RetentionOptions::Validate() const {
+  if (priority > 100) return InvalidArgument("--retain-priority must be in [0, 100]");
+  return Status::Ok();
 }
 
 std::string CompletionBody(const ScaledRequest& request, const PromptBuilder& prompts, const ReplayOptions& options) {
@@ -264,6 +272,12 @@ std::string CompletionBody(const ScaledRequest& request, const PromptBuilder& pr
   if (!options.model.empty()) body["model"] = options.model;
   if (!options.policy.empty()) body[config::kPolicyField] = options.policy;
   if (!options.cache_salt.empty()) body["cache_salt"] = options.cache_salt;
+  if (const RetentionOptions& r = options.retention; r.prefix_tokens > 0) {
+    nlohmann::json range = {{"start", 0}, {"end", std::min(r.prefix_tokens, request.input_length)},
+                            {"priority", r.priority}};
+    if (r.duration_ms > 0) range["duration_ms"] = r.duration_ms;
+    body["kv_retention"] = {{"token_ranges", nlohmann::json::array({range})}};
+  }
   return body.dump();
 }
 

@@ -39,11 +39,23 @@ inline constexpr uint32_t kDefaultConcurrencyLimit = 512;
 inline constexpr double kDefaultRequestTimeoutS = 300;
 }  // namespace config
 
+// kv_retention attached to every request (the router's extension; TensorRT-LLM's
+// KvCacheRetentionConfig): the prompt's first `prefix_tokens` tokens, cut to the prompt, at
+// `priority` for `duration_ms` (0: for good). 0 prefix tokens: no kv_retention.
+struct RetentionOptions {
+  uint32_t prefix_tokens = 0;
+  uint32_t priority = 100;   // 0..100
+  uint64_t duration_ms = 0;
+
+  Status Validate() const;
+};
+
 struct ReplayOptions {
   std::string router_url = "http://127.0.0.1:8000";  // http://host[:port]
   std::string model;            // "model" of every request; empty: the router's only model
   std::string policy;           // per-request policy override; empty: the router's own
   std::string cache_salt;       // cache_salt extension; empty: none
+  RetentionOptions retention;   // kv_retention extension; none by default
   uint32_t concurrency_limit = config::kDefaultConcurrencyLimit;  // requests in flight, >= 1
   double request_timeout_s = config::kDefaultRequestTimeoutS;     // seconds, > 0
   bool progress = true;         // a status line on stderr every few seconds

@@ -124,6 +124,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   prometheus::Family<prometheus::Counter>* f_applied_;
   prometheus::Counter *m_stored_, *m_removed_, *m_updated_, *m_cleared_;
   prometheus::Counter *m_gaps_, *m_replays_, *m_snapshots_, *m_epochs_, *m_unknown_parent_;
+  prometheus::Counter* m_event_id_mismatches_;
   prometheus::Family<prometheus::Counter>* f_malformed_;
   prometheus::Family<prometheus::Gauge>* f_blocks_;
   prometheus::Family<prometheus::Gauge>* f_state_;
@@ -151,6 +152,9 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
   m_epochs_ = counter("kvfleet_router_event_epoch_changes_total", "Worker restarts seen as a new event epoch");
   m_unknown_parent_ =
       counter("kvfleet_router_event_unknown_parent_total", "Stored events whose parent block the index did not hold");
+  m_event_id_mismatches_ = counter("kvfleet_router_event_id_mismatches_total",
+                                   "Batches whose event ids did not follow the last applied one though their seq "
+                                   "did (events lost or repeated); each resyncs the worker from a snapshot");
   f_malformed_ = &prometheus::BuildCounter()
                       .Name("kvfleet_router_events_malformed_total")
                       .Help("KV event messages dropped as malformed, by reason")
@@ -356,6 +360,7 @@ void EventPlane::Impl::RefreshView(const Entry& e) {
   v.stats.state = v.state;
   v.stats.epoch = e.sub->epoch();
   v.stats.applied_seq = e.sub->applied_seq();
+  v.stats.last_event_id = e.sub->last_event_id();
   v.stats.buffered_batches = e.sub->buffered();
   v.stats.index_blocks = {index_.BlockCount(e.id, kv::Tier::kDevice), index_.BlockCount(e.id, kv::Tier::kHost)};
   std::lock_guard lock(view_mu_);
@@ -376,6 +381,7 @@ void EventPlane::Impl::ExportCounters() {
   push(m_snapshots_, counters_.snapshots, exported_.snapshots);
   push(m_epochs_, counters_.epoch_changes, exported_.epoch_changes);
   push(m_unknown_parent_, counters_.unknown_parent, exported_.unknown_parent);
+  push(m_event_id_mismatches_, counters_.event_id_mismatches, exported_.event_id_mismatches);
   if (counters_.seq_too_far > exported_.seq_too_far) {
     f_malformed_->Add({{"reason", "seq_too_far"}}).Increment(static_cast<double>(counters_.seq_too_far - exported_.seq_too_far));
     exported_.seq_too_far = counters_.seq_too_far;

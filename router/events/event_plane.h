@@ -96,11 +96,13 @@ struct WorkerEventStats {
   WorkerState state = WorkerState::kSyncing;
   uint64_t epoch = 0;
   uint64_t applied_seq = 0;           // last seq folded into the index
+  uint64_t last_event_id = 0;         // eventId of the last event folded in; 0 = unknown
   uint64_t batches_applied = 0;
   uint64_t gaps = 0;
   uint64_t replays = 0;
   uint64_t snapshots = 0;
   uint64_t epoch_changes = 0;
+  uint64_t event_id_mismatches = 0;   // batches whose event ids did not follow on (resynced)
   uint64_t buffered_batches = 0;
   TimeNs last_heard = 0;              // router monotonic clock; 0 = never
   uint32_t indexed_window = 0;        // windowSize of the pool whose events are indexed

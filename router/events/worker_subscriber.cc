@@ -39,6 +39,7 @@ void WorkerSubscriber::EnterSyncing() {
   index_->RemoveWorker(id_);
   epoch_ = 0;
   applied_seq_ = 0;
+  last_event_id_ = 0;
   snapshot_started_ = 0;
   SetState(WorkerState::kSyncing);
   Request(0, 0);
@@ -52,6 +53,7 @@ void WorkerSubscriber::EnterDead() {
   epoch_ = 0;
   live_epoch_ = 0;
   applied_seq_ = 0;
+  last_event_id_ = 0;
   pending_request_ = 0;
   load_.reset();
   SetState(WorkerState::kDead);
@@ -131,7 +133,7 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
       }
       if (h.seq == applied_seq_ + 1) {
         live_epoch_ = h.epoch;
-        Apply(batch);
+        if (!Apply(batch)) Buffer(std::move(batch));  // resyncing: it may follow the snapshot
         return;
       }
       ++counters_->gaps;
@@ -157,7 +159,20 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
   }
 }
 
-void WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
+bool WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
+  const uint64_t first_id = events::FirstEventId(batch);
+  if (first_id != 0 && last_event_id_ != 0 && first_id != last_event_id_ + 1) {
+    // Invariant 4: events went missing (or came twice) though the seq was whole.
+    ++counters_->event_id_mismatches;
+    ++stats_.event_id_mismatches;
+    uint64_t suppressed = 0;
+    if (event_id_log_.Allow(&suppressed))
+      log_->warn("worker {}: batch {} starts at event id {}, not {}; resyncing ({} more suppressed)", name_,
+                 batch.header.seq, first_id, last_event_id_ + 1, suppressed);
+    EnterSyncing();
+    return false;
+  }
+  if (!batch.events.empty()) last_event_id_ = events::LastEventId(batch);  // 0: an older worker
   ops_.clear();
   for (const kv::KvEvent& e : batch.events) CollectEvent(e);
   FlushOps();
@@ -168,6 +183,7 @@ void WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
   stats_.last_lag_seconds = lag;
   counters_->last_lag_seconds = lag;
   io_->OnApplied(id_, lag);
+  return true;
 }
 
 void WorkerSubscriber::FlushOps() {
@@ -285,7 +301,7 @@ void WorkerSubscriber::DrainBuffer() {
       continue;
     }
     if (it->first != applied_seq_ + 1) break;
-    Apply(it->second);
+    if (!Apply(it->second)) return;  // resyncing; the buffer waits for the snapshot
     buffer_.erase(it);
   }
   stats_.buffered_batches = buffer_.size();
@@ -329,7 +345,7 @@ void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply, uint64_t
           return;
         }
         if (parsed->header.epoch != epoch_ || parsed->header.seq != applied_seq_ + 1) continue;
-        Apply(*parsed);
+        if (!Apply(*parsed)) return;  // resyncing: later replies to this request are ignored
       }
       if (reply.getLast()) DrainBuffer();
       return;
@@ -351,6 +367,7 @@ void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply, uint64_t
       if (!ApplySnapshotEvents(snap.getEvents(), words)) return;  // counted; the timeout asks again
       if (reply.getLast()) {
         applied_seq_ = snap.getConsistentSeq();
+        last_event_id_ = snap.getConsistentEventId();
         stats_.applied_seq = applied_seq_;
         stats_.epoch = epoch_;
         if (live_epoch_ == 0) live_epoch_ = epoch_;

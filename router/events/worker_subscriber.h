@@ -14,6 +14,10 @@
 //   2. Buffered batches all have seq > applied_seq and belong to the newest epoch heard.
 //   3. At most one replay/snapshot request is outstanding (pending_request_ != 0), and only
 //      replies carrying its id are used.
+//   4. last_event_id is the eventId of the last event applied (or the snapshot's
+//      consistentEventId), 0 when unknown; the next batch with events must start at
+//      last_event_id + 1. One that does not lost or repeated events behind a seq that looked
+//      whole: it is counted and the worker resyncs from a snapshot.
 //
 // Thread safety: thread-compatible; owned by the event plane's event thread.
 #pragma once
@@ -37,6 +41,7 @@ struct EventCounters {
   uint64_t applied_stored = 0, applied_removed = 0, applied_updated = 0, applied_cleared = 0;
   uint64_t gaps = 0, replays = 0, snapshots = 0, epoch_changes = 0, unknown_parent = 0;
   uint64_t duplicates = 0, seq_too_far = 0, other_window = 0, bad_replies = 0, deaths = 0;
+  uint64_t event_id_mismatches = 0;
   double last_lag_seconds = 0;
 };
 
@@ -75,6 +80,7 @@ class WorkerSubscriber {
   WorkerState state() const { return state_; }
   uint64_t epoch() const { return epoch_; }
   uint64_t applied_seq() const { return applied_seq_; }
+  uint64_t last_event_id() const { return last_event_id_; }
   size_t buffered() const { return buffer_.size(); }
   TimeNs last_heard() const { return last_heard_; }
   const std::optional<WorkerLoad>& load() const { return load_; }
@@ -86,7 +92,9 @@ class WorkerSubscriber {
   void EnterDead();
   void Request(uint64_t epoch, uint64_t from_seq);
   void Buffer(events::DecodedBatch batch);
-  void Apply(const events::DecodedBatch& batch);
+  // Folds the batch into the index. False, with nothing applied, when its event ids do not
+  // follow on (invariant 4): the subscriber is then SYNCING.
+  bool Apply(const events::DecodedBatch& batch);
   // Adds the event's block changes to ops_ (a `cleared` flushes ops_ and drops the
   // worker's blocks at once, so later events of the batch land after it).
   void CollectEvent(const kv::KvEvent& event);
@@ -115,6 +123,7 @@ class WorkerSubscriber {
   WorkerState state_ = WorkerState::kSyncing;
   uint64_t epoch_ = 0;        // the epoch applied_seq belongs to; 0 = none yet
   uint64_t applied_seq_ = 0;
+  uint64_t last_event_id_ = 0;  // invariant 4; 0 = unknown
   uint64_t live_epoch_ = 0;   // epoch of the newest live batch heard
   std::map<uint64_t, events::DecodedBatch> buffer_;  // seq -> batch, all of live_epoch_
   uint64_t pending_request_ = 0;  // outstanding request id; 0 = none
@@ -124,7 +133,7 @@ class WorkerSubscriber {
   TimeNs last_heard_ = 0;
   std::optional<WorkerLoad> load_;
   WorkerEventStats stats_;
-  RateLimit far_seq_log_;
+  RateLimit far_seq_log_, event_id_log_;
   std::vector<BlockOp> ops_;  // the batch being collected; reused
 };
 

@@ -49,6 +49,8 @@ KNOWN_METRICS = {
     "kvfleet_worker_preemptions_total", "kvfleet_worker_time_to_first_token_seconds",
     # issue 19: admission control
     "kvfleet_router_requests_refused_total", "kvfleet_worker_requests_refused_total",
+    # issue 18
+    "kvfleet_router_event_id_mismatches_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -1,7 +1,10 @@
 #include "schema/event_codec.h"
 
 #include <cstring>
+#include <fstream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <vector>
 
 #include <capnp/common.h>
@@ -99,6 +102,123 @@ TEST_CASE("truncated frames and lists of empty structs are refused, not expanded
   auto batch = DecodeBatch(w.data(), w.size() * sizeof(uint64_t));
   REQUIRE(!batch.ok());
   CHECK(batch.status().ToString().find("empty") != std::string::npos);
+}
+
+TEST_CASE("event ids and lora ids survive encoding; a batch's ids are consecutive or all 0") {
+  std::vector<kv::KvEvent> events;
+  events.push_back({0, kv::StoredEvent{0, {{21, {}, kv::Tier::kDevice, 100, LoraId("sql-adapter")}}}, 7});
+  events.push_back({0, kv::RemovedEvent{{21}, kv::Tier::kDevice}, 8});
+  events.push_back({0, kv::UpdatedEvent{22, std::nullopt, 35}, 9});
+  const std::string frame = EncodeBatch({"w1", 9, 4, 0}, events, {});
+  auto batch = DecodeBatch(frame.data(), frame.size());
+  REQUIRE(batch.ok());
+  REQUIRE(batch->events.size() == 3);
+  CHECK(FirstEventId(*batch) == 7);
+  CHECK(LastEventId(*batch) == 9);
+  CHECK(batch->events[1].id == 8);
+  const auto& stored = std::get<kv::StoredEvent>(batch->events[0].data);
+  CHECK(stored.blocks[0].lora_id == LoraId("sql-adapter"));
+  CHECK(stored.blocks[0].lora_id != 0);
+
+  // Ids that skip, repeat or run backwards inside one batch, or mix 0 with ids, are refused.
+  for (std::vector<uint64_t> ids : {std::vector<uint64_t>{7, 9, 10}, {7, 7, 8}, {9, 8, 7}, {0, 1, 2}, {7, 8, 0}}) {
+    for (size_t i = 0; i < 3; ++i) events[i].id = ids[i];
+    const std::string bad = EncodeBatch({"w1", 9, 4, 0}, events, {});
+    auto r = DecodeBatch(bad.data(), bad.size());
+    INFO(ids[0] << "," << ids[1] << "," << ids[2]);
+    REQUIRE(!r.ok());
+    CHECK(r.status().ToString().find("event ids") != std::string::npos);
+  }
+  for (auto& e : events) e.id = 0;  // an older worker's batch
+  const std::string old = EncodeBatch({"w1", 9, 4, 0}, events, {});
+  auto r = DecodeBatch(old.data(), old.size());
+  REQUIRE(r.ok());
+  CHECK(FirstEventId(*r) == 0);
+  CHECK(LastEventId(*r) == 0);
+}
+
+TEST_CASE("LoraId is XXH3-64 of the adapter's name, 0 for the base model and never 0 for an adapter") {
+  CHECK(LoraId("") == 0);
+  CHECK(LoraId("sql-adapter") != 0);
+  CHECK(LoraId("sql-adapter") != LoraId("sql-adapter2"));
+  // Not the Contract 1 seed: the name alone, whatever the model or salt.
+  CHECK(LoraId("sql-adapter") != HashSeed({"", "sql-adapter", ""}));
+}
+
+// schema/event_vectors.txt: vector name -> frame bytes.
+std::map<std::string, std::string> LoadEventVectors() {
+  std::ifstream in(std::string(KVFLEET_SOURCE_DIR) + "/schema/event_vectors.txt");
+  REQUIRE(in.good());
+  std::map<std::string, std::string> out;
+  std::string line, name;
+  while (std::getline(in, line)) {
+    if (line.rfind("vector ", 0) == 0) name = line.substr(7);
+    if (line.rfind("frame ", 0) != 0) continue;
+    std::string bytes;
+    for (size_t i = 6; i + 1 < line.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(line.substr(i, 2), nullptr, 16)));
+    out[name] = bytes;
+  }
+  return out;
+}
+
+// The example batch of schema/README.md, field by field; `ids` is whether its events carry ids.
+void CheckExampleBatch(const std::string& frame, bool ids) {
+  // Frames are copied into word-aligned memory, as ZMQ's receive buffers are.
+  std::vector<capnp::word> words(frame.size() / sizeof(capnp::word));
+  std::memcpy(words.data(), frame.data(), frame.size());
+  auto b = DecodeBatch(words.data(), frame.size());
+  REQUIRE(b.ok());
+  CHECK(b->header.worker_id == "w0");
+  CHECK(b->header.epoch == 0x1f2e3d4c5b6a7988ULL);
+  CHECK(b->header.seq == 42);
+  CHECK(b->header.created_ns == 1795000000123456789LL);
+  REQUIRE(b->events.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(b->events[i].window_size == 0);
+    CHECK(b->events[i].id == (ids ? 1041 + i : 0));
+  }
+  const auto& stored = std::get<kv::StoredEvent>(b->events[0].data);
+  CHECK(stored.parent_hash == 0x9c1d5e2f3a4b6c7dULL);
+  REQUIRE(stored.blocks.size() == 2);
+  CHECK(stored.blocks[0].hash == 0x51aa0c3e7b9d2f41ULL);
+  CHECK(stored.blocks[0].priority == 100);
+  CHECK(stored.blocks[1].hash == 0x0b7f4e2a6c8d1935ULL);
+  CHECK(stored.blocks[1].priority == 35);
+  for (const auto& block : stored.blocks) {
+    CHECK(block.tier == kv::Tier::kDevice);
+    CHECK(block.tokens.empty());
+    CHECK(block.lora_id == 0);
+  }
+  const auto& removed = std::get<kv::RemovedEvent>(b->events[1].data);
+  CHECK(removed.hashes == std::vector<BlockHash>{0x77e01f2d3c4b5a69ULL});
+  CHECK(removed.tier == kv::Tier::kDevice);
+  const auto& updated = std::get<kv::UpdatedEvent>(b->events[2].data);
+  CHECK(updated.hash == 0x3c42a1b2c3d4e5f6ULL);
+  CHECK(updated.tier == kv::Tier::kHost);
+  CHECK(!updated.priority.has_value());
+  CHECK(b->load.active_requests == 3);
+  CHECK(b->load.queued_requests == 1);
+  CHECK(b->load.active_prefill_tokens == 2048);
+  CHECK(b->load.active_decode_blocks == 40);
+  CHECK(b->load.free_blocks == std::array<uint64_t, kLoadTiers>{812, 4096});
+  CHECK(b->load.total_blocks == std::array<uint64_t, kLoadTiers>{2048, 4096});
+  CHECK(b->load.prefill_tokens_per_second == 18500);
+  CHECK(b->load.decode_tokens_per_second == 2400);
+  CHECK(b->load.predicted_wait_us == (ids ? 110702u : 0u));  // the older worker predates it too
+}
+
+TEST_CASE("the spec's example frames decode, and an older worker's frame reads as event id 0 and lora id 0") {
+  const auto vectors = LoadEventVectors();
+  REQUIRE(vectors.size() == 2);
+  REQUIRE(vectors.count("example batch") == 1);
+  CheckExampleBatch(vectors.at("example batch"), true);
+  const std::string old = "the example batch from a worker older than eventId and loraId (events.capnp @72d9858)";
+  REQUIRE(vectors.count(old) == 1);
+  CheckExampleBatch(vectors.at(old), false);
+  // Our encoder writes what the reference encoder wrote: the same batch decodes the same.
+  auto ref = DecodeBatch(vectors.at("example batch").data(), vectors.at("example batch").size());
+  REQUIRE(ref.ok());
+  CheckExampleBatch(EncodeBatch(ref->header, ref->events, ref->load), true);
 }
 
 }  // namespace

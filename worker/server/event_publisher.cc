@@ -35,6 +35,7 @@ struct Requester {
 
 struct SnapshotJob {
   uint64_t seq = 0;
+  uint64_t event_id = 0;  // consistentEventId: the last event id given out
   std::vector<kv::KvEvent> events;
   std::vector<Requester> requesters;
 };
@@ -75,6 +76,7 @@ class EventPublisher::Impl {
   std::mutex mu_;
   std::deque<Item> queue_;
   uint64_t next_seq_ = 1;
+  uint64_t next_event_id_ = 1;  // rule 6
   uint64_t last_hole_ = 0;  // the highest seq that was skipped (never published)
   LoadReport last_load_;
   std::vector<Requester> snapshot_requests_;
@@ -194,6 +196,8 @@ uint64_t EventPublisher::last_seq() const {
 void EventPublisher::NoteKvDropsLocked(uint64_t kv_events_dropped) {
   if (kv_events_dropped <= kv_dropped_seen_) return;
   impl_->CountDropped(kv_events_dropped - kv_dropped_seen_);
+  // Rule 6: the lost events were the oldest, made before those still to be sealed.
+  impl_->next_event_id_ += kv_events_dropped - kv_dropped_seen_;
   kv_dropped_seen_ = kv_events_dropped;
   impl_->last_hole_ = impl_->next_seq_++;  // rule 3
 }
@@ -202,6 +206,7 @@ void EventPublisher::SealLocked(std::vector<kv::KvEvent>&& events, TimeNs wall_n
   Impl& impl = *impl_;
   if (events.empty()) return;
   const uint64_t seq = impl.next_seq_++;
+  for (kv::KvEvent& e : events) e.id = impl.next_event_id_++;  // rule 6, lost or not
   if (impl.queue_.size() >= options_.max_queued_batches) {
     // Rule 3: the loss becomes a hole that routers see as a gap.
     impl.last_hole_ = seq;
@@ -238,6 +243,7 @@ void EventPublisher::PublishSnapshot(std::vector<kv::KvEvent> events, uint64_t k
     NoteKvDropsLocked(kv_events_dropped);
     SealLocked(std::move(events), wall);  // rule 4: the snapshot is consistent with the batch just sealed
     job.seq = impl_->next_seq_ - 1;
+    job.event_id = impl_->next_event_id_ - 1;
     job.requesters.swap(impl_->snapshot_requests_);
     snapshot_wanted_.store(false, std::memory_order_release);
     impl_->queue_.emplace_back(std::move(job));  // never dropped: routers wait for it
@@ -420,6 +426,7 @@ void EventPublisher::Impl::SendSnapshot(const SnapshotJob& job) {
       reply.setLast(c + 1 == chunks.size());
       auto snap = reply.initSnapshot();
       snap.setConsistentSeq(job.seq);
+      snap.setConsistentEventId(job.event_id);
       auto [b, e] = chunks[c];
       auto list = snap.initEvents(static_cast<unsigned>(e - b));
       for (size_t i = b; i < e; ++i) BuildKvEvent(job.events[i], list[static_cast<unsigned>(i - b)]);

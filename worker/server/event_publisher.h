@@ -26,6 +26,10 @@
 //      PublishSnapshot seals the events given with it first, so S is the batch just sealed.
 //   5. A heartbeat (no events, the last load) goes out when nothing was published for
 //      heartbeat_interval.
+//   6. Every event the KV manager made gets the next event id as it is sealed, from 1 within
+//      the epoch, lost ones included (TensorRT-LLM's event_id): a batch's ids are consecutive,
+//      and ids skip only where a seq is skipped too. A snapshot carries the last id given out
+//      (consistentEventId), as it carries the last seq.
 //
 // Threads: the engine thread (Publish, PublishSnapshot) and the publisher thread
 // (sockets, encoding, ring). Thread safety: the engine calls are engine-thread-only;

@@ -111,6 +111,65 @@ TEST_CASE("kvfleet bench --compare runs every policy with its own cache salt and
   if (const char* keep = std::getenv("KVFLEET_KEEP_PLOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
 }
 
+TEST_CASE("--compare-retention runs each policy without, then with, kv_retention on the prompt's first N tokens") {
+  testing::FakeOpenAiServer server;
+  TempDir dir;
+  const fs::path trace = WriteTrace(dir.path / "trace.jsonl", 4);
+  const fs::path out = dir.path / "results.json";
+  const std::string cmd = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
+                          trace.string() + " --length-scale 8 --time-scale 10 --policy kv --compare-retention" +
+                          " --retain-prefix-tokens 80 --retain-priority 90 --retain-duration-ms 5000 --out " +
+                          out.string() + " --quiet 2>/dev/null";
+  auto [rc, table] = RunCommand(cmd);
+  CHECK(rc == 0);
+  CHECK(table.find("kv+retain") != std::string::npos);
+
+  // Two salts; only the second run's requests carry kv_retention, each range cut to its prompt.
+  std::map<std::string, std::vector<nlohmann::json>> by_salt;
+  for (const auto& b : server.bodies()) by_salt[b["cache_salt"].get<std::string>()].push_back(b);
+  REQUIRE(by_salt.size() == 2);
+  int with = 0, without = 0;
+  for (const auto& [salt, bodies] : by_salt) {
+    REQUIRE(bodies.size() == 4);
+    const bool retained = bodies[0].contains("kv_retention");
+    for (const auto& b : bodies) {
+      REQUIRE(b.contains("kv_retention") == retained);
+      CHECK(b["routing"] == "kv");
+      if (!retained) continue;
+      const auto& range = b["kv_retention"]["token_ranges"].at(0);
+      const size_t prompt = b["prompt"].size();  // 75..94 tokens
+      CHECK(range["start"] == 0);
+      CHECK(range["end"] == std::min<size_t>(80, prompt));
+      CHECK(range["priority"] == 90);
+      CHECK(range["duration_ms"] == 5000);
+    }
+    (retained ? with : without) += 1;
+  }
+  CHECK(with == 1);
+  CHECK(without == 1);
+  std::ifstream j(out);
+  nlohmann::json results = nlohmann::json::parse(j);
+  REQUIRE(results["runs"].size() == 2);
+  CHECK(results["runs"][0]["policy"] == "kv");
+  CHECK(results["runs"][1]["policy"] == "kv+retain");
+}
+
+TEST_CASE("retention flags that cannot apply are errors naming the flag") {
+  TempDir dir;
+  const fs::path trace = WriteTrace(dir.path / "trace.jsonl", 2);
+  const std::string base = std::string(KVFLEET_CLI) + " bench --router http://127.0.0.1:9 --trace " + trace.string();
+  for (const auto& [flags, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--compare-retention", "--retain-prefix-tokens"},
+           {"--retain-priority 90", "--retain-prefix-tokens"},
+           {"--retain-prefix-tokens 64 --retain-priority 101", "--retain-priority"},
+           {"--retain-prefix-tokens 0", "--retain-prefix-tokens"}}) {
+    INFO(flags);
+    auto [rc, output] = RunCommand(base + " " + flags + " 2>&1");
+    CHECK(rc != 0);
+    CHECK(output.find(named) != std::string::npos);
+  }
+}
+
 TEST_CASE("without gnuplot, kvfleet bench --plot writes the JSON, prints the install hint and exits 0") {
   testing::FakeOpenAiServer server;
   TempDir dir;

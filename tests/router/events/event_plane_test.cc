@@ -132,12 +132,16 @@ TEST_CASE("the index converges to the live workers' snapshots under drops, dupli
   CHECK(MetricValue(registry_a, "kvfleet_router_event_gaps_total") > 0);
   CHECK(MetricValue(registry_a, "kvfleet_router_event_replays_total") > 0);
   CHECK(MetricValue(registry_a, "kvfleet_router_event_epoch_changes_total") >= 1);
+  // Every loss showed as a seq gap: the event ids always followed on where the seqs did.
+  CHECK(MetricValue(registry_a, "kvfleet_router_event_id_mismatches_total") == 0);
+  CHECK(MetricValue(registry_b, "kvfleet_router_event_id_mismatches_total") == 0);
   CHECK(MetricValue(registry_a, "kvfleet_router_events_applied_total", "type", "stored") > 0);
   CHECK(Eventually([&] { return MetricValue(registry_a, "kvfleet_router_worker_state", "state", "dead") == 1; },
                    std::chrono::milliseconds(1000)));
   auto stats = router_a->Stats();
   REQUIRE(stats.size() == kWorkers);
   CHECK(stats[kRestarted].epoch_changes >= 1);
+  CHECK(stats[0].last_event_id > 0);  // the ids were there to check
   CHECK(router_a->Load(0).has_value());
   CHECK(router_a->Load(0)->total_blocks[0] > 0);
 }

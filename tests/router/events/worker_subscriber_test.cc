@@ -26,6 +26,12 @@ kv::KvEvent Stored(BlockHash parent, std::vector<BlockHash> hashes, kv::Tier tie
 }
 kv::KvEvent Removed(BlockHash h) { return kv::KvEvent{0, kv::RemovedEvent{{h}, kv::Tier::kDevice}}; }
 
+// Stamps `events` with the ids first, first + 1, ... as a publisher does.
+std::vector<kv::KvEvent> Ids(uint64_t first, std::vector<kv::KvEvent> events) {
+  for (kv::KvEvent& e : events) e.id = first++;
+  return events;
+}
+
 events::DecodedBatch Batch(uint64_t epoch, uint64_t seq, std::vector<kv::KvEvent> events = {}) {
   events::DecodedBatch b;
   b.header = {"w", epoch, seq, 0};
@@ -43,9 +49,10 @@ struct Reply {
     root.setRequestId(request_id);
     root.setLast(last);
   }
-  Reply& Snapshot(uint64_t seq, const std::vector<kv::KvEvent>& events) {
+  Reply& Snapshot(uint64_t seq, const std::vector<kv::KvEvent>& events, uint64_t event_id = 0) {
     auto s = root.initSnapshot();
     s.setConsistentSeq(seq);
+    s.setConsistentEventId(event_id);
     auto list = s.initEvents(static_cast<unsigned>(events.size()));
     for (size_t i = 0; i < events.size(); ++i) events::BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
     return *this;
@@ -255,6 +262,70 @@ TEST_CASE("an all-windowed worker's announced pool is indexed; --routing-window-
   Reply snap2(io.requests.back().id, 7);
   overridden.OnReplayReply(snap2.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096)}).reader());
   CHECK(index.BlocksOf(5, kv::Tier::kDevice).empty());
+}
+
+TEST_CASE("a batch whose event ids skip or repeat though its seq follows on is counted, and the worker resyncs "
+          "from a snapshot") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(5, {Stored(0, {1})}, /*event_id=*/100).reader());
+  CHECK(f.sub.last_event_id() == 100);
+  f.sub.OnBatch(Batch(7, 6, Ids(101, {Stored(1, {2})})));
+  f.sub.OnBatch(Batch(7, 7));  // a heartbeat: no ids to check
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.last_event_id() == 101);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 2});
+
+  f.sub.OnBatch(Batch(7, 8, Ids(103, {Stored(2, {3})})));  // event 102 never came
+  CHECK(f.counters.event_id_mismatches == 1);
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  CHECK(f.io.requests.back().epoch == 0);  // a snapshot request
+  CHECK(f.Device().empty());
+  f.sub.OnBatch(Batch(7, 9, Ids(104, {Stored(3, {4})})));  // buffered until the snapshot
+  Reply resync(f.io.requests.back().id, 7);
+  f.sub.OnReplayReply(resync.Snapshot(8, {Stored(0, {1, 2, 3})}, 103).reader());
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.applied_seq() == 9);
+  CHECK(f.sub.last_event_id() == 104);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 2, 3, 4});
+
+  f.sub.OnBatch(Batch(7, 10, Ids(104, {Removed(4)})));  // event 104 again
+  CHECK(f.counters.event_id_mismatches == 2);
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  CHECK(f.sub.stats().event_id_mismatches == 2);
+}
+
+TEST_CASE("a replayed batch whose event ids do not follow on resyncs the worker too") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(5, {}, 50).reader());
+  f.sub.OnBatch(Batch(7, 8, Ids(60, {Stored(0, {12})})));
+  REQUIRE(f.sub.state() == WorkerState::kReplaying);
+  Reply replay(f.io.requests.back().id, 7);
+  f.sub.OnReplayReply(replay.Batches(7, {{6, Ids(51, {Stored(0, {10})})}, {7, Ids(57, {Stored(10, {11})})}}).reader());
+  CHECK(f.counters.event_id_mismatches == 1);
+  CHECK(f.sub.state() == WorkerState::kSyncing);
+  CHECK(f.Device().empty());
+}
+
+TEST_CASE("an older worker's batches carry no event ids and are applied unchecked; ids that appear later are "
+          "the new baseline") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(0, {}).reader());  // consistentEventId 0: unknown
+  f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));
+  f.sub.OnBatch(Batch(7, 2, {Removed(2)}));
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.sub.last_event_id() == 0);
+  f.sub.OnBatch(Batch(7, 3, Ids(500, {Stored(1, {3})})));
+  CHECK(f.sub.last_event_id() == 500);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 3});
+  CHECK(f.counters.event_id_mismatches == 0);
+  f.sub.OnBatch(Batch(7, 4, Ids(502, {Stored(3, {4})})));
+  CHECK(f.counters.event_id_mismatches == 1);
 }
 
 }  // namespace

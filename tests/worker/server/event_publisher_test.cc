@@ -225,6 +225,59 @@ TEST_CASE("events the KV manager dropped leave a seq hole, so a replay across it
   CHECK(reply->Root<schema::ReplayReply>().isSnapshot());
 }
 
+TEST_CASE("events get ids 1, 2, ... across batches; lost events leave an id hole with a seq hole; a snapshot "
+          "carries the last id given out") {
+  prometheus::Registry registry;
+  auto pub = EventPublisher::Make(LoopbackOptions("w8"), SystemClock::Default(), &registry);
+  REQUIRE(pub.ok());
+  EventPublisher& p = **pub;
+  Subscriber s(p);
+  ScriptedKvSource kv(8);
+  REQUIRE(s.NextBatch());
+  kv.Step(5);
+  PublishStep(p, kv);
+  auto first = s.NextEventBatch();
+  REQUIRE(first);
+  CHECK(FirstEventId(*first) == 1);
+  CHECK(LastEventId(*first) == first->events.size());
+  kv.Step(5);
+  PublishStep(p, kv);
+  auto second = s.NextEventBatch();
+  REQUIRE(second);
+  CHECK(second->header.seq == first->header.seq + 1);
+  CHECK(FirstEventId(*second) == LastEventId(*first) + 1);
+
+  kv.DropNextEvents(true);
+  kv.Step(5);
+  kv.DropNextEvents(false);
+  const uint64_t lost = kv.events_dropped();
+  REQUIRE(lost > 0);
+  kv.Step(5);
+  PublishStep(p, kv);
+  auto third = s.NextEventBatch();
+  REQUIRE(third);
+  CHECK(third->header.seq == second->header.seq + 2);
+  CHECK(FirstEventId(*third) == LastEventId(*second) + 1 + lost);
+
+  kv.Step(3);  // sealed by the snapshot, as batch consistentSeq
+  s.Request(0, 0, 12);
+  uint64_t consistent_seq = 0, consistent_id = 0;
+  while (true) {
+    auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
+    REQUIRE(reply);
+    auto snap = reply->Root<schema::ReplayReply>().getSnapshot();
+    consistent_seq = snap.getConsistentSeq();
+    consistent_id = snap.getConsistentEventId();
+    for (auto e : snap.getEvents()) CHECK(e.getEventId() == 0);  // state, not stream events
+    if (reply->Root<schema::ReplayReply>().getLast()) break;
+  }
+  auto sealed = s.NextEventBatch();
+  REQUIRE(sealed);
+  CHECK(sealed->header.seq == consistent_seq);
+  CHECK(FirstEventId(*sealed) == LastEventId(*third) + 1);
+  CHECK(consistent_id == LastEventId(*sealed));
+}
+
 TEST_CASE("a malformed replay request gets an error reply and the publisher keeps going") {
   prometheus::Registry registry;
   auto pub = EventPublisher::Make(LoopbackOptions("w6"), SystemClock::Default(), &registry);
