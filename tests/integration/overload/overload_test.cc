@@ -115,7 +115,10 @@ std::vector<std::string> WorkerArgs() {
           "--requests", host + std::to_string(kWorkerBasePort), "--events", host + std::to_string(kWorkerBasePort + 1),
           "--replay", host + std::to_string(kWorkerBasePort + 2), "--http-port", std::to_string(kWorkerHttpBasePort),
           "--router", host + std::to_string(kRegistrationPort), "--advertise-host", "127.0.0.1",
-          "--worker-id", "overload", "--max-num-tokens", std::to_string(kStepTokens), "--log-level", "warn"};
+          "--worker-id", "overload", "--max-num-tokens", std::to_string(kStepTokens),
+          // Full prefill steps, which CapacityRps counts: the step bound would cut prefill
+          // while decodes run, moving the capacity to what the fitted step-time model allows.
+          "--max-step-ms", "0", "--log-level", "warn"};
 }
 
 // Requests per second the fleet computes: full prefill steps, kStepTokens each.
