@@ -13,6 +13,7 @@
 # KVFLEET_GPU_FRACTION (0.2 per worker), KVFLEET_DURATION (45 s of scaled arrivals per run),
 # KVFLEET_LOADS ("0.8 1.3"), KVFLEET_POLICIES (round_robin,least_loaded,kv),
 # KVFLEET_CALIB_SCALE (4), KVFLEET_CONCURRENCY (512), KVFLEET_TTFT_SLO_MS (2000),
+# KVFLEET_CAPACITY (skip the calibration: computed prompt tokens/s from an earlier one),
 # KVFLEET_BENCH_EXTRA (more kvfleet bench arguments), KVFLEET_BACKEND (cuda; mock to try the
 # script without a GPU).
 set -uo pipefail
@@ -47,15 +48,19 @@ fleet="$K up --backend $BACKEND --workers $WORKERS --model-dir $model --http-por
 bench() {  # bench NAME TIME_SCALE POLICIES
   "$K" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale "$2" --duration "$DURATION" \
     --concurrency-limit "$CONC" --compare "$3" --fleet-cmd "$fleet" --ready-timeout 300 \
-    --out "$R/$1.json" $EXTRA 2>&1 | tee "$R/$1.txt"
+    --ttft-slo-ms "$SLO" --out "$R/$1.json" $EXTRA 2>&1 | tee "$R/$1.txt"
 }
 
-echo "== calibration: least_loaded at time scale $CALIB"
-bench calibration "$CALIB" least_loaded
-capacity=$(python3 -c '
+if [ -n "${KVFLEET_CAPACITY:-}" ]; then
+  capacity="$KVFLEET_CAPACITY"  # from an earlier calibration run
+else
+  echo "== calibration: least_loaded at time scale $CALIB"
+  bench calibration "$CALIB" least_loaded
+  capacity=$(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["runs"][0]
 print((r["prompt_tokens"] - r["cached_tokens"]) / r["wall_s"])' "$R/calibration.json") || exit 1
+fi
 # Offered prompt tokens/s at time scale 1 over the replayed window.
 p1=$("$K" bench --trace "$TRACE" --time-scale 1 --duration "$DURATION" --dry-run | awk '/^prompt_tokens/ {print $2}')
 echo "capacity: $capacity computed prompt tokens/s; trace at scale 1 offers $(python3 -c "print($p1 / $DURATION)") tokens/s" |
