@@ -2,21 +2,17 @@
 // are meant for `kvfleet up` and must not reach the router and workers it starts.
 #include <doctest/doctest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/bench/fleet_process.h"
+#include "tests/common/child_process.h"
 
 namespace {
 
@@ -29,59 +25,29 @@ constexpr int kWorkerBasePort = 24210;      // worker i: +3i, +3i+1, +3i+2
 constexpr int kWorkerHttpBasePort = 24250;  // worker i: +i
 const std::string kRouterUrl = "http://127.0.0.1:" + std::to_string(kHttpPort);
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("kvfleet_up_test_" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kvfleet::testing::ChildProcess;
+using kvfleet::testing::ReadFile;
+using kvfleet::testing::TempDir;
 
 // `kvfleet up` with `env` added to this process's environment; SIGTERMed at the end.
-struct UpProcess {
-  UpProcess(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env) {
-    log_path = dir / "up.log";
-    pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-      FILE* log = std::fopen(log_path.c_str(), "w");
-      if (log) {
-        dup2(fileno(log), STDOUT_FILENO);
-        dup2(fileno(log), STDERR_FILENO);
-      }
-      const std::string logs = (dir / "logs").string();
-      execl(KVFLEET_CLI, KVFLEET_CLI, "up", "--backend", "mock", "--http-port", std::to_string(kHttpPort).c_str(),
-            "--registration-port", std::to_string(kRegistrationPort).c_str(), "--worker-base-port",
-            std::to_string(kWorkerBasePort).c_str(), "--worker-http-base-port",
-            std::to_string(kWorkerHttpBasePort).c_str(), "--router-bin", KVFLEET_ROUTER_BIN, "--worker-bin",
-            KVFLEET_WORKER_BIN, "--log-dir", logs.c_str(), "--stop-timeout-s", "5", nullptr);
-      _exit(127);
-    }
-  }
-  ~UpProcess() {
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-  }
-  bool Running() { return waitpid(pid, nullptr, WNOHANG) == 0; }
-
-  pid_t pid = -1;
-  fs::path log_path;
-};
+ChildProcess StartUp(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env) {
+  return ChildProcess(KVFLEET_CLI,
+                      {"up", "--backend", "mock", "--http-port", std::to_string(kHttpPort), "--registration-port",
+                       std::to_string(kRegistrationPort), "--worker-base-port", std::to_string(kWorkerBasePort),
+                       "--worker-http-base-port", std::to_string(kWorkerHttpBasePort), "--router-bin",
+                       KVFLEET_ROUTER_BIN, "--worker-bin", KVFLEET_WORKER_BIN, "--log-dir", (dir / "logs").string(),
+                       "--stop-timeout-s", "5"},
+                      dir / "up.log", env);
+}
 
 TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and workers") {
-  TempDir dir;
+  TempDir dir("kvfleet_up_test_");
   // KVFLEET_WORKERS is `kvfleet up --workers`; to the router it would be a list of worker
   // addresses. KVFLEET_TOKENIZER names no `kvfleet up` option; to the router it would be
   // a tokenizer directory that does not exist. Either one reaching the router stops the
   // fleet from becoming ready.
-  UpProcess up(dir.path, {{"KVFLEET_WORKERS", "4"}, {"KVFLEET_TOKENIZER", (dir.path / "no-such-model").string()}});
+  ChildProcess up =
+      StartUp(dir.path, {{"KVFLEET_WORKERS", "4"}, {"KVFLEET_TOKENIZER", (dir.path / "no-such-model").string()}});
 
   // Ready means the router has every worker `kvfleet up` started, all four.
   size_t routable = 0;
@@ -97,7 +63,7 @@ TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and 
     if (routable == 4 && ready.ok() && ready->status == 200) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  INFO("kvfleet up log:\n" << ReadFile(up.log_path) << "\nrouter log:\n" << ReadFile(dir.path / "logs/router.log"));
+  INFO("kvfleet up log:\n" << ReadFile(up.log_path()) << "\nrouter log:\n" << ReadFile(dir.path / "logs/router.log"));
   REQUIRE(routable == 4);
 
   // It serves requests: `kvfleet bench` exits 0 only when all of them completed.
@@ -114,7 +80,7 @@ TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and 
   CHECK(j["runs"][0]["completion_tokens"] == 8);
 
   // It said which variables it kept back.
-  const std::string log = ReadFile(up.log_path);
+  const std::string log = ReadFile(up.log_path());
   CHECK(log.find("not passing") != std::string::npos);
   CHECK(log.find("KVFLEET_WORKERS") != std::string::npos);
   CHECK(log.find("KVFLEET_TOKENIZER") != std::string::npos);

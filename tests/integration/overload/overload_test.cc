@@ -10,14 +10,9 @@
 // computable: prefill-bound requests of 2048 prompt tokens fill full 8192-token steps.
 #include <doctest/doctest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,6 +26,7 @@
 #include "cli/bench/report.h"
 #include "cli/bench/trace.h"
 #include "worker/backend/mock/cost_model.h"
+#include "tests/common/child_process.h"
 
 namespace kvfleet::bench {
 namespace {
@@ -50,58 +46,9 @@ constexpr uint32_t kOutputTokens = 4;    // decodes ride along with prefill: pre
 constexpr double kFirstTokenTimeoutS = 1;
 constexpr double kRunSeconds = 3;        // of arrivals per run
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("kvfleet_overload_test_" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A child process logging to a file; SIGTERMed and reaped at the end.
-struct Process {
-  Process(const std::string& bin, std::vector<std::string> args, const fs::path& log) : log_path(log) {
-    pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      FILE* f = std::fopen(log.c_str(), "w");
-      if (f) {
-        dup2(fileno(f), STDOUT_FILENO);
-        dup2(fileno(f), STDERR_FILENO);
-      }
-      std::vector<char*> argv{const_cast<char*>(bin.c_str())};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-  }
-  // Waits for the exit; its status, or -1 after `timeout_s`.
-  int Wait(double timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  pid_t pid = -1;
-  fs::path log_path;
-};
+using kvfleet::testing::ChildProcess;
+using kvfleet::testing::ReadFile;
+using kvfleet::testing::TempDir;
 
 std::vector<std::string> RouterArgs() {
   return {"--http-host", "127.0.0.1", "--http-port", std::to_string(kHttpPort), "--registration",
@@ -167,9 +114,9 @@ std::string Describe(const RunReport& r) {
 }
 
 TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput at least that at capacity") {
-  TempDir dir;
-  Process worker(KVFLEET_WORKER_BIN, WorkerArgs(), dir.path / "worker.log");
-  Process router(KVFLEET_ROUTER_BIN, RouterArgs(), dir.path / "router.log");
+  TempDir dir("kvfleet_overload_test_");
+  ChildProcess worker(KVFLEET_WORKER_BIN, WorkerArgs(), dir.path / "worker.log");
+  ChildProcess router(KVFLEET_ROUTER_BIN, RouterArgs(), dir.path / "router.log");
   INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
   // Ready: both workers routable and their load reports live (admission reads them).
   size_t live = 0;
@@ -233,10 +180,10 @@ TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput 
 }
 
 TEST_CASE("an admission bound past the first-token timeout is refused at start-up, naming the flag") {
-  TempDir dir;
+  TempDir dir("kvfleet_overload_test_");
   std::vector<std::string> args = RouterArgs();
   args.insert(args.end(), {"--admission-ttft-s", "2"});
-  Process router(KVFLEET_ROUTER_BIN, args, dir.path / "router.log");
+  ChildProcess router(KVFLEET_ROUTER_BIN, args, dir.path / "router.log");
   CHECK(router.Wait(10) == 2);
   CHECK(ReadFile(dir.path / "router.log").find("--admission-ttft-s") != std::string::npos);
 }
