@@ -1,3 +1,9 @@
+// The OpenAI API's request path, one class (ApiImpl) with its per-request stream: parse,
+// tokenize, route, forward through the HTTP thread's lane, stream or collect the answer,
+// map every failure to an OpenAI error. It is over 600 lines because those parts share
+// ApiImpl's private state (fleet, codecs, router, metrics, lanes); parsing, the codecs and
+// routing already live in openai.cc, codec.cc and router/routing. The metrics struct and the
+// error helpers are the next pieces to move out if it grows.
 #include "router/http/api.h"
 
 #include <algorithm>
