@@ -130,3 +130,22 @@ export function check(cond, message) {
   if (!cond) throw new Error(`FAILED: ${message}`);
   console.log(`ok: ${message}`);
 }
+
+// A byte-level BPE tokenizer.json with no merges: one token per byte, so a chat's
+// prompt_tokens is the length of its rendered template.
+export function byteLevelTokenizer() {
+  const bs = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const cs = bs.slice();
+  let n = 0;
+  for (let b = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
+  const vocab = {};
+  bs.forEach((b, i) => { vocab[String.fromCodePoint(cs[i])] = b; });
+  return {
+    added_tokens: [], normalizer: null, post_processor: null,
+    pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, use_regex: true },
+    decoder: { type: 'ByteLevel' }, model: { type: 'BPE', vocab, merges: [] },
+  };
+}

@@ -8,7 +8,7 @@
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { Fleet, check, runAgainst, sleep } from './fleet.mjs';
+import { Fleet, byteLevelTokenizer, check, runAgainst, sleep } from './fleet.mjs';
 
 const [routerBin, workerBin, dir, basePortText] = process.argv.slice(2);
 const basePort = Number(basePortText);
@@ -16,25 +16,6 @@ const kvfleetBin = path.join(path.dirname(routerBin), '..', 'cli', 'kvfleet');
 if (!fs.existsSync(kvfleetBin)) {
   console.log(`SKIP: ${kvfleetBin} is not built`);
   process.exit(77);
-}
-
-// A byte-level BPE tokenizer.json with no merges: one token per byte, so a chat's
-// prompt_tokens is the length of its rendered template.
-function byteLevelTokenizer() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = bs.slice();
-  let n = 0;
-  for (let b = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
-  const vocab = {};
-  bs.forEach((b, i) => { vocab[String.fromCodePoint(cs[i])] = b; });
-  return {
-    added_tokens: [], normalizer: null, post_processor: null,
-    pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, use_regex: true },
-    decoder: { type: 'ByteLevel' }, model: { type: 'BPE', vocab, merges: [] },
-  };
 }
 
 // Two model directories whose tokenizers differ in their chat template (so in their digest).
