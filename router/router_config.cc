@@ -190,10 +190,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--api-key-file", c->api_key_file,
                  "file of accepted API keys, one per line (default: no auth); guards /v1/*, /tokenize, /detokenize "
                  "and /fleet");
-  app.add_option("--allow-unknown-fields", c->api.limits.fields.allow_unknown,
-                 "admit request fields kvfleet does not know (default: 400 naming the field, as OpenAI answers); "
-                 "each is logged once at debug and counted in kvfleet_router_unknown_fields_total")
-      ->capture_default_str();
+  app.add_flag("--allow-unknown-fields", c->api.limits.fields.allow_unknown,
+               "admit request fields kvfleet does not know (default: 400 naming the field, as OpenAI answers); "
+               "each is logged once at debug and counted in kvfleet_router_unknown_fields_total");
   app.add_option("--registration", c->fleet.registration_endpoint,
                  "ROUTER endpoint workers send Hello to (empty: none)")
       ->capture_default_str();
