@@ -95,6 +95,13 @@ await runAgainst(fleet, async () => {
   check(e?.status === 401, '/fleet with a wrong key is 401');
   check((await fetch(`${fleet.url()}/fleet`)).status === 401, '/fleet without a key is 401');
 
+  // Router and worker both export their build.
+  const routerMetrics = await (await fetch(`${fleet.url()}/metrics`)).text();
+  const workerMetrics = await (await fetch(`http://127.0.0.1:${fleet.basePort + 100}/metrics`)).text();
+  check(routerMetrics.includes(`kvfleet_build_info{build_type=`) && routerMetrics.includes(`version="${v.version}"`),
+        'the router exports kvfleet_build_info with /version\'s version');
+  check(workerMetrics.includes(`version="${v.version}"`), 'the worker exports kvfleet_build_info');
+
   // The same unknown field with --allow-unknown-fields: admitted and counted.
   await fleet.kill('router', 'SIGTERM');
   fleet.routerArgs = [...routerArgs, '--allow-unknown-fields'];
