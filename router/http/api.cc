@@ -2,8 +2,9 @@
 // tokenize, route, forward through the HTTP thread's lane, stream or collect the answer,
 // map every failure to an OpenAI error. It is over 600 lines because those parts share
 // ApiImpl's private state (fleet, codecs, router, metrics, lanes); parsing, the codecs and
-// routing already live in openai.cc, codec.cc and router/routing. The metrics struct and the
-// error helpers are the next pieces to move out if it grows.
+// routing already live in openai.cc, codec.cc and router/routing, the metrics in
+// api_metrics.h and /tokenize, /detokenize and /version in tokenize_api.h. The error helpers
+// are the next piece to move out if it grows.
 #include "router/http/api.h"
 
 #include <algorithm>
@@ -15,8 +16,6 @@
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "common/check.h"
@@ -24,6 +23,7 @@
 #include "common/log.h"
 #include "common/tokenizer_files.h"
 #include "router/fleet/lane.h"
+#include "router/http/api_metrics.h"
 #include "router/http/tokenize_api.h"
 
 namespace kvfleet::router {
@@ -129,97 +129,6 @@ struct ThreadLane {
 
 }  // namespace
 
-struct Metrics {
-  explicit Metrics(prometheus::Registry& r)
-      : requests(prometheus::BuildCounter()
-                     .Name("kvfleet_router_requests_total")
-                     .Help("Completion requests answered, by model, worker and HTTP status")
-                     .Register(r)),
-        routing(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_routing_seconds")
-                    .Help("Routing decision time, tokenization and block hashing included")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-                                                                     1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3})),
-        matched(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_matched_blocks")
-                    .Help("Leading prompt blocks the chosen worker was believed to hold")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                                                                     1024})),
-        cached(prometheus::BuildCounter()
-                   .Name("kvfleet_router_cached_tokens_total")
-                   .Help("Prompt tokens expected cached at routing (predicted) and reported cached by workers (actual)")
-                   .Register(r)),
-        predicted(cached.Add({{"kind", "predicted"}})),
-        actual(cached.Add({{"kind", "actual"}})),
-        ttft(prometheus::BuildHistogram()
-                 .Name("kvfleet_router_time_to_first_token_seconds")
-                 .Help("Time from the request's arrival to its first token, seen by the router")
-                 .Register(r)
-                 .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                  250e-3, 500e-3, 1, 2.5, 5, 10, 30})),
-        itl(prometheus::BuildHistogram()
-                .Name("kvfleet_router_inter_token_seconds")
-                .Help("Time between successive deltas of a stream, per token")
-                .Register(r)
-                .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                 250e-3, 1})),
-        refused(prometheus::BuildCounter()
-                    .Name("kvfleet_router_requests_refused_total")
-                    .Help("Completion requests refused for load (429 or 503), by model and reason: queue_full, "
-                          "saturated, predicted_ttft, unattainable, no_worker, worker_queue_full")
-                    .Register(r)),
-        duration(prometheus::BuildHistogram()
-                     .Name("kvfleet_router_request_duration_seconds")
-                     .Help("Time from reading a completion request to queueing its answer's last byte, for "
-                           "requests forwarded to a worker (errors included)")
-                     .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1,
-                                                                      2.5, 5, 10, 30, 60, 120, 300, 600})),
-        queue_time(prometheus::BuildHistogram()
-                       .Name("kvfleet_router_queue_time_seconds")
-                       .Help("Time from reading a completion request to sending it to the worker that gave its "
-                             "first token (parse, tokenize, route, and any attempt on a worker that failed first)")
-                       .Register(r)
-                       .Add({}, prometheus::Histogram::BucketBoundaries{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3,
-                                                                        10e-3, 25e-3, 100e-3, 1, 10, 60})),
-        prompt_tokens(prometheus::BuildCounter()
-                          .Name("kvfleet_router_prompt_tokens_total")
-                          .Help("Prompt tokens of completion requests a worker answered, by model")
-                          .Register(r)),
-        generation_tokens(prometheus::BuildCounter()
-                              .Name("kvfleet_router_generation_tokens_total")
-                              .Help("Tokens generated for completion requests (streams cut short included), by model")
-                              .Register(r)),
-        unknown_fields(prometheus::BuildCounter()
-                           .Name("kvfleet_router_unknown_fields_total")
-                           .Help("Unknown request fields admitted by --allow-unknown-fields")
-                           .Register(r)
-                           .Add({})) {}
-
-  prometheus::Family<prometheus::Counter>& requests;
-  prometheus::Histogram& routing;
-  prometheus::Histogram& matched;
-  prometheus::Family<prometheus::Counter>& cached;
-  prometheus::Counter& predicted;
-  prometheus::Counter& actual;
-  prometheus::Histogram& ttft;
-  prometheus::Histogram& itl;
-  prometheus::Family<prometheus::Counter>& refused;
-  prometheus::Histogram& duration;
-  prometheus::Histogram& queue_time;
-  prometheus::Family<prometheus::Counter>& prompt_tokens;
-  prometheus::Family<prometheus::Counter>& generation_tokens;
-  prometheus::Counter& unknown_fields;
-
-  // Counts a request's tokens once it ends (a generation cut short counts what it made).
-  void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated) {
-    prompt_tokens.Add({{"model", model}}).Increment(prompt);
-    generation_tokens.Add({{"model", model}}).Increment(generated);
-  }
-};
-
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
   ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
@@ -233,7 +142,6 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         registry_(std::move(registry)),
         metrics_(*registry_),
         id_rng_(std::random_device{}()) {
-    http::RegisterBuildInfo(*registry_);
     options_.limits.fields.on_unknown = [this](std::string_view name) { OnUnknownField(name); };
   }
 
@@ -418,7 +326,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   const Clock* clock_;
   const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
-  Metrics metrics_;
+  ApiMetrics metrics_;
   std::mutex id_mu_;
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
   static constexpr size_t kMaxLoggedUnknownFields = 1024;

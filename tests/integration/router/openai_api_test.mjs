@@ -51,7 +51,8 @@ await runAgainst(fleet, async () => {
   // Unknown and unbuilt fields.
   let e = await refusal(client.completions.create({ model: 'mock', prompt: 'x', max_tokens: 2, mirostat: 2 }));
   check(e?.status === 400 && e.error?.param === 'mirostat', 'an unknown field is a 400 naming it');
-  e = await refusal(client.chat.completions.create({ model: 'mock', messages, response_format: { type: 'json_object' } }));
+  e = await refusal(client.chat.completions.create({
+    model: 'mock', messages, response_format: { type: 'json_object' } }));
   check(e?.status === 400 && e.error?.param === 'response_format', 'response_format json_object is refused');
   e = await refusal(client.chat.completions.create({
     model: 'mock', messages, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }));
@@ -78,7 +79,14 @@ await runAgainst(fleet, async () => {
   const chat = await root.post('/tokenize', {
     body: { model: 'mock', messages, add_generation_prompt: false, chat_template_kwargs: { greeting: 'yo' } } });
   const rendered = await root.post('/detokenize', { body: { model: 'mock', tokens: chat.tokens } });
-  check(rendered.prompt === '<user>Hello</user>[yo]', `/tokenize renders messages with the options (${rendered.prompt})`);
+  check(rendered.prompt === '<user>Hello</user>[yo]',
+        `/tokenize renders messages with the options (${rendered.prompt})`);
+  const prefill = await root.post('/tokenize', {
+    body: { model: 'mock', messages: [...messages, { role: 'assistant', content: 'Sure' }],
+            continue_final_message: true, add_generation_prompt: false } });
+  const open = await root.post('/detokenize', { body: { model: 'mock', tokens: prefill.tokens } });
+  check(open.prompt === '<user>Hello</user><assistant>Sure',
+        `continue_final_message leaves the last turn open (${open.prompt})`);
   e = await refusal(root.post('/tokenize', { body: { model: 'mock', prompt: 'x', truncate: 1 } }));
   check(e?.status === 400 && e.error?.param === 'truncate', '/tokenize refuses an unknown field by name');
   e = await refusal(root.post('/detokenize', { body: { model: 'mock', tokens: [1, -1] } }));
@@ -113,6 +121,7 @@ await runAgainst(fleet, async () => {
   check(await fleet.metric('kvfleet_router_unknown_fields_total') === 1, 'the admitted field is counted');
   check(await fleet.metric('kvfleet_router_generation_tokens_total{') === admitted.usage.completion_tokens,
         'generated tokens are counted per model');
-  e = await refusal(client.chat.completions.create({ model: 'mock', messages, response_format: { type: 'json_object' } }));
+  e = await refusal(client.chat.completions.create({
+    model: 'mock', messages, response_format: { type: 'json_object' } }));
   check(e?.status === 400 && e.error?.param === 'response_format', 'known unbuilt fields stay refused with the flag');
 });
