@@ -2,8 +2,9 @@
 // tokenize, route, forward through the HTTP thread's lane, stream or collect the answer,
 // map every failure to an OpenAI error. It is over 600 lines because those parts share
 // ApiImpl's private state (fleet, codecs, router, metrics, lanes); parsing, the codecs and
-// routing already live in openai.cc, codec.cc and router/routing. The metrics struct and the
-// error helpers are the next pieces to move out if it grows.
+// routing already live in openai.cc, codec.cc and router/routing, the metrics in
+// api_metrics.h and /tokenize, /detokenize and /version in tokenize_api.h. The error helpers
+// are the next piece to move out if it grows.
 #include "router/http/api.h"
 
 #include <algorithm>
@@ -12,10 +13,9 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "common/check.h"
@@ -23,6 +23,8 @@
 #include "common/log.h"
 #include "common/tokenizer_files.h"
 #include "router/fleet/lane.h"
+#include "router/http/api_metrics.h"
+#include "router/http/tokenize_api.h"
 
 namespace kvfleet::router {
 
@@ -127,59 +129,6 @@ struct ThreadLane {
 
 }  // namespace
 
-struct Metrics {
-  explicit Metrics(prometheus::Registry& r)
-      : requests(prometheus::BuildCounter()
-                     .Name("kvfleet_router_requests_total")
-                     .Help("Completion requests answered, by model, worker and HTTP status")
-                     .Register(r)),
-        routing(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_routing_seconds")
-                    .Help("Routing decision time, tokenization and block hashing included")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-                                                                     1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3})),
-        matched(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_matched_blocks")
-                    .Help("Leading prompt blocks the chosen worker was believed to hold")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                                                                     1024})),
-        cached(prometheus::BuildCounter()
-                   .Name("kvfleet_router_cached_tokens_total")
-                   .Help("Prompt tokens expected cached at routing (predicted) and reported cached by workers (actual)")
-                   .Register(r)),
-        predicted(cached.Add({{"kind", "predicted"}})),
-        actual(cached.Add({{"kind", "actual"}})),
-        ttft(prometheus::BuildHistogram()
-                 .Name("kvfleet_router_time_to_first_token_seconds")
-                 .Help("Time from the request's arrival to its first token, seen by the router")
-                 .Register(r)
-                 .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                  250e-3, 500e-3, 1, 2.5, 5, 10, 30})),
-        itl(prometheus::BuildHistogram()
-                .Name("kvfleet_router_inter_token_seconds")
-                .Help("Time between successive deltas of a stream, per token")
-                .Register(r)
-                .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                 250e-3, 1})),
-        refused(prometheus::BuildCounter()
-                    .Name("kvfleet_router_requests_refused_total")
-                    .Help("Completion requests refused for load (429 or 503), by model and reason: queue_full, "
-                          "saturated, predicted_ttft, unattainable, no_worker, worker_queue_full")
-                    .Register(r)) {}
-
-  prometheus::Family<prometheus::Counter>& requests;
-  prometheus::Histogram& routing;
-  prometheus::Histogram& matched;
-  prometheus::Family<prometheus::Counter>& cached;
-  prometheus::Counter& predicted;
-  prometheus::Counter& actual;
-  prometheus::Histogram& ttft;
-  prometheus::Histogram& itl;
-  prometheus::Family<prometheus::Counter>& refused;
-};
-
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
   ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
@@ -192,7 +141,20 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         started_(clock->Now()),
         registry_(std::move(registry)),
         metrics_(*registry_),
-        id_rng_(std::random_device{}()) {}
+        id_rng_(std::random_device{}()) {
+    options_.limits.fields.on_unknown = [this](std::string_view name) { OnUnknownField(name); };
+  }
+
+  // An unknown field admitted by --allow-unknown-fields: counted, and logged once per name
+  // (the first config::kMaxLoggedUnknownFields names; a client could send endless ones).
+  void OnUnknownField(std::string_view name) {
+    metrics_.unknown_fields.Increment();
+    std::lock_guard<std::mutex> lock(unknown_mu_);
+    if (unknown_logged_.size() >= kMaxLoggedUnknownFields) return;
+    if (unknown_logged_.emplace(name).second) {
+      Logger("router")->debug("admitting unknown request field '{}' (--allow-unknown-fields)", name);
+    }
+  }
 
   void AddRoutes(http::Routes* routes) {
     std::weak_ptr<ApiImpl> weak = shared_from_this();
@@ -210,7 +172,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
       bool ready = self->fleet_->Ready();
       return JsonResponse(ready ? 200 : 503, ready ? R"({"status":"ready"})" : R"({"status":"no live worker"})");
     });
-    routes->AddSync("GET", "/fleet", [self](const http::Request&) { return self->FleetJson(); });
+    routes->AddSync("GET", "/fleet", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return self->FleetJson();
+    });
+    routes->AddSync("POST", "/tokenize", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return Answer(Tokenize(req.body, self->TokenizerLookup(), self->options_.limits.fields));
+    });
+    routes->AddSync("POST", "/detokenize", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return Answer(Detokenize(req.body, self->TokenizerLookup(), self->options_.limits.fields));
+    });
+    routes->AddSync("GET", "/version", [](const http::Request&) { return JsonResponse(200, VersionJson()); });
     http::AddMetricsRoute(*routes, registry_);
     // Each I/O thread's lane exists before its first request: that request does not wait
     // for the lane's connections to the workers.
@@ -218,6 +192,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   }
 
   // --- handlers ---
+
+  static http::Response Answer(const TokenizeAnswer& a) {
+    return a.error ? ErrorResponse(*a.error) : JsonResponse(200, a.body);
+  }
+
+  // /tokenize and /detokenize serve the models the fleet knows, with their codecs.
+  TokenizerModelLookup TokenizerLookup() const {
+    return [this](const std::string& name) -> std::optional<TokenizerModel> {
+      auto model = fleet_->FindModel(name);
+      if (!model) return std::nullopt;
+      return TokenizerModel{codecs_.For(name).get(), model->max_context};
+    };
+  }
 
   std::optional<ApiError> Authorize(const http::Request& req) const {
     if (options_.api_keys.empty()) return std::nullopt;
@@ -339,9 +326,12 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   const Clock* clock_;
   const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
-  Metrics metrics_;
+  ApiMetrics metrics_;
   std::mutex id_mu_;
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
+  static constexpr size_t kMaxLoggedUnknownFields = 1024;
+  std::mutex unknown_mu_;
+  std::unordered_set<std::string> unknown_logged_;  // GUARDED_BY(unknown_mu_)
 };
 
 // One request's answer, fed by its lane: on the HTTP I/O thread that read the request.
@@ -369,7 +359,10 @@ class RequestStream final : public ResponseSink {
     handle_ = handle;
   }
   // The request was handed to its worker's socket.
-  void MarkSent(TimeNs now) { timings_.sent = now; }
+  void MarkSent(TimeNs now) {
+    timings_.sent = now;
+    if (last_sent_ == 0) last_sent_ = now;
+  }
   // Retry-After of a 429 that comes back from the workers (every one tried refused it, its
   // queue full): the predicted time to first token where it was routed.
   void set_retry_after(int seconds) { retry_after_s_ = seconds; }
@@ -381,6 +374,7 @@ class RequestStream final : public ResponseSink {
       first_ = true;
       timings_.first_delta = now;
       api_->metrics_.ttft.Observe(Seconds(now - arrived_));
+      api_->metrics_.queue_time.Observe(Seconds((last_sent_ > 0 ? last_sent_ : now) - arrived_));
     } else if (!d.tokens.empty()) {
       api_->metrics_.itl.Observe(Seconds(now - last_) / static_cast<double>(d.tokens.size()));
     }
@@ -429,6 +423,8 @@ class RequestStream final : public ResponseSink {
     if (done_) return;
     done_ = true;
     ApiError e = ToApiError(status);
+    api_->metrics_.duration.Observe(Seconds(api_->clock_->Now() - arrived_));
+    if (first_) api_->metrics_.CountTokens(req_.model, usage_.prompt_tokens, completion_tokens_);
     if (status.code() == StatusCode::kResourceExhausted) {
       api_->metrics_.refused.Add({{"model", req_.model}, {"reason", "worker_queue_full"}}).Increment();
     }
@@ -447,7 +443,8 @@ class RequestStream final : public ResponseSink {
     ex_->Reply(std::move(r));
   }
 
-  void OnRetry(WorkerId from, WorkerId to) override {}
+  // The lane sends the request again, to `to`, right after this.
+  void OnRetry(WorkerId from, WorkerId to) override { last_sent_ = api_->clock_->Now(); }
 
  private:
   ApiError ToApiError(const Status& s) const {
@@ -468,6 +465,7 @@ class RequestStream final : public ResponseSink {
   void End(WorkerId worker, const std::string& finish) {
     done_ = true;
     api_->metrics_.actual.Increment(usage_.cached_tokens);
+    api_->metrics_.CountTokens(req_.model, usage_.prompt_tokens, usage_.completion_tokens);
     api_->metrics_.requests
         .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", "200"}})
         .Increment();
@@ -482,6 +480,7 @@ class RequestStream final : public ResponseSink {
       r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
       ex_->Reply(std::move(r));
     }
+    api_->metrics_.duration.Observe(Seconds(api_->clock_->Now() - arrived_));
   }
 
   std::shared_ptr<ApiImpl> api_;
@@ -504,6 +503,7 @@ class RequestStream final : public ResponseSink {
   bool done_ = false;
   uint32_t completion_tokens_ = 0;
   RouterTimings timings_;
+  TimeNs last_sent_ = 0;  // the latest send, a retry's included (queue time)
   UsageCounts usage_;
   std::string text_;
 };
@@ -558,7 +558,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   GenerateParams params;
   if (chat) {
-    auto t = codec.EncodeChat(req.messages_json);
+    auto t = codec.EncodeChat(req.messages_json, req.chat_template);
     if (!t.ok()) return Fail(ex, req.model, ChatError(req.model, t.status()));
     params.tokens = std::move(t).value();
   } else if (req.prompt_text) {

@@ -183,6 +183,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   if (!parsed.ok()) return Bad(parsed.status().message(), "");
   json& j = *parsed;
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
+  KVF_RETURN_IF_ERROR(ApplyFieldRule(j, chat, limits.fields, &r.chat_template));
   auto model = j.find("model");
   if (model == j.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
     return Bad("'model' is required and must be a non-empty string", "model");
@@ -309,6 +310,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   }
   return r;
 }
+
+Status ParseChatMessages(const json& messages, std::string* out) { return ParseMessages(messages, out); }
 
 std::string_view FinishReasonText(FinishReason reason) {
   switch (reason) {

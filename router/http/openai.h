@@ -6,7 +6,8 @@
 // {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
 // "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, `stop_token_ids` (vLLM's: ids that
 // end the answer with finish_reason "stop", besides the model's eos ids), and `routing` (a
-// policy name overriding the router's for this request).
+// policy name overriding the router's for this request). Every field passes the table in
+// request_fields.h first: unknown and unsupported fields are a 400 naming them.
 //
 // Thread safety: pure functions over values.
 #pragma once
@@ -22,6 +23,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "schema/requests.h"
+#include "router/http/request_fields.h"
 #include "router/routing/policy.h"
 
 namespace kvfleet::router {
@@ -61,6 +63,7 @@ struct CompletionRequest {
   std::string cache_salt;
   bool ignore_eos = false;
   std::optional<Policy> routing;
+  ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs
 };
 
 // Limits a request must respect besides the body size.
@@ -71,10 +74,14 @@ struct RequestLimits {
   // ids), so a longer list is a mistake, not a use.
   size_t max_stop_token_ids = 256;
   uint32_t max_tokens_cap = 1 << 20;
+  FieldRule fields;  // which top-level fields pass (request_fields.h)
 };
 
 // Parses and validates a request body. `chat` selects the chat schema.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
+// Validates an OpenAI messages array (text parts only) into *out as JSON text; errors as
+// ParseCompletionRequest's (param "messages"). For /tokenize's chat form.
+Status ParseChatMessages(const nlohmann::json& messages, std::string* out);
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 

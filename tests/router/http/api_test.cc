@@ -228,7 +228,9 @@ class NoTemplateCodec final : public TextCodec {
  public:
   explicit NoTemplateCodec(Status chat_error) : bytes_(MakeByteCodec()), chat_error_(std::move(chat_error)) {}
   Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override { return bytes_->EncodePrompt(text); }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view) const override { return chat_error_; }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+    return chat_error_;
+  }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
   std::vector<TokenId> eos_token_ids() const override { return {}; }
   std::string name() const override { return "no-template"; }
@@ -645,7 +647,9 @@ class MarkedCodec final : public TextCodec {
     ids.insert(ids.begin(), mark_);
     return ids;
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages) const override { return EncodePrompt("chat"); }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+    return EncodePrompt("chat");
+  }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
   std::vector<TokenId> eos_token_ids() const override { return {}; }
   std::string name() const override { return "marked"; }
@@ -763,6 +767,59 @@ TEST_CASE("API keys load from a file") {
   REQUIRE(keys.ok());
   CHECK(*keys == std::vector<std::string>{"sk-one", "sk-two"});
   CHECK_FALSE(LoadApiKeys("/nonexistent/keys").ok());
+}
+
+TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version, /health and /metrics do not") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-good"};
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  const std::string auth = "Authorization: Bearer sk-good\r\n";
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", "Authorization: Bearer sk-bad\r\n")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", auth)) == 200);
+  const std::string tokenize = R"({"model":"m","prompt":"ab"})";
+  CHECK(StatusOf(r.Post("/tokenize", tokenize)) == 401);
+  auto t = r.Post("/tokenize", tokenize, auth);
+  REQUIRE(StatusOf(t) == 200);
+  auto tokens = json::parse(BodyOf(t));
+  CHECK(tokens["tokens"] == json::array({'a', 'b'}));
+  CHECK(tokens["max_model_len"] == 4096);
+  const std::string detokenize = json{{"model", "m"}, {"tokens", tokens["tokens"]}}.dump();
+  CHECK(StatusOf(r.Post("/detokenize", detokenize)) == 401);
+  CHECK(json::parse(BodyOf(r.Post("/detokenize", detokenize, auth)))["prompt"] == "ab");
+  auto version = Roundtrip(r.port(), "GET", "/version");
+  REQUIRE(StatusOf(version) == 200);
+  CHECK(json::parse(BodyOf(version))["version"].is_string());
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
+}
+
+TEST_CASE("answered requests are counted in tokens per model and timed; admitted unknown fields are counted") {
+  FakeWorker w("hello world");
+  ApiOptions api;
+  api.limits.fields.allow_unknown = true;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  for (int i = 0; i < 2; ++i) {
+    auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"abc","max_tokens":4,"x_client_tag":"a"})");
+    REQUIRE(StatusOf(resp) == 200);
+  }
+  const std::string metrics = http::SerializeMetrics(*r.registry);
+  CHECK(metrics.find(R"(kvfleet_router_prompt_tokens_total{model="m"} 6)") != std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_generation_tokens_total{model="m"} 8)") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_request_duration_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_queue_time_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_unknown_fields_total 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_build_info{") != std::string::npos);
+  // Without the flag the same body is a 400 naming the field, and nothing is counted.
+  RouterUnderTest strict({w.endpoint()});
+  strict.WaitRoutable(1);
+  auto refused = strict.Post("/v1/completions", R"({"model":"m","prompt":"abc","x_client_tag":"a"})");
+  CHECK(StatusOf(refused) == 400);
+  CHECK(json::parse(BodyOf(refused))["error"]["param"] == "x_client_tag");
+  CHECK(http::SerializeMetrics(*strict.registry).find("kvfleet_router_prompt_tokens_total{") == std::string::npos);
 }
 
 }  // namespace kvfleet::router

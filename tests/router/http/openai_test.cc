@@ -136,8 +136,10 @@ TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are ref
     CHECK(ParseError(Completion(std::string(R"("max_tokens":)") + big)).message == "'max_tokens' must be an integer");
     CHECK(ParseError(Completion(std::string(R"("top_k":)") + big)).param == "top_k");
     CHECK(ParseError(std::string(R"({"model":"m","prompt":[)") + big + "]}").param == "prompt");
-    // A field the router does not read may hold any number JSON allows.
-    CHECK(ParseCompletionRequest(Completion(std::string(R"("metadata":{"n":)") + big + "}"), false).ok());
+    // An unknown field admitted by --allow-unknown-fields may hold any number JSON allows.
+    RequestLimits admit;
+    admit.fields.allow_unknown = true;
+    CHECK(ParseCompletionRequest(Completion(std::string(R"("x_extra":{"n":)") + big + "}"), false, admit).ok());
   }
   CHECK(ParseError(Completion(R"("max_tokens":4294967296)")).message.find("must be between") != std::string::npos);
 }
@@ -225,9 +227,11 @@ TEST_CASE("the body is one JSON object and nothing more") {
 
 TEST_CASE("nesting deeper than 64 is refused before parsing, counted outside strings only") {
   auto nested = [](int depth) {
-    return Completion(R"("metadata":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']'));
+    return Completion(R"("x_extra":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']'));
   };
-  CHECK(ParseCompletionRequest(nested(64), false).ok());
+  RequestLimits admit;  // x_extra is no field of /v1/completions
+  admit.fields.allow_unknown = true;
+  CHECK(ParseCompletionRequest(nested(64), false, admit).ok());
   CHECK(ParseError(nested(65)).message == "the JSON body is nested too deeply");
   // Unclosed or otherwise broken, deep input is still "too deep", as the depth check runs first.
   CHECK(ParseError(std::string(100, '[')).message == "the JSON body is nested too deeply");
