@@ -341,8 +341,20 @@ LoadReport Engine::Load() const {
     load.active_prefill_tokens += seq->num_tokens();
     waiting_tokens.push_back(seq->num_tokens());
   }
+  // Sequences a request of n will fork once its prompt is computed queue behind it: each
+  // will compute the prompt's last partial block (engine.h, "n sequences").
+  uint32_t unforked = 0;
+  auto count_forks = [&](const Sequence* seq) {
+    if (seq->forks_left == 0) return;
+    const uint32_t tail = seq->prompt_len - (seq->prompt_len - 1) / block_size * block_size;
+    unforked += seq->forks_left;
+    load.active_prefill_tokens += uint64_t{seq->forks_left} * tail;
+    waiting_tokens.insert(waiting_tokens.end(), seq->forks_left, tail);
+  };
+  for (const Sequence* seq : scheduler_.running()) count_forks(seq);
+  for (const Sequence* seq : scheduler_.waiting()) count_forks(seq);
   load.active_requests = static_cast<uint32_t>(scheduler_.running().size());
-  load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size());
+  load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size()) + unforked;
   for (int t = 0; t < kNumTiers; ++t) {
     load.free_blocks[t] = kv_->FreeBlocks(static_cast<kv::Tier>(t));
     load.total_blocks[t] = kv_->TotalBlocks(static_cast<kv::Tier>(t));

@@ -532,6 +532,10 @@ TEST_CASE("cancel ends all n sequences; before the fork, the unforked ones end w
     RequestId id = AddN(h, 40, 3, 50);
     h.engine->Step();
     CHECK(h.engine->num_sequences() == 1);
+    // The load report counts the forks to come: each will compute the last 8 prompt tokens.
+    const LoadReport load = h.engine->Load();
+    CHECK(load.queued_requests == 2);
+    CHECK(load.active_prefill_tokens == (40 - 16) + 2 * 8);
     h.engine->Cancel(id);
     Choices got;
     RunChoices(h, id, &got);
