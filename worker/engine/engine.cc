@@ -66,9 +66,11 @@ Result<RequestId> Engine::Add(GenerateRequest request, TimeNs arrival) {
 Status Engine::CheckFits(const GenerateRequest& request) const {
   const uint32_t n = request.sampling.n;
   if (n == 1) return Status::Ok();
-  if (n > options_.scheduler.max_batch_size) {
-    return InvalidArgument("n=" + std::to_string(n) + " exceeds this worker's max batch size of " +
-                           std::to_string(options_.scheduler.max_batch_size) + " sequences");
+  if (n > options_.scheduler.max_batch_size || n > options_.limits.max_queued) {
+    // Refused as invalid, not as overloaded: no worker like this one will ever take it.
+    return InvalidArgument("n=" + std::to_string(n) + " exceeds this worker's max batch size (" +
+                           std::to_string(options_.scheduler.max_batch_size) + ") or queue bound (" +
+                           std::to_string(options_.limits.max_queued) + ") in sequences");
   }
   const uint64_t B = kv_->block_size(), len = request.prompt.size();
   const uint64_t shared = kv_->reuse_enabled() ? (len - 1) / B : 0;  // what the forks match

@@ -573,6 +573,11 @@ TEST_CASE("n counts against the batch, the queue and the cache: what can never r
   CHECK(cache.message().find("KV blocks") != std::string::npos);
   CHECK(add(8, 4).code() == StatusCode::kResourceExhausted);  // 1 waiting + 4 > 4
   CHECK(add(8, 3).ok());
+  Harness small_queue(HarnessOptions{.max_queued = 2});
+  GenerateRequest three;
+  three.prompt = Prompt(8);
+  three.sampling.n = 3;  // can never be queued: invalid, not overloaded
+  CHECK(small_queue.engine->Add(std::move(three), 0).status().code() == StatusCode::kInvalidArgument);
   for (int i = 0; i < 1000 && h.engine->HasWork(); ++i) h.engine->Step();
   CHECK_FALSE(h.engine->HasWork());
   CHECK(h.DeviceBlocksInUse() == 0);
