@@ -346,11 +346,10 @@ class RequestStream final : public ResponseSink {
         created_(UnixSeconds(api_->clock_)),
         arrived_(arrived),
         last_(arrived),
-        prompt_tokens_(prompt_tokens),
-        decoder_(api_->codecs_.For(req_.model)->NewDecoder()),
-        stops_(req_.stop) {
+        prompt_tokens_(prompt_tokens) {
     timings_.read = arrived;
     timings_.routed = routed;
+    for (uint32_t i = 0; i < req_.n; ++i) choices_.push_back(Choice{api_->codecs_.For(req_.model)->NewDecoder(), StopMatcher(req_.stop)});
   }
 
   // The lane forwarding this request, and its handle there (for a stop string's cancel).
@@ -369,54 +368,68 @@ class RequestStream final : public ResponseSink {
 
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
+    if (d.index >= choices_.size()) {
+      // A worker that answers for a sequence the request did not ask for is broken.
+      lane_->Cancel(handle_);
+      return OnError(worker, Internal("worker " + api_->fleet_->WorkerName(worker) + " sent sequence " +
+                                      std::to_string(d.index) + " of a request of n=" + std::to_string(req_.n)),
+                     started_);
+    }
+    Choice& c = choices_[d.index];
+    if (!c.finish.empty()) return;  // a stop string ended this choice; the worker goes on with the rest
     TimeNs now = api_->clock_->Now();
     if (!first_ && !d.tokens.empty()) {
       first_ = true;
       timings_.first_delta = now;
       api_->metrics_.ttft.Observe(Seconds(now - arrived_));
       api_->metrics_.queue_time.Observe(Seconds((last_sent_ > 0 ? last_sent_ : now) - arrived_));
-    } else if (!d.tokens.empty()) {
+    } else if (!d.tokens.empty() && d.index == 0) {
+      // Choice 0's gaps: the n choices' deltas of one step arrive together.
       api_->metrics_.itl.Observe(Seconds(now - last_) / static_cast<double>(d.tokens.size()));
     }
-    last_ = now;
+    if (d.index == 0) last_ = now;
     std::string text;
     for (TokenId t : d.tokens) {
       ++completion_tokens_;
-      text += decoder_->Push(t);
+      text += c.decoder->Push(t);
     }
-    if (d.finish != FinishReason::kNone) text += decoder_->Finish();
+    if (d.finish != FinishReason::kNone) text += c.decoder->Finish();
     bool stopped = false;
-    std::string out = stops_.Push(text, &stopped);
+    std::string out = c.stops.Push(text, &stopped);
     usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
     usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
-    usage_.completion_tokens = completion_tokens_;
-    if (d.finish != FinishReason::kNone || stopped) {
+    usage_.completion_tokens = completion_tokens_;  // summed over the choices
+    if (stopped) {
+      c.finish = "stop";
+    } else if (d.finish != FinishReason::kNone) {
+      out += c.stops.Flush();
+      c.finish = std::string(FinishReasonText(d.finish));
+    }
+    const bool all_done = !c.finish.empty() && ++finished_choices_ == choices_.size();
+    if (all_done) {
       usage_.worker = api_->fleet_->WorkerName(worker);
       usage_.worker_ttft_ms = static_cast<double>(d.usage.time_to_first_token_us) / 1000.0;
       if (api_->options_.report_timings) usage_.timings = timings_;
-    }
-    std::string finish;
-    if (stopped) {
-      finish = "stop";
-      lane_->Cancel(handle_);  // a stop string: the worker need not go on
-    } else if (d.finish != FinishReason::kNone) {
-      out += stops_.Flush();
-      finish = std::string(FinishReasonText(d.finish));
+      // A choice a stop string ended may still run on the worker: it need not go on. (The
+      // lane forgot the flight already when the worker ended every sequence itself.)
+      lane_->Cancel(handle_);
     }
     if (req_.stream) {
       if (!started_) {
         started_ = true;
         ex_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), api_->fleet_->WorkerName(worker)}});
       }
-      if (!out.empty() || (first_chunk_ && req_.chat)) {
-        ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
+      if (!out.empty() || (c.first_chunk && req_.chat)) {
+        ex_->Write(FormatChunk(req_, id_, created_, out, "", c.first_chunk, d.index));
         if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = api_->clock_->Now();
-        first_chunk_ = false;
+        c.first_chunk = false;
       }
+      // Each choice's finish in its own chunk, as OpenAI streams it.
+      if (!c.finish.empty()) ex_->Write(FormatChunk(req_, id_, created_, "", c.finish, false, d.index));
     } else {
-      text_ += out;
+      c.text += out;
     }
-    if (!finish.empty()) End(worker, finish);
+    if (all_done) End(worker);
   }
 
   void OnError(WorkerId worker, const Status& status, bool after_first_token) override {
@@ -462,7 +475,7 @@ class RequestStream final : public ResponseSink {
     }
   }
 
-  void End(WorkerId worker, const std::string& finish) {
+  void End(WorkerId worker) {
     done_ = true;
     api_->metrics_.actual.Increment(usage_.cached_tokens);
     api_->metrics_.CountTokens(req_.model, usage_.prompt_tokens, usage_.completion_tokens);
@@ -470,14 +483,15 @@ class RequestStream final : public ResponseSink {
         .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", "200"}})
         .Increment();
     if (req_.stream) {
-      ex_->Write(FormatChunk(req_, id_, created_, "", finish, false));
       if (req_.include_usage) ex_->Write(FormatUsageChunk(req_, id_, created_, usage_));
       ex_->Write(kDoneEvent);
       ex_->Finish();
     } else {
       http::Response r;
       r.headers.emplace_back(kWorkerHeader, usage_.worker);
-      r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
+      std::vector<ChoiceText> choices;
+      for (Choice& c : choices_) choices.push_back(ChoiceText{std::move(c.text), c.finish});
+      r.body = FormatCompletion(req_, id_, created_, choices, usage_);
       ex_->Reply(std::move(r));
     }
     api_->metrics_.duration.Observe(Seconds(api_->clock_->Now() - arrived_));
@@ -491,21 +505,27 @@ class RequestStream final : public ResponseSink {
   TimeNs arrived_;
   TimeNs last_;
   uint32_t prompt_tokens_;
-  std::unique_ptr<StreamDecoder> decoder_;
-  StopMatcher stops_;
+  // One per choice (the worker's sequence of that index): its own detokenizer and stop strings.
+  struct Choice {
+    std::unique_ptr<StreamDecoder> decoder;
+    StopMatcher stops;
+    std::string text;     // not streamed: the answer so far
+    std::string finish;   // empty: still generating
+    bool first_chunk = true;
+  };
+  std::vector<Choice> choices_;
+  size_t finished_choices_ = 0;
   Lane* lane_ = nullptr;
   uint64_t handle_ = 0;
   int retry_after_s_ = 1;
   // The lane's thread only.
   bool first_ = false;
   bool started_ = false;
-  bool first_chunk_ = true;
   bool done_ = false;
   uint32_t completion_tokens_ = 0;
   RouterTimings timings_;
   TimeNs last_sent_ = 0;  // the latest send, a retry's included (queue time)
   UsageCounts usage_;
-  std::string text_;
 };
 
 void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
@@ -592,6 +612,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.max_tokens = max_tokens;
   params.sampling.ignore_eos = req.ignore_eos;
   params.sampling.stop_token_ids = std::move(req.stop_token_ids);
+  params.sampling.n = req.n;
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;

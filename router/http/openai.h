@@ -64,6 +64,7 @@ struct CompletionRequest {
   bool ignore_eos = false;
   std::optional<Policy> routing;
   ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs
+  uint32_t n = 1;  // choices; best_of, when given, must equal it
 };
 
 // Limits a request must respect besides the body size.
@@ -75,6 +76,9 @@ struct RequestLimits {
   size_t max_stop_token_ids = 256;
   uint32_t max_tokens_cap = 1 << 20;
   FieldRule fields;  // which top-level fields pass (request_fields.h)
+  // Choices per request: each is a sequence decoding in the worker's batch beside the rest
+  // (the prompt prefilled once), so n multiplies a request's decode work and KV blocks.
+  uint32_t max_n = 16;
 };
 
 // Parses and validates a request body. `chat` selects the chat schema.
@@ -110,13 +114,22 @@ struct UsageCounts {
 
 std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...
 
-// Whole responses.
+// One choice of a whole response.
+struct ChoiceText {
+  std::string text;
+  std::string finish_reason;
+};
+
+// Whole responses: choices[i] gets index i.
+std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
+                             const std::vector<ChoiceText>& choices, const UsageCounts& usage);
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
                              std::string_view text, std::string_view finish_reason, const UsageCounts& usage);
-// One SSE event ("data: {...}\n\n") carrying a text delta; `finish_reason` empty: null.
-// For chat, `first` adds the assistant role.
+// One SSE event ("data: {...}\n\n") carrying a text delta of choice `index`;
+// `finish_reason` empty: null. For chat, `first` (the choice's first chunk) adds the
+// assistant role.
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first);
+                        std::string_view finish_reason, bool first, uint32_t index = 0);
 // The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
 std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
                              const UsageCounts& usage);

@@ -206,6 +206,82 @@ TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker"
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
 }
 
+TEST_CASE("n=3: the worker gets n; choices come with index 0..2, each its own text and finish; usage sums them") {
+  FakeWorker w("hi there");  // sequence i answers all but its last i bytes
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  const std::vector<std::string> texts = {"hi there", "hi ther", "hi the"};
+  const std::vector<std::string> finishes = {"stop", "length", "length"};
+  SUBCASE("completions, not streamed") {
+    auto resp = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "xyz"}, {"n", 3}}.dump());
+    REQUIRE(StatusOf(resp) == 200);
+    auto j = json::parse(BodyOf(resp));
+    REQUIRE(j["choices"].size() == 3);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(j["choices"][i]["index"] == i);
+      CHECK(j["choices"][i]["text"] == texts[i]);
+      CHECK(j["choices"][i]["finish_reason"] == finishes[i]);
+    }
+    CHECK(j["usage"]["prompt_tokens"] == 3);
+    CHECK(j["usage"]["completion_tokens"] == 8 + 7 + 6);
+    CHECK(w.last_params().sampling.n == 3);
+  }
+  SUBCASE("chat, streamed") {
+    auto resp = r.Post("/v1/chat/completions", json{{"model", "m"},
+                                                    {"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                                                    {"n", 3},
+                                                    {"stream", true},
+                                                    {"stream_options", {{"include_usage", true}}}}
+                                                   .dump());
+    REQUIRE(StatusOf(resp) == 200);
+    bool done = false;
+    auto events = Events(resp, &done);
+    CHECK(done);
+    std::vector<std::string> text(3), finish(3);
+    std::vector<int> roles(3), finish_chunks(3);
+    for (const auto& e : events) {
+      if (e["choices"].empty()) continue;
+      REQUIRE(e["choices"].size() == 1);
+      const json& c = e["choices"][0];
+      const int i = c["index"].get<int>();
+      REQUIRE((i >= 0 && i < 3));
+      CHECK(finish[i].empty());  // nothing after a choice's finish
+      if (c["delta"].contains("role")) ++roles[i];
+      if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+      if (!c["finish_reason"].is_null()) {
+        finish[i] = c["finish_reason"];
+        ++finish_chunks[i];
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      CHECK(text[i] == texts[i]);
+      CHECK(finish[i] == finishes[i]);
+      CHECK(roles[i] == 1);
+      CHECK(finish_chunks[i] == 1);
+    }
+    const json& usage = events.back();
+    CHECK(usage["choices"].empty());
+    CHECK(usage["usage"]["completion_tokens"] == 8 + 7 + 6);
+  }
+}
+
+TEST_CASE("n=2 with a stop string: each choice stops on its own; once both have, the worker is cancelled") {
+  FakeWorker w("one END two three");
+  w.set_hang_after(8);  // still generating when the stop string appears
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 50}, {"n", 2},
+                                             {"stop", "END"}}.dump());
+  REQUIRE(StatusOf(resp) == 200);
+  auto j = json::parse(BodyOf(resp));
+  REQUIRE(j["choices"].size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(j["choices"][i]["text"] == "one ");
+    CHECK(j["choices"][i]["finish_reason"] == "stop");
+  }
+  CHECK(WaitFor([&] { return w.cancels() == 1; }));
+}
+
 TEST_CASE("stop_token_ids reach the worker on completions and chat; the worker's stop is finish_reason stop") {
   FakeWorker w("hello world");  // ends with finish reason stop once its reply runs out
   RouterUnderTest r({w.endpoint()});
@@ -302,7 +378,7 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   check(R"({"model":"m","prompt":"x"})", 401, "Authorization: Bearer sk-bad\r\n");
   check("{oops", 400, auth);
   check(R"({"model":"m","prompt":7})", 400, auth);
-  check(R"({"model":"m","prompt":"x","n":3})", 400, auth);
+  check(R"({"model":"m","prompt":"x","n":17})", 400, auth);
   auto ctx = check(json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump(), 400, auth);
   CHECK(ctx.find("context_length_exceeded") != std::string::npos);
   auto unknown = check(R"({"model":"nope","prompt":"x"})", 404, auth);

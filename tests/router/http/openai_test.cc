@@ -39,6 +39,32 @@ TEST_CASE("a completion request with every supported field parses") {
   CHECK(*r->retention.decode_priority == 10);
 }
 
+TEST_CASE("n is 1 to max_n; best_of is refused with a 400 naming it unless it equals n") {
+  for (bool chat : {false, true}) {
+    CAPTURE(chat);
+    const std::string head = chat ? R"({"model":"m","messages":[{"role":"user","content":"x"}])"
+                                  : R"({"model":"m","prompt":"x")";
+    auto one = ParseCompletionRequest(head + "}", chat);
+    REQUIRE(one.ok());
+    CHECK(one->n == 1);
+    auto three = ParseCompletionRequest(head + R"(,"n":3,"best_of":3})", chat);
+    REQUIRE(three.ok());
+    CHECK(three->n == 3);
+    auto sixteen = ParseCompletionRequest(head + R"(,"n":16,"best_of":null})", chat);
+    REQUIRE(sixteen.ok());
+    CHECK(sixteen->n == 16);
+    ApiError best_of = ParseError(head + R"(,"n":2,"best_of":4})", chat);
+    CHECK(best_of.param == "best_of");
+    CHECK(best_of.message.find("must equal 'n'") != std::string::npos);
+    CHECK(ParseError(head + R"(,"best_of":2})", chat).param == "best_of");  // n defaults to 1
+    CHECK(ParseError(head + R"(,"n":2,"best_of":"2"})", chat).param == "best_of");
+  }
+  RequestLimits limits;
+  limits.max_n = 4;
+  CHECK_FALSE(ParseCompletionRequest(R"({"model":"m","prompt":"x","n":5})", false, limits).ok());
+  CHECK(ParseCompletionRequest(R"({"model":"m","prompt":"x","n":4})", false, limits).ok());
+}
+
 TEST_CASE("token-id prompts and chat messages parse") {
   auto ids = ParseCompletionRequest(R"({"model":"m","prompt":[1,2,3]})", false);
   REQUIRE(ids.ok());
@@ -64,7 +90,9 @@ TEST_CASE("malformed and unsupported requests are 400s naming the parameter") {
   CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":"5"})").param == "max_tokens");
   CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":0})").param == "max_tokens");
   CHECK(ParseError(R"({"model":"m","prompt":"x","temperature":3})").param == "temperature");
-  CHECK(ParseError(R"({"model":"m","prompt":"x","n":2})").param == "n");
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":0})").param == "n");
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":17})").param == "n");  // RequestLimits::max_n
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":2.5})").param == "n");
   CHECK(ParseError(R"({"model":"m","prompt":"x","stop":[1]})").param == "stop");
   CHECK(ParseError(R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})").param == "stop");
   CHECK(ParseError(R"({"model":"m","prompt":"x","logprobs":3})").param == "logprobs");
