@@ -36,6 +36,7 @@ Status RoutingOptions::Validate() const {
   }
   if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
   if (predicted_ttl < 0) return InvalidArgument("predicted TTL must be >= 0");
+  if (approx_ttl < 0) return InvalidArgument("approx TTL must be >= 0");
   if (!(admission_ttft_s >= 0)) return InvalidArgument("the admission TTFT must be >= 0 seconds");
   if (!(max_waiting_requests >= 1)) return InvalidArgument("max waiting requests must be >= 1");
   return Status::Ok();

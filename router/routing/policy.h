@@ -43,6 +43,7 @@ inline constexpr double kHotSpotFactor = 2.0;
 inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
+inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 }  // namespace config
 
@@ -68,6 +69,9 @@ struct RoutingOptions {
   double max_queued_requests = config::kMaxQueuedRequests;
   // Lifetime of the predicted index entries inserted after each decision (ns).
   DurationNs predicted_ttl = config::kPredictedTtl;
+  // Upper bound on an approx prediction's life (ns); within it the worker's modelled LRU
+  // decides (README.md, "approx").
+  DurationNs approx_ttl = config::kApproxTtl;
   // Admission (README.md): a request whose predicted time to first token exceeds this on
   // every worker is refused at once (429), rather than answered 504 after the wait. Seconds;
   // 0: no such check. The router's configuration derives it from --first-token-timeout-s.

@@ -155,7 +155,9 @@ void Router::Commit(const Decision& decision) {
   kv_index_->InsertPredicted(decision.worker, decision.hashes, ttl);
   if (decision.policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
   if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
-    approx_index_->InsertPredicted(decision.worker, decision.hashes, ttl);
+    // Without events the worker's cache is modelled as its own LRU (README.md, "approx").
+    approx_index_->SetCapacity(decision.worker, loads_->CacheBlocks(decision.worker));
+    approx_index_->InsertPredicted(decision.worker, decision.hashes, picker_.options().approx_ttl);
   }
 }
 
