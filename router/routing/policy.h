@@ -28,6 +28,7 @@ enum class Policy {
   kLeastLoaded,  // fewest requests running + queued
   kKv,           // least estimated time to first token, from the event-fed index
   kApprox,       // kv's cost over an index of the router's own decisions only (no events)
+  kKvRetention,  // kv, each hit discounted by its chance of eviction before the request runs
 };
 
 Result<Policy> ParsePolicy(std::string_view name);
@@ -95,6 +96,9 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // The share of the matched blocks expected still cached when the request's prefill starts
+  // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
+  double retained_share = 1;
 };
 
 struct RouteRequest {
