@@ -168,6 +168,7 @@ class GlobalIndex final : public PrefixIndex {
 
   // How soon each worker will evict what it holds, fed by Apply (retention_estimate.h).
   const RetentionEstimate& retention() const { return *retention_; }
+  RetentionEstimate& retention() { return *retention_; }
 
   // Test support: KVF_CHECKs the invariants above. O(entries).
   void CheckInvariants() const;

@@ -22,6 +22,7 @@ void RetentionEstimate::Evicted(WorkerBlocks* w, uint8_t priority, TimeNs now) {
 }
 
 void RetentionEstimate::Apply(WorkerId worker, std::span<const BlockOp> ops) {
+  if (!enabled()) return;
   const TimeNs now = clock_->Now();
   std::lock_guard<std::mutex> lock(mu_);
   WorkerBlocks& w = workers_[worker];

@@ -19,6 +19,11 @@
 //   4. A worker with more unused blocks than the wait will allocate evicts nothing before
 //      the request runs: every block survives.
 //
+// It tracks nothing until Enable(): a hash map entry per device block and a mutex per
+// batch are a cost on the event thread that only kv_retention should pay. The router enables
+// it at start when kv_retention is its policy, else with the first request that asks for it;
+// blocks stored before then count at the default priority and their removals are ignored.
+//
 // Invariants (CheckInvariants() asserts them):
 //   1. For every worker, Σ_p n_p equals the number of tracked (block, worker) pairs.
 //   2. Every tracked pair has a priority in 0..kv::kMaxPriority.
@@ -27,6 +32,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <span>
@@ -53,7 +59,12 @@ class RetentionEstimate {
   // REQUIRES: clock outlives the estimate; rate_window_s > 0.
   explicit RetentionEstimate(const Clock* clock, double rate_window_s = config::kEvictionRateWindowSeconds);
 
-  // Folds one batch of `worker`'s block changes (the GlobalIndex's ops), in order.
+  // Starts tracking (see above). Idempotent; cheap enough to call per request.
+  void Enable() { enabled_.store(true, std::memory_order_relaxed); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  // Folds one batch of `worker`'s block changes (the GlobalIndex's ops), in order. Does
+  // nothing until Enable().
   void Apply(WorkerId worker, std::span<const BlockOp> ops);
   // Forgets the worker (gone, or its cache cleared).
   void RemoveWorker(WorkerId worker);
@@ -93,6 +104,7 @@ class RetentionEstimate {
 
   const Clock* clock_;
   const double window_s_;
+  std::atomic<bool> enabled_{false};
   mutable std::mutex mu_;
   std::unordered_map<WorkerId, WorkerBlocks> workers_;  // GUARDED_BY(mu_)
 };

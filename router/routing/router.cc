@@ -7,13 +7,15 @@
 namespace kvfleet::router {
 
 Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index,
-               PrefixIndex* approx_index, const RetentionEstimate* retention)
+               PrefixIndex* approx_index, RetentionEstimate* retention)
     : picker_(options),
       loads_(loads),
       kv_index_(kv_index),
       approx_index_(approx_index),
       retention_(retention),
-      approx_in_use_(options.policy == Policy::kApprox) {}
+      approx_in_use_(options.policy == Policy::kApprox) {
+  if (retention_ != nullptr && options.policy == Policy::kKvRetention) retention_->Enable();
+}
 
 namespace {
 
@@ -60,6 +62,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
 void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                           std::vector<Candidate>* candidates) const {
   if (retention_ == nullptr) return;
+  retention_->Enable();  // from the first kv_retention request on (retention_estimate.h)
   const double fleet_rate = picker_.FleetRate(*candidates);
   for (Candidate& c : *candidates) {
     const size_t matched = std::min<size_t>(hashes.size(), size_t{c.device_blocks} + c.host_blocks);

@@ -75,9 +75,10 @@ class Router {
   // `approx_index` the approx policy; they may be the same. REQUIRES: `loads` and both
   // indexes outlive the Router.
   // `retention` (may be null: kv_retention then routes as kv) estimates how soon each worker
-  // evicts what it holds (router/index/retention_estimate.h); it must outlive the Router.
+  // evicts what it holds (router/index/retention_estimate.h); the Router enables it when
+  // kv_retention is first used. It must outlive the Router.
   Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index, PrefixIndex* approx_index,
-         const RetentionEstimate* retention = nullptr);
+         RetentionEstimate* retention = nullptr);
 
   const RoutingOptions& options() const { return picker_.options(); }
 
@@ -110,7 +111,7 @@ class Router {
   const WorkerLoads* loads_;
   PrefixIndex* kv_index_;
   PrefixIndex* approx_index_;
-  const RetentionEstimate* retention_;
+  RetentionEstimate* retention_;
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of
   // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first

@@ -231,6 +231,7 @@ TEST_CASE("a seq far in the future is counted and dropped, not replayed") {
 
 TEST_CASE("stored priorities, priority updates and removals reach the index's retention estimate") {
   Fixture f;
+  f.index.retention().Enable();
   f.sub.Start();
   kv::KvEvent pinned = Stored(0, {1, 2});
   for (kv::StoredBlock& b : std::get<kv::StoredEvent>(pinned.data).blocks) b.priority = 100;

@@ -317,7 +317,10 @@ TEST_CASE("kv_retention favours the worker where the prefix is pinned over one a
   FakeLoads loads;
   PredictedIndex kv(&clock), approx(&clock);
   RetentionEstimate retention(&clock);
-  Router router(RoutingOptions{}, &loads, &kv, &approx, &retention);
+  RoutingOptions options;
+  options.policy = Policy::kKvRetention;  // the router's policy: the estimate tracks from the start
+  Router router(options, &loads, &kv, &approx, &retention);
+  REQUIRE(retention.enabled());
   ModelFleet fleet;
   fleet.block_size = 4;
   fleet.routable = {0, 1};
@@ -372,6 +375,23 @@ TEST_CASE("kv_retention favours the worker where the prefix is pinned over one a
   auto spare = router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention});
   REQUIRE(spare.ok());
   CHECK(spare->worker == 0);
+}
+
+TEST_CASE("the retention estimate starts tracking with the first kv_retention request") {
+  ManualClock clock;
+  FakeLoads loads;
+  PredictedIndex kv(&clock), approx(&clock);
+  RetentionEstimate retention(&clock);
+  Router router(RoutingOptions{}, &loads, &kv, &approx, &retention);
+  ModelFleet fleet;
+  fleet.block_size = 4;
+  fleet.routable = {0};
+  fleet.workers = 1;
+  std::vector<TokenId> tokens(8, 1);
+  REQUIRE(router.Route(fleet, Prompt{"m", tokens, "", Policy::kKv}).ok());
+  CHECK_FALSE(retention.enabled());
+  REQUIRE(router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention}).ok());
+  CHECK(retention.enabled());
 }
 
 TEST_CASE("kv_retention without a retention estimate routes as kv") {
