@@ -167,5 +167,46 @@ TEST_CASE("token-level KV under eviction, offload and priorities keeps events an
   CHECK(idx.entries == SnapshotIndex(*f.m).entries);
 }
 
+TEST_CASE("token-level KV with StreamingLLM sinks and a window holds sinks + window slots, whatever the length") {
+  auto c = SmallConfig(1, 400);
+  c.attention_windows = {64};
+  c.sink_tokens = 4;
+  c.dense_context = true;
+  Fixture f(c);
+  const uint32_t bound = f.m->MaxSequenceBlocks(0);
+  const SequenceId id = f.Add(Tokens(10, 1));
+  REQUIRE(f.m->Allocate(id).ok());
+  f.m->Commit(id, 10);
+  uint32_t most = 0, most_steady = 0;
+  for (uint32_t n = 10; n < 5'000; ++n) {
+    const TokenId t = n;
+    REQUIRE(f.m->Append(id, std::span<const TokenId>(&t, 1)).ok());
+    f.m->Commit(id, n + 1);
+    const uint32_t in_use = f.m->Stats().pools[0].tiers[0].in_use;
+    most = std::max(most, in_use);
+    if (n > 2 * 64) most_steady = std::max(most_steady, in_use);
+  }
+  CHECK(most <= bound);
+  CHECK(most_steady <= 4 + 64 + 1);  // sinks, the window, the token being appended
+  CHECK(most_steady >= 4 + 64);
+  CHECK(f.m->SlotOf(id, 0, 3).has_value());  // a sink
+  CHECK_FALSE(f.m->SlotOf(id, 0, 2'000).has_value());
+  CHECK(f.m->SlotOf(id, 0, 4'999).has_value());
+  f.Check();
+  f.Release(id);
+}
+
+TEST_CASE("token-level KV with chunked attention keeps only the current chunk's slots") {
+  auto c = SmallConfig(1, 400);
+  c.attention_chunk_size = 32;
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(40, 2));
+  f.Prefill(id);
+  for (TokenId t = 0; t < 100; ++t) f.Decode(id, t);
+  CHECK(f.m->Stats().pools[0].tiers[0].in_use <= 32 + 1);
+  f.Check();
+  f.Release(id);
+}
+
 }  // namespace
 }  // namespace kvfleet::kv
