@@ -26,7 +26,7 @@ Action AddHashCommand(CLI::App& parent) {
   cmd->add_option("--model", args->model, "model name, as the workers announce it")->required();
   cmd->add_option("--lora", args->lora, "LoRA adapter name (empty: none)");
   cmd->add_option("--salt", args->salt, "cache salt (empty: none)");
-  cmd->add_option("--block-size", args->block_size, "tokens per block (a power of two >= 2)")->required();
+  cmd->add_option("--block-size", args->block_size, "tokens per block (a power of two)")->required();
   cmd->add_option("tokens", args->tokens, "token ids")->required();
   return [args]() {
     HashNamespace ns{args->model, args->lora, args->salt};

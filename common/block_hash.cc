@@ -42,16 +42,16 @@ BlockHash ChainBlockHash(uint64_t parent, uint64_t local) {
   return XXH3_64bits(buf, sizeof(buf));
 }
 
-bool IsValidBlockSize(uint32_t block_size) { return block_size >= 2 && std::has_single_bit(block_size); }
+bool IsValidBlockSize(uint32_t block_size) { return std::has_single_bit(block_size); }
 
 BlockHasher::BlockHasher(uint32_t block_size, const HashNamespace& ns)
     : block_size_(block_size), seed_(HashSeed(ns)) {
-  KVF_CHECK(IsValidBlockSize(block_size)) << "block size " << block_size << " is not a power of two >= 2";
+  KVF_CHECK(IsValidBlockSize(block_size)) << "block size " << block_size << " is not a power of two";
 }
 
 Result<BlockHasher> BlockHasher::Make(uint32_t block_size, const HashNamespace& ns) {
   if (!IsValidBlockSize(block_size)) {
-    return InvalidArgument("block size " + std::to_string(block_size) + " is not a power of two >= 2");
+    return InvalidArgument("block size " + std::to_string(block_size) + " is not a power of two");
   }
   return BlockHasher(block_size, ns);
 }

@@ -44,7 +44,7 @@ uint64_t LocalBlockHash(std::span<const TokenId> block_tokens, uint64_t seed);
 // seq_i from seq_{i-1} (or the seed, for block 0) and local_i.
 BlockHash ChainBlockHash(uint64_t parent, uint64_t local);
 
-// REQUIRES: block_size is a power of two >= 2.
+// REQUIRES: block_size is a power of two.
 bool IsValidBlockSize(uint32_t block_size);
 
 class BlockHasher {

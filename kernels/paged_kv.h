@@ -16,7 +16,7 @@ namespace kvfleet::kernels {
 struct PagedKvLayout {
   int32_t num_layers = 1;    // layers stored in this pool
   int32_t num_kv_heads = 1;
-  int32_t block_size = 16;   // tokens per block, 2..256
+  int32_t block_size = 16;   // tokens per block, 1..256 (1: token-level KV)
   int32_t head_dim = 128;
 
   // Elements in one [block_size][head_dim] tile (one head's K or V in one block).

@@ -105,7 +105,7 @@ Status PrepareStaticFleets(RouterConfig* c) {
     f.max_context = pick(max_contexts, StaticFleet{}.max_context);
     if (!IsValidBlockSize(f.block_size)) {
       return InvalidArgument("--block-size: " + std::to_string(f.block_size) + " (model '" + model +
-                             "') is not a power of two >= 2");
+                             "') is not a power of two");
     }
     c->fleet.static_fleets.push_back(f);
   }

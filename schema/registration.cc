@@ -29,6 +29,7 @@ std::string EncodeHello(const WorkerHello& h) {
   out.setBackend(h.backend);
   out.setEpoch(h.epoch);
   out.setTokenizerDigest(h.tokenizer_digest);
+  out.setKvBlockSize(h.kv_block_size);
   auto pools = out.initKvPools(static_cast<unsigned>(h.kv_pools.size()));
   for (unsigned i = 0; i < h.kv_pools.size(); ++i) {
     const KvPoolAnnounce& p = h.kv_pools[i];
@@ -91,6 +92,7 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
       out.backend = h.getBackend().cStr();
       out.epoch = h.getEpoch();
       out.tokenizer_digest = h.getTokenizerDigest();
+      out.kv_block_size = h.getKvBlockSize();
       for (auto p : h.getKvPools()) {
         out.kv_pools.push_back(KvPoolAnnounce{p.getWindow(), p.getSinkTokens(), p.getDenseContext(),
                                               p.getAttentionChunk(), p.getLayers(), p.getDeviceBlocks(),

@@ -34,7 +34,9 @@ struct KvPoolAnnounce {
 struct WorkerHello {
   std::string name;               // the wire's workerId
   std::string model;
-  uint32_t block_size = 0;
+  uint32_t block_size = 0;        // Contract 1's B: tokens per block of its events and hashing
+  uint32_t kv_block_size = 0;     // tokens per KV block when smaller (token-level KV: 1); 0: block_size.
+                                  // deviceBlocks, hostBlocks, kv_pools and load reports count KV blocks
   uint32_t max_context = 0;
   uint64_t device_blocks = 0;
   uint64_t host_blocks = 0;       // 0: no host tier (left out of the Hello's tiers)

@@ -130,6 +130,8 @@ struct Hello {
   epoch @7 :UInt64;
   tokenizerDigest @8 :UInt64;  # common/tokenizer_files.h; 0: none (a mock, or no tokenizer.json)
   kvPools @9 :List(KvPool);    # empty: a worker older than the field (one full-attention pool assumed)
+  kvBlockSize @10 :UInt32;     # tokens per KV block when smaller than blockSize (token-level KV: 1,
+                               # events and hashing in blockSize-token groups); 0: blockSize
 }
 
 # Router DEALER -> worker requests ROUTER: one frame.

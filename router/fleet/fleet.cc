@@ -267,7 +267,7 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
   auto log = Logger("fleet");
   if (!IsValidBlockSize(hello.block_size)) {
     Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
-                                            " is not a power of two >= 2");
+                                            " is not a power of two");
     return std::nullopt;
   }
   if (hello.requests_endpoint.empty()) {

@@ -252,6 +252,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                 {"name", w.info.name},
                 {"model", w.info.model},
                 {"block_size", w.info.block_size},
+                {"kv_block_size", w.info.kv_block_size == 0 ? w.info.block_size : w.info.kv_block_size},
                 {"max_context", w.info.max_context},
                 {"backend", w.info.backend},
                 {"epoch", w.info.epoch},

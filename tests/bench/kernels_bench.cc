@@ -3,7 +3,8 @@
 // copy bandwidth). Timing: CUDA events, warm-up first, median of repeated single launches; the
 // data of memory-bound cases is several times the L2 so no case measures the cache.
 //
-//   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy]
+//   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B]
+//   (--block-size: the decode section's tokens per KV block, default 16; 1 is token-level KV)
 //                                       prints one line per case and a summary table
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -151,9 +152,13 @@ void Report(const std::string& name, double value, const char* unit, double limi
   g_rows.push_back({name, value, unit, frac});
 }
 
-// Llama-3.1-8B attention shape: 32 query heads, 8 KV heads, head_dim 128, block size 16.
-void BenchDecode(const Limits& lim, bool quick) {
-  const int hq = 32, hkv = 8, d = 128, bs = 16;
+// Llama-3.1-8B attention shape: 32 query heads, 8 KV heads, head_dim 128, block size bs (16).
+// Blocks are shuffled over the pool; below 16 tokens per block every case also runs with the
+// blocks in pool order, as token-level KV allocates a sequence's slots (one contiguous run).
+void BenchDecode(const Limits& lim, bool quick, int bs) {
+  const int hq = 32, hkv = 8, d = 128;
+  char bs_tag[16] = "";
+  if (bs != 16) std::snprintf(bs_tag, sizeof(bs_tag), " B=%d", bs);
   std::vector<std::pair<int, int>> cases;  // (batch, context)
   for (int ctx : {1024, 4096, 8192, 16384, 32768}) {
     cases.push_back({1, ctx});
@@ -199,11 +204,11 @@ void BenchDecode(const Limits& lim, bool quick) {
       p.force_cuda_cores = cuda_cores;
       const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
       char name[96];
-      std::snprintf(name, sizeof(name), "paged decode%s b=%d ctx=%d (P=%d)", cuda_cores ? " cuda-cores" : "", batch,
-                    ctx, p.partition_size);
+      std::snprintf(name, sizeof(name), "paged decode%s%s b=%d ctx=%d (P=%d)", bs_tag, cuda_cores ? " cuda-cores" : "",
+                    batch, ctx, p.partition_size);
       Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
     }
-    if (batch == 64 && ctx == 4096) {
+    if ((batch == 64 && ctx == 4096) || bs < 16) {
       // The same with blocks in pool order (a contiguous table), against the shuffled order
       // above: shows what scattered blocks cost (TLB reach, DRAM pages).
       std::vector<int32_t> seq_ids(num_blocks);
@@ -212,12 +217,12 @@ void BenchDecode(const Limits& lim, bool quick) {
       p.force_cuda_cores = false;
       const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
       char name[96];
-      std::snprintf(name, sizeof(name), "paged decode b=%d ctx=%d (P=%d, contiguous blocks)", batch, ctx,
+      std::snprintf(name, sizeof(name), "paged decode%s b=%d ctx=%d (P=%d, contiguous blocks)", bs_tag, batch, ctx,
                     p.partition_size);
       Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
       tables.Upload(ids);
     }
-    if (batch == 64 && ctx == 4096) {  // partition-size sweep (the chooser's evidence)
+    if (batch == 64 && ctx == 4096 && bs == 16) {  // partition-size sweep (the chooser's evidence)
       for (int part : {128, 256, 1024, 2048}) {
         p.force_cuda_cores = false;
         p.partition_size = part;
@@ -383,13 +388,21 @@ int main(int argc, char** argv) {
   using namespace kvfleet::kernels;
   bool quick = false;
   std::string only;  // one section: decode, prefill, small, kvcopy
+  int block_size = 16;  // the decode section's
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--block-size") == 0 && i + 1 < argc) {
+      block_size = std::atoi(argv[++i]);
+      if (block_size < 1 || block_size > 256 || (block_size & (block_size - 1)) != 0) {
+        std::fprintf(stderr, "kvfleet_kernels_bench: --block-size %s is not a power of two in [1, 256]\n", argv[i]);
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy]\n");
+      std::fprintf(stderr,
+                   "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B]\n");
       return 2;
     }
   }
@@ -399,7 +412,7 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, %.0f MiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1048576.0, prop.l2CacheSize >> 20);
   Limits lim = MeasureLimits(quick);
-  if (want("decode")) BenchDecode(lim, quick);
+  if (want("decode")) BenchDecode(lim, quick, block_size);
   if (want("prefill")) BenchPrefill(lim, quick);
   if (want("small")) BenchSmall(lim);
   if (want("kvcopy")) BenchKvCopy(lim, quick);

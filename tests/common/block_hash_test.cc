@@ -161,12 +161,12 @@ TEST_CASE("model, lora and salt each separate the cache namespace") {
   CHECK(HashSeed({"a", "b", ""}) != HashSeed({"a", "", "b"}));
 }
 
-TEST_CASE("block sizes must be powers of two of at least 2") {
+TEST_CASE("block sizes must be powers of two, 1 included") {
   CHECK(IsValidBlockSize(2));
   CHECK(IsValidBlockSize(32));
   CHECK(IsValidBlockSize(256));
   CHECK_FALSE(IsValidBlockSize(0));
-  CHECK_FALSE(IsValidBlockSize(1));
+  CHECK(IsValidBlockSize(1));  // token-level KV
   CHECK_FALSE(IsValidBlockSize(24));
   auto r = BlockHasher::Make(24, {"m", "", ""});
   CHECK_FALSE(r.ok());

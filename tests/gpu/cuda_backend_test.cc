@@ -81,7 +81,7 @@ backend::BackendOptions OptionsFor(const std::string& model_dir, int32_t block_s
   backend::BackendOptions o;
   o.model_dir = model_dir;
   o.block_size = block_size;
-  o.num_blocks = 512;
+  o.num_blocks = std::max(512, 4096 / block_size);  // at least 4,096 tokens (B = 1: 4,096 blocks)
   o.max_context = 4096;
   o.max_num_tokens = 1024;
   o.max_batch_size = 16;
@@ -199,7 +199,7 @@ TEST_CASE("prefilled whole, then greedy steps: tokens match transformers, logits
   int exact = 0, near_ties = 0;
   for (const std::string& name : TinyModels()) {
     Reference ref = Reference::Load(DataDir() + "/model", name);
-    for (int32_t block_size : {8, 32}) {
+    for (int32_t block_size : {1, 8, 32}) {  // 1: token-level KV
       auto b = Make("cuda", Options(ref.shape, ref.seed, block_size));
       CHECK(b->name() == "cuda");
       BlockIds ids;
@@ -465,7 +465,7 @@ TEST_CASE("tiny-qwen3: 32 free-running greedy tokens identical to transformers'"
   }
   Reference ref = Reference::Load(DataDir() + "/model", "tiny-qwen3");
   int matched = 0, near_tie_stops = 0;
-  for (int32_t block_size : {8, 32}) {
+  for (int32_t block_size : {1, 8, 32}) {  // 1: token-level KV
     auto b = Make("cuda", Options(ref.shape, ref.seed, block_size));
     BlockIds ids;
     for (size_t p = 0; p < ref.prompts.size(); ++p) {

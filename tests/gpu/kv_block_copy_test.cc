@@ -16,7 +16,9 @@ using gputest::DeviceBuffer;
 
 TEST_CASE("offload, onboard and device copies move exactly the named blocks") {
   std::mt19937 rng(31);
-  for (PagedKvLayout layout : {PagedKvLayout{2, 2, 16, 64}, PagedKvLayout{32, 8, 16, 128}, PagedKvLayout{1, 1, 2, 64}}) {
+  // {1, 1, 1, 64}: token-level KV, 256-byte blocks of one token.
+  for (PagedKvLayout layout : {PagedKvLayout{2, 2, 16, 64}, PagedKvLayout{32, 8, 16, 128}, PagedKvLayout{1, 1, 2, 64},
+                               PagedKvLayout{1, 1, 1, 64}}) {
     const int blocks = 24;
     const size_t bytes = size_t(blocks) * layout.BlockBytes();
     std::vector<uint8_t> dev_init(bytes), host_init(bytes);

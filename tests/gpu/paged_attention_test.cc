@@ -150,11 +150,11 @@ double RunPrefill(const Case& c, uint32_t seed) {
   return gputest::RelativeError(out.Download(), f.Reference(c));
 }
 
-TEST_CASE("decode matches the reference for every head size and block sizes 2..256") {
+TEST_CASE("decode matches the reference for every head size and block sizes 1..256") {
   uint32_t seed = 1;
   for (bool cuda_cores : {false, true})
     for (int head_dim : {64, 128, 256})
-      for (int block_size : {2, 7, 16, 64, 256}) {
+      for (int block_size : {1, 2, 7, 16, 64, 256}) {  // 1: token-level KV, a block table entry per token
         Case c;
         c.head_dim = head_dim;
         c.block_size = block_size;
@@ -225,7 +225,7 @@ TEST_CASE("decode with StreamingLLM sinks rotates q and K by their positions in 
 TEST_CASE("prefill of a chunk attends causally to the cached prefix and itself") {
   uint32_t seed = 500;
   for (int head_dim : {64, 128})
-    for (int block_size : {2, 16, 256}) {
+    for (int block_size : {1, 2, 16, 256}) {
       Case c;
       c.head_dim = head_dim;
       c.block_size = block_size;
@@ -261,10 +261,11 @@ TEST_CASE("prefill handles GQA groups, MQA and every mask") {
 }
 
 TEST_CASE("prefill K/V tiles span pages of every block size, power of two or not") {
-  // 64-token K/V tiles cover 4 pages of 16, 2 of 32, one of 64, and cut pages of 7 and 48.
+  // 64-token K/V tiles cover 64 pages of 1 (token-level KV), 4 of 16, 2 of 32, one of 64, and
+  // cut pages of 7 and 48.
   uint32_t seed = 650;
   for (int head_dim : {64, 128})
-    for (int block_size : {7, 16, 32, 48, 64}) {
+    for (int block_size : {1, 7, 16, 32, 48, 64}) {
       Case c;
       c.head_dim = head_dim;
       c.block_size = block_size;

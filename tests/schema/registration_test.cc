@@ -39,6 +39,13 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.epoch == 77);
   CHECK(got.tokenizer_digest == 0x8badf00ddeadbeefULL);
   CHECK(got.kv_pools.empty());  // none announced: a router assumes one full-attention pool
+  CHECK(got.kv_block_size == 0);  // not token-level: KV blocks are block_size tokens
+  h.kv_block_size = 1;
+  frame = EncodeHello(h);
+  decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK(std::get<WorkerHello>(*decoded).kv_block_size == 1);
+  h.kv_block_size = 0;
 
   h.kv_pools = {KvPoolAnnounce{0, 0, false, 0, 8, 600, 2000, true, 0},
                 KvPoolAnnounce{4096, 4, true, 0, 24, 400, 2000, true, 4096}};

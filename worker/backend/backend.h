@@ -80,7 +80,7 @@ struct AttentionOptions {
 // backend understands go in `extra` (e.g. the mock's cost constants), documented there.
 struct BackendOptions {
   std::string model_dir;          // a Hugging Face directory (config.json, *.safetensors)
-  int32_t block_size = 32;        // B: tokens per KV block; a power of two >= 2
+  int32_t block_size = 32;        // B: tokens per KV block; a power of two
   int32_t max_num_tokens = 8192;  // most tokens computed in one step, all sequences together
   int32_t max_batch_size = 256;   // most sequences in one step
   int64_t max_context = 0;        // longest sequence in tokens; 0: the model's max_position_embeddings

@@ -121,6 +121,7 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   c.offload_min_priority = memory.offload_min_priority;
   c.enable_offload = memory.host_bytes > 0;
   c.events_include_tokens = memory.events_include_tokens;
+  c.routing_block_size = memory.routing_block_size;
   return c;
 }
 

@@ -38,6 +38,7 @@ struct KvMemorySettings {
   uint64_t host_bytes = 0;          // host tier budget; 0: none
   uint8_t offload_min_priority = kv::config::kDefaultOffloadMinPriority;
   bool events_include_tokens = false;
+  uint32_t routing_block_size = 0;  // tokens per event block (G); 0: kv::DefaultRoutingBlockSize
 };
 
 // Checks the attention flags against each other and the model: the error names the flag

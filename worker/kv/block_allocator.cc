@@ -32,6 +32,12 @@ BlockId BlockAllocator::TakeScattered() {
   uint64_t i = 0;
   for (size_t k = levels_.size(); k-- > 0;) i = i * 64 + std::countr_zero(levels_[k][i]);
   const BlockId b = static_cast<BlockId>(i);
+  ClearScattered(b);
+  return b;
+}
+
+void BlockAllocator::ClearScattered(BlockId b) {
+  uint64_t i = b;
   for (auto& level : levels_) {
     uint64_t& word = level[i / 64];
     word &= ~(uint64_t{1} << (i % 64));
@@ -39,7 +45,6 @@ BlockId BlockAllocator::TakeScattered() {
     i /= 64;
   }
   --num_scattered_;
-  return b;
 }
 
 void BlockAllocator::TakeFromRun(uint32_t n, std::vector<BlockId>* out) {
@@ -70,6 +75,16 @@ BlockId BlockAllocator::AllocateOne() {
   KVF_CHECK(num_free() > 0) << "no free block";
   if (num_scattered_ > 0) return TakeScattered();
   return run_begin_++;
+}
+
+BlockId BlockAllocator::AllocateAfter(BlockId prev) {
+  const uint64_t next = uint64_t{prev} + 1;
+  if (next < num_blocks_ && run_begin_ < run_end_ && next == run_begin_) return run_begin_++;
+  if (next < num_blocks_ && Bit(0, next)) {
+    ClearScattered(static_cast<BlockId>(next));
+    return static_cast<BlockId>(next);
+  }
+  return AllocateOne();
 }
 
 void BlockAllocator::Free(BlockId b) {

@@ -5,7 +5,9 @@
 // plus the scattered free blocks outside it:
 //   - Allocate(n >= 2) takes n blocks from the run when the run holds n, else scattered
 //     blocks first (so the run survives for the next sequence), then the run.
-//   - Allocate(1) (a decode step) takes a scattered block first, the lowest-numbered one.
+//   - Allocate(1) takes a scattered block first, the lowest-numbered one.
+//   - AllocateAfter(prev) (a decode step) takes prev + 1 when it is free at the run's start
+//     or scattered, so a sequence's tokens stay contiguous (at B = 1, one slot per token).
 //   - Free(b) extends the run when b touches either end, seeds a new run when the run is
 //     empty, and otherwise marks b scattered. A sequence freed last block first therefore
 //     rebuilds a run.
@@ -42,6 +44,8 @@ class BlockAllocator {
   // Appends n block ids to *out. REQUIRES: n <= num_free().
   void Allocate(uint32_t n, std::vector<BlockId>* out);
   BlockId AllocateOne();
+  // prev + 1 when it is free and takes no block from inside the run, else AllocateOne().
+  BlockId AllocateAfter(BlockId prev);
   // The block AllocateOne() would return now. REQUIRES: num_free() > 0.
   BlockId PeekOne() const;
   // REQUIRES: b is allocated.
@@ -56,6 +60,7 @@ class BlockAllocator {
   bool Bit(size_t level, uint64_t i) const { return (levels_[level][i / 64] >> (i % 64)) & 1; }
   void SetScattered(BlockId b);
   BlockId TakeScattered();  // REQUIRES: num_scattered_ > 0
+  void ClearScattered(BlockId b);  // REQUIRES: b is scattered
   void TakeFromRun(uint32_t n, std::vector<BlockId>* out);
 
   uint32_t num_blocks_;

@@ -28,6 +28,7 @@ BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& op
       num_device_(layout.device_blocks),
       nodes_(size_t{layout.device_blocks} + layout.host_blocks),
       tokens_(layout.device_blocks + layout.host_blocks, options.block_size, options.vocab_size),
+      group_end_(options.group_blocks > 1 ? (nodes_.size() + 63) / 64 : 0),
       packed_(tokens_.buffer_bytes()),
       hash_index_(layout.device_blocks + layout.host_blocks),
       tick_(options.first_lru_tick) {}
@@ -154,6 +155,12 @@ void BlockPool::AllocateDevice(uint32_t n, std::vector<BlockId>* out) {
   for (size_t i = first; i < out->size(); ++i) nodes_[(*out)[i]].refcount = 1;
 }
 
+BlockId BlockPool::AllocateDeviceAfter(BlockId prev) {
+  const BlockId b = alloc_[kDev].AllocateAfter(prev);
+  nodes_[b].refcount = 1;
+  return b;
+}
+
 NodeId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
   KVF_DCHECK(!IsDevice(n) && nodes_[n].refcount > 0);
   KVF_DCHECK(nodes_[n].parent == kNoNode || IsDevice(nodes_[n].parent));
@@ -170,7 +177,7 @@ NodeId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
 }
 
 NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b,
-                        const BlockRetention& r, TimeNs now) {
+                        const BlockRetention& r, TimeNs now, bool group_end) {
   KVF_DCHECK(FindHash(h) == kNoNode);
   Node& x = nodes_[b];
   KVF_DCHECK(x.refcount > 0 && !x.live);
@@ -190,6 +197,7 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   Touch(x, now);
   if (x.duration != 0) PushExpiry(b);
   if (parent != kNoNode) QueueUpdate(parent);
+  SetGroupEnd(b, group_end);
   EmitStored(b);
   return b;
 }
@@ -248,6 +256,10 @@ void BlockPool::MoveNode(NodeId from, NodeId to) {
   // (invariant 5 for an onboarded node; invariant 7 for an offloaded one).
   for (NodeId c = y.first_child; c != kNoNode; c = nodes_[c].next_sibling) nodes_[c].parent = to;
   hash_index_.Repoint(y.hash, from, to);
+  if (options_.group_blocks > 1) {
+    SetGroupEnd(to, IsGroupEnd(from));
+    SetGroupEnd(from, false);
+  }
   if (y.duration != 0) PushExpiry(to);
   if (parent != kNoNode) QueueUpdate(parent);
 }
@@ -264,18 +276,41 @@ void BlockPool::CloseEvents() {
   pending_last_ = kNoNode;
 }
 
+void BlockPool::SetGroupEnd(NodeId n, bool on) {
+  if (options_.group_blocks == 1) return;
+  const uint64_t bit = uint64_t{1} << (n % 64);
+  group_end_[n / 64] = on ? group_end_[n / 64] | bit : group_end_[n / 64] & ~bit;
+}
+
+NodeId BlockPool::GroupParent(NodeId n) const {
+  NodeId a = n;
+  for (uint32_t i = 0; i < options_.group_blocks && a != kNoNode; ++i) a = nodes_[a].parent;
+  return a;
+}
+
 StoredBlock BlockPool::MakeStoredBlock(NodeId n) const {
   StoredBlock b;
   b.hash = nodes_[n].hash;
-  if (options_.include_tokens) tokens_.Unpack(n, &b.tokens);
+  if (options_.include_tokens && options_.group_blocks == 1) {
+    tokens_.Unpack(n, &b.tokens);
+  } else if (options_.include_tokens) {
+    // A group's tokens are its blocks' tokens, first block first: walk up, then reverse.
+    std::vector<TokenId> block;
+    NodeId a = n;
+    for (uint32_t i = 0; i < options_.group_blocks && a != kNoNode; ++i, a = nodes_[a].parent) {
+      tokens_.Unpack(a, &block);
+      b.tokens.insert(b.tokens.end(), block.rbegin(), block.rend());
+    }
+    std::reverse(b.tokens.begin(), b.tokens.end());
+  }
   b.tier = tier(n);
   b.priority = priority(n);
   return b;
 }
 
 void BlockPool::EmitStored(NodeId n) {
-  if (!events_->enabled()) return;
-  const NodeId parent = nodes_[n].parent;
+  if (!events_->enabled() || !IsGroupEnd(n)) return;
+  const NodeId parent = GroupParent(n);
   const bool extend = pending_ && std::holds_alternative<StoredEvent>(pending_->data) && pending_last_ == parent &&
                       parent != kNoNode;
   if (!extend) {
@@ -298,7 +333,7 @@ void BlockPool::EmitRemoved(BlockHash h, Tier t) {
 }
 
 void BlockPool::EmitUpdated(NodeId n, std::optional<Tier> tier, std::optional<uint8_t> priority) {
-  if (!events_->enabled()) return;
+  if (!events_->enabled() || !IsGroupEnd(n)) return;
   CloseEvents();
   Emit(KvEvent{window_, UpdatedEvent{nodes_[n].hash, tier, priority}});
 }
@@ -317,12 +352,15 @@ void BlockPool::Snapshot(std::vector<KvEvent>* out) const {
       const NodeId n = stack.back();
       stack.pop_back();
       const Node& x = nodes_[n];
-      if (cur == nullptr || last == kNoNode || x.parent != last) {
-        out->push_back(KvEvent{window_, StoredEvent{x.parent == kNoNode ? 0 : nodes_[x.parent].hash, {}}});
-        cur = &std::get<StoredEvent>(out->back().data);
+      if (IsGroupEnd(n)) {  // routing groups: only group ends are published
+        const NodeId parent = GroupParent(n);
+        if (cur == nullptr || last == kNoNode || parent != last) {
+          out->push_back(KvEvent{window_, StoredEvent{parent == kNoNode ? 0 : nodes_[parent].hash, {}}});
+          cur = &std::get<StoredEvent>(out->back().data);
+        }
+        cur->blocks.push_back(MakeStoredBlock(n));
+        last = n;
       }
-      cur->blocks.push_back(MakeStoredBlock(n));
-      last = n;
       // Push children last-first so the first child is walked next and extends the chain.
       const NodeId head = x.first_child;
       if (head == kNoNode || (device && !IsDevice(head))) continue;
@@ -383,6 +421,7 @@ Status BlockPool::CheckInvariants() const {
     if (x.refcount == 0 && x.live) ++cached[t];
     if (!x.live) {
       if (x.queued || x.first_child != kNoNode) return fail("a free node is queued or has children");
+      if (options_.group_blocks > 1 && IsGroupEnd(n)) return fail("invariant 10: a free node is a group end");
       continue;
     }
     ++live;

@@ -34,6 +34,16 @@
 //
 // Invariants: the numbered list in kv_cache_manager.h (1, 2, 4, 5, 7) and
 //   9. Device children precede host children in every child list.
+//  10. Only live nodes are group ends.
+//
+// Routing groups (token-level KV): with group_blocks R > 1, events describe groups of R
+// blocks, the routers' block size G = R x B. The node at the end of a group (depth kR + R - 1,
+// flagged by the manager at Store) carries the group's Contract 1 hash at block size G; only
+// group ends are published (stored, updated, removed, snapshots), with the previous group's
+// end as parent and the group's R x B tokens. A group is stored when its last block is, and
+// removed when its last block leaves: the group's other blocks are its end's ancestors, so
+// none of them is evicted first, and the end's tier is the group's (a device node's
+// ancestors are on the device).
 // CheckInvariants() verifies them.
 //
 // Thread safety: thread-compatible; owned by the engine thread with its manager.
@@ -75,6 +85,7 @@ class BlockPool {
  public:
   struct Options {
     uint32_t block_size = config::kDefaultBlockSize;
+    uint32_t group_blocks = 1;  // blocks per event block (routing group); 1: every block
     uint32_t vocab_size = 0;  // 0 = unknown: tokens are kept at 32 bits
     bool enable_offload = true;
     uint8_t offload_min_priority = config::kDefaultOffloadMinPriority;
@@ -139,6 +150,9 @@ class BlockPool {
   // n fresh device blocks (refcount 1), a contiguous run when possible.
   // REQUIRES: num_free(kDevice) >= n (EnsureDeviceFree).
   void AllocateDevice(uint32_t n, std::vector<BlockId>* out);
+  // One fresh device block, prev + 1 when that one is free (a sequence's next block, kept
+  // contiguous). REQUIRES: num_free(kDevice) >= 1.
+  BlockId AllocateDeviceAfter(BlockId prev);
   // Copies pinned host node n into a fresh device block; the node moves to the device tier
   // (a new id, returned) and keeps its holds. REQUIRES: a free device block, n's parent on
   // the device.
@@ -146,8 +160,9 @@ class BlockPool {
   // Adds device block b (held by the caller) to the tree under `parent`. Returns kNoNode,
   // storing nothing, when a token does not fit the vocabulary's bit width.
   // REQUIRES: FindHash(h) == kNoNode, parent on the device or the root.
+  // group_end: b ends a routing group (always true when group_blocks is 1).
   NodeId Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b, const BlockRetention& r,
-               TimeNs now);
+               TimeNs now, bool group_end = true);
 
   // --- eviction ---
   // Evicts up to n device blocks, lowest (priority, last use) first.
@@ -231,6 +246,12 @@ class BlockPool {
   void LinkChild(NodeId parent, NodeId n);
   void UnlinkChild(NodeId n);
 
+  // Routing groups: whether n ends one, and the end of the group before n's (kNoNode: root).
+  bool IsGroupEnd(NodeId n) const {
+    return options_.group_blocks == 1 || ((group_end_[n / 64] >> (n % 64)) & 1) != 0;
+  }
+  void SetGroupEnd(NodeId n, bool on);
+  NodeId GroupParent(NodeId n) const;
   void EmitStored(NodeId n);
   void EmitRemoved(BlockHash h, Tier t);
   void EmitUpdated(NodeId n, std::optional<Tier> tier, std::optional<uint8_t> priority);
@@ -249,6 +270,7 @@ class BlockPool {
 
   HugeVector<Node> nodes_;  // [device blocks][host blocks]
   PackedTokens tokens_;     // same entries
+  std::vector<uint64_t> group_end_;  // one bit per node: ends a routing group (group_blocks > 1)
   mutable std::vector<uint8_t> packed_;  // scratch: a query block, packed
   HashIndex hash_index_;
   NodeId root_first_child_ = kNoNode;

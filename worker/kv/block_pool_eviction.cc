@@ -279,13 +279,15 @@ void BlockPool::RemoveNode(NodeId n) {
   if (x.queued) QueueRemove(n);
   const NodeId parent = x.parent;
   const BlockHash h = x.hash;
+  const bool group_end = IsGroupEnd(n);
+  SetGroupEnd(n, false);
   UnlinkChild(n);
   hash_index_.Erase(h, n);
   ReleaseDuration(x);
   x = Node{};
   alloc_[t].Free(block(n));
   --unpinned_cached_[t];
-  EmitRemoved(h, tier(n));
+  if (group_end) EmitRemoved(h, tier(n));
   --live_nodes_;
   ++version_;
   if (parent != kNoNode) QueueUpdate(parent);
@@ -298,6 +300,7 @@ void BlockPool::Clear() {
   std::fill(nodes_.begin(), nodes_.end(), Node{});
   alloc_ = {BlockAllocator(alloc_[kDev].num_blocks()), BlockAllocator(alloc_[kHost].num_blocks())};
   hash_index_.Clear();
+  std::fill(group_end_.begin(), group_end_.end(), 0);
   queues_ = {};
   nonempty_ = {};
   queued_ = {};

@@ -57,8 +57,10 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   // pool must match), and a query at q < W sees [0, q] at its own position under every mask
   // (window, sinks, dense context, position shift): their KV is what a fresh run computes.
   reuse_enabled_ = config.enable_block_reuse;
+  group_blocks_ = config.EventBlockSize() / config.block_size;
   BlockPool::Options opts;
   opts.block_size = config.block_size;
+  opts.group_blocks = group_blocks_;
   opts.enable_offload = config.enable_offload;
   opts.offload_min_priority = config.offload_min_priority;
   opts.include_tokens = config.events_include_tokens;
@@ -86,7 +88,9 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       log->info("pool {}: blocks past the first {} tokens are not reused (chunked attention drops earlier chunks)", i,
                 config.attention_chunk_size);
     }
-    events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks, l.host_blocks}, config.block_size}});
+    // Routers count and hash event blocks of G tokens.
+    events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks / group_blocks_, l.host_blocks / group_blocks_},
+                                                 config.EventBlockSize()}});
   }
   scratch_->pools.resize(pools_.size());
   scratch_->versions.resize(pools_.size());
@@ -114,10 +118,30 @@ BlockHash KvCacheManager::HashAt(const Sequence& s, uint32_t i) const {
 void KvCacheManager::ExtendHashes(Sequence& s) {
   const uint32_t B = config_.block_size;
   const size_t full = s.tokens.size() / B;
-  uint64_t parent = s.raw_hashes.empty() ? s.seed : s.raw_hashes.back();
+  const std::span<const TokenId> tokens(s.tokens);
+  if (group_blocks_ == 1) {
+    uint64_t parent = s.raw_hashes.empty() ? s.seed : s.raw_hashes.back();
+    for (size_t i = s.raw_hashes.size(); i < full; ++i) {
+      parent = ChainBlockHash(parent, LocalBlockHash(tokens.subspan(i * B, B), s.seed));
+      s.raw_hashes.push_back(parent);
+    }
+    return;
+  }
+  // Routing groups of R = G / B blocks: the last block of group k carries Contract 1's hash
+  // of the prefix at block size G (chained from the previous group's last block), so its
+  // events are the ones a G-block worker would send; the blocks inside a group chain from
+  // their predecessor. Every key is still a function of the whole prefix.
+  const size_t R = group_blocks_;
   for (size_t i = s.raw_hashes.size(); i < full; ++i) {
-    parent = ChainBlockHash(parent, LocalBlockHash(std::span(s.tokens).subspan(i * B, B), s.seed));
-    s.raw_hashes.push_back(parent);
+    BlockHash h;
+    if (i % R == R - 1) {
+      const uint64_t parent = i >= R ? s.raw_hashes[i - R] : s.seed;
+      h = ChainBlockHash(parent, LocalBlockHash(tokens.subspan((i + 1 - R) * B, R * B), s.seed));
+    } else {
+      const uint64_t parent = i > 0 ? s.raw_hashes[i - 1] : s.seed;
+      h = ChainBlockHash(parent, LocalBlockHash(tokens.subspan(i * B, B), s.seed));
+    }
+    s.raw_hashes.push_back(h);
   }
 }
 
@@ -374,7 +398,8 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
         pool.Raise(existing, r, now);
         st.last_node = existing;
       } else {
-        const NodeId stored = pool.Store(st.last_node, h, block_tokens, st.table[j], r, now);
+        const NodeId stored =
+            pool.Store(st.last_node, h, block_tokens, st.table[j], r, now, i % group_blocks_ == group_blocks_ - 1);
         if (stored == kNoNode) {
           st.storing = false;  // a token outside the vocabulary: keep this block private
           break;
@@ -410,7 +435,11 @@ Status KvCacheManager::Append(SequenceId id, std::span<const TokenId> tokens) {
       for (auto& pool : pools_) {
         KVF_CHECK(pool->EnsureDeviceFree(1, &copies_)) << "CanAppend() promised a block";
         Sequence::PoolState& st = s.pools[pool->index()];
-        pool->AllocateDevice(1, &st.table);
+        if (!st.table.empty() && st.table.back() != kNoBlock) {
+          st.table.push_back(pool->AllocateDeviceAfter(st.table.back()));  // keep the run going
+        } else {
+          pool->AllocateDevice(1, &st.table);
+        }
         st.linear.push_back(st.table.back());
       }
     }

@@ -256,6 +256,7 @@ class KvCacheManager {
   const Clock* clock_;
   KvTestHooks hooks_;
   bool reuse_enabled_ = true;
+  uint32_t group_blocks_ = 1;  // blocks per event block: EventBlockSize() / block_size
   std::unique_ptr<EventList> events_;  // this manager's and its pools' events, until taken
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<BlockCopy> copies_;  // this call's copies, issued by FinishCall

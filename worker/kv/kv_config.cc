@@ -18,7 +18,11 @@ Status KvCacheConfig::Validate() const {
   if (dtype_bytes == 0) return InvalidArgument("kv: dtype_bytes must be > 0");
   if (max_seq_len == 0) return InvalidArgument("kv: max_seq_len must be > 0");
   if (!IsValidBlockSize(block_size)) {
-    return InvalidArgument("kv: block_size " + std::to_string(block_size) + " is not a power of two >= 2");
+    return InvalidArgument("kv: block_size " + std::to_string(block_size) + " is not a power of two");
+  }
+  if (routing_block_size != 0 && (!IsValidBlockSize(routing_block_size) || routing_block_size < block_size)) {
+    return InvalidArgument("kv: routing_block_size " + std::to_string(routing_block_size) +
+                           " is not a power of two >= block_size " + std::to_string(block_size));
   }
   if (offload_min_priority > kMaxPriority) return InvalidArgument("kv: offload_min_priority > 100");
   if (device_bytes == 0) return InvalidArgument("kv: device_bytes must be > 0");
@@ -50,6 +54,14 @@ uint32_t KvCacheConfig::WindowOfLayer(uint32_t layer) const {
   if (attention_windows.empty()) return 0;
   const uint32_t w = attention_windows[layer % attention_windows.size()];
   return w >= max_seq_len ? 0 : w;  // a window as long as the context is full attention
+}
+
+uint32_t DefaultRoutingBlockSize(uint32_t block_size) {
+  return block_size == 1 ? config::kTokenKvRoutingBlockSize : block_size;
+}
+
+uint32_t KvCacheConfig::EventBlockSize() const {
+  return routing_block_size != 0 ? routing_block_size : DefaultRoutingBlockSize(block_size);
 }
 
 uint32_t KvCacheConfig::KvHeadsOfLayer(uint32_t layer) const { return num_kv_heads[layer % num_kv_heads.size()]; }

@@ -27,6 +27,10 @@ namespace config {
 // TensorRT-LLM's default tokens_per_block is 64, vLLM's 16; 32 keeps per-block bookkeeping
 // well under the KV it describes while losing at most 31 tokens of reuse per request.
 constexpr uint32_t kDefaultBlockSize = 32;
+// Token-level KV (B = 1) publishes its events and is hashed by routers in groups of this
+// many tokens: one event block per token would cost the routers' index 16x the entries of
+// B = 16 for no better routing (a request's reuse is decided within a few blocks).
+constexpr uint32_t kTokenKvRoutingBlockSize = 16;
 // TensorRT-LLM's secondary_offload_min_priority default: only default-or-higher blocks
 // are worth a host copy.
 constexpr uint8_t kDefaultOffloadMinPriority = 35;
@@ -54,7 +58,7 @@ struct KvCacheConfig {
                                           // token is stored in (17 for 128K); 0 = unknown (32 bits)
 
   // --- cache ---
-  uint32_t block_size = config::kDefaultBlockSize;  // tokens per block (B): power of two >= 2
+  uint32_t block_size = config::kDefaultBlockSize;  // tokens per block (B): power of two
   uint64_t device_bytes = 0;              // device KV budget in bytes (from the backend)
   uint64_t host_bytes = 0;                // host tier budget in bytes; 0 = no host tier
   bool enable_block_reuse = true;         // radix reuse tree across requests
@@ -66,12 +70,21 @@ struct KvCacheConfig {
   // --- events ---
   size_t event_buffer_max_size = config::kDefaultEventBufferMaxSize;  // events; 0 = events off
   bool events_include_tokens = false;     // stored events carry each block's tokens
+  // Tokens per event block (G, Contract 1's B as routers see it): a power of two >= B; the
+  // events describe groups of G / B blocks (event_list.h). 0: RoutingBlockSize(block_size).
+  uint32_t routing_block_size = 0;
 
   Status Validate() const;
   // The layer's window after repetition; 0 = full attention.
   uint32_t WindowOfLayer(uint32_t layer) const;
   uint32_t KvHeadsOfLayer(uint32_t layer) const;
+  // G: routing_block_size, else its default for block_size.
+  uint32_t EventBlockSize() const;
 };
+
+// The default routing block size for KV blocks of `block_size` tokens: the block size
+// itself, or config::kTokenKvRoutingBlockSize for token-level KV.
+uint32_t DefaultRoutingBlockSize(uint32_t block_size);
 
 // fraction x free_bytes, the usual way to size a GPU cache after loading weights.
 uint64_t DeviceBudgetFromFreeMemory(uint64_t free_bytes, double fraction);

@@ -156,6 +156,7 @@ Status Worker::Init(zmq::context_t& context) {
   backend::KvMemorySettings memory = backend::KvMemoryOf(*backend_);
   memory.offload_min_priority = static_cast<uint8_t>(config_.offload_min_priority);
   memory.events_include_tokens = config_.events_include_tokens;
+  memory.routing_block_size = config_.routing_block_size;
   KVF_ASSIGN_OR_RETURN(kv_, kv::KvCacheManager::Make(backend::KvCacheConfigFor(backend_->config(), memory, bo.attention),
                                                      &backend_->block_copier(), clock));
   KVF_RETURN_IF_ERROR(backend::CheckPoolsAgree(kv_->pools(), pools));
@@ -217,7 +218,10 @@ Status Worker::Init(zmq::context_t& context) {
     WorkerHello hello;
     hello.name = worker_id_;
     hello.model = model_name_;
-    hello.block_size = config_.block_size;
+    // Routers hash and index blocks of G tokens, the events' (token-level KV: 16 by default).
+    hello.block_size = config_.routing_block_size != 0 ? config_.routing_block_size
+                                                        : kv::DefaultRoutingBlockSize(config_.block_size);
+    if (hello.block_size != config_.block_size) hello.kv_block_size = config_.block_size;
     hello.max_context = eo.limits.max_context;
     hello.device_blocks = kv_->TotalBlocks(kv::Tier::kDevice);
     hello.host_blocks = kv_->TotalBlocks(kv::Tier::kHost);

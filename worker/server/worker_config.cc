@@ -27,7 +27,12 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "CURVE server key pair file for the requests, events and replay sockets (kvfleet keygen)");
   app.add_option("--curve-authorized-keys", c->curve_authorized_keys,
                  "router public keys admitted, one per line (default: any router with the server key)");
-  app.add_option("--block-size", c->block_size, "tokens per KV block (power of two)")->capture_default_str();
+  app.add_option("--block-size", c->block_size, "tokens per KV block (power of two; 1: token-level KV)")
+      ->capture_default_str();
+  app.add_option("--routing-block-size", c->routing_block_size,
+                 "tokens per block of the KV events and the routers' hashing (power of two >= --block-size); "
+                 "0: --block-size, or 16 when it is 1")
+      ->capture_default_str();
   app.add_option("--max-num-tokens", c->max_num_tokens, "tokens computed per step (multiple of the block size)")
       ->capture_default_str();
   app.add_option("--max-batch-size", c->max_batch_size, "running sequences at most")->capture_default_str();
@@ -87,8 +92,13 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--backend must be mock, cpu or cuda, got '" + backend + "'");
   }
   if (backend != "mock" && model_dir.empty()) return InvalidArgument("--model-dir is required for --backend " + backend);
-  if (block_size < 2 || (block_size & (block_size - 1)) != 0) {
-    return InvalidArgument("--block-size must be a power of two >= 2");
+  if (block_size == 0 || (block_size & (block_size - 1)) != 0) {
+    return InvalidArgument("--block-size " + std::to_string(block_size) + " is not a power of two (1, 2, 4, ...)");
+  }
+  if (routing_block_size != 0 &&
+      ((routing_block_size & (routing_block_size - 1)) != 0 || routing_block_size < block_size)) {
+    return InvalidArgument("--routing-block-size " + std::to_string(routing_block_size) +
+                           " is not 0 or a power of two >= --block-size " + std::to_string(block_size));
   }
   if (max_num_tokens == 0 || max_num_tokens % block_size != 0) {
     return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");

@@ -38,7 +38,10 @@ struct WorkerConfig {
   std::string curve_authorized_keys;
 
   // --- engine ---
-  uint32_t block_size = 32;          // tokens per KV block (B)
+  uint32_t block_size = 32;          // tokens per KV block (B); 1: token-level KV
+  // Tokens per block of the KV events and of the routers' hashing (G, Contract 1's B as
+  // routers see it): a power of two >= B; 0: B, or config::kTokenKvRoutingBlockSize at B = 1.
+  uint32_t routing_block_size = 0;
   uint32_t max_num_tokens = 8192;    // tokens computed per step; a multiple of B
   uint32_t max_batch_size = 256;     // running sequences
   uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache

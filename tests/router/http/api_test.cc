@@ -600,6 +600,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(models["data"][0]["id"] == "llama");
   auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
   CHECK(fleet["workers"][0]["block_size"] == 16);
+  CHECK(fleet["workers"][0]["kv_block_size"] == 16);  // no kvBlockSize: KV blocks are block_size tokens
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

@@ -54,5 +54,18 @@ TEST_CASE("every block can be allocated and freed again") {
   }
 }
 
+TEST_CASE("AllocateAfter takes the next block from the run or the scattered ones, else any") {
+  BlockAllocator a(16);
+  std::vector<BlockId> got;
+  a.Allocate(4, &got);                 // 0..3; the run is [4, 16)
+  CHECK(a.AllocateAfter(3) == 4);      // the run's first block
+  a.Free(1);                           // scattered
+  CHECK(a.AllocateAfter(0) == 1);      // a scattered next block
+  CHECK(a.AllocateAfter(9) == 5);      // 10 is inside the run: the run's first block instead
+  CHECK(a.AllocateAfter(15) == 6);     // past the end
+  CHECK(a.num_free() == 9);
+  CHECK(a.CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace kvfleet::kv

@@ -60,11 +60,29 @@ TEST_CASE("the device budget can be a fraction of free memory") {
   CHECK(DeviceBudgetFromFreeMemory(1000, 1.5) == 1000);
 }
 
-TEST_CASE("block sizes must be powers of two of at least 2") {
+TEST_CASE("block sizes must be powers of two, 1 (token-level KV) included") {
   auto c = Model();
   c.block_size = 2;
   CHECK(c.Validate().ok());
+  c.block_size = 1;
+  CHECK(c.Validate().ok());
+  CHECK(c.EventBlockSize() == config::kTokenKvRoutingBlockSize);
   c.block_size = 24;
+  CHECK(c.Validate().message().find("block_size 24 is not a power of two") != std::string::npos);
+  c.block_size = 0;
+  CHECK_FALSE(c.Validate().ok());
+}
+
+TEST_CASE("the routing block size is a power of two no smaller than the block size") {
+  auto c = Model();
+  c.block_size = 16;
+  CHECK(c.EventBlockSize() == 16);
+  c.routing_block_size = 64;
+  CHECK(c.Validate().ok());
+  CHECK(c.EventBlockSize() == 64);
+  c.routing_block_size = 8;
+  CHECK(c.Validate().message().find("routing_block_size 8") != std::string::npos);
+  c.routing_block_size = 48;
   CHECK_FALSE(c.Validate().ok());
 }
 

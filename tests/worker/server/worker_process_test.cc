@@ -327,7 +327,14 @@ TEST_CASE("bad attention flags stop the worker at start-up with an error naming 
         "64", "--attention-chunk-size", "64"},
        "contradict each other"},
       {{"--backend", "cpu", "--model-dir", tiny, "--max-attention-window", "64,x"}, "--max-attention-window"},
-      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "48"}, "--block-size must be a power of two"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "48"}, "--block-size 48 is not a power of two"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "0"}, "--block-size 0 is not a power of two"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "1", "--routing-block-size", "24"},
+       "--routing-block-size 24 is not 0 or a power of two >= --block-size 1"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "16", "--routing-block-size", "8"},
+       "--routing-block-size 8 is not 0 or a power of two >= --block-size 16"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "16", "--attention-chunk-size", "24"},
+       "--attention-chunk-size 24 is not a multiple of --block-size 16"},
       {{"--backend", "cpu", "--model-dir", tiny, "--block-size", "16", "--max-attention-window", "64", "--sink-tokens",
         "4", "--kv-cache-bytes", std::to_string(5 * 2 * 2 * 2 * 16 * 4 * 16)},  // 5 blocks
        "has 5 blocks; one sequence may hold 10 (sinks, window and first-window blocks): raise --kv-cache-bytes"},
@@ -387,6 +394,35 @@ TEST_CASE("a StreamingLLM worker streams a long generation in a KV cache of its 
   CHECK(refused.is_error);
   CHECK(refused.code == kvfleet::schema::ErrorCode::CONTEXT_TOO_LONG);
   CHECK(refused.message.find("holds a prompt of at most 160") != std::string::npos);
+}
+
+TEST_CASE("a token-level KV worker (--block-size 1) generates what a 16-token worker does and reuses to the token") {
+  const std::string model = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);
+  auto start = [&](const std::string& b) {
+    return std::make_unique<WorkerProcess>(std::vector<std::string>{
+        "--backend", "cpu", "--model-dir", model, "--block-size", b, "--max-num-tokens", "256", "--max-context", "512",
+        "--kv-cache-bytes", std::to_string(1024 * TinyCpuBlockBytes(1))});
+  };
+  std::vector<uint32_t> prompt = Prompt(45, 5);
+  for (uint32_t& t : prompt) t = t % 500 + 3;  // inside the 512-token vocabulary
+  std::vector<uint32_t> by_block_size[2];
+  uint32_t cached_again[2] = {0, 0};
+  const std::string sizes[2] = {"1", "16"};
+  for (int i = 0; i < 2; ++i) {
+    auto worker = start(sizes[i]);
+    Client client(worker->requests_port);
+    client.Generate(1, prompt, 12, "", 0, /*ignore_eos=*/true);
+    int deltas = 0;
+    const Reply first = client.Collect(1, &by_block_size[i], &deltas);
+    CHECK(first.cached_device == 0);
+    std::vector<uint32_t> again;
+    client.Generate(2, prompt, 4, "", 0, true);
+    cached_again[i] = client.Collect(2, &again, &deltas).cached_device;
+    CHECK(std::equal(again.begin(), again.end(), by_block_size[i].begin()));
+  }
+  CHECK(by_block_size[0].size() == 12);
+  CHECK(by_block_size[0] == by_block_size[1]);  // greedy: the same tokens at B = 1 and B = 16
+  CHECK(cached_again[0] == 44);                  // every prompt token but the last, which computes logits
 }
 
 }  // namespace

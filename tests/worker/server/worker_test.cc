@@ -295,7 +295,12 @@ TEST_CASE("worker config: the attention flags, and bad ones named at start-up") 
   CHECK(has(start_error([](WorkerConfig& w) { w.max_attention_window = std::vector<int32_t>(33, 64); }),
             "--max-attention-window has 33 windows for a model of 32 layers"));
   CHECK(has(start_error([](WorkerConfig& w) { w.max_attention_window = {0}; }), "--max-attention-window: window 0"));
-  CHECK(has(start_error([](WorkerConfig& w) { w.block_size = 24; }), "--block-size must be a power of two"));
+  CHECK(has(start_error([](WorkerConfig& w) { w.block_size = 24; }), "--block-size 24 is not a power of two"));
+  CHECK(has(start_error([](WorkerConfig& w) {
+              w.block_size = 1;
+              w.routing_block_size = 12;
+            }),
+            "--routing-block-size 12 is not 0 or a power of two >= --block-size 1"));
 }
 
 }  // namespace

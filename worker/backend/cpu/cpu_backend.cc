@@ -40,7 +40,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   const auto t0 = Clock::now();
   if (!IsValidBlockSize(static_cast<uint32_t>(options.block_size))) {
     return InvalidArgument("cpu backend: block_size " + std::to_string(options.block_size) +
-                           " is not a power of two >= 2");
+                           " is not a power of two");
   }
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cpu backend: max_num_tokens and max_batch_size must be > 0");

@@ -61,7 +61,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   const auto t0 = Clock::now();
   if (!IsValidBlockSize(static_cast<uint32_t>(options.block_size)) || options.block_size > 256) {
     return InvalidArgument("cuda backend: block_size " + std::to_string(options.block_size) +
-                           " is not a power of two in [2, 256]");
+                           " is not a power of two in [1, 256]");
   }
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cuda backend: max_num_tokens and max_batch_size must be > 0");

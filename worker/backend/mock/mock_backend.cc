@@ -106,7 +106,7 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
     KVF_ASSIGN_OR_RETURN(config, model::LoadModelConfig(options.model_dir));
   }
   if (config.layer_window.empty()) config.layer_window.assign(config.num_layers, 0);
-  if (!IsValidBlockSize(options.block_size)) return InvalidArgument("block size must be a power of two >= 2");
+  if (!IsValidBlockSize(options.block_size)) return InvalidArgument("block size must be a power of two");
   std::unique_ptr<MockBackend> b(new MockBackend(options, std::move(mock), std::move(config)));
   b->max_context_ = options.max_context > 0 ? options.max_context : b->config_.max_position_embeddings;
   KVF_RETURN_IF_ERROR(CheckAttentionOptions(b->config_, options.attention, static_cast<uint32_t>(options.block_size),

@@ -292,47 +292,50 @@ TEST_CASE("StreamingLLM sinks with position shift: the cache reads as sinks + wi
   // like the last token of the fresh sequence sinks ‖ window (positions 0..S+W-1).
   const std::string base = RandomModelDir("tiny", 1);
   VariantModel one_layer(base, "onelayer", [](nlohmann::json& j) { j["num_hidden_layers"] = 1; });
-  constexpr int S = 4, W = 8, B = 4;
-  auto stream = Make(one_layer.dir.string(), B, 2, [](BackendOptions& o) {
-    o.attention.sink_tokens = S;
-    o.attention.max_attention_window = {W};
-    o.attention.streaming_llm = true;
-  });
-  auto plain = Make(one_layer.dir.string(), B);
-  const int64_t V = plain->config().vocab_size;
-  const std::vector<TokenId> toks = Tokens(30, 3);
+  constexpr int S = 4, W = 8;
+  for (const int B : {1, 4}) {  // 1: token-level KV
+    CAPTURE(B);
+    auto stream = Make(one_layer.dir.string(), B, 2, [](BackendOptions& o) {
+      o.attention.sink_tokens = S;
+      o.attention.max_attention_window = {W};
+      o.attention.streaming_llm = true;
+    });
+    auto plain = Make(one_layer.dir.string(), B);
+    const int64_t V = plain->config().vocab_size;
+    const std::vector<TokenId> toks = Tokens(30, 3);
 
-  // Prefill 20 tokens, then decode 10 with the blocks behind the window freed.
-  std::vector<BlockId> table = Table(0, 30 / B + 1);
-  std::vector<float> rows;
-  StepBatch batch;
-  SequenceStep s;
-  s.tokens = std::span<const TokenId>(toks).first(20);
-  s.block_tables = {table};
-  s.logits = LogitsRequest::kAll;
-  batch.seqs.push_back(s);
-  StepOutput out;
-  REQUIRE(stream->Execute(batch, &out).ok());
-  rows = out.logits;
-  for (int q = 20; q < 30; ++q) {
-    for (int blk = S / B; (blk + 1) * B <= q - W + 1; ++blk) table[blk] = kNoBlock;  // sinks stay
-    batch.seqs[0].tokens = std::span<const TokenId>(toks).subspan(q, 1);
-    batch.seqs[0].start_position = q;
-    batch.seqs[0].block_tables = {table};
+    // Prefill 20 tokens, then decode 10 with the blocks behind the window freed.
+    std::vector<BlockId> table = Table(0, 30 / B + 1);
+    std::vector<float> rows;
+    StepBatch batch;
+    SequenceStep s;
+    s.tokens = std::span<const TokenId>(toks).first(20);
+    s.block_tables = {table};
+    s.logits = LogitsRequest::kAll;
+    batch.seqs.push_back(s);
+    StepOutput out;
     REQUIRE(stream->Execute(batch, &out).ok());
-    rows.insert(rows.end(), out.logits.begin(), out.logits.end());
-  }
-  for (int q = 0; q < 30; ++q) {
-    std::vector<TokenId> fresh;
-    if (q < S + W) {
-      fresh.assign(toks.begin(), toks.begin() + q + 1);  // everything still visible
-    } else {
-      fresh.assign(toks.begin(), toks.begin() + S);
-      fresh.insert(fresh.end(), toks.begin() + q - W + 1, toks.begin() + q + 1);
+    rows = out.logits;
+    for (int q = 20; q < 30; ++q) {
+      for (int blk = S / B; (blk + 1) * B <= q - W + 1; ++blk) table[blk] = kNoBlock;  // sinks stay
+      batch.seqs[0].tokens = std::span<const TokenId>(toks).subspan(q, 1);
+      batch.seqs[0].start_position = q;
+      batch.seqs[0].block_tables = {table};
+      REQUIRE(stream->Execute(batch, &out).ok());
+      rows.insert(rows.end(), out.logits.begin(), out.logits.end());
     }
-    const std::vector<float> want = PrefillLogits(*plain, fresh, 64);
-    INFO("query at " << q);
-    CHECK(MaxDiff(std::span<const float>(rows).subspan(q * V, V), std::span<const float>(want).last(V)) < 1e-4f);
+    for (int q = 0; q < 30; ++q) {
+      std::vector<TokenId> fresh;
+      if (q < S + W) {
+        fresh.assign(toks.begin(), toks.begin() + q + 1);  // everything still visible
+      } else {
+        fresh.assign(toks.begin(), toks.begin() + S);
+        fresh.insert(fresh.end(), toks.begin() + q - W + 1, toks.begin() + q + 1);
+      }
+      const std::vector<float> want = PrefillLogits(*plain, fresh, 64);
+      INFO("query at " << q);
+      CHECK(MaxDiff(std::span<const float>(rows).subspan(q * V, V), std::span<const float>(want).last(V)) < 1e-4f);
+    }
   }
 }
 

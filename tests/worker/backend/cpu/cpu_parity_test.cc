@@ -5,6 +5,8 @@
 // make-model with the same seeds.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <memory>
 
@@ -27,7 +29,7 @@ std::unique_ptr<backend::ModelBackend> MakeCpu(const Reference& ref, int32_t blo
   backend::BackendOptions o;
   o.model_dir = RandomModelDir(ref.shape, ref.seed);
   o.block_size = block_size;
-  o.num_blocks = 512;
+  o.num_blocks = std::max(512, 4096 / block_size);  // at least 4,096 tokens (B = 1: 4,096 blocks)
   o.max_context = 4096;
   o.threads = 2;
   auto b = backend::CreateBackend("cpu", o);
@@ -45,7 +47,7 @@ void ExpectMatches(const ReplaySeq& s) {
 TEST_CASE("prefilled whole, then the reference's greedy steps: logits and tokens match transformers") {
   for (const std::string& name : TinyModels()) {
     Reference ref = Reference::Load(TestDataDir() + "/model", name);
-    for (int32_t block_size : {8, 32}) {
+    for (int32_t block_size : {1, 8, 32}) {  // 1: token-level KV, one block per token
       auto b = MakeCpu(ref, block_size);
       BlockIds ids;
       for (size_t p = 0; p < ref.prompts.size(); ++p) {
