@@ -237,7 +237,11 @@ uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (id >= workers_.size()) return 0;
   const WorkerHello& info = workers_[id]->info;
-  return info.device_blocks + info.host_blocks;
+  // Counted in KV blocks; a token-level worker (kv_block_size < block_size) holds
+  // block_size / kv_block_size of them per routing block.
+  const uint64_t per_block = info.kv_block_size > 0 && info.kv_block_size < info.block_size
+                                 ? info.block_size / info.kv_block_size : 1;
+  return (info.device_blocks + info.host_blocks) / per_block;
 }
 
 // --- internals ---

@@ -61,8 +61,9 @@ class WorkerLoads {
   virtual OwnLoadCounts OwnLoad(WorkerId worker) const = 0;
   virtual OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const = 0;
   virtual std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const = 0;
-  // Blocks the worker can keep cached, device and host tiers together, as its Hello said; 0
-  // when unknown (a static entry). The approx policy's model of its cache (routing/README.md).
+  // Routing blocks (block_size tokens) the worker can keep cached, device and host tiers
+  // together, as its Hello said; 0 when unknown (a static entry). The approx policy's model
+  // of its cache (routing/README.md).
   virtual uint64_t CacheBlocks(WorkerId /*worker*/) const { return 0; }
 };
 
