@@ -233,15 +233,22 @@ std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
   return signals_ ? signals_->Load(id) : std::nullopt;
 }
 
+// KV blocks per routing block: a token-level worker (kv_block_size < block_size) holds
+// block_size / kv_block_size of them in each.
+static uint32_t PerBlock(const WorkerHello& info) {
+  return info.kv_block_size > 0 && info.kv_block_size < info.block_size ? info.block_size / info.kv_block_size : 1;
+}
+
 uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (id >= workers_.size()) return 0;
   const WorkerHello& info = workers_[id]->info;
-  // Counted in KV blocks; a token-level worker (kv_block_size < block_size) holds
-  // block_size / kv_block_size of them per routing block.
-  const uint64_t per_block = info.kv_block_size > 0 && info.kv_block_size < info.block_size
-                                 ? info.block_size / info.kv_block_size : 1;
-  return (info.device_blocks + info.host_blocks) / per_block;
+  return (info.device_blocks + info.host_blocks) / PerBlock(info);  // counted in KV blocks
+}
+
+uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return id < workers_.size() ? PerBlock(workers_[id]->info) : 1;
 }
 
 // --- internals ---
@@ -539,6 +546,7 @@ Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLo
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
+uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
 

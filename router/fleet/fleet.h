@@ -65,6 +65,9 @@ class WorkerLoads {
   // together, as its Hello said; 0 when unknown (a static entry). The approx policy's model
   // of its cache (routing/README.md).
   virtual uint64_t CacheBlocks(WorkerId /*worker*/) const { return 0; }
+  // KV blocks per routing block: block_size / kv_block_size for a token-level worker, else 1.
+  // Its load reports count KV blocks.
+  virtual uint32_t KvBlocksPerBlock(WorkerId /*worker*/) const { return 1; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -220,6 +223,7 @@ class Fleet final : public WorkerLoads {
   // The worker's last load report (from the WorkerSignals; nullopt without them).
   std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const override;
   uint64_t CacheBlocks(WorkerId worker) const override;
+  uint32_t KvBlocksPerBlock(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -92,6 +92,7 @@ class FleetImpl final : public LaneFleet {
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
   uint64_t CacheBlocks(WorkerId id) const;
+  uint32_t KvBlocksPerBlock(WorkerId id) const;
   std::string registration_endpoint() const { return registration_.endpoint(); }
 
  private:

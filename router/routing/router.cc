@@ -76,8 +76,8 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
     const double demand = c.queued_prefill_tokens / route.block_size;
     double spare = 0;
     if (const std::optional<WorkerLoad> load = loads_->ReportedLoad(c.worker)) {
-      spare = std::max(0.0, static_cast<double>(load->free_blocks[0]) -
-                                static_cast<double>(retention_->Held(c.worker)));
+      const double free = static_cast<double>(load->free_blocks[0]) / loads_->KvBlocksPerBlock(c.worker);
+      spare = std::max(0.0, free - static_cast<double>(retention_->Held(c.worker)));
     }
     const double kept =
         retention_->ExpectedSurvivingBlocks(c.worker, hashes.first(matched), horizon_s, spare, demand);
