@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "router/routing/peer_policies.h"
+
 namespace kvfleet::router {
 
 Result<Policy> ParsePolicy(std::string_view name) {
@@ -11,8 +13,13 @@ Result<Policy> ParsePolicy(std::string_view name) {
   if (name == "least_loaded") return Policy::kLeastLoaded;
   if (name == "kv") return Policy::kKv;
   if (name == "approx") return Policy::kApprox;
+  if (name == "dynamo") return Policy::kDynamo;
+  if (name == "llmd") return Policy::kLlmd;
+  if (name == "sglang") return Policy::kSglang;
+  if (name == "preble") return Policy::kPreble;
   return InvalidArgument("unknown routing policy '" + std::string(name) +
-                         "' (expected round_robin, least_loaded, kv or approx)");
+                         "' (expected round_robin, least_loaded, kv, approx, or for comparison dynamo, llmd, "
+                         "sglang or preble)");
 }
 
 std::string_view PolicyName(Policy policy) {
@@ -21,6 +28,10 @@ std::string_view PolicyName(Policy policy) {
     case Policy::kLeastLoaded: return "least_loaded";
     case Policy::kKv: return "kv";
     case Policy::kApprox: return "approx";
+    case Policy::kDynamo: return "dynamo";
+    case Policy::kLlmd: return "llmd";
+    case Policy::kSglang: return "sglang";
+    case Policy::kPreble: return "preble";
   }
   return "?";
 }
@@ -172,6 +183,23 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
       d.index = PickLowestCost(request, candidates, eligible, &d.estimated_ttft_s);
       break;
     }
+    case Policy::kDynamo: {
+      std::lock_guard<std::mutex> lock(rng_mu_);
+      d.index = eligible[peer::PickDynamo(request, candidates, eligible, options_.temperature, &rng_)];
+      break;
+    }
+    case Policy::kLlmd: {
+      std::lock_guard<std::mutex> lock(rng_mu_);
+      d.index = eligible[peer::PickLlmd(request, candidates, eligible, &rng_)];
+      break;
+    }
+    case Policy::kSglang:
+      d.index = eligible[peer::PickSglang(request, candidates, eligible)];
+      break;
+    case Policy::kPreble:
+      d.index = eligible[peer::PickPreble(request, candidates, eligible, FleetRate(candidates),
+                                          options_.decode_s_per_running_request)];
+      break;
   }
   d.worker = candidates[d.index].worker;
   d.predicted_cached_tokens = CachedTokens(request, candidates[d.index]);

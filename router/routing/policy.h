@@ -6,8 +6,8 @@
 // router's own in-flight counts). Picker::Pick chooses among them. The cost model of the
 // `kv` policy and every constant are explained in router/routing/README.md.
 //
-// Thread safety: Picker is thread-safe (round-robin state is atomic; the softmax draw
-// takes a mutex only when temperature > 0).
+// Thread safety: Picker is thread-safe (round-robin state is atomic; kv's softmax draw
+// and the dynamo and llmd policies' random draws take a mutex).
 #pragma once
 
 #include <atomic>
@@ -28,6 +28,11 @@ enum class Policy {
   kLeastLoaded,  // fewest requests running + queued
   kKv,           // least estimated time to first token, from the event-fed index
   kApprox,       // kv's cost over an index of the router's own decisions only (no events)
+  // The peers' published rules, for comparison only (peer_policies.h).
+  kDynamo,  // NVIDIA Dynamo's KV router cost
+  kLlmd,    // llm-d's weighted scorers
+  kSglang,  // SGLang router's cache_aware
+  kPreble,  // Preble's E2
 };
 
 Result<Policy> ParsePolicy(std::string_view name);
@@ -91,6 +96,13 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // For the peer policies (peer_policies.h), from the worker's last load report (0 without one)
+  // and the index.
+  double decode_blocks = 0;         // blocks held by decoding sequences
+  double kv_usage = 0;              // device blocks in use / total, in [0, 1]
+  double free_device_blocks = 0;    // free or evictable device blocks
+  double total_device_blocks = 0;   // 0: no report
+  double device_cached_blocks = 0;  // device blocks the index holds for the worker (its cache's size)
 };
 
 struct RouteRequest {

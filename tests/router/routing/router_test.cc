@@ -303,4 +303,27 @@ TEST_CASE("a retry is admitted on the workers' loads at the time of the retry") 
 }
 
 }  // namespace
+TEST_CASE("the peer policies see the index's matches and the report's decode blocks and KV usage") {
+  Fixture f;
+  f.kv.InsertPredicted(1, f.Hashes(), kNsPerSec);
+  WorkerLoad report;
+  report.active_decode_blocks = 12;
+  report.free_blocks = {250, 0};
+  report.total_blocks = {1000, 0};
+  f.loads.reported[2] = report;
+  for (Policy p : {Policy::kDynamo, Policy::kLlmd, Policy::kSglang, Policy::kPreble}) {
+    CAPTURE(PolicyName(p));
+    auto d = f.router.Route(f.fleet, f.PromptOf(p));
+    REQUIRE(d.ok());
+    CHECK(d->worker == 1);  // the whole prompt cached there, every worker otherwise idle
+    CHECK(d->device_blocks == 10);
+    const Candidate& c = d->candidates->at(2);
+    CHECK(c.decode_blocks == 12);
+    CHECK(c.kv_usage == doctest::Approx(0.75));
+    CHECK(c.free_device_blocks == 250);
+    CHECK(c.total_device_blocks == 1000);
+    CHECK(d->candidates->at(0).total_device_blocks == 0);  // no report: unknown
+  }
+}
+
 }  // namespace kvfleet::router
