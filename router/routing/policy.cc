@@ -94,18 +94,25 @@ double Picker::FleetRate(std::span<const Candidate> candidates) const {
   return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }
 
-double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+double Picker::DelayedRequests(std::span<const Candidate> candidates) const {
+  double waiting = 0;
+  for (const Candidate& c : candidates) waiting += c.waiting_requests;
+  return std::max(options_.uncached_work_weight, candidates.empty() ? 0 : waiting / candidates.size());
+}
+
+double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const {
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return EstimateTtft(request, c, fleet_rate) + options_.uncached_work_weight * uncached / rate;
+  return EstimateTtft(request, c, fleet_rate) + delayed * uncached / rate;
 }
 
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                               std::span<const size_t> eligible, double* cost) {
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
   const double fallback = FleetRate(candidates);
+  const double delayed = DelayedRequests(candidates);
   std::vector<double> costs(eligible.size());
-  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback);
+  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback, delayed);
 
   auto better = [&](size_t a, size_t b) {  // positions in eligible
     if (costs[a] != costs[b]) return costs[a] < costs[b];

@@ -66,8 +66,9 @@ struct RoutingOptions {
   // What each running request adds to a new request's first token (seconds): decode
   // tokens go first in every engine step.
   double decode_s_per_running_request = config::kDecodeSecondsPerRunningRequest;
-  // The kv cost adds weight × (uncached tokens / rate) to the estimated TTFT: the prefill
-  // a choice adds to the fleet, beyond this request's wait. 0: pure TTFT.
+  // The kv cost adds max(weight, the fleet's mean waiting requests) × (uncached tokens / rate)
+  // to the estimated TTFT: the prefill a choice adds, once per request it will delay (README.md).
+  // 0: pure TTFT on an idle fleet.
   double uncached_work_weight = config::kUncachedWorkWeight;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
@@ -96,6 +97,9 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // Requests there without a first token yet: this router's, and others' queued ones from the
+  // report (the kv cost's DelayedRequests, README.md).
+  double waiting_requests = 0;
   // For the peer policies (peer_policies.h), from the worker's last load report (0 without one)
   // and the index.
   double decode_blocks = 0;         // blocks held by decoding sequences
@@ -135,8 +139,13 @@ class Picker {
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when
   // c reports none (README.md, "prefill rate").
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
-  // The kv cost: EstimateTtft plus the weighted prefill work the choice adds (README.md).
-  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
+  // candidates' mean waiting_requests (by Little's law, about as many arrive per worker while
+  // the fleet's backlog drains), and at least uncached_work_weight.
+  double DelayedRequests(std::span<const Candidate> candidates) const;
+  // The kv cost: EstimateTtft plus the prefill work the choice adds, times `delayed`
+  // (DelayedRequests) (README.md).
+  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const;
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,

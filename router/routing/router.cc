@@ -32,6 +32,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   c->queued_prefill_tokens = own.prefill_tokens;
   // Without a report, every request this router has in flight there may be queued.
   c->queued_requests = own.requests;
+  c->waiting_requests = own.waiting;
   c->prefill_tokens_per_s = 0;
   c->admission_wait_s = 0;
   c->decode_blocks = c->kv_usage = c->free_device_blocks = c->total_device_blocks = 0;
@@ -49,6 +50,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   c->queued_prefill_tokens =
       own.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
   c->queued_requests = std::max(queued, own.requests - active);
+  c->waiting_requests = own.waiting + std::max(0.0, queued - then.waiting);
   c->prefill_tokens_per_s = load->prefill_tokens_per_second;
   // The worker's predicted wait less its prefill term, which the blend above recounts: what
   // only the worker knows, a batch or KV cache too full to admit one more (README.md).
