@@ -109,7 +109,7 @@ int Run(RouterConfig& c) {
     log->error("{}", fleet.status().message());
     return 1;
   }
-  Router router(c.routing, fleet->get(), &plane.index(), &approx_index);
+  Router router(c.routing, fleet->get(), &plane.index(), &approx_index, &plane.index().retention());
   const std::string codec_name =
       codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
                                                                          " per-model tokenizers");

@@ -187,7 +187,12 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->capture_default_str();
   app.add_option("--max-header-bytes", c->http.max_header_bytes, "largest request header (431 beyond)")
       ->capture_default_str();
-  app.add_option("--api-key-file", c->api_key_file, "file of accepted API keys, one per line (default: no auth)");
+  app.add_option("--api-key-file", c->api_key_file,
+                 "file of accepted API keys, one per line (default: no auth); guards /v1/*, /tokenize, /detokenize "
+                 "and /fleet");
+  app.add_flag("--allow-unknown-fields", c->api.limits.fields.allow_unknown,
+               "admit request fields kvfleet does not know (default: 400 naming the field, as OpenAI answers); "
+               "each is logged once at debug and counted in kvfleet_router_unknown_fields_total");
   app.add_option("--registration", c->fleet.registration_endpoint,
                  "ROUTER endpoint workers send Hello to (empty: none)")
       ->capture_default_str();
@@ -226,7 +231,7 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->allow_extra_args(false)
       ->delimiter(';');
   app.add_option("--routing-policy", c->policy,
-                 "round_robin, least_loaded, kv or approx; for comparison dynamo, llmd, sglang or preble")
+                 "round_robin, least_loaded, kv, approx or kv_retention; for comparison dynamo, llmd, sglang or preble")
       ->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();

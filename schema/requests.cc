@@ -55,6 +55,7 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
     stops.set(static_cast<unsigned>(i), p.sampling.stop_token_ids[i]);
   }
   sp.setIgnoreEos(p.sampling.ignore_eos);
+  sp.setN(p.sampling.n);
   auto r = g.initRetention();
   auto ranges = r.initRanges(static_cast<unsigned>(p.retention.ranges.size()));
   for (size_t i = 0; i < p.retention.ranges.size(); ++i) {
@@ -100,6 +101,7 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       auto d = root.getDelta();
       WorkerDelta out;
       out.request_id = d.getRequestId();
+      out.index = d.getIndex();
       auto tokens = d.getTokens();
       out.tokens.reserve(tokens.size());
       for (auto t : tokens) out.tokens.push_back(t);
@@ -149,6 +151,7 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     out.params.sampling.max_tokens = sp.getMaxTokens();
     for (auto t : sp.getStopTokenIds()) out.params.sampling.stop_token_ids.push_back(t);
     out.params.sampling.ignore_eos = sp.getIgnoreEos();
+    out.params.sampling.n = sp.getN();
     auto retention = g.getRetention();
     for (auto r : retention.getRanges()) {
       RetentionRange rr;
@@ -171,6 +174,7 @@ std::string EncodeDelta(const WorkerDelta& d) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<s::FromWorker>().initDelta();
   out.setRequestId(d.request_id);
+  out.setIndex(d.index);
   auto tokens = out.initTokens(static_cast<unsigned>(d.tokens.size()));
   for (size_t i = 0; i < d.tokens.size(); ++i) tokens.set(static_cast<unsigned>(i), d.tokens[i]);
   out.setFinishReason(ToSchema(d.finish));

@@ -43,6 +43,7 @@ struct SamplingParams {
   uint32_t max_tokens = 16;
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
+  uint32_t n = 1;  // sequences sampled from the prompt; each Delta names its index
 };
 
 struct GenerateParams {
@@ -66,6 +67,7 @@ struct WorkerUsage {
 
 struct WorkerDelta {
   uint64_t request_id = 0;
+  uint32_t index = 0;  // the sequence, 0..n-1; finish is that sequence's
   std::vector<TokenId> tokens;
   FinishReason finish = FinishReason::kNone;
   WorkerUsage usage;

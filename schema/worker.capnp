@@ -35,6 +35,7 @@ struct Sampling {
   maxTokens @5 :UInt32 = 16;
   stopTokenIds @6 :List(UInt32);
   ignoreEos @7 :Bool;
+  n @8 :UInt32 = 1;               # sequences sampled from the prompt (OpenAI's n); Deltas carry their index
 }
 
 struct Generate {
@@ -72,6 +73,8 @@ struct Delta {
   tokens @1 :List(UInt32);
   finishReason @2 :FinishReason;
   usage @3 :Usage;           # final counts once finishReason != none; running counts before
+  index @4 :UInt32;          # the sequence (0..n-1) of a request of Sampling.n; its finishReason is that
+                             # sequence's, and the request ends once all n have finished
 }
 
 enum ErrorCode {

@@ -21,6 +21,9 @@ inline constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4
 // Every metric of `registry` in the text format.
 std::string SerializeMetrics(const prometheus::Registry& registry);
 
+// Registers kvfleet_build_info{version,git_sha,build_type} 1 (common/build_info.h) in `registry`.
+void RegisterBuildInfo(prometheus::Registry& registry);
+
 // Adds GET /metrics serving `registry`.
 void AddMetricsRoute(Routes& routes, std::shared_ptr<const prometheus::Registry> registry);
 

@@ -213,13 +213,14 @@ void WorkerSubscriber::CollectEvent(const kv::KvEvent& event) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, kv::StoredEvent>) {
           if (e.parent_hash != 0 && !ParentKnown(e.parent_hash)) ++counters_->unknown_parent;
-          for (const kv::StoredBlock& b : e.blocks) ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier});
+          for (const kv::StoredBlock& b : e.blocks) ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier, b.priority});
           counters_->applied_stored += e.blocks.size();
         } else if constexpr (std::is_same_v<T, kv::RemovedEvent>) {
           for (BlockHash h : e.hashes) ops_.push_back(BlockOp{h, BlockOp::kRemove, e.tier});
           counters_->applied_removed += e.hashes.size();
         } else if constexpr (std::is_same_v<T, kv::UpdatedEvent>) {
           if (e.tier) ops_.push_back(BlockOp{e.hash, BlockOp::kMove, *e.tier});
+          if (e.priority) ops_.push_back(BlockOp{e.hash, BlockOp::kPriority, kv::Tier::kDevice, *e.priority});
           ++counters_->applied_updated;
         } else if constexpr (std::is_same_v<T, kv::ClearedEvent>) {
           FlushOps();
@@ -268,7 +269,7 @@ bool WorkerSubscriber::ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader 
         break;
       }
       ops_.push_back(BlockOp{b.getHash(), BlockOp::kStore,
-                             tier == schema::Tier::DEVICE ? kv::Tier::kDevice : kv::Tier::kHost});
+                             tier == schema::Tier::DEVICE ? kv::Tier::kDevice : kv::Tier::kHost, b.getPriority()});
     }
     if (!valid) {
       ops_.resize(mark);  // the event is dropped whole, as a parse failure would

@@ -233,6 +233,13 @@ std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
   return signals_ ? signals_->Load(id) : std::nullopt;
 }
 
+uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return 0;
+  const WorkerHello& info = workers_[id]->info;
+  return info.device_blocks + info.host_blocks;
+}
+
 // --- internals ---
 
 bool FleetImpl::Routable(const WorkerRecord& w) const {
@@ -527,6 +534,7 @@ std::vector<RefusedWorker> Fleet::Refused() const { return impl_->Refused(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
 

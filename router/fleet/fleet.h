@@ -61,6 +61,9 @@ class WorkerLoads {
   virtual OwnLoadCounts OwnLoad(WorkerId worker) const = 0;
   virtual OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const = 0;
   virtual std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const = 0;
+  // Blocks the worker can keep cached, device and host tiers together, as its Hello said; 0
+  // when unknown (a static entry). The approx policy's model of its cache (routing/README.md).
+  virtual uint64_t CacheBlocks(WorkerId /*worker*/) const { return 0; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -215,6 +218,7 @@ class Fleet final : public WorkerLoads {
   OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const override;
   // The worker's last load report (from the WorkerSignals; nullopt without them).
   std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const override;
+  uint64_t CacheBlocks(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

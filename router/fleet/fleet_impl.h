@@ -91,6 +91,7 @@ class FleetImpl final : public LaneFleet {
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const;
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
+  uint64_t CacheBlocks(WorkerId id) const;
   std::string registration_endpoint() const { return registration_.endpoint(); }
 
  private:

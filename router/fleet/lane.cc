@@ -146,6 +146,7 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
     return FailOver(handle, Unavailable(std::string("send failed: ") + e.what()));
   }
   f.attempt_id = attempt;
+  f.finished = 0;
   f.failures_at_send = fleet_->Failures(worker, nullptr);
   f.first_token_deadline = fleet_->clock()->Now() + options_.first_token_timeout;
   attempts_[attempt] = handle;
@@ -262,7 +263,8 @@ void Lane::OnDelta(const WorkerDelta& d) {
     f.first_token = true;
   }
   std::shared_ptr<ResponseSink> sink = f.request.sink;
-  if (d.finish != FinishReason::kNone) {
+  // A request of n sequences ends with the last delta of each (Contract 3).
+  if (d.finish != FinishReason::kNone && ++f.finished >= std::max(1u, f.request.params.sampling.n)) {
     Release(f);
     flights_.erase(handle);
   }

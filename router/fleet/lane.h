@@ -118,6 +118,7 @@ class Lane {
     uint64_t failures_at_send = 0;
     std::vector<WorkerId> tried;
     bool first_token = false;
+    uint32_t finished = 0;        // sequences (of sampling.n) whose last delta came
     uint32_t prefill_tokens = 0;  // counted as queued prefill until the first token
     uint32_t whole_prompt = 0;    // likewise
     TimeNs deadline = 0;

@@ -2,8 +2,9 @@
 // tokenize, route, forward through the HTTP thread's lane, stream or collect the answer,
 // map every failure to an OpenAI error. It is over 600 lines because those parts share
 // ApiImpl's private state (fleet, codecs, router, metrics, lanes); parsing, the codecs and
-// routing already live in openai.cc, codec.cc and router/routing. The metrics struct and the
-// error helpers are the next pieces to move out if it grows.
+// routing already live in openai.cc, codec.cc and router/routing, the metrics in
+// api_metrics.h and /tokenize, /detokenize and /version in tokenize_api.h. The error helpers
+// are the next piece to move out if it grows.
 #include "router/http/api.h"
 
 #include <algorithm>
@@ -12,10 +13,9 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "common/check.h"
@@ -23,6 +23,8 @@
 #include "common/log.h"
 #include "common/tokenizer_files.h"
 #include "router/fleet/lane.h"
+#include "router/http/api_metrics.h"
+#include "router/http/tokenize_api.h"
 
 namespace kvfleet::router {
 
@@ -127,59 +129,6 @@ struct ThreadLane {
 
 }  // namespace
 
-struct Metrics {
-  explicit Metrics(prometheus::Registry& r)
-      : requests(prometheus::BuildCounter()
-                     .Name("kvfleet_router_requests_total")
-                     .Help("Completion requests answered, by model, worker and HTTP status")
-                     .Register(r)),
-        routing(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_routing_seconds")
-                    .Help("Routing decision time, tokenization and block hashing included")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-                                                                     1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3})),
-        matched(prometheus::BuildHistogram()
-                    .Name("kvfleet_router_matched_blocks")
-                    .Help("Leading prompt blocks the chosen worker was believed to hold")
-                    .Register(r)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                                                                     1024})),
-        cached(prometheus::BuildCounter()
-                   .Name("kvfleet_router_cached_tokens_total")
-                   .Help("Prompt tokens expected cached at routing (predicted) and reported cached by workers (actual)")
-                   .Register(r)),
-        predicted(cached.Add({{"kind", "predicted"}})),
-        actual(cached.Add({{"kind", "actual"}})),
-        ttft(prometheus::BuildHistogram()
-                 .Name("kvfleet_router_time_to_first_token_seconds")
-                 .Help("Time from the request's arrival to its first token, seen by the router")
-                 .Register(r)
-                 .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                  250e-3, 500e-3, 1, 2.5, 5, 10, 30})),
-        itl(prometheus::BuildHistogram()
-                .Name("kvfleet_router_inter_token_seconds")
-                .Help("Time between successive deltas of a stream, per token")
-                .Register(r)
-                .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-                                                                 250e-3, 1})),
-        refused(prometheus::BuildCounter()
-                    .Name("kvfleet_router_requests_refused_total")
-                    .Help("Completion requests refused for load (429 or 503), by model and reason: queue_full, "
-                          "saturated, predicted_ttft, unattainable, no_worker, worker_queue_full")
-                    .Register(r)) {}
-
-  prometheus::Family<prometheus::Counter>& requests;
-  prometheus::Histogram& routing;
-  prometheus::Histogram& matched;
-  prometheus::Family<prometheus::Counter>& cached;
-  prometheus::Counter& predicted;
-  prometheus::Counter& actual;
-  prometheus::Histogram& ttft;
-  prometheus::Histogram& itl;
-  prometheus::Family<prometheus::Counter>& refused;
-};
-
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
   ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
@@ -192,7 +141,20 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         started_(clock->Now()),
         registry_(std::move(registry)),
         metrics_(*registry_),
-        id_rng_(std::random_device{}()) {}
+        id_rng_(std::random_device{}()) {
+    options_.limits.fields.on_unknown = [this](std::string_view name) { OnUnknownField(name); };
+  }
+
+  // An unknown field admitted by --allow-unknown-fields: counted, and logged once per name
+  // (the first config::kMaxLoggedUnknownFields names; a client could send endless ones).
+  void OnUnknownField(std::string_view name) {
+    metrics_.unknown_fields.Increment();
+    std::lock_guard<std::mutex> lock(unknown_mu_);
+    if (unknown_logged_.size() >= kMaxLoggedUnknownFields) return;
+    if (unknown_logged_.emplace(name).second) {
+      Logger("router")->debug("admitting unknown request field '{}' (--allow-unknown-fields)", name);
+    }
+  }
 
   void AddRoutes(http::Routes* routes) {
     std::weak_ptr<ApiImpl> weak = shared_from_this();
@@ -210,7 +172,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
       bool ready = self->fleet_->Ready();
       return JsonResponse(ready ? 200 : 503, ready ? R"({"status":"ready"})" : R"({"status":"no live worker"})");
     });
-    routes->AddSync("GET", "/fleet", [self](const http::Request&) { return self->FleetJson(); });
+    routes->AddSync("GET", "/fleet", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return self->FleetJson();
+    });
+    routes->AddSync("POST", "/tokenize", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return Answer(Tokenize(req.body, self->TokenizerLookup(), self->options_.limits.fields));
+    });
+    routes->AddSync("POST", "/detokenize", [self](const http::Request& req) {
+      if (auto e = self->Authorize(req)) return ErrorResponse(*e);
+      return Answer(Detokenize(req.body, self->TokenizerLookup(), self->options_.limits.fields));
+    });
+    routes->AddSync("GET", "/version", [](const http::Request&) { return JsonResponse(200, VersionJson()); });
     http::AddMetricsRoute(*routes, registry_);
     // Each I/O thread's lane exists before its first request: that request does not wait
     // for the lane's connections to the workers.
@@ -218,6 +192,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   }
 
   // --- handlers ---
+
+  static http::Response Answer(const TokenizeAnswer& a) {
+    return a.error ? ErrorResponse(*a.error) : JsonResponse(200, a.body);
+  }
+
+  // /tokenize and /detokenize serve the models the fleet knows, with their codecs.
+  TokenizerModelLookup TokenizerLookup() const {
+    return [this](const std::string& name) -> std::optional<TokenizerModel> {
+      auto model = fleet_->FindModel(name);
+      if (!model) return std::nullopt;
+      return TokenizerModel{codecs_.For(name).get(), model->max_context};
+    };
+  }
 
   std::optional<ApiError> Authorize(const http::Request& req) const {
     if (options_.api_keys.empty()) return std::nullopt;
@@ -339,9 +326,12 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   const Clock* clock_;
   const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
-  Metrics metrics_;
+  ApiMetrics metrics_;
   std::mutex id_mu_;
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
+  static constexpr size_t kMaxLoggedUnknownFields = 1024;
+  std::mutex unknown_mu_;
+  std::unordered_set<std::string> unknown_logged_;  // GUARDED_BY(unknown_mu_)
 };
 
 // One request's answer, fed by its lane: on the HTTP I/O thread that read the request.
@@ -356,11 +346,10 @@ class RequestStream final : public ResponseSink {
         created_(UnixSeconds(api_->clock_)),
         arrived_(arrived),
         last_(arrived),
-        prompt_tokens_(prompt_tokens),
-        decoder_(api_->codecs_.For(req_.model)->NewDecoder()),
-        stops_(req_.stop) {
+        prompt_tokens_(prompt_tokens) {
     timings_.read = arrived;
     timings_.routed = routed;
+    for (uint32_t i = 0; i < req_.n; ++i) choices_.push_back(Choice{api_->codecs_.For(req_.model)->NewDecoder(), StopMatcher(req_.stop)});
   }
 
   // The lane forwarding this request, and its handle there (for a stop string's cancel).
@@ -369,66 +358,86 @@ class RequestStream final : public ResponseSink {
     handle_ = handle;
   }
   // The request was handed to its worker's socket.
-  void MarkSent(TimeNs now) { timings_.sent = now; }
+  void MarkSent(TimeNs now) {
+    timings_.sent = now;
+    if (last_sent_ == 0) last_sent_ = now;
+  }
   // Retry-After of a 429 that comes back from the workers (every one tried refused it, its
   // queue full): the predicted time to first token where it was routed.
   void set_retry_after(int seconds) { retry_after_s_ = seconds; }
 
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
+    if (d.index >= choices_.size()) {
+      // A worker that answers for a sequence the request did not ask for is broken.
+      lane_->Cancel(handle_);
+      return OnError(worker, Internal("worker " + api_->fleet_->WorkerName(worker) + " sent sequence " +
+                                      std::to_string(d.index) + " of a request of n=" + std::to_string(req_.n)),
+                     started_);
+    }
+    Choice& c = choices_[d.index];
+    if (!c.finish.empty()) return;  // a stop string ended this choice; the worker goes on with the rest
     TimeNs now = api_->clock_->Now();
     if (!first_ && !d.tokens.empty()) {
       first_ = true;
       timings_.first_delta = now;
       api_->metrics_.ttft.Observe(Seconds(now - arrived_));
-    } else if (!d.tokens.empty()) {
+      api_->metrics_.queue_time.Observe(Seconds((last_sent_ > 0 ? last_sent_ : now) - arrived_));
+    } else if (!d.tokens.empty() && d.index == 0) {
+      // Choice 0's gaps: the n choices' deltas of one step arrive together.
       api_->metrics_.itl.Observe(Seconds(now - last_) / static_cast<double>(d.tokens.size()));
     }
-    last_ = now;
+    if (d.index == 0) last_ = now;
     std::string text;
     for (TokenId t : d.tokens) {
       ++completion_tokens_;
-      text += decoder_->Push(t);
+      text += c.decoder->Push(t);
     }
-    if (d.finish != FinishReason::kNone) text += decoder_->Finish();
+    if (d.finish != FinishReason::kNone) text += c.decoder->Finish();
     bool stopped = false;
-    std::string out = stops_.Push(text, &stopped);
+    std::string out = c.stops.Push(text, &stopped);
     usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
     usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
-    usage_.completion_tokens = completion_tokens_;
-    if (d.finish != FinishReason::kNone || stopped) {
+    usage_.completion_tokens = completion_tokens_;  // summed over the choices
+    if (stopped) {
+      c.finish = "stop";
+    } else if (d.finish != FinishReason::kNone) {
+      out += c.stops.Flush();
+      c.finish = std::string(FinishReasonText(d.finish));
+    }
+    const bool all_done = !c.finish.empty() && ++finished_choices_ == choices_.size();
+    if (all_done) {
       usage_.worker = api_->fleet_->WorkerName(worker);
       usage_.worker_ttft_ms = static_cast<double>(d.usage.time_to_first_token_us) / 1000.0;
       if (api_->options_.report_timings) usage_.timings = timings_;
-    }
-    std::string finish;
-    if (stopped) {
-      finish = "stop";
-      lane_->Cancel(handle_);  // a stop string: the worker need not go on
-    } else if (d.finish != FinishReason::kNone) {
-      out += stops_.Flush();
-      finish = std::string(FinishReasonText(d.finish));
+      // A choice a stop string ended may still run on the worker: it need not go on. (The
+      // lane forgot the flight already when the worker ended every sequence itself.)
+      lane_->Cancel(handle_);
     }
     if (req_.stream) {
       if (!started_) {
         started_ = true;
         ex_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), api_->fleet_->WorkerName(worker)}});
       }
-      if (!out.empty() || (first_chunk_ && req_.chat)) {
-        ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
+      if (!out.empty() || (c.first_chunk && req_.chat)) {
+        ex_->Write(FormatChunk(req_, id_, created_, out, "", c.first_chunk, d.index));
         if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = api_->clock_->Now();
-        first_chunk_ = false;
+        c.first_chunk = false;
       }
+      // Each choice's finish in its own chunk, as OpenAI streams it.
+      if (!c.finish.empty()) ex_->Write(FormatChunk(req_, id_, created_, "", c.finish, false, d.index));
     } else {
-      text_ += out;
+      c.text += out;
     }
-    if (!finish.empty()) End(worker, finish);
+    if (all_done) End(worker);
   }
 
   void OnError(WorkerId worker, const Status& status, bool after_first_token) override {
     if (done_) return;
     done_ = true;
     ApiError e = ToApiError(status);
+    api_->metrics_.duration.Observe(Seconds(api_->clock_->Now() - arrived_));
+    if (first_) api_->metrics_.CountTokens(req_.model, usage_.prompt_tokens, completion_tokens_);
     if (status.code() == StatusCode::kResourceExhausted) {
       api_->metrics_.refused.Add({{"model", req_.model}, {"reason", "worker_queue_full"}}).Increment();
     }
@@ -447,7 +456,8 @@ class RequestStream final : public ResponseSink {
     ex_->Reply(std::move(r));
   }
 
-  void OnRetry(WorkerId from, WorkerId to) override {}
+  // The lane sends the request again, to `to`, right after this.
+  void OnRetry(WorkerId from, WorkerId to) override { last_sent_ = api_->clock_->Now(); }
 
  private:
   ApiError ToApiError(const Status& s) const {
@@ -465,23 +475,26 @@ class RequestStream final : public ResponseSink {
     }
   }
 
-  void End(WorkerId worker, const std::string& finish) {
+  void End(WorkerId worker) {
     done_ = true;
     api_->metrics_.actual.Increment(usage_.cached_tokens);
+    api_->metrics_.CountTokens(req_.model, usage_.prompt_tokens, usage_.completion_tokens);
     api_->metrics_.requests
         .Add({{"model", req_.model}, {"worker", api_->fleet_->WorkerName(worker)}, {"status", "200"}})
         .Increment();
     if (req_.stream) {
-      ex_->Write(FormatChunk(req_, id_, created_, "", finish, false));
       if (req_.include_usage) ex_->Write(FormatUsageChunk(req_, id_, created_, usage_));
       ex_->Write(kDoneEvent);
       ex_->Finish();
     } else {
       http::Response r;
       r.headers.emplace_back(kWorkerHeader, usage_.worker);
-      r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
+      std::vector<ChoiceText> choices;
+      for (Choice& c : choices_) choices.push_back(ChoiceText{std::move(c.text), c.finish});
+      r.body = FormatCompletion(req_, id_, created_, choices, usage_);
       ex_->Reply(std::move(r));
     }
+    api_->metrics_.duration.Observe(Seconds(api_->clock_->Now() - arrived_));
   }
 
   std::shared_ptr<ApiImpl> api_;
@@ -492,20 +505,27 @@ class RequestStream final : public ResponseSink {
   TimeNs arrived_;
   TimeNs last_;
   uint32_t prompt_tokens_;
-  std::unique_ptr<StreamDecoder> decoder_;
-  StopMatcher stops_;
+  // One per choice (the worker's sequence of that index): its own detokenizer and stop strings.
+  struct Choice {
+    std::unique_ptr<StreamDecoder> decoder;
+    StopMatcher stops;
+    std::string text;     // not streamed: the answer so far
+    std::string finish;   // empty: still generating
+    bool first_chunk = true;
+  };
+  std::vector<Choice> choices_;
+  size_t finished_choices_ = 0;
   Lane* lane_ = nullptr;
   uint64_t handle_ = 0;
   int retry_after_s_ = 1;
   // The lane's thread only.
   bool first_ = false;
   bool started_ = false;
-  bool first_chunk_ = true;
   bool done_ = false;
   uint32_t completion_tokens_ = 0;
   RouterTimings timings_;
+  TimeNs last_sent_ = 0;  // the latest send, a retry's included (queue time)
   UsageCounts usage_;
-  std::string text_;
 };
 
 void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
@@ -558,7 +578,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   GenerateParams params;
   if (chat) {
-    auto t = codec.EncodeChat(req.messages_json);
+    auto t = codec.EncodeChat(req.messages_json, req.chat_template);
     if (!t.ok()) return Fail(ex, req.model, ChatError(req.model, t.status()));
     params.tokens = std::move(t).value();
   } else if (req.prompt_text) {
@@ -592,6 +612,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.max_tokens = max_tokens;
   params.sampling.ignore_eos = req.ignore_eos;
   params.sampling.stop_token_ids = std::move(req.stop_token_ids);
+  params.sampling.n = req.n;
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;

@@ -23,7 +23,11 @@ class ByteCodec final : public TextCodec {
     return std::vector<TokenId>(reinterpret_cast<const unsigned char*>(text.data()),
                                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const override {
+  // A plain-text template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n". It has
+  // no variables, so chat_template_kwargs change nothing here (as in a Jinja template that
+  // reads none of them).
+  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+                                          const ChatTemplateOptions& options) const override {
     auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
     if (!parsed.ok() || !parsed->is_array()) return InvalidArgument("messages must be an array");
     const nlohmann::json& messages = *parsed;
@@ -38,7 +42,11 @@ class ByteCodec final : public TextCodec {
       }
       text += "\n";
     }
-    text += "<|assistant|>\n";
+    if (options.continue_final_message) {
+      text.pop_back();  // the last message stays open
+    } else if (options.add_generation_prompt) {
+      text += "<|assistant|>\n";
+    }
     return EncodePrompt(text);
   }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return std::make_unique<ByteDecoder>(); }
@@ -49,6 +57,13 @@ class ByteCodec final : public TextCodec {
 
 
 }  // namespace
+
+std::string TextCodec::Decode(std::span<const TokenId> ids) const {
+  auto decoder = NewDecoder();
+  std::string text;
+  for (TokenId id : ids) text += decoder->Push(id);
+  return text + decoder->Finish();
+}
 
 std::unique_ptr<TextCodec> MakeByteCodec() { return std::make_unique<ByteCodec>(); }
 

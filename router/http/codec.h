@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <span>
 #include <vector>
 
 #include "common/block_hash.h"
@@ -27,15 +28,37 @@ class StreamDecoder {
   virtual std::string Finish() = 0;
 };
 
+// How a chat is rendered (vLLM's request fields of the same names).
+struct ChatTemplateOptions {
+  bool add_generation_prompt = true;    // end with the assistant's turn opened
+  bool continue_final_message = false;  // end inside the last message (a prefill); excludes the above
+  bool add_special_tokens = false;      // BOS etc. on top of what the template wrote (/tokenize)
+  std::string kwargs_json;              // chat_template_kwargs: a JSON object's text, empty: none
+};
+
 class TextCodec {
  public:
   virtual ~TextCodec() = default;
   // A completion prompt (with the tokenizer's special prefix, e.g. BOS).
   virtual Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const = 0;
+  // The same without special tokens (/tokenize with add_special_tokens false). Default: as
+  // EncodePrompt, for codecs that add none.
+  virtual Result<std::vector<TokenId>> EncodeText(std::string_view text) const { return EncodePrompt(text); }
   // A chat: `messages_json` is the validated OpenAI messages array. FailedPrecondition:
   // the model has no chat template; Unimplemented: its template does not parse; both are
-  // the server's problem, not the request's.
-  virtual Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const = 0;
+  // the server's problem, not the request's. InvalidArgument: the options do not fit the
+  // messages (continue_final_message without a final message text to continue).
+  virtual Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+                                                  const ChatTemplateOptions& options) const = 0;
+  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const {
+    return EncodeChat(messages_json, ChatTemplateOptions{});
+  }
+  // Ids back to text, special tokens kept (/detokenize). Default: through NewDecoder.
+  virtual std::string Decode(std::span<const TokenId> ids) const;
+  // One id as the vocabulary spells it (/tokenize's token_strs). Default: Decode({id}).
+  virtual std::string TokenString(TokenId id) const { return Decode(std::span<const TokenId>(&id, 1)); }
+  // Ids at or past this are not the model's (0: any id decodes, the byte codec).
+  virtual size_t vocab_size() const { return 0; }
   virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
   virtual std::vector<TokenId> eos_token_ids() const = 0;
   virtual std::string name() const = 0;

@@ -183,6 +183,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   if (!parsed.ok()) return Bad(parsed.status().message(), "");
   json& j = *parsed;
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
+  KVF_RETURN_IF_ERROR(ApplyFieldRule(j, chat, limits.fields, &r.chat_template));
   auto model = j.find("model");
   if (model == j.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
     return Bad("'model' is required and must be a non-empty string", "model");
@@ -270,12 +271,16 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
       r.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
     }
   }
-  int64_t n = 1;
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &n, 1, 128, true));
-  if (n != 1) return Bad("only n=1 is supported", "n");
-  int64_t best_of = 1;
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "best_of", &best_of, 1, 128, true));
-  if (best_of != 1) return Bad("only best_of=1 is supported", "best_of");
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &r.n, 1, limits.max_n, true));
+  if (auto best_of = j.find("best_of"); best_of != j.end() && !best_of->is_null()) {
+    // best_of > n ranks candidates by their log probability and returns the n best; kvfleet
+    // returns every sequence it samples, so it honours best_of only where that is all of them.
+    if (!best_of->is_number_integer() || best_of->get<int64_t>() != static_cast<int64_t>(r.n)) {
+      return Bad("'best_of' must equal 'n' (" + std::to_string(r.n) +
+                     "): kvfleet returns every sequence it samples and does not rank them",
+                 "best_of");
+    }
+  }
   for (const char* unsupported : {"logprobs", "top_logprobs", "suffix", "tools", "functions", "logit_bias"}) {
     auto it = j.find(unsupported);
     if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
@@ -310,6 +315,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   return r;
 }
 
+Status ParseChatMessages(const json& messages, std::string* out) { return ParseMessages(messages, out); }
+
 std::string_view FinishReasonText(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";
@@ -323,25 +330,34 @@ std::string_view FinishReasonText(FinishReason reason) {
 
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
                              std::string_view text, std::string_view finish_reason, const UsageCounts& usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
-  if (req.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", std::string(text)}};
-  } else {
-    choice["text"] = std::string(text);
+  return FormatCompletion(req, id, created, {ChoiceText{std::string(text), std::string(finish_reason)}}, usage);
+}
+
+std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
+                             const std::vector<ChoiceText>& choices, const UsageCounts& usage) {
+  json array = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", FinishJson(choices[i].finish_reason)}};
+    if (req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      choice["text"] = choices[i].text;
+    }
+    array.push_back(std::move(choice));
   }
   json j = {{"id", std::string(id)},
             {"object", req.chat ? "chat.completion" : "text_completion"},
             {"created", created},
             {"model", req.model},
-            {"choices", json::array({std::move(choice)})},
+            {"choices", std::move(array)},
             {"usage", UsageJson(usage)}};
   AddExtension(j, usage);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
+                        std::string_view finish_reason, bool first, uint32_t index) {
+  json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -6,7 +6,8 @@
 // {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
 // "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, `stop_token_ids` (vLLM's: ids that
 // end the answer with finish_reason "stop", besides the model's eos ids), and `routing` (a
-// policy name overriding the router's for this request).
+// policy name overriding the router's for this request). Every field passes the table in
+// request_fields.h first: unknown and unsupported fields are a 400 naming them.
 //
 // Thread safety: pure functions over values.
 #pragma once
@@ -22,6 +23,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "schema/requests.h"
+#include "router/http/request_fields.h"
 #include "router/routing/policy.h"
 
 namespace kvfleet::router {
@@ -61,6 +63,8 @@ struct CompletionRequest {
   std::string cache_salt;
   bool ignore_eos = false;
   std::optional<Policy> routing;
+  ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs
+  uint32_t n = 1;  // choices; best_of, when given, must equal it
 };
 
 // Limits a request must respect besides the body size.
@@ -71,10 +75,17 @@ struct RequestLimits {
   // ids), so a longer list is a mistake, not a use.
   size_t max_stop_token_ids = 256;
   uint32_t max_tokens_cap = 1 << 20;
+  FieldRule fields;  // which top-level fields pass (request_fields.h)
+  // Choices per request: each is a sequence decoding in the worker's batch beside the rest
+  // (the prompt prefilled once), so n multiplies a request's decode work and KV blocks.
+  uint32_t max_n = 16;
 };
 
 // Parses and validates a request body. `chat` selects the chat schema.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
+// Validates an OpenAI messages array (text parts only) into *out as JSON text; errors as
+// ParseCompletionRequest's (param "messages"). For /tokenize's chat form.
+Status ParseChatMessages(const nlohmann::json& messages, std::string* out);
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 
@@ -103,13 +114,22 @@ struct UsageCounts {
 
 std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...
 
-// Whole responses.
+// One choice of a whole response.
+struct ChoiceText {
+  std::string text;
+  std::string finish_reason;
+};
+
+// Whole responses: choices[i] gets index i.
+std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
+                             const std::vector<ChoiceText>& choices, const UsageCounts& usage);
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
                              std::string_view text, std::string_view finish_reason, const UsageCounts& usage);
-// One SSE event ("data: {...}\n\n") carrying a text delta; `finish_reason` empty: null.
-// For chat, `first` adds the assistant role.
+// One SSE event ("data: {...}\n\n") carrying a text delta of choice `index`;
+// `finish_reason` empty: null. For chat, `first` (the choice's first chunk) adds the
+// assistant role.
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first);
+                        std::string_view finish_reason, bool first, uint32_t index = 0);
 // The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
 std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
                              const UsageCounts& usage);

@@ -30,16 +30,46 @@ class TokenizerCodec final : public TextCodec {
   Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override {
     return tok_->Encode(text, tok::EncodeOptions{});
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const override {
+  Result<std::vector<TokenId>> EncodeText(std::string_view text) const override {
+    tok::EncodeOptions options;
+    options.add_special_tokens = false;
+    return tok_->Encode(text, options);
+  }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+                                          const ChatTemplateOptions& options) const override {
     auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
     if (!parsed.ok()) return InvalidArgument("messages must be JSON");
     const nlohmann::json& messages = *parsed;
-    KVF_ASSIGN_OR_RETURN(std::string prompt, tok_->ApplyChatTemplate(messages, /*add_generation_prompt=*/true));
+    nlohmann::json kwargs = nlohmann::json::object();
+    if (!options.kwargs_json.empty()) {
+      auto k = ParseJsonBody(options.kwargs_json);
+      if (!k.ok() || !k->is_object()) return InvalidArgument("chat_template_kwargs must be a JSON object");
+      kwargs = std::move(k).value();
+    }
+    const bool generation_prompt = options.add_generation_prompt && !options.continue_final_message;
+    KVF_ASSIGN_OR_RETURN(std::string prompt, tok_->ApplyChatTemplate(messages, generation_prompt, kwargs));
+    if (options.continue_final_message) {
+      // vLLM's rule: cut the rendering right after the last message's text, so the model
+      // goes on with it instead of starting a new turn.
+      const nlohmann::json& last = messages.back();
+      if (!last.contains("content") || !last["content"].is_string()) {
+        return InvalidArgument("continue_final_message needs a last message whose content is a string");
+      }
+      const std::string& text = last["content"].get_ref<const std::string&>();
+      size_t at = prompt.rfind(text);
+      if (text.empty() || at == std::string::npos) {
+        return InvalidArgument("continue_final_message: the chat template does not write the last message's text");
+      }
+      prompt.resize(at + text.size());
+    }
     // The template already wrote BOS where the model wants it.
-    tok::EncodeOptions options;
-    options.add_special_tokens = false;
-    return tok_->Encode(prompt, options);
+    tok::EncodeOptions encode;
+    encode.add_special_tokens = options.add_special_tokens;
+    return tok_->Encode(prompt, encode);
   }
+  std::string Decode(std::span<const TokenId> ids) const override { return tok_->Decode(ids, false); }
+  std::string TokenString(TokenId id) const override { return tok_->IdToToken(id); }
+  size_t vocab_size() const override { return tok_->vocab_size(); }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return std::make_unique<TokenizerDecoder>(tok_); }
   std::vector<TokenId> eos_token_ids() const override {
     auto ids = tok_->eos_token_ids();

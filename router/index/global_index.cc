@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "router/index/retention_estimate.h"
 #include "router/index/shard_table.h"
 
 namespace kvfleet::router {
@@ -106,7 +107,11 @@ void ForEachBit(uint64_t bits, int word, F f) {
 }  // namespace
 
 GlobalIndex::GlobalIndex(const GlobalIndexOptions& options, Clock* clock)
-    : options_(options), clock_(clock), base_ns_(clock->Now()), shards_(new Shard[config::kShards]) {}
+    : options_(options),
+      clock_(clock),
+      base_ns_(clock->Now()),
+      shards_(new Shard[config::kShards]),
+      retention_(std::make_unique<RetentionEstimate>(clock)) {}
 
 GlobalIndex::~GlobalIndex() {
   for (Table* t : retired_) delete t;
@@ -459,10 +464,13 @@ void GlobalIndex::ApplyOps(WorkerId worker, Op* ops, size_t n) {
 
 void GlobalIndex::Apply(WorkerId worker, std::span<const BlockOp> ops) {
   thread_local std::vector<Op> buf;
-  buf.resize(ops.size());
-  for (size_t k = 0; k < ops.size(); ++k)
-    buf[k] = Op{ops[k].hash, Mix(ops[k].hash), 0, static_cast<uint8_t>(ops[k].kind), TierBit(ops[k].tier)};
+  buf.clear();
+  for (const BlockOp& op : ops) {
+    if (op.kind == BlockOp::kPriority) continue;  // the retention estimate's alone
+    buf.push_back(Op{op.hash, Mix(op.hash), 0, static_cast<uint8_t>(op.kind), TierBit(op.tier)});
+  }
   ApplyOps(worker, buf.data(), buf.size());
+  retention_->Apply(worker, ops);
 }
 
 void GlobalIndex::Store(WorkerId worker, BlockHash hash, kv::Tier tier) {
@@ -515,6 +523,7 @@ void GlobalIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> ha
 
 void GlobalIndex::RemoveWorker(WorkerId worker) {
   if (worker >= config::kMaxWorkers) return;
+  retention_->RemoveWorker(worker);
   for (int si = 0; si < config::kShards; ++si) {
     Shard& shard = shards_[si];
     std::lock_guard lock(shard.mu);

@@ -96,11 +96,17 @@ struct BlockOp {
     kStore,   // the worker stores the block on `tier` (Store)
     kRemove,  // the worker no longer holds it on `tier` (Remove)
     kMove,    // the block moved to `tier` (Move); ignored when not held
+    // Its retention priority changed to `priority`: only the RetentionEstimate reads it.
+    // 4, not 3: the index's own predictions use 3 internally.
+    kPriority = 4,
   };
   BlockHash hash;
   Kind kind;
   kv::Tier tier;
+  uint8_t priority = kv::kDefaultPriority;  // kStore, kPriority: the block's retention priority
 };
+
+class RetentionEstimate;
 
 class GlobalIndex final : public PrefixIndex {
  public:
@@ -161,6 +167,10 @@ class GlobalIndex final : public PrefixIndex {
   // returns their memory). Returns how many it dropped.
   uint64_t SweepExpired();
 
+  // How soon each worker will evict what it holds, fed by Apply (retention_estimate.h).
+  const RetentionEstimate& retention() const { return *retention_; }
+  RetentionEstimate& retention() { return *retention_; }
+
   // Test support: KVF_CHECKs the invariants above. O(entries).
   void CheckInvariants() const;
 
@@ -188,6 +198,7 @@ class GlobalIndex final : public PrefixIndex {
   std::mutex retired_mu_;
   std::vector<Table*> retired_;  // GUARDED_BY(retired_mu_)
   std::atomic<bool> has_retired_{false};
+  std::unique_ptr<RetentionEstimate> retention_;
 };
 
 }  // namespace kvfleet::router

@@ -13,13 +13,14 @@ Result<Policy> ParsePolicy(std::string_view name) {
   if (name == "least_loaded") return Policy::kLeastLoaded;
   if (name == "kv") return Policy::kKv;
   if (name == "approx") return Policy::kApprox;
+  if (name == "kv_retention") return Policy::kKvRetention;
   if (name == "dynamo") return Policy::kDynamo;
   if (name == "llmd") return Policy::kLlmd;
   if (name == "sglang") return Policy::kSglang;
   if (name == "preble") return Policy::kPreble;
   return InvalidArgument("unknown routing policy '" + std::string(name) +
-                         "' (expected round_robin, least_loaded, kv, approx, or for comparison dynamo, llmd, "
-                         "sglang or preble)");
+                         "' (expected round_robin, least_loaded, kv, approx, kv_retention, or for comparison "
+                         "dynamo, llmd, sglang or preble)");
 }
 
 std::string_view PolicyName(Policy policy) {
@@ -28,6 +29,7 @@ std::string_view PolicyName(Policy policy) {
     case Policy::kLeastLoaded: return "least_loaded";
     case Policy::kKv: return "kv";
     case Policy::kApprox: return "approx";
+    case Policy::kKvRetention: return "kv_retention";
     case Policy::kDynamo: return "dynamo";
     case Policy::kLlmd: return "llmd";
     case Policy::kSglang: return "sglang";
@@ -47,6 +49,7 @@ Status RoutingOptions::Validate() const {
   }
   if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
   if (predicted_ttl < 0) return InvalidArgument("predicted TTL must be >= 0");
+  if (approx_ttl < 0) return InvalidArgument("approx TTL must be >= 0");
   if (!(admission_ttft_s >= 0)) return InvalidArgument("the admission TTFT must be >= 0 seconds");
   if (!(max_waiting_requests >= 1)) return InvalidArgument("max waiting requests must be >= 1");
   return Status::Ok();
@@ -65,7 +68,8 @@ double Median(std::vector<double> values) {
 }
 
 uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
-  uint64_t cached = (uint64_t{c.device_blocks} + c.host_blocks) * r.block_size;
+  const double blocks = (static_cast<double>(c.device_blocks) + c.host_blocks) * std::clamp(c.retained_share, 0.0, 1.0);
+  const uint64_t cached = static_cast<uint64_t>(blocks * r.block_size);
   return static_cast<uint32_t>(std::min<uint64_t>(cached, r.prompt_tokens));
 }
 
@@ -174,7 +178,8 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
       break;
     }
     case Policy::kKv:
-    case Policy::kApprox: {
+    case Policy::kApprox:
+    case Policy::kKvRetention: {
       if (options_.hot_spot_factor > 0) {
         std::vector<double> loads;
         for (size_t i : eligible) loads.push_back(candidates[i].running_requests);

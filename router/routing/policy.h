@@ -28,6 +28,7 @@ enum class Policy {
   kLeastLoaded,  // fewest requests running + queued
   kKv,           // least estimated time to first token, from the event-fed index
   kApprox,       // kv's cost over an index of the router's own decisions only (no events)
+  kKvRetention,  // kv, each hit discounted by its chance of eviction before the request runs
   // The peers' published rules, for comparison only (peer_policies.h).
   kDynamo,  // NVIDIA Dynamo's KV router cost
   kLlmd,    // llm-d's weighted scorers
@@ -48,6 +49,7 @@ inline constexpr double kHotSpotFactor = 2.0;
 inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
+inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 }  // namespace config
 
@@ -74,6 +76,9 @@ struct RoutingOptions {
   double max_queued_requests = config::kMaxQueuedRequests;
   // Lifetime of the predicted index entries inserted after each decision (ns).
   DurationNs predicted_ttl = config::kPredictedTtl;
+  // Upper bound on an approx prediction's life (ns); within it the worker's modelled LRU
+  // decides (README.md, "approx").
+  DurationNs approx_ttl = config::kApproxTtl;
   // Admission (README.md): a request whose predicted time to first token exceeds this on
   // every worker is refused at once (429), rather than answered 504 after the wait. Seconds;
   // 0: no such check. The router's configuration derives it from --first-token-timeout-s.
@@ -97,6 +102,9 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // The share of the matched blocks expected still cached when the request's prefill starts
+  // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
+  double retained_share = 1;
   // Requests there without a first token yet: this router's, and others' queued ones from the
   // report (the kv cost's DelayedRequests, README.md).
   double waiting_requests = 0;

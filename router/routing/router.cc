@@ -9,12 +9,15 @@
 namespace kvfleet::router {
 
 Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index,
-               PrefixIndex* approx_index)
+               PrefixIndex* approx_index, RetentionEstimate* retention)
     : picker_(options),
       loads_(loads),
       kv_index_(kv_index),
       approx_index_(approx_index),
-      approx_in_use_(options.policy == Policy::kApprox) {}
+      retention_(retention),
+      approx_in_use_(options.policy == Policy::kApprox) {
+  if (retention_ != nullptr && options.policy == Policy::kKvRetention) retention_->Enable();
+}
 
 namespace {
 
@@ -67,6 +70,32 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   return own;
 }
 
+void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
+                          std::vector<Candidate>* candidates) const {
+  if (retention_ == nullptr) return;
+  retention_->Enable();  // from the first kv_retention request on (retention_estimate.h)
+  const double fleet_rate = picker_.FleetRate(*candidates);
+  for (Candidate& c : *candidates) {
+    const size_t matched = std::min<size_t>(hashes.size(), size_t{c.device_blocks} + c.host_blocks);
+    if (matched == 0) continue;
+    // The wait before this request's prefill starts there: the prefill queued ahead and the
+    // worker's own admission wait. The queue ahead allocates its uncached blocks meanwhile;
+    // the worker evicts only once its unused blocks are gone. Unused is at least free (free
+    // or evictable, the load report) less every block the events say it holds.
+    const double horizon_s =
+        c.queued_prefill_tokens / std::max(c.prefill_tokens_per_s, fleet_rate) + c.admission_wait_s;
+    const double demand = c.queued_prefill_tokens / route.block_size;
+    double spare = 0;
+    if (const std::optional<WorkerLoad> load = loads_->ReportedLoad(c.worker)) {
+      spare = std::max(0.0, static_cast<double>(load->free_blocks[0]) -
+                                static_cast<double>(retention_->Held(c.worker)));
+    }
+    const double kept =
+        retention_->ExpectedSurvivingBlocks(c.worker, hashes.first(matched), horizon_s, spare, demand);
+    c.retained_share = kept / static_cast<double>(matched);
+  }
+}
+
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                           std::vector<double>* ttft) const {
   const double fleet_rate = picker_.FleetRate(candidates);
@@ -110,6 +139,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     waiting += AddLoad(d.policy, &c).waiting;
     candidates.push_back(c);
   }
+  if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
 
   // Admission.
   std::vector<double> ttft;
@@ -170,7 +200,9 @@ void Router::Commit(const Decision& decision) {
   kv_index_->InsertPredicted(decision.worker, decision.hashes, ttl);
   if (decision.policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
   if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
-    approx_index_->InsertPredicted(decision.worker, decision.hashes, ttl);
+    // Without events the worker's cache is modelled as its own LRU (README.md, "approx").
+    approx_index_->SetCapacity(decision.worker, loads_->CacheBlocks(decision.worker));
+    approx_index_->InsertPredicted(decision.worker, decision.hashes, picker_.options().approx_ttl);
   }
 }
 

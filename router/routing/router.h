@@ -36,6 +36,7 @@
 #include "router/core/worker.h"
 #include "router/fleet/fleet.h"
 #include "router/index/prefix_index.h"
+#include "router/index/retention_estimate.h"
 #include "router/routing/policy.h"
 
 namespace kvfleet::router {
@@ -73,7 +74,11 @@ class Router {
   // `kv_index` serves the kv policy (the global index when events are connected),
   // `approx_index` the approx policy; they may be the same. REQUIRES: `loads` and both
   // indexes outlive the Router.
-  Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index, PrefixIndex* approx_index);
+  // `retention` (may be null: kv_retention then routes as kv) estimates how soon each worker
+  // evicts what it holds (router/index/retention_estimate.h); the Router enables it when
+  // kv_retention is first used. It must outlive the Router.
+  Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index, PrefixIndex* approx_index,
+         RetentionEstimate* retention = nullptr);
 
   const RoutingOptions& options() const { return picker_.options(); }
 
@@ -95,6 +100,10 @@ class Router {
   OwnLoadCounts AddLoad(Policy policy, Candidate* c) const;
   // The candidates whose predicted time to first token is within admission_ttft_s (all of
   // them when it is 0), and each one's prediction in *ttft.
+  // kv_retention: each candidate's retained_share, the part of its matched prefix expected
+  // still cached when this request's prefill starts there (README.md).
+  void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
+                    std::vector<Candidate>* candidates) const;
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
 
@@ -102,6 +111,7 @@ class Router {
   const WorkerLoads* loads_;
   PrefixIndex* kv_index_;
   PrefixIndex* approx_index_;
+  RetentionEstimate* retention_;
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of
   // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first

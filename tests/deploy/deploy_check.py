@@ -23,7 +23,7 @@ COMMON_FLAGS = {"log-level", "log-format", "config"}
 ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads max-body-bytes max-header-bytes api-key-file
 registration workers workers-dns dns-interval-s model block-size max-context tokenizer routing-policy
 routing-temperature hot-spot-factor max-queued-requests predicted-ttl-ms heartbeat-timeout-ms request-timeout-s
-first-token-timeout-s""".split())
+first-token-timeout-s allow-unknown-fields""".split())
 WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay http-port router
 advertise-host block-size max-num-tokens max-batch-size max-context max-queued max-step-ms kv-cache-bytes gpu-memory-fraction
 host-cache-bytes offload-min-priority events-include-tokens shutdown-grace-s mock-step-base-us
@@ -51,6 +51,10 @@ KNOWN_METRICS = {
     "kvfleet_router_requests_refused_total", "kvfleet_worker_requests_refused_total",
     # issue 18
     "kvfleet_router_event_id_mismatches_total",
+    # issue 21: router request metrics, build info (router and worker), worker throughput
+    "kvfleet_router_request_duration_seconds", "kvfleet_router_queue_time_seconds",
+    "kvfleet_router_prompt_tokens_total", "kvfleet_router_generation_tokens_total",
+    "kvfleet_router_unknown_fields_total", "kvfleet_build_info", "kvfleet_worker_generated_tokens_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -373,6 +377,13 @@ def check_grafana(root):
         "KV usage per tier": "kvfleet_worker_kv_blocks",
         "evictions": "kvfleet_worker_evictions_total",
         "preemptions": "kvfleet_worker_preemptions_total",
+        # issue 21
+        "request duration": "kvfleet_router_request_duration_seconds",
+        "queue time": "kvfleet_router_queue_time_seconds",
+        "prompt tokens": "kvfleet_router_prompt_tokens_total",
+        "generated tokens": "kvfleet_router_generation_tokens_total",
+        "throughput": "kvfleet_worker_generated_tokens_total",
+        "build versions": "kvfleet_build_info",
     }
     for what, metric in required.items():
         if metric not in used:

@@ -40,9 +40,10 @@ KEY_SERIES = ["kvfleet_router_requests_total", "kvfleet_router_time_to_first_tok
 HISTOGRAMS = {"kvfleet_router_routing_seconds", "kvfleet_router_matched_blocks",
               "kvfleet_router_time_to_first_token_seconds", "kvfleet_router_inter_token_seconds",
               "kvfleet_router_event_lag_seconds", "kvfleet_worker_step_seconds", "kvfleet_worker_batch_tokens",
-              "kvfleet_worker_time_to_first_token_seconds"}
+              "kvfleet_worker_time_to_first_token_seconds", "kvfleet_router_request_duration_seconds",
+              "kvfleet_router_queue_time_seconds"}
 GAUGES = {"kvfleet_router_index_blocks", "kvfleet_router_worker_state", "kvfleet_router_inflight",
-          "kvfleet_worker_kv_blocks", "kvfleet_worker_requests"}
+          "kvfleet_worker_kv_blocks", "kvfleet_worker_requests", "kvfleet_build_info"}
 LABELS = {
     "kvfleet_router_requests_total": [{"model": "tiny", "worker": w, "status": "200"} for w in ("w0", "w1")],
     "kvfleet_router_cached_tokens_total": [{"kind": "predicted"}, {"kind": "actual"}],
@@ -55,13 +56,17 @@ LABELS = {
     "kvfleet_worker_requests": [{"state": "running"}, {"state": "waiting"}],
     "kvfleet_router_requests_refused_total": [{"model": "tiny", "reason": "predicted_ttft"}],
     "kvfleet_worker_requests_refused_total": [{"code": "overloaded"}],
+    "kvfleet_router_prompt_tokens_total": [{"model": "tiny"}],
+    "kvfleet_router_generation_tokens_total": [{"model": "tiny"}],
+    "kvfleet_build_info": [{"version": "0.1.0", "git_sha": "0123456789ab", "build_type": "Release"}],
 }
 
 
 def exposition(component, tick):
     lines = []
     for name in sorted(KNOWN_METRICS):
-        if not name.startswith(f"kvfleet_{component}_"):
+        # kvfleet_build_info has no component in its name: every process exports it.
+        if not name.startswith(f"kvfleet_{component}_") and name != "kvfleet_build_info":
             continue
         kind = "histogram" if name in HISTOGRAMS else "gauge" if name in GAUGES else "counter"
         lines.append(f"# TYPE {name} {kind}")

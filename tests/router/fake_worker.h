@@ -1,11 +1,13 @@
 // A fake worker for router tests: a ROUTER socket speaking Contract 3. It answers each
-// Generate with `reply` one byte-token per delta (up to max_tokens), reports as cached
+// Generate with `reply` one byte-token per delta (up to max_tokens); with n > 1, sequence i
+// answers all but the last i bytes of it (finish length), the n interleaved. It reports as cached
 // the longest block-aligned prefix it saw before, and records cancels. It can hang
 // (never answer), stop after the first token, refuse (an Error with a code), end the request
 // itself (a final Delta with finish error, after `hang_after` tokens), or close its socket (a
 // crash, to the router).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -112,15 +114,21 @@ class FakeWorker {
         }
         continue;
       }
+      const uint32_t seqs = std::max(1u, msg->params.sampling.n);
       for (uint32_t i = 0; i < n; ++i) {
-        WorkerDelta d;
-        d.request_id = msg->request_id;
-        d.tokens = {static_cast<TokenId>(static_cast<unsigned char>(reply_[i]))};
-        bool last = i + 1 == n && !hangs;
-        d.finish = last ? (n == reply_.size() ? FinishReason::kStop : FinishReason::kLength) : FinishReason::kNone;
-        d.usage = {static_cast<uint32_t>(msg->params.tokens.size()), cached, 0, i + 1, 100};
-        socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
-        socket_.send(zmq::buffer(EncodeDelta(d)), zmq::send_flags::none);
+        for (uint32_t s = 0; s < seqs; ++s) {
+          const uint32_t len = std::max<uint32_t>(1, n - std::min(n - 1, s));  // sequence s: s fewer
+          if (i >= len) continue;
+          WorkerDelta d;
+          d.request_id = msg->request_id;
+          d.index = s;
+          d.tokens = {static_cast<TokenId>(static_cast<unsigned char>(reply_[i]))};
+          bool last = i + 1 == len && !hangs;
+          d.finish = last ? (len == reply_.size() ? FinishReason::kStop : FinishReason::kLength) : FinishReason::kNone;
+          d.usage = {static_cast<uint32_t>(msg->params.tokens.size()), cached, 0, i + 1, 100};
+          socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+          socket_.send(zmq::buffer(EncodeDelta(d)), zmq::send_flags::none);
+        }
       }
     }
     socket_.close();

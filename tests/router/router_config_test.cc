@@ -174,4 +174,25 @@ TEST_CASE("bad tokenizer options stop the router, naming the option") {
             .find("cannot read the file") != std::string::npos);
 }
 
+TEST_CASE("--allow-unknown-fields is off by default, a flag on the command line, and KVFLEET_ALLOW_UNKNOWN_FIELDS") {
+  RouterConfig off;
+  REQUIRE(Parse({}, &off).ok());
+  CHECK_FALSE(off.api.limits.fields.allow_unknown);
+  RouterConfig on;
+  REQUIRE(Parse({"--allow-unknown-fields"}, &on).ok());
+  CHECK(on.api.limits.fields.allow_unknown);
+  RouterConfig env;
+  CLI::App app;
+  AddOptions(app, &env);
+  BindEnvironment(app);
+  ::setenv("KVFLEET_ALLOW_UNKNOWN_FIELDS", "true", 1);
+  std::vector<std::string> argv = {"kvfleet-router"};
+  std::vector<char*> ptrs;
+  for (auto& a : argv) ptrs.push_back(a.data());
+  app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+  ::unsetenv("KVFLEET_ALLOW_UNKNOWN_FIELDS");
+  REQUIRE(Prepare(&env).ok());
+  CHECK(env.api.limits.fields.allow_unknown);
+}
+
 }  // namespace kvfleet::router

@@ -19,6 +19,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   p.sampling.max_tokens = 99;
   p.sampling.stop_token_ids = {128001, 128009};
   p.sampling.ignore_eos = true;
+  p.sampling.n = 5;
   p.retention.ranges = {{0, 64, 100, 30'000}, {64, std::nullopt, 10, std::nullopt}};
   p.retention.decode_priority = 80;
   p.retention.decode_duration_ms = 5'000;
@@ -39,6 +40,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(g.sampling.max_tokens == 99);
   CHECK(g.sampling.stop_token_ids == p.sampling.stop_token_ids);
   CHECK(g.sampling.ignore_eos);
+  CHECK(g.sampling.n == 5);
   REQUIRE(g.retention.ranges.size() == 2);
   CHECK(g.retention.ranges[0].start == 0);
   CHECK(g.retention.ranges[0].end == std::optional<uint32_t>(64));
@@ -64,6 +66,29 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK_FALSE(got->params.retention.decode_duration_ms.has_value());
 }
 
+TEST_CASE("frames without n or index (an older router or worker) read as n = 1 and sequence 0") {
+  capnp::MallocMessageBuilder generate;
+  auto g = generate.initRoot<schema::ToWorker>().initGenerate();
+  g.setRequestId(4);
+  g.initTokens(1).set(0, 7);
+  g.initSampling().setMaxTokens(3);  // the fields of Sampling before n
+  std::string frame = wire::Encode(generate);
+  auto got = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK(got->params.sampling.n == 1);
+  CHECK(got->params.sampling.max_tokens == 3);
+
+  capnp::MallocMessageBuilder delta;
+  auto d = delta.initRoot<schema::FromWorker>().initDelta();
+  d.setRequestId(4);
+  d.initTokens(1).set(0, 9);
+  frame = wire::Encode(delta);
+  auto answer = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(answer.ok());
+  REQUIRE(std::holds_alternative<WorkerDelta>(*answer));
+  CHECK(std::get<WorkerDelta>(*answer).index == 0);
+}
+
 TEST_CASE("a Cancel round-trips through the codec") {
   std::string frame = EncodeCancel(9);
   auto got = DecodeToWorker(frame.data(), frame.size());
@@ -75,6 +100,7 @@ TEST_CASE("a Cancel round-trips through the codec") {
 TEST_CASE("Deltas and Errors round-trip through the codec") {
   WorkerDelta d;
   d.request_id = 3;
+  d.index = 2;
   d.tokens = {10, 11};
   d.finish = FinishReason::kStop;
   d.usage = {100, 64, 32, 2, 1'234};
@@ -84,6 +110,7 @@ TEST_CASE("Deltas and Errors round-trip through the codec") {
   REQUIRE(std::holds_alternative<WorkerDelta>(*got));
   const auto& gd = std::get<WorkerDelta>(*got);
   CHECK(gd.request_id == 3);
+  CHECK(gd.index == 2);
   CHECK(gd.tokens == d.tokens);
   CHECK(gd.finish == FinishReason::kStop);
   CHECK(gd.usage.prompt_tokens == 100);

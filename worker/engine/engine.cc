@@ -45,24 +45,53 @@ Engine::~Engine() = default;
 
 Result<RequestId> Engine::Add(GenerateRequest request, TimeNs arrival) {
   KVF_RETURN_IF_ERROR(ValidateRequest(request, options_.limits));
-  if (scheduler_.waiting().size() >= options_.limits.max_queued) {
-    return ResourceExhausted("the queue is full (" + std::to_string(options_.limits.max_queued) +
-                             " requests waiting)");
+  KVF_RETURN_IF_ERROR(CheckFits(request));
+  const uint32_t n = request.sampling.n;
+  if (scheduler_.waiting().size() + n > options_.limits.max_queued) {
+    return ResourceExhausted("the queue is full (" + std::to_string(scheduler_.waiting().size()) + " of " +
+                             std::to_string(options_.limits.max_queued) + " sequences waiting; this request has " +
+                             std::to_string(n) + ")");
   }
   RequestId id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), arrival);
   scheduler_.Enqueue(seq.get());
   sequences_.emplace(id, std::move(seq));
+  requests_.emplace(id, RequestState{n, 0, {id}});
   ++counters_.requests_added;
   return id;
 }
 
+// The n sequences run side by side once forked: their blocks must fit the cache together
+// (a single sequence that can never fit is ended by the scheduler, as before).
+Status Engine::CheckFits(const GenerateRequest& request) const {
+  const uint32_t n = request.sampling.n;
+  if (n == 1) return Status::Ok();
+  if (n > options_.scheduler.max_batch_size || n > options_.limits.max_queued) {
+    // Refused as invalid, not as overloaded: no worker like this one will ever take it.
+    return InvalidArgument("n=" + std::to_string(n) + " exceeds this worker's max batch size (" +
+                           std::to_string(options_.scheduler.max_batch_size) + ") or queue bound (" +
+                           std::to_string(options_.limits.max_queued) + ") in sequences");
+  }
+  const uint64_t B = kv_->block_size(), len = request.prompt.size();
+  const uint64_t shared = kv_->reuse_enabled() ? (len - 1) / B : 0;  // what the forks match
+  const uint64_t own = (len + 1 + B - 1) / B - shared;  // each sequence's rest, its first token's slot included
+  const uint64_t need = shared + n * own;
+  for (const kv::PoolLayout& pool : kv_->pools()) {
+    if (pool.windowed() || need <= pool.device_blocks) continue;
+    return InvalidArgument("n=" + std::to_string(n) + " sequences of a " + std::to_string(len) + "-token prompt need " +
+                           std::to_string(need) + " KV blocks at once (" + std::to_string(shared) + " shared, " +
+                           std::to_string(own) + " each); this worker's cache holds " +
+                           std::to_string(pool.device_blocks));
+  }
+  return Status::Ok();
+}
+
 void Engine::Cancel(RequestId id) {
-  if (sequences_.contains(id)) cancelled_.push_back(id);
+  if (requests_.contains(id)) ending_.emplace_back(id, FinishReason::kCancelled);
 }
 
 void Engine::CancelAll() {
-  for (const auto& [id, seq] : sequences_) cancelled_.push_back(id);
+  for (const auto& [id, request] : requests_) ending_.emplace_back(id, FinishReason::kCancelled);
 }
 
 // ---- The loop body ------------------------------------------------------------------
@@ -159,6 +188,7 @@ void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>
     seq->tokens.push_back(sampled[i]);
     ++counters_.generated_tokens;
     if (seq->first_token_time == 0) seq->first_token_time = now;
+    if (seq->forks_left > 0) Fork(seq);
     FinishReason stop = StopReason(*seq);
     if (stop != FinishReason::kNone) {
       Finish(seq, stop, outputs);
@@ -196,27 +226,73 @@ FinishReason Engine::StopReason(const Sequence& seq) const {
   return FinishReason::kNone;
 }
 
-void Engine::ApplyCancellations(std::vector<RequestOutput>* outputs) {
-  for (RequestId id : cancelled_) {
-    auto it = sequences_.find(id);
-    if (it == sequences_.end() || it->second->finished) continue;
-    ++counters_.requests_cancelled;
-    Finish(it->second.get(), FinishReason::kCancelled, outputs);
+void Engine::Fork(Sequence* seq) {
+  RequestState& request = requests_.at(seq->request_id);
+  // Front of the queue, in index order: they need the blocks sequence 0 holds now.
+  std::vector<Sequence*> forks;
+  for (uint32_t index = request.n - seq->forks_left; index < request.n; ++index) {
+    const RequestId id = next_id_++;
+    auto fork = std::make_unique<Sequence>(id, *seq, index);
+    forks.push_back(fork.get());
+    request.seqs.push_back(id);
+    sequences_.emplace(id, std::move(fork));
   }
-  cancelled_.clear();
+  for (auto it = forks.rbegin(); it != forks.rend(); ++it) scheduler_.EnqueueFront(*it);
+  seq->forks_left = 0;
+}
+
+void Engine::ApplyCancellations(std::vector<RequestOutput>* outputs) {
+  std::vector<std::pair<RequestId, FinishReason>> ending;
+  ending.swap(ending_);
+  for (const auto& [id, reason] : ending) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    if (reason == FinishReason::kCancelled) ++counters_.requests_cancelled;
+    const std::vector<RequestId> seqs = it->second.seqs;  // Finish may erase the request
+    for (RequestId s : seqs) {
+      auto seq = sequences_.find(s);  // one that finished in an earlier step is gone
+      if (seq != sequences_.end()) Finish(seq->second.get(), reason, outputs);
+    }
+  }
+  // Finishing siblings for the same reason queues nothing new.
+  std::erase_if(ending_, [&](const auto& e) { return !requests_.contains(e.first); });
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs) {
+  if (seq->finished) return;
   scheduler_.Remove(seq);
-  outputs->push_back(MakeOutput(seq, reason));
   finished_.push_back(seq->id);
   seq->finished = true;
-  ++counters_.requests_finished;
+  RequestState& request = requests_.at(seq->request_id);
+  RequestOutput out = MakeOutput(seq, reason);
+  out.last = ++request.finished == request.n;
+  outputs->push_back(std::move(out));
+  // Sequence 0 ended before its prompt was computed (cancel, error): the sequences it never
+  // forked end with it, without tokens.
+  for (uint32_t index = request.n - seq->forks_left; index < request.n; ++index) {
+    RequestOutput unforked;
+    unforked.id = seq->request_id;
+    unforked.index = index;
+    unforked.finish = reason;
+    unforked.usage.prompt_tokens = seq->prompt_len;
+    unforked.usage.cached_device_tokens = seq->cached_device_tokens;
+    unforked.usage.cached_host_tokens = seq->cached_host_tokens;
+    unforked.last = ++request.finished == request.n;
+    outputs->push_back(std::move(unforked));
+  }
+  seq->forks_left = 0;
+  if (request.finished == request.n) {
+    requests_.erase(seq->request_id);
+    ++counters_.requests_finished;
+  } else if (reason == FinishReason::kError) {
+    ending_.emplace_back(seq->request_id, FinishReason::kError);  // its siblings fail with it
+  }
 }
 
 RequestOutput Engine::MakeOutput(Sequence* seq, FinishReason reason) {
   RequestOutput out;
-  out.id = seq->id;
+  out.id = seq->request_id;
+  out.index = seq->index;
   out.new_tokens.assign(seq->tokens.begin() + seq->prompt_len + seq->num_streamed, seq->tokens.end());
   seq->num_streamed = seq->num_generated();
   out.finish = reason;
@@ -267,8 +343,20 @@ LoadReport Engine::Load() const {
     load.active_prefill_tokens += seq->num_tokens();
     waiting_tokens.push_back(seq->num_tokens());
   }
+  // Sequences a request of n will fork once its prompt is computed queue behind it: each
+  // will compute the prompt's last partial block (engine.h, "n sequences").
+  uint32_t unforked = 0;
+  auto count_forks = [&](const Sequence* seq) {
+    if (seq->forks_left == 0) return;
+    const uint32_t tail = seq->prompt_len - (seq->prompt_len - 1) / block_size * block_size;
+    unforked += seq->forks_left;
+    load.active_prefill_tokens += uint64_t{seq->forks_left} * tail;
+    waiting_tokens.insert(waiting_tokens.end(), seq->forks_left, tail);
+  };
+  for (const Sequence* seq : scheduler_.running()) count_forks(seq);
+  for (const Sequence* seq : scheduler_.waiting()) count_forks(seq);
   load.active_requests = static_cast<uint32_t>(scheduler_.running().size());
-  load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size());
+  load.queued_requests = static_cast<uint32_t>(scheduler_.waiting().size()) + unforked;
   for (int t = 0; t < kNumTiers; ++t) {
     load.free_blocks[t] = kv_->FreeBlocks(static_cast<kv::Tier>(t));
     load.total_blocks[t] = kv_->TotalBlocks(static_cast<kv::Tier>(t));
@@ -291,6 +379,12 @@ LoadReport Engine::Load() const {
 Status Engine::CheckInvariants() const {
   KVF_RETURN_IF_ERROR(scheduler_.CheckInvariants());
   size_t queued = scheduler_.waiting().size() + scheduler_.running().size();
+  size_t live = 0;
+  for (const auto& [id, request] : requests_) {
+    if (request.finished >= request.n) return Internal("invariant 5: request " + std::to_string(id) + " is done");
+    for (RequestId s : request.seqs) live += sequences_.contains(s) && !sequences_.at(s)->finished;
+  }
+  if (live != sequences_.size()) return Internal("invariant 1: a sequence belongs to no live request");
   if (queued != sequences_.size()) {
     return Internal("invariant 1: " + std::to_string(sequences_.size()) + " requests, " + std::to_string(queued) +
                     " waiting or running");

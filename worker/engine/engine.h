@@ -14,6 +14,19 @@
 // Requests join between steps (Add) without waiting for the batch to drain; Cancel takes
 // effect at the start of the next step, which frees the request's blocks.
 //
+// n sequences (OpenAI's n): a request of n runs as sequence 0 until its prompt is computed,
+// so the prompt is prefilled once. The step that samples sequence 0's first token forks
+// sequences 1..n-1 at the front of the waiting queue; each then matches the prompt's full
+// blocks in the reuse tree, shared with sequence 0 (which holds them, so they cannot be
+// evicted meanwhile), and recomputes only the prompt's last partial block, 1..B-1 tokens,
+// into a block of its own (a prompt that ends on a block boundary had its last block
+// stored: the fork copies all but its last token, the KV manager's partial reuse). The
+// partial block is recomputed, not copied on write: it is at most one block, and a fork
+// then needs nothing of the KV manager or the backends that a prefix hit does not. Sequence i samples with seed + i and stops on its
+// own; usage counts the prompt once. An error or a cancel ends all n. With block reuse off
+// (or past a windowed pool's first window, which is not stored) the sequences share
+// nothing and each prefills what it cannot match.
+//
 // Thread safety: thread-compatible; owned by the engine thread. The KV cache manager and
 // the backend it is given are used from that thread only.
 //
@@ -22,6 +35,7 @@
 //   2. A running request holds KV blocks for every token it has computed.
 //   3. A waiting request holds no KV blocks.
 //   4. Finished requests are gone from the engine after the step that reported them.
+//   5. A request's n outputs with a finish reason come once each; the last of them is `last`.
 #pragma once
 
 #include <cstdint>
@@ -57,18 +71,21 @@ class Engine {
   ~Engine();
 
   // Queues a request. Fails (nothing queued) when the request is invalid (see
-  // ValidateRequest) or the queue is full (ResourceExhausted). `arrival` starts its TTFT.
+  // ValidateRequest; also n over max_batch_size, or n sequences whose blocks cannot fit the
+  // cache at once) or the queue has no room for its n sequences (ResourceExhausted).
+  // `arrival` starts its TTFT.
   Result<RequestId> Add(GenerateRequest request, TimeNs arrival);
 
-  // Asks for a request to end; the next Step() frees its blocks and reports it with
-  // FinishReason::kCancelled. Unknown or finished ids are ignored.
+  // Asks for a request to end; the next Step() frees the blocks of its sequences and
+  // reports each with FinishReason::kCancelled. Unknown or finished ids are ignored.
   void Cancel(RequestId id);
   // Cancels every request (shutdown after the grace period).
   void CancelAll();
 
   // True when a Step() would do something.
   bool HasWork() const { return !sequences_.empty(); }
-  size_t num_requests() const { return sequences_.size(); }
+  size_t num_requests() const { return requests_.size(); }
+  size_t num_sequences() const { return sequences_.size(); }
 
   // One engine step. Returns the news of every request that has some.
   std::vector<RequestOutput> Step();
@@ -87,10 +104,13 @@ class Engine {
   void Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>& sampled,
                    std::vector<RequestOutput>* outputs, uint32_t* preemptions);
   void ApplyCancellations(std::vector<RequestOutput>* outputs);
+  // Sequences 1..n-1 of seq's request, once seq's prompt is computed.
+  void Fork(Sequence* seq);
+  Status CheckFits(const GenerateRequest& request) const;
   // Why `seq` stops after its newest token, or kNone.
   FinishReason StopReason(const Sequence& seq) const;
-  // Ends a request: frees its blocks and reports it; it leaves sequences_ at the end of
-  // the step.
+  // Ends a sequence: frees its blocks and reports it; it leaves sequences_ at the end of
+  // the step. An error ends its siblings at the start of the next step. Idempotent.
   void Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs);
   RequestOutput MakeOutput(Sequence* seq, FinishReason reason);
   void UpdateRates(const StepReport& report);
@@ -101,10 +121,19 @@ class Engine {
   const Clock* const clock_;
   Scheduler scheduler_;
 
+  // A request's sequences: sequence ids (sequence 0's is the request's), n, how many ended.
+  struct RequestState {
+    uint32_t n = 1;
+    uint32_t finished = 0;
+    std::vector<RequestId> seqs;
+  };
+
   RequestId next_id_ = 1;
-  std::unordered_map<RequestId, std::unique_ptr<Sequence>> sequences_;
-  std::vector<RequestId> cancelled_;  // asked for; applied at the start of the next step
-  std::vector<RequestId> finished_;   // reported this step; erased at its end
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> sequences_;  // by sequence id
+  std::unordered_map<RequestId, RequestState> requests_;                // by request id
+  // Requests to end (cancelled, or a sibling failed), applied at the start of the next step.
+  std::vector<std::pair<RequestId, FinishReason>> ending_;
+  std::vector<RequestId> finished_;   // sequences reported this step; erased at its end
 
   // Per step scratch: the backend batch (its block tables are the KV manager's).
   backend::StepBatch step_batch_;

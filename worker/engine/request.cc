@@ -23,6 +23,7 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
   }
   if (s.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off), got " + std::to_string(s.top_k));
   if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");
+  if (s.n == 0) return InvalidArgument("n must be >= 1");
   if (!request.lora.empty()) return NotFound("unknown lora '" + request.lora + "': this worker serves none");
   if (limits.vocab_size > 0) {
     for (TokenId t : request.prompt) {

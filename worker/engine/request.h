@@ -32,6 +32,9 @@ struct SamplingOptions {
   uint32_t max_tokens = 16;  // generated tokens, >= 1
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
+  // Sequences sampled from the prompt (OpenAI's n), >= 1. They share the prompt's prefill
+  // (engine.h, "n sequences"); sequence i samples with seed + i.
+  uint32_t n = 1;
 };
 
 struct GenerateRequest {
@@ -79,13 +82,16 @@ struct Usage {
   DurationNs time_to_first_token = 0;  // from arrival to the first generated token; 0 before it
 };
 
-// One step's news about one request: the tokens generated in that step, and a finish
-// reason when it is the last.
+// One step's news about one sequence of a request: the tokens generated in that step, and
+// a finish reason when it is that sequence's last. `last` marks the request's final output
+// (every one of its n sequences has finished); with n = 1 it equals finish != kNone.
 struct RequestOutput {
   RequestId id = 0;
+  uint32_t index = 0;  // the sequence, 0..n-1
   std::vector<TokenId> new_tokens;
   FinishReason finish = FinishReason::kNone;
-  Usage usage;
+  bool last = false;
+  Usage usage;  // prompt and cached tokens are the request's; completion tokens this sequence's
 };
 
 }  // namespace kvfleet::engine

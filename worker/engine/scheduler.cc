@@ -33,6 +33,11 @@ void Scheduler::Enqueue(Sequence* seq) {
   waiting_.push_back(seq);
 }
 
+void Scheduler::EnqueueFront(Sequence* seq) {
+  seq->state = SequenceState::kWaiting;
+  waiting_.push_front(seq);
+}
+
 void Scheduler::Register(Sequence* seq) {
   kv::SequenceSpec spec;
   spec.prompt = seq->tokens;  // after a dropped registration: prompt + generated so far

@@ -106,6 +106,8 @@ class Scheduler {
 
   // A new request joins the back of the waiting queue.
   void Enqueue(Sequence* seq);
+  // A forked sequence joins the front: it matches blocks that its request holds now.
+  void EnqueueFront(Sequence* seq);
   ScheduledBatch Schedule();
 
   // Ensures `seq` (running) can append one token, preempting running requests (lowest

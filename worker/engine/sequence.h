@@ -27,13 +27,19 @@ enum class SequenceState : uint8_t {
 };
 
 struct Sequence {
+  // Sequence 0 of a request: its id is the request's.
   Sequence(RequestId id, GenerateRequest request, TimeNs arrival);
+  // Sequence `index` of parent's request, forked once the parent's prompt is computed.
+  Sequence(RequestId id, const Sequence& parent, uint32_t index);
 
-  RequestId id;
+  RequestId id;                  // this sequence's; unique within the engine
+  RequestId request_id;          // the request's: sequence 0's id
+  uint32_t index = 0;            // 0..n-1 within the request
+  uint32_t forks_left = 0;       // sequence 0: sequences still to fork (n - 1 until its prompt is computed)
   GenerateRequest request;       // prompt, sampling, retention, namespace
   std::vector<TokenId> tokens;   // prompt + generated
   uint32_t prompt_len = 0;
-  uint64_t seed = 0;             // the sampling seed: the request's, or derived from the id
+  uint64_t seed = 0;             // the sampling seed: the request's (or derived from its id) + index
   uint8_t preemption_priority = kv::kDefaultPriority;  // PreemptionPriority(retention)
   TimeNs arrival = 0;
 

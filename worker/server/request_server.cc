@@ -48,6 +48,7 @@ engine::GenerateRequest ToRequest(GenerateParams&& g) {
   r.sampling.max_tokens = g.sampling.max_tokens;
   r.sampling.stop_token_ids = std::move(g.sampling.stop_token_ids);
   r.sampling.ignore_eos = g.sampling.ignore_eos;
+  r.sampling.n = g.sampling.n;
   for (const RetentionRange& range : g.retention.ranges) {
     kv::TokenRangeRetention rr;
     rr.start = range.start;
@@ -79,6 +80,7 @@ FinishReason ToWire(engine::FinishReason f) {
 std::string EncodeOutput(uint64_t wire_id, const engine::RequestOutput& out) {
   WorkerDelta delta;
   delta.request_id = wire_id;
+  delta.index = out.index;
   delta.tokens = out.new_tokens;
   delta.finish = ToWire(out.finish);
   delta.usage = {out.usage.prompt_tokens, out.usage.cached_device_tokens, out.usage.cached_host_tokens,
@@ -216,7 +218,7 @@ void RequestServer::FlushOutbox() {
 }
 
 void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at, engine::RequestOutput* out) {
-  const bool last = out->finish != engine::FinishReason::kNone;
+  const bool last = out->last;  // the request's final output (of its n sequences)
   auto it = first_token_sent_.find(key);
   if (it != first_token_sent_.end()) {
     out->usage.time_to_first_token = it->second;

@@ -89,6 +89,7 @@ Status Worker::Init(zmq::context_t& context) {
   // 1. HTTP first: /health answers and /ready says false while the model loads.
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_ = std::make_unique<WorkerMetrics>(*registry_);
+  http::RegisterBuildInfo(*registry_);
   http::Routes routes;
   routes.AddSync("GET", "/health", [](const http::Request&) { return http::Response{200, "application/json", {}, R"({"status":"ok"})"}; });
   routes.AddSync("GET", "/ready", [this](const http::Request&) {

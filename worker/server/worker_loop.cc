@@ -55,7 +55,7 @@ void WorkerLoop::Send(std::vector<engine::RequestOutput>& outputs) {
     auto it = by_id_.find(out.id);
     if (it == by_id_.end()) continue;
     server_->SendOutput(it->second, out);
-    if (out.finish != engine::FinishReason::kNone) {
+    if (out.last) {
       by_key_.erase(it->second);
       by_id_.erase(it);
     }

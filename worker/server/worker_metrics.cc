@@ -183,7 +183,7 @@ void WorkerMetrics::OnRefused(WorkerErrorCode code) { refused_.Add({{"code", Err
 void WorkerMetrics::OnOutputs(const std::vector<engine::RequestOutput>& outputs) {
   for (const engine::RequestOutput& out : outputs) {
     if (!out.new_tokens.empty()) generated_.Increment(static_cast<double>(out.new_tokens.size()));
-    if (out.finish != engine::FinishReason::kNone) {
+    if (out.last) {  // one per request, its last sequence's reason
       finished_.Add({{"reason", engine::FinishReasonName(out.finish)}}).Increment();
     }
   }

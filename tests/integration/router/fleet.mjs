@@ -8,9 +8,10 @@ import path from 'node:path';
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export class Fleet {
+  // apiKey: the key of a router started with --api-key-file, which guards /fleet.
   constructor({ routerBin, workerBin, dir, basePort, workers = 3, model = 'mock', routerArgs = [], workerArgs = [],
-                blockSize = 32 }) {
-    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs, blockSize });
+                blockSize = 32, apiKey = '' }) {
+    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs, blockSize, apiKey });
     this.httpPort = basePort;
     this.registration = `tcp://127.0.0.1:${basePort + 1}`;
     this.workerCount = workers;
@@ -51,7 +52,8 @@ export class Fleet {
   }
 
   async fleetJson() {
-    const r = await fetch(`${this.url()}/fleet`);
+    const r = await fetch(`${this.url()}/fleet`,
+                          { headers: this.apiKey ? { authorization: `Bearer ${this.apiKey}` } : {} });
     return r.json();
   }
 

@@ -71,9 +71,9 @@ await runAgainst(fleet, async () => {
     check(e.status === 404 && e.error?.code === 'model_not_found', 'unknown model: 404 model_not_found');
   }
   try {
-    await client.completions.create({ model: 'mock', prompt: 'x', n: 2 });
-    check(false, 'n=2 is refused');
+    await client.completions.create({ model: 'mock', prompt: 'x', n: 17 });
+    check(false, 'n=17 is refused');
   } catch (e) {
-    check(e.status === 400 && e.error?.param === 'n', 'n=2: 400 naming the parameter');
+    check(e.status === 400 && e.error?.param === 'n', 'n=17 (over the limit of 16): 400 naming the parameter');
   }
 });

@@ -10,7 +10,7 @@ port=$((port + ($$ % 10) * 30))
 if [ "$worker" = missing ] || [ ! -x "$worker" ]; then echo "SKIP: kvfleet-worker is not built"; exit 77; fi
 command -v node >/dev/null || { echo "SKIP: node is missing"; exit 77; }
 cache="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}"
-if [ "$script" = openai_client_test.mjs ] && [ ! -f "$cache/npm/node_modules/openai/package.json" ]; then
+if { [ "$script" = openai_client_test.mjs ] || [ "$script" = openai_api_test.mjs ]; } && [ ! -f "$cache/npm/node_modules/openai/package.json" ]; then
   echo "SKIP: the openai npm package is missing (run tests/assets.sh)"; exit 77
 fi
 rm -rf "$dir"; mkdir -p "$dir"

@@ -3,6 +3,8 @@
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
+#include "router/index/retention_estimate.h"
+
 namespace kvfleet::router {
 namespace {
 
@@ -225,6 +227,25 @@ TEST_CASE("a seq far in the future is counted and dropped, not replayed") {
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.io.requests.size() == 1);
   CHECK(f.Device().empty());
+}
+
+TEST_CASE("stored priorities, priority updates and removals reach the index's retention estimate") {
+  Fixture f;
+  f.index.retention().Enable();
+  f.sub.Start();
+  kv::KvEvent pinned = Stored(0, {1, 2});
+  for (kv::StoredBlock& b : std::get<kv::StoredEvent>(pinned.data).blocks) b.priority = 100;
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(0, {pinned}).reader());  // through the capnp snapshot path
+  CHECK(f.index.retention().Held(3, 100) == 2);
+  f.sub.OnBatch(Batch(7, 1, {Stored(2, {3}), kv::KvEvent{0, kv::UpdatedEvent{1, std::nullopt, uint8_t{35}}}}));
+  CHECK(f.index.retention().Held(3, 100) == 1);
+  CHECK(f.index.retention().Held(3, kv::kDefaultPriority) == 2);
+  f.clock.AdvanceMs(100);
+  f.sub.OnBatch(Batch(7, 2, {Removed(3)}));
+  CHECK(f.index.retention().Held(3) == 2);
+  CHECK(f.index.retention().EvictionRate(3, kv::kDefaultPriority) > 0);
+  CHECK(f.index.retention().EvictionRate(3, 100) == 0);
 }
 
 TEST_CASE("events of another attention window are not indexed; unknown parents are counted") {

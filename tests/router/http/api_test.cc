@@ -206,6 +206,82 @@ TEST_CASE("a stop string spanning tokens ends the answer and cancels the worker"
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
 }
 
+TEST_CASE("n=3: the worker gets n; choices come with index 0..2, each its own text and finish; usage sums them") {
+  FakeWorker w("hi there");  // sequence i answers all but its last i bytes
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  const std::vector<std::string> texts = {"hi there", "hi ther", "hi the"};
+  const std::vector<std::string> finishes = {"stop", "length", "length"};
+  SUBCASE("completions, not streamed") {
+    auto resp = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "xyz"}, {"n", 3}}.dump());
+    REQUIRE(StatusOf(resp) == 200);
+    auto j = json::parse(BodyOf(resp));
+    REQUIRE(j["choices"].size() == 3);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(j["choices"][i]["index"] == i);
+      CHECK(j["choices"][i]["text"] == texts[i]);
+      CHECK(j["choices"][i]["finish_reason"] == finishes[i]);
+    }
+    CHECK(j["usage"]["prompt_tokens"] == 3);
+    CHECK(j["usage"]["completion_tokens"] == 8 + 7 + 6);
+    CHECK(w.last_params().sampling.n == 3);
+  }
+  SUBCASE("chat, streamed") {
+    auto resp = r.Post("/v1/chat/completions", json{{"model", "m"},
+                                                    {"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                                                    {"n", 3},
+                                                    {"stream", true},
+                                                    {"stream_options", {{"include_usage", true}}}}
+                                                   .dump());
+    REQUIRE(StatusOf(resp) == 200);
+    bool done = false;
+    auto events = Events(resp, &done);
+    CHECK(done);
+    std::vector<std::string> text(3), finish(3);
+    std::vector<int> roles(3), finish_chunks(3);
+    for (const auto& e : events) {
+      if (e["choices"].empty()) continue;
+      REQUIRE(e["choices"].size() == 1);
+      const json& c = e["choices"][0];
+      const int i = c["index"].get<int>();
+      REQUIRE((i >= 0 && i < 3));
+      CHECK(finish[i].empty());  // nothing after a choice's finish
+      if (c["delta"].contains("role")) ++roles[i];
+      if (c["delta"].contains("content")) text[i] += c["delta"]["content"].get<std::string>();
+      if (!c["finish_reason"].is_null()) {
+        finish[i] = c["finish_reason"];
+        ++finish_chunks[i];
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      CHECK(text[i] == texts[i]);
+      CHECK(finish[i] == finishes[i]);
+      CHECK(roles[i] == 1);
+      CHECK(finish_chunks[i] == 1);
+    }
+    const json& usage = events.back();
+    CHECK(usage["choices"].empty());
+    CHECK(usage["usage"]["completion_tokens"] == 8 + 7 + 6);
+  }
+}
+
+TEST_CASE("n=2 with a stop string: each choice stops on its own; once both have, the worker is cancelled") {
+  FakeWorker w("one END two three");
+  w.set_hang_after(8);  // still generating when the stop string appears
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto resp = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 50}, {"n", 2},
+                                             {"stop", "END"}}.dump());
+  REQUIRE(StatusOf(resp) == 200);
+  auto j = json::parse(BodyOf(resp));
+  REQUIRE(j["choices"].size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(j["choices"][i]["text"] == "one ");
+    CHECK(j["choices"][i]["finish_reason"] == "stop");
+  }
+  CHECK(WaitFor([&] { return w.cancels() == 1; }));
+}
+
 TEST_CASE("stop_token_ids reach the worker on completions and chat; the worker's stop is finish_reason stop") {
   FakeWorker w("hello world");  // ends with finish reason stop once its reply runs out
   RouterUnderTest r({w.endpoint()});
@@ -228,7 +304,9 @@ class NoTemplateCodec final : public TextCodec {
  public:
   explicit NoTemplateCodec(Status chat_error) : bytes_(MakeByteCodec()), chat_error_(std::move(chat_error)) {}
   Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override { return bytes_->EncodePrompt(text); }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view) const override { return chat_error_; }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+    return chat_error_;
+  }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
   std::vector<TokenId> eos_token_ids() const override { return {}; }
   std::string name() const override { return "no-template"; }
@@ -300,7 +378,7 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   check(R"({"model":"m","prompt":"x"})", 401, "Authorization: Bearer sk-bad\r\n");
   check("{oops", 400, auth);
   check(R"({"model":"m","prompt":7})", 400, auth);
-  check(R"({"model":"m","prompt":"x","n":3})", 400, auth);
+  check(R"({"model":"m","prompt":"x","n":17})", 400, auth);
   auto ctx = check(json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump(), 400, auth);
   CHECK(ctx.find("context_length_exceeded") != std::string::npos);
   auto unknown = check(R"({"model":"nope","prompt":"x"})", 404, auth);
@@ -645,7 +723,9 @@ class MarkedCodec final : public TextCodec {
     ids.insert(ids.begin(), mark_);
     return ids;
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages) const override { return EncodePrompt("chat"); }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+    return EncodePrompt("chat");
+  }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
   std::vector<TokenId> eos_token_ids() const override { return {}; }
   std::string name() const override { return "marked"; }
@@ -763,6 +843,59 @@ TEST_CASE("API keys load from a file") {
   REQUIRE(keys.ok());
   CHECK(*keys == std::vector<std::string>{"sk-one", "sk-two"});
   CHECK_FALSE(LoadApiKeys("/nonexistent/keys").ok());
+}
+
+TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version, /health and /metrics do not") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-good"};
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  const std::string auth = "Authorization: Bearer sk-good\r\n";
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", "Authorization: Bearer sk-bad\r\n")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", auth)) == 200);
+  const std::string tokenize = R"({"model":"m","prompt":"ab"})";
+  CHECK(StatusOf(r.Post("/tokenize", tokenize)) == 401);
+  auto t = r.Post("/tokenize", tokenize, auth);
+  REQUIRE(StatusOf(t) == 200);
+  auto tokens = json::parse(BodyOf(t));
+  CHECK(tokens["tokens"] == json::array({'a', 'b'}));
+  CHECK(tokens["max_model_len"] == 4096);
+  const std::string detokenize = json{{"model", "m"}, {"tokens", tokens["tokens"]}}.dump();
+  CHECK(StatusOf(r.Post("/detokenize", detokenize)) == 401);
+  CHECK(json::parse(BodyOf(r.Post("/detokenize", detokenize, auth)))["prompt"] == "ab");
+  auto version = Roundtrip(r.port(), "GET", "/version");
+  REQUIRE(StatusOf(version) == 200);
+  CHECK(json::parse(BodyOf(version))["version"].is_string());
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
+}
+
+TEST_CASE("answered requests are counted in tokens per model and timed; admitted unknown fields are counted") {
+  FakeWorker w("hello world");
+  ApiOptions api;
+  api.limits.fields.allow_unknown = true;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  for (int i = 0; i < 2; ++i) {
+    auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"abc","max_tokens":4,"x_client_tag":"a"})");
+    REQUIRE(StatusOf(resp) == 200);
+  }
+  const std::string metrics = http::SerializeMetrics(*r.registry);
+  CHECK(metrics.find(R"(kvfleet_router_prompt_tokens_total{model="m"} 6)") != std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_generation_tokens_total{model="m"} 8)") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_request_duration_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_queue_time_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_unknown_fields_total 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_build_info{") != std::string::npos);
+  // Without the flag the same body is a 400 naming the field, and nothing is counted.
+  RouterUnderTest strict({w.endpoint()});
+  strict.WaitRoutable(1);
+  auto refused = strict.Post("/v1/completions", R"({"model":"m","prompt":"abc","x_client_tag":"a"})");
+  CHECK(StatusOf(refused) == 400);
+  CHECK(json::parse(BodyOf(refused))["error"]["param"] == "x_client_tag");
+  CHECK(http::SerializeMetrics(*strict.registry).find("kvfleet_router_prompt_tokens_total{") == std::string::npos);
 }
 
 }  // namespace kvfleet::router

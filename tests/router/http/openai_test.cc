@@ -39,6 +39,34 @@ TEST_CASE("a completion request with every supported field parses") {
   CHECK(*r->retention.decode_priority == 10);
 }
 
+TEST_CASE("n is 1 to max_n; best_of is refused with a 400 naming it unless it equals n") {
+  for (bool chat : {false, true}) {
+    CAPTURE(chat);
+    const std::string head = chat ? R"({"model":"m","messages":[{"role":"user","content":"x"}])"
+                                  : R"({"model":"m","prompt":"x")";
+    auto one = ParseCompletionRequest(head + "}", chat);
+    REQUIRE(one.ok());
+    CHECK(one->n == 1);
+    auto three = ParseCompletionRequest(head + (chat ? R"(,"n":3})" : R"(,"n":3,"best_of":3})"), chat);
+    REQUIRE(three.ok());
+    CHECK(three->n == 3);
+    auto sixteen = ParseCompletionRequest(head + (chat ? R"(,"n":16})" : R"(,"n":16,"best_of":null})"), chat);
+    REQUIRE(sixteen.ok());
+    CHECK(sixteen->n == 16);
+    // best_of is a completions field: on a chat it is refused whatever its value.
+    if (chat) CHECK(ParseError(head + R"(,"n":3,"best_of":3})", chat).param == "best_of");
+    ApiError best_of = ParseError(head + R"(,"n":2,"best_of":4})", chat);
+    CHECK(best_of.param == "best_of");
+    if (!chat) CHECK(best_of.message.find("must equal 'n'") != std::string::npos);
+    CHECK(ParseError(head + R"(,"best_of":2})", chat).param == "best_of");  // n defaults to 1
+    CHECK(ParseError(head + R"(,"n":2,"best_of":"2"})", chat).param == "best_of");
+  }
+  RequestLimits limits;
+  limits.max_n = 4;
+  CHECK_FALSE(ParseCompletionRequest(R"({"model":"m","prompt":"x","n":5})", false, limits).ok());
+  CHECK(ParseCompletionRequest(R"({"model":"m","prompt":"x","n":4})", false, limits).ok());
+}
+
 TEST_CASE("token-id prompts and chat messages parse") {
   auto ids = ParseCompletionRequest(R"({"model":"m","prompt":[1,2,3]})", false);
   REQUIRE(ids.ok());
@@ -64,7 +92,9 @@ TEST_CASE("malformed and unsupported requests are 400s naming the parameter") {
   CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":"5"})").param == "max_tokens");
   CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":0})").param == "max_tokens");
   CHECK(ParseError(R"({"model":"m","prompt":"x","temperature":3})").param == "temperature");
-  CHECK(ParseError(R"({"model":"m","prompt":"x","n":2})").param == "n");
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":0})").param == "n");
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":17})").param == "n");  // RequestLimits::max_n
+  CHECK(ParseError(R"({"model":"m","prompt":"x","n":2.5})").param == "n");
   CHECK(ParseError(R"({"model":"m","prompt":"x","stop":[1]})").param == "stop");
   CHECK(ParseError(R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})").param == "stop");
   CHECK(ParseError(R"({"model":"m","prompt":"x","logprobs":3})").param == "logprobs");
@@ -136,8 +166,10 @@ TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are ref
     CHECK(ParseError(Completion(std::string(R"("max_tokens":)") + big)).message == "'max_tokens' must be an integer");
     CHECK(ParseError(Completion(std::string(R"("top_k":)") + big)).param == "top_k");
     CHECK(ParseError(std::string(R"({"model":"m","prompt":[)") + big + "]}").param == "prompt");
-    // A field the router does not read may hold any number JSON allows.
-    CHECK(ParseCompletionRequest(Completion(std::string(R"("metadata":{"n":)") + big + "}"), false).ok());
+    // An unknown field admitted by --allow-unknown-fields may hold any number JSON allows.
+    RequestLimits admit;
+    admit.fields.allow_unknown = true;
+    CHECK(ParseCompletionRequest(Completion(std::string(R"("x_extra":{"n":)") + big + "}"), false, admit).ok());
   }
   CHECK(ParseError(Completion(R"("max_tokens":4294967296)")).message.find("must be between") != std::string::npos);
 }
@@ -225,9 +257,11 @@ TEST_CASE("the body is one JSON object and nothing more") {
 
 TEST_CASE("nesting deeper than 64 is refused before parsing, counted outside strings only") {
   auto nested = [](int depth) {
-    return Completion(R"("metadata":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']'));
+    return Completion(R"("x_extra":)" + std::string(depth - 1, '[') + std::string(depth - 1, ']'));
   };
-  CHECK(ParseCompletionRequest(nested(64), false).ok());
+  RequestLimits admit;  // x_extra is no field of /v1/completions
+  admit.fields.allow_unknown = true;
+  CHECK(ParseCompletionRequest(nested(64), false, admit).ok());
   CHECK(ParseError(nested(65)).message == "the JSON body is nested too deeply");
   // Unclosed or otherwise broken, deep input is still "too deep", as the depth check runs first.
   CHECK(ParseError(std::string(100, '[')).message == "the JSON body is nested too deeply");

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include "router/index/retention_estimate.h"
 #include "router/routing/predicted_index.h"
 
 namespace kvfleet::router {
@@ -326,6 +327,114 @@ TEST_CASE("the peer policies see the index's matches and the report's decode blo
     CHECK(c.total_device_blocks == 1000);
     CHECK(d->candidates->at(0).total_device_blocks == 0);  // no report: unknown
   }
+}
+
+}  // namespace kvfleet::router
+
+namespace kvfleet::router {
+
+// Two workers hold the prompt's whole prefix. On worker 0 it is at the default priority on
+// a cache turning over every half second; on worker 1 it is pinned at priority 100. Worker
+// 1's queue is slightly longer, so kv (which trusts every hit) picks worker 0, where the
+// prefix will likely be gone before the request's prefill starts; kv_retention picks 1.
+TEST_CASE("kv_retention favours the worker where the prefix is pinned over one about to evict it") {
+  ManualClock clock;
+  FakeLoads loads;
+  PredictedIndex kv(&clock), approx(&clock);
+  RetentionEstimate retention(&clock);
+  RoutingOptions options;
+  options.policy = Policy::kKvRetention;  // the router's policy: the estimate tracks from the start
+  Router router(options, &loads, &kv, &approx, &retention);
+  REQUIRE(retention.enabled());
+  ModelFleet fleet;
+  fleet.block_size = 4;
+  fleet.routable = {0, 1};
+  fleet.workers = 2;
+  std::vector<TokenId> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 100);
+  const std::vector<BlockHash> hashes = BlockHasher(4, HashNamespace{"m", "", ""}).HashAll(tokens);
+  for (WorkerId w : {0u, 1u}) kv.InsertPredicted(w, hashes, 60 * kNsPerSec);
+  // Worker 0: 100 blocks of priority 35 (the prefix among them), 200 evictions/s.
+  std::vector<BlockOp> ops;
+  for (BlockHash h : hashes) ops.push_back(BlockOp{h, BlockOp::kStore, kv::Tier::kDevice, 35});
+  BlockHash next = 1;
+  for (int i = 0; i < 90; ++i) ops.push_back(BlockOp{next++, BlockOp::kStore, kv::Tier::kDevice, 35});
+  retention.Apply(0, ops);
+  BlockHash oldest = 1;
+  for (int tick = 0; tick < 300; ++tick) {
+    clock.AdvanceMs(50);
+    ops.clear();
+    for (int i = 0; i < 10; ++i) ops.push_back(BlockOp{oldest++, BlockOp::kRemove, kv::Tier::kDevice});
+    for (int i = 0; i < 10; ++i) ops.push_back(BlockOp{next++, BlockOp::kStore, kv::Tier::kDevice, 35});
+    retention.Apply(0, ops);
+  }
+  // Worker 1: the prefix at priority 100 amid the same churn at 35.
+  ops.clear();
+  for (BlockHash h : hashes) ops.push_back(BlockOp{h, BlockOp::kStore, kv::Tier::kDevice, 100});
+  retention.Apply(1, ops);
+  for (int tick = 0; tick < 40; ++tick) {
+    ops.clear();
+    for (int i = 0; i < 10; ++i) ops.push_back(BlockOp{next + i, BlockOp::kStore, kv::Tier::kDevice, 35});
+    for (int i = 0; i < 10; ++i) ops.push_back(BlockOp{next + i, BlockOp::kRemove, kv::Tier::kDevice});
+    next += 10;
+    retention.Apply(1, ops);
+  }
+  REQUIRE(retention.Lifetime(0, 35) < 1.0);
+  // About a second of prefill queued on each (the default 8,000 tokens/s), no spare blocks.
+  loads.own[0] = OwnLoadCounts{1, 8'000, 8'000, 1};
+  loads.own[1] = OwnLoadCounts{1, 8'040, 8'040, 1};
+
+  auto plain = router.Route(fleet, Prompt{"m", tokens, "", Policy::kKv});
+  REQUIRE(plain.ok());
+  CHECK(plain->worker == 0);
+  CHECK(plain->predicted_cached_tokens == 40);
+  auto aware = router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention});
+  REQUIRE(aware.ok());
+  CHECK(aware->worker == 1);
+  CHECK(aware->predicted_cached_tokens == 40);
+  // With unused blocks enough for the queue ahead, worker 0 evicts nothing first: as kv.
+  WorkerLoad roomy;
+  roomy.free_blocks = {10'000, 0};
+  loads.reported[0] = roomy;
+  loads.reported[1] = roomy;
+  auto spare = router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention});
+  REQUIRE(spare.ok());
+  CHECK(spare->worker == 0);
+}
+
+TEST_CASE("the retention estimate starts tracking with the first kv_retention request") {
+  ManualClock clock;
+  FakeLoads loads;
+  PredictedIndex kv(&clock), approx(&clock);
+  RetentionEstimate retention(&clock);
+  Router router(RoutingOptions{}, &loads, &kv, &approx, &retention);
+  ModelFleet fleet;
+  fleet.block_size = 4;
+  fleet.routable = {0};
+  fleet.workers = 1;
+  std::vector<TokenId> tokens(8, 1);
+  REQUIRE(router.Route(fleet, Prompt{"m", tokens, "", Policy::kKv}).ok());
+  CHECK_FALSE(retention.enabled());
+  REQUIRE(router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention}).ok());
+  CHECK(retention.enabled());
+}
+
+TEST_CASE("kv_retention without a retention estimate routes as kv") {
+  ManualClock clock;
+  FakeLoads loads;
+  PredictedIndex kv(&clock), approx(&clock);
+  Router router(RoutingOptions{}, &loads, &kv, &approx);
+  ModelFleet fleet;
+  fleet.block_size = 4;
+  fleet.routable = {0, 1};
+  fleet.workers = 2;
+  std::vector<TokenId> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 100);
+  kv.InsertPredicted(1, BlockHasher(4, HashNamespace{"m", "", ""}).HashAll(tokens), kNsPerSec);
+  auto d = router.Route(fleet, Prompt{"m", tokens, "", Policy::kKvRetention});
+  REQUIRE(d.ok());
+  CHECK(d->worker == 1);
+  CHECK(d->predicted_cached_tokens == 40);
 }
 
 }  // namespace kvfleet::router

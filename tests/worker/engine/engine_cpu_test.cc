@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <optional>
 
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
@@ -119,6 +120,57 @@ TEST_CASE("cpu backend: a prompt served from the reuse tree gives the same token
   auto second = e.Run({prompts[3]}, 16);
   CHECK(second == first);
   CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
+}
+
+// A request of n on `e`: each index's tokens.
+std::vector<std::vector<TokenId>> RunN(CpuEngine& e, const std::vector<TokenId>& prompt, uint32_t n, float temperature,
+                                       std::optional<uint64_t> seed, uint32_t max_tokens) {
+  GenerateRequest r;
+  r.prompt = prompt;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.sampling.n = n;
+  auto id = e.engine->Add(std::move(r), 0);
+  REQUIRE(id.ok());
+  std::vector<std::vector<TokenId>> got(n);
+  for (int i = 0; i < 5000 && e.engine->HasWork(); ++i) {
+    for (const RequestOutput& o : e.engine->Step()) {
+      REQUIRE(o.id == *id);
+      REQUIRE(o.index < n);
+      got[o.index].insert(got[o.index].end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+    Status st = e.engine->CheckInvariants();
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+  }
+  REQUIRE_FALSE(e.engine->HasWork());
+  return got;
+}
+
+TEST_CASE("cpu backend, n=3: greedy sequences equal the n=1 answer; seeded ones differ by index and repeat") {
+  const auto prompt = Prompts()[2];  // 56 tokens: 3 full blocks shared, 8 recomputed by each fork
+  std::vector<TokenId> greedy;
+  {
+    CpuEngine e(256, 256, 8);
+    greedy = RunN(e, prompt, 1, 0, std::nullopt, 16)[0];
+  }
+  {
+    CpuEngine e(256, 32, 8);  // chunked prompt: the fork waits for its last chunk
+    for (const auto& tokens : RunN(e, prompt, 3, 0, std::nullopt, 16)) CHECK(tokens == greedy);
+  }
+  std::vector<std::vector<TokenId>> first;
+  {
+    CpuEngine e(256, 256, 8);
+    first = RunN(e, prompt, 3, 1.0f, 1234, 16);
+    // Index 0 samples with the request's seed, as n=1 does.
+    CHECK(RunN(e, prompt, 1, 1.0f, 1234, 16)[0] == first[0]);
+  }
+  CHECK(first[0] != first[1]);
+  CHECK(first[1] != first[2]);
+  CHECK(first[0] != first[2]);
+  CpuEngine again(256, 64, 8);
+  CHECK(RunN(again, prompt, 3, 1.0f, 1234, 16) == first);
 }
 
 TEST_CASE("cpu backend, sliding window (tiny-mistral, window 20): chunked and batched runs match runs alone") {

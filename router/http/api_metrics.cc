@@ -1,0 +1,82 @@
+#include "router/http/api_metrics.h"
+
+#include "common/http/metrics.h"
+
+namespace kvfleet::router {
+
+ApiMetrics::ApiMetrics(prometheus::Registry& r)
+    : requests(prometheus::BuildCounter()
+                   .Name("kvfleet_router_requests_total")
+                   .Help("Completion requests answered, by model, worker and HTTP status")
+                   .Register(r)),
+      routing(prometheus::BuildHistogram()
+                  .Name("kvfleet_router_routing_seconds")
+                  .Help("Routing decision time, tokenization and block hashing included")
+                  .Register(r)
+                  .Add({}, prometheus::Histogram::BucketBoundaries{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+                                                                   1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3})),
+      matched(prometheus::BuildHistogram()
+                  .Name("kvfleet_router_matched_blocks")
+                  .Help("Leading prompt blocks the chosen worker was believed to hold")
+                  .Register(r)
+                  .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                                                   1024})),
+      cached(prometheus::BuildCounter()
+                 .Name("kvfleet_router_cached_tokens_total")
+                 .Help("Prompt tokens expected cached at routing (predicted) and reported cached by workers (actual)")
+                 .Register(r)),
+      predicted(cached.Add({{"kind", "predicted"}})),
+      actual(cached.Add({{"kind", "actual"}})),
+      ttft(prometheus::BuildHistogram()
+               .Name("kvfleet_router_time_to_first_token_seconds")
+               .Help("Time from the request's arrival to its first token, seen by the router")
+               .Register(r)
+               .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+                                                                250e-3, 500e-3, 1, 2.5, 5, 10, 30})),
+      itl(prometheus::BuildHistogram()
+              .Name("kvfleet_router_inter_token_seconds")
+              .Help("Time between successive deltas of a stream, per token")
+              .Register(r)
+              .Add({}, prometheus::Histogram::BucketBoundaries{1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+                                                               250e-3, 1})),
+      refused(prometheus::BuildCounter()
+                  .Name("kvfleet_router_requests_refused_total")
+                  .Help("Completion requests refused for load (429 or 503), by model and reason: queue_full, "
+                        "saturated, predicted_ttft, unattainable, no_worker, worker_queue_full")
+                  .Register(r)),
+      duration(prometheus::BuildHistogram()
+                   .Name("kvfleet_router_request_duration_seconds")
+                   .Help("Time from reading a completion request to queueing its answer's last byte, for "
+                         "requests forwarded to a worker (errors included)")
+                   .Register(r)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1,
+                                                                    2.5, 5, 10, 30, 60, 120, 300, 600})),
+      queue_time(prometheus::BuildHistogram()
+                     .Name("kvfleet_router_queue_time_seconds")
+                     .Help("Time from reading a completion request to sending it to the worker that gave its "
+                           "first token (parse, tokenize, route, and any attempt on a worker that failed first)")
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3,
+                                                                      10e-3, 25e-3, 100e-3, 1, 10, 60})),
+      prompt_tokens(prometheus::BuildCounter()
+                        .Name("kvfleet_router_prompt_tokens_total")
+                        .Help("Prompt tokens of completion requests a worker answered, by model")
+                        .Register(r)),
+      generation_tokens(prometheus::BuildCounter()
+                            .Name("kvfleet_router_generation_tokens_total")
+                            .Help("Tokens generated for completion requests (streams cut short included), by model")
+                            .Register(r)),
+      unknown_fields(prometheus::BuildCounter()
+                         .Name("kvfleet_router_unknown_fields_total")
+                         .Help("Unknown request fields admitted by --allow-unknown-fields")
+                         .Register(r)
+                         .Add({})) {
+  http::RegisterBuildInfo(r);
+}
+
+void ApiMetrics::CountTokens(const std::string& model, uint32_t prompt, uint32_t generated) {
+  prompt_tokens.Add({{"model", model}}).Increment(prompt);
+  generation_tokens.Add({{"model", model}}).Increment(generated);
+}
+
+}  // namespace kvfleet::router

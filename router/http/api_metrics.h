@@ -1,0 +1,39 @@
+// The router API's Prometheus metrics (router/README.md lists them): one struct of
+// references into the registry, made once per Api.
+//
+// Thread safety: thread-safe (prometheus-cpp's counters and histograms are).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace kvfleet::router {
+
+struct ApiMetrics {
+  // Registers every metric in `r`, kvfleet_build_info included.
+  explicit ApiMetrics(prometheus::Registry& r);
+
+  prometheus::Family<prometheus::Counter>& requests;  // kvfleet_router_requests_total{model,worker,status}
+  prometheus::Histogram& routing;                     // kvfleet_router_routing_seconds
+  prometheus::Histogram& matched;                     // kvfleet_router_matched_blocks
+  prometheus::Family<prometheus::Counter>& cached;    // kvfleet_router_cached_tokens_total{kind}
+  prometheus::Counter& predicted;                     // kind="predicted"
+  prometheus::Counter& actual;                        // kind="actual"
+  prometheus::Histogram& ttft;                        // kvfleet_router_time_to_first_token_seconds
+  prometheus::Histogram& itl;                         // kvfleet_router_inter_token_seconds
+  prometheus::Family<prometheus::Counter>& refused;   // kvfleet_router_requests_refused_total{model,reason}
+  prometheus::Histogram& duration;                    // kvfleet_router_request_duration_seconds
+  prometheus::Histogram& queue_time;                  // kvfleet_router_queue_time_seconds
+  prometheus::Family<prometheus::Counter>& prompt_tokens;      // kvfleet_router_prompt_tokens_total{model}
+  prometheus::Family<prometheus::Counter>& generation_tokens;  // kvfleet_router_generation_tokens_total{model}
+  prometheus::Counter& unknown_fields;                // kvfleet_router_unknown_fields_total
+
+  // Counts a request's tokens once it ends (a generation cut short counts what it made).
+  void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);
+};
+
+}  // namespace kvfleet::router
