@@ -297,7 +297,8 @@ Action AddUpCommand(CLI::App& parent) {
   cmd->add_option("--model", args->model, "model name of mock workers without --model-dir")->capture_default_str();
   cmd->add_option("--block-size", args->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_option("--log-dir", args->log_dir, "directory for router.log and worker-N.log")->capture_default_str();
-  cmd->add_option("--routing-policy", args->routing_policy, "round_robin, least_loaded, kv, approx or kv_retention")
+  cmd->add_option("--routing-policy", args->routing_policy,
+                  "round_robin, least_loaded, kv, approx or kv_retention; for comparison dynamo, llmd, sglang or preble")
       ->capture_default_str();
   cmd->add_option("--router-bin", args->router_bin, "kvfleet-router to run (default: beside kvfleet, then PATH)");
   cmd->add_option("--worker-bin", args->worker_bin, "kvfleet-worker to run (default: beside kvfleet, then PATH)");

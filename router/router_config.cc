@@ -230,7 +230,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "--tokenizer's; repeatable")
       ->allow_extra_args(false)
       ->delimiter(';');
-  app.add_option("--routing-policy", c->policy, "round_robin, least_loaded, kv, approx or kv_retention")->capture_default_str();
+  app.add_option("--routing-policy", c->policy,
+                 "round_robin, least_loaded, kv, approx or kv_retention; for comparison dynamo, llmd, sglang or preble")
+      ->capture_default_str();
   app.add_option("--routing-temperature", c->routing.temperature, "softmax temperature over kv costs (0: argmin)")
       ->capture_default_str();
   app.add_option("--uncached-work-weight", c->routing.uncached_work_weight,

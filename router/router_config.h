@@ -39,7 +39,7 @@ struct RouterConfig {
   FleetOptions fleet;            // registration, static and DNS workers; derived fields set by Prepare
   RoutingOptions routing;        // the kv cost model; policy and predicted_ttl set by Prepare
   ApiOptions api;                // api_keys set by Prepare
-  std::string policy = "kv";     // --routing-policy: round_robin, least_loaded, kv, approx or kv_retention
+  std::string policy = "kv";     // --routing-policy: round_robin, least_loaded, kv, approx, kv_retention (or a peer rule)
   std::string api_key_file;      // empty: no authentication
   // Per-model options (repeatable). Each value is VALUE or MODEL=VALUE, split at the first
   // '='. A plain --workers / --workers-dns belongs to --model; a plain --tokenizer,

@@ -130,6 +130,7 @@ class GlobalIndex final : public PrefixIndex {
   bool Holds(WorkerId worker, BlockHash hash) const;
   // Blocks `worker` holds on `tier` (predicted entries do not count).
   uint64_t BlockCount(WorkerId worker, kv::Tier tier) const;
+  uint64_t CachedBlocks(WorkerId worker) const override { return BlockCount(worker, kv::Tier::kDevice); }
   // (block, worker) entries, predicted included.
   uint64_t EntryCount() const;
   // Distinct block hashes.

@@ -35,6 +35,9 @@ class PrefixIndex {
   // How many blocks `worker` can keep (0: unknown). An index of predictions alone uses it to
   // forget what the worker's own LRU would have evicted; an event-fed index ignores it.
   virtual void SetCapacity(WorkerId /*worker*/, uint64_t /*blocks*/) {}
+  // Blocks `worker` holds on its device tier, predicted entries excluded: the size of its
+  // cache as the index sees it (the sglang policy's "smallest tree"). 0 where not counted.
+  virtual uint64_t CachedBlocks(WorkerId /*worker*/) const { return 0; }
 };
 
 }  // namespace kvfleet::router

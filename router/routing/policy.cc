@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "router/routing/peer_policies.h"
+
 namespace kvfleet::router {
 
 Result<Policy> ParsePolicy(std::string_view name) {
@@ -12,8 +14,13 @@ Result<Policy> ParsePolicy(std::string_view name) {
   if (name == "kv") return Policy::kKv;
   if (name == "approx") return Policy::kApprox;
   if (name == "kv_retention") return Policy::kKvRetention;
+  if (name == "dynamo") return Policy::kDynamo;
+  if (name == "llmd") return Policy::kLlmd;
+  if (name == "sglang") return Policy::kSglang;
+  if (name == "preble") return Policy::kPreble;
   return InvalidArgument("unknown routing policy '" + std::string(name) +
-                         "' (expected round_robin, least_loaded, kv, approx or kv_retention)");
+                         "' (expected round_robin, least_loaded, kv, approx, kv_retention, or for comparison "
+                         "dynamo, llmd, sglang or preble)");
 }
 
 std::string_view PolicyName(Policy policy) {
@@ -23,6 +30,10 @@ std::string_view PolicyName(Policy policy) {
     case Policy::kKv: return "kv";
     case Policy::kApprox: return "approx";
     case Policy::kKvRetention: return "kv_retention";
+    case Policy::kDynamo: return "dynamo";
+    case Policy::kLlmd: return "llmd";
+    case Policy::kSglang: return "sglang";
+    case Policy::kPreble: return "preble";
   }
   return "?";
 }
@@ -87,18 +98,25 @@ double Picker::FleetRate(std::span<const Candidate> candidates) const {
   return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }
 
-double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+double Picker::DelayedRequests(std::span<const Candidate> candidates) const {
+  double waiting = 0;
+  for (const Candidate& c : candidates) waiting += c.waiting_requests;
+  return std::max(options_.uncached_work_weight, candidates.empty() ? 0 : waiting / candidates.size());
+}
+
+double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const {
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return EstimateTtft(request, c, fleet_rate) + options_.uncached_work_weight * uncached / rate;
+  return EstimateTtft(request, c, fleet_rate) + delayed * uncached / rate;
 }
 
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                               std::span<const size_t> eligible, double* cost) {
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
   const double fallback = FleetRate(candidates);
+  const double delayed = DelayedRequests(candidates);
   std::vector<double> costs(eligible.size());
-  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback);
+  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback, delayed);
 
   auto better = [&](size_t a, size_t b) {  // positions in eligible
     if (costs[a] != costs[b]) return costs[a] < costs[b];
@@ -177,6 +195,23 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
       d.index = PickLowestCost(request, candidates, eligible, &d.estimated_ttft_s);
       break;
     }
+    case Policy::kDynamo: {
+      std::lock_guard<std::mutex> lock(rng_mu_);
+      d.index = eligible[peer::PickDynamo(request, candidates, eligible, options_.temperature, &rng_)];
+      break;
+    }
+    case Policy::kLlmd: {
+      std::lock_guard<std::mutex> lock(rng_mu_);
+      d.index = eligible[peer::PickLlmd(request, candidates, eligible, &rng_)];
+      break;
+    }
+    case Policy::kSglang:
+      d.index = eligible[peer::PickSglang(request, candidates, eligible)];
+      break;
+    case Policy::kPreble:
+      d.index = eligible[peer::PickPreble(request, candidates, eligible, FleetRate(candidates),
+                                          options_.decode_s_per_running_request)];
+      break;
   }
   d.worker = candidates[d.index].worker;
   d.predicted_cached_tokens = CachedTokens(request, candidates[d.index]);

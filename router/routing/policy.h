@@ -6,8 +6,8 @@
 // router's own in-flight counts). Picker::Pick chooses among them. The cost model of the
 // `kv` policy and every constant are explained in router/routing/README.md.
 //
-// Thread safety: Picker is thread-safe (round-robin state is atomic; the softmax draw
-// takes a mutex only when temperature > 0).
+// Thread safety: Picker is thread-safe (round-robin state is atomic; kv's softmax draw
+// and the dynamo and llmd policies' random draws take a mutex).
 #pragma once
 
 #include <atomic>
@@ -29,6 +29,11 @@ enum class Policy {
   kKv,           // least estimated time to first token, from the event-fed index
   kApprox,       // kv's cost over an index of the router's own decisions only (no events)
   kKvRetention,  // kv, each hit discounted by its chance of eviction before the request runs
+  // The peers' published rules, for comparison only (peer_policies.h).
+  kDynamo,  // NVIDIA Dynamo's KV router cost
+  kLlmd,    // llm-d's weighted scorers
+  kSglang,  // SGLang router's cache_aware
+  kPreble,  // Preble's E2
 };
 
 Result<Policy> ParsePolicy(std::string_view name);
@@ -63,8 +68,9 @@ struct RoutingOptions {
   // What each running request adds to a new request's first token (seconds): decode
   // tokens go first in every engine step.
   double decode_s_per_running_request = config::kDecodeSecondsPerRunningRequest;
-  // The kv cost adds weight × (uncached tokens / rate) to the estimated TTFT: the prefill
-  // a choice adds to the fleet, beyond this request's wait. 0: pure TTFT.
+  // The kv cost adds max(weight, the fleet's mean waiting requests) × (uncached tokens / rate)
+  // to the estimated TTFT: the prefill a choice adds, once per request it will delay (README.md).
+  // 0: pure TTFT on an idle fleet.
   double uncached_work_weight = config::kUncachedWorkWeight;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
@@ -99,6 +105,16 @@ struct Candidate {
   // The share of the matched blocks expected still cached when the request's prefill starts
   // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
   double retained_share = 1;
+  // Requests there without a first token yet: this router's, and others' queued ones from the
+  // report (the kv cost's DelayedRequests, README.md).
+  double waiting_requests = 0;
+  // For the peer policies (peer_policies.h), from the worker's last load report (0 without one)
+  // and the index.
+  double decode_blocks = 0;         // blocks held by decoding sequences
+  double kv_usage = 0;              // device blocks in use / total, in [0, 1]
+  double free_device_blocks = 0;    // free or evictable device blocks
+  double total_device_blocks = 0;   // 0: no report
+  double device_cached_blocks = 0;  // device blocks the index holds for the worker (its cache's size)
 };
 
 struct RouteRequest {
@@ -131,8 +147,13 @@ class Picker {
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when
   // c reports none (README.md, "prefill rate").
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
-  // The kv cost: EstimateTtft plus the weighted prefill work the choice adds (README.md).
-  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
+  // candidates' mean waiting_requests (by Little's law, about as many arrive per worker while
+  // the fleet's backlog drains), and at least uncached_work_weight.
+  double DelayedRequests(std::span<const Candidate> candidates) const;
+  // The kv cost: EstimateTtft plus the prefill work the choice adds, times `delayed`
+  // (DelayedRequests) (README.md).
+  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const;
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include "schema/kv_event.h"
+
 namespace kvfleet::router {
 
 Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index,
@@ -33,8 +35,10 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   c->queued_prefill_tokens = own.prefill_tokens;
   // Without a report, every request this router has in flight there may be queued.
   c->queued_requests = own.requests;
+  c->waiting_requests = own.waiting;
   c->prefill_tokens_per_s = 0;
   c->admission_wait_s = 0;
+  c->decode_blocks = c->kv_usage = c->free_device_blocks = c->total_device_blocks = 0;
   if (policy == Policy::kApprox) return own;
   const std::optional<WorkerLoad> load = loads_->ReportedLoad(c->worker);
   if (!load) return own;
@@ -49,6 +53,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   c->queued_prefill_tokens =
       own.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
   c->queued_requests = std::max(queued, own.requests - active);
+  c->waiting_requests = own.waiting + std::max(0.0, queued - then.waiting);
   c->prefill_tokens_per_s = load->prefill_tokens_per_second;
   // The worker's predicted wait less its prefill term, which the blend above recounts: what
   // only the worker knows, a batch or KV cache too full to admit one more (README.md).
@@ -56,6 +61,12 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
                                ? static_cast<double>(load->active_prefill_tokens) / load->prefill_tokens_per_second
                                : 0;
   c->admission_wait_s = std::max(0.0, static_cast<double>(load->predicted_wait_us) / 1e6 - prefill_s);
+  // What the peer policies weigh besides (peer_policies.h).
+  const auto device = static_cast<size_t>(kv::Tier::kDevice);
+  c->decode_blocks = static_cast<double>(load->active_decode_blocks);
+  c->total_device_blocks = static_cast<double>(load->total_blocks[device]);
+  c->free_device_blocks = static_cast<double>(load->free_blocks[device]);
+  if (c->total_device_blocks > 0) c->kv_usage = 1.0 - c->free_device_blocks / c->total_device_blocks;
   return own;
 }
 
@@ -105,7 +116,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, "", prompt.cache_salt});
   d.hashes = hasher.HashAll(prompt.tokens);
   std::vector<PrefixMatch> matches;
-  if (d.policy == Policy::kKv || d.policy == Policy::kApprox || d.policy == Policy::kKvRetention) {
+  const bool by_prefix = d.policy != Policy::kRoundRobin && d.policy != Policy::kLeastLoaded;
+  if (by_prefix) {
     PrefixIndex* index = d.policy == Policy::kApprox ? approx_index_ : kv_index_;
     index->FindMatches(d.hashes, &matches);
   }
@@ -120,6 +132,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
         c.device_blocks = m.device_blocks;
         c.host_blocks = m.host_blocks;
       }
+    }
+    if (by_prefix && d.policy != Policy::kApprox) {
+      c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
     }
     waiting += AddLoad(d.policy, &c).waiting;
     candidates.push_back(c);

@@ -17,12 +17,17 @@ For every request, in arrival order, it counts the leading full blocks (512/Y to
             share it only once it is written);
 and the tokens the worker reported cached (`actual`). routed - actual is lost at the
 worker: eviction (finite cache) or a prefix still being computed.
+
+With `--cache-tokens N` each worker's cache is instead an LRU of N tokens (a mock worker's
+device KV, e.g. 442368): a prefix its holder has evicted since is then not counted as lost
+to the choice but to "no worker had it whole", which is where a policy that copies prefixes
+onto several workers (crowding others out) pays.
 """
 
 import argparse
 import json
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 TRACE_BLOCK = 512
 
@@ -43,7 +48,10 @@ def main():
     ap.add_argument("--duration", type=float, default=0)
     ap.add_argument("--requests", required=True)
     ap.add_argument("--policy", default="")
+    ap.add_argument("--cache-tokens", type=int, default=0, help="each worker's cache, an LRU of this many tokens (0: infinite)")
     a = ap.parse_args()
+    if a.cache_tokens < 0:
+        ap.error("--cache-tokens must be >= 0")
     block = TRACE_BLOCK // a.length_scale
     trace = [json.loads(l) for l in open(a.trace) if l.strip()]
     trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
@@ -60,7 +68,9 @@ def main():
     assert len(reqs) == len(scaled), f"{len(reqs)} request lines for {len(scaled)} scaled requests"
 
     seen = set()
-    on_worker = defaultdict(dict)  # worker -> chain id -> Unix time its KV was first written there
+    # worker -> chain id -> Unix time its KV was first written there, least recently used first
+    on_worker = defaultdict(OrderedDict)
+    capacity = a.cache_tokens // block if a.cache_tokens else 0
     tot = defaultdict(int)
     for (arrival, n_in, ids), r in zip(scaled, reqs):
         full = n_in // block
@@ -93,6 +103,9 @@ def main():
         for c in ch:
             if c not in mine:
                 mine[c] = ready
+            mine.move_to_end(c)
+        while capacity and len(mine) > capacity:
+            mine.popitem(last=False)
     p = tot["prompt"]
     print(f"requests {len(reqs)} (failed {tot['failed']}), block {block} tokens, prompt tokens {p}")
     for k in ("ideal", "best_worker", "routed", "in_flight", "actual"):

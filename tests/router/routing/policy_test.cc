@@ -88,6 +88,26 @@ TEST_CASE("kv keeps a burst sharing a new prefix on the worker already computing
   CHECK(ttft_only.Pick(Policy::kKv, {2090, 32}, fleet)->worker != 0);
 }
 
+TEST_CASE("under load kv charges the prefill a choice adds once per request waiting in the fleet") {
+  // A long prompt, nearly all cached on worker 0 behind 0.74 s of queued prefill; worker 1 is
+  // idle and would compute it whole in 0.3 s. Requests waiting elsewhere will queue behind
+  // that recompute, so the busier the fleet, the more the hit is worth.
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet;
+  for (WorkerId w = 0; w < 8; ++w) fleet.push_back(Idle(w));
+  for (Candidate& c : fleet) c.prefill_tokens_per_s = 25'000;
+  fleet[0].device_blocks = 228;  // 7,296 of 7,572 tokens
+  fleet[0].queued_prefill_tokens = 18'400;
+  for (WorkerId w = 2; w < 8; ++w) fleet[w].queued_prefill_tokens = 20'000;
+  const RouteRequest r{7572, 32};
+  CHECK(picker.DelayedRequests(fleet) == doctest::Approx(1.0));  // nobody waiting: the floor
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 1);         // light load: the sooner first token
+  fleet[0].waiting_requests = 4;
+  for (WorkerId w = 2; w < 8; ++w) fleet[w].waiting_requests = 4;
+  CHECK(picker.DelayedRequests(fleet) == doctest::Approx(28.0 / 8));
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 0);         // loaded: the hit
+}
+
 TEST_CASE("kv charges host-tier hits their onboarding cost") {
   RoutingOptions o;
   o.onboard_s_per_block = 0.01;  // slow onboarding: a host hit is worth less than a device hit

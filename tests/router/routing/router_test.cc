@@ -164,8 +164,8 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   f.loads.reported[0] = report;
   // When the report came, 4 of its requests (4,000 prompt tokens) were this router's; now it
   // has 2 in flight, expected to prefill 300 uncached tokens.
-  f.loads.own_then[0] = OwnLoadCounts{4, 1000, 4000};
-  f.loads.own[0] = OwnLoadCounts{2, 300, 2500};
+  f.loads.own_then[0] = OwnLoadCounts{4, 1000, 4000, 1};
+  f.loads.own[0] = OwnLoadCounts{2, 300, 2500, 2};
   auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
   CHECK(f.loads.asked_at == 777);
@@ -174,6 +174,7 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(c.queued_prefill_tokens == doctest::Approx(300 + (5000 - 4000)));
   CHECK(c.queued_requests == doctest::Approx(2));  // max(reported queued, own - reported active)
   CHECK(c.prefill_tokens_per_s == doctest::Approx(20000));
+  CHECK(c.waiting_requests == doctest::Approx(2 + (2 - 1)));  // own now + the report's queued beyond own then
   // The approx policy knows no reports: its own counts alone.
   auto a = f.router.Route(f.fleet, f.PromptOf(Policy::kApprox));
   REQUIRE(a.ok());
@@ -182,6 +183,7 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(ca.queued_prefill_tokens == doctest::Approx(300));
   CHECK(ca.queued_requests == doctest::Approx(2));
   CHECK(ca.prefill_tokens_per_s == 0);
+  CHECK(ca.waiting_requests == doctest::Approx(2));
 }
 
 TEST_CASE("a fleet whose every worker is saturated is refused") {
@@ -304,6 +306,29 @@ TEST_CASE("a retry is admitted on the workers' loads at the time of the retry") 
 }
 
 }  // namespace
+TEST_CASE("the peer policies see the index's matches and the report's decode blocks and KV usage") {
+  Fixture f;
+  f.kv.InsertPredicted(1, f.Hashes(), kNsPerSec);
+  WorkerLoad report;
+  report.active_decode_blocks = 12;
+  report.free_blocks = {250, 0};
+  report.total_blocks = {1000, 0};
+  f.loads.reported[2] = report;
+  for (Policy p : {Policy::kDynamo, Policy::kLlmd, Policy::kSglang, Policy::kPreble}) {
+    CAPTURE(PolicyName(p));
+    auto d = f.router.Route(f.fleet, f.PromptOf(p));
+    REQUIRE(d.ok());
+    CHECK(d->worker == 1);  // the whole prompt cached there, every worker otherwise idle
+    CHECK(d->device_blocks == 10);
+    const Candidate& c = d->candidates->at(2);
+    CHECK(c.decode_blocks == 12);
+    CHECK(c.kv_usage == doctest::Approx(0.75));
+    CHECK(c.free_device_blocks == 250);
+    CHECK(c.total_device_blocks == 1000);
+    CHECK(d->candidates->at(0).total_device_blocks == 0);  // no report: unknown
+  }
+}
+
 }  // namespace kvfleet::router
 
 namespace kvfleet::router {
