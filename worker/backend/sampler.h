@@ -50,7 +50,7 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
   float repetition_penalty = 1.0f;  // > 0; 1: off
   float min_p = 0.0f;               // [0, 1]; 0: off
-  std::span<const std::pair<TokenId, float>> logit_bias;  // (token, bias in [-100, 100]); the request's
+  std::span<const std::pair<TokenId, float>> logit_bias = {};  // (token, bias in [-100, 100]); the request's
   int32_t logprobs = -1;            // -1: none; 0..kMaxTopLogprobs top entries with the sampled token's
   bool prompt_logprobs = false;     // also every prompt token's logprob (the engine's prefill rows)
 

@@ -16,6 +16,7 @@
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/backend/sampler.h"
 #include "worker/kv/retention.h"
 
 namespace kvfleet::engine {
@@ -32,7 +33,18 @@ struct SamplingOptions {
   uint32_t max_tokens = 16;  // generated tokens, >= 1
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
+  // Logit processing and logprobs: backend::SamplingParams says what each does.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  float min_p = 0.0f;
+  std::vector<std::pair<TokenId, float>> logit_bias;
+  int32_t logprobs = -1;         // -1: none; 0..20 top entries
+  bool prompt_logprobs = false;  // prefills without reusing cached blocks
 };
+
+// The backend's share of a request's sampling settings.
+backend::SamplingParams BackendSampling(const SamplingOptions& s, uint64_t seed);
 
 struct GenerateRequest {
   std::vector<TokenId> prompt;
@@ -86,6 +98,8 @@ struct RequestOutput {
   std::vector<TokenId> new_tokens;
   FinishReason finish = FinishReason::kNone;
   Usage usage;
+  std::vector<backend::TokenLogprobs> logprobs;         // one per new token, when asked for
+  std::vector<backend::TokenLogprobs> prompt_logprobs;  // prompt tokens 1..n-1, in the first output only
 };
 
 }  // namespace kvfleet::engine
