@@ -374,9 +374,50 @@ class RequestStream final : public ResponseSink {
   // queue full): the predicted time to first token where it was routed.
   void set_retry_after(int seconds) { retry_after_s_ = seconds; }
 
+  // echo: the prompt's text and ids, sent ahead of the first generated text. A request with
+  // max_tokens 0 asks the worker for one token (a prefill samples one) and drops it.
+  void set_echo(std::string text, std::vector<TokenId> prompt, bool drop_generated) {
+    echo_text_ = std::move(text);
+    echo_prompt_ = std::move(prompt);
+    drop_generated_ = drop_generated;
+  }
+
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
     TimeNs now = api_->clock_->Now();
+    // The echoed prompt (and its logprobs) goes first, outside the stop strings.
+    std::string echo;
+    ChoiceLogprobs chunk_lp;
+    chunk_lp.text_offset = text_offset_;
+    if (req_.echo && !echoed_) {
+      echoed_ = true;
+      echo = std::move(echo_text_);
+      if (req_.logprobs >= 0 && !echo_prompt_.empty()) {
+        chunk_lp.entries.push_back(LogprobEntry{TokenText(echo_prompt_[0]), std::nullopt, {}});
+        AppendLogprobEntries(d.prompt_logprobs, [this](TokenId t) { return TokenText(t); }, &chunk_lp.entries);
+      }
+    }
+    if (drop_generated_) {
+      WorkerDelta none = d;
+      none.tokens.clear();
+      if (none.finish != FinishReason::kNone || !echo.empty()) EmitDelta(worker, none, echo, &chunk_lp, now);
+      return;
+    }
+    if (req_.logprobs >= 0) {
+      AppendLogprobEntries(d.logprobs, [this](TokenId t) { return TokenText(t); }, &chunk_lp.entries);
+    }
+    EmitDelta(worker, d, echo, &chunk_lp, now);
+  }
+
+ private:
+  // A token's text alone, for logprobs.
+  std::string TokenText(TokenId t) const {
+    auto decoder = api_->codecs_.For(req_.model)->NewDecoder();
+    std::string s = decoder->Push(t);
+    return s + decoder->Finish();
+  }
+
+  void EmitDelta(WorkerId worker, const WorkerDelta& d, const std::string& echo, ChoiceLogprobs* lp, TimeNs now) {
     if (!first_ && !d.tokens.empty()) {
       first_ = true;
       timings_.first_delta = now;
@@ -392,7 +433,9 @@ class RequestStream final : public ResponseSink {
     }
     if (d.finish != FinishReason::kNone) text += decoder_->Finish();
     bool stopped = false;
-    std::string out = stops_.Push(text, &stopped);
+    std::string out = echo + stops_.Push(text, &stopped);
+    for (const LogprobEntry& e : lp->entries) text_offset_ += e.token.size();
+    const bool with_lp = req_.logprobs >= 0;
     usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
     usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
     usage_.completion_tokens = completion_tokens_;
@@ -414,16 +457,21 @@ class RequestStream final : public ResponseSink {
         started_ = true;
         ex_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), api_->fleet_->WorkerName(worker)}});
       }
-      if (!out.empty() || (first_chunk_ && req_.chat)) {
-        ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_));
+      if (!out.empty() || (first_chunk_ && req_.chat) || !lp->entries.empty()) {
+        ex_->Write(FormatChunk(req_, id_, created_, out, "", first_chunk_, with_lp ? lp : nullptr));
         if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = api_->clock_->Now();
         first_chunk_ = false;
       }
     } else {
       text_ += out;
+      if (with_lp) {
+        for (LogprobEntry& e : lp->entries) logprobs_.entries.push_back(std::move(e));
+      }
     }
     if (!finish.empty()) End(worker, finish);
   }
+
+ public:
 
   void OnError(WorkerId worker, const Status& status, bool after_first_token) override {
     if (done_) return;
@@ -479,7 +527,7 @@ class RequestStream final : public ResponseSink {
     } else {
       http::Response r;
       r.headers.emplace_back(kWorkerHeader, usage_.worker);
-      r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_);
+      r.body = FormatCompletion(req_, id_, created_, text_, finish, usage_, req_.logprobs >= 0 ? &logprobs_ : nullptr);
       ex_->Reply(std::move(r));
     }
   }
@@ -506,6 +554,13 @@ class RequestStream final : public ResponseSink {
   RouterTimings timings_;
   UsageCounts usage_;
   std::string text_;
+  // Logprobs and echo.
+  ChoiceLogprobs logprobs_;  // a whole response's
+  size_t text_offset_ = 0;   // the choice's text so far, in token texts (completions' text_offset)
+  std::string echo_text_;
+  std::vector<TokenId> echo_prompt_;
+  bool echoed_ = false;
+  bool drop_generated_ = false;
 };
 
 void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
@@ -592,6 +647,29 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.max_tokens = max_tokens;
   params.sampling.ignore_eos = req.ignore_eos;
   params.sampling.stop_token_ids = std::move(req.stop_token_ids);
+  params.sampling.presence_penalty = req.presence_penalty;
+  params.sampling.frequency_penalty = req.frequency_penalty;
+  params.sampling.repetition_penalty = req.repetition_penalty;
+  params.sampling.min_p = req.min_p;
+  params.sampling.logit_bias = req.logit_bias;
+  params.sampling.logprobs = req.logprobs;
+  params.sampling.prompt_logprobs = req.echo && req.logprobs >= 0;
+  // max_tokens 0 (echo only): the worker samples one token after the prompt; it is dropped.
+  const bool drop_generated = req.echo && max_tokens == 0;
+  if (drop_generated) params.sampling.max_tokens = 1;
+  const bool echo = req.echo;
+  std::string echo_text;
+  std::vector<TokenId> echo_prompt;
+  if (echo) {
+    if (req.prompt_text) {
+      echo_text = *req.prompt_text;
+    } else {
+      auto decoder = codec.NewDecoder();
+      for (TokenId t : params.tokens) echo_text += decoder->Push(t);
+      echo_text += decoder->Finish();
+    }
+    if (req.logprobs >= 0) echo_prompt = params.tokens;
+  }
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;
@@ -634,6 +712,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   Lane* lane = LaneOf(ex->io_thread());
   uint64_t handle = lane->NewHandle();
   stream->set_lane(lane, handle);
+  if (echo) stream->set_echo(std::move(echo_text), std::move(echo_prompt), drop_generated);
   stream->set_retry_after(RetryAfterSeconds(decision->estimated_ttft_s));
   lane->Submit(handle, std::move(fwd));
   stream->MarkSent(clock_->Now());
