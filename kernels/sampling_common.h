@@ -12,6 +12,9 @@
 
 namespace kvfleet::kernels {
 
+// OpenAI's bound on top_logprobs: the kernels' top-entry arrays are this wide.
+constexpr int32_t kMaxTopLogprobs = 20;
+
 // Fixed-point scale of probabilities in top-p sums: integer sums are exact and so
 // independent of summation order (a seeded request draws the same token on any launch).
 constexpr double kProbFixedScale = 4294967296.0;  // 2^32
