@@ -269,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) LogprobsKernel(LogprobsParams p) {
   const float* row = p.logits + static_cast<int64_t>(r) * p.vocab;
   GridDependentsLaunch();
   GridDependencyWait();
+  if (p.target[r] < 0) return;  // uniform over the block
   const float lse = RowLogprobs(row, p.vocab, p.top, p.top_tokens + static_cast<int64_t>(r) * kMaxTopLogprobs,
                                 p.top_logprobs + static_cast<int64_t>(r) * kMaxTopLogprobs);
   if (threadIdx.x == 0) p.token_logprob[r] = row[p.target[r]] - lse;

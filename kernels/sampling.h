@@ -51,10 +51,11 @@ struct SamplingParams {
 cudaError_t LaunchSampling(const SamplingParams& p, cudaStream_t stream);
 
 // Logprobs of given tokens over raw logits rows (prompt logprobs): row r gives target[r]'s
-// log-softmax and the `top` largest entries, as step 0 above. One thread block per row.
+// log-softmax and the `top` largest entries, as step 0 above; target[r] < 0: row r is skipped
+// (nothing written). One thread block per row.
 struct LogprobsParams {
   const float* logits = nullptr;  // [rows][vocab]
-  const int32_t* target = nullptr;  // [rows]
+  const int32_t* target = nullptr;  // [rows]; < 0: skip the row
   int32_t top = 0;                // 0..kMaxTopLogprobs
   float* token_logprob = nullptr;  // [rows] out
   int32_t* top_tokens = nullptr;   // [rows][kMaxTopLogprobs] out
