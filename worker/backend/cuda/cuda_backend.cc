@@ -318,6 +318,21 @@ Status CudaBackend::AllocateBuffers() {
   return Status::Ok();
 }
 
+Status CudaBackend::ReserveAdjust(size_t n) {
+  if (n <= adjust_capacity_) return Status::Ok();
+  // The previous step has completed (CollectOutput waited), so nothing reads the old buffers.
+  size_t cap = std::max<size_t>(adjust_capacity_ * 2, config::kMinAdjustEntries);
+  while (cap < n) cap *= 2;
+  void* h = nullptr;
+  KVF_CUDA_RETURN(cudaHostAlloc(&h, cap * sizeof(kernels::LogitAdjust), cudaHostAllocDefault));
+  host_allocations_.push_back(h);
+  adjust_host_ = static_cast<kernels::LogitAdjust*>(h);
+  KVF_ASSIGN_OR_RETURN(adjust_dev_, DeviceAlloc<kernels::LogitAdjust>(cap));
+  KVF_ASSIGN_OR_RETURN(adjust_raw_dev_, DeviceAlloc<float>(cap));
+  adjust_capacity_ = cap;
+  return Status::Ok();
+}
+
 Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   const model::ModelConfig& c = config_;
   KvMemorySettings memory;

@@ -201,6 +201,8 @@ class CudaBackend final : public ModelBackendBase {
   Status LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n);
   // LM head over part A, then the sampling kernel and the tokens' copy back.
   Status Sample(const StepMeta& m);
+  // Grows the logit-adjustment buffers to hold n entries (cuda_backend.cc).
+  Status ReserveAdjust(size_t n);
   // The logprob outputs of `rows` rows, copied to their pinned mirrors (asynchronously).
   Status CopyLogprobsBack(int32_t rows);
   // One row's logprobs from the pinned mirrors (after the copy completed).

@@ -264,17 +264,7 @@ Status CudaBackend::UploadMeta(const StepMeta& m) {
   KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, m.staging_used, cudaMemcpyHostToDevice, stream_));
   if (m.adjust_entries > 0) {
     const size_t n = static_cast<size_t>(m.adjust_entries);
-    if (n > adjust_capacity_) {  // the previous step has completed (CollectOutput waited)
-      size_t cap = std::max<size_t>(adjust_capacity_ * 2, config::kMinAdjustEntries);
-      while (cap < n) cap *= 2;
-      void* h = nullptr;
-      KVF_CUDA_RETURN(cudaHostAlloc(&h, cap * sizeof(kernels::LogitAdjust), cudaHostAllocDefault));
-      host_allocations_.push_back(h);
-      adjust_host_ = static_cast<kernels::LogitAdjust*>(h);
-      KVF_ASSIGN_OR_RETURN(adjust_dev_, DeviceAlloc<kernels::LogitAdjust>(cap));
-      KVF_ASSIGN_OR_RETURN(adjust_raw_dev_, DeviceAlloc<float>(cap));
-      adjust_capacity_ = cap;
-    }
+    KVF_RETURN_IF_ERROR(ReserveAdjust(n));
     std::copy(adjust_scratch_.begin(), adjust_scratch_.end(), adjust_host_);
     KVF_CUDA_RETURN(cudaMemcpyAsync(adjust_dev_, adjust_host_, n * sizeof(kernels::LogitAdjust), cudaMemcpyHostToDevice,
                                     stream_));
