@@ -60,7 +60,7 @@ struct SamplingParams {
 };
 
 // OpenAI's bound on top_logprobs (and the completions API's logprobs).
-inline constexpr int32_t kMaxTopLogprobs = 20;
+inline constexpr int32_t kMaxTopLogprobs = kernels::kMaxTopLogprobs;
 // OpenAI's bound on logit_bias entries.
 inline constexpr size_t kMaxLogitBias = 300;
 
