@@ -1,7 +1,9 @@
 // Sampling kernel (contract in sampling.h). One block of kThreads per sequence; every pass
 // reads the logits row (from L2 after the first), so a 128K vocabulary costs ~10 row reads.
-//   1. max and argmax;  2. top-k: radix select of the k-th largest key (4 passes of 8 bits,
-//   counts);  3. top-p: radix select over fixed-point probability mass;  4. Gumbel-max.
+//   0. logprobs: raw max, logsumexp, then one argmax pass per top entry (only rows asking);
+//   adjustments written in place;  1. max and argmax;  2. top-k: radix select of the k-th
+//   largest key (4 passes of 8 bits, counts), min_p: a key threshold;  3. top-p: radix select
+//   over fixed-point probability mass;  4. Gumbel-max.
 #pragma once
 
 #include "kernels/cuda_common.cuh"
@@ -53,6 +55,47 @@ __device__ uint64_t BlockSumU64(uint64_t x) {
   uint64_t r = 0;
   for (int w = 0; w < kThreads / 32; ++w) r += s[w];
   return r;
+}
+
+// Sum over the block: float per thread, double across warps.
+__device__ double BlockSumF(float x) {
+  __shared__ double s[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = x;
+  __syncthreads();
+  double r = 0;
+  for (int w = 0; w < kThreads / 32; ++w) r += s[w];
+  return r;
+}
+
+// Log-softmax of a raw row: writes its `top` largest entries (descending, lowest index on
+// ties: each pass the best entry after the previous one in Better's order) to
+// top_tokens/top_logprobs and returns the row's logsumexp. Every thread calls it.
+__device__ float RowLogprobs(const float* row, int32_t vocab, int32_t top, int32_t* top_tokens, float* top_logprobs) {
+  ArgMax best{-INFINITY, -1};
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) best = Better(best, ArgMax{row[i], i});
+  best = BlockArgMax(best);
+  float local = 0.f;
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) local += expf(row[i] - best.v);
+  const float lse = best.v + static_cast<float>(log(BlockSumF(local)));
+  ArgMax prev = best;
+  for (int32_t k = 0; k < top; ++k) {
+    if (k > 0) {
+      ArgMax next{-INFINITY, -1};
+      for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+        const float v = row[i];
+        if (v < prev.v || (v == prev.v && i > prev.i)) next = Better(next, ArgMax{v, i});
+      }
+      prev = BlockArgMax(next);
+    }
+    if (threadIdx.x == 0) {
+      top_tokens[k] = prev.i;
+      top_logprobs[k] = prev.i >= 0 ? prev.v - lse : -INFINITY;
+    }
+  }
+  return lse;
 }
 
 __device__ __forceinline__ uint64_t FixedProb(float logit, float max, float temperature) {
@@ -136,9 +179,28 @@ __device__ uint32_t RadixSelect(const float* row, int32_t vocab, uint32_t min_ke
 
 __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
   const int seq = blockIdx.x;
-  const float* row = p.logits + static_cast<int64_t>(seq) * p.vocab;
+  float* row = p.logits + static_cast<int64_t>(seq) * p.vocab;
   GridDependentsLaunch();
   GridDependencyWait();  // PDL (launch.h): the logits come from the previous kernel
+  // 0. Logprobs of the raw row, then the adjustments in place (raw values kept for step 4).
+  const int32_t want_lp = p.logprobs ? p.logprobs[seq] : -1;
+  float lse = 0.f;
+  if (want_lp >= 0) {
+    lse = RowLogprobs(row, p.vocab, want_lp, p.top_tokens + static_cast<int64_t>(seq) * kMaxTopLogprobs,
+                      p.top_logprobs + static_cast<int64_t>(seq) * kMaxTopLogprobs);
+  }
+  const int32_t a0 = p.adjust_begin ? p.adjust_begin[seq] : 0;
+  const int32_t a1 = p.adjust_begin ? p.adjust_begin[seq + 1] : 0;
+  if (a1 > a0) {
+    __syncthreads();  // every pass of step 0 has read the raw row
+    for (int32_t e = a0 + threadIdx.x; e < a1; e += kThreads) {
+      const LogitAdjust a = p.adjust[e];
+      const float raw = row[a.token];
+      p.adjust_raw[e] = raw;
+      row[a.token] = AdjustLogit(raw, a);
+    }
+    __syncthreads();  // the block's global writes are visible to its threads after the barrier
+  }
   // Better() is a total order (value, then lowest index), so any visiting order gives the
   // same argmax. 16-byte loads, several in flight: a 128K-row pass is ~31 loads per thread
   // instead of ~125 dependent ones (the greedy step is this pass alone).
@@ -160,33 +222,57 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
   best = BlockArgMax(best);
   const float temperature = p.temperature[seq];
   const int32_t top_k = p.top_k[seq];
-  if (temperature <= 0.f || top_k == 1) {
-    if (threadIdx.x == 0) p.tokens[seq] = best.i;
-    return;
+  int32_t token = best.i;
+  if (!(temperature <= 0.f || top_k == 1)) {
+    const float max_logit = best.v;
+    uint32_t min_key = 0;
+    if (top_k > 0 && top_k < p.vocab) min_key = RadixSelect<false>(row, p.vocab, 0, top_k, max_logit, temperature);
+    const float min_p = p.min_p ? p.min_p[seq] : 0.f;
+    if (min_p > 0.f) min_key = max(min_key, FloatOrderKey(MinPThreshold(max_logit, temperature, min_p)));
+    const float top_p = p.top_p[seq];
+    if (top_p < 1.f) {
+      uint64_t total = 0;
+      for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads)
+        if (FloatOrderKey(row[i]) >= min_key) total += FixedProb(row[i], max_logit, temperature);
+      total = BlockSumU64(total);
+      uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+      if (target < 1) target = 1;
+      min_key = max(min_key, RadixSelect<true>(row, p.vocab, min_key, target, max_logit, temperature));
+    }
+    const uint64_t seed = p.seed[seq], step = p.step[seq];
+    ArgMax pick{-INFINITY, -1};
+    for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+      const float l = row[i];
+      if (FloatOrderKey(l) < min_key) continue;
+      const float u = SampleUniform(seed, step, static_cast<uint64_t>(i));
+      pick = Better(pick, ArgMax{l / temperature - logf(-logf(u)), i});
+    }
+    pick = BlockArgMax(pick);
+    token = pick.i;
   }
-  const float max_logit = best.v;
-  uint32_t min_key = 0;
-  if (top_k > 0 && top_k < p.vocab) min_key = RadixSelect<false>(row, p.vocab, 0, top_k, max_logit, temperature);
-  const float top_p = p.top_p[seq];
-  if (top_p < 1.f) {
-    uint64_t total = 0;
-    for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads)
-      if (FloatOrderKey(row[i]) >= min_key) total += FixedProb(row[i], max_logit, temperature);
-    total = BlockSumU64(total);
-    uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
-    if (target < 1) target = 1;
-    min_key = max(min_key, RadixSelect<true>(row, p.vocab, min_key, target, max_logit, temperature));
+  if (threadIdx.x == 0) p.tokens[seq] = token;
+  // 4. The drawn token's raw logprob: its raw logit is in adjust_raw if an adjustment named it.
+  if (want_lp >= 0) {
+    __shared__ float s_raw;
+    if (threadIdx.x == 0) s_raw = row[token];
+    __syncthreads();
+    for (int32_t e = a0 + threadIdx.x; e < a1; e += kThreads) {
+      if (p.adjust[e].token == token) s_raw = p.adjust_raw[e];  // tokens are distinct: one writer
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) p.token_logprob[seq] = s_raw - lse;
   }
-  const uint64_t seed = p.seed[seq], step = p.step[seq];
-  ArgMax pick{-INFINITY, -1};
-  for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-    const float l = row[i];
-    if (FloatOrderKey(l) < min_key) continue;
-    const float u = SampleUniform(seed, step, static_cast<uint64_t>(i));
-    pick = Better(pick, ArgMax{l / temperature - logf(-logf(u)), i});
-  }
-  pick = BlockArgMax(pick);
-  if (threadIdx.x == 0) p.tokens[seq] = pick.i;
+}
+
+__global__ void __launch_bounds__(kThreads) LogprobsKernel(LogprobsParams p) {
+  const int r = blockIdx.x;
+  const float* row = p.logits + static_cast<int64_t>(r) * p.vocab;
+  GridDependentsLaunch();
+  GridDependencyWait();
+  if (p.target[r] < 0) return;  // uniform over the block
+  const float lse = RowLogprobs(row, p.vocab, p.top, p.top_tokens + static_cast<int64_t>(r) * kMaxTopLogprobs,
+                                p.top_logprobs + static_cast<int64_t>(r) * kMaxTopLogprobs);
+  if (threadIdx.x == 0) p.token_logprob[r] = row[p.target[r]] - lse;
 }
 
 }  // namespace kvfleet::kernels::sample

@@ -1,14 +1,19 @@
 // Pieces of sampling shared by the GPU kernel and its CPU reference, so both draw the same
-// numbers: the counter-based uniform generator and the order-preserving float key.
+// numbers: the counter-based uniform generator, the order-preserving float key, the logit
+// adjustments (bias, penalties) and min_p's threshold.
 // Pure functions; host and device.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/attention_mask.h"  // KVF_HD
 
 namespace kvfleet::kernels {
+
+// OpenAI's bound on top_logprobs: the kernels' top-entry arrays are this wide.
+constexpr int32_t kMaxTopLogprobs = 20;
 
 // Fixed-point scale of probabilities in top-p sums: integer sums are exact and so
 // independent of summation order (a seeded request draws the same token on any launch).
@@ -34,6 +39,28 @@ KVF_HD uint32_t FloatOrderKey(float f) {
   std::memcpy(&u, &f, sizeof(u));
 #endif
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One token's adjustment in one sequence's row, before temperature (vLLM's order): a
+// logit_bias entry and/or a token seen in the prompt or generated. A sequence's entries name
+// distinct tokens. Built on the host (backend::BuildLogitAdjusts).
+struct LogitAdjust {
+  int32_t token = 0;
+  float bias = 0.0f;        // added first (logit_bias)
+  float repetition = 1.0f;  // then HF's repetition penalty: positive divided, negative multiplied
+  float subtract = 0.0f;    // then subtracted: frequency * generated count + presence (if generated)
+};
+
+KVF_HD float AdjustLogit(float logit, const LogitAdjust& a) {
+  float l = logit + a.bias;
+  l = l > 0.0f ? l / a.repetition : l * a.repetition;
+  return l - a.subtract;
+}
+
+// min_p (vLLM): keep p >= min_p * p_max of softmax(l / T), i.e. l >= max + T * ln(min_p).
+// REQUIRES: min_p > 0.
+KVF_HD float MinPThreshold(float max_logit, float temperature, float min_p) {
+  return max_logit + temperature * logf(min_p);
 }
 
 }  // namespace kvfleet::kernels

@@ -18,7 +18,7 @@ int32_t Argmax(const float* logits, int32_t vocab) {
 
 bool Greedy(const SamplingRow& row) { return row.temperature <= 0 || row.top_k == 1; }
 
-// The smallest logit key that survives top-k and top-p (the kernel's radix selections).
+// The smallest logit key that survives top-k, min_p and top-p (the kernel's radix selections).
 uint32_t SurvivorKey(const float* logits, int32_t vocab, const SamplingRow& row) {
   const float max = logits[Argmax(logits, vocab)];
   std::vector<uint32_t> keys(vocab);
@@ -29,6 +29,7 @@ uint32_t SurvivorKey(const float* logits, int32_t vocab, const SamplingRow& row)
     std::nth_element(sorted.begin(), sorted.begin() + (row.top_k - 1), sorted.end(), std::greater<>());
     threshold = sorted[row.top_k - 1];
   }
+  if (row.min_p > 0.f) threshold = std::max(threshold, FloatOrderKey(MinPThreshold(max, row.temperature, row.min_p)));
   if (row.top_p < 1.f) {
     std::vector<std::pair<uint32_t, uint64_t>> kept;  // (key, fixed-point probability)
     uint64_t total = 0;
@@ -61,7 +62,36 @@ uint32_t SurvivorKey(const float* logits, int32_t vocab, const SamplingRow& row)
 
 }  // namespace
 
-std::vector<double> SamplingDistributionRef(const float* logits, int32_t vocab, const SamplingRow& row) {
+std::vector<float> AdjustedRowRef(const float* logits, int32_t vocab, const SamplingRow& row) {
+  std::vector<float> out(logits, logits + vocab);
+  for (const LogitAdjust& a : row.adjust) out[a.token] = AdjustLogit(out[a.token], a);
+  return out;
+}
+
+LogprobsRef RowLogprobsRef(const float* logits, int32_t vocab, int32_t token, int32_t top) {
+  double max = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i) max = std::max<double>(max, logits[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
+  const double lse = max + std::log(sum);
+  LogprobsRef out;
+  out.token_logprob = logits[token] - lse;
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  top = std::min(top, vocab);
+  std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int32_t k = 0; k < top; ++k) {
+    out.top_tokens.push_back(order[k]);
+    out.top_logprobs.push_back(logits[order[k]] - lse);
+  }
+  return out;
+}
+
+std::vector<double> SamplingDistributionRef(const float* raw, int32_t vocab, const SamplingRow& row) {
+  const std::vector<float> adjusted = AdjustedRowRef(raw, vocab, row);
+  const float* logits = adjusted.data();
   std::vector<double> probs(vocab, 0.0);
   if (Greedy(row)) {
     probs[Argmax(logits, vocab)] = 1.0;
@@ -79,7 +109,9 @@ std::vector<double> SamplingDistributionRef(const float* logits, int32_t vocab, 
   return probs;
 }
 
-int32_t SampleRef(const float* logits, int32_t vocab, const SamplingRow& row) {
+int32_t SampleRef(const float* raw, int32_t vocab, const SamplingRow& row) {
+  const std::vector<float> adjusted = AdjustedRowRef(raw, vocab, row);
+  const float* logits = adjusted.data();
   if (Greedy(row)) return Argmax(logits, vocab);
   const uint32_t threshold = SurvivorKey(logits, vocab, row);
   int32_t best = -1;

@@ -2,6 +2,8 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
+
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -33,6 +35,30 @@ s::FinishReason ToSchema(FinishReason r) {
   return s::FinishReason::ERROR;
 }
 
+void SetLogprobs(capnp::List<s::TokenLogprob>::Builder out, const std::vector<TokenLogprob>& in) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    auto e = out[static_cast<unsigned>(i)];
+    e.setToken(in[i].token);
+    e.setLogprob(in[i].logprob);
+    auto top = e.initTop(static_cast<unsigned>(in[i].top.size()));
+    for (size_t k = 0; k < in[i].top.size(); ++k) {
+      top[static_cast<unsigned>(k)].setToken(in[i].top[k].first);
+      top[static_cast<unsigned>(k)].setLogprob(in[i].top[k].second);
+    }
+  }
+}
+
+std::vector<TokenLogprob> GetLogprobs(capnp::List<s::TokenLogprob>::Reader in) {
+  std::vector<TokenLogprob> out;
+  out.reserve(in.size());
+  for (auto e : in) {
+    TokenLogprob t{e.getToken(), e.getLogprob(), {}};
+    for (auto k : e.getTop()) t.top.emplace_back(k.getToken(), k.getLogprob());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
@@ -56,6 +82,17 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
   }
   sp.setIgnoreEos(p.sampling.ignore_eos);
   sp.setN(p.sampling.n);
+  sp.setPresencePenalty(p.sampling.presence_penalty);
+  sp.setFrequencyPenalty(p.sampling.frequency_penalty);
+  sp.setRepetitionPenalty(p.sampling.repetition_penalty);
+  sp.setMinP(p.sampling.min_p);
+  auto bias = sp.initLogitBias(static_cast<unsigned>(p.sampling.logit_bias.size()));
+  for (size_t i = 0; i < p.sampling.logit_bias.size(); ++i) {
+    bias[static_cast<unsigned>(i)].setToken(p.sampling.logit_bias[i].first);
+    bias[static_cast<unsigned>(i)].setBias(p.sampling.logit_bias[i].second);
+  }
+  sp.setLogprobs(static_cast<int8_t>(std::clamp(p.sampling.logprobs, -1, 127)));
+  sp.setPromptLogprobs(p.sampling.prompt_logprobs);
   auto r = g.initRetention();
   auto ranges = r.initRanges(static_cast<unsigned>(p.retention.ranges.size()));
   for (size_t i = 0; i < p.retention.ranges.size(); ++i) {
@@ -109,6 +146,8 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       auto u = d.getUsage();
       out.usage = {u.getPromptTokens(), u.getCachedDeviceTokens(), u.getCachedHostTokens(), u.getCompletionTokens(),
                    u.getTimeToFirstTokenUs()};
+      out.logprobs = GetLogprobs(d.getLogprobs());
+      out.prompt_logprobs = GetLogprobs(d.getPromptLogprobs());
       return FromWorkerMessage(std::move(out));
     }
     if (root.isError()) {
@@ -152,6 +191,13 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     for (auto t : sp.getStopTokenIds()) out.params.sampling.stop_token_ids.push_back(t);
     out.params.sampling.ignore_eos = sp.getIgnoreEos();
     out.params.sampling.n = sp.getN();
+    out.params.sampling.presence_penalty = sp.getPresencePenalty();
+    out.params.sampling.frequency_penalty = sp.getFrequencyPenalty();
+    out.params.sampling.repetition_penalty = sp.getRepetitionPenalty();
+    out.params.sampling.min_p = sp.getMinP();
+    for (auto b : sp.getLogitBias()) out.params.sampling.logit_bias.emplace_back(b.getToken(), b.getBias());
+    out.params.sampling.logprobs = sp.getLogprobs();
+    out.params.sampling.prompt_logprobs = sp.getPromptLogprobs();
     auto retention = g.getRetention();
     for (auto r : retention.getRanges()) {
       RetentionRange rr;
@@ -184,6 +230,10 @@ std::string EncodeDelta(const WorkerDelta& d) {
   u.setCachedHostTokens(d.usage.cached_host_tokens);
   u.setCompletionTokens(d.usage.completion_tokens);
   u.setTimeToFirstTokenUs(d.usage.time_to_first_token_us);
+  if (!d.logprobs.empty()) SetLogprobs(out.initLogprobs(static_cast<unsigned>(d.logprobs.size())), d.logprobs);
+  if (!d.prompt_logprobs.empty()) {
+    SetLogprobs(out.initPromptLogprobs(static_cast<unsigned>(d.prompt_logprobs.size())), d.prompt_logprobs);
+  }
   return wire::Encode(message);
 }
 

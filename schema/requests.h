@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <variant>
 #include <vector>
@@ -44,6 +45,21 @@ struct SamplingParams {
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
   uint32_t n = 1;  // sequences sampled from the prompt; each Delta names its index
+  // Logit processing (schema/README.md: order and ranges). Defaults are off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  float min_p = 0.0f;
+  std::vector<std::pair<TokenId, float>> logit_bias;  // (token, bias)
+  int32_t logprobs = -1;        // -1: none; 0..20 top entries
+  bool prompt_logprobs = false;
+};
+
+// A token's logprob under the raw logits and the most likely tokens at its position.
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<TokenId, float>> top;  // descending logprob
 };
 
 struct GenerateParams {
@@ -71,6 +87,8 @@ struct WorkerDelta {
   std::vector<TokenId> tokens;
   FinishReason finish = FinishReason::kNone;
   WorkerUsage usage;
+  std::vector<TokenLogprob> logprobs;         // one per token of `tokens` when asked for
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1..n-1, first delta only
 };
 
 // schema/worker.capnp's ErrorCode, value for value.

@@ -36,6 +36,33 @@ struct Sampling {
   stopTokenIds @6 :List(UInt32);
   ignoreEos @7 :Bool;
   n @8 :UInt32 = 1;               # sequences sampled from the prompt (OpenAI's n); Deltas carry their index
+  # Logit processing, in this order (kernels/sampling.h): logitBias, repetitionPenalty,
+  # frequency/presencePenalty, temperature, minP with topK, topP.
+  presencePenalty @9 :Float32;    # OpenAI: minus this once for every token generated at least once
+  frequencyPenalty @10 :Float32;    # OpenAI: minus this times the token's count in the generated tokens
+  repetitionPenalty @11 :Float32 = 1.0;  # HF/vLLM, over prompt + generated: positive logits divided, negative multiplied; 1: off
+  minP @12 :Float32;              # keep tokens with probability >= minP * the top probability; 0: off
+  logitBias @13 :List(LogitBias); # at most 300 entries, distinct tokens
+  logprobs @14 :Int8 = -1;        # -1: none; 0..20: the sampled token's logprob and this many top entries
+  promptLogprobs @15 :Bool;       # also every prompt token's logprob (first: none), with `logprobs` top entries
+}
+
+struct LogitBias {
+  token @0 :UInt32;
+  bias @1 :Float32;  # added to the raw logit, in [-100, 100]
+}
+
+# A token's log-probability under the model's raw logits (before bias, penalties and
+# temperature, as OpenAI and vLLM report them), and the most likely tokens at that position.
+struct TopLogprob {
+  token @0 :UInt32;
+  logprob @1 :Float32;
+}
+
+struct TokenLogprob {
+  token @0 :UInt32;
+  logprob @1 :Float32;
+  top @2 :List(TopLogprob);  # descending logprob, lowest id first on ties
 }
 
 struct Generate {
@@ -75,6 +102,8 @@ struct Delta {
   usage @3 :Usage;           # final counts once finishReason != none; running counts before
   index @4 :UInt32;          # the sequence (0..n-1) of a request of Sampling.n; its finishReason is that
                              # sequence's, and the request ends once all n have finished
+  logprobs @5 :List(TokenLogprob);        # with Sampling.logprobs >= 0: one per token, in order
+  promptLogprobs @6 :List(TokenLogprob);  # with promptLogprobs: prompt tokens 1.. (token 0 has none), in the first Delta only
 }
 
 enum ErrorCode {

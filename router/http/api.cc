@@ -337,6 +337,19 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 
 // One request's answer, fed by its lane: on the HTTP I/O thread that read the request.
 class RequestStream final : public ResponseSink {
+ private:
+  // One per choice (the worker's sequence of that index): its own detokenizer and stop strings.
+  struct Choice {
+    std::unique_ptr<StreamDecoder> decoder;
+    StopMatcher stops;
+    std::string text;     // not streamed: the answer so far
+    std::string finish;   // empty: still generating
+    bool first_chunk = true;
+    bool echoed = false;       // echo: the prompt went out ahead of this choice's text
+    ChoiceLogprobs logprobs;   // not streamed: the whole choice's
+    size_t text_offset = 0;    // the choice's text so far, in token texts (completions' text_offset)
+  };
+
  public:
   RequestStream(std::shared_ptr<ApiImpl> api, std::shared_ptr<http::Exchange> ex, CompletionRequest req,
                 std::string id, TimeNs arrived, TimeNs routed, uint32_t prompt_tokens)
@@ -367,6 +380,14 @@ class RequestStream final : public ResponseSink {
   // queue full): the predicted time to first token where it was routed.
   void set_retry_after(int seconds) { retry_after_s_ = seconds; }
 
+  // echo: the prompt's text and ids, sent ahead of the first generated text. A request with
+  // max_tokens 0 asks the worker for one token (a prefill samples one) and drops it.
+  void set_echo(std::string text, std::vector<TokenId> prompt, bool drop_generated) {
+    echo_text_ = std::move(text);
+    echo_prompt_ = std::move(prompt);
+    drop_generated_ = drop_generated;
+  }
+
   void OnDelta(WorkerId worker, const WorkerDelta& d) override {
     if (done_) return;
     if (d.index >= choices_.size()) {
@@ -379,6 +400,43 @@ class RequestStream final : public ResponseSink {
     Choice& c = choices_[d.index];
     if (!c.finish.empty()) return;  // a stop string ended this choice; the worker goes on with the rest
     TimeNs now = api_->clock_->Now();
+    // The echoed prompt (and its logprobs) goes first in every choice, outside the stop
+    // strings. The worker sends the prompt's logprobs once, in its first Delta (sequence 0's,
+    // which comes before the others: they fork from it).
+    if (!d.prompt_logprobs.empty() && prompt_logprobs_.empty() && !echo_prompt_.empty()) {
+      prompt_logprobs_.push_back(LogprobEntry{TokenText(echo_prompt_[0]), std::nullopt, {}});
+      AppendLogprobEntries(d.prompt_logprobs, [this](TokenId t) { return TokenText(t); }, &prompt_logprobs_);
+    }
+    std::string echo;
+    ChoiceLogprobs chunk_lp;
+    chunk_lp.text_offset = c.text_offset;
+    if (req_.echo && !c.echoed) {
+      c.echoed = true;
+      echo = echo_text_;
+      if (req_.logprobs >= 0) chunk_lp.entries = prompt_logprobs_;
+    }
+    if (drop_generated_) {
+      WorkerDelta none = d;
+      none.tokens.clear();
+      if (none.finish != FinishReason::kNone || !echo.empty()) EmitDelta(worker, none, c, echo, &chunk_lp, now);
+      return;
+    }
+    if (req_.logprobs >= 0) {
+      AppendLogprobEntries(d.logprobs, [this](TokenId t) { return TokenText(t); }, &chunk_lp.entries);
+    }
+    EmitDelta(worker, d, c, echo, &chunk_lp, now);
+  }
+
+ private:
+  // A token's text alone, for logprobs.
+  std::string TokenText(TokenId t) const {
+    auto decoder = api_->codecs_.For(req_.model)->NewDecoder();
+    std::string s = decoder->Push(t);
+    return s + decoder->Finish();
+  }
+
+  void EmitDelta(WorkerId worker, const WorkerDelta& d, Choice& c, const std::string& echo, ChoiceLogprobs* lp,
+                 TimeNs now) {
     if (!first_ && !d.tokens.empty()) {
       first_ = true;
       timings_.first_delta = now;
@@ -396,7 +454,9 @@ class RequestStream final : public ResponseSink {
     }
     if (d.finish != FinishReason::kNone) text += c.decoder->Finish();
     bool stopped = false;
-    std::string out = c.stops.Push(text, &stopped);
+    std::string out = echo + c.stops.Push(text, &stopped);
+    for (const LogprobEntry& e : lp->entries) c.text_offset += e.token.size();
+    const bool with_lp = req_.logprobs >= 0;
     usage_.prompt_tokens = d.usage.prompt_tokens > 0 ? d.usage.prompt_tokens : prompt_tokens_;
     usage_.cached_tokens = d.usage.cached_device_tokens + d.usage.cached_host_tokens;
     usage_.completion_tokens = completion_tokens_;  // summed over the choices
@@ -420,8 +480,8 @@ class RequestStream final : public ResponseSink {
         started_ = true;
         ex_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), api_->fleet_->WorkerName(worker)}});
       }
-      if (!out.empty() || (c.first_chunk && req_.chat)) {
-        ex_->Write(FormatChunk(req_, id_, created_, out, "", c.first_chunk, d.index));
+      if (!out.empty() || (c.first_chunk && req_.chat) || !lp->entries.empty()) {
+        ex_->Write(FormatChunk(req_, id_, created_, out, "", c.first_chunk, d.index, with_lp ? lp : nullptr));
         if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = api_->clock_->Now();
         c.first_chunk = false;
       }
@@ -429,9 +489,14 @@ class RequestStream final : public ResponseSink {
       if (!c.finish.empty()) ex_->Write(FormatChunk(req_, id_, created_, "", c.finish, false, d.index));
     } else {
       c.text += out;
+      if (with_lp) {
+        for (LogprobEntry& e : lp->entries) c.logprobs.entries.push_back(std::move(e));
+      }
     }
     if (all_done) End(worker);
   }
+
+ public:
 
   void OnError(WorkerId worker, const Status& status, bool after_first_token) override {
     if (done_) return;
@@ -491,7 +556,9 @@ class RequestStream final : public ResponseSink {
       http::Response r;
       r.headers.emplace_back(kWorkerHeader, usage_.worker);
       std::vector<ChoiceText> choices;
-      for (Choice& c : choices_) choices.push_back(ChoiceText{std::move(c.text), c.finish});
+      for (Choice& c : choices_) {
+        choices.push_back(ChoiceText{std::move(c.text), c.finish, req_.logprobs >= 0 ? &c.logprobs : nullptr});
+      }
       r.body = FormatCompletion(req_, id_, created_, choices, usage_);
       ex_->Reply(std::move(r));
     }
@@ -506,14 +573,6 @@ class RequestStream final : public ResponseSink {
   TimeNs arrived_;
   TimeNs last_;
   uint32_t prompt_tokens_;
-  // One per choice (the worker's sequence of that index): its own detokenizer and stop strings.
-  struct Choice {
-    std::unique_ptr<StreamDecoder> decoder;
-    StopMatcher stops;
-    std::string text;     // not streamed: the answer so far
-    std::string finish;   // empty: still generating
-    bool first_chunk = true;
-  };
   std::vector<Choice> choices_;
   size_t finished_choices_ = 0;
   Lane* lane_ = nullptr;
@@ -527,6 +586,11 @@ class RequestStream final : public ResponseSink {
   RouterTimings timings_;
   TimeNs last_sent_ = 0;  // the latest send, a retry's included (queue time)
   UsageCounts usage_;
+  // Echo (the same prompt ahead of every choice) and its logprobs.
+  std::string echo_text_;
+  std::vector<TokenId> echo_prompt_;
+  std::vector<LogprobEntry> prompt_logprobs_;  // the prompt's entries, from the worker's first Delta
+  bool drop_generated_ = false;
 };
 
 void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
@@ -614,6 +678,29 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   params.sampling.ignore_eos = req.ignore_eos;
   params.sampling.stop_token_ids = std::move(req.stop_token_ids);
   params.sampling.n = req.n;
+  params.sampling.presence_penalty = req.presence_penalty;
+  params.sampling.frequency_penalty = req.frequency_penalty;
+  params.sampling.repetition_penalty = req.repetition_penalty;
+  params.sampling.min_p = req.min_p;
+  params.sampling.logit_bias = req.logit_bias;
+  params.sampling.logprobs = req.logprobs;
+  params.sampling.prompt_logprobs = req.echo && req.logprobs >= 0;
+  // max_tokens 0 (echo only): the worker samples one token after the prompt; it is dropped.
+  const bool drop_generated = req.echo && max_tokens == 0;
+  if (drop_generated) params.sampling.max_tokens = 1;
+  const bool echo = req.echo;
+  std::string echo_text;
+  std::vector<TokenId> echo_prompt;
+  if (echo) {
+    if (req.prompt_text) {
+      echo_text = *req.prompt_text;
+    } else {
+      auto decoder = codec.NewDecoder();
+      for (TokenId t : params.tokens) echo_text += decoder->Push(t);
+      echo_text += decoder->Finish();
+    }
+    if (req.logprobs >= 0) echo_prompt = params.tokens;
+  }
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
   params.model = req.model;
@@ -656,6 +743,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   Lane* lane = LaneOf(ex->io_thread());
   uint64_t handle = lane->NewHandle();
   stream->set_lane(lane, handle);
+  if (echo) stream->set_echo(std::move(echo_text), std::move(echo_prompt), drop_generated);
   stream->set_retry_after(RetryAfterSeconds(decision->estimated_ttft_s));
   lane->Submit(handle, std::move(fwd));
   stream->MarkSent(clock_->Now());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +148,94 @@ void AddExtension(json& j, const UsageCounts& u) {
 
 json FinishJson(std::string_view finish) { return finish.empty() ? json(nullptr) : json(std::string(finish)); }
 
+// Penalties, min_p, logit_bias and logprobs (the completions and chat shapes of the last).
+Status ParseLogitControls(const json& j, const RequestLimits& limits, CompletionRequest* r) {
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "presence_penalty", &r->presence_penalty, -2, 2, false));
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "frequency_penalty", &r->frequency_penalty, -2, 2, false));
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "repetition_penalty", &r->repetition_penalty, 0, 100, false));
+  if (r->repetition_penalty <= 0) return Bad("'repetition_penalty' must be greater than 0", "repetition_penalty");
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "min_p", &r->min_p, 0, 1, false));
+  if (auto bias = j.find("logit_bias"); bias != j.end() && !bias->is_null()) {
+    if (!bias->is_object()) return Bad("'logit_bias' must be an object of token id -> bias", "logit_bias");
+    if (bias->size() > limits.max_logit_bias) {
+      return Bad("'logit_bias' may hold at most " + std::to_string(limits.max_logit_bias) + " tokens", "logit_bias");
+    }
+    for (const auto& [key, value] : bias->items()) {
+      char* end = nullptr;
+      const unsigned long long id = std::strtoull(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || key[0] == '-' || key[0] == '+' || id > 0xffffffffull) {
+        return Bad("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+        return Bad("'logit_bias' values must be numbers between -100 and 100 (token " + key + ")", "logit_bias");
+      }
+      r->logit_bias.emplace_back(static_cast<TokenId>(id), value.get<float>());
+    }
+  }
+  const int32_t max_lp = limits.max_logprobs;
+  if (r->chat) {
+    bool want = false;
+    KVF_RETURN_IF_ERROR(ReadBool(j, "logprobs", &want));
+    int32_t top = -1;
+    KVF_RETURN_IF_ERROR(ReadNumber(j, "top_logprobs", &top, 0, max_lp, true));
+    if (top >= 0 && !want) return Bad("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    if (want) r->logprobs = std::max(top, 0);
+  } else {
+    if (auto lp = j.find("logprobs"); lp != j.end() && lp->is_boolean()) {
+      return Bad("'logprobs' must be an integer 0.." + std::to_string(max_lp) + " on /v1/completions", "logprobs");
+    }
+    KVF_RETURN_IF_ERROR(ReadNumber(j, "logprobs", &r->logprobs, 0, max_lp, true));
+    if (auto top = j.find("top_logprobs"); top != j.end() && !top->is_null()) {
+      return Bad("'top_logprobs' is a chat field; /v1/completions takes 'logprobs' 0.." + std::to_string(max_lp),
+                 "top_logprobs");
+    }
+  }
+  return Status::Ok();
+}
+
+// A choice's "logprobs": completions' four parallel arrays, or chat's content list.
+json LogprobsJson(const CompletionRequest& req, const ChoiceLogprobs& lp) {
+  if (req.chat) {
+    auto bytes = [](const std::string& s) {
+      json b = json::array();
+      for (unsigned char c : s) b.push_back(c);
+      return b;
+    };
+    json content = json::array();
+    for (const LogprobEntry& e : lp.entries) {
+      json top = json::array();
+      for (const auto& [t, v] : e.top) top.push_back({{"token", t}, {"logprob", v}, {"bytes", bytes(t)}});
+      content.push_back({{"token", e.token}, {"logprob", e.logprob.value_or(0.0f)}, {"bytes", bytes(e.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  size_t offset = lp.text_offset;
+  for (const LogprobEntry& e : lp.entries) {
+    tokens.push_back(e.token);
+    offsets.push_back(offset);
+    offset += e.token.size();
+    if (!e.logprob) {  // the prompt's first token: nothing conditions it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(*e.logprob);
+    // OpenAI: the sampled token's logprob is always in the map (so up to logprobs + 1 keys).
+    json top = json::object();
+    for (const auto& [t, v] : e.top) {
+      if (!top.contains(t)) top[t] = v;
+    }
+    if (!top.contains(e.token)) top[e.token] = *e.logprob;
+    top_logprobs.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
 }  // namespace
 
 std::string ApiError::ToJson() const {
@@ -226,7 +315,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   uint32_t max_tokens = 0;
   const char* max_name = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (j.contains(max_name) && !j[max_name].is_null()) {
-    KVF_RETURN_IF_ERROR(ReadNumber(j, max_name, &max_tokens, 1, limits.max_tokens_cap, true));
+    // 0: only with echo (checked below), to score a prompt as lm-evaluation-harness does.
+    KVF_RETURN_IF_ERROR(ReadNumber(j, max_name, &max_tokens, 0, limits.max_tokens_cap, true));
     r.max_tokens = max_tokens;
   }
   KVF_RETURN_IF_ERROR(ReadNumber(j, "temperature", &r.temperature, 0, 2, false));
@@ -271,6 +361,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
       r.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
     }
   }
+  KVF_RETURN_IF_ERROR(ParseLogitControls(j, limits, &r));
   KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &r.n, 1, limits.max_n, true));
   if (auto best_of = j.find("best_of"); best_of != j.end() && !best_of->is_null()) {
     // best_of > n ranks candidates by their log probability and returns the n best; kvfleet
@@ -281,7 +372,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
                  "best_of");
     }
   }
-  for (const char* unsupported : {"logprobs", "top_logprobs", "suffix", "tools", "functions", "logit_bias"}) {
+  for (const char* unsupported : {"suffix", "tools", "functions"}) {
     auto it = j.find(unsupported);
     if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
         (it->is_array() && it->empty()) || (it->is_object() && it->empty())) {
@@ -289,14 +380,10 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
     }
     return Bad(std::string("'") + unsupported + "' is not supported", unsupported);
   }
-  for (const char* penalty : {"frequency_penalty", "presence_penalty"}) {
-    double v = 0;
-    KVF_RETURN_IF_ERROR(ReadNumber(j, penalty, &v, -2, 2, false));
-    if (v != 0) return Bad(std::string("'") + penalty + "' is not supported (only 0)", penalty);
-  }
   KVF_RETURN_IF_ERROR(ReadBool(j, "stream", &r.stream));
   KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));
-  if (r.echo) return Bad("'echo' is not supported", "echo");
+  if (r.echo && chat) return Bad("'echo' is only supported on /v1/completions", "echo");
+  if (r.max_tokens == 0u && !r.echo) return Bad("'" + std::string(max_name) + "' must be >= 1 (0 only with echo)", max_name);
   if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return Bad("'stream_options' must be an object", "stream_options");
     if (!r.stream) return Bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
@@ -329,15 +416,19 @@ std::string_view FinishReasonText(FinishReason reason) {
 }
 
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
-                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage) {
-  return FormatCompletion(req, id, created, {ChoiceText{std::string(text), std::string(finish_reason)}}, usage);
+                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage,
+                             const ChoiceLogprobs* logprobs) {
+  return FormatCompletion(req, id, created, {ChoiceText{std::string(text), std::string(finish_reason), logprobs}},
+                          usage);
 }
 
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
                              const std::vector<ChoiceText>& choices, const UsageCounts& usage) {
   json array = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    json choice = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", FinishJson(choices[i].finish_reason)}};
+    json choice = {{"index", i},
+                   {"logprobs", choices[i].logprobs ? LogprobsJson(req, *choices[i].logprobs) : json(nullptr)},
+                   {"finish_reason", FinishJson(choices[i].finish_reason)}};
     if (req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
     } else {
@@ -356,8 +447,10 @@ std::string FormatCompletion(const CompletionRequest& req, std::string_view id, 
 }
 
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first, uint32_t index) {
-  json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
+                        std::string_view finish_reason, bool first, uint32_t index, const ChoiceLogprobs* logprobs) {
+  json choice = {{"index", index},
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json(nullptr)},
+                 {"finish_reason", FinishJson(finish_reason)}};
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

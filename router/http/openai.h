@@ -2,6 +2,13 @@
 // /v1/chat/completions: parsing a request body into a CompletionRequest (every check that
 // earns a 400), and formatting responses, stream chunks and error objects.
 //
+// Sampling fields besides OpenAI's: `top_k`, `min_p` ([0, 1]) and `repetition_penalty` (> 0,
+// HF/vLLM over prompt + generated tokens), as vLLM takes them; `logit_bias` (OpenAI's: token id
+// string -> [-100, 100], at most 300), `presence_penalty` and `frequency_penalty` ([-2, 2]).
+// Logprobs: completions `logprobs` 0..20 (+ `echo`: the prompt's text and, with logprobs, its
+// tokens' logprobs, the first null; `max_tokens` 0 with echo scores the prompt alone, as
+// lm-evaluation-harness asks), chat `logprobs` + `top_logprobs` 0..20, in OpenAI's shapes.
+//
 // Extensions (in the request body): `kv_retention` (TensorRT-LLM KvCacheRetentionConfig:
 // {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
 // "decode_duration_ms"}), `cache_salt`, `ignore_eos`, `top_k`, `stop_token_ids` (vLLM's: ids that
@@ -55,6 +62,12 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<TokenId> stop_token_ids;
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+  float repetition_penalty = 1.0f; // (0, 100]
+  float min_p = 0.0f;              // [0, 1]
+  std::vector<std::pair<TokenId, float>> logit_bias;
+  int32_t logprobs = -1;  // top entries per token (completions logprobs, chat top_logprobs); -1: none
   bool stream = false;
   bool include_usage = false;
   bool echo = false;
@@ -74,6 +87,8 @@ struct RequestLimits {
   // Every generated token is compared with each: a model needs a handful (its end-of-turn
   // ids), so a longer list is a mistake, not a use.
   size_t max_stop_token_ids = 256;
+  size_t max_logit_bias = 300;       // OpenAI's limit
+  int32_t max_logprobs = 20;         // OpenAI's top_logprobs limit
   uint32_t max_tokens_cap = 1 << 20;
   FieldRule fields;  // which top-level fields pass (request_fields.h)
   // Choices per request: each is a sequence decoding in the worker's batch beside the rest
@@ -114,22 +129,48 @@ struct UsageCounts {
 
 std::string_view FinishReasonText(FinishReason reason);  // "stop", "length", ...
 
-// One choice of a whole response.
+// One token of a choice's logprobs, as text: the token's own text (decoded alone) and its
+// top entries'. No logprob: the prompt's first token (null in the completions shape).
+struct LogprobEntry {
+  std::string token;
+  std::optional<float> logprob;
+  std::vector<std::pair<std::string, float>> top;
+};
+// A choice's (or a chunk's) logprobs; text_offset: where entries[0]'s text starts in the
+// choice's whole text (completions' text_offset counts from there, token text by token text).
+struct ChoiceLogprobs {
+  std::vector<LogprobEntry> entries;
+  size_t text_offset = 0;
+};
+// Entries for the worker's logprobs, each token's text from `text`.
+template <typename TextOf>
+void AppendLogprobEntries(const std::vector<TokenLogprob>& lps, const TextOf& text, std::vector<LogprobEntry>* out) {
+  for (const TokenLogprob& lp : lps) {
+    LogprobEntry e{text(lp.token), lp.logprob, {}};
+    for (const auto& [token, logprob] : lp.top) e.top.emplace_back(text(token), logprob);
+    out->push_back(std::move(e));
+  }
+}
+
+// One choice of a whole response. `logprobs`: the choice's, or null.
 struct ChoiceText {
   std::string text;
   std::string finish_reason;
+  const ChoiceLogprobs* logprobs = nullptr;
 };
 
 // Whole responses: choices[i] gets index i.
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
                              const std::vector<ChoiceText>& choices, const UsageCounts& usage);
 std::string FormatCompletion(const CompletionRequest& req, std::string_view id, int64_t created,
-                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage);
+                             std::string_view text, std::string_view finish_reason, const UsageCounts& usage,
+                             const ChoiceLogprobs* logprobs = nullptr);
 // One SSE event ("data: {...}\n\n") carrying a text delta of choice `index`;
 // `finish_reason` empty: null. For chat, `first` (the choice's first chunk) adds the
-// assistant role.
+// assistant role. `logprobs`: the chunk's tokens', or null.
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first, uint32_t index = 0);
+                        std::string_view finish_reason, bool first, uint32_t index = 0,
+                        const ChoiceLogprobs* logprobs = nullptr);
 // The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
 std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
                              const UsageCounts& usage);

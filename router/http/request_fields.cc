@@ -77,8 +77,8 @@ constexpr std::array kFields = {
     RequestField{"chat_template_kwargs", kChatField, kVllm, kHonoured, ""},
     RequestField{"add_generation_prompt", kChatField, kVllm, kHonoured, ""},
     RequestField{"continue_final_message", kChatField, kVllm, kHonoured, ""},
-    RequestField{"min_p", kBothFields, kVllm, kRefused, "[0]"},
-    RequestField{"repetition_penalty", kBothFields, kVllm, kRefused, "[1]"},
+    RequestField{"min_p", kBothFields, kVllm, kParsed, ""},
+    RequestField{"repetition_penalty", kBothFields, kVllm, kParsed, ""},
     RequestField{"min_tokens", kBothFields, kVllm, kRefused, "[0]"},
     // kvfleet's streams never show special tokens.
     RequestField{"skip_special_tokens", kBothFields, kVllm, kRefused, "[true]"},

@@ -349,6 +349,47 @@ void BenchSmall(const Limits& lim) {
     std::snprintf(name, sizeof(name), "sampling top-k 50 top-p 0.9 b=%d vocab 128256", batch);
     Report(name, double(batch) * vocab * 4 / ms / 1e6, "GB/s", lim.copy_gbs, ms);
   }
+  // The same launch with every row asking for 20 top logprobs and 300 adjustments (penalties,
+  // logit_bias; applied in place, so repeats drift the values, not the work), and the prompt-row
+  // logprobs kernel.
+  {
+    const int batch = 64, vocab = 128256, per_row = 300;
+    std::vector<float> logits(size_t(batch) * vocab);
+    std::mt19937 rng(16);
+    std::normal_distribution<float> nd(0, 3);
+    for (auto& l : logits) l = nd(rng);
+    std::vector<LogitAdjust> adjust;
+    std::vector<int32_t> begin = {0};
+    for (int b = 0; b < batch; ++b) {
+      for (int k = 0; k < per_row; ++k) adjust.push_back({k * 401 % vocab, 0.5f, 1.2f, 0.3f});
+      begin.push_back(static_cast<int32_t>(adjust.size()));
+    }
+    DeviceBuffer<float> dl(logits), temp(std::vector<float>(batch, 0.8f)), top_p(std::vector<float>(batch, 0.9f));
+    DeviceBuffer<float> min_p(std::vector<float>(batch, 0.05f)), raw(adjust.size()), lp(batch),
+        top_lp(size_t(batch) * kMaxTopLogprobs);
+    DeviceBuffer<int32_t> top_k(std::vector<int32_t>(batch, 50)), out(batch), dbegin(begin),
+        nlp(std::vector<int32_t>(batch, 20)), top_tok(size_t(batch) * kMaxTopLogprobs);
+    DeviceBuffer<uint64_t> seed(std::vector<uint64_t>(batch, 1)), step(std::vector<uint64_t>(batch, 0));
+    DeviceBuffer<LogitAdjust> dadj(adjust.size());
+    dadj.Upload(adjust);
+    SamplingParams p{dl.get(), temp.get(), top_k.get(), top_p.get(), seed.get(), step.get(), out.get(), batch, vocab};
+    p.min_p = min_p.get();
+    p.adjust_begin = dbegin.get();
+    p.adjust = dadj.get();
+    p.adjust_raw = raw.get();
+    p.logprobs = nlp.get();
+    p.token_logprob = lp.get();
+    p.top_tokens = top_tok.get();
+    p.top_logprobs = top_lp.get();
+    double ms = TimeMs([&] { KVF_CUDA_OK(LaunchSampling(p, nullptr)); });
+    Report("sampling + 20 logprobs + 300 adjustments b=64 vocab 128256", double(batch) * vocab * 4 / ms / 1e6, "GB/s",
+           lim.copy_gbs, ms);
+    DeviceBuffer<int32_t> target(std::vector<int32_t>(batch, 7));
+    LogprobsParams q{dl.get(), target.get(), 20, lp.get(), top_tok.get(), top_lp.get(), batch, vocab};
+    ms = TimeMs([&] { KVF_CUDA_OK(LaunchLogprobs(q, nullptr)); });
+    Report("prompt-row logprobs top 20, 64 rows vocab 128256", double(batch) * vocab * 4 / ms / 1e6, "GB/s",
+           lim.copy_gbs, ms);
+  }
 }
 
 // Offload / onboard of 256 random blocks of a llama-8b pool (32 layers, 8 KV heads, B=16:

@@ -1,9 +1,12 @@
 // Sampling kernel: greedy is the argmax; sampled tokens always lie in the reference's surviving
-// set (top-k, top-p), equal the reference's draw for the same seed, repeat for the same seed,
-// and follow the reference distribution over many seeds.
+// set (top-k, top-p, min_p, after the adjustments), equal the reference's draw for the same
+// seed, repeat for the same seed, and follow the reference distribution over many seeds;
+// logprobs (sampled and prompt rows) match the double log-softmax of the raw logits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "kernels/sampling.h"
 #include "kernels/sampling_ref.h"
@@ -110,6 +113,155 @@ TEST_CASE("draws over many seeds follow the top-k / top-p distribution") {
     const double expect = probs[v] * n, sd = std::sqrt(n * probs[v] * (1 - probs[v]));
     CHECK(std::abs(counts[v] - expect) <= 5 * sd + 1);
   }
+}
+
+// One launch with every per-sequence setting, logprobs included.
+struct FullOut {
+  std::vector<int32_t> tokens, top_tokens;
+  std::vector<float> token_logprob, top_logprobs;
+};
+FullOut SampleFull(const std::vector<float>& logits, int vocab, const std::vector<SamplingRow>& rows,
+                   const std::vector<int32_t>& logprobs) {
+  const int n = static_cast<int>(rows.size());
+  std::vector<float> temp(n), top_p(n), min_p(n);
+  std::vector<int32_t> top_k(n), begin(n + 1, 0);
+  std::vector<uint64_t> seed(n), step(n);
+  std::vector<LogitAdjust> adjust;
+  for (int i = 0; i < n; ++i) {
+    temp[i] = rows[i].temperature;
+    top_k[i] = rows[i].top_k;
+    top_p[i] = rows[i].top_p;
+    min_p[i] = rows[i].min_p;
+    seed[i] = rows[i].seed;
+    step[i] = rows[i].step;
+    adjust.insert(adjust.end(), rows[i].adjust.begin(), rows[i].adjust.end());
+    begin[i + 1] = static_cast<int32_t>(adjust.size());
+  }
+  DeviceBuffer<float> dl(logits), dt(temp), dp(top_p), dm(min_p), draw(std::max<size_t>(adjust.size(), 1));
+  DeviceBuffer<int32_t> dk(top_k), dout(n), db(begin), dlp(logprobs), dtt(size_t(n) * kMaxTopLogprobs);
+  DeviceBuffer<uint64_t> ds(seed), dstep(step);
+  DeviceBuffer<LogitAdjust> da(std::max<size_t>(adjust.size(), 1));
+  if (!adjust.empty()) da.Upload(adjust);
+  DeviceBuffer<float> dtl(n), dtv(size_t(n) * kMaxTopLogprobs);
+  dout.Poison();
+  dtl.Poison();
+  SamplingParams p{dl.get(), dt.get(), dk.get(), dp.get(), ds.get(), dstep.get(), dout.get(), n, vocab};
+  p.min_p = dm.get();
+  p.adjust_begin = db.get();
+  p.adjust = da.get();
+  p.adjust_raw = draw.get();
+  p.logprobs = dlp.get();
+  p.token_logprob = dtl.get();
+  p.top_tokens = dtt.get();
+  p.top_logprobs = dtv.get();
+  KVF_CUDA_OK(LaunchSampling(p, nullptr));
+  KVF_CUDA_OK(cudaDeviceSynchronize());
+  return {dout.Download(), dtt.Download(), dtl.Download(), dtv.Download()};
+}
+
+// Distinct random tokens with random adjustments: logit_bias (some +-100), repetition, counts.
+std::vector<LogitAdjust> RandomAdjust(int vocab, int n, std::mt19937& rng) {
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<LogitAdjust> out;
+  for (int i = 0; i < n; ++i) {
+    LogitAdjust a;
+    a.token = ids[i];
+    const float r = u(rng);
+    a.bias = r < 0.05f ? -100.f : r < 0.08f ? 100.f : r < 0.5f ? (u(rng) - 0.5f) * 10.f : 0.f;
+    a.repetition = u(rng) < 0.5f ? 1.f : 0.8f + u(rng) * 0.7f;
+    a.subtract = u(rng) < 0.5f ? 0.f : (u(rng) - 0.3f) * 4.f;
+    out.push_back(a);
+  }
+  std::sort(out.begin(), out.end(), [](const LogitAdjust& a, const LogitAdjust& b) { return a.token < b.token; });
+  return out;
+}
+
+TEST_CASE("random per-sequence adjustments, min_p and logprobs share one launch and match the reference") {
+  std::mt19937 rng(23);
+  for (int vocab : {1000, 1001, 32000, 128256}) {
+    std::vector<SamplingRow> rows;
+    std::vector<int32_t> logprobs;
+    std::uniform_int_distribution<int> pick(0, 99);
+    for (uint64_t s = 0; s < 48; ++s) {
+      SamplingRow r;
+      r.seed = 77 + s;
+      r.step = s * 3;
+      r.temperature = pick(rng) < 25 ? 0.f : 0.5f + pick(rng) / 100.f;
+      r.top_k = pick(rng) < 30 ? 50 : 0;
+      r.top_p = pick(rng) < 30 ? 0.9f : 1.f;
+      r.min_p = pick(rng) < 40 ? 0.05f : 0.f;
+      r.adjust = RandomAdjust(vocab, pick(rng) < 30 ? 0 : 1 + pick(rng) * 3, rng);
+      rows.push_back(r);
+      logprobs.push_back(pick(rng) % 22 - 1);  // -1 .. 20
+    }
+    const int n = static_cast<int>(rows.size());
+    auto logits = RandomLogits(n, vocab, rng, 3.f);
+    const FullOut out = SampleFull(logits, vocab, rows, logprobs);
+    int same = 0;
+    double worst = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* raw = logits.data() + size_t(i) * vocab;
+      CAPTURE(vocab);
+      CAPTURE(i);
+      const int32_t t = out.tokens[i];
+      REQUIRE(t >= 0);
+      REQUIRE(t < vocab);
+      CHECK(SamplingDistributionRef(raw, vocab, rows[i])[t] > 0);
+      same += t == SampleRef(raw, vocab, rows[i]);
+      if (logprobs[i] < 0) continue;
+      const LogprobsRef ref = RowLogprobsRef(raw, vocab, t, logprobs[i]);
+      worst = std::max(worst, std::fabs(out.token_logprob[i] - ref.token_logprob));
+      for (int k = 0; k < logprobs[i]; ++k) {
+        CHECK(out.top_tokens[size_t(i) * kMaxTopLogprobs + k] == ref.top_tokens[k]);
+        worst = std::max(worst, std::fabs(out.top_logprobs[size_t(i) * kMaxTopLogprobs + k] - ref.top_logprobs[k]));
+      }
+    }
+    CHECK(same >= n - 2);  // host and device logf/expf may differ in the last bit near a tie
+    CHECK(worst <= 1e-4);  // fp32 logits: float logsumexp against double
+    MESSAGE("vocab " << vocab << ": max |logprob - reference| " << worst);
+    CHECK(SampleFull(logits, vocab, rows, logprobs).tokens == out.tokens);  // seeded: repeatable
+  }
+}
+
+TEST_CASE("prompt-row logprobs: each row's target and top entries, as the reference") {
+  std::mt19937 rng(24);
+  for (int vocab : {1000, 151936}) {
+    for (int top : {0, 1, 5, 20}) {
+      const int rows = 37;
+      auto logits = RandomLogits(rows, vocab, rng, 4.f);
+      std::vector<int32_t> target(rows);
+      for (auto& t : target) t = static_cast<int32_t>(rng() % vocab);
+      DeviceBuffer<float> dl(logits), dtl(rows), dtv(size_t(rows) * kMaxTopLogprobs);
+      DeviceBuffer<int32_t> dt(target), dtt(size_t(rows) * kMaxTopLogprobs);
+      dtl.Poison();
+      LogprobsParams p{dl.get(), dt.get(), top, dtl.get(), dtt.get(), dtv.get(), rows, vocab};
+      KVF_CUDA_OK(LaunchLogprobs(p, nullptr));
+      KVF_CUDA_OK(cudaDeviceSynchronize());
+      const auto lp = dtl.Download();
+      const auto tt = dtt.Download();
+      const auto tv = dtv.Download();
+      double worst = 0;
+      for (int r = 0; r < rows; ++r) {
+        const LogprobsRef ref = RowLogprobsRef(logits.data() + size_t(r) * vocab, vocab, target[r], top);
+        worst = std::max(worst, std::fabs(lp[r] - ref.token_logprob));
+        for (int k = 0; k < top; ++k) {
+          CHECK(tt[size_t(r) * kMaxTopLogprobs + k] == ref.top_tokens[k]);
+          worst = std::max(worst, std::fabs(tv[size_t(r) * kMaxTopLogprobs + k] - ref.top_logprobs[k]));
+        }
+      }
+      CAPTURE(vocab);
+      CAPTURE(top);
+      CHECK(worst <= 1e-4);
+    }
+  }
+  LogprobsParams bad;
+  bad.rows = 1;
+  bad.vocab = 10;
+  bad.top = kMaxTopLogprobs + 1;
+  CHECK(LaunchLogprobs(bad, nullptr) == cudaErrorInvalidValue);
 }
 
 }  // namespace

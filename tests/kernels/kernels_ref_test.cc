@@ -294,6 +294,50 @@ TEST_CASE("sampling reference: greedy, top-k, top-p and seeded draws") {
   }
 }
 
+TEST_CASE("sampling reference: adjustments replace their tokens' logits first; min_p keeps p >= min_p * p_max") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 2);
+  const int vocab = 400;
+  std::vector<float> logits(vocab);
+  for (auto& l : logits) l = nd(rng);
+  std::vector<int> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+
+  SamplingRow banned;  // greedy, the argmax biased away, the runner-up penalised below the third
+  banned.adjust = {{order[0], -100.0f, 1.0f, 0.0f}, {order[1], 0.0f, 1.0f, logits[order[1]] - logits[order[2]] + 0.5f}};
+  std::sort(banned.adjust.begin(), banned.adjust.end(), [](auto& a, auto& b) { return a.token < b.token; });
+  CHECK(SampleRef(logits.data(), vocab, banned) == order[2]);
+  const std::vector<float> adjusted = AdjustedRowRef(logits.data(), vocab, banned);
+  CHECK(adjusted[order[0]] == logits[order[0]] - 100.0f);
+  CHECK(adjusted[order[3]] == logits[order[3]]);
+
+  SamplingRow minp;
+  minp.temperature = 0.7f;
+  minp.min_p = 0.05f;
+  const auto pm = SamplingDistributionRef(logits.data(), vocab, minp);
+  const double top = logits[order[0]];
+  int kept = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const double rel = std::exp((logits[i] - top) / 0.7);  // p_i / p_max
+    if (std::fabs(rel - 0.05) < 1e-6) continue;  // too close to the threshold to call
+    CHECK((pm[i] > 0) == (rel >= 0.05));
+    kept += pm[i] > 0;
+  }
+  CHECK(kept > 1);
+  CHECK(kept < vocab);
+}
+
+TEST_CASE("logprobs reference: log-softmax in double, top entries descending with the lowest id on ties") {
+  std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f, 1.0f};
+  const LogprobsRef lp = RowLogprobsRef(logits.data(), 5, 3, 3);
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l));
+  CHECK(lp.token_logprob == doctest::Approx(-1.0 - std::log(sum)));
+  CHECK(lp.top_tokens == std::vector<int32_t>{1, 2, 4});
+  CHECK(lp.top_logprobs[2] == doctest::Approx(1.0 - std::log(sum)));
+}
+
 TEST_CASE("gemv reference: each output is the dot product of its weight row and x row, plus bias") {
   // w = [[1, 2], [3, -4], [0.5, 0]], x = [[1, 1], [2, -1]], bias = [10, 0, -1].
   const std::vector<bf16_bits> w = {FloatToBf16(1), FloatToBf16(2), FloatToBf16(3), FloatToBf16(-4),

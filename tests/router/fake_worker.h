@@ -123,6 +123,7 @@ class FakeWorker {
           d.request_id = msg->request_id;
           d.index = s;
           d.tokens = {static_cast<TokenId>(static_cast<unsigned char>(reply_[i]))};
+          AddLogprobs(msg->params, i, s == 0, &d);
           bool last = i + 1 == len && !hangs;
           d.finish = last ? (len == reply_.size() ? FinishReason::kStop : FinishReason::kLength) : FinishReason::kNone;
           d.usage = {static_cast<uint32_t>(msg->params.tokens.size()), cached, 0, i + 1, 100};
@@ -132,6 +133,21 @@ class FakeWorker {
       }
     }
     socket_.close();
+  }
+
+  // Logprobs when asked: token i of the reply at -(i + 1), top entries the token itself then
+  // 'z', 'y', ... one lower each; prompt tokens (sequence 0's first delta) at -0.5 with the same tops.
+  static TokenLogprob FakeLogprob(TokenId token, float logprob, int32_t top) {
+    TokenLogprob lp{token, logprob, {}};
+    for (int32_t k = 0; k < top; ++k) lp.top.emplace_back(k == 0 ? token : static_cast<TokenId>('z' + 1 - k), logprob - k);
+    return lp;
+  }
+  static void AddLogprobs(const GenerateParams& p, uint32_t i, bool first_sequence, WorkerDelta* d) {
+    if (p.sampling.logprobs < 0) return;
+    d->logprobs.push_back(FakeLogprob(d->tokens[0], -1.0f - static_cast<float>(i), p.sampling.logprobs));
+    if (i == 0 && first_sequence && p.sampling.prompt_logprobs) {
+      for (size_t t = 1; t < p.tokens.size(); ++t) d->prompt_logprobs.push_back(FakeLogprob(p.tokens[t], -0.5f, p.sampling.logprobs));
+    }
   }
 
   uint32_t CachedPrefix(const std::vector<TokenId>& tokens) {

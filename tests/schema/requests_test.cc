@@ -20,6 +20,13 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   p.sampling.stop_token_ids = {128001, 128009};
   p.sampling.ignore_eos = true;
   p.sampling.n = 5;
+  p.sampling.presence_penalty = 0.5f;
+  p.sampling.frequency_penalty = -1.25f;
+  p.sampling.repetition_penalty = 1.3f;
+  p.sampling.min_p = 0.05f;
+  p.sampling.logit_bias = {{17, -100.0f}, {23, 4.5f}};
+  p.sampling.logprobs = 5;
+  p.sampling.prompt_logprobs = true;
   p.retention.ranges = {{0, 64, 100, 30'000}, {64, std::nullopt, 10, std::nullopt}};
   p.retention.decode_priority = 80;
   p.retention.decode_duration_ms = 5'000;
@@ -41,6 +48,13 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(g.sampling.stop_token_ids == p.sampling.stop_token_ids);
   CHECK(g.sampling.ignore_eos);
   CHECK(g.sampling.n == 5);
+  CHECK(g.sampling.presence_penalty == 0.5f);
+  CHECK(g.sampling.frequency_penalty == -1.25f);
+  CHECK(g.sampling.repetition_penalty == 1.3f);
+  CHECK(g.sampling.min_p == 0.05f);
+  CHECK(g.sampling.logit_bias == p.sampling.logit_bias);
+  CHECK(g.sampling.logprobs == 5);
+  CHECK(g.sampling.prompt_logprobs);
   REQUIRE(g.retention.ranges.size() == 2);
   CHECK(g.retention.ranges[0].start == 0);
   CHECK(g.retention.ranges[0].end == std::optional<uint32_t>(64));
@@ -62,6 +76,13 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   got = DecodeToWorker(frame.data(), frame.size());
   REQUIRE(got.ok());
   CHECK_FALSE(got->params.sampling.seed.has_value());
+  // Unset logit processing decodes as off (the schema's defaults), logprobs as none.
+  CHECK(got->params.sampling.repetition_penalty == 1.0f);
+  CHECK(got->params.sampling.presence_penalty == 0.0f);
+  CHECK(got->params.sampling.min_p == 0.0f);
+  CHECK(got->params.sampling.logit_bias.empty());
+  CHECK(got->params.sampling.logprobs == -1);
+  CHECK_FALSE(got->params.sampling.prompt_logprobs);
   CHECK_FALSE(got->params.retention.decode_priority.has_value());
   CHECK_FALSE(got->params.retention.decode_duration_ms.has_value());
 }
@@ -118,6 +139,24 @@ TEST_CASE("Deltas and Errors round-trip through the codec") {
   CHECK(gd.usage.cached_host_tokens == 32);
   CHECK(gd.usage.completion_tokens == 2);
   CHECK(gd.usage.time_to_first_token_us == 1'234);
+  CHECK(gd.logprobs.empty());
+  CHECK(gd.prompt_logprobs.empty());
+
+  d.logprobs = {{10, -0.25f, {{10, -0.25f}, {4, -2.0f}}}, {11, -3.5f, {}}};
+  d.prompt_logprobs = {{7, -1.0f, {{8, -0.5f}}}};
+  frame = EncodeDelta(d);
+  got = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  const auto& gl = std::get<WorkerDelta>(*got);
+  REQUIRE(gl.logprobs.size() == 2);
+  CHECK(gl.logprobs[0].token == 10);
+  CHECK(gl.logprobs[0].logprob == -0.25f);
+  CHECK(gl.logprobs[0].top == d.logprobs[0].top);
+  CHECK(gl.logprobs[1].logprob == -3.5f);
+  CHECK(gl.logprobs[1].top.empty());
+  REQUIRE(gl.prompt_logprobs.size() == 1);
+  CHECK(gl.prompt_logprobs[0].token == 7);
+  CHECK(gl.prompt_logprobs[0].top == d.prompt_logprobs[0].top);
 
   for (WorkerErrorCode code : {WorkerErrorCode::kInvalidRequest, WorkerErrorCode::kContextTooLong,
                                WorkerErrorCode::kUnknownLora, WorkerErrorCode::kOverloaded,

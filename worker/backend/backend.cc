@@ -106,6 +106,13 @@ VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q, int64_t context_end) {
   return v;
 }
 
+PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
+  if (!step.sampling.prompt_logprobs) return {};
+  const int64_t first = step.start_position;
+  const int64_t end = std::min<int64_t>(first + static_cast<int64_t>(step.tokens.size()), step.prompt_len - 1);
+  return {first, std::max(first, end)};
+}
+
 Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, const std::vector<KvPoolInfo>& pools,
                          int64_t vocab_size, int64_t max_context) {
   if (batch.seqs.size() > static_cast<size_t>(options.max_batch_size)) {
@@ -130,7 +137,18 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
                                std::to_string(vocab_size));
       }
     }
-    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
+    if (s.sample || s.sampling.prompt_logprobs) {
+      KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
+    }
+    if ((s.sampling.penalized() || s.sampling.prompt_logprobs) &&
+        static_cast<int64_t>(s.history.size()) < s.start_position + n) {
+      return InvalidArgument(Req(s) + ": its history does not reach the step's tokens");
+    }
+    for (const auto& [token, bias] : s.sampling.logit_bias) {
+      if (static_cast<int64_t>(token) >= vocab_size) {
+        return InvalidArgument(Req(s) + ": logit_bias token " + std::to_string(token) + " is outside the vocabulary");
+      }
+    }
     if (s.block_tables.size() != pools.size()) {
       return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +
                              std::to_string(pools.size()) + " KV pools");

@@ -140,8 +140,12 @@ struct SequenceStep {
   // True: sample a token from the logits of tokens.back() (the last prefill chunk or a
   // decode step). False: a prefill chunk that is not the last one.
   bool sample = false;
-  SamplingParams sampling;   // used when `sample`
+  SamplingParams sampling;   // used when `sample`, and sampling.prompt_logprobs on any step
   uint64_t rng_counter = 0;  // tokens this request sampled before (the per-request RNG state)
+  // Every token of the sequence so far (prompt + generated; `tokens` is a part of it) and the
+  // prompt's length: the penalties' counts (BuildLogitAdjusts) and prompt logprobs' targets.
+  std::span<const TokenId> history;
+  int64_t prompt_len = 0;
   LogitsRequest logits = LogitsRequest::kNone;  // tests and debugging; costs a copy
 };
 
@@ -149,8 +153,19 @@ struct StepBatch {
   std::vector<SequenceStep> seqs;  // at most max_batch_size; tokens in all <= max_num_tokens
 };
 
+// With sampling.prompt_logprobs: the positions p of this step's rows whose next token is a
+// prompt token (p + 1 < prompt_len); row p gives history[p + 1]'s logprob. [first, end).
+struct PromptLogprobRows {
+  int64_t first = 0, end = 0;
+};
+PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step);
+
 struct StepOutput {
   std::vector<TokenId> tokens;         // [seq]: the sampled token, or kNoToken when !sample
+  // [seq]: the sampled token's logprob and top entries, when sample && sampling.logprobs >= 0.
+  std::vector<TokenLogprobs> logprobs;
+  // [seq]: with sampling.prompt_logprobs, one entry per PromptLogprobRowsOf position, in order.
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
   std::vector<int64_t> logits_offset;  // [seq]: first row of this sequence in `logits`, -1: none
   std::vector<float> logits;           // requested rows, [rows][vocab_size], fp32
 };

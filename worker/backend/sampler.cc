@@ -18,7 +18,93 @@ Status ValidateSamplingParams(const SamplingParams& p) {
     return InvalidArgument("sampling: top_p must be in (0, 1], got " + std::to_string(p.top_p));
   }
   if (p.top_k < 0) return InvalidArgument("sampling: top_k must be >= 0, got " + std::to_string(p.top_k));
+  for (auto [name, v] : {std::pair{"presence_penalty", p.presence_penalty}, {"frequency_penalty", p.frequency_penalty}}) {
+    if (!(v >= -2.0f && v <= 2.0f)) {
+      return InvalidArgument(std::string("sampling: ") + name + " must be in [-2, 2], got " + std::to_string(v));
+    }
+  }
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
+    return InvalidArgument("sampling: repetition_penalty must be a finite number > 0, got " +
+                           std::to_string(p.repetition_penalty));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return InvalidArgument("sampling: min_p must be in [0, 1], got " + std::to_string(p.min_p));
+  }
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return InvalidArgument("sampling: logit_bias has " + std::to_string(p.logit_bias.size()) + " entries (at most " +
+                           std::to_string(kMaxLogitBias) + ")");
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto [token, bias] = p.logit_bias[i];
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgument("sampling: logit_bias of token " + std::to_string(token) + " must be in [-100, 100], got " +
+                             std::to_string(bias));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (p.logit_bias[j].first == token) {
+        return InvalidArgument("sampling: logit_bias names token " + std::to_string(token) + " twice");
+      }
+    }
+  }
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
+    return InvalidArgument("sampling: logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", got " +
+                           std::to_string(p.logprobs));
+  }
+  if (p.prompt_logprobs && p.logprobs < 0) return InvalidArgument("sampling: prompt_logprobs needs logprobs >= 0");
   return Status::Ok();
+}
+
+void BuildLogitAdjusts(const SamplingParams& p, std::span<const TokenId> history, size_t prompt_len,
+                       std::vector<kernels::LogitAdjust>* out) {
+  out->clear();
+  if (!p.penalized()) return;
+  // (token, generated count) for every token seen; a sort keeps it allocation-light.
+  const bool seen_matters = p.repetition_penalty != 1.0f;
+  const bool counts_matter = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  std::vector<std::pair<TokenId, uint32_t>> seen;
+  if (seen_matters || counts_matter) {
+    const size_t from = seen_matters ? 0 : std::min(prompt_len, history.size());
+    seen.reserve(history.size() - from);
+    for (size_t i = from; i < history.size(); ++i) seen.emplace_back(history[i], i >= prompt_len ? 1u : 0u);
+    std::sort(seen.begin(), seen.end());
+  }
+  auto bias = std::vector<std::pair<TokenId, float>>(p.logit_bias.begin(), p.logit_bias.end());
+  std::sort(bias.begin(), bias.end());
+  size_t i = 0, b = 0;
+  while (i < seen.size() || b < bias.size()) {
+    const TokenId t = i < seen.size() && (b == bias.size() || seen[i].first <= bias[b].first) ? seen[i].first
+                                                                                              : bias[b].first;
+    kernels::LogitAdjust a;
+    a.token = static_cast<int32_t>(t);
+    if (i < seen.size() && seen[i].first == t) {
+      uint32_t generated = 0;
+      for (; i < seen.size() && seen[i].first == t; ++i) generated += seen[i].second;
+      a.repetition = p.repetition_penalty;
+      a.subtract = p.frequency_penalty * static_cast<float>(generated) + (generated > 0 ? p.presence_penalty : 0.0f);
+    }
+    if (b < bias.size() && bias[b].first == t) a.bias = bias[b++].second;
+    out->push_back(a);
+  }
+}
+
+TokenLogprobs ComputeLogprobs(std::span<const float> logits, TokenId token, int32_t top) {
+  KVF_CHECK(token < logits.size() && top >= 0 && static_cast<size_t>(top) <= logits.size());
+  double max = -INFINITY;
+  for (float l : logits) max = std::max<double>(max, l);
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
+  const double lse = max + std::log(sum);
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = static_cast<float>(logits[token] - lse);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto higher = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + top, order.end(), higher);
+  for (int32_t k = 0; k < top; ++k) {
+    out.top.emplace_back(static_cast<TokenId>(order[k]), static_cast<float>(logits[order[k]] - lse));
+  }
+  return out;
 }
 
 TokenId ArgMax(std::span<const float> logits) {
@@ -37,9 +123,18 @@ TokenId ArgMax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
-TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter) {
+TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
+                        std::span<const kernels::LogitAdjust> adjust) {
   KVF_CHECK(!logits.empty());
   KVF_DCHECK(ValidateSamplingParams(p).ok());
+  if (!adjust.empty()) {
+    adjusted_.assign(logits.begin(), logits.end());
+    for (const kernels::LogitAdjust& a : adjust) {
+      KVF_CHECK(static_cast<size_t>(a.token) < adjusted_.size());
+      adjusted_[a.token] = kernels::AdjustLogit(adjusted_[a.token], a);
+    }
+    logits = adjusted_;
+  }
   if (p.temperature == 0.0f || p.top_k == 1) return ArgMax(logits);
 
   const size_t vocab = logits.size();
@@ -55,6 +150,9 @@ TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, 
     return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
   };
 
+  if (p.min_p > 0.0f) {  // probs_ are relative to the top one (exp(0) = 1)
+    for (float& x : probs_) x = x >= p.min_p ? x : 0.0f;
+  }
   const bool top_k_on = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab;
   const bool top_p_on = p.top_p < 1.0f;
   const float u = SampleUniform(p.seed, counter);

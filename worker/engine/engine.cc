@@ -151,9 +151,10 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.tokens = std::span<const TokenId>(seq.tokens).subspan(s.start, s.num_tokens);
     step.start_position = s.start;
     step.sample = s.sample;
-    step.sampling = backend::SamplingParams{seq.request.sampling.temperature, seq.request.sampling.top_p,
-                                            seq.request.sampling.top_k, seq.seed};
+    step.sampling = BackendSampling(seq.request.sampling, seq.seed);
     step.rng_counter = seq.num_generated();
+    step.history = seq.tokens;
+    step.prompt_len = seq.prompt_len;
     step.context_end = seq.prompt_len;  // StreamingLLM's dense context phase (pools that have one)
     // The backend reads a linear table (kNoBlock where a window dropped the block); the KV
     // manager keeps one per sequence, so a long streamed sequence costs no copy per step.
@@ -165,6 +166,16 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
                     std::to_string(batch.seqs.size()) + " sequences");
   }
   *sampled = step_output_.tokens;
+  // Prompt logprobs of positions not yet known (a recompute after preemption repeats some).
+  for (size_t i = 0; i < batch.seqs.size() && i < step_output_.prompt_logprobs.size(); ++i) {
+    Sequence* seq = batch.seqs[i].seq;
+    if (seq->prompt_logprobs_sent) continue;
+    const uint32_t first = batch.seqs[i].start;  // entries are positions first, first + 1, ...
+    auto& got = step_output_.prompt_logprobs[i];
+    for (size_t k = 0; k < got.size(); ++k) {
+      if (first + k == seq->prompt_logprobs.size()) seq->prompt_logprobs.push_back(std::move(got[k]));
+    }
+  }
   return Status::Ok();
 }
 
@@ -186,6 +197,9 @@ void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>
     if (!s.sample) continue;
     KVF_CHECK(sampled[i] != backend::kNoToken) << "the backend did not sample request " << seq->id;
     seq->tokens.push_back(sampled[i]);
+    if (seq->request.sampling.logprobs >= 0 && i < step_output_.logprobs.size()) {
+      seq->logprobs.push_back(std::move(step_output_.logprobs[i]));
+    }
     ++counters_.generated_tokens;
     if (seq->first_token_time == 0) seq->first_token_time = now;
     if (seq->forks_left > 0) Fork(seq);
@@ -294,6 +308,15 @@ RequestOutput Engine::MakeOutput(Sequence* seq, FinishReason reason) {
   out.id = seq->request_id;
   out.index = seq->index;
   out.new_tokens.assign(seq->tokens.begin() + seq->prompt_len + seq->num_streamed, seq->tokens.end());
+  if (seq->request.sampling.logprobs >= 0) {
+    out.logprobs.assign(seq->logprobs.begin() + std::min<size_t>(seq->num_streamed, seq->logprobs.size()),
+                        seq->logprobs.end());
+  }
+  if (seq->request.sampling.prompt_logprobs && !seq->prompt_logprobs_sent && seq->num_generated() > 0) {
+    out.prompt_logprobs = std::move(seq->prompt_logprobs);
+    seq->prompt_logprobs.clear();
+    seq->prompt_logprobs_sent = true;
+  }
   seq->num_streamed = seq->num_generated();
   out.finish = reason;
   out.usage.prompt_tokens = seq->prompt_len;

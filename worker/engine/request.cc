@@ -12,6 +12,22 @@ uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention) {
   return p;
 }
 
+backend::SamplingParams BackendSampling(const SamplingOptions& s, uint64_t seed) {
+  backend::SamplingParams p;
+  p.temperature = s.temperature;
+  p.top_p = s.top_p;
+  p.top_k = s.top_k;
+  p.seed = seed;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.repetition_penalty = s.repetition_penalty;
+  p.min_p = s.min_p;
+  p.logit_bias = s.logit_bias;
+  p.logprobs = s.logprobs;
+  p.prompt_logprobs = s.prompt_logprobs;
+  return p;
+}
+
 Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits) {
   const SamplingOptions& s = request.sampling;
   if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
@@ -24,6 +40,7 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
   if (s.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off), got " + std::to_string(s.top_k));
   if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");
   if (s.n == 0) return InvalidArgument("n must be >= 1");
+  KVF_RETURN_IF_ERROR(backend::ValidateSamplingParams(BackendSampling(s, 0)));
   if (!request.lora.empty()) return NotFound("unknown lora '" + request.lora + "': this worker serves none");
   if (limits.vocab_size > 0) {
     for (TokenId t : request.prompt) {
@@ -34,6 +51,9 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
     }
     for (TokenId t : s.stop_token_ids) {
       if (t >= limits.vocab_size) return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+    for (const auto& [t, bias] : s.logit_bias) {
+      if (t >= limits.vocab_size) return InvalidArgument("logit_bias token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
   Status retention = request.retention.Validate();

@@ -16,6 +16,7 @@
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/backend/sampler.h"
 #include "worker/kv/retention.h"
 
 namespace kvfleet::engine {
@@ -35,7 +36,18 @@ struct SamplingOptions {
   // Sequences sampled from the prompt (OpenAI's n), >= 1. They share the prompt's prefill
   // (engine.h, "n sequences"); sequence i samples with seed + i.
   uint32_t n = 1;
+  // Logit processing and logprobs: backend::SamplingParams says what each does.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  float min_p = 0.0f;
+  std::vector<std::pair<TokenId, float>> logit_bias;
+  int32_t logprobs = -1;         // -1: none; 0..20 top entries
+  bool prompt_logprobs = false;  // prefills without reusing cached blocks
 };
+
+// The backend's share of a request's sampling settings.
+backend::SamplingParams BackendSampling(const SamplingOptions& s, uint64_t seed);
 
 struct GenerateRequest {
   std::vector<TokenId> prompt;
@@ -92,6 +104,8 @@ struct RequestOutput {
   FinishReason finish = FinishReason::kNone;
   bool last = false;
   Usage usage;  // prompt and cached tokens are the request's; completion tokens this sequence's
+  std::vector<backend::TokenLogprobs> logprobs;         // one per new token, when asked for
+  std::vector<backend::TokenLogprobs> prompt_logprobs;  // prompt tokens 1.., in sequence 0's first output only
 };
 
 }  // namespace kvfleet::engine

@@ -45,6 +45,9 @@ void Scheduler::Register(Sequence* seq) {
   spec.lora = seq->request.lora;
   spec.cache_salt = seq->request.cache_salt;
   spec.retention = seq->request.retention;
+  // Prompt logprobs need every prompt position's logits: computed, not reused, until known.
+  spec.match_cached = !seq->request.sampling.prompt_logprobs || seq->prompt_logprobs_sent ||
+                      seq->prompt_logprobs.size() + 1 >= seq->prompt_len;
   auto id = kv_->AddSequence(std::move(spec));
   // The engine validated the prompt and the retention before queueing the request.
   KVF_CHECK(id.ok()) << id.status().ToString();

@@ -58,6 +58,11 @@ struct Sequence {
   uint32_t num_streamed = 0;    // generated tokens already reported
   uint32_t num_preemptions = 0;
   bool finished = false;        // reported with a finish reason; leaves at the end of the step
+  // Logprobs, when the request asks: one per generated token (streamed with it), and the
+  // prompt's tokens 1..prompt_len-1 (sent once, in the first output).
+  std::vector<backend::TokenLogprobs> logprobs;
+  std::vector<backend::TokenLogprobs> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 
   uint32_t num_tokens() const { return static_cast<uint32_t>(tokens.size()); }
   uint32_t num_generated() const { return num_tokens() - prompt_len; }

@@ -168,6 +168,7 @@ Result<SequenceId> KvCacheManager::AddSequence(SequenceSpec spec) {
   s.seed = HashSeed(HashNamespace{spec.model, spec.lora, spec.cache_salt});
   s.raw_hashes.clear();
   s.retention = std::move(spec.retention);
+  s.match_cached = spec.match_cached;
   s.num_computed = 0;
   s.pools.assign(pools_.size(), {});
   if (reuse_enabled_) ExtendHashes(s);
@@ -189,7 +190,7 @@ void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) con
     pp.device_prefix = 0;
     pp.partial_src = kNoNode;
   }
-  if (!reuse_enabled_) return;
+  if (!reuse_enabled_ || !s.match_cached) return;
   const uint32_t B = config_.block_size;
   const uint32_t len = static_cast<uint32_t>(s.tokens.size());
   const std::span<const TokenId> tokens(s.tokens);

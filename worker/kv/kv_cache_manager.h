@@ -78,6 +78,9 @@ struct SequenceSpec {
   std::string lora;             // empty when absent
   std::string cache_salt;       // empty when absent
   KvCacheRetentionConfig retention;
+  // false: Match finds nothing, so every position is computed (a request asking for prompt
+  // logprobs needs the logits of each); its full blocks are still stored for others.
+  bool match_cached = true;
 };
 
 // What Match() found. device + host + partial = tokens whose KV needs no recomputation.

@@ -34,6 +34,7 @@ struct KvCacheManager::Sequence {
   uint64_t seed = 0;
   std::vector<BlockHash> raw_hashes;  // Contract 1 hashes of every full block
   KvCacheRetentionConfig retention;
+  bool match_cached = true;  // SequenceSpec::match_cached
   uint32_t num_computed = 0;
   std::vector<PoolState> pools;
 };

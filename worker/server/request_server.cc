@@ -49,6 +49,13 @@ engine::GenerateRequest ToRequest(GenerateParams&& g) {
   r.sampling.stop_token_ids = std::move(g.sampling.stop_token_ids);
   r.sampling.ignore_eos = g.sampling.ignore_eos;
   r.sampling.n = g.sampling.n;
+  r.sampling.presence_penalty = g.sampling.presence_penalty;
+  r.sampling.frequency_penalty = g.sampling.frequency_penalty;
+  r.sampling.repetition_penalty = g.sampling.repetition_penalty;
+  r.sampling.min_p = g.sampling.min_p;
+  r.sampling.logit_bias = std::move(g.sampling.logit_bias);
+  r.sampling.logprobs = g.sampling.logprobs;
+  r.sampling.prompt_logprobs = g.sampling.prompt_logprobs;
   for (const RetentionRange& range : g.retention.ranges) {
     kv::TokenRangeRetention rr;
     rr.start = range.start;
@@ -77,6 +84,13 @@ FinishReason ToWire(engine::FinishReason f) {
   return FinishReason::kError;
 }
 
+std::vector<TokenLogprob> ToWire(const std::vector<backend::TokenLogprobs>& in) {
+  std::vector<TokenLogprob> out;
+  out.reserve(in.size());
+  for (const backend::TokenLogprobs& t : in) out.push_back(TokenLogprob{t.token, t.logprob, t.top});
+  return out;
+}
+
 std::string EncodeOutput(uint64_t wire_id, const engine::RequestOutput& out) {
   WorkerDelta delta;
   delta.request_id = wire_id;
@@ -85,6 +99,8 @@ std::string EncodeOutput(uint64_t wire_id, const engine::RequestOutput& out) {
   delta.finish = ToWire(out.finish);
   delta.usage = {out.usage.prompt_tokens, out.usage.cached_device_tokens, out.usage.cached_host_tokens,
                  out.usage.completion_tokens, static_cast<uint64_t>(out.usage.time_to_first_token / kNsPerUs)};
+  delta.logprobs = ToWire(out.logprobs);
+  delta.prompt_logprobs = ToWire(out.prompt_logprobs);
   return EncodeDelta(delta);
 }
 

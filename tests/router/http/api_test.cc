@@ -2,6 +2,7 @@
 // every error code, retries, disconnects and registration.
 #include "router/http/api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -897,6 +898,109 @@ TEST_CASE("answered requests are counted in tokens per model and timed; admitted
   CHECK(StatusOf(refused) == 400);
   CHECK(json::parse(BodyOf(refused))["error"]["param"] == "x_client_tag");
   CHECK(http::SerializeMetrics(*strict.registry).find("kvfleet_router_prompt_tokens_total{") == std::string::npos);
+}
+
+// ---- Logprobs, echo and logit controls ------------------------------------------------
+// The fake worker's logprobs (tests/router/fake_worker.h): reply token i at -(i + 1), its
+// top entries the token itself then 'z', 'y', ...; prompt tokens at -0.5.
+
+TEST_CASE("echo with logprobs and max_tokens 0 scores the prompt: tokens, null first logprob, text offsets") {
+  FakeWorker w("hello");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto res = r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "abc"}, {"max_tokens", 0}, {"echo", true},
+                                            {"logprobs", 2}}.dump());
+  REQUIRE(StatusOf(res) == 200);
+  const GenerateParams sent = w.last_params();
+  CHECK(sent.sampling.max_tokens == 1);  // one sampled token, dropped
+  CHECK(sent.sampling.prompt_logprobs);
+  CHECK(sent.sampling.logprobs == 2);
+  auto j = json::parse(BodyOf(res));
+  const json& c = j["choices"][0];
+  CHECK(c["text"] == "abc");
+  CHECK(c["finish_reason"] == "length");
+  CHECK(j["usage"]["completion_tokens"] == 0);
+  const json& lp = c["logprobs"];
+  CHECK(lp["tokens"] == json({"a", "b", "c"}));
+  CHECK(lp["token_logprobs"] == json({nullptr, -0.5, -0.5}));
+  CHECK(lp["top_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][1] == json({{"b", -0.5}, {"z", -1.5}}));
+  CHECK(lp["text_offset"] == json({0, 1, 2}));
+}
+
+TEST_CASE("echo with generated tokens: prompt then completion, offsets running through both") {
+  FakeWorker w("hello");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto j = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 2},
+                                                              {"echo", true}, {"logprobs", 0}}.dump())));
+  const json& c = j["choices"][0];
+  CHECK(c["text"] == "abhe");
+  CHECK(c["logprobs"]["tokens"] == json({"a", "b", "h", "e"}));
+  CHECK(c["logprobs"]["token_logprobs"] == json({nullptr, -0.5, -1.0, -2.0}));
+  CHECK(c["logprobs"]["top_logprobs"][2] == json({{"h", -1.0}}));  // the sampled token is always there
+  CHECK(c["logprobs"]["text_offset"] == json({0, 1, 2, 3}));
+  // Echo without logprobs: the text only, and no prompt logprobs asked of the worker.
+  auto plain = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 2},
+                                                                  {"echo", true}}.dump())));
+  CHECK(plain["choices"][0]["text"] == "abhe");
+  CHECK(plain["choices"][0]["logprobs"].is_null());
+  CHECK_FALSE(w.last_params().sampling.prompt_logprobs);
+}
+
+TEST_CASE("streamed completions carry each chunk's logprobs; chat's are content entries with bytes") {
+  FakeWorker w("hey");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  bool done = false;
+  auto events = Events(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 3},
+                                                      {"logprobs", 1}, {"stream", true}}.dump()),
+                       &done);
+  CHECK(done);
+  std::vector<std::string> tokens;
+  std::vector<int> offsets;
+  for (const json& e : events) {
+    const json& lp = e["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const auto& t : lp["tokens"]) tokens.push_back(t);
+    for (const auto& o : lp["text_offset"]) offsets.push_back(o);
+  }
+  CHECK(tokens == std::vector<std::string>{"h", "e", "y"});
+  CHECK(offsets == std::vector<int>{0, 1, 2});
+
+  auto chat = json::parse(BodyOf(r.Post("/v1/chat/completions",
+                                        json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                             {"logprobs", true}, {"top_logprobs", 2}}.dump())));
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  REQUIRE(content.size() == 3);
+  CHECK(content[0]["token"] == "h");
+  CHECK(content[0]["logprob"] == -1.0);
+  CHECK(content[0]["bytes"] == json({'h'}));
+  CHECK(content[0]["top_logprobs"] == json({{{"token", "h"}, {"logprob", -1.0}, {"bytes", {'h'}}},
+                                             {{"token", "z"}, {"logprob", -2.0}, {"bytes", {'z'}}}}));
+  CHECK(chat["choices"][0]["logprobs"]["refusal"].is_null());
+  CHECK(w.last_params().sampling.logprobs == 2);
+  CHECK_FALSE(w.last_params().sampling.prompt_logprobs);
+}
+
+TEST_CASE("penalties, min_p and logit_bias reach the worker as sent") {
+  FakeWorker w("hello");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto res = r.Post("/v1/chat/completions",
+                    json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                         {"presence_penalty", 0.5}, {"frequency_penalty", -1.0}, {"repetition_penalty", 1.2},
+                         {"min_p", 0.1}, {"logit_bias", {{"42", -100}, {"7", 2.5}}}}.dump());
+  CHECK(StatusOf(res) == 200);
+  const SamplingParams s = w.last_params().sampling;
+  CHECK(s.presence_penalty == 0.5f);
+  CHECK(s.frequency_penalty == -1.0f);
+  CHECK(s.repetition_penalty == 1.2f);
+  CHECK(s.min_p == 0.1f);
+  auto bias = s.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  CHECK(bias == std::vector<std::pair<TokenId, float>>{{7, 2.5f}, {42, -100.0f}});
+  CHECK(s.logprobs == -1);
 }
 
 }  // namespace kvfleet::router

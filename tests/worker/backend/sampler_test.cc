@@ -95,5 +95,112 @@ TEST_CASE("out-of-range sampling values are refused by name") {
   CHECK(ValidateSamplingParams({.top_k = -1}).message().find("top_k") != std::string::npos);
 }
 
+TEST_CASE("penalty and bias values out of range are refused by name") {
+  CHECK(ValidateSamplingParams({.presence_penalty = 2.5f}).message().find("presence_penalty") != std::string::npos);
+  CHECK(ValidateSamplingParams({.frequency_penalty = -2.5f}).message().find("frequency_penalty") != std::string::npos);
+  CHECK(ValidateSamplingParams({.repetition_penalty = 0.0f}).message().find("repetition_penalty") != std::string::npos);
+  CHECK(ValidateSamplingParams({.min_p = 1.5f}).message().find("min_p") != std::string::npos);
+  const std::pair<TokenId, float> bad[] = {{3, 101.0f}};
+  CHECK(ValidateSamplingParams({.logit_bias = bad}).message().find("logit_bias") != std::string::npos);
+  const std::pair<TokenId, float> twice[] = {{3, 1.0f}, {3, 2.0f}};
+  CHECK(ValidateSamplingParams({.logit_bias = twice}).message().find("twice") != std::string::npos);
+  std::vector<std::pair<TokenId, float>> many(kMaxLogitBias + 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = {static_cast<TokenId>(i), 1.0f};
+  CHECK_FALSE(ValidateSamplingParams({.logit_bias = many}).ok());
+  CHECK(ValidateSamplingParams({.logprobs = 21}).message().find("logprobs") != std::string::npos);
+  CHECK_FALSE(ValidateSamplingParams({.prompt_logprobs = true}).ok());
+  CHECK(ValidateSamplingParams({.logprobs = 20, .prompt_logprobs = true}).ok());
+}
+
+TEST_CASE("adjustments: bias on named tokens, repetition over prompt + generated, counts over generated only") {
+  const std::vector<TokenId> history = {5, 5, 7, /*generated:*/ 7, 9, 9};
+  const std::pair<TokenId, float> bias[] = {{9, -1.0f}, {2, 3.0f}};
+  SamplingParams p{.presence_penalty = 0.25f, .frequency_penalty = 0.5f, .repetition_penalty = 1.5f, .logit_bias = bias};
+  std::vector<kernels::LogitAdjust> a;
+  BuildLogitAdjusts(p, history, 3, &a);
+  REQUIRE(a.size() == 4);  // tokens 2, 5, 7, 9
+  CHECK(a[0].token == 2);
+  CHECK(a[0].bias == 3.0f);
+  CHECK(a[0].repetition == 1.0f);  // never seen
+  CHECK(a[0].subtract == 0.0f);
+  CHECK(a[1].token == 5);
+  CHECK(a[1].repetition == 1.5f);
+  CHECK(a[1].subtract == 0.0f);  // only in the prompt: OpenAI's penalties count generated tokens
+  CHECK(a[2].token == 7);
+  CHECK(a[2].subtract == doctest::Approx(0.5 * 1 + 0.25));
+  CHECK(a[3].token == 9);
+  CHECK(a[3].bias == -1.0f);
+  CHECK(a[3].subtract == doctest::Approx(0.5 * 2 + 0.25));
+  // Repetition penalty (HF): a positive logit is divided, a negative one multiplied.
+  CHECK(kernels::AdjustLogit(3.0f, a[1]) == doctest::Approx(2.0));
+  CHECK(kernels::AdjustLogit(-3.0f, a[1]) == doctest::Approx(-4.5));
+  // Bias first, then the penalty: 1 - 1 = 0 stays 0 under repetition, then minus 1.25.
+  CHECK(kernels::AdjustLogit(1.0f, a[3]) == doctest::Approx(-1.25));
+  BuildLogitAdjusts({}, history, 3, &a);
+  CHECK(a.empty());
+}
+
+TEST_CASE("penalties change the greedy choice; a -100 bias bans a token and +100 forces one") {
+  Sampler s;
+  const std::vector<float> l = {1.0f, 3.0f, 2.5f, 0.0f};
+  const std::vector<TokenId> history = {1, /*generated:*/ 1};
+  std::vector<kernels::LogitAdjust> a;
+  SamplingParams freq{.temperature = 0.0f, .frequency_penalty = 1.0f};
+  BuildLogitAdjusts(freq, history, 1, &a);
+  CHECK(s.Sample(l, freq, 0, a) == 2u);  // 3 - 1 < 2.5
+  CHECK(s.Sample(l, freq, 0) == 1u);     // without the adjustments: the raw argmax
+  SamplingParams rep{.temperature = 0.0f, .repetition_penalty = 1.25f};
+  BuildLogitAdjusts(rep, history, 2, &a);  // all prompt: repetition still counts it
+  CHECK(s.Sample(l, rep, 0, a) == 2u);     // 3 / 1.25 = 2.4 < 2.5
+  const std::pair<TokenId, float> ban[] = {{1, -100.0f}, {2, -100.0f}};
+  SamplingParams banned{.temperature = 1.0f, .logit_bias = ban};
+  BuildLogitAdjusts(banned, {}, 0, &a);
+  for (uint64_t c = 0; c < 500; ++c) {
+    const TokenId t = s.Sample(l, banned, c, a);
+    CHECK((t == 0u || t == 3u));
+  }
+  const std::pair<TokenId, float> force[] = {{3, 100.0f}};
+  SamplingParams forced{.temperature = 1.0f, .logit_bias = force};
+  BuildLogitAdjusts(forced, {}, 0, &a);
+  for (uint64_t c = 0; c < 200; ++c) CHECK(s.Sample(l, forced, c, a) == 3u);
+}
+
+TEST_CASE("min_p keeps tokens at least min_p times as likely as the top one") {
+  // Probabilities 0.5, 0.3, 0.15, 0.05; min_p 0.2 keeps p >= 0.1.
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  Sampler s;
+  bool saw[4] = {};
+  for (uint64_t c = 0; c < 4000; ++c) saw[s.Sample(l, {.temperature = 1.0f, .seed = 1, .min_p = 0.2f}, c)] = true;
+  CHECK(saw[0]);
+  CHECK(saw[1]);
+  CHECK(saw[2]);
+  CHECK_FALSE(saw[3]);
+  // Kept tokens keep their odds: 0.3 of 0.95.
+  CHECK(Frequency(l, {.temperature = 1.0f, .seed = 4, .min_p = 0.2f}, 20000, 1) ==
+        doctest::Approx(0.3 / 0.95).epsilon(0.03));
+}
+
+TEST_CASE("logprobs are log-softmax of the raw logits in double, top entries descending, lower id on ties") {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  double sum = 0;
+  for (float x : l) sum += std::exp(static_cast<double>(x));
+  const TokenLogprobs lp = ComputeLogprobs(l, 4, 3);
+  CHECK(lp.token == 4u);
+  CHECK(lp.logprob == doctest::Approx(0.5 - std::log(sum)).epsilon(1e-7));
+  REQUIRE(lp.top.size() == 3);
+  CHECK(lp.top[0].first == 1u);
+  CHECK(lp.top[1].first == 2u);
+  CHECK(lp.top[2].first == 0u);
+  CHECK(lp.top[0].second == lp.top[1].second);
+  CHECK(lp.top[2].second == doctest::Approx(1.0 - std::log(sum)).epsilon(1e-7));
+  CHECK(ComputeLogprobs(l, 0, 0).top.empty());
+  // A large vocabulary with a large offset: the probabilities still sum to 1.
+  std::vector<float> big(5000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = 80.0f + std::sin(static_cast<float>(i)) * 6.0f;
+  double total = 0;
+  for (size_t i = 0; i < big.size(); ++i) total += std::exp(ComputeLogprobs(big, static_cast<TokenId>(i), 0).logprob);
+  CHECK(total == doctest::Approx(1.0).epsilon(1e-4));
+}
+
 }  // namespace
 }  // namespace kvfleet::backend

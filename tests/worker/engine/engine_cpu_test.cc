@@ -3,6 +3,7 @@
 // recomputed, or served from the reuse tree.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -72,6 +73,44 @@ struct CpuEngine {
     }
     REQUIRE_FALSE(engine->HasWork());
     std::vector<std::vector<TokenId>> out;
+    for (RequestId id : ids) out.push_back(got[id]);
+    last_ids = ids;
+    return out;
+  }
+
+  // Every output of each request, concatenated: tokens, logprobs and prompt logprobs.
+  struct Answer {
+    std::vector<TokenId> tokens;
+    std::vector<backend::TokenLogprobs> logprobs, prompt_logprobs;
+    int outputs_with_prompt_logprobs = 0;
+  };
+  std::vector<Answer> RunWith(const std::vector<std::vector<TokenId>>& prompts, const SamplingOptions& sampling) {
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) {
+      GenerateRequest r;
+      r.prompt = p;
+      r.sampling = sampling;
+      auto id = engine->Add(std::move(r), 0);
+      REQUIRE_MESSAGE(id.ok(), id.status().ToString());
+      ids.push_back(*id);
+    }
+    std::map<RequestId, Answer> got;
+    for (int i = 0; i < 5000 && engine->HasWork(); ++i) {
+      for (const RequestOutput& o : engine->Step()) {
+        Answer& a = got[o.id];
+        a.tokens.insert(a.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+        a.logprobs.insert(a.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        if (!o.prompt_logprobs.empty()) {
+          a.prompt_logprobs = o.prompt_logprobs;
+          ++a.outputs_with_prompt_logprobs;
+        }
+        if (o.finish != FinishReason::kNone) usage[o.id] = o.usage;
+      }
+      Status st = engine->CheckInvariants();
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+    }
+    REQUIRE_FALSE(engine->HasWork());
+    std::vector<Answer> out;
     for (RequestId id : ids) out.push_back(got[id]);
     last_ids = ids;
     return out;
@@ -228,6 +267,135 @@ TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match r
   CHECK(e.Run(prompts, 40) == alone);
   CpuEngine plain(256, 256, 1);
   CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
+}
+
+}  // namespace
+}  // namespace kvfleet::engine
+
+namespace kvfleet::engine {
+namespace {
+
+float MaxLogprobDiff(const std::vector<backend::TokenLogprobs>& a, const std::vector<backend::TokenLogprobs>& b) {
+  REQUIRE(a.size() == b.size());
+  float d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].token == b[i].token);
+    d = std::max(d, std::fabs(a[i].logprob - b[i].logprob));
+    REQUIRE(a[i].top.size() == b[i].top.size());
+    for (size_t k = 0; k < a[i].top.size(); ++k) d = std::max(d, std::fabs(a[i].top[k].second - b[i].top[k].second));
+  }
+  return d;
+}
+
+SamplingOptions EchoSampling() {
+  SamplingOptions s;
+  s.temperature = 0;
+  s.max_tokens = 24;
+  s.ignore_eos = true;
+  s.logprobs = 3;
+  s.prompt_logprobs = true;
+  return s;
+}
+
+TEST_CASE("cpu backend: prompt logprobs cover tokens 1..n-1 once, alike chunked, batched, preempted and when cached") {
+  const auto prompts = Prompts();
+  std::vector<CpuEngine::Answer> alone;
+  {
+    CpuEngine e(256, 256, 1);
+    for (const auto& p : prompts) alone.push_back(e.RunWith({p}, EchoSampling())[0]);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    REQUIRE(alone[i].prompt_logprobs.size() == prompts[i].size() - 1);
+    CHECK(alone[i].outputs_with_prompt_logprobs == 1);
+    for (size_t p = 0; p + 1 < prompts[i].size(); ++p) CHECK(alone[i].prompt_logprobs[p].token == prompts[i][p + 1]);
+    // Greedy: each generated token is its row's top entry, and its logprob that entry's.
+    REQUIRE(alone[i].logprobs.size() == alone[i].tokens.size());
+    for (size_t t = 0; t < alone[i].tokens.size(); ++t) {
+      CHECK(alone[i].logprobs[t].token == alone[i].tokens[t]);
+      CHECK(alone[i].logprobs[t].top[0].first == alone[i].tokens[t]);
+      CHECK(alone[i].logprobs[t].logprob == alone[i].logprobs[t].top[0].second);
+    }
+  }
+  auto expect_same = [&](const std::vector<CpuEngine::Answer>& got) {
+    REQUIRE(got.size() == alone.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].tokens == alone[i].tokens);
+      CHECK(got[i].outputs_with_prompt_logprobs == 1);
+      CHECK(MaxLogprobDiff(got[i].prompt_logprobs, alone[i].prompt_logprobs) <= 1e-4f);
+      CHECK(MaxLogprobDiff(got[i].logprobs, alone[i].logprobs) <= 1e-4f);
+    }
+  };
+  SUBCASE("batched, with 16-token chunks") {
+    CpuEngine e(256, 16, 8);
+    expect_same(e.RunWith(prompts, EchoSampling()));
+  }
+  SUBCASE("a cache too small for all four: preemption and recompute") {
+    CpuEngine e(12, 64, 8);  // as in the greedy test above
+    expect_same(e.RunWith(prompts, EchoSampling()));
+    CHECK(e.engine->counters().preemptions > 0);
+  }
+  SUBCASE("the prompt is in the reuse tree: it is computed again, not matched") {
+    CpuEngine e(256, 256, 8);
+    SamplingOptions plain = EchoSampling();
+    plain.logprobs = -1;
+    plain.prompt_logprobs = false;
+    e.RunWith(prompts, plain);
+    expect_same(e.RunWith(prompts, EchoSampling()));
+    for (RequestId id : e.last_ids) CHECK(e.usage[id].cached_device_tokens == 0);
+    e.RunWith({prompts[0]}, plain);  // the echo run stored its blocks for others
+    CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
+  }
+}
+
+TEST_CASE("cpu backend: frequency and presence penalties steer greedy decoding by the raw logprobs") {
+  // Greedy with only subtractive penalties picks argmax(raw logprob - penalty). The raw top 20
+  // hold the winner while fewer than 20 distinct tokens are penalised (a token outside them
+  // loses to an unpenalised one among them); the tiny model's greedy path repeats, so the
+  // unpenalised answer differs.
+  CpuEngine e(256, 256, 4);
+  SamplingOptions s;
+  s.temperature = 0;
+  s.max_tokens = 30;
+  s.ignore_eos = true;
+  s.logprobs = 20;
+  s.frequency_penalty = 1.5f;
+  s.presence_penalty = 0.5f;
+  const auto prompts = Prompts();
+  const auto got = e.RunWith({prompts[0], prompts[1]}, s);
+  SamplingOptions plain = s;
+  plain.frequency_penalty = plain.presence_penalty = 0;
+  const auto unpenalised = e.RunWith({prompts[0], prompts[1]}, plain);
+  for (size_t r = 0; r < got.size(); ++r) {
+    std::map<TokenId, int> count;
+    for (size_t t = 0; t < got[r].tokens.size(); ++t) {
+      const auto& lp = got[r].logprobs[t];
+      if (count.size() >= 20) break;
+      TokenId best = 0;
+      double best_v = -1e30;
+      for (auto [id, v] : lp.top) {
+        const double adj = v - (count[id] ? 1.5 * count[id] + 0.5 : 0.0);
+        if (adj > best_v) best_v = adj, best = id;
+      }
+      CHECK(got[r].tokens[t] == best);
+      ++count[got[r].tokens[t]];
+    }
+    CHECK(got[r].tokens != unpenalised[r].tokens);
+  }
+}
+
+TEST_CASE("cpu backend: logit_bias +100 forces a token and -100 bans the greedy one") {
+  CpuEngine e(256, 256, 4);
+  const auto prompts = Prompts();
+  SamplingOptions s;
+  s.temperature = 0;
+  s.max_tokens = 5;
+  s.ignore_eos = true;
+  const auto plain = e.RunWith({prompts[2]}, s)[0].tokens;
+  s.logit_bias = {{plain[0], -100.0f}};
+  CHECK(e.RunWith({prompts[2]}, s)[0].tokens[0] != plain[0]);
+  s.logit_bias = {{4242, 100.0f}};
+  s.temperature = 1.0f;
+  CHECK(e.RunWith({prompts[2]}, s)[0].tokens == std::vector<TokenId>(5, 4242));
 }
 
 }  // namespace

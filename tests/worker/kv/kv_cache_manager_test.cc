@@ -72,6 +72,26 @@ TEST_CASE("the last prompt token is always computed, even when the whole prompt 
   f.Release(b);
 }
 
+TEST_CASE("a sequence registered with match_cached = false matches nothing of a cached prompt, which still serves others") {
+  Fixture f(SmallConfig(4, 64));
+  const auto prompt = Tokens(16, 1);
+  f.Request(prompt);
+  SequenceSpec spec;
+  spec.prompt = prompt;
+  spec.model.assign(1, 'm');
+  spec.match_cached = false;  // prompt logprobs: every position is computed
+  auto b = f.m->AddSequence(std::move(spec));
+  REQUIRE(b.ok());
+  CHECK(f.m->Match(*b).cached_tokens() == 0);
+  REQUIRE(f.m->CanAllocate(*b));
+  REQUIRE(f.m->Allocate(*b).ok());
+  CHECK(f.m->NumComputedTokens(*b) == 0);
+  f.m->Release(*b);
+  const SequenceId c = f.Add(prompt);
+  CHECK(f.m->Match(c).device_tokens == 12);
+  f.Release(c);
+}
+
 TEST_CASE("partial reuse copies the matching tokens of a partly matching block into a fresh block") {
   Fixture f(SmallConfig(4, 64));
   const std::vector<TokenId> tail_a = {7, 8, 9, 10, 11};

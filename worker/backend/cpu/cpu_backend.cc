@@ -238,10 +238,13 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   for (size_t s = 0; s < nseq; ++s) {
     const SequenceStep& step = batch.seqs[s];
     const int64_t n = static_cast<int64_t>(step.tokens.size());
+    const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(step);
     for (int64_t i = 0; i < n; ++i) {
       Row row{static_cast<int32_t>(s), static_cast<int32_t>(i), step.start_position + i, -1};
       const bool last = i == n - 1;
-      if (step.logits == LogitsRequest::kAll || (last && (step.sample || step.logits == LogitsRequest::kLast))) {
+      const bool prompt_logprob = row.position >= prompt_rows.first && row.position < prompt_rows.end;
+      if (step.logits == LogitsRequest::kAll || prompt_logprob ||
+          (last && (step.sample || step.logits == LogitsRequest::kLast))) {
         row.logits_row = logit_rows++;
       }
       rows_.push_back(row);
@@ -321,15 +324,26 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   out->tokens.assign(nseq, kNoToken);
   out->logits_offset.assign(nseq, -1);
   out->logits.clear();
+  out->logprobs.assign(nseq, {});
+  out->prompt_logprobs.assign(nseq, {});
   int64_t out_rows = 0;
   int64_t r = 0;
   for (size_t s = 0; s < nseq; ++s) {
     const SequenceStep& step = batch.seqs[s];
     const int64_t n = static_cast<int64_t>(step.tokens.size());
     const Row& last = rows_[r + n - 1];
+    const int32_t top = std::max(step.sampling.logprobs, 0);
     if (step.sample) {
-      out->tokens[s] = sampler_.Sample(std::span<const float>(&logits_[last.logits_row * V], V), step.sampling,
-                                       step.rng_counter);
+      const std::span<const float> row(&logits_[last.logits_row * V], V);
+      BuildLogitAdjusts(step.sampling, step.history, static_cast<size_t>(step.prompt_len), &adjust_);
+      out->tokens[s] = sampler_.Sample(row, step.sampling, step.rng_counter, adjust_);
+      if (step.sampling.logprobs >= 0) out->logprobs[s] = ComputeLogprobs(row, out->tokens[s], top);
+    }
+    const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(step);
+    for (int64_t p = prompt_rows.first; p < prompt_rows.end; ++p) {
+      const Row& row = rows_[r + (p - step.start_position)];
+      out->prompt_logprobs[s].push_back(
+          ComputeLogprobs(std::span<const float>(&logits_[row.logits_row * V], V), step.history[p + 1], top));
     }
     if (step.logits != LogitsRequest::kNone) {
       const int64_t first = step.logits == LogitsRequest::kAll ? r : r + n - 1;

@@ -67,6 +67,7 @@ class CpuBackend final : public ModelBackendBase {
   std::vector<float*> host_kv_;       // [pool] → [host_blocks][block elements] or null
   std::unique_ptr<kv::MemcpyBlockCopier> copier_;
   Sampler sampler_;
+  std::vector<kernels::LogitAdjust> adjust_;  // the sampled row's (scratch)
 
   // Per-step scratch, reused across steps. T = tokens in the step.
   std::vector<Row> rows_;

@@ -291,7 +291,9 @@ Status CudaBackend::AllocateBuffers() {
   const size_t rope_rows = kernels::RopeDependsOnLength(rope_) ? S * static_cast<size_t>(c.head_dim / 2) : 0;
   staging_bytes_ = (5 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
                    S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) + rope_rows * sizeof(float) +
-                   (17 + 4 * max_pools) * config::kStagingAlign;
+                   // min_p, logprobs [S]; adjust_begin [S + 1]; prompt-logprob targets [T]; head rows
+                   // past T (a non-final chunk's last row in parts A and B) [S]
+                   (2 * S + S + 1 + T + S) * sizeof(int32_t) + (17 + 4 * max_pools + 4) * config::kStagingAlign;
   void* h = nullptr;
   KVF_CUDA_RETURN(cudaHostAlloc(&h, staging_bytes_, cudaHostAllocDefault));
   host_allocations_.push_back(h);
@@ -304,6 +306,30 @@ Status CudaBackend::AllocateBuffers() {
   KVF_CUDA_RETURN(cudaHostAlloc(&h, static_cast<size_t>(logits_rows_) * V * sizeof(float), cudaHostAllocDefault));
   host_allocations_.push_back(h);
   logits_host_ = static_cast<float*>(h);
+  const size_t lp_rows = static_cast<size_t>(logits_rows_), lp_top = lp_rows * kernels::kMaxTopLogprobs;
+  KVF_ASSIGN_OR_RETURN(lp_token_dev_, DeviceAlloc<float>(lp_rows));
+  KVF_ASSIGN_OR_RETURN(lp_top_tok_dev_, DeviceAlloc<int32_t>(lp_top));
+  KVF_ASSIGN_OR_RETURN(lp_top_val_dev_, DeviceAlloc<float>(lp_top));
+  KVF_CUDA_RETURN(cudaHostAlloc(&h, (lp_rows + 2 * lp_top) * sizeof(float), cudaHostAllocDefault));
+  host_allocations_.push_back(h);
+  lp_token_host_ = static_cast<float*>(h);
+  lp_top_tok_host_ = reinterpret_cast<int32_t*>(lp_token_host_ + lp_rows);
+  lp_top_val_host_ = lp_token_host_ + lp_rows + lp_top;
+  return Status::Ok();
+}
+
+Status CudaBackend::ReserveAdjust(size_t n) {
+  if (n <= adjust_capacity_) return Status::Ok();
+  // The previous step has completed (CollectOutput waited), so nothing reads the old buffers.
+  size_t cap = std::max<size_t>(adjust_capacity_ * 2, config::kMinAdjustEntries);
+  while (cap < n) cap *= 2;
+  void* h = nullptr;
+  KVF_CUDA_RETURN(cudaHostAlloc(&h, cap * sizeof(kernels::LogitAdjust), cudaHostAllocDefault));
+  host_allocations_.push_back(h);
+  adjust_host_ = static_cast<kernels::LogitAdjust*>(h);
+  KVF_ASSIGN_OR_RETURN(adjust_dev_, DeviceAlloc<kernels::LogitAdjust>(cap));
+  KVF_ASSIGN_OR_RETURN(adjust_raw_dev_, DeviceAlloc<float>(cap));
+  adjust_capacity_ = cap;
   return Status::Ok();
 }
 

@@ -97,6 +97,9 @@ constexpr int32_t kGemvMaxRowsDefault = 1;
 // Alignment of every array in the step's metadata staging buffer (16 bytes: vector loads in
 // kernels).
 constexpr size_t kStagingAlign = 16;
+// First capacity of the logit-adjustment buffers (16 bytes an entry): a few penalised
+// sequences of some thousand distinct tokens each before the first growth.
+constexpr size_t kMinAdjustEntries = 16384;
 }  // namespace config
 
 class CudaBackend final : public ModelBackendBase {
@@ -158,6 +161,18 @@ class CudaBackend final : public ModelBackendBase {
     const float* top_p = nullptr;
     const uint64_t* seed = nullptr;
     const uint64_t* rng_counter = nullptr;
+    const float* min_p = nullptr;        // [part A]
+    const int32_t* logprobs = nullptr;   // [part A]: -1 none, else top entries
+    bool want_logprobs = false;          // some part A row asks (never in a graphed step)
+    // Logit adjustments of part A (never in a graphed step): adjust_begin [part A + 1] in the
+    // staging buffer, the entries (adjust_scratch_) uploaded to adjust_dev_ by UploadMeta.
+    const int32_t* adjust_begin = nullptr;
+    int32_t adjust_entries = 0;
+    // Prompt logprobs: part B rows whose next prompt token's logprob is asked for.
+    std::vector<int32_t> part_b_target;  // host: [part B] the token, -1: none (logits only)
+    std::vector<uint8_t> part_b_logits;  // host: [part B] 1: its logits go out (kAll)
+    const int32_t* part_b_target_dev = nullptr;  // [part B]
+    int32_t prompt_top = 0;              // top entries of prompt rows (the largest asked)
   };
 
   explicit CudaBackend(const BackendOptions& options);
@@ -186,6 +201,12 @@ class CudaBackend final : public ModelBackendBase {
   Status LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n);
   // LM head over part A, then the sampling kernel and the tokens' copy back.
   Status Sample(const StepMeta& m);
+  // Grows the logit-adjustment buffers to hold n entries (cuda_backend.cc).
+  Status ReserveAdjust(size_t n);
+  // The logprob outputs of `rows` rows, copied to their pinned mirrors (asynchronously).
+  Status CopyLogprobsBack(int32_t rows);
+  // One row's logprobs from the pinned mirrors (after the copy completed).
+  TokenLogprobs LogprobsOfRow(int32_t row, TokenId token, int32_t top) const;
   // Waits for the step (3), fills out with its tokens and logits (part B rows computed here,
   // in chunks of logits_rows_).
   Status CollectOutput(const StepBatch& batch, const StepMeta& m, int64_t out_rows, StepOutput* out);
@@ -233,6 +254,17 @@ class CudaBackend final : public ModelBackendBase {
   int32_t* tokens_host_ = nullptr;  // pinned [max_batch_size]: sampled tokens
   int32_t* tokens_dev_ = nullptr;
   float* logits_host_ = nullptr;    // pinned [logits_rows_][vocab]
+  // Logprobs out of the sampling and logprobs kernels, [logits_rows_] rows (device, pinned).
+  float *lp_token_dev_ = nullptr, *lp_token_host_ = nullptr;
+  int32_t *lp_top_tok_dev_ = nullptr, *lp_top_tok_host_ = nullptr;  // [rows][kMaxTopLogprobs]
+  float *lp_top_val_dev_ = nullptr, *lp_top_val_host_ = nullptr;    // [rows][kMaxTopLogprobs]
+  // Logit adjustments of a step (penalties, logit_bias): built on the host, uploaded when
+  // there are any; the buffers grow by doubling (superseded ones are freed with the backend).
+  std::vector<kernels::LogitAdjust> adjust_scratch_, adjust_row_;
+  kernels::LogitAdjust* adjust_host_ = nullptr;  // pinned [adjust_capacity_]
+  kernels::LogitAdjust* adjust_dev_ = nullptr;   // [adjust_capacity_]
+  float* adjust_raw_dev_ = nullptr;              // [adjust_capacity_] the kernel's scratch
+  size_t adjust_capacity_ = 0;
 
   // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
   bool use_graphs_ = true;

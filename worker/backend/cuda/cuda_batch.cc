@@ -53,6 +53,8 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
   for (const SequenceStep& st : batch.seqs) {
     graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
     graph = graph && !(dense_pool && st.start_position < st.context_end);
+    // Logprobs and adjustments are sized per step: eager steps only.
+    graph = graph && st.sampling.logprobs < 0 && !st.sampling.prompt_logprobs && !st.sampling.penalized();
     max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
   }
   int32_t S = S_real, bucket_len = 0;
@@ -108,8 +110,18 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     }
     const SequenceStep& st = batch.seqs[s];
     if (st.sample || st.logits != LogitsRequest::kNone) part_a_seq.push_back(s);
-    if (st.logits == LogitsRequest::kAll) {
-      for (int32_t r = m.row0[s]; r < m.row0[s + 1] - 1; ++r) part_b.emplace_back(s, r);
+    // Part B: the other rows of a kAll sequence, and rows whose next prompt token's logprob
+    // is asked for (a non-final chunk's last row too, though part A may hold it for its logits).
+    const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(st);
+    if (st.sampling.prompt_logprobs) m.prompt_top = std::max(m.prompt_top, st.sampling.logprobs);
+    for (int32_t r = m.row0[s]; r < m.row0[s + 1]; ++r) {
+      const bool logits = st.logits == LogitsRequest::kAll && r < m.row0[s + 1] - 1;
+      const int64_t pos = st.start_position + (r - m.row0[s]);
+      const bool logprob = pos >= prompt_rows.first && pos < prompt_rows.end;
+      if (!logits && !logprob) continue;
+      part_b.emplace_back(s, r);
+      m.part_b_logits.push_back(logits ? 1 : 0);
+      m.part_b_target.push_back(logprob ? static_cast<int32_t>(st.history[pos + 1]) : -1);
     }
   }
   const int32_t na = static_cast<int32_t>(part_a_seq.size());
@@ -129,6 +141,13 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
   auto [topp_h, topp_d] = pack.Take<float>(na);
   auto [seed_h, seed_d] = pack.Take<uint64_t>(na);
   auto [ctr_h, ctr_d] = pack.Take<uint64_t>(na);
+  auto [minp_h, minp_d] = pack.Take<float>(na);
+  auto [lpn_h, lpn_d] = pack.Take<int32_t>(na);
+  auto [tgt_h, tgt_d] = pack.Take<int32_t>(nb);
+  m.min_p = minp_d;
+  m.logprobs = lpn_d;
+  m.part_b_target_dev = tgt_d;
+  std::copy(m.part_b_target.begin(), m.part_b_target.end(), tgt_h);
   m.ids = ids_d;
   m.positions = pos_d;
   m.row_lens = len_d;
@@ -191,6 +210,8 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
       topp_h[a] = 1.0f;
       seed_h[a] = 0;
       ctr_h[a] = 0;
+      minp_h[a] = 0.0f;
+      lpn_h[a] = -1;
       continue;
     }
     const SequenceStep& st = batch.seqs[part_a_seq[a]];
@@ -200,6 +221,30 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     topp_h[a] = sample ? st.sampling.top_p : 1.0f;
     seed_h[a] = st.sampling.seed;
     ctr_h[a] = st.rng_counter;
+    minp_h[a] = sample ? st.sampling.min_p : 0.0f;
+    lpn_h[a] = sample ? st.sampling.logprobs : -1;
+    m.want_logprobs = m.want_logprobs || lpn_h[a] >= 0;
+  }
+  // Logit adjustments of the sampled rows (penalties, logit_bias); none in a graphed step.
+  adjust_scratch_.clear();
+  bool any_adjust = false;
+  for (int32_t a = 0; a < na && !any_adjust; ++a) {
+    any_adjust = part_a_seq[a] < S_real && batch.seqs[part_a_seq[a]].sample && batch.seqs[part_a_seq[a]].sampling.penalized();
+  }
+  if (any_adjust) {
+    auto [begin_h, begin_d] = pack.Take<int32_t>(static_cast<size_t>(na) + 1);
+    m.adjust_begin = begin_d;
+    begin_h[0] = 0;
+    for (int32_t a = 0; a < na; ++a) {
+      const int32_t s = part_a_seq[a];
+      if (s < S_real && batch.seqs[s].sample) {
+        const SequenceStep& st = batch.seqs[s];
+        BuildLogitAdjusts(st.sampling, st.history, static_cast<size_t>(st.prompt_len), &adjust_row_);
+        adjust_scratch_.insert(adjust_scratch_.end(), adjust_row_.begin(), adjust_row_.end());
+      }
+      begin_h[a + 1] = static_cast<int32_t>(adjust_scratch_.size());
+    }
+    m.adjust_entries = static_cast<int32_t>(adjust_scratch_.size());
   }
   for (int32_t j = 0; j < nb; ++j) rows_h[na + j] = part_b[j].second;
   if (kernels::RopeDependsOnLength(rope_)) {  // each sequence's frequencies at its new length
@@ -217,6 +262,13 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
 
 Status CudaBackend::UploadMeta(const StepMeta& m) {
   KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, m.staging_used, cudaMemcpyHostToDevice, stream_));
+  if (m.adjust_entries > 0) {
+    const size_t n = static_cast<size_t>(m.adjust_entries);
+    KVF_RETURN_IF_ERROR(ReserveAdjust(n));
+    std::copy(adjust_scratch_.begin(), adjust_scratch_.end(), adjust_host_);
+    KVF_CUDA_RETURN(cudaMemcpyAsync(adjust_dev_, adjust_host_, n * sizeof(kernels::LogitAdjust), cudaMemcpyHostToDevice,
+                                    stream_));
+  }
   return Status::Ok();
 }
 

@@ -238,6 +238,16 @@ TokenId MockBackend::TokenFor(const SequenceStep& s, uint64_t context) const {
   return t;
 }
 
+// The mock has no logits: a token's logprob is -1 and its top entries are the token
+// itself, then the ids after it at -2, -3, ... (shapes for router tests, not numbers).
+TokenLogprobs MockBackend::MockLogprobs(TokenId token, int32_t top) const {
+  TokenLogprobs lp{token, -1.0f, {}};
+  for (int32_t k = 0; k < top; ++k) {
+    lp.top.emplace_back(static_cast<TokenId>((token + k) % config_.vocab_size), -1.0f - static_cast<float>(k));
+  }
+  return lp;
+}
+
 Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
   const TimeNs start = mock_.clock->Now();
   KVF_RETURN_IF_ERROR(Validate(batch));
@@ -245,6 +255,8 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
   out->tokens.assign(batch.seqs.size(), kNoToken);
   out->logits_offset.assign(batch.seqs.size(), -1);
   out->logits.clear();
+  out->logprobs.assign(batch.seqs.size(), {});
+  out->prompt_logprobs.assign(batch.seqs.size(), {});
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SequenceStep& s = batch.seqs[i];
     if (s.tokens.size() == 1) {
@@ -258,6 +270,11 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
       KVF_ASSIGN_OR_RETURN(context, WriteAndRead(s));
     }
     if (s.sample) out->tokens[i] = TokenFor(s, context);
+    if (s.sample && s.sampling.logprobs >= 0) out->logprobs[i] = MockLogprobs(out->tokens[i], s.sampling.logprobs);
+    const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(s);
+    for (int64_t p = prompt_rows.first; p < prompt_rows.end; ++p) {
+      out->prompt_logprobs[i].push_back(MockLogprobs(s.history[p + 1], s.sampling.logprobs));
+    }
   }
   last_step_ = mock_.cost.StepDuration(work);
   const TimeNs deadline = start + last_step_;

@@ -10,7 +10,8 @@
 // with verify_kv it is instead a hash of every (token, position) attention reads through
 // the block tables from a shadow KV cache, so a wrong block table, a wrongly reused block
 // or a lost copy changes the output (or fails the step) — an oracle for engine tests.
-// The mock never samples an EOS token unless eos_after says so.
+// The mock never samples an EOS token unless eos_after says so. Logprobs asked for are
+// placeholders of the right shape (MockLogprobs): the mock has no logits.
 //
 // Time. Execute() returns once the step's modelled duration has passed since it began:
 // `wait` is called with that deadline (default: sleep on the steady clock; tests pass a
@@ -85,6 +86,7 @@ class MockBackend final : public ModelBackendBase {
   // The context hash of one sequence after writing its tokens (verify_kv).
   Result<uint64_t> WriteAndRead(const SequenceStep& step);
   TokenId TokenFor(const SequenceStep& step, uint64_t context) const;
+  TokenLogprobs MockLogprobs(TokenId token, int32_t top) const;
 
   MockOptions mock_;
   uint64_t device_bytes_ = 0;

@@ -1,0 +1,170 @@
+// The cuda backend's logprobs and logit processing against the cpu backend (fp32) and the
+// HF fixtures: sampled and prompt logprobs from the sampling and logprobs kernels agree with
+// the cpu backend's double log-softmax of its own logits; their differences agree with
+// transformers' logit differences; penalised greedy picks the argmax of the adjusted logits.
+//
+// Bounds: the issue asks |Δ| <= 2e-2 on bf16 end to end. The logits themselves are only
+// within kBf16Tolerance of fp32 (0.10-0.14 seen; cuda_backend_test.cc), and a logprob carries
+// its logit's error, so 2e-2 holds for the mean |Δ| and the maximum gets the logits' bound.
+// The kernels on identical logits agree with the reference to 1e-4 (sampling_test.cc).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+
+#include "tests/worker/backend/cpu/reference.h"
+#include "tests/worker/model/test_models.h"
+#include "worker/backend/backend.h"
+
+namespace kvfleet::testing {
+namespace {
+
+constexpr float kBf16Tolerance = 0.2f;   // as cuda_backend_test.cc: max |logit - fp32|
+constexpr double kMeanTolerance = 2e-2;  // the issue's bound, on the mean
+
+std::string Data() {
+  const char* d = std::getenv("KVFLEET_TEST_DATA");
+  return d != nullptr && *d != 0 ? std::string(d) : TestDataDir();
+}
+
+std::unique_ptr<backend::ModelBackend> MakeBackend(const char* name, const Reference& ref) {
+  backend::BackendOptions o;
+  o.model_dir = RandomModelDir(ref.shape, ref.seed);
+  o.block_size = 16;
+  o.num_blocks = 64;
+  o.max_context = 1024;
+  o.max_num_tokens = 256;
+  o.max_batch_size = 8;
+  o.threads = 2;
+  auto b = backend::CreateBackend(name, o);
+  REQUIRE_MESSAGE(b.ok(), b.status().ToString());
+  return std::move(b).value();
+}
+
+backend::StepOutput RunAll(backend::ModelBackend& b, std::span<const TokenId> history, int64_t prompt_len,
+                           const backend::SamplingParams& p, int64_t chunk = 0) {
+  std::vector<backend::BlockId> table(history.size() / b.block_size() + 1);
+  std::iota(table.begin(), table.end(), 0);
+  backend::StepOutput all;
+  const int64_t n = static_cast<int64_t>(history.size());
+  for (int64_t start = 0; start < n;) {  // chunks: prompt logprobs come from parts of the prompt at a time
+    const int64_t len = chunk > 0 ? std::min(chunk, n - start) : n - start;
+    backend::SequenceStep s;
+    s.tokens = history.subspan(start, len);
+    s.start_position = start;
+    s.history = history;
+    s.prompt_len = prompt_len;
+    s.block_tables = {table};
+    s.sample = start + len == n;
+    s.sampling = p;
+    s.logits = backend::LogitsRequest::kAll;
+    backend::StepBatch batch;
+    batch.seqs.push_back(s);
+    backend::StepOutput out;
+    Status st = b.Execute(batch, &out);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    all.tokens = out.tokens;
+    all.logprobs = out.logprobs;
+    all.logits.insert(all.logits.end(), out.logits.begin(), out.logits.end());
+    all.prompt_logprobs.resize(1);
+    all.prompt_logprobs[0].insert(all.prompt_logprobs[0].end(), out.prompt_logprobs[0].begin(),
+                                  out.prompt_logprobs[0].end());
+    start += len;
+  }
+  return all;
+}
+
+std::vector<double> LogSoftmax(const float* row, int64_t V) {
+  const double max = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - max);
+  std::vector<double> out(V);
+  for (int64_t i = 0; i < V; ++i) out[i] = row[i] - max - std::log(sum);
+  return out;
+}
+
+TEST_CASE("cuda logprobs (sampled and prompt, whole and chunked) agree with the cpu backend and transformers") {
+  for (const std::string& name : TinyReferenceModels(Data() + "/model")) {
+    const Reference ref = Reference::Load(Data() + "/model", name);
+    auto cuda = MakeBackend("cuda", ref);
+    auto cpu = MakeBackend("cpu", ref);
+    const int64_t V = cuda->config().vocab_size;
+    const std::vector<TokenId>& prompt = ref.prompts[2];  // 45 tokens
+    const backend::SamplingParams p{.temperature = 0.0f, .logprobs = 8, .prompt_logprobs = true};
+    const backend::StepOutput want = RunAll(*cpu, prompt, static_cast<int64_t>(prompt.size()), p);
+    for (int64_t chunk : {0, 16}) {
+      const backend::StepOutput got = RunAll(*cuda, prompt, static_cast<int64_t>(prompt.size()), p, chunk);
+      REQUIRE(got.prompt_logprobs[0].size() == prompt.size() - 1);
+      double worst = 0, sum = 0, hf_worst = 0;
+      int64_t count = 0;
+      auto compare = [&](const backend::TokenLogprobs& lp, int64_t row) {
+        const std::vector<double> cpu_lp = LogSoftmax(&want.logits[row * V], V);
+        auto add = [&](TokenId t, float v) {
+          const double d = std::fabs(v - cpu_lp[t]);
+          worst = std::max(worst, d);
+          sum += d;
+          ++count;
+        };
+        add(lp.token, lp.logprob);
+        for (auto [t, v] : lp.top) add(t, v);  // by token id: a near tie may reorder the top
+        // transformers: top-entry logprob differences are its logit differences.
+        const int64_t cols = ref.top_k + static_cast<int64_t>(ref.stride_columns.size());
+        const float* hf = &ref.values[(ref.row0[2] + row) * cols];
+        const auto& ids = ref.top_ids[2][row];
+        for (auto [t, v] : lp.top) {
+          auto it = std::find(ids.begin(), ids.end(), static_cast<int64_t>(t));
+          if (it == ids.end() || lp.top[0].first != static_cast<TokenId>(ids[0])) continue;
+          const double d = (v - lp.top[0].second) - (hf[it - ids.begin()] - hf[0]);
+          hf_worst = std::max(hf_worst, std::fabs(d));
+        }
+      };
+      for (size_t i = 0; i < got.prompt_logprobs[0].size(); ++i) {
+        CHECK(got.prompt_logprobs[0][i].token == prompt[i + 1]);
+        compare(got.prompt_logprobs[0][i], static_cast<int64_t>(i));
+      }
+      REQUIRE(got.logprobs[0].token == got.tokens[0]);
+      compare(got.logprobs[0], static_cast<int64_t>(prompt.size()) - 1);
+      INFO(name << ", chunk " << chunk);
+      CHECK(sum / count <= kMeanTolerance);
+      CHECK(worst <= kBf16Tolerance);
+      CHECK(hf_worst <= 2 * kBf16Tolerance);
+      MESSAGE(name << " chunk " << chunk << ": logprob |cuda - cpu| mean " << sum / count << " max " << worst
+                   << "; top-entry differences vs transformers max " << hf_worst);
+    }
+  }
+}
+
+TEST_CASE("cuda penalised greedy: logits come back adjusted as the reference adjusts the raw ones, token their argmax") {
+  const Reference ref = Reference::Load(Data() + "/model", "tiny");
+  auto cuda = MakeBackend("cuda", ref);
+  const int64_t V = cuda->config().vocab_size;
+  std::vector<TokenId> history = ref.prompts[1];
+  const size_t prompt_len = history.size();
+  for (TokenId t : {history[2], history[2], static_cast<TokenId>(42), history[5], static_cast<TokenId>(42)}) {
+    history.push_back(t);
+  }
+  const backend::StepOutput raw = RunAll(*cuda, history, static_cast<int64_t>(prompt_len), {.temperature = 0.0f});
+  const std::pair<TokenId, float> bias[] = {{7, 3.0f}, {history[0], -100.0f}};
+  const backend::SamplingParams p{.temperature = 0.0f, .presence_penalty = 0.6f, .frequency_penalty = 0.9f,
+                                  .repetition_penalty = 1.4f, .logit_bias = bias, .logprobs = 3};
+  const backend::StepOutput got = RunAll(*cuda, history, static_cast<int64_t>(prompt_len), p);
+  std::vector<kernels::LogitAdjust> adjust;
+  backend::BuildLogitAdjusts(p, history, prompt_len, &adjust);
+  const int64_t last = static_cast<int64_t>(history.size()) - 1;
+  std::vector<float> want(raw.logits.begin() + last * V, raw.logits.begin() + (last + 1) * V);
+  for (const auto& a : adjust) want[a.token] = kernels::AdjustLogit(want[a.token], a);
+  const float* adjusted = &got.logits[last * V];
+  float diff = 0;
+  for (int64_t i = 0; i < V; ++i) diff = std::max(diff, std::fabs(adjusted[i] - want[i]));
+  CHECK(diff <= 1e-3f);  // device FMA contraction may differ from the host in the last bits
+  CHECK(got.tokens[0] == static_cast<TokenId>(std::max_element(adjusted, adjusted + V) - adjusted));
+  // The logprob is of the raw logits, not the adjusted ones.
+  const std::vector<double> raw_lp = LogSoftmax(&raw.logits[last * V], V);
+  CHECK(std::fabs(got.logprobs[0].logprob - raw_lp[got.tokens[0]]) <= 1e-4);
+}
+
+}  // namespace
+}  // namespace kvfleet::testing
