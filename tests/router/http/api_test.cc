@@ -983,6 +983,30 @@ TEST_CASE("streamed completions carry each chunk's logprobs; chat's are content 
   CHECK_FALSE(w.last_params().sampling.prompt_logprobs);
 }
 
+TEST_CASE("n=2 with echo and logprobs: every choice starts with the prompt and its logprobs, then its own tokens") {
+  FakeWorker w("hey");  // sequence i answers all but its last i bytes
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto j = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 3},
+                                                              {"n", 2}, {"echo", true}, {"logprobs", 0}}.dump())));
+  REQUIRE(j["choices"].size() == 2);
+  const std::vector<std::string> texts = {"abhey", "abhe"};
+  for (int i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    const json& c = j["choices"][i];
+    CHECK(c["index"] == i);
+    CHECK(c["text"] == texts[i]);
+    const json& lp = c["logprobs"];
+    std::vector<std::string> tokens = {"a", "b", "h", "e", "y"};
+    tokens.resize(texts[i].size());
+    CHECK(lp["tokens"] == json(tokens));
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["token_logprobs"][1] == -0.5);
+    CHECK(lp["token_logprobs"][2] == -1.0);
+    CHECK(lp["text_offset"][3] == 3);
+  }
+}
+
 TEST_CASE("penalties, min_p and logit_bias reach the worker as sent") {
   FakeWorker w("hello");
   RouterUnderTest r({w.endpoint()});
