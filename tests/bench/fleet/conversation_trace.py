@@ -23,16 +23,7 @@ import json
 import random
 import sys
 
-TRACE_BLOCK = 512  # tokens per hash id in the Mooncake format
-
-
-def int_range(text):
-    lo, _, hi = text.partition(":")
-    lo, hi = int(lo), int(hi or lo)
-    if lo < 1 or hi < lo:
-        raise argparse.ArgumentTypeError(f"'{text}': want N or MIN:MAX with 1 <= MIN <= MAX")
-    return lo, hi
-
+from trace_common import TRACE_BLOCK, int_range
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,23 +17,14 @@ import json
 import random
 import sys
 
-TRACE_BLOCK = 512  # tokens per hash id in the Mooncake format
-
-
-def token_range(text):
-    lo, _, hi = text.partition(":")
-    lo, hi = int(lo), int(hi or lo)
-    if lo < 1 or hi < lo:
-        raise argparse.ArgumentTypeError(f"'{text}': want N or MIN:MAX with 1 <= MIN <= MAX")
-    return lo, hi
-
+from trace_common import TRACE_BLOCK, int_range
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--system-prompts", type=int, default=8, help="distinct system prompts")
     p.add_argument("--system-blocks", type=int, default=2, help="512-token trace blocks per system prompt")
-    p.add_argument("--user-tokens", type=token_range, default=(256, 1536), help="user message tokens, N or MIN:MAX")
-    p.add_argument("--output-tokens", type=token_range, default=(32, 32), help="tokens to generate, N or MIN:MAX")
+    p.add_argument("--user-tokens", type=int_range, default=(256, 1536), help="user message tokens, N or MIN:MAX")
+    p.add_argument("--output-tokens", type=int_range, default=(32, 32), help="tokens to generate, N or MIN:MAX")
     p.add_argument("--rate", type=float, default=8.0, help="mean arrivals per second (Poisson)")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
     p.add_argument("--zipf", type=float, default=0.0, help="Zipf exponent of the system prompt choice (0: uniform)")
