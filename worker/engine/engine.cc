@@ -152,6 +152,8 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.start_position = s.start;
     step.sample = s.sample;
     step.sampling = BackendSampling(seq.request.sampling, seq.seed);
+    // Prompt logprobs until they went out (decode steps then keep their CUDA graphs).
+    step.sampling.prompt_logprobs = step.sampling.prompt_logprobs && !seq.prompt_logprobs_sent;
     step.rng_counter = seq.num_generated();
     step.history = seq.tokens;
     step.prompt_len = seq.prompt_len;

@@ -23,6 +23,8 @@ Sequence::Sequence(RequestId id_in, const Sequence& parent, uint32_t index_in)
   preemption_priority = parent.preemption_priority;
   // Usage is the request's: what the client saved on its prompt, counted once.
   admitted_once = true;
+  // The request's prompt logprobs come from sequence 0: a fork reuses the prompt's blocks.
+  prompt_logprobs_sent = true;
   cached_device_tokens = parent.cached_device_tokens;
   cached_host_tokens = parent.cached_host_tokens;
 }

@@ -494,6 +494,34 @@ TEST_CASE("a request of n=3 prefills its prompt once; the forks recompute only i
   }
 }
 
+TEST_CASE("n=3 with prompt logprobs: sequence 0 computes the prompt and sends them once; the forks still share it") {
+  const uint32_t len = 40;
+  Harness h;
+  GenerateRequest r;
+  r.prompt = Prompt(len);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 4;
+  r.sampling.n = 3;
+  r.sampling.logprobs = 0;
+  r.sampling.prompt_logprobs = true;
+  auto id = h.engine->Add(std::move(r), h.clock.Now());
+  REQUIRE(id.ok());
+  uint64_t prefill = 0;
+  int with_prompt_logprobs = 0;
+  for (int i = 0; i < 10'000 && h.engine->HasWork(); ++i) {
+    for (const RequestOutput& o : h.engine->Step()) {
+      if (o.prompt_logprobs.empty()) continue;
+      ++with_prompt_logprobs;
+      CHECK(o.index == 0);
+      CHECK(o.prompt_logprobs.size() == len - 1);
+    }
+    prefill += h.engine->last_step().prefill_tokens;
+  }
+  REQUIRE_FALSE(h.engine->HasWork());
+  CHECK(with_prompt_logprobs == 1);
+  CHECK(prefill == len + 2 * (len % kBlock));  // as without prompt logprobs
+}
+
 TEST_CASE("sequence i of a request of n=4 gives the tokens of the same request with n=1 and seed + i") {
   // The mock's tokens hash the seed, the sampling counter and all the KV attention reads
   // (the forks' shared and recomputed blocks included).
