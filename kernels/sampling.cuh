@@ -45,27 +45,17 @@ __device__ ArgMax BlockArgMax(ArgMax x) {
   return r;
 }
 
-__device__ uint64_t BlockSumU64(uint64_t x) {
-  __shared__ uint64_t s[32];
+// Sum over the block: T per thread and within a warp, Acc across warps (float rows sum their
+// warps in double; fixed-point probabilities stay uint64 throughout).
+template <typename Acc, typename T>
+__device__ Acc BlockSum(T x) {
+  __shared__ Acc s[32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   __syncthreads();
   if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = x;
   __syncthreads();
-  uint64_t r = 0;
-  for (int w = 0; w < kThreads / 32; ++w) r += s[w];
-  return r;
-}
-
-// Sum over the block: float per thread, double across warps.
-__device__ double BlockSumF(float x) {
-  __shared__ double s[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = x;
-  __syncthreads();
-  double r = 0;
+  Acc r = 0;
   for (int w = 0; w < kThreads / 32; ++w) r += s[w];
   return r;
 }
@@ -79,7 +69,7 @@ __device__ float RowLogprobs(const float* row, int32_t vocab, int32_t top, int32
   best = BlockArgMax(best);
   float local = 0.f;
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) local += expf(row[i] - best.v);
-  const float lse = best.v + static_cast<float>(log(BlockSumF(local)));
+  const float lse = best.v + static_cast<float>(log(BlockSum<double>(local)));
   ArgMax prev = best;
   for (int32_t k = 0; k < top; ++k) {
     if (k > 0) {
@@ -234,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
       uint64_t total = 0;
       for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads)
         if (FloatOrderKey(row[i]) >= min_key) total += FixedProb(row[i], max_logit, temperature);
-      total = BlockSumU64(total);
+      total = BlockSum<uint64_t>(total);
       uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(top_p) * static_cast<double>(total)));
       if (target < 1) target = 1;
       min_key = max(min_key, RadixSelect<true>(row, p.vocab, min_key, target, max_logit, temperature));
