@@ -47,7 +47,7 @@ std::string EncodeHello(const WorkerHello& h) {
   return wire::Encode(message);
 }
 
-uint32_t IndexedWindow(const WorkerHello& hello) {
+static const KvPoolAnnounce* IndexedPool(const WorkerHello& hello) {
   const KvPoolAnnounce* best = nullptr;
   // A pool's stored prefix in tokens, "no limit" last.
   auto stored = [](const KvPoolAnnounce& p) { return p.reuse_tokens == 0 ? UINT64_MAX : uint64_t{p.reuse_tokens}; };
@@ -57,7 +57,17 @@ uint32_t IndexedWindow(const WorkerHello& hello) {
       best = &p;
     }
   }
-  return best == nullptr ? 0 : best->window;
+  return best;
+}
+
+uint32_t IndexedWindow(const WorkerHello& hello) {
+  const KvPoolAnnounce* pool = IndexedPool(hello);
+  return pool == nullptr ? 0 : pool->window;
+}
+
+uint32_t IndexedReuseTokens(const WorkerHello& hello) {
+  const KvPoolAnnounce* pool = IndexedPool(hello);
+  return pool == nullptr ? 0 : pool->reuse_tokens;
 }
 
 std::string EncodeBye(const WorkerBye& b) {

@@ -58,6 +58,8 @@ struct WorkerHello {
 // attention first. Pools that store nothing are passed over. 0 (full attention) when the
 // Hello names no pool or none stores blocks.
 uint32_t IndexedWindow(const WorkerHello& hello);
+// That pool's stored prefix in tokens (its reuse_tokens); 0: no limit, or no such pool.
+uint32_t IndexedReuseTokens(const WorkerHello& hello);
 
 struct WorkerBye {
   std::string name;

@@ -246,6 +246,14 @@ uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
   return (info.device_blocks + info.host_blocks) / PerBlock(info);  // counted in KV blocks
 }
 
+uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return 0;
+  const WorkerHello& info = workers_[id]->info;
+  const uint32_t tokens = IndexedReuseTokens(info);
+  return tokens == 0 || info.block_size == 0 ? 0 : std::max<uint32_t>(1, tokens / info.block_size);
+}
+
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return id < workers_.size() ? PerBlock(workers_[id]->info) : 1;
@@ -547,6 +555,7 @@ Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
+uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
 

@@ -68,6 +68,9 @@ class WorkerLoads {
   // KV blocks per routing block: block_size / kv_block_size for a token-level worker, else 1.
   // Its load reports count KV blocks.
   virtual uint32_t KvBlocksPerBlock(WorkerId /*worker*/) const { return 1; }
+  // Leading routing blocks of a prompt the worker stores for reuse in the pool routers index
+  // (a windowed pool keeps only its first window); 0: no limit.
+  virtual uint32_t StoredPrefixBlocks(WorkerId /*worker*/) const { return 0; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -224,6 +227,7 @@ class Fleet final : public WorkerLoads {
   std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const override;
   uint64_t CacheBlocks(WorkerId worker) const override;
   uint32_t KvBlocksPerBlock(WorkerId worker) const override;
+  uint32_t StoredPrefixBlocks(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -93,6 +93,7 @@ class FleetImpl final : public LaneFleet {
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
   uint64_t CacheBlocks(WorkerId id) const;
   uint32_t KvBlocksPerBlock(WorkerId id) const;
+  uint32_t StoredPrefixBlocks(WorkerId id) const;
   std::string registration_endpoint() const { return registration_.endpoint(); }
 
  private:

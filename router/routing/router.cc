@@ -197,12 +197,18 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
 
 void Router::Commit(const Decision& decision) {
   const DurationNs ttl = picker_.options().predicted_ttl;
-  kv_index_->InsertPredicted(decision.worker, decision.hashes, ttl);
+  // Predicted entries only for what the worker will store: a windowed pool keeps a
+  // sequence's first window, no more (README.md, "Windowed models").
+  std::span<const BlockHash> stored = decision.hashes;
+  if (const uint32_t limit = loads_->StoredPrefixBlocks(decision.worker); limit > 0 && stored.size() > limit) {
+    stored = stored.first(limit);
+  }
+  kv_index_->InsertPredicted(decision.worker, stored, ttl);
   if (decision.policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
   if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
     // Without events the worker's cache is modelled as its own LRU (README.md, "approx").
     approx_index_->SetCapacity(decision.worker, loads_->CacheBlocks(decision.worker));
-    approx_index_->InsertPredicted(decision.worker, decision.hashes, picker_.options().approx_ttl);
+    approx_index_->InsertPredicted(decision.worker, stored, picker_.options().approx_ttl);
   }
 }
 

@@ -86,15 +86,19 @@ TEST_CASE("a router indexes the pool a prefix hit is limited by") {
   };
   h.kv_pools = {pool(0, true, 0)};
   CHECK(IndexedWindow(h) == 0);
+  CHECK(IndexedReuseTokens(h) == 0);  // no limit
   // Mistral-7B: every layer windowed (4096 of a 32K context): its one windowed pool.
   h.kv_pools = {pool(4096, true, 4096)};
   CHECK(IndexedWindow(h) == 4096);
+  CHECK(IndexedReuseTokens(h) == 4096);  // its first window
   // Mixed layers: a hit needs every pool, and the windowed one stores only its first window.
   h.kv_pools = {pool(0, true, 0), pool(1024, true, 1024), pool(4096, true, 4096)};
   CHECK(IndexedWindow(h) == 1024);
+  CHECK(IndexedReuseTokens(h) == 1024);
   // Chunked attention limits the full pool as much as the window: the smaller window wins ties.
   h.kv_pools = {pool(0, true, 8192), pool(16384, true, 8192)};
   CHECK(IndexedWindow(h) == 0);
+  CHECK(IndexedReuseTokens(h) == 8192);
   // No pool stores blocks (reuse off): nothing to index but the default.
   h.kv_pools = {pool(4096, false, 4096)};
   CHECK(IndexedWindow(h) == 0);

@@ -28,9 +28,14 @@ class FakeLoads final : public WorkerLoads {
     if (it == reported.end()) return std::nullopt;
     return it->second;
   }
+  uint32_t StoredPrefixBlocks(WorkerId w) const override {
+    auto it = stored_prefix.find(w);
+    return it == stored_prefix.end() ? 0 : it->second;
+  }
 
   std::map<WorkerId, OwnLoadCounts> own, own_then;
   std::map<WorkerId, WorkerLoad> reported;
+  std::map<WorkerId, uint32_t> stored_prefix;
   mutable TimeNs asked_at = 0;
 
  private:
@@ -84,6 +89,25 @@ TEST_CASE("the kv policy picks the worker holding the prompt's prefix") {
   CHECK(d->hashes == f.Hashes());
   REQUIRE(d->candidates);
   CHECK(d->candidates->size() == 3);
+}
+
+TEST_CASE("predicted entries stop at the blocks a windowed worker stores: its first window") {
+  Fixture f;
+  for (WorkerId w : {0u, 1u, 2u}) f.loads.stored_prefix[w] = 3;  // a window of 3 blocks
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  f.router.Commit(*d);
+  CHECK(f.Matched(f.kv, d->worker) == 3);
+  auto next = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(next.ok());
+  CHECK(next->worker == d->worker);
+  CHECK(next->predicted_cached_tokens == 3 * kBlockSize);
+  // No limit: every block of the prompt.
+  Fixture g;
+  auto e = g.router.Route(g.fleet, g.PromptOf(Policy::kKv));
+  REQUIRE(e.ok());
+  g.router.Commit(*e);
+  CHECK(g.Matched(g.kv, e->worker) == 10);
 }
 
 TEST_CASE("a cache salt puts the prompt in another namespace: no hit") {
