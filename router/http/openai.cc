@@ -372,17 +372,13 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
                  "best_of");
     }
   }
-  for (const char* unsupported : {"suffix", "tools", "functions"}) {
-    auto it = j.find(unsupported);
-    if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
-        (it->is_array() && it->empty()) || (it->is_object() && it->empty())) {
-      continue;
-    }
-    return Bad(std::string("'") + unsupported + "' is not supported", unsupported);
+  // tools and functions are refused by the field rule above; suffix is a parsed field.
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
+                                  !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
+    return Bad("'suffix' is not supported", "suffix");
   }
   KVF_RETURN_IF_ERROR(ReadBool(j, "stream", &r.stream));
-  KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));
-  if (r.echo && chat) return Bad("'echo' is only supported on /v1/completions", "echo");
+  KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));  // completions only (the field rule)
   if (r.max_tokens == 0u && !r.echo) return Bad("'" + std::string(max_name) + "' must be >= 1 (0 only with echo)", max_name);
   if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return Bad("'stream_options' must be an object", "stream_options");

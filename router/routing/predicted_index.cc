@@ -133,7 +133,7 @@ void PredictedIndex::CheckInvariants() const {
   KVF_CHECK(pairs == entries_);
   size_t listed = 0;
   for (const auto& [id, cache] : workers_) {
-    const WorkerId worker = id;  // a structured binding cannot be captured before C++20's P1091 (clang < 16)
+    const WorkerId worker = id;  // clang before 16 cannot capture a structured binding (P1091)
     listed += cache.lru.size();
     for (BlockHash h : cache.lru) {
       auto it = map_.find(h);
