@@ -71,6 +71,7 @@ struct Load {
   # wait for running requests to finish when the batch or the KV cache is full (README.md).
   # 0 from a worker older than the field.
   predictedWaitUs @8 :UInt64;
+  residentLoras @9 :List(UInt64);      # loraIds of the adapters on the device now (Hello.loras)
 }
 
 struct EventBatch {

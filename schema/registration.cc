@@ -44,6 +44,15 @@ std::string EncodeHello(const WorkerHello& h) {
     w.setReuse(p.reuse);
     w.setReuseTokens(p.reuse_tokens);
   }
+  auto loras = out.initLoras(static_cast<unsigned>(h.loras.size()));
+  for (unsigned i = 0; i < h.loras.size(); ++i) {
+    loras[i].setName(h.loras[i].name);
+    loras[i].setLoraId(h.loras[i].lora_id);
+    loras[i].setRank(h.loras[i].rank);
+    loras[i].setBaseModel(h.loras[i].base_model);
+  }
+  out.setMaxLoras(h.max_loras);
+  out.setLoraLoadUs(h.lora_load_us);
   return wire::Encode(message);
 }
 
@@ -108,6 +117,11 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
                                               p.getAttentionChunk(), p.getLayers(), p.getDeviceBlocks(),
                                               p.getHostBlocks(), p.getReuse(), p.getReuseTokens()});
       }
+      for (auto l : h.getLoras()) {
+        out.loras.push_back(LoraAnnounce{l.getName().cStr(), l.getLoraId(), l.getRank(), l.getBaseModel().cStr()});
+      }
+      out.max_loras = h.getMaxLoras();
+      out.lora_load_us = h.getLoraLoadUs();
       return ToRouterMessage(std::move(out));
     }
     if (root.isBye()) {

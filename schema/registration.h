@@ -31,6 +31,16 @@ struct KvPoolAnnounce {
   bool operator==(const KvPoolAnnounce&) const = default;
 };
 
+// One LoRA adapter a worker serves (schema/worker.capnp LoraAdapter).
+struct LoraAnnounce {
+  std::string name;        // requests select it by this name (their model field)
+  uint64_t lora_id = 0;    // LoraId(name), common/block_hash.h
+  uint32_t rank = 0;
+  std::string base_model;  // adapter_config.json's base_model_name_or_path
+
+  bool operator==(const LoraAnnounce&) const = default;
+};
+
 struct WorkerHello {
   std::string name;               // the wire's workerId
   std::string model;
@@ -50,6 +60,9 @@ struct WorkerHello {
   // (a mock, a directory without tokenizer.json, or a static entry).
   uint64_t tokenizer_digest = 0;
   std::vector<KvPoolAnnounce> kv_pools;  // empty: a worker older than the field, or a static entry
+  std::vector<LoraAnnounce> loras;       // the adapters it serves, device- or host-resident
+  uint32_t max_loras = 0;                // adapters on the device at once; 0: no LoRA support
+  uint64_t lora_load_us = 0;             // host -> device load time of one adapter; 0: unknown
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

@@ -129,6 +129,23 @@ std::string EncodeCancel(uint64_t request_id) {
   return wire::Encode(message);
 }
 
+std::string EncodeLoadLora(uint64_t request_id, const LoraControl& lora) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::ToWorker>().initLoadLora();
+  out.setRequestId(request_id);
+  out.setName(lora.name);
+  out.setPath(lora.path);
+  return wire::Encode(message);
+}
+
+std::string EncodeUnloadLora(uint64_t request_id, const std::string& name) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::ToWorker>().initUnloadLora();
+  out.setRequestId(request_id);
+  out.setName(name);
+  return wire::Encode(message);
+}
+
 Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
   auto decoded = wire::Decode<s::FromWorker>(data, size);
   if (!decoded.ok()) return decoded.status();
@@ -161,6 +178,18 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       out.message = e.getMessage().cStr();
       return FromWorkerMessage(std::move(out));
     }
+    if (root.isLoraResult()) {
+      auto r = root.getLoraResult();
+      WorkerLoraResult out;
+      out.request_id = r.getRequestId();
+      out.ok = r.getOk();
+      out.code = static_cast<WorkerErrorCode>(static_cast<int>(r.getCode()));
+      if (static_cast<int>(r.getCode()) > static_cast<int>(WorkerErrorCode::kUnknownModel)) {
+        out.code = WorkerErrorCode::kInternal;
+      }
+      out.message = r.getMessage().cStr();
+      return FromWorkerMessage(std::move(out));
+    }
     return DataLoss("FromWorker of an unknown kind");
   });
 }
@@ -172,8 +201,23 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     auto root = (*decoded)->Root<s::ToWorker>();
     ToWorkerMessage out;
     if (root.isCancel()) {
-      out.cancel = true;
+      out.kind = ToWorkerMessage::Kind::kCancel;
       out.request_id = root.getCancel().getRequestId();
+      return out;
+    }
+    if (root.isLoadLora()) {
+      auto l = root.getLoadLora();
+      out.kind = ToWorkerMessage::Kind::kLoadLora;
+      out.request_id = l.getRequestId();
+      out.lora.name = l.getName().cStr();
+      out.lora.path = l.getPath().cStr();
+      return out;
+    }
+    if (root.isUnloadLora()) {
+      auto l = root.getUnloadLora();
+      out.kind = ToWorkerMessage::Kind::kUnloadLora;
+      out.request_id = l.getRequestId();
+      out.lora.name = l.getName().cStr();
       return out;
     }
     if (!root.isGenerate()) return DataLoss("ToWorker of an unknown kind");
@@ -243,6 +287,16 @@ std::string EncodeError(const WorkerError& e) {
   out.setRequestId(e.request_id);
   out.setCode(static_cast<s::ErrorCode>(static_cast<int>(e.code)));
   out.setMessage(e.message);
+  return wire::Encode(message);
+}
+
+std::string EncodeLoraResult(const WorkerLoraResult& r) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<s::FromWorker>().initLoraResult();
+  out.setRequestId(r.request_id);
+  out.setOk(r.ok);
+  out.setCode(static_cast<s::ErrorCode>(static_cast<int>(r.code)));
+  out.setMessage(r.message);
   return wire::Encode(message);
 }
 

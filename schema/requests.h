@@ -108,22 +108,41 @@ struct WorkerError {
   std::string message;
 };
 
-using FromWorkerMessage = std::variant<WorkerDelta, WorkerError>;
+// The answer to a LoadLora or UnloadLora of the same request_id.
+struct WorkerLoraResult {
+  uint64_t request_id = 0;
+  bool ok = false;
+  WorkerErrorCode code = WorkerErrorCode::kInternal;  // when !ok
+  std::string message;                                // when !ok
+};
+
+using FromWorkerMessage = std::variant<WorkerDelta, WorkerError, WorkerLoraResult>;
+
+// A LoRA adapter to load (from `path`, a PEFT directory on the worker) or unload.
+struct LoraControl {
+  std::string name;  // the name requests select it by
+  std::string path;  // kLoadLora only
+};
 
 struct ToWorkerMessage {
-  bool cancel = false;
+  enum class Kind : uint8_t { kGenerate, kCancel, kLoadLora, kUnloadLora };
+  Kind kind = Kind::kGenerate;
   uint64_t request_id = 0;
-  GenerateParams params;  // when !cancel
+  GenerateParams params;  // kGenerate
+  LoraControl lora;       // kLoadLora, kUnloadLora
 };
 
 // The router's side.
 std::string EncodeGenerate(uint64_t request_id, const GenerateParams& params);
 std::string EncodeCancel(uint64_t request_id);
+std::string EncodeLoadLora(uint64_t request_id, const LoraControl& lora);
+std::string EncodeUnloadLora(uint64_t request_id, const std::string& name);
 Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size);
 
 // The worker's side.
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size);
 std::string EncodeDelta(const WorkerDelta& delta);
 std::string EncodeError(const WorkerError& error);
+std::string EncodeLoraResult(const WorkerLoraResult& result);
 
 }  // namespace kvfleet

@@ -79,6 +79,26 @@ struct Cancel {
   requestId @0 :UInt64;
 }
 
+# LoRA adapters at run time (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter):
+# the worker answers each with one LoraResult of the same requestId.
+struct LoadLora {
+  requestId @0 :UInt64;
+  name @1 :Text;      # the name requests use (their model field; Generate.loraName)
+  path @2 :Text;      # a PEFT directory on the worker's filesystem
+}
+
+struct UnloadLora {
+  requestId @0 :UInt64;
+  name @1 :Text;
+}
+
+struct LoraResult {
+  requestId @0 :UInt64;
+  ok @1 :Bool;
+  code @2 :ErrorCode;  # when not ok
+  message @3 :Text;    # when not ok: why
+}
+
 struct Usage {
   promptTokens @0 :UInt32;
   cachedDeviceTokens @1 :UInt32;
@@ -161,6 +181,17 @@ struct Hello {
   kvPools @9 :List(KvPool);    # empty: a worker older than the field (one full-attention pool assumed)
   kvBlockSize @10 :UInt32;     # tokens per KV block when smaller than blockSize (token-level KV: 1,
                                # events and hashing in blockSize-token groups); 0: blockSize
+  loras @11 :List(LoraAdapter);  # the adapters the worker serves (device- or host-resident)
+  maxLoras @12 :UInt32;        # adapters resident on the device at once; 0: no LoRA support
+  loraLoadUs @13 :UInt64;      # time to make a host-resident adapter device-resident; 0: unknown
+}
+
+# One LoRA adapter a worker serves over its base model.
+struct LoraAdapter {
+  name @0 :Text;        # requests select it by this name (their model field)
+  loraId @1 :UInt64;    # Contract 1's LoraId(name): the events' loraId
+  rank @2 :UInt32;
+  baseModel @3 :Text;   # adapter_config.json's base_model_name_or_path, as written
 }
 
 # Router DEALER -> worker requests ROUTER: one frame.
@@ -168,6 +199,8 @@ struct ToWorker {
   union {
     generate @0 :Generate;
     cancel @1 :Cancel;
+    loadLora @2 :LoadLora;
+    unloadLora @3 :UnloadLora;
   }
 }
 
@@ -176,6 +209,7 @@ struct FromWorker {
   union {
     delta @0 :Delta;
     error @1 :Error;
+    loraResult @2 :LoraResult;
   }
 }
 

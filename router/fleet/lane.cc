@@ -230,9 +230,9 @@ void Lane::Drain(WorkerId id) {
     }
     if (auto* d = std::get_if<WorkerDelta>(&*decoded)) {
       OnDelta(*d);
-    } else {
-      OnWorkerError(std::get<WorkerError>(*decoded));
-    }
+    } else if (auto* e = std::get_if<WorkerError>(&*decoded)) {
+      OnWorkerError(*e);
+    }  // a LoraResult: this lane sends no LoRA control
   }
   AfterSend(id);  // more than kMaxDrain waiting: come back after the others
 }

@@ -81,7 +81,7 @@ class FakeWorker {
       if (!socket_.recv(id) || !socket_.recv(body)) continue;
       auto msg = DecodeToWorker(body.data(), body.size());
       if (!msg.ok()) continue;
-      if (msg->cancel) {
+      if (msg->kind == ToWorkerMessage::Kind::kCancel) {
         ++cancels_;
         continue;
       }

@@ -1,5 +1,7 @@
 #include "schema/event_codec.h"
 
+#include "common/block_hash.h"
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -26,6 +28,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   load.free_blocks = {5, 6};
   load.prefill_tokens_per_second = 18500;
   load.predicted_wait_us = 1'250'000;
+  load.resident_loras = {LoraId("a"), LoraId("b")};
   const std::string frame = EncodeBatch({"w1", 9, 4, 123}, events, load);
   auto batch = DecodeBatch(frame.data(), frame.size());
   REQUIRE(batch.ok());
@@ -37,6 +40,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(batch->load.free_blocks[1] == 6);
   CHECK(batch->load.prefill_tokens_per_second == 18500);
   CHECK(batch->load.predicted_wait_us == 1'250'000);
+  CHECK(batch->load.resident_loras == load.resident_loras);
   CHECK(batch->block_events == 2 + 2 + 1 + 1);
   REQUIRE(batch->events.size() == 4);
   const auto& stored = std::get<kv::StoredEvent>(batch->events[0].data);

@@ -1,6 +1,8 @@
 // schema/registration.h: the one Hello/Bye encoding, used by workers and routers alike.
 #include "schema/registration.h"
 
+#include "common/block_hash.h"
+
 #include <doctest/doctest.h>
 
 namespace kvfleet {
@@ -20,6 +22,9 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   h.backend = "cuda";
   h.epoch = 77;
   h.tokenizer_digest = 0x8badf00ddeadbeefULL;
+  h.loras = {{"sql-lora", LoraId("sql-lora"), 16, "meta-llama/Llama-3.1-8B"}, {"chat", LoraId("chat"), 64, ""}};
+  h.max_loras = 4;
+  h.lora_load_us = 1800;
   std::string frame = EncodeHello(h);
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
@@ -28,6 +33,9 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.name == "w1");
   CHECK(got.model == "llama");
   CHECK(got.block_size == 32);
+  CHECK(got.loras == h.loras);
+  CHECK(got.max_loras == 4);
+  CHECK(got.lora_load_us == 1800);
   CHECK(got.max_context == 8192);
   CHECK(got.device_blocks == 1000);
   CHECK(got.host_blocks == 4000);

@@ -36,7 +36,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   std::string frame = EncodeGenerate(42, p);
   auto got = DecodeToWorker(frame.data(), frame.size());
   REQUIRE(got.ok());
-  CHECK_FALSE(got->cancel);
+  CHECK(got->kind == ToWorkerMessage::Kind::kGenerate);
   CHECK(got->request_id == 42);
   const GenerateParams& g = got->params;
   CHECK(g.tokens == p.tokens);
@@ -114,8 +114,41 @@ TEST_CASE("a Cancel round-trips through the codec") {
   std::string frame = EncodeCancel(9);
   auto got = DecodeToWorker(frame.data(), frame.size());
   REQUIRE(got.ok());
-  CHECK(got->cancel);
+  CHECK(got->kind == ToWorkerMessage::Kind::kCancel);
   CHECK(got->request_id == 9);
+}
+
+TEST_CASE("LoRA control and its result round-trip through the codec") {
+  std::string frame = EncodeLoadLora(21, LoraControl{"sql-lora", "/models/adapters/sql"});
+  auto load = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(load.ok());
+  CHECK(load->kind == ToWorkerMessage::Kind::kLoadLora);
+  CHECK(load->request_id == 21);
+  CHECK(load->lora.name == "sql-lora");
+  CHECK(load->lora.path == "/models/adapters/sql");
+
+  frame = EncodeUnloadLora(22, "sql-lora");
+  auto unload = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(unload.ok());
+  CHECK(unload->kind == ToWorkerMessage::Kind::kUnloadLora);
+  CHECK(unload->request_id == 22);
+  CHECK(unload->lora.name == "sql-lora");
+  CHECK(unload->lora.path.empty());
+
+  frame = EncodeLoraResult(WorkerLoraResult{22, false, WorkerErrorCode::kUnknownLora, "no adapter 'sql-lora'"});
+  auto result = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(result.ok());
+  REQUIRE(std::holds_alternative<WorkerLoraResult>(*result));
+  const auto& r = std::get<WorkerLoraResult>(*result);
+  CHECK(r.request_id == 22);
+  CHECK_FALSE(r.ok);
+  CHECK(r.code == WorkerErrorCode::kUnknownLora);
+  CHECK(r.message == "no adapter 'sql-lora'");
+
+  frame = EncodeLoraResult(WorkerLoraResult{23, true, WorkerErrorCode::kInternal, ""});
+  result = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(result.ok());
+  CHECK(std::get<WorkerLoraResult>(*result).ok);
 }
 
 TEST_CASE("Deltas and Errors round-trip through the codec") {

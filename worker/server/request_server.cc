@@ -217,10 +217,11 @@ void RequestServer::FlushOutbox() {
     if (auto* out = std::get_if<engine::RequestOutput>(&o.body)) {
       StampTimeToFirstToken(o.key, o.queued_at, out);
       frame = EncodeOutput(o.key.request_id, *out);
-    } else {
+    } else if (auto* e = std::get_if<ErrorReply>(&o.body)) {
       first_token_sent_.erase(o.key);  // an Error ends the request
-      const auto& e = std::get<ErrorReply>(o.body);
-      frame = EncodeError(WorkerError{o.key.request_id, e.code, e.message});
+      frame = EncodeError(WorkerError{o.key.request_id, e->code, e->message});
+    } else {
+      frame = EncodeLoraResult(std::get<WorkerLoraResult>(o.body));
     }
     try {
       // A peer that is gone makes ROUTER drop the message silently (no mandatory flag):
@@ -265,8 +266,14 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
   }
   ToWorkerMessage& msg = *decoded;
   Command cmd;
-  if (msg.cancel) {
+  if (msg.kind == ToWorkerMessage::Kind::kCancel) {
     cmd = CancelCommand{ClientKey{identity, msg.request_id}};
+  } else if (msg.kind != ToWorkerMessage::Kind::kGenerate) {
+    // LoRA control: this worker loads no adapters.
+    WorkerLoraResult result{msg.request_id, false, WorkerErrorCode::kUnknownLora, "this worker serves no LoRA adapters"};
+    std::lock_guard lock(outbox_mu_);
+    outbox_.push_back(Outgoing{ClientKey{identity, msg.request_id}, std::move(result), clock_->Now()});
+    return;
   } else {
     std::string model = std::move(msg.params.model);
     cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), ToRequest(std::move(msg.params)),

@@ -149,7 +149,7 @@ class RequestServer {
   // Encoded on the I/O thread, so the engine thread only copies tokens.
   struct Outgoing {
     ClientKey key;
-    std::variant<engine::RequestOutput, ErrorReply> body;
+    std::variant<engine::RequestOutput, ErrorReply, WorkerLoraResult> body;
     TimeNs queued_at = 0;  // when SendOutput/SendError queued it (clock_)
   };
   std::mutex outbox_mu_;
