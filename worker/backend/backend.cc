@@ -106,6 +106,11 @@ VisibleRange VisibleOf(const KvPoolInfo& p, int64_t q, int64_t context_end) {
   return v;
 }
 
+Status ModelBackend::LoadLora(int32_t /*slot*/, const model::LoraAdapter& adapter) {
+  return FailedPrecondition("the " + std::string(name()) + " backend serves no LoRA adapters (adapter '" + adapter.name +
+                            "')");
+}
+
 PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
   if (!step.sampling.prompt_logprobs) return {};
   const int64_t first = step.start_position;
@@ -125,6 +130,10 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
   for (const SequenceStep& s : batch.seqs) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) return InvalidArgument(Req(s) + ": no tokens");
+    if (s.lora_slot < -1 || s.lora_slot >= options.max_loras) {
+      return InvalidArgument(Req(s) + ": LoRA slot " + std::to_string(s.lora_slot) + " is outside the backend's " +
+                             std::to_string(options.max_loras) + " slots");
+    }
     total += n;
     const int64_t end = s.start_position + n;
     if (s.start_position < 0 || end > max_context) {

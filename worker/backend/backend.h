@@ -56,6 +56,7 @@
 #include "worker/backend/sampler.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_config.h"
+#include "worker/model/lora_adapter.h"
 #include "worker/model/model_config.h"
 
 namespace kvfleet::backend {
@@ -94,6 +95,10 @@ struct BackendOptions {
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal
   int32_t tensor_parallel = 1;   // cuda: GPUs, NCCL tensor parallel
+  // LoRA: adapter slots on the device (--max-loras) and the largest rank a slot holds.
+  // 0 slots: the backend serves no adapters.
+  int32_t max_loras = 0;
+  int32_t max_lora_rank = 64;
   std::map<std::string, std::string> extra;  // backend-specific settings by name
 };
 
@@ -147,6 +152,9 @@ struct SequenceStep {
   std::span<const TokenId> history;
   int64_t prompt_len = 0;
   LogitsRequest logits = LogitsRequest::kNone;  // tests and debugging; costs a copy
+  // The device slot (ModelBackend::LoadLora) of the adapter every token of this sequence is
+  // computed with; -1: the base model. Sequences of different slots share a step.
+  int32_t lora_slot = -1;
 };
 
 struct StepBatch {
@@ -198,6 +206,13 @@ class ModelBackend {
   // Whole-block copies within a pool (copy on partial reuse) and between tiers (offload,
   // onboard). Owned by the backend; valid for its lifetime.
   virtual kv::BlockCopier& block_copier() = 0;
+
+  // LoRA. Adapter slots on the device: 0 when the backend serves no adapters.
+  virtual int32_t max_loras() const { return 0; }
+  // Copies `adapter` into slot `slot` (0..max_loras() - 1), replacing what was there; steps
+  // whose sequences name the slot then use it. Called between steps. InvalidArgument for an
+  // adapter this backend cannot hold (its rank above max_lora_rank, say).
+  virtual Status LoadLora(int32_t slot, const model::LoraAdapter& adapter);
 };
 
 // The part every backend holds and reports the same way: its options, its model's
