@@ -335,9 +335,9 @@ TEST_CASE("an fp8 KV cache holds twice the blocks of a bf16 one in the same byte
   backend::BackendOptions o;
   o.block_size = 16;
   o.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
-  auto bf16 = backend::MockBackend::Make(o, {});
+  auto bf16 = backend::mock::MockBackend::Make(o, {});
   o.kv_cache_dtype = backend::KvCacheDtype::kFp8E4m3;
-  auto fp8 = backend::MockBackend::Make(o, {});
+  auto fp8 = backend::mock::MockBackend::Make(o, {});
   REQUIRE(bf16.ok());
   REQUIRE(fp8.ok());
   const backend::KvPoolInfo& a = (*bf16)->pools()[0];
