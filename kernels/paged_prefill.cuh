@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       // Block-wide, before any warp may skip the tile: every warp past the barrier above has
       // finished reading kv_c for the previous tile.
       const uint8_t* src = kv_s + (tile % kStages) * 2 * kCols * kSStride;
+#pragma unroll 1  // the O accumulators hold most registers: unrolled, this loop spills
       for (int c = threadIdx.x; c < 2 * kCols * kKvChunks; c += kThreads) {
         const int row = c / kKvChunks, chunk = c % kKvChunks;  // row: K rows, then V rows
         const uint4 raw = *reinterpret_cast<const uint4*>(src + row * kSStride + chunk * 16);
