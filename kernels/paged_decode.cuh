@@ -392,33 +392,33 @@ constexpr int StageStride() {
   return sizeof(E) == 1 ? kHeadDim : kHeadDim + kPad;
 }
 
-// Staged K/V tiles, then (fp8) each warp's bf16 copy of its 16 K and 16 V rows.
+// Staged K/V tiles, then (fp8) each warp's bf16 copy of its 16 K rows, then of its 16 V rows
+// (one buffer, reused: 66 KB at head_dim 128 keeps three blocks per SM).
 template <int kHeadDim, typename E>
 constexpr int SmemBytes() {
   return Stages<E>() * 2 * kTile * StageStride<kHeadDim, E>() * int(sizeof(E)) +
-         (sizeof(E) == 1 ? kWarps * 2 * 16 * (kHeadDim + kPad) * 2 : 0);
+         (sizeof(E) == 1 ? kWarps * 16 * (kHeadDim + kPad) * 2 : 0);
 }
 
-// fp8: a warp's 16 rows of K and 16 of V (e4m3, stride kHeadDim) into bf16 rows of stride
+// fp8: 16 rows of a warp's K or V (e4m3, stride kHeadDim) into bf16 rows of stride
 // kHeadDim + kPad, unscaled (exact), for ldmatrix. 16 bytes read, 32 written per step.
 template <int kHeadDim>
-__device__ __forceinline__ void ConvertWarpRows(const uint8_t* k8, const uint8_t* v8, __nv_bfloat16* kc,
-                                                __nv_bfloat16* vc, int lane) {
+__device__ __forceinline__ void ConvertWarpRows(const uint8_t* src, __nv_bfloat16* dst, int lane) {
   constexpr int kChunks = kHeadDim / 16;
   constexpr int kStride = kHeadDim + kPad;
 #pragma unroll
-  for (int c = lane; c < 2 * 16 * kChunks; c += 32) {
-    const bool is_v = c >= 16 * kChunks;
-    const int r = (c % (16 * kChunks)) / kChunks, ch = c % kChunks;
-    const uint4 raw = *reinterpret_cast<const uint4*>((is_v ? v8 : k8) + r * kHeadDim + ch * 16);
-    __nv_bfloat16* dst = (is_v ? vc : kc) + r * kStride + ch * 16;
-    *reinterpret_cast<uint4*>(dst) = Fp8x8ToBf16x8(make_uint2(raw.x, raw.y));
-    *reinterpret_cast<uint4*>(dst + 8) = Fp8x8ToBf16x8(make_uint2(raw.z, raw.w));
+  for (int c = lane; c < 16 * kChunks; c += 32) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + r * kHeadDim + ch * 16);
+    __nv_bfloat16* d = dst + r * kStride + ch * 16;
+    *reinterpret_cast<uint4*>(d) = Fp8x8ToBf16x8(make_uint2(raw.x, raw.y));
+    *reinterpret_cast<uint4*>(d + 8) = Fp8x8ToBf16x8(make_uint2(raw.z, raw.w));
   }
 }
 
-// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages: each warp converts its rows of the staged
-// tile to bf16 before the MMAs; the K scale goes into the softmax scale, the V scale into O.
+// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages: each warp converts its 16 K rows of the
+// staged tile to bf16 before S = Q K^T and its 16 V rows before O += P V (one buffer); the K
+// scale goes into the softmax scale, the V scale into O.
 template <int kHeadDim, typename E>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
   constexpr int kStride = kHeadDim + kPad;  // bf16 rows the MMAs read
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   constexpr bool kFp8 = sizeof(E) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kSStride]
-  // fp8: [warp][K,V][16][kStride] bf16 after the stages.
+  // fp8: [warp][16][kStride] bf16 after the stages (K rows, then V rows).
   __nv_bfloat16* conv =
       reinterpret_cast<__nv_bfloat16*>(smem_raw + kNumStages * 2 * kTile * kSStride * int(sizeof(E)));
 
@@ -489,14 +489,15 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     load_tile(t + kNumStages - 1);
     const __nv_bfloat16* ks;
     const __nv_bfloat16* vs;
+    const uint8_t* k8 = nullptr;                // fp8: the warp's staged rows
+    __nv_bfloat16* kvc = conv + warp * 16 * kStride;  // fp8: their bf16 copy
     if constexpr (kFp8) {
-      const uint8_t* k8 = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
-      __nv_bfloat16* kc = conv + warp * 2 * 16 * kStride;
-      __syncwarp();  // the warp's MMAs of the previous tile have read kc and vc
-      ConvertWarpRows<kHeadDim>(k8, k8 + kTile * kSStride, kc, kc + 16 * kStride, lane);
+      k8 = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
+      __syncwarp();  // the warp's P V MMAs of the previous tile have read kvc
+      ConvertWarpRows<kHeadDim>(k8, kvc, lane);
       __syncwarp();
-      ks = kc;
-      vs = kc + 16 * kStride;
+      ks = kvc;
+      vs = kvc;
     } else {
       ks = tiles + (t % kNumStages) * 2 * kTile * kStride + warp * 16 * kStride;
       vs = ks + kTile * kStride;
@@ -547,6 +548,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     }
     const uint32_t pa[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]), PackBf16(s[1][0], s[1][1]),
                             PackBf16(s[1][2], s[1][3])};
+    if constexpr (kFp8) {
+      __syncwarp();  // the warp's Q K^T MMAs have read the K rows in kvc
+      ConvertWarpRows<kHeadDim>(k8 + kTile * kSStride, kvc, lane);
+      __syncwarp();
+    }
 #pragma unroll
     for (int dn = 0; dn < kHeadDim / 16; ++dn) {
       uint32_t b[4];

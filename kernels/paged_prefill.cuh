@@ -83,11 +83,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // fp8: the current tile as bf16, [K,V][kCols][kStride].
   __nv_bfloat16* kv_c = reinterpret_cast<__nv_bfloat16*>(kv_s + kStages * 2 * kCols * kSStride);
   const E* pool;
-  float k_scale = 1.f, v_scale = 1.f;
+  float k_scale = 1.f;  // the V scale is read at the end: no register held across the loop
   if constexpr (kFp8) {
     pool = p.kv_fp8;
     k_scale = p.scales.k[blockIdx.x];
-    v_scale = p.scales.v[blockIdx.x];
   } else {
     pool = p.kv_pool;
   }
@@ -348,6 +347,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 
   // Normalise into the warp's own Q rows (no other warp reads them), then 16-byte stores.
+  float v_scale = 1.f;
+  if constexpr (kFp8) v_scale = p.scales.v[kv_head];
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)

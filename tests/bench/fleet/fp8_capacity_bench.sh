@@ -58,10 +58,10 @@ done
 python3 - "$R" <<'PY'
 import glob, json, re, sys
 r = sys.argv[1]
-def blocks(dt):  # the device blocks the worker logged at start-up, and its KV line
-    for f in sorted(glob.glob(f"{r}/logs-{dt}/*worker*")):
+def blocks(dt):  # the device blocks the worker's KV manager logged at start-up
+    for f in sorted(glob.glob(f"{r}/logs-{dt}/worker*")):
         for line in open(f, errors="replace"):
-            m = re.search(r"(\d+) blocks", line) if "KV" in line or "kv" in line else None
+            m = re.search(r"\[kv\] pool 0: .*?(\d+) device blocks", line)
             if m:
                 return m.group(1)
     return "?"
