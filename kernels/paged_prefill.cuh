@@ -210,13 +210,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       // Block-wide, before any warp may skip the tile: every warp past the barrier above has
       // finished reading kv_c for the previous tile.
       const uint8_t* src = kv_s + (tile % kStages) * 2 * kCols * kSStride;
-#pragma unroll 1  // the O accumulators hold most registers: unrolled, this loop spills
-      for (int c = threadIdx.x; c < 2 * kCols * kKvChunks; c += kThreads) {
-        const int row = c / kKvChunks, chunk = c % kKvChunks;  // row: K rows, then V rows
-        const uint4 raw = *reinterpret_cast<const uint4*>(src + row * kSStride + chunk * 16);
-        __nv_bfloat16* dst = kv_c + row * kStride + chunk * 16;
-        *reinterpret_cast<uint4*>(dst) = Fp8x8ToBf16x8(make_uint2(raw.x, raw.y));
-        *reinterpret_cast<uint4*>(dst + 8) = Fp8x8ToBf16x8(make_uint2(raw.z, raw.w));
+#pragma unroll 1  // the O accumulators hold most registers: 8 bytes a step, not unrolled, spills least
+      for (int c = threadIdx.x; c < 2 * kCols * (kHeadDim / 8); c += kThreads) {
+        const int row = c / (kHeadDim / 8), col = (c % (kHeadDim / 8)) * 8;  // row: K rows, then V rows
+        const uint2 raw = *reinterpret_cast<const uint2*>(src + row * kSStride + col);
+        *reinterpret_cast<uint4*>(kv_c + row * kStride + col) = Fp8x8ToBf16x8(raw);
       }
       __syncthreads();
       ks = kv_c;

@@ -31,11 +31,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/launch.h"
 #include "common/clock.h"
@@ -940,6 +946,78 @@ TEST_CASE("an fp8 KV cache holds twice the blocks and follows the bf16 cache's g
     CHECK(sum_d < 0.1 * sum_abs);
     CHECK(sum_d > 0);  // the cache really is another one
   }
+}
+
+// A copy of model directory `src` at `dst` whose model.safetensors also holds `extra` (F32
+// tensors): how vLLM / llm-compressor checkpoints carry their fp8 KV scales.
+std::string WithExtraTensors(const std::string& src, const std::string& dst,
+                             const std::vector<std::pair<std::string, std::vector<float>>>& extra) {
+  namespace fs = std::filesystem;
+  fs::remove_all(dst);
+  fs::copy(src, dst, fs::copy_options::recursive);
+  const std::string file = dst + "/model.safetensors";
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  std::string data = bytes.substr(8 + n);
+  for (const auto& [name, values] : extra) {
+    header[name] = {{"dtype", "F32"},
+                    {"shape", {static_cast<int64_t>(values.size())}},
+                    {"data_offsets", {data.size(), data.size() + 4 * values.size()}}};
+    data.append(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h += ' ';
+  const uint64_t hn = h.size();
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&hn), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  return dst;
+}
+
+TEST_CASE("fp8 KV scales come from the checkpoint when it has them: per head or per tensor, all layers or none") {
+  backend::BackendOptions o = Options("tiny", 7, 16);
+  const model::ModelConfig c = Make("cuda", o)->config();
+  const int64_t L = c.num_layers, hk = c.num_kv_heads;
+  std::vector<std::pair<std::string, std::vector<float>>> scales;
+  std::vector<float> expect;
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> k(static_cast<size_t>(hk));
+    for (int64_t h = 0; h < hk; ++h) k[h] = 0.01f * static_cast<float>(l + 1) + 0.001f * static_cast<float>(h);
+    const std::string attn = "model.layers." + std::to_string(l) + ".self_attn.";
+    scales.push_back({attn + "k_scale", k});
+    scales.push_back({attn + "v_proj.output_scale", {0.5f}});  // per tensor, the other spelling
+    expect.insert(expect.end(), k.begin(), k.end());
+    expect.insert(expect.end(), static_cast<size_t>(hk), 0.5f);
+  }
+  const std::string base = o.model_dir;
+  o.kv_cache_dtype = backend::KvCacheDtype::kFp8E4m3;
+  o.model_dir = WithExtraTensors(base, base + "-kv-scales", scales);
+  {
+    auto b = Make("cuda", o);
+    auto* cb = dynamic_cast<backend::cuda::CudaBackend*>(b.get());
+    REQUIRE(cb != nullptr);
+    CHECK(cb->kv_scales_source() == "checkpoint");
+    CHECK(std::vector<float>(cb->kv_scales().begin(), cb->kv_scales().end()) == expect);
+  }
+  // One layer's scales missing, or a scale of the wrong size: refused at start-up, named.
+  auto partial = scales;
+  partial.erase(partial.begin(), partial.begin() + 2);
+  o.model_dir = WithExtraTensors(base, base + "-kv-scales-partial", partial);
+  auto made = backend::CreateBackend("cuda", o);
+  REQUIRE_FALSE(made.ok());
+  CHECK(made.status().message().find("for " + std::to_string(L - 1) + " of its " + std::to_string(L) + " layers") !=
+        std::string::npos);
+  auto wrong = scales;
+  wrong[0].second.push_back(1.f);
+  o.model_dir = WithExtraTensors(base, base + "-kv-scales-wrong", wrong);
+  made = backend::CreateBackend("cuda", o);
+  REQUIRE_FALSE(made.ok());
+  CHECK(made.status().message().find("model.layers.0.self_attn.k_scale has " + std::to_string(hk + 1) + " values") !=
+        std::string::npos);
 }
 
 TEST_CASE("a malformed batch is rejected before anything runs") {
