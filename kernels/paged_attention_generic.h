@@ -23,6 +23,8 @@ namespace kvfleet::kernels {
 struct GenericAttentionParams {
   const __nv_bfloat16* q = nullptr;        // [num_tokens][num_q_heads][head_dim]
   const __nv_bfloat16* kv_pool = nullptr;  // PagedKvLayout
+  const uint8_t* kv_fp8 = nullptr;         // instead of kv_pool: an fp8 e4m3 pool (layout.elem_bytes 1)
+  KvScales scales;                         // this layer's, with kv_fp8
   const int32_t* block_tables = nullptr;   // [num_seqs][max_blocks_per_seq]
   const int32_t* token_seq = nullptr;      // [num_tokens] sequence of each query token
   const int32_t* positions = nullptr;      // [num_tokens] absolute position of each query token

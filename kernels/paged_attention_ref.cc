@@ -24,9 +24,14 @@ void PagedAttentionRef(const PagedAttentionRefArgs& a) {
   const int group = a.num_q_heads / a.layout.num_kv_heads;
   auto load = [&](int seq, int32_t pos, int kv, int head) {
     const int32_t block = a.block_tables[static_cast<int64_t>(seq) * a.max_blocks_per_seq + pos / B];
-    const bf16_bits* src = a.kv_pool + a.layout.Offset(block, a.layer, kv, head, pos % B);
+    const int64_t off = a.layout.Offset(block, a.layer, kv, head, pos % B);
     std::vector<double> v(D);
-    for (int d = 0; d < D; ++d) v[d] = Bf16ToFloat(src[d]);
+    if (a.kv_fp8 != nullptr) {
+      const double scale = (kv == 0 ? a.k_scale : a.v_scale)[head];
+      for (int d = 0; d < D; ++d) v[d] = Fp8E4m3ToFloat(a.kv_fp8[off + d]) * scale;
+    } else {
+      for (int d = 0; d < D; ++d) v[d] = Bf16ToFloat(a.kv_pool[off + d]);
+    }
     return v;
   };
   for (int s = 0; s < a.num_seqs; ++s) {

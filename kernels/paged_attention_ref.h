@@ -6,6 +6,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/bf16.h"
+#include "kernels/fp8.h"
 #include "kernels/paged_kv.h"
 
 namespace kvfleet::kernels {
@@ -13,6 +14,10 @@ namespace kvfleet::kernels {
 struct PagedAttentionRefArgs {
   const bf16_bits* q = nullptr;           // [num_tokens][num_q_heads][head_dim]
   const bf16_bits* kv_pool = nullptr;     // PagedKvLayout
+  // An fp8 pool instead (layout.elem_bytes 1): element = e4m3 * this layer's scale.
+  const fp8_bits* kv_fp8 = nullptr;
+  const float* k_scale = nullptr;         // [num_kv_heads], with kv_fp8
+  const float* v_scale = nullptr;         // [num_kv_heads], with kv_fp8
   const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
   const int32_t* cu_q_lens = nullptr;     // [num_seqs + 1] query token offsets
   const int32_t* seq_lens = nullptr;      // [num_seqs] cached tokens incl. the new ones

@@ -20,14 +20,14 @@ cudaError_t LaunchWithCombine(void (*kernel)(PagedDecodeParams), dim3 grid, size
                       stream, p, static_cast<int>(grid.x));
 }
 
-template <int kHeadDim, int kGroup, bool kShift>
+template <int kHeadDim, int kGroup, bool kShift, typename E>
 cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int chunks = (group + kGroup - 1) / kGroup;
   const int max_parts = MaxParts(p);
   constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * kGroup * (kHeadDim + 2);
-  constexpr size_t smem = std::max<size_t>(decode::Tiling<kHeadDim>::kSmemBytes, kMergeBytes);
-  auto kernel = decode::PagedDecodeKernel<kHeadDim, kGroup, kShift>;
+  constexpr size_t smem = std::max<size_t>(decode::Tiling<kHeadDim, E>::kSmemBytes, kMergeBytes);
+  auto kernel = decode::PagedDecodeKernel<kHeadDim, kGroup, kShift, E>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
@@ -36,33 +36,44 @@ cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
                                      stream);
 }
 
-template <int kHeadDim, int kGroup>
+template <int kHeadDim, int kGroup, typename E>
 cudaError_t DispatchShift(const PagedDecodeParams& p, cudaStream_t s) {
-  return p.rope_inv_freq ? Launch<kHeadDim, kGroup, true>(p, s) : Launch<kHeadDim, kGroup, false>(p, s);
+  return p.rope_inv_freq ? Launch<kHeadDim, kGroup, true, E>(p, s) : Launch<kHeadDim, kGroup, false, E>(p, s);
 }
 
 // The tensor-core kernel: head_dim <= 128, no shifted RoPE, query heads in chunks of 16.
-template <int kHeadDim>
+template <int kHeadDim, typename E>
 cudaError_t LaunchMma(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int chunks = (group + 15) / 16;
   const int max_parts = MaxParts(p);
   constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * 16 * (decode::mma::MergeStride<kHeadDim>() + 2);
-  constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim>(), kMergeBytes);
-  auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim>;
+  constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim, E>(), kMergeBytes);
+  auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim, E>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
   return LaunchWithCombine<kHeadDim>(kernel, dim3(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks), smem, p,
                                      stream);
 }
 
-template <int kHeadDim>
+template <int kHeadDim, typename E>
 cudaError_t DispatchGroup(const PagedDecodeParams& p, cudaStream_t s) {
   switch (GroupChunk(p.num_q_heads / p.layout.num_kv_heads)) {
-    case 1: return DispatchShift<kHeadDim, 1>(p, s);
-    case 2: return DispatchShift<kHeadDim, 2>(p, s);
-    case 4: return DispatchShift<kHeadDim, 4>(p, s);
-    default: return DispatchShift<kHeadDim, 8>(p, s);
+    case 1: return DispatchShift<kHeadDim, 1, E>(p, s);
+    case 2: return DispatchShift<kHeadDim, 2, E>(p, s);
+    case 4: return DispatchShift<kHeadDim, 4, E>(p, s);
+    default: return DispatchShift<kHeadDim, 8, E>(p, s);
+  }
+}
+
+template <typename E>
+cudaError_t DispatchHeadDim(const PagedDecodeParams& p, cudaStream_t stream) {
+  const bool cuda_cores = p.rope_inv_freq != nullptr || p.force_cuda_cores;
+  switch (p.layout.head_dim) {
+    case 64: return cuda_cores ? DispatchGroup<64, E>(p, stream) : LaunchMma<64, E>(p, stream);
+    case 128: return cuda_cores ? DispatchGroup<128, E>(p, stream) : LaunchMma<128, E>(p, stream);
+    case 256: return DispatchGroup<256, E>(p, stream);
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -99,13 +110,10 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
       p.layout.num_kv_heads <= 0 || p.num_q_heads % p.layout.num_kv_heads != 0)
     return cudaErrorInvalidValue;
   if (MaxParts(p) > 1 && p.workspace == nullptr) return cudaErrorInvalidValue;
-  const bool cuda_cores = p.rope_inv_freq != nullptr || p.force_cuda_cores;
-  switch (p.layout.head_dim) {
-    case 64: return cuda_cores ? DispatchGroup<64>(p, stream) : LaunchMma<64>(p, stream);
-    case 128: return cuda_cores ? DispatchGroup<128>(p, stream) : LaunchMma<128>(p, stream);
-    case 256: return DispatchGroup<256>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  const bool fp8 = p.kv_fp8 != nullptr;
+  if (p.layout.elem_bytes != (fp8 ? 1 : 2) || (fp8 && (p.scales.k == nullptr || p.scales.v == nullptr)))
+    return cudaErrorInvalidValue;
+  return fp8 ? DispatchHeadDim<uint8_t>(p, stream) : DispatchHeadDim<__nv_bfloat16>(p, stream);
 }
 
 }  // namespace kvfleet::kernels

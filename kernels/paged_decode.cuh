@@ -12,6 +12,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/paged_decode.h"
 
@@ -57,28 +58,58 @@ __device__ __forceinline__ Partition MakePartition(const PagedDecodeParams& p, c
   return pt;
 }
 
+// The pool the kernel reads: E = __nv_bfloat16 (kv_pool) or uint8_t (kv_fp8, e4m3).
+template <typename E>
+__device__ __forceinline__ const E* KvPool(const PagedDecodeParams& p) {
+  if constexpr (sizeof(E) == 1) {
+    return p.kv_fp8;
+  } else {
+    return p.kv_pool;
+  }
+}
+
+// The layer's (K, V) dequantisation scales of a KV head: 1 for bf16.
+template <typename E>
+__device__ __forceinline__ float2 KvScaleOf(const PagedDecodeParams& p, int kv_head) {
+  if constexpr (sizeof(E) == 1) {
+    return make_float2(p.scales.k[kv_head], p.scales.v[kv_head]);
+  } else {
+    return make_float2(1.f, 1.f);
+  }
+}
+
 // Issues the cp.async copies of partition tokens [t * kRows, (t + 1) * kRows) of one KV head
-// into stage st of tiles ([stage][K, V][kRows][kStride] bf16), 16-byte chunks spread over
-// the block's threads; rows past pt.len are zero-filled. Commits nothing.
-template <int kHeadDim, int kRows, int kStride>
+// into stage st of tiles ([stage][K, V][kRows][kStride] elements E), 16-byte chunks (8 bf16 or
+// 16 fp8) spread over the block's threads; rows past pt.len are zero-filled. Commits nothing.
+template <int kHeadDim, int kRows, int kStride, typename E>
 __device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const TokenRange& range, const Partition& pt,
-                                           int kv_head, int t, __nv_bfloat16* tiles, int st) {
-  constexpr int kChunks = kHeadDim / 8;
-  __nv_bfloat16* ks = tiles + st * 2 * kRows * kStride;
-  __nv_bfloat16* vs = ks + kRows * kStride;
+                                           int kv_head, int t, E* tiles, int st) {
+  constexpr int kChunkElems = 16 / sizeof(E);
+  constexpr int kChunks = kHeadDim / kChunkElems;
+  E* ks = tiles + st * 2 * kRows * kStride;
+  E* vs = ks + kRows * kStride;
+  const E* pool = KvPool<E>(p);
 #pragma unroll
   for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
     const int row = c / kChunks, chunk = c % kChunks;
     const int i = t * kRows + row;
     const bool valid = i < pt.len;
-    const __nv_bfloat16* src = p.kv_pool;
+    const E* src = pool;
     if (valid) {
       const int32_t pos = range.Pos(pt.i0 + i);
-      src = p.kv_pool + p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B) + chunk * 8;
+      src = pool + p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B) + chunk * kChunkElems;
     }
-    CpAsync16(ks + row * kStride + chunk * 8, src, valid);
-    CpAsync16(vs + row * kStride + chunk * 8, valid ? src + pt.v_offset : src, valid);
+    CpAsync16(ks + row * kStride + chunk * kChunkElems, src, valid);
+    CpAsync16(vs + row * kStride + chunk * kChunkElems, valid ? src + pt.v_offset : src, valid);
   }
+}
+
+// 8 consecutive elements as floats (unscaled): one 16-byte (bf16) or 8-byte (fp8) read.
+__device__ __forceinline__ void Load8(const __nv_bfloat16* x, float (&f)[8]) {
+  Bf16x8ToFloat(*reinterpret_cast<const uint4*>(x), f);
+}
+__device__ __forceinline__ void Load8(const uint8_t* x, float (&f)[8]) {
+  Fp8x8ToFloat(*reinterpret_cast<const uint2*>(x), f);
 }
 
 // Rotates this lane's 8 dims (rotate_half pairing: dim d with d +- head_dim/2, held by the
@@ -98,14 +129,14 @@ __device__ __forceinline__ void RotateHalf(float (&x)[8], const float (&inv_freq
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, typename E>
 struct Tiling {
   static constexpr int kLanes = kHeadDim / 8;           // lanes per token row (16 B each)
   static constexpr int kRowGroups = 32 / kLanes;        // token rows a warp reads at once
   static constexpr int kPerLane = 8;                    // tokens per lane per tile
   static constexpr int kTile = kWarps * kRowGroups * kPerLane;  // tokens per tile: 32 KB of K+V
   static constexpr int kStages = 2;
-  static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * 2;
+  static constexpr int kSmemBytes = kStages * 2 * kTile * kHeadDim * sizeof(E);
 };
 
 // Merges the warps' online-softmax partials of row r, dims [d, d + 8), from shared memory:
@@ -155,13 +186,14 @@ __device__ __forceinline__ void StorePartition(const PagedDecodeParams& p, int64
   }
 }
 
-template <int kHeadDim, int kGroup, bool kShiftRope>
+// E: __nv_bfloat16 or uint8_t (fp8 e4m3: the K scale goes into q, the V scale into acc).
+template <int kHeadDim, int kGroup, bool kShiftRope, typename E>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams p) {
-  using T = Tiling<kHeadDim>;
+  using T = Tiling<kHeadDim, E>;
   constexpr int kLanes = T::kLanes, kTile = T::kTile, kPerLane = T::kPerLane;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // [stage][K, V][kTile][kHeadDim] bf16; after the loop: per-warp (acc, max, sum) for the merge.
-  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  // [stage][K, V][kTile][kHeadDim] E; after the loop: per-warp (acc, max, sum) for the merge.
+  E* tiles = reinterpret_cast<E*>(smem_raw);
 
   const int part = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -182,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 
   // Issues the cp.async copies of tile t (tokens i0 + t*kTile ...) into stage st.
   auto load_tile = [&](int t, int st) {
-    LoadKvTile<kHeadDim, kTile, kHeadDim>(p, range, pt, kv_head, t, tiles, st);
+    LoadKvTile<kHeadDim, kTile, kHeadDim, E>(p, range, pt, kv_head, t, tiles, st);
     CpAsyncCommit();
   };
 
@@ -195,6 +227,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
     for (int e = 0; e < 8; ++e) inv_freq[e] = p.rope_inv_freq[(lane_in_row * 8 + e) % (kHeadDim / 2)];
   }
   // This lane's 8 dims of each query head, pre-scaled so that softmax uses exp2.
+  const float2 kv_scale = KvScaleOf<E>(p, kv_head);
   float q[kGroup][8];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
@@ -209,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
     }
     if constexpr (kShiftRope) RotateHalf<kLanes>(q[g], inv_freq, lane_in_row, range.n - 1);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[g][e] *= p.scale * kLog2e;
+    for (int e = 0; e < 8; ++e) q[g][e] *= p.scale * kLog2e * kv_scale.x;
   }
 
   // Online softmax state of this warp (the lanes of a row group hold the same max and sum).
@@ -231,8 +264,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
       CpAsyncWait<0>();
     }
     __syncthreads();
-    const __nv_bfloat16* ks = tiles + st * 2 * kTile * kHeadDim;
-    const __nv_bfloat16* vs = ks + kTile * kHeadDim;
+    const E* ks = tiles + st * 2 * kTile * kHeadDim;
+    const E* vs = ks + kTile * kHeadDim;
     // This lane's tokens in the tile: rows (warp, row_group, u).
     const int row0 = (warp * T::kRowGroups + row_group) * kPerLane;
 
@@ -240,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) {
       float kf[8];
-      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(ks + (row0 + u) * kHeadDim + lane_in_row * 8), kf);
+      Load8(ks + (row0 + u) * kHeadDim + lane_in_row * 8, kf);
       const int i = t * kTile + row0 + u;
       if constexpr (kShiftRope) RotateHalf<kLanes>(kf, inv_freq, lane_in_row, pt.i0 + i);
 #pragma unroll
@@ -274,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) {
       float vf[8];
-      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(vs + (row0 + u) * kHeadDim + lane_in_row * 8), vf);
+      Load8(vs + (row0 + u) * kHeadDim + lane_in_row * 8, vf);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g)
 #pragma unroll
@@ -300,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) red[(warp * kGroup + g) * kHeadDim + lane_in_row * 8 + e] = acc[g][e];
+      for (int e = 0; e < 8; ++e) red[(warp * kGroup + g) * kHeadDim + lane_in_row * 8 + e] = acc[g][e] * kv_scale.y;
       if (lane == 0) {
         red_m[warp * kGroup + g] = m[g];
         red_l[warp * kGroup + g] = l[g];
@@ -335,6 +368,9 @@ constexpr int kTile = 64;  // tokens per stage: 16 per warp
 // (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
 // (tests/bench/results, v8).
 constexpr int kStages = 2;
+// fp8 pages: three stages of 16 KB keep as many bytes in flight per block as bf16's two of 34
+// KB, and the warps' bf16 copies of their rows (below) fit beside them: 65 KB, three blocks per SM.
+constexpr int kStagesFp8 = 3;
 constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
 // Floats per row of the warps' partial O in the merge: 8 of padding make the float2 stores
@@ -344,19 +380,59 @@ constexpr int MergeStride() {
   return kHeadDim + 8;
 }
 
-template <int kHeadDim>
-constexpr int SmemBytes() {
-  return kStages * 2 * kTile * (kHeadDim + kPad) * 2;
+template <typename E>
+constexpr int Stages() {
+  return sizeof(E) == 1 ? kStagesFp8 : kStages;
 }
 
+// Elements per shared row of a staged tile: bf16 rows are padded for ldmatrix; fp8 rows are
+// only read 16 bytes per lane in order (the conversion below), so need no padding.
+template <int kHeadDim, typename E>
+constexpr int StageStride() {
+  return sizeof(E) == 1 ? kHeadDim : kHeadDim + kPad;
+}
+
+// Staged K/V tiles, then (fp8) each warp's bf16 copy of its 16 K rows, then of its 16 V rows
+// (one buffer, reused: 66 KB at head_dim 128 keeps three blocks per SM).
+template <int kHeadDim, typename E>
+constexpr int SmemBytes() {
+  return Stages<E>() * 2 * kTile * StageStride<kHeadDim, E>() * int(sizeof(E)) +
+         (sizeof(E) == 1 ? kWarps * 16 * (kHeadDim + kPad) * 2 : 0);
+}
+
+// fp8: 16 rows of a warp's K or V (e4m3, stride kHeadDim) into bf16 rows of stride
+// kHeadDim + kPad, unscaled (exact), for ldmatrix. 16 bytes read, 32 written per step.
 template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
+__device__ __forceinline__ void ConvertWarpRows(const uint8_t* src, __nv_bfloat16* dst, int lane) {
+  constexpr int kChunks = kHeadDim / 16;
   constexpr int kStride = kHeadDim + kPad;
+#pragma unroll
+  for (int c = lane; c < 16 * kChunks; c += 32) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const uint4 raw = *reinterpret_cast<const uint4*>(src + r * kHeadDim + ch * 16);
+    __nv_bfloat16* d = dst + r * kStride + ch * 16;
+    *reinterpret_cast<uint4*>(d) = Fp8x8ToBf16x8(make_uint2(raw.x, raw.y));
+    *reinterpret_cast<uint4*>(d + 8) = Fp8x8ToBf16x8(make_uint2(raw.z, raw.w));
+  }
+}
+
+// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages: each warp converts its 16 K rows of the
+// staged tile to bf16 before S = Q K^T and its 16 V rows before O += P V (one buffer); the K
+// scale goes into the softmax scale, the V scale into O.
+template <int kHeadDim, typename E>
+__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
+  constexpr int kStride = kHeadDim + kPad;  // bf16 rows the MMAs read
+  constexpr int kSStride = StageStride<kHeadDim, E>();
+  constexpr int kNumStages = Stages<E>();
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kDTiles = kHeadDim / 8;
+  constexpr bool kFp8 = sizeof(E) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [stage][K,V][kTile][kStride]
+  E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kSStride]
+  // fp8: [warp][16][kStride] bf16 after the stages (K rows, then V rows).
+  __nv_bfloat16* conv =
+      reinterpret_cast<__nv_bfloat16*>(smem_raw + kNumStages * 2 * kTile * kSStride * int(sizeof(E)));
 
   const int part = blockIdx.x, kv_head = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
@@ -375,11 +451,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
   auto load_tile = [&](int t) {
-    if (t < num_tiles) LoadKvTile<kHeadDim, kTile, kStride>(p, range, pt, kv_head, t, tiles, t % kStages);
+    if (t < num_tiles) LoadKvTile<kHeadDim, kTile, kSStride, E>(p, range, pt, kv_head, t, tiles, t % kNumStages);
     CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
+  for (int t = 0; t < kNumStages - 1; ++t) load_tile(t);
 
   // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).
   uint32_t qa[kKSteps][4];
@@ -404,14 +480,28 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[t][j] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float scale_log2 = p.scale * kLog2e;
+  const float2 kv_scale = KvScaleOf<E>(p, kv_head);
+  const float scale_log2 = p.scale * kLog2e * kv_scale.x;
 
   for (int t = 0; t < num_tiles; ++t) {
-    CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile t landed for everyone; stage (t-1) % kStages is free again
-    load_tile(t + kStages - 1);
-    const __nv_bfloat16* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
-    const __nv_bfloat16* vs = ks + kTile * kStride;
+    CpAsyncWait<kNumStages - 2>();
+    __syncthreads();  // tile t landed for everyone; stage (t-1) % kNumStages is free again
+    load_tile(t + kNumStages - 1);
+    const __nv_bfloat16* ks;
+    const __nv_bfloat16* vs;
+    const uint8_t* k8 = nullptr;                // fp8: the warp's staged rows
+    __nv_bfloat16* kvc = conv + warp * 16 * kStride;  // fp8: their bf16 copy
+    if constexpr (kFp8) {
+      k8 = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
+      __syncwarp();  // the warp's P V MMAs of the previous tile have read kvc
+      ConvertWarpRows<kHeadDim>(k8, kvc, lane);
+      __syncwarp();
+      ks = kvc;
+      vs = kvc;
+    } else {
+      ks = tiles + (t % kNumStages) * 2 * kTile * kStride + warp * 16 * kStride;
+      vs = ks + kTile * kStride;
+    }
 
     float s[2][4];
 #pragma unroll
@@ -458,6 +548,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     }
     const uint32_t pa[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]), PackBf16(s[1][0], s[1][1]),
                             PackBf16(s[1][2], s[1][3])};
+    if constexpr (kFp8) {
+      __syncwarp();  // the warp's Q K^T MMAs have read the K rows in kvc
+      ConvertWarpRows<kHeadDim>(k8 + kTile * kSStride, kvc, lane);
+      __syncwarp();
+    }
 #pragma unroll
     for (int dn = 0; dn < kHeadDim / 16; ++dn) {
       uint32_t b[4];
@@ -487,7 +582,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     }
 #pragma unroll
     for (int d = 0; d < kDTiles; ++d)
-      *reinterpret_cast<float2*>(red + (warp * 16 + r) * kRed + d * 8 + 2 * tig) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+      *reinterpret_cast<float2*>(red + (warp * 16 + r) * kRed + d * 8 + 2 * tig) =
+          make_float2(o[d][2 * h] * kv_scale.y, o[d][2 * h + 1] * kv_scale.y);
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {

@@ -25,6 +25,8 @@ struct PagedDecodeParams {
   const __nv_bfloat16* q = nullptr;     // [num_seqs][num_q_heads][head_dim], RoPE applied
                                         // unless rope_inv_freq is set
   const __nv_bfloat16* kv_pool = nullptr;  // PagedKvLayout: [blocks][layers][2][kv_heads][B][head_dim]
+  const uint8_t* kv_fp8 = nullptr;         // instead of kv_pool: an fp8 e4m3 pool (layout.elem_bytes 1)
+  KvScales scales;                         // this layer's, with kv_fp8
   const int32_t* block_tables = nullptr;   // [num_seqs][max_blocks_per_seq]; entry j holds
                                            // tokens [j*B, (j+1)*B); masked-out entries unread
   const int32_t* seq_lens = nullptr;       // [num_seqs] cached tokens incl. this step's, >= 1

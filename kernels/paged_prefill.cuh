@@ -20,6 +20,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/paged_prefill.h"
 
@@ -38,9 +39,18 @@ constexpr int kPad = 8;                     // bf16 of padding per shared row: c
 // change): 245 TFLOP/s against 241 for two blocks of 4 warps and 243 for three K/V stages.
 constexpr int kMinBlocksPerSm = 1;
 
-template <int kHeadDim>
+// Elements per shared row of a staged K/V tile: bf16 rows padded for ldmatrix; fp8 rows are
+// only read in order, 16 bytes per thread, by the conversion.
+template <int kHeadDim, typename E>
+constexpr int StageStride() {
+  return sizeof(E) == 1 ? kHeadDim : kHeadDim + kPad;
+}
+
+// Q, the staged K/V tiles, then (fp8) the block's bf16 copy of the current tile.
+template <int kHeadDim, typename E>
 constexpr int SmemBytes() {
-  return (kRows + kStages * 2 /*K,V*/ * kCols) * (kHeadDim + kPad) * 2;
+  return kRows * (kHeadDim + kPad) * 2 + kStages * 2 /*K,V*/ * kCols * StageStride<kHeadDim, E>() * int(sizeof(E)) +
+         (sizeof(E) == 1 ? 2 * kCols * (kHeadDim + kPad) * 2 : 0);
 }
 
 // 2^x; -inf gives +0 (PTX ISA, ex2.approx: max relative error 2^-22, far below bf16's).
@@ -50,7 +60,10 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
-template <int kHeadDim>
+// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages: the block converts each staged tile to
+// bf16 (exact, unscaled) before the MMAs; the K scale goes into the softmax scale, the V
+// scale into the output's normalisation.
+template <int kHeadDim, typename E>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     PagedPrefillKernel(const __grid_constant__ PagedPrefillParams p) {
   constexpr int kStride = kHeadDim + kPad;  // bf16 per shared row
@@ -58,11 +71,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   constexpr int kKSteps = kHeadDim / 16;    // k steps of S = Q K^T
   constexpr int kDTiles = kHeadDim / 8;     // n tiles of O
   constexpr int kNTiles = kCols / 8;        // n tiles of S
-  constexpr int kLoadRows = kThreads / kChunks;  // tile rows one pass of the block loads
-  static_assert(kThreads % kChunks == 0 && kCols % kLoadRows == 0, "load passes must tile the K/V tile");
+  constexpr bool kFp8 = sizeof(E) == 1;
+  constexpr int kSStride = StageStride<kHeadDim, E>();      // elements per staged row
+  constexpr int kKvChunkElems = 16 / int(sizeof(E));       // elements per 16-byte chunk
+  constexpr int kKvChunks = kHeadDim / kKvChunkElems;      // 16-byte chunks per K/V row
+  constexpr int kLoadRows = kThreads / kKvChunks;  // tile rows one pass of the block loads
+  static_assert(kThreads % kKvChunks == 0 && kCols % kLoadRows == 0, "load passes must tile the K/V tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kRows][kStride], then output
-  __nv_bfloat16* kv_s = q_s + kRows * kStride;                       // [stage][K,V][kCols][kStride]
+  E* kv_s = reinterpret_cast<E*>(q_s + kRows * kStride);             // [stage][K,V][kCols][kSStride]
+  // fp8: the current tile as bf16, [K,V][kCols][kStride].
+  __nv_bfloat16* kv_c = reinterpret_cast<__nv_bfloat16*>(kv_s + kStages * 2 * kCols * kSStride);
+  const E* pool;
+  float k_scale = 1.f;  // the V scale is read at the end: no register held across the loop
+  if constexpr (kFp8) {
+    pool = p.kv_fp8;
+    k_scale = p.scales.k[blockIdx.x];
+  } else {
+    pool = p.kv_pool;
+  }
 
   const int kv_head = blockIdx.x, seq = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
@@ -123,11 +150,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const bool b_pow2 = (B & (B - 1)) == 0;
   const int b_shift = __ffs(B) - 1;
   const int64_t block_elems = p.layout.BlockElems();
-  const __nv_bfloat16* kv_base = p.kv_pool + p.layout.Offset(0, p.layer, 0, kv_head, 0) + (threadIdx.x % kChunks) * 8;
+  const E* kv_base = pool + p.layout.Offset(0, p.layer, 0, kv_head, 0) + (threadIdx.x % kKvChunks) * kKvChunkElems;
   // K -> V of the same slot: block_size * head_dim * num_kv_heads < 2^31 (int32: one register).
   const int v_delta = static_cast<int>(p.layout.TileElems()) * p.layout.num_kv_heads;
-  const int load_row = threadIdx.x / kChunks;
-  const int load_col = (threadIdx.x % kChunks) * 8;
+  const int load_row = threadIdx.x / kKvChunks;
+  const int load_col = (threadIdx.x % kKvChunks) * kKvChunkElems;
   const int num_tiles = (n + kCols - 1) / kCols;
   // Loads tile `tile` into its stage and commits one cp.async group (empty past the last tile,
   // so that the wait below always counts kStages - 2 younger groups).
@@ -137,22 +164,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       return;
     }
     const int stage = tile % kStages;
-    __nv_bfloat16* ks = kv_s + stage * 2 * kCols * kStride;
-    __nv_bfloat16* vs = ks + kCols * kStride;
+    E* ks = kv_s + stage * 2 * kCols * kSStride;
+    E* vs = ks + kCols * kSStride;
 #pragma unroll
     for (int k = 0; k < kCols / kLoadRows; ++k) {
       const int row = load_row + k * kLoadRows;
       const int i = tile * kCols + row;
       const bool valid = i < n;
-      const __nv_bfloat16* k_src = p.kv_pool;
+      const E* k_src = pool;
       if (valid) {
         const int pos = pos_of(i);
         const int page = b_pow2 ? pos >> b_shift : pos / B;
         const int slot = pos - page * B;
         k_src = kv_base + __ldg(table + page) * block_elems + slot * kHeadDim;
       }
-      CpAsync16(ks + row * kStride + load_col, k_src, valid);
-      CpAsync16(vs + row * kStride + load_col, valid ? k_src + v_delta : k_src, valid);
+      CpAsync16(ks + row * kSStride + load_col, k_src, valid);
+      CpAsync16(vs + row * kSStride + load_col, valid ? k_src + v_delta : k_src, valid);
     }
     CpAsyncCommit();
   };
@@ -169,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) m[mt][h] = -INFINITY, l[mt][h] = 0.f;
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = p.scale * kLog2e * k_scale;
 
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) load_tile(t);
@@ -177,8 +204,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     // The barrier publishes tile `tile` and ends every read of the stage refilled next.
     CpAsyncWait<kStages - 2>();
     __syncthreads();
-    const __nv_bfloat16* ks = kv_s + (tile % kStages) * 2 * kCols * kStride;
-    const __nv_bfloat16* vs = ks + kCols * kStride;
+    const __nv_bfloat16* ks;
+    const __nv_bfloat16* vs;
+    if constexpr (kFp8) {
+      // Block-wide, before any warp may skip the tile: every warp past the barrier above has
+      // finished reading kv_c for the previous tile.
+      const uint8_t* src = kv_s + (tile % kStages) * 2 * kCols * kSStride;
+#pragma unroll 1  // the O accumulators hold most registers: 8 bytes a step, not unrolled, spills least
+      for (int c = threadIdx.x; c < 2 * kCols * (kHeadDim / 8); c += kThreads) {
+        const int row = c / (kHeadDim / 8), col = (c % (kHeadDim / 8)) * 8;  // row: K rows, then V rows
+        const uint2 raw = *reinterpret_cast<const uint2*>(src + row * kSStride + col);
+        *reinterpret_cast<uint4*>(kv_c + row * kStride + col) = Fp8x8ToBf16x8(raw);
+      }
+      __syncthreads();
+      ks = kv_c;
+      vs = kv_c + kCols * kStride;
+    } else {
+      ks = kv_s + (tile % kStages) * 2 * kCols * kStride;
+      vs = ks + kCols * kStride;
+    }
 
     const int i0 = tile * kCols;
     const int i_last = min(i0 + kCols, n) - 1;
@@ -301,6 +345,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 
   // Normalise into the warp's own Q rows (no other warp reads them), then 16-byte stores.
+  float v_scale = 1.f;
+  if constexpr (kFp8) v_scale = p.scales.v[kv_head];
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -309,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       float sum = l[mt][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float inv = sum > 0.f ? v_scale / sum : 0.f;
       __nv_bfloat16* dst = q_s + (wr0 + mt * 16 + gid + 8 * h) * kStride + 2 * tig;
 #pragma unroll
       for (int t = 0; t < kDTiles; ++t)

@@ -21,6 +21,8 @@ namespace kvfleet::kernels {
 struct PagedPrefillParams {
   const __nv_bfloat16* q = nullptr;        // [num_tokens][num_q_heads][head_dim], RoPE applied
   const __nv_bfloat16* kv_pool = nullptr;  // PagedKvLayout
+  const uint8_t* kv_fp8 = nullptr;         // instead of kv_pool: an fp8 e4m3 pool (layout.elem_bytes 1)
+  KvScales scales;                         // this layer's, with kv_fp8
   const int32_t* block_tables = nullptr;   // [num_seqs][max_blocks_per_seq]
   const int32_t* cu_q_lens = nullptr;      // [num_seqs + 1] query token offsets into q / out
   const int32_t* seq_lens = nullptr;       // [num_seqs] cached tokens incl. this chunk; query

@@ -33,6 +33,9 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
   if (layout.head_dim % 16 != 0) return cudaErrorInvalidValue;
   const bool norm = extras.q_norm != nullptr;
   if (norm != (extras.k_norm != nullptr) || (norm && layout.head_dim > 256)) return cudaErrorInvalidValue;
+  const bool fp8 = extras.kv_fp8 != nullptr;
+  if (layout.elem_bytes != (fp8 ? 1 : 2) || (fp8 && (extras.scales.k == nullptr || extras.scales.v == nullptr)))
+    return cudaErrorInvalidValue;
   // One block per token; a decode step's few tokens get 4x the threads so each does one or
   // two (rotation, store) items instead of a serial chain of four (llama-8b: 448 items).
   const int threads = tokens <= kRopeWideTokens ? 512 : 128;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/small_kernels.h"
 
 namespace kvfleet::kernels::small {
@@ -131,6 +132,16 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
         dst = q_out + (t * num_q_heads + head) * D;
       } else {
         if (slot < 0) continue;
+        if (ex.kv_fp8 != nullptr) {
+          const int hkv = head - num_q_heads;
+          uint8_t* dst8 = ex.kv_fp8 + layout.Offset(block, layer, 0, hkv, in_block);
+          const float sc = ex.scales.k[hkv];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) lo[e] = Bf16Round(lo[e]), hi[e] = Bf16Round(hi[e]);
+          *reinterpret_cast<uint2*>(dst8 + d) = FloatToFp8x8(lo, sc);
+          *reinterpret_cast<uint2*>(dst8 + d + half) = FloatToFp8x8(hi, sc);
+          continue;
+        }
         dst = kv_pool + layout.Offset(block, layer, 0, head - num_q_heads, in_block);
       }
       *reinterpret_cast<uint4*>(dst + d) = FloatToBf16x8(lo);
@@ -140,6 +151,13 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
       const int v_it = it - rot_items;
       const int head = v_it / (D / 8), d = (v_it % (D / 8)) * 8;
       const uint4 val = *reinterpret_cast<const uint4*>(in + (num_q_heads + hk + head) * D + d);
+      if (ex.kv_fp8 != nullptr) {
+        float f[8];
+        Bf16x8ToFloat(val, f);
+        *reinterpret_cast<uint2*>(ex.kv_fp8 + layout.Offset(block, layer, 1, head, in_block) + d) =
+            FloatToFp8x8(f, ex.scales.v[head]);
+        continue;
+      }
       *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 1, head, in_block) + d) = val;
     }
   }

@@ -48,6 +48,10 @@ struct RopeKvExtras {
   // Token t rotates with inv_freq + inv_freq_row[t] * head_dim / 2 (inv_freq then holds
   // [rows][head_dim / 2]); null: every token with inv_freq's one row.
   const int32_t* inv_freq_row = nullptr;  // [tokens] or null
+  // An fp8 pool (layout.elem_bytes 1): K and V go here as e4m3(bf16(x) / scale), saturated
+  // to +-448, instead of kv_pool (which may be null). scales: this layer's (paged_kv.h).
+  uint8_t* kv_fp8 = nullptr;
+  KvScales scales;
 };
 
 // LaunchRopeKvStore with the extras. REQUIRES: as above; head_dim <= 256 with norms.

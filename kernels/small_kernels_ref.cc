@@ -71,6 +71,34 @@ void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_
   }
 }
 
+void QuantizeKvSlotsRef(const bf16_bits* kv_pool, fp8_bits* kv_fp8, const PagedKvLayout& layout, int32_t layer,
+                        const int32_t* slots, int32_t tokens, const float* k_scale, const float* v_scale) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t block = slots[t] / layout.block_size;
+    const int32_t in_block = slots[t] % layout.block_size;
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        const int64_t off = layout.Offset(block, layer, kv, h, in_block);
+        const float scale = (kv == 0 ? k_scale : v_scale)[h];
+        for (int d = 0; d < layout.head_dim; ++d) kv_fp8[off + d] = FloatToFp8E4m3(Bf16ToFloat(kv_pool[off + d]) / scale);
+      }
+  }
+}
+
+void QuantizeKvPoolRef(const bf16_bits* kv_pool, fp8_bits* kv_fp8, const PagedKvLayout& layout, int64_t num_blocks,
+                       const float* k_scales, const float* v_scales) {
+  for (int64_t b = 0; b < num_blocks; ++b)
+    for (int l = 0; l < layout.num_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < layout.num_kv_heads; ++h) {
+          const float scale = (kv == 0 ? k_scales : v_scales)[l * layout.num_kv_heads + h];
+          const int64_t off = layout.Offset(b, l, kv, h, 0);
+          for (int64_t i = 0; i < layout.TileElems(); ++i)
+            kv_fp8[off + i] = FloatToFp8E4m3(Bf16ToFloat(kv_pool[off + i]) / scale);
+        }
+}
+
 void SiluMulRef(const bf16_bits* gate_up, bf16_bits* out, int32_t rows, int32_t inter) {
   for (int64_t r = 0; r < rows; ++r)
     for (int i = 0; i < inter; ++i) {

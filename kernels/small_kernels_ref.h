@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/bf16.h"
+#include "kernels/fp8.h"
 #include "kernels/paged_kv.h"
 
 namespace kvfleet::kernels {
@@ -18,6 +19,17 @@ void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_
                     bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
                     int32_t tokens, int32_t num_q_heads, bool rotate, const bf16_bits* q_norm = nullptr,
                     const bf16_bits* k_norm = nullptr, float norm_eps = 0.f, const int32_t* inv_freq_row = nullptr);
+
+// What LaunchRopeKvStore with RopeKvExtras::kv_fp8 stores: the K/V RopeKvStoreRef wrote into
+// kv_pool (bf16) at these slots, as e4m3(x / scale) into kv_fp8 (the same shape, elem_bytes 1).
+//   k_scale, v_scale: [num_kv_heads] of this layer.
+void QuantizeKvSlotsRef(const bf16_bits* kv_pool, fp8_bits* kv_fp8, const PagedKvLayout& layout, int32_t layer,
+                        const int32_t* slots, int32_t tokens, const float* k_scale, const float* v_scale);
+
+// Every element of num_blocks blocks of a bf16 pool as e4m3(x / scale) into an fp8 pool of
+// the same shape. k_scales, v_scales: [num_layers][num_kv_heads].
+void QuantizeKvPoolRef(const bf16_bits* kv_pool, fp8_bits* kv_fp8, const PagedKvLayout& layout, int64_t num_blocks,
+                       const float* k_scales, const float* v_scales);
 
 // Shapes as LaunchSiluMul.
 void SiluMulRef(const bf16_bits* gate_up, bf16_bits* out, int32_t rows, int32_t inter);

@@ -2,23 +2,28 @@
 // llama-3.1-8b-shaped random model from `kvfleet make-model --shape llama-3.1-8b`):
 //
 //   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
+//                      [--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]]
 //
 //   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
 //                       to measure one change against the default in the same run
 //   --only-batch1       only the batch-1 decode (no large batches, no prefill)
+//   --kv-cache-dtype    the KV cache's element type (fp8: e4m3, half the KV bytes per token)
+//   --decode-ctx N      context of the large-batch decodes (default 2048; 8192 for b64@8K)
+//   --batches B,...     their batch sizes (default 32,64,128)
 //
 //   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
 //                       ceiling for memory-bound decode
 //   cuBLASLt peak       one bf16 GEMM 8192³ through the backend's own LtGemm
 //   decode b=1 @1K      step time (Execute wall time, host work and sync included) and
 //                       achieved bandwidth = (weights read + KV read) / step time
-//   decode b=32/64/128 @2K   generated tokens/s
+//   decode b=32/64/128 @2K   step time and generated tokens/s
 //   prefill 8K in 2K chunks  TFLOP/s (matmul + causal attention FLOPs) vs the GEMM peak
 //
 // Decode steps run at their context length without prefilling it first: the cache holds
 // zeros, which costs the same to read as real K/V (timing depends only on lengths).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -142,6 +147,9 @@ int main(int argc, char** argv) {
   std::string model;
   int steps = 20;
   bool only_batch1 = false;
+  int decode_ctx = 2048;
+  std::vector<int> batches = {32, 64, 128};
+  backend::KvCacheDtype kv_dtype = backend::KvCacheDtype::kAuto;
   std::map<std::string, std::string> extra;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
@@ -153,12 +161,25 @@ int main(int argc, char** argv) {
       extra[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     } else if (!std::strcmp(argv[i], "--only-batch1")) {
       only_batch1 = true;
+    } else if (!std::strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc) {
+      auto d = backend::ParseKvCacheDtype(argv[++i]);
+      if (!d.ok()) {
+        std::fprintf(stderr, "%s\n", d.status().message().c_str());
+        return 2;
+      }
+      kv_dtype = *d;
+    } else if (!std::strcmp(argv[i], "--decode-ctx") && i + 1 < argc) {
+      decode_ctx = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) {
+      batches.clear();
+      for (char* t = std::strtok(argv[++i], ","); t != nullptr; t = std::strtok(nullptr, ",")) batches.push_back(std::atoi(t));
     } else {
       std::fprintf(stderr, "%s", usage);
       return 2;
     }
   }
-  if (model.empty()) {
+  if (model.empty() || decode_ctx < 1 || batches.empty() ||
+      std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1 || b > 128; })) {
     std::fprintf(stderr, "%s", usage);
     return 2;
   }
@@ -173,8 +194,10 @@ int main(int argc, char** argv) {
   o.block_size = 32;
   o.max_num_tokens = 8192;
   o.max_batch_size = 128;
-  o.max_context = 8192;
+  o.max_context = std::max(8192, decode_ctx + steps + 8);
   o.kv_memory_fraction = 0.85;
+  o.kv_cache_dtype = kv_dtype;
+  std::printf("KV cache dtype: %s\n", std::string(backend::KvCacheDtypeName(kv_dtype)).c_str());
   o.extra = extra;
   for (const auto& [k, v] : extra) std::printf("backend setting %s=%s\n", k.c_str(), v.c_str());
   auto t0 = Clock::now();
@@ -192,7 +215,8 @@ int main(int argc, char** argv) {
   const double L = static_cast<double>(c.num_layers), H = static_cast<double>(c.hidden_size);
   const double matmul_params = L * (H * (c.q_size() + 2 * c.kv_size()) + c.q_size() * H + 3 * H * c.intermediate_size) +
                                static_cast<double>(c.vocab_size) * H;
-  const double kv_bytes_per_token = L * 2 * c.num_kv_heads * c.head_dim * 2;
+  const double kv_elem_bytes = kv_dtype == backend::KvCacheDtype::kFp8E4m3 ? 1 : 2;
+  const double kv_bytes_per_token = L * 2 * c.num_kv_heads * c.head_dim * kv_elem_bytes;
   std::printf("model: %lld layers, hidden %lld, %.2f B matmul params (%.2f GB bf16 read per step), KV %.0f KiB/token\n",
               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size), matmul_params * 1e-9,
               matmul_params * 2e-9, kv_bytes_per_token / 1024);
@@ -205,8 +229,8 @@ int main(int argc, char** argv) {
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
   }
   if (only_batch1) return 0;
-  for (int batch : {32, 64, 128}) {
-    const int ctx = 2048;
+  for (int batch : batches) {
+    const int ctx = decode_ctx;
     const int64_t need = static_cast<int64_t>(batch) * ((ctx + steps + 3 + 31) / 32);
     if (need > b.pools()[0].device_blocks) {
       std::printf("decode batch %d @ %d: skipped, needs %lld blocks, the cache has %lld\n", batch, ctx,

@@ -3,8 +3,10 @@
 // copy bandwidth). Timing: CUDA events, warm-up first, median of repeated single launches; the
 // data of memory-bound cases is several times the L2 so no case measures the cache.
 //
-//   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B]
-//   (--block-size: the decode section's tokens per KV block, default 16; 1 is token-level KV)
+//   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B] [--kv-dtype bf16|fp8]
+//   (--block-size: the decode section's tokens per KV block, default 16; 1 is token-level KV;
+//   --kv-dtype fp8: decode and prefill read e4m3 pages; GB/s counts the bytes read, 1 per
+//   element, and the decode rows add the KV tokens read per second, comparable across dtypes)
 //                                       prints one line per case and a summary table
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -155,10 +157,13 @@ void Report(const std::string& name, double value, const char* unit, double limi
 // Llama-3.1-8B attention shape: 32 query heads, 8 KV heads, head_dim 128, block size bs (16).
 // Blocks are shuffled over the pool; below 16 tokens per block every case also runs with the
 // blocks in pool order, as token-level KV allocates a sequence's slots (one contiguous run).
-void BenchDecode(const Limits& lim, bool quick, int bs) {
+void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
   const int hq = 32, hkv = 8, d = 128;
-  char bs_tag[16] = "";
-  if (bs != 16) std::snprintf(bs_tag, sizeof(bs_tag), " B=%d", bs);
+  char bs_tag[24] = "";
+  std::snprintf(bs_tag, sizeof(bs_tag), "%s", fp8 ? " fp8" : "");
+  if (bs != 16) std::snprintf(bs_tag + std::strlen(bs_tag), sizeof(bs_tag) - std::strlen(bs_tag), " B=%d", bs);
+  // fp8: every head's scales 1/448 (timing does not depend on the values).
+  DeviceBuffer<float> scales(std::vector<float>(2 * hkv, 1.f / 448));
   std::vector<std::pair<int, int>> cases;  // (batch, context)
   for (int ctx : {1024, 4096, 8192, 16384, 32768}) {
     cases.push_back({1, ctx});
@@ -172,11 +177,16 @@ void BenchDecode(const Limits& lim, bool quick, int bs) {
   int num_sms = 0;
   KVF_CUDA_OK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   for (auto [batch, ctx] : cases) {
-    PagedKvLayout layout{1, hkv, bs, d};
+    PagedKvLayout layout{1, hkv, bs, d, fp8 ? 1 : 2};
     const int blocks_per_seq = ctx / bs;
     const int num_blocks = batch * blocks_per_seq;
-    DeviceBuffer<uint16_t> pool(size_t(num_blocks) * layout.BlockElems());
-    FillRandom(pool, 3);
+    DeviceBuffer<uint16_t> pool(fp8 ? 1 : size_t(num_blocks) * layout.BlockElems());
+    DeviceBuffer<uint8_t> pool8(fp8 ? size_t(num_blocks) * layout.BlockBytes() : 1);
+    if (fp8) {
+      KVF_CUDA_OK(cudaMemset(pool8.get(), 0x30, pool8.size()));  // e4m3 0.5
+    } else {
+      FillRandom(pool, 3);
+    }
     std::vector<int32_t> ids(num_blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), std::mt19937(4));
@@ -185,7 +195,12 @@ void BenchDecode(const Limits& lim, bool quick, int bs) {
     FillRandom(q, 5);
     PagedDecodeParams p;
     p.q = q.as<__nv_bfloat16>();
-    p.kv_pool = pool.as<__nv_bfloat16>();
+    if (fp8) {
+      p.kv_fp8 = pool8.get();
+      p.scales = {scales.get(), scales.get() + hkv};
+    } else {
+      p.kv_pool = pool.as<__nv_bfloat16>();
+    }
     p.block_tables = tables.get();
     p.seq_lens = lens.get();
     p.out = out.as<__nv_bfloat16>();
@@ -207,6 +222,9 @@ void BenchDecode(const Limits& lim, bool quick, int bs) {
       std::snprintf(name, sizeof(name), "paged decode%s%s b=%d ctx=%d (P=%d)", bs_tag, cuda_cores ? " cuda-cores" : "",
                     batch, ctx, p.partition_size);
       Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+      std::snprintf(name, sizeof(name), "  KV tokens read%s%s b=%d ctx=%d", bs_tag, cuda_cores ? " cuda-cores" : "",
+                    batch, ctx);
+      Report(name, double(batch) * ctx / ms / 1e3, "Mtok/s", 0, ms);
     }
     if ((batch == 64 && ctx == 4096) || bs < 16) {
       // The same with blocks in pool order (a contiguous table), against the shuffled order
@@ -238,13 +256,17 @@ void BenchDecode(const Limits& lim, bool quick, int bs) {
 }
 
 // 8K prompt in chunks of 2K (chunk i attends to the 2K*i cached tokens plus itself, causally).
-void BenchPrefill(const Limits& lim, bool quick) {
+void BenchPrefill(const Limits& lim, bool quick, bool fp8) {
   const int hq = 32, hkv = 8, d = 128, bs = 16, prompt = quick ? 4096 : 8192, chunk = 2048;
   PagedKvLayout layout{1, hkv, bs, d};
   const int blocks = prompt / bs;
   DeviceBuffer<uint16_t> pool(size_t(blocks) * layout.BlockElems()), q(size_t(chunk) * hq * d), out(q.size());
   FillRandom(pool, 6);
   FillRandom(q, 7);
+  PagedKvLayout layout8 = layout;
+  layout8.elem_bytes = 1;
+  DeviceBuffer<float> scales(std::vector<float>(2 * hkv, 1.f / 448));
+  // fp8: the bf16 pool's bytes read as e4m3 (finite but for the rare NaN code: timing only).
   std::vector<int32_t> ids(blocks);
   std::iota(ids.begin(), ids.end(), 0);
   DeviceBuffer<int32_t> tables(ids), cu(std::vector<int32_t>{0, chunk});
@@ -253,12 +275,17 @@ void BenchPrefill(const Limits& lim, bool quick) {
     DeviceBuffer<int32_t> lens(std::vector<int32_t>{start + chunk});
     PagedPrefillParams p;
     p.q = q.as<__nv_bfloat16>();
-    p.kv_pool = pool.as<__nv_bfloat16>();
+    if (fp8) {
+      p.kv_fp8 = reinterpret_cast<const uint8_t*>(pool.get());
+      p.scales = {scales.get(), scales.get() + hkv};
+    } else {
+      p.kv_pool = pool.as<__nv_bfloat16>();
+    }
     p.block_tables = tables.get();
     p.cu_q_lens = cu.get();
     p.seq_lens = lens.get();
     p.out = out.as<__nv_bfloat16>();
-    p.layout = layout;
+    p.layout = fp8 ? layout8 : layout;
     p.num_seqs = 1;
     p.num_q_heads = hq;
     p.max_blocks_per_seq = blocks;
@@ -271,11 +298,12 @@ void BenchPrefill(const Limits& lim, bool quick) {
     total_ms += ms;
     total_flops += flops;
     char name[96];
-    std::snprintf(name, sizeof(name), "paged prefill chunk %d-%d of %d", start, start + chunk, prompt);
+    std::snprintf(name, sizeof(name), "paged prefill%s chunk %d-%d of %d", fp8 ? " fp8" : "", start, start + chunk,
+                  prompt);
     Report(name, flops / ms / 1e9, "TFLOP/s", lim.gemm_tflops, ms);
   }
   char name[96];
-  std::snprintf(name, sizeof(name), "paged prefill %d in chunks of %d (attention)", prompt, chunk);
+  std::snprintf(name, sizeof(name), "paged prefill%s %d in chunks of %d (attention)", fp8 ? " fp8" : "", prompt, chunk);
   Report(name, total_flops / total_ms / 1e9, "TFLOP/s", lim.gemm_tflops, total_ms);
 }
 
@@ -430,6 +458,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;  // one section: decode, prefill, small, kvcopy
   int block_size = 16;  // the decode section's
+  bool fp8 = false;     // --kv-dtype fp8: decode and prefill over e4m3 pages
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -441,9 +470,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvfleet_kernels_bench: --block-size %s is not a power of two in [1, 256]\n", argv[i]);
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
+      const std::string d = argv[++i];
+      if (d != "bf16" && d != "fp8" && d != "fp8_e4m3") {
+        std::fprintf(stderr, "kvfleet_kernels_bench: --kv-dtype must be bf16 or fp8, got '%s'\n", d.c_str());
+        return 2;
+      }
+      fp8 = d != "bf16";
     } else {
       std::fprintf(stderr,
-                   "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B]\n");
+                   "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B] "
+                   "[--kv-dtype bf16|fp8]\n");
       return 2;
     }
   }
@@ -453,8 +490,8 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, %.0f MiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1048576.0, prop.l2CacheSize >> 20);
   Limits lim = MeasureLimits(quick);
-  if (want("decode")) BenchDecode(lim, quick, block_size);
-  if (want("prefill")) BenchPrefill(lim, quick);
+  if (want("decode")) BenchDecode(lim, quick, block_size, fp8);
+  if (want("prefill")) BenchPrefill(lim, quick, fp8);
   if (want("small")) BenchSmall(lim);
   if (want("kvcopy")) BenchKvCopy(lim, quick);
   std::printf("\nsummary (%s)\n", prop.name);

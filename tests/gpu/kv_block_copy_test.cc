@@ -16,9 +16,12 @@ using gputest::DeviceBuffer;
 
 TEST_CASE("offload, onboard and device copies move exactly the named blocks") {
   std::mt19937 rng(31);
-  // {1, 1, 1, 64}: token-level KV, 256-byte blocks of one token.
+  // {1, 1, 1, 64}: token-level KV, 256-byte blocks of one token; elem_bytes 1: fp8 e4m3
+  // blocks (half the bytes) copy as bytes the same way.
   for (PagedKvLayout layout : {PagedKvLayout{2, 2, 16, 64}, PagedKvLayout{32, 8, 16, 128}, PagedKvLayout{1, 1, 2, 64},
-                               PagedKvLayout{1, 1, 1, 64}}) {
+                               PagedKvLayout{1, 1, 1, 64}, PagedKvLayout{32, 8, 16, 128, 1},
+                               PagedKvLayout{1, 1, 1, 64, 1}}) {
+    CAPTURE(layout.BlockBytes());
     const int blocks = 24;
     const size_t bytes = size_t(blocks) * layout.BlockBytes();
     std::vector<uint8_t> dev_init(bytes), host_init(bytes);

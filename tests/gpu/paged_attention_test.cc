@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kernels/fp8.h"
 #include "kernels/paged_attention_ref.h"
+#include "kernels/small_kernels_ref.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
 #include "kernels/rope.h"
@@ -30,6 +32,7 @@ struct Case {
   bool shift_rope = false;
   int partition_size = 0;  // decode: 0 = PagedDecodeChoosePartition
   bool force_cuda_cores = false;  // decode: the CUDA-core kernel instead of the tensor-core one
+  bool fp8 = false;               // e4m3 pages with per-(layer, head) scales
 };
 
 // A pool of random K/V with two layers (the test reads layer 1), block tables drawing
@@ -41,6 +44,10 @@ struct Fixture {
   std::vector<bf16_bits> pool, q;
   std::vector<int32_t> tables, cu_q;
   std::vector<float> inv_freq;
+  // fp8: the pool quantised, and its scales [layer][kv_heads] (K, V).
+  PagedKvLayout layout8;
+  std::vector<fp8_bits> pool8;
+  std::vector<float> k_scales, v_scales;
 
   Fixture(const Case& c, std::mt19937& rng) {
     layout = PagedKvLayout{2, c.num_kv_heads, c.block_size, c.head_dim};
@@ -65,6 +72,27 @@ struct Fixture {
     rope.head_dim = c.head_dim;
     rope.theta = 10000;
     inv_freq = RopeInvFreq(rope);
+    if (c.fp8) {
+      // |x| <= 1 over scales in [1, 3] / 448: e4m3 values up to 448, none saturated, and
+      // every head of every layer with its own scale.
+      std::uniform_real_distribution<float> u(1.f, 3.f);
+      for (int i = 0; i < layout.num_layers * layout.num_kv_heads; ++i) {
+        k_scales.push_back(u(rng) / kFp8E4m3Max);
+        v_scales.push_back(u(rng) / kFp8E4m3Max);
+      }
+      layout8 = layout;
+      layout8.elem_bytes = 1;
+      pool8.resize(pool.size());
+      QuantizeKvPoolRef(pool.data(), pool8.data(), layout8, num_blocks, k_scales.data(), v_scales.data());
+    }
+  }
+
+  // The scales of layer 1 (the one the tests read): K then V, [kv_heads] each.
+  std::vector<float> Layer1Scales() const {
+    if (k_scales.empty()) return {};
+    std::vector<float> s(k_scales.begin() + layout.num_kv_heads, k_scales.begin() + 2 * layout.num_kv_heads);
+    s.insert(s.end(), v_scales.begin() + layout.num_kv_heads, v_scales.begin() + 2 * layout.num_kv_heads);
+    return s;
   }
 
   std::vector<float> Reference(const Case& c) const {
@@ -72,12 +100,19 @@ struct Fixture {
     PagedAttentionRefArgs a;
     a.q = q.data();
     a.kv_pool = pool.data();
+    const std::vector<float> scales = c.fp8 ? Layer1Scales() : std::vector<float>{};
+    if (c.fp8) {
+      a.kv_pool = nullptr;
+      a.kv_fp8 = pool8.data();
+      a.k_scale = scales.data();
+      a.v_scale = scales.data() + layout.num_kv_heads;
+    }
     a.block_tables = tables.data();
     a.cu_q_lens = cu_q.data();
     a.seq_lens = c.seq_lens.data();
     a.rope_inv_freq = c.shift_rope ? inv_freq.data() : nullptr;
     a.out = out.data();
-    a.layout = layout;
+    a.layout = c.fp8 ? layout8 : layout;
     a.layer = 1;
     a.num_seqs = static_cast<int>(c.seq_lens.size());
     a.num_q_heads = c.num_q_heads;
@@ -93,17 +128,24 @@ double RunDecode(Case c, uint32_t seed) {
   std::mt19937 rng(seed);
   c.q_lens.assign(c.seq_lens.size(), 1);
   Fixture f(c, rng);
-  DeviceBuffer<bf16_bits> pool(f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<bf16_bits> pool(c.fp8 ? std::vector<bf16_bits>{} : f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<fp8_bits> pool8(f.pool8);
+  DeviceBuffer<float> scales(f.Layer1Scales());
   DeviceBuffer<int32_t> tables(f.tables), lens(std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end()));
   DeviceBuffer<float> inv_freq(f.inv_freq);
   PagedDecodeParams p;
   p.q = q.as<__nv_bfloat16>();
-  p.kv_pool = pool.as<__nv_bfloat16>();
+  if (c.fp8) {
+    p.kv_fp8 = pool8.get();
+    p.scales = {scales.get(), scales.get() + c.num_kv_heads};
+  } else {
+    p.kv_pool = pool.as<__nv_bfloat16>();
+  }
   p.block_tables = tables.get();
   p.seq_lens = lens.get();
   p.out = out.as<__nv_bfloat16>();
   p.rope_inv_freq = c.shift_rope ? inv_freq.get() : nullptr;
-  p.layout = f.layout;
+  p.layout = c.fp8 ? f.layout8 : f.layout;
   p.layer = 1;
   p.num_seqs = static_cast<int>(c.seq_lens.size());
   p.num_q_heads = c.num_q_heads;
@@ -126,17 +168,24 @@ double RunDecode(Case c, uint32_t seed) {
 double RunPrefill(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Fixture f(c, rng);
-  DeviceBuffer<bf16_bits> pool(f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<bf16_bits> pool(c.fp8 ? std::vector<bf16_bits>{} : f.pool), q(f.q), out(f.q.size());
+  DeviceBuffer<fp8_bits> pool8(f.pool8);
+  DeviceBuffer<float> scales(f.Layer1Scales());
   DeviceBuffer<int32_t> tables(f.tables), lens(std::vector<int32_t>(c.seq_lens.begin(), c.seq_lens.end())),
       cu(f.cu_q);
   PagedPrefillParams p;
   p.q = q.as<__nv_bfloat16>();
-  p.kv_pool = pool.as<__nv_bfloat16>();
+  if (c.fp8) {
+    p.kv_fp8 = pool8.get();
+    p.scales = {scales.get(), scales.get() + c.num_kv_heads};
+  } else {
+    p.kv_pool = pool.as<__nv_bfloat16>();
+  }
   p.block_tables = tables.get();
   p.cu_q_lens = cu.get();
   p.seq_lens = lens.get();
   p.out = out.as<__nv_bfloat16>();
-  p.layout = f.layout;
+  p.layout = c.fp8 ? f.layout8 : f.layout;
   p.layer = 1;
   p.num_seqs = static_cast<int>(c.seq_lens.size());
   p.num_q_heads = c.num_q_heads;
@@ -310,6 +359,91 @@ TEST_CASE("prefill of one token per sequence equals decode") {
   c.q_lens = {1, 1};
   CHECK(RunPrefill(c, 700) < kTolerance);
   CHECK(RunDecode(c, 700) < kTolerance);
+}
+
+TEST_CASE("fp8 decode reads e4m3 pages with per-head scales, on both kernels, every head size and block size") {
+  uint32_t seed = 800;
+  for (bool cuda_cores : {false, true})
+    for (int head_dim : {64, 128, 256})
+      for (int block_size : {1, 16, 64}) {
+        Case c;
+        c.fp8 = true;
+        c.head_dim = head_dim;
+        c.block_size = block_size;
+        c.seq_lens = {1, 37, 300, 2100};
+        c.force_cuda_cores = cuda_cores;
+        CAPTURE(cuda_cores);
+        CAPTURE(head_dim);
+        CAPTURE(block_size);
+        CHECK(RunDecode(c, seed++) < kTolerance);
+      }
+  for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{8, 8}, {32, 8}, {12, 1}, {40, 2}}) {
+    Case c;
+    c.fp8 = true;
+    c.num_q_heads = hq;
+    c.num_kv_heads = hkv;
+    c.seq_lens = {700, 4500};
+    c.partition_size = 256;  // several partitions: the V scale must survive the combine
+    CAPTURE(hq);
+    CAPTURE(hkv);
+    CHECK(RunDecode(c, seed++) < kTolerance);
+  }
+  Case shift;  // StreamingLLM: K rotated after dequantisation
+  shift.fp8 = true;
+  shift.mask = {256, 4, 0};
+  shift.shift_rope = true;
+  shift.seq_lens = {3, 2000};
+  shift.partition_size = 128;
+  CHECK(RunDecode(shift, seed++) < kTolerance);
+}
+
+TEST_CASE("fp8 prefill reads e4m3 pages across pages, groups and masks") {
+  uint32_t seed = 900;
+  for (int head_dim : {64, 128})
+    for (int block_size : {1, 7, 16, 64}) {
+      Case c;
+      c.fp8 = true;
+      c.head_dim = head_dim;
+      c.block_size = block_size;
+      c.seq_lens = {517, 190, 33};
+      c.q_lens = {257, 190, 1};
+      CAPTURE(head_dim);
+      CAPTURE(block_size);
+      CHECK(RunPrefill(c, seed++) < kTolerance);
+    }
+  for (const AttentionMask& m : std::vector<AttentionMask>{{100, 4, 0}, {0, 0, 200}}) {
+    Case c;
+    c.fp8 = true;
+    c.num_q_heads = 12;
+    c.num_kv_heads = 3;
+    c.seq_lens = {1200, 700};
+    c.q_lens = {300, 333};
+    c.mask = m;
+    CAPTURE(m.window);
+    CHECK(RunPrefill(c, seed++) < kTolerance);
+  }
+}
+
+TEST_CASE("the kernels refuse an fp8 pool without scales or with a bf16 layout") {
+  std::mt19937 rng(950);
+  Case c;
+  c.fp8 = true;
+  c.seq_lens = {64};
+  c.q_lens = {1};
+  Fixture f(c, rng);
+  DeviceBuffer<fp8_bits> pool8(f.pool8);
+  PagedDecodeParams p;
+  p.kv_fp8 = pool8.get();
+  p.layout = f.layout8;
+  p.num_seqs = 1;
+  p.num_q_heads = c.num_q_heads;
+  p.max_seq_len = 64;
+  p.partition_size = 128;
+  CHECK(LaunchPagedDecode(p, nullptr) == cudaErrorInvalidValue);  // no scales
+  DeviceBuffer<float> scales(f.Layer1Scales());
+  p.scales = {scales.get(), scales.get() + c.num_kv_heads};
+  p.layout = f.layout;  // elem_bytes 2
+  CHECK(LaunchPagedDecode(p, nullptr) == cudaErrorInvalidValue);
 }
 
 }  // namespace

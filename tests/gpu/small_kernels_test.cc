@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "kernels/fp8.h"
 #include "kernels/rope.h"
 #include "kernels/small_kernels.h"
 #include "kernels/small_kernels_ref.h"
@@ -93,6 +94,68 @@ TEST_CASE("RoPE with llama3 scaling writes rotated q and K and plain V into the 
       CHECK(MaxUlpDiff(dq.Download(), q) <= 1);
       CHECK(MaxUlpDiff(dpool.Download(), pool) <= 1);  // untouched slots stay equal too
     }
+}
+
+TEST_CASE("RoPE + K/V store into an fp8 pool writes e4m3(bf16 value / head scale), saturating, other bytes untouched") {
+  std::mt19937 rng(13);
+  struct Shape {
+    int hq, hkv, d, block;
+  };
+  for (Shape s : {Shape{32, 8, 128, 16}, Shape{9, 3, 64, 1}, Shape{4, 1, 256, 7}}) {
+    const int tokens = 29, layers = 2, layer = 1;
+    PagedKvLayout layout{layers, s.hkv, s.block, s.d};
+    PagedKvLayout layout8 = layout;
+    layout8.elem_bytes = 1;
+    const int num_blocks = tokens / s.block + 3;
+    // Values up to 4 against scales down to 1/448: some saturate at +-448.
+    auto qkv = gputest::RandomBf16(size_t(tokens) * (s.hq + 2 * s.hkv) * s.d, rng, -4, 4);
+    std::vector<int32_t> pos(tokens), slots(tokens), perm(num_blocks * s.block);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int t = 0; t < tokens; ++t) {
+      pos[t] = 3 + 97 * t;
+      slots[t] = t == 4 ? -1 : perm[t];
+    }
+    RopeConfig rc;
+    rc.head_dim = s.d;
+    auto inv = RopeInvFreq(rc);
+    std::vector<float> scales(2 * s.hkv);  // K then V of the layer
+    std::uniform_real_distribution<float> u(1.f, 40.f);
+    for (float& x : scales) x = u(rng) / kFp8E4m3Max;
+    std::vector<fp8_bits> pool8(num_blocks * layout.BlockElems());
+    for (auto& b : pool8) b = static_cast<fp8_bits>(rng() % 0x7e);  // finite garbage
+    std::vector<bf16_bits> bf16_pool(pool8.size(), 0);
+    DeviceBuffer<bf16_bits> dqkv(qkv), dq(size_t(tokens) * s.hq * s.d);
+    DeviceBuffer<fp8_bits> dpool(pool8);
+    DeviceBuffer<int32_t> dpos(pos), dslots(slots);
+    DeviceBuffer<float> dinv(inv), dscales(scales);
+    RopeKvExtras ex;
+    ex.kv_fp8 = dpool.get();
+    ex.scales = {dscales.get(), dscales.get() + s.hkv};
+    KVF_CUDA_OK(LaunchRopeKvStore(dqkv.as<__nv_bfloat16>(), dpos.get(), dslots.get(), dinv.get(),
+                                  dq.as<__nv_bfloat16>(), nullptr, layout8, layer, tokens, s.hq, true, ex, nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<bf16_bits> q(dq.size());
+    RopeKvStoreRef(qkv.data(), pos.data(), slots.data(), inv.data(), q.data(), bf16_pool.data(), layout, layer, tokens,
+                   s.hq, true);
+    std::vector<fp8_bits> expect = pool8;
+    QuantizeKvSlotsRef(bf16_pool.data(), expect.data(), layout8, layer, slots.data(), tokens, scales.data(),
+                       scales.data() + s.hkv);
+    const std::vector<fp8_bits> got = dpool.Download();
+    // A 1-ulp bf16 difference in a rotated K (as the bf16 test allows) can move its e4m3 code
+    // by one step; V and untouched bytes are exact.
+    int diff = 0, saturated = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float a = Fp8E4m3ToFloat(got[i]), b = Fp8E4m3ToFloat(expect[i]);
+      diff += got[i] != expect[i];
+      saturated += (got[i] & 0x7f) == 0x7e && got[i] != pool8[i];
+      REQUIRE_MESSAGE(std::fabs(a - b) <= 0.125f * std::max(std::fabs(a), std::fabs(b)) + 0x1p-9f, "byte " << i);
+    }
+    CAPTURE(s.d);
+    CHECK(diff * 100 <= static_cast<int>(got.size()));
+    CHECK(saturated > 0);
+    CHECK(MaxUlpDiff(dq.Download(), q) <= 1);
+  }
 }
 
 // Qwen3: q_norm/k_norm over each head before the rotation; dynamic NTK: a frequency row

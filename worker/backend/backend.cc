@@ -33,6 +33,22 @@ bool RegisterBackend(std::string name, BackendFactory factory) {
   return true;
 }
 
+Result<KvCacheDtype> ParseKvCacheDtype(std::string_view name) {
+  if (name == "auto") return KvCacheDtype::kAuto;
+  if (name == "bf16" || name == "bfloat16") return KvCacheDtype::kBf16;
+  if (name == "fp8" || name == "fp8_e4m3") return KvCacheDtype::kFp8E4m3;
+  return InvalidArgument("--kv-cache-dtype must be auto, bf16, fp8 or fp8_e4m3, got '" + std::string(name) + "'");
+}
+
+std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kAuto: return "auto";
+    case KvCacheDtype::kBf16: return "bf16";
+    case KvCacheDtype::kFp8E4m3: return "fp8_e4m3";
+  }
+  return "?";
+}
+
 Result<std::unique_ptr<ModelBackend>> CreateBackend(std::string_view name, const BackendOptions& options) {
   BackendFactory factory;
   {

@@ -77,6 +77,13 @@ struct AttentionOptions {
   int32_t attention_chunk_size = 0;  // --attention-chunk-size: Llama 4 chunks; 0: config.json's
 };
 
+// --kv-cache-dtype: the KV cache's element type. auto is the backend's own (cuda: bf16, cpu:
+// fp32); fp8 is e4m3 with per-(layer, KV head) scales (kernels/paged_kv.h), cuda on sm_89+.
+enum class KvCacheDtype : uint8_t { kAuto, kBf16, kFp8E4m3 };
+// Accepts auto, bf16, fp8 and fp8_e4m3 (vLLM's names); the error names the flag.
+Result<KvCacheDtype> ParseKvCacheDtype(std::string_view name);
+std::string_view KvCacheDtypeName(KvCacheDtype dtype);
+
 // Everything a backend needs to start. One struct for every backend; settings a single
 // backend understands go in `extra` (e.g. the mock's cost constants), documented there.
 struct BackendOptions {
@@ -91,6 +98,7 @@ struct BackendOptions {
   double kv_memory_fraction = 0.9;  // cuda only, used when kv_cache_bytes == 0
   int64_t num_blocks = 0;           // > 0: exactly this many device blocks per pool (tests)
   uint64_t host_kv_bytes = 0;       // secondary tier (host memory) bytes; 0: no host tier
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype; a backend refuses what it cannot store
   AttentionOptions attention;       // windows, sinks, StreamingLLM, chunks (kv_setup.h applies them)
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal

@@ -140,6 +140,11 @@ const TensorView& Checkpoint::tensor(std::string_view name) const {
   return *it->second;
 }
 
+const TensorView* Checkpoint::Find(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
 LoadProgress::LoadProgress(size_t total_tensors, uint64_t total_bytes)
     : total_tensors_(total_tensors), total_bytes_(total_bytes), tty_(::isatty(STDERR_FILENO) == 1) {}
 

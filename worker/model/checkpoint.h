@@ -47,6 +47,8 @@ class Checkpoint {
   const std::vector<TensorSpec>& specs() const { return specs_; }
   // REQUIRES: `name` is one of specs().
   const TensorView& tensor(std::string_view name) const;
+  // Any tensor of the files by name (optional ones, e.g. fp8 KV scales), or null.
+  const TensorView* Find(std::string_view name) const;
   // Bytes of the tensors in specs(), as stored.
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Seconds Open() spent mapping files and checking headers.

@@ -124,6 +124,7 @@ Status Worker::Init(zmq::context_t& context) {
   bo.kv_cache_bytes = config_.kv_cache_bytes;
   bo.kv_memory_fraction = config_.gpu_memory_fraction;
   bo.host_kv_bytes = config_.host_cache_bytes;
+  bo.kv_cache_dtype = *backend::ParseKvCacheDtype(config_.kv_cache_dtype);  // checked by Validate
   bo.attention.max_attention_window = config_.max_attention_window;
   bo.attention.sink_tokens = config_.sink_tokens;
   bo.attention.streaming_llm = config_.streaming_llm;

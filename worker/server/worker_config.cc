@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "worker/backend/backend.h"
+
 namespace kvfleet::server {
 
 void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
@@ -49,6 +51,11 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--gpu-memory-fraction", c->gpu_memory_fraction,
                  "cuda: share of free GPU memory for the KV cache when --kv-cache-bytes is 0")
+      ->capture_default_str();
+  app.add_option("--kv-cache-dtype", c->kv_cache_dtype,
+                 "KV cache element type: auto (the backend's: cuda bf16, cpu fp32), bf16, or fp8 / fp8_e4m3 "
+                 "(cuda on sm_89+: half the bytes per block, twice the blocks; scales from the checkpoint's "
+                 "k_scale/v_scale or calibrated at start-up)")
       ->capture_default_str();
   app.add_option("--host-cache-bytes", c->host_cache_bytes, "host-memory KV tier bytes (0: none)")
       ->capture_default_str();
@@ -116,6 +123,12 @@ Status WorkerConfig::Validate() const {
   if (attention_chunk_size < 0 || attention_chunk_size % static_cast<int32_t>(block_size) != 0) {
     return InvalidArgument("--attention-chunk-size " + std::to_string(attention_chunk_size) +
                            " is not a multiple of --block-size " + std::to_string(block_size));
+  }
+  auto dtype = backend::ParseKvCacheDtype(kv_cache_dtype);
+  if (!dtype.ok()) return dtype.status();
+  if (backend == "cpu" && *dtype != backend::KvCacheDtype::kAuto) {
+    return InvalidArgument("--kv-cache-dtype " + kv_cache_dtype +
+                           " needs --backend cuda: the cpu backend keeps its KV cache in fp32 (auto)");
   }
   if (offload_min_priority > 100) return InvalidArgument("--offload-min-priority must be 0..100");
   if (gpu_memory_fraction <= 0 || gpu_memory_fraction > 1) return InvalidArgument("--gpu-memory-fraction must be in (0, 1]");

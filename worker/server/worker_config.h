@@ -52,6 +52,7 @@ struct WorkerConfig {
   // --- KV memory ---
   uint64_t kv_cache_bytes = 0;       // device KV bytes; 0: the backend's default
   double gpu_memory_fraction = 0.9;  // cuda, when kv_cache_bytes is 0: share of free memory
+  std::string kv_cache_dtype = "auto";  // auto, bf16, fp8 (= fp8_e4m3): cuda; mock models fp8's capacity
   uint64_t host_cache_bytes = 0;     // host tier bytes; 0: no host tier
   uint32_t offload_min_priority = 35;  // evicted blocks at or above it go to the host tier
   bool events_include_tokens = false;  // stored events carry block tokens

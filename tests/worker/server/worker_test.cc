@@ -18,6 +18,7 @@
 #include "schema/events.capnp.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
+#include "worker/backend/kv_setup.h"
 #include "worker/backend/mock/mock_backend.h"
 #include "worker/server/registration.h"
 #include "tests/common/http/test_client.h"
@@ -301,6 +302,50 @@ TEST_CASE("worker config: the attention flags, and bad ones named at start-up") 
               w.routing_block_size = 12;
             }),
             "--routing-block-size 12 is not 0 or a power of two >= --block-size 1"));
+}
+
+
+TEST_CASE("worker config: --kv-cache-dtype takes auto, bf16, fp8 and fp8_e4m3; cpu refuses all but auto") {
+  for (const char* ok : {"auto", "bf16", "fp8", "fp8_e4m3"}) {
+    WorkerConfig c;
+    CLI::App app;
+    AddWorkerFlags(app, &c);
+    std::vector<std::string> args = {"--kv-cache-dtype", ok};
+    std::reverse(args.begin(), args.end());
+    REQUIRE_NOTHROW(app.parse(args));
+    CHECK(c.kv_cache_dtype == ok);
+    CHECK(c.Validate().ok());
+  }
+  CHECK(*backend::ParseKvCacheDtype("fp8") == backend::KvCacheDtype::kFp8E4m3);
+  CHECK(*backend::ParseKvCacheDtype("fp8_e4m3") == backend::KvCacheDtype::kFp8E4m3);
+  CHECK(*backend::ParseKvCacheDtype("bf16") == backend::KvCacheDtype::kBf16);
+  WorkerConfig c;
+  c.kv_cache_dtype = "fp8_e5m2";
+  CHECK(c.Validate().message().find("--kv-cache-dtype must be auto, bf16, fp8 or fp8_e4m3, got 'fp8_e5m2'") !=
+        std::string::npos);
+  c.backend = "cpu";
+  c.model_dir = "/nonexistent";
+  c.kv_cache_dtype = "fp8";
+  CHECK(c.Validate().message().find("--kv-cache-dtype fp8 needs --backend cuda") != std::string::npos);
+  c.kv_cache_dtype = "auto";
+  CHECK(c.Validate().ok());
+}
+
+TEST_CASE("an fp8 KV cache holds twice the blocks of a bf16 one in the same bytes (mock)") {
+  backend::BackendOptions o;
+  o.block_size = 16;
+  o.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
+  auto bf16 = backend::mock::MockBackend::Make(o, {});
+  o.kv_cache_dtype = backend::KvCacheDtype::kFp8E4m3;
+  auto fp8 = backend::mock::MockBackend::Make(o, {});
+  REQUIRE(bf16.ok());
+  REQUIRE(fp8.ok());
+  const backend::KvPoolInfo& a = (*bf16)->pools()[0];
+  const backend::KvPoolInfo& b = (*fp8)->pools()[0];
+  CHECK(b.bytes_per_block * 2 == a.bytes_per_block);
+  CHECK(b.device_blocks == 2 * a.device_blocks);
+  CHECK(backend::KvMemoryOf(**fp8).dtype_bytes == 1);
+  CHECK(backend::KvMemoryOf(**bf16).dtype_bytes == 2);
 }
 
 }  // namespace

@@ -45,6 +45,11 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cpu backend: max_num_tokens and max_batch_size must be > 0");
   }
+  if (options.kv_cache_dtype != KvCacheDtype::kAuto) {
+    return InvalidArgument("--kv-cache-dtype " + std::string(KvCacheDtypeName(options.kv_cache_dtype)) +
+                           ": the cpu backend keeps its KV cache in fp32 (auto only); fp8 needs --backend cuda on "
+                           "an sm_89+ GPU");
+  }
   std::unique_ptr<CpuBackend> b(new CpuBackend(options));
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   b->pool_ = std::make_unique<ThreadPool>(std::max(threads, 1));

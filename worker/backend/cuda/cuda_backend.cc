@@ -98,6 +98,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   cudaDeviceProp prop{};
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
   b->num_sms_ = prop.multiProcessorCount;
+  b->kv_fp8_ = options.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
+  if (b->kv_fp8_ && prop.major * 10 + prop.minor < 89) {
+    return InvalidArgument("--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +
+                           std::string(prop.name) + " is " + std::to_string(prop.major) + "." +
+                           std::to_string(prop.minor) + ": use --kv-cache-dtype bf16");
+  }
   KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
 
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
@@ -123,6 +129,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   size_t free_bytes = 0, total_bytes = 0;
   KVF_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
   KVF_RETURN_IF_ERROR(b->AllocateKv(free_bytes));
+  if (b->kv_fp8_) KVF_RETURN_IF_ERROR(b->SetUpKvScales(*checkpoint));
   KVF_CUDA_RETURN(cudaStreamSynchronize(b->stream_));
   const auto t_end = Clock::now();
 
@@ -138,11 +145,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   const double load_s = Seconds(t_open, t_weights);
   Logger("model")->info(
       "cuda backend: {} ({}, {} layers) on {} ({} SMs) ready in {:.2f} s: {:.2f} GB of bf16 weights uploaded in "
-      "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB of {}-token blocks: {}",
+      "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB ({}{}) of {}-token blocks: {}",
       options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, prop.name, b->num_sms_,
       Seconds(t0, t_end), static_cast<double>(b->weight_bytes_) * 1e-9, load_s,
       load_s > 0 ? static_cast<double>(b->weight_bytes_) * 1e-9 / load_s : 0.0,
-      static_cast<double>(kv_bytes) / (1ull << 30), options.block_size, pools);
+      static_cast<double>(kv_bytes) / (1ull << 30), b->kv_fp8_ ? "fp8 e4m3, scales " : "bf16",
+      b->kv_fp8_ ? b->kv_scales_source_ : "", options.block_size, pools);
   return b;
 }
 
@@ -338,7 +346,7 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   KvMemorySettings memory;
   memory.block_size = static_cast<uint32_t>(options_.block_size);
   memory.max_context = static_cast<uint32_t>(max_context_);
-  memory.dtype_bytes = sizeof(bf16);
+  memory.dtype_bytes = kv_fp8_ ? 1 : sizeof(bf16);
   if (options_.kv_cache_bytes > 0) {
     memory.device_bytes = options_.kv_cache_bytes;
   } else {
@@ -354,10 +362,10 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
   std::vector<CudaBlockCopier::Pool> copier_pools;
   for (const kv::PoolLayout& l : layouts) {
     KvPoolInfo p = PoolInfoOf(l, c, options_, max_context_);
-    const size_t elems = static_cast<size_t>(l.device_blocks) * (l.bytes_per_block / sizeof(bf16));
-    KVF_ASSIGN_OR_RETURN(bf16 * dev, DeviceAlloc<bf16>(elems));
+    const size_t bytes = static_cast<size_t>(l.device_blocks) * l.bytes_per_block;
+    KVF_ASSIGN_OR_RETURN(std::byte * dev, DeviceAlloc<std::byte>(bytes));
     // Zeroed so a stale NaN pattern can never reach a masked-out lane's arithmetic.
-    KVF_CUDA_RETURN(cudaMemsetAsync(dev, 0, elems * sizeof(bf16), stream_));
+    KVF_CUDA_RETURN(cudaMemsetAsync(dev, 0, bytes, stream_));
     std::byte* host = nullptr;
     if (l.host_blocks > 0) {
       void* h = nullptr;
@@ -371,7 +379,7 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
       host = static_cast<std::byte*>(h);
     }
     device_kv_.push_back(dev);
-    copier_pools.push_back({reinterpret_cast<std::byte*>(dev), host, l.bytes_per_block});
+    copier_pools.push_back({dev, host, l.bytes_per_block});
     pools_.push_back(std::move(p));
   }
   MapLayersToPools(pools_, c.num_layers, &layer_pool_, &layer_index_);
@@ -391,6 +399,7 @@ kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
   layout.num_kv_heads = pool.num_kv_heads;
   layout.block_size = options_.block_size;
   layout.head_dim = pool.head_dim;
+  layout.elem_bytes = KvFp8Now() ? 1 : 2;
   return layout;
 }
 

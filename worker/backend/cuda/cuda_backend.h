@@ -67,6 +67,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -115,6 +117,13 @@ class CudaBackend final : public ModelBackendBase {
   kv::BlockCopier& block_copier() override { return *copier_; }
 
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
+  // --kv-cache-dtype fp8: the pools hold e4m3 (kernels/paged_kv.h).
+  bool kv_fp8() const { return kv_fp8_; }
+  // fp8: the dequantisation scales, [layer][K, V][num_kv_heads] (empty for bf16), fixed
+  // from start-up on (cached blocks are reused, so they never change), and where they came
+  // from: "checkpoint" or "calibrated" (cuda_kv_scales.cc).
+  std::span<const float> kv_scales() const { return kv_scales_host_; }
+  const std::string& kv_scales_source() const { return kv_scales_source_; }
   // Bytes of weights on the device.
   uint64_t weight_bytes() const { return weight_bytes_; }
 
@@ -181,6 +190,17 @@ class CudaBackend final : public ModelBackendBase {
   Status AllocateBuffers();
   Status AllocateKv(uint64_t free_after_buffers);
   kernels::PagedKvLayout PoolLayout(size_t pool) const;
+  // fp8 (cuda_kv_scales.cc): the scales from the checkpoint's k_scale / v_scale tensors when
+  // it has them, else from a calibration forward; then uploads them.
+  Status SetUpKvScales(const model::Checkpoint& checkpoint);
+  Status CalibrateKvScales();
+  // The pools as the kernels read them now: e4m3 unless calibrating (then bf16).
+  bool KvFp8Now() const { return kv_fp8_ && !kv_calibrating_; }
+  __nv_bfloat16* KvBf16(size_t pool) const {
+    return KvFp8Now() ? nullptr : static_cast<__nv_bfloat16*>(device_kv_[pool]);
+  }
+  uint8_t* KvFp8(size_t pool) const { return KvFp8Now() ? static_cast<uint8_t*>(device_kv_[pool]) : nullptr; }
+  kernels::KvScales LayerKvScales(int64_t layer) const;
 
   // The parts of a step (Execute). Packing (cuda_batch.cc): the step's shape and metadata
   // into the pinned staging buffer, and its upload.
@@ -236,7 +256,12 @@ class CudaBackend final : public ModelBackendBase {
   kv::KvCacheConfig kv_config_;
   std::vector<int32_t> layer_pool_, layer_index_;  // [layer] → pool, index within it
   std::vector<int32_t> dense_rows_scratch_;         // Attention: [seq] its dense context rows
-  std::vector<__nv_bfloat16*> device_kv_;           // [pool]
+  std::vector<void*> device_kv_;                    // [pool]: bf16, or e4m3 with kv_fp8_
+  bool kv_fp8_ = false;
+  bool kv_calibrating_ = false;      // the calibration forward: fp8 pools read as bf16
+  float* kv_scales_ = nullptr;       // device [layer][K, V][num_kv_heads], with kv_fp8_
+  std::vector<float> kv_scales_host_;
+  std::string kv_scales_source_;
   std::unique_ptr<CudaBlockCopier> copier_;
 
   // Activations, [max_num_tokens][...] bf16.

@@ -78,7 +78,9 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       rope.slots = m.slots[pi];
       rope.inv_freq = inv_freq_;
       rope.q_out = q_;
-      rope.kv_pool = device_kv_[pi];
+      rope.kv_pool = KvBf16(pi);
+      rope.kv_fp8 = KvFp8(pi);
+      rope.scales = LayerKvScales(l);
       rope.layout = PoolLayout(pi);
       rope.layer = layer_index_[l];
       rope.num_q_heads = static_cast<int32_t>(c.num_heads);
@@ -130,8 +132,10 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     extras.k_norm = w.k_norm;
     extras.norm_eps = static_cast<float>(c.rms_norm_eps);
     extras.inv_freq_row = m.seq_inv_freq != nullptr ? m.row_seq : nullptr;
+    extras.kv_fp8 = KvFp8(pi);
+    extras.scales = LayerKvScales(layer);
     const float* inv_freq = m.seq_inv_freq != nullptr ? m.seq_inv_freq : inv_freq_;
-    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq, q_, device_kv_[pi], layout,
+    KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq, q_, KvBf16(pi), layout,
                                                li, m.num_tokens, nh, /*rotate=*/!shift, extras, stream_));
   }
   kernels::AttentionMask mask;
@@ -160,7 +164,9 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride,
                         const kernels::AttentionMask& launch_mask) {
     p.q = q;
-    p.kv_pool = device_kv_[pi];
+    p.kv_pool = KvBf16(pi);
+    p.kv_fp8 = KvFp8(pi);
+    p.scales = LayerKvScales(layer);
     p.block_tables = tables;
     p.out = out;
     p.layout = layout;

@@ -115,7 +115,8 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   KvMemorySettings memory;
   memory.block_size = static_cast<uint32_t>(options.block_size);
   memory.max_context = static_cast<uint32_t>(b->max_context_);
-  memory.dtype_bytes = config::kKvElementBytes;
+  // fp8 models the capacity only: one byte per element, so the same bytes hold twice the blocks.
+  memory.dtype_bytes = options.kv_cache_dtype == KvCacheDtype::kFp8E4m3 ? 1 : config::kKvElementBytes;
   memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
   memory.host_bytes = options.host_kv_bytes;
   kv::KvCacheConfig kv_config = KvCacheConfigFor(b->config_, memory, options.attention);

@@ -112,6 +112,11 @@ TEST_CASE("bad options and bad model directories fail at construction") {
   o.attention.attention_chunk_size = 12;
   CHECK(CreateBackend("cpu", o).status().message().find("not a multiple of --block-size") != std::string::npos);
   o.attention = {};
+  o.kv_cache_dtype = KvCacheDtype::kFp8E4m3;  // the cpu backend keeps fp32 KV: fp8 and bf16 refused, named
+  CHECK(CreateBackend("cpu", o).status().message().find("--kv-cache-dtype fp8_e4m3") != std::string::npos);
+  o.kv_cache_dtype = KvCacheDtype::kBf16;
+  CHECK(CreateBackend("cpu", o).status().message().find("--kv-cache-dtype bf16") != std::string::npos);
+  o.kv_cache_dtype = KvCacheDtype::kAuto;
   o.model_dir = "/nonexistent/model";
   CHECK(CreateBackend("cpu", o).status().message().find("/nonexistent/model") != std::string::npos);
 }
