@@ -1,0 +1,74 @@
+// Batched multi-adapter LoRA (S-LoRA / Punica's SGMV and BGMV, "Punica: Multi-Tenant LoRA
+// Serving", Chen et al. 2023): token rows of one step use different adapters, each held in a
+// device slot, and a row without an adapter is left alone. A targeted projection
+// y = x·Wᵀ becomes y += scaling_slot · (x·A_slotᵀ)·B_slotᵀ in two launches:
+//   shrink: t[row][seg·R + r] = bf16(x[row] · A_slot[seg·R + r])        r < rank_slot
+//   expand: y[row][col0 + j] = bf16(y[row][col0 + j] + scaling_slot · Σ_r t[row][seg(j)·R + r] · B_slot[j][r])
+// with fp32 accumulation. Fused outputs take several targets in one launch: the shrink's A
+// stacks each target's rank rows ([q|k|v]: 3R rows), and output column j belongs to segment
+// seg(j) (its target: seg_end bounds), whose R-wide part of t it reads.
+//
+// One kernel pair serves decode and prefill: the rows that have an adapter are grouped by slot
+// and cut into tiles of at most kLoraMaxTileRows rows of one slot (LoraGroupsHost, lora_ref.h
+// builds them), so a slot's A and B are read once per tile rather than once per row (BGMV's
+// cost at large batches), while a decode step with many slots still gets one tile per slot.
+// t is rounded to bf16 as a bf16 PEFT model rounds lora_A's output. Framework-free: raw
+// pointers, every shape in a comment; shape checks live in the backend. CPU reference:
+// lora_ref.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/lora_common.h"
+
+namespace kvfleet::kernels {
+
+// The step's rows with an adapter, grouped by slot and tiled. Device arrays.
+struct LoraGroups {
+  const int32_t* rows = nullptr;        // [num_grouped]: token rows, grouped by slot
+  const int32_t* tile_begin = nullptr;  // [num_tiles + 1]: tile i is rows[tile_begin[i], tile_begin[i + 1])
+  const int32_t* tile_slot = nullptr;   // [num_tiles]: the slot of every row of tile i
+  int32_t num_tiles = 0;
+};
+
+struct LoraShrinkParams {
+  const __nv_bfloat16* x = nullptr;  // [num_tokens][in]
+  // [num_slots][segments · R][in]: each segment's lora_A, its rows past the slot's rank unread.
+  const __nv_bfloat16* a = nullptr;
+  const int32_t* slot_rank = nullptr;  // [num_slots]: 1..R
+  float* t = nullptr;                  // [num_tokens][segments · R]: only grouped rows, r < rank written
+  int32_t in = 0;
+  int32_t max_rank = 0;  // R: the slots' row stride
+  int32_t segments = 1;  // 1..kLoraMaxSegments
+  LoraGroups groups;
+};
+
+struct LoraExpandParams {
+  const float* t = nullptr;  // [num_tokens][segments · R]: the shrink's output
+  // [num_slots][out][R]: the segments' lora_B stacked by output column, columns past the
+  // slot's rank unread.
+  const __nv_bfloat16* b = nullptr;
+  const int32_t* slot_rank = nullptr;   // [num_slots]
+  const float* slot_scaling = nullptr;  // [num_slots]
+  __nv_bfloat16* y = nullptr;           // [num_tokens][y_stride]: columns [col0, col0 + out) updated
+  int32_t y_stride = 0;
+  int32_t col0 = 0;
+  int32_t out = 0;       // columns over every segment
+  int32_t max_rank = 0;  // R
+  int32_t segments = 1;
+  // seg_end[s]: one past segment s's last column (within [0, out)); seg_end[segments - 1] == out.
+  int32_t seg_end[kLoraMaxSegments] = {0, 0, 0};
+  LoraGroups groups;
+};
+
+// REQUIRES: in % 8 == 0, x and a 16-byte aligned, 1 <= max_rank <= kLoraMaxRank, every tile at
+// most kLoraMaxTileRows rows; t must not alias x. cudaErrorInvalidValue for a bad shape.
+cudaError_t LaunchLoraShrink(const LoraShrinkParams& p, cudaStream_t stream);
+// REQUIRES: max_rank % 8 == 0 (B rows are read 8 ranks at a time) and b 16-byte aligned; the
+// groups and t of the shrink before it; y must not alias t.
+cudaError_t LaunchLoraExpand(const LoraExpandParams& p, cudaStream_t stream);
+
+}  // namespace kvfleet::kernels
