@@ -37,7 +37,13 @@ CudaBackend::CudaBackend(const BackendOptions& options) : ModelBackendBase(optio
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (lora_stream_ != nullptr) cudaStreamSynchronize(lora_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (cudaEvent_t e : lora_pinned_free_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  if (lora_ready_ != nullptr) cudaEventDestroy(lora_ready_);
+  if (lora_stream_ != nullptr) cudaStreamDestroy(lora_stream_);
   copier_.reset();
   gemm_.reset();
   for (void* p : allocations_) cudaFree(p);
@@ -126,6 +132,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_RETURN_IF_ERROR(b->LoadWeights(*checkpoint));
   const auto t_weights = Clock::now();
   KVF_RETURN_IF_ERROR(b->AllocateBuffers());
+  KVF_RETURN_IF_ERROR(b->AllocateLora());
   size_t free_bytes = 0, total_bytes = 0;
   KVF_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
   KVF_RETURN_IF_ERROR(b->AllocateKv(free_bytes));
@@ -301,7 +308,9 @@ Status CudaBackend::AllocateBuffers() {
                    S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) + rope_rows * sizeof(float) +
                    // min_p, logprobs [S]; adjust_begin [S + 1]; prompt-logprob targets [T]; head rows
                    // past T (a non-final chunk's last row in parts A and B) [S]
-                   (2 * S + S + 1 + T + S) * sizeof(int32_t) + (17 + 4 * max_pools + 4) * config::kStagingAlign;
+                   (2 * S + S + 1 + T + S) * sizeof(int32_t) + (17 + 4 * max_pools + 4) * config::kStagingAlign +
+                   // LoRA row groups: rows, tile_begin and tile_slot, [T] each at most (+ 1)
+                   (options_.max_loras > 0 ? (3 * T + 1) * sizeof(int32_t) + 3 * config::kStagingAlign : 0);
   void* h = nullptr;
   KVF_CUDA_RETURN(cudaHostAlloc(&h, staging_bytes_, cudaHostAllocDefault));
   host_allocations_.push_back(h);
@@ -389,7 +398,14 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
 
 Status CudaBackend::Validate(const StepBatch& batch) const {
   if (batch.seqs.empty()) return InvalidArgument("an empty step");
-  return ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_);
+  KVF_RETURN_IF_ERROR(ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_));
+  for (const SequenceStep& st : batch.seqs) {
+    if (st.lora_slot >= 0 && lora_slot_rank_[static_cast<size_t>(st.lora_slot)] == 0) {
+      return InvalidArgument("request " + std::to_string(st.request_id) + ": LoRA slot " +
+                             std::to_string(st.lora_slot) + " holds no adapter");
+    }
+  }
+  return Status::Ok();
 }
 
 kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
@@ -407,6 +423,10 @@ Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));  // (1)
   // The CUDA device is per host thread; the engine thread may not be the one that built us.
   KVF_CUDA_RETURN(cudaSetDevice(options_.device));
+  if (lora_pending_) {  // (7) adapters loaded since the last step
+    KVF_CUDA_RETURN(cudaStreamWaitEvent(stream_, lora_ready_, 0));
+    lora_pending_ = false;
+  }
   StepMeta m;
   PackStep(batch, &m);
   const int64_t out_rows = ShapeOutput(batch, m, out);

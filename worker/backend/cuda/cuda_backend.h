@@ -55,6 +55,16 @@
 //      and waits for it before touching activations; CUDA graphs keep these edges.
 //      BackendOptions::extra["pdl"] = "0" turns it off for the whole process (a process-wide
 //      kernel setting).
+//   7. LoRA (max_loras > 0, cuda_lora.cc): each slot holds one adapter in bf16, every layer's
+//      targets in the fused products' groups ([q|k|v], o, [gate|up], down) zero-padded to
+//      max_lora_rank (rounded up to 8); LoadLora converts on the host and copies on its own
+//      stream, and the next step waits for that copy. A step where some sequence names a slot
+//      adds scaling·(x·Aᵀ)·Bᵀ after each group's product (kernels/lora.h: one shrink and one
+//      expand launch per group over every slot of the step), so it runs eagerly and without
+//      the gemv fusions of (5): q, k, v need the adapter before RoPE and the K/V store, gate
+//      and up before SiLU·mul. Steps without an adapter take exactly the path of (4)-(6).
+//      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (1..16; default
+//      kernels::LoraTileRowsFor).
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -62,6 +72,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -72,6 +83,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/lora.h"
 #include "kernels/paged_kv.h"
 #include "kernels/rope.h"
 #include "worker/backend/backend.h"
@@ -115,6 +127,9 @@ class CudaBackend final : public ModelBackendBase {
   std::string_view name() const override { return "cuda"; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return *copier_; }
+  int32_t max_loras() const override { return options_.max_loras; }
+  // (7) REQUIRES: no step in flight (Execute has returned).
+  Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
 
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
   // --kv-cache-dtype fp8: the pools hold e4m3 (kernels/paged_kv.h).
@@ -182,6 +197,17 @@ class CudaBackend final : public ModelBackendBase {
     std::vector<uint8_t> part_b_logits;  // host: [part B] 1: its logits go out (kAll)
     const int32_t* part_b_target_dev = nullptr;  // [part B]
     int32_t prompt_top = 0;              // top entries of prompt rows (the largest asked)
+    // LoRA (7): the rows of sequences with a slot, grouped and tiled; num_tiles 0: none.
+    kernels::LoraGroups lora;
+    std::array<bool, 4> lora_groups = {};  // [LoraGroup]: some slot of the step targets it
+  };
+  // LoRA targets as the fused products take them (7).
+  enum LoraGroup : int { kLoraQkv, kLoraO, kLoraGateUp, kLoraDown, kNumLoraGroups };
+  // One group of one layer, every slot: a [max_loras][segments · R][in], b [max_loras][out][R].
+  struct LoraGroupSlots {
+    __nv_bfloat16 *a = nullptr, *b = nullptr;
+    int32_t in = 0, out = 0, segments = 1;
+    int32_t seg_end[kernels::kLoraMaxSegments] = {0, 0, 0};
   };
 
   explicit CudaBackend(const BackendOptions& options);
@@ -189,6 +215,12 @@ class CudaBackend final : public ModelBackendBase {
   Status LoadWeights(const model::Checkpoint& checkpoint);
   Status AllocateBuffers();
   Status AllocateKv(uint64_t free_after_buffers);
+  // LoRA (cuda_lora.cc): the slots, their stream and staging (7); none when max_loras == 0.
+  Status AllocateLora();
+  // Packs the step's LoRA row groups (PackStep's part).
+  void PackLora(const StepBatch& batch, StepMeta* m, std::byte* host, std::byte* dev, size_t* used);
+  // y[:, 0, out) += the step's adapters' share of group g of layer l, x its input.
+  Status ApplyLora(const StepMeta& m, int64_t layer, LoraGroup g, const __nv_bfloat16* x, __nv_bfloat16* y);
   kernels::PagedKvLayout PoolLayout(size_t pool) const;
   // fp8 (cuda_kv_scales.cc): the scales from the checkpoint's k_scale / v_scale tensors when
   // it has them, else from a calibration forward; then uploads them.
@@ -297,6 +329,23 @@ class CudaBackend final : public ModelBackendBase {
   int32_t gemv_fusion_ = 3;                               // (5)
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
   std::set<std::pair<int32_t, int32_t>> graph_seen_;
+
+  // LoRA slots (7).
+  int32_t lora_rank_ = 0;                                              // R: max_lora_rank rounded up to 8
+  std::vector<std::array<LoraGroupSlots, kNumLoraGroups>> lora_;       // [layer]
+  std::vector<int32_t> lora_slot_rank_;                                // [slot] 0: empty
+  std::vector<float> lora_slot_scaling_;                               // [slot]
+  std::vector<std::array<bool, kNumLoraGroups>> lora_slot_groups_;     // [slot] groups it targets
+  int32_t* lora_slot_rank_dev_ = nullptr;                              // [slot]
+  float* lora_slot_scaling_dev_ = nullptr;                             // [slot]
+  float* lora_t_ = nullptr;                                            // [max_num_tokens][3R]
+  int32_t lora_tile_rows_ = 0;                                         // 0: kernels::LoraTileRowsFor
+  cudaStream_t lora_stream_ = nullptr;                                 // LoadLora's copies
+  cudaEvent_t lora_ready_ = nullptr;                                   // recorded after them
+  bool lora_pending_ = false;                                          // the next step waits for it
+  std::array<uint16_t*, 2> lora_pinned_ = {};                          // conversion buffers, in turn
+  std::array<cudaEvent_t, 2> lora_pinned_free_ = {};                   // their copies done
+  size_t lora_pinned_elems_ = 0;
 };
 
 }  // namespace kvfleet::backend::cuda

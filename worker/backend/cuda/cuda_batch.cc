@@ -55,6 +55,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     graph = graph && !(dense_pool && st.start_position < st.context_end);
     // Logprobs and adjustments are sized per step: eager steps only.
     graph = graph && st.sampling.logprobs < 0 && !st.sampling.prompt_logprobs && !st.sampling.penalized();
+    graph = graph && st.lora_slot < 0;  // LoRA steps run eagerly (7)
     max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
   }
   int32_t S = S_real, bucket_len = 0;
@@ -257,7 +258,9 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
       std::copy_n(grown ? inv.data() : inv_freq_host_.data(), half, freq_h + static_cast<size_t>(s) * half);
     }
   }
-  m.staging_used = pack.used();
+  size_t used = pack.used();
+  if (options_.max_loras > 0) PackLora(batch, &m, staging_host_, staging_dev_, &used);
+  m.staging_used = used;
 }
 
 Status CudaBackend::UploadMeta(const StepMeta& m) {

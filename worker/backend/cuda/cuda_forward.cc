@@ -1,5 +1,6 @@
 // CudaBackend, forward pass: the embedding, every transformer layer (QKV, RoPE + K/V store,
-// paged attention, O, MLP; on the gemv with the fusions of invariant 5) and the final
+// paged attention, O, MLP; on the gemv with the fusions of invariant 5; LoRA after each
+// targeted product, invariant 7) and the final
 // RMSNorm, enqueued on the backend's stream. Thread-compatible, as CudaBackend: the engine
 // thread calls it.
 #include <algorithm>
@@ -37,7 +38,8 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   // (5) On the gemv, each RMSNorm is the next product's prologue; the residual stream
   // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
   // the others still read the old one).
-  const bool fused_silu = T <= gemv_max_rows_ && gemv_fusion_ >= 1;
+  // A LoRA step (7) adds to each product's output before the kernels (5) would fuse in.
+  const bool fused_silu = m.lora.num_tiles == 0 && T <= gemv_max_rows_ && gemv_fusion_ >= 1;
   // The gemv's RoPE epilogue takes one frequency row and no per-head norm (Qwen3).
   const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows && !c.qk_norm &&
                           m.seq_inv_freq == nullptr;
@@ -93,9 +95,11 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       }
     } else {
       KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
+      KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraQkv, xn_, qkv_));
     }
     KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
+    KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraO, attn_, tmp_));
     if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
@@ -105,10 +109,12 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
                                                    Hi, stream_));
       } else {
         KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
+        KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraGateUp, xn_, gate_up_));
         KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
       }
     }
     KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
+    KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraDown, act_, tmp_));
     if (!fused_norm || l + 1 == c.num_layers) {
       const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
