@@ -3,6 +3,7 @@
 //
 //   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
 //                      [--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]]
+//                      [--loras K1,K2,... [--lora-rank R]]
 //
 //   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
 //                       to measure one change against the default in the same run
@@ -10,6 +11,11 @@
 //   --kv-cache-dtype    the KV cache's element type (fp8: e4m3, half the KV bytes per token)
 //   --decode-ctx N      context of the large-batch decodes (default 2048; 8192 for b64@8K)
 //   --batches B,...     their batch sizes (default 32,64,128)
+//   --loras K1,K2,...   instead of the figures below: decode at batch 64 @2K (and the 8K
+//                       prefill) with K distinct random adapters of rank R (--lora-rank,
+//                       default 16) over the seven targets, sequences assigned to them
+//                       round-robin, side by side for each K (K = 0: the base model on the
+//                       same backend)
 //
 //   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
 //                       ceiling for memory-bound decode
@@ -33,6 +39,7 @@
 #include <vector>
 
 #include "worker/backend/backend.h"
+#include "worker/model/lora_adapter.h"
 #include "worker/backend/cuda/lt_gemm.h"
 
 using namespace kvfleet;
@@ -106,7 +113,8 @@ struct Decode {
 };
 
 // `batch` sequences decoding from position ctx - 1 for `steps` timed steps (3 warm-up).
-Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps) {
+// Sequence s uses LoRA slot s % loras (loras == 0: none).
+Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int loras = 0) {
   const int B = b.block_size();
   const int total = 3 + steps;
   const int nblocks = (ctx + total + B - 1) / B;
@@ -128,6 +136,7 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps) {
       q.start_position = ctx - 1 + i;
       q.block_tables = {tables[s]};
       q.sample = true;
+      q.lora_slot = loras > 0 ? s % loras : -1;
     }
     Status st = b.Execute(step, &out);
     if (!st.ok()) {
@@ -140,10 +149,100 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps) {
   return {s / steps, static_cast<double>(batch) * steps / s};
 }
 
+// A random adapter of `rank` over the seven targets (B nonzero, unlike PEFT's initial one):
+// its cost, not its values, is measured. splitmix64 keeps 8 adapters of the 8B shape quick.
+model::LoraAdapter RandomAdapter(const model::ModelConfig& c, int32_t rank, uint64_t seed) {
+  const int32_t H = static_cast<int32_t>(c.hidden_size), I = static_cast<int32_t>(c.intermediate_size);
+  const int32_t Q = static_cast<int32_t>(c.q_size()), KV = static_cast<int32_t>(c.kv_size());
+  const model::LoraDims dims[model::kNumLoraTargets] = {{H, Q}, {H, KV}, {H, KV}, {Q, H}, {H, I}, {H, I}, {I, H}};
+  model::LoraAdapter a;
+  a.name = "bench-" + std::to_string(seed);
+  a.rank = rank;
+  a.scaling = 2.0f;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<float>((z ^ (z >> 31)) >> 40) / static_cast<float>(1 << 24) * 0.02f - 0.01f;
+  };
+  a.layers.resize(static_cast<size_t>(c.num_layers));
+  for (auto& layer : a.layers) {
+    for (int t = 0; t < model::kNumLoraTargets; ++t) {
+      layer[t].a.resize(static_cast<size_t>(rank) * dims[t].in);
+      layer[t].b.resize(static_cast<size_t>(dims[t].out) * rank);
+      for (float& v : layer[t].a) v = next();
+      for (float& v : layer[t].b) v = next();
+    }
+  }
+  return a;
+}
+
+// --loras: decode at batch 64 @2K and the 8K prefill for each adapter count, side by side.
+int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, int rank, int steps) {
+  int most = 0;
+  for (int k : counts) most = std::max(most, k);
+  auto t0 = Clock::now();
+  for (int k = 0; k < most; ++k) {
+    Status st = b.LoadLora(k, RandomAdapter(b.config(), rank, static_cast<uint64_t>(k) + 1));
+    if (!st.ok()) {
+      std::fprintf(stderr, "LoadLora: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  std::printf("%d adapters of rank %d loaded in %.2f s\n", most, rank, Since(t0));
+  const int batch = 64, ctx = 2048;
+  double base = 0;
+  for (int k : counts) {
+    Decode d = RunDecode(b, batch, ctx, steps, k);
+    if (k == 0) base = d.step_s;
+    std::printf("decode batch %d @ %d context, %d LoRA adapters of rank %d: %.3f ms/step, %.0f tokens/s", batch, ctx,
+                k, rank, d.step_s * 1e3, d.tokens_per_s);
+    if (k > 0 && base > 0) std::printf(" (%+.1f%% over no adapter)", 100.0 * (d.step_s / base - 1));
+    std::printf("\n");
+  }
+  const int total = 8192, chunk = 2048;
+  std::vector<TokenId> prompt(total);
+  for (int i = 0; i < total; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
+  std::vector<backend::BlockId> table;
+  for (int i = 0; i < total / b.block_size(); ++i) table.push_back(static_cast<backend::BlockId>(i));
+  for (int slot : {-1, 0}) {
+    if (slot >= most) continue;
+    double best = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      auto t = Clock::now();
+      for (int pos = 0; pos < total; pos += chunk) {
+        backend::StepBatch step;
+        backend::SequenceStep q;
+        q.tokens = std::span<const TokenId>(prompt).subspan(pos, chunk);
+        q.start_position = pos;
+        q.block_tables = {table};
+        q.sample = pos + chunk == total;
+        q.lora_slot = slot;
+        step.seqs = {q};
+        backend::StepOutput out;
+        Status st = b.Execute(step, &out);
+        if (!st.ok()) {
+          std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
+          return 1;
+        }
+      }
+      best = std::min(best, Since(t));
+    }
+    std::printf("prefill %d tokens in %d-token chunks, %s: %.1f ms\n", total, chunk,
+                slot < 0 ? "no adapter" : "one adapter", best * 1e3);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]\n";
+  const char* usage =
+      "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1] "
+      "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R]]\n";
+  std::vector<int> lora_counts;
+  int lora_rank = 16;
   std::string model;
   int steps = 20;
   bool only_batch1 = false;
@@ -161,6 +260,23 @@ int main(int argc, char** argv) {
       extra[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     } else if (!std::strcmp(argv[i], "--only-batch1")) {
       only_batch1 = true;
+    } else if (!std::strcmp(argv[i], "--loras") && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p != 0;) {
+        char* end = nullptr;
+        const long k = std::strtol(p, &end, 10);
+        if (end == p || k < 0 || k > 64 || (*end != ',' && *end != 0)) {
+          std::fprintf(stderr, "--loras: a comma-separated list of adapter counts in [0, 64], got '%s'\n", argv[i]);
+          return 2;
+        }
+        lora_counts.push_back(static_cast<int>(k));
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (!std::strcmp(argv[i], "--lora-rank") && i + 1 < argc) {
+      lora_rank = std::atoi(argv[++i]);
+      if (lora_rank < 1 || lora_rank > model::kMaxLoraRank) {
+        std::fprintf(stderr, "--lora-rank: an integer in [1, %d], got '%s'\n", model::kMaxLoraRank, argv[i]);
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc) {
       auto d = backend::ParseKvCacheDtype(argv[++i]);
       if (!d.ok()) {
@@ -199,6 +315,8 @@ int main(int argc, char** argv) {
   o.kv_cache_dtype = kv_dtype;
   std::printf("KV cache dtype: %s\n", std::string(backend::KvCacheDtypeName(kv_dtype)).c_str());
   o.extra = extra;
+  for (int k : lora_counts) o.max_loras = std::max(o.max_loras, k);
+  o.max_lora_rank = lora_rank;
   for (const auto& [k, v] : extra) std::printf("backend setting %s=%s\n", k.c_str(), v.c_str());
   auto t0 = Clock::now();
   auto made = backend::CreateBackend("cuda", o);
@@ -228,6 +346,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
   }
+  if (!lora_counts.empty()) return RunLoraComparison(b, lora_counts, lora_rank, steps);
   if (only_batch1) return 0;
   for (int batch : batches) {
     const int ctx = decode_ctx;
