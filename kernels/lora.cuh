@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kShrinkWarps * 32) LoraShrinkKernel(LoraShrink
   for (int m = 0; m < kLoraMaxTileRows; ++m) {
     if (m < n) {  // n is the same for the whole warp
       const float s = WarpSum(acc[m]);
-      if (lane == 0) p.t[static_cast<int64_t>(rows[m]) * width + rr] = Bf16Round(s);
+      if (lane == 0) p.t[static_cast<int64_t>(rows[m]) * width + rr] = s;
     }
   }
 }

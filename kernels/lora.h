@@ -2,7 +2,7 @@
 // Serving", Chen et al. 2023): token rows of one step use different adapters, each held in a
 // device slot, and a row without an adapter is left alone. A targeted projection
 // y = x·Wᵀ becomes y += scaling_slot · (x·A_slotᵀ)·B_slotᵀ in two launches:
-//   shrink: t[row][seg·R + r] = bf16(x[row] · A_slot[seg·R + r])        r < rank_slot
+//   shrink: t[row][seg·R + r] = x[row] · A_slot[seg·R + r]              r < rank_slot
 //   expand: y[row][col0 + j] = bf16(y[row][col0 + j] + scaling_slot · Σ_r t[row][seg(j)·R + r] · B_slot[j][r])
 // with fp32 accumulation. Fused outputs take several targets in one launch: the shrink's A
 // stacks each target's rank rows ([q|k|v]: 3R rows), and output column j belongs to segment
@@ -12,7 +12,8 @@
 // and cut into tiles of at most kLoraMaxTileRows rows of one slot (LoraGroupsHost, lora_ref.h
 // builds them), so a slot's A and B are read once per tile rather than once per row (BGMV's
 // cost at large batches), while a decode step with many slots still gets one tile per slot.
-// t is rounded to bf16 as a bf16 PEFT model rounds lora_A's output. Framework-free: raw
+// t stays fp32 and y is rounded once, as PEFT computes an adapter over a bf16 base model (its
+// autocast_adapter_dtype default keeps the adapter's math in fp32). Framework-free: raw
 // pointers, every shape in a comment; shape checks live in the backend. CPU reference:
 // lora_ref.h.
 #pragma once

@@ -41,7 +41,7 @@ void LoraShrinkRef(const bf16_bits* x, const bf16_bits* a, const int32_t* slot_r
       const bf16_bits* arow = a + (slot * width + rr) * in;
       double acc = 0;
       for (int64_t c = 0; c < in; ++c) acc += double(Bf16ToFloat(arow[c])) * Bf16ToFloat(x[row * in + c]);
-      t[row * width + rr] = RoundBf16(static_cast<float>(acc));
+      t[row * width + rr] = static_cast<float>(acc);
     }
   }
 }

@@ -1,7 +1,7 @@
 // CPU reference of the LoRA kernels (lora.h), and the host side of their row groups: the
 // step's rows with an adapter grouped by slot and tiled (the backend uploads them). The
-// reference takes each row's slot directly and accumulates in double; it rounds t and y to
-// bf16 where the kernels do. Plain C++; thread-compatible.
+// reference takes each row's slot directly and accumulates in double; t stays fp32 and y is
+// rounded to bf16 once, as in the kernels. Plain C++; thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ LoraGroupsHost GroupLoraRows(std::span<const int32_t> row_slot, int32_t tile_row
 // B). A heuristic until the LoRA bench measures it (tests/bench/cuda_backend_bench.cc).
 int32_t LoraTileRowsFor(int64_t grouped);
 
-// t[row][seg · R + r] = bf16(x[row] · a[slot][seg · R + r]) for rows with slot >= 0 and r <
+// t[row][seg · R + r] = x[row] · a[slot][seg · R + r] (fp32) for rows with slot >= 0 and r <
 // slot_rank[slot]; other entries of t are left alone.
 //   x: [T][in]; a: [slots][segments · R][in]; t: [T][segments · R].
 void LoraShrinkRef(const bf16_bits* x, const bf16_bits* a, const int32_t* slot_rank, std::span<const int32_t> row_slot,

@@ -102,8 +102,8 @@ void Run(const Case& c, uint32_t seed) {
         if (rr % c.max_rank >= c.ranks[s]) continue;
         const float ref = t_ref[size_t(row) * width + rr], got = t_gpu[size_t(row) * width + rr];
         ++t_checked;
-        // fp32 sums in another order may round to the neighbouring bf16.
-        if (!(std::fabs(got - ref) <= std::fabs(ref) * (1.f / 128) + 1e-4f)) ++t_bad;
+        // fp32 sums in another order: a few ulps apart.
+        if (!(std::fabs(got - ref) <= std::fabs(ref) * 1e-4f + 1e-4f)) ++t_bad;
       }
     }
     for (int32_t col = 0; col < y_stride; ++col) {
