@@ -2,6 +2,7 @@
 // groups and the shrink + expand launches after each targeted product. Thread-compatible, as
 // CudaBackend: the engine thread calls it.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
