@@ -15,6 +15,7 @@ namespace kvfleet::kernels::lora {
 constexpr int kShrinkWarps = 8;
 // Expand: one thread per output column; the tile's t rows sit in shared memory.
 constexpr int kExpandThreads = 128;
+static_assert(kLoraMaxSegments == 3, "LoraExpandKernel finds a column's segment with two comparisons");
 
 // grid (num_tiles, ceil(segments · R / kShrinkWarps)), block kShrinkWarps · 32.
 __global__ void __launch_bounds__(kShrinkWarps * 32) LoraShrinkKernel(LoraShrinkParams p) {
@@ -75,8 +76,8 @@ __global__ void __launch_bounds__(kExpandThreads) LoraExpandKernel(LoraExpandPar
 #pragma unroll
   for (int m = 0; m < kLoraMaxTileRows; ++m) rows[m] = m < n ? p.groups.rows[begin + m] : 0;
   const int j = blockIdx.y * kExpandThreads + threadIdx.x;
-  int seg = 0;
-  while (seg + 1 < p.segments && j >= p.seg_end[seg]) ++seg;
+  // Constant indices only: a kernel parameter indexed at run time is copied to local memory.
+  const int seg = (p.segments > 1 && j >= p.seg_end[0] ? 1 : 0) + (p.segments > 2 && j >= p.seg_end[1] ? 1 : 0);
   GridDependencyWait();
   // Only t[.][seg · R + r] with r < rank was written; nothing else is read.
   for (int i = threadIdx.x; i < n * width; i += kExpandThreads) {
