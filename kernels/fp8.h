@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_mask.h"  // KVF_HD
 #include "kernels/bf16.h"
 
 namespace kvfleet::kernels {
@@ -39,6 +40,17 @@ inline fp8_bits FloatToFp8E4m3(float x) {
   if (q == 8) q = 0, ++exp;
   if (exp > 15 || (exp == 15 && q == 7)) return sign | 0x7e;  // rounded past 448
   return sign | static_cast<fp8_bits>(exp << 3 | q);
+}
+
+// e4m3 -> bf16 by bit moves, as the decode kernel does it (fp8.cuh, Fp8x4ToBf16x4): `lanes`
+// holds two e4m3 codes in the high bytes of its 16-bit halves ([0, b0, 0, b1], low byte first);
+// the result holds two bf16 whose values are the e4m3 values times 2^-120 exactly (sign kept,
+// eeee.mmm shifted into the low exponent and high mantissa bits: e4m3 bias 7, bf16 bias 127;
+// the e4m3 subnormals land on bf16 subnormals). Multiplying by kFp8ToBf16Rebias restores them.
+// The NaN codes (0x7f, 0xff) read as +-480: the quantiser saturates finite values, never writes them.
+constexpr float kFp8ToBf16Rebias = 0x1p120f;
+KVF_HD uint32_t Fp8PairToScaledBf16Pair(uint32_t lanes) {
+  return (lanes & 0x80008000u) | ((lanes & 0x7f007f00u) >> 4);
 }
 
 // The value x takes once stored with this scale and read back.

@@ -368,8 +368,8 @@ constexpr int kTile = 64;  // tokens per stage: 16 per warp
 // (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
 // (tests/bench/results, v8).
 constexpr int kStages = 2;
-// fp8 pages: three stages of 16 KB keep as many bytes in flight per block as bf16's two of 34
-// KB, and the warps' bf16 copies of their rows (below) fit beside them: 65 KB, three blocks per SM.
+// fp8 pages: three stages of 18 KB keep as many bytes in flight per block as bf16's two of 34
+// KB (54 KB, three blocks per SM).
 constexpr int kStagesFp8 = 3;
 constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
@@ -385,39 +385,50 @@ constexpr int Stages() {
   return sizeof(E) == 1 ? kStagesFp8 : kStages;
 }
 
-// Elements per shared row of a staged tile: bf16 rows are padded for ldmatrix; fp8 rows are
-// only read 16 bytes per lane in order (the conversion below), so need no padding.
+// Elements per shared row of a staged tile: bf16 rows are padded for ldmatrix; fp8 rows by 16
+// bytes so that the fragment loads below (lanes 0-7 of a warp: two rows) hit distinct banks.
 template <int kHeadDim, typename E>
 constexpr int StageStride() {
-  return sizeof(E) == 1 ? kHeadDim : kHeadDim + kPad;
+  return sizeof(E) == 1 ? kHeadDim + 16 : kHeadDim + kPad;
 }
 
-// Staged K/V tiles, then (fp8) each warp's bf16 copy of its 16 K rows, then of its 16 V rows
-// (one buffer, reused: 66 KB at head_dim 128 keeps three blocks per SM).
 template <int kHeadDim, typename E>
 constexpr int SmemBytes() {
-  return Stages<E>() * 2 * kTile * StageStride<kHeadDim, E>() * int(sizeof(E)) +
-         (sizeof(E) == 1 ? kWarps * 16 * (kHeadDim + kPad) * 2 : 0);
+  return Stages<E>() * 2 * kTile * StageStride<kHeadDim, E>() * int(sizeof(E));
 }
 
-// fp8: 16 rows of a warp's K or V (e4m3, stride kHeadDim) into bf16 rows of stride
-// kHeadDim + kPad, unscaled (exact), for ldmatrix. 16 bytes read, 32 written per step.
+// fp8 pages feed the MMAs from registers: each lane loads the e4m3 bytes its B fragments need
+// straight from the staged rows (no bf16 copy in shared memory, no ldmatrix) and converts them
+// with bit moves (Fp8x4ToBf16x4). Two index permutations make those bytes contiguous; a dot
+// product does not depend on the order of its terms, and O's columns are put back in the merge:
+//  - S = Q K^T, k = head dims: in k step kk, lane (gid, tig)'s b0 holds dims
+//    kHeadDim/4 * tig + 4 kk + {0, 1} of token gid, b1 dims + {2, 3}: one word of the 32 bytes
+//    (head_dim 128) the lane reads of that row. Q's A fragment takes the same dims.
+//  - O += P V, k = tokens (not permuted), n = head dims: column n of dim tile d is dim
+//    n * kDTiles + d, so lane (gid, tig) reads kDTiles bytes at gid * kDTiles of the rows of
+//    tokens 2tig, 2tig+1, 2tig+8 and 2tig+9, and byte-interleaves token pairs (PRMT).
 template <int kHeadDim>
-__device__ __forceinline__ void ConvertWarpRows(const uint8_t* src, __nv_bfloat16* dst, int lane) {
-  constexpr int kChunks = kHeadDim / 16;
-  constexpr int kStride = kHeadDim + kPad;
+__device__ __forceinline__ int Fp8QDim(int kk, int j, int tig) {
+  return kHeadDim / 4 * tig + 4 * kk + 2 * (j >> 1);
+}
+
+// kWords 32-bit words from shared memory (16-byte aligned when kWords >= 4, 8 when 2).
+template <int kWords>
+__device__ __forceinline__ void LoadWords(const uint8_t* src, uint32_t (&w)[kWords]) {
+  if constexpr (kWords % 4 == 0) {
 #pragma unroll
-  for (int c = lane; c < 16 * kChunks; c += 32) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const uint4 raw = *reinterpret_cast<const uint4*>(src + r * kHeadDim + ch * 16);
-    __nv_bfloat16* d = dst + r * kStride + ch * 16;
-    *reinterpret_cast<uint4*>(d) = Fp8x8ToBf16x8(make_uint2(raw.x, raw.y));
-    *reinterpret_cast<uint4*>(d + 8) = Fp8x8ToBf16x8(make_uint2(raw.z, raw.w));
+    for (int i = 0; i < kWords; i += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src + 4 * i);
+      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+    }
+  } else {
+    static_assert(kWords == 2, "head_dim 64 or 128");
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    w[0] = v.x, w[1] = v.y;
   }
 }
 
-// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages: each warp converts its 16 K rows of the
-// staged tile to bf16 before S = Q K^T and its 16 V rows before O += P V (one buffer); the K
+// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages (fragments from registers, above); the K
 // scale goes into the softmax scale, the V scale into O.
 template <int kHeadDim, typename E>
 __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
@@ -430,9 +441,6 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   constexpr bool kFp8 = sizeof(E) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kSStride]
-  // fp8: [warp][16][kStride] bf16 after the stages (K rows, then V rows).
-  __nv_bfloat16* conv =
-      reinterpret_cast<__nv_bfloat16*>(smem_raw + kNumStages * 2 * kTile * kSStride * int(sizeof(E)));
 
   const int part = blockIdx.x, kv_head = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
@@ -468,7 +476,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const bool hi = j & 1;
-        const int col = kk * 16 + (j >> 1) * 8 + 2 * tig;
+        const int col = kFp8 ? Fp8QDim<kHeadDim>(kk, j, tig) : kk * 16 + (j >> 1) * 8 + 2 * tig;
         const bool valid = (hi ? r_hi : r_lo) < group;
         qa[kk][j] = valid ? *reinterpret_cast<const uint32_t*>((hi ? q_hi : q_lo) + col) : 0u;
       }
@@ -487,35 +495,43 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     CpAsyncWait<kNumStages - 2>();
     __syncthreads();  // tile t landed for everyone; stage (t-1) % kNumStages is free again
     load_tile(t + kNumStages - 1);
-    const __nv_bfloat16* ks;
-    const __nv_bfloat16* vs;
-    const uint8_t* k8 = nullptr;                // fp8: the warp's staged rows
-    __nv_bfloat16* kvc = conv + warp * 16 * kStride;  // fp8: their bf16 copy
-    if constexpr (kFp8) {
-      k8 = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
-      __syncwarp();  // the warp's P V MMAs of the previous tile have read kvc
-      ConvertWarpRows<kHeadDim>(k8, kvc, lane);
-      __syncwarp();
-      ks = kvc;
-      vs = kvc;
-    } else {
-      ks = tiles + (t % kNumStages) * 2 * kTile * kStride + warp * 16 * kStride;
-      vs = ks + kTile * kStride;
-    }
+    // The warp's 16 K rows of the stage, then (kTile rows on) its 16 V rows.
+    const E* ks = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
+    const E* vs = ks + kTile * kSStride;
 
     float s[2][4];
+    // fp8: this lane's bytes of V (tokens 2tig, 2tig+1, 2tig+8, 2tig+9), loaded with K's.
+    constexpr int kVWords = kFp8 ? kDTiles / 4 : 1;
+    uint32_t v8[4][kVWords];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
-      // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
-      const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
+      if constexpr (kFp8) {
+        uint32_t k8[kKSteps];
+        LoadWords<kKSteps>(reinterpret_cast<const uint8_t*>(ks) + (nt * 8 + gid) * kSStride + kHeadDim / 4 * tig, k8);
+        if (nt == 0) {
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; kk += 2) {
-        uint32_t b[4];
-        LdMatrixX4(b, kaddr + kk * 16);
-        Mma(s[nt], qa[kk], b[0], b[1]);
-        Mma(s[nt], qa[kk + 1], b[2], b[3]);
+          for (int r = 0; r < 4; ++r)
+            LoadWords<kVWords>(
+                reinterpret_cast<const uint8_t*>(vs) + (2 * tig + (r & 1) + 8 * (r >> 1)) * kSStride + gid * kDTiles,
+                v8[r]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          const uint2 b = Fp8x4ToBf16x4(k8[kk]);
+          Mma(s[nt], qa[kk], b.x, b.y);
+        }
+      } else {
+        // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
+        const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; kk += 2) {
+          uint32_t b[4];
+          LdMatrixX4(b, kaddr + kk * 16);
+          Mma(s[nt], qa[kk], b[0], b[1]);
+          Mma(s[nt], qa[kk + 1], b[2], b[3]);
+        }
       }
     }
     const int base_i = t * kTile + warp * 16;
@@ -549,16 +565,27 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     const uint32_t pa[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]), PackBf16(s[1][0], s[1][1]),
                             PackBf16(s[1][2], s[1][3])};
     if constexpr (kFp8) {
-      __syncwarp();  // the warp's Q K^T MMAs have read the K rows in kvc
-      ConvertWarpRows<kHeadDim>(k8 + kTile * kSStride, kvc, lane);
-      __syncwarp();
-    }
+      // Word w of a row holds dim tiles 4w .. 4w+3; PRMT pairs the tokens (2tig, 2tig+1) for b0
+      // and (2tig+8, 2tig+9) for b1, lower token in the low byte.
 #pragma unroll
-    for (int dn = 0; dn < kHeadDim / 16; ++dn) {
-      uint32_t b[4];
-      LdMatrixX4Trans(b, vs + (lane & 15) * kStride + dn * 16 + (lane >> 4) * 8);
-      Mma(o[2 * dn], pa, b[0], b[1]);
-      Mma(o[2 * dn + 1], pa, b[2], b[3]);
+      for (int w = 0; w < kVWords; ++w) {
+        const uint2 lo01 = Fp8x4ToBf16x4(__byte_perm(v8[0][w], v8[1][w], 0x5140));
+        const uint2 hi01 = Fp8x4ToBf16x4(__byte_perm(v8[0][w], v8[1][w], 0x7362));
+        const uint2 lo89 = Fp8x4ToBf16x4(__byte_perm(v8[2][w], v8[3][w], 0x5140));
+        const uint2 hi89 = Fp8x4ToBf16x4(__byte_perm(v8[2][w], v8[3][w], 0x7362));
+        Mma(o[4 * w], pa, lo01.x, lo89.x);
+        Mma(o[4 * w + 1], pa, lo01.y, lo89.y);
+        Mma(o[4 * w + 2], pa, hi01.x, hi89.x);
+        Mma(o[4 * w + 3], pa, hi01.y, hi89.y);
+      }
+    } else {
+#pragma unroll
+      for (int dn = 0; dn < kHeadDim / 16; ++dn) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, vs + (lane & 15) * kStride + dn * 16 + (lane >> 4) * 8);
+        Mma(o[2 * dn], pa, b[0], b[1]);
+        Mma(o[2 * dn + 1], pa, b[2], b[3]);
+      }
     }
   }
   CpAsyncWait<0>();
@@ -580,10 +607,21 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
       red_m[warp * 16 + r] = m[h];
       red_l[warp * 16 + r] = sum;
     }
+    float* row = red + (warp * 16 + r) * kRed;
+    if constexpr (kFp8) {
+      // Column n of dim tile d is dim n * kDTiles + d (above): dim tiles d, d+1 are adjacent dims.
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d)
-      *reinterpret_cast<float2*>(red + (warp * 16 + r) * kRed + d * 8 + 2 * tig) =
-          make_float2(o[d][2 * h] * kv_scale.y, o[d][2 * h + 1] * kv_scale.y);
+      for (int d = 0; d < kDTiles; d += 2)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          *reinterpret_cast<float2*>(row + (2 * tig + c) * kDTiles + d) =
+              make_float2(o[d][2 * h + c] * kv_scale.y, o[d + 1][2 * h + c] * kv_scale.y);
+    } else {
+#pragma unroll
+      for (int d = 0; d < kDTiles; ++d)
+        *reinterpret_cast<float2*>(row + d * 8 + 2 * tig) =
+            make_float2(o[d][2 * h] * kv_scale.y, o[d][2 * h + 1] * kv_scale.y);
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {

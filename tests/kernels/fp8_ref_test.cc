@@ -50,6 +50,23 @@ TEST_CASE("e4m3 decodes the known codes: 448, 2^-6, the subnormals, one, NaN") {
   CHECK(std::isnan(Fp8E4m3ToFloat(0xff)));
 }
 
+TEST_CASE("the decode kernel's bit-move e4m3 -> bf16 gives every finite code exactly, in both halves") {
+  // Every pair (lo, hi) of codes, as Fp8x4ToBf16x4 lays them out: [0, lo, 0, hi].
+  for (int lo = 0; lo < 256; ++lo) {
+    for (int hi = 0; hi < 256; hi += 1 + (lo % 7)) {
+      const uint32_t bits = Fp8PairToScaledBf16Pair(static_cast<uint32_t>(lo) << 8 | static_cast<uint32_t>(hi) << 24);
+      const int codes[2] = {lo, hi};
+      for (int h = 0; h < 2; ++h) {
+        if (IsNanCode(codes[h])) continue;
+        const float got = Bf16ToFloat(static_cast<bf16_bits>(bits >> (16 * h))) * kFp8ToBf16Rebias;
+        const float want = Fp8E4m3ToFloat(static_cast<fp8_bits>(codes[h]));
+        CHECK_MESSAGE(got == want, "code " << codes[h]);
+        CHECK(std::signbit(got) == std::signbit(want));  // -0 stays -0
+      }
+    }
+  }
+}
+
 TEST_CASE("every finite e4m3 code encodes back to itself, positive codes ascend, and only 0x7f/0xff are NaN") {
   int nans = 0;
   for (int c = 0; c < 256; ++c) {
