@@ -238,6 +238,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--uncached-work-weight", c->routing.uncached_work_weight,
                  "kv cost: weight of the prefill a choice adds to the fleet (higher: stickier prefixes)")
       ->capture_default_str();
+  app.add_option("--max-fleet-load", c->routing.max_fleet_load,
+                 "kv cost: bound on the fleet load (uncached prefill sent / the fleet's prefill rate) that stretches "
+                 "the prefill a choice adds by 1 / (1 - load); in [0, 1), 0: no stretch")
+      ->capture_default_str();
   app.add_option("--decode-s-per-running-request", c->routing.decode_s_per_running_request,
                  "kv cost: seconds each running request adds to a new request's first token")
       ->capture_default_str();

@@ -47,6 +47,8 @@ Status RoutingOptions::Validate() const {
   if (!(onboard_s_per_block >= 0) || !(decode_s_per_running_request >= 0) || !(uncached_work_weight >= 0)) {
     return InvalidArgument("routing cost constants must be >= 0");
   }
+  if (!(max_fleet_load >= 0 && max_fleet_load < 1)) return InvalidArgument("max fleet load must be in [0, 1)");
+  if (fleet_load_window <= 0) return InvalidArgument("the fleet load window must be > 0");
   if (!(max_queued_requests >= 1)) return InvalidArgument("max queued requests must be >= 1");
   if (predicted_ttl < 0) return InvalidArgument("predicted TTL must be >= 0");
   if (approx_ttl < 0) return InvalidArgument("approx TTL must be >= 0");
@@ -98,10 +100,14 @@ double Picker::FleetRate(std::span<const Candidate> candidates) const {
   return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }
 
-double Picker::DelayedRequests(std::span<const Candidate> candidates) const {
+double Picker::DelayedRequests(std::span<const Candidate> candidates, double fleet_load) const {
   double waiting = 0;
   for (const Candidate& c : candidates) waiting += c.waiting_requests;
-  return std::max(options_.uncached_work_weight, candidates.empty() ? 0 : waiting / candidates.size());
+  const double mean = candidates.empty() ? 0 : waiting / candidates.size();
+  // An M/G/1 busy period started by work V lasts V / (1 − ρ) (Kleinrock, Queueing Systems
+  // vol. 1, §5.8): the requests the backlog delays keep arriving for that long.
+  const double rho = std::clamp(fleet_load, 0.0, options_.max_fleet_load);
+  return std::max(options_.uncached_work_weight, mean / (1 - rho));
 }
 
 double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const {
@@ -114,7 +120,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
                               std::span<const size_t> eligible, double* cost) {
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
   const double fallback = FleetRate(candidates);
-  const double delayed = DelayedRequests(candidates);
+  const double delayed = DelayedRequests(candidates, request.fleet_load);
   std::vector<double> costs(eligible.size());
   for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback, delayed);
 

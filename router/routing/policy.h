@@ -45,6 +45,8 @@ inline constexpr double kDefaultPrefillTokensPerSecond = 8'000.0;
 inline constexpr double kOnboardSecondsPerBlock = 200e-6;
 inline constexpr double kDecodeSecondsPerRunningRequest = 1e-3;
 inline constexpr double kUncachedWorkWeight = 1.0;
+inline constexpr double kMaxFleetLoad = 0.9;
+inline constexpr DurationNs kFleetLoadWindow = 5 * kNsPerSec;
 inline constexpr double kHotSpotFactor = 2.0;
 inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
@@ -72,6 +74,11 @@ struct RoutingOptions {
   // to the estimated TTFT: the prefill a choice adds, once per request it will delay (README.md).
   // 0: pure TTFT on an idle fleet.
   double uncached_work_weight = config::kUncachedWorkWeight;
+  // The fleet's load ρ stretches that count to N / (1 − min(ρ, max_fleet_load)) (README.md): the
+  // bound keeps one router's rough view of the load from charging a choice without limit.
+  double max_fleet_load = config::kMaxFleetLoad;
+  // The window over which the router measures the uncached prefill it sends a fleet (ns).
+  DurationNs fleet_load_window = config::kFleetLoadWindow;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
   // Lifetime of the predicted index entries inserted after each decision (ns).
@@ -120,6 +127,9 @@ struct Candidate {
 struct RouteRequest {
   uint32_t prompt_tokens = 0;
   uint32_t block_size = 32;
+  // ρ, the fleet's load in work: the uncached prefill tokens/s this router has sent the
+  // model's fleet lately over the fleet's prefill rate (Router; README.md). 0: unknown.
+  double fleet_load = 0;
 };
 
 // What Pick chose among the candidates.
@@ -148,9 +158,10 @@ class Picker {
   // c reports none (README.md, "prefill rate").
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
   // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
-  // candidates' mean waiting_requests (by Little's law, about as many arrive per worker while
-  // the fleet's backlog drains), and at least uncached_work_weight.
-  double DelayedRequests(std::span<const Candidate> candidates) const;
+  // candidates' mean waiting_requests N (by Little's law, about as many arrive per worker
+  // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's
+  // load ρ (`fleet_load`), N / (1 − ρ), and at least uncached_work_weight.
+  double DelayedRequests(std::span<const Candidate> candidates, double fleet_load = 0) const;
   // The kv cost: EstimateTtft plus the prefill work the choice adds, times `delayed`
   // (DelayedRequests) (README.md).
   double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const;

@@ -9,12 +9,13 @@
 namespace kvfleet::router {
 
 Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index,
-               PrefixIndex* approx_index, RetentionEstimate* retention)
+               PrefixIndex* approx_index, RetentionEstimate* retention, const Clock* clock)
     : picker_(options),
       loads_(loads),
       kv_index_(kv_index),
       approx_index_(approx_index),
       retention_(retention),
+      clock_(clock),
       approx_in_use_(options.policy == Policy::kApprox) {
   if (retention_ != nullptr && options.policy == Policy::kKvRetention) retention_->Enable();
 }
@@ -96,6 +97,28 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
+double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now) {
+  const double fleet_rate = picker_.FleetRate(candidates);
+  double capacity = 0;
+  for (const Candidate& c : candidates) capacity += std::max(c.prefill_tokens_per_s, fleet_rate);
+  double sent = 0;
+  {
+    std::lock_guard<std::mutex> lock(work_mu_);
+    auto it = routed_work_.find(model);
+    if (it != routed_work_.end()) sent = it->second.PerSecond(now);
+  }
+  return capacity > 0 ? sent / capacity : 0;
+}
+
+void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens) {
+  std::lock_guard<std::mutex> lock(work_mu_);
+  auto it = routed_work_.find(model);
+  if (it == routed_work_.end()) {
+    it = routed_work_.emplace(std::string(model), DecayedRate(options().fleet_load_window)).first;
+  }
+  it->second.Add(now, uncached_tokens);
+}
+
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                           std::vector<double>* ttft) const {
   const double fleet_rate = picker_.FleetRate(candidates);
@@ -140,6 +163,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     candidates.push_back(c);
   }
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
+  const TimeNs now = clock_->Now();
+  d.route.fleet_load = FleetLoad(prompt.model, candidates, now);
 
   // Admission.
   std::vector<double> ttft;
@@ -188,6 +213,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.device_blocks = chosen.device_blocks;
   d.host_blocks = chosen.host_blocks;
   d.predicted_cached_tokens = choice->predicted_cached_tokens;
+  CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (candidates[i].worker == d.worker) d.estimated_ttft_s = ttft[i];
   }

@@ -20,13 +20,20 @@
 // derived from the predicted wait. A request no idle worker could serve in time is refused
 // as unattainable (503): waiting would not help it.
 //
-// Thread safety: thread-safe; the HTTP I/O threads route concurrently. The Router adds no
-// lock of its own to the indexes', the fleet's and the Picker's.
+// The fleet's load (README.md, "The kv cost model"): each decision's expected uncached prefill
+// tokens feed a per-model DecayedRate; over the fleet's summed prefill rate it is the load ρ
+// the kv cost reads (RouteRequest::fleet_load). It sees this router's decisions only.
+//
+// Thread safety: thread-safe; the HTTP I/O threads route concurrently. Besides the indexes',
+// the fleet's and the Picker's locks, the Router's own guards the fleet load's rates.
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -38,6 +45,7 @@
 #include "router/index/prefix_index.h"
 #include "router/index/retention_estimate.h"
 #include "router/routing/policy.h"
+#include "router/routing/work_rate.h"
 
 namespace kvfleet::router {
 
@@ -77,8 +85,9 @@ class Router {
   // `retention` (may be null: kv_retention then routes as kv) estimates how soon each worker
   // evicts what it holds (router/index/retention_estimate.h); the Router enables it when
   // kv_retention is first used. It must outlive the Router.
+  // `clock` (not owned) times the fleet load's rates.
   Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIndex* kv_index, PrefixIndex* approx_index,
-         RetentionEstimate* retention = nullptr);
+         RetentionEstimate* retention = nullptr, const Clock* clock = SystemClock::Default());
 
   const RoutingOptions& options() const { return picker_.options(); }
 
@@ -104,6 +113,10 @@ class Router {
   // still cached when this request's prefill starts there (README.md).
   void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                     std::vector<Candidate>* candidates) const;
+  // ρ for `model` now: the uncached prefill tokens/s this router sent it lately over the
+  // candidates' summed prefill rates (each at least the fleet's median, as the cost has it).
+  double FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now);
+  void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
 
@@ -112,6 +125,9 @@ class Router {
   PrefixIndex* kv_index_;
   PrefixIndex* approx_index_;
   RetentionEstimate* retention_;
+  const Clock* clock_;
+  std::mutex work_mu_;
+  std::map<std::string, DecayedRate, std::less<>> routed_work_;  // GUARDED_BY(work_mu_), by model
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of
   // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first

@@ -108,6 +108,55 @@ TEST_CASE("under load kv charges the prefill a choice adds once per request wait
   CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 0);         // loaded: the hit
 }
 
+TEST_CASE("the busier the fleet in work, the longer its backlog lasts, and the more an added prefill costs") {
+  // The holder (worker 0) caches 7,296 of 7,572 tokens behind 0.74 s of queued prefill; worker
+  // 1 is idle and computes the prompt whole in 0.3 s. Below one request waiting per worker, the
+  // added prefill is charged once and the idle worker wins; with the fleet's prefill rate half
+  // used, the backlog it joins lasts twice as long (N / (1 - rho)) and the hit wins.
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet;
+  for (WorkerId w = 0; w < 8; ++w) fleet.push_back(Idle(w));
+  for (Candidate& c : fleet) c.prefill_tokens_per_s = 25'000;
+  fleet[0].device_blocks = 228;
+  fleet[0].queued_prefill_tokens = 18'400;
+  for (WorkerId w = 0; w < 8; ++w) fleet[w].waiting_requests = w == 1 ? 0 : 1;
+  RouteRequest r{7572, 32};
+  CHECK(picker.DelayedRequests(fleet, r.fleet_load) == doctest::Approx(1.0));  // 7/8 waiting: the floor
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 1);
+  r.fleet_load = 0.5;
+  CHECK(picker.DelayedRequests(fleet, r.fleet_load) == doctest::Approx(7.0 / 8 / 0.5));
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 0);
+  // Beyond max_fleet_load the stretch stops growing; nobody waiting, nothing to stretch.
+  r.fleet_load = 3;
+  CHECK(picker.DelayedRequests(fleet, r.fleet_load) ==
+        doctest::Approx(7.0 / 8 / (1 - config::kMaxFleetLoad)));
+  for (Candidate& c : fleet) c.waiting_requests = 0;
+  CHECK(picker.DelayedRequests(fleet, r.fleet_load) == doctest::Approx(1.0));
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 1);
+  // max_fleet_load 0: no stretch at all.
+  RoutingOptions flat;
+  flat.max_fleet_load = 0;
+  for (WorkerId w = 0; w < 8; ++w) fleet[w].waiting_requests = w == 1 ? 0 : 1;
+  CHECK(Picker(flat).Pick(Policy::kKv, r, fleet)->worker == 1);
+}
+
+TEST_CASE("kv: of two equal hits, the worker whose queue drains later loses, however loaded the fleet") {
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  for (Candidate& c : fleet) {
+    c.device_blocks = 20;  // 640 of 1,000 tokens
+    c.waiting_requests = 3;
+  }
+  fleet[0].queued_prefill_tokens = 5'000;
+  fleet[1].queued_prefill_tokens = 2'000;
+  fleet[2].queued_prefill_tokens = 9'000;
+  for (double rho : {0.0, 0.5, 0.95}) {
+    RouteRequest r{1000, 32};
+    r.fleet_load = rho;
+    CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 1);
+  }
+}
+
 TEST_CASE("kv charges host-tier hits their onboarding cost") {
   RoutingOptions o;
   o.onboard_s_per_block = 0.01;  // slow onboarding: a host hit is worth less than a device hit
@@ -208,6 +257,12 @@ TEST_CASE("options are validated") {
   o = {};
   o.hot_spot_factor = 0.5;
   CHECK_FALSE(o.Validate().ok());
+  o = {};
+  o.max_fleet_load = 1;  // an unbounded stretch
+  CHECK(o.Validate().message().find("max fleet load") != std::string::npos);
+  o = {};
+  o.fleet_load_window = 0;
+  CHECK(o.Validate().message().find("fleet load window") != std::string::npos);
 }
 
 }  // namespace kvfleet::router

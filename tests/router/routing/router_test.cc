@@ -2,6 +2,7 @@
 #include "router/routing/router.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -47,7 +48,7 @@ class FakeLoads final : public WorkerLoads {
 
 struct Fixture {
   explicit Fixture(const RoutingOptions& options = {})
-      : kv(&clock), approx(&clock), router(options, &loads, &kv, &approx) {
+      : kv(&clock), approx(&clock), router(options, &loads, &kv, &approx, nullptr, &clock) {
     fleet.block_size = kBlockSize;
     fleet.routable = {0, 1, 2};
     fleet.workers = 3;
@@ -208,6 +209,42 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(ca.queued_requests == doctest::Approx(2));
   CHECK(ca.prefill_tokens_per_s == 0);
   CHECK(ca.waiting_requests == doctest::Approx(2));
+}
+
+TEST_CASE("the fleet's load is the uncached prefill this router sent the model lately over its prefill rate") {
+  RoutingOptions o;
+  o.fleet_load_window = kNsPerSec;
+  Fixture f(o);
+  for (WorkerId w : {0u, 1u, 2u}) {
+    WorkerLoad report;
+    report.prefill_tokens_per_second = 1000;  // the fleet prefills 3,000 tokens/s
+    f.loads.reported[w] = report;
+  }
+  const double prompt = static_cast<double>(f.tokens.size());
+  auto first = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(first.ok());
+  CHECK(first->route.fleet_load == 0);  // nothing sent yet
+  auto second = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(second.ok());
+  CHECK(second->route.fleet_load == doctest::Approx(prompt / 3000));  // one uncached prompt in a 1 s window
+  // Another model's fleet has its own load.
+  auto other = f.router.Route(f.fleet, Prompt{"other", f.tokens, "", Policy::kKv});
+  REQUIRE(other.ok());
+  CHECK(other->route.fleet_load == 0);
+  // A hit sends only the uncached rest: once the prompt is predicted cached, nothing.
+  f.router.Commit(*second);
+  auto cached = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(cached.ok());
+  CHECK(cached->predicted_cached_tokens == prompt);
+  CHECK(cached->route.fleet_load == doctest::Approx(2 * prompt / 3000));
+  auto after_hit = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(after_hit.ok());
+  CHECK(after_hit->route.fleet_load == doctest::Approx(2 * prompt / 3000));
+  // A window later, it has decayed by e.
+  f.clock.Advance(kNsPerSec);
+  auto later = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(later.ok());
+  CHECK(later->route.fleet_load == doctest::Approx(2 * prompt / 3000 / std::exp(1.0)));
 }
 
 TEST_CASE("a fleet whose every worker is saturated is refused") {
