@@ -143,7 +143,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         started_(clock->Now()),
         registry_(std::move(registry)),
         metrics_(*registry_),
-        lora_api_(fleet, *registry_),
+        lora_api_(fleet, *registry_, options.lora_control_timeout),
         id_rng_(std::random_device{}()) {
     options_.limits.fields.on_unknown = [this](std::string_view name) { OnUnknownField(name); };
   }
