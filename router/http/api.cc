@@ -100,6 +100,12 @@ bool SameKey(std::string_view a, std::string_view b) {
   return diff == 0 && !b.empty();
 }
 
+std::string LoraIdHex(uint64_t id) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
 int64_t UnixSeconds(const Clock* clock) { return clock->WallNs() / kNsPerSec; }
 
 double Seconds(DurationNs d) { return static_cast<double>(d) / kNsPerSec; }
@@ -270,14 +276,15 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   }
 
   // A worker's LoRA adapters (its Hello's, with run-time loads and unloads since), and which
-  // its last load report says are on the device.
+  // its last load report says are on the device. lora_id as 16 hex digits (`kvfleet events`'
+  // form): JSON numbers above 2^53 lose digits in JavaScript clients.
   static json LorasJson(const WorkerStatus& w) {
     json loras = json::array();
     for (const LoraAnnounce& l : w.info.loras) {
       const bool resident = w.load && std::find(w.load->resident_loras.begin(), w.load->resident_loras.end(),
                                                 l.lora_id) != w.load->resident_loras.end();
       loras.push_back({{"name", l.name},
-                       {"lora_id", l.lora_id},
+                       {"lora_id", LoraIdHex(l.lora_id)},
                        {"rank", l.rank},
                        {"base_model", l.base_model},
                        {"resident", resident}});

@@ -213,8 +213,11 @@ void LoraApi::Handle(std::shared_ptr<http::Exchange> ex, Lane* lane, bool load) 
         g->succeeded.push_back(t.name);
         fleet_->NoteAdapter(t.id, LoraAnnounce{g->req.lora_name, LoraId(g->req.lora_name), 0, ""}, g->req.load);
       } else if (result.ok()) {
-        g->refused += result->code == WorkerErrorCode::kInvalidRequest;
-        g->unknown += result->code == WorkerErrorCode::kUnknownLora;
+        // A load's adapter the worker cannot read or serve is the request's fault; so is an
+        // unload of an adapter it does not have.
+        const bool unknown = result->code == WorkerErrorCode::kUnknownLora;
+        g->refused += g->req.load && (unknown || result->code == WorkerErrorCode::kInvalidRequest);
+        g->unknown += !g->req.load && unknown;
         g->failures.push_back("worker " + t.name + ": " + result->message);
       } else {
         g->timed_out += result.status().code() == StatusCode::kDeadlineExceeded;

@@ -8,8 +8,9 @@
 // the HTTP thread's lane (router/fleet/lane.h) under its own request id and awaited for at
 // most config::kLoraControlTimeout. The answer comes once every worker has answered:
 //   1. all succeeded: 200, vLLM's text ("Success: LoRA adapter 'NAME' added successfully.");
-//   2. every worker refused it (LoraResult !ok, invalid request: a bad path, rank, target or
-//      base model): 400; an unload every worker answered with unknown adapter: 404;
+//   2. every worker refused a load (LoraResult !ok, invalid request or unknown adapter: a path
+//      it cannot read, a rank, target or base model it cannot serve): 400; an unload every
+//      worker answered with unknown adapter: 404;
 //   3. otherwise, some worker timed out: 504; some worker failed (not live, lost, an internal
 //      error, or refused while others succeeded): 502.
 // Each error's message names every failing worker and its reason. A worker that succeeded

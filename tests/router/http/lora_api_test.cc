@@ -3,6 +3,7 @@
 // change what is served, and /v1/load_lora_adapter and /v1/unload_lora_adapter reach every
 // target worker and answer with their outcome.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include <doctest/doctest.h>
@@ -154,7 +155,9 @@ TEST_CASE("/v1/models lists each adapter with its base model; /fleet lists each 
   const json& wa = workers[0]["name"] == "a" ? workers[0] : workers[1];
   REQUIRE(wa["loras"].size() == 2);
   CHECK(wa["loras"][0]["name"] == "sql");
-  CHECK(wa["loras"][0]["lora_id"] == LoraId("sql"));
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(LoraId("sql")));
+  CHECK(wa["loras"][0]["lora_id"] == hex);
   CHECK(wa["loras"][0]["rank"] == 8);
   CHECK(wa["loras"][0]["resident"] == false);  // no load report says so
   CHECK(wa["max_loras"] == 4);
