@@ -118,6 +118,11 @@ TEST_CASE("a model naming an adapter goes only to workers serving it, as the bas
   const GenerateParams base = holder.generates() == 7 ? holder.last_params() : other.last_params();
   CHECK(base.lora.empty());
   CHECK(base.model == "llama");
+  // /tokenize knows the adapter's name too, with its base model's tokenizer and context.
+  auto t = r.Post("/tokenize", R"({"model":"sql","prompt":"ab"})");
+  REQUIRE(StatusOf(t) == 200);
+  CHECK(json::parse(BodyOf(t))["max_model_len"] == 2048);
+  CHECK(StatusOf(r.Post("/tokenize", R"({"model":"poetry","prompt":"ab"})")) == 404);
 }
 
 TEST_CASE("an adapter no worker serves is 404 like an unknown model, saying so") {
