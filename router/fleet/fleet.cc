@@ -139,16 +139,30 @@ std::string FleetImpl::WorkerName(WorkerId id) const {
 
 // --- the Fleet's queries ---
 
+namespace {
+
+bool Serves(const WorkerHello& info, std::string_view adapter) {
+  return std::any_of(info.loras.begin(), info.loras.end(), [&](const LoraAnnounce& l) { return l.name == adapter; });
+}
+
+}  // namespace
+
 std::optional<ModelFleet> FleetImpl::FindModel(std::string_view model) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   auto it = models_.find(std::string(model));
   if (it == models_.end()) return std::nullopt;
+  return FleetOf(it->second, "");
+}
+
+// REQUIRES: mu_ held. The model's workers; with `adapter`, only those serving it.
+ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter) const {
   ModelFleet f;
-  f.block_size = it->second.block_size;
+  f.block_size = entry.block_size;
   f.max_context = 0;
-  for (WorkerId id : it->second.members) {
+  for (WorkerId id : entry.members) {
     const WorkerRecord& w = *workers_[id];
     if (w.removed.load()) continue;
+    if (!adapter.empty() && !Serves(w.info, adapter)) continue;
     ++f.workers;
     f.needs_tokenizer = f.needs_tokenizer || w.info.backend == "cpu" || w.info.backend == "cuda";
     if (!Routable(w)) continue;
@@ -158,6 +172,48 @@ std::optional<ModelFleet> FleetImpl::FindModel(std::string_view model) const {
     }
   }
   return f;
+}
+
+std::optional<ModelFleet> FleetImpl::FindAdapter(std::string_view name, std::string* base_model) const {
+  if (name.empty()) return std::nullopt;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::optional<ModelFleet> found;
+  for (const auto& [model, entry] : models_) {
+    ModelFleet f = FleetOf(entry, name);
+    if (f.workers == 0) continue;
+    if (!found || (found->routable.empty() && !f.routable.empty())) {
+      found = std::move(f);
+      if (base_model != nullptr) *base_model = model;
+    }
+  }
+  return found;
+}
+
+void FleetImpl::NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return;
+  std::vector<LoraAnnounce>& loras = workers_[id]->info.loras;
+  std::erase_if(loras, [&](const LoraAnnounce& l) { return l.name == adapter.name; });
+  if (loaded) loras.push_back(adapter);
+}
+
+std::optional<double> FleetImpl::AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const {
+  uint64_t load_us = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return std::nullopt;
+    const WorkerHello& info = workers_[id]->info;
+    auto it = std::find_if(info.loras.begin(), info.loras.end(),
+                           [&](const LoraAnnounce& l) { return l.lora_id == lora_id; });
+    if (it == info.loras.end()) return std::nullopt;
+    load_us = info.lora_load_us;
+  }
+  // Resident only when the last report says so: without reports the router cannot tell.
+  if (std::optional<WorkerLoad> load = ReportedLoad(id)) {
+    const auto& resident = load->resident_loras;
+    if (std::find(resident.begin(), resident.end(), lora_id) != resident.end()) return 0.0;
+  }
+  return static_cast<double>(load_us) / 1e6;
 }
 
 std::vector<std::string> FleetImpl::LiveModels() const {
@@ -342,6 +398,11 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
     }
     bool readded = w.removed.exchange(false);
     if (readded) model.members.push_back(w.id);
+    if (!from_static && w.info.loras != hello.loras) {
+      std::string names;
+      for (const LoraAnnounce& l : hello.loras) names += (names.empty() ? "" : ", ") + l.name;
+      log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
+    }
     WorkerHello merged = hello;
     if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
     w.info = merged;
@@ -546,6 +607,15 @@ void Fleet::Submit(uint64_t handle, ForwardRequest request) { impl_->Submit(hand
 void Fleet::Cancel(uint64_t handle) { impl_->Cancel(handle); }
 std::unique_ptr<Lane> Fleet::NewLane(LaneLoop* loop) { return impl_->NewLane(loop); }
 std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { return impl_->FindModel(model); }
+std::optional<ModelFleet> Fleet::FindAdapter(std::string_view name, std::string* base_model) const {
+  return impl_->FindAdapter(name, base_model);
+}
+void Fleet::NoteAdapter(WorkerId worker, const LoraAnnounce& adapter, bool loaded) {
+  impl_->NoteAdapter(worker, adapter, loaded);
+}
+std::optional<double> Fleet::AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const {
+  return impl_->AdapterLoadSeconds(worker, lora_id);
+}
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
 bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }

@@ -71,6 +71,13 @@ class WorkerLoads {
   // Leading routing blocks of a prompt the worker stores for reuse in the pool routers index
   // (a windowed pool keeps only its first window); 0: no limit.
   virtual uint32_t StoredPrefixBlocks(WorkerId /*worker*/) const { return 0; }
+  // The LoRA adapter `lora_id` (common/block_hash.h LoraId) on `worker`: nullopt when the
+  // worker does not serve it (its Hello does not list it); else the seconds a request waits
+  // for it to reach the device: 0 when its last load report lists it resident, else its
+  // Hello's lora_load_us (routing/README.md, "LoRA adapters").
+  virtual std::optional<double> AdapterLoadSeconds(WorkerId /*worker*/, uint64_t /*lora_id*/) const {
+    return std::nullopt;
+  }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -208,6 +215,15 @@ class Fleet final : public WorkerLoads {
 
   // nullopt: no worker has ever announced `model`.
   std::optional<ModelFleet> FindModel(std::string_view model) const;
+  // The LoRA adapter `name`: the fleet of its base model (the model of the workers whose
+  // Hello lists it), with workers and routable counting only the workers serving it, and
+  // *base_model set. nullopt: no known worker serves an adapter of that name. When workers
+  // of several models announce the same name, the first model (by name) with a routable
+  // worker serving it wins.
+  std::optional<ModelFleet> FindAdapter(std::string_view name, std::string* base_model) const;
+  // Records the outcome of a run-time LoadLora (`loaded`) or UnloadLora on `worker` at
+  // once, ahead of its next Hello (which replaces its list).
+  void NoteAdapter(WorkerId worker, const LoraAnnounce& adapter, bool loaded);
   // Models with at least one routable worker.
   std::vector<std::string> LiveModels() const;
   // True when every known model has a routable worker (and there is at least one).
@@ -228,6 +244,7 @@ class Fleet final : public WorkerLoads {
   uint64_t CacheBlocks(WorkerId worker) const override;
   uint32_t KvBlocksPerBlock(WorkerId worker) const override;
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;
+  std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

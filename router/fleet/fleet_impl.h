@@ -84,6 +84,9 @@ class FleetImpl final : public LaneFleet {
   // --- the Fleet's queries ---
 
   std::optional<ModelFleet> FindModel(std::string_view model) const;
+  std::optional<ModelFleet> FindAdapter(std::string_view name, std::string* base_model) const;
+  void NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded);
+  std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
   std::vector<std::string> LiveModels() const;
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
@@ -115,6 +118,7 @@ class FleetImpl final : public LaneFleet {
   };
 
   bool Routable(const WorkerRecord& w) const;
+  ModelFleet FleetOf(const ModelEntry& entry, std::string_view adapter) const;
   void Post(Command cmd);
   void Wake();
 

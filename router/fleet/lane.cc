@@ -57,6 +57,9 @@ Lane::~Lane() {
     auto it = flights_.find(h);
     if (it != flights_.end()) End(h, it->second.worker, Unavailable("the router is shutting down"));
   }
+  std::vector<uint64_t> controls;
+  for (auto& [id, c] : controls_) controls.push_back(id);
+  for (uint64_t id : controls) EndControl(id, Unavailable("the router is shutting down"));
   for (Peer& p : peers_) {
     p.watch.reset();
     p.dealer.reset();
@@ -154,6 +157,61 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
   AfterSend(worker);
 }
 
+void Lane::SendLoraControl(WorkerId worker, ToWorkerMessage::Kind kind, const LoraControl& lora, DurationNs timeout,
+                           LoraDone done) {
+  KVF_CHECK(kind == ToWorkerMessage::Kind::kLoadLora || kind == ToWorkerMessage::Kind::kUnloadLora);
+  Sync();  // a worker that joined since the last tick
+  const uint64_t id = next_attempt_++;
+  controls_.emplace(id, Control{worker, fleet_->clock()->Now() + timeout, fleet_->Failures(worker, nullptr),
+                                std::move(done)});
+  if (fleet_->Stopping()) return EndControl(id, Unavailable("the router is shutting down"));
+  Peer* p = worker < peers_.size() ? &peers_[worker] : nullptr;
+  if (p == nullptr || !p->dealer || !fleet_->Routable(worker)) {
+    return EndControl(id, Unavailable("worker " + fleet_->WorkerName(worker) + " is not live"));
+  }
+  const std::string frame =
+      kind == ToWorkerMessage::Kind::kLoadLora ? EncodeLoadLora(id, lora) : EncodeUnloadLora(id, lora.name);
+  try {
+    if (!p->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
+      return EndControl(id, Unavailable("worker " + fleet_->WorkerName(worker) + " is not accepting requests"));
+    }
+  } catch (const zmq::error_t& e) {
+    return EndControl(id, Unavailable(std::string("send failed: ") + e.what()));
+  }
+  AfterSend(worker);
+}
+
+void Lane::EndControl(uint64_t id, Result<WorkerLoraResult> result) {
+  auto it = controls_.find(id);
+  if (it == controls_.end()) return;
+  LoraDone done = std::move(it->second.done);
+  controls_.erase(it);
+  done(std::move(result));
+}
+
+void Lane::OnLoraResult(const WorkerLoraResult& r) {
+  auto it = controls_.find(r.request_id);
+  if (it == controls_.end()) return;  // timed out already: a late answer
+  EndControl(r.request_id, r);
+}
+
+// Controls past their deadline, or whose worker failed since they were sent.
+void Lane::TickControls(TimeNs now) {
+  std::vector<std::pair<uint64_t, Status>> ended;
+  for (const auto& [id, c] : controls_) {
+    std::string why;
+    if (fleet_->Stopping()) {
+      ended.emplace_back(id, Unavailable("the router is shutting down"));
+    } else if (now >= c.deadline) {
+      ended.emplace_back(id, Status(StatusCode::kDeadlineExceeded,
+                                    "worker " + fleet_->WorkerName(c.worker) + " did not answer in time"));
+    } else if (fleet_->Failures(c.worker, &why) != c.failures_at_send) {
+      ended.emplace_back(id, Unavailable(why));
+    }
+  }
+  for (auto& [id, why] : ended) EndControl(id, why);
+}
+
 // Undoes the in-flight counts of the flight's current attempt and forgets the attempt.
 void Lane::Release(Flight& f) {
   if (f.attempt_id == 0) return;
@@ -232,7 +290,9 @@ void Lane::Drain(WorkerId id) {
       OnDelta(*d);
     } else if (auto* e = std::get_if<WorkerError>(&*decoded)) {
       OnWorkerError(*e);
-    }  // a LoraResult: this lane sends no LoRA control
+    } else if (auto* r = std::get_if<WorkerLoraResult>(&*decoded)) {
+      OnLoraResult(*r);
+    }
   }
   AfterSend(id);  // more than kMaxDrain waiting: come back after the others
 }
@@ -298,8 +358,9 @@ void Lane::OnWorkerError(const WorkerError& e) {
   Status st = StatusFromWorkerError(e);
   // Another worker may take it: this one's queue is full, it is stopping, or it serves
   // another model than its registration said (it restarted with a new one).
+  // Likewise an adapter it no longer serves (unloaded since its last Hello).
   bool retryable = e.code == WorkerErrorCode::kOverloaded || e.code == WorkerErrorCode::kShuttingDown ||
-                   e.code == WorkerErrorCode::kUnknownModel;
+                   e.code == WorkerErrorCode::kUnknownModel || e.code == WorkerErrorCode::kUnknownLora;
   if (retryable) return FailOver(handle, st);
   End(handle, flights_.at(handle).worker, st);
 }
@@ -308,6 +369,7 @@ void Lane::Tick() {
   uint64_t expirations;
   (void)!::read(timer_fd_, &expirations, sizeof(expirations));
   Sync();
+  if (!controls_.empty()) TickControls(fleet_->clock()->Now());
   if (flights_.empty()) return;
   TimeNs now = fleet_->clock()->Now();
   bool stopping = fleet_->Stopping();

@@ -5,7 +5,7 @@
 // router thread wakes on the request path (docs/DESIGN.md, "Request path").
 //
 // A request that fails before its first token (worker disconnected, said bye, declared dead,
-// overloaded or stopping or serving another model, a final Delta with finish error or
+// overloaded or stopping or serving another model or no longer the adapter, a final Delta with finish error or
 // cancelled, first-token timeout) is retried once on the worker `reroute` picks; after its
 // first token the sink gets an error. Every request ends with its final Delta or one error:
 // none is dropped. The router's own in-flight counts per worker are kept
@@ -17,6 +17,11 @@
 //   3. The final delta (finish reason set) or an error ends it; Cancel() ends it early and
 //      tells the worker. Each tick (FleetOptions::tick) checks timeouts, worker failures the
 //      fleet saw, and picks up workers that joined or left.
+//
+// LoRA control (SendLoraControl): a LoadLora or UnloadLora goes out on the same DEALER under
+// a request id of its own (from the attempts' sequence, so no Delta is mistaken for its
+// answer); the worker's LoraResult, its failure or the timeout ends it, once, on the home
+// thread. It is never retried elsewhere: the caller chose the worker.
 //
 // Thread safety: thread-compatible, owned by its home thread: every call, and the
 // destruction, on the home thread (or after it stopped running the loop). Sinks may call
@@ -110,6 +115,16 @@ class Lane {
 
   size_t inflight() const { return flights_.size(); }
 
+  // What became of one LoRA control: the worker's LoraResult, or Unavailable (the worker is
+  // not live, or failed before answering) or DeadlineExceeded (no answer within the timeout).
+  using LoraDone = std::function<void(Result<WorkerLoraResult>)>;
+  // Sends LoadLora (`kind` kLoadLora, lora.path set) or UnloadLora to `worker`; `done` is
+  // called exactly once, on the home thread, possibly before this returns. REQUIRES: kind is
+  // kLoadLora or kUnloadLora.
+  void SendLoraControl(WorkerId worker, ToWorkerMessage::Kind kind, const LoraControl& lora, DurationNs timeout,
+                       LoraDone done);
+  size_t pending_controls() const { return controls_.size(); }
+
  private:
   struct Flight {
     ForwardRequest request;
@@ -123,6 +138,12 @@ class Lane {
     uint32_t whole_prompt = 0;    // likewise
     TimeNs deadline = 0;
     TimeNs first_token_deadline = 0;
+  };
+  struct Control {
+    WorkerId worker = 0;
+    TimeNs deadline = 0;
+    uint64_t failures_at_send = 0;
+    LoraDone done;
   };
   struct Peer {
     std::unique_ptr<zmq::socket_t> dealer;
@@ -142,6 +163,10 @@ class Lane {
   void AfterSend(WorkerId id);
   void OnDelta(const WorkerDelta& d);
   void OnWorkerError(const WorkerError& e);
+  void OnLoraResult(const WorkerLoraResult& r);
+  // Ends a control with `result`: forgotten first, so `done` may send another.
+  void EndControl(uint64_t id, Result<WorkerLoraResult> result);
+  void TickControls(TimeNs now);
   // A final Delta with finish error or cancelled: the worker gave up on the request.
   void WorkerEnded(uint64_t handle, const WorkerDelta& d);
   void Tick();
@@ -153,6 +178,7 @@ class Lane {
   std::vector<Peer> peers_;                          // by worker id
   std::unordered_map<uint64_t, Flight> flights_;     // by handle
   std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle
+  std::unordered_map<uint64_t, Control> controls_;   // LoRA control request id -> control
   uint64_t next_handle_ = 1;
   uint64_t next_attempt_ = 1;
   int timer_fd_ = -1;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <unordered_set>
 
@@ -24,6 +25,7 @@
 #include "common/tokenizer_files.h"
 #include "router/fleet/lane.h"
 #include "router/http/api_metrics.h"
+#include "router/http/lora_api.h"
 #include "router/http/tokenize_api.h"
 
 namespace kvfleet::router {
@@ -98,6 +100,12 @@ bool SameKey(std::string_view a, std::string_view b) {
   return diff == 0 && !b.empty();
 }
 
+std::string LoraIdHex(uint64_t id) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
 int64_t UnixSeconds(const Clock* clock) { return clock->WallNs() / kNsPerSec; }
 
 double Seconds(DurationNs d) { return static_cast<double>(d) / kNsPerSec; }
@@ -141,6 +149,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
         started_(clock->Now()),
         registry_(std::move(registry)),
         metrics_(*registry_),
+        lora_api_(fleet, *registry_, options.lora_control_timeout),
         id_rng_(std::random_device{}()) {
     options_.limits.fields.on_unknown = [this](std::string_view name) { OnUnknownField(name); };
   }
@@ -166,6 +175,14 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     routes->Add("POST", "/v1/completions", [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, false); });
     routes->Add("POST", "/v1/chat/completions",
                 [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, true); });
+    for (const bool load : {true, false}) {
+      routes->Add("POST", load ? "/v1/load_lora_adapter" : "/v1/unload_lora_adapter",
+                  [self, load](std::shared_ptr<http::Exchange> ex) {
+                    if (auto e = self->Authorize(ex->request())) return ex->Reply(ErrorResponse(*e));
+                    Lane* lane = self->LaneOf(ex->io_thread());
+                    self->lora_api_.Handle(std::move(ex), lane, load);
+                  });
+    }
     routes->AddSync("GET", "/v1/models", [self](const http::Request& req) { return self->Models(req); });
     routes->AddSync("GET", "/health", [](const http::Request&) { return JsonResponse(200, R"({"status":"ok"})"); });
     routes->AddSync("GET", "/ready", [self](const http::Request&) {
@@ -200,10 +217,23 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   // /tokenize and /detokenize serve the models the fleet knows, with their codecs.
   TokenizerModelLookup TokenizerLookup() const {
     return [this](const std::string& name) -> std::optional<TokenizerModel> {
-      auto model = fleet_->FindModel(name);
+      std::string base = name;
+      auto model = FindModelOrAdapter(name, &base, nullptr);
       if (!model) return std::nullopt;
-      return TokenizerModel{codecs_.For(name).get(), model->max_context};
+      return TokenizerModel{codecs_.For(base).get(), model->max_context};
     };
+  }
+
+  // A request's `model`: a model's name, else a LoRA adapter's (as in vLLM), which selects
+  // the adapter over its base model. A name that is both is the model (docs/DESIGN.md).
+  // *base: the model whose fleet serves it; *lora (may be null): the adapter, or empty.
+  std::optional<ModelFleet> FindModelOrAdapter(const std::string& name, std::string* base, std::string* lora) const {
+    *base = name;
+    if (lora != nullptr) lora->clear();
+    if (auto model = fleet_->FindModel(name)) return model;
+    auto adapter = fleet_->FindAdapter(name, base);
+    if (adapter && lora != nullptr) *lora = name;
+    return adapter;
   }
 
   std::optional<ApiError> Authorize(const http::Request& req) const {
@@ -222,10 +252,44 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   http::Response Models(const http::Request& req) {
     if (auto e = Authorize(req)) return ErrorResponse(*e);
     json data = json::array();
-    for (const auto& m : fleet_->LiveModels()) {
-      data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "kvfleet"}});
+    const std::vector<std::string> models = fleet_->LiveModels();
+    for (const auto& m : models) {
+      data.push_back({{"id", m}, {"object", "model"}, {"created", 0}, {"owned_by", "kvfleet"}, {"root", m},
+                      {"parent", nullptr}});
+    }
+    // Each adapter a routable worker serves, as vLLM lists them: parent the base model, root
+    // the adapter's base_model_name_or_path (else the base model). A name that is also a
+    // model is the model's (FindModelOrAdapter), so it is not listed twice.
+    std::map<std::string, std::pair<std::string, std::string>> adapters;  // name -> (parent, root)
+    for (const WorkerStatus& w : fleet_->Workers()) {
+      if (!w.routable) continue;
+      for (const LoraAnnounce& l : w.info.loras) {
+        if (std::find(models.begin(), models.end(), l.name) != models.end()) continue;
+        adapters.emplace(l.name, std::make_pair(w.info.model, l.base_model.empty() ? w.info.model : l.base_model));
+      }
+    }
+    for (const auto& [name, parent_root] : adapters) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "kvfleet"},
+                      {"root", parent_root.second}, {"parent", parent_root.first}});
     }
     return JsonResponse(200, json{{"object", "list"}, {"data", data}}.dump());
+  }
+
+  // A worker's LoRA adapters (its Hello's, with run-time loads and unloads since), and which
+  // its last load report says are on the device. lora_id as 16 hex digits (`kvfleet events`'
+  // form): JSON numbers above 2^53 lose digits in JavaScript clients.
+  static json LorasJson(const WorkerStatus& w) {
+    json loras = json::array();
+    for (const LoraAnnounce& l : w.info.loras) {
+      const bool resident = w.load && std::find(w.load->resident_loras.begin(), w.load->resident_loras.end(),
+                                                l.lora_id) != w.load->resident_loras.end();
+      loras.push_back({{"name", l.name},
+                       {"lora_id", LoraIdHex(l.lora_id)},
+                       {"rank", l.rank},
+                       {"base_model", l.base_model},
+                       {"resident", resident}});
+    }
+    return loras;
   }
 
   // A worker's KV pools as its Hello announced them (window 0: full attention).
@@ -259,6 +323,9 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                 {"tokenizer_digest", w.info.tokenizer_digest == 0 ? json(nullptr) : json(DigestHex(w.info.tokenizer_digest))},
                 {"kv_pools", KvPoolsJson(w.info)},
                 {"indexed_window", options_.routing_window_size.value_or(IndexedWindow(w.info))},
+                {"loras", LorasJson(w)},
+                {"max_loras", w.info.max_loras},
+                {"lora_load_us", w.info.lora_load_us},
                 {"endpoints",
                  {{"requests", w.info.requests_endpoint},
                   {"events", w.info.events_endpoint},
@@ -328,6 +395,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   const TimeNs started_;  // for options_.unknown_model_grace
   std::shared_ptr<prometheus::Registry> registry_;
   ApiMetrics metrics_;
+  LoraApi lora_api_;  // /v1/load_lora_adapter, /v1/unload_lora_adapter
   std::mutex id_mu_;
   std::mt19937_64 id_rng_;  // GUARDED_BY(id_mu_)
   static constexpr size_t kMaxLoggedUnknownFields = 1024;
@@ -352,8 +420,10 @@ class RequestStream final : public ResponseSink {
 
  public:
   RequestStream(std::shared_ptr<ApiImpl> api, std::shared_ptr<http::Exchange> ex, CompletionRequest req,
-                std::string id, TimeNs arrived, TimeNs routed, uint32_t prompt_tokens)
+                std::shared_ptr<const TextCodec> codec, std::string id, TimeNs arrived, TimeNs routed,
+                uint32_t prompt_tokens)
       : api_(std::move(api)),
+        codec_(std::move(codec)),
         ex_(std::move(ex)),
         req_(std::move(req)),
         id_(std::move(id)),
@@ -363,7 +433,7 @@ class RequestStream final : public ResponseSink {
         prompt_tokens_(prompt_tokens) {
     timings_.read = arrived;
     timings_.routed = routed;
-    for (uint32_t i = 0; i < req_.n; ++i) choices_.push_back(Choice{api_->codecs_.For(req_.model)->NewDecoder(), StopMatcher(req_.stop)});
+    for (uint32_t i = 0; i < req_.n; ++i) choices_.push_back(Choice{codec_->NewDecoder(), StopMatcher(req_.stop)});
   }
 
   // The lane forwarding this request, and its handle there (for a stop string's cancel).
@@ -430,7 +500,7 @@ class RequestStream final : public ResponseSink {
  private:
   // A token's text alone, for logprobs.
   std::string TokenText(TokenId t) const {
-    auto decoder = api_->codecs_.For(req_.model)->NewDecoder();
+    auto decoder = codec_->NewDecoder();
     std::string s = decoder->Push(t);
     return s + decoder->Finish();
   }
@@ -566,6 +636,7 @@ class RequestStream final : public ResponseSink {
   }
 
   std::shared_ptr<ApiImpl> api_;
+  std::shared_ptr<const TextCodec> codec_;  // the base model's
   std::shared_ptr<http::Exchange> ex_;
   CompletionRequest req_;
   std::string id_;
@@ -601,7 +672,8 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   if (!parsed.ok()) return Fail(ex, "", ErrorFromStatus(parsed.status()));
   CompletionRequest req = std::move(parsed).value();
 
-  auto model = fleet_->FindModel(req.model);
+  std::string base, lora;  // the model whose fleet serves it; the adapter it selects (empty: none)
+  auto model = FindModelOrAdapter(req.model, &base, &lora);
   if (!model && fleet_->LiveModels().empty()) {
     // Nothing is routable at all (a router that just started, before workers register, or a
     // fleet that is down): the model may well exist, so this is "try again", not 404.
@@ -621,24 +693,29 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   if (!model) {
     return Fail(ex, req.model,
-                MakeError(404, "The model '" + req.model + "' does not exist.", "invalid_request_error",
-                          "model_not_found"));
+                MakeError(404,
+                          "The model '" + req.model +
+                              "' does not exist: no worker serves a model or a LoRA adapter of that name.",
+                          "invalid_request_error", "model_not_found"));
   }
   if (model->routable.empty()) {
     return Refuse(ex, req.model, "no_worker",
-                  MakeError(503, "no live worker serves model '" + req.model + "'", "server_error",
-                            "service_unavailable", options_.retry_after_s));
+                  MakeError(503,
+                            lora.empty() ? "no live worker serves model '" + req.model + "'"
+                                         : "no live worker serves LoRA adapter '" + lora + "' of model '" + base + "'",
+                            "server_error", "service_unavailable", options_.retry_after_s));
   }
-  // Tokenize with the model's codec. Byte ids sent to a real model are garbage in, garbage
-  // out: refuse instead.
-  const TextCodec& codec = *codecs_.For(req.model);
+  // Tokenize with the (base) model's codec. Byte ids sent to a real model are garbage in,
+  // garbage out: refuse instead.
+  const std::shared_ptr<const TextCodec>& codec_ptr = codecs_.For(base);
+  const TextCodec& codec = *codec_ptr;
   if (codec.is_byte_codec() && model->needs_tokenizer && (chat || req.prompt_text)) {
     return Fail(ex, req.model,
                 MakeError(500,
-                          "model '" + req.model +
+                          "model '" + base +
                               "' runs on cpu/cuda workers, but this router has no tokenizer and cannot turn text "
                               "into its token ids: start the router with --tokenizer MODEL_DIR (or --tokenizer " +
-                              req.model + "=MODEL_DIR; or send the prompt as token ids)",
+                              base + "=MODEL_DIR; or send the prompt as token ids)",
                           "server_error", "tokenizer_missing"));
   }
   GenerateParams params;
@@ -703,10 +780,12 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   params.retention = req.retention;
   params.cache_salt = req.cache_salt;
-  params.model = req.model;
+  params.model = base;
+  params.lora = lora;
 
   // Route.
-  Prompt prompt{req.model, params.tokens, req.cache_salt, req.routing.value_or(router_->options().policy)};
+  Prompt prompt{base, params.tokens, req.cache_salt, req.routing.value_or(router_->options().policy)};
+  prompt.lora = params.lora;
   Refusal refusal;
   auto decision = router_->Route(*model, prompt, &refusal);
   if (!decision.ok()) {
@@ -730,8 +809,8 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   }
   const TimeNs routed = clock_->Now();
   metrics_.routing.Observe(Seconds(routed - arrived));  // parse, tokenize, hash, route
-  auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), std::move(id), arrived, routed,
-                                                prompt_tokens);
+  auto stream = std::make_shared<RequestStream>(shared_from_this(), ex, std::move(req), codec_ptr, std::move(id), arrived,
+                                                routed, prompt_tokens);
   ForwardRequest fwd;
   fwd.worker = decision->worker;
   fwd.params = std::move(params);

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "router/fleet/fleet.h"
 #include "router/http/codec.h"
+#include "router/http/lora_api.h"
 #include "router/http/openai.h"
 #include "router/routing/router.h"
 
@@ -47,6 +48,8 @@ struct ApiOptions {
   // (every 2 s) and event streams, and a model may simply not have come back yet.
   DurationNs unknown_model_grace = 10 * kNsPerSec;
   bool report_timings = false;              // RouterTimings in each response's usage extension
+  // How long a LoRA load or unload waits for each worker's answer (lora_api.h).
+  DurationNs lora_control_timeout = config::kLoraControlTimeout;
   // --routing-window-size's override of the indexed KV pool, for /fleet; none: IndexedWindow.
   std::optional<uint32_t> routing_window_size;
 };

@@ -89,7 +89,7 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   return (c.queued_prefill_tokens + uncached) / rate + c.host_blocks * options_.onboard_s_per_block +
-         c.running_requests * options_.decode_s_per_running_request + c.admission_wait_s;
+         c.running_requests * options_.decode_s_per_running_request + c.admission_wait_s + c.adapter_load_s;
 }
 
 double Picker::FleetRate(std::span<const Candidate> candidates) const {

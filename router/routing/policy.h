@@ -112,6 +112,9 @@ struct Candidate {
   // The share of the matched blocks expected still cached when the request's prefill starts
   // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
   double retained_share = 1;
+  // Seconds before the request's LoRA adapter is on the worker's device: 0 when resident or
+  // for the base model, else the worker's announced load time (README.md, "LoRA adapters").
+  double adapter_load_s = 0;
   // Requests there without a first token yet: this router's, and others' queued ones from the
   // report (the kv cost's DelayedRequests, README.md).
   double waiting_requests = 0;

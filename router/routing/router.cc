@@ -71,6 +71,15 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   return own;
 }
 
+bool Router::AddAdapter(uint64_t lora_id, Candidate* c) const {
+  c->adapter_load_s = 0;
+  if (lora_id == 0) return true;
+  const std::optional<double> load_s = loads_->AdapterLoadSeconds(c->worker, lora_id);
+  if (!load_s) return false;
+  c->adapter_load_s = *load_s;
+  return true;
+}
+
 void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                           std::vector<Candidate>* candidates) const {
   if (retention_ == nullptr) return;
@@ -136,7 +145,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   Decision d;
   d.policy = prompt.policy;
   d.route = RouteRequest{static_cast<uint32_t>(prompt.tokens.size()), fleet.block_size};
-  BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, "", prompt.cache_salt});
+  d.lora_id = LoraId(prompt.lora);
+  BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, prompt.lora, prompt.cache_salt});
   d.hashes = hasher.HashAll(prompt.tokens);
   std::vector<PrefixMatch> matches;
   const bool by_prefix = d.policy != Policy::kRoundRobin && d.policy != Policy::kLeastLoaded;
@@ -150,6 +160,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   for (WorkerId id : fleet.routable) {
     Candidate c;
     c.worker = id;
+    if (!AddAdapter(d.lora_id, &c)) continue;  // it does not serve the adapter
     for (const PrefixMatch& m : matches) {
       if (m.worker == id) {
         c.device_blocks = m.device_blocks;
@@ -161,6 +172,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     }
     waiting += AddLoad(d.policy, &c).waiting;
     candidates.push_back(c);
+  }
+  if (candidates.empty()) {
+    if (refusal != nullptr) *refusal = Refusal{"no_worker", 0};
+    return Unavailable("no live worker of model '" + std::string(prompt.model) + "' serves LoRA adapter '" +
+                       std::string(prompt.lora) + "'");
   }
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
   const TimeNs now = clock_->Now();
@@ -239,11 +255,12 @@ void Router::Commit(const Decision& decision) {
 }
 
 std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Rerouter(const Decision& decision) {
-  return [this, policy = decision.policy, route = decision.route,
+  return [this, policy = decision.policy, route = decision.route, lora_id = decision.lora_id,
           candidates = decision.candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
     std::vector<Candidate> rest;
     for (Candidate c : *candidates) {
       if (std::find(tried.begin(), tried.end(), c.worker) != tried.end()) continue;
+      if (!AddAdapter(lora_id, &c)) continue;  // it dropped the adapter since
       AddLoad(policy, &c);  // its load now, not at the decision
       rest.push_back(c);
     }

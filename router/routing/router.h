@@ -55,6 +55,9 @@ struct Prompt {
   std::span<const TokenId> tokens;  // REQUIRES: not empty
   std::string_view cache_salt;      // empty: none
   Policy policy = Policy::kKv;
+  // The LoRA adapter it runs with (empty: the base model): part of the hash namespace, and
+  // only workers serving it (WorkerLoads::AdapterLoadSeconds) are candidates.
+  std::string_view lora = {};
 };
 
 struct Decision {
@@ -66,6 +69,7 @@ struct Decision {
   // For Commit and Rerouter.
   Policy policy = Policy::kKv;
   RouteRequest route;
+  uint64_t lora_id = 0;           // LoraId(prompt.lora); 0: the base model
   std::vector<BlockHash> hashes;  // the prompt's full blocks
   std::shared_ptr<const std::vector<Candidate>> candidates;  // every worker considered
 };
@@ -93,7 +97,8 @@ class Router {
 
   // Chooses a worker of `fleet` for `prompt`, or refuses it (see Admission above):
   // ResourceExhausted (429: queue_full, saturated, predicted_ttft) or Unavailable (503:
-  // unattainable), with *refusal (when given) saying why. REQUIRES: !fleet.routable.empty().
+  // unattainable), with *refusal (when given) saying why; Unavailable ("no_worker") when no
+  // routable worker serves the prompt's adapter. REQUIRES: !fleet.routable.empty().
   Result<Decision> Route(const ModelFleet& fleet, const Prompt& prompt, Refusal* refusal = nullptr);
   // Inserts the decision's predicted entries (README.md, "Predicted entries"). Call once the
   // request is on its way: the worker starts sooner, and the next request sees them all the same.
@@ -107,6 +112,9 @@ class Router {
   // counts (kv, least_loaded, round_robin), or this router's counts alone (approx). Returns
   // this router's own counts there.
   OwnLoadCounts AddLoad(Policy policy, Candidate* c) const;
+  // Sets c->adapter_load_s for adapter `lora_id` (0: the base model); false when the worker
+  // does not serve it.
+  bool AddAdapter(uint64_t lora_id, Candidate* c) const;
   // The candidates whose predicted time to first token is within admission_ttft_s (all of
   // them when it is 0), and each one's prediction in *ttft.
   // kv_retention: each candidate's retained_share, the part of its matched prefix expected

@@ -4,7 +4,9 @@
 // the longest block-aligned prefix it saw before, and records cancels. It can hang
 // (never answer), stop after the first token, refuse (an Error with a code), end the request
 // itself (a final Delta with finish error, after `hang_after` tokens), or close its socket (a
-// crash, to the router).
+// crash, to the router). LoRA: it serves the adapters set_loras() names (a Generate for another
+// is refused as unknown_lora), answers LoadLora (adding it) and UnloadLora (removing it, or
+// unknown_lora) as its LoraMode says, and HelloOf() announces what it serves.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +19,8 @@
 
 #include <zmq.hpp>
 
+#include "common/block_hash.h"
+#include "schema/registration.h"
 #include "schema/requests.h"
 
 namespace kvfleet::router::testing {
@@ -34,6 +38,8 @@ bool WaitFor(Pred pred, int ms = 5000) {
 class FakeWorker {
  public:
   enum class Mode { kAnswer, kHang, kFirstTokenThenHang, kRefuse, kFail };
+  // How it answers LoadLora: success, a refusal (invalid request, "bad adapter"), no answer.
+  enum class LoraMode { kOk, kRefuse, kHang };
 
   explicit FakeWorker(std::string reply = "hello world", uint32_t block_size = 32)
       : reply_(std::move(reply)), block_size_(block_size), socket_(ctx_, zmq::socket_type::router) {
@@ -56,6 +62,30 @@ class FakeWorker {
     if (thread_.joinable()) thread_.join();
   }
   int generates() const { return generates_.load(); }
+  void set_loras(std::vector<std::string> names) {
+    std::lock_guard<std::mutex> lock(mu_);
+    loras_ = std::move(names);
+  }
+  std::vector<std::string> loras() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return loras_;
+  }
+  void set_lora_mode(LoraMode m) { lora_mode_ = m; }
+  int lora_controls() const { return lora_controls_.load(); }
+  // A Hello for this worker: model `model`, block size 16, serving its adapters now.
+  WorkerHello HelloOf(const std::string& name, const std::string& model = "llama", uint64_t lora_load_us = 0) {
+    WorkerHello hello;
+    hello.name = name;
+    hello.model = model;
+    hello.block_size = 16;
+    hello.max_context = 2048;
+    hello.requests_endpoint = endpoint_;
+    hello.backend = "mock";
+    hello.max_loras = 4;
+    hello.lora_load_us = lora_load_us;
+    for (const std::string& l : loras()) hello.loras.push_back(LoraAnnounce{l, LoraId(l), 8, model + "-hf"});
+    return hello;
+  }
   int cancels() const { return cancels_.load(); }
   GenerateParams last_params() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -85,10 +115,27 @@ class FakeWorker {
         ++cancels_;
         continue;
       }
+      if (msg->kind == ToWorkerMessage::Kind::kLoadLora || msg->kind == ToWorkerMessage::Kind::kUnloadLora) {
+        ++lora_controls_;
+        if (lora_mode_ == LoraMode::kHang) continue;
+        socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+        socket_.send(zmq::buffer(EncodeLoraResult(LoraControlResult(*msg))), zmq::send_flags::none);
+        continue;
+      }
       ++generates_;
+      bool unknown_lora = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         last_ = msg->params;
+        unknown_lora = !msg->params.lora.empty() &&
+                       std::find(loras_.begin(), loras_.end(), msg->params.lora) == loras_.end();
+      }
+      if (unknown_lora) {
+        socket_.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+        socket_.send(zmq::buffer(EncodeError(WorkerError{msg->request_id, WorkerErrorCode::kUnknownLora,
+                                                         "unknown LoRA adapter '" + msg->params.lora + "'"})),
+                     zmq::send_flags::none);
+        continue;
       }
       if (mode_ == Mode::kHang) continue;
       if (mode_ == Mode::kRefuse) {
@@ -135,6 +182,29 @@ class FakeWorker {
     socket_.close();
   }
 
+  WorkerLoraResult LoraControlResult(const ToWorkerMessage& m) {
+    WorkerLoraResult r;
+    r.request_id = m.request_id;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(loras_.begin(), loras_.end(), m.lora.name);
+    if (m.kind == ToWorkerMessage::Kind::kLoadLora) {
+      if (lora_mode_ == LoraMode::kRefuse) {
+        r.code = WorkerErrorCode::kInvalidRequest;
+        r.message = "bad adapter at " + m.lora.path;
+        return r;
+      }
+      if (it == loras_.end()) loras_.push_back(m.lora.name);
+    } else if (it == loras_.end()) {
+      r.code = WorkerErrorCode::kUnknownLora;
+      r.message = "no LoRA adapter '" + m.lora.name + "' is loaded";
+      return r;
+    } else {
+      loras_.erase(it);
+    }
+    r.ok = true;
+    return r;
+  }
+
   // Logprobs when asked: token i of the reply at -(i + 1), top entries the token itself then
   // 'z', 'y', ... one lower each; prompt tokens (sequence 0's first delta) at -0.5 with the same tops.
   static TokenLogprob FakeLogprob(TokenId token, float logprob, int32_t top) {
@@ -173,6 +243,9 @@ class FakeWorker {
   std::atomic<WorkerErrorCode> refusal_{WorkerErrorCode::kOverloaded};
   std::atomic<int> generates_{0};
   std::atomic<int> cancels_{0};
+  std::atomic<int> lora_controls_{0};
+  std::atomic<LoraMode> lora_mode_{LoraMode::kOk};
+  std::vector<std::string> loras_;  // GUARDED_BY(mu_)
   std::mutex mu_;
   GenerateParams last_;
   std::vector<std::vector<TokenId>> seen_;  // worker thread only

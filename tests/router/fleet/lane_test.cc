@@ -294,3 +294,92 @@ TEST_CASE("a lane destroyed with requests in flight ends them with Unavailable")
 }
 
 }  // namespace kvfleet::router
+
+namespace kvfleet::router {
+namespace {
+
+// Sends one LoRA control on the lane thread; the future gets its outcome, and *calls counts
+// the calls of `done` (exactly one expected, on the lane thread).
+std::future<Result<WorkerLoraResult>> SendControl(Setup& s, ToWorkerMessage::Kind kind, const std::string& name,
+                                                  DurationNs timeout, std::shared_ptr<std::atomic<int>> calls) {
+  auto promise = std::make_shared<std::promise<Result<WorkerLoraResult>>>();
+  auto future = promise->get_future();
+  RunOn(s.loop, [&] {
+    s.lane->SendLoraControl(0, kind, LoraControl{name, "/adapters/" + name}, timeout,
+                            [promise, calls, &s](Result<WorkerLoraResult> r) {
+                              // A call on another thread counts 100: `calls == 1` fails.
+                              const int n = std::this_thread::get_id() == s.loop_thread ? 1 : 100;
+                              if (calls->fetch_add(n) == 0) promise->set_value(std::move(r));
+                            });
+  });
+  return future;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA control: each gets its worker's LoraResult under its own id, a silent worker times out, once each") {
+  FakeWorker w("hello");
+  Setup s({w.endpoint()});
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  // A request in flight on the same DEALER: its deltas are not mistaken for a control's answer.
+  auto sink = std::make_shared<Recorder>();
+  s.Submit(0, sink, 4);
+  auto loaded = SendControl(s, ToWorkerMessage::Kind::kLoadLora, "sql", 10 * kNsPerSec, calls);
+  REQUIRE(loaded.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  auto r = loaded.get();
+  REQUIRE(r.ok());
+  CHECK(r->ok);
+  CHECK(w.loras() == std::vector<std::string>{"sql"});
+  auto outcome = sink->outcome.get_future();
+  REQUIRE(outcome.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(outcome.get().ok());
+  auto calls2 = std::make_shared<std::atomic<int>>(0);
+  auto unknown = SendControl(s, ToWorkerMessage::Kind::kUnloadLora, "chat", 10 * kNsPerSec, calls2);
+  REQUIRE(unknown.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  auto u = unknown.get();
+  REQUIRE(u.ok());
+  CHECK(!u->ok);
+  CHECK(u->code == WorkerErrorCode::kUnknownLora);
+  // No answer: DeadlineExceeded at the lane's tick after the timeout; a late answer is dropped.
+  w.set_lora_mode(FakeWorker::LoraMode::kHang);
+  auto calls3 = std::make_shared<std::atomic<int>>(0);
+  auto hung = SendControl(s, ToWorkerMessage::Kind::kLoadLora, "slow", 100 * kNsPerMs, calls3);
+  REQUIRE(hung.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(hung.get().status().code() == StatusCode::kDeadlineExceeded);
+  RunOn(s.loop, [&] { CHECK(s.lane->pending_controls() == 0); });
+  CHECK(calls->load() == 1);
+  CHECK(calls2->load() == 1);
+  CHECK(calls3->load() == 1);
+}
+
+TEST_CASE("LoRA control to a crashed worker ends Unavailable; one pending when the lane goes ends Unavailable too") {
+  FakeWorker gone("x"), silent("y");
+  Setup s({gone.endpoint()});
+  silent.set_lora_mode(FakeWorker::LoraMode::kHang);
+  gone.set_lora_mode(FakeWorker::LoraMode::kHang);
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto pending = SendControl(s, ToWorkerMessage::Kind::kLoadLora, "sql", 60 * kNsPerSec, calls);
+  REQUIRE(WaitFor([&] { return gone.lora_controls() == 1; }));
+  gone.Crash();
+  REQUIRE(pending.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(pending.get().status().code() == StatusCode::kUnavailable);
+  // Not live any more: refused at once.
+  auto calls2 = std::make_shared<std::atomic<int>>(0);
+  auto refused = SendControl(s, ToWorkerMessage::Kind::kUnloadLora, "sql", 60 * kNsPerSec, calls2);
+  REQUIRE(refused.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(refused.get().status().code() == StatusCode::kUnavailable);
+  CHECK(calls->load() == 1);
+  CHECK(calls2->load() == 1);
+  // A lane destroyed while a control waits ends it.
+  Setup t({silent.endpoint()});
+  auto calls3 = std::make_shared<std::atomic<int>>(0);
+  auto waiting = SendControl(t, ToWorkerMessage::Kind::kLoadLora, "sql", 60 * kNsPerSec, calls3);
+  REQUIRE(WaitFor([&] { return silent.lora_controls() == 1; }));
+  CHECK(waiting.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
+  RunOn(t.loop, [&] { t.lane.reset(); });
+  REQUIRE(waiting.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(waiting.get().status().code() == StatusCode::kUnavailable);
+  CHECK(calls3->load() == 1);
+}
+
+}  // namespace kvfleet::router
