@@ -39,6 +39,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (lora_stream_ != nullptr) cudaStreamSynchronize(lora_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (cudaEvent_t e : lora_events_) cudaEventDestroy(e);
   for (cudaEvent_t e : lora_pinned_free_) {
     if (e != nullptr) cudaEventDestroy(e);
   }

@@ -142,6 +142,25 @@ class CudaBackend final : public ModelBackendBase {
   // Bytes of weights on the device.
   uint64_t weight_bytes() const { return weight_bytes_; }
 
+  // Ablation and profiling of LoRA steps (cuda_backend_bench --lora-ablation); not for serving.
+  struct LoraDebug {
+    // false: a LoRA step keeps its path (eager, unfused, its rows grouped and uploaded) but
+    // launches no shrink or expand, so its tokens are the base model's.
+    bool launch_kernels = true;
+    // true: CUDA events around every shrink and expand (they cost the PDL overlap between
+    // them); LoRA steps then run eagerly. Read with TakeLoraKernelTimes.
+    bool time_kernels = false;
+  };
+  void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
+  // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
+  void set_use_graphs(bool on) { use_graphs_ = on; }
+  struct LoraKernelTimes {
+    std::array<double, 4> shrink_ms = {}, expand_ms = {};  // [LoraGroup: qkv, o, gate_up, down]
+    int64_t launches = 0;                                   // shrink + expand pairs timed
+  };
+  // The kernel time of every pair timed since the last call; synchronises the stream.
+  Result<LoraKernelTimes> TakeLoraKernelTimes();
+
  private:
   struct LayerWeights {
     __nv_bfloat16 *input_norm = nullptr, *qkv = nullptr, *qkv_bias = nullptr, *o = nullptr, *o_bias = nullptr;
@@ -345,6 +364,11 @@ class CudaBackend final : public ModelBackendBase {
   bool lora_pending_ = false;                                          // the next step waits for it
   std::array<uint16_t*, 2> lora_pinned_ = {};                          // conversion buffers, in turn
   std::array<cudaEvent_t, 2> lora_pinned_free_ = {};                   // their copies done
+  LoraDebug lora_debug_;
+  // time_kernels: three events per timed pair (before the shrink, between, after the expand),
+  // created as needed; lora_timed_ holds (group, first event) of each pair since the last take.
+  std::vector<cudaEvent_t> lora_events_;
+  std::vector<std::pair<int, size_t>> lora_timed_;
   size_t lora_pinned_elems_ = 0;
 };
 

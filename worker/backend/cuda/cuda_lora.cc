@@ -224,7 +224,19 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
 }
 
 Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group, const bf16* x, bf16* y) {
-  if (m.lora.num_tiles == 0 || !m.lora_groups[group]) return Status::Ok();
+  if (m.lora.num_tiles == 0 || !m.lora_groups[group] || !lora_debug_.launch_kernels) return Status::Ok();
+  cudaEvent_t* ev = nullptr;  // time_kernels: [before, between, after]
+  if (lora_debug_.time_kernels) {
+    const size_t first = lora_timed_.size() * 3;
+    while (lora_events_.size() < first + 3) {
+      cudaEvent_t e = nullptr;
+      KVF_CUDA_RETURN(cudaEventCreate(&e));
+      lora_events_.push_back(e);
+    }
+    lora_timed_.emplace_back(static_cast<int>(group), first);
+    ev = &lora_events_[first];
+    KVF_CUDA_RETURN(cudaEventRecord(ev[0], stream_));
+  }
   const LoraGroupSlots& s = lora_[static_cast<size_t>(layer)][group];
   kernels::LoraShrinkParams sp;
   sp.x = x;
@@ -236,6 +248,7 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   sp.segments = s.segments;
   sp.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraShrink(sp, stream_));
+  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[1], stream_));
   kernels::LoraExpandParams ep;
   ep.t = lora_t_;
   ep.b = s.b;
@@ -249,7 +262,23 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   std::copy(std::begin(s.seg_end), std::end(s.seg_end), ep.seg_end);
   ep.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraExpand(ep, stream_));
+  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[2], stream_));
   return Status::Ok();
+}
+
+Result<CudaBackend::LoraKernelTimes> CudaBackend::TakeLoraKernelTimes() {
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  LoraKernelTimes t;
+  for (const auto& [group, first] : lora_timed_) {
+    float shrink = 0, expand = 0;
+    KVF_CUDA_RETURN(cudaEventElapsedTime(&shrink, lora_events_[first], lora_events_[first + 1]));
+    KVF_CUDA_RETURN(cudaEventElapsedTime(&expand, lora_events_[first + 1], lora_events_[first + 2]));
+    t.shrink_ms[static_cast<size_t>(group)] += shrink;
+    t.expand_ms[static_cast<size_t>(group)] += expand;
+    ++t.launches;
+  }
+  lora_timed_.clear();
+  return t;
 }
 
 }  // namespace kvfleet::backend::cuda
