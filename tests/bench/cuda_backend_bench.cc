@@ -16,11 +16,12 @@
 //                       default 16) over the seven targets, sequences assigned to them
 //                       round-robin, side by side for each K (K = 0: the base model on the
 //                       same backend)
-//   --lora-ablation     with --loras: where a LoRA step's time goes, for each K > 0 and the
-//                       prefill: the base model without graphs (what the eager path alone
-//                       costs), the LoRA step with every shrink/expand launch skipped (its
-//                       eager, unfused path and row grouping), and the full step with each
-//                       shrink and expand timed by CUDA events (ms per step, by target group)
+//   --lora-ablation     with --loras (include 0): where a LoRA step's time goes, for each K
+//                       and the prefill: the base model without graphs (what losing the
+//                       graph costs), the LoRA step with every shrink/expand launch skipped
+//                       (its unfused path and row grouping), the full LoRA step without graphs,
+//                       and the full step eagerly with each shrink and expand timed by CUDA
+//                       events (ms per step, by target group)
 //
 //   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
 //                       ceiling for memory-bound decode
@@ -242,6 +243,12 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
     const Decode nk = RunDecode(b, batch, ctx, steps, k);
     std::printf("  ablation: %d adapters, LoRA path without the shrink/expand launches: %.3f ms/step (%+.1f%%)\n", k,
                 nk.step_s * 1e3, rel(nk.step_s));
+    cb->set_lora_debug({});
+    cb->set_use_graphs(false);
+    const Decode eg = RunDecode(b, batch, ctx, steps, k);
+    cb->set_use_graphs(true);
+    std::printf("  ablation: %d adapters, full LoRA step, eager (no CUDA graph): %.3f ms/step (%+.1f%%)\n", k,
+                eg.step_s * 1e3, rel(eg.step_s));
     cb->set_lora_debug({.launch_kernels = true, .time_kernels = true});
     (void)cb->TakeLoraKernelTimes();
     const Decode tk = RunDecode(b, batch, ctx, steps, k);

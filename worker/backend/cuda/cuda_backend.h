@@ -60,9 +60,12 @@
 //      max_lora_rank (rounded up to 8); LoadLora converts on the host and copies on its own
 //      stream, and the next step waits for that copy. A step where some sequence names a slot
 //      adds scaling·(x·Aᵀ)·Bᵀ after each group's product (kernels/lora.h: one shrink and one
-//      expand launch per group over every slot of the step), so it runs eagerly and without
-//      the gemv fusions of (5): q, k, v need the adapter before RoPE and the K/V store, gate
-//      and up before SiLU·mul. Steps without an adapter take exactly the path of (4)-(6).
+//      expand launch per group over every slot of the step), without the gemv fusions of (5):
+//      q, k, v need the adapter before RoPE and the K/V store, gate and up before SiLU·mul.
+//      Its decode steps take graphs (4) too, keyed also by the groups it launches: the row
+//      groups sit at staging offsets fixed by the padded batch, the tile height follows the
+//      padded batch and the tiles are padded to ceil(T / tile) + slots (empty tiles do
+//      nothing). Steps without an adapter take exactly the path of (4)-(6).
 //      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (1..16; default
 //      kernels::LoraTileRowsFor).
 //
@@ -78,6 +81,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <span>
 #include <string>
 #include <utility>
@@ -154,6 +158,8 @@ class CudaBackend final : public ModelBackendBase {
   void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
   // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
   void set_use_graphs(bool on) { use_graphs_ = on; }
+  // Decode graphs (4) captured so far.
+  size_t graphs_captured() const { return graphs_.size(); }
   struct LoraKernelTimes {
     std::array<double, 4> shrink_ms = {}, expand_ms = {};  // [LoraGroup: qkv, o, gate_up, down]
     int64_t launches = 0;                                   // shrink + expand pairs timed
@@ -346,8 +352,10 @@ class CudaBackend final : public ModelBackendBase {
   bool use_graphs_ = true;
   int32_t gemv_max_rows_ = config::kGemvMaxRowsDefault;  // (5)
   int32_t gemv_fusion_ = 3;                               // (5)
-  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
-  std::set<std::pair<int32_t, int32_t>> graph_seen_;
+  // (padded batch, length bucket, mask of the LoRA groups the step launches (7)).
+  using GraphKey = std::tuple<int32_t, int32_t, int32_t>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::set<GraphKey> graph_seen_;
 
   // LoRA slots (7).
   int32_t lora_rank_ = 0;                                              // R: max_lora_rank rounded up to 8

@@ -207,8 +207,22 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
   }
   if (!any) return;
   const int64_t grouped = std::count_if(row_slot.begin(), row_slot.end(), [](int32_t s) { return s >= 0; });
-  const kernels::LoraGroupsHost g =
-      kernels::GroupLoraRows(row_slot, lora_tile_rows_ > 0 ? lora_tile_rows_ : kernels::LoraTileRowsFor(grouped));
+  // A graphed step (4) replays fixed launches and staging offsets: its tile height follows
+  // the padded batch, and the rows and tiles are padded to bounds of the batch alone (empty
+  // tiles launch blocks that do nothing).
+  const int64_t tile_basis = m->graph ? m->num_tokens : grouped;
+  const int32_t tile_rows = lora_tile_rows_ > 0 ? lora_tile_rows_ : kernels::LoraTileRowsFor(tile_basis);
+  kernels::LoraGroupsHost g = kernels::GroupLoraRows(row_slot, tile_rows);
+  if (m->graph) {
+    // Σ over slots of ceil(n_slot / tile_rows) <= T / tile_rows + (slots in the step), and a
+    // tile holds at least one row.
+    const int32_t T = m->num_tokens;
+    const int32_t bound = std::min(T, (T + tile_rows - 1) / tile_rows + std::min(T, options_.max_loras));
+    KVF_CHECK(g.num_tiles() <= bound) << "cuda backend: LoRA tiles exceed their graph bound";
+    g.rows.resize(static_cast<size_t>(T), 0);
+    g.tile_begin.resize(static_cast<size_t>(bound) + 1, g.tile_begin.back());
+    g.tile_slot.resize(static_cast<size_t>(bound), 0);
+  }
   auto take = [&](const std::vector<int32_t>& v) {
     *used = (*used + config::kStagingAlign - 1) / config::kStagingAlign * config::kStagingAlign;
     KVF_CHECK(*used + v.size() * sizeof(int32_t) <= staging_bytes_) << "cuda backend: LoRA rows exceed the staging buffer";
