@@ -3,7 +3,7 @@
 //
 //   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
 //                      [--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]]
-//                      [--loras K1,K2,... [--lora-rank R]]
+//                      [--loras K1,K2,... [--lora-rank R] [--lora-ablation]]
 //
 //   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
 //                       to measure one change against the default in the same run
@@ -16,6 +16,12 @@
 //                       default 16) over the seven targets, sequences assigned to them
 //                       round-robin, side by side for each K (K = 0: the base model on the
 //                       same backend)
+//   --lora-ablation     with --loras (include 0): where a LoRA step's time goes, for each K
+//                       and the prefill: the base model without graphs (what losing the
+//                       graph costs), the LoRA step with every shrink/expand launch skipped
+//                       (its unfused path and row grouping), the full LoRA step without graphs,
+//                       and the full step eagerly with each shrink and expand timed by CUDA
+//                       events (ms per step, by target group)
 //
 //   copy bandwidth      cudaMemcpy device→device of 1 GiB (read + write bytes / time): the
 //                       ceiling for memory-bound decode
@@ -40,6 +46,7 @@
 
 #include "worker/backend/backend.h"
 #include "worker/model/lora_adapter.h"
+#include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/lt_gemm.h"
 
 using namespace kvfleet;
@@ -178,8 +185,30 @@ model::LoraAdapter RandomAdapter(const model::ModelConfig& c, int32_t rank, uint
   return a;
 }
 
+// --lora-ablation: the LoRA kernels' event times since the last call, per step, by group.
+void PrintLoraKernelTimes(backend::cuda::CudaBackend& cb, int steps) {
+  auto t = cb.TakeLoraKernelTimes();
+  if (!t.ok()) {
+    std::fprintf(stderr, "TakeLoraKernelTimes: %s\n", t.status().ToString().c_str());
+    std::exit(1);
+  }
+  static const char* kGroups[] = {"qkv", "o", "gate_up", "down"};
+  double total = 0;
+  std::printf("    LoRA kernels per step (CUDA events, %lld pairs):", static_cast<long long>(t->launches));
+  for (int g = 0; g < 4; ++g) {
+    std::printf(" %s shrink %.3f expand %.3f ms;", kGroups[g], t->shrink_ms[g] / steps, t->expand_ms[g] / steps);
+    total += (t->shrink_ms[g] + t->expand_ms[g]) / steps;
+  }
+  std::printf(" total %.3f ms\n", total);
+}
+
 // --loras: decode at batch 64 @2K and the 8K prefill for each adapter count, side by side.
-int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, int rank, int steps) {
+int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, int rank, int steps, bool ablation) {
+  auto* cb = dynamic_cast<backend::cuda::CudaBackend*>(&b);
+  if (ablation && cb == nullptr) {
+    std::fprintf(stderr, "--lora-ablation: needs the cuda backend\n");
+    return 1;
+  }
   int most = 0;
   for (int k : counts) most = std::max(most, k);
   auto t0 = Clock::now();
@@ -200,16 +229,48 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
                 k, rank, d.step_s * 1e3, d.tokens_per_s);
     if (k > 0 && base > 0) std::printf(" (%+.1f%% over no adapter)", 100.0 * (d.step_s / base - 1));
     std::printf("\n");
+    if (!ablation) continue;
+    auto rel = [&](double t) { return base > 0 ? 100.0 * (t / base - 1) : 0.0; };
+    if (k == 0) {
+      cb->set_use_graphs(false);
+      const Decode e = RunDecode(b, batch, ctx, steps, 0);
+      cb->set_use_graphs(true);
+      std::printf("  ablation: no adapter, eager (no CUDA graph): %.3f ms/step (%+.1f%%)\n", e.step_s * 1e3,
+                  rel(e.step_s));
+      continue;
+    }
+    cb->set_lora_debug({.launch_kernels = false, .time_kernels = false});
+    const Decode nk = RunDecode(b, batch, ctx, steps, k);
+    std::printf("  ablation: %d adapters, LoRA path without the shrink/expand launches: %.3f ms/step (%+.1f%%)\n", k,
+                nk.step_s * 1e3, rel(nk.step_s));
+    cb->set_lora_debug({});
+    cb->set_use_graphs(false);
+    const Decode eg = RunDecode(b, batch, ctx, steps, k);
+    cb->set_use_graphs(true);
+    std::printf("  ablation: %d adapters, full LoRA step, eager (no CUDA graph): %.3f ms/step (%+.1f%%)\n", k,
+                eg.step_s * 1e3, rel(eg.step_s));
+    cb->set_lora_debug({.launch_kernels = true, .time_kernels = true});
+    (void)cb->TakeLoraKernelTimes();
+    const Decode tk = RunDecode(b, batch, ctx, steps, k);
+    std::printf("  ablation: %d adapters, kernels timed: %.3f ms/step\n", k, tk.step_s * 1e3);
+    PrintLoraKernelTimes(*cb, steps + 3);  // RunDecode's warm-up steps are timed too
+    cb->set_lora_debug({});
   }
   const int total = 8192, chunk = 2048;
   std::vector<TokenId> prompt(total);
   for (int i = 0; i < total; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
   std::vector<backend::BlockId> table;
   for (int i = 0; i < total / b.block_size(); ++i) table.push_back(static_cast<backend::BlockId>(i));
-  for (int slot : {-1, 0}) {
+  // Prefill variants: 0 no adapter, 1 one adapter; with --lora-ablation also 2 one adapter
+  // without the shrink/expand launches, 3 one adapter with the kernels timed.
+  for (int variant = 0; variant < (ablation ? 4 : 2); ++variant) {
+    const int slot = variant == 0 ? -1 : 0;
     if (slot >= most) continue;
+    if (ablation) cb->set_lora_debug({.launch_kernels = variant != 2, .time_kernels = variant == 3});
+    if (variant == 3) (void)cb->TakeLoraKernelTimes();
     double best = 1e30;
-    for (int rep = 0; rep < 2; ++rep) {
+    const int reps = variant == 3 ? 1 : 2;
+    for (int rep = 0; rep < reps; ++rep) {
       auto t = Clock::now();
       for (int pos = 0; pos < total; pos += chunk) {
         backend::StepBatch step;
@@ -229,9 +290,12 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
       }
       best = std::min(best, Since(t));
     }
-    std::printf("prefill %d tokens in %d-token chunks, %s: %.1f ms\n", total, chunk,
-                slot < 0 ? "no adapter" : "one adapter", best * 1e3);
+    static const char* kVariants[] = {"no adapter", "one adapter", "one adapter, no shrink/expand launches",
+                                      "one adapter, kernels timed"};
+    std::printf("prefill %d tokens in %d-token chunks, %s: %.1f ms\n", total, chunk, kVariants[variant], best * 1e3);
+    if (variant == 3) PrintLoraKernelTimes(*cb, total / chunk);  // per 2048-token chunk
   }
+  if (ablation) cb->set_lora_debug({});
   return 0;
 }
 
@@ -240,9 +304,10 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1] "
-      "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R]]\n";
+      "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R] [--lora-ablation]]\n";
   std::vector<int> lora_counts;
   int lora_rank = 16;
+  bool lora_ablation = false;
   std::string model;
   int steps = 20;
   bool only_batch1 = false;
@@ -271,6 +336,8 @@ int main(int argc, char** argv) {
         lora_counts.push_back(static_cast<int>(k));
         p = *end == ',' ? end + 1 : end;
       }
+    } else if (!std::strcmp(argv[i], "--lora-ablation")) {
+      lora_ablation = true;
     } else if (!std::strcmp(argv[i], "--lora-rank") && i + 1 < argc) {
       lora_rank = std::atoi(argv[++i]);
       if (lora_rank < 1 || lora_rank > model::kMaxLoraRank) {
@@ -293,6 +360,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s", usage);
       return 2;
     }
+  }
+  if (lora_ablation && lora_counts.empty()) {
+    std::fprintf(stderr, "--lora-ablation: needs --loras (e.g. --loras 0,1,8)\n");
+    return 2;
   }
   if (model.empty() || decode_ctx < 1 || batches.empty() ||
       std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1 || b > 128; })) {
@@ -346,7 +417,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
   }
-  if (!lora_counts.empty()) return RunLoraComparison(b, lora_counts, lora_rank, steps);
+  if (!lora_counts.empty()) return RunLoraComparison(b, lora_counts, lora_rank, steps, lora_ablation);
   if (only_batch1) return 0;
   for (int batch : batches) {
     const int ctx = decode_ctx;

@@ -1,15 +1,26 @@
 // The cuda backend with a PEFT adapter against HF transformers + PEFT (lora_peft_parity.py):
-// the prompt and greedy tokens of the script's output, reproduced free-running on the cuda
-// backend, must be identical.
+// the prompt and greedy tokens of the script's output, reproduced on the cuda backend.
 //
 //   lora_peft_parity --model-dir-only --shape tiny [--seed 5]   prints (and makes) the fp32
 //       test model directory the tests use (tests/worker/model/test_models.h)
-//   lora_peft_parity --model DIR --adapter DIR --expect tokens.json
-//       exit 0 when every token matches; otherwise prints the first difference and HF's top-2
-//       gap there, exit 1
+//   lora_peft_parity --model DIR --adapter DIR --expect tokens.json [--strict]
+//       exit 0 when the tokens match under the tie rule below; otherwise prints the first
+//       difference and HF's top-2 gap there, exit 1
+//
+// Tie rule. A step where HF's own top-2 logits are within one ulp of its top-1 logit in the
+// reference's dtype (bf16: 2^(e-7) for a top-1 logit in [2^e, 2^(e+1))) is a tie: HF's choice
+// there depends on its rounding, not on the model, and random-weight models hit such ties
+// often (llama-3.1-8b's shape: an exact bf16 tie within 32 steps). Two checks:
+//   free-running: the 32 greedy steps must be identical up to the first tie where kvfleet
+//       takes HF's runner-up token; a difference anywhere else fails. Past such a tie the
+//       sequences diverge, so the free-running check ends there (reported).
+//   teacher-forced: one prefill of the prompt and HF's tokens; kvfleet's argmax at every
+//       position must be HF's token, ties excepted (counted and printed).
+// --strict (the tiny model): all steps identical free-running and no tie allowed.
 //
 // The adapter is read here (adapter_config.json: r, lora_alpha, use_rslora; the safetensors by
 // PEFT's names) rather than by model::LoadLoraAdapter, so this runs on its own; it needs a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,7 +83,7 @@ Result<model::LoraAdapter> ReadAdapter(const std::string& dir, const model::Mode
 int main(int argc, char** argv) {
   std::string model_dir, adapter_dir, expect, shape = "tiny";
   uint64_t seed = 5;
-  bool dir_only = false;
+  bool dir_only = false, strict = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -85,11 +96,13 @@ int main(int argc, char** argv) {
       shape = argv[++i];
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--strict") {
+      strict = true;
     } else if (a == "--model-dir-only") {
       dir_only = true;
     } else {
       std::fprintf(stderr, "usage: lora_peft_parity --model-dir-only [--shape S] [--seed N] | --model DIR --adapter DIR "
-                           "--expect tokens.json\n");
+                           "--expect tokens.json [--strict]\n");
       return 2;
     }
   }
@@ -104,6 +117,19 @@ int main(int argc, char** argv) {
   const std::vector<TokenId> prompt = ref["prompt"].get<std::vector<TokenId>>();
   const std::vector<TokenId> want = ref["tokens"].get<std::vector<TokenId>>();
   const std::vector<double> gaps = ref.value("gaps", std::vector<double>());
+  const std::vector<double> tops = ref.value("top", std::vector<double>());
+  const std::vector<TokenId> seconds = ref.value("second", std::vector<TokenId>());
+  const std::string dtype = ref.value("dtype", std::string("?"));
+  if (want.empty() || gaps.size() != want.size() || tops.size() != want.size() || seconds.size() != want.size()) {
+    return Fail(expect + ": needs tokens, gaps, top and second of equal, nonzero length (rerun lora_peft_parity.py)");
+  }
+  // Step k is a tie when HF's top-2 gap is within one ulp of its top-1 logit in its dtype.
+  auto ulp = [&](double v) {
+    int e = 0;
+    std::frexp(std::fabs(v), &e);  // |v| in [2^(e-1), 2^e)
+    return std::ldexp(1.0, e - 1 - (dtype == "fp32" ? 23 : 7));
+  };
+  auto tie = [&](size_t k) { return gaps[k] <= ulp(tops[k]); };
 
   backend::BackendOptions o;
   o.model_dir = model_dir;
@@ -141,14 +167,58 @@ int main(int argc, char** argv) {
     got.push_back(out.tokens[0]);
     toks.push_back(out.tokens[0]);
   }
-  for (size_t k = 0; k < want.size(); ++k) {
-    if (got[k] != want[k]) {
-      std::printf("FAIL: token %zu: kvfleet %u, HF + PEFT %u (HF's top-2 gap there %.4f); %zu of %zu equal before\n", k,
-                  got[k], want[k], k < gaps.size() ? gaps[k] : NAN, k, want.size());
-      return 1;
-    }
+  // Free-running.
+  size_t same = 0;
+  while (same < want.size() && got[same] == want[same]) ++same;
+  if (same < want.size()) {
+    const size_t k = same;
+    const bool allowed = !strict && tie(k) && got[k] == seconds[k];
+    std::printf("%s: free-running token %zu: kvfleet %u, HF + PEFT %u (HF's top-2 gap there %.6g, one ulp of its top "
+                "logit %.6g: %s; HF's runner-up %u); %zu of %zu equal before\n",
+                allowed ? "TIE" : "FAIL", k, got[k], want[k], gaps[k], ulp(tops[k]), tie(k) ? "a tie" : "no tie",
+                seconds[k], k, want.size());
+    if (!allowed) return 1;
+  } else {
+    std::printf("free-running: %zu greedy tokens identical to HF + PEFT (%s)\n", want.size(), dtype.c_str());
   }
-  std::printf("PASS: %zu greedy tokens identical to HF + PEFT (%s)\n", want.size(),
-              ref.value("dtype", std::string("?")).c_str());
+
+  // Teacher-forced: the prompt and HF's tokens in one prefill; row prompt + k - 1 predicts want[k].
+  std::vector<TokenId> forced = prompt;
+  forced.insert(forced.end(), want.begin(), want.end() - 1);
+  backend::StepBatch batch;
+  backend::SequenceStep st;
+  st.start_position = 0;
+  st.tokens = forced;
+  st.block_tables = {table};
+  st.sample = false;
+  st.logits = backend::LogitsRequest::kAll;
+  st.lora_slot = 0;
+  batch.seqs = {st};
+  backend::StepOutput out;
+  if (Status s = b.Execute(batch, &out); !s.ok()) return Fail(s.ToString());
+  const size_t V = static_cast<size_t>(b.config().vocab_size);
+  if (out.logits.size() != forced.size() * V || out.logits_offset.empty() || out.logits_offset[0] != 0) {
+    return Fail("teacher-forced step: expected " + std::to_string(forced.size()) + " rows of logits");
+  }
+  int ties = 0, wrong = 0;
+  for (size_t k = 0; k < want.size(); ++k) {
+    const float* row = out.logits.data() + (prompt.size() - 1 + k) * V;
+    const TokenId arg = static_cast<TokenId>(std::max_element(row, row + V) - row);
+    if (arg == want[k]) continue;
+    const bool allowed = !strict && tie(k);
+    ties += allowed ? 1 : 0;
+    wrong += allowed ? 0 : 1;
+    std::printf("%s: teacher-forced token %zu: kvfleet %u (logit %.6g), HF + PEFT %u (kvfleet's logit %.6g; HF's top-2 "
+                "gap %.6g, one ulp %.6g)\n",
+                allowed ? "TIE" : "FAIL", k, arg, row[arg], want[k], row[want[k]], gaps[k], ulp(tops[k]));
+  }
+  if (wrong > 0) {
+    std::printf("FAIL: teacher-forced: %d of %zu positions differ outside ties\n", wrong, want.size());
+    return 1;
+  }
+  std::printf("PASS: teacher-forced: %zu of %zu argmaxes equal HF + PEFT's tokens, %d ties; free-running: %zu of %zu "
+              "identical%s (%s)\n",
+              want.size() - ties, want.size(), ties, same, want.size(), same < want.size() ? " up to a tie" : "",
+              dtype.c_str());
   return 0;
 }

@@ -12,8 +12,9 @@ tests/gpu/lora_peft_parity.cc): 32 greedy tokens, identical.
   2. Loads MODEL with transformers (eager attention) in --dtype, wraps it with
      PeftModel.from_pretrained(ADAPTER), and extends the prompt greedily by --steps tokens with
      the KV cache.
-  3. Writes OUT: {"prompt": [...], "tokens": [...], "gaps": [...]} (gaps: each step's top-1 minus
-     top-2 logit, to tell a near-tie from a real difference).
+  3. Writes OUT: {"prompt": [...], "tokens": [...], "gaps": [...], "top": [...], "second": [...]}
+     (per step: gaps, the top-1 minus top-2 logit; top, the top-1 logit; second, the runner-up
+     token), so that lora_peft_parity tells a tie in HF's logits from a real difference.
 
   python3 lora_peft_parity.py --model DIR --adapter DIR [--write-adapter --rank 16 --alpha 32
       --seed 1] [--dtype bf16|fp32] [--steps 32] --out tokens.json
@@ -107,7 +108,7 @@ def main():
     vocab = base.config.vocab_size
     # The prompt lora_peft_parity.cc uses: a fixed stride over the vocabulary.
     prompt = [(i * 7919) % min(vocab - 100, 20000) + 50 for i in range(args.prompt_len)]
-    tokens, gaps = [], []
+    tokens, gaps, tops, seconds = [], [], [], []
     with torch.no_grad():
         ids = torch.tensor([prompt], device=device)
         out = model(input_ids=ids, use_cache=True)
@@ -117,10 +118,13 @@ def main():
             tok = int(top.indices[0])
             tokens.append(tok)
             gaps.append(float(top.values[0] - top.values[1]))
+            tops.append(float(top.values[0]))
+            seconds.append(int(top.indices[1]))
             out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=out.past_key_values,
                         use_cache=True)
     with open(args.out, "w") as f:
-        json.dump({"prompt": prompt, "tokens": tokens, "gaps": gaps, "dtype": args.dtype}, f)
+        json.dump({"prompt": prompt, "tokens": tokens, "gaps": gaps, "top": tops, "second": seconds,
+                   "dtype": args.dtype}, f)
     print(f"HF + PEFT ({args.dtype}, {device}): {len(tokens)} greedy tokens -> {args.out}")
     return 0
 

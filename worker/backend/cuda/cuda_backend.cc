@@ -39,6 +39,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (lora_stream_ != nullptr) cudaStreamSynchronize(lora_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (cudaEvent_t e : lora_events_) cudaEventDestroy(e);
   for (cudaEvent_t e : lora_pinned_free_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
@@ -441,7 +442,11 @@ Status CudaBackend::EnqueueStep(const StepBatch& batch, const StepMeta& m) {
 }
 
 Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
-  const std::pair<int32_t, int32_t> key{m.num_seqs, m.bucket_len};
+  // (7) Whether the step has LoRA rows (its unfused path and staged row groups), and the
+  // groups whose shrink/expand launches the graph holds.
+  int32_t lora_mask = m.lora.num_tiles > 0 ? 1 << kNumLoraGroups : 0;
+  for (int g = 0; g < kNumLoraGroups; ++g) lora_mask |= m.lora.num_tiles > 0 && m.lora_groups[g] && lora_debug_.launch_kernels ? 1 << g : 0;
+  const GraphKey key{m.num_seqs, m.bucket_len, lora_mask};
   auto it = graphs_.find(key);
   if (it == graphs_.end() && !graph_seen_.insert(key).second) {
     // Second step of this shape: capture it (the first ran eagerly, so every kernel

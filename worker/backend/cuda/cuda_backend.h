@@ -60,9 +60,12 @@
 //      max_lora_rank (rounded up to 8); LoadLora converts on the host and copies on its own
 //      stream, and the next step waits for that copy. A step where some sequence names a slot
 //      adds scaling·(x·Aᵀ)·Bᵀ after each group's product (kernels/lora.h: one shrink and one
-//      expand launch per group over every slot of the step), so it runs eagerly and without
-//      the gemv fusions of (5): q, k, v need the adapter before RoPE and the K/V store, gate
-//      and up before SiLU·mul. Steps without an adapter take exactly the path of (4)-(6).
+//      expand launch per group over every slot of the step), without the gemv fusions of (5):
+//      q, k, v need the adapter before RoPE and the K/V store, gate and up before SiLU·mul.
+//      Its decode steps take graphs (4) too, keyed also by the groups it launches: the row
+//      groups sit at staging offsets fixed by the padded batch, the tile height follows the
+//      padded batch and the tiles are padded to ceil(T / tile) + slots (empty tiles do
+//      nothing). Steps without an adapter take exactly the path of (4)-(6).
 //      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (1..16; default
 //      kernels::LoraTileRowsFor).
 //
@@ -78,6 +81,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <span>
 #include <string>
 #include <utility>
@@ -141,6 +145,27 @@ class CudaBackend final : public ModelBackendBase {
   const std::string& kv_scales_source() const { return kv_scales_source_; }
   // Bytes of weights on the device.
   uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // Ablation and profiling of LoRA steps (cuda_backend_bench --lora-ablation); not for serving.
+  struct LoraDebug {
+    // false: a LoRA step keeps its path (eager, unfused, its rows grouped and uploaded) but
+    // launches no shrink or expand, so its tokens are the base model's.
+    bool launch_kernels = true;
+    // true: CUDA events around every shrink and expand (they cost the PDL overlap between
+    // them); LoRA steps then run eagerly. Read with TakeLoraKernelTimes.
+    bool time_kernels = false;
+  };
+  void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
+  // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
+  void set_use_graphs(bool on) { use_graphs_ = on; }
+  // Decode graphs (4) captured so far.
+  size_t graphs_captured() const { return graphs_.size(); }
+  struct LoraKernelTimes {
+    std::array<double, 4> shrink_ms = {}, expand_ms = {};  // [LoraGroup: qkv, o, gate_up, down]
+    int64_t launches = 0;                                   // shrink + expand pairs timed
+  };
+  // The kernel time of every pair timed since the last call; synchronises the stream.
+  Result<LoraKernelTimes> TakeLoraKernelTimes();
 
  private:
   struct LayerWeights {
@@ -327,8 +352,10 @@ class CudaBackend final : public ModelBackendBase {
   bool use_graphs_ = true;
   int32_t gemv_max_rows_ = config::kGemvMaxRowsDefault;  // (5)
   int32_t gemv_fusion_ = 3;                               // (5)
-  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
-  std::set<std::pair<int32_t, int32_t>> graph_seen_;
+  // (padded batch, length bucket, mask of the LoRA groups the step launches (7)).
+  using GraphKey = std::tuple<int32_t, int32_t, int32_t>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::set<GraphKey> graph_seen_;
 
   // LoRA slots (7).
   int32_t lora_rank_ = 0;                                              // R: max_lora_rank rounded up to 8
@@ -345,6 +372,11 @@ class CudaBackend final : public ModelBackendBase {
   bool lora_pending_ = false;                                          // the next step waits for it
   std::array<uint16_t*, 2> lora_pinned_ = {};                          // conversion buffers, in turn
   std::array<cudaEvent_t, 2> lora_pinned_free_ = {};                   // their copies done
+  LoraDebug lora_debug_;
+  // time_kernels: three events per timed pair (before the shrink, between, after the expand),
+  // created as needed; lora_timed_ holds (group, first event) of each pair since the last take.
+  std::vector<cudaEvent_t> lora_events_;
+  std::vector<std::pair<int, size_t>> lora_timed_;
   size_t lora_pinned_elems_ = 0;
 };
 

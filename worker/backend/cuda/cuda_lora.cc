@@ -207,8 +207,22 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
   }
   if (!any) return;
   const int64_t grouped = std::count_if(row_slot.begin(), row_slot.end(), [](int32_t s) { return s >= 0; });
-  const kernels::LoraGroupsHost g =
-      kernels::GroupLoraRows(row_slot, lora_tile_rows_ > 0 ? lora_tile_rows_ : kernels::LoraTileRowsFor(grouped));
+  // A graphed step (4) replays fixed launches and staging offsets: its tile height follows
+  // the padded batch, and the rows and tiles are padded to bounds of the batch alone (empty
+  // tiles launch blocks that do nothing).
+  const int64_t tile_basis = m->graph ? m->num_tokens : grouped;
+  const int32_t tile_rows = lora_tile_rows_ > 0 ? lora_tile_rows_ : kernels::LoraTileRowsFor(tile_basis);
+  kernels::LoraGroupsHost g = kernels::GroupLoraRows(row_slot, tile_rows);
+  if (m->graph) {
+    // Σ over slots of ceil(n_slot / tile_rows) <= T / tile_rows + (slots in the step), and a
+    // tile holds at least one row.
+    const int32_t T = m->num_tokens;
+    const int32_t bound = std::min(T, (T + tile_rows - 1) / tile_rows + std::min(T, options_.max_loras));
+    KVF_CHECK(g.num_tiles() <= bound) << "cuda backend: LoRA tiles exceed their graph bound";
+    g.rows.resize(static_cast<size_t>(T), 0);
+    g.tile_begin.resize(static_cast<size_t>(bound) + 1, g.tile_begin.back());
+    g.tile_slot.resize(static_cast<size_t>(bound), 0);
+  }
   auto take = [&](const std::vector<int32_t>& v) {
     *used = (*used + config::kStagingAlign - 1) / config::kStagingAlign * config::kStagingAlign;
     KVF_CHECK(*used + v.size() * sizeof(int32_t) <= staging_bytes_) << "cuda backend: LoRA rows exceed the staging buffer";
@@ -224,7 +238,19 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
 }
 
 Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group, const bf16* x, bf16* y) {
-  if (m.lora.num_tiles == 0 || !m.lora_groups[group]) return Status::Ok();
+  if (m.lora.num_tiles == 0 || !m.lora_groups[group] || !lora_debug_.launch_kernels) return Status::Ok();
+  cudaEvent_t* ev = nullptr;  // time_kernels: [before, between, after]
+  if (lora_debug_.time_kernels) {
+    const size_t first = lora_timed_.size() * 3;
+    while (lora_events_.size() < first + 3) {
+      cudaEvent_t e = nullptr;
+      KVF_CUDA_RETURN(cudaEventCreate(&e));
+      lora_events_.push_back(e);
+    }
+    lora_timed_.emplace_back(static_cast<int>(group), first);
+    ev = &lora_events_[first];
+    KVF_CUDA_RETURN(cudaEventRecord(ev[0], stream_));
+  }
   const LoraGroupSlots& s = lora_[static_cast<size_t>(layer)][group];
   kernels::LoraShrinkParams sp;
   sp.x = x;
@@ -236,6 +262,7 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   sp.segments = s.segments;
   sp.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraShrink(sp, stream_));
+  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[1], stream_));
   kernels::LoraExpandParams ep;
   ep.t = lora_t_;
   ep.b = s.b;
@@ -249,7 +276,23 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   std::copy(std::begin(s.seg_end), std::end(s.seg_end), ep.seg_end);
   ep.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraExpand(ep, stream_));
+  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[2], stream_));
   return Status::Ok();
+}
+
+Result<CudaBackend::LoraKernelTimes> CudaBackend::TakeLoraKernelTimes() {
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  LoraKernelTimes t;
+  for (const auto& [group, first] : lora_timed_) {
+    float shrink = 0, expand = 0;
+    KVF_CUDA_RETURN(cudaEventElapsedTime(&shrink, lora_events_[first], lora_events_[first + 1]));
+    KVF_CUDA_RETURN(cudaEventElapsedTime(&expand, lora_events_[first + 1], lora_events_[first + 2]));
+    t.shrink_ms[static_cast<size_t>(group)] += shrink;
+    t.expand_ms[static_cast<size_t>(group)] += expand;
+    ++t.launches;
+  }
+  lora_timed_.clear();
+  return t;
 }
 
 }  // namespace kvfleet::backend::cuda
