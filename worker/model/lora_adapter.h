@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "worker/model/model_config.h"
+#include "worker/model/safetensors.h"
 
 namespace kvfleet::model {
 
@@ -79,6 +80,7 @@ struct RandomLoraOptions {
                                      LoraTarget::kGate, LoraTarget::kUp, LoraTarget::kDown};
   uint64_t seed = 1;
   std::string base_model;  // written as base_model_name_or_path
+  DType dtype = DType::kF32;  // kF32 or kBF16
 };
 Status WriteRandomLoraAdapter(const std::string& dir, const ModelConfig& config, const RandomLoraOptions& options);
 
