@@ -33,8 +33,34 @@ struct MakeModelArgs {
   std::vector<std::string> loras;  // --lora NAME[:RANK]: random PEFT adapters in out/loras/NAME
 };
 
-// Writes each --lora NAME[:RANK] as a random PEFT adapter (rank 16 unless given, alpha twice
-// the rank, all seven targets) in out/loras/NAME, for the model just written.
+// One --lora NAME[:RANK]: rank 16 unless given. False (with a message) for a bad spec.
+bool ParseLoraSpec(const std::string& spec, std::string* name, int32_t* rank) {
+  const size_t colon = spec.find(':');
+  *name = spec.substr(0, colon);
+  *rank = 16;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      *rank = std::stoi(spec.substr(colon + 1), &used);
+      if (used != spec.size() - colon - 1) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      std::cerr << "error: --lora " << spec << ": RANK must be an integer\n";
+      return false;
+    }
+  }
+  if (*rank < 1 || *rank > model::kMaxLoraRank) {
+    std::cerr << "error: --lora " << spec << ": RANK must be in 1.." << model::kMaxLoraRank << "\n";
+    return false;
+  }
+  if (name->empty() || name->find('/') != std::string::npos || *name == "." || *name == "..") {
+    std::cerr << "error: --lora " << spec << ": NAME must be a non-empty file name\n";
+    return false;
+  }
+  return true;
+}
+
+// Writes each --lora as a random PEFT adapter (alpha twice the rank, all seven targets) in
+// out/loras/NAME, for the model just written.
 int MakeLoras(const MakeModelArgs& a, model::DType dtype) {
   auto config = model::LoadModelConfig(a.out);
   if (!config.ok()) {
@@ -45,23 +71,9 @@ int MakeLoras(const MakeModelArgs& a, model::DType dtype) {
   while (!base.empty() && base.back() == '/') base.pop_back();
   base = base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1);
   for (const std::string& spec : a.loras) {
-    const size_t colon = spec.find(':');
-    const std::string name = spec.substr(0, colon);
+    std::string name;
     model::RandomLoraOptions o;
-    if (colon != std::string::npos) {
-      try {
-        size_t used = 0;
-        o.rank = std::stoi(spec.substr(colon + 1), &used);
-        if (used != spec.size() - colon - 1) throw std::invalid_argument("trailing characters");
-      } catch (const std::exception&) {
-        std::cerr << "error: --lora " << spec << ": RANK must be an integer\n";
-        return 2;
-      }
-    }
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-      std::cerr << "error: --lora " << spec << ": NAME must be a non-empty file name\n";
-      return 2;
-    }
+    if (!ParseLoraSpec(spec, &name, &o.rank)) return 2;
     o.alpha = 2.0f * static_cast<float>(o.rank);
     o.seed = model::RandomTensorKey(a.seed, "lora:" + name);
     o.base_model = base;
@@ -69,7 +81,7 @@ int MakeLoras(const MakeModelArgs& a, model::DType dtype) {
     Status st = model::WriteRandomLoraAdapter(a.out + "/loras/" + name, *config, o);
     if (!st.ok()) {
       std::cerr << "error: --lora " << spec << ": " << st.message() << "\n";
-      return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return 1;
     }
     Logger("model")->info("make-model: wrote LoRA adapter {}/loras/{} (rank {})", a.out, name, o.rank);
   }
@@ -139,6 +151,11 @@ Action AddMakeModelCommand(CLI::App& parent) {
     if (!args->layout.empty() && !args->loras.empty()) {
       std::cerr << "error: --lora goes with --shape, not --layout\n";
       return 2;
+    }
+    for (const std::string& spec : args->loras) {
+      std::string name;
+      int32_t rank = 0;
+      if (!ParseLoraSpec(spec, &name, &rank)) return 2;
     }
     if (!args->layout.empty()) {
       if (args->dtype != "bf16" && args->dtype != "fp32") {

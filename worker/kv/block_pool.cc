@@ -177,7 +177,7 @@ NodeId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
 }
 
 NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b,
-                        const BlockRetention& r, TimeNs now, bool group_end) {
+                        const BlockRetention& r, TimeNs now, bool group_end, uint64_t lora_id) {
   KVF_DCHECK(FindHash(h) == kNoNode);
   Node& x = nodes_[b];
   KVF_DCHECK(x.refcount > 0 && !x.live);
@@ -190,6 +190,8 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   y.duration = r.duration > 0 ? InternDuration(r.duration) : 0;
   y.live = 1;
   x = y;
+  if (lora_id != 0 && lora_ids_.empty()) lora_ids_.assign(nodes_.size(), 0);
+  if (!lora_ids_.empty()) lora_ids_[b] = lora_id;
   ++live_nodes_;
   LinkChild(parent, b);
   hash_index_.Insert(h, b);
@@ -250,6 +252,7 @@ void BlockPool::MoveNode(NodeId from, NodeId to) {
   nodes_[to] = nodes_[from];
   nodes_[from] = Node{};
   tokens_.Copy(from, to);
+  if (!lora_ids_.empty()) lora_ids_[to] = std::exchange(lora_ids_[from], 0);
   Node& y = nodes_[to];
   LinkChild(parent, to);
   // Children keep their place; only their parent id changes. They are all on the host
@@ -305,6 +308,7 @@ StoredBlock BlockPool::MakeStoredBlock(NodeId n) const {
   }
   b.tier = tier(n);
   b.priority = priority(n);
+  b.lora_id = lora_ids_.empty() ? 0 : lora_ids_[n];
   return b;
 }
 

@@ -160,9 +160,10 @@ class BlockPool {
   // Adds device block b (held by the caller) to the tree under `parent`. Returns kNoNode,
   // storing nothing, when a token does not fit the vocabulary's bit width.
   // REQUIRES: FindHash(h) == kNoNode, parent on the device or the root.
-  // group_end: b ends a routing group (always true when group_blocks is 1).
+  // group_end: b ends a routing group (always true when group_blocks is 1). lora_id: the
+  // adapter the block's KV was computed with (LoraId; 0: the base model), for its events.
   NodeId Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b, const BlockRetention& r,
-               TimeNs now, bool group_end = true);
+               TimeNs now, bool group_end = true, uint64_t lora_id = 0);
 
   // --- eviction ---
   // Evicts up to n device blocks, lowest (priority, last use) first.
@@ -270,6 +271,9 @@ class BlockPool {
 
   HugeVector<Node> nodes_;  // [device blocks][host blocks]
   PackedTokens tokens_;     // same entries
+  // Same entries: the LoraId a node's KV was computed with; empty until an adapter's block
+  // is stored (a worker without adapters pays nothing).
+  std::vector<uint64_t> lora_ids_;
   std::vector<uint64_t> group_end_;  // one bit per node: ends a routing group (group_blocks > 1)
   mutable std::vector<uint8_t> packed_;  // scratch: a query block, packed
   HashIndex hash_index_;
