@@ -237,7 +237,7 @@ void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) con
       continue;
     }
     const NodeId parent = full == 0 ? kNoNode : pp.chain[full - 1];
-    partial = std::min(partial, pools_[p]->BestPartial(parent, want, &pp.partial_src));
+    partial = std::min(partial, pools_[p]->BestPartial(parent, want, s.seed, &pp.partial_src));
   }
   plan->partial = partial;
 }
@@ -402,7 +402,7 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
       } else {
         const NodeId stored =
             pool.Store(st.last_node, h, block_tokens, st.table[j], r, now, i % group_blocks_ == group_blocks_ - 1,
-                       s.lora_id);
+                       s.lora_id, s.seed);
         if (stored == kNoNode) {
           st.storing = false;  // a token outside the vocabulary: keep this block private
           break;

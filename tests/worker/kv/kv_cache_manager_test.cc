@@ -651,6 +651,20 @@ TEST_CASE("events replayed in order rebuild exactly the snapshot") {
   CHECK(replayed.Count(Tier::kHost) > 0);
 }
 
+// Regression: partial reuse compared the tokens of every root block, so a request of one
+// namespace copied another's KV for the same tokens (another adapter's, another cache_salt's).
+TEST_CASE("partial reuse never copies a block of another adapter or cache_salt") {
+  Fixture f(SmallConfig(4, 16));
+  const auto prompt = Tokens(4, 1);  // one full block: its whole KV would be a partial hit
+  f.Request(Concat(prompt, Tokens(3, 2)));
+  f.lora = "sql";
+  const MatchInfo other = f.Request(prompt);
+  CHECK(other.device_tokens == 0);
+  CHECK(other.partial_tokens == 0);
+  f.lora = "";
+  CHECK(f.Request(prompt).partial_tokens == 3);  // its own namespace's block: the last token is recomputed
+}
+
 TEST_CASE("an adapter's blocks hash apart from the base model's, and their events carry its loraId") {
   Fixture f(SmallConfig(4, 12, 8));
   const auto prompt = Tokens(9, 1);
