@@ -288,8 +288,11 @@ Status Worker::InitLoras() {
     }
     if (name.empty()) return InvalidArgument("the LoRA adapter's name is empty");
     if (name == model_name) return InvalidArgument("the LoRA adapter's name '" + name + "' is the served model's");
-    KVF_ASSIGN_OR_RETURN(model::LoraAdapter adapter, model::LoadLoraAdapter(name, dir, model, model_name, model_dir));
-    return std::make_shared<const model::LoraAdapter>(std::move(adapter));
+    auto adapter = model::LoadLoraAdapter(name, dir, model, model_name, model_dir);
+    // Missing files are a bad request here (Contract 3: invalidRequest), not an unknown adapter.
+    if (!adapter.ok() && adapter.status().code() == StatusCode::kNotFound) return InvalidArgument(adapter.status().message());
+    if (!adapter.ok()) return adapter.status();
+    return std::make_shared<const model::LoraAdapter>(*std::move(adapter));
   };
   for (const auto& [name, dir] : config_.LoraDirs()) {
     auto adapter = load(name, dir);

@@ -145,9 +145,10 @@ struct Client {
     socket.connect("tcp://127.0.0.1:" + std::to_string(port));
   }
   void Generate(uint64_t id, const std::vector<uint32_t>& prompt, uint32_t max_tokens, const std::string& lora = "",
-                float temperature = 0, bool ignore_eos = false) {
+                float temperature = 0, bool ignore_eos = false, const std::string& model = "") {
     capnp::MallocMessageBuilder msg;
     auto g = msg.initRoot<kvfleet::schema::ToWorker>().initGenerate();
+    g.setModel(model);
     g.setRequestId(id);
     auto t = g.initTokens(static_cast<unsigned>(prompt.size()));
     for (unsigned i = 0; i < prompt.size(); ++i) t.set(i, prompt[i]);
@@ -523,10 +524,10 @@ TEST_CASE("a cpu worker with --lora serves the adapter beside the base model, lo
   Client client(worker.requests_port);
   std::vector<uint32_t> prompt = Prompt(40, 5);
   for (uint32_t& t : prompt) t = t % 500 + 3;
-  auto run = [&](uint64_t id, const std::string& lora, uint32_t* cached) {
+  auto run = [&](uint64_t id, const std::string& lora, uint32_t* cached, const std::string& model = "") {
     std::vector<uint32_t> tokens;
     int deltas = 0;
-    client.Generate(id, prompt, 8, lora, 0, /*ignore_eos=*/true);
+    client.Generate(id, prompt, 8, lora, 0, /*ignore_eos=*/true, model);
     *cached = client.Collect(id, &tokens, &deltas).cached_device;
     return tokens;
   };
@@ -538,6 +539,7 @@ TEST_CASE("a cpu worker with --lora serves the adapter beside the base model, lo
   CHECK(cached[1] == 0);   // the base model's blocks are not the adapter's
   CHECK(again == with_sql);
   CHECK(cached[2] == 32);  // the adapter's own two full blocks
+  CHECK(run(5, "", &cached[0], "sql") == with_sql);  // the model field may name the adapter (vLLM's way)
 
   client.Generate(4, prompt, 4, "nope");
   Reply unknown = client.Next();
@@ -581,6 +583,7 @@ TEST_CASE("a cpu worker with --lora serves the adapter beside the base model, lo
   client.LoadLora(13, "bad", "/nonexistent/adapter");
   Reply bad = client.Next();
   CHECK(bad.is_error);
+  CHECK(bad.code == kvfleet::schema::ErrorCode::INVALID_REQUEST);
   CHECK(bad.message.find("/nonexistent/adapter/adapter_config.json") != std::string::npos);
   client.LoadLora(14, "tiny-s1-vocab512-v1", chat);  // the served model's name
   CHECK(client.Next().message.find("is the served model's") != std::string::npos);
