@@ -228,8 +228,9 @@ Status Worker::Init(zmq::context_t& context) {
     metrics_->OnOutputs(outs);
   });
 
-  // 6. Registration.
-  {
+  // 6. Registration. The Hello is kept (hello_) so adapter changes can re-send it.
+  metrics_->UpdateLoras(engine_->loras());
+  if (!config_.router.empty()) {
     WorkerHello& hello = hello_;
     hello.name = worker_id_;
     hello.model = model_name_;
@@ -263,9 +264,6 @@ Status Worker::Init(zmq::context_t& context) {
     }
     hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
     UpdateHelloLoras(false);
-    metrics_->UpdateLoras(engine_->loras());
-  }
-  if (!config_.router.empty()) {
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;
     KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello_));
