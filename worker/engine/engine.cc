@@ -37,7 +37,8 @@ Engine::Engine(const EngineOptions& options, backend::ModelBackend* backend, kv:
       backend_(backend),
       kv_(kv),
       clock_(clock),
-      scheduler_(options.scheduler, options.model_name, kv) {
+      loras_(backend, clock, options.max_lora_rank),
+      scheduler_(options.scheduler, options.model_name, kv, &loras_) {
   KVF_CHECK(options.Validate(kv->block_size()).ok()) << options.Validate(kv->block_size()).ToString();
 }
 
@@ -46,6 +47,10 @@ Engine::~Engine() = default;
 Result<RequestId> Engine::Add(GenerateRequest request, TimeNs arrival) {
   KVF_RETURN_IF_ERROR(ValidateRequest(request, options_.limits));
   KVF_RETURN_IF_ERROR(CheckFits(request));
+  if (!request.lora.empty() && !loras_.Has(request.lora)) {
+    return NotFound("unknown LoRA adapter '" + request.lora + "': this worker serves " +
+                    (loras_.size() == 0 ? std::string("none") : std::to_string(loras_.size()) + " others"));
+  }
   const uint32_t n = request.sampling.n;
   if (scheduler_.waiting().size() + n > options_.limits.max_queued) {
     return ResourceExhausted("the queue is full (" + std::to_string(scheduler_.waiting().size()) + " of " +
@@ -84,6 +89,19 @@ Status Engine::CheckFits(const GenerateRequest& request) const {
                            std::to_string(pool.device_blocks));
   }
   return Status::Ok();
+}
+
+Status Engine::AddLora(std::shared_ptr<const model::LoraAdapter> adapter) { return loras_.Add(std::move(adapter)); }
+
+Status Engine::RemoveLora(const std::string& name) {
+  if (!loras_.Has(name)) return NotFound("unknown LoRA adapter '" + name + "'");
+  size_t users = 0;
+  for (const auto& [id, seq] : sequences_) users += !seq->finished && seq->request.lora == name;
+  if (users > 0) {
+    return FailedPrecondition("LoRA adapter '" + name + "' is in use by " + std::to_string(users) +
+                              " waiting or running sequences; unload it when they finish");
+  }
+  return loras_.Remove(name);
 }
 
 void Engine::Cancel(RequestId id) {
@@ -158,6 +176,7 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.history = seq.tokens;
     step.prompt_len = seq.prompt_len;
     step.context_end = seq.prompt_len;  // StreamingLLM's dense context phase (pools that have one)
+    step.lora_slot = seq.lora_slot;
     // The backend reads a linear table (kNoBlock where a window dropped the block); the KV
     // manager keeps one per sequence, so a long streamed sequence costs no copy per step.
     for (uint32_t pool = 0; pool < pools.size(); ++pool) step.block_tables.push_back(kv_->View(seq.kv_id, pool).linear);
@@ -398,6 +417,7 @@ LoadReport Engine::Load() const {
   queue.waiting_tokens = waiting_tokens;
   queue.running_remaining = running_remaining;
   load.predicted_wait_us = static_cast<uint64_t>(PredictedWaitSeconds(queue) * 1e6);
+  load.resident_loras = loras_.Resident();
   return load;
 }
 

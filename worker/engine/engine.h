@@ -27,6 +27,13 @@
 // (or past a windowed pool's first window, which is not stored) the sequences share
 // nothing and each prefills what it cannot match.
 //
+// LoRA adapters: a request names one by GenerateRequest.lora (empty: the base model). The
+// engine's LoraRegistry holds the adapters it serves (AddLora, RemoveLora) and assigns the
+// backend's slots as the scheduler admits sequences (scheduler.h); a sequence runs with its
+// adapter's slot in every step. Its blocks hash with the adapter's name (Contract 1) and its
+// stored events carry the adapter's loraId. An adapter is removed only when no request,
+// waiting or running, uses it.
+//
 // Thread safety: thread-compatible; owned by the engine thread. The KV cache manager and
 // the backend it is given are used from that thread only.
 //
@@ -49,6 +56,7 @@
 #include "common/status.h"
 #include "worker/backend/backend.h"
 #include "worker/engine/engine_stats.h"
+#include "worker/engine/lora_registry.h"
 #include "worker/engine/request.h"
 #include "worker/engine/scheduler.h"
 #include "worker/engine/sequence.h"
@@ -61,6 +69,7 @@ struct EngineOptions {
   SchedulerOptions scheduler;
   EngineLimits limits;
   std::vector<TokenId> eos_token_ids;  // from the model's config
+  int32_t max_lora_rank = model::kMaxLoraRank;  // --max-lora-rank: larger adapters are refused
   Status Validate(uint32_t block_size) const;
 };
 
@@ -72,7 +81,8 @@ class Engine {
 
   // Queues a request. Fails (nothing queued) when the request is invalid (see
   // ValidateRequest; also n over max_batch_size, or n sequences whose blocks cannot fit the
-  // cache at once) or the queue has no room for its n sequences (ResourceExhausted).
+  // cache at once), names an adapter the engine does not serve (NotFound) or the queue has
+  // no room for its n sequences (ResourceExhausted).
   // `arrival` starts its TTFT.
   Result<RequestId> Add(GenerateRequest request, TimeNs arrival);
 
@@ -81,6 +91,13 @@ class Engine {
   void Cancel(RequestId id);
   // Cancels every request (shutdown after the grace period).
   void CancelAll();
+
+  // Serves `adapter` from now on (LoraRegistry::Add's errors).
+  Status AddLora(std::shared_ptr<const model::LoraAdapter> adapter);
+  // Stops serving an adapter. FailedPrecondition, naming how many, while requests (waiting
+  // or running) use it; NotFound for an unknown name.
+  Status RemoveLora(const std::string& name);
+  const LoraRegistry& loras() const { return loras_; }
 
   // True when a Step() would do something.
   bool HasWork() const { return !sequences_.empty(); }
@@ -119,6 +136,7 @@ class Engine {
   backend::ModelBackend* const backend_;
   kv::KvCacheManager* const kv_;
   const Clock* const clock_;
+  LoraRegistry loras_;
   Scheduler scheduler_;
 
   // A request's sequences: sequence ids (sequence 0's is the request's), n, how many ended.

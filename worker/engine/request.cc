@@ -41,7 +41,6 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
   if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");
   if (s.n == 0) return InvalidArgument("n must be >= 1");
   KVF_RETURN_IF_ERROR(backend::ValidateSamplingParams(BackendSampling(s, 0)));
-  if (!request.lora.empty()) return NotFound("unknown lora '" + request.lora + "': this worker serves none");
   if (limits.vocab_size > 0) {
     for (TokenId t : request.prompt) {
       if (t >= limits.vocab_size) {

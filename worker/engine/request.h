@@ -74,7 +74,8 @@ uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention);
 
 // Checks a request against the limits. The codes the request server maps to wire
 // errors: InvalidArgument (bad sampling values, empty prompt, bad token id or
-// retention), OutOfRange (prompt does not fit the context), NotFound (unknown lora).
+// retention), OutOfRange (prompt does not fit the context). The engine checks the lora
+// (NotFound for one it does not serve).
 Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits);
 
 enum class FinishReason : uint8_t {

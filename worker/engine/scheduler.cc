@@ -25,8 +25,9 @@ Status SchedulerOptions::Validate(uint32_t block_size) const {
   return Status::Ok();
 }
 
-Scheduler::Scheduler(const SchedulerOptions& options, std::string model_name, kv::KvCacheManager* kv)
-    : options_(options), model_name_(std::move(model_name)), kv_(kv), step_model_(options.step_prior) {}
+Scheduler::Scheduler(const SchedulerOptions& options, std::string model_name, kv::KvCacheManager* kv,
+                     LoraRegistry* loras)
+    : options_(options), model_name_(std::move(model_name)), kv_(kv), loras_(loras), step_model_(options.step_prior) {}
 
 void Scheduler::Enqueue(Sequence* seq) {
   seq->state = SequenceState::kWaiting;
@@ -117,9 +118,12 @@ ScheduledBatch Scheduler::Schedule() {
     add(seq, n);
     chunked = true;
   }
-  // 3. Admissions.
-  while (!waiting_.empty() && running_.size() < options_.max_batch_size) {
-    Sequence* seq = waiting_.front();
+  // 3. Admissions. Past an adapter sequence that cannot get a slot, only base-model
+  // sequences are admitted (see the header); `next` is the first not yet considered.
+  bool lora_blocked = false;
+  size_t next = 0;
+  while (next < waiting_.size() && running_.size() < options_.max_batch_size) {
+    Sequence* seq = waiting_[next];
     if (budget == 0) {
       batch.prefill_limited = true;
       break;
@@ -130,10 +134,30 @@ ScheduledBatch Scheduler::Schedule() {
       batch.prefill_limited = batch.time_bounded = true;
       break;
     }
+    const std::string& lora = seq->request.lora;
+    if (!lora.empty()) {
+      KVF_CHECK(loras_ != nullptr) << "a sequence with an adapter, and no LoRA registry";
+      if (lora_blocked || !loras_->CanAcquire(lora)) {
+        lora_blocked = true;
+        ++next;
+        continue;
+      }
+      auto slot = loras_->Acquire(lora);
+      if (!slot.ok()) {
+        Logger("engine")->error("request {}: {}", seq->id, slot.status().ToString());
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
+        if (seq->kv_registered) kv_->Release(seq->kv_id);
+        seq->kv_registered = false;
+        batch.unfittable.push_back(seq);
+        continue;
+      }
+      seq->lora_slot = *slot;
+    }
     if (!TryAdmit(seq)) {
+      ReleaseLora(seq);
       if (running_.empty()) {
         // Nothing holds blocks and it still does not fit: it never will.
-        waiting_.pop_front();
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
         kv_->Release(seq->kv_id);
         seq->kv_registered = false;
         batch.unfittable.push_back(seq);
@@ -141,7 +165,7 @@ ScheduledBatch Scheduler::Schedule() {
       }
       break;
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
     const uint32_t n = chunk(seq);
     if (n == 0) break;  // admitted (it holds its blocks); it starts next step
     add(seq, n);
@@ -192,8 +216,15 @@ Sequence* Scheduler::PickVictim() const {
   return victim;
 }
 
+void Scheduler::ReleaseLora(Sequence* seq) {
+  if (seq->lora_slot < 0) return;
+  loras_->Release(seq->request.lora);
+  seq->lora_slot = -1;
+}
+
 void Scheduler::Preempt(Sequence* seq) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
+  ReleaseLora(seq);
   if (kv_->NumTokens(seq->kv_id) == seq->num_tokens()) {
     kv_->Preempt(seq->kv_id);
   } else {
@@ -225,6 +256,7 @@ bool Scheduler::MakeRoomToAppend(Sequence* seq, std::vector<Sequence*>* preempte
 void Scheduler::Remove(Sequence* seq) {
   if (seq->state == SequenceState::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
+    ReleaseLora(seq);
   } else {
     auto it = std::find(waiting_.begin(), waiting_.end(), seq);
     if (it != waiting_.end()) waiting_.erase(it);
@@ -235,7 +267,12 @@ void Scheduler::Remove(Sequence* seq) {
 
 Status Scheduler::CheckInvariants() const {
   if (running_.size() > options_.max_batch_size) return Internal("invariant 2: more running than max_batch_size");
+  uint64_t lora_holders = 0;
   for (const Sequence* s : running_) {
+    if ((s->lora_slot >= 0) != !s->request.lora.empty()) {
+      return Internal("invariant 4: running request " + std::to_string(s->id) + " and its adapter slot disagree");
+    }
+    lora_holders += s->lora_slot >= 0;
     if (s->state != SequenceState::kRunning) return Internal("invariant 1: a running sequence is not kRunning");
     if (std::find(waiting_.begin(), waiting_.end(), s) != waiting_.end()) {
       return Internal("invariant 1: a sequence is both waiting and running");
@@ -249,8 +286,10 @@ Status Scheduler::CheckInvariants() const {
                       std::to_string(kv_->NumComputedTokens(s->kv_id)));
     }
   }
+  if (loras_ != nullptr) KVF_RETURN_IF_ERROR(loras_->CheckInvariants(lora_holders));
   for (const Sequence* s : waiting_) {
     if (s->state != SequenceState::kWaiting) return Internal("invariant 1: a waiting sequence is not kWaiting");
+    if (s->lora_slot >= 0) return Internal("invariant 4: waiting request " + std::to_string(s->id) + " holds an adapter slot");
     if (s->kv_registered && kv_->IsAllocated(s->kv_id)) {
       return Internal("invariant 1: waiting request " + std::to_string(s->id) + " holds KV blocks");
     }

@@ -8,7 +8,11 @@
 //   3. Then waiting sequences are admitted, in order, while the budget, the batch size and
 //      the KV cache allow: Match (prefix hits skip their tokens), CanAllocate, Allocate.
 //      Admission stops at the first one that does not fit, so a big request is not starved
-//      by smaller ones behind it.
+//      by smaller ones behind it. A sequence with a LoRA adapter also needs the adapter in a
+//      device slot (LoraRegistry: CanAcquire, Acquire). When none can be freed (every slot's
+//      adapter is held by running sequences) it waits, and so does every adapter sequence
+//      behind it, so the adapter that waited longest gets the next free slot; base-model
+//      sequences behind it are still admitted, so adapters never hold up the base model.
 // Stall-bounded steps (Sarathi-Serve): while any sequence decodes, the prefill chunks of
 // 2 and 3 are also cut so that the step-time model (step_time_model.h, fitted to the
 // engine's measured steps) predicts at most max_step_ms for the step, or twice the
@@ -29,6 +33,7 @@
 //   2. running.size() <= max_batch_size.
 //   3. A running sequence is registered with the KV manager, which has it allocated, and
 //      num_computed equals the manager's NumComputedTokens.
+//   4. A sequence holds its adapter's slot (lora_slot >= 0) exactly while it runs.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +43,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "worker/engine/lora_registry.h"
 #include "worker/engine/sequence.h"
 #include "worker/engine/step_time_model.h"
 #include "worker/kv/kv_cache_manager.h"
@@ -94,15 +100,17 @@ struct ScheduledBatch {
   // tokens per second say how fast queued prompts drain.
   bool prefill_limited = false;
   // Waiting requests that can never fit: the cache is too small even with nothing else
-  // running. The engine ends them with an error.
+  // running, or their adapter failed to load. The engine ends them with an error.
   std::vector<Sequence*> unfittable;
   bool empty() const { return seqs.empty(); }
 };
 
 class Scheduler {
  public:
-  // REQUIRES: options.Validate(kv->block_size()).ok(); kv outlives the scheduler.
-  Scheduler(const SchedulerOptions& options, std::string model_name, kv::KvCacheManager* kv);
+  // REQUIRES: options.Validate(kv->block_size()).ok(); kv (and loras, when given) outlive
+  // the scheduler. Without loras, sequences with an adapter must not be enqueued.
+  Scheduler(const SchedulerOptions& options, std::string model_name, kv::KvCacheManager* kv,
+            LoraRegistry* loras = nullptr);
 
   // A new request joins the back of the waiting queue.
   void Enqueue(Sequence* seq);
@@ -134,6 +142,8 @@ class Scheduler {
   bool TryAdmit(Sequence* seq);
   void Register(Sequence* seq);
   void Preempt(Sequence* seq);
+  // Gives back the adapter slot a sequence leaving the running set held.
+  void ReleaseLora(Sequence* seq);
   Sequence* PickVictim() const;
   // The longest a step whose decodes are `decodes` may be predicted to take (µs).
   double StepTargetUs(const StepShape& decodes) const;
@@ -146,6 +156,7 @@ class Scheduler {
   const SchedulerOptions options_;
   const std::string model_name_;
   kv::KvCacheManager* const kv_;
+  LoraRegistry* const loras_;
   std::deque<Sequence*> waiting_;   // front: preempted (oldest first), then arrival order
   std::vector<Sequence*> running_;  // admission order
   uint64_t num_preemptions_ = 0;

@@ -49,6 +49,8 @@ struct Sequence {
   bool kv_registered = false;
   kv::SequenceId kv_id = 0;
   uint32_t num_computed = 0;
+  // The backend slot of request.lora while running (held in the LoraRegistry); -1 otherwise.
+  int32_t lora_slot = -1;
 
   // Usage: cache hits counted on the first admission only (what the client saved).
   bool admitted_once = false;

@@ -31,7 +31,9 @@ BlockPool::BlockPool(uint32_t index, const PoolLayout& layout, const Options& op
       group_end_(options.group_blocks > 1 ? (nodes_.size() + 63) / 64 : 0),
       packed_(tokens_.buffer_bytes()),
       hash_index_(layout.device_blocks + layout.host_blocks),
-      tick_(options.first_lru_tick) {}
+      tick_(options.first_lru_tick) {
+  root_seeds_.assign(nodes_.size(), 0);
+}
 
 // ---------------------------------------------------------------- tree queries
 
@@ -54,12 +56,14 @@ NodeId BlockPool::Find(NodeId parent, BlockHash h, std::span<const TokenId> toke
   return n != kNoNode && SameBlock(n, parent, tokens) ? n : kNoNode;
 }
 
-uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, NodeId* source) const {
+uint32_t BlockPool::BestPartial(NodeId parent, std::span<const TokenId> want, uint64_t seed, NodeId* source) const {
   *source = kNoNode;
   uint32_t best = 0;
   NodeId c = parent == kNoNode ? root_first_child_ : nodes_[parent].first_child;
   for (uint32_t scanned = 0; c != kNoNode && scanned < options_.partial_reuse_max_candidates;
        c = nodes_[c].next_sibling, ++scanned) {
+    // Another namespace's block (another adapter or cache_salt) holds other KV for the same tokens.
+    if (parent == kNoNode && root_seeds_[c] != seed) continue;
     const uint32_t k = tokens_.CommonPrefix(c, want);
     const bool better = k > best || (k == best && k > 0 && IsDevice(c) && !IsDevice(*source));
     if (better) {
@@ -177,7 +181,7 @@ NodeId BlockPool::Onboard(NodeId n, std::vector<BlockCopy>* copies) {
 }
 
 NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b,
-                        const BlockRetention& r, TimeNs now, bool group_end) {
+                        const BlockRetention& r, TimeNs now, bool group_end, uint64_t lora_id, uint64_t seed) {
   KVF_DCHECK(FindHash(h) == kNoNode);
   Node& x = nodes_[b];
   KVF_DCHECK(x.refcount > 0 && !x.live);
@@ -190,6 +194,9 @@ NodeId BlockPool::Store(NodeId parent, BlockHash h, std::span<const TokenId> tok
   y.duration = r.duration > 0 ? InternDuration(r.duration) : 0;
   y.live = 1;
   x = y;
+  if (lora_id != 0 && lora_ids_.empty()) lora_ids_.assign(nodes_.size(), 0);
+  if (!lora_ids_.empty()) lora_ids_[b] = lora_id;
+  root_seeds_[b] = parent == kNoNode ? seed : 0;
   ++live_nodes_;
   LinkChild(parent, b);
   hash_index_.Insert(h, b);
@@ -250,6 +257,8 @@ void BlockPool::MoveNode(NodeId from, NodeId to) {
   nodes_[to] = nodes_[from];
   nodes_[from] = Node{};
   tokens_.Copy(from, to);
+  if (!lora_ids_.empty()) lora_ids_[to] = std::exchange(lora_ids_[from], 0);
+  root_seeds_[to] = std::exchange(root_seeds_[from], 0);
   Node& y = nodes_[to];
   LinkChild(parent, to);
   // Children keep their place; only their parent id changes. They are all on the host
@@ -305,6 +314,7 @@ StoredBlock BlockPool::MakeStoredBlock(NodeId n) const {
   }
   b.tier = tier(n);
   b.priority = priority(n);
+  b.lora_id = lora_ids_.empty() ? 0 : lora_ids_[n];
   return b;
 }
 

@@ -127,8 +127,9 @@ class BlockPool {
   bool SameBlock(NodeId n, NodeId parent, std::span<const TokenId> tokens) const;
   // The child of `parent` sharing the longest leading run with `want` (device preferred on
   // ties), scanning at most options.partial_reuse_max_candidates children. Returns the run
-  // length (0: none) and sets *source.
-  uint32_t BestPartial(NodeId parent, std::span<const TokenId> want, NodeId* source) const;
+  // length (0: none) and sets *source. At the root only blocks stored under `seed` (the
+  // cache namespace: model, adapter, salt) qualify; below it a parent has one namespace.
+  uint32_t BestPartial(NodeId parent, std::span<const TokenId> want, uint64_t seed, NodeId* source) const;
   Tier tier(NodeId n) const { return IsDevice(n) ? Tier::kDevice : Tier::kHost; }
   BlockId block(NodeId n) const { return IsDevice(n) ? n : n - num_device_; }
   uint8_t priority(NodeId n) const { return static_cast<uint8_t>(nodes_[n].priority); }
@@ -160,9 +161,11 @@ class BlockPool {
   // Adds device block b (held by the caller) to the tree under `parent`. Returns kNoNode,
   // storing nothing, when a token does not fit the vocabulary's bit width.
   // REQUIRES: FindHash(h) == kNoNode, parent on the device or the root.
-  // group_end: b ends a routing group (always true when group_blocks is 1).
+  // group_end: b ends a routing group (always true when group_blocks is 1). lora_id: the
+  // adapter the block's KV was computed with (LoraId; 0: the base model), for its events.
+  // seed: the sequence's hash seed (its cache namespace), which partial reuse at the root checks.
   NodeId Store(NodeId parent, BlockHash h, std::span<const TokenId> tokens, BlockId b, const BlockRetention& r,
-               TimeNs now, bool group_end = true);
+               TimeNs now, bool group_end = true, uint64_t lora_id = 0, uint64_t seed = 0);
 
   // --- eviction ---
   // Evicts up to n device blocks, lowest (priority, last use) first.
@@ -270,6 +273,11 @@ class BlockPool {
 
   HugeVector<Node> nodes_;  // [device blocks][host blocks]
   PackedTokens tokens_;     // same entries
+  // Same entries: the LoraId a node's KV was computed with; empty until an adapter's block
+  // is stored (a worker without adapters pays nothing).
+  std::vector<uint64_t> lora_ids_;
+  // Same entries: the hash seed of a root child (its cache namespace); others unused.
+  std::vector<uint64_t> root_seeds_;
   std::vector<uint64_t> group_end_;  // one bit per node: ends a routing group (group_blocks > 1)
   mutable std::vector<uint8_t> packed_;  // scratch: a query block, packed
   HashIndex hash_index_;

@@ -166,6 +166,7 @@ Result<SequenceId> KvCacheManager::AddSequence(SequenceSpec spec) {
   s.prompt_len = static_cast<uint32_t>(spec.prompt.size());
   s.tokens = std::move(spec.prompt);
   s.seed = HashSeed(HashNamespace{spec.model, spec.lora, spec.cache_salt});
+  s.lora_id = LoraId(spec.lora);
   s.raw_hashes.clear();
   s.retention = std::move(spec.retention);
   s.match_cached = spec.match_cached;
@@ -236,7 +237,7 @@ void KvCacheManager::PlanMatch(SequenceId id, const Sequence& s, Plan* plan) con
       continue;
     }
     const NodeId parent = full == 0 ? kNoNode : pp.chain[full - 1];
-    partial = std::min(partial, pools_[p]->BestPartial(parent, want, &pp.partial_src));
+    partial = std::min(partial, pools_[p]->BestPartial(parent, want, s.seed, &pp.partial_src));
   }
   plan->partial = partial;
 }
@@ -400,7 +401,8 @@ void KvCacheManager::StoreFullBlocks(Sequence& s) {
         st.last_node = existing;
       } else {
         const NodeId stored =
-            pool.Store(st.last_node, h, block_tokens, st.table[j], r, now, i % group_blocks_ == group_blocks_ - 1);
+            pool.Store(st.last_node, h, block_tokens, st.table[j], r, now, i % group_blocks_ == group_blocks_ - 1,
+                       s.lora_id, s.seed);
         if (stored == kNoNode) {
           st.storing = false;  // a token outside the vocabulary: keep this block private
           break;

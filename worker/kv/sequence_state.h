@@ -32,6 +32,7 @@ struct KvCacheManager::Sequence {
   std::vector<TokenId> tokens;
   uint32_t prompt_len = 0;
   uint64_t seed = 0;
+  uint64_t lora_id = 0;  // LoraId(spec.lora): its stored blocks' events carry it
   std::vector<BlockHash> raw_hashes;  // Contract 1 hashes of every full block
   KvCacheRetentionConfig retention;
   bool match_cached = true;  // SequenceSpec::match_cached

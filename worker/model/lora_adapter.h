@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "worker/model/model_config.h"
+#include "worker/model/safetensors.h"
 
 namespace kvfleet::model {
 
@@ -65,13 +66,17 @@ struct LoraAdapter {
 // and checks them against `config`: InvalidArgument names the file and the field for an
 // unsupported rank, target, or option, tensor shapes that do not fit the model's layers, or
 // a base model that is not `config`'s (the base_model_name_or_path's last path component
-// must equal `served_model`'s or the model directory's, when the adapter names one).
+// must equal `served_model`'s or the model directory's, when the adapter names one), and for
+// a tensor the config does not account for; NotFound names a missing file. "all-linear"
+// targets the seven projections; PEFT's `lora_A.default.weight` spelling is read too.
 Result<LoraAdapter> LoadLoraAdapter(const std::string& name, const std::string& dir, const ModelConfig& config,
                                     const std::string& served_model, const std::string& model_dir);
 
 // Random-weight PEFT adapters for tests and benchmarks (`kvfleet make-model --lora`): A and
 // B both random (PEFT initialises B to zero, which would make the adapter a no-op), with
-// the same counter-based generator as random_model.h, so files are reproducible.
+// the same counter-based generator as random_model.h, so files are reproducible. A's
+// half-range is sqrt(3/in); B's is 0.5·sqrt(3/rank)/scaling, so the adapter adds about half
+// the base projection's output: greedy tokens change without being swamped.
 struct RandomLoraOptions {
   int32_t rank = 16;
   float alpha = 32.0f;
@@ -79,6 +84,7 @@ struct RandomLoraOptions {
                                      LoraTarget::kGate, LoraTarget::kUp, LoraTarget::kDown};
   uint64_t seed = 1;
   std::string base_model;  // written as base_model_name_or_path
+  DType dtype = DType::kF32;  // kF32 or kBF16
 };
 Status WriteRandomLoraAdapter(const std::string& dir, const ModelConfig& config, const RandomLoraOptions& options);
 

@@ -45,14 +45,26 @@ void Registration::Stop(bool say_bye) {
   if (thread_.joinable()) thread_.join();
 }
 
+void Registration::Update(const WorkerHello& info, bool now) {
+  std::string hello = EncodeHello(info);
+  {
+    std::lock_guard lock(mu_);
+    hello_ = std::move(hello);
+    resend_ = resend_ || now;
+  }
+  cv_.notify_all();
+}
+
 void Registration::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
+    const std::string hello = hello_;
+    resend_ = false;
     lock.unlock();
     // A full queue (router down) drops this Hello: the next one carries the same news.
-    (void)socket_.send(zmq::buffer(hello_), zmq::send_flags::dontwait);
+    (void)socket_.send(zmq::buffer(hello), zmq::send_flags::dontwait);
     lock.lock();
-    cv_.wait_for(lock, std::chrono::nanoseconds(options_.interval), [&] { return stop_; });
+    cv_.wait_for(lock, std::chrono::nanoseconds(options_.interval), [&] { return stop_ || resend_; });
   }
   if (say_bye_) {
     (void)socket_.send(zmq::buffer(bye_), zmq::send_flags::dontwait);

@@ -40,6 +40,10 @@ class Registration {
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
 
+  // Replaces the Hello (the adapters served changed, say); sends it at once when `now`,
+  // else with the next periodic one.
+  void Update(const WorkerHello& info, bool now = true);
+
   // Stops the Hellos; sends a Bye first when `say_bye`. Idempotent.
   void Stop(bool say_bye);
 
@@ -48,7 +52,7 @@ class Registration {
   void Loop();
 
   const RegistrationOptions options_;
-  const std::string hello_;
+  std::string hello_;      // GUARDED_BY(mu_)
   const std::string bye_;
   zmq::socket_t socket_;  // the background thread's alone
   std::thread thread_;
@@ -56,6 +60,7 @@ class Registration {
   std::condition_variable cv_;
   bool stop_ = false;     // GUARDED_BY(mu_)
   bool say_bye_ = false;  // GUARDED_BY(mu_)
+  bool resend_ = false;   // GUARDED_BY(mu_): Update() changed the Hello
 };
 
 }  // namespace kvfleet::server

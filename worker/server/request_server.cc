@@ -30,6 +30,7 @@ WorkerErrorCode ErrorCodeFor(const Status& status) {
     case StatusCode::kResourceExhausted: return WorkerErrorCode::kOverloaded;
     case StatusCode::kUnavailable: return WorkerErrorCode::kShuttingDown;
     case StatusCode::kInvalidArgument:
+    case StatusCode::kFailedPrecondition:  // e.g. unloading an adapter requests still use
     case StatusCode::kAlreadyExists: return WorkerErrorCode::kInvalidRequest;
     default: return WorkerErrorCode::kInternal;
   }
@@ -149,6 +150,7 @@ Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& cont
   server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (server->wake_fd_ < 0) return Internal("eventfd failed");
   server->io_thread_ = std::thread([s = server.get()] { s->IoLoop(); });
+  server->loader_thread_ = std::thread([s = server.get()] { s->LoaderLoop(); });
   return server;
 }
 
@@ -158,6 +160,12 @@ RequestServer::~RequestServer() {
 }
 
 void RequestServer::Stop() {
+  {
+    std::lock_guard lock(loader_mu_);
+    loader_stop_ = true;
+  }
+  loader_cv_.notify_all();
+  if (loader_thread_.joinable()) loader_thread_.join();
   if (stopping_.exchange(true)) {
     if (io_thread_.joinable()) io_thread_.join();
     return;
@@ -204,6 +212,50 @@ void RequestServer::SendError(const ClientKey& key, WorkerErrorCode code, const 
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void RequestServer::SendLoraResult(const ClientKey& key, const Status& status) {
+  WorkerLoraResult result{key.request_id, status.ok(), status.ok() ? WorkerErrorCode::kInternal : ErrorCodeFor(status),
+                          status.message()};
+  {
+    std::lock_guard lock(outbox_mu_);
+    outbox_.push_back(Outgoing{key, std::move(result), clock_->Now()});
+  }
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void RequestServer::SetLoraLoader(LoraLoader loader) {
+  std::lock_guard lock(loader_mu_);
+  loader_ = std::move(loader);
+}
+
+void RequestServer::LoaderLoop() {
+  std::unique_lock lock(loader_mu_);
+  while (true) {
+    loader_cv_.wait(lock, [&] { return loader_stop_ || !loader_jobs_.empty(); });
+    if (loader_stop_) return;
+    LoadLoraCommand job = std::move(loader_jobs_.front());
+    loader_jobs_.pop_front();
+    const LoraLoader loader = loader_;
+    lock.unlock();
+    if (!loader) {
+      job.status = Unavailable("the worker is starting: LoRA adapters cannot be loaded yet");
+    } else {
+      auto adapter = loader(job.name, job.path);
+      if (adapter.ok()) {
+        job.adapter = *std::move(adapter);
+      } else {
+        job.status = adapter.status();
+      }
+    }
+    {
+      std::lock_guard inbox(inbox_mu_);
+      inbox_.push_back(std::move(job));
+    }
+    inbox_cv_.notify_one();
+    lock.lock();
+  }
 }
 
 void RequestServer::FlushOutbox() {
@@ -268,12 +320,16 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
   Command cmd;
   if (msg.kind == ToWorkerMessage::Kind::kCancel) {
     cmd = CancelCommand{ClientKey{identity, msg.request_id}};
-  } else if (msg.kind != ToWorkerMessage::Kind::kGenerate) {
-    // LoRA control: this worker loads no adapters.
-    WorkerLoraResult result{msg.request_id, false, WorkerErrorCode::kUnknownLora, "this worker serves no LoRA adapters"};
-    std::lock_guard lock(outbox_mu_);
-    outbox_.push_back(Outgoing{ClientKey{identity, msg.request_id}, std::move(result), clock_->Now()});
+  } else if (msg.kind == ToWorkerMessage::Kind::kLoadLora) {
+    {
+      std::lock_guard lock(loader_mu_);
+      loader_jobs_.push_back(LoadLoraCommand{ClientKey{identity, msg.request_id}, std::move(msg.lora.name),
+                                             std::move(msg.lora.path), nullptr, Status::Ok()});
+    }
+    loader_cv_.notify_one();
     return;
+  } else if (msg.kind == ToWorkerMessage::Kind::kUnloadLora) {
+    cmd = UnloadLoraCommand{ClientKey{identity, msg.request_id}, std::move(msg.lora.name)};
   } else {
     std::string model = std::move(msg.params.model);
     cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), ToRequest(std::move(msg.params)),

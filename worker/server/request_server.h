@@ -1,8 +1,11 @@
 // RequestServer: the worker's requests ROUTER socket (Contract 3 of docs/DESIGN.md).
 //
 // Routers connect DEALER sockets and send one ToWorker frame (after the identity frame
-// ZMQ adds): Generate or Cancel. The worker answers with FromWorker frames: a stream of
-// Deltas per request, or one Error. A frame that does not decode is answered with an
+// ZMQ adds): Generate, Cancel, LoadLora or UnloadLora. The worker answers with FromWorker
+// frames: a stream of Deltas per request, or one Error; one LoraResult per LoRA control.
+// LoadLora reads the adapter from disk on a loader thread of its own (an 8B model's
+// adapter takes a while), so neither the socket nor the engine waits; the engine thread
+// gets a LoadLoraCommand holding the adapter (or why it could not be read). A frame that does not decode is answered with an
 // Error when its request id can be read, and logged otherwise; the server stays up.
 //
 // One I/O thread owns the socket. It decodes what arrives into Commands for the engine
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -32,6 +36,7 @@
 #include "common/status.h"
 #include "schema/requests.h"
 #include "worker/engine/request.h"
+#include "worker/model/lora_adapter.h"
 
 namespace kvfleet::server {
 
@@ -60,7 +65,26 @@ struct CancelCommand {
   ClientKey key;
 };
 
-using Command = std::variant<GenerateCommand, CancelCommand>;
+// An adapter read from disk (by the LoraLoader, on the loader thread), for the engine to
+// register; `status` says why there is none.
+struct LoadLoraCommand {
+  ClientKey key;
+  std::string name;
+  std::string path;  // the adapter's directory on this machine
+  std::shared_ptr<const model::LoraAdapter> adapter;
+  Status status;
+};
+
+struct UnloadLoraCommand {
+  ClientKey key;
+  std::string name;
+};
+
+using Command = std::variant<GenerateCommand, CancelCommand, LoadLoraCommand, UnloadLoraCommand>;
+
+// Reads adapter `name` from directory `path` and checks it against the served model.
+using LoraLoader =
+    std::function<Result<std::shared_ptr<const model::LoraAdapter>>(const std::string& name, const std::string& path)>;
 
 // CURVE on the requests socket, with common/curve_keys.h's files (all optional).
 struct RequestServerCurve {
@@ -102,6 +126,12 @@ class RequestServer {
   // Queues a Delta (or an Error) for the I/O thread to send.
   void SendOutput(const ClientKey& key, const engine::RequestOutput& output);
   void SendError(const ClientKey& key, WorkerErrorCode code, const std::string& message);
+  // Queues the answer to a LoadLora or UnloadLora (its request_id is the key's).
+  void SendLoraResult(const ClientKey& key, const Status& status);
+
+  // Sets how LoadLora reads adapters (before it is set, LoadLora is refused: the worker is
+  // starting). Called on any thread.
+  void SetLoraLoader(LoraLoader loader);
 
   // Sends what is queued, then stops the I/O thread and closes the socket. Idempotent.
   void Stop();
@@ -113,6 +143,7 @@ class RequestServer {
   RequestServer(zmq::context_t& context, std::unique_ptr<zmq::context_t> own_context, const Clock* clock,
                 std::function<void(DurationNs)> on_first_token, std::function<void(WorkerErrorCode)> on_error);
   void IoLoop();
+  void LoaderLoop();
   // `received`: when the frame was read off the socket.
   void HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received);
   void FlushOutbox();
@@ -152,6 +183,14 @@ class RequestServer {
     std::variant<engine::RequestOutput, ErrorReply, WorkerLoraResult> body;
     TimeNs queued_at = 0;  // when SendOutput/SendError queued it (clock_)
   };
+  // LoadLora jobs for the loader thread.
+  std::thread loader_thread_;
+  std::mutex loader_mu_;
+  std::condition_variable loader_cv_;
+  LoraLoader loader_;                       // GUARDED_BY(loader_mu_)
+  std::deque<LoadLoraCommand> loader_jobs_;  // GUARDED_BY(loader_mu_); adapters not yet read
+  bool loader_stop_ = false;                // GUARDED_BY(loader_mu_)
+
   std::mutex outbox_mu_;
   std::vector<Outgoing> outbox_;  // GUARDED_BY(outbox_mu_)
   // Requests whose first token has left, with the time to first token their Deltas report;

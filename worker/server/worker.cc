@@ -129,6 +129,8 @@ Status Worker::Init(zmq::context_t& context) {
   bo.attention.sink_tokens = config_.sink_tokens;
   bo.attention.streaming_llm = config_.streaming_llm;
   bo.attention.attention_chunk_size = config_.attention_chunk_size;
+  bo.max_loras = config_.max_loras;
+  bo.max_lora_rank = config_.max_lora_rank;
   if (config_.backend == "mock") {
     bo.extra["mock.step_base_us"] = std::to_string(config_.mock_cost.step_base_us);
     bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);
@@ -140,6 +142,9 @@ Status Worker::Init(zmq::context_t& context) {
   auto backend = backend::CreateBackend(config_.backend, bo);
   if (!backend.ok()) return backend.status().WithContext("backend " + config_.backend);
   backend_ = std::move(*backend);
+  if (!config_.loras.empty() && backend_->max_loras() == 0) {
+    return InvalidArgument("--lora: the " + config_.backend + " backend serves no LoRA adapters");
+  }
   log->info("{} backend ready for {} in {:.2f} s", config_.backend, model_name_,
             static_cast<double>(clock->Now() - load_start) / kNsPerSec);
 
@@ -195,8 +200,10 @@ Status Worker::Init(zmq::context_t& context) {
   eo.limits.max_queued = config_.max_queued;
   eo.limits.vocab_size = static_cast<uint32_t>(backend_->config().vocab_size);
   for (int64_t e : backend_->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
+  eo.max_lora_rank = config_.max_lora_rank;
   KVF_RETURN_IF_ERROR(eo.Validate(config_.block_size));
   engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock);
+  KVF_RETURN_IF_ERROR(InitLoras());
   metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);  // the prior, until a step
 
   WorkerLoopOptions lo;
@@ -207,16 +214,25 @@ Status Worker::Init(zmq::context_t& context) {
                                        [this, gauges] {
                                          if (!engine_->HasWork()) gauges->MaybeUpdate();
                                        });
+  loop_->SetLoraObserver([this] {
+    metrics_->UpdateLoras(engine_->loras());
+    UpdateHelloLoras(true);
+  });
   loop_->SetStepObserver([this, gauges](const engine::StepReport& step, const std::vector<engine::RequestOutput>& outs) {
     metrics_->OnStep(step);
+    if (engine_->loras().counters().loads != hello_lora_loads_) {  // a measured load time for the next Hello
+      metrics_->UpdateLoras(engine_->loras());
+      UpdateHelloLoras(false);
+    }
     metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);
     gauges->MaybeUpdate();
     metrics_->OnOutputs(outs);
   });
 
-  // 6. Registration.
+  // 6. Registration. The Hello is kept (hello_) so adapter changes can re-send it.
+  metrics_->UpdateLoras(engine_->loras());
   if (!config_.router.empty()) {
-    WorkerHello hello;
+    WorkerHello& hello = hello_;
     hello.name = worker_id_;
     hello.model = model_name_;
     // Routers hash and index blocks of G tokens, the events' (token-level KV: 16 by default).
@@ -247,15 +263,54 @@ Status Worker::Init(zmq::context_t& context) {
         log->warn("announcing no tokenizer digest: {}", digest.status().ToString());
       }
     }
+    hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
+    UpdateHelloLoras(false);
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;
-    KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello));
+    KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello_));
   }
   ready_.store(true, std::memory_order_release);
   log->info("worker {} serving {} on {} (events {}, http :{}), block size {}, max context {}", worker_id_,
             model_name_, requests_->bound_endpoint(), publisher_->events_endpoint(), http_->port(),
             config_.block_size, eo.limits.max_context);
   return Status::Ok();
+}
+
+Status Worker::InitLoras() {
+  const model::ModelConfig model = backend_->config();
+  const int32_t slots = backend_->max_loras();
+  const std::string model_name = model_name_, model_dir = config_.model_dir, backend = config_.backend;
+  auto load = [=](const std::string& name, const std::string& dir) -> Result<std::shared_ptr<const model::LoraAdapter>> {
+    if (slots == 0) {
+      return FailedPrecondition("this worker serves no LoRA adapters (--max-loras 0, or the " + backend +
+                                " backend has no adapter slots)");
+    }
+    if (name.empty()) return InvalidArgument("the LoRA adapter's name is empty");
+    if (name == model_name) return InvalidArgument("the LoRA adapter's name '" + name + "' is the served model's");
+    auto adapter = model::LoadLoraAdapter(name, dir, model, model_name, model_dir);
+    // Missing files are a bad request here (Contract 3: invalidRequest), not an unknown adapter.
+    if (!adapter.ok() && adapter.status().code() == StatusCode::kNotFound) return InvalidArgument(adapter.status().message());
+    if (!adapter.ok()) return adapter.status();
+    return std::make_shared<const model::LoraAdapter>(*std::move(adapter));
+  };
+  for (const auto& [name, dir] : config_.LoraDirs()) {
+    auto adapter = load(name, dir);
+    Status st = adapter.ok() ? engine_->AddLora(*adapter) : adapter.status();
+    if (!st.ok()) return st.WithContext("--lora " + name + "=" + dir);
+    Logger("worker")->info("serving LoRA adapter '{}' (rank {}) from {}", name, (*adapter)->rank, dir);
+  }
+  requests_->SetLoraLoader(load);
+  return Status::Ok();
+}
+
+void Worker::UpdateHelloLoras(bool now) {
+  hello_.loras.clear();
+  for (const engine::LoraInfo& l : engine_->loras().List()) {
+    hello_.loras.push_back(LoraAnnounce{l.name, l.lora_id, static_cast<uint32_t>(l.rank), l.base_model});
+  }
+  hello_.lora_load_us = engine_->loras().load_us();
+  hello_lora_loads_ = engine_->loras().counters().loads;
+  if (registration_) registration_->Update(hello_, now);
 }
 
 void Worker::RequestStop() {

@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "schema/registration.h"
 #include "worker/server/worker_config.h"
 
 namespace prometheus {
@@ -76,6 +77,11 @@ class Worker {
  private:
   explicit Worker(const WorkerConfig& config);
   Status Init(zmq::context_t& context);
+  // Serves the --lora adapters and lets LoadLora read more (on the request server's loader thread).
+  Status InitLoras();
+  // The Hello's adapter fields from the engine (engine thread); re-sends the Hello at once
+  // when `now`.
+  void UpdateHelloLoras(bool now);
 
   const WorkerConfig config_;
   std::string worker_id_;
@@ -92,6 +98,8 @@ class Worker {
   std::unique_ptr<RequestServer> requests_;
   std::unique_ptr<WorkerLoop> loop_;
   std::unique_ptr<Registration> registration_;
+  WorkerHello hello_;            // what registration_ sends; engine thread after Init
+  uint64_t hello_lora_loads_ = 0;  // the adapter loads hello_.lora_load_us has seen
 };
 
 }  // namespace kvfleet::server

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -77,6 +78,14 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "chunked attention (Llama 4): a query sees only its own chunk of this many tokens, a multiple of "
                  "--block-size (default: config.json's attention_chunk_size)")
       ->capture_default_str();
+  app.add_option("--lora", c->loras,
+                 "NAME=DIR (repeatable): serve the PEFT LoRA adapter in DIR (adapter_config.json, "
+                 "adapter_model.safetensors) to requests whose model is NAME; more load at run time (LoadLora)");
+  app.add_option("--max-loras", c->max_loras,
+                 "LoRA adapters on the device at once; the others wait in host memory and are loaded when a request "
+                 "needs one (0: no adapters)")
+      ->capture_default_str();
+  app.add_option("--max-lora-rank", c->max_lora_rank, "the largest LoRA rank served (1..64)")->capture_default_str();
   app.add_option("--shutdown-grace-s", c->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str();
   app.add_option("--mock-step-base-us", c->mock_cost.step_base_us, "mock: fixed cost per step (a), µs")
@@ -136,10 +145,41 @@ Status WorkerConfig::Validate() const {
   if (mock_workers == 0) return InvalidArgument("--mock-workers must be >= 1");
   if (mock_workers > 1 && backend != "mock") return InvalidArgument("--mock-workers needs --backend mock");
   if (http_port < 0 || http_port > 65535) return InvalidArgument("--http-port must be 0..65535");
+  if (max_loras < 0) return InvalidArgument("--max-loras must be >= 0, got " + std::to_string(max_loras));
+  if (max_lora_rank < 1 || max_lora_rank > 64) {
+    return InvalidArgument("--max-lora-rank must be 1..64, got " + std::to_string(max_lora_rank));
+  }
+  if (!loras.empty() && max_loras == 0) return InvalidArgument("--lora needs --max-loras >= 1");
+  std::vector<std::string> names;
+  for (const std::string& flag : loras) {
+    const size_t eq = flag.find('=');
+    if (eq == std::string::npos) return InvalidArgument("--lora " + flag + ": expected NAME=DIR");
+    const std::string name = flag.substr(0, eq), dir = flag.substr(eq + 1);
+    if (name.empty()) return InvalidArgument("--lora " + flag + ": the NAME is empty");
+    if (name == ModelName()) {
+      return InvalidArgument("--lora " + flag + ": NAME '" + name + "' is the served model's name (--model-name)");
+    }
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      return InvalidArgument("--lora " + flag + ": NAME '" + name + "' is given twice");
+    }
+    names.push_back(name);
+    if (dir.empty() || !std::filesystem::is_directory(dir)) {
+      return InvalidArgument("--lora " + flag + ": '" + dir + "' is not a directory");
+    }
+  }
   for (const std::string* e : {&requests, &events, &replay}) {
     if (EndpointPort(*e) < 0) return InvalidArgument("endpoint '" + *e + "' needs a port");
   }
   return mock_cost.Validate();
+}
+
+std::vector<std::pair<std::string, std::string>> WorkerConfig::LoraDirs() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& flag : loras) {
+    const size_t eq = flag.find('=');
+    out.emplace_back(flag.substr(0, eq), flag.substr(eq + 1));
+  }
+  return out;
 }
 
 std::string WorkerConfig::ModelName() const {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -64,6 +65,11 @@ struct WorkerConfig {
   bool streaming_llm = false;                 // position shift + dense context phase
   int32_t attention_chunk_size = 0;           // Llama 4 chunked attention, tokens; 0: config.json's
 
+  // --- LoRA adapters ---
+  std::vector<std::string> loras;    // --lora NAME=DIR (repeatable): PEFT adapters served from the start
+  int32_t max_loras = 1;             // adapters on the device at once (others wait in host memory); 0: none
+  int32_t max_lora_rank = 64;        // the largest adapter rank served, 1..64
+
   // --- shutdown ---
   double shutdown_grace_s = 30;      // seconds in-flight requests get after SIGTERM
 
@@ -74,6 +80,8 @@ struct WorkerConfig {
   uint32_t port_stride = 10;           // port offset between the workers of one process
 
   Status Validate() const;
+  // The --lora flags as (name, directory), in order. REQUIRES: Validate().ok().
+  std::vector<std::pair<std::string, std::string>> LoraDirs() const;
   // The served model name (model_name, else the directory's last component, else "mock").
   std::string ModelName() const;
   // This config for worker `index` of a multi-worker process: ports + index·stride, id

@@ -26,10 +26,31 @@ void WorkerLoop::Apply(Command& command, bool refuse_new) {
     if (it != by_key_.end()) engine_->Cancel(it->second);
     return;
   }
+  if (auto* load = std::get_if<LoadLoraCommand>(&command)) {
+    Status st = load->status;
+    if (st.ok()) st = engine_->AddLora(std::move(load->adapter));
+    if (st.ok()) Logger("worker")->info("serving LoRA adapter '{}'", load->name);
+    server_->SendLoraResult(load->key, st);
+    if (st.ok() && lora_observer_) lora_observer_();
+    return;
+  }
+  if (auto* unload = std::get_if<UnloadLoraCommand>(&command)) {
+    Status st = engine_->RemoveLora(unload->name);
+    if (st.ok()) Logger("worker")->info("unloaded LoRA adapter '{}'", unload->name);
+    server_->SendLoraResult(unload->key, st);
+    if (st.ok() && lora_observer_) lora_observer_();
+    return;
+  }
   auto& gen = std::get<GenerateCommand>(command);
   if (refuse_new) {
     server_->SendError(gen.key, WorkerErrorCode::kShuttingDown, "the worker is shutting down");
     return;
+  }
+  // A request may name its adapter by its model field (vLLM's convention) as well as by loraName.
+  if (!gen.model.empty() && gen.model != options_.model_name && engine_->loras().Has(gen.model) &&
+      (gen.request.lora.empty() || gen.request.lora == gen.model)) {
+    gen.request.lora = gen.model;
+    gen.model.clear();
   }
   if (!gen.model.empty() && gen.model != options_.model_name) {
     server_->SendError(gen.key, WorkerErrorCode::kUnknownModel,

@@ -5,7 +5,7 @@
 //
 //   loop:
 //     commands = server.Take(wait: none while busy, idle_wait when idle)
-//     apply them (Add → Error on refusal; Cancel)
+//     apply them (Add → Error on refusal; Cancel; LoadLora/UnloadLora → engine → LoraResult)
 //     if publisher.snapshot_wanted():
 //       publisher.PublishSnapshot(kv.TakeEvents(), kv.events_dropped(), kv.Snapshot())
 //     between_steps()                                (metrics)
@@ -58,6 +58,9 @@ class WorkerLoop {
   // outputs are sent (metrics).
   void SetStepObserver(StepObserver observer) { step_observer_ = std::move(observer); }
 
+  // Called on the engine thread after an adapter was loaded or unloaded (Hello, metrics).
+  void SetLoraObserver(std::function<void()> observer) { lora_observer_ = std::move(observer); }
+
   // Runs until RequestStop() and the drain are done.
   void Run();
   void RequestStop();
@@ -78,6 +81,7 @@ class WorkerLoop {
   const Clock* const clock_;
   std::function<void()> between_steps_;
   StepObserver step_observer_;
+  std::function<void()> lora_observer_;
   TimeNs next_idle_load_ = 0;
   std::atomic<bool> stop_requested_{false};
   std::atomic<size_t> in_flight_{0};

@@ -100,7 +100,23 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                                .Name("kvfleet_worker_step_model_outliers_total")
                                .Help("Measured steps the step-time model clipped as outliers (warm-up, captures)")
                                .Register(r)
-                               .Add({})) {
+                               .Add({})),
+      lora_loads_(prometheus::BuildCounter()
+                      .Name("kvfleet_worker_lora_loads_total")
+                      .Help("LoRA adapter copies into a device slot")
+                      .Register(r)
+                      .Add({})),
+      lora_load_seconds_(prometheus::BuildCounter()
+                             .Name("kvfleet_worker_lora_load_seconds_total")
+                             .Help("Time the LoRA adapter copies into device slots took")
+                             .Register(r)
+                             .Add({})) {
+  auto& adapters = prometheus::BuildGauge()
+                       .Name("kvfleet_worker_lora_adapters")
+                       .Help("LoRA adapters served (loaded) and on the device (resident)")
+                       .Register(r);
+  lora_loaded_ = &adapters.Add({{"state", "loaded"}});
+  lora_resident_ = &adapters.Add({{"state", "resident"}});
   refused_.Add({{"code", "overloaded"}});  // present at 0, so an alert on it has a series
   auto& terms = prometheus::BuildGauge()
                     .Name("kvfleet_worker_step_model_seconds")
@@ -116,6 +132,16 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       kv_block_gauges_[t][s] = &kv_blocks_.Add({{"tier", kv::TierName(static_cast<kv::Tier>(t))}, {"state", states[s]}});
     }
   }
+}
+
+void WorkerMetrics::UpdateLoras(const engine::LoraRegistry& loras) {
+  lora_loaded_->Set(static_cast<double>(loras.size()));
+  lora_resident_->Set(static_cast<double>(loras.Resident().size()));
+  const engine::LoraCounters& c = loras.counters();
+  if (c.loads > seen_lora_loads_) lora_loads_.Increment(static_cast<double>(c.loads - seen_lora_loads_));
+  if (c.load_seconds > seen_lora_load_seconds_) lora_load_seconds_.Increment(c.load_seconds - seen_lora_load_seconds_);
+  seen_lora_loads_ = c.loads;
+  seen_lora_load_seconds_ = c.load_seconds;
 }
 
 void WorkerMetrics::OnStep(const engine::StepReport& report) {

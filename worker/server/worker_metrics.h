@@ -22,6 +22,10 @@
 //   kvfleet_worker_step_model_outliers_total        measured steps clipped as outliers
 //   kvfleet_worker_requests_refused_total{code}     Generates answered with an Error, by its code
 //                                                   (overloaded: the queue was full, --max-queued)
+//   kvfleet_worker_lora_adapters{state}             gauge: LoRA adapters served (loaded) and in a
+//                                                   device slot (resident)
+//   kvfleet_worker_lora_loads_total                 adapter copies into a device slot
+//   kvfleet_worker_lora_load_seconds_total          the time those copies took
 //
 // Thread safety: prometheus-cpp metrics are thread-safe; Update* run on the engine thread.
 #pragma once
@@ -40,6 +44,7 @@
 #include "common/clock.h"
 #include "schema/requests.h"
 #include "worker/engine/engine_stats.h"
+#include "worker/engine/lora_registry.h"
 #include "worker/engine/request.h"
 #include "worker/engine/step_time_model.h"
 #include "worker/kv/kv_cache_manager.h"
@@ -62,6 +67,8 @@ class WorkerMetrics {
   void UpdateStepModel(const engine::StepTimeModel& model, double max_step_ms);
   // A Generate answered with an Error instead of a stream. Thread-safe.
   void OnRefused(WorkerErrorCode code);
+  // The LoRA gauges and counters from the engine's adapter registry.
+  void UpdateLoras(const engine::LoraRegistry& loras);
 
  private:
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
@@ -87,6 +94,12 @@ class WorkerMetrics {
   std::array<prometheus::Gauge*, 6> step_model_{};  // base, prefill_step, prefill_token, decode_sequence, kv_token, prefill_pair
   prometheus::Gauge& step_model_error_;
   prometheus::Counter& step_model_outliers_;
+  prometheus::Gauge* lora_loaded_ = nullptr;
+  prometheus::Gauge* lora_resident_ = nullptr;
+  prometheus::Counter& lora_loads_;
+  prometheus::Counter& lora_load_seconds_;
+  uint64_t seen_lora_loads_ = 0;
+  double seen_lora_load_seconds_ = 0;
 
   // Last totals seen, to turn the manager's running totals into counter increments.
   uint64_t seen_hit_ = 0, seen_miss_ = 0, seen_offloads_ = 0, seen_onboards_ = 0, seen_outliers_ = 0;

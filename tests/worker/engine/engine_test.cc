@@ -395,7 +395,7 @@ TEST_CASE("bad requests are refused with the code the wire error needs") {
   CHECK(add([](GenerateRequest& r) { r.sampling.max_tokens = 0; }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.prompt.clear(); }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.prompt[0] = 1u << 30; }) == StatusCode::kInvalidArgument);
-  CHECK(add([](GenerateRequest& r) { r.lora = "sql-adapter"; }) == StatusCode::kNotFound);
+  CHECK(add([](GenerateRequest& r) { r.lora = "sql-adapter"; }) == StatusCode::kNotFound);  // serves no adapters
   CHECK(add([](GenerateRequest&) {}) == StatusCode::kOk);
   CHECK(add([](GenerateRequest&) {}) == StatusCode::kOk);
   CHECK(add([](GenerateRequest&) {}) == StatusCode::kResourceExhausted);  // two queued already

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "common/block_hash.h"
 #include "tests/worker/kv/kv_fixture.h"
@@ -648,6 +649,47 @@ TEST_CASE("events replayed in order rebuild exactly the snapshot") {
   CHECK(from_snapshot.ApplyAll(f.m->Snapshot()) == "");
   CHECK(replayed.entries == from_snapshot.entries);
   CHECK(replayed.Count(Tier::kHost) > 0);
+}
+
+// Regression: partial reuse compared the tokens of every root block, so a request of one
+// namespace copied another's KV for the same tokens (another adapter's, another cache_salt's).
+TEST_CASE("partial reuse never copies a block of another adapter or cache_salt") {
+  Fixture f(SmallConfig(4, 16));
+  const auto prompt = Tokens(4, 1);  // one full block: its whole KV would be a partial hit
+  f.Request(Concat(prompt, Tokens(3, 2)));
+  f.lora = "sql";
+  const MatchInfo other = f.Request(prompt);
+  CHECK(other.device_tokens == 0);
+  CHECK(other.partial_tokens == 0);
+  f.lora = "";
+  CHECK(f.Request(prompt).partial_tokens == 3);  // its own namespace's block: the last token is recomputed
+}
+
+TEST_CASE("an adapter's blocks hash apart from the base model's, and their events carry its loraId") {
+  Fixture f(SmallConfig(4, 12, 8));
+  const auto prompt = Tokens(9, 1);
+  f.Request(prompt);
+  f.lora = "sql";
+  CHECK(f.Request(prompt).device_tokens == 0);  // the base model's KV is not the adapter's
+  CHECK(f.Request(prompt).device_tokens == 8);  // the adapter's own is reused
+  std::map<uint64_t, int> stored;  // lora_id → blocks
+  for (const KvEvent& e : f.Flush()) {
+    if (auto* s = std::get_if<StoredEvent>(&e.data)) {
+      for (const StoredBlock& b : s->blocks) ++stored[b.lora_id];
+    }
+  }
+  CHECK(stored[0] == 2);
+  CHECK(stored[LoraId("sql")] == 2);
+  CHECK(stored.size() == 2);
+  // Offloaded blocks keep their adapter in the snapshot.
+  f.m->Evict(0, 4);
+  std::map<std::pair<uint64_t, Tier>, int> snap;
+  for (const KvEvent& e : f.m->Snapshot()) {
+    for (const StoredBlock& b : std::get<StoredEvent>(e.data).blocks) ++snap[{b.lora_id, b.tier}];
+  }
+  CHECK(snap[{LoraId("sql"), Tier::kHost}] + snap[{0, Tier::kHost}] == 4);
+  CHECK(snap[{LoraId("sql"), Tier::kHost}] + snap[{LoraId("sql"), Tier::kDevice}] == 2);
+  f.Check();
 }
 
 TEST_CASE("Clear drops every cached block and emits cleared") {

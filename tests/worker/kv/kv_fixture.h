@@ -39,6 +39,7 @@ struct Fixture {
     spec.prompt = tokens;
     spec.model.assign(1, 'm');  // not = "m": GCC 12 raises a false -Wrestrict there
     spec.retention = std::move(retention);
+    spec.lora = lora;
     auto id = m->AddSequence(std::move(spec));
     REQUIRE(id.ok());
     tokens_[*id] = tokens;
@@ -83,6 +84,7 @@ struct Fixture {
   const std::vector<TokenId>& TokensOf(SequenceId id) { return tokens_[id]; }
 
   KvCacheConfig config;
+  std::string lora;  // the adapter of the sequences Add registers; empty: the base model
   ManualClock clock;
   std::unique_ptr<FakeKvMemory> mem;
   std::unique_ptr<KvCacheManager> m;

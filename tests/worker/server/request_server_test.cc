@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 #include <capnp/message.h>
@@ -119,6 +120,89 @@ TEST_CASE("the reported time to first token runs until the first token leaves th
   REQUIRE(reported.size() == 2);
   CHECK(static_cast<uint64_t>(reported[0] / kNsPerUs) == first.ttft_us);
   CHECK(static_cast<uint64_t>(reported[1] / kNsPerUs) == only.ttft_us);
+}
+
+std::string LoraFrame(uint64_t request_id, const std::string& name, const char* path) {
+  return path != nullptr ? EncodeLoadLora(request_id, LoraControl{name, path}) : EncodeUnloadLora(request_id, name);
+}
+
+WorkerLoraResult ReceiveLoraResult(zmq::socket_t& dealer) {
+  zmq::message_t frame;
+  REQUIRE(dealer.recv(frame, zmq::recv_flags::none));
+  auto decoded = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  REQUIRE(std::holds_alternative<WorkerLoraResult>(*decoded));
+  return std::get<WorkerLoraResult>(*decoded);
+}
+
+TEST_CASE("LoadLora reads the adapter on the loader thread while requests keep flowing; results go back as LoraResult") {
+  zmq::context_t context;
+  SteppingClock clock;
+  RequestServerOptions options;
+  options.endpoint = "tcp://127.0.0.1:0";
+  auto server = RequestServer::Start(context, options, &clock);
+  REQUIRE(server.ok());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::routing_id, "router-a");
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.connect((*server)->bound_endpoint());
+  auto take = [&](size_t n) {
+    std::vector<Command> got;
+    for (int i = 0; i < 100 && got.size() < n; ++i) {
+      for (auto& c : (*server)->Take(100 * kNsPerMs)) got.push_back(std::move(c));
+    }
+    REQUIRE(got.size() == n);
+    return got;
+  };
+
+  // Before the worker sets a loader (it is starting), LoadLora is refused.
+  std::string frame = LoraFrame(1, "sql", "/adapters/sql");
+  dealer.send(zmq::buffer(frame), zmq::send_flags::none);
+  auto early = take(1);
+  auto& refused = std::get<LoadLoraCommand>(early[0]);
+  CHECK(refused.adapter == nullptr);
+  CHECK(refused.status.message().find("starting") != std::string::npos);
+
+  // A slow read does not hold up the socket: a Generate sent after it arrives first.
+  std::mutex gate;
+  gate.lock();
+  (*server)->SetLoraLoader([&](const std::string& name, const std::string& path)
+                               -> Result<std::shared_ptr<const model::LoraAdapter>> {
+    std::lock_guard<std::mutex> wait(gate);
+    auto a = std::make_shared<model::LoraAdapter>();
+    a->name = name;
+    a->path = path;
+    return std::shared_ptr<const model::LoraAdapter>(std::move(a));
+  });
+  frame = LoraFrame(2, "sql", "/adapters/sql");
+  dealer.send(zmq::buffer(frame), zmq::send_flags::none);
+  frame = GenerateFrame(3);
+  dealer.send(zmq::buffer(frame), zmq::send_flags::none);
+  auto during = take(1);
+  CHECK(std::holds_alternative<GenerateCommand>(during[0]));
+  gate.unlock();
+  auto loaded = take(1);
+  auto& load = std::get<LoadLoraCommand>(loaded[0]);
+  CHECK(load.key.request_id == 2);
+  REQUIRE(load.adapter != nullptr);
+  CHECK(load.adapter->path == "/adapters/sql");
+
+  frame = LoraFrame(4, "sql", nullptr);
+  dealer.send(zmq::buffer(frame), zmq::send_flags::none);
+  auto unload = take(1);
+  CHECK(std::get<UnloadLoraCommand>(unload[0]).name == "sql");
+
+  (*server)->SendLoraResult(load.key, Status::Ok());
+  WorkerLoraResult ok = ReceiveLoraResult(dealer);
+  CHECK(ok.request_id == 2);
+  CHECK(ok.ok);
+  (*server)->SendLoraResult(std::get<UnloadLoraCommand>(unload[0]).key, FailedPrecondition("in use by 2"));
+  WorkerLoraResult busy = ReceiveLoraResult(dealer);
+  CHECK(busy.request_id == 4);
+  CHECK_FALSE(busy.ok);
+  CHECK(busy.code == WorkerErrorCode::kInvalidRequest);
+  CHECK(busy.message == "in use by 2");
+  (*server)->Stop();
 }
 
 }  // namespace

@@ -50,7 +50,12 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
                            ": the cpu backend keeps its KV cache in fp32 (auto only); fp8 needs --backend cuda on "
                            "an sm_89+ GPU");
   }
+  if (options.max_loras < 0 || options.max_lora_rank < 1 || options.max_lora_rank > model::kMaxLoraRank) {
+    return InvalidArgument("cpu backend: max_loras must be >= 0 and max_lora_rank in 1.." +
+                           std::to_string(model::kMaxLoraRank));
+  }
   std::unique_ptr<CpuBackend> b(new CpuBackend(options));
+  b->lora_slots_.resize(static_cast<size_t>(options.max_loras));
   int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   b->pool_ = std::make_unique<ThreadPool>(std::max(threads, 1));
 
@@ -115,7 +120,62 @@ float* CpuBackend::KvBase(size_t pool, kv::BlockId block) const {
 }
 
 Status CpuBackend::Validate(const StepBatch& batch) const {
-  return ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_);
+  KVF_RETURN_IF_ERROR(ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_));
+  for (const SequenceStep& s : batch.seqs) {
+    if (s.lora_slot >= 0 && lora_slots_[s.lora_slot] == nullptr) {
+      return InvalidArgument("request " + std::to_string(s.request_id) + ": LoRA slot " + std::to_string(s.lora_slot) +
+                             " holds no adapter");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CpuBackend::LoadLora(int32_t slot, const model::LoraAdapter& adapter) {
+  if (slot < 0 || slot >= options_.max_loras) {
+    return InvalidArgument("LoRA slot " + std::to_string(slot) + " is outside the cpu backend's " +
+                           std::to_string(options_.max_loras) + " slots");
+  }
+  if (adapter.rank < 1 || adapter.rank > options_.max_lora_rank) {
+    return InvalidArgument("LoRA adapter '" + adapter.name + "': rank " + std::to_string(adapter.rank) +
+                           " is above --max-lora-rank " + std::to_string(options_.max_lora_rank));
+  }
+  if (adapter.layers.size() != static_cast<size_t>(config_.num_layers)) {
+    return InvalidArgument("LoRA adapter '" + adapter.name + "': " + std::to_string(adapter.layers.size()) +
+                           " layers, the model has " + std::to_string(config_.num_layers));
+  }
+  for (const auto& layer : adapter.layers) {
+    for (int t = 0; t < model::kNumLoraTargets; ++t) {
+      const model::LoraMatrices& m = layer[t];
+      const model::LoraDims d = model::LoraTargetDims(config_, static_cast<model::LoraTarget>(t));
+      if (!m.empty() && (m.a.size() != static_cast<size_t>(adapter.rank) * d.in ||
+                         m.b.size() != static_cast<size_t>(adapter.rank) * d.out)) {
+        return InvalidArgument("LoRA adapter '" + adapter.name + "': its " +
+                               model::LoraTargetName(static_cast<model::LoraTarget>(t)) +
+                               " matrices do not fit the model");
+      }
+    }
+  }
+  lora_slots_[slot] = std::make_unique<model::LoraAdapter>(adapter);
+  return Status::Ok();
+}
+
+void CpuBackend::AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, const float* x,
+                         int64_t x_stride, float* y, int64_t y_stride, int64_t y_offset) {
+  const model::LoraDims d = model::LoraTargetDims(config_, t);
+  const int64_t T = static_cast<int64_t>(rows_.size());
+  pool_->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(model::kMaxLoraRank);
+    for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) {
+      const int32_t slot = batch.seqs[rows_[r].seq].lora_slot;
+      if (slot < 0) continue;
+      const model::LoraAdapter& a = *lora_slots_[slot];
+      const model::LoraMatrices& m = a.layers[layer][static_cast<int>(t)];
+      if (m.empty()) continue;
+      LoraAddRow(x + r * x_stride, d.in, m.a.data(), m.b.data(), a.rank, d.out, a.scaling, scratch.data(),
+                 y + r * y_stride + y_offset);
+    }
+  });
 }
 
 void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
@@ -289,11 +349,21 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     });
   };
   auto or_null = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  bool lora = false;
+  for (const SequenceStep& s : batch.seqs) lora |= s.lora_slot >= 0;
+  using model::LoraTarget;
+  auto add_lora = [&](int64_t l, LoraTarget t, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                      int64_t y_offset) {
+    if (lora) AddLora(batch, l, t, x, x_stride, y, y_stride, y_offset);
+  };
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const CpuLayerWeights& lw = w_.layers[l];
     per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
     MatMul(*pool_, xn_.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), qkv_.data());
+    add_lora(l, LoraTarget::kQ, xn_.data(), H, qkv_.data(), qkv_width, 0);
+    add_lora(l, LoraTarget::kK, xn_.data(), H, qkv_.data(), qkv_width, c.q_size());
+    add_lora(l, LoraTarget::kV, xn_.data(), H, qkv_.data(), qkv_width, c.q_size() + c.kv_size());
     per_row([&](int64_t r) {
       float* row = &qkv_[r * qkv_width];
       if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
@@ -308,11 +378,15 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     });
     Attention(batch, l);
     MatMul(*pool_, attn_.data(), T, c.q_size(), lw.o.data(), H, or_null(lw.o_bias), xn_.data());
+    add_lora(l, LoraTarget::kO, attn_.data(), c.q_size(), xn_.data(), H, 0);
     add_residual();
     per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
     MatMul(*pool_, xn_.data(), T, H, lw.gate_up.data(), 2 * I, or_null(lw.gate_up_bias), mlp_.data());
+    add_lora(l, LoraTarget::kGate, xn_.data(), H, mlp_.data(), 2 * I, 0);
+    add_lora(l, LoraTarget::kUp, xn_.data(), H, mlp_.data(), 2 * I, I);
     per_row([&](int64_t r) { SiluMul(&mlp_[r * 2 * I], &mlp_[r * 2 * I + I], I, &act_[r * I]); });
     MatMul(*pool_, act_.data(), T, I, lw.down.data(), H, or_null(lw.down_bias), xn_.data());
+    add_lora(l, LoraTarget::kDown, act_.data(), I, xn_.data(), H, 0);
     add_residual();
   }
 

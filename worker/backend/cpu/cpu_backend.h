@@ -10,6 +10,11 @@
 // std::thread pool. KV memory is fp32 and lives in host memory, so the "device" tier and
 // the host tier are both plain arrays and block copies are memcpy.
 //
+// LoRA: options.max_loras slots, each an fp32 copy of an adapter (LoadLora). A sequence
+// whose lora_slot is set adds scaling·B·(A·x) (LoraAddRow) to each targeted projection's
+// output, after the base product and its bias, before q/k norms and RoPE; sequences of
+// different slots and of the base model share a step.
+//
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
 
@@ -43,6 +48,8 @@ class CpuBackend final : public ModelBackendBase {
   std::string_view name() const override { return "cpu"; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return *copier_; }
+  int32_t max_loras() const override { return options_.max_loras; }
+  Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
 
   // The KV cache configuration the pools were computed from (kv::ComputePools); a KV
   // manager built from it has the same pools.
@@ -56,6 +63,11 @@ class CpuBackend final : public ModelBackendBase {
   // Writes the step's K/V of layer `layer` and computes attention into attn_.
   void Attention(const StepBatch& batch, int64_t layer);
   float* KvBase(size_t pool, kv::BlockId block) const;
+  // y[r] += the LoRA delta of target t for each row r whose sequence has an adapter slot
+  // with that target. x: [T][x_stride] (the projection's input), y: [T][y_stride] with the
+  // target's output at column y_offset.
+  void AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, const float* x, int64_t x_stride, float* y,
+               int64_t y_stride, int64_t y_offset);
 
   std::unique_ptr<ThreadPool> pool_;
   CpuWeights w_;
@@ -68,6 +80,7 @@ class CpuBackend final : public ModelBackendBase {
   std::unique_ptr<kv::MemcpyBlockCopier> copier_;
   Sampler sampler_;
   std::vector<kernels::LogitAdjust> adjust_;  // the sampled row's (scratch)
+  std::vector<std::unique_ptr<model::LoraAdapter>> lora_slots_;  // [max_loras], null: empty
 
   // Per-step scratch, reused across steps. T = tokens in the step.
   std::vector<Row> rows_;

@@ -158,4 +158,12 @@ void Rope::Apply(const float* cos_v, const float* sin_v, float* x) const {
   }
 }
 
+void LoraAddRow(const float* x, int64_t in, const float* a, const float* b, int32_t rank, int64_t out, float scaling,
+                float* scratch, float* y) {
+  // Shrink (x·Aᵀ) then expand (·Bᵀ), scaling folded into the rank-wide vector: rank
+  // multiplies instead of out.
+  for (int32_t r = 0; r < rank; ++r) scratch[r] = Dot(x, a + static_cast<int64_t>(r) * in, in) * scaling;
+  for (int64_t o = 0; o < out; ++o) y[o] += Dot(scratch, b + o * rank, rank);
+}
+
 }  // namespace kvfleet::backend::cpu

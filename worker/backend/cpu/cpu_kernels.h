@@ -24,6 +24,12 @@ float Dot(const float* a, const float* b, int64_t n);
 // y[i] += a · x[i], n elements.
 void Axpy(float a, const float* x, float* y, int64_t n);
 
+// LoRA (Hu et al. 2021): y[out] += scaling · B·(A·x) for one token and one adapter's target.
+//   x: [in], a: [rank][in] (lora_A), b: [out][rank] (lora_B), y: [out], scratch: [rank].
+// The reference the CUDA kernels (kernels/lora.h) are checked against computes the same sums.
+void LoraAddRow(const float* x, int64_t in, const float* a, const float* b, int32_t rank, int64_t out, float scaling,
+                float* scratch, float* y);
+
 // out = x / sqrt(mean(x²) + eps) · weight, one row of n (Llama RMSNorm). out may be x.
 void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* out);
 

@@ -135,7 +135,22 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   for (const kv::PoolLayout& l : layouts) b->pools_.push_back(PoolInfoOf(l, b->config_, options, b->max_context_));
   b->copier_ = std::make_unique<ShadowCopier>(b->pools_, options.block_size, b->mock_.verify_kv);
   if (!b->mock_.clock) b->mock_.clock = SystemClock::Default();
+  if (options.max_loras < 0) return InvalidArgument("mock backend: max_loras must be >= 0");
+  b->lora_slots_.assign(static_cast<size_t>(options.max_loras), 0);
   return b;
+}
+
+Status MockBackend::LoadLora(int32_t slot, const model::LoraAdapter& adapter) {
+  if (slot < 0 || slot >= options_.max_loras) {
+    return InvalidArgument("LoRA slot " + std::to_string(slot) + " is outside the mock backend's " +
+                           std::to_string(options_.max_loras) + " slots");
+  }
+  if (adapter.rank > options_.max_lora_rank) {
+    return InvalidArgument("LoRA adapter '" + adapter.name + "': rank " + std::to_string(adapter.rank) +
+                           " is above --max-lora-rank " + std::to_string(options_.max_lora_rank));
+  }
+  lora_slots_[slot] = adapter.lora_id != 0 ? adapter.lora_id : 1;
+  return Status::Ok();
 }
 
 kv::BlockCopier& MockBackend::block_copier() { return *copier_; }
@@ -180,6 +195,10 @@ Status MockBackend::Validate(const StepBatch& batch) const {
       }
     }
     if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
+    if (s.lora_slot < -1 || s.lora_slot >= options_.max_loras || (s.lora_slot >= 0 && lora_slots_[s.lora_slot] == 0)) {
+      return InvalidArgument("request " + std::to_string(s.request_id) + ": LoRA slot " + std::to_string(s.lora_slot) +
+                             " holds no adapter (the backend has " + std::to_string(options_.max_loras) + " slots)");
+    }
   }
   if (tokens > options_.max_num_tokens) {
     return InvalidArgument("a step of " + std::to_string(tokens) + " tokens; the limit is " +
@@ -270,6 +289,7 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
     if (copier_->enabled()) {
       KVF_ASSIGN_OR_RETURN(context, WriteAndRead(s));
     }
+    if (s.lora_slot >= 0) context = SplitMix64(context ^ lora_slots_[s.lora_slot]);
     if (s.sample) out->tokens[i] = TokenFor(s, context);
     if (s.sample && s.sampling.logprobs >= 0) out->logprobs[i] = MockLogprobs(out->tokens[i], s.sampling.logprobs);
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(s);

@@ -13,6 +13,12 @@
 // The mock never samples an EOS token unless eos_after says so. Logprobs asked for are
 // placeholders of the right shape (MockLogprobs): the mock has no logits.
 //
+// LoRA. options.max_loras slots; LoadLora only records which adapter a slot holds (no
+// copy, no time). A sequence with a slot mixes its adapter's lora_id into its context, so
+// the same prompt gives different tokens under different adapters, as on a real model. The
+// cost model charges nothing for adapters (SGMV/BGMV adds a few percent to a step on a GPU;
+// the mock keeps the base model's calibration).
+//
 // Time. Execute() returns once the step's modelled duration has passed since it began:
 // `wait` is called with that deadline (default: sleep on the steady clock; tests pass a
 // ManualClock's Advance).
@@ -71,6 +77,8 @@ class MockBackend final : public ModelBackendBase {
   std::string_view name() const override { return "mock"; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override;
+  int32_t max_loras() const override { return options_.max_loras; }
+  Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
 
   // The device bytes the pools were sized from (the KV manager must get the same).
   uint64_t kv_device_bytes() const { return device_bytes_; }
@@ -93,6 +101,7 @@ class MockBackend final : public ModelBackendBase {
   uint64_t host_bytes_ = 0;
   std::unique_ptr<ShadowCopier> copier_;
   DurationNs last_step_ = 0;
+  std::vector<uint64_t> lora_slots_;  // [max_loras]: the lora_id of the adapter held; 0: none
 };
 
 }  // namespace kvfleet::backend::mock
