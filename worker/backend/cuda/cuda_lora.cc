@@ -26,27 +26,10 @@ constexpr int kGroupTargets[4][3] = {{static_cast<int>(LoraTarget::kQ), static_c
                                      {static_cast<int>(LoraTarget::kGate), static_cast<int>(LoraTarget::kUp), -1},
                                      {static_cast<int>(LoraTarget::kDown), -1, -1}};
 
-// A target's input and output widths (model::LoraTargetDims' table).
 model::LoraDims DimsOf(const model::ModelConfig& c, int target) {
-  const int32_t H = static_cast<int32_t>(c.hidden_size), I = static_cast<int32_t>(c.intermediate_size);
-  const int32_t Q = static_cast<int32_t>(c.q_size()), KV = static_cast<int32_t>(c.kv_size());
-  switch (static_cast<LoraTarget>(target)) {
-    case LoraTarget::kQ: return {H, Q};
-    case LoraTarget::kK:
-    case LoraTarget::kV: return {H, KV};
-    case LoraTarget::kO: return {Q, H};
-    case LoraTarget::kGate:
-    case LoraTarget::kUp: return {H, I};
-    case LoraTarget::kDown: return {I, H};
-  }
-  return {};
+  return model::LoraTargetDims(c, static_cast<LoraTarget>(target));
 }
-
-// PEFT's module names (model::LoraTargetName's).
-const char* TargetName(int target) {
-  static constexpr const char* kNames[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return kNames[target];
-}
+const char* TargetName(int target) { return model::LoraTargetName(static_cast<LoraTarget>(target)); }
 
 }  // namespace
 
