@@ -8,6 +8,10 @@
 // stacks each target's rank rows ([q|k|v]: 3R rows), and output column j belongs to segment
 // seg(j) (its target: seg_end bounds), whose R-wide part of t it reads.
 //
+// The shrink cuts `in` into `splits` slices (LoraShrinkSplits) so that a step with few tiles
+// still launches enough blocks; each block writes fp32 partial sums of its slice, and the
+// expand adds a row's partials in slice order as it loads t (deterministic: no atomics).
+//
 // One kernel pair serves decode and prefill: the rows that have an adapter are grouped by slot
 // and cut into tiles of at most kLoraMaxTileRows rows of one slot (LoraGroupsHost, lora_ref.h
 // builds them), so a slot's A and B are read once per tile rather than once per row (BGMV's
@@ -40,15 +44,18 @@ struct LoraShrinkParams {
   // [num_slots][segments · R][in]: each segment's lora_A, its rows past the slot's rank unread.
   const __nv_bfloat16* a = nullptr;
   const int32_t* slot_rank = nullptr;  // [num_slots]: 1..R
-  float* t = nullptr;                  // [num_tokens][segments · R]: only grouped rows, r < rank written
+  // [num_grouped][splits][segments · R]: partial sums, indexed by a row's position in
+  // groups.rows; r < rank written. LoraShrinkScratchFloats floats suffice.
+  float* t = nullptr;
   int32_t in = 0;
   int32_t max_rank = 0;  // R: the slots' row stride
   int32_t segments = 1;  // 1..kLoraMaxSegments
+  int32_t splits = 1;    // slices of `in`: LoraShrinkSplits(groups.num_tiles, in, segments · R)
   LoraGroups groups;
 };
 
 struct LoraExpandParams {
-  const float* t = nullptr;  // [num_tokens][segments · R]: the shrink's output
+  const float* t = nullptr;  // [num_grouped][splits][segments · R]: the shrink's output
   // [num_slots][out][R]: the segments' lora_B stacked by output column, columns past the
   // slot's rank unread.
   const __nv_bfloat16* b = nullptr;
@@ -60,13 +67,15 @@ struct LoraExpandParams {
   int32_t out = 0;       // columns over every segment
   int32_t max_rank = 0;  // R
   int32_t segments = 1;
+  int32_t splits = 1;  // the shrink's
   // seg_end[s]: one past segment s's last column (within [0, out)); seg_end[segments - 1] == out.
   int32_t seg_end[kLoraMaxSegments] = {0, 0, 0};
   LoraGroups groups;
 };
 
-// REQUIRES: in % 8 == 0, x and a 16-byte aligned, 1 <= max_rank <= kLoraMaxRank, every tile at
-// most kLoraMaxTileRows rows; t must not alias x. cudaErrorInvalidValue for a bad shape.
+// REQUIRES: in % 8 == 0, x and a 16-byte aligned, 1 <= max_rank <= kLoraMaxRank, 1 <= splits
+// <= max(1, in / (8 · kLoraMinSplitChunks)), every tile at most kLoraMaxTileRows rows; t must
+// not alias x. cudaErrorInvalidValue for a bad shape.
 cudaError_t LaunchLoraShrink(const LoraShrinkParams& p, cudaStream_t stream);
 // REQUIRES: max_rank % 8 == 0 (B rows are read 8 ranks at a time) and b 16-byte aligned; the
 // groups and t of the shrink before it; y must not alias t.

@@ -25,6 +25,7 @@ struct Case {
   std::vector<int32_t> ranks;     // one per slot
   int32_t tile_rows;              // 0: LoraTileRowsFor
   int32_t col0, extra_cols;       // y: [tokens][col0 + out + extra_cols]
+  int32_t splits = 0;             // slices of in; 0: LoraShrinkSplits
 };
 
 void Run(const Case& c, uint32_t seed) {
@@ -54,7 +55,8 @@ void Run(const Case& c, uint32_t seed) {
   DeviceBuffer<int32_t> rows_d(g.rows), begin_d(g.tile_begin), slot_d(g.tile_slot), rank_d(c.ranks);
   DeviceBuffer<float> scaling_d(scaling);
   DeviceBuffer<bf16_bits> x_d(x), a_d(a), b_d(b), y_d(y0);
-  DeviceBuffer<float> t_d(size_t(c.tokens) * width);
+  const int32_t splits = c.splits > 0 ? c.splits : LoraShrinkSplits(g.num_tiles(), c.in, width);
+  DeviceBuffer<float> t_d(size_t(g.rows.size()) * splits * width);
   t_d.Poison();
   LoraGroups groups;
   groups.rows = rows_d.get();
@@ -69,6 +71,7 @@ void Run(const Case& c, uint32_t seed) {
   sp.in = c.in;
   sp.max_rank = c.max_rank;
   sp.segments = c.segments;
+  sp.splits = splits;
   sp.groups = groups;
   KVF_CUDA_OK(LaunchLoraShrink(sp, nullptr));
   LoraExpandParams ep;
@@ -82,6 +85,7 @@ void Run(const Case& c, uint32_t seed) {
   ep.out = out;
   ep.max_rank = c.max_rank;
   ep.segments = c.segments;
+  ep.splits = splits;
   for (int32_t s = 0; s < kLoraMaxSegments; ++s) ep.seg_end[s] = seg_end[s];
   ep.groups = groups;
   KVF_CUDA_OK(LaunchLoraExpand(ep, nullptr));
@@ -92,7 +96,16 @@ void Run(const Case& c, uint32_t seed) {
   std::vector<bf16_bits> y_ref = y0;
   LoraExpandRef(t_ref.data(), b.data(), c.ranks.data(), scaling.data(), row_slot, y_ref.data(), y_stride, c.col0, out,
                 c.max_rank, c.segments, seg_end);
-  const std::vector<float> t_gpu = t_d.Download();
+  // t of each grouped row: its splits' partial sums added in order, as the expand adds them.
+  const std::vector<float> parts = t_d.Download();
+  std::vector<float> t_gpu(size_t(c.tokens) * width, 0.f);
+  for (size_t i = 0; i < g.rows.size(); ++i) {
+    for (int32_t rr = 0; rr < width; ++rr) {
+      float sum = 0.f;
+      for (int32_t sp_i = 0; sp_i < splits; ++sp_i) sum += parts[(i * splits + sp_i) * width + rr];
+      t_gpu[size_t(g.rows[i]) * width + rr] = sum;
+    }
+  }
   const std::vector<bf16_bits> y_gpu = y_d.Download();
   int64_t t_checked = 0, t_bad = 0, y_bad = 0, untouched_bad = 0;
   for (int32_t row = 0; row < c.tokens; ++row) {
@@ -117,7 +130,7 @@ void Run(const Case& c, uint32_t seed) {
     }
   }
   INFO("tokens " << c.tokens << " in " << c.in << " R " << c.max_rank << " segments " << c.segments << " tiles "
-                 << g.num_tiles());
+                 << g.num_tiles() << " splits " << splits);
   CHECK(t_checked > 0);
   CHECK(t_bad == 0);
   CHECK(y_bad == 0);
@@ -135,6 +148,31 @@ TEST_CASE("LoRA shrink + expand equal the CPU reference: mixed slots and ranks, 
   Run({40, 128, 32, 2, {96, 96}, {32, 8}, 0, 24, 40}, 30);
   // The down projection's shape: a wide input, a narrow output.
   Run({17, 1408, 16, 1, {128}, {16, 16}, 0, 0, 0}, 31);
+  // `in` cut into slices across blocks: the decode default (many splits for few tiles), an
+  // uneven cut (chunks not a multiple of the splits) and the most splits `in` allows.
+  Run({64, 4096, 16, 1, {256}, {16, 8}, 0, 0, 0}, 32);
+  CHECK(LoraShrinkSplits(GroupLoraRows(std::vector<int32_t>(64, 0), LoraTileRowsFor(64)).num_tiles(), 14336, 16) > 1);
+  Run({24, 2056, 32, 2, {64, 64}, {32, 8}, 0, 0, 0, 5}, 33);
+  Run({9, 1024, 64, 3, {64, 32, 32}, {64, 16}, 16, 0, 0, 4}, 34);
+}
+
+TEST_CASE("the shrink's splits fill the device for decode, stay one for prefill, and fit the scratch") {
+  CHECK(LoraShrinkSplits(16, 14336, 16) * 16 * 2 >= kLoraShrinkTargetBlocks / 2);
+  CHECK(LoraShrinkSplits(128, 4096, 48) == 1);
+  CHECK(LoraShrinkSplits(1, 64, 64) == 1);  // in too short to cut
+  CHECK(LoraShrinkSplits(1, 4096, 8) == 4096 / 8 / kLoraMinSplitChunks);
+  for (int32_t tokens : {1, 7, 64, 300, 2048}) {
+    for (int32_t width : {8, 16, 48, 192}) {
+      for (int32_t in : {256, 4096, 14336}) {
+        const LoraGroupsHost g = GroupLoraRows(std::vector<int32_t>(tokens, 0), LoraTileRowsFor(tokens));
+        const LoraGroupsHost one = GroupLoraRows(std::vector<int32_t>(tokens, 0), 1);
+        for (const LoraGroupsHost* h : {&g, &one}) {
+          const int64_t need = int64_t(h->rows.size()) * LoraShrinkSplits(h->num_tiles(), in, width) * width;
+          CHECK(need <= LoraShrinkScratchFloats(tokens, width));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("LoRA launches refuse shapes they cannot take") {

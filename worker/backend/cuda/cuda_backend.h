@@ -365,7 +365,7 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<std::array<bool, kNumLoraGroups>> lora_slot_groups_;     // [slot] groups it targets
   int32_t* lora_slot_rank_dev_ = nullptr;                              // [slot]
   float* lora_slot_scaling_dev_ = nullptr;                             // [slot]
-  float* lora_t_ = nullptr;                                            // [max_num_tokens][3R]
+  float* lora_t_ = nullptr;  // the shrink's partial sums: LoraShrinkScratchFloats(max_num_tokens, 3R)
   int32_t lora_tile_rows_ = 0;                                         // 0: kernels::LoraTileRowsFor
   cudaStream_t lora_stream_ = nullptr;                                 // LoadLora's copies
   cudaEvent_t lora_ready_ = nullptr;                                   // recorded after them

@@ -80,8 +80,8 @@ Status CudaBackend::AllocateLora() {
   lora_slot_groups_.assign(static_cast<size_t>(slots), {});
   KVF_ASSIGN_OR_RETURN(lora_slot_rank_dev_, DeviceAlloc<int32_t>(static_cast<size_t>(slots)));
   KVF_ASSIGN_OR_RETURN(lora_slot_scaling_dev_, DeviceAlloc<float>(static_cast<size_t>(slots)));
-  KVF_ASSIGN_OR_RETURN(lora_t_, DeviceAlloc<float>(static_cast<size_t>(options_.max_num_tokens) *
-                                                   kernels::kLoraMaxSegments * R));
+  KVF_ASSIGN_OR_RETURN(lora_t_, DeviceAlloc<float>(static_cast<size_t>(kernels::LoraShrinkScratchFloats(
+                                   options_.max_num_tokens, kernels::kLoraMaxSegments * lora_rank_))));
   KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_ready_, cudaEventDisableTiming));
   for (int i = 0; i < 2; ++i) {
@@ -243,6 +243,7 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   sp.in = s.in;
   sp.max_rank = lora_rank_;
   sp.segments = s.segments;
+  sp.splits = kernels::LoraShrinkSplits(m.lora.num_tiles, s.in, s.segments * lora_rank_);
   sp.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraShrink(sp, stream_));
   if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[1], stream_));
@@ -256,6 +257,7 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   ep.out = s.out;
   ep.max_rank = lora_rank_;
   ep.segments = s.segments;
+  ep.splits = sp.splits;
   std::copy(std::begin(s.seg_end), std::end(s.seg_end), ep.seg_end);
   ep.groups = m.lora;
   KVF_CUDA_RETURN(kernels::LaunchLoraExpand(ep, stream_));
