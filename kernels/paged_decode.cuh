@@ -8,6 +8,10 @@
 // acc_g += p v; warps merge through shared memory at the end. One partition writes the
 // normalised output; several write (acc, max, sum) to the workspace and PagedDecodeCombine
 // merges them.
+//
+// One file of ~700 lines on purpose: the tensor-core kernel, the CUDA-core kernel and the
+// combine share the tile staging, the block-table walk and the split-K workspace, and the
+// bf16 and fp8 paths are one template (E) whose branches sit side by side so they stay in step.
 #pragma once
 
 #include "kernels/attention_mask.h"

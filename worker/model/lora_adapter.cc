@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/block_hash.h"
+#include "common/tokenizer_files.h"
 #include "worker/model/random_model.h"
 #include "worker/model/safetensors.h"
 
@@ -41,14 +41,6 @@ std::string LastComponent(std::string p) {
   while (!p.empty() && p.back() == '/') p.pop_back();
   const size_t slash = p.rfind('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The fields of adapter_config.json a loader honours; every other field PEFT writes must
@@ -193,7 +185,7 @@ uint64_t LoraAdapter::Fp32Bytes() const {
 Result<LoraAdapter> LoadLoraAdapter(const std::string& name, const std::string& dir, const ModelConfig& config,
                                     const std::string& served_model, const std::string& model_dir) {
   const std::string config_path = dir + "/" + kConfigFile, weights_path = dir + "/" + kWeightsFile;
-  auto text = ReadText(config_path);
+  auto text = ReadModelFile(config_path);
   if (!text.ok()) return NotFound("LoRA adapter '" + name + "': " + text.status().message());
   KVF_ASSIGN_OR_RETURN(AdapterConfig ac, ParseAdapterConfig(config_path, *text));
   if (!ac.base_model.empty()) {

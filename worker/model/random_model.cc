@@ -8,10 +8,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "common/check.h"
+#include "common/tokenizer_files.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/model_config.h"
 #include "worker/model/splitmix64.h"
@@ -32,14 +32,6 @@ uint64_t Fnv1a64(const std::string& s) {
     h *= 0x100000001b3ull;
   }
   return h;
-}
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 struct TokenizerInfo {
@@ -70,7 +62,7 @@ int64_t SpecialTokenId(const json& cfg, const char* key, const json& tok) {
 }
 
 Result<TokenizerInfo> ReadTokenizerInfo(const std::string& dir) {
-  KVF_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/tokenizer.json"));
+  KVF_ASSIGN_OR_RETURN(std::string text, ReadModelFile(dir + "/tokenizer.json"));
   json tok = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (tok.is_discarded() || !tok.is_object()) return InvalidArgument(dir + "/tokenizer.json: not a JSON object");
   TokenizerInfo info;
@@ -92,7 +84,7 @@ Result<TokenizerInfo> ReadTokenizerInfo(const std::string& dir) {
     }
   }
   if (info.vocab_size <= 0) return InvalidArgument(dir + "/tokenizer.json: no vocabulary");
-  auto cfg_text = ReadFile(dir + "/tokenizer_config.json");
+  auto cfg_text = ReadModelFile(dir + "/tokenizer_config.json");
   if (cfg_text.ok()) {
     json cfg = json::parse(*cfg_text, nullptr, /*allow_exceptions=*/false);
     if (cfg.is_object()) {

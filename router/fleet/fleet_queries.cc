@@ -1,0 +1,192 @@
+// FleetImpl's answers to the router (fleet_impl.h): a model's or an adapter's routable
+// workers, readiness, the /fleet view, and each worker's load and cache geometry. The
+// registry they read is kept in fleet.cc.
+//
+// Thread safety: thread-safe, as FleetImpl.
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+
+#include "router/fleet/fleet_impl.h"
+
+namespace kvfleet::router {
+
+// --- the Fleet's queries ---
+
+namespace {
+
+bool Serves(const WorkerHello& info, std::string_view adapter) {
+  return std::any_of(info.loras.begin(), info.loras.end(), [&](const LoraAnnounce& l) { return l.name == adapter; });
+}
+
+}  // namespace
+
+std::optional<ModelFleet> FleetImpl::FindModel(std::string_view model) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = models_.find(std::string(model));
+  if (it == models_.end()) return std::nullopt;
+  return FleetOf(it->second, "");
+}
+
+// REQUIRES: mu_ held. The model's workers; with `adapter`, only those serving it.
+ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter) const {
+  ModelFleet f;
+  f.block_size = entry.block_size;
+  f.max_context = 0;
+  for (WorkerId id : entry.members) {
+    const WorkerRecord& w = *workers_[id];
+    if (w.removed.load()) continue;
+    if (!adapter.empty() && !Serves(w.info, adapter)) continue;
+    ++f.workers;
+    f.needs_tokenizer = f.needs_tokenizer || w.info.backend == "cpu" || w.info.backend == "cuda";
+    if (!Routable(w)) continue;
+    f.routable.push_back(id);
+    if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
+      f.max_context = w.info.max_context;
+    }
+  }
+  return f;
+}
+
+std::optional<ModelFleet> FleetImpl::FindAdapter(std::string_view name, std::string* base_model) const {
+  if (name.empty()) return std::nullopt;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::optional<ModelFleet> found;
+  for (const auto& [model, entry] : models_) {
+    ModelFleet f = FleetOf(entry, name);
+    if (f.workers == 0) continue;
+    if (!found || (found->routable.empty() && !f.routable.empty())) {
+      found = std::move(f);
+      if (base_model != nullptr) *base_model = model;
+    }
+  }
+  return found;
+}
+
+void FleetImpl::NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return;
+  std::vector<LoraAnnounce>& loras = workers_[id]->info.loras;
+  std::erase_if(loras, [&](const LoraAnnounce& l) { return l.name == adapter.name; });
+  if (loaded) loras.push_back(adapter);
+}
+
+std::optional<double> FleetImpl::AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const {
+  uint64_t load_us = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (id >= workers_.size()) return std::nullopt;
+    const WorkerHello& info = workers_[id]->info;
+    auto it = std::find_if(info.loras.begin(), info.loras.end(),
+                           [&](const LoraAnnounce& l) { return l.lora_id == lora_id; });
+    if (it == info.loras.end()) return std::nullopt;
+    load_us = info.lora_load_us;
+  }
+  // Resident only when the last report says so: without reports the router cannot tell.
+  if (std::optional<WorkerLoad> load = ReportedLoad(id)) {
+    const auto& resident = load->resident_loras;
+    if (std::find(resident.begin(), resident.end(), lora_id) != resident.end()) return 0.0;
+  }
+  return static_cast<double>(load_us) / 1e6;
+}
+
+std::vector<std::string> FleetImpl::LiveModels() const {
+  std::vector<std::string> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& [name, m] : models_) {
+    for (WorkerId id : m.members) {
+      if (!workers_[id]->removed.load() && Routable(*workers_[id])) {
+        out.push_back(name);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+bool FleetImpl::Ready() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  size_t ready = 0, known = 0;
+  for (const auto& [name, m] : models_) {
+    bool any_member = false, live = false;
+    for (WorkerId id : m.members) {
+      if (workers_[id]->removed.load()) continue;
+      any_member = true;
+      live = live || Routable(*workers_[id]);
+    }
+    known += any_member;
+    ready += any_member && live;
+  }
+  return known > 0 && ready == known;
+}
+
+std::vector<RefusedWorker> FleetImpl::Refused() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<RefusedWorker> out;
+  for (const auto& [endpoint, r] : refused_) out.push_back(r);
+  return out;
+}
+
+std::vector<WorkerStatus> FleetImpl::Workers() const {
+  std::vector<WorkerStatus> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (w->removed.load()) continue;
+    WorkerStatus s;
+    s.id = w->id;
+    s.info = w->info;
+    s.connected = w->connected.load();
+    s.said_bye = w->said_bye.load();
+    s.state = signals_ ? signals_->State(w->id) : WorkerState::kUnknown;
+    s.routable = Routable(*w);
+    s.inflight_requests = w->own.requests();
+    s.inflight_prefill_tokens = w->own.prefill_tokens();
+    if (signals_) s.load = signals_->Load(w->id);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return {};
+  return workers_[id]->own.Now();
+}
+
+Fleet::OwnLoadCounts FleetImpl::OwnLoadAt(WorkerId id, TimeNs at) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return {};
+  return workers_[id]->own.At(at);
+}
+
+std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
+  return signals_ ? signals_->Load(id) : std::nullopt;
+}
+
+// KV blocks per routing block: a token-level worker (kv_block_size < block_size) holds
+// block_size / kv_block_size of them in each.
+static uint32_t PerBlock(const WorkerHello& info) {
+  return info.kv_block_size > 0 && info.kv_block_size < info.block_size ? info.block_size / info.kv_block_size : 1;
+}
+
+uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return 0;
+  const WorkerHello& info = workers_[id]->info;
+  return (info.device_blocks + info.host_blocks) / PerBlock(info);  // counted in KV blocks
+}
+
+uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  if (id >= workers_.size()) return 0;
+  const WorkerHello& info = workers_[id]->info;
+  const uint32_t tokens = IndexedReuseTokens(info);
+  return tokens == 0 || info.block_size == 0 ? 0 : std::max<uint32_t>(1, tokens / info.block_size);
+}
+
+uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return id < workers_.size() ? PerBlock(workers_[id]->info) : 1;
+}
+
+}  // namespace kvfleet::router
