@@ -53,6 +53,7 @@ std::string EncodeHello(const WorkerHello& h) {
   }
   out.setMaxLoras(h.max_loras);
   out.setLoraLoadUs(h.lora_load_us);
+  out.setTensorParallel(h.tensor_parallel);
   return wire::Encode(message);
 }
 
@@ -122,6 +123,7 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
       }
       out.max_loras = h.getMaxLoras();
       out.lora_load_us = h.getLoraLoadUs();
+      out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
       return ToRouterMessage(std::move(out));
     }
     if (root.isBye()) {

@@ -63,6 +63,7 @@ struct WorkerHello {
   std::vector<LoraAnnounce> loras;       // the adapters it serves, device- or host-resident
   uint32_t max_loras = 0;                // adapters on the device at once; 0: no LoRA support
   uint64_t lora_load_us = 0;             // host -> device load time of one adapter; 0: unknown
+  uint32_t tensor_parallel = 1;          // ranks the model is split over (--tensor-parallel); 1 when not sent
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

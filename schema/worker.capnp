@@ -184,6 +184,8 @@ struct Hello {
   loras @11 :List(LoraAdapter);  # the adapters the worker serves (device- or host-resident)
   maxLoras @12 :UInt32;        # adapters resident on the device at once; 0: no LoRA support
   loraLoadUs @13 :UInt64;      # time to make a host-resident adapter device-resident; 0: unknown
+  tensorParallel @14 :UInt32;  # ranks (GPUs; the cpu backend's in-process ranks) the model is split
+                               # over; 0: a worker older than the field (read as 1)
 }
 
 # One LoRA adapter a worker serves over its base model.

@@ -326,6 +326,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                 {"loras", LorasJson(w)},
                 {"max_loras", w.info.max_loras},
                 {"lora_load_us", w.info.lora_load_us},
+                {"tensor_parallel", w.info.tensor_parallel},
                 {"endpoints",
                  {{"requests", w.info.requests_endpoint},
                   {"events", w.info.events_endpoint},

@@ -25,6 +25,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   h.loras = {{"sql-lora", LoraId("sql-lora"), 16, "meta-llama/Llama-3.1-8B"}, {"chat", LoraId("chat"), 64, ""}};
   h.max_loras = 4;
   h.lora_load_us = 1800;
+  h.tensor_parallel = 2;
   std::string frame = EncodeHello(h);
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
@@ -36,6 +37,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.loras == h.loras);
   CHECK(got.max_loras == 4);
   CHECK(got.lora_load_us == 1800);
+  CHECK(got.tensor_parallel == 2);
   CHECK(got.max_context == 8192);
   CHECK(got.device_blocks == 1000);
   CHECK(got.host_blocks == 4000);
@@ -110,6 +112,18 @@ TEST_CASE("a router indexes the pool a prefix hit is limited by") {
   // No pool stores blocks (reuse off): nothing to index but the default.
   h.kv_pools = {pool(4096, false, 4096)};
   CHECK(IndexedWindow(h) == 0);
+}
+
+TEST_CASE("a Hello without tensorParallel (a worker older than the field) reads as one rank") {
+  WorkerHello h;
+  h.name = "old";
+  h.model = "llama";
+  h.block_size = 16;
+  h.tensor_parallel = 0;  // what an older worker's frame holds: the field unset
+  const std::string frame = EncodeHello(h);
+  auto decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK(std::get<WorkerHello>(*decoded).tensor_parallel == 1);
 }
 
 }  // namespace kvfleet

@@ -102,7 +102,9 @@ struct BackendOptions {
   AttentionOptions attention;       // windows, sinks, StreamingLLM, chunks (kv_setup.h applies them)
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal
-  int32_t tensor_parallel = 1;   // cuda: GPUs, NCCL tensor parallel
+  // --tensor-parallel: ranks the model is split over (tensor_parallel.h), 1, 2, 4 or 8. cpu: in-process
+  // ranks; cuda: GPUs (refused above 1 for now); mock: checked against the model, no effect.
+  int32_t tensor_parallel = 1;
   // LoRA: adapter slots on the device (--max-loras) and the largest rank a slot holds.
   // 0 slots: the backend serves no adapters.
   int32_t max_loras = 0;

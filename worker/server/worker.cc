@@ -131,6 +131,7 @@ Status Worker::Init(zmq::context_t& context) {
   bo.attention.attention_chunk_size = config_.attention_chunk_size;
   bo.max_loras = config_.max_loras;
   bo.max_lora_rank = config_.max_lora_rank;
+  bo.tensor_parallel = config_.tensor_parallel;
   if (config_.backend == "mock") {
     bo.extra["mock.step_base_us"] = std::to_string(config_.mock_cost.step_base_us);
     bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);
@@ -264,6 +265,7 @@ Status Worker::Init(zmq::context_t& context) {
       }
     }
     hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
+    hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
     UpdateHelloLoras(false);
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;

@@ -41,6 +41,10 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_option("--max-batch-size", c->max_batch_size, "running sequences at most")->capture_default_str();
   app.add_option("--max-context", c->max_context, "tokens per request, prompt + output (0: the model's)")
       ->capture_default_str();
+  app.add_option("--tensor-parallel", c->tensor_parallel,
+                 "ranks the model is split over, Megatron-style (1, 2, 4 or 8); cpu: in-process ranks, cuda: GPUs; "
+                 "the model's attention heads, KV heads and intermediate size must shard over them")
+      ->capture_default_str();
   app.add_option("--max-queued", c->max_queued, "waiting requests before refusing with 'overloaded'")
       ->capture_default_str();
   app.add_option("--max-step-ms", c->max_step_ms,
@@ -120,6 +124,10 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");
   }
   if (max_batch_size == 0) return InvalidArgument("--max-batch-size must be >= 1");
+  // The model's shape is checked by the backend (heads, KV heads, intermediate size).
+  if (tensor_parallel != 1 && tensor_parallel != 2 && tensor_parallel != 4 && tensor_parallel != 8) {
+    return InvalidArgument("--tensor-parallel must be 1, 2, 4 or 8, got " + std::to_string(tensor_parallel));
+  }
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
                            std::to_string(max_step_ms));

@@ -46,6 +46,9 @@ struct WorkerConfig {
   uint32_t max_num_tokens = 8192;    // tokens computed per step; a multiple of B
   uint32_t max_batch_size = 256;     // running sequences
   uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache
+  // Ranks one model is split over (Megatron tensor parallelism): 1, 2, 4 or 8. cpu: in-process
+  // ranks; cuda: GPUs (refused above 1 for now); mock: announced only, its costs do not change.
+  int32_t tensor_parallel = 1;
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
   double max_step_ms = engine::config::kDefaultMaxStepMs;

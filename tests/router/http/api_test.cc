@@ -584,6 +584,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   hello.max_context = 2048;
   hello.requests_endpoint = w1.endpoint();
   hello.backend = "mock";
+  hello.tensor_parallel = 4;
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
   REQUIRE(WaitFor([&] {
     auto m = r.fleet->FindModel("llama");
@@ -602,6 +603,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
   CHECK(fleet["workers"][0]["block_size"] == 16);
   CHECK(fleet["workers"][0]["kv_block_size"] == 16);  // no kvBlockSize: KV blocks are block_size tokens
+  CHECK(fleet["workers"][0]["tensor_parallel"] == 4);
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

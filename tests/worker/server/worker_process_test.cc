@@ -607,6 +607,51 @@ TEST_CASE("a cpu worker with --lora serves the adapter beside the base model, lo
   CHECK(worker.Terminate() == 0);
 }
 
+TEST_CASE("a cpu worker with --tensor-parallel 2 announces it and serves what one rank serves") {
+  const std::string model = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);
+  std::vector<uint32_t> prompt = Prompt(20, 3);
+  for (uint32_t& t : prompt) t = t % 500 + 3;
+  std::vector<std::vector<uint32_t>> outputs;
+  for (const char* tp : {"1", "2"}) {
+    FakeRouter router;
+    WorkerProcess worker({"--backend", "cpu", "--model-dir", model, "--block-size", "16", "--max-num-tokens", "256",
+                          "--max-context", "512", "--kv-cache-bytes", std::to_string(64 * TinyCpuBlockBytes(16)),
+                          "--tensor-parallel", tp, "--router", "tcp://127.0.0.1:" + std::to_string(router.port)});
+    const kvfleet::WorkerHello hello = router.HelloWhere([](const kvfleet::WorkerHello&) { return true; });
+    CHECK(hello.tensor_parallel == static_cast<uint32_t>(std::stoi(tp)));
+    Client client(worker.requests_port);
+    std::vector<uint32_t> tokens;
+    int deltas = 0;
+    client.Generate(1, prompt, 8, "", 0, /*ignore_eos=*/true);
+    client.Collect(1, &tokens, &deltas);
+    CHECK(tokens.size() == 8);
+    outputs.push_back(tokens);
+    CHECK(worker.Terminate() == 0);
+  }
+  CHECK(outputs[0] == outputs[1]);  // greedy: the same tokens from the sharded forward pass
+}
+
+TEST_CASE("a bad --tensor-parallel stops the worker at start-up with an error naming the flag") {
+  const std::string tiny = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);  // 4 heads
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  const Case cases[] = {
+      {{"--backend", "cpu", "--model-dir", tiny, "--tensor-parallel", "3"}, "--tensor-parallel must be 1, 2, 4 or 8, got 3"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--tensor-parallel", "0"}, "--tensor-parallel must be 1, 2, 4 or 8, got 0"},
+      {{"--backend", "cpu", "--model-dir", tiny, "--tensor-parallel", "8"},
+       "--tensor-parallel 8: the model's 4 attention heads (config.json num_attention_heads)"},
+      {{"--backend", "mock", "--model-dir", tiny, "--tensor-parallel", "8"}, "num_attention_heads"},
+  };
+  for (const Case& c : cases) {
+    const auto [status, out] = RunRefused(c.flags);
+    INFO(c.says << "\n" << out);
+    CHECK(status != 0);
+    CHECK(out.find(c.says) != std::string::npos);
+  }
+}
+
 TEST_CASE("bad --lora flags and adapters stop the worker at start-up with an error naming the flag") {
   const std::string tiny = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);
   const std::string qwen3 = kvfleet::testing::SmallVocabModelDir("tiny-qwen3", 4, 512);

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "worker/backend/kv_setup.h"
+#include "worker/model/lora_adapter.h"
 
 namespace kvfleet::backend::cpu {
 
@@ -21,19 +22,131 @@ struct CpuBackend::Row {
   int32_t logits_row = -1;  // row in logits_, -1: no logits needed
 };
 
+struct CpuBackend::Rank {
+  TensorParallelShard shard;
+  std::unique_ptr<ThreadPool> pool;
+  CpuWeights w;
+  std::vector<float*> device_kv;  // [pool] → [device_blocks][layers][2][shard.kv_heads][B][head_dim]
+  std::vector<float*> host_kv;    // [pool] → [host_blocks][...] or null
+  std::vector<uint64_t> bytes_per_block;  // [pool]: this rank's part of a block
+  std::vector<std::unique_ptr<model::LoraAdapter>> lora;  // [max_loras]: this rank's shard, null: empty
+
+  // Per-step scratch. q, kv, I: the rank's q_size, kv_size and intermediate slice.
+  std::vector<float> x;       // [T][hidden] residual stream (the same on every rank)
+  std::vector<float> xn;      // [T][hidden] normed, then the row-parallel products
+  std::vector<float> qkv;     // [T][q + 2kv]
+  std::vector<float> attn;    // [T][q]
+  std::vector<float> mlp;     // [T][2·I]
+  std::vector<float> act;     // [T][I]
+  std::vector<float> head;    // [rows needing logits][hidden]
+  std::vector<float> logits;  // [rows needing logits][shard.vocab]; only with several ranks
+
+  ~Rank() {
+    for (float* p : device_kv) std::free(p);
+    for (float* p : host_kv) std::free(p);
+  }
+  float* KvBase(size_t pi, kv::BlockId block) const {
+    return device_kv[pi] + static_cast<size_t>(block) * (bytes_per_block[pi] / sizeof(float));
+  }
+};
+
+// Copies each block on every rank: a block id names the same tokens in every rank's arenas.
+class CpuBackend::RankCopier final : public kv::BlockCopier {
+ public:
+  explicit RankCopier(std::vector<kv::MemcpyBlockCopier> ranks) : ranks_(std::move(ranks)) {}
+  void Copy(std::span<const kv::BlockCopy> copies) override {
+    for (auto& r : ranks_) r.Copy(copies);
+  }
+
+ private:
+  std::vector<kv::MemcpyBlockCopier> ranks_;
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// A LoRA target's input and output sizes on a rank (model::LoraTargetDims for one rank).
+model::LoraDims ShardLoraDims(const model::ModelConfig& c, const TensorParallelShard& s, model::LoraTarget t) {
+  const auto h = static_cast<int32_t>(c.hidden_size), q = static_cast<int32_t>(s.heads * c.head_dim),
+             kv = static_cast<int32_t>(s.kv_heads * c.head_dim), inter = static_cast<int32_t>(s.inter);
+  switch (t) {
+    case model::LoraTarget::kQ: return {h, q};
+    case model::LoraTarget::kK:
+    case model::LoraTarget::kV: return {h, kv};
+    case model::LoraTarget::kO: return {q, h};
+    case model::LoraTarget::kGate:
+    case model::LoraTarget::kUp: return {h, inter};
+    case model::LoraTarget::kDown: return {inter, h};
+  }
+  return {};
+}
+
+// Rank s's part of adapter `a` (validated against c): column-parallel targets keep A whole
+// and B's rows of the rank's outputs; row-parallel ones (o, down) keep A's columns of the
+// rank's inputs and B whole, so their partial deltas sum to the delta over the ranks.
+std::unique_ptr<model::LoraAdapter> ShardLora(const model::LoraAdapter& a, const model::ModelConfig& c,
+                                              const TensorParallelShard& s) {
+  using model::LoraTarget;
+  auto out = std::make_unique<model::LoraAdapter>();
+  out->name = a.name;
+  out->lora_id = a.lora_id;
+  out->base_model = a.base_model;
+  out->path = a.path;
+  out->rank = a.rank;
+  out->scaling = a.scaling;
+  out->layers.resize(a.layers.size());
+  const int64_t hd = c.head_dim, R = a.rank;
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    for (int ti = 0; ti < model::kNumLoraTargets; ++ti) {
+      const auto t = static_cast<LoraTarget>(ti);
+      const model::LoraMatrices& m = a.layers[l][ti];
+      model::LoraMatrices& o = out->layers[l][ti];
+      if (m.empty()) continue;
+      if (s.ranks == 1) {
+        o = m;
+        continue;
+      }
+      const model::LoraDims full = model::LoraTargetDims(c, t);
+      int64_t begin = 0, count = 0;  // the rank's outputs (column-parallel) or inputs (row-parallel)
+      switch (t) {
+        case LoraTarget::kQ:
+        case LoraTarget::kO: begin = s.head_begin * hd, count = s.heads * hd; break;
+        case LoraTarget::kK:
+        case LoraTarget::kV: begin = s.kv_head_begin * hd, count = s.kv_heads * hd; break;
+        case LoraTarget::kGate:
+        case LoraTarget::kUp:
+        case LoraTarget::kDown: begin = s.inter_begin, count = s.inter; break;
+      }
+      if (t == LoraTarget::kO || t == LoraTarget::kDown) {
+        o.b = m.b;
+        o.a.reserve(static_cast<size_t>(R * count));
+        for (int64_t r = 0; r < R; ++r) {
+          const float* row = m.a.data() + r * full.in + begin;
+          o.a.insert(o.a.end(), row, row + count);
+        }
+      } else {
+        o.a = m.a;
+        o.b.assign(m.b.begin() + begin * R, m.b.begin() + (begin + count) * R);
+      }
+    }
+  }
+  return out;
+}
+
+
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& options) : ModelBackendBase(options) {}
 
-CpuBackend::~CpuBackend() {
-  for (float* p : device_kv_) std::free(p);
-  for (float* p : host_kv_) std::free(p);
+CpuBackend::~CpuBackend() = default;
+
+int CpuBackend::threads() const {
+  int n = 0;
+  for (const auto& rk : ranks_) n += rk->pool->size();
+  return n;
 }
 
 Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& options) {
@@ -55,9 +168,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
                            std::to_string(model::kMaxLoraRank));
   }
   std::unique_ptr<CpuBackend> b(new CpuBackend(options));
-  b->lora_slots_.resize(static_cast<size_t>(options.max_loras));
-  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
-  b->pool_ = std::make_unique<ThreadPool>(std::max(threads, 1));
+  b->lora_loaded_.assign(static_cast<size_t>(options.max_loras), false);
 
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
@@ -66,12 +177,26 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   // Flag errors before the weights load.
   KVF_RETURN_IF_ERROR(CheckAttentionOptions(c, options.attention, static_cast<uint32_t>(options.block_size),
                                             static_cast<uint32_t>(b->max_context_)));
+  KVF_RETURN_IF_ERROR(CheckTensorParallel(c, options.tensor_parallel));
+  const int tp = options.tensor_parallel;
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<TensorParallelShard> shards;
+  for (int r = 0; r < tp; ++r) {
+    auto rk = std::make_unique<Rank>();
+    rk->shard = ShardOf(c, tp, r);
+    rk->pool = std::make_unique<ThreadPool>(std::max(threads / tp, 1));
+    rk->lora.resize(static_cast<size_t>(options.max_loras));
+    shards.push_back(rk->shard);
+    b->ranks_.push_back(std::move(rk));
+  }
+  if (tp > 1) b->group_ = std::make_unique<RankGroup>(tp);
   const auto t_open = Clock::now();
-  KVF_ASSIGN_OR_RETURN(b->w_, LoadCpuWeights(*checkpoint, *b->pool_));
+  KVF_ASSIGN_OR_RETURN(std::vector<CpuWeights> weights, LoadCpuWeights(*checkpoint, *b->ranks_[0]->pool, shards));
+  for (int r = 0; r < tp; ++r) b->ranks_[r]->w = std::move(weights[r]);
   const auto t_weights = Clock::now();
   b->rope_ = std::make_unique<Rope>(c.rope());
 
-  // KV pools, as the KV manager computes them.
+  // KV pools, as the KV manager computes them; each rank's arenas hold its KV heads of them.
   KvMemorySettings memory;
   memory.block_size = static_cast<uint32_t>(options.block_size);
   memory.max_context = static_cast<uint32_t>(b->max_context_);
@@ -83,46 +208,58 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   if (options.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
-  std::vector<kv::MemcpyBlockCopier::Arena> arenas;
+  std::vector<std::vector<kv::MemcpyBlockCopier::Arena>> arenas(static_cast<size_t>(tp));
   for (size_t pi = 0; pi < layouts.size(); ++pi) {
     const kv::PoolLayout& l = layouts[pi];
     KvPoolInfo p = PoolInfoOf(l, c, options, b->max_context_);
-    // calloc: large arenas come from fresh zero pages, committed as they are touched.
-    float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), l.bytes_per_block));
-    float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, l.bytes_per_block)) : nullptr;
-    b->device_kv_.push_back(dev);
-    b->host_kv_.push_back(host);
-    if (dev == nullptr || (l.host_blocks > 0 && host == nullptr)) {
-      return ResourceExhausted("cpu backend: cannot allocate the KV cache of pool " + std::to_string(pi));
+    for (int r = 0; r < tp; ++r) {
+      Rank& rk = *b->ranks_[r];
+      const uint64_t bytes = l.bytes_per_block / static_cast<uint64_t>(c.num_kv_heads) * rk.shard.kv_heads;
+      // calloc: large arenas come from fresh zero pages, committed as they are touched.
+      float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), bytes));
+      float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, bytes)) : nullptr;
+      rk.device_kv.push_back(dev);
+      rk.host_kv.push_back(host);
+      rk.bytes_per_block.push_back(bytes);
+      if (dev == nullptr || (l.host_blocks > 0 && host == nullptr)) {
+        return ResourceExhausted("cpu backend: cannot allocate the KV cache of pool " + std::to_string(pi) +
+                                 (tp > 1 ? " on rank " + std::to_string(r) : ""));
+      }
+      arenas[r].push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), bytes});
     }
-    arenas.push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), l.bytes_per_block});
     b->pools_.push_back(std::move(p));
   }
   MapLayersToPools(b->pools_, c.num_layers, &b->layer_pool_, &b->layer_index_);
-  b->copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas));
+  if (tp == 1) {
+    b->copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas[0]));
+  } else {
+    std::vector<kv::MemcpyBlockCopier> copiers;
+    for (auto& a : arenas) copiers.emplace_back(std::move(a));
+    b->copier_ = std::make_unique<RankCopier>(std::move(copiers));
+  }
 
   const auto t_end = Clock::now();
   const double convert_s = Seconds(t_open, t_weights);
   uint64_t kv_bytes = 0;
-  for (const auto& p : b->pools_) kv_bytes += p.bytes_per_block * static_cast<uint64_t>(p.device_blocks);
+  for (const auto& rk : b->ranks_) {
+    for (size_t pi = 0; pi < b->pools_.size(); ++pi) {
+      kv_bytes += rk->bytes_per_block[pi] * static_cast<uint64_t>(b->pools_[pi].device_blocks);
+    }
+  }
   Logger("model")->info(
-      "cpu backend: {} ({}, {} layers) ready in {:.2f} s: open+validate {:.2f} s, {:.2f} GB to fp32 in {:.2f} s "
-      "({:.2f} GB/s, {} threads), KV {:.0f} MiB in {} pool(s) {:.2f} s",
-      options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, Seconds(t0, t_end),
+      "cpu backend: {} ({}, {} layers, tensor parallel {}) ready in {:.2f} s: open+validate {:.2f} s, {:.2f} GB "
+      "to fp32 in {:.2f} s ({:.2f} GB/s, {} threads), KV {:.0f} MiB in {} pool(s) {:.2f} s",
+      options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, tp, Seconds(t0, t_end),
       Seconds(t0, t_open), static_cast<double>(checkpoint->weight_bytes()) * 1e-9, convert_s,
-      convert_s > 0 ? static_cast<double>(checkpoint->weight_bytes()) * 1e-9 / convert_s : 0.0, b->pool_->size(),
+      convert_s > 0 ? static_cast<double>(checkpoint->weight_bytes()) * 1e-9 / convert_s : 0.0, b->threads(),
       static_cast<double>(kv_bytes) / (1 << 20), b->pools_.size(), Seconds(t_weights, t_end));
   return b;
-}
-
-float* CpuBackend::KvBase(size_t pool, kv::BlockId block) const {
-  return device_kv_[pool] + static_cast<size_t>(block) * (pools_[pool].bytes_per_block / sizeof(float));
 }
 
 Status CpuBackend::Validate(const StepBatch& batch) const {
   KVF_RETURN_IF_ERROR(ValidateStepBatch(batch, options_, pools_, config_.vocab_size, max_context_));
   for (const SequenceStep& s : batch.seqs) {
-    if (s.lora_slot >= 0 && lora_slots_[s.lora_slot] == nullptr) {
+    if (s.lora_slot >= 0 && !lora_loaded_[s.lora_slot]) {
       return InvalidArgument("request " + std::to_string(s.request_id) + ": LoRA slot " + std::to_string(s.lora_slot) +
                              " holds no adapter");
     }
@@ -155,21 +292,22 @@ Status CpuBackend::LoadLora(int32_t slot, const model::LoraAdapter& adapter) {
       }
     }
   }
-  lora_slots_[slot] = std::make_unique<model::LoraAdapter>(adapter);
+  for (auto& rk : ranks_) rk->lora[slot] = ShardLora(adapter, config_, rk->shard);
+  lora_loaded_[slot] = true;
   return Status::Ok();
 }
 
-void CpuBackend::AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, const float* x,
+void CpuBackend::AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, Rank& rk, const float* x,
                          int64_t x_stride, float* y, int64_t y_stride, int64_t y_offset) {
-  const model::LoraDims d = model::LoraTargetDims(config_, t);
+  const model::LoraDims d = ShardLoraDims(config_, rk.shard, t);
   const int64_t T = static_cast<int64_t>(rows_.size());
-  pool_->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
+  rk.pool->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
     thread_local std::vector<float> scratch;
     scratch.resize(model::kMaxLoraRank);
     for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) {
       const int32_t slot = batch.seqs[rows_[r].seq].lora_slot;
       if (slot < 0) continue;
-      const model::LoraAdapter& a = *lora_slots_[slot];
+      const model::LoraAdapter& a = *rk.lora[slot];
       const model::LoraMatrices& m = a.layers[layer][static_cast<int>(t)];
       if (m.empty()) continue;
       LoraAddRow(x + r * x_stride, d.in, m.a.data(), m.b.data(), a.rank, d.out, a.scaling, scratch.data(),
@@ -178,27 +316,29 @@ void CpuBackend::AddLora(const StepBatch& batch, int64_t layer, model::LoraTarge
   });
 }
 
-void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
+void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
   const model::ModelConfig& c = config_;
   const size_t pi = static_cast<size_t>(layer_pool_[layer]);
   const KvPoolInfo& pool = pools_[pi];
   const int64_t li = layer_index_[layer];
-  const int64_t B = options_.block_size, hd = c.head_dim, kvh = c.num_kv_heads, nh = c.num_heads;
-  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
-  const int64_t k_off = c.q_size(), v_off = c.q_size() + c.kv_size();
-  // Element offsets inside a block: [layers_in_pool][2][kv_heads][B][head_dim].
+  // The rank's heads; with one rank, the model's.
+  const int64_t B = options_.block_size, hd = c.head_dim, kvh = rk.shard.kv_heads, nh = rk.shard.heads;
+  const int64_t q_size = nh * hd, kv_size = kvh * hd;
+  const int64_t qkv_width = q_size + 2 * kv_size;
+  const int64_t k_off = q_size, v_off = q_size + kv_size;
+  // Element offsets inside the rank's block: [layers_in_pool][2][kv_heads][B][head_dim].
   auto k_at = [&](int64_t g) { return ((li * 2 + 0) * kvh + g) * B * hd; };
   auto v_at = [&](int64_t g) { return ((li * 2 + 1) * kvh + g) * B * hd; };
 
   // 1. Write this step's K and V.
   const int64_t T = static_cast<int64_t>(rows_.size());
-  pool_->ParallelFor((T + 63) / 64, [&](int64_t chunk) {
+  rk.pool->ParallelFor((T + 63) / 64, [&](int64_t chunk) {
     for (int64_t r = chunk * 64; r < std::min(T, chunk * 64 + 64); ++r) {
       const Row& row = rows_[r];
       const auto& table = batch.seqs[row.seq].block_tables[pi];
-      float* base = KvBase(pi, table[row.position / B]);
+      float* base = rk.KvBase(pi, table[row.position / B]);
       const int64_t off = (row.position % B) * hd;
-      const float* src = qkv_.data() + r * qkv_width;
+      const float* src = rk.qkv.data() + r * qkv_width;
       for (int64_t g = 0; g < kvh; ++g) {
         std::memcpy(base + k_at(g) + off, src + k_off + g * hd, hd * sizeof(float));
         std::memcpy(base + v_at(g) + off, src + v_off + g * hd, hd * sizeof(float));
@@ -226,19 +366,20 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
   // YaRN scales cos and sin by attention_scaling (HF), so q·k by its square.
   const double rope_scale = rope_->attention_scaling();
   const float scale = static_cast<float>(rope_scale * rope_scale / std::sqrt(static_cast<double>(hd)));
-  const int64_t group = nh / kvh;
-  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  rk.pool->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
     const Task& task = tasks[ti];
     const auto& table = batch.seqs[task.seq].block_tables[pi];
     const int64_t context_end = batch.seqs[task.seq].context_end;
-    const int64_t g = task.head / group;
+    // The model's KV head of this query head, as the rank's arenas index it.
+    const int64_t g = (rk.shard.head_begin + task.head) / group - rk.shard.kv_head_begin;
     thread_local std::vector<float> scores, q_shift, acc, cs;
     q_shift.resize(hd);
     acc.resize(hd);
     cs.resize(hd);
     for (int64_t r = task.row0; r < task.row0 + task.rows; ++r) {
       const int64_t q = rows_[r].position;
-      const float* qv = qkv_.data() + r * qkv_width + task.head * hd;
+      const float* qv = rk.qkv.data() + r * qkv_width + task.head * hd;
       const VisibleRange vis = VisibleOf(pool, q, context_end);  // a dense prompt query: [0, q], no sinks
       const int64_t n_sink = vis.sink_hi - vis.sink_lo, n_main = q + 1 - vis.lo;
       scores.resize(n_sink + n_main);
@@ -258,7 +399,7 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
       auto for_runs = [&](int64_t lo, int64_t hi, int64_t score0, bool values, auto&& fn) {
         for (int64_t t = lo; t < hi;) {
           const int64_t off = t % B, len = std::min(hi - t, B - off);
-          const float* base = KvBase(pi, table[t / B]) + (values ? v_at(g) : k_at(g)) + off * hd;
+          const float* base = rk.KvBase(pi, table[t / B]) + (values ? v_at(g) : k_at(g)) + off * hd;
           fn(score0 + (t - lo), base, len);
           t += len;
         }
@@ -284,17 +425,122 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer) {
       for_runs(vis.sink_lo, vis.sink_hi, 0, true, value_run);
       for_runs(vis.lo, q + 1, n_sink, true, value_run);
       const float inv = static_cast<float>(1.0 / sum);
-      float* out = attn_.data() + r * c.q_size() + task.head * hd;
+      float* out = rk.attn.data() + r * q_size + task.head * hd;
       for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
     }
   });
 }
 
+void CpuBackend::Forward(const StepBatch& batch, Rank& rk) {
+  const model::ModelConfig& c = config_;
+  const TensorParallelShard& sh = rk.shard;
+  const int64_t H = c.hidden_size, I = sh.inter, V = c.vocab_size, hd = c.head_dim;
+  const int64_t q_size = sh.heads * hd, kv_size = sh.kv_heads * hd;
+  const int64_t qkv_width = q_size + 2 * kv_size;
+  const int64_t T = static_cast<int64_t>(rows_.size());
+  const bool split = group_ != nullptr;
+  auto all_reduce = [&](std::vector<float>& v) {
+    if (split) group_->AllReduce(sh.rank, v.data(), static_cast<int64_t>(v.size()));
+  };
+  rk.x.resize(T * H);
+  rk.xn.resize(T * H);
+  rk.qkv.resize(T * qkv_width);
+  rk.attn.resize(T * q_size);
+  rk.mlp.resize(T * 2 * I);
+  rk.act.resize(T * I);
+
+  // Vocab-parallel embedding: each rank copies the rows it holds, zeros the others, and the
+  // all-reduce assembles them (adding zeros is exact).
+  for (int64_t r = 0; r < T; ++r) {
+    const int64_t tok = batch.seqs[rows_[r].seq].tokens[rows_[r].index];
+    float* dst = &rk.x[r * H];
+    if (tok >= sh.vocab_begin && tok < sh.vocab_begin + sh.vocab) {
+      std::memcpy(dst, &rk.w.embed[static_cast<size_t>(tok - sh.vocab_begin) * H], H * sizeof(float));
+    } else {
+      std::fill(dst, dst + H, 0.0f);
+    }
+  }
+  all_reduce(rk.x);
+
+  // Parallel over rows in chunks, for the per-row elementwise stages.
+  auto per_row = [&](auto&& fn) {
+    rk.pool->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
+      for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) fn(r);
+    });
+  };
+  auto add_residual = [&] {
+    per_row([&](int64_t r) {
+      for (int64_t i = 0; i < H; ++i) rk.x[r * H + i] += rk.xn[r * H + i];
+    });
+  };
+  auto or_null = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  using model::LoraTarget;
+  auto add_lora = [&](int64_t l, LoraTarget t, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                      int64_t y_offset) {
+    if (step_has_lora_) AddLora(batch, l, t, rk, x, x_stride, y, y_stride, y_offset);
+  };
+  ThreadPool& pool = *rk.pool;
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const CpuLayerWeights& lw = rk.w.layers[l];
+    per_row([&](int64_t r) { RmsNorm(&rk.x[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
+    MatMul(pool, rk.xn.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), rk.qkv.data());
+    add_lora(l, LoraTarget::kQ, rk.xn.data(), H, rk.qkv.data(), qkv_width, 0);
+    add_lora(l, LoraTarget::kK, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size);
+    add_lora(l, LoraTarget::kV, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size + kv_size);
+    per_row([&](int64_t r) {
+      float* row = &rk.qkv[r * qkv_width];
+      if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+        for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) {
+          const float* w = h < sh.heads ? lw.q_norm.data() : lw.k_norm.data();
+          RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
+        }
+      }
+      const float* cs = &cos_[r * hd / 2];
+      const float* sn = &sin_[r * hd / 2];
+      for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
+    });
+    Attention(batch, l, rk);
+    // Row-parallel o: each rank's partial product (and LoRA delta), summed over the ranks.
+    MatMul(pool, rk.attn.data(), T, q_size, lw.o.data(), H, or_null(lw.o_bias), rk.xn.data());
+    add_lora(l, LoraTarget::kO, rk.attn.data(), q_size, rk.xn.data(), H, 0);
+    all_reduce(rk.xn);
+    add_residual();
+    per_row([&](int64_t r) { RmsNorm(&rk.x[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
+    MatMul(pool, rk.xn.data(), T, H, lw.gate_up.data(), 2 * I, or_null(lw.gate_up_bias), rk.mlp.data());
+    add_lora(l, LoraTarget::kGate, rk.xn.data(), H, rk.mlp.data(), 2 * I, 0);
+    add_lora(l, LoraTarget::kUp, rk.xn.data(), H, rk.mlp.data(), 2 * I, I);
+    per_row([&](int64_t r) { SiluMul(&rk.mlp[r * 2 * I], &rk.mlp[r * 2 * I + I], I, &rk.act[r * I]); });
+    MatMul(pool, rk.act.data(), T, I, lw.down.data(), H, or_null(lw.down_bias), rk.xn.data());
+    add_lora(l, LoraTarget::kDown, rk.act.data(), I, rk.xn.data(), H, 0);
+    all_reduce(rk.xn);
+    add_residual();
+  }
+
+  // Vocab-parallel LM head for the rows that need logits, gathered into logits_.
+  const int64_t rows = logit_rows_;
+  rk.head.resize(static_cast<size_t>(rows) * H);
+  for (int64_t r = 0; r < T; ++r) {
+    if (rows_[r].logits_row >= 0) {
+      RmsNorm(&rk.x[r * H], rk.w.final_norm.data(), H, c.rms_norm_eps, &rk.head[rows_[r].logits_row * H]);
+    }
+  }
+  if (rows == 0 || sh.vocab == 0) return;
+  if (!split) {
+    MatMul(pool, rk.head.data(), rows, H, rk.w.lm_head_data(), V, nullptr, logits_.data());
+    return;
+  }
+  rk.logits.resize(static_cast<size_t>(rows) * sh.vocab);
+  MatMul(pool, rk.head.data(), rows, H, rk.w.lm_head_data(), sh.vocab, nullptr, rk.logits.data());
+  for (int64_t r = 0; r < rows; ++r) {  // disjoint columns of logits_ per rank
+    std::memcpy(&logits_[r * V + sh.vocab_begin], &rk.logits[r * sh.vocab], sh.vocab * sizeof(float));
+  }
+}
+
 Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));
   const model::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const int64_t V = c.vocab_size, hd = c.head_dim;
   const size_t nseq = batch.seqs.size();
 
   // Rows of the step, and which of them need logits.
@@ -315,13 +561,8 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
       rows_.push_back(row);
     }
   }
+  logit_rows_ = logit_rows;
   const int64_t T = static_cast<int64_t>(rows_.size());
-  x_.resize(T * H);
-  xn_.resize(T * H);
-  qkv_.resize(T * qkv_width);
-  attn_.resize(T * c.q_size());
-  mlp_.resize(T * 2 * I);
-  act_.resize(T * I);
   cos_.resize(T * hd / 2);
   sin_.resize(T * hd / 2);
   // Dynamic NTK: each sequence's frequencies for its length at the end of this step.
@@ -331,74 +572,17 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     seq_inv_freq_[s] = rope_->InvFreqFor(step.start_position + static_cast<int64_t>(step.tokens.size()));
   }
   for (int64_t r = 0; r < T; ++r) {
-    const TokenId tok = batch.seqs[rows_[r].seq].tokens[rows_[r].index];
-    std::memcpy(&x_[r * H], &w_.embed[static_cast<size_t>(tok) * H], H * sizeof(float));
     const float* inv = rope_->depends_on_length() ? seq_inv_freq_[rows_[r].seq].data() : rope_->inv_freq().data();
     rope_->Angles(inv, static_cast<double>(rows_[r].position), &cos_[r * hd / 2], &sin_[r * hd / 2]);
   }
-
-  // Parallel over rows in chunks, for the per-row elementwise stages.
-  auto per_row = [&](auto&& fn) {
-    pool_->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
-      for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) fn(r);
-    });
-  };
-  auto add_residual = [&] {
-    per_row([&](int64_t r) {
-      for (int64_t i = 0; i < H; ++i) x_[r * H + i] += xn_[r * H + i];
-    });
-  };
-  auto or_null = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
-  bool lora = false;
-  for (const SequenceStep& s : batch.seqs) lora |= s.lora_slot >= 0;
-  using model::LoraTarget;
-  auto add_lora = [&](int64_t l, LoraTarget t, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-                      int64_t y_offset) {
-    if (lora) AddLora(batch, l, t, x, x_stride, y, y_stride, y_offset);
-  };
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const CpuLayerWeights& lw = w_.layers[l];
-    per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
-    MatMul(*pool_, xn_.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), qkv_.data());
-    add_lora(l, LoraTarget::kQ, xn_.data(), H, qkv_.data(), qkv_width, 0);
-    add_lora(l, LoraTarget::kK, xn_.data(), H, qkv_.data(), qkv_width, c.q_size());
-    add_lora(l, LoraTarget::kV, xn_.data(), H, qkv_.data(), qkv_width, c.q_size() + c.kv_size());
-    per_row([&](int64_t r) {
-      float* row = &qkv_[r * qkv_width];
-      if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-        for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) {
-          const float* w = h < c.num_heads ? lw.q_norm.data() : lw.k_norm.data();
-          RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
-        }
-      }
-      const float* cs = &cos_[r * hd / 2];
-      const float* sn = &sin_[r * hd / 2];
-      for (int64_t h = 0; h < c.num_heads + c.num_kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
-    });
-    Attention(batch, l);
-    MatMul(*pool_, attn_.data(), T, c.q_size(), lw.o.data(), H, or_null(lw.o_bias), xn_.data());
-    add_lora(l, LoraTarget::kO, attn_.data(), c.q_size(), xn_.data(), H, 0);
-    add_residual();
-    per_row([&](int64_t r) { RmsNorm(&x_[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &xn_[r * H]); });
-    MatMul(*pool_, xn_.data(), T, H, lw.gate_up.data(), 2 * I, or_null(lw.gate_up_bias), mlp_.data());
-    add_lora(l, LoraTarget::kGate, xn_.data(), H, mlp_.data(), 2 * I, 0);
-    add_lora(l, LoraTarget::kUp, xn_.data(), H, mlp_.data(), 2 * I, I);
-    per_row([&](int64_t r) { SiluMul(&mlp_[r * 2 * I], &mlp_[r * 2 * I + I], I, &act_[r * I]); });
-    MatMul(*pool_, act_.data(), T, I, lw.down.data(), H, or_null(lw.down_bias), xn_.data());
-    add_lora(l, LoraTarget::kDown, act_.data(), I, xn_.data(), H, 0);
-    add_residual();
-  }
-
-  // LM head for the rows that need logits.
-  head_.resize(static_cast<size_t>(logit_rows) * H);
-  for (int64_t r = 0; r < T; ++r) {
-    if (rows_[r].logits_row >= 0) {
-      RmsNorm(&x_[r * H], w_.final_norm.data(), H, c.rms_norm_eps, &head_[rows_[r].logits_row * H]);
-    }
-  }
+  step_has_lora_ = false;
+  for (const SequenceStep& s : batch.seqs) step_has_lora_ |= s.lora_slot >= 0;
   logits_.resize(static_cast<size_t>(logit_rows) * V);
-  if (logit_rows > 0) MatMul(*pool_, head_.data(), logit_rows, H, w_.lm_head_data(), V, nullptr, logits_.data());
+  if (group_ == nullptr) {
+    Forward(batch, *ranks_[0]);
+  } else {
+    group_->Run([&](int r) { Forward(batch, *ranks_[r]); });
+  }
 
   out->tokens.assign(nseq, kNoToken);
   out->logits_offset.assign(nseq, -1);

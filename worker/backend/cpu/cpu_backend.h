@@ -10,10 +10,24 @@
 // std::thread pool. KV memory is fp32 and lives in host memory, so the "device" tier and
 // the host tier are both plain arrays and block copies are memcpy.
 //
+// Tensor parallelism (options.tensor_parallel = N > 1): N ranks, each a thread (RankGroup)
+// with its own pool of threads / N (at least 1) threads, its shard of the weights
+// (tensor_parallel.h: Megatron's column-parallel QKV and gate/up, row-parallel o and down,
+// vocab-parallel embedding and LM head) and its own KV arenas holding only its KV heads,
+// under the same block ids. o and down are each followed by RankGroup::AllReduce, the LM
+// head by a gather of the vocab slices; sampling runs on the engine thread. The engine
+// still sees one backend: one set of pools (pools() describes the whole model, as the KV
+// manager counts blocks), one block copier (copying a block copies it on every rank). With
+// replicated KV heads (fewer KV heads than ranks) the arenas hold N / kv_heads copies, so
+// KV memory is that many times kv_cache_bytes. N = 1 runs the one rank on the engine thread,
+// with no group and no collectives.
+//
 // LoRA: options.max_loras slots, each an fp32 copy of an adapter (LoadLora). A sequence
 // whose lora_slot is set adds scaling·B·(A·x) (LoraAddRow) to each targeted projection's
 // output, after the base product and its bias, before q/k norms and RoPE; sequences of
-// different slots and of the base model share a step.
+// different slots and of the base model share a step. Under tensor parallelism each rank
+// holds B's rows of its outputs for column-parallel targets and A's columns of its inputs
+// for row-parallel ones (o, down), whose partial deltas the all-reduce sums with the product.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -23,8 +37,10 @@
 #include <vector>
 
 #include "worker/backend/backend.h"
+#include "worker/backend/tensor_parallel.h"
 #include "worker/backend/cpu/cpu_kernels.h"
 #include "worker/backend/cpu/cpu_weights.h"
+#include "worker/backend/cpu/rank_group.h"
 #include "worker/backend/cpu/thread_pool.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_config.h"
@@ -54,45 +70,44 @@ class CpuBackend final : public ModelBackendBase {
   // The KV cache configuration the pools were computed from (kv::ComputePools); a KV
   // manager built from it has the same pools.
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
-  int threads() const { return pool_->size(); }
+  // Threads over every rank.
+  int threads() const;
+  int tensor_parallel() const { return static_cast<int>(ranks_.size()); }
 
  private:
-  struct Row;  // one token of the step: sequence, position, destination of its logits
+  struct Row;   // one token of the step: sequence, position, destination of its logits
+  struct Rank;  // one tensor-parallel rank: its shard, KV arenas, threads and scratch
+  class RankCopier;
   explicit CpuBackend(const BackendOptions& options);
   Status Validate(const StepBatch& batch) const;
-  // Writes the step's K/V of layer `layer` and computes attention into attn_.
-  void Attention(const StepBatch& batch, int64_t layer);
-  float* KvBase(size_t pool, kv::BlockId block) const;
-  // y[r] += the LoRA delta of target t for each row r whose sequence has an adapter slot
-  // with that target. x: [T][x_stride] (the projection's input), y: [T][y_stride] with the
-  // target's output at column y_offset.
-  void AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, const float* x, int64_t x_stride, float* y,
-               int64_t y_stride, int64_t y_offset);
+  // Rank `rk`'s forward pass of the step prepared by Execute: the logits of its vocab slice
+  // into logits_ (gathered through the rank's own buffer when there are several ranks).
+  void Forward(const StepBatch& batch, Rank& rk);
+  // Writes the step's K/V of layer `layer` and computes attention into rk.attn.
+  void Attention(const StepBatch& batch, int64_t layer, Rank& rk);
+  // y[r] += the LoRA delta of target t (the rank's shard of it) for each row r whose
+  // sequence has an adapter slot with that target. x: [T][x_stride] (the projection's input),
+  // y: [T][y_stride] with the target's output at column y_offset.
+  void AddLora(const StepBatch& batch, int64_t layer, model::LoraTarget t, Rank& rk, const float* x,
+               int64_t x_stride, float* y, int64_t y_stride, int64_t y_offset);
 
-  std::unique_ptr<ThreadPool> pool_;
-  CpuWeights w_;
+  std::vector<std::unique_ptr<Rank>> ranks_;  // [tensor_parallel]
+  std::unique_ptr<RankGroup> group_;          // null with one rank
   std::unique_ptr<Rope> rope_;
   kv::KvCacheConfig kv_config_;
   std::vector<int32_t> layer_pool_;   // [layer] → pool
   std::vector<int32_t> layer_index_;  // [layer] → index of the layer within its pool
-  std::vector<float*> device_kv_;     // [pool] → [device_blocks][block elements]
-  std::vector<float*> host_kv_;       // [pool] → [host_blocks][block elements] or null
-  std::unique_ptr<kv::MemcpyBlockCopier> copier_;
+  std::unique_ptr<kv::BlockCopier> copier_;
   Sampler sampler_;
   std::vector<kernels::LogitAdjust> adjust_;  // the sampled row's (scratch)
-  std::vector<std::unique_ptr<model::LoraAdapter>> lora_slots_;  // [max_loras], null: empty
+  std::vector<bool> lora_loaded_;             // [max_loras]: the slot holds an adapter
 
-  // Per-step scratch, reused across steps. T = tokens in the step.
+  // Per-step data every rank reads, reused across steps. T = tokens in the step.
   std::vector<Row> rows_;
-  std::vector<float> x_;      // [T][hidden] residual stream
-  std::vector<float> xn_;     // [T][hidden] normed
-  std::vector<float> qkv_;    // [T][q + 2kv]
-  std::vector<float> attn_;   // [T][q]
-  std::vector<float> mlp_;    // [T][2·intermediate]
-  std::vector<float> act_;    // [T][intermediate]
+  int32_t logit_rows_ = 0;
+  bool step_has_lora_ = false;
   std::vector<float> cos_, sin_;  // [T][head_dim / 2]
   std::vector<std::vector<float>> seq_inv_freq_;  // [sequences][head_dim / 2]: dynamic NTK only
-  std::vector<float> head_;   // [rows needing logits][hidden]
   std::vector<float> logits_; // [rows needing logits][vocab]
 };
 

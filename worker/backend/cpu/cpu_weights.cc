@@ -9,26 +9,48 @@ namespace {
 // Elements per conversion work item: large enough to amortize scheduling.
 constexpr int64_t kConvertChunk = 1 << 18;
 
+// A block of a tensor seen as [rows][cols] (a 1-D tensor is one column): rows
+// [row0, row0 + rows) and columns [col0, col0 + cols). rows/cols -1: all of them.
+struct Part {
+  int64_t row0 = 0, rows = -1, col0 = 0, cols = -1;
+};
+Part Rows(int64_t row0, int64_t rows) { return {row0, rows, 0, -1}; }
+Part Cols(int64_t col0, int64_t cols) { return {0, -1, col0, cols}; }
+
 class Loader {
  public:
   Loader(const model::Checkpoint& ck, ThreadPool& pool)
       : ck_(ck), pool_(pool), progress_(ck.specs().size(), ck.weight_bytes()) {}
 
-  // Appends the named tensor, converted to fp32, to `dst`.
-  void Append(const std::string& name, std::vector<float>* dst) {
+  // Appends part `p` of the named tensor, converted to fp32, to `dst`.
+  void Append(const std::string& name, std::vector<float>* dst, Part p = {}) {
     const model::TensorView& t = ck_.tensor(name);
     const int64_t n = t.numel();
+    const int64_t all_cols = t.shape.size() >= 2 ? n / t.shape[0] : 1;
+    const int64_t all_rows = n / all_cols;
+    const int64_t rows = p.rows < 0 ? all_rows - p.row0 : p.rows, cols = p.cols < 0 ? all_cols - p.col0 : p.cols;
     const size_t at = dst->size();
-    dst->resize(at + static_cast<size_t>(n));
+    dst->resize(at + static_cast<size_t>(rows * cols));
     float* out = dst->data() + at;
     const size_t esize = model::DTypeSize(t.dtype);
-    const int64_t chunks = (n + kConvertChunk - 1) / kConvertChunk;
-    pool_.ParallelFor(chunks, [&](int64_t c) {
-      const int64_t b = c * kConvertChunk, e = std::min(n, b + kConvertChunk);
-      model::ConvertToF32(t.dtype, t.bytes.data() + b * esize, static_cast<size_t>(e - b), out + b);
-    });
-    progress_.Add(1, t.bytes.size());
+    if (cols == all_cols) {  // contiguous rows: convert in even chunks
+      const int64_t total = rows * cols;
+      const std::byte* src = t.bytes.data() + p.row0 * cols * esize;
+      pool_.ParallelFor((total + kConvertChunk - 1) / kConvertChunk, [&](int64_t c) {
+        const int64_t b = c * kConvertChunk, e = std::min(total, b + kConvertChunk);
+        model::ConvertToF32(t.dtype, src + b * esize, static_cast<size_t>(e - b), out + b);
+      });
+    } else {
+      const int64_t per = std::max<int64_t>(1, kConvertChunk / std::max<int64_t>(cols, 1));
+      pool_.ParallelFor((rows + per - 1) / per, [&](int64_t c) {
+        for (int64_t r = c * per; r < std::min(rows, c * per + per); ++r) {
+          const std::byte* src = t.bytes.data() + ((p.row0 + r) * all_cols + p.col0) * esize;
+          model::ConvertToF32(t.dtype, src, static_cast<size_t>(cols), out + r * cols);
+        }
+      });
+    }
   }
+  void Done(const std::string& name) { progress_.Add(1, ck_.tensor(name).bytes.size()); }
 
  private:
   const model::Checkpoint& ck_;
@@ -38,48 +60,71 @@ class Loader {
 
 }  // namespace
 
-Result<CpuWeights> LoadCpuWeights(const model::Checkpoint& ck, ThreadPool& pool) {
+Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& ck, ThreadPool& pool,
+                                               const std::vector<TensorParallelShard>& shards) {
   const model::ModelConfig& c = ck.config();
-  CpuWeights w;
+  const int64_t hd = c.head_dim;
+  std::vector<CpuWeights> ws(shards.size());
   try {
     Loader load(ck, pool);
-    load.Append("model.embed_tokens.weight", &w.embed);
-    w.layers.resize(c.num_layers);
+    // Loads `name` into every shard, `part` choosing each one's block, and `dst` its vector.
+    auto each = [&](const std::string& name, auto&& part, auto&& dst) {
+      for (size_t i = 0; i < shards.size(); ++i) load.Append(name, dst(ws[i]), part(shards[i]));
+      load.Done(name);
+    };
+    auto whole = [](const TensorParallelShard&) { return Part{}; };
+    auto q_rows = [&](const TensorParallelShard& s) { return Rows(s.head_begin * hd, s.heads * hd); };
+    auto kv_rows = [&](const TensorParallelShard& s) { return Rows(s.kv_head_begin * hd, s.kv_heads * hd); };
+    auto q_cols = [&](const TensorParallelShard& s) { return Cols(s.head_begin * hd, s.heads * hd); };
+    auto i_rows = [](const TensorParallelShard& s) { return Rows(s.inter_begin, s.inter); };
+    auto i_cols = [](const TensorParallelShard& s) { return Cols(s.inter_begin, s.inter); };
+    auto v_rows = [](const TensorParallelShard& s) { return Rows(s.vocab_begin, s.vocab); };
+    // A bias of a row-parallel product: added once, by rank 0.
+    auto once = [](const TensorParallelShard& s) { return s.rank == 0 ? Part{} : Rows(0, 0); };
+
+    each("model.embed_tokens.weight", v_rows, [](CpuWeights& w) { return &w.embed; });
+    for (CpuWeights& w : ws) w.layers.resize(c.num_layers);
     for (int64_t l = 0; l < c.num_layers; ++l) {
-      CpuLayerWeights& lw = w.layers[l];
       auto name = [l](std::string_view s) { return model::LayerTensorName(l, s); };
-      load.Append(name("input_layernorm.weight"), &lw.input_norm);
-      load.Append(name("self_attn.q_proj.weight"), &lw.qkv);
-      load.Append(name("self_attn.k_proj.weight"), &lw.qkv);
-      load.Append(name("self_attn.v_proj.weight"), &lw.qkv);
+      auto layer = [l](auto member) { return [l, member](CpuWeights& w) { return &(w.layers[l].*member); }; };
+      using L = CpuLayerWeights;
+      each(name("input_layernorm.weight"), whole, layer(&L::input_norm));
+      each(name("self_attn.q_proj.weight"), q_rows, layer(&L::qkv));
+      each(name("self_attn.k_proj.weight"), kv_rows, layer(&L::qkv));
+      each(name("self_attn.v_proj.weight"), kv_rows, layer(&L::qkv));
       if (c.attention_bias) {
-        load.Append(name("self_attn.q_proj.bias"), &lw.qkv_bias);
-        load.Append(name("self_attn.k_proj.bias"), &lw.qkv_bias);
-        load.Append(name("self_attn.v_proj.bias"), &lw.qkv_bias);
+        each(name("self_attn.q_proj.bias"), q_rows, layer(&L::qkv_bias));
+        each(name("self_attn.k_proj.bias"), kv_rows, layer(&L::qkv_bias));
+        each(name("self_attn.v_proj.bias"), kv_rows, layer(&L::qkv_bias));
       }
-      load.Append(name("self_attn.o_proj.weight"), &lw.o);
-      if (c.attention_out_bias) load.Append(name("self_attn.o_proj.bias"), &lw.o_bias);
+      each(name("self_attn.o_proj.weight"), q_cols, layer(&L::o));
+      if (c.attention_out_bias) each(name("self_attn.o_proj.bias"), once, layer(&L::o_bias));
       if (c.qk_norm) {
-        load.Append(name("self_attn.q_norm.weight"), &lw.q_norm);
-        load.Append(name("self_attn.k_norm.weight"), &lw.k_norm);
+        each(name("self_attn.q_norm.weight"), whole, layer(&L::q_norm));
+        each(name("self_attn.k_norm.weight"), whole, layer(&L::k_norm));
       }
-      load.Append(name("post_attention_layernorm.weight"), &lw.post_norm);
-      load.Append(name("mlp.gate_proj.weight"), &lw.gate_up);
-      load.Append(name("mlp.up_proj.weight"), &lw.gate_up);
-      load.Append(name("mlp.down_proj.weight"), &lw.down);
+      each(name("post_attention_layernorm.weight"), whole, layer(&L::post_norm));
+      each(name("mlp.gate_proj.weight"), i_rows, layer(&L::gate_up));
+      each(name("mlp.up_proj.weight"), i_rows, layer(&L::gate_up));
+      each(name("mlp.down_proj.weight"), i_cols, layer(&L::down));
       if (c.mlp_bias) {
-        load.Append(name("mlp.gate_proj.bias"), &lw.gate_up_bias);
-        load.Append(name("mlp.up_proj.bias"), &lw.gate_up_bias);
-        load.Append(name("mlp.down_proj.bias"), &lw.down_bias);
+        each(name("mlp.gate_proj.bias"), i_rows, layer(&L::gate_up_bias));
+        each(name("mlp.up_proj.bias"), i_rows, layer(&L::gate_up_bias));
+        each(name("mlp.down_proj.bias"), once, layer(&L::down_bias));
       }
     }
-    load.Append("model.norm.weight", &w.final_norm);
-    if (!c.tie_word_embeddings) load.Append("lm_head.weight", &w.lm_head);
+    each("model.norm.weight", whole, [](CpuWeights& w) { return &w.final_norm; });
+    if (!c.tie_word_embeddings) each("lm_head.weight", v_rows, [](CpuWeights& w) { return &w.lm_head; });
   } catch (const std::bad_alloc&) {
     return ResourceExhausted(ck.dir() + ": not enough memory for the fp32 weights (" +
                              std::to_string(ck.weight_bytes()) + " bytes as stored)");
   }
-  return w;
+  return ws;
+}
+
+Result<CpuWeights> LoadCpuWeights(const model::Checkpoint& ck, ThreadPool& pool) {
+  KVF_ASSIGN_OR_RETURN(std::vector<CpuWeights> ws, LoadCpuWeights(ck, pool, {ShardOf(ck.config(), 1, 0)}));
+  return std::move(ws[0]);
 }
 
 }  // namespace kvfleet::backend::cpu

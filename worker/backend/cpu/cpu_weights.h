@@ -2,6 +2,11 @@
 // q/k/v projections are stacked into one [q + 2·kv][hidden] matrix and gate/up into one
 // [2·intermediate][hidden], so each takes one pass over the activations.
 //
+// Under tensor parallelism (worker/backend/tensor_parallel.h) each rank's CpuWeights holds
+// only its shard, in the same layout with local sizes: q, kv and intermediate below are the
+// rank's heads·head_dim, KV heads·head_dim and intermediate slice; vocab is its vocab slice.
+// Norms are whole on every rank; o_bias and down_bias only on rank 0 (added once).
+//
 // Thread safety: immutable after LoadCpuWeights().
 #pragma once
 
@@ -9,6 +14,7 @@
 
 #include "common/status.h"
 #include "worker/backend/cpu/thread_pool.h"
+#include "worker/backend/tensor_parallel.h"
 #include "worker/model/checkpoint.h"
 
 namespace kvfleet::backend::cpu {
@@ -29,7 +35,7 @@ struct CpuLayerWeights {
 };
 
 struct CpuWeights {
-  std::vector<float> embed;       // [vocab][hidden]
+  std::vector<float> embed;       // [vocab][hidden]: this rank's rows of the vocabulary
   std::vector<CpuLayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed
@@ -37,7 +43,11 @@ struct CpuWeights {
 };
 
 // Copies every tensor of the (already validated) checkpoint to fp32, showing progress on
-// a terminal. Fails only when memory runs out.
+// a terminal: one CpuWeights per shard, each holding only its part. Fails only when memory
+// runs out.
+Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& checkpoint, ThreadPool& pool,
+                                               const std::vector<TensorParallelShard>& shards);
+// The whole model (one shard of one rank).
 Result<CpuWeights> LoadCpuWeights(const model::Checkpoint& checkpoint, ThreadPool& pool);
 
 }  // namespace kvfleet::backend::cpu

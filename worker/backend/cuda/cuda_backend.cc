@@ -74,8 +74,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
     return InvalidArgument("cuda backend: max_num_tokens and max_batch_size must be > 0");
   }
   if (options.tensor_parallel != 1) {
-    return Unimplemented("cuda backend: tensor_parallel " + std::to_string(options.tensor_parallel) +
-                         " (one GPU per worker for now)");
+    return Unimplemented("--tensor-parallel " + std::to_string(options.tensor_parallel) +
+                         ": the cuda backend runs one GPU per worker for now (the cpu backend runs tensor-parallel "
+                         "ranks)");
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(options));
   auto graphs = options.extra.find("cuda_graphs");

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/backend/sampler.h"
+#include "worker/backend/tensor_parallel.h"
 
 namespace kvfleet::backend::mock {
 
@@ -107,6 +108,8 @@ Result<std::unique_ptr<MockBackend>> MockBackend::Make(const BackendOptions& opt
   }
   if (config.layer_window.empty()) config.layer_window.assign(config.num_layers, 0);
   if (!IsValidBlockSize(options.block_size)) return InvalidArgument("block size must be a power of two");
+  // No math to shard: N is checked against the model as a real backend would, and announced.
+  KVF_RETURN_IF_ERROR(CheckTensorParallel(config, options.tensor_parallel));
   std::unique_ptr<MockBackend> b(new MockBackend(options, std::move(mock), std::move(config)));
   b->max_context_ = options.max_context > 0 ? options.max_context : b->config_.max_position_embeddings;
   KVF_RETURN_IF_ERROR(CheckAttentionOptions(b->config_, options.attention, static_cast<uint32_t>(options.block_size),
