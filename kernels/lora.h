@@ -9,14 +9,16 @@
 // seg(j) (its target: seg_end bounds), whose R-wide part of t it reads.
 //
 // The shrink cuts `in` into `splits` slices (LoraShrinkSplits) so that a step with few tiles
-// still launches enough blocks; each block writes fp32 partial sums of its slice, and the
-// expand adds a row's partials in slice order as it loads t (deterministic: no atomics).
+// still launches enough blocks; each block writes fp32 partial sums of its slice, and the last
+// block of a tile to finish adds them in slice order into the first slice's place
+// (deterministic: the atomics only count the finished blocks, no value is added atomically).
 //
 // One kernel pair serves decode and prefill: the rows that have an adapter are grouped by slot
 // and cut into tiles of at most kLoraMaxTileRows rows of one slot (LoraGroupsHost, lora_ref.h
-// builds them), so a slot's A and B are read once per tile rather than once per row (BGMV's
-// cost at large batches), while a decode step with many slots still gets one tile per slot.
-// t stays fp32 and y is rounded once, as PEFT computes an adapter over a bf16 base model (its
+// builds them), the 16 rows of a tensor-core fragment, so a slot's A and B are read once per
+// tile rather than once per row (BGMV's cost at large batches), while a decode step with many
+// slots still gets one tile per slot. Both kernels run on mma.sync (lora.cuh says how). t
+// stays fp32 and y is rounded once, as PEFT computes an adapter over a bf16 base model (its
 // autocast_adapter_dtype default keeps the adapter's math in fp32). Framework-free: raw
 // pointers, every shape in a comment; shape checks live in the backend. CPU reference:
 // lora_ref.h.
@@ -45,8 +47,12 @@ struct LoraShrinkParams {
   const __nv_bfloat16* a = nullptr;
   const int32_t* slot_rank = nullptr;  // [num_slots]: 1..R
   // [num_grouped][splits][segments · R]: partial sums, indexed by a row's position in
-  // groups.rows; r < rank written. LoraShrinkScratchFloats floats suffice.
+  // groups.rows; r < rank written, and split 0 holds their sum when the kernel ends.
+  // LoraShrinkScratchFloats floats suffice.
   float* t = nullptr;
+  // [kLoraShrinkTargetBlocks]: zero before the first launch, left zero by every launch; only
+  // read when splits > 1.
+  int32_t* counters = nullptr;
   int32_t in = 0;
   int32_t max_rank = 0;  // R: the slots' row stride
   int32_t segments = 1;  // 1..kLoraMaxSegments
@@ -55,7 +61,7 @@ struct LoraShrinkParams {
 };
 
 struct LoraExpandParams {
-  const float* t = nullptr;  // [num_grouped][splits][segments · R]: the shrink's output
+  const float* t = nullptr;  // [num_grouped][splits][segments · R]: the shrink's output (split 0 read)
   // [num_slots][out][R]: the segments' lora_B stacked by output column, columns past the
   // slot's rank unread.
   const __nv_bfloat16* b = nullptr;
@@ -73,12 +79,15 @@ struct LoraExpandParams {
   LoraGroups groups;
 };
 
-// REQUIRES: in % 8 == 0, x and a 16-byte aligned, 1 <= max_rank <= kLoraMaxRank, 1 <= splits
-// <= max(1, in / (8 · kLoraMinSplitChunks)), every tile at most kLoraMaxTileRows rows; t must
-// not alias x. cudaErrorInvalidValue for a bad shape.
+// REQUIRES: in % 8 == 0, x and a 16-byte aligned, 8 <= max_rank <= kLoraMaxRank with
+// max_rank % 8 == 0, 1 <= splits <= max(1, in / (kLoraSplitChunk · kLoraMinSplitRounds)),
+// counters given and num_tiles · ceil(segments · R / kLoraShrinkCols) <= kLoraShrinkTargetBlocks
+// when splits > 1, every tile at most kLoraMaxTileRows rows; t must not alias x.
+// cudaErrorInvalidValue for a bad shape.
 cudaError_t LaunchLoraShrink(const LoraShrinkParams& p, cudaStream_t stream);
-// REQUIRES: max_rank % 8 == 0 (B rows are read 8 ranks at a time) and b 16-byte aligned; the
-// groups and t of the shrink before it; y must not alias t.
+// REQUIRES: max_rank % 8 == 0, every segment's columns, col0 and y_stride multiples of 8 (a
+// fragment's n8 lies in one segment; y is updated 16 bytes at a time), b and y 16-byte
+// aligned; the groups and t of the shrink before it; y must not alias t.
 cudaError_t LaunchLoraExpand(const LoraExpandParams& p, cudaStream_t stream);
 
 }  // namespace kvfleet::kernels

@@ -24,10 +24,8 @@ LoraGroupsHost GroupLoraRows(std::span<const int32_t> row_slot, int32_t tile_row
 }
 
 int32_t LoraTileRowsFor(int64_t grouped) {
-  // About 16 tiles before a tile grows past one row: a decode step of 64 rows gets 4-row tiles.
-  int32_t tile = 1;
-  while (tile < 16 && int64_t{tile} * 2 * 16 <= grouped) tile *= 2;
-  return tile;
+  // The kernels' tile is one mma fragment's 16 rows: fewer rows fill it no faster.
+  return static_cast<int32_t>(grouped < 1 ? 1 : grouped < kLoraMaxTileRows ? grouped : kLoraMaxTileRows);
 }
 
 void LoraShrinkRef(const bf16_bits* x, const bf16_bits* a, const int32_t* slot_rank, std::span<const int32_t> row_slot,

@@ -25,9 +25,8 @@ struct LoraGroupsHost {
 // tile_rows rows. REQUIRES: 1 <= tile_rows <= kLoraMaxTileRows.
 LoraGroupsHost GroupLoraRows(std::span<const int32_t> row_slot, int32_t tile_rows);
 
-// The tile height for `grouped` rows with an adapter: small tiles while there are few rows
-// (more blocks in flight for a decode step), full tiles for prefill (fewer re-reads of A and
-// B). A heuristic until the LoRA bench measures it (tests/bench/cuda_backend_bench.cc).
+// The tile height for `grouped` rows with an adapter: kLoraMaxTileRows, the 16 rows of the
+// kernels' mma fragment, or all the rows when there are fewer.
 int32_t LoraTileRowsFor(int64_t grouped);
 
 // t[row][seg · R + r] = x[row] · a[slot][seg · R + r] (fp32) for rows with slot >= 0 and r <

@@ -243,6 +243,14 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
     const Decode nk = RunDecode(b, batch, ctx, steps, k);
     std::printf("  ablation: %d adapters, LoRA path without the shrink/expand launches: %.3f ms/step (%+.1f%%)\n", k,
                 nk.step_s * 1e3, rel(nk.step_s));
+    cb->set_lora_debug({.launch_expand = false});
+    const Decode ns = RunDecode(b, batch, ctx, steps, k);
+    std::printf("  ablation: %d adapters, shrinks only (no expand): %.3f ms/step (%+.1f%%)\n", k, ns.step_s * 1e3,
+                rel(ns.step_s));
+    cb->set_lora_debug({.launch_shrink = false});
+    const Decode ne = RunDecode(b, batch, ctx, steps, k);
+    std::printf("  ablation: %d adapters, expands only (no shrink): %.3f ms/step (%+.1f%%)\n", k, ne.step_s * 1e3,
+                rel(ne.step_s));
     cb->set_lora_debug({});
     cb->set_use_graphs(false);
     const Decode eg = RunDecode(b, batch, ctx, steps, k);

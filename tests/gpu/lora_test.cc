@@ -1,7 +1,8 @@
 // The LoRA shrink and expand kernels (kernels/lora.h) against their CPU reference: slots of
 // ranks 8, 16 and 64 mixed in one step with rows that have no adapter (-1), one to three
 // segments (a fused [q|k|v] output with its own B per target), a column range inside a
-// wider output, tiles of 1 to 16 rows, decode-sized and prefill-sized steps.
+// wider output, tiles of 1 to 16 rows, decode-sized and prefill-sized steps, `in` split across
+// blocks (the last block's ordered sum, the counters left zero).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -58,6 +59,7 @@ void Run(const Case& c, uint32_t seed) {
   const int32_t splits = c.splits > 0 ? c.splits : LoraShrinkSplits(g.num_tiles(), c.in, width);
   DeviceBuffer<float> t_d(size_t(g.rows.size()) * splits * width);
   t_d.Poison();
+  DeviceBuffer<int32_t> counters_d(std::vector<int32_t>(kLoraShrinkTargetBlocks, 0));
   LoraGroups groups;
   groups.rows = rows_d.get();
   groups.tile_begin = begin_d.get();
@@ -68,11 +70,14 @@ void Run(const Case& c, uint32_t seed) {
   sp.a = a_d.as<__nv_bfloat16>();
   sp.slot_rank = rank_d.get();
   sp.t = t_d.get();
+  sp.counters = counters_d.get();
   sp.in = c.in;
   sp.max_rank = c.max_rank;
   sp.segments = c.segments;
   sp.splits = splits;
   sp.groups = groups;
+  // Twice: the split counters must be back at zero for the next launch (a graph's replay).
+  KVF_CUDA_OK(LaunchLoraShrink(sp, nullptr));
   KVF_CUDA_OK(LaunchLoraShrink(sp, nullptr));
   LoraExpandParams ep;
   ep.t = t_d.get();
@@ -96,16 +101,14 @@ void Run(const Case& c, uint32_t seed) {
   std::vector<bf16_bits> y_ref = y0;
   LoraExpandRef(t_ref.data(), b.data(), c.ranks.data(), scaling.data(), row_slot, y_ref.data(), y_stride, c.col0, out,
                 c.max_rank, c.segments, seg_end);
-  // t of each grouped row: its splits' partial sums added in order, as the expand adds them.
+  // t of each grouped row: split 0's place holds the sum of the splits.
   const std::vector<float> parts = t_d.Download();
   std::vector<float> t_gpu(size_t(c.tokens) * width, 0.f);
   for (size_t i = 0; i < g.rows.size(); ++i) {
-    for (int32_t rr = 0; rr < width; ++rr) {
-      float sum = 0.f;
-      for (int32_t sp_i = 0; sp_i < splits; ++sp_i) sum += parts[(i * splits + sp_i) * width + rr];
-      t_gpu[size_t(g.rows[i]) * width + rr] = sum;
-    }
+    for (int32_t rr = 0; rr < width; ++rr) t_gpu[size_t(g.rows[i]) * width + rr] = parts[i * splits * width + rr];
   }
+  const std::vector<int32_t> counters = counters_d.Download();
+  CHECK(std::count(counters.begin(), counters.end(), 0) == kLoraShrinkTargetBlocks);
   const std::vector<bf16_bits> y_gpu = y_d.Download();
   int64_t t_checked = 0, t_bad = 0, y_bad = 0, untouched_bad = 0;
   for (int32_t row = 0; row < c.tokens; ++row) {
@@ -152,15 +155,17 @@ TEST_CASE("LoRA shrink + expand equal the CPU reference: mixed slots and ranks, 
   // uneven cut (chunks not a multiple of the splits) and the most splits `in` allows.
   Run({64, 4096, 16, 1, {256}, {16, 8}, 0, 0, 0}, 32);
   CHECK(LoraShrinkSplits(GroupLoraRows(std::vector<int32_t>(64, 0), LoraTileRowsFor(64)).num_tiles(), 14336, 16) > 1);
+  // A rank of 8 inside R = 16: half of the last rank fragment is padding.
+  Run({48, 512, 16, 3, {64, 32, 32}, {8, 16}, 0, 0, 0}, 35);
   Run({24, 2056, 32, 2, {64, 64}, {32, 8}, 0, 0, 0, 5}, 33);
   Run({9, 1024, 64, 3, {64, 32, 32}, {64, 16}, 16, 0, 0, 4}, 34);
 }
 
 TEST_CASE("the shrink's splits fill the device for decode, stay one for prefill, and fit the scratch") {
-  CHECK(LoraShrinkSplits(16, 14336, 16) * 16 * 2 >= kLoraShrinkTargetBlocks / 2);
-  CHECK(LoraShrinkSplits(128, 4096, 48) == 1);
-  CHECK(LoraShrinkSplits(1, 64, 64) == 1);  // in too short to cut
-  CHECK(LoraShrinkSplits(1, 4096, 8) == 4096 / 8 / kLoraMinSplitChunks);
+  CHECK(LoraShrinkSplits(16, 14336, 16) * 16 >= kLoraShrinkTargetBlocks / 2);
+  CHECK(LoraShrinkSplits(512, 4096, 48) == 1);  // 8192 rows: enough tiles already
+  CHECK(LoraShrinkSplits(1, 64, 64) == 1);      // in too short to cut
+  CHECK(LoraShrinkSplits(1, 4096, 8) == 4096 / (kLoraSplitChunk * kLoraMinSplitRounds));
   for (int32_t tokens : {1, 7, 64, 300, 2048}) {
     for (int32_t width : {8, 16, 48, 192}) {
       for (int32_t in : {256, 4096, 14336}) {
@@ -181,6 +186,9 @@ TEST_CASE("LoRA launches refuse shapes they cannot take") {
   sp.in = 12;  // not a multiple of 8
   sp.max_rank = 8;
   CHECK(LaunchLoraShrink(sp, nullptr) == cudaErrorInvalidValue);
+  sp.in = 4096;
+  sp.splits = 2;  // split without counters to order the final sum
+  CHECK(LaunchLoraShrink(sp, nullptr) == cudaErrorInvalidValue);
   LoraExpandParams ep;
   ep.groups.num_tiles = 1;
   ep.out = 16;
@@ -190,6 +198,10 @@ TEST_CASE("LoRA launches refuse shapes they cannot take") {
   CHECK(LaunchLoraExpand(ep, nullptr) == cudaErrorInvalidValue);
   ep.max_rank = 8;
   ep.col0 = 4;  // columns past the stride
+  CHECK(LaunchLoraExpand(ep, nullptr) == cudaErrorInvalidValue);
+  ep.col0 = 0;
+  ep.out = 12;  // a segment not a multiple of 8 columns
+  ep.seg_end[0] = 12;
   CHECK(LaunchLoraExpand(ep, nullptr) == cudaErrorInvalidValue);
 }
 

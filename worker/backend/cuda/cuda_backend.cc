@@ -43,7 +43,11 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : lora_pinned_free_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
+  if (lora_side_ != nullptr) cudaStreamSynchronize(lora_side_);
   if (lora_ready_ != nullptr) cudaEventDestroy(lora_ready_);
+  if (lora_fork_ != nullptr) cudaEventDestroy(lora_fork_);
+  if (lora_join_ != nullptr) cudaEventDestroy(lora_join_);
+  if (lora_side_ != nullptr) cudaStreamDestroy(lora_side_);
   if (lora_stream_ != nullptr) cudaStreamDestroy(lora_stream_);
   copier_.reset();
   gemm_.reset();
@@ -447,6 +451,7 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
   // groups whose shrink/expand launches the graph holds.
   int32_t lora_mask = m.lora.num_tiles > 0 ? 1 << kNumLoraGroups : 0;
   for (int g = 0; g < kNumLoraGroups; ++g) lora_mask |= m.lora.num_tiles > 0 && m.lora_groups[g] && lora_debug_.launch_kernels ? 1 << g : 0;
+  if (lora_mask != 0) lora_mask |= (lora_debug_.launch_expand ? 0 : 1 << (kNumLoraGroups + 1)) | (lora_debug_.launch_shrink ? 0 : 1 << (kNumLoraGroups + 2));
   const GraphKey key{m.num_seqs, m.bucket_len, lora_mask};
   auto it = graphs_.find(key);
   if (it == graphs_.end() && !graph_seen_.insert(key).second) {
@@ -462,7 +467,8 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
     }
     KVF_CUDA_RETURN(end);
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+    // Node priorities: a LoRA step's shrinks keep their side stream's priority (7).
+    const cudaError_t inst = cudaGraphInstantiate(&exec, g, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(g);
     KVF_CUDA_RETURN(inst);
     it = graphs_.emplace(key, exec).first;

@@ -60,7 +60,9 @@
 //      max_lora_rank (rounded up to 8); LoadLora converts on the host and copies on its own
 //      stream, and the next step waits for that copy. A step where some sequence names a slot
 //      adds scaling·(x·Aᵀ)·Bᵀ after each group's product (kernels/lora.h: one shrink and one
-//      expand launch per group over every slot of the step), without the gemv fusions of (5):
+//      expand launch per group over every slot of the step; the shrink reads only x, so it
+//      runs on a side stream forked before the product and joined before the expand, which
+//      keeps it off the step's critical path), without the gemv fusions of (5):
 //      q, k, v need the adapter before RoPE and the K/V store, gate and up before SiLU·mul.
 //      Its decode steps take graphs (4) too, keyed also by the groups it launches: the row
 //      groups sit at staging offsets fixed by the padded batch, the tile height follows the
@@ -154,6 +156,10 @@ class CudaBackend final : public ModelBackendBase {
     // true: CUDA events around every shrink and expand (they cost the PDL overlap between
     // them); LoRA steps then run eagerly. Read with TakeLoraKernelTimes.
     bool time_kernels = false;
+    // false: the expands (or the shrinks) are left out, the rest of the path kept; the bench
+    // separates what each adds to a graphed step. The tokens are then wrong.
+    bool launch_expand = true;
+    bool launch_shrink = true;
   };
   void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
   // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
@@ -245,7 +251,14 @@ class CudaBackend final : public ModelBackendBase {
   // Packs the step's LoRA row groups (PackStep's part).
   void PackLora(const StepBatch& batch, StepMeta* m, std::byte* host, std::byte* dev, size_t* used);
   // y[:, 0, out) += the step's adapters' share of group g of layer l, x its input.
-  Status ApplyLora(const StepMeta& m, int64_t layer, LoraGroup g, const __nv_bfloat16* x, __nv_bfloat16* y);
+  // A targeted product y = x·Wᵀ becomes LoraShrinkAhead(x) (before the product: the shrink runs
+  // on lora_side_ alongside it), the product, then LoraAddToProduct(x, y) (joins the shrink and
+  // launches the expand into y). With lora_debug_.time_kernels both run in the second, timed.
+  Status LoraShrinkAhead(const StepMeta& m, int64_t layer, LoraGroup g, const __nv_bfloat16* x);
+  Status LoraAddToProduct(const StepMeta& m, int64_t layer, LoraGroup g, const __nv_bfloat16* x, __nv_bfloat16* y);
+  bool LoraRuns(const StepMeta& m, LoraGroup g) const;
+  kernels::LoraShrinkParams LoraShrinkFor(const StepMeta& m, int64_t layer, LoraGroup g, const __nv_bfloat16* x) const;
+  kernels::LoraExpandParams LoraExpandFor(const StepMeta& m, int64_t layer, LoraGroup g, __nv_bfloat16* y) const;
   kernels::PagedKvLayout PoolLayout(size_t pool) const;
   // fp8 (cuda_kv_scales.cc): the scales from the checkpoint's k_scale / v_scale tensors when
   // it has them, else from a calibration forward; then uploads them.
@@ -366,9 +379,13 @@ class CudaBackend final : public ModelBackendBase {
   int32_t* lora_slot_rank_dev_ = nullptr;                              // [slot]
   float* lora_slot_scaling_dev_ = nullptr;                             // [slot]
   float* lora_t_ = nullptr;  // the shrink's partial sums: LoraShrinkScratchFloats(max_num_tokens, 3R)
+  int32_t* lora_counters_ = nullptr;  // the shrink's split counters: kLoraShrinkTargetBlocks, zero between launches
   int32_t lora_tile_rows_ = 0;                                         // 0: kernels::LoraTileRowsFor
   cudaStream_t lora_stream_ = nullptr;                                 // LoadLora's copies
   cudaEvent_t lora_ready_ = nullptr;                                   // recorded after them
+  cudaStream_t lora_side_ = nullptr;  // the shrinks, forked from stream_ before each targeted product
+  cudaEvent_t lora_fork_ = nullptr;   // stream_ -> lora_side_ (x ready)
+  cudaEvent_t lora_join_ = nullptr;   // lora_side_ -> stream_ (t ready)
   bool lora_pending_ = false;                                          // the next step waits for it
   std::array<uint16_t*, 2> lora_pinned_ = {};                          // conversion buffers, in turn
   std::array<cudaEvent_t, 2> lora_pinned_free_ = {};                   // their copies done

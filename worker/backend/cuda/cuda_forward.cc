@@ -94,12 +94,14 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
         KVF_CUDA_RETURN(kernels::LaunchGemvRopeKv(w.qkv, xn_, w.qkv_bias, rope, T, Hi, stream_));
       }
     } else {
+      KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraQkv, xn_));
       KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
-      KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraQkv, xn_, qkv_));
+      KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraQkv, xn_, qkv_));
     }
     KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
+    KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraO, attn_));
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
-    KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraO, attn_, tmp_));
+    KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraO, attn_, tmp_));
     if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
@@ -108,13 +110,15 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
         KVF_CUDA_RETURN(kernels::LaunchGemvSiluMul(w.gate_up, xn_, w.gate_up_bias, act_, static_cast<int32_t>(I), T,
                                                    Hi, stream_));
       } else {
+        KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraGateUp, xn_));
         KVF_RETURN_IF_ERROR(gemm(w.gate_up, xn_, w.gate_up_bias, gate_up_, 2 * I, H));
-        KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraGateUp, xn_, gate_up_));
+        KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraGateUp, xn_, gate_up_));
         KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
       }
     }
+    KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraDown, act_));
     KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
-    KVF_RETURN_IF_ERROR(ApplyLora(m, l, kLoraDown, act_, tmp_));
+    KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraDown, act_, tmp_));
     if (!fused_norm || l + 1 == c.num_layers) {
       const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));

@@ -64,6 +64,11 @@ Status CudaBackend::AllocateLora() {
         s.in = d.in;
         s.out += d.out;
         s.seg_end[s.segments++] = s.out;
+        if (d.out % 8 != 0) {
+          return InvalidArgument(std::string("cuda backend: LoRA needs the ") + TargetName(target) +
+                                 " projection's output (" + std::to_string(d.out) +
+                                 " columns) to be a multiple of 8; --max-loras 0 serves this model without adapters");
+        }
       }
       const size_t a_elems = static_cast<size_t>(slots) * s.segments * R * s.in;
       const size_t b_elems = static_cast<size_t>(slots) * s.out * R;
@@ -82,7 +87,15 @@ Status CudaBackend::AllocateLora() {
   KVF_ASSIGN_OR_RETURN(lora_slot_scaling_dev_, DeviceAlloc<float>(static_cast<size_t>(slots)));
   KVF_ASSIGN_OR_RETURN(lora_t_, DeviceAlloc<float>(static_cast<size_t>(kernels::LoraShrinkScratchFloats(
                                    options_.max_num_tokens, kernels::kLoraMaxSegments * lora_rank_))));
+  KVF_ASSIGN_OR_RETURN(lora_counters_, DeviceAlloc<int32_t>(static_cast<size_t>(kernels::kLoraShrinkTargetBlocks)));
+  KVF_CUDA_RETURN(cudaMemsetAsync(lora_counters_, 0, kernels::kLoraShrinkTargetBlocks * sizeof(int32_t), stream_));
   KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
+  // The shrinks go first when SMs free up: the step waits for them at the expand.
+  int least = 0, greatest = 0;
+  KVF_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  KVF_CUDA_RETURN(cudaStreamCreateWithPriority(&lora_side_, cudaStreamNonBlocking, greatest));
+  KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
+  KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_ready_, cudaEventDisableTiming));
   for (int i = 0; i < 2; ++i) {
     void* h = nullptr;
@@ -220,33 +233,26 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
   m->lora.num_tiles = g.num_tiles();
 }
 
-Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group, const bf16* x, bf16* y) {
-  if (m.lora.num_tiles == 0 || !m.lora_groups[group] || !lora_debug_.launch_kernels) return Status::Ok();
-  cudaEvent_t* ev = nullptr;  // time_kernels: [before, between, after]
-  if (lora_debug_.time_kernels) {
-    const size_t first = lora_timed_.size() * 3;
-    while (lora_events_.size() < first + 3) {
-      cudaEvent_t e = nullptr;
-      KVF_CUDA_RETURN(cudaEventCreate(&e));
-      lora_events_.push_back(e);
-    }
-    lora_timed_.emplace_back(static_cast<int>(group), first);
-    ev = &lora_events_[first];
-    KVF_CUDA_RETURN(cudaEventRecord(ev[0], stream_));
-  }
+kernels::LoraShrinkParams CudaBackend::LoraShrinkFor(const StepMeta& m, int64_t layer, LoraGroup group,
+                                                     const bf16* x) const {
   const LoraGroupSlots& s = lora_[static_cast<size_t>(layer)][group];
   kernels::LoraShrinkParams sp;
   sp.x = x;
   sp.a = s.a;
   sp.slot_rank = lora_slot_rank_dev_;
   sp.t = lora_t_;
+  sp.counters = lora_counters_;
   sp.in = s.in;
   sp.max_rank = lora_rank_;
   sp.segments = s.segments;
   sp.splits = kernels::LoraShrinkSplits(m.lora.num_tiles, s.in, s.segments * lora_rank_);
   sp.groups = m.lora;
-  KVF_CUDA_RETURN(kernels::LaunchLoraShrink(sp, stream_));
-  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[1], stream_));
+  return sp;
+}
+
+kernels::LoraExpandParams CudaBackend::LoraExpandFor(const StepMeta& m, int64_t layer, LoraGroup group,
+                                                     bf16* y) const {
+  const LoraGroupSlots& s = lora_[static_cast<size_t>(layer)][group];
   kernels::LoraExpandParams ep;
   ep.t = lora_t_;
   ep.b = s.b;
@@ -257,11 +263,51 @@ Status CudaBackend::ApplyLora(const StepMeta& m, int64_t layer, LoraGroup group,
   ep.out = s.out;
   ep.max_rank = lora_rank_;
   ep.segments = s.segments;
-  ep.splits = sp.splits;
+  ep.splits = kernels::LoraShrinkSplits(m.lora.num_tiles, s.in, s.segments * lora_rank_);
   std::copy(std::begin(s.seg_end), std::end(s.seg_end), ep.seg_end);
   ep.groups = m.lora;
-  KVF_CUDA_RETURN(kernels::LaunchLoraExpand(ep, stream_));
-  if (ev != nullptr) KVF_CUDA_RETURN(cudaEventRecord(ev[2], stream_));
+  return ep;
+}
+
+bool CudaBackend::LoraRuns(const StepMeta& m, LoraGroup group) const {
+  return m.lora.num_tiles > 0 && m.lora_groups[group] && lora_debug_.launch_kernels;
+}
+
+Status CudaBackend::LoraShrinkAhead(const StepMeta& m, int64_t layer, LoraGroup group, const bf16* x) {
+  if (!LoraRuns(m, group) || lora_debug_.time_kernels) return Status::Ok();
+  // x is ready once the stream reaches here; the shrink needs nothing the product writes.
+  KVF_CUDA_RETURN(cudaEventRecord(lora_fork_, stream_));
+  KVF_CUDA_RETURN(cudaStreamWaitEvent(lora_side_, lora_fork_, 0));
+  if (lora_debug_.launch_shrink) {
+    KVF_CUDA_RETURN(kernels::LaunchLoraShrink(LoraShrinkFor(m, layer, group, x), lora_side_));
+  }
+  KVF_CUDA_RETURN(cudaEventRecord(lora_join_, lora_side_));
+  return Status::Ok();
+}
+
+Status CudaBackend::LoraAddToProduct(const StepMeta& m, int64_t layer, LoraGroup group, const bf16* x, bf16* y) {
+  if (!LoraRuns(m, group)) return Status::Ok();
+  if (!lora_debug_.time_kernels) {
+    KVF_CUDA_RETURN(cudaStreamWaitEvent(stream_, lora_join_, 0));
+    if (lora_debug_.launch_expand) {
+      KVF_CUDA_RETURN(kernels::LaunchLoraExpand(LoraExpandFor(m, layer, group, y), stream_));
+    }
+    return Status::Ok();
+  }
+  // Timed (the bench's ablation): both launches on the step's stream, between events.
+  const size_t first = lora_timed_.size() * 3;
+  while (lora_events_.size() < first + 3) {
+    cudaEvent_t e = nullptr;
+    KVF_CUDA_RETURN(cudaEventCreate(&e));
+    lora_events_.push_back(e);
+  }
+  lora_timed_.emplace_back(static_cast<int>(group), first);
+  cudaEvent_t* ev = &lora_events_[first];
+  KVF_CUDA_RETURN(cudaEventRecord(ev[0], stream_));
+  KVF_CUDA_RETURN(kernels::LaunchLoraShrink(LoraShrinkFor(m, layer, group, x), stream_));
+  KVF_CUDA_RETURN(cudaEventRecord(ev[1], stream_));
+  KVF_CUDA_RETURN(kernels::LaunchLoraExpand(LoraExpandFor(m, layer, group, y), stream_));
+  KVF_CUDA_RETURN(cudaEventRecord(ev[2], stream_));
   return Status::Ok();
 }
 
