@@ -27,7 +27,10 @@
 
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
+#include "kernels/bf16.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_comm.h"
+#include "worker/backend/cuda/cuda_util.h"
 
 namespace kvfleet::testing {
 namespace {
@@ -276,6 +279,94 @@ TEST_CASE("two ranks over NCCL on two GPUs follow one rank (skipped loudly with 
     return;
   }
   ExpectParity(2, "");
+}
+
+// Rank r's buffer for call `round`: element i is (r + 1) * (i % 7) + round, small integers
+// that bf16 and the sum hold exactly.
+std::vector<uint16_t> RankValues(int r, int round, int64_t n) {
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = kernels::FloatToBf16(static_cast<float>((r + 1) * (i % 7) + round));
+  return v;
+}
+
+TEST_CASE("the same-device communicator sums and gathers across rank threads, eagerly and replayed from CUDA graphs") {
+  using backend::cuda::CudaStatus;
+  for (int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    const int64_t n = 5000;
+    const std::vector<int> devices(static_cast<size_t>(ranks), 0);
+    auto comm = backend::cuda::CudaComm::Make(devices, n, n);
+    REQUIRE_MESSAGE(comm.ok(), comm.status().ToString());
+    CHECK(std::string((*comm)->kind()) == "same-device");
+    backend::cuda::RankThreads threads(ranks);
+    std::vector<cudaStream_t> streams(static_cast<size_t>(ranks));
+    std::vector<__nv_bfloat16*> bufs(static_cast<size_t>(ranks));
+    std::vector<float*> send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks));
+    std::vector<cudaGraphExec_t> graphs(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      REQUIRE(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking) == cudaSuccess);
+      REQUIRE(cudaMalloc(reinterpret_cast<void**>(&bufs[r]), n * sizeof(uint16_t)) == cudaSuccess);
+      REQUIRE(cudaMalloc(reinterpret_cast<void**>(&send[r]), n * sizeof(float)) == cudaSuccess);
+      REQUIRE(cudaMalloc(reinterpret_cast<void**>(&recv[r]), ranks * n * sizeof(float)) == cudaSuccess);
+    }
+    // One call of every rank: upload its values, all-reduce, gather; or capture that call.
+    auto call = [&](int r, int round, bool capture) -> Status {
+      KVF_CUDA_RETURN(cudaSetDevice(0));
+      const std::vector<uint16_t> v = RankValues(r, round, n);
+      std::vector<float> f(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(r * 1000 + i);
+      KVF_CUDA_RETURN(cudaMemcpy(bufs[r], v.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+      KVF_CUDA_RETURN(cudaMemcpy(send[r], f.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      if (capture) KVF_CUDA_RETURN(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal));
+      KVF_RETURN_IF_ERROR((*comm)->AllReduceSum(r, bufs[r], n, streams[r]));
+      KVF_RETURN_IF_ERROR((*comm)->AllGather(r, send[r], recv[r], n, streams[r]));
+      if (capture) {
+        cudaGraph_t g = nullptr;
+        KVF_CUDA_RETURN(cudaStreamEndCapture(streams[r], &g));
+        KVF_CUDA_RETURN(cudaGraphInstantiate(&graphs[r], g, 0));
+        cudaGraphDestroy(g);
+      }
+      return CudaStatus(cudaStreamSynchronize(streams[r]), "sync");
+    };
+    auto check = [&](int round) {
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<uint16_t> got(static_cast<size_t>(n));
+        std::vector<float> gathered(static_cast<size_t>(ranks * n));
+        REQUIRE(cudaMemcpy(got.data(), bufs[r], n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+        REQUIRE(cudaMemcpy(gathered.data(), recv[r], ranks * n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          float want = 0;
+          for (int k = 0; k < ranks; ++k) want += static_cast<float>((k + 1) * (i % 7) + round);
+          wrong += kernels::Bf16ToFloat(got[i]) != want;
+          for (int k = 0; k < ranks; ++k) wrong += gathered[k * n + i] != static_cast<float>(k * 1000 + i);
+        }
+        CHECK_MESSAGE(wrong == 0, "rank " << r << " round " << round);
+      }
+    };
+    for (int round = 0; round < 3; ++round) {  // eager
+      REQUIRE(threads.Run([&](int r) { return call(r, round, false); }).ok());
+      check(round);
+    }
+    REQUIRE(threads.Run([&](int r) { return call(r, 0, true); }).ok());  // captured, nothing runs
+    for (int round = 10; round < 13; ++round) {  // replays over new inputs
+      REQUIRE(threads.Run([&](int r) -> Status {
+                const std::vector<uint16_t> v = RankValues(r, round, n);
+                KVF_CUDA_RETURN(cudaSetDevice(0));
+                KVF_CUDA_RETURN(cudaMemcpy(bufs[r], v.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+                KVF_CUDA_RETURN(cudaGraphLaunch(graphs[r], streams[r]));
+                return CudaStatus(cudaStreamSynchronize(streams[r]), "sync");
+              }).ok());
+      check(round);
+    }
+    for (int r = 0; r < ranks; ++r) {
+      cudaGraphExecDestroy(graphs[r]);
+      cudaFree(bufs[r]);
+      cudaFree(send[r]);
+      cudaFree(recv[r]);
+      cudaStreamDestroy(streams[r]);
+    }
+  }
 }
 
 TEST_CASE("bad tensor-parallel settings are refused at start-up, naming the flag") {

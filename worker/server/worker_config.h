@@ -54,7 +54,7 @@ struct WorkerConfig {
   double max_step_ms = engine::config::kDefaultMaxStepMs;
 
   // --- KV memory ---
-  uint64_t kv_cache_bytes = 0;       // device KV bytes; 0: the backend's default
+  uint64_t kv_cache_bytes = 0;       // device KV bytes (per GPU with --tensor-parallel); 0: the backend's default
   double gpu_memory_fraction = 0.9;  // cuda, when kv_cache_bytes is 0: share of free memory
   std::string kv_cache_dtype = "auto";  // auto, bf16, fp8 (= fp8_e4m3): cuda; mock models fp8's capacity
   uint64_t host_cache_bytes = 0;     // host tier bytes; 0: no host tier
