@@ -47,7 +47,7 @@ struct WorkerConfig {
   uint32_t max_batch_size = 256;     // running sequences
   uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache
   // Ranks one model is split over (Megatron tensor parallelism): 1, 2, 4 or 8. cpu: in-process
-  // ranks; cuda: GPUs (refused above 1 for now); mock: announced only, its costs do not change.
+  // ranks; cuda: one GPU per rank (cuda_backend.h invariant 8); mock: announced only, its costs do not change.
   int32_t tensor_parallel = 1;
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound

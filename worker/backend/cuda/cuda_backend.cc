@@ -577,20 +577,28 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
   if (it == graphs_.end() && !graph_seen_.insert(key).second) {
     // Second step of this shape: capture it (the first ran eagerly, so every kernel
     // attribute and cuBLASLt plan is set up outside capture).
-    cudaGraph_t g = nullptr;
-    KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const Status captured = EnqueueStep(batch, m);
-    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
-    if (!captured.ok()) {
-      if (g != nullptr) cudaGraphDestroy(g);
-      return captured;
-    }
-    KVF_CUDA_RETURN(end);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    KVF_CUDA_RETURN(inst);
-    it = graphs_.emplace(key, exec).first;
+    auto capture = [&]() -> Status {
+      cudaGraph_t g = nullptr;
+      KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      const Status captured = EnqueueStep(batch, m);
+      const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+      if (!captured.ok()) {
+        if (g != nullptr) cudaGraphDestroy(g);
+        return captured;
+      }
+      KVF_CUDA_RETURN(end);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      KVF_CUDA_RETURN(inst);
+      it = graphs_.emplace(key, exec).first;
+      return Status::Ok();
+    };
+    const Status captured = capture();
+    // (8) Every rank's graph is instantiated (its kernels loaded) before any rank's runs and
+    // waits at a collective; a rank that failed still arrives, so none waits for ever.
+    if (comm_ != nullptr) comm_->HostBarrier();
+    KVF_RETURN_IF_ERROR(captured);
   }
   if (it != graphs_.end()) {
     KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));

@@ -2,6 +2,8 @@
 // RankThreads. See cuda_comm.h.
 #include "worker/backend/cuda/cuda_comm.h"
 
+#include <array>
+#include <barrier>
 #include <cstdlib>
 #include <set>
 
@@ -27,6 +29,10 @@ class SameDeviceComm final : public CudaComm {
     KVF_CUDA_RETURN(cudaMalloc(&c->gather_stage_, static_cast<size_t>(ranks * max_gather) * sizeof(float)));
     KVF_CUDA_RETURN(cudaMalloc(&c->sync_, 2 * static_cast<size_t>(ranks) * sizeof(unsigned long long)));
     KVF_CUDA_RETURN(cudaMemset(c->sync_, 0, 2 * static_cast<size_t>(ranks) * sizeof(unsigned long long)));
+    for (auto& phase : c->events_) {
+      phase.resize(static_cast<size_t>(ranks));
+      for (cudaEvent_t& e : phase) KVF_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     KVF_CUDA_RETURN(cudaDeviceSynchronize());
     return std::unique_ptr<CudaComm>(std::move(c));
   }
@@ -35,6 +41,11 @@ class SameDeviceComm final : public CudaComm {
     cudaFree(reduce_stage_);
     cudaFree(gather_stage_);
     cudaFree(sync_);
+    for (auto& phase : events_) {
+      for (cudaEvent_t e : phase) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
   }
   const char* kind() const override { return "same-device"; }
 
@@ -42,35 +53,56 @@ class SameDeviceComm final : public CudaComm {
     if (count > max_reduce_) return Internal("same-device all-reduce of " + std::to_string(count) + " elements");
     bf16* mine = reduce_stage_ + rank * max_reduce_;
     KVF_CUDA_RETURN(cudaMemcpyAsync(mine, buf, count * sizeof(bf16), cudaMemcpyDeviceToDevice, stream));
-    KVF_RETURN_IF_ERROR(Barrier(rank, stream));
+    KVF_RETURN_IF_ERROR(Barrier(rank, stream, 0));
     kernels::RankInputs in;
     for (int k = 0; k < ranks_; ++k) in.in[k] = reduce_stage_ + k * max_reduce_;
     KVF_CUDA_RETURN(kernels::LaunchSumRanks(in, ranks_, buf, count, stream));
-    return Barrier(rank, stream);  // every rank has read the staging areas
+    return Barrier(rank, stream, 1);  // every rank has read the staging areas
   }
 
   Status AllGather(int rank, const float* send, float* recv, int64_t count, cudaStream_t stream) override {
     if (count > max_gather_) return Internal("same-device all-gather of " + std::to_string(count) + " floats");
     KVF_CUDA_RETURN(cudaMemcpyAsync(gather_stage_ + rank * max_gather_, send, count * sizeof(float),
                                     cudaMemcpyDeviceToDevice, stream));
-    KVF_RETURN_IF_ERROR(Barrier(rank, stream));
+    KVF_RETURN_IF_ERROR(Barrier(rank, stream, 0));
     KVF_CUDA_RETURN(cudaMemcpy2DAsync(recv, count * sizeof(float), gather_stage_, max_gather_ * sizeof(float),
                                       count * sizeof(float), ranks_, cudaMemcpyDeviceToDevice, stream));
-    return Barrier(rank, stream);
+    return Barrier(rank, stream, 1);
   }
 
  private:
   SameDeviceComm(int ranks, int device, int64_t max_reduce, int64_t max_gather)
       : CudaComm(ranks), device_(device), max_reduce_(max_reduce), max_gather_(max_gather) {}
-  Status Barrier(int rank, cudaStream_t stream) {
-    return CudaStatus(kernels::LaunchRankBarrier(sync_, sync_ + ranks_, rank, ranks_, stream), "LaunchRankBarrier");
+  // Holds `stream` until every rank's stream has reached this point. Captured into a graph:
+  // the device-side barrier kernel (graph instantiation loads every kernel, so it never
+  // waits on a lazily loaded one). Eagerly: events and a host barrier between the rank
+  // threads, no spinning kernel (a spinning kernel could deadlock against the context
+  // synchronisation of CUDA's lazy module loading, the CUDA guide's "Lazy Loading").
+  // `phase` 0 / 1: the barrier before / after the ranks read each other's staging areas.
+  Status Barrier(int rank, cudaStream_t stream, int phase) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    KVF_CUDA_RETURN(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusActive) {
+      return CudaStatus(kernels::LaunchRankBarrier(sync_, sync_ + ranks_, rank, ranks_, stream),
+                        "LaunchRankBarrier");
+    }
+    std::vector<cudaEvent_t>& ev = events_[static_cast<size_t>(phase)];
+    KVF_CUDA_RETURN(cudaEventRecord(ev[static_cast<size_t>(rank)], stream));
+    HostBarrier();  // every rank's record is in before anyone waits on it
+    for (int k = 0; k < ranks_; ++k) {
+      if (k != rank) KVF_CUDA_RETURN(cudaStreamWaitEvent(stream, ev[static_cast<size_t>(k)], 0));
+    }
+    return Status::Ok();
   }
 
   const int device_;
   const int64_t max_reduce_, max_gather_;
   bf16* reduce_stage_ = nullptr;        // [ranks][max_reduce]
   float* gather_stage_ = nullptr;       // [ranks][max_gather]
-  unsigned long long* sync_ = nullptr;  // flags [ranks], then counters [ranks]
+  unsigned long long* sync_ = nullptr;  // flags [ranks], then counters [ranks]: the captured barrier
+  // The eager barrier: [phase][rank] events, each re-recorded only after every rank has
+  // waited on its previous record (the next phase's host barrier orders it).
+  std::array<std::vector<cudaEvent_t>, 2> events_;
 };
 
 #ifdef KVFLEET_HAVE_NCCL
@@ -93,6 +125,13 @@ class NcclComm final : public CudaComm {
     return std::unique_ptr<CudaComm>(std::move(c));
   }
   ~NcclComm() override {
+    // One thread holds every rank's communicator: finalize them as a group (NCCL's
+    // documented order for that case), then destroy each.
+    ncclGroupStart();
+    for (ncclComm_t comm : comms_) {
+      if (comm != nullptr) ncclCommFinalize(comm);
+    }
+    ncclGroupEnd();
     for (ncclComm_t comm : comms_) {
       if (comm != nullptr) ncclCommDestroy(comm);
     }

@@ -6,9 +6,11 @@
 //     worker process, one thread per GPU). NCCL_NVLS_ENABLE is set to 0 unless the
 //     environment sets it: NVLink multicast stays off.
 //   - Same device, for tests on one GPU (NCCL refuses two ranks on one device): each rank
-//     copies its buffer into its own staging area, the ranks' streams meet at a device-side
-//     barrier, every rank sums the staging areas in rank order 0..N-1 (deterministic), and a
-//     second barrier frees the staging areas for the next call.
+//     copies its buffer into its own staging area, the ranks' streams meet at a barrier,
+//     every rank sums the staging areas in rank order 0..N-1 (deterministic), and a second
+//     barrier frees the staging areas for the next call. Eagerly the barrier is events and
+//     a host barrier between the rank threads; captured in a graph, a device-side barrier
+//     kernel (kernels/tensor_parallel.h).
 // Both enqueue asynchronously on the caller's stream and both can be captured in a CUDA
 // graph (NCCL supports capture; the same-device path is copies and plain kernels).
 //
@@ -54,10 +56,16 @@ class CudaComm {
   // recv[k][0, count) = rank k's send[0, count), for every k, on `stream`.
   // REQUIRES: count <= max_gather; recv holds ranks() * count floats.
   virtual Status AllGather(int rank, const float* send, float* recv, int64_t count, cudaStream_t stream) = 0;
+  // Returns when every rank's thread has called it (no device work). The backend calls it
+  // between instantiating new CUDA graphs and launching them, so no rank's collective is
+  // waiting on the device while another rank's instantiation loads kernels (which may
+  // synchronise the context).
+  void HostBarrier() { host_barrier_.arrive_and_wait(); }
 
  protected:
-  explicit CudaComm(int ranks) : ranks_(ranks) {}
+  explicit CudaComm(int ranks) : ranks_(ranks), host_barrier_(ranks) {}
   const int ranks_;
+  std::barrier<> host_barrier_;
 };
 
 // Parses extra["tp_devices"] ("0,0": two ranks on GPU 0) into one device per rank; without
