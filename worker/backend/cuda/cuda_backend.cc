@@ -158,7 +158,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_RETURN_IF_ERROR(b->AllocateLora());
   KVF_ASSIGN_OR_RETURN(const uint64_t free_bytes, b->FreeForKv());
   KVF_RETURN_IF_ERROR(b->AllocateKv(free_bytes));
-  if (tp > 1) KVF_RETURN_IF_ERROR(b->StartRanks(devices));
+  if (tp > 1) KVF_RETURN_IF_ERROR(b->StartRanks());
   if (b->kv_fp8_) KVF_RETURN_IF_ERROR(b->SetUpKvScales(*checkpoint));
   KVF_CUDA_RETURN(cudaStreamSynchronize(b->stream_));
   const auto t_end = Clock::now();
@@ -205,7 +205,6 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
     const int64_t cols = rows > 0 ? t.numel() / rows : 0;
     if (nr < 0) nr = rows;
     if (nc < 0) nc = cols;
-    if (r0 == 0 && nr == rows && c0 == 0 && nc == cols) return Status::Ok();  // whole: the caller's upload
     const size_t esize = t.dtype == model::DType::kF32 ? 4 : 2;
     converted.resize(static_cast<size_t>(nr * nc));
     for (int64_t i = 0; i < nr; ++i) {

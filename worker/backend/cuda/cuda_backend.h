@@ -422,15 +422,16 @@ class CudaBackend final : public ModelBackendBase {
   // ---- Tensor parallelism (8), cuda_tensor_parallel.cc ----
   // Make's part per rank: stream, cuBLASLt, the weights shard, the activation buffers.
   Status InitRank(const model::Checkpoint& checkpoint);
-  // Rank 0 at N > 1: the peers (InitRank each), after rank 0's own InitRank.
+  // Rank 0 at N > 1: the peers (InitRank each), after rank 0's own InitRank, and the
+  // communicator over every rank.
   Status MakePeers(const model::Checkpoint& checkpoint, std::span<const int> devices);
   // Device bytes the KV pools may take on this rank's GPU (the least over the ranks, a GPU's
   // free memory split between the ranks on it).
   Result<uint64_t> FreeForKv() const;
   // Allocates this rank's part of each pool (its KV heads) and its block copier.
   Status AllocateKvPools(const std::vector<kv::PoolLayout>& layouts);
-  // The communicator over every rank, the threads, the copier over every rank's pools.
-  Status StartRanks(std::span<const int> devices);
+  // Rank 0 at N > 1, after the KV pools: the rank threads and the copier over every rank's pools.
+  Status StartRanks();
   // Execute after validation, on this rank (its own thread at N > 1).
   Status RunStep(const StepBatch& batch, StepOutput* out);
   // buf[0, count) summed over the ranks (8); nothing at N = 1.

@@ -57,6 +57,13 @@ Status CudaBackend::MakePeers(const model::Checkpoint& checkpoint, std::span<con
     if (!st.ok()) return st.WithContext("tensor-parallel rank " + std::to_string(r) + " on device " + std::to_string(o.device));
     peers_.push_back(std::move(p));
   }
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
+  // The communicator before the KV budget is taken from free memory: NCCL's buffers count.
+  const int64_t reduce = static_cast<int64_t>(options_.max_num_tokens) * config_.hidden_size;
+  const int64_t gather = logits_rows_ * vocab_rows_;
+  KVF_ASSIGN_OR_RETURN(owned_comm_, CudaComm::Make(devices, reduce, gather));
+  comm_ = owned_comm_.get();
+  for (auto& p : peers_) p->comm_ = comm_;
   return CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice");
 }
 
@@ -76,14 +83,9 @@ Result<uint64_t> CudaBackend::FreeForKv() const {
   return least;
 }
 
-Status CudaBackend::StartRanks(std::span<const int> devices) {
-  const int64_t reduce = static_cast<int64_t>(options_.max_num_tokens) * config_.hidden_size;
-  const int64_t gather = logits_rows_ * vocab_rows_;
-  KVF_ASSIGN_OR_RETURN(owned_comm_, CudaComm::Make(devices, reduce, gather));
-  comm_ = owned_comm_.get();
+Status CudaBackend::StartRanks() {
   std::vector<kv::BlockCopier*> copiers = {copier_.get()};
   for (auto& p : peers_) {
-    p->comm_ = comm_;
     copiers.push_back(p->copier_.get());
     KVF_CUDA_RETURN(cudaSetDevice(p->options_.device));
     KVF_CUDA_RETURN(cudaStreamSynchronize(p->stream_));
