@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,16 @@ std::string OnGpu0(int32_t tp) {
   std::string s = "0";
   for (int32_t r = 1; r < tp; ++r) s += ",0";
   return s;
+}
+
+// compute-sanitizer (tests/gpu/run.sh sets this) serialises kernels, so the same-device
+// communicator's graphed barrier, two kernels that must run at once, cannot pass there.
+bool SkipUnderSanitizer(const char* what) {
+  const char* san = std::getenv("KVFLEET_UNDER_SANITIZER");
+  if (san == nullptr || *san == 0) return false;
+  MESSAGE("SKIPPED under compute-sanitizer " << san << ": " << what
+                                             << " replays the device-side rank barrier (two kernels at once)");
+  return true;
 }
 
 int GpuCount() {
@@ -209,6 +220,7 @@ TEST_CASE("tensor-parallel steps are deterministic: the same-device all-reduce s
 }
 
 TEST_CASE("CUDA-graphed decode on two ranks gives the tokens of eager steps, at batch 1 (gemv fusions) and 3") {
+  if (SkipUnderSanitizer("graphed decode on ranks sharing a GPU")) return;
   for (const char* shape : {"tiny", "tiny-qwen3"}) {
     CAPTURE(shape);
     const std::string dir = RandomModelDir(shape, 5);
@@ -348,19 +360,21 @@ TEST_CASE("the same-device communicator sums and gathers across rank threads, ea
       REQUIRE(threads.Run([&](int r) { return call(r, round, false); }).ok());
       check(round);
     }
-    REQUIRE(threads.Run([&](int r) { return call(r, 0, true); }).ok());  // captured, nothing runs
-    for (int round = 10; round < 13; ++round) {  // replays over new inputs
-      REQUIRE(threads.Run([&](int r) -> Status {
-                const std::vector<uint16_t> v = RankValues(r, round, n);
-                KVF_CUDA_RETURN(cudaSetDevice(0));
-                KVF_CUDA_RETURN(cudaMemcpy(bufs[r], v.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
-                KVF_CUDA_RETURN(cudaGraphLaunch(graphs[r], streams[r]));
-                return CudaStatus(cudaStreamSynchronize(streams[r]), "sync");
-              }).ok());
-      check(round);
+    if (!SkipUnderSanitizer("the graph replays")) {
+      REQUIRE(threads.Run([&](int r) { return call(r, 0, true); }).ok());  // captured, nothing runs
+      for (int round = 10; round < 13; ++round) {  // replays over new inputs
+        REQUIRE(threads.Run([&](int r) -> Status {
+                  const std::vector<uint16_t> v = RankValues(r, round, n);
+                  KVF_CUDA_RETURN(cudaSetDevice(0));
+                  KVF_CUDA_RETURN(cudaMemcpy(bufs[r], v.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+                  KVF_CUDA_RETURN(cudaGraphLaunch(graphs[r], streams[r]));
+                  return CudaStatus(cudaStreamSynchronize(streams[r]), "sync");
+                }).ok());
+        check(round);
+      }
     }
     for (int r = 0; r < ranks; ++r) {
-      cudaGraphExecDestroy(graphs[r]);
+      if (graphs[r] != nullptr) cudaGraphExecDestroy(graphs[r]);
       cudaFree(bufs[r]);
       cudaFree(send[r]);
       cudaFree(recv[r]);
