@@ -173,14 +173,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
              ", " + std::to_string(p.host_blocks) + " host blocks)";
   }
   const double load_s = Seconds(t_open, t_weights);
+  uint64_t weight_bytes = b->weight_bytes_;  // (8) every rank's shard
+  for (const auto& p : b->peers_) weight_bytes += p->weight_bytes_;
   Logger("model")->info(
       "cuda backend: {} ({}, {} layers{}) on {} ({} SMs) ready in {:.2f} s: {:.2f} GB of bf16 weights uploaded in "
       "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB ({}{}) of {}-token blocks: {}",
       options.model_dir, model::ArchitectureName(c.architecture), c.num_layers,
-      tp > 1 ? ", tensor parallel " + std::to_string(tp) + " over " + b->comm_kind() + ", per GPU" : std::string(),
+      tp > 1 ? ", tensor parallel " + std::to_string(tp) + " over " + b->comm_kind() + ", weights of all ranks" : std::string(),
       prop.name, b->num_sms_,
-      Seconds(t0, t_end), static_cast<double>(b->weight_bytes_) * 1e-9, load_s,
-      load_s > 0 ? static_cast<double>(b->weight_bytes_) * 1e-9 / load_s : 0.0,
+      Seconds(t0, t_end), static_cast<double>(weight_bytes) * 1e-9, load_s,
+      load_s > 0 ? static_cast<double>(weight_bytes) * 1e-9 / load_s : 0.0,
       static_cast<double>(kv_bytes) / (1ull << 30), b->kv_fp8_ ? "fp8 e4m3, scales " : "bf16",
       b->kv_fp8_ ? b->kv_scales_source_ : "", options.block_size, pools);
   return b;

@@ -161,7 +161,7 @@ class CudaBackend final : public ModelBackendBase {
   // from: "checkpoint" or "calibrated" (cuda_kv_scales.cc).
   std::span<const float> kv_scales() const { return kv_scales_host_; }
   const std::string& kv_scales_source() const { return kv_scales_source_; }
-  // Bytes of weights on the device.
+  // Bytes of weights on the device (rank 0's shard with tensor parallelism).
   uint64_t weight_bytes() const { return weight_bytes_; }
 
   // Ablation and profiling of LoRA steps (cuda_backend_bench --lora-ablation); not for serving.
