@@ -22,6 +22,7 @@
 #include "worker/backend/cuda/cuda_util.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/model/checkpoint.h"
+#include "worker/model/model_config.h"
 
 namespace kvfleet::backend::cuda {
 namespace {
@@ -74,16 +75,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cuda backend: max_num_tokens and max_batch_size must be > 0");
   }
-  // (8) The ranks' devices; rank 0 (this backend) takes the first.
+  // (8) What runs on one GPU only, then the ranks' devices; rank 0 (this backend) takes the first.
   const int32_t tp = options.tensor_parallel;
-  std::vector<int> devices = {options.device};
-  auto tp_devices = options.extra.find("tp_devices");
-  if (tp > 1) {
-    KVF_ASSIGN_OR_RETURN(devices, TensorParallelDevices(
-                                      tp, options.device, tp_devices != options.extra.end() ? &tp_devices->second : nullptr));
-  } else if (tp_devices != options.extra.end()) {
-    return InvalidArgument("cuda backend: tp_devices places tensor-parallel ranks; it needs --tensor-parallel > 1");
-  }
   if (tp > 1 && options.max_loras > 0) {
     return Unimplemented("--tensor-parallel " + std::to_string(tp) +
                          ": the cuda backend serves LoRA adapters on one GPU only; drop --max-loras or run "
@@ -92,6 +85,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   if (tp > 1 && options.kv_cache_dtype == KvCacheDtype::kFp8E4m3) {
     return Unimplemented("--tensor-parallel " + std::to_string(tp) +
                          ": the cuda backend's fp8 KV cache runs on one GPU only; use --kv-cache-dtype bf16");
+  }
+  if (tp > 1) {  // heads that do not split are the model's fault, whatever the machine
+    KVF_ASSIGN_OR_RETURN(const model::ModelConfig model_config, model::LoadModelConfig(options.model_dir));
+    KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));
+  }
+  std::vector<int> devices = {options.device};
+  auto tp_devices = options.extra.find("tp_devices");
+  if (tp > 1) {
+    KVF_ASSIGN_OR_RETURN(devices, TensorParallelDevices(
+                                      tp, options.device, tp_devices != options.extra.end() ? &tp_devices->second : nullptr));
+  } else if (tp_devices != options.extra.end()) {
+    return InvalidArgument("cuda backend: tp_devices places tensor-parallel ranks; it needs --tensor-parallel > 1");
   }
   BackendOptions rank0 = options;
   rank0.device = devices[0];

@@ -197,12 +197,14 @@ Result<std::vector<int>> TensorParallelDevices(int32_t ranks, int first_device, 
     for (int32_t r = 0; r < ranks; ++r) devices.push_back(first_device + r);
   }
   int count = 0;
-  KVF_CUDA_RETURN(cudaGetDeviceCount(&count));
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) count = 0;
   for (int d : devices) {
     if (d >= count) {
       return InvalidArgument("--tensor-parallel " + std::to_string(ranks) + " needs CUDA device " + std::to_string(d) +
                              " (ranks on devices " + (tp_devices != nullptr ? *tp_devices : "from --device on") +
-                             "), but this machine has " + std::to_string(count) + " GPU" + (count == 1 ? "" : "s"));
+                             "), but this machine has " + std::to_string(count) + " GPU" + (count == 1 ? "" : "s") +
+                             (e != cudaSuccess ? std::string(" (") + cudaGetErrorString(e) + ")" : ""));
     }
   }
   return devices;
