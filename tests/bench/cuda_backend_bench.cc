@@ -3,7 +3,7 @@
 //
 //   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
 //                      [--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]]
-//                      [--loras K1,K2,... [--lora-rank R] [--lora-ablation]]
+//                      [--loras K1,K2,... [--lora-rank R] [--lora-ablation]] [--tensor-parallel N]
 //
 //   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
 //                       to measure one change against the default in the same run
@@ -16,6 +16,13 @@
 //                       default 16) over the seven targets, sequences assigned to them
 //                       round-robin, side by side for each K (K = 0: the base model on the
 //                       same backend)
+//   --tensor-parallel N the model over N ranks (cuda_backend.h invariant 8): on GPUs 0..N-1
+//                       over NCCL, or as --set tp_devices=0,0 places them (one GPU: the
+//                       same-device communicator, for trying it out); bandwidth is then the
+//                       fraction of the GPUs' combined copy bandwidth. After each decode
+//                       figure: the all-reduce and gather time per step (rank 0's CUDA events
+//                       around each collective, eager steps) and the step without its
+//                       collectives (wrong tokens, the same work otherwise)
 //   --lora-ablation     with --loras (include 0): where a LoRA step's time goes, for each K
 //                       and the prefill: the base model without graphs (what losing the
 //                       graph costs), the LoRA step with every shrink/expand launch skipped
@@ -154,6 +161,33 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int lo
   }
   const double s = Since(t0);
   return {s / steps, static_cast<double>(batch) * steps / s};
+}
+
+// --tensor-parallel: where the collectives' time goes in the decode just measured (step_s).
+void TensorParallelBreakdown(backend::ModelBackend& b, int batch, int ctx, int steps, double step_s) {
+  auto* cuda = dynamic_cast<backend::cuda::CudaBackend*>(&b);
+  if (cuda == nullptr || cuda->tensor_parallel() <= 1) return;
+  backend::cuda::CudaBackend::CommDebug d;
+  d.time_collectives = true;
+  cuda->set_comm_debug(d);
+  (void)cuda->TakeCommTimes();
+  const Decode timed = RunDecode(b, batch, ctx, steps);
+  auto t = cuda->TakeCommTimes();
+  if (!t.ok()) {
+    std::fprintf(stderr, "TakeCommTimes: %s\n", t.status().ToString().c_str());
+    std::exit(1);
+  }
+  const double n = 3.0 + steps;  // RunDecode's warm-up steps are timed too
+  std::printf("  tp %d (%s): all-reduce %.3f ms/step (%.1f per step), logits gather %.3f ms/step; eager step %.3f ms\n",
+              cuda->tensor_parallel(), cuda->comm_kind(), t->all_reduce_ms / n, t->all_reduces / n, t->gather_ms / n,
+              timed.step_s * 1e3);
+  d = {};
+  d.run_collectives = false;
+  cuda->set_comm_debug(d);
+  const Decode bare = RunDecode(b, batch, ctx, steps);
+  std::printf("  ablation: without the collectives %.3f ms/step (they cost %.3f ms, %.1f%% of the step)\n",
+              bare.step_s * 1e3, (step_s - bare.step_s) * 1e3, 100.0 * (step_s - bare.step_s) / step_s);
+  cuda->set_comm_debug({});
 }
 
 // A random adapter of `rank` over the seven targets (B nonzero, unlike PEFT's initial one):
@@ -312,7 +346,9 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1] "
-      "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R] [--lora-ablation]]\n";
+      "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R] [--lora-ablation]] "
+      "[--tensor-parallel N]\n";
+  int tensor_parallel = 1;
   std::vector<int> lora_counts;
   int lora_rank = 16;
   bool lora_ablation = false;
@@ -331,6 +367,12 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && std::strchr(argv[i + 1], '=') != nullptr) {
       const std::string kv = argv[++i];
       extra[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    } else if (!std::strcmp(argv[i], "--tensor-parallel") && i + 1 < argc) {
+      tensor_parallel = std::atoi(argv[++i]);
+      if (tensor_parallel != 1 && tensor_parallel != 2 && tensor_parallel != 4 && tensor_parallel != 8) {
+        std::fprintf(stderr, "--tensor-parallel: 1, 2, 4 or 8, got '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--only-batch1")) {
       only_batch1 = true;
     } else if (!std::strcmp(argv[i], "--loras") && i + 1 < argc) {
@@ -394,6 +436,20 @@ int main(int argc, char** argv) {
   o.kv_cache_dtype = kv_dtype;
   std::printf("KV cache dtype: %s\n", std::string(backend::KvCacheDtypeName(kv_dtype)).c_str());
   o.extra = extra;
+  o.tensor_parallel = tensor_parallel;
+  // GPUs the ranks run on: N, unless tp_devices puts them together.
+  int gpus = tensor_parallel;
+  if (auto d = extra.find("tp_devices"); d != extra.end()) {
+    std::vector<std::string> devs;
+    for (size_t at = 0; at <= d->second.size();) {
+      const size_t next = d->second.find(',', at);
+      devs.push_back(d->second.substr(at, next == std::string::npos ? std::string::npos : next - at));
+      at = next == std::string::npos ? d->second.size() + 1 : next + 1;
+    }
+    std::sort(devs.begin(), devs.end());
+    gpus = static_cast<int>(std::unique(devs.begin(), devs.end()) - devs.begin());
+  }
+  if (tensor_parallel > 1) std::printf("tensor parallel %d on %d GPU%s\n", tensor_parallel, gpus, gpus == 1 ? "" : "s");
   for (int k : lora_counts) o.max_loras = std::max(o.max_loras, k);
   o.max_lora_rank = lora_rank;
   for (const auto& [k, v] : extra) std::printf("backend setting %s=%s\n", k.c_str(), v.c_str());
@@ -405,8 +461,8 @@ int main(int argc, char** argv) {
   }
   auto& b = *made.value();
   std::printf("backend ready in %.1f s\n", Since(t0));
-  const double copy = CopyBandwidthGBs();
-  std::printf("copy bandwidth (D2D, read+write): %.0f GB/s\n", copy);
+  const double copy = CopyBandwidthGBs() * gpus;  // combined over the ranks' GPUs
+  std::printf("copy bandwidth (D2D, read+write): %.0f GB/s%s\n", copy, gpus > 1 ? " (GPU 0's, times the GPUs)" : "");
 
   const auto& c = b.config();
   const double L = static_cast<double>(c.num_layers), H = static_cast<double>(c.hidden_size);
@@ -424,6 +480,7 @@ int main(int argc, char** argv) {
     const double bytes = matmul_params * 2 + kv_bytes_per_token * (ctx + 3 + steps / 2.0);
     std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
+    TensorParallelBreakdown(b, 1, ctx, steps, d.step_s);
   }
   if (!lora_counts.empty()) return RunLoraComparison(b, lora_counts, lora_rank, steps, lora_ablation);
   if (only_batch1) return 0;
@@ -440,6 +497,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch %d @ %d context: %.3f ms/step, %.0f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n",
                 batch, ctx, d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9,
                 100.0 * bytes / d.step_s * 1e-9 / copy);
+    TensorParallelBreakdown(b, batch, ctx, steps, d.step_s);
   }
   {
     const int total = 8192, chunk = 2048;

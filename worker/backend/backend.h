@@ -94,7 +94,7 @@ struct BackendOptions {
   int64_t max_context = 0;        // longest sequence in tokens; 0: the model's max_position_embeddings
   // Device KV memory for all pools together, in bytes; 0: the backend's default
   // (cpu: 512 MiB; cuda: kv_memory_fraction of the free memory after the weights load).
-  uint64_t kv_cache_bytes = 0;
+  uint64_t kv_cache_bytes = 0;     // cuda with tensor_parallel > 1: per GPU
   double kv_memory_fraction = 0.9;  // cuda only, used when kv_cache_bytes == 0
   int64_t num_blocks = 0;           // > 0: exactly this many device blocks per pool (tests)
   uint64_t host_kv_bytes = 0;       // secondary tier (host memory) bytes; 0: no host tier
@@ -103,7 +103,8 @@ struct BackendOptions {
   int32_t threads = 0;           // cpu: worker threads; 0: hardware concurrency
   int32_t device = 0;            // cuda: device ordinal
   // --tensor-parallel: ranks the model is split over (tensor_parallel.h), 1, 2, 4 or 8. cpu: in-process
-  // ranks; cuda: GPUs (refused above 1 for now); mock: checked against the model, no effect.
+  // ranks; cuda: one GPU per rank from `device` on (cuda_backend.h invariant 8); mock: checked against
+  // the model, no effect.
   int32_t tensor_parallel = 1;
   // LoRA: adapter slots on the device (--max-loras) and the largest rank a slot holds.
   // 0 slots: the backend serves no adapters.

@@ -52,7 +52,8 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "(ms; or twice the decodes' own time if longer): the inter-token latency a prefill may add. "
                  "0: no bound, prefill fills --max-num-tokens")
       ->capture_default_str();
-  app.add_option("--kv-cache-bytes", c->kv_cache_bytes, "device KV cache bytes (0: backend default)")
+  app.add_option("--kv-cache-bytes", c->kv_cache_bytes,
+                 "device KV cache bytes, per GPU with --tensor-parallel (0: backend default)")
       ->capture_default_str();
   app.add_option("--gpu-memory-fraction", c->gpu_memory_fraction,
                  "cuda: share of free GPU memory for the KV cache when --kv-cache-bytes is 0")

@@ -47,14 +47,14 @@ struct WorkerConfig {
   uint32_t max_batch_size = 256;     // running sequences
   uint32_t max_context = 0;          // tokens per request; 0: the model's, capped by the cache
   // Ranks one model is split over (Megatron tensor parallelism): 1, 2, 4 or 8. cpu: in-process
-  // ranks; cuda: GPUs (refused above 1 for now); mock: announced only, its costs do not change.
+  // ranks; cuda: one GPU per rank (cuda_backend.h invariant 8); mock: announced only, its costs do not change.
   int32_t tensor_parallel = 1;
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
   double max_step_ms = engine::config::kDefaultMaxStepMs;
 
   // --- KV memory ---
-  uint64_t kv_cache_bytes = 0;       // device KV bytes; 0: the backend's default
+  uint64_t kv_cache_bytes = 0;       // device KV bytes (per GPU with --tensor-parallel); 0: the backend's default
   double gpu_memory_fraction = 0.9;  // cuda, when kv_cache_bytes is 0: share of free memory
   std::string kv_cache_dtype = "auto";  // auto, bf16, fp8 (= fp8_e4m3): cuda; mock models fp8's capacity
   uint64_t host_cache_bytes = 0;     // host tier bytes; 0: no host tier

@@ -22,6 +22,7 @@
 #include "worker/backend/cuda/cuda_util.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/model/checkpoint.h"
+#include "worker/model/model_config.h"
 
 namespace kvfleet::backend::cuda {
 namespace {
@@ -36,6 +37,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 CudaBackend::CudaBackend(const BackendOptions& options) : ModelBackendBase(options) {}
 
 CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaSetDevice(options_.device);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (lora_stream_ != nullptr) cudaStreamSynchronize(lora_stream_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -77,12 +79,32 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   if (options.max_num_tokens <= 0 || options.max_batch_size <= 0) {
     return InvalidArgument("cuda backend: max_num_tokens and max_batch_size must be > 0");
   }
-  if (options.tensor_parallel != 1) {
-    return Unimplemented("--tensor-parallel " + std::to_string(options.tensor_parallel) +
-                         ": the cuda backend runs one GPU per worker for now (the cpu backend runs tensor-parallel "
-                         "ranks)");
+  // (8) What runs on one GPU only, then the ranks' devices; rank 0 (this backend) takes the first.
+  const int32_t tp = options.tensor_parallel;
+  if (tp > 1 && options.max_loras > 0) {
+    return Unimplemented("--tensor-parallel " + std::to_string(tp) +
+                         ": the cuda backend serves LoRA adapters on one GPU only; drop --max-loras or run "
+                         "--tensor-parallel 1");
   }
-  std::unique_ptr<CudaBackend> b(new CudaBackend(options));
+  if (tp > 1 && options.kv_cache_dtype == KvCacheDtype::kFp8E4m3) {
+    return Unimplemented("--tensor-parallel " + std::to_string(tp) +
+                         ": the cuda backend's fp8 KV cache runs on one GPU only; use --kv-cache-dtype bf16");
+  }
+  if (tp > 1) {  // heads that do not split are the model's fault, whatever the machine
+    KVF_ASSIGN_OR_RETURN(const model::ModelConfig model_config, model::LoadModelConfig(options.model_dir));
+    KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));
+  }
+  std::vector<int> devices = {options.device};
+  auto tp_devices = options.extra.find("tp_devices");
+  if (tp > 1) {
+    KVF_ASSIGN_OR_RETURN(devices, TensorParallelDevices(
+                                      tp, options.device, tp_devices != options.extra.end() ? &tp_devices->second : nullptr));
+  } else if (tp_devices != options.extra.end()) {
+    return InvalidArgument("cuda backend: tp_devices places tensor-parallel ranks; it needs --tensor-parallel > 1");
+  }
+  BackendOptions rank0 = options;
+  rank0.device = devices[0];
+  std::unique_ptr<CudaBackend> b(new CudaBackend(rank0));
   auto graphs = options.extra.find("cuda_graphs");
   b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
   if (auto gemv = options.extra.find("gemv_max_rows"); gemv != options.extra.end()) {
@@ -106,17 +128,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
     }
     kernels::SetProgrammaticDependentLaunch(pdl->second == "1");  // (6)
   }
-  KVF_CUDA_RETURN(cudaSetDevice(options.device));
+  KVF_CUDA_RETURN(cudaSetDevice(rank0.device));
   cudaDeviceProp prop{};
-  KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
-  b->num_sms_ = prop.multiProcessorCount;
+  KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, rank0.device));
   b->kv_fp8_ = options.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
   if (b->kv_fp8_ && prop.major * 10 + prop.minor < 89) {
     return InvalidArgument("--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +
                            std::string(prop.name) + " is " + std::to_string(prop.major) + "." +
                            std::to_string(prop.minor) + ": use --kv-cache-dtype bf16");
   }
-  KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
 
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
@@ -128,20 +148,26 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
     return Unimplemented("cuda backend: hidden_size and intermediate_size must be multiples of 8");
   }
+  KVF_RETURN_IF_ERROR(CheckTensorParallel(c, tp));
+  if ((c.intermediate_size / tp) % 8 != 0) {
+    return Unimplemented("--tensor-parallel " + std::to_string(tp) + ": each rank's " +
+                         std::to_string(c.intermediate_size / tp) +
+                         " columns of intermediate_size must be a multiple of 8 on the cuda backend");
+  }
+  b->shard_ = ShardOf(c, tp, 0);
   b->max_context_ = options.max_context > 0 ? options.max_context : c.max_position_embeddings;
   if (b->max_context_ > INT32_MAX / 2) return InvalidArgument("cuda backend: max_context too large");
   b->rope_ = c.rope();
   KVF_RETURN_IF_ERROR(CheckAttentionOptions(c, options.attention, static_cast<uint32_t>(options.block_size),
                                             static_cast<uint32_t>(b->max_context_)));
   const auto t_open = Clock::now();
-  KVF_ASSIGN_OR_RETURN(b->gemm_, LtGemm::Make());
-  KVF_RETURN_IF_ERROR(b->LoadWeights(*checkpoint));
+  KVF_RETURN_IF_ERROR(b->InitRank(*checkpoint));
+  if (tp > 1) KVF_RETURN_IF_ERROR(b->MakePeers(*checkpoint, devices));
   const auto t_weights = Clock::now();
-  KVF_RETURN_IF_ERROR(b->AllocateBuffers());
   KVF_RETURN_IF_ERROR(b->AllocateLora());
-  size_t free_bytes = 0, total_bytes = 0;
-  KVF_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
+  KVF_ASSIGN_OR_RETURN(const uint64_t free_bytes, b->FreeForKv());
   KVF_RETURN_IF_ERROR(b->AllocateKv(free_bytes));
+  if (tp > 1) KVF_RETURN_IF_ERROR(b->StartRanks());
   if (b->kv_fp8_) KVF_RETURN_IF_ERROR(b->SetUpKvScales(*checkpoint));
   KVF_CUDA_RETURN(cudaStreamSynchronize(b->stream_));
   const auto t_end = Clock::now();
@@ -156,12 +182,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
              ", " + std::to_string(p.host_blocks) + " host blocks)";
   }
   const double load_s = Seconds(t_open, t_weights);
+  uint64_t weight_bytes = b->weight_bytes_;  // (8) every rank's shard
+  for (const auto& p : b->peers_) weight_bytes += p->weight_bytes_;
   Logger("model")->info(
-      "cuda backend: {} ({}, {} layers) on {} ({} SMs) ready in {:.2f} s: {:.2f} GB of bf16 weights uploaded in "
+      "cuda backend: {} ({}, {} layers{}) on {} ({} SMs) ready in {:.2f} s: {:.2f} GB of bf16 weights uploaded in "
       "{:.2f} s ({:.2f} GB/s); KV cache {:.2f} GiB ({}{}) of {}-token blocks: {}",
-      options.model_dir, model::ArchitectureName(c.architecture), c.num_layers, prop.name, b->num_sms_,
-      Seconds(t0, t_end), static_cast<double>(b->weight_bytes_) * 1e-9, load_s,
-      load_s > 0 ? static_cast<double>(b->weight_bytes_) * 1e-9 / load_s : 0.0,
+      options.model_dir, model::ArchitectureName(c.architecture), c.num_layers,
+      tp > 1 ? ", tensor parallel " + std::to_string(tp) + " over " + b->comm_kind() + ", weights of all ranks" : std::string(),
+      prop.name, b->num_sms_,
+      Seconds(t0, t_end), static_cast<double>(weight_bytes) * 1e-9, load_s,
+      load_s > 0 ? static_cast<double>(weight_bytes) * 1e-9 / load_s : 0.0,
       static_cast<double>(kv_bytes) / (1ull << 30), b->kv_fp8_ ? "fp8 e4m3, scales " : "bf16",
       b->kv_fp8_ ? b->kv_scales_source_ : "", options.block_size, pools);
   return b;
@@ -169,9 +199,48 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
 
 Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
   const model::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const int64_t qkv_rows = c.q_size() + 2 * c.kv_size();
-  std::vector<uint16_t> converted;  // host bf16 for fp32 / fp16 tensors
+  // (8) This rank's shard: sizes and the row / column ranges it takes of each tensor.
+  const TensorParallelShard& sh = shard_;
+  const int64_t H = c.hidden_size, I = sh.inter, hd = c.head_dim;
+  const int64_t Q = sh.heads * hd, KV = sh.kv_heads * hd;
+  const int64_t qkv_rows = Q + 2 * KV;
+  vocab_rows_ = sh.ranks == 1 ? c.vocab_size : (c.vocab_size + sh.ranks - 1) / sh.ranks;
+  std::vector<uint16_t> converted;  // host bf16 for fp32 / fp16 tensors, and for column slices
+  // Copies rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` (a vector: one
+  // column) to dst (bf16), converting on the host when it is not bf16. nr < 0: every row;
+  // nc < 0: every column.
+  auto upload_block = [&](const std::string& name, bf16* dst, int64_t r0, int64_t nr, int64_t c0,
+                          int64_t nc) -> Status {
+    const model::TensorView& t = checkpoint.tensor(name);
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
+    if (nr < 0) nr = rows;
+    if (nc < 0) nc = cols;
+    const size_t esize = t.dtype == model::DType::kF32 ? 4 : 2;
+    converted.resize(static_cast<size_t>(nr * nc));
+    for (int64_t i = 0; i < nr; ++i) {
+      const std::byte* row = t.bytes.data() + ((r0 + i) * cols + c0) * static_cast<int64_t>(esize);
+      uint16_t* out = converted.data() + i * nc;
+      if (t.dtype == model::DType::kBF16) {
+        std::memcpy(out, row, static_cast<size_t>(nc) * 2);
+        continue;
+      }
+      for (int64_t j = 0; j < nc; ++j) {
+        float f;
+        if (t.dtype == model::DType::kF32) {
+          std::memcpy(&f, row + 4 * j, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * j, 2);
+          f = model::F16ToF32(h);
+        }
+        out[j] = model::F32ToBF16(f);
+      }
+    }
+    KVF_CUDA_RETURN(cudaMemcpy(dst, converted.data(), converted.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    weight_bytes_ += converted.size() * sizeof(bf16);
+    return Status::Ok();
+  };
   // Copies tensor `name` to dst (bf16), converting on the host when it is not bf16.
   auto upload = [&](const std::string& name, bf16* dst) -> Status {
     const model::TensorView& t = checkpoint.tensor(name);
@@ -198,57 +267,90 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
     return Status::Ok();
   };
   model::LoadProgress progress(checkpoint.specs().size(), checkpoint.weight_bytes());
-  auto load = [&](const std::string& name, int64_t count, bf16** out) -> Status {
+  // Whole, or the block of `part` ({r0, nr, c0, nc} as upload_block takes them).
+  struct Part {
+    int64_t r0 = 0, nr = -1, c0 = 0, nc = -1;
+  };
+  auto upload_part = [&](const std::string& name, bf16* dst, const Part& p) -> Status {
+    const model::TensorView& t = checkpoint.tensor(name);
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
+    const bool whole = p.r0 == 0 && (p.nr < 0 || p.nr == rows) && p.c0 == 0 && (p.nc < 0 || p.nc == cols);
+    return whole ? upload(name, dst) : upload_block(name, dst, p.r0, p.nr, p.c0, p.nc);
+  };
+  auto part_elems = [&](const std::string& name, const Part& p) {
+    const model::TensorView& t = checkpoint.tensor(name);
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
+    return (p.nr < 0 ? rows : p.nr) * (p.nc < 0 ? cols : p.nc);
+  };
+  auto load = [&](const std::string& name, int64_t count, bf16** out, Part part = {}) -> Status {
     KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(count)));
-    KVF_RETURN_IF_ERROR(upload(name, *out));
+    KVF_RETURN_IF_ERROR(upload_part(name, *out, part));
     progress.Add(1, checkpoint.tensor(name).bytes.size());
     return Status::Ok();
   };
-  // Stacks several tensors into one allocation of `rows` rows of `cols`.
-  auto stack = [&](std::initializer_list<std::string> names, int64_t rows, int64_t cols, bf16** out) -> Status {
+  // Stacks several tensors (each its part) into one allocation of `rows` rows of `cols`.
+  auto stack = [&](std::initializer_list<std::pair<std::string, Part>> names, int64_t rows, int64_t cols,
+                   bf16** out) -> Status {
     KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(rows * cols)));
     bf16* at = *out;
-    for (const std::string& n : names) {
-      KVF_RETURN_IF_ERROR(upload(n, at));
-      at += checkpoint.tensor(n).numel();
+    for (const auto& [n, part] : names) {
+      KVF_RETURN_IF_ERROR(upload_part(n, at, part));
+      at += part_elems(n, part);
       progress.Add(1, checkpoint.tensor(n).bytes.size());
     }
     return Status::Ok();
   };
+  const Part q_rows{sh.head_begin * hd, Q, 0, -1}, kv_rows{sh.kv_head_begin * hd, KV, 0, -1};
+  const Part i_rows{sh.inter_begin, I, 0, -1}, q_cols{0, -1, sh.head_begin * hd, Q}, i_cols{0, -1, sh.inter_begin, I};
+  // The vocab slice, in an allocation of vocab_rows_ rows (the padding rows stay zero).
+  auto load_vocab = [&](const std::string& name, bf16** out) -> Status {
+    KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(vocab_rows_ * H)));
+    if (sh.vocab < vocab_rows_) KVF_CUDA_RETURN(cudaMemset(*out, 0, static_cast<size_t>(vocab_rows_ * H) * sizeof(bf16)));
+    if (sh.vocab > 0) KVF_RETURN_IF_ERROR(upload_part(name, *out, Part{sh.vocab_begin, sh.vocab, 0, -1}));
+    progress.Add(1, checkpoint.tensor(name).bytes.size());
+    return Status::Ok();
+  };
+  const bool bias_rank = sh.rank == 0;  // a row-parallel product's bias is added once
 
-  KVF_RETURN_IF_ERROR(load("model.embed_tokens.weight", V * H, &embed_));
+  KVF_RETURN_IF_ERROR(load_vocab("model.embed_tokens.weight", &embed_));
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = layers_[l];
     auto name = [l](std::string_view s) { return model::LayerTensorName(l, s); };
     KVF_RETURN_IF_ERROR(load(name("input_layernorm.weight"), H, &w.input_norm));
-    KVF_RETURN_IF_ERROR(stack({name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
-                               name("self_attn.v_proj.weight")},
+    KVF_RETURN_IF_ERROR(stack({{name("self_attn.q_proj.weight"), q_rows},
+                               {name("self_attn.k_proj.weight"), kv_rows},
+                               {name("self_attn.v_proj.weight"), kv_rows}},
                               qkv_rows, H, &w.qkv));
     if (c.attention_bias) {
-      KVF_RETURN_IF_ERROR(stack(
-          {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"), name("self_attn.v_proj.bias")}, qkv_rows,
-          1, &w.qkv_bias));
+      KVF_RETURN_IF_ERROR(stack({{name("self_attn.q_proj.bias"), q_rows},
+                                 {name("self_attn.k_proj.bias"), kv_rows},
+                                 {name("self_attn.v_proj.bias"), kv_rows}},
+                                qkv_rows, 1, &w.qkv_bias));
     }
-    KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.weight"), H * c.q_size(), &w.o));
-    if (c.attention_out_bias) KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.bias"), H, &w.o_bias));
+    KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.weight"), H * Q, &w.o, q_cols));
+    if (c.attention_out_bias && bias_rank) KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.bias"), H, &w.o_bias));
     if (c.qk_norm) {
       KVF_RETURN_IF_ERROR(load(name("self_attn.q_norm.weight"), c.head_dim, &w.q_norm));
       KVF_RETURN_IF_ERROR(load(name("self_attn.k_norm.weight"), c.head_dim, &w.k_norm));
     }
     KVF_RETURN_IF_ERROR(load(name("post_attention_layernorm.weight"), H, &w.post_norm));
-    KVF_RETURN_IF_ERROR(stack({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, 2 * I, H, &w.gate_up));
-    KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down));
+    KVF_RETURN_IF_ERROR(
+        stack({{name("mlp.gate_proj.weight"), i_rows}, {name("mlp.up_proj.weight"), i_rows}}, 2 * I, H, &w.gate_up));
+    KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down, i_cols));
     if (c.mlp_bias) {
-      KVF_RETURN_IF_ERROR(stack({name("mlp.gate_proj.bias"), name("mlp.up_proj.bias")}, 2 * I, 1, &w.gate_up_bias));
-      KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.bias"), H, &w.down_bias));
+      KVF_RETURN_IF_ERROR(
+          stack({{name("mlp.gate_proj.bias"), i_rows}, {name("mlp.up_proj.bias"), i_rows}}, 2 * I, 1, &w.gate_up_bias));
+      if (bias_rank) KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.bias"), H, &w.down_bias));
     }
   }
   KVF_RETURN_IF_ERROR(load("model.norm.weight", H, &final_norm_));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    KVF_RETURN_IF_ERROR(load("lm_head.weight", V * H, &lm_head_));
+    KVF_RETURN_IF_ERROR(load_vocab("lm_head.weight", &lm_head_));
   }
 
   // RoPE frequencies, as the cpu backend takes them (kernels/rope.h). HF scales cos and sin
@@ -266,8 +368,9 @@ Status CudaBackend::AllocateBuffers() {
   const model::ModelConfig& c = config_;
   const size_t T = static_cast<size_t>(options_.max_num_tokens);
   const size_t S = static_cast<size_t>(options_.max_batch_size);
-  const size_t H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.intermediate_size);
-  const size_t Q = static_cast<size_t>(c.q_size()), KV = static_cast<size_t>(c.kv_size());
+  // (8) This rank's heads and intermediate columns; logits over the whole vocabulary.
+  const size_t H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(shard_.inter);
+  const size_t Q = static_cast<size_t>(shard_.heads * c.head_dim), KV = static_cast<size_t>(shard_.kv_heads * c.head_dim);
   const size_t V = static_cast<size_t>(c.vocab_size);
   KVF_ASSIGN_OR_RETURN(resid_, DeviceAlloc<bf16>(T * H));
   KVF_ASSIGN_OR_RETURN(resid_alt_, DeviceAlloc<bf16>(std::min<size_t>(T, kernels::kGemvMaxRows) * H));
@@ -281,6 +384,11 @@ Status CudaBackend::AllocateBuffers() {
   logits_rows_ = std::max<int64_t>(options_.max_batch_size, config::kMinLogitsRows);
   KVF_ASSIGN_OR_RETURN(head_in_, DeviceAlloc<bf16>(static_cast<size_t>(logits_rows_) * H));
   KVF_ASSIGN_OR_RETURN(logits_, DeviceAlloc<float>(static_cast<size_t>(logits_rows_) * V));
+  if (shard_.ranks > 1) {
+    const size_t slice = static_cast<size_t>(logits_rows_ * vocab_rows_);
+    KVF_ASSIGN_OR_RETURN(vocab_local_, DeviceAlloc<float>(slice));
+    KVF_ASSIGN_OR_RETURN(vocab_gathered_, DeviceAlloc<float>(slice * static_cast<size_t>(shard_.ranks)));
+  }
 
   // Decode split-K workspace: the largest any step may need (sequences up to
   // max_batch_size, lengths up to max_context); Attention() widens partitions if a step
@@ -290,9 +398,9 @@ Status CudaBackend::AllocateBuffers() {
     for (int32_t len = 128;; len = std::min(len * 2, max_ctx)) {
       kernels::PagedDecodeParams p;
       p.layout.head_dim = static_cast<int32_t>(c.head_dim);
-      p.layout.num_kv_heads = static_cast<int32_t>(c.num_kv_heads);
+      p.layout.num_kv_heads = static_cast<int32_t>(shard_.kv_heads);
       p.num_seqs = n;
-      p.num_q_heads = static_cast<int32_t>(c.num_heads);
+      p.num_q_heads = static_cast<int32_t>(shard_.heads);
       p.max_seq_len = len;
       p.partition_size = kernels::PagedDecodeChoosePartition(n, p.num_q_heads, p.layout.num_kv_heads, len, num_sms_);
       decode_workspace_bytes_ = std::max(decode_workspace_bytes_, kernels::PagedDecodeWorkspaceBytes(p));
@@ -369,14 +477,27 @@ Status CudaBackend::AllocateKv(uint64_t free_after_buffers) {
     memory.device_bytes = kv::DeviceBudgetFromFreeMemory(usable, options_.kv_memory_fraction);
   }
   memory.host_bytes = options_.host_kv_bytes;
+  // (8) The device budget is per GPU and a rank holds kv_heads of the model's KV heads: the
+  // pools (whole blocks, as the KV manager counts them) take num_kv_heads / kv_heads times as
+  // much. The host tier's budget is the worker's (its ranks' parts together, with split heads).
+  if (shard_.ranks > 1) memory.device_bytes = memory.device_bytes / static_cast<uint64_t>(shard_.kv_heads) * c.num_kv_heads;
   kv::KvCacheConfig& kc = kv_config_;
   kc = KvCacheConfigFor(c, memory, options_.attention);
   if (options_.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options_.num_blocks));
   KVF_RETURN_IF_ERROR(kc.Validate());
   KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
+  KVF_RETURN_IF_ERROR(AllocateKvPools(layouts));
+  for (auto& peer : peers_) KVF_RETURN_IF_ERROR(peer->AllocateKvPools(layouts));
+  return Status::Ok();
+}
+
+Status CudaBackend::AllocateKvPools(const std::vector<kv::PoolLayout>& layouts) {
+  const model::ModelConfig& c = config_;
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
   std::vector<CudaBlockCopier::Pool> copier_pools;
-  for (const kv::PoolLayout& l : layouts) {
+  for (kv::PoolLayout l : layouts) {
     KvPoolInfo p = PoolInfoOf(l, c, options_, max_context_);
+    l.bytes_per_block = l.bytes_per_block / static_cast<uint64_t>(c.num_kv_heads) * shard_.kv_heads;  // (8)
     const size_t bytes = static_cast<size_t>(l.device_blocks) * l.bytes_per_block;
     KVF_ASSIGN_OR_RETURN(std::byte * dev, DeviceAlloc<std::byte>(bytes));
     // Zeroed so a stale NaN pattern can never reach a masked-out lane's arithmetic.
@@ -418,7 +539,7 @@ kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
   const KvPoolInfo& pool = pools_[pi];
   kernels::PagedKvLayout layout;
   layout.num_layers = static_cast<int32_t>(pool.layers.size());
-  layout.num_kv_heads = pool.num_kv_heads;
+  layout.num_kv_heads = RankKvHeads(pool);  // (8)
   layout.block_size = options_.block_size;
   layout.head_dim = pool.head_dim;
   layout.elem_bytes = KvFp8Now() ? 1 : 2;
@@ -427,6 +548,16 @@ kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
 
 Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));  // (1)
+  if (!peers_.empty()) {  // (8) every rank runs the step on its own thread; rank 0's tokens go out
+    std::vector<StepOutput> discard(peers_.size());
+    return rank_threads_->Run([&](int r) {
+      return r == 0 ? RunStep(batch, out) : peers_[r - 1]->RunStep(batch, &discard[r - 1]);
+    });
+  }
+  return RunStep(batch, out);
+}
+
+Status CudaBackend::RunStep(const StepBatch& batch, StepOutput* out) {
   // The CUDA device is per host thread; the engine thread may not be the one that built us.
   KVF_CUDA_RETURN(cudaSetDevice(options_.device));
   if (lora_pending_) {  // (7) adapters loaded since the last step
@@ -457,21 +588,28 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
   if (it == graphs_.end() && !graph_seen_.insert(key).second) {
     // Second step of this shape: capture it (the first ran eagerly, so every kernel
     // attribute and cuBLASLt plan is set up outside capture).
-    cudaGraph_t g = nullptr;
-    KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const Status captured = EnqueueStep(batch, m);
-    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
-    if (!captured.ok()) {
-      if (g != nullptr) cudaGraphDestroy(g);
-      return captured;
-    }
-    KVF_CUDA_RETURN(end);
-    cudaGraphExec_t exec = nullptr;
-    // Node priorities: a LoRA step's shrinks keep their side stream's priority (7).
-    const cudaError_t inst = cudaGraphInstantiate(&exec, g, cudaGraphInstantiateFlagUseNodePriority);
-    cudaGraphDestroy(g);
-    KVF_CUDA_RETURN(inst);
-    it = graphs_.emplace(key, exec).first;
+    auto capture = [&]() -> Status {
+      cudaGraph_t g = nullptr;
+      KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      const Status captured = EnqueueStep(batch, m);
+      const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+      if (!captured.ok()) {
+        if (g != nullptr) cudaGraphDestroy(g);
+        return captured;
+      }
+      KVF_CUDA_RETURN(end);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      KVF_CUDA_RETURN(inst);
+      it = graphs_.emplace(key, exec).first;
+      return Status::Ok();
+    };
+    const Status captured = capture();
+    // (8) Every rank's graph is instantiated (its kernels loaded) before any rank's runs and
+    // waits at a collective; a rank that failed still arrives, so none waits for ever.
+    if (comm_ != nullptr) comm_->HostBarrier();
+    KVF_RETURN_IF_ERROR(captured);
   }
   if (it != graphs_.end()) {
     KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));

@@ -70,6 +70,22 @@
 //      nothing). Steps without an adapter take exactly the path of (4)-(6).
 //      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (1..16; default
 //      kernels::LoraTileRowsFor).
+//   8. Tensor parallelism (BackendOptions::tensor_parallel N > 1, cuda_tensor_parallel.cc): N
+//      CudaBackend ranks, this object rank 0 and the engine's, ranks 1..N-1 its peers_, each
+//      on its own thread (RankThreads; rank 0 the engine thread), device, stream, cuBLASLt
+//      handle, CUDA graphs and weights shard (tensor_parallel.h: q/k/v and gate/up
+//      column-parallel, o and down row-parallel with their biases on rank 0, the embedding and
+//      LM head vocab-parallel). Every rank runs the whole step on the same batch: the
+//      embedding and the o and down products are summed over the ranks (CudaComm::AllReduceSum)
+//      before anything reads them, so the RMSNorm + residual fusions of (5) stay after the
+//      all-reduce; the LM head's vocab slices are gathered (AllGather) into every rank's
+//      logits_, and every rank samples the same tokens (rank 0's go out). Each rank's KV pools
+//      hold its KV heads of the same block ids, so the engine's one KV manager and
+//      block_copier() (which copies on every rank) serve them all; --kv-cache-bytes is per
+//      GPU. extra["tp_devices"] ("0,0": every rank on GPU 0, the same-device communicator,
+//      for tests) places the ranks; by default rank r takes device + r, over NCCL. N = 1 has
+//      no communicator and no threads: the path of (1)-(7). LoRA and an fp8 KV cache are
+//      refused at N > 1.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -93,8 +109,10 @@
 #include "kernels/paged_kv.h"
 #include "kernels/rope.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cuda/cuda_comm.h"
 #include "worker/backend/cuda/cuda_block_copier.h"
 #include "worker/backend/cuda/lt_gemm.h"
+#include "worker/backend/tensor_parallel.h"
 #include "worker/kv/kv_config.h"
 #include "worker/model/checkpoint.h"
 
@@ -132,7 +150,7 @@ class CudaBackend final : public ModelBackendBase {
 
   std::string_view name() const override { return "cuda"; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
-  kv::BlockCopier& block_copier() override { return *copier_; }
+  kv::BlockCopier& block_copier() override { return rank_copier_ != nullptr ? *rank_copier_ : *copier_; }
   int32_t max_loras() const override { return options_.max_loras; }
   // (7) REQUIRES: no step in flight (Execute has returned).
   Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
@@ -145,7 +163,7 @@ class CudaBackend final : public ModelBackendBase {
   // from: "checkpoint" or "calibrated" (cuda_kv_scales.cc).
   std::span<const float> kv_scales() const { return kv_scales_host_; }
   const std::string& kv_scales_source() const { return kv_scales_source_; }
-  // Bytes of weights on the device.
+  // Bytes of weights on the device (rank 0's shard with tensor parallelism).
   uint64_t weight_bytes() const { return weight_bytes_; }
 
   // Ablation and profiling of LoRA steps (cuda_backend_bench --lora-ablation); not for serving.
@@ -163,7 +181,10 @@ class CudaBackend final : public ModelBackendBase {
   };
   void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
   // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
-  void set_use_graphs(bool on) { use_graphs_ = on; }
+  void set_use_graphs(bool on) {
+    use_graphs_ = on;
+    for (auto& p : peers_) p->use_graphs_ = on;  // (8)
+  }
   // Decode graphs (4) captured so far.
   size_t graphs_captured() const { return graphs_.size(); }
   struct LoraKernelTimes {
@@ -172,6 +193,25 @@ class CudaBackend final : public ModelBackendBase {
   };
   // The kernel time of every pair timed since the last call; synchronises the stream.
   Result<LoraKernelTimes> TakeLoraKernelTimes();
+
+  // Tensor parallelism (8): ranks, and the communicator's kind ("nccl", "same-device"; "" at N = 1).
+  int32_t tensor_parallel() const { return shard_.ranks; }
+  const char* comm_kind() const { return comm_ != nullptr ? comm_->kind() : ""; }
+  // Ablation and timing of the collectives (cuda_backend_bench); not for serving.
+  struct CommDebug {
+    // false: the all-reduces and the gather are skipped (wrong numbers, the step's time
+    // without its collectives).
+    bool run_collectives = true;
+    // true: CUDA events around every collective on rank 0's stream; steps then run eagerly.
+    bool time_collectives = false;
+  };
+  void set_comm_debug(const CommDebug& d);
+  struct CommTimes {
+    double all_reduce_ms = 0, gather_ms = 0;  // summed over the collectives timed
+    int64_t all_reduces = 0, gathers = 0;
+  };
+  // Rank 0's collective time since the last call; synchronises its stream.
+  Result<CommTimes> TakeCommTimes();
 
  private:
   struct LayerWeights {
@@ -395,6 +435,42 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<cudaEvent_t> lora_events_;
   std::vector<std::pair<int, size_t>> lora_timed_;
   size_t lora_pinned_elems_ = 0;
+
+  // ---- Tensor parallelism (8), cuda_tensor_parallel.cc ----
+  // Make's part per rank: stream, cuBLASLt, the weights shard, the activation buffers.
+  Status InitRank(const model::Checkpoint& checkpoint);
+  // Rank 0 at N > 1: the peers (InitRank each), after rank 0's own InitRank, and the
+  // communicator over every rank.
+  Status MakePeers(const model::Checkpoint& checkpoint, std::span<const int> devices);
+  // Device bytes the KV pools may take on this rank's GPU (the least over the ranks, a GPU's
+  // free memory split between the ranks on it).
+  Result<uint64_t> FreeForKv() const;
+  // Allocates this rank's part of each pool (its KV heads) and its block copier.
+  Status AllocateKvPools(const std::vector<kv::PoolLayout>& layouts);
+  // Rank 0 at N > 1, after the KV pools: the rank threads and the copier over every rank's pools.
+  Status StartRanks();
+  // Execute after validation, on this rank (its own thread at N > 1).
+  Status RunStep(const StepBatch& batch, StepOutput* out);
+  // buf[0, count) summed over the ranks (8); nothing at N = 1.
+  Status AllReduce(__nv_bfloat16* buf, int64_t count);
+  // logits_[0, n) from this rank's LM head slice (vocab_local_), gathered over the ranks.
+  Status GatherLogits(int32_t n);
+  // This rank's KV heads of a pool's block.
+  int32_t RankKvHeads(const KvPoolInfo& pool) const {
+    return static_cast<int32_t>(pool.num_kv_heads * shard_.kv_heads / config_.num_kv_heads);
+  }
+  TensorParallelShard shard_;            // this rank's part; the whole model at N = 1
+  int64_t vocab_rows_ = 0;               // embed_ and lm_head_ rows: the vocab slice padded to ceil(V / N)
+  CudaComm* comm_ = nullptr;             // null at N = 1; owned by rank 0
+  std::unique_ptr<CudaComm> owned_comm_;                // rank 0
+  std::vector<std::unique_ptr<CudaBackend>> peers_;     // rank 0: ranks 1..N-1
+  std::unique_ptr<RankThreads> rank_threads_;           // rank 0
+  std::unique_ptr<kv::BlockCopier> rank_copier_;        // rank 0: copies on every rank
+  float* vocab_local_ = nullptr;     // [logits_rows_][vocab_rows_]: this rank's LM head slice
+  float* vocab_gathered_ = nullptr;  // [N][logits_rows_][vocab_rows_]
+  CommDebug comm_debug_;
+  std::vector<cudaEvent_t> comm_events_;            // time_collectives: two per collective, reused
+  std::vector<std::pair<bool, size_t>> comm_timed_;  // (is a gather, first event) since the last take
 };
 
 }  // namespace kvfleet::backend::cuda

@@ -56,6 +56,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     // Logprobs and adjustments are sized per step: eager steps only.
     graph = graph && st.sampling.logprobs < 0 && !st.sampling.prompt_logprobs && !st.sampling.penalized();
     graph = graph && (st.lora_slot < 0 || !lora_debug_.time_kernels);  // timed LoRA steps run eagerly
+    graph = graph && !comm_debug_.time_collectives;  // (8) timed collectives too
     max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
   }
   int32_t S = S_real, bucket_len = 0;

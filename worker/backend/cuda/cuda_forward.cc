@@ -12,6 +12,7 @@
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
 #include "kernels/small_kernels.h"
+#include "kernels/tensor_parallel.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/backend/cuda/cuda_util.h"
 
@@ -22,8 +23,10 @@ using bf16 = __nv_bfloat16;
 
 Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   const model::ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  // (8) This rank's heads, KV heads and intermediate columns (the model's at N = 1).
+  const int64_t H = c.hidden_size, I = shard_.inter, V = c.vocab_size;
+  const int64_t Q = shard_.heads * c.head_dim;
+  const int64_t qkv_width = Q + 2 * shard_.kv_heads * c.head_dim;
   const int32_t T = m.num_tokens;
   const int32_t Hi = static_cast<int32_t>(H);
   auto gemm = [&](const bf16* w, const bf16* x, const bf16* bias, bf16* y, int64_t rows_out, int64_t k) {
@@ -61,7 +64,13 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     if (add_residual) std::swap(resid, resid_next);
     return Status::Ok();
   };
-  KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
+  if (comm_ == nullptr) {
+    KVF_CUDA_RETURN(kernels::LaunchEmbedding(m.ids, embed_, resid_, T, static_cast<int32_t>(V), Hi, stream_));
+  } else {  // (8) vocab-parallel: the rank's rows, zeros elsewhere, summed over the ranks
+    KVF_CUDA_RETURN(kernels::LaunchEmbeddingSlice(m.ids, embed_, static_cast<int32_t>(shard_.vocab_begin),
+                                                  static_cast<int32_t>(shard_.vocab), resid_, T, Hi, stream_));
+    KVF_RETURN_IF_ERROR(AllReduce(resid_, int64_t{T} * H));
+  }
   if (!fused_norm) {
     KVF_CUDA_RETURN(kernels::LaunchRmsNorm(resid_, nullptr, layers_[0].input_norm, xn_, T, Hi, eps, stream_));
   }
@@ -85,7 +94,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       rope.scales = LayerKvScales(l);
       rope.layout = PoolLayout(pi);
       rope.layer = layer_index_[l];
-      rope.num_q_heads = static_cast<int32_t>(c.num_heads);
+      rope.num_q_heads = static_cast<int32_t>(shard_.heads);
       rope.rotate = !pools_[pi].position_shift;
       if (fused_norm) {
         KVF_CUDA_RETURN(kernels::LaunchRmsNormGemvRopeKv(nrm, w.qkv, w.qkv_bias, rope, T, Hi, stream_));
@@ -100,8 +109,9 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     }
     KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
     KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraO, attn_));
-    KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, c.q_size()));
+    KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, Q));
     KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraO, attn_, tmp_));
+    KVF_RETURN_IF_ERROR(AllReduce(tmp_, int64_t{T} * H));  // (8) row-parallel: before the RMSNorm reads it
     if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
@@ -119,6 +129,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraDown, act_));
     KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
     KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraDown, act_, tmp_));
+    KVF_RETURN_IF_ERROR(AllReduce(tmp_, int64_t{T} * H));  // (8)
     if (!fused_norm || l + 1 == c.num_layers) {
       const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
@@ -133,7 +144,7 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   const KvPoolInfo& pool = pools_[pi];
   const kernels::PagedKvLayout layout = PoolLayout(pi);
   const int32_t li = layer_index_[layer];
-  const int32_t nh = static_cast<int32_t>(c.num_heads);
+  const int32_t nh = static_cast<int32_t>(shard_.heads);  // (8)
   const bool shift = pool.position_shift;
   if (!rope_done) {
     const LayerWeights& w = layers_[layer];
@@ -202,7 +213,7 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     KVF_CUDA_RETURN(kernels::LaunchPagedDecode(p, stream_));
     return Status::Ok();
   };
-  const size_t qs = static_cast<size_t>(c.q_size());
+  const size_t qs = static_cast<size_t>(shard_.heads * c.head_dim);
   // Rows [r, r + n) of sequence s as decode queries, each reading the sequence's one table
   // (stride 0), at most max_batch_size per launch.
   auto decode_rows = [&](size_t s, int32_t r_begin, int32_t r_end, const kernels::AttentionMask& launch_mask) {

@@ -90,10 +90,7 @@ Status CudaBackend::AllocateLora() {
   KVF_ASSIGN_OR_RETURN(lora_counters_, DeviceAlloc<int32_t>(static_cast<size_t>(kernels::kLoraShrinkTargetBlocks)));
   KVF_CUDA_RETURN(cudaMemsetAsync(lora_counters_, 0, kernels::kLoraShrinkTargetBlocks * sizeof(int32_t), stream_));
   KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
-  // The shrinks go first when SMs free up: the step waits for them at the expand.
-  int least = 0, greatest = 0;
-  KVF_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  KVF_CUDA_RETURN(cudaStreamCreateWithPriority(&lora_side_, cudaStreamNonBlocking, greatest));
+  KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&lora_side_, cudaStreamNonBlocking));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   KVF_CUDA_RETURN(cudaEventCreateWithFlags(&lora_ready_, cudaEventDisableTiming));
