@@ -185,7 +185,8 @@ void ExpectParity(int32_t tp, const std::string& devices) {
   };
   for (const Case& k : {Case{"tiny", 1}, Case{"tiny-qwen2", 3}, Case{"tiny-mistral", 2}, Case{"tiny-qwen3", 189}}) {
     const std::string dir = RandomModelDir(k.shape, k.seed);
-    CAPTURE(k.shape);
+    const std::string shape_name = k.shape;
+    CAPTURE(shape_name);
     CAPTURE(tp);
     const Run ref = Scenario(*MakeTp("cpu", TpOptions(dir, 1, "")), nullptr);
     const Run one = Scenario(*MakeTp("cuda", TpOptions(dir, 1, "")), &ref.greedy);
@@ -196,7 +197,7 @@ void ExpectParity(int32_t tp, const std::string& devices) {
     const Run many = Scenario(*many_backend, &ref.greedy);
     const float d_ref = MaxDiff(ref, many), d_one = MaxDiff(one, many), d_ref_one = MaxDiff(ref, one);
     const int flips = Flips(ref, many);
-    MESSAGE(k.shape << " tp " << tp << " (" << cuda->comm_kind() << "): max |logit - fp32| " << d_ref
+    MESSAGE(shape_name << " tp " << tp << " (" << std::string(cuda->comm_kind()) << "): max |logit - fp32| " << d_ref
                     << " (tp 1: " << d_ref_one << "), max |logit - tp 1| " << d_one << ", " << flips
                     << " near-tie flips of " << ref.greedy.size());
     // Each rank rounds its partial o and down outputs to bf16 before the sum: at most about
@@ -225,7 +226,7 @@ TEST_CASE("tensor-parallel steps are deterministic: the same-device all-reduce s
 
 TEST_CASE("CUDA-graphed decode on two ranks gives the tokens of eager steps, at batch 1 (gemv fusions) and 3") {
   if (SkipUnderSanitizer("graphed decode on ranks sharing a GPU")) return;
-  for (const char* shape : {"tiny", "tiny-qwen3"}) {
+  for (const std::string shape : {"tiny", "tiny-qwen3"}) {
     CAPTURE(shape);
     const std::string dir = RandomModelDir(shape, 5);
     backend::BackendOptions o = TpOptions(dir, 2, OnGpu0(2));
