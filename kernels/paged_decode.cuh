@@ -376,6 +376,14 @@ constexpr int kStages = 2;
 // KB (54 KB, three blocks per SM).
 constexpr int kStagesFp8 = 3;
 constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
+// fp8 pages: four blocks of three 18 KB stages fit an SM's shared memory, and a 128-register
+// bound lets them (12 bytes spill). Measured on an H200 against three blocks: +3-6% KV tokens/s
+// at batch 8-256, +12% at batch 1 and 16K-32K context (tests/bench/results/2026-11-25-fp8-kv.txt,
+// section 6). bf16 keeps three (its 34 KB stages).
+template <typename E>
+constexpr int kMinBlocksFor() {
+  return sizeof(E) == 1 ? 4 : 1;
+}
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
 // Floats per row of the warps' partial O in the merge: 8 of padding make the float2 stores
 // of a quad's 8 rows fall in distinct banks (unpadded, the 8 rows share 4 banks: 8-way).
@@ -435,7 +443,7 @@ __device__ __forceinline__ void LoadWords(const uint8_t* src, uint32_t (&w)[kWor
 // E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages (fragments from registers, above); the K
 // scale goes into the softmax scale, the V scale into O.
 template <int kHeadDim, typename E>
-__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKernel(PagedDecodeParams p) {
   constexpr int kStride = kHeadDim + kPad;  // bf16 rows the MMAs read
   constexpr int kSStride = StageStride<kHeadDim, E>();
   constexpr int kNumStages = Stages<E>();

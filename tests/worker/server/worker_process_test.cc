@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,17 +35,23 @@
 
 namespace {
 
-// A port nobody listens on now (the kernel's choice for a socket bound to port 0).
+// A port nobody listens on now (the kernel's choice for a socket bound to port 0), and one
+// this process has not handed out before: the kernel may offer a just-closed port again, and
+// two of one worker's endpoints (or a worker's and the fake router's) must not collide.
 int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  static std::set<int> given;
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    const int port = ntohs(addr.sin_port);
+    if (given.insert(port).second) return port;
+  }
 }
 
 // GET `path` on 127.0.0.1:port; returns the whole response ("" when nothing answers).
@@ -79,8 +86,16 @@ struct WorkerProcess {
                        "--mock-prefill-token-us", "20",
                        "--mock-verify-kv",
                        "--shutdown-grace-s", "5"}) {}
-  // A worker with these flags, on free ports.
+  // A worker with these flags, on free ports. Another process (a test running beside this
+  // one) can still take a port between FreePort and the worker's bind: a worker that exits
+  // before it is ready is started again on new ports, up to three times.
   explicit WorkerProcess(std::vector<std::string> flags) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (Start(flags)) return;
+    }
+    FAIL("the worker did not become ready");
+  }
+  bool Start(const std::vector<std::string>& flags) {
     requests_port = FreePort();
     http_port = FreePort();
     events_port = FreePort();
@@ -102,10 +117,16 @@ struct WorkerProcess {
     }
     // Ready once /ready answers 200.
     for (int i = 0; i < 300; ++i) {
-      if (HttpGet(http_port, "/ready").starts_with("HTTP/1.1 200")) return;
+      if (HttpGet(http_port, "/ready").starts_with("HTTP/1.1 200")) return true;
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {  // it gave up (a port taken): try again
+        pid = -1;
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     FAIL("the worker did not become ready");
+    return false;
   }
   ~WorkerProcess() {
     if (pid > 0) {

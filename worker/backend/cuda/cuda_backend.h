@@ -96,6 +96,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -453,6 +454,8 @@ class CudaBackend final : public ModelBackendBase {
   Status RunStep(const StepBatch& batch, StepOutput* out);
   // buf[0, count) summed over the ranks (8); nothing at N = 1.
   Status AllReduce(__nv_bfloat16* buf, int64_t count);
+  // Runs `collective`, between CUDA events when comm_debug_.time_collectives (rank 0 only).
+  Status TimedCollective(bool gather, const std::function<Status()>& collective);
   // logits_[0, n) from this rank's LM head slice (vocab_local_), gathered over the ranks.
   Status GatherLogits(int32_t n);
   // This rank's KV heads of a pool's block.

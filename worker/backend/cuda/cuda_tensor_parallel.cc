@@ -4,6 +4,7 @@
 // Thread-compatible, as CudaBackend: the engine thread calls rank 0, which runs each peer on
 // that peer's thread.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <span>
 #include <utility>
@@ -96,45 +97,31 @@ Status CudaBackend::StartRanks() {
   return Status::Ok();
 }
 
+Status CudaBackend::TimedCollective(bool gather, const std::function<Status()>& collective) {
+  if (!comm_debug_.time_collectives || shard_.rank != 0) return collective();
+  const size_t first = comm_timed_.size() * 2;
+  while (comm_events_.size() < first + 2) {
+    cudaEvent_t e = nullptr;
+    KVF_CUDA_RETURN(cudaEventCreate(&e));
+    comm_events_.push_back(e);
+  }
+  KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first], stream_));
+  KVF_RETURN_IF_ERROR(collective());
+  KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first + 1], stream_));
+  comm_timed_.emplace_back(gather, first);
+  return Status::Ok();
+}
+
 Status CudaBackend::AllReduce(__nv_bfloat16* buf, int64_t count) {
   if (comm_ == nullptr || !comm_debug_.run_collectives) return Status::Ok();
-  const bool timed = comm_debug_.time_collectives && shard_.rank == 0;
-  size_t first = 0;
-  if (timed) {
-    first = comm_timed_.size() * 2;
-    while (comm_events_.size() < first + 2) {
-      cudaEvent_t e = nullptr;
-      KVF_CUDA_RETURN(cudaEventCreate(&e));
-      comm_events_.push_back(e);
-    }
-    KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first], stream_));
-  }
-  KVF_RETURN_IF_ERROR(comm_->AllReduceSum(shard_.rank, buf, count, stream_));
-  if (timed) {
-    KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first + 1], stream_));
-    comm_timed_.emplace_back(false, first);
-  }
-  return Status::Ok();
+  return TimedCollective(false, [&] { return comm_->AllReduceSum(shard_.rank, buf, count, stream_); });
 }
 
 Status CudaBackend::GatherLogits(int32_t n) {
   if (!comm_debug_.run_collectives) return Status::Ok();
-  const bool timed = comm_debug_.time_collectives && shard_.rank == 0;
-  size_t first = 0;
-  if (timed) {
-    first = comm_timed_.size() * 2;
-    while (comm_events_.size() < first + 2) {
-      cudaEvent_t e = nullptr;
-      KVF_CUDA_RETURN(cudaEventCreate(&e));
-      comm_events_.push_back(e);
-    }
-    KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first], stream_));
-  }
-  KVF_RETURN_IF_ERROR(comm_->AllGather(shard_.rank, vocab_local_, vocab_gathered_, n * vocab_rows_, stream_));
-  if (timed) {
-    KVF_CUDA_RETURN(cudaEventRecord(comm_events_[first + 1], stream_));
-    comm_timed_.emplace_back(true, first);
-  }
+  KVF_RETURN_IF_ERROR(TimedCollective(true, [&] {
+    return comm_->AllGather(shard_.rank, vocab_local_, vocab_gathered_, n * vocab_rows_, stream_);
+  }));
   KVF_CUDA_RETURN(kernels::LaunchGatherVocabSlices(vocab_gathered_, logits_, shard_.ranks, n,
                                                    static_cast<int32_t>(vocab_rows_),
                                                    static_cast<int32_t>(config_.vocab_size), stream_));
