@@ -115,7 +115,8 @@ Status NcclStatus(ncclResult_t r, const char* what) {
 class NcclComm final : public CudaComm {
  public:
   static Result<std::unique_ptr<CudaComm>> Make(std::span<const int> devices) {
-    // NVLink multicast (NVLS) stays off unless the operator asks for it (issue 24).
+    // NVLink multicast (NVLS) stays off unless the environment asks for it: on a host whose GPUs
+    // others share, a program that uses it can take them out of service.
     ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     const int n = static_cast<int>(devices.size());
     std::unique_ptr<NcclComm> c(new NcclComm(n));
