@@ -47,6 +47,7 @@
 #include "common/clock.h"
 #include "tests/worker/backend/cpu/reference.h"  // Reference, BlockIds
 #include "tests/worker/backend/cpu/streaming_reference.h"
+#include "tests/gpu/graphed_decode.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -525,56 +526,15 @@ TEST_CASE("decode through CUDA graphs gives the tokens of eager execution") {
     auto graphs = Make("cuda", o);
     o.extra.emplace("cuda_graphs", "0");
     auto eager = Make("cuda", o);
-    const int kSeqs = 5, kSteps = 24;
+    constexpr int kSeqs = 5, kSteps = 24;
     std::vector<std::vector<TokenId>> toks(kSeqs);
     std::vector<std::vector<backend::BlockId>> tables(kSeqs);
     for (int s = 0; s < kSeqs; ++s) {
       for (int i = 0; i < 10 + 7 * s; ++i) toks[s].push_back(static_cast<TokenId>((s * 131 + i * 7919) % 20000 + 50));
       for (int j = 0; j < 8; ++j) tables[s].push_back(static_cast<backend::BlockId>(s * 8 + j));
     }
-    // Prefill each prompt on both (eager in both: prefill steps never use graphs).
-    for (int s = 0; s < kSeqs; ++s) {
-      backend::StepBatch batch;
-      backend::SequenceStep st;
-      st.tokens = toks[s];
-      st.block_tables = {tables[s]};
-      st.sample = true;
-      batch.seqs = {st};
-      backend::StepOutput a, b;
-      REQUIRE(eager->Execute(batch, &a).ok());
-      REQUIRE(graphs->Execute(batch, &b).ok());
-      CHECK(a.tokens == b.tokens);
-      toks[s].push_back(a.tokens[0]);
-    }
-    int equal = 0, near = 0;
-    for (int step = 0; step < kSteps; ++step) {
-      const int n = step < kSteps / 2 ? kSeqs : 3;
-      backend::StepBatch ge, gg;
-      for (int s = 0; s < n; ++s) {
-        backend::SequenceStep st;
-        st.tokens = std::span<const TokenId>(&toks[s].back(), 1);
-        st.start_position = static_cast<int64_t>(toks[s].size()) - 1;
-        st.block_tables = {tables[s]};
-        st.sample = true;
-        gg.seqs.push_back(st);
-        st.logits = backend::LogitsRequest::kLast;
-        ge.seqs.push_back(st);
-      }
-      backend::StepOutput oe, og;
-      REQUIRE(eager->Execute(ge, &oe).ok());
-      REQUIRE(graphs->Execute(gg, &og).ok());
-      const int64_t V = eager->config().vocab_size;
-      for (int s = 0; s < n; ++s) {
-        const float* row = &oe.logits[oe.logits_offset[s] * V];
-        if (og.tokens[s] == oe.tokens[s]) {
-          ++equal;
-        } else {
-          ++near;
-          CHECK(row[og.tokens[s]] >= row[oe.tokens[s]] - 0.05f);
-        }
-        toks[s].push_back(oe.tokens[s]);
-      }
-    }
+    GraphedDecode d{toks, tables, {}, kSteps, [](int step) { return step < kSteps / 2 ? kSeqs : 3; }};
+    const auto [equal, near] = CompareGraphedDecode(*eager, *graphs, d);
     MESSAGE(dir << ": " << equal << " graph tokens equal to eager, " << near << " near-ties");
     CHECK(equal > 0);
   }

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/gpu/graphed_decode.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
@@ -368,57 +369,16 @@ TEST_CASE("graph-captured LoRA decode steps give the eager steps' tokens") {
     REQUIRE(b->LoadLora(0, RandomAdapter(c, "a", 8, 41, kAllTargets)).ok());
     REQUIRE(b->LoadLora(2, RandomAdapter(c, "b", 64, 42, kAllTargets)).ok());
   }
-  const int32_t slots[] = {0, -1, 2, 0, 2};
-  const int kSeqs = 5, kSteps = 16;
+  constexpr int kSeqs = 5, kSteps = 16;
   std::vector<std::vector<TokenId>> toks(kSeqs);
   std::vector<std::vector<backend::BlockId>> tables(kSeqs);
   for (int s = 0; s < kSeqs; ++s) {
     toks[s] = Prompt(12 + 5 * s, s + 7);
     for (int j = 0; j < 8; ++j) tables[s].push_back(static_cast<backend::BlockId>(s * 8 + j));
-    backend::StepBatch batch;  // the prompts, eagerly on both
-    backend::SequenceStep st;
-    st.tokens = toks[s];
-    st.block_tables = {tables[s]};
-    st.sample = true;
-    st.lora_slot = slots[s];
-    batch.seqs = {st};
-    backend::StepOutput a, b;
-    REQUIRE(eager->Execute(batch, &a).ok());
-    REQUIRE(graphs->Execute(batch, &b).ok());
-    CHECK(a.tokens == b.tokens);
-    toks[s].push_back(a.tokens[0]);
   }
-  int equal = 0, near = 0;
-  for (int step = 0; step < kSteps; ++step) {
-    // 5 sequences (padded to 8), then 3 (padded to 4) with one adapter fewer: two graph shapes.
-    const int n = step < kSteps / 2 ? kSeqs : 3;
-    backend::StepBatch ge, gg;
-    for (int s = 0; s < n; ++s) {
-      backend::SequenceStep st;
-      st.tokens = std::span<const TokenId>(&toks[s].back(), 1);
-      st.start_position = static_cast<int64_t>(toks[s].size()) - 1;
-      st.block_tables = {tables[s]};
-      st.sample = true;
-      st.lora_slot = slots[s];
-      gg.seqs.push_back(st);
-      st.logits = backend::LogitsRequest::kLast;  // keeps the eager backend's step eager too
-      ge.seqs.push_back(st);
-    }
-    backend::StepOutput oe, og;
-    REQUIRE(eager->Execute(ge, &oe).ok());
-    REQUIRE(graphs->Execute(gg, &og).ok());
-    const int64_t V = c.vocab_size;
-    for (int s = 0; s < n; ++s) {
-      const float* row = &oe.logits[static_cast<size_t>(oe.logits_offset[s] * V)];
-      if (og.tokens[s] == oe.tokens[s]) {
-        ++equal;
-      } else {
-        ++near;
-        CHECK(row[og.tokens[s]] >= row[oe.tokens[s]] - 0.05f);
-      }
-      toks[s].push_back(oe.tokens[s]);
-    }
-  }
+  // 5 sequences (padded to 8), then 3 (padded to 4) with one adapter fewer: two graph shapes.
+  GraphedDecode d{toks, tables, {0, -1, 2, 0, 2}, kSteps, [](int step) { return step < kSteps / 2 ? kSeqs : 3; }};
+  const auto [equal, near] = CompareGraphedDecode(*eager, *graphs, d);
   MESSAGE(equal << " graphed LoRA tokens equal to eager, " << near << " near-ties");
   CHECK(near * 8 <= equal);
   auto* cuda = dynamic_cast<backend::cuda::CudaBackend*>(graphs.get());

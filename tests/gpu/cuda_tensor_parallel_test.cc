@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/graphed_decode.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 #include "kernels/bf16.h"
@@ -233,53 +234,16 @@ TEST_CASE("CUDA-graphed decode on two ranks gives the tokens of eager steps, at 
     auto graphs = MakeTp("cuda", o);
     o.extra.emplace("cuda_graphs", "0");
     auto eager = MakeTp("cuda", o);
-    const int kSeqs = 3;
+    constexpr int kSeqs = 3;
     std::vector<std::vector<TokenId>> toks(kSeqs);
     std::vector<std::vector<backend::BlockId>> tables(kSeqs);
     for (int s = 0; s < kSeqs; ++s) {
       toks[s] = Prompt(9 + 5 * s, 10 + s);
       for (int j = 0; j < 8; ++j) tables[s].push_back(static_cast<backend::BlockId>(s * 8 + j));
-      backend::StepBatch batch;
-      backend::SequenceStep st;
-      st.tokens = toks[s];
-      st.block_tables = {tables[s]};
-      st.sample = true;
-      batch.seqs = {st};
-      backend::StepOutput a, b;
-      REQUIRE(eager->Execute(batch, &a).ok());
-      REQUIRE(graphs->Execute(batch, &b).ok());
-      CHECK(a.tokens == b.tokens);
-      toks[s].push_back(a.tokens[0]);
     }
-    int equal = 0, near = 0;
-    for (int step = 0; step < 24; ++step) {
-      const int n = step < 12 ? 1 : kSeqs;  // batch 1 runs on the gemv with its fusions
-      backend::StepBatch ge, gg;
-      for (int s = 0; s < n; ++s) {
-        backend::SequenceStep st;
-        st.tokens = std::span<const TokenId>(&toks[s].back(), 1);
-        st.start_position = static_cast<int64_t>(toks[s].size()) - 1;
-        st.block_tables = {tables[s]};
-        st.sample = true;
-        gg.seqs.push_back(st);
-        st.logits = backend::LogitsRequest::kLast;
-        ge.seqs.push_back(st);
-      }
-      backend::StepOutput oe, og;
-      REQUIRE(eager->Execute(ge, &oe).ok());
-      REQUIRE(graphs->Execute(gg, &og).ok());
-      const int64_t V = eager->config().vocab_size;
-      for (int s = 0; s < n; ++s) {
-        const float* row = &oe.logits[static_cast<size_t>(oe.logits_offset[s] * V)];
-        if (og.tokens[s] == oe.tokens[s]) {
-          ++equal;
-        } else {
-          ++near;
-          CHECK(row[og.tokens[s]] >= row[oe.tokens[s]] - 0.05f);
-        }
-        toks[s].push_back(oe.tokens[s]);
-      }
-    }
+    // Batch 1 runs on the gemv with its fusions.
+    GraphedDecode d{toks, tables, {}, 24, [](int step) { return step < 12 ? 1 : kSeqs; }};
+    const auto [equal, near] = CompareGraphedDecode(*eager, *graphs, d);
     const auto* cuda = dynamic_cast<const backend::cuda::CudaBackend*>(graphs.get());
     REQUIRE(cuda != nullptr);
     MESSAGE(shape << ": " << equal << " graphed tokens equal to eager, " << near << " near-ties, "
