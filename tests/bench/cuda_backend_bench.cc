@@ -121,6 +121,43 @@ double GemmPeakTflops() {
   return 2.0 * n * n * n * iters / s * 1e-12;
 }
 
+// The prefill figures' prompt: kPrefillTokens tokens, one sequence on blocks 0.., run in
+// kPrefillChunk-token steps.
+constexpr int kPrefillTokens = 8192, kPrefillChunk = 2048;
+
+std::vector<TokenId> PrefillPrompt() {
+  std::vector<TokenId> prompt(kPrefillTokens);
+  for (int i = 0; i < kPrefillTokens; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
+  return prompt;
+}
+
+// One prefill of `prompt` (LoRA slot `slot`, -1: none); its seconds, or a negative value after
+// printing the error.
+double RunPrefill(backend::ModelBackend& b, std::span<const TokenId> prompt, int32_t slot) {
+  std::vector<backend::BlockId> table;
+  for (int64_t i = 0; i < static_cast<int64_t>(prompt.size()) / b.block_size(); ++i) {
+    table.push_back(static_cast<backend::BlockId>(i));
+  }
+  const auto t = Clock::now();
+  for (size_t pos = 0; pos < prompt.size(); pos += kPrefillChunk) {
+    backend::StepBatch step;
+    backend::SequenceStep q;
+    q.tokens = prompt.subspan(pos, std::min<size_t>(kPrefillChunk, prompt.size() - pos));
+    q.start_position = static_cast<int64_t>(pos);
+    q.block_tables = {table};
+    q.sample = pos + kPrefillChunk >= prompt.size();
+    q.lora_slot = slot;
+    step.seqs = {q};
+    backend::StepOutput out;
+    Status st = b.Execute(step, &out);
+    if (!st.ok()) {
+      std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
+      return -1;
+    }
+  }
+  return Since(t);
+}
+
 struct Decode {
   double step_s;  // per step
   double tokens_per_s;
@@ -298,11 +335,8 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
     PrintLoraKernelTimes(*cb, steps + 3);  // RunDecode's warm-up steps are timed too
     cb->set_lora_debug({});
   }
-  const int total = 8192, chunk = 2048;
-  std::vector<TokenId> prompt(total);
-  for (int i = 0; i < total; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
-  std::vector<backend::BlockId> table;
-  for (int i = 0; i < total / b.block_size(); ++i) table.push_back(static_cast<backend::BlockId>(i));
+  const int total = kPrefillTokens, chunk = kPrefillChunk;
+  const std::vector<TokenId> prompt = PrefillPrompt();
   // Prefill variants: 0 no adapter, 1 one adapter; with --lora-ablation also 2 one adapter
   // without the shrink/expand launches, 3 one adapter with the kernels timed.
   for (int variant = 0; variant < (ablation ? 4 : 2); ++variant) {
@@ -313,24 +347,9 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
     double best = 1e30;
     const int reps = variant == 3 ? 1 : 2;
     for (int rep = 0; rep < reps; ++rep) {
-      auto t = Clock::now();
-      for (int pos = 0; pos < total; pos += chunk) {
-        backend::StepBatch step;
-        backend::SequenceStep q;
-        q.tokens = std::span<const TokenId>(prompt).subspan(pos, chunk);
-        q.start_position = pos;
-        q.block_tables = {table};
-        q.sample = pos + chunk == total;
-        q.lora_slot = slot;
-        step.seqs = {q};
-        backend::StepOutput out;
-        Status st = b.Execute(step, &out);
-        if (!st.ok()) {
-          std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
-          return 1;
-        }
-      }
-      best = std::min(best, Since(t));
+      const double t = RunPrefill(b, prompt, slot);
+      if (t < 0) return 1;
+      best = std::min(best, t);
     }
     static const char* kVariants[] = {"no adapter", "one adapter", "one adapter, no shrink/expand launches",
                                       "one adapter, kernels timed"};
@@ -500,30 +519,13 @@ int main(int argc, char** argv) {
     TensorParallelBreakdown(b, batch, ctx, steps, d.step_s);
   }
   {
-    const int total = 8192, chunk = 2048;
-    std::vector<TokenId> prompt(total);
-    for (int i = 0; i < total; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % 100000 + 100);
-    std::vector<backend::BlockId> table;
-    for (int i = 0; i < total / 32; ++i) table.push_back(static_cast<backend::BlockId>(i));
+    const int total = kPrefillTokens, chunk = kPrefillChunk;
+    const std::vector<TokenId> prompt = PrefillPrompt();
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {  // the first run plans the GEMM shapes
-      auto t = Clock::now();
-      for (int pos = 0; pos < total; pos += chunk) {
-        backend::StepBatch step;
-        backend::SequenceStep q;
-        q.tokens = std::span<const TokenId>(prompt).subspan(pos, chunk);
-        q.start_position = pos;
-        q.block_tables = {table};
-        q.sample = pos + chunk == total;
-        step.seqs = {q};
-        backend::StepOutput out;
-        Status st = b.Execute(step, &out);
-        if (!st.ok()) {
-          std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
-          return 1;
-        }
-      }
-      best = std::min(best, Since(t));
+      const double t = RunPrefill(b, prompt, -1);
+      if (t < 0) return 1;
+      best = std::min(best, t);
     }
     // Matmul FLOPs: every token through every projection (LM head only for the sampled
     // rows: one per chunk's last step, negligible). Attention: QK^T and PV over the

@@ -1,7 +1,8 @@
-// CudaBackend: construction (options, weights, activation buffers, KV pools), the step
-// driver Execute, and the backend's registration under "cuda". A step's parts live beside
-// it: cuda_batch.cc (metadata), cuda_forward.cc (layers), cuda_sampling.cc (LM head,
-// sampling, outputs). Thread-compatible (cuda_backend.h): the engine thread calls it.
+// CudaBackend: construction (options, activation buffers, KV pools), the step driver
+// Execute, and the backend's registration under "cuda". Beside it: cuda_weights.cc (the
+// checkpoint's weights on the device), and a step's parts: cuda_batch.cc (metadata),
+// cuda_forward.cc (layers), cuda_sampling.cc (LM head, sampling, outputs). Thread-compatible (cuda_backend.h): the engine
+// thread calls it.
 #include "worker/backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -58,16 +59,15 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-template <typename T>
-Result<T*> CudaBackend::DeviceAlloc(size_t count) {
+Result<void*> CudaBackend::DeviceAllocBytes(size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T));
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (e != cudaSuccess) {
-    return ResourceExhausted("cuda backend: cannot allocate " + std::to_string(count * sizeof(T)) +
+    return ResourceExhausted("cuda backend: cannot allocate " + std::to_string(bytes) +
                              " bytes of device memory: " + cudaGetErrorString(e));
   }
   allocations_.push_back(p);
-  return static_cast<T*>(p);
+  return p;
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& options) {
@@ -195,173 +195,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
       static_cast<double>(kv_bytes) / (1ull << 30), b->kv_fp8_ ? "fp8 e4m3, scales " : "bf16",
       b->kv_fp8_ ? b->kv_scales_source_ : "", options.block_size, pools);
   return b;
-}
-
-Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
-  const model::ModelConfig& c = config_;
-  // (8) This rank's shard: sizes and the row / column ranges it takes of each tensor.
-  const TensorParallelShard& sh = shard_;
-  const int64_t H = c.hidden_size, I = sh.inter, hd = c.head_dim;
-  const int64_t Q = sh.heads * hd, KV = sh.kv_heads * hd;
-  const int64_t qkv_rows = Q + 2 * KV;
-  vocab_rows_ = sh.ranks == 1 ? c.vocab_size : (c.vocab_size + sh.ranks - 1) / sh.ranks;
-  std::vector<uint16_t> converted;  // host bf16 for fp32 / fp16 tensors, and for column slices
-  // Copies rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` (a vector: one
-  // column) to dst (bf16), converting on the host when it is not bf16. nr < 0: every row;
-  // nc < 0: every column.
-  auto upload_block = [&](const std::string& name, bf16* dst, int64_t r0, int64_t nr, int64_t c0,
-                          int64_t nc) -> Status {
-    const model::TensorView& t = checkpoint.tensor(name);
-    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
-    if (nr < 0) nr = rows;
-    if (nc < 0) nc = cols;
-    const size_t esize = t.dtype == model::DType::kF32 ? 4 : 2;
-    converted.resize(static_cast<size_t>(nr * nc));
-    for (int64_t i = 0; i < nr; ++i) {
-      const std::byte* row = t.bytes.data() + ((r0 + i) * cols + c0) * static_cast<int64_t>(esize);
-      uint16_t* out = converted.data() + i * nc;
-      if (t.dtype == model::DType::kBF16) {
-        std::memcpy(out, row, static_cast<size_t>(nc) * 2);
-        continue;
-      }
-      for (int64_t j = 0; j < nc; ++j) {
-        float f;
-        if (t.dtype == model::DType::kF32) {
-          std::memcpy(&f, row + 4 * j, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, row + 2 * j, 2);
-          f = model::F16ToF32(h);
-        }
-        out[j] = model::F32ToBF16(f);
-      }
-    }
-    KVF_CUDA_RETURN(cudaMemcpy(dst, converted.data(), converted.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    weight_bytes_ += converted.size() * sizeof(bf16);
-    return Status::Ok();
-  };
-  // Copies tensor `name` to dst (bf16), converting on the host when it is not bf16.
-  auto upload = [&](const std::string& name, bf16* dst) -> Status {
-    const model::TensorView& t = checkpoint.tensor(name);
-    const size_t n = static_cast<size_t>(t.numel());
-    const void* src = t.bytes.data();
-    if (t.dtype != model::DType::kBF16) {
-      converted.resize(n);
-      const std::byte* raw = t.bytes.data();
-      for (size_t i = 0; i < n; ++i) {
-        float f;
-        if (t.dtype == model::DType::kF32) {
-          std::memcpy(&f, raw + 4 * i, 4);
-        } else {
-          uint16_t h;
-          std::memcpy(&h, raw + 2 * i, 2);
-          f = model::F16ToF32(h);
-        }
-        converted[i] = model::F32ToBF16(f);
-      }
-      src = converted.data();
-    }
-    KVF_CUDA_RETURN(cudaMemcpy(dst, src, n * sizeof(bf16), cudaMemcpyHostToDevice));
-    weight_bytes_ += n * sizeof(bf16);
-    return Status::Ok();
-  };
-  model::LoadProgress progress(checkpoint.specs().size(), checkpoint.weight_bytes());
-  // Whole, or the block of `part` ({r0, nr, c0, nc} as upload_block takes them).
-  struct Part {
-    int64_t r0 = 0, nr = -1, c0 = 0, nc = -1;
-  };
-  auto upload_part = [&](const std::string& name, bf16* dst, const Part& p) -> Status {
-    const model::TensorView& t = checkpoint.tensor(name);
-    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
-    const bool whole = p.r0 == 0 && (p.nr < 0 || p.nr == rows) && p.c0 == 0 && (p.nc < 0 || p.nc == cols);
-    return whole ? upload(name, dst) : upload_block(name, dst, p.r0, p.nr, p.c0, p.nc);
-  };
-  auto part_elems = [&](const std::string& name, const Part& p) {
-    const model::TensorView& t = checkpoint.tensor(name);
-    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    const int64_t cols = rows > 0 ? t.numel() / rows : 0;
-    return (p.nr < 0 ? rows : p.nr) * (p.nc < 0 ? cols : p.nc);
-  };
-  auto load = [&](const std::string& name, int64_t count, bf16** out, Part part = {}) -> Status {
-    KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(count)));
-    KVF_RETURN_IF_ERROR(upload_part(name, *out, part));
-    progress.Add(1, checkpoint.tensor(name).bytes.size());
-    return Status::Ok();
-  };
-  // Stacks several tensors (each its part) into one allocation of `rows` rows of `cols`.
-  auto stack = [&](std::initializer_list<std::pair<std::string, Part>> names, int64_t rows, int64_t cols,
-                   bf16** out) -> Status {
-    KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(rows * cols)));
-    bf16* at = *out;
-    for (const auto& [n, part] : names) {
-      KVF_RETURN_IF_ERROR(upload_part(n, at, part));
-      at += part_elems(n, part);
-      progress.Add(1, checkpoint.tensor(n).bytes.size());
-    }
-    return Status::Ok();
-  };
-  const Part q_rows{sh.head_begin * hd, Q, 0, -1}, kv_rows{sh.kv_head_begin * hd, KV, 0, -1};
-  const Part i_rows{sh.inter_begin, I, 0, -1}, q_cols{0, -1, sh.head_begin * hd, Q}, i_cols{0, -1, sh.inter_begin, I};
-  // The vocab slice, in an allocation of vocab_rows_ rows (the padding rows stay zero).
-  auto load_vocab = [&](const std::string& name, bf16** out) -> Status {
-    KVF_ASSIGN_OR_RETURN(*out, DeviceAlloc<bf16>(static_cast<size_t>(vocab_rows_ * H)));
-    if (sh.vocab < vocab_rows_) KVF_CUDA_RETURN(cudaMemset(*out, 0, static_cast<size_t>(vocab_rows_ * H) * sizeof(bf16)));
-    if (sh.vocab > 0) KVF_RETURN_IF_ERROR(upload_part(name, *out, Part{sh.vocab_begin, sh.vocab, 0, -1}));
-    progress.Add(1, checkpoint.tensor(name).bytes.size());
-    return Status::Ok();
-  };
-  const bool bias_rank = sh.rank == 0;  // a row-parallel product's bias is added once
-
-  KVF_RETURN_IF_ERROR(load_vocab("model.embed_tokens.weight", &embed_));
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerWeights& w = layers_[l];
-    auto name = [l](std::string_view s) { return model::LayerTensorName(l, s); };
-    KVF_RETURN_IF_ERROR(load(name("input_layernorm.weight"), H, &w.input_norm));
-    KVF_RETURN_IF_ERROR(stack({{name("self_attn.q_proj.weight"), q_rows},
-                               {name("self_attn.k_proj.weight"), kv_rows},
-                               {name("self_attn.v_proj.weight"), kv_rows}},
-                              qkv_rows, H, &w.qkv));
-    if (c.attention_bias) {
-      KVF_RETURN_IF_ERROR(stack({{name("self_attn.q_proj.bias"), q_rows},
-                                 {name("self_attn.k_proj.bias"), kv_rows},
-                                 {name("self_attn.v_proj.bias"), kv_rows}},
-                                qkv_rows, 1, &w.qkv_bias));
-    }
-    KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.weight"), H * Q, &w.o, q_cols));
-    if (c.attention_out_bias && bias_rank) KVF_RETURN_IF_ERROR(load(name("self_attn.o_proj.bias"), H, &w.o_bias));
-    if (c.qk_norm) {
-      KVF_RETURN_IF_ERROR(load(name("self_attn.q_norm.weight"), c.head_dim, &w.q_norm));
-      KVF_RETURN_IF_ERROR(load(name("self_attn.k_norm.weight"), c.head_dim, &w.k_norm));
-    }
-    KVF_RETURN_IF_ERROR(load(name("post_attention_layernorm.weight"), H, &w.post_norm));
-    KVF_RETURN_IF_ERROR(
-        stack({{name("mlp.gate_proj.weight"), i_rows}, {name("mlp.up_proj.weight"), i_rows}}, 2 * I, H, &w.gate_up));
-    KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down, i_cols));
-    if (c.mlp_bias) {
-      KVF_RETURN_IF_ERROR(
-          stack({{name("mlp.gate_proj.bias"), i_rows}, {name("mlp.up_proj.bias"), i_rows}}, 2 * I, 1, &w.gate_up_bias));
-      if (bias_rank) KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.bias"), H, &w.down_bias));
-    }
-  }
-  KVF_RETURN_IF_ERROR(load("model.norm.weight", H, &final_norm_));
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_;
-  } else {
-    KVF_RETURN_IF_ERROR(load_vocab("lm_head.weight", &lm_head_));
-  }
-
-  // RoPE frequencies, as the cpu backend takes them (kernels/rope.h). HF scales cos and sin
-  // by attention_scaling (yarn), which scales every score by its square.
-  inv_freq_host_ = kernels::RopeInvFreq(rope_);
-  const double rope_scale = kernels::RopeAttentionScaling(rope_);
-  attention_scale_ = static_cast<float>(rope_scale * rope_scale / std::sqrt(static_cast<double>(c.head_dim)));
-  KVF_ASSIGN_OR_RETURN(inv_freq_, DeviceAlloc<float>(inv_freq_host_.size()));
-  KVF_CUDA_RETURN(cudaMemcpy(inv_freq_, inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float),
-                             cudaMemcpyHostToDevice));
-  return Status::Ok();
 }
 
 Status CudaBackend::AllocateBuffers() {

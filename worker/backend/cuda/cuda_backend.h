@@ -342,9 +342,15 @@ class CudaBackend final : public ModelBackendBase {
   // in chunks of logits_rows_).
   Status CollectOutput(const StepBatch& batch, const StepMeta& m, int64_t out_rows, StepOutput* out);
 
-  // A device allocation owned by the backend (freed in the destructor).
+  // A device allocation owned by the backend (freed in the destructor): `bytes` (at least 1),
+  // and count elements of T through it.
+  Result<void*> DeviceAllocBytes(size_t bytes);
   template <typename T>
-  Result<T*> DeviceAlloc(size_t count);
+  Result<T*> DeviceAlloc(size_t count) {
+    Result<void*> p = DeviceAllocBytes(count * sizeof(T));
+    if (!p.ok()) return p.status();
+    return static_cast<T*>(*p);
+  }
 
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
