@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "kernels/paged_decode.cuh"
+#include "kernels/paged_decode_fp8.cuh"
 
 namespace kvfleet::kernels {
 namespace {
@@ -41,19 +42,39 @@ cudaError_t DispatchShift(const PagedDecodeParams& p, cudaStream_t s) {
   return p.rope_inv_freq ? Launch<kHeadDim, kGroup, true, E>(p, s) : Launch<kHeadDim, kGroup, false, E>(p, s);
 }
 
-// The tensor-core kernel: head_dim <= 128, no shifted RoPE, query heads in chunks of 16.
-template <int kHeadDim, typename E>
+// The bf16 tensor-core kernel: head_dim <= 128, no shifted RoPE, query heads in chunks of 16.
+template <int kHeadDim>
 cudaError_t LaunchMma(const PagedDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.layout.num_kv_heads;
   const int chunks = (group + 15) / 16;
   const int max_parts = MaxParts(p);
   constexpr size_t kMergeBytes = sizeof(float) * decode::kWarps * 16 * (decode::mma::MergeStride<kHeadDim>() + 2);
-  constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim, E>(), kMergeBytes);
-  auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim, E>;
+  constexpr size_t smem = std::max<size_t>(decode::mma::SmemBytes<kHeadDim>(), kMergeBytes);
+  auto kernel = decode::mma::PagedDecodeMmaKernel<kHeadDim>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
   return LaunchWithCombine<kHeadDim>(kernel, dim3(max_parts, p.layout.num_kv_heads, p.num_seqs * chunks), smem, p,
                                      stream);
+}
+
+// fp8 pages on tensor cores (paged_decode_fp8.cuh): query heads in chunks of 8 or 16.
+template <int kHeadDim, int kNT>
+cudaError_t LaunchFp8(const PagedDecodeParams& p, cudaStream_t stream) {
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  const int chunks = (group + 8 * kNT - 1) / (8 * kNT);
+  constexpr size_t smem =
+      std::max<size_t>(decode::fp8::SmemBytes<kHeadDim>(), decode::fp8::MergeBytes<kHeadDim, kNT>());
+  auto kernel = decode::fp8::PagedDecodeFp8Kernel<kHeadDim, kNT>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  return LaunchWithCombine<kHeadDim>(kernel, dim3(MaxParts(p), p.layout.num_kv_heads, p.num_seqs * chunks), smem, p,
+                                     stream);
+}
+
+template <int kHeadDim>
+cudaError_t LaunchFp8(const PagedDecodeParams& p, cudaStream_t stream) {
+  const int group = p.num_q_heads / p.layout.num_kv_heads;
+  return group <= 8 ? LaunchFp8<kHeadDim, 1>(p, stream) : LaunchFp8<kHeadDim, 2>(p, stream);
 }
 
 template <int kHeadDim, typename E>
@@ -70,8 +91,20 @@ template <typename E>
 cudaError_t DispatchHeadDim(const PagedDecodeParams& p, cudaStream_t stream) {
   const bool cuda_cores = p.rope_inv_freq != nullptr || p.force_cuda_cores;
   switch (p.layout.head_dim) {
-    case 64: return cuda_cores ? DispatchGroup<64, E>(p, stream) : LaunchMma<64, E>(p, stream);
-    case 128: return cuda_cores ? DispatchGroup<128, E>(p, stream) : LaunchMma<128, E>(p, stream);
+    case 64:
+      if (cuda_cores) return DispatchGroup<64, E>(p, stream);
+      if constexpr (sizeof(E) == 1) {
+        return LaunchFp8<64>(p, stream);
+      } else {
+        return LaunchMma<64>(p, stream);
+      }
+    case 128:
+      if (cuda_cores) return DispatchGroup<128, E>(p, stream);
+      if constexpr (sizeof(E) == 1) {
+        return LaunchFp8<128>(p, stream);
+      } else {
+        return LaunchMma<128>(p, stream);
+      }
     case 256: return DispatchGroup<256, E>(p, stream);
     default: return cudaErrorInvalidValue;
   }
@@ -81,15 +114,20 @@ cudaError_t DispatchHeadDim(const PagedDecodeParams& p, cudaStream_t stream) {
 
 int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads, int32_t max_seq_len,
                                    int32_t num_sms) {
+  // Blocks per partition of the tensor-core kernels: one per 16 query heads of a KV head.
   const int group = num_q_heads / num_kv_heads;
-  const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + GroupChunk(group) - 1) / GroupChunk(group));
+  const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + 15) / 16);
   // The largest partition (256..2048 tokens) that gives at least kMinWaves waves of resident
   // blocks, so the last, partly filled wave is a small part of the time; else 256 when that
   // fills one wave; else 128 (too few blocks: parallelism first). Decode graphs size the
   // grid for their length bucket, up to twice the real length, so the real grid can have
-  // half the waves planned. Measured on an H200, 2-stage tensor-core kernel (tests/bench/
-  // results, v8): batch 64 at 4K: P=128: 68.3%, 256: 75.0%, 1024: 76.0%, 2048: 74.2% of copy
-  // bandwidth; a grid of 1.3 waves of full partitions (batch 64, 2K, P=2048) 61.4%.
+  // half the waves planned. Measured on an H200, batch 64 at 4K, % of copy bandwidth
+  // (tests/bench/results/2026-11-25-fp8-decode.txt):
+  //   P       128    256    1024   2048
+  //   bf16    83.3   87.6   91.9   90.1
+  //   fp8     58.9   74.7   82.2   83.8
+  // The fp8 kernel keeps four blocks resident, not three; sizing its waves by four picks
+  // smaller partitions (512 there: 80.2%), so both are sized by three.
   constexpr int64_t kMinWaves = 4;
   const int64_t slots = int64_t(decode::mma::kResidentBlocksPerSm) * num_sms;
   auto blocks = [&](int32_t part) { return blocks_per_part * ((max_seq_len + part - 1) / part); };

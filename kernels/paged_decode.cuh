@@ -108,6 +108,45 @@ __device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const Tok
   }
 }
 
+// The same copies for the kRows-row tiles of the tensor-core kernels (64 or 128), each warp
+// instruction covering whole 128-byte lines: warp w copies rows [R w, R w + R), R = kRows / 4,
+// into tiles ([stage][K, V][kRows][kStride] elements E); lane r < R looks row R w + r up in the
+// block table, and the lanes of each copy take their row's offset from it by shuffle. Spreading
+// a row's chunks over threads that each look up their own rows (LoadKvTile) costs four lookups
+// per thread per tile, and handing a thread one whole row makes each copy touch 16 lines for
+// 32 bytes each; measured on an H200 with fp8 pages (b=64 @ 4K), the latter kept the load/store
+// unit 90% busy at 57% of DRAM bandwidth, this 69% busy at 75%.
+template <int kHeadDim, int kRows, int kStride, typename E>
+__device__ __forceinline__ void LoadKvTileLines(const PagedDecodeParams& p, const TokenRange& range,
+                                                const Partition& pt, int kv_head, int t, E* tiles, int st) {
+  constexpr int kWarpRows = kRows / kWarps;
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "16 or 32 rows per warp");
+  constexpr int kChunkElems = 16 / sizeof(E);
+  constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
+  static_assert(32 % kChunks == 0, "a row's chunks fit one warp instruction");
+  constexpr int kRowsPerCopy = 32 / kChunks;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int i = t * kRows + warp * kWarpRows + lane % kWarpRows;
+  int64_t off = -1;
+  if (i < pt.len) {
+    const int32_t pos = range.Pos(pt.i0 + i);
+    off = p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B);
+  }
+  E* ks = tiles + st * 2 * kRows * kStride + warp * kWarpRows * kStride;
+  E* vs = ks + kRows * kStride;
+  const E* pool = KvPool<E>(p);
+  const int chunk = lane % kChunks;
+#pragma unroll
+  for (int j = 0; j < kWarpRows / kRowsPerCopy; ++j) {
+    const int r = j * kRowsPerCopy + lane / kChunks;
+    const int64_t ro = __shfl_sync(0xffffffffu, off, r);
+    const bool valid = ro >= 0;
+    const E* src = pool + (valid ? ro + chunk * kChunkElems : 0);
+    CpAsync16(ks + r * kStride + chunk * kChunkElems, src, valid);
+    CpAsync16(vs + r * kStride + chunk * kChunkElems, valid ? src + pt.v_offset : src, valid);
+  }
+}
+
 // 8 consecutive elements as floats (unscaled): one 16-byte (bf16) or 8-byte (fp8) read.
 __device__ __forceinline__ void Load8(const __nv_bfloat16* x, float (&f)[8]) {
   Bf16x8ToFloat(*reinterpret_cast<const uint4*>(x), f);
@@ -357,33 +396,22 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(PagedDecodeParams 
   }
 }
 
-// Tensor-core variant for head_dim <= 128 without shifted RoPE. The (up to 16) query heads of
-// a KV head are the 16 rows of one mma.sync m16n8k16 tile; each warp takes 16 tokens of every
-// 64-token K/V tile (two cp.async stages), computes S = Q K^T and O += P V on tensor
-// cores with its own online softmax, and the warps merge at the end. Rows past the group are
-// zero queries whose results are dropped: the tensor cores have far more throughput than a
-// memory-bound decode needs, and this path issues ~8x fewer instructions per token than the
-// CUDA-core kernel above.
+// Tensor-core variant for bf16 pages, head_dim <= 128 without shifted RoPE (fp8 pages:
+// paged_decode_fp8.cuh). The (up to 16) query heads of a KV head are the 16 rows of one
+// mma.sync m16n8k16 tile; each warp takes 16 tokens of every 64-token K/V tile (two cp.async
+// stages), computes S = Q K^T and O += P V on tensor cores with its own online softmax, and
+// the warps merge at the end. Rows past the group are zero queries whose results are dropped:
+// the tensor cores have far more throughput than a memory-bound decode needs, and this path
+// issues ~8x fewer instructions per token than the CUDA-core kernel above.
 namespace mma {
 
 constexpr int kTile = 64;  // tokens per stage: 16 per warp
 // Two stages of 34 KB (one tile loading while the other is used): three blocks fit an SM
 // (registers allow three as well), twelve warps. Measured on an H200 against three stages
 // (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
-// (tests/bench/results, v8).
+// (tests/bench/results, v8); with LoadKvTileLines, 89-94% (2026-11-25-fp8-decode.txt).
 constexpr int kStages = 2;
-// fp8 pages: three stages of 18 KB keep as many bytes in flight per block as bf16's two of 34
-// KB (54 KB, three blocks per SM).
-constexpr int kStagesFp8 = 3;
 constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
-// fp8 pages: four blocks of three 18 KB stages fit an SM's shared memory, and a 128-register
-// bound lets them (12 bytes spill). Measured on an H200 against three blocks: +3-6% KV tokens/s
-// at batch 8-256, +12% at batch 1 and 16K-32K context (tests/bench/results/2026-11-25-fp8-kv.txt,
-// section 6). bf16 keeps three (its 34 KB stages).
-template <typename E>
-constexpr int kMinBlocksFor() {
-  return sizeof(E) == 1 ? 4 : 1;
-}
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
 // Floats per row of the warps' partial O in the merge: 8 of padding make the float2 stores
 // of a quad's 8 rows fall in distinct banks (unpadded, the 8 rows share 4 banks: 8-way).
@@ -392,67 +420,20 @@ constexpr int MergeStride() {
   return kHeadDim + 8;
 }
 
-template <typename E>
-constexpr int Stages() {
-  return sizeof(E) == 1 ? kStagesFp8 : kStages;
-}
-
-// Elements per shared row of a staged tile: bf16 rows are padded for ldmatrix; fp8 rows by 16
-// bytes so that the fragment loads below (lanes 0-7 of a warp: two rows) hit distinct banks.
-template <int kHeadDim, typename E>
-constexpr int StageStride() {
-  return sizeof(E) == 1 ? kHeadDim + 16 : kHeadDim + kPad;
-}
-
-template <int kHeadDim, typename E>
-constexpr int SmemBytes() {
-  return Stages<E>() * 2 * kTile * StageStride<kHeadDim, E>() * int(sizeof(E));
-}
-
-// fp8 pages feed the MMAs from registers: each lane loads the e4m3 bytes its B fragments need
-// straight from the staged rows (no bf16 copy in shared memory, no ldmatrix) and converts them
-// with bit moves (Fp8x4ToBf16x4). Two index permutations make those bytes contiguous; a dot
-// product does not depend on the order of its terms, and O's columns are put back in the merge:
-//  - S = Q K^T, k = head dims: in k step kk, lane (gid, tig)'s b0 holds dims
-//    kHeadDim/4 * tig + 4 kk + {0, 1} of token gid, b1 dims + {2, 3}: one word of the 32 bytes
-//    (head_dim 128) the lane reads of that row. Q's A fragment takes the same dims.
-//  - O += P V, k = tokens (not permuted), n = head dims: column n of dim tile d is dim
-//    n * kDTiles + d, so lane (gid, tig) reads kDTiles bytes at gid * kDTiles of the rows of
-//    tokens 2tig, 2tig+1, 2tig+8 and 2tig+9, and byte-interleaves token pairs (PRMT).
 template <int kHeadDim>
-__device__ __forceinline__ int Fp8QDim(int kk, int j, int tig) {
-  return kHeadDim / 4 * tig + 4 * kk + 2 * (j >> 1);
+constexpr int SmemBytes() {
+  return kStages * 2 * kTile * (kHeadDim + kPad) * int(sizeof(__nv_bfloat16));
 }
 
-// kWords 32-bit words from shared memory (16-byte aligned when kWords >= 4, 8 when 2).
-template <int kWords>
-__device__ __forceinline__ void LoadWords(const uint8_t* src, uint32_t (&w)[kWords]) {
-  if constexpr (kWords % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kWords; i += 4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(src + 4 * i);
-      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
-    }
-  } else {
-    static_assert(kWords == 2, "head_dim 64 or 128");
-    const uint2 v = *reinterpret_cast<const uint2*>(src);
-    w[0] = v.x, w[1] = v.y;
-  }
-}
-
-// E: __nv_bfloat16, or uint8_t for fp8 e4m3 pages (fragments from registers, above); the K
-// scale goes into the softmax scale, the V scale into O.
-template <int kHeadDim, typename E>
-__global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKernel(PagedDecodeParams p) {
-  constexpr int kStride = kHeadDim + kPad;  // bf16 rows the MMAs read
-  constexpr int kSStride = StageStride<kHeadDim, E>();
-  constexpr int kNumStages = Stages<E>();
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodeParams p) {
+  using E = __nv_bfloat16;
+  constexpr int kStride = kHeadDim + kPad;
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kDTiles = kHeadDim / 8;
-  constexpr bool kFp8 = sizeof(E) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kSStride]
+  E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kStride]
 
   const int part = blockIdx.x, kv_head = blockIdx.y;
   const int group = p.num_q_heads / p.layout.num_kv_heads;
@@ -471,24 +452,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKe
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
   auto load_tile = [&](int t) {
-    if (t < num_tiles) LoadKvTile<kHeadDim, kTile, kSStride, E>(p, range, pt, kv_head, t, tiles, t % kNumStages);
+    if (t < num_tiles) LoadKvTileLines<kHeadDim, kTile, kStride, E>(p, range, pt, kv_head, t, tiles, t % kStages);
     CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
-#pragma unroll
-  for (int t = 0; t < kNumStages - 1; ++t) load_tile(t);
+  load_tile(0);
 
   // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).
   uint32_t qa[kKSteps][4];
   {
     const int r_lo = g0 + gid, r_hi = g0 + gid + 8;
-    const __nv_bfloat16* q_lo = p.q + (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + r_lo) * kHeadDim;
-    const __nv_bfloat16* q_hi = q_lo + 8 * kHeadDim;
+    const E* q_lo = p.q + (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + r_lo) * kHeadDim;
+    const E* q_hi = q_lo + 8 * kHeadDim;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const bool hi = j & 1;
-        const int col = kFp8 ? Fp8QDim<kHeadDim>(kk, j, tig) : kk * 16 + (j >> 1) * 8 + 2 * tig;
+        const int col = kk * 16 + (j >> 1) * 8 + 2 * tig;
         const bool valid = (hi ? r_hi : r_lo) < group;
         qa[kk][j] = valid ? *reinterpret_cast<const uint32_t*>((hi ? q_hi : q_lo) + col) : 0u;
       }
@@ -500,50 +480,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKe
 #pragma unroll
     for (int j = 0; j < 4; ++j) o[t][j] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float2 kv_scale = KvScaleOf<E>(p, kv_head);
-  const float scale_log2 = p.scale * kLog2e * kv_scale.x;
+  const float scale_log2 = p.scale * kLog2e;
 
   for (int t = 0; t < num_tiles; ++t) {
-    CpAsyncWait<kNumStages - 2>();
-    __syncthreads();  // tile t landed for everyone; stage (t-1) % kNumStages is free again
-    load_tile(t + kNumStages - 1);
+    CpAsyncWait<0>();
+    __syncthreads();  // tile t landed for everyone; the other stage is free again
+    load_tile(t + 1);
     // The warp's 16 K rows of the stage, then (kTile rows on) its 16 V rows.
-    const E* ks = tiles + (t % kNumStages) * 2 * kTile * kSStride + warp * 16 * kSStride;
-    const E* vs = ks + kTile * kSStride;
+    const E* ks = tiles + (t % kStages) * 2 * kTile * kStride + warp * 16 * kStride;
+    const E* vs = ks + kTile * kStride;
 
     float s[2][4];
-    // fp8: this lane's bytes of V (tokens 2tig, 2tig+1, 2tig+8, 2tig+9), loaded with K's.
-    constexpr int kVWords = kFp8 ? kDTiles / 4 : 1;
-    uint32_t v8[4][kVWords];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[nt][j] = 0.f;
-      if constexpr (kFp8) {
-        uint32_t k8[kKSteps];
-        LoadWords<kKSteps>(reinterpret_cast<const uint8_t*>(ks) + (nt * 8 + gid) * kSStride + kHeadDim / 4 * tig, k8);
-        if (nt == 0) {
+      // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
+      const E* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
 #pragma unroll
-          for (int r = 0; r < 4; ++r)
-            LoadWords<kVWords>(
-                reinterpret_cast<const uint8_t*>(vs) + (2 * tig + (r & 1) + 8 * (r >> 1)) * kSStride + gid * kDTiles,
-                v8[r]);
-        }
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          const uint2 b = Fp8x4ToBf16x4(k8[kk]);
-          Mma(s[nt], qa[kk], b.x, b.y);
-        }
-      } else {
-        // Lanes 8j..8j+7 address the rows of matrix j: dims kk * 16 + 8 j .. + 7 (two k steps).
-        const __nv_bfloat16* kaddr = ks + (nt * 8 + (lane & 7)) * kStride + (lane >> 3) * 8;
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; kk += 2) {
-          uint32_t b[4];
-          LdMatrixX4(b, kaddr + kk * 16);
-          Mma(s[nt], qa[kk], b[0], b[1]);
-          Mma(s[nt], qa[kk + 1], b[2], b[3]);
-        }
+      for (int kk = 0; kk < kKSteps; kk += 2) {
+        uint32_t b[4];
+        LdMatrixX4(b, kaddr + kk * 16);
+        Mma(s[nt], qa[kk], b[0], b[1]);
+        Mma(s[nt], qa[kk + 1], b[2], b[3]);
       }
     }
     const int base_i = t * kTile + warp * 16;
@@ -576,28 +535,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKe
     }
     const uint32_t pa[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]), PackBf16(s[1][0], s[1][1]),
                             PackBf16(s[1][2], s[1][3])};
-    if constexpr (kFp8) {
-      // Word w of a row holds dim tiles 4w .. 4w+3; PRMT pairs the tokens (2tig, 2tig+1) for b0
-      // and (2tig+8, 2tig+9) for b1, lower token in the low byte.
 #pragma unroll
-      for (int w = 0; w < kVWords; ++w) {
-        const uint2 lo01 = Fp8x4ToBf16x4(__byte_perm(v8[0][w], v8[1][w], 0x5140));
-        const uint2 hi01 = Fp8x4ToBf16x4(__byte_perm(v8[0][w], v8[1][w], 0x7362));
-        const uint2 lo89 = Fp8x4ToBf16x4(__byte_perm(v8[2][w], v8[3][w], 0x5140));
-        const uint2 hi89 = Fp8x4ToBf16x4(__byte_perm(v8[2][w], v8[3][w], 0x7362));
-        Mma(o[4 * w], pa, lo01.x, lo89.x);
-        Mma(o[4 * w + 1], pa, lo01.y, lo89.y);
-        Mma(o[4 * w + 2], pa, hi01.x, hi89.x);
-        Mma(o[4 * w + 3], pa, hi01.y, hi89.y);
-      }
-    } else {
-#pragma unroll
-      for (int dn = 0; dn < kHeadDim / 16; ++dn) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, vs + (lane & 15) * kStride + dn * 16 + (lane >> 4) * 8);
-        Mma(o[2 * dn], pa, b[0], b[1]);
-        Mma(o[2 * dn + 1], pa, b[2], b[3]);
-      }
+    for (int dn = 0; dn < kHeadDim / 16; ++dn) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, vs + (lane & 15) * kStride + dn * 16 + (lane >> 4) * 8);
+      Mma(o[2 * dn], pa, b[0], b[1]);
+      Mma(o[2 * dn + 1], pa, b[2], b[3]);
     }
   }
   CpAsyncWait<0>();
@@ -620,20 +563,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksFor<E>()) PagedDecodeMmaKe
       red_l[warp * 16 + r] = sum;
     }
     float* row = red + (warp * 16 + r) * kRed;
-    if constexpr (kFp8) {
-      // Column n of dim tile d is dim n * kDTiles + d (above): dim tiles d, d+1 are adjacent dims.
 #pragma unroll
-      for (int d = 0; d < kDTiles; d += 2)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          *reinterpret_cast<float2*>(row + (2 * tig + c) * kDTiles + d) =
-              make_float2(o[d][2 * h + c] * kv_scale.y, o[d + 1][2 * h + c] * kv_scale.y);
-    } else {
-#pragma unroll
-      for (int d = 0; d < kDTiles; ++d)
-        *reinterpret_cast<float2*>(row + d * 8 + 2 * tig) =
-            make_float2(o[d][2 * h] * kv_scale.y, o[d][2 * h + 1] * kv_scale.y);
-    }
+    for (int d = 0; d < kDTiles; ++d)
+      *reinterpret_cast<float2*>(row + d * 8 + 2 * tig) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * kChunks; idx += kThreads) {

@@ -1,6 +1,6 @@
 // Paged-attention decode: one new query token per sequence attends to that sequence's cached
 // K/V, read through its block table. Split-K over the context with a reduction kernel.
-// GQA/MQA: one thread block reads each KV head once for (up to 8 of) its query heads.
+// GQA/MQA: one thread block reads each KV head once for (up to 16 of) its query heads.
 // Masks: causal, sliding window, StreamingLLM sinks, chunked attention (attention_mask.h).
 // StreamingLLM position-shifted RoPE: with rope_inv_freq set, q and the cached K are
 // un-rotated and the kernel rotates them by their positions inside the kept cache

@@ -33,6 +33,7 @@ struct Case {
   int partition_size = 0;  // decode: 0 = PagedDecodeChoosePartition
   bool force_cuda_cores = false;  // decode: the CUDA-core kernel instead of the tensor-core one
   bool fp8 = false;               // e4m3 pages with per-(layer, head) scales
+  float q_range = 2.f;            // queries uniform in [-q_range, q_range]
 };
 
 // A pool of random K/V with two layers (the test reads layer 1), block tables drawing
@@ -66,8 +67,8 @@ struct Fixture {
     cu_q.push_back(0);
     for (int ql : c.q_lens) cu_q.push_back(cu_q.back() + ql);
     num_tokens = cu_q.back();
-    // Queries in [-2, 2] so that softmax is neither flat nor one-hot.
-    q = gputest::RandomBf16(size_t(num_tokens) * c.num_q_heads * c.head_dim, rng, -2.f, 2.f);
+    // Queries in [-2, 2] by default, so that softmax is neither flat nor one-hot.
+    q = gputest::RandomBf16(size_t(num_tokens) * c.num_q_heads * c.head_dim, rng, -c.q_range, c.q_range);
     RopeConfig rope;
     rope.head_dim = c.head_dim;
     rope.theta = 10000;
@@ -243,18 +244,21 @@ TEST_CASE("decode split-K partitions reduce to the single-partition result") {
   }
 }
 
-TEST_CASE("decode honours sliding windows, sinks and chunked attention") {
+TEST_CASE("decode honours sliding windows, sinks and chunked attention, on bf16 and fp8 pages") {
   uint32_t seed = 300;
   std::vector<AttentionMask> masks = {{64, 0, 0}, {1000, 0, 0}, {100, 4, 0}, {33, 16, 0}, {0, 0, 256}, {0, 0, 100}};
-  for (const AttentionMask& m : masks) {
-    Case c;
-    c.seq_lens = {1, 50, 101, 1500, 2049};
-    c.mask = m;
-    CAPTURE(m.window);
-    CAPTURE(m.sinks);
-    CAPTURE(m.chunk);
-    CHECK(RunDecode(c, seed++) < kTolerance);
-  }
+  for (bool fp8 : {false, true})
+    for (const AttentionMask& m : masks) {
+      Case c;
+      c.fp8 = fp8;
+      c.seq_lens = {1, 50, 101, 1500, 2049};
+      c.mask = m;
+      CAPTURE(fp8);
+      CAPTURE(m.window);
+      CAPTURE(m.sinks);
+      CAPTURE(m.chunk);
+      CHECK(RunDecode(c, seed++) < kTolerance);
+    }
 }
 
 TEST_CASE("decode with StreamingLLM sinks rotates q and K by their positions in the kept cache") {
@@ -395,6 +399,22 @@ TEST_CASE("fp8 decode reads e4m3 pages with per-head scales, on both kernels, ev
   shift.seq_lens = {3, 2000};
   shift.partition_size = 128;
   CHECK(RunDecode(shift, seed++) < kTolerance);
+}
+
+TEST_CASE("fp8 decode keeps small and large queries exact (f16 operands scaled per head)") {
+  uint32_t seed = 850;
+  for (bool fp8 : {false, true})
+    for (float range : {1e-4f, 3e-2f, 40.f, 3000.f}) {
+      Case c;
+      c.fp8 = fp8;
+      c.q_range = range;
+      c.num_q_heads = 16;
+      c.num_kv_heads = 2;
+      c.seq_lens = {300, 1100};
+      CAPTURE(fp8);
+      CAPTURE(range);
+      CHECK(RunDecode(c, seed++) < kTolerance);
+    }
 }
 
 TEST_CASE("fp8 prefill reads e4m3 pages across pages, groups and masks") {
