@@ -42,7 +42,7 @@ inline fp8_bits FloatToFp8E4m3(float x) {
   return sign | static_cast<fp8_bits>(exp << 3 | q);
 }
 
-// e4m3 -> bf16 by bit moves, as the decode kernel does it (fp8.cuh, Fp8x4ToBf16x4): `lanes`
+// e4m3 -> bf16 by bit moves, as the prefill kernel does it (fp8.cuh, Fp8x4ToBf16x4): `lanes`
 // holds two e4m3 codes in the high bytes of its 16-bit halves ([0, b0, 0, b1], low byte first);
 // the result holds two bf16 whose values are the e4m3 values times 2^-120 exactly (sign kept,
 // eeee.mmm shifted into the low exponent and high mantissa bits: e4m3 bias 7, bf16 bias 127;
