@@ -47,6 +47,7 @@ struct Partition {
   int i0, len;
   const int32_t* table;  // [max_blocks_per_seq]: the sequence's block table
   int B;                 // tokens per block
+  int b_shift;           // log2(B) when B is a power of two, else -1
   int64_t v_offset;
 };
 
@@ -58,6 +59,7 @@ __device__ __forceinline__ Partition MakePartition(const PagedDecodeParams& p, c
   pt.len = min(p.partition_size, range.n - pt.i0);
   pt.table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   pt.B = p.layout.block_size;
+  pt.b_shift = (pt.B & (pt.B - 1)) == 0 ? __ffs(pt.B) - 1 : -1;
   pt.v_offset = p.layout.TileElems() * p.layout.num_kv_heads;
   return pt;
 }
@@ -115,37 +117,64 @@ __device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const Tok
 // a row's chunks over threads that each look up their own rows (LoadKvTile) costs four lookups
 // per thread per tile, and handing a thread one whole row makes each copy touch 16 lines for
 // 32 bytes each; measured on an H200 with fp8 pages (b=64 @ 4K), the latter kept the load/store
-// unit 90% busy at 57% of DRAM bandwidth, this 69% busy at 75%.
+// unit 90% busy at 57% of DRAM bandwidth, this 69% busy at 75%. The block table is read one
+// tile ahead (LookUp after Copy), so that the read's latency passes while the warp computes.
 template <int kHeadDim, int kRows, int kStride, typename E>
-__device__ __forceinline__ void LoadKvTileLines(const PagedDecodeParams& p, const TokenRange& range,
-                                                const Partition& pt, int kv_head, int t, E* tiles, int st) {
-  constexpr int kWarpRows = kRows / kWarps;
-  static_assert(kWarpRows == 16 || kWarpRows == 32, "16 or 32 rows per warp");
-  constexpr int kChunkElems = 16 / sizeof(E);
-  constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
-  static_assert(32 % kChunks == 0, "a row's chunks fit one warp instruction");
-  constexpr int kRowsPerCopy = 32 / kChunks;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i = t * kRows + warp * kWarpRows + lane % kWarpRows;
-  int64_t off = -1;
-  if (i < pt.len) {
-    const int32_t pos = range.Pos(pt.i0 + i);
-    off = p.layout.Offset(pt.table[pos / pt.B], p.layer, 0, kv_head, pos % pt.B);
+class KvTileLines {
+ public:
+  __device__ __forceinline__ KvTileLines(const PagedDecodeParams& p, const Partition& pt, int kv_head) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    row_ = warp * kWarpRows + lane % kWarpRows;
+    k_ = KvPool<E>(p) + p.layout.Offset(0, p.layer, 0, kv_head, 0);
+    v_ = k_ + pt.v_offset;
+    block_elems_ = p.layout.BlockElems();
   }
-  E* ks = tiles + st * 2 * kRows * kStride + warp * kWarpRows * kStride;
-  E* vs = ks + kRows * kStride;
-  const E* pool = KvPool<E>(p);
-  const int chunk = lane % kChunks;
+
+  // Reads the block-table entry of this lane's row of tile t (none past the partition).
+  __device__ __forceinline__ void LookUp(const TokenRange& range, const Partition& pt, int t) {
+    const int i = t * kRows + row_;
+    block_ = -1;
+    if (i < pt.len) {
+      const int32_t pos = range.Pos(pt.i0 + i);
+      const int32_t entry = pt.b_shift >= 0 ? pos >> pt.b_shift : pos / pt.B;
+      block_ = pt.table[entry];
+      slot_ = pos - entry * pt.B;
+    }
+  }
+
+  // Issues the cp.async copies of the tile looked up last into stage st; rows past the
+  // partition are zero-filled. Commits nothing.
+  __device__ __forceinline__ void Copy(E* tiles, int st) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t off = block_ >= 0 ? block_ * block_elems_ + static_cast<int64_t>(slot_) * kHeadDim : -1;
+    E* ks = tiles + st * 2 * kRows * kStride + warp * kWarpRows * kStride;
+    E* vs = ks + kRows * kStride;
+    const int chunk = lane % kChunks;
 #pragma unroll
-  for (int j = 0; j < kWarpRows / kRowsPerCopy; ++j) {
-    const int r = j * kRowsPerCopy + lane / kChunks;
-    const int64_t ro = __shfl_sync(0xffffffffu, off, r);
-    const bool valid = ro >= 0;
-    const E* src = pool + (valid ? ro + chunk * kChunkElems : 0);
-    CpAsync16(ks + r * kStride + chunk * kChunkElems, src, valid);
-    CpAsync16(vs + r * kStride + chunk * kChunkElems, valid ? src + pt.v_offset : src, valid);
+    for (int j = 0; j < kWarpRows / kRowsPerCopy; ++j) {
+      const int r = j * kRowsPerCopy + lane / kChunks;
+      const int64_t ro = __shfl_sync(0xffffffffu, off, r);
+      const bool valid = ro >= 0;
+      const int64_t o = valid ? ro + chunk * kChunkElems : 0;
+      CpAsync16(ks + r * kStride + chunk * kChunkElems, k_ + o, valid);
+      CpAsync16(vs + r * kStride + chunk * kChunkElems, v_ + o, valid);
+    }
   }
-}
+
+ private:
+  static constexpr int kWarpRows = kRows / kWarps;
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "16 or 32 rows per warp");
+  static constexpr int kChunkElems = 16 / sizeof(E);
+  static constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
+  static_assert(32 % kChunks == 0, "a row's chunks fit one warp instruction");
+  static constexpr int kRowsPerCopy = 32 / kChunks;
+
+  const E* k_;  // this layer's K of the KV head in block 0; V v_offset further
+  const E* v_;
+  int64_t block_elems_;
+  int row_;     // this lane's row within a tile
+  int32_t block_ = -1, slot_ = 0;  // the row looked up last: block < 0 past the partition
+};
 
 // 8 consecutive elements as floats (unscaled): one 16-byte (bf16) or 8-byte (fp8) read.
 __device__ __forceinline__ void Load8(const __nv_bfloat16* x, float (&f)[8]) {
@@ -409,7 +438,7 @@ constexpr int kTile = 64;  // tokens per stage: 16 per warp
 // Two stages of 34 KB (one tile loading while the other is used): three blocks fit an SM
 // (registers allow three as well), twelve warps. Measured on an H200 against three stages
 // (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
-// (tests/bench/results, v8); with LoadKvTileLines, 89-94% (2026-11-25-fp8-decode.txt).
+// (tests/bench/results, v8); with KvTileLines, 89-94% (2026-11-25-fp8-decode.txt).
 constexpr int kStages = 2;
 constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
@@ -451,8 +480,13 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int num_tiles = (pt.len + kTile - 1) / kTile;
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
+  KvTileLines<kHeadDim, kTile, kStride, E> loader(p, pt, kv_head);
+  loader.LookUp(range, pt, 0);
   auto load_tile = [&](int t) {
-    if (t < num_tiles) LoadKvTileLines<kHeadDim, kTile, kStride, E>(p, range, pt, kv_head, t, tiles, t % kStages);
+    if (t < num_tiles) {
+      loader.Copy(tiles, t % kStages);
+      loader.LookUp(range, pt, t + 1);
+    }
     CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
   load_tile(0);

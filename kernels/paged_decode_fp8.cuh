@@ -143,8 +143,13 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<kNT>()) PagedDecodeFp8Kern
   const int num_tiles = (pt.len + kTile - 1) / kTile;
   GridDependencyWait();  // PDL: as in PagedDecodeKernel
 
+  KvTileLines<kHeadDim, kTile, kStride, uint8_t> loader(p, pt, kv_head);
+  loader.LookUp(range, pt, 0);
   auto load_tile = [&](int t) {
-    if (t < num_tiles) LoadKvTileLines<kHeadDim, kTile, kStride, uint8_t>(p, range, pt, kv_head, t, tiles, t % kStages);
+    if (t < num_tiles) {
+      loader.Copy(tiles, t % kStages);
+      loader.LookUp(range, pt, t + 1);
+    }
     CpAsyncCommit();  // empty groups keep the wait counts uniform
   };
 #pragma unroll
