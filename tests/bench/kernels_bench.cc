@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fp8.h"
 #include "kernels/kv_block_copy.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
@@ -63,6 +64,18 @@ void FillRandom(DeviceBuffer<uint16_t>& buf, uint32_t seed) {
   for (size_t off = 0; off < buf.size(); off += chunk) {
     const size_t n = std::min(chunk, buf.size() - off);
     KVF_CUDA_OK(cudaMemcpy(buf.get() + off, host.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+// e4m3 codes of values uniform in [-448, 448] (scale 1/448: [-1, 1]), a 16 MiB pattern repeated.
+void FillRandomFp8(DeviceBuffer<uint8_t>& buf, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t chunk = 1 << 24;
+  std::vector<uint8_t> host(std::min(chunk, buf.size()));
+  for (auto& x : host) x = FloatToFp8E4m3(std::uniform_real_distribution<float>(-448, 448)(rng));
+  for (size_t off = 0; off < buf.size(); off += chunk) {
+    const size_t n = std::min(chunk, buf.size() - off);
+    KVF_CUDA_OK(cudaMemcpy(buf.get() + off, host.data(), n, cudaMemcpyHostToDevice));
   }
 }
 
@@ -162,7 +175,8 @@ void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
   char bs_tag[24] = "";
   std::snprintf(bs_tag, sizeof(bs_tag), "%s", fp8 ? " fp8" : "");
   if (bs != 16) std::snprintf(bs_tag + std::strlen(bs_tag), sizeof(bs_tag) - std::strlen(bs_tag), " B=%d", bs);
-  // fp8: every head's scales 1/448 (timing does not depend on the values).
+  // fp8: every head's scales 1/448, pages random like bf16's (the softmax rescales O only when a
+  // running max moves, so timing depends on the values).
   DeviceBuffer<float> scales(std::vector<float>(2 * hkv, 1.f / 448));
   std::vector<std::pair<int, int>> cases;  // (batch, context)
   for (int ctx : {1024, 4096, 8192, 16384, 32768}) {
@@ -183,7 +197,7 @@ void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
     DeviceBuffer<uint16_t> pool(fp8 ? 1 : size_t(num_blocks) * layout.BlockElems());
     DeviceBuffer<uint8_t> pool8(fp8 ? size_t(num_blocks) * layout.BlockBytes() : 1);
     if (fp8) {
-      KVF_CUDA_OK(cudaMemset(pool8.get(), 0x30, pool8.size()));  // e4m3 0.5
+      FillRandomFp8(pool8, 3);
     } else {
       FillRandom(pool, 3);
     }
