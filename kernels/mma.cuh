@@ -1,11 +1,12 @@
-// Warp-level PTX wrappers shared by the attention kernels: the bf16 tensor-core product
-// (mma.sync m16n8k16, fp32 accumulation), its fragment loads from shared memory (ldmatrix)
-// and the 16-byte global -> shared copies that feed them (cp.async, grouped). Fragment
-// layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16". Header-only, device code (sm_80
-// and up); include from .cu files only.
+// Warp-level PTX wrappers shared by the attention kernels: the bf16 and f16 tensor-core
+// products (mma.sync m16n8k16, fp32 accumulation), their fragment loads from shared memory
+// (ldmatrix) and transpose (movmatrix), and the 16-byte global -> shared copies that feed them
+// (cp.async, grouped). Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16".
+// Header-only, device code (sm_80 and up); include from .cu files only.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -18,6 +19,23 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same on f16 operands (the fp8 decode kernel widens e4m3 to f16).
+__device__ __forceinline__ void MmaF16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The transpose of an 8x8 b16 matrix held in the fragment layout (lane t: row t / 4, elements
+// 2 (t % 4) and 2 (t % 4) + 1): a C fragment's rows become a B fragment's columns.
+__device__ __forceinline__ uint32_t MovTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // Four 8x8 b16 matrices, row-major in shared memory, lanes 8j..8j+7 addressing the rows of
@@ -42,6 +60,12 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* sm
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Two floats as an f16 pair (lo in the low half).
+__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
 }
 
 // Copies 16 bytes global -> shared without registers; zero-fills when !valid.

@@ -110,6 +110,36 @@ __device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const Tok
   }
 }
 
+// The work of one block of a tensor-core decode kernel, grid (partition, KV head, sequence x
+// chunks of kHeads query heads): query heads g0 .. g0 + kHeads - 1 of the KV head's group
+// (those past the group are zero queries), partition `part` of the sequence's tokens.
+struct DecodeBlock {
+  int part, kv_head, group, seq, g0, num_parts, num_tiles;
+  TokenRange range;
+  Partition pt;
+};
+
+// Fills b; false when the partition lies past the sequence (the block has nothing to do).
+// Waits for the previous kernel (PDL) before returning true: seq_lens and tables are step
+// metadata, q and the cache come after the wait.
+template <int kHeads, int kTile>
+__device__ __forceinline__ bool StartDecodeBlock(const PagedDecodeParams& p, DecodeBlock& b) {
+  b.part = blockIdx.x;
+  b.kv_head = blockIdx.y;
+  b.group = p.num_q_heads / p.layout.num_kv_heads;
+  const int chunks = (b.group + kHeads - 1) / kHeads;
+  b.seq = blockIdx.z / chunks;
+  b.g0 = (blockIdx.z % chunks) * kHeads;
+  GridDependentsLaunch();
+  b.range = MakeRange(p.mask, p.seq_lens[b.seq]);
+  b.num_parts = (b.range.n + p.partition_size - 1) / p.partition_size;
+  if (b.part >= b.num_parts) return false;
+  b.pt = MakePartition(p, b.range, b.seq, b.part);
+  b.num_tiles = (b.pt.len + kTile - 1) / kTile;
+  GridDependencyWait();
+  return true;
+}
+
 // The same copies for the kRows-row tiles of the tensor-core kernels (64 or 128), each warp
 // instruction covering whole 128-byte lines: warp w copies rows [R w, R w + R), R = kRows / 4,
 // into tiles ([stage][K, V][kRows][kStride] elements E); lane r < R looks row R w + r up in the
@@ -118,7 +148,7 @@ __device__ __forceinline__ void LoadKvTile(const PagedDecodeParams& p, const Tok
 // per thread per tile, and handing a thread one whole row makes each copy touch 16 lines for
 // 32 bytes each; measured on an H200 with fp8 pages (b=64 @ 4K), the latter kept the load/store
 // unit 90% busy at 57% of DRAM bandwidth, this 69% busy at 75%. The block table is read one
-// tile ahead (LookUp after Copy), so that the read's latency passes while the warp computes.
+// tile ahead (Load: LookUp after Copy), so that the read's latency passes while the warp computes.
 template <int kHeadDim, int kRows, int kStride, typename E>
 class KvTileLines {
  public:
@@ -140,6 +170,17 @@ class KvTileLines {
       block_ = pt.table[entry];
       slot_ = pos - entry * pt.B;
     }
+  }
+
+  // Copies tile t (looked up last) into stage st and looks tile t + 1 up, when t < num_tiles;
+  // commits a cp.async group either way, so that the wait counts stay uniform.
+  __device__ __forceinline__ void Load(const TokenRange& range, const Partition& pt, int t, int num_tiles, E* tiles,
+                                       int st) {
+    if (t < num_tiles) {
+      Copy(tiles, st);
+      LookUp(range, pt, t + 1);
+    }
+    CpAsyncCommit();
   }
 
   // Issues the cp.async copies of the tile looked up last into stage st; rows past the
@@ -464,31 +505,16 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   extern __shared__ __align__(16) unsigned char smem_raw[];
   E* tiles = reinterpret_cast<E*>(smem_raw);  // [stage][K,V][kTile][kStride]
 
-  const int part = blockIdx.x, kv_head = blockIdx.y;
-  const int group = p.num_q_heads / p.layout.num_kv_heads;
-  const int chunks = (group + 15) / 16;
-  const int seq = blockIdx.z / chunks;
-  const int g0 = (blockIdx.z % chunks) * 16;
+  DecodeBlock b;
+  if (!StartDecodeBlock<16, kTile>(p, b)) return;
+  const int kv_head = b.kv_head, group = b.group, seq = b.seq, g0 = b.g0, num_tiles = b.num_tiles;
+  const Partition& pt = b.pt;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
 
-  GridDependentsLaunch();
-  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
-  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
-  if (part >= num_parts) return;
-  const Partition pt = MakePartition(p, range, seq, part);
-  const int num_tiles = (pt.len + kTile - 1) / kTile;
-  GridDependencyWait();  // PDL: as in PagedDecodeKernel
-
   KvTileLines<kHeadDim, kTile, kStride, E> loader(p, pt, kv_head);
-  loader.LookUp(range, pt, 0);
-  auto load_tile = [&](int t) {
-    if (t < num_tiles) {
-      loader.Copy(tiles, t % kStages);
-      loader.LookUp(range, pt, t + 1);
-    }
-    CpAsyncCommit();  // empty groups keep the wait counts uniform
-  };
+  loader.LookUp(b.range, pt, 0);
+  auto load_tile = [&](int t) { loader.Load(b.range, pt, t, num_tiles, tiles, t % kStages); };
   load_tile(0);
 
   // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).
@@ -608,7 +634,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
     float out[8], mx, sum;
     MergeWarps<16, kRed>(red, red_m, red_l, r, d, out, mx, sum);
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
-    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, out, mx, sum);
+    StorePartition<kHeadDim>(p, row_idx, b.part, b.num_parts, d, out, mx, sum);
   }
 }
 

@@ -31,8 +31,6 @@
 // Include from .cu files only.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include "kernels/paged_decode.cuh"
 
 namespace kvfleet::kernels::decode::fp8 {
@@ -65,27 +63,6 @@ template <int kHeadDim, int kNT>
 constexpr int MergeBytes() {
   return int(sizeof(float)) * kWarps * 8 * kNT * (MergeStride<kHeadDim>() + 2);
 }
-// d += a b on f16 operands, fp32 accumulation.
-__device__ __forceinline__ void MmaF16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The transpose of an 8x8 b16 matrix held as one fragment register per lane.
-__device__ __forceinline__ uint32_t MovTrans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t PackF16(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // kWords 32-bit words from shared memory (16-byte aligned when kWords >= 4, 8 when 2).
 template <int kWords>
 __device__ __forceinline__ void LoadWords(const uint8_t* src, uint32_t (&w)[kWords]) {
@@ -127,31 +104,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<kNT>()) PagedDecodeFp8Kern
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint8_t* tiles = smem_raw;
 
-  const int part = blockIdx.x, kv_head = blockIdx.y;
-  const int group = p.num_q_heads / p.layout.num_kv_heads;
-  const int chunks = (group + kHeads - 1) / kHeads;
-  const int seq = blockIdx.z / chunks;
-  const int g0 = (blockIdx.z % chunks) * kHeads;
+  DecodeBlock b;
+  if (!StartDecodeBlock<kHeads, kTile>(p, b)) return;
+  const int kv_head = b.kv_head, group = b.group, seq = b.seq, g0 = b.g0, num_tiles = b.num_tiles;
+  const Partition& pt = b.pt;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
 
-  GridDependentsLaunch();
-  const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
-  const int num_parts = (range.n + p.partition_size - 1) / p.partition_size;
-  if (part >= num_parts) return;
-  const Partition pt = MakePartition(p, range, seq, part);
-  const int num_tiles = (pt.len + kTile - 1) / kTile;
-  GridDependencyWait();  // PDL: as in PagedDecodeKernel
-
   KvTileLines<kHeadDim, kTile, kStride, uint8_t> loader(p, pt, kv_head);
-  loader.LookUp(range, pt, 0);
-  auto load_tile = [&](int t) {
-    if (t < num_tiles) {
-      loader.Copy(tiles, t % kStages);
-      loader.LookUp(range, pt, t + 1);
-    }
-    CpAsyncCommit();  // empty groups keep the wait counts uniform
-  };
+  loader.LookUp(b.range, pt, 0);
+  auto load_tile = [&](int t) { loader.Load(b.range, pt, t, num_tiles, tiles, t % kStages); };
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) load_tile(t);
 
@@ -330,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<kNT>()) PagedDecodeFp8Kern
     float out[8], mx, sum;
     MergeWarps<kHeads, kRed>(red, red_m, red_l, r, d, out, mx, sum);
     const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + kv_head * group + g0 + r;
-    StorePartition<kHeadDim>(p, row_idx, part, num_parts, d, out, mx, sum);
+    StorePartition<kHeadDim>(p, row_idx, b.part, b.num_parts, d, out, mx, sum);
   }
 }
 
