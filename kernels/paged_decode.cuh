@@ -9,9 +9,10 @@
 // normalised output; several write (acc, max, sum) to the workspace and PagedDecodeCombine
 // merges them.
 //
-// One file of ~700 lines on purpose: the tensor-core kernel, the CUDA-core kernel and the
-// combine share the tile staging, the block-table walk and the split-K workspace, and the
-// bf16 and fp8 paths are one template (E) whose branches sit side by side so they stay in step.
+// One file of ~700 lines on purpose: the CUDA-core kernel, the bf16 tensor-core kernel, the
+// combine and the fp8 tensor-core kernel (paged_decode_fp8.cuh, which includes this file) share
+// the tile staging, the block-table walk, the block setup and the split-K workspace; the
+// CUDA-core kernel's bf16 and fp8 paths are one template (E) whose branches sit side by side.
 #pragma once
 
 #include "kernels/attention_mask.h"
@@ -140,7 +141,7 @@ __device__ __forceinline__ bool StartDecodeBlock(const PagedDecodeParams& p, Dec
   return true;
 }
 
-// The same copies for the kRows-row tiles of the tensor-core kernels (64 or 128), each warp
+// The same copies for the kRows-row tiles of the tensor-core kernels (64 rows), each warp
 // instruction covering whole 128-byte lines: warp w copies rows [R w, R w + R), R = kRows / 4,
 // into tiles ([stage][K, V][kRows][kStride] elements E); lane r < R looks row R w + r up in the
 // block table, and the lanes of each copy take their row's offset from it by shuffle. Spreading
@@ -152,14 +153,27 @@ __device__ __forceinline__ bool StartDecodeBlock(const PagedDecodeParams& p, Dec
 template <int kHeadDim, int kRows, int kStride, typename E>
 class KvTileLines {
  public:
-  __device__ __forceinline__ KvTileLines(const PagedDecodeParams& p, const Partition& pt, int kv_head) {
+  // Looks tile 0 up.
+  __device__ __forceinline__ KvTileLines(const PagedDecodeParams& p, const DecodeBlock& b) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     row_ = warp * kWarpRows + lane % kWarpRows;
-    k_ = KvPool<E>(p) + p.layout.Offset(0, p.layer, 0, kv_head, 0);
-    v_ = k_ + pt.v_offset;
+    k_ = KvPool<E>(p) + p.layout.Offset(0, p.layer, 0, b.kv_head, 0);
+    v_ = k_ + b.pt.v_offset;
     block_elems_ = p.layout.BlockElems();
+    LookUp(b.range, b.pt, 0);
   }
 
+  // Copies tile t (looked up last) into stage st and looks tile t + 1 up, when t < b.num_tiles;
+  // commits a cp.async group either way, so that the wait counts stay uniform.
+  __device__ __forceinline__ void Load(const DecodeBlock& b, int t, E* tiles, int st) {
+    if (t < b.num_tiles) {
+      Copy(tiles, st);
+      LookUp(b.range, b.pt, t + 1);
+    }
+    CpAsyncCommit();
+  }
+
+ private:
   // Reads the block-table entry of this lane's row of tile t (none past the partition).
   __device__ __forceinline__ void LookUp(const TokenRange& range, const Partition& pt, int t) {
     const int i = t * kRows + row_;
@@ -170,17 +184,6 @@ class KvTileLines {
       block_ = pt.table[entry];
       slot_ = pos - entry * pt.B;
     }
-  }
-
-  // Copies tile t (looked up last) into stage st and looks tile t + 1 up, when t < num_tiles;
-  // commits a cp.async group either way, so that the wait counts stay uniform.
-  __device__ __forceinline__ void Load(const TokenRange& range, const Partition& pt, int t, int num_tiles, E* tiles,
-                                       int st) {
-    if (t < num_tiles) {
-      Copy(tiles, st);
-      LookUp(range, pt, t + 1);
-    }
-    CpAsyncCommit();
   }
 
   // Issues the cp.async copies of the tile looked up last into stage st; rows past the
@@ -202,9 +205,8 @@ class KvTileLines {
     }
   }
 
- private:
   static constexpr int kWarpRows = kRows / kWarps;
-  static_assert(kWarpRows == 16 || kWarpRows == 32, "16 or 32 rows per warp");
+  static_assert(kWarpRows == 16, "16 rows per warp");
   static constexpr int kChunkElems = 16 / sizeof(E);
   static constexpr int kChunks = kHeadDim / kChunkElems;  // 16-byte chunks per row
   static_assert(32 % kChunks == 0, "a row's chunks fit one warp instruction");
@@ -512,9 +514,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
 
-  KvTileLines<kHeadDim, kTile, kStride, E> loader(p, pt, kv_head);
-  loader.LookUp(b.range, pt, 0);
-  auto load_tile = [&](int t) { loader.Load(b.range, pt, t, num_tiles, tiles, t % kStages); };
+  KvTileLines<kHeadDim, kTile, kStride, E> loader(p, b);
+  auto load_tile = [&](int t) { loader.Load(b, t, tiles, t % kStages); };
   load_tile(0);
 
   // Q as the A operand: row r = query head g0 + r of this KV head (zero past the group).

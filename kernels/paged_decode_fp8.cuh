@@ -111,9 +111,8 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<kNT>()) PagedDecodeFp8Kern
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
 
-  KvTileLines<kHeadDim, kTile, kStride, uint8_t> loader(p, pt, kv_head);
-  loader.LookUp(b.range, pt, 0);
-  auto load_tile = [&](int t) { loader.Load(b.range, pt, t, num_tiles, tiles, t % kStages); };
+  KvTileLines<kHeadDim, kTile, kStride, uint8_t> loader(p, b);
+  auto load_tile = [&](int t) { loader.Load(b, t, tiles, t % kStages); };
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) load_tile(t);
 

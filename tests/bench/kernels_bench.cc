@@ -1,12 +1,17 @@
 // Kernel benchmarks: each kernel's achieved GB/s or TFLOP/s next to the device limits measured
 // in the same run (device-to-device copy bandwidth, cuBLASLt bf16 GEMM rate, pinned host<->device
 // copy bandwidth). Timing: CUDA events, warm-up first, median of repeated single launches; the
-// data of memory-bound cases is several times the L2 so no case measures the cache.
+// data of memory-bound cases is several times the L2 so no case measures the cache (except the
+// decode section's batch-1 cases, whose KV is tens of MiB). The decode rows time launches back
+// to back, as a decode step's CUDA graph runs them, so the host's launch latency stays out.
 //
 //   kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B] [--kv-dtype bf16|fp8]
+//                         [--decode-cases B:CTX[,B:CTX...]] [--partition-sweep]
 //   (--block-size: the decode section's tokens per KV block, default 16; 1 is token-level KV;
 //   --kv-dtype fp8: decode and prefill read e4m3 pages; GB/s counts the bytes read, 1 per
-//   element, and the decode rows add the KV tokens read per second, comparable across dtypes)
+//   element, and the decode rows add the KV tokens read per second, comparable across dtypes;
+//   --decode-cases: only these (batch, context) decode cases, e.g. for a profiler;
+//   --partition-sweep: every decode case at every partition size, not only the chooser's)
 //                                       prints one line per case and a summary table
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -53,6 +58,17 @@ double TimeMs(const std::function<void()>& fn, int reps = 20, int warmup = 3) {
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms[reps / 2];
+}
+
+// Median milliseconds per call of fn over rounds of `per_round` calls issued back to back
+// between two events (the queue stays ahead of the device: no host launch gap in the figure).
+double TimeMsBackToBack(const std::function<void()>& fn, int per_round = 10, int rounds = 7) {
+  return TimeMs(
+             [&] {
+               for (int i = 0; i < per_round; ++i) fn();
+             },
+             rounds, 1) /
+         per_round;
 }
 
 // Fills a device buffer with random bits interpreted as bf16 in [-1, 1] (no zeros: METHOD.md).
@@ -170,7 +186,8 @@ void Report(const std::string& name, double value, const char* unit, double limi
 // Llama-3.1-8B attention shape: 32 query heads, 8 KV heads, head_dim 128, block size bs (16).
 // Blocks are shuffled over the pool; below 16 tokens per block every case also runs with the
 // blocks in pool order, as token-level KV allocates a sequence's slots (one contiguous run).
-void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
+void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8, const std::vector<std::pair<int, int>>& only_cases,
+                 bool sweep_all) {
   const int hq = 32, hkv = 8, d = 128;
   char bs_tag[24] = "";
   std::snprintf(bs_tag, sizeof(bs_tag), "%s", fp8 ? " fp8" : "");
@@ -188,6 +205,7 @@ void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
   cases.push_back({64, 2048});
   cases.push_back({128, 2048});
   if (quick) cases = {{8, 4096}, {1, 32768}};
+  if (!only_cases.empty()) cases = only_cases;
   int num_sms = 0;
   KVF_CUDA_OK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   for (auto [batch, ctx] : cases) {
@@ -231,7 +249,7 @@ void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
     for (bool cuda_cores : {false, true}) {
       if (cuda_cores && batch == 1) continue;
       p.force_cuda_cores = cuda_cores;
-      const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+      const double ms = TimeMsBackToBack([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
       char name[96];
       std::snprintf(name, sizeof(name), "paged decode%s%s b=%d ctx=%d (P=%d)", bs_tag, cuda_cores ? " cuda-cores" : "",
                     batch, ctx, p.partition_size);
@@ -247,22 +265,25 @@ void BenchDecode(const Limits& lim, bool quick, int bs, bool fp8) {
       std::iota(seq_ids.begin(), seq_ids.end(), 0);
       tables.Upload(seq_ids);
       p.force_cuda_cores = false;
-      const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+      const double ms = TimeMsBackToBack([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
       char name[96];
       std::snprintf(name, sizeof(name), "paged decode%s b=%d ctx=%d (P=%d, contiguous blocks)", bs_tag, batch, ctx,
                     p.partition_size);
       Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
       tables.Upload(ids);
     }
-    if (batch == 64 && ctx == 4096 && bs == 16) {  // partition-size sweep (the chooser's evidence)
-      for (int part : {128, 256, 1024, 2048}) {
+    // Partition-size sweeps (the chooser's evidence): a full batch at 4K, one sequence at 16K and 32K.
+    if (sweep_all || (bs == 16 && ((batch == 64 && ctx == 4096) || (batch == 1 && ctx >= 16384)))) {
+      const int chosen = p.partition_size;
+      for (int part : {128, 256, 512, 1024, 2048}) {
+        if (part == chosen || part > ctx) continue;
         p.force_cuda_cores = false;
         p.partition_size = part;
         DeviceBuffer<float> ws2(std::max<size_t>(PagedDecodeWorkspaceBytes(p) / 4, 1));
         p.workspace = ws2.get();
-        const double ms = TimeMs([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
+        const double ms = TimeMsBackToBack([&] { KVF_CUDA_OK(LaunchPagedDecode(p, nullptr)); });
         char name[96];
-        std::snprintf(name, sizeof(name), "paged decode b=%d ctx=%d (P=%d, sweep)", batch, ctx, part);
+        std::snprintf(name, sizeof(name), "paged decode%s b=%d ctx=%d (P=%d, sweep)", bs_tag, batch, ctx, part);
         Report(name, bytes / ms / 1e6, "GB/s", lim.copy_gbs, ms);
       }
     }
@@ -473,6 +494,8 @@ int main(int argc, char** argv) {
   std::string only;  // one section: decode, prefill, small, kvcopy
   int block_size = 16;  // the decode section's
   bool fp8 = false;     // --kv-dtype fp8: decode and prefill over e4m3 pages
+  std::vector<std::pair<int, int>> decode_cases;  // --decode-cases: (batch, context)
+  bool partition_sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -491,10 +514,34 @@ int main(int argc, char** argv) {
         return 2;
       }
       fp8 = d != "bf16";
+    } else if (std::strcmp(argv[i], "--partition-sweep") == 0) {
+      partition_sweep = true;
+    } else if (std::strcmp(argv[i], "--decode-cases") == 0 && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, end - at);
+        int batch = 0, ctx = 0;
+        char tail = 0;
+        if (std::sscanf(item.c_str(), "%d:%d%c", &batch, &ctx, &tail) != 2 || batch < 1 || ctx < 1) {
+          std::fprintf(stderr, "kvfleet_kernels_bench: --decode-cases takes BATCH:CONTEXT[,...], got '%s'\n",
+                       item.c_str());
+          return 2;
+        }
+        decode_cases.push_back({batch, ctx});
+        at = end + 1;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: kvfleet_kernels_bench [--quick] [--only decode|prefill|small|kvcopy] [--block-size B] "
-                   "[--kv-dtype bf16|fp8]\n");
+                   "[--kv-dtype bf16|fp8] [--decode-cases B:CTX[,B:CTX...]] [--partition-sweep]\n");
+      return 2;
+    }
+  }
+  for (auto [batch, ctx] : decode_cases) {
+    if (ctx % block_size != 0) {
+      std::fprintf(stderr, "kvfleet_kernels_bench: --decode-cases context %d is not a multiple of the block size %d\n",
+                   ctx, block_size);
       return 2;
     }
   }
@@ -504,7 +551,7 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, %.0f MiB, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1048576.0, prop.l2CacheSize >> 20);
   Limits lim = MeasureLimits(quick);
-  if (want("decode")) BenchDecode(lim, quick, block_size, fp8);
+  if (want("decode")) BenchDecode(lim, quick, block_size, fp8, decode_cases, partition_sweep);
   if (want("prefill")) BenchPrefill(lim, quick, fp8);
   if (want("small")) BenchSmall(lim);
   if (want("kvcopy")) BenchKvCopy(lim, quick);
