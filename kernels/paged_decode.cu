@@ -117,20 +117,45 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
   // Blocks per partition of the tensor-core kernels: one per 16 query heads of a KV head.
   const int group = num_q_heads / num_kv_heads;
   const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + 15) / 16);
-  // The largest partition (256..2048 tokens) that gives at least kMinWaves waves of resident
-  // blocks, so the last, partly filled wave is a small part of the time; else 256 when that
-  // fills one wave; else 128 (too few blocks: parallelism first). Decode graphs size the
-  // grid for their length bucket, up to twice the real length, so the real grid can have
-  // half the waves planned. Measured on an H200, batch 64 at 4K, % of copy bandwidth
-  // (tests/bench/results/2026-11-25-fp8-decode.txt):
-  //   P       128    256    1024   2048
-  //   bf16    83.3   87.6   91.9   90.1
-  //   fp8     58.9   74.7   82.2   83.8
-  // The fp8 kernel keeps four blocks resident, not three; sizing its waves by four picks
-  // smaller partitions (512 there: 80.2%), so both are sized by three.
+  // Three regimes, each measured on an H200 (tests/bench/results/2026-11-25-fp8-decode.txt and
+  // 2026-11-28-decode-partitions.txt, launches back to back, bf16 and fp8 pages):
+  //
+  // 1. Full batches: the largest partition (256..2048 tokens) that gives at least kMinWaves
+  //    waves of resident blocks, so the last, partly filled wave is a small part of the time,
+  //    with at most kMaxParts partitions per sequence: with 80 to 256 of them the waves were
+  //    slower than one wave of long partitions (one sequence at 64K: P=256 149 us bf16, 118
+  //    fp8; P=2048 94 and 49), most likely in the merge, PagedDecodeCombine, which walks a
+  //    row's partitions one after another (not timed apart). Batch 64 at 4K, % of copy
+  //    bandwidth:
+  //      P       128    256    512    1024   2048
+  //      bf16    84.6   88.8   91.3   93.4   90.9
+  //      fp8     63.4   80.9   84.2   86.3   87.6
+  //    The fp8 kernel keeps four blocks resident, not three; sizing its waves by four picks
+  //    smaller partitions, so both are sized by three.
+  // 2. Small grids (a few sequences): a single wave, at least half full, of the longest
+  //    partitions. Each block pays its start (q, the first tiles in flight) once, and fewer
+  //    partitions leave less to merge. The fastest partition of eleven such shapes, from one
+  //    sequence at 8K to three at 20K, gave grids of 128 to 512 blocks; this rule picks the
+  //    fastest for bf16 in all eleven, for fp8 in six and within 3 us in three more (batch 8
+  //    at 4K and 16 at 2K: 32 us against 27). One sequence, us per launch:
+  //      context  P=128  256  512  1024  2048      context  P=128  256  512  1024  2048
+  //      32K bf16   115   78   58    51    61      64K bf16   221  149  112   101    94
+  //      32K fp8    104   49   35    31    35      64K fp8    199  118   80    53    49
+  // 3. Neither (a grid between one and four waves at every partition): regime 1's rule
+  //    without the bound on partitions, else 256 when that fills a wave, else 128 (too few
+  //    blocks: parallelism first).
+  //
+  // Decode graphs size the grid for their length bucket, up to twice the real length, so the
+  // real grid can have half the waves planned.
   constexpr int64_t kMinWaves = 4;
+  constexpr int64_t kMaxParts = 32;
   const int64_t slots = int64_t(decode::mma::kResidentBlocksPerSm) * num_sms;
-  auto blocks = [&](int32_t part) { return blocks_per_part * ((max_seq_len + part - 1) / part); };
+  auto parts = [&](int32_t part) { return (int64_t(max_seq_len) + part - 1) / part; };
+  auto blocks = [&](int32_t part) { return blocks_per_part * parts(part); };
+  for (int32_t part = 2048; part >= 256; part /= 2)
+    if (blocks(part) >= kMinWaves * slots && parts(part) <= kMaxParts) return part;
+  for (int32_t part = 2048; part >= 256; part /= 2)
+    if (2 * blocks(part) >= slots && blocks(part) <= slots) return part;
   for (int32_t part = 2048; part >= 256; part /= 2)
     if (blocks(part) >= kMinWaves * slots) return part;
   return blocks(256) >= slots ? 256 : 128;
