@@ -56,7 +56,9 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     // Logprobs and adjustments are sized per step: eager steps only.
     graph = graph && st.sampling.logprobs < 0 && !st.sampling.prompt_logprobs && !st.sampling.penalized();
     graph = graph && (st.lora_slot < 0 || !lora_debug_.time_kernels);  // timed LoRA steps run eagerly
-    graph = graph && !comm_debug_.time_collectives;  // (8) timed collectives too
+    // (8) Timed collectives run eagerly, and so do steps without them (an ablation): the
+    // cached graphs hold the collectives.
+    graph = graph && !comm_debug_.time_collectives && comm_debug_.run_collectives;
     max_end = std::max(max_end, static_cast<int32_t>(st.start_position + static_cast<int64_t>(st.tokens.size())));
   }
   int32_t S = S_real, bucket_len = 0;
