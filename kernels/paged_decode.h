@@ -48,8 +48,9 @@ struct PagedDecodeParams {
   bool force_cuda_cores = false;
 };
 
-// A partition size (multiple of 128, <= 2048) whose grid fills whole waves of resident thread
-// blocks on num_sms as far as it can (paged_decode.cu says how).
+// A partition size (multiple of 128, <= 2048) for a decode grid on num_sms: several waves of
+// resident blocks for full batches, one wave of long partitions for a few sequences
+// (paged_decode.cu says how, with the measurements).
 int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
                                    int32_t max_seq_len, int32_t num_sms);
 

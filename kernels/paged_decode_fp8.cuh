@@ -26,8 +26,12 @@
 //    tile 2w + s is dim kHeadDim/8 * gid + 4w + 2s + r, so each lane ends with kHeadDim/8
 //    contiguous dims of its two heads.
 //
-// Measured on an H200 (tests/bench/results/2026-11-25-fp8-decode.txt): 1.79-1.86x the KV tokens/s
-// of the bf16 kernel at batches of 1 GiB of KV per layer, 81-90% of copy bandwidth against 91-96%.
+// Measured on an H200 (tests/bench/results/2026-11-28-decode-partitions.txt): 1.86-1.92x the KV
+// tokens/s of the bf16 kernel at batches of 1 GiB of KV per layer, 82.6-91.5% of copy bandwidth
+// against 88.6-94.7%. Nsight Compute at batch 64 @ 4K: L2 throughput 89% (bf16's 93%), DRAM 79%
+// (84%), 42% of issue slots, no eligible warp in 55% of cycles with 16 warps per SM (four blocks:
+// 106 registers, 55 KB of shared memory each): the L2 near its ceiling and latency with few warps,
+// not instruction issue.
 // Include from .cu files only.
 #pragma once
 
