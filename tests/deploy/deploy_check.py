@@ -20,14 +20,18 @@ import tempfile
 
 SKIP = 77
 COMMON_FLAGS = {"log-level", "log-format", "config"}
-ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads max-body-bytes max-header-bytes api-key-file
-registration workers workers-dns dns-interval-s model block-size max-context tokenizer routing-policy
-routing-temperature hot-spot-factor max-queued-requests predicted-ttl-ms heartbeat-timeout-ms request-timeout-s
-first-token-timeout-s allow-unknown-fields""".split())
-WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay http-port router
-advertise-host block-size max-num-tokens max-batch-size max-context max-queued max-step-ms kv-cache-bytes gpu-memory-fraction
-host-cache-bytes offload-min-priority events-include-tokens shutdown-grace-s mock-step-base-us
-mock-prefill-token-us mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride""".split())
+ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads max-body-bytes max-header-bytes api-key-file allow-unknown-fields
+registration workers workers-dns dns-interval-s model block-size max-context tokenizer chat-template
+routing-policy routing-temperature uncached-work-weight max-fleet-load decode-s-per-running-request
+hot-spot-factor max-queued-requests routing-window-size predicted-ttl-ms heartbeat-timeout-ms
+unknown-model-grace-s curve-keypair curve-server-key debug-drop-events request-timeout-s report-timings
+cpu-latency-us first-token-timeout-s admission-ttft-s max-waiting-requests""".split())
+WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay event-ring-batches http-port router
+advertise-host curve-keypair curve-authorized-keys block-size routing-block-size max-num-tokens max-batch-size
+max-context tensor-parallel max-queued max-step-ms kv-cache-bytes gpu-memory-fraction kv-cache-dtype
+host-cache-bytes offload-min-priority events-include-tokens max-attention-window sink-tokens streaming-llm
+attention-chunk-size lora max-loras max-lora-rank shutdown-grace-s mock-step-base-us mock-prefill-token-us
+mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride cpu-latency-us""".split())
 
 # Every metric the issues define (issue 4: event plane; issue 6: worker; issue 7: router).
 # A dashboard query naming anything else is a typo or a rename to catch.
