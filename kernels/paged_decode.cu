@@ -123,10 +123,10 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
   // 1. Full batches: the largest partition (256..2048 tokens) that gives at least kMinWaves
   //    waves of resident blocks, so the last, partly filled wave is a small part of the time,
   //    with at most kMaxParts partitions per sequence: with 80 to 256 of them the waves were
-  //    slower than one wave of long partitions (one sequence at 64K: P=256 149 us bf16, 118
-  //    fp8; P=2048 94 and 49), most likely in the merge, PagedDecodeCombine, which walks a
-  //    row's partitions one after another (not timed apart). Batch 64 at 4K, % of copy
-  //    bandwidth:
+  //    slower than one wave of long partitions. One sequence at 64K, P=256 against P=2048:
+  //    149 us against 94 (bf16) and 118 against 49 (fp8) when the merge walked a row's
+  //    partitions one after another; 91 against 88 and 62 against 45 with the merge spread
+  //    over its warps (PagedDecodeCombine now). Batch 64 at 4K, % of copy bandwidth:
   //      P       128    256    512    1024   2048
   //      bf16    84.6   88.8   91.3   93.4   90.9
   //      fp8     63.4   80.9   84.2   86.3   87.6
@@ -137,7 +137,8 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
   //    partitions leave less to merge. The fastest partition of eleven such shapes, from one
   //    sequence at 8K to three at 20K, gave grids of 128 to 512 blocks; this rule picks the
   //    fastest for bf16 in all eleven, for fp8 in six and within 3 us in three more (batch 8
-  //    at 4K and 16 at 2K: 32 us against 27). One sequence, us per launch:
+  //    at 4K and 16 at 2K: 32 us against 27). One sequence, us per launch (with the old merge;
+  //    with the new one at 64K: 109 91 83 87 88 bf16, 85 62 51 45 45 fp8):
   //      context  P=128  256  512  1024  2048      context  P=128  256  512  1024  2048
   //      32K bf16   115   78   58    51    61      64K bf16   221  149  112   101    94
   //      32K fp8    104   49   35    31    35      64K fp8    199  118   80    53    49

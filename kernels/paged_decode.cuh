@@ -641,10 +641,18 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(PagedDecodePara
 
 }  // namespace mma
 
-// Merges the partitions of one (sequence, query head): grid (num_q_heads, num_seqs).
+// Merges the partitions of one (sequence, query head): grid (num_q_heads, num_seqs). Warp w
+// takes partitions w, w + kWarps, ..., kUnroll of them in flight at once, each lane
+// kHeadDim / 32 contiguous dims; the warps' sums meet in shared memory in warp order, so the
+// result does not depend on timing. (A row's partitions walked one after another by every
+// thread made the merge a chain of dependent loads as long as the partitions were many.)
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PagedDecodeCombine(PagedDecodeParams p, int max_parts) {
+  constexpr int kDims = kHeadDim / 32;  // per lane: 2, 4 or 8
+  constexpr int kUnroll = 4;
+  static_assert(kDims % 2 == 0, "head_dim 64, 128 or 256");
   const int hq = blockIdx.x, seq = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   GridDependentsLaunch();
   GridDependencyWait();  // PDL: the partitions come from the previous kernel
   const TokenRange range = MakeRange(p.mask, p.seq_lens[seq]);
@@ -653,46 +661,52 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeCombine(PagedDecodeParams
   const int64_t row_idx = static_cast<int64_t>(seq) * p.num_q_heads + hq;
   const float* ml = p.workspace + static_cast<int64_t>(p.num_seqs) * p.num_q_heads * max_parts * kHeadDim +
                     row_idx * max_parts * 2;
-  __shared__ float s_w[kThreads];
-  __shared__ float s_total;
-  // Global max, then weights; partitions are few (<= a few hundred), one pass each.
+  __shared__ float s_red[kWarps];
+  __shared__ float s_acc[kWarps][kHeadDim];
+  // Global max, then the sum of the partitions' sums rescaled to it.
   float m = -INFINITY;
   for (int i = threadIdx.x; i < num_parts; i += kThreads) m = fmaxf(m, ml[2 * i]);
-  __shared__ float s_red[kWarps];
   m = WarpMax(m);
-  if (threadIdx.x % 32 == 0) s_red[threadIdx.x / 32] = m;
+  if (lane == 0) s_red[warp] = m;
   __syncthreads();
   m = fmaxf(fmaxf(s_red[0], s_red[1]), fmaxf(s_red[2], s_red[3]));
   __syncthreads();
   float l = 0.f;
   for (int i = threadIdx.x; i < num_parts; i += kThreads) l += exp2f(ml[2 * i] - m) * ml[2 * i + 1];
   l = WarpSum(l);
-  if (threadIdx.x % 32 == 0) s_red[threadIdx.x / 32] = l;
-  __syncthreads();
-  if (threadIdx.x == 0) s_total = s_red[0] + s_red[1] + s_red[2] + s_red[3];
-  const float* po = p.workspace + row_idx * max_parts * kHeadDim;
-  constexpr int kPerThread = (kHeadDim + kThreads - 1) / kThreads;
-  float o[kPerThread] = {};
-  for (int c = 0; c < num_parts; c += kThreads) {
-    __syncthreads();
-    if (c + threadIdx.x < num_parts) s_w[threadIdx.x] = exp2f(ml[2 * (c + threadIdx.x)] - m);
-    __syncthreads();
-    const int n = min(kThreads, num_parts - c);
-    for (int j = 0; j < n; ++j) {
-      const float w = s_w[j];
+  if (lane == 0) s_red[warp] = l;
+
+  const float* po = p.workspace + row_idx * max_parts * kHeadDim + kDims * lane;
+  float acc[kDims] = {};
+  for (int i0 = warp; i0 < num_parts; i0 += kWarps * kUnroll) {
+    float v[kUnroll][kDims], mx[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const int d = threadIdx.x + k * kThreads;
-        if (d < kHeadDim) o[k] += w * po[(c + j) * kHeadDim + d];
+    for (int u = 0; u < kUnroll; ++u) {  // every load issued before any is used
+      const int i = i0 + u * kWarps;
+      mx[u] = i < num_parts ? ml[2 * i] : -INFINITY;
+#pragma unroll
+      for (int e = 0; e < kDims; e += 2) {
+        const float2 x = i < num_parts ? *reinterpret_cast<const float2*>(po + int64_t(i) * kHeadDim + e)
+                                       : make_float2(0.f, 0.f);
+        v[u][e] = x.x, v[u][e + 1] = x.y;
       }
     }
-  }
-  __syncthreads();
-  const float inv = 1.f / s_total;
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int d = threadIdx.x + k * kThreads;
-    if (d < kHeadDim) p.out[row_idx * kHeadDim + d] = __float2bfloat16(o[k] * inv);
+    for (int u = 0; u < kUnroll; ++u) {
+      const float w = exp2f(mx[u] - m);  // 0 past the partitions
+#pragma unroll
+      for (int e = 0; e < kDims; ++e) acc[e] += w * v[u][e];
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kDims; ++e) s_acc[warp][kDims * lane + e] = acc[e];
+  __syncthreads();
+  const float inv = 1.f / (s_red[0] + s_red[1] + s_red[2] + s_red[3]);
+  for (int d = threadIdx.x; d < kHeadDim; d += kThreads) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += s_acc[w][d];
+    p.out[row_idx * kHeadDim + d] = __float2bfloat16(o * inv);
   }
 }
 
