@@ -15,6 +15,7 @@
 #include "router/routing/predicted_index.h"
 #include "tests/common/http/test_client.h"
 #include "tests/router/fake_worker.h"
+#include "tests/router/http/api_router.h"
 
 namespace kvfleet::router {
 
@@ -28,49 +29,26 @@ using testing::WaitFor;
 
 namespace {
 
-struct RouterUnderTest {
+// A router over static workers of model "m" (max context 4096).
+FleetOptions WithStaticWorkers(std::vector<std::string> workers, FleetOptions o) {
+  o.static_workers = std::move(workers);
+  o.static_model = "m";
+  o.static_max_context = 4096;
+  return o;
+}
+
+struct RouterUnderTest : testing::ApiRouter {
   explicit RouterUnderTest(std::vector<std::string> workers, ApiOptions api_options = {},
                            RoutingOptions routing = {}, FleetOptions fleet_options = {},
                            ModelCodecs codecs = ModelCodecs(MakeByteCodec()))
-      : registry(std::make_shared<prometheus::Registry>()),
-        index(SystemClock::Default()) {
-    fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
-    fleet_options.static_workers = std::move(workers);
-    fleet_options.static_model = "m";
-    fleet_options.static_max_context = 4096;
-    fleet = std::move(Fleet::Start(fleet_options, nullptr, SystemClock::Default(), registry.get())).value();
-    router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
-    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), std::move(codecs),
-                                SystemClock::Default(), registry);
-    http::Routes routes;
-    api->AddRoutes(&routes);
-    http::ServerOptions o;
-    o.address = "127.0.0.1";
-    o.port = 0;
-    o.max_body_bytes = 64 * 1024;
-    server = std::move(http::Server::Start(o, std::move(routes))).value();
-  }
-  ~RouterUnderTest() {
-    server->Stop();
-    fleet->Stop();
-  }
+      : ApiRouter(WithStaticWorkers(std::move(workers), std::move(fleet_options)), std::move(api_options), routing,
+                  std::move(codecs)) {}
   void WaitRoutable(size_t n) {
     REQUIRE(WaitFor([&] {
       auto m = fleet->FindModel("m");
       return m && m->routable.size() == n;
     }));
   }
-  std::string Post(const std::string& path, const std::string& body, const std::string& headers = "") {
-    return Roundtrip(server->port(), "POST", path, body, headers);
-  }
-  uint16_t port() const { return server->port(); }
-
-  std::shared_ptr<prometheus::Registry> registry;
-  PredictedIndex index;
-  std::unique_ptr<Fleet> fleet;
-  std::unique_ptr<Router> router;
-  std::unique_ptr<Api> api;
-  std::unique_ptr<http::Server> server;
 };
 
 // The JSON objects of an SSE body, [DONE] excluded; *done says whether it came.

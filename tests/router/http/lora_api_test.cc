@@ -15,6 +15,7 @@
 #include "router/routing/predicted_index.h"
 #include "tests/common/http/test_client.h"
 #include "tests/router/fake_worker.h"
+#include "tests/router/http/api_router.h"
 
 namespace kvfleet::router {
 
@@ -43,28 +44,16 @@ class FakeSignals final : public WorkerSignals {
   std::map<WorkerId, WorkerLoad> loads;
 };
 
+// The router has not just restarted: an unknown model is 404 at once.
+ApiOptions NoUnknownModelGrace(ApiOptions o) {
+  o.unknown_model_grace = 0;
+  return o;
+}
+
 // A router whose workers register with Hellos (no static ones).
-struct LoraRouter {
+struct LoraRouter : testing::ApiRouter {
   explicit LoraRouter(ApiOptions api_options = {}, WorkerSignals* signals = nullptr)
-      : registry(std::make_shared<prometheus::Registry>()), index(SystemClock::Default()) {
-    api_options.unknown_model_grace = 0;  // the router has not just restarted: unknown is 404
-    FleetOptions fo;
-    fo.registration_endpoint = "tcp://127.0.0.1:*";
-    fleet = std::move(Fleet::Start(fo, signals, SystemClock::Default(), registry.get())).value();
-    router = std::make_unique<Router>(RoutingOptions{}, fleet.get(), &index, &index);
-    api = std::make_unique<Api>(api_options, fleet.get(), router.get(), ModelCodecs(MakeByteCodec()),
-                                SystemClock::Default(), registry);
-    http::Routes routes;
-    api->AddRoutes(&routes);
-    http::ServerOptions o;
-    o.address = "127.0.0.1";
-    o.port = 0;
-    server = std::move(http::Server::Start(o, std::move(routes))).value();
-  }
-  ~LoraRouter() {
-    server->Stop();
-    fleet->Stop();
-  }
+      : ApiRouter({}, NoUnknownModelGrace(std::move(api_options)), {}, ModelCodecs(MakeByteCodec()), signals) {}
   // Registers `hello` and waits until the fleet holds it as sent (its adapters included).
   void Register(const WorkerHello& hello) {
     FakeWorker::Register(fleet->registration_endpoint(), EncodeHello(hello));
@@ -75,21 +64,9 @@ struct LoraRouter {
       return false;
     }));
   }
-  std::string Post(const std::string& path, const std::string& body, const std::string& headers = "") {
-    return Roundtrip(server->port(), "POST", path, body, headers);
-  }
   std::string Complete(const std::string& model) {
     return Post("/v1/completions", json{{"model", model}, {"prompt", "hello there"}, {"max_tokens", 3}}.dump());
   }
-  std::string Get(const std::string& path) { return Roundtrip(server->port(), "GET", path); }
-  std::string Metrics() const { return http::SerializeMetrics(*registry); }
-
-  std::shared_ptr<prometheus::Registry> registry;
-  PredictedIndex index;
-  std::unique_ptr<Fleet> fleet;
-  std::unique_ptr<Router> router;
-  std::unique_ptr<Api> api;
-  std::unique_ptr<http::Server> server;
 };
 
 std::string ErrorMessage(const std::string& response) {

@@ -1,0 +1,58 @@
+// A whole router for the API tests: fleet, predicted index, router, API and an HTTP server on
+// an ephemeral port of 127.0.0.1. Workers are the fleet options' static ones, or register with
+// Hellos on the fleet's registration endpoint (an ephemeral port too).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <prometheus/registry.h>
+
+#include "common/http/metrics.h"
+#include "router/http/api.h"
+#include "router/routing/predicted_index.h"
+#include "tests/common/http/test_client.h"
+
+namespace kvfleet::router::testing {
+
+struct ApiRouter {
+  explicit ApiRouter(FleetOptions fleet_options = {}, ApiOptions api_options = {}, RoutingOptions routing = {},
+                     ModelCodecs codecs = ModelCodecs(MakeByteCodec()), WorkerSignals* signals = nullptr)
+      : registry(std::make_shared<prometheus::Registry>()), index(SystemClock::Default()) {
+    fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
+    fleet = std::move(Fleet::Start(fleet_options, signals, SystemClock::Default(), registry.get())).value();
+    router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
+    api = std::make_unique<Api>(std::move(api_options), fleet.get(), router.get(), std::move(codecs),
+                                SystemClock::Default(), registry);
+    http::Routes routes;
+    api->AddRoutes(&routes);
+    http::ServerOptions o;
+    o.address = "127.0.0.1";
+    o.port = 0;
+    o.max_body_bytes = 64 * 1024;
+    server = std::move(http::Server::Start(o, std::move(routes))).value();
+  }
+  ~ApiRouter() {
+    server->Stop();
+    fleet->Stop();
+  }
+  ApiRouter(const ApiRouter&) = delete;
+  ApiRouter& operator=(const ApiRouter&) = delete;
+
+  std::string Post(const std::string& path, const std::string& body, const std::string& headers = "") {
+    return http::testing::Roundtrip(server->port(), "POST", path, body, headers);
+  }
+  std::string Get(const std::string& path) { return http::testing::Roundtrip(server->port(), "GET", path); }
+  std::string Metrics() const { return http::SerializeMetrics(*registry); }
+  uint16_t port() const { return server->port(); }
+
+  std::shared_ptr<prometheus::Registry> registry;
+  PredictedIndex index;
+  std::unique_ptr<Fleet> fleet;
+  std::unique_ptr<Router> router;
+  std::unique_ptr<Api> api;
+  std::unique_ptr<http::Server> server;
+};
+
+}  // namespace kvfleet::router::testing
