@@ -117,37 +117,18 @@ int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_
   // Blocks per partition of the tensor-core kernels: one per 16 query heads of a KV head.
   const int group = num_q_heads / num_kv_heads;
   const int64_t blocks_per_part = int64_t(num_seqs) * num_kv_heads * ((group + 15) / 16);
-  // Three regimes, each measured on an H200 (tests/bench/results/2026-11-25-fp8-decode.txt and
-  // 2026-11-28-decode-partitions.txt, launches back to back, bf16 and fp8 pages):
-  //
-  // 1. Full batches: the largest partition (256..2048 tokens) that gives at least kMinWaves
-  //    waves of resident blocks, so the last, partly filled wave is a small part of the time,
-  //    with at most kMaxParts partitions per sequence: with 80 to 256 of them the waves were
-  //    slower than one wave of long partitions. One sequence at 64K, P=256 against P=2048:
-  //    149 us against 94 (bf16) and 118 against 49 (fp8) when the merge walked a row's
-  //    partitions one after another; 91 against 88 and 62 against 45 with the merge spread
-  //    over its warps (PagedDecodeCombine now). Batch 64 at 4K, % of copy bandwidth:
-  //      P       128    256    512    1024   2048
-  //      bf16    84.6   88.8   91.3   93.4   90.9
-  //      fp8     63.4   80.9   84.2   86.3   87.6
-  //    The fp8 kernel keeps four blocks resident, not three; sizing its waves by four picks
-  //    smaller partitions, so both are sized by three.
-  // 2. Small grids (a few sequences): a single wave, at least half full, of the longest
-  //    partitions. Each block pays its start (q, the first tiles in flight) once, and fewer
-  //    partitions leave less to merge. The fastest partition of eleven such shapes, from one
-  //    sequence at 8K to three at 20K, gave grids of 128 to 512 blocks; this rule picks the
-  //    fastest for bf16 in all eleven, for fp8 in six and within 3 us in three more (batch 8
-  //    at 4K and 16 at 2K: 32 us against 27). One sequence, us per launch (with the old merge;
-  //    with the new one at 64K: 109 91 83 87 88 bf16, 85 62 51 45 45 fp8):
-  //      context  P=128  256  512  1024  2048      context  P=128  256  512  1024  2048
-  //      32K bf16   115   78   58    51    61      64K bf16   221  149  112   101    94
-  //      32K fp8    104   49   35    31    35      64K fp8    199  118   80    53    49
-  // 3. Neither (a grid between one and four waves at every partition): regime 1's rule
-  //    without the bound on partitions, else 256 when that fills a wave, else 128 (too few
-  //    blocks: parallelism first).
-  //
-  // Decode graphs size the grid for their length bucket, up to twice the real length, so the
-  // real grid can have half the waves planned.
+  // Three regimes, from partition sweeps on an H200, bf16 and fp8 pages
+  // (tests/bench/results/2026-11-28-decode-partitions.txt has the tables):
+  // 1. Full batches: the largest partition (256..2048) giving kMinWaves waves of resident
+  //    blocks, so the last, partial wave costs little (batch 64 at 4K: P=1024, 93% of copy
+  //    bandwidth bf16), with at most kMaxParts per sequence: with more, one wave of long
+  //    partitions beat the waves (one sequence at 64K: P=2048 45 us fp8, P=256 62). Waves are
+  //    sized by three blocks per SM for both kernels: sizing fp8's by its four picked worse.
+  // 2. Small grids: one wave, at least half full, of the longest partitions. A block pays its
+  //    start once and the merge has fewer partitions (one sequence at 32K: P=1024 51 us bf16
+  //    and 31 fp8, against P=256's 78 and 49); the fastest of eleven small shapes for bf16.
+  // 3. Neither: regime 1 without the bound, else 256 when that fills a wave, else 128.
+  // Decode graphs size the grid for their length bucket, up to twice the real length.
   constexpr int64_t kMinWaves = 4;
   constexpr int64_t kMaxParts = 32;
   const int64_t slots = int64_t(decode::mma::kResidentBlocksPerSm) * num_sms;
