@@ -20,12 +20,14 @@ const chat = (fleet) => fetch(`${fleet.url()}/v1/chat/completions`, {
   body: JSON.stringify({ model: 'mock', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }),
 });
 
-// One router (and one mock worker) per case, on its own ports.
-let port = Number(basePort);
+// One router (and one mock worker) per case. The cases run one after another on the same
+// ports: this script's range holds one fleet (run.sh's offset leaves it about 230 ports), and
+// Fleet.stop() returns only once the previous case's processes have exited.
+let fleetCount = 0;
 async function withFleet(routerArgs, body) {
-  const fleet = new Fleet({ routerBin, workerBin, dir: path.join(dir, `fleet-${port}`), basePort: port, workers: 1,
+  const fleet = new Fleet({ routerBin, workerBin, dir: path.join(dir, `fleet-${fleetCount++}`),
+                            basePort: Number(basePort), workers: 1,
                             routerArgs: ['--tokenizer', modelDir, ...routerArgs] });
-  port += 200;
   try {
     await fleet.start();
     await body(fleet);

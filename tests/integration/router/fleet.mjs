@@ -81,8 +81,10 @@ export class Fleet {
     for (const [name, p] of this.procs) {
       if (p.exitCode === null && p.signalCode === null) p.kill('SIGTERM');
     }
-    await Promise.race([Promise.all([...this.procs.values()].map((p) => p.exited)), sleep(10000)]);
+    const all = Promise.all([...this.procs.values()].map((p) => p.exited));
+    await Promise.race([all, sleep(10000)]);
     for (const p of this.procs.values()) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+    await all;  // every port is free again once this returns
   }
 
   // kvfleet_router_requests_total per worker name, from /metrics.

@@ -16,5 +16,8 @@ fi
 rm -rf "$dir"; mkdir -p "$dir"
 node "$here/$script" "$router" "$worker" "$dir" "$port" "$cli"
 rc=$?
-if [ $rc -ne 0 ]; then for f in "$dir"/*.log; do echo "== $f"; tail -20 "$f"; done; fi
+# Logs sit in the work directory or, for scripts that start one fleet per case, one level down.
+if [ $rc -ne 0 ]; then
+  find "$dir" -maxdepth 2 -name '*.log' | sort | while read -r f; do echo "== $f"; tail -20 "$f"; done
+fi
 exit $rc
