@@ -1,0 +1,360 @@
+// The router's HTTP API and the fleet behind it: registration and its refusals, tokenizer
+// digests, several models each with its own codec, static and DNS workers, predicted entries,
+// API keys, and the per-model metrics.
+#include "router/http/api.h"
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/http/metrics.h"
+#include "tests/common/http/test_client.h"
+#include "tests/router/fake_worker.h"
+#include "tests/router/http/api_router.h"
+
+namespace kvfleet::router {
+
+using http::testing::BodyOf;
+using http::testing::Roundtrip;
+using http::testing::StatusOf;
+using nlohmann::json;
+using testing::FakeWorker;
+using testing::RouterUnderTest;
+using testing::WaitFor;
+
+TEST_CASE("registration adds workers per model and refuses a block-size mismatch") {
+  FakeWorker w1, w2;
+  RouterUnderTest r({});
+  WorkerHello hello;
+  hello.name = "w1";
+  hello.model = "llama";
+  hello.block_size = 16;
+  hello.max_context = 2048;
+  hello.requests_endpoint = w1.endpoint();
+  hello.backend = "mock";
+  hello.tensor_parallel = 4;
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("llama");
+    return m && m->routable.size() == 1;
+  }));
+  hello.name = "w2";
+  hello.block_size = 32;
+  hello.requests_endpoint = w2.endpoint();
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] {
+    return http::SerializeMetrics(*r.registry).find("reason=\"block-size-mismatch\"") != std::string::npos;
+  }));
+  CHECK(r.fleet->FindModel("llama")->workers == 1);
+  auto models = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/v1/models")));
+  CHECK(models["data"][0]["id"] == "llama");
+  auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["workers"][0]["block_size"] == 16);
+  CHECK(fleet["workers"][0]["kv_block_size"] == 16);  // no kvBlockSize: KV blocks are block_size tokens
+  CHECK(fleet["workers"][0]["tensor_parallel"] == 4);
+  // Bye takes it out of routing at once.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
+  CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));
+}
+
+namespace {
+
+WorkerHello HelloOf(const std::string& name, const FakeWorker& w, uint64_t tokenizer_digest,
+                    const std::string& backend = "cpu") {
+  WorkerHello hello;
+  hello.name = name;
+  hello.model = "llama";
+  hello.block_size = 16;
+  hello.max_context = 2048;
+  hello.requests_endpoint = w.endpoint();
+  hello.backend = backend;
+  hello.tokenizer_digest = tokenizer_digest;
+  return hello;
+}
+
+size_t RoutableLlama(const RouterUnderTest& r) {
+  auto m = r.fleet->FindModel("llama");
+  return m ? m->routable.size() : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a worker whose tokenizer digest differs from the router's is refused, shown and counted") {
+  FakeWorker stranger, same, unknown;
+  FleetOptions fo;
+  fo.tokenizer_digest = 0x1111;
+  RouterUnderTest r({}, {}, {}, fo);
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("stranger", stranger, 0x2222)));
+  REQUIRE(WaitFor([&] {
+    return http::SerializeMetrics(*r.registry).find("reason=\"tokenizer-mismatch\"") != std::string::npos;
+  }));
+  auto fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["workers"].empty());
+  REQUIRE(fleet["refused"].size() == 1);
+  CHECK(fleet["refused"][0]["name"] == "stranger");
+  CHECK(fleet["refused"][0]["reason"] == "tokenizer-mismatch");
+  CHECK(fleet["refused"][0]["refused"].get<std::string>().find(
+            "tokenizer digest 0x0000000000002222 differs from the router's 0x0000000000001111") == 0);
+
+  // The same digest, or none (a mock, an old worker), is accepted.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("same", same, 0x1111)));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("unknown", unknown, 0, "mock")));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 2; }));
+  fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["refused"].size() == 1);
+  for (const auto& w : fleet["workers"]) {
+    CHECK(w["tokenizer_digest"] == (w["name"] == "same" ? json("0x0000000000001111") : json(nullptr)));
+  }
+
+  // An accepted worker that comes back with another tokenizer leaves routing.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("same", same, 0x3333)));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 1 && r.fleet->Refused().size() == 2; }));
+
+  // The stranger restarted on the right model directory: accepted, no longer listed.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("stranger", stranger, 0x1111)));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 2; }));
+  fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  REQUIRE(fleet["refused"].size() == 1);
+  CHECK(fleet["refused"][0]["name"] == "same");
+}
+
+TEST_CASE("a router without a tokenizer refuses text for cpu/cuda workers, and passes token ids") {
+  FakeWorker w("hello world");
+  RouterUnderTest r({});  // the byte codec
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(HelloOf("real", w, 0x1111, "cpu")));
+  REQUIRE(WaitFor([&] { return RoutableLlama(r) == 1; }));
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/completions", R"({"model":"llama","prompt":"hello","max_tokens":2})"},
+           {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true})"}}) {
+    CAPTURE(path);
+    auto resp = r.Post(path, body);
+    CHECK(StatusOf(resp) == 500);
+    auto j = json::parse(BodyOf(resp));
+    CHECK(j["error"]["type"] == "server_error");
+    CHECK(j["error"]["code"] == "tokenizer_missing");
+    CHECK(j["error"]["message"].get<std::string>().find("--tokenizer MODEL_DIR") != std::string::npos);
+  }
+  CHECK(w.generates() == 0);
+  auto ids = r.Post("/v1/completions", R"({"model":"llama","prompt":[1,2,3],"max_tokens":2})");
+  CHECK(StatusOf(ids) == 200);
+  CHECK(w.generates() == 1);
+}
+
+TEST_CASE("each model's workers are compared with that model's tokenizer digest") {
+  FakeWorker llama, qwen, qwen_stranger, other;
+  FleetOptions fo;
+  fo.tokenizer_digests = {{"llama", 0x1111}, {"qwen", 0x2222}};  // no default: other models compare nothing
+  RouterUnderTest r({}, {}, {}, fo);
+  auto hello = [](const std::string& name, const std::string& model, const FakeWorker& w, uint64_t digest) {
+    WorkerHello h = HelloOf(name, w, digest);
+    h.model = model;
+    return EncodeHello(h);
+  };
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("llama-0", "llama", llama, 0x1111));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("qwen-0", "qwen", qwen, 0x2222));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("qwen-1", "qwen", qwen_stranger, 0x1111));
+  FakeWorker::Register(r.fleet->registration_endpoint(), hello("other-0", "other", other, 0x9999));
+  REQUIRE(WaitFor([&] {
+    auto q = r.fleet->FindModel("qwen");
+    auto o = r.fleet->FindModel("other");
+    return RoutableLlama(r) == 1 && q && q->routable.size() == 1 && o && o->routable.size() == 1 &&
+           r.fleet->Refused().size() == 1;
+  }));
+  auto refused = r.fleet->Refused();
+  CHECK(refused[0].info.name == "qwen-1");
+  CHECK(refused[0].why.find("differs from the router's 0x0000000000002222 for model 'qwen'") != std::string::npos);
+}
+
+// A codec that is a model's tokenizer (not bytes) and marks its ids, so a test sees which
+// model's codec encoded a prompt.
+class MarkedCodec final : public TextCodec {
+ public:
+  explicit MarkedCodec(TokenId mark) : bytes_(MakeByteCodec()), mark_(mark) {}
+  Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override {
+    KVF_ASSIGN_OR_RETURN(auto ids, bytes_->EncodePrompt(text));
+    ids.insert(ids.begin(), mark_);
+    return ids;
+  }
+  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+    return EncodePrompt("chat");
+  }
+  std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
+  std::vector<TokenId> eos_token_ids() const override { return {}; }
+  std::string name() const override { return "marked"; }
+
+ private:
+  std::unique_ptr<TextCodec> bytes_;
+  TokenId mark_;
+};
+
+TEST_CASE("each model's prompts are tokenized by its own codec; a model without one gets the default") {
+  FakeWorker llama("ok"), qwen("ok"), bare("ok");
+  ModelCodecs codecs(MakeByteCodec());
+  codecs.Set("llama", std::make_shared<MarkedCodec>(1001));
+  codecs.Set("qwen", std::make_shared<MarkedCodec>(2002));
+  RouterUnderTest r({}, {}, {}, {}, std::move(codecs));
+  auto hello = [](const std::string& model, const FakeWorker& w) {
+    WorkerHello h = HelloOf(model + "-0", w, 0, "cpu");
+    h.model = model;
+    return EncodeHello(h);
+  };
+  for (auto [model, w] : {std::pair{"llama", &llama}, std::pair{"qwen", &qwen}, std::pair{"bare", &bare}}) {
+    FakeWorker::Register(r.fleet->registration_endpoint(), hello(model, *w));
+  }
+  REQUIRE(WaitFor([&] {
+    for (const char* m : {"llama", "qwen", "bare"}) {
+      auto f = r.fleet->FindModel(m);
+      if (!f || f->routable.size() != 1) return false;
+    }
+    return true;
+  }));
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"llama","prompt":"hi","max_tokens":1})")) == 200);
+  CHECK(llama.last_params().tokens == std::vector<TokenId>{1001, 'h', 'i'});
+  CHECK(StatusOf(r.Post("/v1/chat/completions",
+                        R"({"model":"qwen","messages":[{"role":"user","content":"x"}],"max_tokens":1})")) == 200);
+  CHECK(qwen.last_params().tokens == std::vector<TokenId>{2002, 'c', 'h', 'a', 't'});
+  // "bare" runs on cpu workers and has no tokenizer of its own: the default byte codec
+  // refuses its text, naming the per-model fix.
+  auto resp = r.Post("/v1/completions", R"({"model":"bare","prompt":"hi","max_tokens":1})");
+  CHECK(StatusOf(resp) == 500);
+  auto j = json::parse(BodyOf(resp));
+  CHECK(j["error"]["code"] == "tokenizer_missing");
+  CHECK(j["error"]["message"].get<std::string>().find("--tokenizer bare=MODEL_DIR") != std::string::npos);
+  CHECK(bare.generates() == 0);
+}
+
+TEST_CASE("static and DNS workers of several models each serve only their own model") {
+  FakeWorker a("a"), b("b"), d("d");
+  auto port = d.endpoint().substr(d.endpoint().rfind(':') + 1);
+  FleetOptions fo;
+  StaticFleet llama, qwen;
+  llama.model = "llama";
+  llama.block_size = 16;
+  llama.workers = {a.endpoint()};
+  qwen.model = "qwen";
+  qwen.max_context = 2048;
+  qwen.workers = {b.endpoint()};
+  qwen.dns_names = {"127.0.0.1:" + port};
+  fo.static_fleets = {llama, qwen};
+  RouterUnderTest r({}, {}, {}, fo);
+  REQUIRE(WaitFor([&] {
+    auto l = r.fleet->FindModel("llama");
+    auto q = r.fleet->FindModel("qwen");
+    return l && l->routable.size() == 1 && q && q->routable.size() == 2;
+  }));
+  CHECK(r.fleet->FindModel("llama")->block_size == 16);
+  CHECK(r.fleet->FindModel("qwen")->max_context == 2048);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(StatusOf(r.Post("/v1/completions", json{{"model", i % 2 ? "llama" : "qwen"}, {"prompt", "p" + std::to_string(i)},
+                                                  {"max_tokens", 1}}.dump())) == 200);
+  }
+  CHECK(a.generates() == 3);
+  CHECK(b.generates() + d.generates() == 3);
+}
+
+TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {
+  FakeWorker a("ok"), b("ok"), c("ok");
+  RouterUnderTest r({a.endpoint(), b.endpoint(), c.endpoint()});
+  r.WaitRoutable(3);
+  std::string shared(2000, 's');
+  std::vector<std::thread> clients;
+  // The first request picks a worker; the rest find its predicted blocks.
+  CHECK(StatusOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", shared + "0"}}.dump())) == 200);
+  for (int i = 1; i < 20; ++i) {
+    clients.emplace_back([&, i] {
+      r.Post("/v1/completions", json{{"model", "m"}, {"prompt", shared + std::to_string(i)}}.dump());
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::vector<int> counts = {a.generates(), b.generates(), c.generates()};
+  CHECK(std::count(counts.begin(), counts.end(), 20) == 1);
+}
+
+TEST_CASE("workers found through a DNS name serve requests") {
+  FakeWorker w("dns");
+  auto port = w.endpoint().substr(w.endpoint().rfind(':') + 1);
+  FleetOptions fo;
+  fo.dns_name = "localhost:" + port;  // 127.0.0.1 (and ::1, where nothing listens)
+  RouterUnderTest r({}, {}, {}, fo);
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("m");
+    return m && !m->routable.empty();
+  }));
+  auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"x","max_tokens":3})");
+  CHECK(StatusOf(resp) == 200);
+  CHECK(json::parse(BodyOf(resp))["kvfleet"]["worker"] == "tcp://127.0.0.1:" + port);
+}
+
+TEST_CASE("API keys load from a file") {
+  std::string path = "/tmp/kvfleet_api_keys_test.txt";
+  {
+    std::ofstream out(path);
+    out << "# keys\n\nsk-one\n  sk-two  \n";
+  }
+  auto keys = LoadApiKeys(path);
+  REQUIRE(keys.ok());
+  CHECK(*keys == std::vector<std::string>{"sk-one", "sk-two"});
+  CHECK_FALSE(LoadApiKeys("/nonexistent/keys").ok());
+}
+
+TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version, /health and /metrics do not") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-good"};
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  const std::string auth = "Authorization: Bearer sk-good\r\n";
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", "Authorization: Bearer sk-bad\r\n")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/fleet", "", auth)) == 200);
+  const std::string tokenize = R"({"model":"m","prompt":"ab"})";
+  CHECK(StatusOf(r.Post("/tokenize", tokenize)) == 401);
+  auto t = r.Post("/tokenize", tokenize, auth);
+  REQUIRE(StatusOf(t) == 200);
+  auto tokens = json::parse(BodyOf(t));
+  CHECK(tokens["tokens"] == json::array({'a', 'b'}));
+  CHECK(tokens["max_model_len"] == 4096);
+  const std::string detokenize = json{{"model", "m"}, {"tokens", tokens["tokens"]}}.dump();
+  CHECK(StatusOf(r.Post("/detokenize", detokenize)) == 401);
+  CHECK(json::parse(BodyOf(r.Post("/detokenize", detokenize, auth)))["prompt"] == "ab");
+  auto version = Roundtrip(r.port(), "GET", "/version");
+  REQUIRE(StatusOf(version) == 200);
+  CHECK(json::parse(BodyOf(version))["version"].is_string());
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
+}
+
+TEST_CASE("answered requests are counted in tokens per model and timed; admitted unknown fields are counted") {
+  FakeWorker w("hello world");
+  ApiOptions api;
+  api.limits.fields.allow_unknown = true;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  for (int i = 0; i < 2; ++i) {
+    auto resp = r.Post("/v1/completions", R"({"model":"m","prompt":"abc","max_tokens":4,"x_client_tag":"a"})");
+    REQUIRE(StatusOf(resp) == 200);
+  }
+  const std::string metrics = http::SerializeMetrics(*r.registry);
+  CHECK(metrics.find(R"(kvfleet_router_prompt_tokens_total{model="m"} 6)") != std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_generation_tokens_total{model="m"} 8)") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_request_duration_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_queue_time_seconds_count 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_unknown_fields_total 2") != std::string::npos);
+  CHECK(metrics.find("kvfleet_build_info{") != std::string::npos);
+  // Without the flag the same body is a 400 naming the field, and nothing is counted.
+  RouterUnderTest strict({w.endpoint()});
+  strict.WaitRoutable(1);
+  auto refused = strict.Post("/v1/completions", R"({"model":"m","prompt":"abc","x_client_tag":"a"})");
+  CHECK(StatusOf(refused) == 400);
+  CHECK(json::parse(BodyOf(refused))["error"]["param"] == "x_client_tag");
+  CHECK(http::SerializeMetrics(*strict.registry).find("kvfleet_router_prompt_tokens_total{") == std::string::npos);
+}
+
+// ---- Logprobs, echo and logit controls ------------------------------------------------
+// The fake worker's logprobs (tests/router/fake_worker.h): reply token i at -(i + 1), its
+// top entries the token itself then 'z', 'y', ...; prompt tokens at -0.5.
+
+}  // namespace kvfleet::router
