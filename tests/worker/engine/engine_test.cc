@@ -1,128 +1,26 @@
-// The engine with the real KV cache manager and the mock backend in verify_kv mode (its
-// tokens depend on everything attention reads through the block tables), on a manual
-// clock that the mock advances by its modelled step time.
+// The engine (tests/worker/engine/engine_harness.h): chunked prefill, preemption, cancels,
+// limits, the prefix cache, the reported rates and predicted waits, stop conditions and bad
+// requests. Requests of n > 1 are in engine_n_choices_test.cc.
 #include "worker/engine/engine.h"
-
-#include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <optional>
 
-#include "worker/backend/kv_setup.h"
-#include "worker/backend/mock/mock_backend.h"
-#include "worker/kv/kv_cache_manager.h"
+#include <doctest/doctest.h>
+
+#include "tests/worker/engine/engine_harness.h"
 #include "worker/model/model_config.h"
 
 namespace kvfleet::engine {
 
-using backend::CheckPoolsAgree;
-using backend::KvCacheConfigFor;
-using backend::KvMemorySettings;
+using testing::Harness;
+using testing::HarnessOptions;
+using testing::Prompt;
 
 namespace {
-
-constexpr uint32_t kBlock = 16;
-
-struct HarnessOptions {
-  int64_t device_blocks = 256;
-  uint32_t max_num_tokens = 64;
-  uint32_t max_batch_size = 16;
-  uint32_t max_context = 1024;
-  uint32_t max_queued = 64;
-  uint32_t eos_after = 0;
-  // The engine's eos ids; unset: the backend's model config's.
-  std::optional<std::vector<TokenId>> eos_token_ids;
-};
-
-struct Harness {
-  explicit Harness(const HarnessOptions& o = {}) {
-    backend::BackendOptions bo;
-    bo.block_size = kBlock;
-    bo.max_num_tokens = static_cast<int32_t>(o.max_num_tokens);
-    bo.max_batch_size = static_cast<int32_t>(o.max_batch_size);
-    bo.max_context = o.max_context;
-    bo.num_blocks = o.device_blocks;
-    backend::mock::MockOptions mo;
-    mo.verify_kv = true;
-    mo.eos_after = o.eos_after;
-    mo.clock = &clock;
-    mo.wait = [this](TimeNs deadline) {
-      if (deadline > clock.Now()) clock.Set(deadline);
-    };
-    auto b = backend::mock::MockBackend::Make(bo, mo);
-    REQUIRE_MESSAGE(b.ok(), b.status().ToString());
-    backend = std::move(*b);
-    KvMemorySettings memory;
-    memory.block_size = kBlock;
-    memory.max_context = o.max_context;
-    memory.device_bytes = backend->kv_device_bytes();
-    auto k = kv::KvCacheManager::Make(KvCacheConfigFor(backend->config(), memory), &backend->block_copier(),
-                                      &clock);
-    REQUIRE_MESSAGE(k.ok(), k.status().ToString());
-    kv = std::move(*k);
-    REQUIRE(CheckPoolsAgree(kv->pools(), backend->pools()).ok());
-    EngineOptions eo;
-    eo.model_name = "mock-8b";
-    eo.scheduler.max_num_tokens = o.max_num_tokens;
-    eo.scheduler.max_batch_size = o.max_batch_size;
-    eo.limits.max_context = o.max_context;
-    eo.limits.max_queued = o.max_queued;
-    eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
-    for (int64_t e : backend->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
-    if (o.eos_token_ids) eo.eos_token_ids = *o.eos_token_ids;
-    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
-  }
-
-  RequestId Add(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7) {
-    GenerateRequest r;
-    r.prompt = std::move(prompt);
-    r.sampling.temperature = 0;
-    r.sampling.seed = seed;
-    r.sampling.max_tokens = max_tokens;
-    auto id = engine->Add(std::move(r), clock.Now());
-    REQUIRE_MESSAGE(id.ok(), id.status().ToString());
-    return *id;
-  }
-
-  // One step; accumulates tokens and final outputs; checks invariants.
-  std::vector<RequestOutput> Step() {
-    auto outs = engine->Step();
-    for (const RequestOutput& o : outs) {
-      auto& t = tokens[o.id];
-      t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
-      CHECK_FALSE(finals.contains(o.id));  // nothing after the final Delta
-      if (o.finish != FinishReason::kNone) finals[o.id] = o;
-    }
-    Status st = engine->CheckInvariants();
-    CHECK_MESSAGE(st.ok(), st.ToString());
-    return outs;
-  }
-
-  void RunToCompletion(int max_steps = 10'000) {
-    for (int i = 0; i < max_steps && engine->HasWork(); ++i) Step();
-    REQUIRE_FALSE(engine->HasWork());
-  }
-
-  uint32_t DeviceBlocksInUse() const { return kv->Stats().pools[0].tiers[0].in_use; }
-
-  ManualClock clock;
-  std::unique_ptr<backend::mock::MockBackend> backend;
-  std::unique_ptr<kv::KvCacheManager> kv;
-  std::unique_ptr<Engine> engine;
-  std::map<RequestId, std::vector<TokenId>> tokens;
-  std::map<RequestId, RequestOutput> finals;
-};
-
-std::vector<TokenId> Prompt(uint32_t n, TokenId first = 1000) {
-  std::vector<TokenId> p(n);
-  for (uint32_t i = 0; i < n; ++i) p[i] = first + i;
-  return p;
-}
 
 TEST_CASE("a long prompt is prefilled in chunks while a running request keeps decoding") {
   Harness h;  // 64 tokens per step
@@ -428,188 +326,6 @@ TEST_CASE("many requests with shared prefixes under pressure: every stream compl
 
 // What a request of n sent: each index's tokens and final output, and how many outputs
 // said `last`.
-struct Choices {
-  std::map<uint32_t, std::vector<TokenId>> tokens;
-  std::map<uint32_t, RequestOutput> finals;
-  int lasts = 0;
-};
-
-// Steps until the engine is idle, collecting request `id`'s outputs by index; returns the
-// prompt tokens the steps computed.
-uint64_t RunChoices(Harness& h, RequestId id, Choices* got, int max_steps = 10'000) {
-  uint64_t prefill = 0;
-  for (int i = 0; i < max_steps && h.engine->HasWork(); ++i) {
-    for (const RequestOutput& o : h.engine->Step()) {
-      REQUIRE(o.id == id);
-      CHECK_FALSE(got->finals.contains(o.index));  // nothing after a sequence's final output
-      auto& t = got->tokens[o.index];
-      t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
-      if (o.finish != FinishReason::kNone) got->finals[o.index] = o;
-      got->lasts += o.last;
-    }
-    prefill += h.engine->last_step().prefill_tokens;
-    Status st = h.engine->CheckInvariants();
-    REQUIRE_MESSAGE(st.ok(), st.ToString());
-  }
-  REQUIRE_FALSE(h.engine->HasWork());
-  return prefill;
-}
-
-RequestId AddN(Harness& h, uint32_t prompt_len, uint32_t n, uint32_t max_tokens, uint64_t seed = 7) {
-  GenerateRequest r;
-  r.prompt = Prompt(prompt_len);
-  r.sampling.temperature = 0;
-  r.sampling.seed = seed;
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.n = n;
-  auto id = h.engine->Add(std::move(r), h.clock.Now());
-  REQUIRE_MESSAGE(id.ok(), id.status().ToString());
-  return *id;
-}
-
-TEST_CASE("a request of n=3 prefills its prompt once; the forks recompute only its last partial block") {
-  for (uint32_t len : {40u, 48u, 17u, 5u}) {
-    CAPTURE(len);
-    Harness h;
-    RequestId id = AddN(h, len, 3, 6);
-    Choices got;
-    const uint64_t prefill = RunChoices(h, id, &got);
-    // Sequence 0 computes the prompt; forks 1 and 2 match its full blocks and compute the
-    // rest, a prefill chunk of their own. A prompt that ends on a block boundary had its last
-    // block stored: a fork copies all but its last token (partial reuse) and computes that.
-    const uint32_t tail = len % kBlock == 0 ? 1 : len % kBlock;
-    CHECK(prefill == len + 2 * tail);
-    if (len > kBlock) CHECK(prefill < 3ull * len);  // shorter: no full block to share
-    REQUIRE(got.finals.size() == 3);
-    CHECK(got.lasts == 1);
-    for (uint32_t i = 0; i < 3; ++i) {
-      CHECK(got.tokens[i].size() == 6);
-      if (i > 0) CHECK(got.tokens[i] != got.tokens[0]);  // the mock's tokens hash the seed, seed + i here
-      CHECK(got.finals[i].finish == FinishReason::kLength);
-      CHECK(got.finals[i].usage.prompt_tokens == len);
-      CHECK(got.finals[i].usage.completion_tokens == 6);
-    }
-    CHECK(h.DeviceBlocksInUse() == 0);
-    CHECK(h.engine->counters().requests_finished == 1);
-  }
-}
-
-TEST_CASE("n=3 with prompt logprobs: sequence 0 computes the prompt and sends them once; the forks still share it") {
-  const uint32_t len = 40;
-  Harness h;
-  GenerateRequest r;
-  r.prompt = Prompt(len);
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = 4;
-  r.sampling.n = 3;
-  r.sampling.logprobs = 0;
-  r.sampling.prompt_logprobs = true;
-  auto id = h.engine->Add(std::move(r), h.clock.Now());
-  REQUIRE(id.ok());
-  uint64_t prefill = 0;
-  int with_prompt_logprobs = 0;
-  for (int i = 0; i < 10'000 && h.engine->HasWork(); ++i) {
-    for (const RequestOutput& o : h.engine->Step()) {
-      if (o.prompt_logprobs.empty()) continue;
-      ++with_prompt_logprobs;
-      CHECK(o.index == 0);
-      CHECK(o.prompt_logprobs.size() == len - 1);
-    }
-    prefill += h.engine->last_step().prefill_tokens;
-  }
-  REQUIRE_FALSE(h.engine->HasWork());
-  CHECK(with_prompt_logprobs == 1);
-  CHECK(prefill == len + 2 * (len % kBlock));  // as without prompt logprobs
-}
-
-TEST_CASE("sequence i of a request of n=4 gives the tokens of the same request with n=1 and seed + i") {
-  // The mock's tokens hash the seed, the sampling counter and all the KV attention reads
-  // (the forks' shared and recomputed blocks included).
-  Harness h;
-  RequestId id = AddN(h, 37, 4, 9, 100);
-  Choices got;
-  RunChoices(h, id, &got);
-  REQUIRE(got.tokens.size() == 4);
-  for (uint32_t i = 0; i < 4; ++i) {
-    Harness alone;
-    RequestId one = AddN(alone, 37, 1, 9, 100 + i);
-    Choices ref;
-    RunChoices(alone, one, &ref);
-    CHECK(got.tokens[i] == ref.tokens[0]);
-  }
-}
-
-TEST_CASE("cancel ends all n sequences; before the fork, the unforked ones end with sequence 0") {
-  SUBCASE("after the fork") {
-    Harness h;
-    RequestId id = AddN(h, 40, 3, 50);
-    for (int i = 0; i < 4; ++i) h.engine->Step();
-    CHECK(h.engine->num_sequences() == 3);
-    h.engine->Cancel(id);
-    Choices got;
-    RunChoices(h, id, &got);
-    REQUIRE(got.finals.size() == 3);
-    for (auto& [index, out] : got.finals) CHECK(out.finish == FinishReason::kCancelled);
-    CHECK(got.lasts == 1);
-    CHECK(h.DeviceBlocksInUse() == 0);
-  }
-  SUBCASE("before its prompt is computed") {
-    HarnessOptions o;
-    o.max_num_tokens = 16;  // a 40-token prompt takes three steps
-    Harness h(o);
-    RequestId id = AddN(h, 40, 3, 50);
-    h.engine->Step();
-    CHECK(h.engine->num_sequences() == 1);
-    // The load report counts the forks to come: each will compute the last 8 prompt tokens.
-    const LoadReport load = h.engine->Load();
-    CHECK(load.queued_requests == 2);
-    CHECK(load.active_prefill_tokens == (40 - 16) + 2 * 8);
-    h.engine->Cancel(id);
-    Choices got;
-    RunChoices(h, id, &got);
-    REQUIRE(got.finals.size() == 3);
-    for (auto& [index, out] : got.finals) {
-      CHECK(out.finish == FinishReason::kCancelled);
-      CHECK(got.tokens[index].empty());
-    }
-    CHECK(got.lasts == 1);
-    CHECK(h.DeviceBlocksInUse() == 0);
-  }
-}
-
-TEST_CASE("n counts against the batch, the queue and the cache: what can never run together is refused") {
-  HarnessOptions o;
-  o.max_batch_size = 4;
-  o.max_queued = 4;
-  o.device_blocks = 20;
-  Harness h(o);
-  auto add = [&](uint32_t len, uint32_t n) {
-    GenerateRequest r;
-    r.prompt = Prompt(len);
-    r.sampling.n = n;
-    return h.engine->Add(std::move(r), h.clock.Now()).status();
-  };
-  CHECK(add(8, 0).code() == StatusCode::kInvalidArgument);
-  Status batch = add(8, 5);
-  CHECK(batch.code() == StatusCode::kInvalidArgument);
-  CHECK(batch.message().find("n=5") != std::string::npos);
-  // 200 tokens: 12 shared blocks + 4 x (13 - 12) = 16 <= 20 fit; 260 tokens: 16 + 4 x 1 = 20
-  // fit; 300: 18 + 4 x 1 = 22 do not.
-  CHECK(add(200, 4).ok());
-  Status cache = add(300, 4);
-  CHECK(cache.code() == StatusCode::kInvalidArgument);
-  CHECK(cache.message().find("KV blocks") != std::string::npos);
-  CHECK(add(8, 4).code() == StatusCode::kResourceExhausted);  // 1 waiting + 4 > 4
-  CHECK(add(8, 3).ok());
-  Harness small_queue(HarnessOptions{.max_queued = 2});
-  GenerateRequest three;
-  three.prompt = Prompt(8);
-  three.sampling.n = 3;  // can never be queued: invalid, not overloaded
-  CHECK(small_queue.engine->Add(std::move(three), 0).status().code() == StatusCode::kInvalidArgument);
-  for (int i = 0; i < 1000 && h.engine->HasWork(); ++i) h.engine->Step();
-  CHECK_FALSE(h.engine->HasWork());
-  CHECK(h.DeviceBlocksInUse() == 0);
-}
 
 }  // namespace
 }  // namespace kvfleet::engine
