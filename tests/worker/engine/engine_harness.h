@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <variant>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -15,6 +16,7 @@
 #include "worker/backend/mock/mock_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
+#include "worker/model/lora_adapter.h"
 
 namespace kvfleet::engine::testing {
 
@@ -29,6 +31,8 @@ struct HarnessOptions {
   uint32_t eos_after = 0;
   // The engine's eos ids; unset: the backend's model config's.
   std::optional<std::vector<TokenId>> eos_token_ids;
+  int32_t max_loras = 0;  // adapter slots on the backend
+  int32_t max_lora_rank = model::kMaxLoraRank;
 };
 
 struct Harness {
@@ -39,6 +43,7 @@ struct Harness {
     bo.max_batch_size = static_cast<int32_t>(o.max_batch_size);
     bo.max_context = o.max_context;
     bo.num_blocks = o.device_blocks;
+    bo.max_loras = o.max_loras;
     backend::mock::MockOptions mo;
     mo.verify_kv = true;
     mo.eos_after = o.eos_after;
@@ -67,6 +72,7 @@ struct Harness {
     eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
     for (int64_t e : backend->config().eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(e));
     if (o.eos_token_ids) eo.eos_token_ids = *o.eos_token_ids;
+    eo.max_lora_rank = o.max_lora_rank;
     engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
   }
 
@@ -81,7 +87,8 @@ struct Harness {
     return *id;
   }
 
-  // One step; accumulates tokens and final outputs; checks invariants.
+  // One step; accumulates tokens, final outputs and the stored blocks of each adapter;
+  // checks invariants.
   std::vector<RequestOutput> Step() {
     auto outs = engine->Step();
     for (const RequestOutput& o : outs) {
@@ -90,8 +97,13 @@ struct Harness {
       CHECK_FALSE(finals.contains(o.id));  // nothing after the final Delta
       if (o.finish != FinishReason::kNone) finals[o.id] = o;
     }
+    for (const kv::KvEvent& e : kv->TakeEvents()) {
+      if (auto* s = std::get_if<kv::StoredEvent>(&e.data)) {
+        for (const kv::StoredBlock& b : s->blocks) ++stored_by_lora[b.lora_id];
+      }
+    }
     Status st = engine->CheckInvariants();
-    CHECK_MESSAGE(st.ok(), st.ToString());
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
     return outs;
   }
 
@@ -108,6 +120,7 @@ struct Harness {
   std::unique_ptr<Engine> engine;
   std::map<RequestId, std::vector<TokenId>> tokens;
   std::map<RequestId, RequestOutput> finals;
+  std::map<uint64_t, int> stored_by_lora;  // blocks stored, by loraId (0: the base model)
 };
 
 inline std::vector<TokenId> Prompt(uint32_t n, TokenId first = 1000) {

@@ -10,15 +10,11 @@
 #include <memory>
 
 #include "common/block_hash.h"
-#include "worker/backend/kv_setup.h"
-#include "worker/backend/mock/mock_backend.h"
+#include "tests/worker/engine/engine_harness.h"
 #include "worker/engine/engine.h"
-#include "worker/kv/kv_cache_manager.h"
 
 namespace kvfleet::engine {
 namespace {
-
-constexpr uint32_t kBlock = 16;
 
 std::shared_ptr<const model::LoraAdapter> Adapter(const std::string& name, int32_t rank = 8) {
   auto a = std::make_shared<model::LoraAdapter>();
@@ -30,45 +26,25 @@ std::shared_ptr<const model::LoraAdapter> Adapter(const std::string& name, int32
   return a;
 }
 
-struct Harness {
-  explicit Harness(int32_t max_loras, int64_t device_blocks = 256, uint32_t max_batch_size = 16) {
-    backend::BackendOptions bo;
-    bo.block_size = kBlock;
-    bo.max_num_tokens = 64;
-    bo.max_batch_size = static_cast<int32_t>(max_batch_size);
-    bo.max_context = 1024;
-    bo.num_blocks = device_blocks;
-    bo.max_loras = max_loras;
-    backend::mock::MockOptions mo;
-    mo.verify_kv = true;
-    mo.clock = &clock;
-    mo.wait = [this](TimeNs deadline) {
-      if (deadline > clock.Now()) clock.Set(deadline);
-    };
-    auto b = backend::mock::MockBackend::Make(bo, mo);
-    REQUIRE_MESSAGE(b.ok(), b.status().ToString());
-    backend = std::move(*b);
-    backend::KvMemorySettings memory;
-    memory.block_size = kBlock;
-    memory.max_context = 1024;
-    memory.device_bytes = backend->kv_device_bytes();
-    kv::KvCacheConfig kc = backend::KvCacheConfigFor(backend->config(), memory);
-    auto k = kv::KvCacheManager::Make(kc, &backend->block_copier(), &clock);
-    REQUIRE_MESSAGE(k.ok(), k.status().ToString());
-    kv = std::move(*k);
-    EngineOptions eo;
-    eo.model_name = "mock-8b";
-    eo.scheduler.max_num_tokens = 64;
-    eo.scheduler.max_batch_size = max_batch_size;
-    eo.limits.max_context = 1024;
-    eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);
-    eo.max_lora_rank = 16;
-    engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
-  }
+testing::HarnessOptions LoraOptions(int32_t max_loras, int64_t device_blocks, uint32_t max_batch_size) {
+  testing::HarnessOptions o;
+  o.max_loras = max_loras;
+  o.device_blocks = device_blocks;
+  o.max_batch_size = max_batch_size;
+  o.max_queued = 1024;
+  o.eos_token_ids = std::vector<TokenId>{};  // generation ends at max_tokens
+  o.max_lora_rank = 16;
+  return o;
+}
+
+// The engine harness with adapter slots; requests name their adapter.
+struct Harness : testing::Harness {
+  explicit Harness(int32_t max_loras, int64_t device_blocks = 256, uint32_t max_batch_size = 16)
+      : testing::Harness(LoraOptions(max_loras, device_blocks, max_batch_size)) {}
 
   Result<RequestId> TryAdd(uint32_t prompt_len, uint32_t max_tokens, const std::string& lora, TokenId first = 1000) {
     GenerateRequest r;
-    for (uint32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(first + i);
+    r.prompt = testing::Prompt(prompt_len, first);
     r.sampling.temperature = 0;
     r.sampling.seed = 7;
     r.sampling.max_tokens = max_tokens;
@@ -80,39 +56,12 @@ struct Harness {
     REQUIRE_MESSAGE(id.ok(), id.status().ToString());
     return *id;
   }
-
-  void Step() {
-    for (const RequestOutput& o : engine->Step()) {
-      auto& t = tokens[o.id];
-      t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
-      if (o.finish != FinishReason::kNone) finals[o.id] = o;
-    }
-    for (const kv::KvEvent& e : kv->TakeEvents()) {
-      if (auto* s = std::get_if<kv::StoredEvent>(&e.data)) {
-        for (const kv::StoredBlock& b : s->blocks) ++stored_by_lora[b.lora_id];
-      }
-    }
-    Status st = engine->CheckInvariants();
-    REQUIRE_MESSAGE(st.ok(), st.ToString());
-  }
-  void RunToCompletion(int max_steps = 5'000) {
-    for (int i = 0; i < max_steps && engine->HasWork(); ++i) Step();
-    REQUIRE_FALSE(engine->HasWork());
-  }
   // Which adapter each running sequence uses, this step.
   std::map<std::string, int> Running() const {
     std::map<std::string, int> m;
     for (const Sequence* s : engine->scheduler().running()) ++m[s->request.lora];
     return m;
   }
-
-  ManualClock clock;
-  std::unique_ptr<backend::mock::MockBackend> backend;
-  std::unique_ptr<kv::KvCacheManager> kv;
-  std::unique_ptr<Engine> engine;
-  std::map<RequestId, std::vector<TokenId>> tokens;
-  std::map<RequestId, RequestOutput> finals;
-  std::map<uint64_t, int> stored_by_lora;
 };
 
 TEST_CASE("slots go to idle adapters least recently used first; a held adapter keeps its slot") {
