@@ -35,7 +35,7 @@
 // Include from .cu files only.
 #pragma once
 
-#include "kernels/paged_decode.cuh"
+#include "kernels/paged_decode_common.cuh"
 
 namespace kvfleet::kernels::decode::fp8 {
 
