@@ -197,11 +197,11 @@ namespace mma {
 
 constexpr int kTile = 64;  // tokens per stage: 16 per warp
 // Two stages of 34 KB (one tile loading while the other is used): three blocks fit an SM
-// (registers allow three as well), twelve warps. Measured on an H200 against three stages
+// (registers allow three as well), twelve warps; the partition chooser sizes its waves by
+// those three (kDecodeResidentBlocksPerSm, decode_partition.h). Measured on an H200 against three stages
 // (two blocks per SM): 73-76% of copy bandwidth at 1K-32K context against 69-70%
 // (tests/bench/results, v8); with KvTileLines, 89-94% (2026-11-25-fp8-decode.txt).
 constexpr int kStages = 2;
-constexpr int kResidentBlocksPerSm = 3;  // at head_dim 128; PagedDecodeChoosePartition sizes waves by it
 constexpr int kPad = 8;    // bf16 per shared row: conflict-free fragment loads
 // Floats per row of the warps' partial O in the merge: 8 of padding make the float2 stores
 // of a quad's 8 rows fall in distinct banks (unpadded, the 8 rows share 4 banks: 8-way).

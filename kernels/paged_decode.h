@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/attention_mask.h"
+#include "kernels/decode_partition.h"  // PagedDecodeChoosePartition
 #include "kernels/paged_kv.h"
 
 namespace kvfleet::kernels {
@@ -47,12 +48,6 @@ struct PagedDecodeParams {
   // kernel (which head_dim 256 and shifted RoPE always use). For tests and benches.
   bool force_cuda_cores = false;
 };
-
-// A partition size (multiple of 128, <= 2048) for a decode grid on num_sms: several waves of
-// resident blocks for full batches, one wave of long partitions for a few sequences
-// (paged_decode.cu says how, with the measurements).
-int32_t PagedDecodeChoosePartition(int32_t num_seqs, int32_t num_q_heads, int32_t num_kv_heads,
-                                   int32_t max_seq_len, int32_t num_sms);
 
 // Bytes of workspace the launch needs (0 when max_seq_len fits one partition).
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p);

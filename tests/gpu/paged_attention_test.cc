@@ -244,37 +244,6 @@ TEST_CASE("decode split-K partitions reduce to the single-partition result") {
   }
 }
 
-TEST_CASE("the partition chooser: waves for full batches, one wave of long partitions for small grids") {
-  // 132 SMs (an H100 or H200), 32 query heads over 8 KV heads: 8 blocks per partition and sequence.
-  auto choose = [](int seqs, int ctx) { return PagedDecodeChoosePartition(seqs, 32, 8, ctx, 132); };
-  // Full batches: four waves or more, at most 32 partitions per sequence.
-  CHECK(choose(64, 4096) == 1024);
-  CHECK(choose(8, 32768) == 1024);
-  CHECK(choose(32, 2048) == 256);
-  CHECK(choose(256, 1024) == 2048);
-  // Small grids: one wave, at least half full, of the longest partitions.
-  CHECK(choose(1, 32768) == 1024);  // 256 blocks of 1024 tokens, not 1024 of 256
-  CHECK(choose(1, 65536) == 2048);  // 32 partitions to merge, not 256
-  CHECK(choose(2, 32768) == 2048);
-  CHECK(choose(1, 16384) == 512);
-  CHECK(choose(8, 4096) == 1024);
-  // Neither: the waves without the bound on partitions.
-  CHECK(choose(4, 32768) == 512);
-  // Too few blocks: parallelism first.
-  CHECK(choose(1, 4096) == 128);
-  CHECK(choose(1, 512) == 128);
-  for (int seqs : {1, 2, 3, 7, 16, 64, 128}) {
-    for (int ctx : {1, 100, 1000, 5000, 40000, 131072}) {
-      const int p = choose(seqs, ctx);
-      CAPTURE(seqs);
-      CAPTURE(ctx);
-      CHECK(p % 128 == 0);
-      CHECK(p >= 128);
-      CHECK(p <= 2048);
-    }
-  }
-}
-
 TEST_CASE("decode honours sliding windows, sinks and chunked attention, on bf16 and fp8 pages") {
   uint32_t seed = 300;
   std::vector<AttentionMask> masks = {{64, 0, 0}, {1000, 0, 0}, {100, 4, 0}, {33, 16, 0}, {0, 0, 256}, {0, 0, 100}};
