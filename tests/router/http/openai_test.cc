@@ -172,6 +172,10 @@ TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are ref
     CHECK(ParseCompletionRequest(Completion(std::string(R"("x_extra":{"n":)") + big + "}"), false, admit).ok());
   }
   CHECK(ParseError(Completion(R"("max_tokens":4294967296)")).message.find("must be between") != std::string::npos);
+  // Bounds read as the client would write them.
+  CHECK(ParseError(Completion(R"("max_tokens":-1)")).message.find("must be between 0 and ") != std::string::npos);
+  CHECK(ParseError(Completion(R"("top_p":1.5)")).message == "'top_p' must be between 0 and 1");
+  CHECK(ParseError(Completion(R"("presence_penalty":-2.5)")).message == "'presence_penalty' must be between -2 and 2");
 }
 
 TEST_CASE("numbers beyond double's range are malformed JSON; below it they are zero") {
