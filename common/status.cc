@@ -1,5 +1,7 @@
 #include "common/status.h"
 
+#include <charconv>
+
 namespace kvfleet {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -20,6 +22,20 @@ std::string_view StatusCodeName(StatusCode code) {
   }
   return "Unknown";
 }
+
+namespace {
+
+template <typename T>
+std::string ShortestText(T v) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, end);
+}
+
+}  // namespace
+
+std::string NumberText(double v) { return ShortestText(v); }
+std::string NumberText(float v) { return ShortestText(v); }
 
 std::string Status::ToString() const {
   if (ok()) return "OK";

@@ -64,6 +64,12 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
+// A number for a message, as a person writes it: 2.5, 1048576, 1e+15 (std::to_string
+// prints 2.500000 and 1048576.000000). The shortest text that reads back as v: a float's
+// 0.7 is "0.7", not the double 0.699999988079071.
+std::string NumberText(double v);
+std::string NumberText(float v);
+
 // Result<T>: a T, or the Status that explains why there is none.
 template <typename T>
 class [[nodiscard]] Result {

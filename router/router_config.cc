@@ -304,7 +304,7 @@ Status Prepare(RouterConfig* c) {
   if (!(c->first_token_timeout_s > 0)) return InvalidArgument("--first-token-timeout-s must be > 0");
   if (!(c->admission_ttft_s >= 0) || c->admission_ttft_s > c->first_token_timeout_s) {
     return InvalidArgument("--admission-ttft-s must be between 0 and --first-token-timeout-s (" +
-                           std::to_string(c->first_token_timeout_s) + "): a request admitted beyond the timeout "
+                           NumberText(c->first_token_timeout_s) + "): a request admitted beyond the timeout "
                            "would time out (504) after its wait");
   }
   c->routing.admission_ttft_s = c->admission_ttft_s > 0

@@ -409,6 +409,7 @@ class RequestStream final : public ResponseSink {
  private:
   // One per choice (the worker's sequence of that index): its own detokenizer and stop strings.
   struct Choice {
+    Choice(std::unique_ptr<StreamDecoder> d, StopMatcher s) : decoder(std::move(d)), stops(std::move(s)) {}
     std::unique_ptr<StreamDecoder> decoder;
     StopMatcher stops;
     std::string text;     // not streamed: the answer so far
@@ -434,7 +435,7 @@ class RequestStream final : public ResponseSink {
         prompt_tokens_(prompt_tokens) {
     timings_.read = arrived;
     timings_.routed = routed;
-    for (uint32_t i = 0; i < req_.n; ++i) choices_.push_back(Choice{codec_->NewDecoder(), StopMatcher(req_.stop)});
+    for (uint32_t i = 0; i < req_.n; ++i) choices_.emplace_back(codec_->NewDecoder(), StopMatcher(req_.stop));
   }
 
   // The lane forwarding this request, and its handle there (for a stop string's cancel).

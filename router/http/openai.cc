@@ -1,7 +1,6 @@
 #include "router/http/openai.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -19,13 +18,6 @@ Status Bad(std::string message, std::string_view param) {
   return InvalidArgument(std::string(param) + "\x1f" + message);
 }
 
-// A bound as a client wrote it: 1048576, 0.5, 1e+15 (not std::to_string's 1048576.000000).
-std::string BoundText(double v) {
-  char buf[32];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, end);
-}
-
 // Reads an optional number field into *out; null counts as absent.
 template <typename T>
 Status ReadNumber(const json& j, const char* name, T* out, double lo, double hi, bool integer) {
@@ -36,7 +28,7 @@ Status ReadNumber(const json& j, const char* name, T* out, double lo, double hi,
   }
   double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
-    return Bad(std::string("'") + name + "' must be between " + BoundText(lo) + " and " + BoundText(hi), name);
+    return Bad(std::string("'") + name + "' must be between " + NumberText(lo) + " and " + NumberText(hi), name);
   }
   *out = static_cast<T>(integer ? static_cast<double>(it->get<int64_t>()) : v);
   if constexpr (std::is_integral_v<T>) {

@@ -52,3 +52,13 @@ TEST_CASE("Result works with move-only values") {
   std::unique_ptr<int> p = std::move(r).value();
   CHECK(*p == 7);
 }
+
+TEST_CASE("NumberText writes a number as a person does") {
+  CHECK(NumberText(0.0) == "0");
+  CHECK(NumberText(1048576.0) == "1048576");
+  CHECK(NumberText(2.5) == "2.5");
+  CHECK(NumberText(-2.0) == "-2");
+  CHECK(NumberText(0.7f) == "0.7");  // a float as a float: not 0.699999988079071
+  CHECK(NumberText(0.7) == "0.7");
+  CHECK(NumberText(1e15) == "1e+15");
+}

@@ -32,10 +32,10 @@ Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limit
   const SamplingOptions& s = request.sampling;
   if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
   if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
-    return InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(s.temperature));
+    return InvalidArgument("temperature must be a finite number >= 0, got " + NumberText(s.temperature));
   }
   if (!std::isfinite(s.top_p) || s.top_p <= 0.0f || s.top_p > 1.0f) {
-    return InvalidArgument("top_p must be in (0, 1], got " + std::to_string(s.top_p));
+    return InvalidArgument("top_p must be in (0, 1], got " + NumberText(s.top_p));
   }
   if (s.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off), got " + std::to_string(s.top_k));
   if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");

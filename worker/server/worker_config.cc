@@ -131,7 +131,7 @@ Status WorkerConfig::Validate() const {
   }
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
-                           std::to_string(max_step_ms));
+                           NumberText(max_step_ms));
   }
   // The rest of the attention rules need the model: backend::CheckAttentionOptions.
   for (int32_t w : max_attention_window) {
