@@ -1,8 +1,8 @@
 // CpuBackend: construction (weights, each rank's shard and KV arenas), LoRA slots, the fp32
-// forward pass (attention, layers, the rank group's all-reduces) and Execute. One file, over
-// 600 lines, because the rank's state (Rank, Row, RankCopier) is private to this file and
-// shared by all of those parts; the math itself lives in cpu_kernels.cc and the weights in
-// cpu_weights.cc. Thread-compatible (cpu_backend.h): the engine thread calls it.
+// forward pass (attention, layers, the rank group's all-reduces) and Execute.
+// One file over 600 lines because the rank's state (Rank, Row, RankCopier) is private to it
+// and shared by all of those parts; the math itself lives in cpu_kernels.cc and the weights
+// in cpu_weights.cc. Thread-compatible (cpu_backend.h): the engine thread calls it.
 #include "worker/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
