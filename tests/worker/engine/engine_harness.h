@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -76,13 +77,19 @@ struct Harness {
     engine = std::make_unique<Engine>(eo, backend.get(), kv.get(), &clock);
   }
 
-  RequestId Add(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7) {
+  // A greedy request (of adapter `lora`, "" for the base model).
+  Result<RequestId> TryAdd(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7,
+                           std::string lora = "") {
     GenerateRequest r;
     r.prompt = std::move(prompt);
     r.sampling.temperature = 0;
     r.sampling.seed = seed;
     r.sampling.max_tokens = max_tokens;
-    auto id = engine->Add(std::move(r), clock.Now());
+    r.lora = std::move(lora);
+    return engine->Add(std::move(r), clock.Now());
+  }
+  RequestId Add(std::vector<TokenId> prompt, uint32_t max_tokens, uint64_t seed = 7, std::string lora = "") {
+    auto id = TryAdd(std::move(prompt), max_tokens, seed, std::move(lora));
     REQUIRE_MESSAGE(id.ok(), id.status().ToString());
     return *id;
   }

@@ -42,19 +42,12 @@ struct Harness : testing::Harness {
   explicit Harness(int32_t max_loras, int64_t device_blocks = 256, uint32_t max_batch_size = 16)
       : testing::Harness(LoraOptions(max_loras, device_blocks, max_batch_size)) {}
 
+  // Requests by prompt length, tokens from `first` up.
   Result<RequestId> TryAdd(uint32_t prompt_len, uint32_t max_tokens, const std::string& lora, TokenId first = 1000) {
-    GenerateRequest r;
-    r.prompt = testing::Prompt(prompt_len, first);
-    r.sampling.temperature = 0;
-    r.sampling.seed = 7;
-    r.sampling.max_tokens = max_tokens;
-    r.lora = lora;
-    return engine->Add(std::move(r), clock.Now());
+    return testing::Harness::TryAdd(testing::Prompt(prompt_len, first), max_tokens, 7, lora);
   }
   RequestId Add(uint32_t prompt_len, uint32_t max_tokens, const std::string& lora = "", TokenId first = 1000) {
-    auto id = TryAdd(prompt_len, max_tokens, lora, first);
-    REQUIRE_MESSAGE(id.ok(), id.status().ToString());
-    return *id;
+    return testing::Harness::Add(testing::Prompt(prompt_len, first), max_tokens, 7, lora);
   }
   // Which adapter each running sequence uses, this step.
   std::map<std::string, int> Running() const {
