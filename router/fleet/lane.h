@@ -2,7 +2,7 @@
 // worker (Contract 3), and reads the workers' answers on that thread too: every sink call
 // happens there. The router runs one lane per HTTP I/O thread, so one thread reads a
 // request, routes it, sends it, reads the answer and writes it to the client, and no other
-// router thread wakes on the request path (docs/DESIGN.md, "Request path").
+// router thread wakes on the request path (router/README.md, "Threads and the request path").
 //
 // A request that fails before its first token (worker disconnected, said bye, declared dead,
 // overloaded or stopping or serving another model or no longer the adapter, a final Delta with finish error or

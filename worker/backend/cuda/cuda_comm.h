@@ -2,7 +2,7 @@
 // one object for the N ranks of one worker process, each rank a thread with its own stream.
 //
 // Two implementations, chosen by the ranks' devices (CudaComm::Make):
-//   - NCCL over N distinct GPUs: ncclCommInitAll from this one process (DESIGN.md: one
+//   - NCCL over N distinct GPUs: ncclCommInitAll from this one process (worker/backend/README.md: one
 //     worker process, one thread per GPU). NCCL_NVLS_ENABLE is set to 0 unless the
 //     environment sets it: NVLink multicast stays off.
 //   - Same device, for tests on one GPU (NCCL refuses two ranks on one device): each rank
