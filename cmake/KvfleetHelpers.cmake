@@ -52,10 +52,12 @@ function(kvfleet_test)
 endfunction()
 
 # kvfleet_bench(NAME name SOURCES ... [DEPS ...]): a benchmark program. Benchmarks print
-# their figures; they are not tests and ctest does not run them.
+# their figures; they are not tests and ctest does not run them, so they are left out of the
+# default build: target kvfleet_benches builds them all (tests/bench/run.sh, deploy/bundle.sh).
 function(kvfleet_bench)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;DEPS" ${ARGN})
-  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  add_executable(${ARG_NAME} EXCLUDE_FROM_ALL ${ARG_SOURCES})
+  set_property(GLOBAL APPEND PROPERTY KVFLEET_BENCHES ${ARG_NAME})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
   target_compile_options(${ARG_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KVFLEET_WARNINGS}>)

@@ -17,6 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$(cd "${1:-$ROOT/build}" && pwd)"
 OUT="${2:-$ROOT/.bundle/kvfleet}"
 command -v patchelf >/dev/null || { echo "bundle: patchelf missing (deploy/install-deps.sh installs it)" >&2; exit 1; }
+# The default build leaves the benchmarks out; the bundle carries them.
+cmake --build "$BUILD" --target all kvfleet_benches
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"

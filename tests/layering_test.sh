@@ -34,16 +34,17 @@ RULES=(
   "cli: common common/http schema tokenizer worker/model cli"
 )
 
-# The room of a repository path: two levels under worker/, router/ and common/http, else one.
+# The room of a repository path, into ROOM: two levels under worker/, router/ and common/http,
+# else one. It sets a variable rather than printing, so the loops below fork nothing per include.
 room_of() {
-  local p="$1" top="${1%%/*}" rest="${1#*/}"
+  local top="${1%%/*}" rest="${1#*/}"
   case "$top" in
     worker|router)
       local second="${rest%%/*}"
-      if [ "$second" != "$rest" ] && [ -d "$top/$second" ]; then echo "$top/$second"; else echo "$top"; fi ;;
+      if [ "$second" != "$rest" ] && [ -d "$top/$second" ]; then ROOM="$top/$second"; else ROOM="$top"; fi ;;
     common)
-      case "$rest" in http/*) echo "common/http" ;; *) echo "common" ;; esac ;;
-    *) echo "$top" ;;
+      case "$rest" in http/*) ROOM="common/http" ;; *) ROOM="common" ;; esac ;;
+    *) ROOM="$top" ;;
   esac
 }
 
@@ -55,28 +56,35 @@ done
 
 violations=0
 checked=0
-while IFS= read -r file; do
-  from="$(room_of "$file")"
-  allowed="${ALLOWED[$from]:-}"
-  if [ -z "$allowed" ]; then
-    echo "layering: $file is in room '$from', which has no rule in tests/layering_test.sh"
+mapfile -t FILES < <(git ls-files --cached --others --exclude-standard -- common schema kernels tokenizer worker router cli 2>/dev/null |
+                     grep -E '\.(h|cc|cu|cuh)$')
+declare -A FILE_ROOM
+for file in "${FILES[@]}"; do
+  room_of "$file"
+  FILE_ROOM["$file"]="$ROOM"
+  if [ -z "${ALLOWED[$ROOM]:-}" ]; then
+    echo "layering: $file is in room '$ROOM', which has no rule in tests/layering_test.sh"
     violations=$((violations + 1))
-    continue
   fi
-  while IFS= read -r inc; do
-    checked=$((checked + 1))
-    top="${inc%%/*}"
-    # Only the project's own rooms; system and library headers are not ours to police.
-    [ -e "$top" ] || [ "$top" = "schema" ] || continue
-    [ -d "$top" ] || continue
-    to="$(room_of "$inc")"
-    case "$allowed" in *" $to "*) ;; *)
-      echo "layering: $file includes \"$inc\": room '$from' may not include '$to'"
-      violations=$((violations + 1)) ;;
-    esac
-  done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/p' "$file" | grep '/')
-done < <(git ls-files --cached --others --exclude-standard -- common schema kernels tokenizer worker router cli 2>/dev/null |
-         grep -E '\.(h|cc|cu|cuh)$')
+done
+# Every quoted include with a folder in it, as "file:path", in one pass over the files.
+while IFS= read -r line; do
+  file="${line%%:*}"
+  inc="${line#*:}"
+  from="${FILE_ROOM[$file]}"
+  allowed="${ALLOWED[$from]:-}"
+  [ -n "$allowed" ] || continue
+  checked=$((checked + 1))
+  top="${inc%%/*}"
+  # Only the project's own rooms; system and library headers are not ours to police.
+  [ -d "$top" ] || continue
+  room_of "$inc"
+  case "$allowed" in *" $ROOM "*) ;; *)
+    echo "layering: $file includes \"$inc\": room '$from' may not include '$ROOM'"
+    violations=$((violations + 1)) ;;
+  esac
+done < <([ ${#FILES[@]} -eq 0 ] || grep -HE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[^"]*/[^"]*"' "${FILES[@]}" |
+         sed -nE 's/^([^:]+):[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1:\2/p')
 
 if [ "$checked" -eq 0 ]; then
   echo "layering: no includes checked (is $ROOT a kvfleet checkout?)"

@@ -155,9 +155,11 @@ TEST_CASE("chunked attention agrees with the cpu backend") {
 // The engine on the cuda backend streams a million tokens with sinks 4 and a window of 256
 // (B = 64) in a KV cache of exactly its per-sequence bound: MaxSequenceBlocks = 1 sink block
 // + ceil(255 / 64) + 1 + 4 first-window blocks held until the window passes them = 10.
-// KVFLEET_STREAMING_TOKENS changes the count (default 1,048,576).
+// A full device run (KVFLEET_GPU_FULL=1) streams 1,048,576 tokens (about 460 s on an H200);
+// otherwise 65,536 (the window passes over 256 times, about 30 s). KVFLEET_STREAMING_TOKENS
+// sets the count outright.
 TEST_CASE("a 1M-token StreamingLLM generation on the cuda backend stays within its block bound") {
-  uint32_t tokens = 1u << 20;
+  uint32_t tokens = GpuFullRun() ? 1u << 20 : 1u << 16;
   if (const char* e = std::getenv("KVFLEET_STREAMING_TOKENS"); e != nullptr && *e != 0) tokens = std::stoul(e);
   constexpr uint32_t kPrompt = 300;
   backend::BackendOptions o;

@@ -27,6 +27,13 @@ namespace kvfleet::testing {
 // against the cpu backend (tests/bench/results/).
 inline constexpr float kBf16Tolerance = 0.2f;
 
+// KVFLEET_GPU_FULL=1 (tests/gpu/run.sh sets it for a full device run): the long cases run at
+// full length (the 1M-token stream). Otherwise the suite fits one 10-minute device call.
+inline bool GpuFullRun() {
+  const char* e = std::getenv("KVFLEET_GPU_FULL");
+  return e != nullptr && std::string(e) == "1";
+}
+
 inline std::string DataDir() {
   const char* d = std::getenv("KVFLEET_TEST_DATA");
   return d != nullptr && *d != 0 ? std::string(d) : TestDataDir();

@@ -8,6 +8,9 @@
 #                  test, bench.txt, and sanitizer logs
 #   KVFLEET_GPU_SANITIZERS="memcheck racecheck"  compute-sanitizer tools run over each GPU test
 #                                                ("" for none)
+#   KVFLEET_GPU_FULL=1                           the long cases at full length (the 1M-token
+#                                                stream, about 8 more minutes on an H200);
+#                                                without it the tests fit one 10-minute call
 #   KVFLEET_GPU_BENCH=0                          skip the benchmarks
 #   KVFLEET_BENCH_ARGS="--quick"                 arguments for the kernel bench
 #   KVFLEET_BENCH_MODEL=DIR                      also run cuda_backend_bench over that model

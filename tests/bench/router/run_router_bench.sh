@@ -30,6 +30,7 @@ BUILD="${1:-build}"
 PORT="${KVFLEET_BENCH_PORT:-18800}"
 SECONDS_EACH="${KVFLEET_BENCH_SECONDS:-10}"
 REPEAT="${KVFLEET_BENCH_REPEAT:-1}"
+[ -x "$BUILD/bench/router_loadgen" ] || cmake --build "$BUILD" --target router_loadgen
 ROUTER_BIN="${KVFLEET_ROUTER_BIN:-$BUILD/router/kvfleet-router}"
 WORKER_BIN="${KVFLEET_WORKER_BIN:-$BUILD/worker/kvfleet-worker}"
 dir="$(mktemp -d)"
