@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a Mooncake-format trace (../shared/workloads/README.md) of multi-turn conversations.
+"""Writes a Mooncake-format trace (tests/bench/traces/README.md) of multi-turn conversations.
 
 Conversations start as a Poisson process (`--rate` per second). Each opens with one of a few
 shared system prompts (`--system-prompts` of `--system-blocks` 512-token trace blocks, chosen

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a Mooncake-format trace (../shared/workloads/README.md) in which every request
+"""Writes a Mooncake-format trace (tests/bench/traces/README.md) in which every request
 starts with one of a few shared system prompts, followed by a user message of its own.
 
 Each system prompt is `--system-blocks` trace blocks (512 tokens each before `kvfleet bench
