@@ -59,9 +59,10 @@ Action AddTokenizeCommand(CLI::App& parent) {
     while (std::getline(std::cin, line)) {
       std::string text = line;
       if (args->chat) {
-        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        nlohmann::json messages = j.is_object() && j.contains("messages") ? j["messages"] : j;
-        nlohmann::json extra = nlohmann::json::object();
+        // Ordered, so the template sees each object's keys as the line gives them.
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
+        nlohmann::ordered_json messages = j.is_object() && j.contains("messages") ? j["messages"] : j;
+        nlohmann::ordered_json extra = nlohmann::ordered_json::object();
         if (j.is_object()) {
           for (auto it = j.begin(); it != j.end(); ++it) {
             if (it.key() != "messages") extra[it.key()] = it.value();

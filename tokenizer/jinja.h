@@ -29,9 +29,10 @@ class Template {
  public:
   static Result<std::shared_ptr<const Template>> Parse(std::string_view source);
   ~Template();
-  // `context` is a JSON object: its members become the template's variables.
-  // raise_exception(msg) and strftime_now(fmt) are always defined.
-  Result<std::string> Render(const nlohmann::json& context) const;
+  // `context` is a JSON object: its members become the template's variables, objects with
+  // their keys in the order given. raise_exception(msg) and strftime_now(fmt) are always
+  // defined.
+  Result<std::string> Render(const nlohmann::ordered_json& context) const;
 
  private:
   Template();

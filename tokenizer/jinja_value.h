@@ -21,7 +21,9 @@
 
 namespace kvfleet::tok::jinja {
 
-using json = nlohmann::json;
+// Objects keep their keys in input order, as Python's dicts do for transformers' templates
+// (nlohmann::json would sort them, and tojson and items() would print them sorted).
+using json = nlohmann::ordered_json;
 
 // Render errors travel as exceptions inside the engine and become a Status at Render.
 struct RenderError : std::runtime_error {

@@ -92,7 +92,7 @@ class TokenizerImpl {
   std::optional<TokenId> bos_id;
   std::vector<TokenId> eos_ids;
   size_t vocab_size = 0;
-  json special_context = json::object();  // bos_token, eos_token, ... for chat templates
+  nlohmann::ordered_json special_context = nlohmann::ordered_json::object();  // bos_token, eos_token, ... for chat templates
   std::shared_ptr<const jinja::Template> chat_template;
   std::string chat_template_error;
   std::string chat_template_source;
@@ -475,15 +475,15 @@ std::string Tokenizer::Decode(std::span<const TokenId> ids, const DecodeOptions&
   return impl_->Decode(ids, options);
 }
 
-Result<std::string> Tokenizer::ApplyChatTemplate(const json& messages, bool add_generation_prompt,
-                                                 const json& extra_context) const {
+Result<std::string> Tokenizer::ApplyChatTemplate(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                                 const nlohmann::ordered_json& extra_context) const {
   if (!impl_->chat_template) {
     if (!impl_->chat_template_error.empty()) return Unimplemented("chat_template: " + impl_->chat_template_error);
     return FailedPrecondition(
         "the model has no chat template (none in chat_template.jinja, chat_template.json or tokenizer_config.json)");
   }
   if (!messages.is_array()) return InvalidArgument("messages must be a JSON array");
-  json context = impl_->special_context;
+  nlohmann::ordered_json context = impl_->special_context;
   context["messages"] = messages;
   context["add_generation_prompt"] = add_generation_prompt;
   if (extra_context.is_object()) {

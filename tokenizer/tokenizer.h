@@ -92,10 +92,13 @@ class Tokenizer {
   std::string Decode(std::span<const TokenId> ids, const DecodeOptions& options) const;
 
   // Renders the chat template. messages: [{"role":..,"content":..}, ...]. extra_context adds
-  // variables (tools, date_string, enable_thinking, ...). FailedPrecondition when the model
-  // has no template; Unimplemented when its template did not parse.
-  Result<std::string> ApplyChatTemplate(const nlohmann::json& messages, bool add_generation_prompt,
-                                        const nlohmann::json& extra_context = nlohmann::json::object()) const;
+  // variables (tools, date_string, enable_thinking, ...). Objects keep their key order, so
+  // `tojson` prints them as transformers does; an nlohmann::json argument has lost its
+  // input order already (its objects are sorted). FailedPrecondition when the model has no
+  // template; Unimplemented when its template did not parse.
+  Result<std::string> ApplyChatTemplate(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                        const nlohmann::ordered_json& extra_context =
+                                            nlohmann::ordered_json::object()) const;
   bool has_chat_template() const;
   // Where the chat template came from: "chat_template.jinja", "chat_template.json",
   // "tokenizer_config.json", "override" (LoadOptions), or "" (none).

@@ -58,6 +58,20 @@ TEST_CASE("expressions, tests and string methods follow the reference") {
   CHECK(Render("{% macro greet(name, punct='!') %}hi {{ name }}{{ punct }}{% endmacro %}{{ greet('bob') }}") == "hi bob!");
 }
 
+// Regression: template variables went through nlohmann::json, which sorts object keys, so
+// `tojson` and items() printed {"content": ..., "role": ...} where transformers prints the
+// keys as the message gave them.
+TEST_CASE("objects keep their keys in the order given: tojson, items() and for loops") {
+  auto t = Template::Parse(
+      "{{ m | tojson }}|{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}|{% for k in m %}{{ k }}{% endfor %}");
+  REQUIRE(t.ok());
+  auto out = (*t)->Render(nlohmann::ordered_json::parse(R"({"m": {"role": "user", "content": "hi", "name": "x"}})"));
+  REQUIRE_MESSAGE(out.ok(), out.status().ToString());
+  CHECK(*out == R"({"role": "user", "content": "hi", "name": "x"}|role=user;content=hi;name=x;|rolecontentname)");
+  // sort_keys still sorts, as Python's json.dumps does.
+  CHECK(Render("{{ m | tojson(sort_keys=true) }}", {{"m", {{"b", 1}, {"a", 2}}}}) == R"({"a": 2, "b": 1})");
+}
+
 TEST_CASE("raise_exception and unsupported constructs fail with a message naming them") {
   auto t = Template::Parse("{{ raise_exception('no system role') }}");
   REQUIRE(t.ok());

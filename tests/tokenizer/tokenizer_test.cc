@@ -240,6 +240,20 @@ TEST_CASE("chat template precedence: chat_template.jinja, then chat_template.jso
   CHECK(dir.Render({.chat_template = "override:{{ messages[0].content }}"}) == "override:hi from override");
 }
 
+// Regression: ApplyChatTemplate took nlohmann::json, whose objects are sorted by key, so a
+// template's tojson of a message differed from transformers'.
+TEST_CASE("ApplyChatTemplate keeps each message's keys in the order given") {
+  TemplateDir dir("order");
+  dir.Write("chat_template.jinja", "{% for m in messages %}{{ m | tojson }}{% endfor %}");
+  auto tok = Tokenizer::Load(dir.path.string());
+  REQUIRE(tok.ok());
+  auto text = (*tok)->ApplyChatTemplate(
+      nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi", "name": "ann"}])"), false,
+      nlohmann::ordered_json::parse(R"({"tools": [{"type": "function", "function": {"name": "f"}}]})"));
+  REQUIRE_MESSAGE(text.ok(), text.status().ToString());
+  CHECK(*text == R"({"role": "user", "content": "hi", "name": "ann"})");
+}
+
 TEST_CASE("a template file is found without any in tokenizer_config.json") {
   TemplateDir dir("jinja-only");
   dir.Write("tokenizer_config.json", "{}");
