@@ -21,12 +21,9 @@ namespace {
 }  // namespace
 
 std::vector<std::string> TinyReferenceModels(const std::string& dir) {
-  std::vector<std::string> names = {"tiny", "tiny-qwen2", "tiny-mistral"};
-  if (Reference::Exists(dir, "tiny-qwen3")) {
-    names.push_back("tiny-qwen3");
-  } else {
-    MESSAGE(dir << "/tiny-qwen3.json is missing: Qwen3 (q_norm/k_norm, head_dim 64, YaRN) is not compared with "
-                   "transformers (make it with tests/gpu/make_reference.py, tests/data/model/README.md)");
+  std::vector<std::string> names = {"tiny", "tiny-qwen2", "tiny-mistral", "tiny-qwen3"};
+  for (const std::string& name : names) {
+    if (!Reference::Exists(dir, name)) Die(dir + "/" + name + ".json is missing (tests/data/model/README.md)");
   }
   return names;
 }

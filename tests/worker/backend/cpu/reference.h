@@ -14,8 +14,7 @@
 namespace kvfleet::testing {
 
 // The tiny models with HF references in tests/data/model: tiny, tiny-qwen2, tiny-mistral,
-// and tiny-qwen3 once its fixture is there (made on the GPU machine; until then a MESSAGE
-// says it is not compared).
+// tiny-qwen3. A missing fixture stops the test, naming it.
 std::vector<std::string> TinyReferenceModels(const std::string& dir);
 
 struct Reference {
