@@ -47,7 +47,7 @@ class Registry;
 
 namespace kvfleet::router {
 
-class FaultInjector;  // router/events/fault_injection.h; tests only.
+class FaultInjector;  // router/events/fault_injection.h
 
 struct WorkerEndpoints {
   std::string events;  // the worker's PUB, tcp://host:port
@@ -85,7 +85,9 @@ struct EventPlaneOptions {
   // ZMQ receive high-water mark of the SUB socket (messages).
   int sub_rcvhwm = 100'000;
   EventPlaneCurve curve;
-  // Tests only: disturbs live batches between the SUB socket and the state machines.
+  // Set: disturbs live batches between the SUB socket and the state machines (drops,
+  // duplicates, reorders). Tests set it, and so does the router's --debug-drop-events F (drops
+  // only, for testing recovery against a real fleet); null otherwise.
   std::shared_ptr<FaultInjector> fault_injector;
 };
 

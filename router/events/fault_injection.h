@@ -1,6 +1,7 @@
 // FaultInjector: disturbs live event batches between the router's SUB socket and the
 // subscriber state machines, as a lossy network would: drops, duplicates, and reorders
-// within a window. Tests only (EventPlaneOptions::fault_injector); production leaves it null.
+// within a window. Set through EventPlaneOptions::fault_injector by tests, and by the
+// router's --debug-drop-events F (drops only); null otherwise.
 //
 // Held batches are released after max_hold even when no more traffic comes, so a test that
 // stops its traffic still sees every batch that was not dropped.

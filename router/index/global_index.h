@@ -16,7 +16,8 @@
 //   - a predicted table hash -> [(worker, expiry)] (the slot counts its holders).
 //   - per worker, a reverse list: every hash the worker gained state on in this shard,
 //     appended when it gains it and compacted (stale and duplicate hashes dropped) once it
-//     is over twice the worker's live entries, so RemoveWorker costs O(its own blocks).
+//     is over four times the worker's live entries plus 32 (shard_table.h: kCompactFactor,
+//     kCompactSlack), so RemoveWorker costs O(its own blocks).
 //
 // Memory per (block, worker) entry (the budget; bench section 3 measures it): a block's
 // slot is 32 bytes / load (0.375..0.75) = 43..85 bytes, shared by its holders; each holder
@@ -28,8 +29,10 @@
 // 1,024-block prefixes held by all 64 workers).
 //
 // Windows: the index holds one tier set per (block, worker). EventPlane indexes only the
-// events of the pool it routes on (full attention, or the largest window when every pool
-// is windowed; see router/events/event_plane.h), so windowSize does not appear here.
+// events of one pool per worker, the one IndexedWindow (schema/registration.h) picks from
+// its Hello: the pool storing the shortest prefix, the smaller window on ties, full
+// attention when the Hello lists no pool (or --routing-window-size for every worker), so
+// windowSize does not appear here.
 //
 // Invariants (CheckInvariants() asserts them):
 //   1. A slot is in use iff its LRU stamp is non-zero; an in-use slot has a holder (a mask

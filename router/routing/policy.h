@@ -1,10 +1,12 @@
 // Routing policies: which worker of a model's fleet gets a request.
 //
-// The caller (router/http) builds one Candidate per live worker serving the model: how
-// many of the prompt's leading blocks that worker holds (from the global index, events
-// plus the router's predicted entries) and its load (its reports blended with the
-// router's own in-flight counts). Picker::Pick chooses among them. The cost model of the
-// `kv` policy and every constant are explained in router/routing/README.md.
+// Router::Route (router.h) builds one Candidate per routable worker of the model's fleet
+// that serves the request's LoRA adapter: how many of the prompt's leading blocks that
+// worker holds (from the policy's index: the global index's events plus the router's
+// predicted entries; for `approx` the predicted entries alone; none for round_robin and
+// least_loaded) and its load (its reports blended with the router's own in-flight counts).
+// Picker::Pick chooses among them. The cost model of the `kv` policy and every constant are
+// explained in router/routing/README.md.
 //
 // Thread safety: Picker is thread-safe (round-robin state is atomic; kv's softmax draw
 // and the dynamo and llmd policies' random draws take a mutex).
