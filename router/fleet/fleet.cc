@@ -429,9 +429,7 @@ void Fleet::Submit(uint64_t handle, ForwardRequest request) { impl_->Submit(hand
 void Fleet::Cancel(uint64_t handle) { impl_->Cancel(handle); }
 std::unique_ptr<Lane> Fleet::NewLane(LaneLoop* loop) { return impl_->NewLane(loop); }
 std::optional<ModelFleet> Fleet::FindModel(std::string_view model) const { return impl_->FindModel(model); }
-std::optional<ModelFleet> Fleet::FindAdapter(std::string_view name, std::string* base_model) const {
-  return impl_->FindAdapter(name, base_model);
-}
+std::optional<ServedModel> Fleet::Resolve(std::string_view name) const { return impl_->Resolve(name); }
 void Fleet::NoteAdapter(WorkerId worker, const LoraAnnounce& adapter, bool loaded) {
   impl_->NoteAdapter(worker, adapter, loaded);
 }
@@ -439,6 +437,7 @@ std::optional<double> Fleet::AdapterLoadSeconds(WorkerId worker, uint64_t lora_i
   return impl_->AdapterLoadSeconds(worker, lora_id);
 }
 std::vector<std::string> Fleet::LiveModels() const { return impl_->LiveModels(); }
+std::vector<ModelReadiness> Fleet::Readiness() const { return impl_->Readiness(); }
 bool Fleet::Ready() const { return impl_->Ready(); }
 std::vector<WorkerStatus> Fleet::Workers() const { return impl_->Workers(); }
 std::vector<RefusedWorker> Fleet::Refused() const { return impl_->Refused(); }

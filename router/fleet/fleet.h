@@ -164,6 +164,28 @@ struct ModelFleet {
   bool needs_tokenizer = false;
 };
 
+// A request's `model` resolved (Fleet::Resolve): a model's name, else a LoRA adapter's (as
+// in vLLM), which selects the adapter over its base model. A name that is both is the model.
+struct ServedModel {
+  ModelFleet fleet;   // the workers serving it; an adapter's: those of its base model serving it
+  std::string model;  // the (base) model
+  std::string lora;   // the adapter; empty: the base model
+};
+
+// One known model's state, for GET /ready: "serving" with a routable worker, else "unavailable".
+struct ModelReadiness {
+  std::string model;
+  size_t workers = 0;   // known, not removed
+  size_t routable = 0;  // of those, routable now
+};
+// The readiness rule (Fleet::Ready, GET /ready): some model has a routable worker.
+inline bool AnyServing(const std::vector<ModelReadiness>& models) {
+  for (const ModelReadiness& m : models) {
+    if (m.routable > 0) return true;
+  }
+  return false;
+}
+
 // A registration the fleet refused, latest per requests endpoint; gone once that endpoint
 // is accepted or says bye.
 struct RefusedWorker {
@@ -215,18 +237,19 @@ class Fleet final : public WorkerLoads {
 
   // nullopt: no worker has ever announced `model`.
   std::optional<ModelFleet> FindModel(std::string_view model) const;
-  // The LoRA adapter `name`: the fleet of its base model (the model of the workers whose
-  // Hello lists it), with workers and routable counting only the workers serving it, and
-  // *base_model set. nullopt: no known worker serves an adapter of that name. When workers
-  // of several models announce the same name, the first model (by name) with a routable
-  // worker serving it wins.
-  std::optional<ModelFleet> FindAdapter(std::string_view name, std::string* base_model) const;
+  // What a request's `model` names (ServedModel): a model, else a LoRA adapter. nullopt:
+  // neither is known. The one place that rule lives: completions, /tokenize, /v1/models and
+  // the LoRA API all resolve names here.
+  std::optional<ServedModel> Resolve(std::string_view name) const;
   // Records the outcome of a run-time LoadLora (`loaded`) or UnloadLora on `worker` at
   // once, ahead of its next Hello (which replaces its list).
   void NoteAdapter(WorkerId worker, const LoraAnnounce& adapter, bool loaded);
   // Models with at least one routable worker.
   std::vector<std::string> LiveModels() const;
-  // True when every known model has a routable worker (and there is at least one).
+  // Each known model (one with a worker not removed), by name, with its worker counts.
+  std::vector<ModelReadiness> Readiness() const;
+  // This router can serve: some model has a routable worker (GET /ready's 200). A model
+  // without one is refused on its own (503), while the others serve.
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
   std::vector<RefusedWorker> Refused() const;

@@ -84,10 +84,11 @@ class FleetImpl final : public LaneFleet {
   // --- the Fleet's queries ---
 
   std::optional<ModelFleet> FindModel(std::string_view model) const;
-  std::optional<ModelFleet> FindAdapter(std::string_view name, std::string* base_model) const;
+  std::optional<ServedModel> Resolve(std::string_view name) const;
   void NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded);
   std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
   std::vector<std::string> LiveModels() const;
+  std::vector<ModelReadiness> Readiness() const;
   bool Ready() const;
   std::vector<WorkerStatus> Workers() const;
   std::vector<RefusedWorker> Refused() const;

@@ -1,6 +1,6 @@
-// FleetImpl's answers to the router (fleet_impl.h): a model's or an adapter's routable
-// workers, readiness, the /fleet view, and each worker's load and cache geometry. The
-// registry they read is kept in fleet.cc.
+// FleetImpl's answers to the router (fleet_impl.h): what a request's model name resolves to
+// and its routable workers, readiness, the /fleet view, and each worker's load and cache
+// geometry. The registry they read is kept in fleet.cc.
 //
 // Thread safety: thread-safe, as FleetImpl.
 #include <algorithm>
@@ -48,16 +48,20 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
   return f;
 }
 
-std::optional<ModelFleet> FleetImpl::FindAdapter(std::string_view name, std::string* base_model) const {
-  if (name.empty()) return std::nullopt;
+std::optional<ServedModel> FleetImpl::Resolve(std::string_view name) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  std::optional<ModelFleet> found;
+  if (auto it = models_.find(std::string(name)); it != models_.end()) {
+    return ServedModel{FleetOf(it->second, ""), it->first, ""};
+  }
+  if (name.empty()) return std::nullopt;
+  // An adapter that workers of several models announce: the first model (by name) with a
+  // routable worker serving it.
+  std::optional<ServedModel> found;
   for (const auto& [model, entry] : models_) {
     ModelFleet f = FleetOf(entry, name);
     if (f.workers == 0) continue;
-    if (!found || (found->routable.empty() && !f.routable.empty())) {
-      found = std::move(f);
-      if (base_model != nullptr) *base_model = model;
+    if (!found || (found->fleet.routable.empty() && !f.routable.empty())) {
+      found = ServedModel{std::move(f), model, std::string(name)};
     }
   }
   return found;
@@ -104,21 +108,22 @@ std::vector<std::string> FleetImpl::LiveModels() const {
   return out;
 }
 
-bool FleetImpl::Ready() const {
+std::vector<ModelReadiness> FleetImpl::Readiness() const {
+  std::vector<ModelReadiness> out;
   std::shared_lock<std::shared_mutex> lock(mu_);
-  size_t ready = 0, known = 0;
   for (const auto& [name, m] : models_) {
-    bool any_member = false, live = false;
+    ModelReadiness r{name, 0, 0};
     for (WorkerId id : m.members) {
       if (workers_[id]->removed.load()) continue;
-      any_member = true;
-      live = live || Routable(*workers_[id]);
+      ++r.workers;
+      r.routable += Routable(*workers_[id]) ? 1 : 0;
     }
-    known += any_member;
-    ready += any_member && live;
+    if (r.workers > 0) out.push_back(std::move(r));
   }
-  return known > 0 && ready == known;
+  return out;
 }
+
+bool FleetImpl::Ready() const { return AnyServing(Readiness()); }
 
 std::vector<RefusedWorker> FleetImpl::Refused() const {
   std::shared_lock<std::shared_mutex> lock(mu_);

@@ -1,10 +1,10 @@
 // The router's HTTP API: OpenAI /v1/completions, /v1/chat/completions and /v1/models, and
 // the operator's /health, /ready, /metrics and /fleet, on the common HTTP server.
 //
-// A completion request is parsed (router/http/openai.h), tokenized, routed
-// (router/routing/router.h) and forwarded (router/fleet); the answer streams
-// back as SSE or is returned whole. A client that disconnects cancels its request on the
-// worker.
+// A completion request is parsed (openai.h), tokenized and given its GenerateParams
+// (completion_params.h), admitted, routed and sent (router/routing/dispatch.h), and answered
+// by its CompletionStream (completion_stream.h) as SSE or whole. A client that disconnects
+// cancels its request on the worker. /fleet, /v1/models and /ready: operator_api.h.
 //
 // Thread safety: thread-safe; handlers run on the HTTP I/O threads. Each I/O thread has
 // its own forwarding lane (router/fleet/lane.h, kept as the thread's attachment), so a
@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "router/fleet/fleet.h"
 #include "router/http/codec.h"
+#include "router/http/completion_stream.h"  // kWorkerHeader
 #include "router/http/lora_api.h"
 #include "router/http/openai.h"
 #include "router/routing/router.h"
@@ -32,10 +33,6 @@ class Registry;
 }
 
 namespace kvfleet::router {
-
-// Response header naming the worker that served (or failed) a completion: its announced
-// name, as in the body's "kvfleet.worker". Absent when no worker was reached.
-inline constexpr std::string_view kWorkerHeader = "x-kvfleet-worker";
 
 struct ApiOptions {
   std::vector<std::string> api_keys;        // empty: no authentication

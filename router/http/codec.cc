@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "router/http/json_body.h"
 
 namespace kvfleet::router {
 
@@ -26,11 +25,9 @@ class ByteCodec final : public TextCodec {
   // A plain-text template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n". It has
   // no variables, so chat_template_kwargs change nothing here (as in a Jinja template that
   // reads none of them).
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
                                           const ChatTemplateOptions& options) const override {
-    auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
-    if (!parsed.ok() || !parsed->is_array()) return InvalidArgument("messages must be an array");
-    const nlohmann::json& messages = *parsed;
+    if (!messages.is_array()) return InvalidArgument("messages must be an array");
     std::string text;
     for (const auto& m : messages) {
       text += "<|" + m.value("role", std::string("user")) + "|>\n";

@@ -15,6 +15,8 @@
 #include <span>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/block_hash.h"
 #include "common/status.h"
 
@@ -44,14 +46,15 @@ class TextCodec {
   // The same without special tokens (/tokenize with add_special_tokens false). Default: as
   // EncodePrompt, for codecs that add none.
   virtual Result<std::vector<TokenId>> EncodeText(std::string_view text) const { return EncodePrompt(text); }
-  // A chat: `messages_json` is the validated OpenAI messages array. FailedPrecondition:
-  // the model has no chat template; Unimplemented: its template does not parse; both are
-  // the server's problem, not the request's. InvalidArgument: the options do not fit the
-  // messages (continue_final_message without a final message text to continue).
-  virtual Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+  // A chat: `messages` is the validated OpenAI messages array (ValidateChatMessages), as
+  // the request's parse left it. FailedPrecondition: the model has no chat template;
+  // Unimplemented: its template does not parse; both are the server's problem, not the
+  // request's. InvalidArgument: the options do not fit the messages (continue_final_message
+  // without a final message text to continue).
+  virtual Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
                                                   const ChatTemplateOptions& options) const = 0;
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json) const {
-    return EncodeChat(messages_json, ChatTemplateOptions{});
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages) const {
+    return EncodeChat(messages, ChatTemplateOptions{});
   }
   // Ids back to text, special tokens kept (/detokenize). Default: through NewDecoder.
   virtual std::string Decode(std::span<const TokenId> ids) const;

@@ -97,14 +97,15 @@ void LoraApi::Count(bool load, std::string_view outcome) {
 
 std::optional<ApiError> LoraApi::Resolve(const LoraAdapterRequest& req, std::string* model,
                                          std::vector<Target>* targets) const {
-  if (fleet_->FindModel(req.lora_name)) {
+  const std::optional<ServedModel> named = fleet_->Resolve(req.lora_name);
+  if (named && named->lora.empty()) {
     return BadRequest("lora_name '" + req.lora_name + "' is the name of a model: an adapter needs a name of its own",
                       "lora_name");
   }
   *model = req.model;
-  if (model->empty() && !req.load) {
+  if (model->empty() && !req.load && named) {
     // An unload names the adapter: its base model is the one whose workers serve it.
-    fleet_->FindAdapter(req.lora_name, model);
+    *model = named->model;
   }
   if (model->empty()) {
     const std::vector<std::string> live = fleet_->LiveModels();

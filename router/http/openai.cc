@@ -96,7 +96,7 @@ Status ParseRetention(const json& j, Retention* out) {
   return Status::Ok();
 }
 
-Status ParseMessages(const json& j, std::string* out) {
+Status ValidateMessages(const json& j) {
   if (!j.is_array() || j.empty()) return Bad("'messages' must be a non-empty array", "messages");
   for (const json& m : j) {
     if (!m.is_object()) return Bad("each message must be an object", "messages");
@@ -122,7 +122,6 @@ Status ParseMessages(const json& j, std::string* out) {
       return Bad("'content' must be a string or an array of text parts", "messages");
     }
   }
-  *out = DumpJson(j);  // j.dump()'s text
   return Status::Ok();
 }
 
@@ -281,7 +280,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   if (chat) {
     auto messages = j.find("messages");
     if (messages == j.end()) return Bad("'messages' is required", "messages");
-    KVF_RETURN_IF_ERROR(ParseMessages(*messages, &r.messages_json));
+    KVF_RETURN_IF_ERROR(ValidateMessages(*messages));
+    r.messages = std::move(*messages);  // parsed once: the codec renders this value
   } else if (!prompt_taken) {
     auto prompt = j.find("prompt");
     if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
@@ -397,7 +397,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   return r;
 }
 
-Status ParseChatMessages(const json& messages, std::string* out) { return ParseMessages(messages, out); }
+Status ValidateChatMessages(const json& messages) { return ValidateMessages(messages); }
 
 std::string_view FinishReasonText(FinishReason reason) {
   switch (reason) {

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/clock.h"
 #include "common/status.h"
@@ -54,7 +54,7 @@ struct CompletionRequest {
   std::string model;
   std::optional<std::string> prompt_text;  // completions, a string prompt
   std::vector<TokenId> prompt_tokens;      // completions, a token-id prompt
-  std::string messages_json;               // chat: the messages array, as JSON text
+  nlohmann::json messages;                 // chat: the validated messages array
   std::optional<uint32_t> max_tokens;      // max_tokens / max_completion_tokens
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -98,9 +98,9 @@ struct RequestLimits {
 
 // Parses and validates a request body. `chat` selects the chat schema.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
-// Validates an OpenAI messages array (text parts only) into *out as JSON text; errors as
-// ParseCompletionRequest's (param "messages"). For /tokenize's chat form.
-Status ParseChatMessages(const nlohmann::json& messages, std::string* out);
+// Validates an OpenAI messages array (text parts only); errors as ParseCompletionRequest's
+// (param "messages"). For /tokenize's chat form.
+Status ValidateChatMessages(const nlohmann::json& messages);
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 

@@ -97,8 +97,8 @@ TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& looku
 
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (chat) {
-    std::string messages;
-    if (Status s = ParseChatMessages(j["messages"], &messages); !s.ok()) return Error(ErrorFromStatus(s));
+    const json& messages = j["messages"];
+    if (Status s = ValidateChatMessages(messages); !s.ok()) return Error(ErrorFromStatus(s));
     ChatTemplateOptions options;
     // The completions' reading of the template fields, their checks included.
     if (Status s = ApplyFieldRule(j, true, FieldRule{true, {}}, &options); !s.ok()) return Error(ErrorFromStatus(s));

@@ -35,11 +35,9 @@ class TokenizerCodec final : public TextCodec {
     options.add_special_tokens = false;
     return tok_->Encode(text, options);
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view messages_json,
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
                                           const ChatTemplateOptions& options) const override {
-    auto parsed = ParseJsonBody(messages_json);  // the validated messages, re-read
-    if (!parsed.ok()) return InvalidArgument("messages must be JSON");
-    const nlohmann::json& messages = *parsed;
+    if (!messages.is_array() || messages.empty()) return InvalidArgument("messages must be a non-empty array");
     nlohmann::json kwargs = nlohmann::json::object();
     if (!options.kwargs_json.empty()) {
       auto k = ParseJsonBody(options.kwargs_json);

@@ -178,7 +178,7 @@ class MarkedCodec final : public TextCodec {
     ids.insert(ids.begin(), mark_);
     return ids;
   }
-  Result<std::vector<TokenId>> EncodeChat(std::string_view, const ChatTemplateOptions&) const override {
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json&, const ChatTemplateOptions&) const override {
     return EncodePrompt("chat");
   }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }
@@ -253,6 +253,46 @@ TEST_CASE("static and DNS workers of several models each serve only their own mo
   }
   CHECK(a.generates() == 3);
   CHECK(b.generates() + d.generates() == 3);
+}
+
+TEST_CASE("/ready stays 200 while some model serves, and names each model's state") {
+  // Regression: /ready went 503 for good once any one model lost its last worker, though the
+  // other models still served; on Kubernetes that took every router out of service.
+  FakeWorker a("a"), b("b");
+  FleetOptions fo;
+  StaticFleet llama, qwen;
+  llama.model = "llama";
+  llama.workers = {a.endpoint()};
+  qwen.model = "qwen";
+  qwen.workers = {b.endpoint()};
+  fo.static_fleets = {llama, qwen};
+  RouterUnderTest r({}, {}, {}, fo);
+  auto routable = [&](const char* model) { return r.fleet->FindModel(model)->routable.size(); };
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("llama") && r.fleet->FindModel("qwen") &&
+                               routable("llama") == 1 && routable("qwen") == 1; }));
+  auto ready = r.Get("/ready");
+  CHECK(StatusOf(ready) == 200);
+  CHECK(json::parse(BodyOf(ready)) ==
+        json{{"status", "ready"},
+             {"models", {{"llama", {{"state", "serving"}, {"workers", 1}, {"routable_workers", 1}}},
+                         {"qwen", {{"state", "serving"}, {"workers", 1}, {"routable_workers", 1}}}}}});
+  b.Crash();
+  REQUIRE(WaitFor([&] { return routable("qwen") == 0; }));
+  ready = r.Get("/ready");
+  CHECK(StatusOf(ready) == 200);
+  auto j = json::parse(BodyOf(ready));
+  CHECK(j["status"] == "degraded");
+  CHECK(j["models"]["llama"]["state"] == "serving");
+  CHECK(j["models"]["qwen"] == json{{"state", "unavailable"}, {"workers", 1}, {"routable_workers", 0}});
+  CHECK(json::parse(BodyOf(r.Get("/fleet")))["ready"] == true);
+  // The model without a worker is refused on its own; the other serves.
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"qwen","prompt":"x","max_tokens":1})")) == 503);
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"llama","prompt":"x","max_tokens":1})")) == 200);
+  a.Crash();
+  REQUIRE(WaitFor([&] { return routable("llama") == 0; }));
+  ready = r.Get("/ready");
+  CHECK(StatusOf(ready) == 503);
+  CHECK(json::parse(BodyOf(ready))["status"] == "no live worker");
 }
 
 TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {

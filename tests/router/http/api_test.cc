@@ -274,6 +274,21 @@ TEST_CASE("echo with generated tokens: prompt then completion, offsets running t
   CHECK_FALSE(w.last_params().sampling.prompt_logprobs);
 }
 
+TEST_CASE("echo with logprobs of a one-token prompt: the prompt's entry, then the generated token at its offset") {
+  // Regression: one logprobs entry came back instead of two, the generated token at offset 0
+  // (the worker sends no prompt logprobs for a one-token prompt, and the prompt's was dropped).
+  FakeWorker w("hello");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  auto j = json::parse(BodyOf(r.Post("/v1/completions", json{{"model", "m"}, {"prompt", "a"}, {"max_tokens", 1},
+                                                              {"echo", true}, {"logprobs", 0}}.dump())));
+  const json& lp = j["choices"][0]["logprobs"];
+  CHECK(j["choices"][0]["text"] == "ah");
+  CHECK(lp["tokens"] == json({"a", "h"}));
+  CHECK(lp["token_logprobs"] == json({nullptr, -1.0}));
+  CHECK(lp["text_offset"] == json({0, 1}));
+}
+
 TEST_CASE("streamed completions carry each chunk's logprobs; chat's are content entries with bytes") {
   FakeWorker w("hey");
   RouterUnderTest r({w.endpoint()});
