@@ -17,6 +17,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$(cd "${1:-$ROOT/build}" && pwd)"
 OUT="${2:-$ROOT/.bundle/kvfleet}"
 command -v patchelf >/dev/null || { echo "bundle: patchelf missing (deploy/install-deps.sh installs it)" >&2; exit 1; }
+# tests/run.sh configures its build without the CUDA backend on a machine with no GPU; a bundle
+# of that build would carry no GPU code at all.
+if grep -qE '^KVFLEET_CUDA:[A-Z]+=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  echo "bundle: $BUILD was configured without the CUDA backend; reconfigure it first:" \
+       "BUILD_DIR=$BUILD deploy/build.sh -DKVFLEET_CUDA=ON" >&2
+  exit 1
+fi
 # The default build leaves the benchmarks out; the bundle carries them.
 cmake --build "$BUILD" --target all kvfleet_benches
 
