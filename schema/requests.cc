@@ -59,6 +59,53 @@ std::vector<TokenLogprob> GetLogprobs(capnp::List<s::TokenLogprob>::Reader in) {
   return out;
 }
 
+void SetSampling(s::Sampling::Builder out, const SamplingParams& p) {
+  out.setTemperature(p.temperature);
+  out.setTopP(p.top_p);
+  out.setTopK(p.top_k);
+  if (p.seed) {
+    out.setSeed(*p.seed);
+    out.setHasSeed(true);
+  }
+  out.setMaxTokens(p.max_tokens);
+  auto stops = out.initStopTokenIds(static_cast<unsigned>(p.stop_token_ids.size()));
+  for (size_t i = 0; i < p.stop_token_ids.size(); ++i) stops.set(static_cast<unsigned>(i), p.stop_token_ids[i]);
+  out.setIgnoreEos(p.ignore_eos);
+  out.setN(p.n);
+  out.setPresencePenalty(p.presence_penalty);
+  out.setFrequencyPenalty(p.frequency_penalty);
+  out.setRepetitionPenalty(p.repetition_penalty);
+  out.setMinP(p.min_p);
+  auto bias = out.initLogitBias(static_cast<unsigned>(p.logit_bias.size()));
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    bias[static_cast<unsigned>(i)].setToken(p.logit_bias[i].first);
+    bias[static_cast<unsigned>(i)].setBias(p.logit_bias[i].second);
+  }
+  // Int8 on the wire: a value out of range stays out of range (ValidateSampling refuses it).
+  out.setLogprobs(static_cast<int8_t>(std::clamp(p.logprobs, -1, 127)));
+  out.setPromptLogprobs(p.prompt_logprobs);
+}
+
+SamplingParams GetSampling(s::Sampling::Reader in) {
+  SamplingParams p;
+  p.temperature = in.getTemperature();
+  p.top_p = in.getTopP();
+  p.top_k = in.getTopK();
+  if (in.getHasSeed()) p.seed = in.getSeed();
+  p.max_tokens = in.getMaxTokens();
+  for (auto t : in.getStopTokenIds()) p.stop_token_ids.push_back(t);
+  p.ignore_eos = in.getIgnoreEos();
+  p.n = in.getN();
+  p.presence_penalty = in.getPresencePenalty();
+  p.frequency_penalty = in.getFrequencyPenalty();
+  p.repetition_penalty = in.getRepetitionPenalty();
+  p.min_p = in.getMinP();
+  for (auto b : in.getLogitBias()) p.logit_bias.emplace_back(b.getToken(), b.getBias());
+  p.logprobs = in.getLogprobs();
+  p.prompt_logprobs = in.getPromptLogprobs();
+  return p;
+}
+
 }  // namespace
 
 std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
@@ -67,32 +114,7 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
   g.setRequestId(request_id);
   auto tokens = g.initTokens(static_cast<unsigned>(p.tokens.size()));
   for (size_t i = 0; i < p.tokens.size(); ++i) tokens.set(static_cast<unsigned>(i), p.tokens[i]);
-  auto sp = g.initSampling();
-  sp.setTemperature(p.sampling.temperature);
-  sp.setTopP(p.sampling.top_p);
-  sp.setTopK(p.sampling.top_k);
-  if (p.sampling.seed) {
-    sp.setSeed(*p.sampling.seed);
-    sp.setHasSeed(true);
-  }
-  sp.setMaxTokens(p.sampling.max_tokens);
-  auto stops = sp.initStopTokenIds(static_cast<unsigned>(p.sampling.stop_token_ids.size()));
-  for (size_t i = 0; i < p.sampling.stop_token_ids.size(); ++i) {
-    stops.set(static_cast<unsigned>(i), p.sampling.stop_token_ids[i]);
-  }
-  sp.setIgnoreEos(p.sampling.ignore_eos);
-  sp.setN(p.sampling.n);
-  sp.setPresencePenalty(p.sampling.presence_penalty);
-  sp.setFrequencyPenalty(p.sampling.frequency_penalty);
-  sp.setRepetitionPenalty(p.sampling.repetition_penalty);
-  sp.setMinP(p.sampling.min_p);
-  auto bias = sp.initLogitBias(static_cast<unsigned>(p.sampling.logit_bias.size()));
-  for (size_t i = 0; i < p.sampling.logit_bias.size(); ++i) {
-    bias[static_cast<unsigned>(i)].setToken(p.sampling.logit_bias[i].first);
-    bias[static_cast<unsigned>(i)].setBias(p.sampling.logit_bias[i].second);
-  }
-  sp.setLogprobs(static_cast<int8_t>(std::clamp(p.sampling.logprobs, -1, 127)));
-  sp.setPromptLogprobs(p.sampling.prompt_logprobs);
+  SetSampling(g.initSampling(), p.sampling);
   auto r = g.initRetention();
   auto ranges = r.initRanges(static_cast<unsigned>(p.retention.ranges.size()));
   for (size_t i = 0; i < p.retention.ranges.size(); ++i) {
@@ -226,22 +248,7 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     auto tokens = g.getTokens();
     out.params.tokens.reserve(tokens.size());
     for (auto t : tokens) out.params.tokens.push_back(t);
-    auto sp = g.getSampling();
-    out.params.sampling.temperature = sp.getTemperature();
-    out.params.sampling.top_p = sp.getTopP();
-    out.params.sampling.top_k = sp.getTopK();
-    if (sp.getHasSeed()) out.params.sampling.seed = sp.getSeed();
-    out.params.sampling.max_tokens = sp.getMaxTokens();
-    for (auto t : sp.getStopTokenIds()) out.params.sampling.stop_token_ids.push_back(t);
-    out.params.sampling.ignore_eos = sp.getIgnoreEos();
-    out.params.sampling.n = sp.getN();
-    out.params.sampling.presence_penalty = sp.getPresencePenalty();
-    out.params.sampling.frequency_penalty = sp.getFrequencyPenalty();
-    out.params.sampling.repetition_penalty = sp.getRepetitionPenalty();
-    out.params.sampling.min_p = sp.getMinP();
-    for (auto b : sp.getLogitBias()) out.params.sampling.logit_bias.emplace_back(b.getToken(), b.getBias());
-    out.params.sampling.logprobs = sp.getLogprobs();
-    out.params.sampling.prompt_logprobs = sp.getPromptLogprobs();
+    out.params.sampling = GetSampling(g.getSampling());
     auto retention = g.getRetention();
     for (auto r : retention.getRanges()) {
       RetentionRange rr;

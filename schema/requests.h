@@ -19,14 +19,16 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "schema/kv_event.h"
 #include "schema/registration.h"
+#include "schema/sampling.h"
 
 namespace kvfleet {
 
 struct RetentionRange {
   uint32_t start = 0;
-  std::optional<uint32_t> end;           // exclusive; none: to the end
-  uint8_t priority = 35;                 // 0..100
+  std::optional<uint32_t> end;              // exclusive; none: to the end
+  uint8_t priority = kv::kDefaultPriority;  // 0..100
   std::optional<uint64_t> duration_ms;
 };
 
@@ -34,25 +36,6 @@ struct Retention {
   std::vector<RetentionRange> ranges;
   std::optional<uint8_t> decode_priority;
   std::optional<uint64_t> decode_duration_ms;
-};
-
-struct SamplingParams {
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  std::optional<uint64_t> seed;
-  uint32_t max_tokens = 16;
-  std::vector<TokenId> stop_token_ids;
-  bool ignore_eos = false;
-  uint32_t n = 1;  // sequences sampled from the prompt; each Delta names its index
-  // Logit processing (schema/README.md: order and ranges). Defaults are off.
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
-  float min_p = 0.0f;
-  std::vector<std::pair<TokenId, float>> logit_bias;  // (token, bias)
-  int32_t logprobs = -1;        // -1: none; 0..20 top entries
-  bool prompt_logprobs = false;
 };
 
 // A token's logprob under the raw logits and the most likely tokens at its position.
@@ -64,7 +47,7 @@ struct TokenLogprob {
 
 struct GenerateParams {
   std::vector<TokenId> tokens;
-  SamplingParams sampling;
+  SamplingParams sampling;  // schema/sampling.h
   Retention retention;
   std::string lora;
   std::string cache_salt;

@@ -35,24 +35,11 @@ ApiError ContextExceeded(uint32_t context, uint32_t prompt_tokens, uint32_t max_
                    "invalid_request_error", "context_length_exceeded");
 }
 
-// The request's sampling fields, as the worker takes them.
-SamplingParams SamplingOf(CompletionRequest& req, uint32_t max_tokens) {
-  SamplingParams s;
-  s.temperature = req.temperature;
-  s.top_p = req.top_p;
-  s.top_k = req.top_k;
-  s.seed = req.seed;
+// The request's sampling value as the worker takes it, with the max_tokens the Api settled on
+// (a copy: the response stream reads the request's logprobs and n).
+SamplingParams SamplingOf(const CompletionRequest& req, uint32_t max_tokens) {
+  SamplingParams s = req.sampling;
   s.max_tokens = max_tokens;
-  s.ignore_eos = req.ignore_eos;
-  s.stop_token_ids = std::move(req.stop_token_ids);
-  s.n = req.n;
-  s.presence_penalty = req.presence_penalty;
-  s.frequency_penalty = req.frequency_penalty;
-  s.repetition_penalty = req.repetition_penalty;
-  s.min_p = req.min_p;
-  s.logit_bias = req.logit_bias;
-  s.logprobs = req.logprobs;
-  s.prompt_logprobs = req.echo && req.logprobs >= 0;
   return s;
 }
 
@@ -97,7 +84,7 @@ std::optional<ApiError> PrepareCompletion(CompletionRequest& req, const ServedMo
     for (TokenId t : params.tokens) echo.text += decoder->Push(t);
     echo.text += decoder->Finish();
   }
-  if (req.logprobs >= 0) echo.prompt = params.tokens;
+  if (req.sampling.logprobs >= 0) echo.prompt = params.tokens;
   return std::nullopt;
 }
 

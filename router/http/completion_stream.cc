@@ -23,7 +23,7 @@ CompletionStream::CompletionStream(std::shared_ptr<const StreamContext> context,
       last_(setup_.arrived) {
   timings_.read = setup_.arrived;
   timings_.routed = setup_.routed;
-  for (uint32_t i = 0; i < req_.n; ++i) choices_.emplace_back(codec_->NewDecoder(), StopMatcher(req_.stop));
+  for (uint32_t i = 0; i < req_.sampling.n; ++i) choices_.emplace_back(codec_->NewDecoder(), StopMatcher(req_.stop));
   // The prompt's first token has no logprob (null); the worker scores the tokens after it.
   if (!setup_.echo.prompt.empty()) {
     prompt_logprobs_.push_back(LogprobEntry{TokenText(setup_.echo.prompt[0]), std::nullopt, {}});
@@ -55,7 +55,7 @@ void CompletionStream::OnDelta(WorkerId worker, const WorkerDelta& d) {
     // A worker that answers for a sequence the request did not ask for is broken.
     if (setup_.cancel) setup_.cancel();
     return OnError(worker, Internal("worker " + ctx_->worker_name(worker) + " sent sequence " +
-                                    std::to_string(d.index) + " of a request of n=" + std::to_string(req_.n)),
+                                    std::to_string(d.index) + " of a request of n=" + std::to_string(req_.sampling.n)),
                    started_);
   }
   Choice& c = choices_[d.index];
@@ -69,7 +69,7 @@ void CompletionStream::OnDelta(WorkerId worker, const WorkerDelta& d) {
   if (req_.echo && !c.echoed) {
     c.echoed = true;
     echo = setup_.echo.text;
-    if (req_.logprobs >= 0) chunk_lp.entries = prompt_logprobs_;
+    if (req_.sampling.logprobs >= 0) chunk_lp.entries = prompt_logprobs_;
   }
   if (setup_.echo.drop_generated) {
     WorkerDelta none = d;
@@ -77,7 +77,7 @@ void CompletionStream::OnDelta(WorkerId worker, const WorkerDelta& d) {
     if (none.finish != FinishReason::kNone || !echo.empty()) EmitDelta(worker, none, c, echo, &chunk_lp, now);
     return;
   }
-  if (req_.logprobs >= 0) {
+  if (req_.sampling.logprobs >= 0) {
     AppendLogprobEntries(d.logprobs, [this](TokenId t) { return TokenText(t); }, &chunk_lp.entries);
   }
   EmitDelta(worker, d, c, echo, &chunk_lp, now);
@@ -132,7 +132,7 @@ void CompletionStream::EmitDelta(WorkerId worker, const WorkerDelta& d, Choice& 
 
 void CompletionStream::Send(WorkerId worker, Choice& c, const std::string& out, ChoiceLogprobs* lp,
                             uint32_t index) {
-  const bool with_lp = req_.logprobs >= 0;
+  const bool with_lp = req_.sampling.logprobs >= 0;
   if (!req_.stream) {
     c.text += out;
     if (with_lp) {
@@ -192,7 +192,7 @@ void CompletionStream::End(WorkerId worker) {
     r.headers.emplace_back(kWorkerHeader, usage_.worker);
     std::vector<ChoiceText> choices;
     for (Choice& c : choices_) {
-      choices.push_back(ChoiceText{std::move(c.text), c.finish, req_.logprobs >= 0 ? &c.logprobs : nullptr});
+      choices.push_back(ChoiceText{std::move(c.text), c.finish, req_.sampling.logprobs >= 0 ? &c.logprobs : nullptr});
     }
     r.body = FormatCompletion(req_, setup_.id, created_, choices, usage_);
     out_->Reply(std::move(r));

@@ -75,7 +75,7 @@ struct StreamSetup {
 
 class CompletionStream final : public ResponseSink {
  public:
-  // REQUIRES: req.n >= 1.
+  // REQUIRES: req.sampling.n >= 1.
   CompletionStream(std::shared_ptr<const StreamContext> context, std::shared_ptr<AnswerWriter> out,
                    CompletionRequest req, std::shared_ptr<const TextCodec> codec, StreamSetup setup);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,22 @@ Status ReadNumber(const json& j, const char* name, T* out, double lo, double hi,
     if (it->is_number_unsigned()) *out = static_cast<T>(it->get<uint64_t>());
     else *out = static_cast<T>(it->get<int64_t>());
   }
+  return Status::Ok();
+}
+
+// A JSON number as a float; beyond float's range, an infinity (which no bound admits).
+float ToFloat(const json& v) {
+  const double d = v.get<double>();
+  if (std::fabs(d) > std::numeric_limits<float>::max()) return std::copysign(std::numeric_limits<float>::infinity(), d);
+  return static_cast<float>(d);
+}
+
+// Reads an optional number into *out with no bound of its own (ValidateSampling's apply).
+Status ReadFloat(const json& j, const char* name, float* out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number()) return Bad(std::string("'") + name + "' must be a number", name);
+  *out = ToFloat(*it);
   return Status::Ok();
 }
 
@@ -72,7 +89,7 @@ Status ParseRetention(const json& j, Retention* out) {
         if (end <= start) return Bad("a token range's end must be after its start", "kv_retention");
         range.end = end;
       }
-      int priority = 35;
+      int priority = kv::kDefaultPriority;
       KVF_RETURN_IF_ERROR(ReadNumber(r, "priority", &priority, 0, 100, true));
       range.priority = static_cast<uint8_t>(priority);
       if (r.contains("duration_ms") && !r["duration_ms"].is_null()) {
@@ -84,7 +101,7 @@ Status ParseRetention(const json& j, Retention* out) {
     }
   }
   if (j.contains("decode_priority") && !j["decode_priority"].is_null()) {
-    int p = 35;
+    int p = kv::kDefaultPriority;
     KVF_RETURN_IF_ERROR(ReadNumber(j, "decode_priority", &p, 0, 100, true));
     out->decode_priority = static_cast<uint8_t>(p);
   }
@@ -147,48 +164,147 @@ void AddExtension(json& j, const UsageCounts& u) {
 json FinishJson(std::string_view finish) { return finish.empty() ? json(nullptr) : json(std::string(finish)); }
 
 // Penalties, min_p, logit_bias and logprobs (the completions and chat shapes of the last).
-Status ParseLogitControls(const json& j, const RequestLimits& limits, CompletionRequest* r) {
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "presence_penalty", &r->presence_penalty, -2, 2, false));
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "frequency_penalty", &r->frequency_penalty, -2, 2, false));
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "repetition_penalty", &r->repetition_penalty, 0, 100, false));
-  if (r->repetition_penalty <= 0) return Bad("'repetition_penalty' must be greater than 0", "repetition_penalty");
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "min_p", &r->min_p, 0, 1, false));
+// Their bounds are ValidateSampling's, but for the shapes of logprobs in the body.
+Status ParseLogitControls(const json& j, CompletionRequest* r) {
+  SamplingParams& s = r->sampling;
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "presence_penalty", &s.presence_penalty));
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "frequency_penalty", &s.frequency_penalty));
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "repetition_penalty", &s.repetition_penalty));
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "min_p", &s.min_p));
   if (auto bias = j.find("logit_bias"); bias != j.end() && !bias->is_null()) {
     if (!bias->is_object()) return Bad("'logit_bias' must be an object of token id -> bias", "logit_bias");
-    if (bias->size() > limits.max_logit_bias) {
-      return Bad("'logit_bias' may hold at most " + std::to_string(limits.max_logit_bias) + " tokens", "logit_bias");
-    }
     for (const auto& [key, value] : bias->items()) {
       char* end = nullptr;
       const unsigned long long id = std::strtoull(key.c_str(), &end, 10);
       if (key.empty() || *end != '\0' || key[0] == '-' || key[0] == '+' || id > 0xffffffffull) {
         return Bad("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
       }
-      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
-        return Bad("'logit_bias' values must be numbers between -100 and 100 (token " + key + ")", "logit_bias");
+      if (!value.is_number()) {
+        const std::string bound = NumberText(sampling::config::kMaxLogitBiasValue);
+        return Bad("'logit_bias' values must be numbers between -" + bound + " and " + bound + " (token " + key + ")",
+                   "logit_bias");
       }
-      r->logit_bias.emplace_back(static_cast<TokenId>(id), value.get<float>());
+      s.logit_bias.emplace_back(static_cast<TokenId>(id), ToFloat(value));
     }
   }
-  const int32_t max_lp = limits.max_logprobs;
+  const int32_t max_lp = sampling::config::kMaxTopLogprobs;
   if (r->chat) {
     bool want = false;
     KVF_RETURN_IF_ERROR(ReadBool(j, "logprobs", &want));
     int32_t top = -1;
     KVF_RETURN_IF_ERROR(ReadNumber(j, "top_logprobs", &top, 0, max_lp, true));
     if (top >= 0 && !want) return Bad("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
-    if (want) r->logprobs = std::max(top, 0);
+    if (want) s.logprobs = std::max(top, 0);
   } else {
     if (auto lp = j.find("logprobs"); lp != j.end() && lp->is_boolean()) {
       return Bad("'logprobs' must be an integer 0.." + std::to_string(max_lp) + " on /v1/completions", "logprobs");
     }
-    KVF_RETURN_IF_ERROR(ReadNumber(j, "logprobs", &r->logprobs, 0, max_lp, true));
+    KVF_RETURN_IF_ERROR(ReadNumber(j, "logprobs", &s.logprobs, 0, max_lp, true));
     if (auto top = j.find("top_logprobs"); top != j.end() && !top->is_null()) {
       return Bad("'top_logprobs' is a chat field; /v1/completions takes 'logprobs' 0.." + std::to_string(max_lp),
                  "top_logprobs");
     }
   }
   return Status::Ok();
+}
+
+// A completions prompt given as JSON values (a token-id prompt the body's parser did not take).
+Status ParsePrompt(json& j, CompletionRequest* r) {
+  auto prompt = j.find("prompt");
+  if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
+  if (prompt->is_string()) {
+    r->prompt_text = std::move(prompt->get_ref<std::string&>());  // 8K-token prompts: no copy
+    return Status::Ok();
+  }
+  if (!prompt->is_array()) return Bad("'prompt' must be a string or an array of token ids", "prompt");
+  // A list of token ids; a list of one string or one id-list is that prompt (n=1).
+  json* p = &*prompt;
+  if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    r->prompt_text = p->get<std::string>();
+    return Status::Ok();
+  }
+  if (p->empty()) return Bad("'prompt' must not be empty", "prompt");
+  // Out of the json first: a plain vector frees 8K numbers far faster than
+  // nlohmann's array destructor, which moves each one onto a stack.
+  json::array_t ids = std::move(p->get_ref<json::array_t&>());
+  r->prompt_tokens.reserve(ids.size());
+  for (const json& t : ids) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
+      return Bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+    }
+    r->prompt_tokens.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+  }
+  return Status::Ok();
+}
+
+// Stop strings: the router's (it matches them in the text), so its limits.
+Status ParseStop(const json& j, const RequestLimits& limits, std::vector<std::string>* out) {
+  auto stop = j.find("stop");
+  if (stop == j.end() || stop->is_null()) return Status::Ok();
+  if (stop->is_string()) {
+    out->push_back(stop->get<std::string>());
+  } else if (stop->is_array()) {
+    for (const json& s : *stop) {
+      if (!s.is_string()) return Bad("'stop' must be a string or an array of strings", "stop");
+      out->push_back(s.get<std::string>());
+    }
+  } else {
+    return Bad("'stop' must be a string or an array of strings", "stop");
+  }
+  if (out->size() > limits.max_stop_strings) {
+    return Bad("'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings", "stop");
+  }
+  for (const auto& s : *out) {
+    if (s.empty() || s.size() > limits.max_stop_bytes) return Bad("each stop string must be 1 to 256 bytes", "stop");
+  }
+  return Status::Ok();
+}
+
+// The generation and sampling fields into r->sampling (r->max_tokens, the body's, apart),
+// then ValidateSampling. The body's max_tokens is named `max_name`.
+Status ParseSampling(const json& j, const char* max_name, const RequestLimits& limits, CompletionRequest* r) {
+  SamplingParams& sampling = r->sampling;
+  if (j.contains(max_name) && !j[max_name].is_null()) {
+    // 0: only with echo (checked by the caller), to score a prompt as lm-evaluation-harness does.
+    uint32_t max_tokens = 0;
+    KVF_RETURN_IF_ERROR(ReadNumber(j, max_name, &max_tokens, 0, limits.max_tokens_cap, true));
+    r->max_tokens = max_tokens;
+  }
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "temperature", &sampling.temperature));
+  KVF_RETURN_IF_ERROR(ReadFloat(j, "top_p", &sampling.top_p));
+  int64_t top_k = 0;
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "top_k", &top_k, -1, sampling::config::kMaxTopK, true));
+  sampling.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));  // -1 (vLLM): off
+  if (auto seed = j.find("seed"); seed != j.end() && !seed->is_null()) {
+    if (!seed->is_number_integer()) return Bad("'seed' must be an integer", "seed");
+    sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  KVF_RETURN_IF_ERROR(ParseStop(j, limits, &r->stop));
+  if (auto ids = j.find("stop_token_ids"); ids != j.end() && !ids->is_null()) {
+    if (!ids->is_array()) return Bad("'stop_token_ids' must be an array of token ids", "stop_token_ids");
+    for (const json& t : *ids) {
+      if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
+        return Bad("'stop_token_ids' must be an array of non-negative integer token ids", "stop_token_ids");
+      }
+      sampling.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+    }
+  }
+  KVF_RETURN_IF_ERROR(ParseLogitControls(j, r));
+  KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &sampling.n, 1, limits.max_n, true));
+  if (auto best_of = j.find("best_of"); best_of != j.end() && !best_of->is_null()) {
+    // best_of > n ranks candidates by their log probability and returns the n best; kvfleet
+    // returns every sequence it samples, so it honours best_of only where that is all of them.
+    if (!best_of->is_number_integer() || best_of->get<int64_t>() != static_cast<int64_t>(sampling.n)) {
+      return Bad("'best_of' must equal 'n' (" + std::to_string(sampling.n) +
+                     "): kvfleet returns every sequence it samples and does not rank them",
+                 "best_of");
+    }
+  }
+  KVF_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", &sampling.ignore_eos));
+  std::string field;
+  const Status bounds = ValidateSampling(sampling, &field);
+  return bounds.ok() ? bounds : Bad(bounds.message(), field);
 }
 
 // A choice's "logprobs": completions' four parallel arrays, or chat's content list.
@@ -276,101 +392,16 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
     return Bad("'model' is required and must be a non-empty string", "model");
   }
   r.model = model->get<std::string>();
-
   if (chat) {
     auto messages = j.find("messages");
     if (messages == j.end()) return Bad("'messages' is required", "messages");
     KVF_RETURN_IF_ERROR(ValidateMessages(*messages));
     r.messages = std::move(*messages);  // parsed once: the codec renders this value
   } else if (!prompt_taken) {
-    auto prompt = j.find("prompt");
-    if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
-    if (prompt->is_string()) {
-      r.prompt_text = std::move(prompt->get_ref<std::string&>());  // 8K-token prompts: no copy
-    } else if (prompt->is_array()) {
-      // A list of token ids; a list of one string or one id-list is that prompt (n=1).
-      json* p = &*prompt;
-      if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-      if (p->is_string()) {
-        r.prompt_text = p->get<std::string>();
-      } else {
-        if (p->empty()) return Bad("'prompt' must not be empty", "prompt");
-        // Out of the json first: a plain vector frees 8K numbers far faster than
-        // nlohmann's array destructor, which moves each one onto a stack.
-        json::array_t ids = std::move(p->get_ref<json::array_t&>());
-        r.prompt_tokens.reserve(ids.size());
-        for (const json& t : ids) {
-          if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
-            return Bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
-          }
-          r.prompt_tokens.push_back(static_cast<TokenId>(t.get<uint64_t>()));
-        }
-      }
-    } else {
-      return Bad("'prompt' must be a string or an array of token ids", "prompt");
-    }
+    KVF_RETURN_IF_ERROR(ParsePrompt(j, &r));
   }
-
-  uint32_t max_tokens = 0;
   const char* max_name = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (j.contains(max_name) && !j[max_name].is_null()) {
-    // 0: only with echo (checked below), to score a prompt as lm-evaluation-harness does.
-    KVF_RETURN_IF_ERROR(ReadNumber(j, max_name, &max_tokens, 0, limits.max_tokens_cap, true));
-    r.max_tokens = max_tokens;
-  }
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "temperature", &r.temperature, 0, 2, false));
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "top_p", &r.top_p, 0, 1, false));
-  if (r.top_p == 0) return Bad("'top_p' must be greater than 0", "top_p");
-  int64_t top_k = 0;
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "top_k", &top_k, -1, 1 << 20, true));
-  r.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));  // -1 (vLLM): off
-  if (j.contains("seed") && !j["seed"].is_null()) {
-    if (!j["seed"].is_number_integer()) return Bad("'seed' must be an integer", "seed");
-    r.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>()
-                                            : static_cast<uint64_t>(j["seed"].get<int64_t>());
-  }
-  if (auto stop = j.find("stop"); stop != j.end() && !stop->is_null()) {
-    if (stop->is_string()) {
-      r.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const json& s : *stop) {
-        if (!s.is_string()) return Bad("'stop' must be a string or an array of strings", "stop");
-        r.stop.push_back(s.get<std::string>());
-      }
-    } else {
-      return Bad("'stop' must be a string or an array of strings", "stop");
-    }
-    if (r.stop.size() > limits.max_stop_strings) {
-      return Bad("'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings", "stop");
-    }
-    for (const auto& s : r.stop) {
-      if (s.empty() || s.size() > limits.max_stop_bytes) return Bad("each stop string must be 1 to 256 bytes", "stop");
-    }
-  }
-  if (auto ids = j.find("stop_token_ids"); ids != j.end() && !ids->is_null()) {
-    if (!ids->is_array()) return Bad("'stop_token_ids' must be an array of token ids", "stop_token_ids");
-    if (ids->size() > limits.max_stop_token_ids) {
-      return Bad("'stop_token_ids' may hold at most " + std::to_string(limits.max_stop_token_ids) + " ids",
-                 "stop_token_ids");
-    }
-    for (const json& t : *ids) {
-      if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
-        return Bad("'stop_token_ids' must be an array of non-negative integer token ids", "stop_token_ids");
-      }
-      r.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
-    }
-  }
-  KVF_RETURN_IF_ERROR(ParseLogitControls(j, limits, &r));
-  KVF_RETURN_IF_ERROR(ReadNumber(j, "n", &r.n, 1, limits.max_n, true));
-  if (auto best_of = j.find("best_of"); best_of != j.end() && !best_of->is_null()) {
-    // best_of > n ranks candidates by their log probability and returns the n best; kvfleet
-    // returns every sequence it samples, so it honours best_of only where that is all of them.
-    if (!best_of->is_number_integer() || best_of->get<int64_t>() != static_cast<int64_t>(r.n)) {
-      return Bad("'best_of' must equal 'n' (" + std::to_string(r.n) +
-                     "): kvfleet returns every sequence it samples and does not rank them",
-                 "best_of");
-    }
-  }
+  KVF_RETURN_IF_ERROR(ParseSampling(j, max_name, limits, &r));
   // tools and functions are refused by the field rule above; suffix is a parsed field.
   if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
                                   !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
@@ -378,6 +409,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   }
   KVF_RETURN_IF_ERROR(ReadBool(j, "stream", &r.stream));
   KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));  // completions only (the field rule)
+  r.sampling.prompt_logprobs = r.echo && r.sampling.logprobs >= 0;
   if (r.max_tokens == 0u && !r.echo) return Bad("'" + std::string(max_name) + "' must be >= 1 (0 only with echo)", max_name);
   if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
     if (!so->is_object()) return Bad("'stream_options' must be an object", "stream_options");
@@ -386,7 +418,6 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   }
   KVF_RETURN_IF_ERROR(ReadString(j, "user", &r.user));
   KVF_RETURN_IF_ERROR(ReadString(j, "cache_salt", &r.cache_salt));
-  KVF_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", &r.ignore_eos));
   if (auto kr = j.find("kv_retention"); kr != j.end()) KVF_RETURN_IF_ERROR(ParseRetention(*kr, &r.retention));
   if (auto routing = j.find("routing"); routing != j.end() && !routing->is_null()) {
     if (!routing->is_string()) return Bad("'routing' must be a string", "routing");

@@ -2,12 +2,13 @@
 // /v1/chat/completions: parsing a request body into a CompletionRequest (every check that
 // earns a 400), and formatting responses, stream chunks and error objects.
 //
-// Sampling fields besides OpenAI's: `top_k`, `min_p` ([0, 1]) and `repetition_penalty` (> 0,
-// HF/vLLM over prompt + generated tokens), as vLLM takes them; `logit_bias` (OpenAI's: token id
-// string -> [-100, 100], at most 300), `presence_penalty` and `frequency_penalty` ([-2, 2]).
-// Logprobs: completions `logprobs` 0..20 (+ `echo`: the prompt's text and, with logprobs, its
-// tokens' logprobs, the first null; `max_tokens` 0 with echo scores the prompt alone, as
-// lm-evaluation-harness asks), chat `logprobs` + `top_logprobs` 0..20, in OpenAI's shapes.
+// Sampling fields besides OpenAI's: `top_k`, `min_p` and `repetition_penalty` (HF/vLLM, over
+// prompt + generated tokens), as vLLM takes them, beside OpenAI's `logit_bias` (token id
+// string -> bias), `presence_penalty` and `frequency_penalty`; their bounds are
+// schema/sampling.h's, which the workers check too. Logprobs: completions `logprobs` 0..20
+// (+ `echo`: the prompt's text and, with logprobs, its tokens' logprobs, the first null;
+// `max_tokens` 0 with echo scores the prompt alone, as lm-evaluation-harness asks), chat
+// `logprobs` + `top_logprobs` 0..20, in OpenAI's shapes.
 //
 // Extensions (in the request body): `kv_retention` (TensorRT-LLM KvCacheRetentionConfig:
 // {"token_ranges":[{"start","end","priority","duration_ms"}], "decode_priority",
@@ -55,40 +56,28 @@ struct CompletionRequest {
   std::optional<std::string> prompt_text;  // completions, a string prompt
   std::vector<TokenId> prompt_tokens;      // completions, a token-id prompt
   nlohmann::json messages;                 // chat: the validated messages array
-  std::optional<uint32_t> max_tokens;      // max_tokens / max_completion_tokens
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  std::optional<uint64_t> seed;
+  // What the worker is asked for (schema/sampling.h), checked by ValidateSampling; its
+  // max_tokens is the Api's to set, from `max_tokens` below or the Api's default. logprobs:
+  // completions' logprobs or chat's top_logprobs (0 for a bare "logprobs": true);
+  // prompt_logprobs: echo with logprobs.
+  SamplingParams sampling;
+  std::optional<uint32_t> max_tokens;  // max_tokens / max_completion_tokens; 0 only with echo
   std::vector<std::string> stop;
-  std::vector<TokenId> stop_token_ids;
-  float presence_penalty = 0.0f;   // [-2, 2]
-  float frequency_penalty = 0.0f;  // [-2, 2]
-  float repetition_penalty = 1.0f; // (0, 100]
-  float min_p = 0.0f;              // [0, 1]
-  std::vector<std::pair<TokenId, float>> logit_bias;
-  int32_t logprobs = -1;  // top entries per token (completions logprobs, chat top_logprobs); -1: none
   bool stream = false;
   bool include_usage = false;
   bool echo = false;
   std::string user;
   Retention retention;
   std::string cache_salt;
-  bool ignore_eos = false;
   std::optional<Policy> routing;
   ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs
-  uint32_t n = 1;  // choices; best_of, when given, must equal it
 };
 
-// Limits a request must respect besides the body size.
+// The router's limits on a request besides the body size and the sampling bounds every
+// worker holds too (schema/sampling.h, sampling::config).
 struct RequestLimits {
   size_t max_stop_strings = 4;       // OpenAI's limit
   size_t max_stop_bytes = 256;
-  // Every generated token is compared with each: a model needs a handful (its end-of-turn
-  // ids), so a longer list is a mistake, not a use.
-  size_t max_stop_token_ids = 256;
-  size_t max_logit_bias = 300;       // OpenAI's limit
-  int32_t max_logprobs = 20;         // OpenAI's top_logprobs limit
   uint32_t max_tokens_cap = 1 << 20;
   FieldRule fields;  // which top-level fields pass (request_fields.h)
   // Choices per request: each is a sequence decoding in the worker's batch beside the rest

@@ -5,8 +5,10 @@
 // --allow-unknown-fields (then it is admitted, logged once per name at debug and counted).
 //
 // Rows (docs/DESIGN.md, "Request fields", lists them for users):
-//   1. kParsed: ParseCompletionRequest (openai.cc) reads it and refuses the values kvfleet
-//      does not serve there (n > 1, logprobs, non-zero penalties, ...).
+//   1. kParsed: ParseCompletionRequest (openai.cc) reads it and serves it. A value out of
+//      bounds is a 400 naming the field: the sampling fields' bounds are schema/sampling.h's;
+//      the few values kvfleet does not serve are refused there too (best_of other than n,
+//      a non-empty suffix).
 //   2. kHonoured: read here (the chat template's fields) or a hint with no effect on the
 //      output (prompt_cache_key, safety_identifier).
 //   3. kRefused: not built; only null and the values that ask for nothing (`admitted`, e.g.

@@ -45,7 +45,7 @@ std::unique_ptr<backend::ModelBackend> MakeBackend(const char* name, const Refer
 }
 
 backend::StepOutput RunAll(backend::ModelBackend& b, std::span<const TokenId> history, int64_t prompt_len,
-                           const backend::SamplingParams& p, int64_t chunk = 0) {
+                           const SamplingParams& p, int64_t chunk = 0) {
   std::vector<backend::BlockId> table(history.size() / b.block_size() + 1);
   std::iota(table.begin(), table.end(), 0);
   backend::StepOutput all;
@@ -59,7 +59,8 @@ backend::StepOutput RunAll(backend::ModelBackend& b, std::span<const TokenId> hi
     s.prompt_len = prompt_len;
     s.block_tables = {table};
     s.sample = start + len == n;
-    s.sampling = p;
+    s.sampling = &p;
+    s.prompt_logprobs = p.prompt_logprobs;
     s.logits = backend::LogitsRequest::kAll;
     backend::StepBatch batch;
     batch.seqs.push_back(s);
@@ -93,7 +94,7 @@ TEST_CASE("cuda logprobs (sampled and prompt, whole and chunked) agree with the 
     auto cpu = MakeBackend("cpu", ref);
     const int64_t V = cuda->config().vocab_size;
     const std::vector<TokenId>& prompt = ref.prompts[2];  // 45 tokens
-    const backend::SamplingParams p{.temperature = 0.0f, .logprobs = 8, .prompt_logprobs = true};
+    const SamplingParams p{.temperature = 0.0f, .logprobs = 8, .prompt_logprobs = true};
     const backend::StepOutput want = RunAll(*cpu, prompt, static_cast<int64_t>(prompt.size()), p);
     for (int64_t chunk : {0, 16}) {
       const backend::StepOutput got = RunAll(*cuda, prompt, static_cast<int64_t>(prompt.size()), p, chunk);
@@ -147,9 +148,9 @@ TEST_CASE("cuda penalised greedy: logits come back adjusted as the reference adj
     history.push_back(t);
   }
   const backend::StepOutput raw = RunAll(*cuda, history, static_cast<int64_t>(prompt_len), {.temperature = 0.0f});
-  const std::pair<TokenId, float> bias[] = {{7, 3.0f}, {history[0], -100.0f}};
-  const backend::SamplingParams p{.temperature = 0.0f, .presence_penalty = 0.6f, .frequency_penalty = 0.9f,
-                                  .repetition_penalty = 1.4f, .logit_bias = bias, .logprobs = 3};
+  const std::vector<std::pair<TokenId, float>> bias = {{7, 3.0f}, {history[0], -100.0f}};
+  const SamplingParams p{.temperature = 0.0f, .presence_penalty = 0.6f, .frequency_penalty = 0.9f,
+                         .repetition_penalty = 1.4f, .logit_bias = bias, .logprobs = 3};
   const backend::StepOutput got = RunAll(*cuda, history, static_cast<int64_t>(prompt_len), p);
   std::vector<kernels::LogitAdjust> adjust;
   backend::BuildLogitAdjusts(p, history, prompt_len, &adjust);

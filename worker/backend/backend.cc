@@ -128,7 +128,7 @@ Status ModelBackend::LoadLora(int32_t /*slot*/, const model::LoraAdapter& adapte
 }
 
 PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
-  if (!step.sampling.prompt_logprobs) return {};
+  if (!step.prompt_logprobs) return {};
   const int64_t first = step.start_position;
   const int64_t end = std::min<int64_t>(first + static_cast<int64_t>(step.tokens.size()), step.prompt_len - 1);
   return {first, std::max(first, end)};
@@ -162,14 +162,16 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
                                std::to_string(vocab_size));
       }
     }
-    if (s.sample || s.sampling.prompt_logprobs) {
-      KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling).WithContext(Req(s)));
+    if (s.sampling == nullptr) return InvalidArgument(Req(s) + ": no sampling parameters");
+    const SamplingParams& sampling = *s.sampling;
+    if (s.sample || s.prompt_logprobs) KVF_RETURN_IF_ERROR(ValidateSampling(sampling).WithContext(Req(s)));
+    if (s.prompt_logprobs && sampling.logprobs < 0) {
+      return InvalidArgument(Req(s) + ": prompt logprobs need the sampling parameters' logprobs >= 0");
     }
-    if ((s.sampling.penalized() || s.sampling.prompt_logprobs) &&
-        static_cast<int64_t>(s.history.size()) < s.start_position + n) {
+    if ((sampling.penalized() || s.prompt_logprobs) && static_cast<int64_t>(s.history.size()) < s.start_position + n) {
       return InvalidArgument(Req(s) + ": its history does not reach the step's tokens");
     }
-    for (const auto& [token, bias] : s.sampling.logit_bias) {
+    for (const auto& [token, bias] : sampling.logit_bias) {
       if (static_cast<int64_t>(token) >= vocab_size) {
         return InvalidArgument(Req(s) + ": logit_bias token " + std::to_string(token) + " is outside the vocabulary");
       }

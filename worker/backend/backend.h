@@ -53,6 +53,7 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "schema/sampling.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_config.h"
@@ -137,6 +138,9 @@ enum class LogitsRequest : uint8_t {
   kAll,   // the logits of every token this step computes for this sequence
 };
 
+// The argmax with no logit adjusted: a SequenceStep's sampling unless it points elsewhere.
+inline const SamplingParams kGreedySampling{.temperature = 0.0f};
+
 // One sequence's share of a step: a prefill chunk or one decode token.
 struct SequenceStep {
   uint64_t request_id = 0;          // for messages only
@@ -156,8 +160,14 @@ struct SequenceStep {
   // True: sample a token from the logits of tokens.back() (the last prefill chunk or a
   // decode step). False: a prefill chunk that is not the last one.
   bool sample = false;
-  SamplingParams sampling;   // used when `sample`, and sampling.prompt_logprobs on any step
-  uint64_t rng_counter = 0;  // tokens this request sampled before (the per-request RNG state)
+  // The request's sampling parameters as the engine holds them (schema/sampling.h), read
+  // when `sample` and for prompt logprobs' top entries. Not owned: valid for the step.
+  const SamplingParams* sampling = &kGreedySampling;
+  uint64_t seed = 0;         // the sequence's: the request's seed, or the worker's, + its index
+  uint64_t rng_counter = 0;  // tokens this sequence sampled before (the per-sequence RNG state)
+  // Compute the logprob of every prompt token this step's rows predict (PromptLogprobRowsOf)
+  // with sampling->logprobs top entries: the request asked, and they have not gone out yet.
+  bool prompt_logprobs = false;
   // Every token of the sequence so far (prompt + generated; `tokens` is a part of it) and the
   // prompt's length: the penalties' counts (BuildLogitAdjusts) and prompt logprobs' targets.
   std::span<const TokenId> history;
@@ -172,7 +182,7 @@ struct StepBatch {
   std::vector<SequenceStep> seqs;  // at most max_batch_size; tokens in all <= max_num_tokens
 };
 
-// With sampling.prompt_logprobs: the positions p of this step's rows whose next token is a
+// With prompt_logprobs: the positions p of this step's rows whose next token is a
 // prompt token (p + 1 < prompt_len); row p gives history[p + 1]'s logprob. [first, end).
 struct PromptLogprobRows {
   int64_t first = 0, end = 0;
@@ -181,9 +191,9 @@ PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step);
 
 struct StepOutput {
   std::vector<TokenId> tokens;         // [seq]: the sampled token, or kNoToken when !sample
-  // [seq]: the sampled token's logprob and top entries, when sample && sampling.logprobs >= 0.
+  // [seq]: the sampled token's logprob and top entries, when sample && sampling->logprobs >= 0.
   std::vector<TokenLogprobs> logprobs;
-  // [seq]: with sampling.prompt_logprobs, one entry per PromptLogprobRowsOf position, in order.
+  // [seq]: with prompt_logprobs, one entry per PromptLogprobRowsOf position, in order.
   std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
   std::vector<int64_t> logits_offset;  // [seq]: first row of this sequence in `logits`, -1: none
   std::vector<float> logits;           // requested rows, [rows][vocab_size], fp32

@@ -9,51 +9,6 @@
 
 namespace kvfleet::backend {
 
-Status ValidateSamplingParams(const SamplingParams& p) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
-    return InvalidArgument("sampling: temperature must be a finite number >= 0, got " +
-                           std::to_string(p.temperature));
-  }
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return InvalidArgument("sampling: top_p must be in (0, 1], got " + std::to_string(p.top_p));
-  }
-  if (p.top_k < 0) return InvalidArgument("sampling: top_k must be >= 0, got " + std::to_string(p.top_k));
-  for (auto [name, v] : {std::pair{"presence_penalty", p.presence_penalty}, {"frequency_penalty", p.frequency_penalty}}) {
-    if (!(v >= -2.0f && v <= 2.0f)) {
-      return InvalidArgument(std::string("sampling: ") + name + " must be in [-2, 2], got " + std::to_string(v));
-    }
-  }
-  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
-    return InvalidArgument("sampling: repetition_penalty must be a finite number > 0, got " +
-                           std::to_string(p.repetition_penalty));
-  }
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
-    return InvalidArgument("sampling: min_p must be in [0, 1], got " + std::to_string(p.min_p));
-  }
-  if (p.logit_bias.size() > kMaxLogitBias) {
-    return InvalidArgument("sampling: logit_bias has " + std::to_string(p.logit_bias.size()) + " entries (at most " +
-                           std::to_string(kMaxLogitBias) + ")");
-  }
-  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
-    const auto [token, bias] = p.logit_bias[i];
-    if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return InvalidArgument("sampling: logit_bias of token " + std::to_string(token) + " must be in [-100, 100], got " +
-                             std::to_string(bias));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (p.logit_bias[j].first == token) {
-        return InvalidArgument("sampling: logit_bias names token " + std::to_string(token) + " twice");
-      }
-    }
-  }
-  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
-    return InvalidArgument("sampling: logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", got " +
-                           std::to_string(p.logprobs));
-  }
-  if (p.prompt_logprobs && p.logprobs < 0) return InvalidArgument("sampling: prompt_logprobs needs logprobs >= 0");
-  return Status::Ok();
-}
-
 void BuildLogitAdjusts(const SamplingParams& p, std::span<const TokenId> history, size_t prompt_len,
                        std::vector<kernels::LogitAdjust>* out) {
   out->clear();
@@ -123,10 +78,10 @@ TokenId ArgMax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
-TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
+TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t seed, uint64_t counter,
                         std::span<const kernels::LogitAdjust> adjust) {
   KVF_CHECK(!logits.empty());
-  KVF_DCHECK(ValidateSamplingParams(p).ok());
+  KVF_DCHECK(ValidateSampling(p).ok());
   if (!adjust.empty()) {
     adjusted_.assign(logits.begin(), logits.end());
     for (const kernels::LogitAdjust& a : adjust) {
@@ -155,7 +110,7 @@ TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, 
   }
   const bool top_k_on = p.top_k > 0 && static_cast<size_t>(p.top_k) < vocab;
   const bool top_p_on = p.top_p < 1.0f;
-  const float u = SampleUniform(p.seed, counter);
+  const float u = SampleUniform(seed, counter);
   if (!top_k_on && !top_p_on) {
     double mass = 0.0;
     for (float x : probs_) mass += x;

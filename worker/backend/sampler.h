@@ -1,7 +1,9 @@
 // Token sampling from one row of logits: logit bias, repetition/frequency/presence
 // penalties, greedy, temperature, min_p, top-k, top-p, seeded; and logprobs.
 //
-// This is the CPU sampler of the cpu backend. The procedure, in order (vLLM's):
+// This is the CPU sampler of the cpu backend. It reads a request's SamplingParams
+// (schema/sampling.h) as the router sent them, and its sequence's seed. The procedure, in
+// order (vLLM's):
 //   0. The row's adjustments (BuildLogitAdjusts: logit_bias, then the repetition penalty over
 //      prompt + generated tokens, then frequency and presence over generated tokens;
 //      kernels::AdjustLogit) replace the raw logits of the tokens they name.
@@ -35,40 +37,13 @@
 #include "common/block_hash.h"
 #include "common/status.h"
 #include "kernels/sampling_common.h"
+#include "schema/sampling.h"
 #include "worker/model/splitmix64.h"
 
 namespace kvfleet::backend {
 
-// What the backend needs of a request's sampling settings (stop conditions and
-// max_tokens are the engine's).
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  float top_p = 1.0f;        // (0, 1]; 1: off
-  int32_t top_k = 0;         // 0: off
-  uint64_t seed = 0;         // the request's seed
-  float presence_penalty = 0.0f;    // [-2, 2]; 0: off
-  float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
-  float repetition_penalty = 1.0f;  // > 0; 1: off
-  float min_p = 0.0f;               // [0, 1]; 0: off
-  std::span<const std::pair<TokenId, float>> logit_bias = {};  // (token, bias in [-100, 100]); the request's
-  int32_t logprobs = -1;            // -1: none; 0..kMaxTopLogprobs top entries with the sampled token's
-  bool prompt_logprobs = false;     // also every prompt token's logprob (the engine's prefill rows)
-
-  bool penalized() const {
-    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty();
-  }
-};
-
-// OpenAI's bound on top_logprobs (and the completions API's logprobs).
-inline constexpr int32_t kMaxTopLogprobs = kernels::kMaxTopLogprobs;
-// OpenAI's bound on logit_bias entries.
-inline constexpr size_t kMaxLogitBias = 300;
-
-// InvalidArgument naming the field when a value is out of range (temperature < 0 or not
-// finite, top_p outside (0, 1], top_k < 0, penalties outside [-2, 2], repetition_penalty
-// <= 0, min_p outside [0, 1], a bias outside [-100, 100] or a token twice, logprobs
-// outside -1..20).
-Status ValidateSamplingParams(const SamplingParams& p);
+// The sampling kernel's output rows have one slot per top entry a request may ask for.
+static_assert(sampling::config::kMaxTopLogprobs == kernels::kMaxTopLogprobs);
 
 // The adjustments of one row (kernels::LogitAdjust, sorted by token, distinct): every
 // logit_bias token, every token of `history` (repetition penalty), and the generated ones
@@ -99,9 +74,11 @@ constexpr float SampleUniform(uint64_t seed, uint64_t counter) {
 // Holds scratch buffers so sampling a 128k vocab allocates nothing per call.
 class Sampler {
  public:
-  // `adjust`: the row's BuildLogitAdjusts (applied to a copy; `logits` is not changed).
-  // REQUIRES: ValidateSamplingParams(p).ok(); logits.size() > 0; adjust's tokens < logits.size().
-  TokenId Sample(std::span<const float> logits, const SamplingParams& p, uint64_t counter,
+  // The `counter`-th token of the sequence whose seed is `seed` (the request's own, or the
+  // worker's, plus the sequence's index). `adjust`: the row's BuildLogitAdjusts (applied to a
+  // copy; `logits` is not changed).
+  // REQUIRES: ValidateSampling(p).ok(); logits.size() > 0; adjust's tokens < logits.size().
+  TokenId Sample(std::span<const float> logits, const SamplingParams& p, uint64_t seed, uint64_t counter,
                  std::span<const kernels::LogitAdjust> adjust = {});
 
  private:

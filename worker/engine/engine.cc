@@ -169,9 +169,10 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.tokens = std::span<const TokenId>(seq.tokens).subspan(s.start, s.num_tokens);
     step.start_position = s.start;
     step.sample = s.sample;
-    step.sampling = BackendSampling(seq.request.sampling, seq.seed);
+    step.sampling = &seq.request.sampling;
+    step.seed = seq.seed;
     // Prompt logprobs until they went out (decode steps then keep their CUDA graphs).
-    step.sampling.prompt_logprobs = step.sampling.prompt_logprobs && !seq.prompt_logprobs_sent;
+    step.prompt_logprobs = seq.request.sampling.prompt_logprobs && !seq.prompt_logprobs_sent;
     step.rng_counter = seq.num_generated();
     step.history = seq.tokens;
     step.prompt_len = seq.prompt_len;
@@ -251,7 +252,7 @@ void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>
 
 FinishReason Engine::StopReason(const Sequence& seq) const {
   const TokenId last = seq.tokens.back();
-  const SamplingOptions& s = seq.request.sampling;
+  const SamplingParams& s = seq.request.sampling;
   if (!s.ignore_eos && std::count(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), last)) {
     return FinishReason::kStop;
   }

@@ -1,7 +1,6 @@
 #include "worker/engine/request.h"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 namespace kvfleet::engine {
@@ -12,35 +11,10 @@ uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention) {
   return p;
 }
 
-backend::SamplingParams BackendSampling(const SamplingOptions& s, uint64_t seed) {
-  backend::SamplingParams p;
-  p.temperature = s.temperature;
-  p.top_p = s.top_p;
-  p.top_k = s.top_k;
-  p.seed = seed;
-  p.presence_penalty = s.presence_penalty;
-  p.frequency_penalty = s.frequency_penalty;
-  p.repetition_penalty = s.repetition_penalty;
-  p.min_p = s.min_p;
-  p.logit_bias = s.logit_bias;
-  p.logprobs = s.logprobs;
-  p.prompt_logprobs = s.prompt_logprobs;
-  return p;
-}
-
 Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits) {
-  const SamplingOptions& s = request.sampling;
+  const SamplingParams& s = request.sampling;
   if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
-  if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
-    return InvalidArgument("temperature must be a finite number >= 0, got " + NumberText(s.temperature));
-  }
-  if (!std::isfinite(s.top_p) || s.top_p <= 0.0f || s.top_p > 1.0f) {
-    return InvalidArgument("top_p must be in (0, 1], got " + NumberText(s.top_p));
-  }
-  if (s.top_k < 0) return InvalidArgument("top_k must be >= 0 (0 = off), got " + std::to_string(s.top_k));
-  if (s.max_tokens == 0) return InvalidArgument("max_tokens must be >= 1");
-  if (s.n == 0) return InvalidArgument("n must be >= 1");
-  KVF_RETURN_IF_ERROR(backend::ValidateSamplingParams(BackendSampling(s, 0)));
+  KVF_RETURN_IF_ERROR(ValidateSampling(s));
   if (limits.vocab_size > 0) {
     for (TokenId t : request.prompt) {
       if (t >= limits.vocab_size) {

@@ -2,20 +2,20 @@
 // back for it: streamed tokens, a finish reason, usage counts.
 //
 // These are plain values. The request server builds a GenerateRequest from a capnp
-// Generate (Contract 3 of docs/DESIGN.md) and turns RequestOutput back into Deltas, so
-// the engine itself knows nothing of the wire.
+// Generate (Contract 3 of docs/DESIGN.md), taking its SamplingParams as they are, and turns
+// RequestOutput back into Deltas, so the engine itself knows nothing of the wire.
 //
 // Thread safety: values; no shared state.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "schema/sampling.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/retention.h"
 
@@ -25,33 +25,9 @@ namespace kvfleet::engine {
 // server maps (router connection, wire request id) to one of these.
 using RequestId = uint64_t;
 
-struct SamplingOptions {
-  float temperature = 1.0f;  // 0 = greedy
-  float top_p = 1.0f;        // (0, 1]; 1 = off
-  int32_t top_k = 0;         // 0 = off
-  std::optional<uint64_t> seed;  // none: derived from the request id
-  uint32_t max_tokens = 16;  // generated tokens, >= 1
-  std::vector<TokenId> stop_token_ids;
-  bool ignore_eos = false;
-  // Sequences sampled from the prompt (OpenAI's n), >= 1. They share the prompt's prefill
-  // (engine.h, "n sequences"); sequence i samples with seed + i.
-  uint32_t n = 1;
-  // Logit processing and logprobs: backend::SamplingParams says what each does.
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
-  float min_p = 0.0f;
-  std::vector<std::pair<TokenId, float>> logit_bias;
-  int32_t logprobs = -1;         // -1: none; 0..20 top entries
-  bool prompt_logprobs = false;  // prefills without reusing cached blocks
-};
-
-// The backend's share of a request's sampling settings.
-backend::SamplingParams BackendSampling(const SamplingOptions& s, uint64_t seed);
-
 struct GenerateRequest {
   std::vector<TokenId> prompt;
-  SamplingOptions sampling;
+  SamplingParams sampling;  // as the router sent it (schema/sampling.h); never changed here
   kv::KvCacheRetentionConfig retention;  // passed through to the KV cache manager
   std::string lora;        // empty: none
   std::string cache_salt;  // empty: none
@@ -73,9 +49,9 @@ struct EngineLimits {
 uint8_t PreemptionPriority(const kv::KvCacheRetentionConfig& retention);
 
 // Checks a request against the limits. The codes the request server maps to wire
-// errors: InvalidArgument (bad sampling values, empty prompt, bad token id or
-// retention), OutOfRange (prompt does not fit the context). The engine checks the lora
-// (NotFound for one it does not serve).
+// errors: InvalidArgument (sampling values out of bounds, as ValidateSampling words them;
+// an empty prompt, a bad token id or retention), OutOfRange (the prompt does not fit the
+// context). The engine checks the lora (NotFound for one it does not serve).
 Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits);
 
 enum class FinishReason : uint8_t {

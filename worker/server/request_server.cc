@@ -42,21 +42,7 @@ namespace {
 engine::GenerateRequest ToRequest(GenerateParams&& g) {
   engine::GenerateRequest r;
   r.prompt = std::move(g.tokens);
-  r.sampling.temperature = g.sampling.temperature;
-  r.sampling.top_p = g.sampling.top_p;
-  r.sampling.top_k = g.sampling.top_k;
-  r.sampling.seed = g.sampling.seed;
-  r.sampling.max_tokens = g.sampling.max_tokens;
-  r.sampling.stop_token_ids = std::move(g.sampling.stop_token_ids);
-  r.sampling.ignore_eos = g.sampling.ignore_eos;
-  r.sampling.n = g.sampling.n;
-  r.sampling.presence_penalty = g.sampling.presence_penalty;
-  r.sampling.frequency_penalty = g.sampling.frequency_penalty;
-  r.sampling.repetition_penalty = g.sampling.repetition_penalty;
-  r.sampling.min_p = g.sampling.min_p;
-  r.sampling.logit_bias = std::move(g.sampling.logit_bias);
-  r.sampling.logprobs = g.sampling.logprobs;
-  r.sampling.prompt_logprobs = g.sampling.prompt_logprobs;
+  r.sampling = std::move(g.sampling);
   for (const RetentionRange& range : g.retention.ranges) {
     kv::TokenRangeRetention rr;
     rr.start = range.start;

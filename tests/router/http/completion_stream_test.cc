@@ -62,7 +62,7 @@ struct StreamFixture {
       setup.echo.on = true;
       setup.echo.text = *req->prompt_text;
       setup.echo.drop_generated = req->max_tokens == 0u;
-      if (req->logprobs >= 0) setup.echo.prompt.assign(req->prompt_text->begin(), req->prompt_text->end());
+      if (req->sampling.logprobs >= 0) setup.echo.prompt.assign(req->prompt_text->begin(), req->prompt_text->end());
     }
     setup.prompt_tokens = static_cast<uint32_t>(req->prompt_text->size());
     return std::make_shared<CompletionStream>(context, out, std::move(req).value(), codec, std::move(setup));

@@ -24,28 +24,28 @@ TEST_CASE("penalties, min_p, logit_bias and logprobs parse on completions and ch
     "max_tokens":0})",
                                   false);
   REQUIRE(c.ok());
-  CHECK(c->presence_penalty == 1.5f);
-  CHECK(c->frequency_penalty == -2.0f);
-  CHECK(c->repetition_penalty == doctest::Approx(1.1));
-  CHECK(c->min_p == doctest::Approx(0.05));
-  CHECK(c->logit_bias.size() == 2);
-  CHECK(c->logprobs == 5);
+  CHECK(c->sampling.presence_penalty == 1.5f);
+  CHECK(c->sampling.frequency_penalty == -2.0f);
+  CHECK(c->sampling.repetition_penalty == doctest::Approx(1.1));
+  CHECK(c->sampling.min_p == doctest::Approx(0.05));
+  CHECK(c->sampling.logit_bias.size() == 2);
+  CHECK(c->sampling.logprobs == 5);
   CHECK(c->echo);
   CHECK(*c->max_tokens == 0u);
   auto chat = ParseCompletionRequest(
       R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":20})", true);
   REQUIRE(chat.ok());
-  CHECK(chat->logprobs == 20);
+  CHECK(chat->sampling.logprobs == 20);
   auto bare = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true})",
                                      true);
-  CHECK(bare->logprobs == 0);
+  CHECK(bare->sampling.logprobs == 0);
   auto off = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":false})",
                                     true);
-  CHECK(off->logprobs == -1);
+  CHECK(off->sampling.logprobs == -1);
   auto defaults = ParseCompletionRequest(R"({"model":"m","prompt":"x"})", false);
-  CHECK(defaults->repetition_penalty == 1.0f);
-  CHECK(defaults->logprobs == -1);
-  CHECK(defaults->logit_bias.empty());
+  CHECK(defaults->sampling.repetition_penalty == 1.0f);
+  CHECK(defaults->sampling.logprobs == -1);
+  CHECK(defaults->sampling.logit_bias.empty());
 }
 
 TEST_CASE("bad sampling controls are 400s naming the field") {
@@ -61,6 +61,12 @@ TEST_CASE("bad sampling controls are 400s naming the field") {
   CHECK(Refusal(R"("logit_bias":{"4294967296":1})").param == "logit_bias");
   CHECK(Refusal(R"("logit_bias":{"5":101})").param == "logit_bias");
   CHECK(Refusal(R"("logit_bias":{"5":"1"})").param == "logit_bias");
+  // "1" and "01" are one token: refused here as the worker would (it refused it alone before).
+  ApiError twice = Refusal(R"("logit_bias":{"1":1,"01":2})");
+  CHECK(twice.param == "logit_bias");
+  CHECK(twice.message == "'logit_bias' names token 1 twice");
+  CHECK(Refusal(R"("repetition_penalty":100.5)").message == "'repetition_penalty' must be between 0 and 100");
+  CHECK(Refusal(R"("temperature":1e300)").message == "'temperature' must be between 0 and 2");
   json many = json::object();
   for (int i = 0; i < 301; ++i) many[std::to_string(i)] = 1;
   CHECK(Refusal("\"logit_bias\":" + many.dump()).message.find("at most 300") != std::string::npos);

@@ -27,11 +27,11 @@ TEST_CASE("a completion request with every supported field parses") {
   CHECK(r->model == "m");
   CHECK(*r->prompt_text == "hi");
   CHECK(*r->max_tokens == 5);
-  CHECK(r->top_k == 40);
-  CHECK(*r->seed == 7);
+  CHECK(r->sampling.top_k == 40);
+  CHECK(*r->sampling.seed == 7);
   CHECK(r->stop.size() == 2);
   CHECK(r->include_usage);
-  CHECK(r->ignore_eos);
+  CHECK(r->sampling.ignore_eos);
   CHECK(*r->routing == Policy::kRoundRobin);
   REQUIRE(r->retention.ranges.size() == 1);
   CHECK(*r->retention.ranges[0].end == 64);
@@ -46,13 +46,13 @@ TEST_CASE("n is 1 to max_n; best_of is refused with a 400 naming it unless it eq
                                   : R"({"model":"m","prompt":"x")";
     auto one = ParseCompletionRequest(head + "}", chat);
     REQUIRE(one.ok());
-    CHECK(one->n == 1);
+    CHECK(one->sampling.n == 1);
     auto three = ParseCompletionRequest(head + (chat ? R"(,"n":3})" : R"(,"n":3,"best_of":3})"), chat);
     REQUIRE(three.ok());
-    CHECK(three->n == 3);
+    CHECK(three->sampling.n == 3);
     auto sixteen = ParseCompletionRequest(head + (chat ? R"(,"n":16})" : R"(,"n":16,"best_of":null})"), chat);
     REQUIRE(sixteen.ok());
-    CHECK(sixteen->n == 16);
+    CHECK(sixteen->sampling.n == 16);
     // best_of is a completions field: on a chat it is refused whatever its value.
     if (chat) CHECK(ParseError(head + R"(,"n":3,"best_of":3})", chat).param == "best_of");
     ApiError best_of = ParseError(head + R"(,"n":2,"best_of":4})", chat);
@@ -113,14 +113,14 @@ TEST_CASE("malformed and unsupported requests are 400s naming the parameter") {
 TEST_CASE("stop_token_ids: an array of non-negative ids on completions and chat; anything else is a 400 naming it") {
   auto c = ParseCompletionRequest(R"({"model":"m","prompt":"x","stop_token_ids":[128009, 0]})", false);
   REQUIRE(c.ok());
-  CHECK(c->stop_token_ids == std::vector<TokenId>{128009, 0});
+  CHECK(c->sampling.stop_token_ids == std::vector<TokenId>{128009, 0});
   auto chat = ParseCompletionRequest(
       R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop_token_ids":[128009]})", true);
   REQUIRE(chat.ok());
-  CHECK(chat->stop_token_ids == std::vector<TokenId>{128009});
+  CHECK(chat->sampling.stop_token_ids == std::vector<TokenId>{128009});
   auto none = ParseCompletionRequest(R"({"model":"m","prompt":"x","stop_token_ids":null})", false);
   REQUIRE(none.ok());
-  CHECK(none->stop_token_ids.empty());
+  CHECK(none->sampling.stop_token_ids.empty());
 
   for (const char* bad : {R"("stop_token_ids":5)", R"("stop_token_ids":[-1])", R"("stop_token_ids":[1.5])",
                           R"("stop_token_ids":["2"])", R"("stop_token_ids":[4294967296])",
@@ -155,9 +155,9 @@ TEST_CASE("a duplicated key takes its last value, as nlohmann's object did") {
 }
 
 TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are refused where an integer is due") {
-  CHECK(*ParseCompletionRequest(Completion(R"("seed":18446744073709551615)"), false)->seed == UINT64_MAX);
-  CHECK(*ParseCompletionRequest(Completion(R"("seed":-1)"), false)->seed == UINT64_MAX);
-  CHECK(*ParseCompletionRequest(Completion(R"("seed":-9223372036854775808)"), false)->seed == 0x8000000000000000ull);
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":18446744073709551615)"), false)->sampling.seed == UINT64_MAX);
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":-1)"), false)->sampling.seed == UINT64_MAX);
+  CHECK(*ParseCompletionRequest(Completion(R"("seed":-9223372036854775808)"), false)->sampling.seed == 0x8000000000000000ull);
   for (const char* big : {"18446744073709551616", "-9223372036854775809", "123456789012345678901234567890"}) {
     CAPTURE(big);
     ApiError seed = ParseError(Completion(std::string(R"("seed":)") + big));
@@ -188,14 +188,14 @@ TEST_CASE("numbers beyond double's range are malformed JSON; below it they are z
   }
   auto tiny = ParseCompletionRequest(Completion(R"("temperature":1e-400)"), false);
   REQUIRE(tiny.ok());
-  CHECK(tiny->temperature == 0.0f);
+  CHECK(tiny->sampling.temperature == 0.0f);
 }
 
 TEST_CASE("-0 is the integer 0 but not an unsigned token id; -0.0 is not an integer") {
   auto r = ParseCompletionRequest(Completion(R"("top_k":-0,"seed":-0,"temperature":-0)"), false);
   REQUIRE(r.ok());
-  CHECK(r->top_k == 0);
-  CHECK(*r->seed == 0);
+  CHECK(r->sampling.top_k == 0);
+  CHECK(*r->sampling.seed == 0);
   CHECK(ParseError(Completion(R"("max_tokens":-0)")).message.find("0 only with echo") != std::string::npos);
   CHECK(ParseError(Completion(R"("top_k":-0.0)")).message == "'top_k' must be an integer");
   CHECK(ParseError(R"({"model":"m","prompt":[1,-0]})").param == "prompt");

@@ -84,7 +84,7 @@ struct CpuEngine {
     std::vector<backend::TokenLogprobs> logprobs, prompt_logprobs;
     int outputs_with_prompt_logprobs = 0;
   };
-  std::vector<Answer> RunWith(const std::vector<std::vector<TokenId>>& prompts, const SamplingOptions& sampling) {
+  std::vector<Answer> RunWith(const std::vector<std::vector<TokenId>>& prompts, const SamplingParams& sampling) {
     std::vector<RequestId> ids;
     for (const auto& p : prompts) {
       GenerateRequest r;
@@ -287,8 +287,8 @@ float MaxLogprobDiff(const std::vector<backend::TokenLogprobs>& a, const std::ve
   return d;
 }
 
-SamplingOptions EchoSampling() {
-  SamplingOptions s;
+SamplingParams EchoSampling() {
+  SamplingParams s;
   s.temperature = 0;
   s.max_tokens = 24;
   s.ignore_eos = true;
@@ -336,7 +336,7 @@ TEST_CASE("cpu backend: prompt logprobs cover tokens 1..n-1 once, alike chunked,
   }
   SUBCASE("the prompt is in the reuse tree: it is computed again, not matched") {
     CpuEngine e(256, 256, 8);
-    SamplingOptions plain = EchoSampling();
+    SamplingParams plain = EchoSampling();
     plain.logprobs = -1;
     plain.prompt_logprobs = false;
     e.RunWith(prompts, plain);
@@ -353,7 +353,7 @@ TEST_CASE("cpu backend: frequency and presence penalties steer greedy decoding b
   // loses to an unpenalised one among them); the tiny model's greedy path repeats, so the
   // unpenalised answer differs.
   CpuEngine e(256, 256, 4);
-  SamplingOptions s;
+  SamplingParams s;
   s.temperature = 0;
   s.max_tokens = 30;
   s.ignore_eos = true;
@@ -362,7 +362,7 @@ TEST_CASE("cpu backend: frequency and presence penalties steer greedy decoding b
   s.presence_penalty = 0.5f;
   const auto prompts = Prompts();
   const auto got = e.RunWith({prompts[0], prompts[1]}, s);
-  SamplingOptions plain = s;
+  SamplingParams plain = s;
   plain.frequency_penalty = plain.presence_penalty = 0;
   const auto unpenalised = e.RunWith({prompts[0], prompts[1]}, plain);
   for (size_t r = 0; r < got.size(); ++r) {
@@ -386,7 +386,7 @@ TEST_CASE("cpu backend: frequency and presence penalties steer greedy decoding b
 TEST_CASE("cpu backend: logit_bias +100 forces a token and -100 bans the greedy one") {
   CpuEngine e(256, 256, 4);
   const auto prompts = Prompts();
-  SamplingOptions s;
+  SamplingParams s;
   s.temperature = 0;
   s.max_tokens = 5;
   s.ignore_eos = true;

@@ -600,12 +600,13 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     const SequenceStep& step = batch.seqs[s];
     const int64_t n = static_cast<int64_t>(step.tokens.size());
     const Row& last = rows_[r + n - 1];
-    const int32_t top = std::max(step.sampling.logprobs, 0);
+    const SamplingParams& sampling = *step.sampling;
+    const int32_t top = std::max(sampling.logprobs, 0);
     if (step.sample) {
       const std::span<const float> row(&logits_[last.logits_row * V], V);
-      BuildLogitAdjusts(step.sampling, step.history, static_cast<size_t>(step.prompt_len), &adjust_);
-      out->tokens[s] = sampler_.Sample(row, step.sampling, step.rng_counter, adjust_);
-      if (step.sampling.logprobs >= 0) out->logprobs[s] = ComputeLogprobs(row, out->tokens[s], top);
+      BuildLogitAdjusts(sampling, step.history, static_cast<size_t>(step.prompt_len), &adjust_);
+      out->tokens[s] = sampler_.Sample(row, sampling, step.seed, step.rng_counter, adjust_);
+      if (sampling.logprobs >= 0) out->logprobs[s] = ComputeLogprobs(row, out->tokens[s], top);
     }
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(step);
     for (int64_t p = prompt_rows.first; p < prompt_rows.end; ++p) {

@@ -54,7 +54,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     graph = graph && st.tokens.size() == 1 && st.sample && st.logits == LogitsRequest::kNone;
     graph = graph && !(dense_pool && st.start_position < st.context_end);
     // Logprobs and adjustments are sized per step: eager steps only.
-    graph = graph && st.sampling.logprobs < 0 && !st.sampling.prompt_logprobs && !st.sampling.penalized();
+    graph = graph && st.sampling->logprobs < 0 && !st.prompt_logprobs && !st.sampling->penalized();
     graph = graph && (st.lora_slot < 0 || !lora_debug_.time_kernels);  // timed LoRA steps run eagerly
     // (8) Timed collectives run eagerly, and so do steps without them (an ablation): the
     // cached graphs hold the collectives.
@@ -117,7 +117,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     // Part B: the other rows of a kAll sequence, and rows whose next prompt token's logprob
     // is asked for (a non-final chunk's last row too, though part A may hold it for its logits).
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(st);
-    if (st.sampling.prompt_logprobs) m.prompt_top = std::max(m.prompt_top, st.sampling.logprobs);
+    if (st.prompt_logprobs) m.prompt_top = std::max(m.prompt_top, st.sampling->logprobs);
     for (int32_t r = m.row0[s]; r < m.row0[s + 1]; ++r) {
       const bool logits = st.logits == LogitsRequest::kAll && r < m.row0[s + 1] - 1;
       const int64_t pos = st.start_position + (r - m.row0[s]);
@@ -220,20 +220,22 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     }
     const SequenceStep& st = batch.seqs[part_a_seq[a]];
     const bool sample = st.sample;
-    temp_h[a] = sample ? st.sampling.temperature : 0.0f;
-    topk_h[a] = sample ? st.sampling.top_k : 0;
-    topp_h[a] = sample ? st.sampling.top_p : 1.0f;
-    seed_h[a] = st.sampling.seed;
+    const SamplingParams& sp = *st.sampling;
+    temp_h[a] = sample ? sp.temperature : 0.0f;
+    topk_h[a] = sample ? sp.top_k : 0;
+    topp_h[a] = sample ? sp.top_p : 1.0f;
+    seed_h[a] = st.seed;
     ctr_h[a] = st.rng_counter;
-    minp_h[a] = sample ? st.sampling.min_p : 0.0f;
-    lpn_h[a] = sample ? st.sampling.logprobs : -1;
+    minp_h[a] = sample ? sp.min_p : 0.0f;
+    lpn_h[a] = sample ? sp.logprobs : -1;
     m.want_logprobs = m.want_logprobs || lpn_h[a] >= 0;
   }
   // Logit adjustments of the sampled rows (penalties, logit_bias); none in a graphed step.
   adjust_scratch_.clear();
   bool any_adjust = false;
   for (int32_t a = 0; a < na && !any_adjust; ++a) {
-    any_adjust = part_a_seq[a] < S_real && batch.seqs[part_a_seq[a]].sample && batch.seqs[part_a_seq[a]].sampling.penalized();
+    const int32_t s = part_a_seq[a];
+    any_adjust = s < S_real && batch.seqs[s].sample && batch.seqs[s].sampling->penalized();
   }
   if (any_adjust) {
     auto [begin_h, begin_d] = pack.Take<int32_t>(static_cast<size_t>(na) + 1);
@@ -243,7 +245,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
       const int32_t s = part_a_seq[a];
       if (s < S_real && batch.seqs[s].sample) {
         const SequenceStep& st = batch.seqs[s];
-        BuildLogitAdjusts(st.sampling, st.history, static_cast<size_t>(st.prompt_len), &adjust_row_);
+        BuildLogitAdjusts(*st.sampling, st.history, static_cast<size_t>(st.prompt_len), &adjust_row_);
         adjust_scratch_.insert(adjust_scratch_.end(), adjust_row_.begin(), adjust_row_.end());
       }
       begin_h[a + 1] = static_cast<int32_t>(adjust_scratch_.size());

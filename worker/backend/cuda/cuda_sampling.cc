@@ -123,7 +123,7 @@ Status CudaBackend::CollectOutput(const StepBatch& batch, const StepMeta& m, int
     if (s >= S_real) continue;
     const SequenceStep& st = batch.seqs[s];
     if (st.sample) out->tokens[s] = static_cast<TokenId>(tokens_host_[a]);
-    if (st.sample && st.sampling.logprobs >= 0) out->logprobs[s] = LogprobsOfRow(a, out->tokens[s], st.sampling.logprobs);
+    if (st.sample && st.sampling->logprobs >= 0) out->logprobs[s] = LogprobsOfRow(a, out->tokens[s], st.sampling->logprobs);
     if (st.logits != LogitsRequest::kNone) {
       const int64_t dst = out->logits_offset[s] + (st.logits == LogitsRequest::kAll ? m.row0[s + 1] - m.row0[s] - 1 : 0);
       std::memcpy(&out->logits[dst * V], logits_host_ + static_cast<size_t>(a) * V, V * sizeof(float));
@@ -160,7 +160,7 @@ Status CudaBackend::CollectOutput(const StepBatch& batch, const StepMeta& m, int
       }
       if (m.part_b_target[j] >= 0) {
         out->prompt_logprobs[s].push_back(LogprobsOfRow(j - j0, static_cast<TokenId>(m.part_b_target[j]),
-                                                        batch.seqs[s].sampling.logprobs));
+                                                        batch.seqs[s].sampling->logprobs));
       }
     }
   }

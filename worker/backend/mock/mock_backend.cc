@@ -197,7 +197,10 @@ Status MockBackend::Validate(const StepBatch& batch) const {
         }
       }
     }
-    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
+    if (s.sampling == nullptr) {
+      return InvalidArgument("request " + std::to_string(s.request_id) + ": no sampling parameters");
+    }
+    if (s.sample) KVF_RETURN_IF_ERROR(ValidateSampling(*s.sampling));
     if (s.lora_slot < -1 || s.lora_slot >= options_.max_loras || (s.lora_slot >= 0 && lora_slots_[s.lora_slot] == 0)) {
       return InvalidArgument("request " + std::to_string(s.request_id) + ": LoRA slot " + std::to_string(s.lora_slot) +
                              " holds no adapter (the backend has " + std::to_string(options_.max_loras) + " slots)");
@@ -254,7 +257,7 @@ TokenId MockBackend::TokenFor(const SequenceStep& s, uint64_t context) const {
   if (mock_.eos_after > 0 && s.rng_counter + 1 == mock_.eos_after && !config_.eos_token_ids.empty()) {
     return static_cast<TokenId>(config_.eos_token_ids.front());
   }
-  TokenId t = static_cast<TokenId>(SplitMix64(s.sampling.seed ^ SplitMix64(s.rng_counter + 1) ^ context) % vocab);
+  TokenId t = static_cast<TokenId>(SplitMix64(s.seed ^ SplitMix64(s.rng_counter + 1) ^ context) % vocab);
   while (std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), static_cast<int64_t>(t))) {
     t = static_cast<TokenId>((t + 1) % vocab);
   }
@@ -294,10 +297,10 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
     }
     if (s.lora_slot >= 0) context = SplitMix64(context ^ lora_slots_[s.lora_slot]);
     if (s.sample) out->tokens[i] = TokenFor(s, context);
-    if (s.sample && s.sampling.logprobs >= 0) out->logprobs[i] = MockLogprobs(out->tokens[i], s.sampling.logprobs);
+    if (s.sample && s.sampling->logprobs >= 0) out->logprobs[i] = MockLogprobs(out->tokens[i], s.sampling->logprobs);
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(s);
     for (int64_t p = prompt_rows.first; p < prompt_rows.end; ++p) {
-      out->prompt_logprobs[i].push_back(MockLogprobs(s.history[p + 1], s.sampling.logprobs));
+      out->prompt_logprobs[i].push_back(MockLogprobs(s.history[p + 1], s.sampling->logprobs));
     }
   }
   last_step_ = mock_.cost.StepDuration(work);

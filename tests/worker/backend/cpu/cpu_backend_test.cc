@@ -212,7 +212,16 @@ TEST_CASE("a malformed batch is refused with the reason, before anything runs") 
   expect([&](StepBatch& x) { x.seqs[0].block_tables = {hole}; }, "no block for visible position 8");
   expect([&](StepBatch& x) { x.seqs[0].block_tables = {out_of_range}; }, "block id 500 out of range");
   expect([&](StepBatch& x) { x.seqs[0].block_tables = {}; }, "block tables");
-  expect([&](StepBatch& x) { x.seqs[0].sampling.top_p = 0; }, "top_p");
+  const SamplingParams no_top_p{.top_p = 0};
+  expect([&](StepBatch& x) { x.seqs[0].sampling = &no_top_p; }, "'top_p' must be greater than 0");
+  expect([&](StepBatch& x) { x.seqs[0].sampling = nullptr; }, "no sampling parameters");
+  const SamplingParams no_logprobs;
+  expect(
+      [&](StepBatch& x) {
+        x.seqs[0].sampling = &no_logprobs;
+        x.seqs[0].prompt_logprobs = true;
+      },
+      "prompt logprobs need");
   expect([&](StepBatch& x) { x.seqs[0].start_position = 1020; }, "outside the context");
   expect([&](StepBatch& x) { x.seqs.push_back(x.seqs[0]); }, "written by two sequences");
   expect(
@@ -232,6 +241,7 @@ TEST_CASE("results do not depend on the thread count, and sampling not on the ba
   CHECK(PrefillLogits(*one, toks, 0) == PrefillLogits(*two, toks, 0));  // bit for bit
 
   // A seeded, tempered request samples the same tokens alone and beside another.
+  const SamplingParams tempered{.temperature = 0.9f, .top_p = 0.95f, .top_k = 40}, plain;
   auto run = [&](bool crowded) {
     std::vector<TokenId> generated;
     std::vector<BlockId> t0 = Table(10, 8), t1 = Table(20, 8);
@@ -244,7 +254,8 @@ TEST_CASE("results do not depend on the thread count, and sampling not on the ba
       s.start_position = step == 0 ? 0 : 37 + step - 1;
       s.block_tables = {t0};
       s.sample = true;
-      s.sampling = {.temperature = 0.9f, .top_p = 0.95f, .top_k = 40, .seed = 1234};
+      s.sampling = &tempered;
+      s.seed = 1234;
       s.rng_counter = static_cast<uint64_t>(step);
       batch.seqs.push_back(s);
       if (crowded && step < 2) {
@@ -253,7 +264,8 @@ TEST_CASE("results do not depend on the thread count, and sampling not on the ba
         n.start_position = step * 5;
         n.block_tables = {t1};
         n.sample = true;
-        n.sampling = {.temperature = 1.0f, .seed = 99};
+        n.sampling = &plain;
+        n.seed = 99;
         batch.seqs.insert(batch.seqs.begin(), n);
       }
       StepOutput out;

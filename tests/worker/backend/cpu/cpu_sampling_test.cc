@@ -38,8 +38,10 @@ std::vector<double> LogSoftmax(std::span<const float> row) {
   return out;
 }
 
-// One step over `history` from position 0, sampling after its last token, every row's logits back.
-StepOutput RunAll(ModelBackend& b, std::span<const TokenId> history, int64_t prompt_len, const SamplingParams& p) {
+// One step over `history` from position 0, sampling after its last token (seeded `seed`), every
+// row's logits back; prompt logprobs as p asks.
+StepOutput RunAll(ModelBackend& b, std::span<const TokenId> history, int64_t prompt_len, const SamplingParams& p,
+                  uint64_t seed = 0) {
   std::vector<BlockId> table(history.size() / b.block_size() + 1);
   std::iota(table.begin(), table.end(), 0);
   SequenceStep s;
@@ -48,7 +50,9 @@ StepOutput RunAll(ModelBackend& b, std::span<const TokenId> history, int64_t pro
   s.prompt_len = prompt_len;
   s.block_tables = {table};
   s.sample = true;
-  s.sampling = p;
+  s.sampling = &p;
+  s.seed = seed;
+  s.prompt_logprobs = p.prompt_logprobs;
   s.logits = LogitsRequest::kAll;
   StepBatch batch;
   batch.seqs.push_back(s);
@@ -69,7 +73,7 @@ TEST_CASE("cpu backend: prompt and sampled logprobs are log-softmax of its fp32 
   const int64_t V = b->config().vocab_size;
   const std::vector<TokenId> prompt = Tokens(21, 3);
   const StepOutput out = RunAll(*b, prompt, static_cast<int64_t>(prompt.size()),
-                                {.temperature = 0.8f, .seed = 5, .logprobs = 5, .prompt_logprobs = true});
+                                {.temperature = 0.8f, .logprobs = 5, .prompt_logprobs = true}, 5);
   REQUIRE(out.prompt_logprobs[0].size() == prompt.size() - 1);
   double worst = 0;
   for (size_t p = 0; p + 1 < prompt.size(); ++p) {
@@ -144,7 +148,7 @@ TEST_CASE("cpu backend: greedy with penalties and logit_bias is the argmax of th
     // "Generated" tokens with repeats, led by the prompt's own next-token argmax.
     const TokenId top = RunAll(*b, history, static_cast<int64_t>(prompt_len), {.temperature = 0.0f}).tokens[0];
     for (TokenId t : {top, history[3], top, static_cast<TokenId>(77 + salt), history[3], top}) history.push_back(t);
-    const std::pair<TokenId, float> bias[] = {{5, 2.5f}, {history[0], -3.0f}};
+    const std::vector<std::pair<TokenId, float>> bias = {{5, 2.5f}, {history[0], -3.0f}};
     SamplingParams p{.temperature = 0.0f, .presence_penalty = 1.0f, .frequency_penalty = 1.5f,
                      .repetition_penalty = 1.8f, .logit_bias = bias};
     const StepOutput out = RunAll(*b, history, static_cast<int64_t>(prompt_len), p);
@@ -160,8 +164,7 @@ TEST_CASE("cpu backend: greedy with penalties and logit_bias is the argmax of th
       SamplingParams q = p;
       q.temperature = 1.0f;
       q.min_p = 0.3f;
-      q.seed = seed;
-      const StepOutput o = RunAll(*b, history, static_cast<int64_t>(prompt_len), q);
+      const StepOutput o = RunAll(*b, history, static_cast<int64_t>(prompt_len), q, seed);
       CHECK(adj[o.tokens[0]] >= max_adj + std::log(0.3f) - 1e-5f);
     }
   }
