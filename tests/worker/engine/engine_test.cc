@@ -291,6 +291,10 @@ TEST_CASE("bad requests are refused with the code the wire error needs") {
   CHECK(add([](GenerateRequest& r) { r.sampling.top_p = 0; }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.sampling.top_k = -2; }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.sampling.max_tokens = 0; }) == StatusCode::kInvalidArgument);
+  // The router's bounds (schema/sampling.h): a worker once took repetition_penalty 200 and
+  // temperature 5, which no router admits.
+  CHECK(add([](GenerateRequest& r) { r.sampling.repetition_penalty = 200; }) == StatusCode::kInvalidArgument);
+  CHECK(add([](GenerateRequest& r) { r.sampling.temperature = 5; }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.prompt.clear(); }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.prompt[0] = 1u << 30; }) == StatusCode::kInvalidArgument);
   CHECK(add([](GenerateRequest& r) { r.lora = "sql-adapter"; }) == StatusCode::kNotFound);  // serves no adapters
