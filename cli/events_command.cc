@@ -15,7 +15,6 @@
 #include <memory>
 #include <sstream>
 
-#include <capnp/message.h>
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -23,7 +22,6 @@
 #include "cli/commands.h"
 #include "common/curve_keys.h"
 #include "schema/event_codec.h"
-#include "schema/wire.h"
 
 namespace kvfleet::cli {
 
@@ -142,12 +140,8 @@ Status PrintSnapshot(zmq::context_t& ctx, const EventsArgs& args, SnapshotPoint*
   dealer.set(zmq::sockopt::linger, 0);
   KVF_RETURN_IF_ERROR(Secure(dealer, args));
   dealer.connect(args.replay);
-  capnp::MallocMessageBuilder request;
-  auto r = request.initRoot<schema::ReplayRequest>();
-  r.setEpoch(0);  // no epoch known: the answer is a snapshot
-  r.setFromSeq(0);
-  r.setRequestId(1);
-  const std::string bytes = wire::Encode(request);
+  // No epoch known: the answer is a snapshot.
+  const std::string bytes = events::EncodeReplayRequest({.epoch = 0, .from_seq = 0, .request_id = 1});
   dealer.send(zmq::buffer(bytes), zmq::send_flags::none);
   while (true) {
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
@@ -158,25 +152,21 @@ Status PrintSnapshot(zmq::context_t& ctx, const EventsArgs& args, SnapshotPoint*
     }
     zmq::message_t m;
     (void)dealer.recv(m);
-    auto decoded = wire::Decode<schema::ReplayReply>(m.data(), m.size());
-    if (!decoded.ok()) return DataLoss("--replay " + args.replay + ": " + decoded.status().message());
-    auto reply = (*decoded)->Root<schema::ReplayReply>();
-    if (reply.isError()) return Internal("--replay " + args.replay + ": the worker says: " + reply.getError().cStr());
-    if (!reply.isSnapshot()) return DataLoss("--replay " + args.replay + ": a replay reply that is not a snapshot");
-    auto snap = reply.getSnapshot();
-    std::vector<kv::KvEvent> events(snap.getEvents().size());
-    for (unsigned i = 0; i < events.size(); ++i) {
-      KVF_RETURN_IF_ERROR(events::ParseKvEvent(snap.getEvents()[i], &events[i]));
-    }
-    PrintLine({{"worker", reply.getWorkerId().cStr()},
-               {"epoch", Hex(reply.getEpoch())},
+    auto reply = events::DecodeReplayReply(m.data(), m.size());
+    if (!reply.ok()) return DataLoss("--replay " + args.replay + ": " + reply.status().message());
+    if (const auto* error = std::get_if<events::ReplayError>(&reply->body))
+      return Internal("--replay " + args.replay + ": the worker says: " + error->message);
+    const auto* snap = std::get_if<events::SnapshotChunk>(&reply->body);
+    if (snap == nullptr) return DataLoss("--replay " + args.replay + ": a replay reply that is not a snapshot");
+    PrintLine({{"worker", reply->header.worker_id},
+               {"epoch", Hex(reply->header.epoch)},
                {"snapshot",
-                {{"consistent_seq", snap.getConsistentSeq()},
-                 {"consistent_event_id", snap.getConsistentEventId()},
-                 {"last", reply.getLast()}}},
-               {"events", EventsJson(events)}});
-    if (reply.getLast()) {
-      *point = {reply.getEpoch(), snap.getConsistentSeq()};
+                {{"consistent_seq", snap->consistent_seq},
+                 {"consistent_event_id", snap->consistent_event_id},
+                 {"last", reply->header.last}}},
+               {"events", EventsJson(snap->events)}});
+    if (reply->header.last) {
+      *point = {reply->header.epoch, snap->consistent_seq};
       return Status::Ok();
     }
   }

@@ -1,8 +1,12 @@
 #include "schema/event_codec.h"
 
+#include <utility>
+
 #include <capnp/message.h>
 #include <kj/exception.h>
 
+#include "common/check.h"
+#include "schema/events.capnp.h"
 #include "schema/wire.h"
 
 namespace kvfleet::events {
@@ -45,14 +49,6 @@ struct BlockEventCounter {
   size_t operator()(const kv::ClearedEvent&) const { return 1; }
   size_t operator()(const kv::CreatedEvent&) const { return 0; }
 };
-
-}  // namespace
-
-size_t BlockEventCount(std::span<const kv::KvEvent> events) {
-  size_t n = 0;
-  for (const kv::KvEvent& e : events) n += std::visit(BlockEventCounter{}, e.data);
-  return n;
-}
 
 void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
   out.setWindowSize(event.window_size);
@@ -100,8 +96,6 @@ void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out) {
       event.data);
 }
 
-namespace {
-
 // Lists of structs may hold zero-sized elements, which cost the sender nothing each: a few
 // bytes could expand into millions of default entries. A real element takes at least one
 // word, so a message's size in words bounds how many list structs it can honestly carry.
@@ -114,7 +108,7 @@ struct StructBudget {
   }
 };
 
-Status ParseKvEventIn(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget& budget) {
+Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget& budget) {
   out->window_size = in.getWindowSize();
   out->id = in.getEventId();
   switch (in.which()) {
@@ -183,11 +177,11 @@ Status ParseKvEventIn(schema::KvEvent::Reader in, kv::KvEvent* out, StructBudget
   return InvalidArgument("unknown event kind " + std::to_string(static_cast<int>(in.which())));
 }
 
-}  // namespace
-
-Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out) {
-  StructBudget budget{in.totalSize().wordCount};
-  return ParseKvEventIn(in, out, budget);
+Status ParseKvEvents(capnp::List<schema::KvEvent>::Reader in, std::vector<kv::KvEvent>* out, StructBudget& budget) {
+  if (!budget.Take(in.size())) return DataLoss("empty event entries");
+  out->resize(in.size());
+  for (unsigned i = 0; i < in.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEvent(in[i], &(*out)[i], budget));
+  return Status::Ok();
 }
 
 void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
@@ -227,9 +221,8 @@ LoadReport ParseLoad(schema::Load::Reader in) {
   return l;
 }
 
-std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load) {
-  capnp::MallocMessageBuilder message;
-  auto b = message.initRoot<schema::EventBatch>();
+void BuildBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load,
+                schema::EventBatch::Builder b) {
   b.setWorkerId(header.worker_id);
   b.setEpoch(header.epoch);
   b.setSeq(header.seq);
@@ -237,52 +230,162 @@ std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> 
   auto list = b.initEvents(static_cast<unsigned>(events.size()));
   for (size_t i = 0; i < events.size(); ++i) BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
   BuildLoad(load, b.initLoad());
-  return wire::Encode(message);
 }
 
-namespace {
+Status CheckWorkerId(capnp::Text::Reader id) {
+  if (id.size() == 0 || id.size() > config::kMaxWorkerIdBytes) return InvalidArgument("bad worker id length");
+  return Status::Ok();
+}
 
 // REQUIRES: called inside a kj::Exception guard (a malformed pointer throws).
-Result<DecodedBatch> ParseBatchIn(schema::EventBatch::Reader in, StructBudget budget) {
+Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in, StructBudget& budget) {
   DecodedBatch out;
   auto id = in.getWorkerId();
-  if (id.size() == 0 || id.size() > config::kMaxWorkerIdBytes) return InvalidArgument("bad worker id length");
+  KVF_RETURN_IF_ERROR(CheckWorkerId(id));
   out.header.worker_id.assign(id.begin(), id.end());
   out.header.epoch = in.getEpoch();
   out.header.seq = in.getSeq();
   out.header.created_ns = in.getCreatedNs();
   if (out.header.epoch == 0) return InvalidArgument("epoch 0");
   if (out.header.seq == 0) return InvalidArgument("seq 0");
-  auto events = in.getEvents();
-  if (!budget.Take(events.size())) return DataLoss("batch with empty event entries");
-  out.events.resize(events.size());
-  for (unsigned i = 0; i < events.size(); ++i) KVF_RETURN_IF_ERROR(ParseKvEventIn(events[i], &out.events[i], budget));
+  KVF_RETURN_IF_ERROR(ParseKvEvents(in.getEvents(), &out.events, budget));
   KVF_RETURN_IF_ERROR(CheckEventIds(out.events));
   out.load = ParseLoad(in.getLoad());
   out.block_events = BlockEventCount(out.events);
   return out;
 }
 
-}  // namespace
+schema::ReplayReply::Builder InitReply(capnp::MessageBuilder& message, const ReplyHeader& header) {
+  auto reply = message.initRoot<schema::ReplayReply>();
+  reply.setWorkerId(header.worker_id);
+  reply.setEpoch(header.epoch);
+  reply.setRequestId(header.request_id);
+  reply.setLast(header.last);
+  return reply;
+}
 
-Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in) {
+// REQUIRES: called inside a kj::Exception guard.
+Result<ReplayReply> ParseReply(schema::ReplayReply::Reader in, StructBudget& budget) {
+  ReplayReply out;
+  auto id = in.getWorkerId();
+  KVF_RETURN_IF_ERROR(CheckWorkerId(id));
+  out.header.worker_id.assign(id.begin(), id.end());
+  out.header.epoch = in.getEpoch();
+  out.header.request_id = in.getRequestId();
+  out.header.last = in.getLast();
+  if (out.header.epoch == 0) return InvalidArgument("epoch 0");
+  switch (in.which()) {
+    case schema::ReplayReply::BATCHES: {
+      auto batches = in.getBatches();
+      if (!budget.Take(batches.size())) return DataLoss("replay with empty batch entries");
+      std::vector<DecodedBatch> list;
+      list.reserve(batches.size());
+      for (auto b : batches) {
+        KVF_ASSIGN_OR_RETURN(DecodedBatch batch, ParseBatch(b, budget));
+        list.push_back(std::move(batch));
+      }
+      out.body = std::move(list);
+      return out;
+    }
+    case schema::ReplayReply::SNAPSHOT: {
+      auto snap = in.getSnapshot();
+      SnapshotChunk chunk;
+      chunk.consistent_seq = snap.getConsistentSeq();
+      chunk.consistent_event_id = snap.getConsistentEventId();
+      KVF_RETURN_IF_ERROR(ParseKvEvents(snap.getEvents(), &chunk.events, budget));
+      out.body = std::move(chunk);
+      return out;
+    }
+    case schema::ReplayReply::ERROR: {
+      auto text = in.getError();
+      out.body = ReplayError{std::string(text.begin(), text.end())};
+      return out;
+    }
+  }
+  return InvalidArgument("unknown replay reply kind " + std::to_string(static_cast<int>(in.which())));
+}
+
+// Decodes a frame whose root is T with `parse` (root reader, budget) -> Result: one pass over
+// the frame, the reader validating each pointer as it is followed (and throwing on a bad
+// one) and the frame's size bounding its list structs, so the separate validating
+// traversals (wire::Decode's and totalSize()) are not needed.
+template <typename T, typename Parse>
+auto DecodeFrame(const void* data, size_t size, const char* what, Parse&& parse)
+    -> decltype(parse(std::declval<typename T::Reader>(), std::declval<StructBudget&>())) {
+  KVF_ASSIGN_OR_RETURN(auto msg, wire::DecodeRaw(data, size));
+  StructBudget budget{size / sizeof(capnp::word)};
   try {
-    return ParseBatchIn(in, StructBudget{in.totalSize().wordCount});
+    return parse(msg->template Root<T>(), budget);
   } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed batch: ") + e.getDescription().cStr());
+    return DataLoss(std::string("malformed ") + what + ": " + e.getDescription().cStr());
   }
 }
 
+}  // namespace
+
+size_t BlockEventCount(std::span<const kv::KvEvent> events) {
+  size_t n = 0;
+  for (const kv::KvEvent& e : events) n += std::visit(BlockEventCounter{}, e.data);
+  return n;
+}
+
+std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load) {
+  capnp::MallocMessageBuilder message;
+  BuildBatch(header, events, load, message.initRoot<schema::EventBatch>());
+  return wire::Encode(message);
+}
+
 Result<DecodedBatch> DecodeBatch(const void* data, size_t size) {
-  // One pass over the frame: the reader validates each pointer as it is followed (and
-  // throws on a bad one), and the frame's size bounds the list structs, so the separate
-  // validating traversals (wire::Decode's and totalSize()) are not needed.
-  KVF_ASSIGN_OR_RETURN(auto msg, wire::DecodeRaw(data, size));
-  try {
-    return ParseBatchIn(msg->Root<schema::EventBatch>(), StructBudget{size / sizeof(capnp::word)});
-  } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed batch: ") + e.getDescription().cStr());
+  return DecodeFrame<schema::EventBatch>(data, size, "batch", ParseBatch);
+}
+
+std::string EncodeReplayRequest(const ReplayRequest& request) {
+  capnp::MallocMessageBuilder message;
+  auto r = message.initRoot<schema::ReplayRequest>();
+  r.setEpoch(request.epoch);
+  r.setFromSeq(request.from_seq);
+  r.setRequestId(request.request_id);
+  return wire::Encode(message);
+}
+
+Result<ReplayRequest> DecodeReplayRequest(const void* data, size_t size) {
+  return DecodeFrame<schema::ReplayRequest>(data, size, "replay request",
+                                            [](schema::ReplayRequest::Reader in, StructBudget&) -> Result<ReplayRequest> {
+                                              return ReplayRequest{in.getEpoch(), in.getFromSeq(), in.getRequestId()};
+                                            });
+}
+
+std::string EncodeReplayBatches(const ReplyHeader& header, std::span<const std::string_view> frames) {
+  capnp::MallocMessageBuilder message;
+  auto list = InitReply(message, header).initBatches(static_cast<unsigned>(frames.size()));
+  for (size_t i = 0; i < frames.size(); ++i) {
+    // Copied into word-aligned memory and embedded as it was published.
+    auto frame = wire::DecodeRaw(frames[i].data(), frames[i].size());
+    KVF_CHECK(frame.ok()) << "a replay frame that EncodeBatch did not make: " << frame.status().ToString();
+    list.setWithCaveats(static_cast<unsigned>(i), (*frame)->Root<schema::EventBatch>());
   }
+  return wire::Encode(message);
+}
+
+std::string EncodeSnapshotChunk(const ReplyHeader& header, uint64_t consistent_seq, uint64_t consistent_event_id,
+                                std::span<const kv::KvEvent> events) {
+  capnp::MallocMessageBuilder message;
+  auto snap = InitReply(message, header).initSnapshot();
+  snap.setConsistentSeq(consistent_seq);
+  snap.setConsistentEventId(consistent_event_id);
+  auto list = snap.initEvents(static_cast<unsigned>(events.size()));
+  for (size_t i = 0; i < events.size(); ++i) BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
+  return wire::Encode(message);
+}
+
+std::string EncodeReplayError(const ReplyHeader& header, std::string_view message_text) {
+  capnp::MallocMessageBuilder message;
+  InitReply(message, header).setError(capnp::Text::Reader(message_text.data(), message_text.size()));
+  return wire::Encode(message);
+}
+
+Result<ReplayReply> DecodeReplayReply(const void* data, size_t size) {
+  return DecodeFrame<schema::ReplayReply>(data, size, "replay reply", ParseReply);
 }
 
 }  // namespace kvfleet::events

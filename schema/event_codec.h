@@ -1,8 +1,11 @@
-// Event codec: kv::KvEvent and load reports <-> schema/events.capnp (Contract 2).
+// Event codec: Contract 2's messages <-> C++ values. EventBatch (kv::KvEvent + LoadReport),
+// ReplayRequest and ReplayReply (replayed batches, snapshot chunks, errors).
 //
-// Shared by the worker's publisher (encode) and the router's event plane (decode), so the
-// two sides cannot disagree on the mapping. Decoding never trusts its input: every
-// structural or semantic problem is a DataLoss / InvalidArgument Status, never a crash.
+// The one encoder and decoder of every Contract 2 message, used by both sides: the worker's
+// publisher encodes batches and replay answers and decodes requests; the router's event
+// plane and `kvfleet events` encode requests and decode batches and answers. Decoding never
+// trusts its input: every structural or semantic problem is a DataLoss / InvalidArgument
+// Status, never a crash.
 //
 // Thread safety: free functions over values.
 #pragma once
@@ -11,10 +14,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "common/status.h"
-#include "schema/events.capnp.h"
 #include "schema/load_report.h"
 #include "schema/kv_event.h"
 
@@ -46,11 +50,6 @@ struct DecodedBatch {
   size_t block_events = 0;  // stored blocks + removed hashes + updates: the unit of "events"
 };
 
-void BuildKvEvent(const kv::KvEvent& event, schema::KvEvent::Builder out);
-Status ParseKvEvent(schema::KvEvent::Reader in, kv::KvEvent* out);
-void BuildLoad(const LoadReport& load, schema::Load::Builder out);
-LoadReport ParseLoad(schema::Load::Reader in);
-
 // The bytes of one EventBatch frame.
 std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load);
 
@@ -58,8 +57,53 @@ std::string EncodeBatch(const BatchHeader& header, std::span<const kv::KvEvent> 
 // worker id, known event kinds, tiers and priorities in range, event ids all 0 (a worker
 // older than eventId) or consecutive.
 Result<DecodedBatch> DecodeBatch(const void* data, size_t size);
-// The same from an already-decoded reader (ReplayReply carries batches inline).
-Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in);
+
+// A router's request to a worker's replay ROUTER.
+struct ReplayRequest {
+  uint64_t epoch = 0;       // the epoch the router knows; 0 = none (the answer is a snapshot)
+  uint64_t from_seq = 0;    // the first seq the router is missing
+  uint64_t request_id = 0;  // echoed in every message of the answer
+};
+
+std::string EncodeReplayRequest(const ReplayRequest& request);
+Result<ReplayRequest> DecodeReplayRequest(const void* data, size_t size);
+
+// What every message of an answer to a ReplayRequest carries.
+struct ReplyHeader {
+  std::string worker_id;
+  uint64_t epoch = 0;       // the worker's current epoch
+  uint64_t request_id = 0;  // the ReplayRequest's; 0 when it could not be read
+  bool last = true;         // the answer's final message
+};
+
+// One message of a snapshot: a part of every block the worker holds.
+struct SnapshotChunk {
+  uint64_t consistent_seq = 0;       // reflects every batch with seq <= this, and none after
+  uint64_t consistent_event_id = 0;  // every event with eventId <= this; 0 = none yet, or an older worker
+  std::vector<kv::KvEvent> events;   // `stored` chains, parents before children; ids 0
+};
+
+struct ReplayError {
+  std::string message;
+};
+
+// One decoded ReplayReply message.
+struct ReplayReply {
+  ReplyHeader header;
+  std::variant<std::vector<DecodedBatch>, SnapshotChunk, ReplayError> body;
+};
+
+// The worker's answer messages. `frames` are EncodeBatch's frames (the publisher's replay
+// ring), embedded as they were published. REQUIRES: each frame is EncodeBatch's.
+std::string EncodeReplayBatches(const ReplyHeader& header, std::span<const std::string_view> frames);
+std::string EncodeSnapshotChunk(const ReplyHeader& header, uint64_t consistent_seq, uint64_t consistent_event_id,
+                                std::span<const kv::KvEvent> events);
+std::string EncodeReplayError(const ReplyHeader& header, std::string_view message);
+
+// Decodes and validates one ReplayReply message: a non-zero epoch and a short non-empty
+// worker id; each batch as DecodeBatch checks it; snapshot events as a batch's events are
+// checked (kinds, tiers, priorities; their ids are not: a snapshot's are 0).
+Result<ReplayReply> DecodeReplayReply(const void* data, size_t size);
 
 // The eventId of a batch's first event, and of its last; 0 when it has none or its worker
 // predates eventId. A decoded batch's ids are consecutive (DecodeBatch checks).

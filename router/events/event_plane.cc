@@ -21,7 +21,7 @@
 #include "common/zmq_threads.h"
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
-#include "schema/wire.h"
+#include "schema/event_codec.h"
 
 namespace kvfleet::router {
 
@@ -209,12 +209,7 @@ void EventPlane::Impl::Enqueue(Command c, bool wait) {
 void EventPlane::Impl::RequestReplay(WorkerId worker, uint64_t epoch, uint64_t from_seq, uint64_t request_id) {
   auto it = workers_.find(worker);
   if (it == workers_.end()) return;
-  capnp::MallocMessageBuilder msg;
-  auto req = msg.initRoot<schema::ReplayRequest>();
-  req.setEpoch(epoch);
-  req.setFromSeq(from_seq);
-  req.setRequestId(request_id);
-  std::string payload = wire::Encode(msg);
+  const std::string payload = events::EncodeReplayRequest({epoch, from_seq, request_id});
   // A full pipe drops the request; the replay timeout asks again.
   (void)it->second->dealer.send(zmq::buffer(payload), zmq::send_flags::dontwait);
 }
@@ -336,18 +331,12 @@ void EventPlane::Impl::ReceiveReplies(Entry& e) {
   while (true) {
     zmq::message_t m;
     if (!e.dealer.recv(m, zmq::recv_flags::dontwait)) return;
-    // No validating traversal up front: a snapshot chunk is tens of MB, and the reader
-    // checks each pointer as the subscriber follows it (a bad one throws, caught below).
-    auto decoded = wire::DecodeRaw(m.data(), m.size());
-    if (!decoded.ok()) {
-      Malformed("replay", decoded.status().ToString());
+    auto reply = events::DecodeReplayReply(m.data(), m.size());
+    if (!reply.ok()) {
+      Malformed("replay", reply.status().ToString());
       continue;
     }
-    try {
-      e.sub->OnReplayReply((*decoded)->Root<schema::ReplayReply>(), m.size() / sizeof(capnp::word));
-    } catch (const kj::Exception& ex) {
-      Malformed("replay", ex.getDescription().cStr());
-    }
+    e.sub->OnReplayReply(*reply);
     touched_.insert(e.id);
   }
 }

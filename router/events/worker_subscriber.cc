@@ -231,60 +231,24 @@ void WorkerSubscriber::CollectEvent(const kv::KvEvent& event) {
       event.data);
 }
 
-bool WorkerSubscriber::ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader events, uint64_t max_blocks) {
-  // Snapshot events are `stored` chains, parents first (Contract 2): they go to the index
-  // straight from the reader, as one batch, with no per-event copies.
+void WorkerSubscriber::ApplySnapshotEvents(const std::vector<kv::KvEvent>& events) {
+  // Snapshot events are `stored` chains, parents first (Contract 2): their blocks go to the
+  // index as one batch, with no parent checks (a chain's parent may be far back in the chunk).
   ops_.clear();
-  uint64_t blocks_seen = 0;
-  bool ok = true;
-  for (auto e : events) {
-    if (e.which() != schema::KvEvent::STORED) {
-      // Not what a snapshot carries, but harmless: apply it the general way.
-      kv::KvEvent event;
-      if (!events::ParseKvEvent(e, &event).ok()) {
-        ++counters_->bad_replies;
-        continue;
-      }
-      CollectEvent(event);
+  for (const kv::KvEvent& e : events) {
+    const auto* stored = std::get_if<kv::StoredEvent>(&e.data);
+    if (stored == nullptr) {
+      CollectEvent(e);  // not what a snapshot carries, but harmless: applied the general way
       continue;
     }
-    if (e.getWindowSize() != window_) {
+    if (e.window_size != window_) {
       ++counters_->other_window;
       continue;
     }
-    auto blocks = e.getStored().getBlocks();
-    // A list of zero-sized structs costs the sender nothing per element; real blocks take
-    // words, so the whole reply's size bounds how many a chunk can honestly carry.
-    blocks_seen += blocks.size();
-    if (blocks_seen > max_blocks) {
-      ok = false;
-      break;
-    }
-    const size_t mark = ops_.size();
-    bool valid = true;
-    for (auto b : blocks) {
-      const schema::Tier tier = b.getTier();
-      if ((tier != schema::Tier::DEVICE && tier != schema::Tier::HOST) || b.getPriority() > kv::kMaxPriority) {
-        valid = false;
-        break;
-      }
-      ops_.push_back(BlockOp{b.getHash(), BlockOp::kStore,
-                             tier == schema::Tier::DEVICE ? kv::Tier::kDevice : kv::Tier::kHost, b.getPriority()});
-    }
-    if (!valid) {
-      ops_.resize(mark);  // the event is dropped whole, as a parse failure would
-      ++counters_->bad_replies;
-      continue;
-    }
-    counters_->applied_stored += blocks.size();
-  }
-  if (!ok) {
-    ops_.clear();
-    ++counters_->bad_replies;
-    return false;
+    for (const kv::StoredBlock& b : stored->blocks) ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier, b.priority});
+    counters_->applied_stored += stored->blocks.size();
   }
   FlushOps();
-  return true;
 }
 
 void WorkerSubscriber::DrainBuffer() {
@@ -317,66 +281,56 @@ void WorkerSubscriber::DrainBuffer() {
   Request(epoch_, applied_seq_ + 1);
 }
 
-void WorkerSubscriber::OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words) {
-  if (state_ == WorkerState::kDead || pending_request_ == 0 || reply.getRequestId() != pending_request_) return;
+void WorkerSubscriber::OnReplayReply(const events::ReplayReply& reply) {
+  if (state_ == WorkerState::kDead || pending_request_ == 0 || reply.header.request_id != pending_request_) return;
   last_heard_ = clock_->Now();
   stats_.last_heard = last_heard_;
   request_sent_ = last_heard_;  // the timeout measures silence, not the length of a big snapshot
-  // Lists of zero-sized structs would expand a few bytes into millions of default entries.
-  const uint64_t words = message_words != 0 ? message_words : reply.totalSize().wordCount;
-  if ((reply.isBatches() && reply.getBatches().size() > words) ||
-      (reply.isSnapshot() && reply.getSnapshot().getEvents().size() > words)) {
+  if (const auto* error = std::get_if<events::ReplayError>(&reply.body)) {
     ++counters_->bad_replies;
+    log_->warn("worker {}: replay error: {}", name_, error->message);
+    return;  // OnTick asks again after replay_timeout
+  }
+  if (const auto* batches = std::get_if<std::vector<events::DecodedBatch>>(&reply.body)) {
+    if (state_ != WorkerState::kReplaying || reply.header.epoch != epoch_) {
+      ++counters_->bad_replies;
+      return;
+    }
+    ApplyReplay(*batches, reply.header.last);
     return;
   }
-  switch (reply.which()) {
-    case schema::ReplayReply::ERROR:
-      ++counters_->bad_replies;
-      log_->warn("worker {}: replay error: {}", name_, std::string(reply.getError().cStr()));
-      return;  // OnTick asks again after replay_timeout
-    case schema::ReplayReply::BATCHES: {
-      if (state_ != WorkerState::kReplaying || reply.getEpoch() != epoch_) {
-        ++counters_->bad_replies;
-        return;
-      }
-      for (auto b : reply.getBatches()) {
-        auto parsed = events::ParseBatch(b);
-        if (!parsed.ok()) {
-          ++counters_->bad_replies;
-          return;
-        }
-        if (parsed->header.epoch != epoch_ || parsed->header.seq != applied_seq_ + 1) continue;
-        if (!Apply(*parsed)) return;  // resyncing: later replies to this request are ignored
-      }
-      if (reply.getLast()) DrainBuffer();
-      return;
-    }
-    case schema::ReplayReply::SNAPSHOT: {
-      auto snap = reply.getSnapshot();
-      if (snapshot_started_ != pending_request_) {
-        // First chunk: the snapshot replaces whatever we had.
-        index_->RemoveWorker(id_);
-        snapshot_started_ = pending_request_;
-        epoch_ = reply.getEpoch();
-        if (state_ == WorkerState::kReplaying) {
-          // The range was gone; count it as a snapshot too.
-          ++counters_->snapshots;
-          ++stats_.snapshots;
-        }
-        SetState(WorkerState::kSyncing);
-      }
-      if (!ApplySnapshotEvents(snap.getEvents(), words)) return;  // counted; the timeout asks again
-      if (reply.getLast()) {
-        applied_seq_ = snap.getConsistentSeq();
-        last_event_id_ = snap.getConsistentEventId();
-        stats_.applied_seq = applied_seq_;
-        stats_.epoch = epoch_;
-        if (live_epoch_ == 0) live_epoch_ = epoch_;
-        DrainBuffer();
-      }
-      return;
-    }
+  ApplySnapshot(reply.header, std::get<events::SnapshotChunk>(reply.body));
+}
+
+void WorkerSubscriber::ApplyReplay(const std::vector<events::DecodedBatch>& batches, bool last) {
+  for (const events::DecodedBatch& b : batches) {
+    if (b.header.epoch != epoch_ || b.header.seq != applied_seq_ + 1) continue;
+    if (!Apply(b)) return;  // resyncing: later replies to this request are ignored
   }
+  if (last) DrainBuffer();
+}
+
+void WorkerSubscriber::ApplySnapshot(const events::ReplyHeader& header, const events::SnapshotChunk& chunk) {
+  if (snapshot_started_ != pending_request_) {
+    // First chunk: the snapshot replaces whatever we had.
+    index_->RemoveWorker(id_);
+    snapshot_started_ = pending_request_;
+    epoch_ = header.epoch;
+    if (state_ == WorkerState::kReplaying) {
+      // The range was gone; count it as a snapshot too.
+      ++counters_->snapshots;
+      ++stats_.snapshots;
+    }
+    SetState(WorkerState::kSyncing);
+  }
+  ApplySnapshotEvents(chunk.events);
+  if (!header.last) return;
+  applied_seq_ = chunk.consistent_seq;
+  last_event_id_ = chunk.consistent_event_id;
+  stats_.applied_seq = applied_seq_;
+  stats_.epoch = epoch_;
+  if (live_epoch_ == 0) live_epoch_ = epoch_;
+  DrainBuffer();
 }
 
 void WorkerSubscriber::OnTick() {

@@ -31,7 +31,6 @@
 #include "common/log.h"
 #include "router/events/event_plane.h"
 #include "router/index/global_index.h"
-#include "schema/events.capnp.h"
 #include "schema/event_codec.h"
 
 namespace kvfleet::router {
@@ -65,11 +64,9 @@ class WorkerSubscriber {
   void Start();
   // A batch from the SUB socket (already decoded and checked against the topic).
   void OnBatch(events::DecodedBatch batch);
-  // A reply from the replay DEALER. `message_words`, the size of the message it came in,
-  // bounds how many list structs it can carry; 0 = measure the reply (one more traversal).
-  // A malformed reply may throw kj::Exception mid-way (EventPlane catches it); a snapshot
-  // chunk's blocks reach the index only once the whole chunk was read.
-  void OnReplayReply(schema::ReplayReply::Reader reply, uint64_t message_words = 0);
+  // A reply from the replay DEALER (already decoded and validated: DecodeReplayReply).
+  // Replies that do not carry the outstanding request's id are ignored.
+  void OnReplayReply(const events::ReplayReply& reply);
   // Heartbeat and replay timeouts. Call often (every few ms).
   void OnTick();
   // Drops the worker's blocks from the index (RemoveWorker).
@@ -102,9 +99,13 @@ class WorkerSubscriber {
   bool ParentKnown(BlockHash parent) const;
   // Applies ops_ to the index as one batch and clears it.
   void FlushOps();
-  // Applies one snapshot chunk's events straight from the reader. Returns false (after
-  // applying nothing more) when the chunk is malformed.
-  bool ApplySnapshotEvents(capnp::List<schema::KvEvent>::Reader events, uint64_t max_blocks);
+  // Applies a replay's batches in seq order. REQUIRES: REPLAYING, the reply of epoch_.
+  void ApplyReplay(const std::vector<events::DecodedBatch>& batches, bool last);
+  // Applies one snapshot chunk; the first replaces the worker's blocks, the last brings the
+  // subscriber to the seq and event id it is consistent with.
+  void ApplySnapshot(const events::ReplyHeader& header, const events::SnapshotChunk& chunk);
+  // Applies a snapshot chunk's events to the index as one batch.
+  void ApplySnapshotEvents(const std::vector<kv::KvEvent>& events);
   // Applies buffered batches that follow applied_seq; LIVE when none is missing, else
   // REPLAYING from the first missing seq.
   void DrainBuffer();

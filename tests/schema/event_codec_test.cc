@@ -6,13 +6,15 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <random>
+#include <string_view>
+#include <variant>
 #include <sstream>
 #include <vector>
 
 #include <capnp/common.h>
 #include <doctest/doctest.h>
 
-#include "schema/wire.h"
 
 namespace kvfleet::events {
 namespace {
@@ -55,9 +57,19 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(std::holds_alternative<kv::ClearedEvent>(batch->events[3].data));
 }
 
+// Cap'n Proto pointers, for frames written word by word.
+uint64_t StructPtr(int32_t offset, uint16_t data_words, uint16_t ptrs) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) | (uint64_t{data_words} << 32) |
+         (uint64_t{ptrs} << 48);
+}
+uint64_t ListPtr(int32_t offset, uint64_t size_tag, uint64_t count) {
+  return 1 | (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) | (size_tag << 32) | (count << 35);
+}
+
 TEST_CASE("a Load without predictedWaitUs (a worker older than the field) reads as no wait") {
-  // The Load of schema/README.md's example batch, as a worker from before the field wrote it:
-  // the capnp data section of 4 words (two u32 counts, two u64 counts, two f32 rates).
+  // A heartbeat of worker "w" whose Load is that of schema/README.md's example batch, as a
+  // worker from before the field wrote it: a data section of 4 words (two u32 counts, two
+  // u64 counts, two f32 rates).
   uint64_t data[4] = {};
   const uint32_t counts[2] = {3, 1};      // activeRequests, queuedRequests
   const uint64_t tokens[2] = {2048, 40};  // activePrefillTokens, activeDecodeBlocks
@@ -65,19 +77,27 @@ TEST_CASE("a Load without predictedWaitUs (a worker older than the field) reads 
   std::memcpy(&data[0], counts, sizeof(counts));
   std::memcpy(&data[1], tokens, sizeof(tokens));
   std::memcpy(&data[3], rates, sizeof(rates));
-  // Segment table (one segment of 7 words); the root: a struct pointer to 4 data words and
-  // 2 pointers (the block lists, null).
-  std::vector<uint64_t> w = {uint64_t{7} << 32, (uint64_t{4} << 32) | (uint64_t{2} << 48)};
+  std::vector<uint64_t> w = {
+      0,                  // segment table: 1 segment, size set below
+      StructPtr(0, 3, 3), // root: EventBatch, 3 data words, 3 pointers
+      1, 1, 0,            // epoch, seq, createdNs
+      ListPtr(2, 2, 2),   // workerId: Text "w" (2 bytes) at word 8
+      0,                  // events: none (a heartbeat)
+      StructPtr(1, 4, 2), // load at word 9: 4 data words, 2 pointers (the block lists)
+      'w',                // "w\0"
+  };
   w.insert(w.end(), std::begin(data), std::end(data));
-  w.insert(w.end(), {0, 0});
-  auto msg = wire::Decode<schema::Load>(w.data(), w.size() * sizeof(uint64_t));
-  REQUIRE(msg.ok());
-  LoadReport load = ParseLoad((*msg)->Root<schema::Load>());
+  w.insert(w.end(), {0, 0});  // freeBlocks, totalBlocks: null
+  w[0] = static_cast<uint64_t>(w.size() - 1) << 32;
+  auto batch = DecodeBatch(w.data(), w.size() * sizeof(uint64_t));
+  REQUIRE(batch.ok());
+  const LoadReport& load = batch->load;
   CHECK(load.active_requests == 3);
   CHECK(load.queued_requests == 1);
   CHECK(load.active_prefill_tokens == 2048);
   CHECK(load.decode_tokens_per_second == 2400);
   CHECK(load.predicted_wait_us == 0);
+  CHECK(load.resident_loras.empty());
 }
 
 TEST_CASE("truncated frames and lists of empty structs are refused, not expanded") {
@@ -85,22 +105,15 @@ TEST_CASE("truncated frames and lists of empty structs are refused, not expanded
   for (size_t cut = 8; cut < frame.size(); cut += 8) CHECK(!DecodeBatch(frame.data(), cut).ok());
 
   // An EventBatch whose `events` claims a million zero-sized entries in one tag word.
-  auto struct_ptr = [](int32_t offset, uint16_t data, uint16_t ptrs) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) | (uint64_t{data} << 32) |
-           (uint64_t{ptrs} << 48);
-  };
-  auto list_ptr = [](int32_t offset, uint64_t size_tag, uint64_t count) {
-    return 1 | (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) | (size_tag << 32) | (count << 35);
-  };
   std::vector<uint64_t> w = {
-      0,                           // segment table: 1 segment, size set below
-      struct_ptr(0, 3, 3),         // root: EventBatch, 3 data words, 3 pointers
-      1, 1, 0,                     // epoch, seq, createdNs
-      list_ptr(2, 2, 2),           // workerId: Text "w" (2 bytes) at word 8
-      list_ptr(2, 7, 0),           // events: inline-composite list of 0 element words, tag at word 9
-      0,                           // load: null
-      'w',                         // "w\0"
-      struct_ptr(1'000'000, 0, 0)  // tag: a million elements of 0 data words, 0 pointers
+      0,                          // segment table: 1 segment, size set below
+      StructPtr(0, 3, 3),         // root: EventBatch, 3 data words, 3 pointers
+      1, 1, 0,                    // epoch, seq, createdNs
+      ListPtr(2, 2, 2),           // workerId: Text "w" (2 bytes) at word 8
+      ListPtr(2, 7, 0),           // events: inline-composite list of 0 element words, tag at word 9
+      0,                          // load: null
+      'w',                        // "w\0"
+      StructPtr(1'000'000, 0, 0)  // tag: a million elements of 0 data words, 0 pointers
   };
   w[0] = static_cast<uint64_t>(w.size() - 1) << 32;
   auto batch = DecodeBatch(w.data(), w.size() * sizeof(uint64_t));
@@ -213,7 +226,7 @@ void CheckExampleBatch(const std::string& frame, bool ids) {
 
 TEST_CASE("the spec's example frames decode, and an older worker's frame reads as event id 0 and lora id 0") {
   const auto vectors = LoadEventVectors();
-  REQUIRE(vectors.size() == 2);
+  REQUIRE(vectors.size() == 6);
   REQUIRE(vectors.count("example batch") == 1);
   CheckExampleBatch(vectors.at("example batch"), true);
   const std::string old = "the example batch from a worker older than eventId and loraId (events.capnp @72d9858)";
@@ -223,6 +236,189 @@ TEST_CASE("the spec's example frames decode, and an older worker's frame reads a
   auto ref = DecodeBatch(vectors.at("example batch").data(), vectors.at("example batch").size());
   REQUIRE(ref.ok());
   CheckExampleBatch(EncodeBatch(ref->header, ref->events, ref->load), true);
+}
+
+// ---- Replay requests and answers ----
+
+constexpr uint64_t kExampleEpoch = 0x1f2e3d4c5b6a7988ULL;
+
+// The example batch of schema/README.md, decoded from its vector.
+DecodedBatch ExampleBatch(const std::map<std::string, std::string>& vectors) {
+  const std::string& frame = vectors.at("example batch");
+  auto b = DecodeBatch(frame.data(), frame.size());
+  REQUIRE(b.ok());
+  return std::move(*b);
+}
+
+std::string Bytes(const DecodedBatch& b) { return EncodeBatch(b.header, b.events, b.load); }
+
+TEST_CASE("a replay request encodes to the spec's frame and decodes back") {
+  const auto vectors = LoadEventVectors();
+  const std::string& frame = vectors.at("replay request");
+  CHECK(EncodeReplayRequest({kExampleEpoch, 40, 7}) == frame);
+  auto r = DecodeReplayRequest(frame.data(), frame.size());
+  REQUIRE(r.ok());
+  CHECK(r->epoch == kExampleEpoch);
+  CHECK(r->from_seq == 40);
+  CHECK(r->request_id == 7);
+  CHECK(!DecodeReplayRequest("not capnp", 9).ok());
+  CHECK(!DecodeReplayRequest(frame.data(), frame.size() - 8).ok());
+}
+
+TEST_CASE("replayed batches embed the published frames unchanged, as the spec's frame has them") {
+  const auto vectors = LoadEventVectors();
+  const DecodedBatch example = ExampleBatch(vectors);
+  const std::string published = Bytes(example);
+  const std::string frame = EncodeReplayBatches({"w0", kExampleEpoch, 7, true}, std::vector<std::string_view>{published});
+  CHECK(frame == vectors.at("replayed batches: the example batch, answering request 7"));
+  auto reply = DecodeReplayReply(frame.data(), frame.size());
+  REQUIRE(reply.ok());
+  CHECK(reply->header.worker_id == "w0");
+  CHECK(reply->header.epoch == kExampleEpoch);
+  CHECK(reply->header.request_id == 7);
+  CHECK(reply->header.last);
+  const auto* batches = std::get_if<std::vector<DecodedBatch>>(&reply->body);
+  REQUIRE(batches != nullptr);
+  REQUIRE(batches->size() == 1);
+  CheckExampleBatch(Bytes((*batches)[0]), true);
+  CHECK((*batches)[0].block_events == example.block_events);
+
+  // "Nothing missing": an empty list, not a snapshot.
+  const std::string empty = EncodeReplayBatches({"w0", kExampleEpoch, 8, true}, {});
+  auto none = DecodeReplayReply(empty.data(), empty.size());
+  REQUIRE(none.ok());
+  REQUIRE(std::holds_alternative<std::vector<DecodedBatch>>(none->body));
+  CHECK(std::get<std::vector<DecodedBatch>>(none->body).empty());
+}
+
+TEST_CASE("a snapshot chunk and an error encode to the spec's frames and decode back") {
+  const auto vectors = LoadEventVectors();
+  std::vector<kv::KvEvent> events;
+  events.push_back({0, kv::StoredEvent{0x9c1d5e2f3a4b6c7dULL,
+                                       {{0x51aa0c3e7b9d2f41ULL, {}, kv::Tier::kDevice, 100},
+                                        {0x0b7f4e2a6c8d1935ULL, {}, kv::Tier::kDevice, 35}}}});
+  events.push_back({0, kv::StoredEvent{0, {{0x3c42a1b2c3d4e5f6ULL, {}, kv::Tier::kHost, 35}}}});
+  const std::string chunk = EncodeSnapshotChunk({"w0", kExampleEpoch, 7, false}, 42, 1043, events);
+  CHECK(chunk == vectors.at("a snapshot chunk, answering request 7"));
+  auto reply = DecodeReplayReply(chunk.data(), chunk.size());
+  REQUIRE(reply.ok());
+  CHECK(!reply->header.last);
+  CHECK(reply->header.request_id == 7);
+  const auto* snap = std::get_if<SnapshotChunk>(&reply->body);
+  REQUIRE(snap != nullptr);
+  CHECK(snap->consistent_seq == 42);
+  CHECK(snap->consistent_event_id == 1043);
+  REQUIRE(snap->events.size() == 2);
+  CHECK(EncodeBatch({"w0", 1, 1, 0}, snap->events, {}) == EncodeBatch({"w0", 1, 1, 0}, events, {}));
+
+  const std::string message = "malformed message: 26 bytes is not a whole number of words";
+  const std::string error = EncodeReplayError({"w0", kExampleEpoch, 0, true}, message);
+  CHECK(error == vectors.at("a replay error"));
+  auto decoded = DecodeReplayReply(error.data(), error.size());
+  REQUIRE(decoded.ok());
+  REQUIRE(std::holds_alternative<ReplayError>(decoded->body));
+  CHECK(std::get<ReplayError>(decoded->body).message == message);
+  CHECK(decoded->header.request_id == 0);
+}
+
+TEST_CASE("replays of many random batches and snapshots of many random chains survive encoding") {
+  std::mt19937_64 rng(7);
+  auto random_events = [&](size_t n, bool ids, uint64_t first_id) {
+    std::vector<kv::KvEvent> events;
+    for (size_t i = 0; i < n; ++i) {
+      kv::KvEvent e;
+      e.window_size = rng() % 3 == 0 ? 4096 : 0;
+      e.id = ids ? first_id + i : 0;
+      switch (rng() % 4) {
+        case 0: {
+          kv::StoredEvent s{rng(), {}};
+          for (size_t b = 0, nb = 1 + rng() % 5; b < nb; ++b) {
+            std::vector<TokenId> tokens(rng() % 3 == 0 ? 4 : 0);
+            for (TokenId& t : tokens) t = static_cast<TokenId>(rng() % 128'000);
+            s.blocks.push_back({rng(), tokens, rng() % 2 ? kv::Tier::kHost : kv::Tier::kDevice,
+                                static_cast<uint8_t>(rng() % 101), rng() % 4 == 0 ? rng() | 1 : 0});
+          }
+          e.data = std::move(s);
+          break;
+        }
+        case 1: e.data = kv::RemovedEvent{{rng(), rng()}, kv::Tier::kHost}; break;
+        case 2: e.data = kv::UpdatedEvent{rng(), kv::Tier::kDevice, static_cast<uint8_t>(rng() % 101)}; break;
+        default: e.data = kv::ClearedEvent{};
+      }
+      events.push_back(std::move(e));
+    }
+    return events;
+  };
+  std::vector<std::string> frames;
+  uint64_t next_id = 1;
+  for (uint64_t seq = 1; seq <= 300; ++seq) {
+    const size_t n = rng() % 6;
+    LoadReport load;
+    load.active_requests = static_cast<uint32_t>(rng() % 64);
+    load.free_blocks = {rng() % 4096, rng() % 4096};
+    frames.push_back(EncodeBatch({"worker-0", 99, seq, static_cast<int64_t>(rng() >> 1)},
+                                 random_events(n, true, next_id), load));
+    next_id += n;
+  }
+  std::vector<std::string_view> views(frames.begin(), frames.end());
+  const std::string replay = EncodeReplayBatches({"worker-0", 99, 5, false}, views);
+  auto reply = DecodeReplayReply(replay.data(), replay.size());
+  REQUIRE(reply.ok());
+  const auto& batches = std::get<std::vector<DecodedBatch>>(reply->body);
+  REQUIRE(batches.size() == frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) CHECK(Bytes(batches[i]) == frames[i]);
+
+  const std::vector<kv::KvEvent> snapshot = random_events(2000, false, 0);
+  const std::string chunk = EncodeSnapshotChunk({"worker-0", 99, 5, true}, 300, next_id - 1, snapshot);
+  auto snap = DecodeReplayReply(chunk.data(), chunk.size());
+  REQUIRE(snap.ok());
+  const auto& decoded = std::get<SnapshotChunk>(snap->body);
+  CHECK(decoded.consistent_event_id == next_id - 1);
+  CHECK(EncodeBatch({"w", 1, 1, 0}, decoded.events, {}) == EncodeBatch({"w", 1, 1, 0}, snapshot, {}));
+}
+
+TEST_CASE("malformed replay replies are refused whole, not half applied") {
+  const auto vectors = LoadEventVectors();
+  const DecodedBatch example = ExampleBatch(vectors);
+  auto refused = [](const std::string& frame, const std::string& why) {
+    auto r = DecodeReplayReply(frame.data(), frame.size());
+    INFO(why);
+    REQUIRE(!r.ok());
+    CHECK(r.status().ToString().find(why) != std::string::npos);
+  };
+  std::vector<kv::KvEvent> events = example.events;
+  refused(EncodeSnapshotChunk({"w0", 0, 7, true}, 42, 0, events), "epoch 0");
+  refused(EncodeSnapshotChunk({"", 1, 7, true}, 42, 0, events), "worker id");
+  refused(EncodeSnapshotChunk({std::string(257, 'w'), 1, 7, true}, 42, 0, events), "worker id");
+  // One bad block among good ones: the whole chunk goes.
+  std::get<kv::StoredEvent>(events[0].data).blocks[1].priority = 101;
+  refused(EncodeSnapshotChunk({"w0", 1, 7, true}, 42, 0, events), "priority 101");
+  // A replayed batch the live path would refuse: the whole message goes.
+  DecodedBatch bad = example;
+  bad.events[1].id = 7;  // ids 1041, 7, 1043
+  const std::string bad_frame = Bytes(bad);
+  const std::string good_frame = Bytes(example);
+  refused(EncodeReplayBatches({"w0", 1, 7, true}, std::vector<std::string_view>{good_frame, bad_frame}), "event ids");
+  // Truncated anywhere.
+  const std::string whole = EncodeReplayBatches({"w0", 1, 7, true}, std::vector<std::string_view>{good_frame});
+  for (size_t cut = 8; cut < whole.size(); cut += 8) CHECK(!DecodeReplayReply(whole.data(), cut).ok());
+
+  // A snapshot whose `events` claims a million zero-sized entries in one tag word.
+  std::vector<uint64_t> w = {
+      0,                          // segment table: 1 segment, size set below
+      StructPtr(0, 3, 2),         // root: ReplayReply, 3 data words, 2 pointers
+      1, 0x0001'0000, 7,          // epoch; last = false and union tag 1 (snapshot); requestId
+      ListPtr(1, 2, 2),           // workerId: Text "w" (2 bytes) at word 7
+      StructPtr(1, 2, 1),         // snapshot at word 8: 2 data words, 1 pointer
+      'w',                        // "w\0"
+      0, 0,                       // consistentSeq, consistentEventId
+      ListPtr(0, 7, 0),           // events: inline-composite list of 0 element words, tag next
+      StructPtr(1'000'000, 0, 0)  // tag: a million elements of 0 data words, 0 pointers
+  };
+  w[0] = static_cast<uint64_t>(w.size() - 1) << 32;
+  auto r = DecodeReplayReply(w.data(), w.size() * sizeof(uint64_t));
+  REQUIRE(!r.ok());
+  CHECK(r.status().ToString().find("empty") != std::string::npos);
 }
 
 }  // namespace

@@ -4,8 +4,6 @@
 #include <random>
 #include <variant>
 
-#include <capnp/message.h>
-#include <capnp/serialize.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
 #include <zmq.hpp>
@@ -15,7 +13,6 @@
 #include "common/log.h"
 #include "common/thread_priority.h"
 #include "common/zmq_threads.h"
-#include "schema/wire.h"
 
 namespace kvfleet::events {
 
@@ -44,7 +41,7 @@ using Item = std::variant<SealedBatch, SnapshotJob>;
 
 struct RingEntry {
   uint64_t seq;
-  kj::Array<capnp::word> words;
+  std::string frame;  // as published: a replay embeds it unchanged
 };
 
 uint64_t RandomEpoch() {
@@ -107,11 +104,19 @@ class EventPublisher::Impl {
     if (m_dropped_) m_dropped_->Increment(static_cast<double>(n));
   }
 
+  // Every reply message's header, for the request `request_id`.
+  ReplyHeader Header(uint64_t request_id, bool last) const {
+    return ReplyHeader{owner_->options_.worker_id, owner_->epoch_, request_id, last};
+  }
+
   void Run();
   void Publish(SealedBatch& batch);
   void HandleReplayRequests();
+  void HandleReplayRequest(const std::string& identity, const zmq::message_t& request);
+  // Sends the ring's batches from `from` on. REQUIRES: `from` is in the ring.
+  void SendReplay(const std::string& identity, uint64_t request_id, uint64_t from);
   void SendSnapshot(const SnapshotJob& job);
-  void SendReply(const std::string& identity, capnp::MallocMessageBuilder& message);
+  void SendReply(const std::string& identity, const std::string& message);
 };
 
 EventPublisher::EventPublisher(const EventPublisherOptions& options, Clock* clock)
@@ -295,39 +300,27 @@ void EventPublisher::Impl::Run() {
 
 void EventPublisher::Impl::Publish(SealedBatch& batch) {
   const EventPublisherOptions& options = owner_->options_;
-  capnp::MallocMessageBuilder message;
-  auto b = message.initRoot<schema::EventBatch>();
-  b.setWorkerId(options.worker_id);
-  b.setEpoch(owner_->epoch_);
-  b.setSeq(batch.seq);
-  b.setCreatedNs(batch.created_ns);
-  auto list = b.initEvents(static_cast<unsigned>(batch.events.size()));
-  for (size_t i = 0; i < batch.events.size(); ++i) BuildKvEvent(batch.events[i], list[static_cast<unsigned>(i)]);
-  BuildLoad(batch.load, b.initLoad());
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
-  auto bytes = words.asBytes();
+  std::string frame =
+      EncodeBatch({options.worker_id, owner_->epoch_, batch.seq, batch.created_ns}, batch.events, batch.load);
   // PUB never blocks: past the high-water mark ZMQ drops, and the router replays.
   (void)pub_.send(zmq::buffer(topic_), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)pub_.send(zmq::const_buffer(bytes.begin(), bytes.size()), zmq::send_flags::dontwait);
-  ring_.push_back(RingEntry{batch.seq, std::move(words)});
+  (void)pub_.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+  ring_.push_back(RingEntry{batch.seq, std::move(frame)});
   while (ring_.size() > options.ring_batches) ring_.pop_front();
   last_publish_ = owner_->clock_->Now();
   owner_->published_.fetch_add(1, std::memory_order_relaxed);
   if (m_published_) m_published_->Increment();
 }
 
-void EventPublisher::Impl::SendReply(const std::string& identity, capnp::MallocMessageBuilder& message) {
-  // One copy, from the flat array into ZMQ's message (snapshot chunks are megabytes). Handing
-  // ZMQ the array itself would have it freed on ZMQ's I/O thread, which TSan cannot follow.
-  const kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
-  const auto bytes = words.asBytes();
-  zmq::message_t payload(bytes.begin(), bytes.size());
+void EventPublisher::Impl::SendReply(const std::string& identity, const std::string& message) {
+  // One copy, into ZMQ's message (snapshot chunks are megabytes). Handing ZMQ the string
+  // itself would have it freed on ZMQ's I/O thread, which TSan cannot follow.
+  zmq::message_t payload(message.data(), message.size());
   (void)replay_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
   (void)replay_.send(payload, zmq::send_flags::dontwait);
 }
 
 void EventPublisher::Impl::HandleReplayRequests() {
-  const EventPublisherOptions& options = owner_->options_;
   while (true) {
     std::vector<zmq::message_t> parts;
     auto got = zmq::recv_multipart(replay_, std::back_inserter(parts), zmq::recv_flags::dontwait);
@@ -335,69 +328,59 @@ void EventPublisher::Impl::HandleReplayRequests() {
     owner_->replay_requests_.fetch_add(1, std::memory_order_relaxed);
     if (m_replays_) m_replays_->Increment();
     if (parts.size() != 2) continue;  // [identity, request]; anything else is not ours
-    const std::string identity = parts[0].to_string();
-    auto decoded = wire::Decode<schema::ReplayRequest>(parts[1].data(), parts[1].size());
-    capnp::MallocMessageBuilder reply_msg;
-    auto reply = reply_msg.initRoot<schema::ReplayReply>();
-    reply.setWorkerId(options.worker_id);
-    reply.setEpoch(owner_->epoch_);
-    reply.setLast(true);
-    if (!decoded.ok()) {
-      uint64_t suppressed = 0;
-      if (bad_request_log_.Allow(&suppressed))
-        log_->warn("malformed replay request: {} ({} more suppressed)", decoded.status().ToString(), suppressed);
-      reply.setError(decoded.status().ToString());
-      SendReply(identity, reply_msg);
-      continue;
-    }
-    auto req = (*decoded)->Root<schema::ReplayRequest>();
-    const uint64_t from = req.getFromSeq();
-    reply.setRequestId(req.getRequestId());
-    uint64_t last_hole = 0;
-    {
-      std::lock_guard lock(mu_);
-      last_hole = last_hole_;
-    }
-    const uint64_t ring_last = ring_.empty() ? 0 : ring_.back().seq;
-    const bool same_epoch = req.getEpoch() == owner_->epoch_ && from >= 1;
-    if (same_epoch && from == ring_last + 1 && from > last_hole) {
-      reply.initBatches(0);  // nothing missing
-      SendReply(identity, reply_msg);
-      continue;
-    }
-    const bool in_ring = same_epoch && !ring_.empty() && from >= ring_.front().seq && from <= ring_last &&
-                         from > last_hole;
-    if (!in_ring) {
-      std::lock_guard lock(mu_);
-      // A router that asks again before its snapshot went out gets one snapshot, under the
-      // newest request id: the retries of a slow snapshot must not pile up.
-      auto same = std::find_if(snapshot_requests_.begin(), snapshot_requests_.end(),
-                               [&](const Requester& r) { return r.identity == identity; });
-      if (same != snapshot_requests_.end()) {
-        same->request_id = req.getRequestId();
-      } else {
-        snapshot_requests_.push_back(Requester{identity, req.getRequestId()});
-      }
-      owner_->snapshot_wanted_.store(true, std::memory_order_release);
-      continue;
-    }
-    auto it = std::lower_bound(ring_.begin(), ring_.end(), from,
-                               [](const RingEntry& e, uint64_t s) { return e.seq < s; });
-    while (it != ring_.end()) {
-      const size_t n = std::min<size_t>(config::kReplayBatchesPerMessage, ring_.end() - it);
-      capnp::MallocMessageBuilder chunk_msg;
-      auto chunk = chunk_msg.initRoot<schema::ReplayReply>();
-      chunk.setWorkerId(options.worker_id);
-      chunk.setEpoch(owner_->epoch_);
-      chunk.setRequestId(req.getRequestId());
-      chunk.setLast(static_cast<size_t>(ring_.end() - it) == n);
-      auto list = chunk.initBatches(static_cast<unsigned>(n));
-      for (size_t i = 0; i < n; ++i, ++it) {
-        capnp::FlatArrayMessageReader reader(it->words);
-        list.setWithCaveats(static_cast<unsigned>(i), reader.getRoot<schema::EventBatch>());
-      }
-      SendReply(identity, chunk_msg);
-    }
+    HandleReplayRequest(parts[0].to_string(), parts[1]);
+  }
+}
+
+void EventPublisher::Impl::HandleReplayRequest(const std::string& identity, const zmq::message_t& request) {
+  auto req = DecodeReplayRequest(request.data(), request.size());
+  if (!req.ok()) {
+    uint64_t suppressed = 0;
+    if (bad_request_log_.Allow(&suppressed))
+      log_->warn("malformed replay request: {} ({} more suppressed)", req.status().ToString(), suppressed);
+    SendReply(identity, EncodeReplayError(Header(0, true), req.status().ToString()));
+    return;
+  }
+  const uint64_t from = req->from_seq;
+  uint64_t last_hole = 0;
+  {
+    std::lock_guard lock(mu_);
+    last_hole = last_hole_;
+  }
+  const uint64_t ring_last = ring_.empty() ? 0 : ring_.back().seq;
+  const bool same_epoch = req->epoch == owner_->epoch_ && from >= 1;
+  if (same_epoch && from == ring_last + 1 && from > last_hole) {
+    SendReply(identity, EncodeReplayBatches(Header(req->request_id, true), {}));  // nothing missing
+    return;
+  }
+  const bool in_ring =
+      same_epoch && !ring_.empty() && from >= ring_.front().seq && from <= ring_last && from > last_hole;
+  if (in_ring) {
+    SendReplay(identity, req->request_id, from);
+    return;
+  }
+  std::lock_guard lock(mu_);
+  // A router that asks again before its snapshot went out gets one snapshot, under the
+  // newest request id: the retries of a slow snapshot must not pile up.
+  auto same = std::find_if(snapshot_requests_.begin(), snapshot_requests_.end(),
+                           [&](const Requester& r) { return r.identity == identity; });
+  if (same != snapshot_requests_.end()) {
+    same->request_id = req->request_id;
+  } else {
+    snapshot_requests_.push_back(Requester{identity, req->request_id});
+  }
+  owner_->snapshot_wanted_.store(true, std::memory_order_release);
+}
+
+void EventPublisher::Impl::SendReplay(const std::string& identity, uint64_t request_id, uint64_t from) {
+  auto it = std::lower_bound(ring_.begin(), ring_.end(), from,
+                             [](const RingEntry& e, uint64_t s) { return e.seq < s; });
+  std::vector<std::string_view> frames;
+  while (it != ring_.end()) {
+    const size_t n = std::min<size_t>(config::kReplayBatchesPerMessage, ring_.end() - it);
+    frames.clear();
+    for (size_t i = 0; i < n; ++i, ++it) frames.push_back(it->frame);
+    SendReply(identity, EncodeReplayBatches(Header(request_id, it == ring_.end()), frames));
   }
 }
 
@@ -418,21 +401,13 @@ void EventPublisher::Impl::SendSnapshot(const SnapshotJob& job) {
   // Usually one router asks at a time; each gets the chunks stamped with its request id.
   for (const Requester& r : job.requesters) {
     for (size_t c = 0; c < chunks.size(); ++c) {
-      capnp::MallocMessageBuilder msg;
-      auto reply = msg.initRoot<schema::ReplayReply>();
-      reply.setWorkerId(options.worker_id);
-      reply.setEpoch(owner_->epoch_);
-      reply.setRequestId(r.request_id);
-      reply.setLast(c + 1 == chunks.size());
-      auto snap = reply.initSnapshot();
-      snap.setConsistentSeq(job.seq);
-      snap.setConsistentEventId(job.event_id);
+      const bool last = c + 1 == chunks.size();
       auto [b, e] = chunks[c];
-      auto list = snap.initEvents(static_cast<unsigned>(e - b));
-      for (size_t i = b; i < e; ++i) BuildKvEvent(job.events[i], list[static_cast<unsigned>(i - b)]);
+      const std::string message = EncodeSnapshotChunk(Header(r.request_id, last), job.seq, job.event_id,
+                                                      std::span(job.events).subspan(b, e - b));
       // Counted before the last chunk goes out, so whoever has received it sees the count.
-      if (c + 1 == chunks.size()) owner_->snapshots_sent_.fetch_add(1, std::memory_order_relaxed);
-      SendReply(r.identity, msg);
+      if (last) owner_->snapshots_sent_.fetch_add(1, std::memory_order_relaxed);
+      SendReply(r.identity, message);
     }
   }
 }

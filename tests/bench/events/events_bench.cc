@@ -20,7 +20,6 @@
 
 #include <time.h>
 
-#include <capnp/message.h>
 #include <prometheus/registry.h>
 
 #include "common/check.h"
@@ -91,13 +90,7 @@ std::vector<std::unique_ptr<router::WorkerSubscriber>> LiveSubscribers(const rou
   for (int i = 0; i < kWorkers; ++i) {
     subs.push_back(std::make_unique<router::WorkerSubscriber>(i, "w", options, index, clock, io, counters));
     subs.back()->Start();
-    capnp::MallocMessageBuilder m;
-    auto r = m.initRoot<schema::ReplayReply>();
-    r.setEpoch(1);
-    r.setLast(true);
-    r.setRequestId(io->last);
-    r.initSnapshot().setConsistentSeq(0);
-    subs.back()->OnReplayReply(r.asReader());
+    subs.back()->OnReplayReply({{"w", 1, io->last, true}, events::SnapshotChunk{}});
   }
   return subs;
 }

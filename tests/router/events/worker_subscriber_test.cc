@@ -1,6 +1,5 @@
 #include "router/events/worker_subscriber.h"
 
-#include <capnp/message.h>
 #include <doctest/doctest.h>
 
 #include "router/index/retention_estimate.h"
@@ -41,38 +40,20 @@ events::DecodedBatch Batch(uint64_t epoch, uint64_t seq, std::vector<kv::KvEvent
   return b;
 }
 
-// A ReplayReply holding a snapshot of `events` consistent with `seq`.
+// A ReplayReply answering request `request_id`: a snapshot chunk, or replayed batches.
 struct Reply {
-  capnp::MallocMessageBuilder msg;
-  schema::ReplayReply::Builder root = msg.initRoot<schema::ReplayReply>();
-  Reply(uint64_t request_id, uint64_t epoch, bool last = true) {
-    root.setWorkerId("w");
-    root.setEpoch(epoch);
-    root.setRequestId(request_id);
-    root.setLast(last);
-  }
-  Reply& Snapshot(uint64_t seq, const std::vector<kv::KvEvent>& events, uint64_t event_id = 0) {
-    auto s = root.initSnapshot();
-    s.setConsistentSeq(seq);
-    s.setConsistentEventId(event_id);
-    auto list = s.initEvents(static_cast<unsigned>(events.size()));
-    for (size_t i = 0; i < events.size(); ++i) events::BuildKvEvent(events[i], list[static_cast<unsigned>(i)]);
+  events::ReplayReply reply;
+  Reply(uint64_t request_id, uint64_t epoch, bool last = true) : reply{{"w", epoch, request_id, last}, {}} {}
+  Reply& Snapshot(uint64_t seq, std::vector<kv::KvEvent> events, uint64_t event_id = 0) {
+    reply.body = events::SnapshotChunk{seq, event_id, std::move(events)};
     return *this;
   }
   Reply& Batches(uint64_t epoch, std::vector<std::pair<uint64_t, std::vector<kv::KvEvent>>> batches) {
-    auto list = root.initBatches(static_cast<unsigned>(batches.size()));
-    for (size_t i = 0; i < batches.size(); ++i) {
-      auto b = list[static_cast<unsigned>(i)];
-      b.setWorkerId("w");
-      b.setEpoch(epoch);
-      b.setSeq(batches[i].first);
-      auto ev = b.initEvents(static_cast<unsigned>(batches[i].second.size()));
-      for (size_t j = 0; j < batches[i].second.size(); ++j)
-        events::BuildKvEvent(batches[i].second[j], ev[static_cast<unsigned>(j)]);
-    }
+    std::vector<events::DecodedBatch> list;
+    for (auto& [seq, events] : batches) list.push_back(Batch(epoch, seq, std::move(events)));
+    reply.body = std::move(list);
     return *this;
   }
-  schema::ReplayReply::Reader reader() { return root.asReader(); }
 };
 
 struct Fixture {
@@ -95,7 +76,7 @@ TEST_CASE("batches that arrive while syncing are applied after the snapshot, in 
   f.sub.OnBatch(Batch(7, 10, {Stored(0, {9})}));  // covered by the snapshot: skipped
   f.sub.OnBatch(Batch(7, 11, {Stored(1, {2})}));
   Reply r(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(r.Snapshot(10, {Stored(0, {1})}).reader());
+  f.sub.OnReplayReply(r.Snapshot(10, {Stored(0, {1})}).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.sub.applied_seq() == 12);
   CHECK(f.Device() == std::vector<BlockHash>{1, 2, 3});
@@ -105,7 +86,7 @@ TEST_CASE("duplicates and stale batches change nothing") {
   Fixture f;
   f.sub.Start();
   Reply r(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(r.Snapshot(0, {}).reader());
+  f.sub.OnReplayReply(r.Snapshot(0, {}).reply);
   f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));
   f.sub.OnBatch(Batch(7, 2, {Removed(2)}));
   f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));  // duplicate of an old batch
@@ -118,7 +99,7 @@ TEST_CASE("a gap sends the subscriber to REPLAYING and the replay brings it back
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(5, {}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(5, {}).reply);
   f.sub.OnBatch(Batch(7, 8, {Stored(11, {12})}));
   CHECK(f.sub.state() == WorkerState::kReplaying);
   REQUIRE(f.io.requests.size() == 2);
@@ -126,9 +107,9 @@ TEST_CASE("a gap sends the subscriber to REPLAYING and the replay brings it back
   CHECK(f.io.requests[1].from == 6);
   f.sub.OnBatch(Batch(7, 9, {Stored(12, {13})}));  // buffered meanwhile
   Reply stale(12345, 7);                           // an answer to some other request: ignored
-  f.sub.OnReplayReply(stale.Batches(7, {{6, {Stored(0, {666})}}}).reader());
+  f.sub.OnReplayReply(stale.Batches(7, {{6, {Stored(0, {666})}}}).reply);
   Reply replay(f.io.requests[1].id, 7);
-  f.sub.OnReplayReply(replay.Batches(7, {{6, {Stored(0, {10})}}, {7, {Stored(10, {11})}}}).reader());
+  f.sub.OnReplayReply(replay.Batches(7, {{6, {Stored(0, {10})}}, {7, {Stored(10, {11})}}}).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.sub.applied_seq() == 9);
   CHECK(f.Device() == std::vector<BlockHash>{10, 11, 12, 13});
@@ -139,13 +120,13 @@ TEST_CASE("a snapshot answering a replay replaces the worker's blocks") {
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2, 3})}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2, 3})}).reply);
   f.sub.OnBatch(Batch(7, 5));
   REQUIRE(f.sub.state() == WorkerState::kReplaying);
   // The worker's range is gone; it answers with a snapshot in two chunks.
   Reply a(f.io.requests.back().id, 7, /*last=*/false), b(f.io.requests.back().id, 7);
-  f.sub.OnReplayReply(a.Snapshot(6, {Stored(0, {1})}).reader());
-  f.sub.OnReplayReply(b.Snapshot(6, {Stored(1, {4})}).reader());
+  f.sub.OnReplayReply(a.Snapshot(6, {Stored(0, {1})}).reply);
+  f.sub.OnReplayReply(b.Snapshot(6, {Stored(1, {4})}).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.sub.applied_seq() == 6);
   CHECK(f.Device() == std::vector<BlockHash>{1, 4});
@@ -155,13 +136,13 @@ TEST_CASE("a new epoch clears the worker's blocks and resyncs") {
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reply);
   f.sub.OnBatch(Batch(8, 1, {Stored(0, {5})}));
   CHECK(f.sub.state() == WorkerState::kSyncing);
   CHECK(f.Device().empty());
   CHECK(f.counters.epoch_changes == 1);
   Reply snap2(f.io.requests.back().id, 8);
-  f.sub.OnReplayReply(snap2.Snapshot(0, {}).reader());
+  f.sub.OnReplayReply(snap2.Snapshot(0, {}).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.Device() == std::vector<BlockHash>{5});
 }
@@ -171,11 +152,11 @@ TEST_CASE("a snapshot of the previous life is not trusted when the worker alread
   f.sub.Start();
   f.sub.OnBatch(Batch(8, 3, {Stored(0, {5})}));  // new epoch heard while the snapshot is in flight
   Reply old(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(old.Snapshot(9, {Stored(0, {1})}).reader());
+  f.sub.OnReplayReply(old.Snapshot(9, {Stored(0, {1})}).reply);
   CHECK(f.sub.state() == WorkerState::kSyncing);
   CHECK(f.io.requests.size() == 2);
   Reply fresh(f.io.requests[1].id, 8);
-  f.sub.OnReplayReply(fresh.Snapshot(2, {}).reader());
+  f.sub.OnReplayReply(fresh.Snapshot(2, {}).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.Device() == std::vector<BlockHash>{5});
 }
@@ -184,7 +165,7 @@ TEST_CASE("silence past the heartbeat timeout marks the worker DEAD; its next ba
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reply);
   f.clock.AdvanceMs(2000);
   f.sub.OnTick();
   CHECK(f.sub.state() == WorkerState::kLive);
@@ -208,7 +189,7 @@ TEST_CASE("an unanswered request is sent again after its timeout") {
   REQUIRE(f.io.requests.size() == 2);
   CHECK(f.io.requests[1].id != f.io.requests[0].id);
   Reply snap(f.io.requests[1].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(1, {}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(1, {}).reply);
   f.sub.OnBatch(Batch(7, 5));  // a gap: a replay request, with the shorter timeout
   REQUIRE(f.io.requests.size() == 3);
   f.clock.AdvanceMs(2100);
@@ -221,7 +202,7 @@ TEST_CASE("a seq far in the future is counted and dropped, not replayed") {
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(1, {}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(1, {}).reply);
   f.sub.OnBatch(Batch(7, 1'000'000'000, {Stored(0, {1})}));
   CHECK(f.counters.seq_too_far == 1);
   CHECK(f.sub.state() == WorkerState::kLive);
@@ -236,7 +217,7 @@ TEST_CASE("stored priorities, priority updates and removals reach the index's re
   kv::KvEvent pinned = Stored(0, {1, 2});
   for (kv::StoredBlock& b : std::get<kv::StoredEvent>(pinned.data).blocks) b.priority = 100;
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(0, {pinned}).reader());  // through the capnp snapshot path
+  f.sub.OnReplayReply(snap.Snapshot(0, {pinned}).reply);  // through the capnp snapshot path
   CHECK(f.index.retention().Held(3, 100) == 2);
   f.sub.OnBatch(Batch(7, 1, {Stored(2, {3}), kv::KvEvent{0, kv::UpdatedEvent{1, std::nullopt, uint8_t{35}}}}));
   CHECK(f.index.retention().Held(3, 100) == 1);
@@ -252,7 +233,7 @@ TEST_CASE("events of another attention window are not indexed; unknown parents a
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(0, {}).reader());
+  f.sub.OnReplayReply(snap.Snapshot(0, {}).reply);
   f.sub.OnBatch(Batch(7, 1, {Stored(0, {1}, kv::Tier::kDevice, 4096), Stored(99, {2})}));
   CHECK(f.Device() == std::vector<BlockHash>{2});
   CHECK(f.counters.other_window == 1);
@@ -270,7 +251,7 @@ TEST_CASE("an all-windowed worker's announced pool is indexed; --routing-window-
   CHECK(windowed.stats().indexed_window == 4096);
   windowed.Start();
   Reply snap(io.requests.back().id, 7);
-  windowed.OnReplayReply(snap.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096), Stored(0, {9})}).reader());
+  windowed.OnReplayReply(snap.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096), Stored(0, {9})}).reply);
   windowed.OnBatch(Batch(7, 1, {Stored(1, {2}, kv::Tier::kDevice, 4096), Stored(0, {8})}));
   CHECK(index.BlocksOf(4, kv::Tier::kDevice) == std::vector<BlockHash>{1, 2});
   CHECK(counters.other_window == 2);
@@ -281,7 +262,7 @@ TEST_CASE("an all-windowed worker's announced pool is indexed; --routing-window-
   CHECK(overridden.stats().indexed_window == 0);
   overridden.Start();
   Reply snap2(io.requests.back().id, 7);
-  overridden.OnReplayReply(snap2.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096)}).reader());
+  overridden.OnReplayReply(snap2.Snapshot(0, {Stored(0, {1}, kv::Tier::kDevice, 4096)}).reply);
   CHECK(index.BlocksOf(5, kv::Tier::kDevice).empty());
 }
 
@@ -290,7 +271,7 @@ TEST_CASE("a batch whose event ids skip or repeat though its seq follows on is c
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(5, {Stored(0, {1})}, /*event_id=*/100).reader());
+  f.sub.OnReplayReply(snap.Snapshot(5, {Stored(0, {1})}, /*event_id=*/100).reply);
   CHECK(f.sub.last_event_id() == 100);
   f.sub.OnBatch(Batch(7, 6, Ids(101, {Stored(1, {2})})));
   f.sub.OnBatch(Batch(7, 7));  // a heartbeat: no ids to check
@@ -305,7 +286,7 @@ TEST_CASE("a batch whose event ids skip or repeat though its seq follows on is c
   CHECK(f.Device().empty());
   f.sub.OnBatch(Batch(7, 9, Ids(104, {Stored(3, {4})})));  // buffered until the snapshot
   Reply resync(f.io.requests.back().id, 7);
-  f.sub.OnReplayReply(resync.Snapshot(8, {Stored(0, {1, 2, 3})}, 103).reader());
+  f.sub.OnReplayReply(resync.Snapshot(8, {Stored(0, {1, 2, 3})}, 103).reply);
   CHECK(f.sub.state() == WorkerState::kLive);
   CHECK(f.sub.applied_seq() == 9);
   CHECK(f.sub.last_event_id() == 104);
@@ -321,11 +302,11 @@ TEST_CASE("a replayed batch whose event ids do not follow on resyncs the worker 
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(5, {}, 50).reader());
+  f.sub.OnReplayReply(snap.Snapshot(5, {}, 50).reply);
   f.sub.OnBatch(Batch(7, 8, Ids(60, {Stored(0, {12})})));
   REQUIRE(f.sub.state() == WorkerState::kReplaying);
   Reply replay(f.io.requests.back().id, 7);
-  f.sub.OnReplayReply(replay.Batches(7, {{6, Ids(51, {Stored(0, {10})})}, {7, Ids(57, {Stored(10, {11})})}}).reader());
+  f.sub.OnReplayReply(replay.Batches(7, {{6, Ids(51, {Stored(0, {10})})}, {7, Ids(57, {Stored(10, {11})})}}).reply);
   CHECK(f.counters.event_id_mismatches == 1);
   CHECK(f.sub.state() == WorkerState::kSyncing);
   CHECK(f.Device().empty());
@@ -336,7 +317,7 @@ TEST_CASE("an older worker's batches carry no event ids and are applied unchecke
   Fixture f;
   f.sub.Start();
   Reply snap(f.io.requests[0].id, 7);
-  f.sub.OnReplayReply(snap.Snapshot(0, {}).reader());  // consistentEventId 0: unknown
+  f.sub.OnReplayReply(snap.Snapshot(0, {}).reply);  // consistentEventId 0: unknown
   f.sub.OnBatch(Batch(7, 1, {Stored(0, {1, 2})}));
   f.sub.OnBatch(Batch(7, 2, {Removed(2)}));
   CHECK(f.sub.state() == WorkerState::kLive);

@@ -4,13 +4,11 @@
 #include <optional>
 #include <thread>
 
-#include <capnp/message.h>
 #include <doctest/doctest.h>
 #include <prometheus/registry.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "schema/wire.h"
 #include "tests/router/events/scripted_kv_source.h"
 
 namespace kvfleet::events {
@@ -36,7 +34,8 @@ struct Subscriber {
   zmq::context_t ctx{1};
   zmq::socket_t sub{ctx, zmq::socket_type::sub};
   zmq::socket_t dealer{ctx, zmq::socket_type::dealer};
-  explicit Subscriber(const EventPublisher& p) {
+  uint64_t epoch = 0;  // every reply carries the publisher's
+  explicit Subscriber(const EventPublisher& p) : epoch(p.epoch()) {
     sub.set(zmq::sockopt::subscribe, "kv.");
     sub.connect(p.events_endpoint());
     dealer.connect(p.replay_endpoint());
@@ -61,16 +60,10 @@ struct Subscriber {
     return std::nullopt;
   }
   void Request(uint64_t epoch, uint64_t from, uint64_t id) {
-    capnp::MallocMessageBuilder msg;
-    auto r = msg.initRoot<schema::ReplayRequest>();
-    r.setEpoch(epoch);
-    r.setFromSeq(from);
-    r.setRequestId(id);
-    std::string bytes = wire::Encode(msg);
-    dealer.send(zmq::buffer(bytes));
+    dealer.send(zmq::buffer(EncodeReplayRequest({epoch, from, id})));
   }
   // Receives one reply, calling `service` (the engine's between-steps hook) while waiting.
-  std::unique_ptr<wire::DecodedMessage> Reply(const std::function<void()>& service = {}) {
+  std::optional<ReplayReply> Reply(const std::function<void()>& service = {}) {
     const auto deadline = std::chrono::steady_clock::now() + kPatience;
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
     while (std::chrono::steady_clock::now() < deadline) {
@@ -78,11 +71,12 @@ struct Subscriber {
       if (zmq::poll(&item, 1, std::chrono::milliseconds(5)) == 0) continue;
       zmq::message_t m;
       (void)dealer.recv(m);
-      auto d = wire::Decode<schema::ReplayReply>(m.data(), m.size());
+      auto d = DecodeReplayReply(m.data(), m.size());
       REQUIRE(d.ok());
+      CHECK(d->header.epoch == epoch);
       return std::move(*d);
     }
-    return nullptr;
+    return std::nullopt;
   }
 };
 
@@ -151,14 +145,13 @@ TEST_CASE("a replay request inside the ring gets the batches from fromSeq on") {
   s.Request(p.epoch(), seqs[1], 42);
   auto reply = s.Reply();
   REQUIRE(reply);
-  auto r = reply->Root<schema::ReplayReply>();
-  CHECK(r.getRequestId() == 42);
-  REQUIRE(r.isBatches());
-  CHECK(r.getLast());
-  REQUIRE(r.getBatches().size() >= 3);
-  CHECK(r.getBatches()[0].getSeq() == seqs[1]);
-  for (unsigned i = 1; i < r.getBatches().size(); ++i)
-    CHECK(r.getBatches()[i].getSeq() == r.getBatches()[i - 1].getSeq() + 1);
+  CHECK(reply->header.request_id == 42);
+  CHECK(reply->header.last);
+  const auto* batches = std::get_if<std::vector<DecodedBatch>>(&reply->body);
+  REQUIRE(batches != nullptr);
+  REQUIRE(batches->size() >= 3);
+  CHECK((*batches)[0].header.seq == seqs[1]);
+  for (size_t i = 1; i < batches->size(); ++i) CHECK((*batches)[i].header.seq == (*batches)[i - 1].header.seq + 1);
   CHECK(p.replay_requests() == 1);
 }
 
@@ -180,17 +173,18 @@ TEST_CASE("an unknown epoch gets a snapshot consistent with the last sealed seq"
   while (true) {
     auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
     REQUIRE(reply);
-    auto r = reply->Root<schema::ReplayReply>();
-    REQUIRE(r.isSnapshot());
-    CHECK(r.getRequestId() == 9);
-    consistent = r.getSnapshot().getConsistentSeq();
-    for (auto e : r.getSnapshot().getEvents()) {
-      REQUIRE(e.isStored());
-      if (e.getWindowSize() != 0) continue;
-      for (auto b : e.getStored().getBlocks())
-        if (b.getTier() == schema::Tier::DEVICE) device.push_back(b.getHash());
+    const auto* snap = std::get_if<SnapshotChunk>(&reply->body);
+    REQUIRE(snap != nullptr);
+    CHECK(reply->header.request_id == 9);
+    consistent = snap->consistent_seq;
+    for (const kv::KvEvent& e : snap->events) {
+      const auto* stored = std::get_if<kv::StoredEvent>(&e.data);
+      REQUIRE(stored != nullptr);
+      if (e.window_size != 0) continue;
+      for (const kv::StoredBlock& b : stored->blocks)
+        if (b.tier == kv::Tier::kDevice) device.push_back(b.hash);
     }
-    if (r.getLast()) break;
+    if (reply->header.last) break;
   }
   CHECK(consistent == p.last_seq());
   std::sort(device.begin(), device.end());
@@ -222,7 +216,7 @@ TEST_CASE("events the KV manager dropped leave a seq hole, so a replay across it
   s.Request(p.epoch(), before->header.seq + 1, 11);
   auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
   REQUIRE(reply);
-  CHECK(reply->Root<schema::ReplayReply>().isSnapshot());
+  CHECK(std::holds_alternative<SnapshotChunk>(reply->body));
 }
 
 TEST_CASE("events get ids 1, 2, ... across batches; lost events leave an id hole with a seq hole; a snapshot "
@@ -265,11 +259,12 @@ TEST_CASE("events get ids 1, 2, ... across batches; lost events leave an id hole
   while (true) {
     auto reply = s.Reply([&] { ServeSnapshots(p, kv); });
     REQUIRE(reply);
-    auto snap = reply->Root<schema::ReplayReply>().getSnapshot();
-    consistent_seq = snap.getConsistentSeq();
-    consistent_id = snap.getConsistentEventId();
-    for (auto e : snap.getEvents()) CHECK(e.getEventId() == 0);  // state, not stream events
-    if (reply->Root<schema::ReplayReply>().getLast()) break;
+    const auto* snap = std::get_if<SnapshotChunk>(&reply->body);
+    REQUIRE(snap != nullptr);
+    consistent_seq = snap->consistent_seq;
+    consistent_id = snap->consistent_event_id;
+    for (const kv::KvEvent& e : snap->events) CHECK(e.id == 0);  // state, not stream events
+    if (reply->header.last) break;
   }
   auto sealed = s.NextEventBatch();
   REQUIRE(sealed);
@@ -286,11 +281,17 @@ TEST_CASE("a malformed replay request gets an error reply and the publisher keep
   s.dealer.send(zmq::str_buffer("not a capnp message at all"));
   auto reply = s.Reply();
   REQUIRE(reply);
-  CHECK(reply->Root<schema::ReplayReply>().isError());
+  const auto* error = std::get_if<ReplayError>(&reply->body);
+  REQUIRE(error != nullptr);
+  CHECK(!error->message.empty());
+  CHECK(reply->header.last);
   s.Request((*pub)->epoch(), (*pub)->last_seq() + 1, 5);  // nothing missing: empty batches
   reply = s.Reply();
   REQUIRE(reply);
-  CHECK(reply->Root<schema::ReplayReply>().isBatches());
+  const auto* batches = std::get_if<std::vector<DecodedBatch>>(&reply->body);
+  REQUIRE(batches != nullptr);
+  CHECK(batches->empty());
+  CHECK(reply->header.request_id == 5);
 }
 
 TEST_CASE("options outside the contract are refused") {
