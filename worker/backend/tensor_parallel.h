@@ -18,8 +18,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "common/status.h"
+#include "worker/model/lora_adapter.h"
 #include "worker/model/model_config.h"
 
 namespace kvfleet::backend {
@@ -40,5 +42,15 @@ Status CheckTensorParallel(const model::ModelConfig& model, int32_t ranks);
 
 // REQUIRES: CheckTensorParallel(model, ranks).ok(), 0 <= rank < ranks.
 TensorParallelShard ShardOf(const model::ModelConfig& model, int32_t ranks, int32_t rank);
+
+// A LoRA target's input and output widths on shard s: model::LoraTargetDims for its part.
+model::LoraDims ShardLoraDims(const model::ModelConfig& model, const TensorParallelShard& s, model::LoraTarget t);
+
+// Shard s's part of adapter `a` (REQUIRES: validated against the model): column-parallel
+// targets keep A whole and B's rows of the shard's outputs; row-parallel ones (o, down) keep
+// A's columns of the shard's inputs and B whole, so their partial deltas sum to the delta
+// over the ranks. With one rank, a copy of `a`.
+std::unique_ptr<model::LoraAdapter> ShardLora(const model::LoraAdapter& a, const model::ModelConfig& model,
+                                              const TensorParallelShard& s);
 
 }  // namespace kvfleet::backend

@@ -1,8 +1,8 @@
 // CpuBackend: construction (weights, each rank's shard and KV arenas), LoRA slots, the fp32
-// forward pass (attention, layers, the rank group's all-reduces) and Execute.
-// One file over 600 lines because the rank's state (Rank, Row, RankCopier) is private to it
-// and shared by all of those parts; the math itself lives in cpu_kernels.cc and the weights
-// in cpu_weights.cc. Thread-compatible (cpu_backend.h): the engine thread calls it.
+// forward pass (embedding, layers, attention over the paged KV, the rank group's all-reduces,
+// LM head) and Execute. The math lives in cpu_kernels.cc, the weights in cpu_weights.cc and
+// the shards' geometry, LoRA's included, in ../tensor_parallel.cc.
+// Thread-compatible (cpu_backend.h): the engine thread calls it.
 #include "worker/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -73,75 +73,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// A LoRA target's input and output sizes on a rank (model::LoraTargetDims for one rank).
-model::LoraDims ShardLoraDims(const model::ModelConfig& c, const TensorParallelShard& s, model::LoraTarget t) {
-  const auto h = static_cast<int32_t>(c.hidden_size), q = static_cast<int32_t>(s.heads * c.head_dim),
-             kv = static_cast<int32_t>(s.kv_heads * c.head_dim), inter = static_cast<int32_t>(s.inter);
-  switch (t) {
-    case model::LoraTarget::kQ: return {h, q};
-    case model::LoraTarget::kK:
-    case model::LoraTarget::kV: return {h, kv};
-    case model::LoraTarget::kO: return {q, h};
-    case model::LoraTarget::kGate:
-    case model::LoraTarget::kUp: return {h, inter};
-    case model::LoraTarget::kDown: return {inter, h};
-  }
-  return {};
-}
-
-// Rank s's part of adapter `a` (validated against c): column-parallel targets keep A whole
-// and B's rows of the rank's outputs; row-parallel ones (o, down) keep A's columns of the
-// rank's inputs and B whole, so their partial deltas sum to the delta over the ranks.
-std::unique_ptr<model::LoraAdapter> ShardLora(const model::LoraAdapter& a, const model::ModelConfig& c,
-                                              const TensorParallelShard& s) {
-  using model::LoraTarget;
-  auto out = std::make_unique<model::LoraAdapter>();
-  out->name = a.name;
-  out->lora_id = a.lora_id;
-  out->base_model = a.base_model;
-  out->path = a.path;
-  out->rank = a.rank;
-  out->scaling = a.scaling;
-  out->layers.resize(a.layers.size());
-  const int64_t hd = c.head_dim, R = a.rank;
-  for (size_t l = 0; l < a.layers.size(); ++l) {
-    for (int ti = 0; ti < model::kNumLoraTargets; ++ti) {
-      const auto t = static_cast<LoraTarget>(ti);
-      const model::LoraMatrices& m = a.layers[l][ti];
-      model::LoraMatrices& o = out->layers[l][ti];
-      if (m.empty()) continue;
-      if (s.ranks == 1) {
-        o = m;
-        continue;
-      }
-      const model::LoraDims full = model::LoraTargetDims(c, t);
-      int64_t begin = 0, count = 0;  // the rank's outputs (column-parallel) or inputs (row-parallel)
-      switch (t) {
-        case LoraTarget::kQ:
-        case LoraTarget::kO: begin = s.head_begin * hd, count = s.heads * hd; break;
-        case LoraTarget::kK:
-        case LoraTarget::kV: begin = s.kv_head_begin * hd, count = s.kv_heads * hd; break;
-        case LoraTarget::kGate:
-        case LoraTarget::kUp:
-        case LoraTarget::kDown: begin = s.inter_begin, count = s.inter; break;
-      }
-      if (t == LoraTarget::kO || t == LoraTarget::kDown) {
-        o.b = m.b;
-        o.a.reserve(static_cast<size_t>(R * count));
-        for (int64_t r = 0; r < R; ++r) {
-          const float* row = m.a.data() + r * full.in + begin;
-          o.a.insert(o.a.end(), row, row + count);
-        }
-      } else {
-        o.a = m.a;
-        o.b.assign(m.b.begin() + begin * R, m.b.begin() + (begin + count) * R);
-      }
-    }
-  }
-  return out;
-}
-
-
 }  // namespace
 
 CpuBackend::CpuBackend(const BackendOptions& options) : ModelBackendBase(options) {}
@@ -154,8 +85,10 @@ int CpuBackend::threads() const {
   return n;
 }
 
-Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& options) {
-  const auto t0 = Clock::now();
+namespace {
+
+// The options the cpu backend cannot serve, before anything is loaded.
+Status CheckCpuOptions(const BackendOptions& options) {
   if (!IsValidBlockSize(static_cast<uint32_t>(options.block_size))) {
     return InvalidArgument("cpu backend: block_size " + std::to_string(options.block_size) +
                            " is not a power of two");
@@ -172,6 +105,14 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
     return InvalidArgument("cpu backend: max_loras must be >= 0 and max_lora_rank in 1.." +
                            std::to_string(model::kMaxLoraRank));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& options) {
+  const auto t0 = Clock::now();
+  KVF_RETURN_IF_ERROR(CheckCpuOptions(options));
   std::unique_ptr<CpuBackend> b(new CpuBackend(options));
   b->lora_loaded_.assign(static_cast<size_t>(options.max_loras), false);
 
@@ -200,48 +141,7 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
   for (int r = 0; r < tp; ++r) b->ranks_[r]->w = std::move(weights[r]);
   const auto t_weights = Clock::now();
   b->rope_ = std::make_unique<Rope>(c.rope());
-
-  // KV pools, as the KV manager computes them; each rank's arenas hold its KV heads of them.
-  KvMemorySettings memory;
-  memory.block_size = static_cast<uint32_t>(options.block_size);
-  memory.max_context = static_cast<uint32_t>(b->max_context_);
-  memory.dtype_bytes = sizeof(float);
-  memory.device_bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : config::kDefaultKvBytes;
-  memory.host_bytes = options.host_kv_bytes;
-  kv::KvCacheConfig& kc = b->kv_config_;
-  kc = KvCacheConfigFor(c, memory, options.attention);
-  if (options.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options.num_blocks));
-  KVF_RETURN_IF_ERROR(kc.Validate());
-  KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
-  std::vector<std::vector<kv::MemcpyBlockCopier::Arena>> arenas(static_cast<size_t>(tp));
-  for (size_t pi = 0; pi < layouts.size(); ++pi) {
-    const kv::PoolLayout& l = layouts[pi];
-    KvPoolInfo p = PoolInfoOf(l, c, options, b->max_context_);
-    for (int r = 0; r < tp; ++r) {
-      Rank& rk = *b->ranks_[r];
-      const uint64_t bytes = l.bytes_per_block / static_cast<uint64_t>(c.num_kv_heads) * rk.shard.kv_heads;
-      // calloc: large arenas come from fresh zero pages, committed as they are touched.
-      float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), bytes));
-      float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, bytes)) : nullptr;
-      rk.device_kv.push_back(dev);
-      rk.host_kv.push_back(host);
-      rk.bytes_per_block.push_back(bytes);
-      if (dev == nullptr || (l.host_blocks > 0 && host == nullptr)) {
-        return ResourceExhausted("cpu backend: cannot allocate the KV cache of pool " + std::to_string(pi) +
-                                 (tp > 1 ? " on rank " + std::to_string(r) : ""));
-      }
-      arenas[r].push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), bytes});
-    }
-    b->pools_.push_back(std::move(p));
-  }
-  MapLayersToPools(b->pools_, c.num_layers, &b->layer_pool_, &b->layer_index_);
-  if (tp == 1) {
-    b->copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas[0]));
-  } else {
-    std::vector<kv::MemcpyBlockCopier> copiers;
-    for (auto& a : arenas) copiers.emplace_back(std::move(a));
-    b->copier_ = std::make_unique<RankCopier>(std::move(copiers));
-  }
+  KVF_RETURN_IF_ERROR(b->AllocateKv());
 
   const auto t_end = Clock::now();
   const double convert_s = Seconds(t_open, t_weights);
@@ -259,6 +159,53 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::Make(const BackendOptions& optio
       convert_s > 0 ? static_cast<double>(checkpoint->weight_bytes()) * 1e-9 / convert_s : 0.0, b->threads(),
       static_cast<double>(kv_bytes) / (1 << 20), b->pools_.size(), Seconds(t_weights, t_end));
   return b;
+}
+
+Status CpuBackend::AllocateKv() {
+  const model::ModelConfig& c = config_;
+  const int tp = tensor_parallel();
+  // KV pools, as the KV manager computes them; each rank's arenas hold its KV heads of them.
+  KvMemorySettings memory;
+  memory.block_size = static_cast<uint32_t>(options_.block_size);
+  memory.max_context = static_cast<uint32_t>(max_context_);
+  memory.dtype_bytes = sizeof(float);
+  memory.device_bytes = options_.kv_cache_bytes > 0 ? options_.kv_cache_bytes : config::kDefaultKvBytes;
+  memory.host_bytes = options_.host_kv_bytes;
+  kv::KvCacheConfig& kc = kv_config_;
+  kc = KvCacheConfigFor(c, memory, options_.attention);
+  if (options_.num_blocks > 0) KVF_RETURN_IF_ERROR(kv::SizeForBlocksPerPool(&kc, options_.num_blocks));
+  KVF_RETURN_IF_ERROR(kc.Validate());
+  KVF_ASSIGN_OR_RETURN(std::vector<kv::PoolLayout> layouts, kv::ComputePools(kc));
+  std::vector<std::vector<kv::MemcpyBlockCopier::Arena>> arenas(static_cast<size_t>(tp));
+  for (size_t pi = 0; pi < layouts.size(); ++pi) {
+    const kv::PoolLayout& l = layouts[pi];
+    KvPoolInfo p = PoolInfoOf(l, c, options_, max_context_);
+    for (int r = 0; r < tp; ++r) {
+      Rank& rk = *ranks_[r];
+      const uint64_t bytes = l.bytes_per_block / static_cast<uint64_t>(c.num_kv_heads) * rk.shard.kv_heads;
+      // calloc: large arenas come from fresh zero pages, committed as they are touched.
+      float* dev = static_cast<float*>(std::calloc(static_cast<size_t>(l.device_blocks), bytes));
+      float* host = l.host_blocks > 0 ? static_cast<float*>(std::calloc(l.host_blocks, bytes)) : nullptr;
+      rk.device_kv.push_back(dev);
+      rk.host_kv.push_back(host);
+      rk.bytes_per_block.push_back(bytes);
+      if (dev == nullptr || (l.host_blocks > 0 && host == nullptr)) {
+        return ResourceExhausted("cpu backend: cannot allocate the KV cache of pool " + std::to_string(pi) +
+                                 (tp > 1 ? " on rank " + std::to_string(r) : ""));
+      }
+      arenas[r].push_back({reinterpret_cast<std::byte*>(dev), reinterpret_cast<std::byte*>(host), bytes});
+    }
+    pools_.push_back(std::move(p));
+  }
+  MapLayersToPools(pools_, c.num_layers, &layer_pool_, &layer_index_);
+  if (tp == 1) {
+    copier_ = std::make_unique<kv::MemcpyBlockCopier>(std::move(arenas[0]));
+  } else {
+    std::vector<kv::MemcpyBlockCopier> copiers;
+    for (auto& a : arenas) copiers.emplace_back(std::move(a));
+    copier_ = std::make_unique<RankCopier>(std::move(copiers));
+  }
+  return Status::Ok();
 }
 
 Status CpuBackend::Validate(const StepBatch& batch) const {
@@ -321,21 +268,17 @@ void CpuBackend::AddLora(const StepBatch& batch, int64_t layer, model::LoraTarge
   });
 }
 
-void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
-  const model::ModelConfig& c = config_;
-  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
-  const KvPoolInfo& pool = pools_[pi];
-  const int64_t li = layer_index_[layer];
-  // The rank's heads; with one rank, the model's.
-  const int64_t B = options_.block_size, hd = c.head_dim, kvh = rk.shard.kv_heads, nh = rk.shard.heads;
-  const int64_t q_size = nh * hd, kv_size = kvh * hd;
-  const int64_t qkv_width = q_size + 2 * kv_size;
-  const int64_t k_off = q_size, v_off = q_size + kv_size;
-  // Element offsets inside the rank's block: [layers_in_pool][2][kv_heads][B][head_dim].
-  auto k_at = [&](int64_t g) { return ((li * 2 + 0) * kvh + g) * B * hd; };
-  auto v_at = [&](int64_t g) { return ((li * 2 + 1) * kvh + g) * B * hd; };
+// A rank's block: [layers_in_pool][2][kv_heads][B][head_dim].
+int64_t CpuBackend::KvOffset(int64_t li, int64_t g, bool v, const Rank& rk) const {
+  return ((li * 2 + (v ? 1 : 0)) * rk.shard.kv_heads + g) * options_.block_size * config_.head_dim;
+}
 
-  // 1. Write this step's K and V.
+void CpuBackend::WriteKv(const StepBatch& batch, int64_t layer, Rank& rk) {
+  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+  const int64_t li = layer_index_[layer];
+  const int64_t B = options_.block_size, hd = config_.head_dim, kvh = rk.shard.kv_heads;
+  const int64_t q_size = rk.shard.heads * hd, kv_size = kvh * hd;
+  const int64_t qkv_width = q_size + 2 * kv_size;
   const int64_t T = static_cast<int64_t>(rows_.size());
   rk.pool->ParallelFor((T + 63) / 64, [&](int64_t chunk) {
     for (int64_t r = chunk * 64; r < std::min(T, chunk * 64 + 64); ++r) {
@@ -345,13 +288,23 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
       const int64_t off = (row.position % B) * hd;
       const float* src = rk.qkv.data() + r * qkv_width;
       for (int64_t g = 0; g < kvh; ++g) {
-        std::memcpy(base + k_at(g) + off, src + k_off + g * hd, hd * sizeof(float));
-        std::memcpy(base + v_at(g) + off, src + v_off + g * hd, hd * sizeof(float));
+        std::memcpy(base + KvOffset(li, g, false, rk) + off, src + q_size + g * hd, hd * sizeof(float));
+        std::memcpy(base + KvOffset(li, g, true, rk) + off, src + q_size + kv_size + g * hd, hd * sizeof(float));
       }
     }
   });
+}
 
-  // 2. Attention: one task per (sequence, head, block of query rows).
+void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
+  WriteKv(batch, layer, rk);
+  const model::ModelConfig& c = config_;
+  const size_t pi = static_cast<size_t>(layer_pool_[layer]);
+  const KvPoolInfo& pool = pools_[pi];
+  const int64_t li = layer_index_[layer];
+  // The rank's heads; with one rank, the model's.
+  const int64_t hd = c.head_dim, nh = rk.shard.heads;
+  const int64_t q_size = nh * hd, qkv_width = q_size + 2 * rk.shard.kv_heads * hd;
+  // One task per (sequence, head, block of query rows).
   struct Task {
     int32_t seq, head;
     int64_t row0, rows;  // rows_ range
@@ -374,10 +327,16 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
   const int64_t group = c.num_heads / c.num_kv_heads;
   rk.pool->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
     const Task& task = tasks[ti];
-    const auto& table = batch.seqs[task.seq].block_tables[pi];
     const int64_t context_end = batch.seqs[task.seq].context_end;
     // The model's KV head of this query head, as the rank's arenas index it.
     const int64_t g = (rk.shard.head_begin + task.head) / group - rk.shard.kv_head_begin;
+    const PagedKvHead kv{rk.device_kv[pi],
+                         batch.seqs[task.seq].block_tables[pi].data(),
+                         static_cast<int64_t>(rk.bytes_per_block[pi] / sizeof(float)),
+                         options_.block_size,
+                         KvOffset(li, g, false, rk),
+                         KvOffset(li, g, true, rk),
+                         hd};
     thread_local std::vector<float> scores, q_shift, acc, cs;
     q_shift.resize(hd);
     acc.resize(hd);
@@ -399,63 +358,50 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
           q_sink = q_shift.data();
         }
       }
-      // Visits positions [lo, hi) block run by block run: fn(first score index, K or V
-      // pointer of the run's first token, run length).
-      auto for_runs = [&](int64_t lo, int64_t hi, int64_t score0, bool values, auto&& fn) {
-        for (int64_t t = lo; t < hi;) {
-          const int64_t off = t % B, len = std::min(hi - t, B - off);
-          const float* base = rk.KvBase(pi, table[t / B]) + (values ? v_at(g) : k_at(g)) + off * hd;
-          fn(score0 + (t - lo), base, len);
-          t += len;
-        }
-      };
-      auto score_run = [&](const float* qq) {
-        return [&, qq](int64_t s0, const float* k, int64_t len) {
-          for (int64_t j = 0; j < len; ++j) scores[s0 + j] = Dot(qq, k + j * hd, hd) * scale;
-        };
-      };
-      for_runs(vis.sink_lo, vis.sink_hi, 0, false, score_run(q_sink));
-      for_runs(vis.lo, q + 1, n_sink, false, score_run(qv));
-      float m = -INFINITY;
-      for (float s : scores) m = std::max(m, s);
-      double sum = 0.0;
-      for (float& s : scores) {
-        s = std::exp(s - m);
-        sum += s;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      auto value_run = [&](int64_t s0, const float* v, int64_t len) {
-        for (int64_t j = 0; j < len; ++j) Axpy(scores[s0 + j], v + j * hd, acc.data(), hd);
-      };
-      for_runs(vis.sink_lo, vis.sink_hi, 0, true, value_run);
-      for_runs(vis.lo, q + 1, n_sink, true, value_run);
-      const float inv = static_cast<float>(1.0 / sum);
-      float* out = rk.attn.data() + r * q_size + task.head * hd;
-      for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
+      PagedAttentionRow(kv, qv, q_sink, vis.sink_lo, vis.sink_hi, vis.lo, q + 1, scale, scores.data(), acc.data(),
+                        rk.attn.data() + r * q_size + task.head * hd);
     }
   });
 }
 
+namespace {
+
+const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+// fn(r) for r in [0, T), in chunks of 16 rows over the pool: the per-row elementwise stages.
+template <typename Fn>
+void PerRow(ThreadPool& pool, int64_t T, Fn&& fn) {
+  pool.ParallelFor((T + 15) / 16, [&](int64_t chunk) {
+    for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) fn(r);
+  });
+}
+
+}  // namespace
+
+void CpuBackend::AllReduce(Rank& rk, std::vector<float>& v) {
+  if (group_ != nullptr) group_->AllReduce(rk.shard.rank, v.data(), static_cast<int64_t>(v.size()));
+}
+
 void CpuBackend::Forward(const StepBatch& batch, Rank& rk) {
-  const model::ModelConfig& c = config_;
-  const TensorParallelShard& sh = rk.shard;
-  const int64_t H = c.hidden_size, I = sh.inter, V = c.vocab_size, hd = c.head_dim;
-  const int64_t q_size = sh.heads * hd, kv_size = sh.kv_heads * hd;
-  const int64_t qkv_width = q_size + 2 * kv_size;
+  const int64_t H = config_.hidden_size, I = rk.shard.inter, hd = config_.head_dim;
+  const int64_t q_size = rk.shard.heads * hd, kv_size = rk.shard.kv_heads * hd;
   const int64_t T = static_cast<int64_t>(rows_.size());
-  const bool split = group_ != nullptr;
-  auto all_reduce = [&](std::vector<float>& v) {
-    if (split) group_->AllReduce(sh.rank, v.data(), static_cast<int64_t>(v.size()));
-  };
   rk.x.resize(T * H);
   rk.xn.resize(T * H);
-  rk.qkv.resize(T * qkv_width);
+  rk.qkv.resize(T * (q_size + 2 * kv_size));
   rk.attn.resize(T * q_size);
   rk.mlp.resize(T * 2 * I);
   rk.act.resize(T * I);
+  Embed(batch, rk);
+  for (int64_t l = 0; l < config_.num_layers; ++l) Layer(batch, l, rk);
+  LmHead(rk);
+}
 
+void CpuBackend::Embed(const StepBatch& batch, Rank& rk) {
   // Vocab-parallel embedding: each rank copies the rows it holds, zeros the others, and the
   // all-reduce assembles them (adding zeros is exact).
+  const TensorParallelShard& sh = rk.shard;
+  const int64_t H = config_.hidden_size, T = static_cast<int64_t>(rows_.size());
   for (int64_t r = 0; r < T; ++r) {
     const int64_t tok = batch.seqs[rows_[r].seq].tokens[rows_[r].index];
     float* dst = &rk.x[r * H];
@@ -465,78 +411,79 @@ void CpuBackend::Forward(const StepBatch& batch, Rank& rk) {
       std::fill(dst, dst + H, 0.0f);
     }
   }
-  all_reduce(rk.x);
+  AllReduce(rk, rk.x);
+}
 
-  // Parallel over rows in chunks, for the per-row elementwise stages.
-  auto per_row = [&](auto&& fn) {
-    rk.pool->ParallelFor((T + 15) / 16, [&](int64_t chunk) {
-      for (int64_t r = chunk * 16; r < std::min(T, chunk * 16 + 16); ++r) fn(r);
-    });
+void CpuBackend::Layer(const StepBatch& batch, int64_t l, Rank& rk) {
+  const model::ModelConfig& c = config_;
+  const TensorParallelShard& sh = rk.shard;
+  const int64_t H = c.hidden_size, I = sh.inter, hd = c.head_dim;
+  const int64_t q_size = sh.heads * hd, kv_size = sh.kv_heads * hd;
+  const int64_t qkv_width = q_size + 2 * kv_size;
+  const int64_t T = static_cast<int64_t>(rows_.size());
+  using model::LoraTarget;
+  auto add_lora = [&](LoraTarget t, const float* x, int64_t x_stride, float* y, int64_t y_stride, int64_t y_offset) {
+    if (step_has_lora_) AddLora(batch, l, t, rk, x, x_stride, y, y_stride, y_offset);
   };
   auto add_residual = [&] {
-    per_row([&](int64_t r) {
+    PerRow(*rk.pool, T, [&](int64_t r) {
       for (int64_t i = 0; i < H; ++i) rk.x[r * H + i] += rk.xn[r * H + i];
     });
   };
-  auto or_null = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
-  using model::LoraTarget;
-  auto add_lora = [&](int64_t l, LoraTarget t, const float* x, int64_t x_stride, float* y, int64_t y_stride,
-                      int64_t y_offset) {
-    if (step_has_lora_) AddLora(batch, l, t, rk, x, x_stride, y, y_stride, y_offset);
-  };
   ThreadPool& pool = *rk.pool;
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const CpuLayerWeights& lw = rk.w.layers[l];
-    per_row([&](int64_t r) { RmsNorm(&rk.x[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
-    MatMul(pool, rk.xn.data(), T, H, lw.qkv.data(), qkv_width, or_null(lw.qkv_bias), rk.qkv.data());
-    add_lora(l, LoraTarget::kQ, rk.xn.data(), H, rk.qkv.data(), qkv_width, 0);
-    add_lora(l, LoraTarget::kK, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size);
-    add_lora(l, LoraTarget::kV, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size + kv_size);
-    per_row([&](int64_t r) {
-      float* row = &rk.qkv[r * qkv_width];
-      if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-        for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) {
-          const float* w = h < sh.heads ? lw.q_norm.data() : lw.k_norm.data();
-          RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
-        }
+  const CpuLayerWeights& lw = rk.w.layers[l];
+  PerRow(pool, T, [&](int64_t r) { RmsNorm(&rk.x[r * H], lw.input_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
+  MatMul(pool, rk.xn.data(), T, H, lw.qkv.data(), qkv_width, OrNull(lw.qkv_bias), rk.qkv.data());
+  add_lora(LoraTarget::kQ, rk.xn.data(), H, rk.qkv.data(), qkv_width, 0);
+  add_lora(LoraTarget::kK, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size);
+  add_lora(LoraTarget::kV, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size + kv_size);
+  PerRow(pool, T, [&](int64_t r) {
+    float* row = &rk.qkv[r * qkv_width];
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+      for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) {
+        const float* w = h < sh.heads ? lw.q_norm.data() : lw.k_norm.data();
+        RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
       }
-      const float* cs = &cos_[r * hd / 2];
-      const float* sn = &sin_[r * hd / 2];
-      for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
-    });
-    Attention(batch, l, rk);
-    // Row-parallel o: each rank's partial product (and LoRA delta), summed over the ranks.
-    MatMul(pool, rk.attn.data(), T, q_size, lw.o.data(), H, or_null(lw.o_bias), rk.xn.data());
-    add_lora(l, LoraTarget::kO, rk.attn.data(), q_size, rk.xn.data(), H, 0);
-    all_reduce(rk.xn);
-    add_residual();
-    per_row([&](int64_t r) { RmsNorm(&rk.x[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
-    MatMul(pool, rk.xn.data(), T, H, lw.gate_up.data(), 2 * I, or_null(lw.gate_up_bias), rk.mlp.data());
-    add_lora(l, LoraTarget::kGate, rk.xn.data(), H, rk.mlp.data(), 2 * I, 0);
-    add_lora(l, LoraTarget::kUp, rk.xn.data(), H, rk.mlp.data(), 2 * I, I);
-    per_row([&](int64_t r) { SiluMul(&rk.mlp[r * 2 * I], &rk.mlp[r * 2 * I + I], I, &rk.act[r * I]); });
-    MatMul(pool, rk.act.data(), T, I, lw.down.data(), H, or_null(lw.down_bias), rk.xn.data());
-    add_lora(l, LoraTarget::kDown, rk.act.data(), I, rk.xn.data(), H, 0);
-    all_reduce(rk.xn);
-    add_residual();
-  }
+    }
+    const float* cs = &cos_[r * hd / 2];
+    const float* sn = &sin_[r * hd / 2];
+    for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
+  });
+  Attention(batch, l, rk);
+  // Row-parallel o: each rank's partial product (and LoRA delta), summed over the ranks.
+  MatMul(pool, rk.attn.data(), T, q_size, lw.o.data(), H, OrNull(lw.o_bias), rk.xn.data());
+  add_lora(LoraTarget::kO, rk.attn.data(), q_size, rk.xn.data(), H, 0);
+  AllReduce(rk, rk.xn);
+  add_residual();
+  PerRow(pool, T, [&](int64_t r) { RmsNorm(&rk.x[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
+  MatMul(pool, rk.xn.data(), T, H, lw.gate_up.data(), 2 * I, OrNull(lw.gate_up_bias), rk.mlp.data());
+  add_lora(LoraTarget::kGate, rk.xn.data(), H, rk.mlp.data(), 2 * I, 0);
+  add_lora(LoraTarget::kUp, rk.xn.data(), H, rk.mlp.data(), 2 * I, I);
+  PerRow(pool, T, [&](int64_t r) { SiluMul(&rk.mlp[r * 2 * I], &rk.mlp[r * 2 * I + I], I, &rk.act[r * I]); });
+  MatMul(pool, rk.act.data(), T, I, lw.down.data(), H, OrNull(lw.down_bias), rk.xn.data());
+  add_lora(LoraTarget::kDown, rk.act.data(), I, rk.xn.data(), H, 0);
+  AllReduce(rk, rk.xn);
+  add_residual();
+}
 
+void CpuBackend::LmHead(Rank& rk) {
   // Vocab-parallel LM head for the rows that need logits, gathered into logits_.
+  const TensorParallelShard& sh = rk.shard;
+  const int64_t H = config_.hidden_size, V = config_.vocab_size, T = static_cast<int64_t>(rows_.size());
   const int64_t rows = logit_rows_;
   rk.head.resize(static_cast<size_t>(rows) * H);
   for (int64_t r = 0; r < T; ++r) {
     if (rows_[r].logits_row >= 0) {
-      RmsNorm(&rk.x[r * H], rk.w.final_norm.data(), H, c.rms_norm_eps, &rk.head[rows_[r].logits_row * H]);
+      RmsNorm(&rk.x[r * H], rk.w.final_norm.data(), H, config_.rms_norm_eps, &rk.head[rows_[r].logits_row * H]);
     }
   }
   if (rows == 0 || sh.vocab == 0) return;
-  if (!split) {
-    MatMul(pool, rk.head.data(), rows, H, rk.w.lm_head_data(), V, nullptr, logits_.data());
+  if (group_ == nullptr) {
+    MatMul(*rk.pool, rk.head.data(), rows, H, rk.w.lm_head_data(), V, nullptr, logits_.data());
     return;
   }
   rk.logits.resize(static_cast<size_t>(rows) * sh.vocab);
-  MatMul(pool, rk.head.data(), rows, H, rk.w.lm_head_data(), sh.vocab, nullptr, rk.logits.data());
+  MatMul(*rk.pool, rk.head.data(), rows, H, rk.w.lm_head_data(), sh.vocab, nullptr, rk.logits.data());
   for (int64_t r = 0; r < rows; ++r) {  // disjoint columns of logits_ per rank
     std::memcpy(&logits_[r * V + sh.vocab_begin], &rk.logits[r * sh.vocab], sh.vocab * sizeof(float));
   }
@@ -544,10 +491,19 @@ void CpuBackend::Forward(const StepBatch& batch, Rank& rk) {
 
 Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));
-  const model::ModelConfig& c = config_;
-  const int64_t V = c.vocab_size, hd = c.head_dim;
-  const size_t nseq = batch.seqs.size();
+  PrepareStep(batch);
+  if (group_ == nullptr) {
+    Forward(batch, *ranks_[0]);
+  } else {
+    group_->Run([&](int r) { Forward(batch, *ranks_[r]); });
+  }
+  CollectOutputs(batch, out);
+  return Status::Ok();
+}
 
+void CpuBackend::PrepareStep(const StepBatch& batch) {
+  const int64_t V = config_.vocab_size, hd = config_.head_dim;
+  const size_t nseq = batch.seqs.size();
   // Rows of the step, and which of them need logits.
   rows_.clear();
   int32_t logit_rows = 0;
@@ -583,12 +539,11 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   step_has_lora_ = false;
   for (const SequenceStep& s : batch.seqs) step_has_lora_ |= s.lora_slot >= 0;
   logits_.resize(static_cast<size_t>(logit_rows) * V);
-  if (group_ == nullptr) {
-    Forward(batch, *ranks_[0]);
-  } else {
-    group_->Run([&](int r) { Forward(batch, *ranks_[r]); });
-  }
+}
 
+void CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
+  const int64_t V = config_.vocab_size;
+  const size_t nseq = batch.seqs.size();
   out->tokens.assign(nseq, kNoToken);
   out->logits_offset.assign(nseq, -1);
   out->logits.clear();
@@ -625,7 +580,6 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
     }
     r += n;
   }
-  return Status::Ok();
 }
 
 namespace {

@@ -79,12 +79,28 @@ class CpuBackend final : public ModelBackendBase {
   struct Rank;  // one tensor-parallel rank: its shard, KV arenas, threads and scratch
   class RankCopier;
   explicit CpuBackend(const BackendOptions& options);
+  // Computes the KV pools (kv_config_, pools_, the layer map) and allocates every rank's
+  // arenas and the block copier. REQUIRES: config_, max_context_ and ranks_ are set.
+  Status AllocateKv();
   Status Validate(const StepBatch& batch) const;
-  // Rank `rk`'s forward pass of the step prepared by Execute: the logits of its vocab slice
+  // The step's rows, which of them need logits, their RoPE angles, and logits_ sized.
+  void PrepareStep(const StepBatch& batch);
+  // Samples, logprobs and requested logits from logits_ into *out.
+  void CollectOutputs(const StepBatch& batch, StepOutput* out);
+  // Rank `rk`'s forward pass of the step PrepareStep prepared: the logits of its vocab slice
   // into logits_ (gathered through the rank's own buffer when there are several ranks).
   void Forward(const StepBatch& batch, Rank& rk);
-  // Writes the step's K/V of layer `layer` and computes attention into rk.attn.
+  void Embed(const StepBatch& batch, Rank& rk);          // rk.x: the tokens' embeddings
+  void Layer(const StepBatch& batch, int64_t l, Rank& rk);  // one decoder layer, rk.x in place
+  void LmHead(Rank& rk);                                  // the final norm and the LM head
+  // Sums v over the ranks (nothing with one rank).
+  void AllReduce(Rank& rk, std::vector<float>& v);
+  // Writes the step's K/V of layer `layer` into the sequences' blocks.
+  void WriteKv(const StepBatch& batch, int64_t layer, Rank& rk);
+  // WriteKv, then attention through the block tables into rk.attn.
   void Attention(const StepBatch& batch, int64_t layer, Rank& rk);
+  // Floats from a rank's block start to layer li's K (or V) of its KV head g.
+  int64_t KvOffset(int64_t li, int64_t g, bool v, const Rank& rk) const;
   // y[r] += the LoRA delta of target t (the rank's shard of it) for each row r whose
   // sequence has an adapter slot with that target. x: [T][x_stride] (the projection's input),
   // y: [T][y_stride] with the target's output at column y_offset.

@@ -117,6 +117,50 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+namespace {
+
+// Visits positions [lo, hi) of kv block run by block run: fn(first score index, the K (or V)
+// of the run's first token, run length).
+template <typename Fn>
+void ForRuns(const PagedKvHead& kv, int64_t lo, int64_t hi, int64_t score0, bool values, Fn&& fn) {
+  const int64_t B = kv.block_size, hd = kv.head_dim;
+  for (int64_t t = lo; t < hi;) {
+    const int64_t off = t % B, len = std::min(hi - t, B - off);
+    const float* block = kv.arena + static_cast<size_t>(kv.table[t / B]) * kv.block_stride;
+    fn(score0 + (t - lo), block + (values ? kv.v_offset : kv.k_offset) + off * hd, len);
+    t += len;
+  }
+}
+
+}  // namespace
+
+void PagedAttentionRow(const PagedKvHead& kv, const float* q, const float* q_sink, int64_t sink_lo, int64_t sink_hi,
+                       int64_t lo, int64_t hi, float scale, float* scores, float* acc, float* out) {
+  const int64_t hd = kv.head_dim, n_sink = sink_hi - sink_lo, n = n_sink + (hi - lo);
+  auto score_run = [&](const float* qq) {
+    return [&, qq](int64_t s0, const float* k, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) scores[s0 + j] = Dot(qq, k + j * hd, hd) * scale;
+    };
+  };
+  ForRuns(kv, sink_lo, sink_hi, 0, false, score_run(q_sink));
+  ForRuns(kv, lo, hi, n_sink, false, score_run(q));
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scores[j]);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    sum += scores[j];
+  }
+  std::fill(acc, acc + hd, 0.0f);
+  auto value_run = [&](int64_t s0, const float* v, int64_t len) {
+    for (int64_t j = 0; j < len; ++j) Axpy(scores[s0 + j], v + j * hd, acc, hd);
+  };
+  ForRuns(kv, sink_lo, sink_hi, 0, true, value_run);
+  ForRuns(kv, lo, hi, n_sink, true, value_run);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
+}
+
 void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* out) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];

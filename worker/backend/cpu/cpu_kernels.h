@@ -30,6 +30,26 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 void LoraAddRow(const float* x, int64_t in, const float* a, const float* b, int32_t rank, int64_t out, float scaling,
                 float* scratch, float* y);
 
+// One KV head of one layer in a paged arena: token t's key starts at
+//   arena + table[t / block_size] · block_stride + k_offset + (t % block_size) · head_dim
+// and its value at v_offset in the same way.
+struct PagedKvHead {
+  const float* arena = nullptr;    // [blocks][block_stride]
+  const uint32_t* table = nullptr; // the sequence's block ids: [positions / block_size]
+  int64_t block_stride = 0;        // floats per block
+  int64_t block_size = 0;          // tokens per block
+  int64_t k_offset = 0, v_offset = 0;  // floats from a block's start to the head's first key, value
+  int64_t head_dim = 0;
+};
+
+// Attention of one query: out = Σ_j softmax(s)_j · v_j with s_j = q_j · k_j · scale over the
+// positions [sink_lo, sink_hi) scored with q_sink (StreamingLLM's sinks, seen at their cache
+// positions), then [lo, hi) scored with q.
+//   q, q_sink: [head_dim]; scores: [(sink_hi - sink_lo) + (hi - lo)] scratch;
+//   acc: [head_dim] scratch; out: [head_dim].
+void PagedAttentionRow(const PagedKvHead& kv, const float* q, const float* q_sink, int64_t sink_lo, int64_t sink_hi,
+                       int64_t lo, int64_t hi, float scale, float* scores, float* acc, float* out);
+
 // out = x / sqrt(mean(x²) + eps) · weight, one row of n (Llama RMSNorm). out may be x.
 void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* out);
 
