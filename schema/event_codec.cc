@@ -349,10 +349,10 @@ std::string EncodeReplayRequest(const ReplayRequest& request) {
 }
 
 Result<ReplayRequest> DecodeReplayRequest(const void* data, size_t size) {
-  return DecodeFrame<schema::ReplayRequest>(data, size, "replay request",
-                                            [](schema::ReplayRequest::Reader in, StructBudget&) -> Result<ReplayRequest> {
-                                              return ReplayRequest{in.getEpoch(), in.getFromSeq(), in.getRequestId()};
-                                            });
+  auto parse = [](schema::ReplayRequest::Reader in, StructBudget&) -> Result<ReplayRequest> {
+    return ReplayRequest{in.getEpoch(), in.getFromSeq(), in.getRequestId()};
+  };
+  return DecodeFrame<schema::ReplayRequest>(data, size, "replay request", parse);
 }
 
 std::string EncodeReplayBatches(const ReplyHeader& header, std::span<const std::string_view> frames) {

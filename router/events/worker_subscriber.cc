@@ -245,7 +245,9 @@ void WorkerSubscriber::ApplySnapshotEvents(const std::vector<kv::KvEvent>& event
       ++counters_->other_window;
       continue;
     }
-    for (const kv::StoredBlock& b : stored->blocks) ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier, b.priority});
+    for (const kv::StoredBlock& b : stored->blocks) {
+      ops_.push_back(BlockOp{b.hash, BlockOp::kStore, b.tier, b.priority});
+    }
     counters_->applied_stored += stored->blocks.size();
   }
   FlushOps();

@@ -269,7 +269,8 @@ TEST_CASE("replayed batches embed the published frames unchanged, as the spec's 
   const auto vectors = LoadEventVectors();
   const DecodedBatch example = ExampleBatch(vectors);
   const std::string published = Bytes(example);
-  const std::string frame = EncodeReplayBatches({"w0", kExampleEpoch, 7, true}, std::vector<std::string_view>{published});
+  const std::vector<std::string_view> ring = {published};
+  const std::string frame = EncodeReplayBatches({"w0", kExampleEpoch, 7, true}, ring);
   CHECK(frame == vectors.at("replayed batches: the example batch, answering request 7"));
   auto reply = DecodeReplayReply(frame.data(), frame.size());
   REQUIRE(reply.ok());
