@@ -7,12 +7,12 @@
 // systemd's Restart=always or a Kubernetes controller would. Without it, a worker's exit
 // leaves the fleet one worker short and the router's exit ends the fleet.
 //
-// The children get this process's environment without its KVFLEET_* variables. Those
-// configure `kvfleet up` itself (KVFLEET_WORKERS is its --workers), and the router and
-// worker read KVFLEET_<OPTION> too (common/config.h), where the same name can mean
-// something else: the router's KVFLEET_WORKERS is a list of worker addresses. What a
-// child should get goes through --router-arg and --worker-arg; `kvfleet up` names the
-// variables it kept back so that none is dropped silently.
+// The children get this process's environment without its KVFLEET_* variables.
+// KVFLEET_UP_* configure `kvfleet up` itself (KVFLEET_UP_WORKERS is its --workers); the
+// others would configure a child behind the command line `kvfleet up` gives it (the
+// deprecated plain names even mean something else there: the router's KVFLEET_WORKERS is a
+// list of worker addresses). What a child should get goes through --router-arg and
+// --worker-arg; `kvfleet up` names the variables it kept back so that none is dropped silently.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -42,7 +42,7 @@ namespace kvfleet::cli {
 namespace {
 
 struct UpArgs {
-  std::string backend = "mock";
+  std::string backend = "auto";       // auto: the workers' choice with --model-dir, else mock
   int workers = 2;
   uint16_t http_port = 8000;
   uint16_t registration_port = 5555;
@@ -76,13 +76,13 @@ std::string FindProgram(const std::string& name, const std::string& subdir) {
 }
 
 // The environment of the router and workers: this process's, less every KVFLEET_*
-// variable. The names of those left out go to `dropped`.
+// variable. The names of those left out, but `kvfleet up`'s own, go to `dropped`.
 std::vector<std::string> ChildEnvironment(std::vector<std::string>* dropped) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry = *e;
     if (entry.starts_with("KVFLEET_")) {
-      dropped->emplace_back(entry.substr(0, entry.find('=')));
+      if (!entry.starts_with("KVFLEET_UP_")) dropped->emplace_back(entry.substr(0, entry.find('=')));
     } else {
       env.emplace_back(entry);
     }
@@ -169,7 +169,9 @@ void StopChildren(std::vector<Child>& children, double timeout_s) {
   }
 }
 
-int RunUp(const UpArgs& a) {
+int RunUp(const UpArgs& args) {
+  UpArgs a = args;
+  if (a.backend == "auto" && a.model_dir.empty()) a.backend = "mock";  // nothing else to serve: named "mock"
   if (a.backend != "mock" && a.model_dir.empty()) {
     std::cerr << "kvfleet up: --backend " << a.backend << " needs --model-dir\n";
     return 2;
@@ -219,8 +221,10 @@ int RunUp(const UpArgs& a) {
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
     workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});
   }
-  std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " " << a.backend
-            << " workers; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
+  std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " "
+            << (a.backend == "auto" ? "workers (--backend auto: each picks cuda or cpu and logs why)"
+                                    : a.backend + " workers")
+            << "; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
 
   bool announced = false;
   int rc = 0;
@@ -284,7 +288,10 @@ int RunUp(const UpArgs& a) {
 Action AddUpCommand(CLI::App& parent) {
   auto args = std::make_shared<UpArgs>();
   CLI::App* cmd = parent.add_subcommand("up", "start a router and N workers on loopback; Ctrl-C stops them all");
-  cmd->add_option("--backend", args->backend, "worker backend: mock, cpu or cuda")->capture_default_str();
+  cmd->add_option("--backend", args->backend,
+                  "worker backend: auto (with --model-dir: cuda when the build's kernels run on the GPU, else cpu; "
+                  "without: mock), cuda, cpu or mock")
+      ->capture_default_str();
   cmd->add_option("--workers", args->workers, "number of workers")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_option("--http-port", args->http_port, "router HTTP port")->capture_default_str();
   cmd->add_option("--registration-port", args->registration_port, "router registration port")->capture_default_str();

@@ -5,41 +5,81 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/build_info.h"
+
 namespace kvfleet {
 
-void AddCommonOptions(CLI::App& app, CommonOptions* options) {
+namespace {
+
+// Options that mean the same to every binary: their plain KVFLEET_<OPTION> is no deprecated alias.
+bool IsCommonOption(std::string_view long_name) {
+  return long_name == "log-level" || long_name == "log-format" || long_name == "config";
+}
+
+std::string Upper(std::string_view text) {
+  std::string out;
+  for (char c : text) out.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  return out;
+}
+
+}  // namespace
+
+void AddCommonOptions(CLI::App& app, CommonOptions* options, std::string_view program) {
+  options->program = std::string(program);
   app.add_option("--log-level", options->log.level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str();
   app.add_option("--log-format", options->log.format, "text, or json for log collectors")->capture_default_str();
   app.add_option("--config", options->config_file, "TOML/INI config file (key = value, [subcommand] sections)");
+  app.set_version_flag("--version", VersionLine(program), "print the version, git commit and build type, and exit");
 }
 
-std::string EnvNameFor(std::string_view long_name) {
-  std::string env = "KVFLEET_";
-  for (char c : long_name) env.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-  return env;
+std::string VersionLine(std::string_view program) {
+  const BuildInfo& b = GetBuildInfo();
+  return std::string(program) + " " + std::string(b.version) + " (git " + std::string(b.git_sha) + ", " +
+         std::string(b.build_type) + ")";
 }
 
-void BindEnvironment(CLI::App& app) {
+std::string EnvPrefixFor(std::string_view program) {
+  if (program.starts_with("kvfleet-")) return "KVFLEET_" + Upper(program.substr(8)) + "_";
+  return "KVFLEET_";
+}
+
+std::string EnvNameFor(std::string_view long_name, std::string_view prefix) {
+  return std::string(prefix) + Upper(long_name);
+}
+
+void BindEnvironment(CLI::App& app, std::string_view prefix, std::vector<std::string>* warnings) {
   for (CLI::Option* opt : app.get_options()) {
     const auto& names = opt->get_lnames();
-    if (names.empty() || names.front() == "help") continue;
-    opt->envname(EnvNameFor(names.front()));
+    if (names.empty() || names.front() == "help" || names.front() == "version") continue;
+    const std::string name = EnvNameFor(names.front(), prefix);
+    const std::string plain = EnvNameFor(names.front());
+    opt->envname(name);
+    if (name == plain || std::getenv(name.c_str()) != nullptr || std::getenv(plain.c_str()) == nullptr) continue;
+    opt->envname(plain);
+    if (!IsCommonOption(names.front()) && warnings != nullptr) {
+      warnings->push_back(plain + " is deprecated: set " + name + " (a plain KVFLEET_ name can mean " +
+                          "something else to another kvfleet binary)");
+    }
   }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) BindEnvironment(*sub);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    BindEnvironment(*sub, std::string(prefix) + Upper(sub->get_name()) + "_", warnings);
+  }
 }
 
 namespace {
 
 // Finds the config file before the real parse: from --config on the command line, or
-// from KVFLEET_CONFIG.
-std::string FindConfigPath(int argc, char** argv) {
+// from the environment (the binary's <PREFIX>CONFIG, then KVFLEET_CONFIG).
+std::string FindConfigPath(int argc, char** argv, const std::string& prefix) {
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--config" && i + 1 < argc) return argv[i + 1];
     if (a.starts_with("--config=")) return std::string(a.substr(9));
   }
-  if (const char* env = std::getenv("KVFLEET_CONFIG")) return env;
+  for (const std::string& name : {prefix + "CONFIG", std::string("KVFLEET_CONFIG")}) {
+    if (const char* env = std::getenv(name.c_str())) return env;
+  }
   return "";
 }
 
@@ -86,8 +126,10 @@ Status ApplyConfigDefaults(CLI::App& app, const std::string& path) {
 }  // namespace
 
 int ParseCommandLine(CLI::App& app, CommonOptions* common, int argc, char** argv) {
-  BindEnvironment(app);
-  std::string config = FindConfigPath(argc, argv);
+  const std::string prefix = EnvPrefixFor(common->program);
+  std::vector<std::string> deprecated;
+  BindEnvironment(app, prefix, &deprecated);
+  std::string config = FindConfigPath(argc, argv, prefix);
   if (!config.empty()) {
     Status st = ApplyConfigDefaults(app, config);
     if (!st.ok()) {
@@ -105,6 +147,7 @@ int ParseCommandLine(CLI::App& app, CommonOptions* common, int argc, char** argv
     std::cerr << "error: " << st.message() << "\n";
     return 2;
   }
+  for (const std::string& warning : deprecated) Logger("config")->warn("{}", warning);
   return -1;
 }
 

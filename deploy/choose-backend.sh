@@ -1,5 +1,7 @@
 # choose_backend CMAKE_CACHE GPU: which worker backend a build can use on this machine.
 # Sourced by deploy/quickstart.sh; tests/deploy/choose_backend_test.sh feeds it fake inputs.
+# kvfleet-worker --backend auto (its default) makes the same choice from inside
+# (worker/backend/backend.h, ChooseBackend).
 #
 #   CMAKE_CACHE  the build's CMakeCache.txt
 #   GPU          nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader, first line

@@ -8,14 +8,27 @@
 #   4. sends two chat requests that share a long system prompt and shows, for each, the
 #      reply, the worker that served it and its cached prompt tokens;
 #   5. leaves the fleet running and prints its URLs (stop it: kill the printed PID).
-# Environment: KVFLEET_WORKERS (2), KVFLEET_HTTP_PORT (8000), KVFLEET_BACKEND (auto).
-# `kvfleet up` keeps every KVFLEET_* variable from the router and workers it starts.
+# Environment: `kvfleet up`'s KVFLEET_UP_WORKERS (2), KVFLEET_UP_HTTP_PORT (8000) and
+# KVFLEET_UP_BACKEND (auto); the plain KVFLEET_WORKERS, KVFLEET_HTTP_PORT and KVFLEET_BACKEND
+# of earlier releases still work, with a warning. `kvfleet up` keeps every KVFLEET_*
+# variable from the router and workers it starts.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CACHE="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}"
-PORT="${KVFLEET_HTTP_PORT:-8000}"
-WORKERS="${KVFLEET_WORKERS:-2}"
+# up_setting NAME DEFAULT: KVFLEET_UP_NAME, else the deprecated KVFLEET_NAME (warned), else DEFAULT.
+up_setting() {
+  local new="KVFLEET_UP_$1" old="KVFLEET_$1"
+  if [ -n "${!new:-}" ]; then echo "${!new}"; return; fi
+  if [ -n "${!old:-}" ]; then
+    echo "quickstart: $old is deprecated: set $new (a plain KVFLEET_ name can mean something else to another kvfleet binary)" >&2
+    echo "${!old}"; return
+  fi
+  echo "$2"
+}
+PORT="$(up_setting HTTP_PORT 8000)"
+WORKERS="$(up_setting WORKERS 2)"
+BACKEND="$(up_setting BACKEND "")"
 
 deploy/install-deps.sh
 BUILD_DIR="$ROOT/build" deploy/build.sh
@@ -29,8 +42,8 @@ if [ ! -f "$MODEL/config.json" ]; then
   "$KVFLEET" make-model --shape tiny --tokenizer "$TOKENIZER" --out "$MODEL" --seed 1
 fi
 
-if [ -n "${KVFLEET_BACKEND:-}" ]; then
-  BACKEND="$KVFLEET_BACKEND" WHY="set by KVFLEET_BACKEND"
+if [ -n "$BACKEND" ]; then
+  WHY="set by the environment"
 else
   . deploy/choose-backend.sh
   GPU=""
@@ -45,7 +58,7 @@ echo "quickstart: backend: $BACKEND ($WHY)"
 LOGDIR="$CACHE/fleet-logs"
 mkdir -p "$LOGDIR"
 if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then
-  echo "quickstart: something already serves port $PORT; set KVFLEET_HTTP_PORT or stop it" >&2
+  echo "quickstart: something already serves port $PORT; set KVFLEET_UP_HTTP_PORT or stop it" >&2
   exit 1
 fi
 echo "quickstart: starting a router and $WORKERS $BACKEND workers (logs in $LOGDIR)"

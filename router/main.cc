@@ -138,7 +138,7 @@ int Run(RouterConfig& c) {
 int main(int argc, char** argv) {
   CLI::App app{"kvfleet-router: the OpenAI-compatible, cache-aware router of a kvfleet fleet"};
   kvfleet::router::RouterConfig config;
-  kvfleet::AddCommonOptions(app, &config.common);
+  kvfleet::AddCommonOptions(app, &config.common, "kvfleet-router");
   kvfleet::router::AddOptions(app, &config);
   int rc = kvfleet::ParseCommandLine(app, &config.common, argc, argv);
   if (rc >= 0) return rc;

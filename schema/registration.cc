@@ -1,4 +1,5 @@
 #include "schema/registration.h"
+#include "schema/describe.h"
 
 #include <capnp/message.h>
 
@@ -7,9 +8,9 @@
 
 namespace kvfleet {
 
-std::string EncodeHello(const WorkerHello& h) {
-  capnp::MallocMessageBuilder message;
-  auto out = message.initRoot<schema::ToRouter>().initHello();
+namespace {
+
+void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setWorkerId(h.name);
   out.setModel(h.model);
   out.setBlockSize(h.block_size);
@@ -54,7 +55,81 @@ std::string EncodeHello(const WorkerHello& h) {
   out.setMaxLoras(h.max_loras);
   out.setLoraLoadUs(h.lora_load_us);
   out.setTensorParallel(h.tensor_parallel);
+}
+
+WorkerHello ReadHello(schema::Hello::Reader h) {
+  WorkerHello out;
+  out.name = h.getWorkerId().cStr();
+  out.model = h.getModel().cStr();
+  out.block_size = h.getBlockSize();
+  out.max_context = h.getMaxContext();
+  for (auto t : h.getTiers()) {
+    if (t.getTier() == schema::Tier::DEVICE) out.device_blocks = t.getTotalBlocks();
+    else out.host_blocks += t.getTotalBlocks();
+  }
+  auto e = h.getEndpoints();
+  out.requests_endpoint = e.getRequests().cStr();
+  out.events_endpoint = e.getEvents().cStr();
+  out.replay_endpoint = e.getReplay().cStr();
+  out.http_endpoint = e.getHttp().cStr();
+  out.backend = h.getBackend().cStr();
+  out.epoch = h.getEpoch();
+  out.tokenizer_digest = h.getTokenizerDigest();
+  out.kv_block_size = h.getKvBlockSize();
+  for (auto p : h.getKvPools()) {
+    out.kv_pools.push_back(KvPoolAnnounce{p.getWindow(), p.getSinkTokens(), p.getDenseContext(),
+                                          p.getAttentionChunk(), p.getLayers(), p.getDeviceBlocks(),
+                                          p.getHostBlocks(), p.getReuse(), p.getReuseTokens()});
+  }
+  for (auto l : h.getLoras()) {
+    out.loras.push_back(LoraAnnounce{l.getName().cStr(), l.getLoraId(), l.getRank(), l.getBaseModel().cStr()});
+  }
+  out.max_loras = h.getMaxLoras();
+  out.lora_load_us = h.getLoraLoadUs();
+  out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeHello(const WorkerHello& h) {
+  capnp::MallocMessageBuilder message;
+  FillHello(h, message.initRoot<schema::ToRouter>().initHello());
   return wire::Encode(message);
+}
+
+std::string EncodeDescribe() {
+  capnp::MallocMessageBuilder message;
+  message.initRoot<schema::ToWorker>().initDescribe();
+  return wire::Encode(message);
+}
+
+std::string EncodeDescribed(const WorkerHello& hello) {
+  capnp::MallocMessageBuilder message;
+  FillHello(hello, message.initRoot<schema::FromWorker>().initHello());
+  return wire::Encode(message);
+}
+
+bool IsDescribe(const void* data, size_t size) {
+  auto decoded = wire::Decode<schema::ToWorker>(data, size);
+  if (!decoded.ok()) return false;
+  try {
+    return (*decoded)->Root<schema::ToWorker>().isDescribe();
+  } catch (const kj::Exception&) {
+    return false;
+  }
+}
+
+Result<WorkerHello> DecodeDescribed(const void* data, size_t size) {
+  auto decoded = wire::Decode<schema::FromWorker>(data, size);
+  if (!decoded.ok()) return decoded.status();
+  try {
+    auto root = (*decoded)->Root<schema::FromWorker>();
+    if (!root.isHello()) return DataLoss("FromWorker is not a Hello");
+    return ReadHello(root.getHello());
+  } catch (const kj::Exception& e) {
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+  }
 }
 
 static const KvPoolAnnounce* IndexedPool(const WorkerHello& hello) {
@@ -93,39 +168,7 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
   if (!decoded.ok()) return decoded.status();
   try {
     auto root = (*decoded)->Root<schema::ToRouter>();
-    if (root.isHello()) {
-      auto h = root.getHello();
-      WorkerHello out;
-      out.name = h.getWorkerId().cStr();
-      out.model = h.getModel().cStr();
-      out.block_size = h.getBlockSize();
-      out.max_context = h.getMaxContext();
-      for (auto t : h.getTiers()) {
-        if (t.getTier() == schema::Tier::DEVICE) out.device_blocks = t.getTotalBlocks();
-        else out.host_blocks += t.getTotalBlocks();
-      }
-      auto e = h.getEndpoints();
-      out.requests_endpoint = e.getRequests().cStr();
-      out.events_endpoint = e.getEvents().cStr();
-      out.replay_endpoint = e.getReplay().cStr();
-      out.http_endpoint = e.getHttp().cStr();
-      out.backend = h.getBackend().cStr();
-      out.epoch = h.getEpoch();
-      out.tokenizer_digest = h.getTokenizerDigest();
-      out.kv_block_size = h.getKvBlockSize();
-      for (auto p : h.getKvPools()) {
-        out.kv_pools.push_back(KvPoolAnnounce{p.getWindow(), p.getSinkTokens(), p.getDenseContext(),
-                                              p.getAttentionChunk(), p.getLayers(), p.getDeviceBlocks(),
-                                              p.getHostBlocks(), p.getReuse(), p.getReuseTokens()});
-      }
-      for (auto l : h.getLoras()) {
-        out.loras.push_back(LoraAnnounce{l.getName().cStr(), l.getLoraId(), l.getRank(), l.getBaseModel().cStr()});
-      }
-      out.max_loras = h.getMaxLoras();
-      out.lora_load_us = h.getLoraLoadUs();
-      out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
-      return ToRouterMessage(std::move(out));
-    }
+    if (root.isHello()) return ToRouterMessage(ReadHello(root.getHello()));
     if (root.isBye()) {
       auto b = root.getBye();
       return ToRouterMessage(WorkerBye{b.getWorkerId().cStr(), b.getEpoch()});

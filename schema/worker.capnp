@@ -196,6 +196,11 @@ struct LoraAdapter {
   baseModel @3 :Text;   # adapter_config.json's base_model_name_or_path, as written
 }
 
+# A router asks a worker it was given by address (--workers, --workers-dns), which sends it
+# no Hello of its own, to describe itself: the worker answers FromWorker.hello on the same
+# connection. Routers ask on connecting and every few seconds after.
+struct Describe {}
+
 # Router DEALER -> worker requests ROUTER: one frame.
 struct ToWorker {
   union {
@@ -203,6 +208,7 @@ struct ToWorker {
     cancel @1 :Cancel;
     loadLora @2 :LoadLora;
     unloadLora @3 :UnloadLora;
+    describe @4 :Describe;
   }
 }
 
@@ -212,6 +218,7 @@ struct FromWorker {
     delta @0 :Delta;
     error @1 :Error;
     loraResult @2 :LoraResult;
+    hello @3 :Hello;  # the answer to a Describe: the Hello the worker would register with
   }
 }
 

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   using namespace kvfleet;
   CLI::App app{"kvfleet-worker: one model, continuous batching, a reusable KV cache, KV events"};
   CommonOptions common;
-  AddCommonOptions(app, &common);
+  AddCommonOptions(app, &common, "kvfleet-worker");
   server::WorkerConfig config;
   server::AddWorkerFlags(app, &config);
   CpuLatencyOption cpu_latency;

@@ -34,8 +34,8 @@ COPY --from=build /out/bin/ /opt/kvfleet/bin/
 COPY --from=build /out/lib/ /opt/kvfleet/lib/
 ENV LD_LIBRARY_PATH=/opt/kvfleet/lib \
     PATH=/opt/kvfleet/bin:$PATH \
-    KVFLEET_HTTP_PORT=8000 \
-    KVFLEET_LOG_FORMAT=json
+    KVFLEET_ROUTER_HTTP_PORT=8000 \
+    KVFLEET_ROUTER_LOG_FORMAT=json
 USER 10001
 # 8000: OpenAI API, /health, /ready, /metrics, /fleet. 5555: worker registration.
 EXPOSE 8000 5555

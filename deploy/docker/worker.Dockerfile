@@ -50,10 +50,10 @@ COPY --from=build /out/bin/ /opt/kvfleet/bin/
 COPY --from=build /out/lib/ /opt/kvfleet/lib/
 ENV LD_LIBRARY_PATH=/opt/kvfleet/lib:${LD_LIBRARY_PATH} \
     PATH=/opt/kvfleet/bin:$PATH \
-    KVFLEET_BACKEND=cuda \
-    KVFLEET_MODEL_DIR=/models/model \
-    KVFLEET_HTTP_PORT=9400 \
-    KVFLEET_LOG_FORMAT=json \
+    KVFLEET_WORKER_BACKEND=cuda \
+    KVFLEET_WORKER_MODEL_DIR=/models/model \
+    KVFLEET_WORKER_HTTP_PORT=9400 \
+    KVFLEET_WORKER_LOG_FORMAT=json \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001

@@ -22,7 +22,29 @@ std::optional<std::pair<std::string, int>> SplitPort(const std::string& endpoint
   }
 }
 
+// `endpoint` ("scheme://host:port") with its host replaced by `host`; unchanged when it has
+// no port.
+std::string WithHost(const std::string& endpoint, const std::string& host) {
+  auto hp = SplitPort(endpoint);
+  if (!hp) return endpoint;
+  size_t scheme = hp->first.find("://");
+  std::string prefix = scheme == std::string::npos ? "tcp://" : hp->first.substr(0, scheme + 3);
+  return prefix + host + ":" + std::to_string(hp->second);
+}
+
 }  // namespace
+
+WorkerHello DescribedHello(const WorkerHello& listed, WorkerHello answer) {
+  answer.requests_endpoint = listed.requests_endpoint;
+  auto hp = SplitPort(listed.requests_endpoint);
+  if (!hp) return answer;
+  size_t scheme = hp->first.find("://");
+  const std::string host = scheme == std::string::npos ? hp->first : hp->first.substr(scheme + 3);
+  for (std::string* ep : {&answer.events_endpoint, &answer.replay_endpoint, &answer.http_endpoint}) {
+    if (!ep->empty()) *ep = WithHost(*ep, host);
+  }
+  return answer;
+}
 
 WorkerHello StaticHello(const std::string& requests, const StaticFleet& fleet) {
   WorkerHello h;

@@ -1,7 +1,9 @@
 // Discovery: where the fleet's workers come from besides the records it keeps. Three
 // sources (router/README.md, "Configuration"):
 //   - per model (StaticFleet), a static list of requests endpoints: StaticHello() makes each
-//     a Hello, its events and replay endpoints the next two ports (the worker's defaults);
+//     a Hello from the router's flags, its events and replay endpoints the next two ports
+//     (the worker's defaults), until the worker answers the fleet's Describe (schema/describe.h)
+//     with its own (DescribedHello); a worker answering with another model is refused;
 //   - per model, DNS names re-resolved periodically (a Kubernetes headless service each):
 //     a DnsWatcher resolves each on its own thread and its DnsMembership turns each answer
 //     into joins and leaves;
@@ -35,6 +37,13 @@ namespace kvfleet::router {
 
 // A Hello for a static or DNS worker of `fleet`, served at `requests` (tcp://host:port).
 WorkerHello StaticHello(const std::string& requests, const StaticFleet& fleet);
+
+// What the fleet records of a static or DNS worker that answered a Describe: the worker's
+// own Hello (its id, block size, context length, pools, ports), reached at the address the
+// router was given. The requests endpoint is `listed`'s, and the events, replay and HTTP
+// endpoints take their ports from the answer and their host from that address: behind a
+// Kubernetes Service a pod's advertised host name may not resolve where the router runs.
+WorkerHello DescribedHello(const WorkerHello& listed, WorkerHello answer);
 
 // getaddrinfo of "host:port": every IPv4/IPv6 address as tcp://addr:port, sorted, unique.
 std::vector<std::string> Resolve(const std::string& host_port);

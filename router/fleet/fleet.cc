@@ -69,7 +69,7 @@ Status FleetImpl::Init() {
     KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
   }
   for (const StaticFleet& fleet : options_.AllStaticFleets()) {
-    for (const auto& ep : fleet.workers) AddOrUpdate(StaticHello(ep, fleet), /*from_static=*/true);
+    for (const auto& ep : fleet.workers) AddOrUpdate(StaticHello(ep, fleet), HelloSource::kListed);
     for (const auto& name : fleet.dns_names) dns_sources_.push_back(DnsSource{fleet, name, {}});
   }
   thread_ = std::thread([this] { Loop(); });
@@ -141,6 +141,7 @@ std::string FleetImpl::WorkerName(WorkerId id) const {
 
 bool FleetImpl::Routable(const WorkerRecord& w) const {
   if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
+  if (w.refused.load(std::memory_order_relaxed)) return false;
   return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
 }
 
@@ -159,9 +160,11 @@ void FleetImpl::Wake() {
 
 // --- registry (fleet thread, or Init before the thread starts) ---
 
-// Returns the worker's id, or nullopt when refused.
-std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool from_static) {
+// Returns the worker's id, or nullopt when refused. A kListed Hello is a guess from the
+// router's flags: it never refuses, and never overrides what a worker said of itself.
+std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSource source) {
   auto log = Logger("fleet");
+  const bool listed = source == HelloSource::kListed;
   if (!IsValidBlockSize(hello.block_size)) {
     Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
                                             " is not a power of two");
@@ -175,7 +178,7 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
   // on either side is "unknown" (the byte codec, a mock, a static entry): no comparison.
   const uint64_t ours = options_.TokenizerDigestFor(hello.model);
   if (ours != 0 && hello.tokenizer_digest != 0 && hello.tokenizer_digest != ours) {
-    Withdraw(hello.requests_endpoint);
+    if (source == HelloSource::kRegistered) Withdraw(hello.requests_endpoint);  // a listed one stays, asked again
     Refuse(hello, "tokenizer-mismatch",
            "tokenizer digest " + DigestHex(hello.tokenizer_digest) + " differs from the router's " +
                DigestHex(ours) + " for model '" + hello.model +
@@ -183,16 +186,16 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
     return std::nullopt;
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
-  refused_.erase(hello.requests_endpoint);
+  if (!listed) refused_.erase(hello.requests_endpoint);
   auto& model = models_[hello.model];
   auto existing = by_endpoint_.find(hello.requests_endpoint);
-  // Block size: every live member of a model's fleet must agree (Contract 1).
-  if (model.block_size != 0 && model.block_size != hello.block_size) {
+  // Block size: every member of a model's fleet that said its own must agree (Contract 1).
+  if (model.block_size != 0 && model.block_size != hello.block_size && !listed) {
     bool others_live = false;
     for (WorkerId id : model.members) {
       const WorkerRecord& w = *workers_[id];
       if (existing != by_endpoint_.end() && id == existing->second) continue;
-      others_live = others_live || (!w.removed.load() && Routable(w));
+      others_live = others_live || (!w.removed.load() && w.described.load() && Routable(w));
     }
     if (others_live) {
       lock.unlock();
@@ -202,51 +205,14 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
       return std::nullopt;
     }
   }
-  model.block_size = hello.block_size;
-  if (existing != by_endpoint_.end()) {
-    WorkerRecord& w = *workers_[existing->second];
-    // A new epoch alone is the event plane's business (it resyncs); new endpoints or a
-    // new model make this a different worker to it.
-    bool changed = w.info.model != hello.model || w.info.events_endpoint != hello.events_endpoint ||
-                   w.info.replay_endpoint != hello.replay_endpoint || w.removed.load() ||
-                   (!from_static && IndexedWindow(w.info) != IndexedWindow(hello));  // its events' pool
-    if (w.info.epoch != hello.epoch && !from_static) {
-      log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
-    }
-    if (w.info.model != hello.model) {
-      auto& old = models_[w.info.model].members;
-      std::erase(old, w.id);
-      model.members.push_back(w.id);
-    }
-    bool readded = w.removed.exchange(false);
-    if (readded) model.members.push_back(w.id);
-    if (!from_static && w.info.loras != hello.loras) {
-      std::string names;
-      for (const LoraAnnounce& l : hello.loras) names += (names.empty() ? "" : ", ") + l.name;
-      log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
-    }
-    WorkerHello merged = hello;
-    if (from_static && !w.from_static) merged = w.info;  // a Hello knows more than a static entry
-    w.info = merged;
-    w.said_bye = false;
-    if (!from_static) w.from_static = false;
-    WorkerId id = w.id;
-    lock.unlock();
-    if (readded && !w.dealer) Connect(w);
-    if (changed && !(from_static && !w.from_static)) {
-      log->info("worker {} ({}) re-registered: model {}, block size {}", hello.name, hello.requests_endpoint,
-                hello.model, hello.block_size);
-      if (signals_) {
-        signals_->RemoveWorker(id);
-        signals_->AddWorker(id, merged);
-      }
-    }
-    return id;
-  }
+  if (!listed || model.block_size == 0) model.block_size = hello.block_size;
+  if (existing != by_endpoint_.end()) return UpdateRecord(lock, *workers_[existing->second], model, hello, source);
   auto record = std::make_unique<WorkerRecord>();
   record->id = static_cast<WorkerId>(workers_.size());
   record->info = hello;
-  record->from_static = from_static;
+  if (listed) record->listed = hello;
+  record->from_static = source != HelloSource::kRegistered;
+  record->described = !listed;
   if (inflight_family_ != nullptr) record->inflight_gauge = &inflight_family_->Add({{"worker", hello.name}});
   WorkerRecord* w = record.get();
   workers_.push_back(std::move(record));
@@ -258,6 +224,56 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, bool fr
             hello.requests_endpoint);
   if (signals_) signals_->AddWorker(w->id, hello);
   return w->id;
+}
+
+// The Hello of the worker already recorded as `w`, a member of `model`. REQUIRES: `lock`
+// holds mu_; released on return.
+WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, WorkerRecord& w, ModelEntry& model,
+                                 const WorkerHello& hello, HelloSource source) {
+  auto log = Logger("fleet");
+  const bool listed = source == HelloSource::kListed;
+  if (listed) w.listed = hello;
+  // A listed entry's guess is kept only until the worker says what it is.
+  const WorkerHello merged = listed && w.described.load() ? w.info : hello;
+  // A new epoch alone is the event plane's business (it resyncs); a new name (the events'
+  // topic), endpoints, model, block size or indexed pool make this a different worker to it.
+  bool changed = w.info.model != merged.model || w.info.name != merged.name ||
+                 w.info.events_endpoint != merged.events_endpoint ||
+                 w.info.replay_endpoint != merged.replay_endpoint || w.info.block_size != merged.block_size ||
+                 w.info.kv_block_size != merged.kv_block_size || IndexedWindow(w.info) != IndexedWindow(merged) ||
+                 w.removed.load();
+  if (w.described.load() && w.info.epoch != hello.epoch && !listed) {
+    log->info("worker {} restarted (epoch {})", hello.name, hello.epoch);
+  }
+  if (w.info.model != merged.model) {
+    auto& old = models_[w.info.model].members;
+    std::erase(old, w.id);
+    model.members.push_back(w.id);
+  }
+  bool readded = w.removed.exchange(false);
+  if (readded) model.members.push_back(w.id);
+  if (!listed && w.info.loras != hello.loras) {
+    std::string names;
+    for (const LoraAnnounce& l : hello.loras) names += (names.empty() ? "" : ", ") + l.name;
+    log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
+  }
+  w.info = merged;
+  w.said_bye = false;
+  if (!listed) w.described = true;
+  if (source == HelloSource::kRegistered) w.from_static = false;
+  WorkerId id = w.id;
+  lock.unlock();
+  if (readded && !w.dealer) Connect(w);
+  if (changed) {
+    log->info("worker {} ({}) {}: model {}, block size {}, max context {}", merged.name, merged.requests_endpoint,
+              source == HelloSource::kDescribed ? "described itself" : "re-registered", merged.model,
+              merged.block_size, merged.max_context);
+    if (signals_) {
+      signals_->RemoveWorker(id);
+      signals_->AddWorker(id, merged);
+    }
+  }
+  return id;
 }
 
 void FleetImpl::Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
@@ -346,7 +362,7 @@ void FleetImpl::FailWorker(WorkerId id, const Status& why) {
 // A Hello or Bye from the registration socket.
 void FleetImpl::OnRegistration(const ToRouterMessage& message) {
   if (auto* hello = std::get_if<WorkerHello>(&message)) {
-    AddOrUpdate(*hello, /*from_static=*/false);
+    AddOrUpdate(*hello, HelloSource::kRegistered);
     return;
   }
   const WorkerBye& bye = std::get<WorkerBye>(message);
@@ -373,7 +389,7 @@ void FleetImpl::ApplyDns(size_t source, const std::vector<std::string>& endpoint
   DnsSource& dns = dns_sources_[source];
   std::vector<std::string> joined, left;
   dns.members.Update(endpoints, &joined, &left);
-  for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, dns.fleet), /*from_static=*/true);
+  for (const auto& ep : joined) AddOrUpdate(StaticHello(ep, dns.fleet), HelloSource::kListed);
   for (const auto& ep : left) RemoveByEndpoint(ep);
 }
 

@@ -2,6 +2,8 @@
 // starts as (NewDealer: socket options, heartbeats, CURVE), and the fleet thread's own
 // DEALER per worker with the socket monitor that says whether that worker is connected;
 // the monitors are drained each tick, and a disconnect counts as a failure of the worker.
+// On that DEALER the fleet asks each static or DNS worker to describe itself (Describe, on
+// connecting and every config::kDescribeInterval) and records its answer as its Hello.
 //
 // Thread safety: thread-safe, as FleetImpl. NewDealer may be called from any lane's thread;
 // the rest runs on the fleet thread (or in Init before it starts).
@@ -20,6 +22,7 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "router/fleet/fleet_impl.h"
+#include "schema/describe.h"
 
 namespace kvfleet::router {
 
@@ -73,7 +76,59 @@ void FleetImpl::DrainMonitors() {
     }
   }
   for (WorkerRecord* w : with_monitor) {
-    if (w->monitor) DrainMonitor(*w);
+    if (!w->monitor) continue;
+    DrainMonitor(*w);
+    if (w->from_static && w->dealer && w->connected.load()) {
+      DrainDescribed(*w);
+      Describe(*w, /*now=*/false);
+    }
+  }
+}
+
+void FleetImpl::Describe(WorkerRecord& w, bool now) {
+  const TimeNs t = clock_->Now();
+  if (!now && t - w.described_asked_at < config::kDescribeInterval) return;
+  w.described_asked_at = t;
+  static const std::string frame = EncodeDescribe();
+  // A full queue (the worker is not reading) drops this one: the next interval asks again.
+  (void)w.dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);
+}
+
+void FleetImpl::DrainDescribed(WorkerRecord& w) {
+  for (int i = 0; i < 16; ++i) {  // answers are few: one per Describe
+    zmq::message_t frame;
+    if (!w.dealer->recv(frame, zmq::recv_flags::dontwait)) return;
+    auto answer = DecodeDescribed(frame.data(), frame.size());
+    if (!answer.ok()) {
+      Logger("fleet")->warn("worker {}: an answer to Describe that is not a Hello: {}", w.info.name,
+                            answer.status().message());
+      continue;
+    }
+    OnDescribed(w, *answer);
+  }
+}
+
+void FleetImpl::OnDescribed(WorkerRecord& w, const WorkerHello& answer) {
+  WorkerHello listed;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    listed = w.listed;
+  }
+  const WorkerHello hello = DescribedHello(listed, answer);
+  if (hello.model != listed.model) {
+    w.refused = true;
+    Refuse(hello, "model-mismatch",
+           "listed for model '" + listed.model + "' (--workers, --workers-dns, --model) but serves '" + hello.model +
+               "' (its --model-name)");
+    return;
+  }
+  const bool first = !w.described.load();
+  const bool accepted = AddOrUpdate(hello, HelloSource::kDescribed).has_value();
+  w.refused = !accepted;
+  if (accepted && first && (hello.block_size != listed.block_size || hello.max_context != listed.max_context)) {
+    Logger("fleet")->info("worker {} ({}): block size {} and max context {} from the worker, not the router's {} and {}",
+                          hello.name, hello.requests_endpoint, hello.block_size, hello.max_context, listed.block_size,
+                          listed.max_context);
   }
 }
 
@@ -86,6 +141,7 @@ void FleetImpl::DrainMonitor(WorkerRecord& w) {
     if (event.size() >= sizeof(code)) std::memcpy(&code, event.data(), sizeof(code));
     if (code == ZMQ_EVENT_CONNECTED) {
       w.connected = true;
+      if (w.from_static) Describe(w, /*now=*/true);
     } else if (code == ZMQ_EVENT_DISCONNECTED) {
       if (w.connected.exchange(false)) {
         Logger("fleet")->warn("worker {} disconnected", w.info.name);

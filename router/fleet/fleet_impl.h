@@ -35,11 +35,31 @@
 
 namespace kvfleet::router {
 
+namespace config {
+// A static or DNS worker is asked for its Hello on connecting and this often after, as often
+// as a registered worker re-sends its own (worker/server/registration.h), so a change
+// (adapters loaded by another router, a restart with other flags) is seen as soon.
+inline constexpr DurationNs kDescribeInterval = 2 * kNsPerSec;
+}  // namespace config
+
+// Where a Hello came from (FleetImpl::AddOrUpdate).
+enum class HelloSource {
+  kListed,      // the router's own guess for a static or DNS worker, from its flags
+  kDescribed,   // a static or DNS worker's answer to a Describe
+  kRegistered,  // a Hello on the registration socket
+};
+
 // One worker. Fields read by other threads are atomics or guarded by the registry lock.
 struct WorkerRecord {
   WorkerId id = 0;
   WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_)
+  WorkerHello listed;                     // GUARDED_BY(FleetImpl::mu_); from_static: the flags' guess
   bool from_static = false;               // static list or DNS: removed when DNS drops it
+  // `info` is the worker's own (a Hello, or its answer to a Describe), not the flags' guess.
+  std::atomic<bool> described{false};
+  // Its last answer to a Describe was refused (another model, tokenizer or block size): not
+  // routable until an answer is accepted.
+  std::atomic<bool> refused{false};
   std::atomic<bool> connected{false};
   std::atomic<bool> said_bye{false};
   std::atomic<bool> removed{false};
@@ -50,6 +70,7 @@ struct WorkerRecord {
   // Fleet thread only.
   std::unique_ptr<zmq::socket_t> dealer;
   std::unique_ptr<zmq::socket_t> monitor;
+  TimeNs described_asked_at = 0;  // the last Describe sent on `dealer` (from_static)
 };
 
 class FleetImpl final : public LaneFleet {
@@ -125,7 +146,11 @@ class FleetImpl final : public LaneFleet {
 
   // --- registry (fleet thread, or Init before the thread starts) ---
 
-  std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, bool from_static);
+  std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, HelloSource source);
+  WorkerId UpdateRecord(std::unique_lock<std::shared_mutex>& lock, WorkerRecord& w, ModelEntry& model,
+                        const WorkerHello& hello, HelloSource source);
+  // A static or DNS worker's answer to a Describe: recorded as its Hello, or refused.
+  void OnDescribed(WorkerRecord& w, const WorkerHello& answer);
   void Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why);
   // Takes the accepted worker at `endpoint` (if any) out of routing: it now announces
   // something this router refuses.
@@ -138,6 +163,10 @@ class FleetImpl final : public LaneFleet {
   void Disconnect(WorkerRecord& w);
   void DrainMonitors();
   void DrainMonitor(WorkerRecord& w);
+  // Static and DNS workers: sends a Describe when none was sent for config::kDescribeInterval
+  // (at once after a connect), and reads the answers on the fleet's own DEALER.
+  void Describe(WorkerRecord& w, bool now);
+  void DrainDescribed(WorkerRecord& w);
 
   // --- the loop ---
 

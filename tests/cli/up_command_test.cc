@@ -1,8 +1,11 @@
-// `kvfleet up` as the quickstart runs it: configured through KVFLEET_* variables, which
-// are meant for `kvfleet up` and must not reach the router and workers it starts.
+// `kvfleet up` as the quickstart runs it: configured through KVFLEET_UP_* variables, which
+// are meant for `kvfleet up`; no KVFLEET_* variable reaches the router and workers it starts.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -40,14 +43,13 @@ ChildProcess StartUp(const fs::path& dir, const std::vector<std::pair<std::strin
                       dir / "up.log", env);
 }
 
-TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and workers") {
+TEST_CASE("kvfleet up reads KVFLEET_UP_* itself and keeps KVFLEET_* from the router and workers") {
   TempDir dir("kvfleet_up_test_");
-  // KVFLEET_WORKERS is `kvfleet up --workers`; to the router it would be a list of worker
-  // addresses. KVFLEET_TOKENIZER names no `kvfleet up` option; to the router it would be
-  // a tokenizer directory that does not exist. Either one reaching the router stops the
-  // fleet from becoming ready.
+  // KVFLEET_UP_WORKERS is `kvfleet up --workers`. KVFLEET_TOKENIZER names no `kvfleet up`
+  // option; to the router it would be (deprecated) a tokenizer directory that does not exist,
+  // and reaching the router it would stop the fleet from becoming ready.
   ChildProcess up =
-      StartUp(dir.path, {{"KVFLEET_WORKERS", "4"}, {"KVFLEET_TOKENIZER", (dir.path / "no-such-model").string()}});
+      StartUp(dir.path, {{"KVFLEET_UP_WORKERS", "4"}, {"KVFLEET_TOKENIZER", (dir.path / "no-such-model").string()}});
 
   // Ready means the router has every worker `kvfleet up` started, all four.
   size_t routable = 0;
@@ -82,8 +84,25 @@ TEST_CASE("kvfleet up reads KVFLEET_* itself and keeps them from the router and 
   // It said which variables it kept back.
   const std::string log = ReadFile(up.log_path());
   CHECK(log.find("not passing") != std::string::npos);
-  CHECK(log.find("KVFLEET_WORKERS") != std::string::npos);
   CHECK(log.find("KVFLEET_TOKENIZER") != std::string::npos);
+  CHECK(log.find("KVFLEET_UP_WORKERS") == std::string::npos);  // its own, not kept back from anyone
+}
+
+TEST_CASE("kvfleet, kvfleet-router and kvfleet-worker print their version with --version and exit 0") {
+  for (const std::string& bin : {std::string(KVFLEET_CLI), std::string(KVFLEET_ROUTER_BIN), std::string(KVFLEET_WORKER_BIN)}) {
+    std::FILE* p = popen(("'" + bin + "' --version 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string out;
+    char buf[512];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    const int status = pclose(p);
+    INFO(bin << ": " << out);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(out.starts_with(fs::path(bin).filename().string() + " "));  // the binary's own name first
+    CHECK(out.find("(git ") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -5,8 +5,8 @@ machine, so these checks stand in for them (deploy/docker/README.md, deploy/k8s/
 
   deploy_check.py ROOT systemd|docker|k8s|prometheus|grafana [--router-bin B] [--worker-bin B]
 
-Every KVFLEET_* variable the deploy files set must name a flag of the binary it configures
-(common/config.h's rule). The flags come from `--help` of the built binaries when given,
+Every KVFLEET_* variable the deploy files set must carry the prefix of the binary it
+configures (KVFLEET_ROUTER_, KVFLEET_WORKER_) and name one of its flags (common/config.h's rule). The flags come from `--help` of the built binaries when given,
 else from the static lists below (read from router/main.cc and worker/server/worker_config.cc).
 Exit 0: pass; 1: a finding (each printed); 77: a tool the check needs is missing (skip).
 """
@@ -77,14 +77,22 @@ def flags_from_help(binary, fallback):
     return flags or fallback
 
 
-def env_flag(var):
-    return var[len("KVFLEET_"):].lower().replace("_", "-")
+ROUTER_PREFIX = "KVFLEET_ROUTER_"
+WORKER_PREFIX = "KVFLEET_WORKER_"
 
 
-def check_env_names(where, names, flags):
+def env_flag(var, prefix):
+    return var[len(prefix):].lower().replace("_", "-")
+
+
+def check_env_names(where, names, flags, prefix):
     for var in names:
-        if var.startswith("KVFLEET_") and env_flag(var) not in flags:
-            fail(f"{where}: {var} names no flag --{env_flag(var)}")
+        if not var.startswith("KVFLEET_"):
+            continue
+        if not var.startswith(prefix):
+            fail(f"{where}: {var} lacks the binary's prefix {prefix} (plain KVFLEET_ names are deprecated)")
+        elif env_flag(var, prefix) not in flags:
+            fail(f"{where}: {var} names no flag --{env_flag(var, prefix)}")
 
 
 def env_file_vars(path):
@@ -116,13 +124,13 @@ def check_systemd(root, router_flags, worker_flags):
                 fail(f"{name}: no {k}=")
         if keys.get("KillSignal") != ["SIGTERM"]:
             fail(f"{name}: KillSignal must be SIGTERM (graceful drain)")
-        flags = router_flags if "router" in name else worker_flags
+        flags, prefix = (router_flags, ROUTER_PREFIX) if "router" in name else (worker_flags, WORKER_PREFIX)
         for env in env_files:
-            check_env_names(env, env_file_vars(os.path.join(d, env)), flags)
+            check_env_names(env, env_file_vars(os.path.join(d, env)), flags, prefix)
     grace = dict(l.split("=", 1) for l in env_file_vars_lines(os.path.join(d, "worker.env")))
     stop = int(unit_keys(os.path.join(d, "kvfleet-worker@.service"))["TimeoutStopSec"][0])
-    if stop <= float(grace.get("KVFLEET_SHUTDOWN_GRACE_S", "30")):
-        fail("kvfleet-worker@.service: TimeoutStopSec must exceed KVFLEET_SHUTDOWN_GRACE_S")
+    if stop <= float(grace.get("KVFLEET_WORKER_SHUTDOWN_GRACE_S", "30")):
+        fail("kvfleet-worker@.service: TimeoutStopSec must exceed KVFLEET_WORKER_SHUTDOWN_GRACE_S")
     analyze = shutil.which("systemd-analyze")
     if not analyze:
         print("systemd-analyze missing: unit syntax not verified")
@@ -218,7 +226,7 @@ def check_docker(root, router_flags, worker_flags):
         if not any(i == "ENTRYPOINT" for i, _ in final):
             fail(f"{name}: no ENTRYPOINT")
         envs = re.findall(r"\b(KVFLEET_[A-Z0-9_]+)=", " ".join(a for i, a in final if i == "ENV"))
-        check_env_names(name, envs, flags)
+        check_env_names(name, envs, flags, ROUTER_PREFIX if name.startswith("router") else WORKER_PREFIX)
     return 0
 
 
@@ -293,16 +301,17 @@ def check_k8s(root, router_flags, worker_flags):
         req = c.get("resources", {}).get("requests", {})
         if "cpu" not in req or "memory" not in req:
             fail(f"{name}: resource requests need cpu and memory, have {req}")
-        check_env_names(name, [e["name"] for e in c.get("env", [])], flags)
+        check_env_names(name, [e["name"] for e in c.get("env", [])], flags,
+                        ROUTER_PREFIX if obj is router else WORKER_PREFIX)
         obj["_ports"] = ports
         obj["_labels"] = labels
     gpu = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
     if str(gpu.get("limits", {}).get("nvidia.com/gpu")) != "1":
         fail("worker: limits must request nvidia.com/gpu: 1")
     workers_dns = {e["name"]: e.get("value") for e in router["spec"]["template"]["spec"]["containers"][0]["env"]}
-    dns = workers_dns.get("KVFLEET_WORKERS_DNS", "")
+    dns = workers_dns.get("KVFLEET_ROUTER_WORKERS_DNS", "")
     if not dns.startswith("kvfleet-worker.kvfleet.svc"):
-        fail(f"router: KVFLEET_WORKERS_DNS should name the headless Service, is '{dns}'")
+        fail(f"router: KVFLEET_ROUTER_WORKERS_DNS should name the headless Service, is '{dns}'")
 
     for svc, target in ((api, router), (headless, worker)):
         sname = svc["metadata"]["name"]

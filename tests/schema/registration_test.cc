@@ -2,6 +2,8 @@
 #include "schema/registration.h"
 
 #include "common/block_hash.h"
+#include "schema/describe.h"
+#include "schema/requests.h"
 
 #include <doctest/doctest.h>
 
@@ -76,6 +78,47 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   REQUIRE(std::holds_alternative<WorkerBye>(*decoded));
   CHECK(std::get<WorkerBye>(*decoded).name == "w1");
   CHECK(std::get<WorkerBye>(*decoded).epoch == 77);
+}
+
+TEST_CASE("a Describe asks a worker for the Hello it answers on the requests connection") {
+  const std::string ask = EncodeDescribe();
+  CHECK(IsDescribe(ask.data(), ask.size()));
+  const std::string cancel = EncodeCancel(7);
+  CHECK_FALSE(IsDescribe(cancel.data(), cancel.size()));
+  CHECK_FALSE(IsDescribe("junk", 4));
+  // Requests' decoding does not know it: a worker older than Describe drops it as malformed.
+  CHECK(DecodeToWorker(ask.data(), ask.size()).status().code() == StatusCode::kDataLoss);
+
+  WorkerHello h;
+  h.name = "gpu-7";
+  h.model = "llama";
+  h.block_size = 16;
+  h.kv_block_size = 1;
+  h.max_context = 131072;
+  h.requests_endpoint = "tcp://gpu-7.internal:5556";
+  h.events_endpoint = "tcp://gpu-7.internal:5557";
+  h.backend = "cuda";
+  h.epoch = 9;
+  h.kv_pools = {KvPoolAnnounce{0, 0, false, 0, 32, 900, 0, true, 0}};
+  const std::string answer = EncodeDescribed(h);
+  auto got = DecodeDescribed(answer.data(), answer.size());
+  REQUIRE(got.ok());
+  CHECK(got->name == "gpu-7");
+  CHECK(got->model == "llama");
+  CHECK(got->block_size == 16);
+  CHECK(got->kv_block_size == 1);
+  CHECK(got->max_context == 131072);
+  CHECK(got->events_endpoint == h.events_endpoint);
+  CHECK(got->kv_pools == h.kv_pools);
+  CHECK(got->epoch == 9);
+
+  // Only a Hello answers a Describe: a Delta, a registration frame or junk is an error.
+  const std::string delta = EncodeDelta(WorkerDelta{});
+  CHECK(DecodeDescribed(delta.data(), delta.size()).status().code() == StatusCode::kDataLoss);
+  const std::string junk = "not capnp at all";
+  CHECK_FALSE(DecodeDescribed(junk.data(), junk.size()).ok());
+  // Nor is a FromWorker Hello a Delta to the lanes that read requests' answers.
+  CHECK_FALSE(DecodeFromWorker(answer.data(), answer.size()).ok());
 }
 
 TEST_CASE("a frame that is not a ToRouter message is an error") {

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "schema/describe.h"
 
 namespace kvfleet::server {
 
@@ -293,6 +294,10 @@ void RequestServer::StampTimeToFirstToken(const ClientKey& key, TimeNs queued_at
 void RequestServer::HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received) {
   static RateLimit limit;
   auto decoded = DecodeToWorker(frame.data(), frame.size());
+  if (!decoded.ok() && IsDescribe(frame.data(), frame.size())) {  // rare: decoded a second time
+    AnswerDescribe(identity);
+    return;
+  }
   if (!decoded.ok()) {
     malformed_.fetch_add(1, std::memory_order_relaxed);
     uint64_t suppressed = 0;
@@ -326,6 +331,27 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
     inbox_.push_back(std::move(cmd));
   }
   inbox_cv_.notify_one();
+}
+
+void RequestServer::SetHello(const WorkerHello& hello) {
+  std::string frame = EncodeDescribed(hello);
+  std::lock_guard lock(hello_mu_);
+  hello_frame_ = std::move(frame);
+}
+
+void RequestServer::AnswerDescribe(const std::string& identity) {
+  std::string frame;
+  {
+    std::lock_guard lock(hello_mu_);
+    frame = hello_frame_;
+  }
+  if (frame.empty()) return;  // still loading: the router asks again
+  try {
+    socket_.send(zmq::buffer(identity), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(frame), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    Logger("server")->warn("answering a Describe failed: {}", e.what());
+  }
 }
 
 void RequestServer::IoLoop() {

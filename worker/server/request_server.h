@@ -1,8 +1,9 @@
 // RequestServer: the worker's requests ROUTER socket (Contract 3 of docs/DESIGN.md).
 //
 // Routers connect DEALER sockets and send one ToWorker frame (after the identity frame
-// ZMQ adds): Generate, Cancel, LoadLora or UnloadLora. The worker answers with FromWorker
-// frames: a stream of Deltas per request, or one Error; one LoraResult per LoRA control.
+// ZMQ adds): Generate, Cancel, LoadLora, UnloadLora or Describe. The worker answers with
+// FromWorker frames: a stream of Deltas per request, or one Error; one LoraResult per LoRA
+// control; its Hello (SetHello) to a Describe, from the I/O thread, with no engine involved.
 // LoadLora reads the adapter from disk on a loader thread of its own (an 8B model's
 // adapter takes a while), so neither the socket nor the engine waits; the engine thread
 // gets a LoadLoraCommand holding the adapter (or why it could not be read). A frame that does not decode is answered with an
@@ -129,6 +130,10 @@ class RequestServer {
   // Queues the answer to a LoadLora or UnloadLora (its request_id is the key's).
   void SendLoraResult(const ClientKey& key, const Status& status);
 
+  // Sets the Hello a Describe is answered with (schema/describe.h). Until it is set (the
+  // model is loading) a Describe goes unanswered: the router asks again. Any thread.
+  void SetHello(const WorkerHello& hello);
+
   // Sets how LoadLora reads adapters (before it is set, LoadLora is refused: the worker is
   // starting). Called on any thread.
   void SetLoraLoader(LoraLoader loader);
@@ -147,6 +152,8 @@ class RequestServer {
   // `received`: when the frame was read off the socket.
   void HandleFrame(const std::string& identity, const zmq::message_t& frame, TimeNs received);
   void FlushOutbox();
+  // Sends the Hello frame to `identity`. REQUIRES: the I/O thread.
+  void AnswerDescribe(const std::string& identity);
   // Sets out->usage.time_to_first_token to the worker's whole time to first token: from the
   // request frame's read off the socket to the moment its first token is handed to the socket
   // (now), not only to the engine step that produced it. Every later Delta of the request
@@ -190,6 +197,9 @@ class RequestServer {
   LoraLoader loader_;                       // GUARDED_BY(loader_mu_)
   std::deque<LoadLoraCommand> loader_jobs_;  // GUARDED_BY(loader_mu_); adapters not yet read
   bool loader_stop_ = false;                // GUARDED_BY(loader_mu_)
+
+  std::mutex hello_mu_;
+  std::string hello_frame_;  // GUARDED_BY(hello_mu_); EncodeDescribed, empty until SetHello
 
   std::mutex outbox_mu_;
   std::vector<Outgoing> outbox_;  // GUARDED_BY(outbox_mu_)

@@ -71,7 +71,21 @@ Worker::~Worker() {
 
 Result<std::unique_ptr<Worker>> Worker::Start(const WorkerConfig& config, zmq::context_t& context) {
   KVF_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<Worker> w(new Worker(config));
+  WorkerConfig resolved = config;
+  const std::string why = resolved.ResolveBackend();
+  if (Status st = resolved.Validate(); !st.ok()) {  // with the backend chosen (--kv-cache-dtype needs cuda)
+    return why.empty() ? st : st.WithContext("--backend auto picked " + resolved.backend + " (" + why + ")");
+  }
+  auto log = Logger("worker");
+  if (resolved.backend == "cuda" && !why.empty()) {
+    log->info("backend cuda (--backend auto: {})", why);
+  } else if (!why.empty()) {
+    log->warn("backend cpu (--backend auto: {}); --backend names one", why);
+  } else if (resolved.backend == "mock" && !resolved.model_dir.empty()) {
+    log->warn("backend mock (--backend mock): a simulated model whose tokens are random, served as '{}' although "
+              "--model-dir names a real one", resolved.ModelName());
+  }
+  std::unique_ptr<Worker> w(new Worker(resolved));
   KVF_RETURN_IF_ERROR(w->Init(context));
   return w;
 }
@@ -230,43 +244,13 @@ Status Worker::Init(zmq::context_t& context) {
     metrics_->OnOutputs(outs);
   });
 
-  // 6. Registration. The Hello is kept (hello_) so adapter changes can re-send it.
+  // 6. The Hello: sent to the router given by --router (Registration), and the answer to a
+  // Describe from a router that was given this worker's address. Kept (hello_) so adapter
+  // changes can re-send it.
   metrics_->UpdateLoras(engine_->loras());
+  BuildHello(host, eo.limits.max_context);
+  UpdateHelloLoras(false);
   if (!config_.router.empty()) {
-    WorkerHello& hello = hello_;
-    hello.name = worker_id_;
-    hello.model = model_name_;
-    // Routers hash and index blocks of G tokens, the events' (token-level KV: 16 by default).
-    hello.block_size = config_.routing_block_size != 0 ? config_.routing_block_size
-                                                        : kv::DefaultRoutingBlockSize(config_.block_size);
-    if (hello.block_size != config_.block_size) hello.kv_block_size = config_.block_size;
-    hello.max_context = eo.limits.max_context;
-    hello.device_blocks = kv_->TotalBlocks(kv::Tier::kDevice);
-    hello.host_blocks = kv_->TotalBlocks(kv::Tier::kHost);
-    hello.requests_endpoint = WithPort(requests_->bound_endpoint(), EndpointPort(requests_->bound_endpoint()), host);
-    hello.events_endpoint = WithPort(publisher_->events_endpoint(), EndpointPort(publisher_->events_endpoint()), host);
-    hello.replay_endpoint = WithPort(publisher_->replay_endpoint(), EndpointPort(publisher_->replay_endpoint()), host);
-    hello.http_endpoint = "http://" + host + ":" + std::to_string(http_->port());
-    hello.backend = config_.backend;
-    hello.epoch = publisher_->epoch();
-    for (uint32_t i = 0; i < kv_->pools().size(); ++i) {
-      const kv::PoolLayout& l = kv_->pools()[i];
-      hello.kv_pools.push_back(KvPoolAnnounce{l.window, l.sink_tokens, l.dense_context, l.attention_chunk,
-                                              static_cast<uint32_t>(l.layers.size()), l.device_blocks, l.host_blocks,
-                                              kv_->reuse_enabled(), kv_->ReuseLimit(i)});
-    }
-    // Routers refuse a worker whose tokenizer is not theirs. A mock's ids mean nothing: none.
-    if (config_.backend != "mock") {
-      auto digest = TokenizerDigest(config_.model_dir);
-      if (digest.ok()) {
-        hello.tokenizer_digest = *digest;
-      } else {
-        log->warn("announcing no tokenizer digest: {}", digest.status().ToString());
-      }
-    }
-    hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
-    hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
-    UpdateHelloLoras(false);
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;
     KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello_));
@@ -305,6 +289,42 @@ Status Worker::InitLoras() {
   return Status::Ok();
 }
 
+void Worker::BuildHello(const std::string& host, uint32_t max_context) {
+  WorkerHello& hello = hello_;
+  hello.name = worker_id_;
+  hello.model = model_name_;
+  // Routers hash and index blocks of G tokens, the events' (token-level KV: 16 by default).
+  hello.block_size = config_.routing_block_size != 0 ? config_.routing_block_size
+                                                      : kv::DefaultRoutingBlockSize(config_.block_size);
+  if (hello.block_size != config_.block_size) hello.kv_block_size = config_.block_size;
+  hello.max_context = max_context;
+  hello.device_blocks = kv_->TotalBlocks(kv::Tier::kDevice);
+  hello.host_blocks = kv_->TotalBlocks(kv::Tier::kHost);
+  hello.requests_endpoint = WithPort(requests_->bound_endpoint(), EndpointPort(requests_->bound_endpoint()), host);
+  hello.events_endpoint = WithPort(publisher_->events_endpoint(), EndpointPort(publisher_->events_endpoint()), host);
+  hello.replay_endpoint = WithPort(publisher_->replay_endpoint(), EndpointPort(publisher_->replay_endpoint()), host);
+  hello.http_endpoint = "http://" + host + ":" + std::to_string(http_->port());
+  hello.backend = config_.backend;
+  hello.epoch = publisher_->epoch();
+  for (uint32_t i = 0; i < kv_->pools().size(); ++i) {
+    const kv::PoolLayout& l = kv_->pools()[i];
+    hello.kv_pools.push_back(KvPoolAnnounce{l.window, l.sink_tokens, l.dense_context, l.attention_chunk,
+                                            static_cast<uint32_t>(l.layers.size()), l.device_blocks, l.host_blocks,
+                                            kv_->reuse_enabled(), kv_->ReuseLimit(i)});
+  }
+  // Routers refuse a worker whose tokenizer is not theirs. A mock's ids mean nothing: none.
+  if (config_.backend != "mock") {
+    auto digest = TokenizerDigest(config_.model_dir);
+    if (digest.ok()) {
+      hello.tokenizer_digest = *digest;
+    } else {
+      Logger("worker")->warn("announcing no tokenizer digest: {}", digest.status().ToString());
+    }
+  }
+  hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
+  hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
+}
+
 void Worker::UpdateHelloLoras(bool now) {
   hello_.loras.clear();
   for (const engine::LoraInfo& l : engine_->loras().List()) {
@@ -312,6 +332,7 @@ void Worker::UpdateHelloLoras(bool now) {
   }
   hello_.lora_load_us = engine_->loras().load_us();
   hello_lora_loads_ = engine_->loras().counters().loads;
+  requests_->SetHello(hello_);
   if (registration_) registration_->Update(hello_, now);
 }
 

@@ -3,7 +3,8 @@
 //   backend ──────────────┐ (KV memory, forward pass)
 //   KvCacheManager ───────┤ events, taken by the WorkerLoop → EventPublisher (PUB + replay ROUTER)
 //   Engine ───────────────┘ driven by WorkerLoop on the engine thread
-//   RequestServer (requests ROUTER), Registration (Hello/Bye), HTTP (/health /ready /metrics)
+//   RequestServer (requests ROUTER; answers a Describe with the Hello), Registration
+//   (Hello/Bye to --router), HTTP (/health /ready /metrics)
 //
 // After each engine step the WorkerLoop publishes the KV manager's events with the load
 // (one EventBatch per step that changed the cache) and answers snapshot requests between
@@ -79,8 +80,10 @@ class Worker {
   Status Init(zmq::context_t& context);
   // Serves the --lora adapters and lets LoadLora read more (on the request server's loader thread).
   Status InitLoras();
-  // The Hello's adapter fields from the engine (engine thread); re-sends the Hello at once
-  // when `now`.
+  // Fills hello_ but its adapter fields. REQUIRES: every part up (Init's steps 1-5).
+  void BuildHello(const std::string& host, uint32_t max_context);
+  // The Hello's adapter fields from the engine (engine thread); hands the Hello to the
+  // request server (Describe) and re-sends it to the router at once when `now`.
   void UpdateHelloLoras(bool now);
 
   const WorkerConfig config_;
@@ -98,7 +101,7 @@ class Worker {
   std::unique_ptr<RequestServer> requests_;
   std::unique_ptr<WorkerLoop> loop_;
   std::unique_ptr<Registration> registration_;
-  WorkerHello hello_;            // what registration_ sends; engine thread after Init
+  WorkerHello hello_;            // what registration_ sends and Describe answers; engine thread after Init
   uint64_t hello_lora_loads_ = 0;  // the adapter loads hello_.lora_load_us has seen
 };
 

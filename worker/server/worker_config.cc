@@ -7,11 +7,15 @@
 #include <filesystem>
 
 #include "worker/backend/backend.h"
+#include "worker/backend/backend_choice.h"
 
 namespace kvfleet::server {
 
 void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
-  app.add_option("--backend", c->backend, "model backend: mock, cpu or cuda")->capture_default_str();
+  app.add_option("--backend", c->backend,
+                 "model backend: auto (cuda when this build has the CUDA backend and its kernels run on the GPU, "
+                 "else cpu), cuda, cpu, or mock (a simulated model: random tokens, for tests and benchmarks)")
+      ->capture_default_str();
   app.add_option("--model-dir", c->model_dir, "Hugging Face model directory (config.json, *.safetensors)");
   app.add_option("--model-name", c->model_name, "served model name (default: the directory's name)");
   app.add_option("--worker-id", c->worker_id, "worker id in events and Hello (default: hostname:port)");
@@ -109,10 +113,13 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
 }
 
 Status WorkerConfig::Validate() const {
-  if (backend != "mock" && backend != "cpu" && backend != "cuda") {
-    return InvalidArgument("--backend must be mock, cpu or cuda, got '" + backend + "'");
+  if (backend != "auto" && backend != "mock" && backend != "cpu" && backend != "cuda") {
+    return InvalidArgument("--backend must be auto, cuda, cpu or mock, got '" + backend + "'");
   }
-  if (backend != "mock" && model_dir.empty()) return InvalidArgument("--model-dir is required for --backend " + backend);
+  if (backend != "mock" && model_dir.empty()) {
+    return InvalidArgument("--model-dir is required for --backend " + backend +
+                           (backend == "auto" ? " (the default; a simulated worker needs --backend mock)" : ""));
+  }
   if (block_size == 0 || (block_size & (block_size - 1)) != 0) {
     return InvalidArgument("--block-size " + std::to_string(block_size) + " is not a power of two (1, 2, 4, ...)");
   }
@@ -180,6 +187,13 @@ Status WorkerConfig::Validate() const {
     if (EndpointPort(*e) < 0) return InvalidArgument("endpoint '" + *e + "' needs a port");
   }
   return mock_cost.Validate();
+}
+
+std::string WorkerConfig::ResolveBackend() {
+  if (backend != "auto") return "";
+  backend::BackendChoice choice = backend::ChooseBackend();
+  backend = choice.name;
+  return choice.why;
 }
 
 std::vector<std::pair<std::string, std::string>> WorkerConfig::LoraDirs() const {

@@ -20,7 +20,9 @@ namespace kvfleet::server {
 
 struct WorkerConfig {
   // --- model and backend ---
-  std::string backend = "mock";      // mock, cpu or cuda
+  // auto (cuda when this build's kernels run on the GPU, else cpu: ResolveBackend), cuda,
+  // cpu, or mock (a simulated model: random tokens), which must be named.
+  std::string backend = "auto";
   std::string model_dir;             // HF directory; the mock may run without one
   std::string model_name;            // served name; default: the model directory's name ("mock" without one)
   std::string worker_id;             // default: hostname:<requests port>
@@ -83,6 +85,9 @@ struct WorkerConfig {
   uint32_t port_stride = 10;           // port offset between the workers of one process
 
   Status Validate() const;
+  // Makes --backend auto concrete (backend::ChooseBackend) and returns why it chose what it
+  // did; "" when the backend was named.
+  std::string ResolveBackend();
   // The --lora flags as (name, directory), in order. REQUIRES: Validate().ok().
   std::vector<std::pair<std::string, std::string>> LoraDirs() const;
   // The served model name (model_name, else the directory's last component, else "mock").

@@ -1,6 +1,8 @@
 // Two models on one kvfleet-router, each with its own tokenizer (--tokenizer MODEL=DIR):
 // "alpha" has two mock workers that register, "beta" two static mock workers
-// (--workers beta=EP,EP). Each request goes only to its own model's workers, each model's
+// (--workers beta=EP,EP) that describe themselves to the router: their own ids, block size
+// and context length replace the router's guesses (--block-size beta=16, --max-context
+// beta=1000). Each request goes only to its own model's workers, each model's
 // chats use its own template, a repeated prefix is a cache hit on its model's worker, and a
 // worker announcing alpha's tokenizer for beta is refused. Bad per-model flags stop the
 // router at start-up, naming the flag.
@@ -39,7 +41,8 @@ const betaEndpoints = betaPorts.map((p) => `tcp://127.0.0.1:${p}`);
 const fleet = new Fleet({
   routerBin, workerBin, dir, basePort, workers: 0,
   routerArgs: ['--tokenizer', `alpha=${modelDirs.alpha}`, '--tokenizer', `beta=${modelDirs.beta}`,
-               '--workers', `beta=${betaEndpoints.join(',')}`, '--block-size', 'beta=32'],
+               '--workers', `beta=${betaEndpoints.join(',')}`, '--block-size', 'beta=16',
+               '--max-context', 'beta=1000'],
 });
 
 // A mock worker of `model`, on the model directory `modelDir`; registers with the router
@@ -68,15 +71,15 @@ function refused(args) {
 }
 
 const alphaWorkers = ['alpha-0', 'alpha-1'];
-const betaWorkers = betaEndpoints;
+const betaWorkers = ['beta-0', 'beta-1'];
 
 await runAgainst(fleet, async () => {
   startWorker('alpha-0', 'alpha', modelDirs.alpha, basePort + 10, true);
   startWorker('alpha-1', 'alpha', modelDirs.alpha, basePort + 13, true);
-  // The router names a static worker by its requests endpoint and subscribes to its events
-  // under that name (topic kv.NAME), so a static worker's --worker-id is that endpoint.
-  startWorker(betaEndpoints[0], 'beta', modelDirs.beta, betaPorts[0], false);
-  startWorker(betaEndpoints[1], 'beta', modelDirs.beta, betaPorts[1], false);
+  // Static workers with ids of their own: the router learns them (and follows their KV events
+  // under them) by asking each worker to describe itself.
+  startWorker(betaWorkers[0], 'beta', modelDirs.beta, betaPorts[0], false);
+  startWorker(betaWorkers[1], 'beta', modelDirs.beta, betaPorts[1], false);
   // A cpu worker that announces beta but runs on a model made with alpha's tokenizer (mock
   // workers announce no tokenizer digest).
   const strangerDir = path.join(dir, 'alpha-cpu');
@@ -94,6 +97,18 @@ await runAgainst(fleet, async () => {
     await sleep(100);
   }
   const stranger = f.refused.find((r) => r.name === 'beta-stranger');
+  // The static workers have described themselves (at once on connecting).
+  for (let i = 0; i < 50; i++) {
+    const beta = f.workers.filter((w) => w.model === 'beta').map((w) => w.name).sort();
+    if (JSON.stringify(beta) === JSON.stringify(betaWorkers)) break;
+    await sleep(100);
+    f = await fleet.fleetJson();
+  }
+  for (const w of f.workers.filter((x) => x.model === 'beta')) {
+    check(w.block_size === 32 && w.max_context === 4096,
+          `static worker ${w.name} is known by its own block size and context length, not the router's 16 and 1000 ` +
+          `(${w.block_size}, ${w.max_context})`);
+  }
   check(stranger && stranger.reason === 'tokenizer-mismatch' && stranger.refused.includes("for model 'beta'"),
         `a beta worker on alpha's tokenizer is refused (${JSON.stringify(f.refused)})`);
   const byModel = {};

@@ -22,6 +22,7 @@
 #include <doctest/doctest.h>
 #include <zmq.hpp>
 
+#include "schema/describe.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -187,6 +188,20 @@ struct Client {
     u.setRequestId(id);
     u.setName(name);
     Send(msg);
+  }
+  // Asks for the worker's Hello (schema/describe.h); Described() reads it.
+  void Describe() {
+    capnp::MallocMessageBuilder msg;
+    msg.initRoot<kvfleet::schema::ToWorker>().initDescribe();
+    Send(msg);
+  }
+  // The next frame as the answer to a Describe, waiting up to 10 s.
+  kvfleet::Result<kvfleet::WorkerHello> Described() {
+    zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(10'000)) == 1);
+    zmq::message_t m;
+    REQUIRE(socket.recv(m, zmq::recv_flags::none));
+    return kvfleet::DecodeDescribed(m.data(), m.size());
   }
   void Cancel(uint64_t id) {
     capnp::MallocMessageBuilder msg;

@@ -1,7 +1,7 @@
 // A kvfleet-worker process (mock backend, shadow-KV verification on) driven over its real
 // sockets by a test client: a DEALER on the requests socket (Contract 3), plain HTTP for
-// /health, /ready and /metrics, and SIGTERM for the graceful shutdown; bad attention flags,
-// a StreamingLLM worker and a token-level KV worker. LoRA and tensor parallelism are in
+// /health, /ready and /metrics, and SIGTERM for the graceful shutdown; --backend auto,
+// Describe and --version; bad attention flags, a StreamingLLM worker and a token-level KV worker. LoRA and tensor parallelism are in
 // worker_lora_tp_process_test.cc.
 #include <algorithm>
 #include <cmath>
@@ -103,6 +103,48 @@ TEST_CASE("a worker process streams deltas, reports usage and cached tokens, ref
   } while (final_reply.finish == kvfleet::schema::FinishReason::NONE);
   CHECK(final_reply.finish == kvfleet::schema::FinishReason::LENGTH);
   CHECK(final_reply.completion == 30);
+}
+
+TEST_CASE("a worker given a model directory and no --backend runs the model, never the mock, and describes itself") {
+  // Regression: without --backend the worker served the mock's random tokens under the
+  // model directory's name.
+  const std::string tiny = kvfleet::testing::SmallVocabModelDir("tiny", 1, 512);
+  WorkerProcess worker({"--model-dir", tiny, "--model-name", "tiny", "--worker-id", "w-tiny", "--block-size", "16",
+                        "--max-num-tokens", "256", "--kv-cache-bytes", std::to_string(TinyCpuBlockBytes(16) * 64)});
+  Client client(worker.requests_port);
+  client.Describe();
+  auto hello = client.Described();
+  REQUIRE(hello.ok());
+  CHECK((hello->backend == "cpu" || hello->backend == "cuda"));  // cuda only on a GPU its kernels target
+  CHECK(hello->name == "w-tiny");
+  CHECK(hello->model == "tiny");
+  CHECK(hello->block_size == 16);
+  CHECK(hello->max_context > 0);
+  CHECK(hello->device_blocks > 0);
+  CHECK(hello->requests_endpoint == "tcp://127.0.0.1:" + std::to_string(worker.requests_port));
+  CHECK(hello->events_endpoint == "tcp://127.0.0.1:" + std::to_string(worker.events_port));
+  CHECK(hello->epoch != 0);
+  // Asked again, it answers the same Hello.
+  client.Describe();
+  auto again = client.Described();
+  REQUIRE(again.ok());
+  CHECK(again->epoch == hello->epoch);
+  CHECK(again->name == "w-tiny");
+
+  // No model directory and no --backend: refused, naming the mock as the way to a simulated worker.
+  const auto [status, out] = RunRefused({});
+  INFO(out);
+  CHECK(status == 2);
+  CHECK(out.find("--model-dir is required for --backend auto") != std::string::npos);
+  CHECK(out.find("--backend mock") != std::string::npos);
+}
+
+TEST_CASE("kvfleet-worker --version prints its version and exits 0") {
+  const auto [status, out] = RunRefused({"--version"});
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.starts_with("kvfleet-worker "));
+  CHECK(out.find("(git ") != std::string::npos);
 }
 
 TEST_CASE("bad attention flags stop the worker at start-up with an error naming the flag") {

@@ -17,10 +17,12 @@
 #include "common/block_hash.h"
 #include "common/log.h"
 #include "kernels/gemv.h"
+#include "kernels/kernel_image.h"
 #include "kernels/launch.h"
 #include "kernels/paged_decode.h"
 #include "kernels/rope.h"
 #include "worker/backend/cuda/cuda_util.h"
+#include "worker/backend/backend_choice.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/model_config.h"
@@ -456,8 +458,34 @@ Result<std::unique_ptr<ModelBackend>> MakeCudaBackend(const BackendOptions& opti
   KVF_ASSIGN_OR_RETURN(auto b, CudaBackend::Make(options));
   return std::unique_ptr<ModelBackend>(std::move(b));
 }
+
+// --backend auto's question (ChooseBackend): a GPU, and kernels built for it.
+Result<std::string> ProbeCuda() {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return Unavailable(std::string("no usable NVIDIA GPU (") + (e != cudaSuccess ? cudaGetErrorString(e) : "none found") +
+                       ")");
+  }
+  cudaDeviceProp prop{};
+  e = cudaGetDeviceProperties(&prop, 0);
+  if (e != cudaSuccess) return Unavailable(std::string("GPU 0 cannot be queried: ") + cudaGetErrorString(e));
+  const std::string gpu =
+      std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor);
+  e = kernels::CheckKernelImage(0);
+  if (e != cudaSuccess) {
+    return FailedPrecondition(gpu + ": the build's kernels do not run on it (" + cudaGetErrorString(e) +
+                              "; KVFLEET_CUDA_GENCODE names the targets)");
+  }
+  return gpu;
+}
 }  // namespace
 
 }  // namespace kvfleet::backend::cuda
 
 KVF_REGISTER_BACKEND(cuda, "cuda", kvfleet::backend::cuda::MakeCudaBackend)
+extern "C" {
+extern const bool kvfleet_backend_cuda_probe_registered;
+const bool kvfleet_backend_cuda_probe_registered =
+    ::kvfleet::backend::RegisterBackendProbe("cuda", kvfleet::backend::cuda::ProbeCuda);
+}
