@@ -18,6 +18,7 @@
 #include "schema/events.capnp.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
+#include "worker/backend/backend_choice.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/backend/mock/mock_backend.h"
 #include "worker/server/registration.h"
@@ -220,6 +221,7 @@ TEST_CASE("Hello lists the host tier only when there is one") {
 
 TEST_CASE("worker config: instances of one process get distinct ports and ids") {
   WorkerConfig c;
+  c.backend = "mock";  // no model directory
   c.worker_id = "w";
   WorkerConfig third = c.ForInstance(2);
   CHECK(third.requests == "tcp://*:5576");
@@ -244,6 +246,7 @@ TEST_CASE("worker config: instances of one process get distinct ports and ids") 
 
 TEST_CASE("worker config: the attention flags, and bad ones named at start-up") {
   WorkerConfig c;
+  c.backend = "mock";  // no model directory
   CLI::App app;
   AddWorkerFlags(app, &c);
   std::vector<std::string> args = {"--streaming-llm", "--sink-tokens", "4", "--max-attention-window", "64,128",
@@ -308,6 +311,7 @@ TEST_CASE("worker config: the attention flags, and bad ones named at start-up") 
 TEST_CASE("worker config: --kv-cache-dtype takes auto, bf16, fp8 and fp8_e4m3; cpu refuses all but auto") {
   for (const char* ok : {"auto", "bf16", "fp8", "fp8_e4m3"}) {
     WorkerConfig c;
+    c.backend = "mock";  // models fp8's capacity; no model directory
     CLI::App app;
     AddWorkerFlags(app, &c);
     std::vector<std::string> args = {"--kv-cache-dtype", ok};
@@ -320,6 +324,7 @@ TEST_CASE("worker config: --kv-cache-dtype takes auto, bf16, fp8 and fp8_e4m3; c
   CHECK(*backend::ParseKvCacheDtype("fp8_e4m3") == backend::KvCacheDtype::kFp8E4m3);
   CHECK(*backend::ParseKvCacheDtype("bf16") == backend::KvCacheDtype::kBf16);
   WorkerConfig c;
+  c.backend = "mock";
   c.kv_cache_dtype = "fp8_e5m2";
   CHECK(c.Validate().message().find("--kv-cache-dtype must be auto, bf16, fp8 or fp8_e4m3, got 'fp8_e5m2'") !=
         std::string::npos);
@@ -329,6 +334,29 @@ TEST_CASE("worker config: --kv-cache-dtype takes auto, bf16, fp8 and fp8_e4m3; c
   CHECK(c.Validate().message().find("--kv-cache-dtype fp8 needs --backend cuda") != std::string::npos);
   c.kv_cache_dtype = "auto";
   CHECK(c.Validate().ok());
+}
+
+TEST_CASE("worker config: --backend auto (the default) runs the model on cuda or cpu, never the mock") {
+  // Regression: without --backend a worker served the mock's random tokens under the name of
+  // the model directory it was given.
+  WorkerConfig c;
+  CHECK(c.backend == "auto");
+  const Status no_model = c.Validate();
+  CHECK(no_model.message().find("--model-dir is required for --backend auto") != std::string::npos);
+  CHECK(no_model.message().find("--backend mock") != std::string::npos);
+  c.model_dir = "/models/llama";
+  CHECK(c.Validate().ok());
+  const std::string why = c.ResolveBackend();
+  CHECK((c.backend == "cuda" || c.backend == "cpu"));
+  CHECK_FALSE(why.empty());
+  const backend::BackendChoice choice = backend::ChooseBackend();
+  CHECK(choice.name == c.backend);  // the same answer each time on one machine
+  CHECK(choice.why == why);
+  // A named backend stays as named, with no reason to log.
+  c.backend = "mock";
+  CHECK(c.ResolveBackend().empty());
+  CHECK(c.backend == "mock");
+  CHECK(WorkerConfig{}.ModelName() == "mock");
 }
 
 TEST_CASE("an fp8 KV cache holds twice the blocks of a bf16 one in the same bytes (mock)") {
