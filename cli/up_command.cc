@@ -212,7 +212,8 @@ int RunUp(const UpArgs& args) {
     std::vector<std::string> wargs = {worker_bin, "--backend", a.backend, "--worker-id", "worker-" + std::to_string(i),
                                       "--requests", host + std::to_string(base), "--events",
                                       host + std::to_string(base + 1), "--replay", host + std::to_string(base + 2),
-                                      "--http-port", std::to_string(a.worker_http_base_port + i), "--router",
+                                      "--http-host", "127.0.0.1", "--http-port",
+                                      std::to_string(a.worker_http_base_port + i), "--router",
                                       registration, "--block-size", std::to_string(a.block_size)};
     if (!a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-dir", a.model_dir});
     wargs.insert(wargs.end(), {"--advertise-host", "127.0.0.1"});

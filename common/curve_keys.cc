@@ -100,8 +100,9 @@ Status MakeCurveClient(zmq::socket_t& socket, const CurveKeyPair& keys, const st
   return Status::Ok();
 }
 
-ZapAuthenticator::ZapAuthenticator(zmq::context_t* context, std::set<std::string> authorized_z85)
-    : context_(context) {
+ZapAuthenticator::ZapAuthenticator(zmq::context_t* context, std::set<std::string> authorized_z85,
+                                   std::function<void(const std::string&)> on_refused)
+    : context_(context), on_refused_(std::move(on_refused)) {
   for (const std::string& k : authorized_z85) {
     uint8_t bin[kBinaryKeyBytes];
     if (zmq_z85_decode(bin, k.c_str())) authorized_.emplace(reinterpret_cast<char*>(bin), kBinaryKeyBytes);
@@ -128,13 +129,17 @@ ZapAuthenticator::ZapAuthenticator(zmq::context_t* context, std::set<std::string
       // RFC 27: version, request id, domain, address, identity, mechanism, credentials...
       if (req.size() < 6) continue;
       const bool curve = req[5].to_string() == "CURVE" && req.size() >= 7;
-      const bool ok = curve && authorized_.count(req[6].to_string()) > 0;
+      const std::string key = curve && req[6].size() == kBinaryKeyBytes ? req[6].to_string() : std::string();
+      const bool ok = !key.empty() && authorized_.count(key) > 0;
+      char key_z85[kZ85KeyChars + 1] = {};
+      if (!key.empty()) zmq_z85_encode(key_z85, reinterpret_cast<const uint8_t*>(key.data()), kBinaryKeyBytes);
+      if (!ok && on_refused_) on_refused_(key_z85);
       std::vector<zmq::message_t> reply;
       reply.emplace_back(req[0].data(), req[0].size());
       reply.emplace_back(req[1].data(), req[1].size());
       reply.emplace_back(std::string(ok ? "200" : "400"));
       reply.emplace_back(std::string(ok ? "OK" : "unknown client key"));
-      reply.emplace_back(std::string(ok ? "router" : ""));
+      reply.emplace_back(std::string(ok ? key_z85 : ""));
       reply.emplace_back();
       zmq::send_multipart(h, reply);
     }

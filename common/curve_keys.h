@@ -14,6 +14,7 @@
 // safe to destroy from the thread that made it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -44,11 +45,15 @@ Status MakeCurveServer(zmq::socket_t& socket, const CurveKeyPair& keys);
 Status MakeCurveClient(zmq::socket_t& socket, const CurveKeyPair& keys, const std::string& server_public);
 
 // Answers ZAP requests (RFC 27) on inproc://zeromq.zap.01 of `context`: CURVE clients whose
-// public key is in `authorized` are admitted, everything else is refused.
+// public key is in `authorized` are admitted, everything else is refused. An admitted
+// client's messages carry its public key (Z85) as their "User-Id" property
+// (zmq::message_t::gets). `on_refused`, when set, is called on the authenticator's thread
+// with each refused client's key (Z85; empty when it did not offer CURVE).
 class ZapAuthenticator {
  public:
   // REQUIRES: context outlives the authenticator; at most one per context.
-  ZapAuthenticator(zmq::context_t* context, std::set<std::string> authorized_z85);
+  ZapAuthenticator(zmq::context_t* context, std::set<std::string> authorized_z85,
+                   std::function<void(const std::string&)> on_refused = {});
   ~ZapAuthenticator();
   ZapAuthenticator(const ZapAuthenticator&) = delete;
   ZapAuthenticator& operator=(const ZapAuthenticator&) = delete;
@@ -57,6 +62,7 @@ class ZapAuthenticator {
  private:
   zmq::context_t* context_;
   std::set<std::string> authorized_;  // binary 32-byte keys
+  std::function<void(const std::string&)> on_refused_;
   Status status_;
   std::string stop_endpoint_;
   std::thread thread_;

@@ -194,7 +194,19 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                "admit request fields kvfleet does not know (default: 400 naming the field, as OpenAI answers); "
                "each is logged once at debug and counted in kvfleet_router_unknown_fields_total");
   app.add_option("--registration", c->fleet.registration_endpoint,
-                 "ROUTER endpoint workers send Hello to (empty: none)")
+                 "ROUTER endpoint workers send Hello to (empty: none). Unless it is a loopback address, it needs "
+                 "--registration-authorized-keys or --registration-insecure")
+      ->capture_default_str();
+  app.add_option("--registration-authorized-keys", c->fleet.registration_auth.authorized_keys_file,
+                 "worker public keys admitted to registration, one per line (kvfleet keygen): registration becomes "
+                 "CURVE with this router's --curve-keypair, and a Hello or Bye from any other key is refused");
+  app.add_flag("--registration-insecure", c->fleet.registration_auth.insecure,
+               "accept unauthenticated Hellos and Byes on a registration address other hosts can reach (a network "
+               "where every host is trusted)");
+  app.add_option("--registration-lease-s", c->registration_lease_s,
+                 "a registered worker's id and endpoints stay its own for this long after its last Hello: no other "
+                 "peer may register them meanwhile")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   // The per-model options take one value per occurrence, `--tokenizer a=X --tokenizer b=Y`,
   // or several split at ';', which is how the environment gives several:
@@ -316,6 +328,13 @@ Status Prepare(RouterConfig* c) {
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);
   c->fleet.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
   c->api.unknown_model_grace = static_cast<DurationNs>(c->unknown_model_grace_s * kNsPerSec);
+  c->fleet.registration_auth.lease = static_cast<DurationNs>(c->registration_lease_s * kNsPerSec);
+  if (!c->fleet.registration_auth.authorized_keys_file.empty()) {
+    if (c->curve_keypair.empty()) {
+      return InvalidArgument("--registration-authorized-keys needs --curve-keypair (the registration socket's key)");
+    }
+    KVF_RETURN_IF_ERROR(LoadAuthorizedKeys(c->fleet.registration_auth.authorized_keys_file).status());
+  }
   if (c->curve_keypair.empty() != c->curve_server_key.empty()) {
     return InvalidArgument("--curve-keypair and --curve-server-key go together");
   }

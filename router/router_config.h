@@ -68,6 +68,7 @@ struct RouterConfig {
   double dns_interval_s = 10;                                    // s between DNS resolutions
   int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
   double unknown_model_grace_s = 10;  // s after start: an unannounced model is 503, not 404
+  double registration_lease_s = 10;   // s a registered worker's id and endpoints stay its own after its last Hello
   // --routing-window-size: "auto" indexes, per worker, the KV pool its Hello says a prefix
   // hit is limited by (IndexedWindow); a number indexes that windowSize for every worker.
   std::string routing_window_size = "auto";

@@ -127,10 +127,34 @@ void DnsMembership::Update(const std::vector<std::string>& answer, std::vector<s
   }
 }
 
-Status Registration::Bind(zmq::context_t& ctx, const std::string& endpoint) {
+bool LocalOnlyEndpoint(const std::string& endpoint) {
+  if (endpoint.starts_with("ipc://") || endpoint.starts_with("inproc://")) return true;
+  if (!endpoint.starts_with("tcp://")) return false;
+  const std::string host = endpoint.substr(6, endpoint.rfind(':') - 6);
+  return host == "localhost" || host == "[::1]" || host == "::1" || host.starts_with("127.");
+}
+
+Status Registration::Bind(zmq::context_t& ctx, const std::string& endpoint, const std::optional<RegistrationKeys>& keys,
+                          bool insecure, std::function<void(const std::string&)> on_refused) {
+  if (!keys && !insecure && !LocalOnlyEndpoint(endpoint)) {
+    return FailedPrecondition("registration socket " + endpoint +
+                              " is reachable from other hosts but unauthenticated: anyone reaching it could register "
+                              "a worker and receive its traffic. Give the workers' public keys "
+                              "(--registration-authorized-keys, with --curve-keypair), bind a loopback address, or "
+                              "pass --registration-insecure on a network where every host is trusted");
+  }
   try {
     socket_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
     socket_->set(zmq::sockopt::linger, 0);
+    // A worker's routing id is its worker id; its newest connection (a restart, a reconnect
+    // after a network fault) takes the id over rather than being ignored behind a stale one.
+    socket_->set(zmq::sockopt::router_handover, 1);
+    if (keys) {
+      zap_ = std::make_unique<ZapAuthenticator>(&ctx, keys->authorized, std::move(on_refused));
+      KVF_RETURN_IF_ERROR(zap_->status());
+      socket_->set(zmq::sockopt::zap_domain, "kvfleet-registration");
+      KVF_RETURN_IF_ERROR(MakeCurveServer(*socket_, keys->server));
+    }
     socket_->bind(endpoint);
     endpoint_ = socket_->get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -139,7 +163,7 @@ Status Registration::Bind(zmq::context_t& ctx, const std::string& endpoint) {
   return Status::Ok();
 }
 
-void Registration::Drain(const std::function<void(const ToRouterMessage&)>& on_message) {
+void Registration::Drain(const std::function<void(const ToRouterMessage&, const RegistrationPeer&)>& on_message) {
   for (int i = 0; i < 256; ++i) {
     zmq::message_t identity, body;
     if (!socket_->recv(identity, zmq::recv_flags::dontwait)) return;
@@ -157,7 +181,15 @@ void Registration::Drain(const std::function<void(const ToRouterMessage&)>& on_m
       }
       continue;
     }
-    on_message(*decoded);
+    RegistrationPeer peer;
+    if (zap_ != nullptr) {
+      const char* key = body.gets("User-Id");  // set by the ZapAuthenticator: the client's key
+      peer.identity = key != nullptr ? key : "";
+      peer.authenticated = !peer.identity.empty();
+    } else {
+      peer.identity = identity.to_string();
+    }
+    on_message(*decoded, peer);
   }
 }
 

@@ -8,7 +8,10 @@
 //     a DnsWatcher resolves each on its own thread and its DnsMembership turns each answer
 //     into joins and leaves;
 //   - Hello and Bye messages on the registration ROUTER socket: Registration reads and
-//     decodes them (Contract 3), rate-limiting the log of malformed frames.
+//     decodes them (Contract 3), rate-limiting the log of malformed frames, and names the
+//     peer each came from (router/fleet/membership.h). With RegistrationKeys the socket is
+//     a CURVE server that admits only the listed worker keys; without them, it may bind
+//     only a loopback address unless the operator says it is on a trusted network.
 //
 // Owned by the fleet (router/fleet/fleet.cc). Thread safety: DnsWatcher is thread-safe (its
 // callback runs on its own thread); DnsMembership and Registration are thread-compatible,
@@ -19,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -28,9 +32,11 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "router/fleet/fleet.h"
+#include "router/fleet/membership.h"
 #include "schema/requests.h"
 
 namespace kvfleet::router {
@@ -79,20 +85,41 @@ class DnsMembership {
   std::set<std::string> known_;
 };
 
+// Who may register: the router's key pair as the CURVE server's, and the worker public keys
+// admitted (common/curve_keys.h files).
+struct RegistrationKeys {
+  CurveKeyPair server;
+  std::set<std::string> authorized;  // Z85
+};
+
+// Whether a ZeroMQ endpoint can be reached only from this host: tcp on 127.0.0.0/8,
+// localhost or ::1, ipc and inproc. tcp://*, 0.0.0.0 and every other address are not.
+bool LocalOnlyEndpoint(const std::string& endpoint);
+
 // The registration ROUTER socket.
 class Registration {
  public:
-  // Binds `endpoint` (its bound form, e.g. with the port chosen for *, is endpoint()).
-  Status Bind(zmq::context_t& ctx, const std::string& endpoint);
+  // Binds `endpoint` (its bound form, e.g. with the port chosen for *, is endpoint()). With
+  // `keys`, a CURVE server whose clients a ZapAuthenticator on `ctx` checks (at most one
+  // per context), calling `on_refused` with each refused client's key on its own thread.
+  // Without them, `endpoint` must be local-only unless `insecure`.
+  Status Bind(zmq::context_t& ctx, const std::string& endpoint, const std::optional<RegistrationKeys>& keys,
+              bool insecure, std::function<void(const std::string&)> on_refused = {});
   bool bound() const { return socket_ != nullptr; }
+  bool authenticated() const { return zap_ != nullptr; }
   zmq::socket_t& socket() { return *socket_; }
   const std::string& endpoint() const { return endpoint_; }
-  // Reads what is waiting (at most 256 messages) and hands each Hello or Bye to `on_message`;
-  // malformed ones are logged (rate-limited) and skipped. REQUIRES: bound().
-  void Drain(const std::function<void(const ToRouterMessage&)>& on_message);
-  void Close() { socket_.reset(); }
+  // Reads what is waiting (at most 256 messages) and hands each Hello or Bye to `on_message`
+  // with the peer that sent it; malformed ones are logged (rate-limited) and skipped.
+  // REQUIRES: bound().
+  void Drain(const std::function<void(const ToRouterMessage&, const RegistrationPeer&)>& on_message);
+  void Close() {
+    socket_.reset();
+    zap_.reset();
+  }
 
  private:
+  std::unique_ptr<ZapAuthenticator> zap_;
   std::unique_ptr<zmq::socket_t> socket_;
   std::string endpoint_;
   RateLimit bad_frames_;

@@ -65,9 +65,7 @@ Status FleetImpl::Init() {
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return Internal("eventfd failed");
-  if (!options_.registration_endpoint.empty()) {
-    KVF_RETURN_IF_ERROR(registration_.Bind(ctx_, options_.registration_endpoint));
-  }
+  KVF_RETURN_IF_ERROR(BindRegistration());
   for (const StaticFleet& fleet : options_.AllStaticFleets()) {
     for (const auto& ep : fleet.workers) AddOrUpdate(StaticHello(ep, fleet), HelloSource::kListed);
     for (const auto& name : fleet.dns_names) dns_sources_.push_back(DnsSource{fleet, name, {}});
@@ -327,7 +325,7 @@ void FleetImpl::Loop() {
     }
     DrainCommands();
     if (registration && (items[1].revents & ZMQ_POLLIN)) {
-      registration_.Drain([this](const ToRouterMessage& m) { OnRegistration(m); });
+      registration_.Drain([this](const ToRouterMessage& m, const RegistrationPeer& p) { OnRegistration(m, p); });
     }
     if (clock_->Now() >= next_tick) {
       DrainMonitors();
@@ -359,9 +357,45 @@ void FleetImpl::FailWorker(WorkerId id, const Status& why) {
   workers_[id]->failures.fetch_add(1);
 }
 
+Status FleetImpl::BindRegistration() {
+  const RegistrationAuth& auth = options_.registration_auth;
+  if (options_.registration_endpoint.empty()) return Status::Ok();
+  std::optional<RegistrationKeys> keys;
+  if (!auth.authorized_keys_file.empty()) {
+    if (options_.curve.client_keypair_file.empty()) {
+      return InvalidArgument("registration keys need the router's own key pair (--curve-keypair)");
+    }
+    keys.emplace();
+    KVF_ASSIGN_OR_RETURN(keys->server, LoadCurveKeyPair(options_.curve.client_keypair_file));
+    KVF_ASSIGN_OR_RETURN(keys->authorized, LoadAuthorizedKeys(auth.authorized_keys_file));
+  }
+  auto on_refused = [this](const std::string& key) {  // the ZAP thread
+    if (refused_family_ != nullptr) refused_family_->Add({{"reason", "unauthenticated"}}).Increment();
+    uint64_t suppressed = 0;
+    if (registration_log_.Allow(&suppressed)) {
+      Logger("fleet")->warn("registration: refused a peer with {} ({} more suppressed)",
+                            key.empty() ? std::string("no CURVE key") : "unknown key " + key, suppressed);
+    }
+  };
+  return registration_.Bind(ctx_, options_.registration_endpoint, keys, auth.insecure, on_refused);
+}
+
 // A Hello or Bye from the registration socket.
-void FleetImpl::OnRegistration(const ToRouterMessage& message) {
-  if (auto* hello = std::get_if<WorkerHello>(&message)) {
+void FleetImpl::OnRegistration(const ToRouterMessage& message, const RegistrationPeer& peer) {
+  const auto* hello = std::get_if<WorkerHello>(&message);
+  Status admitted = hello != nullptr ? membership_.AdmitHello(*hello, peer, clock_->Now())
+                                     : membership_.AdmitBye(std::get<WorkerBye>(message), peer);
+  if (!admitted.ok()) {
+    if (refused_family_ != nullptr) {
+      refused_family_->Add({{"reason", hello != nullptr ? "hello-not-owner" : "bye-not-owner"}}).Increment();
+    }
+    uint64_t suppressed = 0;
+    if (registration_log_.Allow(&suppressed)) {
+      Logger("fleet")->warn("registration: refused: {} ({} more suppressed)", admitted.message(), suppressed);
+    }
+    return;
+  }
+  if (hello != nullptr) {
     AddOrUpdate(*hello, HelloSource::kRegistered);
     return;
   }
@@ -377,10 +411,10 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message) {
       }
     }
   }
-  for (WorkerId id : gone) {
-    Logger("fleet")->info("worker {} said bye", bye.name);
-    FailWorker(id, Unavailable("worker " + bye.name + " is shutting down"));
-  }
+  // No new requests go there (Routable), but those in flight finish: the worker completes
+  // them within its shutdown grace (or cancels them, which the lanes pass on), and one
+  // that vanishes first fails over when its connection drops.
+  if (!gone.empty()) Logger("fleet")->info("worker {} said bye", bye.name);
 }
 
 // --- DNS ---

@@ -100,8 +100,24 @@ struct StaticFleet {
   std::vector<std::string> dns_names;  // "host:port", each resolving to many workers
 };
 
+// Who may register on the registration socket (router/README.md, "Membership").
+struct RegistrationAuth {
+  // Worker public keys admitted, one per line (common/curve_keys.h). Set: the registration
+  // socket is a CURVE server with curve.client_keypair_file's key pair, and a Hello or Bye
+  // from any other key never reaches the fleet. Empty: no CURVE on registration.
+  std::string authorized_keys_file;
+  // Without authorized keys, bind registration on an address other hosts can reach anyway.
+  bool insecure = false;
+  // A worker's claim on its id and endpoints holds this long after its last Hello (workers
+  // re-send theirs every 2 s): meanwhile no other peer may register them.
+  DurationNs lease = 10 * kNsPerSec;
+};
+
 struct FleetOptions {
-  std::string registration_endpoint = "tcp://*:5555";  // Hello/Bye ROUTER; empty: none
+  // Hello/Bye ROUTER; empty: none. Loopback by default: another address needs
+  // registration_auth (keys, or insecure).
+  std::string registration_endpoint = "tcp://127.0.0.1:5555";
+  RegistrationAuth registration_auth;
   // One model's static and DNS workers in flat fields (static_workers, dns_name,
   // static_model, static_block_size, static_max_context); static_fleets adds any number of
   // models. The router's main fills static_fleets only.

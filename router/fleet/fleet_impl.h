@@ -173,7 +173,9 @@ class FleetImpl final : public LaneFleet {
   void Loop();
   void DrainCommands();
   void FailWorker(WorkerId id, const Status& why);
-  void OnRegistration(const ToRouterMessage& message);
+  // A Hello or Bye from `peer`: applied when Membership admits it, refused and counted else.
+  void OnRegistration(const ToRouterMessage& message, const RegistrationPeer& peer);
+  Status BindRegistration();
 
   // --- DNS ---
 
@@ -188,6 +190,8 @@ class FleetImpl final : public LaneFleet {
   CurveKeyPair curve_keys_;
   std::string curve_server_public_;
   Registration registration_;  // bound by Init; read on the fleet thread
+  Membership membership_{options_.registration_auth.lease};  // fleet thread only
+  RateLimit registration_log_;
   int wake_fd_ = -1;
   std::thread thread_;
   std::vector<DnsSource> dns_sources_;            // set by Init

@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +34,29 @@ const std::string kRouterUrl = "http://127.0.0.1:" + std::to_string(kHttpPort);
 using kvfleet::testing::ChildProcess;
 using kvfleet::testing::ReadFile;
 using kvfleet::testing::TempDir;
+
+// The listening TCP sockets of this host on `ports` whose address is not loopback
+// (/proc/net/tcp and tcp6: "ADDR:PORT" in hex, state 0A is LISTEN), as "addr:port".
+std::vector<std::string> NonLoopbackListeners(const std::set<int>& ports) {
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.find(':');
+      if (state != "0A" || colon == std::string::npos) continue;
+      const int port = std::stoi(local.substr(colon + 1), nullptr, 16);
+      const std::string addr = local.substr(0, colon);
+      const bool loopback = addr == "0100007F" || addr == "00000000000000000000000001000000";
+      if (ports.count(port) && !loopback) out.push_back(addr + ":" + std::to_string(port));
+    }
+  }
+  return out;
+}
 
 // `kvfleet up` with `env` added to this process's environment; SIGTERMed at the end.
 ChildProcess StartUp(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env) {
@@ -67,6 +93,14 @@ TEST_CASE("kvfleet up reads KVFLEET_UP_* itself and keeps KVFLEET_* from the rou
   }
   INFO("kvfleet up log:\n" << ReadFile(up.log_path()) << "\nrouter log:\n" << ReadFile(dir.path / "logs/router.log"));
   REQUIRE(routable == 4);
+
+  // Every socket of the fleet listens on loopback only: nothing on another host reaches it.
+  std::set<int> ports = {kHttpPort, kRegistrationPort};
+  for (int i = 0; i < 4; ++i) {
+    ports.insert({kWorkerBasePort + 3 * i, kWorkerBasePort + 3 * i + 1, kWorkerBasePort + 3 * i + 2,
+                  kWorkerHttpBasePort + i});
+  }
+  CHECK(NonLoopbackListeners(ports) == std::vector<std::string>{});
 
   // It serves requests: `kvfleet bench` exits 0 only when all of them completed.
   const fs::path trace = dir.path / "trace.jsonl", results = dir.path / "results.json";

@@ -128,6 +128,7 @@ def check_systemd(root, router_flags, worker_flags):
         for env in env_files:
             check_env_names(env, env_file_vars(os.path.join(d, env)), flags, prefix)
     grace = dict(l.split("=", 1) for l in env_file_vars_lines(os.path.join(d, "worker.env")))
+    check_systemd_keys(d)
     stop = int(unit_keys(os.path.join(d, "kvfleet-worker@.service"))["TimeoutStopSec"][0])
     if stop <= float(grace.get("KVFLEET_WORKER_SHUTDOWN_GRACE_S", "30")):
         fail("kvfleet-worker@.service: TimeoutStopSec must exceed KVFLEET_WORKER_SHUTDOWN_GRACE_S")
@@ -158,6 +159,27 @@ def check_systemd(root, router_flags, worker_flags):
         if r.returncode != 0 or msgs:
             fail("systemd-analyze verify: " + " | ".join(msgs))
     return 0
+
+
+def check_systemd_keys(d):
+    """The shipped units authenticate membership: the router lists worker keys for its
+    registration socket and talks CURVE to workers; every worker registers over CURVE with
+    its own key and admits only routers' keys (router/README.md, "Membership")."""
+    def env(name):
+        return dict(l.split("=", 1) for l in env_file_vars_lines(os.path.join(d, name)))
+    router, worker = env("router.env"), env("worker.env")
+    for var in ("KVFLEET_ROUTER_REGISTRATION_AUTHORIZED_KEYS", "KVFLEET_ROUTER_CURVE_KEYPAIR",
+                "KVFLEET_ROUTER_CURVE_SERVER_KEY"):
+        if not router.get(var):
+            fail(f"router.env: {var} must be set (registration and worker sockets are authenticated)")
+    if "KVFLEET_ROUTER_REGISTRATION_INSECURE" in router:
+        fail("router.env: the shipped router must not accept unauthenticated registration")
+    for var in ("KVFLEET_WORKER_ROUTER_KEY", "KVFLEET_WORKER_CURVE_KEYPAIR", "KVFLEET_WORKER_CURVE_AUTHORIZED_KEYS"):
+        if not worker.get(var):
+            fail(f"worker.env: {var} must be set")
+    for n in (0, 1):
+        if not env(f"worker-{n}.env").get("KVFLEET_WORKER_REGISTRATION_KEYPAIR"):
+            fail(f"worker-{n}.env: each worker registers with its own KVFLEET_WORKER_REGISTRATION_KEYPAIR")
 
 
 def env_file_vars_lines(path):
@@ -305,6 +327,7 @@ def check_k8s(root, router_flags, worker_flags):
                         ROUTER_PREFIX if obj is router else WORKER_PREFIX)
         obj["_ports"] = ports
         obj["_labels"] = labels
+    check_k8s_keys(router, worker)
     gpu = worker["spec"]["template"]["spec"]["containers"][0]["resources"]
     if str(gpu.get("limits", {}).get("nvidia.com/gpu")) != "1":
         fail("worker: limits must request nvidia.com/gpu: 1")
@@ -332,6 +355,26 @@ def check_k8s(root, router_flags, worker_flags):
         if ep.get("path", "/metrics") != "/metrics":
             fail("ServiceMonitor must scrape /metrics")
     return 0
+
+
+def check_k8s_keys(router, worker):
+    """Workers admit only routers' CURVE keys, both from the Secret kvfleet-curve."""
+    wanted = {"kvfleet-router": ("KVFLEET_ROUTER_CURVE_KEYPAIR", "KVFLEET_ROUTER_CURVE_SERVER_KEY"),
+              "kvfleet-worker": ("KVFLEET_WORKER_CURVE_KEYPAIR", "KVFLEET_WORKER_CURVE_AUTHORIZED_KEYS")}
+    for obj in (router, worker):
+        name = obj["metadata"]["name"]
+        pod = obj["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        for var in wanted[name]:
+            if not env.get(var):
+                fail(f"{name}: {var} must be set (CURVE between routers and workers)")
+        secrets = {v["name"] for v in pod.get("volumes", []) if v.get("secret", {}).get("secretName") == "kvfleet-curve"}
+        mounts = {m["name"] for m in c.get("volumeMounts", [])}
+        if not secrets & mounts:
+            fail(f"{name}: must mount the Secret kvfleet-curve")
+        if "fsGroup" not in pod.get("securityContext", {}):
+            fail(f"{name}: needs an fsGroup to read its keys as a non-root user")
 
 
 def check_prometheus(root):

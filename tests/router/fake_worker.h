@@ -13,8 +13,10 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <zmq.hpp>
@@ -92,11 +94,21 @@ class FakeWorker {
     return last_;
   }
 
-  // Sends Hello (or Bye) to a router's registration endpoint from a DEALER.
-  static void Register(const std::string& router_endpoint, const std::string& frame) {
+  // Sends Hello (or Bye) to a router's registration endpoint from a DEALER whose routing id
+  // is the worker id it names, as a worker's (worker/server/registration.h); `routing_id`
+  // overrides it (another peer).
+  static void Register(const std::string& router_endpoint, const std::string& frame,
+                       std::optional<std::string> routing_id = std::nullopt) {
     zmq::context_t ctx(1);
     zmq::socket_t s(ctx, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 2000);
+    if (!routing_id) {
+      auto decoded = DecodeToRouter(frame.data(), frame.size());
+      if (decoded.ok()) {
+        routing_id = std::visit([](const auto& m) { return m.name; }, *decoded);
+      }
+    }
+    if (routing_id && !routing_id->empty()) s.set(zmq::sockopt::routing_id, *routing_id);
     s.connect(router_endpoint);
     s.send(zmq::buffer(frame), zmq::send_flags::none);
   }

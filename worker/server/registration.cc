@@ -21,6 +21,9 @@ Result<std::unique_ptr<Registration>> Registration::Start(zmq::context_t& contex
     r->socket_.set(zmq::sockopt::sndhwm, config::kSendHighWaterMark);
     r->socket_.set(zmq::sockopt::linger, config::kByeLingerMs);
     r->socket_.set(zmq::sockopt::routing_id, info.name);
+    if (!options.router_public_key.empty()) {
+      KVF_RETURN_IF_ERROR(MakeCurveClient(r->socket_, options.keys, options.router_public_key));
+    }
     r->socket_.connect(options.router_endpoint);
   } catch (const zmq::error_t& e) {
     return InvalidArgument("--router " + options.router_endpoint + ": " + e.what());

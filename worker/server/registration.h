@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/curve_keys.h"
 #include "common/status.h"
 #include "schema/registration.h"
 
@@ -28,6 +29,10 @@ namespace kvfleet::server {
 
 struct RegistrationOptions {
   std::string router_endpoint;  // tcp://host:5555
+  // CURVE: this worker's key pair and the router's public key (Z85), both set or both empty.
+  // The router admits the Hello only if it lists this key (router/fleet/discovery.h).
+  CurveKeyPair keys;
+  std::string router_public_key;
   DurationNs interval = 2 * kNsPerSec;  // Hello period: a restarted router knows the fleet within it
 };
 

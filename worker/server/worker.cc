@@ -113,6 +113,7 @@ Status Worker::Init(zmq::context_t& context) {
   });
   http::AddMetricsRoute(routes, registry_);
   http::ServerOptions http_options;
+  http_options.address = config_.http_host;
   http_options.port = static_cast<uint16_t>(config_.http_port);
   http_options.io_threads = 1;
   KVF_ASSIGN_OR_RETURN(http_, http::Server::Start(http_options, std::move(routes)));
@@ -253,6 +254,12 @@ Status Worker::Init(zmq::context_t& context) {
   if (!config_.router.empty()) {
     RegistrationOptions ro;
     ro.router_endpoint = config_.router;
+    if (!config_.router_key.empty()) {
+      KVF_ASSIGN_OR_RETURN(ro.keys, LoadCurveKeyPair(config_.registration_keypair.empty()
+                                                          ? config_.curve_keypair
+                                                          : config_.registration_keypair));
+      KVF_ASSIGN_OR_RETURN(ro.router_public_key, LoadCurvePublicKey(config_.router_key));
+    }
     KVF_ASSIGN_OR_RETURN(registration_, Registration::Start(context, ro, hello_));
   }
   ready_.store(true, std::memory_order_release);

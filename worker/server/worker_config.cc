@@ -28,12 +28,20 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--http-port", c->http_port, "HTTP port for /health, /ready, /metrics (0: any)")
       ->capture_default_str();
+  app.add_option("--http-host", c->http_host, "HTTP listen address (127.0.0.1: this host only)")
+      ->capture_default_str();
   app.add_option("--router", c->router, "router registration endpoint, e.g. tcp://host:5555 (optional)");
   app.add_option("--advertise-host", c->advertise_host, "host name routers use to reach this worker (default: hostname)");
   app.add_option("--curve-keypair", c->curve_keypair,
                  "CURVE server key pair file for the requests, events and replay sockets (kvfleet keygen)");
   app.add_option("--curve-authorized-keys", c->curve_authorized_keys,
                  "router public keys admitted, one per line (default: any router with the server key)");
+  app.add_option("--router-key", c->router_key,
+                 "the router's public key file: registration (--router) goes over CURVE, this worker "
+                 "authenticating with --registration-keypair (default: --curve-keypair)");
+  app.add_option("--registration-keypair", c->registration_keypair,
+                 "this worker's own key pair for registration, when workers share --curve-keypair: the "
+                 "router then tells them apart, and none can speak for another");
   app.add_option("--block-size", c->block_size, "tokens per KV block (power of two; 1: token-level KV)")
       ->capture_default_str();
   app.add_option("--routing-block-size", c->routing_block_size,
@@ -122,6 +130,13 @@ Status WorkerConfig::Validate() const {
   }
   if (block_size == 0 || (block_size & (block_size - 1)) != 0) {
     return InvalidArgument("--block-size " + std::to_string(block_size) + " is not a power of two (1, 2, 4, ...)");
+  }
+  if (!router_key.empty() && (router.empty() || (curve_keypair.empty() && registration_keypair.empty()))) {
+    return InvalidArgument("--router-key needs --router and a key to register with (--registration-keypair or "
+                           "--curve-keypair)");
+  }
+  if (!registration_keypair.empty() && router_key.empty()) {
+    return InvalidArgument("--registration-keypair needs --router-key (the router's public key)");
   }
   if (routing_block_size != 0 &&
       ((routing_block_size & (routing_block_size - 1)) != 0 || routing_block_size < block_size)) {

@@ -32,6 +32,7 @@ struct WorkerConfig {
   std::string events = "tcp://*:5557";    // KV events PUB (Contract 2)
   std::string replay = "tcp://*:5558";    // replay/snapshot ROUTER
   int http_port = 9400;                   // /health, /ready, /metrics; 0: ephemeral
+  std::string http_host = "0.0.0.0";      // the HTTP listen address
   std::string router;                     // registration ROUTER to send Hello to; empty: none
   std::string advertise_host;             // host routers should connect to; default: hostname
   // CURVE (common/curve_keys.h files) on the requests, events and replay sockets: this
@@ -39,6 +40,11 @@ struct WorkerConfig {
   // that knows the server key). Both empty: plaintext.
   std::string curve_keypair;
   std::string curve_authorized_keys;
+  // The router's public key for registration: the Hello and Bye go over CURVE, this worker
+  // authenticating with registration_keypair, else curve_keypair (the router must list its
+  // public key in --registration-authorized-keys). Empty: plaintext registration.
+  std::string router_key;
+  std::string registration_keypair;  // this worker's own key; lets workers share curve_keypair
 
   // --- engine ---
   uint32_t block_size = 32;          // tokens per KV block (B); 1: token-level KV
