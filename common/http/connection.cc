@@ -13,6 +13,7 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/http/rfc7230.hpp>
 
 #include "common/log.h"
 
@@ -42,6 +43,33 @@ int StatusForReadError(const beast::error_code& ec) {
   if (ec.category() == beast::error_code(bhttp::error::end_of_stream).category() && ec != bhttp::error::end_of_stream &&
       ec != bhttp::error::partial_message) {
     return 400;
+  }
+  return 0;
+}
+
+// A request whose header was read, against RFC 9112's framing rules: 0 when its body can be
+// read as framed, else the status to answer before closing. Beast already refuses
+// Content-Length beside chunked; a Transfer-Encoding it does not end in chunked is read as
+// an empty body, which would parse the body as the next request (§6.3: 400).
+int CheckFraming(const Parser& parser, std::string* why) {
+  const auto& msg = parser.get();
+  auto [first, last] = msg.equal_range(bhttp::field::transfer_encoding);
+  if (first == last) return 0;
+  if (msg.version() < 11) {
+    *why = "Transfer-Encoding in an HTTP/1.0 request";
+    return 400;
+  }
+  if (!parser.chunked()) {
+    *why = "the last Transfer-Encoding is not chunked";
+    return 400;
+  }
+  for (auto field = first; field != last; ++field) {
+    for (auto coding : bhttp::token_list(field->value())) {
+      if (!beast::iequals(coding, "chunked")) {
+        *why = "Transfer-Encoding '" + std::string(coding) + "' is not implemented";
+        return 501;  // §6.1: a coding the server does not understand
+      }
+    }
   }
   return 0;
 }
@@ -143,6 +171,8 @@ void Connection::ReadRequest() {
 void Connection::OnHeader(beast::error_code ec) {
   reading_ = false;
   if (ec) return OnReadError(ec);
+  std::string why;
+  if (int status = CheckFraming(*parser_, &why)) return Refuse(status, why);
   stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
   if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
     Queue("HTTP/1.1 100 Continue\r\n\r\n");
@@ -159,12 +189,17 @@ void Connection::OnHeader(beast::error_code ec) {
 void Connection::OnReadError(beast::error_code ec) {
   int status = StatusForReadError(ec);
   if (status == 0 || closed_) return Close();
+  Refuse(status, ec.message());
+}
+
+void Connection::Refuse(int status, std::string_view message) {
   // Answer the error and close: the rest of the stream cannot be trusted.
+  parser_.reset();
   responding_ = true;
   response_done_ = true;
   close_after_ = true;
   stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
-  Response r = routes_->FormatError(status, ec.message());
+  Response r = routes_->FormatError(status, message);
   Queue(FormatWhole(r, false));
 }
 
@@ -368,6 +403,8 @@ Result<Request> ParseRequest(std::string_view bytes, const ServerOptions& limits
     // error must not spin.
     if (used == 0) return InvalidArgument("400: the parser made no progress");
   }
+  std::string why;
+  if (int status = CheckFraming(parser, &why)) return InvalidArgument(std::to_string(status) + ": " + why);
   return FromParsed(parser.release());
 }
 

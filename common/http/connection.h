@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/error.hpp>
@@ -62,6 +63,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadRequest();
   void OnHeader(beast::error_code ec);
   void OnReadError(beast::error_code ec);
+  // Answers the server's own error for the request being read, then closes.
+  void Refuse(int status, std::string_view message);
   void OnRequest();
   void StartWatch();
   void OnWatch(beast::error_code ec, size_t n);
