@@ -194,6 +194,7 @@ void Connection::OnReadError(beast::error_code ec) {
 
 void Connection::Refuse(int status, std::string_view message) {
   // Answer the error and close: the rest of the stream cannot be trusted.
+  metrics_->CountRefusedRequest(status);
   parser_.reset();
   responding_ = true;
   response_done_ = true;
@@ -248,11 +249,21 @@ void Connection::OnWatch(beast::error_code ec, size_t n) {
 
 void Connection::Queue(std::string bytes, bool write_now) {
   if (closed_) return;
-  pending_bytes_ += bytes.size();
-  if (pending_bytes_ > options_.max_pending_write_bytes) {
-    Logger("http")->warn("closing a connection whose client reads too slowly ({} bytes unsent)", pending_bytes_);
+  // The slow-reader rule bounds the backlog that waits behind the write in progress, not one
+  // piece: a reply larger than the cap still goes out whole to a client that reads it, while
+  // a stream whose client stops reading piles up chunks and is cut off.
+  if (!out_.empty() && queued_bytes_ + bytes.size() > options_.max_pending_write_bytes) {
+    static RateLimit log_limit(config::kLogIntervalMs);
+    uint64_t skipped = 0;
+    if (log_limit.Allow(&skipped)) {
+      Logger("http")->warn("closing a connection whose client reads too slowly ({} bytes waiting behind a write "
+                           "of {}; {} more such closes since the last report)",
+                           queued_bytes_ + bytes.size(), inflight_.size(), skipped);
+    }
+    metrics_->CountSlowReader();
     return Close();
   }
+  queued_bytes_ += bytes.size();
   out_.push_back(std::move(bytes));
   if (write_now) Flush();
 }
@@ -262,20 +273,24 @@ void Connection::Flush() {
 }
 
 void Connection::DoWrite() {
-  // Gather everything queued into one write.
-  inflight_.clear();
-  for (auto& s : out_) inflight_ += s;
+  // Gather everything queued into one write (a lone piece, a whole reply, moves as it is).
+  if (out_.size() == 1) {
+    inflight_ = std::move(out_.front());
+  } else {
+    inflight_.clear();
+    for (auto& s : out_) inflight_ += s;
+  }
   out_.clear();
+  queued_bytes_ = 0;
   writing_ = true;
   net::async_write(stream_, net::buffer(inflight_), [self = shared_from_this()](beast::error_code ec, size_t n) {
     self->OnWrite(ec, n);
   });
 }
 
-void Connection::OnWrite(beast::error_code ec, size_t n) {
+void Connection::OnWrite(beast::error_code ec, size_t) {
   writing_ = false;
   if (ec) return Close();
-  pending_bytes_ -= n;
   if (!out_.empty()) return DoWrite();
   if (responding_ && response_done_) OnResponseComplete();
 }
@@ -298,9 +313,14 @@ void Connection::OnResponseComplete() {
   ReadRequest();
 }
 
+Connection::~Connection() {
+  if (!closed_) metrics_->Closed();  // dropped unclosed, as when the server stops
+}
+
 void Connection::Close() {
   if (closed_) return;
   closed_ = true;
+  metrics_->Closed();
   if (responding_ && !response_done_) {
     if (auto exchange = exchange_.lock()) exchange->MarkClientGone();
   }
