@@ -4,6 +4,8 @@
 // and the route table are in server.cc.
 #include "common/http/connection.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 
@@ -89,6 +91,50 @@ Request FromParsed(bhttp::request<bhttp::string_body>&& msg) {
   return r;
 }
 
+// RFC 9110 §5.1: a field name is a token.
+bool IsToken(std::string_view name) {
+  constexpr std::string_view kPunctuation = "!#$%&'*+-.^_`|~";
+  return !name.empty() && std::all_of(name.begin(), name.end(), [&](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || kPunctuation.find(c) != std::string_view::npos;
+         });
+}
+
+// RFC 9110 §5.5: a field value holds no CR, LF or NUL. Every control byte but HTAB, and DEL,
+// becomes a space, so that no value (a worker's name, a client's model) can end its line
+// and start a header of its own.
+void AppendFieldValue(std::string& head, std::string_view name, std::string_view value) {
+  bool replaced = false;
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool control = (u < 0x20 && c != '\t') || u == 0x7f;
+    head += control ? ' ' : c;
+    replaced |= control;
+  }
+  static RateLimit log_limit(config::kLogIntervalMs);
+  uint64_t skipped = 0;
+  if (replaced && log_limit.Allow(&skipped)) {
+    Logger("http")->warn("response header {}: control bytes in its value {} replaced by spaces ({} more since the "
+                         "last report)",
+                         name, EscapeForLog(value), skipped);
+  }
+}
+
+void AppendField(std::string& head, std::string_view name, std::string_view value) {
+  if (!IsToken(name)) {
+    static RateLimit log_limit(config::kLogIntervalMs);
+    uint64_t skipped = 0;
+    if (log_limit.Allow(&skipped)) {
+      Logger("http")->warn("dropping response header {}: not a valid field name ({} more since the last report)",
+                           EscapeForLog(name), skipped);
+    }
+    return;
+  }
+  head += name;
+  head += ": ";
+  AppendFieldValue(head, name, value);
+  head += "\r\n";
+}
+
 // The status line and headers of a response. content_length < 0: chunked.
 std::string FormatHead(int status, std::string_view content_type, const Headers& headers, int64_t content_length,
                        bool keep_alive) {
@@ -99,17 +145,8 @@ std::string FormatHead(int status, std::string_view content_type, const Headers&
   head += ' ';
   head += ReasonPhrase(status);
   head += "\r\nServer: kvfleet\r\n";
-  if (!content_type.empty()) {
-    head += "Content-Type: ";
-    head += content_type;
-    head += "\r\n";
-  }
-  for (const auto& [name, value] : headers) {
-    head += name;
-    head += ": ";
-    head += value;
-    head += "\r\n";
-  }
+  if (!content_type.empty()) AppendField(head, "Content-Type", content_type);
+  for (const auto& [name, value] : headers) AppendField(head, name, value);
   if (content_length >= 0) {
     head += "Content-Length: ";
     head += std::to_string(content_length);
@@ -227,7 +264,7 @@ void Connection::OnRequest() {
   } catch (const std::exception& e) {
     // Nothing throws across this boundary: a handler bug becomes a 500 (the Exchange,
     // if dropped without a response, answers it).
-    Logger("http")->error("handler for {} threw: {}", path, e.what());
+    Logger("http")->error("handler for {} threw: {}", EscapeForLog(path), e.what());
   }
 }
 
@@ -339,7 +376,7 @@ IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
 
 Exchange::~Exchange() {
   if (!started_.load()) {
-    Logger("http")->error("no response to {} {}: answering 500", request_.method, request_.path);
+    Logger("http")->error("no response to {} {}: answering 500", request_.method, EscapeForLog(request_.path));
     Reply(connection_->routes().FormatError(500, "internal error: the request was dropped"));
   } else if (!finished_.load()) {
     connection_->Deliver("0\r\n\r\n", /*last=*/true, /*close=*/true);

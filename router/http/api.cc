@@ -127,7 +127,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     std::lock_guard<std::mutex> lock(unknown_mu_);
     if (unknown_logged_.size() >= kMaxLoggedUnknownFields) return;
     if (unknown_logged_.emplace(name).second) {
-      Logger("router")->debug("admitting unknown request field '{}' (--allow-unknown-fields)", name);
+      Logger("router")->debug("admitting unknown request field {} (--allow-unknown-fields)", EscapeForLog(name));
     }
   }
 

@@ -23,6 +23,7 @@
 #include <prometheus/registry.h>
 
 #include "common/http/metrics.h"
+#include "common/log.h"
 #include "tests/common/http/test_client.h"
 
 namespace kvfleet::http {
@@ -212,6 +213,11 @@ TEST_CASE("a header value holding CR or LF cannot add a header line") {
     CHECK(head.find(std::string("\0", 1)) == std::string::npos);
     CHECK(head.find("x-kvfleet-worker: w") != std::string::npos);
   }
+}
+
+TEST_CASE("EscapeForLog quotes a name, escapes its control bytes and cuts a long one") {
+  CHECK(EscapeForLog("w\r\nSet-Cookie: x") == R"("w\r\nSet-Cookie: x")");
+  CHECK(EscapeForLog(std::string(1'000'000, 'm'), 4) == R"("mmmm"... (1000000 bytes))");
 }
 
 TEST_CASE("connections over max_connections are closed at once and counted; a close makes room") {
