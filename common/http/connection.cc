@@ -286,10 +286,10 @@ void Connection::OnWatch(beast::error_code ec, size_t n) {
 
 void Connection::Queue(std::string bytes, bool write_now) {
   if (closed_) return;
-  // The slow-reader rule bounds the backlog that waits behind the write in progress, not one
-  // piece: a reply larger than the cap still goes out whole to a client that reads it, while
-  // a stream whose client stops reading piles up chunks and is cut off.
-  if (!out_.empty() && queued_bytes_ + bytes.size() > options_.max_pending_write_bytes) {
+  // The slow-reader rule bounds the backlog that piles up behind a write in progress, not
+  // one piece: a piece first in line (a whole reply, a stream's head with its first chunk)
+  // goes out whole however large, while a stream whose client stops reading is cut off.
+  if (writing_ && !out_.empty() && queued_bytes_ + bytes.size() > options_.max_pending_write_bytes) {
     static RateLimit log_limit(config::kLogIntervalMs);
     uint64_t skipped = 0;
     if (log_limit.Allow(&skipped)) {

@@ -10,8 +10,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/status.hpp>
@@ -294,7 +294,7 @@ class ServerImpl {
   std::vector<net::executor_work_guard<net::io_context::executor_type>> guards_;
   size_t next_context_ = 0;  // the acceptor's strand only
   tcp::acceptor acceptor_;
-  net::steady_timer accept_timer_;  // the acceptor's strand, as are the two below
+  net::steady_timer accept_timer_;  // the acceptor's strand only, as is accept_backoff_
   std::chrono::milliseconds accept_backoff_ = config::kAcceptBackoffFirst;
   RateLimit accept_log_{config::kLogIntervalMs};
   RateLimit refuse_log_{config::kLogIntervalMs};

@@ -63,7 +63,8 @@ struct ServerOptions {
   int64_t read_timeout_ms = 30'000;   // a request must arrive whole within this
   // A client that reads slower than its response is produced: past this many bytes queued
   // behind the write in progress the connection is closed (and the Exchange sees the client
-  // gone). One piece larger than this (a whole reply, one chunk) is still written whole.
+  // gone). One piece larger than this, first in line (a whole reply, a stream's head and
+  // first chunk), is still written whole.
   size_t max_pending_write_bytes = 8 * 1024 * 1024;
   // Connections open at once; one accepted beyond them is closed at once (and counted). Each
   // holds a descriptor and a read buffer: keep it under the process's RLIMIT_NOFILE.

@@ -144,6 +144,12 @@ TEST_CASE("a reply larger than the slow-reader cap is sent whole") {
     r.body = big + "|end";
     return r;
   });
+  routes.Add("GET", "/big-stream", [&big](std::shared_ptr<Exchange> ex) {
+    ex->StartStream(200, "text/event-stream");
+    ex->Write(big);
+    ex->Write("|end");
+    ex->Finish();
+  });
   ServerOptions o = Loopback();
   REQUIRE(o.max_pending_write_bytes < big.size());
   auto server = Server::Start(o, std::move(routes));
@@ -155,6 +161,11 @@ TEST_CASE("a reply larger than the slow-reader cap is sent whole") {
     CHECK(StatusOf(answer) == 200);
     CHECK(BodyOf(answer).size() == big.size() + 4);
   }
+  c.Send("GET /big-stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string answer = c.ReadUntil("0\r\n\r\n");
+  CHECK(StatusOf(answer) == 200);
+  CHECK(answer.find("\r\n\r\nb71b00\r\n") != std::string::npos);  // one chunk of 12,000,000 bytes
+  CHECK(answer.find("|end") != std::string::npos);
 }
 
 TEST_CASE("a stream whose client does not read is cut off at the slow-reader cap") {
