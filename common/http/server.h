@@ -15,9 +15,11 @@
 // handler may keep per-thread state on its Exchange's IoThread.
 //
 // Hardening: a request whose framing is ambiguous (a Transfer-Encoding not ending in chunked,
-// RFC 9112 §6.3) is a 400 that closes the connection; a failing accept (out of descriptors)
-// backs off instead of spinning; connections beyond ServerOptions::max_connections are closed
-// as accepted; a response header's control bytes become spaces, so no value can add a line.
+// RFC 9112 §6.3) is a 400 that closes the connection, and one with a transfer coding other
+// than chunked a 501; a failing accept (out of descriptors) backs off instead of spinning;
+// connections beyond ServerOptions::max_connections are closed as accepted; in a response
+// header, control bytes of the value become spaces and a name that is no token drops the
+// header, so no value (a worker's name, say) can add a line.
 //
 // Metrics (Server::Start's registry): kvfleet_http_accept_errors_total{reason} (emfile, enfile,
 // enobufs, enomem, other), kvfleet_http_connections_refused_total (over max_connections),
@@ -170,7 +172,7 @@ class Routes {
   void Add(std::string method, std::string path, Handler handler);
   // A synchronous handler: the response is computed on the I/O thread.
   void AddSync(std::string method, std::string path, std::function<Response(const Request&)> handler);
-  // How the server words its own errors (400, 404, 405, 413, 431, 500); default: a JSON
+  // How the server words its own errors (400, 404, 405, 413, 431, 500, 501); default: a JSON
   // {"error":{"message":...,"code":status}} body.
   void SetErrorFormatter(std::function<Response(int status, std::string_view message)> formatter);
   // Runs `init` once on each I/O thread as the server starts, before that thread serves
