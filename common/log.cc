@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -96,6 +97,11 @@ std::shared_ptr<spdlog::logger> Logger(std::string_view component) {
   logger->flush_on(spdlog::level::warn);
   spdlog::register_logger(logger);
   return logger;
+}
+
+std::string EscapeForLog(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return fmt::format("{:?}", text);
+  return fmt::format("{:?}... ({} bytes)", text.substr(0, max_bytes), text.size());
 }
 
 bool RateLimit::Allow(uint64_t* suppressed) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,11 @@ Status InitLogging(const LogOptions& options);
 
 // The logger for a component ("kv", "router", "events", ...), created on first use.
 std::shared_ptr<spdlog::logger> Logger(std::string_view component);
+
+// `text` in double quotes with its control bytes escaped as in C (a CR logs as \r), cut to
+// its first `max_bytes` with its size noted: for every logged string a client or a worker chose (a
+// model, a worker's name, a path), which must neither forge a line nor flood the log.
+std::string EscapeForLog(std::string_view text, size_t max_bytes = 128);
 
 // A guard for messages that may repeat fast (malformed input): true at most once per
 // `interval_ms` per instance; counts what it suppressed.

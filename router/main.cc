@@ -116,7 +116,7 @@ int Run(RouterConfig& c) {
   Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
   http::Routes routes;
   api.AddRoutes(&routes);
-  auto server = http::Server::Start(c.http, std::move(routes));
+  auto server = http::Server::Start(c.http, std::move(routes), registry);
   if (!server.ok()) {
     log->error("{}", server.status().message());
     return 1;

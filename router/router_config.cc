@@ -183,6 +183,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--http-host", c->http.address, "HTTP listen address")->capture_default_str();
   app.add_option("--http-port", c->http.port, "HTTP port (0: any free port, printed at start)")->capture_default_str();
   app.add_option("--http-threads", c->http.io_threads, "HTTP I/O threads")->capture_default_str();
+  app.add_option("--http-max-connections", c->http.max_connections,
+                 "HTTP connections open at once; one accepted beyond is closed at once and counted in "
+                 "kvfleet_http_connections_refused_total (keep it under the open-file limit, ulimit -n)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-body-bytes", c->http.max_body_bytes, "largest request body (413 beyond)")
       ->capture_default_str();
   app.add_option("--max-header-bytes", c->http.max_header_bytes, "largest request header (431 beyond)")

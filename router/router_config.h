@@ -35,7 +35,7 @@ inline constexpr double kAdmissionShareOfFirstTokenTimeout = 0.8;
 struct RouterConfig {
   CommonOptions common;          // logging and the like (common/config.h)
   CpuLatencyOption cpu_latency;  // --cpu-latency-us
-  http::ServerOptions http;      // --http-host, --http-port, --http-threads, body and header limits
+  http::ServerOptions http;      // --http-host, --http-port, --http-threads, --http-max-connections, limits
   FleetOptions fleet;            // registration, static and DNS workers; derived fields set by Prepare
   RoutingOptions routing;        // the kv cost model; policy and predicted_ttl set by Prepare
   ApiOptions api;                // api_keys set by Prepare

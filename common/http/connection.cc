@@ -4,6 +4,8 @@
 // and the route table are in server.cc.
 #include "common/http/connection.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 
@@ -13,6 +15,7 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/http/rfc7230.hpp>
 
 #include "common/log.h"
 
@@ -46,6 +49,33 @@ int StatusForReadError(const beast::error_code& ec) {
   return 0;
 }
 
+// A request whose header was read, against RFC 9112's framing rules: 0 when its body can be
+// read as framed, else the status to answer before closing. Beast already refuses
+// Content-Length beside chunked; a Transfer-Encoding it does not end in chunked is read as
+// an empty body, which would parse the body as the next request (§6.3: 400).
+int CheckFraming(const Parser& parser, std::string* why) {
+  const auto& msg = parser.get();
+  auto [first, last] = msg.equal_range(bhttp::field::transfer_encoding);
+  if (first == last) return 0;
+  if (msg.version() < 11) {
+    *why = "Transfer-Encoding in an HTTP/1.0 request";
+    return 400;
+  }
+  if (!parser.chunked()) {
+    *why = "the last Transfer-Encoding is not chunked";
+    return 400;
+  }
+  for (auto field = first; field != last; ++field) {
+    for (auto coding : bhttp::token_list(field->value())) {
+      if (!beast::iequals(coding, "chunked")) {
+        *why = "Transfer-Encoding '" + std::string(coding) + "' is not implemented";
+        return 501;  // §6.1: a coding the server does not understand
+      }
+    }
+  }
+  return 0;
+}
+
 Request FromParsed(bhttp::request<bhttp::string_body>&& msg) {
   Request r;
   r.method = std::string(msg.method_string());
@@ -61,6 +91,50 @@ Request FromParsed(bhttp::request<bhttp::string_body>&& msg) {
   return r;
 }
 
+// RFC 9110 §5.1: a field name is a token.
+bool IsToken(std::string_view name) {
+  constexpr std::string_view kPunctuation = "!#$%&'*+-.^_`|~";
+  return !name.empty() && std::all_of(name.begin(), name.end(), [&](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || kPunctuation.find(c) != std::string_view::npos;
+         });
+}
+
+// RFC 9110 §5.5: a field value holds no CR, LF or NUL. Every control byte but HTAB, and DEL,
+// becomes a space, so that no value (a worker's name, a client's model) can end its line
+// and start a header of its own.
+void AppendFieldValue(std::string& head, std::string_view name, std::string_view value) {
+  bool replaced = false;
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool control = (u < 0x20 && c != '\t') || u == 0x7f;
+    head += control ? ' ' : c;
+    replaced |= control;
+  }
+  static RateLimit log_limit(config::kLogIntervalMs);
+  uint64_t skipped = 0;
+  if (replaced && log_limit.Allow(&skipped)) {
+    Logger("http")->warn("response header {}: control bytes in its value {} replaced by spaces ({} more since the "
+                         "last report)",
+                         name, EscapeForLog(value), skipped);
+  }
+}
+
+void AppendField(std::string& head, std::string_view name, std::string_view value) {
+  if (!IsToken(name)) {
+    static RateLimit log_limit(config::kLogIntervalMs);
+    uint64_t skipped = 0;
+    if (log_limit.Allow(&skipped)) {
+      Logger("http")->warn("dropping response header {}: not a valid field name ({} more since the last report)",
+                           EscapeForLog(name), skipped);
+    }
+    return;
+  }
+  head += name;
+  head += ": ";
+  AppendFieldValue(head, name, value);
+  head += "\r\n";
+}
+
 // The status line and headers of a response. content_length < 0: chunked.
 std::string FormatHead(int status, std::string_view content_type, const Headers& headers, int64_t content_length,
                        bool keep_alive) {
@@ -71,17 +145,8 @@ std::string FormatHead(int status, std::string_view content_type, const Headers&
   head += ' ';
   head += ReasonPhrase(status);
   head += "\r\nServer: kvfleet\r\n";
-  if (!content_type.empty()) {
-    head += "Content-Type: ";
-    head += content_type;
-    head += "\r\n";
-  }
-  for (const auto& [name, value] : headers) {
-    head += name;
-    head += ": ";
-    head += value;
-    head += "\r\n";
-  }
+  if (!content_type.empty()) AppendField(head, "Content-Type", content_type);
+  for (const auto& [name, value] : headers) AppendField(head, name, value);
   if (content_length >= 0) {
     head += "Content-Length: ";
     head += std::to_string(content_length);
@@ -143,6 +208,8 @@ void Connection::ReadRequest() {
 void Connection::OnHeader(beast::error_code ec) {
   reading_ = false;
   if (ec) return OnReadError(ec);
+  std::string why;
+  if (int status = CheckFraming(*parser_, &why)) return Refuse(status, why);
   stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
   if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
     Queue("HTTP/1.1 100 Continue\r\n\r\n");
@@ -159,12 +226,18 @@ void Connection::OnHeader(beast::error_code ec) {
 void Connection::OnReadError(beast::error_code ec) {
   int status = StatusForReadError(ec);
   if (status == 0 || closed_) return Close();
+  Refuse(status, ec.message());
+}
+
+void Connection::Refuse(int status, std::string_view message) {
   // Answer the error and close: the rest of the stream cannot be trusted.
+  metrics_->CountRefusedRequest(status);
+  parser_.reset();
   responding_ = true;
   response_done_ = true;
   close_after_ = true;
   stream_.expires_after(std::chrono::milliseconds(options_.read_timeout_ms));
-  Response r = routes_->FormatError(status, ec.message());
+  Response r = routes_->FormatError(status, message);
   Queue(FormatWhole(r, false));
 }
 
@@ -191,7 +264,7 @@ void Connection::OnRequest() {
   } catch (const std::exception& e) {
     // Nothing throws across this boundary: a handler bug becomes a 500 (the Exchange,
     // if dropped without a response, answers it).
-    Logger("http")->error("handler for {} threw: {}", path, e.what());
+    Logger("http")->error("handler for {} threw: {}", EscapeForLog(path), e.what());
   }
 }
 
@@ -213,11 +286,21 @@ void Connection::OnWatch(beast::error_code ec, size_t n) {
 
 void Connection::Queue(std::string bytes, bool write_now) {
   if (closed_) return;
-  pending_bytes_ += bytes.size();
-  if (pending_bytes_ > options_.max_pending_write_bytes) {
-    Logger("http")->warn("closing a connection whose client reads too slowly ({} bytes unsent)", pending_bytes_);
+  // The slow-reader rule bounds the backlog that piles up behind a write in progress, not
+  // one piece: a piece first in line (a whole reply, a stream's head with its first chunk)
+  // goes out whole however large, while a stream whose client stops reading is cut off.
+  if (writing_ && !out_.empty() && queued_bytes_ + bytes.size() > options_.max_pending_write_bytes) {
+    static RateLimit log_limit(config::kLogIntervalMs);
+    uint64_t skipped = 0;
+    if (log_limit.Allow(&skipped)) {
+      Logger("http")->warn("closing a connection whose client reads too slowly ({} bytes waiting behind a write "
+                           "of {}; {} more such closes since the last report)",
+                           queued_bytes_ + bytes.size(), inflight_.size(), skipped);
+    }
+    metrics_->CountSlowReader();
     return Close();
   }
+  queued_bytes_ += bytes.size();
   out_.push_back(std::move(bytes));
   if (write_now) Flush();
 }
@@ -227,20 +310,24 @@ void Connection::Flush() {
 }
 
 void Connection::DoWrite() {
-  // Gather everything queued into one write.
-  inflight_.clear();
-  for (auto& s : out_) inflight_ += s;
+  // Gather everything queued into one write (a lone piece, a whole reply, moves as it is).
+  if (out_.size() == 1) {
+    inflight_ = std::move(out_.front());
+  } else {
+    inflight_.clear();
+    for (auto& s : out_) inflight_ += s;
+  }
   out_.clear();
+  queued_bytes_ = 0;
   writing_ = true;
   net::async_write(stream_, net::buffer(inflight_), [self = shared_from_this()](beast::error_code ec, size_t n) {
     self->OnWrite(ec, n);
   });
 }
 
-void Connection::OnWrite(beast::error_code ec, size_t n) {
+void Connection::OnWrite(beast::error_code ec, size_t) {
   writing_ = false;
   if (ec) return Close();
-  pending_bytes_ -= n;
   if (!out_.empty()) return DoWrite();
   if (responding_ && response_done_) OnResponseComplete();
 }
@@ -263,9 +350,14 @@ void Connection::OnResponseComplete() {
   ReadRequest();
 }
 
+Connection::~Connection() {
+  if (!closed_) metrics_->Closed();  // dropped unclosed, as when the server stops
+}
+
 void Connection::Close() {
   if (closed_) return;
   closed_ = true;
+  metrics_->Closed();
   if (responding_ && !response_done_) {
     if (auto exchange = exchange_.lock()) exchange->MarkClientGone();
   }
@@ -284,7 +376,7 @@ IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
 
 Exchange::~Exchange() {
   if (!started_.load()) {
-    Logger("http")->error("no response to {} {}: answering 500", request_.method, request_.path);
+    Logger("http")->error("no response to {} {}: answering 500", request_.method, EscapeForLog(request_.path));
     Reply(connection_->routes().FormatError(500, "internal error: the request was dropped"));
   } else if (!finished_.load()) {
     connection_->Deliver("0\r\n\r\n", /*last=*/true, /*close=*/true);
@@ -368,6 +460,8 @@ Result<Request> ParseRequest(std::string_view bytes, const ServerOptions& limits
     // error must not spin.
     if (used == 0) return InvalidArgument("400: the parser made no progress");
   }
+  std::string why;
+  if (int status = CheckFraming(parser, &why)) return InvalidArgument(std::to_string(status) + ": " + why);
   return FromParsed(parser.release());
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/error.hpp>
@@ -22,6 +23,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "common/http/server.h"
+#include "common/http/server_metrics.h"
 
 namespace kvfleet::http {
 
@@ -40,8 +42,13 @@ using Parser = bhttp::request_parser<bhttp::string_body>;
 // read is cancelled and the next request is parsed from the buffer.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes, IoThread* io_thread)
-      : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread) {}
+  // `socket` is counted open in `metrics` (ServerMetrics::TryOpen); the connection counts it
+  // closed once.
+  Connection(tcp::socket socket, const ServerOptions& options, const Routes* routes, IoThread* io_thread,
+             std::shared_ptr<ServerMetrics> metrics)
+      : stream_(std::move(socket)), options_(options), routes_(routes), io_thread_(io_thread),
+        metrics_(std::move(metrics)) {}
+  ~Connection();
 
   void Start();
 
@@ -62,6 +69,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadRequest();
   void OnHeader(beast::error_code ec);
   void OnReadError(beast::error_code ec);
+  // Answers the server's own error for the request being read, then closes.
+  void Refuse(int status, std::string_view message);
   void OnRequest();
   void StartWatch();
   void OnWatch(beast::error_code ec, size_t n);
@@ -76,12 +85,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const ServerOptions& options_;
   const Routes* routes_;
   IoThread* io_thread_;
+  std::shared_ptr<ServerMetrics> metrics_;
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   std::weak_ptr<Exchange> exchange_;
   std::deque<std::string> out_;
   std::string inflight_;
-  size_t pending_bytes_ = 0;
+  size_t queued_bytes_ = 0;     // the bytes in out_: queued behind the write in flight
   bool reading_ = false;        // a read (request or watch) is outstanding
   bool writing_ = false;
   std::atomic<int> pending_delivers_{0};  // Deliver()s posted and not yet run (any thread)

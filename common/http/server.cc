@@ -11,15 +11,24 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/status.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/http/connection.h"
+#include "common/http/server_metrics.h"
 #include "common/log.h"
 
 namespace kvfleet::http {
+
+namespace config {
+// The first wait after a failed accept, doubled on each failure in a row up to the second:
+// a few tries while a burst of connections frees its descriptors, then one a second.
+constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
+constexpr std::chrono::milliseconds kAcceptBackoffMax{1000};
+}  // namespace config
 
 namespace {
 
@@ -142,10 +151,17 @@ Response Routes::FormatError(int status, std::string_view message) const {
 
 class ServerImpl {
  public:
-  ServerImpl(const ServerOptions& options, Routes routes)
-      : options_(options), routes_(std::move(routes)), iocs_(MakeContexts(options.io_threads)),
-        acceptor_(net::make_strand(*iocs_[0])) {
-    for (auto& ioc : iocs_) io_threads_.push_back(std::make_unique<IoThreadImpl>(*ioc));
+  ServerImpl(const ServerOptions& options, Routes routes, std::shared_ptr<prometheus::Registry> registry)
+      : options_(options), routes_(std::move(routes)),
+        metrics_(std::make_shared<ServerMetrics>(std::move(registry))), iocs_(MakeContexts(options.io_threads)),
+        acceptor_(net::make_strand(*iocs_[0])), accept_timer_(acceptor_.get_executor()) {
+    for (auto& ioc : iocs_) {
+      io_threads_.push_back(std::make_unique<IoThreadImpl>(*ioc));
+      // A context's reactor (an epoll and an eventfd descriptor) is made with its first
+      // socket. Made now, not by the first accept onto the context, which would throw when
+      // that accept comes with no descriptor left.
+      tcp::socket reactor_now(*ioc);
+    }
   }
 
   Status Listen() {
@@ -182,6 +198,7 @@ class ServerImpl {
     net::post(acceptor_.get_executor(), [this] {
       beast::error_code ec;
       acceptor_.close(ec);
+      accept_timer_.cancel();
     });
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -208,23 +225,55 @@ class ServerImpl {
     net::io_context& ioc = *iocs_[index];
     IoThread* io_thread = io_threads_[index].get();
     acceptor_.async_accept(net::make_strand(ioc), [this, io_thread](beast::error_code ec, tcp::socket socket) {
-      if (ec) {
-        if (ec == net::error::operation_aborted || stopped_) return;
-        Logger("http")->warn("accept failed: {}", ec.message());
-      } else {
-        auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_, io_thread);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          // Drop the entries of closed connections now and then, so the list stays small.
-          if (connections_.size() > 64 && connections_.size() % 64 == 0) {
-            std::erase_if(connections_, [](const auto& w) { return w.expired(); });
-          }
-          connections_.push_back(connection);
-        }
-        connection->Start();
-      }
-      if (!stopped_) Accept();
+      if (ec == net::error::operation_aborted || stopped_) return;
+      if (ec) return OnAcceptError(ec);
+      accept_backoff_ = config::kAcceptBackoffFirst;
+      Admit(std::move(socket), io_thread);
+      Accept();
     });
+  }
+
+  // Out of descriptors (EMFILE, ENFILE) or memory (ENOBUFS, ENOMEM), the listener stays
+  // readable and an accept at once fails again: wait, doubling the wait up to a bound, so the
+  // pending clients are served soon after the condition clears without a busy loop before.
+  void OnAcceptError(const beast::error_code& ec) {
+    metrics_->CountAcceptError(ec);
+    uint64_t skipped = 0;
+    if (accept_log_.Allow(&skipped)) {
+      Logger("http")->warn("accept failed: {}; next accept in {} ms ({} more failures since the last report)",
+                           ec.message(), accept_backoff_.count(), skipped);
+    }
+    accept_timer_.expires_after(accept_backoff_);
+    accept_timer_.async_wait([this](beast::error_code wait_ec) {
+      if (!wait_ec && !stopped_) Accept();
+    });
+    accept_backoff_ = std::min(accept_backoff_ * 2, config::kAcceptBackoffMax);
+  }
+
+  // Serves an accepted connection, or closes it at once when max_connections are open: a
+  // client sees its connection refused rather than waiting in a backlog of unknown length.
+  void Admit(tcp::socket socket, IoThread* io_thread) {
+    if (!metrics_->TryOpen(options_.max_connections)) {
+      uint64_t skipped = 0;
+      if (refuse_log_.Allow(&skipped)) {
+        Logger("http")->warn("closing a new connection: {} are open, the most allowed ({} more closed since the last "
+                             "report)",
+                             options_.max_connections, skipped);
+      }
+      beast::error_code ignored;
+      socket.close(ignored);
+      return;
+    }
+    auto connection = std::make_shared<Connection>(std::move(socket), options_, &routes_, io_thread, metrics_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Drop the entries of closed connections now and then, so the list stays small.
+      if (connections_.size() > 64 && connections_.size() % 64 == 0) {
+        std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+      }
+      connections_.push_back(connection);
+    }
+    connection->Start();
   }
 
   // One io_context per I/O thread, each connection pinned to one of them (round robin at
@@ -239,11 +288,16 @@ class ServerImpl {
 
   ServerOptions options_;
   Routes routes_;
+  std::shared_ptr<ServerMetrics> metrics_;  // shared with the connections, which may outlive this
   std::vector<std::unique_ptr<net::io_context>> iocs_;
   std::vector<std::unique_ptr<IoThreadImpl>> io_threads_;  // parallel to iocs_
   std::vector<net::executor_work_guard<net::io_context::executor_type>> guards_;
   size_t next_context_ = 0;  // the acceptor's strand only
   tcp::acceptor acceptor_;
+  net::steady_timer accept_timer_;  // the acceptor's strand only, as is accept_backoff_
+  std::chrono::milliseconds accept_backoff_ = config::kAcceptBackoffFirst;
+  RateLimit accept_log_{config::kLogIntervalMs};
+  RateLimit refuse_log_{config::kLogIntervalMs};
   std::vector<std::thread> threads_;
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
@@ -254,11 +308,12 @@ class ServerImpl {
 Server::Server(std::unique_ptr<ServerImpl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Stop(); }
 
-Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Routes routes) {
-  if (options.max_header_bytes == 0 || options.max_body_bytes == 0) {
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Routes routes,
+                                              std::shared_ptr<prometheus::Registry> registry) {
+  if (options.max_header_bytes == 0 || options.max_body_bytes == 0 || options.max_connections == 0) {
     return InvalidArgument("http limits must be positive");
   }
-  auto impl = std::make_unique<ServerImpl>(options, std::move(routes));
+  auto impl = std::make_unique<ServerImpl>(options, std::move(routes), std::move(registry));
   KVF_RETURN_IF_ERROR(impl->Listen());
   impl->Run();
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -14,6 +14,19 @@
 // thread and must not block it (hand long work to another thread and answer later). A
 // handler may keep per-thread state on its Exchange's IoThread.
 //
+// Hardening: a request whose framing is ambiguous (a Transfer-Encoding not ending in chunked,
+// RFC 9112 §6.3) is a 400 that closes the connection, and one with a transfer coding other
+// than chunked a 501; a failing accept (out of descriptors) backs off instead of spinning;
+// connections beyond ServerOptions::max_connections are closed as accepted; in a response
+// header, control bytes of the value become spaces and a name that is no token drops the
+// header, so no value (a worker's name, say) can add a line.
+//
+// Metrics (Server::Start's registry): kvfleet_http_accept_errors_total{reason} (emfile, enfile,
+// enobufs, enomem, other), kvfleet_http_connections_refused_total (over max_connections),
+// kvfleet_http_open_connections, kvfleet_http_slow_reader_closes_total and
+// kvfleet_http_requests_refused_total{status} (answered by the server itself: 400, 413, 431,
+// 501).
+//
 // Invariants:
 //   1. Every request gets exactly one response; an Exchange dropped without one answers
 //      500.
@@ -36,6 +49,10 @@
 
 #include "common/status.h"
 
+namespace prometheus {
+class Registry;
+}
+
 namespace kvfleet::http {
 
 struct ServerOptions {
@@ -46,9 +63,14 @@ struct ServerOptions {
   size_t max_body_bytes = 8 * 1024 * 1024;    // over it: 413
   int64_t idle_timeout_ms = 60'000;   // keep-alive connection with no request in flight
   int64_t read_timeout_ms = 30'000;   // a request must arrive whole within this
-  // A client that reads a stream slower than it is produced: past this many unsent bytes
-  // the connection is closed (and the Exchange sees the client gone).
+  // A client that reads slower than its response is produced: past this many bytes queued
+  // behind the write in progress the connection is closed (and the Exchange sees the client
+  // gone). One piece larger than this, first in line (a whole reply, a stream's head and
+  // first chunk), is still written whole.
   size_t max_pending_write_bytes = 8 * 1024 * 1024;
+  // Connections open at once; one accepted beyond them is closed at once (and counted). Each
+  // holds a descriptor and a read buffer: keep it under the process's RLIMIT_NOFILE.
+  size_t max_connections = 4096;
 };
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
@@ -150,7 +172,7 @@ class Routes {
   void Add(std::string method, std::string path, Handler handler);
   // A synchronous handler: the response is computed on the I/O thread.
   void AddSync(std::string method, std::string path, std::function<Response(const Request&)> handler);
-  // How the server words its own errors (400, 404, 405, 413, 431, 500); default: a JSON
+  // How the server words its own errors (400, 404, 405, 413, 431, 500, 501); default: a JSON
   // {"error":{"message":...,"code":status}} body.
   void SetErrorFormatter(std::function<Response(int status, std::string_view message)> formatter);
   // Runs `init` once on each I/O thread as the server starts, before that thread serves
@@ -178,8 +200,10 @@ class ServerImpl;
 
 class Server {
  public:
-  // Binds, listens and starts the I/O threads.
-  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Routes routes);
+  // Binds, listens and starts the I/O threads. The server's metrics (above) go into
+  // `registry`; null: nowhere exported.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Routes routes,
+                                               std::shared_ptr<prometheus::Registry> registry = nullptr);
   ~Server();  // Stop()s
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

@@ -127,7 +127,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     std::lock_guard<std::mutex> lock(unknown_mu_);
     if (unknown_logged_.size() >= kMaxLoggedUnknownFields) return;
     if (unknown_logged_.emplace(name).second) {
-      Logger("router")->debug("admitting unknown request field '{}' (--allow-unknown-fields)", name);
+      Logger("router")->debug("admitting unknown request field {} (--allow-unknown-fields)", EscapeForLog(name));
     }
   }
 
@@ -168,14 +168,24 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     };
   }
 
+  // The `model` label of a request's failure: its name when the fleet knows it (a model or
+  // adapter a worker announced), else "other", so that names a client makes up do not each
+  // add a series. "" (no model parsed yet) stays "".
+  std::string ModelLabel(const std::string& model) const {
+    return model.empty() || fleet_->Resolve(model) ? model : std::string(kOtherModelLabel);
+  }
+
   void Fail(http::Exchange& ex, const std::string& model, const ApiError& e) {
-    metrics_.requests.Add({{"model", model}, {"worker", "none"}, {"status", std::to_string(e.status)}}).Increment();
+    metrics_.requests.Add({{"model", ModelLabel(model)}, {"worker", "none"}, {"status", std::to_string(e.status)}})
+        .Increment();
     ex.Reply(ErrorResponse(e));
   }
   // A request refused for load, answered at once and counted by `reason` (empty: not a
   // refusal for load, answered as any failure).
   void Refuse(http::Exchange& ex, const std::string& model, std::string_view reason, const ApiError& e) {
-    if (!reason.empty()) metrics_.refused.Add({{"model", model}, {"reason", std::string(reason)}}).Increment();
+    if (!reason.empty()) {
+      metrics_.refused.Add({{"model", ModelLabel(model)}, {"reason", std::string(reason)}}).Increment();
+    }
     Fail(ex, model, e);
   }
 

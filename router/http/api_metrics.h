@@ -6,12 +6,16 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 namespace kvfleet::router {
+
+// The `model` label of requests for a model the fleet does not know.
+inline constexpr std::string_view kOtherModelLabel = "other";
 
 struct ApiMetrics {
   // Registers every metric in `r`, kvfleet_build_info included.

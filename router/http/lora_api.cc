@@ -176,8 +176,8 @@ void LoraApi::Handle(std::shared_ptr<http::Exchange> ex, Lane* lane, bool load) 
     const char* verb = g->req.load ? "load" : "unload";
     if (g->failures.empty()) {
       Count(g->req.load, "ok");
-      Logger("router")->info("LoRA adapter {} {}ed on {} worker(s) of model {}", name, verb, g->succeeded.size(),
-                             g->model);
+      Logger("router")->info("LoRA adapter {} {}ed on {} worker(s) of model {}", EscapeForLog(name), verb,
+                             g->succeeded.size(), EscapeForLog(g->model));
       http::Response r;
       r.content_type = "text/plain";
       r.body = "Success: LoRA adapter '" + name + "' " + (g->req.load ? "added" : "removed") + " successfully.";

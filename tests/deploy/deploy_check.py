@@ -20,7 +20,7 @@ import tempfile
 
 SKIP = 77
 COMMON_FLAGS = {"log-level", "log-format", "config"}
-ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads max-body-bytes max-header-bytes api-key-file allow-unknown-fields
+ROUTER_FLAGS = COMMON_FLAGS | set("""http-host http-port http-threads http-max-connections max-body-bytes max-header-bytes api-key-file allow-unknown-fields
 registration workers workers-dns dns-interval-s model block-size max-context tokenizer chat-template
 routing-policy routing-temperature uncached-work-weight max-fleet-load decode-s-per-running-request
 hot-spot-factor max-queued-requests routing-window-size predicted-ttl-ms heartbeat-timeout-ms

@@ -195,4 +195,14 @@ TEST_CASE("--allow-unknown-fields is off by default, a flag on the command line,
   CHECK(env.api.limits.fields.allow_unknown);
 }
 
+TEST_CASE("--http-max-connections sets the server's connection cap: 4096 by default, positive") {
+  RouterConfig plain;
+  REQUIRE(Parse({}, &plain).ok());
+  CHECK(plain.http.max_connections == 4096);
+  RouterConfig set;
+  REQUIRE(Parse({"--http-max-connections", "100"}, &set).ok());
+  CHECK(set.http.max_connections == 100);
+  CHECK(ErrorOf({"--http-max-connections", "0"}).find("--http-max-connections") != std::string::npos);
+}
+
 }  // namespace kvfleet::router

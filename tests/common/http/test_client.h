@@ -40,18 +40,24 @@ class Client {
   }
   // Reads until `needle` has been seen (or EOF / timeout); returns everything read.
   std::string ReadUntil(std::string_view needle) {
-    while (buf_.find(needle) == std::string::npos) {
-      char tmp[4096];
+    // Each read searches only what it added (and the needle's length before it), so a
+    // response of many megabytes reads in linear time.
+    size_t from = 0;
+    size_t at;
+    while ((at = buf_.find(needle, from)) == std::string::npos) {
+      from = buf_.size() >= needle.size() ? buf_.size() - needle.size() + 1 : 0;
+      char tmp[64 * 1024];
       ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
       if (n <= 0) break;
       buf_.append(tmp, static_cast<size_t>(n));
     }
-    size_t at = buf_.find(needle);
     size_t end = at == std::string::npos ? buf_.size() : at + needle.size();
     std::string out = buf_.substr(0, end);
     buf_.erase(0, end);
     return out;
   }
+  // Reads until the server closes the connection (or a timeout); returns everything read.
+  std::string ReadAll() { return ReadUntil("\x01never\x02"); }
   // True when the server closed the connection.
   bool ReadEof() {
     char tmp[256];

@@ -303,4 +303,33 @@ TEST_CASE("no first token within the timeout: the request moves to another worke
   CHECK(WaitFor([&] { return first.cancels() == 1; }));  // the slow worker was told to stop
 }
 
+TEST_CASE("requests for unknown models are counted under model=\"other\", not each under its name") {
+  // Regression: every model name a client sent became a label value on the 404 and 503 paths;
+  // 100 requests naming 1 MB models grew the router by 108 MB and /metrics stopped answering.
+  FakeWorker w;
+  ApiOptions api;
+  api.unknown_model_grace = 0;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  for (int i = 0; i < 50; ++i) {
+    const auto resp = r.Post("/v1/completions", json{{"model", "made-up-" + std::to_string(i)}, {"prompt", "x"}}.dump());
+    CHECK(StatusOf(resp) == 404);
+  }
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 200);
+  // A 503 for want of a worker: refused, counted by reason, still under "other".
+  w.Crash();
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("m")->routable.empty(); }));
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"made-up-x","prompt":"x"})")) == 503);
+  CHECK(StatusOf(r.Post("/v1/completions", R"({"model":"m","prompt":"x"})")) == 503);
+  const std::string metrics = r.Metrics();
+  CHECK(metrics.find("made-up") == std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_requests_total{model="other",status="404",worker="none"} 50)") !=
+        std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_requests_refused_total{model="other",reason="no_worker"} 1)") !=
+        std::string::npos);
+  // A model the fleet knows keeps its label.
+  CHECK(metrics.find(R"(kvfleet_router_requests_refused_total{model="m",reason="no_worker"} 1)") !=
+        std::string::npos);
+}
+
 }  // namespace kvfleet::router

@@ -397,4 +397,22 @@ TEST_CASE("answered requests are counted in tokens per model and timed; admitted
 // The fake worker's logprobs (tests/router/fake_worker.h): reply token i at -(i + 1), its
 // top entries the token itself then 'z', 'y', ...; prompt tokens at -0.5.
 
+TEST_CASE("a worker name holding CR LF stays inside the x-kvfleet-worker header") {
+  // Regression: a worker registered as "w\r\nSet-Cookie: x=1" gave its clients a real
+  // Set-Cookie header.
+  FakeWorker w;
+  RouterUnderTest r({});
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(w.HelloOf("w\r\nSet-Cookie: x=1")));
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("llama");
+    return m && m->routable.size() == 1;
+  }));
+  const std::string resp = r.Post("/v1/completions", R"({"model":"llama","prompt":"x"})");
+  CHECK(StatusOf(resp) == 200);
+  std::string head = resp.substr(0, resp.find("\r\n\r\n") + 2);
+  std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return std::tolower(c); });
+  CHECK(head.find("\r\nx-kvfleet-worker: w  set-cookie: x=1\r\n") != std::string::npos);
+  CHECK(head.find("\nset-cookie") == std::string::npos);
+}
+
 }  // namespace kvfleet::router

@@ -37,7 +37,7 @@ struct ApiRouter {
     o.address = "127.0.0.1";
     o.port = 0;
     o.max_body_bytes = 64 * 1024;
-    server = std::move(http::Server::Start(o, std::move(routes))).value();
+    server = std::move(http::Server::Start(o, std::move(routes), registry)).value();
   }
   ~ApiRouter() {
     server->Stop();
