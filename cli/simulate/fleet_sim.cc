@@ -39,7 +39,8 @@ Status ValidateFleetSimOptions(const FleetSimOptions& o) {
   if (o.threads == 0) return InvalidArgument("--threads must be at least 1");
   if (o.base_port == 0 || uint32_t{o.base_port} + 3ull * o.workers + 3 > 65535)
     return InvalidArgument("--base-port: " + std::to_string(o.workers) + " workers need " +
-                           std::to_string(3 * o.workers) + " ports from it, below 65536");
+                           std::to_string(3 * o.workers) + " ports from it (up to " +
+                           std::to_string(3 * (2 * o.workers + 64)) + " with churn), below 65536");
   if (!(o.churn_per_min >= 0 && o.churn_per_min <= 10)) return InvalidArgument("--churn must be in [0, 10] per minute");
   if (!(o.worker.events_per_s >= 0)) return InvalidArgument("--events-per-s must be >= 0");
   if (!(o.worker.initial_fill >= 0 && o.worker.initial_fill <= 1)) return InvalidArgument("--fill must be in [0, 1]");
@@ -197,7 +198,7 @@ void FleetSim::Shard::Loop(const std::atomic<bool>& stop) {
 FleetSim::FleetSim(const FleetSimOptions& options)
     : options_(options),
       context_(static_cast<int>(std::max(1u, options.threads))),
-      slots_(options.base_port, std::min<uint32_t>((65535u - options.base_port) / 3, 8 * options.workers + 64)) {
+      slots_(options.base_port, std::min<uint32_t>((65535u - options.base_port) / 3, 2 * options.workers + 64)) {
   // Four sockets a worker, twice over for departed workers' sockets still lingering.
   context_.set(zmq::ctxopt::max_sockets, static_cast<int>(8 * options.workers + 256));
 }

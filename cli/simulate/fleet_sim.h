@@ -5,8 +5,10 @@
 // its place.
 //
 // Ports: worker slot k binds base_port + 3k (requests), + 3k + 1 (events), + 3k + 2
-// (replay) on `host`. A departed worker's slot is reused only after the cursor has been
-// round every other slot, so a new worker gets endpoints no recent worker had.
+// (replay) on `host`, for 2N + 64 slots (fewer where they would pass 65535). A departed
+// worker's slot is reused only after the cursor has been round every other slot, so a new
+// worker gets endpoints no recent worker had. Keep them below the kernel's ephemeral range
+// (ip_local_port_range, usually from 32768), where the router's own connections take ports.
 //
 // Thread safety: Run() from one thread; Totals() from any.
 #pragma once
@@ -28,7 +30,7 @@ namespace kvfleet::sim {
 struct FleetSimOptions {
   uint32_t workers = 100;
   std::string name_prefix = "sim";  // worker ids: <prefix>-<n>, n counting every worker started
-  uint16_t base_port = 40000;
+  uint16_t base_port = 20000;
   uint32_t threads = 2;             // shards
   double churn_per_min = 0.10;      // fraction of the fleet replaced per minute
   double duration_s = 0;           // 0: until stopped
