@@ -14,6 +14,11 @@ namespace {
 
 // The longest a shard's poll waits, so churn and counters stay current.
 constexpr DurationNs kMaxPollWait = 5 * kNsPerMs;
+// Time one poll pass may spend answering replays and snapshots (a 100,000-block snapshot
+// takes milliseconds to encode): a router asking every worker of a shard for one at once
+// must not hold back the shard's heartbeats, which a real worker's publisher thread sends
+// whatever its neighbours do.
+constexpr DurationNs kReplayBudget = 20 * kNsPerMs;
 // How often a shard publishes its counters for Totals().
 constexpr DurationNs kCountersInterval = 200 * kNsPerMs;
 // Ports tried for one new worker before giving up: another process may hold a few.
@@ -170,16 +175,17 @@ void FleetSim::Shard::Loop(const std::atomic<bool>& stop) {
       published_ = counters_;
       next_publish = now + kCountersInterval;
     }
+    // Rounded up: a timer due in under a millisecond waits for it rather than spinning.
     const DurationNs wait = std::clamp<DurationNs>(next - clock->Now(), 0, kMaxPollWait);
-    zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds(wait / kNsPerMs));
+    zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds((wait + kNsPerMs - 1) / kNsPerMs));
     const TimeNs after = clock->Now();
     for (size_t i = 0; i < items_.size(); ++i) {
       if (!(items_[i].revents & ZMQ_POLLIN)) continue;
       SimWorker& w = *workers_[i / 2];
-      if (i % 2 == 0) {
-        w.OnReplay();
-      } else {
+      if (i % 2 == 1) {
         w.OnRequests(after);
+      } else if (clock->Now() - after < kReplayBudget) {
+        w.OnReplay();  // past the budget, it waits for the next pass: the socket stays readable
       }
     }
   }

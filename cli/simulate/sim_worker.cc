@@ -131,21 +131,20 @@ void SimWorker::SendTo(const std::string& identity, const std::string& frame) {
 }
 
 void SimWorker::OnReplay() {
-  for (int i = 0; i < kMaxFramesPerPoll; ++i) {
-    std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(replay_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
-    if (parts.size() != 2) {
-      ++counters_->malformed;
-      continue;
-    }
-    const std::string identity = parts[0].to_string();
-    bool snapshot = false;
-    for (const std::string& m : stream_.Answer(parts[1].data(), parts[1].size(), cache_, &snapshot)) {
-      (void)replay_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      (void)replay_.send(zmq::buffer(m), zmq::send_flags::dontwait);
-    }
-    ++(snapshot ? counters_->snapshots : counters_->replays);
+  // One request a call: an answer may be a snapshot of every block held.
+  std::vector<zmq::message_t> parts;
+  if (!zmq::recv_multipart(replay_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
+  if (parts.size() != 2) {
+    ++counters_->malformed;
+    return;
   }
+  const std::string identity = parts[0].to_string();
+  bool snapshot = false;
+  for (const std::string& m : stream_.Answer(parts[1].data(), parts[1].size(), cache_, &snapshot)) {
+    (void)replay_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)replay_.send(zmq::buffer(m), zmq::send_flags::dontwait);
+  }
+  ++(snapshot ? counters_->snapshots : counters_->replays);
 }
 
 void SimWorker::OnRequests(TimeNs now) {

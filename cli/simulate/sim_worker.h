@@ -95,7 +95,7 @@ class SimWorker {
   // Sockets to poll for input, in this order: replay, requests.
   void* replay_handle() { return replay_.handle(); }
   void* requests_handle() { return requests_.handle(); }
-  // Answers the replay requests waiting on the replay socket.
+  // Answers one replay request waiting on the replay socket (the shard paces them).
   void OnReplay();
   // Takes the requests waiting on the requests socket.
   void OnRequests(TimeNs now);
