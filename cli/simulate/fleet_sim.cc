@@ -33,6 +33,7 @@ void Add(SimCounters* to, const SimCounters& c) {
   to->generates += c.generates;
   to->completed += c.completed;
   to->cancels += c.cancels;
+  to->refused += c.refused;
   to->tokens += c.tokens;
   to->malformed += c.malformed;
 }
@@ -91,6 +92,7 @@ class FleetSim::Shard {
   void Adopt(std::unique_ptr<SimWorker> w, uint32_t slot) {
     workers_.push_back(std::move(w));
     slots_.push_back(slot);
+    ++staying_;
   }
   SimCounters* counters() { return &counters_; }
   void Launch(const std::atomic<bool>* stop) {
@@ -112,13 +114,20 @@ class FleetSim::Shard {
 
  private:
   void Loop(const std::atomic<bool>& stop);
+  // Runs the timers that are due, waits for input (or the next timer) and handles it.
+  void Pass(Clock* clock);
   void RebuildPollItems();
-  // Replaces the workers churn owes by `now`.
+  // Starts the departures churn owes by `now`, and a new worker for each.
   Status Churn(TimeNs now);
+  // Closes the workers that have left; returns whether any did.
+  bool Reap(TimeNs now);
+  // Every worker begins to leave; returns once all have gone.
+  void LeaveAll(Clock* clock);
 
   FleetSim* const sim_;
   std::mt19937_64 rng_;
-  std::vector<std::unique_ptr<SimWorker>> workers_;
+  std::vector<std::unique_ptr<SimWorker>> workers_;  // leaving ones too, until they have gone
+  size_t staying_ = 0;                               // workers_ not leaving
   std::vector<uint32_t> slots_;  // workers_[i]'s port slot
   std::vector<zmq::pollitem_t> items_;  // replay, requests per worker
   SimCounters counters_;                // the shard thread's
@@ -140,22 +149,69 @@ void FleetSim::Shard::RebuildPollItems() {
 }
 
 Status FleetSim::Shard::Churn(TimeNs now) {
-  const double per_s = sim_->options_.churn_per_min / 60.0 * static_cast<double>(workers_.size());
+  const double per_s = sim_->options_.churn_per_min / 60.0 * static_cast<double>(staying_);
   churn_owed_ += per_s * static_cast<double>(now - last_churn_) / kNsPerSec;
   last_churn_ = now;
   bool changed = false;
-  while (churn_owed_ >= 1 && !workers_.empty()) {
+  while (churn_owed_ >= 1 && staying_ > 0) {
     churn_owed_ -= 1;
-    const size_t i = rng_() % workers_.size();
-    workers_[i]->Leave();
-    workers_[i].reset();
-    sim_->slots_.Release(slots_[i]);
+    size_t i = rng_() % workers_.size();
+    while (workers_[i]->leaving()) i = (i + 1) % workers_.size();
+    workers_[i]->BeginLeave(now);
+    --staying_;
     sim_->live_.fetch_sub(1, std::memory_order_relaxed);
-    KVF_ASSIGN_OR_RETURN(workers_[i], sim_->StartWorker(now, &counters_, &slots_[i]));
+    uint32_t slot = 0;
+    KVF_ASSIGN_OR_RETURN(auto fresh, sim_->StartWorker(now, &counters_, &slot));
+    Adopt(std::move(fresh), slot);
     changed = true;
   }
   if (changed) RebuildPollItems();
   return Status::Ok();
+}
+
+bool FleetSim::Shard::Reap(TimeNs now) {
+  bool any = false;
+  for (size_t i = workers_.size(); i-- > 0;) {
+    if (!workers_[i]->Gone(now)) continue;
+    sim_->slots_.Release(slots_[i]);
+    workers_[i] = std::move(workers_.back());
+    slots_[i] = slots_.back();
+    workers_.pop_back();
+    slots_.pop_back();
+    any = true;
+  }
+  if (any) RebuildPollItems();
+  return any;
+}
+
+void FleetSim::Shard::Pass(Clock* clock) {
+  const TimeNs now = clock->Now();
+  TimeNs next = now + kMaxPollWait;
+  const TimeNs wall = clock->WallNs();
+  for (auto& w : workers_) next = std::min(next, w->RunDue(now, wall));
+  // Rounded up: a timer due in under a millisecond waits for it rather than spinning.
+  const DurationNs wait = std::clamp<DurationNs>(next - clock->Now(), 0, kMaxPollWait);
+  zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds((wait + kNsPerMs - 1) / kNsPerMs));
+  const TimeNs after = clock->Now();
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (!(items_[i].revents & ZMQ_POLLIN)) continue;
+    SimWorker& w = *workers_[i / 2];
+    if (i % 2 == 1) {
+      w.OnRequests(after);
+    } else if (clock->Now() - after < kReplayBudget) {
+      w.OnReplay();  // past the budget, it waits for the next pass: the socket stays readable
+    }
+  }
+}
+
+void FleetSim::Shard::LeaveAll(Clock* clock) {
+  for (auto& w : workers_) w->BeginLeave(clock->Now());
+  sim_->live_.fetch_sub(static_cast<uint32_t>(staying_), std::memory_order_relaxed);
+  staying_ = 0;
+  while (!workers_.empty()) {
+    Pass(clock);
+    Reap(clock->Now());
+  }
 }
 
 void FleetSim::Shard::Loop(const std::atomic<bool>& stop) {
@@ -165,36 +221,17 @@ void FleetSim::Shard::Loop(const std::atomic<bool>& stop) {
   TimeNs next_publish = 0;
   Status status;
   while (!stop.load(std::memory_order_relaxed) && status.ok()) {
+    Pass(clock);
     const TimeNs now = clock->Now();
-    TimeNs next = now + kMaxPollWait;
-    const TimeNs wall = clock->WallNs();
-    for (auto& w : workers_) next = std::min(next, w->RunDue(now, wall));
+    Reap(now);
     status = Churn(now);
     if (now >= next_publish) {
       std::lock_guard lock(mu_);
       published_ = counters_;
       next_publish = now + kCountersInterval;
     }
-    // Rounded up: a timer due in under a millisecond waits for it rather than spinning.
-    const DurationNs wait = std::clamp<DurationNs>(next - clock->Now(), 0, kMaxPollWait);
-    zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds((wait + kNsPerMs - 1) / kNsPerMs));
-    const TimeNs after = clock->Now();
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (!(items_[i].revents & ZMQ_POLLIN)) continue;
-      SimWorker& w = *workers_[i / 2];
-      if (i % 2 == 1) {
-        w.OnRequests(after);
-      } else if (clock->Now() - after < kReplayBudget) {
-        w.OnReplay();  // past the budget, it waits for the next pass: the socket stays readable
-      }
-    }
   }
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    workers_[i]->Leave();
-    sim_->slots_.Release(slots_[i]);
-  }
-  sim_->live_.fetch_sub(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
-  workers_.clear();
+  LeaveAll(clock);
   std::lock_guard lock(mu_);
   published_ = counters_;
   status_ = status;
@@ -245,10 +282,10 @@ void FleetSim::LogProgress(const SimCounters& now, const SimCounters& before, do
   auto rate = [&](uint64_t a, uint64_t b) { return static_cast<double>(a - b) / std::max(seconds, 1e-9); };
   Logger("simulate")->info(
       "{} workers: {:.0f} batches/s, {:.0f} heartbeats/s, {:.0f} block events/s, {} snapshots, {} replays, "
-      "{:.1f} requests/s, {} requests answered, {} malformed frames",
+      "{:.1f} requests/s, {} requests answered, {} refused while leaving, {} malformed frames",
       live_workers(), rate(now.batches, before.batches), rate(now.heartbeats, before.heartbeats),
       rate(now.block_events, before.block_events), now.snapshots, now.replays, rate(now.generates, before.generates),
-      now.completed, now.malformed);
+      now.completed, now.refused, now.malformed);
 }
 
 Status FleetSim::Run(const std::atomic<bool>& stop) {

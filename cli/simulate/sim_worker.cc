@@ -117,12 +117,11 @@ LoadReport SimWorker::Load() const {
   return l;
 }
 
-void SimWorker::Leave() {
+void SimWorker::BeginLeave(TimeNs now) {
+  if (leaving()) return;
   (void)registration_.send(zmq::buffer(EncodeBye(WorkerBye{options_.name, stream_.epoch()})), zmq::send_flags::dontwait);
   registration_.close();  // lingers until the Bye is out
-  pub_.close();
-  replay_.close();
-  requests_.close();
+  leave_by_ = std::max<TimeNs>(1, now + options_.shutdown_grace);
 }
 
 void SimWorker::SendTo(const std::string& identity, const std::string& frame) {
@@ -171,6 +170,11 @@ void SimWorker::HandleRequest(const std::string& identity, const zmq::message_t&
   }
   switch (msg->kind) {
     case ToWorkerMessage::Kind::kGenerate: {
+      if (leaving()) {
+        ++counters_->refused;
+        SendTo(identity, EncodeError(WorkerError{msg->request_id, WorkerErrorCode::kShuttingDown, "shutting down"}));
+        return;
+      }
       ++counters_->generates;
       const SamplingParams& s = msg->params.sampling;
       Answer a{identity, msg->request_id, std::max(1u, s.n), std::min(options_.tokens, s.max_tokens), s.max_tokens,
@@ -251,7 +255,7 @@ void SimWorker::Step(TimeNs now, TimeNs wall_ns) {
 }
 
 TimeNs SimWorker::RunDue(TimeNs now, TimeNs wall_ns) {
-  if (now >= next_hello_) {
+  if (!leaving() && now >= next_hello_) {
     (void)registration_.send(zmq::buffer(hello_frame_), zmq::send_flags::dontwait);
     next_hello_ = now + options_.hello_interval;
   }
@@ -261,7 +265,7 @@ TimeNs SimWorker::RunDue(TimeNs now, TimeNs wall_ns) {
     next_step_ += options_.batch_interval;
     if (next_step_ <= now) next_step_ = now + options_.batch_interval;  // a late shard does not catch up
   }
-  TimeNs next = std::min(next_hello_, next_step_);
+  TimeNs next = leaving() ? next_step_ : std::min(next_hello_, next_step_);
   if (!streams_.empty()) next = std::min(next, streams_.front().due);
   return next;
 }

@@ -1,7 +1,7 @@
 // SimWorker: one simulated kvfleet worker, as a router sees it over Contracts 2 and 3,
 // with no engine behind it:
 //   - registration: a DEALER to the router's registration ROUTER sends a Hello at once and
-//     every hello_interval (like worker/server/registration.h), and a Bye on Leave();
+//     every hello_interval (like worker/server/registration.h), and a Bye on BeginLeave();
 //   - events: a PUB socket publishing SimKvCache's stored/removed events at events_per_s,
 //     one batch per batch_interval that changed the cache, a heartbeat after
 //     heartbeat_interval of silence; a replay ROUTER answering replays and snapshots
@@ -10,6 +10,9 @@
 //     token_delay apart (no more than the request's max_tokens), a Cancel with a cancelled
 //     Delta, a Describe with its Hello, LoRA controls with a refusal; its in-flight
 //     requests show in the load report every batch carries.
+//   - departure, as a real worker's SIGTERM: BeginLeave() sends the Bye and stops the
+//     Hellos; new Generates are refused (shuttingDown) while the ones in flight finish
+//     (events and heartbeats go on); Gone() says when the sockets may close.
 //
 // The simulator's shard drives it from one thread: it polls poll_items() and calls
 // OnReplay / OnRequests when they are readable and RunDue when a timer is due.
@@ -51,6 +54,7 @@ struct SimWorkerOptions {
   DurationNs hello_interval = 2 * kNsPerSec;       // as a real worker re-sends its Hello
   uint32_t tokens = 8;                             // tokens per answer, at most the request's max_tokens
   DurationNs token_delay = 10 * kNsPerMs;          // between tokens, and before the first
+  DurationNs shutdown_grace = 5 * kNsPerSec;       // a leaving worker's in-flight requests may take this long
   size_t ring_batches = 1000;                      // batches kept for replay
   float prefill_tokens_per_second = 20000;         // reported in the load
   uint64_t seed = 1;                               // its cache's workload and epoch
@@ -66,6 +70,7 @@ struct SimCounters {
   uint64_t generates = 0;
   uint64_t completed = 0;     // Generates answered to their last token
   uint64_t cancels = 0;
+  uint64_t refused = 0;       // Generates refused while leaving (shuttingDown)
   uint64_t tokens = 0;
   uint64_t malformed = 0;     // frames that did not decode
 };
@@ -85,12 +90,15 @@ class SimWorker {
   // first Hello. REQUIRES: `counters` outlives the worker.
   static Result<std::unique_ptr<SimWorker>> Start(zmq::context_t& context, const SimWorkerOptions& options,
                                                   TimeNs now, SimCounters* counters);
-  ~SimWorker() = default;  // closes its sockets without a Bye (a crash, to a router)
+  ~SimWorker() = default;  // closes its sockets (without a Bye unless BeginLeave came first)
   SimWorker(const SimWorker&) = delete;
   SimWorker& operator=(const SimWorker&) = delete;
 
-  // A clean departure: a Bye to the router, then the sockets close.
-  void Leave();
+  // A clean departure begins: a Bye to the router, no more Hellos, new requests refused.
+  void BeginLeave(TimeNs now);
+  bool leaving() const { return leave_by_ != 0; }
+  // Leaving, with nothing in flight or past the shutdown grace: its sockets may close.
+  bool Gone(TimeNs now) const { return leaving() && (streams_.empty() || now >= leave_by_); }
 
   // Sockets to poll for input, in this order: replay, requests.
   void* replay_handle() { return replay_.handle(); }
@@ -142,6 +150,7 @@ class SimWorker {
   std::deque<Answer> streams_;  // by due time: every token waits the same token_delay
   double event_budget_ = 0;     // block events owed to events_per_s
   TimeNs next_step_ = 0, last_step_ = 0, last_publish_ = 0, next_hello_ = 0;
+  TimeNs leave_by_ = 0;  // 0: not leaving
 };
 
 }  // namespace kvfleet::sim

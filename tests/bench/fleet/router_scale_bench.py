@@ -166,6 +166,7 @@ class Load:
         self.port, self.model, self.rate, self.max_tokens = port, model, rate, max_tokens
         self.jobs = queue.Queue()
         self.results = []  # (seconds, status)
+        self.error_bodies = {}  # status -> the first answer's body with that status
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._send_loop, daemon=True) for _ in range(senders)]
         self.rng = random.Random(7)
@@ -201,8 +202,11 @@ class Load:
                 conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
                 conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
                 r = conn.getresponse()
-                r.read()
+                answer = r.read()
                 status = r.status
+                if status != 200:
+                    with self.lock:
+                        self.error_bodies.setdefault(str(status), answer[:300].decode(errors="replace"))
             except (OSError, http.client.HTTPException) as e:
                 status = f"error: {type(e).__name__}"
                 conn = None
@@ -295,7 +299,9 @@ def measure(args, n, router, sim, ready_s, port):
     live_end = settle_live(port, n)
     if router.poll() is not None or sim.poll() is not None:
         raise RuntimeError("the router or the simulator exited during the run")
-    return summarize(n, ready_s, window, rss_start, samples, before, after, load.results, live_end)
+    row = summarize(n, ready_s, window, rss_start, samples, before, after, load.results, live_end)
+    row["error_examples"] = load.error_bodies
+    return row
 
 
 def settle_live(port, n, timeout=10):
@@ -353,6 +359,8 @@ def print_table(rows):
         print(f"router RSS MiB over time, {r['workers']} workers: {series}")
         if r["errors"]:
             print(f"non-200 answers, {r['workers']} workers: {r['errors']}")
+            for status, body in r.get("error_examples", {}).items():
+                print(f"  first {status}: {body}")
 
 
 def main():
