@@ -177,10 +177,14 @@ void SimWorker::HandleRequest(const std::string& identity, const zmq::message_t&
       }
       ++counters_->generates;
       const SamplingParams& s = msg->params.sampling;
-      Answer a{identity, msg->request_id, std::max(1u, s.n), std::min(options_.tokens, s.max_tokens), s.max_tokens,
-               0, static_cast<uint32_t>(msg->params.tokens.size()), now, now + options_.token_delay, 0};
-      a.total = std::max(1u, a.total);
-      streams_.push_back(std::move(a));
+      streams_.push_back(Answer{.identity = identity,
+                                .request_id = msg->request_id,
+                                .sequences = std::max(1u, s.n),
+                                .total = std::max(1u, std::min(options_.tokens, s.max_tokens)),
+                                .max_tokens = s.max_tokens,
+                                .prompt_tokens = static_cast<uint32_t>(msg->params.tokens.size()),
+                                .arrival = now,
+                                .due = now + options_.token_delay});
       return;
     }
     case ToWorkerMessage::Kind::kCancel: {
