@@ -29,8 +29,15 @@ SimKvCacheOptions CacheOptions(const SimWorkerOptions& o) {
   return c;
 }
 
+// Port 0: any free port.
 std::string Endpoint(const std::string& host, uint16_t port) {
-  return "tcp://" + host + ":" + std::to_string(port);
+  return "tcp://" + host + ":" + (port == 0 ? std::string("*") : std::to_string(port));
+}
+
+// Binds `socket` and returns the endpoint it is bound to (the port resolved).
+std::string BindOn(zmq::socket_t& socket, const std::string& host, uint16_t port) {
+  socket.bind(Endpoint(host, port));
+  return socket.get(zmq::sockopt::last_endpoint);
 }
 
 }  // namespace
@@ -50,7 +57,6 @@ SimWorker::SimWorker(zmq::context_t& context, const SimWorkerOptions& options, S
       rng_(options.seed),
       cache_(CacheOptions(options), options.seed),
       stream_(options.name, NonZeroEpoch(options.seed), options.ring_batches),
-      hello_frame_(EncodeHello(Hello())),
       pub_(context, zmq::socket_type::pub),
       replay_(context, zmq::socket_type::router),
       requests_(context, zmq::socket_type::router) {}
@@ -68,9 +74,9 @@ Status SimWorker::Bind(TimeNs now) {
   for (zmq::socket_t* s : {&pub_, &replay_, &requests_}) s->set(zmq::sockopt::linger, 0);
   pub_.set(zmq::sockopt::sndhwm, 100'000);
   try {
-    pub_.bind(Endpoint(options_.host, options_.events_port));
-    replay_.bind(Endpoint(options_.host, options_.replay_port));
-    requests_.bind(Endpoint(options_.host, options_.requests_port));
+    events_endpoint_ = BindOn(pub_, options_.host, options_.events_port);
+    replay_endpoint_ = BindOn(replay_, options_.host, options_.replay_port);
+    requests_endpoint_ = BindOn(requests_, options_.host, options_.requests_port);
   } catch (const zmq::error_t& e) {
     return Unavailable("worker " + options_.name + ": bind on " + options_.host + " ports " +
                        std::to_string(options_.requests_port) + "-" + std::to_string(options_.replay_port) + ": " +
@@ -82,6 +88,7 @@ Status SimWorker::Bind(TimeNs now) {
   last_step_ = now;
   last_publish_ = now;
   next_hello_ = now;  // the first Hello goes out with the first RunDue
+  hello_frame_ = EncodeHello(Hello());
   return Status::Ok();
 }
 
@@ -92,9 +99,9 @@ WorkerHello SimWorker::Hello() const {
   h.block_size = options_.block_size;
   h.max_context = options_.max_context;
   h.device_blocks = options_.cache.capacity_blocks;
-  h.requests_endpoint = Endpoint(options_.host, options_.requests_port);
-  h.events_endpoint = Endpoint(options_.host, options_.events_port);
-  h.replay_endpoint = Endpoint(options_.host, options_.replay_port);
+  h.requests_endpoint = requests_endpoint_;
+  h.events_endpoint = events_endpoint_;
+  h.replay_endpoint = replay_endpoint_;
   h.backend = "sim";
   h.epoch = stream_.epoch();
   KvPoolAnnounce pool;
@@ -240,7 +247,9 @@ void SimWorker::SendTokens(TimeNs now) {
 }
 
 void SimWorker::Step(TimeNs now, TimeNs wall_ns) {
-  event_budget_ += options_.events_per_s * static_cast<double>(now - last_step_) / kNsPerSec;
+  // At most a second's worth: a worker whose shard fell behind does not burst to catch up.
+  const DurationNs elapsed = std::min<DurationNs>(now - last_step_, kNsPerSec);
+  event_budget_ += options_.events_per_s * static_cast<double>(elapsed) / kNsPerSec;
   last_step_ = now;
   std::vector<kv::KvEvent> events;
   size_t block_events = 0;

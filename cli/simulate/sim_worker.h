@@ -41,7 +41,7 @@ struct SimWorkerOptions {
   std::string model = "sim";    // the model it serves (its Hello's and its hashes')
   std::string router_endpoint;  // REQUIRED: the router's registration endpoint
   std::string host = "127.0.0.1";
-  uint16_t requests_port = 0;   // REQUIRED: ports it binds on `host`
+  uint16_t requests_port = 0;   // ports it binds on `host`; 0: any free port
   uint16_t events_port = 0;
   uint16_t replay_port = 0;
   uint32_t block_size = 32;     // Contract 1's B, as its Hello announces
@@ -112,6 +112,8 @@ class SimWorker {
   TimeNs RunDue(TimeNs now, TimeNs wall_ns);
 
   const std::string& name() const { return options_.name; }
+  // Its Hello, as its registration and a Describe send it.
+  WorkerHello Hello() const;
   const SimKvCache& cache() const { return cache_; }
   const SimEventStream& stream() const { return stream_; }
   size_t in_flight() const { return streams_.size(); }
@@ -133,7 +135,6 @@ class SimWorker {
 
   SimWorker(zmq::context_t& context, const SimWorkerOptions& options, SimCounters* counters);
   Status Bind(TimeNs now);
-  WorkerHello Hello() const;
   LoadReport Load() const;
   void Step(TimeNs now, TimeNs wall_ns);
   void HandleRequest(const std::string& identity, const zmq::message_t& frame, TimeNs now);
@@ -145,7 +146,8 @@ class SimWorker {
   std::mt19937_64 rng_;
   SimKvCache cache_;
   SimEventStream stream_;
-  const std::string hello_frame_;
+  std::string requests_endpoint_, events_endpoint_, replay_endpoint_;  // as bound
+  std::string hello_frame_;
   zmq::socket_t pub_, replay_, requests_, registration_;
   std::deque<Answer> streams_;  // by due time: every token waits the same token_delay
   double event_budget_ = 0;     // block events owed to events_per_s
