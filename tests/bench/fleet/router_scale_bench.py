@@ -9,7 +9,8 @@ sends completion requests at --rate per second and records:
   - the index apply rate (kvfleet_router_events_applied_total) and the event lag
     (kvfleet_router_event_lag_seconds, p50 and p99 over the window);
   - routing p99 (kvfleet_router_routing_seconds: tokenization, hashing and the decision);
-  - HTTP p50 and p99 as this client sees them, and every status that was not 200.
+  - HTTP p50 and p99 as this client sees them, and every status that was not 200;
+  - the CPU the router and the simulator used over the window, in cores.
 
 It prints one table row per N (and the RSS series), and with --json writes the figures.
 With --check it exits 1 unless every request was answered 200 and every worker was live at
@@ -147,6 +148,13 @@ def histogram_quantile(q, before, after):
             return prev_le + (le - prev_le) * (rank - prev_count) / max(count - prev_count, 1e-9)
         prev_le, prev_count = le, count
     return prev_le
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid):
@@ -289,10 +297,12 @@ def measure(args, n, router, sim, ready_s, port):
     sampler = threading.Thread(target=sample_loop, args=(router, port, args.sample_interval, samples, done))
     sampler.start()
     rss_start = rss_mib(router.pid)
+    cpu_start = cpu_seconds(router.pid), cpu_seconds(sim.pid)
     t0 = time.monotonic()
     load = Load(port, args.model, args.rate, args.max_tokens)
     load.run(args.duration)
     window = time.monotonic() - t0
+    cpu = [(cpu_seconds(p.pid) - s) / window for p, s in zip((router, sim), cpu_start)]
     done.set()
     sampler.join()
     after = scrape(port)
@@ -301,6 +311,7 @@ def measure(args, n, router, sim, ready_s, port):
         raise RuntimeError("the router or the simulator exited during the run")
     row = summarize(n, ready_s, window, rss_start, samples, before, after, load.results, live_end)
     row["error_examples"] = load.error_bodies
+    row["router_cpu_cores"], row["sim_cpu_cores"] = cpu
     return row
 
 
@@ -347,13 +358,14 @@ def ms(v):
 def print_table(rows):
     print(f"{'workers':>7} {'ready s':>7} {'live':>5} {'reqs':>6} {'non-200':>7} {'rss MiB start/max/end':>22} "
           f"{'index blocks':>12} {'apply ev/s':>10} {'lag p50 ms':>10} {'lag p99 ms':>10} {'route p99 ms':>12} "
-          f"{'http p50 ms':>11} {'http p99 ms':>11}")
+          f"{'http p50 ms':>11} {'http p99 ms':>11} {'cpu router/sim':>14}")
     for r in rows:
         rss = f"{r['rss_mib_start']:.0f}/{r['rss_mib_max']:.0f}/{r['rss_mib_end']:.0f}"
         print(f"{r['workers']:>7} {r['ready_s']:>7.1f} {r['live_workers_end']:>5} {r['requests']:>6} "
               f"{r['requests'] - r['ok']:>7} {rss:>22} {r['index_blocks_end']:>12.0f} {r['apply_events_per_s']:>10.0f} "
               f"{ms(r['event_lag_p50_s']):>10} {ms(r['event_lag_p99_s']):>10} {ms(r['routing_p99_s']):>12} "
-              f"{ms(r['http_p50_s']):>11} {ms(r['http_p99_s']):>11}")
+              f"{ms(r['http_p50_s']):>11} {ms(r['http_p99_s']):>11} "
+              f"{r['router_cpu_cores']:>7.2f}/{r['sim_cpu_cores']:.2f}")
     for r in rows:
         series = " ".join(f"{t:.0f}s:{v:.0f}" for t, v in r["rss_series"])
         print(f"router RSS MiB over time, {r['workers']} workers: {series}")
