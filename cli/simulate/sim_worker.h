@@ -14,8 +14,9 @@
 //     Hellos; new Generates are refused (shuttingDown) while the ones in flight finish
 //     (events and heartbeats go on); Gone() says when the sockets may close.
 //
-// The simulator's shard drives it from one thread: it polls poll_items() and calls
-// OnReplay / OnRequests when they are readable and RunDue when a timer is due.
+// The simulator's shard drives it from one thread: it polls replay_handle() and
+// requests_handle(), calls OnReplay / OnRequests when they are readable, and RunDue when a
+// timer is due.
 //
 // Thread safety: thread-compatible; owned by one simulator shard.
 #pragma once
