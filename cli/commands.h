@@ -28,5 +28,7 @@ Action AddTokenizeCommand(CLI::App& parent);
 Action AddDetokenizeCommand(CLI::App& parent);
 // kvfleet bench --router URL --trace FILE.jsonl [...] (cli/bench/)
 Action AddBenchCommand(CLI::App& parent);
+// kvfleet simulate --router EP --workers N [...]: simulated workers for router scale tests (cli/simulate/)
+Action AddSimulateCommand(CLI::App& parent);
 
 }  // namespace kvfleet::cli

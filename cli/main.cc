@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   actions["tokenize"] = kvfleet::cli::AddTokenizeCommand(app);
   actions["detokenize"] = kvfleet::cli::AddDetokenizeCommand(app);
   actions["bench"] = kvfleet::cli::AddBenchCommand(app);
+  actions["simulate"] = kvfleet::cli::AddSimulateCommand(app);
 
   int rc = kvfleet::ParseCommandLine(app, &common, argc, argv);
   if (rc >= 0) return rc;
