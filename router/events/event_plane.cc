@@ -22,6 +22,7 @@
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
 #include "schema/event_codec.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -189,6 +190,7 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
   sub_ = zmq::socket_t(ctx_, zmq::socket_type::sub);
   sub_.set(zmq::sockopt::rcvhwm, options_.sub_rcvhwm);
   sub_.set(zmq::sockopt::linger, 0);
+  sub_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxEventMessageBytes);
   if (curve_) KVF_CHECK(MakeCurveClient(sub_, client_keys_, server_public_).ok());
   sub_.set(zmq::sockopt::subscribe, "kv.");
   thread_ = std::thread([this] { Run(); });
@@ -237,6 +239,7 @@ void EventPlane::Impl::Add(const Command& c) {
     e->dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
     e->dealer.set(zmq::sockopt::linger, 0);
     e->dealer.set(zmq::sockopt::rcvhwm, 0);  // snapshot chunks must not be dropped
+    e->dealer.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxEventMessageBytes);
     if (curve_) KVF_CHECK(MakeCurveClient(e->dealer, client_keys_, server_public_).ok());
     e->dealer.connect(c.endpoints.replay);
     sub_.connect(c.endpoints.events);

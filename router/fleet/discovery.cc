@@ -7,6 +7,8 @@
 #include <optional>
 #include <utility>
 
+#include "schema/limits.h"
+
 namespace kvfleet::router {
 
 namespace {
@@ -131,6 +133,7 @@ Status Registration::Bind(zmq::context_t& ctx, const std::string& endpoint) {
   try {
     socket_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
     socket_->set(zmq::sockopt::linger, 0);
+    socket_->set(zmq::sockopt::maxmsgsize, wire::limits::kMaxHelloBytes);
     socket_->bind(endpoint);
     endpoint_ = socket_->get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {

@@ -30,6 +30,7 @@
 #include "router/fleet/fleet_impl.h"
 #include "router/fleet/lane.h"
 #include "router/fleet/poll_loop.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -168,6 +169,11 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
   if (!IsValidBlockSize(hello.block_size)) {
     Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
                                             " is not a power of two");
+    return std::nullopt;
+  }
+  if (hello.max_context > wire::limits::kMaxContextTokens) {
+    Refuse(hello, "context-too-long", "max context " + std::to_string(hello.max_context) + " exceeds the " +
+                                          std::to_string(wire::limits::kMaxContextTokens) + " tokens a request frame carries");
     return std::nullopt;
   }
   if (hello.requests_endpoint.empty()) {

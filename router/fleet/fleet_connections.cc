@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "router/fleet/fleet_impl.h"
 #include "schema/describe.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -34,6 +35,7 @@ std::unique_ptr<zmq::socket_t> FleetImpl::NewDealer() {
 
 void FleetImpl::ConfigureDealer(zmq::socket_t& dealer) {
   dealer.set(zmq::sockopt::linger, 0);
+  dealer.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxToRouterBytes);
   dealer.set(zmq::sockopt::reconnect_ivl, 100);
   dealer.set(zmq::sockopt::reconnect_ivl_max, 2000);
   // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.

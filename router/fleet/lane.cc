@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -117,6 +118,10 @@ void Lane::Submit(uint64_t handle, ForwardRequest request) {
   KVF_CHECK(flights_.emplace(handle, std::move(f)).second);  // handles are unique per lane
   if (fleet_->Stopping()) {
     return End(handle, worker, Unavailable("the router is shutting down"));
+  }
+  if (static_cast<int64_t>(flights_.at(handle).whole_prompt) > wire::limits::kMaxContextTokens) {
+    // A worker's request socket would drop the connection at the frame (schema/limits.h).
+    return End(handle, worker, InvalidArgument("the prompt is longer than any worker's context"));
   }
   Sync();  // a worker that joined since the last tick
   StartAttempt(handle, worker);
