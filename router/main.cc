@@ -15,6 +15,7 @@
 #include "common/cpu_latency.h"
 #include "common/http/server.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "common/tokenizer_files.h"
 #include "router/events/event_plane.h"
 #include "router/events/fault_injection.h"
@@ -41,6 +42,14 @@ int Run(RouterConfig& c) {
     return 2;
   }
   if (*cpu_latency) log->info("holding a CPU latency request of {} µs", (*cpu_latency)->max_latency_us());
+  const OpenFileLimit files = RaiseOpenFileLimit(OpenFilesWanted(c));
+  if (files.soft < OpenFilesWanted(c)) {
+    log->warn("open-file limit {} (hard {}) is below the {} that --max-workers {} may need; raise it (ulimit -n)",
+              files.soft, files.hard, OpenFilesWanted(c), c.fleet.max_workers);
+  } else {
+    log->info("open-file limit {}{} (hard {}), for up to {} workers ({} ZeroMQ sockets each in the fleet)",
+              files.soft, files.raised ? " (raised)" : "", files.hard, c.fleet.max_workers, c.fleet.SocketsPerWorker());
+  }
   // Signals are taken by sigwait below; threads started from here on inherit the mask.
   sigset_t signals;
   sigemptyset(&signals);
@@ -89,6 +98,7 @@ int Run(RouterConfig& c) {
   // KV events and load reports: the global index, worker liveness and load.
   EventPlaneOptions events;
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  events.max_workers = c.fleet.max_workers;
   events.routing_window_size = c.routing_window;
   events.curve.client_keypair_file = c.curve_keypair;
   events.curve.server_public_key_file = c.curve_server_key;
@@ -102,6 +112,10 @@ int Run(RouterConfig& c) {
               c.debug_drop_events);
   }
   EventPlane plane(events, SystemClock::Default(), registry.get());
+  if (!plane.status().ok()) {
+    log->error("{}", plane.status().message());
+    return 1;
+  }
   PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
   // The plane tells the fleet each worker's liveness and load.
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());

@@ -3,6 +3,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 
 #include <zmq.h>
 #include <zmq.hpp>
@@ -71,8 +72,9 @@ Lane::~Lane() {
 
 void Lane::Sync() {
   uint64_t gen = fleet_->Generation();
-  if (gen == generation_) return;
+  if (gen == generation_ && (!missing_ || fleet_->clock()->Now() < missing_retry_at_)) return;
   generation_ = gen;
+  missing_ = false;
   std::vector<bool> present(peers_.size(), false);
   for (const auto& w : fleet_->Endpoints()) {
     if (w.id >= peers_.size()) {
@@ -94,15 +96,28 @@ void Lane::Sync() {
 void Lane::Connect(WorkerId id, const std::string& endpoint) {
   Peer& p = peers_[id];
   p.watch.reset();
-  p.dealer = fleet_->NewDealer();
+  p.dealer = fleet_->NewDealer();  // null when the socket limit is spent (logged there)
   p.endpoint = endpoint;
   try {
-    p.dealer->connect(endpoint);
+    if (p.dealer) p.dealer->connect(endpoint);
   } catch (const zmq::error_t& e) {
     Logger("fleet")->warn("lane: cannot connect to {}: {}", endpoint, e.what());
   }
-  int fd = p.dealer->get(zmq::sockopt::fd);
-  p.watch = loop_->WatchReadable(fd, [this, id] { Drain(id); });
+  try {
+    if (p.dealer) p.watch = loop_->WatchReadable(p.dealer->get(zmq::sockopt::fd), [this, id] { Drain(id); });
+  } catch (const zmq::error_t& e) {
+    Logger("fleet")->error("lane: no file descriptor for the DEALER to {}: {}", endpoint, e.what());
+  }
+  if (!p.watch) {
+    p.dealer.reset();  // the worker is not live on this lane until Sync makes one
+    p.endpoint.clear();
+    missing_ = true;
+    missing_retry_at_ = fleet_->clock()->Now() + kNsPerSec;
+  }
+}
+
+size_t Lane::dealers() const {
+  return std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.dealer != nullptr; });
 }
 
 // --- requests ---

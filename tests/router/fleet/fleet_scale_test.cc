@@ -2,6 +2,11 @@
 // bounded by max_workers refuses the rest cleanly instead of running out of sockets, and
 // workers that left are forgotten with their sockets, so churn keeps the socket count flat.
 #include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -10,6 +15,8 @@
 #include <zmq.hpp>
 
 #include "router/fleet/fleet.h"
+#include "router/fleet/lane.h"
+#include "router/fleet/poll_loop.h"
 #include "schema/limits.h"
 #include "schema/registration.h"
 #include "tests/router/fake_worker.h"
@@ -57,6 +64,55 @@ std::string RouterEndpoint(const Fleet& fleet) {
   return "tcp://127.0.0.1:" + ep.substr(ep.rfind(':') + 1);
 }
 
+void OnLoopThread(PollLoop& loop, std::function<void()> fn) {
+  std::promise<void> done;
+  loop.Post([&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+// A fleet with a registration socket and `lanes` lanes, each on its own thread, as the router
+// runs one per HTTP I/O thread.
+struct ScaleSetup {
+  ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes) : loops(lanes) {
+    FleetOptions o;
+    o.registration_endpoint = "tcp://127.0.0.1:*";
+    o.max_workers = max_workers;
+    o.lanes = lanes;
+    o.forget_after = forget_after;
+    fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
+    lane_of.resize(lanes);
+    for (size_t i = 0; i < lanes; ++i) OnLoopThread(loops[i], [&, i] { lane_of[i] = fleet->NewLane(&loops[i]); });
+    registrar = std::make_unique<Registrar>(ctx, RouterEndpoint(*fleet), "registrar");
+  }
+  ~ScaleSetup() {
+    for (size_t i = 0; i < loops.size(); ++i) OnLoopThread(loops[i], [&, i] { lane_of[i].reset(); });
+    fleet->Stop();
+  }
+  // DEALERs held by every lane together.
+  size_t LaneDealers() {
+    size_t n = 0;
+    for (size_t i = 0; i < loops.size(); ++i) OnLoopThread(loops[i], [&, i] { n += lane_of[i]->dealers(); });
+    return n;
+  }
+  size_t RefusedFor(const std::string& reason) {
+    size_t n = 0;
+    for (const RefusedWorker& r : fleet->Refused()) n += r.reason == reason ? 1 : 0;
+    return n;
+  }
+  void Bye(const WorkerHello& h) {
+    registrar->socket.send(zmq::buffer(EncodeBye(WorkerBye{h.name, h.epoch})), zmq::send_flags::none);
+  }
+
+  zmq::context_t ctx{1};
+  std::unique_ptr<Fleet> fleet;
+  std::vector<PollLoop> loops;
+  std::vector<std::unique_ptr<Lane>> lane_of;  // lane_of[i] lives on loops[i]
+  std::unique_ptr<Registrar> registrar;
+};
+
 }  // namespace
 
 TEST_CASE("a Hello bigger than the registration limit never reaches the fleet; its sender is disconnected") {
@@ -93,6 +149,64 @@ TEST_CASE("a Hello bigger than the registration limit never reaches the fleet; i
   CHECK(code == ZMQ_EVENT_DISCONNECTED);
   CHECK_FALSE(Listed(*fleet, "big"));
   fleet->Stop();
+}
+
+TEST_CASE("300 registrations: the fleet takes max_workers of them with all their sockets, and refuses the rest") {
+  // Regression: at ZeroMQ's default of 1,023 sockets a context, the router aborted with "Too
+  // many open files" after ~205 workers (5 sockets each with two lanes).
+  constexpr size_t kMax = 250, kHellos = 300, kLanes = 2;
+  ScaleSetup s(kMax, 60 * kNsPerSec, kLanes);
+  for (size_t i = 0; i < kHellos; ++i) s.registrar->Send(HelloOf("w" + std::to_string(i), 20000 + static_cast<int>(i)));
+  REQUIRE(WaitFor([&] { return s.fleet->Records() == kMax && s.RefusedFor("max-workers") == kHellos - kMax; }));
+  CHECK(s.fleet->Workers().size() == kMax);
+  REQUIRE(WaitFor([&] { return s.LaneDealers() == kMax * kLanes; }));
+  CHECK(s.fleet->SocketsOpen() == 1 + kMax * config::kFleetSocketsPerWorker);
+  for (const RefusedWorker& r : s.fleet->Refused()) {
+    CHECK(r.why.find("--max-workers") != std::string::npos);
+  }
+}
+
+TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets; one back within it is kept") {
+  const DurationNs grace = 150 * kNsPerMs;
+  ScaleSetup s(8, grace, 1);
+  testing::FakeWorker leaving_worker, returning_worker;  // reachable: only a Bye makes them gone
+  WorkerHello leaving = HelloOf("leaving", 1), returning = HelloOf("returning", 2);
+  leaving.requests_endpoint = leaving_worker.endpoint();
+  returning.requests_endpoint = returning_worker.endpoint();
+  s.registrar->Send(leaving);
+  s.registrar->Send(returning);
+  REQUIRE(WaitFor([&] { return s.fleet->Records() == 2 && s.LaneDealers() == 2; }));
+  s.Bye(leaving);
+  s.Bye(returning);
+  s.registrar->Send(returning);  // restarted within the grace
+  REQUIRE(WaitFor([&] { return s.fleet->Records() == 1; }));
+  CHECK_FALSE(Listed(*s.fleet, "leaving"));
+  CHECK(s.fleet->SocketsOpen() == 1 + config::kFleetSocketsPerWorker);
+  CHECK(WaitFor([&] { return s.LaneDealers() == 1; }));
+  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * grace));
+  CHECK(Listed(*s.fleet, "returning"));
+  CHECK(s.fleet->Records() == 1);
+}
+
+TEST_CASE("churn: workers come and go, the registry, its ids and its sockets stay bounded") {
+  constexpr int kRounds = 5, kPerRound = 20;
+  ScaleSetup s(kPerRound, 100 * kNsPerMs, 2);
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<WorkerHello> hellos;
+    for (int i = 0; i < kPerRound; ++i) {
+      hellos.push_back(HelloOf("r" + std::to_string(round) + "w" + std::to_string(i), 21000 + round * kPerRound + i));
+      s.registrar->Send(hellos.back());
+    }
+    REQUIRE(WaitFor([&] { return s.fleet->Workers().size() == kPerRound; }));
+    std::set<WorkerId> ids;
+    for (const WorkerStatus& w : s.fleet->Workers()) ids.insert(w.id);
+    CHECK(*ids.rbegin() < kPerRound);  // forgotten workers' ids are reused
+    for (const WorkerHello& h : hellos) s.Bye(h);
+    REQUIRE(WaitFor([&] { return s.fleet->Records() == 0; }));
+    CHECK(s.fleet->SocketsOpen() == 1);
+    CHECK(WaitFor([&] { return s.LaneDealers() == 0; }));
+    CHECK(s.RefusedFor("max-workers") == 0);
+  }
 }
 
 }  // namespace kvfleet::router
