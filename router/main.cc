@@ -8,6 +8,8 @@
 #include <csignal>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <string>
 
 #include <prometheus/registry.h>
 
@@ -28,6 +30,24 @@
 
 namespace kvfleet::router {
 namespace {
+
+// The fleet forgets workers on its own thread; the Api, made after the fleet, drops their
+// series. Set to null before the Api goes.
+class ForgottenRelay {
+ public:
+  void Set(Api* api) {
+    std::lock_guard<std::mutex> lock(mu_);
+    api_ = api;
+  }
+  void Forget(const std::string& worker) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (api_ != nullptr) api_->ForgetWorker(worker);
+  }
+
+ private:
+  std::mutex mu_;
+  Api* api_ = nullptr;  // GUARDED_BY(mu_)
+};
 
 // Builds the router's parts, bottom up, and serves until SIGINT or SIGTERM.
 int Run(RouterConfig& c) {
@@ -118,6 +138,8 @@ int Run(RouterConfig& c) {
   }
   PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
   // The plane tells the fleet each worker's liveness and load.
+  ForgottenRelay forgotten;
+  c.fleet.on_forgotten = [&forgotten](const std::string& worker) { forgotten.Forget(worker); };
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());
@@ -128,6 +150,11 @@ int Run(RouterConfig& c) {
       codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
                                                                          " per-model tokenizers");
   Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
+  forgotten.Set(&api);
+  struct Unset {
+    ForgottenRelay& relay;
+    ~Unset() { relay.Set(nullptr); }
+  } unset{forgotten};
   http::Routes routes;
   api.AddRoutes(&routes);
   auto server = http::Server::Start(c.http, std::move(routes));

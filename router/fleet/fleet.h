@@ -16,6 +16,15 @@
 // that says whether it is connected; the lanes learn of failures at their ticks. The
 // router's own in-flight counts per worker are kept here, summed over the lanes.
 //
+// Size: at most FleetOptions::max_workers records. Each worker reached costs the Fleet's
+// ZeroMQ context SocketsPerWorker() sockets: config::kFleetSocketsPerWorker (3: the liveness
+// DEALER and its monitor's two PAIR ends) plus one DEALER per lane (6 with the router's
+// default two HTTP threads and the Fleet's own lane); the context's ZMQ_MAX_SOCKETS is set
+// for max_workers of them. A socket that cannot be made is logged and tried again later. A
+// worker gone (said bye, removed, or registered and unreachable or DEAD since its last Hello)
+// for forget_after is forgotten: its record, sockets, metric series and event subscription
+// go, and its id is reused.
+//
 // Thread safety: thread-safe. Submit()'s sinks are called on the Fleet's lane thread, one
 // request's calls in order, never after the terminal call or after the cancel was handled.
 #pragma once
@@ -144,6 +153,9 @@ struct FleetOptions {
   // A worker gone this long (said bye, removed, its event stream DEAD, or unreachable and
   // silent) is forgotten: its record, sockets and id are released. Back within it, it resumes.
   DurationNs forget_after = 60 * kNsPerSec;
+  // Called on the fleet thread with the name of each worker forgotten, when no other worker
+  // has that name: the router drops its per-worker series elsewhere (Api::ForgetWorker).
+  std::function<void(const std::string& worker)> on_forgotten;
   // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
   size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
   size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }

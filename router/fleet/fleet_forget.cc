@@ -65,7 +65,7 @@ void FleetImpl::ForgetGone() {
 
 void FleetImpl::Forget(WorkerId id) {
   std::unique_ptr<WorkerRecord> record;
-  bool gauge_shared = false;  // the inflight series is per name: another record may hold it
+  bool name_shared = false;  // series are per name: another record may hold them
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     WorkerRecord* w = Record(id);
@@ -74,7 +74,8 @@ void FleetImpl::Forget(WorkerId id) {
     if (by_endpoint != by_endpoint_.end() && by_endpoint->second == id) by_endpoint_.erase(by_endpoint);
     if (auto model = models_.find(w->info.model); model != models_.end()) std::erase(model->second.members, id);
     for (const auto& other : workers_) {
-      gauge_shared = gauge_shared || (other && other.get() != w && other->inflight_gauge == w->inflight_gauge);
+      name_shared = name_shared || (other && other.get() != w &&
+                                    (other->info.name == w->info.name || other->inflight_gauge == w->inflight_gauge));
     }
     retired_failures_[id] = w->failures.load() + 1;  // requests still sent there fail over
     record = std::move(workers_[id]);
@@ -82,10 +83,11 @@ void FleetImpl::Forget(WorkerId id) {
     free_ids_.insert(id);
   }
   Disconnect(*record);
-  if (inflight_family_ != nullptr && record->inflight_gauge != nullptr && !gauge_shared) {
-    inflight_family_->Remove(record->inflight_gauge);
-  }
   if (signals_) signals_->RemoveWorker(id);
+  if (!name_shared) {
+    if (inflight_family_ != nullptr && record->inflight_gauge != nullptr) inflight_family_->Remove(record->inflight_gauge);
+    if (options_.on_forgotten) options_.on_forgotten(record->info.name);
+  }
   Logger("fleet")->info("worker {} ({}) forgotten: gone for {} s", record->info.name, record->info.requests_endpoint,
                         options_.forget_after / kNsPerSec);
 }

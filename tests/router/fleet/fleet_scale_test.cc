@@ -5,12 +5,14 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <prometheus/registry.h>
 #include <zmq.h>
 #include <zmq.hpp>
 
@@ -64,6 +66,20 @@ std::string RouterEndpoint(const Fleet& fleet) {
   return "tcp://127.0.0.1:" + ep.substr(ep.rfind(':') + 1);
 }
 
+// The workers with a kvfleet_router_inflight series.
+std::set<std::string> InflightSeries(prometheus::Registry& registry) {
+  std::set<std::string> out;
+  for (const auto& family : registry.Collect()) {
+    if (family.name != "kvfleet_router_inflight") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "worker") out.insert(l.value);
+      }
+    }
+  }
+  return out;
+}
+
 void OnLoopThread(PollLoop& loop, std::function<void()> fn) {
   std::promise<void> done;
   loop.Post([&] {
@@ -76,13 +92,18 @@ void OnLoopThread(PollLoop& loop, std::function<void()> fn) {
 // A fleet with a registration socket and `lanes` lanes, each on its own thread, as the router
 // runs one per HTTP I/O thread.
 struct ScaleSetup {
-  ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes) : loops(lanes) {
+  ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes, prometheus::Registry* registry = nullptr)
+      : loops(lanes) {
     FleetOptions o;
+    o.on_forgotten = [this](const std::string& worker) {
+      std::lock_guard<std::mutex> lock(mu);
+      forgotten.push_back(worker);
+    };
     o.registration_endpoint = "tcp://127.0.0.1:*";
     o.max_workers = max_workers;
     o.lanes = lanes;
     o.forget_after = forget_after;
-    fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
+    fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), registry)).value();
     lane_of.resize(lanes);
     for (size_t i = 0; i < lanes; ++i) OnLoopThread(loops[i], [&, i] { lane_of[i] = fleet->NewLane(&loops[i]); });
     registrar = std::make_unique<Registrar>(ctx, RouterEndpoint(*fleet), "registrar");
@@ -106,6 +127,13 @@ struct ScaleSetup {
     registrar->socket.send(zmq::buffer(EncodeBye(WorkerBye{h.name, h.epoch})), zmq::send_flags::none);
   }
 
+  std::vector<std::string> Forgotten() {
+    std::lock_guard<std::mutex> lock(mu);
+    return forgotten;
+  }
+
+  std::mutex mu;
+  std::vector<std::string> forgotten;  // GUARDED_BY(mu): on_forgotten's calls
   zmq::context_t ctx{1};
   std::unique_ptr<Fleet> fleet;
   std::vector<PollLoop> loops;
@@ -168,7 +196,8 @@ TEST_CASE("300 registrations: the fleet takes max_workers of them with all their
 
 TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets; one back within it is kept") {
   const DurationNs grace = 150 * kNsPerMs;
-  ScaleSetup s(8, grace, 1);
+  prometheus::Registry registry;
+  ScaleSetup s(8, grace, 1, &registry);
   testing::FakeWorker leaving_worker, returning_worker;  // reachable: only a Bye makes them gone
   WorkerHello leaving = HelloOf("leaving", 1), returning = HelloOf("returning", 2);
   leaving.requests_endpoint = leaving_worker.endpoint();
@@ -181,6 +210,8 @@ TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets
   s.registrar->Send(returning);  // restarted within the grace
   REQUIRE(WaitFor([&] { return s.fleet->Records() == 1; }));
   CHECK_FALSE(Listed(*s.fleet, "leaving"));
+  CHECK(s.Forgotten() == std::vector<std::string>{"leaving"});
+  CHECK(InflightSeries(registry) == std::set<std::string>{"returning"});
   CHECK(s.fleet->SocketsOpen() == 1 + config::kFleetSocketsPerWorker);
   CHECK(WaitFor([&] { return s.LaneDealers() == 1; }));
   std::this_thread::sleep_for(std::chrono::nanoseconds(2 * grace));
