@@ -18,6 +18,7 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/thread_priority.h"
+#include "common/zmq_monitor.h"
 #include "common/zmq_threads.h"
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
@@ -107,6 +108,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
 
   zmq::context_t ctx_;
   zmq::socket_t sub_;
+  std::unique_ptr<SocketMonitor> sub_monitor_;  // its dropped connections, counted
   bool curve_ = false;
   CurveKeyPair client_keys_;
   std::string server_public_;
@@ -136,6 +138,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   prometheus::Counter *m_stored_, *m_removed_, *m_updated_, *m_cleared_;
   prometheus::Counter *m_gaps_, *m_replays_, *m_snapshots_, *m_epochs_, *m_unknown_parent_;
   prometheus::Counter* m_event_id_mismatches_;
+  prometheus::Counter* m_disconnects_;
   prometheus::Family<prometheus::Counter>* f_malformed_;
   prometheus::Family<prometheus::Gauge>* f_blocks_;
   prometheus::Family<prometheus::Gauge>* f_state_;
@@ -166,6 +169,9 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
   m_event_id_mismatches_ = counter("kvfleet_router_event_id_mismatches_total",
                                    "Batches whose event ids did not follow the last applied one though their seq "
                                    "did (events lost or repeated); each resyncs the worker from a snapshot");
+  m_disconnects_ = counter("kvfleet_router_event_disconnects_total",
+                           "Event stream connections dropped: a worker gone, or one that sent a frame over "
+                           "schema/limits.h's bound");
   f_malformed_ = &prometheus::BuildCounter()
                       .Name("kvfleet_router_events_malformed_total")
                       .Help("KV event messages dropped as malformed, by reason")
@@ -212,6 +218,7 @@ Status EventPlane::Impl::OpenSub() {
     sub_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxEventMessageBytes);
     if (curve_) KVF_RETURN_IF_ERROR(MakeCurveClient(sub_, client_keys_, server_public_));
     sub_.set(zmq::sockopt::subscribe, "kv.");
+    KVF_ASSIGN_OR_RETURN(sub_monitor_, SocketMonitor::Start(ctx_, sub_, ZMQ_EVENT_DISCONNECTED));
   } catch (const zmq::error_t& e) {
     return ResourceExhausted(std::string("cannot make the SUB socket: ") + e.what());
   }
@@ -450,6 +457,10 @@ void EventPlane::Impl::Periodic(TimeNs now, bool force) {
   }
   ExportCounters();
   RetryAdds(now);
+  if (sub_monitor_) sub_monitor_->Drain([&](uint16_t, std::string_view address) {
+    m_disconnects_->Increment();
+    log_->info("event stream from {} dropped", address);
+  });
   if (now - last_sweep_ >= tuning::kSweepInterval) {
     index_.SweepExpired();
     last_sweep_ = now;
