@@ -67,7 +67,7 @@ int Run(RouterConfig& c) {
     log->warn("open-file limit {} (hard {}) is below the {} that --max-workers {} may need; raise it (ulimit -n)",
               files.soft, files.hard, OpenFilesWanted(c), c.fleet.max_workers);
   } else {
-    log->info("open-file limit {}{} (hard {}), for up to {} workers ({} ZeroMQ sockets each in the fleet)",
+    log->info("open-file limit {}{} (hard {}), for up to {} workers (the fleet's sockets sized for {} each)",
               files.soft, files.raised ? " (raised)" : "", files.hard, c.fleet.max_workers, c.fleet.SocketsPerWorker());
   }
   // Signals are taken by sigwait below; threads started from here on inherit the mask.

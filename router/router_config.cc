@@ -330,7 +330,7 @@ Status Prepare(RouterConfig* c) {
   }
   if (!(c->forget_after_s > 0)) return InvalidArgument("--forget-after-s must be > 0");
   c->fleet.forget_after = static_cast<DurationNs>(c->forget_after_s * kNsPerSec);
-  c->fleet.lanes = static_cast<size_t>(std::max(c->http.io_threads, 1)) + 1;  // the I/O threads' and the Fleet's own
+  c->fleet.lanes = static_cast<size_t>(std::max(c->http.io_threads, 1)) + 1;  // the I/O threads', and Submit's
   c->api.unknown_model_grace = static_cast<DurationNs>(c->unknown_model_grace_s * kNsPerSec);
   if (c->curve_keypair.empty() != c->curve_server_key.empty()) {
     return InvalidArgument("--curve-keypair and --curve-server-key go together");

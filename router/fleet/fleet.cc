@@ -189,8 +189,9 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
     return std::nullopt;
   }
   if (hello.max_context > wire::limits::kMaxContextTokens) {
-    Refuse(hello, "context-too-long", "max context " + std::to_string(hello.max_context) + " exceeds the " +
-                                          std::to_string(wire::limits::kMaxContextTokens) + " tokens a request frame carries");
+    Refuse(hello, "context-too-long",
+           "max context " + std::to_string(hello.max_context) + " exceeds the " +
+               std::to_string(wire::limits::kMaxContextTokens) + " tokens a request frame carries");
     return std::nullopt;
   }
   if (hello.requests_endpoint.empty()) {
@@ -264,8 +265,8 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
   model.members.push_back(w->id);
   lock.unlock();
   (void)Connect(*w);  // on failure, tried again at a later tick
-  Logger("fleet")->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model, hello.block_size,
-            hello.requests_endpoint);
+  Logger("fleet")->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model,
+                        hello.block_size, hello.requests_endpoint);
   if (signals_) signals_->AddWorker(w->id, hello);
   return w->id;
 }

@@ -18,8 +18,8 @@
 //
 // Size: at most FleetOptions::max_workers records. Each worker reached costs the Fleet's
 // ZeroMQ context SocketsPerWorker() sockets: config::kFleetSocketsPerWorker (3: the liveness
-// DEALER and its monitor's two PAIR ends) plus one DEALER per lane (6 with the router's
-// default two HTTP threads and the Fleet's own lane); the context's ZMQ_MAX_SOCKETS is set
+// DEALER and its monitor's two PAIR ends) plus one DEALER per lane (5 with the router's
+// default two HTTP threads; Submit's own lane, once started, adds one); ZMQ_MAX_SOCKETS is set
 // for max_workers of them. A socket that cannot be made is logged and tried again later. A
 // worker gone (said bye, removed, or registered and unreachable or DEAD since its last Hello)
 // for forget_after is forgotten: its record, sockets, metric series and event subscription
@@ -148,7 +148,7 @@ struct FleetOptions {
   // Workers known at once (records, live or waiting to be forgotten); a new one beyond is
   // refused ("max-workers"). Sizes the ZeroMQ socket limit. At most config::kMaxWorkers.
   size_t max_workers = 1024;
-  // Lanes that will connect to every worker: the router's HTTP I/O threads and the Fleet's own.
+  // Lanes that may connect to every worker: the router's HTTP I/O threads, and Submit's own.
   size_t lanes = 3;
   // A worker gone this long (said bye, removed, its event stream DEAD, or unreachable and
   // silent) is forgotten: its record, sockets and id are released. Back within it, it resumes.

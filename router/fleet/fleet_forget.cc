@@ -85,7 +85,9 @@ void FleetImpl::Forget(WorkerId id) {
   Disconnect(*record);
   if (signals_) signals_->RemoveWorker(id);
   if (!name_shared) {
-    if (inflight_family_ != nullptr && record->inflight_gauge != nullptr) inflight_family_->Remove(record->inflight_gauge);
+    if (inflight_family_ != nullptr && record->inflight_gauge != nullptr) {
+      inflight_family_->Remove(record->inflight_gauge);
+    }
     if (options_.on_forgotten) options_.on_forgotten(record->info.name);
   }
   Logger("fleet")->info("worker {} ({}) forgotten: gone for {} s", record->info.name, record->info.requests_endpoint,

@@ -159,7 +159,8 @@ TEST_CASE("a Hello bigger than the registration limit never reaches the fleet; i
   WorkerHello huge = HelloOf("big", 1);
   const size_t adapters = wire::limits::kMaxLoraAdapters * 2;
   for (size_t i = 0; i < adapters; ++i) {
-    huge.loras.push_back(LoraAnnounce{"a" + std::to_string(i), i + 1, 8, std::string(wire::limits::kMaxPathBytes, 'p')});
+    const std::string base_model(wire::limits::kMaxPathBytes, 'p');
+    huge.loras.push_back(LoraAnnounce{"a" + std::to_string(i), i + 1, 8, base_model});
   }
   REQUIRE(static_cast<int64_t>(EncodeHello(huge).size()) > wire::limits::kMaxHelloBytes);
   big.Send(huge);
