@@ -139,7 +139,10 @@ int Run(RouterConfig& c) {
   PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
   // The plane tells the fleet each worker's liveness and load.
   ForgottenRelay forgotten;
-  c.fleet.on_forgotten = [&forgotten](const std::string& worker) { forgotten.Forget(worker); };
+  c.fleet.on_forgotten = [&forgotten, &approx_index](WorkerId id, const std::string& worker, bool last_of_name) {
+    approx_index.RemoveWorker(id);  // its id goes to the next worker
+    if (last_of_name) forgotten.Forget(worker);
+  };
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());

@@ -11,6 +11,7 @@
 #include "common/curve_keys.h"
 #include "common/tokenizer_files.h"
 #include "router/index/global_index.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -108,6 +109,11 @@ Status PrepareStaticFleets(RouterConfig* c) {
     if (!IsValidBlockSize(f.block_size)) {
       return InvalidArgument("--block-size: " + std::to_string(f.block_size) + " (model '" + model +
                              "') is not a power of two");
+    }
+    if (f.max_context > wire::limits::kMaxContextTokens) {
+      return InvalidArgument("--max-context: " + std::to_string(f.max_context) + " (model '" + model +
+                             "') is over the " + std::to_string(wire::limits::kMaxContextTokens) +
+                             " tokens a request frame carries (schema/limits.h)");
     }
     c->fleet.static_fleets.push_back(f);
   }

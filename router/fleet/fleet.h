@@ -153,9 +153,10 @@ struct FleetOptions {
   // A worker gone this long (said bye, removed, its event stream DEAD, or unreachable and
   // silent) is forgotten: its record, sockets and id are released. Back within it, it resumes.
   DurationNs forget_after = 60 * kNsPerSec;
-  // Called on the fleet thread with the name of each worker forgotten, when no other worker
-  // has that name: the router drops its per-worker series elsewhere (Api::ForgetWorker).
-  std::function<void(const std::string& worker)> on_forgotten;
+  // Called on the fleet thread for each worker forgotten, with its id and name, and whether no
+  // other worker has that name: the router drops what it keeps per worker elsewhere (the
+  // approx policy's predicted entries by id, Api::ForgetWorker's series by name).
+  std::function<void(WorkerId id, const std::string& name, bool last_of_name)> on_forgotten;
   // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
   size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
   size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }

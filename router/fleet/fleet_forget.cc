@@ -84,12 +84,10 @@ void FleetImpl::Forget(WorkerId id) {
   }
   Disconnect(*record);
   if (signals_) signals_->RemoveWorker(id);
-  if (!name_shared) {
-    if (inflight_family_ != nullptr && record->inflight_gauge != nullptr) {
-      inflight_family_->Remove(record->inflight_gauge);
-    }
-    if (options_.on_forgotten) options_.on_forgotten(record->info.name);
+  if (!name_shared && inflight_family_ != nullptr && record->inflight_gauge != nullptr) {
+    inflight_family_->Remove(record->inflight_gauge);
   }
+  if (options_.on_forgotten) options_.on_forgotten(id, record->info.name, !name_shared);
   Logger("fleet")->info("worker {} ({}) forgotten: gone for {} s", record->info.name, record->info.requests_endpoint,
                         options_.forget_after / kNsPerSec);
 }

@@ -195,4 +195,19 @@ TEST_CASE("--allow-unknown-fields is off by default, a flag on the command line,
   CHECK(env.api.limits.fields.allow_unknown);
 }
 
+TEST_CASE("--max-workers and --forget-after-s size the fleet; the socket and open-file needs follow them") {
+  RouterConfig c;
+  REQUIRE(Parse({"--max-workers", "100", "--forget-after-s", "5", "--http-threads", "4"}, &c).ok());
+  CHECK(c.fleet.max_workers == 100);
+  CHECK(c.fleet.forget_after == 5 * kNsPerSec);
+  CHECK(c.fleet.lanes == 5);  // four HTTP lanes and Submit's
+  CHECK(c.fleet.SocketsPerWorker() == config::kFleetSocketsPerWorker + 5);
+  CHECK(c.fleet.MaxSockets() == 100 * (config::kFleetSocketsPerWorker + 5) + config::kFleetSocketHeadroom);
+  CHECK(OpenFilesWanted(c) > 100 * c.fleet.SocketsPerWorker());
+  CHECK(ErrorOf({"--max-workers", "0"}).find("--max-workers must be 1..1024") == 0);
+  CHECK(ErrorOf({"--max-workers", "1025"}).find("--max-workers must be 1..1024") == 0);
+  CHECK(ErrorOf({"--forget-after-s", "0"}) == "--forget-after-s must be > 0");
+  CHECK(ErrorOf({"--workers", "tcp://a:1", "--max-context", "2000000"}).find("--max-context: 2000000") == 0);
+}
+
 }  // namespace kvfleet::router

@@ -95,9 +95,9 @@ struct ScaleSetup {
   ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes, prometheus::Registry* registry = nullptr)
       : loops(lanes) {
     FleetOptions o;
-    o.on_forgotten = [this](const std::string& worker) {
+    o.on_forgotten = [this](WorkerId, const std::string& worker, bool last_of_name) {
       std::lock_guard<std::mutex> lock(mu);
-      forgotten.push_back(worker);
+      if (last_of_name) forgotten.push_back(worker);
     };
     o.registration_endpoint = "tcp://127.0.0.1:*";
     o.max_workers = max_workers;
