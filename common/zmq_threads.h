@@ -1,4 +1,4 @@
-// ZMQ background threads at a background thread's priority.
+// ZMQ background threads at a background thread's priority, and a context's socket limit.
 //
 // A ZMQ context runs its own I/O threads (and a reaper). They are created by the context's
 // first socket, from the thread that makes it, and inherit that thread's nice value. The
@@ -12,6 +12,9 @@
 // threads exist and keep their priority).
 #pragma once
 
+#include <cstddef>
+
+#include "common/status.h"
 #include "common/thread_priority.h"
 
 namespace zmq {
@@ -23,5 +26,10 @@ namespace kvfleet {
 // Starts `context`'s background threads from a thread at `increment` nice above the
 // caller's, so they run at that priority. Returns once they exist.
 void StartZmqThreadsAtLowerPriority(zmq::context_t& context, int increment = kBackgroundNice);
+
+// Sets `context`'s ZMQ_MAX_SOCKETS (libzmq's default is 1,023) to `sockets`, or to the most
+// the library allows (ZMQ_SOCKET_LIMIT) when that is less. Returns the limit set. REQUIRES:
+// no socket made on the context yet (its first socket fixes the limit).
+Result<size_t> SetMaxSockets(zmq::context_t& context, size_t sockets);
 
 }  // namespace kvfleet

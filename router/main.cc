@@ -8,6 +8,8 @@
 #include <csignal>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <string>
 
 #include <prometheus/registry.h>
 
@@ -15,6 +17,7 @@
 #include "common/cpu_latency.h"
 #include "common/http/server.h"
 #include "common/log.h"
+#include "common/open_files.h"
 #include "common/tokenizer_files.h"
 #include "router/events/event_plane.h"
 #include "router/events/fault_injection.h"
@@ -27,6 +30,24 @@
 
 namespace kvfleet::router {
 namespace {
+
+// The fleet forgets workers on its own thread; the Api, made after the fleet, drops their
+// series. Set to null before the Api goes.
+class ForgottenRelay {
+ public:
+  void Set(Api* api) {
+    std::lock_guard<std::mutex> lock(mu_);
+    api_ = api;
+  }
+  void Forget(const std::string& worker) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (api_ != nullptr) api_->ForgetWorker(worker);
+  }
+
+ private:
+  std::mutex mu_;
+  Api* api_ = nullptr;  // GUARDED_BY(mu_)
+};
 
 // Builds the router's parts, bottom up, and serves until SIGINT or SIGTERM.
 int Run(RouterConfig& c) {
@@ -41,6 +62,14 @@ int Run(RouterConfig& c) {
     return 2;
   }
   if (*cpu_latency) log->info("holding a CPU latency request of {} µs", (*cpu_latency)->max_latency_us());
+  const OpenFileLimit files = RaiseOpenFileLimit(OpenFilesWanted(c));
+  if (files.soft < OpenFilesWanted(c)) {
+    log->warn("open-file limit {} (hard {}) is below the {} that --max-workers {} may need; raise it (ulimit -n)",
+              files.soft, files.hard, OpenFilesWanted(c), c.fleet.max_workers);
+  } else {
+    log->info("open-file limit {}{} (hard {}), for up to {} workers (the fleet's sockets sized for {} each)",
+              files.soft, files.raised ? " (raised)" : "", files.hard, c.fleet.max_workers, c.fleet.SocketsPerWorker());
+  }
   // Signals are taken by sigwait below; threads started from here on inherit the mask.
   sigset_t signals;
   sigemptyset(&signals);
@@ -89,6 +118,7 @@ int Run(RouterConfig& c) {
   // KV events and load reports: the global index, worker liveness and load.
   EventPlaneOptions events;
   events.heartbeat_timeout = c.heartbeat_timeout_ms * kNsPerMs;
+  events.max_workers = c.fleet.max_workers;
   events.routing_window_size = c.routing_window;
   events.curve.client_keypair_file = c.curve_keypair;
   events.curve.server_public_key_file = c.curve_server_key;
@@ -102,8 +132,17 @@ int Run(RouterConfig& c) {
               c.debug_drop_events);
   }
   EventPlane plane(events, SystemClock::Default(), registry.get());
+  if (!plane.status().ok()) {
+    log->error("{}", plane.status().message());
+    return 1;
+  }
   PredictedIndex approx_index(clock);  // the approx policy: this router's decisions only
   // The plane tells the fleet each worker's liveness and load.
+  ForgottenRelay forgotten;
+  c.fleet.on_forgotten = [&forgotten, &approx_index](WorkerId id, const std::string& worker, bool last_of_name) {
+    approx_index.RemoveWorker(id);  // its id goes to the next worker
+    if (last_of_name) forgotten.Forget(worker);
+  };
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());
@@ -114,6 +153,11 @@ int Run(RouterConfig& c) {
       codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
                                                                          " per-model tokenizers");
   Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
+  forgotten.Set(&api);
+  struct Unset {
+    ForgottenRelay& relay;
+    ~Unset() { relay.Set(nullptr); }
+  } unset{forgotten};
   http::Routes routes;
   api.AddRoutes(&routes);
   auto server = http::Server::Start(c.http, std::move(routes), registry);

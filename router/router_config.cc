@@ -1,5 +1,6 @@
 #include "router/router_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <initializer_list>
@@ -9,6 +10,8 @@
 #include "common/block_hash.h"
 #include "common/curve_keys.h"
 #include "common/tokenizer_files.h"
+#include "router/index/global_index.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -106,6 +109,11 @@ Status PrepareStaticFleets(RouterConfig* c) {
     if (!IsValidBlockSize(f.block_size)) {
       return InvalidArgument("--block-size: " + std::to_string(f.block_size) + " (model '" + model +
                              "') is not a power of two");
+    }
+    if (f.max_context > wire::limits::kMaxContextTokens) {
+      return InvalidArgument("--max-context: " + std::to_string(f.max_context) + " (model '" + model +
+                             "') is over the " + std::to_string(wire::limits::kMaxContextTokens) +
+                             " tokens a request frame carries (schema/limits.h)");
     }
     c->fleet.static_fleets.push_back(f);
   }
@@ -273,6 +281,13 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->capture_default_str();
   app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
       ->capture_default_str();
+  app.add_option("--max-workers", c->fleet.max_workers,
+                 "workers known at once; a new one beyond is refused (max-workers); sizes the ZeroMQ socket "
+                 "and open-file limits")
+      ->capture_default_str();
+  app.add_option("--forget-after-s", c->forget_after_s,
+                 "a worker gone this long (bye, removed, dead, unreachable) is forgotten: record, sockets, id")
+      ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", c->heartbeat_timeout_ms,
                  "a worker silent this long on its event stream is dead")
       ->capture_default_str();
@@ -332,6 +347,13 @@ Status Prepare(RouterConfig* c) {
   c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);
   c->fleet.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
+  if (c->fleet.max_workers < 1 || c->fleet.max_workers > config::kMaxWorkers) {
+    return InvalidArgument("--max-workers must be 1.." + std::to_string(config::kMaxWorkers) +
+                           " (the global index's worker limit)");
+  }
+  if (!(c->forget_after_s > 0)) return InvalidArgument("--forget-after-s must be > 0");
+  c->fleet.forget_after = static_cast<DurationNs>(c->forget_after_s * kNsPerSec);
+  c->fleet.lanes = static_cast<size_t>(std::max(c->http.io_threads, 1)) + 1;  // the I/O threads', and Submit's
   c->api.unknown_model_grace = static_cast<DurationNs>(c->unknown_model_grace_s * kNsPerSec);
   c->fleet.registration_auth.lease = static_cast<DurationNs>(c->registration_lease_s * kNsPerSec);
   if (!c->fleet.registration_auth.authorized_keys_file.empty()) {
@@ -354,6 +376,14 @@ Status Prepare(RouterConfig* c) {
     KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));
   }
   return Status::Ok();
+}
+
+uint64_t OpenFilesWanted(const RouterConfig& c) {
+  constexpr uint64_t kEventFilesPerWorker = 3;  // the replay DEALER's mailbox and connection, the SUB's
+  constexpr uint64_t kOtherFiles = 4096;        // HTTP clients, tokenizers, logs, the contexts' own
+  const uint64_t fleet_sockets = c.fleet.SocketsPerWorker();
+  const uint64_t fleet_connections = 1 + c.fleet.lanes;  // the liveness DEALER's and each lane's
+  return c.fleet.max_workers * (fleet_sockets + fleet_connections + kEventFilesPerWorker) + kOtherFiles;
 }
 
 }  // namespace kvfleet::router

@@ -67,6 +67,7 @@ struct RouterConfig {
   double admission_ttft_s = 0;
   double dns_interval_s = 10;                                    // s between DNS resolutions
   int64_t heartbeat_timeout_ms = 3000;                           // ms of event silence: dead
+  double forget_after_s = 60;  // s a worker is gone (bye, removed, dead, unreachable) before it is forgotten
   double unknown_model_grace_s = 10;  // s after start: an unannounced model is 503, not 404
   double registration_lease_s = 10;   // s a registered worker's id and endpoints stay its own after its last Hello
   // --routing-window-size: "auto" indexes, per worker, the KV pool its Hello says a prefix
@@ -88,6 +89,11 @@ void AddOptions(CLI::App& app, RouterConfig* c);
 // each model's tokenizer directory and chat template file (read here, so a bad one fails at
 // start-up with its reason), CURVE key files and the API keys. Every error names its option.
 Status Prepare(RouterConfig* c);
+
+// Open files a router with `c`'s fleet may need: per worker, each socket's mailbox and TCP
+// connection (the fleet's and every lane's DEALER, the replay DEALER, the SUB's connection),
+// and room for HTTP clients and the rest.
+uint64_t OpenFilesWanted(const RouterConfig& c);
 
 // "MODEL=VALUE" -> {MODEL, VALUE}; "VALUE" (no '=') -> {"", VALUE}. InvalidArgument, naming
 // `option`, for an empty MODEL or VALUE.

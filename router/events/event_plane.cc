@@ -18,10 +18,12 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/thread_priority.h"
+#include "common/zmq_monitor.h"
 #include "common/zmq_threads.h"
 #include "router/events/fault_injection.h"
 #include "router/events/worker_subscriber.h"
 #include "schema/event_codec.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -73,6 +75,8 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   GlobalIndex index_;
   mutable std::mutex view_mu_;
   std::unordered_map<WorkerId, View> views_;
+  Status status_;  // set by the constructor
+  std::atomic<size_t> replay_sockets_{0};
 
  private:
   struct Entry {
@@ -87,8 +91,12 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   };
 
   void Run();
+  Status OpenSub();
   void HandleCommand(Command& c);
   void Add(const Command& c);
+  // The worker's replay DEALER, connected, and the SUB connected to its PUB.
+  Status OpenSockets(Entry& e, const Command& c);
+  void RetryAdds(TimeNs now);
   void Remove(WorkerId id);
   void ReceiveSub();
   void Deliver(WorkerId id, events::DecodedBatch batch);
@@ -100,6 +108,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
 
   zmq::context_t ctx_;
   zmq::socket_t sub_;
+  std::unique_ptr<SocketMonitor> sub_monitor_;  // its dropped connections, counted
   bool curve_ = false;
   CurveKeyPair client_keys_;
   std::string server_public_;
@@ -120,11 +129,16 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
+  std::unordered_map<WorkerId, Command> retry_;  // adds whose sockets could not be made
+  TimeNs last_retry_ = 0;
+  RateLimit socket_errors_log_;
+
   // Metrics.
   prometheus::Family<prometheus::Counter>* f_applied_;
   prometheus::Counter *m_stored_, *m_removed_, *m_updated_, *m_cleared_;
   prometheus::Counter *m_gaps_, *m_replays_, *m_snapshots_, *m_epochs_, *m_unknown_parent_;
   prometheus::Counter* m_event_id_mismatches_;
+  prometheus::Counter* m_disconnects_;
   prometheus::Family<prometheus::Counter>* f_malformed_;
   prometheus::Family<prometheus::Gauge>* f_blocks_;
   prometheus::Family<prometheus::Gauge>* f_state_;
@@ -155,6 +169,9 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
   m_event_id_mismatches_ = counter("kvfleet_router_event_id_mismatches_total",
                                    "Batches whose event ids did not follow the last applied one though their seq "
                                    "did (events lost or repeated); each resyncs the worker from a snapshot");
+  m_disconnects_ = counter("kvfleet_router_event_disconnects_total",
+                           "Event stream connections dropped: a worker gone, or one that sent a frame over "
+                           "schema/limits.h's bound");
   f_malformed_ = &prometheus::BuildCounter()
                       .Name("kvfleet_router_events_malformed_total")
                       .Help("KV event messages dropped as malformed, by reason")
@@ -184,14 +201,28 @@ EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheu
     server_public_ = *server;
     curve_ = true;
   }
-  // The event thread runs at the background priority; so do the threads that feed it.
-  StartZmqThreadsAtLowerPriority(ctx_);
-  sub_ = zmq::socket_t(ctx_, zmq::socket_type::sub);
-  sub_.set(zmq::sockopt::rcvhwm, options_.sub_rcvhwm);
-  sub_.set(zmq::sockopt::linger, 0);
-  if (curve_) KVF_CHECK(MakeCurveClient(sub_, client_keys_, server_public_).ok());
-  sub_.set(zmq::sockopt::subscribe, "kv.");
+  status_ = OpenSub();
+  if (!status_.ok()) log_->error("event plane: {}", status_.message());
   thread_ = std::thread([this] { Run(); });
+}
+
+Status EventPlane::Impl::OpenSub() {
+  auto max = SetMaxSockets(ctx_, options_.max_workers + config::kEventSocketHeadroom);
+  if (!max.ok()) return max.status();
+  try {
+    // The event thread runs at the background priority; so do the threads that feed it.
+    StartZmqThreadsAtLowerPriority(ctx_);
+    sub_ = zmq::socket_t(ctx_, zmq::socket_type::sub);
+    sub_.set(zmq::sockopt::rcvhwm, options_.sub_rcvhwm);
+    sub_.set(zmq::sockopt::linger, 0);
+    sub_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxEventMessageBytes);
+    if (curve_) KVF_RETURN_IF_ERROR(MakeCurveClient(sub_, client_keys_, server_public_));
+    sub_.set(zmq::sockopt::subscribe, "kv.");
+    KVF_ASSIGN_OR_RETURN(sub_monitor_, SocketMonitor::Start(ctx_, sub_, ZMQ_EVENT_DISCONNECTED));
+  } catch (const zmq::error_t& e) {
+    return ResourceExhausted(std::string("cannot make the SUB socket: ") + e.what());
+  }
+  return Status::Ok();
 }
 
 EventPlane::Impl::~Impl() {
@@ -233,17 +264,16 @@ void EventPlane::Impl::Add(const Command& c) {
   e->name = c.name;
   e->endpoints = c.endpoints;
   e->indexed_window = c.indexed_window;
-  try {
-    e->dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
-    e->dealer.set(zmq::sockopt::linger, 0);
-    e->dealer.set(zmq::sockopt::rcvhwm, 0);  // snapshot chunks must not be dropped
-    if (curve_) KVF_CHECK(MakeCurveClient(e->dealer, client_keys_, server_public_).ok());
-    e->dealer.connect(c.endpoints.replay);
-    sub_.connect(c.endpoints.events);
-  } catch (const zmq::error_t& err) {
-    log_->error("worker {}: cannot connect to {} / {}: {}", c.name, c.endpoints.events, c.endpoints.replay, err.what());
+  retry_.erase(c.id);
+  if (Status st = OpenSockets(*e, c); !st.ok()) {
+    e->dealer.close();
+    retry_[c.id] = c;
+    uint64_t suppressed = 0;
+    if (socket_errors_log_.Allow(&suppressed))
+      log_->error("worker {}: {}; trying again in a second ({} more suppressed)", c.name, st.message(), suppressed);
     return;
   }
+  ++replay_sockets_;
   for (int t = 0; t < kv::kNumTiers; ++t)
     e->blocks_gauge[t] = &f_blocks_->Add({{"worker", c.name}, {"tier", kv::TierName(static_cast<kv::Tier>(t))}});
   for (int s = 0; s < kEventStreamStates; ++s)
@@ -261,7 +291,32 @@ void EventPlane::Impl::Add(const Command& c) {
   RefreshView(ref);
 }
 
+Status EventPlane::Impl::OpenSockets(Entry& e, const Command& c) {
+  try {
+    e.dealer = zmq::socket_t(ctx_, zmq::socket_type::dealer);
+    e.dealer.set(zmq::sockopt::linger, 0);
+    e.dealer.set(zmq::sockopt::rcvhwm, 0);  // snapshot chunks must not be dropped
+    e.dealer.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxEventMessageBytes);
+    if (curve_) KVF_RETURN_IF_ERROR(MakeCurveClient(e.dealer, client_keys_, server_public_));
+    e.dealer.connect(c.endpoints.replay);
+    sub_.connect(c.endpoints.events);
+  } catch (const zmq::error_t& err) {
+    return ResourceExhausted("cannot connect to " + c.endpoints.events + " / " + c.endpoints.replay + ": " +
+                             err.what());
+  }
+  return Status::Ok();
+}
+
+void EventPlane::Impl::RetryAdds(TimeNs now) {
+  if (retry_.empty() || now - last_retry_ < kNsPerSec) return;
+  last_retry_ = now;
+  std::vector<Command> again;
+  for (auto& [id, c] : retry_) again.push_back(c);
+  for (const Command& c : again) Add(c);
+}
+
 void EventPlane::Impl::Remove(WorkerId id) {
+  retry_.erase(id);
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
   Entry& e = *it->second;
@@ -270,9 +325,17 @@ void EventPlane::Impl::Remove(WorkerId id) {
   } catch (const zmq::error_t&) {
   }
   e.sub->Drop();
-  for (auto* g : e.blocks_gauge) f_blocks_->Remove(g);
-  for (auto* g : e.state_gauge) f_state_->Remove(g);
-  by_topic_.erase("kv." + e.name);
+  // Series and topics are per name: a worker of the same name under another id keeps them.
+  bool name_shared = false;
+  for (const auto& [other, entry] : workers_) name_shared = name_shared || (other != id && entry->name == e.name);
+  if (!name_shared) {
+    for (auto* g : e.blocks_gauge) f_blocks_->Remove(g);
+    for (auto* g : e.state_gauge) f_state_->Remove(g);
+  }
+  if (auto topic = by_topic_.find("kv." + e.name); topic != by_topic_.end() && topic->second == id) {
+    by_topic_.erase(topic);
+  }
+  --replay_sockets_;
   workers_.erase(it);
   std::lock_guard lock(view_mu_);
   views_.erase(id);
@@ -393,6 +456,11 @@ void EventPlane::Impl::Periodic(TimeNs now, bool force) {
     for (auto& [id, b] : deliveries_) Deliver(id, std::move(b));
   }
   ExportCounters();
+  RetryAdds(now);
+  if (sub_monitor_) sub_monitor_->Drain([&](uint16_t, std::string_view address) {
+    m_disconnects_->Increment();
+    log_->info("event stream from {} dropped", address);
+  });
   if (now - last_sweep_ >= tuning::kSweepInterval) {
     index_.SweepExpired();
     last_sweep_ = now;
@@ -420,7 +488,7 @@ void EventPlane::Impl::Run() {
   while (!stop_.load(std::memory_order_relaxed)) {
     items.clear();
     item_entries.clear();
-    items.push_back({sub_.handle(), 0, ZMQ_POLLIN, 0});
+    items.push_back({sub_.handle(), sub_ ? 0 : -1, static_cast<short>(sub_ ? ZMQ_POLLIN : 0), 0});
     for (auto& [id, e] : workers_) {
       items.push_back({e->dealer.handle(), 0, ZMQ_POLLIN, 0});
       item_entries.push_back(e.get());
@@ -522,5 +590,7 @@ const GlobalIndex& EventPlane::index() const { return impl_->index_; }
 GlobalIndex& EventPlane::index() { return impl_->index_; }
 
 void EventPlane::Sync() { impl_->Enqueue(Impl::Command{}, /*wait=*/true); }
+Status EventPlane::status() const { return impl_->status_; }
+size_t EventPlane::replay_sockets() const { return impl_->replay_sockets_.load(); }
 
 }  // namespace kvfleet::router

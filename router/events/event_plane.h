@@ -25,6 +25,10 @@
 // machines, and applies to the index; AddWorker/RemoveWorker queue commands to it. The
 // index is read concurrently by the routing threads.
 //
+// Sockets: one SUB connected to every worker's PUB (topics carry the worker's name), and one
+// replay DEALER per worker. A worker whose sockets cannot be made (the socket or file limit)
+// is logged and tried again each second until it is removed.
+//
 // Thread safety: thread-safe.
 #pragma once
 
@@ -46,6 +50,12 @@ class Registry;
 }
 
 namespace kvfleet::router {
+
+namespace config {
+// Sockets of the event plane's context beyond one replay DEALER per worker: the SUB socket,
+// and room for those a context makes on its own.
+inline constexpr size_t kEventSocketHeadroom = 16;
+}  // namespace config
 
 class FaultInjector;  // router/events/fault_injection.h
 
@@ -84,6 +94,9 @@ struct EventPlaneOptions {
   std::optional<uint32_t> routing_window_size;
   // ZMQ receive high-water mark of the SUB socket (messages).
   int sub_rcvhwm = 100'000;
+  // Workers subscribed at once (the router's --max-workers): each costs one replay DEALER, so
+  // the plane's ZeroMQ context allows this many sockets and config::kEventSocketHeadroom.
+  size_t max_workers = 1024;
   EventPlaneCurve curve;
   // Set: disturbs live batches between the SUB socket and the state machines (drops,
   // duplicates, reorders). Tests set it, and so does the router's --debug-drop-events F (drops
@@ -143,6 +156,10 @@ class EventPlane final : public WorkerSignals {
 
   // Blocks until every queued command has been taken by the event thread (tests).
   void Sync();
+  // Ok, unless the plane's SUB socket could not be made (the router then exits with it).
+  Status status() const;
+  // Workers with a replay DEALER open (tests: sockets are closed when a worker is removed).
+  size_t replay_sockets() const;
 
  private:
   class Impl;

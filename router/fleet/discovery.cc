@@ -7,6 +7,8 @@
 #include <optional>
 #include <utility>
 
+#include "schema/limits.h"
+
 namespace kvfleet::router {
 
 namespace {
@@ -146,6 +148,7 @@ Status Registration::Bind(zmq::context_t& ctx, const std::string& endpoint, cons
   try {
     socket_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
     socket_->set(zmq::sockopt::linger, 0);
+    socket_->set(zmq::sockopt::maxmsgsize, wire::limits::kMaxHelloBytes);
     // A worker's routing id is its worker id; its newest connection (a restart, a reconnect
     // after a network fault) takes the id over rather than being ignored behind a stale one.
     socket_->set(zmq::sockopt::router_handover, 1);

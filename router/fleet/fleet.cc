@@ -26,10 +26,13 @@
 #include "common/curve_keys.h"
 #include "common/log.h"
 #include "common/tokenizer_files.h"
+#include "common/zmq_threads.h"
+#include "router/index/global_index.h"
 #include "router/fleet/discovery.h"
 #include "router/fleet/fleet_impl.h"
 #include "router/fleet/lane.h"
 #include "router/fleet/poll_loop.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -63,9 +66,19 @@ Status FleetImpl::Init() {
     KVF_ASSIGN_OR_RETURN(curve_server_public_, LoadCurvePublicKey(curve.server_public_key_file));
     curve_ = true;
   }
+  if (options_.max_workers == 0 || options_.max_workers > config::kMaxWorkers) {
+    return InvalidArgument("max workers must be 1.." + std::to_string(config::kMaxWorkers) + " (the index's)");
+  }
+  // Before the first socket, which fixes the context's limit.
+  KVF_ASSIGN_OR_RETURN(const size_t max_sockets, SetMaxSockets(ctx_, options_.MaxSockets()));
+  if (max_sockets < options_.MaxSockets()) {
+    Logger("fleet")->warn("ZeroMQ allows {} sockets, not the {} that {} workers over {} lanes need", max_sockets,
+                          options_.MaxSockets(), options_.max_workers, options_.lanes);
+  }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return Internal("eventfd failed");
   KVF_RETURN_IF_ERROR(BindRegistration());
+  if (registration_.bound()) sockets_open_.fetch_add(1);
   for (const StaticFleet& fleet : options_.AllStaticFleets()) {
     for (const auto& ep : fleet.workers) AddOrUpdate(StaticHello(ep, fleet), HelloSource::kListed);
     for (const auto& name : fleet.dns_names) dns_sources_.push_back(DnsSource{fleet, name, {}});
@@ -101,26 +114,31 @@ std::vector<LaneFleet::WorkerEndpoint> FleetImpl::Endpoints() const {
   std::vector<WorkerEndpoint> out;
   std::shared_lock<std::shared_mutex> lock(mu_);
   for (const auto& w : workers_) {
-    if (!w->removed.load()) out.push_back({w->id, w->info.requests_endpoint});
+    if (w && !w->removed.load()) out.push_back({w->id, w->info.requests_endpoint});
   }
   return out;
 }
 
 bool FleetImpl::Routable(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return id < workers_.size() && !workers_[id]->removed.load() && Routable(*workers_[id]);
+  return Record(id) != nullptr && !workers_[id]->removed.load() && Routable(*workers_[id]);
 }
 
 uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return 0;
+  if (Record(id) == nullptr) {
+    // Forgotten: every request sent there is lost, and a worker given its id since counts on.
+    auto retired = retired_failures_.find(id);
+    if (why != nullptr) *why = "worker forgotten";
+    return retired == retired_failures_.end() ? 0 : retired->second;
+  }
   if (why != nullptr) *why = workers_[id]->last_failure;
   return workers_[id]->failures.load();
 }
 
 void FleetImpl::CountInflight(WorkerId id, const OwnLoadDelta& delta) {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return;
+  if (Record(id) == nullptr) return;
   WorkerRecord& w = *workers_[id];
   if (delta.requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(delta.requests));
   w.own.Add(clock_, delta);
@@ -132,7 +150,7 @@ void FleetImpl::CountRetry() {
 
 std::string FleetImpl::WorkerName(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return id < workers_.size() ? workers_[id]->info.name : std::string();
+  return Record(id) != nullptr ? workers_[id]->info.name : std::string();
 }
 
 // --- internals ---
@@ -159,13 +177,19 @@ void FleetImpl::Wake() {
 // --- registry (fleet thread, or Init before the thread starts) ---
 
 // Returns the worker's id, or nullopt when refused. A kListed Hello is a guess from the
-// router's flags: it never refuses, and never overrides what a worker said of itself.
+// router's flags: it is refused only when the fleet is full (max_workers), and never
+// overrides what a worker said of itself.
 std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSource source) {
-  auto log = Logger("fleet");
   const bool listed = source == HelloSource::kListed;
   if (!IsValidBlockSize(hello.block_size)) {
     Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
                                             " is not a power of two");
+    return std::nullopt;
+  }
+  if (hello.max_context > wire::limits::kMaxContextTokens) {
+    Refuse(hello, "context-too-long",
+           "max context " + std::to_string(hello.max_context) + " exceeds the " +
+               std::to_string(wire::limits::kMaxContextTokens) + " tokens a request frame carries");
     return std::nullopt;
   }
   if (hello.requests_endpoint.empty()) {
@@ -187,6 +211,13 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
   if (!listed) refused_.erase(hello.requests_endpoint);
   auto& model = models_[hello.model];
   auto existing = by_endpoint_.find(hello.requests_endpoint);
+  if (existing == by_endpoint_.end() && records_ >= options_.max_workers) {
+    lock.unlock();
+    Refuse(hello, "max-workers",
+           "the router already knows " + std::to_string(options_.max_workers) +
+               " workers (--max-workers; workers gone are forgotten after --forget-after-s)");
+    return std::nullopt;
+  }
   // Block size: every member of a model's fleet that said its own must agree (Contract 1).
   if (model.block_size != 0 && model.block_size != hello.block_size && !listed) {
     bool others_live = false;
@@ -205,21 +236,35 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
   }
   if (!listed || model.block_size == 0) model.block_size = hello.block_size;
   if (existing != by_endpoint_.end()) return UpdateRecord(lock, *workers_[existing->second], model, hello, source);
+  return AddRecord(lock, model, hello, source);
+}
+
+// A new record for `hello`, a member of `model`. REQUIRES: `lock` holds mu_, and the fleet
+// has room (records_ < max_workers); released on return.
+WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEntry& model, const WorkerHello& hello,
+                              HelloSource source) {
+  const bool listed = source == HelloSource::kListed;
   auto record = std::make_unique<WorkerRecord>();
-  record->id = static_cast<WorkerId>(workers_.size());
+  record->id = TakeId();
   record->info = hello;
   if (listed) record->listed = hello;
   record->from_static = source != HelloSource::kRegistered;
   record->described = !listed;
   if (inflight_family_ != nullptr) record->inflight_gauge = &inflight_family_->Add({{"worker", hello.name}});
+  if (source == HelloSource::kRegistered) record->last_hello = clock_->Now();
+  if (auto retired = retired_failures_.find(record->id); retired != retired_failures_.end()) {
+    record->failures = retired->second + 1;  // past what lanes saw of the id's last worker
+    retired_failures_.erase(retired);
+  }
   WorkerRecord* w = record.get();
-  workers_.push_back(std::move(record));
+  workers_[w->id] = std::move(record);
+  ++records_;
   by_endpoint_[hello.requests_endpoint] = w->id;
   model.members.push_back(w->id);
   lock.unlock();
-  Connect(*w);
-  log->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model, hello.block_size,
-            hello.requests_endpoint);
+  (void)Connect(*w);  // on failure, tried again at a later tick
+  Logger("fleet")->info("worker {} joined: model {}, block size {}, requests {}", hello.name, hello.model,
+                        hello.block_size, hello.requests_endpoint);
   if (signals_) signals_->AddWorker(w->id, hello);
   return w->id;
 }
@@ -258,10 +303,13 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
   w.info = merged;
   w.said_bye = false;
   if (!listed) w.described = true;
-  if (source == HelloSource::kRegistered) w.from_static = false;
+  if (source == HelloSource::kRegistered) {
+    w.from_static = false;
+    w.last_hello = clock_->Now();
+  }
   WorkerId id = w.id;
   lock.unlock();
-  if (readded && !w.dealer) Connect(w);
+  if (readded && !w.dealer) (void)Connect(w);
   if (changed) {
     log->info("worker {} ({}) {}: model {}, block size {}, max context {}", merged.name, merged.requests_endpoint,
               source == HelloSource::kDescribed ? "described itself" : "re-registered", merged.model,
@@ -274,10 +322,17 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
   return id;
 }
 
+WorkerId FleetImpl::TakeId() {
+  if (!free_ids_.empty()) return free_ids_.extract(free_ids_.begin()).value();
+  workers_.emplace_back();
+  return static_cast<WorkerId>(workers_.size() - 1);
+}
+
 void FleetImpl::Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why) {
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     refused_[hello.requests_endpoint] = RefusedWorker{hello, reason, why};
+    refused_at_[hello.requests_endpoint] = clock_->Now();
   }
   if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
   // Registrations repeat every few seconds: log each (worker, reason) once.
@@ -329,11 +384,15 @@ void FleetImpl::Loop() {
     }
     if (clock_->Now() >= next_tick) {
       DrainMonitors();
+      RetryConnects();
+      ForgetGone();
       next_tick = clock_->Now() + options_.tick;
     }
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
-  for (auto& w : workers_) Disconnect(*w);
+  for (auto& w : workers_) {
+    if (w) Disconnect(*w);
+  }
   registration_.Close();
 }
 
@@ -352,7 +411,7 @@ void FleetImpl::DrainCommands() {
 // tick (LaneFleet::Failures).
 void FleetImpl::FailWorker(WorkerId id, const Status& why) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return;
+  if (Record(id) == nullptr) return;
   workers_[id]->last_failure = std::string(why.message());
   workers_[id]->failures.fetch_add(1);
 }
@@ -405,7 +464,7 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message, const Registratio
     std::unique_lock<std::shared_mutex> lock(mu_);
     std::erase_if(refused_, [&](const auto& entry) { return entry.second.info.name == bye.name; });
     for (auto& w : workers_) {
-      if (w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
+      if (w && w->info.name == bye.name && (bye.epoch == 0 || w->info.epoch == bye.epoch)) {
         w->said_bye = true;
         gone.push_back(w->id);
       }
@@ -499,5 +558,7 @@ uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocks
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }
+size_t Fleet::SocketsOpen() const { return impl_->SocketsOpen(); }
+size_t Fleet::Records() const { return impl_->Records(); }
 
 }  // namespace kvfleet::router

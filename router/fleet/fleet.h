@@ -16,6 +16,15 @@
 // that says whether it is connected; the lanes learn of failures at their ticks. The
 // router's own in-flight counts per worker are kept here, summed over the lanes.
 //
+// Size: at most FleetOptions::max_workers records. Each worker reached costs the Fleet's
+// ZeroMQ context SocketsPerWorker() sockets: config::kFleetSocketsPerWorker (3: the liveness
+// DEALER and its monitor's two PAIR ends) plus one DEALER per lane (5 with the router's
+// default two HTTP threads; Submit's own lane, once started, adds one); ZMQ_MAX_SOCKETS is set
+// for max_workers of them. A socket that cannot be made is logged and tried again later. A
+// worker gone (said bye, removed, or registered and unreachable or DEAD since its last Hello)
+// for forget_after is forgotten: its record, sockets, metric series and event subscription
+// go, and its id is reused.
+//
 // Thread safety: thread-safe. Submit()'s sinks are called on the Fleet's lane thread, one
 // request's calls in order, never after the terminal call or after the cancel was handled.
 #pragma once
@@ -50,6 +59,12 @@ namespace config {
 // each request changes the counts ~3 times, so 256 changes reach back past a 200 ms-old
 // report up to ~400 requests/s to that one worker, and past a one-step-old one far beyond.
 inline constexpr size_t kOwnLoadHistory = 256;
+// ZeroMQ sockets the fleet's context holds per worker, besides one DEALER per lane: the
+// fleet thread's liveness DEALER, and the two PAIR ends of its socket monitor.
+inline constexpr size_t kFleetSocketsPerWorker = 3;
+// Sockets of the fleet's context beyond its workers': the registration ROUTER, and room for
+// the monitors and sockets a context makes on its own.
+inline constexpr size_t kFleetSocketHeadroom = 64;
 }  // namespace config
 
 // What the routing step reads of each worker's load (router/routing/router.h): this
@@ -146,6 +161,21 @@ struct FleetOptions {
   int max_attempts = 2;                   // the first try and one retry before the first token
   DurationNs tick = 20 * kNsPerMs;        // timeouts and liveness are checked this often
   FleetCurve curve;
+  // Workers known at once (records, live or waiting to be forgotten); a new one beyond is
+  // refused ("max-workers"). Sizes the ZeroMQ socket limit. At most config::kMaxWorkers.
+  size_t max_workers = 1024;
+  // Lanes that may connect to every worker: the router's HTTP I/O threads, and Submit's own.
+  size_t lanes = 3;
+  // A worker gone this long (said bye, removed, its event stream DEAD, or unreachable and
+  // silent) is forgotten: its record, sockets and id are released. Back within it, it resumes.
+  DurationNs forget_after = 60 * kNsPerSec;
+  // Called on the fleet thread for each worker forgotten, with its id and name, and whether no
+  // other worker has that name: the router drops what it keeps per worker elsewhere (the
+  // approx policy's predicted entries by id, Api::ForgetWorker's series by name).
+  std::function<void(WorkerId id, const std::string& name, bool last_of_name)> on_forgotten;
+  // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
+  size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
+  size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }
 };
 
 // Called on the thread of the lane that forwards the request.
@@ -288,6 +318,11 @@ class Fleet final : public WorkerLoads {
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).
   std::string registration_endpoint() const;
+  // ZeroMQ sockets the fleet thread holds: the registration ROUTER and, per worker it reaches,
+  // config::kFleetSocketsPerWorker. Each lane holds one DEALER per worker besides (Lane::dealers()).
+  size_t SocketsOpen() const;
+  // Workers on record: known, or gone and not yet forgotten (FleetOptions::forget_after).
+  size_t Records() const;
 
  private:
   explicit Fleet(std::unique_ptr<FleetImpl> impl);

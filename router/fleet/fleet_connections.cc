@@ -23,46 +23,104 @@
 #include "common/log.h"
 #include "router/fleet/fleet_impl.h"
 #include "schema/describe.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
 std::unique_ptr<zmq::socket_t> FleetImpl::NewDealer() {
-  auto dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-  ConfigureDealer(*dealer);
-  return dealer;
+  auto dealer = MakeDealer();
+  if (dealer.ok()) return std::move(*dealer);
+  uint64_t suppressed = 0;
+  if (socket_errors_log_.Allow(&suppressed)) {
+    Logger("fleet")->error("{} ({} more suppressed)", dealer.status().message(), suppressed);
+  }
+  return nullptr;
 }
 
-void FleetImpl::ConfigureDealer(zmq::socket_t& dealer) {
+Result<std::unique_ptr<zmq::socket_t>> FleetImpl::MakeDealer() {
+  try {
+    auto dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    KVF_RETURN_IF_ERROR(ConfigureDealer(*dealer));
+    return dealer;
+  } catch (const zmq::error_t& e) {
+    // EMFILE: the context's ZMQ_MAX_SOCKETS (FleetOptions::MaxSockets) or the process's
+    // open-file limit is spent.
+    return ResourceExhausted(std::string("cannot make a DEALER to a worker: ") + e.what());
+  }
+}
+
+Status FleetImpl::ConfigureDealer(zmq::socket_t& dealer) {
   dealer.set(zmq::sockopt::linger, 0);
+  dealer.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxToRouterBytes);
   dealer.set(zmq::sockopt::reconnect_ivl, 100);
   dealer.set(zmq::sockopt::reconnect_ivl_max, 2000);
   // ZMTP heartbeats: a peer that vanishes without closing TCP is noticed in seconds.
   dealer.set(zmq::sockopt::heartbeat_ivl, 1000);
   dealer.set(zmq::sockopt::heartbeat_timeout, 3000);
-  if (curve_) KVF_CHECK(MakeCurveClient(dealer, curve_keys_, curve_server_public_).ok());
+  if (curve_) return MakeCurveClient(dealer, curve_keys_, curve_server_public_);
+  return Status::Ok();
 }
 
 // The fleet thread's own DEALER to a worker carries no requests (the lanes have theirs);
 // its monitor tells whether the worker is connected, and when it drops.
-void FleetImpl::Connect(WorkerRecord& w) {
-  w.dealer = NewDealer();
-  std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
-  KVF_CHECK(zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(),
-                               ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
-  w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
-  w.monitor->set(zmq::sockopt::linger, 0);
-  w.monitor->connect(monitor_ep);
+Status FleetImpl::Connect(WorkerRecord& w) {
+  Status st = OpenConnection(w);
   generation_.fetch_add(1, std::memory_order_release);
+  if (st.ok()) return st;
+  if (w.monitor) sockets_open_.fetch_sub(2);
+  if (w.dealer) sockets_open_.fetch_sub(1);
+  w.monitor.reset();
+  w.dealer.reset();
+  w.connect_retry_at = clock_->Now() + config::kConnectRetryInterval;
+  uint64_t suppressed = 0;
+  if (socket_errors_log_.Allow(&suppressed)) {
+    Logger("fleet")->error("worker {}: {}; trying again in {} ms ({} more suppressed)", w.info.name, st.message(),
+                           config::kConnectRetryInterval / kNsPerMs, suppressed);
+  }
+  return st;
+}
+
+Status FleetImpl::OpenConnection(WorkerRecord& w) {
+  KVF_ASSIGN_OR_RETURN(w.dealer, MakeDealer());
+  sockets_open_.fetch_add(1);
+  std::string monitor_ep = "inproc://fleet-monitor-" + std::to_string(w.id) + "-" + std::to_string(++monitors_);
+  if (zmq_socket_monitor(w.dealer->handle(), monitor_ep.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    return ResourceExhausted(std::string("cannot monitor the DEALER to a worker: ") + zmq_strerror(zmq_errno()));
+  }
+  try {
+    w.monitor = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+    sockets_open_.fetch_add(2);  // with the monitor's own end
+    w.monitor->set(zmq::sockopt::linger, 0);
+    w.monitor->connect(monitor_ep);
+  } catch (const zmq::error_t& e) {
+    return ResourceExhausted(std::string("cannot monitor the DEALER to a worker: ") + e.what());
+  }
   try {
     w.dealer->connect(w.info.requests_endpoint);
   } catch (const zmq::error_t& e) {
+    // A malformed endpoint: kept, never connected, so never routable.
     Logger("fleet")->warn("worker {}: cannot connect to {}: {}", w.info.name, w.info.requests_endpoint, e.what());
   }
+  return Status::Ok();
+}
+
+void FleetImpl::RetryConnects() {
+  const TimeNs now = clock_->Now();
+  std::vector<WorkerRecord*> retry;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (w && !w->dealer && !w->removed.load() && now >= w->connect_retry_at) retry.push_back(w.get());
+    }
+  }
+  for (WorkerRecord* w : retry) (void)Connect(*w);
 }
 
 void FleetImpl::Disconnect(WorkerRecord& w) {
   generation_.fetch_add(1, std::memory_order_release);
   w.connected = false;
+  if (w.monitor) sockets_open_.fetch_sub(2);
+  if (w.dealer) sockets_open_.fetch_sub(1);
   w.monitor.reset();
   w.dealer.reset();
 }
@@ -72,7 +130,7 @@ void FleetImpl::DrainMonitors() {
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     for (auto& w : workers_) {
-      if (w->monitor) with_monitor.push_back(w.get());
+      if (w && w->monitor) with_monitor.push_back(w.get());
     }
   }
   for (WorkerRecord* w : with_monitor) {

@@ -28,6 +28,7 @@
 #include <zmq.hpp>
 
 #include "common/curve_keys.h"
+#include "common/log.h"
 #include "router/fleet/discovery.h"
 #include "router/fleet/fleet.h"
 #include "router/fleet/lane.h"
@@ -40,6 +41,9 @@ namespace config {
 // as a registered worker re-sends its own (worker/server/registration.h), so a change
 // (adapters loaded by another router, a restart with other flags) is seen as soon.
 inline constexpr DurationNs kDescribeInterval = 2 * kNsPerSec;
+// A worker whose sockets could not be made (the socket or file limit) is tried again this
+// often, not every tick: each try costs a socket and a log line.
+inline constexpr DurationNs kConnectRetryInterval = kNsPerSec;
 }  // namespace config
 
 // Where a Hello came from (FleetImpl::AddOrUpdate).
@@ -71,6 +75,9 @@ struct WorkerRecord {
   std::unique_ptr<zmq::socket_t> dealer;
   std::unique_ptr<zmq::socket_t> monitor;
   TimeNs described_asked_at = 0;  // the last Describe sent on `dealer` (from_static)
+  TimeNs connect_retry_at = 0;    // no `dealer` (its sockets could not be made): tried again then
+  TimeNs last_hello = 0;          // its last Hello on the registration socket
+  TimeNs gone_since = 0;          // first seen said bye or removed (FleetImpl::GoneSince); 0: not
 };
 
 class FleetImpl final : public LaneFleet {
@@ -120,6 +127,13 @@ class FleetImpl final : public LaneFleet {
   uint32_t KvBlocksPerBlock(WorkerId id) const;
   uint32_t StoredPrefixBlocks(WorkerId id) const;
   std::string registration_endpoint() const { return registration_.endpoint(); }
+  // Sockets the fleet thread holds: the registration ROUTER and, per connected worker, its
+  // liveness DEALER and monitor (config::kFleetSocketsPerWorker). The lanes hold their own.
+  size_t SocketsOpen() const { return sockets_open_.load(std::memory_order_relaxed); }
+  size_t Records() const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    return records_;
+  }
 
  private:
   struct DnsCmd {
@@ -147,19 +161,30 @@ class FleetImpl final : public LaneFleet {
   // --- registry (fleet thread, or Init before the thread starts) ---
 
   std::optional<WorkerId> AddOrUpdate(const WorkerHello& hello, HelloSource source);
+  WorkerId AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEntry& model, const WorkerHello& hello,
+                     HelloSource source);
   WorkerId UpdateRecord(std::unique_lock<std::shared_mutex>& lock, WorkerRecord& w, ModelEntry& model,
                         const WorkerHello& hello, HelloSource source);
   // A static or DNS worker's answer to a Describe: recorded as its Hello, or refused.
   void OnDescribed(WorkerRecord& w, const WorkerHello& answer);
   void Refuse(const WorkerHello& hello, const std::string& reason, const std::string& why);
+  // The record of `id`; null when unknown or forgotten. REQUIRES: mu_ held.
+  WorkerRecord* Record(WorkerId id) const { return id < workers_.size() ? workers_[id].get() : nullptr; }
+  // An id for a new record: the lowest a forgotten worker freed, else the next. REQUIRES: mu_.
+  WorkerId TakeId();
   // Takes the accepted worker at `endpoint` (if any) out of routing: it now announces
   // something this router refuses.
   void Withdraw(const std::string& endpoint);
 
   // --- connections (fleet_connections.cc) ---
 
-  void ConfigureDealer(zmq::socket_t& dealer);
-  void Connect(WorkerRecord& w);
+  Result<std::unique_ptr<zmq::socket_t>> MakeDealer();
+  Status ConfigureDealer(zmq::socket_t& dealer);
+  // Makes the worker's liveness DEALER and its monitor and connects them. On failure the
+  // worker has neither, and is tried again after config::kConnectRetryInterval.
+  Status Connect(WorkerRecord& w);
+  Status OpenConnection(WorkerRecord& w);
+  void RetryConnects();
   void Disconnect(WorkerRecord& w);
   void DrainMonitors();
   void DrainMonitor(WorkerRecord& w);
@@ -173,6 +198,18 @@ class FleetImpl final : public LaneFleet {
   void Loop();
   void DrainCommands();
   void FailWorker(WorkerId id, const Status& why);
+
+  // --- forgetting (fleet_forget.cc) ---
+
+  // When `w` went: it said bye or was removed (first seen then), or, registered, it is
+  // unreachable or its event stream DEAD, since its last Hello. 0: not gone. Static and DNS
+  // workers still listed are never gone.
+  TimeNs GoneSince(WorkerRecord& w, TimeNs now) const;
+  // Forgets the workers gone for longer than forget_after, and stale refusals.
+  void ForgetGone();
+  // Deletes the record of `id`: its sockets closed, its blocks out of the index, its metric
+  // series removed, its id free for a new worker.
+  void Forget(WorkerId id);
   // A Hello or Bye from `peer`: applied when Membership admits it, refused and counted else.
   void OnRegistration(const ToRouterMessage& message, const RegistrationPeer& peer);
   Status BindRegistration();
@@ -202,21 +239,31 @@ class FleetImpl final : public LaneFleet {
   bool stopping_ = false;         // GUARDED_BY(cmd_mu_)
   std::atomic<uint64_t> next_handle_{0};
 
-  // Registry: records are never deleted (ids stay dense and valid), only marked removed.
+  // Registry: a record is marked removed when its worker leaves, and deleted (its slot null,
+  // its id reused) once it has been gone for forget_after. Ids stay below max_workers.
   mutable std::shared_mutex mu_;
-  std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_); by id, null: free
+  std::set<WorkerId> free_ids_;                               // GUARDED_BY(mu_)
+  size_t records_ = 0;                                        // GUARDED_BY(mu_); non-null in workers_
+  // Failures of forgotten ids (LaneFleet::Failures): a lane's request sent to the forgotten
+  // worker sees a change, and a new worker on the id starts past it.
+  std::map<WorkerId, uint64_t> retired_failures_;             // GUARDED_BY(mu_)
   std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
   std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
   std::map<std::string, RefusedWorker> refused_;              // GUARDED_BY(mu_); by requests endpoint
+  std::map<std::string, TimeNs> refused_at_;                  // GUARDED_BY(mu_); forgotten after forget_after
 
   std::atomic<uint64_t> generation_{0};  // see LaneFleet::Generation
   std::atomic<bool> stopping_flag_{false};
+  std::atomic<size_t> sockets_open_{0};
 
   ThreadLane own_lane_{this};  // Fleet::Submit's
 
   // Fleet thread only.
   uint64_t monitors_ = 0;
   std::set<std::string> refusals_logged_;
+  TimeNs last_forget_check_ = 0;
+  RateLimit socket_errors_log_;
 
   prometheus::Counter* retries_ = nullptr;
   prometheus::Family<prometheus::Gauge>* inflight_family_ = nullptr;

@@ -69,7 +69,7 @@ std::optional<ServedModel> FleetImpl::Resolve(std::string_view name) const {
 
 void FleetImpl::NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return;
+  if (Record(id) == nullptr) return;
   std::vector<LoraAnnounce>& loras = workers_[id]->info.loras;
   std::erase_if(loras, [&](const LoraAnnounce& l) { return l.name == adapter.name; });
   if (loaded) loras.push_back(adapter);
@@ -79,7 +79,7 @@ std::optional<double> FleetImpl::AdapterLoadSeconds(WorkerId id, uint64_t lora_i
   uint64_t load_us = 0;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    if (id >= workers_.size()) return std::nullopt;
+    if (Record(id) == nullptr) return std::nullopt;
     const WorkerHello& info = workers_[id]->info;
     auto it = std::find_if(info.loras.begin(), info.loras.end(),
                            [&](const LoraAnnounce& l) { return l.lora_id == lora_id; });
@@ -136,7 +136,7 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
   std::vector<WorkerStatus> out;
   std::shared_lock<std::shared_mutex> lock(mu_);
   for (const auto& w : workers_) {
-    if (w->removed.load()) continue;
+    if (!w || w->removed.load()) continue;
     WorkerStatus s;
     s.id = w->id;
     s.info = w->info;
@@ -154,13 +154,13 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
 
 Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return {};
+  if (Record(id) == nullptr) return {};
   return workers_[id]->own.Now();
 }
 
 Fleet::OwnLoadCounts FleetImpl::OwnLoadAt(WorkerId id, TimeNs at) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return {};
+  if (Record(id) == nullptr) return {};
   return workers_[id]->own.At(at);
 }
 
@@ -176,14 +176,14 @@ static uint32_t PerBlock(const WorkerHello& info) {
 
 uint64_t FleetImpl::CacheBlocks(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return 0;
+  if (Record(id) == nullptr) return 0;
   const WorkerHello& info = workers_[id]->info;
   return (info.device_blocks + info.host_blocks) / PerBlock(info);  // counted in KV blocks
 }
 
 uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (id >= workers_.size()) return 0;
+  if (Record(id) == nullptr) return 0;
   const WorkerHello& info = workers_[id]->info;
   const uint32_t tokens = IndexedReuseTokens(info);
   return tokens == 0 || info.block_size == 0 ? 0 : std::max<uint32_t>(1, tokens / info.block_size);
@@ -191,7 +191,7 @@ uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
 
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return id < workers_.size() ? PerBlock(workers_[id]->info) : 1;
+  return Record(id) != nullptr ? PerBlock(workers_[id]->info) : 1;
 }
 
 }  // namespace kvfleet::router

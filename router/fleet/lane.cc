@@ -3,12 +3,14 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 
 #include <zmq.h>
 #include <zmq.hpp>
 
 #include "common/check.h"
 #include "common/log.h"
+#include "schema/limits.h"
 
 namespace kvfleet::router {
 
@@ -70,8 +72,9 @@ Lane::~Lane() {
 
 void Lane::Sync() {
   uint64_t gen = fleet_->Generation();
-  if (gen == generation_) return;
+  if (gen == generation_ && (!missing_ || fleet_->clock()->Now() < missing_retry_at_)) return;
   generation_ = gen;
+  missing_ = false;
   std::vector<bool> present(peers_.size(), false);
   for (const auto& w : fleet_->Endpoints()) {
     if (w.id >= peers_.size()) {
@@ -93,15 +96,28 @@ void Lane::Sync() {
 void Lane::Connect(WorkerId id, const std::string& endpoint) {
   Peer& p = peers_[id];
   p.watch.reset();
-  p.dealer = fleet_->NewDealer();
+  p.dealer = fleet_->NewDealer();  // null when the socket limit is spent (logged there)
   p.endpoint = endpoint;
   try {
-    p.dealer->connect(endpoint);
+    if (p.dealer) p.dealer->connect(endpoint);
   } catch (const zmq::error_t& e) {
     Logger("fleet")->warn("lane: cannot connect to {}: {}", endpoint, e.what());
   }
-  int fd = p.dealer->get(zmq::sockopt::fd);
-  p.watch = loop_->WatchReadable(fd, [this, id] { Drain(id); });
+  try {
+    if (p.dealer) p.watch = loop_->WatchReadable(p.dealer->get(zmq::sockopt::fd), [this, id] { Drain(id); });
+  } catch (const zmq::error_t& e) {
+    Logger("fleet")->error("lane: no file descriptor for the DEALER to {}: {}", endpoint, e.what());
+  }
+  if (!p.watch) {
+    p.dealer.reset();  // the worker is not live on this lane until Sync makes one
+    p.endpoint.clear();
+    missing_ = true;
+    missing_retry_at_ = fleet_->clock()->Now() + kNsPerSec;
+  }
+}
+
+size_t Lane::dealers() const {
+  return std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.dealer != nullptr; });
 }
 
 // --- requests ---
@@ -117,6 +133,10 @@ void Lane::Submit(uint64_t handle, ForwardRequest request) {
   KVF_CHECK(flights_.emplace(handle, std::move(f)).second);  // handles are unique per lane
   if (fleet_->Stopping()) {
     return End(handle, worker, Unavailable("the router is shutting down"));
+  }
+  if (static_cast<int64_t>(flights_.at(handle).whole_prompt) > wire::limits::kMaxContextTokens) {
+    // A worker's request socket would drop the connection at the frame (schema/limits.h).
+    return End(handle, worker, InvalidArgument("the prompt is longer than any worker's context"));
   }
   Sync();  // a worker that joined since the last tick
   StartAttempt(handle, worker);

@@ -114,6 +114,8 @@ class Lane {
   void Cancel(uint64_t handle);
 
   size_t inflight() const { return flights_.size(); }
+  // DEALERs this lane holds: one per worker it reaches.
+  size_t dealers() const;
 
   // What became of one LoRA control: the worker's LoraResult, or Unavailable (the worker is
   // not live, or failed before answering) or DeadlineExceeded (no answer within the timeout).
@@ -175,6 +177,9 @@ class Lane {
   LaneLoop* loop_;
   const FleetOptions& options_;
   uint64_t generation_ = ~uint64_t{0};
+  // A DEALER could not be made (the socket limit): Sync tries again from missing_retry_at_.
+  bool missing_ = false;
+  TimeNs missing_retry_at_ = 0;
   std::vector<Peer> peers_;                          // by worker id
   std::unordered_map<uint64_t, Flight> flights_;     // by handle
   std::unordered_map<uint64_t, uint64_t> attempts_;  // attempt id -> handle

@@ -117,6 +117,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   }
 
   void AddRoutes(http::Routes* routes);
+  void ForgetWorker(const std::string& worker) { metrics_.ForgetWorker(worker); }
   void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
 
  private:
@@ -316,5 +317,6 @@ Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs co
 Api::~Api() = default;
 
 void Api::AddRoutes(http::Routes* routes) { impl_->AddRoutes(routes); }
+void Api::ForgetWorker(const std::string& worker) { impl_->ForgetWorker(worker); }
 
 }  // namespace kvfleet::router

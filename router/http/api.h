@@ -69,6 +69,8 @@ class Api {
 
   // Adds every route to `routes` (and its OpenAI-style error formatter).
   void AddRoutes(http::Routes* routes);
+  // Removes the per-worker series of `worker` (a name): the fleet forgot it. Any thread.
+  void ForgetWorker(const std::string& worker);
 
  private:
   std::shared_ptr<ApiImpl> impl_;

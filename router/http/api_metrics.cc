@@ -79,4 +79,19 @@ void ApiMetrics::CountTokens(const std::string& model, uint32_t prompt, uint32_t
   generation_tokens.Add({{"model", model}}).Increment(generated);
 }
 
+void ApiMetrics::CountRequest(const std::string& model, const std::string& worker, const std::string& status) {
+  std::lock_guard<std::mutex> lock(series_mu_);
+  prometheus::Counter& c = requests.Add({{"model", model}, {"worker", worker}, {"status", status}});
+  c.Increment();
+  series_[worker].insert(&c);
+}
+
+void ApiMetrics::ForgetWorker(const std::string& worker) {
+  std::lock_guard<std::mutex> lock(series_mu_);
+  auto it = series_.find(worker);
+  if (it == series_.end()) return;
+  for (prometheus::Counter* c : it->second) requests.Remove(c);
+  series_.erase(it);
+}
+
 }  // namespace kvfleet::router

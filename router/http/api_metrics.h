@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -38,6 +41,14 @@ struct ApiMetrics {
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);
+  // Counts an answer in `requests`, remembering the series under `worker`.
+  void CountRequest(const std::string& model, const std::string& worker, const std::string& status);
+  // Removes `worker`'s series of `requests`: the fleet forgot it.
+  void ForgetWorker(const std::string& worker);
+
+ private:
+  std::mutex series_mu_;  // a series is not removed between its Add and its Increment
+  std::map<std::string, std::set<prometheus::Counter*>> series_;  // GUARDED_BY(series_mu_); by worker
 };
 
 }  // namespace kvfleet::router

@@ -163,8 +163,7 @@ void CompletionStream::OnError(WorkerId worker, const Status& status, bool /*aft
   if (status.code() == StatusCode::kResourceExhausted) {
     m.refused.Add({{"model", req_.model}, {"reason", "worker_queue_full"}}).Increment();
   }
-  m.requests.Add({{"model", req_.model}, {"worker", ctx_->worker_name(worker)}, {"status", std::to_string(e.status)}})
-      .Increment();
+  m.CountRequest(req_.model, ctx_->worker_name(worker), std::to_string(e.status));
   if (started_) {
     // Tokens already went out: the stream ends with an error event.
     out_->Write(FormatStreamError(e));
@@ -182,7 +181,7 @@ void CompletionStream::End(WorkerId worker) {
   ApiMetrics& m = *ctx_->metrics;
   m.actual.Increment(usage_.cached_tokens);
   m.CountTokens(req_.model, usage_.prompt_tokens, usage_.completion_tokens);
-  m.requests.Add({{"model", req_.model}, {"worker", ctx_->worker_name(worker)}, {"status", "200"}}).Increment();
+  m.CountRequest(req_.model, ctx_->worker_name(worker), "200");
   if (req_.stream) {
     if (req_.include_usage) out_->Write(FormatUsageChunk(req_, setup_.id, created_, usage_));
     out_->Write(kDoneEvent);

@@ -205,4 +205,19 @@ TEST_CASE("--http-max-connections sets the server's connection cap: 4096 by defa
   CHECK(ErrorOf({"--http-max-connections", "0"}).find("--http-max-connections") != std::string::npos);
 }
 
+TEST_CASE("--max-workers and --forget-after-s size the fleet; the socket and open-file needs follow them") {
+  RouterConfig c;
+  REQUIRE(Parse({"--max-workers", "100", "--forget-after-s", "5", "--http-threads", "4"}, &c).ok());
+  CHECK(c.fleet.max_workers == 100);
+  CHECK(c.fleet.forget_after == 5 * kNsPerSec);
+  CHECK(c.fleet.lanes == 5);  // four HTTP lanes and Submit's
+  CHECK(c.fleet.SocketsPerWorker() == config::kFleetSocketsPerWorker + 5);
+  CHECK(c.fleet.MaxSockets() == 100 * (config::kFleetSocketsPerWorker + 5) + config::kFleetSocketHeadroom);
+  CHECK(OpenFilesWanted(c) > 100 * c.fleet.SocketsPerWorker());
+  CHECK(ErrorOf({"--max-workers", "0"}).find("--max-workers must be 1..1024") == 0);
+  CHECK(ErrorOf({"--max-workers", "1025"}).find("--max-workers must be 1..1024") == 0);
+  CHECK(ErrorOf({"--forget-after-s", "0"}) == "--forget-after-s must be > 0");
+  CHECK(ErrorOf({"--workers", "tcp://a:1", "--max-context", "2000000"}).find("--max-context: 2000000") == 0);
+}
+
 }  // namespace kvfleet::router

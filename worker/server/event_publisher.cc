@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/thread_priority.h"
 #include "common/zmq_threads.h"
+#include "schema/limits.h"
 
 namespace kvfleet::events {
 
@@ -143,6 +144,8 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Make(const EventPublishe
     impl.pub_.set(zmq::sockopt::linger, 0);
     impl.replay_.set(zmq::sockopt::sndhwm, options.replay_sndhwm);
     impl.replay_.set(zmq::sockopt::linger, 0);
+    impl.pub_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxSubscriptionBytes);
+    impl.replay_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxReplayRequestBytes);
     if (!options.curve.server_keypair_file.empty()) {
       KVF_ASSIGN_OR_RETURN(auto keys, LoadCurveKeyPair(options.curve.server_keypair_file));
       if (!options.curve.authorized_keys_file.empty()) {

@@ -1,6 +1,7 @@
 #include "worker/server/registration.h"
 
 #include "common/log.h"
+#include "schema/limits.h"
 
 namespace kvfleet::server {
 
@@ -20,6 +21,7 @@ Result<std::unique_ptr<Registration>> Registration::Start(zmq::context_t& contex
   try {
     r->socket_.set(zmq::sockopt::sndhwm, config::kSendHighWaterMark);
     r->socket_.set(zmq::sockopt::linger, config::kByeLingerMs);
+    r->socket_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxRegistrationReplyBytes);
     r->socket_.set(zmq::sockopt::routing_id, info.name);
     if (!options.router_public_key.empty()) {
       KVF_RETURN_IF_ERROR(MakeCurveClient(r->socket_, options.keys, options.router_public_key));

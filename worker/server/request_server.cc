@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/log.h"
 #include "schema/describe.h"
+#include "schema/limits.h"
 
 namespace kvfleet::server {
 
@@ -127,6 +128,7 @@ Result<std::unique_ptr<RequestServer>> RequestServer::Start(zmq::context_t& cont
     server->socket_.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
     server->socket_.set(zmq::sockopt::rcvhwm, options.send_high_water_mark);
     server->socket_.set(zmq::sockopt::linger, config::kCloseLingerMs);
+    server->socket_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxToWorkerBytes);
     // A router that reconnects with the same identity takes over its connection.
     server->socket_.set(zmq::sockopt::router_handover, 1);
     server->socket_.bind(options.endpoint);

@@ -287,3 +287,35 @@ TEST_CASE("with CURVE keys from files, a known router syncs and an unknown one h
 
 }  // namespace
 }  // namespace kvfleet::router
+
+namespace kvfleet::router {
+namespace {
+
+TEST_CASE("a worker forgotten under its old id leaves its successor of the same name subscribed, with its series") {
+  // A restarted pod keeps its name but gets a new address, so the fleet gives it a new id and
+  // later forgets the old one: the topic kv.<name> and the per-name gauges are the new id's too.
+  SimWorker worker("pod-0", 3, SimWorker::Kind::kScripted);
+  worker.Start();
+  prometheus::Registry registry;
+  EventPlane plane({}, SystemClock::Default(), &registry);
+  REQUIRE(plane.AddWorker(0, "pod-0", {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}).ok());  // the old address
+  REQUIRE(plane.AddWorker(1, "pod-0", worker.endpoints()).ok());
+  plane.Sync();
+  CHECK(plane.replay_sockets() == 2);
+  plane.RemoveWorker(0);
+  CHECK(plane.replay_sockets() == 1);
+  worker.Run(20);
+  while (!worker.Idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const TierSets held = worker.Holdings();
+  CHECK(Eventually([&] { return FromIndex(plane.index(), 1) == held; }, std::chrono::milliseconds(2000)));
+  CHECK(plane.State(1) == WorkerState::kLive);
+  CHECK(Eventually([&] { return MetricValue(registry, "kvfleet_router_worker_state", "worker", "pod-0") == 1; },
+                   std::chrono::milliseconds(2000)));
+  CHECK(MetricValue(registry, "kvfleet_router_events_malformed_total", "reason", "topic") == 0);
+  plane.RemoveWorker(1);
+  CHECK(plane.replay_sockets() == 0);
+  CHECK(MetricValue(registry, "kvfleet_router_worker_state", "worker", "pod-0") == 0);
+}
+
+}  // namespace
+}  // namespace kvfleet::router

@@ -1,0 +1,95 @@
+// FleetImpl's forgetting of departed workers (fleet_impl.h): a worker gone (said bye, removed,
+// its event stream DEAD, or unreachable) for longer than FleetOptions::forget_after loses its
+// record, its sockets (the fleet's liveness DEALER and monitor; the lanes close theirs at their
+// next sync; the event plane its replay DEALER and SUB connection), its index entries and its
+// per-worker metric series, and its id goes back for a new worker. Refusals are forgotten
+// after the same time. So a fleet whose pods come and go with new addresses keeps a bounded
+// registry and socket count.
+//
+// Thread safety: thread-safe, as FleetImpl; runs on the fleet thread.
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+#include <vector>
+
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+
+#include "common/log.h"
+#include "router/fleet/fleet_impl.h"
+
+namespace kvfleet::router {
+
+TimeNs FleetImpl::GoneSince(WorkerRecord& w, TimeNs now) const {
+  if (w.removed.load() || w.said_bye.load()) {
+    if (w.gone_since == 0) w.gone_since = now;
+    return w.gone_since;
+  }
+  w.gone_since = 0;  // back within the grace
+  if (w.from_static) return 0;  // listed by the flags or DNS: kept until they drop it
+  // A registered worker re-sends its Hello every 2 s while it runs: unreachable or DEAD, it
+  // is gone since its last one.
+  const bool dead = signals_ != nullptr && signals_->State(w.id) == WorkerState::kDead;
+  return !w.connected.load() || dead ? std::max<TimeNs>(w.last_hello, 1) : 0;
+}
+
+void FleetImpl::ForgetGone() {
+  const TimeNs now = clock_->Now();
+  // A quarter of the grace is soon enough, and spares each tick the walk over every worker.
+  const DurationNs every = std::clamp<DurationNs>(options_.forget_after / 4, options_.tick, kNsPerSec);
+  if (now - last_forget_check_ < every) return;
+  last_forget_check_ = now;
+  std::vector<WorkerId> forget;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w) continue;
+      const TimeNs since = GoneSince(*w, now);
+      if (since != 0 && now - since >= options_.forget_after) forget.push_back(w->id);
+    }
+  }
+  for (WorkerId id : forget) Forget(id);
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (auto it = refused_at_.begin(); it != refused_at_.end();) {
+    if (now - it->second < options_.forget_after) {
+      ++it;
+      continue;
+    }
+    refused_.erase(it->first);
+    it = refused_at_.erase(it);
+  }
+  std::erase_if(refusals_logged_, [&](const std::string& key) {
+    return !refused_.contains(key.substr(0, key.rfind('|')));
+  });
+}
+
+void FleetImpl::Forget(WorkerId id) {
+  std::unique_ptr<WorkerRecord> record;
+  bool name_shared = false;  // series are per name: another record may hold them
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    WorkerRecord* w = Record(id);
+    if (w == nullptr) return;
+    auto by_endpoint = by_endpoint_.find(w->info.requests_endpoint);
+    if (by_endpoint != by_endpoint_.end() && by_endpoint->second == id) by_endpoint_.erase(by_endpoint);
+    if (auto model = models_.find(w->info.model); model != models_.end()) std::erase(model->second.members, id);
+    for (const auto& other : workers_) {
+      name_shared = name_shared || (other && other.get() != w &&
+                                    (other->info.name == w->info.name || other->inflight_gauge == w->inflight_gauge));
+    }
+    retired_failures_[id] = w->failures.load() + 1;  // requests still sent there fail over
+    record = std::move(workers_[id]);
+    --records_;
+    free_ids_.insert(id);
+  }
+  Disconnect(*record);
+  if (signals_) signals_->RemoveWorker(id);
+  if (!name_shared && inflight_family_ != nullptr && record->inflight_gauge != nullptr) {
+    inflight_family_->Remove(record->inflight_gauge);
+  }
+  if (options_.on_forgotten) options_.on_forgotten(id, record->info.name, !name_shared);
+  Logger("fleet")->info("worker {} ({}) forgotten: gone for {} s", record->info.name, record->info.requests_endpoint,
+                        options_.forget_after / kNsPerSec);
+}
+
+}  // namespace kvfleet::router
