@@ -18,6 +18,13 @@ namespace kvfleet::router {
 // Dense id the fleet registry gives each worker it knows.
 using WorkerId = uint32_t;
 
+namespace config {
+// Worker ids are dense and small: 1024 covers a large fleet and keeps the index's per-shard
+// per-worker tables (reverse lists, counters) a few MiB in all. The fleet holds at most this
+// many workers at once (--max-workers) and reuses a forgotten worker's id.
+constexpr WorkerId kMaxWorkers = 1024;
+}  // namespace config
+
 // A worker's KV event stream (Contract 2), as the event plane tracks it. kUnknown is last:
 // the event plane's state gauges index the four stream states 0..3.
 enum class WorkerState {

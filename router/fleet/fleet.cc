@@ -27,7 +27,6 @@
 #include "common/log.h"
 #include "common/tokenizer_files.h"
 #include "common/zmq_threads.h"
-#include "router/index/global_index.h"
 #include "router/fleet/discovery.h"
 #include "router/fleet/fleet_impl.h"
 #include "router/fleet/lane.h"

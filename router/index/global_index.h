@@ -71,9 +71,6 @@
 namespace kvfleet::router {
 
 namespace config {
-// Worker ids are dense and small: 1024 covers a large fleet and keeps the per-shard
-// per-worker tables (reverse lists, counters) a few MiB in all.
-constexpr WorkerId kMaxWorkers = 1024;
 // Workers 0..63 are bits of a slot's own masks (the fast path); higher ids use the
 // overflow table.
 constexpr WorkerId kInlineWorkers = 64;
