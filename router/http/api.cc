@@ -257,7 +257,13 @@ void ApiImpl::AddRoutes(http::Routes* routes) {
     return Answer(Detokenize(req.body, api.TokenizerLookup(), api.options_.limits.fields));
   });
   routes->AddSync("GET", "/version", [](const http::Request&) { return JsonResponse(200, VersionJson()); });
-  http::AddMetricsRoute(*routes, registry_);
+  if (options_.metrics_need_key) {
+    AddAuthorized(routes, "GET", "/metrics", [](ApiImpl& api, const http::Request&) {
+      return http::Response{200, http::kPrometheusContentType, {}, http::SerializeMetrics(*api.registry_)};
+    });
+  } else {
+    http::AddMetricsRoute(*routes, registry_);
+  }
   // Each I/O thread's lane exists before its first request: that request does not wait
   // for the lane's connections to the workers.
   routes->OnThreadStart([self](http::IoThread* thread) { self->LaneOf(thread); });

@@ -36,6 +36,9 @@ namespace kvfleet::router {
 
 struct ApiOptions {
   std::vector<std::string> api_keys;        // empty: no authentication
+  // /metrics needs one of api_keys as well (it names models, adapters and workers, and shows
+  // traffic). /health, /ready and /version stay open for probes.
+  bool metrics_need_key = false;
   RequestLimits limits;
   uint32_t default_max_tokens = 16;         // /v1/completions without max_tokens (OpenAI's default)
   uint32_t default_chat_max_tokens = 4096;  // /v1/chat/completions without one (capped by the context)

@@ -220,4 +220,8 @@ TEST_CASE("--max-workers and --forget-after-s size the fleet; the socket and ope
   CHECK(ErrorOf({"--workers", "tcp://a:1", "--max-context", "2000000"}).find("--max-context: 2000000") == 0);
 }
 
+TEST_CASE("--metrics-need-key needs API keys to ask for") {
+  CHECK(ErrorOf({"--metrics-need-key"}).find("--api-key-file") != std::string::npos);
+}
+
 }  // namespace kvfleet::router

@@ -367,6 +367,21 @@ TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version,
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
 }
 
+TEST_CASE("with --metrics-need-key, /metrics needs an API key too") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-good"};
+  api.metrics_need_key = true;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 401);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics", "", "Authorization: Bearer sk-bad\r\n")) == 401);
+  auto metrics = Roundtrip(r.port(), "GET", "/metrics", "", "Authorization: Bearer sk-good\r\n");
+  REQUIRE(StatusOf(metrics) == 200);
+  CHECK(BodyOf(metrics).find("kvfleet_router_") != std::string::npos);
+  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);  // probes stay open
+}
+
 TEST_CASE("answered requests are counted in tokens per model and timed; admitted unknown fields are counted") {
   FakeWorker w("hello world");
   ApiOptions api;
