@@ -203,6 +203,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--api-key-file", c->api_key_file,
                  "file of accepted API keys, one per line (default: no auth); guards /v1/*, /tokenize, /detokenize "
                  "and /fleet");
+  app.add_flag("--cache-salt-per-key", c->api.cache_salt_per_key,
+               "each API key's requests get their own KV cache namespace: no tenant hits, or can detect through "
+               "cached_tokens, prompts another tenant sent (costs the hits tenants would share)");
   app.add_flag("--metrics-need-key", c->api.metrics_need_key,
                "/metrics also needs one of the API keys (--api-key-file); /health, /ready and /version stay open");
   app.add_flag("--allow-unknown-fields", c->api.limits.fields.allow_unknown,
@@ -376,6 +379,9 @@ Status Prepare(RouterConfig* c) {
   KVF_RETURN_IF_ERROR(PrepareTokenizers(c));
   if (!c->api_key_file.empty()) {
     KVF_ASSIGN_OR_RETURN(c->api.api_keys, LoadApiKeys(c->api_key_file));
+  }
+  if (c->api.cache_salt_per_key && c->api.api_keys.empty()) {
+    return InvalidArgument("--cache-salt-per-key needs --api-key-file (the keys that name the tenants)");
   }
   if (c->api.metrics_need_key && c->api.api_keys.empty()) {
     return InvalidArgument("--metrics-need-key needs --api-key-file (the keys /metrics then asks for)");

@@ -12,6 +12,7 @@
 
 #include <prometheus/registry.h>
 
+#include "common/block_hash.h"
 #include "common/check.h"
 #include "common/http/metrics.h"
 #include "common/log.h"
@@ -132,17 +133,30 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     }
   }
 
-  std::optional<ApiError> Authorize(const http::Request& req) const {
-    if (options_.api_keys.empty()) return std::nullopt;
+  static std::string_view BearerKey(const http::Request& req) {
     std::string_view auth = req.Header("authorization");
     constexpr std::string_view kBearer = "Bearer ";
-    if (auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer) {
-      std::string_view key = auth.substr(kBearer.size());
+    if (auth.size() <= kBearer.size() || auth.substr(0, kBearer.size()) != kBearer) return {};
+    return auth.substr(kBearer.size());
+  }
+
+  std::optional<ApiError> Authorize(const http::Request& req) const {
+    if (options_.api_keys.empty()) return std::nullopt;
+    std::string_view key = BearerKey(req);
+    if (!key.empty()) {
       for (const auto& k : options_.api_keys) {
         if (SameKey(key, k)) return std::nullopt;
       }
     }
     return MakeError(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key");
+  }
+
+  // The cache namespace of an (authorized) key: a digest, so the key never leaves the router.
+  static std::string TenantSalt(std::string_view key) {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx",
+                  static_cast<unsigned long long>(HashSeed(HashNamespace{"kvfleet-tenant", "", key})));
+    return std::string("tenant-") + hex + ":";
   }
 
   // A synchronous route behind the API key.
@@ -275,6 +289,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   auto parsed = ParseCompletionRequest(ex->request().body, chat, options_.limits);
   if (!parsed.ok()) return Fail(*ex, "", ErrorFromStatus(parsed.status()));
   CompletionRequest req = std::move(parsed).value();
+  if (options_.cache_salt_per_key) req.cache_salt = TenantSalt(BearerKey(ex->request())) + req.cache_salt;
   Refusal refusal;
   Result<ServedModel> served = dispatcher_.Resolve(req.model, &refusal);
   if (!served.ok()) return Refuse(*ex, req.model, refusal.reason, ResolveError(served.status(), options_.retry_after_s));

@@ -39,6 +39,10 @@ struct ApiOptions {
   // /metrics needs one of api_keys as well (it names models, adapters and workers, and shows
   // traffic). /health, /ready and /version stay open for probes.
   bool metrics_need_key = false;
+  // Each API key's requests get their own cache namespace: the key's digest goes before the
+  // request's own cache_salt, so one tenant's prompts never hit blocks another computed, and
+  // cached_tokens cannot tell a tenant whether another sent a prompt. Needs api_keys.
+  bool cache_salt_per_key = false;
   RequestLimits limits;
   uint32_t default_max_tokens = 16;         // /v1/completions without max_tokens (OpenAI's default)
   uint32_t default_chat_max_tokens = 4096;  // /v1/chat/completions without one (capped by the context)

@@ -222,6 +222,7 @@ TEST_CASE("--max-workers and --forget-after-s size the fleet; the socket and ope
 
 TEST_CASE("--metrics-need-key needs API keys to ask for") {
   CHECK(ErrorOf({"--metrics-need-key"}).find("--api-key-file") != std::string::npos);
+  CHECK(ErrorOf({"--cache-salt-per-key"}).find("--api-key-file") != std::string::npos);
 }
 
 }  // namespace kvfleet::router

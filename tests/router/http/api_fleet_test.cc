@@ -367,6 +367,29 @@ TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version,
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
 }
 
+TEST_CASE("with --cache-salt-per-key, each API key's requests hash in their own cache namespace") {
+  FakeWorker w;
+  ApiOptions api;
+  api.api_keys = {"sk-alice", "sk-bob"};
+  api.cache_salt_per_key = true;
+  RouterUnderTest r({w.endpoint()}, api);
+  r.WaitRoutable(1);
+  auto salt_of = [&](const std::string& key, const std::string& body) {
+    auto resp = r.Post("/v1/completions", body, "Authorization: Bearer " + key + "\r\n");
+    REQUIRE(StatusOf(resp) == 200);
+    return w.last_params().cache_salt;
+  };
+  const std::string plain = R"({"model":"m","prompt":"the same prompt","max_tokens":2})";
+  const std::string alice = salt_of("sk-alice", plain);
+  CHECK(salt_of("sk-alice", plain) == alice);  // a tenant keeps its own hits
+  const std::string bob = salt_of("sk-bob", plain);
+  CHECK(bob != alice);
+  CHECK(alice.find("sk-alice") == std::string::npos);  // the key itself never reaches a worker
+  // A request's own cache_salt narrows further within its tenant.
+  const std::string salted = salt_of("sk-alice", R"({"model":"m","prompt":"x","max_tokens":2,"cache_salt":"s1"})");
+  CHECK(salted == alice + "s1");
+}
+
 TEST_CASE("with --metrics-need-key, /metrics needs an API key too") {
   FakeWorker w;
   ApiOptions api;
