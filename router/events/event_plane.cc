@@ -445,9 +445,17 @@ void EventPlane::Impl::ExportCounters() {
 }
 
 void EventPlane::Impl::Periodic(TimeNs now, bool force) {
+  // Batches still queued after a long turn (a big snapshot applied) are read before any
+  // worker is called silent: its heartbeat may be among them.
+  bool waiting = false;
+  if (sub_) {
+    zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(0));
+    waiting = (item.revents & ZMQ_POLLIN) != 0;
+  }
   for (auto& [id, e] : workers_) {
     const WorkerState before = e->sub->state();
-    e->sub->OnTick();
+    e->sub->OnTick(waiting);
     if (e->sub->state() != before) touched_.insert(id);
   }
   if (options_.fault_injector) {

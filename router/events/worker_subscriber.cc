@@ -335,10 +335,10 @@ void WorkerSubscriber::ApplySnapshot(const events::ReplyHeader& header, const ev
   DrainBuffer();
 }
 
-void WorkerSubscriber::OnTick() {
+void WorkerSubscriber::OnTick(bool batches_waiting) {
   const TimeNs now = clock_->Now();
   if (state_ == WorkerState::kDead) return;
-  if (now - last_heard_ > options_.heartbeat_timeout) {
+  if (now - last_heard_ > options_.heartbeat_timeout && !batches_waiting) {
     EnterDead();
     return;
   }

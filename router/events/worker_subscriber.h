@@ -67,8 +67,10 @@ class WorkerSubscriber {
   // A reply from the replay DEALER (already decoded and validated: DecodeReplayReply).
   // Replies that do not carry the outstanding request's id are ignored.
   void OnReplayReply(const events::ReplayReply& reply);
-  // Heartbeat and replay timeouts. Call often (every few ms).
-  void OnTick();
+  // Heartbeat and replay timeouts. Call often (every few ms). `batches_waiting`: batches sit
+  // unread in the plane's socket (it was busy, applying a snapshot say), so the silence may be
+  // the reader's rather than the worker's: no death verdict until they are read.
+  void OnTick(bool batches_waiting = false);
   // Drops the worker's blocks from the index (RemoveWorker).
   void Drop();
 

@@ -177,6 +177,23 @@ TEST_CASE("silence past the heartbeat timeout marks the worker DEAD; its next ba
   CHECK(f.sub.state() == WorkerState::kSyncing);
 }
 
+TEST_CASE("silence is not death while batches wait unread in the router's own socket") {
+  Fixture f;
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reply);
+  f.clock.AdvanceMs(3500);  // the reader was busy past the heartbeat timeout
+  f.sub.OnTick(/*batches_waiting=*/true);
+  CHECK(f.sub.state() == WorkerState::kLive);
+  f.sub.OnBatch(Batch(7, 2));  // the waiting heartbeat, read at last
+  f.sub.OnTick(false);
+  CHECK(f.sub.state() == WorkerState::kLive);
+  CHECK(f.Device() == std::vector<BlockHash>{1, 2});
+  f.clock.AdvanceMs(3500);  // then real silence, with nothing waiting
+  f.sub.OnTick(false);
+  CHECK(f.sub.state() == WorkerState::kDead);
+}
+
 TEST_CASE("an unanswered request is sent again after its timeout") {
   Fixture f;
   f.options.heartbeat_timeout = 60 * kNsPerSec;
