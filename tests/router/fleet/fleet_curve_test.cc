@@ -9,6 +9,7 @@
 
 #include "common/curve_keys.h"
 #include "router/fleet/fleet.h"
+#include "tests/router/fleet/mock_worker_config.h"
 #include "worker/server/worker.h"
 
 namespace kvfleet::router {
@@ -97,19 +98,7 @@ Status Ask(const std::string& endpoint, const FleetCurve& curve, size_t* tokens)
 TEST_CASE("a keyed worker answers only routers holding its public key and an authorized key pair") {
   Keys keys(fs::temp_directory_path() / ("kvfleet-curve-" + std::to_string(::getpid())));
   zmq::context_t context;
-  server::WorkerConfig config;
-  config.backend = "mock";
-  config.model_name = "mock";
-  config.requests = "tcp://127.0.0.1:0";
-  config.events = "tcp://127.0.0.1:0";
-  config.replay = "tcp://127.0.0.1:0";
-  config.http_port = 0;
-  config.advertise_host = "127.0.0.1";
-  config.block_size = 16;
-  config.max_num_tokens = 256;
-  config.max_batch_size = 8;
-  config.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
-  config.shutdown_grace_s = 1;
+  server::WorkerConfig config = testing::MockWorkerConfig("mock");
   config.curve_keypair = keys.Path("server.key");
   config.curve_authorized_keys = keys.Path("authorized");
   auto started = server::Worker::Start(config, context);

@@ -12,6 +12,7 @@
 #include "router/fleet/fleet.h"
 #include "router/fleet/membership.h"
 #include "tests/router/fake_worker.h"
+#include "tests/router/fleet/mock_worker_config.h"
 #include "worker/server/worker.h"
 
 namespace kvfleet::router {
@@ -189,19 +190,7 @@ TEST_CASE("with authorized keys, only listed workers register") {
 
   // A worker holding a listed key registers (worker/server/registration.h over CURVE).
   zmq::context_t context;
-  server::WorkerConfig config;
-  config.backend = "mock";
-  config.model_name = "m";
-  config.requests = "tcp://127.0.0.1:0";
-  config.events = "tcp://127.0.0.1:0";
-  config.replay = "tcp://127.0.0.1:0";
-  config.http_port = 0;
-  config.advertise_host = "127.0.0.1";
-  config.block_size = 16;
-  config.max_num_tokens = 256;
-  config.max_batch_size = 8;
-  config.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
-  config.shutdown_grace_s = 1;
+  server::WorkerConfig config = testing::MockWorkerConfig("m");
   config.curve_keypair = path("worker.key");
   config.router = reg;
   config.router_key = path("router.pub");
