@@ -180,6 +180,14 @@ void FleetImpl::Wake() {
 // overrides what a worker said of itself.
 std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSource source) {
   const bool listed = source == HelloSource::kListed;
+  // A worker id names the worker in response headers, logs, metric labels and event topics.
+  const bool control = std::any_of(hello.name.begin(), hello.name.end(),
+                                   [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+  if (hello.name.empty() || hello.name.size() > config::kMaxWorkerNameBytes || control) {
+    Refuse(hello, "invalid-name",
+           "worker id must be 1 to " + std::to_string(config::kMaxWorkerNameBytes) + " bytes without control characters");
+    return std::nullopt;
+  }
   if (!IsValidBlockSize(hello.block_size)) {
     Refuse(hello, "invalid-block-size", "block size " + std::to_string(hello.block_size) +
                                             " is not a power of two");
@@ -336,7 +344,8 @@ void FleetImpl::Refuse(const WorkerHello& hello, const std::string& reason, cons
   if (refused_family_ != nullptr) refused_family_->Add({{"reason", reason}}).Increment();
   // Registrations repeat every few seconds: log each (worker, reason) once.
   if (refusals_logged_.insert(hello.requests_endpoint + "|" + reason).second) {
-    Logger("fleet")->warn("refusing worker {} ({}): {}", hello.name, hello.requests_endpoint, why);
+    Logger("fleet")->warn("refusing worker {} ({}): {}", EscapeForLog(hello.name), EscapeForLog(hello.requests_endpoint),
+                          why);
   }
 }
 

@@ -41,6 +41,8 @@ namespace config {
 // as a registered worker re-sends its own (worker/server/registration.h), so a change
 // (adapters loaded by another router, a restart with other flags) is seen as soon.
 inline constexpr DurationNs kDescribeInterval = 2 * kNsPerSec;
+// The longest worker id accepted (it names the worker in headers, logs and metric labels).
+inline constexpr size_t kMaxWorkerNameBytes = 256;
 // A worker whose sockets could not be made (the socket or file limit) is tried again this
 // often, not every tick: each try costs a socket and a log line.
 inline constexpr DurationNs kConnectRetryInterval = kNsPerSec;

@@ -435,22 +435,22 @@ TEST_CASE("answered requests are counted in tokens per model and timed; admitted
 // The fake worker's logprobs (tests/router/fake_worker.h): reply token i at -(i + 1), its
 // top entries the token itself then 'z', 'y', ...; prompt tokens at -0.5.
 
-TEST_CASE("a worker name holding CR LF stays inside the x-kvfleet-worker header") {
+TEST_CASE("a worker id holding control characters is refused; it never reaches a header or a log") {
   // Regression: a worker registered as "w\r\nSet-Cookie: x=1" gave its clients a real
-  // Set-Cookie header.
-  FakeWorker w;
+  // Set-Cookie header. The HTTP server also drops control bytes from header values
+  // (server_hardening_test.cc); the fleet refuses such an id outright.
+  FakeWorker w, good;
   RouterUnderTest r({});
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(w.HelloOf("w\r\nSet-Cookie: x=1")));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(good.HelloOf("good", "other")));
   REQUIRE(WaitFor([&] {
-    auto m = r.fleet->FindModel("llama");
-    return m && m->routable.size() == 1;
+    return http::SerializeMetrics(*r.registry).find("reason=\"invalid-name\"") != std::string::npos;
   }));
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("other").has_value(); }));
+  CHECK(!r.fleet->FindModel("llama"));
   const std::string resp = r.Post("/v1/completions", R"({"model":"llama","prompt":"x"})");
-  CHECK(StatusOf(resp) == 200);
-  std::string head = resp.substr(0, resp.find("\r\n\r\n") + 2);
-  std::transform(head.begin(), head.end(), head.begin(), [](unsigned char c) { return std::tolower(c); });
-  CHECK(head.find("\r\nx-kvfleet-worker: w  set-cookie: x=1\r\n") != std::string::npos);
-  CHECK(head.find("\nset-cookie") == std::string::npos);
+  CHECK(StatusOf(resp) != 200);
+  CHECK(resp.find("Set-Cookie") == std::string::npos);
 }
 
 }  // namespace kvfleet::router
