@@ -136,6 +136,9 @@ class BlockPool {
   BlockHash hash(NodeId n) const { return nodes_[n].hash; }
   uint32_t refcount(Tier t, BlockId b) const { return nodes_[Id(t, b)].refcount; }
   NodeId node_of(Tier t, BlockId b) const { return nodes_[Id(t, b)].live ? Id(t, b) : kNoNode; }
+  NodeId parent(NodeId n) const { return nodes_[n].parent; }
+  // Live node n's B tokens, appended to *out.
+  void Tokens(NodeId n, std::vector<TokenId>* out) const { tokens_.Unpack(n, out); }
 
   // --- references ---
   // Holds node n's block (either tier) and marks it used now.

@@ -51,6 +51,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -140,6 +141,28 @@ struct KvStats {
   }
 };
 
+// Where one pool keeps a block: its tier and block id there.
+struct BlockLocation {
+  Tier tier = Tier::kDevice;
+  BlockId block = 0;
+};
+
+// One block of a chain the holder sends (Contract 4): its hash, its B tokens and where
+// each pool keeps it.
+struct ExportedBlock {
+  BlockHash hash = 0;
+  std::vector<TokenId> tokens;
+  std::vector<BlockLocation> pools;  // indexed by pool
+};
+
+// A chain being received (Contract 4): the blocks of the import sequence `seq` that need
+// their bytes, logical blocks [first_block, num_blocks) of View(seq, pool).linear.
+struct ImportPlan {
+  SequenceId seq = 0;
+  uint32_t first_block = 0;
+  uint32_t num_blocks = 0;
+};
+
 // Testing hooks. Production code leaves them default.
 struct KvTestHooks {
   // Replaces every block hash, e.g. [](BlockHash h) { return h & 7; } to force collisions.
@@ -193,6 +216,27 @@ class KvCacheManager {
   // Chunked attention: the logical blocks [first, last) queries of chunk c may see.
   // REQUIRES: attention_chunk_size > 0.
   std::pair<uint32_t, uint32_t> ChunkBlocks(SequenceId id, uint32_t chunk) const;
+
+  // --- KV transfer between workers (Contract 4, schema/README.md) ---
+  // The holder's side. Finds the leading run of the chain `hashes` (Contract 1 sequence
+  // hashes; `parent` is the hash of the block before the first, 0: the root) that every pool
+  // holds on either tier, pins those blocks, calls copy(run) to copy their bytes out, and
+  // unpins them. Returns the run (empty: the first block is not held, or the manager groups
+  // blocks for routing and cannot serve by block); copy's error is returned as is.
+  // Marks the run used: a block pulled by another worker is as hot as one reused here.
+  Result<std::vector<ExportedBlock>> ExportChain(
+      BlockHash parent, std::span<const BlockHash> hashes,
+      const std::function<Status(std::span<const ExportedBlock>)>& copy);
+  // The receiver's side, in two calls around the byte copy. BeginImport registers
+  // spec.prompt (the pulled chain's whole blocks from the first token on: n·B tokens) as a
+  // sequence and allocates the blocks it does not hold yet; the caller writes the pulled
+  // bytes into plan.first_block..num_blocks of View(plan.seq, pool).linear, then calls
+  // EndImport(plan, written). written: the blocks enter the reuse tree (stored events,
+  // spec.retention's priority) and stay cached; otherwise nothing is stored. Either way the
+  // sequence is released. ResourceExhausted when the blocks do not fit now;
+  // FailedPrecondition when this manager groups blocks for routing (token-level KV).
+  Result<ImportPlan> BeginImport(SequenceSpec spec);
+  void EndImport(const ImportPlan& plan, bool written);
 
   // --- cache-wide ---
   // Evicts up to n device blocks of `pool` (offloading those that qualify), lowest priority

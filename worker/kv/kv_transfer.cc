@@ -1,0 +1,98 @@
+// KvCacheManager's side of KV transfer between workers (Contract 4, schema/README.md): the
+// holder finds and pins a chain by hash while its bytes are copied out (ExportChain); the
+// receiver registers the chain's tokens as a sequence, gets device blocks for what it does
+// not hold, and stores them once their bytes are written (BeginImport, EndImport), so the
+// usual stored events tell every router of the second holder. kv_cache_manager.h describes
+// the manager.
+//
+// Thread safety: thread-compatible; owned by the engine thread with its manager.
+#include <utility>
+
+#include "worker/kv/block_pool.h"
+#include "worker/kv/kv_cache_manager.h"
+#include "worker/kv/sequence_state.h"
+
+namespace kvfleet::kv {
+
+Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
+    BlockHash parent, std::span<const BlockHash> hashes,
+    const std::function<Status(std::span<const ExportedBlock>)>& copy) {
+  std::vector<ExportedBlock> run;
+  // A grouped manager's nodes carry block hashes at B, its events group hashes at G: the
+  // hashes a router names are not the ones its tree is indexed by.
+  if (group_blocks_ > 1 || !reuse_enabled_ || hashes.empty()) return run;
+  Tick();
+  const TimeNs now = clock_->Now();
+  const size_t P = pools_.size();
+  std::vector<NodeId> prev(P, kNoNode);
+  if (parent != 0) {
+    for (size_t p = 0; p < P; ++p) {
+      prev[p] = pools_[p]->FindHash(parent);
+      if (prev[p] == kNoNode) return run;
+    }
+  }
+  std::vector<NodeId> nodes;  // [block][pool]
+  for (const BlockHash h : hashes) {
+    ExportedBlock b;
+    b.hash = h;
+    b.pools.resize(P);
+    bool held = true;
+    for (size_t p = 0; p < P && held; ++p) {
+      const BlockPool& pool = *pools_[p];
+      const NodeId n = pool.FindHash(h);
+      held = n != kNoNode && pool.parent(n) == prev[p];
+      if (held) b.pools[p] = BlockLocation{pool.tier(n), pool.block(n)};
+    }
+    if (!held) break;
+    for (size_t p = 0; p < P; ++p) {
+      prev[p] = pools_[p]->FindHash(h);
+      nodes.push_back(prev[p]);
+    }
+    pools_[0]->Tokens(prev[0], &b.tokens);
+    run.push_back(std::move(b));
+  }
+  if (run.empty()) return run;
+  for (size_t i = 0; i < nodes.size(); ++i) pools_[i % P]->Pin(nodes[i], now);
+  const Status copied = copy(run);
+  for (const ExportedBlock& b : run) {
+    for (size_t p = 0; p < P; ++p) pools_[p]->Unpin(b.pools[p].tier, b.pools[p].block, now);
+  }
+  FinishCall();
+  if (!copied.ok()) return copied;
+  return run;
+}
+
+Result<ImportPlan> KvCacheManager::BeginImport(SequenceSpec spec) {
+  if (group_blocks_ > 1) {
+    return FailedPrecondition("this worker groups its KV blocks for routing (token-level KV): it imports no chain by block");
+  }
+  if (!reuse_enabled_) return FailedPrecondition("prefix reuse is off on this worker: an imported chain would not be kept");
+  const uint32_t B = config_.block_size;
+  if (spec.prompt.empty() || spec.prompt.size() % B != 0) {
+    return InvalidArgument("an imported chain is whole blocks of " + std::to_string(B) + " tokens, not " +
+                           std::to_string(spec.prompt.size()));
+  }
+  const uint32_t n = static_cast<uint32_t>(spec.prompt.size() / B);
+  // One token past the chain, so Match can find its last block (the last token of a
+  // sequence is always computed); EndImport commits the chain's tokens only.
+  spec.prompt.push_back(spec.prompt.back());
+  spec.match_cached = true;
+  KVF_ASSIGN_OR_RETURN(const SequenceId id, AddSequence(std::move(spec)));
+  Match(id);
+  if (!CanAllocate(id)) {
+    Release(id);
+    return ResourceExhausted("no room for " + std::to_string(n) + " imported blocks");
+  }
+  if (Status st = Allocate(id); !st.ok()) {
+    Release(id);
+    return st;
+  }
+  return ImportPlan{id, std::min(n, NumComputedTokens(id) / B), n};
+}
+
+void KvCacheManager::EndImport(const ImportPlan& plan, bool written) {
+  if (written) Commit(plan.seq, plan.num_blocks * config_.block_size);
+  Release(plan.seq);
+}
+
+}  // namespace kvfleet::kv
