@@ -55,6 +55,12 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setMaxLoras(h.max_loras);
   out.setLoraLoadUs(h.lora_load_us);
   out.setTensorParallel(h.tensor_parallel);
+  if (!h.transfer_endpoint.empty()) {
+    auto t = out.initTransfer();
+    t.setEndpoint(h.transfer_endpoint);
+    t.setPublicKey(h.transfer_key);
+    t.setFormat(h.transfer_format);
+  }
 }
 
 WorkerHello ReadHello(schema::Hello::Reader h) {
@@ -87,6 +93,12 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
   out.max_loras = h.getMaxLoras();
   out.lora_load_us = h.getLoraLoadUs();
   out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
+  if (h.hasTransfer()) {
+    auto t = h.getTransfer();
+    out.transfer_endpoint = t.getEndpoint().cStr();
+    out.transfer_key = t.getPublicKey().cStr();
+    out.transfer_format = t.getFormat().cStr();
+  }
   return out;
 }
 

@@ -64,6 +64,11 @@ struct WorkerHello {
   uint32_t max_loras = 0;                // adapters on the device at once; 0: no LoRA support
   uint64_t lora_load_us = 0;             // host -> device load time of one adapter; 0: unknown
   uint32_t tensor_parallel = 1;          // ranks the model is split over (--tensor-parallel); 1 when not sent
+  // KV transfer (Contract 4): where peers pull its blocks, its CURVE server key (Z85; empty:
+  // plain TCP) and its block format (fp32, bf16, fp8e4m3, none); empty endpoint: no pulls.
+  std::string transfer_endpoint;
+  std::string transfer_key;
+  std::string transfer_format;
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

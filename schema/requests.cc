@@ -142,6 +142,13 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
   g.setLoraName(p.lora);
   g.setCacheSalt(p.cache_salt);
   g.setModel(p.model);
+  if (!p.pull.source.empty()) {
+    auto h = g.initPull();
+    h.setSource(p.pull.source);
+    h.setServerKey(p.pull.server_key);
+    h.setBlocks(p.pull.blocks);
+    h.setWorkerId(p.pull.worker_id);
+  }
   return wire::Encode(message);
 }
 
@@ -263,6 +270,13 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     out.params.lora = g.getLoraName().cStr();
     out.params.cache_salt = g.getCacheSalt().cStr();
     out.params.model = g.getModel().cStr();
+    if (g.hasPull()) {
+      auto h = g.getPull();
+      out.params.pull.source = h.getSource().cStr();
+      out.params.pull.server_key = h.getServerKey().cStr();
+      out.params.pull.blocks = h.getBlocks();
+      out.params.pull.worker_id = h.getWorkerId().cStr();
+    }
     return out;
   });
 }

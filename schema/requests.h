@@ -45,6 +45,16 @@ struct TokenLogprob {
   std::vector<std::pair<TokenId, float>> top;  // descending logprob
 };
 
+// Contract 3's PullHint: the holder a worker pulls the prompt's cached prefix from.
+struct PullHint {
+  std::string source;      // the holder's transfer endpoint; empty: no pull
+  std::string server_key;  // the holder's CURVE key (Z85); empty: plain TCP
+  uint32_t blocks = 0;     // leading prompt blocks the holder is believed to hold
+  std::string worker_id;
+
+  bool operator==(const PullHint&) const = default;
+};
+
 struct GenerateParams {
   std::vector<TokenId> tokens;
   SamplingParams sampling;  // schema/sampling.h
@@ -52,6 +62,7 @@ struct GenerateParams {
   std::string lora;
   std::string cache_salt;
   std::string model;
+  PullHint pull;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };

@@ -73,6 +73,17 @@ struct Generate {
   loraName @4 :Text;         # empty: none
   cacheSalt @5 :Text;        # empty: none
   model @6 :Text;            # empty: the worker's model
+  pull @7 :PullHint;         # unset (empty source): compute what the worker does not hold
+}
+
+# Where a router expects the prompt's prefix to be cached: the worker pulls the blocks it
+# lacks from that holder (Contract 4) while the request waits for its turn, and computes
+# whatever the pull does not bring in time.
+struct PullHint {
+  source @0 :Text;      # the holder's Hello.transfer.endpoint; empty: no pull
+  serverKey @1 :Text;   # the holder's Hello.transfer.publicKey (CURVE, Z85); empty: plain TCP
+  blocks @2 :UInt32;    # leading prompt blocks (Contract 1's B) the holder is believed to hold
+  workerId @3 :Text;    # the holder's workerId, for logs and metrics
 }
 
 struct Cancel {
@@ -186,6 +197,14 @@ struct Hello {
   loraLoadUs @13 :UInt64;      # time to make a host-resident adapter device-resident; 0: unknown
   tensorParallel @14 :UInt32;  # ranks (GPUs; the cpu backend's in-process ranks) the model is split
                                # over; 0: a worker older than the field (read as 1)
+  transfer @15 :TransferInfo;  # KV transfer (Contract 4); unset: the worker serves no pulls
+}
+
+# How peers pull KV blocks from a worker (Contract 4, schema/transfer.capnp).
+struct TransferInfo {
+  endpoint @0 :Text;   # tcp://host:5559; empty: the worker serves no pulls
+  publicKey @1 :Text;  # its CURVE server key (Z85); empty: plain TCP
+  format @2 :Text;     # its KV block bytes: fp32, bf16, fp8e4m3 or none (mock); pulls need equal formats
 }
 
 # One LoRA adapter a worker serves over its base model.

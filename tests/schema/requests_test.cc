@@ -33,6 +33,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   p.lora = "adapter";
   p.cache_salt = "salt";
   p.model = "llama";
+  p.pull = {"tcp://10.0.0.7:5559", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", 12, "w7"};
   std::string frame = EncodeGenerate(42, p);
   auto got = DecodeToWorker(frame.data(), frame.size());
   REQUIRE(got.ok());
@@ -69,6 +70,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(g.lora == "adapter");
   CHECK(g.cache_salt == "salt");
   CHECK(g.model == "llama");
+  CHECK(g.pull == p.pull);
 
   GenerateParams plain;
   plain.tokens = {5};
@@ -85,6 +87,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK_FALSE(got->params.sampling.prompt_logprobs);
   CHECK_FALSE(got->params.retention.decode_priority.has_value());
   CHECK_FALSE(got->params.retention.decode_duration_ms.has_value());
+  CHECK(got->params.pull == PullHint{});  // no hint: the worker computes what it lacks
 }
 
 TEST_CASE("frames without n or index (an older router or worker) read as n = 1 and sequence 0") {

@@ -127,6 +127,20 @@ Status ModelBackend::LoadLora(int32_t /*slot*/, const model::LoraAdapter& adapte
                             "')");
 }
 
+KvTransferFormat ModelBackend::kv_transfer_format() const {
+  return KvTransferFormat{"", "the " + std::string(name()) + " backend cannot move KV blocks between workers", {}};
+}
+
+Status ModelBackend::ReadKvBlocks(uint32_t /*pool*/, std::span<const kv::BlockLocation> /*blocks*/,
+                                  std::span<std::byte> /*out*/) {
+  return FailedPrecondition(kv_transfer_format().unsupported);
+}
+
+Status ModelBackend::WriteKvBlocks(uint32_t /*pool*/, std::span<const BlockId> /*blocks*/,
+                                   std::span<const std::byte> /*in*/) {
+  return FailedPrecondition(kv_transfer_format().unsupported);
+}
+
 PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
   if (!step.prompt_logprobs) return {};
   const int64_t first = step.start_position;

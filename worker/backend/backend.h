@@ -132,6 +132,16 @@ struct KvPoolInfo {
   int64_t max_blocks_per_seq = 0;  // ceil(max_context / B): the longest block table
 };
 
+// How a backend's KV block bytes read (Contract 4's Layout): two workers move blocks only
+// when their formats and pools are equal.
+struct KvTransferFormat {
+  // "fp32" (cpu), "bf16" or "fp8e4m3" (cuda), "none" (mock: no bytes, a modelled size);
+  // empty: this backend cannot move blocks.
+  std::string dtype;
+  std::string unsupported;    // with an empty dtype: why
+  std::vector<float> scales;  // fp8: the dequantisation scales, [layer][K, V][kv head]
+};
+
 enum class LogitsRequest : uint8_t {
   kNone,  // only the sampled token
   kLast,  // the logits of the step's last token of this sequence
@@ -227,6 +237,17 @@ class ModelBackend {
   // Whole-block copies within a pool (copy on partial reuse) and between tiers (offload,
   // onboard). Owned by the backend; valid for its lifetime.
   virtual kv::BlockCopier& block_copier() = 0;
+
+  // KV transfer between workers (Contract 4, schema/README.md). What this backend's block
+  // bytes are, for a peer's layout check; dtype empty: it cannot move blocks (and why in
+  // `unsupported`).
+  virtual KvTransferFormat kv_transfer_format() const;
+  // Copies whole blocks of `pool` (either tier) into `out`, block after block, each
+  // pools()[pool].bytes_per_block bytes (none with dtype "none"). Called between steps.
+  virtual Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out);
+  // Writes whole device blocks of `pool` from `in`, laid out as ReadKvBlocks writes them.
+  // Called between steps; the next step reads them.
+  virtual Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in);
 
   // LoRA. Adapter slots on the device: 0 when the backend serves no adapters.
   virtual int32_t max_loras() const { return 0; }

@@ -31,6 +31,12 @@ namespace kvfleet::kv {
 using BlockId = uint32_t;
 constexpr BlockId kNoBlock = UINT32_MAX;  // a block-table entry with no block (dropped, or none)
 
+// Where one pool keeps a block: its tier and block id there.
+struct BlockLocation {
+  Tier tier = Tier::kDevice;
+  BlockId block = 0;
+};
+
 struct BlockCopy {
   uint32_t pool = 0;
   Tier src_tier = Tier::kDevice;

@@ -141,12 +141,6 @@ struct KvStats {
   }
 };
 
-// Where one pool keeps a block: its tier and block id there.
-struct BlockLocation {
-  Tier tier = Tier::kDevice;
-  BlockId block = 0;
-};
-
 // One block of a chain the holder sends (Contract 4): its hash, its B tokens and where
 // each pool keeps it.
 struct ExportedBlock {

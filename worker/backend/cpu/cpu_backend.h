@@ -66,6 +66,10 @@ class CpuBackend final : public ModelBackendBase {
   kv::BlockCopier& block_copier() override { return *copier_; }
   int32_t max_loras() const override { return options_.max_loras; }
   Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
+  // KV transfer (cpu_kv_transfer.cc): fp32 blocks of one rank; several ranks cannot.
+  KvTransferFormat kv_transfer_format() const override;
+  Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) override;
+  Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) override;
 
   // The KV cache configuration the pools were computed from (kv::ComputePools); a KV
   // manager built from it has the same pools.

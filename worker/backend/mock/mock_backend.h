@@ -79,6 +79,11 @@ class MockBackend final : public ModelBackendBase {
   kv::BlockCopier& block_copier() override;
   int32_t max_loras() const override { return options_.max_loras; }
   Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
+  // KV transfer: the mock keeps no KV bytes ("none"); a pulled block costs the time its
+  // modelled size (pools()[p].bytes_per_block) takes at the transfer's bandwidth.
+  KvTransferFormat kv_transfer_format() const override { return KvTransferFormat{"none", "", {}}; }
+  Status ReadKvBlocks(uint32_t, std::span<const kv::BlockLocation>, std::span<std::byte>) override { return {}; }
+  Status WriteKvBlocks(uint32_t, std::span<const BlockId>, std::span<const std::byte>) override { return {}; }
 
   // The device bytes the pools were sized from (the KV manager must get the same).
   uint64_t kv_device_bytes() const { return device_bytes_; }
