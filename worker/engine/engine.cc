@@ -108,6 +108,20 @@ void Engine::Cancel(RequestId id) {
   if (requests_.contains(id)) ending_.emplace_back(id, FinishReason::kCancelled);
 }
 
+void Engine::Hold(RequestId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() || it->second->held || it->second->finished || it->second->admitted_once) return;
+  it->second->held = true;
+  ++held_;
+}
+
+void Engine::Unhold(RequestId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() || !it->second->held) return;
+  it->second->held = false;
+  --held_;
+}
+
 void Engine::CancelAll() {
   for (const auto& [id, request] : requests_) ending_.emplace_back(id, FinishReason::kCancelled);
 }
@@ -296,6 +310,10 @@ void Engine::ApplyCancellations(std::vector<RequestOutput>* outputs) {
 
 void Engine::Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs) {
   if (seq->finished) return;
+  if (seq->held) {
+    seq->held = false;
+    --held_;
+  }
   scheduler_.Remove(seq);
   finished_.push_back(seq->id);
   seq->finished = true;

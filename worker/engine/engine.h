@@ -99,8 +99,15 @@ class Engine {
   Status RemoveLora(const std::string& name);
   const LoraRegistry& loras() const { return loras_; }
 
-  // True when a Step() would do something.
-  bool HasWork() const { return !sequences_.empty(); }
+  // KV transfer: a held request stays queued but is not admitted until Unhold, while the
+  // worker pulls its prompt's cached prefix from another worker (its queue wait and the pull
+  // overlap). Held before its first admission only; unknown or finished ids are ignored.
+  void Hold(RequestId id);
+  void Unhold(RequestId id);
+  size_t num_held() const { return held_; }
+
+  // True when a Step() would do something: a sequence that is not held, or a cancellation.
+  bool HasWork() const { return sequences_.size() > held_ || !ending_.empty(); }
   size_t num_requests() const { return requests_.size(); }
   size_t num_sequences() const { return sequences_.size(); }
 
@@ -149,6 +156,7 @@ class Engine {
   RequestId next_id_ = 1;
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> sequences_;  // by sequence id
   std::unordered_map<RequestId, RequestState> requests_;                // by request id
+  size_t held_ = 0;  // sequences with held set
   // Requests to end (cancelled, or a sibling failed), applied at the start of the next step.
   std::vector<std::pair<RequestId, FinishReason>> ending_;
   std::vector<RequestId> finished_;   // sequences reported this step; erased at its end

@@ -124,6 +124,10 @@ ScheduledBatch Scheduler::Schedule() {
   size_t next = 0;
   while (next < waiting_.size() && running_.size() < options_.max_batch_size) {
     Sequence* seq = waiting_[next];
+    if (seq->held) {  // its prefix is being pulled: the ones behind it go first
+      ++next;
+      continue;
+    }
     if (budget == 0) {
       batch.prefill_limited = true;
       break;

@@ -52,6 +52,9 @@ struct Sequence {
   // The backend slot of request.lora while running (held in the LoraRegistry); -1 otherwise.
   int32_t lora_slot = -1;
 
+  // Engine::Hold: queued but not admitted while the worker pulls its prefix (KV transfer).
+  bool held = false;
+
   // Usage: cache hits counted on the first admission only (what the client saved).
   bool admitted_once = false;
   uint32_t cached_device_tokens = 0;

@@ -325,8 +325,9 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
     cmd = UnloadLoraCommand{ClientKey{identity, msg.request_id}, std::move(msg.lora.name)};
   } else {
     std::string model = std::move(msg.params.model);
+    PullHint pull = std::move(msg.params.pull);
     cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), ToRequest(std::move(msg.params)),
-                          received};
+                          received, std::move(pull)};
   }
   {
     std::lock_guard lock(inbox_mu_);

@@ -60,6 +60,7 @@ struct GenerateCommand {
   std::string model;  // empty: the worker's model
   engine::GenerateRequest request;
   TimeNs arrival = 0;  // when the frame was read off the socket, before its decode
+  PullHint pull;       // Contract 3's PullHint: where the prompt's prefix is cached; empty: none
 };
 
 struct CancelCommand {

@@ -119,6 +119,38 @@ TEST_CASE("cancel frees the request's blocks in the next step") {
   CHECK_FALSE(h.engine->HasWork());
 }
 
+TEST_CASE("a held request waits while the ones behind it run, and starts once unheld") {
+  Harness h;
+  RequestId a = h.Add(Prompt(40), 3);
+  RequestId b = h.Add(Prompt(40, 7000), 3);
+  h.engine->Hold(a);
+  CHECK(h.engine->num_held() == 1);
+  h.Step();
+  CHECK(h.tokens[a].empty());
+  CHECK(h.tokens[b].size() == 1);  // admitted past the held one
+  while (!h.finals.contains(b)) h.Step();
+  CHECK_FALSE(h.engine->HasWork());  // only the held request is left: nothing to step
+  h.engine->Unhold(a);
+  CHECK(h.engine->HasWork());
+  h.RunToCompletion();
+  CHECK(h.tokens[a].size() == 3);
+  h.engine->Hold(a);  // finished: ignored
+  CHECK(h.engine->num_held() == 0);
+
+  SUBCASE("a held request that is cancelled ends at the next step") {
+    RequestId c = h.Add(Prompt(40, 9000), 3);
+    h.engine->Hold(c);
+    CHECK_FALSE(h.engine->HasWork());
+    h.engine->Cancel(c);
+    CHECK(h.engine->HasWork());
+    h.Step();
+    REQUIRE(h.finals.contains(c));
+    CHECK(h.finals[c].finish == FinishReason::kCancelled);
+    CHECK(h.engine->num_held() == 0);
+    CHECK_FALSE(h.engine->HasWork());
+  }
+}
+
 TEST_CASE("a prompt over the context limit is refused; generation stops at the limit") {
   HarnessOptions o;
   o.max_context = 64;
