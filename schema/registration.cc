@@ -60,6 +60,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
     t.setEndpoint(h.transfer_endpoint);
     t.setPublicKey(h.transfer_key);
     t.setFormat(h.transfer_format);
+    t.setBytesPerBlock(h.transfer_bytes_per_block);
   }
 }
 
@@ -98,6 +99,7 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     out.transfer_endpoint = t.getEndpoint().cStr();
     out.transfer_key = t.getPublicKey().cStr();
     out.transfer_format = t.getFormat().cStr();
+    out.transfer_bytes_per_block = t.getBytesPerBlock();
   }
   return out;
 }

@@ -69,6 +69,7 @@ struct WorkerHello {
   std::string transfer_endpoint;
   std::string transfer_key;
   std::string transfer_format;
+  uint64_t transfer_bytes_per_block = 0;  // bytes one block moves (every pool); the pull's cost
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

@@ -205,6 +205,7 @@ struct TransferInfo {
   endpoint @0 :Text;   # tcp://host:5559; empty: the worker serves no pulls
   publicKey @1 :Text;  # its CURVE server key (Z85); empty: plain TCP
   format @2 :Text;     # its KV block bytes: fp32, bf16, fp8e4m3 or none (mock); pulls need equal formats
+  bytesPerBlock @3 :UInt64;  # bytes one block (blockSize tokens, every pool) moves: what a pull costs
 }
 
 # One LoRA adapter a worker serves over its base model.

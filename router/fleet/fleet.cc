@@ -563,6 +563,7 @@ Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
+std::optional<TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

@@ -67,6 +67,15 @@ inline constexpr size_t kFleetSocketsPerWorker = 3;
 inline constexpr size_t kFleetSocketHeadroom = 64;
 }  // namespace config
 
+// A worker's KV transfer service, as its Hello announced it (Contract 4).
+struct TransferPeer {
+  std::string name;          // its workerId
+  std::string endpoint;      // where peers pull its blocks
+  std::string key;           // its CURVE server key (Z85); empty: plain TCP
+  std::string format;        // its KV block bytes (fp32, bf16, fp8e4m3, none): pulls need equal ones
+  uint64_t bytes_per_block = 0;
+};
+
 // What the routing step reads of each worker's load (router/routing/router.h): this
 // router's own in-flight counts, now and as they were when a report was written, and the
 // worker's last report. Fleet implements it; tests fake it.
@@ -93,6 +102,9 @@ class WorkerLoads {
   virtual std::optional<double> AdapterLoadSeconds(WorkerId /*worker*/, uint64_t /*lora_id*/) const {
     return std::nullopt;
   }
+  // How peers pull KV blocks from the worker (its Hello's TransferInfo); nullopt when it
+  // serves no pulls (routing/README.md, "Pulling a prefix").
+  virtual std::optional<TransferPeer> Transfer(WorkerId /*worker*/) const { return std::nullopt; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -314,6 +326,7 @@ class Fleet final : public WorkerLoads {
   uint32_t KvBlocksPerBlock(WorkerId worker) const override;
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
+  std::optional<TransferPeer> Transfer(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -117,6 +117,7 @@ class FleetImpl final : public LaneFleet {
   std::optional<ServedModel> Resolve(std::string_view name) const;
   void NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded);
   std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
+  std::optional<TransferPeer> Transfer(WorkerId id) const;
   std::vector<std::string> LiveModels() const;
   std::vector<ModelReadiness> Readiness() const;
   bool Ready() const;

@@ -59,6 +59,7 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   fwd.prefill_tokens = static_cast<uint32_t>(params.tokens.size()) - decision.predicted_cached_tokens;
   fwd.sink = make_sink(Routed{decision.worker, lane, handle, decision.estimated_ttft_s});
   fwd.reroute = router_->Rerouter(decision);
+  params.pull = decision.pull;
   fwd.params = std::move(params);
   // Sent from the caller's thread, whose lane also reads the answer and feeds the sink: no
   // other thread wakes on the request path.

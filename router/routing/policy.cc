@@ -88,8 +88,10 @@ Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options)
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return (c.queued_prefill_tokens + uncached) / rate + c.host_blocks * options_.onboard_s_per_block +
-         c.running_requests * options_.decode_s_per_running_request + c.admission_wait_s + c.adapter_load_s;
+  // A pull overlaps the wait for the prefill queued ahead and for admission.
+  const double wait = std::max(c.queued_prefill_tokens / rate + c.admission_wait_s, c.pull_s);
+  return wait + uncached / rate + c.host_blocks * options_.onboard_s_per_block +
+         c.running_requests * options_.decode_s_per_running_request + c.adapter_load_s;
 }
 
 double Picker::FleetRate(std::span<const Candidate> candidates) const {

@@ -55,6 +55,8 @@ inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
+inline constexpr double kTransferBytesPerSecond = 2.5e9;
+inline constexpr double kTransferSetupSeconds = 2e-3;
 }  // namespace config
 
 struct RoutingOptions {
@@ -95,6 +97,10 @@ struct RoutingOptions {
   // Requests of one model this router has sent and that have no first token yet; beyond it,
   // new ones are refused (429).
   double max_waiting_requests = config::kMaxWaitingRequests;
+  // Pulling a prefix from its holder (README.md, "Pulling a prefix"): the bandwidth assumed
+  // between two workers (bytes/s; 0: never pull) and the fixed cost of one pull (seconds).
+  double transfer_bytes_per_s = config::kTransferBytesPerSecond;
+  double transfer_setup_s = config::kTransferSetupSeconds;
 
   Status Validate() const;
 };
@@ -127,6 +133,13 @@ struct Candidate {
   double free_device_blocks = 0;    // free or evictable device blocks
   double total_device_blocks = 0;   // 0: no report
   double device_cached_blocks = 0;  // device blocks the index holds for the worker (its cache's size)
+  // A pull (README.md, "Pulling a prefix"): this candidate is the worker with pull_blocks more
+  // leading blocks (counted in device_blocks) pulled from pull_from, which takes pull_s. The
+  // pull runs while the request waits in the worker's queue: its first token waits for the
+  // longer of the two.
+  WorkerId pull_from = 0;
+  uint32_t pull_blocks = 0;  // 0: no pull
+  double pull_s = 0;
 };
 
 struct RouteRequest {

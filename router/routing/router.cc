@@ -106,6 +106,39 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
+void Router::AddPulls(std::vector<Candidate>* candidates) const {
+  const double bandwidth = options().transfer_bytes_per_s;
+  if (!(bandwidth > 0) || candidates->size() < 2) return;
+  const Candidate* holder = nullptr;
+  std::optional<TransferPeer> from;
+  for (const Candidate& c : *candidates) {
+    const uint32_t held = c.device_blocks + c.host_blocks;
+    if (held == 0 || (holder != nullptr && held <= holder->device_blocks + holder->host_blocks)) continue;
+    std::optional<TransferPeer> peer = loads_->Transfer(c.worker);
+    if (!peer || peer->bytes_per_block == 0) continue;
+    holder = &c;
+    from = std::move(peer);
+  }
+  if (holder == nullptr) return;
+  const WorkerId source = holder->worker;
+  const uint32_t held = holder->device_blocks + holder->host_blocks;
+  const size_t n = candidates->size();
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = (*candidates)[i];
+    const uint32_t have = c.device_blocks + c.host_blocks;
+    if (c.worker == source || have >= held) continue;
+    std::optional<TransferPeer> to = loads_->Transfer(c.worker);
+    if (!to || to->format != from->format) continue;
+    Candidate pulled = c;
+    pulled.pull_from = source;
+    pulled.pull_blocks = held - have;
+    pulled.device_blocks += pulled.pull_blocks;
+    pulled.pull_s = options().transfer_setup_s +
+                    static_cast<double>(pulled.pull_blocks) * static_cast<double>(from->bytes_per_block) / bandwidth;
+    candidates->push_back(pulled);
+  }
+}
+
 double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now) {
   const double fleet_rate = picker_.FleetRate(candidates);
   double capacity = 0;
@@ -179,6 +212,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                        std::string(prompt.lora) + "'");
   }
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
+  if (d.policy == Policy::kKv || d.policy == Policy::kKvRetention) AddPulls(&candidates);
   const TimeNs now = clock_->Now();
   d.route.fleet_load = FleetLoad(prompt.model, candidates, now);
 
@@ -230,8 +264,13 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.host_blocks = chosen.host_blocks;
   d.predicted_cached_tokens = choice->predicted_cached_tokens;
   CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (candidates[i].worker == d.worker) d.estimated_ttft_s = ttft[i];
+  d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
+  if (chosen.pull_blocks > 0) {
+    if (std::optional<TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
+      d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name};
+      d.pull_from = chosen.pull_from;
+      d.device_blocks -= chosen.pull_blocks;  // what the worker holds itself
+    }
   }
   d.candidates = std::move(admitted);
   return d;

@@ -66,6 +66,10 @@ struct Decision {
   uint32_t host_blocks = 0;              // further leading blocks on its host tier
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   double estimated_ttft_s = 0;           // predicted time to first token there (every policy)
+  // Where the worker pulls the prefix it lacks (README.md, "Pulling a prefix"); empty
+  // source: it computes what it does not hold.
+  PullHint pull;
+  WorkerId pull_from = 0;
   // For Commit and Rerouter.
   Policy policy = Policy::kKv;
   RouteRequest route;
@@ -121,6 +125,10 @@ class Router {
   // still cached when this request's prefill starts there (README.md).
   void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                     std::vector<Candidate>* candidates) const;
+  // kv, kv_retention: for each candidate that holds less of the prompt than the best holder
+  // serving pulls, one more candidate: the same worker with the holder's prefix pulled
+  // (README.md, "Pulling a prefix").
+  void AddPulls(std::vector<Candidate>* candidates) const;
   // ρ for `model` now: the uncached prefill tokens/s this router sent it lately over the
   // candidates' summed prefill rates (each at least the fleet's median, as the cost has it).
   double FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now);

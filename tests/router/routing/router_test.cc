@@ -33,10 +33,16 @@ class FakeLoads final : public WorkerLoads {
     auto it = stored_prefix.find(w);
     return it == stored_prefix.end() ? 0 : it->second;
   }
+  std::optional<TransferPeer> Transfer(WorkerId w) const override {
+    auto it = transfer.find(w);
+    if (it == transfer.end()) return std::nullopt;
+    return it->second;
+  }
 
   std::map<WorkerId, OwnLoadCounts> own, own_then;
   std::map<WorkerId, WorkerLoad> reported;
   std::map<WorkerId, uint32_t> stored_prefix;
+  std::map<WorkerId, TransferPeer> transfer;
   mutable TimeNs asked_at = 0;
 
  private:
@@ -133,6 +139,63 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
   REQUIRE(next.ok());
   CHECK(next->worker == d->worker);
   CHECK(next->device_blocks == 10);
+}
+
+TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
+  Fixture f;
+  for (WorkerId w : {0u, 1u, 2u}) {
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 1u << 20};
+  }
+  f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
+  OwnLoadCounts busy;
+  busy.requests = 20;
+  busy.prefill_tokens = 80'000;  // 10 s of prefill queued at the default rate
+  f.loads.own[2] = busy;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker != 2);
+  CHECK(d->pull == PullHint{"tcp://h2:5559", "", 10, "w2"});
+  CHECK(d->pull_from == 2);
+  CHECK(d->device_blocks == 0);  // what the worker holds itself
+  CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
+  // The pull's 10 MiB at 2.5 GB/s and its setup: milliseconds, not the holder's queue.
+  CHECK(d->estimated_ttft_s < 0.05);
+
+  SUBCASE("an idle holder keeps its prefix's requests: no pull") {
+    f.loads.own.erase(2);
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 2);
+    CHECK(e->pull.source.empty());
+  }
+  SUBCASE("workers whose block formats differ, or that serve no pulls, do not pull") {
+    f.loads.transfer[0].format = f.loads.transfer[1].format = "fp8e4m3";
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->pull.source.empty());
+    f.loads.transfer.erase(2);
+    f.loads.transfer[0].format = f.loads.transfer[1].format = "bf16";
+    auto g = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(g.ok());
+    CHECK(g->pull.source.empty());
+  }
+  SUBCASE("the peers' policies and approx never pull") {
+    for (Policy p : {Policy::kApprox, Policy::kPreble, Policy::kLlmd, Policy::kRoundRobin}) {
+      auto e = f.router.Route(f.fleet, f.PromptOf(p));
+      REQUIRE(e.ok());
+      CHECK(e->pull.source.empty());
+    }
+  }
+  SUBCASE("a bandwidth of 0 turns pulling off") {
+    RoutingOptions off;
+    off.transfer_bytes_per_s = 0;
+    Fixture g(off);
+    g.loads = f.loads;
+    g.kv.InsertPredicted(2, g.Hashes(), kNsPerSec);
+    auto e = g.router.Route(g.fleet, g.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->pull.source.empty());
+  }
 }
 
 TEST_CASE("a retry chooses among the same candidates, the workers tried excluded") {
