@@ -225,12 +225,12 @@ class KvCacheManager {
   // spec.prompt (the pulled chain's whole blocks from the first token on: n·B tokens) as a
   // sequence and allocates the blocks it does not hold yet; the caller writes the pulled
   // bytes into plan.first_block..num_blocks of View(plan.seq, pool).linear, then calls
-  // EndImport(plan, written). written: the blocks enter the reuse tree (stored events,
-  // spec.retention's priority) and stay cached; otherwise nothing is stored. Either way the
-  // sequence is released. ResourceExhausted when the blocks do not fit now;
+  // EndImport(plan, written) with the number of those blocks written, from first_block on:
+  // the chain up to them enters the reuse tree (stored events, spec.retention's priority) and
+  // stays cached; the rest is freed. Either way the sequence is released. ResourceExhausted when the blocks do not fit now;
   // FailedPrecondition when this manager groups blocks for routing (token-level KV).
   Result<ImportPlan> BeginImport(SequenceSpec spec);
-  void EndImport(const ImportPlan& plan, bool written);
+  void EndImport(const ImportPlan& plan, uint32_t written);
 
   // --- cache-wide ---
   // Evicts up to n device blocks of `pool` (offloading those that qualify), lowest priority

@@ -6,6 +6,7 @@
 // the manager.
 //
 // Thread safety: thread-compatible; owned by the engine thread with its manager.
+#include <algorithm>
 #include <utility>
 
 #include "worker/kv/block_pool.h"
@@ -90,8 +91,11 @@ Result<ImportPlan> KvCacheManager::BeginImport(SequenceSpec spec) {
   return ImportPlan{id, std::min(n, NumComputedTokens(id) / B), n};
 }
 
-void KvCacheManager::EndImport(const ImportPlan& plan, bool written) {
-  if (written) Commit(plan.seq, plan.num_blocks * config_.block_size);
+void KvCacheManager::EndImport(const ImportPlan& plan, uint32_t written) {
+  // Blocks before first_block were held already; a partly reused one after them (computed
+  // tokens past first_block · B) is overwritten whole by the first written block.
+  const uint32_t end = std::min(plan.num_blocks, plan.first_block + written);
+  if (written > 0) Commit(plan.seq, end * config_.block_size);
   Release(plan.seq);
 }
 

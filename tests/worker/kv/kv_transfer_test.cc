@@ -111,7 +111,7 @@ TEST_CASE("a receiver imports a pulled chain: its blocks are stored, published a
   CHECK(plan->first_block == 0);
   CHECK(plan->num_blocks == 4);
   CopyRun(h, *run, r, *plan);
-  r.m->EndImport(*plan, true);
+  r.m->EndImport(*plan, plan->num_blocks - plan->first_block);
   r.Check();
   std::vector<BlockHash> stored;
   for (const KvEvent& e : r.Flush()) {
@@ -131,7 +131,7 @@ TEST_CASE("a receiver imports a pulled chain: its blocks are stored, published a
     auto again = r.m->BeginImport(Spec(Head(prompt, 4)));
     REQUIRE(again.ok());
     CHECK(again->first_block == 4);
-    r.m->EndImport(*again, true);
+    r.m->EndImport(*again, 0);
     r.Check();
   }
 }
@@ -149,9 +149,24 @@ TEST_CASE("a receiver that holds the start of a chain imports only the rest") {
   auto run = h.m->ExportChain(0, hashes, [](auto) { return Status{}; });
   REQUIRE(run.ok());
   CopyRun(h, *run, r, *plan);
-  r.m->EndImport(*plan, true);
+  r.m->EndImport(*plan, plan->num_blocks - plan->first_block);
   r.Check();
   CHECK(r.Request(prompt).device_tokens == 4 * B);
+}
+
+TEST_CASE("an import that got the first blocks of its chain stores those only") {
+  Fixture h(SmallConfig(B, 16));
+  Fixture r(SmallConfig(B, 16));
+  const auto prompt = Tokens(4 * B + 1, 11);
+  h.Request(prompt);
+  auto run = h.m->ExportChain(0, Hashes(prompt), [](auto) { return Status{}; });
+  REQUIRE(run.ok());
+  auto plan = r.m->BeginImport(Spec(Head(prompt, 4)));
+  REQUIRE(plan.ok());
+  CopyRun(h, *run, r, *plan);
+  r.m->EndImport(*plan, 2);
+  r.Check();
+  CHECK(r.Request(prompt).device_tokens == 2 * B);
 }
 
 TEST_CASE("an import whose bytes never came stores nothing, and bad imports are refused") {
@@ -161,7 +176,7 @@ TEST_CASE("an import whose bytes never came stores nothing, and bad imports are 
   auto plan = r.m->BeginImport(Spec(prompt));
   REQUIRE(plan.ok());
   r.Flush();
-  r.m->EndImport(*plan, false);
+  r.m->EndImport(*plan, 0);
   r.Check();
   CHECK(r.Flush().empty());
   CHECK(r.m->Stats().pools[0].tiers[0].free == free_before);
