@@ -39,6 +39,8 @@ void TransferService::Impl::DoPull(PullCommand& cmd) {
     try {
       dealer->set(zmq::sockopt::maxmsgsize, wire::limits::kMaxTransferBytes);
       dealer->set(zmq::sockopt::linger, 0);
+      // Frames buffered from one holder before TCP pushes back: up to 64 MiB each.
+      dealer->set(zmq::sockopt::rcvhwm, config::kFrameHwm);
       if (!cmd.server_key.empty()) {
         if (Status s = MakeCurveClient(*dealer, *options.keypair, cmd.server_key); !s.ok()) {
           return fail(PullOutcome::kInvalid, s);

@@ -70,7 +70,7 @@ Result<std::unique_ptr<TransferService>> TransferService::Start(TransferOptions 
       KVF_RETURN_IF_ERROR(MakeCurveServer(s.router, *s.options.keypair));
     }
     s.router.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxPullRequestBytes);
-    s.router.set(zmq::sockopt::sndhwm, config::kRouterSendHwm);
+    s.router.set(zmq::sockopt::sndhwm, config::kFrameHwm);
     s.router.set(zmq::sockopt::linger, config::kCloseLingerMs);
     // A frame for a full or vanished peer fails the send instead of vanishing silently.
     s.router.set(zmq::sockopt::router_mandatory, 1);

@@ -35,9 +35,10 @@ constexpr long kIdlePollMs = 100;
 constexpr long kBusyPollMs = 5;
 // A holder forgets a pull the engine thread has not answered this long after its deadline.
 constexpr DurationNs kOpenPullGrace = kNsPerSec;
-// Frames queued per peer on the ROUTER (ZMQ_SNDHWM): with frames up to 64 MiB, a slow
-// receiver holds at most ~1 GiB of this holder's memory in ZeroMQ; the rest waits here as blocks.
-constexpr int kRouterSendHwm = 16;
+// Frames queued per peer on the ROUTER (ZMQ_SNDHWM), and per holder on a DEALER (ZMQ_RCVHWM):
+// with frames up to 64 MiB, a slow receiver holds at most ~1 GiB of a holder's memory in
+// ZeroMQ; the rest waits as blocks until the peer's queue has room.
+constexpr int kFrameHwm = 16;
 // On Stop, how long queued refusals and frames may take to leave.
 constexpr int kCloseLingerMs = 200;
 }  // namespace config
