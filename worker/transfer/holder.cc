@@ -114,7 +114,10 @@ void TransferService::Impl::DoRefuse(RefuseCommand& cmd) {
 
 void TransferService::Impl::DoServe(ServeCommand& cmd) {
   auto it = open_pulls.find({cmd.peer_token, cmd.transfer_id});
-  if (it == open_pulls.end()) {
+  // Past the deadline the receiver has given up (its clock started earlier than ours): the
+  // bytes would only be dropped there.
+  if (it == open_pulls.end() || it->second.deadline < clock->Now()) {
+    if (it != open_pulls.end()) open_pulls.erase(it);
     std::lock_guard lock(mu);
     stats.stale_serves++;
     return;

@@ -114,7 +114,7 @@ struct TransferStats {
   uint64_t dropped_frames = 0;  // frames with no readable transfer id: nothing to answer
   uint64_t unauthorized_clients = 0;  // CURVE handshakes the ZAP handler refused
   uint64_t late_frames = 0;     // receiver side: replies for no pull in flight (past deadline)
-  uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open (its deadline passed)
+  uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open, or Serve past its deadline: not sent
 };
 
 // The time a pull of `bytes` takes at `bytes_per_s` (0 when the rate is 0).

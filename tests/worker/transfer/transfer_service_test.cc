@@ -211,7 +211,8 @@ TEST_CASE("garbage on the holder's socket is refused or dropped, and the next go
 }
 
 TEST_CASE("a holder that never answers: the pull ends at its deadline and late frames are dropped") {
-  auto holder = Make();
+  ManualClock holder_clock;
+  auto holder = Make({}, &holder_clock);
   ManualClock clock;
   auto receiver = Make({}, &clock);
   PullRequest request = Chain(2);
@@ -222,9 +223,19 @@ TEST_CASE("a holder that never answers: the pull ends at its deadline and late f
   CHECK(r.outcome == PullOutcome::kDeadline);
   CHECK(r.status.code() == StatusCode::kDeadlineExceeded);
   CHECK(r.elapsed >= 1'000 * kNsPerMs);
+  // The holder's clock has not reached the deadline: it still sends, and the frames are dropped.
   holder->Serve(in.peer_token, id, Blocks(in.request, 2));
   AwaitStats(*receiver, [](const TransferStats& s) { return s.late_frames >= 1; });
   CHECK(receiver->TakeResults().empty());
+
+  // Past its own view of the deadline the holder sends nothing.
+  const uint64_t second = receiver->StartPull(holder->endpoint(), "", request);
+  in = AwaitPull(*holder);
+  holder_clock.AdvanceMs(1'001);
+  holder->Serve(in.peer_token, second, Blocks(in.request, 2));
+  AwaitStats(*holder, [](const TransferStats& s) { return s.stale_serves == 1; });
+  CHECK(holder->Stats().served == 1);
+  CHECK(AwaitResult(*receiver, second, &clock).outcome == PullOutcome::kDeadline);
 }
 
 TEST_CASE("a corrupted block fails the whole pull and nothing is handed over") {
