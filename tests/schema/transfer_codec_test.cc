@@ -38,7 +38,7 @@ std::map<std::string, std::string> LoadTransferVectors() {
 // Frames are copied into word-aligned memory, as ZMQ's receive buffers are.
 struct Aligned {
   explicit Aligned(const std::string& frame) : words((frame.size() + 7) / 8), size(frame.size()) {
-    std::memcpy(words.data(), frame.data(), frame.size());
+    if (!frame.empty()) std::memcpy(words.data(), frame.data(), frame.size());
   }
   const void* data() const { return words.data(); }
   std::vector<capnp::word> words;
