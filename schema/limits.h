@@ -73,4 +73,16 @@ inline constexpr int64_t kMaxSubscriptionBytes = 4 * 1024;
 // What a worker's registration DEALER receives: nothing is sent to it; a frame is a broken peer.
 inline constexpr int64_t kMaxRegistrationReplyBytes = 4 * 1024;
 
+// Contract 4, KV transfer between workers. A PullReply frame (what a receiver's DEALER
+// accepts): a holder splits a chain's blocks over frames of at most this, so 64 MiB holds a
+// few blocks of the largest models (a 32-token bf16 block of a 405B model is ~16 MiB) while
+// a receiver buffers no more per frame. A pool's block larger than a frame is refused tooLarge.
+inline constexpr int64_t kMaxTransferBytes = int64_t{64} << 20;
+// Blocks one PullRequest may ask for: the longest context in 16-token blocks.
+inline constexpr int64_t kMaxPullBlocks = kMaxContextTokens / 16;
+// A PullRequest (what a holder's ROUTER accepts): 8 bytes a hash, the namespace's names (a
+// salt as long as a path), 6 words a pool, and slack.
+inline constexpr int64_t kMaxPullRequestBytes =
+    kMaxPullBlocks * 8 + 2 * kMaxNameBytes + kMaxPathBytes + kMaxKvPools * 48 + kSlackBytes;
+
 }  // namespace kvfleet::wire::limits

@@ -19,8 +19,10 @@ RULES=(
   "worker/model: common schema kernels"
   "worker/backend: common schema kernels worker/kv worker/model"
   "worker/engine: common schema worker/kv worker/model worker/backend"
-  "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine"
-  "worker: common common/http schema kernels worker/kv worker/model worker/backend worker/engine worker/server"
+  # KV transfer between workers (Contract 4): the wire and its sockets, no cache of its own.
+  "worker/transfer: common schema"
+  "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine worker/transfer"
+  "worker: common common/http schema kernels worker/kv worker/model worker/backend worker/engine worker/transfer worker/server"
   # The router's rooms point one way: core (worker id, state, load, WorkerSignals) at the
   # bottom; index and fleet on it; events (a WorkerSignals, feeding the index) and routing
   # (the decision, over the fleet's loads and a PrefixIndex) above; http, then the binary.

@@ -1,0 +1,339 @@
+#include "schema/transfer_codec.h"
+
+#include <cstring>
+#include <utility>
+
+#include <capnp/message.h>
+#include <xxhash.h>
+
+#include "common/check.h"
+#include "schema/limits.h"
+#include "schema/transfer.capnp.h"
+#include "schema/wire.h"
+
+namespace kvfleet::transfer {
+
+namespace {
+
+namespace limits = wire::limits;
+
+// A block's frame share beyond its bytes: index, hash and the three list pointers (5 words),
+// the lists' tags, each data's pointer, each checksum word, padding of each data to a word.
+constexpr uint64_t kBlockOverheadBytes = 5 * 8 + 3 * 8;
+
+schema::KvDtype ToWire(KvDtype d) {
+  switch (d) {
+    case KvDtype::kBf16: return schema::KvDtype::BF16;
+    case KvDtype::kFp8E4M3: return schema::KvDtype::FP8E4M3;
+    case KvDtype::kFp32: return schema::KvDtype::FP32;
+    case KvDtype::kNone: return schema::KvDtype::NONE;
+  }
+  return schema::KvDtype::NONE;
+}
+
+Result<KvDtype> FromWire(schema::KvDtype d) {
+  switch (d) {
+    case schema::KvDtype::BF16: return KvDtype::kBf16;
+    case schema::KvDtype::FP8E4M3: return KvDtype::kFp8E4M3;
+    case schema::KvDtype::FP32: return KvDtype::kFp32;
+    case schema::KvDtype::NONE: return KvDtype::kNone;
+  }
+  return InvalidArgument("unknown dtype " + std::to_string(static_cast<int>(d)));
+}
+
+Result<RefusalReason> FromWire(schema::RefusalReason r) {
+  const auto v = static_cast<uint16_t>(r);
+  if (v >= kNumRefusalReasons) return InvalidArgument("unknown refusal reason " + std::to_string(v));
+  return static_cast<RefusalReason>(v);
+}
+
+Result<std::string> ReadName(capnp::Text::Reader text, size_t max, const char* what) {
+  if (text.size() > max) return OutOfRange(std::string(what) + " longer than " + std::to_string(max) + " bytes");
+  return std::string(text.cStr(), text.size());
+}
+
+// The largest pool block a frame can carry next to one block's other fields.
+constexpr uint64_t kMaxPoolBlockBytes = limits::kMaxTransferBytes - limits::kSlackBytes;
+
+Status CheckLayout(const Layout& layout) {
+  if (layout.pools.empty()) return InvalidArgument("layout with no pool");
+  if (layout.pools.size() > static_cast<size_t>(limits::kMaxKvPools)) {
+    return OutOfRange("layout with " + std::to_string(layout.pools.size()) + " pools, more than " +
+                      std::to_string(limits::kMaxKvPools));
+  }
+  uint64_t total = 0;
+  for (const PoolGeometry& p : layout.pools) {
+    if (p.bytes_per_block == 0) return InvalidArgument("pool of window " + std::to_string(p.window) + " with 0 bytes a block");
+    if (p.bytes_per_block > kMaxPoolBlockBytes) {
+      return OutOfRange("pool block of " + std::to_string(p.bytes_per_block) + " bytes, over a frame's " +
+                        std::to_string(kMaxPoolBlockBytes));
+    }
+    total += p.bytes_per_block;
+  }
+  if (layout.dtype != KvDtype::kNone && total > kMaxPoolBlockBytes) {
+    return OutOfRange("a block of " + std::to_string(total) + " bytes over every pool does not fit a frame");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view KvDtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kBf16: return "bf16";
+    case KvDtype::kFp8E4M3: return "fp8e4m3";
+    case KvDtype::kFp32: return "fp32";
+    case KvDtype::kNone: return "none";
+  }
+  return "?";
+}
+
+std::string_view RefusalReasonName(RefusalReason reason) {
+  switch (reason) {
+    case RefusalReason::kNotHeld: return "not-held";
+    case RefusalReason::kLayoutMismatch: return "layout-mismatch";
+    case RefusalReason::kUnauthorized: return "unauthorized";
+    case RefusalReason::kMalformed: return "malformed";
+    case RefusalReason::kBusy: return "busy";
+    case RefusalReason::kShuttingDown: return "shutting-down";
+    case RefusalReason::kTooLarge: return "too-large";
+  }
+  return "?";
+}
+
+uint64_t Layout::BytesPerBlock() const {
+  uint64_t total = 0;
+  for (const PoolGeometry& p : pools) total += p.bytes_per_block;
+  return total;
+}
+
+uint64_t Checksum(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+std::string EncodePullRequest(const PullRequest& r) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<schema::PullRequest>();
+  out.setTransferId(r.transfer_id);
+  auto ns = out.initHashNamespace();
+  ns.setModel(r.model);
+  ns.setLora(r.lora);
+  ns.setCacheSalt(r.cache_salt);
+  out.setBlockSize(r.block_size);
+  out.setParentHash(r.parent_hash);
+  auto hashes = out.initHashes(static_cast<unsigned>(r.hashes.size()));
+  for (size_t i = 0; i < r.hashes.size(); ++i) hashes.set(static_cast<unsigned>(i), r.hashes[i]);
+  auto layout = out.initLayout();
+  layout.setDtype(ToWire(r.layout.dtype));
+  layout.setBlockSize(r.layout.block_size);
+  auto pools = layout.initPools(static_cast<unsigned>(r.layout.pools.size()));
+  for (size_t i = 0; i < r.layout.pools.size(); ++i) {
+    const PoolGeometry& p = r.layout.pools[i];
+    auto w = pools[static_cast<unsigned>(i)];
+    w.setWindow(p.window);
+    w.setLayers(p.layers);
+    w.setKvHeads(p.kv_heads);
+    w.setHeadDim(p.head_dim);
+    w.setBytesPerBlock(p.bytes_per_block);
+  }
+  out.setDeadlineMs(r.deadline_ms);
+  return wire::Encode(message);
+}
+
+Result<PullRequest> DecodePullRequest(const void* data, size_t size) {
+  if (size > static_cast<size_t>(limits::kMaxPullRequestBytes)) {
+    return OutOfRange("pull request of " + std::to_string(size) + " bytes");
+  }
+  auto msg = wire::Decode<schema::PullRequest>(data, size);
+  if (!msg.ok()) return msg.status();
+  return wire::Guard([&]() -> Result<PullRequest> {
+    auto in = (*msg)->Root<schema::PullRequest>();
+    PullRequest r;
+    r.transfer_id = in.getTransferId();
+    if (r.transfer_id == 0) return InvalidArgument("pull request with transfer id 0");
+    auto ns = in.getHashNamespace();
+    KVF_ASSIGN_OR_RETURN(r.model, ReadName(ns.getModel(), limits::kMaxNameBytes, "model"));
+    if (r.model.empty()) return InvalidArgument("pull request with no model");
+    KVF_ASSIGN_OR_RETURN(r.lora, ReadName(ns.getLora(), limits::kMaxNameBytes, "lora"));
+    KVF_ASSIGN_OR_RETURN(r.cache_salt, ReadName(ns.getCacheSalt(), limits::kMaxPathBytes, "cache salt"));
+    r.block_size = in.getBlockSize();
+    if (!IsValidBlockSize(r.block_size) || r.block_size > config::kMaxBlockTokens) {
+      return InvalidArgument("block size " + std::to_string(r.block_size) + " is not a power of two up to " +
+                             std::to_string(config::kMaxBlockTokens));
+    }
+    r.parent_hash = in.getParentHash();
+    auto hashes = in.getHashes();
+    if (hashes.size() == 0) return InvalidArgument("pull request for no block");
+    if (hashes.size() > static_cast<size_t>(limits::kMaxPullBlocks)) {
+      return OutOfRange("pull request for " + std::to_string(hashes.size()) + " blocks, more than " +
+                        std::to_string(limits::kMaxPullBlocks));
+    }
+    r.hashes.resize(hashes.size());
+    for (unsigned i = 0; i < hashes.size(); ++i) {
+      r.hashes[i] = hashes[i];
+      if (r.hashes[i] == 0) return InvalidArgument("hash 0 (the root) at position " + std::to_string(i));
+    }
+    auto layout = in.getLayout();
+    KVF_ASSIGN_OR_RETURN(r.layout.dtype, FromWire(layout.getDtype()));
+    r.layout.block_size = layout.getBlockSize();
+    if (r.layout.block_size != r.block_size) {
+      return InvalidArgument("layout block size " + std::to_string(r.layout.block_size) + " differs from block size " +
+                             std::to_string(r.block_size));
+    }
+    auto pools = layout.getPools();
+    if (pools.size() > static_cast<size_t>(limits::kMaxKvPools)) {
+      return OutOfRange("layout with " + std::to_string(pools.size()) + " pools");
+    }
+    r.layout.pools.resize(pools.size());
+    for (unsigned i = 0; i < pools.size(); ++i) {
+      auto p = pools[i];
+      r.layout.pools[i] = {p.getWindow(), p.getLayers(), p.getKvHeads(), p.getHeadDim(), p.getBytesPerBlock()};
+    }
+    KVF_RETURN_IF_ERROR(CheckLayout(r.layout));
+    r.deadline_ms = in.getDeadlineMs();
+    if (r.deadline_ms == 0) return InvalidArgument("pull request with deadline 0");
+    return r;
+  });
+}
+
+uint64_t ReadTransferId(const void* data, size_t size) {
+  auto msg = wire::Decode<schema::PullRequest>(data, size);
+  if (!msg.ok()) return 0;
+  auto id = wire::Guard([&]() -> Result<uint64_t> { return (*msg)->Root<schema::PullRequest>().getTransferId(); });
+  return id.ok() ? *id : 0;
+}
+
+std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::string_view message) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<schema::PullReply>();
+  out.setTransferId(transfer_id);
+  auto refused = out.initRefused();
+  refused.setReason(static_cast<schema::RefusalReason>(reason));
+  refused.setMessage(capnp::Text::Reader(message.data(), message.size()));
+  return wire::Encode(builder);
+}
+
+std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<schema::PullReply>();
+  out.setTransferId(transfer_id);
+  auto list = out.initBlocks(static_cast<unsigned>(blocks.size()));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Block& b = blocks[i];
+    KVF_CHECK(b.data.size() == b.checksums.size());
+    auto w = list[static_cast<unsigned>(i)];
+    w.setIndex(b.index);
+    w.setHash(b.hash);
+    auto tokens = w.initTokens(static_cast<unsigned>(b.tokens.size()));
+    for (size_t j = 0; j < b.tokens.size(); ++j) tokens.set(static_cast<unsigned>(j), b.tokens[j]);
+    // Each list then its contents, in field order: the bytes capnp's own encoder writes.
+    auto data = w.initData(static_cast<unsigned>(b.data.size()));
+    for (size_t j = 0; j < b.data.size(); ++j) {
+      const auto& bytes = b.data[j];
+      data.set(static_cast<unsigned>(j),
+               capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(bytes.data()), bytes.size()));
+    }
+    auto sums = w.initChecksums(static_cast<unsigned>(b.checksums.size()));
+    for (size_t j = 0; j < b.checksums.size(); ++j) sums.set(static_cast<unsigned>(j), b.checksums[j]);
+  }
+  return wire::Encode(builder);
+}
+
+std::string EncodeDone(uint64_t transfer_id, uint32_t count) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<schema::PullReply>();
+  out.setTransferId(transfer_id);
+  out.setDone(count);
+  return wire::Encode(builder);
+}
+
+Result<PullReply> DecodePullReply(const void* data, size_t size) {
+  auto msg = wire::Decode<schema::PullReply>(data, size);
+  if (!msg.ok()) return msg.status();
+  return wire::Guard([&]() -> Result<PullReply> {
+    auto in = (*msg)->Root<schema::PullReply>();
+    PullReply reply;
+    reply.transfer_id = in.getTransferId();
+    if (reply.transfer_id == 0) return InvalidArgument("pull reply with transfer id 0");
+    switch (in.which()) {
+      case schema::PullReply::REFUSED: {
+        auto r = in.getRefused();
+        Refusal refusal;
+        KVF_ASSIGN_OR_RETURN(refusal.reason, FromWire(r.getReason()));
+        KVF_ASSIGN_OR_RETURN(refusal.message, ReadName(r.getMessage(), limits::kMaxPathBytes, "refusal message"));
+        reply.body = std::move(refusal);
+        return reply;
+      }
+      case schema::PullReply::BLOCKS: {
+        auto list = in.getBlocks();
+        // A zero-sized struct costs its sender nothing: a real block takes words of its own,
+        // so the frame's size in words bounds how many it can honestly hold.
+        if (list.size() > size / sizeof(capnp::word)) return DataLoss("pull reply with empty block entries");
+        std::vector<Block> blocks(list.size());
+        for (unsigned i = 0; i < list.size(); ++i) {
+          auto w = list[i];
+          Block& b = blocks[i];
+          b.index = w.getIndex();
+          b.hash = w.getHash();
+          auto tokens = w.getTokens();
+          if (tokens.size() > config::kMaxBlockTokens) return InvalidArgument("block with too many tokens");
+          b.tokens.resize(tokens.size());
+          for (unsigned j = 0; j < tokens.size(); ++j) b.tokens[j] = tokens[j];
+          auto bytes = w.getData();
+          auto sums = w.getChecksums();
+          if (bytes.size() > static_cast<size_t>(limits::kMaxKvPools)) return InvalidArgument("block with too many pools");
+          if (bytes.size() != sums.size()) {
+            return InvalidArgument("block " + std::to_string(b.index) + " with " + std::to_string(bytes.size()) +
+                                   " data and " + std::to_string(sums.size()) + " checksums");
+          }
+          b.data.resize(bytes.size());
+          b.checksums.resize(sums.size());
+          for (unsigned j = 0; j < bytes.size(); ++j) {
+            auto d = bytes[j];
+            b.data[j].resize(d.size());
+            if (d.size() != 0) std::memcpy(b.data[j].data(), d.begin(), d.size());
+            b.checksums[j] = sums[j];
+          }
+        }
+        reply.body = std::move(blocks);
+        return reply;
+      }
+      case schema::PullReply::DONE:
+        reply.body = Done{in.getDone()};
+        return reply;
+    }
+    return InvalidArgument("pull reply of unknown kind " + std::to_string(static_cast<int>(in.which())));
+  });
+}
+
+Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums) {
+  const std::string at = "block " + std::to_string(index) + ": ";
+  if (b.index != index) return InvalidArgument(at + "index " + std::to_string(b.index) + " out of order");
+  if (index >= request.hashes.size()) return InvalidArgument(at + "beyond the " + std::to_string(request.hashes.size()) + " asked for");
+  if (b.hash != request.hashes[index]) return InvalidArgument(at + "hash is not the one asked for");
+  if (b.tokens.size() != request.block_size) {
+    return InvalidArgument(at + std::to_string(b.tokens.size()) + " tokens, not " + std::to_string(request.block_size));
+  }
+  const Layout& layout = request.layout;
+  const size_t pools = layout.dtype == KvDtype::kNone ? 0 : layout.pools.size();
+  if (b.data.size() != pools || b.checksums.size() != pools) {
+    return InvalidArgument(at + std::to_string(b.data.size()) + " data and " + std::to_string(b.checksums.size()) +
+                           " checksums for " + std::to_string(pools) + " pools");
+  }
+  for (size_t i = 0; i < pools; ++i) {
+    if (b.data[i].size() != layout.pools[i].bytes_per_block) {
+      return InvalidArgument(at + "pool " + std::to_string(i) + " holds " + std::to_string(b.data[i].size()) +
+                             " bytes, not " + std::to_string(layout.pools[i].bytes_per_block));
+    }
+    if (verify_checksums && Checksum(b.data[i]) != b.checksums[i]) {
+      return DataLoss(at + "pool " + std::to_string(i) + " checksum mismatch");
+    }
+  }
+  return Status::Ok();
+}
+
+uint64_t EncodedBlockBytes(const Block& b) {
+  uint64_t bytes = kBlockOverheadBytes + (b.tokens.size() * 4 + 7) / 8 * 8;
+  for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;  // padded bytes, pointer, checksum
+  return bytes;
+}
+
+}  // namespace kvfleet::transfer

@@ -1,0 +1,134 @@
+// Transfer codec: Contract 4's messages (schema/transfer.capnp) <-> C++ values. A receiver
+// sends a PullRequest for a chain of KV blocks; the holder answers with `blocks` frames and a
+// `done`, or one `refused`.
+//
+// The one encoder and decoder of every Contract 4 message, used by both sides
+// (worker/transfer). Decoding never trusts its input: a frame that does not decode, or breaks
+// a rule of schema/README.md (Contract 4), is a Status, never a crash. The codes say which
+// refusal a holder answers with: OutOfRange for a request over the limits (tooLarge), every
+// other error malformed.
+//
+// Thread safety: values and pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+
+namespace kvfleet::transfer {
+
+namespace config {
+// Tokens per KV block on the wire; block sizes are far smaller (Contract 1: 16 to 64).
+constexpr uint32_t kMaxBlockTokens = 1 << 16;
+}  // namespace config
+
+enum class KvDtype : uint8_t { kBf16, kFp8E4M3, kFp32, kNone };
+std::string_view KvDtypeName(KvDtype dtype);
+
+struct PoolGeometry {
+  uint32_t window = 0;  // 0 = full attention
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint64_t bytes_per_block = 0;  // K and V of every layer of one block, scales included
+  bool operator==(const PoolGeometry&) const = default;
+};
+
+struct Layout {
+  KvDtype dtype = KvDtype::kBf16;
+  uint32_t block_size = 0;            // tokens per block
+  std::vector<PoolGeometry> pools;    // Block::data follows this order
+  bool operator==(const Layout&) const = default;
+  // Bytes one block takes over every pool (modelled ones for kNone).
+  uint64_t BytesPerBlock() const;
+};
+
+// Why a holder refused; ordinals are the wire's.
+enum class RefusalReason : uint8_t {
+  kNotHeld,
+  kLayoutMismatch,
+  kUnauthorized,
+  kMalformed,
+  kBusy,
+  kShuttingDown,
+  kTooLarge,
+};
+inline constexpr size_t kNumRefusalReasons = 7;
+std::string_view RefusalReasonName(RefusalReason reason);
+
+struct PullRequest {
+  uint64_t transfer_id = 0;  // chosen by the receiver, non-zero
+  std::string model;         // the Contract 1 namespace
+  std::string lora;
+  std::string cache_salt;
+  uint32_t block_size = 0;           // Contract 1's B; equals layout.block_size
+  BlockHash parent_hash = 0;         // the block before hashes[0]; 0 = the root
+  std::vector<BlockHash> hashes;     // the chain wanted, in order; none is 0
+  Layout layout;                     // the receiver's
+  uint32_t deadline_ms = 0;          // the receiver gives up this long after sending; > 0
+  bool operator==(const PullRequest&) const = default;
+};
+
+struct Block {
+  uint32_t index = 0;                        // position in the request's hashes
+  BlockHash hash = 0;                        // = hashes[index]
+  std::vector<TokenId> tokens;               // the block's block_size tokens
+  std::vector<std::vector<std::byte>> data;  // one per pool; none for KvDtype::kNone
+  std::vector<uint64_t> checksums;           // Checksum(data[i])
+  bool operator==(const Block&) const = default;
+};
+
+struct Refusal {
+  RefusalReason reason = RefusalReason::kMalformed;
+  std::string message;
+};
+
+// The last frame of a pull that was served: how many blocks were sent in all.
+struct Done {
+  uint32_t count = 0;
+};
+
+struct PullReply {
+  uint64_t transfer_id = 0;
+  std::variant<Refusal, std::vector<Block>, Done> body;
+};
+
+// XXH3_64 (seed 0) of a block's bytes in one pool.
+uint64_t Checksum(std::span<const std::byte> bytes);
+
+std::string EncodePullRequest(const PullRequest& request);
+// Decodes and validates one PullRequest frame: a non-zero transfer id; a non-empty model and
+// names within limits; a power-of-two block size equal to the layout's; 1 to
+// limits::kMaxPullBlocks hashes, none 0; 1 to kMaxKvPools pools, each block within a frame
+// (limits::kMaxTransferBytes less slack); a non-zero deadline. Over a limit: OutOfRange.
+Result<PullRequest> DecodePullRequest(const void* data, size_t size);
+// The transfer id of a PullRequest frame that DecodePullRequest refuses, so the refusal can
+// name it; 0 when not even that can be read.
+uint64_t ReadTransferId(const void* data, size_t size);
+
+std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::string_view message);
+// REQUIRES: each block's data and checksums agree in count.
+std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks);
+std::string EncodeDone(uint64_t transfer_id, uint32_t count);
+// Decodes one PullReply frame: a non-zero transfer id, a known refusal reason, and blocks
+// whose token, data and checksum lists are within limits and data and checksums agree in
+// count. What a block must be for the request it answers is CheckBlock's.
+Result<PullReply> DecodePullReply(const void* data, size_t size);
+
+// Checks block `b` as the `index`-th block answering `request`: its index, its hash
+// (= request.hashes[index]), block_size tokens, one data per pool of bytes_per_block bytes
+// (none for kNone) and, when `verify_checksums`, every checksum. A checksum mismatch is
+// DataLoss; any other fault InvalidArgument.
+Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums);
+
+// An upper bound on the bytes `b` adds to an EncodeBlocks frame: a holder packs frames by it.
+uint64_t EncodedBlockBytes(const Block& b);
+
+}  // namespace kvfleet::transfer

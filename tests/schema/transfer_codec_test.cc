@@ -1,0 +1,272 @@
+// Contract 4's codec: the spec's vectors, round trips, and frames a holder or receiver must
+// refuse without crashing.
+#include "schema/transfer_codec.h"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <capnp/message.h>
+
+#include "schema/limits.h"
+#include "schema/transfer.capnp.h"
+#include "schema/wire.h"
+
+namespace kvfleet::transfer {
+namespace {
+
+// schema/transfer_vectors.txt: vector name -> frame bytes.
+std::map<std::string, std::string> LoadTransferVectors() {
+  std::ifstream in(std::string(KVFLEET_SOURCE_DIR) + "/schema/transfer_vectors.txt");
+  REQUIRE(in.good());
+  std::map<std::string, std::string> out;
+  std::string line, name;
+  while (std::getline(in, line)) {
+    if (line.rfind("vector ", 0) == 0) name = line.substr(7);
+    if (line.rfind("frame ", 0) != 0) continue;
+    std::string bytes;
+    for (size_t i = 6; i + 1 < line.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(line.substr(i, 2), nullptr, 16)));
+    out[name] = bytes;
+  }
+  return out;
+}
+
+// Frames are copied into word-aligned memory, as ZMQ's receive buffers are.
+struct Aligned {
+  explicit Aligned(const std::string& frame) : words((frame.size() + 7) / 8), size(frame.size()) {
+    if (!frame.empty()) std::memcpy(words.data(), frame.data(), frame.size());
+  }
+  const void* data() const { return words.data(); }
+  std::vector<capnp::word> words;
+  size_t size;
+};
+
+Result<PullRequest> DecodeRequest(const std::string& frame) {
+  Aligned a(frame);
+  return DecodePullRequest(a.data(), a.size);
+}
+
+Result<PullReply> DecodeReply(const std::string& frame) {
+  Aligned a(frame);
+  return DecodePullReply(a.data(), a.size);
+}
+
+// The vectors' request: the two blocks of tokens 1..16 at B = 4 (hash_vectors.txt, row 1).
+PullRequest ExampleRequest() {
+  PullRequest r;
+  r.transfer_id = 7;
+  r.model = "meta-llama/Llama-3.1-8B-Instruct";
+  r.block_size = 4;
+  r.hashes = {0x276a80ee59a83ca7ULL, 0x48a3b26c8ba2c36dULL};
+  r.layout.dtype = KvDtype::kBf16;
+  r.layout.block_size = 4;
+  r.layout.pools = {PoolGeometry{0, 2, 1, 2, 64}};
+  r.deadline_ms = 2000;
+  return r;
+}
+
+Block ExampleBlock() {
+  Block b;
+  b.index = 0;
+  b.hash = 0x276a80ee59a83ca7ULL;
+  b.tokens = {1, 2, 3, 4};
+  b.data.resize(1);
+  for (int i = 0; i < 64; ++i) b.data[0].push_back(static_cast<std::byte>(i));
+  b.checksums = {Checksum(b.data[0])};
+  return b;
+}
+
+TEST_CASE("Checksum is XXH3-64 with seed 0") {
+  CHECK(Checksum(ExampleBlock().data[0]) == 0x6187eb9089b0ed55ULL);
+  CHECK(Checksum({}) == 0x2d06800538d394c2ULL);  // XXH3_64bits of no bytes
+}
+
+TEST_CASE("the spec's vectors decode field by field and the encoders write them byte for byte") {
+  const auto vectors = LoadTransferVectors();
+  REQUIRE(vectors.size() == 4);
+
+  const std::string& request_frame = vectors.at("pull request");
+  auto request = DecodeRequest(request_frame);
+  REQUIRE(request.ok());
+  CHECK(*request == ExampleRequest());
+  CHECK(request->layout.BytesPerBlock() == 64);
+  CHECK(EncodePullRequest(ExampleRequest()) == request_frame);
+
+  const std::string& blocks_frame = vectors.at("blocks: the first block of the chain");
+  auto blocks = DecodeReply(blocks_frame);
+  REQUIRE(blocks.ok());
+  CHECK(blocks->transfer_id == 7);
+  REQUIRE(std::holds_alternative<std::vector<Block>>(blocks->body));
+  const auto& list = std::get<std::vector<Block>>(blocks->body);
+  REQUIRE(list.size() == 1);
+  CHECK(list[0] == ExampleBlock());
+  CHECK(CheckBlock(ExampleRequest(), list[0], 0, true).ok());
+  const Block example = ExampleBlock();
+  CHECK(EncodeBlocks(7, {&example, 1}) == blocks_frame);
+
+  auto done = DecodeReply(vectors.at("done: 1 block sent"));
+  REQUIRE(done.ok());
+  REQUIRE(std::holds_alternative<Done>(done->body));
+  CHECK(std::get<Done>(done->body).count == 1);
+  CHECK(EncodeDone(7, 1) == vectors.at("done: 1 block sent"));
+
+  const std::string& refused_frame = vectors.at("refused: layout mismatch");
+  auto refused = DecodeReply(refused_frame);
+  REQUIRE(refused.ok());
+  REQUIRE(std::holds_alternative<Refusal>(refused->body));
+  CHECK(std::get<Refusal>(refused->body).reason == RefusalReason::kLayoutMismatch);
+  CHECK(std::get<Refusal>(refused->body).message == "holder dtype fp8e4m3, request bf16");
+  CHECK(EncodeRefused(7, RefusalReason::kLayoutMismatch, "holder dtype fp8e4m3, request bf16") == refused_frame);
+}
+
+TEST_CASE("a pull request round-trips with a namespace, a parent, several pools and dtype none") {
+  PullRequest r = ExampleRequest();
+  r.lora = "sql-adapter";
+  r.cache_salt = "tenant-42";
+  r.parent_hash = 0x1234;
+  r.layout.dtype = KvDtype::kNone;
+  r.layout.pools = {PoolGeometry{0, 30, 8, 128, 1 << 20}, PoolGeometry{4096, 10, 8, 128, 1 << 19}};
+  auto back = DecodeRequest(EncodePullRequest(r));
+  REQUIRE(back.ok());
+  CHECK(*back == r);
+}
+
+TEST_CASE("a pull request that breaks a rule is refused, over a limit as OutOfRange") {
+  auto fails = [](PullRequest r) { return DecodeRequest(EncodePullRequest(r)).status(); };
+  PullRequest r = ExampleRequest();
+  r.transfer_id = 0;
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.model.clear();
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.block_size = 3;
+  r.layout.block_size = 3;
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.layout.block_size = 8;
+  CHECK(fails(r).message().find("layout block size") != std::string::npos);
+  r = ExampleRequest();
+  r.hashes.clear();
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.hashes[1] = 0;
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.layout.pools.clear();
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.deadline_ms = 0;
+  CHECK(fails(r).code() == StatusCode::kInvalidArgument);
+  r = ExampleRequest();
+  r.model = std::string(wire::limits::kMaxNameBytes + 1, 'm');
+  CHECK(fails(r).code() == StatusCode::kOutOfRange);
+  r = ExampleRequest();
+  r.hashes.assign(wire::limits::kMaxPullBlocks + 1, 42);
+  CHECK(fails(r).code() == StatusCode::kOutOfRange);
+  r = ExampleRequest();
+  r.layout.pools[0].bytes_per_block = wire::limits::kMaxTransferBytes;
+  CHECK(fails(r).code() == StatusCode::kOutOfRange);
+}
+
+TEST_CASE("garbage and truncated frames are errors, and the transfer id is read when it can be") {
+  const std::string frame = EncodePullRequest(ExampleRequest());
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{8}, frame.size() / 2, frame.size() - 8}) {
+    CHECK(!DecodeRequest(frame.substr(0, cut)).ok());
+    CHECK(!DecodeReply(frame.substr(0, cut)).ok());
+  }
+  CHECK(!DecodeRequest("not capnp at all").ok());
+  CHECK(ReadTransferId("xx", 2) == 0);
+  PullRequest bad = ExampleRequest();
+  bad.deadline_ms = 0;
+  const std::string bad_frame = EncodePullRequest(bad);
+  Aligned a(bad_frame);
+  CHECK(ReadTransferId(a.data(), a.size) == 7);
+  // A PullReply is not a PullRequest: its second word is no namespace.
+  CHECK(!DecodeRequest(EncodeDone(7, 1)).ok());
+}
+
+TEST_CASE("a reply with an unknown union member, an unknown reason or mismatched lists is refused") {
+  {
+    capnp::MallocMessageBuilder m;
+    auto root = m.initRoot<schema::PullReply>();
+    root.setTransferId(7);
+    root.initRefused().setReason(static_cast<schema::RefusalReason>(99));
+    CHECK(!DecodeReply(wire::Encode(m)).ok());
+  }
+  {
+    // A union tag a newer schema might add: this one does not know it.
+    capnp::MallocMessageBuilder m;
+    auto root = m.initRoot<schema::PullReply>();
+    root.setTransferId(7);
+    root.setDone(1);
+    std::string frame = wire::Encode(m);
+    // The discriminant is the data section's second word's first 16 bits: after the segment
+    // table, the root pointer and transferId.
+    REQUIRE(frame[8 + 8 + 8] == 2);  // done
+    frame[8 + 8 + 8] = 9;
+    CHECK(!DecodeReply(frame).ok());
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    auto root = m.initRoot<schema::PullReply>();
+    root.setTransferId(7);
+    auto w = root.initBlocks(1)[0];
+    w.initData(2);
+    w.initChecksums(1);
+    CHECK(!DecodeReply(wire::Encode(m)).ok());
+  }
+  CHECK(!DecodeReply(EncodeDone(0, 1)).ok());
+}
+
+TEST_CASE("CheckBlock refuses a block out of order, of another hash, tokens or pools, and a bad checksum") {
+  const PullRequest r = ExampleRequest();
+  const Block good = ExampleBlock();
+  CHECK(CheckBlock(r, good, 0, true).ok());
+  CHECK(CheckBlock(r, good, 1, true).code() == StatusCode::kInvalidArgument);  // index 0 where 1 was due
+  Block b = good;
+  b.hash = 99;
+  CHECK(CheckBlock(r, b, 0, true).code() == StatusCode::kInvalidArgument);
+  b = good;
+  b.tokens.push_back(5);
+  CHECK(CheckBlock(r, b, 0, true).message().find("tokens") != std::string::npos);
+  b = good;
+  b.data.push_back(good.data[0]);
+  b.checksums.push_back(good.checksums[0]);
+  CHECK(CheckBlock(r, b, 0, true).message().find("pools") != std::string::npos);
+  b = good;
+  b.data[0].pop_back();
+  CHECK(CheckBlock(r, b, 0, false).code() == StatusCode::kInvalidArgument);
+  b = good;
+  b.data[0][10] ^= std::byte{1};
+  CHECK(CheckBlock(r, b, 0, false).ok());
+  CHECK(CheckBlock(r, b, 0, true).code() == StatusCode::kDataLoss);
+  b = good;
+  b.index = 2;
+  CHECK(CheckBlock(r, b, 2, true).message().find("beyond") != std::string::npos);
+
+  PullRequest none = r;
+  none.layout.dtype = KvDtype::kNone;
+  Block empty = good;
+  empty.data.clear();
+  empty.checksums.clear();
+  CHECK(CheckBlock(none, empty, 0, true).ok());
+  CHECK(!CheckBlock(none, good, 0, true).ok());  // dtype none carries no bytes
+}
+
+TEST_CASE("EncodedBlockBytes bounds a blocks frame's size") {
+  std::vector<Block> blocks(5, ExampleBlock());
+  uint64_t bound = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].index = static_cast<uint32_t>(i);
+    bound += EncodedBlockBytes(blocks[i]);
+  }
+  CHECK(EncodeBlocks(7, blocks).size() <= bound + 64);
+}
+
+}  // namespace
+}  // namespace kvfleet::transfer

@@ -1,0 +1,394 @@
+// TransferService: two services in one process over loopback TCP, one holding, one pulling;
+// raw sockets play broken peers. Waits are bounded; nothing here measures time, and the
+// deadline and bandwidth cases move a ManualClock instead of sleeping.
+#include "worker/transfer/transfer_service.h"
+
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "schema/limits.h"
+
+namespace kvfleet::transfer {
+namespace {
+
+// The longest any one wait here may take before the test fails: a minute, for sanitizer
+// builds moving the 72 MiB chain.
+constexpr int kWaitRounds = 1200;                   // × kWaitStep
+constexpr DurationNs kWaitStep = 50 * kNsPerMs;
+
+PullRequest Chain(size_t n, uint64_t bytes_per_block = 256, KvDtype dtype = KvDtype::kBf16) {
+  PullRequest r;
+  r.model = "m";
+  r.block_size = 4;
+  for (size_t i = 0; i < n; ++i) r.hashes.push_back(0x1000 + i);
+  r.layout.dtype = dtype;
+  r.layout.block_size = 4;
+  r.layout.pools = {PoolGeometry{0, 2, 1, 8, bytes_per_block}};
+  r.deadline_ms = 30'000;
+  return r;
+}
+
+// The first `n` blocks of `r`'s chain as a holder's engine would read them.
+std::vector<Block> Blocks(const PullRequest& r, size_t n) {
+  std::vector<Block> out;
+  for (size_t i = 0; i < n; ++i) {
+    Block b;
+    b.index = static_cast<uint32_t>(i);
+    b.hash = r.hashes[i];
+    for (uint32_t t = 0; t < r.block_size; ++t) b.tokens.push_back(static_cast<TokenId>(i * 100 + t));
+    if (r.layout.dtype != KvDtype::kNone) {
+      for (const PoolGeometry& p : r.layout.pools) {
+        b.data.emplace_back(p.bytes_per_block, static_cast<std::byte>(i * 7 + 1));
+      }
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::unique_ptr<TransferService> Make(TransferOptions options = {}, const Clock* clock = SystemClock::Default()) {
+  auto s = TransferService::Start(std::move(options), clock);
+  REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+  return std::move(*s);
+}
+
+IncomingPull AwaitPull(TransferService& holder) {
+  for (int i = 0; i < kWaitRounds; ++i) {
+    auto pulls = holder.TakePulls();
+    if (!pulls.empty()) {
+      REQUIRE(pulls.size() == 1);
+      return std::move(pulls[0]);
+    }
+    holder.WaitForWork(kWaitStep);
+  }
+  FAIL("no pull reached the holder");
+  return {};
+}
+
+PullResult AwaitResult(TransferService& receiver, uint64_t id, ManualClock* clock = nullptr) {
+  for (int i = 0; i < kWaitRounds; ++i) {
+    for (PullResult& r : receiver.TakeResults()) {
+      if (r.transfer_id == id) return std::move(r);
+    }
+    if (clock != nullptr) clock->AdvanceMs(500);
+    receiver.WaitForWork(kWaitStep);
+  }
+  FAIL("pull " << id << " never ended");
+  return {};
+}
+
+template <typename F>
+void AwaitStats(TransferService& s, F done) {
+  for (int i = 0; i < kWaitRounds && !done(s.Stats()); ++i) s.WaitForWork(kWaitStep);
+  REQUIRE(done(s.Stats()));
+}
+
+TEST_CASE("a chain served in several frames arrives whole, checked, with its bytes") {
+  auto holder = Make();
+  auto receiver = Make();
+  // 6 blocks of 12 MiB: 72 MiB, more than one 64 MiB frame.
+  const uint64_t block_bytes = uint64_t{12} << 20;
+  const PullRequest request = Chain(6, block_bytes);
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
+  IncomingPull in = AwaitPull(*holder);
+  CHECK(in.request.transfer_id == id);
+  CHECK(in.request.hashes == request.hashes);
+  CHECK(in.request.layout == request.layout);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 6));
+  PullResult r = AwaitResult(*receiver, id);
+  REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
+  REQUIRE(r.blocks.size() == 6);
+  for (uint32_t i = 0; i < 6; ++i) {
+    CHECK(r.blocks[i].index == i);
+    CHECK(r.blocks[i].hash == request.hashes[i]);
+    CHECK(r.blocks[i].tokens[1] == i * 100 + 1);
+    CHECK(r.blocks[i].data[0].size() == block_bytes);
+    CHECK(r.blocks[i].data[0][block_bytes - 1] == static_cast<std::byte>(i * 7 + 1));
+  }
+  CHECK(r.bytes == 6 * block_bytes);
+  CHECK(r.source == holder->endpoint());
+  AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
+  const TransferStats hs = holder->Stats();
+  CHECK(hs.served_frames == 2);  // five blocks fit a frame
+  CHECK(hs.served_blocks == 6);
+  CHECK(hs.served_bytes == 6 * block_bytes);
+  const TransferStats rs = receiver->Stats();
+  REQUIRE(rs.pulls.count(holder->endpoint()) == 1);
+  CHECK(rs.pulls.at(holder->endpoint()).ok == 1);
+  CHECK(rs.pulls.at(holder->endpoint()).bytes == 6 * block_bytes);
+}
+
+TEST_CASE("a holder that has only the chain's first blocks sends them: a shorter run, still ok") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(5));
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
+  PullResult r = AwaitResult(*receiver, id);
+  CHECK(r.outcome == PullOutcome::kOk);
+  CHECK(r.blocks.size() == 2);
+  CHECK(r.bytes == 2 * 256);
+
+  const uint64_t none = receiver->StartPull(holder->endpoint(), "", Chain(5));
+  in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, none, {});
+  r = AwaitResult(*receiver, none);
+  CHECK(r.outcome == PullOutcome::kOk);
+  CHECK(r.blocks.empty());
+}
+
+TEST_CASE("a refusal reaches the receiver with its reason and message") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(3));
+  IncomingPull in = AwaitPull(*holder);
+  holder->Refuse(in.peer_token, id, RefusalReason::kLayoutMismatch, "holder dtype fp8e4m3");
+  PullResult r = AwaitResult(*receiver, id);
+  CHECK(r.outcome == PullOutcome::kRefused);
+  REQUIRE(r.refusal.has_value());
+  CHECK(*r.refusal == RefusalReason::kLayoutMismatch);
+  CHECK(r.status.message().find("holder dtype fp8e4m3") != std::string::npos);
+  CHECK(r.blocks.empty());
+  AwaitStats(*holder, [](const TransferStats& s) {
+    return s.refused[static_cast<size_t>(RefusalReason::kLayoutMismatch)] == 1;
+  });
+}
+
+// Sends `frames` as one message on a raw DEALER and returns the reply, if one comes.
+std::optional<PullReply> RawExchange(zmq::socket_t& dealer, const std::vector<std::string>& frames, bool expect_reply) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    dealer.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  if (!expect_reply) return std::nullopt;
+  zmq::message_t reply;
+  REQUIRE(dealer.recv(reply, zmq::recv_flags::none));
+  auto decoded = DecodePullReply(reply.data(), reply.size());
+  REQUIRE(decoded.ok());
+  return *decoded;
+}
+
+RefusalReason ReasonOf(const std::optional<PullReply>& reply) {
+  REQUIRE(reply.has_value());
+  REQUIRE(std::holds_alternative<Refusal>(reply->body));
+  return std::get<Refusal>(reply->body).reason;
+}
+
+TEST_CASE("garbage on the holder's socket is refused or dropped, and the next good pull is served") {
+  auto holder = Make();
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 10'000);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(holder->endpoint());
+
+  RawExchange(dealer, {std::string("definitely not capnp")}, false);
+  AwaitStats(*holder, [](const TransferStats& s) { return s.dropped_frames == 1; });
+
+  PullRequest bad = Chain(2);
+  bad.transfer_id = 11;
+  bad.deadline_ms = 0;
+  CHECK(ReasonOf(RawExchange(dealer, {EncodePullRequest(bad)}, true)) == RefusalReason::kMalformed);
+
+  PullRequest two_frames = Chain(2);
+  two_frames.transfer_id = 12;
+  CHECK(ReasonOf(RawExchange(dealer, {EncodePullRequest(two_frames), "x"}, true)) == RefusalReason::kMalformed);
+
+  PullRequest huge = Chain(2);
+  huge.transfer_id = 13;
+  huge.hashes.assign(wire::limits::kMaxPullBlocks + 1, 7);
+  CHECK(ReasonOf(RawExchange(dealer, {EncodePullRequest(huge)}, true)) == RefusalReason::kTooLarge);
+  CHECK(holder->TakePulls().empty());
+
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(2));
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
+  CHECK(AwaitResult(*receiver, id).blocks.size() == 2);
+}
+
+TEST_CASE("a holder that never answers: the pull ends at its deadline and late frames are dropped") {
+  ManualClock holder_clock;
+  auto holder = Make({}, &holder_clock);
+  ManualClock clock;
+  auto receiver = Make({}, &clock);
+  PullRequest request = Chain(2);
+  request.deadline_ms = 1'000;
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
+  IncomingPull in = AwaitPull(*holder);
+  PullResult r = AwaitResult(*receiver, id, &clock);  // moves the clock on while it waits
+  CHECK(r.outcome == PullOutcome::kDeadline);
+  CHECK(r.status.code() == StatusCode::kDeadlineExceeded);
+  CHECK(r.elapsed >= 1'000 * kNsPerMs);
+  // The holder's clock has not reached the deadline: it still sends, and the frames are dropped.
+  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
+  AwaitStats(*receiver, [](const TransferStats& s) { return s.late_frames >= 1; });
+  CHECK(receiver->TakeResults().empty());
+
+  // Past its own view of the deadline the holder sends nothing.
+  const uint64_t second = receiver->StartPull(holder->endpoint(), "", request);
+  in = AwaitPull(*holder);
+  holder_clock.AdvanceMs(1'001);
+  holder->Serve(in.peer_token, second, Blocks(in.request, 2));
+  AwaitStats(*holder, [](const TransferStats& s) { return s.stale_serves == 1; });
+  CHECK(holder->Stats().served == 1);
+  CHECK(AwaitResult(*receiver, second, &clock).outcome == PullOutcome::kDeadline);
+}
+
+TEST_CASE("a corrupted block fails the whole pull and nothing is handed over") {
+  TransferOptions corrupt;
+  corrupt.test_corrupt_served_data = true;
+  auto holder = Make(corrupt);
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(3));
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 3));
+  PullResult r = AwaitResult(*receiver, id);
+  CHECK(r.outcome == PullOutcome::kBadChecksum);
+  CHECK(r.status.message().find("checksum") != std::string::npos);
+  CHECK(r.blocks.empty());
+  CHECK(r.bytes == 0);
+}
+
+TEST_CASE("a holder answering out of order, with another hash or a wrong count fails the pull as malformed") {
+  zmq::context_t context;
+  zmq::socket_t fake(context, zmq::socket_type::router);
+  fake.set(zmq::sockopt::rcvtimeo, 10'000);
+  fake.bind("tcp://127.0.0.1:0");
+  const std::string endpoint = fake.get(zmq::sockopt::last_endpoint);
+  auto receiver = Make();
+  auto answer = [&](auto make_frames) {
+    const uint64_t id = receiver->StartPull(endpoint, "", Chain(3));
+    zmq::message_t identity, body;
+    REQUIRE(fake.recv(identity, zmq::recv_flags::none));
+    REQUIRE(fake.recv(body, zmq::recv_flags::none));
+    auto request = DecodePullRequest(body.data(), body.size());
+    REQUIRE(request.ok());
+    std::vector<Block> blocks = Blocks(*request, 3);
+    for (Block& b : blocks) {
+      for (auto& d : b.data) b.checksums.push_back(Checksum(d));
+    }
+    for (const std::string& frame : make_frames(id, blocks)) {
+      fake.send(zmq::buffer(identity.to_string()), zmq::send_flags::sndmore);
+      fake.send(zmq::buffer(frame));
+    }
+    return AwaitResult(*receiver, id);
+  };
+  PullResult r = answer([](uint64_t id, std::vector<Block>& b) {
+    return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(1, 1))};
+  });
+  CHECK(r.outcome == PullOutcome::kMalformed);
+  CHECK(r.status.message().find("out of order") != std::string::npos);
+  r = answer([](uint64_t id, std::vector<Block>& b) {
+    b[0].hash ^= 1;
+    return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(0, 1))};
+  });
+  CHECK(r.outcome == PullOutcome::kMalformed);
+  r = answer([](uint64_t id, std::vector<Block>& b) {
+    return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(0, 2)), EncodeDone(id, 3)};
+  });
+  CHECK(r.outcome == PullOutcome::kMalformed);
+  CHECK(r.blocks.empty());
+}
+
+TEST_CASE("CURVE: an unauthorized worker is served nothing and an authorized one is") {
+  if (!CurveAvailable()) return;
+  auto holder_keys = GenerateCurveKeyPair();
+  auto good_keys = GenerateCurveKeyPair();
+  auto bad_keys = GenerateCurveKeyPair();
+  REQUIRE((holder_keys.ok() && good_keys.ok() && bad_keys.ok()));
+  TransferOptions holder_options;
+  holder_options.keypair = *holder_keys;
+  holder_options.authorized_keys = {good_keys->public_key};
+  auto holder = Make(holder_options);
+
+  TransferOptions bad_options;
+  bad_options.keypair = *bad_keys;
+  bad_options.authorized_keys = {holder_keys->public_key};
+  ManualClock clock;
+  auto intruder = Make(bad_options, &clock);
+  PullRequest request = Chain(2);
+  request.deadline_ms = 1'000;
+  const uint64_t refused = intruder->StartPull(holder->endpoint(), holder_keys->public_key, request);
+  AwaitStats(*holder, [](const TransferStats& s) { return s.unauthorized_clients >= 1; });
+  CHECK(AwaitResult(*intruder, refused, &clock).outcome == PullOutcome::kDeadline);
+  CHECK(holder->TakePulls().empty());
+
+  TransferOptions good_options;
+  good_options.keypair = *good_keys;
+  good_options.authorized_keys = {holder_keys->public_key};
+  auto receiver = Make(good_options);
+  const uint64_t id = receiver->StartPull(holder->endpoint(), holder_keys->public_key, Chain(2));
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
+  CHECK(AwaitResult(*receiver, id).blocks.size() == 2);
+}
+
+TEST_CASE("a bind other hosts can reach needs CURVE or insecure") {
+  TransferOptions options;
+  options.bind = "tcp://0.0.0.0:0";
+  auto refused = TransferService::Start(options, SystemClock::Default());
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().message().find("unauthenticated") != std::string::npos);
+  options.insecure = true;
+  CHECK(TransferService::Start(options, SystemClock::Default()).ok());
+
+  TransferOptions no_authorized;
+  no_authorized.keypair = CurveKeyPair{"a", "b"};
+  CHECK(!TransferService::Start(no_authorized, SystemClock::Default()).ok());
+}
+
+TEST_CASE("simulated bandwidth: a pull completes no earlier than its modelled bytes allow") {
+  CHECK(ModelledTransferTime(1'000'000, 1e6) == kNsPerSec);
+  CHECK(ModelledTransferTime(1'000'000, 0) == 0);
+  auto holder = Make();
+  ManualClock clock;
+  TransferOptions options;
+  options.simulated_bandwidth_bytes_per_s = 1024.0 * 1024.0;  // 1 MiB/s
+  auto receiver = Make(options, &clock);
+  const PullRequest request = Chain(4, 1 << 20, KvDtype::kNone);  // 4 modelled MiB, no bytes
+  const TimeNs start = clock.Now();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 4));
+  PullResult r = AwaitResult(*receiver, id, &clock);
+  REQUIRE(r.outcome == PullOutcome::kOk);
+  CHECK(r.blocks.size() == 4);
+  CHECK(r.blocks[0].data.empty());
+  CHECK(r.bytes == 4u << 20);
+  CHECK(r.elapsed == 4 * kNsPerSec);
+  CHECK(clock.Now() - start >= 4 * kNsPerSec);
+}
+
+TEST_CASE("beyond max_inflight_pulls a pull fails at once; a cancelled pull ends cancelled") {
+  auto holder = Make();
+  TransferOptions options;
+  options.max_inflight_pulls = 1;
+  auto receiver = Make(options);
+  const uint64_t first = receiver->StartPull(holder->endpoint(), "", Chain(2));
+  const uint64_t second = receiver->StartPull(holder->endpoint(), "", Chain(2));
+  CHECK(AwaitResult(*receiver, second).outcome == PullOutcome::kBusy);
+  receiver->CancelPull(first);
+  CHECK(AwaitResult(*receiver, first).outcome == PullOutcome::kCancelled);
+  const TransferStats s = receiver->Stats();
+  CHECK(s.pulls.at(holder->endpoint()).by_outcome[static_cast<size_t>(PullOutcome::kBusy)] == 1);
+  CHECK(s.pulls.at(holder->endpoint()).by_outcome[static_cast<size_t>(PullOutcome::kCancelled)] == 1);
+}
+
+TEST_CASE("a stopping holder refuses the pulls it has not answered with shuttingDown") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(2));
+  AwaitPull(*holder);
+  holder->Stop();
+  PullResult r = AwaitResult(*receiver, id);
+  CHECK(r.outcome == PullOutcome::kRefused);
+  CHECK(r.refusal == RefusalReason::kShuttingDown);
+}
+
+}  // namespace
+}  // namespace kvfleet::transfer

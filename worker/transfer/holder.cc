@@ -1,0 +1,238 @@
+// The holder's side of TransferService: pulls in on the ROUTER, refusals and blocks out.
+// Runs on the I/O thread only.
+#include <set>
+
+#include "common/log.h"
+#include "schema/limits.h"
+#include "worker/transfer/transfer_service_impl.h"
+
+namespace kvfleet::transfer {
+
+namespace {
+
+// What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
+constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
+
+// Sends [identity][frame] without waiting. False when the peer's queue is full (try later);
+// a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY) is reported as `gone`.
+bool SendTo(zmq::socket_t& router, const std::string& identity, const std::string& frame, bool* gone) {
+  *gone = false;
+  try {
+    if (!router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+    // Once the identity part is accepted the message is committed; the body goes with it.
+    router.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+    return true;
+  } catch (const zmq::error_t&) {
+    *gone = true;  // EHOSTUNREACH: no such peer (any more)
+    return false;
+  }
+}
+
+}  // namespace
+
+void TransferService::Impl::DrainRouter() {
+  for (int i = 0; i < 256; ++i) {
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t part;
+      if (!router.recv(part, zmq::recv_flags::dontwait)) break;
+      const bool more = part.more();
+      if (parts.size() < 3) parts.push_back(std::move(part));  // the rest of a long message is dropped
+      if (!more) break;
+    }
+    if (parts.empty()) return;
+    HandleRequest(parts);
+  }
+}
+
+void TransferService::Impl::HandleRequest(std::vector<zmq::message_t>& parts) {
+  const std::string identity = parts[0].to_string();
+  auto drop = [&](const std::string& why) {
+    {
+      std::lock_guard lock(mu);
+      stats.dropped_frames++;
+    }
+    uint64_t suppressed = 0;
+    if (log_limit.Allow(&suppressed)) Logger("transfer")->warn("dropped a pull frame: {} ({} more suppressed)", why, suppressed);
+  };
+  if (parts.size() < 2) return drop("no body");
+  const zmq::message_t& body = parts[1];
+  if (parts.size() != 2) {
+    const uint64_t id = ReadTransferId(body.data(), body.size());
+    if (id == 0) return drop("more than one frame");
+    return SendRefusal(identity, id, RefusalReason::kMalformed, "a pull request is one frame");
+  }
+  auto request = DecodePullRequest(body.data(), body.size());
+  if (!request.ok()) {
+    const uint64_t id = ReadTransferId(body.data(), body.size());
+    if (id == 0) return drop(request.status().message());
+    const RefusalReason reason =
+        request.status().code() == StatusCode::kOutOfRange ? RefusalReason::kTooLarge : RefusalReason::kMalformed;
+    return SendRefusal(identity, id, reason, request.status().message());
+  }
+  if (stopping.load()) {
+    return SendRefusal(identity, request->transfer_id, RefusalReason::kShuttingDown, "the holder is shutting down");
+  }
+  if (open_pulls.size() + serving.size() >= options.max_inflight_pulls) {
+    return SendRefusal(identity, request->transfer_id, RefusalReason::kBusy,
+                       std::to_string(open_pulls.size() + serving.size()) + " pulls in flight");
+  }
+  auto [it, fresh] = token_of_identity.try_emplace(identity, next_peer_token);
+  if (fresh) identity_of_token[next_peer_token++] = identity;
+  const uint64_t token = it->second;
+  const auto key = std::make_pair(token, request->transfer_id);
+  if (open_pulls.count(key) != 0) {
+    return SendRefusal(identity, request->transfer_id, RefusalReason::kMalformed, "transfer id already in flight");
+  }
+  const TimeNs deadline = clock->Now() + static_cast<DurationNs>(request->deadline_ms) * kNsPerMs;
+  open_pulls[key] = OpenPull{*request, deadline};
+  {
+    std::lock_guard lock(mu);
+    pulls_ready.push_back(IncomingPull{token, std::move(*request), deadline});
+  }
+  Notify();
+}
+
+void TransferService::Impl::SendRefusal(const std::string& identity, uint64_t transfer_id, RefusalReason reason,
+                                        const std::string& message) {
+  bool gone = false;
+  SendTo(router, identity, EncodeRefused(transfer_id, reason, message), &gone);  // a full queue: the deadline tells
+  std::lock_guard lock(mu);
+  stats.refused[static_cast<size_t>(reason)]++;
+}
+
+void TransferService::Impl::DoRefuse(RefuseCommand& cmd) {
+  auto it = open_pulls.find({cmd.peer_token, cmd.transfer_id});
+  if (it == open_pulls.end()) {
+    std::lock_guard lock(mu);
+    stats.stale_serves++;
+    return;
+  }
+  open_pulls.erase(it);
+  SendRefusal(identity_of_token.at(cmd.peer_token), cmd.transfer_id, cmd.reason, cmd.message);
+}
+
+void TransferService::Impl::DoServe(ServeCommand& cmd) {
+  auto it = open_pulls.find({cmd.peer_token, cmd.transfer_id});
+  // Past the deadline the receiver has given up (its clock started earlier than ours): the
+  // bytes would only be dropped there.
+  if (it == open_pulls.end() || it->second.deadline < clock->Now()) {
+    if (it != open_pulls.end()) open_pulls.erase(it);
+    std::lock_guard lock(mu);
+    stats.stale_serves++;
+    return;
+  }
+  const PullRequest request = std::move(it->second.request);
+  open_pulls.erase(it);
+  const std::string& identity = identity_of_token.at(cmd.peer_token);
+  Status status = cmd.blocks.size() <= request.hashes.size()
+                      ? Status::Ok()
+                      : InvalidArgument(std::to_string(cmd.blocks.size()) + " blocks for a chain of " +
+                                        std::to_string(request.hashes.size()));
+  for (size_t i = 0; status.ok() && i < cmd.blocks.size(); ++i) {
+    Block& b = cmd.blocks[i];
+    b.checksums.resize(b.data.size());
+    for (size_t p = 0; p < b.data.size(); ++p) b.checksums[p] = Checksum(b.data[p]);
+    status = CheckBlock(request, b, static_cast<uint32_t>(i), false);
+    if (options.test_corrupt_served_data && !b.data.empty() && !b.data[0].empty()) b.data[0][0] ^= std::byte{0x5a};
+  }
+  if (!status.ok()) {
+    Logger("transfer")->error("transfer {}: the engine served a run that breaks Contract 4: {}", cmd.transfer_id,
+                              status.message());
+    return SendRefusal(identity, cmd.transfer_id, RefusalReason::kMalformed, "holder error: " + status.message());
+  }
+  Serving s;
+  s.identity = identity;
+  s.transfer_id = cmd.transfer_id;
+  s.bytes = cmd.blocks.size() * request.layout.BytesPerBlock();
+  s.blocks = std::move(cmd.blocks);
+  serving.push_back(std::move(s));
+}
+
+bool TransferService::Impl::PumpServing() {
+  bool backlog = false;
+  for (auto it = serving.begin(); it != serving.end();) {
+    Serving& s = *it;
+    bool finished = false;
+    while (true) {
+      if (s.pending.empty()) {
+        if (s.next < s.blocks.size()) {
+          // The next frame: as many blocks as fit the budget, at least one (CheckLayout keeps
+          // a block within a frame).
+          size_t end = s.next;
+          uint64_t bytes = 0;
+          while (end < s.blocks.size() && (end == s.next || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameBudget)) {
+            bytes += EncodedBlockBytes(s.blocks[end]);
+            ++end;
+          }
+          s.pending = EncodeBlocks(s.transfer_id, std::span<const Block>(s.blocks).subspan(s.next, end - s.next));
+          for (size_t i = s.next; i < end; ++i) s.blocks[i].data = {};  // the frame holds the bytes now
+          s.next = end;
+        } else if (!s.done_queued) {
+          s.pending = EncodeDone(s.transfer_id, static_cast<uint32_t>(s.blocks.size()));
+          s.done_queued = true;
+        } else {
+          finished = true;
+          break;
+        }
+      }
+      bool gone = false;
+      if (!SendTo(router, s.identity, s.pending, &gone)) {
+        if (gone) {
+          Logger("transfer")->info("transfer {}: the receiver left before it was served", s.transfer_id);
+          s.blocks.clear();
+          it = serving.erase(it);
+        } else {
+          backlog = true;
+          ++it;
+        }
+        break;
+      }
+      if (!s.done_queued) {
+        std::lock_guard lock(mu);
+        stats.served_frames++;
+      }
+      s.pending.clear();
+    }
+    if (!finished) continue;
+    {
+      std::lock_guard lock(mu);
+      stats.served++;
+      stats.served_blocks += s.blocks.size();
+      stats.served_bytes += s.bytes;
+    }
+    it = serving.erase(it);
+  }
+  return backlog;
+}
+
+void TransferService::Impl::SweepOpenPulls(TimeNs now) {
+  if (now < next_sweep) return;
+  next_sweep = now + kNsPerSec;
+  std::set<uint64_t> live;
+  for (auto it = open_pulls.begin(); it != open_pulls.end();) {
+    if (it->second.deadline + config::kOpenPullGrace < now) {
+      it = open_pulls.erase(it);  // the receiver gave up long ago; a Serve now is stale
+      continue;
+    }
+    live.insert(it->first.first);
+    ++it;
+  }
+  std::set<std::string> sending;
+  for (const Serving& s : serving) sending.insert(s.identity);
+  for (auto it = identity_of_token.begin(); it != identity_of_token.end();) {
+    if (live.count(it->first) != 0 || sending.count(it->second) != 0) {
+      ++it;
+      continue;
+    }
+    token_of_identity.erase(it->second);
+    it = identity_of_token.erase(it);
+  }
+}
+
+void TransferService::Impl::RefuseAllOpen(RefusalReason reason, const std::string& message) {
+  for (const auto& [key, pull] : open_pulls) SendRefusal(identity_of_token.at(key.first), key.second, reason, message);
+  open_pulls.clear();
+}
+
+}  // namespace kvfleet::transfer

@@ -1,0 +1,170 @@
+// TransferService: a worker's end of Contract 4 (schema/README.md), KV blocks pulled from
+// another worker instead of recomputed. One service plays both parts:
+//   - holder: a ROUTER socket other workers' pulls arrive on. The engine thread takes them
+//     (TakePulls), reads the leading run of the chain it still holds and hands the blocks to
+//     Serve (or says why not: Refuse). The service checksums them, packs them into frames
+//     under limits::kMaxTransferBytes, sends them and a `done`.
+//   - receiver: StartPull sends a PullRequest on a DEALER to the holder (one per endpoint,
+//     kept); the I/O thread checks every block as it arrives (index, hash, tokens, sizes,
+//     checksum) and enforces the deadline. Each StartPull ends in exactly one PullResult
+//     (TakeResults): ok with the verified leading run, or why not, with no blocks.
+// The service checks the wire; the engine thread still compares each block's tokens with its
+// own prompt before importing it (a hash collision costs a miss, never a wrong answer).
+//
+// One I/O thread, owned by the service, owns every socket. The engine thread's calls only
+// queue work for it or take what it queued (a mutex around plain queues, never held across a
+// ZeroMQ call); `on_ready` or WaitForWork tell the engine thread there is something to take.
+//
+// Thread safety: thread-safe. Every public method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/curve_keys.h"
+#include "common/status.h"
+#include "schema/transfer_codec.h"
+
+namespace kvfleet::transfer {
+
+struct TransferOptions {
+  // Where the holder's ROUTER binds, e.g. "tcp://0.0.0.0:5559"; port 0 picks one.
+  std::string bind = "tcp://127.0.0.1:0";
+  // The endpoint other workers are told to pull from (empty: the bound one).
+  std::string advertise;
+  // CURVE (common/curve_keys.h). With a key pair the ROUTER is a CURVE server that admits only
+  // clients whose public key (Z85) is in `authorized_keys` (a ZAP handler), and this
+  // service's pulls present the same key pair to holders that give a server key.
+  std::optional<CurveKeyPair> keypair;
+  std::set<std::string> authorized_keys;  // REQUIRED non-empty with a key pair
+  // A bind other hosts can reach without CURVE is refused unless this is set.
+  bool insecure = false;
+  // A pull whose request has deadline_ms 0 gets this.
+  DurationNs default_deadline = 2 * kNsPerSec;
+  // Pulls in flight, each side: a holder refuses more with `busy`; StartPull fails more at
+  // once (PullOutcome::kBusy).
+  size_t max_inflight_pulls = 64;
+  // > 0: a pull completes no earlier than its start + the chain's modelled bytes
+  // (blocks × Layout::BytesPerBlock) / this, the mock backend's stand-in for a link.
+  double simulated_bandwidth_bytes_per_s = 0;
+  // Called on the I/O thread whenever TakePulls or TakeResults has something new (the
+  // worker loop's wake-up, e.g. RequestServer::Wake). Must not block.
+  std::function<void()> on_ready;
+  // Tests only: the holder flips one byte of each served block's first pool after
+  // checksumming it.
+  bool test_corrupt_served_data = false;
+};
+
+// A pull another worker sent this holder, for the engine thread.
+struct IncomingPull {
+  uint64_t peer_token = 0;  // names the connection it came on; give it back to Serve/Refuse
+  PullRequest request;
+  TimeNs deadline = 0;      // this service's clock: arrival + request.deadline_ms
+};
+
+enum class PullOutcome : uint8_t {
+  kOk,           // blocks: the verified leading run (maybe shorter than asked, maybe empty)
+  kRefused,      // the holder refused: PullResult::refusal
+  kDeadline,     // no `done` before the deadline (a holder gone or slow looks the same)
+  kBadChecksum,  // a block's bytes differ from their checksum: nothing is imported
+  kMalformed,    // a frame that did not decode, a block out of order or not the one asked for
+  kCancelled,    // CancelPull
+  kBusy,         // max_inflight_pulls already in flight here; nothing was sent
+  kInvalid,      // the request or the holder's key was unusable; nothing was sent
+};
+inline constexpr size_t kNumPullOutcomes = 8;
+std::string_view PullOutcomeName(PullOutcome outcome);
+
+struct PullResult {
+  uint64_t transfer_id = 0;
+  PullOutcome outcome = PullOutcome::kOk;
+  std::optional<RefusalReason> refusal;  // with kRefused
+  Status status;                         // OK with kOk, otherwise the reason in words
+  std::vector<Block> blocks;             // kOk only: indexes 0..n-1, each checked by CheckBlock
+  uint64_t bytes = 0;                    // blocks × the layout's bytes per block (modelled for dtype none)
+  DurationNs elapsed = 0;                // from StartPull to completion, on the service's clock
+  std::string source;                    // the holder's endpoint
+};
+
+// Pulls this service made from one holder.
+struct SourceStats {
+  uint64_t ok = 0;
+  std::array<uint64_t, kNumPullOutcomes> by_outcome{};  // kOk included
+  uint64_t blocks = 0;                                  // imported from ok pulls
+  uint64_t bytes = 0;
+  double seconds = 0;  // summed elapsed of ok pulls
+};
+
+struct TransferStats {
+  std::map<std::string, SourceStats> pulls;  // receiver side, by the holder's endpoint
+  // Holder side.
+  uint64_t served = 0;                                      // pulls answered with blocks and done
+  uint64_t served_blocks = 0;
+  uint64_t served_frames = 0;                               // `blocks` frames sent
+  uint64_t served_bytes = 0;
+  std::array<uint64_t, kNumRefusalReasons> refused{};       // refusals sent, by reason
+  uint64_t dropped_frames = 0;  // frames with no readable transfer id: nothing to answer
+  uint64_t unauthorized_clients = 0;  // CURVE handshakes the ZAP handler refused
+  uint64_t late_frames = 0;     // receiver side: replies for no pull in flight (past deadline)
+  uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open, or Serve past its deadline: not sent
+};
+
+// The time a pull of `bytes` takes at `bytes_per_s` (0 when the rate is 0).
+DurationNs ModelledTransferTime(uint64_t bytes, double bytes_per_s);
+
+class TransferService {
+ public:
+  // Binds the ROUTER and starts the I/O thread. `clock` times deadlines and results.
+  static Result<std::unique_ptr<TransferService>> Start(TransferOptions options, const Clock* clock);
+  ~TransferService();  // Stop()s
+  TransferService(const TransferService&) = delete;
+  TransferService& operator=(const TransferService&) = delete;
+
+  // The endpoint to advertise (options.advertise, else the bound one with its port).
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& bound_endpoint() const { return bound_endpoint_; }
+
+  // Holder side. Takes the pulls received so far, oldest first.
+  std::vector<IncomingPull> TakePulls();
+  // Sends `blocks`, the leading run of the chain this holder has (indexes 0..n-1, each
+  // block_size tokens and one data per pool, none for dtype none; checksums are filled here),
+  // in frames under the cap, then `done` with n. A run that breaks those rules is not sent:
+  // the pull is refused (malformed on the receiver's side) and the error logged.
+  void Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks);
+  void Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message);
+
+  // Receiver side. Sends `request` to the holder at `source_endpoint` (a CURVE server with
+  // public key `source_server_key` (Z85) when it is not empty). Chooses and returns the
+  // transfer id (request.transfer_id is ignored); deadline_ms 0 means default_deadline.
+  uint64_t StartPull(const std::string& source_endpoint, const std::string& source_server_key, PullRequest request);
+  // Ends the pull with kCancelled now; frames still coming for it are dropped.
+  void CancelPull(uint64_t transfer_id);
+  // Takes the pulls that ended since the last call.
+  std::vector<PullResult> TakeResults();
+
+  // Waits until TakePulls or TakeResults has something, up to `timeout`. Returns whether it has.
+  bool WaitForWork(DurationNs timeout);
+
+  TransferStats Stats() const;
+
+  // Refuses the pulls not yet served (shuttingDown), sends what is queued, stops the I/O
+  // thread and closes the sockets. Idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit TransferService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::string endpoint_;
+  std::string bound_endpoint_;
+};
+
+}  // namespace kvfleet::transfer

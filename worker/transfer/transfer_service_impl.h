@@ -1,0 +1,165 @@
+// TransferService::Impl: the state behind transfer_service.h, shared by its three sources:
+// transfer_service.cc (start, stop, the engine thread's calls, the I/O loop), holder.cc (the
+// ROUTER: pulls in, blocks out) and puller.cc (the DEALERs: pulls out, blocks in).
+//
+// Thread safety: fields marked GUARDED_BY(mu) are shared with the engine thread; everything
+// else belongs to the I/O thread once Start() returns.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/log.h"
+#include "worker/transfer/transfer_service.h"
+
+namespace kvfleet::transfer {
+
+namespace config {
+// The I/O thread's longest sleep: it notices a deadline or Stop() at least this often even
+// if a wake-up were lost.
+constexpr long kIdlePollMs = 100;
+// Its sleep while a pull waits on the clock (a deadline, a modelled delay) or a frame waits
+// for room in a peer's queue: short, so a ManualClock moved by a test is seen soon.
+constexpr long kBusyPollMs = 5;
+// A holder forgets a pull the engine thread has not answered this long after its deadline.
+constexpr DurationNs kOpenPullGrace = kNsPerSec;
+// Frames queued per peer on the ROUTER (ZMQ_SNDHWM), and per holder on a DEALER (ZMQ_RCVHWM):
+// with frames up to 64 MiB, a slow receiver holds at most ~1 GiB of a holder's memory in
+// ZeroMQ; the rest waits as blocks until the peer's queue has room.
+constexpr int kFrameHwm = 16;
+// On Stop, how long queued refusals and frames may take to leave.
+constexpr int kCloseLingerMs = 200;
+}  // namespace config
+
+inline Status CancelledStatus(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status DeadlineStatus(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+
+struct ServeCommand {
+  uint64_t peer_token;
+  uint64_t transfer_id;
+  std::vector<Block> blocks;
+};
+struct RefuseCommand {
+  uint64_t peer_token;
+  uint64_t transfer_id;
+  RefusalReason reason;
+  std::string message;
+};
+struct PullCommand {
+  std::string endpoint;
+  std::string server_key;
+  PullRequest request;  // transfer_id and deadline_ms set
+  TimeNs start;
+};
+struct CancelCommand {
+  uint64_t transfer_id;
+};
+using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand>;
+
+struct TransferService::Impl {
+  Impl(TransferOptions opts, const Clock* c);
+
+  // --- transfer_service.cc ---
+  void Queue(Command command);  // from the engine thread: for the I/O thread
+  void IoLoop();
+  void RunCommands();
+  void Notify();  // wakes WaitForWork and calls on_ready
+  void PushResult(PullResult result);  // for the engine thread
+
+  // --- holder.cc: the ROUTER ---
+  void DrainRouter();
+  void HandleRequest(std::vector<zmq::message_t>& parts);
+  void DoServe(ServeCommand& cmd);
+  void DoRefuse(RefuseCommand& cmd);
+  // Sends a refusal to `identity` now (dropped if its queue is full) and counts it.
+  void SendRefusal(const std::string& identity, uint64_t transfer_id, RefusalReason reason, const std::string& message);
+  // Sends what fits of the frames being served; true when some frame still waits for room.
+  bool PumpServing();
+  void SweepOpenPulls(TimeNs now);
+  void RefuseAllOpen(RefusalReason reason, const std::string& message);
+
+  // --- puller.cc: the DEALERs ---
+  void DoPull(PullCommand& cmd);
+  void DoCancel(uint64_t transfer_id);
+  void DrainDealer(const std::string& source_key, zmq::socket_t& dealer);
+  void HandleReply(const std::string& source_key, const zmq::message_t& frame);
+  // Ends pull `id` with `outcome`: removes it and queues its result (delayed by the modelled
+  // transfer time when kOk and the bandwidth is simulated).
+  void FinishPull(uint64_t id, PullOutcome outcome, Status status, std::optional<RefusalReason> refusal = {});
+  // Deadlines and delayed results due at `now`; returns the nearest time still waited for (0: none).
+  TimeNs CheckPullTimers(TimeNs now);
+  void CancelAllPulls(const std::string& why);
+  // Counts a finished pull in stats. REQUIRES: mu held.
+  void CountPull(const PullResult& r);
+
+  const TransferOptions options;
+  const Clock* const clock;
+  zmq::context_t context{1};
+  std::unique_ptr<ZapAuthenticator> zap;
+  zmq::socket_t router;
+  int wake_fd = -1;  // eventfd: commands queued or Stop
+  std::thread io_thread;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_transfer_id{1};
+  std::atomic<uint64_t> unauthorized{0};  // from the ZAP thread
+  RateLimit log_limit;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Command> commands;          // GUARDED_BY(mu): engine -> I/O
+  std::vector<IncomingPull> pulls_ready;  // GUARDED_BY(mu): I/O -> engine
+  std::vector<PullResult> results_ready;  // GUARDED_BY(mu): I/O -> engine
+  TransferStats stats;                    // GUARDED_BY(mu); unauthorized_clients read from `unauthorized`
+
+  // Holder side, I/O thread only.
+  struct OpenPull {
+    PullRequest request;
+    TimeNs deadline = 0;
+  };
+  std::unordered_map<std::string, uint64_t> token_of_identity;
+  std::unordered_map<uint64_t, std::string> identity_of_token;
+  uint64_t next_peer_token = 1;
+  std::map<std::pair<uint64_t, uint64_t>, OpenPull> open_pulls;  // (peer token, transfer id)
+  struct Serving {
+    std::string identity;
+    uint64_t transfer_id = 0;
+    std::vector<Block> blocks;
+    uint64_t bytes = 0;
+    size_t next = 0;          // the first block not yet in a frame
+    std::string pending;      // a frame the peer's queue had no room for
+    bool done_queued = false;  // `pending` is the done frame
+  };
+  std::deque<Serving> serving;
+  TimeNs next_sweep = 0;
+
+  // Receiver side, I/O thread only.
+  struct Source {
+    std::string endpoint;
+    std::unique_ptr<zmq::socket_t> dealer;
+  };
+  std::map<std::string, Source> sources;  // by endpoint + '\n' + server key
+  struct Pull {
+    PullRequest request;
+    std::string source_key;
+    std::string endpoint;
+    TimeNs start = 0;
+    TimeNs deadline = 0;
+    std::vector<Block> blocks;  // verified so far
+  };
+  std::unordered_map<uint64_t, Pull> pulls;
+  std::vector<std::pair<TimeNs, PullResult>> delayed;  // ok results held until their modelled time
+};
+
+}  // namespace kvfleet::transfer
