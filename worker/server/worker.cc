@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <prometheus/registry.h>
 
+#include "common/curve_keys.h"
 #include "common/http/metrics.h"
 #include "common/http/server.h"
 #include "common/log.h"
@@ -16,10 +17,12 @@
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/kv_pulls.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
 #include "worker/server/worker_loop.h"
 #include "worker/server/worker_metrics.h"
+#include "worker/transfer/transfer_service.h"
 
 namespace kvfleet::server {
 
@@ -222,6 +225,8 @@ Status Worker::Init(zmq::context_t& context) {
   KVF_RETURN_IF_ERROR(InitLoras());
   metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);  // the prior, until a step
 
+  KVF_RETURN_IF_ERROR(InitTransfer(host, clock));
+
   WorkerLoopOptions lo;
   lo.model_name = model_name_;
   lo.shutdown_grace = static_cast<DurationNs>(config_.shutdown_grace_s * kNsPerSec);
@@ -230,6 +235,7 @@ Status Worker::Init(zmq::context_t& context) {
                                        [this, gauges] {
                                          if (!engine_->HasWork()) gauges->MaybeUpdate();
                                        });
+  loop_->SetPulls(pulls_.get());
   loop_->SetLoraObserver([this] {
     metrics_->UpdateLoras(engine_->loras());
     UpdateHelloLoras(true);
@@ -266,6 +272,40 @@ Status Worker::Init(zmq::context_t& context) {
   log->info("worker {} serving {} on {} (events {}, http :{}), block size {}, max context {}", worker_id_,
             model_name_, requests_->bound_endpoint(), publisher_->events_endpoint(), http_->port(),
             config_.block_size, eo.limits.max_context);
+  return Status::Ok();
+}
+
+Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
+  KvPullsOptions po;
+  po.model = model_name_;
+  po.deadline = static_cast<DurationNs>(config_.transfer_deadline_ms) * kNsPerMs;
+  if (!config_.transfer.empty()) {
+    transfer::TransferOptions to;
+    to.bind = config_.transfer;
+    to.insecure = config_.transfer_insecure;
+    to.default_deadline = po.deadline;
+    if (config_.backend == "mock") to.simulated_bandwidth_bytes_per_s = config_.mock_transfer_bytes_per_s;
+    if (!config_.curve_keypair.empty()) {
+      KVF_ASSIGN_OR_RETURN(to.keypair, LoadCurveKeyPair(config_.curve_keypair));
+      KVF_ASSIGN_OR_RETURN(to.authorized_keys, LoadAuthorizedKeys(config_.transfer_authorized_keys));
+    }
+    RequestServer* requests = requests_.get();
+    to.on_ready = [requests] { requests->Wake(); };
+    auto service = transfer::TransferService::Start(std::move(to), clock);
+    if (!service.ok()) return service.status().WithContext("--transfer " + config_.transfer);
+    transfer_ = std::move(*service);
+    const std::string bound = transfer_->endpoint();
+    const bool wildcard = bound.find("://0.0.0.0:") != std::string::npos || bound.find("://*:") != std::string::npos;
+    transfer_endpoint_ = wildcard ? WithPort(bound, EndpointPort(bound), host) : bound;
+  }
+  po.own_endpoint = transfer_endpoint_;
+  pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get(), clock);
+  if (transfer_ != nullptr && !pulls_->layout()) {
+    Logger("worker")->info("KV transfer off: {}", pulls_->unsupported());
+  } else if (transfer_ != nullptr) {
+    Logger("worker")->info("KV transfer on {} ({} blocks of {} bytes)", transfer_endpoint_,
+                           transfer::KvDtypeName(pulls_->layout()->dtype), pulls_->layout()->BytesPerBlock());
+  }
   return Status::Ok();
 }
 
@@ -330,6 +370,14 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
   }
   hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
   hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
+  if (transfer_ != nullptr && pulls_->layout()) {
+    hello.transfer_endpoint = transfer_endpoint_;
+    if (!config_.curve_keypair.empty()) {
+      if (auto keys = LoadCurveKeyPair(config_.curve_keypair); keys.ok()) hello.transfer_key = keys->public_key;
+    }
+    hello.transfer_format = std::string(transfer::KvDtypeName(pulls_->layout()->dtype));
+    hello.transfer_bytes_per_block = pulls_->layout()->BytesPerBlock();
+  }
 }
 
 void Worker::UpdateHelloLoras(bool now) {

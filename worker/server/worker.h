@@ -48,9 +48,13 @@ class EventPublisher;
 namespace kvfleet::engine {
 class Engine;
 }
+namespace kvfleet::transfer {
+class TransferService;
+}
 
 namespace kvfleet::server {
 
+class KvPulls;
 class RequestServer;
 class Registration;
 class WorkerLoop;
@@ -73,6 +77,8 @@ class Worker {
   const std::string& requests_endpoint() const;  // as bound
   const std::string& events_endpoint() const;
   uint16_t http_port() const;
+  // Where other workers pull this one's KV blocks (as its Hello says); empty: no transfer.
+  const std::string& transfer_endpoint() const { return transfer_endpoint_; }
   bool ready() const { return ready_.load(std::memory_order_acquire); }
 
  private:
@@ -80,6 +86,8 @@ class Worker {
   Status Init(zmq::context_t& context);
   // Serves the --lora adapters and lets LoadLora read more (on the request server's loader thread).
   Status InitLoras();
+  // The KV transfer service and its engine-thread side (--transfer). REQUIRES: steps 1-5 of Init.
+  Status InitTransfer(const std::string& host, const Clock* clock);
   // Fills hello_ but its adapter fields. REQUIRES: every part up (Init's steps 1-5).
   void BuildHello(const std::string& host, uint32_t max_context);
   // The Hello's adapter fields from the engine (engine thread); hands the Hello to the
@@ -99,6 +107,9 @@ class Worker {
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<RequestServer> requests_;
+  std::unique_ptr<transfer::TransferService> transfer_;  // null: --transfer ""
+  std::string transfer_endpoint_;                       // as peers should reach it
+  std::unique_ptr<KvPulls> pulls_;
   std::unique_ptr<WorkerLoop> loop_;
   std::unique_ptr<Registration> registration_;
   WorkerHello hello_;            // what registration_ sends and Describe answers; engine thread after Init

@@ -42,6 +42,22 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_option("--registration-keypair", c->registration_keypair,
                  "this worker's own key pair for registration, when workers share --curve-keypair: the "
                  "router then tells them apart, and none can speak for another");
+  app.add_option("--transfer", c->transfer,
+                 "KV transfer ROUTER endpoint: other workers pull cached prefixes from here instead of "
+                 "recomputing them (Contract 4); empty: no pulls either way")
+      ->capture_default_str();
+  app.add_option("--transfer-authorized-keys", c->transfer_authorized_keys,
+                 "with --curve-keypair: the public keys (one per line) of the workers that may pull from this one");
+  app.add_flag("--transfer-insecure", c->transfer_insecure,
+               "allow a --transfer bind other hosts can reach without CURVE (anyone reaching it can read the KV cache)");
+  app.add_option("--transfer-deadline-ms", c->transfer_deadline_ms,
+                 "a pull not done by then is abandoned and its prefix computed")
+      ->check(CLI::Range(1u, 60'000u))
+      ->capture_default_str();
+  app.add_option("--mock-transfer-bytes-per-s", c->mock_transfer_bytes_per_s,
+                 "mock: the bandwidth of the simulated link pulled blocks cross (their modelled bytes); 0: instant")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--block-size", c->block_size, "tokens per KV block (power of two; 1: token-level KV)")
       ->capture_default_str();
   app.add_option("--routing-block-size", c->routing_block_size,
@@ -134,6 +150,10 @@ Status WorkerConfig::Validate() const {
   if (!router_key.empty() && (router.empty() || (curve_keypair.empty() && registration_keypair.empty()))) {
     return InvalidArgument("--router-key needs --router and a key to register with (--registration-keypair or "
                            "--curve-keypair)");
+  }
+  if (!transfer.empty() && !curve_keypair.empty() && transfer_authorized_keys.empty()) {
+    return InvalidArgument("--transfer with --curve-keypair needs --transfer-authorized-keys: the workers that may "
+                           "pull from this one");
   }
   if (!registration_keypair.empty() && router_key.empty()) {
     return InvalidArgument("--registration-keypair needs --router-key (the router's public key)");
@@ -260,6 +280,7 @@ WorkerConfig WorkerConfig::ForInstance(uint32_t index) const {
   c.requests = WithPort(requests, shifted(EndpointPort(requests)));
   c.events = WithPort(events, shifted(EndpointPort(events)));
   c.replay = WithPort(replay, shifted(EndpointPort(replay)));
+  if (!transfer.empty() && EndpointPort(transfer) > 0) c.transfer = WithPort(transfer, shifted(EndpointPort(transfer)));
   c.http_port = shifted(http_port);
   if (!worker_id.empty()) c.worker_id = worker_id + "-" + std::to_string(index);
   return c;

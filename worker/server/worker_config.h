@@ -45,6 +45,16 @@ struct WorkerConfig {
   // public key in --registration-authorized-keys). Empty: plaintext registration.
   std::string router_key;
   std::string registration_keypair;  // this worker's own key; lets workers share curve_keypair
+  // KV transfer (Contract 4, worker/transfer): where other workers pull this one's blocks;
+  // empty: it neither serves nor makes pulls. With --curve-keypair the socket is a CURVE
+  // server admitting the keys in transfer_authorized_keys (the fleet's workers), and pulls
+  // present that key pair; without, a bind other hosts can reach needs transfer_insecure.
+  std::string transfer = "tcp://127.0.0.1:0";  // port 0: one the system picks, advertised as bound
+  std::string transfer_authorized_keys;
+  bool transfer_insecure = false;
+  uint32_t transfer_deadline_ms = 500;  // a pull not done by then is computed instead
+  // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
+  double mock_transfer_bytes_per_s = 10e9;
 
   // --- engine ---
   uint32_t block_size = 32;          // tokens per KV block (B); 1: token-level KV

@@ -62,11 +62,14 @@ void WorkerLoop::Apply(Command& command, bool refuse_new) {
                        "request id " + std::to_string(gen.key.request_id) + " is already in flight");
     return;
   }
+  std::optional<engine::GenerateRequest> pulled;  // what a pull needs of the request
+  if (pulls_ != nullptr && !gen.pull.source.empty()) pulled = gen.request;
   auto id = engine_->Add(std::move(gen.request), gen.arrival);
   if (!id.ok()) {
     server_->SendError(gen.key, ErrorCodeFor(id.status()), id.status().message());
     return;
   }
+  if (pulled) pulls_->Start(*id, *pulled, gen.pull);
   by_key_.emplace(gen.key, *id);
   by_id_.emplace(*id, gen.key);
 }
@@ -104,6 +107,7 @@ void WorkerLoop::Run() {
       std::vector<kv::KvEvent> events = kv_->TakeEvents();  // sealed before the snapshot they lead to
       publisher_->PublishSnapshot(std::move(events), kv_->events_dropped(), kv_->Snapshot());
     }
+    if (pulls_ != nullptr) pulls_->Poll();
     if (between_steps_) between_steps_();
     if (engine_->HasWork()) {
       std::vector<engine::RequestOutput> outputs = engine_->Step();

@@ -32,6 +32,7 @@
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/kv_pulls.h"
 #include "worker/server/request_server.h"
 
 namespace kvfleet::server {
@@ -58,6 +59,10 @@ class WorkerLoop {
   // outputs are sent (metrics).
   void SetStepObserver(StepObserver observer) { step_observer_ = std::move(observer); }
 
+  // KV transfer (kv_pulls.h): pulls for hinted Generates, and serving others' pulls. May be
+  // null (no transfer). Outlives the loop.
+  void SetPulls(KvPulls* pulls) { pulls_ = pulls; }
+
   // Called on the engine thread after an adapter was loaded or unloaded (Hello, metrics).
   void SetLoraObserver(std::function<void()> observer) { lora_observer_ = std::move(observer); }
 
@@ -81,6 +86,7 @@ class WorkerLoop {
   const Clock* const clock_;
   std::function<void()> between_steps_;
   StepObserver step_observer_;
+  KvPulls* pulls_ = nullptr;
   std::function<void()> lora_observer_;
   TimeNs next_idle_load_ = 0;
   std::atomic<bool> stop_requested_{false};

@@ -1,0 +1,189 @@
+#include "worker/server/kv_pulls.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/block_hash.h"
+#include "common/log.h"
+
+namespace kvfleet::server {
+
+namespace {
+
+std::optional<transfer::KvDtype> DtypeOf(const std::string& name) {
+  if (name == "bf16") return transfer::KvDtype::kBf16;
+  if (name == "fp8e4m3") return transfer::KvDtype::kFp8E4M3;
+  if (name == "fp32") return transfer::KvDtype::kFp32;
+  if (name == "none") return transfer::KvDtype::kNone;
+  return std::nullopt;
+}
+
+}  // namespace
+
+KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
+                 backend::ModelBackend* backend, engine::Engine* engine, const Clock* clock)
+    : options_(options), service_(service), kv_(kv), backend_(backend), engine_(engine), clock_(clock) {
+  const backend::KvTransferFormat format = backend_->kv_transfer_format();
+  const std::optional<transfer::KvDtype> dtype = DtypeOf(format.dtype);
+  if (!dtype) {
+    unsupported_ = format.unsupported.empty() ? "KV format '" + format.dtype + "' has no Contract 4 name" : format.unsupported;
+  } else if (!format.scales.empty()) {
+    unsupported_ = "fp8 KV blocks carry per-model scales, which Contract 4's layout does not name yet";
+  } else if (static_cast<uint32_t>(backend_->block_size()) != kv_->block_size() || !kv_->reuse_enabled()) {
+    unsupported_ = "this worker's KV blocks are not its routing blocks, or it keeps no reusable prefix";
+  } else {
+    transfer::Layout l;
+    l.dtype = *dtype;
+    l.block_size = kv_->block_size();
+    for (const backend::KvPoolInfo& p : backend_->pools()) {
+      l.pools.push_back(transfer::PoolGeometry{static_cast<uint32_t>(p.window), static_cast<uint32_t>(p.layers.size()),
+                                               static_cast<uint32_t>(p.num_kv_heads), static_cast<uint32_t>(p.head_dim),
+                                               p.bytes_per_block});
+    }
+    layout_ = std::move(l);
+  }
+}
+
+void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint) {
+  if (service_ == nullptr || !layout_ || hint.source.empty() || hint.blocks == 0 || hint.source == options_.own_endpoint) {
+    return;
+  }
+  const uint32_t B = kv_->block_size();
+  // The last prompt token is always computed: its block is never worth a pull.
+  const uint32_t n = std::min<uint64_t>(hint.blocks, (request.prompt.size() - 1) / B);
+  if (n == 0) {
+    ++stats_.skipped;
+    return;
+  }
+  kv::SequenceSpec spec;
+  spec.prompt.assign(request.prompt.begin(), request.prompt.begin() + size_t{n} * B);
+  spec.model = options_.model;
+  spec.lora = request.lora;
+  spec.cache_salt = request.cache_salt;
+  spec.retention = request.retention;
+  std::vector<TokenId> tokens = spec.prompt;
+  Result<kv::ImportPlan> plan = kv_->BeginImport(std::move(spec));
+  if (!plan.ok() || plan->first_block >= plan->num_blocks) {
+    if (plan.ok()) kv_->EndImport(*plan, 0);
+    ++stats_.skipped;
+    return;
+  }
+  const std::vector<BlockHash> hashes =
+      BlockHasher(B, HashNamespace{options_.model, request.lora, request.cache_salt}).HashAll(tokens);
+  transfer::PullRequest pull;
+  pull.model = options_.model;
+  pull.lora = request.lora;
+  pull.cache_salt = request.cache_salt;
+  pull.block_size = B;
+  pull.parent_hash = plan->first_block == 0 ? 0 : hashes[plan->first_block - 1];
+  pull.hashes.assign(hashes.begin() + plan->first_block, hashes.end());
+  pull.layout = *layout_;
+  pull.deadline_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
+  const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
+  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens)});
+  engine_->Hold(id);
+  ++stats_.started;
+}
+
+void KvPulls::Poll() {
+  if (service_ == nullptr) return;
+  for (const transfer::IncomingPull& pull : service_->TakePulls()) Serve(pull);
+  for (transfer::PullResult& result : service_->TakeResults()) {
+    auto it = pending_.find(result.transfer_id);
+    if (it == pending_.end()) continue;
+    Finish(it->second, result);
+    pending_.erase(it);
+  }
+}
+
+void KvPulls::Serve(const transfer::IncomingPull& pull) {
+  const transfer::PullRequest& r = pull.request;
+  auto refuse = [&](transfer::RefusalReason reason, std::string why) {
+    ++stats_.refused_requests;
+    service_->Refuse(pull.peer_token, r.transfer_id, reason, std::move(why));
+  };
+  if (!layout_) return refuse(transfer::RefusalReason::kLayoutMismatch, unsupported_);
+  if (r.layout != *layout_) {
+    return refuse(transfer::RefusalReason::kLayoutMismatch,
+                  "this worker's KV blocks are " + std::string(transfer::KvDtypeName(layout_->dtype)) + ", " +
+                      std::to_string(layout_->block_size) + " tokens, " + std::to_string(layout_->pools.size()) +
+                      " pools of its own geometry; the pull's layout differs");
+  }
+  if (r.model != options_.model) {
+    return refuse(transfer::RefusalReason::kNotHeld, "this worker serves '" + options_.model + "', not '" + r.model + "'");
+  }
+  std::vector<transfer::Block> blocks;
+  const size_t num_pools = layout_->pools.size();
+  const bool bytes = layout_->dtype != transfer::KvDtype::kNone;
+  Result<std::vector<kv::ExportedBlock>> run =
+      kv_->ExportChain(r.parent_hash, r.hashes, [&](std::span<const kv::ExportedBlock> run) -> Status {
+        blocks.resize(run.size());
+        for (size_t i = 0; i < run.size(); ++i) {
+          transfer::Block& b = blocks[i];
+          b.index = static_cast<uint32_t>(i);
+          b.hash = run[i].hash;
+          b.tokens = run[i].tokens;
+          if (!bytes) continue;
+          b.data.resize(num_pools);
+          for (size_t p = 0; p < num_pools; ++p) {
+            b.data[p].resize(layout_->pools[p].bytes_per_block);
+            KVF_RETURN_IF_ERROR(backend_->ReadKvBlocks(static_cast<uint32_t>(p), std::span(&run[i].pools[p], 1),
+                                                      b.data[p]));
+          }
+        }
+        return Status::Ok();
+      });
+  if (!run.ok()) {
+    Logger("transfer")->error("pull {}: reading the blocks failed: {}", r.transfer_id, run.status().ToString());
+    return refuse(transfer::RefusalReason::kNotHeld, "reading the blocks failed: " + run.status().message());
+  }
+  if (run->empty()) return refuse(transfer::RefusalReason::kNotHeld, "this worker holds none of the chain now");
+  ++stats_.served_requests;
+  service_->Serve(pull.peer_token, r.transfer_id, std::move(blocks));
+}
+
+void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
+  const uint32_t B = kv_->block_size();
+  const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
+  uint32_t good = 0;
+  if (result.outcome == transfer::PullOutcome::kOk) {
+    // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
+    for (const transfer::Block& b : result.blocks) {
+      const size_t at = size_t{p.plan.first_block + good} * B;
+      if (good >= wanted || !std::equal(b.tokens.begin(), b.tokens.end(), p.tokens.begin() + at)) break;
+      ++good;
+    }
+    if (good < result.blocks.size()) ++stats_.token_mismatches;
+  }
+  if (good > 0 && layout_->dtype != transfer::KvDtype::kNone) {
+    std::vector<std::byte> bytes;
+    std::vector<kv::BlockId> ids(good);
+    for (size_t pool = 0; pool < layout_->pools.size() && good > 0; ++pool) {
+      const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
+      bytes.clear();
+      for (uint32_t j = 0; j < good; ++j) {
+        ids[j] = view.linear[p.plan.first_block + j];
+        const std::vector<std::byte>& d = result.blocks[j].data[pool];
+        bytes.insert(bytes.end(), d.begin(), d.end());
+      }
+      if (Status st = backend_->WriteKvBlocks(static_cast<uint32_t>(pool), ids, bytes); !st.ok()) {
+        Logger("transfer")->error("pull {}: writing the blocks failed: {}", result.transfer_id, st.ToString());
+        ++stats_.write_failures;
+        good = 0;
+      }
+    }
+  }
+  kv_->EndImport(p.plan, good);
+  stats_.imported_blocks += good;
+  if (good < wanted) {
+    const std::string why = result.outcome == transfer::PullOutcome::kOk && good < result.blocks.size()
+                                ? "token_mismatch"
+                                : result.outcome == transfer::PullOutcome::kOk ? "short"
+                                                                               : std::string(PullOutcomeName(result.outcome));
+    ++stats_.fallbacks[why];
+  }
+  engine_->Unhold(p.request);
+}
+
+}  // namespace kvfleet::server

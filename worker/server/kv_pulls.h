@@ -1,0 +1,98 @@
+// KvPulls: the worker loop's part of KV transfer between workers (Contract 4,
+// schema/README.md), on the engine thread, between steps.
+//
+// Receiver: a Generate whose PullHint names another worker holding more of its prompt than
+// this one. Start() registers the prompt's hinted blocks with the KV cache manager
+// (BeginImport: blocks for what is missing are allocated now), asks the holder for the missing
+// chain through the TransferService, and holds the request in the engine's queue (Engine::Hold):
+// the pull overlaps its wait. When the pull ends, Poll() checks each block's tokens against
+// the prompt, writes the verified leading run into the allocated blocks (the backend's
+// WriteKvBlocks), stores it (stored events: every router learns of the second holder) and
+// unholds the request. Whatever the pull did not bring (the holder evicted it, died, was late,
+// sent a bad checksum or refused) the request computes: a transfer never fails a request.
+//
+// Holder: Poll() answers the pulls that arrived: the layout and namespace must match this
+// worker's, then ExportChain pins the leading run it still holds while ReadKvBlocks copies
+// its bytes out, and the service sends them.
+//
+// Thread safety: thread-compatible; the engine thread calls every method.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "schema/requests.h"
+#include "schema/transfer_codec.h"
+#include "worker/backend/backend.h"
+#include "worker/engine/engine.h"
+#include "worker/kv/kv_cache_manager.h"
+#include "worker/transfer/transfer_service.h"
+
+namespace kvfleet::server {
+
+struct KvPullsOptions {
+  std::string model;                     // the served model: the hash namespace's
+  std::string own_endpoint;              // this worker's transfer endpoint: a hint naming it is no pull
+  DurationNs deadline = 500 * kNsPerMs;  // a pull not done by then is computed instead
+};
+
+// What a worker's pulls and serves came to, for /metrics.
+struct KvPullStats {
+  uint64_t started = 0;
+  uint64_t imported_blocks = 0;   // blocks pulled, checked and stored
+  uint64_t skipped = 0;           // hints for blocks this worker already held, or none usable
+  uint64_t token_mismatches = 0;  // pulled blocks whose tokens were not the prompt's (a hash collision)
+  uint64_t write_failures = 0;    // the backend could not write a pulled run
+  std::map<std::string, uint64_t> fallbacks;  // pulls that brought less than asked, by outcome
+  uint64_t served_requests = 0;   // pulls this worker answered with blocks
+  uint64_t refused_requests = 0;  // pulls it refused (not held, layout, namespace)
+};
+
+class KvPulls {
+ public:
+  // `service` may be null: no pulls, and pulls from others are never seen. The pointers
+  // outlive this object.
+  KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
+          backend::ModelBackend* backend, engine::Engine* engine, const Clock* clock);
+
+  // This worker's block layout, as a PullRequest carries it; nullopt when its backend or KV
+  // setup cannot move blocks (and unsupported() says why).
+  const std::optional<transfer::Layout>& layout() const { return layout_; }
+  const std::string& unsupported() const { return unsupported_; }
+
+  // Request `id` (just added to the engine) came with `hint`: pulls what this worker lacks
+  // of the hinted prefix, holding the request meanwhile. Nothing happens when the hint names
+  // nothing useful.
+  void Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint);
+  // Serves pulls that arrived; imports pulls that ended and unholds their requests.
+  void Poll();
+  // Pulls in flight.
+  size_t pending() const { return pending_.size(); }
+  const KvPullStats& stats() const { return stats_; }
+
+ private:
+  struct Pending {
+    engine::RequestId request = 0;
+    kv::ImportPlan plan;
+    std::vector<TokenId> tokens;  // the prompt's hinted blocks
+  };
+  void Serve(const transfer::IncomingPull& pull);
+  void Finish(Pending& p, transfer::PullResult& result);
+
+  KvPullsOptions options_;
+  transfer::TransferService* service_;
+  kv::KvCacheManager* kv_;
+  backend::ModelBackend* backend_;
+  engine::Engine* engine_;
+  const Clock* clock_;
+  std::optional<transfer::Layout> layout_;
+  std::string unsupported_;
+  std::map<uint64_t, Pending> pending_;  // by transfer id
+  KvPullStats stats_;
+};
+
+}  // namespace kvfleet::server
