@@ -20,6 +20,7 @@
 #include "worker/server/kv_pulls.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
+#include "worker/server/transfer_metrics.h"
 #include "worker/server/worker_loop.h"
 #include "worker/server/worker_metrics.h"
 #include "worker/transfer/transfer_service.h"
@@ -40,12 +41,14 @@ namespace {
 // The KV gauges, at most every kKvMetricsInterval: after steps and while idle.
 class KvGauges {
  public:
-  KvGauges(WorkerMetrics* metrics, const kv::KvCacheManager* kv, const Clock* clock)
-      : metrics_(metrics), kv_(kv), clock_(clock) {}
+  KvGauges(WorkerMetrics* metrics, const kv::KvCacheManager* kv, const Clock* clock, TransferMetrics* transfer,
+           const KvPulls* pulls, const transfer::TransferService* service)
+      : metrics_(metrics), kv_(kv), clock_(clock), transfer_(transfer), pulls_(pulls), service_(service) {}
   void MaybeUpdate() {
     const TimeNs now = clock_->Now();
     if (now - last_ < config::kKvMetricsInterval) return;
     metrics_->UpdateKv(kv_->Stats());
+    if (service_ != nullptr) transfer_->Update(pulls_->stats(), service_->Stats());
     last_ = now;
   }
 
@@ -53,6 +56,9 @@ class KvGauges {
   WorkerMetrics* metrics_;
   const kv::KvCacheManager* kv_;
   const Clock* clock_;
+  TransferMetrics* transfer_;
+  const KvPulls* pulls_;
+  const transfer::TransferService* service_;
   TimeNs last_ = 0;
 };
 
@@ -230,7 +236,9 @@ Status Worker::Init(zmq::context_t& context) {
   WorkerLoopOptions lo;
   lo.model_name = model_name_;
   lo.shutdown_grace = static_cast<DurationNs>(config_.shutdown_grace_s * kNsPerSec);
-  auto gauges = std::make_shared<KvGauges>(metrics_.get(), kv_.get(), clock);
+  transfer_metrics_ = std::make_unique<TransferMetrics>(*registry_);
+  auto gauges = std::make_shared<KvGauges>(metrics_.get(), kv_.get(), clock, transfer_metrics_.get(), pulls_.get(),
+                                           transfer_.get());
   loop_ = std::make_unique<WorkerLoop>(lo, engine_.get(), kv_.get(), publisher_.get(), requests_.get(), clock,
                                        [this, gauges] {
                                          if (!engine_->HasWork()) gauges->MaybeUpdate();

@@ -55,6 +55,7 @@ class TransferService;
 namespace kvfleet::server {
 
 class KvPulls;
+class TransferMetrics;
 class RequestServer;
 class Registration;
 class WorkerLoop;
@@ -110,6 +111,7 @@ class Worker {
   std::unique_ptr<transfer::TransferService> transfer_;  // null: --transfer ""
   std::string transfer_endpoint_;                       // as peers should reach it
   std::unique_ptr<KvPulls> pulls_;
+  std::unique_ptr<TransferMetrics> transfer_metrics_;
   std::unique_ptr<WorkerLoop> loop_;
   std::unique_ptr<Registration> registration_;
   WorkerHello hello_;            // what registration_ sends and Describe answers; engine thread after Init

@@ -13,6 +13,7 @@
 #include "schema/requests.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
+#include "tests/common/http/test_client.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/server/worker.h"
 
@@ -125,6 +126,15 @@ TEST_CASE("a worker pulls a prompt's prefix from the worker that computed it, an
     const Answer again = Ask(context, b.worker->requests_endpoint(), prompt);
     CHECK(again.cached_device_tokens == 96);
     CHECK(again.tokens == computed.tokens);
+    // The pull is on b's /metrics (refreshed every 250 ms while idle), the serve on a's.
+    std::string metrics;
+    for (int i = 0; i < 100 && metrics.find("kvfleet_worker_kv_imported_blocks_total 6") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      metrics = http::testing::BodyOf(http::testing::Roundtrip(b.worker->http_port(), "GET", "/metrics"));
+    }
+    CHECK(metrics.find("kvfleet_worker_kv_imported_blocks_total 6") != std::string::npos);
+    CHECK(metrics.find("kvfleet_worker_kv_pulls_total{outcome=\"ok\",source=\"" + a.worker->transfer_endpoint()) !=
+          std::string::npos);
   }
   SUBCASE("a holder without the prefix: b computes it") {
     std::vector<TokenId> other = prompt;

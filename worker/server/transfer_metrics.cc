@@ -1,0 +1,53 @@
+#include "worker/server/transfer_metrics.h"
+
+namespace kvfleet::server {
+
+namespace {
+
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+TransferMetrics::TransferMetrics(prometheus::Registry& r)
+    : pulls_(Counter(r, "kvfleet_worker_kv_pulls_total", "KV pulls this worker made, by holder and outcome")),
+      pulled_blocks_(Counter(r, "kvfleet_worker_kv_pulled_blocks_total", "KV blocks received from successful pulls")),
+      pulled_bytes_(Counter(r, "kvfleet_worker_kv_pulled_bytes_total", "Bytes of KV blocks received from successful pulls")),
+      pull_seconds_(Counter(r, "kvfleet_worker_kv_pull_seconds_total", "Time of successful pulls, start to done")),
+      fallbacks_(Counter(r, "kvfleet_worker_kv_pull_fallbacks_total",
+                         "Pulls that brought less than asked (the rest was computed), by reason")),
+      imported_(Counter(r, "kvfleet_worker_kv_imported_blocks_total", "Pulled KV blocks checked and stored")),
+      served_(Counter(r, "kvfleet_worker_kv_served_total", "Pulls from other workers answered, by result")),
+      served_bytes_(Counter(r, "kvfleet_worker_kv_served_bytes_total", "Bytes of KV blocks sent to other workers")) {}
+
+void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
+                              const std::map<std::string, std::string>& labels, double total) {
+  double& seen = seen_[{&family, labels}];
+  if (total > seen) family.Add(labels).Increment(total - seen);
+  seen = std::max(seen, total);
+}
+
+void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferStats& service) {
+  for (const auto& [source, s] : service.pulls) {
+    for (size_t o = 0; o < transfer::kNumPullOutcomes; ++o) {
+      if (s.by_outcome[o] == 0) continue;
+      const auto outcome = std::string(transfer::PullOutcomeName(static_cast<transfer::PullOutcome>(o)));
+      Advance(pulls_, {{"source", source}, {"outcome", outcome}}, static_cast<double>(s.by_outcome[o]));
+    }
+    Advance(pulled_blocks_, {{"source", source}}, static_cast<double>(s.blocks));
+    Advance(pulled_bytes_, {{"source", source}}, static_cast<double>(s.bytes));
+    Advance(pull_seconds_, {{"source", source}}, s.seconds);
+  }
+  for (const auto& [reason, n] : pulls.fallbacks) Advance(fallbacks_, {{"reason", reason}}, static_cast<double>(n));
+  Advance(imported_, {}, static_cast<double>(pulls.imported_blocks));
+  Advance(served_, {{"result", "served"}}, static_cast<double>(service.served));
+  for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {
+    if (service.refused[r] == 0) continue;
+    const auto reason = std::string(transfer::RefusalReasonName(static_cast<transfer::RefusalReason>(r)));
+    Advance(served_, {{"result", "refused_" + reason}}, static_cast<double>(service.refused[r]));
+  }
+  Advance(served_bytes_, {}, static_cast<double>(service.served_bytes));
+}
+
+}  // namespace kvfleet::server

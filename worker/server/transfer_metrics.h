@@ -1,0 +1,49 @@
+// TransferMetrics: the worker's KV transfer counters on /metrics (Contract 4), from the
+// running totals of its TransferService and KvPulls:
+//   kvfleet_worker_kv_pulls_total{source, outcome}     pulls made, by holder and how they ended
+//   kvfleet_worker_kv_pulled_blocks_total{source}      blocks received from ok pulls
+//   kvfleet_worker_kv_pulled_bytes_total{source}       their bytes (modelled ones on the mock)
+//   kvfleet_worker_kv_pull_seconds_total{source}       the ok pulls' time: bytes over it is the pair's bandwidth
+//   kvfleet_worker_kv_pull_fallbacks_total{reason}     pulls that brought less than asked: the rest was computed
+//   kvfleet_worker_kv_imported_blocks_total            pulled blocks checked and stored
+//   kvfleet_worker_kv_served_total{result}             pulls answered: served, or refused and why
+//   kvfleet_worker_kv_served_bytes_total
+//
+// Thread safety: thread-compatible; the engine thread calls Update.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+#include "worker/server/kv_pulls.h"
+#include "worker/transfer/transfer_service.h"
+
+namespace kvfleet::server {
+
+class TransferMetrics {
+ public:
+  explicit TransferMetrics(prometheus::Registry& registry);
+  // Brings the counters up to the totals.
+  void Update(const KvPullStats& pulls, const transfer::TransferStats& service);
+
+ private:
+  // Adds `total` − what was seen under `key` to the counter.
+  void Advance(prometheus::Family<prometheus::Counter>& family, const std::map<std::string, std::string>& labels,
+               double total);
+
+  prometheus::Family<prometheus::Counter>& pulls_;
+  prometheus::Family<prometheus::Counter>& pulled_blocks_;
+  prometheus::Family<prometheus::Counter>& pulled_bytes_;
+  prometheus::Family<prometheus::Counter>& pull_seconds_;
+  prometheus::Family<prometheus::Counter>& fallbacks_;
+  prometheus::Family<prometheus::Counter>& imported_;
+  prometheus::Family<prometheus::Counter>& served_;
+  prometheus::Family<prometheus::Counter>& served_bytes_;
+  std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
+};
+
+}  // namespace kvfleet::server
