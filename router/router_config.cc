@@ -286,6 +286,14 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->capture_default_str();
   app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
       ->capture_default_str();
+  app.add_option("--transfer-bytes-per-s", c->routing.transfer_bytes_per_s,
+                 "bandwidth assumed between two workers for pulling a cached prefix (kv, kv_retention); 0: the "
+                 "router never asks a worker to pull")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--transfer-setup-ms", c->transfer_setup_ms, "the fixed cost of one pull, added to its bytes' time")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max-workers", c->fleet.max_workers,
                  "workers known at once; a new one beyond is refused (max-workers); sizes the ZeroMQ socket "
                  "and open-file limits")
@@ -338,6 +346,7 @@ Status Prepare(RouterConfig* c) {
   }
   c->api.routing_window_size = c->routing_window;
   c->routing.predicted_ttl = c->predicted_ttl_ms * kNsPerMs;
+  c->routing.transfer_setup_s = c->transfer_setup_ms / 1e3;
   if (!(c->first_token_timeout_s > 0)) return InvalidArgument("--first-token-timeout-s must be > 0");
   if (!(c->admission_ttft_s >= 0) || c->admission_ttft_s > c->first_token_timeout_s) {
     return InvalidArgument("--admission-ttft-s must be between 0 and --first-token-timeout-s (" +

@@ -60,6 +60,7 @@ struct RouterConfig {
   };
   std::vector<ModelTokenizer> tokenizers;
   int64_t predicted_ttl_ms = config::kPredictedTtl / kNsPerMs;  // ms
+  double transfer_setup_ms = config::kTransferSetupSeconds * 1e3;  // the fixed cost of one pull
   double request_timeout_s = 600;                                // s, whole request
   double first_token_timeout_s = 60;                             // s, then retry elsewhere
   // s: a request predicted to wait longer for its first token on every worker is refused at

@@ -70,7 +70,17 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                          .Name("kvfleet_router_unknown_fields_total")
                          .Help("Unknown request fields admitted by --allow-unknown-fields")
                          .Register(r)
-                         .Add({})) {
+                         .Add({})),
+      pulls(prometheus::BuildCounter()
+                .Name("kvfleet_router_pulls_total")
+                .Help("Requests sent with a PullHint: the worker pulls the prefix it lacks from its holder")
+                .Register(r)
+                .Add({})),
+      pulled_blocks(prometheus::BuildCounter()
+                        .Name("kvfleet_router_pulled_blocks_total")
+                        .Help("Prompt blocks those requests' workers were asked to pull")
+                        .Register(r)
+                        .Add({})) {
   http::RegisterBuildInfo(r);
 }
 

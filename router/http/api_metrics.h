@@ -38,6 +38,8 @@ struct ApiMetrics {
   prometheus::Family<prometheus::Counter>& prompt_tokens;      // kvfleet_router_prompt_tokens_total{model}
   prometheus::Family<prometheus::Counter>& generation_tokens;  // kvfleet_router_generation_tokens_total{model}
   prometheus::Counter& unknown_fields;                // kvfleet_router_unknown_fields_total
+  prometheus::Counter& pulls;                         // kvfleet_router_pulls_total: requests sent with a PullHint
+  prometheus::Counter& pulled_blocks;                 // kvfleet_router_pulled_blocks_total: the blocks they name
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);

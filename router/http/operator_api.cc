@@ -83,6 +83,12 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"max_loras", info.max_loras},
           {"lora_load_us", info.lora_load_us},
           {"tensor_parallel", info.tensor_parallel},
+          {"transfer", info.transfer_endpoint.empty()
+                           ? json(nullptr)
+                           : json{{"endpoint", info.transfer_endpoint},
+                                  {"curve", !info.transfer_key.empty()},
+                                  {"format", info.transfer_format},
+                                  {"bytes_per_block", info.transfer_bytes_per_block}}},
           {"endpoints",
            {{"requests", info.requests_endpoint},
             {"events", info.events_endpoint},

@@ -65,7 +65,8 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   // other thread wakes on the request path.
   lane->Submit(handle, std::move(fwd));
   Dispatched out{handle, clock_->Now(), decision.device_blocks + decision.host_blocks,
-                 decision.predicted_cached_tokens};
+                 decision.predicted_cached_tokens,
+                 decision.pull.source.empty() ? 0 : decision.pull.blocks - decision.device_blocks - decision.host_blocks};
   // A request routed on another I/O thread meanwhile could miss these entries either way;
   // the window is tens of µs.
   router_->Commit(decision);
