@@ -45,10 +45,26 @@ KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* servi
   }
 }
 
-void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint) {
-  if (service_ == nullptr || !layout_ || hint.source.empty() || hint.blocks == 0 || hint.source == options_.own_endpoint) {
-    return;
+bool KvPulls::WaitForPull(engine::RequestId id, const engine::GenerateRequest& request) {
+  if (pending_.empty()) return false;
+  const uint32_t B = kv_->block_size();
+  const uint64_t seed = HashSeed(HashNamespace{options_.model, request.lora, request.cache_salt});
+  for (auto& [transfer_id, p] : pending_) {
+    const uint32_t k = p.plan.first_block;  // the request must hold blocks 0..k of the pulled chain
+    if (p.seed != seed || request.prompt.size() <= size_t{k + 1} * B) continue;
+    if (!std::equal(p.tokens.begin(), p.tokens.begin() + size_t{k + 1} * B, request.prompt.begin())) continue;
+    p.waiters.push_back(id);
+    engine_->Hold(id);
+    ++stats_.waited;
+    return true;
   }
+  return false;
+}
+
+void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint) {
+  if (service_ == nullptr || !layout_) return;
+  if (WaitForPull(id, request)) return;
+  if (hint.source.empty() || hint.blocks == 0 || hint.source == options_.own_endpoint) return;
   const uint32_t B = kv_->block_size();
   // The last prompt token is always computed: its block is never worth a pull.
   const uint32_t n = std::min<uint64_t>(hint.blocks, (request.prompt.size() - 1) / B);
@@ -81,7 +97,8 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   pull.layout = *layout_;
   pull.deadline_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
-  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens)});
+  const uint64_t seed = HashSeed(HashNamespace{options_.model, request.lora, request.cache_salt});
+  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens), seed, {}});
   engine_->Hold(id);
   ++stats_.started;
 }
@@ -184,6 +201,7 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
     ++stats_.fallbacks[why];
   }
   engine_->Unhold(p.request);
+  for (engine::RequestId w : p.waiters) engine_->Unhold(w);
 }
 
 }  // namespace kvfleet::server

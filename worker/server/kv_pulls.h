@@ -45,6 +45,7 @@ struct KvPullStats {
   uint64_t started = 0;
   uint64_t imported_blocks = 0;   // blocks pulled, checked and stored
   uint64_t skipped = 0;           // hints for blocks this worker already held, or none usable
+  uint64_t waited = 0;            // requests that waited for a pull another request started
   uint64_t token_mismatches = 0;  // pulled blocks whose tokens were not the prompt's (a hash collision)
   uint64_t write_failures = 0;    // the backend could not write a pulled run
   std::map<std::string, uint64_t> fallbacks;  // pulls that brought less than asked, by outcome
@@ -64,9 +65,13 @@ class KvPulls {
   const std::optional<transfer::Layout>& layout() const { return layout_; }
   const std::string& unsupported() const { return unsupported_; }
 
+  // Whether Start wants to see a request that came with `hint`: a hint, or pulls in flight
+  // that it may wait for.
+  bool Wants(const PullHint& hint) const { return service_ != nullptr && (!hint.source.empty() || !pending_.empty()); }
   // Request `id` (just added to the engine) came with `hint`: pulls what this worker lacks
-  // of the hinted prefix, holding the request meanwhile. Nothing happens when the hint names
-  // nothing useful.
+  // of the hinted prefix, holding the request meanwhile. A request whose prompt contains a
+  // chain being pulled now waits for that pull instead of computing the chain again. Nothing
+  // happens when neither applies.
   void Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint);
   // Serves pulls that arrived; imports pulls that ended and unholds their requests.
   void Poll();
@@ -79,7 +84,11 @@ class KvPulls {
     engine::RequestId request = 0;
     kv::ImportPlan plan;
     std::vector<TokenId> tokens;  // the prompt's hinted blocks
+    uint64_t seed = 0;            // their hash namespace (Contract 1)
+    std::vector<engine::RequestId> waiters;  // later requests holding for this pull
   };
+  // Holds `id` for a pull in flight whose first pulled block its prompt has, if any.
+  bool WaitForPull(engine::RequestId id, const engine::GenerateRequest& request);
   void Serve(const transfer::IncomingPull& pull);
   void Finish(Pending& p, transfer::PullResult& result);
 

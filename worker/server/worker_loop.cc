@@ -63,7 +63,7 @@ void WorkerLoop::Apply(Command& command, bool refuse_new) {
     return;
   }
   std::optional<engine::GenerateRequest> pulled;  // what a pull needs of the request
-  if (pulls_ != nullptr && !gen.pull.source.empty()) pulled = gen.request;
+  if (pulls_ != nullptr && pulls_->Wants(gen.pull)) pulled = gen.request;
   auto id = engine_->Add(std::move(gen.request), gen.arrival);
   if (!id.ok()) {
     server_->SendError(gen.key, ErrorCodeFor(id.status()), id.status().message());

@@ -136,6 +136,18 @@ TEST_CASE("a worker pulls a prompt's prefix from the worker that computed it, an
     CHECK(metrics.find("kvfleet_worker_kv_pulls_total{outcome=\"ok\",source=\"" + a.worker->transfer_endpoint()) !=
           std::string::npos);
   }
+  SUBCASE("a request arriving while its prefix is being pulled waits for that pull") {
+    std::vector<TokenId> longer = prompt;
+    longer.push_back(77);
+    std::thread first([&] {
+      const Answer pulled = Ask(context, b.worker->requests_endpoint(), prompt, from_a);
+      CHECK(pulled.cached_device_tokens == 96);
+    });
+    const Answer second = Ask(context, b.worker->requests_endpoint(), longer);
+    first.join();
+    // Either it came during the pull and waited for it, or after it: the prefix is reused.
+    CHECK(second.cached_device_tokens == 96);
+  }
   SUBCASE("a holder without the prefix: b computes it") {
     std::vector<TokenId> other = prompt;
     other[3] = 5;
