@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# KV transfer on a mock fleet (issue: one fleet-wide KV cache): kv with pulls, kv without
+# (router --transfer-bytes-per-s 0), approx and preble, each row on a freshly started fleet of
+# 8 mock workers, on the conversation trace and the Mooncake synthetic trace at two loads.
+#   tests/bench/fleet/transfer_compare.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR [DURATION_S]
+# The mock's simulated link (--mock-transfer-bytes-per-s) and the router's assumed bandwidth
+# are both 2.5 GB/s by default. Prints one table per trace and load; JSON under OUT_DIR.
+set -uo pipefail
+BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$OUT"
+PORT=29600
+fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
+  cat >"$OUT/fleet$2.sh" <<EOS
+#!/usr/bin/env bash
+exec "$BIN/kvfleet" up --backend mock --workers 8 --http-port $PORT --registration-port $((PORT + 1)) \
+  --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs$2" \
+  --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1
+EOS
+  chmod +x "$OUT/fleet$2.sh"
+}
+fleet "" ""
+fleet "--router-arg=--transfer-bytes-per-s=0" "-nopull"
+python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"
+run() {  # name trace scale
+  echo "== $1 (time scale $3); uptime: $(uptime)"
+  "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
+    --duration "$DURATION" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" --ttft-slo-ms 1000 \
+    --out "$OUT/$1.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+  echo "-- kv without pulls (--transfer-bytes-per-s 0):"
+  "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
+    --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" --ttft-slo-ms 1000 \
+    --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+}
+run conv40-2.0x "$OUT/conv40.jsonl" 2.23
+[ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
+[ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
+echo "uptime at end: $(uptime)"
