@@ -25,13 +25,13 @@ class ByteCodec final : public TextCodec {
   // A plain-text template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n". It has
   // no variables, so chat_template_kwargs change nothing here (as in a Jinja template that
   // reads none of them).
-  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages,
                                           const ChatTemplateOptions& options) const override {
     if (!messages.is_array()) return InvalidArgument("messages must be an array");
     std::string text;
     for (const auto& m : messages) {
       text += "<|" + m.value("role", std::string("user")) + "|>\n";
-      const auto& content = m.contains("content") ? m["content"] : nlohmann::json();
+      const auto& content = m.contains("content") ? m["content"] : nlohmann::ordered_json();
       if (content.is_string()) {
         text += content.get<std::string>();
       } else if (content.is_array()) {

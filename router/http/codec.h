@@ -47,13 +47,13 @@ class TextCodec {
   // EncodePrompt, for codecs that add none.
   virtual Result<std::vector<TokenId>> EncodeText(std::string_view text) const { return EncodePrompt(text); }
   // A chat: `messages` is the validated OpenAI messages array (ValidateChatMessages), as
-  // the request's parse left it. FailedPrecondition: the model has no chat template;
+  // the request's parse left it, each object's keys in the client's order. FailedPrecondition: the model has no chat template;
   // Unimplemented: its template does not parse; both are the server's problem, not the
   // request's. InvalidArgument: the options do not fit the messages (continue_final_message
   // without a final message text to continue).
-  virtual Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
+  virtual Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages,
                                                   const ChatTemplateOptions& options) const = 0;
-  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages) const {
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages) const {
     return EncodeChat(messages, ChatTemplateOptions{});
   }
   // Ids back to text, special tokens kept (/detokenize). Default: through NewDecoder.

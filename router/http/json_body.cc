@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <simdjson.h>
@@ -55,56 +56,64 @@ bool RefusedByBoth(simdjson::error_code e) {
   }
 }
 
-json FromDom(simdjson::dom::element e);
+template <class J>
+J FromDom(simdjson::dom::element e);
 
 // The object's fields, `skip` left out. The last of duplicated keys wins, as nlohmann's
-// parser assigns each in turn.
-json ObjectFromDom(simdjson::dom::object object, std::optional<std::string_view> skip) {
-  json out = json::object();
-  auto& fields = out.get_ref<json::object_t&>();
+// parser assigns each in turn (an ordered_json keeps the key where it first came).
+template <class J>
+J ObjectFromDom(simdjson::dom::object object, std::optional<std::string_view> skip) {
+  J out = J::object();
+  auto& fields = out.template get_ref<typename J::object_t&>();
   for (simdjson::dom::key_value_pair field : object) {
-    if (field.key != skip) fields.insert_or_assign(json::string_t(field.key), FromDom(field.value));
+    if (field.key == skip) continue;
+    if constexpr (std::is_same_v<J, json>) {
+      fields.insert_or_assign(typename J::string_t(field.key), FromDom<J>(field.value));
+    } else {
+      out[typename J::string_t(field.key)] = FromDom<J>(field.value);
+    }
   }
   return out;
 }
 
 // Recursion is bounded by the parser's max depth (config::kMaxJsonBodyDepth).
-json FromDom(simdjson::dom::element e) {
+template <class J>
+J FromDom(simdjson::dom::element e) {
   switch (e.type()) {
     case simdjson::dom::element_type::ARRAY: {
       simdjson::dom::array array = e.get_array().value_unsafe();
-      json out = json::array();
-      auto& items = out.get_ref<json::array_t&>();
+      J out = J::array();
+      auto& items = out.template get_ref<typename J::array_t&>();
       items.reserve(array.size());
       for (simdjson::dom::element item : array) {
         // Token-id prompts are thousands of integers: construct those in place.
         if (item.type() == simdjson::dom::element_type::INT64 && item.get_int64().value_unsafe() >= 0) {
           items.emplace_back(static_cast<uint64_t>(item.get_int64().value_unsafe()));
         } else {
-          items.push_back(FromDom(item));
+          items.push_back(FromDom<J>(item));
         }
       }
       return out;
     }
     case simdjson::dom::element_type::OBJECT:
-      return ObjectFromDom(e.get_object().value_unsafe(), std::nullopt);
+      return ObjectFromDom<J>(e.get_object().value_unsafe(), std::nullopt);
     case simdjson::dom::element_type::INT64: {
       int64_t v = e.get_int64().value_unsafe();
       // nlohmann keeps non-negative integers unsigned (token ids check for that).
-      return v >= 0 ? json(static_cast<uint64_t>(v)) : json(v);
+      return v >= 0 ? J(static_cast<uint64_t>(v)) : J(v);
     }
     case simdjson::dom::element_type::UINT64:
-      return json(e.get_uint64().value_unsafe());
+      return J(e.get_uint64().value_unsafe());
     case simdjson::dom::element_type::DOUBLE:
-      return json(e.get_double().value_unsafe());
+      return J(e.get_double().value_unsafe());
     case simdjson::dom::element_type::STRING:
-      return json(json::string_t(e.get_string().value_unsafe()));
+      return J(typename J::string_t(e.get_string().value_unsafe()));
     case simdjson::dom::element_type::BOOL:
-      return json(e.get_bool().value_unsafe());
+      return J(e.get_bool().value_unsafe());
     case simdjson::dom::element_type::NULL_VALUE:
-      return json(nullptr);
+      return J(nullptr);
   }
-  return json();
+  return J();
 }
 
 // Token ids of `e` when it is a non-empty array of integers in [0, 2^32).
@@ -125,39 +134,58 @@ bool ReadTokenIds(simdjson::dom::element e, std::vector<uint32_t>* ids) {
   return true;
 }
 
-// FromDom of the root, with `member` taken out when it is a token-id array (see the header).
-json RootFromDom(simdjson::dom::element root, const TokenIdMember* member) {
-  simdjson::dom::object object;
-  if (member == nullptr || root.get_object().get(object) != simdjson::SUCCESS) return FromDom(root);
-  // The last of repeated keys is the one nlohmann keeps.
-  simdjson::dom::element last;
-  bool found = false;
+// The last field named `key` of the root object, if any.
+std::optional<simdjson::dom::element> LastField(simdjson::dom::object object, std::string_view key) {
+  std::optional<simdjson::dom::element> last;  // the last of repeated keys is the one nlohmann keeps
   for (simdjson::dom::key_value_pair field : object) {
-    if (field.key == member->key) {
-      last = field.value;
-      found = true;
-    }
+    if (field.key == key) last = field.value;
   }
-  if (!found || !ReadTokenIds(last, member->ids)) return FromDom(root);
-  *member->taken = true;
-  return ObjectFromDom(object, member->key);
+  return last;
 }
 
-Result<json> ParseWithNlohmann(std::string_view body) {
+// FromDom of the root, with `member` taken out when it is a token-id array, or `ordered`
+// taken out in order (see the header).
+json RootFromDom(simdjson::dom::element root, const TokenIdMember* member, const OrderedMember* ordered) {
+  simdjson::dom::object object;
+  if ((member == nullptr && ordered == nullptr) || root.get_object().get(object) != simdjson::SUCCESS) {
+    return FromDom<json>(root);
+  }
+  if (ordered != nullptr) {
+    std::optional<simdjson::dom::element> value = LastField(object, ordered->key);
+    if (!value) return FromDom<json>(root);
+    *ordered->value = FromDom<nlohmann::ordered_json>(*value);
+    *ordered->taken = true;
+    return ObjectFromDom<json>(object, ordered->key);
+  }
+  std::optional<simdjson::dom::element> value = LastField(object, member->key);
+  if (!value || !ReadTokenIds(*value, member->ids)) return FromDom<json>(root);
+  *member->taken = true;
+  return ObjectFromDom<json>(object, member->key);
+}
+
+Result<json> ParseWithNlohmann(std::string_view body, const OrderedMember* ordered) {
   if (!JsonDepthWithin(body, config::kMaxJsonBodyDepth)) return InvalidArgument(std::string(kJsonTooDeep));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(std::string(kJsonInvalid));
+  if (ordered != nullptr && j.is_object() && j.contains(ordered->key)) {
+    // The rare bodies simdjson does not read as nlohmann does: parse once more, in order.
+    nlohmann::ordered_json o = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    *ordered->value = std::move(o[std::string(ordered->key)]);
+    *ordered->taken = true;
+    j.erase(std::string(ordered->key));
+  }
   return j;
 }
 
-Result<json> ParseWithSimdjson(simdjson::dom::parser& parser, std::string_view body, const TokenIdMember* member) {
+Result<json> ParseWithSimdjson(simdjson::dom::parser& parser, std::string_view body, const TokenIdMember* member,
+                               const OrderedMember* ordered) {
   // realloc_if_needed: simdjson reads up to SIMDJSON_PADDING bytes past the end, so it parses
   // a padded copy in its own buffer, never the caller's bytes.
-  if (parser.max_depth() != static_cast<size_t>(config::kMaxJsonBodyDepth)) return ParseWithNlohmann(body);
+  if (parser.max_depth() != static_cast<size_t>(config::kMaxJsonBodyDepth)) return ParseWithNlohmann(body, ordered);
   simdjson::dom::element root;
   simdjson::error_code error = parser.parse(body.data(), body.size(), /*realloc_if_needed=*/true).get(root);
-  if (error == simdjson::SUCCESS) return RootFromDom(root, member);
-  if (!RefusedByBoth(error)) return ParseWithNlohmann(body);
+  if (error == simdjson::SUCCESS) return RootFromDom(root, member, ordered);
+  if (!RefusedByBoth(error)) return ParseWithNlohmann(body, ordered);
   // Deep garbage is "too deep" whichever error simdjson met first, as the depth check ran first.
   return InvalidArgument(std::string(JsonDepthWithin(body, config::kMaxJsonBodyDepth) ? kJsonInvalid : kJsonTooDeep));
 }
@@ -199,23 +227,28 @@ bool JsonDepthWithin(std::string_view s, int limit) {
 
 namespace {
 
-Result<json> Parse(std::string_view body, const TokenIdMember* member) {
-  if (!SimdjsonReadsAsNlohmann(body)) return ParseWithNlohmann(body);
+Result<json> Parse(std::string_view body, const TokenIdMember* member, const OrderedMember* ordered) {
+  if (!SimdjsonReadsAsNlohmann(body)) return ParseWithNlohmann(body, ordered);
   if (body.size() > config::kMaxPooledBodyBytes) {
     simdjson::dom::parser parser = NewParser(body.size());
-    return ParseWithSimdjson(parser, body, member);
+    return ParseWithSimdjson(parser, body, member, ordered);
   }
   thread_local simdjson::dom::parser parser = NewParser(config::kMaxPooledBodyBytes / 16);
-  return ParseWithSimdjson(parser, body, member);
+  return ParseWithSimdjson(parser, body, member, ordered);
 }
 
 }  // namespace
 
-Result<json> ParseJsonBody(std::string_view body) { return Parse(body, nullptr); }
+Result<json> ParseJsonBody(std::string_view body) { return Parse(body, nullptr, nullptr); }
 
 Result<json> ParseJsonBody(std::string_view body, TokenIdMember member) {
   *member.taken = false;
-  return Parse(body, &member);
+  return Parse(body, &member, nullptr);
+}
+
+Result<json> ParseJsonBody(std::string_view body, OrderedMember member) {
+  *member.taken = false;
+  return Parse(body, nullptr, &member);
 }
 
 namespace {

@@ -63,6 +63,19 @@ struct TokenIdMember {
 // *member.taken is false.
 Result<nlohmann::json> ParseJsonBody(std::string_view body, TokenIdMember member);
 
+// A top-level member to take out with its objects' keys in the body's order (a chat's
+// messages: a template that iterates a message, or writes one as JSON, sees the client's
+// order, as with Python's json). nlohmann::json sorts keys.
+struct OrderedMember {
+  std::string_view key;            // e.g. "messages"
+  nlohmann::ordered_json* value;   // filled when taken
+  bool* taken;                     // whether it was
+};
+// ParseJsonBody, except that when the body is an object with `member.key` (the last one,
+// if repeated), its value goes to *member.value in order, *member.taken is set and the key
+// is left out of the returned object.
+Result<nlohmann::json> ParseJsonBody(std::string_view body, OrderedMember member);
+
 // The text j.dump() gives (compact, object keys in order, nlohmann's escapes and number
 // formats), writing strings a run of plain bytes at a time instead of through nlohmann's
 // per-byte UTF-8 decoder. REQUIRES: every string in `j` is valid UTF-8 (true of whatever

@@ -113,9 +113,9 @@ Status ParseRetention(const json& j, Retention* out) {
   return Status::Ok();
 }
 
-Status ValidateMessages(const json& j) {
+Status ValidateMessages(const nlohmann::ordered_json& j) {
   if (!j.is_array() || j.empty()) return Bad("'messages' must be a non-empty array", "messages");
-  for (const json& m : j) {
+  for (const nlohmann::ordered_json& m : j) {
     if (!m.is_object()) return Bad("each message must be an object", "messages");
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return Bad("each message needs a string 'role'", "messages");
@@ -129,7 +129,7 @@ Status ValidateMessages(const json& j) {
       continue;
     }
     if (content->is_array()) {
-      for (const json& part : *content) {
+      for (const nlohmann::ordered_json& part : *content) {
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
           return Bad("only text content parts are supported", "messages");
@@ -381,8 +381,10 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   r.chat = chat;
   // A token-id prompt comes straight out of the parser, not through 8K json values.
   bool prompt_taken = false;
+  bool messages_taken = false;
   Result<json> parsed =
-      chat ? ParseJsonBody(body) : ParseJsonBody(body, TokenIdMember{"prompt", &r.prompt_tokens, &prompt_taken});
+      chat ? ParseJsonBody(body, OrderedMember{"messages", &r.messages, &messages_taken})
+           : ParseJsonBody(body, TokenIdMember{"prompt", &r.prompt_tokens, &prompt_taken});
   if (!parsed.ok()) return Bad(parsed.status().message(), "");
   json& j = *parsed;
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
@@ -393,10 +395,9 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   }
   r.model = model->get<std::string>();
   if (chat) {
-    auto messages = j.find("messages");
-    if (messages == j.end()) return Bad("'messages' is required", "messages");
-    KVF_RETURN_IF_ERROR(ValidateMessages(*messages));
-    r.messages = std::move(*messages);  // parsed once: the codec renders this value
+    // Parsed once, in order (OrderedMember): the codec renders this value.
+    if (!messages_taken) return Bad("'messages' is required", "messages");
+    KVF_RETURN_IF_ERROR(ValidateMessages(r.messages));
   } else if (!prompt_taken) {
     KVF_RETURN_IF_ERROR(ParsePrompt(j, &r));
   }
@@ -428,7 +429,7 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   return r;
 }
 
-Status ValidateChatMessages(const json& messages) { return ValidateMessages(messages); }
+Status ValidateChatMessages(const nlohmann::ordered_json& messages) { return ValidateMessages(messages); }
 
 std::string_view FinishReasonText(FinishReason reason) {
   switch (reason) {

@@ -55,7 +55,7 @@ struct CompletionRequest {
   std::string model;
   std::optional<std::string> prompt_text;  // completions, a string prompt
   std::vector<TokenId> prompt_tokens;      // completions, a token-id prompt
-  nlohmann::json messages;                 // chat: the validated messages array
+  nlohmann::ordered_json messages;         // chat: the validated messages array, keys in the client's order
   // What the worker is asked for (schema/sampling.h), checked by ValidateSampling; its
   // max_tokens is the Api's to set, from `max_tokens` below or the Api's default. logprobs:
   // completions' logprobs or chat's top_logprobs (0 for a bare "logprobs": true);
@@ -89,7 +89,7 @@ struct RequestLimits {
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
 // Validates an OpenAI messages array (text parts only); errors as ParseCompletionRequest's
 // (param "messages"). For /tokenize's chat form.
-Status ValidateChatMessages(const nlohmann::json& messages);
+Status ValidateChatMessages(const nlohmann::ordered_json& messages);
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 

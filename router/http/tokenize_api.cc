@@ -97,7 +97,12 @@ TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& looku
 
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (chat) {
-    const json& messages = j["messages"];
+    // Once more, keeping each message's keys in the client's order (json sorts them).
+    nlohmann::ordered_json messages;
+    bool taken = false;
+    if (!ParseJsonBody(body, OrderedMember{"messages", &messages, &taken}).ok() || !taken) {
+      return Error(BadRequest("'messages' could not be read", "messages"));
+    }
     if (Status s = ValidateChatMessages(messages); !s.ok()) return Error(ErrorFromStatus(s));
     ChatTemplateOptions options;
     // The completions' reading of the template fields, their checks included.

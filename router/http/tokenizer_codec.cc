@@ -35,7 +35,7 @@ class TokenizerCodec final : public TextCodec {
     options.add_special_tokens = false;
     return tok_->Encode(text, options);
   }
-  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json& messages,
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages,
                                           const ChatTemplateOptions& options) const override {
     if (!messages.is_array() || messages.empty()) return InvalidArgument("messages must be a non-empty array");
     nlohmann::json kwargs = nlohmann::json::object();

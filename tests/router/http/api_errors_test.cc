@@ -32,7 +32,7 @@ class NoTemplateCodec final : public TextCodec {
  public:
   explicit NoTemplateCodec(Status chat_error) : bytes_(MakeByteCodec()), chat_error_(std::move(chat_error)) {}
   Result<std::vector<TokenId>> EncodePrompt(std::string_view text) const override { return bytes_->EncodePrompt(text); }
-  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json&, const ChatTemplateOptions&) const override {
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json&, const ChatTemplateOptions&) const override {
     return chat_error_;
   }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }

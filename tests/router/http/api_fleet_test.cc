@@ -178,7 +178,7 @@ class MarkedCodec final : public TextCodec {
     ids.insert(ids.begin(), mark_);
     return ids;
   }
-  Result<std::vector<TokenId>> EncodeChat(const nlohmann::json&, const ChatTemplateOptions&) const override {
+  Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json&, const ChatTemplateOptions&) const override {
     return EncodePrompt("chat");
   }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return bytes_->NewDecoder(); }

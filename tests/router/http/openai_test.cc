@@ -151,7 +151,7 @@ TEST_CASE("a duplicated key takes its last value, as nlohmann's object did") {
   CHECK(ParseError(R"({"model":"m","prompt":"x","max_tokens":5,"max_tokens":"five"})").param == "max_tokens");
   auto chat = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"wizard","role":"user","content":"hi"}]})", true);
   REQUIRE(chat.ok());
-  CHECK(chat->messages.dump() == R"([{"content":"hi","role":"user"}])");
+  CHECK(chat->messages.dump() == R"([{"role":"user","content":"hi"}])");  // the key where it first came
 }
 
 TEST_CASE("integers past int64 and uint64 are numbers, not integers, and are refused where an integer is due") {
@@ -202,7 +202,7 @@ TEST_CASE("-0 is the integer 0 but not an unsigned token id; -0.0 is not an inte
   CHECK(ParseCompletionRequest(R"({"model":"m","prompt":[0]})", false)->prompt_tokens == std::vector<TokenId>{0});
   auto chat = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":"hi","n":-0,"x":-0.0}]})", true);
   REQUIRE(chat.ok());
-  CHECK(chat->messages.dump() == R"([{"content":"hi","n":0,"role":"user","x":-0.0}])");
+  CHECK(chat->messages.dump() == R"([{"role":"user","content":"hi","n":0,"x":-0.0}])");
 }
 
 TEST_CASE("token-id prompts take only unsigned 32-bit integers") {
@@ -291,7 +291,7 @@ TEST_CASE("a 1 MB prompt comes through byte for byte") {
   CHECK(e->prompt_text->find("line\n\"q\"\xc3\xa9 ") == 0);
 }
 
-TEST_CASE("a chat's messages keep every value as parsed: sorted keys, escapes and numbers survive a dump") {
+TEST_CASE("a chat's messages keep every value as parsed: the client's key order, escapes and numbers survive a dump") {
   auto r = ParseCompletionRequest(
       R"({"model":"m","messages":[{"role":"user","content":"a\"b\\c\n\u0001\u001f\u007f\u00e9\ud83d\ude00 \/",)"
       R"("name":"x","z":1.5,"a":[1,-2,true,null,1e2,0.1,1E-7,18446744073709551615,-9223372036854775808,{}],"e":[]},)"
@@ -299,10 +299,10 @@ TEST_CASE("a chat's messages keep every value as parsed: sorted keys, escapes an
       true);
   REQUIRE(r.ok());
   CHECK(r->messages.dump() ==
-        "[{\"a\":[1,-2,true,null,100.0,0.1,1e-07,18446744073709551615,-9223372036854775808,{}],"
-        "\"content\":\"a\\\"b\\\\c\\n\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80 /\",\"e\":[],\"name\":\"x\","
-        "\"role\":\"user\",\"z\":1.5},{\"content\":null,\"role\":\"assistant\"},"
-        "{\"content\":[{\"text\":\"t\",\"type\":\"text\",\"x\":{\"a\":2,\"b\":1}}],\"role\":\"system\"}]");
+        "[{\"role\":\"user\",\"content\":\"a\\\"b\\\\c\\n\\u0001\\u001f\x7f\xc3\xa9\xf0\x9f\x98\x80 /\","
+        "\"name\":\"x\",\"z\":1.5,\"a\":[1,-2,true,null,100.0,0.1,1e-07,18446744073709551615,-9223372036854775808,{}],"
+        "\"e\":[]},{\"role\":\"assistant\",\"content\":null},"
+        "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"t\",\"x\":{\"b\":1,\"a\":2}}]}]");
   std::string control;
   for (int c = 0; c < 0x20; ++c) {
     char esc[8];
@@ -312,9 +312,9 @@ TEST_CASE("a chat's messages keep every value as parsed: sorted keys, escapes an
   auto all = ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":")" + control + "\"}]}", true);
   REQUIRE(all.ok());
   CHECK(all->messages.dump() ==
-        "[{\"content\":\"\\u0000\\u0001\\u0002\\u0003\\u0004\\u0005\\u0006\\u0007\\b\\t\\n\\u000b\\f\\r\\u000e"
+        "[{\"role\":\"user\",\"content\":\"\\u0000\\u0001\\u0002\\u0003\\u0004\\u0005\\u0006\\u0007\\b\\t\\n\\u000b\\f\\r\\u000e"
         "\\u000f\\u0010\\u0011\\u0012\\u0013\\u0014\\u0015\\u0016\\u0017\\u0018\\u0019\\u001a\\u001b\\u001c\\u001d"
-        "\\u001e\\u001f\",\"role\":\"user\"}]");
+        "\\u001e\\u001f\"}]");
 }
 
 TEST_CASE("error objects have OpenAI's shape") {
