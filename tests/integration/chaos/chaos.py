@@ -347,6 +347,15 @@ def scenario_kill(args, c):
         c.figure("completed", ok)
         st, metrics = http_get(fleet.url + "/metrics")
         c.figure("router_retries", metric_sum(metrics, "kvfleet_router_retries_total") if st == 200 else None)
+        # KV pulls (a busy holder's prefix pulled by another worker) cross the kills too: a
+        # holder killed mid-pull costs its puller a recompute, never the request (checked above).
+        c.figure("router_pulls", metric_sum(metrics, "kvfleet_router_pulls_total") if st == 200 else None)
+        fallbacks = 0.0
+        for url in fleet.worker_http:
+            wst, wm = http_get(url + "/metrics")
+            if wst == 200:
+                fallbacks += metric_sum(wm, "kvfleet_worker_kv_pull_fallbacks_total")
+        c.figure("pull_fallbacks_since_restarts", fallbacks)
         try:
             fleet.wait_ready(timeout_s=args.restart_delay_s + 15)
             back = True
