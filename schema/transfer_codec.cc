@@ -246,7 +246,8 @@ std::string EncodeDone(uint64_t transfer_id, uint32_t count) {
 }
 
 Result<PullReply> DecodePullReply(const void* data, size_t size) {
-  auto msg = wire::Decode<schema::PullReply>(data, size);
+  // Read in place: the blocks' bytes are copied out below, and a frame is up to 64 MiB.
+  auto msg = wire::DecodeInPlace<schema::PullReply>(data, size);
   if (!msg.ok()) return msg.status();
   return wire::Guard([&]() -> Result<PullReply> {
     auto in = (*msg)->Root<schema::PullReply>();

@@ -37,18 +37,22 @@ class DecodedMessage {
   }
 
  private:
-  friend Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size);
+  friend Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size, bool in_place);
   kj::Array<capnp::word> words_;
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
 };
 
-// Parses the segment table. Prefer Decode<T>, which also validates the root.
-Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size);
+// Parses the segment table. Prefer Decode<T>, which also validates the root. With `in_place`
+// and word-aligned `data`, the message reads the caller's bytes instead of a copy: they must
+// outlive it unchanged.
+Result<std::unique_ptr<DecodedMessage>> DecodeRaw(const void* data, size_t size, bool in_place = false);
 
-// Decodes and fully validates a frame whose root is T.
+// Decodes and fully validates a frame whose root is T. DecodeInPlace skips the copy where it
+// can (DecodeRaw's in_place): for large frames read once while their buffer lives (a pull's
+// blocks, whose bytes are copied out anyway).
 template <typename T>
-Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size) {
-  auto msg = DecodeRaw(data, size);
+Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size, bool in_place = false) {
+  auto msg = DecodeRaw(data, size, in_place);
   if (!msg.ok()) return msg.status();
   try {
     (void)(*msg)->template Root<T>().totalSize();
@@ -56,6 +60,10 @@ Result<std::unique_ptr<DecodedMessage>> Decode(const void* data, size_t size) {
     return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
   }
   return msg;
+}
+template <typename T>
+Result<std::unique_ptr<DecodedMessage>> DecodeInPlace(const void* data, size_t size) {
+  return Decode<T>(data, size, true);
 }
 
 // Runs `fn` (returning Status or Result<T>) and turns a kj::Exception thrown while

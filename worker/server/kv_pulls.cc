@@ -174,20 +174,18 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
     if (good < result.blocks.size()) ++stats_.token_mismatches;
   }
   if (good > 0 && layout_->dtype != transfer::KvDtype::kNone) {
-    std::vector<std::byte> bytes;
-    std::vector<kv::BlockId> ids(good);
+    // Block by block from the received buffers: gathering a long run into one buffer first
+    // costs a copy of every byte (and its page faults), more than the device copy itself.
     for (size_t pool = 0; pool < layout_->pools.size() && good > 0; ++pool) {
       const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
-      bytes.clear();
       for (uint32_t j = 0; j < good; ++j) {
-        ids[j] = view.linear[p.plan.first_block + j];
+        const kv::BlockId id = view.linear[p.plan.first_block + j];
         const std::vector<std::byte>& d = result.blocks[j].data[pool];
-        bytes.insert(bytes.end(), d.begin(), d.end());
-      }
-      if (Status st = backend_->WriteKvBlocks(static_cast<uint32_t>(pool), ids, bytes); !st.ok()) {
-        Logger("transfer")->error("pull {}: writing the blocks failed: {}", result.transfer_id, st.ToString());
-        ++stats_.write_failures;
-        good = 0;
+        if (Status st = backend_->WriteKvBlocks(static_cast<uint32_t>(pool), std::span(&id, 1), d); !st.ok()) {
+          Logger("transfer")->error("pull {}: writing the blocks failed: {}", result.transfer_id, st.ToString());
+          ++stats_.write_failures;
+          good = 0;
+        }
       }
     }
   }

@@ -102,6 +102,9 @@ Result<std::unique_ptr<Worker>> Worker::Start(const WorkerConfig& config, zmq::c
 const std::string& Worker::requests_endpoint() const { return requests_->bound_endpoint(); }
 const std::string& Worker::events_endpoint() const { return publisher_->events_endpoint(); }
 uint16_t Worker::http_port() const { return http_->port(); }
+transfer::TransferStats Worker::transfer_stats() const {
+  return transfer_ != nullptr ? transfer_->Stats() : transfer::TransferStats{};
+}
 
 Status Worker::Init(zmq::context_t& context) {
   auto log = Logger("worker");

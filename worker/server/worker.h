@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "schema/registration.h"
 #include "worker/server/worker_config.h"
+#include "worker/transfer/transfer_service.h"
 
 namespace prometheus {
 class Registry;
@@ -48,10 +49,6 @@ class EventPublisher;
 namespace kvfleet::engine {
 class Engine;
 }
-namespace kvfleet::transfer {
-class TransferService;
-}
-
 namespace kvfleet::server {
 
 class KvPulls;
@@ -80,6 +77,9 @@ class Worker {
   uint16_t http_port() const;
   // Where other workers pull this one's KV blocks (as its Hello says); empty: no transfer.
   const std::string& transfer_endpoint() const { return transfer_endpoint_; }
+  // The transfer service's counters (pulls by holder, with bytes and seconds; serves); empty
+  // without transfer. Any thread.
+  transfer::TransferStats transfer_stats() const;
   bool ready() const { return ready_.load(std::memory_order_acquire); }
 
  private:

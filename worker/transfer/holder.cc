@@ -13,14 +13,20 @@ namespace {
 // What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
 constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
 
-// Sends [identity][frame] without waiting. False when the peer's queue is full (try later);
-// a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY) is reported as `gone`.
-bool SendTo(zmq::socket_t& router, const std::string& identity, const std::string& frame, bool* gone) {
+// Sends [identity][frame] without waiting. False when the peer's queue is full (try later;
+// `frame` is kept); a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY) is reported
+// as `gone`. Once sent, `frame` is moved into the message ZeroMQ sends (no copy of a blocks
+// frame's tens of MiB) and left empty.
+bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& frame, bool* gone) {
   *gone = false;
   try {
     if (!router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
     // Once the identity part is accepted the message is committed; the body goes with it.
-    router.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+    auto* owned = new std::string(std::move(frame));
+    frame.clear();
+    zmq::message_t body(owned->data(), owned->size(), [](void*, void* hint) { delete static_cast<std::string*>(hint); },
+                        owned);
+    router.send(body, zmq::send_flags::dontwait);
     return true;
   } catch (const zmq::error_t&) {
     *gone = true;  // EHOSTUNREACH: no such peer (any more)
@@ -96,7 +102,8 @@ void TransferService::Impl::HandleRequest(std::vector<zmq::message_t>& parts) {
 void TransferService::Impl::SendRefusal(const std::string& identity, uint64_t transfer_id, RefusalReason reason,
                                         const std::string& message) {
   bool gone = false;
-  SendTo(router, identity, EncodeRefused(transfer_id, reason, message), &gone);  // a full queue: the deadline tells
+  std::string frame = EncodeRefused(transfer_id, reason, message);
+  SendTo(router, identity, frame, &gone);  // a full queue: the deadline tells
   std::lock_guard lock(mu);
   stats.refused[static_cast<size_t>(reason)]++;
 }

@@ -48,6 +48,9 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : lora_pinned_free_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
+  for (cudaEvent_t e : transfer_done_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (lora_side_ != nullptr) cudaStreamSynchronize(lora_side_);
   if (lora_ready_ != nullptr) cudaEventDestroy(lora_ready_);
   if (lora_fork_ != nullptr) cudaEventDestroy(lora_fork_);
@@ -350,10 +353,20 @@ Status CudaBackend::AllocateKvPools(const std::vector<kv::PoolLayout>& layouts) 
       host = static_cast<std::byte*>(h);
     }
     device_kv_.push_back(dev);
+    host_kv_.push_back(host);
     copier_pools.push_back({dev, host, l.bytes_per_block});
     pools_.push_back(std::move(p));
   }
   MapLayersToPools(pools_, c.num_layers, &layer_pool_, &layer_index_);
+  if (shard_.ranks == 1) {  // KV transfer's staging (cuda_kv_transfer.cc); none where blocks do not move
+    for (size_t i = 0; i < 2; ++i) {
+      void* h = nullptr;
+      KVF_CUDA_RETURN(cudaHostAlloc(&h, config::kTransferStagingBytes, cudaHostAllocDefault));
+      host_allocations_.push_back(h);
+      transfer_staging_[i] = static_cast<std::byte*>(h);
+      KVF_CUDA_RETURN(cudaEventCreateWithFlags(&transfer_done_[i], cudaEventDisableTiming));
+    }
+  }
   KVF_ASSIGN_OR_RETURN(copier_, CudaBlockCopier::Make(std::move(copier_pools), stream_, options_.device));
   return Status::Ok();
 }

@@ -139,6 +139,10 @@ constexpr size_t kStagingAlign = 16;
 // First capacity of the logit-adjustment buffers (16 bytes an entry): a few penalised
 // sequences of some thousand distinct tokens each before the first growth.
 constexpr size_t kMinAdjustEntries = 16384;
+// Each half of the KV transfer's pinned staging: large enough that a copy's fixed cost is
+// small beside its bytes, small enough to overlap a host memcpy of one half with the DMA of
+// the other. 8 MiB = two llama-3.1-8b blocks of 32 tokens.
+constexpr size_t kTransferStagingBytes = 8ull << 20;
 }  // namespace config
 
 class CudaBackend final : public ModelBackendBase {
@@ -155,6 +159,12 @@ class CudaBackend final : public ModelBackendBase {
   int32_t max_loras() const override { return options_.max_loras; }
   // (7) REQUIRES: no step in flight (Execute has returned).
   Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
+  // KV transfer (Contract 4, cuda_kv_transfer.cc): whole bf16 blocks through the pinned
+  // transfer staging, ordered after the steps and copies already on the stream; the written
+  // blocks are on the device when WriteKvBlocks returns. Not with an fp8 cache or N > 1 (8).
+  KvTransferFormat kv_transfer_format() const override;
+  Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) override;
+  Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) override;
 
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
   // --kv-cache-dtype fp8: the pools hold e4m3 (kernels/paged_kv.h).
@@ -380,6 +390,11 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<float> kv_scales_host_;
   std::string kv_scales_source_;
   std::unique_ptr<CudaBlockCopier> copier_;
+  std::vector<std::byte*> host_kv_;  // [pool]: the pinned host tier, or null without one
+  // KV transfer staging (cuda_kv_transfer.cc): two pinned halves of
+  // config::kTransferStagingBytes, one filled while the other is copied; an event per half.
+  std::array<std::byte*, 2> transfer_staging_ = {};
+  std::array<cudaEvent_t, 2> transfer_done_ = {};
 
   // Activations, [max_num_tokens][...] bf16.
   __nv_bfloat16 *resid_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *qkv_ = nullptr, *q_ = nullptr,

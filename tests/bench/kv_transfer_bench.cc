@@ -1,0 +1,445 @@
+// KV transfer between two cuda workers on one GPU (Contract 4 over the TCP TransferService on
+// 127.0.0.1) against recomputing the prefix:
+//
+//   kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N]
+//                     [--kv-cache-gib G]
+//
+//   --model DIR        default: a llama-3.1-8b-shaped random model (test_models.h, seed 7)
+//   --prompt-tokens N  default 8192; whole blocks of 32 are pulled, the last block computed
+//   --decode-tokens N  greedy tokens per request (default 4)
+//   --reps N           measured rounds (default 3), each on fresh random prompts
+//   --kv-cache-gib G   each worker's device KV bytes (default 12): both share the GPU
+//
+// Workers A and B (in-process, cuda backend, one GPU). After a warm-up (a prompt on each, and
+// one pull from A to B), each round: A computes prompt P's prefix; B computes P' (P with its first
+// token changed: nothing of it cached anywhere) — the recompute TTFT; B gets P with a
+// PullHint naming A — the pull TTFT. The reference tokens: A computes P's whole blocks before
+// its last token, then P from that cached prefix, the split B's pulled request has (cached
+// blocks, the last block computed); B's greedy tokens must equal them. (A whole-prompt prefill
+// rounds differently in bf16 — another attention split — and can flip a near-tie, as two of
+// three prompts here do.) TTFT is the client's
+// wall time from sending the Generate to the first token's Delta (the worker's own
+// timeToFirstTokenUs beside it). The pull's bytes and time are B's TransferService stats
+// (StartPull to the last verified block: the holder's device reads, checksums, encode, the
+// loopback, decode and checks; not the receiver's write into its cache).
+//
+// Then where a pull's time goes: each stage of the path timed alone over the same bytes
+// (blocks of the model's size): the device-to-host copy into pinned staging and out into a
+// block's buffer (ReadKvBlocks), XXH3 checksums, Cap'n Proto encode into frames under 64 MiB,
+// the frames over a ZeroMQ DEALER→ROUTER on tcp://127.0.0.1, decode + checks, and the
+// host-to-device copy block by block (WriteKvBlocks).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <capnp/message.h>
+#include <zmq.hpp>
+
+#include "common/block_hash.h"
+#include "schema/requests.h"
+#include "schema/transfer_codec.h"
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+#include "tests/worker/model/test_models.h"
+#include "worker/model/model_config.h"
+#include "worker/server/worker.h"
+
+namespace kvfleet {
+namespace {
+
+using Clk = std::chrono::steady_clock;
+double MsSince(Clk::time_point t0) { return std::chrono::duration<double, std::milli>(Clk::now() - t0).count(); }
+
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+struct Answer {
+  std::vector<TokenId> tokens;
+  double ttft_ms = 0;         // client wall time to the first token
+  double worker_ttft_ms = 0;  // the worker's timeToFirstTokenUs
+  double total_ms = 0;
+  uint32_t cached = 0;
+  bool finished = false;
+};
+
+Answer Ask(zmq::context_t& context, const std::string& endpoint, const std::vector<TokenId>& prompt, int max_tokens,
+           const PullHint& hint = {}) {
+  capnp::MallocMessageBuilder msg;
+  auto g = msg.initRoot<schema::ToWorker>().initGenerate();
+  g.setRequestId(1);
+  auto t = g.initTokens(static_cast<unsigned>(prompt.size()));
+  for (size_t i = 0; i < prompt.size(); ++i) t.set(static_cast<unsigned>(i), prompt[i]);
+  g.getSampling().setTemperature(0);
+  g.getSampling().setMaxTokens(static_cast<uint32_t>(max_tokens));
+  g.getSampling().setIgnoreEos(true);
+  if (!hint.source.empty()) {
+    auto h = g.initPull();
+    h.setSource(hint.source);
+    h.setBlocks(hint.blocks);
+    h.setWorkerId(hint.worker_id);
+  }
+  const std::string frame = wire::Encode(msg);
+  zmq::socket_t s(context, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the connection, out of the timing
+  Answer a;
+  const Clk::time_point t0 = Clk::now();
+  s.send(zmq::buffer(frame), zmq::send_flags::none);
+  while (!a.finished) {
+    zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(120'000)) != 1) break;
+    zmq::message_t m;
+    (void)s.recv(m, zmq::recv_flags::none);
+    auto d = wire::Decode<schema::FromWorker>(m.data(), m.size());
+    if (!d.ok() || !(*d)->Root<schema::FromWorker>().isDelta()) {
+      std::fprintf(stderr, "the worker answered an error\n");
+      std::exit(1);
+    }
+    auto delta = (*d)->Root<schema::FromWorker>().getDelta();
+    if (a.tokens.empty() && delta.getTokens().size() > 0) a.ttft_ms = MsSince(t0);
+    for (auto tok : delta.getTokens()) a.tokens.push_back(tok);
+    if (delta.getFinishReason() != schema::FinishReason::NONE) {
+      a.finished = true;
+      a.total_ms = MsSince(t0);
+      a.cached = delta.getUsage().getCachedDeviceTokens();
+      a.worker_ttft_ms = static_cast<double>(delta.getUsage().getTimeToFirstTokenUs()) / 1e3;
+    }
+  }
+  if (!a.finished) {
+    std::fprintf(stderr, "no answer from %s\n", endpoint.c_str());
+    std::exit(1);
+  }
+  return a;
+}
+
+struct RunningWorker {
+  RunningWorker(const server::WorkerConfig& config, zmq::context_t& context) {
+    auto started = server::Worker::Start(config, context);
+    if (!started.ok()) {
+      std::fprintf(stderr, "worker: %s\n", started.status().ToString().c_str());
+      std::exit(1);
+    }
+    worker = std::move(*started);
+    thread = std::thread([this] { worker->Run(); });
+  }
+  ~RunningWorker() {
+    worker->RequestStop();
+    thread.join();
+  }
+  std::unique_ptr<server::Worker> worker;
+  std::thread thread;
+};
+
+std::vector<TokenId> RandomPrompt(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<TokenId> p(n);
+  for (TokenId& t : p) t = static_cast<TokenId>(1000 + rng() % 100'000);
+  return p;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Each stage of a pull's path alone, over `blocks` blocks of `bpb` bytes (one pool).
+void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
+  const uint64_t total = uint64_t{blocks} * bpb;
+  const double gb = static_cast<double>(total) / 1e9;
+  auto report = [&](const char* what, double ms) {
+    std::printf("stage %-44s %9.1f ms  %7.2f GB/s\n", what, ms, gb / (ms / 1e3));
+  };
+  std::printf("stages of one pull, each alone: %u blocks x %llu bytes = %.3f GB\n", blocks,
+              static_cast<unsigned long long>(bpb), gb);
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, total));
+  CUDA_OK(cudaMemset(dev, 0x3c, total));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  const size_t half = 8ull << 20;
+  std::byte* staging[2];
+  for (auto& s : staging) CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&s), half, cudaHostAllocDefault));
+  cudaEvent_t ev[2];
+  for (auto& e : ev) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+
+  // Raw links, for scale: one pinned DMA of the whole run each way, and pageable.
+  {
+    void* pinned = nullptr;
+    CUDA_OK(cudaHostAlloc(&pinned, total, cudaHostAllocDefault));
+    CUDA_OK(cudaMemcpy(pinned, dev, total, cudaMemcpyDeviceToHost));
+    Clk::time_point t0 = Clk::now();
+    CUDA_OK(cudaMemcpy(pinned, dev, total, cudaMemcpyDeviceToHost));
+    report("(link) D2H pinned, one copy", MsSince(t0));
+    t0 = Clk::now();
+    CUDA_OK(cudaMemcpy(dev, pinned, total, cudaMemcpyHostToDevice));
+    report("(link) H2D pinned, one copy", MsSince(t0));
+    CUDA_OK(cudaFreeHost(pinned));
+    std::vector<std::byte> pageable(total);
+    std::memset(pageable.data(), 1, total);
+    t0 = Clk::now();
+    CUDA_OK(cudaMemcpy(pageable.data(), dev, total, cudaMemcpyDeviceToHost));
+    report("(link) D2H pageable, one copy (pages touched)", MsSince(t0));
+  }
+
+  // 1. Holder, engine thread: ReadKvBlocks per block into a fresh block buffer (KvPulls::Serve).
+  std::vector<transfer::Block> run(blocks);
+  Clk::time_point t0 = Clk::now();
+  for (uint32_t i = 0; i < blocks; ++i) {
+    run[i].data.assign(1, std::vector<std::byte>(bpb));
+    std::byte* dst = run[i].data[0].data();
+    const std::byte* src = static_cast<const std::byte*>(dev) + uint64_t{i} * bpb;
+    const size_t pieces = (bpb + half - 1) / half;
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (size_t k = 0; k <= pieces; ++k) {
+      if (k < pieces) {
+        CUDA_OK(cudaMemcpyAsync(staging[k % 2], src + k * half, std::min(half, bpb - k * half), cudaMemcpyDeviceToHost,
+                                stream));
+        CUDA_OK(cudaEventRecord(ev[k % 2], stream));
+      }
+      if (k > 0) {
+        CUDA_OK(cudaEventSynchronize(ev[(k - 1) % 2]));
+        std::memcpy(dst + (k - 1) * half, staging[(k - 1) % 2], std::min(half, bpb - (k - 1) * half));
+      }
+    }
+  }
+  report("1 holder: D2H via staging into new buffers", MsSince(t0));
+
+  // The request these blocks answer, for the checks.
+  transfer::PullRequest request;
+  request.transfer_id = 1;
+  request.model = "bench";
+  request.block_size = block_size;
+  request.layout.block_size = block_size;
+  request.layout.pools = {transfer::PoolGeometry{0, 1, 1, 1, bpb}};
+  request.deadline_ms = 1000;
+  for (uint32_t i = 0; i < blocks; ++i) {
+    run[i].index = i;
+    run[i].hash = 1000 + i;
+    run[i].tokens.assign(block_size, static_cast<TokenId>(i));
+    request.hashes.push_back(1000 + i);
+  }
+  // 2. Holder, I/O thread: checksums, then frames under 64 MiB (holder.cc).
+  t0 = Clk::now();
+  for (transfer::Block& b : run) b.checksums = {transfer::Checksum(b.data[0])};
+  report("2 holder: XXH3 checksums", MsSince(t0));
+  std::vector<std::string> frames;
+  t0 = Clk::now();
+  for (size_t i = 0; i < run.size();) {
+    uint64_t bytes = 1024;
+    size_t end = i;
+    while (end < run.size() && bytes + transfer::EncodedBlockBytes(run[end]) < (64ull << 20)) {
+      bytes += transfer::EncodedBlockBytes(run[end++]);
+    }
+    if (end == i) ++end;
+    frames.push_back(transfer::EncodeBlocks(1, std::span<const transfer::Block>(run).subspan(i, end - i)));
+    i = end;
+  }
+  report("3 holder: capnp encode into frames", MsSince(t0));
+  std::printf("      (%zu frames)\n", frames.size());
+
+  // 4. The frames over ZeroMQ on loopback TCP, sender on its own thread (as the I/O threads).
+  std::vector<zmq::message_t> received;
+  {
+    zmq::context_t ctx;
+    zmq::socket_t router(ctx, zmq::socket_type::router);
+    router.bind("tcp://127.0.0.1:0");
+    const std::string ep = router.get(zmq::sockopt::last_endpoint);
+    zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+    dealer.connect(ep);
+    dealer.send(zmq::str_buffer("hi"), zmq::send_flags::none);
+    zmq::message_t id, hi;
+    (void)router.recv(id);
+    (void)router.recv(hi);
+    t0 = Clk::now();
+    std::thread sender([&] {
+      for (const std::string& f : frames) {
+        router.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
+        // Zero-copy, as the holder sends (holder.cc SendTo): the frames outlive the sends.
+        zmq::message_t body(const_cast<char*>(f.data()), f.size(), [](void*, void*) {}, nullptr);
+        router.send(body, zmq::send_flags::none);
+      }
+    });
+    for (size_t i = 0; i < frames.size(); ++i) {
+      zmq::message_t m;
+      (void)dealer.recv(m);
+      received.push_back(std::move(m));
+    }
+    sender.join();
+    report("4 zmq DEALER<-ROUTER over tcp 127.0.0.1", MsSince(t0));
+  }
+  // 5. Receiver, I/O thread: decode and check every block, checksums included (puller.cc).
+  std::vector<transfer::Block> got;
+  t0 = Clk::now();
+  for (const zmq::message_t& m : received) {
+    auto reply = transfer::DecodePullReply(m.data(), m.size());
+    if (!reply.ok()) {
+      std::fprintf(stderr, "decode: %s\n", reply.status().ToString().c_str());
+      std::exit(1);
+    }
+    for (transfer::Block& b : std::get<std::vector<transfer::Block>>(reply->body)) {
+      if (Status s = transfer::CheckBlock(request, b, static_cast<uint32_t>(got.size()), true); !s.ok()) {
+        std::fprintf(stderr, "check: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+      got.push_back(std::move(b));
+    }
+  }
+  report("5 receiver: decode + checks (checksums)", MsSince(t0));
+  received.clear();
+  // 6. Receiver, engine thread: WriteKvBlocks block by block from the received buffers
+  // (KvPulls::Finish), through the staging to the device.
+  t0 = Clk::now();
+  size_t k = 0;
+  for (const transfer::Block& b : got) {
+    for (size_t at = 0; at < bpb; at += half, ++k) {
+      if (k >= 2) CUDA_OK(cudaEventSynchronize(ev[k % 2]));
+      const size_t n = std::min<size_t>(half, bpb - at);
+      std::memcpy(staging[k % 2], b.data[0].data() + at, n);
+      CUDA_OK(cudaMemcpyAsync(static_cast<std::byte*>(dev) + uint64_t{b.index} * bpb + at, staging[k % 2], n,
+                              cudaMemcpyHostToDevice, stream));
+      CUDA_OK(cudaEventRecord(ev[k % 2], stream));
+    }
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  report("6 receiver: H2D via staging, block by block", MsSince(t0));
+  for (auto e : ev) cudaEventDestroy(e);
+  for (auto s : staging) cudaFreeHost(s);
+  cudaStreamDestroy(stream);
+  cudaFree(dev);
+}
+
+}  // namespace
+}  // namespace kvfleet
+
+int main(int argc, char** argv) {
+  using namespace kvfleet;
+  std::string model;
+  size_t prompt_tokens = 8192;
+  int decode_tokens = 4, reps = 3;
+  double kv_gib = 12;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
+      model = argv[++i];
+    } else if (!std::strcmp(argv[i], "--prompt-tokens") && i + 1 < argc) {
+      prompt_tokens = std::strtoul(argv[++i], nullptr, 10);
+    } else if (!std::strcmp(argv[i], "--decode-tokens") && i + 1 < argc) {
+      decode_tokens = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--kv-cache-gib") && i + 1 < argc) {
+      kv_gib = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N] "
+                   "[--kv-cache-gib G]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s\n", prop.name);
+  if (model.empty()) {
+    const Clk::time_point t0 = Clk::now();
+    model = testing::RandomModelDir("llama-3.1-8b", 7);
+    std::printf("model: %s (ready in %.1f s)\n", model.c_str(), MsSince(t0) / 1e3);
+  } else {
+    std::printf("model: %s\n", model.c_str());
+  }
+
+  server::WorkerConfig c;
+  c.backend = "cuda";
+  c.model_dir = model;
+  c.requests = c.events = c.replay = "tcp://127.0.0.1:0";
+  c.http_port = 0;
+  c.http_host = "127.0.0.1";
+  c.advertise_host = "127.0.0.1";
+  c.block_size = 32;
+  c.max_num_tokens = 8192;
+  c.max_batch_size = 8;
+  c.max_context = static_cast<uint32_t>(std::max<size_t>(16384, prompt_tokens + 1024));
+  c.kv_cache_bytes = static_cast<uint64_t>(kv_gib * (1ull << 30));
+  c.transfer_deadline_ms = 60'000;  // measured, never cut short
+  c.shutdown_grace_s = 1;
+  zmq::context_t context;
+  Clk::time_point t0 = Clk::now();
+  RunningWorker a(c, context);
+  RunningWorker b(c, context);
+  std::printf("workers A and B up in %.1f s; A's transfer endpoint %s\n", MsSince(t0) / 1e3,
+              a.worker->transfer_endpoint().c_str());
+  const uint32_t B = c.block_size;
+  const uint32_t hint_blocks = static_cast<uint32_t>(prompt_tokens / B);
+  const PullHint from_a{a.worker->transfer_endpoint(), "", hint_blocks, a.worker->worker_id()};
+
+  // Warm-up: kernels and GEMM plans on both, and one pull (the DEALER's connection, pages).
+  const std::vector<TokenId> w = RandomPrompt(prompt_tokens, 1);
+  Ask(context, a.worker->requests_endpoint(), w, decode_tokens);
+  Ask(context, b.worker->requests_endpoint(), RandomPrompt(prompt_tokens, 2), decode_tokens);
+  const Answer warm = Ask(context, b.worker->requests_endpoint(), w, decode_tokens, from_a);
+  std::printf("warm-up pull: TTFT %.1f ms, %u tokens cached\n", warm.ttft_ms, warm.cached);
+
+  std::vector<double> recompute, pull, pull_worker, recompute_worker, pull_ms, pull_gbs;
+  bool all_equal = true;
+  uint64_t pulled_bytes = 0;
+  for (int r = 0; r < reps; ++r) {
+    const std::vector<TokenId> p = RandomPrompt(prompt_tokens, 100 + static_cast<uint64_t>(r));
+    std::vector<TokenId> p2 = p;
+    p2[0] = p[0] + 1;
+    // A computes the prefix (the pulled blocks: whole blocks before the last token), then the
+    // prompt from its own cached prefix: the reference, split exactly as B's pulled request is.
+    const std::vector<TokenId> prefix(p.begin(), p.begin() + (p.size() - 1) / B * B);
+    const Answer computed = Ask(context, a.worker->requests_endpoint(), prefix, decode_tokens);
+    const Answer cached = Ask(context, a.worker->requests_endpoint(), p, decode_tokens);
+    const Answer re = Ask(context, b.worker->requests_endpoint(), p2, decode_tokens);
+    const transfer::SourceStats before = b.worker->transfer_stats().pulls[from_a.source];
+    const Answer pl = Ask(context, b.worker->requests_endpoint(), p, decode_tokens, from_a);
+    const transfer::SourceStats after = b.worker->transfer_stats().pulls[from_a.source];
+    const uint64_t bytes = after.bytes - before.bytes;
+    const double seconds = after.seconds - before.seconds;
+    const bool equal = pl.tokens == cached.tokens && pl.cached == cached.cached;
+    all_equal = all_equal && equal;
+    pulled_bytes = bytes;
+    std::printf(
+        "round %d: A computes the prefix in %.1f ms TTFT; B recompute TTFT %.1f ms (worker %.1f, cached %u); B pull TTFT %.1f ms "
+        "(worker %.1f, cached %u); pull %llu blocks %.3f GB in %.1f ms = %.2f GB/s; tokens %s to A's from its "
+        "own cached prefix (cached %u)\n",
+        r, computed.ttft_ms, re.ttft_ms, re.worker_ttft_ms, re.cached, pl.ttft_ms, pl.worker_ttft_ms, pl.cached,
+        static_cast<unsigned long long>(after.blocks - before.blocks), static_cast<double>(bytes) / 1e9,
+        seconds * 1e3, static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9), equal ? "equal" : "DIFFER",
+        cached.cached);
+    recompute.push_back(re.ttft_ms);
+    recompute_worker.push_back(re.worker_ttft_ms);
+    pull.push_back(pl.ttft_ms);
+    pull_worker.push_back(pl.worker_ttft_ms);
+    pull_ms.push_back(seconds * 1e3);
+    pull_gbs.push_back(static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9));
+  }
+  const transfer::TransferStats sa = a.worker->transfer_stats();
+  std::printf("holder A: served %llu pulls, %llu blocks, %llu frames\n", static_cast<unsigned long long>(sa.served),
+              static_cast<unsigned long long>(sa.served_blocks), static_cast<unsigned long long>(sa.served_frames));
+  std::printf(
+      "summary: prompt %zu tokens, median of %d: recompute TTFT %.1f ms (worker %.1f), pull TTFT %.1f ms (worker "
+      "%.1f), ratio recompute/pull %.2fx; pull %.3f GB in %.1f ms = %.2f GB/s; greedy tokens after the pulled prefix "
+      "%s (A's, from its own cached prefix)\n",
+      prompt_tokens, reps, Median(recompute), Median(recompute_worker), Median(pull), Median(pull_worker),
+      Median(recompute) / Median(pull), static_cast<double>(pulled_bytes) / 1e9, Median(pull_ms), Median(pull_gbs),
+      all_equal ? "equal A's" : "DIFFER from A's");
+  // Stages at the pull's own size: the blocks of one pool, as the workers hold them.
+  const uint64_t bpb = pulled_bytes / std::max<uint32_t>(1, hint_blocks - 1);
+  StageBreakdown(hint_blocks - 1, bpb, B);
+  return all_equal ? 0 : 1;
+}

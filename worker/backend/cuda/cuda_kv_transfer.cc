@@ -1,0 +1,153 @@
+// CudaBackend's KV transfer (Contract 4, schema/README.md): whole bf16 blocks copied out of,
+// and into, the pools (device blocks, and the pinned host tier's for reads).
+//
+// Ordering: the engine thread calls between steps, but a step's tail, a block copy
+// (offload, onboard, copy on partial reuse) or a LoRA load may still be on the stream, so a
+// read waits for the stream first, and every device copy runs on the stream itself. A write
+// returns once its copies are done: the next step, on the same stream, reads the blocks.
+//
+// Device bytes go through two pinned staging halves: the DMA of one piece into (or out of)
+// one half overlaps the host memcpy of the other, and neither direction pays the driver's
+// own pageable staging. Host-tier blocks are plain memory already: a memcpy.
+//
+// Not supported: an fp8 cache (the block bytes are e4m3 under per-model scales, which
+// Contract 4's Layout does not carry yet) and tensor parallelism (each rank holds its KV heads
+// of a block; no peer layout names that split).
+//
+// Thread-compatible (cuda_backend.h): the engine thread calls it.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/cuda/cuda_util.h"
+
+namespace kvfleet::backend::cuda {
+
+namespace {
+
+// One contiguous range of bytes: a block, or the part of one that fits a staging half.
+struct Piece {
+  std::byte* device = nullptr;
+  std::byte* host = nullptr;
+  size_t bytes = 0;
+};
+
+// Appends [device, device + bytes) <-> [host, ...) cut to the staging half's size; neighbouring
+// ranges (consecutive blocks) are merged first, so a run of blocks moves in few copies.
+void AddPieces(std::byte* device, std::byte* host, size_t bytes, std::vector<Piece>* pieces) {
+  if (!pieces->empty()) {
+    Piece& last = pieces->back();
+    if (last.device + last.bytes == device && last.host + last.bytes == host &&
+        last.bytes < config::kTransferStagingBytes) {
+      const size_t take = std::min(bytes, config::kTransferStagingBytes - last.bytes);
+      last.bytes += take;
+      device += take;
+      host += take;
+      bytes -= take;
+    }
+  }
+  for (size_t at = 0; at < bytes; at += config::kTransferStagingBytes) {
+    pieces->push_back({device + at, host + at, std::min(config::kTransferStagingBytes, bytes - at)});
+  }
+}
+
+}  // namespace
+
+KvTransferFormat CudaBackend::kv_transfer_format() const {
+  if (shard_.ranks > 1) {
+    return KvTransferFormat{"", "a cuda worker with " + std::to_string(shard_.ranks) +
+                                    " tensor-parallel ranks splits each KV block over its GPUs; no peer layout names "
+                                    "that split, so it does not move KV blocks", {}};
+  }
+  if (kv_fp8_) {
+    return KvTransferFormat{"", "an fp8 KV cache's blocks are e4m3 under per-model scales, which Contract 4's layout "
+                                "does not carry yet, so it does not move KV blocks", {}};
+  }
+  return KvTransferFormat{"bf16", "", {}};
+}
+
+namespace {
+
+Status CheckTransfer(const KvTransferFormat& f, uint32_t pool, size_t num_pools, size_t blocks, uint64_t bpb,
+                     size_t bytes) {
+  if (f.dtype.empty()) return FailedPrecondition(f.unsupported);
+  if (pool >= num_pools) return InvalidArgument("KV transfer: no pool " + std::to_string(pool));
+  if (bytes != blocks * bpb) {
+    return InvalidArgument("KV transfer: " + std::to_string(bytes) + " bytes for " + std::to_string(blocks) +
+                           " blocks of " + std::to_string(bpb));
+  }
+  return {};
+}
+
+}  // namespace
+
+Status CudaBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) {
+  const uint64_t bpb = pool < pools_.size() ? pools_[pool].bytes_per_block : 0;
+  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, out.size()));
+  const KvPoolInfo& info = pools_[pool];
+  std::vector<Piece> pieces;
+  std::vector<size_t> host_blocks;  // indexes into `blocks` on the host tier
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool device = blocks[i].tier == kv::Tier::kDevice;
+    const int64_t total = device ? info.device_blocks : info.host_blocks;
+    if (int64_t{blocks[i].block} >= total) {
+      return InvalidArgument("KV transfer: no " + std::string(device ? "device" : "host") + " block " +
+                             std::to_string(blocks[i].block) + " in pool " + std::to_string(pool));
+    }
+    if (device) {
+      AddPieces(static_cast<std::byte*>(device_kv_[pool]) + size_t{blocks[i].block} * bpb, out.data() + i * bpb, bpb,
+                &pieces);
+    } else {
+      host_blocks.push_back(i);
+    }
+  }
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
+  // Steps and block copies (the host tier's offloads too) still on the stream end first.
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  for (const size_t i : host_blocks) {
+    std::memcpy(out.data() + i * bpb, host_kv_[pool] + size_t{blocks[i].block} * bpb, bpb);
+  }
+  // Piece k's DMA into half k % 2 overlaps the memcpy of piece k - 1 out of the other half.
+  for (size_t k = 0; k <= pieces.size(); ++k) {
+    if (k < pieces.size()) {
+      KVF_CUDA_RETURN(cudaMemcpyAsync(transfer_staging_[k % 2], pieces[k].device, pieces[k].bytes,
+                                      cudaMemcpyDeviceToHost, stream_));
+      KVF_CUDA_RETURN(cudaEventRecord(transfer_done_[k % 2], stream_));
+    }
+    if (k > 0) {
+      const Piece& prev = pieces[k - 1];
+      KVF_CUDA_RETURN(cudaEventSynchronize(transfer_done_[(k - 1) % 2]));
+      std::memcpy(prev.host, transfer_staging_[(k - 1) % 2], prev.bytes);
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) {
+  const uint64_t bpb = pool < pools_.size() ? pools_[pool].bytes_per_block : 0;
+  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, in.size()));
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (int64_t{blocks[i]} >= pools_[pool].device_blocks) {
+      return InvalidArgument("KV transfer: no device block " + std::to_string(blocks[i]) + " in pool " +
+                             std::to_string(pool));
+    }
+    AddPieces(static_cast<std::byte*>(device_kv_[pool]) + size_t{blocks[i]} * bpb,
+              const_cast<std::byte*>(in.data()) + i * bpb, bpb, &pieces);
+  }
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
+  // Half k % 2 is refilled once piece k - 2's DMA out of it is done; the copies queue behind
+  // whatever the stream holds, and the next step queues behind them.
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    if (k >= 2) KVF_CUDA_RETURN(cudaEventSynchronize(transfer_done_[k % 2]));
+    std::memcpy(transfer_staging_[k % 2], pieces[k].host, pieces[k].bytes);
+    KVF_CUDA_RETURN(cudaMemcpyAsync(pieces[k].device, transfer_staging_[k % 2], pieces[k].bytes,
+                                    cudaMemcpyHostToDevice, stream_));
+    KVF_CUDA_RETURN(cudaEventRecord(transfer_done_[k % 2], stream_));
+  }
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+}  // namespace kvfleet::backend::cuda
