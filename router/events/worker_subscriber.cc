@@ -36,7 +36,9 @@ void WorkerSubscriber::Start() {
 }
 
 void WorkerSubscriber::EnterSyncing() {
-  index_->RemoveWorker(id_);
+  // The router's predictions for requests sent there stay: their blocks are not in any
+  // snapshot yet (router/routing/README.md, "Predicted entries").
+  index_->ForgetStored(id_);
   epoch_ = 0;
   applied_seq_ = 0;
   last_event_id_ = 0;
@@ -314,8 +316,8 @@ void WorkerSubscriber::ApplyReplay(const std::vector<events::DecodedBatch>& batc
 
 void WorkerSubscriber::ApplySnapshot(const events::ReplyHeader& header, const events::SnapshotChunk& chunk) {
   if (snapshot_started_ != pending_request_) {
-    // First chunk: the snapshot replaces whatever we had.
-    index_->RemoveWorker(id_);
+    // First chunk: the snapshot replaces whatever the events had said (predictions stay).
+    index_->ForgetStored(id_);
     snapshot_started_ = pending_request_;
     epoch_ = header.epoch;
     if (state_ == WorkerState::kReplaying) {

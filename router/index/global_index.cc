@@ -521,14 +521,20 @@ void GlobalIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> ha
   ApplyOps(worker, buf.data(), buf.size());
 }
 
-void GlobalIndex::RemoveWorker(WorkerId worker) {
+void GlobalIndex::RemoveWorker(WorkerId worker) { ClearWorker(worker, /*keep_predicted=*/false); }
+
+void GlobalIndex::ForgetStored(WorkerId worker) { ClearWorker(worker, /*keep_predicted=*/true); }
+
+void GlobalIndex::ClearWorker(WorkerId worker, bool keep_predicted) {
   if (worker >= config::kMaxWorkers) return;
   retention_->RemoveWorker(worker);
+  std::vector<BlockHash> kept;  // the predicted pairs left: the new reverse list
   for (int si = 0; si < config::kShards; ++si) {
     Shard& shard = shards_[si];
     std::lock_guard lock(shard.mu);
     auto& pw = shard.workers[worker];
     if (pw.blocks.empty()) continue;
+    kept.clear();
     shard.BeginWrite();
     int64_t dropped = 0;
     for (BlockHash h : pw.blocks) {
@@ -539,13 +545,20 @@ void GlobalIndex::RemoveWorker(WorkerId worker) {
         shard.SetBits(s, h, worker, 0);
         ++dropped;
       }
-      if (shard.TakePredicted(s, h, worker)) ++dropped;
+      if (!keep_predicted) {
+        if (shard.TakePredicted(s, h, worker)) ++dropped;
+      } else if (shard.IsPredicted(s, h, worker)) {
+        kept.push_back(h);
+      }
       if (Shard::Empty(s)) shard.Erase(i);
     }
     shard.EndWrite();
     Bump(shard.entries, -dropped);
-    std::vector<BlockHash>().swap(pw.blocks);
-    pw.live = 0;
+    // A pair lost and regained is listed twice (shard_table.h): keep each once.
+    std::sort(kept.begin(), kept.end());
+    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+    std::vector<BlockHash>(kept.begin(), kept.end()).swap(pw.blocks);
+    pw.live = kept.size();
     pw.tier_count[0].store(0, std::memory_order_relaxed);
     pw.tier_count[1].store(0, std::memory_order_relaxed);
   }

@@ -163,6 +163,11 @@ class GlobalIndex final : public PrefixIndex {
   // Removes every entry of `worker`, predicted ones included, in time proportional to its
   // own entries (plus one lock per shard).
   void RemoveWorker(WorkerId worker) override;
+  // Removes what `worker`'s events said it holds and keeps the router's predicted entries for
+  // it: a snapshot replaces the worker's stored blocks, but the requests this router sent it
+  // and whose blocks are not stored yet are still on their way (routing/README.md,
+  // "Predicted entries"). Same cost as RemoveWorker.
+  void ForgetStored(WorkerId worker);
   // Drops predicted entries whose TTL has passed (matching already ignores them; this
   // returns their memory). Returns how many it dropped.
   uint64_t SweepExpired();
@@ -186,6 +191,7 @@ class GlobalIndex final : public PrefixIndex {
   void ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms);
   void Prefetch(const Op& op) const;
   void TrimIfNeeded(Shard& shard);
+  void ClearWorker(WorkerId worker, bool keep_predicted);
   void Retire(Table* table);
   void ReclaimRetired();
 

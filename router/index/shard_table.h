@@ -227,6 +227,15 @@ struct alignas(64) GlobalIndex::Shard {
       St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) - 1));
     }
   }
+  // Whether w is a predicted holder of h.
+  bool IsPredicted(const Slot& s, BlockHash h, WorkerId w) const {
+    if (Ld(s.predicted) == 0) return false;
+    auto it = predicted.find(h);
+    if (it == predicted.end()) return false;
+    for (const auto& p : it->second)
+      if (p.worker == w) return true;
+    return false;
+  }
   // Removes w's predicted holder of h; returns whether there was one.
   bool TakePredicted(Slot& s, BlockHash h, WorkerId w) {
     if (Ld(s.predicted) == 0) return false;

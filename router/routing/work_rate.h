@@ -3,8 +3,10 @@
 // amount counts exp(−age / window): a sum that forgets at the rate a load changes, read as
 // a rate by dividing by the window. Cheap: one exp per Add or read, no ring of samples.
 //
-// Until a window has passed since the first Add the rate reads low (the sum has not filled):
-// a fresh router sees its fleet as lighter than it is, which errs toward the light-load cost.
+// The sum of a steady stream observed for t holds 1 - exp(-t / window) of its full weight,
+// so the rate divides by that share: a fresh router reads its fleet's load from its first
+// seconds, not a fraction of it that fills over the window (README.md, "The kv cost model").
+// The first amount only starts the clock.
 //
 // Thread safety: thread-compatible; the Router guards its rates with a mutex.
 #pragma once
@@ -28,7 +30,9 @@ class DecayedRate {
   double Decayed(TimeNs now) const;
 
   double window_s_;
-  TimeNs last_ = 0;  // when sum_ was last brought up to date; 0: nothing added
+  bool started_ = false;  // an amount was added
+  TimeNs first_ = 0;      // the first Add
+  TimeNs last_ = 0;       // when sum_ was last brought up to date
   double sum_ = 0;
 };
 

@@ -132,6 +132,34 @@ TEST_CASE("a snapshot answering a replay replaces the worker's blocks") {
   CHECK(f.Device() == std::vector<BlockHash>{1, 4});
 }
 
+TEST_CASE("a snapshot replaces the worker's stored blocks but keeps the router's predictions for it") {
+  // Issue 34: the sync at a router's start and every resync dropped the predicted entries of
+  // requests just sent there, whose blocks no snapshot holds yet, so kv matched less than
+  // approx (the router's own decisions) until the stored events came.
+  Fixture f;
+  const std::vector<BlockHash> sent = {7, 8};
+  f.index.InsertPredicted(3, sent, 2 * kNsPerSec);
+  f.sub.Start();
+  Reply snap(f.io.requests[0].id, 7);
+  f.sub.OnReplayReply(snap.Snapshot(1, {Stored(0, {1, 2})}).reply);
+  f.sub.OnBatch(Batch(7, 5));
+  REQUIRE(f.sub.state() == WorkerState::kReplaying);
+  Reply again(f.io.requests.back().id, 7);
+  f.sub.OnReplayReply(again.Snapshot(6, {Stored(0, {1})}).reply);
+  CHECK(f.Device() == std::vector<BlockHash>{1});  // block 2 is gone: the snapshot says so
+  std::vector<PrefixMatch> out;
+  f.index.FindMatches(sent, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].worker == 3);
+  CHECK(out[0].device_blocks == 2);  // still predicted
+  // The worker stores them, then evicts one: the events speak, the prediction ends.
+  f.sub.OnBatch(Batch(7, 7, {Stored(0, {7, 8}), Removed(8)}));
+  CHECK(f.Device() == std::vector<BlockHash>{1, 7});
+  f.index.FindMatches(sent, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].device_blocks == 1);
+}
+
 TEST_CASE("a new epoch clears the worker's blocks and resyncs") {
   Fixture f;
   f.sub.Start();

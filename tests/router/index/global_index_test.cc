@@ -241,6 +241,44 @@ TEST_CASE("RemoveWorker drops every entry of that worker and no other") {
   CHECK(index.HashCount() == 2500);
 }
 
+TEST_CASE("a snapshot's reset (ForgetStored) drops what the events said and keeps the router's predictions") {
+  // Issue 34: a resync dropped the predicted entries of requests on their way to the worker,
+  // so for a moment the event-fed index knew less than the router's own decisions.
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  for (BlockHash h = 1; h <= 3000; ++h) {
+    index.Store(1, h, Tier::kDevice);
+    index.Store(2, h, Tier::kDevice);
+  }
+  index.Remove(1, 7, Tier::kDevice);  // lost and regained: listed twice in the reverse list
+  index.Store(1, 7, Tier::kDevice);
+  std::vector<BlockHash> pred = {9001, 9002, 9003};
+  index.InsertPredicted(1, pred, 2 * kNsPerSec);
+  index.ForgetStored(1);
+  index.CheckInvariants();
+  CHECK(index.BlockCount(1, Tier::kDevice) == 0);
+  CHECK(!index.Holds(1, 7));
+  CHECK(index.BlockCount(2, Tier::kDevice) == 3000);
+  CHECK(index.EntryCount() == 3000 + 3);
+  std::vector<PrefixMatch> out;
+  index.FindMatches(pred, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].worker == 1);
+  CHECK(out[0].device_blocks == 3);
+  // The snapshot's stored blocks confirm a prediction; the worker's removal ends it.
+  index.Store(1, 9001, Tier::kDevice);
+  index.Remove(1, 9001, Tier::kDevice);
+  index.FindMatches(pred, &out);
+  CHECK(out.empty());
+  // A second reset keeps the rest, and RemoveWorker (the worker is gone) drops them.
+  index.ForgetStored(1);
+  index.CheckInvariants();
+  CHECK(index.EntryCount() == 3000 + 2);
+  index.RemoveWorker(1);
+  index.CheckInvariants();
+  CHECK(index.EntryCount() == 3000);
+}
+
 TEST_CASE("a capped index trims the least recently used blocks") {
   ManualClock clock;
   GlobalIndexOptions options;
