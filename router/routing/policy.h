@@ -55,7 +55,7 @@ inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
-inline constexpr double kTransferBytesPerSecond = 2.5e9;
+inline constexpr double kTransferBytesPerSecond = 0.5e9;
 inline constexpr double kTransferSetupSeconds = 2e-3;
 }  // namespace config
 

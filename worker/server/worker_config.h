@@ -54,7 +54,7 @@ struct WorkerConfig {
   bool transfer_insecure = false;
   uint32_t transfer_deadline_ms = 500;  // a pull not done by then is computed instead
   // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
-  double mock_transfer_bytes_per_s = 2.5e9;  // a 25 GbE link, as the router assumes by default
+  double mock_transfer_bytes_per_s = 0.5e9;  // the router's default assumption (routing README)
 
   // --- engine ---
   uint32_t block_size = 32;          // tokens per KV block (B); 1: token-level KV

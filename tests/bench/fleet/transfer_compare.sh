@@ -3,8 +3,9 @@
 # (router --transfer-bytes-per-s 0), approx and preble, each row on a freshly started fleet of
 # 8 mock workers, on the conversation trace and the Mooncake synthetic trace at two loads.
 #   tests/bench/fleet/transfer_compare.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR [DURATION_S]
-# The mock's simulated link (--mock-transfer-bytes-per-s) and the router's assumed bandwidth
-# are both 2.5 GB/s by default. Prints one table per trace and load; JSON under OUT_DIR.
+# KVFLEET_TRANSFER_BPS (default 0.5e9): the mock's simulated link (--mock-transfer-bytes-per-s)
+# and the router's assumed bandwidth (--transfer-bytes-per-s), the same. Prints one table per
+# trace and load; JSON under OUT_DIR.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,7 +20,8 @@ exec "$BIN/kvfleet" up --backend mock --workers 8 --http-port $PORT --registrati
 EOS
   chmod +x "$OUT/fleet$2.sh"
 }
-fleet "" ""
+BPS="${KVFLEET_TRANSFER_BPS:-0.5e9}"
+fleet "--router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS" ""
 fleet "--router-arg=--transfer-bytes-per-s=0" "-nopull"
 python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"
 run() {  # name trace scale

@@ -158,7 +158,7 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   CHECK(d->pull_from == 2);
   CHECK(d->device_blocks == 0);  // what the worker holds itself
   CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
-  // The pull's 10 MiB at 2.5 GB/s and its setup: milliseconds, not the holder's queue.
+  // The pull's 10 MiB at 0.5 GB/s and its setup: ~23 ms, not the holder's 10 s queue.
   CHECK(d->estimated_ttft_s < 0.05);
 
   SUBCASE("an idle holder keeps its prefix's requests: no pull") {
