@@ -10,7 +10,7 @@ set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
-PORT=29600
+PORT="${KVFLEET_BENCH_PORT:-29600}"
 fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
   cat >"$OUT/fleet$2.sh" <<EOS
 #!/usr/bin/env bash

@@ -144,7 +144,9 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
   Fixture f;
   for (WorkerId w : {0u, 1u, 2u}) {
-    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 1u << 20};
+    // 64 KiB a block: 10 blocks pull in ~3 ms at the default 0.5 GB/s, less than recomputing
+    // the 40 tokens at the default 8,000 tokens/s.
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
   }
   f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
   OwnLoadCounts busy;
@@ -158,9 +160,16 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   CHECK(d->pull_from == 2);
   CHECK(d->device_blocks == 0);  // what the worker holds itself
   CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
-  // The pull's 10 MiB at 0.5 GB/s and its setup: ~23 ms, not the holder's 10 s queue.
+  // The pull's 640 KiB at 0.5 GB/s and its setup: ~3 ms, not the holder's 10 s queue.
   CHECK(d->estimated_ttft_s < 0.05);
 
+  SUBCASE("a pull slower than recomputing is not chosen") {
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.3 s against 5 ms
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker != 2);
+    CHECK(e->pull.source.empty());
+  }
   SUBCASE("an idle holder keeps its prefix's requests: no pull") {
     f.loads.own.erase(2);
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
