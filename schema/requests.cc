@@ -148,6 +148,7 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
     h.setServerKey(p.pull.server_key);
     h.setBlocks(p.pull.blocks);
     h.setWorkerId(p.pull.worker_id);
+    h.setDeadlineMs(p.pull.deadline_ms);
   }
   return wire::Encode(message);
 }
@@ -276,6 +277,7 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
       out.params.pull.server_key = h.getServerKey().cStr();
       out.params.pull.blocks = h.getBlocks();
       out.params.pull.worker_id = h.getWorkerId().cStr();
+      out.params.pull.deadline_ms = h.getDeadlineMs();
     }
     return out;
   });

@@ -51,6 +51,7 @@ struct PullHint {
   std::string server_key;  // the holder's CURVE key (Z85); empty: plain TCP
   uint32_t blocks = 0;     // leading prompt blocks the holder is believed to hold
   std::string worker_id;
+  uint32_t deadline_ms = 0;  // give up after this long; 0: the worker's own bound
 
   bool operator==(const PullHint&) const = default;
 };

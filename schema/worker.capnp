@@ -84,6 +84,8 @@ struct PullHint {
   serverKey @1 :Text;   # the holder's Hello.transfer.publicKey (CURVE, Z85); empty: plain TCP
   blocks @2 :UInt32;    # leading prompt blocks (Contract 1's B) the holder is believed to hold
   workerId @3 :Text;    # the holder's workerId, for logs and metrics
+  deadlineMs @4 :UInt32;  # give up the pull after this long (the router's prediction, doubled);
+                          # 0: the worker's own bound. Capped by the worker's --transfer-deadline-ms
 }
 
 struct Cancel {

@@ -1,6 +1,7 @@
 #include "router/routing/router.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -267,7 +268,10 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
   if (chosen.pull_blocks > 0) {
     if (std::optional<TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
-      d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name};
+      // The worker gives up at twice the predicted time: a pull that slow is better recomputed.
+      const auto deadline_ms = static_cast<uint32_t>(std::ceil(2e3 * chosen.pull_s));
+      d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,
+                        std::max<uint32_t>(deadline_ms, 10)};
       d.pull_from = chosen.pull_from;
       d.device_blocks -= chosen.pull_blocks;  // what the worker holds itself
     }

@@ -33,7 +33,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   p.lora = "adapter";
   p.cache_salt = "salt";
   p.model = "llama";
-  p.pull = {"tcp://10.0.0.7:5559", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", 12, "w7"};
+  p.pull = {"tcp://10.0.0.7:5559", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", 12, "w7", 40};
   std::string frame = EncodeGenerate(42, p);
   auto got = DecodeToWorker(frame.data(), frame.size());
   REQUIRE(got.ok());

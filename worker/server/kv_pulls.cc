@@ -95,7 +95,9 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   pull.parent_hash = plan->first_block == 0 ? 0 : hashes[plan->first_block - 1];
   pull.hashes.assign(hashes.begin() + plan->first_block, hashes.end());
   pull.layout = *layout_;
-  pull.deadline_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
+  // The router's bound (twice its predicted time), within this worker's own.
+  const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
+  pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
   const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
   const uint64_t seed = HashSeed(HashNamespace{options_.model, request.lora, request.cache_salt});
   pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens), seed, {}});

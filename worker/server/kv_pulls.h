@@ -37,7 +37,9 @@ namespace kvfleet::server {
 struct KvPullsOptions {
   std::string model;                     // the served model: the hash namespace's
   std::string own_endpoint;              // this worker's transfer endpoint: a hint naming it is no pull
-  DurationNs deadline = 500 * kNsPerMs;  // a pull not done by then is computed instead
+  // The longest a pull may take; a hint's own deadline is capped by it, and a hint without
+  // one gets it. A pull not done by then is computed instead.
+  DurationNs deadline = 10 * kNsPerSec;
 };
 
 // What a worker's pulls and serves came to, for /metrics.

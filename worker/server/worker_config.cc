@@ -51,7 +51,8 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_flag("--transfer-insecure", c->transfer_insecure,
                "allow a --transfer bind other hosts can reach without CURVE (anyone reaching it can read the KV cache)");
   app.add_option("--transfer-deadline-ms", c->transfer_deadline_ms,
-                 "a pull not done by then is abandoned and its prefix computed")
+                 "the longest a pull may take before its prefix is computed instead; a router's hint names a "
+                 "shorter one (twice its predicted time)")
       ->check(CLI::Range(1u, 60'000u))
       ->capture_default_str();
   app.add_option("--mock-transfer-bytes-per-s", c->mock_transfer_bytes_per_s,

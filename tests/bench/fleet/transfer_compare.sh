@@ -11,6 +11,7 @@ BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
 PORT="${KVFLEET_BENCH_PORT:-29600}"
+get() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null; }
 fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
   cat >"$OUT/fleet$2.sh" <<EOS
 #!/usr/bin/env bash
@@ -37,4 +38,20 @@ run() {  # name trace scale
 run conv40-2.0x "$OUT/conv40.jsonl" 2.23
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
+# KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on a fleet left up,
+# then the router's pull decisions and the workers' pull outcomes from /metrics.
+if [ -n "${KVFLEET_TRANSFER_DIAG:-}" ]; then
+  echo "== diagnosis: kv, mooncake-1.3x, pulls by outcome"
+  "$OUT/fleet.sh" >"$OUT/diag-fleet.log" 2>&1 &
+  fpid=$!
+  for _ in $(seq 100); do get "http://127.0.0.1:$PORT/ready" >/dev/null && break; sleep 0.3; done
+  "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale 20.54 --length-scale 4 \
+    --duration "$DURATION" --policy kv --ttft-slo-ms 1000 --quiet 2>&1 | grep -v "^bench: "
+  get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_pull"
+  for i in $(seq 0 7); do get "http://127.0.0.1:$((PORT + 100 + i))/metrics"; done |
+    grep -E "^kvfleet_worker_kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds)" |
+    sed -E 's/source="[^"]*",?//; s/\{\}//' |
+    awk '{k=$1; v[k]+=$2} END {for (k in v) printf "%s %.3f\n", k, v[k]}' | sort
+  kill "$fpid"; wait "$fpid" 2>/dev/null
+fi
 echo "uptime at end: $(uptime)"
