@@ -94,18 +94,25 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
          c.running_requests * options_.decode_s_per_running_request + c.adapter_load_s;
 }
 
+// Fleet-wide figures count each worker once: a pull candidate (pull_blocks > 0) is a second
+// option of a worker already counted, not another worker.
 double Picker::FleetRate(std::span<const Candidate> candidates) const {
   std::vector<double> rates;
   for (const Candidate& c : candidates) {
-    if (c.prefill_tokens_per_s > 0) rates.push_back(c.prefill_tokens_per_s);
+    if (c.prefill_tokens_per_s > 0 && c.pull_blocks == 0) rates.push_back(c.prefill_tokens_per_s);
   }
   return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }
 
 double Picker::DelayedRequests(std::span<const Candidate> candidates, double fleet_load) const {
   double waiting = 0;
-  for (const Candidate& c : candidates) waiting += c.waiting_requests;
-  const double mean = candidates.empty() ? 0 : waiting / candidates.size();
+  size_t workers = 0;
+  for (const Candidate& c : candidates) {
+    if (c.pull_blocks > 0) continue;
+    waiting += c.waiting_requests;
+    ++workers;
+  }
+  const double mean = workers == 0 ? 0 : waiting / static_cast<double>(workers);
   // An M/G/1 busy period started by work V lasts V / (1 − ρ) (Kleinrock, Queueing Systems
   // vol. 1, §5.8): the requests the backlog delays keep arriving for that long.
   const double rho = std::clamp(fleet_load, 0.0, options_.max_fleet_load);
@@ -190,7 +197,9 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
     case Policy::kKvRetention: {
       if (options_.hot_spot_factor > 0) {
         std::vector<double> loads;
-        for (size_t i : eligible) loads.push_back(candidates[i].running_requests);
+        for (size_t i : eligible) {
+          if (candidates[i].pull_blocks == 0) loads.push_back(candidates[i].running_requests);
+        }
         double limit = std::max(options_.hot_spot_factor * Median(loads), options_.hot_spot_min_requests);
         std::vector<size_t> cool;
         for (size_t i : eligible) {

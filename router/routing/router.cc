@@ -213,9 +213,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                        std::string(prompt.lora) + "'");
   }
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
-  if (d.policy == Policy::kKv || d.policy == Policy::kKvRetention) AddPulls(&candidates);
   const TimeNs now = clock_->Now();
-  d.route.fleet_load = FleetLoad(prompt.model, candidates, now);
+  d.route.fleet_load = FleetLoad(prompt.model, candidates, now);  // each worker once: before the pull options
+  if (d.policy == Policy::kKv || d.policy == Policy::kKvRetention) AddPulls(&candidates);
 
   // Admission.
   std::vector<double> ttft;

@@ -266,3 +266,29 @@ TEST_CASE("options are validated") {
 }
 
 }  // namespace kvfleet::router
+
+namespace kvfleet::router {
+namespace {
+
+TEST_CASE("a pull option is a second option of a worker, not another worker: fleet figures count each worker once") {
+  Picker picker(RoutingOptions{});
+  Candidate a;
+  a.worker = 0;
+  a.waiting_requests = 4;
+  a.prefill_tokens_per_s = 10'000;
+  Candidate b;
+  b.worker = 1;
+  b.prefill_tokens_per_s = 30'000;
+  const std::vector<Candidate> workers{a, b};
+  Candidate pulled = b;
+  pulled.pull_from = 0;
+  pulled.pull_blocks = 8;
+  pulled.device_blocks = 8;
+  const std::vector<Candidate> with_pull{a, b, pulled};
+  CHECK(picker.DelayedRequests(with_pull) == picker.DelayedRequests(workers));
+  CHECK(picker.DelayedRequests(workers) == 2);
+  CHECK(picker.FleetRate(with_pull) == picker.FleetRate(workers));
+}
+
+}  // namespace
+}  // namespace kvfleet::router
