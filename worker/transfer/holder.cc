@@ -13,6 +13,9 @@ namespace {
 // What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
 constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
 
+// Frees a sent frame's bytes; libzmq calls it, on its I/O thread, once the frame is written.
+void FreeSentFrame(void* /*data*/, void* hint) { delete static_cast<std::string*>(hint); }
+
 // Sends [identity][frame] without waiting. False when the peer's queue is full (try later;
 // `frame` is kept); a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY) is reported
 // as `gone`. Once sent, `frame` is moved into the message ZeroMQ sends (no copy of a blocks
@@ -24,8 +27,7 @@ bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& fra
     // Once the identity part is accepted the message is committed; the body goes with it.
     auto* owned = new std::string(std::move(frame));
     frame.clear();
-    zmq::message_t body(owned->data(), owned->size(), [](void*, void* hint) { delete static_cast<std::string*>(hint); },
-                        owned);
+    zmq::message_t body(owned->data(), owned->size(), FreeSentFrame, owned);
     router.send(body, zmq::send_flags::dontwait);
     return true;
   } catch (const zmq::error_t&) {
