@@ -56,7 +56,7 @@ inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 inline constexpr double kTransferBytesPerSecond = 0.5e9;
-inline constexpr double kTransferSetupSeconds = 2e-3;
+inline constexpr double kTransferSetupSeconds = 25e-3;
 }  // namespace config
 
 struct RoutingOptions {

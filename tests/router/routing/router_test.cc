@@ -142,16 +142,17 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
 }
 
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
-  Fixture f;
+  RoutingOptions slow;
+  slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
+  Fixture f(slow);
   for (WorkerId w : {0u, 1u, 2u}) {
-    // 64 KiB a block: 10 blocks pull in ~3 ms at the default 0.5 GB/s, less than recomputing
-    // the 40 tokens at the default 8,000 tokens/s.
+    // 64 KiB a block: 10 blocks pull in ~26 ms at the default 0.5 GB/s and 25 ms setup.
     f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
   }
   f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
   OwnLoadCounts busy;
   busy.requests = 20;
-  busy.prefill_tokens = 80'000;  // 10 s of prefill queued at the default rate
+  busy.prefill_tokens = 80'000;  // 80 s of prefill queued
   f.loads.own[2] = busy;
   auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
@@ -159,16 +160,15 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   CHECK(d->pull.source == "tcp://h2:5559");
   CHECK(d->pull.blocks == 10);
   CHECK(d->pull.worker_id == "w2");
-  CHECK(d->pull.deadline_ms >= 10);  // twice the predicted ~3 ms, at least 10
-  CHECK(d->pull.deadline_ms <= 10);
+  CHECK(d->pull.deadline_ms == 53);  // twice the predicted 26.3 ms
   CHECK(d->pull_from == 2);
   CHECK(d->device_blocks == 0);  // what the worker holds itself
   CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
-  // The pull's 640 KiB at 0.5 GB/s and its setup: ~3 ms, not the holder's 10 s queue.
+  // The pull's 640 KiB at 0.5 GB/s and its setup: ~26 ms, not the holder's 80 s queue.
   CHECK(d->estimated_ttft_s < 0.05);
 
   SUBCASE("a pull slower than recomputing is not chosen") {
-    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.3 s against 5 ms
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
     REQUIRE(e.ok());
     CHECK(e->worker != 2);
@@ -200,7 +200,7 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     }
   }
   SUBCASE("a bandwidth of 0 turns pulling off") {
-    RoutingOptions off;
+    RoutingOptions off = slow;
     off.transfer_bytes_per_s = 0;
     Fixture g(off);
     g.loads = f.loads;
