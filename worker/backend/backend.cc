@@ -127,6 +127,18 @@ Status ModelBackend::LoadLora(int32_t /*slot*/, const model::LoraAdapter& adapte
                             "')");
 }
 
+Status ModelBackendBase::CheckKvTransfer(uint32_t pool, size_t blocks, size_t bytes) const {
+  const KvTransferFormat f = kv_transfer_format();
+  if (f.dtype.empty()) return FailedPrecondition(f.unsupported);
+  if (pool >= pools_.size()) return InvalidArgument("KV transfer: no pool " + std::to_string(pool));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
+  if (bytes != blocks * bpb) {
+    return InvalidArgument("KV transfer: " + std::to_string(bytes) + " bytes for " + std::to_string(blocks) +
+                           " blocks of " + std::to_string(bpb));
+  }
+  return Status::Ok();
+}
+
 KvTransferFormat ModelBackend::kv_transfer_format() const {
   return KvTransferFormat{"", "the " + std::string(name()) + " backend cannot move KV blocks between workers", {}};
 }

@@ -273,6 +273,9 @@ class ModelBackendBase : public ModelBackend {
  protected:
   explicit ModelBackendBase(const BackendOptions& options, model::ModelConfig config = {})
       : options_(options), config_(std::move(config)) {}
+  // ReadKvBlocks / WriteKvBlocks' common checks: a format that moves blocks, a pool that
+  // exists, and `bytes` = blocks × the pool's bytes_per_block.
+  Status CheckKvTransfer(uint32_t pool, size_t blocks, size_t bytes) const;
 
   BackendOptions options_;
   model::ModelConfig config_;

@@ -18,24 +18,9 @@ KvTransferFormat CpuBackend::kv_transfer_format() const {
   return KvTransferFormat{"fp32", "", {}};
 }
 
-namespace {
-
-Status CheckTransfer(const KvTransferFormat& f, uint32_t pool, size_t num_pools, size_t blocks, uint64_t bpb,
-                     size_t bytes) {
-  if (f.dtype.empty()) return FailedPrecondition(f.unsupported);
-  if (pool >= num_pools) return InvalidArgument("KV transfer: no pool " + std::to_string(pool));
-  if (bytes != blocks * bpb) {
-    return InvalidArgument("KV transfer: " + std::to_string(bytes) + " bytes for " + std::to_string(blocks) +
-                           " blocks of " + std::to_string(bpb));
-  }
-  return {};
-}
-
-}  // namespace
-
 Status CpuBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) {
-  const uint64_t bpb = pools_.empty() || pool >= pools_.size() ? 0 : pools_[pool].bytes_per_block;
-  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, out.size()));
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, blocks.size(), out.size()));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
   const Rank& rk = *ranks_[0];
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool device = blocks[i].tier == kv::Tier::kDevice;
@@ -48,8 +33,8 @@ Status CpuBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation
 }
 
 Status CpuBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) {
-  const uint64_t bpb = pools_.empty() || pool >= pools_.size() ? 0 : pools_[pool].bytes_per_block;
-  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, in.size()));
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, blocks.size(), in.size()));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
   Rank& rk = *ranks_[0];
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i] >= pools_[pool].device_blocks) {

@@ -67,24 +67,9 @@ KvTransferFormat CudaBackend::kv_transfer_format() const {
   return KvTransferFormat{"bf16", "", {}};
 }
 
-namespace {
-
-Status CheckTransfer(const KvTransferFormat& f, uint32_t pool, size_t num_pools, size_t blocks, uint64_t bpb,
-                     size_t bytes) {
-  if (f.dtype.empty()) return FailedPrecondition(f.unsupported);
-  if (pool >= num_pools) return InvalidArgument("KV transfer: no pool " + std::to_string(pool));
-  if (bytes != blocks * bpb) {
-    return InvalidArgument("KV transfer: " + std::to_string(bytes) + " bytes for " + std::to_string(blocks) +
-                           " blocks of " + std::to_string(bpb));
-  }
-  return {};
-}
-
-}  // namespace
-
 Status CudaBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) {
-  const uint64_t bpb = pool < pools_.size() ? pools_[pool].bytes_per_block : 0;
-  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, out.size()));
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, blocks.size(), out.size()));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
   const KvPoolInfo& info = pools_[pool];
   std::vector<Piece> pieces;
   std::vector<size_t> host_blocks;  // indexes into `blocks` on the host tier
@@ -125,8 +110,8 @@ Status CudaBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocatio
 }
 
 Status CudaBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) {
-  const uint64_t bpb = pool < pools_.size() ? pools_[pool].bytes_per_block : 0;
-  KVF_RETURN_IF_ERROR(CheckTransfer(kv_transfer_format(), pool, pools_.size(), blocks.size(), bpb, in.size()));
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, blocks.size(), in.size()));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
   std::vector<Piece> pieces;
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (int64_t{blocks[i]} >= pools_[pool].device_blocks) {
