@@ -23,6 +23,7 @@
 #include "tests/gpu/cuda_parity.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "tests/worker/server/in_process_worker.h"
 #include "worker/server/worker.h"
 
 namespace kvfleet::testing {
@@ -118,82 +119,13 @@ TEST_CASE("an fp8 KV cache does not move blocks, and says why") {
 }
 
 // Two cuda workers, as tests/worker/server/kv_transfer_test.cc runs two cpu ones.
-struct Answer {
-  std::vector<TokenId> tokens;
-  uint32_t cached_device_tokens = 0;
-  bool finished = false;
-};
-
-Answer Ask(zmq::context_t& context, const std::string& endpoint, const std::vector<TokenId>& prompt,
-           const PullHint& hint = {}) {
-  capnp::MallocMessageBuilder msg;
-  auto g = msg.initRoot<schema::ToWorker>().initGenerate();
-  g.setRequestId(1);
-  auto t = g.initTokens(static_cast<unsigned>(prompt.size()));
-  for (size_t i = 0; i < prompt.size(); ++i) t.set(static_cast<unsigned>(i), prompt[i]);
-  g.getSampling().setTemperature(0);
-  g.getSampling().setMaxTokens(8);
-  g.getSampling().setIgnoreEos(true);
-  if (!hint.source.empty()) {
-    auto h = g.initPull();
-    h.setSource(hint.source);
-    h.setBlocks(hint.blocks);
-    h.setWorkerId(hint.worker_id);
-  }
-  zmq::socket_t s(context, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.connect(endpoint);
-  s.send(zmq::buffer(wire::Encode(msg)), zmq::send_flags::none);
-  Answer a;
-  while (!a.finished) {
-    zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(60'000)) != 1) break;
-    zmq::message_t m;
-    (void)s.recv(m, zmq::recv_flags::none);
-    auto d = wire::Decode<schema::FromWorker>(m.data(), m.size());
-    REQUIRE(d.ok());
-    auto root = (*d)->Root<schema::FromWorker>();
-    REQUIRE_MESSAGE(root.isDelta(), "the worker answered an error");
-    auto delta = root.getDelta();
-    for (auto tok : delta.getTokens()) a.tokens.push_back(tok);
-    if (delta.getFinishReason() != schema::FinishReason::NONE) {
-      a.finished = true;
-      a.cached_device_tokens = delta.getUsage().getCachedDeviceTokens();
-    }
-  }
-  return a;
-}
-
-struct RunningWorker {
-  RunningWorker(const server::WorkerConfig& config, zmq::context_t& context) {
-    auto started = server::Worker::Start(config, context);
-    REQUIRE_MESSAGE(started.ok(), started.status().ToString());
-    worker = std::move(*started);
-    thread = std::thread([this] { worker->Run(); });
-  }
-  ~RunningWorker() {
-    worker->RequestStop();
-    thread.join();
-  }
-  std::unique_ptr<server::Worker> worker;
-  std::thread thread;
-};
+using server::testing::Answer;
+using server::testing::Ask;
+using server::testing::RunningWorker;
 
 server::WorkerConfig CudaWorkerConfig(const std::string& model_dir) {
-  server::WorkerConfig c;
-  c.backend = "cuda";
-  c.model_dir = model_dir;
-  c.requests = c.events = c.replay = "tcp://127.0.0.1:0";
-  c.http_port = 0;
-  c.http_host = "127.0.0.1";
-  c.advertise_host = "127.0.0.1";
-  c.block_size = 16;
-  c.max_num_tokens = 256;
-  c.max_batch_size = 4;
-  c.max_context = 512;
-  c.kv_cache_bytes = 8u << 20;  // both workers share the GPU
+  server::WorkerConfig c = server::testing::InProcessConfig("cuda", model_dir);  // both share the GPU
   c.transfer_deadline_ms = 5'000;
-  c.shutdown_grace_s = 1;
   return c;
 }
 

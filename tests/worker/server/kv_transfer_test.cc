@@ -8,117 +8,27 @@
 #include <thread>
 #include <vector>
 
-#include <capnp/message.h>
-
-#include "schema/requests.h"
-#include "schema/wire.h"
-#include "schema/worker.capnp.h"
 #include "tests/common/http/test_client.h"
 #include "tests/worker/model/test_models.h"
-#include "worker/server/worker.h"
+#include "tests/worker/server/in_process_worker.h"
 
 namespace kvfleet::server {
 namespace {
 
-struct Answer {
-  std::vector<TokenId> tokens;
-  uint32_t cached_device_tokens = 0;
-  bool finished = false;
-};
-
-std::string Generate(uint64_t id, const std::vector<TokenId>& prompt, const PullHint& hint) {
-  capnp::MallocMessageBuilder msg;
-  auto g = msg.initRoot<schema::ToWorker>().initGenerate();
-  g.setRequestId(id);
-  auto t = g.initTokens(static_cast<unsigned>(prompt.size()));
-  for (size_t i = 0; i < prompt.size(); ++i) t.set(static_cast<unsigned>(i), prompt[i]);
-  g.getSampling().setTemperature(0);
-  g.getSampling().setMaxTokens(8);
-  g.getSampling().setIgnoreEos(true);
-  if (!hint.source.empty()) {
-    auto h = g.initPull();
-    h.setSource(hint.source);
-    h.setBlocks(hint.blocks);
-    h.setWorkerId(hint.worker_id);
-  }
-  return wire::Encode(msg);
-}
-
-// Sends each (prompt, hint) as request 1, 2, ... on one connection, in order, and collects
-// the answers.
-std::vector<Answer> AskAll(zmq::context_t& context, const std::string& endpoint,
-                           const std::vector<std::pair<std::vector<TokenId>, PullHint>>& asks) {
-  zmq::socket_t s(context, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.connect(endpoint);
-  for (size_t i = 0; i < asks.size(); ++i) {
-    s.send(zmq::buffer(Generate(i + 1, asks[i].first, asks[i].second)), zmq::send_flags::none);
-  }
-  std::vector<Answer> answers(asks.size());
-  size_t finished = 0;
-  while (finished < asks.size()) {
-    zmq::pollitem_t item{static_cast<void*>(s), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(60'000)) != 1) break;
-    zmq::message_t m;
-    (void)s.recv(m, zmq::recv_flags::none);
-    auto d = wire::Decode<schema::FromWorker>(m.data(), m.size());
-    REQUIRE(d.ok());
-    auto root = (*d)->Root<schema::FromWorker>();
-    REQUIRE_MESSAGE(root.isDelta(), "the worker answered an error");
-    auto delta = root.getDelta();
-    REQUIRE((delta.getRequestId() >= 1 && delta.getRequestId() <= asks.size()));
-    Answer& a = answers[delta.getRequestId() - 1];
-    for (auto t : delta.getTokens()) a.tokens.push_back(t);
-    if (delta.getFinishReason() != schema::FinishReason::NONE) {
-      a.finished = true;
-      a.cached_device_tokens = delta.getUsage().getCachedDeviceTokens();
-      ++finished;
-    }
-  }
-  return answers;
-}
-
-Answer Ask(zmq::context_t& context, const std::string& endpoint, const std::vector<TokenId>& prompt,
-           const PullHint& hint = {}) {
-  return AskAll(context, endpoint, {{prompt, hint}})[0];
-}
+using testing::Answer;
+using testing::Ask;
+using testing::AskAll;
+using testing::RunningWorker;
 
 WorkerConfig CpuConfig(const std::string& model_dir) {
-  WorkerConfig c;
-  c.backend = "cpu";
-  c.model_dir = model_dir;
-  c.requests = c.events = c.replay = "tcp://127.0.0.1:0";
-  c.http_port = 0;
-  c.http_host = "127.0.0.1";
-  c.advertise_host = "127.0.0.1";
-  c.block_size = 16;
-  c.max_num_tokens = 256;
-  c.max_batch_size = 4;
-  c.max_context = 512;
-  c.kv_cache_bytes = 8u << 20;
+  WorkerConfig c = testing::InProcessConfig("cpu", model_dir);
   c.transfer_deadline_ms = 2'000;
-  c.shutdown_grace_s = 1;
   return c;
 }
 
-struct RunningWorker {
-  RunningWorker(const WorkerConfig& config, zmq::context_t& context) {
-    auto started = Worker::Start(config, context);
-    REQUIRE_MESSAGE(started.ok(), started.status().ToString());
-    worker = std::move(*started);
-    thread = std::thread([this] { worker->Run(); });
-  }
-  ~RunningWorker() {
-    worker->RequestStop();
-    thread.join();
-  }
-  std::unique_ptr<Worker> worker;
-  std::thread thread;
-};
-
 TEST_CASE("a worker pulls a prompt's prefix from the worker that computed it, and answers as if it had computed it") {
   zmq::context_t context;
-  const std::string model = testing::RandomModelDir("tiny", 1);
+  const std::string model = kvfleet::testing::RandomModelDir("tiny", 1);
   RunningWorker a(CpuConfig(model), context);
   RunningWorker b(CpuConfig(model), context);
   REQUIRE_FALSE(a.worker->transfer_endpoint().empty());
