@@ -290,7 +290,14 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
   KvPullsOptions po;
   po.model = model_name_;
   po.deadline = static_cast<DurationNs>(config_.transfer_deadline_ms) * kNsPerMs;
-  if (!config_.transfer.empty()) {
+  // A keyed worker moves KV only over CURVE, to the workers its allow-list names: without
+  // one it serves and makes no pulls rather than fall back to plain TCP.
+  const bool keyed_without_peers = !config_.curve_keypair.empty() && config_.transfer_authorized_keys.empty();
+  if (!config_.transfer.empty() && keyed_without_peers) {
+    Logger("worker")->info("KV transfer off: --curve-keypair without --transfer-authorized-keys (the workers "
+                           "that may pull from this one)");
+  }
+  if (!config_.transfer.empty() && !keyed_without_peers) {
     transfer::TransferOptions to;
     to.bind = config_.transfer;
     to.insecure = config_.transfer_insecure;

@@ -152,10 +152,6 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--router-key needs --router and a key to register with (--registration-keypair or "
                            "--curve-keypair)");
   }
-  if (!transfer.empty() && !curve_keypair.empty() && transfer_authorized_keys.empty()) {
-    return InvalidArgument("--transfer with --curve-keypair needs --transfer-authorized-keys: the workers that may "
-                           "pull from this one");
-  }
   if (!registration_keypair.empty() && router_key.empty()) {
     return InvalidArgument("--registration-keypair needs --router-key (the router's public key)");
   }

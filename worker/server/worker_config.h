@@ -48,7 +48,8 @@ struct WorkerConfig {
   // KV transfer (Contract 4, worker/transfer): where other workers pull this one's blocks;
   // empty: it neither serves nor makes pulls. With --curve-keypair the socket is a CURVE
   // server admitting the keys in transfer_authorized_keys (the fleet's workers), and pulls
-  // present that key pair; without, a bind other hosts can reach needs transfer_insecure.
+  // present that key pair (a keyed worker without that list moves no KV); without keys, a
+  // bind other hosts can reach needs transfer_insecure.
   std::string transfer = "tcp://127.0.0.1:0";  // port 0: one the system picks, advertised as bound
   std::string transfer_authorized_keys;
   bool transfer_insecure = false;

@@ -104,6 +104,9 @@ TEST_CASE("a keyed worker answers only routers holding its public key and an aut
   auto started = server::Worker::Start(config, context);
   REQUIRE_MESSAGE(started.ok(), started.status().ToString());
   std::unique_ptr<server::Worker> worker = std::move(*started);
+  // Keyed, with no list of the workers that may pull from it: it moves no KV, rather than
+  // serve its cache over plain TCP.
+  CHECK(worker->transfer_endpoint().empty());
   std::thread engine([&] { worker->Run(); });
   const std::string endpoint = worker->requests_endpoint();
 
