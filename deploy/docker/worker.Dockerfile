@@ -58,7 +58,7 @@ ENV LD_LIBRARY_PATH=/opt/kvfleet/lib:${LD_LIBRARY_PATH} \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001
 # 5556 requests (Contract 3), 5557 KV events PUB, 5558 replay, 9400 /health /ready /metrics.
-EXPOSE 5556 5557 5558 9400
+EXPOSE 5556 5557 5558 5559 9400
 VOLUME ["/models"]
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \
