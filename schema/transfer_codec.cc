@@ -88,6 +88,13 @@ std::string_view KvDtypeName(KvDtype dtype) {
   return "?";
 }
 
+std::optional<KvDtype> ParseKvDtype(std::string_view name) {
+  for (KvDtype d : {KvDtype::kBf16, KvDtype::kFp8E4M3, KvDtype::kFp32, KvDtype::kNone}) {
+    if (KvDtypeName(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
 std::string_view RefusalReasonName(RefusalReason reason) {
   switch (reason) {
     case RefusalReason::kNotHeld: return "not-held";

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,8 @@ constexpr uint32_t kMaxBlockTokens = 1 << 16;
 
 enum class KvDtype : uint8_t { kBf16, kFp8E4M3, kFp32, kNone };
 std::string_view KvDtypeName(KvDtype dtype);
+// The dtype KvDtypeName names `name`; nullopt for any other string.
+std::optional<KvDtype> ParseKvDtype(std::string_view name);
 
 struct PoolGeometry {
   uint32_t window = 0;  // 0 = full attention

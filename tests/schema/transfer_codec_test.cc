@@ -80,6 +80,14 @@ Block ExampleBlock() {
   return b;
 }
 
+TEST_CASE("a dtype's name reads back as that dtype; any other name is none of them") {
+  for (KvDtype d : {KvDtype::kBf16, KvDtype::kFp8E4M3, KvDtype::kFp32, KvDtype::kNone}) {
+    CHECK(ParseKvDtype(KvDtypeName(d)) == d);
+  }
+  CHECK_FALSE(ParseKvDtype("fp8").has_value());
+  CHECK_FALSE(ParseKvDtype("").has_value());
+}
+
 TEST_CASE("Checksum is XXH3-64 with seed 0") {
   CHECK(Checksum(ExampleBlock().data[0]) == 0x6187eb9089b0ed55ULL);
   CHECK(Checksum({}) == 0x2d06800538d394c2ULL);  // XXH3_64bits of no bytes

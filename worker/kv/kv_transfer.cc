@@ -33,24 +33,24 @@ Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
     }
   }
   std::vector<NodeId> nodes;  // [block][pool]
+  std::vector<NodeId> found(P);
   for (const BlockHash h : hashes) {
+    bool held = true;
+    for (size_t p = 0; p < P && held; ++p) {
+      found[p] = pools_[p]->FindHash(h);
+      held = found[p] != kNoNode && pools_[p]->parent(found[p]) == prev[p];
+    }
+    if (!held) break;
     ExportedBlock b;
     b.hash = h;
     b.pools.resize(P);
-    bool held = true;
-    for (size_t p = 0; p < P && held; ++p) {
-      const BlockPool& pool = *pools_[p];
-      const NodeId n = pool.FindHash(h);
-      held = n != kNoNode && pool.parent(n) == prev[p];
-      if (held) b.pools[p] = BlockLocation{pool.tier(n), pool.block(n)};
-    }
-    if (!held) break;
     for (size_t p = 0; p < P; ++p) {
-      prev[p] = pools_[p]->FindHash(h);
-      nodes.push_back(prev[p]);
+      b.pools[p] = BlockLocation{pools_[p]->tier(found[p]), pools_[p]->block(found[p])};
+      nodes.push_back(found[p]);
     }
-    pools_[0]->Tokens(prev[0], &b.tokens);
+    pools_[0]->Tokens(found[0], &b.tokens);
     run.push_back(std::move(b));
+    prev.swap(found);
   }
   if (run.empty()) return run;
   for (size_t i = 0; i < nodes.size(); ++i) pools_[i % P]->Pin(nodes[i], now);

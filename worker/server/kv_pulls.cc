@@ -1,7 +1,6 @@
 #include "worker/server/kv_pulls.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "common/block_hash.h"
@@ -9,23 +8,11 @@
 
 namespace kvfleet::server {
 
-namespace {
-
-std::optional<transfer::KvDtype> DtypeOf(const std::string& name) {
-  if (name == "bf16") return transfer::KvDtype::kBf16;
-  if (name == "fp8e4m3") return transfer::KvDtype::kFp8E4M3;
-  if (name == "fp32") return transfer::KvDtype::kFp32;
-  if (name == "none") return transfer::KvDtype::kNone;
-  return std::nullopt;
-}
-
-}  // namespace
-
 KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
-                 backend::ModelBackend* backend, engine::Engine* engine, const Clock* clock)
-    : options_(options), service_(service), kv_(kv), backend_(backend), engine_(engine), clock_(clock) {
+                 backend::ModelBackend* backend, engine::Engine* engine)
+    : options_(options), service_(service), kv_(kv), backend_(backend), engine_(engine) {
   const backend::KvTransferFormat format = backend_->kv_transfer_format();
-  const std::optional<transfer::KvDtype> dtype = DtypeOf(format.dtype);
+  const std::optional<transfer::KvDtype> dtype = transfer::ParseKvDtype(format.dtype);
   if (!dtype) {
     unsupported_ = format.unsupported.empty() ? "KV format '" + format.dtype + "' has no Contract 4 name" : format.unsupported;
   } else if (!format.scales.empty()) {
@@ -85,8 +72,8 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
     ++stats_.skipped;
     return;
   }
-  const std::vector<BlockHash> hashes =
-      BlockHasher(B, HashNamespace{options_.model, request.lora, request.cache_salt}).HashAll(tokens);
+  const BlockHasher hasher(B, HashNamespace{options_.model, request.lora, request.cache_salt});
+  const std::vector<BlockHash> hashes = hasher.HashAll(tokens);
   transfer::PullRequest pull;
   pull.model = options_.model;
   pull.lora = request.lora;
@@ -99,8 +86,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
   const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
-  const uint64_t seed = HashSeed(HashNamespace{options_.model, request.lora, request.cache_salt});
-  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens), seed, {}});
+  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens), hasher.seed(), {}});
   engine_->Hold(id);
   ++stats_.started;
 }

@@ -60,7 +60,7 @@ class KvPulls {
   // `service` may be null: no pulls, and pulls from others are never seen. The pointers
   // outlive this object.
   KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
-          backend::ModelBackend* backend, engine::Engine* engine, const Clock* clock);
+          backend::ModelBackend* backend, engine::Engine* engine);
 
   // This worker's block layout, as a PullRequest carries it; nullopt when its backend or KV
   // setup cannot move blocks (and unsupported() says why).
@@ -99,7 +99,6 @@ class KvPulls {
   kv::KvCacheManager* kv_;
   backend::ModelBackend* backend_;
   engine::Engine* engine_;
-  const Clock* clock_;
   std::optional<transfer::Layout> layout_;
   std::string unsupported_;
   std::map<uint64_t, Pending> pending_;  // by transfer id

@@ -317,7 +317,7 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
     transfer_endpoint_ = wildcard ? WithPort(bound, EndpointPort(bound), host) : bound;
   }
   po.own_endpoint = transfer_endpoint_;
-  pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get(), clock);
+  pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get());
   if (transfer_ != nullptr && !pulls_->layout()) {
     Logger("worker")->info("KV transfer off: {}", pulls_->unsupported());
   } else if (transfer_ != nullptr) {
