@@ -254,6 +254,7 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
   auto record = std::make_unique<WorkerRecord>();
   record->id = TakeId();
   record->info = hello;
+  record->transfer = TransferPeerOf(hello);
   if (listed) record->listed = hello;
   record->from_static = source != HelloSource::kRegistered;
   record->described = !listed;
@@ -308,6 +309,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
     log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
   }
   w.info = merged;
+  w.transfer = TransferPeerOf(merged);
   w.said_bye = false;
   if (!listed) w.described = true;
   if (source == HelloSource::kRegistered) {
@@ -563,7 +565,7 @@ Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
-std::optional<TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }
+std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

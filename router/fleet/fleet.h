@@ -102,9 +102,10 @@ class WorkerLoads {
   virtual std::optional<double> AdapterLoadSeconds(WorkerId /*worker*/, uint64_t /*lora_id*/) const {
     return std::nullopt;
   }
-  // How peers pull KV blocks from the worker (its Hello's TransferInfo); nullopt when it
-  // serves no pulls (routing/README.md, "Pulling a prefix").
-  virtual std::optional<TransferPeer> Transfer(WorkerId /*worker*/) const { return std::nullopt; }
+  // How peers pull KV blocks from the worker (its Hello's TransferInfo); null when it serves
+  // no pulls (routing/README.md, "Pulling a prefix"). Shared, not copied: routing asks it of
+  // every candidate.
+  virtual std::shared_ptr<const TransferPeer> Transfer(WorkerId /*worker*/) const { return nullptr; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -326,7 +327,7 @@ class Fleet final : public WorkerLoads {
   uint32_t KvBlocksPerBlock(WorkerId worker) const override;
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
-  std::optional<TransferPeer> Transfer(WorkerId worker) const override;
+  std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -55,11 +55,16 @@ enum class HelloSource {
   kRegistered,  // a Hello on the registration socket
 };
 
+// A Hello's transfer service as routing reads it; null when the worker serves no pulls.
+std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info);
+
 // One worker. Fields read by other threads are atomics or guarded by the registry lock.
 struct WorkerRecord {
   WorkerId id = 0;
   WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_)
   WorkerHello listed;                     // GUARDED_BY(FleetImpl::mu_); from_static: the flags' guess
+  // `info`'s transfer service (TransferPeerOf), made whenever `info` is set; null: no pulls.
+  std::shared_ptr<const TransferPeer> transfer;  // GUARDED_BY(FleetImpl::mu_)
   bool from_static = false;               // static list or DNS: removed when DNS drops it
   // `info` is the worker's own (a Hello, or its answer to a Describe), not the flags' guess.
   std::atomic<bool> described{false};
@@ -117,7 +122,7 @@ class FleetImpl final : public LaneFleet {
   std::optional<ServedModel> Resolve(std::string_view name) const;
   void NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded);
   std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
-  std::optional<TransferPeer> Transfer(WorkerId id) const;
+  std::shared_ptr<const TransferPeer> Transfer(WorkerId id) const;
   std::vector<std::string> LiveModels() const;
   std::vector<ModelReadiness> Readiness() const;
   bool Ready() const;

@@ -189,13 +189,15 @@ uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
   return tokens == 0 || info.block_size == 0 ? 0 : std::max<uint32_t>(1, tokens / info.block_size);
 }
 
-std::optional<TransferPeer> FleetImpl::Transfer(WorkerId id) const {
+std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info) {
+  if (info.transfer_endpoint.empty() || info.transfer_format.empty()) return nullptr;
+  return std::make_shared<const TransferPeer>(TransferPeer{info.name, info.transfer_endpoint, info.transfer_key,
+                                                           info.transfer_format, info.transfer_bytes_per_block});
+}
+
+std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  if (Record(id) == nullptr) return std::nullopt;
-  const WorkerHello& info = workers_[id]->info;
-  if (info.transfer_endpoint.empty() || info.transfer_format.empty()) return std::nullopt;
-  return TransferPeer{info.name, info.transfer_endpoint, info.transfer_key, info.transfer_format,
-                      info.transfer_bytes_per_block};
+  return Record(id) != nullptr ? workers_[id]->transfer : nullptr;
 }
 
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {

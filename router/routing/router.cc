@@ -111,11 +111,11 @@ void Router::AddPulls(std::vector<Candidate>* candidates) const {
   const double bandwidth = options().transfer_bytes_per_s;
   if (!(bandwidth > 0) || candidates->size() < 2) return;
   const Candidate* holder = nullptr;
-  std::optional<TransferPeer> from;
+  std::shared_ptr<const TransferPeer> from;
   for (const Candidate& c : *candidates) {
     const uint32_t held = c.device_blocks + c.host_blocks;
     if (held == 0 || (holder != nullptr && held <= holder->device_blocks + holder->host_blocks)) continue;
-    std::optional<TransferPeer> peer = loads_->Transfer(c.worker);
+    std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
     holder = &c;
     from = std::move(peer);
@@ -128,7 +128,7 @@ void Router::AddPulls(std::vector<Candidate>* candidates) const {
     const Candidate& c = (*candidates)[i];
     const uint32_t have = c.device_blocks + c.host_blocks;
     if (c.worker == source || have >= held) continue;
-    std::optional<TransferPeer> to = loads_->Transfer(c.worker);
+    std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
     Candidate pulled = c;
     pulled.pull_from = source;
@@ -267,7 +267,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
   if (chosen.pull_blocks > 0) {
-    if (std::optional<TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
+    if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
       // The worker gives up at twice the predicted time: a pull that slow is better recomputed.
       const auto deadline_ms = static_cast<uint32_t>(std::ceil(2e3 * chosen.pull_s));
       d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,

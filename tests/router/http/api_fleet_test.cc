@@ -55,6 +55,24 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["block_size"] == 16);
   CHECK(fleet["workers"][0]["kv_block_size"] == 16);  // no kvBlockSize: KV blocks are block_size tokens
   CHECK(fleet["workers"][0]["tensor_parallel"] == 4);
+  CHECK(fleet["workers"][0]["transfer"].is_null());  // its Hello announces no transfer service
+  const WorkerId id = r.fleet->FindModel("llama")->routable.at(0);
+  CHECK(r.fleet->Transfer(id) == nullptr);
+  // A later Hello that announces one: routing reads it, and /fleet shows it.
+  hello.name = "w1";
+  hello.block_size = 16;
+  hello.requests_endpoint = w1.endpoint();
+  hello.transfer_endpoint = "tcp://10.0.0.5:5559";
+  hello.transfer_format = "bf16";
+  hello.transfer_bytes_per_block = 4u << 20;
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] { return r.fleet->Transfer(id) != nullptr; }));
+  CHECK(r.fleet->Transfer(id)->endpoint == "tcp://10.0.0.5:5559");
+  CHECK(r.fleet->Transfer(id)->name == "w1");
+  CHECK(r.fleet->Transfer(id)->bytes_per_block == 4u << 20);
+  fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
+  CHECK(fleet["workers"][0]["transfer"]["format"] == "bf16");
+  CHECK(fleet["workers"][0]["transfer"]["curve"] == false);
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

@@ -33,10 +33,10 @@ class FakeLoads final : public WorkerLoads {
     auto it = stored_prefix.find(w);
     return it == stored_prefix.end() ? 0 : it->second;
   }
-  std::optional<TransferPeer> Transfer(WorkerId w) const override {
+  std::shared_ptr<const TransferPeer> Transfer(WorkerId w) const override {
     auto it = transfer.find(w);
-    if (it == transfer.end()) return std::nullopt;
-    return it->second;
+    if (it == transfer.end()) return nullptr;
+    return std::make_shared<const TransferPeer>(it->second);
   }
 
   std::map<WorkerId, OwnLoadCounts> own, own_then;
