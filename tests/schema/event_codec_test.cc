@@ -1,9 +1,9 @@
 #include "schema/event_codec.h"
 
 #include "common/block_hash.h"
+#include "tests/schema/frame_vectors.h"
 
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <random>
@@ -163,20 +163,7 @@ TEST_CASE("LoraId is XXH3-64 of the adapter's name, 0 for the base model and nev
 }
 
 // schema/event_vectors.txt: vector name -> frame bytes.
-std::map<std::string, std::string> LoadEventVectors() {
-  std::ifstream in(std::string(KVFLEET_SOURCE_DIR) + "/schema/event_vectors.txt");
-  REQUIRE(in.good());
-  std::map<std::string, std::string> out;
-  std::string line, name;
-  while (std::getline(in, line)) {
-    if (line.rfind("vector ", 0) == 0) name = line.substr(7);
-    if (line.rfind("frame ", 0) != 0) continue;
-    std::string bytes;
-    for (size_t i = 6; i + 1 < line.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(line.substr(i, 2), nullptr, 16)));
-    out[name] = bytes;
-  }
-  return out;
-}
+std::map<std::string, std::string> LoadEventVectors() { return testing::LoadFrameVectors("schema/event_vectors.txt"); }
 
 // The example batch of schema/README.md, field by field; `ids` is whether its events carry ids.
 void CheckExampleBatch(const std::string& frame, bool ids) {

@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,25 +14,13 @@
 #include "schema/limits.h"
 #include "schema/transfer.capnp.h"
 #include "schema/wire.h"
+#include "tests/schema/frame_vectors.h"
 
 namespace kvfleet::transfer {
 namespace {
 
 // schema/transfer_vectors.txt: vector name -> frame bytes.
-std::map<std::string, std::string> LoadTransferVectors() {
-  std::ifstream in(std::string(KVFLEET_SOURCE_DIR) + "/schema/transfer_vectors.txt");
-  REQUIRE(in.good());
-  std::map<std::string, std::string> out;
-  std::string line, name;
-  while (std::getline(in, line)) {
-    if (line.rfind("vector ", 0) == 0) name = line.substr(7);
-    if (line.rfind("frame ", 0) != 0) continue;
-    std::string bytes;
-    for (size_t i = 6; i + 1 < line.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(line.substr(i, 2), nullptr, 16)));
-    out[name] = bytes;
-  }
-  return out;
-}
+std::map<std::string, std::string> LoadTransferVectors() { return testing::LoadFrameVectors("schema/transfer_vectors.txt"); }
 
 // Frames are copied into word-aligned memory, as ZMQ's receive buffers are.
 struct Aligned {
