@@ -70,7 +70,7 @@ J ObjectFromDom(simdjson::dom::object object, std::optional<std::string_view> sk
     if constexpr (std::is_same_v<J, json>) {
       fields.insert_or_assign(typename J::string_t(field.key), FromDom<J>(field.value));
     } else {
-      out[typename J::string_t(field.key)] = FromDom<J>(field.value);
+      fields[typename J::string_t(field.key)] = FromDom<J>(field.value);  // ordered_map: no insert_or_assign
     }
   }
   return out;

@@ -306,15 +306,15 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
     if (!config_.curve_keypair.empty()) {
       KVF_ASSIGN_OR_RETURN(to.keypair, LoadCurveKeyPair(config_.curve_keypair));
       KVF_ASSIGN_OR_RETURN(to.authorized_keys, LoadAuthorizedKeys(config_.transfer_authorized_keys));
+      transfer_key_ = to.keypair->public_key;
     }
     RequestServer* requests = requests_.get();
     to.on_ready = [requests] { requests->Wake(); };
     auto service = transfer::TransferService::Start(std::move(to), clock);
     if (!service.ok()) return service.status().WithContext("--transfer " + config_.transfer);
     transfer_ = std::move(*service);
-    const std::string bound = transfer_->endpoint();
-    const bool wildcard = bound.find("://0.0.0.0:") != std::string::npos || bound.find("://*:") != std::string::npos;
-    transfer_endpoint_ = wildcard ? WithPort(bound, EndpointPort(bound), host) : bound;
+    const std::string& bound = transfer_->endpoint();
+    transfer_endpoint_ = WithPort(bound, EndpointPort(bound), host);  // as the Hello's other endpoints
   }
   po.own_endpoint = transfer_endpoint_;
   pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get());
@@ -390,9 +390,7 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
   hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
   if (transfer_ != nullptr && pulls_->layout()) {
     hello.transfer_endpoint = transfer_endpoint_;
-    if (!config_.curve_keypair.empty()) {
-      if (auto keys = LoadCurveKeyPair(config_.curve_keypair); keys.ok()) hello.transfer_key = keys->public_key;
-    }
+    hello.transfer_key = transfer_key_;
     hello.transfer_format = std::string(transfer::KvDtypeName(pulls_->layout()->dtype));
     hello.transfer_bytes_per_block = pulls_->layout()->BytesPerBlock();
   }
