@@ -30,12 +30,16 @@ constexpr std::array<std::string_view, 2> kDetokenizeFields = {"model", "tokens"
 TokenizeAnswer Error(ApiError e) { return TokenizeAnswer{std::move(e), {}}; }
 
 // The body as an object, every field known (or admitted by the rule), and its model.
-std::optional<ApiError> Parse(std::string_view body, json* out) {
-  auto parsed = ParseJsonBody(body);
+std::optional<ApiError> AsObject(Result<json> parsed, json* out) {
   if (!parsed.ok()) return BadRequest(parsed.status().message());
   if (!parsed->is_object()) return BadRequest("the body must be a JSON object");
   *out = std::move(parsed).value();
   return std::nullopt;
+}
+std::optional<ApiError> Parse(std::string_view body, json* out) { return AsObject(ParseJsonBody(body), out); }
+// The same, a chat's messages taken out in the client's key order (json sorts them).
+std::optional<ApiError> Parse(std::string_view body, json* out, nlohmann::ordered_json* messages, bool* chat) {
+  return AsObject(ParseJsonBody(body, OrderedMember{"messages", messages, chat}), out);
 }
 
 template <size_t N>
@@ -84,9 +88,10 @@ std::optional<ApiError> FindModel(const json& j, const TokenizerModelLookup& loo
 
 TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& lookup, const FieldRule& rule) {
   json j;
-  if (auto e = Parse(body, &j)) return Error(*e);
+  nlohmann::ordered_json messages;
   // The chat form is the one with messages (vLLM tells them apart the same way).
-  const bool chat = j.contains("messages");
+  bool chat = false;
+  if (auto e = Parse(body, &j, &messages, &chat)) return Error(*e);
   if (auto e = chat ? CheckBody(j, kChatFields, rule) : CheckBody(j, kPromptFields, rule)) return Error(*e);
   bool add_special_tokens = !chat;  // vLLM's defaults: a chat template writes its own BOS
   bool return_token_strs = false;
@@ -97,12 +102,6 @@ TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& looku
 
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (chat) {
-    // Once more, keeping each message's keys in the client's order (json sorts them).
-    nlohmann::ordered_json messages;
-    bool taken = false;
-    if (!ParseJsonBody(body, OrderedMember{"messages", &messages, &taken}).ok() || !taken) {
-      return Error(BadRequest("'messages' could not be read", "messages"));
-    }
     if (Status s = ValidateChatMessages(messages); !s.ok()) return Error(ErrorFromStatus(s));
     ChatTemplateOptions options;
     // The completions' reading of the template fields, their checks included.
