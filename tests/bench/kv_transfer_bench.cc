@@ -49,6 +49,7 @@
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 #include "tests/worker/model/test_models.h"
+#include "tests/worker/server/loopback_worker_config.h"
 #include "worker/model/model_config.h"
 #include "worker/server/worker.h"
 
@@ -361,20 +362,15 @@ int main(int argc, char** argv) {
     std::printf("model: %s\n", model.c_str());
   }
 
-  server::WorkerConfig c;
+  server::WorkerConfig c = server::testing::LoopbackWorkerConfig();
   c.backend = "cuda";
   c.model_dir = model;
-  c.requests = c.events = c.replay = "tcp://127.0.0.1:0";
-  c.http_port = 0;
-  c.http_host = "127.0.0.1";
-  c.advertise_host = "127.0.0.1";
   c.block_size = 32;
   c.max_num_tokens = 8192;
   c.max_batch_size = 8;
   c.max_context = static_cast<uint32_t>(std::max<size_t>(16384, prompt_tokens + 1024));
   c.kv_cache_bytes = static_cast<uint64_t>(kv_gib * (1ull << 30));
   c.transfer_deadline_ms = 60'000;  // measured, never cut short
-  c.shutdown_grace_s = 1;
   zmq::context_t context;
   Clk::time_point t0 = Clk::now();
   RunningWorker a(c, context);

@@ -18,6 +18,7 @@
 #include "schema/requests.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
+#include "tests/worker/server/loopback_worker_config.h"
 #include "worker/server/worker.h"
 
 namespace kvfleet::server::testing {
@@ -25,19 +26,14 @@ namespace kvfleet::server::testing {
 // A worker of `backend` over `model_dir` on ephemeral loopback ports, small enough that two
 // share a machine (or a GPU): blocks of 16, 8 MiB of KV, a 512-token context.
 inline WorkerConfig InProcessConfig(const std::string& backend, const std::string& model_dir) {
-  WorkerConfig c;
+  WorkerConfig c = LoopbackWorkerConfig();
   c.backend = backend;
   c.model_dir = model_dir;
-  c.requests = c.events = c.replay = "tcp://127.0.0.1:0";
-  c.http_port = 0;
-  c.http_host = "127.0.0.1";
-  c.advertise_host = "127.0.0.1";
   c.block_size = 16;
   c.max_num_tokens = 256;
   c.max_batch_size = 4;
   c.max_context = 512;
   c.kv_cache_bytes = 8u << 20;
-  c.shutdown_grace_s = 1;
   return c;
 }
 
