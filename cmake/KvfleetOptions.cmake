@@ -60,3 +60,9 @@ if(KVFLEET_FUZZ)
   add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
   add_link_options(-fsanitize=address,undefined)
 endif()
+
+# KVFLEET_TEST_CXX_FLAGS: extra flags for the test executables' own sources (not the libraries
+# they test, nor the test helper libraries). tests/run.sh passes -O0 in its sanitizer builds:
+# the test sources are most of what those builds compile, their code generation is most of
+# that time, and -O0 halves it while the code under test keeps the build's optimisation.
+set(KVFLEET_TEST_CXX_FLAGS "" CACHE STRING "Extra compile flags for test executables' sources")
