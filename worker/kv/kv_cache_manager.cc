@@ -560,8 +560,8 @@ size_t KvCacheManager::MemoryBytes() const {
 
 Status KvCacheManager::CheckInvariants() const {
   for (const auto& pool : pools_) KVF_RETURN_IF_ERROR(pool->CheckInvariants());
-  // Invariant 3: device refcounts equal the holds of live sequences; host blocks are held
-  // only inside a call.
+  // Invariant 3: device refcounts equal the holds of live sequences and of runs pinned for a
+  // transfer; host blocks are held only inside a call or by such a run.
   for (uint32_t p = 0; p < pools_.size(); ++p) {
     const BlockPool& pool = *pools_[p];
     std::vector<uint32_t> holds(pool.num_blocks(Tier::kDevice), 0);
@@ -581,6 +581,12 @@ Status KvCacheManager::CheckInvariants() const {
       }
       if (kept != st.table.size()) return Internal("invariant 8: the linear table misses kept blocks");
     }
+    std::vector<uint32_t> host_holds(pool.num_blocks(Tier::kHost), 0);
+    for (const auto& [where, n] : export_pins_) {
+      const auto& [pool_index, tier, block] = where;
+      if (pool_index != p) continue;
+      (tier == Tier::kDevice ? holds : host_holds)[block] += n;
+    }
     for (BlockId b = 0; b < holds.size(); ++b) {
       if (holds[b] != pool.refcount(Tier::kDevice, b)) {
         return Internal("invariant 3: pool " + std::to_string(p) + " device block " + std::to_string(b) +
@@ -589,7 +595,7 @@ Status KvCacheManager::CheckInvariants() const {
       }
     }
     for (BlockId b = 0; b < pool.num_blocks(Tier::kHost); ++b) {
-      if (pool.refcount(Tier::kHost, b) != 0) return Internal("invariant 3: a host block is held between calls");
+      if (pool.refcount(Tier::kHost, b) != host_holds[b]) return Internal("invariant 3: a host block is held between calls");
     }
   }
   if (!copies_.empty()) return Internal("copies left unissued");

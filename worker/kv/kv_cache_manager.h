@@ -52,10 +52,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/block_hash.h"
@@ -221,6 +223,12 @@ class KvCacheManager {
   Result<std::vector<ExportedBlock>> ExportChain(
       BlockHash parent, std::span<const BlockHash> hashes,
       const std::function<Status(std::span<const ExportedBlock>)>& copy);
+  // ExportChain in two calls, for a copy that outlives the engine thread's call (a receiver on
+  // the same host copying device to device): PinChain finds and pins the leading run, marks it
+  // used and returns it; the caller must UnpinChain each of its blocks exactly once (any
+  // subspans). REQUIRES: no Clear() while a run is pinned.
+  std::vector<ExportedBlock> PinChain(BlockHash parent, std::span<const BlockHash> hashes);
+  void UnpinChain(std::span<const ExportedBlock> run);
   // The receiver's side, in two calls around the byte copy. BeginImport registers
   // spec.prompt (the pulled chain's whole blocks from the first token on: n·B tokens) as a
   // sequence and allocates the blocks it does not hold yet; the caller writes the pulled
@@ -300,6 +308,8 @@ class KvCacheManager {
   uint32_t group_blocks_ = 1;  // blocks per event block: EventBlockSize() / block_size
   std::unique_ptr<EventList> events_;  // this manager's and its pools' events, until taken
   std::vector<std::unique_ptr<BlockPool>> pools_;
+  // Holds PinChain left for UnpinChain, by (pool, tier, block): invariant 3 counts them.
+  std::map<std::tuple<uint32_t, Tier, BlockId>, uint32_t> export_pins_;
   std::vector<BlockCopy> copies_;  // this call's copies, issued by FinishCall
   std::unique_ptr<Plan> scratch_;  // Match/Allocate working space, reused to avoid allocations
   std::vector<std::unique_ptr<Sequence>> seqs_;  // slot -> sequence

@@ -1,5 +1,6 @@
 // KvCacheManager's side of KV transfer between workers (Contract 4, schema/README.md): the
-// holder finds and pins a chain by hash while its bytes are copied out (ExportChain); the
+// holder finds and pins a chain by hash while its bytes are copied out (ExportChain), or
+// until a receiver on the same host has copied them device to device (PinChain, UnpinChain); the
 // receiver registers the chain's tokens as a sequence, gets device blocks for what it does
 // not hold, and stores them once their bytes are written (BeginImport, EndImport), so the
 // usual stored events tell every router of the second holder. kv_cache_manager.h describes
@@ -15,9 +16,7 @@
 
 namespace kvfleet::kv {
 
-Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
-    BlockHash parent, std::span<const BlockHash> hashes,
-    const std::function<Status(std::span<const ExportedBlock>)>& copy) {
+std::vector<ExportedBlock> KvCacheManager::PinChain(BlockHash parent, std::span<const BlockHash> hashes) {
   std::vector<ExportedBlock> run;
   // A grouped manager's nodes carry block hashes at B, its events group hashes at G: the
   // hashes a router names are not the ones its tree is indexed by.
@@ -32,7 +31,6 @@ Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
       if (prev[p] == kNoNode) return run;
     }
   }
-  std::vector<NodeId> nodes;  // [block][pool]
   std::vector<NodeId> found(P);
   for (const BlockHash h : hashes) {
     bool held = true;
@@ -46,19 +44,36 @@ Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
     b.pools.resize(P);
     for (size_t p = 0; p < P; ++p) {
       b.pools[p] = BlockLocation{pools_[p]->tier(found[p]), pools_[p]->block(found[p])};
-      nodes.push_back(found[p]);
+      pools_[p]->Pin(found[p], now);
+      ++export_pins_[{static_cast<uint32_t>(p), b.pools[p].tier, b.pools[p].block}];
     }
     pools_[0]->Tokens(found[0], &b.tokens);
     run.push_back(std::move(b));
     prev.swap(found);
   }
-  if (run.empty()) return run;
-  for (size_t i = 0; i < nodes.size(); ++i) pools_[i % P]->Pin(nodes[i], now);
-  const Status copied = copy(run);
+  FinishCall();
+  return run;
+}
+
+void KvCacheManager::UnpinChain(std::span<const ExportedBlock> run) {
+  const TimeNs now = clock_->Now();
   for (const ExportedBlock& b : run) {
-    for (size_t p = 0; p < P; ++p) pools_[p]->Unpin(b.pools[p].tier, b.pools[p].block, now);
+    for (size_t p = 0; p < b.pools.size(); ++p) {
+      pools_[p]->Unpin(b.pools[p].tier, b.pools[p].block, now);
+      auto it = export_pins_.find({static_cast<uint32_t>(p), b.pools[p].tier, b.pools[p].block});
+      if (it != export_pins_.end() && --it->second == 0) export_pins_.erase(it);
+    }
   }
   FinishCall();
+}
+
+Result<std::vector<ExportedBlock>> KvCacheManager::ExportChain(
+    BlockHash parent, std::span<const BlockHash> hashes,
+    const std::function<Status(std::span<const ExportedBlock>)>& copy) {
+  std::vector<ExportedBlock> run = PinChain(parent, hashes);
+  if (run.empty()) return run;
+  const Status copied = copy(run);
+  UnpinChain(run);
   if (!copied.ok()) return copied;
   return run;
 }

@@ -95,6 +95,30 @@ TEST_CASE("a holder exports the leading run of a chain it holds, with each block
   }
 }
 
+TEST_CASE("a chain pinned for a same-host copy stays until each of its blocks is unpinned") {
+  Fixture h(SmallConfig(B, 16));
+  const auto prompt = Tokens(4 * B + 2, 1);
+  h.Request(prompt);
+  const auto hashes = Hashes(prompt);
+  std::vector<ExportedBlock> run = h.m->PinChain(0, hashes);
+  REQUIRE(run.size() == 4);
+  CHECK(run[3].hash == hashes[3]);
+  CHECK(run[3].tokens == std::vector<TokenId>(prompt.begin() + 3 * B, prompt.begin() + 4 * B));
+  h.Check();
+  CHECK(h.m->Evict(0, 16).empty());  // pinned across calls: nothing of it can leave
+  h.m->UnpinChain(std::span(run).subspan(2));
+  h.Check();
+  // The tail is free again; the head still pinned (and a child's parent stays while pinned).
+  CHECK(h.m->Evict(0, 16).size() == 2);
+  auto head = h.m->ExportChain(0, hashes, [](auto) { return Status{}; });
+  REQUIRE(head.ok());
+  CHECK(head->size() == 2);
+  h.m->UnpinChain(std::span(run).first(2));
+  h.Check();
+  CHECK(h.m->Evict(0, 16).size() == 2);
+  CHECK(h.m->PinChain(0, hashes).empty());
+}
+
 TEST_CASE("a receiver imports a pulled chain: its blocks are stored, published and reused with the holder's KV") {
   Fixture h(SmallConfig(B, 16));
   Fixture r(SmallConfig(B, 16));
