@@ -291,6 +291,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "router never asks a worker to pull")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--transfer-ipc-bytes-per-s", c->routing.transfer_ipc_bytes_per_s,
+                 "bandwidth assumed between two workers on one host that copy device to device (their Hellos "
+                 "name the same host id; CUDA IPC)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--transfer-setup-ms", c->transfer_setup_ms, "the fixed cost of one pull, added to its bytes' time")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

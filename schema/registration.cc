@@ -61,6 +61,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
     t.setPublicKey(h.transfer_key);
     t.setFormat(h.transfer_format);
     t.setBytesPerBlock(h.transfer_bytes_per_block);
+    t.setHostId(h.transfer_host_id);
   }
 }
 
@@ -100,6 +101,7 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     out.transfer_key = t.getPublicKey().cStr();
     out.transfer_format = t.getFormat().cStr();
     out.transfer_bytes_per_block = t.getBytesPerBlock();
+    out.transfer_host_id = t.getHostId().cStr();
   }
   return out;
 }

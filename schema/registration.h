@@ -70,6 +70,9 @@ struct WorkerHello {
   std::string transfer_key;
   std::string transfer_format;
   uint64_t transfer_bytes_per_block = 0;  // bytes one block moves (every pool); the pull's cost
+  // Set when it copies device blocks with workers on its host (CUDA IPC): the host's boot id.
+  // Two workers with the same one pull device to device.
+  std::string transfer_host_id;
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

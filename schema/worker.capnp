@@ -208,6 +208,7 @@ struct TransferInfo {
   publicKey @1 :Text;  # its CURVE server key (Z85); empty: plain TCP
   format @2 :Text;     # its KV block bytes: fp32, bf16, fp8e4m3 or none (mock); pulls need equal formats
   bytesPerBlock @3 :UInt64;  # bytes one block (blockSize tokens, every pool) moves: what a pull costs
+  hostId @4 :Text;     # set when it copies device blocks with workers on its host (CUDA IPC): the host's boot id
 }
 
 # One LoRA adapter a worker serves over its base model.

@@ -74,6 +74,7 @@ struct TransferPeer {
   std::string key;           // its CURVE server key (Z85); empty: plain TCP
   std::string format;        // its KV block bytes (fp32, bf16, fp8e4m3, none): pulls need equal ones
   uint64_t bytes_per_block = 0;
+  std::string host_id;       // set: it copies device blocks with workers of the same host id
 };
 
 // What the routing step reads of each worker's load (router/routing/router.h): this

@@ -192,7 +192,8 @@ uint32_t FleetImpl::StoredPrefixBlocks(WorkerId id) const {
 std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info) {
   if (info.transfer_endpoint.empty() || info.transfer_format.empty()) return nullptr;
   return std::make_shared<const TransferPeer>(TransferPeer{info.name, info.transfer_endpoint, info.transfer_key,
-                                                           info.transfer_format, info.transfer_bytes_per_block});
+                                                           info.transfer_format, info.transfer_bytes_per_block,
+                                                           info.transfer_host_id});
 }
 
 std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {

@@ -57,6 +57,7 @@ inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 inline constexpr double kTransferBytesPerSecond = 0.5e9;
 inline constexpr double kTransferSetupSeconds = 25e-3;
+inline constexpr double kTransferIpcBytesPerSecond = 100e9;
 }  // namespace config
 
 struct RoutingOptions {
@@ -101,6 +102,8 @@ struct RoutingOptions {
   // between two workers (bytes/s; 0: never pull) and the fixed cost of one pull (seconds).
   double transfer_bytes_per_s = config::kTransferBytesPerSecond;
   double transfer_setup_s = config::kTransferSetupSeconds;
+  // Between two workers that copy device to device on one host (their Hellos' host ids match).
+  double transfer_ipc_bytes_per_s = config::kTransferIpcBytesPerSecond;
 
   Status Validate() const;
 };

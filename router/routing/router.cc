@@ -130,12 +130,14 @@ void Router::AddPulls(std::vector<Candidate>* candidates) const {
     if (c.worker == source || have >= held) continue;
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
+    const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
+    const double pair_bandwidth = same_host ? options().transfer_ipc_bytes_per_s : bandwidth;
     Candidate pulled = c;
     pulled.pull_from = source;
     pulled.pull_blocks = held - have;
     pulled.device_blocks += pulled.pull_blocks;
     pulled.pull_s = options().transfer_setup_s +
-                    static_cast<double>(pulled.pull_blocks) * static_cast<double>(from->bytes_per_block) / bandwidth;
+                    static_cast<double>(pulled.pull_blocks) * static_cast<double>(from->bytes_per_block) / pair_bandwidth;
     candidates->push_back(pulled);
   }
 }

@@ -65,14 +65,17 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   hello.transfer_endpoint = "tcp://10.0.0.5:5559";
   hello.transfer_format = "bf16";
   hello.transfer_bytes_per_block = 4u << 20;
+  hello.transfer_host_id = "boot-1";
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
   REQUIRE(WaitFor([&] { return r.fleet->Transfer(id) != nullptr; }));
   CHECK(r.fleet->Transfer(id)->endpoint == "tcp://10.0.0.5:5559");
   CHECK(r.fleet->Transfer(id)->name == "w1");
   CHECK(r.fleet->Transfer(id)->bytes_per_block == 4u << 20);
+  CHECK(r.fleet->Transfer(id)->host_id == "boot-1");
   fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
   CHECK(fleet["workers"][0]["transfer"]["format"] == "bf16");
   CHECK(fleet["workers"][0]["transfer"]["curve"] == false);
+  CHECK(fleet["workers"][0]["transfer"]["host_id"] == "boot-1");
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

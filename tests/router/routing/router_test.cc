@@ -174,6 +174,16 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     CHECK(e->worker != 2);
     CHECK(e->pull.source.empty());
   }
+  SUBCASE("workers on one host pull at the device-to-device bandwidth, others at the network's") {
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // slower than recomputing over TCP
+    f.loads.transfer[0].host_id = f.loads.transfer[2].host_id = "boot-a";
+    f.loads.transfer[1].host_id = "boot-b";
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 0);  // 160 MiB at the default 100 GB/s: ~1.7 ms, not 0.36 s
+    CHECK(e->pull.source == "tcp://h2:5559");
+    CHECK(e->estimated_ttft_s < 0.05);
+  }
   SUBCASE("an idle holder keeps its prefix's requests: no pull") {
     f.loads.own.erase(2);
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
