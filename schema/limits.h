@@ -81,8 +81,8 @@ inline constexpr int64_t kMaxTransferBytes = int64_t{64} << 20;
 // Blocks one PullRequest may ask for: the longest context in 16-token blocks.
 inline constexpr int64_t kMaxPullBlocks = kMaxContextTokens / 16;
 // A PullRequest (what a holder's ROUTER accepts): 8 bytes a hash, the namespace's names (a
-// salt as long as a path), 6 words a pool, and slack.
+// salt as long as a path) and the receiver's host id, 6 words a pool, and slack.
 inline constexpr int64_t kMaxPullRequestBytes =
-    kMaxPullBlocks * 8 + 2 * kMaxNameBytes + kMaxPathBytes + kMaxKvPools * 48 + kSlackBytes;
+    kMaxPullBlocks * 8 + 3 * kMaxNameBytes + kMaxPathBytes + kMaxKvPools * 48 + kSlackBytes;
 
 }  // namespace kvfleet::wire::limits

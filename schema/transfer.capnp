@@ -47,6 +47,11 @@ struct PullRequest {
   hashes @4 :List(UInt64);         # the chain of Contract 1 sequence hashes wanted, in order
   layout @5 :Layout;               # the receiver's; the holder's must be equal
   deadlineMs @6 :UInt32;           # the receiver gives up this long after sending
+  hostId @7 :Text;                 # the receiver's host; non-empty: it can copy device blocks
+                                   # from a holder on the same host, which may answer `device`
+  release @8 :Bool;                # a release frame: the receiver has copied the `device` answer
+                                   # of transferId and the holder may unpin; every other field
+                                   # is unset and ignored
 }
 
 enum RefusalReason {
@@ -75,10 +80,28 @@ struct PullReply {
     refused @1 :Refused;
     blocks @2 :List(Block);  # the next blocks of the chain, indexes contiguous across frames
     done @3 :UInt32;         # the last frame: how many blocks were sent in all (the leading run held)
+    device @4 :DeviceRun;    # the only frame: same host, the run stays in the holder's device pools
   }
 
   struct Refused {
     reason @0 :RefusalReason;
     message @1 :Text;
   }
+}
+
+# A holder's answer to a receiver on the same host (PullRequest.hostId equal to the holder's):
+# the leading run of the chain it holds stays in its device KV pools, pinned until the
+# receiver's release frame (or the request's deadline plus a grace); the receiver copies it
+# device to device.
+struct DeviceRun {
+  handles @0 :List(Data);          # one per pool of the layout: the holder process's IPC handle
+                                   # of that pool's device memory (opaque, at most 256 bytes each)
+  blocks @1 :List(DeviceBlock);    # the leading run, indexes 0..n-1
+}
+
+struct DeviceBlock {
+  index @0 :UInt32;                # position in the request's hashes
+  hash @1 :UInt64;                 # = hashes[index]
+  tokens @2 :List(UInt32);         # the block's blockSize tokens
+  slots @3 :List(UInt32);          # per pool, the block's index in the holder's device pool
 }

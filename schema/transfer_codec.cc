@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include <capnp/any.h>
 #include <capnp/message.h>
 #include <xxhash.h>
 
@@ -50,6 +51,40 @@ Result<RefusalReason> FromWire(schema::RefusalReason r) {
 Result<std::string> ReadName(capnp::Text::Reader text, size_t max, const char* what) {
   if (text.size() > max) return OutOfRange(std::string(what) + " longer than " + std::to_string(max) + " bytes");
   return std::string(text.cStr(), text.size());
+}
+
+// Contract 4's first PullRequest struct: 3 data words (transferId; blockSize and deadlineMs;
+// parentHash) and 3 pointers (hashNamespace, hashes, layout), fields @0..@6. Cap'n Proto
+// builders always write a struct at its schema's full size; a request that sets none of the
+// later fields is written at this one instead, the bytes every encoder wrote before them.
+constexpr uint16_t kFirstRequestDataWords = 3;
+constexpr uint16_t kFirstRequestPointers = 3;
+
+// Writes fields @0..@6 only: `out` may be a struct of the first size, which holds no more.
+void WriteRequestFields(schema::PullRequest::Builder out, const PullRequest& r) {
+  out.setTransferId(r.transfer_id);
+  auto ns = out.initHashNamespace();
+  ns.setModel(r.model);
+  ns.setLora(r.lora);
+  ns.setCacheSalt(r.cache_salt);
+  out.setBlockSize(r.block_size);
+  out.setParentHash(r.parent_hash);
+  auto hashes = out.initHashes(static_cast<unsigned>(r.hashes.size()));
+  for (size_t i = 0; i < r.hashes.size(); ++i) hashes.set(static_cast<unsigned>(i), r.hashes[i]);
+  auto layout = out.initLayout();
+  layout.setDtype(ToWire(r.layout.dtype));
+  layout.setBlockSize(r.layout.block_size);
+  auto pools = layout.initPools(static_cast<unsigned>(r.layout.pools.size()));
+  for (size_t i = 0; i < r.layout.pools.size(); ++i) {
+    const PoolGeometry& p = r.layout.pools[i];
+    auto w = pools[static_cast<unsigned>(i)];
+    w.setWindow(p.window);
+    w.setLayers(p.layers);
+    w.setKvHeads(p.kv_heads);
+    w.setHeadDim(p.head_dim);
+    w.setBytesPerBlock(p.bytes_per_block);
+  }
+  out.setDeadlineMs(r.deadline_ms);
 }
 
 // The largest pool block a frame can carry next to one block's other fields.
@@ -118,30 +153,23 @@ uint64_t Checksum(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.d
 
 std::string EncodePullRequest(const PullRequest& r) {
   capnp::MallocMessageBuilder message;
-  auto out = message.initRoot<schema::PullRequest>();
-  out.setTransferId(r.transfer_id);
-  auto ns = out.initHashNamespace();
-  ns.setModel(r.model);
-  ns.setLora(r.lora);
-  ns.setCacheSalt(r.cache_salt);
-  out.setBlockSize(r.block_size);
-  out.setParentHash(r.parent_hash);
-  auto hashes = out.initHashes(static_cast<unsigned>(r.hashes.size()));
-  for (size_t i = 0; i < r.hashes.size(); ++i) hashes.set(static_cast<unsigned>(i), r.hashes[i]);
-  auto layout = out.initLayout();
-  layout.setDtype(ToWire(r.layout.dtype));
-  layout.setBlockSize(r.layout.block_size);
-  auto pools = layout.initPools(static_cast<unsigned>(r.layout.pools.size()));
-  for (size_t i = 0; i < r.layout.pools.size(); ++i) {
-    const PoolGeometry& p = r.layout.pools[i];
-    auto w = pools[static_cast<unsigned>(i)];
-    w.setWindow(p.window);
-    w.setLayers(p.layers);
-    w.setKvHeads(p.kv_heads);
-    w.setHeadDim(p.head_dim);
-    w.setBytesPerBlock(p.bytes_per_block);
+  if (r.host_id.empty() && !r.release) {
+    auto first = message.getRoot<capnp::AnyPointer>().initAsAnyStruct(kFirstRequestDataWords, kFirstRequestPointers);
+    WriteRequestFields(first.as<schema::PullRequest>(), r);
+    return wire::Encode(message);
   }
-  out.setDeadlineMs(r.deadline_ms);
+  auto out = message.initRoot<schema::PullRequest>();
+  WriteRequestFields(out, r);
+  out.setHostId(r.host_id);
+  out.setRelease(r.release);
+  return wire::Encode(message);
+}
+
+std::string EncodeRelease(uint64_t transfer_id) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<schema::PullRequest>();
+  out.setTransferId(transfer_id);
+  out.setRelease(true);
   return wire::Encode(message);
 }
 
@@ -156,6 +184,10 @@ Result<PullRequest> DecodePullRequest(const void* data, size_t size) {
     PullRequest r;
     r.transfer_id = in.getTransferId();
     if (r.transfer_id == 0) return InvalidArgument("pull request with transfer id 0");
+    if (in.getRelease()) {
+      r.release = true;
+      return r;
+    }
     auto ns = in.getHashNamespace();
     KVF_ASSIGN_OR_RETURN(r.model, ReadName(ns.getModel(), limits::kMaxNameBytes, "model"));
     if (r.model.empty()) return InvalidArgument("pull request with no model");
@@ -197,6 +229,7 @@ Result<PullRequest> DecodePullRequest(const void* data, size_t size) {
     KVF_RETURN_IF_ERROR(CheckLayout(r.layout));
     r.deadline_ms = in.getDeadlineMs();
     if (r.deadline_ms == 0) return InvalidArgument("pull request with deadline 0");
+    KVF_ASSIGN_OR_RETURN(r.host_id, ReadName(in.getHostId(), config::kMaxHostIdBytes, "host id"));
     return r;
   });
 }
@@ -251,6 +284,77 @@ std::string EncodeDone(uint64_t transfer_id, uint32_t count) {
   out.setDone(count);
   return wire::Encode(builder);
 }
+
+std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<schema::PullReply>();
+  out.setTransferId(transfer_id);
+  auto device = out.initDevice();
+  auto handles = device.initHandles(static_cast<unsigned>(run.handles.size()));
+  for (size_t i = 0; i < run.handles.size(); ++i) {
+    const std::string& h = run.handles[i];
+    handles.set(static_cast<unsigned>(i), capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(h.data()), h.size()));
+  }
+  auto list = device.initBlocks(static_cast<unsigned>(run.blocks.size()));
+  for (size_t i = 0; i < run.blocks.size(); ++i) {
+    const DeviceBlock& b = run.blocks[i];
+    auto w = list[static_cast<unsigned>(i)];
+    w.setIndex(b.index);
+    w.setHash(b.hash);
+    auto tokens = w.initTokens(static_cast<unsigned>(b.tokens.size()));
+    for (size_t j = 0; j < b.tokens.size(); ++j) tokens.set(static_cast<unsigned>(j), b.tokens[j]);
+    auto slots = w.initSlots(static_cast<unsigned>(b.slots.size()));
+    for (size_t j = 0; j < b.slots.size(); ++j) slots.set(static_cast<unsigned>(j), b.slots[j]);
+  }
+  return wire::Encode(builder);
+}
+
+namespace {
+
+Result<DeviceRun> ReadDeviceRun(schema::DeviceRun::Reader in) {
+  DeviceRun run;
+  auto handles = in.getHandles();
+  if (handles.size() == 0) return InvalidArgument("device run with no handle");
+  if (handles.size() > static_cast<size_t>(limits::kMaxKvPools)) {
+    return InvalidArgument("device run with " + std::to_string(handles.size()) + " handles, more than " +
+                           std::to_string(limits::kMaxKvPools));
+  }
+  run.handles.resize(handles.size());
+  for (unsigned i = 0; i < handles.size(); ++i) {
+    auto h = handles[i];
+    if (h.size() == 0 || h.size() > config::kMaxDeviceHandleBytes) {
+      return InvalidArgument("device handle " + std::to_string(i) + " of " + std::to_string(h.size()) +
+                             " bytes, not 1 to " + std::to_string(config::kMaxDeviceHandleBytes));
+    }
+    run.handles[i].assign(reinterpret_cast<const char*>(h.begin()), h.size());
+  }
+  auto list = in.getBlocks();
+  if (list.size() > static_cast<size_t>(limits::kMaxPullBlocks)) {
+    return InvalidArgument("device run of " + std::to_string(list.size()) + " blocks, more than " +
+                           std::to_string(limits::kMaxPullBlocks));
+  }
+  run.blocks.resize(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) {
+    auto w = list[i];
+    DeviceBlock& b = run.blocks[i];
+    b.index = w.getIndex();
+    b.hash = w.getHash();
+    auto tokens = w.getTokens();
+    if (tokens.size() > config::kMaxBlockTokens) return InvalidArgument("device block with too many tokens");
+    b.tokens.resize(tokens.size());
+    for (unsigned j = 0; j < tokens.size(); ++j) b.tokens[j] = tokens[j];
+    auto slots = w.getSlots();
+    if (slots.size() != handles.size()) {
+      return InvalidArgument("device block " + std::to_string(b.index) + " with " + std::to_string(slots.size()) +
+                             " slots for " + std::to_string(handles.size()) + " handles");
+    }
+    b.slots.resize(slots.size());
+    for (unsigned j = 0; j < slots.size(); ++j) b.slots[j] = slots[j];
+  }
+  return run;
+}
+
+}  // namespace
 
 Result<PullReply> DecodePullReply(const void* data, size_t size) {
   // Read in place: the blocks' bytes are copied out below, and a frame is up to 64 MiB.
@@ -307,6 +411,11 @@ Result<PullReply> DecodePullReply(const void* data, size_t size) {
       case schema::PullReply::DONE:
         reply.body = Done{in.getDone()};
         return reply;
+      case schema::PullReply::DEVICE: {
+        KVF_ASSIGN_OR_RETURN(DeviceRun run, ReadDeviceRun(in.getDevice()));
+        reply.body = std::move(run);
+        return reply;
+      }
     }
     return InvalidArgument("pull reply of unknown kind " + std::to_string(static_cast<int>(in.which())));
   });
@@ -333,6 +442,31 @@ Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bo
     }
     if (verify_checksums && Checksum(b.data[i]) != b.checksums[i]) {
       return DataLoss(at + "pool " + std::to_string(i) + " checksum mismatch");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run) {
+  const size_t pools = request.layout.pools.size();
+  if (run.handles.size() != pools) {
+    return InvalidArgument("device run with " + std::to_string(run.handles.size()) + " handles for " +
+                           std::to_string(pools) + " pools");
+  }
+  if (run.blocks.size() > request.hashes.size()) {
+    return InvalidArgument("device run of " + std::to_string(run.blocks.size()) + " blocks for a chain of " +
+                           std::to_string(request.hashes.size()));
+  }
+  for (size_t i = 0; i < run.blocks.size(); ++i) {
+    const DeviceBlock& b = run.blocks[i];
+    const std::string at = "device block " + std::to_string(i) + ": ";
+    if (b.index != i) return InvalidArgument(at + "index " + std::to_string(b.index) + " out of order");
+    if (b.hash != request.hashes[i]) return InvalidArgument(at + "hash is not the one asked for");
+    if (b.tokens.size() != request.block_size) {
+      return InvalidArgument(at + std::to_string(b.tokens.size()) + " tokens, not " + std::to_string(request.block_size));
+    }
+    if (b.slots.size() != pools) {
+      return InvalidArgument(at + std::to_string(b.slots.size()) + " slots for " + std::to_string(pools) + " pools");
     }
   }
   return Status::Ok();

@@ -1,6 +1,7 @@
 // Transfer codec: Contract 4's messages (schema/transfer.capnp) <-> C++ values. A receiver
 // sends a PullRequest for a chain of KV blocks; the holder answers with `blocks` frames and a
-// `done`, or one `refused`.
+// `done`, or one `refused`, or (same host) one `device` frame of IPC handles and slots, which
+// the receiver later releases with a release frame.
 //
 // The one encoder and decoder of every Contract 4 message, used by both sides
 // (worker/transfer). Decoding never trusts its input: a frame that does not decode, or breaks
@@ -28,6 +29,11 @@ namespace kvfleet::transfer {
 namespace config {
 // Tokens per KV block on the wire; block sizes are far smaller (Contract 1: 16 to 64).
 constexpr uint32_t kMaxBlockTokens = 1 << 16;
+// An IPC handle of one device pool: opaque bytes (cudaIpcMemHandle_t is 64), with room for
+// larger handle kinds.
+constexpr size_t kMaxDeviceHandleBytes = 256;
+// PullRequest::host_id: a host name or machine id.
+constexpr size_t kMaxHostIdBytes = 256;
 }  // namespace config
 
 enum class KvDtype : uint8_t { kBf16, kFp8E4M3, kFp32, kNone };
@@ -76,6 +82,12 @@ struct PullRequest {
   std::vector<BlockHash> hashes;     // the chain wanted, in order; none is 0
   Layout layout;                     // the receiver's
   uint32_t deadline_ms = 0;          // the receiver gives up this long after sending; > 0
+  // The receiver's host; non-empty: it can copy device blocks from a holder on the same host,
+  // which may then answer with a DeviceRun. Empty: blocks over the wire only.
+  std::string host_id;
+  // A release frame: the receiver has copied the DeviceRun of transfer_id and the holder may
+  // unpin it. Every other field is unset and ignored.
+  bool release = false;
   bool operator==(const PullRequest&) const = default;
 };
 
@@ -98,19 +110,43 @@ struct Done {
   uint32_t count = 0;
 };
 
+// One block of a DeviceRun: where it lies in each of the holder's device pools.
+struct DeviceBlock {
+  uint32_t index = 0;            // position in the request's hashes
+  BlockHash hash = 0;            // = hashes[index]
+  std::vector<TokenId> tokens;   // the block's block_size tokens
+  std::vector<uint32_t> slots;   // per pool, the block's index in the holder's device pool
+  bool operator==(const DeviceBlock&) const = default;
+};
+
+// A same-host answer: the leading run stays in the holder's device pools, pinned until the
+// receiver releases it; the receiver copies it device to device through the handles. No
+// checksums: the bytes never leave the host's device memory.
+struct DeviceRun {
+  std::vector<std::string> handles;  // per pool of the layout: the holder's IPC handle of its memory (opaque)
+  std::vector<DeviceBlock> blocks;   // indexes 0..n-1
+  bool operator==(const DeviceRun&) const = default;
+};
+
 struct PullReply {
   uint64_t transfer_id = 0;
-  std::variant<Refusal, std::vector<Block>, Done> body;
+  std::variant<Refusal, std::vector<Block>, Done, DeviceRun> body;
 };
 
 // XXH3_64 (seed 0) of a block's bytes in one pool.
 uint64_t Checksum(std::span<const std::byte> bytes);
 
+// A request without host_id and release is written exactly as before they existed (the
+// struct at its first size), so old frames and transfer_vectors.txt stay byte for byte.
 std::string EncodePullRequest(const PullRequest& request);
+// A release frame for `transfer_id` (PullRequest::release).
+std::string EncodeRelease(uint64_t transfer_id);
 // Decodes and validates one PullRequest frame: a non-zero transfer id; a non-empty model and
 // names within limits; a power-of-two block size equal to the layout's; 1 to
 // limits::kMaxPullBlocks hashes, none 0; 1 to kMaxKvPools pools, each block within a frame
-// (limits::kMaxTransferBytes less slack); a non-zero deadline. Over a limit: OutOfRange.
+// (limits::kMaxTransferBytes less slack); a non-zero deadline; a host id of at most
+// kMaxHostIdBytes. Over a limit: OutOfRange. A release frame needs only its non-zero transfer
+// id: it comes back with release set and nothing else read.
 Result<PullRequest> DecodePullRequest(const void* data, size_t size);
 // The transfer id of a PullRequest frame that DecodePullRequest refuses, so the refusal can
 // name it; 0 when not even that can be read.
@@ -120,9 +156,13 @@ std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::strin
 // REQUIRES: each block's data and checksums agree in count.
 std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks);
 std::string EncodeDone(uint64_t transfer_id, uint32_t count);
+std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run);
 // Decodes one PullReply frame: a non-zero transfer id, a known refusal reason, and blocks
 // whose token, data and checksum lists are within limits and data and checksums agree in
-// count. What a block must be for the request it answers is CheckBlock's.
+// count; a device run of 1 to kMaxKvPools handles of 1 to kMaxDeviceHandleBytes bytes, at
+// most limits::kMaxPullBlocks blocks of at most kMaxBlockTokens tokens and one slot per
+// handle. What a block or run must be for the request it answers is CheckBlock's and
+// CheckDeviceRun's.
 Result<PullReply> DecodePullReply(const void* data, size_t size);
 
 // Checks block `b` as the `index`-th block answering `request`: its index, its hash
@@ -130,6 +170,11 @@ Result<PullReply> DecodePullReply(const void* data, size_t size);
 // (none for kNone) and, when `verify_checksums`, every checksum. A checksum mismatch is
 // DataLoss; any other fault InvalidArgument.
 Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums);
+
+// Checks `run` as the answer to `request`: one handle per pool of the layout, at most as many
+// blocks as hashes, block i with index i, hash hashes[i], block_size tokens and one slot per
+// pool. InvalidArgument otherwise.
+Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run);
 
 // An upper bound on the bytes `b` adds to an EncodeBlocks frame: a holder packs frames by it.
 uint64_t EncodedBlockBytes(const Block& b);

@@ -263,5 +263,140 @@ TEST_CASE("EncodedBlockBytes bounds a blocks frame's size") {
   CHECK(EncodeBlocks(7, blocks).size() <= bound + 64);
 }
 
+// A same-host answer to ExampleRequest: both blocks, one pool, a 64-byte handle.
+DeviceRun ExampleDeviceRun() {
+  DeviceRun run;
+  run.handles = {std::string(64, '\x11')};
+  run.blocks = {DeviceBlock{0, 0x276a80ee59a83ca7ULL, {1, 2, 3, 4}, {17}},
+                DeviceBlock{1, 0x48a3b26c8ba2c36dULL, {5, 6, 7, 8}, {3}}};
+  return run;
+}
+
+TEST_CASE("a request without a host id or release keeps its first encoding; with a host id it round-trips") {
+  // The vector's bytes come from the first schema: the later fields at their defaults add nothing.
+  CHECK(EncodePullRequest(ExampleRequest()) == LoadTransferVectors().at("pull request"));
+  PullRequest r = ExampleRequest();
+  r.host_id = "gpu-node-3";
+  const std::string frame = EncodePullRequest(r);
+  CHECK(frame.size() > EncodePullRequest(ExampleRequest()).size());
+  auto back = DecodeRequest(frame);
+  REQUIRE(back.ok());
+  CHECK(*back == r);
+  CHECK_FALSE(back->release);
+
+  // An old holder's reader sees the first fields of a new request unchanged.
+  Aligned a(frame);
+  auto msg = wire::Decode<schema::PullRequest>(a.data(), a.size);
+  REQUIRE(msg.ok());
+  CHECK((*msg)->Root<schema::PullRequest>().getDeadlineMs() == 2000);
+
+  r.host_id = std::string(config::kMaxHostIdBytes, 'h');
+  CHECK(DecodeRequest(EncodePullRequest(r)).ok());
+  r.host_id.push_back('h');
+  CHECK(DecodeRequest(EncodePullRequest(r)).status().code() == StatusCode::kOutOfRange);
+}
+
+TEST_CASE("a release frame needs only its transfer id") {
+  auto back = DecodeRequest(EncodeRelease(7));
+  REQUIRE(back.ok());
+  CHECK(back->release);
+  CHECK(back->transfer_id == 7);
+  CHECK(back->hashes.empty());
+  CHECK(back->model.empty());
+  CHECK(ReadTransferId(Aligned(EncodeRelease(7)).data(), EncodeRelease(7).size()) == 7);
+  // Through EncodePullRequest the other fields are written but ignored.
+  PullRequest r = ExampleRequest();
+  r.release = true;
+  back = DecodeRequest(EncodePullRequest(r));
+  REQUIRE(back.ok());
+  CHECK(back->release);
+  CHECK(back->hashes.empty());
+  CHECK(DecodeRequest(EncodeRelease(0)).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a device run round-trips and matches the request it answers") {
+  const DeviceRun run = ExampleDeviceRun();
+  auto back = DecodeReply(EncodeDeviceRun(7, run));
+  REQUIRE(back.ok());
+  CHECK(back->transfer_id == 7);
+  REQUIRE(std::holds_alternative<DeviceRun>(back->body));
+  CHECK(std::get<DeviceRun>(back->body) == run);
+  CHECK(CheckDeviceRun(ExampleRequest(), run).ok());
+
+  DeviceRun shorter = run;
+  shorter.blocks.resize(1);
+  CHECK(CheckDeviceRun(ExampleRequest(), shorter).ok());
+  shorter.blocks.clear();
+  CHECK(CheckDeviceRun(ExampleRequest(), shorter).ok());  // nothing held: an empty run
+
+  PullRequest two_pools = ExampleRequest();
+  two_pools.layout.pools.push_back(PoolGeometry{4096, 2, 1, 2, 64});
+  DeviceRun wide = run;
+  wide.handles.push_back(std::string(64, '\x22'));
+  for (DeviceBlock& b : wide.blocks) b.slots.push_back(5);
+  back = DecodeReply(EncodeDeviceRun(9, wide));
+  REQUIRE(back.ok());
+  CHECK(std::get<DeviceRun>(back->body) == wide);
+  CHECK(CheckDeviceRun(two_pools, wide).ok());
+  CHECK(!CheckDeviceRun(ExampleRequest(), wide).ok());  // two handles for one pool
+}
+
+TEST_CASE("a device run over the limits or with mismatched slots does not decode") {
+  auto fails = [](const DeviceRun& run) { return !DecodeReply(EncodeDeviceRun(7, run)).ok(); };
+  DeviceRun run = ExampleDeviceRun();
+  run.handles.clear();
+  for (DeviceBlock& b : run.blocks) b.slots.clear();
+  CHECK(fails(run));  // no handle
+  run = ExampleDeviceRun();
+  run.handles.assign(wire::limits::kMaxKvPools + 1, "h");
+  for (DeviceBlock& b : run.blocks) b.slots.assign(run.handles.size(), 0);
+  CHECK(fails(run));  // too many handles
+  run = ExampleDeviceRun();
+  run.handles[0] = std::string(config::kMaxDeviceHandleBytes, 'x');
+  CHECK_FALSE(fails(run));
+  run.handles[0].push_back('x');
+  CHECK(fails(run));  // a handle too long
+  run = ExampleDeviceRun();
+  run.handles[0].clear();
+  CHECK(fails(run));  // an empty handle
+  run = ExampleDeviceRun();
+  run.blocks[1].slots.push_back(4);
+  CHECK(fails(run));  // two slots for one handle
+  run = ExampleDeviceRun();
+  run.blocks[0].slots.clear();
+  CHECK(fails(run));
+  run = ExampleDeviceRun();
+  run.blocks[0].tokens.assign(config::kMaxBlockTokens + 1, 1);
+  CHECK(fails(run));
+  run = ExampleDeviceRun();
+  run.blocks.assign(wire::limits::kMaxPullBlocks + 1, DeviceBlock{0, 1, {}, {0}});
+  CHECK(fails(run));
+  CHECK(fails(DeviceRun{}));
+  CHECK(!DecodeReply(EncodeDeviceRun(0, ExampleDeviceRun())).ok());
+}
+
+TEST_CASE("CheckDeviceRun refuses a run out of order, of another hash, tokens, handles or slots") {
+  const PullRequest r = ExampleRequest();
+  auto code = [&](const DeviceRun& run) { return CheckDeviceRun(r, run).code(); };
+  DeviceRun run = ExampleDeviceRun();
+  std::swap(run.blocks[0], run.blocks[1]);
+  CHECK(code(run) == StatusCode::kInvalidArgument);
+  run = ExampleDeviceRun();
+  run.blocks[1].hash ^= 1;
+  CHECK(code(run) == StatusCode::kInvalidArgument);
+  run = ExampleDeviceRun();
+  run.blocks[0].tokens.pop_back();
+  CHECK(CheckDeviceRun(r, run).message().find("tokens") != std::string::npos);
+  run = ExampleDeviceRun();
+  run.blocks[1].slots.push_back(1);
+  CHECK(CheckDeviceRun(r, run).message().find("slots") != std::string::npos);
+  run = ExampleDeviceRun();
+  run.handles.push_back("h");
+  CHECK(CheckDeviceRun(r, run).message().find("handles") != std::string::npos);
+  run = ExampleDeviceRun();
+  run.blocks.push_back(DeviceBlock{2, 99, {9, 10, 11, 12}, {1}});
+  CHECK(CheckDeviceRun(r, run).message().find("chain of 2") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvfleet::transfer

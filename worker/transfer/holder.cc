@@ -16,10 +16,8 @@ constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits
 // Frees a sent frame's bytes; libzmq calls it, on its I/O thread, once the frame is written.
 void FreeSentFrame(void* /*data*/, void* hint) { delete static_cast<std::string*>(hint); }
 
-// Sends [identity][frame] without waiting. False when the peer's queue is full (try later;
-// `frame` is kept); a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY) is reported
-// as `gone`. Once sent, `frame` is moved into the message ZeroMQ sends (no copy of a blocks
-// frame's tens of MiB) and left empty.
+}  // namespace
+
 bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& frame, bool* gone) {
   *gone = false;
   try {
@@ -35,8 +33,6 @@ bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& fra
     return false;
   }
 }
-
-}  // namespace
 
 void TransferService::Impl::DrainRouter() {
   for (int i = 0; i < 256; ++i) {
@@ -78,12 +74,14 @@ void TransferService::Impl::HandleRequest(std::vector<zmq::message_t>& parts) {
         request.status().code() == StatusCode::kOutOfRange ? RefusalReason::kTooLarge : RefusalReason::kMalformed;
     return SendRefusal(identity, id, reason, request.status().message());
   }
+  if (request->release) return HandleRelease(identity, request->transfer_id);
   if (stopping.load()) {
     return SendRefusal(identity, request->transfer_id, RefusalReason::kShuttingDown, "the holder is shutting down");
   }
-  if (open_pulls.size() + serving.size() >= options.max_inflight_pulls) {
-    return SendRefusal(identity, request->transfer_id, RefusalReason::kBusy,
-                       std::to_string(open_pulls.size() + serving.size()) + " pulls in flight");
+  // Device runs held count: each pins blocks of this holder's cache.
+  const size_t inflight = open_pulls.size() + serving.size() + held.size();
+  if (inflight >= options.max_inflight_pulls) {
+    return SendRefusal(identity, request->transfer_id, RefusalReason::kBusy, std::to_string(inflight) + " pulls in flight");
   }
   auto [it, fresh] = token_of_identity.try_emplace(identity, next_peer_token);
   if (fresh) identity_of_token[next_peer_token++] = identity;
@@ -227,6 +225,8 @@ void TransferService::Impl::SweepOpenPulls(TimeNs now) {
     live.insert(it->first.first);
     ++it;
   }
+  // A held run's release must find its peer's token again.
+  for (const auto& [key, until] : held) live.insert(key.first);
   std::set<std::string> sending;
   for (const Serving& s : serving) sending.insert(s.identity);
   for (auto it = identity_of_token.begin(); it != identity_of_token.end();) {

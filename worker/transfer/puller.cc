@@ -105,8 +105,12 @@ void TransferService::Impl::HandleReply(const std::string& source_key, const zmq
   const uint64_t id = reply.ok() ? reply->transfer_id : 0;
   auto it = pulls.find(id);
   if (it == pulls.end() || it->second.source_key != source_key) {
-    std::lock_guard lock(mu);
-    stats.late_frames++;
+    {
+      std::lock_guard lock(mu);
+      stats.late_frames++;
+    }
+    // A device run that came too late is still pinned at its holder: let it go now.
+    if (reply.ok() && std::holds_alternative<DeviceRun>(reply->body)) SendRelease(source_key, id);
     return;
   }
   Pull& pull = it->second;
@@ -116,6 +120,7 @@ void TransferService::Impl::HandleReply(const std::string& source_key, const zmq
                       Unavailable("refused " + std::string(RefusalReasonName(refusal->reason)) + ": " + refusal->message),
                       refusal->reason);
   }
+  if (auto* run = std::get_if<DeviceRun>(&reply->body)) return HandleDeviceRun(id, std::move(*run));
   if (auto* blocks = std::get_if<std::vector<Block>>(&reply->body)) {
     for (Block& b : *blocks) {
       Status s = CheckBlock(pull.request, b, static_cast<uint32_t>(pull.blocks.size()), true);
@@ -150,7 +155,15 @@ void TransferService::Impl::FinishPull(uint64_t id, PullOutcome outcome, Status 
   r.status = std::move(status);
   r.source = pull.endpoint;
   r.elapsed = now - pull.start;
+  r.deadline = pull.deadline;
   if (outcome != PullOutcome::kOk) return PushResult(std::move(r));
+  if (pull.device) {
+    // Same host: no modelled link; the run is leased until released or its hold ends.
+    r.bytes = pull.device->blocks.size() * pull.request.layout.BytesPerBlock();
+    r.device = std::move(pull.device);
+    leases[id] = Lease{pull.source_key, pull.deadline + config::kDeviceHoldGrace};
+    return PushResult(std::move(r));
+  }
   r.bytes = pull.blocks.size() * pull.request.layout.BytesPerBlock();
   r.blocks = std::move(pull.blocks);
   const TimeNs ready = pull.start + ModelledTransferTime(r.bytes, options.simulated_bandwidth_bytes_per_s);

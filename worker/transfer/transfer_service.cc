@@ -119,17 +119,35 @@ std::vector<PullResult> TransferService::TakeResults() {
   return out;
 }
 
+std::vector<Released> TransferService::TakeReleases() {
+  std::lock_guard lock(impl_->mu);
+  std::vector<Released> out;
+  out.swap(impl_->releases_ready);
+  return out;
+}
+
 bool TransferService::WaitForWork(DurationNs timeout) {
   Impl& s = *impl_;
   std::unique_lock lock(s.mu);
-  auto ready = [&] { return !s.pulls_ready.empty() || !s.results_ready.empty() || s.stopping.load(); };
-  s.cv.wait_for(lock, std::chrono::nanoseconds(timeout), ready);
-  return !s.pulls_ready.empty() || !s.results_ready.empty();
+  auto has_work = [&] { return !s.pulls_ready.empty() || !s.results_ready.empty() || !s.releases_ready.empty(); };
+  s.cv.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return has_work() || s.stopping.load(); });
+  return has_work();
 }
 
 void TransferService::Impl::Queue(Command command) {
   {
     std::lock_guard lock(mu);
+    if (io_done) {
+      // Stopped: nothing will run it. A device run was never sent, so the engine unpins now
+      // (the caller is the engine thread: it sees TakeReleases on its next round).
+      if (auto* device = std::get_if<ServeDeviceCommand>(&command)) {
+        releases_ready.push_back(Released{device->peer_token, device->transfer_id, true});
+        stats.device_expired++;
+        stats.stale_serves++;
+        cv.notify_all();
+      }
+      return;
+    }
     commands.push_back(std::move(command));
   }
   uint64_t one = 1;
@@ -139,6 +157,12 @@ void TransferService::Impl::Queue(Command command) {
 void TransferService::Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks) {
   impl_->Queue(ServeCommand{peer_token, transfer_id, std::move(blocks)});
 }
+
+void TransferService::ServeDevice(uint64_t peer_token, uint64_t transfer_id, DeviceRun run) {
+  impl_->Queue(ServeDeviceCommand{peer_token, transfer_id, std::move(run)});
+}
+
+void TransferService::ReleasePull(uint64_t transfer_id) { impl_->Queue(ReleaseCommand{transfer_id}); }
 
 void TransferService::Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message) {
   impl_->Queue(RefuseCommand{peer_token, transfer_id, reason, std::move(message)});
@@ -184,7 +208,7 @@ void TransferService::Impl::CountPull(const PullResult& r) {
   src.by_outcome[static_cast<size_t>(r.outcome)]++;
   if (r.outcome != PullOutcome::kOk) return;
   src.ok++;
-  src.blocks += r.blocks.size();
+  src.blocks += r.device ? r.device->blocks.size() : r.blocks.size();
   src.bytes += r.bytes;
   src.seconds += static_cast<double>(r.elapsed) / kNsPerSec;
 }
@@ -205,8 +229,13 @@ void TransferService::Impl::RunCommands() {
             DoRefuse(cmd);
           } else if constexpr (std::is_same_v<T, PullCommand>) {
             DoPull(cmd);
-          } else {
+          } else if constexpr (std::is_same_v<T, CancelCommand>) {
             DoCancel(cmd.transfer_id);
+          } else if constexpr (std::is_same_v<T, ServeDeviceCommand>) {
+            DoServeDevice(cmd);
+          } else {
+            static_assert(std::is_same_v<T, ReleaseCommand>);
+            DoRelease(cmd.transfer_id);
           }
         },
         c);
@@ -223,6 +252,8 @@ void TransferService::Impl::IoLoop() {
     const TimeNs now = clock->Now();
     const TimeNs next_timer = CheckPullTimers(now);
     SweepOpenPulls(now);
+    const bool holding = SweepHeld(now);
+    ExpireLeases(now);
     if (stop) break;
 
     items.clear();
@@ -234,7 +265,7 @@ void TransferService::Impl::IoLoop() {
       polled.emplace_back(key, source.dealer.get());
     }
     long timeout = config::kIdlePollMs;
-    if (backlog || next_timer != 0) timeout = config::kBusyPollMs;
+    if (backlog || next_timer != 0 || holding) timeout = config::kBusyPollMs;
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
     } catch (const zmq::error_t& e) {
@@ -255,6 +286,23 @@ void TransferService::Impl::IoLoop() {
   RefuseAllOpen(RefusalReason::kShuttingDown, "the holder is shutting down");
   PumpServing();
   CancelAllPulls("the transfer service stopped");
+  // Commands queued since the loop's last round: a device run among them was never sent.
+  std::vector<Command> late;
+  {
+    std::lock_guard lock(mu);
+    io_done = true;
+    late.swap(commands);
+  }
+  for (Command& c : late) {
+    if (auto* device = std::get_if<ServeDeviceCommand>(&c)) {
+      {
+        std::lock_guard lock(mu);
+        stats.stale_serves++;
+      }
+      ReportReleased(device->peer_token, device->transfer_id, true);
+    }
+  }
+  ReleaseAllHeld();
   for (auto& [key, source] : sources) source.dealer->close();
   router.close();
 }

@@ -8,6 +8,10 @@
 //     kept); the I/O thread checks every block as it arrives (index, hash, tokens, sizes,
 //     checksum) and enforces the deadline. Each StartPull ends in exactly one PullResult
 //     (TakeResults): ok with the verified leading run, or why not, with no blocks.
+//   - same host (a request with a host_id): the holder may answer with ServeDevice instead, a
+//     DeviceRun of IPC handles and slots; it keeps the run pinned until the receiver's
+//     ReleasePull reaches it or the deadline plus kDeviceHoldGrace passes (TakeReleases says
+//     when the engine may unpin). The receiver's PullResult then carries `device`.
 // The service checks the wire; the engine thread still compares each block's tokens with its
 // own prompt before importing it (a hash collision costs a miss, never a wrong answer).
 //
@@ -35,6 +39,12 @@
 
 namespace kvfleet::transfer {
 
+namespace config {
+// A holder keeps a device run pinned this long past the request's deadline when no release
+// arrives: the receiver copies nothing after its deadline, and its clock started earlier.
+constexpr DurationNs kDeviceHoldGrace = kNsPerSec;
+}  // namespace config
+
 struct TransferOptions {
   // Where the holder's ROUTER binds, e.g. "tcp://0.0.0.0:5559"; port 0 picks one.
   std::string bind = "tcp://127.0.0.1:0";
@@ -55,8 +65,8 @@ struct TransferOptions {
   // > 0: a pull completes no earlier than its start + the chain's modelled bytes
   // (blocks × Layout::BytesPerBlock) / this, the mock backend's stand-in for a link.
   double simulated_bandwidth_bytes_per_s = 0;
-  // Called on the I/O thread whenever TakePulls or TakeResults has something new (the
-  // worker loop's wake-up, e.g. RequestServer::Wake). Must not block.
+  // Called on the I/O thread whenever TakePulls, TakeResults or TakeReleases has something
+  // new (the worker loop's wake-up, e.g. RequestServer::Wake). Must not block.
   std::function<void()> on_ready;
   // Tests only: the holder flips one byte of each served block's first pool after
   // checksumming it.
@@ -71,7 +81,7 @@ struct IncomingPull {
 };
 
 enum class PullOutcome : uint8_t {
-  kOk,           // blocks: the verified leading run (maybe shorter than asked, maybe empty)
+  kOk,           // blocks (or device): the verified leading run (maybe shorter than asked, maybe empty)
   kRefused,      // the holder refused: PullResult::refusal
   kDeadline,     // no `done` before the deadline (a holder gone or slow looks the same)
   kBadChecksum,  // a block's bytes differ from their checksum: nothing is imported
@@ -89,9 +99,24 @@ struct PullResult {
   std::optional<RefusalReason> refusal;  // with kRefused
   Status status;                         // OK with kOk, otherwise the reason in words
   std::vector<Block> blocks;             // kOk only: indexes 0..n-1, each checked by CheckBlock
-  uint64_t bytes = 0;                    // blocks × the layout's bytes per block (modelled for dtype none)
+  // kOk only, when the holder answered `device` (blocks is then empty): the run, checked by
+  // CheckDeviceRun, still pinned in the holder's device pools. Copy it before `deadline`,
+  // then ReleasePull(transfer_id).
+  std::optional<DeviceRun> device;
+  uint64_t bytes = 0;                    // blocks (or device blocks) × the layout's bytes per block
   DurationNs elapsed = 0;                // from StartPull to completion, on the service's clock
+  TimeNs deadline = 0;                   // the pull's deadline, on the service's clock (0: not sent)
   std::string source;                    // the holder's endpoint
+};
+
+// A device run a holder may unpin now (TakeReleases).
+struct Released {
+  uint64_t peer_token = 0;
+  uint64_t transfer_id = 0;
+  // false: the receiver's release frame arrived. true: it did not come by the request's
+  // deadline + config::kDeviceHoldGrace, the run was never sent (stale, invalid, no room),
+  // or the service stopped.
+  bool expired = false;
 };
 
 // Pulls this service made from one holder.
@@ -115,6 +140,11 @@ struct TransferStats {
   uint64_t unauthorized_clients = 0;  // CURVE handshakes the ZAP handler refused
   uint64_t late_frames = 0;     // receiver side: replies for no pull in flight (past deadline)
   uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open, or Serve past its deadline: not sent
+  // Holder side, the device path.
+  uint64_t served_device = 0;    // `device` frames sent
+  uint64_t device_releases = 0;  // held runs their receiver released (Released::expired false)
+  uint64_t device_expired = 0;   // runs reported Released with expired true
+  uint64_t stray_releases = 0;   // release frames for no run held for that peer: dropped
 };
 
 // The time a pull of `bytes` takes at `bytes_per_s` (0 when the rate is 0).
@@ -140,6 +170,15 @@ class TransferService {
   // the pull is refused (malformed on the receiver's side) and the error logged.
   void Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks);
   void Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message);
+  // Same host: answers with one `device` frame. REQUIRES: the engine has pinned `run`'s blocks;
+  // it unpins them when TakeReleases reports (peer_token, transfer_id), which happens exactly
+  // once for every ServeDevice: after the receiver's release, or expired at the request's
+  // deadline + config::kDeviceHoldGrace, or at once (expired) when nothing was sent: the
+  // pull no longer open or past its deadline (stale_serves), the request without a host id or
+  // a run failing CheckDeviceRun (refused malformed, logged), the peer's queue full or gone.
+  void ServeDevice(uint64_t peer_token, uint64_t transfer_id, DeviceRun run);
+  // Takes the device runs that may be unpinned since the last call.
+  std::vector<Released> TakeReleases();
 
   // Receiver side. Sends `request` to the holder at `source_endpoint` (a CURVE server with
   // public key `source_server_key` (Z85) when it is not empty). Chooses and returns the
@@ -149,14 +188,21 @@ class TransferService {
   void CancelPull(uint64_t transfer_id);
   // Takes the pulls that ended since the last call.
   std::vector<PullResult> TakeResults();
+  // Tells the holder that answered `transfer_id` with `device` that it may unpin the run (the
+  // copy is done, or abandoned). A no-op for any other id, and for a run whose deadline +
+  // config::kDeviceHoldGrace has passed (the holder let it go by itself).
+  void ReleasePull(uint64_t transfer_id);
 
-  // Waits until TakePulls or TakeResults has something, up to `timeout`. Returns whether it has.
+  // Waits until TakePulls, TakeResults or TakeReleases has something, up to `timeout`.
+  // Returns whether it has.
   bool WaitForWork(DurationNs timeout);
 
   TransferStats Stats() const;
 
-  // Refuses the pulls not yet served (shuttingDown), sends what is queued, stops the I/O
-  // thread and closes the sockets. Idempotent.
+  // Refuses the pulls not yet served (shuttingDown), sends what is queued, reports every held
+  // device run released (expired), stops the I/O thread and closes the sockets. A ServeDevice
+  // after Stop is reported released at once. Device runs this receiver was answered with and
+  // has not released are left to their holders' expiry. Idempotent.
   void Stop();
 
  private:

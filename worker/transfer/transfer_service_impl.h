@@ -1,6 +1,7 @@
-// TransferService::Impl: the state behind transfer_service.h, shared by its three sources:
+// TransferService::Impl: the state behind transfer_service.h, shared by its four sources:
 // transfer_service.cc (start, stop, the engine thread's calls, the I/O loop), holder.cc (the
-// ROUTER: pulls in, blocks out) and puller.cc (the DEALERs: pulls out, blocks in).
+// ROUTER: pulls in, blocks out), puller.cc (the DEALERs: pulls out, blocks in) and
+// device_path.cc (same host: device runs held and released, on both sides).
 //
 // Thread safety: fields marked GUARDED_BY(mu) are shared with the engine thread; everything
 // else belongs to the I/O thread once Start() returns.
@@ -43,6 +44,12 @@ constexpr int kFrameHwm = 16;
 constexpr int kCloseLingerMs = 200;
 }  // namespace config
 
+// Sends [identity][frame] on a ROUTER without waiting. False when the peer's queue is full
+// (try later; `frame` is kept); a peer that is gone (EHOSTUNREACH with ZMQ_ROUTER_MANDATORY)
+// is reported as `gone`. Once sent, `frame` is moved into the message ZeroMQ sends (no copy of
+// a blocks frame's tens of MiB) and left empty. (holder.cc)
+bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& frame, bool* gone);
+
 inline Status CancelledStatus(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status DeadlineStatus(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
@@ -66,13 +73,23 @@ struct PullCommand {
 struct CancelCommand {
   uint64_t transfer_id;
 };
-using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand>;
+struct ServeDeviceCommand {
+  uint64_t peer_token;
+  uint64_t transfer_id;
+  DeviceRun run;
+};
+struct ReleaseCommand {
+  uint64_t transfer_id;
+};
+using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand>;
 
 struct TransferService::Impl {
   Impl(TransferOptions opts, const Clock* c);
 
   // --- transfer_service.cc ---
-  void Queue(Command command);  // from the engine thread: for the I/O thread
+  // From the engine thread: for the I/O thread. Once the I/O thread has finished, a
+  // ServeDeviceCommand is reported released at once and any other command dropped.
+  void Queue(Command command);
   void IoLoop();
   void RunCommands();
   void Notify();  // wakes WaitForWork and calls on_ready
@@ -89,6 +106,25 @@ struct TransferService::Impl {
   bool PumpServing();
   void SweepOpenPulls(TimeNs now);
   void RefuseAllOpen(RefusalReason reason, const std::string& message);
+
+  // --- device_path.cc: same host ---
+  // Holder: sends a device run and holds it until released.
+  void DoServeDevice(ServeDeviceCommand& cmd);
+  // Holder: a release frame from `identity`.
+  void HandleRelease(const std::string& identity, uint64_t transfer_id);
+  // Holder: held runs past their hold; returns whether any is still held.
+  bool SweepHeld(TimeNs now);
+  // Holder, stopping: every held run released (expired).
+  void ReleaseAllHeld();
+  // Queues `Released` for the engine thread and counts it. REQUIRES: mu not held.
+  void ReportReleased(uint64_t peer_token, uint64_t transfer_id, bool expired);
+  // Receiver: a device answer to pull `id` (from HandleReply).
+  void HandleDeviceRun(uint64_t id, DeviceRun run);
+  void DoRelease(uint64_t transfer_id);
+  // Receiver: sends a release frame for `transfer_id` on the DEALER of `source_key`.
+  void SendRelease(const std::string& source_key, uint64_t transfer_id);
+  // Receiver: forgets leases past their hold.
+  void ExpireLeases(TimeNs now);
 
   // --- puller.cc: the DEALERs ---
   void DoPull(PullCommand& cmd);
@@ -121,6 +157,8 @@ struct TransferService::Impl {
   std::vector<Command> commands;          // GUARDED_BY(mu): engine -> I/O
   std::vector<IncomingPull> pulls_ready;  // GUARDED_BY(mu): I/O -> engine
   std::vector<PullResult> results_ready;  // GUARDED_BY(mu): I/O -> engine
+  std::vector<Released> releases_ready;   // GUARDED_BY(mu): I/O -> engine
+  bool io_done = false;                   // GUARDED_BY(mu): the I/O thread runs no more commands
   TransferStats stats;                    // GUARDED_BY(mu); unauthorized_clients read from `unauthorized`
 
   // Holder side, I/O thread only.
@@ -143,6 +181,8 @@ struct TransferService::Impl {
   };
   std::deque<Serving> serving;
   TimeNs next_sweep = 0;
+  // Device runs sent and still pinned, by (peer token, transfer id): until when.
+  std::map<std::pair<uint64_t, uint64_t>, TimeNs> held;
 
   // Receiver side, I/O thread only.
   struct Source {
@@ -157,8 +197,16 @@ struct TransferService::Impl {
     TimeNs start = 0;
     TimeNs deadline = 0;
     std::vector<Block> blocks;  // verified so far
+    std::optional<DeviceRun> device;  // a verified device answer
   };
   std::unordered_map<uint64_t, Pull> pulls;
+  // Device answers handed to the engine and not yet released: which holder, and when it lets
+  // the run go by itself (the deadline + kDeviceHoldGrace).
+  struct Lease {
+    std::string source_key;
+    TimeNs expires = 0;
+  };
+  std::unordered_map<uint64_t, Lease> leases;
   std::vector<std::pair<TimeNs, PullResult>> delayed;  // ok results held until their modelled time
 };
 

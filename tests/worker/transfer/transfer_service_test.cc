@@ -390,5 +390,207 @@ TEST_CASE("a stopping holder refuses the pulls it has not answered with shutting
   CHECK(r.refusal == RefusalReason::kShuttingDown);
 }
 
+// --- The same-host device path ---
+
+// A same-host pull: the receiver says it can copy device memory.
+PullRequest DeviceChain(size_t n) {
+  PullRequest r = Chain(n);
+  r.host_id = "host-a";
+  return r;
+}
+
+// The run a holder's engine would answer `r` with: its first `n` blocks, pinned in one pool.
+DeviceRun Run(const PullRequest& r, size_t n) {
+  DeviceRun run;
+  for (size_t p = 0; p < r.layout.pools.size(); ++p) run.handles.push_back(std::string(64, static_cast<char>('a' + p)));
+  for (const Block& b : Blocks(r, n)) {
+    run.blocks.push_back(DeviceBlock{b.index, b.hash, b.tokens, std::vector<uint32_t>(r.layout.pools.size(), b.index + 40)});
+  }
+  return run;
+}
+
+std::vector<Released> AwaitReleases(TransferService& holder, ManualClock* clock = nullptr) {
+  for (int i = 0; i < kWaitRounds; ++i) {
+    auto released = holder.TakeReleases();
+    if (!released.empty()) return released;
+    if (clock != nullptr) clock->AdvanceMs(100);
+    holder.WaitForWork(kWaitStep);
+  }
+  FAIL("no device run was released");
+  return {};
+}
+
+TEST_CASE("same host: a device answer reaches the receiver as it was sent, and its release reaches the holder") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", DeviceChain(3));
+  IncomingPull in = AwaitPull(*holder);
+  CHECK(in.request.host_id == "host-a");
+  const DeviceRun run = Run(in.request, 2);
+  holder->ServeDevice(in.peer_token, id, run);
+  PullResult r = AwaitResult(*receiver, id);
+  REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
+  REQUIRE(r.device.has_value());
+  CHECK(*r.device == run);
+  CHECK(r.blocks.empty());
+  CHECK(r.bytes == 2 * 256);
+  CHECK(r.deadline > 0);
+  const SourceStats src = receiver->Stats().pulls.at(holder->endpoint());
+  CHECK(src.ok == 1);
+  CHECK(src.bytes == 2 * 256);
+  CHECK(src.blocks == 2);
+  CHECK(holder->TakeReleases().empty());  // pinned until the receiver says so
+
+  receiver->ReleasePull(id);
+  receiver->ReleasePull(id);  // twice, or an unknown id: nothing more is sent
+  receiver->ReleasePull(id + 100);
+  const std::vector<Released> released = AwaitReleases(*holder);
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].peer_token == in.peer_token);
+  CHECK(released[0].transfer_id == id);
+  CHECK_FALSE(released[0].expired);
+  const TransferStats hs = holder->Stats();
+  CHECK(hs.served_device == 1);
+  CHECK(hs.device_releases == 1);
+  CHECK(hs.device_expired == 0);
+  CHECK(hs.served == 0);
+}
+
+TEST_CASE("same host: a device run never released is let go at the deadline plus the grace") {
+  ManualClock holder_clock;
+  auto holder = Make({}, &holder_clock);
+  auto receiver = Make();
+  PullRequest request = DeviceChain(2);
+  request.deadline_ms = 1'000;
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
+  IncomingPull in = AwaitPull(*holder);
+  holder->ServeDevice(in.peer_token, id, Run(in.request, 2));
+  CHECK(AwaitResult(*receiver, id).device.has_value());
+  AwaitStats(*holder, [](const TransferStats& s) { return s.served_device == 1; });
+  // At the deadline plus the grace it is still held; just past it, it is not.
+  holder_clock.AdvanceMs(1'000);
+  holder_clock.Advance(config::kDeviceHoldGrace);
+  for (int i = 0; i < 10; ++i) holder->WaitForWork(10 * kNsPerMs);
+  CHECK(holder->TakeReleases().empty());
+  holder_clock.AdvanceMs(1);
+  const std::vector<Released> released = AwaitReleases(*holder);
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].transfer_id == id);
+  CHECK(released[0].expired);
+  CHECK(holder->Stats().device_expired == 1);
+
+  // A ServeDevice past the pull's deadline sends nothing and is released at once.
+  const uint64_t late = receiver->StartPull(holder->endpoint(), "", request);
+  in = AwaitPull(*holder);
+  holder_clock.AdvanceMs(1'001);
+  holder->ServeDevice(in.peer_token, late, Run(in.request, 2));
+  const std::vector<Released> stale = AwaitReleases(*holder);
+  REQUIRE(stale.size() == 1);
+  CHECK(stale[0].transfer_id == late);
+  CHECK(stale[0].expired);
+  CHECK(holder->Stats().stale_serves == 1);
+  CHECK(holder->Stats().served_device == 1);
+}
+
+TEST_CASE("same host: another peer's release for the same transfer id releases nothing") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", DeviceChain(2));
+  IncomingPull in = AwaitPull(*holder);
+  holder->ServeDevice(in.peer_token, id, Run(in.request, 2));
+  REQUIRE(AwaitResult(*receiver, id).device.has_value());
+
+  zmq::context_t context;
+  zmq::socket_t other(context, zmq::socket_type::dealer);
+  other.set(zmq::sockopt::linger, 0);
+  other.connect(holder->endpoint());
+  RawExchange(other, {EncodeRelease(id)}, false);
+  AwaitStats(*holder, [](const TransferStats& s) { return s.stray_releases == 1; });
+  CHECK(holder->TakeReleases().empty());
+  CHECK(holder->Stats().device_releases == 0);
+
+  receiver->ReleasePull(id);
+  const std::vector<Released> released = AwaitReleases(*holder);
+  REQUIRE(released.size() == 1);
+  CHECK_FALSE(released[0].expired);
+}
+
+TEST_CASE("same host: a device run that does not answer the request fails the pull, and the holder may unpin") {
+  // A holder that answers with another hash: the receiver refuses the run and releases it.
+  zmq::context_t context;
+  zmq::socket_t fake(context, zmq::socket_type::router);
+  fake.set(zmq::sockopt::rcvtimeo, 10'000);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.bind("tcp://127.0.0.1:0");
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(fake.get(zmq::sockopt::last_endpoint), "", DeviceChain(3));
+  zmq::message_t identity, body;
+  REQUIRE(fake.recv(identity, zmq::recv_flags::none));
+  REQUIRE(fake.recv(body, zmq::recv_flags::none));
+  auto request = DecodePullRequest(body.data(), body.size());
+  REQUIRE(request.ok());
+  DeviceRun run = Run(*request, 2);
+  run.blocks[1].hash ^= 1;
+  const std::string frame = EncodeDeviceRun(id, run);
+  fake.send(zmq::buffer(identity.to_string()), zmq::send_flags::sndmore);
+  fake.send(zmq::buffer(frame));
+  PullResult r = AwaitResult(*receiver, id);
+  CHECK(r.outcome == PullOutcome::kMalformed);
+  CHECK_FALSE(r.device.has_value());
+  CHECK(r.bytes == 0);
+  zmq::message_t release_identity, release;
+  REQUIRE(fake.recv(release_identity, zmq::recv_flags::none));
+  REQUIRE(fake.recv(release, zmq::recv_flags::none));
+  auto decoded = DecodePullRequest(release.data(), release.size());
+  REQUIRE(decoded.ok());
+  CHECK(decoded->release);
+  CHECK(decoded->transfer_id == id);
+
+  // The holder's own engine serving a bad run: refused malformed, released at once.
+  auto holder = Make();
+  const uint64_t second = receiver->StartPull(holder->endpoint(), "", DeviceChain(3));
+  IncomingPull in = AwaitPull(*holder);
+  DeviceRun bad = Run(in.request, 2);
+  bad.blocks[0].slots.push_back(7);
+  holder->ServeDevice(in.peer_token, second, bad);
+  r = AwaitResult(*receiver, second);
+  CHECK(r.outcome == PullOutcome::kRefused);
+  CHECK(r.refusal == RefusalReason::kMalformed);
+  const std::vector<Released> released = AwaitReleases(*holder);
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].transfer_id == second);
+  CHECK(released[0].expired);
+
+  // A receiver that gave no host id is never sent a device run.
+  const uint64_t third = receiver->StartPull(holder->endpoint(), "", Chain(3));
+  in = AwaitPull(*holder);
+  holder->ServeDevice(in.peer_token, third, Run(in.request, 2));
+  CHECK(AwaitResult(*receiver, third).refusal == RefusalReason::kMalformed);
+  CHECK(AwaitReleases(*holder).size() == 1);
+  CHECK(holder->Stats().served_device == 0);
+}
+
+TEST_CASE("same host: a stopping holder reports every held run released, and a ServeDevice after Stop too") {
+  auto holder = Make();
+  auto receiver = Make();
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", DeviceChain(2));
+  IncomingPull in = AwaitPull(*holder);
+  holder->ServeDevice(in.peer_token, id, Run(in.request, 2));
+  REQUIRE(AwaitResult(*receiver, id).device.has_value());
+  const uint64_t open = receiver->StartPull(holder->endpoint(), "", DeviceChain(2));
+  IncomingPull unanswered = AwaitPull(*holder);
+  holder->Stop();
+  std::vector<Released> released = holder->TakeReleases();
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].transfer_id == id);
+  CHECK(released[0].expired);
+  CHECK(AwaitResult(*receiver, open).refusal == RefusalReason::kShuttingDown);
+  holder->ServeDevice(unanswered.peer_token, open, Run(unanswered.request, 2));
+  released = holder->TakeReleases();
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].transfer_id == open);
+  CHECK(released[0].expired);
+}
+
 }  // namespace
 }  // namespace kvfleet::transfer
