@@ -153,6 +153,13 @@ Status ModelBackend::WriteKvBlocks(uint32_t /*pool*/, std::span<const BlockId> /
   return FailedPrecondition(kv_transfer_format().unsupported);
 }
 
+std::vector<std::string> ModelBackend::ExportKvDevice() { return {}; }
+
+Status ModelBackend::CopyKvBlocksFromPeer(uint32_t /*pool*/, const std::string& /*handle*/,
+                                          std::span<const BlockId> /*src*/, std::span<const BlockId> /*dst*/) {
+  return FailedPrecondition("the " + std::string(name()) + " backend copies no device blocks from another process");
+}
+
 PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
   if (!step.prompt_logprobs) return {};
   const int64_t first = step.start_position;

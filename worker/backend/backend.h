@@ -248,6 +248,16 @@ class ModelBackend {
   // Writes whole device blocks of `pool` from `in`, laid out as ReadKvBlocks writes them.
   // Called between steps; the next step reads them.
   virtual Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in);
+  // Same-host device copies (Contract 4's device answer, CUDA IPC). ExportKvDevice: per pool,
+  // a handle another process on this host can open to map the pool's device blocks, after the
+  // work queued so far has finished (a block named after the call holds its final bytes);
+  // empty when this backend cannot (cpu, mock, an fp8 cache, tensor parallelism). Between steps.
+  virtual std::vector<std::string> ExportKvDevice();
+  // Copies device blocks `src` of `pool` in the process that exported `handle` into this
+  // backend's device blocks `dst` of the same pool, and returns once they are copied. The
+  // exporter keeps `src` unchanged until then. Called between steps.
+  virtual Status CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
+                                      std::span<const BlockId> dst);
 
   // LoRA. Adapter slots on the device: 0 when the backend serves no adapters.
   virtual int32_t max_loras() const { return 0; }

@@ -1,6 +1,7 @@
 #include "worker/server/kv_pulls.h"
 
 #include <algorithm>
+#include <fstream>
 #include <utility>
 
 #include "common/block_hash.h"
@@ -29,7 +30,15 @@ KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* servi
                                                p.bytes_per_block});
     }
     layout_ = std::move(l);
+    device_ = !options_.host_id.empty() && !backend_->ExportKvDevice().empty();
   }
+}
+
+std::string ThisHostId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
 }
 
 bool KvPulls::WaitForPull(engine::RequestId id, const engine::GenerateRequest& request) {
@@ -82,6 +91,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   pull.parent_hash = plan->first_block == 0 ? 0 : hashes[plan->first_block - 1];
   pull.hashes.assign(hashes.begin() + plan->first_block, hashes.end());
   pull.layout = *layout_;
+  if (device_ && no_device_sources_.count(hint.source) == 0) pull.host_id = options_.host_id;
   // The router's bound (twice its predicted time), within this worker's own.
   const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
@@ -94,6 +104,13 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
 void KvPulls::Poll() {
   if (service_ == nullptr) return;
   for (const transfer::IncomingPull& pull : service_->TakePulls()) Serve(pull);
+  for (const transfer::Released& r : service_->TakeReleases()) {
+    auto it = held_.find({r.peer_token, r.transfer_id});
+    if (it == held_.end()) continue;
+    kv_->UnpinChain(it->second);
+    held_.erase(it);
+  }
+  stats_.device_held = held_.size();
   for (transfer::PullResult& result : service_->TakeResults()) {
     auto it = pending_.find(result.transfer_id);
     if (it == pending_.end()) continue;
@@ -118,6 +135,7 @@ void KvPulls::Serve(const transfer::IncomingPull& pull) {
   if (r.model != options_.model) {
     return refuse(transfer::RefusalReason::kNotHeld, "this worker serves '" + options_.model + "', not '" + r.model + "'");
   }
+  if (ServeDevice(pull)) return;
   std::vector<transfer::Block> blocks;
   const size_t num_pools = layout_->pools.size();
   const bool bytes = layout_->dtype != transfer::KvDtype::kNone;
@@ -148,20 +166,84 @@ void KvPulls::Serve(const transfer::IncomingPull& pull) {
   service_->Serve(pull.peer_token, r.transfer_id, std::move(blocks));
 }
 
+bool KvPulls::ServeDevice(const transfer::IncomingPull& pull) {
+  const transfer::PullRequest& r = pull.request;
+  if (!device_ || r.host_id != options_.host_id) return false;
+  std::vector<kv::ExportedBlock> run = kv_->PinChain(r.parent_hash, r.hashes);
+  size_t n = 0;  // the leading run on the device; a block on the host tier goes as bytes
+  while (n < run.size() && std::all_of(run[n].pools.begin(), run[n].pools.end(),
+                                       [](const kv::BlockLocation& l) { return l.tier == kv::Tier::kDevice; })) {
+    ++n;
+  }
+  std::vector<std::string> handles;
+  if (n > 0 && held_.count({pull.peer_token, r.transfer_id}) == 0) handles = backend_->ExportKvDevice();
+  if (handles.empty()) n = 0;
+  kv_->UnpinChain(std::span(run).subspan(n));
+  run.resize(n);
+  if (n == 0) return false;
+  transfer::DeviceRun out;
+  out.handles = std::move(handles);
+  for (size_t i = 0; i < n; ++i) {
+    transfer::DeviceBlock& b = out.blocks.emplace_back();
+    b.index = static_cast<uint32_t>(i);
+    b.hash = run[i].hash;
+    b.tokens = run[i].tokens;
+    for (const kv::BlockLocation& l : run[i].pools) b.slots.push_back(static_cast<uint32_t>(l.block));
+  }
+  held_.emplace(std::pair(pull.peer_token, r.transfer_id), std::move(run));
+  ++stats_.served_requests;
+  ++stats_.device_served;
+  service_->ServeDevice(pull.peer_token, r.transfer_id, std::move(out));
+  return true;
+}
+
+uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good) {
+  const transfer::DeviceRun& run = *result.device;
+  std::vector<kv::BlockId> src(good), dst(good);
+  for (size_t pool = 0; pool < layout_->pools.size(); ++pool) {
+    const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
+    for (uint32_t j = 0; j < good; ++j) {
+      src[j] = run.blocks[j].slots[pool];
+      dst[j] = view.linear[p.plan.first_block + j];
+    }
+    if (Status st = backend_->CopyKvBlocksFromPeer(static_cast<uint32_t>(pool), run.handles[pool], src, dst);
+        !st.ok()) {
+      Logger("transfer")->warn("pull {} from {}: {}; its blocks come as bytes from now on", result.transfer_id,
+                               result.source, st.ToString());
+      no_device_sources_.insert(result.source);
+      return 0;
+    }
+  }
+  ++stats_.device_pulls;
+  return good;
+}
+
 void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
   const uint32_t B = kv_->block_size();
   const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
+  const size_t received = result.device ? result.device->blocks.size() : result.blocks.size();
   uint32_t good = 0;
   if (result.outcome == transfer::PullOutcome::kOk) {
     // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
-    for (const transfer::Block& b : result.blocks) {
+    for (size_t j = 0; j < received; ++j) {
+      const std::vector<TokenId>& tokens = result.device ? result.device->blocks[j].tokens : result.blocks[j].tokens;
       const size_t at = size_t{p.plan.first_block + good} * B;
-      if (good >= wanted || !std::equal(b.tokens.begin(), b.tokens.end(), p.tokens.begin() + at)) break;
+      if (good >= wanted || !std::equal(tokens.begin(), tokens.end(), p.tokens.begin() + at)) break;
       ++good;
     }
-    if (good < result.blocks.size()) ++stats_.token_mismatches;
+    if (good < received) ++stats_.token_mismatches;
   }
-  if (good > 0 && layout_->dtype != transfer::KvDtype::kNone) {
+  bool copy_failed = false;
+  if (result.device) {
+    // Copied at once, well inside the grace the holder keeps the run pinned past the deadline
+    // the result beat; then the holder may unpin.
+    if (good > 0) {
+      const uint32_t copied = CopyFromDevice(p, result, good);
+      copy_failed = copied < good;
+      good = copied;
+    }
+    service_->ReleasePull(result.transfer_id);
+  } else if (good > 0 && layout_->dtype != transfer::KvDtype::kNone) {
     // Block by block from the received buffers: gathering a long run into one buffer first
     // costs a copy of every byte (and its page faults), more than the device copy itself.
     for (size_t pool = 0; pool < layout_->pools.size() && good > 0; ++pool) {
@@ -173,6 +255,7 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
           Logger("transfer")->error("pull {}: writing the blocks failed: {}", result.transfer_id, st.ToString());
           ++stats_.write_failures;
           good = 0;
+          copy_failed = true;
         }
       }
     }
@@ -180,10 +263,11 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
   kv_->EndImport(p.plan, good);
   stats_.imported_blocks += good;
   if (good < wanted) {
-    const std::string why = result.outcome == transfer::PullOutcome::kOk && good < result.blocks.size()
-                                ? "token_mismatch"
-                                : result.outcome == transfer::PullOutcome::kOk ? "short"
-                                                                               : std::string(PullOutcomeName(result.outcome));
+    const bool ok = result.outcome == transfer::PullOutcome::kOk;
+    const std::string why = copy_failed               ? "copy_failed"
+                            : ok && good < received   ? "token_mismatch"
+                            : ok                      ? "short"
+                                                      : std::string(PullOutcomeName(result.outcome));
     ++stats_.fallbacks[why];
   }
   engine_->Unhold(p.request);

@@ -15,12 +15,19 @@
 // worker's, then ExportChain pins the leading run it still holds while ReadKvBlocks copies
 // its bytes out, and the service sends them.
 //
+// Same host (options.host_id, a cuda backend): a pull offering this host's id gets the
+// leading run's device slots and the pools' IPC handles instead of bytes. The holder keeps
+// the run pinned until the receiver's release (or its deadline and a grace); the receiver
+// copies device to device, then releases. A holder it cannot map (another IPC namespace,
+// the same process) is asked for bytes from then on.
+//
 // Thread safety: thread-compatible; the engine thread calls every method.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,7 +47,15 @@ struct KvPullsOptions {
   // The longest a pull may take; a hint's own deadline is capped by it, and a hint without
   // one gets it. A pull not done by then is computed instead.
   DurationNs deadline = 10 * kNsPerSec;
+  // This host's identity (ThisHostId()); empty: no device copies. A cuda worker offers it in
+  // its pulls and answers a pull offering the same one with its device blocks (CUDA IPC)
+  // instead of their bytes.
+  std::string host_id;
 };
+
+// The host's boot id (/proc/sys/kernel/random/boot_id): two workers showing the same one
+// run on one host. Empty when it cannot be read.
+std::string ThisHostId();
 
 // What a worker's pulls and serves came to, for /metrics.
 struct KvPullStats {
@@ -53,6 +68,9 @@ struct KvPullStats {
   std::map<std::string, uint64_t> fallbacks;  // pulls that brought less than asked, by outcome
   uint64_t served_requests = 0;   // pulls this worker answered with blocks
   uint64_t refused_requests = 0;  // pulls it refused (not held, layout, namespace)
+  uint64_t device_pulls = 0;      // pulls answered with device blocks, copied here (CUDA IPC)
+  uint64_t device_served = 0;     // pulls this worker answered with its device blocks
+  uint64_t device_held = 0;       // of those, still pinned for their receivers now
 };
 
 class KvPulls {
@@ -66,6 +84,8 @@ class KvPulls {
   // setup cannot move blocks (and unsupported() says why).
   const std::optional<transfer::Layout>& layout() const { return layout_; }
   const std::string& unsupported() const { return unsupported_; }
+  // Whether pulls with workers on this host copy device blocks (options.host_id, a cuda backend).
+  bool device() const { return device_; }
 
   // Whether Start wants to see a request that came with `hint`: a hint, or pulls in flight
   // that it may wait for.
@@ -92,7 +112,13 @@ class KvPulls {
   // Holds `id` for a pull in flight whose first pulled block its prompt has, if any.
   bool WaitForPull(engine::RequestId id, const engine::GenerateRequest& request);
   void Serve(const transfer::IncomingPull& pull);
+  // Serve's same-host path: pins the leading run on the device and sends its slots; false
+  // when there is none to send that way (the bytes path answers).
+  bool ServeDevice(const transfer::IncomingPull& pull);
   void Finish(Pending& p, transfer::PullResult& result);
+  // Finish's same-host path: copies the verified leading run `good` from the holder's device
+  // blocks; returns how many were written.
+  uint32_t CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good);
 
   KvPullsOptions options_;
   transfer::TransferService* service_;
@@ -102,6 +128,10 @@ class KvPulls {
   std::optional<transfer::Layout> layout_;
   std::string unsupported_;
   std::map<uint64_t, Pending> pending_;  // by transfer id
+  bool device_ = false;                  // the backend exports and copies device blocks
+  // Holder: runs pinned for receivers copying them, by (peer token, transfer id).
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<kv::ExportedBlock>> held_;
+  std::set<std::string> no_device_sources_;  // holders whose device blocks could not be mapped here
   KvPullStats stats_;
 };
 

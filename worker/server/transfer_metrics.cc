@@ -19,7 +19,9 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
                          "Pulls that brought less than asked (the rest was computed), by reason")),
       imported_(Counter(r, "kvfleet_worker_kv_imported_blocks_total", "Pulled KV blocks checked and stored")),
       served_(Counter(r, "kvfleet_worker_kv_served_total", "Pulls from other workers answered, by result")),
-      served_bytes_(Counter(r, "kvfleet_worker_kv_served_bytes_total", "Bytes of KV blocks sent to other workers")) {}
+      served_bytes_(Counter(r, "kvfleet_worker_kv_served_bytes_total", "Bytes of KV blocks sent to other workers")),
+      device_pulls_(Counter(r, "kvfleet_worker_kv_device_pulls_total",
+                            "Pulls answered with the holder's device blocks and copied device to device (same host)")) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -42,6 +44,8 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
   for (const auto& [reason, n] : pulls.fallbacks) Advance(fallbacks_, {{"reason", reason}}, static_cast<double>(n));
   Advance(imported_, {}, static_cast<double>(pulls.imported_blocks));
   Advance(served_, {{"result", "served"}}, static_cast<double>(service.served));
+  Advance(served_, {{"result", "served_device"}}, static_cast<double>(pulls.device_served));
+  Advance(device_pulls_, {}, static_cast<double>(pulls.device_pulls));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {
     if (service.refused[r] == 0) continue;
     const auto reason = std::string(transfer::RefusalReasonName(static_cast<transfer::RefusalReason>(r)));

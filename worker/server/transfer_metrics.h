@@ -43,6 +43,7 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& imported_;
   prometheus::Family<prometheus::Counter>& served_;
   prometheus::Family<prometheus::Counter>& served_bytes_;
+  prometheus::Family<prometheus::Counter>& device_pulls_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

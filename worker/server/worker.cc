@@ -317,6 +317,7 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
     transfer_endpoint_ = WithPort(bound, EndpointPort(bound), host);  // as the Hello's other endpoints
   }
   po.own_endpoint = transfer_endpoint_;
+  if (config_.transfer_ipc) po.host_id = ThisHostId();
   pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get());
   if (transfer_ != nullptr && !pulls_->layout()) {
     Logger("worker")->info("KV transfer off: {}", pulls_->unsupported());
@@ -393,6 +394,7 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
     hello.transfer_key = transfer_key_;
     hello.transfer_format = std::string(transfer::KvDtypeName(pulls_->layout()->dtype));
     hello.transfer_bytes_per_block = pulls_->layout()->BytesPerBlock();
+    if (pulls_->device()) hello.transfer_host_id = ThisHostId();
   }
 }
 

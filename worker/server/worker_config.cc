@@ -50,6 +50,10 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "with --curve-keypair: the public keys (one per line) of the workers that may pull from this one");
   app.add_flag("--transfer-insecure", c->transfer_insecure,
                "allow a --transfer bind other hosts can reach without CURVE (anyone reaching it can read the KV cache)");
+  app.add_flag("--transfer-ipc,!--no-transfer-ipc", c->transfer_ipc,
+               "cuda: a pull between two workers on this host copies the holder's device blocks (CUDA IPC) "
+               "instead of sending their bytes; a holder that cannot be mapped gets asked for bytes")
+      ->capture_default_str();
   app.add_option("--transfer-deadline-ms", c->transfer_deadline_ms,
                  "the longest a pull may take before its prefix is computed instead; a router's hint names a "
                  "shorter one (twice its predicted time)")

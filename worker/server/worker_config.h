@@ -53,6 +53,8 @@ struct WorkerConfig {
   std::string transfer = "tcp://127.0.0.1:0";  // port 0: one the system picks, advertised as bound
   std::string transfer_authorized_keys;
   bool transfer_insecure = false;
+  // Same-host pulls copy device blocks (CUDA IPC) between cuda workers; off: always bytes.
+  bool transfer_ipc = true;
   uint32_t transfer_deadline_ms = 10'000;  // the longest a pull may take (a hint's own deadline is capped by it)
   // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
   double mock_transfer_bytes_per_s = 0.5e9;  // the router's default assumption (routing README)

@@ -208,6 +208,7 @@ void TransferService::Impl::CountPull(const PullResult& r) {
   src.by_outcome[static_cast<size_t>(r.outcome)]++;
   if (r.outcome != PullOutcome::kOk) return;
   src.ok++;
+  if (r.device) src.device++;
   src.blocks += r.device ? r.device->blocks.size() : r.blocks.size();
   src.bytes += r.bytes;
   src.seconds += static_cast<double>(r.elapsed) / kNsPerSec;

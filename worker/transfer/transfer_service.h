@@ -122,6 +122,7 @@ struct Released {
 // Pulls this service made from one holder.
 struct SourceStats {
   uint64_t ok = 0;
+  uint64_t device = 0;  // of ok: answered with the holder's device blocks (same host)
   std::array<uint64_t, kNumPullOutcomes> by_outcome{};  // kOk included
   uint64_t blocks = 0;                                  // imported from ok pulls
   uint64_t bytes = 0;

@@ -14,6 +14,7 @@ inline WorkerConfig LoopbackWorkerConfig() {
   c.http_host = "127.0.0.1";
   c.advertise_host = "127.0.0.1";
   c.shutdown_grace_s = 1;
+  c.transfer_ipc = false;  // CUDA IPC cannot map memory of its own process: in-process workers send bytes
   return c;
 }
 

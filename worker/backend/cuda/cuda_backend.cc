@@ -59,6 +59,7 @@ CudaBackend::~CudaBackend() {
   if (lora_stream_ != nullptr) cudaStreamDestroy(lora_stream_);
   copier_.reset();
   gemm_.reset();
+  for (auto& [handle, mapped] : peer_kv_) cudaIpcCloseMemHandle(mapped);
   for (void* p : allocations_) cudaFree(p);
   for (void* p : host_allocations_) cudaFreeHost(p);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);

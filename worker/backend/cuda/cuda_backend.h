@@ -143,6 +143,8 @@ constexpr size_t kMinAdjustEntries = 16384;
 // small beside its bytes, small enough to overlap a host memcpy of one half with the DMA of
 // the other. 8 MiB = two llama-3.1-8b blocks of 32 tokens.
 constexpr size_t kTransferStagingBytes = 8ull << 20;
+// Peer KV pools mapped at once (CUDA IPC); each maps a peer's whole pool into the address space.
+constexpr size_t kMaxPeerMappings = 32;
 }  // namespace config
 
 class CudaBackend final : public ModelBackendBase {
@@ -165,6 +167,11 @@ class CudaBackend final : public ModelBackendBase {
   KvTransferFormat kv_transfer_format() const override;
   Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) override;
   Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) override;
+  // CUDA IPC: each pool's cudaIpcMemHandle_t; a peer's pools are mapped on first use and kept
+  // (config::kMaxPeerMappings, the oldest unmapped first).
+  std::vector<std::string> ExportKvDevice() override;
+  Status CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
+                              std::span<const BlockId> dst) override;
 
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
   // --kv-cache-dtype fp8: the pools hold e4m3 (kernels/paged_kv.h).
@@ -395,6 +402,8 @@ class CudaBackend final : public ModelBackendBase {
   // config::kTransferStagingBytes, one filled while the other is copied; an event per half.
   std::array<std::byte*, 2> transfer_staging_ = {};
   std::array<cudaEvent_t, 2> transfer_done_ = {};
+  std::vector<std::string> ipc_handles_;  // [pool]: ExportKvDevice's, made once
+  std::vector<std::pair<std::string, void*>> peer_kv_;  // a peer pool's handle and its mapping, oldest first
 
   // Activations, [max_num_tokens][...] bf16.
   __nv_bfloat16 *resid_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *qkv_ = nullptr, *q_ = nullptr,

@@ -10,16 +10,23 @@
 // one half overlaps the host memcpy of the other, and neither direction pays the driver's
 // own pageable staging. Host-tier blocks are plain memory already: a memcpy.
 //
+// Same host (CUDA IPC): ExportKvDevice hands out each pool's cudaIpcMemHandle_t once the
+// stream is idle; a receiver maps the holder's pool (once, kept) and copies its blocks device
+// to device on its own stream, merging neighbouring blocks into one copy. The holder keeps the
+// blocks pinned and unchanged until the receiver says it is done (kv_pulls.cc).
+//
 // Not supported: an fp8 cache (the block bytes are e4m3 under per-model scales, which
 // Contract 4's Layout does not carry yet) and tensor parallelism (each rank holds its KV heads
 // of a block; no peer layout names that split).
 //
 // Thread-compatible (cuda_backend.h): the engine thread calls it.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "worker/backend/cuda/cuda_backend.h"
+#include "common/log.h"
 #include "worker/backend/cuda/cuda_util.h"
 
 namespace kvfleet::backend::cuda {
@@ -130,6 +137,79 @@ Status CudaBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks
     KVF_CUDA_RETURN(cudaMemcpyAsync(pieces[k].device, transfer_staging_[k % 2], pieces[k].bytes,
                                     cudaMemcpyHostToDevice, stream_));
     KVF_CUDA_RETURN(cudaEventRecord(transfer_done_[k % 2], stream_));
+  }
+  KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+std::vector<std::string> CudaBackend::ExportKvDevice() {
+  if (!kv_transfer_format().unsupported.empty()) return {};
+  if (cudaSetDevice(options_.device) != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess) return {};
+  if (ipc_handles_.empty()) {
+    for (void* pool : device_kv_) {
+      cudaIpcMemHandle_t h;
+      if (const cudaError_t e = cudaIpcGetMemHandle(&h, pool); e != cudaSuccess) {
+        Logger("cuda")->warn("KV transfer: no IPC handle for the KV pools ({}): pulls get bytes", cudaGetErrorString(e));
+        ipc_handles_.clear();
+        ipc_handles_.push_back({});  // tried once
+        return {};
+      }
+      // The handle, then the pool's size in bytes: the receiver bounds every block it reads.
+      std::string handle(reinterpret_cast<const char*>(&h), sizeof(h));
+      const uint64_t bytes = uint64_t(pools_[ipc_handles_.size()].device_blocks) * pools_[ipc_handles_.size()].bytes_per_block;
+      handle.append(reinterpret_cast<const char*>(&bytes), sizeof(bytes));
+      ipc_handles_.push_back(std::move(handle));
+    }
+  }
+  if (ipc_handles_.size() != device_kv_.size()) return {};
+  return ipc_handles_;
+}
+
+Status CudaBackend::CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
+                                         std::span<const BlockId> dst) {
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, dst.size(), dst.size() * pools_[pool].bytes_per_block));
+  if (src.size() != dst.size()) return InvalidArgument("KV transfer: source and destination block counts differ");
+  constexpr size_t kHandleBytes = sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t);  // ExportKvDevice's
+  if (handle.size() != kHandleBytes) {
+    return InvalidArgument("KV transfer: a peer pool's handle is " + std::to_string(kHandleBytes) + " bytes, not " +
+                           std::to_string(handle.size()));
+  }
+  uint64_t peer_bytes = 0;
+  std::memcpy(&peer_bytes, handle.data() + sizeof(cudaIpcMemHandle_t), sizeof(peer_bytes));
+  const uint64_t bpb = pools_[pool].bytes_per_block;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (int64_t{dst[i]} >= pools_[pool].device_blocks || (uint64_t{src[i]} + 1) * bpb > peer_bytes) {
+      return InvalidArgument("KV transfer: block " + std::to_string(src[i]) + " -> " + std::to_string(dst[i]) +
+                             " is outside pool " + std::to_string(pool) + " on either side");
+    }
+  }
+  KVF_CUDA_RETURN(cudaSetDevice(options_.device));
+  auto mapping = std::find_if(peer_kv_.begin(), peer_kv_.end(), [&](const auto& m) { return m.first == handle; });
+  if (mapping == peer_kv_.end()) {
+    if (peer_kv_.size() >= config::kMaxPeerMappings) {
+      KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
+      cudaIpcCloseMemHandle(peer_kv_.front().second);
+      peer_kv_.erase(peer_kv_.begin());
+    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* mapped = nullptr;
+    if (const cudaError_t e = cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: a later launch check must not see it
+      return FailedPrecondition(std::string("KV transfer: cannot map the holder's KV pool (same process, another "
+                                            "IPC namespace, or no peer access): ") + cudaGetErrorString(e));
+    }
+    peer_kv_.emplace_back(handle, mapped);  // the whole handle: a pool of another size is another mapping
+    mapping = peer_kv_.end() - 1;
+  }
+  const auto* from = static_cast<const std::byte*>(mapping->second);
+  auto* to = static_cast<std::byte*>(device_kv_[pool]);
+  for (size_t i = 0; i < src.size();) {
+    size_t n = 1;  // a run of blocks consecutive on both sides: one copy
+    while (i + n < src.size() && src[i + n] == src[i] + n && dst[i + n] == dst[i] + n) ++n;
+    KVF_CUDA_RETURN(cudaMemcpyAsync(to + size_t{dst[i]} * bpb, from + size_t{src[i]} * bpb, n * bpb,
+                                    cudaMemcpyDefault, stream_));
+    i += n;
   }
   KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return Status::Ok();
