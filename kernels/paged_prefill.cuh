@@ -96,7 +96,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int q_begin = p.cu_q_lens[seq];
   const int q_len = p.cu_q_lens[seq + 1] - q_begin;
   const int rows = q_len * group;
-  const int r0 = (gridDim.z - 1 - blockIdx.z) * kRows;  // heaviest (latest) rows first
+  // z = row tile x K/V part (split-KV): part fastest, heaviest (latest) row tiles first.
+  const int split = blockIdx.z % p.num_splits;
+  const int r0 = (gridDim.z / p.num_splits - 1 - blockIdx.z / p.num_splits) * kRows;
   if (r0 >= rows) return;
   const int first_pos = p.seq_lens[seq] - q_len;  // position of query token 0
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -156,10 +158,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int load_row = threadIdx.x / kKvChunks;
   const int load_col = (threadIdx.x % kKvChunks) * kKvChunkElems;
   const int num_tiles = (n + kCols - 1) / kCols;
+  // This part's tiles [tile_begin, tile_end): an even share, in whole tiles.
+  const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
+  const int tile_begin = min(num_tiles, split * per_split);
+  const int tile_end = min(num_tiles, tile_begin + per_split);
   // Loads tile `tile` into its stage and commits one cp.async group (empty past the last tile,
   // so that the wait below always counts kStages - 2 younger groups).
   auto load_tile = [&](int tile) {
-    if (tile >= num_tiles) {
+    if (tile >= tile_end) {
       CpAsyncCommit();
       return;
     }
@@ -199,8 +205,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const float scale_log2 = p.scale * kLog2e * k_scale;
 
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) load_tile(t);
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  for (int t = 0; t < kStages - 1; ++t) load_tile(tile_begin + t);
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
     // The barrier publishes tile `tile` and ends every read of the stage refilled next.
     CpAsyncWait<kStages - 2>();
     __syncthreads();
@@ -347,6 +353,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // Normalise into the warp's own Q rows (no other warp reads them), then 16-byte stores.
   float v_scale = 1.f;
   if constexpr (kFp8) v_scale = p.scales.v[kv_head];
+  if (p.num_splits > 1) {
+    // A part: O unnormalised, the max in the exp2 domain (scaled, as `base` above) and the
+    // sum, per row, for MergeSplitsKernel.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = l[mt][h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int r = r0 + wr0 + mt * 16 + gid + 8 * h;
+        if (r >= rows) continue;
+        const int64_t row = split * p.split_rows + int64_t(q_begin + r / group) * p.num_q_heads + kv_head * group + r % group;
+        float* dst = p.workspace + row * kHeadDim + 2 * tig;
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t)
+          *reinterpret_cast<float2*>(dst + t * 8) = make_float2(o[mt][t][2 * h] * v_scale, o[mt][t][2 * h + 1] * v_scale);
+        if (tig == 0) {
+          float* ml = p.workspace + p.num_splits * p.split_rows * kHeadDim + row * 2;
+          ml[0] = m[mt][h] == -INFINITY ? -INFINITY : m[mt][h] * scale_log2;
+          ml[1] = sum;
+        }
+      }
+    return;
+  }
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -370,6 +401,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       *reinterpret_cast<uint4*>(p.out + q_row_offset(row) + chunk * 8) =
           *reinterpret_cast<const uint4*>(q_s + row * kStride + chunk * 8);
   }
+}
+
+// Merges the K/V parts of each (query token, head) row: out = sum_s 2^(m_s - M) O_s / sum_s
+// 2^(m_s - M) l_s, M the parts' max (0 where no part saw a token, as one part would write).
+// Grid: x = query token (past the batch's last: nothing), y = query head; kHeadDim threads.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim) MergeSplitsKernel(const __grid_constant__ PagedPrefillParams p) {
+  const int token = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+  if (token >= p.cu_q_lens[p.num_seqs]) return;
+  const int64_t row = int64_t(token) * p.num_q_heads + head;
+  const float* ml = p.workspace + p.num_splits * p.split_rows * kHeadDim;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, ml[(s * p.split_rows + row) * 2]);
+  float num = 0.f, den = 0.f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.num_splits; ++s) {
+      const int64_t r = s * p.split_rows + row;
+      const float w = Exp2(ml[r * 2] - mx);  // -inf: 0
+      den += w * ml[r * 2 + 1];
+      num += w * p.workspace[r * kHeadDim + d];
+    }
+  }
+  p.out[row * kHeadDim + d] = __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
 }
 
 }  // namespace kvfleet::kernels::prefill

@@ -36,7 +36,25 @@ struct PagedPrefillParams {
   int32_t max_q_len = 0;  // upper bound of the chunk lengths: sizes the grid
   float scale = 0;
   AttentionMask mask;
+  // Split-KV, for chunks too few to fill the GPU over a long cached prefix (a prefix pulled
+  // or reused, then its last block computed): with a workspace, the launcher splits each
+  // block's K/V tiles over up to num_sms / blocks parts that write fp32 partials (O, max,
+  // sum) here, then merges them into `out`. Null workspace or num_sms 0: one part.
+  float* workspace = nullptr;
+  size_t workspace_bytes = 0;  // PagedPrefillWorkspaceBytes: enough for any split it picks
+  int32_t num_sms = 0;
+  int32_t max_seq_len = 0;     // the longest seq_lens entry: how many K/V tiles there are to split
+  // Set by the launcher: K/V parts, and the workspace rows one part takes (num_seqs *
+  // max_q_len * num_q_heads, a row per query token and head).
+  int32_t num_splits = 1;
+  int64_t split_rows = 0;
 };
+
+// The workspace the split path may use at most: fp32 partials for 2 * num_sms blocks of
+// query rows.
+size_t PagedPrefillWorkspaceBytes(int32_t head_dim, int32_t num_sms);
+// The K/V parts LaunchPagedPrefill splits each block into for `p` (1: no split).
+int32_t PagedPrefillChooseSplits(const PagedPrefillParams& p);
 
 // REQUIRES: head_dim in {64, 128}; 16-byte aligned pointers; shapes above; num_seqs and
 // max_q_len * (num_q_heads / num_kv_heads) / 256 at most 65535 (grid y and z; else

@@ -2,13 +2,15 @@
 // 127.0.0.1) against recomputing the prefix:
 //
 //   kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N]
-//                     [--kv-cache-gib G]
+//                     [--kv-cache-gib G] [--ipc]
 //
 //   --model DIR        default: a llama-3.1-8b-shaped random model (test_models.h, seed 7)
 //   --prompt-tokens N  default 8192; whole blocks of 32 are pulled, the last block computed
 //   --decode-tokens N  greedy tokens per request (default 4)
 //   --reps N           measured rounds (default 3), each on fresh random prompts
 //   --kv-cache-gib G   each worker's device KV bytes (default 12): both share the GPU
+//   --ipc              A runs in a child process and B pulls by CUDA IPC (device to device);
+//                      default: both in this process, the pull's bytes over TCP
 //
 // Workers A and B (in-process, cuda backend, one GPU). After a warm-up (a prompt on each, and
 // one pull from A to B), each round: A computes prompt P's prefix; B computes P' (P with its first
@@ -35,10 +37,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <capnp/message.h>
 #include <zmq.hpp>
@@ -156,6 +163,52 @@ std::vector<TokenId> RandomPrompt(size_t n, uint64_t seed) {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Worker A as B sees it: its endpoints, and with --ipc the child process that runs it.
+struct Holder {
+  std::string requests, transfer, worker_id;
+  pid_t pid = -1;
+  int stop_fd = -1;  // closing it stops the child
+};
+
+Holder ForkHolder(const server::WorkerConfig& c) {
+  int up[2], stop[2];
+  if (pipe(up) != 0 || pipe(stop) != 0) std::exit(1);
+  const pid_t pid = fork();
+  if (pid < 0) std::exit(1);
+  if (pid == 0) {
+    close(up[0]);
+    close(stop[1]);
+    {
+      zmq::context_t context;
+      RunningWorker a(c, context);
+      const std::string line = a.worker->requests_endpoint() + "\n" + a.worker->transfer_endpoint() + "\n" +
+                               a.worker->worker_id() + "\n";
+      if (write(up[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(1);
+      char byte;
+      while (read(stop[0], &byte, 1) > 0) {
+      }
+    }
+    _exit(0);
+  }
+  close(up[1]);
+  close(stop[0]);
+  std::string text;
+  char buf[512];
+  for (ssize_t n; std::count(text.begin(), text.end(), '\n') < 3 && (n = read(up[0], buf, sizeof(buf))) > 0;) {
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(up[0]);
+  std::istringstream lines(text);
+  Holder h;
+  if (!std::getline(lines, h.requests) || !std::getline(lines, h.transfer) || !std::getline(lines, h.worker_id)) {
+    std::fprintf(stderr, "worker A (child %d) did not start\n", static_cast<int>(pid));
+    std::exit(1);
+  }
+  h.pid = pid;
+  h.stop_fd = stop[1];
+  return h;
 }
 
 // Each stage of a pull's path alone, over `blocks` blocks of `bpb` bytes (one pool).
@@ -333,6 +386,7 @@ int main(int argc, char** argv) {
   size_t prompt_tokens = 8192;
   int decode_tokens = 4, reps = 3;
   double kv_gib = 12;
+  bool ipc = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
       model = argv[++i];
@@ -344,16 +398,16 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--kv-cache-gib") && i + 1 < argc) {
       kv_gib = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--ipc")) {
+      ipc = true;
     } else {
       std::fprintf(stderr,
                    "usage: kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N] "
-                   "[--kv-cache-gib G]\n");
+                   "[--kv-cache-gib G] [--ipc]\n");
       return 2;
     }
   }
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s\n", prop.name);
+  // The model first: the --ipc child must fork before this process touches CUDA.
   if (model.empty()) {
     const Clk::time_point t0 = Clk::now();
     model = testing::RandomModelDir("llama-3.1-8b", 7);
@@ -361,6 +415,7 @@ int main(int argc, char** argv) {
   } else {
     std::printf("model: %s\n", model.c_str());
   }
+  std::fflush(stdout);
 
   server::WorkerConfig c = server::testing::LoopbackWorkerConfig();
   c.backend = "cuda";
@@ -371,24 +426,34 @@ int main(int argc, char** argv) {
   c.max_context = static_cast<uint32_t>(std::max<size_t>(16384, prompt_tokens + 1024));
   c.kv_cache_bytes = static_cast<uint64_t>(kv_gib * (1ull << 30));
   c.transfer_deadline_ms = 60'000;  // measured, never cut short
+  c.transfer_ipc = ipc;
+  // A: in this process, or (--ipc) in a child that reports its endpoints on a pipe and runs
+  // until this process closes the other pipe.
+  Holder a = ipc ? ForkHolder(c) : Holder{};
   zmq::context_t context;
   Clk::time_point t0 = Clk::now();
-  RunningWorker a(c, context);
+  std::optional<RunningWorker> a_here;
+  if (!ipc) {
+    a_here.emplace(c, context);
+    a = Holder{a_here->worker->requests_endpoint(), a_here->worker->transfer_endpoint(), a_here->worker->worker_id()};
+  }
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s; transport: %s\n", prop.name, ipc ? "CUDA IPC (A in a child process)" : "TCP");
   RunningWorker b(c, context);
-  std::printf("workers A and B up in %.1f s; A's transfer endpoint %s\n", MsSince(t0) / 1e3,
-              a.worker->transfer_endpoint().c_str());
+  std::printf("workers A and B up in %.1f s; A's transfer endpoint %s\n", MsSince(t0) / 1e3, a.transfer.c_str());
   const uint32_t B = c.block_size;
   const uint32_t hint_blocks = static_cast<uint32_t>(prompt_tokens / B);
-  const PullHint from_a{a.worker->transfer_endpoint(), "", hint_blocks, a.worker->worker_id()};
+  const PullHint from_a{a.transfer, "", hint_blocks, a.worker_id};
 
   // Warm-up: kernels and GEMM plans on both, and one pull (the DEALER's connection, pages).
   const std::vector<TokenId> w = RandomPrompt(prompt_tokens, 1);
-  Ask(context, a.worker->requests_endpoint(), w, decode_tokens);
+  Ask(context, a.requests, w, decode_tokens);
   Ask(context, b.worker->requests_endpoint(), RandomPrompt(prompt_tokens, 2), decode_tokens);
   const Answer warm = Ask(context, b.worker->requests_endpoint(), w, decode_tokens, from_a);
   std::printf("warm-up pull: TTFT %.1f ms, %u tokens cached\n", warm.ttft_ms, warm.cached);
 
-  std::vector<double> recompute, pull, pull_worker, recompute_worker, pull_ms, pull_gbs;
+  std::vector<double> own_cached, recompute, pull, pull_worker, recompute_worker, pull_ms, pull_gbs;
   bool all_equal = true;
   uint64_t pulled_bytes = 0;
   for (int r = 0; r < reps; ++r) {
@@ -398,8 +463,8 @@ int main(int argc, char** argv) {
     // A computes the prefix (the pulled blocks: whole blocks before the last token), then the
     // prompt from its own cached prefix: the reference, split exactly as B's pulled request is.
     const std::vector<TokenId> prefix(p.begin(), p.begin() + (p.size() - 1) / B * B);
-    const Answer computed = Ask(context, a.worker->requests_endpoint(), prefix, decode_tokens);
-    const Answer cached = Ask(context, a.worker->requests_endpoint(), p, decode_tokens);
+    const Answer computed = Ask(context, a.requests, prefix, decode_tokens);
+    const Answer cached = Ask(context, a.requests, p, decode_tokens);
     const Answer re = Ask(context, b.worker->requests_endpoint(), p2, decode_tokens);
     const transfer::SourceStats before = b.worker->transfer_stats().pulls[from_a.source];
     const Answer pl = Ask(context, b.worker->requests_endpoint(), p, decode_tokens, from_a);
@@ -417,6 +482,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(after.blocks - before.blocks), static_cast<double>(bytes) / 1e9,
         seconds * 1e3, static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9), equal ? "equal" : "DIFFER",
         cached.cached);
+    own_cached.push_back(cached.ttft_ms);
     recompute.push_back(re.ttft_ms);
     recompute_worker.push_back(re.worker_ttft_ms);
     pull.push_back(pl.ttft_ms);
@@ -424,9 +490,14 @@ int main(int argc, char** argv) {
     pull_ms.push_back(seconds * 1e3);
     pull_gbs.push_back(static_cast<double>(bytes) / 1e9 / std::max(seconds, 1e-9));
   }
-  const transfer::TransferStats sa = a.worker->transfer_stats();
-  std::printf("holder A: served %llu pulls, %llu blocks, %llu frames\n", static_cast<unsigned long long>(sa.served),
-              static_cast<unsigned long long>(sa.served_blocks), static_cast<unsigned long long>(sa.served_frames));
+  if (a_here) {
+    const transfer::TransferStats sa = a_here->worker->transfer_stats();
+    std::printf("holder A: served %llu pulls, %llu blocks, %llu frames\n", static_cast<unsigned long long>(sa.served),
+                static_cast<unsigned long long>(sa.served_blocks), static_cast<unsigned long long>(sa.served_frames));
+  }
+  const transfer::SourceStats sb = b.worker->transfer_stats().pulls[from_a.source];
+  std::printf("receiver B: %llu ok pulls from A, %llu answered with A's device blocks (CUDA IPC)\n",
+              static_cast<unsigned long long>(sb.ok), static_cast<unsigned long long>(sb.device));
   std::printf(
       "summary: prompt %zu tokens, median of %d: recompute TTFT %.1f ms (worker %.1f), pull TTFT %.1f ms (worker "
       "%.1f), ratio recompute/pull %.2fx; pull %.3f GB in %.1f ms = %.2f GB/s; greedy tokens after the pulled prefix "
@@ -435,7 +506,18 @@ int main(int argc, char** argv) {
       Median(recompute) / Median(pull), static_cast<double>(pulled_bytes) / 1e9, Median(pull_ms), Median(pull_gbs),
       all_equal ? "equal A's" : "DIFFER from A's");
   // Stages at the pull's own size: the blocks of one pool, as the workers hold them.
+  // The floor of any transport: A answering P from its own cached prefix (the same split:
+  // the last block computed), which a pulled request pays plus the pull.
+  std::printf("floor: A's TTFT for P from its own cached prefix, median %.1f ms: recompute/floor %.2fx; the pull "
+              "adds %.1f ms to it\n",
+              Median(own_cached), Median(recompute) / Median(own_cached), Median(pull) - Median(own_cached));
   const uint64_t bpb = pulled_bytes / std::max<uint32_t>(1, hint_blocks - 1);
-  StageBreakdown(hint_blocks - 1, bpb, B);
+  if (!ipc) StageBreakdown(hint_blocks - 1, bpb, B);
+  if (ipc && sb.device == 0) {
+    std::printf("FAILED: no pull went device to device\n");
+    all_equal = false;
+  }
+  if (a.stop_fd >= 0) close(a.stop_fd);
+  if (a.pid > 0) waitpid(a.pid, nullptr, 0);
   return all_equal ? 0 : 1;
 }

@@ -2,17 +2,23 @@
 // byte for byte with ReadKvBlocks, from the device and from the pinned host tier, in runs
 // longer than the pinned staging; an fp8 cache says it cannot move blocks; and two in-process
 // cuda workers on one GPU: a Generate whose PullHint names the worker that computed its prefix
-// pulls the blocks over the TransferService and gives the computed prefix's greedy tokens.
+// pulls the blocks over the TransferService and gives the computed prefix's greedy tokens;
+// and the same across two processes, where the pull copies device to device (CUDA IPC).
 //
 // Needs a GPU (label gpu).
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cstddef>
 #include <random>
 #include <span>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <capnp/message.h>
 #include <zmq.hpp>
@@ -157,6 +163,92 @@ TEST_CASE("two cuda workers: a prefix pulled from the worker that computed it gi
   other[0] = 5;
   const Answer fresh = Ask(context, b.worker->requests_endpoint(), other);
   CHECK(fresh.cached_device_tokens == 0);
+}
+
+// The holder of the two-process case below, run in a child process (this binary again,
+// started with --no-skip and this case's name): it starts a cuda worker, writes its endpoints
+// to KVFLEET_IPC_HOLDER_FD and serves until KVFLEET_IPC_STOP_FD closes.
+TEST_CASE("cuda IPC holder process" * doctest::skip()) {
+  const char* up = std::getenv("KVFLEET_IPC_HOLDER_FD");
+  const char* stop = std::getenv("KVFLEET_IPC_STOP_FD");
+  const char* model = std::getenv("KVFLEET_IPC_MODEL");
+  REQUIRE(up != nullptr);
+  REQUIRE(stop != nullptr);
+  REQUIRE(model != nullptr);
+  zmq::context_t context;
+  server::WorkerConfig c = CudaWorkerConfig(model);
+  c.transfer_ipc = true;
+  RunningWorker a(c, context);
+  const std::string line =
+      a.worker->requests_endpoint() + "\n" + a.worker->transfer_endpoint() + "\n" + a.worker->worker_id() + "\n";
+  REQUIRE(write(std::atoi(up), line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+  close(std::atoi(up));
+  char byte;
+  while (read(std::atoi(stop), &byte, 1) > 0) {
+  }
+}
+
+TEST_CASE("two cuda workers in two processes: the pull copies the holder's device blocks (CUDA IPC)") {
+  const std::string model = RandomModelDir("tiny", 1);
+  int up[2], stop[2];
+  REQUIRE(pipe(up) == 0);
+  REQUIRE(pipe(stop) == 0);
+  // Everything the child needs is made before fork: it only closes and execs (a fresh image,
+  // without this process's CUDA state or locks).
+  std::vector<std::string> vars = {"KVFLEET_IPC_HOLDER_FD=" + std::to_string(up[1]),
+                                   "KVFLEET_IPC_STOP_FD=" + std::to_string(stop[0]), "KVFLEET_IPC_MODEL=" + model};
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::string arg0 = "holder", arg1 = "--no-skip", arg2 = "-tc=cuda IPC holder process";
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(up[0]);
+    close(stop[1]);
+    execve("/proc/self/exe", argv, envp.data());
+    _exit(127);
+  }
+  close(up[1]);
+  close(stop[0]);
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = read(up[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<size_t>(n));
+  close(up[0]);
+  std::vector<std::string> a;  // requests, transfer endpoint, worker id
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) a.push_back(text.substr(at, nl - at));
+  REQUIRE(a.size() == 3);
+
+  {
+    zmq::context_t context;
+    server::WorkerConfig c = CudaWorkerConfig(model);
+    c.transfer_ipc = true;
+    RunningWorker b(c, context);
+    std::vector<TokenId> prompt(100);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(1000 + 7 * i);
+    const Answer computed = Ask(context, a[0], prompt);
+    REQUIRE(computed.finished);
+    const PullHint from_a{a[1], "", 6, a[2]};
+    const Answer pulled = Ask(context, b.worker->requests_endpoint(), prompt, from_a);
+    REQUIRE(pulled.finished);
+    CHECK(pulled.cached_device_tokens == 96);
+    CHECK(pulled.tokens == computed.tokens);
+    const transfer::TransferStats stats = b.worker->transfer_stats();
+    REQUIRE(stats.pulls.count(a[1]) == 1);
+    CHECK(stats.pulls.at(a[1]).device == 1);  // device to device, not bytes
+    CHECK(stats.pulls.at(a[1]).blocks == 6);
+    // B holds them now: B's own reuse agrees.
+    const Answer again = Ask(context, b.worker->requests_endpoint(), prompt);
+    CHECK(again.cached_device_tokens == 96);
+    CHECK(again.tokens == computed.tokens);
+  }
+  close(stop[1]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct Case {
   bool force_cuda_cores = false;  // decode: the CUDA-core kernel instead of the tensor-core one
   bool fp8 = false;               // e4m3 pages with per-(layer, head) scales
   float q_range = 2.f;            // queries uniform in [-q_range, q_range]
+  int prefill_sms = 0;            // prefill: > 0 gives a workspace and this many SMs (split-KV)
 };
 
 // A pool of random K/V with two layers (the test reads layer 1), block tables drawing
@@ -194,6 +195,14 @@ double RunPrefill(const Case& c, uint32_t seed) {
   p.max_q_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
   p.scale = 1.f / std::sqrt(float(c.head_dim));
   p.mask = c.mask;
+  DeviceBuffer<float> ws(std::max<size_t>(PagedPrefillWorkspaceBytes(c.head_dim, c.prefill_sms) / sizeof(float), 1));
+  if (c.prefill_sms > 0) {
+    p.workspace = ws.get();
+    p.workspace_bytes = PagedPrefillWorkspaceBytes(c.head_dim, c.prefill_sms);
+    p.num_sms = c.prefill_sms;
+    p.max_seq_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+    CHECK(PagedPrefillChooseSplits(p) > 1);  // the case is one that splits
+  }
   out.Poison();
   KVF_CUDA_OK(LaunchPagedPrefill(p, nullptr));
   KVF_CUDA_OK(cudaDeviceSynchronize());
@@ -288,6 +297,33 @@ TEST_CASE("prefill of a chunk attends causally to the cached prefix and itself")
       CAPTURE(block_size);
       CHECK(RunPrefill(c, seed++) < kTolerance);
     }
+}
+
+TEST_CASE("prefill of short chunks over long cached prefixes splits the K/V range and merges the parts") {
+  uint32_t seed = 550;
+  for (bool fp8 : {false, true})
+    for (int head_dim : {64, 128})
+      for (const AttentionMask& m : std::vector<AttentionMask>{{}, {300, 4, 0}, {0, 0, 512}}) {
+        Case c;
+        c.head_dim = head_dim;
+        c.fp8 = fp8;
+        c.mask = m;
+        c.seq_lens = {2100, 4129, 700};  // prefixes 2068, 4128 and 683
+        c.q_lens = {32, 1, 17};
+        c.prefill_sms = 132;
+        CAPTURE(fp8);
+        CAPTURE(head_dim);
+        CAPTURE(m.window);
+        CAPTURE(m.chunk);
+        CHECK(RunPrefill(c, seed++) < kTolerance);
+      }
+  Case gqa;  // a group of 8 (Llama 3 8B's), 4 KV heads
+  gqa.num_q_heads = 32;
+  gqa.num_kv_heads = 4;
+  gqa.seq_lens = {8192};
+  gqa.q_lens = {32};
+  gqa.prefill_sms = 132;
+  CHECK(RunPrefill(gqa, seed++) < kTolerance);
 }
 
 TEST_CASE("prefill handles GQA groups, MQA and every mask") {

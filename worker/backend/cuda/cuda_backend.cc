@@ -20,6 +20,7 @@
 #include "kernels/kernel_image.h"
 #include "kernels/launch.h"
 #include "kernels/paged_decode.h"
+#include "kernels/paged_prefill.h"
 #include "kernels/rope.h"
 #include "worker/backend/cuda/cuda_util.h"
 #include "worker/backend/backend_choice.h"
@@ -247,6 +248,9 @@ Status CudaBackend::AllocateBuffers() {
     }
   }
   KVF_ASSIGN_OR_RETURN(decode_workspace_, DeviceAlloc<float>(decode_workspace_bytes_ / sizeof(float) + 1));
+  // Prefill split-KV partials (kernels/paged_prefill.h): a fixed bound, whatever the step.
+  prefill_workspace_bytes_ = kernels::PagedPrefillWorkspaceBytes(static_cast<int32_t>(c.head_dim), num_sms_);
+  KVF_ASSIGN_OR_RETURN(prefill_workspace_, DeviceAlloc<float>(prefill_workspace_bytes_ / sizeof(float)));
 
   // Step metadata, worst case: ids, positions, row lengths, row sequences, head rows [T]; slots [pools][T];
   // tables [pools][S][max blocks]; cu_q_lens, seq_lens, sampling settings [S]. Pools are

@@ -413,6 +413,8 @@ class CudaBackend final : public ModelBackendBase {
   int64_t logits_rows_ = 0;
   float* decode_workspace_ = nullptr;
   size_t decode_workspace_bytes_ = 0;
+  float* prefill_workspace_ = nullptr;
+  size_t prefill_workspace_bytes_ = 0;
   // Step metadata: pinned host staging and its device mirror, one copy per step.
   std::byte* staging_host_ = nullptr;
   std::byte* staging_dev_ = nullptr;

@@ -271,6 +271,10 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
   p.seq_lens = m.seq_lens;
   p.num_seqs = m.num_seqs;
   p.max_q_len = m.max_q_len;
+  p.workspace = prefill_workspace_;  // split-KV for short chunks over long cached prefixes
+  p.workspace_bytes = prefill_workspace_bytes_;
+  p.num_sms = num_sms_;
+  p.max_seq_len = m.max_seq_len;
   KVF_CUDA_RETURN(kernels::LaunchPagedPrefill(p, stream_));
   return Status::Ok();
 }
