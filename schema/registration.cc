@@ -1,6 +1,8 @@
 #include "schema/registration.h"
 #include "schema/describe.h"
 
+#include <cmath>
+
 #include <capnp/message.h>
 
 #include "schema/wire.h"
@@ -55,6 +57,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setMaxLoras(h.max_loras);
   out.setLoraLoadUs(h.lora_load_us);
   out.setTensorParallel(h.tensor_parallel);
+  out.setPrefillTokensPerSecond(h.prefill_tokens_per_second);
   if (!h.transfer_endpoint.empty()) {
     auto t = out.initTransfer();
     t.setEndpoint(h.transfer_endpoint);
@@ -95,6 +98,8 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
   out.max_loras = h.getMaxLoras();
   out.lora_load_us = h.getLoraLoadUs();
   out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
+  const float rate = h.getPrefillTokensPerSecond();
+  out.prefill_tokens_per_second = std::isfinite(rate) && rate > 0 ? rate : 0;  // never trusted past sense
   if (h.hasTransfer()) {
     auto t = h.getTransfer();
     out.transfer_endpoint = t.getEndpoint().cStr();

@@ -64,6 +64,9 @@ struct WorkerHello {
   uint32_t max_loras = 0;                // adapters on the device at once; 0: no LoRA support
   uint64_t lora_load_us = 0;             // host -> device load time of one adapter; 0: unknown
   uint32_t tensor_parallel = 1;          // ranks the model is split over (--tensor-parallel); 1 when not sent
+  // The prefill rate it expects before it has measured one (its load reports' rate then
+  // replaces it), under its step bound: its backend's cost model. 0: unknown.
+  float prefill_tokens_per_second = 0;
   // KV transfer (Contract 4): where peers pull its blocks, its CURVE server key (Z85; empty:
   // plain TCP) and its block format (fp32, bf16, fp8e4m3, none); empty endpoint: no pulls.
   std::string transfer_endpoint;

@@ -200,6 +200,8 @@ struct Hello {
   tensorParallel @14 :UInt32;  # ranks (GPUs; the cpu backend's in-process ranks) the model is split
                                # over; 0: a worker older than the field (read as 1)
   transfer @15 :TransferInfo;  # KV transfer (Contract 4); unset: the worker serves no pulls
+  prefillTokensPerSecond @16 :Float32;  # its expected prefill rate before it measures one (load
+                                        # reports' then): its backend's cost model; 0: unknown
 }
 
 # How peers pull KV blocks from a worker (Contract 4, schema/transfer.capnp).

@@ -566,6 +566,7 @@ std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return im
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
 std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }
+double Fleet::AnnouncedPrefillRate(WorkerId worker) const { return impl_->AnnouncedPrefillRate(worker); }
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

@@ -107,6 +107,9 @@ class WorkerLoads {
   // no pulls (routing/README.md, "Pulling a prefix"). Shared, not copied: routing asks it of
   // every candidate.
   virtual std::shared_ptr<const TransferPeer> Transfer(WorkerId /*worker*/) const { return nullptr; }
+  // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
+  // reports carry a measured one. 0: none announced.
+  virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -329,6 +332,7 @@ class Fleet final : public WorkerLoads {
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
+  double AnnouncedPrefillRate(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

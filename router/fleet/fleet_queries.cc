@@ -201,6 +201,11 @@ std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {
   return Record(id) != nullptr ? workers_[id]->transfer : nullptr;
 }
 
+double FleetImpl::AnnouncedPrefillRate(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr ? workers_[id]->info.prefill_tokens_per_second : 0;
+}
+
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return Record(id) != nullptr ? PerBlock(workers_[id]->info) : 1;

@@ -83,6 +83,7 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"max_loras", info.max_loras},
           {"lora_load_us", info.lora_load_us},
           {"tensor_parallel", info.tensor_parallel},
+          {"announced_prefill_tokens_per_second", info.prefill_tokens_per_second},
           {"transfer", info.transfer_endpoint.empty()
                            ? json(nullptr)
                            : json{{"endpoint", info.transfer_endpoint},

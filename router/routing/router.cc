@@ -38,10 +38,14 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   // Without a report, every request this router has in flight there may be queued.
   c->queued_requests = own.requests;
   c->waiting_requests = own.waiting;
-  c->prefill_tokens_per_s = 0;
   c->admission_wait_s = 0;
   c->decode_blocks = c->kv_usage = c->free_device_blocks = c->total_device_blocks = 0;
-  if (policy == Policy::kApprox) return own;
+  if (policy == Policy::kApprox) {
+    c->prefill_tokens_per_s = 0;
+    return own;
+  }
+  // What the worker announced until it reports a measured rate: a cold router never guesses.
+  c->prefill_tokens_per_s = loads_->AnnouncedPrefillRate(c->worker);
   const std::optional<WorkerLoad> load = loads_->ReportedLoad(c->worker);
   if (!load) return own;
   const double active = load->active_requests;
@@ -56,7 +60,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
       own.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
   c->queued_requests = std::max(queued, own.requests - active);
   c->waiting_requests = own.waiting + std::max(0.0, queued - then.waiting);
-  c->prefill_tokens_per_s = load->prefill_tokens_per_second;
+  if (load->prefill_tokens_per_second > 0) c->prefill_tokens_per_s = load->prefill_tokens_per_second;
   // The worker's predicted wait less its prefill term, which the blend above recounts: what
   // only the worker knows, a batch or KV cache too full to admit one more (README.md).
   const double prefill_s = load->prefill_tokens_per_second > 0

@@ -33,6 +33,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   h.transfer_format = "bf16";
   h.transfer_bytes_per_block = 4u << 20;
   h.transfer_host_id = "6f1c2d4e-boot";
+  h.prefill_tokens_per_second = 1999.5f;
   std::string frame = EncodeHello(h);
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
@@ -48,6 +49,7 @@ TEST_CASE("Hello and Bye round-trip through the shared encoding") {
   CHECK(got.transfer_format == "bf16");
   CHECK(got.transfer_bytes_per_block == 4u << 20);
   CHECK(got.transfer_host_id == "6f1c2d4e-boot");
+  CHECK(got.prefill_tokens_per_second == 1999.5f);
   CHECK(got.lora_load_us == 1800);
   CHECK(got.tensor_parallel == 2);
   CHECK(got.max_context == 8192);

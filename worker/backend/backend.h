@@ -248,6 +248,10 @@ class ModelBackend {
   // Writes whole device blocks of `pool` from `in`, laid out as ReadKvBlocks writes them.
   // Called between steps; the next step reads them.
   virtual Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in);
+  // The prefill rate (tokens/s) a step of at most `max_tokens` prompt tokens computes, cut to
+  // `max_step_ms` (> 0) as the engine's step bound cuts prefill while decodes run: what the
+  // worker announces before it has measured one (its Hello). 0: this backend cannot tell.
+  virtual double ExpectedPrefillTokensPerSecond(uint32_t max_tokens, double max_step_ms) const { return 0; }
   // Same-host device copies (Contract 4's device answer, CUDA IPC). ExportKvDevice: per pool,
   // a handle another process on this host can open to map the pool's device blocks, after the
   // work queued so far has finished (a block named after the call holds its final bytes);

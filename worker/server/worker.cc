@@ -388,6 +388,8 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
     }
   }
   hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
+  hello.prefill_tokens_per_second =
+      static_cast<float>(backend_->ExpectedPrefillTokensPerSecond(config_.max_num_tokens, config_.max_step_ms));
   hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
   if (transfer_ != nullptr && pulls_->layout()) {
     hello.transfer_endpoint = transfer_endpoint_;

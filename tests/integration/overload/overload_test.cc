@@ -7,9 +7,15 @@
 //   3. goodput (requests whose TTFT meets the timeout) holds: more such requests than in the
 //      run at capacity, as many per second.
 // The mock backend's cost model (worker/backend/mock/cost_model.h) makes the capacity
-// computable: prefill-bound requests of 2048 prompt tokens fill full 8192-token steps.
+// computable: prefill-bound requests of 2048 prompt tokens, in steps cut to the default step
+// bound while decodes run. The workers run with their default flags.
+//
+// A cold router under a burst (issue 35): before any worker has measured its prefill rate, the
+// router costs each at the rate its Hello announces, so a burst far past what slow workers can
+// serve in time is refused at once, not admitted and timed out.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +32,7 @@
 #include "cli/bench/report.h"
 #include "cli/bench/trace.h"
 #include "worker/backend/mock/cost_model.h"
+#include "worker/engine/scheduler.h"
 #include "tests/common/child_process.h"
 
 namespace kvfleet::bench {
@@ -50,30 +57,47 @@ using kvfleet::testing::ChildProcess;
 using kvfleet::testing::ReadFile;
 using kvfleet::testing::TempDir;
 
-std::vector<std::string> RouterArgs() {
+std::vector<std::string> RouterArgs(double first_token_timeout_s = kFirstTokenTimeoutS) {
   return {"--http-host", "127.0.0.1", "--http-port", std::to_string(kHttpPort), "--registration",
           "tcp://127.0.0.1:" + std::to_string(kRegistrationPort), "--first-token-timeout-s",
-          std::to_string(kFirstTokenTimeoutS), "--log-level", "warn"};
+          std::to_string(first_token_timeout_s), "--log-level", "warn"};
 }
 
-std::vector<std::string> WorkerArgs() {
+std::vector<std::string> WorkerArgs(std::vector<std::string> extra = {}) {
   const std::string host = "tcp://127.0.0.1:";
-  return {"--backend", "mock", "--mock-workers", std::to_string(kWorkers), "--port-stride", "10",
+  std::vector<std::string> args = {"--backend", "mock", "--mock-workers", std::to_string(kWorkers), "--port-stride", "10",
           "--requests", host + std::to_string(kWorkerBasePort), "--events", host + std::to_string(kWorkerBasePort + 1),
           "--replay", host + std::to_string(kWorkerBasePort + 2), "--http-port", std::to_string(kWorkerHttpBasePort),
           "--router", host + std::to_string(kRegistrationPort), "--advertise-host", "127.0.0.1",
-          "--worker-id", "overload", "--max-num-tokens", std::to_string(kStepTokens),
-          // Full prefill steps, which CapacityRps counts: the step bound would cut prefill
-          // while decodes run, moving the capacity to what the fitted step-time model allows.
-          "--max-step-ms", "0", "--log-level", "warn"};
+          "--worker-id", "overload", "--max-num-tokens", std::to_string(kStepTokens), "--log-level", "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
 }
 
-// Requests per second the fleet computes: full prefill steps, kStepTokens each.
+// Requests per second the fleet computes: prefill steps cut to the default step bound (the
+// decodes of the requests before run beside them), at most kStepTokens each.
 double CapacityRps() {
   backend::mock::CostModel cost;  // the workers' defaults
-  const double step_s =
-      static_cast<double>(cost.StepDuration({kStepTokens, 0, kStepTokens})) / static_cast<double>(kNsPerSec);
-  return kWorkers * kStepTokens / step_s / kPromptTokens;
+  const double fit = (engine::config::kDefaultMaxStepMs * 1e3 - cost.step_base_us) / cost.prefill_token_us;
+  const uint64_t tokens = std::min<uint64_t>(kStepTokens, static_cast<uint64_t>(fit));
+  const double step_s = static_cast<double>(cost.StepDuration({tokens, 0, tokens})) / static_cast<double>(kNsPerSec);
+  return kWorkers * static_cast<double>(tokens) / step_s / kPromptTokens;
+}
+
+// Waits until the router lists every worker routable and live.
+size_t WaitLive() {
+  size_t live = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline && live < kWorkers) {
+    auto fleet = HttpGet(kRouterUrl, "/fleet", 1.0);
+    auto j = fleet.ok() ? nlohmann::json::parse(fleet->body, nullptr, false) : nlohmann::json();
+    live = 0;
+    if (j.is_object() && j.contains("workers")) {
+      for (const auto& w : j["workers"]) live += w.value("routable", false) && w.value("state", "") == "live";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return live;
 }
 
 // Evenly spaced arrivals at `rate` for kRunSeconds; no two prompts share a block.
@@ -119,18 +143,7 @@ TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput 
   ChildProcess router(KVFLEET_ROUTER_BIN, RouterArgs(), dir.path / "router.log");
   INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
   // Ready: both workers routable and their load reports live (admission reads them).
-  size_t live = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline && live < kWorkers) {
-    auto fleet = HttpGet(kRouterUrl, "/fleet", 1.0);
-    auto j = fleet.ok() ? nlohmann::json::parse(fleet->body, nullptr, false) : nlohmann::json();
-    live = 0;
-    if (j.is_object() && j.contains("workers")) {
-      for (const auto& w : j["workers"]) live += w.value("routable", false) && w.value("state", "") == "live";
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  REQUIRE(live == kWorkers);
+  REQUIRE(WaitLive() == kWorkers);
 
   const double capacity = CapacityRps();
   CAPTURE(capacity);
@@ -177,6 +190,54 @@ TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput 
   CHECK(refused == static_cast<double>(overload.errors_by_status.at("429") + overload.errors_by_status.at("503") +
                                        at_capacity.errors_by_status.at("429") +
                                        at_capacity.errors_by_status.at("503")));
+}
+
+TEST_CASE("a cold router under a burst: no 504, the excess refused at once") {
+  // Workers 4x slower than the router's default guess (2,000 prompt tokens/s, 500 us a
+  // token), 80 requests of 1,024 tokens at once: about 20 s of prefill against a 2 s timeout.
+  // Without the rate in the Hello the router admitted for 8,000 tokens/s and 14 to 24 of the
+  // 80 waited out the timeout (504).
+  TempDir dir("kvfleet_overload_test_");
+  ChildProcess worker(KVFLEET_WORKER_BIN, WorkerArgs({"--mock-prefill-token-us", "500"}), dir.path / "worker.log");
+  ChildProcess router(KVFLEET_ROUTER_BIN, RouterArgs(2.0), dir.path / "router.log");
+  INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
+  REQUIRE(WaitLive() == kWorkers);
+  auto fleet = HttpGet(kRouterUrl, "/fleet", 1.0);
+  REQUIRE(fleet.ok());
+  const auto j = nlohmann::json::parse(fleet->body);
+  for (const auto& w : j["workers"]) CHECK(w.value("announced_prefill_tokens_per_second", 0.0) > 0);
+
+  std::vector<TraceRequest> trace;
+  for (uint32_t i = 0; i < 80; ++i) {
+    TraceRequest r;
+    r.timestamp_ms = 0;
+    r.input_length = 1024;
+    r.output_length = kOutputTokens;
+    for (uint32_t b = 0; b < 1024 / config::kTraceBlockTokens; ++b) r.hash_ids.push_back(5'000'000 + i * 100 + b);
+    r.line = i + 1;
+    trace.push_back(r);
+  }
+  const TraceScale scale;
+  ReplayOptions options;
+  options.router_url = kRouterUrl;
+  options.model = "mock";
+  options.progress = false;
+  const auto requests = ScaleTrace(trace, scale);
+  auto run = Replay(requests, PromptBuilder(32000, scale.block_tokens()), options);
+  REQUIRE_MESSAGE(run.ok(), run.status().ToString());
+  const RunReport report = Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens()), 2.0);
+  INFO(Describe(report));
+  CHECK(report.errors_by_status.at("504") == 0);
+  CHECK(report.errors_by_status.at("429") > 0);  // far past capacity: most are refused
+  size_t served = 0;
+  for (const RequestOutcome& o : run->outcomes) {
+    CHECK_MESSAGE((o.ok || o.http_status == 429 || o.http_status == 503), o.error << ": " << o.error_detail);
+    if (o.ok) {
+      ++served;
+      CHECK(o.ttft_s <= 2.0);
+    }
+  }
+  CHECK(served > 0);
 }
 
 TEST_CASE("an admission bound past the first-token timeout is refused at start-up, naming the flag") {

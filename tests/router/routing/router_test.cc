@@ -33,6 +33,10 @@ class FakeLoads final : public WorkerLoads {
     auto it = stored_prefix.find(w);
     return it == stored_prefix.end() ? 0 : it->second;
   }
+  double AnnouncedPrefillRate(WorkerId w) const override {
+    auto it = announced.find(w);
+    return it == announced.end() ? 0 : it->second;
+  }
   std::shared_ptr<const TransferPeer> Transfer(WorkerId w) const override {
     auto it = transfer.find(w);
     if (it == transfer.end()) return nullptr;
@@ -43,6 +47,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, WorkerLoad> reported;
   std::map<WorkerId, uint32_t> stored_prefix;
   std::map<WorkerId, TransferPeer> transfer;
+  std::map<WorkerId, double> announced;
   mutable TimeNs asked_at = 0;
 
  private:
@@ -96,6 +101,29 @@ TEST_CASE("the kv policy picks the worker holding the prompt's prefix") {
   CHECK(d->hashes == f.Hashes());
   REQUIRE(d->candidates);
   CHECK(d->candidates->size() == 3);
+}
+
+TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced until a report measures one") {
+  Fixture f;
+  for (WorkerId w : {0u, 1u, 2u}) f.loads.announced[w] = 2'000;  // 4x slower than the default guess
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  // 40 uncached tokens at the announced 2,000 tokens/s, not the default 8,000.
+  CHECK(d->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
+  SUBCASE("a measured rate in a report replaces it") {
+    WorkerLoad load;
+    load.prefill_tokens_per_second = 4'000;
+    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = load;
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 4'000));
+  }
+  SUBCASE("a report not yet measured keeps the announced one") {
+    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = WorkerLoad{};
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
+  }
 }
 
 TEST_CASE("predicted entries stop at the blocks a windowed worker stores: its first window") {

@@ -324,6 +324,17 @@ Result<std::unique_ptr<ModelBackend>> MakeMock(const BackendOptions& options) {
 
 }  // namespace
 
+double MockBackend::ExpectedPrefillTokensPerSecond(uint32_t max_tokens, double max_step_ms) const {
+  const CostModel& c = mock_.cost;
+  uint64_t tokens = std::max<uint32_t>(max_tokens, 1);
+  if (max_step_ms > 0 && c.prefill_token_us > 0) {
+    const double fit = (max_step_ms * 1e3 - c.step_base_us) / c.prefill_token_us;
+    tokens = std::clamp<uint64_t>(fit > 1 ? static_cast<uint64_t>(fit) : 1, 1, tokens);
+  }
+  const DurationNs d = c.StepDuration({tokens, 0, tokens});
+  return d > 0 ? static_cast<double>(tokens) * kNsPerSec / static_cast<double>(d) : 0;
+}
+
 }  // namespace kvfleet::backend::mock
 
 KVF_REGISTER_BACKEND(mock, "mock", ::kvfleet::backend::mock::MakeMock)

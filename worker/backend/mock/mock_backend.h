@@ -82,6 +82,8 @@ class MockBackend final : public ModelBackendBase {
   // KV transfer: the mock keeps no KV bytes ("none"); a pulled block costs the time its
   // modelled size (pools()[p].bytes_per_block) takes at the transfer's bandwidth.
   KvTransferFormat kv_transfer_format() const override { return KvTransferFormat{"none", "", {}}; }
+  // From the cost model: the largest prefill step within max_step_ms (no decodes).
+  double ExpectedPrefillTokensPerSecond(uint32_t max_tokens, double max_step_ms) const override;
   Status ReadKvBlocks(uint32_t, std::span<const kv::BlockLocation>, std::span<std::byte>) override { return {}; }
   Status WriteKvBlocks(uint32_t, std::span<const BlockId>, std::span<const std::byte>) override { return {}; }
 
