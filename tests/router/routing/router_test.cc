@@ -10,83 +10,14 @@
 
 #include "router/index/retention_estimate.h"
 #include "router/routing/predicted_index.h"
+#include "tests/router/routing/router_fixture.h"
 
 namespace kvfleet::router {
 namespace {
 
-constexpr uint32_t kBlockSize = 4;
-
-// Loads set by hand: this router's own counts now and at any earlier time, and reports.
-class FakeLoads final : public WorkerLoads {
- public:
-  OwnLoadCounts OwnLoad(WorkerId w) const override { return Get(own, w); }
-  OwnLoadCounts OwnLoadAt(WorkerId w, TimeNs at) const override {
-    asked_at = at;
-    return Get(own_then, w);
-  }
-  std::optional<WorkerLoad> ReportedLoad(WorkerId w) const override {
-    auto it = reported.find(w);
-    if (it == reported.end()) return std::nullopt;
-    return it->second;
-  }
-  uint32_t StoredPrefixBlocks(WorkerId w) const override {
-    auto it = stored_prefix.find(w);
-    return it == stored_prefix.end() ? 0 : it->second;
-  }
-  double AnnouncedPrefillRate(WorkerId w) const override {
-    auto it = announced.find(w);
-    return it == announced.end() ? 0 : it->second;
-  }
-  std::shared_ptr<const TransferPeer> Transfer(WorkerId w) const override {
-    auto it = transfer.find(w);
-    if (it == transfer.end()) return nullptr;
-    return std::make_shared<const TransferPeer>(it->second);
-  }
-
-  std::map<WorkerId, OwnLoadCounts> own, own_then;
-  std::map<WorkerId, WorkerLoad> reported;
-  std::map<WorkerId, uint32_t> stored_prefix;
-  std::map<WorkerId, TransferPeer> transfer;
-  std::map<WorkerId, double> announced;
-  mutable TimeNs asked_at = 0;
-
- private:
-  static OwnLoadCounts Get(const std::map<WorkerId, OwnLoadCounts>& m, WorkerId w) {
-    auto it = m.find(w);
-    return it == m.end() ? OwnLoadCounts{} : it->second;
-  }
-};
-
-struct Fixture {
-  explicit Fixture(const RoutingOptions& options = {})
-      : kv(&clock), approx(&clock), router(options, &loads, &kv, &approx, nullptr, &clock) {
-    fleet.block_size = kBlockSize;
-    fleet.routable = {0, 1, 2};
-    fleet.workers = 3;
-    tokens.resize(10 * kBlockSize);
-    std::iota(tokens.begin(), tokens.end(), 100);
-  }
-  Prompt PromptOf(Policy policy) const { return Prompt{"m", tokens, "", policy}; }
-  std::vector<BlockHash> Hashes() const {
-    return BlockHasher(kBlockSize, HashNamespace{"m", "", ""}).HashAll(tokens);
-  }
-  size_t Matched(const PrefixIndex& index, WorkerId w) const {
-    std::vector<PrefixMatch> out;
-    index.FindMatches(Hashes(), &out);
-    for (const PrefixMatch& m : out) {
-      if (m.worker == w) return m.device_blocks;
-    }
-    return 0;
-  }
-
-  ManualClock clock;
-  FakeLoads loads;
-  PredictedIndex kv;
-  PredictedIndex approx;
-  Router router;
-  ModelFleet fleet;
-  std::vector<TokenId> tokens;
-};
+using testing::FakeLoads;
+using testing::Fixture;
+using testing::kBlockSize;
 
 TEST_CASE("the kv policy picks the worker holding the prompt's prefix") {
   Fixture f;
@@ -101,29 +32,6 @@ TEST_CASE("the kv policy picks the worker holding the prompt's prefix") {
   CHECK(d->hashes == f.Hashes());
   REQUIRE(d->candidates);
   CHECK(d->candidates->size() == 3);
-}
-
-TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced until a report measures one") {
-  Fixture f;
-  for (WorkerId w : {0u, 1u, 2u}) f.loads.announced[w] = 2'000;  // 4x slower than the default guess
-  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-  REQUIRE(d.ok());
-  // 40 uncached tokens at the announced 2,000 tokens/s, not the default 8,000.
-  CHECK(d->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
-  SUBCASE("a measured rate in a report replaces it") {
-    WorkerLoad load;
-    load.prefill_tokens_per_second = 4'000;
-    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = load;
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 4'000));
-  }
-  SUBCASE("a report not yet measured keeps the announced one") {
-    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = WorkerLoad{};
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
-  }
 }
 
 TEST_CASE("predicted entries stop at the blocks a windowed worker stores: its first window") {
@@ -167,86 +75,6 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
   REQUIRE(next.ok());
   CHECK(next->worker == d->worker);
   CHECK(next->device_blocks == 10);
-}
-
-TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
-  RoutingOptions slow;
-  slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
-  Fixture f(slow);
-  for (WorkerId w : {0u, 1u, 2u}) {
-    // 64 KiB a block: 10 blocks pull in ~26 ms at the default 0.5 GB/s and 25 ms setup.
-    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
-  }
-  f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
-  OwnLoadCounts busy;
-  busy.requests = 20;
-  busy.prefill_tokens = 80'000;  // 80 s of prefill queued
-  f.loads.own[2] = busy;
-  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-  REQUIRE(d.ok());
-  CHECK(d->worker != 2);
-  CHECK(d->pull.source == "tcp://h2:5559");
-  CHECK(d->pull.blocks == 10);
-  CHECK(d->pull.worker_id == "w2");
-  CHECK(d->pull.deadline_ms == 53);  // twice the predicted 26.3 ms
-  CHECK(d->pull_from == 2);
-  CHECK(d->device_blocks == 0);  // what the worker holds itself
-  CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
-  // The pull's 640 KiB at 0.5 GB/s and its setup: ~26 ms, not the holder's 80 s queue.
-  CHECK(d->estimated_ttft_s < 0.05);
-
-  SUBCASE("a pull slower than recomputing is not chosen") {
-    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->worker != 2);
-    CHECK(e->pull.source.empty());
-  }
-  SUBCASE("workers on one host pull at the device-to-device bandwidth, others at the network's") {
-    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // slower than recomputing over TCP
-    f.loads.transfer[0].host_id = f.loads.transfer[2].host_id = "boot-a";
-    f.loads.transfer[1].host_id = "boot-b";
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->worker == 0);  // 160 MiB at the default 500 GB/s: ~0.3 ms, not 0.36 s
-    CHECK(e->pull.source == "tcp://h2:5559");
-    CHECK(e->estimated_ttft_s < 0.05);
-  }
-  SUBCASE("an idle holder keeps its prefix's requests: no pull") {
-    f.loads.own.erase(2);
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->worker == 2);
-    CHECK(e->pull.source.empty());
-  }
-  SUBCASE("workers whose block formats differ, or that serve no pulls, do not pull") {
-    f.loads.transfer[0].format = f.loads.transfer[1].format = "fp8e4m3";
-    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->pull.source.empty());
-    f.loads.transfer.erase(2);
-    f.loads.transfer[0].format = f.loads.transfer[1].format = "bf16";
-    auto g = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-    REQUIRE(g.ok());
-    CHECK(g->pull.source.empty());
-  }
-  SUBCASE("the peers' policies and approx never pull") {
-    for (Policy p : {Policy::kApprox, Policy::kPreble, Policy::kLlmd, Policy::kRoundRobin}) {
-      auto e = f.router.Route(f.fleet, f.PromptOf(p));
-      REQUIRE(e.ok());
-      CHECK(e->pull.source.empty());
-    }
-  }
-  SUBCASE("a bandwidth of 0 turns pulling off") {
-    RoutingOptions off = slow;
-    off.transfer_bytes_per_s = 0;
-    Fixture g(off);
-    g.loads = f.loads;
-    g.kv.InsertPredicted(2, g.Hashes(), kNsPerSec);
-    auto e = g.router.Route(g.fleet, g.PromptOf(Policy::kKv));
-    REQUIRE(e.ok());
-    CHECK(e->pull.source.empty());
-  }
 }
 
 TEST_CASE("a retry chooses among the same candidates, the workers tried excluded") {

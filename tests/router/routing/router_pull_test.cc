@@ -1,0 +1,120 @@
+// Router: the prefill rate a worker announces, and pulling a prefix from its holder
+// (README.md, "Pulling a prefix"), over the fake fleet of router_fixture.h.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "router/routing/router.h"
+#include "tests/router/routing/router_fixture.h"
+
+namespace kvfleet::router {
+namespace {
+
+using testing::Fixture;
+using testing::kBlockSize;
+
+TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced until a report measures one") {
+  Fixture f;
+  for (WorkerId w : {0u, 1u, 2u}) f.loads.announced[w] = 2'000;  // 4x slower than the default guess
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  // 40 uncached tokens at the announced 2,000 tokens/s, not the default 8,000.
+  CHECK(d->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
+  SUBCASE("a measured rate in a report replaces it") {
+    WorkerLoad load;
+    load.prefill_tokens_per_second = 4'000;
+    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = load;
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 4'000));
+  }
+  SUBCASE("a report not yet measured keeps the announced one") {
+    for (WorkerId w : {0u, 1u, 2u}) f.loads.reported[w] = WorkerLoad{};
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
+  }
+}
+
+TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
+  RoutingOptions slow;
+  slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
+  Fixture f(slow);
+  for (WorkerId w : {0u, 1u, 2u}) {
+    // 64 KiB a block: 10 blocks pull in ~26 ms at the default 0.5 GB/s and 25 ms setup.
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
+  }
+  f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
+  OwnLoadCounts busy;
+  busy.requests = 20;
+  busy.prefill_tokens = 80'000;  // 80 s of prefill queued
+  f.loads.own[2] = busy;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker != 2);
+  CHECK(d->pull.source == "tcp://h2:5559");
+  CHECK(d->pull.blocks == 10);
+  CHECK(d->pull.worker_id == "w2");
+  CHECK(d->pull.deadline_ms == 53);  // twice the predicted 26.3 ms
+  CHECK(d->pull_from == 2);
+  CHECK(d->device_blocks == 0);  // what the worker holds itself
+  CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
+  // The pull's 640 KiB at 0.5 GB/s and its setup: ~26 ms, not the holder's 80 s queue.
+  CHECK(d->estimated_ttft_s < 0.05);
+
+  SUBCASE("a pull slower than recomputing is not chosen") {
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker != 2);
+    CHECK(e->pull.source.empty());
+  }
+  SUBCASE("workers on one host pull at the device-to-device bandwidth, others at the network's") {
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // slower than recomputing over TCP
+    f.loads.transfer[0].host_id = f.loads.transfer[2].host_id = "boot-a";
+    f.loads.transfer[1].host_id = "boot-b";
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 0);  // 160 MiB at the default 500 GB/s: ~0.3 ms, not 0.36 s
+    CHECK(e->pull.source == "tcp://h2:5559");
+    CHECK(e->estimated_ttft_s < 0.05);
+  }
+  SUBCASE("an idle holder keeps its prefix's requests: no pull") {
+    f.loads.own.erase(2);
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 2);
+    CHECK(e->pull.source.empty());
+  }
+  SUBCASE("workers whose block formats differ, or that serve no pulls, do not pull") {
+    f.loads.transfer[0].format = f.loads.transfer[1].format = "fp8e4m3";
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->pull.source.empty());
+    f.loads.transfer.erase(2);
+    f.loads.transfer[0].format = f.loads.transfer[1].format = "bf16";
+    auto g = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(g.ok());
+    CHECK(g->pull.source.empty());
+  }
+  SUBCASE("the peers' policies and approx never pull") {
+    for (Policy p : {Policy::kApprox, Policy::kPreble, Policy::kLlmd, Policy::kRoundRobin}) {
+      auto e = f.router.Route(f.fleet, f.PromptOf(p));
+      REQUIRE(e.ok());
+      CHECK(e->pull.source.empty());
+    }
+  }
+  SUBCASE("a bandwidth of 0 turns pulling off") {
+    RoutingOptions off = slow;
+    off.transfer_bytes_per_s = 0;
+    Fixture g(off);
+    g.loads = f.loads;
+    g.kv.InsertPredicted(2, g.Hashes(), kNsPerSec);
+    auto e = g.router.Route(g.fleet, g.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->pull.source.empty());
+  }
+}
+
+}  // namespace
+}  // namespace kvfleet::router
