@@ -84,8 +84,13 @@ double CapacityRps() {
   return kWorkers * static_cast<double>(tokens) / step_s / kPromptTokens;
 }
 
-// Waits until the router lists every worker routable and live.
-size_t WaitLive() {
+// Waits until the router lists every worker routable and live. A router or worker of this
+// test that exited (its ports held by another fleet: a test killed before its destructors ran)
+// fails the test here rather than let it measure that other fleet.
+size_t WaitLive(const ChildProcess& worker, const ChildProcess& router) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a failed bind exits at once
+  REQUIRE_MESSAGE(worker.Running(), "the worker exited (ports 24410-24460 taken?)");
+  REQUIRE_MESSAGE(router.Running(), "the router exited (ports 24400-24401 taken?)");
   size_t live = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline && live < kWorkers) {
@@ -143,7 +148,7 @@ TEST_CASE("at 1.5x capacity: no 504, refusals at once, no request lost, goodput 
   ChildProcess router(KVFLEET_ROUTER_BIN, RouterArgs(), dir.path / "router.log");
   INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
   // Ready: both workers routable and their load reports live (admission reads them).
-  REQUIRE(WaitLive() == kWorkers);
+  REQUIRE(WaitLive(worker, router) == kWorkers);
 
   const double capacity = CapacityRps();
   CAPTURE(capacity);
@@ -201,7 +206,7 @@ TEST_CASE("a cold router under a burst: no 504, the excess refused at once") {
   ChildProcess worker(KVFLEET_WORKER_BIN, WorkerArgs({"--mock-prefill-token-us", "500"}), dir.path / "worker.log");
   ChildProcess router(KVFLEET_ROUTER_BIN, RouterArgs(2.0), dir.path / "router.log");
   INFO("router log:\n" << ReadFile(dir.path / "router.log") << "\nworker log:\n" << ReadFile(dir.path / "worker.log"));
-  REQUIRE(WaitLive() == kWorkers);
+  REQUIRE(WaitLive(worker, router) == kWorkers);
   auto fleet = HttpGet(kRouterUrl, "/fleet", 1.0);
   REQUIRE(fleet.ok());
   const auto j = nlohmann::json::parse(fleet->body);
