@@ -233,10 +233,13 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
     }
     if (good < received) ++stats_.token_mismatches;
   }
-  bool copy_failed = false;
+  bool copy_failed = false, late = false;
   if (result.device) {
-    // Copied at once, well inside the grace the holder keeps the run pinned past the deadline
-    // the result beat; then the holder may unpin.
+    // The holder keeps the run pinned until the deadline plus a grace, no longer: a run whose
+    // deadline passed while this thread was busy (a long step) may be reused there by now, so
+    // it is not copied. Otherwise it is copied at once, well inside the grace.
+    late = good > 0 && result.deadline > 0 && service_->Now() > result.deadline;
+    if (late) good = 0;
     if (good > 0) {
       const uint32_t copied = CopyFromDevice(p, result, good);
       copy_failed = copied < good;
@@ -264,7 +267,8 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
   stats_.imported_blocks += good;
   if (good < wanted) {
     const bool ok = result.outcome == transfer::PullOutcome::kOk;
-    const std::string why = copy_failed               ? "copy_failed"
+    const std::string why = late                      ? "late"
+                            : copy_failed             ? "copy_failed"
                             : ok && good < received   ? "token_mismatch"
                             : ok                      ? "short"
                                                       : std::string(PullOutcomeName(result.outcome));

@@ -182,6 +182,8 @@ uint64_t TransferService::StartPull(const std::string& source_endpoint, const st
 
 void TransferService::CancelPull(uint64_t transfer_id) { impl_->Queue(CancelCommand{transfer_id}); }
 
+TimeNs TransferService::Now() const { return impl_->clock->Now(); }
+
 TransferStats TransferService::Stats() const {
   std::lock_guard lock(impl_->mu);
   TransferStats out = impl_->stats;

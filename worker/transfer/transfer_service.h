@@ -199,6 +199,8 @@ class TransferService {
   bool WaitForWork(DurationNs timeout);
 
   TransferStats Stats() const;
+  // Now on the service's clock: the one PullResult::deadline is on.
+  TimeNs Now() const;
 
   // Refuses the pulls not yet served (shuttingDown), sends what is queued, reports every held
   // device run released (expired), stops the I/O thread and closes the sockets. A ServeDevice
