@@ -22,19 +22,11 @@ void TransferService::Impl::ReportReleased(uint64_t peer_token, uint64_t transfe
 
 void TransferService::Impl::DoServeDevice(ServeDeviceCommand& cmd) {
   const auto key = std::make_pair(cmd.peer_token, cmd.transfer_id);
-  auto it = open_pulls.find(key);
-  // As DoServe: past the deadline the receiver would copy nothing.
-  if (it == open_pulls.end() || it->second.deadline < clock->Now()) {
-    if (it != open_pulls.end()) open_pulls.erase(it);
-    {
-      std::lock_guard lock(mu);
-      stats.stale_serves++;
-    }
-    return ReportReleased(cmd.peer_token, cmd.transfer_id, true);
-  }
-  const PullRequest request = std::move(it->second.request);
-  const TimeNs deadline = it->second.deadline;
-  open_pulls.erase(it);
+  // Past the deadline the receiver would copy nothing.
+  std::optional<OpenPull> open = TakeOpenPull(cmd.peer_token, cmd.transfer_id);
+  if (!open) return ReportReleased(cmd.peer_token, cmd.transfer_id, true);
+  const PullRequest& request = open->request;
+  const TimeNs deadline = open->deadline;
   const std::string& identity = identity_of_token.at(cmd.peer_token);
   Status status = request.host_id.empty()
                       ? InvalidArgument("a device run for a receiver that gave no host id")

@@ -119,18 +119,26 @@ void TransferService::Impl::DoRefuse(RefuseCommand& cmd) {
   SendRefusal(identity_of_token.at(cmd.peer_token), cmd.transfer_id, cmd.reason, cmd.message);
 }
 
-void TransferService::Impl::DoServe(ServeCommand& cmd) {
-  auto it = open_pulls.find({cmd.peer_token, cmd.transfer_id});
-  // Past the deadline the receiver has given up (its clock started earlier than ours): the
-  // bytes would only be dropped there.
-  if (it == open_pulls.end() || it->second.deadline < clock->Now()) {
-    if (it != open_pulls.end()) open_pulls.erase(it);
+std::optional<TransferService::Impl::OpenPull> TransferService::Impl::TakeOpenPull(uint64_t peer_token,
+                                                                                  uint64_t transfer_id) {
+  auto it = open_pulls.find({peer_token, transfer_id});
+  std::optional<OpenPull> open;
+  if (it != open_pulls.end()) {
+    if (it->second.deadline >= clock->Now()) open = std::move(it->second);
+    open_pulls.erase(it);
+  }
+  if (!open) {
     std::lock_guard lock(mu);
     stats.stale_serves++;
-    return;
   }
-  const PullRequest request = std::move(it->second.request);
-  open_pulls.erase(it);
+  return open;
+}
+
+void TransferService::Impl::DoServe(ServeCommand& cmd) {
+  // Past the deadline the bytes would only be dropped at the receiver.
+  std::optional<OpenPull> open = TakeOpenPull(cmd.peer_token, cmd.transfer_id);
+  if (!open) return;
+  const PullRequest& request = open->request;
   const std::string& identity = identity_of_token.at(cmd.peer_token);
   Status status = cmd.blocks.size() <= request.hashes.size()
                       ? Status::Ok()

@@ -100,6 +100,11 @@ struct TransferService::Impl {
   void HandleRequest(std::vector<zmq::message_t>& parts);
   void DoServe(ServeCommand& cmd);
   void DoRefuse(RefuseCommand& cmd);
+  // The open pull an answer (Serve, ServeDevice) is for, taken out of open_pulls; nullopt,
+  // counted in stale_serves, when it is no longer open or past its deadline (the receiver
+  // has given up: its clock started earlier than ours).
+  struct OpenPull;
+  std::optional<OpenPull> TakeOpenPull(uint64_t peer_token, uint64_t transfer_id);
   // Sends a refusal to `identity` now (dropped if its queue is full) and counts it.
   void SendRefusal(const std::string& identity, uint64_t transfer_id, RefusalReason reason, const std::string& message);
   // Sends what fits of the frames being served; true when some frame still waits for room.
