@@ -86,6 +86,7 @@ class KvPulls {
   const std::string& unsupported() const { return unsupported_; }
   // Whether pulls with workers on this host copy device blocks (options.host_id, a cuda backend).
   bool device() const { return device_; }
+  const std::string& host_id() const { return options_.host_id; }
 
   // Whether Start wants to see a request that came with `hint`: a hint, or pulls in flight
   // that it may wait for.

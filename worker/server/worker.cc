@@ -396,7 +396,7 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
     hello.transfer_key = transfer_key_;
     hello.transfer_format = std::string(transfer::KvDtypeName(pulls_->layout()->dtype));
     hello.transfer_bytes_per_block = pulls_->layout()->BytesPerBlock();
-    if (pulls_->device()) hello.transfer_host_id = ThisHostId();
+    if (pulls_->device()) hello.transfer_host_id = pulls_->host_id();
   }
 }
 
