@@ -99,6 +99,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <span>
@@ -402,7 +403,7 @@ class CudaBackend final : public ModelBackendBase {
   // config::kTransferStagingBytes, one filled while the other is copied; an event per half.
   std::array<std::byte*, 2> transfer_staging_ = {};
   std::array<cudaEvent_t, 2> transfer_done_ = {};
-  std::vector<std::string> ipc_handles_;  // [pool]: ExportKvDevice's, made once
+  std::optional<std::vector<std::string>> ipc_handles_;  // [pool]: ExportKvDevice's; empty: it failed
   std::vector<std::pair<std::string, void*>> peer_kv_;  // a peer pool's handle and its mapping, oldest first
 
   // Activations, [max_num_tokens][...] bf16.

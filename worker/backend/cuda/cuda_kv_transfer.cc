@@ -145,29 +145,28 @@ Status CudaBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks
 std::vector<std::string> CudaBackend::ExportKvDevice() {
   if (!kv_transfer_format().unsupported.empty()) return {};
   if (cudaSetDevice(options_.device) != cudaSuccess || cudaStreamSynchronize(stream_) != cudaSuccess) return {};
-  if (ipc_handles_.empty()) {
-    for (void* pool : device_kv_) {
+  if (!ipc_handles_) {  // made once; empty when that failed
+    ipc_handles_.emplace();
+    for (size_t p = 0; p < device_kv_.size(); ++p) {
       cudaIpcMemHandle_t h;
-      if (const cudaError_t e = cudaIpcGetMemHandle(&h, pool); e != cudaSuccess) {
+      if (const cudaError_t e = cudaIpcGetMemHandle(&h, device_kv_[p]); e != cudaSuccess) {
         Logger("cuda")->warn("KV transfer: no IPC handle for the KV pools ({}): pulls get bytes", cudaGetErrorString(e));
-        ipc_handles_.clear();
-        ipc_handles_.push_back({});  // tried once
-        return {};
+        ipc_handles_->clear();
+        break;
       }
       // The handle, then the pool's size in bytes: the receiver bounds every block it reads.
       std::string handle(reinterpret_cast<const char*>(&h), sizeof(h));
-      const uint64_t bytes = uint64_t(pools_[ipc_handles_.size()].device_blocks) * pools_[ipc_handles_.size()].bytes_per_block;
+      const uint64_t bytes = uint64_t(pools_[p].device_blocks) * pools_[p].bytes_per_block;
       handle.append(reinterpret_cast<const char*>(&bytes), sizeof(bytes));
-      ipc_handles_.push_back(std::move(handle));
+      ipc_handles_->push_back(std::move(handle));
     }
   }
-  if (ipc_handles_.size() != device_kv_.size()) return {};
-  return ipc_handles_;
+  return *ipc_handles_;
 }
 
 Status CudaBackend::CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
                                          std::span<const BlockId> dst) {
-  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, dst.size(), dst.size() * pools_[pool].bytes_per_block));
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, 0, 0));  // a format that moves blocks, a pool that exists
   if (src.size() != dst.size()) return InvalidArgument("KV transfer: source and destination block counts differ");
   constexpr size_t kHandleBytes = sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t);  // ExportKvDevice's
   if (handle.size() != kHandleBytes) {
