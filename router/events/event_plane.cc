@@ -13,6 +13,8 @@ constexpr int kMaxSubMessagesPerTurn = 4096;
 constexpr DurationNs kGaugeInterval = 250 * kNsPerMs;
 // Expired predicted entries are swept this often.
 constexpr DurationNs kSweepInterval = kNsPerSec;
+// A loop turn longer than this is logged with where its time went (rate-limited).
+constexpr DurationNs kSlowTurn = 200 * kNsPerMs;
 }  // namespace tuning
 
 }  // namespace
@@ -247,6 +249,8 @@ void EventPlane::Impl::ReceiveSub() {
       Malformed("decode", batch.status().ToString());
       continue;
     }
+    turn_.oldest_batch_ns = std::max(turn_.oldest_batch_ns, clock_->WallNs() - batch->header.created_ns);
+    ++turn_.batches;
     const Entry& e = *workers_.at(topic->second);
     if (batch->header.worker_id != e.name) {
       Malformed("topic", "batch of " + batch->header.worker_id.substr(0, 64) + " under topic kv." + e.name);
@@ -374,9 +378,13 @@ void EventPlane::Impl::Run() {
       item_entries.push_back(e.get());
     }
     zmq::poll(items.data(), items.size(), tuning::kPollInterval);
+    turn_ = Turn{};
+    const TimeNs t0 = clock_->Now();
     if (items[0].revents & ZMQ_POLLIN) ReceiveSub();
+    const TimeNs t1 = clock_->Now();
     for (size_t i = 1; i < items.size(); ++i)
       if (items[i].revents & ZMQ_POLLIN) ReceiveReplies(*item_entries[i - 1]);
+    const TimeNs t2 = clock_->Now();
 
     std::deque<Command> cmds;
     uint64_t taken = 0;
@@ -386,7 +394,16 @@ void EventPlane::Impl::Run() {
       taken = cmds_queued_;
     }
     for (Command& c : cmds) HandleCommand(c);
-    Periodic(clock_->Now(), !cmds.empty());
+    const TimeNs t3 = clock_->Now();
+    Periodic(t3, !cmds.empty());
+    const TimeNs t4 = clock_->Now();
+    if (uint64_t suppressed = 0; t4 - t0 > tuning::kSlowTurn && slow_turn_log_.Allow(&suppressed)) {
+      log_->warn("event thread: a {} ms turn (events {} ms: {} batches, the oldest {} ms old on receipt; "
+                 "replies {} ms; {} commands {} ms; periodic {} ms; {} workers) ({} more suppressed)",
+                 (t4 - t0) / kNsPerMs, (t1 - t0) / kNsPerMs, turn_.batches, turn_.oldest_batch_ns / kNsPerMs,
+                 (t2 - t1) / kNsPerMs, cmds.size(), (t3 - t2) / kNsPerMs, (t4 - t3) / kNsPerMs, workers_.size(),
+                 suppressed);
+    }
     if (!cmds.empty()) {
       std::lock_guard lock(cmd_mu_);
       cmds_done_ = taken;

@@ -102,6 +102,12 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::string server_public_;
   std::shared_ptr<spdlog::logger> log_ = Logger("events");
   RateLimit malformed_log_;
+  // The current loop turn, for the slow-turn log.
+  struct Turn {
+    size_t batches = 0;
+    int64_t oldest_batch_ns = 0;  // the largest age of a batch on receipt (worker wall clock)
+  } turn_;
+  RateLimit slow_turn_log_;
 
   std::unordered_map<WorkerId, std::unique_ptr<Entry>> workers_;
   std::unordered_map<std::string, WorkerId> by_topic_;

@@ -5,6 +5,14 @@
 namespace kvfleet::router {
 
 namespace {
+// One limit for every worker's late-batch line: a fleet-wide stall makes every worker late.
+RateLimit& LateBatchLog() {
+  static RateLimit limit;
+  return limit;
+}
+}  // namespace
+
+namespace {
 std::atomic<uint64_t> g_next_request_id{1};
 }  // namespace
 
@@ -185,6 +193,11 @@ bool WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
   stats_.last_lag_seconds = lag;
   counters_->last_lag_seconds = lag;
   io_->OnApplied(id_, lag);
+  if (uint64_t suppressed = 0; lag > 1.0 && LateBatchLog().Allow(&suppressed)) {
+    log_->warn("worker {}: batch {} applied {:.1f} s after its creation ({}, {} batches buffered, the last "
+               "replay request sent {} ms ago) ({} more suppressed)", name_, batch.header.seq, lag,
+               WorkerStateName(state_), buffer_.size(), (clock_->Now() - request_sent_) / kNsPerMs, suppressed);
+  }
   return true;
 }
 

@@ -23,7 +23,9 @@
 // for max_workers of them. A socket that cannot be made is logged and tried again later. A
 // worker gone (said bye, removed, or registered and unreachable or DEAD since its last Hello)
 // for forget_after is forgotten: its record, sockets, metric series and event subscription
-// go, and its id is reused.
+// go, and its id is reused. A full fleet forgets sooner: a new worker takes the place of the
+// one gone longest (said bye or removed, or unreachable past the registration lease), and is
+// refused only when none is.
 //
 // Thread safety: thread-safe. Submit()'s sinks are called on the Fleet's lane thread, one
 // request's calls in order, never after the terminal call or after the cancel was handled.
