@@ -73,6 +73,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
     WorkerEndpoints endpoints;
     uint32_t indexed_window = 0;  // as asked by AddWorker (before the override)
     zmq::socket_t dealer;
+    bool reply_waiting = false;  // the dealer polled readable and has not been read empty since
     std::unique_ptr<WorkerSubscriber> sub;
     std::array<prometheus::Gauge*, kv::kNumTiers> blocks_gauge{};
     std::array<prometheus::Gauge*, kEventStreamStates> state_gauge{};
@@ -81,6 +82,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   void Run();
   Status OpenSub();
   void HandleCommand(Command& c);
+  // Runs queued commands in order until none is left or `until` has passed (at least one);
+  // returns how many ran.
+  size_t HandleCommands(TimeNs until);
   void Add(const Command& c);
   // The worker's replay DEALER, connected, and the SUB connected to its PUB.
   Status OpenSockets(Entry& e, const Command& c);
@@ -88,7 +92,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   void Remove(WorkerId id);
   void ReceiveSub();
   void Deliver(WorkerId id, events::DecodedBatch batch);
-  void ReceiveReplies(Entry& e);
+  // Reads e's replies until none is left (returns true) or `until` has passed (at least one;
+  // returns false).
+  bool ReceiveReplies(Entry& e, TimeNs until);
   void Periodic(TimeNs now, bool force);
   void RefreshView(const Entry& e);
   void ExportCounters();
@@ -114,7 +120,8 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::unordered_set<WorkerId> touched_;
   std::vector<FaultInjector::Delivery> deliveries_;
   EventCounters counters_, exported_;
-  TimeNs last_gauges_ = 0, last_sweep_ = 0;
+  TimeNs last_gauges_ = 0, last_sweep_ = 0, last_tick_ = 0, last_idle_drain_ = 0;
+  WorkerId reply_cursor_ = 0;  // the worker whose replies the next turn reads first (or the next id)
 
   std::mutex cmd_mu_;
   std::condition_variable cmd_cv_;

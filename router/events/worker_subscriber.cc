@@ -350,7 +350,7 @@ void WorkerSubscriber::ApplySnapshot(const events::ReplyHeader& header, const ev
   DrainBuffer();
 }
 
-void WorkerSubscriber::OnTick(bool batches_waiting) {
+void WorkerSubscriber::OnTick(bool batches_waiting, bool reply_waiting) {
   const TimeNs now = clock_->Now();
   if (state_ == WorkerState::kDead) return;
   if (now - last_heard_ > options_.heartbeat_timeout && !batches_waiting) {
@@ -358,6 +358,7 @@ void WorkerSubscriber::OnTick(bool batches_waiting) {
     return;
   }
   const DurationNs timeout = pending_is_snapshot_ ? options_.snapshot_timeout : options_.replay_timeout;
+  if (reply_waiting) request_sent_ = now;  // answered; the timeout measures the worker's silence
   if (pending_request_ != 0 && now - request_sent_ > timeout) {
     log_->info("worker {}: replay request timed out, asking again", name_);
     if (state_ == WorkerState::kReplaying && !pending_is_snapshot_) {
