@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -61,7 +62,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   EventPlaneOptions options_;
   Clock* clock_;
   GlobalIndex index_;
-  mutable std::mutex view_mu_;
+  mutable std::shared_mutex view_mu_;  // the HTTP threads read views while the event thread writes
   std::unordered_map<WorkerId, View> views_;
   Status status_;  // set by the constructor
   std::atomic<size_t> replay_sockets_{0};

@@ -207,7 +207,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
         c.host_blocks = m.host_blocks;
       }
     }
-    if (by_prefix && d.policy != Policy::kApprox) {
+    if (d.policy == Policy::kSglang || d.policy == Policy::kPreble) {  // the rules that read it
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
     }
     waiting += AddLoad(d.policy, &c).waiting;
