@@ -566,6 +566,7 @@ std::vector<RefusedWorker> Fleet::Refused() const { return impl_->Refused(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+void Fleet::Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const { impl_->Loads(workers, out); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
 std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }

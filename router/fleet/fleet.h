@@ -112,6 +112,28 @@ class WorkerLoads {
   // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
   // reports carry a measured one. 0: none announced.
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
+
+  // What routing reads of a worker's load (Router::AddLoad), for every candidate at once.
+  struct LoadView {
+    OwnLoadCounts own;                  // OwnLoad
+    std::optional<WorkerLoad> report;   // ReportedLoad
+    OwnLoadCounts own_at_report;        // OwnLoadAt(report->received_at); zeros without a report
+    double announced_prefill_rate = 0;  // AnnouncedPrefillRate
+  };
+  // The LoadView of each of `workers`, in order. This one asks the calls above worker by
+  // worker; the Fleet takes each of its locks once for the lot (a request's routing reads
+  // every worker of its model).
+  virtual void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const {
+    out->clear();
+    for (WorkerId id : workers) {
+      LoadView v;
+      v.own = OwnLoad(id);
+      v.report = ReportedLoad(id);
+      if (v.report) v.own_at_report = OwnLoadAt(id, v.report->received_at);
+      v.announced_prefill_rate = AnnouncedPrefillRate(id);
+      out->push_back(std::move(v));
+    }
+  }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -335,6 +357,7 @@ class Fleet final : public WorkerLoads {
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
+  void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -132,6 +132,7 @@ class FleetImpl final : public LaneFleet {
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const;
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
+  void Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const;
   uint64_t CacheBlocks(WorkerId id) const;
   uint32_t KvBlocksPerBlock(WorkerId id) const;
   uint32_t StoredPrefixBlocks(WorkerId id) const;
