@@ -338,7 +338,6 @@ std::vector<BlockHash> GlobalIndex::BlocksOf(WorkerId worker, kv::Tier tier) con
 
 void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms) {
   Table* retired = nullptr;
-  int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
   auto& pw = shard.workers[worker];
   // The slot of op.hash, inserted if new, stamped as used now. A growth replaces the table;
   // more than one per batch is possible, and each old table is retired.
@@ -353,10 +352,14 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
     St(s.lru_ms, now_ms);
     return s;
   };
-  {
+  // In slices: a reader of this shard (a lock-free one retrying, or one of the side tables
+  // waiting for the mutex) waits for one slice, not for a 64K-block snapshot chunk.
+  for (size_t begin = 0; begin < n; begin += config::kWriteSliceOps) {
+    const size_t end = std::min(n, begin + config::kWriteSliceOps);
+    int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
     std::lock_guard lock(shard.mu);
     shard.BeginWrite();
-    for (size_t k = 0; k < n; ++k) {
+    for (size_t k = begin; k < end; ++k) {
       // ops[n..n + ahead) are the next shards' ops: the window runs across shards.
       if (k + kPrefetchAhead < n + ahead) Prefetch(ops[k + kPrefetchAhead]);
       const Op& op = ops[k];
@@ -423,7 +426,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
     Bump(shard.entries, d_entries);
     Bump(pw.tier_count[0], d_tier[0]);
     Bump(pw.tier_count[1], d_tier[1]);
-    shard.MaybeCompact(worker);
+    if (end == n) shard.MaybeCompact(worker);
   }
   if (retired != nullptr) Retire(retired);
   if (options_.max_entries) TrimIfNeeded(shard);

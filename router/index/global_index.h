@@ -50,8 +50,9 @@
 // freed only once no lock-free reader is running. Readers of the predicted and overflow
 // tables (rare: only blocks that have such rows) and every other call take the shard's
 // mutex. Writers (Apply and the single-block calls, InsertPredicted, RemoveWorker,
-// SweepExpired) take one shard's mutex at a time, once per shard per call: Apply groups a
-// batch's blocks by shard. FindMatches allocates nothing once *out has capacity for every
+// SweepExpired) take one shard's mutex at a time: Apply groups a batch's blocks by shard and
+// writes each shard's in slices of config::kWriteSliceOps, so a reader sees a batch applied
+// in part (as it always could across shards) and never waits for a whole one. FindMatches allocates nothing once *out has capacity for every
 // worker that matches.
 #pragma once
 
@@ -81,6 +82,9 @@ constexpr int kShards = 1 << kShardBits;
 // When a capped index trims, it removes the least recently used blocks until the entry
 // count is this fraction of the cap, so trimming runs rarely and its cost amortises.
 constexpr double kTrimTargetFraction = 0.9;
+// A writer holds a shard (its mutex, and its sequence counter odd) for at most this many of a
+// batch's ops at a time: readers wait for one slice (~0.1 ms), not a whole snapshot chunk.
+constexpr size_t kWriteSliceOps = 256;
 }  // namespace config
 
 struct GlobalIndexOptions {
