@@ -211,4 +211,39 @@ uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
   return Record(id) != nullptr ? PerBlock(workers_[id]->info) : 1;
 }
 
+
+std::map<std::string, OwnLoadCounts, std::less<>> FleetImpl::OwnLoadsByName() const {
+  std::map<std::string, OwnLoadCounts, std::less<>> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (w == nullptr || w->own.requests() <= 0) continue;
+    const OwnLoadCounts now = w->own.Now();
+    OwnLoadCounts& sum = out[w->info.name];
+    sum.requests += now.requests;
+    sum.waiting += now.waiting;
+    sum.prefill_tokens += now.prefill_tokens;
+    sum.prompt_tokens += now.prompt_tokens;
+  }
+  return out;
+}
+
+std::map<std::string, OwnLoadCounts, std::less<>> Fleet::OwnLoadsByName() const { return impl_->OwnLoadsByName(); }
+
+// Peers know a worker by its name (their ids are their own): a static worker that has not
+// described itself yet goes by its requests endpoint here and may go by another name there.
+OwnLoadCounts Fleet::PeerLoad(WorkerId worker) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? OwnLoadCounts{} : peers->Load(impl_->WorkerName(worker));
+}
+
+OwnLoadCounts Fleet::PeerLoadAt(WorkerId worker, TimeNs at) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? OwnLoadCounts{} : peers->LoadAt(impl_->WorkerName(worker), at);
+}
+
+double Fleet::PeerWorkRate(std::string_view model) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? 0 : peers->WorkRate(model);
+}
+
 }  // namespace kvfleet::router
