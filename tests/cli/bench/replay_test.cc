@@ -224,3 +224,27 @@ TEST_CASE("the SSE parser handles events split across reads and CRLF line ends")
 
 }  // namespace
 }  // namespace kvfleet::bench
+
+namespace kvfleet::bench {
+
+TEST_CASE("requests spread evenly over several routers given as one comma-separated --router") {
+  testing::FakeOpenAiServer first, second;
+  const auto requests = ScaleTrace(MakeTrace(), TraceScale{});
+  PromptBuilder prompts(32000, TraceScale{}.block_tokens());
+  ReplayOptions options;
+  options.router_url = first.url() + "," + second.url();
+  options.model = "tiny";
+  options.progress = false;
+  REQUIRE(options.RouterUrls().size() == 2);
+  auto run = Replay(requests, prompts, options);
+  REQUIRE(run.ok());
+  CHECK(first.bodies().size() == 5);
+  CHECK(second.bodies().size() == 5);
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    CHECK(run->outcomes[i].router == (i % 2 == 0 ? first.url() : second.url()));
+  }
+  options.router_url = first.url() + ",ftp://nowhere";
+  CHECK(!Replay(requests, prompts, options).ok());  // every URL is checked before any request
+}
+
+}  // namespace kvfleet::bench
