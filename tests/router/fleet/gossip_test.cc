@@ -139,11 +139,22 @@ TEST_CASE("with the fleet's gossip key, holders share their counts and a subscri
   auto b = Gossip::Start(bo, Says(&none), &b_peers, SystemClock::Default(), nullptr);
   REQUIRE(b.ok());
   CHECK(WaitFor([&] { return b_peers.Load("w").requests == 4; }));
+  // A router with another gossip key expects another server key: its handshake fails.
   GossipOptions co = Options({(*a)->endpoint()});
   co.keypair_file = other_key.path;
   auto c = Gossip::Start(co, Says(&none), &c_peers, SystemClock::Default(), nullptr);
   REQUIRE(c.ok());
+  // A subscriber that knows the fleet's public key but holds another key pair: ZAP refuses it.
+  zmq::context_t ctx;
+  zmq::socket_t spy(ctx, zmq::socket_type::sub);
+  spy.set(zmq::sockopt::linger, 0);
+  spy.set(zmq::sockopt::subscribe, "");
+  const CurveKeyPair fleet = LoadCurveKeyPair(fleet_key.path).value();
+  REQUIRE(MakeCurveClient(spy, LoadCurveKeyPair(other_key.path).value(), fleet.public_key).ok());
+  spy.connect((*a)->endpoint());
   CHECK(WaitFor([&] { return Refused(registry, "unauthenticated") > 0; }));
+  zmq::message_t frame;
+  CHECK(!spy.recv(frame, zmq::recv_flags::dontwait));
   CHECK(c_peers.Peers() == 0);
 }
 
