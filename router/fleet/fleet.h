@@ -277,6 +277,8 @@ struct WorkerStatus {
   bool routable = false;
   int64_t inflight_requests = 0;       // this router's
   int64_t inflight_prefill_tokens = 0; // this router's, not yet past the first token
+  int64_t peer_inflight_requests = 0;       // the other routers', as their gossip said (peer_loads.h)
+  int64_t peer_inflight_prefill_tokens = 0; // theirs, not yet past the first token
   std::optional<WorkerLoad> load;
 };
 

@@ -146,6 +146,11 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
     s.routable = Routable(*w);
     s.inflight_requests = w->own.requests();
     s.inflight_prefill_tokens = w->own.prefill_tokens();
+    if (options_.peers != nullptr) {
+      const OwnLoadCounts peers = options_.peers->Load(w->info.name);
+      s.peer_inflight_requests = static_cast<int64_t>(peers.requests);
+      s.peer_inflight_prefill_tokens = static_cast<int64_t>(peers.prefill_tokens);
+    }
     if (signals_) s.load = signals_->Load(w->id);
     out.push_back(std::move(s));
   }

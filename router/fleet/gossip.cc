@@ -211,7 +211,8 @@ void Gossip::Impl::Receive(const zmq::message_t& frame) {
     return;
   }
   if (g->router_id == router_id_) {
-    Refuse("self", "a frame naming this router (" + router_id_ + "): is its endpoint in --peer-routers twice?");
+    Refuse("self", "a frame naming this router (" + router_id_ +
+                       "): its own endpoint under another address in --peer-routers?");
     return;
   }
   const GossipRefusal refusal = peers_->Apply(*g, clock_->Now());
