@@ -87,9 +87,8 @@ class Gossip {
   uint64_t sent() const;
   uint64_t applied() const;
 
-  class Impl;
-
  private:
+  class Impl;
   explicit Gossip(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
