@@ -47,6 +47,7 @@ struct UpArgs {
   int workers = 2;
   int routers = 1;                    // > 1: routers that gossip (router/README.md, "Several routers")
   uint16_t gossip_base_port = 5560;   // router i's gossip PUB: base+i
+  bool no_gossip = false;             // several routers that share nothing (for comparison)
   uint16_t http_port = 8000;
   uint16_t registration_port = 5555;
   uint16_t worker_base_port = 5600;   // worker i: requests base+3i, events +1, replay +2
@@ -74,7 +75,7 @@ std::vector<std::string> RouterArgs(const UpArgs& a, int i, const std::string& r
                                    std::to_string(a.http_port + i), "--registration",
                                    host + std::to_string(a.registration_port + i), "--routing-policy", a.routing_policy};
   if (!a.model_dir.empty()) args.insert(args.end(), {"--tokenizer", a.model_dir});
-  if (a.routers > 1) {
+  if (a.routers > 1 && !a.no_gossip) {
     std::string peers;
     for (int r = 0; r < a.routers; ++r) peers += (r > 0 ? "," : "") + host + std::to_string(a.gossip_base_port + r);
     args.insert(args.end(), {"--router-id", "router-" + std::to_string(i), "--gossip-endpoint",
@@ -339,6 +340,8 @@ Action AddUpCommand(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--gossip-base-port", args->gossip_base_port, "with --routers N > 1: router i gossips on base+i")
       ->capture_default_str();
+  cmd->add_flag("--no-gossip", args->no_gossip,
+                "with --routers N > 1: the routers share nothing, each counting only its own requests (for comparison)");
   cmd->add_option("--worker-base-port", args->worker_base_port,
                   "worker i uses base+3i (requests), +1 (events), +2 (replay)")
       ->capture_default_str();
