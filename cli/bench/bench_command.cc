@@ -80,6 +80,7 @@ void WriteRequestLines(std::ostream& out, const std::string& policy, const bench
                         {"ttft_s", o.ttft_s},      {"e2e_s", o.e2e_s},
                         {"prompt_tokens", o.prompt_tokens}, {"cached_tokens", o.cached_tokens}};
     if (!o.error_detail.empty()) j["error_detail"] = o.error_detail;
+    if (o.connect_retries > 0) j["connect_retries"] = o.connect_retries;
     out << j.dump() << "\n";
   }
 }

@@ -157,14 +157,25 @@ class Replayer {
       Fail(out, ec == beast::error::timeout ? "timeout" : what, ec.message());
     };
 
-    // Clients spread evenly over the routers: request i goes to router i mod n.
-    const Target& target = targets_[i % targets_.size()];
-    out.router = target.url.text;
-    auto [cec, ep] = co_await stream.async_connect(target.endpoints, kAwait);
-    if (cec) co_return socket_error(cec, "connect");
+    // Clients spread evenly over the routers: request i goes to router i mod n. A router that
+    // refuses the connection (it died) has sent nothing yet: the next one is tried.
+    const Target* target = nullptr;
+    for (size_t k = 0; k < targets_.size(); ++k) {
+      const Target& t = targets_[(i + k) % targets_.size()];
+      auto [cec, ep] = co_await stream.async_connect(t.endpoints, kAwait);
+      if (!cec) {
+        target = &t;
+        break;
+      }
+      if (k + 1 == targets_.size() || cec == beast::error::timeout) co_return socket_error(cec, "connect");
+      ++out.connect_retries;
+      beast::error_code ignored;
+      stream.socket().close(ignored);
+    }
+    out.router = target->url.text;
 
-    http::request<http::string_body> req{http::verb::post, target.url.base_path + "/v1/completions", 11};
-    req.set(http::field::host, target.url.host);
+    http::request<http::string_body> req{http::verb::post, target->url.base_path + "/v1/completions", 11};
+    req.set(http::field::host, target->url.host);
     req.set(http::field::content_type, "application/json");
     req.set(http::field::accept, "text/event-stream");
     req.body() = CompletionBody(requests_[i], prompts_, options_);

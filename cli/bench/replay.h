@@ -52,7 +52,8 @@ struct RetentionOptions {
 
 struct ReplayOptions {
   // http://host[:port], or several separated by ',': request i goes to router i mod n, so
-  // clients spread evenly over routers that act as one (router/README.md, "Several routers").
+  // clients spread evenly over routers that act as one (router/README.md, "Several
+  // routers"); one that refuses the connection passes the request to the next.
   std::string router_url = "http://127.0.0.1:8000";
   std::string model;            // "model" of every request; empty: the router's only model
   std::string policy;           // per-request policy override; empty: the router's own
@@ -74,6 +75,7 @@ struct RequestOutcome {
   std::string error_detail;    // the server's message or the socket error, for the log
   int http_status = 0;
   std::string router;          // the router URL it was sent to
+  uint32_t connect_retries = 0;  // routers that refused its connection before `router` took it
   std::string worker;          // from the worker header, else the usage chunk's kvfleet.worker; empty when neither
   double sent_unix_s = 0;      // wall-clock send time (Unix seconds), to line up with other logs
   double arrival_s = 0;        // scheduled send time, from the start of the run
