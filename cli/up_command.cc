@@ -6,7 +6,7 @@
 // With --restart it also supervises: a router or worker that exits while the fleet is up
 // (a crash, a SIGKILL) is started again with the same arguments after a short delay, as
 // systemd's Restart=always or a Kubernetes controller would. Without it, a worker's exit
-// leaves the fleet one worker short and the router's exit ends the fleet.
+// leaves the fleet one worker short, and the last router's exit ends the fleet.
 //
 // The children get this process's environment without its KVFLEET_* variables.
 // KVFLEET_UP_* configure `kvfleet up` itself (KVFLEET_UP_WORKERS is its --workers); the
@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
@@ -271,7 +272,7 @@ int RunUp(const UpArgs& args) {
     int sig = sigtimedwait(&signals, &info, &poll);
     if (sig == SIGINT || sig == SIGTERM) break;
     if (sig == SIGCHLD || sig < 0) {
-      // Reap whoever exited; the router's exit ends the fleet.
+      // Reap whoever exited.
       bool router_gone = false;
       for (auto* group : {&router, &workers}) {
         for (auto& c : *group) {
@@ -292,7 +293,9 @@ int RunUp(const UpArgs& args) {
           }
         }
       }
-      if (router_gone) {
+      // With several routers the others serve on: the fleet ends with its last router.
+      const bool any_router = std::any_of(router.begin(), router.end(), [](const Child& c) { return c.running; });
+      if (router_gone && !any_router) {
         rc = 1;
         break;
       }
