@@ -64,8 +64,8 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   // The report lags and counts a waiting prompt whole, cached prefix included; the routers'
   // counts are fresh and count what each expects uncached. So: the known load now, plus what
   // the report holds beyond what was known there when the report came (requests of routers
-  // that do not gossip, or not yet heard; README.md). A peer's request is counted once: by
-  // its gossip, or, before the report that holds it was read, by nothing yet.
+  // that do not gossip, or not yet heard; README.md). A peer's request is counted once, by
+  // its gossip; twice only while the one report that came before its gossip is the last.
   const OwnLoadCounts then =
       Sum(loads_->OwnLoadAt(c->worker, load->received_at), loads_->PeerLoadAt(c->worker, load->received_at));
   c->running_requests = known.requests + std::max(0.0, active + queued - then.requests);
