@@ -63,7 +63,7 @@ struct TempKeyPair {
 
 }  // namespace
 
-TEST_CASE("a router's in-flight counts reach its peer, and a router that stops is forgotten") {
+TEST_CASE("a router's in-flight counts reach its peer; one that stops is forgotten, and heard again when back") {
   std::atomic<uint32_t> requests{3};
   PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
   auto a = Gossip::Start(Options(), Says(&requests), &a_peers, SystemClock::Default(), nullptr);
@@ -76,11 +76,20 @@ TEST_CASE("a router's in-flight counts reach its peer, and a router that stops i
   requests = 5;
   CHECK(WaitFor([&] { return b_peers.Load("w").requests == 5; }));
   CHECK(a_peers.Peers() == 0);  // a lists no peer: it hears nobody
+  const std::string a_endpoint = (*a)->endpoint();
   (*a)->Stop();
   CHECK(WaitFor([&] { return b_peers.Peers() == 0; }));
   CHECK(b_peers.Load("w") == OwnLoadCounts{});
   CHECK(b_peers.WorkRate("m") == 0);
   CHECK((*b)->sent() > 0);
+  // The router comes back on its endpoint (a new incarnation, its seq from 1): heard again.
+  GossipOptions again = Options();
+  again.endpoint = a_endpoint;
+  requests = 2;
+  auto a2 = Gossip::Start(again, Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a2.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 2; }));
+  b_peers.CheckInvariants();
 }
 
 TEST_CASE("garbage, forged and stale gossip frames are refused and counted, never applied") {
@@ -182,7 +191,11 @@ TEST_CASE("two routers sharing a worker: one's request in flight is load the oth
     return std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
   };
   std::unique_ptr<Fleet> fleet_a = start_fleet(&a_peers), fleet_b = start_fleet(&b_peers);
-  REQUIRE(WaitFor([&] { return fleet_a->FindModel("m") && fleet_b->FindModel("m"); }));
+  auto routable = [](const Fleet& fleet) {
+    auto m = fleet.FindModel("m");
+    return m && m->routable.size() == 1;
+  };
+  REQUIRE(WaitFor([&] { return routable(*fleet_a) && routable(*fleet_b); }));  // else the request fails at once
   auto source_of = [](const Fleet* fleet) {
     return [fleet](RouterGossip* out) {
       for (const auto& [name, own] : fleet->OwnLoadsByName()) out->workers.push_back(ToGossipWorker(name, own));
