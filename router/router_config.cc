@@ -300,7 +300,8 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-workers", c->fleet.max_workers,
-                 "workers known at once; a new one beyond is refused (max-workers); sizes the ZeroMQ socket "
+                 "workers known at once; a new one beyond takes the place of the one gone longest, or is refused "
+                 "(max-workers) when none is gone; sizes the ZeroMQ socket "
                  "and open-file limits")
       ->capture_default_str();
   app.add_option("--forget-after-s", c->forget_after_s,

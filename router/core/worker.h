@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "common/clock.h"
 #include "schema/load_report.h"
@@ -64,6 +66,12 @@ class WorkerSignals {
   // kUnknown for a worker whose events are not followed.
   virtual WorkerState State(WorkerId id) const = 0;
   virtual std::optional<WorkerLoad> Load(WorkerId id) const = 0;
+  // Load() of each of `ids`, in order: routing reads every candidate's at once, and an
+  // implementation with a lock takes it once for the lot.
+  virtual void Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const {
+    out->clear();
+    for (WorkerId id : ids) out->push_back(Load(id));
+  }
 };
 
 }  // namespace kvfleet::router

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "router/events/event_plane_impl.h"
 
 namespace kvfleet::router {
@@ -13,6 +15,22 @@ constexpr int kMaxSubMessagesPerTurn = 4096;
 constexpr DurationNs kGaugeInterval = 250 * kNsPerMs;
 // Expired predicted entries are swept this often.
 constexpr DurationNs kSweepInterval = kNsPerSec;
+// Subscribers' timeouts (heartbeat, replay) are checked this often, not every turn: a turn
+// can be one batch long, and the check walks every worker.
+constexpr DurationNs kTickInterval = 5 * kNsPerMs;
+// Replay DEALERs with no request outstanding are not polled (a fleet of them made every turn
+// cost O(workers)); what they receive all the same (an answer after its timeout) is read and
+// dropped this often.
+constexpr DurationNs kIdleDrainInterval = kNsPerSec;
+// Replies (snapshot chunks of up to 64K blocks, replayed batches) are read for at most this
+// long a turn (at least one message), round-robin over the workers that have some, so that
+// live batches are read between the chunks of a syncing fleet's snapshots.
+constexpr DurationNs kReplyBudget = 10 * kNsPerMs;
+// Commands (workers added or removed: sockets, series) are handled for at most this long a
+// turn (at least one): a fleet registering at once must not hold back its live batches.
+constexpr DurationNs kCommandBudget = 10 * kNsPerMs;
+// A loop turn longer than this is logged with where its time went (rate-limited).
+constexpr DurationNs kSlowTurn = 200 * kNsPerMs;
 }  // namespace tuning
 
 }  // namespace
@@ -221,6 +239,25 @@ void EventPlane::Impl::HandleCommand(Command& c) {
   }
 }
 
+size_t EventPlane::Impl::HandleCommands(TimeNs until) {
+  size_t handled = 0;
+  while (true) {
+    Command c;
+    {
+      std::lock_guard lock(cmd_mu_);
+      if (cmds_.empty() || (handled > 0 && clock_->Now() >= until)) break;
+      c = std::move(cmds_.front());
+      cmds_.pop_front();
+    }
+    HandleCommand(c);
+    ++handled;
+    std::lock_guard lock(cmd_mu_);
+    ++cmds_done_;  // commands run in order: Enqueue's ticket k is done once k have run
+  }
+  if (handled > 0) cmd_cv_.notify_all();
+  return handled;
+}
+
 void EventPlane::Impl::Deliver(WorkerId id, events::DecodedBatch batch) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
@@ -247,6 +284,8 @@ void EventPlane::Impl::ReceiveSub() {
       Malformed("decode", batch.status().ToString());
       continue;
     }
+    turn_.oldest_batch_ns = std::max(turn_.oldest_batch_ns, clock_->WallNs() - batch->header.created_ns);
+    ++turn_.batches;
     const Entry& e = *workers_.at(topic->second);
     if (batch->header.worker_id != e.name) {
       Malformed("topic", "batch of " + batch->header.worker_id.substr(0, 64) + " under topic kv." + e.name);
@@ -262,10 +301,13 @@ void EventPlane::Impl::ReceiveSub() {
   }
 }
 
-void EventPlane::Impl::ReceiveReplies(Entry& e) {
-  while (true) {
+bool EventPlane::Impl::ReceiveReplies(Entry& e, TimeNs until) {
+  for (bool first = true; first || clock_->Now() < until; first = false) {
     zmq::message_t m;
-    if (!e.dealer.recv(m, zmq::recv_flags::dontwait)) return;
+    if (!e.dealer.recv(m, zmq::recv_flags::dontwait)) {
+      e.reply_waiting = false;
+      return true;
+    }
     auto reply = events::DecodeReplayReply(m.data(), m.size());
     if (!reply.ok()) {
       Malformed("replay", reply.status().ToString());
@@ -274,6 +316,8 @@ void EventPlane::Impl::ReceiveReplies(Entry& e) {
     e.sub->OnReplayReply(*reply);
     touched_.insert(e.id);
   }
+  e.reply_waiting = true;  // stopped at `until`: more is waiting
+  return false;
 }
 
 void EventPlane::Impl::RefreshView(const Entry& e) {
@@ -325,10 +369,24 @@ void EventPlane::Impl::Periodic(TimeNs now, bool force) {
     zmq::poll(&item, 1, std::chrono::milliseconds(0));
     waiting = (item.revents & ZMQ_POLLIN) != 0;
   }
-  for (auto& [id, e] : workers_) {
-    const WorkerState before = e->sub->state();
-    e->sub->OnTick(waiting);
-    if (e->sub->state() != before) touched_.insert(id);
+  if (force || now - last_tick_ >= tuning::kTickInterval) {
+    last_tick_ = now;
+    for (auto& [id, e] : workers_) {
+      const WorkerState before = e->sub->state();
+      e->sub->OnTick(waiting, e->reply_waiting);
+      if (e->sub->state() != before) touched_.insert(id);
+    }
+  }
+  if (now - last_idle_drain_ >= tuning::kIdleDrainInterval) {
+    last_idle_drain_ = now;
+    for (auto& [id, e] : workers_) {
+      if (e->sub->awaiting_reply()) continue;
+      // Answers to no outstanding request (it timed out, or the worker went DEAD): dropped
+      // unread, as the subscriber would drop them.
+      zmq::message_t m;
+      while (e->dealer.recv(m, zmq::recv_flags::dontwait)) {}
+      e->reply_waiting = false;
+    }
   }
   if (options_.fault_injector) {
     deliveries_.clear();
@@ -370,27 +428,44 @@ void EventPlane::Impl::Run() {
     item_entries.clear();
     items.push_back({sub_.handle(), sub_ ? 0 : -1, static_cast<short>(sub_ ? ZMQ_POLLIN : 0), 0});
     for (auto& [id, e] : workers_) {
+      if (!e->sub->awaiting_reply()) continue;
       items.push_back({e->dealer.handle(), 0, ZMQ_POLLIN, 0});
       item_entries.push_back(e.get());
     }
     zmq::poll(items.data(), items.size(), tuning::kPollInterval);
+    turn_ = Turn{};
+    const TimeNs t0 = clock_->Now();
     if (items[0].revents & ZMQ_POLLIN) ReceiveSub();
-    for (size_t i = 1; i < items.size(); ++i)
-      if (items[i].revents & ZMQ_POLLIN) ReceiveReplies(*item_entries[i - 1]);
-
-    std::deque<Command> cmds;
-    uint64_t taken = 0;
-    {
-      std::lock_guard lock(cmd_mu_);
-      cmds.swap(cmds_);
-      taken = cmds_queued_;
+    const TimeNs t1 = clock_->Now();
+    // One worker's replies at a time, in worker order from where the last turn stopped: a
+    // snapshot is read through (over several turns if need be) before the next is begun, so
+    // a syncing fleet goes live worker by worker.
+    const size_t awaiting = item_entries.size();
+    for (size_t i = 0; i < awaiting; ++i)
+      if (items[i + 1].revents & ZMQ_POLLIN) item_entries[i]->reply_waiting = true;
+    std::sort(item_entries.begin(), item_entries.end(), [](const Entry* a, const Entry* b) { return a->id < b->id; });
+    const TimeNs replies_until = t1 + tuning::kReplyBudget;
+    auto next = std::find_if(item_entries.begin(), item_entries.end(),
+                             [&](const Entry* e) { return e->id >= reply_cursor_; });
+    for (size_t k = 0; k < awaiting && clock_->Now() < replies_until; ++k, ++next) {
+      if (next == item_entries.end()) next = item_entries.begin();
+      Entry& e = **next;
+      if (!e.reply_waiting) continue;
+      const bool drained = ReceiveReplies(e, replies_until);
+      reply_cursor_ = drained ? e.id + 1 : e.id;
     }
-    for (Command& c : cmds) HandleCommand(c);
-    Periodic(clock_->Now(), !cmds.empty());
-    if (!cmds.empty()) {
-      std::lock_guard lock(cmd_mu_);
-      cmds_done_ = taken;
-      cmd_cv_.notify_all();
+    const TimeNs t2 = clock_->Now();
+
+    const size_t handled = HandleCommands(clock_->Now() + tuning::kCommandBudget);
+    const TimeNs t3 = clock_->Now();
+    Periodic(t3, handled > 0);
+    const TimeNs t4 = clock_->Now();
+    if (uint64_t suppressed = 0; t4 - t0 > tuning::kSlowTurn && slow_turn_log_.Allow(&suppressed)) {
+      log_->warn("event thread: a {} ms turn (events {} ms: {} batches, the oldest {} ms old on receipt; "
+                 "replies {} ms; {} commands {} ms; periodic {} ms; {} workers) ({} more suppressed)",
+                 (t4 - t0) / kNsPerMs, (t1 - t0) / kNsPerMs, turn_.batches, turn_.oldest_batch_ns / kNsPerMs,
+                 (t2 - t1) / kNsPerMs, handled, (t3 - t2) / kNsPerMs, (t4 - t3) / kNsPerMs, workers_.size(),
+                 suppressed);
     }
   }
   std::lock_guard lock(cmd_mu_);

@@ -149,6 +149,7 @@ class EventPlane final : public WorkerSignals {
   // kUnknown for a worker not subscribed to (never added, refused, or removed).
   WorkerState State(WorkerId id) const override;
   std::optional<WorkerLoad> Load(WorkerId id) const override;
+  void Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const override;
   std::vector<WorkerEventStats> Stats() const;
 
   const GlobalIndex& index() const;

@@ -59,21 +59,31 @@ void EventPlane::RemoveWorker(WorkerId id) {
 }
 
 WorkerState EventPlane::State(WorkerId id) const {
-  std::lock_guard lock(impl_->view_mu_);
+  std::shared_lock lock(impl_->view_mu_);
   auto it = impl_->views_.find(id);
   return it == impl_->views_.end() ? WorkerState::kUnknown : it->second.state;
 }
 
 std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
-  std::lock_guard lock(impl_->view_mu_);
+  std::shared_lock lock(impl_->view_mu_);
   auto it = impl_->views_.find(id);
   if (it == impl_->views_.end()) return std::nullopt;
   return it->second.load;
 }
 
+void EventPlane::Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const {
+  out->clear();
+  out->reserve(ids.size());
+  std::shared_lock lock(impl_->view_mu_);
+  for (WorkerId id : ids) {
+    auto it = impl_->views_.find(id);
+    out->push_back(it == impl_->views_.end() ? std::nullopt : it->second.load);
+  }
+}
+
 std::vector<WorkerEventStats> EventPlane::Stats() const {
   std::vector<WorkerEventStats> out;
-  std::lock_guard lock(impl_->view_mu_);
+  std::shared_lock lock(impl_->view_mu_);
   for (const auto& [id, v] : impl_->views_) out.push_back(v.stats);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   return out;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -61,7 +62,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   EventPlaneOptions options_;
   Clock* clock_;
   GlobalIndex index_;
-  mutable std::mutex view_mu_;
+  mutable std::shared_mutex view_mu_;  // the HTTP threads read views while the event thread writes
   std::unordered_map<WorkerId, View> views_;
   Status status_;  // set by the constructor
   std::atomic<size_t> replay_sockets_{0};
@@ -73,6 +74,7 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
     WorkerEndpoints endpoints;
     uint32_t indexed_window = 0;  // as asked by AddWorker (before the override)
     zmq::socket_t dealer;
+    bool reply_waiting = false;  // the dealer polled readable and has not been read empty since
     std::unique_ptr<WorkerSubscriber> sub;
     std::array<prometheus::Gauge*, kv::kNumTiers> blocks_gauge{};
     std::array<prometheus::Gauge*, kEventStreamStates> state_gauge{};
@@ -81,6 +83,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   void Run();
   Status OpenSub();
   void HandleCommand(Command& c);
+  // Runs queued commands in order until none is left or `until` has passed (at least one);
+  // returns how many ran.
+  size_t HandleCommands(TimeNs until);
   void Add(const Command& c);
   // The worker's replay DEALER, connected, and the SUB connected to its PUB.
   Status OpenSockets(Entry& e, const Command& c);
@@ -88,7 +93,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   void Remove(WorkerId id);
   void ReceiveSub();
   void Deliver(WorkerId id, events::DecodedBatch batch);
-  void ReceiveReplies(Entry& e);
+  // Reads e's replies until none is left (returns true) or `until` has passed (at least one;
+  // returns false).
+  bool ReceiveReplies(Entry& e, TimeNs until);
   void Periodic(TimeNs now, bool force);
   void RefreshView(const Entry& e);
   void ExportCounters();
@@ -102,13 +109,20 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::string server_public_;
   std::shared_ptr<spdlog::logger> log_ = Logger("events");
   RateLimit malformed_log_;
+  // The current loop turn, for the slow-turn log.
+  struct Turn {
+    size_t batches = 0;
+    int64_t oldest_batch_ns = 0;  // the largest age of a batch on receipt (worker wall clock)
+  } turn_;
+  RateLimit slow_turn_log_;
 
   std::unordered_map<WorkerId, std::unique_ptr<Entry>> workers_;
   std::unordered_map<std::string, WorkerId> by_topic_;
   std::unordered_set<WorkerId> touched_;
   std::vector<FaultInjector::Delivery> deliveries_;
   EventCounters counters_, exported_;
-  TimeNs last_gauges_ = 0, last_sweep_ = 0;
+  TimeNs last_gauges_ = 0, last_sweep_ = 0, last_tick_ = 0, last_idle_drain_ = 0;
+  WorkerId reply_cursor_ = 0;  // the worker whose replies the next turn reads first (or the next id)
 
   std::mutex cmd_mu_;
   std::condition_variable cmd_cv_;

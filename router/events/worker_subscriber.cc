@@ -5,6 +5,14 @@
 namespace kvfleet::router {
 
 namespace {
+// One limit for every worker's late-batch line: a fleet-wide stall makes every worker late.
+RateLimit& LateBatchLog() {
+  static RateLimit limit;
+  return limit;
+}
+}  // namespace
+
+namespace {
 std::atomic<uint64_t> g_next_request_id{1};
 }  // namespace
 
@@ -185,6 +193,11 @@ bool WorkerSubscriber::Apply(const events::DecodedBatch& batch) {
   stats_.last_lag_seconds = lag;
   counters_->last_lag_seconds = lag;
   io_->OnApplied(id_, lag);
+  if (uint64_t suppressed = 0; lag > 1.0 && LateBatchLog().Allow(&suppressed)) {
+    log_->warn("worker {}: batch {} applied {:.1f} s after its creation ({}, {} batches buffered, the last "
+               "replay request sent {} ms ago) ({} more suppressed)", name_, batch.header.seq, lag,
+               WorkerStateName(state_), buffer_.size(), (clock_->Now() - request_sent_) / kNsPerMs, suppressed);
+  }
   return true;
 }
 
@@ -337,7 +350,7 @@ void WorkerSubscriber::ApplySnapshot(const events::ReplyHeader& header, const ev
   DrainBuffer();
 }
 
-void WorkerSubscriber::OnTick(bool batches_waiting) {
+void WorkerSubscriber::OnTick(bool batches_waiting, bool reply_waiting) {
   const TimeNs now = clock_->Now();
   if (state_ == WorkerState::kDead) return;
   if (now - last_heard_ > options_.heartbeat_timeout && !batches_waiting) {
@@ -345,6 +358,7 @@ void WorkerSubscriber::OnTick(bool batches_waiting) {
     return;
   }
   const DurationNs timeout = pending_is_snapshot_ ? options_.snapshot_timeout : options_.replay_timeout;
+  if (reply_waiting) request_sent_ = now;  // answered; the timeout measures the worker's silence
   if (pending_request_ != 0 && now - request_sent_ > timeout) {
     log_->info("worker {}: replay request timed out, asking again", name_);
     if (state_ == WorkerState::kReplaying && !pending_is_snapshot_) {

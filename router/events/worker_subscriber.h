@@ -70,7 +70,9 @@ class WorkerSubscriber {
   // Heartbeat and replay timeouts. Call often (every few ms). `batches_waiting`: batches sit
   // unread in the plane's socket (it was busy, applying a snapshot say), so the silence may be
   // the reader's rather than the worker's: no death verdict until they are read.
-  void OnTick(bool batches_waiting = false);
+  // `reply_waiting`: this worker's reply sits unread in its replay socket (the plane reads
+  // other workers' snapshots first), so the outstanding request has not timed out.
+  void OnTick(bool batches_waiting = false, bool reply_waiting = false);
   // Drops the worker's blocks from the index (RemoveWorker).
   void Drop();
 
@@ -79,6 +81,8 @@ class WorkerSubscriber {
   WorkerState state() const { return state_; }
   uint64_t epoch() const { return epoch_; }
   uint64_t applied_seq() const { return applied_seq_; }
+  // Whether a replay or snapshot request is outstanding: its answer is awaited.
+  bool awaiting_reply() const { return pending_request_ != 0; }
   uint64_t last_event_id() const { return last_event_id_; }
   size_t buffered() const { return buffer_.size(); }
   TimeNs last_heard() const { return last_heard_; }

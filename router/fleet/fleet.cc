@@ -220,9 +220,12 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
   auto existing = by_endpoint_.find(hello.requests_endpoint);
   if (existing == by_endpoint_.end() && records_ >= options_.max_workers) {
     lock.unlock();
+    // A worker gone but not yet forgotten yields its place: a fleet that replaces its pods
+    // (new addresses each time) must not refuse the new ones for the old ones' grace.
+    if (ForgetLongestGone()) return AddOrUpdate(hello, source);
     Refuse(hello, "max-workers",
            "the router already knows " + std::to_string(options_.max_workers) +
-               " workers (--max-workers; workers gone are forgotten after --forget-after-s)");
+               " workers, none of them gone (--max-workers)");
     return std::nullopt;
   }
   // Block size: every member of a model's fleet that said its own must agree (Contract 1).
@@ -563,6 +566,7 @@ std::vector<RefusedWorker> Fleet::Refused() const { return impl_->Refused(); }
 Fleet::OwnLoadCounts Fleet::OwnLoad(WorkerId worker) const { return impl_->OwnLoad(worker); }
 Fleet::OwnLoadCounts Fleet::OwnLoadAt(WorkerId worker, TimeNs at) const { return impl_->OwnLoadAt(worker, at); }
 std::optional<WorkerLoad> Fleet::ReportedLoad(WorkerId worker) const { return impl_->ReportedLoad(worker); }
+void Fleet::Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const { impl_->Loads(workers, out); }
 uint64_t Fleet::CacheBlocks(WorkerId worker) const { return impl_->CacheBlocks(worker); }
 uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocksPerBlock(worker); }
 std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }

@@ -23,7 +23,9 @@
 // for max_workers of them. A socket that cannot be made is logged and tried again later. A
 // worker gone (said bye, removed, or registered and unreachable or DEAD since its last Hello)
 // for forget_after is forgotten: its record, sockets, metric series and event subscription
-// go, and its id is reused.
+// go, and its id is reused. A full fleet forgets sooner: a new worker takes the place of the
+// one gone longest (said bye or removed, or unreachable past the registration lease), and is
+// refused only when none is.
 //
 // Thread safety: thread-safe. Submit()'s sinks are called on the Fleet's lane thread, one
 // request's calls in order, never after the terminal call or after the cancel was handled.
@@ -118,6 +120,32 @@ class WorkerLoads {
   virtual OwnLoadCounts PeerLoadAt(WorkerId /*worker*/, TimeNs /*at*/) const { return {}; }
   // The other routers' routed work on `model` (uncached prefill tokens/s); 0 without gossip.
   virtual double PeerWorkRate(std::string_view /*model*/) const { return 0; }
+
+  // What routing reads of a worker's load (Router::AddLoad), for every candidate at once.
+  struct LoadView {
+    OwnLoadCounts own;                  // OwnLoad
+    std::optional<WorkerLoad> report;   // ReportedLoad
+    OwnLoadCounts own_at_report;        // OwnLoadAt(report->received_at); zeros without a report
+    double announced_prefill_rate = 0;  // AnnouncedPrefillRate
+    OwnLoadCounts peers;                // PeerLoad
+    OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
+  };
+  // The LoadView of each of `workers`, in order. This one asks the calls above worker by
+  // worker; the Fleet takes each of its locks once for the lot (a request's routing reads
+  // every worker of its model).
+  virtual void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const {
+    out->clear();
+    for (WorkerId id : workers) {
+      LoadView v;
+      v.own = OwnLoad(id);
+      v.report = ReportedLoad(id);
+      if (v.report) v.own_at_report = OwnLoadAt(id, v.report->received_at);
+      v.announced_prefill_rate = AnnouncedPrefillRate(id);
+      v.peers = PeerLoad(id);
+      if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
+      out->push_back(std::move(v));
+    }
+  }
 };
 
 // CURVE on the request DEALERs (common/curve_keys.h files), as the event plane's
@@ -346,6 +374,7 @@ class Fleet final : public WorkerLoads {
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
+  void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
   // This router's own load on every worker where it has a request in flight, by the
   // worker's name (what it tells its peers, gossip.h); a name two records share is summed.
   std::map<std::string, OwnLoadCounts, std::less<>> OwnLoadsByName() const;

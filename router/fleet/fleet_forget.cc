@@ -9,7 +9,9 @@
 // Thread safety: thread-safe, as FleetImpl; runs on the fleet thread.
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 #include <prometheus/family.h>
@@ -48,7 +50,7 @@ void FleetImpl::ForgetGone() {
       if (since != 0 && now - since >= options_.forget_after) forget.push_back(w->id);
     }
   }
-  for (WorkerId id : forget) Forget(id);
+  for (WorkerId id : forget) Forget(id, "gone for " + std::to_string(options_.forget_after / kNsPerSec) + " s");
   std::unique_lock<std::shared_mutex> lock(mu_);
   for (auto it = refused_at_.begin(); it != refused_at_.end();) {
     if (now - it->second < options_.forget_after) {
@@ -63,7 +65,33 @@ void FleetImpl::ForgetGone() {
   });
 }
 
-void FleetImpl::Forget(WorkerId id) {
+bool FleetImpl::ForgetLongestGone() {
+  const TimeNs now = clock_->Now();
+  std::optional<WorkerId> oldest;
+  TimeNs oldest_since = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (!w) continue;
+      const TimeNs since = GoneSince(*w, now);
+      if (since == 0) continue;
+      // One that said bye (or was removed) is gone for sure; one unreachable or DEAD only once
+      // its claim has lapsed: a worker that just registered is not connected yet either.
+      const bool left = w->said_bye.load() || w->removed.load();
+      if (!left && now - since < options_.registration_auth.lease) continue;
+      if (!oldest || since < oldest_since) {
+        oldest = w->id;
+        oldest_since = since;
+      }
+    }
+  }
+  if (!oldest) return false;
+  Forget(*oldest, "gone " + std::to_string((now - oldest_since) / kNsPerMs) +
+                      " ms, the longest of the fleet's gone workers, to make room for a new one (--max-workers)");
+  return true;
+}
+
+void FleetImpl::Forget(WorkerId id, const std::string& why) {
   std::unique_ptr<WorkerRecord> record;
   bool name_shared = false;  // series are per name: another record may hold them
   {
@@ -88,8 +116,7 @@ void FleetImpl::Forget(WorkerId id) {
     inflight_family_->Remove(record->inflight_gauge);
   }
   if (options_.on_forgotten) options_.on_forgotten(id, record->info.name, !name_shared);
-  Logger("fleet")->info("worker {} ({}) forgotten: gone for {} s", record->info.name, record->info.requests_endpoint,
-                        options_.forget_after / kNsPerSec);
+  Logger("fleet")->info("worker {} ({}) forgotten: {}", record->info.name, record->info.requests_endpoint, why);
 }
 
 }  // namespace kvfleet::router

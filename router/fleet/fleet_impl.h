@@ -133,6 +133,7 @@ class FleetImpl final : public LaneFleet {
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
   std::map<std::string, OwnLoadCounts, std::less<>> OwnLoadsByName() const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
+  void Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const;
   uint64_t CacheBlocks(WorkerId id) const;
   uint32_t KvBlocksPerBlock(WorkerId id) const;
   uint32_t StoredPrefixBlocks(WorkerId id) const;
@@ -217,9 +218,13 @@ class FleetImpl final : public LaneFleet {
   TimeNs GoneSince(WorkerRecord& w, TimeNs now) const;
   // Forgets the workers gone for longer than forget_after, and stale refusals.
   void ForgetGone();
+  // A full fleet's room for a new worker: forgets the worker gone longest among those that
+  // said bye or were removed, or are unreachable or DEAD past the registration lease.
+  // Returns whether it forgot one.
+  bool ForgetLongestGone();
   // Deletes the record of `id`: its sockets closed, its blocks out of the index, its metric
-  // series removed, its id free for a new worker.
-  void Forget(WorkerId id);
+  // series removed, its id free for a new worker. `why` ends the log line.
+  void Forget(WorkerId id, const std::string& why);
   // A Hello or Bye from `peer`: applied when Membership admits it, refused and counted else.
   void OnRegistration(const ToRouterMessage& message, const RegistrationPeer& peer);
   Status BindRegistration();

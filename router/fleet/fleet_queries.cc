@@ -173,6 +173,26 @@ std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
   return signals_ ? signals_->Load(id) : std::nullopt;
 }
 
+void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const {
+  std::vector<std::optional<WorkerLoad>> reports;
+  if (signals_ != nullptr) signals_->Loads(ids, &reports);
+  out->assign(ids.size(), {});
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    WorkerLoads::LoadView& v = (*out)[i];
+    if (signals_ != nullptr) v.report = std::move(reports[i]);
+    if (Record(ids[i]) == nullptr) continue;
+    const WorkerRecord& w = *workers_[ids[i]];
+    v.own = w.own.Now();
+    if (v.report) v.own_at_report = w.own.At(v.report->received_at);
+    v.announced_prefill_rate = w.info.prefill_tokens_per_second;
+    if (options_.peers != nullptr) {  // by name: the peers number workers their own way
+      v.peers = options_.peers->Load(w.info.name);
+      if (v.report) v.peers_at_report = options_.peers->LoadAt(w.info.name, v.report->received_at);
+    }
+  }
+}
+
 // KV blocks per routing block: a token-level worker (kv_block_size < block_size) holds
 // block_size / kv_block_size of them in each.
 static uint32_t PerBlock(const WorkerHello& info) {

@@ -135,7 +135,9 @@ struct Candidate {
   double kv_usage = 0;              // device blocks in use / total, in [0, 1]
   double free_device_blocks = 0;    // free or evictable device blocks
   double total_device_blocks = 0;   // 0: no report
-  double device_cached_blocks = 0;  // device blocks the index holds for the worker (its cache's size)
+  // Device blocks the index holds for the worker (its cache's size); set for the sglang and
+  // preble rules only, the ones that read it.
+  double device_cached_blocks = 0;
   // A pull (README.md, "Pulling a prefix"): this candidate is the worker with pull_blocks more
   // leading blocks (counted in device_blocks) pulled from pull_from, which takes pull_s. The
   // pull runs while the request waits in the worker's queue: its first token waits for the

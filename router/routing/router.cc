@@ -39,11 +39,11 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
-  const OwnLoadCounts own = loads_->OwnLoad(c->worker);
+OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, Candidate* c) const {
+  const OwnLoadCounts own = view.own;
   // What the routers know of the worker without its report: this router's own requests there
   // and those the other routers' gossip counts (README.md, "Several routers").
-  const OwnLoadCounts known = Sum(own, loads_->PeerLoad(c->worker));
+  const OwnLoadCounts known = Sum(own, view.peers);
   c->running_requests = known.requests;
   c->queued_prefill_tokens = known.prefill_tokens;
   // Without a report, every request the routers have in flight there may be queued.
@@ -56,8 +56,8 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
     return own;
   }
   // What the worker announced until it reports a measured rate: a cold router never guesses.
-  c->prefill_tokens_per_s = loads_->AnnouncedPrefillRate(c->worker);
-  const std::optional<WorkerLoad> load = loads_->ReportedLoad(c->worker);
+  c->prefill_tokens_per_s = view.announced_prefill_rate;
+  const std::optional<WorkerLoad>& load = view.report;
   if (!load) return own;
   const double active = load->active_requests;
   const double queued = load->queued_requests;
@@ -66,8 +66,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, Candidate* c) const {
   // the report holds beyond what was known there when the report came (requests of routers
   // that do not gossip, or not yet heard; README.md). A peer's request is counted once, by
   // its gossip; twice only while the one report that came before its gossip is the last.
-  const OwnLoadCounts then =
-      Sum(loads_->OwnLoadAt(c->worker, load->received_at), loads_->PeerLoadAt(c->worker, load->received_at));
+  const OwnLoadCounts then = Sum(view.own_at_report, view.peers_at_report);
   c->running_requests = known.requests + std::max(0.0, active + queued - then.requests);
   c->queued_prefill_tokens =
       known.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
@@ -216,8 +215,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   }
   std::vector<Candidate> candidates;
   candidates.reserve(fleet.routable.size());
+  std::vector<WorkerLoads::LoadView> views;
+  loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
-  for (WorkerId id : fleet.routable) {
+  for (size_t i = 0; i < fleet.routable.size(); ++i) {
+    const WorkerId id = fleet.routable[i];
     Candidate c;
     c.worker = id;
     if (!AddAdapter(d.lora_id, &c)) continue;  // it does not serve the adapter
@@ -227,10 +229,10 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
         c.host_blocks = m.host_blocks;
       }
     }
-    if (by_prefix && d.policy != Policy::kApprox) {
+    if (d.policy == Policy::kSglang || d.policy == Policy::kPreble) {  // the rules that read it
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
     }
-    waiting += AddLoad(d.policy, &c).waiting;
+    waiting += AddLoad(d.policy, views[i], &c).waiting;
     candidates.push_back(c);
   }
   if (candidates.empty()) {
@@ -330,9 +332,13 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Reroute
     for (Candidate c : *candidates) {
       if (std::find(tried.begin(), tried.end(), c.worker) != tried.end()) continue;
       if (!AddAdapter(lora_id, &c)) continue;  // it dropped the adapter since
-      AddLoad(policy, &c);  // its load now, not at the decision
       rest.push_back(c);
     }
+    std::vector<WorkerId> ids;
+    for (const Candidate& c : rest) ids.push_back(c.worker);
+    std::vector<WorkerLoads::LoadView> views;
+    loads_->Loads(ids, &views);
+    for (size_t i = 0; i < rest.size(); ++i) AddLoad(policy, views[i], &rest[i]);  // its load now, not at the decision
     if (rest.empty()) return Unavailable("no other live worker to retry on");
     std::vector<double> ttft;
     rest = Admissible(route, rest, &ttft);

@@ -120,7 +120,7 @@ class Router {
   // How much the worker of `c` is loaded, now: its last report blended with this router's own
   // counts (kv, least_loaded, round_robin), or this router's counts alone (approx). Returns
   // this router's own counts there.
-  OwnLoadCounts AddLoad(Policy policy, Candidate* c) const;
+  OwnLoadCounts AddLoad(Policy policy, const WorkerLoads::LoadView& view, Candidate* c) const;
   // Sets c->adapter_load_s for adapter `lora_id` (0: the base model); false when the worker
   // does not serve it.
   bool AddAdapter(uint64_t lora_id, Candidate* c) const;

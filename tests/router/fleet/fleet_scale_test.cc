@@ -1,6 +1,7 @@
 // The fleet at scale: frames beyond the registration limit never reach the router, a fleet
 // bounded by max_workers refuses the rest cleanly instead of running out of sockets, and
 // workers that left are forgotten with their sockets, so churn keeps the socket count flat.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -219,6 +220,46 @@ TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets
   std::this_thread::sleep_for(std::chrono::nanoseconds(2 * grace));
   CHECK(Listed(*s.fleet, "returning"));
   CHECK(s.fleet->Records() == 1);
+}
+
+TEST_CASE("a full fleet: a new worker takes the place of the one gone longest, not a refusal") {
+  // Regression: a fleet at --max-workers refused replacement pods for the whole grace of the
+  // ones they replaced (932 of 1,000 simulated workers live under 10% churn a minute).
+  prometheus::Registry registry;
+  ScaleSetup s(3, 60 * kNsPerSec, 1, &registry);
+  std::vector<testing::FakeWorker> reachable(6);  // only a Bye makes a worker gone
+  auto hello = [&](const std::string& name, int i) {
+    WorkerHello h = HelloOf(name, static_cast<uint64_t>(i + 1));
+    h.requests_endpoint = reachable[i].endpoint();
+    return h;
+  };
+  std::vector<WorkerHello> first;
+  for (int i = 0; i < 3; ++i) {
+    first.push_back(hello("w" + std::to_string(i), i));
+    s.registrar->Send(first.back());
+  }
+  auto all_connected = [&] {
+    const std::vector<WorkerStatus> workers = s.fleet->Workers();
+    return std::all_of(workers.begin(), workers.end(), [](const WorkerStatus& w) { return w.connected; });
+  };
+  REQUIRE(WaitFor([&] { return s.fleet->Records() == 3 && all_connected(); }));
+  s.Bye(first[1]);
+  s.registrar->Send(hello("new", 3));
+  REQUIRE(WaitFor([&] { return Listed(*s.fleet, "new"); }));
+  CHECK(s.fleet->Records() == 3);
+  CHECK(s.Forgotten() == std::vector<std::string>{"w1"});
+  CHECK(s.RefusedFor("max-workers") == 0);
+  REQUIRE(WaitFor(all_connected));
+  // Once more; then none is gone, and the next one is refused.
+  s.Bye(first[0]);
+  s.registrar->Send(hello("newer", 4));
+  REQUIRE(WaitFor([&] { return Listed(*s.fleet, "newer"); }));
+  CHECK(s.fleet->Records() == 3);
+  CHECK(s.Forgotten() == std::vector<std::string>{"w1", "w0"});
+  s.registrar->Send(hello("refused", 5));
+  REQUIRE(WaitFor([&] { return s.RefusedFor("max-workers") == 1; }));
+  CHECK(Listed(*s.fleet, "w2"));
+  CHECK_FALSE(Listed(*s.fleet, "refused"));
 }
 
 TEST_CASE("churn: workers come and go, the registry, its ids and its sockets stay bounded") {
