@@ -221,6 +221,12 @@ TEST_CASE("two routers sharing a worker: one's request in flight is load the oth
   fleet_a->Submit(handle, std::move(r));
   CHECK(WaitFor([&] { return fleet_b->PeerLoad(0).requests == 1; }));
   CHECK(fleet_b->PeerLoad(0).prefill_tokens == 64);
+  std::vector<WorkerLoads::LoadView> views;  // what routing reads, every candidate at once
+  const WorkerId ids[] = {0};
+  fleet_b->Loads(ids, &views);
+  REQUIRE(views.size() == 1);
+  CHECK(views[0].peers.requests == 1);
+  CHECK(views[0].own.requests == 0);
   CHECK(fleet_b->OwnLoad(0).requests == 0);  // router b sent nothing itself
   CHECK(fleet_a->PeerLoad(0).requests == 0);  // a hears no one
   fleet_a->Cancel(handle);
