@@ -1,11 +1,12 @@
 // kvfleet up: a whole fleet on this machine, for trying kvfleet and for tests. Starts one
-// router and N workers on loopback, each logging to its own file in one directory, and
-// stops them all (router first, then workers) on Ctrl-C or SIGTERM.
+// router (or --routers N, sharing their load over gossip) and N workers on loopback, each
+// logging to its own file in one directory, and stops them all (routers first, then
+// workers) on Ctrl-C or SIGTERM.
 //
 // With --restart it also supervises: a router or worker that exits while the fleet is up
 // (a crash, a SIGKILL) is started again with the same arguments after a short delay, as
 // systemd's Restart=always or a Kubernetes controller would. Without it, a worker's exit
-// leaves the fleet one worker short and the router's exit ends the fleet.
+// leaves the fleet one worker short, and the last router's exit ends the fleet.
 //
 // The children get this process's environment without its KVFLEET_* variables.
 // KVFLEET_UP_* configure `kvfleet up` itself (KVFLEET_UP_WORKERS is its --workers); the
@@ -23,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
@@ -44,6 +46,9 @@ namespace {
 struct UpArgs {
   std::string backend = "auto";       // auto: the workers' choice with --model-dir, else mock
   int workers = 2;
+  int routers = 1;                    // > 1: routers that gossip (router/README.md, "Several routers")
+  uint16_t gossip_base_port = 5560;   // router i's gossip PUB: base+i
+  bool no_gossip = false;             // several routers that share nothing (for comparison)
   uint16_t http_port = 8000;
   uint16_t registration_port = 5555;
   uint16_t worker_base_port = 5600;   // worker i: requests base+3i, events +1, replay +2
@@ -61,6 +66,36 @@ struct UpArgs {
   bool restart = false;               // start a child again when it exits while the fleet is up
   double restart_delay_s = 0.5;       // --restart: wait this long first (ports freed, no busy loop)
 };
+
+// Router i of a.routers: HTTP on http_port+i, registration on registration_port+i. Workers
+// register with router 0; the others list them as static workers (each asks for its Hello), and
+// with several routers each gossips on gossip_base_port+i to all the others.
+std::vector<std::string> RouterArgs(const UpArgs& a, int i, const std::string& router_bin) {
+  const std::string host = "tcp://127.0.0.1:";
+  std::vector<std::string> args = {router_bin, "--http-host", "127.0.0.1", "--http-port",
+                                   std::to_string(a.http_port + i), "--registration",
+                                   host + std::to_string(a.registration_port + i), "--routing-policy", a.routing_policy};
+  if (!a.model_dir.empty()) args.insert(args.end(), {"--tokenizer", a.model_dir});
+  if (a.routers > 1 && !a.no_gossip) {
+    std::string peers;
+    for (int r = 0; r < a.routers; ++r) peers += (r > 0 ? "," : "") + host + std::to_string(a.gossip_base_port + r);
+    args.insert(args.end(), {"--router-id", "router-" + std::to_string(i), "--gossip-endpoint",
+                             host + std::to_string(a.gossip_base_port + i), "--peer-routers", peers});
+  }
+  if (i > 0) {
+    // The model the workers serve, named as a worker names it (WorkerConfig::ModelName).
+    std::string model = a.model;
+    if (!a.model_dir.empty()) {
+      std::filesystem::path dir(a.model_dir);
+      model = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+    }
+    std::string workers;
+    for (int w = 0; w < a.workers; ++w) workers += (w > 0 ? "," : "") + host + std::to_string(a.worker_base_port + 3 * w);
+    args.insert(args.end(), {"--workers", model + "=" + workers, "--block-size", std::to_string(a.block_size)});
+  }
+  args.insert(args.end(), a.router_args.begin(), a.router_args.end());
+  return args;
+}
 
 // A program beside this one (build tree or install prefix), else the bare name (PATH).
 std::string FindProgram(const std::string& name, const std::string& subdir) {
@@ -201,11 +236,12 @@ int RunUp(const UpArgs& args) {
     std::cerr << " to the router and workers (use --router-arg or --worker-arg for their options)\n";
   }
 
-  std::vector<std::string> rargs = {router_bin, "--http-host", "127.0.0.1", "--http-port", std::to_string(a.http_port),
-                                    "--registration", registration, "--routing-policy", a.routing_policy};
-  if (!a.model_dir.empty()) rargs.insert(rargs.end(), {"--tokenizer", a.model_dir});
-  rargs.insert(rargs.end(), a.router_args.begin(), a.router_args.end());
-  router.push_back({"router", Spawn(rargs, env, a.log_dir + "/router.log"), rargs, a.log_dir + "/router.log"});
+  for (int i = 0; i < a.routers; ++i) {
+    std::vector<std::string> rargs = RouterArgs(a, i, router_bin);
+    const std::string name = i == 0 ? "router" : "router-" + std::to_string(i);
+    const std::string log = a.log_dir + "/" + name + ".log";
+    router.push_back({name, Spawn(rargs, env, log), rargs, log});
+  }
   for (int i = 0; i < a.workers; ++i) {
     int base = a.worker_base_port + 3 * i;
     std::string host = "tcp://127.0.0.1:";
@@ -222,7 +258,8 @@ int RunUp(const UpArgs& args) {
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
     workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});
   }
-  std::cerr << "kvfleet up: router on http://127.0.0.1:" << a.http_port << " with " << a.workers << " "
+  std::cerr << "kvfleet up: " << (a.routers > 1 ? std::to_string(a.routers) + " routers from" : std::string("router on"))
+            << " http://127.0.0.1:" << a.http_port << " with " << a.workers << " "
             << (a.backend == "auto" ? "workers (--backend auto: each picks cuda or cpu and logs why)"
                                     : a.backend + " workers")
             << "; logs in " << a.log_dir << "/; Ctrl-C stops all\n";
@@ -235,7 +272,7 @@ int RunUp(const UpArgs& args) {
     int sig = sigtimedwait(&signals, &info, &poll);
     if (sig == SIGINT || sig == SIGTERM) break;
     if (sig == SIGCHLD || sig < 0) {
-      // Reap whoever exited; the router's exit ends the fleet.
+      // Reap whoever exited.
       bool router_gone = false;
       for (auto* group : {&router, &workers}) {
         for (auto& c : *group) {
@@ -256,7 +293,9 @@ int RunUp(const UpArgs& args) {
           }
         }
       }
-      if (router_gone) {
+      // With several routers the others serve on: the fleet ends with its last router.
+      const bool any_router = std::any_of(router.begin(), router.end(), [](const Child& c) { return c.running; });
+      if (router_gone && !any_router) {
         rc = 1;
         break;
       }
@@ -294,8 +333,18 @@ Action AddUpCommand(CLI::App& parent) {
                   "without: mock), cuda, cpu or mock")
       ->capture_default_str();
   cmd->add_option("--workers", args->workers, "number of workers")->capture_default_str()->check(CLI::Range(1, 256));
-  cmd->add_option("--http-port", args->http_port, "router HTTP port")->capture_default_str();
-  cmd->add_option("--registration-port", args->registration_port, "router registration port")->capture_default_str();
+  cmd->add_option("--routers", args->routers,
+                  "number of routers (router i: HTTP and registration ports +i); several share their load over "
+                  "gossip, and the workers register with the first")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+  cmd->add_option("--http-port", args->http_port, "router HTTP port (router i: +i)")->capture_default_str();
+  cmd->add_option("--registration-port", args->registration_port, "router registration port (router i: +i)")
+      ->capture_default_str();
+  cmd->add_option("--gossip-base-port", args->gossip_base_port, "with --routers N > 1: router i gossips on base+i")
+      ->capture_default_str();
+  cmd->add_flag("--no-gossip", args->no_gossip,
+                "with --routers N > 1: the routers share nothing, each counting only its own requests (for comparison)");
   cmd->add_option("--worker-base-port", args->worker_base_port,
                   "worker i uses base+3i (requests), +1 (events), +2 (replay)")
       ->capture_default_str();
@@ -317,7 +366,7 @@ Action AddUpCommand(CLI::App& parent) {
   cmd->add_option("--worker-arg", args->worker_args,
                   "an extra argument for every worker (repeatable; KVFLEET_* variables do not reach workers)");
   cmd->add_option("--router-arg", args->router_args,
-                  "an extra argument for the router (repeatable; KVFLEET_* variables do not reach it)");
+                  "an extra argument for every router (repeatable; KVFLEET_* variables do not reach it)");
   return [args]() { return RunUp(*args); };
 }
 

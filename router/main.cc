@@ -5,6 +5,7 @@
 //   kvfleet-router --http-port 8000 --registration tcp://*:5555
 //   kvfleet-router --workers tcp://10.0.0.5:5556,tcp://10.0.0.6:5556 --model llama --block-size 32
 //   kvfleet-router --tokenizer llama=/models/llama --tokenizer qwen=/models/qwen   (several models)
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "router/events/event_plane.h"
 #include "router/events/fault_injection.h"
 #include "router/fleet/fleet.h"
+#include "router/fleet/gossip.h"
 #include "router/http/api.h"
 #include "router/http/codec.h"
 #include "router/router_config.h"
@@ -48,6 +50,23 @@ class ForgottenRelay {
   std::mutex mu_;
   Api* api_ = nullptr;  // GUARDED_BY(mu_)
 };
+
+// The gossip channel to the fleet's other routers, when --peer-routers names any (null
+// otherwise): each interval it tells them this router's own counts and routed work.
+Result<std::unique_ptr<Gossip>> StartGossip(const RouterConfig& c, const Fleet* fleet, const Router* router,
+                                            PeerLoads* peers, const Clock* clock, prometheus::Registry* registry) {
+  if (c.gossip.peers.empty()) return std::unique_ptr<Gossip>();
+  auto source = [fleet, router, clock](RouterGossip* out) {
+    for (const auto& [name, own] : fleet->OwnLoadsByName()) out->workers.push_back(ToGossipWorker(name, own));
+    for (const auto& [model, rate] : router->RoutedWork(clock->Now())) {
+      if (rate > 0 && std::isfinite(rate)) out->models.push_back(GossipModel{model, rate});
+    }
+  };
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Gossip> gossip, Gossip::Start(c.gossip, source, peers, clock, registry));
+  Logger("router")->info("gossip on {} as '{}', {} peer routers listed{}", gossip->endpoint(), gossip->router_id(),
+                         c.gossip.peers.size(), c.gossip.keypair_file.empty() ? "" : " (CURVE)");
+  return gossip;
+}
 
 // Builds the router's parts, bottom up, and serves until SIGINT or SIGTERM.
 int Run(RouterConfig& c) {
@@ -143,6 +162,9 @@ int Run(RouterConfig& c) {
     approx_index.RemoveWorker(id);  // its id goes to the next worker
     if (last_of_name) forgotten.Forget(worker);
   };
+  // What the fleet's other routers say of themselves; routing counts it (peer_loads.h).
+  PeerLoads peer_loads(c.gossip.ttl);
+  if (!c.gossip.peers.empty()) c.fleet.peers = &peer_loads;
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());
@@ -152,6 +174,11 @@ int Run(RouterConfig& c) {
   const std::string codec_name =
       codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
                                                                          " per-model tokenizers");
+  auto gossip = StartGossip(c, fleet->get(), &router, &peer_loads, clock, registry.get());
+  if (!gossip.ok()) {
+    log->error("{}", gossip.status().message());
+    return 1;
+  }
   Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
   forgotten.Set(&api);
   struct Unset {
@@ -171,6 +198,7 @@ int Run(RouterConfig& c) {
   sigwait(&signals, &sig);
   log->info("signal {}: stopping", sig);
   (*server)->Stop();   // no new requests; in-flight exchanges see their clients gone
+  if (*gossip) (*gossip)->Stop();  // reads the fleet and the router
   (*fleet)->Stop();    // ends what is still in flight and drops its exchanges
   server->reset();
   return 0;

@@ -318,6 +318,29 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--curve-keypair", c->curve_keypair,
                  "CURVE: this router's key pair file, for the request, event and replay sockets (kvfleet keygen)");
   app.add_option("--curve-server-key", c->curve_server_key, "CURVE: the workers' server public key file");
+  app.add_option("--peer-routers", c->peer_routers,
+                 "the gossip endpoints of this fleet's other routers (EP,EP,...; this router's own is skipped): "
+                 "they share their in-flight counts per worker and routed work, and routing counts them all")
+      ->delimiter(',');
+  app.add_option("--gossip-endpoint", c->gossip.endpoint,
+                 "this router's gossip PUB endpoint, bound when --peer-routers is set. Unless it is a loopback "
+                 "address, it needs --gossip-keypair or --gossip-insecure")
+      ->capture_default_str();
+  app.add_option("--router-id", c->gossip.router_id,
+                 "this router's name on the gossip channel, unique in the fleet (default: its gossip endpoint)");
+  app.add_option("--gossip-keypair", c->gossip.keypair_file,
+                 "CURVE on the gossip channel: the fleet's gossip key pair file (kvfleet keygen), the same on every "
+                 "router; only its holders may subscribe");
+  app.add_flag("--gossip-insecure", c->gossip.insecure,
+               "gossip without CURVE on an address other hosts can reach, or beside --curve-keypair (a network "
+               "where every host is trusted)");
+  app.add_option("--gossip-interval-ms", c->gossip_interval_ms, "this router sends its state to its peers this often")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}))
+      ->capture_default_str();
+  app.add_option("--gossip-ttl-ms", c->gossip_ttl_ms,
+                 "a peer router not heard for this long is forgotten, its requests no longer counted")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+      ->capture_default_str();
   app.add_option("--debug-drop-events", c->debug_drop_events,
                  "TESTING ONLY: drop this fraction of received KV event batches (fault injection)")
       ->check(CLI::Range(0.0, 1.0))
@@ -338,6 +361,36 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "requests of one model sent by this router and without a first token; beyond, 429")
       ->capture_default_str();
 }
+
+namespace {
+
+Status PrepareGossip(RouterConfig* c) {
+  c->gossip.peers = c->peer_routers;
+  c->gossip.interval = c->gossip_interval_ms * kNsPerMs;
+  c->gossip.ttl = c->gossip_ttl_ms * kNsPerMs;
+  if (c->peer_routers.empty()) return Status::Ok();
+  if (c->gossip.ttl <= c->gossip.interval) {
+    return InvalidArgument("--gossip-ttl-ms must be longer than --gossip-interval-ms: peers would be forgotten "
+                           "between their messages");
+  }
+  for (const std::string& peer : c->peer_routers) {
+    if (!peer.starts_with("tcp://") && !peer.starts_with("ipc://")) {
+      return InvalidArgument("--peer-routers: '" + peer + "' is not a tcp:// or ipc:// endpoint");
+    }
+  }
+  if (c->gossip.keypair_file.empty()) {
+    // A fleet that keys its workers' sockets keys its routers' gossip too, unless told not to.
+    if (!c->curve_keypair.empty() && !c->gossip.insecure) {
+      return InvalidArgument("--peer-routers with --curve-keypair needs --gossip-keypair (the fleet's gossip key "
+                             "pair), or --gossip-insecure for plaintext gossip");
+    }
+  } else {
+    KVF_RETURN_IF_ERROR(LoadCurveKeyPair(c->gossip.keypair_file).status());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Prepare(RouterConfig* c) {
   KVF_ASSIGN_OR_RETURN(c->routing.policy, ParsePolicy(c->policy));
@@ -390,6 +443,7 @@ Status Prepare(RouterConfig* c) {
     KVF_RETURN_IF_ERROR(LoadCurveKeyPair(c->curve_keypair).status());
     KVF_RETURN_IF_ERROR(LoadCurvePublicKey(c->curve_server_key).status());
   }
+  KVF_RETURN_IF_ERROR(PrepareGossip(c));
   KVF_RETURN_IF_ERROR(PrepareStaticFleets(c));
   KVF_RETURN_IF_ERROR(PrepareTokenizers(c));
   if (!c->api_key_file.empty()) {

@@ -18,6 +18,7 @@
 #include "common/http/server.h"
 #include "common/status.h"
 #include "router/fleet/fleet.h"
+#include "router/fleet/gossip.h"
 #include "router/http/api.h"
 #include "router/routing/policy.h"
 
@@ -77,6 +78,12 @@ struct RouterConfig {
   std::optional<uint32_t> routing_window;  // parsed by Prepare; none: auto
   std::string curve_keypair;     // empty: plaintext to workers
   std::string curve_server_key;  // the workers' public key; set with curve_keypair
+  // Routers that act as one (router/README.md, "Several routers"): gossip runs when
+  // --peer-routers names a peer. gossip.peers, interval and ttl are set by Prepare.
+  GossipOptions gossip;             // --gossip-endpoint, --gossip-keypair, --gossip-insecure, --router-id
+  std::vector<std::string> peer_routers;  // --peer-routers: EP,EP,... the peers' gossip endpoints
+  int64_t gossip_interval_ms = config::kGossipInterval / kNsPerMs;  // ms between this router's messages
+  int64_t gossip_ttl_ms = config::kGossipTtl / kNsPerMs;            // ms a silent peer is kept
   // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
   // network would, through router/events/fault_injection.h. 0 in production.
   double debug_drop_events = 0;

@@ -85,4 +85,15 @@ inline constexpr int64_t kMaxPullBlocks = kMaxContextTokens / 16;
 inline constexpr int64_t kMaxPullRequestBytes =
     kMaxPullBlocks * 8 + 3 * kMaxNameBytes + kMaxPathBytes + kMaxKvPools * 48 + kSlackBytes;
 
+// Router gossip (schema/gossip.capnp, Contract 5). Workers one RouterGossip lists: the most
+// a router knows at once (router/core/worker.h config::kMaxWorkers, --max-workers' bound).
+inline constexpr int64_t kMaxGossipWorkers = 1024;
+// Models one RouterGossip lists: each model is served by at least one worker.
+inline constexpr int64_t kMaxGossipModels = kMaxGossipWorkers;
+// A RouterGossip (what a router's gossip SUB accepts): a worker's entry is 3 data words, a
+// name pointer, a name and its list tag; a model's 1 data word, a pointer, a name, a tag;
+// the sender's name, and slack. About 640 KiB.
+inline constexpr int64_t kMaxGossipBytes = kMaxGossipWorkers * (32 + kMaxNameBytes + 8) +
+                                           kMaxGossipModels * (16 + kMaxNameBytes + 8) + kMaxNameBytes + kSlackBytes;
+
 }  // namespace kvfleet::wire::limits

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -75,12 +76,23 @@ void WriteRequestLines(std::ostream& out, const std::string& policy, const bench
     nlohmann::json j = {{"policy", policy},       {"index", i},
                         {"arrival_s", o.arrival_s}, {"sent_unix_s", o.sent_unix_s},
                         {"ok", o.ok},              {"error", o.error},
-                        {"http_status", o.http_status}, {"worker", o.worker},
+                        {"http_status", o.http_status}, {"router", o.router}, {"worker", o.worker},
                         {"ttft_s", o.ttft_s},      {"e2e_s", o.e2e_s},
                         {"prompt_tokens", o.prompt_tokens}, {"cached_tokens", o.cached_tokens}};
     if (!o.error_detail.empty()) j["error_detail"] = o.error_detail;
+    if (o.connect_retries > 0) j["connect_retries"] = o.connect_retries;
     out << j.dump() << "\n";
   }
+}
+
+// Requests by worker from every router's metrics, summed (each router counts its own).
+Result<std::map<std::string, double>> ScrapeAll(const bench::ReplayOptions& options) {
+  std::map<std::string, double> sum;
+  for (const std::string& url : options.RouterUrls()) {
+    KVF_ASSIGN_OR_RETURN(auto counts, bench::ScrapeRequestsByWorker(url));
+    for (const auto& [worker, n] : counts) sum[worker] += n;
+  }
+  return sum;
 }
 
 int RunBench(const BenchArgs& args) {
@@ -152,10 +164,12 @@ int RunBench(const BenchArgs& args) {
     bench::FleetProcess fleet;
     if (!args.fleet_cmd.empty()) {
       if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
-      if (Status s = fleet.WaitReady(options.router_url, args.ready_timeout_s); !s.ok()) return fail(s);
+      for (const std::string& url : options.RouterUrls()) {
+        if (Status s = fleet.WaitReady(url, args.ready_timeout_s); !s.ok()) return fail(s);
+      }
     }
     if (options.model.empty()) {
-      auto model = bench::OnlyModel(options.router_url);
+      auto model = bench::OnlyModel(options.RouterUrls().front());
       if (!model.ok()) return fail(model.status());
       options.model = *model;
       std::cerr << "bench: model " << options.model << "\n";
@@ -168,9 +182,9 @@ int RunBench(const BenchArgs& args) {
       if (options.retention.duration_ms > 0) std::cerr << " for " << options.retention.duration_ms << " ms";
     }
     std::cerr << "\n";
-    auto before = bench::ScrapeRequestsByWorker(options.router_url);
+    auto before = ScrapeAll(options);
     auto run = bench::Replay(requests, prompts, options);
-    auto after = bench::ScrapeRequestsByWorker(options.router_url);
+    auto after = ScrapeAll(options);
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
     if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
@@ -228,7 +242,9 @@ int RunBench(const BenchArgs& args) {
 Action AddBenchCommand(CLI::App& parent) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = parent.add_subcommand("bench", "replay a Mooncake-format trace against a router and report");
-  cmd->add_option("--router", args->replay.router_url, "router base URL")->capture_default_str();
+  cmd->add_option("--router", args->replay.router_url,
+                  "router base URL, or several separated by ',' (requests spread evenly over them)")
+      ->capture_default_str();
   cmd->add_option("--trace", args->trace_path, "Mooncake-format JSONL trace")->required();
   cmd->add_option("--time-scale", args->scale.time_scale, "replay this many times faster than the trace")
       ->capture_default_str();

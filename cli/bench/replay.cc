@@ -31,6 +31,7 @@ constexpr size_t kReadChunkBytes = 16 * 1024;
 constexpr auto kProgressPeriod = std::chrono::seconds(5);
 
 struct Url {
+  std::string text;  // as given
   std::string host;
   std::string port = "80";
   std::string base_path;  // without a trailing '/'
@@ -41,6 +42,7 @@ Result<Url> ParseUrl(const std::string& text) {
   if (text.rfind(kScheme, 0) != 0) return InvalidArgument("--router must be an http:// URL, got '" + text + "'");
   std::string rest = text.substr(kScheme.size());
   Url url;
+  url.text = text;
   size_t slash = rest.find('/');
   if (slash != std::string::npos) {
     url.base_path = rest.substr(slash);
@@ -63,10 +65,16 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 // The state of one Replay() call; lives on the io_context's single thread.
 class Replayer {
  public:
+  // One router to send to: its URL and resolved addresses.
+  struct Target {
+    Url url;
+    tcp::resolver::results_type endpoints;
+  };
+
+  // REQUIRES: !targets.empty().
   Replayer(asio::io_context& io, const std::vector<ScaledRequest>& requests, const PromptBuilder& prompts,
-           const ReplayOptions& options, Url url, tcp::resolver::results_type endpoints)
-      : io_(io), requests_(requests), prompts_(prompts), options_(options), url_(std::move(url)),
-        endpoints_(std::move(endpoints)), run_() {
+           const ReplayOptions& options, std::vector<Target> targets)
+      : io_(io), requests_(requests), prompts_(prompts), options_(options), targets_(std::move(targets)), run_() {
     run_.outcomes.resize(requests.size());
   }
 
@@ -149,11 +157,25 @@ class Replayer {
       Fail(out, ec == beast::error::timeout ? "timeout" : what, ec.message());
     };
 
-    auto [cec, ep] = co_await stream.async_connect(endpoints_, kAwait);
-    if (cec) co_return socket_error(cec, "connect");
+    // Clients spread evenly over the routers: request i goes to router i mod n. A router that
+    // refuses the connection (it died) has sent nothing yet: the next one is tried.
+    const Target* target = nullptr;
+    for (size_t k = 0; k < targets_.size(); ++k) {
+      const Target& t = targets_[(i + k) % targets_.size()];
+      auto [cec, ep] = co_await stream.async_connect(t.endpoints, kAwait);
+      if (!cec) {
+        target = &t;
+        break;
+      }
+      if (k + 1 == targets_.size() || cec == beast::error::timeout) co_return socket_error(cec, "connect");
+      ++out.connect_retries;
+      beast::error_code ignored;
+      stream.socket().close(ignored);
+    }
+    out.router = target->url.text;
 
-    http::request<http::string_body> req{http::verb::post, url_.base_path + "/v1/completions", 11};
-    req.set(http::field::host, url_.host);
+    http::request<http::string_body> req{http::verb::post, target->url.base_path + "/v1/completions", 11};
+    req.set(http::field::host, target->url.host);
     req.set(http::field::content_type, "application/json");
     req.set(http::field::accept, "text/event-stream");
     req.body() = CompletionBody(requests_[i], prompts_, options_);
@@ -234,8 +256,7 @@ class Replayer {
   const std::vector<ScaledRequest>& requests_;
   const PromptBuilder& prompts_;
   const ReplayOptions& options_;
-  const Url url_;
-  const tcp::resolver::results_type endpoints_;
+  const std::vector<Target> targets_;
   ReplayRun run_;
   SteadyTime start_{};
   SteadyTime last_end_{};
@@ -252,7 +273,19 @@ Status ReplayOptions::Validate() const {
   if (concurrency_limit == 0) return InvalidArgument("--concurrency-limit must be >= 1");
   if (!(request_timeout_s > 0)) return InvalidArgument("--request-timeout must be > 0");
   KVF_RETURN_IF_ERROR(retention.Validate());
-  return ParseUrl(router_url).status();
+  for (const std::string& url : RouterUrls()) KVF_RETURN_IF_ERROR(ParseUrl(url).status());
+  return Status::Ok();
+}
+
+std::vector<std::string> ReplayOptions::RouterUrls() const {
+  std::vector<std::string> urls;
+  size_t start = 0;
+  while (start <= router_url.size()) {
+    const size_t comma = std::min(router_url.find(',', start), router_url.size());
+    urls.push_back(router_url.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return urls;
 }
 
 Status RetentionOptions::Validate() const {
@@ -353,13 +386,17 @@ void SseChunkParser::ParseEvent(std::string_view block, std::vector<Event>* out)
 Result<ReplayRun> Replay(const std::vector<ScaledRequest>& requests, const PromptBuilder& prompts,
                          const ReplayOptions& options) {
   KVF_RETURN_IF_ERROR(options.Validate());
-  KVF_ASSIGN_OR_RETURN(Url url, ParseUrl(options.router_url));
   asio::io_context io(1);
   tcp::resolver resolver(io);
-  beast::error_code ec;
-  auto endpoints = resolver.resolve(url.host, url.port, ec);
-  if (ec) return Unavailable("cannot resolve " + url.host + ":" + url.port + ": " + ec.message());
-  Replayer replayer(io, requests, prompts, options, std::move(url), std::move(endpoints));
+  std::vector<Replayer::Target> targets;
+  for (const std::string& text : options.RouterUrls()) {
+    KVF_ASSIGN_OR_RETURN(Url url, ParseUrl(text));
+    beast::error_code ec;
+    auto endpoints = resolver.resolve(url.host, url.port, ec);
+    if (ec) return Unavailable("cannot resolve " + url.host + ":" + url.port + ": " + ec.message());
+    targets.push_back(Replayer::Target{std::move(url), std::move(endpoints)});
+  }
+  Replayer replayer(io, requests, prompts, options, std::move(targets));
   return replayer.Run();
 }
 

@@ -1,5 +1,5 @@
-// The open-loop replayer: sends a scaled trace to a router's OpenAI API at the trace's
-// arrival times and records what each streamed response looked like.
+// The open-loop replayer: sends a scaled trace to a router's OpenAI API (or spreads it over
+// several routers) at the trace's arrival times and records what each streamed response looked like.
 //
 // Every request is POST /v1/completions with the prompt as token ids, stream=true and
 // stream_options.include_usage=true, max_tokens = the scaled output length and
@@ -51,7 +51,10 @@ struct RetentionOptions {
 };
 
 struct ReplayOptions {
-  std::string router_url = "http://127.0.0.1:8000";  // http://host[:port]
+  // http://host[:port], or several separated by ',': request i goes to router i mod n, so
+  // clients spread evenly over routers that act as one (router/README.md, "Several
+  // routers"); one that refuses the connection passes the request to the next.
+  std::string router_url = "http://127.0.0.1:8000";
   std::string model;            // "model" of every request; empty: the router's only model
   std::string policy;           // per-request policy override; empty: the router's own
   std::string cache_salt;       // cache_salt extension; empty: none
@@ -61,6 +64,8 @@ struct ReplayOptions {
   bool progress = true;         // a status line on stderr every few seconds
 
   Status Validate() const;
+  // router_url split at ','.
+  std::vector<std::string> RouterUrls() const;
 };
 
 // What happened to one request. Times are seconds.
@@ -69,6 +74,8 @@ struct RequestOutcome {
   std::string error;           // empty when ok; else a short kind: "http_503", "timeout", ...
   std::string error_detail;    // the server's message or the socket error, for the log
   int http_status = 0;
+  std::string router;          // the router URL it was sent to
+  uint32_t connect_retries = 0;  // routers that refused its connection before `router` took it
   std::string worker;          // from the worker header, else the usage chunk's kvfleet.worker; empty when neither
   double sent_unix_s = 0;      // wall-clock send time (Unix seconds), to line up with other logs
   double arrival_s = 0;        // scheduled send time, from the start of the run

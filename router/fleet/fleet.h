@@ -47,6 +47,7 @@
 #include "common/status.h"
 #include "router/core/worker.h"
 #include "router/fleet/own_load_history.h"
+#include "router/fleet/peer_loads.h"
 #include "schema/requests.h"
 
 namespace prometheus {
@@ -112,6 +113,13 @@ class WorkerLoads {
   // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
   // reports carry a measured one. 0: none announced.
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
+  // The fleet's other routers' in-flight counts on the worker, as their gossip last said
+  // (peer_loads.h), now and as they stood at `at`; zero without gossip or peers. Routing adds
+  // them to this router's own (routing/README.md, "Several routers").
+  virtual OwnLoadCounts PeerLoad(WorkerId /*worker*/) const { return {}; }
+  virtual OwnLoadCounts PeerLoadAt(WorkerId /*worker*/, TimeNs /*at*/) const { return {}; }
+  // The other routers' routed work on `model` (uncached prefill tokens/s); 0 without gossip.
+  virtual double PeerWorkRate(std::string_view /*model*/) const { return 0; }
 
   // What routing reads of a worker's load (Router::AddLoad), for every candidate at once.
   struct LoadView {
@@ -119,6 +127,8 @@ class WorkerLoads {
     std::optional<WorkerLoad> report;   // ReportedLoad
     OwnLoadCounts own_at_report;        // OwnLoadAt(report->received_at); zeros without a report
     double announced_prefill_rate = 0;  // AnnouncedPrefillRate
+    OwnLoadCounts peers;                // PeerLoad
+    OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
   };
   // The LoadView of each of `workers`, in order. This one asks the calls above worker by
   // worker; the Fleet takes each of its locks once for the lot (a request's routing reads
@@ -131,6 +141,8 @@ class WorkerLoads {
       v.report = ReportedLoad(id);
       if (v.report) v.own_at_report = OwnLoadAt(id, v.report->received_at);
       v.announced_prefill_rate = AnnouncedPrefillRate(id);
+      v.peers = PeerLoad(id);
+      if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
       out->push_back(std::move(v));
     }
   }
@@ -214,6 +226,9 @@ struct FleetOptions {
   // other worker has that name: the router drops what it keeps per worker elsewhere (the
   // approx policy's predicted entries by id, Api::ForgetWorker's series by name).
   std::function<void(WorkerId id, const std::string& name, bool last_of_name)> on_forgotten;
+  // What the fleet's other routers said over the gossip channel (gossip.h); null: no
+  // gossip, this router's own counts alone. Not owned; it must outlive the Fleet.
+  const PeerLoads* peers = nullptr;
   // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
   size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
   size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }
@@ -290,6 +305,8 @@ struct WorkerStatus {
   bool routable = false;
   int64_t inflight_requests = 0;       // this router's
   int64_t inflight_prefill_tokens = 0; // this router's, not yet past the first token
+  int64_t peer_inflight_requests = 0;       // the other routers', as their gossip said (peer_loads.h)
+  int64_t peer_inflight_prefill_tokens = 0; // theirs, not yet past the first token
   std::optional<WorkerLoad> load;
 };
 
@@ -358,6 +375,12 @@ class Fleet final : public WorkerLoads {
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
   void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
+  // This router's own load on every worker where it has a request in flight, by the
+  // worker's name (what it tells its peers, gossip.h); a name two records share is summed.
+  std::map<std::string, OwnLoadCounts, std::less<>> OwnLoadsByName() const;
+  OwnLoadCounts PeerLoad(WorkerId worker) const override;
+  OwnLoadCounts PeerLoadAt(WorkerId worker, TimeNs at) const override;
+  double PeerWorkRate(std::string_view model) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

@@ -131,6 +131,7 @@ class FleetImpl final : public LaneFleet {
   std::vector<RefusedWorker> Refused() const;
   Fleet::OwnLoadCounts OwnLoad(WorkerId id) const;
   Fleet::OwnLoadCounts OwnLoadAt(WorkerId id, TimeNs at) const;
+  std::map<std::string, OwnLoadCounts, std::less<>> OwnLoadsByName() const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
   void Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const;
   uint64_t CacheBlocks(WorkerId id) const;

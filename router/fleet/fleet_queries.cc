@@ -146,6 +146,11 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
     s.routable = Routable(*w);
     s.inflight_requests = w->own.requests();
     s.inflight_prefill_tokens = w->own.prefill_tokens();
+    if (options_.peers != nullptr) {
+      const OwnLoadCounts peers = options_.peers->Load(w->info.name);
+      s.peer_inflight_requests = static_cast<int64_t>(peers.requests);
+      s.peer_inflight_prefill_tokens = static_cast<int64_t>(peers.prefill_tokens);
+    }
     if (signals_) s.load = signals_->Load(w->id);
     out.push_back(std::move(s));
   }
@@ -181,6 +186,10 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     v.own = w.own.Now();
     if (v.report) v.own_at_report = w.own.At(v.report->received_at);
     v.announced_prefill_rate = w.info.prefill_tokens_per_second;
+    if (options_.peers != nullptr) {  // by name: the peers number workers their own way
+      v.peers = options_.peers->Load(w.info.name);
+      if (v.report) v.peers_at_report = options_.peers->LoadAt(w.info.name, v.report->received_at);
+    }
   }
 }
 
@@ -225,6 +234,41 @@ double FleetImpl::AnnouncedPrefillRate(WorkerId id) const {
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return Record(id) != nullptr ? PerBlock(workers_[id]->info) : 1;
+}
+
+
+std::map<std::string, OwnLoadCounts, std::less<>> FleetImpl::OwnLoadsByName() const {
+  std::map<std::string, OwnLoadCounts, std::less<>> out;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (const auto& w : workers_) {
+    if (w == nullptr || w->own.requests() <= 0) continue;
+    const OwnLoadCounts now = w->own.Now();
+    OwnLoadCounts& sum = out[w->info.name];
+    sum.requests += now.requests;
+    sum.waiting += now.waiting;
+    sum.prefill_tokens += now.prefill_tokens;
+    sum.prompt_tokens += now.prompt_tokens;
+  }
+  return out;
+}
+
+std::map<std::string, OwnLoadCounts, std::less<>> Fleet::OwnLoadsByName() const { return impl_->OwnLoadsByName(); }
+
+// Peers know a worker by its name (their ids are their own): a static worker that has not
+// described itself yet goes by its requests endpoint here and may go by another name there.
+OwnLoadCounts Fleet::PeerLoad(WorkerId worker) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? OwnLoadCounts{} : peers->Load(impl_->WorkerName(worker));
+}
+
+OwnLoadCounts Fleet::PeerLoadAt(WorkerId worker, TimeNs at) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? OwnLoadCounts{} : peers->LoadAt(impl_->WorkerName(worker), at);
+}
+
+double Fleet::PeerWorkRate(std::string_view model) const {
+  const PeerLoads* peers = impl_->options().peers;
+  return peers == nullptr ? 0 : peers->WorkRate(model);
 }
 
 }  // namespace kvfleet::router

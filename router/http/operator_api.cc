@@ -102,6 +102,8 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"routable", w.routable},
           {"router_inflight_requests", w.inflight_requests},
           {"router_inflight_prefill_tokens", w.inflight_prefill_tokens},
+          {"peer_routers_inflight_requests", w.peer_inflight_requests},
+          {"peer_routers_inflight_prefill_tokens", w.peer_inflight_prefill_tokens},
           {"load", LoadJson(w, now)}};
 }
 

@@ -23,6 +23,14 @@ Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIn
 
 namespace {
 
+OwnLoadCounts Sum(OwnLoadCounts a, const OwnLoadCounts& b) {
+  a.requests += b.requests;
+  a.prefill_tokens += b.prefill_tokens;
+  a.prompt_tokens += b.prompt_tokens;
+  a.waiting += b.waiting;
+  return a;
+}
+
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f s", s);
@@ -33,11 +41,14 @@ std::string Seconds(double s) {
 
 OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, Candidate* c) const {
   const OwnLoadCounts own = view.own;
-  c->running_requests = own.requests;
-  c->queued_prefill_tokens = own.prefill_tokens;
-  // Without a report, every request this router has in flight there may be queued.
-  c->queued_requests = own.requests;
-  c->waiting_requests = own.waiting;
+  // What the routers know of the worker without its report: this router's own requests there
+  // and those the other routers' gossip counts (README.md, "Several routers").
+  const OwnLoadCounts known = Sum(own, view.peers);
+  c->running_requests = known.requests;
+  c->queued_prefill_tokens = known.prefill_tokens;
+  // Without a report, every request the routers have in flight there may be queued.
+  c->queued_requests = known.requests;
+  c->waiting_requests = known.waiting;
   c->admission_wait_s = 0;
   c->decode_blocks = c->kv_usage = c->free_device_blocks = c->total_device_blocks = 0;
   if (policy == Policy::kApprox) {
@@ -50,16 +61,17 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
   if (!load) return own;
   const double active = load->active_requests;
   const double queued = load->queued_requests;
-  // The report lags and counts a waiting prompt whole, cached prefix included; the router's
-  // own count is fresh and counts what it expects uncached. So: the router's own load now,
-  // plus what the report holds beyond what this router had in flight there when the report
-  // came (other routers' requests; README.md).
-  const OwnLoadCounts& then = view.own_at_report;
-  c->running_requests = own.requests + std::max(0.0, active + queued - then.requests);
+  // The report lags and counts a waiting prompt whole, cached prefix included; the routers'
+  // counts are fresh and count what each expects uncached. So: the known load now, plus what
+  // the report holds beyond what was known there when the report came (requests of routers
+  // that do not gossip, or not yet heard; README.md). A peer's request is counted once, by
+  // its gossip; twice only while the one report that came before its gossip is the last.
+  const OwnLoadCounts then = Sum(view.own_at_report, view.peers_at_report);
+  c->running_requests = known.requests + std::max(0.0, active + queued - then.requests);
   c->queued_prefill_tokens =
-      own.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
-  c->queued_requests = std::max(queued, own.requests - active);
-  c->waiting_requests = own.waiting + std::max(0.0, queued - then.waiting);
+      known.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
+  c->queued_requests = std::max(queued, known.requests - active);
+  c->waiting_requests = known.waiting + std::max(0.0, queued - then.waiting);
   if (load->prefill_tokens_per_second > 0) c->prefill_tokens_per_s = load->prefill_tokens_per_second;
   // The worker's predicted wait less its prefill term, which the blend above recounts: what
   // only the worker knows, a batch or KV cache too full to admit one more (README.md).
@@ -150,13 +162,20 @@ double Router::FleetLoad(std::string_view model, std::span<const Candidate> cand
   const double fleet_rate = picker_.FleetRate(candidates);
   double capacity = 0;
   for (const Candidate& c : candidates) capacity += std::max(c.prefill_tokens_per_s, fleet_rate);
-  double sent = 0;
+  double sent = loads_->PeerWorkRate(model);  // the other routers' work, as their gossip says
   {
     std::lock_guard<std::mutex> lock(work_mu_);
     auto it = routed_work_.find(model);
-    if (it != routed_work_.end()) sent = it->second.PerSecond(now);
+    if (it != routed_work_.end()) sent += it->second.PerSecond(now);
   }
   return capacity > 0 ? sent / capacity : 0;
+}
+
+std::map<std::string, double, std::less<>> Router::RoutedWork(TimeNs now) const {
+  std::map<std::string, double, std::less<>> out;
+  std::lock_guard<std::mutex> lock(work_mu_);
+  for (const auto& [model, rate] : routed_work_) out.emplace(model, rate.PerSecond(now));
+  return out;
 }
 
 void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens) {

@@ -2,7 +2,8 @@
 // fleet, its cache salt and a policy, it hashes the prompt's full blocks (Contract 1), asks
 // the policy's index which workers hold its prefix, builds one Candidate per routable worker
 // (its matched blocks, and its load: the worker's last report blended with this router's
-// own in-flight counts, README.md) and lets the Picker choose.
+// own in-flight counts and those of the fleet's other routers, README.md) and lets the Picker
+// choose.
 //
 // A decision is used in two steps, so that the request leaves before the bookkeeping:
 //   1. Route() decides; the caller forwards the request to decision.worker.
@@ -22,7 +23,8 @@
 //
 // The fleet's load (README.md, "The kv cost model"): each decision's expected uncached prefill
 // tokens feed a per-model DecayedRate; over the fleet's summed prefill rate it is the load ρ
-// the kv cost reads (RouteRequest::fleet_load). It sees this router's decisions only.
+// the kv cost reads (RouteRequest::fleet_load). It sees this router's decisions, and the
+// other routers' rates as their gossip says (WorkerLoads::PeerWorkRate).
 //
 // Thread safety: thread-safe; the HTTP I/O threads route concurrently. Besides the indexes',
 // the fleet's and the Picker's locks, the Router's own guards the fleet load's rates.
@@ -110,6 +112,9 @@ class Router {
   // The retry of a decided request (ForwardRequest::reroute): the decision's candidates less
   // the workers tried, chosen by the same policy. The Router must outlive it.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Rerouter(const Decision& decision);
+  // The uncached prefill tokens per second this router routed to each model lately (its own
+  // part of the fleet load): what it tells its peers (router/fleet/gossip.h).
+  std::map<std::string, double, std::less<>> RoutedWork(TimeNs now) const;
 
  private:
   // How much the worker of `c` is loaded, now: its last report blended with this router's own
@@ -142,7 +147,7 @@ class Router {
   PrefixIndex* approx_index_;
   RetentionEstimate* retention_;
   const Clock* clock_;
-  std::mutex work_mu_;
+  mutable std::mutex work_mu_;
   std::map<std::string, DecayedRate, std::less<>> routed_work_;  // GUARDED_BY(work_mu_), by model
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of

@@ -122,6 +122,77 @@ TEST_CASE("kvfleet up reads KVFLEET_UP_* itself and keeps KVFLEET_* from the rou
   CHECK(log.find("KVFLEET_UP_WORKERS") == std::string::npos);  // its own, not kept back from anyone
 }
 
+// Routable workers in `router_url`'s /fleet, and the requests its peer routers have in
+// flight there (their gossip), summed over the workers.
+struct FleetView {
+  size_t routable = 0;
+  int64_t peer_inflight = 0;
+};
+FleetView ViewOf(const std::string& router_url) {
+  FleetView v;
+  auto fleet = kvfleet::bench::HttpGet(router_url, "/fleet", 1.0);
+  auto j = fleet.ok() ? nlohmann::json::parse(fleet->body, nullptr, false) : nlohmann::json();
+  if (!j.is_object() || !j.contains("workers")) return v;
+  for (const auto& w : j["workers"]) {
+    v.routable += w.value("routable", false) ? 1 : 0;
+    v.peer_inflight += w.value("peer_routers_inflight_requests", int64_t{0});
+  }
+  return v;
+}
+
+TEST_CASE("kvfleet up --routers 2: both routers serve, and each counts the other's requests in flight") {
+  TempDir dir("kvfleet_up_routers_test_");
+  // Ports 24300-24360: router i HTTP 24300+i, registration 24302+i, gossip 24304+i.
+  const std::string r0 = "http://127.0.0.1:24300", r1 = "http://127.0.0.1:24301";
+  ChildProcess up(KVFLEET_CLI,
+                  {"up", "--backend", "mock", "--routers", "2", "--workers", "2", "--http-port", "24300",
+                   "--registration-port", "24302", "--gossip-base-port", "24304", "--worker-base-port", "24310",
+                   "--worker-http-base-port", "24350", "--router-bin", KVFLEET_ROUTER_BIN, "--worker-bin",
+                   KVFLEET_WORKER_BIN, "--log-dir", (dir.path / "logs").string(), "--stop-timeout-s", "5"},
+                  dir.path / "up.log", {});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && up.Running()) {
+    if (ViewOf(r0).routable == 2 && ViewOf(r1).routable == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO("kvfleet up log:\n" << ReadFile(up.log_path()) << "\nrouter-1 log:\n" << ReadFile(dir.path / "logs/router-1.log"));
+  REQUIRE(ViewOf(r0).routable == 2);
+  REQUIRE(ViewOf(r1).routable == 2);  // the second router lists the workers registered with the first
+  CHECK(NonLoopbackListeners({24300, 24301, 24302, 24303, 24304, 24305}) == std::vector<std::string>{});
+
+  // A long request through router 0 (~600 decode steps of the mock, a few seconds): router 1
+  // sees it in flight through the gossip.
+  const fs::path trace = dir.path / "long.jsonl";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 64, \"output_length\": 600, \"hash_ids\": [1]}\n";
+  const std::string long_bench = std::string(KVFLEET_CLI) + " bench --router " + r0 + " --trace " + trace.string() +
+                                 " --quiet > " + (dir.path / "long.log").string() + " 2>&1";
+  std::thread sender([&] { std::system(long_bench.c_str()); });
+  int64_t seen = 0;
+  for (int i = 0; i < 200 && seen == 0; ++i) {  // at most 10 s
+    seen = ViewOf(r1).peer_inflight;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  sender.join();
+  CHECK(seen == 1);
+  CHECK(ViewOf(r0).peer_inflight == 0);  // router 1 sent nothing
+
+  // Both serve: `kvfleet bench` over both routers exits 0 only when every request completed.
+  const fs::path spread = dir.path / "spread.jsonl", results = dir.path / "results.json";
+  std::ofstream out(spread);
+  for (int i = 0; i < 4; ++i) {
+    out << "{\"timestamp\": " << 10 * i << ", \"input_length\": 64, \"output_length\": 4, \"hash_ids\": [1]}\n";
+  }
+  out.close();
+  const std::string bench = std::string(KVFLEET_CLI) + " bench --router " + r0 + "," + r1 + " --trace " +
+                            spread.string() + " --out " + results.string() + " --quiet > " +
+                            (dir.path / "bench.log").string() + " 2>&1";
+  INFO("bench log:\n" << ReadFile(dir.path / "bench.log"));
+  CHECK(std::system(bench.c_str()) == 0);
+  auto j = nlohmann::json::parse(ReadFile(results), nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["runs"][0]["completed"] == 4);
+}
+
 TEST_CASE("kvfleet, kvfleet-router and kvfleet-worker print their version with --version and exit 0") {
   for (const std::string& bin : {std::string(KVFLEET_CLI), std::string(KVFLEET_ROUTER_BIN), std::string(KVFLEET_WORKER_BIN)}) {
     std::FILE* p = popen(("'" + bin + "' --version 2>&1").c_str(), "r");

@@ -1,12 +1,14 @@
 // RouterConfig's per-model options: --workers, --workers-dns, --block-size, --max-context,
-// --tokenizer and --chat-template as VALUE or MODEL=VALUE, and the start-up error each
-// mistake gets (naming its option).
+// --tokenizer and --chat-template as VALUE or MODEL=VALUE, the gossip options, and the
+// start-up error each mistake gets (naming its option).
 #include "router/router_config.h"
 
 #include <filesystem>
 #include <fstream>
 
 #include <doctest/doctest.h>
+
+#include "common/curve_keys.h"
 
 namespace kvfleet::router {
 namespace {
@@ -223,6 +225,49 @@ TEST_CASE("--max-workers and --forget-after-s size the fleet; the socket and ope
 TEST_CASE("--metrics-need-key needs API keys to ask for") {
   CHECK(ErrorOf({"--metrics-need-key"}).find("--api-key-file") != std::string::npos);
   CHECK(ErrorOf({"--cache-salt-per-key"}).find("--api-key-file") != std::string::npos);
+}
+
+}  // namespace kvfleet::router
+
+namespace kvfleet::router {
+
+TEST_CASE("gossip options: a peer list turns gossip on, and each contradiction names its flag") {
+  RouterConfig c;
+  REQUIRE(Parse({"--peer-routers", "tcp://127.0.0.1:5560,tcp://127.0.0.1:5561", "--gossip-interval-ms", "20",
+                 "--gossip-ttl-ms", "500"},
+                &c)
+              .ok());
+  CHECK(c.gossip.peers == std::vector<std::string>{"tcp://127.0.0.1:5560", "tcp://127.0.0.1:5561"});
+  CHECK(c.gossip.interval == 20 * kNsPerMs);
+  CHECK(c.gossip.ttl == 500 * kNsPerMs);
+  RouterConfig none;
+  REQUIRE(Parse({}, &none).ok());
+  CHECK(none.gossip.peers.empty());  // no peers: no gossip, today's behaviour
+  CHECK(ErrorOf({"--peer-routers", "10.0.0.2:5560"}).find("--peer-routers") != std::string::npos);
+  CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-interval-ms", "100", "--gossip-ttl-ms", "100"})
+            .find("--gossip-ttl-ms") != std::string::npos);
+  CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-keypair", "/no/such/file"}) != "(ok)");
+}
+
+TEST_CASE("a router whose worker sockets use CURVE gossips with CURVE too, unless told it is insecure") {
+  if (!CurveAvailable()) return;
+  Dirs dirs;
+  const std::string keys = (dirs.root / "router.key").string(), server = (dirs.root / "server.pub").string();
+  const std::string gossip = (dirs.root / "gossip.key").string();
+  const CurveKeyPair pair = GenerateCurveKeyPair().value();
+  REQUIRE(WriteCurveKeyPair(keys, pair).ok());
+  REQUIRE(WriteCurveKeyPair(gossip, GenerateCurveKeyPair().value()).ok());
+  std::ofstream(server) << pair.public_key << "\n";
+  const std::vector<std::string> curve = {"--curve-keypair", keys, "--curve-server-key", server, "--peer-routers",
+                                          "tcp://127.0.0.1:5561"};
+  CHECK(ErrorOf(curve).find("--gossip-keypair") != std::string::npos);
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = curve;
+    args.insert(args.end(), more.begin(), more.end());
+    return ErrorOf(args);
+  };
+  CHECK(with({"--gossip-keypair", gossip}) == "(ok)");
+  CHECK(with({"--gossip-insecure"}) == "(ok)");
 }
 
 }  // namespace kvfleet::router

@@ -224,3 +224,52 @@ TEST_CASE("the SSE parser handles events split across reads and CRLF line ends")
 
 }  // namespace
 }  // namespace kvfleet::bench
+
+namespace kvfleet::bench {
+
+TEST_CASE("requests spread evenly over several routers given as one comma-separated --router") {
+  testing::FakeOpenAiServer first, second;
+  const auto requests = ScaleTrace(MakeTrace(), TraceScale{});
+  PromptBuilder prompts(32000, TraceScale{}.block_tokens());
+  ReplayOptions options;
+  options.router_url = first.url() + "," + second.url();
+  options.model = "tiny";
+  options.progress = false;
+  REQUIRE(options.RouterUrls().size() == 2);
+  auto run = Replay(requests, prompts, options);
+  REQUIRE(run.ok());
+  CHECK(first.bodies().size() == 5);
+  CHECK(second.bodies().size() == 5);
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    CHECK(run->outcomes[i].router == (i % 2 == 0 ? first.url() : second.url()));
+  }
+  options.router_url = first.url() + ",ftp://nowhere";
+  CHECK(!Replay(requests, prompts, options).ok());  // every URL is checked before any request
+}
+
+TEST_CASE("a request whose router refuses the connection goes to the next router") {
+  uint16_t port;  // a port nothing listens on: a router that died
+  {
+    asio::io_context io;
+    tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  testing::FakeOpenAiServer alive;
+  const std::string dead = "http://127.0.0.1:" + std::to_string(port);
+  const auto requests = ScaleTrace(MakeTrace(), TraceScale{});
+  PromptBuilder prompts(32000, TraceScale{}.block_tokens());
+  ReplayOptions options;
+  options.router_url = dead + "," + alive.url();
+  options.model = "tiny";
+  options.progress = false;
+  auto run = Replay(requests, prompts, options);
+  REQUIRE(run.ok());
+  CHECK(alive.bodies().size() == 10);  // all of them, the dead router's share included
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    CHECK(run->outcomes[i].error != "connect");
+    CHECK(run->outcomes[i].router == alive.url());
+    CHECK(run->outcomes[i].connect_retries == (i % 2 == 0 ? 1u : 0u));
+  }
+}
+
+}  // namespace kvfleet::bench

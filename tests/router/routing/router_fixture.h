@@ -17,7 +17,8 @@ namespace kvfleet::router::testing {
 
 inline constexpr uint32_t kBlockSize = 4;
 
-// Loads set by hand: this router's own counts now and at any earlier time, and reports.
+// Loads set by hand: this router's own counts now and at any earlier time, the other
+// routers' (gossip), and reports.
 class FakeLoads final : public WorkerLoads {
  public:
   OwnLoadCounts OwnLoad(WorkerId w) const override { return Get(own, w); }
@@ -44,7 +45,14 @@ class FakeLoads final : public WorkerLoads {
     return std::make_shared<const TransferPeer>(it->second);
   }
 
+  OwnLoadCounts PeerLoad(WorkerId w) const override { return Get(peers, w); }
+  OwnLoadCounts PeerLoadAt(WorkerId w, TimeNs) const override { return Get(peers_then, w); }
+  double PeerWorkRate(std::string_view) const override { return peer_work; }
+
   std::map<WorkerId, OwnLoadCounts> own, own_then;
+  // The other routers' counts, now and when the report came (their gossip), and their work.
+  std::map<WorkerId, OwnLoadCounts> peers, peers_then;
+  double peer_work = 0;
   std::map<WorkerId, WorkerLoad> reported;
   std::map<WorkerId, uint32_t> stored_prefix;
   std::map<WorkerId, TransferPeer> transfer;

@@ -1,0 +1,96 @@
+// Gossip: the channel over which the routers of one fleet tell each other what each knows
+// only for itself (Contract 5, schema/gossip.capnp): its in-flight counts per worker and its
+// routed work per model (router/README.md, "Several routers").
+//
+// Each router binds one PUB socket and connects one SUB socket to every peer's PUB (the
+// --peer-routers list; its own endpoint there is skipped, so every router of a fleet can
+// take the same list). Every `interval` it publishes its whole state, read from `source`,
+// and forgets peers not heard for `ttl` (PeerLoads::Expire). What it reads is checked
+// (DecodeGossip, then PeerLoads::Apply); a refused frame is counted by reason in
+// kvfleet_router_gossip_refused_total and never applied.
+//
+// With a key pair (GossipOptions::keypair_file, one per fleet, `kvfleet keygen`) the channel
+// is CURVE: every PUB is a CURVE server with the fleet's gossip key, which every SUB
+// presents and the PUB's ZAP handler alone admits; a peer without it never subscribes, and a
+// SUB only ever reads the PUBs it connected to. Without keys the PUB binds only a loopback
+// or ipc address, unless `insecure`.
+//
+// Thread safety: thread-safe; one thread of its own, which calls `source` and writes the
+// PeerLoads. Owned by the router's main; stop it before what `source` reads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "router/fleet/peer_loads.h"
+#include "schema/gossip_codec.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvfleet::router {
+
+namespace config {
+// A router publishes its state this often: a peer's counts are at most this (and the
+// network's delay) older than its own, well under a load report's 200-250 ms.
+inline constexpr DurationNs kGossipInterval = 50 * kNsPerMs;
+// A peer not heard for this long is forgotten: 20 intervals, so a few lost frames or a
+// slow scheduler do not drop it, yet a dead router's requests stop counting within a second.
+inline constexpr DurationNs kGossipTtl = kNsPerSec;
+// Frames queued per peer connection, each a whole state: the newest matters, so a few do.
+inline constexpr int kGossipHighWaterMark = 16;
+}  // namespace config
+
+struct GossipOptions {
+  // This router's PUB socket. Without keys, loopback or ipc only unless `insecure`.
+  std::string endpoint = "tcp://127.0.0.1:5560";
+  // The peers' PUB endpoints (the --peer-routers list); one equal to `endpoint` is skipped.
+  std::vector<std::string> peers;
+  // This router's name on the channel, unique in the fleet; empty: the bound endpoint.
+  std::string router_id;
+  DurationNs interval = config::kGossipInterval;
+  DurationNs ttl = config::kGossipTtl;  // as the PeerLoads it writes was made with
+  std::string keypair_file;  // the fleet's gossip key pair (common/curve_keys.h); empty: no CURVE
+  bool insecure = false;     // without keys, bind an address other hosts reach anyway
+};
+
+// Fills `out`'s workers and models with this router's state now (the gossip thread calls it).
+using GossipSource = std::function<void(RouterGossip* out)>;
+
+// A worker's entry from this router's own counts (Fleet::OwnLoadsByName), clamped into the
+// bounds DecodeGossip checks (a count read mid-change may briefly cross another).
+GossipWorker ToGossipWorker(const std::string& worker, const OwnLoadCounts& own);
+
+class Gossip {
+ public:
+  // Binds, connects and starts the thread. REQUIRES: `peers`, `clock` and `registry` (may
+  // be null) outlive the Gossip; `source` may be called until Stop returns.
+  static Result<std::unique_ptr<Gossip>> Start(const GossipOptions& options, GossipSource source, PeerLoads* peers,
+                                               const Clock* clock, prometheus::Registry* registry);
+  ~Gossip();  // Stop()s
+  Gossip(const Gossip&) = delete;
+  Gossip& operator=(const Gossip&) = delete;
+
+  // Joins the thread and closes the sockets. Idempotent.
+  void Stop();
+  // The PUB endpoint as bound (the port filled in when it was 0 or *).
+  const std::string& endpoint() const;
+  const std::string& router_id() const;
+  // Frames sent, and frames read and applied.
+  uint64_t sent() const;
+  uint64_t applied() const;
+
+ private:
+  class Impl;
+  explicit Gossip(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvfleet::router

@@ -1,0 +1,240 @@
+// The gossip channel between routers (router/fleet/gossip.h) on loopback: one router's
+// in-flight counts reach the other, a router that stops is forgotten within the ttl, garbage
+// and forged frames are refused and counted, and with a gossip key only its holders take part.
+// Two Fleets sharing one worker: a request in flight from one is load the other routes on.
+#include "router/fleet/gossip.h"
+
+#include <filesystem>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+#include <prometheus/registry.h>
+#include <zmq.hpp>
+
+#include "common/curve_keys.h"
+#include "router/fleet/fleet.h"
+#include "schema/gossip_codec.h"
+#include "tests/router/fake_worker.h"
+
+namespace kvfleet::router {
+namespace {
+
+using testing::FakeWorker;
+using testing::WaitFor;
+
+double Refused(prometheus::Registry& registry, const std::string& reason) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name != "kvfleet_router_gossip_refused_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& label : m.label) {
+        if (label.name == "reason" && label.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+// Short periods, so that a router that stops is forgotten within the test's bounded waits.
+GossipOptions Options(std::vector<std::string> peers = {}) {
+  GossipOptions o;
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.peers = std::move(peers);
+  o.interval = 10 * kNsPerMs;
+  o.ttl = 300 * kNsPerMs;
+  return o;
+}
+
+// A gossip source that says `requests` of this router are in flight on worker "w".
+GossipSource Says(const std::atomic<uint32_t>* requests) {
+  return [requests](RouterGossip* out) {
+    if (requests->load() > 0) out->workers.push_back(GossipWorker{"w", requests->load(), 0, 0, 0});
+    out->models.push_back(GossipModel{"m", 250});
+  };
+}
+
+struct TempKeyPair {
+  TempKeyPair() : path("/tmp/kvfleet-gossip-test-" + std::to_string(getpid()) + "-" + std::to_string(++count)) {
+    REQUIRE(WriteCurveKeyPair(path, GenerateCurveKeyPair().value()).ok());
+  }
+  ~TempKeyPair() { std::filesystem::remove(path); }
+  std::string path;
+  static inline int count = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a router's in-flight counts reach its peer; one that stops is forgotten, and heard again when back") {
+  std::atomic<uint32_t> requests{3};
+  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
+  auto a = Gossip::Start(Options(), Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a.ok());
+  std::atomic<uint32_t> none{0};
+  auto b = Gossip::Start(Options({(*a)->endpoint()}), Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 3; }));
+  CHECK(b_peers.WorkRate("m") == 250);
+  requests = 5;
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 5; }));
+  CHECK(a_peers.Peers() == 0);  // a lists no peer: it hears nobody
+  const std::string a_endpoint = (*a)->endpoint();
+  (*a)->Stop();
+  CHECK(WaitFor([&] { return b_peers.Peers() == 0; }));
+  CHECK(b_peers.Load("w") == OwnLoadCounts{});
+  CHECK(b_peers.WorkRate("m") == 0);
+  CHECK((*b)->sent() > 0);
+  // The router comes back on its endpoint (a new incarnation, its seq from 1): heard again.
+  GossipOptions again = Options();
+  again.endpoint = a_endpoint;
+  requests = 2;
+  auto a2 = Gossip::Start(again, Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a2.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 2; }));
+  b_peers.CheckInvariants();
+}
+
+TEST_CASE("garbage, forged and stale gossip frames are refused and counted, never applied") {
+  prometheus::Registry registry;
+  PeerLoads peers(kNsPerSec);
+  zmq::context_t ctx;
+  zmq::socket_t forger(ctx, zmq::socket_type::pub);
+  forger.set(zmq::sockopt::linger, 0);
+  forger.bind("tcp://127.0.0.1:*");
+  const std::string forger_endpoint = forger.get(zmq::sockopt::last_endpoint);
+  std::atomic<uint32_t> none{0};
+  auto b = Gossip::Start(Options({forger_endpoint}), Says(&none), &peers, SystemClock::Default(), &registry);
+  REQUIRE(b.ok());
+  // Sends `frame` until the counter of `reason` moves (the SUB may not have joined yet).
+  auto refused_as = [&](const std::string& reason, const std::string& frame) {
+    const double before = Refused(registry, reason);
+    return WaitFor([&] {
+      forger.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+      return Refused(registry, reason) > before;
+    });
+  };
+  CHECK(refused_as("malformed", "definitely not a capnp message"));
+  RouterGossip bad{"forger", 1, 1, {GossipWorker{"w", 1, 2, 0, 0}}, {}};  // more waiting than requests
+  CHECK(refused_as("invalid", EncodeGossip(bad)));
+  RouterGossip self{(*b)->router_id(), 1, 1, {GossipWorker{"w", 9, 0, 0, 0}}, {}};
+  CHECK(refused_as("self", EncodeGossip(self)));
+  CHECK(WaitFor([&] {
+    forger.send(zmq::str_buffer("two"), zmq::send_flags::sndmore);
+    forger.send(zmq::str_buffer("parts"), zmq::send_flags::dontwait);
+    return Refused(registry, "multipart") > 0;
+  }));
+  // A well-formed message is applied once; the same seq again is stale.
+  RouterGossip good{"peer", 7, 100, {GossipWorker{"w", 2, 0, 0, 0}}, {}};
+  CHECK(WaitFor([&] {
+    forger.send(zmq::buffer(EncodeGossip(good)), zmq::send_flags::dontwait);
+    return peers.Load("w").requests == 2;
+  }));
+  CHECK(refused_as("stale", EncodeGossip(good)));
+  CHECK(peers.Load("w").requests == 2);
+  CHECK((*b)->applied() == 1);
+  peers.CheckInvariants();
+}
+
+TEST_CASE("with the fleet's gossip key, holders share their counts and a subscriber without it is refused") {
+  if (!CurveAvailable()) return;
+  TempKeyPair fleet_key, other_key;
+  prometheus::Registry registry;
+  std::atomic<uint32_t> requests{4}, none{0};
+  PeerLoads a_peers(kNsPerSec), b_peers(kNsPerSec), c_peers(kNsPerSec);
+  GossipOptions ao = Options();
+  ao.keypair_file = fleet_key.path;
+  auto a = Gossip::Start(ao, Says(&requests), &a_peers, SystemClock::Default(), &registry);
+  REQUIRE(a.ok());
+  GossipOptions bo = Options({(*a)->endpoint()});
+  bo.keypair_file = fleet_key.path;
+  auto b = Gossip::Start(bo, Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 4; }));
+  // A router with another gossip key expects another server key: its handshake fails.
+  GossipOptions co = Options({(*a)->endpoint()});
+  co.keypair_file = other_key.path;
+  auto c = Gossip::Start(co, Says(&none), &c_peers, SystemClock::Default(), nullptr);
+  REQUIRE(c.ok());
+  // A subscriber that knows the fleet's public key but holds another key pair: ZAP refuses it.
+  zmq::context_t ctx;
+  zmq::socket_t spy(ctx, zmq::socket_type::sub);
+  spy.set(zmq::sockopt::linger, 0);
+  spy.set(zmq::sockopt::subscribe, "");
+  const CurveKeyPair fleet = LoadCurveKeyPair(fleet_key.path).value();
+  REQUIRE(MakeCurveClient(spy, LoadCurveKeyPair(other_key.path).value(), fleet.public_key).ok());
+  spy.connect((*a)->endpoint());
+  CHECK(WaitFor([&] { return Refused(registry, "unauthenticated") > 0; }));
+  zmq::message_t frame;
+  CHECK(!spy.recv(frame, zmq::recv_flags::dontwait));
+  CHECK(c_peers.Peers() == 0);
+}
+
+TEST_CASE("gossip without keys binds only loopback unless told the network is trusted") {
+  PeerLoads peers(kNsPerSec);
+  std::atomic<uint32_t> none{0};
+  GossipOptions o = Options({"tcp://127.0.0.1:1"});
+  o.endpoint = "tcp://0.0.0.0:*";
+  auto refused = Gossip::Start(o, Says(&none), &peers, SystemClock::Default(), nullptr);
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  o.insecure = true;
+  CHECK(Gossip::Start(o, Says(&none), &peers, SystemClock::Default(), nullptr).ok());
+}
+
+TEST_CASE("two routers sharing a worker: one's request in flight is load the other routes on") {
+  FakeWorker worker;
+  worker.set_mode(FakeWorker::Mode::kHang);  // the request stays in flight
+  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
+  auto start_fleet = [&](PeerLoads* peers) {
+    FleetOptions o;
+    o.registration_endpoint = "";
+    o.static_workers = {worker.endpoint()};
+    o.static_model = "m";
+    o.peers = peers;
+    return std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
+  };
+  std::unique_ptr<Fleet> fleet_a = start_fleet(&a_peers), fleet_b = start_fleet(&b_peers);
+  auto routable = [](const Fleet& fleet) {
+    auto m = fleet.FindModel("m");
+    return m && m->routable.size() == 1;
+  };
+  REQUIRE(WaitFor([&] { return routable(*fleet_a) && routable(*fleet_b); }));  // else the request fails at once
+  auto source_of = [](const Fleet* fleet) {
+    return [fleet](RouterGossip* out) {
+      for (const auto& [name, own] : fleet->OwnLoadsByName()) out->workers.push_back(ToGossipWorker(name, own));
+    };
+  };
+  auto gossip_a = Gossip::Start(Options(), source_of(fleet_a.get()), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(gossip_a.ok());
+  auto gossip_b = Gossip::Start(Options({(*gossip_a)->endpoint()}), source_of(fleet_b.get()), &b_peers,
+                                SystemClock::Default(), nullptr);
+  REQUIRE(gossip_b.ok());
+
+  ForwardRequest r;
+  r.worker = 0;
+  r.params.tokens = std::vector<TokenId>(64, 7);
+  r.params.sampling.max_tokens = 4;
+  r.prefill_tokens = 64;
+  struct Ignore final : ResponseSink {
+    void OnDelta(WorkerId, const WorkerDelta&) override {}
+    void OnError(WorkerId, const Status&, bool) override {}
+  };
+  r.sink = std::make_shared<Ignore>();
+  const uint64_t handle = fleet_a->NewHandle();
+  fleet_a->Submit(handle, std::move(r));
+  CHECK(WaitFor([&] { return fleet_b->PeerLoad(0).requests == 1; }));
+  CHECK(fleet_b->PeerLoad(0).prefill_tokens == 64);
+  std::vector<WorkerLoads::LoadView> views;  // what routing reads, every candidate at once
+  const WorkerId ids[] = {0};
+  fleet_b->Loads(ids, &views);
+  REQUIRE(views.size() == 1);
+  CHECK(views[0].peers.requests == 1);
+  CHECK(views[0].own.requests == 0);
+  CHECK(fleet_b->OwnLoad(0).requests == 0);  // router b sent nothing itself
+  CHECK(fleet_a->PeerLoad(0).requests == 0);  // a hears no one
+  fleet_a->Cancel(handle);
+  CHECK(WaitFor([&] { return fleet_b->PeerLoad(0).requests == 0; }));
+  (*gossip_b)->Stop();
+  (*gossip_a)->Stop();
+  fleet_a->Stop();
+  fleet_b->Stop();
+}
+
+}  // namespace kvfleet::router
