@@ -23,8 +23,8 @@ constexpr DurationNs kTickInterval = 5 * kNsPerMs;
 // dropped this often.
 constexpr DurationNs kIdleDrainInterval = kNsPerSec;
 // Replies (snapshot chunks of up to 64K blocks, replayed batches) are read for at most this
-// long a turn (at least one message), round-robin over the workers that have some, so that
-// live batches are read between the chunks of a syncing fleet's snapshots.
+// long a turn (at least one message), one worker's through before the next's, so that live
+// batches are read between the chunks of a syncing fleet's snapshots.
 constexpr DurationNs kReplyBudget = 10 * kNsPerMs;
 // Commands (workers added or removed: sockets, series) are handled for at most this long a
 // turn (at least one): a fleet registering at once must not hold back its live batches.
