@@ -63,5 +63,7 @@ struct ScaledRequest {
 // Applies `scale` to `trace` (which must outlive the result). Timestamps are taken
 // relative to the first request. REQUIRES: scale.Validate().ok().
 std::vector<ScaledRequest> ScaleTrace(const std::vector<TraceRequest>& trace, const TraceScale& scale);
+// A temporary trace would not outlive the result: its requests would point into freed memory.
+std::vector<ScaledRequest> ScaleTrace(std::vector<TraceRequest>&& trace, const TraceScale& scale) = delete;
 
 }  // namespace kvfleet::bench

@@ -229,7 +229,8 @@ namespace kvfleet::bench {
 
 TEST_CASE("requests spread evenly over several routers given as one comma-separated --router") {
   testing::FakeOpenAiServer first, second;
-  const auto requests = ScaleTrace(MakeTrace(), TraceScale{});
+  const std::vector<TraceRequest> trace = MakeTrace();  // the scaled requests point into it
+  const auto requests = ScaleTrace(trace, TraceScale{});
   PromptBuilder prompts(32000, TraceScale{}.block_tokens());
   ReplayOptions options;
   options.router_url = first.url() + "," + second.url();
@@ -256,7 +257,8 @@ TEST_CASE("a request whose router refuses the connection goes to the next router
   }
   testing::FakeOpenAiServer alive;
   const std::string dead = "http://127.0.0.1:" + std::to_string(port);
-  const auto requests = ScaleTrace(MakeTrace(), TraceScale{});
+  const std::vector<TraceRequest> trace = MakeTrace();  // the scaled requests point into it
+  const auto requests = ScaleTrace(trace, TraceScale{});
   PromptBuilder prompts(32000, TraceScale{}.block_tokens());
   ReplayOptions options;
   options.router_url = dead + "," + alive.url();
