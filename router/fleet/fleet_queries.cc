@@ -187,8 +187,8 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     if (v.report) v.own_at_report = w.own.At(v.report->received_at);
     v.announced_prefill_rate = w.info.prefill_tokens_per_second;
     if (options_.peers != nullptr) {  // by name: the peers number workers their own way
-      v.peers = options_.peers->Load(w.info.name);
-      if (v.report) v.peers_at_report = options_.peers->LoadAt(w.info.name, v.report->received_at);
+      const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
+      options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -66,6 +67,9 @@ class PeerLoads {
   // Those counts as they stood at `at` (the router's clock): what a load report received then
   // already counted of the peers' requests (router/routing/router.h, AddLoad).
   OwnLoadCounts LoadAt(std::string_view worker, TimeNs at) const;
+  // Load() into *now and, when `at` is set, LoadAt(*at) into *then, with one lookup under one
+  // lock: routing reads both for every candidate.
+  void LoadNowAndAt(std::string_view worker, std::optional<TimeNs> at, OwnLoadCounts* now, OwnLoadCounts* then) const;
   // The live peers' routed work on `model`, uncached prefill tokens per second, summed.
   double WorkRate(std::string_view model) const;
   size_t Peers() const;
