@@ -41,6 +41,7 @@ struct Dispatched {
   uint32_t matched_blocks = 0;           // leading prompt blocks the worker holds, device and host
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   uint32_t pulled_blocks = 0;            // of those blocks, the ones it is asked to pull (Decision::pull)
+  bool split = false;                    // prefilled on another worker first (Decision::split)
 };
 
 class Dispatcher {

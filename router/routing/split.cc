@@ -74,6 +74,10 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   Result<Choice> c = picker_.Pick(d->policy, route, *decode_admitted);
   if (!c.ok()) return false;
   const Candidate& chosen = (*decode_admitted)[c->index];
+  // Moving the KV must cost less than computing it where it is decoded: else the split only
+  // delays the first token (a slow link, or a cheap model).
+  const double decode_rate = std::max(chosen.prefill_tokens_per_s, picker_.FleetRate(decode));
+  if (chosen.pull_s > static_cast<double>(route.prompt_tokens - cached) / decode_rate) return false;
   const double decode_ttft = picker_.EstimateTtft(route, chosen, picker_.FleetRate(decode));
   const double bound = options().admission_ttft_s;
   if (bound > 0 && prefill_ttft + decode_ttft > bound) return false;  // whole, it may still be in time

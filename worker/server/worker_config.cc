@@ -62,7 +62,7 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--role", c->role,
                  "prefill: only split prefills, whose KV decode workers pull; decode: whole requests and "
-                 "split requests' decode; both: whole requests (router/README.md, \"P/D disaggregation\")")
+                 "split requests' decode; both: whole requests (router/routing/README.md, \"Prefill and decode on different workers\")")
       ->capture_default_str();
   app.add_option("--mock-transfer-bytes-per-s", c->mock_transfer_bytes_per_s,
                  "mock: the bandwidth of the simulated link pulled blocks cross (their modelled bytes); 0: instant")
