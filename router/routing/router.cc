@@ -284,7 +284,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                                     "--max-waiting-requests)"),
                   "queue_full", retry_after);
   }
-  if (by_cost && !prompt.whole && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, &d)) {
+  if (by_cost && !prompt.whole && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
                     static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
     return d;

@@ -164,8 +164,10 @@ class Router {
   void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
   // P/D disaggregation (split.cc; README.md): whether `prompt` is split, and if so fills *d
   // (worker, pull, split, candidates) from a prefill worker among `prefill_pool` and a decode
-  // worker among `decode_pool` (each without pull options). False: route it whole.
-  bool TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool, Decision* d);
+  // worker among `decode_pool` (each without pull options). `whole_ttft_s`: the soonest first
+  // token routed whole (the decode pool's best prediction). False: route it whole.
+  bool TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool, double whole_ttft_s,
+                Decision* d);
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> MakeRerouter(
       Policy policy, const RouteRequest& route, uint64_t lora_id,
       std::shared_ptr<const std::vector<Candidate>> candidates);

@@ -17,7 +17,8 @@ uint32_t PullDeadlineMs(double pull_s) {
 
 }  // namespace
 
-bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool, Decision* d) {
+bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
+                      double whole_ttft_s, Decision* d) {
   const RouteRequest& route = d->route;
   const uint32_t threshold = options().split_prefill_tokens;
   const auto full = static_cast<uint32_t>(d->hashes.size());
@@ -47,6 +48,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const Candidate& pre = (*prefill_admitted)[p->index];
   const std::shared_ptr<const TransferPeer> from = loads_->Transfer(pre.worker);
   const double prefill_ttft = picker_.EstimateTtft(route, pre, picker_.FleetRate(prefill));
+  if (prefill_ttft > whole_ttft_s) return false;  // below, with the decode's wait
 
   // The decode: every decode-capable worker of the same KV format, with the prompt's full
   // blocks pulled from the prefill worker. Its cost is then its decode load (running requests,
@@ -79,6 +81,12 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double decode_rate = std::max(chosen.prefill_tokens_per_s, picker_.FleetRate(decode));
   if (chosen.pull_s > static_cast<double>(route.prompt_tokens - cached) / decode_rate) return false;
   const double decode_ttft = picker_.EstimateTtft(route, chosen, picker_.FleetRate(decode));
+  // Only while the prefill pool keeps up: split, the first token comes after the prefill and
+  // then the decode worker's own wait (its queue, or the pull); whole, after the best
+  // decode-capable worker's wait and prefill. The split may cost its pull, no more (Dynamo
+  // computes a prompt locally when its prefill queue is long). So the pools' queues even out
+  // instead of the prefill pool's growing without bound when long prompts outrun it.
+  if (prefill_ttft + decode_ttft > whole_ttft_s + chosen.pull_s + 1e-6) return false;  // 1 µs: rounding
   const double bound = options().admission_ttft_s;
   if (bound > 0 && prefill_ttft + decode_ttft > bound) return false;  // whole, it may still be in time
 
