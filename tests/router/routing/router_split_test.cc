@@ -141,6 +141,31 @@ TEST_CASE("a split needs a pull cheaper than the prefill it saves, and KV format
   }
 }
 
+TEST_CASE("a prefill pool that cannot keep up: long prompts go whole to the decode pool until it catches up") {
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  OwnLoadCounts queued;
+  queued.requests = 4;
+  queued.prefill_tokens = 400;  // 0.4 s of prefill ahead on the only prefill worker
+  f.loads.own[0] = queued;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK_FALSE(d->split.has_value());  // 40 ms on an idle decode worker, not 0.44 s and a pull
+  CHECK(d->worker != 0);
+  // 10 ms ahead there, 30 ms on each decode worker: the prefill (51 ms) and the decode's wait
+  // (32 ms) within the best whole route (72 ms) and the pull (25 ms).
+  queued.requests = 1;
+  queued.prefill_tokens = 10;
+  f.loads.own[0] = queued;
+  OwnLoadCounts decoding;
+  decoding.requests = 2;
+  decoding.prefill_tokens = 30;
+  f.loads.own[1] = f.loads.own[2] = decoding;
+  auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(e.ok());
+  CHECK(e->split.has_value());
+}
+
 TEST_CASE("a fleet with prefill workers and no decode-capable one refuses with 503 no_decode_worker, at once") {
   Fixture f(SplitAt(16));
   PrefillAndDecode(f);
