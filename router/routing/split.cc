@@ -9,10 +9,13 @@ namespace kvfleet::router {
 
 namespace {
 
-// The decode worker gives up its pull at twice the predicted time, as for any pull: a pull
-// that slow is better recomputed (README.md, "Pulling a prefix").
-uint32_t PullDeadlineMs(double pull_s) {
-  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(2e3 * pull_s)), 10);
+// The decode worker gives up its pull once recomputing would have been as quick: at twice the
+// predicted pull, as for any pull (README.md, "Pulling a prefix"), but not before the time it
+// would take to compute the prompt itself. A split prompt given up is computed twice, once on
+// each worker, which a loaded fleet cannot spare (2026-11-29-pd-mock8.txt: 115 of 445 pulls
+// missed a deadline of twice the predicted pull).
+uint32_t PullDeadlineMs(double pull_s, double recompute_s) {
+  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * std::max(2 * pull_s, recompute_s))), 10);
 }
 
 }  // namespace
@@ -78,8 +81,9 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const Candidate& chosen = (*decode_admitted)[c->index];
   // Moving the KV must cost less than computing it where it is decoded: else the split only
   // delays the first token (a slow link, or a cheap model).
-  const double decode_rate = std::max(chosen.prefill_tokens_per_s, picker_.FleetRate(decode));
-  if (chosen.pull_s > static_cast<double>(route.prompt_tokens - cached) / decode_rate) return false;
+  const double decode_rate = std::max(chosen.prefill_tokens_per_s, picker_.FleetRate(decode_pool));
+  const double recompute_s = static_cast<double>(route.prompt_tokens - cached) / decode_rate;
+  if (chosen.pull_s > recompute_s) return false;
   const double decode_ttft = picker_.EstimateTtft(route, chosen, picker_.FleetRate(decode));
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
   // then the decode worker's own wait (its queue, or the pull); whole, after the best
@@ -95,9 +99,10 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   d->host_blocks = chosen.host_blocks;
   d->predicted_cached_tokens = c->predicted_cached_tokens;
   d->estimated_ttft_s = prefill_ttft + decode_ttft;
-  d->pull = PullHint{from->endpoint, from->key, full, from->name, PullDeadlineMs(chosen.pull_s)};
+  const uint32_t deadline_ms = PullDeadlineMs(chosen.pull_s, recompute_s);
+  d->pull = PullHint{from->endpoint, from->key, full, from->name, deadline_ms};
   d->pull_from = pre.worker;
-  d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s,
+  d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s, deadline_ms,
                           std::move(prefill_admitted)};
   d->candidates = std::move(decode_admitted);
   return true;
@@ -109,7 +114,7 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Prefill
 
 std::function<PullHint(WorkerId prefill_worker)> Router::SplitPull(const Decision& decision) {
   return [loads = loads_, blocks = decision.split->blocks,
-          deadline_ms = PullDeadlineMs(decision.split->pull_s)](WorkerId prefill_worker) -> PullHint {
+          deadline_ms = decision.split->pull_deadline_ms](WorkerId prefill_worker) -> PullHint {
     std::shared_ptr<const TransferPeer> peer = loads->Transfer(prefill_worker);
     if (!peer) return {};
     return PullHint{peer->endpoint, peer->key, blocks, peer->name, deadline_ms};

@@ -52,6 +52,7 @@ TEST_CASE("a long uncached prompt is prefilled on a prefill worker and pulled by
   CHECK(d->estimated_ttft_s > d->split->estimated_ttft_s);  // the prefill, then the pull
   // The pull's hint for a retried prefill names that worker.
   CHECK(f.router.SplitPull(*d)(0).source == "tcp://h0:5559");
+  CHECK(d->pull.deadline_ms == 51);  // twice the predicted 25.02 ms: longer than recomputing (40 ms)
   f.router.Commit(*d);
   CHECK(f.Matched(f.kv, 0) == 10);  // both will hold the prompt
   CHECK(f.Matched(f.kv, 2) == 10);
@@ -120,6 +121,17 @@ TEST_CASE("a split needs a pull cheaper than the prefill it saves, and KV format
     REQUIRE(d.ok());
     CHECK_FALSE(d->split.has_value());
     CHECK(d->worker != 0);
+  }
+  SUBCASE("the pull's deadline: twice the predicted pull, or recomputing the prompt if longer") {
+    RoutingOptions o = SplitAt(16);
+    o.transfer_setup_s = 5e-3;  // a ~5 ms pull: 10 ms at twice, but recomputing takes 40 ms
+    Fixture f(o);
+    PrefillAndDecode(f);
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    REQUIRE(d->split.has_value());
+    CHECK(d->pull.deadline_ms == 40);
+    CHECK(f.router.SplitPull(*d)(0).deadline_ms == 40);  // a retried prefill's hint alike
   }
   SUBCASE("the decode pool's KV format differs: no split") {
     Fixture f(SplitAt(16));
