@@ -84,13 +84,18 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double decode_rate = std::max(chosen.prefill_tokens_per_s, picker_.FleetRate(decode_pool));
   const double recompute_s = static_cast<double>(route.prompt_tokens - cached) / decode_rate;
   if (chosen.pull_s > recompute_s) return false;
-  const double decode_ttft = picker_.EstimateTtft(route, chosen, picker_.FleetRate(decode));
+  const double decode_rate_floor = picker_.FleetRate(decode);
+  const double decode_ttft = picker_.EstimateTtft(route, chosen, decode_rate_floor);
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
-  // then the decode worker's own wait (its queue, or the pull); whole, after the best
-  // decode-capable worker's wait and prefill. The split may cost its pull, no more (Dynamo
+  // then the decode worker's part (its queue or the pull, the prompt's last partial block);
+  // whole, after the best decode-capable worker's wait and prefill. The split may cost what it
+  // costs on an idle fleet, the decode worker's part without its queue, no more (Dynamo
   // computes a prompt locally when its prefill queue is long). So the pools' queues even out
   // instead of the prefill pool's growing without bound when long prompts outrun it.
-  if (prefill_ttft + decode_ttft > whole_ttft_s + chosen.pull_s + 1e-6) return false;  // 1 µs: rounding
+  Candidate idle = chosen;
+  idle.queued_prefill_tokens = idle.admission_wait_s = 0;
+  const double split_cost_s = picker_.EstimateTtft(route, idle, decode_rate_floor);
+  if (prefill_ttft + decode_ttft > whole_ttft_s + split_cost_s + 1e-6) return false;  // 1 µs: rounding
   const double bound = options().admission_ttft_s;
   if (bound > 0 && prefill_ttft + decode_ttft > bound) return false;  // whole, it may still be in time
 

@@ -5,7 +5,7 @@
 //      short one, or one a decode worker holds, stays on one decode worker; a prefill worker
 //      killed mid-prompt costs a retry on the other; with no decode worker left, a 503.
 //   B. 1 prefill + 1 decode whose link is too slow for the pull's deadline: the decode worker
-//      gives up the pull and computes the prompt, without waiting out any long timeout.
+//      gives up the pull and computes the prompt, without waiting for the pull to end.
 //   node pd_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { Fleet, check, sleep } from './fleet.mjs';
 
@@ -100,7 +100,7 @@ await run(a, async () => {
 });
 
 const b = new Fleet({ routerBin, workerBin, dir: `${dir}/b`, basePort: Number(basePort) + 120, workers: 2, routerArgs,
-                      workerArgs: ['--mock-transfer-bytes-per-s', '1e8', '--mock-prefill-token-us', '300'],
+                      workerArgs: ['--mock-transfer-bytes-per-s', '5e7', '--mock-prefill-token-us', '300'],
                       workerRoles: ['prefill', 'decode'] });
 await run(b, async () => {
   const before = await splits(b);
@@ -109,7 +109,8 @@ await run(b, async () => {
   check(await splits(b) - before === 1, 'it was split');
   check(r.body.usage.prompt_tokens_details.cached_tokens < 1000,
         `the decode worker computed the prompt (${r.body.usage.prompt_tokens_details.cached_tokens} cached)`);
-  // ~0.9 s of prefill on each side and the pull's ~80 ms deadline, not the ~4 s the pull would take.
-  check(r.ms < 3500, `no long wait for the pull (${r.ms} ms)`);
+  // ~0.9 s of prefill on the prefill worker, the pull's deadline (as long as computing the prompt,
+  // ~0.9 s) and ~0.9 s computing it: ~2.7 s, not the ~8 s the pull would take.
+  check(r.ms < 5000, `no long wait for the pull (${r.ms} ms)`);
 });
 process.exit(failed ? 1 : 0);
