@@ -46,6 +46,7 @@ namespace {
 struct UpArgs {
   std::string backend = "auto";       // auto: the workers' choice with --model-dir, else mock
   int workers = 2;
+  int prefill_workers = 0;            // > 0: the first this many get --role prefill, the rest --role decode
   int routers = 1;                    // > 1: routers that gossip (router/README.md, "Several routers")
   uint16_t gossip_base_port = 5560;   // router i's gossip PUB: base+i
   bool no_gossip = false;             // several routers that share nothing (for comparison)
@@ -212,6 +213,11 @@ int RunUp(const UpArgs& args) {
     std::cerr << "kvfleet up: --backend " << a.backend << " needs --model-dir\n";
     return 2;
   }
+  if (a.prefill_workers >= a.workers) {
+    std::cerr << "kvfleet up: --prefill-workers " << a.prefill_workers << " leaves no decode worker of --workers "
+              << a.workers << "\n";
+    return 2;
+  }
   std::error_code ec;
   std::filesystem::create_directories(a.log_dir, ec);
   if (ec) {
@@ -258,6 +264,7 @@ int RunUp(const UpArgs& args) {
     if (!a.devices.empty()) {
       wargs.insert(wargs.end(), {"--device", std::to_string(a.devices[static_cast<size_t>(i) % a.devices.size()])});
     }
+    if (a.prefill_workers > 0) wargs.insert(wargs.end(), {"--role", i < a.prefill_workers ? "prefill" : "decode"});
     wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
     workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});
@@ -337,6 +344,11 @@ Action AddUpCommand(CLI::App& parent) {
                   "without: mock), cuda, cpu or mock")
       ->capture_default_str();
   cmd->add_option("--workers", args->workers, "number of workers")->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_option("--prefill-workers", args->prefill_workers,
+                  "prefill and decode on different workers: the first N workers run --role prefill, the others "
+                  "--role decode (router/routing/README.md); 0: every worker --role both")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 255));
   cmd->add_option("--routers", args->routers,
                   "number of routers (router i: HTTP and registration ports +i); several share their load over "
                   "gossip, and the workers register with the first")

@@ -291,6 +291,11 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "router never asks a worker to pull")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--pd-split-tokens", c->routing.split_prefill_tokens,
+                 "with --role prefill workers in the fleet: a prompt with at least this many tokens no decode "
+                 "worker holds is prefilled on a prefill worker and pulled by a decode worker (kv, kv_retention); "
+                 "0: never split")
+      ->capture_default_str();
   app.add_option("--transfer-ipc-bytes-per-s", c->routing.transfer_ipc_bytes_per_s,
                  "bandwidth assumed between two workers on one host that copy device to device (their Hellos "
                  "name the same host id; CUDA IPC)")

@@ -58,6 +58,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setLoraLoadUs(h.lora_load_us);
   out.setTensorParallel(h.tensor_parallel);
   out.setPrefillTokensPerSecond(h.prefill_tokens_per_second);
+  out.setRole(static_cast<schema::WorkerRole>(static_cast<uint16_t>(h.role)));
   if (!h.transfer_endpoint.empty()) {
     auto t = out.initTransfer();
     t.setEndpoint(h.transfer_endpoint);
@@ -100,6 +101,11 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
   out.tensor_parallel = h.getTensorParallel() == 0 ? 1 : h.getTensorParallel();  // 0: older than the field
   const float rate = h.getPrefillTokensPerSecond();
   out.prefill_tokens_per_second = std::isfinite(rate) && rate > 0 ? rate : 0;  // never trusted past sense
+  switch (h.getRole()) {  // an enumerant newer than this router reads as both
+    case schema::WorkerRole::PREFILL: out.role = WorkerRole::kPrefill; break;
+    case schema::WorkerRole::DECODE: out.role = WorkerRole::kDecode; break;
+    default: out.role = WorkerRole::kBoth; break;
+  }
   if (h.hasTransfer()) {
     auto t = h.getTransfer();
     out.transfer_endpoint = t.getEndpoint().cStr();
@@ -112,6 +118,22 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
 }
 
 }  // namespace
+
+std::string_view WorkerRoleName(WorkerRole role) {
+  switch (role) {
+    case WorkerRole::kPrefill: return "prefill";
+    case WorkerRole::kDecode: return "decode";
+    case WorkerRole::kBoth: break;
+  }
+  return "both";
+}
+
+Result<WorkerRole> ParseWorkerRole(std::string_view name) {
+  for (WorkerRole r : {WorkerRole::kBoth, WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    if (name == WorkerRoleName(r)) return r;
+  }
+  return InvalidArgument("unknown worker role '" + std::string(name) + "': expected prefill, decode or both");
+}
 
 std::string EncodeHello(const WorkerHello& h) {
   capnp::MallocMessageBuilder message;

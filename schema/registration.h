@@ -9,12 +9,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "common/status.h"
 
 namespace kvfleet {
+
+// A worker's part in serving requests (schema/worker.capnp WorkerRole; kvfleet-worker --role).
+enum class WorkerRole : uint8_t {
+  kBoth = 0,     // whole requests: prefill and decode
+  kPrefill = 1,  // only the prefill of split requests, served to decode workers by pulls
+  kDecode = 2,   // whole requests and the decode of split ones; never a split prefill
+};
+// "both", "prefill" or "decode".
+std::string_view WorkerRoleName(WorkerRole role);
+// InvalidArgument naming the accepted values for anything else.
+Result<WorkerRole> ParseWorkerRole(std::string_view name);
+// Whether routers may send it a request to generate from (every role but prefill).
+inline bool ServesDecode(WorkerRole role) { return role != WorkerRole::kPrefill; }
 
 // One KV pool as a worker announces it (schema/worker.capnp KvPool).
 struct KvPoolAnnounce {
@@ -76,6 +90,7 @@ struct WorkerHello {
   // Set when it copies device blocks with workers on its host (CUDA IPC): the host's boot id.
   // Two workers with the same one pull device to device.
   std::string transfer_host_id;
+  WorkerRole role = WorkerRole::kBoth;  // --role; kBoth from a worker older than the field
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

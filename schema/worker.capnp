@@ -202,6 +202,16 @@ struct Hello {
   transfer @15 :TransferInfo;  # KV transfer (Contract 4); unset: the worker serves no pulls
   prefillTokensPerSecond @16 :Float32;  # its expected prefill rate before it measures one (load
                                         # reports' then): its backend's cost model; 0: unknown
+  role @17 :WorkerRole;        # what routers send it (P/D disaggregation); both from older workers
+}
+
+# A worker's part in serving requests (kvfleet-worker --role). Routers split a long prompt's
+# prefill from its decode: a prefill worker computes the prompt and serves its KV to a decode
+# worker, which pulls it (Contract 4) and generates. `both` serves whole requests.
+enum WorkerRole {
+  both @0;
+  prefill @1;   # only split prefills (Generate with maxTokens 1 whose token routers drop)
+  decode @2;    # whole requests and the decode of split ones; never a split prefill
 }
 
 # How peers pull KV blocks from a worker (Contract 4, schema/transfer.capnp).

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <limits>
@@ -79,6 +80,15 @@ void WriteRequestLines(std::ostream& out, const std::string& policy, const bench
                         {"http_status", o.http_status}, {"router", o.router}, {"worker", o.worker},
                         {"ttft_s", o.ttft_s},      {"e2e_s", o.e2e_s},
                         {"prompt_tokens", o.prompt_tokens}, {"cached_tokens", o.cached_tokens}};
+    if (!o.token_gaps_s.empty()) {  // inter-token gaps: their mean (TPOT) and the longest
+      double sum = 0, longest = 0;
+      for (double g : o.token_gaps_s) {
+        sum += g;
+        longest = std::max(longest, g);
+      }
+      j["itl_mean_s"] = sum / static_cast<double>(o.token_gaps_s.size());
+      j["itl_max_s"] = longest;
+    }
     if (!o.error_detail.empty()) j["error_detail"] = o.error_detail;
     if (o.connect_retries > 0) j["connect_retries"] = o.connect_retries;
     out << j.dump() << "\n";

@@ -48,6 +48,7 @@
 #include "router/core/worker.h"
 #include "router/fleet/own_load_history.h"
 #include "router/fleet/peer_loads.h"
+#include "schema/registration.h"
 #include "schema/requests.h"
 
 namespace prometheus {
@@ -113,6 +114,8 @@ class WorkerLoads {
   // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
   // reports carry a measured one. 0: none announced.
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
+  // Its part in P/D disaggregation, as its Hello said (--role); kBoth for a static entry.
+  virtual WorkerRole Role(WorkerId /*worker*/) const { return WorkerRole::kBoth; }
   // The fleet's other routers' in-flight counts on the worker, as their gossip last said
   // (peer_loads.h), now and as they stood at `at`; zero without gossip or peers. Routing adds
   // them to this router's own (routing/README.md, "Several routers").
@@ -127,6 +130,7 @@ class WorkerLoads {
     std::optional<WorkerLoad> report;   // ReportedLoad
     OwnLoadCounts own_at_report;        // OwnLoadAt(report->received_at); zeros without a report
     double announced_prefill_rate = 0;  // AnnouncedPrefillRate
+    WorkerRole role = WorkerRole::kBoth;  // Role
     OwnLoadCounts peers;                // PeerLoad
     OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
   };
@@ -141,6 +145,7 @@ class WorkerLoads {
       v.report = ReportedLoad(id);
       if (v.report) v.own_at_report = OwnLoadAt(id, v.report->received_at);
       v.announced_prefill_rate = AnnouncedPrefillRate(id);
+      v.role = Role(id);
       v.peers = PeerLoad(id);
       if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
       out->push_back(std::move(v));
@@ -245,8 +250,21 @@ class ResponseSink {
   virtual void OnRetry(WorkerId from, WorkerId to) {}
 };
 
-struct ForwardRequest {
+// A split request's first stage (router/routing/README.md, "Prefill and decode on different
+// workers"): the prompt is computed on a prefill worker (a Generate of one token the lane
+// drops), then the request goes to ForwardRequest::worker, which pulls the prompt's KV from
+// the worker that computed it.
+struct PrefillStage {
   WorkerId worker = 0;
+  uint32_t prefill_tokens = 0;  // uncached there: its queued prefill until the stage ends
+  // Another prefill worker for a retry, excluding `tried` (the stage's own attempts).
+  std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
+  // The decode's pull once `prefill_worker` has computed the prompt; empty: compute it.
+  std::function<PullHint(WorkerId prefill_worker)> pull_from;
+};
+
+struct ForwardRequest {
+  WorkerId worker = 0;  // the worker that streams the tokens (after `prefill`, when set)
   GenerateParams params;
   // Prompt tokens the worker is expected to prefill (the uncached part); counted in the
   // router's own queued-prefill load until the first token.
@@ -254,6 +272,7 @@ struct ForwardRequest {
   std::shared_ptr<ResponseSink> sink;
   // Picks the worker for a retry, excluding `tried`. Runs on the lane's thread.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
+  std::optional<PrefillStage> prefill;  // set: the prompt is computed elsewhere first
 };
 
 struct ModelFleet {
@@ -374,6 +393,7 @@ class Fleet final : public WorkerLoads {
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
+  WorkerRole Role(WorkerId worker) const override;
   void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
   // This router's own load on every worker where it has a request in flight, by the
   // worker's name (what it tells its peers, gossip.h); a name two records share is summed.

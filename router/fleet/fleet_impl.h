@@ -124,6 +124,7 @@ class FleetImpl final : public LaneFleet {
   std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId id) const;
   double AnnouncedPrefillRate(WorkerId id) const;
+  WorkerRole Role(WorkerId id) const;
   std::vector<std::string> LiveModels() const;
   std::vector<ModelReadiness> Readiness() const;
   bool Ready() const;

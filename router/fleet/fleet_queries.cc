@@ -186,6 +186,7 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     v.own = w.own.Now();
     if (v.report) v.own_at_report = w.own.At(v.report->received_at);
     v.announced_prefill_rate = w.info.prefill_tokens_per_second;
+    v.role = w.info.role;
     if (options_.peers != nullptr) {  // by name: the peers number workers their own way
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
       options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
@@ -229,6 +230,11 @@ std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {
 double FleetImpl::AnnouncedPrefillRate(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return Record(id) != nullptr ? workers_[id]->info.prefill_tokens_per_second : 0;
+}
+
+WorkerRole FleetImpl::Role(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr ? workers_[id]->info.role : WorkerRole::kBoth;
 }
 
 uint32_t FleetImpl::KvBlocksPerBlock(WorkerId id) const {

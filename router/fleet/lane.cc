@@ -34,6 +34,21 @@ Status StatusFromWorkerError(const WorkerError& e) {
   return Internal(m);
 }
 
+// A split request's prefill stage: the prompt, one token generated and dropped, as cheaply
+// as the worker can (greedy, nothing else asked of it).
+GenerateParams PrefillOnly(const GenerateParams& request) {
+  GenerateParams p;
+  p.tokens = request.tokens;
+  p.retention = request.retention;
+  p.lora = request.lora;
+  p.cache_salt = request.cache_salt;
+  p.model = request.model;
+  p.sampling.temperature = 0;
+  p.sampling.max_tokens = 1;
+  p.sampling.ignore_eos = true;
+  return p;
+}
+
 }  // namespace
 
 Lane::Lane(LaneFleet* fleet, LaneLoop* loop)
@@ -127,6 +142,11 @@ void Lane::Submit(uint64_t handle, ForwardRequest request) {
   f.prefill_tokens = request.prefill_tokens;
   f.whole_prompt = static_cast<uint32_t>(request.params.tokens.size());
   f.worker = request.worker;
+  if (request.prefill) {
+    f.prefilling = true;
+    f.prefill_tokens = request.prefill->prefill_tokens;
+    f.worker = request.prefill->worker;
+  }
   f.request = std::move(request);
   f.deadline = fleet_->clock()->Now() + options_.request_timeout;
   WorkerId worker = f.worker;
@@ -153,14 +173,14 @@ void Lane::Cancel(uint64_t handle) {
 // Sends the flight to `worker`; on failure tries the next worker or ends the flight.
 void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
   Flight& f = flights_.at(handle);
-  f.tried.push_back(worker);
+  (f.prefilling ? f.prefill_tried : f.tried).push_back(worker);
   f.worker = worker;
   Peer* p = worker < peers_.size() ? &peers_[worker] : nullptr;
   if (p == nullptr || !p->dealer || !fleet_->Routable(worker)) {
     return FailOver(handle, Unavailable("worker " + std::to_string(worker) + " is not live"));
   }
   uint64_t attempt = next_attempt_++;
-  std::string frame = EncodeGenerate(attempt, f.request.params);
+  std::string frame = EncodeGenerate(attempt, f.prefilling ? PrefillOnly(f.request.params) : f.request.params);
   try {
     if (!p->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
       return FailOver(handle, Unavailable("worker " + fleet_->WorkerName(worker) + " is not accepting requests"));
@@ -257,6 +277,7 @@ void Lane::SendCancel(const Flight& f) {
 // The current attempt failed with `why`. Before the first token: retry once elsewhere.
 void Lane::FailOver(uint64_t handle, const Status& why) {
   Flight& f = flights_.at(handle);
+  if (f.prefilling) return PrefillFailed(handle, why);
   Release(f);
   if (!f.first_token && static_cast<int>(f.tried.size()) < options_.max_attempts && f.request.reroute &&
       !fleet_->Stopping()) {
@@ -271,6 +292,36 @@ void Lane::FailOver(uint64_t handle, const Status& why) {
     }
   }
   End(handle, f.worker, why);
+}
+
+void Lane::PrefillDone(uint64_t handle) {
+  Flight& f = flights_.at(handle);
+  const WorkerId prefilled_on = f.worker;
+  Release(f);
+  f.prefilling = false;
+  f.prefill_tokens = f.request.prefill_tokens;
+  f.request.params.pull = f.request.prefill->pull_from(prefilled_on);
+  StartAttempt(handle, f.request.worker);
+}
+
+void Lane::PrefillFailed(uint64_t handle, const Status& why) {
+  Flight& f = flights_.at(handle);
+  Release(f);
+  if (fleet_->Stopping()) return End(handle, f.worker, why);
+  if (static_cast<int>(f.prefill_tried.size()) < options_.max_attempts && f.request.prefill->reroute) {
+    auto next = f.request.prefill->reroute(f.prefill_tried);
+    if (next.ok()) {
+      Logger("fleet")->info("request {}: prefill: {}; retrying on worker {}", handle, why.message(), *next);
+      fleet_->CountRetry();
+      return StartAttempt(handle, *next);
+    }
+  }
+  // No prefill worker left to try: the decode worker computes the prompt itself.
+  Logger("fleet")->info("request {}: prefill: {}; worker {} computes the prompt", handle, why.message(),
+                        f.request.worker);
+  f.prefilling = false;
+  f.prefill_tokens = f.whole_prompt;
+  StartAttempt(handle, f.request.worker);
 }
 
 // Ends the flight with an error: forgotten first, so the sink may call Cancel().
@@ -338,6 +389,10 @@ void Lane::OnDelta(const WorkerDelta& d) {
     // first token it is retried elsewhere, after it the stream ends with an error.
     return WorkerEnded(handle, d);
   }
+  if (f.prefilling) {  // the prefill stage's token is not the client's
+    if (d.finish != FinishReason::kNone) PrefillDone(handle);
+    return;
+  }
   if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
     fleet_->CountInflight(worker, {0, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt}});
     f.first_token = true;
@@ -355,6 +410,7 @@ void Lane::WorkerEnded(uint64_t handle, const WorkerDelta& d) {
   Flight& f = flights_.at(handle);
   const WorkerId worker = f.worker;
   const std::string name = fleet_->WorkerName(worker);
+  if (f.prefilling) return FailOver(handle, Internal("worker " + name + " failed the prefill"));
   if (!f.first_token && d.tokens.empty()) {
     return FailOver(handle, d.finish == FinishReason::kError
                                 ? Internal("worker " + name + " failed the request")

@@ -18,6 +18,13 @@
 //      tells the worker. Each tick (FleetOptions::tick) checks timeouts, worker failures the
 //      fleet saw, and picks up workers that joined or left.
 //
+// A split request (ForwardRequest::prefill) runs as one flight in two stages: the prefill
+// stage sends the prompt as a one-token Generate to the prefill worker and drops its answer;
+// its end sends the request to the decode worker with a PullHint naming the worker that
+// computed the prompt. A prefill stage that fails is retried once on another prefill worker
+// (its own attempts); with none left, the decode worker gets the request without a pull and
+// computes the prompt itself. The sink sees the decode stage alone.
+//
 // LoRA control (SendLoraControl): a LoadLora or UnloadLora goes out on the same DEALER under
 // a request id of its own (from the attempts' sequence, so no Delta is mistaken for its
 // answer); the worker's LoraResult, its failure or the timeout ends it, once, on the home
@@ -135,6 +142,8 @@ class Lane {
     uint64_t failures_at_send = 0;
     std::vector<WorkerId> tried;
     bool first_token = false;
+    bool prefilling = false;             // in a split request's prefill stage
+    std::vector<WorkerId> prefill_tried;  // that stage's attempts
     uint32_t finished = 0;        // sequences (of sampling.n) whose last delta came
     uint32_t prefill_tokens = 0;  // counted as queued prefill until the first token
     uint32_t whole_prompt = 0;    // likewise
@@ -160,6 +169,9 @@ class Lane {
   void Release(Flight& f);
   void SendCancel(const Flight& f);
   void FailOver(uint64_t handle, const Status& why);
+  // A split request's prefill stage: done on f.worker (the decode stage starts), or failed.
+  void PrefillDone(uint64_t handle);
+  void PrefillFailed(uint64_t handle, const Status& why);
   void End(uint64_t handle, WorkerId worker, const Status& why);
   void Drain(WorkerId id);
   void AfterSend(WorkerId id);

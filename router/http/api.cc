@@ -324,6 +324,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   stream->MarkSent(sent->sent);
   ex->OnClientGone([lane, handle = sent->handle] { lane->Cancel(handle); });
   metrics_.matched.Observe(sent->matched_blocks);
+  if (sent->split) metrics_.split.Increment();
   if (sent->pulled_blocks > 0) {
     metrics_.pulls.Increment();
     metrics_.pulled_blocks.Increment(sent->pulled_blocks);

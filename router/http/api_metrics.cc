@@ -80,7 +80,12 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                         .Name("kvfleet_router_pulled_blocks_total")
                         .Help("Prompt blocks those requests' workers were asked to pull")
                         .Register(r)
-                        .Add({})) {
+                        .Add({})),
+      split(prometheus::BuildCounter()
+                .Name("kvfleet_router_split_requests_total")
+                .Help("Requests split between a prefill worker and a decode worker that pulls the prompt's KV")
+                .Register(r)
+                .Add({})) {
   http::RegisterBuildInfo(r);
 }
 

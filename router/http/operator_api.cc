@@ -75,6 +75,7 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"kv_block_size", info.kv_block_size == 0 ? info.block_size : info.kv_block_size},
           {"max_context", info.max_context},
           {"backend", info.backend},
+          {"role", WorkerRoleName(info.role)},
           {"epoch", info.epoch},
           {"tokenizer_digest", info.tokenizer_digest == 0 ? json(nullptr) : json(DigestHex(info.tokenizer_digest))},
           {"kv_pools", KvPoolsJson(info)},

@@ -51,6 +51,7 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   params.lora = served.lora;
   Prompt prompt{served.model, params.tokens, params.cache_salt, policy.value_or(router_->options().policy)};
   prompt.lora = params.lora;
+  prompt.whole = params.sampling.prompt_logprobs;
   KVF_ASSIGN_OR_RETURN(Decision decision, router_->Route(served.fleet, prompt, refusal));
 
   const uint64_t handle = lane->NewHandle();
@@ -59,14 +60,22 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   fwd.prefill_tokens = static_cast<uint32_t>(params.tokens.size()) - decision.predicted_cached_tokens;
   fwd.sink = make_sink(Routed{decision.worker, lane, handle, decision.estimated_ttft_s});
   fwd.reroute = router_->Rerouter(decision);
-  params.pull = decision.pull;
+  if (decision.split) {
+    // The pull is named once the prefill is done, by the worker that did it (a retry's).
+    fwd.prefill = PrefillStage{decision.split->worker,
+                               decision.route.prompt_tokens - decision.split->predicted_cached_tokens,
+                               router_->PrefillRerouter(decision), router_->SplitPull(decision)};
+  } else {
+    params.pull = decision.pull;
+  }
   fwd.params = std::move(params);
   // Sent from the caller's thread, whose lane also reads the answer and feeds the sink: no
   // other thread wakes on the request path.
   lane->Submit(handle, std::move(fwd));
   Dispatched out{handle, clock_->Now(), decision.device_blocks + decision.host_blocks,
                  decision.predicted_cached_tokens,
-                 decision.pull.source.empty() ? 0 : decision.pull.blocks - decision.device_blocks - decision.host_blocks};
+                 decision.pull.source.empty() ? 0 : decision.pull.blocks - decision.device_blocks - decision.host_blocks,
+                 decision.split.has_value()};
   // A request routed on another I/O thread meanwhile could miss these entries either way;
   // the window is tens of µs.
   router_->Commit(decision);

@@ -6,7 +6,8 @@
 //      Refusal); the caller's sink is made for the chosen worker; the request leaves on the
 //      caller's lane with Router::Rerouter as its retry; then Router::Commit inserts the
 //      predicted entries, once the request is on its way (the worker starts sooner, and the
-//      next request this thread routes sees them all the same).
+//      next request this thread routes sees them all the same). A split decision (P/D,
+//      router/routing/README.md) leaves with its prefill stage (ForwardRequest::prefill).
 //
 // Thread safety: thread-safe; the HTTP I/O threads dispatch concurrently, each on its own lane.
 #pragma once
@@ -40,6 +41,7 @@ struct Dispatched {
   uint32_t matched_blocks = 0;           // leading prompt blocks the worker holds, device and host
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   uint32_t pulled_blocks = 0;            // of those blocks, the ones it is asked to pull (Decision::pull)
+  bool split = false;                    // prefilled on another worker first (Decision::split)
 };
 
 class Dispatcher {

@@ -102,11 +102,14 @@ double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, dou
 }
 
 // Fleet-wide figures count each worker once: a pull candidate (pull_blocks > 0) is a second
-// option of a worker already counted, not another worker.
+// option of a worker already counted, not another worker; unless every candidate is one (a
+// split request's decode workers, each with the prompt pulled).
 double Picker::FleetRate(std::span<const Candidate> candidates) const {
+  const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
+                                     [](const Candidate& c) { return c.pull_blocks > 0; });
   std::vector<double> rates;
   for (const Candidate& c : candidates) {
-    if (c.prefill_tokens_per_s > 0 && c.pull_blocks == 0) rates.push_back(c.prefill_tokens_per_s);
+    if (c.prefill_tokens_per_s > 0 && (c.pull_blocks == 0 || all_pulls)) rates.push_back(c.prefill_tokens_per_s);
   }
   return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
 }

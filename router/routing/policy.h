@@ -58,6 +58,7 @@ inline constexpr double kMaxWaitingRequests = 4096.0;
 inline constexpr double kTransferBytesPerSecond = 0.5e9;
 inline constexpr double kTransferSetupSeconds = 25e-3;
 inline constexpr double kTransferIpcBytesPerSecond = 500e9;  // measured 700-930 GB/s, Constants (README)
+inline constexpr uint32_t kSplitPrefillTokens = 1024;  // Dynamo's max_local_prefill_length; README.md says why
 }  // namespace config
 
 struct RoutingOptions {
@@ -104,6 +105,11 @@ struct RoutingOptions {
   double transfer_setup_s = config::kTransferSetupSeconds;
   // Between two workers that copy device to device on one host (their Hellos' host ids match).
   double transfer_ipc_bytes_per_s = config::kTransferIpcBytesPerSecond;
+  // P/D disaggregation (README.md, "Prefill and decode on different workers"): with prefill
+  // workers in the fleet, a request whose prompt has at least this many tokens no
+  // decode-capable worker holds is prefilled on a prefill worker and decoded where it is
+  // pulled to. 0: never split (prefill workers then get nothing).
+  uint32_t split_prefill_tokens = config::kSplitPrefillTokens;
 
   Status Validate() const;
 };

@@ -123,12 +123,12 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
-void Router::AddPulls(std::vector<Candidate>* candidates) const {
+void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const {
   const double bandwidth = options().transfer_bytes_per_s;
-  if (!(bandwidth > 0) || candidates->size() < 2) return;
+  if (!(bandwidth > 0) || holders.size() < 2 || candidates->empty()) return;
   const Candidate* holder = nullptr;
   std::shared_ptr<const TransferPeer> from;
-  for (const Candidate& c : *candidates) {
+  for (const Candidate& c : holders) {
     const uint32_t held = c.device_blocks + c.host_blocks;
     if (held == 0 || (holder != nullptr && held <= holder->device_blocks + holder->host_blocks)) continue;
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
@@ -218,6 +218,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   std::vector<WorkerLoads::LoadView> views;
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
+  std::vector<WorkerRole> roles;  // the candidates'
   for (size_t i = 0; i < fleet.routable.size(); ++i) {
     const WorkerId id = fleet.routable[i];
     Candidate c;
@@ -234,6 +235,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     }
     waiting += AddLoad(d.policy, views[i], &c).waiting;
     candidates.push_back(c);
+    roles.push_back(views[i].role);
   }
   if (candidates.empty()) {
     if (refusal != nullptr) *refusal = Refusal{"no_worker", 0};
@@ -243,7 +245,25 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
   const TimeNs now = clock_->Now();
   d.route.fleet_load = FleetLoad(prompt.model, candidates, now);  // each worker once: before the pull options
-  if (d.policy == Policy::kKv || d.policy == Policy::kKvRetention) AddPulls(&candidates);
+  // P/D disaggregation (README.md): prefill-role workers take no request whole; they hold
+  // prefixes the decode-capable workers may pull, and take split prefills (TrySplit, below).
+  std::vector<Candidate> everyone;  // every candidate, when some are prefill workers
+  std::vector<Candidate> prefill_pool;
+  if (std::find(roles.begin(), roles.end(), WorkerRole::kPrefill) != roles.end()) {
+    everyone = candidates;
+    candidates.clear();
+    for (size_t i = 0; i < everyone.size(); ++i) {
+      (ServesDecode(roles[i]) ? candidates : prefill_pool).push_back(everyone[i]);
+    }
+    if (candidates.empty()) {
+      if (refusal != nullptr) *refusal = Refusal{"no_decode_worker", 0};
+      return Unavailable("model '" + std::string(prompt.model) + "' has only prefill workers (--role prefill) live: "
+                         "no worker can decode the request (start workers with --role decode or both)");
+    }
+  }
+  const std::vector<Candidate> decode_pool = candidates;  // without pull options
+  const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
+  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, &candidates);
 
   // Admission.
   std::vector<double> ttft;
@@ -263,6 +283,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                                     " requests waiting for their first token at this router (the bound, "
                                     "--max-waiting-requests)"),
                   "queue_full", retry_after);
+  }
+  if (by_cost && !prompt.whole && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
+    CountRoutedWork(prompt.model, now,
+                    static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
+    return d;
   }
   if (admitted->empty()) {
     // Would an idle worker serve it in time? Its own prefill alone, on the fastest.
@@ -318,6 +343,15 @@ void Router::Commit(const Decision& decision) {
     stored = stored.first(limit);
   }
   kv_index_->InsertPredicted(decision.worker, stored, ttl);
+  // A split request's prefill worker keeps the prompt's blocks too (its pool's limit alike).
+  if (decision.split) {
+    std::span<const BlockHash> prefilled = decision.hashes;
+    if (const uint32_t limit = loads_->StoredPrefixBlocks(decision.split->worker);
+        limit > 0 && prefilled.size() > limit) {
+      prefilled = prefilled.first(limit);
+    }
+    kv_index_->InsertPredicted(decision.split->worker, prefilled, ttl);
+  }
   if (decision.policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
   if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
     // Without events the worker's cache is modelled as its own LRU (README.md, "approx").
@@ -327,8 +361,12 @@ void Router::Commit(const Decision& decision) {
 }
 
 std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::Rerouter(const Decision& decision) {
-  return [this, policy = decision.policy, route = decision.route, lora_id = decision.lora_id,
-          candidates = decision.candidates](std::span<const WorkerId> tried) -> Result<WorkerId> {
+  return MakeRerouter(decision.policy, decision.route, decision.lora_id, decision.candidates);
+}
+
+std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::MakeRerouter(
+    Policy policy, const RouteRequest& route, uint64_t lora_id, std::shared_ptr<const std::vector<Candidate>> candidates) {
+  return [this, policy, route, lora_id, candidates = std::move(candidates)](std::span<const WorkerId> tried) -> Result<WorkerId> {
     std::vector<Candidate> rest;
     for (Candidate c : *candidates) {
       if (std::find(tried.begin(), tried.end(), c.worker) != tried.end()) continue;

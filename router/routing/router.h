@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <span>
 #include <string_view>
@@ -60,10 +61,25 @@ struct Prompt {
   // The LoRA adapter it runs with (empty: the base model): part of the hash namespace, and
   // only workers serving it (WorkerLoads::AdapterLoadSeconds) are candidates.
   std::string_view lora = {};
+  // Never split it between a prefill and a decode worker (prompt logprobs: the worker that
+  // streams needs every prompt position's logits, so it computes the prompt itself).
+  bool whole = false;
+};
+
+// A split request's prefill (README.md, "Prefill and decode on different workers"): the
+// prompt is first computed on a prefill worker, whose KV the decision's worker then pulls.
+struct SplitPrefill {
+  WorkerId worker = 0;                   // a prefill-role worker
+  uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
+  uint32_t blocks = 0;                   // leading prompt blocks the decode worker pulls from it
+  double estimated_ttft_s = 0;           // predicted time to the prefill's end there
+  double pull_s = 0;                     // predicted time of the decode worker's pull
+  uint32_t pull_deadline_ms = 0;         // its hint's deadline: the longer of 2 x pull_s and recomputing
+  std::shared_ptr<const std::vector<Candidate>> candidates;  // the prefill workers considered: its retry's
 };
 
 struct Decision {
-  WorkerId worker = 0;
+  WorkerId worker = 0;  // the worker that streams the tokens: never a prefill-role worker
   uint32_t device_blocks = 0;            // leading prompt blocks it holds on the device
   uint32_t host_blocks = 0;              // further leading blocks on its host tier
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
@@ -72,6 +88,9 @@ struct Decision {
   // source: it computes what it does not hold.
   PullHint pull;
   WorkerId pull_from = 0;
+  // Set when the request is split: `pull` then names split->worker, and the decision's worker
+  // gets the request once that prefill is done (ForwardRequest::prefill).
+  std::optional<SplitPrefill> split;
   // For Commit and Rerouter.
   Policy policy = Policy::kKv;
   RouteRequest route;
@@ -83,7 +102,8 @@ struct Decision {
 // Why Route refused a request: the label of kvfleet_router_requests_refused_total and when
 // a retry may be admitted.
 struct Refusal {
-  std::string_view reason;   // "queue_full", "saturated", "predicted_ttft" (429) or "unattainable" (503)
+  // "queue_full", "saturated", "predicted_ttft" (429), "unattainable" or "no_decode_worker" (503)
+  std::string_view reason;
   double retry_after_s = 0;  // seconds until a retry may be admitted, from the predicted wait; 0: none
 };
 
@@ -112,6 +132,13 @@ class Router {
   // The retry of a decided request (ForwardRequest::reroute): the decision's candidates less
   // the workers tried, chosen by the same policy. The Router must outlive it.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Rerouter(const Decision& decision);
+  // A split decision's prefill retry: another prefill worker, as Rerouter does for the decode.
+  // REQUIRES: decision.split.
+  std::function<Result<WorkerId>(std::span<const WorkerId> tried)> PrefillRerouter(const Decision& decision);
+  // A split decision's pull once its prefill is done on `prefill_worker` (the chosen one, or
+  // its retry): the hint naming it; empty when that worker serves no pulls (the decode worker
+  // then computes the prompt). REQUIRES: decision.split.
+  std::function<PullHint(WorkerId prefill_worker)> SplitPull(const Decision& decision);
   // The uncached prefill tokens per second this router routed to each model lately (its own
   // part of the fleet load): what it tells its peers (router/fleet/gossip.h).
   std::map<std::string, double, std::less<>> RoutedWork(TimeNs now) const;
@@ -133,7 +160,18 @@ class Router {
   // kv, kv_retention: for each candidate that holds less of the prompt than the best holder
   // serving pulls, one more candidate: the same worker with the holder's prefix pulled
   // (README.md, "Pulling a prefix").
-  void AddPulls(std::vector<Candidate>* candidates) const;
+  // Holders are looked for among `holders` (every worker of the model: a prefill worker's
+  // cache serves the decode pool too).
+  void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
+  // P/D disaggregation (split.cc; README.md): whether `prompt` is split, and if so fills *d
+  // (worker, pull, split, candidates) from a prefill worker among `prefill_pool` and a decode
+  // worker among `decode_pool` (each without pull options). `whole_ttft_s`: the soonest first
+  // token routed whole (the decode pool's best prediction). False: route it whole.
+  bool TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool, double whole_ttft_s,
+                Decision* d);
+  std::function<Result<WorkerId>(std::span<const WorkerId> tried)> MakeRerouter(
+      Policy policy, const RouteRequest& route, uint64_t lora_id,
+      std::shared_ptr<const std::vector<Candidate>> candidates);
   // ρ for `model` now: the uncached prefill tokens/s this router sent it lately over the
   // candidates' summed prefill rates (each at least the fleet's median, as the cost has it).
   double FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now);

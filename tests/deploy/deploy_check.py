@@ -25,13 +25,13 @@ registration workers workers-dns dns-interval-s model block-size max-context tok
 routing-policy routing-temperature uncached-work-weight max-fleet-load decode-s-per-running-request
 hot-spot-factor max-queued-requests routing-window-size predicted-ttl-ms heartbeat-timeout-ms
 unknown-model-grace-s curve-keypair curve-server-key debug-drop-events request-timeout-s report-timings
-cpu-latency-us first-token-timeout-s admission-ttft-s max-waiting-requests""".split())
+cpu-latency-us first-token-timeout-s admission-ttft-s max-waiting-requests pd-split-tokens""".split())
 WORKER_FLAGS = COMMON_FLAGS | set("""backend model-dir model-name worker-id requests events replay event-ring-batches http-port router
 advertise-host curve-keypair curve-authorized-keys block-size routing-block-size max-num-tokens max-batch-size
 max-context tensor-parallel max-queued max-step-ms kv-cache-bytes gpu-memory-fraction kv-cache-dtype
 host-cache-bytes offload-min-priority events-include-tokens max-attention-window sink-tokens streaming-llm
 attention-chunk-size lora max-loras max-lora-rank shutdown-grace-s mock-step-base-us mock-prefill-token-us
-mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride cpu-latency-us device""".split())
+mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride cpu-latency-us device role""".split())
 
 # Every metric the issues define (issue 4: event plane; issue 6: worker; issue 7: router).
 # A dashboard query naming anything else is a typo or a rename to catch.
@@ -354,6 +354,56 @@ def check_k8s(root, router_flags, worker_flags):
             fail(f"ServiceMonitor endpoint port {ep.get('port')} is no Service port")
         if ep.get("path", "/metrics") != "/metrics":
             fail("ServiceMonitor must scrape /metrics")
+    return check_k8s_pd(root, headless, worker_flags)
+
+
+def check_k8s_pd(root, headless, worker_flags):
+    """deploy/k8s-pd (P/D disaggregation) built by kustomize: a decode and a prefill pool, each
+    its own pods, both behind the base's headless Service, each with its --role."""
+    d = os.path.join(root, "deploy/k8s-pd")
+    if shutil.which("yamllint"):
+        r = subprocess.run(["yamllint", "-s", "-c", os.path.join(root, "deploy/k8s/.yamllint"), d],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            fail("yamllint: " + r.stdout.strip())
+    if not shutil.which("kubectl"):
+        print("kubectl missing: deploy/k8s-pd not built")
+        return SKIP
+    r = subprocess.run(["kubectl", "kustomize", d], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail("kubectl kustomize deploy/k8s-pd: " + r.stderr.strip())
+        return 0
+    import yaml
+    docs = [doc for doc in yaml.safe_load_all(r.stdout) if doc]
+    ids = [(doc["kind"], doc["metadata"]["name"]) for doc in docs]
+    if len(ids) != len(set(ids)):
+        fail(f"deploy/k8s-pd: a resource twice in {ids}")
+    pools = {}
+    for doc in docs:
+        if doc["kind"] != "StatefulSet":
+            continue
+        name = doc["metadata"]["name"]
+        c = doc["spec"]["template"]["spec"]["containers"][0]
+        env = [e["name"] for e in c.get("env", [])]
+        check_env_names(name, env, worker_flags, WORKER_PREFIX)
+        roles = [e.get("value") for e in c.get("env", []) if e["name"] == "KVFLEET_WORKER_ROLE"]
+        if len(roles) != 1:
+            fail(f"deploy/k8s-pd {name}: KVFLEET_WORKER_ROLE set {len(roles)} times")
+            continue
+        pools[roles[0]] = doc
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        if any(labels.get(k) != v for k, v in headless["spec"]["selector"].items()):
+            fail(f"deploy/k8s-pd {name}: the headless Service (the routers' DNS) does not select its pods")
+        if doc["spec"].get("serviceName") != "kvfleet-worker":
+            fail(f"deploy/k8s-pd {name}: serviceName must be the headless Service")
+    if sorted(pools) != ["decode", "prefill"]:
+        fail(f"deploy/k8s-pd: wants one decode and one prefill pool, has {sorted(pools)}")
+        return 0
+    for a, b in (("decode", "prefill"), ("prefill", "decode")):
+        sel = pools[a]["spec"]["selector"]["matchLabels"]
+        other = pools[b]["spec"]["template"]["metadata"]["labels"]
+        if all(other.get(k) == v for k, v in sel.items()):
+            fail(f"deploy/k8s-pd: the {a} pool's selector also selects the {b} pool's pods")
     return 0
 
 

@@ -4,6 +4,10 @@
 #include "common/block_hash.h"
 #include "schema/describe.h"
 #include "schema/requests.h"
+#include "schema/wire.h"
+#include "schema/worker.capnp.h"
+
+#include <capnp/message.h>
 
 #include <doctest/doctest.h>
 
@@ -179,6 +183,50 @@ TEST_CASE("a Hello without tensorParallel (a worker older than the field) reads 
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
   CHECK(std::get<WorkerHello>(*decoded).tensor_parallel == 1);
+}
+
+TEST_CASE("a worker's role round-trips in its Hello, and reads as both from older or newer workers") {
+  WorkerHello h;
+  h.name = "p0";
+  h.model = "llama";
+  h.block_size = 16;
+  for (WorkerRole role : {WorkerRole::kBoth, WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    h.role = role;
+    const std::string frame = EncodeHello(h);
+    auto decoded = DecodeToRouter(frame.data(), frame.size());
+    REQUIRE(decoded.ok());
+    CHECK(std::get<WorkerHello>(*decoded).role == role);
+  }
+  // A Hello from a worker older than the field: role unset.
+  capnp::MallocMessageBuilder old;
+  auto o = old.initRoot<schema::ToRouter>().initHello();
+  o.setWorkerId("old");
+  o.setModel("llama");
+  o.setBlockSize(16);
+  std::string frame = wire::Encode(old);
+  auto decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK(std::get<WorkerHello>(*decoded).role == WorkerRole::kBoth);
+  // An enumerant this router does not know (a newer worker's role) reads as both.
+  o.setRole(static_cast<schema::WorkerRole>(9));
+  frame = wire::Encode(old);
+  decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK(std::get<WorkerHello>(*decoded).role == WorkerRole::kBoth);
+}
+
+TEST_CASE("a role's name parses back, and an unknown one is an error naming the accepted values") {
+  for (WorkerRole role : {WorkerRole::kBoth, WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    auto parsed = ParseWorkerRole(WorkerRoleName(role));
+    REQUIRE(parsed.ok());
+    CHECK(*parsed == role);
+  }
+  auto bad = ParseWorkerRole("prefil");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("prefill, decode or both") != std::string::npos);
+  CHECK_FALSE(ServesDecode(WorkerRole::kPrefill));
+  CHECK(ServesDecode(WorkerRole::kDecode));
+  CHECK(ServesDecode(WorkerRole::kBoth));
 }
 
 }  // namespace kvfleet

@@ -326,6 +326,12 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
     Logger("worker")->info("KV transfer on {} ({} blocks of {} bytes)", transfer_endpoint_,
                            transfer::KvDtypeName(pulls_->layout()->dtype), pulls_->layout()->BytesPerBlock());
   }
+  if (config_.role != "both" && (transfer_ == nullptr || !pulls_->layout())) {
+    // A split request's KV must cross between the pools: a worker that cannot move it has no part there.
+    return FailedPrecondition("--role " + config_.role + " needs KV transfer, which is off: " +
+                              (transfer_ == nullptr ? std::string("see --transfer and --transfer-authorized-keys")
+                                                    : pulls_->unsupported()));
+  }
   return Status::Ok();
 }
 
@@ -391,6 +397,7 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
   hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
   hello.prefill_tokens_per_second =
       static_cast<float>(backend_->ExpectedPrefillTokensPerSecond(config_.max_num_tokens, config_.max_step_ms));
+  if (auto role = ParseWorkerRole(config_.role); role.ok()) hello.role = *role;  // validated at start-up
   hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
   if (transfer_ != nullptr && pulls_->layout()) {
     hello.transfer_endpoint = transfer_endpoint_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "schema/registration.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/backend_choice.h"
 
@@ -58,6 +59,10 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "the longest a pull may take before its prefix is computed instead; a router's hint names a "
                  "shorter one (twice its predicted time)")
       ->check(CLI::Range(1u, 60'000u))
+      ->capture_default_str();
+  app.add_option("--role", c->role,
+                 "prefill: only split prefills, whose KV decode workers pull; decode: whole requests and "
+                 "split requests' decode; both: whole requests (router/routing/README.md, \"Prefill and decode on different workers\")")
       ->capture_default_str();
   app.add_option("--mock-transfer-bytes-per-s", c->mock_transfer_bytes_per_s,
                  "mock: the bandwidth of the simulated link pulled blocks cross (their modelled bytes); 0: instant")
@@ -173,6 +178,10 @@ Status WorkerConfig::Validate() const {
     return InvalidArgument("--max-num-tokens must be a positive multiple of --block-size");
   }
   if (max_batch_size == 0) return InvalidArgument("--max-batch-size must be >= 1");
+  KVF_ASSIGN_OR_RETURN(const WorkerRole parsed_role, ParseWorkerRole(role));
+  if (parsed_role != WorkerRole::kBoth && transfer.empty()) {
+    return InvalidArgument("--role " + role + " needs KV transfer (--transfer): split requests move their KV between workers");
+  }
   // The model's shape is checked by the backend (heads, KV heads, intermediate size).
   if (tensor_parallel != 1 && tensor_parallel != 2 && tensor_parallel != 4 && tensor_parallel != 8) {
     return InvalidArgument("--tensor-parallel must be 1, 2, 4 or 8, got " + std::to_string(tensor_parallel));

@@ -58,6 +58,9 @@ struct WorkerConfig {
   uint32_t transfer_deadline_ms = 10'000;  // the longest a pull may take (a hint's own deadline is capped by it)
   // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
   double mock_transfer_bytes_per_s = 0.5e9;  // the router's default assumption (routing README)
+  // Its part in P/D disaggregation (schema/registration.h WorkerRole), announced in the Hello:
+  // "both" (whole requests), "prefill" (split prefills only) or "decode"; the last two need transfer.
+  std::string role = "both";
 
   // --- engine ---
   uint32_t block_size = 32;          // tokens per KV block (B); 1: token-level KV

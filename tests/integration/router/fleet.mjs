@@ -9,9 +9,11 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export class Fleet {
   // apiKey: the key of a router started with --api-key-file, which guards /fleet.
+  // workerRoles[i]: worker i's --role (P/D disaggregation); none: the worker's default.
   constructor({ routerBin, workerBin, dir, basePort, workers = 3, model = 'mock', routerArgs = [], workerArgs = [],
-                blockSize = 32, apiKey = '' }) {
-    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs, blockSize, apiKey });
+                blockSize = 32, apiKey = '', workerRoles = [] }) {
+    Object.assign(this, { routerBin, workerBin, dir, basePort, model, routerArgs, workerArgs, blockSize, apiKey,
+                          workerRoles });
     this.httpPort = basePort;
     this.registration = `tcp://127.0.0.1:${basePort + 1}`;
     this.workerCount = workers;
@@ -42,7 +44,7 @@ export class Fleet {
       '--requests', `tcp://127.0.0.1:${p}`, '--events', `tcp://127.0.0.1:${p + 1}`,
       '--replay', `tcp://127.0.0.1:${p + 2}`, '--http-port', String(this.basePort + 100 + i),
       '--router', this.registration, '--advertise-host', '127.0.0.1', '--block-size', String(this.blockSize),
-      ...this.workerArgs]);
+      ...this.workerArgs, ...(this.workerRoles[i] ? ['--role', this.workerRoles[i]] : [])]);
   }
 
   async start() {

@@ -113,6 +113,30 @@ struct Setup {
     });
     return handle;
   }
+  // Submits a split request (ForwardRequest::prefill): prefilled on `prefill`, decoded on
+  // `decode`, whose pull names the prefill worker by its id (source "tcp://prefill-<id>").
+  uint64_t SubmitSplit(WorkerId prefill, WorkerId decode, std::shared_ptr<Recorder> sink,
+                       std::function<Result<WorkerId>(std::span<const WorkerId>)> prefill_reroute = nullptr,
+                       std::function<Result<WorkerId>(std::span<const WorkerId>)> reroute = nullptr) {
+    uint64_t handle = 0;
+    RunOn(loop, [&] {
+      ForwardRequest r;
+      r.worker = decode;
+      r.params.tokens = std::vector<TokenId>(64, 7);
+      r.params.sampling.max_tokens = 4;
+      r.params.sampling.logprobs = 2;
+      r.sink = sink;
+      r.reroute = std::move(reroute);
+      r.prefill = PrefillStage{prefill, 64, std::move(prefill_reroute), [](WorkerId w) {
+                                 return PullHint{"tcp://prefill-" + std::to_string(w), "", 2, "p", 50};
+                               }};
+      handle = lane->NewHandle();
+      sink->lane = lane.get();
+      sink->handle = handle;
+      lane->Submit(handle, std::move(r));
+    });
+    return handle;
+  }
   int64_t Inflight(WorkerId id) { return fleet->Workers()[id].inflight_requests; }
 
   std::unique_ptr<Fleet> fleet;
@@ -257,6 +281,106 @@ TEST_CASE("a worker that ends a request with finish error: retried before its fi
   RunOn(s.loop, [&] { CHECK(mid->tokens == 2); });
   CHECK(healthy.generates() == 1);  // not retried: tokens had gone out
   CHECK(s.Inflight(0) == 0);
+}
+
+TEST_CASE("a split request: the prompt as one dropped token on the prefill worker, then the decode pulls from it") {
+  FakeWorker prefill("xyz"), decode("hello");
+  Setup s({prefill.endpoint(), decode.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  s.SubmitSplit(0, 1, sink);
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());
+  RunOn(s.loop, [&] { CHECK(sink->tokens == 4); });  // the decode's "hell", none of the prefill's
+  REQUIRE(prefill.generates() == 1);
+  const GenerateParams pre = prefill.last_params();
+  CHECK(pre.sampling.max_tokens == 1);
+  CHECK(pre.sampling.logprobs == -1);  // nothing asked of it but the prompt
+  CHECK(pre.pull.source.empty());
+  CHECK(pre.tokens.size() == 64);
+  REQUIRE(decode.generates() == 1);
+  const GenerateParams dec = decode.last_params();
+  CHECK(dec.sampling.max_tokens == 4);
+  CHECK(dec.sampling.logprobs == 2);
+  CHECK(dec.pull.source == "tcp://prefill-0");
+  CHECK(s.Inflight(0) == 0);
+  CHECK(s.Inflight(1) == 0);
+}
+
+TEST_CASE("a split request's prefill worker crashes mid-prompt: another prefill worker, else the decode computes it") {
+  FakeWorker dying("xyz"), other("xyz"), decode("hello");
+  dying.set_mode(FakeWorker::Mode::kHang);
+  Setup s({dying.endpoint(), other.endpoint(), decode.endpoint()});
+  SUBCASE("retried on another prefill worker, whose KV the decode then pulls") {
+    auto sink = std::make_shared<Recorder>();
+    s.SubmitSplit(0, 2, sink, [](std::span<const WorkerId> tried) -> Result<WorkerId> {
+      CHECK(tried.size() == 1);  // the prefill's own attempts, not the decode's
+      return WorkerId{1};
+    });
+    REQUIRE(WaitFor([&] { return dying.generates() == 1; }));
+    dying.Crash();
+    auto f = sink->outcome.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(f.get().ok());
+    CHECK(other.generates() == 1);
+    REQUIRE(decode.generates() == 1);
+    CHECK(decode.last_params().pull.source == "tcp://prefill-1");
+  }
+  SUBCASE("no prefill worker left: the decode worker gets the request without a pull") {
+    auto sink = std::make_shared<Recorder>();
+    s.SubmitSplit(0, 2, sink, [](std::span<const WorkerId>) -> Result<WorkerId> { return Unavailable("none"); });
+    REQUIRE(WaitFor([&] { return dying.generates() == 1; }));
+    dying.Crash();
+    auto f = sink->outcome.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(f.get().ok());
+    REQUIRE(decode.generates() == 1);
+    CHECK(decode.last_params().pull.source.empty());
+  }
+  CHECK(s.Inflight(0) == 0);
+  CHECK(s.Inflight(2) == 0);
+}
+
+TEST_CASE("a silent prefill worker costs a split request one first-token timeout, then the decode computes the prompt") {
+  FakeWorker silent("xyz"), decode("hello");
+  silent.set_mode(FakeWorker::Mode::kHang);
+  Setup s({silent.endpoint(), decode.endpoint()}, 200 * kNsPerMs);
+  auto sink = std::make_shared<Recorder>();
+  s.SubmitSplit(0, 1, sink);
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());
+  CHECK(silent.cancels() == 1);  // told to stop, as any timed-out attempt
+  REQUIRE(decode.generates() == 1);
+  CHECK(decode.last_params().pull.source.empty());
+  CHECK(s.Inflight(0) == 0);
+}
+
+TEST_CASE("a split request's decode worker lost after the pull: retried before its first token, an error after it") {
+  FakeWorker prefill("xyz"), dying("hello"), healthy("hello");
+  dying.set_mode(FakeWorker::Mode::kHang);
+  Setup s({prefill.endpoint(), dying.endpoint(), healthy.endpoint()});
+  auto sink = std::make_shared<Recorder>();
+  s.SubmitSplit(0, 1, sink, nullptr, [](std::span<const WorkerId>) -> Result<WorkerId> { return WorkerId{2}; });
+  REQUIRE(WaitFor([&] { return dying.generates() == 1; }));
+  dying.Crash();
+  auto f = sink->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());
+  REQUIRE(healthy.generates() == 1);
+  CHECK(healthy.last_params().pull.source == "tcp://prefill-0");  // the prompt is still there to pull
+  CHECK(prefill.generates() == 1);                                // not prefilled again
+
+  FakeWorker failing("hello");
+  failing.set_mode(FakeWorker::Mode::kFail);
+  failing.set_hang_after(2);
+  Setup t({prefill.endpoint(), failing.endpoint()});
+  auto mid = std::make_shared<Recorder>();
+  t.SubmitSplit(0, 1, mid);
+  auto g = mid->outcome.get_future();
+  REQUIRE(g.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(g.get().code() == StatusCode::kInternal);
+  RunOn(t.loop, [&] { CHECK(mid->tokens == 2); });
 }
 
 TEST_CASE("the fleet remembers this router's in-flight counts as they were at a past time") {

@@ -55,6 +55,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["block_size"] == 16);
   CHECK(fleet["workers"][0]["kv_block_size"] == 16);  // no kvBlockSize: KV blocks are block_size tokens
   CHECK(fleet["workers"][0]["tensor_parallel"] == 4);
+  CHECK(fleet["workers"][0]["role"] == "both");  // its Hello names none
   CHECK(fleet["workers"][0]["transfer"].is_null());  // its Hello announces no transfer service
   const WorkerId id = r.fleet->FindModel("llama")->routable.at(0);
   CHECK(r.fleet->Transfer(id) == nullptr);
@@ -66,8 +67,10 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   hello.transfer_format = "bf16";
   hello.transfer_bytes_per_block = 4u << 20;
   hello.transfer_host_id = "boot-1";
+  hello.role = WorkerRole::kDecode;
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
   REQUIRE(WaitFor([&] { return r.fleet->Transfer(id) != nullptr; }));
+  CHECK(r.fleet->Role(id) == WorkerRole::kDecode);
   CHECK(r.fleet->Transfer(id)->endpoint == "tcp://10.0.0.5:5559");
   CHECK(r.fleet->Transfer(id)->name == "w1");
   CHECK(r.fleet->Transfer(id)->bytes_per_block == 4u << 20);
@@ -76,6 +79,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["transfer"]["format"] == "bf16");
   CHECK(fleet["workers"][0]["transfer"]["curve"] == false);
   CHECK(fleet["workers"][0]["transfer"]["host_id"] == "boot-1");
+  CHECK(fleet["workers"][0]["role"] == "decode");
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

@@ -45,6 +45,11 @@ class FakeLoads final : public WorkerLoads {
     return std::make_shared<const TransferPeer>(it->second);
   }
 
+  WorkerRole Role(WorkerId w) const override {
+    auto it = roles.find(w);
+    return it == roles.end() ? WorkerRole::kBoth : it->second;
+  }
+
   OwnLoadCounts PeerLoad(WorkerId w) const override { return Get(peers, w); }
   OwnLoadCounts PeerLoadAt(WorkerId w, TimeNs) const override { return Get(peers_then, w); }
   double PeerWorkRate(std::string_view) const override { return peer_work; }
@@ -57,6 +62,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, uint32_t> stored_prefix;
   std::map<WorkerId, TransferPeer> transfer;
   std::map<WorkerId, double> announced;
+  std::map<WorkerId, WorkerRole> roles;  // kBoth when not set
   mutable TimeNs asked_at = 0;
 
  private:

@@ -116,6 +116,7 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
   CHECK(hello.getTiers()[0].getTotalBlocks() == 128);
   CHECK(std::string(hello.getBackend().cStr()) == "mock");
   CHECK(hello.getTokenizerDigest() == 0);  // a mock's ids are no tokenizer's
+  CHECK(hello.getRole() == schema::WorkerRole::BOTH);  // the default --role
   CHECK(std::string(hello.getEndpoints().getRequests().cStr()) == worker->requests_endpoint());
   REQUIRE(hello.getKvPools().size() == 1);  // the mock's Llama shape: one full-attention pool
   CHECK(hello.getKvPools()[0].getWindow() == 0);
@@ -242,6 +243,27 @@ TEST_CASE("worker config: instances of one process get distinct ports and ids") 
   }
   CHECK(EndpointPort("tcp://host:5556") == 5556);
   CHECK(EndpointPort("tcp://host") == -1);
+}
+
+TEST_CASE("worker config: --role is prefill, decode or both, and the first two need KV transfer") {
+  WorkerConfig c;
+  c.backend = "mock";
+  CLI::App app;
+  AddWorkerFlags(app, &c);
+  std::vector<std::string> args = {"--role", "decode"};
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  REQUIRE_NOTHROW(app.parse(args));
+  CHECK(c.role == "decode");
+  CHECK(c.Validate().ok());
+  c.role = "prefill";
+  CHECK(c.Validate().ok());
+  c.role = "decoder";
+  CHECK(c.Validate().message() == "unknown worker role 'decoder': expected prefill, decode or both");
+  c.role = "prefill";
+  c.transfer.clear();  // no KV transfer: nothing to serve a decode worker
+  CHECK(c.Validate().message().find("--role prefill needs KV transfer (--transfer)") != std::string::npos);
+  c.role = "both";
+  CHECK(c.Validate().ok());
 }
 
 TEST_CASE("worker config: the attention flags, and bad ones named at start-up") {

@@ -1,0 +1,204 @@
+// Router: P/D disaggregation (README.md, "Prefill and decode on different workers"): which
+// requests are split, which workers take each half, over the fake fleet of router_fixture.h.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "router/routing/router.h"
+#include "tests/router/routing/router_fixture.h"
+
+namespace kvfleet::router {
+namespace {
+
+using testing::Fixture;
+using testing::kBlockSize;
+
+RoutingOptions SplitAt(uint32_t tokens) {
+  RoutingOptions o;
+  o.split_prefill_tokens = tokens;
+  o.default_prefill_tokens_per_s = 1'000;  // the 40-token prompt: 40 ms to compute
+  return o;
+}
+
+// Worker 0 a prefill worker, 1 and 2 decode workers; every one serves pulls of 1 KiB blocks
+// (10 blocks: ~25 ms, mostly the pull's setup).
+void PrefillAndDecode(Fixture& f) {
+  f.loads.roles[0] = WorkerRole::kPrefill;
+  f.loads.roles[1] = f.loads.roles[2] = WorkerRole::kDecode;
+  for (WorkerId w : {0u, 1u, 2u}) {
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 1024, ""};
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a long uncached prompt is prefilled on a prefill worker and pulled by a decode worker") {
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  OwnLoadCounts busy;
+  busy.requests = 3;  // worker 1 decodes three requests; 2 is idle
+  f.loads.own[1] = busy;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  REQUIRE(d->split.has_value());
+  CHECK(d->split->worker == 0);
+  CHECK(d->split->blocks == 10);
+  CHECK(d->worker == 2);  // the decode load
+  CHECK(d->pull.source == "tcp://h0:5559");
+  CHECK(d->pull.blocks == 10);
+  CHECK(d->pull_from == 0);
+  CHECK(d->device_blocks == 0);
+  CHECK(d->predicted_cached_tokens == 10 * kBlockSize);
+  CHECK(d->estimated_ttft_s > d->split->estimated_ttft_s);  // the prefill, then the pull
+  // The pull's hint for a retried prefill names that worker.
+  CHECK(f.router.SplitPull(*d)(0).source == "tcp://h0:5559");
+  CHECK(d->pull.deadline_ms == 51);  // twice the predicted 25.02 ms: longer than recomputing (40 ms)
+  f.router.Commit(*d);
+  CHECK(f.Matched(f.kv, 0) == 10);  // both will hold the prompt
+  CHECK(f.Matched(f.kv, 2) == 10);
+  // A retry of the prefill finds no other prefill worker; the decode's finds worker 1.
+  std::vector<WorkerId> tried{0};
+  CHECK_FALSE(f.router.PrefillRerouter(*d)(tried).ok());
+  tried = {2};
+  auto again = f.router.Rerouter(*d)(tried);
+  REQUIRE(again.ok());
+  CHECK(*again == 1);
+}
+
+TEST_CASE("conditional split: a short prompt, or one a decode worker holds, stays on one decode worker") {
+  SUBCASE("short: fewer uncached tokens than the threshold") {
+    Fixture f(SplitAt(41));
+    PrefillAndDecode(f);
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker != 0);
+  }
+  SUBCASE("held by a decode worker: the rest is short") {
+    Fixture f(SplitAt(16));
+    PrefillAndDecode(f);
+    const std::vector<BlockHash> hashes = f.Hashes();
+    f.kv.InsertPredicted(1, std::span(hashes).first(8), kNsPerSec);  // 32 of 40 tokens
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker == 1);
+  }
+  SUBCASE("held by the prefill worker alone: split, and the prefill costs nothing there") {
+    Fixture f(SplitAt(16));
+    PrefillAndDecode(f);
+    f.kv.InsertPredicted(0, f.Hashes(), kNsPerSec);
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    REQUIRE(d->split.has_value());
+    CHECK(d->split->predicted_cached_tokens == 10 * kBlockSize);
+  }
+  SUBCASE("threshold 0: never split, and the prefill worker gets nothing") {
+    Fixture f(SplitAt(0));
+    PrefillAndDecode(f);
+    for (int i = 0; i < 6; ++i) {
+      auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kRoundRobin));
+      REQUIRE(d.ok());
+      CHECK(d->worker != 0);
+      CHECK_FALSE(d->split.has_value());
+    }
+  }
+  SUBCASE("a fleet of workers of both roles never splits") {
+    Fixture f(SplitAt(16));
+    for (WorkerId w : {0u, 1u, 2u}) f.loads.transfer[w] = TransferPeer{"w", "tcp://h:1", "", "bf16", 1024, ""};
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+  }
+}
+
+TEST_CASE("a split needs a pull cheaper than the prefill it saves, and KV formats that match") {
+  SUBCASE("a slow link: the decode worker computes the prompt itself") {
+    Fixture f(SplitAt(16));
+    PrefillAndDecode(f);
+    for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker != 0);
+  }
+  SUBCASE("the pull's deadline: twice the predicted pull, or recomputing the prompt if longer") {
+    RoutingOptions o = SplitAt(16);
+    o.transfer_setup_s = 5e-3;  // a ~5 ms pull: 10 ms at twice, but recomputing takes 40 ms
+    Fixture f(o);
+    PrefillAndDecode(f);
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    REQUIRE(d->split.has_value());
+    CHECK(d->pull.deadline_ms == 40);
+    CHECK(f.router.SplitPull(*d)(0).deadline_ms == 40);  // a retried prefill's hint alike
+  }
+  SUBCASE("the decode pool's KV format differs: no split") {
+    Fixture f(SplitAt(16));
+    PrefillAndDecode(f);
+    f.loads.transfer[0].format = "fp8e4m3";
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker != 0);
+  }
+  SUBCASE("prompt logprobs: the streaming worker needs the whole prompt's logits, so it is never split") {
+    Fixture f(SplitAt(16));
+    PrefillAndDecode(f);
+    Prompt p = f.PromptOf(Policy::kKv);
+    p.whole = true;
+    auto d = f.router.Route(f.fleet, p);
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+  }
+}
+
+TEST_CASE("a prefill pool that cannot keep up: long prompts go whole to the decode pool until it catches up") {
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  OwnLoadCounts queued;
+  queued.requests = 4;
+  queued.prefill_tokens = 400;  // 0.4 s of prefill ahead on the only prefill worker
+  f.loads.own[0] = queued;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK_FALSE(d->split.has_value());  // 40 ms on an idle decode worker, not 0.44 s and a pull
+  CHECK(d->worker != 0);
+  // 10 ms ahead there, 30 ms on each decode worker: the prefill (51 ms) and the decode's wait
+  // (32 ms) within the best whole route (72 ms) and the pull (25 ms).
+  queued.requests = 1;
+  queued.prefill_tokens = 10;
+  f.loads.own[0] = queued;
+  OwnLoadCounts decoding;
+  decoding.requests = 2;
+  decoding.prefill_tokens = 30;
+  f.loads.own[1] = f.loads.own[2] = decoding;
+  auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(e.ok());
+  CHECK(e->split.has_value());
+}
+
+TEST_CASE("a fleet with prefill workers and no decode-capable one refuses with 503 no_decode_worker, at once") {
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  f.loads.roles[1] = f.loads.roles[2] = WorkerRole::kPrefill;
+  Refusal why;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv), &why);
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.status().code() == StatusCode::kUnavailable);
+  CHECK(why.reason == "no_decode_worker");
+  CHECK(d.status().message().find("--role decode") != std::string::npos);
+}
+
+TEST_CASE("a decode worker may pull a prefix a prefill worker holds without a new prefill") {
+  Fixture f(SplitAt(0));  // never split: the whole request goes to a decode worker
+  PrefillAndDecode(f);
+  f.kv.InsertPredicted(0, f.Hashes(), kNsPerSec);
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker != 0);
+  CHECK(d->pull.source == "tcp://h0:5559");
+  CHECK_FALSE(d->split.has_value());
+}
+
+}  // namespace kvfleet::router
