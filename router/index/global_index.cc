@@ -259,6 +259,12 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
   }
 }
 
+uint32_t GlobalIndex::HeldRun(WorkerId worker, std::span<const BlockHash> hashes) const {
+  uint32_t n = 0;
+  while (n < hashes.size() && Holds(worker, hashes[n])) ++n;
+  return n;
+}
+
 bool GlobalIndex::Holds(WorkerId worker, BlockHash hash) const {
   if (worker >= config::kMaxWorkers) return false;
   const uint64_t mix = Mix(hash);

@@ -132,6 +132,8 @@ class GlobalIndex final : public PrefixIndex {
 
   // Whether `worker` holds `hash` on any tier (predicted entries do not count).
   bool Holds(WorkerId worker, BlockHash hash) const;
+  // Holds() for each of `hashes` in turn, up to the first it does not hold.
+  uint32_t HeldRun(WorkerId worker, std::span<const BlockHash> hashes) const override;
   // Blocks `worker` holds on `tier` (predicted entries do not count).
   uint64_t BlockCount(WorkerId worker, kv::Tier tier) const;
   uint64_t CachedBlocks(WorkerId worker) const override { return BlockCount(worker, kv::Tier::kDevice); }

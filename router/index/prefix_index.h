@@ -38,6 +38,18 @@ class PrefixIndex {
   // Blocks `worker` holds on its device tier, predicted entries excluded: the size of its
   // cache as the index sees it (the sglang policy's "smallest tree"). 0 where not counted.
   virtual uint64_t CachedBlocks(WorkerId /*worker*/) const { return 0; }
+  // The leading blocks of `hashes` that `worker` holds by its own events, the router's
+  // predicted entries excluded: what a pull from it can bring (a block the router sent there a
+  // moment ago may not be computed yet). An index of predictions alone knows nothing better
+  // and answers its match.
+  virtual uint32_t HeldRun(WorkerId worker, std::span<const BlockHash> hashes) const {
+    std::vector<PrefixMatch> matches;
+    FindMatches(hashes, &matches);
+    for (const PrefixMatch& m : matches) {
+      if (m.worker == worker) return m.device_blocks + m.host_blocks;
+    }
+    return 0;
+  }
 };
 
 }  // namespace kvfleet::router

@@ -123,22 +123,28 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
-void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const {
+void Router::AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
+                      std::vector<Candidate>* candidates) const {
   const double bandwidth = options().transfer_bytes_per_s;
   if (!(bandwidth > 0) || holders.size() < 2 || candidates->empty()) return;
+  // The source holds the longest run by its own events: a predicted entry (a prefix sent there
+  // a moment ago) may not be computed yet, and a pull for it would be refused.
   const Candidate* holder = nullptr;
+  uint32_t held = 0;
   std::shared_ptr<const TransferPeer> from;
   for (const Candidate& c : holders) {
-    const uint32_t held = c.device_blocks + c.host_blocks;
-    if (held == 0 || (holder != nullptr && held <= holder->device_blocks + holder->host_blocks)) continue;
+    const uint32_t matched = c.device_blocks + c.host_blocks;
+    if (matched <= held) continue;
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
+    const uint32_t run = kv_index_->HeldRun(c.worker, hashes.first(std::min<size_t>(matched, hashes.size())));
+    if (run <= held) continue;
     holder = &c;
+    held = run;
     from = std::move(peer);
   }
   if (holder == nullptr) return;
   const WorkerId source = holder->worker;
-  const uint32_t held = holder->device_blocks + holder->host_blocks;
   const size_t n = candidates->size();
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = (*candidates)[i];
@@ -263,7 +269,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   }
   const std::vector<Candidate> decode_pool = candidates;  // without pull options
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
-  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, &candidates);
+  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, d.hashes, &candidates);
 
   // Admission.
   std::vector<double> ttft;

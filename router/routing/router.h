@@ -158,11 +158,12 @@ class Router {
   void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                     std::vector<Candidate>* candidates) const;
   // kv, kv_retention: for each candidate that holds less of the prompt than the best holder
-  // serving pulls, one more candidate: the same worker with the holder's prefix pulled
-  // (README.md, "Pulling a prefix").
+  // serving pulls (the longest run by its own events, PrefixIndex::HeldRun), one more
+  // candidate: the same worker with the holder's prefix pulled (README.md, "Pulling a prefix").
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
-  void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
+  void AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
+                std::vector<Candidate>* candidates) const;
   // P/D disaggregation (split.cc; README.md): whether `prompt` is split, and if so fills *d
   // (worker, pull, split, candidates) from a prefill worker among `prefill_pool` and a decode
   // worker among `decode_pool` (each without pull options). `whole_ttft_s`: the soonest first

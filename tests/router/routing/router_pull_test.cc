@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "router/index/global_index.h"
 #include "router/routing/router.h"
 #include "tests/router/routing/router_fixture.h"
 
@@ -34,6 +35,34 @@ TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced 
     REQUIRE(e.ok());
     CHECK(e->estimated_ttft_s == doctest::Approx(40.0 / 2'000));
   }
+}
+
+TEST_CASE("a pull comes only from a holder whose events show the blocks, not from the router's predictions") {
+  // The router predicts a prompt's blocks on the worker it sent the prompt to; until that
+  // worker computes them, a pull from it would be refused (not held) and computed anyway.
+  RoutingOptions slow;
+  slow.default_prefill_tokens_per_s = 1'000;
+  Fixture f(slow);
+  GlobalIndex global({}, &f.clock);
+  Router router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock);
+  for (WorkerId w : {0u, 1u, 2u}) {
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
+  }
+  OwnLoadCounts busy;
+  busy.requests = 20;
+  busy.prefill_tokens = 80'000;
+  f.loads.own[2] = busy;
+  const std::vector<BlockHash> hashes = f.Hashes();
+  global.InsertPredicted(2, hashes, kNsPerSec);
+  auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->pull.source.empty());  // predicted only: nothing to pull yet
+  for (size_t i = 0; i < 6; ++i) global.Store(2, hashes[i], kv::Tier::kDevice);
+  d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker != 2);
+  CHECK(d->pull.source == "tcp://h2:5559");
+  CHECK(d->pull.blocks == 6);  // the six its events show, not the ten predicted
 }
 
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
