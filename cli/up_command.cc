@@ -62,6 +62,7 @@ struct UpArgs {
   std::string router_bin;             // default: found beside this binary, then on PATH
   std::string worker_bin;
   std::vector<std::string> worker_args;  // passed through to every worker
+  std::vector<int> devices;              // worker i runs on GPU devices[i % size] (--device); empty: none given
   std::vector<std::string> router_args;  // passed through to the router
   double stop_timeout_s = 10;
   bool restart = false;               // start a child again when it exits while the fleet is up
@@ -261,6 +262,9 @@ int RunUp(const UpArgs& args) {
     wargs.insert(wargs.end(), {"--advertise-host", "127.0.0.1"});
     if (a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-name", a.model});
     if (a.prefill_workers > 0) wargs.insert(wargs.end(), {"--role", i < a.prefill_workers ? "prefill" : "decode"});
+    if (!a.devices.empty()) {
+      wargs.insert(wargs.end(), {"--device", std::to_string(a.devices[static_cast<size_t>(i) % a.devices.size()])});
+    }
     wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
     workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});
@@ -375,6 +379,10 @@ Action AddUpCommand(CLI::App& parent) {
   cmd->add_flag("--restart", args->restart, "start a router or worker again when it exits while the fleet is up");
   cmd->add_option("--restart-delay-s", args->restart_delay_s, "--restart: seconds before starting it again")
       ->capture_default_str();
+  cmd->add_option("--devices", args->devices,
+                  "cuda: GPU ordinals the workers take in turn (worker i: the (i mod n)th), e.g. --devices 0,1")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1023));
   cmd->add_option("--worker-arg", args->worker_args,
                   "an extra argument for every worker (repeatable; KVFLEET_* variables do not reach workers)");
   cmd->add_option("--router-arg", args->router_args,

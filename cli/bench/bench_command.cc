@@ -95,12 +95,14 @@ void WriteRequestLines(std::ostream& out, const std::string& policy, const bench
   }
 }
 
-// Requests by worker from every router's metrics, summed (each router counts its own).
-Result<std::map<std::string, double>> ScrapeAll(const bench::ReplayOptions& options) {
-  std::map<std::string, double> sum;
+// Every router's counters, summed (each router counts its own requests and pulls).
+Result<bench::RouterCounters> ScrapeAll(const bench::ReplayOptions& options) {
+  bench::RouterCounters sum;
   for (const std::string& url : options.RouterUrls()) {
-    KVF_ASSIGN_OR_RETURN(auto counts, bench::ScrapeRequestsByWorker(url));
-    for (const auto& [worker, n] : counts) sum[worker] += n;
+    KVF_ASSIGN_OR_RETURN(auto counts, bench::ScrapeRouterCounters(url));
+    for (const auto& [worker, n] : counts.requests_by_worker) sum.requests_by_worker[worker] += n;
+    sum.pulls += counts.pulls;
+    sum.pulled_blocks += counts.pulled_blocks;
   }
   return sum;
 }
@@ -201,10 +203,13 @@ int RunBench(const BenchArgs& args) {
     reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s));
     bench::RunReport& r = reports.back();
     if (before.ok() && after.ok()) {
-      for (const auto& [worker, n] : *after) {
-        double d = n - (before->count(worker) ? before->at(worker) : 0.0);
+      for (const auto& [worker, n] : after->requests_by_worker) {
+        const auto was = before->requests_by_worker.find(worker);
+        double d = n - (was != before->requests_by_worker.end() ? was->second : 0.0);
         if (d > 0) r.requests_by_worker_metrics[worker] = d;
       }
+      r.router_pulls = after->pulls - before->pulls;
+      r.router_pulled_blocks = after->pulled_blocks - before->pulled_blocks;
     }
     std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed (429 "
               << r.errors_by_status["429"] << ", 503 " << r.errors_by_status["503"] << ", 504 "
@@ -214,6 +219,7 @@ int RunBench(const BenchArgs& args) {
       std::cerr << "; by worker (router metrics):";
       for (const auto& [worker, n] : r.requests_by_worker_metrics) std::cerr << " " << worker << "=" << n;
     }
+    if (r.router_pulls >= 0) std::cerr << "; pulls " << r.router_pulls << " (" << r.router_pulled_blocks << " blocks)";
     std::cerr << "\n";
     for (const auto& e : r.error_examples) std::cerr << "bench:   error " << e << "\n";
   }

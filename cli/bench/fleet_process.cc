@@ -165,10 +165,35 @@ std::map<std::string, double> ParseRequestsByWorker(std::string_view text) {
   return out;
 }
 
-Result<std::map<std::string, double>> ScrapeRequestsByWorker(const std::string& router_url) {
+double SumCounter(std::string_view text, std::string_view name) {
+  double sum = 0;
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    const std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    std::string_view rest = line.substr(name.size());
+    if (rest[0] == '{') {
+      const size_t close = rest.find('}');
+      if (close == std::string_view::npos) continue;
+      rest = rest.substr(close + 1);
+    } else if (rest[0] != ' ') {
+      continue;  // another metric whose name starts with this one
+    }
+    try {
+      sum += std::stod(std::string(rest));
+    } catch (const std::exception&) {
+      // A malformed sample line: skipped, as above.
+    }
+  }
+  return sum;
+}
+
+Result<RouterCounters> ScrapeRouterCounters(const std::string& router_url) {
   KVF_ASSIGN_OR_RETURN(HttpReply reply, HttpGet(router_url, "/metrics", 5.0));
   if (reply.status != 200) return Unavailable("GET /metrics answered " + std::to_string(reply.status));
-  return ParseRequestsByWorker(reply.body);
+  return RouterCounters{ParseRequestsByWorker(reply.body), SumCounter(reply.body, "kvfleet_router_pulls_total"),
+                        SumCounter(reply.body, "kvfleet_router_pulled_blocks_total")};
 }
 
 }  // namespace kvfleet::bench

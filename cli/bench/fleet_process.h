@@ -52,8 +52,16 @@ Result<std::string> OnlyModel(const std::string& router_url);
 // kvfleet_router_requests_total{worker="..."} (issue 7's router metric).
 std::map<std::string, double> ParseRequestsByWorker(std::string_view metrics_text);
 
-// The same, scraped from <router_url>/metrics. Before and after a run, the difference is
-// the run's requests per worker, for routers that do not name the worker in a header.
-Result<std::map<std::string, double>> ScrapeRequestsByWorker(const std::string& router_url);
+// The sum of every sample of counter `name` in Prometheus text, whatever its labels (0: none).
+double SumCounter(std::string_view metrics_text, std::string_view name);
+
+// What a run is read by from a router's /metrics, before and after it: requests per worker
+// (ParseRequestsByWorker), and the requests sent with a pull hint and the blocks they named.
+struct RouterCounters {
+  std::map<std::string, double> requests_by_worker;
+  double pulls = 0;          // kvfleet_router_pulls_total
+  double pulled_blocks = 0;  // kvfleet_router_pulled_blocks_total
+};
+Result<RouterCounters> ScrapeRouterCounters(const std::string& router_url);
 
 }  // namespace kvfleet::bench

@@ -143,6 +143,8 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
         {"refusal_ms", Ms(r.refusal)},
         {"requests_by_worker", r.requests_by_worker},
         {"requests_by_worker_router_metrics", r.requests_by_worker_metrics},
+        {"router_pulls", r.router_pulls},
+        {"router_pulled_blocks", r.router_pulled_blocks},
         {"ttft_ms", Ms(r.ttft)},
         {"inter_token_ms", Ms(r.itl)},
         {"e2e_ms", Ms(r.e2e)},

@@ -49,6 +49,10 @@ struct RunReport {
   // From the router's kvfleet_router_requests_total, scraped before and after the run
   // (empty when /metrics could not be read). Counts every request the router saw.
   std::map<std::string, double> requests_by_worker_metrics;
+  // From kvfleet_router_pulls_total and pulled_blocks_total the same way: requests the routers
+  // sent with a pull hint, and the blocks those named (-1: /metrics could not be read).
+  double router_pulls = -1;
+  double router_pulled_blocks = -1;
 };
 
 // Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never

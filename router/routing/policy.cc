@@ -94,6 +94,13 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
          c.running_requests * options_.decode_s_per_running_request + c.adapter_load_s;
 }
 
+double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+  const double rate = EffectiveRate(c, fleet_rate);
+  const double queued = c.queued_prefill_tokens / rate + c.admission_wait_s;
+  const double recompute = static_cast<double>(c.pull_blocks) * request.block_size / rate;
+  return std::max(2 * c.pull_s, queued + recompute);
+}
+
 // Fleet-wide figures count each worker once: a pull candidate (pull_blocks > 0) is a second
 // option of a worker already counted, not another worker; unless every candidate is one (a
 // split request's decode workers, each with the prompt pulled).

@@ -186,6 +186,12 @@ class Picker {
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when
   // c reports none (README.md, "prefill rate").
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // How long a pull candidate's worker waits for its pull before computing the prefix itself
+  // (README.md, "Pulling a prefix"): twice the predicted pull_s, or the break-even with not
+  // pulling, whichever is longer. The request waits for the prefill queued ahead anyway, and
+  // the pulled blocks would take pull_blocks x B / rate to compute: a pull ending before that
+  // still beats recomputing them on that worker.
+  double PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
   // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
   // candidates' mean waiting_requests N (by Little's law, about as many arrive per worker
   // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's

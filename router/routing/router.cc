@@ -321,8 +321,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
   if (chosen.pull_blocks > 0) {
     if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
-      // The worker gives up at twice the predicted time: a pull that slow is better recomputed.
-      const auto deadline_ms = static_cast<uint32_t>(std::ceil(2e3 * chosen.pull_s));
+      // Past its break-even (Picker::PullDeadline) a pull is better recomputed.
+      const auto deadline_ms = static_cast<uint32_t>(
+          std::ceil(1e3 * picker_.PullDeadline(d.route, chosen, picker_.FleetRate(candidates))));
       d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,
                         std::max<uint32_t>(deadline_ms, 10)};
       d.pull_from = chosen.pull_from;

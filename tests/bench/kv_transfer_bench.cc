@@ -2,7 +2,7 @@
 // 127.0.0.1) against recomputing the prefix:
 //
 //   kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N]
-//                     [--kv-cache-gib G] [--ipc]
+//                     [--kv-cache-gib G] [--ipc] [--devices A,B]
 //
 //   --model DIR        default: a llama-3.1-8b-shaped random model (test_models.h, seed 7)
 //   --prompt-tokens N  default 8192; whole blocks of 32 are pulled, the last block computed
@@ -11,6 +11,9 @@
 //   --kv-cache-gib G   each worker's device KV bytes (default 12): both share the GPU
 //   --ipc              A runs in a child process and B pulls by CUDA IPC (device to device);
 //                      default: both in this process, the pull's bytes over TCP
+//   --devices A,B      the GPUs of worker A and worker B (--device; default 0,0). On two GPUs
+//                      the run ends with the two same-host transports side by side over the
+//                      pull's bytes: peer copies (what CUDA IPC does) and NCCL send/recv.
 //
 // Workers A and B (in-process, cuda backend, one GPU). After a warm-up (a prompt on each, and
 // one pull from A to B), each round: A computes prompt P's prefix; B computes P' (P with its first
@@ -55,6 +58,7 @@
 #include "schema/transfer_codec.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
+#include "tests/bench/kv_transfer_stages.h"
 #include "tests/worker/model/test_models.h"
 #include "tests/worker/server/loopback_worker_config.h"
 #include "worker/model/model_config.h"
@@ -211,172 +215,6 @@ Holder ForkHolder(const server::WorkerConfig& c) {
   return h;
 }
 
-// Each stage of a pull's path alone, over `blocks` blocks of `bpb` bytes (one pool).
-void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
-  const uint64_t total = uint64_t{blocks} * bpb;
-  const double gb = static_cast<double>(total) / 1e9;
-  auto report = [&](const char* what, double ms) {
-    std::printf("stage %-44s %9.1f ms  %7.2f GB/s\n", what, ms, gb / (ms / 1e3));
-  };
-  std::printf("stages of one pull, each alone: %u blocks x %llu bytes = %.3f GB\n", blocks,
-              static_cast<unsigned long long>(bpb), gb);
-  void* dev = nullptr;
-  CUDA_OK(cudaMalloc(&dev, total));
-  CUDA_OK(cudaMemset(dev, 0x3c, total));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  const size_t half = 8ull << 20;
-  std::byte* staging[2];
-  for (auto& s : staging) CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&s), half, cudaHostAllocDefault));
-  cudaEvent_t ev[2];
-  for (auto& e : ev) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-
-  // Raw links, for scale: one pinned DMA of the whole run each way, and pageable.
-  {
-    void* pinned = nullptr;
-    CUDA_OK(cudaHostAlloc(&pinned, total, cudaHostAllocDefault));
-    CUDA_OK(cudaMemcpy(pinned, dev, total, cudaMemcpyDeviceToHost));
-    Clk::time_point t0 = Clk::now();
-    CUDA_OK(cudaMemcpy(pinned, dev, total, cudaMemcpyDeviceToHost));
-    report("(link) D2H pinned, one copy", MsSince(t0));
-    t0 = Clk::now();
-    CUDA_OK(cudaMemcpy(dev, pinned, total, cudaMemcpyHostToDevice));
-    report("(link) H2D pinned, one copy", MsSince(t0));
-    CUDA_OK(cudaFreeHost(pinned));
-    std::vector<std::byte> pageable(total);
-    std::memset(pageable.data(), 1, total);
-    t0 = Clk::now();
-    CUDA_OK(cudaMemcpy(pageable.data(), dev, total, cudaMemcpyDeviceToHost));
-    report("(link) D2H pageable, one copy (pages touched)", MsSince(t0));
-  }
-
-  // 1. Holder, engine thread: ReadKvBlocks per block into a fresh block buffer (KvPulls::Serve).
-  std::vector<transfer::Block> run(blocks);
-  Clk::time_point t0 = Clk::now();
-  for (uint32_t i = 0; i < blocks; ++i) {
-    run[i].data.assign(1, std::vector<std::byte>(bpb));
-    std::byte* dst = run[i].data[0].data();
-    const std::byte* src = static_cast<const std::byte*>(dev) + uint64_t{i} * bpb;
-    const size_t pieces = (bpb + half - 1) / half;
-    CUDA_OK(cudaStreamSynchronize(stream));
-    for (size_t k = 0; k <= pieces; ++k) {
-      if (k < pieces) {
-        CUDA_OK(cudaMemcpyAsync(staging[k % 2], src + k * half, std::min(half, bpb - k * half), cudaMemcpyDeviceToHost,
-                                stream));
-        CUDA_OK(cudaEventRecord(ev[k % 2], stream));
-      }
-      if (k > 0) {
-        CUDA_OK(cudaEventSynchronize(ev[(k - 1) % 2]));
-        std::memcpy(dst + (k - 1) * half, staging[(k - 1) % 2], std::min(half, bpb - (k - 1) * half));
-      }
-    }
-  }
-  report("1 holder: D2H via staging into new buffers", MsSince(t0));
-
-  // The request these blocks answer, for the checks.
-  transfer::PullRequest request;
-  request.transfer_id = 1;
-  request.model = "bench";
-  request.block_size = block_size;
-  request.layout.block_size = block_size;
-  request.layout.pools = {transfer::PoolGeometry{0, 1, 1, 1, bpb}};
-  request.deadline_ms = 1000;
-  for (uint32_t i = 0; i < blocks; ++i) {
-    run[i].index = i;
-    run[i].hash = 1000 + i;
-    run[i].tokens.assign(block_size, static_cast<TokenId>(i));
-    request.hashes.push_back(1000 + i);
-  }
-  // 2. Holder, I/O thread: checksums, then frames under 64 MiB (holder.cc).
-  t0 = Clk::now();
-  for (transfer::Block& b : run) b.checksums = {transfer::Checksum(b.data[0])};
-  report("2 holder: XXH3 checksums", MsSince(t0));
-  std::vector<std::string> frames;
-  t0 = Clk::now();
-  for (size_t i = 0; i < run.size();) {
-    uint64_t bytes = 1024;
-    size_t end = i;
-    while (end < run.size() && bytes + transfer::EncodedBlockBytes(run[end]) < (64ull << 20)) {
-      bytes += transfer::EncodedBlockBytes(run[end++]);
-    }
-    if (end == i) ++end;
-    frames.push_back(transfer::EncodeBlocks(1, std::span<const transfer::Block>(run).subspan(i, end - i)));
-    i = end;
-  }
-  report("3 holder: capnp encode into frames", MsSince(t0));
-  std::printf("      (%zu frames)\n", frames.size());
-
-  // 4. The frames over ZeroMQ on loopback TCP, sender on its own thread (as the I/O threads).
-  std::vector<zmq::message_t> received;
-  {
-    zmq::context_t ctx;
-    zmq::socket_t router(ctx, zmq::socket_type::router);
-    router.bind("tcp://127.0.0.1:0");
-    const std::string ep = router.get(zmq::sockopt::last_endpoint);
-    zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-    dealer.connect(ep);
-    dealer.send(zmq::str_buffer("hi"), zmq::send_flags::none);
-    zmq::message_t id, hi;
-    (void)router.recv(id);
-    (void)router.recv(hi);
-    t0 = Clk::now();
-    std::thread sender([&] {
-      for (const std::string& f : frames) {
-        router.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
-        // Zero-copy, as the holder sends (holder.cc SendTo): the frames outlive the sends.
-        zmq::message_t body(const_cast<char*>(f.data()), f.size(), [](void*, void*) {}, nullptr);
-        router.send(body, zmq::send_flags::none);
-      }
-    });
-    for (size_t i = 0; i < frames.size(); ++i) {
-      zmq::message_t m;
-      (void)dealer.recv(m);
-      received.push_back(std::move(m));
-    }
-    sender.join();
-    report("4 zmq DEALER<-ROUTER over tcp 127.0.0.1", MsSince(t0));
-  }
-  // 5. Receiver, I/O thread: decode and check every block, checksums included (puller.cc).
-  std::vector<transfer::Block> got;
-  t0 = Clk::now();
-  for (const zmq::message_t& m : received) {
-    auto reply = transfer::DecodePullReply(m.data(), m.size());
-    if (!reply.ok()) {
-      std::fprintf(stderr, "decode: %s\n", reply.status().ToString().c_str());
-      std::exit(1);
-    }
-    for (transfer::Block& b : std::get<std::vector<transfer::Block>>(reply->body)) {
-      if (Status s = transfer::CheckBlock(request, b, static_cast<uint32_t>(got.size()), true); !s.ok()) {
-        std::fprintf(stderr, "check: %s\n", s.ToString().c_str());
-        std::exit(1);
-      }
-      got.push_back(std::move(b));
-    }
-  }
-  report("5 receiver: decode + checks (checksums)", MsSince(t0));
-  received.clear();
-  // 6. Receiver, engine thread: WriteKvBlocks block by block from the received buffers
-  // (KvPulls::Finish), through the staging to the device.
-  t0 = Clk::now();
-  size_t k = 0;
-  for (const transfer::Block& b : got) {
-    for (size_t at = 0; at < bpb; at += half, ++k) {
-      if (k >= 2) CUDA_OK(cudaEventSynchronize(ev[k % 2]));
-      const size_t n = std::min<size_t>(half, bpb - at);
-      std::memcpy(staging[k % 2], b.data[0].data() + at, n);
-      CUDA_OK(cudaMemcpyAsync(static_cast<std::byte*>(dev) + uint64_t{b.index} * bpb + at, staging[k % 2], n,
-                              cudaMemcpyHostToDevice, stream));
-      CUDA_OK(cudaEventRecord(ev[k % 2], stream));
-    }
-  }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  report("6 receiver: H2D via staging, block by block", MsSince(t0));
-  for (auto e : ev) cudaEventDestroy(e);
-  for (auto s : staging) cudaFreeHost(s);
-  cudaStreamDestroy(stream);
-  cudaFree(dev);
-}
-
 }  // namespace
 }  // namespace kvfleet
 
@@ -387,6 +225,7 @@ int main(int argc, char** argv) {
   int decode_tokens = 4, reps = 3;
   double kv_gib = 12;
   bool ipc = false;
+  int device_a = 0, device_b = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--model") && i + 1 < argc) {
       model = argv[++i];
@@ -400,10 +239,13 @@ int main(int argc, char** argv) {
       kv_gib = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--ipc")) {
       ipc = true;
+    } else if (!std::strcmp(argv[i], "--devices") && i + 1 < argc &&
+               std::sscanf(argv[i + 1], "%d,%d", &device_a, &device_b) == 2 && device_a >= 0 && device_b >= 0) {
+      ++i;
     } else {
       std::fprintf(stderr,
                    "usage: kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N] "
-                   "[--kv-cache-gib G] [--ipc]\n");
+                   "[--kv-cache-gib G] [--ipc] [--devices A,B]\n");
       return 2;
     }
   }
@@ -429,6 +271,9 @@ int main(int argc, char** argv) {
   c.transfer_ipc = ipc;
   // A: in this process, or (--ipc) in a child that reports its endpoints on a pipe and runs
   // until this process closes the other pipe.
+  server::WorkerConfig config_b = c;
+  c.device = device_a;
+  config_b.device = device_b;
   Holder a = ipc ? ForkHolder(c) : Holder{};
   zmq::context_t context;
   Clk::time_point t0 = Clk::now();
@@ -438,9 +283,10 @@ int main(int argc, char** argv) {
     a = Holder{a_here->worker->requests_endpoint(), a_here->worker->transfer_endpoint(), a_here->worker->worker_id()};
   }
   cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s; transport: %s\n", prop.name, ipc ? "CUDA IPC (A in a child process)" : "TCP");
-  RunningWorker b(c, context);
+  CUDA_OK(cudaGetDeviceProperties(&prop, device_b));
+  std::printf("device: %s; A on GPU %d, B on GPU %d; transport: %s\n", prop.name, device_a, device_b,
+              ipc ? "CUDA IPC (A in a child process)" : "TCP");
+  RunningWorker b(config_b, context);
   std::printf("workers A and B up in %.1f s; A's transfer endpoint %s\n", MsSince(t0) / 1e3, a.transfer.c_str());
   const uint32_t B = c.block_size;
   const uint32_t hint_blocks = static_cast<uint32_t>(prompt_tokens / B);
@@ -454,6 +300,7 @@ int main(int argc, char** argv) {
   std::printf("warm-up pull: TTFT %.1f ms, %u tokens cached\n", warm.ttft_ms, warm.cached);
 
   std::vector<double> own_cached, recompute, pull, pull_worker, recompute_worker, pull_ms, pull_gbs;
+  std::vector<double> prefix_ms, move_ms, copy_gbs;  // A's prefix compute; the pull plus its device copy
   bool all_equal = true;
   uint64_t pulled_bytes = 0;
   for (int r = 0; r < reps; ++r) {
@@ -474,6 +321,17 @@ int main(int argc, char** argv) {
     const bool equal = pl.tokens == cached.tokens && pl.cached == cached.cached;
     all_equal = all_equal && equal;
     pulled_bytes = bytes;
+    // The device answer's copy on B (CUDA IPC): timed by B's engine thread (RecordDeviceCopy).
+    const uint64_t copy_bytes = after.device_copy_bytes - before.device_copy_bytes;
+    const double copy_s = after.device_copy_seconds - before.device_copy_seconds;
+    if (copy_bytes > 0) {
+      std::printf("round %d: device copy %.3f GB in %.2f ms = %.1f GB/s (GPU %d -> GPU %d)\n", r,
+                  static_cast<double>(copy_bytes) / 1e9, copy_s * 1e3, static_cast<double>(copy_bytes) / 1e9 / copy_s,
+                  device_a, device_b);
+      copy_gbs.push_back(static_cast<double>(copy_bytes) / 1e9 / copy_s);
+    }
+    prefix_ms.push_back(computed.worker_ttft_ms);
+    move_ms.push_back((seconds + copy_s) * 1e3);
     std::printf(
         "round %d: A computes the prefix in %.1f ms TTFT; B recompute TTFT %.1f ms (worker %.1f, cached %u); B pull TTFT %.1f ms "
         "(worker %.1f, cached %u); pull %llu blocks %.3f GB in %.1f ms = %.2f GB/s; tokens %s to A's from its "
@@ -511,8 +369,14 @@ int main(int argc, char** argv) {
   std::printf("floor: A's TTFT for P from its own cached prefix, median %.1f ms: recompute/floor %.2fx; the pull "
               "adds %.1f ms to it\n",
               Median(own_cached), Median(recompute) / Median(own_cached), Median(pull) - Median(own_cached));
+  // The prefix alone: computing it (A's worker TTFT for the prefix) against moving it (B's
+  // pull, plus the device copy for a CUDA IPC answer).
+  std::printf("prefix: computed in %.1f ms (A's worker TTFT), moved in %.2f ms (pull + copy): %.1fx%s\n",
+              Median(prefix_ms), Median(move_ms), Median(prefix_ms) / std::max(Median(move_ms), 1e-6),
+              copy_gbs.empty() ? "" : (", copy " + std::to_string(Median(copy_gbs)) + " GB/s").c_str());
   const uint64_t bpb = pulled_bytes / std::max<uint32_t>(1, hint_blocks - 1);
-  if (!ipc) StageBreakdown(hint_blocks - 1, bpb, B);
+  if (!ipc) bench::StageBreakdown(hint_blocks - 1, bpb, B);
+  if (device_a != device_b) bench::PeerStages(hint_blocks - 1, bpb, device_a, device_b);
   if (ipc && sb.device == 0) {
     std::printf("FAILED: no pull went device to device\n");
     all_equal = false;

@@ -59,14 +59,16 @@ std::vector<std::string> NonLoopbackListeners(const std::set<int>& ports) {
 }
 
 // `kvfleet up` with `env` added to this process's environment; SIGTERMed at the end.
-ChildProcess StartUp(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env) {
-  return ChildProcess(KVFLEET_CLI,
-                      {"up", "--backend", "mock", "--http-port", std::to_string(kHttpPort), "--registration-port",
-                       std::to_string(kRegistrationPort), "--worker-base-port", std::to_string(kWorkerBasePort),
-                       "--worker-http-base-port", std::to_string(kWorkerHttpBasePort), "--router-bin",
-                       KVFLEET_ROUTER_BIN, "--worker-bin", KVFLEET_WORKER_BIN, "--log-dir", (dir / "logs").string(),
-                       "--stop-timeout-s", "5"},
-                      dir / "up.log", env);
+ChildProcess StartUp(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& env,
+                     const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {"up", "--backend", "mock", "--http-port", std::to_string(kHttpPort),
+                                   "--registration-port", std::to_string(kRegistrationPort), "--worker-base-port",
+                                   std::to_string(kWorkerBasePort), "--worker-http-base-port",
+                                   std::to_string(kWorkerHttpBasePort), "--router-bin", KVFLEET_ROUTER_BIN,
+                                   "--worker-bin", KVFLEET_WORKER_BIN, "--log-dir", (dir / "logs").string(),
+                                   "--stop-timeout-s", "5"};
+  args.insert(args.end(), more.begin(), more.end());
+  return ChildProcess(KVFLEET_CLI, args, dir / "up.log", env);
 }
 
 TEST_CASE("kvfleet up reads KVFLEET_UP_* itself and keeps KVFLEET_* from the router and workers") {
@@ -120,6 +122,28 @@ TEST_CASE("kvfleet up reads KVFLEET_UP_* itself and keeps KVFLEET_* from the rou
   CHECK(log.find("not passing") != std::string::npos);
   CHECK(log.find("KVFLEET_TOKENIZER") != std::string::npos);
   CHECK(log.find("KVFLEET_UP_WORKERS") == std::string::npos);  // its own, not kept back from anyone
+}
+
+TEST_CASE("kvfleet up --devices gives the workers their GPUs in turn; a mock worker refuses one") {
+  TempDir dir("kvfleet_up_devices_");
+  ChildProcess up = StartUp(dir.path, {}, {"--workers", "3", "--devices", "3,5"});
+  // Workers 0, 1, 2 get --device 3, 5, 3; the mock backend has no GPU to pick and says so.
+  const std::vector<std::string> want = {"--device 3 picks a GPU", "--device 5 picks a GPU", "--device 3 picks a GPU"};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto all_refused = [&] {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (ReadFile(dir.path / ("logs/worker-" + std::to_string(i) + ".log")).find(want[i]) == std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  };
+  while (std::chrono::steady_clock::now() < deadline && !all_refused()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO("worker logs:\n" << ReadFile(dir.path / "logs/worker-0.log") << ReadFile(dir.path / "logs/worker-1.log")
+                         << ReadFile(dir.path / "logs/worker-2.log"));
+  CHECK(all_refused());
 }
 
 // Routable workers in `router_url`'s /fleet, and the requests its peer routers have in

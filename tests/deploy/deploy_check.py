@@ -31,7 +31,7 @@ advertise-host curve-keypair curve-authorized-keys block-size routing-block-size
 max-context tensor-parallel max-queued max-step-ms kv-cache-bytes gpu-memory-fraction kv-cache-dtype
 host-cache-bytes offload-min-priority events-include-tokens max-attention-window sink-tokens streaming-llm
 attention-chunk-size lora max-loras max-lora-rank shutdown-grace-s mock-step-base-us mock-prefill-token-us
-mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride cpu-latency-us role""".split())
+mock-decode-seq-us mock-kv-token-read-us mock-verify-kv mock-workers port-stride cpu-latency-us device role""".split())
 
 # Every metric the issues define (issue 4: event plane; issue 6: worker; issue 7: router).
 # A dashboard query naming anything else is a typo or a rename to catch.

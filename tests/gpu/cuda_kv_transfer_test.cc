@@ -20,6 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cuda_runtime_api.h>
+
 #include <capnp/message.h>
 #include <zmq.hpp>
 
@@ -225,6 +227,11 @@ TEST_CASE("two cuda workers in two processes: the pull copies the holder's devic
     zmq::context_t context;
     server::WorkerConfig c = CudaWorkerConfig(model);
     c.transfer_ipc = true;
+    // With a second GPU, B runs on it (--device 1): the copy crosses from A's GPU to B's.
+    int devices = 0;
+    REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+    c.device = devices >= 2 ? 1 : 0;
+    MESSAGE("holder on GPU 0, receiver on GPU " << c.device);
     RunningWorker b(c, context);
     std::vector<TokenId> prompt(100);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(1000 + 7 * i);
@@ -239,6 +246,8 @@ TEST_CASE("two cuda workers in two processes: the pull copies the holder's devic
     REQUIRE(stats.pulls.count(a[1]) == 1);
     CHECK(stats.pulls.at(a[1]).device == 1);  // device to device, not bytes
     CHECK(stats.pulls.at(a[1]).blocks == 6);
+    CHECK(stats.pulls.at(a[1]).device_copy_bytes == stats.pulls.at(a[1]).bytes);  // the copy is counted
+    CHECK(stats.pulls.at(a[1]).device_copy_seconds > 0);
     // B holds them now: B's own reuse agrees.
     const Answer again = Ask(context, b.worker->requests_endpoint(), prompt);
     CHECK(again.cached_device_tokens == 96);

@@ -1,6 +1,7 @@
 #include "worker/server/kv_pulls.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <utility>
 
@@ -200,6 +201,8 @@ bool KvPulls::ServeDevice(const transfer::IncomingPull& pull) {
 uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good) {
   const transfer::DeviceRun& run = *result.device;
   std::vector<kv::BlockId> src(good), dst(good);
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
   for (size_t pool = 0; pool < layout_->pools.size(); ++pool) {
     const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
     for (uint32_t j = 0; j < good; ++j) {
@@ -213,8 +216,11 @@ uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result,
       no_device_sources_.insert(result.source);
       return 0;
     }
+    bytes += uint64_t{good} * layout_->pools[pool].bytes_per_block;
   }
   ++stats_.device_pulls;
+  service_->RecordDeviceCopy(result.source, bytes,
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return good;
 }
 
@@ -235,10 +241,13 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
   }
   bool copy_failed = false, late = false;
   if (result.device) {
-    // The holder keeps the run pinned until the deadline plus a grace, no longer: a run whose
-    // deadline passed while this thread was busy (a long step) may be reused there by now, so
-    // it is not copied. Otherwise it is copied at once, well inside the grace.
-    late = good > 0 && result.deadline > 0 && service_->Now() > result.deadline;
+    // The holder keeps the run pinned until its deadline plus kDeviceHoldGrace, no longer. Its
+    // deadline runs from the pull's arrival there, after this side's start, on the same host's
+    // monotonic clock: so until this side's deadline plus half the grace the run is still
+    // pinned, with half the grace left for the copy. A run reached later, behind long steps
+    // here, may be reused there by now: it is not copied.
+    const TimeNs copy_by = result.deadline + transfer::config::kDeviceHoldGrace / 2;
+    late = good > 0 && result.deadline > 0 && service_->Now() > copy_by;
     if (late) good = 0;
     if (good > 0) {
       const uint32_t copied = CopyFromDevice(p, result, good);

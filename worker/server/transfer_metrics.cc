@@ -21,7 +21,11 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
       served_(Counter(r, "kvfleet_worker_kv_served_total", "Pulls from other workers answered, by result")),
       served_bytes_(Counter(r, "kvfleet_worker_kv_served_bytes_total", "Bytes of KV blocks sent to other workers")),
       device_pulls_(Counter(r, "kvfleet_worker_kv_device_pulls_total",
-                            "Pulls answered with the holder's device blocks and copied device to device (same host)")) {}
+                            "Pulls answered with the holder's device blocks and copied device to device (same host)")),
+      device_copy_bytes_(Counter(r, "kvfleet_worker_kv_device_copy_bytes_total",
+                                 "Bytes of pulled KV blocks copied device to device from the holder's pools")),
+      device_copy_seconds_(Counter(r, "kvfleet_worker_kv_device_copy_seconds_total",
+                                   "Time of those device-to-device copies (bytes over time: the pair's bandwidth)")) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -40,6 +44,10 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
     Advance(pulled_blocks_, {{"source", source}}, static_cast<double>(s.blocks));
     Advance(pulled_bytes_, {{"source", source}}, static_cast<double>(s.bytes));
     Advance(pull_seconds_, {{"source", source}}, s.seconds);
+    if (s.device_copy_bytes > 0) {
+      Advance(device_copy_bytes_, {{"source", source}}, static_cast<double>(s.device_copy_bytes));
+      Advance(device_copy_seconds_, {{"source", source}}, s.device_copy_seconds);
+    }
   }
   for (const auto& [reason, n] : pulls.fallbacks) Advance(fallbacks_, {{"reason", reason}}, static_cast<double>(n));
   Advance(imported_, {}, static_cast<double>(pulls.imported_blocks));

@@ -44,6 +44,8 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& served_;
   prometheus::Family<prometheus::Counter>& served_bytes_;
   prometheus::Family<prometheus::Counter>& device_pulls_;
+  prometheus::Family<prometheus::Counter>& device_copy_bytes_;
+  prometheus::Family<prometheus::Counter>& device_copy_seconds_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

@@ -159,6 +159,7 @@ Status Worker::Init(zmq::context_t& context) {
   bo.max_loras = config_.max_loras;
   bo.max_lora_rank = config_.max_lora_rank;
   bo.tensor_parallel = config_.tensor_parallel;
+  bo.device = config_.device;
   if (config_.backend == "mock") {
     bo.extra["mock.step_base_us"] = std::to_string(config_.mock_cost.step_base_us);
     bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);

@@ -83,6 +83,11 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "ranks the model is split over, Megatron-style (1, 2, 4 or 8); cpu: in-process ranks, cuda: GPUs; "
                  "the model's attention heads, KV heads and intermediate size must shard over them")
       ->capture_default_str();
+  app.add_option("--device", c->device,
+                 "cuda: the GPU ordinal to run on (with --tensor-parallel, ranks take GPUs from it on); keep every "
+                 "GPU visible to workers on one host so their pulls copy device to device")
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
   app.add_option("--max-queued", c->max_queued, "waiting requests before refusing with 'overloaded'")
       ->capture_default_str();
   app.add_option("--max-step-ms", c->max_step_ms,
@@ -180,6 +185,9 @@ Status WorkerConfig::Validate() const {
   // The model's shape is checked by the backend (heads, KV heads, intermediate size).
   if (tensor_parallel != 1 && tensor_parallel != 2 && tensor_parallel != 4 && tensor_parallel != 8) {
     return InvalidArgument("--tensor-parallel must be 1, 2, 4 or 8, got " + std::to_string(tensor_parallel));
+  }
+  if (device != 0 && (backend == "cpu" || backend == "mock")) {  // auto: checked again once resolved
+    return InvalidArgument("--device " + std::to_string(device) + " picks a GPU; it needs --backend cuda");
   }
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +

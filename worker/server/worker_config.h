@@ -73,6 +73,10 @@ struct WorkerConfig {
   // Ranks one model is split over (Megatron tensor parallelism): 1, 2, 4 or 8. cpu: in-process
   // ranks; cuda: one GPU per rank (cuda_backend.h invariant 8); mock: announced only, its costs do not change.
   int32_t tensor_parallel = 1;
+  // cuda: the device ordinal the worker runs on (its first rank with --tensor-parallel). Workers
+  // that share a host name their GPUs here rather than by CUDA_VISIBLE_DEVICES, so that each can
+  // still map the others' KV pools for device-to-device pulls (worker/transfer/README.md).
+  int32_t device = 0;
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
   double max_step_ms = engine::config::kDefaultMaxStepMs;

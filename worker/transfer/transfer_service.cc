@@ -164,6 +164,13 @@ void TransferService::ServeDevice(uint64_t peer_token, uint64_t transfer_id, Dev
 
 void TransferService::ReleasePull(uint64_t transfer_id) { impl_->Queue(ReleaseCommand{transfer_id}); }
 
+void TransferService::RecordDeviceCopy(const std::string& source_endpoint, uint64_t bytes, double seconds) {
+  std::lock_guard lock(impl_->mu);
+  SourceStats& src = impl_->stats.pulls[source_endpoint];
+  src.device_copy_bytes += bytes;
+  src.device_copy_seconds += seconds;
+}
+
 void TransferService::Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message) {
   impl_->Queue(RefuseCommand{peer_token, transfer_id, reason, std::move(message)});
 }

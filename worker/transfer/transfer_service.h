@@ -126,7 +126,10 @@ struct SourceStats {
   std::array<uint64_t, kNumPullOutcomes> by_outcome{};  // kOk included
   uint64_t blocks = 0;                                  // imported from ok pulls
   uint64_t bytes = 0;
-  double seconds = 0;  // summed elapsed of ok pulls
+  double seconds = 0;  // summed elapsed of ok pulls (device answers: the handles, not the copy)
+  // Device answers copied by the receiver (RecordDeviceCopy): bytes and seconds of the copies.
+  uint64_t device_copy_bytes = 0;
+  double device_copy_seconds = 0;
 };
 
 struct TransferStats {
@@ -193,6 +196,9 @@ class TransferService {
   // copy is done, or abandoned). A no-op for any other id, and for a run whose deadline +
   // config::kDeviceHoldGrace has passed (the holder let it go by itself).
   void ReleasePull(uint64_t transfer_id);
+  // The receiver copied `bytes` of a device answer from `source_endpoint` in `seconds`:
+  // counted in that source's stats (the pair's device-to-device bandwidth).
+  void RecordDeviceCopy(const std::string& source_endpoint, uint64_t bytes, double seconds);
 
   // Waits until TakePulls, TakeResults or TakeReleases has something, up to `timeout`.
   // Returns whether it has.

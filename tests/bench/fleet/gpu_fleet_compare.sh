@@ -15,7 +15,9 @@
 # KVFLEET_CALIB_SCALE (4), KVFLEET_CONCURRENCY (512), KVFLEET_TTFT_SLO_MS (2000),
 # KVFLEET_CAPACITY (skip the calibration: computed prompt tokens/s from an earlier one),
 # KVFLEET_BENCH_EXTRA (more kvfleet bench arguments), KVFLEET_BACKEND (cuda; mock to try the
-# script without a GPU).
+# script without a GPU), KVFLEET_DEVICES (GPUs the workers take in turn, e.g. 0,1: `kvfleet up
+# --devices`; default all on GPU 0), KVFLEET_NOPULL (1: after each load's rows, `kv` once more
+# on a fleet whose router never asks for a pull, --transfer-bytes-per-s 0: kv without transfer).
 set -uo pipefail
 B="$(cd "$1" && pwd)"; TRACE="$2"; R="$3"
 mkdir -p "$R"
@@ -24,6 +26,7 @@ FRACTION="${KVFLEET_GPU_FRACTION:-0.2}"; DURATION="${KVFLEET_DURATION:-45}"
 LOADS="${KVFLEET_LOADS:-0.8 1.3}"; POLICIES="${KVFLEET_POLICIES:-round_robin,least_loaded,kv}"
 CALIB="${KVFLEET_CALIB_SCALE:-4}"; CONC="${KVFLEET_CONCURRENCY:-512}"
 SLO="${KVFLEET_TTFT_SLO_MS:-2000}"; EXTRA="${KVFLEET_BENCH_EXTRA:-}"
+DEVICES="${KVFLEET_DEVICES:-}"; NOPULL="${KVFLEET_NOPULL:-0}"
 PORT=18950
 K="$B/bin/kvfleet"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -45,9 +48,10 @@ fleet="$K up --backend $BACKEND --workers $WORKERS --model-dir $model --http-por
  --log-dir $R/fleet-logs --router-bin $B/bin/kvfleet-router --worker-bin $B/bin/kvfleet-worker \
  --worker-arg=--gpu-memory-fraction=$FRACTION"
 [ "$BACKEND" = cuda ] || fleet="${fleet% --worker-arg=*}"
-bench() {  # bench NAME TIME_SCALE POLICIES
+[ -n "$DEVICES" ] && fleet="$fleet --devices $DEVICES"
+bench() {  # bench NAME TIME_SCALE POLICIES [FLEET_CMD]
   "$K" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale "$2" --duration "$DURATION" \
-    --concurrency-limit "$CONC" --compare "$3" --fleet-cmd "$fleet" --ready-timeout 300 \
+    --concurrency-limit "$CONC" --compare "$3" --fleet-cmd "${4:-$fleet}" --ready-timeout 300 \
     --ttft-slo-ms "$SLO" --out "$R/$1.json" $EXTRA 2>&1 | tee "$R/$1.txt"
 }
 
@@ -70,4 +74,8 @@ for L in $LOADS; do
   scale=$(python3 -c "print(round($L * $capacity * $DURATION / $p1, 3))")
   echo "== load $L x capacity: time scale $scale" | tee -a "$R/capacity.txt"
   bench "load-$L" "$scale" "$POLICIES"
+  if [ "$NOPULL" = 1 ]; then
+    echo "== load $L x capacity: kv without transfer (--transfer-bytes-per-s 0)" | tee -a "$R/capacity.txt"
+    bench "load-$L-nopull" "$scale" kv "$fleet --router-arg=--transfer-bytes-per-s=0"
+  fi
 done

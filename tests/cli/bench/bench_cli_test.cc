@@ -261,5 +261,18 @@ TEST_CASE("requests per worker are read from the router's kvfleet_router_request
   CHECK(by_worker["w1"] == 10);
 }
 
+TEST_CASE("a counter's samples are summed over their labels; a longer name is another metric") {
+  const std::string text =
+      "# TYPE kvfleet_router_pulls_total counter\n"
+      "kvfleet_router_pulls_total{model=\"m\",source=\"w0\"} 3\n"
+      "kvfleet_router_pulls_total{model=\"m\",source=\"w1\"} 4e+00\n"
+      "kvfleet_router_pulls_total_other 100\n"
+      "kvfleet_router_pulled_blocks_total 12\n"
+      "kvfleet_router_pulls_total{broken 9\n";
+  CHECK(SumCounter(text, "kvfleet_router_pulls_total") == 7);
+  CHECK(SumCounter(text, "kvfleet_router_pulled_blocks_total") == 12);
+  CHECK(SumCounter(text, "kvfleet_router_absent_total") == 0);
+}
+
 }  // namespace
 }  // namespace kvfleet::bench

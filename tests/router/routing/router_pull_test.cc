@@ -62,6 +62,18 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   // The pull's 640 KiB at 0.5 GB/s and its setup: ~26 ms, not the holder's 80 s queue.
   CHECK(d->estimated_ttft_s < 0.05);
 
+  SUBCASE("a worker with prefill queued ahead waits for its pull until recomputing would have been done") {
+    OwnLoadCounts queued;
+    queued.requests = 1;
+    queued.prefill_tokens = 100;  // 100 ms at 1,000 tokens/s, which the pull overlaps
+    f.loads.own[0] = f.loads.own[1] = queued;
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker != 2);
+    CHECK(e->pull.source == "tcp://h2:5559");
+    // The queue's 100 ms, then the 40 pulled tokens' 40 ms: not twice the pull's 26.3 ms.
+    CHECK(e->pull.deadline_ms == 140);
+  }
   SUBCASE("a pull slower than recomputing is not chosen") {
     for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));

@@ -356,6 +356,10 @@ TEST_CASE("worker config: --kv-cache-dtype takes auto, bf16, fp8 and fp8_e4m3; c
   CHECK(c.Validate().message().find("--kv-cache-dtype fp8 needs --backend cuda") != std::string::npos);
   c.kv_cache_dtype = "auto";
   CHECK(c.Validate().ok());
+  c.device = 1;  // a GPU ordinal means nothing to the cpu backend: refused, not ignored
+  CHECK(c.Validate().message().find("--device 1 picks a GPU; it needs --backend cuda") != std::string::npos);
+  c.backend = "cuda";
+  CHECK(c.Validate().ok());
 }
 
 TEST_CASE("worker config: --backend auto (the default) runs the model on cuda or cpu, never the mock") {
