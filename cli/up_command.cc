@@ -261,10 +261,10 @@ int RunUp(const UpArgs& args) {
     if (!a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-dir", a.model_dir});
     wargs.insert(wargs.end(), {"--advertise-host", "127.0.0.1"});
     if (a.model_dir.empty()) wargs.insert(wargs.end(), {"--model-name", a.model});
-    if (a.prefill_workers > 0) wargs.insert(wargs.end(), {"--role", i < a.prefill_workers ? "prefill" : "decode"});
     if (!a.devices.empty()) {
       wargs.insert(wargs.end(), {"--device", std::to_string(a.devices[static_cast<size_t>(i) % a.devices.size()])});
     }
+    if (a.prefill_workers > 0) wargs.insert(wargs.end(), {"--role", i < a.prefill_workers ? "prefill" : "decode"});
     wargs.insert(wargs.end(), a.worker_args.begin(), a.worker_args.end());
     std::string log = a.log_dir + "/worker-" + std::to_string(i) + ".log";
     workers.push_back({"worker-" + std::to_string(i), Spawn(wargs, env, log), wargs, log});

@@ -297,7 +297,7 @@ struct ServedModel {
 struct ModelReadiness {
   std::string model;
   size_t workers = 0;   // known, not removed
-  size_t routable = 0;  // of those, routable now
+  size_t routable = 0;  // of those, routable now and able to decode (not --role prefill)
 };
 // The readiness rule (Fleet::Ready, GET /ready): some model has a routable worker.
 inline bool AnyServing(const std::vector<ModelReadiness>& models) {

@@ -116,7 +116,9 @@ std::vector<ModelReadiness> FleetImpl::Readiness() const {
     for (WorkerId id : m.members) {
       if (workers_[id]->removed.load()) continue;
       ++r.workers;
-      r.routable += Routable(*workers_[id]) ? 1 : 0;
+      // A prefill worker alone serves nothing: every request ends on a worker that decodes.
+      const bool decodes = workers_[id]->info.role != WorkerRole::kPrefill;
+      r.routable += decodes && Routable(*workers_[id]) ? 1 : 0;
     }
     if (r.workers > 0) out.push_back(std::move(r));
   }

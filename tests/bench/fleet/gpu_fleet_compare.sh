@@ -17,7 +17,10 @@
 # KVFLEET_BENCH_EXTRA (more kvfleet bench arguments), KVFLEET_BACKEND (cuda; mock to try the
 # script without a GPU), KVFLEET_DEVICES (GPUs the workers take in turn, e.g. 0,1: `kvfleet up
 # --devices`; default all on GPU 0), KVFLEET_NOPULL (1: after each load's rows, `kv` once more
-# on a fleet whose router never asks for a pull, --transfer-bytes-per-s 0: kv without transfer).
+# on a fleet whose router never asks for a pull, --transfer-bytes-per-s 0: kv without transfer),
+# KVFLEET_PD (N > 0: after each load's rows, `kv` once more with the first N workers prefill
+# workers and the rest decode workers, `kvfleet up --prefill-workers N`). Every run's request
+# lines go to NAME.requests.jsonl, for pd_goodput.py (goodput at a TTFT and an ITL SLO).
 set -uo pipefail
 B="$(cd "$1" && pwd)"; TRACE="$2"; R="$3"
 mkdir -p "$R"
@@ -26,7 +29,7 @@ FRACTION="${KVFLEET_GPU_FRACTION:-0.2}"; DURATION="${KVFLEET_DURATION:-45}"
 LOADS="${KVFLEET_LOADS:-0.8 1.3}"; POLICIES="${KVFLEET_POLICIES:-round_robin,least_loaded,kv}"
 CALIB="${KVFLEET_CALIB_SCALE:-4}"; CONC="${KVFLEET_CONCURRENCY:-512}"
 SLO="${KVFLEET_TTFT_SLO_MS:-2000}"; EXTRA="${KVFLEET_BENCH_EXTRA:-}"
-DEVICES="${KVFLEET_DEVICES:-}"; NOPULL="${KVFLEET_NOPULL:-0}"
+DEVICES="${KVFLEET_DEVICES:-}"; NOPULL="${KVFLEET_NOPULL:-0}"; PD="${KVFLEET_PD:-0}"
 PORT=18950
 K="$B/bin/kvfleet"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -52,7 +55,7 @@ fleet="$K up --backend $BACKEND --workers $WORKERS --model-dir $model --http-por
 bench() {  # bench NAME TIME_SCALE POLICIES [FLEET_CMD]
   "$K" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale "$2" --duration "$DURATION" \
     --concurrency-limit "$CONC" --compare "$3" --fleet-cmd "${4:-$fleet}" --ready-timeout 300 \
-    --ttft-slo-ms "$SLO" --out "$R/$1.json" $EXTRA 2>&1 | tee "$R/$1.txt"
+    --ttft-slo-ms "$SLO" --out "$R/$1.json" --requests-out "$R/$1.requests.jsonl" $EXTRA 2>&1 | tee "$R/$1.txt"
 }
 
 if [ -n "${KVFLEET_CAPACITY:-}" ]; then
@@ -77,5 +80,9 @@ for L in $LOADS; do
   if [ "$NOPULL" = 1 ]; then
     echo "== load $L x capacity: kv without transfer (--transfer-bytes-per-s 0)" | tee -a "$R/capacity.txt"
     bench "load-$L-nopull" "$scale" kv "$fleet --router-arg=--transfer-bytes-per-s=0"
+  fi
+  if [ "$PD" -gt 0 ]; then
+    echo "== load $L x capacity: kv with $PD prefill workers, the rest decode workers" | tee -a "$R/capacity.txt"
+    bench "load-$L-pd" "$scale" kv "$fleet --prefill-workers $PD"
   fi
 done

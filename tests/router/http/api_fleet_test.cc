@@ -320,6 +320,39 @@ TEST_CASE("/ready stays 200 while some model serves, and names each model's stat
   CHECK(json::parse(BodyOf(ready))["status"] == "no live worker");
 }
 
+TEST_CASE("/ready waits for a worker that decodes: prefill workers alone serve nothing") {
+  // Regression: a P/D fleet whose prefill worker registered first was ready, and its first
+  // requests got 503 (no worker can decode) until the decode worker came.
+  FakeWorker p, d;
+  RouterUnderTest r({});
+  WorkerHello hello;
+  hello.name = "p";
+  hello.model = "llama";
+  hello.block_size = 16;
+  hello.max_context = 2048;
+  hello.requests_endpoint = p.endpoint();
+  hello.backend = "mock";
+  hello.role = WorkerRole::kPrefill;
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("llama");
+    return m && m->routable.size() == 1;
+  }));
+  auto ready = r.Get("/ready");
+  CHECK(StatusOf(ready) == 503);
+  CHECK(json::parse(BodyOf(ready))["models"]["llama"] ==
+        json{{"state", "unavailable"}, {"workers", 1}, {"routable_workers", 0}});
+  hello.name = "d";
+  hello.requests_endpoint = d.endpoint();
+  hello.role = WorkerRole::kDecode;
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("llama")->routable.size() == 2; }));
+  ready = r.Get("/ready");
+  CHECK(StatusOf(ready) == 200);
+  CHECK(json::parse(BodyOf(ready))["models"]["llama"] ==
+        json{{"state", "serving"}, {"workers", 2}, {"routable_workers", 1}});
+}
+
 TEST_CASE("predicted entries send a burst sharing a new prefix to one worker") {
   FakeWorker a("ok"), b("ok"), c("ok");
   RouterUnderTest r({a.endpoint(), b.endpoint(), c.endpoint()});
