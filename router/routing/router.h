@@ -74,7 +74,7 @@ struct SplitPrefill {
   uint32_t blocks = 0;                   // leading prompt blocks the decode worker pulls from it
   double estimated_ttft_s = 0;           // predicted time to the prefill's end there
   double pull_s = 0;                     // predicted time of the decode worker's pull
-  uint32_t pull_deadline_ms = 0;         // its hint's deadline: the longer of 2 x pull_s and recomputing
+  uint32_t pull_deadline_ms = 0;         // its hint's deadline (Picker::PullDeadline)
   std::shared_ptr<const std::vector<Candidate>> candidates;  // the prefill workers considered: its retry's
 };
 

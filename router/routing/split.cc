@@ -9,13 +9,13 @@ namespace kvfleet::router {
 
 namespace {
 
-// The decode worker gives up its pull once recomputing would have been as quick: at twice the
-// predicted pull, as for any pull (README.md, "Pulling a prefix"), but not before the time it
-// would take to compute the prompt itself. A split prompt given up is computed twice, once on
-// each worker, which a loaded fleet cannot spare (2026-11-29-pd-mock8.txt: 115 of 445 pulls
-// missed a deadline of twice the predicted pull).
-uint32_t PullDeadlineMs(double pull_s, double recompute_s) {
-  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * std::max(2 * pull_s, recompute_s))), 10);
+// The decode worker gives up its pull at its break-even, as for any pull (Picker::PullDeadline:
+// twice the predicted pull, or the queue ahead plus computing the pulled blocks, the longer).
+// Not sooner: a split prompt given up is computed twice, once on each worker, which a loaded
+// fleet cannot spare (2026-11-29-pd-mock8.txt: 115 of 445 pulls missed a deadline of twice the
+// predicted pull).
+uint32_t PullDeadlineMs(double deadline_s) {
+  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * deadline_s)), 10);
 }
 
 }  // namespace
@@ -104,7 +104,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   d->host_blocks = chosen.host_blocks;
   d->predicted_cached_tokens = c->predicted_cached_tokens;
   d->estimated_ttft_s = prefill_ttft + decode_ttft;
-  const uint32_t deadline_ms = PullDeadlineMs(chosen.pull_s, recompute_s);
+  const uint32_t deadline_ms = PullDeadlineMs(picker_.PullDeadline(route, chosen, decode_rate_floor));
   d->pull = PullHint{from->endpoint, from->key, full, from->name, deadline_ms};
   d->pull_from = pre.worker;
   d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s, deadline_ms,
