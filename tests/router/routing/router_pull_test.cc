@@ -46,7 +46,7 @@ TEST_CASE("a pull comes only from a holder whose events show the blocks, not fro
   GlobalIndex global({}, &f.clock);
   Router router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock);
   for (WorkerId w : {0u, 1u, 2u}) {
-    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10, ""};
   }
   OwnLoadCounts busy;
   busy.requests = 20;
