@@ -67,17 +67,9 @@
 namespace kvfleet {
 namespace {
 
-using Clk = std::chrono::steady_clock;
-double MsSince(Clk::time_point t0) { return std::chrono::duration<double, std::milli>(Clk::now() - t0).count(); }
-
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
+using bench::Clk;
+using bench::Median;
+using bench::MsSince;
 
 struct Answer {
   std::vector<TokenId> tokens;
@@ -162,11 +154,6 @@ std::vector<TokenId> RandomPrompt(size_t n, uint64_t seed) {
   std::vector<TokenId> p(n);
   for (TokenId& t : p) t = static_cast<TokenId>(1000 + rng() % 100'000);
   return p;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Worker A as B sees it: its endpoints, and with --ipc the child process that runs it.

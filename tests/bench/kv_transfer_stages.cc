@@ -22,27 +22,6 @@
 #include "schema/transfer_codec.h"
 
 namespace kvfleet::bench {
-namespace {
-
-using Clk = std::chrono::steady_clock;
-double MsSince(Clk::time_point t0) { return std::chrono::duration<double, std::milli>(Clk::now() - t0).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
-}  // namespace
-
 void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
   const uint64_t total = uint64_t{blocks} * bpb;
   const double gb = static_cast<double>(total) / 1e9;

@@ -1,9 +1,37 @@
-// The stages of a KV pull, each timed alone over one pull's bytes (kv_transfer_bench).
+// The stages of a KV pull, each timed alone over one pull's bytes (kv_transfer_bench), and
+// the helpers the bench's two files share.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+// Exits with the call, the place and CUDA's message when `call` fails: a bench has no one to
+// return an error to.
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
 
 namespace kvfleet::bench {
+
+using Clk = std::chrono::steady_clock;
+inline double MsSince(Clk::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clk::now() - t0).count();
+}
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // The TCP path's stages: device-to-host staging, checksums, Cap'n Proto frames, ZeroMQ on
 // loopback, decode and checks, host-to-device staging; `blocks` blocks of `bpb` bytes.

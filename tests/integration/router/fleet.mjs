@@ -117,19 +117,24 @@ export function diff(after, before) {
   return out;
 }
 
-// Runs a test script's body against a started fleet, stops the fleet, and exits 0 or 1.
-export async function runAgainst(fleet, body) {
-  let failed = false;
+// Runs a test script's body against a started fleet and stops the fleet; true when the body
+// passed (a failure's stack is printed).
+export async function runFleet(fleet, body) {
   try {
     await fleet.start();
     await body();
+    return true;
   } catch (e) {
     console.error(e.stack || String(e));
-    failed = true;
+    return false;
   } finally {
     await fleet.stop();
   }
-  process.exit(failed ? 1 : 0);
+}
+
+// runFleet, then exits 0 or 1.
+export async function runAgainst(fleet, body) {
+  process.exit((await runFleet(fleet, body)) ? 0 : 1);
 }
 
 export function check(cond, message) {

@@ -7,7 +7,7 @@
 //   B. 1 prefill + 1 decode whose link is too slow for the pull's deadline: the decode worker
 //      gives up the pull and computes the prompt, without waiting for the pull to end.
 //   node pd_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
-import { Fleet, check, sleep } from './fleet.mjs';
+import { Fleet, check, runFleet, sleep } from './fleet.mjs';
 
 const [routerBin, workerBin, dir, basePort] = process.argv.slice(2);
 // The mock's pulls cross a modelled 25 GB/s link, as the router assumes; its prefill costs
@@ -32,20 +32,10 @@ const splits = (fleet) => fleet.metric('kvfleet_router_split_requests_total');
 const long = (tag) => `${tag} `.padEnd(3000, `${tag} long prompt for a prefill worker. `);
 
 let failed = false;
-async function run(fleet, body) {
-  try {
-    await fleet.start();
-    await body();
-  } catch (e) {
-    console.error(e.stack || String(e));
-    failed = true;
-  } finally {
-    await fleet.stop();
-  }
-}
+const run = async (fleet, body) => {
+  failed = !(await runFleet(fleet, body)) || failed;
+};
 
-const a = new Fleet({ routerBin, workerBin, dir: `${dir}/a`, basePort: Number(basePort), workers: 4, routerArgs,
-                      workerArgs, workerRoles: ['prefill', 'prefill', 'decode', 'decode'] });
 await run(a, async () => {
   const roles = Object.fromEntries((await a.fleetJson()).workers.map((w) => [w.name, w.role]));
   check(roles['worker-0'] === 'prefill' && roles['worker-1'] === 'prefill' && roles['worker-2'] === 'decode' &&
