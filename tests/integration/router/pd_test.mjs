@@ -36,6 +36,8 @@ const run = async (fleet, body) => {
   failed = !(await runFleet(fleet, body)) || failed;
 };
 
+const a = new Fleet({ routerBin, workerBin, dir: `${dir}/a`, basePort: Number(basePort), workers: 4, routerArgs,
+                      workerArgs, workerRoles: ['prefill', 'prefill', 'decode', 'decode'] });
 await run(a, async () => {
   const roles = Object.fromEntries((await a.fleetJson()).workers.map((w) => [w.name, w.role]));
   check(roles['worker-0'] === 'prefill' && roles['worker-1'] === 'prefill' && roles['worker-2'] === 'decode' &&
