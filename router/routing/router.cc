@@ -125,8 +125,7 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
 
 void Router::AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
                       std::vector<Candidate>* candidates) const {
-  const double bandwidth = options().transfer_bytes_per_s;
-  if (!(bandwidth > 0) || holders.size() < 2 || candidates->empty()) return;
+  if (!(options().transfer_bytes_per_s > 0) || holders.size() < 2 || candidates->empty()) return;
   // The source holds the longest run by its own events: a predicted entry (a prefix sent there
   // a moment ago) may not be computed yet, and a pull for it would be refused.
   const Candidate* holder = nullptr;
@@ -152,16 +151,25 @@ void Router::AddPulls(std::span<const Candidate> holders, std::span<const BlockH
     if (c.worker == source || have >= held) continue;
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
-    const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
-    const double pair_bandwidth = same_host ? options().transfer_ipc_bytes_per_s : bandwidth;
-    Candidate pulled = c;
-    pulled.pull_from = source;
-    pulled.pull_blocks = held - have;
-    pulled.device_blocks += pulled.pull_blocks;
-    pulled.pull_s = options().transfer_setup_s +
-                    static_cast<double>(pulled.pull_blocks) * static_cast<double>(from->bytes_per_block) / pair_bandwidth;
-    candidates->push_back(pulled);
+    candidates->push_back(WithPull(c, source, *from, *to, held - have));
   }
+}
+
+Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPeer& from, const TransferPeer& to,
+                           uint32_t blocks) const {
+  const bool same_host = !from.host_id.empty() && from.host_id == to.host_id;
+  const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
+  Candidate pulled = c;
+  pulled.pull_from = source;
+  pulled.pull_blocks = blocks;
+  pulled.device_blocks += blocks;
+  pulled.pull_s =
+      options().transfer_setup_s + static_cast<double>(blocks) * static_cast<double>(from.bytes_per_block) / bandwidth;
+  return pulled;
+}
+
+uint32_t Router::PullDeadlineMs(const RouteRequest& route, const Candidate& c, double fleet_rate) const {
+  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * picker_.PullDeadline(route, c, fleet_rate))), 10);
 }
 
 double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now) {
@@ -327,11 +335,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
   if (chosen.pull_blocks > 0) {
     if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
-      // Past its break-even (Picker::PullDeadline) a pull is better recomputed.
-      const auto deadline_ms = static_cast<uint32_t>(
-          std::ceil(1e3 * picker_.PullDeadline(d.route, chosen, picker_.FleetRate(candidates))));
+      // Past its break-even a pull is better recomputed.
       d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,
-                        std::max<uint32_t>(deadline_ms, 10)};
+                        PullDeadlineMs(d.route, chosen, picker_.FleetRate(candidates))};
       d.pull_from = chosen.pull_from;
       d.device_blocks -= chosen.pull_blocks;  // what the worker holds itself
     }
@@ -344,20 +350,17 @@ void Router::Commit(const Decision& decision) {
   const DurationNs ttl = picker_.options().predicted_ttl;
   // Predicted entries only for what the worker will store: a windowed pool keeps a
   // sequence's first window, no more (README.md, "Windowed models").
-  std::span<const BlockHash> stored = decision.hashes;
-  if (const uint32_t limit = loads_->StoredPrefixBlocks(decision.worker); limit > 0 && stored.size() > limit) {
-    stored = stored.first(limit);
-  }
+  auto stored_by = [&](WorkerId worker) {
+    std::span<const BlockHash> stored = decision.hashes;
+    if (const uint32_t limit = loads_->StoredPrefixBlocks(worker); limit > 0 && stored.size() > limit) {
+      stored = stored.first(limit);
+    }
+    return stored;
+  };
+  const std::span<const BlockHash> stored = stored_by(decision.worker);
   kv_index_->InsertPredicted(decision.worker, stored, ttl);
   // A split request's prefill worker keeps the prompt's blocks too (its pool's limit alike).
-  if (decision.split) {
-    std::span<const BlockHash> prefilled = decision.hashes;
-    if (const uint32_t limit = loads_->StoredPrefixBlocks(decision.split->worker);
-        limit > 0 && prefilled.size() > limit) {
-      prefilled = prefilled.first(limit);
-    }
-    kv_index_->InsertPredicted(decision.split->worker, prefilled, ttl);
-  }
+  if (decision.split) kv_index_->InsertPredicted(decision.split->worker, stored_by(decision.split->worker), ttl);
   if (decision.policy == Policy::kApprox) approx_in_use_.store(true, std::memory_order_relaxed);
   if (approx_index_ != kv_index_ && approx_in_use_.load(std::memory_order_relaxed)) {
     // Without events the worker's cache is modelled as its own LRU (README.md, "approx").

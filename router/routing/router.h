@@ -164,6 +164,12 @@ class Router {
   // cache serves the decode pool too).
   void AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
                 std::vector<Candidate>* candidates) const;
+  // `c` with `blocks` more leading blocks pulled from `source` (`from`) into it (`to`): at the
+  // device-to-device bandwidth when their Hellos name one host, else the network's.
+  Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& from, const TransferPeer& to,
+                     uint32_t blocks) const;
+  // The hint's deadline for `c`'s pull: Picker::PullDeadline in ms, at least 10.
+  uint32_t PullDeadlineMs(const RouteRequest& route, const Candidate& c, double fleet_rate) const;
   // P/D disaggregation (split.cc; README.md): whether `prompt` is split, and if so fills *d
   // (worker, pull, split, candidates) from a prefill worker among `prefill_pool` and a decode
   // worker among `decode_pool` (each without pull options). `whole_ttft_s`: the soonest first

@@ -1,32 +1,17 @@
 // Router: P/D disaggregation, the split of one request's prefill from its decode (README.md,
 // "Prefill and decode on different workers").
 #include <algorithm>
-#include <cmath>
 
 #include "router/routing/router.h"
 
 namespace kvfleet::router {
-
-namespace {
-
-// The decode worker gives up its pull at its break-even, as for any pull (Picker::PullDeadline:
-// twice the predicted pull, or the queue ahead plus computing the pulled blocks, the longer).
-// Not sooner: a split prompt given up is computed twice, once on each worker, which a loaded
-// fleet cannot spare (2026-11-29-pd-mock8.txt: 115 of 445 pulls missed a deadline of twice the
-// predicted pull).
-uint32_t PullDeadlineMs(double deadline_s) {
-  return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * deadline_s)), 10);
-}
-
-}  // namespace
 
 bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
                       double whole_ttft_s, Decision* d) {
   const RouteRequest& route = d->route;
   const uint32_t threshold = options().split_prefill_tokens;
   const auto full = static_cast<uint32_t>(d->hashes.size());
-  const double bandwidth = options().transfer_bytes_per_s;
-  if (threshold == 0 || full == 0 || !(bandwidth > 0) || decode_pool.empty()) return false;
+  if (threshold == 0 || full == 0 || !(options().transfer_bytes_per_s > 0) || decode_pool.empty()) return false;
   // Conditional split: only a long prompt that no decode-capable worker holds. A held one is
   // served (or pulled) by the decode pool at once; a short one costs less computed in place
   // than a second hop and a pull.
@@ -60,18 +45,8 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   for (const Candidate& c : decode_pool) {
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
-    Candidate pulled = c;
     const uint32_t have = c.device_blocks + c.host_blocks;
-    if (have < full) {
-      const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
-      pulled.pull_from = pre.worker;
-      pulled.pull_blocks = full - have;
-      pulled.device_blocks += pulled.pull_blocks;
-      pulled.pull_s = options().transfer_setup_s + static_cast<double>(pulled.pull_blocks) *
-                                                       static_cast<double>(from->bytes_per_block) /
-                                                       (same_host ? options().transfer_ipc_bytes_per_s : bandwidth);
-    }
-    decode.push_back(pulled);
+    decode.push_back(have < full ? WithPull(c, pre.worker, *from, *to, full - have) : c);
   }
   if (decode.empty()) return false;  // no decode worker can take the prefill worker's KV
   auto decode_admitted = std::make_shared<std::vector<Candidate>>(Admissible(route, decode, &ttft));
@@ -104,7 +79,10 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   d->host_blocks = chosen.host_blocks;
   d->predicted_cached_tokens = c->predicted_cached_tokens;
   d->estimated_ttft_s = prefill_ttft + decode_ttft;
-  const uint32_t deadline_ms = PullDeadlineMs(picker_.PullDeadline(route, chosen, decode_rate_floor));
+  // The decode worker gives up its pull at its break-even, as for any pull. Not sooner: a split
+  // prompt given up is computed twice, once on each worker, which a loaded fleet cannot spare
+  // (2026-11-29-pd-mock8.txt: 115 of 445 pulls missed a deadline of twice the predicted pull).
+  const uint32_t deadline_ms = PullDeadlineMs(route, chosen, decode_rate_floor);
   d->pull = PullHint{from->endpoint, from->key, full, from->name, deadline_ms};
   d->pull_from = pre.worker;
   d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s, deadline_ms,
