@@ -19,7 +19,8 @@
 # --devices`; default all on GPU 0), KVFLEET_NOPULL (1: after each load's rows, `kv` once more
 # on a fleet whose router never asks for a pull, --transfer-bytes-per-s 0: kv without transfer),
 # KVFLEET_PD (N > 0: after each load's rows, `kv` once more with the first N workers prefill
-# workers and the rest decode workers, `kvfleet up --prefill-workers N`). Every run's request
+# workers and the rest decode workers, `kvfleet up --prefill-workers N`; KVFLEET_PD_WORKERS:
+# that fleet's worker count, default KVFLEET_WORKERS). Every run's request
 # lines go to NAME.requests.jsonl, for pd_goodput.py (goodput at a TTFT and an ITL SLO).
 set -uo pipefail
 B="$(cd "$1" && pwd)"; TRACE="$2"; R="$3"
@@ -30,6 +31,7 @@ LOADS="${KVFLEET_LOADS:-0.8 1.3}"; POLICIES="${KVFLEET_POLICIES:-round_robin,lea
 CALIB="${KVFLEET_CALIB_SCALE:-4}"; CONC="${KVFLEET_CONCURRENCY:-512}"
 SLO="${KVFLEET_TTFT_SLO_MS:-2000}"; EXTRA="${KVFLEET_BENCH_EXTRA:-}"
 DEVICES="${KVFLEET_DEVICES:-}"; NOPULL="${KVFLEET_NOPULL:-0}"; PD="${KVFLEET_PD:-0}"
+PD_WORKERS="${KVFLEET_PD_WORKERS:-$WORKERS}"
 PORT=18950
 K="$B/bin/kvfleet"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -83,6 +85,6 @@ for L in $LOADS; do
   fi
   if [ "$PD" -gt 0 ]; then
     echo "== load $L x capacity: kv with $PD prefill workers, the rest decode workers" | tee -a "$R/capacity.txt"
-    bench "load-$L-pd" "$scale" kv "$fleet --prefill-workers $PD"
+    bench "load-$L-pd" "$scale" kv "${fleet/--workers $WORKERS /--workers $PD_WORKERS } --prefill-workers $PD"
   fi
 done
