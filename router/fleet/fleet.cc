@@ -244,6 +244,13 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
       return std::nullopt;
     }
   }
+  std::optional<WorkerId> self;
+  if (existing != by_endpoint_.end()) self = existing->second;
+  if (std::optional<std::string> why = PrefillMismatch(model, hello, self); why && !listed) {
+    lock.unlock();
+    Refuse(hello, "kv-layout-mismatch", *why);
+    return std::nullopt;
+  }
   if (!listed || model.block_size == 0) model.block_size = hello.block_size;
   if (existing != by_endpoint_.end()) return UpdateRecord(lock, *workers_[existing->second], model, hello, source);
   return AddRecord(lock, model, hello, source);

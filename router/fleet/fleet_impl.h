@@ -166,6 +166,11 @@ class FleetImpl final : public LaneFleet {
   };
 
   bool Routable(const WorkerRecord& w) const;
+  // Why a prefill worker's Hello cannot serve `model`'s split prefills, or nullopt: it offers no
+  // transfer service, or no live decode-capable member takes its KV blocks (format and block
+  // bytes differ: another dtype, model or block size). REQUIRES: mu_ held.
+  std::optional<std::string> PrefillMismatch(const ModelEntry& model, const WorkerHello& hello,
+                                             std::optional<WorkerId> self) const;
   ModelFleet FleetOf(const ModelEntry& entry, std::string_view adapter) const;
   void Post(Command cmd);
   void Wake();

@@ -224,6 +224,33 @@ std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info) {
                                                            info.transfer_host_id});
 }
 
+std::optional<std::string> FleetImpl::PrefillMismatch(const ModelEntry& model, const WorkerHello& hello,
+                                                      std::optional<WorkerId> self) const {
+  if (hello.role != WorkerRole::kPrefill) return std::nullopt;
+  if (hello.transfer_endpoint.empty() || hello.transfer_format.empty() || hello.transfer_bytes_per_block == 0) {
+    return "a prefill worker (--role prefill) must serve KV transfer: decode workers pull its blocks "
+           "(see the worker's --transfer and --transfer-authorized-keys)";
+  }
+  std::string seen;
+  for (WorkerId id : model.members) {
+    const WorkerRecord& w = *workers_[id];
+    if ((self && id == *self) || w.removed.load() || w.info.role == WorkerRole::kPrefill || !Routable(w)) continue;
+    const TransferPeer* t = w.transfer.get();
+    if (t != nullptr && t->format == hello.transfer_format && t->bytes_per_block == hello.transfer_bytes_per_block) {
+      return std::nullopt;
+    }
+    if (seen.empty()) {
+      seen = t == nullptr ? w.info.name + " serves no transfer"
+                          : w.info.name + " holds " + t->format + ", " + std::to_string(t->bytes_per_block) +
+                                " bytes per block";
+    }
+  }
+  if (seen.empty()) return std::nullopt;  // no live decode worker yet: judged when one is
+  return "its KV blocks (" + hello.transfer_format + ", " + std::to_string(hello.transfer_bytes_per_block) +
+         " bytes per block) match no live decode worker of model '" + hello.model + "' (" + seen +
+         "): start both pools with the same model, --kv-cache-dtype and block size";
+}
+
 std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return Record(id) != nullptr ? workers_[id]->transfer : nullptr;

@@ -25,6 +25,50 @@ using testing::FakeWorker;
 using testing::RouterUnderTest;
 using testing::WaitFor;
 
+TEST_CASE("registration refuses a prefill worker whose KV no decode worker can take") {
+  FakeWorker decode, fp8, none, same;
+  RouterUnderTest r({});
+  auto hello_of = [](std::string name, const FakeWorker& w, WorkerRole role, std::string format) {
+    WorkerHello h;
+    h.name = std::move(name);
+    h.model = "llama";
+    h.block_size = 16;
+    h.max_context = 2048;
+    h.requests_endpoint = w.endpoint();
+    h.backend = "mock";
+    h.role = role;
+    if (!format.empty()) {
+      h.transfer_endpoint = "tcp://10.0.0.5:" + std::to_string(5560 + h.name.size());
+      h.transfer_format = std::move(format);
+      h.transfer_bytes_per_block = 4u << 20;
+    }
+    return h;
+  };
+  auto refused = [&](const std::string& name) {
+    for (const RefusedWorker& w : r.fleet->Refused()) {
+      if (w.info.name == name) return w.reason;
+    }
+    return std::string();
+  };
+  // Before any decode worker: nothing to compare with, so a prefill worker joins.
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello_of("p-same", same, WorkerRole::kPrefill, "bf16")));
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("llama") && r.fleet->FindModel("llama")->workers == 1; }));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello_of("d", decode, WorkerRole::kDecode, "bf16")));
+  REQUIRE(WaitFor([&] { return r.fleet->FindModel("llama")->routable.size() == 2; }));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello_of("p-fp8", fp8, WorkerRole::kPrefill, "fp8e4m3")));
+  FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello_of("p-none", none, WorkerRole::kPrefill, "")));
+  REQUIRE(WaitFor([&] { return r.fleet->Refused().size() == 2; }));
+  CHECK(refused("p-fp8") == "kv-layout-mismatch");
+  CHECK(refused("p-none") == "kv-layout-mismatch");
+  for (const RefusedWorker& w : r.fleet->Refused()) {
+    if (w.info.name == "p-fp8") CHECK(w.why.find("fp8e4m3") != std::string::npos);
+    if (w.info.name == "p-fp8") CHECK(w.why.find("d holds bf16") != std::string::npos);
+    if (w.info.name == "p-none") CHECK(w.why.find("must serve KV transfer") != std::string::npos);
+  }
+  CHECK(r.fleet->FindModel("llama")->workers == 2);
+  CHECK(http::SerializeMetrics(*r.registry).find("reason=\"kv-layout-mismatch\"") != std::string::npos);
+}
+
 TEST_CASE("registration adds workers per model and refuses a block-size mismatch") {
   FakeWorker w1, w2;
   RouterUnderTest r({});
@@ -333,6 +377,9 @@ TEST_CASE("/ready waits for a worker that decodes: prefill workers alone serve n
   hello.requests_endpoint = p.endpoint();
   hello.backend = "mock";
   hello.role = WorkerRole::kPrefill;
+  hello.transfer_endpoint = "tcp://10.0.0.5:5559";
+  hello.transfer_format = "bf16";
+  hello.transfer_bytes_per_block = 4u << 20;
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
   REQUIRE(WaitFor([&] {
     auto m = r.fleet->FindModel("llama");
