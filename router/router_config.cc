@@ -211,6 +211,24 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_flag("--allow-unknown-fields", c->api.limits.fields.allow_unknown,
                "admit request fields kvfleet does not know (default: 400 naming the field, as OpenAI answers); "
                "each is logged once at debug and counted in kvfleet_router_unknown_fields_total");
+  app.add_option_function<std::string>(
+      "--tool-call-parser",
+      [c](const std::string& v) {
+        auto kind = ToolParserFromName(v);
+        if (!kind.ok()) throw CLI::ValidationError("--tool-call-parser", kind.status().message());
+        c->api.tool_parser = *kind;
+      },
+      "how chat answers' tool calls are written, for every model: llama3_json, hermes, mistral or none "
+      "(default: from each model's chat template)");
+  app.add_option_function<std::string>(
+      "--reasoning-parser",
+      [c](const std::string& v) {
+        auto kind = ReasoningParserFromName(v);
+        if (!kind.ok()) throw CLI::ValidationError("--reasoning-parser", kind.status().message());
+        c->api.reasoning_parser = *kind;
+      },
+      "where chat answers' reasoning is, for every model: qwen3 or deepseek_r1 (<think> blocks, to "
+      "reasoning_content) or none (default: from each model's chat template)");
   app.add_option("--registration", c->fleet.registration_endpoint,
                  "ROUTER endpoint workers send Hello to (empty: none). Unless it is a loopback address, it needs "
                  "--registration-authorized-keys or --registration-insecure")

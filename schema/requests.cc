@@ -84,6 +84,11 @@ void SetSampling(s::Sampling::Builder out, const SamplingParams& p) {
   // Int8 on the wire: a value out of range stays out of range (ValidateSampling refuses it).
   out.setLogprobs(static_cast<int8_t>(std::clamp(p.logprobs, -1, 127)));
   out.setPromptLogprobs(p.prompt_logprobs);
+  if (p.structured.kind != StructuredOutput::Kind::kNone) {
+    auto st = out.initStructured();
+    st.setKind(static_cast<s::StructuredOutput::Kind>(p.structured.kind));
+    st.setSpec(p.structured.spec);
+  }
 }
 
 SamplingParams GetSampling(s::Sampling::Reader in) {
@@ -103,6 +108,12 @@ SamplingParams GetSampling(s::Sampling::Reader in) {
   for (auto b : in.getLogitBias()) p.logit_bias.emplace_back(b.getToken(), b.getBias());
   p.logprobs = in.getLogprobs();
   p.prompt_logprobs = in.getPromptLogprobs();
+  if (in.hasStructured()) {
+    // A kind this build does not know reads past kEbnf, which ValidateSampling refuses.
+    p.structured.kind = static_cast<StructuredOutput::Kind>(std::min<uint16_t>(
+        static_cast<uint16_t>(in.getStructured().getKind()), static_cast<uint16_t>(StructuredOutput::Kind::kEbnf) + 1));
+    p.structured.spec = in.getStructured().getSpec();
+  }
   return p;
 }
 

@@ -68,6 +68,15 @@ Status ValidateSampling(const SamplingParams& p, std::string* field) {
     return Bad(field, "logprobs", "must be -1 (none) or between 0 and " + std::to_string(config::kMaxTopLogprobs));
   }
   if (p.prompt_logprobs && p.logprobs < 0) return Bad(field, "prompt_logprobs", "needs 'logprobs' of 0 or more");
+  if (p.structured.spec.size() > config::kMaxStructuredSpecBytes) {
+    return Bad(field, "structured", "spec must be at most " + std::to_string(config::kMaxStructuredSpecBytes) + " bytes");
+  }
+  if (p.structured.kind > StructuredOutput::Kind::kEbnf) return Bad(field, "structured", "has an unknown kind");
+  const bool needs_spec = p.structured.kind != StructuredOutput::Kind::kNone &&
+                          p.structured.kind != StructuredOutput::Kind::kJsonObject;
+  if (needs_spec == p.structured.spec.empty()) {
+    return Bad(field, "structured", needs_spec ? "needs a spec for its kind" : "takes no spec for its kind");
+  }
   return Status::Ok();
 }
 

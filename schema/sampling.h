@@ -44,7 +44,22 @@ constexpr int32_t kMaxTopLogprobs = 20;
 // Every generated token is compared with each stop id: a model needs a handful (its
 // end-of-turn ids), so a longer list is a mistake, not a use.
 constexpr size_t kMaxStopTokenIds = 256;
+// A structured-output spec (JSON schema, regex, choices, grammar): agents' tool schemas run
+// to tens of KiB; a grammar engine compiles the spec per request, so its size bounds that work.
+constexpr size_t kMaxStructuredSpecBytes = 256 * 1024;
 }  // namespace sampling::config
+
+// A constraint on the generated text (vLLM's structured outputs). The router parses it from
+// response_format, guided_* and structured_outputs; a worker that decodes under constraints
+// enforces it (router/http/structured_output.h says when the router sends one).
+struct StructuredOutput {
+  enum class Kind : uint8_t { kNone, kJsonSchema, kJsonObject, kRegex, kChoice, kEbnf };
+  Kind kind = Kind::kNone;
+  // kJsonSchema: the schema's JSON text; kRegex: the pattern; kChoice: a JSON array of
+  // strings; kEbnf: the grammar; kNone, kJsonObject: empty. At most kMaxStructuredSpecBytes.
+  std::string spec;
+  bool operator==(const StructuredOutput&) const = default;
+};
 
 // How to generate one request's tokens. Every field's default asks for nothing (OpenAI's
 // defaults); the logit processing order is schema/README.md's (Contract 3, `sampling`).
@@ -70,6 +85,7 @@ struct SamplingParams {
   // Also every prompt token's logprob; needs logprobs >= 0. The worker prefills such a
   // request without reusing cached blocks (it needs every prompt position's logits).
   bool prompt_logprobs = false;
+  StructuredOutput structured = {};  // none: unconstrained
 
   // True when a logit is adjusted before sampling: a bias or a penalty.
   bool penalized() const {

@@ -45,6 +45,14 @@ struct Sampling {
   logitBias @13 :List(LogitBias); # at most 300 entries, distinct tokens
   logprobs @14 :Int8 = -1;        # -1: none; 0..20: the sampled token's logprob and this many top entries
   promptLogprobs @15 :Bool;       # also every prompt token's logprob (first: none), with `logprobs` top entries
+  structured @16 :StructuredOutput;  # a constraint on the text; absent: none
+}
+
+# schema/sampling.h StructuredOutput.
+struct StructuredOutput {
+  kind @0 :Kind;
+  spec @1 :Text;  # jsonSchema: the schema's JSON; regex: the pattern; choice: a JSON array of strings; ebnf: the grammar
+  enum Kind { none @0; jsonSchema @1; jsonObject @2; regex @3; choice @4; ebnf @5; }
 }
 
 struct LogitBias {

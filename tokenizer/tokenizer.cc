@@ -96,6 +96,7 @@ class TokenizerImpl {
   std::shared_ptr<const jinja::Template> chat_template;
   std::string chat_template_error;
   std::string chat_template_source;
+  std::string chat_template_text;  // the template's source text
 
   std::optional<TokenId> TokenToId(std::string_view t) const {
     auto it = added_by_text.find(std::string(t));
@@ -396,11 +397,13 @@ Status TokenizerImpl::Load(std::string_view tokenizer_text, std::string_view con
     if (!parsed.ok()) return InvalidArgument("chat template: " + parsed.status().message());
     chat_template = *parsed;
     chat_template_source = "override";
+    chat_template_text = *chat_template_override;
     return Status::Ok();
   }
   // chat_template: a string, or a list of {name, template} where "default" is used.
   if (auto source = ChatTemplateOfConfig(config)) {
     chat_template_source = "tokenizer_config.json";
+    chat_template_text = *source;
     auto parsed = jinja::Template::Parse(*source);
     if (parsed.ok()) {
       chat_template = *parsed;
@@ -451,6 +454,7 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::string& mode
     impl->chat_template = nullptr;
     impl->chat_template_error.clear();
     impl->chat_template_source = (*file)->source;
+    impl->chat_template_text = (*file)->text;
     auto parsed = jinja::Template::Parse((*file)->text);
     if (parsed.ok()) {
       impl->chat_template = *parsed;
@@ -494,6 +498,7 @@ Result<std::string> Tokenizer::ApplyChatTemplate(const nlohmann::ordered_json& m
 
 bool Tokenizer::has_chat_template() const { return impl_->chat_template != nullptr; }
 const std::string& Tokenizer::chat_template_source() const { return impl_->chat_template_source; }
+const std::string& Tokenizer::chat_template_text() const { return impl_->chat_template_text; }
 const std::vector<TokenId>& Tokenizer::eos_token_ids() const { return impl_->eos_ids; }
 std::optional<TokenId> Tokenizer::bos_token_id() const { return impl_->bos_id; }
 size_t Tokenizer::vocab_size() const { return impl_->vocab_size; }

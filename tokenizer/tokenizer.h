@@ -103,6 +103,8 @@ class Tokenizer {
   // Where the chat template came from: "chat_template.jinja", "chat_template.json",
   // "tokenizer_config.json", "override" (LoadOptions), or "" (none).
   const std::string& chat_template_source() const;
+  // The chat template's text as loaded (empty: none).
+  const std::string& chat_template_text() const;
 
   // From tokenizer_config's eos_token and generation_config's eos_token_id, deduplicated.
   const std::vector<TokenId>& eos_token_ids() const;

@@ -23,6 +23,7 @@
 #include "router/http/completion_stream.h"
 #include "router/http/lora_api.h"
 #include "router/http/operator_api.h"
+#include "router/http/responses_api.h"
 #include "router/http/tokenize_api.h"
 #include "router/routing/dispatch.h"
 
@@ -96,6 +97,9 @@ class ExchangeWriter final : public AnswerWriter {
 
 }  // namespace
 
+// Wraps a request's answer writer (the Responses API's translation); empty: none.
+using WrapWriter = std::function<std::shared_ptr<AnswerWriter>(std::shared_ptr<AnswerWriter>)>;
+
 class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
  public:
   ApiImpl(const ApiOptions& options, Fleet* fleet, Router* router, ModelCodecs codecs, const Clock* clock,
@@ -120,6 +124,9 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   void AddRoutes(http::Routes* routes);
   void ForgetWorker(const std::string& worker) { metrics_.ForgetWorker(worker); }
   void Complete(std::shared_ptr<http::Exchange> ex, bool chat);
+  // POST /v1/responses: served as a chat completion, its answer written back by a
+  // ResponsesWriter (responses_api.h).
+  void Respond(std::shared_ptr<http::Exchange> ex);
 
  private:
   // An unknown field admitted by --allow-unknown-fields: counted, and logged once per name
@@ -204,11 +211,10 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     Fail(ex, model, e);
   }
 
-  std::string NewId(bool chat) {
+  std::string NewId(const char* prefix) {
     std::lock_guard<std::mutex> lock(id_mu_);
     char buf[40];
-    std::snprintf(buf, sizeof(buf), "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
-                  static_cast<unsigned long long>(id_rng_()));
+    std::snprintf(buf, sizeof(buf), "%s%016llx", prefix, static_cast<unsigned long long>(id_rng_()));
     return buf;
   }
 
@@ -223,6 +229,44 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
     }
     KVF_CHECK(tl->owner == this);  // one Api per server
     return tl->lane.get();
+  }
+
+  // Steps 2 to 7 of a parsed completion: resolve, tokenize, route, send; the answer goes to
+  // the client's exchange through `wrap`.
+  void Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, TimeNs arrived, WrapWriter wrap);
+
+  // How a chat's answer splits into reasoning, content and tool calls: the router's flags,
+  // else what the model's template writes. A request with tools (tool_choice auto) for a
+  // model whose call format is unknown is refused: its calls could not be returned.
+  std::optional<ApiError> ChatOutputFor(const CompletionRequest& req, const TextCodec& codec,
+                                        const std::vector<TokenId>& prompt, ChatOutputSetup* out) const {
+    if (!req.chat) return std::nullopt;
+    const std::string_view tmpl = codec.chat_template_text();
+    if (req.tools.parse_calls()) {
+      // The byte codec (mock fleets) writes calls as <tool_call>...</tool_call>.
+      out->tools = options_.tool_parser.value_or(codec.is_byte_codec() ? ToolParserKind::kHermes : DetectToolParser(tmpl));
+      if (out->tools == ToolParserKind::kNone) {
+        return BadRequest("the model's chat template writes no tool-call format kvfleet knows; the router needs "
+                          "--tool-call-parser to return its calls (or send tool_choice \"none\")",
+                          "tools");
+      }
+      if (!req.tools.parallel) out->max_calls = 1;
+    }
+    out->reasoning = options_.reasoning_parser.value_or(DetectReasoningParser(tmpl));
+    if (out->reasoning != ReasoningParserKind::kNone && !req.chat_template.kwargs_json.empty()) {
+      // chat_template_kwargs {"enable_thinking": false}: the template closes the block itself.
+      auto kwargs = nlohmann::json::parse(req.chat_template.kwargs_json, nullptr, false);
+      auto thinking = kwargs.is_object() ? kwargs.find("enable_thinking") : kwargs.end();
+      if (thinking != kwargs.end() && thinking->is_boolean() && !thinking->get<bool>()) {
+        out->reasoning = ReasoningParserKind::kNone;
+      }
+    }
+    if (out->reasoning != ReasoningParserKind::kNone && !prompt.empty()) {
+      constexpr size_t kTail = 8;  // tokens enough for "<think>\n" and a turn marker
+      const size_t from = prompt.size() > kTail ? prompt.size() - kTail : 0;
+      out->starts_inside_think = PromptOpensThink(codec.Decode(std::span<const TokenId>(prompt).subspan(from)));
+    }
+    return std::nullopt;
   }
 
   ApiOptions options_;
@@ -249,6 +293,7 @@ void ApiImpl::AddRoutes(http::Routes* routes) {
   auto self = shared_from_this();
   routes->Add("POST", "/v1/completions", [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, false); });
   routes->Add("POST", "/v1/chat/completions", [self](std::shared_ptr<http::Exchange> ex) { self->Complete(ex, true); });
+  routes->Add("POST", "/v1/responses", [self](std::shared_ptr<http::Exchange> ex) { self->Respond(ex); });
   for (const bool load : {true, false}) {
     routes->Add("POST", load ? "/v1/load_lora_adapter" : "/v1/unload_lora_adapter",
                 [self, load](std::shared_ptr<http::Exchange> ex) {
@@ -288,7 +333,26 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   if (auto e = Authorize(ex->request())) return Fail(*ex, "", *e);
   auto parsed = ParseCompletionRequest(ex->request().body, chat, options_.limits);
   if (!parsed.ok()) return Fail(*ex, "", ErrorFromStatus(parsed.status()));
-  CompletionRequest req = std::move(parsed).value();
+  Serve(std::move(ex), std::move(parsed).value(), arrived, nullptr);
+}
+
+void ApiImpl::Respond(std::shared_ptr<http::Exchange> ex) {
+  const TimeNs arrived = clock_->Now();
+  if (auto e = Authorize(ex->request())) return Fail(*ex, "", *e);
+  auto parsed = ParseResponsesRequest(ex->request().body, options_.limits);
+  if (!parsed.ok()) return Fail(*ex, "", ErrorFromStatus(parsed.status()));
+  CompletionRequest req = std::move(parsed->chat);
+  parsed->chat.model = req.model;  // the writer's copy keeps the echoed fields and the model
+  const std::string id = NewId("resp_");
+  const int64_t created = clock_->WallNs() / kNsPerSec;
+  Serve(std::move(ex), std::move(req), arrived,
+        [id, created, r = std::move(parsed).value()](std::shared_ptr<AnswerWriter> out) {
+          return NewResponsesWriter(std::move(out), id, created, r);
+        });
+}
+
+void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, TimeNs arrived, WrapWriter wrap) {
+  const bool chat = req.chat;
   if (options_.cache_salt_per_key) req.cache_salt = TenantSalt(BearerKey(ex->request())) + req.cache_salt;
   Refusal refusal;
   Result<ServedModel> served = dispatcher_.Resolve(req.model, &refusal);
@@ -298,13 +362,16 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   const CompletionDefaults defaults{options_.default_max_tokens, options_.default_chat_max_tokens};
   if (auto e = PrepareCompletion(req, *served, *codec, defaults, &prepared)) return Fail(*ex, req.model, *e);
 
+  ChatOutputSetup output;
+  if (auto e = ChatOutputFor(req, *codec, prepared.params.tokens, &output)) return Fail(*ex, req.model, *e);
+
   const std::string model = req.model;  // req moves into the stream
   const std::optional<Policy> policy = req.routing;
   const auto prompt_tokens = static_cast<uint32_t>(prepared.params.tokens.size());
   std::shared_ptr<CompletionStream> stream;
   auto make_stream = [&](const Routed& routed) -> std::shared_ptr<ResponseSink> {
     StreamSetup setup;
-    setup.id = NewId(chat);
+    setup.id = NewId(chat ? "chatcmpl-" : "cmpl-");
     setup.arrived = arrived;
     setup.routed = clock_->Now();
     metrics_.routing.Observe(Seconds(setup.routed - arrived));  // parse, tokenize, hash, route
@@ -312,9 +379,11 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
     setup.retry_after_s = RetryAfterSeconds(routed.estimated_ttft_s);
     setup.cancel = [lane = routed.lane, handle = routed.handle] { lane->Cancel(handle); };
     setup.echo = std::move(prepared.echo);
+    setup.output = output;
+    std::shared_ptr<AnswerWriter> writer = std::make_shared<ExchangeWriter>(ex);
+    if (wrap) writer = wrap(std::move(writer));
     stream = std::make_shared<CompletionStream>(std::shared_ptr<const StreamContext>(shared_from_this(), &stream_context_),
-                                                std::make_shared<ExchangeWriter>(ex), std::move(req), codec,
-                                                std::move(setup));
+                                                std::move(writer), std::move(req), codec, std::move(setup));
     return stream;
   };
   // Sent from this I/O thread, whose lane also reads the answer and feeds the stream.

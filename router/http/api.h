@@ -56,6 +56,10 @@ struct ApiOptions {
   DurationNs lora_control_timeout = config::kLoraControlTimeout;
   // --routing-window-size's override of the indexed KV pool, for /fleet; none: IndexedWindow.
   std::optional<uint32_t> routing_window_size;
+  // --tool-call-parser / --reasoning-parser: how every model's chat answers are parsed; none
+  // given: what each model's chat template writes (tool_parsers.h, reasoning_parser.h).
+  std::optional<ToolParserKind> tool_parser;
+  std::optional<ReasoningParserKind> reasoning_parser;
 };
 
 // Reads API keys from a file: one per line; blank lines and lines starting with '#' skipped.

@@ -22,13 +22,16 @@ class ByteCodec final : public TextCodec {
     return std::vector<TokenId>(reinterpret_cast<const unsigned char*>(text.data()),
                                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   }
-  // A plain-text template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n". It has
-  // no variables, so chat_template_kwargs change nothing here (as in a Jinja template that
+  // A plain-text template: "<|tools|>\n[tools as JSON]\n" first when the request has tools,
+  // then "<|role|>\ncontent\n" per message (an assistant's calls after its content as
+  // "<tool_call>{"name", "arguments"}</tool_call>"), then "<|assistant|>\n". It reads no
+  // other variable, so chat_template_kwargs change nothing here (as in a Jinja template that
   // reads none of them).
   Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages,
                                           const ChatTemplateOptions& options) const override {
     if (!messages.is_array()) return InvalidArgument("messages must be an array");
     std::string text;
+    if (options.tools) text += "<|tools|>\n" + options.tools->dump() + "\n";
     for (const auto& m : messages) {
       text += "<|" + m.value("role", std::string("user")) + "|>\n";
       const auto& content = m.contains("content") ? m["content"] : nlohmann::ordered_json();
@@ -36,6 +39,14 @@ class ByteCodec final : public TextCodec {
         text += content.get<std::string>();
       } else if (content.is_array()) {
         for (const auto& part : content) text += part.value("text", std::string());
+      }
+      if (auto calls = m.find("tool_calls"); calls != m.end() && calls->is_array()) {
+        for (const auto& call : *calls) {
+          const auto& fn = call.contains("function") ? call["function"] : nlohmann::ordered_json::object();
+          nlohmann::ordered_json shown = {{"name", fn.value("name", std::string())},
+                                          {"arguments", fn.contains("arguments") ? fn["arguments"] : nlohmann::ordered_json()}};
+          text += "<tool_call>" + shown.dump() + "</tool_call>";
+        }
       }
       text += "\n";
     }

@@ -36,6 +36,8 @@ struct ChatTemplateOptions {
   bool continue_final_message = false;  // end inside the last message (a prefill); excludes the above
   bool add_special_tokens = false;      // BOS etc. on top of what the template wrote (/tokenize)
   std::string kwargs_json;              // chat_template_kwargs: a JSON object's text, empty: none
+  // The request's function tools (chat_tools.h), the template's `tools` variable; null: none.
+  std::shared_ptr<const nlohmann::ordered_json> tools;
 };
 
 class TextCodec {
@@ -46,7 +48,7 @@ class TextCodec {
   // The same without special tokens (/tokenize with add_special_tokens false). Default: as
   // EncodePrompt, for codecs that add none.
   virtual Result<std::vector<TokenId>> EncodeText(std::string_view text) const { return EncodePrompt(text); }
-  // A chat: `messages` is the validated OpenAI messages array (ValidateChatMessages), as
+  // A chat: `messages` is the OpenAI messages array as NormalizeChatMessages left it (chat_messages.h), as
   // the request's parse left it, each object's keys in the client's order. FailedPrecondition: the model has no chat template;
   // Unimplemented: its template does not parse; both are the server's problem, not the
   // request's. InvalidArgument: the options do not fit the messages (continue_final_message
@@ -63,6 +65,15 @@ class TextCodec {
   // Ids at or past this are not the model's (0: any id decodes, the byte codec).
   virtual size_t vocab_size() const { return 0; }
   virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
+  // A decoder that shows the special token `shown` (a tool-call marker such as Mistral's
+  // [TOOL_CALLS]) where NewDecoder's hides special tokens. Default: NewDecoder().
+  virtual std::unique_ptr<StreamDecoder> NewDecoderShowing(std::string_view shown) const {
+    (void)shown;
+    return NewDecoder();
+  }
+  // The chat template's source text, for what it writes (tool-call markers, <think>);
+  // empty: none, or not Jinja (the byte codec).
+  virtual std::string_view chat_template_text() const { return {}; }
   virtual std::vector<TokenId> eos_token_ids() const = 0;
   virtual std::string name() const = 0;
   // The byte codec: its ids are bytes, which only a mock worker accepts.

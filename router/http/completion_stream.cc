@@ -23,7 +23,14 @@ CompletionStream::CompletionStream(std::shared_ptr<const StreamContext> context,
       last_(setup_.arrived) {
   timings_.read = setup_.arrived;
   timings_.routed = setup_.routed;
-  for (uint32_t i = 0; i < req_.sampling.n; ++i) choices_.emplace_back(codec_->NewDecoder(), StopMatcher(req_.stop));
+  const std::string_view shown = ToolParserSpecialToken(setup_.output.tools);
+  for (uint32_t i = 0; i < req_.sampling.n; ++i) {
+    choices_.emplace_back(shown.empty() ? codec_->NewDecoder() : codec_->NewDecoderShowing(shown),
+                          StopMatcher(req_.stop));
+    if (req_.chat && req_.stream && setup_.output.active()) {
+      choices_.back().output = std::make_unique<ChatOutputStream>(setup_.output);
+    }
+  }
   // The prompt's first token has no logprob (null); the worker scores the tokens after it.
   if (!setup_.echo.prompt.empty()) {
     prompt_logprobs_.push_back(LogprobEntry{TokenText(setup_.echo.prompt[0]), std::nullopt, {}});
@@ -144,13 +151,29 @@ void CompletionStream::Send(WorkerId worker, Choice& c, const std::string& out, 
     started_ = true;
     out_->StartStream(200, "text/event-stream", {{std::string(kWorkerHeader), ctx_->worker_name(worker)}});
   }
-  if (!out.empty() || (c.first_chunk && req_.chat) || !lp->entries.empty()) {
-    out_->Write(FormatChunk(req_, setup_.id, created_, out, "", c.first_chunk, index, with_lp ? lp : nullptr));
-    if (timings_.first_chunk == 0 && !out.empty()) timings_.first_chunk = ctx_->clock->Now();
+  std::optional<ChatOutputDelta> parsed;
+  if (c.output) {
+    parsed = c.output->Push(out);
+    if (!c.finish.empty()) {
+      ChatOutputDelta rest = c.output->Finish();
+      parsed->reasoning += rest.reasoning;
+      parsed->content += rest.content;
+      for (ToolCallDelta& d : rest.calls) parsed->calls.push_back(std::move(d));
+    }
+  }
+  const bool any = parsed ? !parsed->empty() : !out.empty();
+  if (any || (c.first_chunk && req_.chat) || !lp->entries.empty()) {
+    out_->Write(FormatChunk(req_, setup_.id, created_, out, "", c.first_chunk, index, with_lp ? lp : nullptr,
+                            parsed ? &*parsed : nullptr));
+    if (timings_.first_chunk == 0 && any) timings_.first_chunk = ctx_->clock->Now();
     c.first_chunk = false;
   }
-  // Each choice's finish in its own chunk, as OpenAI streams it.
-  if (!c.finish.empty()) out_->Write(FormatChunk(req_, setup_.id, created_, "", c.finish, false, index));
+  // Each choice's finish in its own chunk, as OpenAI streams it; "tool_calls" when the
+  // model stopped after calling.
+  if (!c.finish.empty()) {
+    const bool called = c.output && c.output->called() && c.finish == "stop";
+    out_->Write(FormatChunk(req_, setup_.id, created_, "", called ? "tool_calls" : c.finish, false, index));
+  }
 }
 
 void CompletionStream::OnError(WorkerId worker, const Status& status, bool /*after_first_token*/) {
@@ -190,8 +213,16 @@ void CompletionStream::End(WorkerId worker) {
     http::Response r;
     r.headers.emplace_back(kWorkerHeader, usage_.worker);
     std::vector<ChoiceText> choices;
-    for (Choice& c : choices_) {
-      choices.push_back(ChoiceText{std::move(c.text), c.finish, req_.sampling.logprobs >= 0 ? &c.logprobs : nullptr});
+    std::vector<ChatOutput> outputs(choices_.size());
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      ChoiceText choice{std::move(c.text), c.finish, req_.sampling.logprobs >= 0 ? &c.logprobs : nullptr};
+      if (req_.chat && setup_.output.active()) {
+        outputs[i] = ParseChatOutput(setup_.output, choice.text);
+        choice.output = &outputs[i];
+        if (!outputs[i].calls.empty() && choice.finish_reason == "stop") choice.finish_reason = "tool_calls";
+      }
+      choices.push_back(std::move(choice));
     }
     r.body = FormatCompletion(req_, setup_.id, created_, choices, usage_);
     out_->Reply(std::move(r));

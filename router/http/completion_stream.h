@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "router/fleet/fleet.h"
 #include "router/http/api_metrics.h"
+#include "router/http/chat_output.h"
 #include "router/http/codec.h"
 #include "router/http/completion_params.h"
 #include "router/http/openai.h"
@@ -71,6 +72,8 @@ struct StreamSetup {
   // Ends the request on its worker early (a stop string ended every choice). May be empty.
   std::function<void()> cancel;
   EchoSetup echo;
+  // Chat: how each choice's text splits into reasoning, content and tool calls (chat_output.h).
+  ChatOutputSetup output;
 };
 
 class CompletionStream final : public ResponseSink {
@@ -98,6 +101,7 @@ class CompletionStream final : public ResponseSink {
     bool first_chunk = true;
     bool echoed = false;      // echo: the prompt went out ahead of this choice's text
     ChoiceLogprobs logprobs;  // not streamed: the whole choice's
+    std::unique_ptr<ChatOutputStream> output;  // streamed with a tool or reasoning parser
     size_t text_offset = 0;   // the choice's text so far, in token texts (completions' text_offset)
   };
 

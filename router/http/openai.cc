@@ -7,7 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/http/chat_messages.h"
 #include "router/http/json_body.h"
+#include "router/http/structured_output.h"
 
 namespace kvfleet::router {
 
@@ -109,35 +111,6 @@ Status ParseRetention(const json& j, Retention* out) {
     uint64_t d = 0;
     KVF_RETURN_IF_ERROR(ReadNumber(j, "decode_duration_ms", &d, 0, 1e15, true));
     out->decode_duration_ms = d;
-  }
-  return Status::Ok();
-}
-
-Status ValidateMessages(const nlohmann::ordered_json& j) {
-  if (!j.is_array() || j.empty()) return Bad("'messages' must be a non-empty array", "messages");
-  for (const nlohmann::ordered_json& m : j) {
-    if (!m.is_object()) return Bad("each message must be an object", "messages");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return Bad("each message needs a string 'role'", "messages");
-    static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer", "function"};
-    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* r) { return *role == r; })) {
-      return Bad("unknown message role '" + role->get<std::string>() + "'", "messages");
-    }
-    auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
-      if (*role != "assistant") return Bad("a " + role->get<std::string>() + " message needs 'content'", "messages");
-      continue;
-    }
-    if (content->is_array()) {
-      for (const nlohmann::ordered_json& part : *content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          return Bad("only text content parts are supported", "messages");
-        }
-      }
-    } else if (!content->is_string()) {
-      return Bad("'content' must be a string or an array of text parts", "messages");
-    }
   }
   return Status::Ok();
 }
@@ -350,6 +323,41 @@ json LogprobsJson(const CompletionRequest& req, const ChoiceLogprobs& lp) {
           {"text_offset", std::move(offsets)}};
 }
 
+// The fields read with their keys in the client's order: tools (chat_tools.h; a template's
+// tojson writes them as given) and the structured-output fields (structured_output.h; a
+// grammar engine generates a schema's properties in its order). A body that has them is read
+// once more, in order.
+Status ParseOrderedFields(const json& j, std::string_view body, const RequestLimits& limits, CompletionRequest* r) {
+  const bool tools = r->chat && j.contains("tools") && !j["tools"].is_null();
+  const bool structured = HasStructuredOutputField(j);
+  nlohmann::ordered_json ordered;
+  if (tools || structured) {
+    auto all = ParseOrderedJson(body);
+    if (!all.ok() || !all->is_object()) return Bad(std::string(kJsonInvalid), "");
+    ordered = std::move(all).value();
+  }
+  if (r->chat) {
+    KVF_RETURN_IF_ERROR(ParseChatTools(j, tools ? &ordered["tools"] : nullptr, &r->tools));
+    r->chat_template.tools = r->tools.tools;
+  }
+  std::string field;
+  if (structured) KVF_RETURN_IF_ERROR(ParseStructuredOutput(ordered, &r->sampling.structured, &field));
+  if (r->tools.forced()) {
+    if (r->sampling.structured.kind != StructuredOutput::Kind::kNone) {
+      return Bad("'" + field + "' and a forced tool call ('tool_choice') cannot both constrain the answer", field);
+    }
+    field = "tool_choice";
+    r->sampling.structured = {StructuredOutput::Kind::kJsonSchema, ForcedCallSchema(r->tools)};
+  }
+  // The one place a constraint meets the switch: never served unconstrained.
+  if (r->sampling.structured.kind != StructuredOutput::Kind::kNone && !limits.constrained_decoding) {
+    return Bad("'" + field + "' needs constrained decoding, which this router's workers do not offer" +
+                   (field == "tool_choice" ? std::string(" (tool_choice \"auto\" is served)") : std::string()),
+               field);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string ApiError::ToJson() const {
@@ -397,12 +405,13 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   if (chat) {
     // Parsed once, in order (OrderedMember): the codec renders this value.
     if (!messages_taken) return Bad("'messages' is required", "messages");
-    KVF_RETURN_IF_ERROR(ValidateMessages(r.messages));
+    KVF_RETURN_IF_ERROR(NormalizeChatMessages(&r.messages));
   } else if (!prompt_taken) {
     KVF_RETURN_IF_ERROR(ParsePrompt(j, &r));
   }
   const char* max_name = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   KVF_RETURN_IF_ERROR(ParseSampling(j, max_name, limits, &r));
+  KVF_RETURN_IF_ERROR(ParseOrderedFields(j, body, limits, &r));
   // tools and functions are refused by the field rule above; suffix is a parsed field.
   if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
                                   !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
@@ -429,8 +438,6 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   return r;
 }
 
-Status ValidateChatMessages(const nlohmann::ordered_json& messages) { return ValidateMessages(messages); }
-
 std::string_view FinishReasonText(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";
@@ -456,7 +463,15 @@ std::string FormatCompletion(const CompletionRequest& req, std::string_view id, 
     json choice = {{"index", i},
                    {"logprobs", choices[i].logprobs ? LogprobsJson(req, *choices[i].logprobs) : json(nullptr)},
                    {"finish_reason", FinishJson(choices[i].finish_reason)}};
-    if (req.chat) {
+    if (req.chat && choices[i].output != nullptr) {
+      const ChatOutput& o = *choices[i].output;
+      const bool reasoned = o.reasoning && !o.reasoning->empty();
+      json message = {{"role", "assistant"},
+                      {"content", o.content.empty() && (reasoned || !o.calls.empty()) ? json(nullptr) : json(o.content)}};
+      if (o.reasoning) message["reasoning_content"] = reasoned ? json(*o.reasoning) : json(nullptr);
+      if (!o.calls.empty()) message["tool_calls"] = ToolCallsJson(o.calls);
+      choice["message"] = std::move(message);
+    } else if (req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
     } else {
       choice["text"] = choices[i].text;
@@ -473,15 +488,41 @@ std::string FormatCompletion(const CompletionRequest& req, std::string_view id, 
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+json ToolCallsJson(const std::vector<ParsedToolCall>& calls) {
+  json out = json::array();
+  for (const ParsedToolCall& c : calls) {
+    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
+
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
-                        std::string_view finish_reason, bool first, uint32_t index, const ChoiceLogprobs* logprobs) {
+                        std::string_view finish_reason, bool first, uint32_t index, const ChoiceLogprobs* logprobs,
+                        const ChatOutputDelta* parsed) {
   json choice = {{"index", index},
                  {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json(nullptr)},
                  {"finish_reason", FinishJson(finish_reason)}};
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
+    if (parsed != nullptr) text = parsed->content;
     if (!text.empty() || first) delta["content"] = std::string(text);
+    if (parsed != nullptr && !parsed->reasoning.empty()) delta["reasoning_content"] = parsed->reasoning;
+    if (parsed != nullptr && !parsed->calls.empty()) {
+      json calls = json::array();
+      for (const ToolCallDelta& d : parsed->calls) {
+        json call = {{"index", d.index}};
+        if (d.first) {
+          call["id"] = d.id;
+          call["type"] = "function";
+          call["function"] = {{"name", d.name}, {"arguments", d.arguments}};
+        } else {
+          call["function"] = {{"arguments", d.arguments}};
+        }
+        calls.push_back(std::move(call));
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = std::string(text);

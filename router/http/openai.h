@@ -31,6 +31,8 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "schema/requests.h"
+#include "router/http/chat_output.h"
+#include "router/http/chat_tools.h"
 #include "router/http/request_fields.h"
 #include "router/routing/policy.h"
 
@@ -70,7 +72,8 @@ struct CompletionRequest {
   Retention retention;
   std::string cache_salt;
   std::optional<Policy> routing;
-  ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs
+  ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs, tools
+  ChatTools tools;                    // chat: tools, tool_choice, parallel_tool_calls (chat_tools.h)
 };
 
 // The router's limits on a request besides the body size and the sampling bounds every
@@ -83,13 +86,15 @@ struct RequestLimits {
   // Choices per request: each is a sequence decoding in the worker's batch beside the rest
   // (the prompt prefilled once), so n multiplies a request's decode work and KV blocks.
   uint32_t max_n = 16;
+  // Whether the workers enforce SamplingParams::structured (constrained decoding). Until they
+  // do, a request asking for a constraint (response_format json_*, guided_*,
+  // structured_outputs, tool_choice required or named) is a 400 rather than served
+  // unconstrained. The one switch to flip when they do.
+  bool constrained_decoding = false;
 };
 
 // Parses and validates a request body. `chat` selects the chat schema.
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool chat, const RequestLimits& limits = {});
-// Validates an OpenAI messages array (text parts only); errors as ParseCompletionRequest's
-// (param "messages"). For /tokenize's chat form.
-Status ValidateChatMessages(const nlohmann::ordered_json& messages);
 // The ApiError for a failed parse (its message; status 400).
 ApiError ErrorFromStatus(const Status& status);
 
@@ -146,6 +151,9 @@ struct ChoiceText {
   std::string text;
   std::string finish_reason;
   const ChoiceLogprobs* logprobs = nullptr;
+  // Chat with a tool or reasoning parser: the message's content, reasoning_content and
+  // tool_calls come from here (content null when empty beside calls or reasoning), not `text`.
+  const ChatOutput* output = nullptr;
 };
 
 // Whole responses: choices[i] gets index i.
@@ -157,9 +165,13 @@ std::string FormatCompletion(const CompletionRequest& req, std::string_view id, 
 // One SSE event ("data: {...}\n\n") carrying a text delta of choice `index`;
 // `finish_reason` empty: null. For chat, `first` (the choice's first chunk) adds the
 // assistant role. `logprobs`: the chunk's tokens', or null.
+// `parsed` (chat with a tool or reasoning parser): the delta's content, reasoning_content and
+// tool_calls (OpenAI's shape: a call's first entry has its id, type and name) instead of `text`.
 std::string FormatChunk(const CompletionRequest& req, std::string_view id, int64_t created, std::string_view text,
                         std::string_view finish_reason, bool first, uint32_t index = 0,
-                        const ChoiceLogprobs* logprobs = nullptr);
+                        const ChoiceLogprobs* logprobs = nullptr, const ChatOutputDelta* parsed = nullptr);
+// A message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+nlohmann::json ToolCallsJson(const std::vector<ParsedToolCall>& calls);
 // The usage-only chunk sent before [DONE] when stream_options.include_usage is set.
 std::string FormatUsageChunk(const CompletionRequest& req, std::string_view id, int64_t created,
                              const UsageCounts& usage);

@@ -45,15 +45,16 @@ constexpr std::array kFields = {
     RequestField{"messages", kChatField, kOpenAi, kParsed, ""},
     RequestField{"max_completion_tokens", kChatField, kOpenAi, kParsed, ""},
     RequestField{"top_logprobs", kChatField, kOpenAi, kParsed, ""},
+    // Function tools (chat_tools.h): rendered by the template, calls parsed from the text.
+    RequestField{"tools", kChatField, kOpenAi, kParsed, ""},
+    RequestField{"tool_choice", kChatField, kOpenAi, kParsed, ""},
+    RequestField{"parallel_tool_calls", kChatField, kOpenAi, kParsed, ""},
+    RequestField{"response_format", kChatField, kOpenAi, kParsed, ""},
     // Hints about caching and abuse monitoring: nothing in the answer depends on them.
     RequestField{"prompt_cache_key", kChatField, kOpenAi, kHonoured, ""},
     RequestField{"safety_identifier", kChatField, kOpenAi, kHonoured, ""},
-    // Not built: the values that ask for nothing pass. Without tools no call can happen, so
-    // "auto" asks for nothing either.
-    RequestField{"response_format", kChatField, kOpenAi, kRefused, R"([{"type":"text"}])"},
-    RequestField{"tools", kChatField, kOpenAi, kRefused, "[[]]"},
-    RequestField{"tool_choice", kChatField, kOpenAi, kRefused, R"(["none","auto"])"},
-    RequestField{"parallel_tool_calls", kChatField, kOpenAi, kRefused, "[true]"},
+    // Not built: the values that ask for nothing pass. functions / function_call are the
+    // deprecated shape of tools.
     RequestField{"functions", kChatField, kOpenAi, kRefused, "[[]]"},
     RequestField{"function_call", kChatField, kOpenAi, kRefused, R"(["none","auto"])"},
     RequestField{"audio", kChatField, kOpenAi, kRefused, "[]"},
@@ -84,11 +85,13 @@ constexpr std::array kFields = {
     RequestField{"skip_special_tokens", kBothFields, kVllm, kRefused, "[true]"},
     RequestField{"include_stop_str_in_output", kBothFields, kVllm, kRefused, "[false]"},
     RequestField{"use_beam_search", kBothFields, kVllm, kRefused, "[false]"},
-    RequestField{"guided_json", kBothFields, kVllm, kRefused, "[]"},
-    RequestField{"guided_regex", kBothFields, kVllm, kRefused, "[]"},
-    RequestField{"guided_choice", kBothFields, kVllm, kRefused, "[]"},
-    RequestField{"guided_grammar", kBothFields, kVllm, kRefused, "[]"},
-    RequestField{"structured_outputs", kBothFields, kVllm, kRefused, "[]"},
+    // Constraints (structured_output.h): parsed, and refused with a 400 until the workers
+    // decode under constraints (RequestLimits::constrained_decoding).
+    RequestField{"guided_json", kBothFields, kVllm, kParsed, ""},
+    RequestField{"guided_regex", kBothFields, kVllm, kParsed, ""},
+    RequestField{"guided_choice", kBothFields, kVllm, kParsed, ""},
+    RequestField{"guided_grammar", kBothFields, kVllm, kParsed, ""},
+    RequestField{"structured_outputs", kBothFields, kVllm, kParsed, ""},
     // A template from the request would run a client's Jinja in the router.
     RequestField{"chat_template", kChatField, kVllm, kRefused, "[]"},
     RequestField{"documents", kChatField, kVllm, kRefused, "[]"},
@@ -105,7 +108,7 @@ Status Bad(std::string message, std::string_view param) {
 }
 
 // Variables the chat template gets from their own fields; kwargs may not replace them.
-constexpr std::array<std::string_view, 2> kReservedTemplateVariables = {"messages", "add_generation_prompt"};
+constexpr std::array<std::string_view, 3> kReservedTemplateVariables = {"messages", "add_generation_prompt", "tools"};
 
 bool Admitted(const RequestField& f, const json& value) {
   if (value.is_null()) return true;

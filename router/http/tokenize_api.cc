@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/build_info.h"
+#include "router/http/chat_messages.h"
 #include "router/http/json_body.h"
 
 namespace kvfleet::router {
@@ -102,7 +103,7 @@ TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& looku
 
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (chat) {
-    if (Status s = ValidateChatMessages(messages); !s.ok()) return Error(ErrorFromStatus(s));
+    if (Status s = NormalizeChatMessages(&messages); !s.ok()) return Error(ErrorFromStatus(s));
     ChatTemplateOptions options;
     // The completions' reading of the template fields, their checks included.
     if (Status s = ApplyFieldRule(j, true, FieldRule{true, {}}, &options); !s.ok()) return Error(ErrorFromStatus(s));

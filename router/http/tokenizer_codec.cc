@@ -24,6 +24,20 @@ class TokenizerDecoder final : public StreamDecoder {
   tok::IncrementalDecoder dec_;
 };
 
+// Shows one special token the tokenizer's decoder would hide.
+class ShowingDecoder final : public StreamDecoder {
+ public:
+  ShowingDecoder(std::shared_ptr<const tok::Tokenizer> t, TokenId shown, std::string text)
+      : dec_(std::move(t), true), shown_(shown), text_(std::move(text)) {}
+  std::string Push(TokenId id) override { return id == shown_ ? dec_.Finish() + text_ : dec_.Push(id); }
+  std::string Finish() override { return dec_.Finish(); }
+
+ private:
+  tok::IncrementalDecoder dec_;
+  TokenId shown_;
+  std::string text_;
+};
+
 class TokenizerCodec final : public TextCodec {
  public:
   TokenizerCodec(std::shared_ptr<const tok::Tokenizer> t, std::string dir) : tok_(std::move(t)), dir_(std::move(dir)) {}
@@ -38,12 +52,14 @@ class TokenizerCodec final : public TextCodec {
   Result<std::vector<TokenId>> EncodeChat(const nlohmann::ordered_json& messages,
                                           const ChatTemplateOptions& options) const override {
     if (!messages.is_array() || messages.empty()) return InvalidArgument("messages must be a non-empty array");
-    nlohmann::json kwargs = nlohmann::json::object();
+    nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
     if (!options.kwargs_json.empty()) {
       auto k = ParseJsonBody(options.kwargs_json);
       if (!k.ok() || !k->is_object()) return InvalidArgument("chat_template_kwargs must be a JSON object");
       kwargs = std::move(k).value();
     }
+    // The tools as the client sent them (transformers' apply_chat_template(tools=...)).
+    if (options.tools) kwargs["tools"] = *options.tools;
     const bool generation_prompt = options.add_generation_prompt && !options.continue_final_message;
     KVF_ASSIGN_OR_RETURN(std::string prompt, tok_->ApplyChatTemplate(messages, generation_prompt, kwargs));
     if (options.continue_final_message) {
@@ -69,6 +85,12 @@ class TokenizerCodec final : public TextCodec {
   std::string TokenString(TokenId id) const override { return tok_->IdToToken(id); }
   size_t vocab_size() const override { return tok_->vocab_size(); }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return std::make_unique<TokenizerDecoder>(tok_); }
+  std::unique_ptr<StreamDecoder> NewDecoderShowing(std::string_view shown) const override {
+    std::optional<TokenId> id = tok_->TokenToId(shown);
+    if (!id || !tok_->IsSpecial(*id)) return NewDecoder();
+    return std::make_unique<ShowingDecoder>(tok_, *id, std::string(shown));
+  }
+  std::string_view chat_template_text() const override { return tok_->chat_template_text(); }
   std::vector<TokenId> eos_token_ids() const override {
     auto ids = tok_->eos_token_ids();
     return std::vector<TokenId>(ids.begin(), ids.end());

@@ -27,6 +27,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   p.sampling.logit_bias = {{17, -100.0f}, {23, 4.5f}};
   p.sampling.logprobs = 5;
   p.sampling.prompt_logprobs = true;
+  p.sampling.structured = {StructuredOutput::Kind::kJsonSchema, R"({"type":"object"})"};
   p.retention.ranges = {{0, 64, 100, 30'000}, {64, std::nullopt, 10, std::nullopt}};
   p.retention.decode_priority = 80;
   p.retention.decode_duration_ms = 5'000;
@@ -56,6 +57,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(g.sampling.logit_bias == p.sampling.logit_bias);
   CHECK(g.sampling.logprobs == 5);
   CHECK(g.sampling.prompt_logprobs);
+  CHECK(g.sampling.structured == StructuredOutput{StructuredOutput::Kind::kJsonSchema, R"({"type":"object"})"});
   REQUIRE(g.retention.ranges.size() == 2);
   CHECK(g.retention.ranges[0].start == 0);
   CHECK(g.retention.ranges[0].end == std::optional<uint32_t>(64));
@@ -85,6 +87,7 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(got->params.sampling.logit_bias.empty());
   CHECK(got->params.sampling.logprobs == -1);
   CHECK_FALSE(got->params.sampling.prompt_logprobs);
+  CHECK(got->params.sampling.structured.kind == StructuredOutput::Kind::kNone);
   CHECK_FALSE(got->params.retention.decode_priority.has_value());
   CHECK_FALSE(got->params.retention.decode_duration_ms.has_value());
   CHECK(got->params.pull == PullHint{});  // no hint: the worker computes what it lacks

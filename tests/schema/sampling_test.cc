@@ -88,4 +88,25 @@ TEST_CASE("the first field out of bounds is the one named") {
 }
 
 }  // namespace
+
+TEST_CASE("a structured-output constraint needs a spec for its kind, at most 256 KiB") {
+  SamplingParams p;
+  std::string field;
+  p.structured = {StructuredOutput::Kind::kJsonObject, ""};
+  CHECK(ValidateSampling(p).ok());
+  p.structured = {StructuredOutput::Kind::kRegex, "[a-z]+"};
+  CHECK(ValidateSampling(p).ok());
+  p.structured = {StructuredOutput::Kind::kRegex, ""};
+  CHECK(Refusal(p, &field).find("needs a spec") != std::string::npos);
+  CHECK(field == "structured");
+  p.structured = {StructuredOutput::Kind::kJsonObject, "{}"};
+  CHECK(Refusal(p, &field).find("takes no spec") != std::string::npos);
+  p.structured = {StructuredOutput::Kind::kEbnf, std::string(sampling::config::kMaxStructuredSpecBytes, 'a')};
+  CHECK(ValidateSampling(p).ok());
+  p.structured.spec += 'a';
+  CHECK(Refusal(p, &field).find("at most") != std::string::npos);
+  p.structured = {static_cast<StructuredOutput::Kind>(9), "x"};
+  CHECK(Refusal(p, &field).find("unknown kind") != std::string::npos);
+}
+
 }  // namespace kvfleet

@@ -2,7 +2,7 @@
 // tokenizer and operator endpoints, with an API key and a byte-level tokenizer whose chat
 // template reads a chat_template_kwargs variable:
 //   - an unknown field is a 400 naming it; --allow-unknown-fields admits it (counted);
-//   - response_format and tools are refused unless they ask for nothing;
+//   - response_format is refused unless it asks for nothing; tools need a known call format;
 //   - chat_template_kwargs reach the template (/tokenize and chat usage both show it);
 //   - /tokenize then /detokenize gives the prompt back; /version; /fleet needs the key.
 //   node openai_api_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
@@ -53,10 +53,16 @@ await runAgainst(fleet, async () => {
   check(e?.status === 400 && e.error?.param === 'mirostat', 'an unknown field is a 400 naming it');
   e = await refusal(client.chat.completions.create({
     model: 'mock', messages, response_format: { type: 'json_object' } }));
-  check(e?.status === 400 && e.error?.param === 'response_format', 'response_format json_object is refused');
-  e = await refusal(client.chat.completions.create({
-    model: 'mock', messages, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }));
-  check(e?.status === 400 && e.error?.param === 'tools', 'tools are refused');
+  check(e?.status === 400 && e.error?.param === 'response_format' && /constrained decoding/.test(e.error?.message),
+        'response_format json_object is refused until the workers decode under constraints');
+  // This template writes no tool-call format kvfleet knows: tools with tool_choice auto
+  // could not return their calls, so they need --tool-call-parser; tool_choice none is served.
+  const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+  e = await refusal(client.chat.completions.create({ model: 'mock', messages, tools }));
+  check(e?.status === 400 && e.error?.param === 'tools' && /--tool-call-parser/.test(e.error?.message),
+        'tools for a template without a known call format are refused, naming --tool-call-parser');
+  const none = await client.chat.completions.create({ model: 'mock', messages, tools, tool_choice: 'none', max_tokens: 2 });
+  check(none.choices[0].message.role === 'assistant', 'tools with tool_choice none are rendered and served');
   const plain = await client.chat.completions.create({
     model: 'mock', messages, max_tokens: 2, response_format: { type: 'text' }, tool_choice: 'none' });
   check(plain.choices[0].message.role === 'assistant', 'response_format text and tool_choice none pass');

@@ -1,6 +1,10 @@
 // The official `openai` npm package against kvfleet-router and 3 mock workers:
 // completions and chat completions, streaming and not, result shapes and usage. This
-// proves compatibility with a real client, not only with our reading of the spec.
+// proves compatibility with a real client, not only with our reading of the spec. Agents'
+// requests too: tools (the mock's byte codec renders them and reads calls in the hermes
+// form), a two-turn tool conversation, content parts, and responses.create. A mock worker's
+// tokens are random bytes, so no call is ever generated here: the parsers are covered by
+// router_api_test (tool_parsers_test.cc, reasoning_parser_test.cc, responses_api_test.cc).
 //   node openai_client_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { createRequire } from 'node:module';
 import { Fleet, check, runAgainst } from './fleet.mjs';
@@ -63,6 +67,79 @@ await runAgainst(fleet, async () => {
   let ctext = '';
   for await (const chunk of cstream) ctext += chunk.choices[0]?.text ?? '';
   check(ctext.length > 0, 'completion stream text');
+
+  // Content parts are joined with "\n" before the template: the same prompt as the string.
+  const parts = await client.chat.completions.create({ model: 'mock', max_tokens: 2,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }] });
+  const joined = await client.chat.completions.create({ model: 'mock', max_tokens: 2,
+    messages: [{ role: 'user', content: 'a\nb' }] });
+  check(parts.usage.prompt_tokens === joined.usage.prompt_tokens, 'text content parts render as their joined text');
+  try {
+    await client.chat.completions.create({ model: 'mock', messages: [{ role: 'user', content: [
+      { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] }] });
+    check(false, 'an image part is refused');
+  } catch (e) {
+    check(e.status === 400 && /image_url/.test(e.error?.message), 'an image part: 400 naming its type');
+  }
+
+  // Tools (tool_choice auto): rendered into the prompt, the answer in the chat shape.
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather now',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const ask = [{ role: 'user', content: 'Weather in Paris?' }];
+  const withTools = await client.chat.completions.create({ model: 'mock', messages: ask, tools, max_tokens: 4 });
+  const withoutTools = await client.chat.completions.create({ model: 'mock', messages: ask, max_tokens: 4 });
+  check(withTools.usage.prompt_tokens > withoutTools.usage.prompt_tokens + 100, 'the tools are rendered into the prompt');
+  check(['stop', 'length', 'tool_calls'].includes(withTools.choices[0].finish_reason), 'tools: finish_reason');
+  // The second turn: the assistant's call (content null) and the tool's answer go back through the template.
+  const turn2 = await client.chat.completions.create({ model: 'mock', tools, max_tokens: 4, messages: [...ask,
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '20C and sunny' }] });
+  check(turn2.usage.prompt_tokens > withTools.usage.prompt_tokens, 'a two-turn tool conversation is rendered');
+  const toolStream = await client.chat.completions.create({ model: 'mock', messages: ask, tools, max_tokens: 4,
+                                                             stream: true });
+  let streamedFinish = null;
+  for await (const chunk of toolStream) streamedFinish = chunk.choices[0]?.finish_reason ?? streamedFinish;
+  check(['stop', 'length', 'tool_calls'].includes(streamedFinish), 'tools streamed: finish_reason');
+  try {
+    await client.chat.completions.create({ model: 'mock', messages: ask, tools, tool_choice: 'required' });
+    check(false, 'tool_choice required is refused');
+  } catch (e) {
+    check(e.status === 400 && e.error?.param === 'tool_choice', 'tool_choice required: 400 (needs constrained decoding)');
+  }
+
+  // responses.create (stateless: store left out), whole and streamed.
+  const resp = await client.responses.create({ model: 'mock', instructions: 'Be brief.', input: 'Hello',
+                                               max_output_tokens: 5 });
+  check(resp.object === 'response' && resp.id.startsWith('resp_'), 'responses.create: a response object');
+  check(['completed', 'incomplete'].includes(resp.status) && resp.store === false, 'responses.create: status, store false');
+  check(resp.output.every((item) => item.type === 'message') && typeof resp.output_text === 'string',
+        'responses.create: message items and the SDK\'s output_text');
+  check(resp.usage.input_tokens > 0 && resp.usage.output_tokens > 0, 'responses.create: usage');
+  const events = [];
+  const rstream = await client.responses.create({ model: 'mock', input: [
+    { role: 'user', content: [{ type: 'input_text', text: 'Weather?' }] },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: '20C' }], tools: [{ type: 'function',
+    name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } }],
+    max_output_tokens: 6, stream: true });
+  let deltas = '';
+  let final = null;
+  for await (const ev of rstream) {
+    events.push(ev.type);
+    if (ev.type === 'response.output_text.delta') deltas += ev.delta;
+    if (ev.type === 'response.completed' || ev.type === 'response.incomplete') final = ev.response;
+  }
+  check(events[0] === 'response.created' && events[1] === 'response.in_progress', 'responses stream: created, in_progress');
+  check(['response.completed', 'response.incomplete'].includes(events.at(-1)), 'responses stream: ends completed');
+  const text = final?.output.filter((i) => i.type === 'message').map((i) => i.content[0].text).join('') ?? '';
+  check(final && deltas === text && final.usage.output_tokens > 0, 'responses stream: the deltas make the final text');
+  try {
+    await client.responses.create({ model: 'mock', input: 'x', store: true });
+    check(false, 'store true is refused');
+  } catch (e) {
+    check(e.status === 400 && e.error?.param === 'store', 'responses store: true is a 400 (stateless)');
+  }
 
   try {
     await client.completions.create({ model: 'no-such-model', prompt: 'x' });

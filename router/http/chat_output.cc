@@ -1,0 +1,44 @@
+#include "router/http/chat_output.h"
+
+namespace kvfleet::router {
+
+ChatOutputStream::ChatOutputStream(const ChatOutputSetup& setup)
+    : reasoning_(setup.reasoning, setup.starts_inside_think), tools_(setup.tools, setup.max_calls) {}
+
+void ChatOutputStream::Take(ReasoningOut r, bool final, ChatOutputDelta* out) {
+  out->reasoning = std::move(r.reasoning);
+  ToolStreamOut t = tools_.Push(r.content);
+  out->content = std::move(t.content);
+  out->calls = std::move(t.calls);
+  if (final) {
+    ToolStreamOut rest = tools_.Finish();
+    out->content += rest.content;
+    for (ToolCallDelta& d : rest.calls) out->calls.push_back(std::move(d));
+  }
+}
+
+ChatOutputDelta ChatOutputStream::Push(std::string_view text) {
+  ChatOutputDelta out;
+  Take(reasoning_.Push(text), false, &out);
+  return out;
+}
+
+ChatOutputDelta ChatOutputStream::Finish() {
+  ChatOutputDelta out;
+  Take(reasoning_.Finish(), true, &out);
+  return out;
+}
+
+ChatOutput ParseChatOutput(const ChatOutputSetup& setup, std::string_view text) {
+  ChatOutput out;
+  ReasoningStream reasoning(setup.reasoning, setup.starts_inside_think);
+  ReasoningOut a = reasoning.Push(text);
+  ReasoningOut b = reasoning.Finish();
+  if (setup.reasoning != ReasoningParserKind::kNone) out.reasoning = a.reasoning + b.reasoning;
+  ParsedToolCalls calls = ParseToolCalls(setup.tools, a.content + b.content, setup.max_calls);
+  out.content = std::move(calls.content);
+  out.calls = std::move(calls.calls);
+  return out;
+}
+
+}  // namespace kvfleet::router

@@ -1,0 +1,59 @@
+// One chat choice's generated text split into what OpenAI's chat answer carries apart:
+// reasoning (reasoning_parser.h), content, and tool calls (tool_parsers.h). The reasoning
+// is taken out first; calls are parsed out of the rest. Streamed, each delta says what
+// goes out now; whole, ParseChatOutput gives the answer's message fields (a malformed or
+// cut-off call leaves its text as content, vLLM's rule).
+//
+// Thread safety: a ChatOutputStream belongs to one choice of one request.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "router/http/reasoning_parser.h"
+#include "router/http/tool_parsers.h"
+
+namespace kvfleet::router {
+
+// How a request's chat output is parsed: settled per request from the model's template,
+// the router's --tool-call-parser / --reasoning-parser and the request's tools and kwargs.
+struct ChatOutputSetup {
+  ToolParserKind tools = ToolParserKind::kNone;  // kNone: no call is parsed
+  uint32_t max_calls = UINT32_MAX;               // parallel_tool_calls false: 1
+  ReasoningParserKind reasoning = ReasoningParserKind::kNone;
+  bool starts_inside_think = false;              // the prompt ends inside <think>
+
+  bool active() const { return tools != ToolParserKind::kNone || reasoning != ReasoningParserKind::kNone; }
+};
+
+struct ChatOutputDelta {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallDelta> calls;
+  bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+};
+
+class ChatOutputStream {
+ public:
+  explicit ChatOutputStream(const ChatOutputSetup& setup);
+  ChatOutputDelta Push(std::string_view text);
+  ChatOutputDelta Finish();
+  bool called() const { return tools_.calls() > 0; }
+
+ private:
+  void Take(ReasoningOut r, bool final, ChatOutputDelta* out);
+  ReasoningStream reasoning_;
+  ToolCallStream tools_;
+};
+
+struct ChatOutput {
+  std::optional<std::string> reasoning;  // set when a reasoning parser ran
+  std::string content;
+  std::vector<ParsedToolCall> calls;
+};
+ChatOutput ParseChatOutput(const ChatOutputSetup& setup, std::string_view text);
+
+}  // namespace kvfleet::router
