@@ -132,8 +132,8 @@ await runAgainst(fleet, async () => {
   }
   check(events[0] === 'response.created' && events[1] === 'response.in_progress', 'responses stream: created, in_progress');
   check(['response.completed', 'response.incomplete'].includes(events.at(-1)), 'responses stream: ends completed');
-  const text = final?.output.filter((i) => i.type === 'message').map((i) => i.content[0].text).join('') ?? '';
-  check(final && deltas === text && final.usage.output_tokens > 0, 'responses stream: the deltas make the final text');
+  const finalText = final?.output.filter((i) => i.type === 'message').map((i) => i.content[0].text).join('') ?? '';
+  check(final && deltas === finalText && final.usage.output_tokens > 0, 'responses stream: the deltas make the final text');
   try {
     await client.responses.create({ model: 'mock', input: 'x', store: true });
     check(false, 'store true is refused');
