@@ -269,7 +269,7 @@ class Parser {
       return ReadCodepoint();
     };
     while (true) {
-      if (pos_ >= text_.size()) return Error("unterminated character class");
+      if (pos_ >= text_.size() || text_[pos_] == '\n') return Error("unterminated character class");
       if (text_[pos_] == ']') { ++pos_; break; }
       auto lo = one();
       if (!lo.ok()) return lo.status();
