@@ -85,6 +85,11 @@ struct Nfa {
 
 }  // namespace
 
+namespace config {
+// A linear scan of up to this many edges is about as fast as the table's cache miss.
+constexpr size_t kTableMinEdges = 6;
+}  // namespace config
+
 // Deep enough for any schema or grammar a person writes, shallow enough for the stack.
 constexpr int kMaxExprDepth = 1000;
 
@@ -109,6 +114,7 @@ class AutomatonBuilder {
     }
     KVF_RETURN_IF_ERROR(Trim());
     KVF_RETURN_IF_ERROR(CheckLeftRecursion());
+    BuildTables();
     return std::move(a_);
   }
 
@@ -341,6 +347,18 @@ class AutomatonBuilder {
     a_.byte_edges_ = std::move(bytes);
     a_.call_edges_ = std::move(calls);
     return Status::Ok();
+  }
+
+  // States with many byte edges (UTF-8 classes) get a direct 256-entry lookup.
+  void BuildTables() {
+    for (size_t s = 0; s < a_.states_.size(); ++s) {
+      auto edges = a_.bytes(static_cast<int32_t>(s));
+      if (edges.size() < config::kTableMinEdges) continue;
+      a_.states_[s].table = static_cast<int32_t>(a_.tables_.size() / 256);
+      a_.tables_.resize(a_.tables_.size() + 256, -1);
+      int32_t* row = a_.tables_.data() + a_.tables_.size() - 256;
+      for (const auto& e : edges) std::fill(row + e.lo, row + e.hi + 1, e.target);
+    }
   }
 
   // Left recursion makes a stack's closure infinite (each call pushes a new frame), so it

@@ -52,6 +52,7 @@ class Automaton {
     int32_t rule = -1;
     uint32_t bytes_begin = 0, bytes_end = 0;
     uint32_t calls_begin = 0, calls_end = 0;
+    int32_t table = -1;  // a 256-entry row of tables_ for states with many edges
     bool final = false;
   };
 
@@ -70,9 +71,12 @@ class Automaton {
     return {call_edges_.data() + states_[s].calls_begin, states_[s].calls_end - states_[s].calls_begin};
   }
   bool has_bytes(int32_t s) const { return states_[s].bytes_end != states_[s].bytes_begin; }
+  // Neither calls a rule nor ends one: reaching it needs no closure.
+  bool simple(int32_t s) const { return states_[s].calls_begin == states_[s].calls_end && !states_[s].final; }
   // The state after byte b from s, or -1.
   int32_t Next(int32_t s, uint8_t b) const {
     const State& st = states_[s];
+    if (st.table >= 0) return tables_[static_cast<size_t>(st.table) * 256 + b];
     for (uint32_t i = st.bytes_begin; i < st.bytes_end; ++i) {
       const ByteEdge& e = byte_edges_[i];
       if (b < e.lo) return -1;
@@ -89,6 +93,7 @@ class Automaton {
   std::vector<State> states_;
   std::vector<ByteEdge> byte_edges_;
   std::vector<CallEdge> call_edges_;
+  std::vector<int32_t> tables_;
   std::vector<int32_t> rule_start_;
   std::vector<std::string> rule_names_;
   int32_t root_rule_ = 0;

@@ -71,9 +71,7 @@ Result<Grammar> SpecToGrammar(const Spec& spec, const Limits& limits) {
 
 Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const Vocabulary& vocab, const Limits& limits) {
   KVF_ASSIGN_OR_RETURN(Automaton a, BuildAutomaton(spec, limits));
-  auto g = std::make_shared<CompiledGrammar>(std::move(a), vocab, limits);
-  if (limits.token_cache) g->BuildTokenCache();
-  return std::shared_ptr<const CompiledGrammar>(std::move(g));
+  return std::shared_ptr<const CompiledGrammar>(std::make_shared<CompiledGrammar>(std::move(a), vocab, limits));
 }
 
 Status Validate(const Spec& spec, const Limits& limits) { return BuildAutomaton(spec, limits).status(); }
@@ -88,48 +86,66 @@ Result<std::string> JsonSchemaToEbnf(std::string_view schema_json, const JsonSch
   return g.ToEbnf();
 }
 
-void CompiledGrammar::BuildTokenCache() {
+CompiledGrammar::CompiledGrammar(Automaton automaton, Vocabulary vocab, Limits limits)
+    : automaton_(std::move(automaton)), vocab_(std::move(vocab)), limits_(limits) {
+  if (limits_.token_cache) {
+    once_ = std::make_unique<std::once_flag[]>(automaton_.num_states());
+    state_tokens_.resize(automaton_.num_states());
+  }
+}
+
+const CompiledGrammar::StateTokens& CompiledGrammar::tokens(int32_t state) const {
+  std::call_once(once_[state], [&] { state_tokens_[state] = ComputeTokens(state); });
+  return state_tokens_[state];
+}
+
+void CompiledGrammar::WarmTokenCache() const {
+  if (!token_cache()) return;
+  for (size_t s = 0; s < automaton_.num_states(); ++s) {
+    if (automaton_.has_bytes(static_cast<int32_t>(s))) tokens(static_cast<int32_t>(s));
+  }
+}
+
+// Walks the tokens whose first byte the state reads from a stack of that state alone: a
+// token read entirely inside the state's rule is accepted in any context; one that needs
+// the rule to end first is uncertain; the rest are rejected in any context.
+CompiledGrammar::StateTokens CompiledGrammar::ComputeTokens(int32_t state) const {
   const Automaton& a = automaton_;
-  state_tokens_.assign(a.num_states(), {});
   FramePool pool;
   Pda pda(&a, &pool, limits_.max_stacks);
   WalkScratch scratch;
   auto sorted = vocab_.sorted_ids();
   auto first = vocab_.first_byte_offsets();
   size_t words = BitmaskWords(vocab_.size());
-  std::vector<int32_t> ids;
-  for (size_t s = 0; s < a.num_states(); ++s) {
-    if (!a.has_bytes(static_cast<int32_t>(s))) continue;
-    Position start;
-    start.tops.push_back({static_cast<int32_t>(s), kBottom});
-    ids.clear();
-    for (const auto& e : a.bytes(static_cast<int32_t>(s))) {
-      ids.insert(ids.end(), sorted.begin() + first[e.lo], sorted.begin() + first[e.hi + 1]);
-    }
-    StateTokens& st = state_tokens_[s];
-    WalkTokens(&pda, vocab_, start, ids, &scratch, [&](int32_t id, bool accepted, bool escaped) {
-      if (accepted) {
-        st.accepted.push_back(id);
-      } else if (escaped) {
-        st.uncertain.push_back(id);
-      }
-    });
-    // A list costs 32 bits per token, the bitmask 1 bit per vocabulary entry.
-    if (st.accepted.size() > words) {
-      st.accepted_bits.assign(words, 0);
-      for (int32_t id : st.accepted) st.accepted_bits[id / 32] |= 1u << (id % 32);
-      st.accepted.clear();
-      st.accepted.shrink_to_fit();
-    }
+  std::vector<int32_t> ranks;
+  Position start;
+  start.tops.push_back({state, kBottom});
+  for (const auto& e : a.bytes(state)) {
+    for (uint32_t r = first[e.lo]; r < first[e.hi + 1]; ++r) ranks.push_back(static_cast<int32_t>(r));
   }
+  StateTokens st;
+  WalkTokens(&pda, vocab_, start, ranks, &scratch, [&](int32_t rank, bool accepted, bool escaped) {
+    if (accepted) {
+      st.accepted.push_back(sorted[rank]);
+    } else if (escaped) {
+      st.uncertain.push_back(rank);
+    }
+  });
+  // A list costs 32 bits per token, the bitmask 1 bit per vocabulary entry.
+  if (st.accepted.size() > words) {
+    st.accepted_bits.assign(words, 0);
+    for (int32_t id : st.accepted) st.accepted_bits[id / 32] |= 1u << (id % 32);
+    st.accepted.clear();
+  }
+  st.accepted.shrink_to_fit();
+  st.uncertain.shrink_to_fit();
+  cache_bytes_ += sizeof(st) + 4 * (st.accepted.capacity() + st.accepted_bits.capacity() + st.uncertain.capacity());
+  return st;
 }
 
 size_t CompiledGrammar::memory_bytes() const {
-  size_t n = automaton_.num_states() * sizeof(Automaton::State);
-  for (const auto& st : state_tokens_) {
-    n += sizeof(st) + 4 * (st.accepted.capacity() + st.accepted_bits.capacity() + st.uncertain.capacity());
-  }
-  return n;
+  return automaton_.num_states() * (sizeof(Automaton::State) + sizeof(StateTokens) + sizeof(std::once_flag)) +
+         cache_bytes_.load();
 }
 
 }  // namespace kvfleet::grammar

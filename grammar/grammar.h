@@ -78,6 +78,10 @@ class Vocabulary {
   std::span<const uint32_t> first_byte_offsets() const;  // 257 entries
   // The index of a usable id in sorted_ids() (-1 for an unusable id).
   int32_t rank(int32_t id) const;
+  // The bytes of sorted_ids()[rank], stored contiguously in byte order (a walk over the
+  // vocabulary reads memory in sequence), and their common prefix with the rank before.
+  std::string_view sorted_token(int32_t rank) const;
+  uint32_t lcp_with_previous(int32_t rank) const;
   size_t max_token_bytes() const;
   uint64_t fingerprint() const;  // hash of the contents (GrammarCache keys)
 

@@ -93,33 +93,33 @@ void Matcher::FillNextTokenBitmask(std::span<uint32_t> mask) const {
   std::fill(mask.begin(), mask.end(), 0u);
   if (s.terminated()) return;
   const Position& now = s.history.back();
-  auto allow = [&](int32_t id, bool accepted, bool) {
-    if (accepted) mask[id / 32] |= 1u << (id % 32);
+  auto sorted = vocab.sorted_ids();
+  auto allow = [&](int32_t rank, bool accepted, bool) {
+    if (accepted) mask[sorted[rank] / 32] |= 1u << (sorted[rank] % 32);
   };
-  if (s.g->tokens(0) != nullptr) {
+  if (s.g->token_cache()) {
     // Cached: each top's context-independent tokens at once, then its uncertain tokens
     // (not allowed yet) walked from the real stacks, in byte order.
     s.pending.clear();
     if (s.marks.size() < words) s.marks.assign(words, 0);
     for (const Top& t : now.tops) {
-      const auto* st = s.g->tokens(t.state);
-      if (!st->accepted_bits.empty()) {
-        for (size_t w = 0; w < words; ++w) mask[w] |= st->accepted_bits[w];
+      const auto& st = s.g->tokens(t.state);
+      if (!st.accepted_bits.empty()) {
+        for (size_t w = 0; w < words; ++w) mask[w] |= st.accepted_bits[w];
       }
-      for (int32_t id : st->accepted) mask[id / 32] |= 1u << (id % 32);
+      for (int32_t id : st.accepted) mask[id / 32] |= 1u << (id % 32);
     }
     for (const Top& t : now.tops) {
-      for (int32_t id : s.g->tokens(t.state)->uncertain) {
+      for (int32_t rank : s.g->tokens(t.state).uncertain) {
+        int32_t id = sorted[rank];
         uint32_t bit = 1u << (id % 32);
         if ((mask[id / 32] & bit) || (s.marks[id / 32] & bit)) continue;
         s.marks[id / 32] |= bit;
-        s.pending.push_back(id);
+        s.pending.push_back(rank);
       }
     }
-    for (int32_t id : s.pending) s.marks[id / 32] = 0;
-    if (now.tops.size() > 1) {
-      std::sort(s.pending.begin(), s.pending.end(), [&](int32_t a, int32_t b) { return vocab.rank(a) < vocab.rank(b); });
-    }
+    for (int32_t rank : s.pending) s.marks[sorted[rank] / 32] = 0;
+    if (now.tops.size() > 1) std::sort(s.pending.begin(), s.pending.end());
     WalkTokens(&s.pda, vocab, now, s.pending, &s.walk, allow);
   } else {
     // Uncached: the tokens whose first byte some top reads, walked in byte order.
@@ -127,12 +127,13 @@ void Matcher::FillNextTokenBitmask(std::span<uint32_t> mask) const {
     for (const Top& t : now.tops) {
       for (const auto& e : s.g->automaton().bytes(t.state)) std::fill(first.begin() + e.lo, first.begin() + e.hi + 1, 1);
     }
-    auto sorted = vocab.sorted_ids();
     auto offsets = vocab.first_byte_offsets();
+    s.pending.clear();
     for (int b = 0; b < 256; ++b) {
       if (!first[b]) continue;
-      WalkTokens(&s.pda, vocab, now, sorted.subspan(offsets[b], offsets[b + 1] - offsets[b]), &s.walk, allow);
+      for (uint32_t r = offsets[b]; r < offsets[b + 1]; ++r) s.pending.push_back(static_cast<int32_t>(r));
     }
+    WalkTokens(&s.pda, vocab, now, s.pending, &s.walk, allow);
   }
   if (now.can_end) {
     for (int32_t id : vocab.stop_ids()) mask[id / 32] |= 1u << (id % 32);

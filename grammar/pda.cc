@@ -49,6 +49,15 @@ void Pda::Close(int32_t state, int32_t parent, Position* out) {
 
 void Pda::Step(const Position& in, uint8_t b, Position* out) {
   out->Clear();
+  if (in.tops.size() == 1) {  // the common case: one stack, a state that needs no closure
+    const Top t = in.tops[0];
+    int32_t next = a_->Next(t.state, b);
+    if (next < 0) return;
+    if (a_->simple(next)) {
+      out->tops.push_back({next, t.parent});
+      return;
+    }
+  }
   seen_.clear();
   for (const Top& t : in.tops) {
     int32_t next = a_->Next(t.state, b);

@@ -4,7 +4,8 @@
 // read once (the vocabulary walked as a trie without building one). A dead prefix rejects
 // every following token that shares it at the cost of one comparison.
 //
-// verdict(id, accepted, escaped) is called once per token: accepted when every byte was
+// Tokens are given by rank (their index in the vocabulary's byte order), ascending.
+// verdict(rank, accepted, escaped) is called once per token: accepted when every byte was
 // read and some stack is alive (or the bottom rule completed exactly at the end); escaped
 // when, before the last byte, some stack completed the bottom rule (the token's fate then
 // depends on the frames below the start: the token cache calls such tokens uncertain).
@@ -27,7 +28,7 @@ struct WalkScratch {
 };
 
 template <typename Verdict>
-void WalkTokens(Pda* pda, const Vocabulary& vocab, const Position& start, std::span<const int32_t> ids,
+void WalkTokens(Pda* pda, const Vocabulary& vocab, const Position& start, std::span<const int32_t> ranks,
                 WalkScratch* scratch, Verdict&& verdict) {
   auto& levels = scratch->levels;
   auto& escaped = scratch->escaped;
@@ -38,10 +39,17 @@ void WalkTokens(Pda* pda, const Vocabulary& vocab, const Position& start, std::s
   escaped[0] = start.can_end;
   size_t computed = 0;  // levels[0..computed] hold the previous token's prefix positions
   std::string_view prev;
-  for (int32_t id : ids) {
-    std::string_view tok = vocab.token(id);
-    size_t lcp = 0, limit = std::min({prev.size(), tok.size(), computed});
-    while (lcp < limit && prev[lcp] == tok[lcp]) ++lcp;
+  int32_t prev_rank = -2;
+  for (int32_t rank : ranks) {
+    std::string_view tok = vocab.sorted_token(rank);
+    size_t lcp;
+    if (rank == prev_rank + 1) {
+      lcp = std::min<size_t>(vocab.lcp_with_previous(rank), computed);
+    } else {
+      size_t limit = std::min({prev.size(), tok.size(), computed});
+      lcp = 0;
+      while (lcp < limit && prev[lcp] == tok[lcp]) ++lcp;
+    }
     size_t d = lcp;
     while (d < tok.size() && !levels[d].tops.empty()) {
       pda->Step(levels[d], static_cast<uint8_t>(tok[d]), &levels[d + 1]);
@@ -50,9 +58,10 @@ void WalkTokens(Pda* pda, const Vocabulary& vocab, const Position& start, std::s
     }
     computed = d;
     prev = tok;
+    prev_rank = rank;
     bool accepted = d == tok.size() && !levels[d].dead();
     bool esc = escaped[std::min(d, tok.size() - 1)] || levels[d].overflow;
-    verdict(id, accepted, esc);
+    verdict(rank, accepted, esc);
   }
 }
 

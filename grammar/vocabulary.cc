@@ -15,6 +15,9 @@ struct Vocabulary::Data {
   std::vector<int32_t> sorted;
   std::vector<int32_t> rank;
   std::vector<uint32_t> first;  // 257 offsets into sorted
+  std::string blob;             // the sorted tokens' bytes, concatenated
+  std::vector<uint32_t> blob_offset;
+  std::vector<uint32_t> lcp;
   size_t max_bytes = 0;
   uint64_t fingerprint = 0;
 };
@@ -57,6 +60,18 @@ Vocabulary Vocabulary::FromTokenBytes(std::vector<std::string> bytes, std::vecto
   d->fingerprint = XXH3_64bits_digest(h);
   XXH3_freeState(h);
   std::sort(d->sorted.begin(), d->sorted.end(), [&](int32_t a, int32_t b) { return d->bytes[a] < d->bytes[b]; });
+  d->blob_offset.push_back(0);
+  for (size_t i = 0; i < d->sorted.size(); ++i) {
+    const std::string& t = d->bytes[d->sorted[i]];
+    uint32_t l = 0;
+    if (i > 0) {
+      const std::string& p = d->bytes[d->sorted[i - 1]];
+      while (l < p.size() && l < t.size() && p[l] == t[l]) ++l;
+    }
+    d->lcp.push_back(l);
+    d->blob += t;
+    d->blob_offset.push_back(static_cast<uint32_t>(d->blob.size()));
+  }
   d->rank.assign(n, -1);
   for (size_t i = 0; i < d->sorted.size(); ++i) d->rank[d->sorted[i]] = static_cast<int32_t>(i);
   d->first.assign(257, 0);
@@ -75,6 +90,10 @@ std::span<const int32_t> Vocabulary::stop_ids() const { return d_->stop_ids; }
 std::span<const int32_t> Vocabulary::sorted_ids() const { return d_->sorted; }
 std::span<const uint32_t> Vocabulary::first_byte_offsets() const { return d_->first; }
 int32_t Vocabulary::rank(int32_t id) const { return d_->rank[id]; }
+std::string_view Vocabulary::sorted_token(int32_t rank) const {
+  return std::string_view(d_->blob).substr(d_->blob_offset[rank], d_->blob_offset[rank + 1] - d_->blob_offset[rank]);
+}
+uint32_t Vocabulary::lcp_with_previous(int32_t rank) const { return d_->lcp[rank]; }
 size_t Vocabulary::max_token_bytes() const { return d_->max_bytes; }
 uint64_t Vocabulary::fingerprint() const { return d_->fingerprint; }
 
