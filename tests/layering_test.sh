@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The rooms of the tree and what each may include. Routers and workers share only common/,
-# schema/ (every wire contract) and, for the router, tokenizer/; inside the worker and the
+# schema/ (every wire contract), tokenizer/ (the router's codec; the worker server's grammar
+# vocabulary) and grammar/; inside the worker and the
 # router, each layer includes only the layers below it. A new include that crosses these lines fails here.
 #
 #   tests/layering_test.sh [ROOT]
@@ -23,8 +24,9 @@ RULES=(
   "worker/engine: common schema grammar worker/kv worker/model worker/backend"
   # KV transfer between workers (Contract 4): the wire and its sockets, no cache of its own.
   "worker/transfer: common schema"
-  "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine worker/transfer"
-  "worker: common common/http schema kernels grammar worker/kv worker/model worker/backend worker/engine worker/transfer worker/server"
+  # The server builds the grammar vocabulary from the model's tokenizer (constrained decoding).
+  "worker/server: common common/http schema tokenizer grammar worker/kv worker/model worker/backend worker/engine worker/transfer"
+  "worker: common common/http schema kernels tokenizer grammar worker/kv worker/model worker/backend worker/engine worker/transfer worker/server"
   # The router's rooms point one way: core (worker id, state, load, WorkerSignals) at the
   # bottom; index and fleet on it; events (a WorkerSignals, feeding the index) and routing
   # (the decision, over the fleet's loads and a PrefixIndex) above; http, then the binary.
