@@ -1,6 +1,8 @@
 #include "worker/server/grammar_vocabulary.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "tokenizer/tokenizer.h"
 #include "worker/engine/structured_output.h"

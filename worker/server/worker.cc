@@ -351,7 +351,7 @@ void Worker::InitStructuredOutputs(const std::vector<TokenId>& eos_token_ids) {
     return;
   }
   backend_->UseVocabulary(*vocab);
-  structured_ = std::make_shared<engine::StructuredOutputs>(*std::move(vocab));
+  structured_ = std::make_shared<engine::StructuredOutputs>(std::move(*vocab));
   requests_->SetStructuredOutputs(structured_);
 }
 
