@@ -229,8 +229,6 @@ TEST_CASE("a role's name parses back, and an unknown one is an error naming the 
   CHECK(ServesDecode(WorkerRole::kBoth));
 }
 
-}  // namespace kvfleet
-
 TEST_CASE("a worker's structured-outputs capability round-trips in its Hello, and is off from older workers") {
   WorkerHello h;
   h.name = "w0";
@@ -254,3 +252,5 @@ TEST_CASE("a worker's structured-outputs capability round-trips in its Hello, an
   REQUIRE(decoded.ok());
   CHECK_FALSE(std::get<WorkerHello>(*decoded).structured_outputs);
 }
+
+}  // namespace kvfleet
