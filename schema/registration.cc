@@ -59,6 +59,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setTensorParallel(h.tensor_parallel);
   out.setPrefillTokensPerSecond(h.prefill_tokens_per_second);
   out.setRole(static_cast<schema::WorkerRole>(static_cast<uint16_t>(h.role)));
+  out.setStructuredOutputs(h.structured_outputs);
   if (!h.transfer_endpoint.empty()) {
     auto t = out.initTransfer();
     t.setEndpoint(h.transfer_endpoint);
@@ -106,6 +107,7 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     case schema::WorkerRole::DECODE: out.role = WorkerRole::kDecode; break;
     default: out.role = WorkerRole::kBoth; break;
   }
+  out.structured_outputs = h.getStructuredOutputs();
   if (h.hasTransfer()) {
     auto t = h.getTransfer();
     out.transfer_endpoint = t.getEndpoint().cStr();

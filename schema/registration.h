@@ -91,6 +91,9 @@ struct WorkerHello {
   // Two workers with the same one pull device to device.
   std::string transfer_host_id;
   WorkerRole role = WorkerRole::kBoth;  // --role; kBoth from a worker older than the field
+  // It enforces SamplingParams::structured (a grammar vocabulary and a backend that masks
+  // logits); false from a worker older than the field: routers send it no constrained request.
+  bool structured_outputs = false;
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

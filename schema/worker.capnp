@@ -211,6 +211,8 @@ struct Hello {
   prefillTokensPerSecond @16 :Float32;  # its expected prefill rate before it measures one (load
                                         # reports' then): its backend's cost model; 0: unknown
   role @17 :WorkerRole;        # what routers send it (P/D disaggregation); both from older workers
+  structuredOutputs @18 :Bool; # it decodes under Generate.sampling's structured constraint
+                               # (grammar/); false: routers send it no constrained request
 }
 
 # A worker's part in serving requests (kvfleet-worker --role). Routers split a long prompt's

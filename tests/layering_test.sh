@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The rooms of the tree and what each may include. Routers and workers share only common/,
-# schema/ (every wire contract) and, for the router, tokenizer/; inside the worker and the
+# schema/ (every wire contract), tokenizer/ (the router's codec; the worker server's grammar
+# vocabulary) and grammar/; inside the worker and the
 # router, each layer includes only the layers below it. A new include that crosses these lines fails here.
 #
 #   tests/layering_test.sh [ROOT]
@@ -15,14 +16,17 @@ RULES=(
   "schema: common"
   "kernels: common"
   "tokenizer: common"
+  # Constrained decoding (structured outputs): the router validates specs, the worker masks.
+  "grammar: common"
   "worker/kv: common schema"
   "worker/model: common schema kernels"
-  "worker/backend: common schema kernels worker/kv worker/model"
-  "worker/engine: common schema worker/kv worker/model worker/backend"
+  "worker/backend: common schema kernels grammar worker/kv worker/model"
+  "worker/engine: common schema grammar worker/kv worker/model worker/backend"
   # KV transfer between workers (Contract 4): the wire and its sockets, no cache of its own.
   "worker/transfer: common schema"
-  "worker/server: common common/http schema worker/kv worker/model worker/backend worker/engine worker/transfer"
-  "worker: common common/http schema kernels worker/kv worker/model worker/backend worker/engine worker/transfer worker/server"
+  # The server builds the grammar vocabulary from the model's tokenizer (constrained decoding).
+  "worker/server: common common/http schema tokenizer grammar worker/kv worker/model worker/backend worker/engine worker/transfer"
+  "worker: common common/http schema kernels tokenizer grammar worker/kv worker/model worker/backend worker/engine worker/transfer worker/server"
   # The router's rooms point one way: core (worker id, state, load, WorkerSignals) at the
   # bottom; index and fleet on it; events (a WorkerSignals, feeding the index) and routing
   # (the decision, over the fleet's loads and a PrefixIndex) above; http, then the binary.
@@ -31,8 +35,8 @@ RULES=(
   "router/fleet: common schema router/core"
   "router/events: common schema router/core router/index"
   "router/routing: common schema router/core router/index router/fleet"
-  "router/http: common common/http schema tokenizer router/core router/routing router/fleet"
-  "router: common common/http schema tokenizer router/core router/index router/routing router/events router/fleet router/http"
+  "router/http: common common/http schema tokenizer grammar router/core router/routing router/fleet"
+  "router: common common/http schema tokenizer grammar router/core router/index router/routing router/events router/fleet router/http"
   "cli: common common/http schema tokenizer worker/model cli"
 )
 
@@ -58,7 +62,7 @@ done
 
 violations=0
 checked=0
-mapfile -t FILES < <(git ls-files --cached --others --exclude-standard -- common schema kernels tokenizer worker router cli 2>/dev/null |
+mapfile -t FILES < <(git ls-files --cached --others --exclude-standard -- common schema kernels tokenizer grammar worker router cli 2>/dev/null |
                      grep -E '\.(h|cc|cu|cuh)$')
 declare -A FILE_ROOM
 for file in "${FILES[@]}"; do

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -507,6 +508,41 @@ std::optional<TokenId> Tokenizer::TokenToId(std::string_view token) const { retu
 std::string Tokenizer::IdToToken(TokenId id) const {
   bool known = false;
   return impl_->TokenString(id, &known);
+}
+
+std::string Tokenizer::TokenBytes(TokenId id) const {
+  bool known = false;
+  std::string s = impl_->TokenString(id, &known);
+  if (!known || impl_->added_by_id.contains(id)) return s;
+  std::string out;
+  if (impl_->model->byte_level()) {
+    const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
+    for (size_t i = 0; i < s.size();) {
+      const size_t at = i;
+      const int b = alphabet.ByteOf(NextCodePoint(s, &i));
+      if (b >= 0) {
+        out += static_cast<char>(b);
+      } else {
+        out.append(s, at, i - at);  // a symbol outside the alphabet stands for itself
+      }
+    }
+    return out;
+  }
+  // SentencePiece style: <0xXX> byte-fallback tokens, "▁" for a space.
+  if (s.size() == 6 && s.starts_with("<0x") && s.back() == '>' && std::isxdigit(static_cast<unsigned char>(s[3])) &&
+      std::isxdigit(static_cast<unsigned char>(s[4]))) {
+    return std::string(1, static_cast<char>(std::stoi(s.substr(3, 2), nullptr, 16)));
+  }
+  static constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581
+  for (size_t i = 0; i < s.size();) {
+    if (std::string_view(s).substr(i, kSpace.size()) == kSpace) {
+      out += ' ';
+      i += kSpace.size();
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
 }
 
 bool Tokenizer::IsSpecial(TokenId id) const {

@@ -118,6 +118,11 @@ class Tokenizer {
   // the id is unknown.
   std::string IdToToken(TokenId id) const;
   bool IsSpecial(TokenId id) const;
+  // The bytes a token stands for, for matching generated text byte by byte (constrained
+  // decoding): a byte-level token's symbols mapped back to bytes, a byte-fallback <0xXX> as
+  // its byte, a SentencePiece "▁" as a space, an added token as its content. Empty when the
+  // id is unknown. A token may be part of a UTF-8 character.
+  std::string TokenBytes(TokenId id) const;
 
   const TokenizerImpl& impl() const { return *impl_; }
 

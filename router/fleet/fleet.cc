@@ -579,6 +579,7 @@ uint32_t Fleet::KvBlocksPerBlock(WorkerId worker) const { return impl_->KvBlocks
 std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { return impl_->Transfer(worker); }
 double Fleet::AnnouncedPrefillRate(WorkerId worker) const { return impl_->AnnouncedPrefillRate(worker); }
 WorkerRole Fleet::Role(WorkerId worker) const { return impl_->Role(worker); }
+bool Fleet::StructuredOutputs(WorkerId worker) const { return impl_->StructuredOutputs(worker); }
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

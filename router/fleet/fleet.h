@@ -116,6 +116,9 @@ class WorkerLoads {
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
   // Its part in P/D disaggregation, as its Hello said (--role); kBoth for a static entry.
   virtual WorkerRole Role(WorkerId /*worker*/) const { return WorkerRole::kBoth; }
+  // Its Hello's structuredOutputs: it decodes under a request's constraint (response_format,
+  // guided_*, forced tool calls). False for a static entry.
+  virtual bool StructuredOutputs(WorkerId /*worker*/) const { return false; }
   // The fleet's other routers' in-flight counts on the worker, as their gossip last said
   // (peer_loads.h), now and as they stood at `at`; zero without gossip or peers. Routing adds
   // them to this router's own (routing/README.md, "Several routers").
@@ -131,6 +134,7 @@ class WorkerLoads {
     OwnLoadCounts own_at_report;        // OwnLoadAt(report->received_at); zeros without a report
     double announced_prefill_rate = 0;  // AnnouncedPrefillRate
     WorkerRole role = WorkerRole::kBoth;  // Role
+    bool structured_outputs = false;      // StructuredOutputs
     OwnLoadCounts peers;                // PeerLoad
     OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
   };
@@ -146,6 +150,7 @@ class WorkerLoads {
       if (v.report) v.own_at_report = OwnLoadAt(id, v.report->received_at);
       v.announced_prefill_rate = AnnouncedPrefillRate(id);
       v.role = Role(id);
+      v.structured_outputs = StructuredOutputs(id);
       v.peers = PeerLoad(id);
       if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
       out->push_back(std::move(v));
@@ -394,6 +399,7 @@ class Fleet final : public WorkerLoads {
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
   WorkerRole Role(WorkerId worker) const override;
+  bool StructuredOutputs(WorkerId worker) const override;
   void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
   // This router's own load on every worker where it has a request in flight, by the
   // worker's name (what it tells its peers, gossip.h); a name two records share is summed.

@@ -125,6 +125,7 @@ class FleetImpl final : public LaneFleet {
   std::shared_ptr<const TransferPeer> Transfer(WorkerId id) const;
   double AnnouncedPrefillRate(WorkerId id) const;
   WorkerRole Role(WorkerId id) const;
+  bool StructuredOutputs(WorkerId id) const;
   std::vector<std::string> LiveModels() const;
   std::vector<ModelReadiness> Readiness() const;
   bool Ready() const;

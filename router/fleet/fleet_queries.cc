@@ -189,6 +189,7 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     if (v.report) v.own_at_report = w.own.At(v.report->received_at);
     v.announced_prefill_rate = w.info.prefill_tokens_per_second;
     v.role = w.info.role;
+    v.structured_outputs = w.info.structured_outputs;
     if (options_.peers != nullptr) {  // by name: the peers number workers their own way
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
       options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
@@ -259,6 +260,11 @@ std::shared_ptr<const TransferPeer> FleetImpl::Transfer(WorkerId id) const {
 double FleetImpl::AnnouncedPrefillRate(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return Record(id) != nullptr ? workers_[id]->info.prefill_tokens_per_second : 0;
+}
+
+bool FleetImpl::StructuredOutputs(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr && workers_[id]->info.structured_outputs;
 }
 
 WorkerRole FleetImpl::Role(WorkerId id) const {

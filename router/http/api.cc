@@ -252,6 +252,12 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
       }
       if (!req.tools.parallel) out->max_calls = 1;
     }
+    if (req.tools.forced()) {  // decoded under ForcedCallSchema's grammar: the text is the call(s)
+      out->tools = ToolParserKind::kNone;
+      out->forced = req.tools.choice;
+      out->forced_name = req.tools.named;
+      if (!req.tools.parallel) out->max_calls = 1;
+    }
     out->reasoning = options_.reasoning_parser.value_or(DetectReasoningParser(tmpl));
     if (out->reasoning != ReasoningParserKind::kNone && !req.chat_template.kwargs_json.empty()) {
       // chat_template_kwargs {"enable_thinking": false}: the template closes the block itself.
@@ -388,8 +394,14 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
   };
   // Sent from this I/O thread, whose lane also reads the answer and feeds the stream.
   Lane* lane = LaneOf(ex->io_thread());
-  Result<Dispatched> sent = dispatcher_.Dispatch(*served, std::move(prepared.params), policy, lane, make_stream, &refusal);
-  if (!sent.ok()) return Refuse(*ex, model, refusal.reason, RouteError(sent.status(), refusal));
+  const std::string constrained_field = req.structured_field;  // req moves into the stream
+  Result<Dispatched> sent =
+      dispatcher_.Dispatch(*served, std::move(prepared.params), policy, lane, make_stream, &refusal, constrained_field);
+  if (!sent.ok()) {
+    ApiError e = RouteError(sent.status(), refusal);
+    if (sent.status().code() == StatusCode::kInvalidArgument) e.param = constrained_field;
+    return Refuse(*ex, model, refusal.reason, e);
+  }
   stream->MarkSent(sent->sent);
   ex->OnClientGone([lane, handle = sent->handle] { lane->Cancel(handle); });
   metrics_.matched.Observe(sent->matched_blocks);

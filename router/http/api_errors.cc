@@ -56,6 +56,8 @@ ApiError ResolveError(const Status& s, int retry_after_s) {
 }
 
 ApiError RouteError(const Status& s, const Refusal& refusal) {
+  // A request no worker of its model can serve as asked (constrained decoding).
+  if (s.code() == StatusCode::kInvalidArgument) return MakeError(400, s.message(), "invalid_request_error");
   if (s.code() == StatusCode::kResourceExhausted) {
     return MakeError(429, s.message(), "rate_limit_error", "overloaded", RetryAfterSeconds(refusal.retry_after_s));
   }

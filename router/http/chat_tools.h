@@ -7,9 +7,9 @@
 //   - "auto" (the default with tools): the model's calls are parsed out of its text
 //     (tool_parsers.h).
 //   - "required" and {"type":"function","function":{"name":...}} force a call, which only
-//     constrained decoding can promise: refused with a 400 unless the router runs with
-//     RequestLimits::constrained_decoding, which then sets SamplingParams::structured to
-//     ForcedCallSchema's schema (vLLM's: named -> the function's parameters; required -> an
+//     constrained decoding can promise: SamplingParams::structured is set to
+//     ForcedCallSchema's schema (routed only to workers that enforce it; chat_output.h
+//     returns the JSON as tool_calls) (vLLM's: named -> the function's parameters; required -> an
 //     array of {name, parameters}, one item when parallel_tool_calls is false).
 //   - parallel_tool_calls false: at most one call is returned (the first the model wrote).
 //

@@ -349,11 +349,11 @@ Status ParseOrderedFields(const json& j, std::string_view body, const RequestLim
     field = "tool_choice";
     r->sampling.structured = {StructuredOutput::Kind::kJsonSchema, ForcedCallSchema(r->tools)};
   }
-  // The one place a constraint meets the switch: never served unconstrained.
-  if (r->sampling.structured.kind != StructuredOutput::Kind::kNone && !limits.constrained_decoding) {
-    return Bad("'" + field + "' needs constrained decoding, which this router's workers do not offer" +
-                   (field == "tool_choice" ? std::string(" (tool_choice \"auto\" is served)") : std::string()),
-               field);
+  // Checked here, routed only to workers that enforce it (Router::Route): never served
+  // unconstrained.
+  if (r->sampling.structured.kind != StructuredOutput::Kind::kNone) {
+    r->structured_field = field;
+    KVF_RETURN_IF_ERROR(ValidateStructuredOutput(r->sampling.structured, field));
   }
   return Status::Ok();
 }

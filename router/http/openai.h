@@ -74,6 +74,9 @@ struct CompletionRequest {
   std::optional<Policy> routing;
   ChatTemplateOptions chat_template;  // chat: add_generation_prompt, continue_final_message, chat_template_kwargs, tools
   ChatTools tools;                    // chat: tools, tool_choice, parallel_tool_calls (chat_tools.h)
+  // The field that set sampling.structured (response_format, guided_json, tool_choice, ...);
+  // empty: unconstrained. Routing's 400 names it when no worker of the model can enforce it.
+  std::string structured_field;
 };
 
 // The router's limits on a request besides the body size and the sampling bounds every
@@ -86,11 +89,6 @@ struct RequestLimits {
   // Choices per request: each is a sequence decoding in the worker's batch beside the rest
   // (the prompt prefilled once), so n multiplies a request's decode work and KV blocks.
   uint32_t max_n = 16;
-  // Whether the workers enforce SamplingParams::structured (constrained decoding). Until they
-  // do, a request asking for a constraint (response_format json_*, guided_*,
-  // structured_outputs, tool_choice required or named) is a 400 rather than served
-  // unconstrained. The one switch to flip when they do.
-  bool constrained_decoding = false;
 };
 
 // Parses and validates a request body. `chat` selects the chat schema.

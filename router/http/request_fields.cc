@@ -85,8 +85,8 @@ constexpr std::array kFields = {
     RequestField{"skip_special_tokens", kBothFields, kVllm, kRefused, "[true]"},
     RequestField{"include_stop_str_in_output", kBothFields, kVllm, kRefused, "[false]"},
     RequestField{"use_beam_search", kBothFields, kVllm, kRefused, "[false]"},
-    // Constraints (structured_output.h): parsed, and refused with a 400 until the workers
-    // decode under constraints (RequestLimits::constrained_decoding).
+    // Constraints (structured_output.h): parsed, validated, and routed to workers that
+    // decode under constraints (their Hello's structuredOutputs).
     RequestField{"guided_json", kBothFields, kVllm, kParsed, ""},
     RequestField{"guided_regex", kBothFields, kVllm, kParsed, ""},
     RequestField{"guided_choice", kBothFields, kVllm, kParsed, ""},

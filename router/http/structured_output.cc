@@ -135,4 +135,25 @@ Status ParseStructuredOutput(const ojson& body, StructuredOutput* out, std::stri
   return Status::Ok();
 }
 
+grammar::Spec GrammarSpecOf(const StructuredOutput& s) {
+  grammar::Spec spec;
+  spec.text = s.spec;
+  switch (s.kind) {
+    case Kind::kJsonSchema: spec.kind = grammar::Kind::kJsonSchema; break;
+    case Kind::kJsonObject: spec.kind = grammar::Kind::kJsonObject; break;
+    case Kind::kRegex: spec.kind = grammar::Kind::kRegex; break;
+    case Kind::kChoice: spec.kind = grammar::Kind::kChoice; break;
+    case Kind::kEbnf: spec.kind = grammar::Kind::kEbnf; break;
+    case Kind::kNone: break;
+  }
+  return spec;
+}
+
+Status ValidateStructuredOutput(const StructuredOutput& s, const std::string& field) {
+  if (s.kind == Kind::kNone) return Status::Ok();
+  Status st = grammar::Validate(GrammarSpecOf(s));
+  if (!st.ok()) return Bad("'" + field + "': " + st.message(), field);
+  return Status::Ok();
+}
+
 }  // namespace kvfleet::router

@@ -46,12 +46,15 @@ Result<ServedModel> Dispatcher::Resolve(std::string_view name, Refusal* refusal)
 
 Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParams params,
                                         std::optional<Policy> policy, Lane* lane, const SinkFactory& make_sink,
-                                        Refusal* refusal) {
+                                        Refusal* refusal, std::string_view constrained_field) {
   params.model = served.model;
   params.lora = served.lora;
   Prompt prompt{served.model, params.tokens, params.cache_salt, policy.value_or(router_->options().policy)};
   prompt.lora = params.lora;
   prompt.whole = params.sampling.prompt_logprobs;
+  if (params.sampling.structured.kind != StructuredOutput::Kind::kNone) {
+    prompt.constrained_field = constrained_field.empty() ? std::string_view("response_format") : constrained_field;
+  }
   KVF_ASSIGN_OR_RETURN(Decision decision, router_->Route(served.fleet, prompt, refusal));
 
   const uint64_t handle = lane->NewHandle();

@@ -66,9 +66,11 @@ class Dispatcher {
   // Routes `params` (tokens set; model and lora are set here from `served`) by `policy`
   // (none: the router's) and sends it on `lane`. Route's refusals come back as its Status
   // with *refusal set (Router::Route). REQUIRES: !params.tokens.empty(),
-  // !served.fleet.routable.empty(); on `lane`'s thread.
+  // !served.fleet.routable.empty(); on `lane`'s thread. `constrained_field`: the request
+  // field that set params.sampling.structured, for a refusal's message (Prompt::constrained_field).
   Result<Dispatched> Dispatch(const ServedModel& served, GenerateParams params, std::optional<Policy> policy,
-                              Lane* lane, const SinkFactory& make_sink, Refusal* refusal);
+                              Lane* lane, const SinkFactory& make_sink, Refusal* refusal,
+                              std::string_view constrained_field = {});
 
  private:
   Fleet* fleet_;

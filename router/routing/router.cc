@@ -233,11 +233,16 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
   std::vector<WorkerRole> roles;  // the candidates'
+  size_t not_constrained = 0;     // workers left out: they offer no constrained decoding
   for (size_t i = 0; i < fleet.routable.size(); ++i) {
     const WorkerId id = fleet.routable[i];
     Candidate c;
     c.worker = id;
     if (!AddAdapter(d.lora_id, &c)) continue;  // it does not serve the adapter
+    if (!prompt.constrained_field.empty() && !views[i].structured_outputs) {
+      ++not_constrained;
+      continue;
+    }
     for (const PrefixMatch& m : matches) {
       if (m.worker == id) {
         c.device_blocks = m.device_blocks;
@@ -250,6 +255,12 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     waiting += AddLoad(d.policy, views[i], &c).waiting;
     candidates.push_back(c);
     roles.push_back(views[i].role);
+  }
+  if (candidates.empty() && not_constrained > 0) {
+    if (refusal != nullptr) *refusal = Refusal{};  // a bad request for this fleet, not a refusal for load
+    return InvalidArgument("'" + std::string(prompt.constrained_field) + "' needs constrained decoding, which the " +
+                           "workers of model '" + std::string(prompt.model) + "' do not offer (none of its live " +
+                           "workers announces structured outputs)");
   }
   if (candidates.empty()) {
     if (refusal != nullptr) *refusal = Refusal{"no_worker", 0};
@@ -298,7 +309,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                                     "--max-waiting-requests)"),
                   "queue_full", retry_after);
   }
-  if (by_cost && !prompt.whole && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
+  if (by_cost && !prompt.whole && prompt.constrained_field.empty() && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
                     static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
     return d;

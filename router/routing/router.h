@@ -64,6 +64,10 @@ struct Prompt {
   // Never split it between a prefill and a decode worker (prompt logprobs: the worker that
   // streams needs every prompt position's logits, so it computes the prompt itself).
   bool whole = false;
+  // Constrained decoding: the request field that asks for it (response_format, guided_json,
+  // tool_choice, ...; empty: none). Only workers whose Hello offers structured outputs are
+  // candidates, and such a request is never split (a prefill worker need not offer them).
+  std::string_view constrained_field = {};
 };
 
 // A split request's prefill (README.md, "Prefill and decode on different workers"): the
@@ -102,7 +106,8 @@ struct Decision {
 // Why Route refused a request: the label of kvfleet_router_requests_refused_total and when
 // a retry may be admitted.
 struct Refusal {
-  // "queue_full", "saturated", "predicted_ttft" (429), "unattainable" or "no_decode_worker" (503)
+  // "queue_full", "saturated", "predicted_ttft" (429), "unattainable" or "no_decode_worker" (503);
+  // empty for Route's InvalidArgument (a constrained request no worker of the model can serve: 400)
   std::string_view reason;
   double retry_after_s = 0;  // seconds until a retry may be admitted, from the predicted wait; 0: none
 };

@@ -229,4 +229,28 @@ TEST_CASE("a role's name parses back, and an unknown one is an error naming the 
   CHECK(ServesDecode(WorkerRole::kBoth));
 }
 
+TEST_CASE("a worker's structured-outputs capability round-trips in its Hello, and is off from older workers") {
+  WorkerHello h;
+  h.name = "w0";
+  h.model = "llama";
+  h.block_size = 16;
+  for (bool on : {true, false}) {
+    h.structured_outputs = on;
+    const std::string frame = EncodeHello(h);
+    auto decoded = DecodeToRouter(frame.data(), frame.size());
+    REQUIRE(decoded.ok());
+    CHECK(std::get<WorkerHello>(*decoded).structured_outputs == on);
+  }
+  // A Hello from a worker older than the field offers no constrained decoding.
+  capnp::MallocMessageBuilder old;
+  auto o = old.initRoot<schema::ToRouter>().initHello();
+  o.setWorkerId("old");
+  o.setModel("llama");
+  o.setBlockSize(16);
+  const std::string frame = wire::Encode(old);
+  auto decoded = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE(decoded.ok());
+  CHECK_FALSE(std::get<WorkerHello>(*decoded).structured_outputs);
+}
+
 }  // namespace kvfleet

@@ -209,6 +209,15 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
         return InvalidArgument(Req(s) + ": logit_bias token " + std::to_string(token) + " is outside the vocabulary");
       }
     }
+    if (!s.token_bitmask.empty()) {
+      if (s.token_bitmask.size() != grammar::BitmaskWords(static_cast<size_t>(vocab_size))) {
+        return InvalidArgument(Req(s) + ": a token bitmask of " + std::to_string(s.token_bitmask.size()) +
+                               " words for a vocabulary of " + std::to_string(vocab_size));
+      }
+      bool any = false;
+      for (uint32_t w : s.token_bitmask) any |= w != 0;
+      if (!any) return InvalidArgument(Req(s) + ": its token bitmask allows no token");
+    }
     if (s.block_tables.size() != pools.size()) {
       return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +
                              std::to_string(pools.size()) + " KV pools");

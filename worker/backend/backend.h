@@ -53,6 +53,7 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "grammar/grammar.h"
 #include "schema/sampling.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/block_copier.h"
@@ -186,6 +187,11 @@ struct SequenceStep {
   // The device slot (ModelBackend::LoadLora) of the adapter every token of this sequence is
   // computed with; -1: the base model. Sequences of different slots share a step.
   int32_t lora_slot = -1;
+  // Constrained decoding: when not empty (and `sample`), the tokens the sampled one may be,
+  // bit id % 32 of word id / 32 (grammar::Matcher::FillNextTokenBitmask; at least one bit
+  // set). A backend that applies_token_bitmask() samples only among them; logprobs stay
+  // those of the raw logits. Empty: every token. Not owned: valid for the step.
+  std::span<const uint32_t> token_bitmask;
 };
 
 struct StepBatch {
@@ -217,6 +223,12 @@ class ModelBackend {
   ModelBackend& operator=(const ModelBackend&) = delete;
 
   virtual std::string_view name() const = 0;  // "cpu", "mock", "cuda"
+  // True when Execute honours SequenceStep::token_bitmask (constrained decoding): the worker
+  // offers structured outputs only then (its Hello's structuredOutputs).
+  virtual bool applies_token_bitmask() const { return false; }
+  // The vocabulary the worker's grammars compile against, once at start-up, before any step
+  // (the mock steers its token choice with it). Default: not needed.
+  virtual void UseVocabulary(const grammar::Vocabulary& vocabulary) { (void)vocabulary; }
   virtual const model::ModelConfig& config() const = 0;
   virtual int32_t block_size() const = 0;
   virtual int32_t max_num_tokens() const = 0;

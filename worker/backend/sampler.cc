@@ -78,16 +78,29 @@ TokenId ArgMax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
+void MaskLogits(std::span<float> logits, std::span<const uint32_t> allowed) {
+  KVF_CHECK(allowed.size() * 32 >= logits.size());
+  for (size_t w = 0; w * 32 < logits.size(); ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == UINT32_MAX) continue;
+    const size_t end = std::min(logits.size(), w * 32 + 32);
+    for (size_t i = w * 32; i < end; ++i) {
+      if (!(bits >> (i % 32) & 1u)) logits[i] = -INFINITY;
+    }
+  }
+}
+
 TokenId Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t seed, uint64_t counter,
-                        std::span<const kernels::LogitAdjust> adjust) {
+                        std::span<const kernels::LogitAdjust> adjust, std::span<const uint32_t> allowed) {
   KVF_CHECK(!logits.empty());
   KVF_DCHECK(ValidateSampling(p).ok());
-  if (!adjust.empty()) {
+  if (!adjust.empty() || !allowed.empty()) {
     adjusted_.assign(logits.begin(), logits.end());
     for (const kernels::LogitAdjust& a : adjust) {
       KVF_CHECK(static_cast<size_t>(a.token) < adjusted_.size());
       adjusted_[a.token] = kernels::AdjustLogit(adjusted_[a.token], a);
     }
+    if (!allowed.empty()) MaskLogits(adjusted_, allowed);
     logits = adjusted_;
   }
   if (p.temperature == 0.0f || p.top_k == 1) return ArgMax(logits);

@@ -6,7 +6,9 @@
 // order (vLLM's):
 //   0. The row's adjustments (BuildLogitAdjusts: logit_bias, then the repetition penalty over
 //      prompt + generated tokens, then frequency and presence over generated tokens;
-//      kernels::AdjustLogit) replace the raw logits of the tokens they name.
+//      kernels::AdjustLogit) replace the raw logits of the tokens they name. Then, with a
+//      token bitmask (constrained decoding, grammar/), every token it does not allow gets
+//      -inf, so steps 1-5 choose among the allowed ones only.
 //   1. temperature == 0 (or top_k == 1): the argmax; ties go to the lowest token id.
 //   2. Scale logits by 1/temperature; softmax (max subtracted) over the whole vocab.
 //   3. top_k > 0: keep the k most probable tokens (ties: lower id first); min_p > 0: of
@@ -76,16 +78,21 @@ class Sampler {
  public:
   // The `counter`-th token of the sequence whose seed is `seed` (the request's own, or the
   // worker's, plus the sequence's index). `adjust`: the row's BuildLogitAdjusts (applied to a
-  // copy; `logits` is not changed).
+  // copy; `logits` is not changed). `allowed`: empty, or the token bitmask of step 0 (bit
+  // id % 32 of word id / 32) with at least one bit set among the first logits.size().
   // REQUIRES: ValidateSampling(p).ok(); logits.size() > 0; adjust's tokens < logits.size().
   TokenId Sample(std::span<const float> logits, const SamplingParams& p, uint64_t seed, uint64_t counter,
-                 std::span<const kernels::LogitAdjust> adjust = {});
+                 std::span<const kernels::LogitAdjust> adjust = {}, std::span<const uint32_t> allowed = {});
 
  private:
   std::vector<float> adjusted_;
   std::vector<float> probs_;
   std::vector<int32_t> order_;
 };
+
+// Sets logits[id] to -inf for every id whose bit in `allowed` is clear.
+// REQUIRES: allowed.size() * 32 >= logits.size().
+void MaskLogits(std::span<float> logits, std::span<const uint32_t> allowed);
 
 // The greedy choice: the index of the largest logit, lowest on ties. NaN never wins.
 TokenId ArgMax(std::span<const float> logits);

@@ -47,6 +47,13 @@ Engine::~Engine() = default;
 Result<RequestId> Engine::Add(GenerateRequest request, TimeNs arrival) {
   KVF_RETURN_IF_ERROR(ValidateRequest(request, options_.limits));
   KVF_RETURN_IF_ERROR(CheckFits(request));
+  if (request.sampling.structured.kind != StructuredOutput::Kind::kNone && request.grammar == nullptr) {
+    return InvalidArgument("response_format: this worker does not offer constrained decoding (structured outputs)");
+  }
+  if (request.grammar != nullptr && !backend_->applies_token_bitmask()) {
+    return InvalidArgument("response_format: the " + std::string(backend_->name()) +
+                           " backend does not apply token masks (constrained decoding)");
+  }
   if (!request.lora.empty() && !loras_.Has(request.lora)) {
     return NotFound("unknown LoRA adapter '" + request.lora + "': this worker serves " +
                     (loras_.size() == 0 ? std::string("none") : std::to_string(loras_.size()) + " others"));
@@ -192,6 +199,10 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.prompt_len = seq.prompt_len;
     step.context_end = seq.prompt_len;  // StreamingLLM's dense context phase (pools that have one)
     step.lora_slot = seq.lora_slot;
+    if (s.sample && seq.matcher) {
+      if (!seq.mask_ready) FillMask(s.seq);
+      step.token_bitmask = seq.mask;
+    }
     // The backend reads a linear table (kNoBlock where a window dropped the block); the KV
     // manager keeps one per sequence, so a long streamed sequence costs no copy per step.
     for (uint32_t pool = 0; pool < pools.size(); ++pool) step.block_tables.push_back(kv_->View(seq.kv_id, pool).linear);
@@ -239,7 +250,7 @@ void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>
     ++counters_.generated_tokens;
     if (seq->first_token_time == 0) seq->first_token_time = now;
     if (seq->forks_left > 0) Fork(seq);
-    FinishReason stop = StopReason(*seq);
+    FinishReason stop = seq->matcher ? FollowGrammar(seq) : StopReason(*seq);
     if (stop != FinishReason::kNone) {
       Finish(seq, stop, outputs);
       continue;
@@ -274,6 +285,44 @@ FinishReason Engine::StopReason(const Sequence& seq) const {
   if (seq.num_generated() >= s.max_tokens) return FinishReason::kLength;
   if (seq.num_tokens() >= options_.limits.max_context) return FinishReason::kLength;
   return FinishReason::kNone;
+}
+
+void Engine::FillMask(Sequence* seq) {
+  seq->mask.resize(grammar::BitmaskWords(static_cast<size_t>(backend_->config().vocab_size)));
+  seq->matcher->FillNextTokenBitmask(seq->mask);
+  seq->mask_ready = true;
+}
+
+// The grammar's end wins over ignore_eos: a stop token the grammar accepts ends the document.
+FinishReason Engine::FollowGrammar(Sequence* seq) {
+  const TokenId token = seq->tokens.back();
+  if (!seq->matcher->AcceptToken(static_cast<int32_t>(token))) {
+    Logger("engine")->error("request {}: the backend sampled token {}, which its grammar does not allow ({})",
+                            seq->request_id, token, seq->matcher->status().ToString());
+    return FinishReason::kError;
+  }
+  if (seq->matcher->IsTerminated()) return FinishReason::kStop;
+  const FinishReason stop = StopReason(*seq);
+  if (stop != FinishReason::kNone) return stop;
+  // The next token's mask now: a document that is complete and allows no more text ends
+  // here (stop), without sampling an end token (with no stop ids, as the byte vocabulary,
+  // it could not), and a matcher with nothing allowed is a broken grammar (error).
+  FillMask(seq);
+  // The grammar's stop ids are the model's eos ids (or none).
+  const std::vector<uint32_t>& mask = seq->mask;
+  bool other = false;
+  for (size_t w = 0; w < mask.size() && !other; ++w) {
+    uint32_t bits = mask[w];
+    for (TokenId eos : options_.eos_token_ids) {
+      if (eos / 32 == w) bits &= ~(1u << (eos % 32));
+    }
+    other = bits != 0;
+  }
+  if (other) return FinishReason::kNone;
+  if (seq->matcher->CanTerminate()) return FinishReason::kStop;
+  Logger("engine")->error("request {}: its grammar allows no token after {} generated", seq->request_id,
+                          seq->num_generated());
+  return FinishReason::kError;
 }
 
 void Engine::Fork(Sequence* seq) {

@@ -133,6 +133,10 @@ class Engine {
   Status CheckFits(const GenerateRequest& request) const;
   // Why `seq` stops after its newest token, or kNone.
   FinishReason StopReason(const Sequence& seq) const;
+  // Constrained decoding: the matcher accepts the newest token; why `seq` stops, or kNone
+  // (then its mask for the next token is ready).
+  FinishReason FollowGrammar(Sequence* seq);
+  void FillMask(Sequence* seq);
   // Ends a sequence: frees its blocks and reports it; it leaves sequences_ at the end of
   // the step. An error ends its siblings at the start of the next step. Idempotent.
   void Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs);

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "grammar/grammar.h"
 #include "schema/sampling.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/retention.h"
@@ -31,6 +33,9 @@ struct GenerateRequest {
   kv::KvCacheRetentionConfig retention;  // passed through to the KV cache manager
   std::string lora;        // empty: none
   std::string cache_salt;  // empty: none
+  // sampling.structured compiled against the worker's vocabulary (StructuredOutputs::Prepare,
+  // before Engine::Add); null when the request is unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Limits the engine enforces. A request that cannot fit is refused with an error; it is

@@ -12,6 +12,7 @@ Sequence::Sequence(RequestId id_in, GenerateRequest request_in, TimeNs arrival_i
   seed = request.sampling.seed ? *request.sampling.seed : backend::SplitMix64(id);
   preemption_priority = PreemptionPriority(request.retention);
   forks_left = request.sampling.n - 1;
+  if (request.grammar) matcher.emplace(request.grammar);
 }
 
 Sequence::Sequence(RequestId id_in, const Sequence& parent, uint32_t index_in)
@@ -27,6 +28,7 @@ Sequence::Sequence(RequestId id_in, const Sequence& parent, uint32_t index_in)
   prompt_logprobs_sent = true;
   cached_device_tokens = parent.cached_device_tokens;
   cached_host_tokens = parent.cached_host_tokens;
+  if (request.grammar) matcher.emplace(request.grammar);  // from the start: its tokens are its own
 }
 
 }  // namespace kvfleet::engine

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/clock.h"
@@ -68,6 +69,13 @@ struct Sequence {
   std::vector<backend::TokenLogprobs> logprobs;
   std::vector<backend::TokenLogprobs> prompt_logprobs;
   bool prompt_logprobs_sent = false;
+  // Constrained decoding (request.grammar set): the grammar's state after every generated
+  // token (each token accepted once, as it is appended: a preempted sequence keeps it, and
+  // its recompute samples only tokens after it), and the bitmask of tokens allowed next
+  // (grammar::BitmaskWords words) once mask_ready.
+  std::optional<grammar::Matcher> matcher;
+  std::vector<uint32_t> mask;
+  bool mask_ready = false;
 
   uint32_t num_tokens() const { return static_cast<uint32_t>(tokens.size()); }
   uint32_t num_generated() const { return num_tokens() - prompt_len; }

@@ -214,6 +214,11 @@ void RequestServer::SendLoraResult(const ClientKey& key, const Status& status) {
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
+void RequestServer::SetStructuredOutputs(std::shared_ptr<engine::StructuredOutputs> structured) {
+  std::lock_guard lock(structured_mu_);
+  structured_ = std::move(structured);
+}
+
 void RequestServer::SetLoraLoader(LoraLoader loader) {
   std::lock_guard lock(loader_mu_);
   loader_ = std::move(loader);
@@ -326,8 +331,21 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
   } else {
     std::string model = std::move(msg.params.model);
     PullHint pull = std::move(msg.params.pull);
-    cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), ToRequest(std::move(msg.params)),
-                          received, std::move(pull)};
+    engine::GenerateRequest request = ToRequest(std::move(msg.params));
+    if (request.sampling.structured.kind != StructuredOutput::Kind::kNone) {
+      std::shared_ptr<engine::StructuredOutputs> structured;
+      {
+        std::lock_guard lock(structured_mu_);
+        structured = structured_;
+      }
+      if (structured) {
+        if (Status st = structured->Prepare(&request); !st.ok()) {
+          return SendError(ClientKey{identity, msg.request_id}, ErrorCodeFor(st), st.message());
+        }
+      }
+    }
+    cmd = GenerateCommand{ClientKey{identity, msg.request_id}, std::move(model), std::move(request), received,
+                          std::move(pull)};
   }
   {
     std::lock_guard lock(inbox_mu_);

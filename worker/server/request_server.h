@@ -37,6 +37,7 @@
 #include "common/status.h"
 #include "schema/requests.h"
 #include "worker/engine/request.h"
+#include "worker/engine/structured_output.h"
 #include "worker/model/lora_adapter.h"
 
 namespace kvfleet::server {
@@ -139,6 +140,12 @@ class RequestServer {
   // starting). Called on any thread.
   void SetLoraLoader(LoraLoader loader);
 
+  // Constrained decoding: a Generate whose sampling asks for a structured output is compiled
+  // here, on the I/O thread, as it is decoded (StructuredOutputs::Prepare), and refused with
+  // invalidRequest when its spec does not compile. Unset: such requests reach the engine
+  // without a grammar, which refuses them. Called once, on any thread, before the Hello.
+  void SetStructuredOutputs(std::shared_ptr<engine::StructuredOutputs> structured);
+
   // Sends what is queued, then stops the I/O thread and closes the socket. Idempotent.
   void Stop();
 
@@ -199,6 +206,8 @@ class RequestServer {
   std::deque<LoadLoraCommand> loader_jobs_;  // GUARDED_BY(loader_mu_); adapters not yet read
   bool loader_stop_ = false;                // GUARDED_BY(loader_mu_)
 
+  std::mutex structured_mu_;
+  std::shared_ptr<engine::StructuredOutputs> structured_;  // GUARDED_BY(structured_mu_)
   std::mutex hello_mu_;
   std::string hello_frame_;  // GUARDED_BY(hello_mu_); EncodeDescribed, empty until SetHello
 

@@ -17,6 +17,7 @@
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
+#include "worker/server/grammar_vocabulary.h"
 #include "worker/server/kv_pulls.h"
 #include "worker/server/registration.h"
 #include "worker/server/request_server.h"
@@ -233,6 +234,7 @@ Status Worker::Init(zmq::context_t& context) {
   KVF_RETURN_IF_ERROR(eo.Validate(config_.block_size));
   engine_ = std::make_unique<engine::Engine>(eo, backend_.get(), kv_.get(), clock);
   KVF_RETURN_IF_ERROR(InitLoras());
+  InitStructuredOutputs(eo.eos_token_ids);
   metrics_->UpdateStepModel(engine_->scheduler().step_model(), config_.max_step_ms);  // the prior, until a step
 
   KVF_RETURN_IF_ERROR(InitTransfer(host, clock));
@@ -335,6 +337,24 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
   return Status::Ok();
 }
 
+// Constrained decoding needs a backend that masks logits and the model's vocabulary; a
+// worker without either serves unconstrained requests and says so in its Hello.
+void Worker::InitStructuredOutputs(const std::vector<TokenId>& eos_token_ids) {
+  if (!backend_->applies_token_bitmask()) {
+    Logger("worker")->info("no constrained decoding: the {} backend does not mask logits", backend_->name());
+    return;
+  }
+  auto vocab = LoadGrammarVocabulary(config_.model_dir, static_cast<size_t>(backend_->config().vocab_size),
+                                     eos_token_ids);
+  if (!vocab.ok()) {
+    Logger("worker")->warn("no constrained decoding: the grammar vocabulary: {}", vocab.status().ToString());
+    return;
+  }
+  backend_->UseVocabulary(*vocab);
+  structured_ = std::make_shared<engine::StructuredOutputs>(std::move(*vocab));
+  requests_->SetStructuredOutputs(structured_);
+}
+
 Status Worker::InitLoras() {
   const model::ModelConfig model = backend_->config();
   const int32_t slots = backend_->max_loras();
@@ -395,6 +415,7 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
     }
   }
   hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
+  hello.structured_outputs = structured_ != nullptr;
   hello.prefill_tokens_per_second =
       static_cast<float>(backend_->ExpectedPrefillTokensPerSecond(config_.max_num_tokens, config_.max_step_ms));
   if (auto role = ParseWorkerRole(config_.role); role.ok()) hello.role = *role;  // validated at start-up

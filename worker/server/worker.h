@@ -22,9 +22,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
+#include "common/block_hash.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "schema/registration.h"
@@ -48,6 +50,7 @@ class EventPublisher;
 }
 namespace kvfleet::engine {
 class Engine;
+class StructuredOutputs;
 }
 namespace kvfleet::server {
 
@@ -94,6 +97,9 @@ class Worker {
   // The Hello's adapter fields from the engine (engine thread); hands the Hello to the
   // request server (Describe) and re-sends it to the router at once when `now`.
   void UpdateHelloLoras(bool now);
+  // Builds the grammar vocabulary and hands the request server its StructuredOutputs, when
+  // the backend masks logits (constrained decoding); otherwise leaves structured_ null.
+  void InitStructuredOutputs(const std::vector<TokenId>& eos_token_ids);
 
   const WorkerConfig config_;
   std::string worker_id_;
@@ -108,6 +114,7 @@ class Worker {
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<RequestServer> requests_;
+  std::shared_ptr<engine::StructuredOutputs> structured_;  // null: no constrained decoding
   std::unique_ptr<transfer::TransferService> transfer_;  // null: --transfer ""
   std::string transfer_endpoint_;                       // as peers should reach it
   std::string transfer_key_;                            // its CURVE public key (Z85); empty: plain TCP

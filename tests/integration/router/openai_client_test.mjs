@@ -101,12 +101,13 @@ await runAgainst(fleet, async () => {
   let streamedFinish = null;
   for await (const chunk of toolStream) streamedFinish = chunk.choices[0]?.finish_reason ?? streamedFinish;
   check(['stop', 'length', 'tool_calls'].includes(streamedFinish), 'tools streamed: finish_reason');
-  try {
-    await client.chat.completions.create({ model: 'mock', messages: ask, tools, tool_choice: 'required' });
-    check(false, 'tool_choice required is refused');
-  } catch (e) {
-    check(e.status === 400 && e.error?.param === 'tool_choice', 'tool_choice required: 400 (needs constrained decoding)');
-  }
+  // tool_choice required: the mock workers decode under the forced-call grammar.
+  const forced = await client.chat.completions.create({ model: 'mock', messages: ask, tools, tool_choice: 'required',
+                                                         max_tokens: 400 });
+  const calls = forced.choices[0].message.tool_calls ?? [];
+  check(forced.choices[0].finish_reason === 'tool_calls' && calls.length >= 1 &&
+        calls.every((c) => c.function.name === 'get_weather' && typeof JSON.parse(c.function.arguments) === 'object'),
+        'tool_choice required: tool_calls whose arguments are JSON');
 
   // responses.create (stateless: store left out), whole and streamed.
   const resp = await client.responses.create({ model: 'mock', instructions: 'Be brief.', input: 'Hello',

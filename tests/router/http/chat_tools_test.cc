@@ -82,16 +82,13 @@ TEST_CASE("a malformed tool is a 400 naming its field") {
   CHECK(ParseError(Chat(R"(,"tool_choice":"required")")).param == "tool_choice");  // nothing to call
 }
 
-TEST_CASE("a forced call is refused until the workers decode under constraints, then carries its schema") {
+TEST_CASE("a forced call carries its schema, and names tool_choice as the field that set it") {
   const std::string required = Chat(R"(,"tools":[)" + std::string(kWeather) + R"(],"tool_choice":"required")");
-  ApiError e = ParseError(required);
-  CHECK(e.param == "tool_choice");
-  CHECK(e.message.find("needs constrained decoding") != std::string::npos);
   RequestLimits on;
-  on.constrained_decoding = true;
   auto r = ParseCompletionRequest(required, true, on);
   REQUIRE(r.ok());
   CHECK(r->tools.forced());
+  CHECK(r->structured_field == "tool_choice");
   const ojson schema = ojson::parse(ForcedCallSchema(r->tools));
   CHECK(schema["type"] == "array");
   CHECK(schema["items"]["anyOf"][0]["properties"]["name"]["enum"][0] == "get_weather");

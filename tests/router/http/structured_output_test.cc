@@ -1,5 +1,5 @@
-// Structured-output request fields parsed into SamplingParams::structured, and refused until
-// the workers decode under constraints (structured_output.h).
+// Structured-output request fields parsed into SamplingParams::structured and checked by the
+// grammar engine before routing (structured_output.h).
 #include "router/http/structured_output.h"
 
 #include <doctest/doctest.h>
@@ -11,11 +11,7 @@ namespace kvfleet::router {
 namespace {
 using Kind = StructuredOutput::Kind;
 
-RequestLimits On() {
-  RequestLimits l;
-  l.constrained_decoding = true;
-  return l;
-}
+RequestLimits On() { return RequestLimits{}; }
 
 std::string Chat(std::string_view extra) {
   return R"({"model":"m","messages":[{"role":"user","content":"hi"}])" + std::string(extra) + "}";
@@ -73,15 +69,39 @@ TEST_CASE("malformed constraints and two at once are 400s naming the field") {
   CHECK(Refused(Chat(R"(,"guided_regex":")" + big + "\"")).param == "guided_regex");
 }
 
-TEST_CASE("a constraint is refused while the workers do not decode under constraints, never served without it") {
-  for (const char* field : {R"(,"response_format":{"type":"json_object"})", R"(,"guided_choice":["a","b"])",
-                            R"(,"structured_outputs":{"regex":"a"})"}) {
-    CAPTURE(field);
-    ApiError e = Refused(Chat(field), RequestLimits{});
-    CHECK(e.status == 400);
-    CHECK(e.message.find("needs constrained decoding") != std::string::npos);
+TEST_CASE("a constraint names the field that set it, for routing's 400 when no worker can enforce it") {
+  for (auto [body, field] : {std::pair{R"(,"response_format":{"type":"json_object"})", "response_format"},
+                             std::pair{R"(,"guided_choice":["a","b"])", "guided_choice"},
+                             std::pair{R"(,"structured_outputs":{"regex":"a"})", "structured_outputs.regex"}}) {
+    CAPTURE(body);
+    auto r = ParseCompletionRequest(Chat(body), true);
+    REQUIRE_MESSAGE(r.ok(), r.status().message());
+    CHECK(r->structured_field == field);
   }
-  CHECK(ParseCompletionRequest(Chat(R"(,"response_format":{"type":"text"})"), true).ok());
+  auto plain = ParseCompletionRequest(Chat(R"(,"response_format":{"type":"text"})"), true);
+  REQUIRE(plain.ok());
+  CHECK(plain->structured_field.empty());
+}
+
+TEST_CASE("a schema or pattern the grammar engine refuses is a 400 naming the field and the keyword") {
+  ApiError e = Refused(Chat(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"w",)"
+                            R"("schema":{"type":"object","patternProperties":{"^a":{"type":"string"}}}}})"));
+  CHECK(e.status == 400);
+  CHECK(e.param == "response_format");
+  CHECK(e.message.find("patternProperties") != std::string::npos);
+  e = Refused(Chat(R"(,"guided_regex":"(a")"));
+  CHECK(e.param == "guided_regex");
+  e = Refused(Chat(R"(,"guided_grammar":"root ::= undefined_rule")"));
+  CHECK(e.param == "guided_grammar");
+  // Deeper than grammar::Limits allows: refused, bounded.
+  std::string deep = R"({"type":"array","items":)";
+  std::string schema;
+  for (int i = 0; i < 100; ++i) schema += deep;
+  schema += R"({"type":"string"})";
+  for (int i = 0; i < 100; ++i) schema += "}";
+  e = Refused(Chat(R"(,"guided_json":)" + schema));
+  CHECK(e.param == "guided_json");
+  CHECK(e.message.find("too large") != std::string::npos);
 }
 
 }  // namespace kvfleet::router

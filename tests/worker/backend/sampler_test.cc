@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <set>
 #include <vector>
 
 #include "worker/backend/sampler.h"
@@ -174,6 +175,34 @@ TEST_CASE("logprobs are log-softmax of the raw logits in double, top entries des
   double total = 0;
   for (size_t i = 0; i < big.size(); ++i) total += std::exp(ComputeLogprobs(big, static_cast<TokenId>(i), 0).logprob);
   CHECK(total == doctest::Approx(1.0).epsilon(1e-4));
+}
+
+TEST_CASE("a token bitmask confines greedy and every sampling mode to the allowed tokens, after the adjustments") {
+  Sampler s;
+  std::vector<float> l(70);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = static_cast<float>(i % 7);
+  // Allowed: 3, 40 and 69 (two words; 69 is in the third).
+  std::vector<uint32_t> allowed(3, 0);
+  for (uint32_t id : {3u, 40u, 69u}) allowed[id / 32] |= 1u << (id % 32);
+  // Greedy: 69 (logit 6) beats 40 (5) and 3 (3); the unmasked argmax (6, 13, ...) is not allowed.
+  CHECK(s.Sample(l, {.temperature = 0.0f}, 0, 0, {}, allowed) == 69u);
+  // A bias applies before the mask: +10 on token 3 makes it the greedy pick; one on a masked
+  // token changes nothing.
+  std::vector<kernels::LogitAdjust> adjust(2);
+  adjust[0].token = 3;
+  adjust[0].bias = 10.0f;
+  adjust[1].token = 6;
+  adjust[1].bias = 50.0f;
+  CHECK(s.Sample(l, {.temperature = 0.0f}, 0, 0, adjust, allowed) == 3u);
+  for (SamplingParams p : {SamplingParams{.temperature = 1.5f}, SamplingParams{.temperature = 1.0f, .top_k = 2},
+                           SamplingParams{.temperature = 1.0f, .top_p = 0.5f},
+                           SamplingParams{.temperature = 1.0f, .min_p = 0.01f}}) {
+    std::set<TokenId> seen;
+    for (uint64_t c = 0; c < 300; ++c) seen.insert(s.Sample(l, p, 7, c, {}, allowed));
+    for (TokenId t : seen) CHECK((t == 3u || t == 40u || t == 69u));
+  }
+  // The logits themselves are untouched (logprobs are the raw ones).
+  CHECK(l[6] == 6.0f);
 }
 
 }  // namespace

@@ -6,11 +6,15 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <regex>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/structured_output.h"
 #include "worker/kv/kv_cache_manager.h"
 
 namespace kvfleet::engine {
@@ -396,6 +400,142 @@ TEST_CASE("cpu backend: logit_bias +100 forces a token and -100 bans the greedy 
   s.logit_bias = {{4242, 100.0f}};
   s.temperature = 1.0f;
   CHECK(e.RunWith({prompts[2]}, s)[0].tokens == std::vector<TokenId>(5, 4242));
+}
+
+}  // namespace
+}  // namespace kvfleet::engine
+
+// ---- Constrained decoding (structured outputs) ----------------------------------------
+// The random model's ids 0..255 read as bytes (engine::ByteVocabulary, the mock fleets'
+// vocabulary); temperature 1 walks the grammar at random, so every output must still be a
+// document the grammar accepts.
+namespace kvfleet::engine {
+namespace {
+
+struct Constrained {
+  std::vector<std::string> texts;  // per sequence index
+  std::vector<FinishReason> finish;
+};
+
+Constrained RunConstrained(CpuEngine& e, StructuredOutputs& so, StructuredOutput::Kind kind, std::string spec,
+                           uint32_t n = 1, uint32_t max_tokens = 600, uint64_t seed = 3) {
+  GenerateRequest r;
+  r.prompt = {300, 301, 302, 303, 304};
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = seed;
+  r.sampling.n = n;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.structured = {kind, std::move(spec)};
+  REQUIRE(so.Prepare(&r).ok());
+  auto id = e.engine->Add(std::move(r), 0);
+  REQUIRE_MESSAGE(id.ok(), id.status().ToString());
+  Constrained out;
+  out.texts.resize(n);
+  out.finish.assign(n, FinishReason::kNone);
+  for (int i = 0; i < 20000 && e.engine->HasWork(); ++i) {
+    for (const RequestOutput& o : e.engine->Step()) {
+      for (TokenId t : o.new_tokens) {
+        REQUIRE(t < 256);  // only byte tokens are ever allowed
+        out.texts[o.index] += static_cast<char>(t);
+      }
+      if (o.finish != FinishReason::kNone) out.finish[o.index] = o.finish;
+    }
+    REQUIRE(e.engine->CheckInvariants().ok());
+  }
+  REQUIRE_FALSE(e.engine->HasWork());
+  return out;
+}
+
+const char* kOrderSchema = R"({"type":"object","properties":{
+  "id":{"type":"integer","minimum":0,"maximum":999},
+  "status":{"enum":["pending","paid","shipped"]},
+  "tags":{"type":"array","items":{"type":"string","maxLength":6},"minItems":1,"maxItems":3},
+  "owner":{"type":"object","properties":{"name":{"type":"string","maxLength":8},"vip":{"type":"boolean"}},
+           "required":["name","vip"]},
+  "note":{"anyOf":[{"type":"null"},{"type":"string","maxLength":5}]}},
+  "required":["id","status","tags","owner","note"]})";
+
+void CheckOrder(const std::string& text) {
+  CAPTURE(text);
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  REQUIRE_FALSE(j.is_discarded());
+  REQUIRE(j.is_object());
+  CHECK(j.size() == 5);
+  REQUIRE(j["id"].is_number_integer());
+  CHECK(j["status"].is_string());
+  const std::string status = j["status"].get<std::string>();
+  CHECK((status == "pending" || status == "paid" || status == "shipped"));
+  REQUIRE(j["tags"].is_array());
+  CHECK(j["tags"].size() >= 1);
+  CHECK(j["tags"].size() <= 3);
+  for (const auto& t : j["tags"]) CHECK(t.is_string());
+  CHECK(j["owner"]["name"].is_string());
+  CHECK(j["owner"]["vip"].is_boolean());
+  CHECK((j["note"].is_null() || j["note"].is_string()));
+}
+
+TEST_CASE("constrained decoding: every output of a JSON schema parses and matches it, and ends with stop") {
+  CpuEngine e(/*blocks=*/256, /*max_num_tokens=*/256, /*max_batch=*/8);
+  StructuredOutputs so(ByteVocabulary(static_cast<size_t>(e.backend->config().vocab_size)));
+  for (uint64_t seed : {1, 2, 3}) {
+    Constrained c = RunConstrained(e, so, StructuredOutput::Kind::kJsonSchema, kOrderSchema, 1, 900, seed);
+    CHECK(c.finish[0] == FinishReason::kStop);
+    CheckOrder(c.texts[0]);
+  }
+  // n = 2: each sequence follows the grammar on its own.
+  Constrained two = RunConstrained(e, so, StructuredOutput::Kind::kJsonSchema, kOrderSchema, 2, 900, 9);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(two.finish[i] == FinishReason::kStop);
+    CheckOrder(two.texts[i]);
+  }
+  CHECK(so.cache().hits() >= 3);  // one compile for the lot
+}
+
+TEST_CASE("constrained decoding: a choice, a regex and any JSON object") {
+  CpuEngine e(256, 256, 8);
+  StructuredOutputs so(ByteVocabulary(static_cast<size_t>(e.backend->config().vocab_size)));
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    Constrained c = RunConstrained(e, so, StructuredOutput::Kind::kChoice, R"(["yes","no","maybe"])", 1, 50, seed);
+    CHECK(c.finish[0] == FinishReason::kStop);
+    CHECK((c.texts[0] == "yes" || c.texts[0] == "no" || c.texts[0] == "maybe"));
+    Constrained r = RunConstrained(e, so, StructuredOutput::Kind::kRegex, "[a-c]{2,4}-[0-9]{3}", 1, 50, seed);
+    CHECK(r.finish[0] == FinishReason::kStop);
+    CHECK(std::regex_match(r.texts[0], std::regex("[a-c]{2,4}-[0-9]{3}")));
+  }
+  Constrained any = RunConstrained(e, so, StructuredOutput::Kind::kJsonObject, "", 1, 900, 5);
+  if (any.finish[0] == FinishReason::kStop) {
+    const auto j = nlohmann::json::parse(any.texts[0], nullptr, false);
+    CHECK(j.is_object());
+  }
+}
+
+TEST_CASE("constrained decoding: max_tokens cuts the document (length), and its text is a prefix the grammar accepts") {
+  CpuEngine e(256, 256, 8);
+  StructuredOutputs so(ByteVocabulary(static_cast<size_t>(e.backend->config().vocab_size)));
+  Constrained c = RunConstrained(e, so, StructuredOutput::Kind::kJsonSchema, kOrderSchema, 1, 6);
+  CHECK(c.finish[0] == FinishReason::kLength);
+  REQUIRE(c.texts[0].size() == 6);
+  auto g = grammar::Compile({grammar::Kind::kJsonSchema, kOrderSchema}, so.vocabulary());
+  REQUIRE(g.ok());
+  grammar::Matcher m(*g);
+  CHECK(m.AcceptBytes(c.texts[0]));
+  CHECK_FALSE(m.CanTerminate());
+}
+
+TEST_CASE("constrained decoding: a request without a grammar or a bad spec is refused") {
+  CpuEngine e(256, 256, 8);
+  GenerateRequest r;
+  r.prompt = {1, 2, 3};
+  r.sampling.structured = {StructuredOutput::Kind::kJsonObject, ""};
+  auto id = e.engine->Add(r, 0);
+  REQUIRE_FALSE(id.ok());
+  CHECK(id.status().message().find("response_format") != std::string::npos);
+  StructuredOutputs so(ByteVocabulary(static_cast<size_t>(e.backend->config().vocab_size)));
+  r.sampling.structured = {StructuredOutput::Kind::kJsonSchema, R"({"type":"object","not":{}})"};
+  Status st = so.Prepare(&r);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("response_format") != std::string::npos);
+  CHECK(st.message().find("not") != std::string::npos);
 }
 
 }  // namespace

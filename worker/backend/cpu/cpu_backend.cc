@@ -533,7 +533,7 @@ void CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
     if (step.sample) {
       const std::span<const float> row(&logits_[last.logits_row * V], V);
       BuildLogitAdjusts(sampling, step.history, static_cast<size_t>(step.prompt_len), &adjust_);
-      out->tokens[s] = sampler_.Sample(row, sampling, step.seed, step.rng_counter, adjust_);
+      out->tokens[s] = sampler_.Sample(row, sampling, step.seed, step.rng_counter, adjust_, step.token_bitmask);
       if (sampling.logprobs >= 0) out->logprobs[s] = ComputeLogprobs(row, out->tokens[s], top);
     }
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(step);

@@ -62,6 +62,7 @@ class CpuBackend final : public ModelBackendBase {
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
+  bool applies_token_bitmask() const override { return true; }
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return *copier_; }
   int32_t max_loras() const override { return options_.max_loras; }

@@ -1,6 +1,7 @@
 #include "worker/backend/mock/mock_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -252,12 +253,59 @@ Result<uint64_t> MockBackend::WriteAndRead(const SequenceStep& s) {
   return h;
 }
 
+void MockBackend::UseVocabulary(const grammar::Vocabulary& vocabulary) {
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  token_classes_.assign(4, std::vector<uint32_t>(grammar::BitmaskWords(vocab), 0));
+  auto only = [](std::string_view t, std::string_view of) {
+    return !t.empty() && t.find_first_not_of(of) == std::string_view::npos;
+  };
+  for (size_t id = 0; id < vocab && id < vocabulary.size(); ++id) {
+    const std::string& t = vocabulary.token(static_cast<int32_t>(id));
+    const int c = vocabulary.is_stop(static_cast<int32_t>(id)) || only(t, "\"}]") ? 0
+                  : only(t, ",:")                                                  ? 1
+                  : t.find_first_of(" \t\r\n") == std::string::npos              ? 2
+                                                                                   : 3;
+    token_classes_[c][id / 32] |= 1u << (id % 32);
+  }
+}
+
+TokenId MockBackend::AllowedTokenFor(const SequenceStep& s, uint64_t hash) const {
+  const std::span<const uint32_t> allowed = s.token_bitmask;
+  if (token_classes_.empty()) {  // the first allowed id from the pseudo-random one on, wrapping
+    const size_t vocab = static_cast<size_t>(config_.vocab_size);
+    for (size_t k = 0; k < vocab; ++k) {
+      const size_t id = (hash + k) % vocab;
+      if (allowed[id / 32] >> (id % 32) & 1u) return static_cast<TokenId>(id);
+    }
+  }
+  for (const std::vector<uint32_t>& cls : token_classes_) {
+    uint64_t count = 0;
+    for (size_t w = 0; w < allowed.size(); ++w) count += std::popcount(allowed[w] & cls[w]);
+    if (count == 0) continue;
+    uint64_t k = hash % count;  // the k-th allowed token of the class, in id order
+    for (size_t w = 0; w < allowed.size(); ++w) {
+      uint32_t bits = allowed[w] & cls[w];
+      const uint64_t here = std::popcount(bits);
+      if (k >= here) {
+        k -= here;
+        continue;
+      }
+      for (; k > 0; --k) bits &= bits - 1;
+      return static_cast<TokenId>(w * 32 + std::countr_zero(bits));
+    }
+  }
+  KVF_CHECK(false) << "request " << s.request_id << ": its token bitmask allows no token";
+  return kNoToken;
+}
+
 TokenId MockBackend::TokenFor(const SequenceStep& s, uint64_t context) const {
   const uint64_t vocab = static_cast<uint64_t>(config_.vocab_size);
+  const uint64_t hash = SplitMix64(s.seed ^ SplitMix64(s.rng_counter + 1) ^ context);
+  if (!s.token_bitmask.empty()) return AllowedTokenFor(s, hash);
   if (mock_.eos_after > 0 && s.rng_counter + 1 == mock_.eos_after && !config_.eos_token_ids.empty()) {
     return static_cast<TokenId>(config_.eos_token_ids.front());
   }
-  TokenId t = static_cast<TokenId>(SplitMix64(s.seed ^ SplitMix64(s.rng_counter + 1) ^ context) % vocab);
+  TokenId t = static_cast<TokenId>(hash % vocab);
   while (std::count(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), static_cast<int64_t>(t))) {
     t = static_cast<TokenId>((t + 1) % vocab);
   }

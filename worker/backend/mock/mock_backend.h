@@ -13,6 +13,14 @@
 // The mock never samples an EOS token unless eos_after says so. Logprobs asked for are
 // placeholders of the right shape (MockLogprobs): the mock has no logits.
 //
+// Constrained decoding. With a token bitmask the choice is made among the allowed tokens
+// only, still a pure function of the same inputs, and steered toward finishing the document
+// so that a mock fleet serves short, valid structured outputs: from the first of these
+// classes that has an allowed token (UseVocabulary sorts the vocabulary into them), a
+// pseudo-random one: (0) stop ids and tokens made only of `"`, `}`, `]`; (1) only of `,`
+// and `:`; (2) tokens without whitespace; (3) the rest. Without a vocabulary: the first
+// allowed id from the pseudo-random one on.
+//
 // LoRA. options.max_loras slots; LoadLora only records which adapter a slot holds (no
 // copy, no time). A sequence with a slot mixes its adapter's lora_id into its context, so
 // the same prompt gives different tokens under different adapters, as on a real model. The
@@ -75,6 +83,8 @@ class MockBackend final : public ModelBackendBase {
   ~MockBackend() override;
 
   std::string_view name() const override { return "mock"; }
+  bool applies_token_bitmask() const override { return true; }
+  void UseVocabulary(const grammar::Vocabulary& vocabulary) override;
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override;
   int32_t max_loras() const override { return options_.max_loras; }
@@ -101,6 +111,8 @@ class MockBackend final : public ModelBackendBase {
   // The context hash of one sequence after writing its tokens (verify_kv).
   Result<uint64_t> WriteAndRead(const SequenceStep& step);
   TokenId TokenFor(const SequenceStep& step, uint64_t context) const;
+  // TokenFor's choice among the tokens step.token_bitmask allows.
+  TokenId AllowedTokenFor(const SequenceStep& step, uint64_t hash) const;
   TokenLogprobs MockLogprobs(TokenId token, int32_t top) const;
 
   MockOptions mock_;
@@ -109,6 +121,9 @@ class MockBackend final : public ModelBackendBase {
   std::unique_ptr<ShadowCopier> copier_;
   DurationNs last_step_ = 0;
   std::vector<uint64_t> lora_slots_;  // [max_loras]: the lora_id of the adapter held; 0: none
+  // UseVocabulary's token classes (see "Constrained decoding"), each a bitmask over the
+  // vocabulary; empty: no vocabulary.
+  std::vector<std::vector<uint32_t>> token_classes_;
 };
 
 }  // namespace kvfleet::backend::mock
