@@ -127,6 +127,6 @@ await runAgainst(fleet, async () => {
   check(await fleet.metric('kvfleet_router_generation_tokens_total{') === admitted.usage.completion_tokens,
         'generated tokens are counted per model');
   e = await refusal(client.chat.completions.create({
-    model: 'mock', messages, response_format: { type: 'json_object' } }));
-  check(e?.status === 400 && e.error?.param === 'response_format', 'known unbuilt fields stay refused with the flag');
+    model: 'mock', messages, prediction: { type: 'content', content: 'x' } }));
+  check(e?.status === 400 && e.error?.param === 'prediction', 'known unbuilt fields stay refused with the flag');
 });

@@ -13,6 +13,8 @@ const [routerBin, workerBin, dir, basePort] = process.argv.slice(2);
 const cache = process.env.KVFLEET_CACHE || `${process.env.HOME}/.cache/kvfleet`;
 const require = createRequire(`${cache}/npm/`);
 const OpenAI = require('openai').default ?? require('openai');
+const Ajv = require('ajv').default ?? require('ajv');
+const ajv = new Ajv({ strict: false });
 
 // No grace after start for unknown models: this test checks the 404 of one that never exists.
 const fleet = new Fleet({ routerBin, workerBin, dir, basePort: Number(basePort), workers: 3,
@@ -108,6 +110,53 @@ await runAgainst(fleet, async () => {
   check(forced.choices[0].finish_reason === 'tool_calls' && calls.length >= 1 &&
         calls.every((c) => c.function.name === 'get_weather' && typeof JSON.parse(c.function.arguments) === 'object'),
         'tool_choice required: tool_calls whose arguments are JSON');
+
+  // tool_choice naming a function: its arguments follow the function's parameters.
+  const named = await client.chat.completions.create({ model: 'mock', messages: ask, tools, max_tokens: 400,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+  const namedCalls = named.choices[0].message.tool_calls ?? [];
+  check(namedCalls.length === 1 && namedCalls[0].function.name === 'get_weather' &&
+        ajv.validate(tools[0].function.parameters, JSON.parse(namedCalls[0].function.arguments)),
+        'tool_choice named: one call whose arguments validate against its parameters');
+
+  // Structured outputs: every answer validates with ajv (the mock's tokens are random bytes
+  // under the grammar's mask, so only the grammar makes them valid).
+  const schema = { type: 'object', additionalProperties: false, required: ['name', 'kind', 'tags', 'size'],
+    properties: { name: { type: 'string', maxLength: 12 }, kind: { enum: ['cat', 'dog', 7] },
+                  tags: { type: 'array', items: { type: 'string', maxLength: 4 }, minItems: 1, maxItems: 3 },
+                  size: { anyOf: [{ type: 'integer', minimum: -5, maximum: 300 }, { type: 'null' }] },
+                  owner: { type: 'object', additionalProperties: false, required: ['id'],
+                           properties: { id: { type: 'integer' }, vip: { type: 'boolean' } } } } };
+  const format = { type: 'json_schema', json_schema: { name: 'pet', schema, strict: true } };
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({ model: 'mock', messages: ask, response_format: format,
+                                                     max_tokens: 600, seed, temperature: 1 });
+    const text = r.choices[0].message.content;
+    let value;
+    try { value = JSON.parse(text); } catch { value = undefined; }
+    check(r.choices[0].finish_reason === 'stop' && value !== undefined && ajv.validate(schema, value),
+          `response_format json_schema (seed ${seed}): the answer validates`);
+  }
+  let streamed = '';
+  const sstream = await client.chat.completions.create({ model: 'mock', messages: ask, response_format: format,
+                                                         max_tokens: 600, stream: true });
+  for await (const chunk of sstream) streamed += chunk.choices[0]?.delta?.content ?? '';
+  let svalue;
+  try { svalue = JSON.parse(streamed); } catch { svalue = undefined; }
+  check(svalue !== undefined && ajv.validate(schema, svalue), 'response_format json_schema streamed: validates');
+  const obj = await client.chat.completions.create({ model: 'mock', messages: ask, max_tokens: 600,
+                                                     response_format: { type: 'json_object' } });
+  let ovalue;
+  try { ovalue = JSON.parse(obj.choices[0].message.content); } catch { ovalue = undefined; }
+  check(ovalue !== null && typeof ovalue === 'object' && !Array.isArray(ovalue), 'response_format json_object: an object');
+  try {
+    await client.chat.completions.create({ model: 'mock', messages: ask, response_format: { type: 'json_schema',
+      json_schema: { name: 'bad', schema: { type: 'object', patternProperties: { '^x': { type: 'string' } } } } } });
+    check(false, 'an unsupported schema keyword is refused');
+  } catch (e) {
+    check(e.status === 400 && String(e.error?.message ?? e.message).includes('patternProperties'),
+          'response_format: an unsupported keyword is a 400 naming it');
+  }
 
   // responses.create (stateless: store left out), whole and streamed.
   const resp = await client.responses.create({ model: 'mock', instructions: 'Be brief.', input: 'Hello',
