@@ -148,6 +148,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
   const model::ModelConfig& c = b->config_;
+  if (c.is_moe()) {
+    return Unimplemented("cuda backend: " + std::string(model::ArchitectureName(c.architecture)) +
+                         " is a mixture of experts, which only the cpu backend runs (--backend cpu)");
+  }
   if (c.head_dim % 16 != 0 || c.head_dim > 256) {
     return Unimplemented("cuda backend: head_dim " + std::to_string(c.head_dim) +
                          " (the kernels take multiples of 16 up to 256)");
