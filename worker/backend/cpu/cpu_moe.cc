@@ -11,7 +11,7 @@ namespace kvfleet::backend::cpu {
 void RouteTopK(const float* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
                float* weights) {
   std::vector<float> p(static_cast<size_t>(E));
-  std::vector<int32_t> ids(static_cast<size_t>(E));
+  std::vector<char> taken(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* z = logits + t * E;
     // softmax in fp32, as torch's: exp(z - max) / Σ exp(z - max)
@@ -19,14 +19,22 @@ void RouteTopK(const float* logits, int64_t T, int64_t E, int64_t k, bool normal
     float sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(z[e] - zmax);
     for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    for (int64_t e = 0; e < E; ++e) ids[e] = static_cast<int32_t>(e);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    // k rounds of argmax (the first of equals: the lower id); no comparator for a sort to
+    // trip over should a NaN reach the router.
+    std::fill(taken.begin(), taken.end(), 0);
     float chosen = 0;
-    for (int64_t j = 0; j < k; ++j) chosen += p[ids[j]];
     for (int64_t j = 0; j < k; ++j) {
-      experts[t * k + j] = ids[j];
-      weights[t * k + j] = normalize ? p[ids[j]] / chosen : p[ids[j]];
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      }
+      taken[best] = 1;
+      experts[t * k + j] = static_cast<int32_t>(best);
+      weights[t * k + j] = p[best];
+      chosen += p[best];
+    }
+    if (normalize) {
+      for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= chosen;
     }
   }
 }
