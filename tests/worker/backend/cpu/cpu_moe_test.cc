@@ -8,6 +8,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/bf16.h"
+#include "kernels/moe_ref.h"
+#include "kernels/small_kernels_ref.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/cpu_moe.h"
@@ -177,6 +180,67 @@ TEST_CASE("experts split over ranks by intermediate columns sum to the whole blo
   float d = 0;
   for (size_t i = 0; i < sum.size(); ++i) d = std::max(d, std::fabs(sum[i] - want[i]));
   CHECK(d <= 1e-5f);
+}
+
+// The cuda backend's MoE pipeline as its kernels' CPU references compute it (bf16 storage,
+// kernels/moe_ref.h) against this block in fp32: on every token both route alike, the
+// outputs agree within bf16 rounding. So the two backends' MoE math is one.
+TEST_CASE("the GPU kernels' bf16 pipeline computes this fp32 block, up to bf16 rounding") {
+  using kernels::bf16_bits;
+  ThreadPool pool(1);
+  const int64_t E = 8, k = 2, H = 64, I = 32, T = 24;
+  Block b = MakeBlock(E, k, true, H, I, 77);
+  auto to_bf16 = [](std::vector<float>& v) {
+    std::vector<bf16_bits> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      out[i] = kernels::FloatToBf16(v[i]);
+      v[i] = kernels::Bf16ToFloat(out[i]);  // the fp32 block sees the same weights
+    }
+    return out;
+  };
+  std::vector<float> x = Random(static_cast<size_t>(T * H), 1.0f, 78);
+  const std::vector<bf16_bits> xb = to_bf16(x);
+  const std::vector<bf16_bits> router = to_bf16(b.w.router);
+  std::vector<bf16_bits> gate_up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto gu = to_bf16(b.w.expert_gate_up[e]);
+    const auto d = to_bf16(b.w.expert_down[e]);
+    gate_up.insert(gate_up.end(), gu.begin(), gu.end());
+    down.insert(down.end(), d.begin(), d.end());
+  }
+  std::vector<float> want(static_cast<size_t>(T * H));
+  MoeScratch scratch;
+  MoeMlp(pool, b.moe, b.w, x.data(), T, H, I, &scratch, want.data());
+
+  const int32_t S = static_cast<int32_t>(T * k);
+  std::vector<bf16_bits> logits(static_cast<size_t>(T * E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      float acc = 0;
+      for (int64_t h = 0; h < H; ++h) acc += b.w.router[e * H + h] * x[t * H + h];
+      logits[t * E + e] = kernels::FloatToBf16(acc);
+    }
+  }
+  std::vector<int32_t> experts(S), sorted(S), position(S), offsets(E + 1), tiles(E + 1);
+  std::vector<float> weights(S);
+  kernels::MoeRouteRef(logits.data(), E, T, E, k, true, experts.data(), weights.data());
+  kernels::MoeGroupRef(experts.data(), S, E, sorted.data(), position.data(), offsets.data(), tiles.data());
+  std::vector<bf16_bits> gu_out(static_cast<size_t>(S) * 2 * I), act(static_cast<size_t>(S) * I),
+      y(static_cast<size_t>(S) * H), out(static_cast<size_t>(T * H));
+  kernels::MoeGroupedGemmRef(gate_up.data(), xb.data(), sorted.data(), k, offsets.data(), gu_out.data(), S, E, 2 * I, H);
+  kernels::SiluMulRef(gu_out.data(), act.data(), S, I);
+  kernels::MoeGroupedGemmRef(down.data(), act.data(), sorted.data(), 0, offsets.data(), y.data(), S, E, H, I);
+  kernels::MoeCombineRef(y.data(), weights.data(), position.data(), out.data(), T, k, H);
+
+  CHECK(experts == scratch.experts);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = kernels::Bf16ToFloat(out[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  CHECK(std::sqrt(num / den) <= 1e-2);  // bf16 keeps 8 bits: a few 2^-9 roundings on the way
+  CHECK(den > 0);
 }
 
 // All rows' logits of `tokens` prefilled in chunks of `chunk` (0: whole).
