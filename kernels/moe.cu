@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/mma.cuh"
 #include "kernels/moe.h"
 
 namespace kvfleet::kernels {
@@ -107,12 +108,13 @@ __global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int
 }
 
 // A 64 x 64 tile of one expert's group per block: 4 warps of 2 x 2 WMMA bf16 fragments
-// (32 x 32 each), K in steps of 32 staged through shared memory; rows past the group and
-// columns past N load as zeros and are not stored.
+// (32 x 32 each), K in steps of 32 staged through shared memory by cp.async, kGemmStages
+// steps in flight; rows past the group and columns past N load as zeros and are not stored.
 constexpr int kGemmTileN = 64;
 constexpr int kGemmTileK = 32;
 constexpr int kGemmLd = kGemmTileK + 8;  // bf16 elements per staged row (keeps 32-byte fragment alignment)
 constexpr int kGemmThreads = 128;
+constexpr int kGemmStages = 3;
 static_assert(kMoeTileRows == 64, "the tile loops below assume 64 rows");
 
 __global__ void __launch_bounds__(kGemmThreads)
@@ -120,8 +122,8 @@ __global__ void __launch_bounds__(kGemmThreads)
                          const int32_t* offsets, const int32_t* tile_offsets, __nv_bfloat16* y, int32_t E, int32_t N,
                          int32_t K) {
   using namespace nvcuda;
-  __shared__ __align__(32) __nv_bfloat16 a_s[kMoeTileRows][kGemmLd];
-  __shared__ __align__(32) __nv_bfloat16 b_s[kGemmTileN][kGemmLd];
+  __shared__ __align__(128) __nv_bfloat16 a_s[kGemmStages][kMoeTileRows][kGemmLd];
+  __shared__ __align__(128) __nv_bfloat16 b_s[kGemmStages][kGemmTileN][kGemmLd];
   __shared__ __align__(32) float c_s[kMoeTileRows][kGemmTileN + 4];
   GridDependentsLaunch();
   GridDependencyWait();
@@ -146,14 +148,31 @@ __global__ void __launch_bounds__(kGemmThreads)
 
   // Each thread stages 2 rows x 8 columns of the A (x) and B (w) tiles per K step.
   const int vec = threadIdx.x % 4;
-  int64_t a_src[2];
-  bool a_ok[2], b_ok[2];
+  const __nv_bfloat16* a_row[2];
+  const __nv_bfloat16* b_row[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = threadIdx.x / 4 + 32 * i;
-    a_ok[i] = r < rows;
-    a_src[i] = !a_ok[i] ? 0 : gather_div > 0 ? sorted[row0 + r] / gather_div : row0 + r;
-    b_ok[i] = n0 + r < N;
+    const bool a_ok = r < rows;
+    const int64_t src = !a_ok ? 0 : gather_div > 0 ? sorted[row0 + r] / gather_div : row0 + r;
+    a_row[i] = a_ok ? x + src * K : nullptr;
+    b_row[i] = n0 + r < N ? we + int64_t(n0 + r) * K : nullptr;
+  }
+  const int32_t steps = (K + kGemmTileK - 1) / kGemmTileK;
+  auto stage_in = [&](int stage, int32_t step) {
+    const int32_t c = step * kGemmTileK + vec * 8;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = threadIdx.x / 4 + 32 * i;
+      const bool a_ok = a_row[i] != nullptr && c < K, b_ok = b_row[i] != nullptr && c < K;
+      CpAsync16(&a_s[stage][r][vec * 8], a_ok ? a_row[i] + c : x, a_ok);  // !ok: zero-filled, nothing read
+      CpAsync16(&b_s[stage][r][vec * 8], b_ok ? b_row[i] + c : w, b_ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kGemmStages - 1; ++s) {
+    if (s < steps) stage_in(s, s);
+    CpAsyncCommit();
   }
   const int warp = threadIdx.x / 32;
   const int wr = warp / 2, wc = warp % 2;
@@ -162,32 +181,26 @@ __global__ void __launch_bounds__(kGemmThreads)
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int32_t k0 = 0; k0 < K; k0 += kGemmTileK) {
-    const int32_t c = k0 + vec * 8;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = threadIdx.x / 4 + 32 * i;
-      *reinterpret_cast<uint4*>(&a_s[r][vec * 8]) =
-          a_ok[i] && c < K ? *reinterpret_cast<const uint4*>(x + a_src[i] * K + c) : zero;
-      *reinterpret_cast<uint4*>(&b_s[r][vec * 8]) =
-          b_ok[i] && c < K ? *reinterpret_cast<const uint4*>(we + int64_t(n0 + r) * K + c) : zero;
-    }
-    __syncthreads();
+  for (int32_t step = 0; step < steps; ++step) {
+    CpAsyncWait<kGemmStages - 2>();  // this step's copies have landed (this thread's) ...
+    __syncthreads();                 // ... everyone's, and the stage refilled below is read by no one
+    const int32_t next = step + kGemmStages - 1;
+    if (next < steps) stage_in(next % kGemmStages, next);
+    CpAsyncCommit();
+    const int stage = step % kGemmStages;
 #pragma unroll
     for (int kk = 0; kk < kGemmTileK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> af[2];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bf[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(af[i], &a_s[wr * 32 + i * 16][kk], kGemmLd);
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(af[i], &a_s[stage][wr * 32 + i * 16][kk], kGemmLd);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(bf[j], &b_s[wc * 32 + j * 16][kk], kGemmLd);
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(bf[j], &b_s[stage][wc * 32 + j * 16][kk], kGemmLd);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], af[i], bf[j], acc[i][j]);
     }
-    __syncthreads();
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i)

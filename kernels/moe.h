@@ -33,8 +33,8 @@ cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, i
 cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
                            int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream);
 
-// The experts' products over their groups, on tensor cores (fp32 accumulation, one bf16
-// rounding): row r of expert e's group gets
+// The experts' products over their groups, on tensor cores (WMMA bf16, tiles staged by
+// cp.async; fp32 accumulation, one bf16 rounding): row r of expert e's group gets
 //   y[r][n] = bf16(Σ_c x[src(r)][c] · w[e][n][c]),  src(r) = sorted[r] / gather_div
 // (x holds token rows, k routes each), or src(r) = r when gather_div == 0 (x is already in
 // grouped order).
