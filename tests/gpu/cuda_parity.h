@@ -91,6 +91,7 @@ struct ForcedSeq {
   // Results.
   float max_diff = 0;
   int64_t rows_checked = 0;
+  int64_t rows_over = 0;  // rows whose max |logit diff| exceeds kBf16Tolerance
   int sampled = 0;        // greedy choices compared
   int exact = 0;          // equal to the reference's
   int near_ties = 0;      // different, where the reference's top-2 gap < kBf16Tolerance
@@ -144,7 +145,9 @@ inline void ForcedReplay(backend::ModelBackend& b, std::vector<ForcedSeq*> seqs)
       const int64_t n = static_cast<int64_t>(batch.seqs[i].tokens.size());
       for (int64_t j = 0; j < n; ++j) {
         std::span<const float> row(&out.logits[(out.logits_offset[i] + j) * V], V);
-        s->max_diff = std::max(s->max_diff, s->ref->MaxDiff(s->prompt, s->pos + j, row));
+        const float d = s->ref->MaxDiff(s->prompt, s->pos + j, row);
+        s->max_diff = std::max(s->max_diff, d);
+        s->rows_over += d > kBf16Tolerance;
         ++s->rows_checked;
       }
       const int64_t last = s->pos + n - 1;  // its greedy choice is the reference's token last + 1

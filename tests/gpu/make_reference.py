@@ -22,6 +22,8 @@ prompt in order: first the 8 top-column values, then the 128 stride-column value
   python3 make_reference.py --rope --out rope_reference.json
       (transformers' inv_freq and attention_scaling for ROPE_CASES: default, linear, llama3,
       yarn variants, dynamic at several lengths; compared by rope_reference_test.cc)
+  python3 make_reference.py --check DIR --seed N [--dtype fp32]
+      (numpy only: checks that this generator and the C++ make-model wrote DIR's weights alike)
   python3 make_reference.py --make-model --config config.json --seed N --dtype bf16 --out DIR
       (writes make-model's weights for that config.json, e.g. on a GPU machine without the
       kvfleet binary: take config.json from `kvfleet make-model --shape S --config-only`
@@ -67,6 +69,34 @@ def fnv1a64(s):
     return h
 
 
+def sparse_layers(cfg):
+    """Which layers' MLP is an MoE block (worker/model/model_config.cc ParseMoe), as HF builds them."""
+    arch, n = cfg["architectures"][0], cfg["num_hidden_layers"]
+    if arch == "MixtralForCausalLM":
+        return [True] * n
+    if arch == "Qwen3MoeForCausalLM" and cfg.get("num_experts", 128) > 0:
+        only, step = cfg.get("mlp_only_layers") or [], cfg.get("decoder_sparse_step", 1)
+        return [l not in only and (l + 1) % step == 0 for l in range(n)]
+    return [False] * n
+
+
+def moe_tensors(cfg, p):
+    """(name, shape) of one MoE block, layer prefix p: the router, then each expert's gate, up and down."""
+    h = cfg["hidden_size"]
+    if cfg["architectures"][0] == "MixtralForCausalLM":
+        experts, inter, block, names = cfg.get("num_local_experts", 8), cfg["intermediate_size"], "block_sparse_moe", \
+            ("w1", "w3", "w2")
+    else:
+        experts, inter, block, names = cfg.get("num_experts", 128), cfg.get("moe_intermediate_size", 768), "mlp", \
+            ("gate_proj", "up_proj", "down_proj")
+    out = [(f"{p}{block}.gate.weight", [experts, h])]
+    for e in range(experts):
+        q = f"{p}{block}.experts.{e}."
+        out += [(q + names[0] + ".weight", [inter, h]), (q + names[1] + ".weight", [inter, h]),
+                (q + names[2] + ".weight", [h, inter])]
+    return out
+
+
 def expected_tensors(cfg):
     """(name, shape) in make-model's order (worker/model/checkpoint.cc ExpectedTensors)."""
     h = cfg["hidden_size"]
@@ -75,11 +105,12 @@ def expected_tensors(cfg):
     hd = cfg.get("head_dim") or h // nh
     q, kv, inter = nh * hd, kvh * hd, cfg["intermediate_size"]
     arch = cfg["architectures"][0]
-    biased = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and cfg.get("attention_bias", False)
+    biased = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and cfg.get("attention_bias", False)
     qkv_bias = arch == "Qwen2ForCausalLM" or biased
     o_bias = biased
     mlp_bias = arch == "LlamaForCausalLM" and cfg.get("mlp_bias", False)
-    qk_norm = arch == "Qwen3ForCausalLM"
+    qk_norm = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    sparse = sparse_layers(cfg)
     out = [("model.embed_tokens.weight", [cfg["vocab_size"], h])]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
@@ -95,6 +126,9 @@ def expected_tensors(cfg):
         if qk_norm:
             out += [(p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd])]
         out.append((p + "post_attention_layernorm.weight", [h]))
+        if sparse[l]:
+            out += moe_tensors(cfg, p)
+            continue
         out += [(p + "mlp.gate_proj.weight", [inter, h]), (p + "mlp.up_proj.weight", [inter, h]),
                 (p + "mlp.down_proj.weight", [h, inter])]
         if mlp_bias:
@@ -206,10 +240,16 @@ def load_hf(model_dir):
     import torch
     from transformers import AutoModelForCausalLM
     kw = dict(attn_implementation="eager")
+    kw["output_loading_info"] = True
     try:
-        m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
+        m, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
     except TypeError:
-        m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kw)
+        m, info = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kw)
+    # A tensor HF did not read (an MoE checkpoint's names it does not convert, say) would leave
+    # its parameter randomly initialised: the reference would be of another model.
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        raise SystemExit(f"{model_dir}: transformers did not load the checkpoint as written: {bad}")
     return m.float().eval()
 
 
@@ -339,14 +379,22 @@ def rope_reference(out_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--work", default="/tmp/kvfleet-reference")
     ap.add_argument("--make-model", action="store_true")
     ap.add_argument("--config")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rope", action="store_true", help="write transformers' RoPE frequencies to --out (a .json)")
+    ap.add_argument("--check", metavar="DIR", help="bit-compare DIR/model.safetensors (C++ make-model, --seed, "
+                    "--dtype) with this generator; numpy only")
     a = ap.parse_args()
+    if a.check:
+        with open(os.path.join(a.check, "config.json")) as f:
+            check_against_file(json.load(f), a.seed, a.dtype == "bf16", os.path.join(a.check, "model.safetensors"))
+        return
+    if not a.out:
+        ap.error("--out is required")
     if a.rope:
         rope_reference(a.out)
         return

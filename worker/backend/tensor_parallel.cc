@@ -24,6 +24,12 @@ Status CheckTensorParallel(const model::ModelConfig& c, int32_t ranks) {
     return InvalidArgument(flag + ": the model's intermediate_size " + std::to_string(c.intermediate_size) +
                            " (config.json) does not split over " + std::to_string(ranks) + " ranks");
   }
+  if (c.is_moe() && c.moe.expert_intermediate % ranks != 0) {
+    return InvalidArgument(flag + ": the model's experts' intermediate size " +
+                           std::to_string(c.moe.expert_intermediate) +
+                           " (config.json moe_intermediate_size, or Mixtral's intermediate_size) does not split over " +
+                           std::to_string(ranks) + " ranks");
+  }
   return Status::Ok();
 }
 
@@ -42,6 +48,8 @@ TensorParallelShard ShardOf(const model::ModelConfig& c, int32_t ranks, int32_t 
   }
   s.inter = c.intermediate_size / ranks;
   s.inter_begin = rank * s.inter;
+  s.expert_inter = c.moe.expert_intermediate / ranks;
+  s.expert_inter_begin = rank * s.expert_inter;
   const int64_t per = (c.vocab_size + ranks - 1) / ranks;
   s.vocab_begin = std::min<int64_t>(c.vocab_size, rank * per);
   s.vocab = std::min<int64_t>(c.vocab_size, s.vocab_begin + per) - s.vocab_begin;

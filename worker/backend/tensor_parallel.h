@@ -3,7 +3,9 @@
 // here, so the cpu backend's in-process ranks and a multi-GPU backend split the same way.
 //
 //   - q/k/v and gate/up are column-parallel: rank r holds the output rows of its query heads,
-//     its KV heads and its slice of the intermediate columns.
+//     its KV heads and its slice of the intermediate columns. In an MoE block, every expert's
+//     gate/up and down split the same way over the expert's intermediate size; the router is
+//     replicated, so every rank routes every token alike.
 //   - o and down are row-parallel: rank r holds the input columns matching the above; each
 //     rank's partial product is summed over the ranks (all-reduce). A bias is added once.
 //   - Query heads split evenly. KV heads split evenly when there are at least N of them;
@@ -32,6 +34,7 @@ struct TensorParallelShard {
   int64_t head_begin = 0, heads = 0;        // query heads
   int64_t kv_head_begin = 0, kv_heads = 0;  // KV heads (replicated ones included)
   int64_t inter_begin = 0, inter = 0;       // intermediate (gate/up rows, down columns)
+  int64_t expert_inter_begin = 0, expert_inter = 0;  // each MoE expert's intermediate; 0 when dense
   int64_t vocab_begin = 0, vocab = 0;       // embedding and LM head rows; may be 0 for a tiny vocabulary
 };
 

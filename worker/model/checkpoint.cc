@@ -64,6 +64,17 @@ std::string LayerTensorName(int64_t layer, std::string_view suffix) {
   return "model.layers." + std::to_string(layer) + "." + std::string(suffix);
 }
 
+std::string RouterTensorName(const ModelConfig& c, int64_t layer) {
+  return LayerTensorName(layer, c.architecture == Architecture::kMixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+}
+
+std::string ExpertTensorName(const ModelConfig& c, int64_t layer, int64_t expert, ExpertProj proj) {
+  const bool mixtral = c.architecture == Architecture::kMixtral;
+  const char* names[2][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+  return LayerTensorName(layer, std::string(mixtral ? "block_sparse_moe" : "mlp") + ".experts." +
+                                    std::to_string(expert) + "." + names[mixtral][static_cast<int>(proj)] + ".weight");
+}
+
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   std::vector<TensorSpec> s;
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
@@ -88,6 +99,16 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
       add("self_attn.k_norm.weight", {c.head_dim});
     }
     add("post_attention_layernorm.weight", {h});
+    if (c.sparse_layer(l)) {  // router, then each expert's gate, up and down
+      const int64_t ei = c.moe.expert_intermediate;
+      s.push_back({RouterTensorName(c, l), {c.moe.num_experts, h}});
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        s.push_back({ExpertTensorName(c, l, e, ExpertProj::kGate), {ei, h}});
+        s.push_back({ExpertTensorName(c, l, e, ExpertProj::kUp), {ei, h}});
+        s.push_back({ExpertTensorName(c, l, e, ExpertProj::kDown), {h, ei}});
+      }
+      continue;
+    }
     add("mlp.gate_proj.weight", {inter, h});
     add("mlp.up_proj.weight", {inter, h});
     add("mlp.down_proj.weight", {h, inter});

@@ -37,6 +37,14 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 // Tensor names, per layer.
 std::string LayerTensorName(int64_t layer, std::string_view suffix);
 
+// The tensors of a layer's MoE block as HF checkpoints name them: the router ([experts][hidden];
+// Mixtral: block_sparse_moe.gate, Qwen3-MoE: mlp.gate) and each expert's projections
+// (Mixtral: block_sparse_moe.experts.E.w1/w3/w2, Qwen3-MoE: mlp.experts.E.gate_proj/up_proj/
+// down_proj). REQUIRES: config.is_moe().
+enum class ExpertProj : uint8_t { kGate, kUp, kDown };
+std::string RouterTensorName(const ModelConfig& config, int64_t layer);
+std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert, ExpertProj proj);
+
 class Checkpoint {
  public:
   // Reads `<dir>/config.json` and the safetensors, validates as described above.

@@ -212,6 +212,7 @@ Result<LoraAdapter> LoadLoraAdapter(const std::string& name, const std::string& 
   for (int64_t l = 0; l < config.num_layers; ++l) {
     for (LoraTarget t : kAllTargets) {
       if (!ac.targets[static_cast<int>(t)]) continue;
+      if (!IsAttention(t) && config.sparse_layer(l)) continue;  // an MoE layer: no dense gate/up/down
       const LoraDims d = LoraTargetDims(config, t);
       std::string name_a, name_b;
       const TensorView* va = FindMatrix(*file, l, t, "A", &name_a);
@@ -243,6 +244,10 @@ Result<LoraAdapter> LoadLoraAdapter(const std::string& name, const std::string& 
   // A tensor the config does not account for (another target, a layer past the model's, an
   // embedding or lm_head adapter) would be silently ignored: refuse it.
   for (const auto& [tensor, view] : file->tensors()) {
+    if (!consumed.contains(tensor) && tensor.find(".experts.") != std::string::npos) {
+      return InvalidArgument(weights_path + ": " + tensor + ": adapters of MoE experts are not supported (an MoE " +
+                             "layer's adapter may target q_proj, k_proj, v_proj and o_proj)");
+    }
     if (!consumed.contains(tensor)) {
       return InvalidArgument(weights_path + ": " + tensor + ": not the lora_A or lora_B matrix of a target_modules " +
                              "projection of the model's " + std::to_string(config.num_layers) + " layers");
@@ -292,6 +297,7 @@ Status WriteRandomLoraAdapter(const std::string& dir, const ModelConfig& config,
   const float scaling = o.alpha / static_cast<float>(o.rank);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     for (LoraTarget t : o.targets) {
+      if (!IsAttention(t) && config.sparse_layer(l)) continue;  // as LoadLoraAdapter reads it
       const LoraDims d = LoraTargetDims(config, t);
       specs.push_back({TensorName(l, t, "A"), o.rank, d.in, std::sqrt(3.0f / static_cast<float>(d.in))});
       specs.push_back({TensorName(l, t, "B"), d.out, o.rank,

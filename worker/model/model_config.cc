@@ -208,8 +208,12 @@ Status ParseWindows(const json& j, ModelConfig* c) {
     return Status::Ok();
   }
   if (window == 0) return Status::Ok();
-  if (c->architecture == Architecture::kMistral) {
+  if (c->architecture == Architecture::kMistral || c->architecture == Architecture::kMixtral) {
     c->layer_window.assign(c->num_layers, window);
+  } else if (c->architecture == Architecture::kQwen3Moe) {
+    // Qwen3-MoE: use_sliding_window puts the window on every layer (max_window_layers unread).
+    KVF_ASSIGN_OR_RETURN(bool use, GetBool(j, "use_sliding_window", false));
+    if (use) c->layer_window.assign(c->num_layers, window);
   } else if (c->architecture == Architecture::kQwen2 || c->architecture == Architecture::kQwen3) {
     // Qwen2/3: the window applies only with use_sliding_window, to layers >= max_window_layers.
     KVF_ASSIGN_OR_RETURN(bool use, GetBool(j, "use_sliding_window", false));
@@ -218,6 +222,96 @@ Status ParseWindows(const json& j, ModelConfig* c) {
     for (int64_t i = max_window_layers; i < c->num_layers; ++i) c->layer_window[i] = window;
   }
   // Llama has no sliding window; a stray sliding_window field there is ignored as HF does.
+  return Status::Ok();
+}
+
+// Fields no supported model can honour, whatever its architecture.
+Status CheckUnsupportedFields(const json& j) {
+  if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
+    return Unimplemented("config.json: quantization_config: quantized weights are not supported (bf16, fp16 or "
+                         "fp32 checkpoints only)");
+  }
+  for (const char* field : {"vision_config", "audio_config", "text_config"}) {
+    if (auto v = j.find(field); v != j.end() && !v->is_null()) {
+      return Unimplemented("config.json: " + std::string(field) +
+                           ": multimodal configs are not supported (a text-only *ForCausalLM config.json only)");
+    }
+  }
+  return Status::Ok();
+}
+
+// Router fields of other MoE families (DeepSeek's grouped or sigmoid routing, Qwen2-MoE's
+// shared expert): transformers' Mixtral and Qwen3-MoE classes do not read them, so a config
+// carrying one was made for another model.
+Status CheckRouterFields(const json& j) {
+  auto present = [&](const char* f) {
+    auto it = j.find(f);
+    return it != j.end() && !it->is_null();
+  };
+  if (present("scoring_func") && (*j.find("scoring_func")) != "softmax") {
+    return Unimplemented("config.json: scoring_func: unsupported " + j["scoring_func"].dump() + " (only softmax)");
+  }
+  if (present("topk_method") && (*j.find("topk_method")) != "greedy") {
+    return Unimplemented("config.json: topk_method: unsupported " + j["topk_method"].dump() + " (only greedy top-k)");
+  }
+  // Shared experts: 0 only. Expert groups: 0 or 1 (one group is plain top-k).
+  for (auto [f, max_neutral] : {std::pair{"n_shared_experts", 0}, {"shared_expert_intermediate_size", 0},
+                                {"n_group", 1}, {"topk_group", 1}}) {
+    if (!present(f)) continue;
+    const json& v = j[f];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > max_neutral) {
+      return Unimplemented("config.json: " + std::string(f) + ": unsupported " + v.dump() +
+                           " (no shared experts, no grouped routing: Mixtral and Qwen3-MoE route over all experts)");
+    }
+  }
+  if (present("routed_scaling_factor")) {
+    const json& v = j["routed_scaling_factor"];
+    if (!v.is_number() || v.get<double>() != 1.0) {
+      return Unimplemented("config.json: routed_scaling_factor: unsupported " + v.dump() + " (only 1)");
+    }
+  }
+  return Status::Ok();
+}
+
+// The MoE fields of Mixtral and Qwen3-MoE, with transformers' defaults for absent ones.
+Status ParseMoe(const json& j, ModelConfig* c) {
+  KVF_RETURN_IF_ERROR(CheckRouterFields(j));
+  MoeConfig& m = c->moe;
+  const bool mixtral = c->architecture == Architecture::kMixtral;
+  const char* experts_field = mixtral ? "num_local_experts" : "num_experts";
+  KVF_ASSIGN_OR_RETURN(m.num_experts, GetInt(j, experts_field, mixtral ? 8 : 128));
+  KVF_ASSIGN_OR_RETURN(m.experts_per_token, GetInt(j, "num_experts_per_tok", mixtral ? 2 : 8));
+  if (m.num_experts < 0 || (mixtral && m.num_experts == 0)) return FieldError(experts_field, "must be > 0");
+  m.layer_sparse.assign(static_cast<size_t>(c->num_layers), m.num_experts > 0);
+  if (mixtral) {
+    m.expert_intermediate = c->intermediate_size;
+    m.norm_topk_prob = true;  // MixtralTopKRouter always renormalises
+  } else {
+    KVF_ASSIGN_OR_RETURN(m.expert_intermediate, GetInt(j, "moe_intermediate_size", 768));
+    KVF_ASSIGN_OR_RETURN(m.norm_topk_prob, GetBool(j, "norm_topk_prob", false));
+    KVF_ASSIGN_OR_RETURN(int64_t step, GetInt(j, "decoder_sparse_step", 1));
+    if (step <= 0) return FieldError("decoder_sparse_step", "must be > 0");
+    for (int64_t l = 0; l < c->num_layers; ++l) m.layer_sparse[l] = m.layer_sparse[l] && (l + 1) % step == 0;
+    if (auto only = j.find("mlp_only_layers"); only != j.end() && !only->is_null()) {
+      if (!only->is_array()) return FieldError("mlp_only_layers", "not a list: " + only->dump());
+      for (size_t i = 0; i < only->size(); ++i) {
+        const json& l = (*only)[i];
+        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c->num_layers) {
+          return FieldError("mlp_only_layers[" + std::to_string(i) + "]", "not a layer index: " + l.dump());
+        }
+        m.layer_sparse[l.get<size_t>()] = false;
+      }
+    }
+  }
+  if (m.num_experts == 0) {  // Qwen3-MoE with no experts: every layer dense, as HF builds it
+    m = MoeConfig{};
+    return Status::Ok();
+  }
+  if (m.experts_per_token <= 0 || m.experts_per_token > m.num_experts) {
+    return FieldError("num_experts_per_tok", "must be in 1.." + std::to_string(m.num_experts) + ", got " +
+                                                 std::to_string(m.experts_per_token));
+  }
+  if (m.expert_intermediate <= 0) return FieldError(mixtral ? "intermediate_size" : "moe_intermediate_size", "must be > 0");
   return Status::Ok();
 }
 
@@ -253,6 +347,8 @@ std::string_view ArchitectureName(Architecture a) {
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
     case Architecture::kMistral: return "MistralForCausalLM";
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
+    case Architecture::kMixtral: return "MixtralForCausalLM";
+    case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
@@ -283,10 +379,16 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     c.architecture = Architecture::kMistral;
   } else if (arch == "Qwen3ForCausalLM") {
     c.architecture = Architecture::kQwen3;
+  } else if (arch == "MixtralForCausalLM") {
+    c.architecture = Architecture::kMixtral;
+  } else if (arch == "Qwen3MoeForCausalLM") {
+    c.architecture = Architecture::kQwen3Moe;
   } else {
     return Unimplemented("config.json: architectures: unsupported architecture " + arch +
-                         " (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+                         " (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+                         "MixtralForCausalLM, Qwen3MoeForCausalLM)");
   }
+  KVF_RETURN_IF_ERROR(CheckUnsupportedFields(j));
   if (j.contains("model_type") && j["model_type"].is_string()) c.model_type = j["model_type"].get<std::string>();
 
   if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
@@ -335,10 +437,13 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     KVF_ASSIGN_OR_RETURN(bool bias, GetBool(j, "attention_bias", false));
     c.attention_bias = c.attention_out_bias = bias;
     KVF_ASSIGN_OR_RETURN(c.mlp_bias, GetBool(j, "mlp_bias", false));
-  } else if (c.architecture == Architecture::kQwen3) {
+  } else if (c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe) {
     KVF_ASSIGN_OR_RETURN(bool bias, GetBool(j, "attention_bias", false));  // Qwen3Attention: q, k, v and o
     c.attention_bias = c.attention_out_bias = bias;
     c.qk_norm = true;
+  }
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+    KVF_RETURN_IF_ERROR(ParseMoe(j, &c));
   }
   KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
   KVF_ASSIGN_OR_RETURN(c.attention_chunk_size, GetInt(j, "attention_chunk_size", 0));

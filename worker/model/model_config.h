@@ -3,10 +3,12 @@
 //
 // Supported `architectures`: LlamaForCausalLM (Llama 2/3/3.1/3.2, TinyLlama, SmolLM2),
 // Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (RMSNorm over each q and k head before
-// RoPE, head_dim free of hidden/heads) and MistralForCausalLM (sliding window). rope_type:
-// default, linear, llama3, yarn, dynamic (kernels/rope.h). Parsing rejects anything else,
-// and any field it cannot honour (e.g. an unknown rope_type, a partial_rotary_factor or a
-// hidden_act other than silu), with a message naming the field.
+// RoPE, head_dim free of hidden/heads), MistralForCausalLM (sliding window), and the
+// mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM (MoeConfig below).
+// rope_type: default, linear, llama3, yarn, dynamic (kernels/rope.h). Parsing rejects
+// anything else, and any field it cannot honour (e.g. an unknown rope_type, a
+// partial_rotary_factor or a hidden_act other than silu, a quantization_config, a
+// vision_config, a router other than softmax-then-top-k), with a message naming the field.
 //
 // Thread safety: a value; immutable once parsed.
 #pragma once
@@ -27,15 +29,32 @@ enum class Architecture : uint8_t {
   kQwen2,    // Qwen2ForCausalLM: bias on q_proj, k_proj, v_proj
   kMistral,  // MistralForCausalLM: optional sliding window on every layer
   kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head; attention_bias on q, k, v and o
+  kMixtral,  // MixtralForCausalLM: Mistral's attention, every layer's MLP a sparse MoE block
+  kQwen3Moe, // Qwen3MoeForCausalLM: Qwen3's attention, MoE blocks on the layers MoeConfig names
 };
 std::string_view ArchitectureName(Architecture a);  // the HF class name
 
 // rope_scaling / rope_parameters: its types and fields are kernels/rope.h's.
 using RopeScaling = kernels::RopeScaling;
 
+// A sparse mixture-of-experts MLP (Mixtral: Jiang et al. 2024, arXiv:2401.04088; Qwen3-MoE),
+// as transformers computes it: router logits = x·gateᵀ (no bias), p = softmax(logits) in
+// fp32 over all experts, the top k of p (ties: the lower expert id first), renormalised to
+// sum to 1 when norm_topk_prob; out = Σ_k p_k · down_e(silu(gate_e·x) ⊙ up_e·x). No shared
+// expert (Qwen2-MoE has one, Qwen3-MoE does not), no capacity limit: no token is dropped.
+struct MoeConfig {
+  int64_t num_experts = 0;            // Mixtral's num_local_experts, Qwen3-MoE's num_experts; 0: dense
+  int64_t experts_per_token = 0;      // num_experts_per_tok: the k of top-k
+  int64_t expert_intermediate = 0;    // each expert's gate/up rows: Qwen3-MoE's moe_intermediate_size,
+                                      // Mixtral's intermediate_size
+  bool norm_topk_prob = false;        // renormalise the top-k probabilities (Mixtral: always)
+  std::vector<bool> layer_sparse;     // [num_layers]: the layer's MLP is the MoE block (Qwen3-MoE:
+                                      // not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0)
+};
+
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
-  std::string model_type;  // "llama", "qwen2", "qwen3", "mistral"
+  std::string model_type;  // "llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -61,6 +80,7 @@ struct ModelConfig {
   // chunk of this many positions; 0 = off. Read on any architecture; HF honours it only
   // for Llama 4.
   int64_t attention_chunk_size = 0;
+  MoeConfig moe;                          // num_experts 0 for a dense model
   int64_t bos_token_id = -1;              // -1: none given
   // eos_token_id, a number or a list; LoadModelConfig adds generation_config.json's
   // (Llama 3 Instruct ends its turns with <|eot_id|>, listed only there).
@@ -75,6 +95,10 @@ struct ModelConfig {
   }
   // True when some layer has a sliding window.
   bool has_sliding_window() const;
+  // True when the model has experts, and when layer l's MLP is its MoE block (else the dense
+  // MLP of intermediate_size).
+  bool is_moe() const { return moe.num_experts > 0; }
+  bool sparse_layer(int64_t l) const { return is_moe() && moe.layer_sparse[static_cast<size_t>(l)]; }
 };
 
 // Parses the text of a config.json. Errors name the field, e.g.

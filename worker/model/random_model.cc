@@ -158,6 +158,39 @@ json Qwen3Base(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int
   return c;
 }
 
+// Mixtral (mistralai/Mixtral-8x7B-v0.1): Mistral's keys with theta 1e6, no sliding window,
+// and `experts` experts of intermediate_size, top-`top_k`.
+json MixtralBase(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv_heads, int64_t vocab,
+                 int64_t experts, int64_t top_k) {
+  json c = LlamaBase(hidden, inter, layers, heads, kv_heads, vocab, 32768, 1000000.0, 1e-5, false);
+  AsArchitecture(c, "MixtralForCausalLM", "mixtral");
+  c["sliding_window"] = nullptr;
+  c["num_local_experts"] = experts;
+  c["num_experts_per_tok"] = top_k;
+  c["output_router_logits"] = false;
+  c["router_aux_loss_coef"] = 0.02;
+  c["router_jitter_noise"] = 0.0;
+  return c;
+}
+
+// Qwen3-MoE (Qwen/Qwen3-30B-A3B): Qwen3's keys and the MoE block's; `inter` is the dense
+// layers' (mlp_only_layers) intermediate size, `expert_inter` each expert's.
+json Qwen3MoeBase(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                  int64_t vocab, bool tie, int64_t experts, int64_t top_k, int64_t expert_inter) {
+  json c = Qwen3Base(hidden, inter, layers, heads, kv_heads, head_dim, vocab, tie);
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["model_type"] = "qwen3_moe";
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = json::array();
+  c["moe_intermediate_size"] = expert_inter;
+  c["norm_topk_prob"] = true;
+  c["num_experts"] = experts;
+  c["num_experts_per_tok"] = top_k;
+  c["output_router_logits"] = false;
+  c["router_aux_loss_coef"] = 0.001;
+  return c;
+}
+
 void SetSpecialIds(json& c, int64_t bos, int64_t eos) {
   if (bos >= 0) c["bos_token_id"] = bos;
   if (eos >= 0) c["eos_token_id"] = eos;
@@ -245,8 +278,9 @@ uint64_t TensorBytes(const TensorSpec& s, DType dtype) {
 }  // namespace
 
 std::vector<std::string> RandomModelShapes() {
-  return {"tiny",         "tiny-qwen2",   "tiny-qwen3",   "tiny-mistral", "smollm2-135m", "qwen2.5-0.5b",
-          "qwen3-0.6b",   "llama-3.2-1b", "llama-3.1-8b", "qwen3-8b",     "mistral-7b",   "qwen3-32b"};
+  return {"tiny",         "tiny-qwen2",   "tiny-qwen3",   "tiny-mistral", "tiny-mixtral", "tiny-qwen3-moe",
+          "smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b",   "llama-3.2-1b", "llama-3.1-8b", "qwen3-8b",
+          "mistral-7b",   "qwen3-32b",    "qwen3-30b-a3b", "mixtral-8x7b"};
 }
 
 Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t bos, int64_t eos) {
@@ -276,6 +310,18 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     c["head_dim"] = 16;
     c["sliding_window"] = 20;
     SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-mixtral") {
+    // 4 experts of 96, top-2 renormalised, on both layers.
+    c = MixtralBase(64, 96, 2, 4, 2, vocab, 4, 2);
+    c["head_dim"] = 16;
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-qwen3-moe") {
+    // 8 experts of 48, top-2 without renormalisation (Mixtral's fixture covers it); layer 1 is
+    // dense (mlp_only_layers), between two MoE layers. head_dim 32 is not hidden/heads (16).
+    c = Qwen3MoeBase(64, 192, 3, 4, 2, 32, vocab, true, 8, 2, 48);
+    c["norm_topk_prob"] = false;
+    c["mlp_only_layers"] = {1};
+    SetSpecialIds(c, bos, eos);
   } else if (shape == "smollm2-135m") {  // HuggingFaceTB/SmolLM2-135M
     c = LlamaBase(576, 1536, 30, 9, 3, 49152, 8192, 100000.0, 1e-5, true);
     c["head_dim"] = 64;
@@ -296,6 +342,9 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
   } else if (shape == "qwen3-32b") {  // Qwen/Qwen3-32B
     c = Qwen3Base(5120, 25600, 64, 64, 8, 128, 151936, false);
     SetSpecialIds(c, 151643, 151645);
+  } else if (shape == "qwen3-30b-a3b") {  // Qwen/Qwen3-30B-A3B
+    c = Qwen3MoeBase(2048, 6144, 48, 32, 4, 128, 151936, false, 128, 8, 768);
+    SetSpecialIds(c, 151643, 151645);
   } else if (shape == "llama-3.2-1b") {  // meta-llama/Llama-3.2-1B
     c = LlamaBase(2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1e-5, true);
     c["head_dim"] = 64;
@@ -309,6 +358,9 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     c = LlamaBase(4096, 14336, 32, 32, 8, 32000, 32768, 10000.0, 1e-5, false);
     AsArchitecture(c, "MistralForCausalLM", "mistral");
     c["sliding_window"] = 4096;
+    SetSpecialIds(c, 1, 2);
+  } else if (shape == "mixtral-8x7b") {  // mistralai/Mixtral-8x7B-v0.1
+    c = MixtralBase(4096, 14336, 32, 32, 8, 32000, 8, 2);
     SetSpecialIds(c, 1, 2);
   } else {
     std::string names;

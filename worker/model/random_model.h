@@ -2,11 +2,14 @@
 // (`kvfleet make-model`).
 //
 // A shape names a real model whose config.json we reproduce (smollm2-135m, qwen2.5-0.5b,
-// qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, qwen3-8b, mistral-7b, qwen3-32b) or a tiny one for
-// CI (tiny: Llama 3 style with GQA, tied embeddings and llama3 rope scaling; tiny-qwen2: QKV
-// bias; tiny-qwen3: q_norm/k_norm, head_dim 64 with hidden 64 and 4 heads, YaRN x4;
-// tiny-mistral: MQA, untied lm_head and a 20-token sliding window). Tiny shapes take their
-// vocab size and bos/eos ids from the tokenizer, so a real tokenizer works with them.
+// qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, qwen3-8b, mistral-7b, qwen3-32b, and the mixtures
+// of experts qwen3-30b-a3b and mixtral-8x7b) or a tiny one for CI (tiny: Llama 3 style with
+// GQA, tied embeddings and llama3 rope scaling; tiny-qwen2: QKV bias; tiny-qwen3:
+// q_norm/k_norm, head_dim 64 with hidden 64 and 4 heads, YaRN x4; tiny-mistral: MQA, untied
+// lm_head and a 20-token sliding window; tiny-mixtral: 4 experts, top-2 renormalised;
+// tiny-qwen3-moe: 8 experts, top-2 not renormalised, a dense layer between two MoE layers).
+// Tiny shapes take their vocab size and bos/eos ids from the tokenizer, so a real tokenizer
+// works with them.
 //
 // Weights are a pure function of (seed, tensor name, element index): an integer
 // counter-based generator (SplitMix64) and one float multiply-add per element, so the same
@@ -18,7 +21,8 @@
 // then rounded to bf16 (nearest even) when the dtype is bf16. The ranges (in fp32):
 // embeddings and lm_head a = 2·sqrt(3/hidden) (logits of a few units, so greedy choices
 // are not near-ties); projections a = sqrt(3/fan_in) (unit-variance activations, so
-// attention is far from uniform); norms (q_norm and k_norm too) c = 1, a = 0.25; biases a = 0.5.
+// attention is far from uniform; MoE routers and experts too); norms (q_norm and k_norm too)
+// c = 1, a = 0.25; biases a = 0.5.
 //
 // Files are written tensor by tensor in chunks, never holding a model in memory, and
 // sharded HF style (model-0000i-of-0000n.safetensors + model.safetensors.index.json)

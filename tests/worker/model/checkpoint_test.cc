@@ -81,6 +81,47 @@ TEST_CASE("a Qwen3 checkpoint holds q_norm and k_norm of head_dim per layer; wit
   CHECK(Mentions(bad.status(), "missing tensor model.layers.0.self_attn.q_norm.weight (needed by Qwen3ForCausalLM)"));
 }
 
+TEST_CASE("MoE checkpoints hold a router and every expert's projections under HF's names") {
+  auto mix = Checkpoint::Open(testing::RandomModelDir("tiny-mixtral", 7));
+  REQUIRE_MESSAGE(mix.ok(), mix.status().ToString());
+  const ModelConfig& c = (*mix)->config();
+  // Per layer: 2 norms, q/k/v/o, the router, 4 experts × 3; then the norm and the lm_head.
+  CHECK((*mix)->specs().size() == 1 + (6 + 1 + 4 * 3) * static_cast<size_t>(c.num_layers) + 2);
+  CHECK((*mix)->tensor("model.layers.1.block_sparse_moe.gate.weight").shape == std::vector<int64_t>{4, 64});
+  CHECK((*mix)->tensor("model.layers.1.block_sparse_moe.experts.3.w1.weight").shape == std::vector<int64_t>{96, 64});
+  CHECK((*mix)->tensor("model.layers.1.block_sparse_moe.experts.3.w3.weight").shape == std::vector<int64_t>{96, 64});
+  CHECK((*mix)->tensor("model.layers.1.block_sparse_moe.experts.3.w2.weight").shape == std::vector<int64_t>{64, 96});
+  CHECK((*mix)->Find("model.layers.0.mlp.gate_proj.weight") == nullptr);
+
+  auto qm = Checkpoint::Open(testing::RandomModelDir("tiny-qwen3-moe", 7));
+  REQUIRE_MESSAGE(qm.ok(), qm.status().ToString());
+  CHECK((*qm)->tensor("model.layers.0.mlp.gate.weight").shape == std::vector<int64_t>{8, 64});
+  CHECK((*qm)->tensor("model.layers.2.mlp.experts.7.gate_proj.weight").shape == std::vector<int64_t>{48, 64});
+  CHECK((*qm)->tensor("model.layers.2.mlp.experts.7.up_proj.weight").shape == std::vector<int64_t>{48, 64});
+  CHECK((*qm)->tensor("model.layers.2.mlp.experts.7.down_proj.weight").shape == std::vector<int64_t>{64, 48});
+  // Layer 1 is in mlp_only_layers: a dense MLP of intermediate_size, no router.
+  CHECK((*qm)->tensor("model.layers.1.mlp.gate_proj.weight").shape == std::vector<int64_t>{192, 64});
+  CHECK((*qm)->Find("model.layers.1.mlp.gate.weight") == nullptr);
+
+  // A config that names more experts than the files hold: the first missing one is named.
+  const fs::path dir = fs::temp_directory_path() / ("kvfleet-ckpt-moe-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path src = testing::RandomModelDir("tiny-mixtral", 7);
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+  std::ifstream in(src / "config.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string cfg = ss.str();
+  cfg.replace(cfg.find("\"num_local_experts\": 4"), 22, "\"num_local_experts\": 5");
+  std::ofstream(dir / "config.json") << cfg;
+  auto bad = Checkpoint::Open(dir.string());
+  fs::remove_all(dir);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);  // the router is [4, 64], not [5, 64]
+  CHECK(Mentions(bad.status(), "model.layers.0.block_sparse_moe.gate.weight has shape [4, 64]"));
+}
+
 TEST_CASE("a missing tensor fails the load and is named") {
   ScratchModel m("missing");
   m.Replace("model.safetensors", "\"model.norm.weight\"", "\"model.norX.weight\"");

@@ -188,6 +188,48 @@ TEST_CASE("tensors that do not fit the model are refused, naming the tensor and 
   CHECK(m.status().message().find("o_proj.lora_A.weight: missing") != std::string::npos);
 }
 
+TEST_CASE("an MoE model's adapter: gate/up/down only on its dense layers; an expert's adapter is refused") {
+  TempDir tmp;
+  const ModelConfig c = ConfigOf("tiny-qwen3-moe");  // layer 1 dense, layers 0 and 2 MoE
+  const std::string dir = Written(tmp, c);
+  auto a = Load(dir, c);
+  REQUIRE_MESSAGE(a.ok(), a.status().ToString());
+  for (int64_t l = 0; l < 3; ++l) {
+    CAPTURE(l);
+    CHECK_FALSE(a->layers[l][static_cast<int>(LoraTarget::kQ)].empty());
+    CHECK(a->layers[l][static_cast<int>(LoraTarget::kGate)].empty() == c.sparse_layer(l));
+    CHECK(a->layers[l][static_cast<int>(LoraTarget::kDown)].empty() == c.sparse_layer(l));
+  }
+
+  // PEFT's "gate_proj" also matches the experts' gate_proj: such tensors are refused by name.
+  // (A 4-layer adapter's layer 3 renamed, same length, to an expert's in the file's header.)
+  ModelConfig four = c;
+  four.num_layers = 4;
+  four.moe.layer_sparse.push_back(true);
+  four.layer_window.push_back(0);
+  RandomLoraOptions q;
+  q.targets = {LoraTarget::kQ};
+  const std::string dir2 = tmp / "experts";
+  q.base_model = "org/tiny-model";
+  REQUIRE(WriteRandomLoraAdapter(dir2, four, q).ok());
+  std::string bytes;
+  {
+    std::ifstream in(dir2 + "/adapter_model.safetensors", std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    bytes = ss.str();
+  }
+  for (size_t at; (at = bytes.find("layers.3.self_attn.q_proj")) != std::string::npos;) {
+    bytes.replace(at, 25, "layers.0.mlp.experts.0.qp");
+  }
+  std::ofstream(dir2 + "/adapter_model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+  auto b = Load(dir2, c);
+  REQUIRE_FALSE(b.ok());
+  CHECK_MESSAGE(b.status().message().find("layers.0.mlp.experts.0.qp.lora_") != std::string::npos, b.status().message());
+  CHECK_MESSAGE(b.status().message().find("adapters of MoE experts are not supported") != std::string::npos,
+                b.status().message());
+}
+
 TEST_CASE("a directory without the adapter's files is NotFound, naming the file") {
   TempDir tmp;
   auto a = Load(tmp / "nothing", ConfigOf("tiny"));

@@ -260,6 +260,176 @@ TEST_CASE("an unsupported architecture is refused by name") {
   CHECK(c.status().message().find("GPT2LMHeadModel") != std::string::npos);
 }
 
+// mistralai/Mixtral-8x7B-v0.1's config.json.
+std::string Mixtral(const std::string& extra = "") {
+  return R"({"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32000)" +
+         extra + "}";
+}
+
+// Qwen/Qwen3-30B-A3B's config.json.
+std::string Qwen3Moe(const std::string& extra = "") {
+  return R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936)" +
+         extra + "}";
+}
+
+// `json` with `"field": value,` (the field's first occurrence, and its comma) taken out.
+std::string Without(std::string json, const std::string& field) {
+  const size_t at = json.find("\"" + field + "\":");
+  REQUIRE(at != std::string::npos);
+  json.erase(at, json.find(',', at) + 1 - at);
+  return json;
+}
+
+TEST_CASE("Mixtral: every layer a MoE block of intermediate_size experts, top-k always renormalised") {
+  auto c = ParseModelConfig(Mixtral());
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->architecture == Architecture::kMixtral);
+  CHECK(ArchitectureName(c->architecture) == "MixtralForCausalLM");
+  CHECK(c->is_moe());
+  CHECK(c->moe.num_experts == 8);
+  CHECK(c->moe.experts_per_token == 2);
+  CHECK(c->moe.expert_intermediate == 14336);
+  CHECK(c->moe.norm_topk_prob);
+  for (int64_t l = 0; l < 32; ++l) CHECK(c->sparse_layer(l));
+  CHECK_FALSE(c->qk_norm);
+  CHECK_FALSE(c->attention_bias);
+  CHECK_FALSE(c->has_sliding_window());
+  CHECK(c->head_dim == 128);
+  // Mixtral's sliding window is Mistral's: every layer.
+  std::string sw = Mixtral();
+  sw.replace(sw.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
+  auto w = ParseModelConfig(sw);
+  REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+  CHECK(w->layer_window == std::vector<int64_t>(32, 4096));
+  // norm_topk_prob is not Mixtral's: MixtralTopKRouter renormalises whatever it says.
+  auto n = ParseModelConfig(Mixtral(R"(, "norm_topk_prob": false)"));
+  REQUIRE(n.ok());
+  CHECK(n->moe.norm_topk_prob);
+  // HF's defaults for absent fields: 8 experts, top-2.
+  auto d = ParseModelConfig(Without(Without(Mixtral(), "num_local_experts"), "num_experts_per_tok"));
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  CHECK(d->moe.num_experts == 8);
+  CHECK(d->moe.experts_per_token == 2);
+}
+
+TEST_CASE("Qwen3-MoE: Qwen3's attention, experts of moe_intermediate_size, norm_topk_prob as given") {
+  auto c = ParseModelConfig(Qwen3Moe());
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->architecture == Architecture::kQwen3Moe);
+  CHECK(c->model_type == "qwen3_moe");
+  CHECK(c->qk_norm);
+  CHECK(c->head_dim == 128);
+  CHECK(c->moe.num_experts == 128);
+  CHECK(c->moe.experts_per_token == 8);
+  CHECK(c->moe.expert_intermediate == 768);
+  CHECK(c->intermediate_size == 6144);
+  CHECK(c->moe.norm_topk_prob);
+  for (int64_t l = 0; l < 48; ++l) CHECK(c->sparse_layer(l));
+  CHECK_FALSE(c->has_sliding_window());
+  // HF's defaults: norm_topk_prob false, moe_intermediate_size 768, 128 experts, top-8.
+  auto d = ParseModelConfig(Without(Without(Without(Qwen3Moe(), "norm_topk_prob"), "num_experts"), "moe_intermediate_size"));
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  CHECK_FALSE(d->moe.norm_topk_prob);
+  CHECK(d->moe.num_experts == 128);
+  CHECK(d->moe.expert_intermediate == 768);
+  // use_sliding_window puts the window on every layer (Qwen3-MoE does not read max_window_layers).
+  std::string sw = Qwen3Moe();
+  sw.replace(sw.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
+  sw.replace(sw.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
+  sw.replace(sw.find("\"max_window_layers\": 48"), 23, "\"max_window_layers\": 40");
+  auto w = ParseModelConfig(sw);
+  REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+  CHECK(w->layer_window == std::vector<int64_t>(48, 4096));
+}
+
+TEST_CASE("Qwen3-MoE: mlp_only_layers and decoder_sparse_step choose the dense layers, as HF's decoder layer does") {
+  // Sparse when not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+  auto c = ParseModelConfig(Without(Without(Qwen3Moe(R"(, "mlp_only_layers": [0, 5], "decoder_sparse_step": 2)"),
+                                            "mlp_only_layers"),
+                                    "decoder_sparse_step"));
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  for (int64_t l = 0; l < 48; ++l) {
+    INFO("layer " << l);
+    CHECK(c->sparse_layer(l) == (l != 0 && l != 5 && (l + 1) % 2 == 0));
+  }
+  CHECK_FALSE(c->sparse_layer(5));
+  CHECK(c->sparse_layer(3));
+  // num_experts 0: a dense model, as HF builds every layer's MLP then.
+  std::string dense = Qwen3Moe();
+  dense.replace(dense.find("\"num_experts\": 128"), 18, "\"num_experts\": 0");
+  auto d = ParseModelConfig(dense);
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  CHECK_FALSE(d->is_moe());
+  CHECK_FALSE(d->sparse_layer(0));
+}
+
+TEST_CASE("bad MoE fields are refused, naming the field") {
+  auto refused = [](const std::string& json, const std::string& field) {
+    auto c = ParseModelConfig(json);
+    REQUIRE_FALSE(c.ok());
+    CHECK_MESSAGE(c.status().message().find(field) != std::string::npos, c.status().message());
+  };
+  auto edit = [](std::string json, const std::string& from, const std::string& to) {
+    json.replace(json.find(from), from.size(), to);
+    return json;
+  };
+  refused(edit(Qwen3Moe(), "\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129"), "num_experts_per_tok");
+  refused(edit(Qwen3Moe(), "\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 0"), "num_experts_per_tok");
+  refused(edit(Mixtral(), "\"num_local_experts\": 8", "\"num_local_experts\": 0"), "num_local_experts");
+  refused(edit(Mixtral(), "\"num_local_experts\": 8", "\"num_local_experts\": \"8\""), "num_local_experts");
+  refused(edit(Qwen3Moe(), "\"moe_intermediate_size\": 768", "\"moe_intermediate_size\": -1"), "moe_intermediate_size");
+  refused(edit(Qwen3Moe(), "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0"), "decoder_sparse_step");
+  refused(edit(Qwen3Moe(), "\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]"), "mlp_only_layers[0]");
+  refused(edit(Qwen3Moe(), "\"mlp_only_layers\": []", "\"mlp_only_layers\": 3"), "mlp_only_layers");
+  refused(edit(Qwen3Moe(), "\"norm_topk_prob\": true", "\"norm_topk_prob\": 1"), "norm_topk_prob");
+}
+
+TEST_CASE("what neither Mixtral nor Qwen3-MoE computes is refused at start-up, naming the field") {
+  auto unimplemented = [](const std::string& json, const std::string& field) {
+    auto c = ParseModelConfig(json);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().code() == StatusCode::kUnimplemented);
+    CHECK_MESSAGE(c.status().message().find("config.json: " + field) != std::string::npos, c.status().message());
+  };
+  // Quantized experts (or anything quantized), on any architecture.
+  unimplemented(Mixtral(R"(, "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": ["gate"]})"),
+                "quantization_config");
+  unimplemented(Llama(R"(, "quantization_config": {"quant_method": "awq", "bits": 4})"), "quantization_config");
+  // Routers of other MoE families.
+  unimplemented(Qwen3Moe(R"(, "scoring_func": "sigmoid")"), "scoring_func");
+  unimplemented(Qwen3Moe(R"(, "topk_method": "noaux_tc")"), "topk_method");
+  unimplemented(Qwen3Moe(R"(, "n_group": 8, "topk_group": 4)"), "n_group");
+  unimplemented(Qwen3Moe(R"(, "routed_scaling_factor": 2.5)"), "routed_scaling_factor");
+  unimplemented(Qwen3Moe(R"(, "n_shared_experts": 1)"), "n_shared_experts");
+  // Qwen2-MoE's shared expert: HF's Qwen3MoeSparseMoeBlock has none, so weights for one
+  // would be dropped; 0 says there is none and is accepted.
+  unimplemented(Qwen3Moe(R"(, "shared_expert_intermediate_size": 5632)"), "shared_expert_intermediate_size");
+  CHECK(ParseModelConfig(Qwen3Moe(R"(, "shared_expert_intermediate_size": 0, "scoring_func": "softmax")")).ok());
+  // Multimodal configs: text-only *ForCausalLM only.
+  unimplemented(Qwen3Moe(R"(, "vision_config": {"depth": 27})"), "vision_config");
+  unimplemented(Llama(R"(, "text_config": {"hidden_size": 64})"), "text_config");
+  // Qwen2-MoE and Llama 4 are other architectures.
+  for (const char* arch : {"Qwen2MoeForCausalLM", "Llama4ForCausalLM", "DeepseekV3ForCausalLM"}) {
+    std::string j = Qwen3Moe();
+    j.replace(j.find("Qwen3MoeForCausalLM"), 19, arch);
+    unimplemented(j, "architectures");
+  }
+}
+
 TEST_CASE("missing and malformed fields are named") {
   std::string m = Llama();
   m.replace(m.find("\"num_attention_heads\": 8,"), std::string("\"num_attention_heads\": 8,").size(), "");

@@ -116,6 +116,53 @@ TEST_CASE("the Qwen3 shapes are Qwen/Qwen3-0.6B, -8B and -32B") {
   CHECK(t.max_position_embeddings == 4 * 32768);
 }
 
+TEST_CASE("the MoE shapes are Qwen/Qwen3-30B-A3B and mistralai/Mixtral-8x7B-v0.1, and two tiny ones") {
+  ModelConfig q = ConfigOf("qwen3-30b-a3b");
+  CHECK(q.architecture == Architecture::kQwen3Moe);
+  CHECK(q.hidden_size == 2048);
+  CHECK(q.num_layers == 48);
+  CHECK(q.num_heads == 32);
+  CHECK(q.num_kv_heads == 4);
+  CHECK(q.head_dim == 128);
+  CHECK(q.vocab_size == 151936);
+  CHECK(q.moe.num_experts == 128);
+  CHECK(q.moe.experts_per_token == 8);
+  CHECK(q.moe.expert_intermediate == 768);
+  CHECK(q.moe.norm_topk_prob);
+  CHECK(q.sparse_layer(0));
+  CHECK(q.sparse_layer(47));
+  CHECK_FALSE(q.tie_word_embeddings);
+
+  ModelConfig m = ConfigOf("mixtral-8x7b");
+  CHECK(m.architecture == Architecture::kMixtral);
+  CHECK(m.hidden_size == 4096);
+  CHECK(m.num_layers == 32);
+  CHECK(m.num_kv_heads == 8);
+  CHECK(m.vocab_size == 32000);
+  CHECK(m.rope_theta == 1e6);
+  CHECK(m.moe.num_experts == 8);
+  CHECK(m.moe.experts_per_token == 2);
+  CHECK(m.moe.expert_intermediate == 14336);
+  CHECK_FALSE(m.has_sliding_window());
+
+  ModelConfig tm = ConfigOf("tiny-mixtral");
+  CHECK(tm.moe.num_experts == 4);
+  CHECK(tm.moe.experts_per_token == 2);
+  CHECK(tm.moe.norm_topk_prob);
+  CHECK_FALSE(tm.tie_word_embeddings);
+
+  // tiny-qwen3-moe: a dense layer between two MoE layers; top-2 not renormalised.
+  ModelConfig tq = ConfigOf("tiny-qwen3-moe");
+  CHECK(tq.num_layers == 3);
+  CHECK(tq.sparse_layer(0));
+  CHECK_FALSE(tq.sparse_layer(1));
+  CHECK(tq.sparse_layer(2));
+  CHECK(tq.moe.num_experts == 8);
+  CHECK(tq.moe.expert_intermediate == 48);
+  CHECK_FALSE(tq.moe.norm_topk_prob);
+  CHECK(tq.head_dim == 32);
+}
+
 TEST_CASE("tiny shapes take the tokenizer's vocabulary and special tokens") {
   const fs::path dir = testing::RandomModelDir("tiny", 1);
   auto c = LoadModelConfig(dir.string());

@@ -4,6 +4,7 @@
 // the shards' geometry, LoRA's included, in ../tensor_parallel.cc.
 // Thread-compatible (cpu_backend.h): the engine thread calls it.
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cpu/cpu_moe.h"
 #include "worker/backend/cpu/cpu_rank.h"
 
 #include <algorithm>
@@ -205,7 +206,15 @@ Status CpuBackend::LoadLora(int32_t slot, const model::LoraAdapter& adapter) {
     return InvalidArgument("LoRA adapter '" + adapter.name + "': " + std::to_string(adapter.layers.size()) +
                            " layers, the model has " + std::to_string(config_.num_layers));
   }
-  for (const auto& layer : adapter.layers) {
+  for (size_t l = 0; l < adapter.layers.size(); ++l) {
+    const auto& layer = adapter.layers[l];
+    for (model::LoraTarget t : {model::LoraTarget::kGate, model::LoraTarget::kUp, model::LoraTarget::kDown}) {
+      if (config_.sparse_layer(static_cast<int64_t>(l)) && !layer[static_cast<int>(t)].empty()) {
+        return InvalidArgument("LoRA adapter '" + adapter.name + "': layer " + std::to_string(l) + "'s " +
+                               model::LoraTargetName(t) + " targets a dense MLP, and the layer's MLP is a mixture " +
+                               "of experts (adapters of MoE layers may target q/k/v/o only)");
+      }
+    }
     for (int t = 0; t < model::kNumLoraTargets; ++t) {
       const model::LoraMatrices& m = layer[t];
       const model::LoraDims d = model::LoraTargetDims(config_, static_cast<model::LoraTarget>(t));
@@ -429,6 +438,13 @@ void CpuBackend::Layer(const StepBatch& batch, int64_t l, Rank& rk) {
   AllReduce(rk, rk.xn);
   add_residual();
   PerRow(pool, T, [&](int64_t r) { RmsNorm(&rk.x[r * H], lw.post_norm.data(), H, c.rms_norm_eps, &rk.xn[r * H]); });
+  if (c.sparse_layer(l)) {  // the MoE block reads the normed rows and writes its output over them
+    rk.moe_in.assign(rk.xn.begin(), rk.xn.end());
+    MoeMlp(pool, c.moe, lw, rk.moe_in.data(), T, H, sh.expert_inter, &rk.moe, rk.xn.data());
+    AllReduce(rk, rk.xn);
+    add_residual();
+    return;
+  }
   MatMul(pool, rk.xn.data(), T, H, lw.gate_up.data(), 2 * I, OrNull(lw.gate_up_bias), rk.mlp.data());
   add_lora(LoraTarget::kGate, rk.xn.data(), H, rk.mlp.data(), 2 * I, 0);
   add_lora(LoraTarget::kUp, rk.xn.data(), H, rk.mlp.data(), 2 * I, I);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cpu/cpu_moe.h"
 #include "worker/backend/cpu/cpu_weights.h"
 #include "worker/backend/cpu/thread_pool.h"
 #include "worker/backend/tensor_parallel.h"
@@ -31,6 +32,8 @@ struct CpuBackend::Rank {
   std::vector<float> act;     // [T][I]
   std::vector<float> head;    // [rows needing logits][hidden]
   std::vector<float> logits;  // [rows needing logits][shard.vocab]; only with several ranks
+  std::vector<float> moe_in;  // [T][hidden]: an MoE layer's normed input (its output goes to xn)
+  MoeScratch moe;             // an MoE layer's routes and per-expert rows
 
   ~Rank() {
     for (float* p : device_kv) std::free(p);

@@ -104,6 +104,26 @@ Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& ck, Thre
         each(name("self_attn.k_norm.weight"), whole, layer(&L::k_norm));
       }
       each(name("post_attention_layernorm.weight"), whole, layer(&L::post_norm));
+      if (c.sparse_layer(l)) {
+        auto e_rows = [](const TensorParallelShard& s) { return Rows(s.expert_inter_begin, s.expert_inter); };
+        auto e_cols = [](const TensorParallelShard& s) { return Cols(s.expert_inter_begin, s.expert_inter); };
+        each(model::RouterTensorName(c, l), whole, layer(&L::router));
+        const auto experts = static_cast<size_t>(c.moe.num_experts);
+        for (CpuWeights& w : ws) {
+          w.layers[l].expert_gate_up.resize(experts);
+          w.layers[l].expert_down.resize(experts);
+        }
+        for (size_t e = 0; e < experts; ++e) {
+          auto gate_up = [l, e](CpuWeights& w) { return &w.layers[l].expert_gate_up[e]; };
+          auto down = [l, e](CpuWeights& w) { return &w.layers[l].expert_down[e]; };
+          using model::ExpertProj;
+          const auto ei = static_cast<int64_t>(e);
+          each(model::ExpertTensorName(c, l, ei, ExpertProj::kGate), e_rows, gate_up);
+          each(model::ExpertTensorName(c, l, ei, ExpertProj::kUp), e_rows, gate_up);
+          each(model::ExpertTensorName(c, l, ei, ExpertProj::kDown), e_cols, down);
+        }
+        continue;
+      }
       each(name("mlp.gate_proj.weight"), i_rows, layer(&L::gate_up));
       each(name("mlp.up_proj.weight"), i_rows, layer(&L::gate_up));
       each(name("mlp.down_proj.weight"), i_cols, layer(&L::down));

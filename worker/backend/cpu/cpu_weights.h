@@ -1,6 +1,7 @@
 // CpuWeights: a model's weights in fp32, laid out for the cpu backend's matrix products.
 // q/k/v projections are stacked into one [q + 2·kv][hidden] matrix and gate/up into one
-// [2·intermediate][hidden], so each takes one pass over the activations.
+// [2·intermediate][hidden], so each takes one pass over the activations; an MoE expert's
+// gate/up likewise.
 //
 // Under tensor parallelism (worker/backend/tensor_parallel.h) each rank's CpuWeights holds
 // only its shard, in the same layout with local sizes: q, kv and intermediate below are the
@@ -32,6 +33,11 @@ struct CpuLayerWeights {
   std::vector<float> gate_up_bias;  // [2·intermediate] or empty
   std::vector<float> down;          // [hidden][intermediate]
   std::vector<float> down_bias;     // [hidden] or empty
+  // An MoE layer (ModelConfig::sparse_layer) has these instead of gate_up and down; ei is the
+  // rank's slice of an expert's intermediate size.
+  std::vector<float> router;                         // [experts][hidden], whole on every rank
+  std::vector<std::vector<float>> expert_gate_up;    // [experts] → [2·ei][hidden]: gate rows, then up rows
+  std::vector<std::vector<float>> expert_down;       // [experts] → [hidden][ei]
 };
 
 struct CpuWeights {

@@ -19,6 +19,7 @@
 #include "kernels/gemv.h"
 #include "kernels/kernel_image.h"
 #include "kernels/launch.h"
+#include "kernels/moe.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
 #include "kernels/rope.h"
@@ -148,6 +149,29 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
   const model::ModelConfig& c = b->config_;
+  if (c.is_moe()) {  // (9)
+    const int64_t ei = c.moe.expert_intermediate / tp;
+    const int64_t routes = static_cast<int64_t>(options.max_num_tokens) * c.moe.experts_per_token;
+    if (c.moe.num_experts > kernels::kMoeMaxExperts || c.moe.experts_per_token > kernels::kMoeMaxTopK) {
+      return Unimplemented("cuda backend: " + std::to_string(c.moe.num_experts) + " experts, top-" +
+                           std::to_string(c.moe.experts_per_token) + " (the MoE kernels take up to " +
+                           std::to_string(kernels::kMoeMaxExperts) + " experts and top-" +
+                           std::to_string(kernels::kMoeMaxTopK) + ")");
+    }
+    if (c.moe.expert_intermediate % tp != 0 || ei % 8 != 0) {
+      return Unimplemented("cuda backend: each rank's " + std::to_string(ei) +
+                           " columns of an expert's intermediate size must be a multiple of 8");
+    }
+    if (kernels::MoeMaxTiles(static_cast<int32_t>(std::min<int64_t>(routes, INT32_MAX)), static_cast<int32_t>(c.moe.num_experts)) > 65535) {
+      return InvalidArgument("cuda backend: max_num_tokens " + std::to_string(options.max_num_tokens) + " times " +
+                             std::to_string(c.moe.experts_per_token) + " experts a token is more routes than a step "
+                             "of the MoE kernels takes; lower --max-num-tokens");
+    }
+    if (options.max_loras > 0) {
+      return Unimplemented("cuda backend: LoRA adapters on a mixture of experts (" +
+                           std::string(model::ArchitectureName(c.architecture)) + ") are not supported; drop --max-loras");
+    }
+  }
   if (c.head_dim % 16 != 0 || c.head_dim > 256) {
     return Unimplemented("cuda backend: head_dim " + std::to_string(c.head_dim) +
                          " (the kernels take multiples of 16 up to 256)");
@@ -221,6 +245,20 @@ Status CudaBackend::AllocateBuffers() {
   KVF_ASSIGN_OR_RETURN(attn_, DeviceAlloc<bf16>(T * Q));
   KVF_ASSIGN_OR_RETURN(gate_up_, DeviceAlloc<bf16>(T * 2 * I));
   KVF_ASSIGN_OR_RETURN(act_, DeviceAlloc<bf16>(T * I));
+  if (c.is_moe()) {  // (9)
+    const size_t E = static_cast<size_t>(c.moe.num_experts), routes = T * static_cast<size_t>(c.moe.experts_per_token);
+    const size_t EI = static_cast<size_t>(shard_.expert_inter);
+    KVF_ASSIGN_OR_RETURN(moe_logits_, DeviceAlloc<bf16>(T * static_cast<size_t>(moe_router_rows_)));
+    KVF_ASSIGN_OR_RETURN(moe_experts_, DeviceAlloc<int32_t>(routes));
+    KVF_ASSIGN_OR_RETURN(moe_sorted_, DeviceAlloc<int32_t>(routes));
+    KVF_ASSIGN_OR_RETURN(moe_position_, DeviceAlloc<int32_t>(routes));
+    KVF_ASSIGN_OR_RETURN(moe_offsets_, DeviceAlloc<int32_t>(E + 1));
+    KVF_ASSIGN_OR_RETURN(moe_tile_offsets_, DeviceAlloc<int32_t>(E + 1));
+    KVF_ASSIGN_OR_RETURN(moe_weights_, DeviceAlloc<float>(routes));
+    KVF_ASSIGN_OR_RETURN(moe_gate_up_, DeviceAlloc<bf16>(routes * 2 * EI));
+    KVF_ASSIGN_OR_RETURN(moe_act_, DeviceAlloc<bf16>(routes * EI));
+    KVF_ASSIGN_OR_RETURN(moe_out_, DeviceAlloc<bf16>(routes * H));
+  }
   logits_rows_ = std::max<int64_t>(options_.max_batch_size, config::kMinLogitsRows);
   KVF_ASSIGN_OR_RETURN(head_in_, DeviceAlloc<bf16>(static_cast<size_t>(logits_rows_) * H));
   KVF_ASSIGN_OR_RETURN(logits_, DeviceAlloc<float>(static_cast<size_t>(logits_rows_) * V));

@@ -1,5 +1,6 @@
 // CudaBackend: the `cuda` model backend, the bf16 forward pass of the Llama family
-// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral) on one GPU over the paged KV layout of backend.h.
+// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral, and the MoE Mixtral and Qwen3-MoE: invariant 9) on
+// one GPU over the paged KV layout of backend.h.
 //
 // One step, all on one stream:
 //   upload the step's metadata (token ids, positions, KV slots, block tables, sampling
@@ -86,6 +87,15 @@
 //      for tests) places the ranks; by default rank r takes device + r, over NCCL. N = 1 has
 //      no communicator and no threads: the path of (1)-(7). LoRA and an fp8 KV cache are
 //      refused at N > 1.
+//   9. Mixtures of experts (model::MoeConfig; kernels/moe.h): an MoE layer's MLP is the router
+//      product (bf16 logits, as HF's router in a bf16 model), a routing kernel (fp32 softmax,
+//      top-k, renormalisation), a device-side grouping of the step's T·k routes by expert, one
+//      grouped tensor-core GEMM for every expert's gate/up and one for down over those groups,
+//      SiLU·mul between, and the weighted un-permute into the layer's output. No host sync and
+//      no launch whose shape depends on the routing (grids are sized by T·k), so decode graphs
+//      (4) capture it unchanged. Tensor parallelism splits every expert's intermediate size
+//      like the dense MLP's (the router is whole on each rank). The gemv fusions (5) and LoRA
+//      (7) do not apply to MoE layers; LoRA is refused for MoE models.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -238,6 +248,11 @@ class CudaBackend final : public ModelBackendBase {
     __nv_bfloat16 *q_norm = nullptr, *k_norm = nullptr;  // [head_dim], Qwen3 only
     __nv_bfloat16 *post_norm = nullptr, *gate_up = nullptr, *gate_up_bias = nullptr, *down = nullptr,
                   *down_bias = nullptr;
+    // An MoE layer (9) has these instead of gate_up and down. ei: the rank's slice of an
+    // expert's intermediate size; router rows padded with zeros to moe_router_rows_.
+    __nv_bfloat16 *router = nullptr;          // [moe_router_rows_][hidden]
+    __nv_bfloat16 *expert_gate_up = nullptr;  // [experts][2·ei][hidden]: each expert's gate rows, then up rows
+    __nv_bfloat16 *expert_down = nullptr;     // [experts][hidden][ei]
   };
   // One step as the kernels see it: its shape, and device pointers into the packed staging
   // buffer (valid once UploadMeta's copy has run on the stream). T: token rows, S: sequences
@@ -343,6 +358,8 @@ class CudaBackend final : public ModelBackendBase {
   Status Forward(const StepBatch& batch, const StepMeta& m);
   // RoPE + K/V store (unless rope_done: the QKV gemv's epilogue did it), then attention.
   Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done);
+  // (9) Layer w's MoE block over T rows: xn_ in, tmp_ out (this rank's partial sum).
+  Status MoeBlock(const LayerWeights& w, int32_t T);
   // Sampling and outputs (cuda_sampling.cc). Sizes out's tokens and logits; returns the
   // rows of logits it holds.
   int64_t ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const;
@@ -410,6 +427,13 @@ class CudaBackend final : public ModelBackendBase {
   __nv_bfloat16 *resid_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *qkv_ = nullptr, *q_ = nullptr,
                 *attn_ = nullptr, *gate_up_ = nullptr, *act_ = nullptr, *head_in_ = nullptr;
   __nv_bfloat16* resid_alt_ = nullptr;  // [min(max_num_tokens, kGemvMaxRows)][hidden]: (5)
+  // (9) MoE scratch, S = max_num_tokens · experts_per_token routes; null for a dense model.
+  int32_t moe_router_rows_ = 0;               // experts rounded up to 8 (16-byte rows of logits)
+  __nv_bfloat16* moe_logits_ = nullptr;       // [max_num_tokens][moe_router_rows_]
+  int32_t *moe_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_position_ = nullptr;  // [S]
+  int32_t *moe_offsets_ = nullptr, *moe_tile_offsets_ = nullptr;                      // [experts + 1]
+  float* moe_weights_ = nullptr;              // [S]
+  __nv_bfloat16 *moe_gate_up_ = nullptr, *moe_act_ = nullptr, *moe_out_ = nullptr;  // [S][2·ei], [S][ei], [S][hidden]
   float* logits_ = nullptr;  // [logits_rows_][vocab]
   int64_t logits_rows_ = 0;
   float* decode_workspace_ = nullptr;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kernels/gemv.h"
+#include "kernels/moe.h"
 #include "kernels/paged_attention_generic.h"
 #include "kernels/paged_decode.h"
 #include "kernels/paged_prefill.h"
@@ -112,7 +113,11 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, Q));
     KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraO, attn_, tmp_));
     KVF_RETURN_IF_ERROR(AllReduce(tmp_, int64_t{T} * H));  // (8) row-parallel: before the RMSNorm reads it
-    if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
+    if (c.sparse_layer(l)) {  // (9) no gemv fusion: the router, the routing and the grouped GEMMs
+      KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
+      KVF_RETURN_IF_ERROR(gemm(w.router, xn_, nullptr, moe_logits_, moe_router_rows_, H));
+      KVF_RETURN_IF_ERROR(MoeBlock(w, T));
+    } else if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
@@ -126,15 +131,35 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
         KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(I), stream_));
       }
     }
-    KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraDown, act_));
-    KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
-    KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraDown, act_, tmp_));
+    if (!c.sparse_layer(l)) {
+      KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraDown, act_));
+      KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
+      KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraDown, act_, tmp_));
+    }
     KVF_RETURN_IF_ERROR(AllReduce(tmp_, int64_t{T} * H));  // (8)
     if (!fused_norm || l + 1 == c.num_layers) {
       const bf16* next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
     }
   }
+  return Status::Ok();
+}
+
+Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
+  const model::MoeConfig& moe = config_.moe;
+  const int32_t H = static_cast<int32_t>(config_.hidden_size), EI = static_cast<int32_t>(shard_.expert_inter);
+  const int32_t E = static_cast<int32_t>(moe.num_experts), k = static_cast<int32_t>(moe.experts_per_token);
+  const int32_t S = T * k;
+  KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob, moe_experts_,
+                                          moe_weights_, stream_));
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
+                                          moe_tile_offsets_, stream_));
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, xn_, moe_sorted_, /*gather_div=*/k, moe_offsets_,
+                                                moe_tile_offsets_, moe_gate_up_, S, E, 2 * EI, H, stream_));
+  KVF_CUDA_RETURN(kernels::LaunchSiluMul(moe_gate_up_, moe_act_, S, EI, stream_));
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
+                                                moe_tile_offsets_, moe_out_, S, E, H, EI, stream_));
+  KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
   return Status::Ok();
 }
 

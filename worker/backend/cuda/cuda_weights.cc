@@ -137,6 +137,7 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
   };
   const bool bias_rank = sh.rank == 0;  // a row-parallel product's bias is added once
 
+  moe_router_rows_ = static_cast<int32_t>((c.moe.num_experts + 7) / 8 * 8);  // (9) 16-byte rows of logits
   KVF_RETURN_IF_ERROR(load_vocab("model.embed_tokens.weight", &embed_));
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -160,6 +161,27 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
       KVF_RETURN_IF_ERROR(load(name("self_attn.k_norm.weight"), c.head_dim, &w.k_norm));
     }
     KVF_RETURN_IF_ERROR(load(name("post_attention_layernorm.weight"), H, &w.post_norm));
+    if (c.sparse_layer(l)) {  // (9) the router whole, each expert's slice of its intermediate size
+      const int64_t E = c.moe.num_experts, EI = sh.expert_inter;
+      const Part e_rows{sh.expert_inter_begin, EI, 0, -1}, e_cols{0, -1, sh.expert_inter_begin, EI};
+      KVF_ASSIGN_OR_RETURN(w.router, DeviceAlloc<bf16>(static_cast<size_t>(moe_router_rows_ * H)));
+      KVF_CUDA_RETURN(cudaMemset(w.router, 0, static_cast<size_t>(moe_router_rows_ * H) * sizeof(bf16)));
+      KVF_RETURN_IF_ERROR(upload(model::RouterTensorName(c, l), w.router));
+      progress.Add(1, checkpoint.tensor(model::RouterTensorName(c, l)).bytes.size());
+      KVF_ASSIGN_OR_RETURN(w.expert_gate_up, DeviceAlloc<bf16>(static_cast<size_t>(E * 2 * EI * H)));
+      KVF_ASSIGN_OR_RETURN(w.expert_down, DeviceAlloc<bf16>(static_cast<size_t>(E * H * EI)));
+      for (int64_t e = 0; e < E; ++e) {
+        using model::ExpertProj;
+        const std::string gate = model::ExpertTensorName(c, l, e, ExpertProj::kGate);
+        const std::string up = model::ExpertTensorName(c, l, e, ExpertProj::kUp);
+        const std::string down = model::ExpertTensorName(c, l, e, ExpertProj::kDown);
+        KVF_RETURN_IF_ERROR(upload_part(gate, w.expert_gate_up + e * 2 * EI * H, e_rows));
+        KVF_RETURN_IF_ERROR(upload_part(up, w.expert_gate_up + (e * 2 + 1) * EI * H, e_rows));
+        KVF_RETURN_IF_ERROR(upload_part(down, w.expert_down + e * H * EI, e_cols));
+        for (const std::string* n : {&gate, &up, &down}) progress.Add(1, checkpoint.tensor(*n).bytes.size());
+      }
+      continue;
+    }
     KVF_RETURN_IF_ERROR(
         stack({{name("mlp.gate_proj.weight"), i_rows}, {name("mlp.up_proj.weight"), i_rows}}, 2 * I, H, &w.gate_up));
     KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down, i_cols));

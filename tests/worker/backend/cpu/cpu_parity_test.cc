@@ -22,7 +22,14 @@ constexpr float kTolerance = 1e-3f;  // the issue's bound on max |logit differen
 // The tiny references: Llama 3 style (GQA, tied, llama3 rope scaling), Qwen2 (QKV bias),
 // Mistral (MQA, untied, a 20-token sliding window shorter than two of the prompts), Qwen3
 // (q_norm/k_norm, head_dim 64 wider than hidden/heads, YaRN x4; 32 greedy tokens).
-std::vector<std::string> TinyModels() { return TinyReferenceModels(TestDataDir() + "/model"); }
+// Then the mixtures of experts: Mixtral (4 experts, top-2 renormalised) and Qwen3-MoE (8
+// experts, top-2 not renormalised, a dense layer between two MoE layers), when their
+// fixtures are there (skipped, and said so on stderr, when not).
+std::vector<std::string> TinyModels() {
+  std::vector<std::string> names = TinyReferenceModels(TestDataDir() + "/model");
+  for (std::string& moe : TinyMoeReferenceModels(TestDataDir() + "/model")) names.push_back(std::move(moe));
+  return names;
+}
 
 std::unique_ptr<backend::ModelBackend> MakeCpu(const Reference& ref, int32_t block_size) {
   backend::BackendOptions o;

@@ -137,7 +137,7 @@ TEST_CASE("N tensor-parallel ranks compute the unsharded logits on every tiny sh
     int kv_heads;
   };
   for (const Case& k : {Case{"tiny", 1, 2}, Case{"tiny-qwen2", 3, 2}, Case{"tiny-mistral", 2, 1},
-                        Case{"tiny-qwen3", 189, 2}}) {
+                        Case{"tiny-qwen3", 189, 2}, Case{"tiny-mixtral", 5, 2}, Case{"tiny-qwen3-moe", 5, 2}}) {
     const std::string dir = RandomModelDir(k.shape, k.seed);
     const model::LoraAdapter adapter = Adapter(dir, k.shape);
     const std::vector<float> want = Scenario(*Make(dir, 1), adapter);

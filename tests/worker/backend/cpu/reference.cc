@@ -28,6 +28,21 @@ std::vector<std::string> TinyReferenceModels(const std::string& dir) {
   return names;
 }
 
+std::vector<std::string> TinyMoeReferenceModels(const std::string& dir) {
+  std::vector<std::string> present;
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    if (Reference::Exists(dir, name)) {
+      present.push_back(name);
+    } else {
+      std::fprintf(stderr,
+                   "SKIPPED: %s/%s.json is missing: the cpu backend's %s is not compared with transformers "
+                   "(tests/data/model/README.md says how to make it)\n",
+                   dir.c_str(), name, name);
+    }
+  }
+  return present;
+}
+
 bool Reference::Exists(const std::string& dir, const std::string& name) {
   return std::ifstream(dir + "/" + name + ".json").good();
 }

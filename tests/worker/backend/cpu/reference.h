@@ -16,6 +16,10 @@ namespace kvfleet::testing {
 // The tiny models with HF references in tests/data/model: tiny, tiny-qwen2, tiny-mistral,
 // tiny-qwen3. A missing fixture stops the test, naming it.
 std::vector<std::string> TinyReferenceModels(const std::string& dir);
+// The tiny MoE models with HF references: tiny-mixtral, tiny-qwen3-moe, each only when its
+// fixture is in `dir`; an absent one is named on stderr as SKIPPED (they are made on a GPU
+// machine: tests/data/model/README.md).
+std::vector<std::string> TinyMoeReferenceModels(const std::string& dir);
 
 struct Reference {
   std::string name, shape;

@@ -1,0 +1,53 @@
+// Mixture-of-experts kernels (Mixtral, Qwen3-MoE; worker/model/model_config.h MoeConfig has
+// the math): routing, grouping a step's S = T·k routes (token, chosen expert) by expert on
+// the device, the experts' products as one grouped GEMM over those groups, and the weighted
+// un-permute back to token rows. Every grid is fixed by T and k alone: no host sync and no
+// data-dependent launch, so decode steps stay inside CUDA graphs.
+// Framework-free: raw pointers, every shape in a comment; launchers take a stream and return
+// cudaError_t; shape checks live in the backend. CPU references: moe_ref.h.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/moe_limits.h"
+
+namespace kvfleet::kernels {
+
+// Routing as HF's routers: p = softmax(fp32(logits[t])) over the E experts, the top k by
+// probability (ties: the lower expert id first), divided by their sum when `normalize`.
+//   logits: [T][ld] bf16, the first E of each row the router's product (ld >= E: a router
+//   padded to whole 16-byte rows); experts: [T][k] int32; weights: [T][k] fp32.
+// REQUIRES: 1 <= k <= min(E, kMoeMaxTopK), E <= kMoeMaxExperts.
+cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                           int32_t* experts, float* weights, cudaStream_t stream);
+
+// Groups the S routes by expert. Rows within a group come in no fixed order; nothing depends
+// on it (each row of the grouped GEMM is computed alone, and the combine reads by position).
+//   experts: [S] (route r = t·k + j); sorted: [S] route ids, expert 0's group first;
+//   position: [S] each route's row in sorted; offsets: [E + 1] each group's first row;
+//   tile_offsets: [E + 1] each group's first tile of kMoeTileRows rows.
+// REQUIRES: E <= kMoeMaxExperts.
+cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
+                           int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream);
+
+// The experts' products over their groups, on tensor cores (WMMA bf16, tiles staged by
+// cp.async; fp32 accumulation, one bf16 rounding): row r of expert e's group gets
+//   y[r][n] = bf16(Σ_c x[src(r)][c] · w[e][n][c]),  src(r) = sorted[r] / gather_div
+// (x holds token rows, k routes each), or src(r) = r when gather_div == 0 (x is already in
+// grouped order).
+//   w: [E][N][K] bf16 (each expert's [out][in] projection); x: [rows][K]; y: [S][N].
+// REQUIRES: K % 8 == 0, N % 8 == 0, w and x 16-byte aligned; y must not alias x.
+cudaError_t LaunchMoeGroupedGemm(const __nv_bfloat16* w, const __nv_bfloat16* x, const int32_t* sorted,
+                                 int32_t gather_div, const int32_t* offsets, const int32_t* tile_offsets,
+                                 __nv_bfloat16* y, int32_t S, int32_t E, int32_t N, int32_t K, cudaStream_t stream);
+
+// The un-permute: out[t][h] = bf16(Σ_j weights[t·k + j] · y[position[t·k + j]][h]), summed in
+// fp32 in j order (HF rounds each weighted expert output to bf16 and sums those in bf16).
+//   y: [S][H] bf16; weights, position: [T·k]; out: [T][H]. REQUIRES: H % 8 == 0.
+cudaError_t LaunchMoeCombine(const __nv_bfloat16* y, const float* weights, const int32_t* position,
+                             __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream);
+
+}  // namespace kvfleet::kernels

@@ -1,0 +1,118 @@
+// The MoE block's kernels (kernels/moe.h) at real shapes: routing, grouping, the two grouped
+// GEMMs with SiLU-mul between and the combine, timed together (CUDA events, launches back to
+// back as in a decode graph, median of rounds). Each case prints the expert weights it reads
+// per second (the decode cases are memory-bound: every expert some token chose is read once)
+// next to the device's copy bandwidth, and its TFLOP/s (the prefill cases are compute-bound;
+// kvfleet_kernels_bench's cuBLASLt line is the device's bf16 GEMM rate).
+//
+//   kvfleet_moe_bench [--quick]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "kernels/moe.h"
+#include "kernels/small_kernels.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvfleet::kernels {
+namespace {
+
+using gputest::DeviceBuffer;
+
+double TimeMs(const std::function<void()>& fn, int reps = 9, int per_round = 5) {
+  for (int i = 0; i < 2; ++i) fn();
+  cudaEvent_t a, b;
+  KVF_CUDA_OK(cudaEventCreate(&a));
+  KVF_CUDA_OK(cudaEventCreate(&b));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    KVF_CUDA_OK(cudaEventRecord(a));
+    for (int j = 0; j < per_round; ++j) fn();
+    KVF_CUDA_OK(cudaEventRecord(b));
+    KVF_CUDA_OK(cudaEventSynchronize(b));
+    KVF_CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2] / per_round;
+}
+
+void FillRandom(DeviceBuffer<uint16_t>& buf, uint32_t seed, float range) {
+  std::mt19937 rng(seed);
+  const size_t chunk = 1 << 22;
+  std::vector<uint16_t> host(std::min(chunk, buf.size()));
+  for (auto& x : host) x = FloatToBf16(std::uniform_real_distribution<float>(-range, range)(rng));
+  for (size_t off = 0; off < buf.size(); off += chunk) {
+    KVF_CUDA_OK(cudaMemcpy(buf.get() + off, host.data(), std::min(chunk, buf.size() - off) * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+struct Shape {
+  const char* name;
+  int E, k, H, I;
+};
+
+void Bench(const Shape& s, int T, double copy_gbs) {
+  const int S = T * s.k, ld = (s.E + 7) / 8 * 8;
+  DeviceBuffer<uint16_t> logits(size_t(T) * ld), x(size_t(T) * s.H), gate_up(size_t(s.E) * 2 * s.I * s.H),
+      down(size_t(s.E) * s.H * s.I), gu(size_t(S) * 2 * s.I), act(size_t(S) * s.I), y(size_t(S) * s.H),
+      out(size_t(T) * s.H);
+  FillRandom(logits, 1, 3.f);
+  FillRandom(x, 2, 1.f);
+  FillRandom(gate_up, 3, 0.05f);
+  FillRandom(down, 4, 0.05f);
+  DeviceBuffer<int32_t> experts(S), sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1);
+  DeviceBuffer<float> weights(S);
+  auto block = [&] {
+    auto* bx = x.as<__nv_bfloat16>();
+    KVF_CUDA_OK(LaunchMoeRoute(logits.as<__nv_bfloat16>(), ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
+    KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(), nullptr));
+    KVF_CUDA_OK(LaunchMoeGroupedGemm(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), tiles.get(),
+                                     gu.as<__nv_bfloat16>(), S, s.E, 2 * s.I, s.H, nullptr));
+    KVF_CUDA_OK(LaunchSiluMul(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), S, s.I, nullptr));
+    KVF_CUDA_OK(LaunchMoeGroupedGemm(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
+                                     tiles.get(), y.as<__nv_bfloat16>(), S, s.E, s.H, s.I, nullptr));
+    KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T, s.k,
+                                 s.H, nullptr));
+  };
+  const double ms = TimeMs(block);
+  const std::vector<int32_t> chosen = experts.Download();
+  const size_t used = std::set<int32_t>(chosen.begin(), chosen.end()).size();
+  const double weight_bytes = double(used) * 3.0 * s.I * s.H * 2;
+  const double flops = 2.0 * S * 3.0 * s.I * s.H;
+  std::printf("%-14s T=%-5d %3zu/%-3d experts  %8.3f ms  %7.1f GB/s weights (%4.1f%% of copy)  %6.1f TFLOP/s\n", s.name,
+              T, used, s.E, ms, weight_bytes / ms / 1e6, 100 * weight_bytes / ms / 1e6 / copy_gbs, flops / ms / 1e9);
+}
+
+}  // namespace
+}  // namespace kvfleet::kernels
+
+int main(int argc, char** argv) {
+  using namespace kvfleet::kernels;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  cudaDeviceProp prop;
+  KVF_CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  KVF_CUDA_OK(cudaMalloc(&a, bytes));
+  KVF_CUDA_OK(cudaMalloc(&b, bytes));
+  const double copy_ms = TimeMs([&] { KVF_CUDA_OK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 5, 1);
+  const double copy_gbs = 2.0 * bytes / copy_ms / 1e6;
+  KVF_CUDA_OK(cudaFree(a));
+  KVF_CUDA_OK(cudaFree(b));
+  std::printf("device %s, copy %.0f GB/s (D2D, read+write)\n", prop.name, copy_gbs);
+  for (const Shape& s : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"mixtral-8x7b", 8, 2, 4096, 14336}}) {
+    for (int T : {1, 8, 64, 512, 4096}) {
+      if (quick && T > 64) continue;
+      Bench(s, T, copy_gbs);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,80 @@
+#include "worker/backend/cpu/cpu_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "worker/backend/cpu/cpu_kernels.h"
+
+namespace kvfleet::backend::cpu {
+
+void RouteTopK(const float* logits, int64_t T, int64_t E, int64_t k, bool normalize, int32_t* experts,
+               float* weights) {
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<char> taken(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits + t * E;
+    // softmax in fp32, as torch's: exp(z - max) / Σ exp(z - max)
+    const float zmax = *std::max_element(z, z + E);
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(z[e] - zmax);
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    // k rounds of argmax (the first of equals: the lower id); no comparator for a sort to
+    // trip over should a NaN reach the router.
+    std::fill(taken.begin(), taken.end(), 0);
+    float chosen = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      }
+      taken[best] = 1;
+      experts[t * k + j] = static_cast<int32_t>(best);
+      weights[t * k + j] = p[best];
+      chosen += p[best];
+    }
+    if (normalize) {
+      for (int64_t j = 0; j < k; ++j) weights[t * k + j] /= chosen;
+    }
+  }
+}
+
+void MoeMlp(ThreadPool& pool, const model::MoeConfig& moe, const CpuLayerWeights& lw, const float* x, int64_t T,
+            int64_t H, int64_t I, MoeScratch* s, float* out) {
+  const int64_t E = moe.num_experts, k = moe.experts_per_token;
+  s->logits.resize(static_cast<size_t>(T * E));
+  s->experts.resize(static_cast<size_t>(T * k));
+  s->weights.resize(static_cast<size_t>(T * k));
+  MatMul(pool, x, T, H, lw.router.data(), E, nullptr, s->logits.data());
+  RouteTopK(s->logits.data(), T, E, k, moe.norm_topk_prob, s->experts.data(), s->weights.data());
+
+  // Group the T·k routes by expert (a counting sort keeps each expert's tokens ascending).
+  s->offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t r = 0; r < T * k; ++r) ++s->offsets[s->experts[r] + 1];
+  for (int64_t e = 0; e < E; ++e) s->offsets[e + 1] += s->offsets[e];
+  s->slots.resize(static_cast<size_t>(T * k));
+  std::vector<int64_t> fill(s->offsets.begin(), s->offsets.end() - 1);
+  for (int64_t r = 0; r < T * k; ++r) s->slots[fill[s->experts[r]]++] = r;
+
+  std::fill(out, out + T * H, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = s->offsets[e], n = s->offsets[e + 1] - begin;
+    if (n == 0) continue;
+    s->rows.resize(static_cast<size_t>(n * H));
+    s->gate_up.resize(static_cast<size_t>(n * 2 * I));
+    s->act.resize(static_cast<size_t>(n * I));
+    s->down.resize(static_cast<size_t>(n * H));
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&s->rows[i * H], x + (s->slots[begin + i] / k) * H, H * sizeof(float));
+    }
+    MatMul(pool, s->rows.data(), n, H, lw.expert_gate_up[e].data(), 2 * I, nullptr, s->gate_up.data());
+    for (int64_t i = 0; i < n; ++i) SiluMul(&s->gate_up[i * 2 * I], &s->gate_up[i * 2 * I + I], I, &s->act[i * I]);
+    MatMul(pool, s->act.data(), n, I, lw.expert_down[e].data(), H, nullptr, s->down.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = s->slots[begin + i];
+      Axpy(s->weights[r], &s->down[i * H], out + (r / k) * H, H);
+    }
+  }
+}
+
+}  // namespace kvfleet::backend::cpu
