@@ -50,7 +50,7 @@ struct Limits {
   size_t max_spec_bytes = size_t{1} << 20;  // the spec text
   int max_nesting_depth = 64;   // schema / regex group / EBNF group nesting
   size_t max_rules = 5000;      // rules after the front end
-  size_t max_states = 100000;   // automaton states (NFA and DFA, each)
+  size_t max_states = 50000;    // automaton states (NFA and DFA, each)
   size_t max_stacks = 512;      // parse stacks alive at one position of a matcher
   // Precompute the per-state token cache (mask in ~microseconds for most states). Off:
   // every mask walks the vocabulary's byte order from the live stacks.

@@ -73,7 +73,7 @@ Result<int32_t> SchemaCompiler::Schema(const Json& s, const std::string& path, i
   if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
   std::vector<std::string> validation;  // this schema's validation keywords, in order
   for (const auto& [key, value] : s.items()) {
-    if (kAnnotations.count(key)) continue;
+    if (kAnnotations.count(key) || key.starts_with("x-")) continue;  // x-: vendor extensions
     if (!kValidation.count(key)) return Unsupported(path, key);
     validation.push_back(key);
   }
@@ -151,7 +151,7 @@ Result<int32_t> SchemaCompiler::TypedSchema(const std::string& type, const Json&
 
 Result<int32_t> SchemaCompiler::EnumValues(const Json& values, const Json& s, const std::string& path) {
   for (const auto& [key, value] : s.items()) {
-    if (!kAnnotations.count(key) && key != "enum" && key != "const" && key != "type") {
+    if (!kAnnotations.count(key) && !key.starts_with("x-") && key != "enum" && key != "const" && key != "type") {
       return Unsupported(path, key, "beside 'enum' or 'const'");
     }
   }

@@ -39,7 +39,7 @@ class SchemaCompiler {
   Result<int32_t> Format(const std::string& format, const std::string& path);
   // A key of additionalProperties: any string but the declared names.
   int32_t KeyNotIn(const std::vector<std::string>& names);
-  // The generic rules (value, object, array, string, number), made on first use.
+  // Any JSON value (a rule, made on first use), string, number, integer (expressions).
   int32_t AnyValue();
   int32_t AnyString();
   int32_t AnyNumber();
@@ -61,7 +61,7 @@ class SchemaCompiler {
   Grammar g_;
   Json doc_;
   std::map<std::string, int32_t> ref_rules_;  // $ref target pointer -> rule
-  int32_t any_value_ = -1, any_string_ = -1, any_number_ = -1, any_integer_ = -1;
+  int32_t any_value_ = -1;
 };
 
 // Appends a JSON pointer segment, escaped (~ as ~0, / as ~1).

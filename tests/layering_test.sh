@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rooms of the tree and what each may include. Routers and workers share only common/,
-# schema/ (every wire contract) and, for the router, tokenizer/; inside the worker and the
+# schema/ (every wire contract), grammar/ (structured outputs) and, for the router, tokenizer/; inside the worker and the
 # router, each layer includes only the layers below it. A new include that crosses these lines fails here.
 #
 #   tests/layering_test.sh [ROOT]
