@@ -74,6 +74,9 @@ Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const V
   return std::shared_ptr<const CompiledGrammar>(std::make_shared<CompiledGrammar>(std::move(a), vocab, limits));
 }
 
+void WarmTokenCache(const CompiledGrammar& grammar) { grammar.WarmTokenCache(); }
+size_t MemoryBytes(const CompiledGrammar& grammar) { return grammar.memory_bytes(); }
+
 Status Validate(const Spec& spec, const Limits& limits) { return BuildAutomaton(spec, limits).status(); }
 
 Result<std::string> JsonSchemaToEbnf(std::string_view schema_json, const JsonSchemaOptions& options, const Limits& limits) {

@@ -98,6 +98,13 @@ class CompiledGrammar;
 // InvalidArgument naming the keyword/feature for a spec that is invalid or unsupported.
 Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const Vocabulary& vocab,
                                                        const Limits& limits = {});
+// Fills every state's token cache entry now, instead of at each state's first mask: for a
+// background thread after Compile (matchers may run meanwhile). Seconds on a 128K vocabulary
+// for a large schema.
+void WarmTokenCache(const CompiledGrammar& grammar);
+// The compiled grammar's memory: its automaton and the cache entries filled so far.
+size_t MemoryBytes(const CompiledGrammar& grammar);
+
 // Compiles the spec without a vocabulary: the same errors as Compile, for the router's 400s.
 Status Validate(const Spec& spec, const Limits& limits = {});
 

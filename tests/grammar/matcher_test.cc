@@ -8,6 +8,7 @@
 #include "grammar/automaton.h"
 #include "grammar/compiled.h"
 #include "grammar/ebnf_parser.h"
+#include "grammar/pda.h"
 #include "tests/grammar/grammar_test_util.h"
 
 namespace kvfleet::grammar {
@@ -45,7 +46,7 @@ void CheckMasksAlongWalks(const Spec& spec, int walks) {
   std::mt19937 rng(7);
   for (int w = 0; w < walks; ++w) {
     Matcher m(g), plain(g_plain);
-    for (int step = 0; step < 40 && !m.IsTerminated(); ++step) {
+    for (int step = 0; step < 25 && !m.IsTerminated(); ++step) {
       m.CheckInvariants();
       auto mask = Mask(m, vocab);
       REQUIRE(mask == BruteForceMask(m, vocab));
@@ -198,9 +199,23 @@ TEST_CASE("the automaton keeps its invariants; its token cache agrees with walks
     a->CheckInvariants();
   }
   auto g = MustCompile({Kind::kJsonSchema, kSchema}, MultiVocab());
-  size_t before = g->memory_bytes();
-  g->WarmTokenCache();
-  CHECK(g->memory_bytes() > before);
+  size_t before = MemoryBytes(*g);
+  WarmTokenCache(*g);
+  CHECK(MemoryBytes(*g) > before);
+  // Every state's entry: its accepted tokens are accepted from a stack of that state alone.
+  const Vocabulary vocab = MultiVocab();
+  for (size_t s = 0; s < g->automaton().num_states(); ++s) {
+    if (!g->automaton().has_bytes(static_cast<int32_t>(s))) continue;
+    const auto& entry = g->tokens(static_cast<int32_t>(s));
+    FramePool pool;
+    Pda pda(&g->automaton(), &pool, 64);
+    Position start, out;
+    start.tops.push_back({static_cast<int32_t>(s), kBottom});
+    for (int32_t id : entry.accepted) {
+      pda.Run(start, vocab.token(id), &out);
+      CHECK_FALSE(out.dead());
+    }
+  }
 }
 
 TEST_CASE("threads sharing a compiled grammar fill its token cache concurrently and agree") {
