@@ -113,7 +113,7 @@ std::string MutateBytes(std::string s, std::mt19937* rng) {
 }
 
 // Runs (a) and (b) for one schema; returns how many texts were compared.
-void CheckSchema(const std::string& schema, bool strict = true, int instances = 60, int walks = 12) {
+void CheckSchema(const std::string& schema, bool strict = true, int instances = 60, int walks = 16) {
   CAPTURE(schema);
   const Vocabulary bytes = testing::ByteVocab(), multi = testing::MultiVocab();
   auto g_bytes = testing::MustCompile({Kind::kJsonSchema, schema, strict}, bytes);
@@ -146,7 +146,8 @@ void CheckSchema(const std::string& schema, bool strict = true, int instances = 
   for (int w = 0; w < walks; ++w) {
     bool terminated = false;
     std::string out = testing::RandomWalk(g_multi, multi, &rng, 200, &terminated);
-    if (!terminated) continue;
+    // Numbers beyond double or int64 range are valid JSON the reference cannot read.
+    if (!terminated || !Comparable(out)) continue;
     ++ended;
     CAPTURE(out);
     auto parsed = Json::parse(out, nullptr, false);
