@@ -60,8 +60,9 @@ Result<Grammar> SpecToGrammar(const Spec& spec, const Limits& limits) {
                            std::to_string(limits.max_spec_bytes));
   }
   switch (spec.kind) {
-    case Kind::kJsonSchema: return JsonSchemaToGrammar(spec.text, {spec.strict, ""}, limits);
-    case Kind::kJsonObject: return JsonSchemaToGrammar(R"({"type":"object"})", {false, ""}, limits);
+    case Kind::kJsonSchema: return JsonSchemaToGrammar(spec.text, {spec.strict, "", spec.any_whitespace}, limits);
+    case Kind::kJsonObject:
+      return JsonSchemaToGrammar(R"({"type":"object"})", {false, "", spec.any_whitespace}, limits);
     case Kind::kRegex: return RegexToGrammar(spec.text, limits);
     case Kind::kChoice: return ChoiceToGrammar(spec.text);
     case Kind::kEbnf: return ParseEbnf(spec.text, limits.max_nesting_depth);

@@ -42,6 +42,9 @@ struct Spec {
   // and no items takes no more items (OpenAI strict mode, XGrammar's default). When false,
   // absent means any, as JSON Schema says.
   bool strict = true;
+  // kJsonSchema, kJsonObject: whitespace JSON allows around structural characters
+  // (" \t\n\r", unbounded). Off (the default): compact, no whitespace outside strings.
+  bool any_whitespace = false;
 };
 
 // Bounds on compiling and matching, so that no spec can take unbounded time or memory.
@@ -114,6 +117,7 @@ Status Validate(const Spec& spec, const Limits& limits = {});
 struct JsonSchemaOptions {
   bool strict = true;
   std::string rule_prefix;
+  bool any_whitespace = false;
 };
 Result<std::string> JsonSchemaToEbnf(std::string_view schema_json, const JsonSchemaOptions& options = {},
                                      const Limits& limits = {});

@@ -47,6 +47,15 @@ class SchemaCompiler {
   // Digits of an integer in [lo, hi] (no bound when absent), as JSON writes integers.
   int32_t IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi);
   int32_t Lit(std::string s) { return g_.Bytes(std::move(s)); }
+  // A structural character, with the whitespace JSON allows around it when the options ask
+  // for any whitespace ("{" and "[" take it after, "}" and "]" before, "," and ":" both).
+  int32_t Punct(const char* p) {
+    if (!options_.any_whitespace) return Lit(p);
+    auto ws = [&] { return g_.Star(g_.Class({{' ', ' '}, {'\t', '\n'}, {'\r', '\r'}})); };
+    if (p[0] == '{' || p[0] == '[') return g_.Seq({Lit(p), ws()});
+    if (p[0] == '}' || p[0] == ']') return g_.Seq({ws(), Lit(p)});
+    return g_.Seq({ws(), Lit(p), ws()});
+  }
   int32_t NewRule(const std::string& base, int32_t body);
 
   Status Error(const std::string& path, const std::string& what) const {

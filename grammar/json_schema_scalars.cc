@@ -75,9 +75,9 @@ int32_t SchemaCompiler::AnyValue() {
   any_value_ = g_.AddRule(g_.FreshName(options_.rule_prefix + "value"));
   int32_t obj = g_.AddRule(g_.FreshName(options_.rule_prefix + "any-object"));
   int32_t arr = g_.AddRule(g_.FreshName(options_.rule_prefix + "any-array"));
-  int32_t pair = g_.Seq({AnyString(), Lit(":"), g_.Ref(any_value_)});
-  g_.SetBody(obj, g_.Seq({Lit("{"), g_.Optional(g_.Seq({pair, g_.Star(g_.Seq({Lit(","), g_.Seq({AnyString(), Lit(":"), g_.Ref(any_value_)})}))})), Lit("}")}));
-  g_.SetBody(arr, g_.Seq({Lit("["), g_.Optional(g_.Seq({g_.Ref(any_value_), g_.Star(g_.Seq({Lit(","), g_.Ref(any_value_)}))})), Lit("]")}));
+  int32_t pair = g_.Seq({AnyString(), Punct(":"), g_.Ref(any_value_)});
+  g_.SetBody(obj, g_.Seq({Punct("{"), g_.Optional(g_.Seq({pair, g_.Star(g_.Seq({Punct(","), g_.Seq({AnyString(), Punct(":"), g_.Ref(any_value_)})}))})), Punct("}")}));
+  g_.SetBody(arr, g_.Seq({Punct("["), g_.Optional(g_.Seq({g_.Ref(any_value_), g_.Star(g_.Seq({Punct(","), g_.Ref(any_value_)}))})), Punct("]")}));
   g_.SetBody(any_value_, g_.Alt({g_.Ref(obj), g_.Ref(arr), AnyString(), AnyNumber(), Lit("true"), Lit("false"), Lit("null")}));
   return g_.Ref(any_value_);
 }

@@ -332,6 +332,46 @@ TEST_CASE("JsonSchemaToEbnf gives EBNF that compiles to the same language, under
   CHECK_FALSE(testing::MatchBytes(g, R"(<call>{"n":3}</call>)"));
 }
 
+TEST_CASE("any_whitespace takes JSON's whitespace around structure; the default takes none") {
+  const char* schema = R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"integer","minimum":0,"maximum":99}},
+      "b":{"type":"object","properties":{"c":{"type":"boolean"}},"additionalProperties":{"type":"null"}},
+      "d":{"type":"string","maxLength":3}},"required":["a"]})";
+  const Vocabulary bytes = testing::ByteVocab(), multi = testing::MultiVocab();
+  Spec spaced{Kind::kJsonSchema, schema};
+  spaced.any_whitespace = true;
+  auto g_spaced = testing::MustCompile(spaced, bytes);
+  auto g_compact = testing::MustCompile({Kind::kJsonSchema, schema}, bytes);
+  Reference ref(Json::parse(schema), true);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 40; ++i) {
+    Json x = ref.Generate(&rng);
+    std::string pretty = x.dump(2), compact = Dump(x);
+    CAPTURE(pretty);
+    CHECK(testing::MatchBytes(g_spaced, pretty));
+    CHECK(testing::MatchBytes(g_spaced, compact));
+    CHECK(testing::MatchBytes(g_compact, pretty) == (pretty == compact));
+  }
+  CHECK(testing::MatchBytes(g_spaced, "{ \"a\" :\t[ 1 ,2\r\n] }"));
+  CHECK_FALSE(testing::MatchBytes(g_spaced, "{\"a\":[1 2]}"));
+  CHECK_FALSE(testing::MatchBytes(g_spaced, "{\"a\":[1]} "));  // none after the value
+  auto g_multi = testing::MustCompile(spaced, multi);
+  int ended = 0;
+  for (int w = 0; w < 16; ++w) {
+    bool terminated = false;
+    std::string out = testing::RandomWalk(g_multi, multi, &rng, 200, &terminated);
+    if (!terminated) continue;
+    ++ended;
+    CAPTURE(out);
+    auto parsed = Json::parse(out, nullptr, false);
+    REQUIRE_FALSE(parsed.is_discarded());
+    CHECK(ref.Valid(parsed));
+  }
+  CHECK(ended > 0);
+  Spec object{Kind::kJsonObject, ""};
+  object.any_whitespace = true;
+  CHECK(testing::MatchBytes(testing::MustCompile(object, bytes), "{\n  \"k\": [ {} ]\n}"));
+}
+
 TEST_CASE("json_object accepts any object, compact") {
   auto g = testing::MustCompile({Kind::kJsonObject, ""}, testing::ByteVocab());
   CHECK(testing::MatchBytes(g, R"({})"));

@@ -67,6 +67,9 @@ TEST_CASE("the mask equals brute force on random states, with the token cache an
   CheckMasksAlongWalks({Kind::kEbnf, kNestedEbnf}, 8);
   CheckMasksAlongWalks({Kind::kJsonSchema, kSchema}, 8);
   CheckMasksAlongWalks({Kind::kJsonObject, ""}, 5);
+  Spec spaced{Kind::kJsonSchema, kSchema};
+  spaced.any_whitespace = true;
+  CheckMasksAlongWalks(spaced, 5);
   CheckMasksAlongWalks({Kind::kRegex, R"(\d{1,3}(\.\d+)?[a-z]*"?)"}, 5);
   CheckMasksAlongWalks({Kind::kChoice, R"(["cat", "category", "dog\"s", "caf\u00e9"])"}, 5);
 }
