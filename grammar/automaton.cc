@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
+
+#include <xxhash.h>
 
 #include "common/check.h"
 
@@ -72,6 +75,10 @@ Status TooLarge(const std::string& what, size_t limit) {
   return InvalidArgument("grammar too large: more than " + std::to_string(limit) + " " + what);
 }
 
+struct SetHash {
+  size_t operator()(const std::vector<int32_t>& v) const { return XXH3_64bits(v.data(), v.size() * sizeof(int32_t)); }
+};
+
 // One rule's Thompson NFA: state 0 is the start, `accept` the single accepting state.
 struct Nfa {
   struct Node {
@@ -88,6 +95,9 @@ struct Nfa {
 namespace config {
 // A linear scan of up to this many edges is about as fast as the table's cache miss.
 constexpr size_t kTableMinEdges = 6;
+// Subset elements looked up per allowed DFA state: real grammars average a few; the
+// blow-ups that fill the state budget carry dozens each.
+constexpr size_t kSubsetWorkPerState = 16;
 }  // namespace config
 
 // Deep enough for any schema or grammar a person writes, shallow enough for the stack.
@@ -207,18 +217,24 @@ class AutomatonBuilder {
     return Internal("unknown expression type");
   }
 
-  static void Closure(const Nfa& nfa, std::vector<int32_t>* set) {
-    std::vector<int32_t> work = *set;
-    std::vector<char> seen(nfa.nodes.size(), 0);
-    for (int32_t s : *set) seen[s] = 1;
-    while (!work.empty()) {
-      int32_t s = work.back();
-      work.pop_back();
+  // Adds the states reachable by epsilon moves and sorts the set. Cost: the set's size
+  // (seen_ is stamped per call, not cleared).
+  void Closure(const Nfa& nfa, std::vector<int32_t>* set) {
+    if (seen_.size() < nfa.nodes.size()) seen_.resize(nfa.nodes.size(), 0);
+    if (++stamp_ == 0) {
+      std::fill(seen_.begin(), seen_.end(), 0);
+      stamp_ = 1;
+    }
+    work_.assign(set->begin(), set->end());
+    for (int32_t s : *set) seen_[s] = stamp_;
+    while (!work_.empty()) {
+      int32_t s = work_.back();
+      work_.pop_back();
       for (int32_t t : nfa.nodes[s].eps) {
-        if (!seen[t]) {
-          seen[t] = 1;
+        if (seen_[t] != stamp_) {
+          seen_[t] = stamp_;
           set->push_back(t);
-          work.push_back(t);
+          work_.push_back(t);
         }
       }
     }
@@ -226,10 +242,16 @@ class AutomatonBuilder {
   }
 
   Status Determinize(const Nfa& nfa, int32_t rule) {
-    std::map<std::vector<int32_t>, int32_t> ids;
+    std::unordered_map<std::vector<int32_t>, int32_t, SetHash> ids;
     std::vector<std::vector<int32_t>> pending;
     auto id_of = [&](std::vector<int32_t> set) -> Result<int32_t> {
       Closure(nfa, &set);
+      // Subsets can be large (a pattern's open ends track many positions at once): the
+      // work, not only the state count, is bounded.
+      subset_work_ += set.size();
+      if (subset_work_ > config::kSubsetWorkPerState * limits_.max_states) {
+        return TooLarge("automaton states' worth of determinization work", limits_.max_states);
+      }
       auto it = ids.find(set);
       if (it != ids.end()) return it->second;
       if (a_.states_.size() >= limits_.max_states) return TooLarge("automaton states", limits_.max_states);
@@ -246,28 +268,33 @@ class AutomatonBuilder {
     // States are processed in creation order, so each state's edges are contiguous.
     for (size_t next = static_cast<size_t>(a_.rule_start_[rule]); next < a_.states_.size(); ++next) {
       std::vector<int32_t> set = pending[next - a_.rule_start_[rule]];
-      std::vector<uint32_t> cuts;
-      std::vector<Automaton::ByteEdge> edges;
+      // A sweep over the edges' ends: between two consecutive ends the active edges (and so
+      // the target set) do not change.
+      events_.clear();
       std::map<int32_t, std::vector<int32_t>> calls;
       for (int32_t s : set) {
         for (const auto& e : nfa.nodes[s].bytes) {
-          edges.push_back(e);
-          cuts.push_back(e.lo);
-          cuts.push_back(uint32_t{e.hi} + 1);
+          events_.push_back({e.lo, e.target, +1});
+          events_.push_back({uint32_t{e.hi} + 1, e.target, -1});
         }
         for (const auto& c : nfa.nodes[s].calls) calls[c.rule].push_back(c.target);
       }
-      std::sort(cuts.begin(), cuts.end());
-      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      std::sort(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
       a_.states_[next].bytes_begin = static_cast<uint32_t>(a_.byte_edges_.size());
       std::vector<Automaton::ByteEdge> out;
-      for (size_t k = 0; k + 1 < cuts.size(); ++k) {
-        uint32_t lo = cuts[k], hi = cuts[k + 1] - 1;
-        std::vector<int32_t> targets;
-        for (const auto& e : edges) {
-          if (e.lo <= lo && hi <= e.hi) targets.push_back(e.target);
+      active_.clear();
+      for (size_t k = 0; k < events_.size();) {
+        uint32_t at = events_[k].at;
+        for (; k < events_.size() && events_[k].at == at; ++k) {
+          if (events_[k].delta > 0) {
+            active_.push_back(events_[k].target);
+          } else {
+            active_.erase(std::find(active_.begin(), active_.end(), events_[k].target));
+          }
         }
-        if (targets.empty()) continue;
+        if (active_.empty() || k == events_.size()) continue;
+        uint32_t lo = at, hi = events_[k].at - 1;
+        std::vector<int32_t> targets = active_;
         std::sort(targets.begin(), targets.end());
         targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
         KVF_ASSIGN_OR_RETURN(int32_t t, id_of(std::move(targets)));
@@ -426,6 +453,17 @@ class AutomatonBuilder {
   BuildLimits limits_;
   Automaton a_;
   size_t nfa_states_ = 0;
+  size_t subset_work_ = 0;
+  struct Event {
+    uint32_t at;  // a byte value, or 256
+    int32_t target;
+    int delta;    // +1: an edge starts at `at`; -1: one ended just before
+  };
+  std::vector<Event> events_;
+  std::vector<int32_t> active_;
+  std::vector<uint32_t> seen_;  // Closure's visited marks
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> work_;
 };
 
 Result<Automaton> Automaton::Build(const Grammar& grammar, const BuildLimits& limits) {

@@ -33,8 +33,8 @@
 namespace kvfleet::grammar {
 
 struct BuildLimits {
-  size_t max_states = 200000;  // NFA states, and separately DFA states, over all rules
-  size_t max_rules = 10000;
+  size_t max_states = 50000;  // NFA states, and separately DFA states, over all rules
+  size_t max_rules = 5000;
 };
 
 class Automaton {

@@ -60,8 +60,9 @@ Result<Grammar> SpecToGrammar(const Spec& spec, const Limits& limits) {
                            std::to_string(limits.max_spec_bytes));
   }
   switch (spec.kind) {
-    case Kind::kJsonSchema: return JsonSchemaToGrammar(spec.text, {spec.strict, ""}, limits);
-    case Kind::kJsonObject: return JsonSchemaToGrammar(R"({"type":"object"})", {false, ""}, limits);
+    case Kind::kJsonSchema: return JsonSchemaToGrammar(spec.text, {spec.strict, "", spec.any_whitespace}, limits);
+    case Kind::kJsonObject:
+      return JsonSchemaToGrammar(R"({"type":"object"})", {false, "", spec.any_whitespace}, limits);
     case Kind::kRegex: return RegexToGrammar(spec.text, limits);
     case Kind::kChoice: return ChoiceToGrammar(spec.text);
     case Kind::kEbnf: return ParseEbnf(spec.text, limits.max_nesting_depth);
@@ -73,6 +74,9 @@ Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const V
   KVF_ASSIGN_OR_RETURN(Automaton a, BuildAutomaton(spec, limits));
   return std::shared_ptr<const CompiledGrammar>(std::make_shared<CompiledGrammar>(std::move(a), vocab, limits));
 }
+
+void WarmTokenCache(const CompiledGrammar& grammar) { grammar.WarmTokenCache(); }
+size_t MemoryBytes(const CompiledGrammar& grammar) { return grammar.memory_bytes(); }
 
 Status Validate(const Spec& spec, const Limits& limits) { return BuildAutomaton(spec, limits).status(); }
 

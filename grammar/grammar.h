@@ -42,6 +42,9 @@ struct Spec {
   // and no items takes no more items (OpenAI strict mode, XGrammar's default). When false,
   // absent means any, as JSON Schema says.
   bool strict = true;
+  // kJsonSchema, kJsonObject: whitespace JSON allows around structural characters
+  // (" \t\n\r", unbounded). Off (the default): compact, no whitespace outside strings.
+  bool any_whitespace = false;
 };
 
 // Bounds on compiling and matching, so that no spec can take unbounded time or memory.
@@ -50,7 +53,7 @@ struct Limits {
   size_t max_spec_bytes = size_t{1} << 20;  // the spec text
   int max_nesting_depth = 64;   // schema / regex group / EBNF group nesting
   size_t max_rules = 5000;      // rules after the front end
-  size_t max_states = 100000;   // automaton states (NFA and DFA, each)
+  size_t max_states = 50000;    // automaton states (NFA and DFA, each)
   size_t max_stacks = 512;      // parse stacks alive at one position of a matcher
   // Precompute the per-state token cache (mask in ~microseconds for most states). Off:
   // every mask walks the vocabulary's byte order from the live stacks.
@@ -98,6 +101,13 @@ class CompiledGrammar;
 // InvalidArgument naming the keyword/feature for a spec that is invalid or unsupported.
 Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const Vocabulary& vocab,
                                                        const Limits& limits = {});
+// Fills every state's token cache entry now, instead of at each state's first mask: for a
+// background thread after Compile (matchers may run meanwhile). Seconds on a 128K vocabulary
+// for a large schema.
+void WarmTokenCache(const CompiledGrammar& grammar);
+// The compiled grammar's memory: its automaton and the cache entries filled so far.
+size_t MemoryBytes(const CompiledGrammar& grammar);
+
 // Compiles the spec without a vocabulary: the same errors as Compile, for the router's 400s.
 Status Validate(const Spec& spec, const Limits& limits = {});
 
@@ -107,6 +117,7 @@ Status Validate(const Spec& spec, const Limits& limits = {});
 struct JsonSchemaOptions {
   bool strict = true;
   std::string rule_prefix;
+  bool any_whitespace = false;
 };
 Result<std::string> JsonSchemaToEbnf(std::string_view schema_json, const JsonSchemaOptions& options = {},
                                      const Limits& limits = {});

@@ -14,6 +14,7 @@ namespace {
 struct Key {
   Kind kind;
   bool strict;
+  bool any_whitespace;
   std::string text;
   uint64_t vocab;
   std::tuple<size_t, int, size_t, size_t, size_t, bool> limits;
@@ -23,7 +24,7 @@ struct Key {
 uint64_t HashKey(const Key& k) {
   uint64_t h = XXH3_64bits_withSeed(k.text.data(), k.text.size(), k.vocab);
   auto [a, b, c, d, e, f] = k.limits;
-  uint64_t parts[] = {static_cast<uint64_t>(k.kind), k.strict, a, static_cast<uint64_t>(b), c, d, e, f, h};
+  uint64_t parts[] = {static_cast<uint64_t>(k.kind), k.strict, k.any_whitespace, a, static_cast<uint64_t>(b), c, d, e, f, h};
   return XXH3_64bits(parts, sizeof(parts));
 }
 
@@ -50,6 +51,7 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCache::GetOrCompile(const 
                                                                           const Limits& limits) {
   Key key{spec.kind,
           spec.strict,
+          spec.any_whitespace,
           spec.text,
           vocab.fingerprint(),
           {limits.max_spec_bytes, limits.max_nesting_depth, limits.max_rules, limits.max_states, limits.max_stacks,

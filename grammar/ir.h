@@ -2,14 +2,15 @@
 // (EBNF, JSON Schema, regex, choice) compiles to and the automaton builder reads.
 //
 // A Grammar is a list of rules, each with one body expression; expressions live in one
-// arena and refer to each other by index. Expressions are trees: a child index is used by
-// one parent only when the builder says so, and shared subtrees are expanded again by the
-// automaton builder, so front ends share through rules (Ref), never through expressions.
+// arena and refer to each other by index. An expression may have several parents (the
+// arena is a DAG), but the automaton builder expands it again at each use, so a front end
+// shares anything large through a rule (Ref) and only small pieces through expressions.
 //
 // Thread safety: a value; thread-compatible.
 //
 // Invariants:
-//   1. every child and rule index is in range; every rule has a body (after the front end).
+//   1. every child and rule index is in range; every rule has a body (after the front end);
+//      expressions refer only to earlier ones (no cycles: recursion goes through rules).
 //   2. character classes hold sorted, disjoint, non-adjacent ranges within [0, 0x10FFFF].
 #pragma once
 

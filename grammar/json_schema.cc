@@ -73,7 +73,7 @@ Result<int32_t> SchemaCompiler::Schema(const Json& s, const std::string& path, i
   if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
   std::vector<std::string> validation;  // this schema's validation keywords, in order
   for (const auto& [key, value] : s.items()) {
-    if (kAnnotations.count(key)) continue;
+    if (kAnnotations.count(key) || key.starts_with("x-")) continue;  // x-: vendor extensions
     if (!kValidation.count(key)) return Unsupported(path, key);
     validation.push_back(key);
   }
@@ -151,7 +151,7 @@ Result<int32_t> SchemaCompiler::TypedSchema(const std::string& type, const Json&
 
 Result<int32_t> SchemaCompiler::EnumValues(const Json& values, const Json& s, const std::string& path) {
   for (const auto& [key, value] : s.items()) {
-    if (!kAnnotations.count(key) && key != "enum" && key != "const" && key != "type") {
+    if (!kAnnotations.count(key) && !key.starts_with("x-") && key != "enum" && key != "const" && key != "type") {
       return Unsupported(path, key, "beside 'enum' or 'const'");
     }
   }
@@ -224,7 +224,7 @@ Result<int32_t> SchemaCompiler::Object(const Json& s, const std::string& path, i
   for (const auto& [name, sub] : props.items()) {
     KVF_ASSIGN_OR_RETURN(int32_t value, Schema(sub, PointerAppend(props_path, name), depth + 1));
     std::string key = Json(name).dump(-1, ' ', false, Json::error_handler_t::replace);
-    pairs.push_back(g_.Seq({Lit(key + ":"), value}));
+    pairs.push_back(g_.Seq({Lit(key), Punct(":"), value}));
     is_required.push_back(required.count(name) > 0);
     names.push_back(name);
   }
@@ -237,7 +237,7 @@ Result<int32_t> SchemaCompiler::Object(const Json& s, const std::string& path, i
     } else {
       KVF_ASSIGN_OR_RETURN(value, Schema(additional, PointerAppend(path, "additionalProperties"), depth + 1));
     }
-    extra = g_.Seq({KeyNotIn(names), Lit(":"), value});
+    extra = g_.Seq({KeyNotIn(names), Punct(":"), value});
   }
   // after[i]: the properties from i on once something was written (each starts with ',');
   // first[i]: from i with nothing written yet. first[i] keeps first[i+1] only when
@@ -247,22 +247,22 @@ Result<int32_t> SchemaCompiler::Object(const Json& s, const std::string& path, i
   size_t n = pairs.size();
   std::vector<bool> all_optional_before(n + 1, true);
   for (size_t i = 0; i < n; ++i) all_optional_before[i + 1] = all_optional_before[i] && !is_required[i];
-  int32_t after = extra >= 0 ? g_.Star(g_.Seq({Lit(","), extra})) : g_.Empty();
-  int32_t first = extra >= 0 ? g_.Optional(g_.Seq({extra, g_.Star(g_.Seq({Lit(","), extra}))})) : g_.Empty();
+  int32_t after = extra >= 0 ? g_.Star(g_.Seq({Punct(","), extra})) : g_.Empty();
+  int32_t first = extra >= 0 ? g_.Optional(g_.Seq({extra, g_.Star(g_.Seq({Punct(","), extra}))})) : g_.Empty();
   for (size_t i = n; i-- > 0;) {
     int32_t after_next = after;
     if (i >= 1 && all_optional_before[i]) after_next = NewRule("obj-tail", after);
     int32_t with_pair = g_.Seq({pairs[i], after_next});
     if (is_required[i]) {
-      after = g_.Seq({Lit(","), pairs[i], after_next});
+      after = g_.Seq({Punct(","), pairs[i], after_next});
       first = with_pair;
     } else {
-      after = g_.Seq({g_.Optional(g_.Seq({Lit(","), pairs[i]})), after_next});
+      after = g_.Seq({g_.Optional(g_.Seq({Punct(","), pairs[i]})), after_next});
       first = g_.Alt({with_pair, first});
     }
   }
   return NewRule(path.empty() ? "object" : RuleNamePart(path.substr(path.rfind('/') + 1)),
-                 g_.Seq({Lit("{"), first, Lit("}")}));
+                 g_.Seq({Punct("{"), first, Punct("}")}));
 }
 
 Result<int32_t> SchemaCompiler::Array(const Json& s, const std::string& path, int depth) {
@@ -316,7 +316,7 @@ Result<int32_t> SchemaCompiler::Array(const Json& s, const std::string& path, in
     KVF_ASSIGN_OR_RETURN(int32_t lo, limit(std::max<int64_t>(min - written, 0)));
     int32_t hi = Expr::kUnbounded;
     if (max >= 0) { KVF_ASSIGN_OR_RETURN(hi, limit(max - written)); }
-    return g_.Repeat(g_.Seq({Lit(","), item}), lo, hi);
+    return g_.Repeat(g_.Seq({Punct(","), item}), lo, hi);
   };
   int32_t body;
   if (k == 0) {
@@ -330,14 +330,14 @@ Result<int32_t> SchemaCompiler::Array(const Json& s, const std::string& path, in
   } else {
     KVF_ASSIGN_OR_RETURN(body, tail(k));
     for (int64_t i = k - 1; i >= 1; --i) {
-      body = g_.Seq({Lit(","), prefix[i], body});
+      body = g_.Seq({Punct(","), prefix[i], body});
       if (i >= min) body = g_.Optional(body);
     }
     body = g_.Seq({prefix[0], body});
     if (min == 0) body = g_.Optional(body);
   }
   return NewRule(path.empty() ? "array" : RuleNamePart(path.substr(path.rfind('/') + 1)),
-                 g_.Seq({Lit("["), body, Lit("]")}));
+                 g_.Seq({Punct("["), body, Punct("]")}));
 }
 
 Result<Grammar> JsonSchemaToGrammar(std::string_view schema_json, const JsonSchemaOptions& options, const Limits& limits) {

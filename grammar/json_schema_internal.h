@@ -39,7 +39,7 @@ class SchemaCompiler {
   Result<int32_t> Format(const std::string& format, const std::string& path);
   // A key of additionalProperties: any string but the declared names.
   int32_t KeyNotIn(const std::vector<std::string>& names);
-  // The generic rules (value, object, array, string, number), made on first use.
+  // Any JSON value (a rule, made on first use), string, number, integer (expressions).
   int32_t AnyValue();
   int32_t AnyString();
   int32_t AnyNumber();
@@ -47,6 +47,15 @@ class SchemaCompiler {
   // Digits of an integer in [lo, hi] (no bound when absent), as JSON writes integers.
   int32_t IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi);
   int32_t Lit(std::string s) { return g_.Bytes(std::move(s)); }
+  // A structural character, with the whitespace JSON allows around it when the options ask
+  // for any whitespace ("{" and "[" take it after, "}" and "]" before, "," and ":" both).
+  int32_t Punct(const char* p) {
+    if (!options_.any_whitespace) return Lit(p);
+    auto ws = [&] { return g_.Star(g_.Class({{' ', ' '}, {'\t', '\n'}, {'\r', '\r'}})); };
+    if (p[0] == '{' || p[0] == '[') return g_.Seq({Lit(p), ws()});
+    if (p[0] == '}' || p[0] == ']') return g_.Seq({ws(), Lit(p)});
+    return g_.Seq({ws(), Lit(p), ws()});
+  }
   int32_t NewRule(const std::string& base, int32_t body);
 
   Status Error(const std::string& path, const std::string& what) const {
@@ -61,7 +70,7 @@ class SchemaCompiler {
   Grammar g_;
   Json doc_;
   std::map<std::string, int32_t> ref_rules_;  // $ref target pointer -> rule
-  int32_t any_value_ = -1, any_string_ = -1, any_number_ = -1, any_integer_ = -1;
+  int32_t any_value_ = -1;
 };
 
 // Appends a JSON pointer segment, escaped (~ as ~0, / as ~1).

@@ -50,33 +50,24 @@ std::vector<uint32_t> DecodeUtf8(std::string_view s) {
 
 }  // namespace
 
+// Strings, numbers and integers are inlined where they are used rather than made rules:
+// a token that ends a string and goes on (`",`, `"}`) then stays inside the caller's rule,
+// and the token cache can decide it without the stack below (XGrammar inlines likewise).
 int32_t SchemaCompiler::AnyString() {
-  if (any_string_ >= 0) return g_.Ref(any_string_);
-  any_string_ = g_.AddRule(g_.FreshName(options_.rule_prefix + "string"));
   int32_t escape = g_.Seq({Lit("\\"), g_.Alt({g_.Class({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'}, {'f', 'f'},
                                                          {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
                                                g_.Seq({Lit("u"), g_.Repeat(g_.Class({{'0', '9'}, {'A', 'F'}, {'a', 'f'}}), 4, 4)})})});
   int32_t ch = g_.Alt({g_.Class({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}, /*negated=*/true), escape});
-  g_.SetBody(any_string_, g_.Seq({Lit("\""), g_.Star(ch), Lit("\"")}));
-  return g_.Ref(any_string_);
+  return g_.Seq({Lit("\""), g_.Star(ch), Lit("\"")});
 }
 
-int32_t SchemaCompiler::AnyInteger() {
-  if (any_integer_ >= 0) return g_.Ref(any_integer_);
-  any_integer_ = g_.AddRule(g_.FreshName(options_.rule_prefix + "integer"));
-  g_.SetBody(any_integer_, IntegerRange(std::nullopt, std::nullopt));
-  return g_.Ref(any_integer_);
-}
+int32_t SchemaCompiler::AnyInteger() { return IntegerRange(std::nullopt, std::nullopt); }
 
 int32_t SchemaCompiler::AnyNumber() {
-  if (any_number_ >= 0) return g_.Ref(any_number_);
-  any_number_ = g_.AddRule(g_.FreshName(options_.rule_prefix + "number"));
   int32_t digits = g_.Plus(g_.Class({{'0', '9'}}));
-  g_.SetBody(any_number_, g_.Seq({IntegerRange(std::nullopt, std::nullopt), g_.Optional(g_.Seq({Lit("."), digits})),
-                                  g_.Optional(g_.Seq({g_.Class({{'e', 'e'}, {'E', 'E'}}),
-                                                      g_.Optional(g_.Class({{'+', '+'}, {'-', '-'}})),
-                                                      g_.Plus(g_.Class({{'0', '9'}}))}))}));
-  return g_.Ref(any_number_);
+  return g_.Seq({IntegerRange(std::nullopt, std::nullopt), g_.Optional(g_.Seq({Lit("."), digits})),
+                 g_.Optional(g_.Seq({g_.Class({{'e', 'e'}, {'E', 'E'}}), g_.Optional(g_.Class({{'+', '+'}, {'-', '-'}})),
+                                     g_.Plus(g_.Class({{'0', '9'}}))}))});
 }
 
 int32_t SchemaCompiler::AnyValue() {
@@ -84,9 +75,9 @@ int32_t SchemaCompiler::AnyValue() {
   any_value_ = g_.AddRule(g_.FreshName(options_.rule_prefix + "value"));
   int32_t obj = g_.AddRule(g_.FreshName(options_.rule_prefix + "any-object"));
   int32_t arr = g_.AddRule(g_.FreshName(options_.rule_prefix + "any-array"));
-  int32_t pair = g_.Seq({AnyString(), Lit(":"), g_.Ref(any_value_)});
-  g_.SetBody(obj, g_.Seq({Lit("{"), g_.Optional(g_.Seq({pair, g_.Star(g_.Seq({Lit(","), g_.Seq({AnyString(), Lit(":"), g_.Ref(any_value_)})}))})), Lit("}")}));
-  g_.SetBody(arr, g_.Seq({Lit("["), g_.Optional(g_.Seq({g_.Ref(any_value_), g_.Star(g_.Seq({Lit(","), g_.Ref(any_value_)}))})), Lit("]")}));
+  int32_t pair = g_.Seq({AnyString(), Punct(":"), g_.Ref(any_value_)});
+  g_.SetBody(obj, g_.Seq({Punct("{"), g_.Optional(g_.Seq({pair, g_.Star(g_.Seq({Punct(","), g_.Seq({AnyString(), Punct(":"), g_.Ref(any_value_)})}))})), Punct("}")}));
+  g_.SetBody(arr, g_.Seq({Punct("["), g_.Optional(g_.Seq({g_.Ref(any_value_), g_.Star(g_.Seq({Punct(","), g_.Ref(any_value_)}))})), Punct("]")}));
   g_.SetBody(any_value_, g_.Alt({g_.Ref(obj), g_.Ref(arr), AnyString(), AnyNumber(), Lit("true"), Lit("false"), Lit("null")}));
   return g_.Ref(any_value_);
 }
@@ -189,17 +180,18 @@ Result<int32_t> SchemaCompiler::Number(const Json& s, const std::string& path) {
   if (!ilo || !ihi || *ilo <= *ihi) {
     alts.push_back(g_.Seq({IntegerRange(ilo, ihi), g_.Optional(g_.Seq({Lit("."), g_.Plus(Lit("0"))}))}));
   }
-  // Non-integers in (k, k+1) for k in [lo, hi - 1].
+  // Non-integers in (k, k+1) for k in [lo, hi - 1] (an absent bound: no limit).
   int32_t digit = g_.Class({{'0', '9'}});
   auto frac = [&] { return g_.Seq({Lit("."), g_.Star(digit), g_.Class({{'1', '9'}}), g_.Star(g_.Class({{'0', '9'}}))}); };
-  std::optional<int64_t> klo = lo, khi = hi ? std::optional<int64_t>(*hi - 1) : std::nullopt;
-  if (!klo || !khi || *klo <= *khi) {
-    if (!khi || *khi >= 0) {  // x = k.f with k >= 0
-      alts.push_back(g_.Seq({NonNegativeRange(&g_, klo ? std::max<int64_t>(*klo, 0) : 0, khi ? *khi : -1), frac()}));
+  const bool has_klo = lo.has_value(), has_khi = hi.has_value();
+  const int64_t klo = lo.value_or(0), khi = hi.value_or(0) - 1;
+  if (!has_klo || !has_khi || klo <= khi) {
+    if (!has_khi || khi >= 0) {  // x = k.f with k >= 0
+      alts.push_back(g_.Seq({NonNegativeRange(&g_, has_klo ? std::max<int64_t>(klo, 0) : 0, has_khi ? khi : -1), frac()}));
     }
-    if (!klo || *klo <= -1) {  // x = -(j.f) with j = -k-1 >= 0
-      int64_t jlo = khi ? std::max<int64_t>(-*khi - 1, 0) : 0;
-      alts.push_back(g_.Seq({Lit("-"), NonNegativeRange(&g_, jlo, klo ? -*klo - 1 : -1), frac()}));
+    if (!has_klo || klo <= -1) {  // x = -(j.f) with j = -k-1 >= 0
+      int64_t jlo = has_khi ? std::max<int64_t>(-khi - 1, 0) : 0;
+      alts.push_back(g_.Seq({Lit("-"), NonNegativeRange(&g_, jlo, has_klo ? -klo - 1 : -1), frac()}));
     }
   }
   if (alts.empty()) return Error(path, "no number lies within the bounds");

@@ -1,4 +1,5 @@
 // Regex (the ECMAScript subset JSON Schema patterns use) -> grammar IR.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -23,8 +24,8 @@ Ranges Dot() { return NormalizeRanges({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x20
 
 class RegexParser {
  public:
-  RegexParser(Grammar* g, std::string_view pattern, RegexText text, const Limits& limits)
-      : g_(g), text_(text), limits_(limits) {
+  RegexParser(Grammar* g, std::string_view pattern, RegexText text, bool search, const Limits& limits)
+      : g_(g), text_(text), search_(search), limits_(limits) {
     // Decoded up front; invalid UTF-8 bytes stand for themselves (U+0080..U+00FF).
     for (size_t i = 0; i < pattern.size();) {
       auto b = static_cast<uint8_t>(pattern[i]);
@@ -37,18 +38,8 @@ class RegexParser {
     }
   }
 
-  Result<int32_t> Run(bool* anchored_start, bool* anchored_end) {
-    *anchored_start = *anchored_end = false;
-    size_t end = cps_.size();
-    if (pos_ < end && cps_[pos_] == '^') {
-      ++pos_;
-      *anchored_start = true;
-    }
-    if (end > pos_ && cps_[end - 1] == '$' && !(end >= 2 && cps_[end - 2] == '\\' && !EscapedBackslash(end - 2))) {
-      --end;
-      *anchored_end = true;
-    }
-    end_ = end;
+  Result<int32_t> Run() {
+    end_ = cps_.size();
     auto e = ParseAlt(0);
     if (!e.ok()) return e.status();
     if (pos_ != end_) return Error("unbalanced ')'");
@@ -56,12 +47,6 @@ class RegexParser {
   }
 
  private:
-  // True when the backslash at i is itself escaped (an odd run of backslashes before it).
-  bool EscapedBackslash(size_t i) const {
-    size_t n = 0;
-    while (i > 0 && cps_[i - 1] == '\\') { --i; ++n; }
-    return n % 2 == 1;
-  }
   Status Error(const std::string& what) const {
     return InvalidArgument("regex: " + what + " at offset " + std::to_string(pos_));
   }
@@ -77,11 +62,28 @@ class RegexParser {
     return g_->Class(std::move(ranges), negated);
   }
 
+  // Any text, as a search's open end admits.
+  int32_t AnyText() {
+    Ranges all{{0, 0x10FFFF}};
+    return g_->Star(text_ == RegexText::kJsonString ? JsonStringChar(g_, all) : g_->Class(all));
+  }
+
   Result<int32_t> ParseAlt(int depth) {
     if (depth > limits_.max_nesting_depth) return Error("groups nested deeper than " + std::to_string(limits_.max_nesting_depth));
     std::vector<int32_t> alts;
     while (true) {
-      KVF_ASSIGN_OR_RETURN(int32_t seq, ParseSeq(depth));
+      // ^ and $ anchor a top-level alternative at its ends (^a$|^b$); elsewhere they are refused.
+      bool anchored_start = depth == 0 && More() && Peek() == '^';
+      if (anchored_start) ++pos_;
+      bool anchored_end = false;
+      KVF_ASSIGN_OR_RETURN(int32_t seq, ParseSeq(depth, &anchored_end));
+      if (depth == 0 && search_) {
+        std::vector<int32_t> parts;
+        if (!anchored_start) parts.push_back(AnyText());
+        parts.push_back(seq);
+        if (!anchored_end) parts.push_back(AnyText());
+        seq = g_->Seq(std::move(parts));
+      }
       alts.push_back(seq);
       if (More() && Peek() == '|') { ++pos_; continue; }
       break;
@@ -89,9 +91,14 @@ class RegexParser {
     return g_->Alt(std::move(alts));
   }
 
-  Result<int32_t> ParseSeq(int depth) {
+  Result<int32_t> ParseSeq(int depth, bool* anchored_end) {
     std::vector<int32_t> items;
     while (More() && Peek() != '|' && Peek() != ')') {
+      if (depth == 0 && Peek() == '$' && (pos_ + 1 == end_ || cps_[pos_ + 1] == '|')) {
+        ++pos_;
+        *anchored_end = true;
+        break;
+      }
       KVF_ASSIGN_OR_RETURN(int32_t atom, ParseAtom(depth));
       KVF_ASSIGN_OR_RETURN(atom, ParseQuantifiers(atom));
       items.push_back(atom);
@@ -174,7 +181,7 @@ class RegexParser {
             return Unsupported("group flag '(?" + std::string(1, static_cast<char>(k)) + "'");
           }
         }
-        KVF_ASSIGN_OR_RETURN(int32_t inner, ParseAlt(depth + 1));
+        KVF_ASSIGN_OR_RETURN(int32_t inner, ParseAlt(depth + 1));  // anchors inside are refused
         if (!More() || Peek() != ')') return Error("missing ')'");
         ++pos_;
         return inner;
@@ -290,6 +297,7 @@ class RegexParser {
 
   Grammar* g_;
   RegexText text_;
+  bool search_;
   const Limits& limits_;
   std::vector<uint32_t> cps_;
   size_t pos_ = 0;
@@ -299,41 +307,22 @@ class RegexParser {
 }  // namespace
 
 Result<int32_t> RegexToExpr(Grammar* g, std::string_view pattern, RegexText text, bool search, const Limits& limits) {
-  RegexParser parser(g, pattern, text, limits);
-  bool anchored_start, anchored_end;
-  KVF_ASSIGN_OR_RETURN(int32_t body, parser.Run(&anchored_start, &anchored_end));
-  if (!search) return body;
-  // JSON Schema patterns are not anchored: an open end matches any text around the match.
-  auto any = [&] {
-    Ranges all{{0, 0x10FFFF}};
-    return g->Star(text == RegexText::kJsonString ? JsonStringChar(g, all) : g->Class(all));
-  };
-  std::vector<int32_t> seq;
-  if (!anchored_start) seq.push_back(any());
-  seq.push_back(body);
-  if (!anchored_end) seq.push_back(any());
-  return g->Seq(std::move(seq));
+  return RegexParser(g, pattern, text, search, limits).Run();
 }
 
 int32_t JsonStringChar(Grammar* g, const std::vector<CodepointRange>& ranges) {
-  // Written as JSON serializers write them: raw, except '"', '\' and controls.
+  // Written as JSON serializers write them: raw, except '"' and '\' and the controls; at most
+  // four alternatives (raw, a short escape, \u000x, \u001x) keep the automaton small.
+  auto contains = [&](uint32_t cp) {
+    for (const auto& r : ranges) {
+      if (cp >= r.lo && cp <= r.hi) return true;
+    }
+    return false;
+  };
   std::vector<CodepointRange> raw;
-  std::vector<int32_t> alts;
   for (const auto& r : ranges) {
-    for (uint32_t lo = r.lo; lo <= r.hi;) {
-      if (lo < 0x20 || lo == '"' || lo == '\\') {
-        static const char* kShort[0x20] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                           "\\b", "\\t", "\\n", nullptr, "\\f", "\\r"};
-        std::string esc;
-        if (lo == '"') esc = "\\\"";
-        else if (lo == '\\') esc = "\\\\";
-        else if (kShort[lo]) esc = kShort[lo];
-        else {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", lo);
-          esc = buf;
-        }
-        alts.push_back(g->Bytes(esc));
+    for (uint32_t lo = std::max<uint32_t>(r.lo, 0x20); lo <= r.hi;) {
+      if (lo == '"' || lo == '\\') {
         ++lo;
         continue;
       }
@@ -341,11 +330,29 @@ int32_t JsonStringChar(Grammar* g, const std::vector<CodepointRange>& ranges) {
       if (lo < '"' && hi >= '"') hi = '"' - 1;
       else if (lo < '\\' && hi >= '\\') hi = '\\' - 1;
       raw.push_back({lo, hi});
-      if (hi == 0x10FFFF) break;
+      if (hi >= r.hi) break;
       lo = hi + 1;
     }
   }
-  if (!raw.empty()) alts.insert(alts.begin(), g->Class(std::move(raw)));
+  std::vector<int32_t> alts;
+  if (!raw.empty()) alts.push_back(g->Class(std::move(raw)));
+  const std::pair<uint32_t, char> kShort[] = {{'"', '"'}, {'\\', '\\'}, {'\b', 'b'}, {'\f', 'f'},
+                                              {'\n', 'n'}, {'\r', 'r'}, {'\t', 't'}};
+  std::vector<CodepointRange> shorts;
+  for (const auto& [cp, letter] : kShort) {
+    if (contains(cp)) shorts.push_back({static_cast<uint32_t>(letter), static_cast<uint32_t>(letter)});
+  }
+  if (!shorts.empty()) alts.push_back(g->Seq({g->Bytes("\\"), g->Class(std::move(shorts))}));
+  for (uint32_t high = 0; high < 2; ++high) {  // \u000x and \u001x, lowercase hex
+    std::vector<CodepointRange> digits;
+    for (uint32_t low = 0; low < 16; ++low) {
+      uint32_t cp = high * 16 + low;
+      if (cp == '\b' || cp == '\f' || cp == '\n' || cp == '\r' || cp == '\t' || !contains(cp)) continue;
+      uint32_t d = low < 10 ? '0' + low : 'a' + low - 10;
+      digits.push_back({d, d});
+    }
+    if (!digits.empty()) alts.push_back(g->Seq({g->Bytes(high ? "\\u001" : "\\u000"), g->Class(std::move(digits))}));
+  }
   if (alts.empty()) return g->Class({});
   return g->Alt(std::move(alts));
 }

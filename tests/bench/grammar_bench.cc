@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
   auto docs = Instances(&rng);
   std::vector<uint32_t> mask(BitmaskWords(vocab.size()));
   Stats cold, warm, plain, accept;
+  std::vector<std::pair<double, std::string>> slowest;  // warm: (us, the text before the position)
   size_t tokens = 0, allowed_sum = 0;
   // Pass 0 meets each state for the first time (its cache entry is filled then); pass 1
   // runs the same instances again, as later requests with the same schema do.
@@ -221,6 +222,7 @@ int main(int argc, char** argv) {
       auto ids = (*tok)->Encode(doc, {.add_special_tokens = false});
       if (!ids.ok()) return 1;
       Matcher m(*g), mp(g_plain);
+      std::string before;
       for (int32_t id : *ids) {
         auto a = Clock::now();
         m.FillNextTokenBitmask(mask);
@@ -242,6 +244,8 @@ int main(int argc, char** argv) {
         (pass == 0 ? cold : warm).us.push_back(std::chrono::duration<double, std::micro>(b - a).count());
         if (pass == 0) plain.us.push_back(std::chrono::duration<double, std::micro>(c - b).count());
         if (pass == 1) accept.us.push_back(std::chrono::duration<double, std::micro>(e - d).count());
+        if (pass == 1) slowest.push_back({std::chrono::duration<double, std::micro>(b - a).count(), before});
+        before += vocab.token(id);
         tokens += pass;
       }
       if (!m.CanTerminate()) {
@@ -257,5 +261,10 @@ int main(int argc, char** argv) {
   cold.Print("FillNextTokenBitmask (first sequences)");
   plain.Print("FillNextTokenBitmask (no cache)");
   accept.Print("AcceptToken");
+  std::sort(slowest.rbegin(), slowest.rend());
+  for (size_t i = 0; i < 3 && i < slowest.size(); ++i) {
+    const std::string& t = slowest[i].second;
+    std::printf("slowest filled mask %.0f us after ...%s\n", slowest[i].first, t.substr(t.size() > 40 ? t.size() - 40 : 0).c_str());
+  }
   return 0;
 }

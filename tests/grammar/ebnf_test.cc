@@ -88,6 +88,10 @@ TEST_CASE("a regex spec matches the whole text") {
   auto dot = MustCompile({Kind::kRegex, R"(a.c[^x]\s\S\D\W)"}, ByteVocab());
   CHECK(MatchBytes(dot, "a\xC3\xA9" "cy\ta!!"));
   CHECK_FALSE(MatchBytes(dot, "a\ncy\ta!!"));  // '.' excludes line terminators
+  auto alts = MustCompile({Kind::kRegex, R"(^ab$|^c$)"}, ByteVocab());
+  CHECK(MatchBytes(alts, "ab"));
+  CHECK(MatchBytes(alts, "c"));
+  CHECK_FALSE(MatchBytes(alts, "abc"));
   auto braces = MustCompile({Kind::kRegex, R"(x{a}|y{2}|\{)"}, ByteVocab());
   CHECK(MatchBytes(braces, "x{a}"));
   CHECK(MatchBytes(braces, "yy"));
@@ -100,6 +104,7 @@ TEST_CASE("unsupported regex features are named") {
   CHECK(ErrorOf({Kind::kRegex, R"((?<!a)b)"}).find("lookbehind") != std::string::npos);
   CHECK(ErrorOf({Kind::kRegex, R"(\bword)"}).find("word boundary") != std::string::npos);
   CHECK(ErrorOf({Kind::kRegex, R"(a^b)"}).find("anchor '^'") != std::string::npos);
+  CHECK(ErrorOf({Kind::kRegex, R"((a$)b)"}).find("anchor '$'") != std::string::npos);
   CHECK(ErrorOf({Kind::kRegex, R"(\p{L})"}).find("Unicode property") != std::string::npos);
   CHECK(ErrorOf({Kind::kRegex, R"((?i)abc)"}).find("group flag") != std::string::npos);
   CHECK(ErrorOf({Kind::kRegex, R"((ab)"}).find("missing ')'") != std::string::npos);

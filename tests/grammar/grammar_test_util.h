@@ -67,10 +67,12 @@ inline bool MatchTokens(const std::shared_ptr<const CompiledGrammar>& g, const V
   std::vector<int32_t> fits;
   while (pos < text.size()) {
     fits.clear();
-    for (size_t id = 0; id < vocab.size(); ++id) {
-      if (!vocab.is_usable(static_cast<int32_t>(id))) continue;
-      const std::string& tok = vocab.token(static_cast<int32_t>(id));
-      if (text.substr(pos, tok.size()) == tok) fits.push_back(static_cast<int32_t>(id));
+    auto first = vocab.first_byte_offsets();
+    auto b = static_cast<uint8_t>(text[pos]);
+    for (uint32_t r = first[b]; r < first[b + 1]; ++r) {  // the usable tokens starting with b
+      int32_t id = vocab.sorted_ids()[r];
+      const std::string& tok = vocab.token(id);
+      if (text.substr(pos, tok.size()) == tok) fits.push_back(id);
     }
     REQUIRE(!fits.empty());
     int32_t id = fits[std::uniform_int_distribution<size_t>(0, fits.size() - 1)(*rng)];
