@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "router/http/json_body.h"
+#include "router/http/request_fields.h"
 
 namespace kvfleet::router {
 
@@ -11,7 +13,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-Status Bad(std::string message) { return InvalidArgument("messages\x1f" + message); }
+Status Bad(std::string message) { return FieldError(std::move(message), "messages"); }
 
 std::string At(size_t i) { return "messages[" + std::to_string(i) + "]"; }
 

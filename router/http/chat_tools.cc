@@ -2,16 +2,14 @@
 
 #include <algorithm>
 
+#include "router/http/request_fields.h"
+
 namespace kvfleet::router {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-Status Bad(std::string message, std::string_view param) {
-  return InvalidArgument(std::string(param) + "\x1f" + message);
-}
 
 const ojson* FindFunction(const ojson& tools, std::string_view name) {
   for (const ojson& t : tools) {
@@ -37,18 +35,18 @@ bool IsValidToolName(std::string_view name) {
 
 Result<ojson> ValidateTools(const ojson& tools, std::string_view at, bool flat) {
   const std::string field(at);
-  if (!tools.is_array()) return Bad("'" + field + "' must be an array of function tools", field);
+  if (!tools.is_array()) return FieldError("'" + field + "' must be an array of function tools", field);
   if (tools.size() > config::kMaxTools) {
-    return Bad("'" + field + "' may hold at most " + std::to_string(config::kMaxTools) + " tools", field);
+    return FieldError("'" + field + "' may hold at most " + std::to_string(config::kMaxTools) + " tools", field);
   }
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& t = tools[i];
     const std::string path = field + "[" + std::to_string(i) + "]";
-    if (!t.is_object()) return Bad("'" + path + "' must be an object", path);
+    if (!t.is_object()) return FieldError("'" + path + "' must be an object", path);
     auto type = t.find("type");
     if (type == t.end() || *type != "function") {
-      return Bad("'" + path + ".type' must be \"function\" (kvfleet serves function tools only)", path + ".type");
+      return FieldError("'" + path + ".type' must be \"function\" (kvfleet serves function tools only)", path + ".type");
     }
     // The function's fields: the chat shape nests them, the Responses shape does not.
     ojson function = ojson::object();
@@ -59,28 +57,28 @@ Result<ojson> ValidateTools(const ojson& tools, std::string_view at, bool flat) 
       }
     } else {
       auto fn = t.find("function");
-      if (fn == t.end() || !fn->is_object()) return Bad("'" + fpath + "' must be an object", fpath);
+      if (fn == t.end() || !fn->is_object()) return FieldError("'" + fpath + "' must be an object", fpath);
       function = *fn;
     }
     auto name = function.find("name");
     if (name == function.end() || !name->is_string() || !IsValidToolName(name->get_ref<const std::string&>())) {
-      return Bad("'" + fpath + ".name' must be 1 to 64 letters, digits, underscores or dashes", fpath + ".name");
+      return FieldError("'" + fpath + ".name' must be 1 to 64 letters, digits, underscores or dashes", fpath + ".name");
     }
     if (auto d = function.find("description"); d != function.end() && !d->is_null() && !d->is_string()) {
-      return Bad("'" + fpath + ".description' must be a string", fpath + ".description");
+      return FieldError("'" + fpath + ".description' must be a string", fpath + ".description");
     }
     if (auto p = function.find("parameters"); p != function.end() && !p->is_null()) {
       auto ptype = p->is_object() ? p->find("type") : p->end();
       if (!p->is_object() || (ptype != p->end() && *ptype != "object")) {
-        return Bad("'" + fpath + ".parameters' must be a JSON Schema object (\"type\": \"object\")",
+        return FieldError("'" + fpath + ".parameters' must be a JSON Schema object (\"type\": \"object\")",
                    fpath + ".parameters");
       }
     }
     if (auto s = function.find("strict"); s != function.end() && !s->is_null() && !s->is_boolean()) {
-      return Bad("'" + fpath + ".strict' must be a boolean", fpath + ".strict");
+      return FieldError("'" + fpath + ".strict' must be a boolean", fpath + ".strict");
     }
     for (const ojson& seen : out) {
-      if (seen["function"]["name"] == *name) return Bad("two tools are named '" + name->get<std::string>() + "'", fpath + ".name");
+      if (seen["function"]["name"] == *name) return FieldError("two tools are named '" + name->get<std::string>() + "'", fpath + ".name");
     }
     out.push_back(flat ? ojson{{"type", "function"}, {"function", std::move(function)}} : t);
   }
@@ -99,27 +97,27 @@ Status ParseChatTools(const json& body, const ojson* ordered_tools, ChatTools* o
       if (c == "none") out->choice = ToolChoice::kNone;
       else if (c == "auto") out->choice = out->tools ? ToolChoice::kAuto : ToolChoice::kNone;
       else if (c == "required") out->choice = ToolChoice::kRequired;
-      else return Bad("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function", "tool_choice");
+      else return FieldError("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function", "tool_choice");
     } else if (choice->is_object()) {
       auto fn = choice->find("function");
       if (choice->value("type", "") != "function" || fn == choice->end() || !fn->is_object() ||
           !fn->contains("name") || !(*fn)["name"].is_string()) {
-        return Bad("'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
+        return FieldError("'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
       }
       out->choice = ToolChoice::kNamed;
       out->named = (*fn)["name"].get<std::string>();
     } else {
-      return Bad("'tool_choice' must be a string or an object", "tool_choice");
+      return FieldError("'tool_choice' must be a string or an object", "tool_choice");
     }
     if (out->choice == ToolChoice::kRequired || out->choice == ToolChoice::kNamed) {
-      if (!out->tools) return Bad("'tool_choice' forces a call but the request has no 'tools'", "tool_choice");
+      if (!out->tools) return FieldError("'tool_choice' forces a call but the request has no 'tools'", "tool_choice");
       if (out->choice == ToolChoice::kNamed && FindFunction(*out->tools, out->named) == nullptr) {
-        return Bad("'tool_choice' names '" + out->named + "', which is not in 'tools'", "tool_choice");
+        return FieldError("'tool_choice' names '" + out->named + "', which is not in 'tools'", "tool_choice");
       }
     }
   }
   if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
-    if (!p->is_boolean()) return Bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    if (!p->is_boolean()) return FieldError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
     out->parallel = p->get<bool>();
   }
   return Status::Ok();

@@ -9,6 +9,7 @@
 
 #include "router/http/chat_messages.h"
 #include "router/http/json_body.h"
+#include "router/http/request_fields.h"
 #include "router/http/structured_output.h"
 
 namespace kvfleet::router {
@@ -17,21 +18,17 @@ using nlohmann::json;
 
 namespace {
 
-Status Bad(std::string message, std::string_view param) {
-  return InvalidArgument(std::string(param) + "\x1f" + message);
-}
-
 // Reads an optional number field into *out; null counts as absent.
 template <typename T>
 Status ReadNumber(const json& j, const char* name, T* out, double lo, double hi, bool integer) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return Status::Ok();
   if (!it->is_number() || (integer && !it->is_number_integer())) {
-    return Bad(std::string("'") + name + "' must be " + (integer ? "an integer" : "a number"), name);
+    return FieldError(std::string("'") + name + "' must be " + (integer ? "an integer" : "a number"), name);
   }
   double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
-    return Bad(std::string("'") + name + "' must be between " + NumberText(lo) + " and " + NumberText(hi), name);
+    return FieldError(std::string("'") + name + "' must be between " + NumberText(lo) + " and " + NumberText(hi), name);
   }
   *out = static_cast<T>(integer ? static_cast<double>(it->get<int64_t>()) : v);
   if constexpr (std::is_integral_v<T>) {
@@ -52,7 +49,7 @@ float ToFloat(const json& v) {
 Status ReadFloat(const json& j, const char* name, float* out) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_number()) return Bad(std::string("'") + name + "' must be a number", name);
+  if (!it->is_number()) return FieldError(std::string("'") + name + "' must be a number", name);
   *out = ToFloat(*it);
   return Status::Ok();
 }
@@ -60,7 +57,7 @@ Status ReadFloat(const json& j, const char* name, float* out) {
 Status ReadBool(const json& j, const char* name, bool* out) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_boolean()) return Bad(std::string("'") + name + "' must be a boolean", name);
+  if (!it->is_boolean()) return FieldError(std::string("'") + name + "' must be a boolean", name);
   *out = it->get<bool>();
   return Status::Ok();
 }
@@ -68,19 +65,19 @@ Status ReadBool(const json& j, const char* name, bool* out) {
 Status ReadString(const json& j, const char* name, std::string* out) {
   auto it = j.find(name);
   if (it == j.end() || it->is_null()) return Status::Ok();
-  if (!it->is_string()) return Bad(std::string("'") + name + "' must be a string", name);
+  if (!it->is_string()) return FieldError(std::string("'") + name + "' must be a string", name);
   *out = it->get<std::string>();
   return Status::Ok();
 }
 
 Status ParseRetention(const json& j, Retention* out) {
   if (j.is_null()) return Status::Ok();
-  if (!j.is_object()) return Bad("'kv_retention' must be an object", "kv_retention");
+  if (!j.is_object()) return FieldError("'kv_retention' must be an object", "kv_retention");
   if (auto it = j.find("token_ranges"); it != j.end() && !it->is_null()) {
-    if (!it->is_array()) return Bad("'kv_retention.token_ranges' must be an array", "kv_retention");
-    if (it->size() > 64) return Bad("'kv_retention.token_ranges' has more than 64 ranges", "kv_retention");
+    if (!it->is_array()) return FieldError("'kv_retention.token_ranges' must be an array", "kv_retention");
+    if (it->size() > 64) return FieldError("'kv_retention.token_ranges' has more than 64 ranges", "kv_retention");
     for (const json& r : *it) {
-      if (!r.is_object()) return Bad("each token range must be an object", "kv_retention");
+      if (!r.is_object()) return FieldError("each token range must be an object", "kv_retention");
       RetentionRange range;
       uint32_t start = 0;
       KVF_RETURN_IF_ERROR(ReadNumber(r, "start", &start, 0, 4294967295.0, true));
@@ -88,7 +85,7 @@ Status ParseRetention(const json& j, Retention* out) {
       if (r.contains("end") && !r["end"].is_null()) {
         uint32_t end = 0;
         KVF_RETURN_IF_ERROR(ReadNumber(r, "end", &end, 0, 4294967295.0, true));
-        if (end <= start) return Bad("a token range's end must be after its start", "kv_retention");
+        if (end <= start) return FieldError("a token range's end must be after its start", "kv_retention");
         range.end = end;
       }
       int priority = kv::kDefaultPriority;
@@ -145,16 +142,16 @@ Status ParseLogitControls(const json& j, CompletionRequest* r) {
   KVF_RETURN_IF_ERROR(ReadFloat(j, "repetition_penalty", &s.repetition_penalty));
   KVF_RETURN_IF_ERROR(ReadFloat(j, "min_p", &s.min_p));
   if (auto bias = j.find("logit_bias"); bias != j.end() && !bias->is_null()) {
-    if (!bias->is_object()) return Bad("'logit_bias' must be an object of token id -> bias", "logit_bias");
+    if (!bias->is_object()) return FieldError("'logit_bias' must be an object of token id -> bias", "logit_bias");
     for (const auto& [key, value] : bias->items()) {
       char* end = nullptr;
       const unsigned long long id = std::strtoull(key.c_str(), &end, 10);
       if (key.empty() || *end != '\0' || key[0] == '-' || key[0] == '+' || id > 0xffffffffull) {
-        return Bad("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
+        return FieldError("'logit_bias' keys must be token ids, got '" + key + "'", "logit_bias");
       }
       if (!value.is_number()) {
         const std::string bound = NumberText(sampling::config::kMaxLogitBiasValue);
-        return Bad("'logit_bias' values must be numbers between -" + bound + " and " + bound + " (token " + key + ")",
+        return FieldError("'logit_bias' values must be numbers between -" + bound + " and " + bound + " (token " + key + ")",
                    "logit_bias");
       }
       s.logit_bias.emplace_back(static_cast<TokenId>(id), ToFloat(value));
@@ -166,15 +163,15 @@ Status ParseLogitControls(const json& j, CompletionRequest* r) {
     KVF_RETURN_IF_ERROR(ReadBool(j, "logprobs", &want));
     int32_t top = -1;
     KVF_RETURN_IF_ERROR(ReadNumber(j, "top_logprobs", &top, 0, max_lp, true));
-    if (top >= 0 && !want) return Bad("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    if (top >= 0 && !want) return FieldError("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
     if (want) s.logprobs = std::max(top, 0);
   } else {
     if (auto lp = j.find("logprobs"); lp != j.end() && lp->is_boolean()) {
-      return Bad("'logprobs' must be an integer 0.." + std::to_string(max_lp) + " on /v1/completions", "logprobs");
+      return FieldError("'logprobs' must be an integer 0.." + std::to_string(max_lp) + " on /v1/completions", "logprobs");
     }
     KVF_RETURN_IF_ERROR(ReadNumber(j, "logprobs", &s.logprobs, 0, max_lp, true));
     if (auto top = j.find("top_logprobs"); top != j.end() && !top->is_null()) {
-      return Bad("'top_logprobs' is a chat field; /v1/completions takes 'logprobs' 0.." + std::to_string(max_lp),
+      return FieldError("'top_logprobs' is a chat field; /v1/completions takes 'logprobs' 0.." + std::to_string(max_lp),
                  "top_logprobs");
     }
   }
@@ -184,12 +181,12 @@ Status ParseLogitControls(const json& j, CompletionRequest* r) {
 // A completions prompt given as JSON values (a token-id prompt the body's parser did not take).
 Status ParsePrompt(json& j, CompletionRequest* r) {
   auto prompt = j.find("prompt");
-  if (prompt == j.end() || prompt->is_null()) return Bad("'prompt' is required", "prompt");
+  if (prompt == j.end() || prompt->is_null()) return FieldError("'prompt' is required", "prompt");
   if (prompt->is_string()) {
     r->prompt_text = std::move(prompt->get_ref<std::string&>());  // 8K-token prompts: no copy
     return Status::Ok();
   }
-  if (!prompt->is_array()) return Bad("'prompt' must be a string or an array of token ids", "prompt");
+  if (!prompt->is_array()) return FieldError("'prompt' must be a string or an array of token ids", "prompt");
   // A list of token ids; a list of one string or one id-list is that prompt (n=1).
   json* p = &*prompt;
   if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
@@ -197,14 +194,14 @@ Status ParsePrompt(json& j, CompletionRequest* r) {
     r->prompt_text = p->get<std::string>();
     return Status::Ok();
   }
-  if (p->empty()) return Bad("'prompt' must not be empty", "prompt");
+  if (p->empty()) return FieldError("'prompt' must not be empty", "prompt");
   // Out of the json first: a plain vector frees 8K numbers far faster than
   // nlohmann's array destructor, which moves each one onto a stack.
   json::array_t ids = std::move(p->get_ref<json::array_t&>());
   r->prompt_tokens.reserve(ids.size());
   for (const json& t : ids) {
     if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
-      return Bad("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+      return FieldError("'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
     }
     r->prompt_tokens.push_back(static_cast<TokenId>(t.get<uint64_t>()));
   }
@@ -219,17 +216,17 @@ Status ParseStop(const json& j, const RequestLimits& limits, std::vector<std::st
     out->push_back(stop->get<std::string>());
   } else if (stop->is_array()) {
     for (const json& s : *stop) {
-      if (!s.is_string()) return Bad("'stop' must be a string or an array of strings", "stop");
+      if (!s.is_string()) return FieldError("'stop' must be a string or an array of strings", "stop");
       out->push_back(s.get<std::string>());
     }
   } else {
-    return Bad("'stop' must be a string or an array of strings", "stop");
+    return FieldError("'stop' must be a string or an array of strings", "stop");
   }
   if (out->size() > limits.max_stop_strings) {
-    return Bad("'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings", "stop");
+    return FieldError("'stop' may hold at most " + std::to_string(limits.max_stop_strings) + " strings", "stop");
   }
   for (const auto& s : *out) {
-    if (s.empty() || s.size() > limits.max_stop_bytes) return Bad("each stop string must be 1 to 256 bytes", "stop");
+    if (s.empty() || s.size() > limits.max_stop_bytes) return FieldError("each stop string must be 1 to 256 bytes", "stop");
   }
   return Status::Ok();
 }
@@ -250,15 +247,15 @@ Status ParseSampling(const json& j, const char* max_name, const RequestLimits& l
   KVF_RETURN_IF_ERROR(ReadNumber(j, "top_k", &top_k, -1, sampling::config::kMaxTopK, true));
   sampling.top_k = static_cast<int32_t>(std::max<int64_t>(top_k, 0));  // -1 (vLLM): off
   if (auto seed = j.find("seed"); seed != j.end() && !seed->is_null()) {
-    if (!seed->is_number_integer()) return Bad("'seed' must be an integer", "seed");
+    if (!seed->is_number_integer()) return FieldError("'seed' must be an integer", "seed");
     sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
   }
   KVF_RETURN_IF_ERROR(ParseStop(j, limits, &r->stop));
   if (auto ids = j.find("stop_token_ids"); ids != j.end() && !ids->is_null()) {
-    if (!ids->is_array()) return Bad("'stop_token_ids' must be an array of token ids", "stop_token_ids");
+    if (!ids->is_array()) return FieldError("'stop_token_ids' must be an array of token ids", "stop_token_ids");
     for (const json& t : *ids) {
       if (!t.is_number_unsigned() || t.get<uint64_t>() > 0xffffffffull) {
-        return Bad("'stop_token_ids' must be an array of non-negative integer token ids", "stop_token_ids");
+        return FieldError("'stop_token_ids' must be an array of non-negative integer token ids", "stop_token_ids");
       }
       sampling.stop_token_ids.push_back(static_cast<TokenId>(t.get<uint64_t>()));
     }
@@ -269,7 +266,7 @@ Status ParseSampling(const json& j, const char* max_name, const RequestLimits& l
     // best_of > n ranks candidates by their log probability and returns the n best; kvfleet
     // returns every sequence it samples, so it honours best_of only where that is all of them.
     if (!best_of->is_number_integer() || best_of->get<int64_t>() != static_cast<int64_t>(sampling.n)) {
-      return Bad("'best_of' must equal 'n' (" + std::to_string(sampling.n) +
+      return FieldError("'best_of' must equal 'n' (" + std::to_string(sampling.n) +
                      "): kvfleet returns every sequence it samples and does not rank them",
                  "best_of");
     }
@@ -277,7 +274,7 @@ Status ParseSampling(const json& j, const char* max_name, const RequestLimits& l
   KVF_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", &sampling.ignore_eos));
   std::string field;
   const Status bounds = ValidateSampling(sampling, &field);
-  return bounds.ok() ? bounds : Bad(bounds.message(), field);
+  return bounds.ok() ? bounds : FieldError(bounds.message(), field);
 }
 
 // A choice's "logprobs": completions' four parallel arrays, or chat's content list.
@@ -333,7 +330,7 @@ Status ParseOrderedFields(const json& j, std::string_view body, const RequestLim
   nlohmann::ordered_json ordered;
   if (tools || structured) {
     auto all = ParseOrderedJson(body);
-    if (!all.ok() || !all->is_object()) return Bad(std::string(kJsonInvalid), "");
+    if (!all.ok() || !all->is_object()) return FieldError(std::string(kJsonInvalid), "");
     ordered = std::move(all).value();
   }
   if (r->chat) {
@@ -344,7 +341,7 @@ Status ParseOrderedFields(const json& j, std::string_view body, const RequestLim
   if (structured) KVF_RETURN_IF_ERROR(ParseStructuredOutput(ordered, &r->sampling.structured, &field));
   if (r->tools.forced()) {
     if (r->sampling.structured.kind != StructuredOutput::Kind::kNone) {
-      return Bad("'" + field + "' and a forced tool call ('tool_choice') cannot both constrain the answer", field);
+      return FieldError("'" + field + "' and a forced tool call ('tool_choice') cannot both constrain the answer", field);
     }
     field = "tool_choice";
     r->sampling.structured = {StructuredOutput::Kind::kJsonSchema, ForcedCallSchema(r->tools)};
@@ -393,18 +390,18 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   Result<json> parsed =
       chat ? ParseJsonBody(body, OrderedMember{"messages", &r.messages, &messages_taken})
            : ParseJsonBody(body, TokenIdMember{"prompt", &r.prompt_tokens, &prompt_taken});
-  if (!parsed.ok()) return Bad(parsed.status().message(), "");
+  if (!parsed.ok()) return FieldError(parsed.status().message(), "");
   json& j = *parsed;
-  if (!j.is_object()) return Bad("the body must be a JSON object", "");
+  if (!j.is_object()) return FieldError("the body must be a JSON object", "");
   KVF_RETURN_IF_ERROR(ApplyFieldRule(j, chat, limits.fields, &r.chat_template));
   auto model = j.find("model");
   if (model == j.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
-    return Bad("'model' is required and must be a non-empty string", "model");
+    return FieldError("'model' is required and must be a non-empty string", "model");
   }
   r.model = model->get<std::string>();
   if (chat) {
     // Parsed once, in order (OrderedMember): the codec renders this value.
-    if (!messages_taken) return Bad("'messages' is required", "messages");
+    if (!messages_taken) return FieldError("'messages' is required", "messages");
     KVF_RETURN_IF_ERROR(NormalizeChatMessages(&r.messages));
   } else if (!prompt_taken) {
     KVF_RETURN_IF_ERROR(ParsePrompt(j, &r));
@@ -415,24 +412,24 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, bool cha
   // tools and functions are refused by the field rule above; suffix is a parsed field.
   if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) &&
                                   !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
-    return Bad("'suffix' is not supported", "suffix");
+    return FieldError("'suffix' is not supported", "suffix");
   }
   KVF_RETURN_IF_ERROR(ReadBool(j, "stream", &r.stream));
   KVF_RETURN_IF_ERROR(ReadBool(j, "echo", &r.echo));  // completions only (the field rule)
   r.sampling.prompt_logprobs = r.echo && r.sampling.logprobs >= 0;
-  if (r.max_tokens == 0u && !r.echo) return Bad("'" + std::string(max_name) + "' must be >= 1 (0 only with echo)", max_name);
+  if (r.max_tokens == 0u && !r.echo) return FieldError("'" + std::string(max_name) + "' must be >= 1 (0 only with echo)", max_name);
   if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
-    if (!so->is_object()) return Bad("'stream_options' must be an object", "stream_options");
-    if (!r.stream) return Bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    if (!so->is_object()) return FieldError("'stream_options' must be an object", "stream_options");
+    if (!r.stream) return FieldError("'stream_options' is only allowed when 'stream' is true", "stream_options");
     KVF_RETURN_IF_ERROR(ReadBool(*so, "include_usage", &r.include_usage));
   }
   KVF_RETURN_IF_ERROR(ReadString(j, "user", &r.user));
   KVF_RETURN_IF_ERROR(ReadString(j, "cache_salt", &r.cache_salt));
   if (auto kr = j.find("kv_retention"); kr != j.end()) KVF_RETURN_IF_ERROR(ParseRetention(*kr, &r.retention));
   if (auto routing = j.find("routing"); routing != j.end() && !routing->is_null()) {
-    if (!routing->is_string()) return Bad("'routing' must be a string", "routing");
+    if (!routing->is_string()) return FieldError("'routing' must be a string", "routing");
     auto p = ParsePolicy(routing->get<std::string>());
-    if (!p.ok()) return Bad(p.status().message(), "routing");
+    if (!p.ok()) return FieldError(p.status().message(), "routing");
     r.routing = *p;
   }
   return r;

@@ -103,9 +103,6 @@ constexpr std::array kStreamOptions = {
     RequestField{"include_obfuscation", kBothFields, kOpenAi, kRefused, "[false]"},
 };
 
-Status Bad(std::string message, std::string_view param) {
-  return InvalidArgument(std::string(param) + "\x1f" + message);
-}
 
 // Variables the chat template gets from their own fields; kwargs may not replace them.
 constexpr std::array<std::string_view, 3> kReservedTemplateVariables = {"messages", "add_generation_prompt", "tools"};
@@ -134,10 +131,10 @@ Status CheckObject(const json& object, std::span<const RequestField> rows, bool 
     const RequestField* f = Find(rows, it.key(), chat);
     if (f == nullptr) {
       if (Find(rows, it.key(), !chat) != nullptr) {
-        return Bad("'" + name + "' is not a field of " + (chat ? "/v1/chat/completions" : "/v1/completions"), name);
+        return FieldError("'" + name + "' is not a field of " + (chat ? "/v1/chat/completions" : "/v1/completions"), name);
       }
       if (!rule.allow_unknown) {
-        return Bad("Unrecognized request argument supplied: " + name +
+        return FieldError("Unrecognized request argument supplied: " + name +
                        " (the router admits unknown fields with --allow-unknown-fields)",
                    name);
       }
@@ -149,7 +146,7 @@ Status CheckObject(const json& object, std::span<const RequestField> rows, bool 
       for (const json& a : json::parse(f->admitted.empty() ? std::string_view("[]") : f->admitted)) {
         accepted += (accepted.empty() ? "" : " or ") + a.dump();
       }
-      return Bad("'" + name + "' is not supported" + (accepted.empty() ? "" : " (accepted: " + accepted + ")"), name);
+      return FieldError("'" + name + "' is not supported" + (accepted.empty() ? "" : " (accepted: " + accepted + ")"), name);
     }
   }
   return Status::Ok();
@@ -158,12 +155,16 @@ Status CheckObject(const json& object, std::span<const RequestField> rows, bool 
 Status ReadTemplateBool(const json& body, const char* name, bool* out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return Status::Ok();
-  if (!it->is_boolean()) return Bad(std::string("'") + name + "' must be a boolean", name);
+  if (!it->is_boolean()) return FieldError(std::string("'") + name + "' must be a boolean", name);
   *out = it->get<bool>();
   return Status::Ok();
 }
 
 }  // namespace
+
+Status FieldError(std::string message, std::string_view param) {
+  return InvalidArgument(std::string(param) + "\x1f" + message);
+}
 
 std::span<const RequestField> RequestFields() { return kFields; }
 
@@ -179,14 +180,14 @@ Status ApplyFieldRule(const json& body, bool chat, const FieldRule& rule, ChatTe
   KVF_RETURN_IF_ERROR(ReadTemplateBool(body, "continue_final_message", &chat_template->continue_final_message));
   if (chat_template->continue_final_message && chat_template->add_generation_prompt &&
       body.contains("add_generation_prompt") && !body["add_generation_prompt"].is_null()) {
-    return Bad("'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message");
+    return FieldError("'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message");
   }
   if (chat_template->continue_final_message) chat_template->add_generation_prompt = false;
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
-    if (!kw->is_object()) return Bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (!kw->is_object()) return FieldError("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     for (std::string_view reserved : kReservedTemplateVariables) {
       if (kw->contains(reserved)) {
-        return Bad("'chat_template_kwargs' may not set '" + std::string(reserved) + "' (it has its own field)",
+        return FieldError("'chat_template_kwargs' may not set '" + std::string(reserved) + "' (it has its own field)",
                    "chat_template_kwargs");
       }
     }

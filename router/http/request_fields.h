@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
@@ -48,6 +49,10 @@ struct RequestField {
 };
 
 // Every row, in the order docs/DESIGN.md lists them.
+// A field's error in ParseCompletionRequest's form: InvalidArgument "param\x1fmessage",
+// which the API answers as a 400 naming `param`.
+Status FieldError(std::string message, std::string_view param);
+
 std::span<const RequestField> RequestFields();
 // The row of `name` on that endpoint; nullptr: unknown there.
 const RequestField* FindRequestField(std::string_view name, bool chat);

@@ -6,6 +6,7 @@
 #include "router/http/chat_messages.h"
 #include "router/http/chat_tools.h"
 #include "router/http/json_body.h"
+#include "router/http/request_fields.h"
 
 namespace kvfleet::router {
 
@@ -13,10 +14,6 @@ using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-Status Bad(std::string message, std::string_view param) {
-  return InvalidArgument(std::string(param) + "\x1f" + message);
-}
 
 // The Responses fields and what becomes of each.
 constexpr std::array<std::string_view, 14> kServed = {
@@ -40,15 +37,15 @@ Status ItemText(const ojson& content, const std::string& at, std::string* out) {
     *out = content.get<std::string>();
     return Status::Ok();
   }
-  if (!content.is_array()) return Bad("'" + at + ".content' must be a string or an array of text parts", "input");
+  if (!content.is_array()) return FieldError("'" + at + ".content' must be a string or an array of text parts", "input");
   for (size_t j = 0; j < content.size(); ++j) {
     const ojson& part = content[j];
     const std::string path = at + ".content[" + std::to_string(j) + "]";
     const std::string type = part.is_object() ? part.value("type", std::string()) : std::string();
     if (type != "input_text" && type != "output_text") {
-      return Bad("'" + path + "': content part type '" + type + "' is not supported (kvfleet serves text only)", "input");
+      return FieldError("'" + path + "': content part type '" + type + "' is not supported (kvfleet serves text only)", "input");
     }
-    if (!part.contains("text") || !part["text"].is_string()) return Bad("'" + path + ".text' must be a string", "input");
+    if (!part.contains("text") || !part["text"].is_string()) return FieldError("'" + path + ".text' must be a string", "input");
     if (j > 0) *out += '\n';
     *out += part["text"].get<std::string>();
   }
@@ -57,32 +54,32 @@ Status ItemText(const ojson& content, const std::string& at, std::string* out) {
 
 Status InputMessages(const ojson& body, ojson* messages) {
   if (auto ins = body.find("instructions"); ins != body.end() && !ins->is_null()) {
-    if (!ins->is_string()) return Bad("'instructions' must be a string", "instructions");
+    if (!ins->is_string()) return FieldError("'instructions' must be a string", "instructions");
     messages->push_back({{"role", "system"}, {"content", *ins}});
   }
   auto input = body.find("input");
-  if (input == body.end() || input->is_null()) return Bad("'input' is required", "input");
+  if (input == body.end() || input->is_null()) return FieldError("'input' is required", "input");
   if (input->is_string()) {
     messages->push_back({{"role", "user"}, {"content", *input}});
     return Status::Ok();
   }
-  if (!input->is_array()) return Bad("'input' must be a string or an array of items", "input");
+  if (!input->is_array()) return FieldError("'input' must be a string or an array of items", "input");
   for (size_t i = 0; i < input->size(); ++i) {
     const ojson& item = (*input)[i];
     const std::string at = "input[" + std::to_string(i) + "]";
-    if (!item.is_object()) return Bad("'" + at + "' must be an object", "input");
+    if (!item.is_object()) return FieldError("'" + at + "' must be an object", "input");
     const std::string type = item.value("type", item.contains("role") ? std::string("message") : std::string());
     if (type == "message") {
       const std::string role = item.value("role", std::string());
       if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
-        return Bad("'" + at + ".role' must be user, system, developer or assistant", "input");
+        return FieldError("'" + at + ".role' must be user, system, developer or assistant", "input");
       }
       std::string text;
       KVF_RETURN_IF_ERROR(ItemText(item.contains("content") ? item["content"] : ojson(), at, &text));
       messages->push_back({{"role", role}, {"content", std::move(text)}});
     } else if (type == "function_call") {
       for (const char* f : {"call_id", "name", "arguments"}) {
-        if (!item.contains(f) || !item[f].is_string()) return Bad("'" + at + "." + f + "' must be a string", "input");
+        if (!item.contains(f) || !item[f].is_string()) return FieldError("'" + at + "." + f + "' must be a string", "input");
       }
       // Calls of one turn join one assistant message, as the chat shape carries them.
       if (messages->empty() || messages->back()["role"] != "assistant" || !messages->back().contains("tool_calls")) {
@@ -91,18 +88,18 @@ Status InputMessages(const ojson& body, ojson* messages) {
       messages->back()["tool_calls"].push_back(
           {{"id", item["call_id"]}, {"type", "function"}, {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
     } else if (type == "function_call_output") {
-      if (!item.contains("call_id") || !item["call_id"].is_string()) return Bad("'" + at + ".call_id' must be a string", "input");
+      if (!item.contains("call_id") || !item["call_id"].is_string()) return FieldError("'" + at + ".call_id' must be a string", "input");
       std::string output;
       KVF_RETURN_IF_ERROR(ItemText(item.contains("output") ? item["output"] : ojson(), at, &output));
       messages->push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", std::move(output)}});
     } else if (type == "reasoning") {
       continue;  // not rendered: templates drop earlier turns' reasoning
     } else {
-      return Bad("'" + at + "': item type '" + type + "' is not supported (message, function_call, "
+      return FieldError("'" + at + "': item type '" + type + "' is not supported (message, function_call, "
                  "function_call_output, reasoning)", "input");
     }
   }
-  if (messages->empty()) return Bad("'input' holds no message", "input");
+  if (messages->empty()) return FieldError("'input' holds no message", "input");
   return Status::Ok();
 }
 
@@ -118,16 +115,16 @@ Status ChatBody(const ojson& body, ojson* chat) {
                          k == "safety_identifier";
     if (std::find(kIgnorable.begin(), kIgnorable.end(), k) != kIgnorable.end() && nothing) continue;
     if (k == "previous_response_id" || k == "conversation") {
-      return Bad("'" + k + "' is not supported: kvfleet keeps no responses (stateless); send the whole "
+      return FieldError("'" + k + "' is not supported: kvfleet keeps no responses (stateless); send the whole "
                  "conversation as input items",
                  k);
     }
-    return Bad("'" + k + "' is not supported by kvfleet's /v1/responses", k);
+    return FieldError("'" + k + "' is not supported by kvfleet's /v1/responses", k);
   }
   if (auto store = body.find("store"); store != body.end() && !store->is_null()) {
-    if (!store->is_boolean()) return Bad("'store' must be a boolean", "store");
+    if (!store->is_boolean()) return FieldError("'store' must be a boolean", "store");
     if (store->get<bool>()) {
-      return Bad("'store': true is not supported: kvfleet keeps no responses (stateless); send store: false or "
+      return FieldError("'store': true is not supported: kvfleet keeps no responses (stateless); send store: false or "
                  "leave it out",
                  "store");
     }
@@ -153,14 +150,14 @@ Status ChatBody(const ojson& body, ojson* chat) {
     if (auto v = body.find(from); v != body.end() && !v->is_null()) (*chat)[to] = *v;
   }
   if (auto text = body.find("text"); text != body.end() && !text->is_null()) {
-    if (!text->is_object()) return Bad("'text' must be an object", "text");
+    if (!text->is_object()) return FieldError("'text' must be an object", "text");
     for (auto it = text->begin(); it != text->end(); ++it) {
       if (it.key() != "format" && !(it.key() == "verbosity" && (it.value().is_null() || it.value() == "medium"))) {
-        return Bad("'text." + it.key() + "' is not supported", "text." + it.key());
+        return FieldError("'text." + it.key() + "' is not supported", "text." + it.key());
       }
     }
     if (auto format = text->find("format"); format != text->end() && !format->is_null()) {
-      if (!format->is_object()) return Bad("'text.format' must be an object", "text.format");
+      if (!format->is_object()) return FieldError("'text.format' must be an object", "text.format");
       if (format->value("type", "") == "json_schema") {
         ojson js = ojson::object();
         for (const char* f : {"name", "schema", "strict", "description"}) {
@@ -173,7 +170,7 @@ Status ChatBody(const ojson& body, ojson* chat) {
     }
   }
   if (auto m = body.find("metadata"); m != body.end() && !m->is_null() && !m->is_object()) {
-    return Bad("'metadata' must be an object", "metadata");
+    return FieldError("'metadata' must be an object", "metadata");
   }
   return Status::Ok();
 }
@@ -379,14 +376,14 @@ std::shared_ptr<AnswerWriter> NewResponsesWriter(std::shared_ptr<AnswerWriter> o
 
 Result<ResponsesRequest> ParseResponsesRequest(std::string_view body, const RequestLimits& limits) {
   auto parsed = ParseOrderedJson(body);
-  if (!parsed.ok()) return Bad(parsed.status().message(), "");
+  if (!parsed.ok()) return FieldError(parsed.status().message(), "");
   const ojson& j = *parsed;
-  if (!j.is_object()) return Bad("the body must be a JSON object", "");
+  if (!j.is_object()) return FieldError("the body must be a JSON object", "");
   ResponsesRequest out;
   ojson chat = ojson::object();
   KVF_RETURN_IF_ERROR(ChatBody(j, &chat));
   if (auto s = j.find("stream"); s != j.end() && !s->is_null()) {
-    if (!s->is_boolean()) return Bad("'stream' must be a boolean", "stream");
+    if (!s->is_boolean()) return FieldError("'stream' must be a boolean", "stream");
     out.stream = s->get<bool>();
   }
   // The chat stream carries usage, which response.completed reports.
@@ -395,7 +392,7 @@ Result<ResponsesRequest> ParseResponsesRequest(std::string_view body, const Requ
   auto r = ParseCompletionRequest(chat.dump(), /*chat=*/true, limits);
   if (!r.ok()) {
     ApiError e = ErrorFromStatus(r.status());
-    return Bad(e.message, ResponsesParam(e.param));
+    return FieldError(e.message, ResponsesParam(e.param));
   }
   out.chat = std::move(r).value();
   out.echo = {{"instructions", j.contains("instructions") ? j["instructions"] : ojson()},

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "router/http/chat_messages.h"
+#include "router/http/request_fields.h"
 
 namespace kvfleet::router {
 
@@ -15,33 +16,29 @@ namespace {
 constexpr std::array<const char*, 6> kFields = {"response_format", "guided_json",   "guided_regex",
                                                 "guided_choice",   "guided_grammar", "structured_outputs"};
 
-Status Bad(std::string message, std::string_view param) {
-  return InvalidArgument(std::string(param) + "\x1f" + message);
-}
-
 // A JSON schema given as an object, or as its JSON text (guided_json's older form).
 Status Schema(const ojson& v, const std::string& at, StructuredOutput* out) {
   ojson schema = v;
   if (v.is_string()) {
     auto parsed = ParseOrderedJson(v.get_ref<const std::string&>());
-    if (!parsed.ok()) return Bad("'" + at + "' is not valid JSON", at);
+    if (!parsed.ok()) return FieldError("'" + at + "' is not valid JSON", at);
     schema = std::move(parsed).value();
   }
-  if (!schema.is_object()) return Bad("'" + at + "' must be a JSON Schema object", at);
+  if (!schema.is_object()) return FieldError("'" + at + "' must be a JSON Schema object", at);
   *out = {Kind::kJsonSchema, schema.dump()};
   return Status::Ok();
 }
 
 Status Text(const ojson& v, const std::string& at, Kind kind, StructuredOutput* out) {
-  if (!v.is_string() || v.get_ref<const std::string&>().empty()) return Bad("'" + at + "' must be a non-empty string", at);
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) return FieldError("'" + at + "' must be a non-empty string", at);
   *out = {kind, v.get<std::string>()};
   return Status::Ok();
 }
 
 Status Choice(const ojson& v, const std::string& at, StructuredOutput* out) {
-  if (!v.is_array() || v.empty()) return Bad("'" + at + "' must be a non-empty array of strings", at);
+  if (!v.is_array() || v.empty()) return FieldError("'" + at + "' must be a non-empty array of strings", at);
   for (const ojson& c : v) {
-    if (!c.is_string()) return Bad("'" + at + "' must be a non-empty array of strings", at);
+    if (!c.is_string()) return FieldError("'" + at + "' must be a non-empty array of strings", at);
   }
   *out = {Kind::kChoice, v.dump()};
   return Status::Ok();
@@ -49,41 +46,41 @@ Status Choice(const ojson& v, const std::string& at, StructuredOutput* out) {
 
 Status ResponseFormat(const ojson& v, StructuredOutput* out) {
   const std::string at = "response_format";
-  if (!v.is_object()) return Bad("'response_format' must be an object", at);
+  if (!v.is_object()) return FieldError("'response_format' must be an object", at);
   auto type = v.find("type");
-  if (type == v.end() || !type->is_string()) return Bad("'response_format.type' must be a string", at + ".type");
+  if (type == v.end() || !type->is_string()) return FieldError("'response_format.type' must be a string", at + ".type");
   if (*type == "text") return Status::Ok();
   if (*type == "json_object") {
     *out = {Kind::kJsonObject, ""};
     return Status::Ok();
   }
   if (*type != "json_schema") {
-    return Bad("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", at + ".type");
+    return FieldError("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", at + ".type");
   }
   auto js = v.find("json_schema");
-  if (js == v.end() || !js->is_object()) return Bad("'response_format.json_schema' must be an object", at + ".json_schema");
+  if (js == v.end() || !js->is_object()) return FieldError("'response_format.json_schema' must be an object", at + ".json_schema");
   if (auto name = js->find("name"); name == js->end() || !name->is_string()) {
-    return Bad("'response_format.json_schema.name' must be a string", at + ".json_schema.name");
+    return FieldError("'response_format.json_schema.name' must be a string", at + ".json_schema.name");
   }
   if (auto strict = js->find("strict"); strict != js->end() && !strict->is_null() && !strict->is_boolean()) {
-    return Bad("'response_format.json_schema.strict' must be a boolean", at + ".json_schema.strict");
+    return FieldError("'response_format.json_schema.strict' must be a boolean", at + ".json_schema.strict");
   }
   auto schema = js->find("schema");
-  if (schema == js->end()) return Bad("'response_format.json_schema.schema' is required", at + ".json_schema.schema");
+  if (schema == js->end()) return FieldError("'response_format.json_schema.schema' is required", at + ".json_schema.schema");
   if (!schema->is_object()) {
-    return Bad("'response_format.json_schema.schema' must be a JSON Schema object", at + ".json_schema.schema");
+    return FieldError("'response_format.json_schema.schema' must be a JSON Schema object", at + ".json_schema.schema");
   }
   *out = {Kind::kJsonSchema, schema->dump()};
   return Status::Ok();
 }
 
 Status StructuredOutputs(const ojson& v, StructuredOutput* out, std::string* field) {
-  if (!v.is_object()) return Bad("'structured_outputs' must be an object", "structured_outputs");
+  if (!v.is_object()) return FieldError("'structured_outputs' must be an object", "structured_outputs");
   bool seen = false;
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (it.value().is_null()) continue;
     const std::string at = "structured_outputs." + it.key();
-    if (seen) return Bad("'structured_outputs' may hold one constraint; '" + at + "' is another", at);
+    if (seen) return FieldError("'structured_outputs' may hold one constraint; '" + at + "' is another", at);
     seen = true;
     *field = at;
     if (it.key() == "json") KVF_RETURN_IF_ERROR(Schema(it.value(), at, out));
@@ -91,10 +88,10 @@ Status StructuredOutputs(const ojson& v, StructuredOutput* out, std::string* fie
     else if (it.key() == "choice") KVF_RETURN_IF_ERROR(Choice(it.value(), at, out));
     else if (it.key() == "grammar") KVF_RETURN_IF_ERROR(Text(it.value(), at, Kind::kEbnf, out));
     else if (it.key() == "json_object") {
-      if (!it.value().is_boolean()) return Bad("'" + at + "' must be a boolean", at);
+      if (!it.value().is_boolean()) return FieldError("'" + at + "' must be a boolean", at);
       if (it.value().get<bool>()) *out = {Kind::kJsonObject, ""};
     } else {
-      return Bad("'" + at + "' is not supported (json, regex, choice, grammar or json_object)", at);
+      return FieldError("'" + at + "' is not supported (json, regex, choice, grammar or json_object)", at);
     }
   }
   return Status::Ok();
@@ -124,9 +121,9 @@ Status ParseStructuredOutput(const ojson& body, StructuredOutput* out, std::stri
     else if (name == "guided_grammar") KVF_RETURN_IF_ERROR(Text(*it, name, Kind::kEbnf, &one));
     else KVF_RETURN_IF_ERROR(StructuredOutputs(*it, &one, &at));
     if (one.kind == Kind::kNone) continue;
-    if (out->kind != Kind::kNone) return Bad("a request may carry one constraint; '" + at + "' is a second", at);
+    if (out->kind != Kind::kNone) return FieldError("a request may carry one constraint; '" + at + "' is a second", at);
     if (one.spec.size() > sampling::config::kMaxStructuredSpecBytes) {
-      return Bad("'" + at + "' must be at most " + std::to_string(sampling::config::kMaxStructuredSpecBytes) + " bytes",
+      return FieldError("'" + at + "' must be at most " + std::to_string(sampling::config::kMaxStructuredSpecBytes) + " bytes",
                  at);
     }
     *out = std::move(one);
@@ -152,7 +149,7 @@ grammar::Spec GrammarSpecOf(const StructuredOutput& s) {
 Status ValidateStructuredOutput(const StructuredOutput& s, const std::string& field) {
   if (s.kind == Kind::kNone) return Status::Ok();
   Status st = grammar::Validate(GrammarSpecOf(s));
-  if (!st.ok()) return Bad("'" + field + "': " + st.message(), field);
+  if (!st.ok()) return FieldError("'" + field + "': " + st.message(), field);
   return Status::Ok();
 }
 
