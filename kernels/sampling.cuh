@@ -191,6 +191,14 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
     }
     __syncthreads();  // the block's global writes are visible to its threads after the barrier
   }
+  if (p.allowed_rows != nullptr && p.allowed_rows[seq] != 0) {  // 1b. constrained decoding
+    const uint32_t* bits = p.allowed + static_cast<int64_t>(seq) * p.allowed_words;
+    __syncthreads();  // every pass of step 0 has read the raw row
+    for (int32_t v = threadIdx.x; v < p.vocab; v += kThreads) {
+      if (!((bits[v >> 5] >> (v & 31)) & 1u)) row[v] = -INFINITY;
+    }
+    __syncthreads();
+  }
   // Better() is a total order (value, then lowest index), so any visiting order gives the
   // same argmax. 16-byte loads, several in flight: a 128K-row pass is ~31 loads per thread
   // instead of ~125 dependent ones (the greedy step is this pass alone).

@@ -6,7 +6,9 @@
 //      vLLM's default): the logsumexp and the logprobs[s] largest entries (descending, lowest
 //      index on ties) go out; the sampled token's raw logprob once it is drawn.
 //   1. The row's LogitAdjusts (sampling_common.h: logit_bias, repetition, frequency and
-//      presence penalties, built on the host) replace the logits of their tokens, in place.
+//      presence penalties, built on the host) replace the logits of their tokens, in place;
+//      then, for a row with an allowed-token bitmask (constrained decoding), every token whose
+//      bit is clear becomes -inf, in place. Logprobs (step 0) stay those of the raw row.
 //   2. temperature[s] <= 0 or top_k[s] == 1: greedy (argmax, lowest index on ties).
 //   3. otherwise, in vLLM's order: divide by temperature; top-k keeps every logit >= the k-th
 //      largest (ties kept; k <= 0 or k >= vocab: off) and min_p every logit >=
@@ -41,6 +43,11 @@ struct SamplingParams {
   const int32_t* adjust_begin = nullptr;  // [num_seqs + 1]; null: none
   const LogitAdjust* adjust = nullptr;    // [entries]
   float* adjust_raw = nullptr;            // [entries] scratch: the raw logits they replace
+  // Allowed tokens (grammar::Matcher's bitmask: bit id % 32 of word id / 32, at least one set)
+  // of the rows whose allowed_rows[s] != 0: allowed[s * allowed_words ..]. Null: none.
+  const int32_t* allowed_rows = nullptr;  // [num_seqs]
+  const uint32_t* allowed = nullptr;      // [num_seqs][allowed_words]
+  int32_t allowed_words = 0;              // >= ceil(vocab / 32)
   // Logprobs (step 0); null: none for all.
   const int32_t* logprobs = nullptr;   // [num_seqs]: -1 none, else 0..kMaxTopLogprobs top entries
   float* token_logprob = nullptr;      // [num_seqs] out: the sampled token's raw logprob

@@ -18,9 +18,10 @@ struct SamplingRow {
   uint64_t step = 0;
   float min_p = 0;        // 0: off
   std::vector<LogitAdjust> adjust = {};  // distinct tokens
+  std::vector<uint32_t> allowed = {};    // the allowed-token bitmask; empty: every token
 };
 
-// The row after its adjustments (step 1 of sampling.h).
+// The row after its adjustments and its allowed-token mask (step 1 of sampling.h).
 std::vector<float> AdjustedRowRef(const float* logits, int32_t vocab, const SamplingRow& row);
 
 // Probabilities of the surviving tokens (zero elsewhere), after the adjustments, temperature,

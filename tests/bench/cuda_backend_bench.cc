@@ -4,10 +4,14 @@
 //   cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1]
 //                      [--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]]
 //                      [--loras K1,K2,... [--lora-rank R] [--lora-ablation]] [--tensor-parallel N]
+//                      [--masked]
 //
 //   --set KEY=VALUE     a BackendOptions::extra setting (e.g. gemv_max_rows=0, cuda_graphs=0),
 //                       to measure one change against the default in the same run
 //   --only-batch1       only the batch-1 decode (no large batches, no prefill)
+//   --masked            each decode also with every sequence constrained (a token bitmask
+//                       allowing every other token: its upload and the sampling kernel's
+//                       masking pass), and the difference in step time
 //   --kv-cache-dtype    the KV cache's element type (fp8: e4m3, half the KV bytes per token)
 //   --decode-ctx N      context of the large-batch decodes (default 2048; 8192 for b64@8K)
 //   --batches B,...     their batch sizes (default 32,64,128)
@@ -165,7 +169,9 @@ struct Decode {
 
 // `batch` sequences decoding from position ctx - 1 for `steps` timed steps (3 warm-up).
 // Sequence s uses LoRA slot s % loras (loras == 0: none).
-Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int loras = 0) {
+// A nonzero `allowed_bits` constrains every sequence with that word repeated as its bitmask.
+Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int loras = 0, uint32_t allowed_bits = 0) {
+  const std::vector<uint32_t> allowed(allowed_bits != 0 ? (b.config().vocab_size + 31) / 32 : 0, allowed_bits);
   const int B = b.block_size();
   const int total = 3 + steps;
   const int nblocks = (ctx + total + B - 1) / B;
@@ -188,6 +194,7 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int lo
       q.block_tables = {tables[s]};
       q.sample = true;
       q.lora_slot = loras > 0 ? s % loras : -1;
+      q.token_bitmask = allowed;
     }
     Status st = b.Execute(step, &out);
     if (!st.ok()) {
@@ -198,6 +205,13 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int lo
   }
   const double s = Since(t0);
   return {s / steps, static_cast<double>(batch) * steps / s};
+}
+
+// --masked: the same decode with every sequence constrained, beside the step time just measured.
+void MaskedComparison(backend::ModelBackend& b, int batch, int ctx, int steps, double step_s) {
+  const Decode m = RunDecode(b, batch, ctx, steps, 0, 0x55555555u);
+  std::printf("  constrained (a bitmask per sequence): %.3f ms/step, %+.1f%% against unconstrained\n", m.step_s * 1e3,
+              100.0 * (m.step_s / step_s - 1.0));
 }
 
 // --tensor-parallel: where the collectives' time goes in the decode just measured (step_s).
@@ -370,7 +384,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: cuda_backend_bench --model DIR [--steps N] [--set KEY=VALUE]... [--only-batch1] "
       "[--kv-cache-dtype auto|bf16|fp8] [--decode-ctx N] [--batches B[,B...]] [--loras K1,K2,... [--lora-rank R] [--lora-ablation]] "
-      "[--tensor-parallel N]\n";
+      "[--tensor-parallel N] [--masked]\n";
   int tensor_parallel = 1;
   std::vector<int> lora_counts;
   int lora_rank = 16;
@@ -378,6 +392,7 @@ int main(int argc, char** argv) {
   std::string model;
   int steps = 20;
   bool only_batch1 = false;
+  bool masked = false;  // --masked
   int decode_ctx = 2048;
   std::vector<int> batches = {32, 64, 128};
   backend::KvCacheDtype kv_dtype = backend::KvCacheDtype::kAuto;
@@ -409,6 +424,8 @@ int main(int argc, char** argv) {
         lora_counts.push_back(static_cast<int>(k));
         p = *end == ',' ? end + 1 : end;
       }
+    } else if (!std::strcmp(argv[i], "--masked")) {
+      masked = true;
     } else if (!std::strcmp(argv[i], "--lora-ablation")) {
       lora_ablation = true;
     } else if (!std::strcmp(argv[i], "--lora-rank") && i + 1 < argc) {
@@ -504,6 +521,7 @@ int main(int argc, char** argv) {
     std::printf("decode batch 1 @ %d context: %.3f ms/step, %.1f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n", ctx,
                 d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9, 100.0 * bytes / d.step_s * 1e-9 / copy);
     TensorParallelBreakdown(b, 1, ctx, steps, d.step_s);
+    if (masked) MaskedComparison(b, 1, ctx, steps, d.step_s);
   }
   if (!lora_counts.empty()) return RunLoraComparison(b, lora_counts, lora_rank, steps, lora_ablation);
   if (only_batch1) return 0;
@@ -521,6 +539,7 @@ int main(int argc, char** argv) {
                 batch, ctx, d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9,
                 100.0 * bytes / d.step_s * 1e-9 / copy);
     TensorParallelBreakdown(b, batch, ctx, steps, d.step_s);
+    if (masked) MaskedComparison(b, batch, ctx, steps, d.step_s);
   }
   {
     const int total = kPrefillTokens, chunk = kPrefillChunk;

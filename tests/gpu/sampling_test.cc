@@ -127,7 +127,14 @@ FullOut SampleFull(const std::vector<float>& logits, int vocab, const std::vecto
   std::vector<int32_t> top_k(n), begin(n + 1, 0);
   std::vector<uint64_t> seed(n), step(n);
   std::vector<LogitAdjust> adjust;
+  const int32_t words = (vocab + 31) / 32;
+  std::vector<int32_t> masked(n, 0);
+  std::vector<uint32_t> allowed(size_t(n) * words, 0);
   for (int i = 0; i < n; ++i) {
+    if (!rows[i].allowed.empty()) {
+      masked[i] = 1;
+      std::copy(rows[i].allowed.begin(), rows[i].allowed.end(), allowed.begin() + size_t(i) * words);
+    }
     temp[i] = rows[i].temperature;
     top_k[i] = rows[i].top_k;
     top_p[i] = rows[i].top_p;
@@ -143,9 +150,14 @@ FullOut SampleFull(const std::vector<float>& logits, int vocab, const std::vecto
   DeviceBuffer<LogitAdjust> da(std::max<size_t>(adjust.size(), 1));
   if (!adjust.empty()) da.Upload(adjust);
   DeviceBuffer<float> dtl(n), dtv(size_t(n) * kMaxTopLogprobs);
+  DeviceBuffer<int32_t> dmasked(masked);
+  DeviceBuffer<uint32_t> dallowed(allowed);
   dout.Poison();
   dtl.Poison();
   SamplingParams p{dl.get(), dt.get(), dk.get(), dp.get(), ds.get(), dstep.get(), dout.get(), n, vocab};
+  p.allowed_rows = dmasked.get();
+  p.allowed = dallowed.get();
+  p.allowed_words = words;
   p.min_p = dm.get();
   p.adjust_begin = db.get();
   p.adjust = da.get();
@@ -158,6 +170,21 @@ FullOut SampleFull(const std::vector<float>& logits, int vocab, const std::vecto
   KVF_CUDA_OK(cudaDeviceSynchronize());
   return {dout.Download(), dtt.Download(), dtl.Download(), dtv.Download()};
 }
+
+// A constrained-decoding bitmask: one token, a few, or about half the vocabulary.
+std::vector<uint32_t> RandomAllowed(int vocab, std::mt19937& rng) {
+  std::vector<uint32_t> bits((vocab + 31) / 32, 0);
+  std::uniform_int_distribution<int> token(0, vocab - 1), kind(0, 2);
+  const int k = kind(rng);
+  const int n = k == 0 ? 1 : k == 1 ? 20 : vocab / 2;
+  for (int i = 0; i < n; ++i) {
+    const int t = token(rng);
+    bits[t / 32] |= 1u << (t % 32);
+  }
+  return bits;
+}
+
+bool Allowed(const std::vector<uint32_t>& bits, int32_t t) { return bits.empty() || (bits[t / 32] >> (t % 32) & 1u); }
 
 // Distinct random tokens with random adjustments: logit_bias (some +-100), repetition, counts.
 std::vector<LogitAdjust> RandomAdjust(int vocab, int n, std::mt19937& rng) {
@@ -179,7 +206,7 @@ std::vector<LogitAdjust> RandomAdjust(int vocab, int n, std::mt19937& rng) {
   return out;
 }
 
-TEST_CASE("random per-sequence adjustments, min_p and logprobs share one launch and match the reference") {
+TEST_CASE("random per-sequence adjustments, allowed-token masks, min_p and logprobs share one launch and match the reference") {
   std::mt19937 rng(23);
   for (int vocab : {1000, 1001, 32000, 128256}) {
     std::vector<SamplingRow> rows;
@@ -194,6 +221,7 @@ TEST_CASE("random per-sequence adjustments, min_p and logprobs share one launch 
       r.top_p = pick(rng) < 30 ? 0.9f : 1.f;
       r.min_p = pick(rng) < 40 ? 0.05f : 0.f;
       r.adjust = RandomAdjust(vocab, pick(rng) < 30 ? 0 : 1 + pick(rng) * 3, rng);
+      if (pick(rng) < 40) r.allowed = RandomAllowed(vocab, rng);
       rows.push_back(r);
       logprobs.push_back(pick(rng) % 22 - 1);  // -1 .. 20
     }
@@ -209,6 +237,7 @@ TEST_CASE("random per-sequence adjustments, min_p and logprobs share one launch 
       const int32_t t = out.tokens[i];
       REQUIRE(t >= 0);
       REQUIRE(t < vocab);
+      CHECK(Allowed(rows[i].allowed, t));
       CHECK(SamplingDistributionRef(raw, vocab, rows[i])[t] > 0);
       same += t == SampleRef(raw, vocab, rows[i]);
       if (logprobs[i] < 0) continue;

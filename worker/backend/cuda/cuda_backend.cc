@@ -16,6 +16,7 @@
 
 #include "common/block_hash.h"
 #include "common/log.h"
+#include "grammar/grammar.h"
 #include "kernels/gemv.h"
 #include "kernels/kernel_image.h"
 #include "kernels/launch.h"
@@ -301,9 +302,9 @@ Status CudaBackend::AllocateBuffers() {
   const size_t rope_rows = kernels::RopeDependsOnLength(rope_) ? S * static_cast<size_t>(c.head_dim / 2) : 0;
   staging_bytes_ = (5 * T + max_pools * T + max_pools * S * max_blocks + 2 * S + 1) * sizeof(int32_t) +
                    S * (2 * sizeof(float) + sizeof(int32_t) + 2 * sizeof(uint64_t)) + rope_rows * sizeof(float) +
-                   // min_p, logprobs [S]; adjust_begin [S + 1]; prompt-logprob targets [T]; head rows
-                   // past T (a non-final chunk's last row in parts A and B) [S]
-                   (2 * S + S + 1 + T + S) * sizeof(int32_t) + (17 + 4 * max_pools + 4) * config::kStagingAlign +
+                   // min_p, logprobs, allowed_rows [S]; adjust_begin [S + 1]; prompt-logprob
+                   // targets [T]; head rows past T (a non-final chunk's last row in parts A and B) [S]
+                   (3 * S + S + 1 + T + S) * sizeof(int32_t) + (18 + 4 * max_pools + 4) * config::kStagingAlign +
                    // LoRA row groups: rows, tile_begin and tile_slot, [T] each at most (+ 1)
                    (options_.max_loras > 0 ? (3 * T + 1) * sizeof(int32_t) + 3 * config::kStagingAlign : 0);
   void* h = nullptr;
@@ -327,6 +328,13 @@ Status CudaBackend::AllocateBuffers() {
   lp_token_host_ = static_cast<float*>(h);
   lp_top_tok_host_ = reinterpret_cast<int32_t*>(lp_token_host_ + lp_rows);
   lp_top_val_host_ = lp_token_host_ + lp_rows + lp_top;
+  // Constrained decoding's bitmasks, a row per part A row (at most max_batch_size).
+  allowed_words_ = static_cast<int32_t>(grammar::BitmaskWords(V));
+  const size_t allowed = S * static_cast<size_t>(allowed_words_);
+  KVF_ASSIGN_OR_RETURN(allowed_dev_, DeviceAlloc<uint32_t>(allowed));
+  KVF_CUDA_RETURN(cudaHostAlloc(&h, allowed * sizeof(uint32_t), cudaHostAllocDefault));
+  host_allocations_.push_back(h);
+  allowed_host_ = static_cast<uint32_t*>(h);
   return Status::Ok();
 }
 

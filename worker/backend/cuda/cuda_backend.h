@@ -13,7 +13,8 @@
 //   otherwise; StreamingLLM pools always through the decode kernel, one query row per
 //   token) → O GEMM → RMSNorm + residual → gate/up GEMM → SiLU·mul → down GEMM]
 //   → final RMSNorm → gather the rows that need logits → LM head GEMM (fp32 out)
-//   → sampling kernel → copy the tokens (and requested logits) back.
+//   → sampling kernel (constrained rows: their allowed-token bitmasks, uploaded beside the
+//   metadata) → copy the tokens (and requested logits) back.
 //   On the gemv (few token rows, 5), RoPE + K/V store, the post-attention RMSNorm and
 //   SiLU·mul run inside the QKV and gate/up products; the kernels launch with PDL (6).
 //
@@ -170,6 +171,7 @@ class CudaBackend final : public ModelBackendBase {
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return rank_copier_ != nullptr ? *rank_copier_ : *copier_; }
   int32_t max_loras() const override { return options_.max_loras; }
+  bool applies_token_bitmask() const override { return true; }
   // (7) REQUIRES: no step in flight (Execute has returned).
   Status LoadLora(int32_t slot, const model::LoraAdapter& adapter) override;
   // KV transfer (Contract 4, cuda_kv_transfer.cc): whole bf16 blocks through the pinned
@@ -297,6 +299,11 @@ class CudaBackend final : public ModelBackendBase {
     // staging buffer, the entries (adjust_scratch_) uploaded to adjust_dev_ by UploadMeta.
     const int32_t* adjust_begin = nullptr;
     int32_t adjust_entries = 0;
+    // Constrained decoding: allowed_rows [part A] in the staging buffer (1: row a samples among
+    // allowed_dev_[a]); the first allowed_upload rows of allowed_host_ go up with the metadata.
+    // Graphed steps hold the same pointers, so constrained decode steps run as graphs too.
+    const int32_t* allowed_rows = nullptr;
+    int32_t allowed_upload = 0;
     // Prompt logprobs: part B rows whose next prompt token's logprob is asked for.
     std::vector<int32_t> part_b_target;  // host: [part B] the token, -1: none (logits only)
     std::vector<uint8_t> part_b_logits;  // host: [part B] 1: its logits go out (kAll)
@@ -458,6 +465,10 @@ class CudaBackend final : public ModelBackendBase {
   kernels::LogitAdjust* adjust_dev_ = nullptr;   // [adjust_capacity_]
   float* adjust_raw_dev_ = nullptr;              // [adjust_capacity_] the kernel's scratch
   size_t adjust_capacity_ = 0;
+  // Allowed-token bitmasks of a step's part A rows, [max_batch_size][allowed_words_].
+  uint32_t* allowed_host_ = nullptr;  // pinned
+  uint32_t* allowed_dev_ = nullptr;
+  int32_t allowed_words_ = 0;
 
   // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
   bool use_graphs_ = true;

@@ -148,6 +148,8 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
   auto [minp_h, minp_d] = pack.Take<float>(na);
   auto [lpn_h, lpn_d] = pack.Take<int32_t>(na);
   auto [tgt_h, tgt_d] = pack.Take<int32_t>(nb);
+  auto [allow_h, allow_d] = pack.Take<int32_t>(na);
+  m.allowed_rows = allow_d;
   m.min_p = minp_d;
   m.logprobs = lpn_d;
   m.part_b_target_dev = tgt_d;
@@ -216,6 +218,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
       ctr_h[a] = 0;
       minp_h[a] = 0.0f;
       lpn_h[a] = -1;
+      allow_h[a] = 0;
       continue;
     }
     const SequenceStep& st = batch.seqs[part_a_seq[a]];
@@ -228,6 +231,12 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     ctr_h[a] = st.rng_counter;
     minp_h[a] = sample ? sp.min_p : 0.0f;
     lpn_h[a] = sample ? sp.logprobs : -1;
+    allow_h[a] = sample && !st.token_bitmask.empty() ? 1 : 0;
+    if (allow_h[a] != 0) {  // Validate checked its length: BitmaskWords(vocab) == allowed_words_
+      std::copy(st.token_bitmask.begin(), st.token_bitmask.end(),
+                allowed_host_ + static_cast<size_t>(a) * static_cast<size_t>(allowed_words_));
+      m.allowed_upload = a + 1;
+    }
     m.want_logprobs = m.want_logprobs || lpn_h[a] >= 0;
   }
   // Logit adjustments of the sampled rows (penalties, logit_bias); none in a graphed step.
@@ -270,6 +279,10 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
 
 Status CudaBackend::UploadMeta(const StepMeta& m) {
   KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, m.staging_used, cudaMemcpyHostToDevice, stream_));
+  if (m.allowed_upload > 0) {
+    const size_t bytes = static_cast<size_t>(m.allowed_upload) * static_cast<size_t>(allowed_words_) * sizeof(uint32_t);
+    KVF_CUDA_RETURN(cudaMemcpyAsync(allowed_dev_, allowed_host_, bytes, cudaMemcpyHostToDevice, stream_));
+  }
   if (m.adjust_entries > 0) {
     const size_t n = static_cast<size_t>(m.adjust_entries);
     KVF_RETURN_IF_ERROR(ReserveAdjust(n));

@@ -88,6 +88,9 @@ Status CudaBackend::Sample(const StepMeta& m) {
     sp.num_seqs = na;
     sp.vocab = static_cast<int32_t>(config_.vocab_size);
     sp.min_p = m.min_p;
+    sp.allowed_rows = m.allowed_rows;
+    sp.allowed = allowed_dev_;
+    sp.allowed_words = allowed_words_;
     if (m.adjust_entries > 0) {
       sp.adjust_begin = m.adjust_begin;
       sp.adjust = adjust_dev_;
