@@ -75,7 +75,7 @@ Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const V
   return std::shared_ptr<const CompiledGrammar>(std::make_shared<CompiledGrammar>(std::move(a), vocab, limits));
 }
 
-void WarmTokenCache(const CompiledGrammar& grammar) { grammar.WarmTokenCache(); }
+void WarmTokenCache(const CompiledGrammar& grammar, const std::atomic<bool>* stop) { grammar.WarmTokenCache(stop); }
 size_t MemoryBytes(const CompiledGrammar& grammar) { return grammar.memory_bytes(); }
 
 Status Validate(const Spec& spec, const Limits& limits) { return BuildAutomaton(spec, limits).status(); }
@@ -103,9 +103,10 @@ const CompiledGrammar::StateTokens& CompiledGrammar::tokens(int32_t state) const
   return state_tokens_[state];
 }
 
-void CompiledGrammar::WarmTokenCache() const {
+void CompiledGrammar::WarmTokenCache(const std::atomic<bool>* stop) const {
   if (!token_cache()) return;
   for (size_t s = 0; s < automaton_.num_states(); ++s) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) return;
     if (automaton_.has_bytes(static_cast<int32_t>(s))) tokens(static_cast<int32_t>(s));
   }
 }

@@ -46,8 +46,9 @@ class CompiledGrammar {
   const StateTokens& tokens(int32_t state) const;
   // The automaton and the cache entries computed so far.
   size_t memory_bytes() const;
-  // Computes every state's entry now (benchmarks; a server lets generation pay lazily).
-  void WarmTokenCache() const;
+  // Computes every state's entry now (benchmarks, and a server's background thread); stops
+  // between states once *stop is true.
+  void WarmTokenCache(const std::atomic<bool>* stop = nullptr) const;
 
  private:
   StateTokens ComputeTokens(int32_t state) const;

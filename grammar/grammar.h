@@ -19,6 +19,7 @@
 // thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -103,8 +104,8 @@ Result<std::shared_ptr<const CompiledGrammar>> Compile(const Spec& spec, const V
                                                        const Limits& limits = {});
 // Fills every state's token cache entry now, instead of at each state's first mask: for a
 // background thread after Compile (matchers may run meanwhile). Seconds on a 128K vocabulary
-// for a large schema.
-void WarmTokenCache(const CompiledGrammar& grammar);
+// for a large schema; returns between two states once *stop is true.
+void WarmTokenCache(const CompiledGrammar& grammar, const std::atomic<bool>* stop = nullptr);
 // The compiled grammar's memory: its automaton and the cache entries filled so far.
 size_t MemoryBytes(const CompiledGrammar& grammar);
 

@@ -1,5 +1,7 @@
 #include "worker/engine/structured_output.h"
 
+#include <algorithm>
+
 namespace kvfleet::engine {
 
 grammar::Spec SpecOf(const StructuredOutput& s) {
@@ -16,8 +18,34 @@ grammar::Spec SpecOf(const StructuredOutput& s) {
   return spec;
 }
 
-StructuredOutputs::StructuredOutputs(grammar::Vocabulary vocabulary, size_t cache_capacity)
-    : vocabulary_(std::move(vocabulary)), cache_(cache_capacity) {}
+StructuredOutputs::StructuredOutputs(grammar::Vocabulary vocabulary, size_t cache_capacity, bool warm)
+    : vocabulary_(std::move(vocabulary)), cache_(cache_capacity) {
+  if (warm) warmer_ = std::thread([this] { WarmLoop(); });
+}
+
+StructuredOutputs::~StructuredOutputs() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true, std::memory_order_relaxed);
+  }
+  cv_.notify_all();
+  if (warmer_.joinable()) warmer_.join();
+}
+
+void StructuredOutputs::WarmLoop() {
+  for (;;) {
+    std::shared_ptr<const grammar::CompiledGrammar> g;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_.load(std::memory_order_relaxed) || !to_warm_.empty(); });
+      if (stop_.load(std::memory_order_relaxed)) return;
+      g = std::move(to_warm_.front());
+      to_warm_.pop_front();
+    }
+    grammar::WarmTokenCache(*g, &stop_);
+    if (!stop_.load(std::memory_order_relaxed)) warmed_.fetch_add(1, std::memory_order_release);
+  }
+}
 
 Status StructuredOutputs::Prepare(GenerateRequest* request) {
   const StructuredOutput& s = request->sampling.structured;
@@ -27,6 +55,14 @@ Status StructuredOutputs::Prepare(GenerateRequest* request) {
     return InvalidArgument("response_format (structured output): " + std::string(compiled.status().message()));
   }
   request->grammar = *std::move(compiled);
+  if (warmer_.joinable()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool queued = std::find(to_warm_.begin(), to_warm_.end(), request->grammar) != to_warm_.end();
+    if (!queued && to_warm_.size() < kMaxWarmQueue) {
+      to_warm_.push_back(request->grammar);
+      cv_.notify_one();
+    }
+  }
   return Status::Ok();
 }
 

@@ -3,10 +3,12 @@
 // recomputed, or served from the reuse tree.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <regex>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -489,6 +491,25 @@ TEST_CASE("constrained decoding: every output of a JSON schema parses and matche
     CheckOrder(two.texts[i]);
   }
   CHECK(so.cache().hits() >= 3);  // one compile for the lot
+}
+
+TEST_CASE("constrained decoding: a prepared grammar's token cache fills in the background, beside generation") {
+  CpuEngine e(256, 256, 8);
+  StructuredOutputs so(ByteVocabulary(static_cast<size_t>(e.backend->config().vocab_size)));
+  CheckOrder(RunConstrained(e, so, StructuredOutput::Kind::kJsonSchema, kOrderSchema, 1, 900, 5).texts[0]);
+  for (int i = 0; i < 6000 && so.grammars_warmed() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(so.grammars_warmed() >= 1);
+  // Every state's entry is filled: as much as a grammar warmed here, more than one generation
+  // alone fills (a cold compile that only generated would hold fewer).
+  GenerateRequest r;
+  r.sampling.structured = {StructuredOutput::Kind::kJsonSchema, kOrderSchema};
+  REQUIRE(so.Prepare(&r).ok());
+  auto full = grammar::Compile(SpecOf(r.sampling.structured), so.vocabulary());
+  REQUIRE(full.ok());
+  const size_t cold = grammar::MemoryBytes(**full);
+  grammar::WarmTokenCache(**full);
+  CHECK(grammar::MemoryBytes(**full) > cold);
+  CHECK(grammar::MemoryBytes(*r.grammar) == grammar::MemoryBytes(**full));
 }
 
 TEST_CASE("constrained decoding: a choice, a regex and any JSON object") {
