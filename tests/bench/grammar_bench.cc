@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
   auto g_full = *Compile(spec, vocab);
   g_full->WarmTokenCache();
   double warm_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  std::printf("every state's token cache at once: %.0f ms, %.1f MiB (a server fills it lazily, per state reached)\n",
+  std::printf("every state's token cache at once: %.0f ms, %.1f MiB (a worker's background thread, after compiling)\n",
               warm_ms, g_full->memory_bytes() / 1048576.0);
 
   std::mt19937 rng(1);
