@@ -25,24 +25,15 @@
 #include "grammar/compiled.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/bench/bench_files.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace kvfleet::grammar;
 
-std::string CacheRoot() {
-  if (const char* c = std::getenv("KVFLEET_CACHE"); c && *c) return c;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/tmp") + "/.cache/kvfleet";
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kvfleet::bench::CacheRoot;
+using kvfleet::bench::ReadAll;
 
 void PinToOneCore() {
   cpu_set_t set;

@@ -39,25 +39,9 @@ namespace {
 
 using gputest::DeviceBuffer;
 
-// Median milliseconds of one call of fn over reps, after warm-up calls.
+// Median milliseconds of one call of fn over reps, after warm-up calls (gpu_test_util.h).
 double TimeMs(const std::function<void()>& fn, int reps = 20, int warmup = 3) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t a, b;
-  KVF_CUDA_OK(cudaEventCreate(&a));
-  KVF_CUDA_OK(cudaEventCreate(&b));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    KVF_CUDA_OK(cudaEventRecord(a));
-    fn();
-    KVF_CUDA_OK(cudaEventRecord(b));
-    KVF_CUDA_OK(cudaEventSynchronize(b));
-    KVF_CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  KVF_CUDA_OK(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2];
+  return gputest::MedianCallMs(fn, reps, warmup);
 }
 
 // Median milliseconds per call of fn over rounds of `per_round` calls issued back to back

@@ -25,23 +25,9 @@ namespace {
 
 using gputest::DeviceBuffer;
 
+// Median milliseconds of one call: 9 rounds of 5 calls after 2 (gpu_test_util.h).
 double TimeMs(const std::function<void()>& fn, int reps = 9, int per_round = 5) {
-  for (int i = 0; i < 2; ++i) fn();
-  cudaEvent_t a, b;
-  KVF_CUDA_OK(cudaEventCreate(&a));
-  KVF_CUDA_OK(cudaEventCreate(&b));
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i) {
-    KVF_CUDA_OK(cudaEventRecord(a));
-    for (int j = 0; j < per_round; ++j) fn();
-    KVF_CUDA_OK(cudaEventRecord(b));
-    KVF_CUDA_OK(cudaEventSynchronize(b));
-    KVF_CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2] / per_round;
+  return gputest::MedianCallMs(fn, reps, /*warmup=*/2, per_round);
 }
 
 void FillRandom(DeviceBuffer<uint16_t>& buf, uint32_t seed, float range) {

@@ -1,5 +1,6 @@
 // Helpers for the GPU kernel tests and benches: an owning device buffer, a CUDA-call check,
-// seeded random bf16 data and the relative error of a result against its reference.
+// seeded random bf16 data, the relative error of a result against its reference, and the
+// median time of a launch by CUDA events (benches).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -80,6 +82,28 @@ inline std::vector<float> ToFloat(const std::vector<kernels::bf16_bits>& v) {
   std::vector<float> f(v.size());
   for (size_t i = 0; i < v.size(); ++i) f[i] = kernels::Bf16ToFloat(v[i]);
   return f;
+}
+
+// Median milliseconds of one call of fn on the default stream: `reps` rounds of `per_round`
+// calls between two events, after `warmup` calls.
+inline double MedianCallMs(const std::function<void()>& fn, int reps, int warmup, int per_round = 1) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  KVF_CUDA_OK(cudaEventCreate(&a));
+  KVF_CUDA_OK(cudaEventCreate(&b));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    KVF_CUDA_OK(cudaEventRecord(a));
+    for (int j = 0; j < per_round; ++j) fn();
+    KVF_CUDA_OK(cudaEventRecord(b));
+    KVF_CUDA_OK(cudaEventSynchronize(b));
+    KVF_CUDA_OK(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  KVF_CUDA_OK(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2] / per_round;
 }
 
 }  // namespace kvfleet::gputest

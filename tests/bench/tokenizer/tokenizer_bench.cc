@@ -28,24 +28,15 @@
 
 #include "tokenizer/section_cache.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/bench/bench_files.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using kvfleet::tok::Tokenizer;
 
-std::string CacheRoot() {
-  if (const char* c = std::getenv("KVFLEET_CACHE"); c && *c) return c;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/tmp") + "/.cache/kvfleet";
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kvfleet::bench::CacheRoot;
+using kvfleet::bench::ReadAll;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
