@@ -30,7 +30,7 @@
 
 namespace kvfleet::cli {
 
-// The layout names: llama-3.1-8b-instruct, qwen2.5-7b-instruct, qwen3-8b,
+// The layout names: llama-3.1-8b-instruct, qwen2.5-7b-instruct, qwen3-8b, qwen3-30b-a3b,
 // mistral-7b-instruct-v0.3.
 std::vector<std::string> ModelLayoutNames();
 

