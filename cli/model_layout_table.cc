@@ -184,55 +184,26 @@ std::vector<Layout> Layouts() {
     out.push_back(std::move(l));
   }
   {
-    // Qwen3's mixture of experts: 128 experts, 8 a token, renormalised, every layer sparse
-    // (decoder_sparse_step 1, no mlp_only_layers); Qwen3-8B's tokenizer and template.
-    Layout l;
+    // Qwen3's mixture of experts: Qwen3-8B's fields and tokenizer, and 128 experts, 8 a token,
+    // renormalised, every layer sparse (decoder_sparse_step 1, no mlp_only_layers).
+    const Layout& dense = out.back();
+    Layout l = dense;
     l.name = "qwen3-30b-a3b";
     l.repo = "Qwen/Qwen3-30B-A3B";
-    l.config = ojson{{"architectures", {"Qwen3MoeForCausalLM"}},
-                     {"attention_bias", false},
-                     {"attention_dropout", 0.0},
-                     {"bos_token_id", 151643},
-                     {"decoder_sparse_step", 1},
-                     {"eos_token_id", 151645},
-                     {"head_dim", kHeadDim},
-                     {"hidden_act", "silu"},
-                     {"hidden_size", kHidden},
-                     {"initializer_range", 0.02},
-                     {"intermediate_size", kIntermediate},
-                     {"max_position_embeddings", 40960},
-                     {"max_window_layers", kLayers},
-                     {"mlp_only_layers", json::array()},
-                     {"model_type", "qwen3_moe"},
-                     {"moe_intermediate_size", kExpertIntermediate},
-                     {"norm_topk_prob", true},
-                     {"num_attention_heads", kHeads},
-                     {"num_experts", 128},
-                     {"num_experts_per_tok", 8},
-                     {"num_hidden_layers", kLayers},
-                     {"num_key_value_heads", kKvHeads},
-                     {"output_router_logits", false},
-                     {"rms_norm_eps", 1e-06},
-                     {"rope_scaling", nullptr},
-                     {"rope_theta", 1000000.0},
-                     {"router_aux_loss_coef", 0.001},
-                     {"sliding_window", nullptr},
-                     {"tie_word_embeddings", false},
-                     {"torch_dtype", "bfloat16"},
-                     {"transformers_version", "4.51.0"},
-                     {"use_cache", true},
-                     {"use_sliding_window", false},
-                     {"vocab_size", 151936}};
-    l.generation_config = ojson{{"bos_token_id", 151643}, {"do_sample", true},        {"eos_token_id", {151645, 151643}},
-                                {"pad_token_id", 151643}, {"temperature", 0.6},       {"top_k", 20},
-                                {"top_p", 0.95},          {"transformers_version", "4.51.0"}};
-    l.tokens = {{"<|endoftext|>", 151643}, {"<|im_start|>", 151644}, {"<|im_end|>", 151645}, {"<think>", 151667},
-                {"</think>", 151668}};
-    l.end_of_turn = 151645;
-    l.end_of_turn_text = "<|im_end|>";
+    nlohmann::json config = json::parse(dense.config.dump());  // keys sorted, as both files have them
+    config["architectures"] = json::array({"Qwen3MoeForCausalLM"});
+    config["model_type"] = "qwen3_moe";
+    config["rope_theta"] = 1000000.0;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = json::array();
+    config["moe_intermediate_size"] = kExpertIntermediate;
+    config["norm_topk_prob"] = true;
+    config["num_experts"] = 128;
+    config["num_experts_per_tok"] = 8;
+    config["output_router_logits"] = false;
+    config["router_aux_loss_coef"] = 0.001;
+    l.config = ojson::parse(config.dump());
     l.shards = 16;
-    l.tokenizer_config = qwen_tokenizer_config;
-    l.vocab_and_merges = true;
     out.push_back(std::move(l));
   }
   {
