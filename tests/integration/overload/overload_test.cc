@@ -251,10 +251,10 @@ TEST_CASE("a cold router under a burst: no 504, the excess refused at once") {
 TEST_CASE("two workers sharing one device under a burst: no 504, each one's wait counts the other's queue") {
   // Two mock workers taking turns on one device (--device-id: the mock's shared timeline), each
   // announcing the device's rate alone: about 2,000 prompt tokens/s (500 us a token; no step
-  // bound, so a prompt is one step of 0.52 s), 40 requests of 1,024 tokens at once against a
-  // 2 s timeout (admitted within 1.6 s). Counting each worker's queue alone, the router
-  // admitted 3 per worker, 3.1 s of the device's time, and the last three waited out the
-  // timeout (504); counting both queues it admits 3 in all, done by 1.6 s.
+  // bound, so a prompt is one step of 0.52 s), 40 requests of 1,024 tokens 20 ms apart against
+  // a 2 s timeout (admitted within 1.6 s). Counting each worker's queue alone, the router
+  // admitted 7 (3.6 s of the device's time) and 4 waited out the timeout (504);
+  // counting both queues it admitted 4 in all, each first token within 1.55 s.
   TempDir dir("kvfleet_overload_test_");
   ChildProcess worker(KVFLEET_WORKER_BIN,
                       WorkerArgs({"--mock-prefill-token-us", "500", "--max-step-ms", "0", "--device-id", "gpu-0"}),
@@ -265,7 +265,7 @@ TEST_CASE("two workers sharing one device under a burst: no 504, each one's wait
   std::vector<TraceRequest> trace;
   for (uint32_t i = 0; i < 40; ++i) {
     TraceRequest r;
-    r.timestamp_ms = 0;
+    r.timestamp_ms = 20 * i;  // one at a time: each decision sees the ones before
     r.input_length = 1024;
     r.output_length = kOutputTokens;
     for (uint32_t b = 0; b < 1024 / config::kTraceBlockTokens; ++b) r.hash_ids.push_back(7'000'000 + i * 100 + b);
