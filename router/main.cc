@@ -55,16 +55,23 @@ class ForgottenRelay {
 // otherwise): each interval it tells them this router's own counts and routed work.
 Result<std::unique_ptr<Gossip>> StartGossip(const RouterConfig& c, const Fleet* fleet, const Router* router,
                                             PeerLoads* peers, const Clock* clock, prometheus::Registry* registry) {
-  if (c.gossip.peers.empty()) return std::unique_ptr<Gossip>();
+  if (c.gossip.peers.empty() && c.gossip.peers_dns.empty()) return std::unique_ptr<Gossip>();
   auto source = [fleet, router, clock](RouterGossip* out) {
     for (const auto& [name, own] : fleet->OwnLoadsByName()) out->workers.push_back(ToGossipWorker(name, own));
     for (const auto& [model, rate] : router->RoutedWork(clock->Now())) {
       if (rate > 0 && std::isfinite(rate)) out->models.push_back(GossipModel{model, rate});
     }
   };
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Gossip> gossip, Gossip::Start(c.gossip, source, peers, clock, registry));
-  Logger("router")->info("gossip on {} as '{}', {} peer routers listed{}", gossip->endpoint(), gossip->router_id(),
-                         c.gossip.peers.size(), c.gossip.keypair_file.empty() ? "" : " (CURVE)");
+  GossipOptions options = c.gossip;
+  if (c.gossip_outage) {
+    options.faults = std::make_shared<GossipFaults>(clock->Now() + c.gossip_outage->after, c.gossip_outage->length);
+    Logger("router")->warn("--debug-drop-gossip {}: the gossip channel goes down for {:.1f} s (testing only)",
+                           c.debug_drop_gossip, static_cast<double>(c.gossip_outage->length) / kNsPerSec);
+  }
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Gossip> gossip, Gossip::Start(options, source, peers, clock, registry));
+  Logger("router")->info("gossip on {} as '{}', {} peer routers listed{}{}", gossip->endpoint(), gossip->router_id(),
+                         c.gossip.peers.size(), c.gossip.peers_dns.empty() ? "" : ", and " + c.gossip.peers_dns + "'s",
+                         c.gossip.keypair_file.empty() ? "" : " (CURVE)");
   return gossip;
 }
 
@@ -164,7 +171,7 @@ int Run(RouterConfig& c) {
   };
   // What the fleet's other routers say of themselves; routing counts it (peer_loads.h).
   PeerLoads peer_loads(c.gossip.ttl);
-  if (!c.gossip.peers.empty()) c.fleet.peers = &peer_loads;
+  if (!c.gossip.peers.empty() || !c.gossip.peers_dns.empty()) c.fleet.peers = &peer_loads;
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());

@@ -255,7 +255,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "[MODEL=]HOST:PORT resolving to many workers, re-resolved; plain: --model's; repeatable")
       ->allow_extra_args(false)
       ->delimiter(';');
-  app.add_option("--dns-interval-s", c->dns_interval_s, "DNS re-resolution period (seconds)")->capture_default_str();
+  app.add_option("--dns-interval-s", c->dns_interval_s,
+                 "DNS re-resolution period of --workers-dns and --peer-routers-dns (seconds)")
+      ->check(CLI::Range(0.1, 86'400.0))
+      ->capture_default_str();
   app.add_option("--model", c->fleet.static_model, "model of a plain --workers and --workers-dns")
       ->capture_default_str();
   app.add_option("--block-size", c->block_sizes,
@@ -345,6 +348,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "the gossip endpoints of this fleet's other routers (EP,EP,...; this router's own is skipped): "
                  "they share their in-flight counts per worker and routed work, and routing counts them all")
       ->delimiter(',');
+  app.add_option("--peer-routers-dns", c->gossip.peers_dns,
+                 "HOST:PORT whose every address is a peer router's gossip endpoint (a Kubernetes headless Service "
+                 "over the routers), re-resolved every --dns-interval-s; with --peer-routers or alone");
   app.add_option("--gossip-endpoint", c->gossip.endpoint,
                  "this router's gossip PUB endpoint, bound when --peer-routers is set. Unless it is a loopback "
                  "address, it needs --gossip-keypair or --gossip-insecure")
@@ -368,6 +374,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "TESTING ONLY: drop this fraction of received KV event batches (fault injection)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option("--debug-drop-gossip", c->debug_drop_gossip,
+                 "TESTING ONLY: AT_S:FOR_S, the gossip channel to the peer routers down for FOR_S seconds from AT_S "
+                 "seconds after start-up (fault injection)");
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--report-timings", c->api.report_timings,
                  "add the router's own timestamps of each request (monotonic ns of this host) to its usage's "
@@ -391,7 +400,19 @@ Status PrepareGossip(RouterConfig* c) {
   c->gossip.peers = c->peer_routers;
   c->gossip.interval = c->gossip_interval_ms * kNsPerMs;
   c->gossip.ttl = c->gossip_ttl_ms * kNsPerMs;
-  if (c->peer_routers.empty()) return Status::Ok();
+  c->gossip.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
+  const bool gossip = !c->peer_routers.empty() || !c->gossip.peers_dns.empty();
+  if (!c->debug_drop_gossip.empty()) {
+    if (!gossip) return InvalidArgument("--debug-drop-gossip needs --peer-routers or --peer-routers-dns (a gossip channel)");
+    KVF_ASSIGN_OR_RETURN(c->gossip_outage, ParseGossipOutage(c->debug_drop_gossip));
+  }
+  if (!gossip) return Status::Ok();
+  if (const std::string& dns = c->gossip.peers_dns; !dns.empty()) {
+    const size_t colon = dns.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == dns.size() || dns.find("://") != std::string::npos) {
+      return InvalidArgument("--peer-routers-dns: '" + dns + "' is not HOST:PORT");
+    }
+  }
   if (c->gossip.ttl <= c->gossip.interval) {
     return InvalidArgument("--gossip-ttl-ms must be longer than --gossip-interval-ms: peers would be forgotten "
                            "between their messages");
@@ -404,7 +425,7 @@ Status PrepareGossip(RouterConfig* c) {
   if (c->gossip.keypair_file.empty()) {
     // A fleet that keys its workers' sockets keys its routers' gossip too, unless told not to.
     if (!c->curve_keypair.empty() && !c->gossip.insecure) {
-      return InvalidArgument("--peer-routers with --curve-keypair needs --gossip-keypair (the fleet's gossip key "
+      return InvalidArgument("gossip (--peer-routers) with --curve-keypair needs --gossip-keypair (the fleet's gossip key "
                              "pair), or --gossip-insecure for plaintext gossip");
     }
   } else {

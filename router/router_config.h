@@ -87,6 +87,10 @@ struct RouterConfig {
   // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
   // network would, through router/events/fault_injection.h. 0 in production.
   double debug_drop_events = 0;
+  // TESTING ONLY (chaos tests): "AT_S:FOR_S", the gossip channel down for FOR_S seconds from
+  // AT_S after start-up (router/fleet/gossip_faults.h); parsed by Prepare. Empty in production.
+  std::string debug_drop_gossip;
+  std::optional<GossipOutage> gossip_outage;
 };
 
 // Registers every option of `c` on `app` (--help prints them with their defaults).

@@ -60,6 +60,7 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setPrefillTokensPerSecond(h.prefill_tokens_per_second);
   out.setRole(static_cast<schema::WorkerRole>(static_cast<uint16_t>(h.role)));
   out.setStructuredOutputs(h.structured_outputs);
+  out.setDeviceId(h.device_id);
   if (!h.transfer_endpoint.empty()) {
     auto t = out.initTransfer();
     t.setEndpoint(h.transfer_endpoint);
@@ -108,6 +109,7 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     default: out.role = WorkerRole::kBoth; break;
   }
   out.structured_outputs = h.getStructuredOutputs();
+  out.device_id = h.getDeviceId().cStr();
   if (h.hasTransfer()) {
     auto t = h.getTransfer();
     out.transfer_endpoint = t.getEndpoint().cStr();

@@ -94,6 +94,10 @@ struct WorkerHello {
   // It enforces SamplingParams::structured (a grammar vocabulary and a backend that masks
   // logits); false from a worker older than the field: routers send it no constrained request.
   bool structured_outputs = false;
+  // The device it computes on, as every worker sharing it names it (cuda: the GPU's UUID,
+  // cpu: "<host>/cpu", or --device-id); routers count the prefill queued on all of them
+  // against it. Empty: shared with no other worker (and from a worker older than the field).
+  std::string device_id;
 };
 
 // The pool whose KV events a router indexes for this worker (Contract 2): a prefix hit needs

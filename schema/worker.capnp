@@ -213,6 +213,8 @@ struct Hello {
   role @17 :WorkerRole;        # what routers send it (P/D disaggregation); both from older workers
   structuredOutputs @18 :Bool; # it decodes under Generate.sampling's structured constraint
                                # (grammar/); false: routers send it no constrained request
+  deviceId @19 :Text;          # the compute device (cuda: the GPU's UUID, cpu: host/cpu, --device-id);
+                               # workers naming the same one share it; empty: not shared
 }
 
 # A worker's part in serving requests (kvfleet-worker --role). Routers split a long prompt's

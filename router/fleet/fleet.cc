@@ -265,6 +265,7 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
   record->id = TakeId();
   record->info = hello;
   record->transfer = TransferPeerOf(hello);
+  MoveDevice(record->id, "", hello.device_id);
   if (listed) record->listed = hello;
   record->from_static = source != HelloSource::kRegistered;
   record->described = !listed;
@@ -318,6 +319,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
     for (const LoraAnnounce& l : hello.loras) names += (names.empty() ? "" : ", ") + l.name;
     log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
   }
+  MoveDevice(w.id, w.info.device_id, merged.device_id);
   w.info = merged;
   w.transfer = TransferPeerOf(merged);
   w.said_bye = false;

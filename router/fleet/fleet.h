@@ -126,6 +126,10 @@ class WorkerLoads {
   virtual OwnLoadCounts PeerLoadAt(WorkerId /*worker*/, TimeNs /*at*/) const { return {}; }
   // The other routers' routed work on `model` (uncached prefill tokens/s); 0 without gossip.
   virtual double PeerWorkRate(std::string_view /*model*/) const { return 0; }
+  // The other live workers whose Hello names the worker's device (deviceId: they share its
+  // compute); empty when it names none. Routing counts their prefill queues in its wait
+  // (routing/README.md, "Workers sharing a device").
+  virtual std::vector<WorkerId> DeviceMates(WorkerId /*worker*/) const { return {}; }
 
   // What routing reads of a worker's load (Router::AddLoad), for every candidate at once.
   struct LoadView {
@@ -137,6 +141,7 @@ class WorkerLoads {
     bool structured_outputs = false;      // StructuredOutputs
     OwnLoadCounts peers;                // PeerLoad
     OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
+    std::vector<WorkerId> device_mates;  // DeviceMates
   };
   // The LoadView of each of `workers`, in order. This one asks the calls above worker by
   // worker; the Fleet takes each of its locks once for the lot (a request's routing reads
@@ -153,6 +158,7 @@ class WorkerLoads {
       v.structured_outputs = StructuredOutputs(id);
       v.peers = PeerLoad(id);
       if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
+      v.device_mates = DeviceMates(id);
       out->push_back(std::move(v));
     }
   }
@@ -407,6 +413,7 @@ class Fleet final : public WorkerLoads {
   OwnLoadCounts PeerLoad(WorkerId worker) const override;
   OwnLoadCounts PeerLoadAt(WorkerId worker, TimeNs at) const override;
   double PeerWorkRate(std::string_view model) const override;
+  std::vector<WorkerId> DeviceMates(WorkerId worker) const override;
   // The worker's announced name ("" when unknown).
   std::string WorkerName(WorkerId worker) const;
   // The registration endpoint as bound (tcp://0.0.0.0:PORT when the port was 0 or *).

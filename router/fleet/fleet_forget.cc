@@ -101,6 +101,7 @@ void FleetImpl::Forget(WorkerId id, const std::string& why) {
     auto by_endpoint = by_endpoint_.find(w->info.requests_endpoint);
     if (by_endpoint != by_endpoint_.end() && by_endpoint->second == id) by_endpoint_.erase(by_endpoint);
     if (auto model = models_.find(w->info.model); model != models_.end()) std::erase(model->second.members, id);
+    MoveDevice(id, w->info.device_id, "");
     for (const auto& other : workers_) {
       name_shared = name_shared || (other && other.get() != w &&
                                     (other->info.name == w->info.name || other->inflight_gauge == w->inflight_gauge));

@@ -136,6 +136,7 @@ class FleetImpl final : public LaneFleet {
   std::map<std::string, OwnLoadCounts, std::less<>> OwnLoadsByName() const;
   std::optional<WorkerLoad> ReportedLoad(WorkerId id) const;
   void Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const;
+  std::vector<WorkerId> DeviceMates(WorkerId id) const;
   uint64_t CacheBlocks(WorkerId id) const;
   uint32_t KvBlocksPerBlock(WorkerId id) const;
   uint32_t StoredPrefixBlocks(WorkerId id) const;
@@ -167,6 +168,10 @@ class FleetImpl final : public LaneFleet {
   };
 
   bool Routable(const WorkerRecord& w) const;
+  // by_device_: `id` leaves device `from`'s workers and joins `to`'s ("": none). REQUIRES: mu_ held.
+  void MoveDevice(WorkerId id, const std::string& from, const std::string& to);
+  // The routable workers but `w` that name its device. REQUIRES: mu_ held.
+  std::vector<WorkerId> DeviceMatesOf(const WorkerRecord& w) const;
   // Why a prefill worker's Hello cannot serve `model`'s split prefills, or nullopt: it offers no
   // transfer service, or no live decode-capable member takes its KV blocks (format and block
   // bytes differ: another dtype, model or block size). REQUIRES: mu_ held.
@@ -271,6 +276,7 @@ class FleetImpl final : public LaneFleet {
   // worker sees a change, and a new worker on the id starts past it.
   std::map<WorkerId, uint64_t> retired_failures_;             // GUARDED_BY(mu_)
   std::map<std::string, WorkerId> by_endpoint_;               // GUARDED_BY(mu_)
+  std::map<std::string, std::vector<WorkerId>, std::less<>> by_device_;  // GUARDED_BY(mu_); Hello's deviceId
   std::map<std::string, ModelEntry, std::less<>> models_;     // GUARDED_BY(mu_)
   std::map<std::string, RefusedWorker> refused_;              // GUARDED_BY(mu_); by requests endpoint
   std::map<std::string, TimeNs> refused_at_;                  // GUARDED_BY(mu_); forgotten after forget_after

@@ -190,11 +190,38 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     v.announced_prefill_rate = w.info.prefill_tokens_per_second;
     v.role = w.info.role;
     v.structured_outputs = w.info.structured_outputs;
+    if (!w.info.device_id.empty()) v.device_mates = DeviceMatesOf(w);
     if (options_.peers != nullptr) {  // by name: the peers number workers their own way
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
       options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
     }
   }
+}
+
+void FleetImpl::MoveDevice(WorkerId id, const std::string& from, const std::string& to) {
+  if (from == to) return;
+  if (auto it = by_device_.find(from); !from.empty() && it != by_device_.end()) {
+    std::erase(it->second, id);
+    if (it->second.empty()) by_device_.erase(it);
+  }
+  if (!to.empty()) by_device_[to].push_back(id);
+}
+
+std::vector<WorkerId> FleetImpl::DeviceMatesOf(const WorkerRecord& w) const {
+  std::vector<WorkerId> out;
+  auto it = by_device_.find(w.info.device_id);
+  if (w.info.device_id.empty() || it == by_device_.end()) return out;
+  for (WorkerId id : it->second) {
+    if (id == w.id || Record(id) == nullptr) continue;
+    const WorkerRecord& mate = *workers_[id];
+    if (!mate.removed.load() && Routable(mate)) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<WorkerId> FleetImpl::DeviceMates(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr ? DeviceMatesOf(*workers_[id]) : std::vector<WorkerId>{};
 }
 
 // KV blocks per routing block: a token-level worker (kv_block_size < block_size) holds
@@ -297,6 +324,8 @@ std::map<std::string, OwnLoadCounts, std::less<>> Fleet::OwnLoadsByName() const 
 
 // Peers know a worker by its name (their ids are their own): a static worker that has not
 // described itself yet goes by its requests endpoint here and may go by another name there.
+std::vector<WorkerId> Fleet::DeviceMates(WorkerId worker) const { return impl_->DeviceMates(worker); }
+
 OwnLoadCounts Fleet::PeerLoad(WorkerId worker) const {
   const PeerLoads* peers = impl_->options().peers;
   return peers == nullptr ? OwnLoadCounts{} : peers->Load(impl_->WorkerName(worker));

@@ -1,7 +1,10 @@
 #include "router/fleet/gossip.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -29,6 +32,19 @@ namespace {
 // part, this router's own, and a subscriber without the fleet's key (ZAP).
 constexpr const char* kReasons[] = {"malformed", "invalid", "multipart", "self",
                                     "stale", "too_many_peers", "too_many_workers", "unauthenticated"};
+
+// The bound endpoint, naming this host where it binds every address: routers behind one
+// DNS name bind the same tcp://0.0.0.0:PORT, and the router id must tell them apart.
+std::string DefaultRouterId(const std::string& endpoint) {
+  for (const char* any : {"://0.0.0.0:", "://*:", "://[::]:"}) {
+    const size_t at = endpoint.find(any);
+    if (at == std::string::npos) continue;
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == 0) return endpoint;
+    return endpoint.substr(0, at + 3) + host + endpoint.substr(at + std::string_view(any).size() - 1);
+  }
+  return endpoint;
+}
 
 }  // namespace
 
@@ -70,6 +86,10 @@ class Gossip::Impl {
   void Drain();
   void Receive(const zmq::message_t& frame);
   void Refuse(const char* reason, const std::string& why);
+  // Connects the SUB to the peers the last DNS answer added, and disconnects those it dropped.
+  void ApplyDnsAnswer();
+  // True (and counted) while GossipOptions::faults says the channel is down.
+  bool ChannelDown();
 
   GossipOptions options_;
   GossipSource source_;
@@ -84,6 +104,11 @@ class Gossip::Impl {
   std::unique_ptr<ZapAuthenticator> zap_;
   std::unique_ptr<zmq::socket_t> pub_;
   std::unique_ptr<zmq::socket_t> sub_;
+  // --peer-routers-dns: the watcher's newest answer, for the gossip thread to apply.
+  std::unique_ptr<DnsWatcher> dns_;
+  std::mutex dns_mu_;
+  std::optional<std::vector<std::string>> dns_answer_;  // GUARDED_BY(dns_mu_)
+  DnsMembership dns_peers_;                             // gossip thread only
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> sent_{0};
@@ -131,10 +156,45 @@ Status Gossip::Impl::Init(prometheus::Registry* registry) {
   }
   StartZmqThreadsAtLowerPriority(ctx_);
   KVF_RETURN_IF_ERROR(Bind());
-  router_id_ = options_.router_id.empty() ? endpoint_ : options_.router_id;
+  router_id_ = options_.router_id.empty() ? DefaultRouterId(endpoint_) : options_.router_id;
   KVF_RETURN_IF_ERROR(ConnectPeers());
   thread_ = std::thread([this] { Loop(); });
+  if (!options_.peers_dns.empty()) {
+    dns_ = std::make_unique<DnsWatcher>(options_.peers_dns, options_.dns_interval, [this](std::vector<std::string> a) {
+      std::lock_guard<std::mutex> lock(dns_mu_);
+      dns_answer_ = std::move(a);
+    });
+  }
   return Status::Ok();
+}
+
+void Gossip::Impl::ApplyDnsAnswer() {
+  std::optional<std::vector<std::string>> answer;
+  {
+    std::lock_guard<std::mutex> lock(dns_mu_);
+    answer.swap(dns_answer_);
+  }
+  if (!answer) return;
+  std::vector<std::string> joined, left;
+  dns_peers_.Update(*answer, &joined, &left);
+  for (const std::string& peer : left) {
+    try {
+      sub_->disconnect(peer);
+    } catch (const zmq::error_t&) {  // never connected (a failed connect below): nothing to undo
+    }
+  }
+  for (const std::string& peer : joined) {
+    try {
+      sub_->connect(peer);
+    } catch (const zmq::error_t& e) {
+      Logger("gossip")->warn("gossip: cannot connect to peer router {} (from {}): {}", peer, options_.peers_dns,
+                             e.what());
+    }
+  }
+  if (!joined.empty() || !left.empty()) {
+    Logger("gossip")->info("gossip: {} lists {} routers ({} joined, {} left)", options_.peers_dns, answer->size(),
+                           joined.size(), left.size());
+  }
 }
 
 Status Gossip::Impl::Bind() {
@@ -169,6 +229,7 @@ Status Gossip::Impl::ConnectPeers() {
     sub_->set(zmq::sockopt::rcvhwm, config::kGossipHighWaterMark);
     sub_->set(zmq::sockopt::maxmsgsize, wire::limits::kMaxGossipBytes);
     sub_->set(zmq::sockopt::subscribe, "");
+    sub_->set(zmq::sockopt::ipv6, 1);  // a DNS name may answer IPv6 addresses
     if (keys_) KVF_RETURN_IF_ERROR(MakeCurveClient(*sub_, *keys_, keys_->public_key));
     for (const std::string& peer : options_.peers) {
       if (peer == options_.endpoint || peer == endpoint_) continue;
@@ -186,7 +247,14 @@ void Gossip::Impl::Refuse(const char* reason, const std::string& why) {
   if (log_.Allow(&suppressed)) Logger("gossip")->warn("gossip: refused: {} ({} more suppressed)", why, suppressed);
 }
 
+bool Gossip::Impl::ChannelDown() {
+  if (options_.faults == nullptr || !options_.faults->Down(clock_->Now())) return false;
+  options_.faults->CountDropped();
+  return true;
+}
+
 void Gossip::Impl::Publish() {
+  if (ChannelDown()) return;
   RouterGossip g;
   g.router_id = router_id_;
   g.incarnation = incarnation_;
@@ -204,6 +272,7 @@ void Gossip::Impl::Publish() {
 }
 
 void Gossip::Impl::Receive(const zmq::message_t& frame) {
+  if (ChannelDown()) return;  // read and dropped: nothing queues for the outage's end
   Result<RouterGossip> g = DecodeGossip(frame.data(), frame.size());
   if (!g.ok()) {
     const bool malformed = g.status().code() == StatusCode::kDataLoss;
@@ -211,6 +280,7 @@ void Gossip::Impl::Receive(const zmq::message_t& frame) {
     return;
   }
   if (g->router_id == router_id_) {
+    if (!options_.peers_dns.empty()) return;  // the DNS name lists this router too: heard, and passed over
     Refuse("self", "a frame naming this router (" + router_id_ +
                        "): its own endpoint under another address in --peer-routers?");
     return;
@@ -250,6 +320,7 @@ void Gossip::Impl::Loop() {
   while (!stopping_.load(std::memory_order_acquire)) {
     const TimeNs now = clock_->Now();
     if (now >= next) {
+      ApplyDnsAnswer();
       Publish();
       peers_->Expire(now);
       if (peers_gauge_ != nullptr) peers_gauge_->Set(static_cast<double>(peers_->Peers()));
@@ -267,6 +338,7 @@ void Gossip::Impl::Loop() {
 }
 
 void Gossip::Impl::Stop() {
+  dns_.reset();  // joins the resolver, which writes dns_answer_
   stopping_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();
   sub_.reset();

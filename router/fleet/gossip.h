@@ -4,7 +4,7 @@
 //
 // Each router binds one PUB socket and connects one SUB socket to every peer's PUB (the
 // --peer-routers list; its own endpoint there is skipped, so every router of a fleet can
-// take the same list). Every `interval` it publishes its whole state, read from `source`,
+// take the same list; and every address of --peer-routers-dns, re-resolved periodically). Every `interval` it publishes its whole state, read from `source`,
 // and forgets peers not heard for `ttl` (PeerLoads::Expire). What it reads is checked
 // (DecodeGossip, then PeerLoads::Apply); a refused frame is counted by reason in
 // kvfleet_router_gossip_refused_total and never applied.
@@ -28,6 +28,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "router/fleet/gossip_faults.h"
 #include "router/fleet/peer_loads.h"
 #include "schema/gossip_codec.h"
 
@@ -53,12 +54,20 @@ struct GossipOptions {
   std::string endpoint = "tcp://127.0.0.1:5560";
   // The peers' PUB endpoints (the --peer-routers list); one equal to `endpoint` is skipped.
   std::vector<std::string> peers;
+  // "host:port" (--peer-routers-dns): every address it resolves to is a peer's PUB, the list
+  // re-resolved every `dns_interval` (a Kubernetes headless Service over the routers). This
+  // router's own address among them is heard and passed over. Empty: none.
+  std::string peers_dns;
+  DurationNs dns_interval = 10 * kNsPerSec;
   // This router's name on the channel, unique in the fleet; empty: the bound endpoint.
   std::string router_id;
   DurationNs interval = config::kGossipInterval;
   DurationNs ttl = config::kGossipTtl;  // as the PeerLoads it writes was made with
   std::string keypair_file;  // the fleet's gossip key pair (common/curve_keys.h); empty: no CURVE
   bool insecure = false;     // without keys, bind an address other hosts reach anyway
+  // Testing only (gossip_faults.h): while it says the channel is down, nothing is sent or
+  // applied. Null: never down.
+  std::shared_ptr<GossipFaults> faults;
 };
 
 // Fills `out`'s workers and models with this router's state now (the gossip thread calls it).

@@ -126,6 +126,10 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // Seconds of prefill queued on the other workers of its device (their Hellos name the same
+  // deviceId), each at its own rate: the device computes them before or beside this one's
+  // (README.md, "Workers sharing a device"). 0: its device is its own.
+  double device_prefill_s = 0;
   // The share of the matched blocks expected still cached when the request's prefill starts
   // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
   double retained_share = 1;

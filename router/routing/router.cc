@@ -88,6 +88,29 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
   return own;
 }
 
+void Router::AddDeviceLoad(Policy policy, std::span<const std::vector<WorkerId>* const> mates,
+                           std::vector<Candidate>* candidates) const {
+  std::vector<WorkerId> ids;
+  for (const std::vector<WorkerId>* m : mates) ids.insert(ids.end(), m->begin(), m->end());
+  if (ids.empty()) return;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<WorkerLoads::LoadView> views;
+  loads_->Loads(ids, &views);
+  std::vector<double> queued_s(ids.size());  // each mate's prefill queue at its own rate
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Candidate mate;
+    AddLoad(policy, views[i], &mate);
+    const double rate = mate.prefill_tokens_per_s > 0 ? mate.prefill_tokens_per_s : options().default_prefill_tokens_per_s;
+    queued_s[i] = mate.queued_prefill_tokens / rate;
+  }
+  for (size_t c = 0; c < candidates->size(); ++c) {
+    double s = 0;
+    for (WorkerId m : *mates[c]) s += queued_s[std::lower_bound(ids.begin(), ids.end(), m) - ids.begin()];
+    (*candidates)[c].device_prefill_s = s;
+  }
+}
+
 bool Router::AddAdapter(uint64_t lora_id, Candidate* c) const {
   c->adapter_load_s = 0;
   if (lora_id == 0) return true;
@@ -110,7 +133,7 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
     // the worker evicts only once its unused blocks are gone. Unused is at least free (free
     // or evictable, the load report) less every block the events say it holds.
     const double horizon_s =
-        c.queued_prefill_tokens / std::max(c.prefill_tokens_per_s, fleet_rate) + c.admission_wait_s;
+        c.queued_prefill_tokens / std::max(c.prefill_tokens_per_s, fleet_rate) + c.device_prefill_s + c.admission_wait_s;
     const double demand = c.queued_prefill_tokens / route.block_size;
     double spare = 0;
     if (const std::optional<WorkerLoad> load = loads_->ReportedLoad(c.worker)) {
@@ -233,6 +256,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
   std::vector<WorkerRole> roles;  // the candidates'
+  std::vector<const std::vector<WorkerId>*> mates;  // the candidates' device mates
+  bool shared_device = false;
   size_t not_constrained = 0;     // workers left out: they offer no constrained decoding
   for (size_t i = 0; i < fleet.routable.size(); ++i) {
     const WorkerId id = fleet.routable[i];
@@ -255,7 +280,10 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     waiting += AddLoad(d.policy, views[i], &c).waiting;
     candidates.push_back(c);
     roles.push_back(views[i].role);
+    mates.push_back(&views[i].device_mates);
+    shared_device = shared_device || !views[i].device_mates.empty();
   }
+  if (shared_device) AddDeviceLoad(d.policy, mates, &candidates);
   if (candidates.empty() && not_constrained > 0) {
     if (refusal != nullptr) *refusal = Refusal{};  // a bad request for this fleet, not a refusal for load
     return InvalidArgument("'" + std::string(prompt.constrained_field) + "' needs constrained decoding, which the " +
@@ -319,7 +347,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     double alone = best;
     const double fleet_rate = picker_.FleetRate(candidates);
     for (Candidate c : candidates) {
-      c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = 0;
+      c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
       alone = std::min(alone, picker_.EstimateTtft(d.route, c, fleet_rate));
     }
     if (alone > bound) {
@@ -397,7 +425,12 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::MakeRer
     for (const Candidate& c : rest) ids.push_back(c.worker);
     std::vector<WorkerLoads::LoadView> views;
     loads_->Loads(ids, &views);
-    for (size_t i = 0; i < rest.size(); ++i) AddLoad(policy, views[i], &rest[i]);  // its load now, not at the decision
+    std::vector<const std::vector<WorkerId>*> mates;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      AddLoad(policy, views[i], &rest[i]);  // its load now, not at the decision
+      mates.push_back(&views[i].device_mates);
+    }
+    AddDeviceLoad(policy, mates, &rest);
     if (rest.empty()) return Unavailable("no other live worker to retry on");
     std::vector<double> ttft;
     rest = Admissible(route, rest, &ttft);

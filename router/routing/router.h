@@ -153,6 +153,10 @@ class Router {
   // counts (kv, least_loaded, round_robin), or this router's counts alone (approx). Returns
   // this router's own counts there.
   OwnLoadCounts AddLoad(Policy policy, const WorkerLoads::LoadView& view, Candidate* c) const;
+  // Each candidate's device_prefill_s: the prefill queued on the other workers of its device
+  // (`mates[i]`, candidate i's; their loads blended as AddLoad's), each at its own rate.
+  void AddDeviceLoad(Policy policy, std::span<const std::vector<WorkerId>* const> mates,
+                     std::vector<Candidate>* candidates) const;
   // Sets c->adapter_load_s for adapter `lora_id` (0: the base model); false when the worker
   // does not serve it.
   bool AddAdapter(uint64_t lora_id, Candidate* c) const;

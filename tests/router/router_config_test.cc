@@ -249,6 +249,26 @@ TEST_CASE("gossip options: a peer list turns gossip on, and each contradiction n
   CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-keypair", "/no/such/file"}) != "(ok)");
 }
 
+TEST_CASE("gossip options: --peer-routers-dns alone turns gossip on; --debug-drop-gossip needs a channel") {
+  RouterConfig c;
+  REQUIRE(Parse({"--peer-routers-dns", "kvfleet-router-gossip:5560", "--dns-interval-s", "2", "--debug-drop-gossip",
+                 "5:10"},
+                &c)
+              .ok());
+  CHECK(c.gossip.peers.empty());
+  CHECK(c.gossip.peers_dns == "kvfleet-router-gossip:5560");
+  CHECK(c.gossip.dns_interval == 2 * kNsPerSec);
+  REQUIRE(c.gossip_outage.has_value());
+  CHECK(c.gossip_outage->after == 5 * kNsPerSec);
+  CHECK(c.gossip_outage->length == 10 * kNsPerSec);
+  CHECK(ErrorOf({"--peer-routers-dns", "tcp://router:5560"}).find("--peer-routers-dns") != std::string::npos);
+  CHECK(ErrorOf({"--peer-routers-dns", "router"}).find("--peer-routers-dns") != std::string::npos);
+  CHECK(ErrorOf({"--debug-drop-gossip", "5:10"}).find("--debug-drop-gossip") != std::string::npos);
+  CHECK(ErrorOf({"--peer-routers-dns", "router:5560", "--debug-drop-gossip", "5"}).find("--debug-drop-gossip") !=
+        std::string::npos);
+  CHECK(ErrorOf({"--dns-interval-s", "0"}).find("--dns-interval-s") != std::string::npos);
+}
+
 TEST_CASE("a router whose worker sockets use CURVE gossips with CURVE too, unless told it is insecure") {
   if (!CurveAvailable()) return;
   Dirs dirs;

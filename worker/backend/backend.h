@@ -223,6 +223,9 @@ class ModelBackend {
   ModelBackend& operator=(const ModelBackend&) = delete;
 
   virtual std::string_view name() const = 0;  // "cpu", "mock", "cuda"
+  // The compute device as every worker sharing it names it (the Hello's deviceId: cuda the
+  // GPU's UUID). Empty: the backend names none (the worker then decides: cpu its host).
+  virtual std::string device_id() const { return ""; }
   // True when Execute honours SequenceStep::token_bitmask (constrained decoding): the worker
   // offers structured outputs only then (its Hello's structuredOutputs).
   virtual bool applies_token_bitmask() const { return false; }

@@ -15,6 +15,7 @@
 #include "worker/backend/backend.h"
 #include "worker/backend/kv_setup.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/prefill_calibration.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/server/event_publisher.h"
 #include "worker/server/grammar_vocabulary.h"
@@ -167,6 +168,7 @@ Status Worker::Init(zmq::context_t& context) {
     bo.extra["mock.decode_seq_us"] = std::to_string(config_.mock_cost.decode_seq_us);
     bo.extra["mock.kv_token_read_us"] = std::to_string(config_.mock_cost.kv_token_read_us);
     bo.extra["mock.verify_kv"] = config_.mock_verify_kv ? "1" : "0";
+    if (!config_.device_id.empty()) bo.extra["mock.device"] = config_.device_id;  // this process's mocks naming it take turns
   }
   const TimeNs load_start = clock->Now();
   auto backend = backend::CreateBackend(config_.backend, bo);
@@ -177,6 +179,8 @@ Status Worker::Init(zmq::context_t& context) {
   }
   log->info("{} backend ready for {} in {:.2f} s", config_.backend, model_name_,
             static_cast<double>(clock->Now() - load_start) / kNsPerSec);
+  // Before the KV manager: the calibration's steps write blocks no sequence owns yet.
+  KVF_RETURN_IF_ERROR(InitPrefillRate(clock));
 
   // 4. Events and the KV cache manager over the backend's memory.
   events::EventPublisherOptions po;
@@ -286,6 +290,34 @@ Status Worker::Init(zmq::context_t& context) {
   log->info("worker {} serving {} on {} (events {}, http :{}), block size {}, max context {}", worker_id_,
             model_name_, requests_->bound_endpoint(), publisher_->events_endpoint(), http_->port(),
             config_.block_size, eo.limits.max_context);
+  return Status::Ok();
+}
+
+Status Worker::InitPrefillRate(const Clock* clock) {
+  auto log = Logger("worker");
+  if (config_.prefill_rate > 0) {
+    prefill_rate_ = config_.prefill_rate;
+    log->info("announcing a prefill rate of {:.0f} tokens/s (--prefill-rate)", prefill_rate_);
+    return Status::Ok();
+  }
+  prefill_rate_ = backend_->ExpectedPrefillTokensPerSecond(config_.max_num_tokens, config_.max_step_ms);
+  if (prefill_rate_ > 0) {
+    log->info("announcing a prefill rate of {:.0f} tokens/s (the {} backend's cost model)", prefill_rate_,
+              backend_->name());
+    return Status::Ok();
+  }
+  engine::PrefillCalibrationOptions options;
+  options.max_tokens = config_.max_num_tokens;
+  options.max_step_ms = config_.max_step_ms;
+  auto measured = engine::MeasurePrefillRate(backend_.get(), options, clock);
+  if (!measured.ok()) return measured.status().WithContext("measuring the prefill rate (--prefill-rate sets one)");
+  prefill_rate_ = measured->tokens_per_second;
+  log->info("announcing a prefill rate of {:.0f} tokens/s, measured: a {}-token step{} ({} timed steps up to {} "
+            "tokens, {:.0f} ms in all)",
+            prefill_rate_, measured->step_tokens,
+            config_.max_step_ms > 0 ? fmt::format(" within --max-step-ms {}", config_.max_step_ms) : std::string(),
+            measured->steps.size(), measured->steps.back().tokens,
+            static_cast<double>(measured->elapsed) / kNsPerMs);
   return Status::Ok();
 }
 
@@ -416,8 +448,11 @@ void Worker::BuildHello(const std::string& host, uint32_t max_context) {
   }
   hello.max_loras = static_cast<uint32_t>(backend_->max_loras());
   hello.structured_outputs = structured_ != nullptr;
-  hello.prefill_tokens_per_second =
-      static_cast<float>(backend_->ExpectedPrefillTokensPerSecond(config_.max_num_tokens, config_.max_step_ms));
+  hello.prefill_tokens_per_second = static_cast<float>(prefill_rate_);
+  // Workers on one device share its compute: routers count their queues together.
+  hello.device_id = config_.device_id;
+  if (hello.device_id.empty()) hello.device_id = backend_->device_id();
+  if (hello.device_id.empty() && config_.backend == "cpu") hello.device_id = HostName() + "/cpu";
   if (auto role = ParseWorkerRole(config_.role); role.ok()) hello.role = *role;  // validated at start-up
   hello.tensor_parallel = static_cast<uint32_t>(config_.tensor_parallel);  // the backend refused what it cannot run
   if (transfer_ != nullptr && pulls_->layout()) {

@@ -90,6 +90,9 @@ class Worker {
   Status Init(zmq::context_t& context);
   // Serves the --lora adapters and lets LoadLora read more (on the request server's loader thread).
   Status InitLoras();
+  // The prefill rate the Hello announces (prefill_rate_): --prefill-rate, else the backend's
+  // cost model, else timed on the backend. REQUIRES: the backend, and no KV manager yet.
+  Status InitPrefillRate(const Clock* clock);
   // The KV transfer service and its engine-thread side (--transfer). REQUIRES: steps 1-5 of Init.
   Status InitTransfer(const std::string& host, const Clock* clock);
   // Fills hello_ but its adapter fields. REQUIRES: every part up (Init's steps 1-5).
@@ -122,6 +125,7 @@ class Worker {
   std::unique_ptr<TransferMetrics> transfer_metrics_;
   std::unique_ptr<WorkerLoop> loop_;
   std::unique_ptr<Registration> registration_;
+  double prefill_rate_ = 0;      // tokens/s the Hello announces (InitPrefillRate)
   WorkerHello hello_;            // what registration_ sends and Describe answers; engine thread after Init
   uint64_t hello_lora_loads_ = 0;  // the adapter loads hello_.lora_load_us has seen
 };

@@ -95,6 +95,13 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "(ms; or twice the decodes' own time if longer): the inter-token latency a prefill may add. "
                  "0: no bound, prefill fills --max-num-tokens")
       ->capture_default_str();
+  app.add_option("--prefill-rate", c->prefill_rate,
+                 "prefill tokens/s announced to routers until this worker's load reports measure one; 0: measured "
+                 "at start-up by timing a few prefill steps within --max-step-ms (the mock: its cost model)")
+      ->capture_default_str();
+  app.add_option("--device-id", c->device_id,
+                 "the compute device as the workers sharing it name it: routers count their prefill queues "
+                 "against it together (default: cuda the GPU's UUID, cpu the host name + \"/cpu\", mock none)");
   app.add_option("--kv-cache-bytes", c->kv_cache_bytes,
                  "device KV cache bytes, per GPU with --tensor-parallel (0: backend default)")
       ->capture_default_str();
@@ -192,6 +199,14 @@ Status WorkerConfig::Validate() const {
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
                            NumberText(max_step_ms));
+  }
+  if (!std::isfinite(prefill_rate) || prefill_rate < 0 || prefill_rate > 1e9) {
+    return InvalidArgument("--prefill-rate must be 0 (measure) or a rate in tokens/s up to 1e9, got " +
+                           NumberText(prefill_rate));
+  }
+  if (device_id.size() > 256 ||
+      std::any_of(device_id.begin(), device_id.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; })) {
+    return InvalidArgument("--device-id must be at most 256 bytes without control characters");
   }
   // The rest of the attention rules need the model: backend::CheckAttentionOptions.
   for (int32_t w : max_attention_window) {

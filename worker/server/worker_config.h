@@ -80,6 +80,12 @@ struct WorkerConfig {
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
   double max_step_ms = engine::config::kDefaultMaxStepMs;
+  // The prefill rate (tokens/s) the Hello announces until load reports measure one; 0: the
+  // mock's cost model, else measured at start-up (engine/prefill_calibration.h).
+  double prefill_rate = 0;
+  // The compute device, as every worker sharing it names it (routers count their queues
+  // together); empty: cuda its GPU's UUID, cpu the host name + "/cpu", mock not shared.
+  std::string device_id;
 
   // --- KV memory ---
   uint64_t kv_cache_bytes = 0;       // device KV bytes (per GPU with --tensor-parallel); 0: the backend's default

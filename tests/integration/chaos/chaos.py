@@ -17,6 +17,11 @@ something unkind to the fleet while the bench runs, and checks what clients saw:
                   (connect errors, counted); requests sent once it is ready again succeed;
                   the index is rebuilt (router index blocks per worker equal to the
                   workers' own device blocks) within 2 s of the new router's start.
+  gossip          Two gossiping routers (kvfleet up --routers 2), the bench spread over both,
+                  the gossip channel down for --gossip-outage-s from 3 s after start-up
+                  (--debug-drop-gossip, testing only): each router forgets its peer within
+                  the ttl and routes alone, hears it again once the channel is back, and
+                  every request completes.
   soak            A steady rate for --duration-s; router and worker RSS sampled at start
                   and end (and every 30 s). With --asan, the binaries are ASan/LSan
                   builds and any sanitizer report in the logs fails the run.
@@ -160,15 +165,18 @@ def children(pid):
 class Fleet:
     """`kvfleet up --restart` in its own process group."""
 
-    def __init__(self, args, name, router_args=(), restart_delay_s=None, worker_args=()):
+    def __init__(self, args, name, router_args=(), restart_delay_s=None, worker_args=(), routers=1):
         self.args = args
         self.dir = os.path.join(args.work, name)
         os.makedirs(self.dir, exist_ok=True)
         p = args.port_base
         self.url = f"http://127.0.0.1:{p}"
+        # Router i: HTTP p+i, registration p+5+i, gossip p+90+i.
+        self.urls = [f"http://127.0.0.1:{p + i}" for i in range(routers)]
         self.worker_http = [f"http://127.0.0.1:{p + 50 + i}" for i in range(args.workers)]
         cmd = [args.kvfleet, "up", "--backend", "mock", "--workers", str(args.workers), "--http-port", str(p),
-               "--registration-port", str(p + 1), "--worker-base-port", str(p + 10),
+               "--routers", str(routers), "--gossip-base-port", str(p + 90),
+               "--registration-port", str(p + 5), "--worker-base-port", str(p + 10),
                "--worker-http-base-port", str(p + 50), "--block-size", str(BLOCK_SIZE),
                "--log-dir", os.path.join(self.dir, "logs"), "--restart",
                "--restart-delay-s", str(args.restart_delay_s if restart_delay_s is None else restart_delay_s),
@@ -187,11 +195,13 @@ class Fleet:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kvfleet up exited (see {self.dir}/up.log)")
-            st, body = http_get(self.url + "/fleet")
-            if st == 200:
-                ws = json.loads(body)["workers"]
-                if len([w for w in ws if w["routable"]]) == self.args.workers:
-                    return
+            ready = 0
+            for url in self.urls:
+                st, body = http_get(url + "/fleet")
+                if st == 200 and len([w for w in json.loads(body)["workers"] if w["routable"]]) == self.args.workers:
+                    ready += 1
+            if ready == len(self.urls):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"fleet not ready with {self.args.workers} routable workers in {timeout_s} s")
 
@@ -232,7 +242,7 @@ def run_bench(args, fleet, trace, name, extra=()):
     """Starts `kvfleet bench` on `trace`; returns (Popen, out json path, requests path)."""
     out = os.path.join(fleet.dir, f"{name}.json")
     reqs = os.path.join(fleet.dir, f"{name}.requests.jsonl")
-    cmd = [args.kvfleet, "bench", "--router", fleet.url, "--trace", trace, "--length-scale", str(LENGTH_SCALE),
+    cmd = [args.kvfleet, "bench", "--router", ",".join(fleet.urls), "--trace", trace, "--length-scale", str(LENGTH_SCALE),
            "--request-timeout", str(REQUEST_TIMEOUT_S), "--policy", "kv", "--out", out, "--requests-out", reqs,
            "--quiet", *extra]
     log(" ".join(cmd))
@@ -399,6 +409,59 @@ def scenario_drop(args, c):
     c.check(c.figures.get("drop_event_gaps", 0) > 0, "the router saw the dropped batches as gaps")
 
 
+class GossipPoller(threading.Thread):
+    """Samples each router's kvfleet_router_gossip_peers every POLL_S: [(t, [peers per router])]."""
+
+    def __init__(self, urls):
+        super().__init__(daemon=True)
+        self.urls, self.samples, self.stopping = urls, [], False
+
+    def run(self):
+        while not self.stopping:
+            t, peers = time.time(), []
+            for url in self.urls:
+                st, body = http_get(url + "/metrics", timeout=1.0)
+                peers.append(metric_sum(body, "kvfleet_router_gossip_peers") if st == 200 else None)
+            self.samples.append((t, peers))
+            time.sleep(POLL_S)
+
+
+def scenario_gossip(args, c):
+    trace = os.path.join(args.work, "gossip.trace.jsonl")
+    n = write_trace(trace, args.duration_s, args.rate, seed=3)
+    # Short gossip periods, so that the outage and the recovery each show within a second.
+    router_args = ("--gossip-interval-ms=20", "--gossip-ttl-ms=300",
+                   f"--debug-drop-gossip=3:{args.gossip_outage_s}")
+    t0 = time.time()  # the routers start just after: their outage is [t0 + 3, t0 + 3 + outage) and a little later
+    fleet = Fleet(args, "gossip", router_args=router_args, routers=2)
+    poller = GossipPoller(fleet.urls)
+    try:
+        fleet.wait_ready()
+        poller.start()
+        p, _, reqs_path = run_bench(args, fleet, trace, "gossip")
+        rc = wait_bench(p, args.duration_s + REQUEST_TIMEOUT_S + 30)
+        time.sleep(1.0)  # past the outage's end when the run was shorter
+        poller.stopping = True
+        poller.join()
+        reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+        errors = client_checks(c, reqs, n, rc, args.duration_s)
+        c.check(not errors, f"no request failed while the gossip channel was down ({errors})")
+        down_from, down_to = t0 + 3 + 1.5, t0 + 3 + args.gossip_outage_s  # a start-up's and a ttl's slack
+        for r, url in enumerate(fleet.urls):
+            during = [s[1][r] for s in poller.samples if down_from <= s[0] < down_to and s[1][r] is not None]
+            after = [s[1][r] for s in poller.samples if s[0] >= down_to + 2 and s[1][r] is not None]
+            c.figure(f"router{r}_gossip_peers_during_after", [sorted(set(during)), sorted(set(after))])
+            c.check(0 in during, f"router {r} forgot its peer while the channel was down")
+            c.check(bool(after) and after[-1] == 1, f"router {r} hears its peer again after the outage")
+            st, metrics = http_get(url + "/metrics")
+            if st == 200:
+                c.figure(f"router{r}_gossip_applied",
+                         metric_sum(metrics, "kvfleet_router_gossip_frames_total", direction="applied"))
+    finally:
+        poller.stopping = True
+        fleet.stop()
+
+
 def index_matches(fleet, tolerance):
     """True when, for every worker, the router's device-tier index blocks equal the worker's
     own device blocks holding a hash (in use or cached), within `tolerance` (a fraction)."""
@@ -538,7 +601,7 @@ def scenario_soak(args, c):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", required=True, choices=["kill", "drop", "router_restart", "soak"])
+    ap.add_argument("--scenario", required=True, choices=["kill", "drop", "router_restart", "gossip", "soak"])
     ap.add_argument("--kvfleet", required=True)
     ap.add_argument("--router-bin", default="")
     ap.add_argument("--worker-bin", default="")
@@ -551,6 +614,8 @@ def main():
     ap.add_argument("--restart-delay-s", type=float, default=4,
                     help="kvfleet up --restart-delay-s (longer than the heartbeat timeout, so the dead window shows)")
     ap.add_argument("--drop-rate", type=float, default=0.05)
+    ap.add_argument("--gossip-outage-s", type=float, default=10,
+                    help="gossip: how long the gossip channel is down, from 3 s after start-up")
     ap.add_argument("--event-ring-batches", type=int, default=0,
                     help="soak: each worker's replay ring in batches (0: the worker's default, 10,000)")
     ap.add_argument("--kv-cache-mib", type=int, default=1024,
@@ -567,7 +632,7 @@ def main():
     loadavg = os.getloadavg()
     c.figure("load_average_at_start", [round(x, 2) for x in loadavg])
     {"kill": scenario_kill, "drop": scenario_drop, "router_restart": scenario_router_restart,
-     "soak": scenario_soak}[args.scenario](args, c)
+     "gossip": scenario_gossip, "soak": scenario_soak}[args.scenario](args, c)
     c.figure("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
     result = {"scenario": args.scenario, "workers": args.workers, "duration_s": args.duration_s, "rate": args.rate,
               "asan": args.asan, "passed": not c.failures, "failures": c.failures, "figures": c.figures}

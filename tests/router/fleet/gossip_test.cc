@@ -4,7 +4,9 @@
 // Two Fleets sharing one worker: a request in flight from one is load the other routes on.
 #include "router/fleet/gossip.h"
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -90,6 +92,87 @@ TEST_CASE("a router's in-flight counts reach its peer; one that stops is forgott
   REQUIRE(a2.ok());
   CHECK(WaitFor([&] { return b_peers.Load("w").requests == 2; }));
   b_peers.CheckInvariants();
+}
+
+TEST_CASE("with the gossip channel down each router goes on alone, and merges its peers' counts again once it is up") {
+  // Two routers, each with requests in flight on worker "w" and listing the other. The outage
+  // is one channel: both ends drop what they would send and what they read.
+  auto faults = std::make_shared<GossipFaults>();
+  GossipOptions a_options = Options();
+  a_options.faults = faults;
+  std::atomic<uint32_t> a_requests{3}, b_requests{2};
+  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
+  auto a = Gossip::Start(a_options, Says(&a_requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a.ok());
+  GossipOptions b_options = Options({(*a)->endpoint()});
+  b_options.faults = faults;
+  auto b = Gossip::Start(b_options, Says(&b_requests), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  // b's endpoint is known only now: a comes back on its own endpoint with b in its list.
+  a_options.endpoint = (*a)->endpoint();
+  a_options.peers = {(*b)->endpoint()};
+  a->reset();  // its context ends with it: the port is free
+  auto a_again = Gossip::Start(a_options, Says(&a_requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE_MESSAGE(a_again.ok(), a_again.status().ToString());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 3 && a_peers.Load("w").requests == 2; }));
+
+  faults->SetDown(true);
+  // Within the ttl both forget the other: each routes on its own counts, as one router does.
+  CHECK(WaitFor([&] { return a_peers.Peers() == 0 && b_peers.Peers() == 0; }));
+  CHECK(a_peers.Load("w") == OwnLoadCounts{});
+  CHECK(b_peers.WorkRate("m") == 0);
+  a_requests = 4;  // what changes meanwhile is told once the channel is back
+  const uint64_t applied = (*b)->applied();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ten intervals: nothing gets through
+  CHECK((*b)->applied() == applied);
+  CHECK(b_peers.Peers() == 0);
+
+  faults->SetDown(false);
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 4 && a_peers.Load("w").requests == 2; }));
+  CHECK(b_peers.WorkRate("m") == 250);
+  CHECK(faults->dropped() > 0);
+  a_peers.CheckInvariants();
+  b_peers.CheckInvariants();
+}
+
+TEST_CASE("a router finds its peers through a DNS name and hears their counts, a restarted one's too") {
+  std::atomic<uint32_t> requests{3}, none{0};
+  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
+  auto a = Gossip::Start(Options(), Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a.ok());
+  const std::string a_endpoint = (*a)->endpoint();  // tcp://127.0.0.1:PORT
+  GossipOptions b_options = Options();
+  b_options.peers_dns = a_endpoint.substr(std::string("tcp://").size());  // "127.0.0.1:PORT" answers a's address
+  b_options.dns_interval = 50 * kNsPerMs;
+  auto b = Gossip::Start(b_options, Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 3; }));
+  // a restarts on its address: the name still answers it, and b hears the new incarnation.
+  (*a)->Stop();
+  CHECK(WaitFor([&] { return b_peers.Peers() == 0; }));
+  GossipOptions again = Options();
+  again.endpoint = a_endpoint;
+  requests = 7;
+  auto a2 = Gossip::Start(again, Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a2.ok());
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 7; }));
+}
+
+TEST_CASE("--debug-drop-gossip's outage: AT_S:FOR_S, the channel down from AT_S for FOR_S seconds") {
+  auto outage = ParseGossipOutage("5:10");
+  REQUIRE(outage.ok());
+  CHECK(outage->after == 5 * kNsPerSec);
+  CHECK(outage->length == 10 * kNsPerSec);
+  const GossipFaults faults(100 + outage->after, outage->length);
+  CHECK_FALSE(faults.Down(100));
+  CHECK(faults.Down(100 + 5 * kNsPerSec));
+  CHECK(faults.Down(100 + 15 * kNsPerSec - 1));
+  CHECK_FALSE(faults.Down(100 + 15 * kNsPerSec));
+  for (const char* bad : {"", "5", "5:", ":10", "5:0", "-1:10", "5:x", "5:10:1", "1e9:1"}) {
+    const auto parsed = ParseGossipOutage(bad);
+    CHECK_MESSAGE(!parsed.ok(), bad);
+    if (!parsed.ok()) CHECK(parsed.status().message().find("--debug-drop-gossip") != std::string::npos);
+  }
 }
 
 TEST_CASE("garbage, forged and stale gossip frames are refused and counted, never applied") {

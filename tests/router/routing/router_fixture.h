@@ -53,6 +53,10 @@ class FakeLoads final : public WorkerLoads {
   OwnLoadCounts PeerLoad(WorkerId w) const override { return Get(peers, w); }
   OwnLoadCounts PeerLoadAt(WorkerId w, TimeNs) const override { return Get(peers_then, w); }
   double PeerWorkRate(std::string_view) const override { return peer_work; }
+  std::vector<WorkerId> DeviceMates(WorkerId w) const override {
+    auto it = mates.find(w);
+    return it == mates.end() ? std::vector<WorkerId>{} : it->second;
+  }
 
   std::map<WorkerId, OwnLoadCounts> own, own_then;
   // The other routers' counts, now and when the report came (their gossip), and their work.
@@ -63,6 +67,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, TransferPeer> transfer;
   std::map<WorkerId, double> announced;
   std::map<WorkerId, WorkerRole> roles;  // kBoth when not set
+  std::map<WorkerId, std::vector<WorkerId>> mates;  // workers sharing each one's device
   mutable TimeNs asked_at = 0;
 
  private:

@@ -38,6 +38,19 @@ using bf16 = __nv_bfloat16;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// A GPU's UUID as nvidia-smi prints it (GPU-8-4-4-4-12 hex digits): the Hello's deviceId.
+std::string GpuUuid(const cudaUUID_t& uuid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto byte = static_cast<unsigned char>(uuid.bytes[i]);
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(const BackendOptions& options) : ModelBackendBase(options) {}
@@ -140,6 +153,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_CUDA_RETURN(cudaSetDevice(rank0.device));
   cudaDeviceProp prop{};
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, rank0.device));
+  b->device_uuid_ = GpuUuid(prop.uuid);
   b->kv_fp8_ = options.kv_cache_dtype == KvCacheDtype::kFp8E4m3;
   if (b->kv_fp8_ && prop.major * 10 + prop.minor < 89) {
     return InvalidArgument("--kv-cache-dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); " +

@@ -168,6 +168,7 @@ class CudaBackend final : public ModelBackendBase {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
+  std::string device_id() const override { return device_uuid_; }  // rank 0's GPU
   Status Execute(const StepBatch& batch, StepOutput* out) override;
   kv::BlockCopier& block_copier() override { return rank_copier_ != nullptr ? *rank_copier_ : *copier_; }
   int32_t max_loras() const override { return options_.max_loras; }
@@ -417,6 +418,7 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<int32_t> dense_rows_scratch_;         // Attention: [seq] its dense context rows
   std::vector<void*> device_kv_;                    // [pool]: bf16, or e4m3 with kv_fp8_
   bool kv_fp8_ = false;
+  std::string device_uuid_;  // rank 0's GPU, GpuUuid: what workers sharing it announce
   bool kv_calibrating_ = false;      // the calibration forward: fp8 pools read as bf16
   float* kv_scales_ = nullptr;       // device [layer][K, V][num_kv_heads], with kv_fp8_
   std::vector<float> kv_scales_host_;

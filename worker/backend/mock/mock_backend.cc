@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -49,6 +51,21 @@ class MockBackend::ShadowCopier final : public kv::BlockCopier {
   uint64_t copies_ = 0;
 };
 
+namespace {
+
+// The end of a step of `duration` asked for at `start` on `device`, shared by the mocks of
+// this process that name it: after every step reserved on it before.
+TimeNs ReserveDevice(const std::string& device, TimeNs start, DurationNs duration) {
+  static std::mutex mu;
+  static std::map<std::string, TimeNs, std::less<>> busy_until;  // GUARDED_BY(mu)
+  std::lock_guard<std::mutex> lock(mu);
+  TimeNs& until = busy_until[device];
+  until = std::max(until, start) + duration;
+  return until;
+}
+
+}  // namespace
+
 Status ParseMockSettings(const BackendOptions& options, MockOptions* mock) {
   for (const auto& [key, value] : options.extra) {
     if (!key.starts_with("mock.")) continue;
@@ -63,6 +80,8 @@ Status ParseMockSettings(const BackendOptions& options, MockOptions* mock) {
         mock->cost.kv_token_read_us = std::stod(value);
       } else if (key == "mock.verify_kv") {
         mock->verify_kv = value == "1" || value == "true";
+      } else if (key == "mock.device") {
+        mock->device = value;
       } else if (key == "mock.eos_after") {
         mock->eos_after = static_cast<uint32_t>(std::stoul(value));
       } else {
@@ -352,7 +371,7 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
     }
   }
   last_step_ = mock_.cost.StepDuration(work);
-  const TimeNs deadline = start + last_step_;
+  const TimeNs deadline = mock_.device.empty() ? start + last_step_ : ReserveDevice(mock_.device, start, last_step_);
   if (mock_.wait) {
     mock_.wait(deadline);
   } else {

@@ -34,6 +34,7 @@
 // Settings in BackendOptions::extra (all optional):
 //   mock.step_base_us, mock.prefill_token_us, mock.decode_seq_us, mock.kv_token_read_us
 //   mock.verify_kv (0/1), mock.eos_after (N: the Nth generated token is EOS; 0: never)
+//   mock.device (a name: the mocks of this process naming it run one step at a time)
 // Without a model_dir the model is Llama-3.1-8B's shape (config.json of
 // meta-llama/Llama-3.1-8B): 32 layers, 8 KV heads of 128, vocab 128256.
 //
@@ -43,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/clock.h"
@@ -69,6 +71,10 @@ struct MockOptions {
   // duration). Empty: sleep until then on the steady clock.
   std::function<void(TimeNs deadline)> wait;
   const Clock* clock = nullptr;  // null: SystemClock::Default()
+  // mock.device: the mocks of this process naming the same device share its time, a step
+  // starting once the device's previous one (of any of them) has ended, as workers sharing
+  // a GPU take turns on it. Empty: a device of its own.
+  std::string device;
 };
 
 // Parses the mock.* settings of options.extra into `mock` (other fields untouched).
