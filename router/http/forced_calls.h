@@ -10,8 +10,8 @@
 // at once). A text that is not the grammar's JSON (cut off at max_tokens) is content in a
 // whole answer; in a stream what went out stands.
 //
-// Bounded: every byte is scanned once; nothing is held back but leading whitespace and, in a
-// required call, what ToolCallStream holds (a call's text up to its name).
+// Bounded: every byte is scanned once; nothing is held back but whitespace around the JSON
+// and, in a required call, what ToolCallStream holds (a call's text up to its name).
 //
 // Thread safety: a ForcedCallStream belongs to one choice of one request.
 #pragma once

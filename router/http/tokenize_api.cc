@@ -23,8 +23,8 @@ constexpr std::array<std::string_view, 4> kPromptFields = {"model", "prompt", "a
 // tools as a chat completion renders them; tool_choice and parallel_tool_calls are checked
 // as it checks them (they do not change the prompt), so an agent's request counts as sent.
 constexpr std::array<std::string_view, 10> kChatFields = {
-    "model",           "messages",          "add_generation_prompt", "continue_final_message", "add_special_tokens",
-    "return_token_strs", "chat_template_kwargs", "tools",               "tool_choice",            "parallel_tool_calls"};
+    "model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "return_token_strs", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls"};
 constexpr std::array<std::string_view, 2> kDetokenizeFields = {"model", "tokens"};
 
 TokenizeAnswer Error(ApiError e) { return TokenizeAnswer{std::move(e), {}}; }

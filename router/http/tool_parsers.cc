@@ -16,6 +16,9 @@ constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";       // v11+: name[ARGS]{...}
 constexpr std::string_view kMistralCallId = "[CALL_ID]";  // v11+: name[CALL_ID]id[ARGS]{...}
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+// The most a v11 call's text before its arguments may hold: a name and an id of at most 64
+// bytes, [CALL_ID], [ARGS] and whitespace.
+constexpr size_t kMaxMistralHeader = 256;
 
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -400,7 +403,8 @@ bool ToolCallStream::RunName(ToolStreamOut* out, bool final) {
   }
   if (rest.substr(0, kMistralArgs.size()) == kMistralArgs) at += kMistralArgs.size();
   at = SkipSpace(buf_, at);
-  if (at == buf_.size()) return wait();
+  // What is held here is bounded: a name, an id, two markers and a little whitespace.
+  if (at == buf_.size()) return at > kMaxMistralHeader ? GiveUp(out) : wait();
   if (buf_[at] != '{' || name_end == 0) return GiveUp(out);
   raw_dropped_ = calls_ >= max_calls_;
   BeginCall(out, buf_.substr(0, name_end));
@@ -458,6 +462,7 @@ bool ToolCallStream::RunAfterCall(ToolStreamOut* out, bool final) {
         mistral_open_ = false;
         if (!forced_array_ && IsNameChar(c)) {  // v11+: [TOOL_CALLS]name[ARGS]{...}
           buf_.erase(0, at);
+          scan_ = Scan{};  // no JSON call of this one to take back
           state_ = State::kName;
           return true;
         }

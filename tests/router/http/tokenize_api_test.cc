@@ -129,7 +129,8 @@ TEST_CASE("/tokenize of an agent's request counts the prompt_tokens its chat com
       R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],)"
       R"("tool_choice":"auto")";
   const json counted = json::parse(http::testing::BodyOf(r.Post("/tokenize", R"({"model":"m",)" + fields + "}")));
-  const json chat = json::parse(http::testing::BodyOf(r.Post("/v1/chat/completions", R"({"model":"m",)" + fields + "}")));
+  const json chat =
+      json::parse(http::testing::BodyOf(r.Post("/v1/chat/completions", R"({"model":"m",)" + fields + "}")));
   REQUIRE(chat.contains("usage"));
   CHECK(counted["count"] == chat["usage"]["prompt_tokens"]);
   CHECK(w.last_params().tokens.size() == counted["count"]);

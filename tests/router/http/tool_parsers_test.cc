@@ -106,7 +106,8 @@ TEST_CASE("mistral v11+: [TOOL_CALLS]name[ARGS]{...} per call, with or without t
   CheckEverySplit(ToolParserKind::kMistral,
                   "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Pa}ris\", \"d\": [1, {\"x\": \"\\\"\"}]}"
                   "[TOOL_CALLS]now[ARGS]{}",
-                  {"Checking.", {Call("get_weather", R"({"city": "Pa}ris", "d": [1, {"x": "\""}]})"), Call("now", "{}")}});
+                  {"Checking.",
+                   {Call("get_weather", R"({"city": "Pa}ris", "d": [1, {"x": "\""}]})"), Call("now", "{}")}});
   CheckEverySplit(ToolParserKind::kMistral, "[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{\"city\": \"Paris\"}",
                   {"", {Call("get_weather", R"({"city": "Paris"})")}});
   // A decoder that hid [ARGS]: the name runs up to the '{' (vLLM's reading too).
@@ -135,9 +136,12 @@ TEST_CASE("mistral v11+: [TOOL_CALLS]name[ARGS]{...} per call, with or without t
 }
 
 TEST_CASE("mistral v11+: a name that is no name, a cut call or bad arguments leave the answer as content") {
-  for (const std::string& text : std::vector<std::string>{"[TOOL_CALLS]get weather[ARGS]{}", "[TOOL_CALLS]f[ARGS]{\"a\": ", "[TOOL_CALLS]f[ARGS]{\"a\" 1}",
-        "[TOOL_CALLS]f[ARGS]", "[TOOL_CALLS]f[CALL_ID]x y[ARGS]{}", "[TOOL_CALLS]f[OTHER]{}",
-        "[TOOL_CALLS]" + std::string(65, 'n') + "[ARGS]{}"}) {
+  const std::vector<std::string> texts = {
+      "[TOOL_CALLS]get weather[ARGS]{}", "[TOOL_CALLS]f[ARGS]{\"a\": ", "[TOOL_CALLS]f[ARGS]{\"a\" 1}",
+      "[TOOL_CALLS]f[ARGS]", "[TOOL_CALLS]f[CALL_ID]x y[ARGS]{}", "[TOOL_CALLS]f[OTHER]{}",
+      "[TOOL_CALLS]" + std::string(65, 'n') + "[ARGS]{}",
+      "[TOOL_CALLS]f[ARGS]" + std::string(300, ' ')};
+  for (const std::string& text : texts) {
     CAPTURE(text);
     ParsedToolCalls whole = ParseToolCalls(ToolParserKind::kMistral, text);
     CHECK(whole.calls.empty());
