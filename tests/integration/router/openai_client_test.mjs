@@ -3,8 +3,9 @@
 // proves compatibility with a real client, not only with our reading of the spec. Agents'
 // requests too: tools (the mock's byte codec renders them and reads calls in the hermes
 // form), a two-turn tool conversation, content parts, and responses.create. A mock worker's
-// tokens are random bytes, so no call is ever generated here: the parsers are covered by
-// router_api_test (tool_parsers_test.cc, reasoning_parser_test.cc, responses_api_test.cc).
+// tokens are random bytes, so only forced calls (decoded under their grammar) are generated
+// here: the parsers are covered by router_api_test (tool_parsers_test.cc,
+// reasoning_parser_test.cc, responses_api_test.cc).
 //   node openai_client_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { createRequire } from 'node:module';
 import { Fleet, check, runAgainst } from './fleet.mjs';
