@@ -5,8 +5,10 @@
 namespace kvfleet::router {
 
 ChatOutputStream::ChatOutputStream(const ChatOutputSetup& setup)
-    : setup_(setup), reasoning_(setup.reasoning, setup.starts_inside_think), tools_(setup.tools, setup.max_calls) {
-  if (setup.forced_call()) forced_.emplace(setup.forced, setup.forced_name, setup.max_calls);
+    : setup_(setup),
+      reasoning_(setup.reasoning, setup.starts_inside_think),
+      tools_(setup.tools, setup.max_calls, setup.new_id()) {
+  if (setup.forced_call()) forced_.emplace(setup.forced, setup.forced_name, setup.max_calls, setup.new_id());
 }
 
 void ChatOutputStream::Take(ReasoningOut r, bool final, ChatOutputDelta* out) {
@@ -40,11 +42,12 @@ ChatOutput ParseChatOutput(const ChatOutputSetup& setup, std::string_view text) 
   ReasoningOut b = reasoning.Finish();
   if (setup.reasoning != ReasoningParserKind::kNone) out.reasoning = a.reasoning + b.reasoning;
   if (setup.forced_call()) {
-    out.calls = ParseForcedCalls(setup.forced, setup.forced_name, setup.max_calls, a.content + b.content);
+    out.calls =
+        ParseForcedCalls(setup.forced, setup.forced_name, setup.max_calls, a.content + b.content, setup.new_id());
     if (out.calls.empty()) out.content = a.content + b.content;
     return out;
   }
-  ParsedToolCalls calls = ParseToolCalls(setup.tools, a.content + b.content, setup.max_calls);
+  ParsedToolCalls calls = ParseToolCalls(setup.tools, a.content + b.content, setup.max_calls, setup.new_id());
   out.content = std::move(calls.content);
   out.calls = std::move(calls.calls);
   return out;

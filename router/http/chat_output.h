@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,8 +35,10 @@ struct ChatOutputSetup {
   bool starts_inside_think = false;              // the prompt ends inside <think>
   ToolChoice forced = ToolChoice::kNone;         // kRequired, kNamed: a forced call (above)
   std::string forced_name;                       // kNamed: the function
+  bool mistral_ids = false;                      // call ids of 9 letters and digits (tool_parsers.h)
 
   bool forced_call() const { return forced == ToolChoice::kRequired || forced == ToolChoice::kNamed; }
+  std::function<std::string()> new_id() const { return mistral_ids ? NewMistralToolCallId : NewToolCallId; }
   bool active() const {
     return tools != ToolParserKind::kNone || reasoning != ReasoningParserKind::kNone || forced_call();
   }

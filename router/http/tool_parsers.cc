@@ -97,15 +97,21 @@ std::vector<std::string_view> ToolParserSpecialTokens(ToolParserKind kind) {
   return {kMistralStart, kMistralArgs, kMistralCallId};
 }
 
-std::string NewToolCallId() {
+namespace {
+
+std::string RandomId(std::string id, int letters) {
   static std::mutex mu;
   static std::mt19937_64 rng(std::random_device{}());
   constexpr std::string_view kAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::string id = "call_";
   std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % kAlphabet.size()];
+  for (int i = 0; i < letters; ++i) id += kAlphabet[rng() % kAlphabet.size()];
   return id;
 }
+
+}  // namespace
+
+std::string NewToolCallId() { return RandomId("call_", 24); }
+std::string NewMistralToolCallId() { return RandomId("", 9); }
 
 ToolCallStream::ToolCallStream(ToolParserKind kind, uint32_t max_calls, std::function<std::string()> new_id)
     : kind_(kind), max_calls_(max_calls), new_id_(std::move(new_id)) {}

@@ -50,6 +50,9 @@ std::vector<std::string_view> ToolParserSpecialTokens(ToolParserKind kind);
 
 // "call_" and 24 random letters and digits, as OpenAI's ids look.
 std::string NewToolCallId();
+// 9 random letters and digits: Mistral's chat templates refuse any other call id when the
+// call comes back in the next turn (mistral-common's rule; vLLM's mistral parser gives these).
+std::string NewMistralToolCallId();
 
 struct ToolCallDelta {
   uint32_t index = 0;

@@ -2,8 +2,13 @@
 // every point and a byte at a time, which must give the same calls and content.
 #include "router/http/tool_parsers.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
+
+#include "router/http/chat_output.h"
 
 namespace kvfleet::router {
 
@@ -212,6 +217,34 @@ TEST_CASE("the parser is detected from the chat template's markers, and named by
   CHECK_FALSE(ToolParserFromName("pythonic").ok());
   CHECK(NewToolCallId().size() == 29);
   CHECK(NewToolCallId() != NewToolCallId());
+}
+
+TEST_CASE("a mistral model's calls get ids of 9 letters and digits, the only ones its templates take back") {
+  auto nine = [](const std::string& id) {
+    return id.size() == 9 && std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c) != 0; });
+  };
+  CHECK(nine(NewMistralToolCallId()));
+  CHECK(NewMistralToolCallId() != NewMistralToolCallId());
+  ChatOutputSetup setup;
+  setup.tools = ToolParserKind::kMistral;
+  setup.mistral_ids = true;
+  ChatOutput whole = ParseChatOutput(setup, "[TOOL_CALLS]f[ARGS]{}");
+  REQUIRE(whole.calls.size() == 1);
+  CHECK(nine(whole.calls[0].id));
+  ChatOutputStream stream(setup);
+  ChatOutputDelta d = stream.Push("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]");
+  REQUIRE(!d.calls.empty());
+  CHECK(nine(d.calls[0].id));
+  // Forced calls too: the template is the same.
+  ChatOutputSetup forced;
+  forced.forced = ToolChoice::kNamed;
+  forced.forced_name = "f";
+  forced.mistral_ids = true;
+  ChatOutput named = ParseChatOutput(forced, "{}");
+  REQUIRE(named.calls.size() == 1);
+  CHECK(nine(named.calls[0].id));
+  forced.mistral_ids = false;
+  CHECK(ParseChatOutput(forced, "{}").calls[0].id.rfind("call_", 0) == 0);
 }
 
 }  // namespace kvfleet::router
