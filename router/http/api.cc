@@ -242,9 +242,14 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
                                         const std::vector<TokenId>& prompt, ChatOutputSetup* out) const {
     if (!req.chat) return std::nullopt;
     const std::string_view tmpl = codec.chat_template_text();
-    if (req.tools.parse_calls()) {
+    ToolParserKind format = ToolParserKind::kNone;  // how the model writes calls
+    if (req.tools.tools) {
       // The byte codec (mock fleets) writes calls as <tool_call>...</tool_call>.
-      out->tools = options_.tool_parser.value_or(codec.is_byte_codec() ? ToolParserKind::kHermes : DetectToolParser(tmpl));
+      format = options_.tool_parser.value_or(codec.is_byte_codec() ? ToolParserKind::kHermes : DetectToolParser(tmpl));
+      out->mistral_ids = format == ToolParserKind::kMistral;  // its template checks the ids that come back
+    }
+    if (req.tools.parse_calls()) {
+      out->tools = format;
       if (out->tools == ToolParserKind::kNone) {
         return BadRequest("the model's chat template writes no tool-call format kvfleet knows; the router needs "
                           "--tool-call-parser to return its calls (or send tool_choice \"none\")",

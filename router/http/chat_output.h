@@ -5,21 +5,22 @@
 // cut-off call leaves its text as content, vLLM's rule).
 //
 // A forced call (tool_choice "required" or named) is decoded under ForcedCallSchema's
-// grammar (chat_tools.h), so the whole text is the call(s) as JSON: it is held back and
-// parsed at the end (named: the text is the function's arguments; required: an array of
-// {name, parameters}), and the calls go out in the last delta. A text the grammar did not
-// finish (max_tokens) is not JSON and goes out as content.
+// grammar (chat_tools.h), so the whole text is the call(s) as JSON, streamed as calls by
+// ForcedCallStream (forced_calls.h). A text the grammar did not finish (max_tokens) is not
+// JSON: a whole answer gives it as content.
 //
 // Thread safety: a ChatOutputStream belongs to one choice of one request.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "router/http/chat_tools.h"
+#include "router/http/forced_calls.h"
 #include "router/http/reasoning_parser.h"
 #include "router/http/tool_parsers.h"
 
@@ -34,8 +35,10 @@ struct ChatOutputSetup {
   bool starts_inside_think = false;              // the prompt ends inside <think>
   ToolChoice forced = ToolChoice::kNone;         // kRequired, kNamed: a forced call (above)
   std::string forced_name;                       // kNamed: the function
+  bool mistral_ids = false;                      // call ids of 9 letters and digits (tool_parsers.h)
 
   bool forced_call() const { return forced == ToolChoice::kRequired || forced == ToolChoice::kNamed; }
+  std::function<std::string()> new_id() const { return mistral_ids ? NewMistralToolCallId : NewToolCallId; }
   bool active() const {
     return tools != ToolParserKind::kNone || reasoning != ReasoningParserKind::kNone || forced_call();
   }
@@ -53,15 +56,14 @@ class ChatOutputStream {
   explicit ChatOutputStream(const ChatOutputSetup& setup);
   ChatOutputDelta Push(std::string_view text);
   ChatOutputDelta Finish();
-  bool called() const { return tools_.calls() > 0 || forced_calls_ > 0; }
+  bool called() const { return tools_.calls() > 0 || (forced_ && forced_->calls() > 0); }
 
  private:
   void Take(ReasoningOut r, bool final, ChatOutputDelta* out);
   ChatOutputSetup setup_;
   ReasoningStream reasoning_;
   ToolCallStream tools_;
-  std::string forced_text_;  // a forced call's text, parsed at the end
-  uint32_t forced_calls_ = 0;
+  std::optional<ForcedCallStream> forced_;  // a forced call's
 };
 
 struct ChatOutput {
@@ -70,9 +72,5 @@ struct ChatOutput {
   std::vector<ParsedToolCall> calls;
 };
 ChatOutput ParseChatOutput(const ChatOutputSetup& setup, std::string_view text);
-// A forced call's text as calls (the block above); empty when it is not the JSON the grammar
-// writes (a text cut at max_tokens).
-std::vector<ParsedToolCall> ParseForcedCalls(const ChatOutputSetup& setup, std::string_view text,
-                                             std::function<std::string()> new_id = NewToolCallId);
 
 }  // namespace kvfleet::router

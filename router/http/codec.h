@@ -65,9 +65,9 @@ class TextCodec {
   // Ids at or past this are not the model's (0: any id decodes, the byte codec).
   virtual size_t vocab_size() const { return 0; }
   virtual std::unique_ptr<StreamDecoder> NewDecoder() const = 0;
-  // A decoder that shows the special token `shown` (a tool-call marker such as Mistral's
-  // [TOOL_CALLS]) where NewDecoder's hides special tokens. Default: NewDecoder().
-  virtual std::unique_ptr<StreamDecoder> NewDecoderShowing(std::string_view shown) const {
+  // A decoder that shows the special tokens `shown` (tool-call markers such as Mistral's
+  // [TOOL_CALLS] and [ARGS]) where NewDecoder's hides special tokens. Default: NewDecoder().
+  virtual std::unique_ptr<StreamDecoder> NewDecoderShowing(const std::vector<std::string_view>& shown) const {
     (void)shown;
     return NewDecoder();
   }

@@ -23,7 +23,7 @@ CompletionStream::CompletionStream(std::shared_ptr<const StreamContext> context,
       last_(setup_.arrived) {
   timings_.read = setup_.arrived;
   timings_.routed = setup_.routed;
-  const std::string_view shown = ToolParserSpecialToken(setup_.output.tools);
+  const std::vector<std::string_view> shown = ToolParserSpecialTokens(setup_.output.tools);
   for (uint32_t i = 0; i < req_.sampling.n; ++i) {
     choices_.emplace_back(shown.empty() ? codec_->NewDecoder() : codec_->NewDecoderShowing(shown),
                           StopMatcher(req_.stop));

@@ -6,6 +6,7 @@
 
 #include "common/build_info.h"
 #include "router/http/chat_messages.h"
+#include "router/http/chat_tools.h"
 #include "router/http/json_body.h"
 
 namespace kvfleet::router {
@@ -19,13 +20,11 @@ constexpr size_t kMaxDetokenizeIds = size_t{1} << 20;
 
 constexpr std::array<std::string_view, 4> kPromptFields = {"model", "prompt", "add_special_tokens",
                                                            "return_token_strs"};
-constexpr std::array<std::string_view, 7> kChatFields = {"model",
-                                                         "messages",
-                                                         "add_generation_prompt",
-                                                         "continue_final_message",
-                                                         "add_special_tokens",
-                                                         "return_token_strs",
-                                                         "chat_template_kwargs"};
+// tools as a chat completion renders them; tool_choice and parallel_tool_calls are checked
+// as it checks them (they do not change the prompt), so an agent's request counts as sent.
+constexpr std::array<std::string_view, 10> kChatFields = {
+    "model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+    "return_token_strs", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls"};
 constexpr std::array<std::string_view, 2> kDetokenizeFields = {"model", "tokens"};
 
 TokenizeAnswer Error(ApiError e) { return TokenizeAnswer{std::move(e), {}}; }
@@ -85,6 +84,24 @@ std::optional<ApiError> FindModel(const json& j, const TokenizerModelLookup& loo
   return std::nullopt;
 }
 
+// tools, tool_choice and parallel_tool_calls as a chat completion reads them (its 400s
+// included); the tools go to the template in the client's key order.
+std::optional<ApiError> ReadTools(const json& j, std::string_view body, ChatTemplateOptions* options) {
+  nlohmann::ordered_json ordered;
+  const bool has_tools = j.contains("tools") && !j["tools"].is_null();
+  if (has_tools) {
+    auto all = ParseOrderedJson(body);
+    if (!all.ok() || !all->is_object()) return BadRequest(std::string(kJsonInvalid));
+    ordered = std::move(all).value();
+  }
+  ChatTools tools;
+  if (Status s = ParseChatTools(j, has_tools ? &ordered["tools"] : nullptr, &tools); !s.ok()) {
+    return ErrorFromStatus(s);
+  }
+  options->tools = std::move(tools.tools);
+  return std::nullopt;
+}
+
 }  // namespace
 
 TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& lookup, const FieldRule& rule) {
@@ -107,6 +124,7 @@ TokenizeAnswer Tokenize(std::string_view body, const TokenizerModelLookup& looku
     ChatTemplateOptions options;
     // The completions' reading of the template fields, their checks included.
     if (Status s = ApplyFieldRule(j, true, FieldRule{true, {}}, &options); !s.ok()) return Error(ErrorFromStatus(s));
+    if (auto e = ReadTools(j, body, &options)) return Error(*e);
     options.add_special_tokens = add_special_tokens;
     tokens = model.codec->EncodeChat(messages, options);
     if (!tokens.ok()) {

@@ -1,7 +1,8 @@
 // vLLM's tokenizer endpoints and /version, as the router serves them with each model's codec:
 //   POST /tokenize    {"model","prompt", add_special_tokens=true, return_token_strs=false}
 //                  or {"model","messages", add_generation_prompt=true, continue_final_message=false,
-//                      add_special_tokens=false, return_token_strs=false, chat_template_kwargs}
+//                      add_special_tokens=false, return_token_strs=false, chat_template_kwargs,
+//                      tools, tool_choice, parallel_tool_calls}  (rendered as a chat completion's)
 //                  -> {"count","max_model_len","tokens"[,"token_strs"]}
 //   POST /detokenize  {"model","tokens"} -> {"prompt"}
 //   GET  /version     {"version","git_sha"}

@@ -24,18 +24,22 @@ class TokenizerDecoder final : public StreamDecoder {
   tok::IncrementalDecoder dec_;
 };
 
-// Shows one special token the tokenizer's decoder would hide.
+// Shows special tokens the tokenizer's decoder would hide (a handful: a linear search).
 class ShowingDecoder final : public StreamDecoder {
  public:
-  ShowingDecoder(std::shared_ptr<const tok::Tokenizer> t, TokenId shown, std::string text)
-      : dec_(std::move(t), true), shown_(shown), text_(std::move(text)) {}
-  std::string Push(TokenId id) override { return id == shown_ ? dec_.Finish() + text_ : dec_.Push(id); }
+  ShowingDecoder(std::shared_ptr<const tok::Tokenizer> t, std::vector<std::pair<TokenId, std::string>> shown)
+      : dec_(std::move(t), true), shown_(std::move(shown)) {}
+  std::string Push(TokenId id) override {
+    for (const auto& [shown, text] : shown_) {
+      if (id == shown) return dec_.Finish() + text;
+    }
+    return dec_.Push(id);
+  }
   std::string Finish() override { return dec_.Finish(); }
 
  private:
   tok::IncrementalDecoder dec_;
-  TokenId shown_;
-  std::string text_;
+  std::vector<std::pair<TokenId, std::string>> shown_;
 };
 
 class TokenizerCodec final : public TextCodec {
@@ -85,10 +89,16 @@ class TokenizerCodec final : public TextCodec {
   std::string TokenString(TokenId id) const override { return tok_->IdToToken(id); }
   size_t vocab_size() const override { return tok_->vocab_size(); }
   std::unique_ptr<StreamDecoder> NewDecoder() const override { return std::make_unique<TokenizerDecoder>(tok_); }
-  std::unique_ptr<StreamDecoder> NewDecoderShowing(std::string_view shown) const override {
-    std::optional<TokenId> id = tok_->TokenToId(shown);
-    if (!id || !tok_->IsSpecial(*id)) return NewDecoder();
-    return std::make_unique<ShowingDecoder>(tok_, *id, std::string(shown));
+  std::unique_ptr<StreamDecoder> NewDecoderShowing(const std::vector<std::string_view>& shown) const override {
+    // Only the special ones: a token that is not special is shown already (or absent: the
+    // tokenizer's version has no such marker).
+    std::vector<std::pair<TokenId, std::string>> ids;
+    for (std::string_view s : shown) {
+      std::optional<TokenId> id = tok_->TokenToId(s);
+      if (id && tok_->IsSpecial(*id)) ids.emplace_back(*id, std::string(s));
+    }
+    if (ids.empty()) return NewDecoder();
+    return std::make_unique<ShowingDecoder>(tok_, std::move(ids));
   }
   std::string_view chat_template_text() const override { return tok_->chat_template_text(); }
   std::vector<TokenId> eos_token_ids() const override {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "router/http/chat_messages.h"
+#include "router/http/chat_tools.h"
 
 namespace kvfleet::router {
 
@@ -12,7 +13,12 @@ namespace {
 constexpr std::string_view kHermesStart = "<tool_call>";
 constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";       // v11+: name[ARGS]{...}
+constexpr std::string_view kMistralCallId = "[CALL_ID]";  // v11+: name[CALL_ID]id[ARGS]{...}
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+// The most a v11 call's text before its arguments may hold: a name and an id of at most 64
+// bytes, [CALL_ID], [ARGS] and whitespace.
+constexpr size_t kMaxMistralHeader = 256;
 
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -21,6 +27,16 @@ bool AllSpace(std::string_view s) {
     if (!IsSpace(c)) return false;
   }
   return true;
+}
+
+// A function name's bytes, as OpenAI allows them (chat_tools.h).
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+// True when `s` is a proper prefix of `marker` (more text may complete it).
+bool MayBecome(std::string_view s, std::string_view marker) {
+  return s.size() < marker.size() && marker.substr(0, s.size()) == s;
 }
 
 size_t SkipSpace(std::string_view s, size_t at) {
@@ -76,22 +92,37 @@ ToolParserKind DetectToolParser(std::string_view t) {
   return ToolParserKind::kNone;
 }
 
-std::string_view ToolParserSpecialToken(ToolParserKind kind) {
-  return kind == ToolParserKind::kMistral ? kMistralStart : std::string_view();
+std::vector<std::string_view> ToolParserSpecialTokens(ToolParserKind kind) {
+  if (kind != ToolParserKind::kMistral) return {};
+  return {kMistralStart, kMistralArgs, kMistralCallId};
 }
 
-std::string NewToolCallId() {
+namespace {
+
+std::string RandomId(std::string id, int letters) {
   static std::mutex mu;
   static std::mt19937_64 rng(std::random_device{}());
   constexpr std::string_view kAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::string id = "call_";
   std::lock_guard<std::mutex> lock(mu);
-  for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % kAlphabet.size()];
+  for (int i = 0; i < letters; ++i) id += kAlphabet[rng() % kAlphabet.size()];
   return id;
 }
 
+}  // namespace
+
+std::string NewToolCallId() { return RandomId("call_", 24); }
+std::string NewMistralToolCallId() { return RandomId("", 9); }
+
 ToolCallStream::ToolCallStream(ToolParserKind kind, uint32_t max_calls, std::function<std::string()> new_id)
     : kind_(kind), max_calls_(max_calls), new_id_(std::move(new_id)) {}
+
+ToolCallStream ToolCallStream::ForcedArray(uint32_t max_calls, std::function<std::string()> new_id) {
+  ToolCallStream s(ToolParserKind::kMistral, max_calls, std::move(new_id));
+  s.forced_array_ = true;
+  s.state_ = State::kAfterCall;  // reads the '[' that opens the calls
+  s.mistral_open_ = true;
+  return s;
+}
 
 ToolStreamOut ToolCallStream::Push(std::string_view text) {
   ToolStreamOut out;
@@ -117,8 +148,11 @@ ToolStreamOut ToolCallStream::Finish() {
     } else {
       out.content += call_marker_ + buf_;  // never became a call
     }
+  } else if (state_ == State::kName) {
+    out.content += call_marker_ + buf_;  // a v11 call cut before its arguments
   }
-  unfinished_ = state_ == State::kCall;
+  // kRawArgs: a v11 call cut off inside its arguments; what went out stands.
+  unfinished_ = state_ == State::kCall || state_ == State::kName || state_ == State::kRawArgs;
   buf_.clear();
   state_ = State::kDone;
   return out;
@@ -130,6 +164,8 @@ void ToolCallStream::Run(ToolStreamOut* out, bool final) {
     switch (state_) {
       case State::kText: progressed = RunText(out, final); break;
       case State::kCall: progressed = RunCall(out); break;
+      case State::kName: progressed = RunName(out, final); break;
+      case State::kRawArgs: progressed = RunRawArgs(out); break;
       case State::kAfterCall: progressed = RunAfterCall(out, final); break;
       case State::kDone:
         out->content += buf_;
@@ -158,6 +194,11 @@ void ToolCallStream::EmitContent(ToolStreamOut* out, std::string_view text, bool
 
 bool ToolCallStream::RunText(ToolStreamOut* out, bool final) {
   if (buf_.empty()) return false;
+  if (forced_array_) {  // after the array: no marker starts another
+    EmitContent(out, buf_, final);
+    buf_.clear();
+    return false;
+  }
   if (kind_ == ToolParserKind::kLlama3Json) {
     // A call is the whole answer: it starts it, after optional whitespace and <|python_tag|>.
     if (!at_start_ && calls_ == 0) {
@@ -274,11 +315,8 @@ bool ToolCallStream::RunCall(ToolStreamOut* out) {
           s.name = name->get<std::string>();
           s.name_done = true;
           s.dropped = calls_ >= max_calls_;
-          ++calls_;
-          if (!s.dropped) {
-            out->calls.push_back(ToolCallDelta{calls_ - 1, new_id_(), s.name, "", true});
-            s.header_sent = true;
-          }
+          s.header_sent = !s.dropped;
+          BeginCall(out, s.name);
         }
       }
       ++s.pos;
@@ -290,7 +328,7 @@ bool ToolCallStream::RunCall(ToolStreamOut* out) {
       if (s.key == "name") {
         if (c != '"' || s.name_done) return GiveUp(out);
         s.in_name = true;
-      } else if ((s.key == "arguments" || s.key == "parameters") && !s.args_start) {
+      } else if (((s.key == "arguments" && !forced_array_) || s.key == "parameters") && !s.args_start) {
         s.args_start = s.pos;
         s.args_string = c == '"';
         s.last_nonspace = s.pos + 1;
@@ -343,6 +381,57 @@ bool ToolCallStream::RunCall(ToolStreamOut* out) {
   return false;
 }
 
+void ToolCallStream::BeginCall(ToolStreamOut* out, std::string name) {
+  const bool dropped = calls_ >= max_calls_;
+  ++calls_;
+  if (!dropped) out->calls.push_back(ToolCallDelta{calls_ - 1, new_id_(), std::move(name), "", true});
+}
+
+bool ToolCallStream::RunName(ToolStreamOut* out, bool final) {
+  // name[ARGS]{, name[CALL_ID]id[ARGS]{, or name{ (a decoder that hid [ARGS]). The model's call
+  // id is read past: the call gets kvfleet's, as vLLM gives its own.
+  size_t at = 0;
+  while (at < buf_.size() && IsNameChar(buf_[at])) ++at;
+  const size_t name_end = at;
+  if (name_end > config::kMaxToolNameBytes) return GiveUp(out);
+  auto wait = [&] { return final ? GiveUp(out) : false; };
+  if (at == buf_.size()) return wait();
+  std::string_view rest = std::string_view(buf_).substr(at);
+  if (MayBecome(rest, kMistralCallId) || MayBecome(rest, kMistralArgs)) return wait();
+  if (rest.substr(0, kMistralCallId.size()) == kMistralCallId) {
+    at += kMistralCallId.size();
+    const size_t id_start = at;
+    while (at < buf_.size() && IsNameChar(buf_[at])) ++at;
+    if (at - id_start > config::kMaxToolNameBytes) return GiveUp(out);
+    rest = std::string_view(buf_).substr(at);
+    if (rest.empty() || MayBecome(rest, kMistralArgs)) return wait();
+    if (rest.substr(0, kMistralArgs.size()) != kMistralArgs) return GiveUp(out);
+  }
+  if (rest.substr(0, kMistralArgs.size()) == kMistralArgs) at += kMistralArgs.size();
+  at = SkipSpace(buf_, at);
+  // What is held here is bounded: a name, an id, two markers and a little whitespace.
+  if (at == buf_.size()) return at > kMaxMistralHeader ? GiveUp(out) : wait();
+  if (buf_[at] != '{' || name_end == 0) return GiveUp(out);
+  raw_dropped_ = calls_ >= max_calls_;
+  BeginCall(out, buf_.substr(0, name_end));
+  buf_.erase(0, at);
+  raw_ = JsonEndScanner{};
+  state_ = State::kRawArgs;
+  return true;
+}
+
+bool ToolCallStream::RunRawArgs(ToolStreamOut* out) {
+  // The arguments object as the model writes it, up to the '}' that closes it.
+  size_t end = 0;
+  bool closed = false;
+  while (end < buf_.size() && !closed) closed = raw_.Push(buf_[end++]);
+  if (end > 0 && !raw_dropped_) out->calls.push_back(ToolCallDelta{calls_ - 1, "", "", buf_.substr(0, end), false});
+  buf_.erase(0, end);
+  if (!closed) return false;
+  state_ = State::kAfterCall;
+  return true;
+}
+
 bool ToolCallStream::GiveUp(ToolStreamOut* out) {
   // Not a call after all: what was held goes out as text. A call whose header went out
   // cannot be taken back; it ends where it is.
@@ -377,13 +466,19 @@ bool ToolCallStream::RunAfterCall(ToolStreamOut* out, bool final) {
     case ToolParserKind::kMistral:
       if (mistral_open_) {
         mistral_open_ = false;
+        if (!forced_array_ && IsNameChar(c)) {  // v11+: [TOOL_CALLS]name[ARGS]{...}
+          buf_.erase(0, at);
+          scan_ = Scan{};  // no JSON call of this one to take back
+          state_ = State::kName;
+          return true;
+        }
         if (c == '[') {
           in_array_ = true;
           buf_.erase(0, at + 1);
           StartCall();
           return true;
         }
-        if (c == '{') {
+        if (c == '{' && !forced_array_) {
           buf_.erase(0, at);
           StartCall();
           return true;

@@ -3,7 +3,10 @@
 //     optionally after <|python_tag|>; several are separated by ";".
 //   - hermes (Qwen2.5, Qwen3, Hermes): <tool_call>{"name", "arguments"}</tool_call>, any
 //     number, text before them is content.
-//   - mistral (Mistral v0.3 tokenizers): [TOOL_CALLS][{"name", "arguments"}, ...].
+//   - mistral: [TOOL_CALLS][{"name", "arguments"}, ...] (tokenizers before v11: Mistral 7B
+//     v0.3), or [TOOL_CALLS]name[ARGS]{...} per call, optionally name[CALL_ID]id[ARGS]{...}
+//     (v11+: Mistral Small 3.1+, Devstral, Magistral). The form is what follows [TOOL_CALLS]:
+//     '[' or '{' the JSON one, a name the other.
 // vLLM's parsers of the same names (vllm/entrypoints/openai/tool_parsers/) are the
 // reference for what counts as a call; this is kvfleet's own streaming implementation.
 //
@@ -16,7 +19,8 @@
 // answer (ParseToolCalls) is the same machine fed at once, so streamed and whole answers agree.
 //
 // Bounded: every byte is scanned once; the held-back text is at most a marker's length,
-// except inside a call whose name has not ended (its text up to the name).
+// except inside a call whose name has not ended (its text up to the name; a v11 name is at
+// most 64 bytes, its call id as long).
 //
 // Thread safety: a ToolCallStream belongs to one choice of one request.
 #pragma once
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "router/http/json_scan.h"
 
 namespace kvfleet::router {
 
@@ -39,12 +44,15 @@ Result<ToolParserKind> ToolParserFromName(std::string_view name);
 std::string_view ToolParserName(ToolParserKind kind);
 // The parser a chat template's calls are written for (the markers it renders), or kNone.
 ToolParserKind DetectToolParser(std::string_view chat_template);
-// The special token the parser's marker is (mistral's [TOOL_CALLS]), which a decoder that
-// hides special tokens must show; empty: none needed.
-std::string_view ToolParserSpecialToken(ToolParserKind kind);
+// The special tokens the parser's markers are (mistral's [TOOL_CALLS], [ARGS], [CALL_ID]),
+// which a decoder that hides special tokens must show; empty: none needed.
+std::vector<std::string_view> ToolParserSpecialTokens(ToolParserKind kind);
 
 // "call_" and 24 random letters and digits, as OpenAI's ids look.
 std::string NewToolCallId();
+// 9 random letters and digits: Mistral's chat templates refuse any other call id when the
+// call comes back in the next turn (mistral-common's rule; vLLM's mistral parser gives these).
+std::string NewMistralToolCallId();
 
 struct ToolCallDelta {
   uint32_t index = 0;
@@ -66,6 +74,9 @@ class ToolCallStream {
   // new_id: each call's id (tests pass a counter).
   ToolCallStream(ToolParserKind kind, uint32_t max_calls = UINT32_MAX,
                  std::function<std::string()> new_id = NewToolCallId);
+  // The calls of a forced "required" answer (ForcedCallSchema's array of {"name",
+  // "parameters"}, no marker before it); text after the array is content.
+  static ToolCallStream ForcedArray(uint32_t max_calls, std::function<std::string()> new_id = NewToolCallId);
   ToolStreamOut Push(std::string_view text);
   // The end of the text: what was held back, as content when it never became a call.
   ToolStreamOut Finish();
@@ -77,11 +88,17 @@ class ToolCallStream {
   bool unfinished() const { return unfinished_; }
 
  private:
-  enum class State : uint8_t { kText, kCall, kAfterCall, kDone };
+  // kCall scans a JSON call object; kName and kRawArgs are mistral's v11 form (the name and
+  // what comes before '{', then the arguments object as written).
+  enum class State : uint8_t { kText, kCall, kName, kRawArgs, kAfterCall, kDone };
   // Each step consumes what it can; true: the state changed, run the next.
   void Run(ToolStreamOut* out, bool final);
   bool RunText(ToolStreamOut* out, bool final);
   bool RunCall(ToolStreamOut* out);
+  bool RunName(ToolStreamOut* out, bool final);
+  bool RunRawArgs(ToolStreamOut* out);
+  // A call's name was read: its header goes out (unless past max_calls).
+  void BeginCall(ToolStreamOut* out, std::string name);
   bool RunAfterCall(ToolStreamOut* out, bool final);
   bool GiveUp(ToolStreamOut* out);
   void EmitContent(ToolStreamOut* out, std::string_view text, bool final);
@@ -98,6 +115,9 @@ class ToolCallStream {
   bool at_start_ = true;      // llama3_json: nothing but whitespace so far
   bool mistral_open_ = false; // mistral: [TOOL_CALLS] read, its '[' not yet
   bool in_array_ = false;     // mistral: inside [TOOL_CALLS][ ... ]
+  bool forced_array_ = false; // ForcedArray: the array without a marker, "parameters" only
+  JsonEndScanner raw_;        // kRawArgs: where the arguments object ends
+  bool raw_dropped_ = false;  // kRawArgs: the call is past max_calls
   bool broken_ = false;
   bool unfinished_ = false;
   uint32_t calls_ = 0;        // calls whose name was read (dropped ones included)

@@ -218,7 +218,36 @@ function conversations() {
   }
   // A system message alone after the first, and consecutive users.
   convs.push([{ role: "user", content: "hi" }, { role: "user", content: "again" }, { role: "system", content: "late system" }]);
-  return convs;
+  return convs.map((messages) => ({ messages, extra: {} }));
+}
+
+// Agents' conversations: function tools in the template's `tools` variable (as the router
+// passes them), an assistant's calls with their arguments as the object the router makes of
+// the client's JSON string (router/http/chat_messages.h; content "" beside them), and the
+// tools' answers.
+const TOOLS = [
+  { type: "function", function: { name: "get_weather", description: "The weather in a city now",
+    parameters: { type: "object", properties: { city: { type: "string", description: "Paris, Tōkyō" },
+      unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } },
+  { type: "function", function: { name: "now", description: "The time", parameters: { type: "object", properties: {} } } },
+];
+function toolConversations() {
+  const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: args } });
+  const ask = { role: "user", content: "Weather in Paris, and the time?" };
+  const system = { role: "system", content: "You are brief." };
+  const one = { role: "assistant", content: "", tool_calls: [call("call_1", "get_weather", { city: "Paris", unit: "c" })] };
+  const two = { role: "assistant", content: "", tool_calls: [call("call_1", "get_weather", { city: "Paris" }),
+    call("call_2", "now", {})] };
+  const result = (id, content) => ({ role: "tool", tool_call_id: id, content });
+  const convs = [
+    [ask], [system, ask],
+    [ask, one, result("call_1", "20C, sunny"), { role: "assistant", content: "20C and sunny." }],
+    [system, ask, one, result("call_1", '{"temp": 20, "sky": "sunny \"clear\""}')],
+    [system, ask, two, result("call_1", "20C"), result("call_2", "12:00")],
+    [ask, { role: "assistant", content: "Let me look.", tool_calls: one.tool_calls }, result("call_1", "20C"),
+      { role: "user", content: "Thanks." }],
+  ];
+  return convs.flatMap((messages) => [TOOLS, TOOLS.slice(0, 1)].map((tools) => ({ messages, extra: { tools } })));
 }
 
 const renders = [];
@@ -228,10 +257,10 @@ for (const [name, spec] of Object.entries(TEMPLATES)) {
   const source = spec.source();
   sources[name] = source;
   const template = new Template(source);
-  const conv = conversations();
-  for (const messages of conv) {
+  const conv = [...conversations(), ...toolConversations()];
+  for (const { messages, extra: variables } of conv) {
     for (const add_generation_prompt of [false, true]) {
-      const extra = { date_string: "21 Nov 2026" };
+      const extra = { date_string: "21 Nov 2026", ...variables };
       const context = { messages, add_generation_prompt, ...extra };
       if (spec.bos_token) context.bos_token = spec.bos_token;
       if (spec.eos_token) context.eos_token = spec.eos_token;

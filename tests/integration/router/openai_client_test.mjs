@@ -3,8 +3,9 @@
 // proves compatibility with a real client, not only with our reading of the spec. Agents'
 // requests too: tools (the mock's byte codec renders them and reads calls in the hermes
 // form), a two-turn tool conversation, content parts, and responses.create. A mock worker's
-// tokens are random bytes, so no call is ever generated here: the parsers are covered by
-// router_api_test (tool_parsers_test.cc, reasoning_parser_test.cc, responses_api_test.cc).
+// tokens are random bytes, so only forced calls (decoded under their grammar) are generated
+// here: the parsers are covered by router_api_test (tool_parsers_test.cc,
+// reasoning_parser_test.cc, responses_api_test.cc).
 //   node openai_client_test.mjs ROUTER_BIN WORKER_BIN WORK_DIR BASE_PORT
 import { createRequire } from 'node:module';
 import { Fleet, check, runAgainst } from './fleet.mjs';
@@ -118,6 +119,25 @@ await runAgainst(fleet, async () => {
   check(namedCalls.length === 1 && namedCalls[0].function.name === 'get_weather' &&
         ajv.validate(tools[0].function.parameters, JSON.parse(namedCalls[0].function.arguments)),
         'tool_choice named: one call whose arguments validate against its parameters');
+  // Forced calls streamed, through the SDK's stream helper: the name first, then the arguments
+  // in many deltas; a mock's tokens are a function of the seed, so the assembled calls must be
+  // the whole answer's, byte for byte.
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const params = { model: 'mock', messages: ask, tools, tool_choice, max_tokens: 400, seed: 5, temperature: 1 };
+    const whole = (await client.chat.completions.create(params)).choices[0].message.tool_calls ?? [];
+    let fragments = 0;
+    const runner = client.chat.completions.stream(params);
+    runner.on('tool_calls.function.arguments.delta', (e) => { if (e.arguments_delta) fragments++; });
+    const final = await runner.finalChatCompletion();
+    const streamedCalls = final.choices[0].message.tool_calls ?? [];
+    check(final.choices[0].finish_reason === 'tool_calls' && streamedCalls.length >= 1 &&
+          streamedCalls.length === whole.length &&
+          streamedCalls.every((c, i) => c.function.name === whole[i].function.name &&
+                                        c.function.arguments === whole[i].function.arguments),
+          `tool_choice ${JSON.stringify(tool_choice)} streamed: the SDK assembles the whole answer's calls`);
+    check(fragments > streamedCalls.length, `tool_choice ${JSON.stringify(tool_choice)} streamed: arguments ` +
+          `arrive as they are decoded (${fragments} deltas)`);
+  }
 
   // Structured outputs: every answer validates with ajv (the mock's tokens are random bytes
   // under the grammar's mask, so only the grammar makes them valid).

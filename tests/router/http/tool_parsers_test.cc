@@ -2,8 +2,13 @@
 // every point and a byte at a time, which must give the same calls and content.
 #include "router/http/tool_parsers.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
+
+#include "router/http/chat_output.h"
 
 namespace kvfleet::router {
 
@@ -101,6 +106,58 @@ TEST_CASE("mistral: [TOOL_CALLS] then a JSON array of calls") {
   CheckEverySplit(ToolParserKind::kMistral, "no calls [TOOL", {"no calls [TOOL", {}});
 }
 
+TEST_CASE("mistral v11+: [TOOL_CALLS]name[ARGS]{...} per call, with or without the model's [CALL_ID]") {
+  // Arguments are the object as written; text before the first call is content.
+  CheckEverySplit(ToolParserKind::kMistral,
+                  "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Pa}ris\", \"d\": [1, {\"x\": \"\\\"\"}]}"
+                  "[TOOL_CALLS]now[ARGS]{}",
+                  {"Checking.",
+                   {Call("get_weather", R"({"city": "Pa}ris", "d": [1, {"x": "\""}]})"), Call("now", "{}")}});
+  CheckEverySplit(ToolParserKind::kMistral, "[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{\"city\": \"Paris\"}",
+                  {"", {Call("get_weather", R"({"city": "Paris"})")}});
+  // A decoder that hid [ARGS]: the name runs up to the '{' (vLLM's reading too).
+  CheckEverySplit(ToolParserKind::kMistral, "[TOOL_CALLS]add{\"a\": 1}", {"", {Call("add", R"({"a": 1})")}});
+  // The JSON form is still read when '[' or '{' follows the marker.
+  CheckEverySplit(ToolParserKind::kMistral, "[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+                  {"", {Call("f", R"({"a": 1})")}});
+  // Byte for byte: the streamed fragments are the arguments as the model wrote them.
+  const std::string args = "{\"n\": 1.50, \"s\": \"\\u00e9\"}";
+  ParsedToolCalls whole = ParseToolCalls(ToolParserKind::kMistral, "[TOOL_CALLS]f[ARGS]" + args);
+  REQUIRE(whole.calls.size() == 1);
+  CHECK(whole.calls[0].arguments == args);
+  // The header goes out once the name has ended, the arguments as they come.
+  ToolCallStream stream(ToolParserKind::kMistral, UINT32_MAX, Counter());
+  CHECK(stream.Push("[TOOL_CALLS]get_wea").calls.empty());
+  ToolStreamOut a = stream.Push("ther[ARGS]{\"ci");
+  REQUIRE(a.calls.size() == 2);
+  CHECK((a.calls[0].first && a.calls[0].name == "get_weather"));
+  CHECK(a.calls[1].arguments == "{\"ci");
+  // parallel_tool_calls false: the second call is dropped with its text.
+  ParsedToolCalls one = ParseToolCalls(ToolParserKind::kMistral, "[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{\"x\": 1}",
+                                       1, Counter());
+  REQUIRE(one.calls.size() == 1);
+  CHECK(one.calls[0].name == "a");
+  CHECK(one.content.empty());
+}
+
+TEST_CASE("mistral v11+: a name that is no name, a cut call or bad arguments leave the answer as content") {
+  const std::vector<std::string> texts = {
+      "[TOOL_CALLS]get weather[ARGS]{}", "[TOOL_CALLS]f[ARGS]{\"a\": ", "[TOOL_CALLS]f[ARGS]{\"a\" 1}",
+      "[TOOL_CALLS]f[ARGS]", "[TOOL_CALLS]f[CALL_ID]x y[ARGS]{}", "[TOOL_CALLS]f[OTHER]{}",
+      "[TOOL_CALLS]" + std::string(65, 'n') + "[ARGS]{}",
+      "[TOOL_CALLS]f[ARGS]" + std::string(300, ' ')};
+  for (const std::string& text : texts) {
+    CAPTURE(text);
+    ParsedToolCalls whole = ParseToolCalls(ToolParserKind::kMistral, text);
+    CHECK(whole.calls.empty());
+    CHECK(whole.content == text);
+  }
+  // Streamed, text that never became a call goes out as it was.
+  ParsedToolCalls streamed = Joined(ToolParserKind::kMistral, {"x [TOOL_CALLS]na", "me[AR"});
+  CHECK(streamed.calls.empty());
+  CHECK(streamed.content == "x [TOOL_CALLS]name[AR");
+}
+
 TEST_CASE("a malformed or cut-off call leaves the whole answer as content in a whole response") {
   const std::string cut = "ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": ";
   ParsedToolCalls whole = ParseToolCalls(ToolParserKind::kHermes, cut);
@@ -150,12 +207,44 @@ TEST_CASE("streamed arguments go out as they are written, not only when the call
 TEST_CASE("the parser is detected from the chat template's markers, and named by vLLM's names") {
   CHECK(DetectToolParser("{{- '<tool_call>\\n' }}") == ToolParserKind::kHermes);
   CHECK(DetectToolParser("[TOOL_CALLS] ") == ToolParserKind::kMistral);
+  CHECK(DetectToolParser("{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}") == ToolParserKind::kMistral);
+  CHECK(ToolParserSpecialTokens(ToolParserKind::kMistral) ==
+        std::vector<std::string_view>{"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"});
+  CHECK(ToolParserSpecialTokens(ToolParserKind::kHermes).empty());
   CHECK(DetectToolParser("<|python_tag|>") == ToolParserKind::kLlama3Json);
   CHECK(DetectToolParser("{{ message.content }}") == ToolParserKind::kNone);
   CHECK(*ToolParserFromName("hermes") == ToolParserKind::kHermes);
   CHECK_FALSE(ToolParserFromName("pythonic").ok());
   CHECK(NewToolCallId().size() == 29);
   CHECK(NewToolCallId() != NewToolCallId());
+}
+
+TEST_CASE("a mistral model's calls get ids of 9 letters and digits, the only ones its templates take back") {
+  auto nine = [](const std::string& id) {
+    return id.size() == 9 && std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c) != 0; });
+  };
+  CHECK(nine(NewMistralToolCallId()));
+  CHECK(NewMistralToolCallId() != NewMistralToolCallId());
+  ChatOutputSetup setup;
+  setup.tools = ToolParserKind::kMistral;
+  setup.mistral_ids = true;
+  ChatOutput whole = ParseChatOutput(setup, "[TOOL_CALLS]f[ARGS]{}");
+  REQUIRE(whole.calls.size() == 1);
+  CHECK(nine(whole.calls[0].id));
+  ChatOutputStream stream(setup);
+  ChatOutputDelta d = stream.Push("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]");
+  REQUIRE(!d.calls.empty());
+  CHECK(nine(d.calls[0].id));
+  // Forced calls too: the template is the same.
+  ChatOutputSetup forced;
+  forced.forced = ToolChoice::kNamed;
+  forced.forced_name = "f";
+  forced.mistral_ids = true;
+  ChatOutput named = ParseChatOutput(forced, "{}");
+  REQUIRE(named.calls.size() == 1);
+  CHECK(nine(named.calls[0].id));
+  forced.mistral_ids = false;
+  CHECK(ParseChatOutput(forced, "{}").calls[0].id.rfind("call_", 0) == 0);
 }
 
 }  // namespace kvfleet::router
