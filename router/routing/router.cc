@@ -123,23 +123,21 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
-void Router::AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
-                      std::vector<Candidate>* candidates) const {
+void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const {
   if (!(options().transfer_bytes_per_s > 0) || holders.size() < 2 || candidates->empty()) return;
   // The source holds the longest run by its own events: a predicted entry (a prefix sent there
   // a moment ago) may not be computed yet, and a pull for it would be refused.
   const Candidate* holder = nullptr;
   uint32_t held = 0;
   std::shared_ptr<const TransferPeer> from;
+  // Each candidate's run by its own events came with its match (PrefixMatch::held_blocks, one
+  // walk of the prompt's blocks for every worker), not from a lookup per block per candidate.
   for (const Candidate& c : holders) {
-    const uint32_t matched = c.device_blocks + c.host_blocks;
-    if (matched <= held) continue;
+    if (c.held_blocks <= held) continue;
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
-    const uint32_t run = kv_index_->HeldRun(c.worker, hashes.first(std::min<size_t>(matched, hashes.size())));
-    if (run <= held) continue;
     holder = &c;
-    held = run;
+    held = c.held_blocks;
     from = std::move(peer);
   }
   if (holder == nullptr) return;
@@ -226,6 +224,10 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (by_prefix) {
     PrefixIndex* index = d.policy == Policy::kApprox ? approx_index_ : kv_index_;
     index->FindMatches(d.hashes, &matches);
+    auto by_worker = [](const PrefixMatch& a, const PrefixMatch& b) { return a.worker < b.worker; };
+    if (!std::is_sorted(matches.begin(), matches.end(), by_worker)) {
+      std::sort(matches.begin(), matches.end(), by_worker);
+    }
   }
   std::vector<Candidate> candidates;
   candidates.reserve(fleet.routable.size());
@@ -243,11 +245,13 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       ++not_constrained;
       continue;
     }
-    for (const PrefixMatch& m : matches) {
-      if (m.worker == id) {
-        c.device_blocks = m.device_blocks;
-        c.host_blocks = m.host_blocks;
-      }
+    // Every worker of a large fleet may match a shared prefix: a search, not a scan per worker.
+    auto m = std::lower_bound(matches.begin(), matches.end(), id,
+                              [](const PrefixMatch& a, WorkerId w) { return a.worker < w; });
+    if (m != matches.end() && m->worker == id) {
+      c.device_blocks = m->device_blocks;
+      c.host_blocks = m->host_blocks;
+      c.held_blocks = m->held_blocks;
     }
     if (d.policy == Policy::kSglang || d.policy == Policy::kPreble) {  // the rules that read it
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
@@ -288,7 +292,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   }
   const std::vector<Candidate> decode_pool = candidates;  // without pull options
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
-  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, d.hashes, &candidates);
+  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, &candidates);
 
   // Admission.
   std::vector<double> ttft;

@@ -7,6 +7,7 @@
 #include <new>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -41,6 +42,7 @@ struct Model {
     for (WorkerId w : workers) {
       PrefixMatch m{w, 0, 0};
       bool host_phase = false;
+      bool held_run = true;  // every block so far held by events (predictions excluded)
       for (BlockHash h : hashes) {
         uint8_t bits = 0;
         if (auto it = held.find(w); it != held.end())
@@ -49,6 +51,8 @@ struct Model {
         if (auto it = predicted.find(w); it != predicted.end())
           if (auto p = it->second.find(h); p != it->second.end()) pred = p->second > now;
         if (!bits && !pred) break;
+        held_run = held_run && bits != 0;
+        if (held_run) ++m.held_blocks;
         if (!host_phase && ((bits & 1) || pred)) {
           ++m.device_blocks;
         } else {
@@ -74,6 +78,7 @@ void ExpectSame(const std::vector<PrefixMatch>& got, const std::vector<PrefixMat
     CHECK(g[i].worker == w[i].worker);
     CHECK(g[i].device_blocks == w[i].device_blocks);
     CHECK(g[i].host_blocks == w[i].host_blocks);
+    CHECK(g[i].held_blocks == w[i].held_blocks);
   }
 }
 
@@ -141,6 +146,12 @@ TEST_CASE("FindMatches agrees with a brute-force reference on random indexes") {
         std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
         index.FindMatches(q, &got);
         ExpectSame(got, model.Match(q, clock.Now()));
+        // The pull source's run (Router::AddPulls) is read from the match; it was one
+        // HeldRun per candidate, which it must equal.
+        for (const PrefixMatch& m : got) {
+          const auto matched = std::span<const BlockHash>(q).first(m.device_blocks + m.host_blocks);
+          CHECK(m.held_blocks == index.HeldRun(m.worker, matched));
+        }
       }
     }
     for (WorkerId w = 0; w < workers * 23; w += 23) {
@@ -173,7 +184,7 @@ TEST_CASE("a match counts leading device blocks, then the host blocks after them
   index.Store(3, 12, Tier::kDevice);  // does not hold block 0: no match
   std::vector<PrefixMatch> out;
   index.FindMatches(h, &out);
-  ExpectSame(out, {{1, 2, 2}, {2, 0, 1}});
+  ExpectSame(out, {{1, 2, 2, 4}, {2, 0, 1, 1}});
 }
 
 TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
@@ -185,7 +196,7 @@ TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
   std::vector<PrefixMatch> out;
   std::vector<BlockHash> q = {1, 2, 3};
   index.FindMatches(q, &out);
-  ExpectSame(out, {{1, 1, 0}});
+  ExpectSame(out, {{1, 1, 0, 1}});
 }
 
 TEST_CASE("FindMatches allocates nothing once the output has capacity") {
@@ -213,12 +224,12 @@ TEST_CASE("a predicted entry counts until its TTL passes or a stored event confi
   index.InsertPredicted(4, run, 2 * kNsPerSec);
   std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
-  ExpectSame(out, {{4, 3, 0}});
+  ExpectSame(out, {{4, 3, 0, 0}});  // held: none, by its events
   CHECK(index.BlockCount(4, Tier::kDevice) == 0);  // predictions are not holdings
   index.Store(4, 5, Tier::kDevice);                  // confirms block 5 only
   clock.AdvanceMs(2500);
   index.FindMatches(run, &out);
-  ExpectSame(out, {{4, 1, 0}});
+  ExpectSame(out, {{4, 1, 0, 1}});
   CHECK(index.SweepExpired() == 2);
   CHECK(index.EntryCount() == 1);
   index.CheckInvariants();
@@ -388,7 +399,7 @@ TEST_CASE("a prediction of a worker past 63 counts on a block no such worker sto
   index.InsertPredicted(130, run, kNsPerSec);
   std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
-  ExpectSame(out, {{1, 3, 0}, {130, 3, 0}});
+  ExpectSame(out, {{1, 3, 0, 3}, {130, 3, 0, 0}});
   index.CheckInvariants();
 }
 
