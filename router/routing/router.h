@@ -189,6 +189,9 @@ class Router {
   void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
+  // The same, with the candidates' Picker::FleetRate already known.
+  std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
+                                    double fleet_rate, std::vector<double>* ttft) const;
 
   Picker picker_;
   const WorkerLoads* loads_;
