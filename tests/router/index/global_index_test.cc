@@ -391,6 +391,43 @@ TEST_CASE("a fleet of more than 64 workers matches exactly (overflow groups)") {
   CHECK(!index.Holds(150, chain[0]));
 }
 
+TEST_CASE("a block's overflow row keeps each 64-worker group's holders as groups come and go") {
+  // One row holds every group's masks (inline for one group, an array for more): groups
+  // added and removed out of order must keep the others' masks and tiers.
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  Model model;
+  const std::vector<BlockHash> run = {31, 32};
+  const std::vector<WorkerId> order = {700, 64, 1023, 130, 65, 200, 5};  // groups 10, 1, 15, 2, 1, 3, 0
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Tier t = k % 2 == 0 ? Tier::kDevice : Tier::kHost;
+    for (BlockHash h : run) {
+      index.Store(order[k], h, t);
+      model.held[order[k]][h] = t == Tier::kDevice ? 1 : 2;
+    }
+    index.CheckInvariants();
+  }
+  std::vector<PrefixMatch> got;
+  index.FindMatches(run, &got);
+  ExpectSame(got, model.Match(run, clock.Now()));
+  for (WorkerId w : {WorkerId{130}, WorkerId{700}, WorkerId{64}, WorkerId{1023}}) {
+    index.Remove(w, run[1], w == 700 || w == 1023 ? Tier::kDevice : Tier::kHost);
+    model.held[w].erase(run[1]);
+    index.CheckInvariants();
+    index.FindMatches(run, &got);
+    ExpectSame(got, model.Match(run, clock.Now()));
+  }
+  CHECK(index.Holds(65, run[1]));
+  CHECK(!index.Holds(64, run[1]));
+  CHECK(index.Move(200, run[0], Tier::kHost));
+  model.held[200][run[0]] = 2;
+  index.RemoveWorker(65);
+  model.held.erase(65);
+  index.CheckInvariants();
+  index.FindMatches(run, &got);
+  ExpectSame(got, model.Match(run, clock.Now()));
+}
+
 TEST_CASE("a prediction of a worker past 63 counts on a block no such worker stores") {
   ManualClock clock;
   GlobalIndex index({}, &clock);
