@@ -148,6 +148,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
     const size_t end = std::min(n, begin + config::kWriteSliceOps);
     int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
     std::lock_guard lock(shard.mu);
+    std::lock_guard side(shard.side_mu);  // released while the table grows (FindOrInsert)
     shard.BeginWrite();
     for (size_t k = begin; k < end; ++k) {
       // ops[n..n + ahead) are the next shards' ops: the window runs across shards.
@@ -290,6 +291,7 @@ bool GlobalIndex::Move(WorkerId worker, BlockHash hash, kv::Tier tier) {
   const uint64_t mix = Mix(hash);
   Shard& shard = shards_[ShardOfMix(mix)];
   std::lock_guard lock(shard.mu);
+  std::lock_guard side(shard.side_mu);
   const uint64_t i = shard.Find(hash, mix);
   if (i == kNpos) return false;
   Slot& s = shard.T()->slots[i];
@@ -325,6 +327,7 @@ void GlobalIndex::ClearWorker(WorkerId worker, bool keep_predicted) {
   for (int si = 0; si < config::kShards; ++si) {
     Shard& shard = shards_[si];
     std::lock_guard lock(shard.mu);
+    std::lock_guard side(shard.side_mu);
     auto& pw = shard.workers[worker];
     if (pw.blocks.empty()) continue;
     kept.clear();

@@ -46,16 +46,18 @@
 //   4. BlockCount(w, t) equals the number of blocks w holds with tier bit t.
 //   5. Every slot is reachable from its home position by linear probing.
 //
-// Thread safety: thread-safe. Readers (FindMatches, Holds for workers < 64) take no lock:
+// Thread safety: thread-safe. Readers (FindMatches, Holds) read the slots without a lock:
 // each shard has a sequence counter that a writer makes odd while it changes the shard's
 // table, and a reader retries a slot read that overlapped a write. A table that grows is
 // freed only once no lock-free reader is running. Readers of the predicted and overflow
-// tables (rare: only blocks that have such rows) and every other call take the shard's
-// mutex. Writers (Apply and the single-block calls, InsertPredicted, RemoveWorker,
-// SweepExpired) take one shard's mutex at a time: Apply groups a batch's blocks by shard and
-// writes each shard's in slices of config::kWriteSliceOps, so a reader sees a batch applied
-// in part (as it always could across shards) and never waits for a whole one. FindMatches allocates nothing once *out has capacity for every
-// worker that matches.
+// tables (only blocks that have such rows: with more than 64 workers, every block a worker
+// past 63 holds) take the shard's side-table mutex, which writers hold only while they write
+// and release while the table grows; every other call takes the shard's mutex. Writers (Apply
+// and the single-block calls, InsertPredicted, RemoveWorker, SweepExpired) take one shard's
+// mutexes at a time: Apply groups a batch's blocks by shard and writes each shard's in slices
+// of config::kWriteSliceOps, so a reader sees a batch applied in part (as it always could
+// across shards) and never waits for a whole one. FindMatches allocates nothing once *out has
+// capacity for every worker that matches.
 #pragma once
 
 #include <atomic>

@@ -51,7 +51,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     const_cast<Slot*>(v.slot)->lru_ms.compare_exchange_strong(expected, now_ms, std::memory_order_relaxed);
   };
   // The block's holders in words lo..hi of blk_any/blk_dev/blk_held: the slot's masks, plus
-  // the predicted and overflow rows (under the shard mutex) when the slot has any. Overflow
+  // the predicted and overflow rows (under the shard's side_mu) when the slot has any. Overflow
   // rows are looked up only for words with a worker still matching (s.active).
   auto block_bits = [&](const Shard& shard, BlockHash h, const SlotView& v, int lo, int hi) {
     for (int w = lo; w <= hi; ++w) s.blk_any[w] = s.blk_dev[w] = s.blk_held[w] = 0;
@@ -61,7 +61,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     }
     const bool need_overflow = v.overflow != 0 && hi >= 1;
     if (v.predicted == 0 && !need_overflow) return;
-    std::lock_guard lock(shard.mu);
+    std::lock_guard lock(shard.side_mu);
     if (v.predicted != 0) {
       if (auto it = shard.predicted.find(h); it != shard.predicted.end()) {
         for (const PredHolder& p : it->second) {
@@ -174,14 +174,16 @@ bool GlobalIndex::Holds(WorkerId worker, BlockHash hash) const {
   if (worker >= config::kMaxWorkers) return false;
   const uint64_t mix = Mix(hash);
   const Shard& shard = shards_[ShardOfMix(mix)];
-  if (worker < config::kInlineWorkers) {
-    ReaderGuard guard(readers_);
-    const SlotView v = ReadSlot(shard, hash, mix);
-    return ((v.device | v.host) >> worker) & 1;
-  }
-  std::lock_guard lock(shard.mu);
-  const uint64_t i = shard.Find(hash, mix);
-  return i != kNpos && shard.Bits(shard.T()->slots[i], hash, worker) != 0;
+  ReaderGuard guard(readers_);
+  const SlotView v = ReadSlot(shard, hash, mix);
+  if (worker < config::kInlineWorkers) return ((v.device | v.host) >> worker) & 1;
+  const uint32_t group = worker / 64;
+  if (!(v.overflow >> group & 1)) return false;
+  std::lock_guard lock(shard.side_mu);
+  auto it = shard.overflow.find(hash);
+  if (it == shard.overflow.end()) return false;
+  const Masks m = it->second.Get(group);
+  return ((m.device | m.host) >> (worker % 64)) & 1;
 }
 
 }  // namespace kvfleet::router

@@ -152,6 +152,7 @@ GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacit
 
 uint64_t GlobalIndex::Shard::SweepExpired(uint32_t now_ms) {
   std::lock_guard lock(mu);
+  std::lock_guard side(side_mu);
   if (predicted.empty()) return 0;
   uint64_t dropped = 0;
   BeginWrite();
@@ -210,12 +211,15 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
     const uint32_t lru = Ld(t->slots[i].lru_ms);
     if (lru != 0 && lru <= cutoff) doomed.push_back(Ld(t->slots[i].hash));
   }
-  BeginWrite();
-  for (BlockHash h : doomed) {
-    const uint64_t i = Find(h, Mix(h));
-    if (i != kNpos) DropSlot(i);
+  {
+    std::lock_guard side(side_mu);
+    BeginWrite();
+    for (BlockHash h : doomed) {
+      const uint64_t i = Find(h, Mix(h));
+      if (i != kNpos) DropSlot(i);
+    }
+    EndWrite();
   }
-  EndWrite();
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
     if (!workers[w].blocks.empty()) MaybeCompact(w);
 }

@@ -7,8 +7,9 @@
 // shard_table.cc.
 //
 // Owned by GlobalIndex, config::kShards of them. Thread safety: a shard's writers hold its
-// `mu` and bracket table changes with BeginWrite/EndWrite; lock-free readers (global_index.cc,
-// ReadSlot, below) read the slots under the shard's sequence counter.
+// `mu` and bracket table changes with BeginWrite/EndWrite, and hold `side_mu` too while they
+// change the side tables; lock-free readers (ReadSlot, below) read the slots under the
+// shard's sequence counter, and take `side_mu` alone for the side tables.
 #pragma once
 
 #include <algorithm>
@@ -202,8 +203,13 @@ struct alignas(64) GlobalIndex::Shard {
   // Read by lock-free readers.
   std::atomic<uint64_t> seq{0};  // odd while a writer changes `table`
   std::atomic<Table*> table{nullptr};
-  alignas(64) mutable std::mutex mu;  // writers; readers of the side tables
-  // Below: GUARDED_BY(mu).
+  alignas(64) mutable std::mutex mu;  // writers
+  // Readers of the side tables (overflow, predicted); writers hold it (after mu) while they
+  // change them. A table's growth releases it: a reader waits for a slice of writes at most,
+  // never for a rebuild of the slot array.
+  mutable std::mutex side_mu;
+  // Below: GUARDED_BY(mu); overflow, overflow_heap_bytes and predicted also change only under
+  // side_mu.
   uint64_t used = 0;                   // slots in use
   std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
   boost::unordered_flat_map<BlockHash, OverflowRow, MixHash> overflow;  // a row per block with workers >= 64
@@ -235,7 +241,8 @@ struct alignas(64) GlobalIndex::Shard {
   }
   // Returns h's slot, claiming one (stamped now_ms, no holders) when absent. May grow the
   // table; *old receives the replaced table for the caller to retire. REQUIRES: inside a
-  // write section (BeginWrite), which it closes and reopens around a growth.
+  // write section (BeginWrite) and holding side_mu, which it closes and releases around a
+  // growth.
   uint64_t FindOrInsert(BlockHash h, uint64_t mix, uint32_t now_ms, Table** old) {
     Table* t = T();
     for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
@@ -245,7 +252,9 @@ struct alignas(64) GlobalIndex::Shard {
           // Readers keep reading the old table while the new one is built (it does not
           // change meanwhile), so the write section is closed for the rebuild.
           EndWrite();
+          side_mu.unlock();  // readers of the side tables need not wait for the rebuild
           *old = Grow();
+          side_mu.lock();
           BeginWrite();
           return FindOrInsert(h, mix, now_ms, old);
         }
