@@ -34,7 +34,6 @@ void ForEachBit(uint64_t bits, int word, F f) {
   }
 }
 
-
 }  // namespace
 
 void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const {
@@ -74,7 +73,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     }
     if (need_overflow) {
       uint16_t wanted = 0;  // the words lo..hi with a worker still matching
-      for (int w = std::max(lo, 1); w <= hi; ++w) wanted |= s.active[w] != 0 ? uint16_t(1u << w) : 0;
+      for (int w = std::max(lo, 1); w <= hi; ++w) wanted |= s.active[w] != 0 ? static_cast<uint16_t>(1u << w) : 0;
       auto it = wanted != 0 ? shard.overflow.find(h) : shard.overflow.end();
       if (it != shard.overflow.end()) {
         it->second.ForEach(wanted, [&](uint32_t w, const Masks& m) {
