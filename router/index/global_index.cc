@@ -145,6 +145,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
   // In slices: a reader of this shard (a lock-free one retrying, or one of the side tables
   // waiting for the mutex) waits for one slice, not for a 64K-block snapshot chunk.
   for (size_t begin = 0; begin < n; begin += config::kWriteSliceOps) {
+    if (begin > 0) WriterGap(shard);
     const size_t end = std::min(n, begin + config::kWriteSliceOps);
     int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
     std::lock_guard lock(shard.mu);

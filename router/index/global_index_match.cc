@@ -60,7 +60,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     }
     const bool need_overflow = v.overflow != 0 && hi >= 1;
     if (v.predicted == 0 && !need_overflow) return;
-    std::lock_guard lock(shard.side_mu);
+    const std::unique_lock lock = LockSideTables(shard);
     if (v.predicted != 0) {
       if (auto it = shard.predicted.find(h); it != shard.predicted.end()) {
         for (const PredHolder& p : it->second) {
@@ -178,7 +178,7 @@ bool GlobalIndex::Holds(WorkerId worker, BlockHash hash) const {
   if (worker < config::kInlineWorkers) return ((v.device | v.host) >> worker) & 1;
   const uint32_t group = worker / 64;
   if (!(v.overflow >> group & 1)) return false;
-  std::lock_guard lock(shard.side_mu);
+  const std::unique_lock lock = LockSideTables(shard);
   auto it = shard.overflow.find(hash);
   if (it == shard.overflow.end()) return false;
   const Masks m = it->second.Get(group);

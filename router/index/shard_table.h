@@ -203,6 +203,9 @@ struct alignas(64) GlobalIndex::Shard {
   // Read by lock-free readers.
   std::atomic<uint64_t> seq{0};  // odd while a writer changes `table`
   std::atomic<Table*> table{nullptr};
+  // Readers waiting for a writer of this shard (ReadSlot past its spin, or blocked on
+  // side_mu): a writer with more slices to write leaves them a gap first (WriterGap).
+  mutable std::atomic<uint32_t> readers_waiting{0};
   alignas(64) mutable std::mutex mu;  // writers
   // Readers of the side tables (overflow, predicted); writers hold it (after mu) while they
   // change them. A table's growth releases it: a reader waits for a slice of writes at most,
@@ -396,12 +399,15 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
   // A write section lasts well under a microsecond unless its thread was preempted; then
   // spinning only keeps it off the core, so the reader yields after a short spin.
   constexpr int kSpinsBeforeYield = 128;
+  bool waiting = false;  // counted in shard.readers_waiting
   for (int spins = 0;; ++spins) {
     const uint64_t s0 = shard.seq.load(std::memory_order_acquire);
     if (s0 & 1) {
       if (spins < kSpinsBeforeYield) {
         CpuRelax();
       } else {
+        if (!waiting) shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
+        waiting = true;
         std::this_thread::yield();
       }
       continue;
@@ -424,7 +430,37 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
     }
     // The slot loads above are acquires: this load cannot move before them, and it sees an
     // odd or newer number if any of them read a store of a later write section.
-    if (shard.seq.load(std::memory_order_relaxed) == s0) return v;
+    if (shard.seq.load(std::memory_order_relaxed) == s0) {
+      if (waiting) shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
+      return v;
+    }
+  }
+}
+
+// Locks the shard's side_mu for a reader, counted as waiting while a writer holds it.
+inline std::unique_lock<std::mutex> LockSideTables(const GlobalIndex::Shard& shard) {
+  std::unique_lock lock(shard.side_mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+    shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return lock;
+}
+
+// Between two slices of a batch's writes to `shard` (its mutexes released): when readers
+// wait, lets them through before the next slice, for at most ~kGapSpins spins. A writer that
+// took the next slice at once would keep the shard's sequence number odd, or side_mu held,
+// for the batch's whole share of the shard, and a snapshot chunk has ~600 ops a shard.
+inline void WriterGap(const GlobalIndex::Shard& shard) {
+  constexpr int kGapSpins = 256;
+  constexpr int kSpinsBeforeYield = 32;  // then the core goes to the readers, if they lack one
+  for (int k = 0; k < kGapSpins && shard.readers_waiting.load(std::memory_order_relaxed) != 0; ++k) {
+    if (k < kSpinsBeforeYield) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 

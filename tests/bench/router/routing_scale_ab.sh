@@ -4,8 +4,8 @@
 #
 #   tests/bench/router/routing_scale_ab.sh BASE_REV [--workers 100,500,1000] [bench flags...]
 #
-# The base is checked out in a scratch worktree ($AB_DIR, default /tmp/kvfleet-routing-ab)
-# and built there (one job, RelWithDebInfo: ccache serves what both trees share).
+# The base's tree is extracted (git archive) into $AB_DIR/src (default /tmp/kvfleet-routing-ab)
+# and built in $AB_DIR/build (one job, RelWithDebInfo: ccache serves what both trees share).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 BASE="${1:?usage: routing_scale_ab.sh BASE_REV [--workers LIST] [bench flags...]}"
@@ -19,18 +19,18 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 AB_DIR="${AB_DIR:-/tmp/kvfleet-routing-ab}"
-if [[ ! -d "$AB_DIR" ]]; then
-  git -C "$ROOT" worktree add --detach "$AB_DIR" "$BASE" >/dev/null
-else
-  git -C "$AB_DIR" checkout --detach -q "$BASE"
-fi
-build() {  # $1: the source tree
-  JOBS=1 BUILD_DIR="$1/build" BUILD_TARGET=routing_scale_bench "$1/deploy/build.sh" \
+BASE_SHA="$(git -C "$ROOT" rev-parse --short "$BASE^{commit}")"
+rm -rf "$AB_DIR/src"
+mkdir -p "$AB_DIR/src"
+# -m: files get the extraction time, so the kept build directory recompiles what changed.
+git -C "$ROOT" archive "$BASE_SHA" | tar -x -m -C "$AB_DIR/src"
+build() {  # $1: the source tree, $2: its build directory
+  JOBS=1 BUILD_DIR="$2" BUILD_TARGET=routing_scale_bench "$1/deploy/build.sh" \
     -DKVFLEET_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 }
-build "$AB_DIR"
-build "$ROOT"
-echo "base $(git -C "$AB_DIR" rev-parse --short HEAD), head $(git -C "$ROOT" rev-parse --short HEAD)" \
+build "$AB_DIR/src" "$AB_DIR/build"
+build "$ROOT" "$ROOT/build"
+echo "base $BASE_SHA, head $(git -C "$ROOT" rev-parse --short HEAD)" \
   "$(git -C "$ROOT" diff --quiet HEAD || echo '(with uncommitted changes)'), flags: ${FLAGS[*]:-none}"
 for n in ${WORKERS//,/ }; do
   echo "== base, N=$n"
