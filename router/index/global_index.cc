@@ -21,90 +21,6 @@ struct GlobalIndex::Op {
   static constexpr uint8_t kPredict = 3;
 };
 
-namespace {
-
-void CpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// A slot as one lock-free reader saw it.
-struct SlotView {
-  const Slot* slot = nullptr;  // null: absent
-  uint64_t device = 0, host = 0;
-  uint32_t lru_ms = 0;
-  uint16_t predicted = 0, overflow = 0;
-};
-
-// Registers a lock-free reader for the duration of a call (see ReclaimRetired).
-class ReaderGuard {
- public:
-  explicit ReaderGuard(std::atomic<uint64_t>& readers) : readers_(readers) { readers_.fetch_add(1); }
-  ~ReaderGuard() { readers_.fetch_sub(1); }
-
- private:
-  std::atomic<uint64_t>& readers_;
-};
-
-// Reads h's slot without a lock: retries while a writer has the shard (seqlock).
-// REQUIRES: a ReaderGuard is live.
-SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t mix) {
-  // A write section lasts well under a microsecond unless its thread was preempted; then
-  // spinning only keeps it off the core, so the reader yields after a short spin.
-  constexpr int kSpinsBeforeYield = 128;
-  for (int spins = 0;; ++spins) {
-    const uint64_t s0 = shard.seq.load(std::memory_order_acquire);
-    if (s0 & 1) {
-      if (spins < kSpinsBeforeYield) {
-        CpuRelax();
-      } else {
-        std::this_thread::yield();
-      }
-      continue;
-    }
-    const GlobalIndex::Table* t = shard.table.load(std::memory_order_acquire);
-    SlotView v;
-    uint64_t i = mix & t->mask;
-    for (uint64_t n = 0; n <= t->mask; ++n, i = (i + 1) & t->mask) {
-      const Slot& s = t->slots[i];
-      const uint32_t lru = Ld(s.lru_ms);
-      if (lru == 0) break;
-      if (Ld(s.hash) != h) continue;
-      v.slot = &s;
-      v.device = Ld(s.device);
-      v.host = Ld(s.host);
-      v.lru_ms = lru;
-      v.predicted = Ld(s.predicted);
-      v.overflow = Ld(s.overflow);
-      break;
-    }
-    // The slot loads above are acquires: this load cannot move before them, and it sees an
-    // odd or newer number if any of them read a store of a later write section.
-    if (shard.seq.load(std::memory_order_relaxed) == s0) return v;
-  }
-}
-
-// Per-thread scratch, so FindMatches and Apply allocate nothing once warm.
-struct MatchScratch {
-  uint64_t active[kWords] = {};   // still matching
-  uint64_t dev_run[kWords] = {};  // still matching and in their leading device run
-  uint64_t blk_any[kWords] = {};
-  uint64_t blk_dev[kWords] = {};
-  uint32_t total_len[config::kMaxWorkers] = {};
-  uint32_t dev_len[config::kMaxWorkers] = {};
-};
-thread_local MatchScratch t_match;
-
-template <typename F>
-void ForEachBit(uint64_t bits, int word, F f) {
-  while (bits) {
-    f(static_cast<WorkerId>(word * 64 + std::countr_zero(bits)));
-    bits &= bits - 1;
-  }
-}
-
-}  // namespace
 
 GlobalIndex::GlobalIndex(const GlobalIndexOptions& options, Clock* clock)
     : options_(options),
@@ -146,139 +62,6 @@ void GlobalIndex::ReclaimRetired() {
 
 // ---- Queries ---------------------------------------------------------------------------
 
-void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const {
-  out->clear();
-  if (hashes.empty()) return;
-  ReaderGuard guard(readers_);
-  MatchScratch& s = t_match;
-  const uint32_t now_ms = NowMs();
-  const bool stamp_lru = options_.max_entries != 0;
-  auto touch = [&](const SlotView& v) {
-    // Relaxed CAS from the stamp read: it never marks a slot a writer has just freed.
-    if (!stamp_lru || v.lru_ms == now_ms) return;
-    uint32_t expected = v.lru_ms;
-    const_cast<Slot*>(v.slot)->lru_ms.compare_exchange_strong(expected, now_ms, std::memory_order_relaxed);
-  };
-  // The block's holders in words lo..hi of blk_any/blk_dev: the slot's masks, plus the
-  // predicted and overflow rows (under the shard mutex) when the slot has any.
-  auto block_bits = [&](const Shard& shard, BlockHash h, const SlotView& v, int lo, int hi) {
-    for (int w = lo; w <= hi; ++w) s.blk_any[w] = s.blk_dev[w] = 0;
-    if (lo == 0) {
-      s.blk_any[0] = v.device | v.host;
-      s.blk_dev[0] = v.device;
-    }
-    const bool need_overflow = v.overflow != 0 && hi >= 1;
-    if (v.predicted == 0 && !need_overflow) return;
-    std::lock_guard lock(shard.mu);
-    if (v.predicted != 0) {
-      if (auto it = shard.predicted.find(h); it != shard.predicted.end()) {
-        for (const PredHolder& p : it->second) {
-          const int w = static_cast<int>(p.worker / 64);
-          if (p.expiry_ms <= now_ms || w < lo || w > hi) continue;
-          s.blk_any[w] |= 1ull << (p.worker % 64);
-          s.blk_dev[w] |= 1ull << (p.worker % 64);
-        }
-      }
-    }
-    if (need_overflow) {
-      for (int w = std::max(lo, 1); w <= hi; ++w) {
-        auto it = shard.overflow.find(OverflowKey{h, static_cast<uint32_t>(w)});
-        if (it == shard.overflow.end()) continue;
-        s.blk_any[w] |= it->second.device | it->second.host;
-        s.blk_dev[w] |= it->second.device;
-      }
-    }
-  };
-
-  // Block 0 decides who takes part.
-  const uint64_t mix0 = Mix(hashes[0]);
-  const Shard& shard0 = shards_[ShardOfMix(mix0)];
-  const SlotView v0 = ReadSlot(shard0, hashes[0], mix0);
-  if (v0.slot == nullptr) return;
-  // Workers past 63 can hold block 0 through an overflow row or a prediction.
-  const int words0 = v0.overflow != 0 || v0.predicted != 0 ? kWords : 1;
-  block_bits(shard0, hashes[0], v0, 0, words0 - 1);
-  int lo = kWords, hi = -1;  // the words that hold active workers
-  for (int w = 0; w < words0; ++w) {
-    s.active[w] = s.blk_any[w];
-    s.dev_run[w] = s.blk_dev[w];
-    if (s.active[w] == 0) continue;
-    lo = std::min(lo, w);
-    hi = std::max(hi, w);
-    ForEachBit(s.active[w] & ~s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = 0; });
-    ForEachBit(s.active[w], w, [&](WorkerId id) { out->push_back(PrefixMatch{id, 0, 0}); });
-  }
-  if (hi < 0) return;  // only expired predictions
-  touch(v0);
-
-  // The home slots of the next blocks are prefetched a window ahead, so the cache misses
-  // of a long request overlap instead of queueing.
-  constexpr size_t kAhead = 16;
-  const size_t n = hashes.size();
-  auto prefetch = [&](size_t j) {
-    const uint64_t m = Mix(hashes[j]);
-    const Table* t = shards_[ShardOfMix(m)].table.load(std::memory_order_acquire);
-    __builtin_prefetch(&t->slots[m & t->mask]);
-  };
-  for (size_t j = 1; j < std::min(n, 1 + kAhead); ++j) prefetch(j);
-
-  uint32_t i = 1;
-  for (; i < n; ++i) {
-    if (i + kAhead < n) prefetch(i + kAhead);
-    const uint64_t mix = Mix(hashes[i]);
-    const Shard& shard = shards_[ShardOfMix(mix)];
-    const SlotView v = ReadSlot(shard, hashes[i], mix);
-    if (v.slot == nullptr) break;
-    block_bits(shard, hashes[i], v, lo, hi);
-    bool still = false;
-    for (int w = lo; w <= hi; ++w) {
-      const uint64_t a = s.active[w];
-      if (!a) continue;
-      const uint64_t stay = a & s.blk_any[w];
-      const uint64_t run = s.dev_run[w];
-      const uint64_t run_stay = run & s.blk_dev[w] & stay;
-      ForEachBit(a & ~stay, w, [&](WorkerId id) { s.total_len[id] = i; });
-      ForEachBit(run & ~run_stay, w, [&](WorkerId id) { s.dev_len[id] = i; });
-      s.active[w] = stay;
-      s.dev_run[w] = run_stay;
-      still |= stay != 0;
-    }
-    touch(v);
-    if (!still) {
-      hi = -1;  // early stop: nobody matches any more
-      break;
-    }
-  }
-  for (int w = lo; w <= hi; ++w) {
-    ForEachBit(s.active[w], w, [&](WorkerId id) { s.total_len[id] = i; });
-    ForEachBit(s.dev_run[w], w, [&](WorkerId id) { s.dev_len[id] = i; });
-  }
-  for (PrefixMatch& m : *out) {
-    m.device_blocks = s.dev_len[m.worker];
-    m.host_blocks = s.total_len[m.worker] - m.device_blocks;
-  }
-}
-
-uint32_t GlobalIndex::HeldRun(WorkerId worker, std::span<const BlockHash> hashes) const {
-  uint32_t n = 0;
-  while (n < hashes.size() && Holds(worker, hashes[n])) ++n;
-  return n;
-}
-
-bool GlobalIndex::Holds(WorkerId worker, BlockHash hash) const {
-  if (worker >= config::kMaxWorkers) return false;
-  const uint64_t mix = Mix(hash);
-  const Shard& shard = shards_[ShardOfMix(mix)];
-  if (worker < config::kInlineWorkers) {
-    ReaderGuard guard(readers_);
-    const SlotView v = ReadSlot(shard, hash, mix);
-    return ((v.device | v.host) >> worker) & 1;
-  }
-  std::lock_guard lock(shard.mu);
-  const uint64_t i = shard.Find(hash, mix);
-  return i != kNpos && shard.Bits(shard.T()->slots[i], hash, worker) != 0;
-}
-
 uint64_t GlobalIndex::BlockCount(WorkerId worker, kv::Tier tier) const {
   if (worker >= config::kMaxWorkers) return 0;
   uint64_t n = 0;
@@ -311,7 +94,8 @@ uint64_t GlobalIndex::MemoryBytes() const {
     std::lock_guard lock(shard.mu);
     bytes += static_cast<double>(shard.T()->bytes + sizeof(Table));
     bytes += static_cast<double>(shard.overflow.bucket_count()) *
-             (sizeof(std::pair<OverflowKey, Masks>) + kMetaPerSlot);
+                 (sizeof(std::pair<BlockHash, OverflowRow>) + kMetaPerSlot) +
+             static_cast<double>(shard.overflow_heap_bytes);
     bytes += static_cast<double>(shard.predicted.bucket_count()) *
              (sizeof(std::pair<BlockHash, PredList>) + kMetaPerSlot);
     for (const auto& [h, list] : shard.predicted) {
@@ -361,9 +145,11 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
   // In slices: a reader of this shard (a lock-free one retrying, or one of the side tables
   // waiting for the mutex) waits for one slice, not for a 64K-block snapshot chunk.
   for (size_t begin = 0; begin < n; begin += config::kWriteSliceOps) {
+    if (begin > 0) WriterGap(shard);
     const size_t end = std::min(n, begin + config::kWriteSliceOps);
     int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
     std::lock_guard lock(shard.mu);
+    std::lock_guard side(shard.side_mu);  // released while the table grows (FindOrInsert)
     shard.BeginWrite();
     for (size_t k = begin; k < end; ++k) {
       // ops[n..n + ahead) are the next shards' ops: the window runs across shards.
@@ -506,6 +292,7 @@ bool GlobalIndex::Move(WorkerId worker, BlockHash hash, kv::Tier tier) {
   const uint64_t mix = Mix(hash);
   Shard& shard = shards_[ShardOfMix(mix)];
   std::lock_guard lock(shard.mu);
+  std::lock_guard side(shard.side_mu);
   const uint64_t i = shard.Find(hash, mix);
   if (i == kNpos) return false;
   Slot& s = shard.T()->slots[i];
@@ -541,6 +328,7 @@ void GlobalIndex::ClearWorker(WorkerId worker, bool keep_predicted) {
   for (int si = 0; si < config::kShards; ++si) {
     Shard& shard = shards_[si];
     std::lock_guard lock(shard.mu);
+    std::lock_guard side(shard.side_mu);
     auto& pw = shard.workers[worker];
     if (pw.blocks.empty()) continue;
     kept.clear();

@@ -11,8 +11,9 @@
 //     32-byte slots: {hash, device mask, host mask, LRU stamp, predicted count, overflow
 //     count}. Bit w of the masks is worker w, for workers 0..63 (config::kInlineWorkers):
 //     a fleet of up to 64 workers lives entirely in the slots.
-//   - an overflow table {hash, group} -> {device, host} masks for workers 64..kMaxWorkers-1,
-//     one 64-worker group per row (the slot counts its rows). Correct for any fleet; slower.
+//   - an overflow table hash -> the {device, host} masks of each 64-worker group holding the
+//     block among workers 64..kMaxWorkers-1, one row per block (shard_table.h, OverflowRow;
+//     the slot's overflow field is the row's set of groups). Correct for any fleet; slower.
 //   - a predicted table hash -> [(worker, expiry)] (the slot counts its holders).
 //   - per worker, a reverse list: every hash the worker gained state on in this shard,
 //     appended when it gains it and compacted (stale and duplicate hashes dropped) once it
@@ -24,7 +25,7 @@
 // adds 8 bytes of reverse list, plus the hashes of entries removed since the list was last
 // compacted (at most 3x more under heavy churn, none in steady growth). So 1 holder: ~50..95
 // bytes, 2 holders: ~30..50, many (shared prefixes): ~10..15. Workers >= 64 add ~40 bytes per
-// (block, 64-worker group) of overflow row; a predicted holder ~40 bytes. Measured: 31.8
+// block in its overflow row, ~16 per further 64-worker group; a predicted holder ~40 bytes. Measured: 31.8
 // bytes per entry over 3.17 M entries (1 M blocks held by two workers each, plus 32 hot
 // 1,024-block prefixes held by all 64 workers).
 //
@@ -36,24 +37,27 @@
 //
 // Invariants (CheckInvariants() asserts them):
 //   1. A slot is in use iff its LRU stamp is non-zero; an in-use slot has a holder (a mask
-//      bit, an overflow row or a predicted holder). Its predicted and overflow counts equal
-//      its rows in those tables, and no such row exists without its slot.
+//      bit, an overflow row or a predicted holder). Its predicted count equals its predicted
+//      holders, its overflow set the groups of its overflow row (each with a holder), and no
+//      such row exists without its slot.
 //   2. A (block, worker) pair is held (tier bits) or predicted, never both.
 //   3. Every (block, worker) pair with state is in the worker's reverse list of its shard,
 //      and the list's live count is the number of such pairs.
 //   4. BlockCount(w, t) equals the number of blocks w holds with tier bit t.
 //   5. Every slot is reachable from its home position by linear probing.
 //
-// Thread safety: thread-safe. Readers (FindMatches, Holds for workers < 64) take no lock:
+// Thread safety: thread-safe. Readers (FindMatches, Holds) read the slots without a lock:
 // each shard has a sequence counter that a writer makes odd while it changes the shard's
 // table, and a reader retries a slot read that overlapped a write. A table that grows is
 // freed only once no lock-free reader is running. Readers of the predicted and overflow
-// tables (rare: only blocks that have such rows) and every other call take the shard's
-// mutex. Writers (Apply and the single-block calls, InsertPredicted, RemoveWorker,
-// SweepExpired) take one shard's mutex at a time: Apply groups a batch's blocks by shard and
-// writes each shard's in slices of config::kWriteSliceOps, so a reader sees a batch applied
-// in part (as it always could across shards) and never waits for a whole one. FindMatches allocates nothing once *out has capacity for every
-// worker that matches.
+// tables (only blocks that have such rows: with more than 64 workers, every block a worker
+// past 63 holds) take the shard's side-table mutex, which writers hold only while they write
+// and release while the table grows; every other call takes the shard's mutex. Writers (Apply
+// and the single-block calls, InsertPredicted, RemoveWorker, SweepExpired) take one shard's
+// mutexes at a time: Apply groups a batch's blocks by shard and writes each shard's in slices
+// of config::kWriteSliceOps, so a reader sees a batch applied in part (as it always could
+// across shards) and never waits for a whole one. FindMatches allocates nothing once *out has
+// capacity for every worker that matches.
 #pragma once
 
 #include <atomic>
@@ -125,7 +129,8 @@ class GlobalIndex final : public PrefixIndex {
   // Per worker that holds hashes[0] (stored or unexpired predicted): its leading run, in
   // ascending worker order. Stops at the first block no still-matching worker holds. A
   // block after the device run that the worker holds on the device again counts as a host
-  // block: it is usable, and counting it as host keeps the estimate conservative.
+  // block: it is usable, and counting it as host keeps the estimate conservative. Each
+  // match's held_blocks is HeldRun of its matched blocks, found in the same walk.
   // Clears and fills *out; no allocation once *out has capacity for the matching workers
   // (reserve config::kMaxWorkers to be sure).
   void FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const override;

@@ -21,13 +21,16 @@ struct PrefixMatch {
   WorkerId worker = 0;
   uint32_t device_blocks = 0;  // leading blocks on the device tier
   uint32_t host_blocks = 0;    // further leading blocks on the host tier
+  // Leading blocks it holds by its own events, the router's predicted entries excluded
+  // (HeldRun of the matched blocks): what a pull from it can bring. <= device + host.
+  uint32_t held_blocks = 0;
 };
 
 class PrefixIndex {
  public:
   virtual ~PrefixIndex() = default;
   // Clears *out and fills it with, for every worker holding the first block, how many
-  // leading blocks of `hashes` it holds. Read-only.
+  // leading blocks of `hashes` it holds (held_blocks included). Read-only.
   virtual void FindMatches(std::span<const BlockHash> hashes, std::vector<PrefixMatch>* out) const = 0;
   // Records that `worker` will hold `hashes` (on its device tier) for `ttl`.
   virtual void InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) = 0;
@@ -41,7 +44,8 @@ class PrefixIndex {
   // The leading blocks of `hashes` that `worker` holds by its own events, the router's
   // predicted entries excluded: what a pull from it can bring (a block the router sent there a
   // moment ago may not be computed yet). An index of predictions alone knows nothing better
-  // and answers its match.
+  // and answers its match. FindMatches answers it for every matching worker at once
+  // (PrefixMatch::held_blocks); this is the one-worker form.
   virtual uint32_t HeldRun(WorkerId worker, std::span<const BlockHash> hashes) const {
     std::vector<PrefixMatch> matches;
     FindMatches(hashes, &matches);

@@ -110,12 +110,12 @@ void GlobalIndex::Shard::DropSlot(uint64_t i) {
     }
   };
   drop_word(Ld(s.device), Ld(s.host), 0);
-  for (uint32_t g = 1; Ld(s.overflow) != 0 && g < kWords; ++g) {
-    auto it = overflow.find(OverflowKey{h, g});
-    if (it == overflow.end()) continue;
-    drop_word(it->second.device, it->second.host, g * 64);
+  if (Ld(s.overflow) != 0) {
+    auto it = overflow.find(h);
+    it->second.ForEach(Ld(s.overflow), [&](uint32_t g, const Masks& m) { drop_word(m.device, m.host, g * 64); });
+    overflow_heap_bytes -= it->second.HeapBytes();
     overflow.erase(it);
-    St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) - 1));
+    St(s.overflow, uint16_t{0});
   }
   if (Ld(s.predicted) != 0) {
     auto it = predicted.find(h);
@@ -131,9 +131,11 @@ void GlobalIndex::Shard::DropSlot(uint64_t i) {
 
 uint32_t GlobalIndex::Shard::Holders(const Slot& s) const {
   uint32_t n = static_cast<uint32_t>(std::popcount(Ld(s.device) | Ld(s.host))) + Ld(s.predicted);
-  for (uint32_t g = 1; Ld(s.overflow) != 0 && g < kWords; ++g)
-    if (auto it = overflow.find(OverflowKey{Ld(s.hash), g}); it != overflow.end())
-      n += static_cast<uint32_t>(std::popcount(it->second.device | it->second.host));
+  if (Ld(s.overflow) != 0) {
+    overflow.find(Ld(s.hash))->second.ForEach(Ld(s.overflow), [&](uint32_t, const Masks& m) {
+      n += static_cast<uint32_t>(std::popcount(m.device | m.host));
+    });
+  }
   return n;
 }
 
@@ -150,6 +152,7 @@ GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacit
 
 uint64_t GlobalIndex::Shard::SweepExpired(uint32_t now_ms) {
   std::lock_guard lock(mu);
+  std::lock_guard side(side_mu);
   if (predicted.empty()) return 0;
   uint64_t dropped = 0;
   BeginWrite();
@@ -208,12 +211,15 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
     const uint32_t lru = Ld(t->slots[i].lru_ms);
     if (lru != 0 && lru <= cutoff) doomed.push_back(Ld(t->slots[i].hash));
   }
-  BeginWrite();
-  for (BlockHash h : doomed) {
-    const uint64_t i = Find(h, Mix(h));
-    if (i != kNpos) DropSlot(i);
+  {
+    std::lock_guard side(side_mu);
+    BeginWrite();
+    for (BlockHash h : doomed) {
+      const uint64_t i = Find(h, Mix(h));
+      if (i != kNpos) DropSlot(i);
+    }
+    EndWrite();
   }
-  EndWrite();
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
     if (!workers[w].blocks.empty()) MaybeCompact(w);
 }
@@ -234,7 +240,7 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
     ++pairs;
     KVF_CHECK(reverse[w].contains(h));                                        // 3
   };
-  uint64_t overflow_rows = 0, predicted_rows = 0;
+  uint64_t overflow_rows = 0, predicted_rows = 0, heap_bytes = 0;
   for (uint64_t i = 0; i <= t->mask; ++i) {
     const Slot& s = t->slots[i];
     if (Ld(s.lru_ms) == 0) continue;
@@ -245,19 +251,21 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
     KVF_CHECK(!Empty(s));                                                     // 1
     for (uint64_t m = Ld(s.device) | Ld(s.host); m; m &= m - 1)
       held(static_cast<WorkerId>(std::countr_zero(m)), Bits(s, h, static_cast<WorkerId>(std::countr_zero(m))), h);
-    uint16_t rows = 0;
-    for (uint32_t g = 1; g < kWords; ++g) {
-      auto it = overflow.find(OverflowKey{h, g});
-      if (it == overflow.end()) continue;
-      ++rows;
-      KVF_CHECK((it->second.device | it->second.host) != 0);
-      for (uint64_t m = it->second.device | it->second.host; m; m &= m - 1) {
-        const WorkerId w = g * 64 + static_cast<WorkerId>(std::countr_zero(m));
-        held(w, Bits(s, h, w), h);
-      }
+    if (auto it = overflow.find(h); it != overflow.end()) {
+      ++overflow_rows;
+      KVF_CHECK(it->second.groups() == Ld(s.overflow));                       // 1
+      KVF_CHECK((it->second.groups() & 1) == 0);  // group 0 lives in the slot
+      heap_bytes += it->second.HeapBytes();
+      it->second.ForEach(it->second.groups(), [&](uint32_t g, const Masks& masks) {
+        KVF_CHECK((masks.device | masks.host) != 0);
+        for (uint64_t m = masks.device | masks.host; m; m &= m - 1) {
+          const WorkerId w = g * 64 + static_cast<WorkerId>(std::countr_zero(m));
+          held(w, Bits(s, h, w), h);
+        }
+      });
+    } else {
+      KVF_CHECK(Ld(s.overflow) == 0);                                         // 1
     }
-    KVF_CHECK(rows == Ld(s.overflow));                                        // 1
-    overflow_rows += rows;
     if (Ld(s.predicted) != 0) {
       auto it = predicted.find(h);
       KVF_CHECK(it != predicted.end());
@@ -275,6 +283,7 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
   }
   KVF_CHECK(slots_used == used);
   KVF_CHECK(overflow_rows == overflow.size());                                // 1: no orphan rows
+  KVF_CHECK(heap_bytes == overflow_heap_bytes);
   KVF_CHECK(predicted_rows == predicted.size());
   KVF_CHECK(pairs == entries.load());
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w) {

@@ -7,8 +7,9 @@
 // shard_table.cc.
 //
 // Owned by GlobalIndex, config::kShards of them. Thread safety: a shard's writers hold its
-// `mu` and bracket table changes with BeginWrite/EndWrite; lock-free readers (global_index.cc,
-// ReadSlot) read the slots under the shard's sequence counter.
+// `mu` and bracket table changes with BeginWrite/EndWrite, and hold `side_mu` too while they
+// change the side tables; lock-free readers (ReadSlot, below) read the slots under the
+// shard's sequence counter, and take `side_mu` alone for the side tables.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -81,7 +83,7 @@ struct alignas(32) Slot {
   std::atomic<uint64_t> host;        // ... on the host
   std::atomic<uint32_t> lru_ms;      // last store, prediction or match; 0 = slot unused
   std::atomic<uint16_t> predicted;   // holders in the shard's predicted table
-  std::atomic<uint16_t> overflow;    // rows in the shard's overflow table (groups >= 1)
+  std::atomic<uint16_t> overflow;    // groups (bit g: group g >= 1) in its overflow row; 0: none
 };
 static_assert(sizeof(Slot) == 32);
 
@@ -100,17 +102,89 @@ struct GlobalIndex::Table {
 };
 static_assert(std::is_trivially_destructible_v<Slot>);
 
-struct OverflowKey {
-  BlockHash hash;
-  uint32_t group;  // worker / 64, >= 1
-  bool operator==(const OverflowKey&) const = default;
-};
-struct OverflowKeyHash {
-  size_t operator()(const OverflowKey& k) const { return Mix(k.hash ^ (static_cast<uint64_t>(k.group) << 50)); }
-};
 struct Masks {
   uint64_t device = 0, host = 0;
 };
+static_assert(kWords <= 16, "a slot's overflow field is a 16-bit set of groups");
+
+// A block's masks for workers 64 and up: one Masks per 64-worker group that holds it (worker
+// / 64, >= 1), in group order. One row per block, so a reader finds every group with one
+// lookup: a prefix every worker of a 1,000-worker fleet holds took 15 lookups a block when
+// each group was a row of its own. One group is kept inline (the usual case), more in one
+// array. 24 bytes, and 16 more per group past the first.
+class OverflowRow {
+ public:
+  OverflowRow() = default;
+  // The union is trivially copyable: copying it copies whichever member is live.
+  OverflowRow(OverflowRow&& o) noexcept : groups_(o.groups_), u_(o.u_) { o.groups_ = 0; }
+  OverflowRow& operator=(OverflowRow&& o) noexcept {
+    if (this != &o) {
+      Free();
+      groups_ = o.groups_;
+      u_ = o.u_;
+      o.groups_ = 0;
+    }
+    return *this;
+  }
+  OverflowRow(const OverflowRow&) = delete;
+  OverflowRow& operator=(const OverflowRow&) = delete;
+  ~OverflowRow() { Free(); }
+
+  uint16_t groups() const { return groups_; }  // bit g: group g has masks here
+  bool empty() const { return groups_ == 0; }
+  size_t HeapBytes() const { return Count() > 1 ? Count() * sizeof(Masks) : 0; }
+  // Group g's masks; zero when the row has none.
+  Masks Get(uint32_t g) const { return (groups_ >> g & 1) ? Data()[Rank(g)] : Masks{}; }
+  // The masks of each group in `groups` (a subset of groups()), in group order: f(g, masks).
+  template <typename F>
+  void ForEach(uint16_t groups, F f) const {
+    for (uint32_t m = groups & groups_; m; m &= m - 1) {
+      const uint32_t g = static_cast<uint32_t>(std::countr_zero(m));
+      f(g, Data()[Rank(g)]);
+    }
+  }
+  // Sets group g's masks; zero masks remove the group.
+  void Set(uint32_t g, Masks m) {
+    const bool has = groups_ >> g & 1, keep = (m.device | m.host) != 0;
+    if (has && keep) {
+      Data()[Rank(g)] = m;
+      return;
+    }
+    if (!has && !keep) return;
+    const uint16_t next = static_cast<uint16_t>(keep ? groups_ | (1u << g) : groups_ & ~(1u << g));
+    const int n = std::popcount(next);
+    Masks fresh[16];
+    for (uint32_t r = next, k = 0; r; r &= r - 1, ++k) {
+      const uint32_t h = static_cast<uint32_t>(std::countr_zero(r));
+      fresh[k] = h == g ? m : Data()[Rank(h)];
+    }
+    Free();
+    groups_ = next;
+    if (n > 1) {
+      u_.many = new Masks[static_cast<size_t>(n)];
+      std::copy(fresh, fresh + n, u_.many);
+    } else {
+      u_.one = n == 1 ? fresh[0] : Masks{};
+    }
+  }
+
+ private:
+  int Count() const { return std::popcount(groups_); }
+  int Rank(uint32_t g) const { return std::popcount(static_cast<uint32_t>(groups_) & ((1u << g) - 1)); }
+  const Masks* Data() const { return Count() > 1 ? u_.many : &u_.one; }
+  Masks* Data() { return Count() > 1 ? u_.many : &u_.one; }
+  void Free() {
+    if (Count() > 1) delete[] u_.many;
+    groups_ = 0;
+  }
+
+  uint16_t groups_ = 0;
+  union Storage {
+    Masks one;    // Count() <= 1
+    Masks* many;  // Count() > 1
+  } u_{Masks{}};
+};
+static_assert(sizeof(OverflowRow) == 24);
 struct PredHolder {
   uint32_t worker;
   uint32_t expiry_ms;
@@ -129,11 +203,20 @@ struct alignas(64) GlobalIndex::Shard {
   // Read by lock-free readers.
   std::atomic<uint64_t> seq{0};  // odd while a writer changes `table`
   std::atomic<Table*> table{nullptr};
-  alignas(64) mutable std::mutex mu;  // writers; readers of the side tables
-  // Below: GUARDED_BY(mu).
+  // Readers waiting for a writer of this shard (ReadSlot past its spin, or blocked on
+  // side_mu): a writer with more slices to write leaves them a gap first (WriterGap).
+  mutable std::atomic<uint32_t> readers_waiting{0};
+  alignas(64) mutable std::mutex mu;  // writers
+  // Readers of the side tables (overflow, predicted); writers hold it (after mu) while they
+  // change them. A table's growth releases it: a reader waits for a slice of writes at most,
+  // never for a rebuild of the slot array.
+  mutable std::mutex side_mu;
+  // Below: GUARDED_BY(mu); overflow, overflow_heap_bytes and predicted also change only under
+  // side_mu.
   uint64_t used = 0;                   // slots in use
   std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
-  boost::unordered_flat_map<OverflowKey, Masks, OverflowKeyHash> overflow;
+  boost::unordered_flat_map<BlockHash, OverflowRow, MixHash> overflow;  // a row per block with workers >= 64
+  uint64_t overflow_heap_bytes = 0;  // the rows' arrays (OverflowRow::HeapBytes)
   boost::unordered_flat_map<BlockHash, PredList, MixHash> predicted;
   struct PerWorker {
     std::vector<BlockHash> blocks;  // reverse list: hashes the worker gained state on
@@ -161,7 +244,8 @@ struct alignas(64) GlobalIndex::Shard {
   }
   // Returns h's slot, claiming one (stamped now_ms, no holders) when absent. May grow the
   // table; *old receives the replaced table for the caller to retire. REQUIRES: inside a
-  // write section (BeginWrite), which it closes and reopens around a growth.
+  // write section (BeginWrite) and holding side_mu, which it closes and releases around a
+  // growth.
   uint64_t FindOrInsert(BlockHash h, uint64_t mix, uint32_t now_ms, Table** old) {
     Table* t = T();
     for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
@@ -171,7 +255,9 @@ struct alignas(64) GlobalIndex::Shard {
           // Readers keep reading the old table while the new one is built (it does not
           // change meanwhile), so the write section is closed for the rebuild.
           EndWrite();
+          side_mu.unlock();  // readers of the side tables need not wait for the rebuild
           *old = Grow();
+          side_mu.lock();
           BeginWrite();
           return FindOrInsert(h, mix, now_ms, old);
         }
@@ -199,11 +285,12 @@ struct alignas(64) GlobalIndex::Shard {
       const uint64_t bit = 1ull << w;
       return static_cast<uint8_t>(((Ld(s.device) & bit) ? kDev : 0) | ((Ld(s.host) & bit) ? kHostBit : 0));
     }
-    if (Ld(s.overflow) == 0) return 0;
-    auto it = overflow.find(OverflowKey{h, w / 64});
+    if (!(Ld(s.overflow) >> (w / 64) & 1)) return 0;
+    auto it = overflow.find(h);
     if (it == overflow.end()) return 0;
+    const Masks m = it->second.Get(w / 64);
     const uint64_t bit = 1ull << (w % 64);
-    return static_cast<uint8_t>(((it->second.device & bit) ? kDev : 0) | ((it->second.host & bit) ? kHostBit : 0));
+    return static_cast<uint8_t>(((m.device & bit) ? kDev : 0) | ((m.host & bit) ? kHostBit : 0));
   }
   void SetBits(Slot& s, BlockHash h, WorkerId w, uint8_t bits) {
     const uint64_t bit = 1ull << (w % 64);
@@ -213,19 +300,20 @@ struct alignas(64) GlobalIndex::Shard {
       St(s.host, apply(Ld(s.host), kHostBit));
       return;
     }
-    const OverflowKey key{h, w / 64};
-    auto it = overflow.find(key);
+    auto it = overflow.find(h);
     if (it == overflow.end()) {
       if (bits == 0) return;
-      it = overflow.emplace(key, Masks{}).first;
-      St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) + 1));
+      it = overflow.emplace(h, OverflowRow{}).first;
     }
-    it->second.device = apply(it->second.device, kDev);
-    it->second.host = apply(it->second.host, kHostBit);
-    if ((it->second.device | it->second.host) == 0) {
-      overflow.erase(it);
-      St(s.overflow, static_cast<uint16_t>(Ld(s.overflow) - 1));
-    }
+    OverflowRow& row = it->second;
+    Masks m = row.Get(w / 64);
+    m.device = apply(m.device, kDev);
+    m.host = apply(m.host, kHostBit);
+    overflow_heap_bytes -= row.HeapBytes();
+    row.Set(w / 64, m);
+    overflow_heap_bytes += row.HeapBytes();
+    St(s.overflow, row.groups());
+    if (row.empty()) overflow.erase(it);
   }
   // Whether w is a predicted holder of h.
   bool IsPredicted(const Slot& s, BlockHash h, WorkerId w) const {
@@ -278,5 +366,102 @@ struct alignas(64) GlobalIndex::Shard {
   // KVF_CHECKs global_index.h's invariants for this shard, the `index`th.
   void CheckInvariants(int index) const;
 };
+
+// ---- Lock-free readers ------------------------------------------------------------------
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// A slot as one lock-free reader saw it.
+struct SlotView {
+  const Slot* slot = nullptr;  // null: absent
+  uint64_t device = 0, host = 0;
+  uint32_t lru_ms = 0;
+  uint16_t predicted = 0, overflow = 0;
+};
+
+// Registers a lock-free reader for the duration of a call (GlobalIndex::ReclaimRetired).
+class ReaderGuard {
+ public:
+  explicit ReaderGuard(std::atomic<uint64_t>& readers) : readers_(readers) { readers_.fetch_add(1); }
+  ~ReaderGuard() { readers_.fetch_sub(1); }
+
+ private:
+  std::atomic<uint64_t>& readers_;
+};
+
+// Reads h's slot without a lock: retries while a writer has the shard (seqlock).
+// REQUIRES: a ReaderGuard is live.
+inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t mix) {
+  // A write section lasts well under a microsecond unless its thread was preempted; then
+  // spinning only keeps it off the core, so the reader yields after a short spin.
+  constexpr int kSpinsBeforeYield = 128;
+  bool waiting = false;  // counted in shard.readers_waiting
+  for (int spins = 0;; ++spins) {
+    const uint64_t s0 = shard.seq.load(std::memory_order_acquire);
+    if (s0 & 1) {
+      if (spins < kSpinsBeforeYield) {
+        CpuRelax();
+      } else {
+        if (!waiting) shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
+        waiting = true;
+        std::this_thread::yield();
+      }
+      continue;
+    }
+    const GlobalIndex::Table* t = shard.table.load(std::memory_order_acquire);
+    SlotView v;
+    uint64_t i = mix & t->mask;
+    for (uint64_t n = 0; n <= t->mask; ++n, i = (i + 1) & t->mask) {
+      const Slot& s = t->slots[i];
+      const uint32_t lru = Ld(s.lru_ms);
+      if (lru == 0) break;
+      if (Ld(s.hash) != h) continue;
+      v.slot = &s;
+      v.device = Ld(s.device);
+      v.host = Ld(s.host);
+      v.lru_ms = lru;
+      v.predicted = Ld(s.predicted);
+      v.overflow = Ld(s.overflow);
+      break;
+    }
+    // The slot loads above are acquires: this load cannot move before them, and it sees an
+    // odd or newer number if any of them read a store of a later write section.
+    if (shard.seq.load(std::memory_order_relaxed) == s0) {
+      if (waiting) shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
+      return v;
+    }
+  }
+}
+
+// Locks the shard's side_mu for a reader, counted as waiting while a writer holds it.
+inline std::unique_lock<std::mutex> LockSideTables(const GlobalIndex::Shard& shard) {
+  std::unique_lock lock(shard.side_mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+    shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return lock;
+}
+
+// Between two slices of a batch's writes to `shard` (its mutexes released): when readers
+// wait, lets them through before the next slice, for at most ~kGapSpins spins. A writer that
+// took the next slice at once would keep the shard's sequence number odd, or side_mu held,
+// for the batch's whole share of the shard, and a snapshot chunk has ~600 ops a shard.
+inline void WriterGap(const GlobalIndex::Shard& shard) {
+  constexpr int kGapSpins = 256;
+  constexpr int kSpinsBeforeYield = 32;  // then the core goes to the readers, if they lack one
+  for (int k = 0; k < kGapSpins && shard.readers_waiting.load(std::memory_order_relaxed) != 0; ++k) {
+    if (k < kSpinsBeforeYield) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
 
 }  // namespace kvfleet::router

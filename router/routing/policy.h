@@ -119,6 +119,9 @@ struct Candidate {
   WorkerId worker = 0;
   uint32_t device_blocks = 0;       // leading prompt blocks cached on the device tier
   uint32_t host_blocks = 0;         // further leading blocks cached on the host tier
+  // Leading blocks it holds by its own events (PrefixMatch::held_blocks): what a pull from
+  // it can bring. Its own, also in a pull candidate (which counts the pulled ones in device_blocks).
+  uint32_t held_blocks = 0;
   double queued_prefill_tokens = 0; // prompt tokens admitted but not yet prefilled
   double running_requests = 0;      // active + queued requests
   double queued_requests = 0;       // waiting for admission

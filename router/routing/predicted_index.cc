@@ -33,6 +33,7 @@ void PredictedIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<
     }
     if (!any) break;  // no worker still matches
   }
+  for (PrefixMatch& m : *out) m.held_blocks = m.device_blocks;  // predictions are all it knows
 }
 
 void PredictedIndex::InsertPredicted(WorkerId worker, std::span<const BlockHash> hashes, DurationNs ttl) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/check.h"
 #include "schema/kv_event.h"
 
 namespace kvfleet::router {
@@ -146,23 +147,21 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
-void Router::AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
-                      std::vector<Candidate>* candidates) const {
+void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const {
   if (!(options().transfer_bytes_per_s > 0) || holders.size() < 2 || candidates->empty()) return;
   // The source holds the longest run by its own events: a predicted entry (a prefix sent there
   // a moment ago) may not be computed yet, and a pull for it would be refused.
   const Candidate* holder = nullptr;
   uint32_t held = 0;
   std::shared_ptr<const TransferPeer> from;
+  // Each candidate's run by its own events came with its match (PrefixMatch::held_blocks, one
+  // walk of the prompt's blocks for every worker), not from a lookup per block per candidate.
   for (const Candidate& c : holders) {
-    const uint32_t matched = c.device_blocks + c.host_blocks;
-    if (matched <= held) continue;
+    if (c.held_blocks <= held) continue;
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
-    const uint32_t run = kv_index_->HeldRun(c.worker, hashes.first(std::min<size_t>(matched, hashes.size())));
-    if (run <= held) continue;
     holder = &c;
-    held = run;
+    held = c.held_blocks;
     from = std::move(peer);
   }
   if (holder == nullptr) return;
@@ -226,10 +225,16 @@ void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached
 
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                           std::vector<double>* ttft) const {
-  const double fleet_rate = picker_.FleetRate(candidates);
+  return Admissible(route, candidates, picker_.FleetRate(candidates), ttft);
+}
+
+std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
+                                          double fleet_rate, std::vector<double>* ttft) const {
   const double bound = options().admission_ttft_s;
   std::vector<Candidate> out;
+  out.reserve(candidates.size());
   ttft->clear();
+  ttft->reserve(candidates.size());
   for (const Candidate& c : candidates) {
     ttft->push_back(picker_.EstimateTtft(route, c, fleet_rate));
     if (bound == 0 || ttft->back() <= bound) out.push_back(c);
@@ -249,9 +254,14 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (by_prefix) {
     PrefixIndex* index = d.policy == Policy::kApprox ? approx_index_ : kv_index_;
     index->FindMatches(d.hashes, &matches);
+    auto by_worker = [](const PrefixMatch& a, const PrefixMatch& b) { return a.worker < b.worker; };
+    if (!std::is_sorted(matches.begin(), matches.end(), by_worker)) {
+      std::sort(matches.begin(), matches.end(), by_worker);
+    }
   }
   std::vector<Candidate> candidates;
-  candidates.reserve(fleet.routable.size());
+  // Room for every worker's pull option too (AddPulls), so decode_pool below stays valid.
+  candidates.reserve(2 * fleet.routable.size());
   std::vector<WorkerLoads::LoadView> views;
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
@@ -268,11 +278,13 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       ++not_constrained;
       continue;
     }
-    for (const PrefixMatch& m : matches) {
-      if (m.worker == id) {
-        c.device_blocks = m.device_blocks;
-        c.host_blocks = m.host_blocks;
-      }
+    // Every worker of a large fleet may match a shared prefix: a search, not a scan per worker.
+    auto m = std::lower_bound(matches.begin(), matches.end(), id,
+                              [](const PrefixMatch& a, WorkerId w) { return a.worker < w; });
+    if (m != matches.end() && m->worker == id) {
+      c.device_blocks = m->device_blocks;
+      c.host_blocks = m->host_blocks;
+      c.held_blocks = m->held_blocks;
     }
     if (d.policy == Policy::kSglang || d.policy == Policy::kPreble) {  // the rules that read it
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
@@ -314,13 +326,17 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                          "no worker can decode the request (start workers with --role decode or both)");
     }
   }
-  const std::vector<Candidate> decode_pool = candidates;  // without pull options
+  // The candidates without pull options: AddPulls only appends, within the capacity reserved.
+  const std::span<const Candidate> decode_pool(candidates.data(), candidates.size());
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
-  if (by_cost) AddPulls(everyone.empty() ? std::span<const Candidate>(decode_pool) : everyone, d.hashes, &candidates);
+  if (by_cost) AddPulls(everyone.empty() ? decode_pool : everyone, &candidates);
+  KVF_CHECK(candidates.data() == decode_pool.data());
+  // Pull options do not count in it (Picker::FleetRate), so it is the decode pool's.
+  const double fleet_rate = picker_.FleetRate(candidates);
 
   // Admission.
   std::vector<double> ttft;
-  auto admitted = std::make_shared<std::vector<Candidate>>(Admissible(d.route, candidates, &ttft));
+  auto admitted = std::make_shared<std::vector<Candidate>>(Admissible(d.route, candidates, fleet_rate, &ttft));
   const double best = *std::min_element(ttft.begin(), ttft.end());
   const double bound = options().admission_ttft_s;
   // A retry may be admitted once the best worker's queue has drained below the bound (or,
@@ -345,7 +361,6 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (admitted->empty()) {
     // Would an idle worker serve it in time? Its own prefill alone, on the fastest.
     double alone = best;
-    const double fleet_rate = picker_.FleetRate(candidates);
     for (Candidate c : candidates) {
       c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
       alone = std::min(alone, picker_.EstimateTtft(d.route, c, fleet_rate));
@@ -371,12 +386,12 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.host_blocks = chosen.host_blocks;
   d.predicted_cached_tokens = choice->predicted_cached_tokens;
   CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
-  d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, picker_.FleetRate(candidates));
+  d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, fleet_rate);
   if (chosen.pull_blocks > 0) {
     if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
       // Past its break-even a pull is better recomputed.
       d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,
-                        PullDeadlineMs(d.route, chosen, picker_.FleetRate(candidates))};
+                        PullDeadlineMs(d.route, chosen, fleet_rate)};
       d.pull_from = chosen.pull_from;
       d.device_blocks -= chosen.pull_blocks;  // what the worker holds itself
     }

@@ -167,12 +167,11 @@ class Router {
   void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
                     std::vector<Candidate>* candidates) const;
   // kv, kv_retention: for each candidate that holds less of the prompt than the best holder
-  // serving pulls (the longest run by its own events, PrefixIndex::HeldRun), one more
+  // serving pulls (the longest run by its own events, Candidate::held_blocks), one more
   // candidate: the same worker with the holder's prefix pulled (README.md, "Pulling a prefix").
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
-  void AddPulls(std::span<const Candidate> holders, std::span<const BlockHash> hashes,
-                std::vector<Candidate>* candidates) const;
+  void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
   // `c` with `blocks` more leading blocks pulled from `source` (`from`) into it (`to`): at the
   // device-to-device bandwidth when their Hellos name one host, else the network's.
   Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& from, const TransferPeer& to,
@@ -194,6 +193,9 @@ class Router {
   void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
+  // The same, with the candidates' Picker::FleetRate already known.
+  std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
+                                    double fleet_rate, std::vector<double>* ttft) const;
 
   Picker picker_;
   const WorkerLoads* loads_;

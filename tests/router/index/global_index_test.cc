@@ -7,6 +7,7 @@
 #include <new>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -41,6 +42,7 @@ struct Model {
     for (WorkerId w : workers) {
       PrefixMatch m{w, 0, 0};
       bool host_phase = false;
+      bool held_run = true;  // every block so far held by events (predictions excluded)
       for (BlockHash h : hashes) {
         uint8_t bits = 0;
         if (auto it = held.find(w); it != held.end())
@@ -49,6 +51,8 @@ struct Model {
         if (auto it = predicted.find(w); it != predicted.end())
           if (auto p = it->second.find(h); p != it->second.end()) pred = p->second > now;
         if (!bits && !pred) break;
+        held_run = held_run && bits != 0;
+        if (held_run) ++m.held_blocks;
         if (!host_phase && ((bits & 1) || pred)) {
           ++m.device_blocks;
         } else {
@@ -74,6 +78,7 @@ void ExpectSame(const std::vector<PrefixMatch>& got, const std::vector<PrefixMat
     CHECK(g[i].worker == w[i].worker);
     CHECK(g[i].device_blocks == w[i].device_blocks);
     CHECK(g[i].host_blocks == w[i].host_blocks);
+    CHECK(g[i].held_blocks == w[i].held_blocks);
   }
 }
 
@@ -141,6 +146,12 @@ TEST_CASE("FindMatches agrees with a brute-force reference on random indexes") {
         std::vector<BlockHash> q(chain.begin(), chain.begin() + len);
         index.FindMatches(q, &got);
         ExpectSame(got, model.Match(q, clock.Now()));
+        // The pull source's run (Router::AddPulls) is read from the match; it was one
+        // HeldRun per candidate, which it must equal.
+        for (const PrefixMatch& m : got) {
+          const auto matched = std::span<const BlockHash>(q).first(m.device_blocks + m.host_blocks);
+          CHECK(m.held_blocks == index.HeldRun(m.worker, matched));
+        }
       }
     }
     for (WorkerId w = 0; w < workers * 23; w += 23) {
@@ -173,7 +184,7 @@ TEST_CASE("a match counts leading device blocks, then the host blocks after them
   index.Store(3, 12, Tier::kDevice);  // does not hold block 0: no match
   std::vector<PrefixMatch> out;
   index.FindMatches(h, &out);
-  ExpectSame(out, {{1, 2, 2}, {2, 0, 1}});
+  ExpectSame(out, {{1, 2, 2, 4}, {2, 0, 1, 1}});
 }
 
 TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
@@ -185,7 +196,7 @@ TEST_CASE("FindMatches stops at the first block nobody still matching holds") {
   std::vector<PrefixMatch> out;
   std::vector<BlockHash> q = {1, 2, 3};
   index.FindMatches(q, &out);
-  ExpectSame(out, {{1, 1, 0}});
+  ExpectSame(out, {{1, 1, 0, 1}});
 }
 
 TEST_CASE("FindMatches allocates nothing once the output has capacity") {
@@ -213,12 +224,12 @@ TEST_CASE("a predicted entry counts until its TTL passes or a stored event confi
   index.InsertPredicted(4, run, 2 * kNsPerSec);
   std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
-  ExpectSame(out, {{4, 3, 0}});
+  ExpectSame(out, {{4, 3, 0, 0}});  // held: none, by its events
   CHECK(index.BlockCount(4, Tier::kDevice) == 0);  // predictions are not holdings
   index.Store(4, 5, Tier::kDevice);                  // confirms block 5 only
   clock.AdvanceMs(2500);
   index.FindMatches(run, &out);
-  ExpectSame(out, {{4, 1, 0}});
+  ExpectSame(out, {{4, 1, 0, 1}});
   CHECK(index.SweepExpired() == 2);
   CHECK(index.EntryCount() == 1);
   index.CheckInvariants();
@@ -380,6 +391,43 @@ TEST_CASE("a fleet of more than 64 workers matches exactly (overflow groups)") {
   CHECK(!index.Holds(150, chain[0]));
 }
 
+TEST_CASE("a block's overflow row keeps each 64-worker group's holders as groups come and go") {
+  // One row holds every group's masks (inline for one group, an array for more): groups
+  // added and removed out of order must keep the others' masks and tiers.
+  ManualClock clock;
+  GlobalIndex index({}, &clock);
+  Model model;
+  const std::vector<BlockHash> run = {31, 32};
+  const std::vector<WorkerId> order = {700, 64, 1023, 130, 65, 200, 5};  // groups 10, 1, 15, 2, 1, 3, 0
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Tier t = k % 2 == 0 ? Tier::kDevice : Tier::kHost;
+    for (BlockHash h : run) {
+      index.Store(order[k], h, t);
+      model.held[order[k]][h] = t == Tier::kDevice ? 1 : 2;
+    }
+    index.CheckInvariants();
+  }
+  std::vector<PrefixMatch> got;
+  index.FindMatches(run, &got);
+  ExpectSame(got, model.Match(run, clock.Now()));
+  for (WorkerId w : {WorkerId{130}, WorkerId{700}, WorkerId{64}, WorkerId{1023}}) {
+    index.Remove(w, run[1], w == 700 || w == 1023 ? Tier::kDevice : Tier::kHost);
+    model.held[w].erase(run[1]);
+    index.CheckInvariants();
+    index.FindMatches(run, &got);
+    ExpectSame(got, model.Match(run, clock.Now()));
+  }
+  CHECK(index.Holds(65, run[1]));
+  CHECK(!index.Holds(64, run[1]));
+  CHECK(index.Move(200, run[0], Tier::kHost));
+  model.held[200][run[0]] = 2;
+  index.RemoveWorker(65);
+  model.held.erase(65);
+  index.CheckInvariants();
+  index.FindMatches(run, &got);
+  ExpectSame(got, model.Match(run, clock.Now()));
+}
+
 TEST_CASE("a prediction of a worker past 63 counts on a block no such worker stores") {
   ManualClock clock;
   GlobalIndex index({}, &clock);
@@ -388,7 +436,7 @@ TEST_CASE("a prediction of a worker past 63 counts on a block no such worker sto
   index.InsertPredicted(130, run, kNsPerSec);
   std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
-  ExpectSame(out, {{1, 3, 0}, {130, 3, 0}});
+  ExpectSame(out, {{1, 3, 0, 3}, {130, 3, 0, 0}});
   index.CheckInvariants();
 }
 
