@@ -45,7 +45,7 @@ ValuePtr Interpreter::Expr(const Node& n, Env& env) {
       if (v->kind == Kind::kInt || v->kind == Kind::kFloat || v->kind == Kind::kBool) {
         double sign = n.text == "-" ? -1 : 1;
         if (v->kind == Kind::kFloat) return Float(sign * v->number);
-        return Int(static_cast<int64_t>(sign) * (v->kind == Kind::kBool ? (v->boolean ? 1 : 0) : v->integer));
+        return Int(CheckedMul(static_cast<int64_t>(sign), v->kind == Kind::kBool ? (v->boolean ? 1 : 0) : v->integer));
       }
       throw RenderError("unknown operator '" + n.text + "' for " + TypeName(*v));
     }
@@ -93,6 +93,19 @@ std::vector<ValuePtr> Interpreter::Arguments(const std::vector<std::unique_ptr<N
   return positional;
 }
 
+namespace {
+
+// A value built by repeated doubling (`{% set ns.s = ns.s ~ ns.s %}` in a loop) would
+// exhaust memory long before the output limit is checked.
+constexpr size_t kMaxValueBytes = 64 << 20;
+
+ValuePtr Concat(std::string a, const std::string& b) {
+  if (a.size() + b.size() > kMaxValueBytes) throw RenderError("a string exceeds the limit");
+  return Str(std::move(a) + b);
+}
+
+}  // namespace
+
 ValuePtr Interpreter::EvalBinary(const Node& n, Env& env) {
   const std::string& op = n.text;
   ValuePtr left = Expr(*n.a, env);
@@ -108,7 +121,7 @@ ValuePtr Interpreter::EvalBinary(const Node& n, Env& env) {
     throw RenderError("cannot perform operation " + op + " on undefined values");
   }
   if (l.kind == Kind::kNull || r.kind == Kind::kNull) throw RenderError("cannot perform operation on null values");
-  if (op == "~") return Str(RawString(l) + RawString(r));
+  if (op == "~") return Concat(RawString(l), RawString(r));
   bool l_num = IsNumber(l), r_num = IsNumber(r);
   if (op == "**" && (l_num || l.kind == Kind::kBool) && (r_num || r.kind == Kind::kBool)) {
     double a = NumberOf(l), b = NumberOf(r);
@@ -116,18 +129,18 @@ ValuePtr Interpreter::EvalBinary(const Node& n, Env& env) {
     double res = std::pow(a, b);
     if (!std::isfinite(res)) throw RenderError("exponentiation result is not a finite real number");
     bool is_float = l.kind == Kind::kFloat || r.kind == Kind::kFloat || b < 0;
-    return is_float ? Float(res) : Int(static_cast<int64_t>(res));
+    return is_float ? Float(res) : Int(IntFromFloat(res));
   }
   if (l_num && r_num) {
     bool is_float = l.kind == Kind::kFloat || r.kind == Kind::kFloat;
     if (!is_float && (op == "+" || op == "-" || op == "*" || op == "//" || op == "%")) {
       int64_t a = l.integer, b = r.integer;
-      if (op == "+") return Int(a + b);
-      if (op == "-") return Int(a - b);
-      if (op == "*") return Int(a * b);
+      if (op == "+") return Int(CheckedAdd(a, b));
+      if (op == "-") return Int(CheckedSub(a, b));
+      if (op == "*") return Int(CheckedMul(a, b));
       if (b == 0) throw RenderError("integer division or modulo by zero");
-      if (op == "//") return Int(static_cast<int64_t>(std::floor(static_cast<double>(a) / static_cast<double>(b))));
-      return Int(a % b);  // JS's % keeps the sign of the dividend
+      if (op == "//") return Int(IntFromFloat(std::floor(static_cast<double>(a) / static_cast<double>(b))));
+      return Int(b == -1 ? 0 : a % b);  // JS's % keeps the sign of the dividend; INT64_MIN % -1 traps
     }
     double a = NumberOf(l), b = NumberOf(r);
     if (op == "+") return Float(a + b);
@@ -142,6 +155,7 @@ ValuePtr Interpreter::EvalBinary(const Node& n, Env& env) {
     if (op == "<=") return Bool(a <= b);
   } else if (IsArray(l) && IsArray(r)) {
     if (op == "+") {
+      if (l.items.size() + r.items.size() > kMaxValueBytes / sizeof(ValuePtr)) throw RenderError("a list exceeds the limit");
       std::vector<ValuePtr> items = l.items;
       items.insert(items.end(), r.items.begin(), r.items.end());
       return Array(std::move(items));
@@ -151,7 +165,7 @@ ValuePtr Interpreter::EvalBinary(const Node& n, Env& env) {
     if (op == "in") return Bool(member);
     if (op == "not in") return Bool(!member);
   }
-  if ((l.kind == Kind::kString || r.kind == Kind::kString) && op == "+") return Str(RawString(l) + RawString(r));
+  if ((l.kind == Kind::kString || r.kind == Kind::kString) && op == "+") return Concat(RawString(l), RawString(r));
   if (l.kind == Kind::kString && r.kind == Kind::kString) {
     if (op == "in") return Bool(r.str.find(l.str) != std::string::npos);
     if (op == "not in") return Bool(r.str.find(l.str) == std::string::npos);

@@ -151,8 +151,8 @@ ValuePtr Interpreter::SimpleFilter(const ValuePtr& operand, const std::string& n
     throw RenderError("unsupported filter for a string: " + name);
   }
   if (IsNumber(v)) {
-    if (name == "abs") return v.kind == Kind::kInt ? Int(std::llabs(v.integer)) : Float(std::fabs(v.number));
-    if (name == "int") return Int(static_cast<int64_t>(std::floor(NumberOf(v))));
+    if (name == "abs") return v.kind == Kind::kInt ? Int(v.integer < 0 ? CheckedSub(0, v.integer) : v.integer) : Float(std::fabs(v.number));
+    if (name == "int") return Int(IntFromFloat(std::floor(NumberOf(v))));
     if (name == "float") return Float(NumberOf(v));
     if (name == "string") return Str(Display(v));
     throw RenderError("unsupported filter for a number: " + name);

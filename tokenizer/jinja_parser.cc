@@ -1,6 +1,7 @@
 // The Jinja parser, following @huggingface/jinja's parser.ts rule for rule (statements,
 // operator precedence, slices, keyword arguments), so that a template parses the same way
 // there and here.
+#include <cerrno>
 #include <stdexcept>
 
 #include "tokenizer/jinja_internal.h"
@@ -490,7 +491,9 @@ class Parser {
           return n;
         }
         NodePtr n = Make(NodeKind::kIntegerLiteral);
-        n->integer = std::stoll(tok.value);
+        errno = 0;
+        n->integer = std::strtoll(tok.value.c_str(), nullptr, 10);
+        if (errno == ERANGE) throw SyntaxError("integer literal " + tok.value + " does not fit 64 bits");
         return n;
       }
       case TokenType::kStringLiteral: {

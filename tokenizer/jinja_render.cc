@@ -259,9 +259,10 @@ void SetupGlobals(Env& env) {
             if (args.size() > 2 && args[2]->kind == Kind::kInt) step = args[2]->integer;
             if (step == 0) throw RenderError("range() step must not be zero");
             std::vector<ValuePtr> out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+            for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
               if (out.size() >= config::kMaxRange) throw RenderError("range() is longer than the limit");
               out.push_back(Int(i));
+              if (__builtin_add_overflow(i, step, &i)) break;  // past the end either way
             }
             return Array(std::move(out));
           }));

@@ -33,6 +33,30 @@ ValuePtr Bool(bool b) {
   return v;
 }
 
+int64_t IntFromFloat(double d) {
+  // 2^63 is exact in a double; every finite double below it and >= -2^63 fits.
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) throw RenderError("number does not fit a 64-bit integer");
+  return static_cast<int64_t>(d);
+}
+
+int64_t CheckedAdd(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) throw RenderError("integer overflow");
+  return r;
+}
+
+int64_t CheckedSub(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) throw RenderError("integer overflow");
+  return r;
+}
+
+int64_t CheckedMul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) throw RenderError("integer overflow");
+  return r;
+}
+
 ValuePtr Int(int64_t i) {
   auto v = std::make_shared<Value>();
   v->kind = Kind::kInt;
@@ -389,11 +413,11 @@ std::vector<ValuePtr> Slice(const std::vector<ValuePtr>& a, std::optional<int64_
   if (step > 0) {
     b = start ? (*start < 0 ? std::max<int64_t>(n + *start, 0) : std::min(*start, n)) : 0;
     e = stop ? (*stop < 0 ? std::max<int64_t>(n + *stop, 0) : std::min(*stop, n)) : n;
-    for (int64_t i = b; i < e; i += step) out.push_back(a[i]);
+    for (int64_t i = b; i < e; i = e - i > step ? i + step : e) out.push_back(a[i]);  // no overflow past e
   } else {
     b = start ? (*start < 0 ? std::max<int64_t>(n + *start, -1) : std::min(*start, n - 1)) : n - 1;
     e = stop ? (*stop < -1 ? std::max<int64_t>(n + *stop, -1) : std::min(*stop, n - 1)) : -1;
-    for (int64_t i = b; i > e; i += step) out.push_back(a[i]);
+    for (int64_t i = b; i > e; i += step) out.push_back(a[i]);  // i >= 0: cannot overflow
   }
   return out;
 }

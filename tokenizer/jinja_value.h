@@ -81,6 +81,13 @@ ValuePtr Int(int64_t i);
 
 ValuePtr Float(double d);
 
+// Integers are 64-bit: arithmetic that leaves that range (Python's would grow) and a
+// float that does not fit are render errors, never wrapped or undefined.
+int64_t IntFromFloat(double d);
+int64_t CheckedAdd(int64_t a, int64_t b);
+int64_t CheckedSub(int64_t a, int64_t b);
+int64_t CheckedMul(int64_t a, int64_t b);
+
 ValuePtr Str(std::string s);
 
 ValuePtr Array(std::vector<ValuePtr> items, Kind kind = Kind::kArray);

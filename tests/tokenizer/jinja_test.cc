@@ -93,5 +93,27 @@ TEST_CASE("raise_exception and unsupported constructs fail with a message naming
   CHECK_FALSE(Template::Parse("{{ 'unterminated }}").ok());
 }
 
+std::string RenderError(std::string_view source) {
+  auto t = Template::Parse(source);
+  if (!t.ok()) return t.status().message();
+  auto out = (*t)->Render(json::object());
+  REQUIRE_MESSAGE(!out.ok(), *out);
+  return out.status().message();
+}
+
+TEST_CASE("integers stay within 64 bits: overflow is an error, never a wrapped or undefined value") {
+  CHECK(RenderError("{{ 777 ** 7 }}").find("64-bit") != std::string::npos);
+  CHECK(RenderError("{{ 9223372036854775807 + 1 }}").find("overflow") != std::string::npos);
+  CHECK(RenderError("{{ -9223372036854775807 - 2 }}").find("overflow") != std::string::npos);
+  CHECK(RenderError("{{ 4294967296 * 4294967296 }}").find("overflow") != std::string::npos);
+  CHECK(RenderError("{{ (2 ** 70) | int }}").find("64-bit") != std::string::npos);
+  CHECK(RenderError("{{ 99999999999999999999 }}").find("64 bits") != std::string::npos);
+  CHECK(Render("{{ (-9223372036854775807 - 1) % -1 }} {{ 7 % -1 }} {{ -7 % 2 }}") == "0 0 -1");
+  CHECK(Render("{{ [1, 2, 3][1::9223372036854775807] }} {{ range(9223372036854775806, 9223372036854775807, 5) }}") ==
+        "[2] [9223372036854775806]");
+  CHECK(RenderError("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+            .find("limit") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvfleet::tok::jinja
