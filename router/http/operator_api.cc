@@ -85,6 +85,7 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"lora_load_us", info.lora_load_us},
           {"tensor_parallel", info.tensor_parallel},
           {"announced_prefill_tokens_per_second", info.prefill_tokens_per_second},
+          {"device_id", info.device_id.empty() ? json(nullptr) : json(info.device_id)},
           {"transfer", info.transfer_endpoint.empty()
                            ? json(nullptr)
                            : json{{"endpoint", info.transfer_endpoint},

@@ -133,6 +133,9 @@ struct Candidate {
   // deviceId), each at its own rate: the device computes them before or beside this one's
   // (README.md, "Workers sharing a device"). 0: its device is its own.
   double device_prefill_s = 0;
+  // 1 / the live workers on its device (itself included): the share of the device's compute
+  // it counts in the fleet's capacity (Router::FleetLoad), so that ρ counts a device once.
+  double device_share = 1;
   // The share of the matched blocks expected still cached when the request's prefill starts
   // (kv_retention: README.md, "Retention-aware routing"); 1 for every other policy.
   double retained_share = 1;

@@ -109,6 +109,7 @@ void Router::AddDeviceLoad(Policy policy, std::span<const std::vector<WorkerId>*
     double s = 0;
     for (WorkerId m : *mates[c]) s += queued_s[std::lower_bound(ids.begin(), ids.end(), m) - ids.begin()];
     (*candidates)[c].device_prefill_s = s;
+    (*candidates)[c].device_share = 1.0 / static_cast<double>(1 + mates[c]->size());
   }
 }
 
@@ -197,7 +198,8 @@ uint32_t Router::PullDeadlineMs(const RouteRequest& route, const Candidate& c, d
 double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now) {
   const double fleet_rate = picker_.FleetRate(candidates);
   double capacity = 0;
-  for (const Candidate& c : candidates) capacity += std::max(c.prefill_tokens_per_s, fleet_rate);
+  // Workers sharing a device share its compute: each counts its share, so the device counts once.
+  for (const Candidate& c : candidates) capacity += c.device_share * std::max(c.prefill_tokens_per_s, fleet_rate);
   double sent = loads_->PeerWorkRate(model);  // the other routers' work, as their gossip says
   {
     std::lock_guard<std::mutex> lock(work_mu_);

@@ -188,7 +188,8 @@ class Router {
       Policy policy, const RouteRequest& route, uint64_t lora_id,
       std::shared_ptr<const std::vector<Candidate>> candidates);
   // ρ for `model` now: the uncached prefill tokens/s this router sent it lately over the
-  // candidates' summed prefill rates (each at least the fleet's median, as the cost has it).
+  // candidates' summed prefill rates (each at least the fleet's median, as the cost has it,
+  // and each times its Candidate::device_share: a shared device counts once).
   double FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now);
   void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,

@@ -101,6 +101,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["tensor_parallel"] == 4);
   CHECK(fleet["workers"][0]["role"] == "both");  // its Hello names none
   CHECK(fleet["workers"][0]["transfer"].is_null());  // its Hello announces no transfer service
+  CHECK(fleet["workers"][0]["device_id"].is_null());  // nor a device
   const WorkerId id = r.fleet->FindModel("llama")->routable.at(0);
   CHECK(r.fleet->Transfer(id) == nullptr);
   // A later Hello that announces one: routing reads it, and /fleet shows it.
@@ -112,6 +113,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   hello.transfer_bytes_per_block = 4u << 20;
   hello.transfer_host_id = "boot-1";
   hello.role = WorkerRole::kDecode;
+  hello.device_id = "GPU-5e1c";
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeHello(hello));
   REQUIRE(WaitFor([&] { return r.fleet->Transfer(id) != nullptr; }));
   CHECK(r.fleet->Role(id) == WorkerRole::kDecode);
@@ -124,6 +126,7 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["transfer"]["curve"] == false);
   CHECK(fleet["workers"][0]["transfer"]["host_id"] == "boot-1");
   CHECK(fleet["workers"][0]["role"] == "decode");
+  CHECK(fleet["workers"][0]["device_id"] == "GPU-5e1c");
   // Bye takes it out of routing at once.
   FakeWorker::Register(r.fleet->registration_endpoint(), EncodeBye({"w1", 0}));
   CHECK(WaitFor([&] { return r.fleet->FindModel("llama")->routable.empty(); }));

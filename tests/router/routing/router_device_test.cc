@@ -79,4 +79,23 @@ TEST_CASE("a device mate's queue counts at its own rate, its report blended as a
   CHECK(d->candidates->at(0).device_prefill_s == doctest::Approx(1.5));
 }
 
+TEST_CASE("the fleet's load counts a shared device's compute once") {
+  // Three workers at 10,000 tokens/s each; the other routers send 15,000 uncached tokens/s.
+  Fixture f;
+  for (WorkerId w : {0u, 1u, 2u}) f.loads.announced[w] = 10'000;
+  f.loads.peer_work = 15'000;
+  SUBCASE("three devices: 30,000 tokens/s of capacity") {
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK(d->route.fleet_load == doctest::Approx(0.5));
+  }
+  SUBCASE("0 and 1 on one device: two devices, 20,000 tokens/s") {
+    f.loads.mates[0] = {1};
+    f.loads.mates[1] = {0};
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK(d->route.fleet_load == doctest::Approx(0.75));
+  }
+}
+
 }  // namespace kvfleet::router
