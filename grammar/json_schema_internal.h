@@ -45,7 +45,8 @@ class SchemaCompiler {
   int32_t AnyNumber();
   int32_t AnyInteger();
   // Digits of an integer in [lo, hi] (no bound when absent), as JSON writes integers.
-  int32_t IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi);
+  // The decimal integers in [lo, hi]; "-0" too when negative_zero and 0 is in range.
+  int32_t IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi, bool negative_zero);
   int32_t Lit(std::string s) { return g_.Bytes(std::move(s)); }
   // A structural character, with the whitespace JSON allows around it when the options ask
   // for any whitespace ("{" and "[" take it after, "}" and "]" before, "," and ":" both).

@@ -61,11 +61,12 @@ int32_t SchemaCompiler::AnyString() {
   return g_.Seq({Lit("\""), g_.Star(ch), Lit("\"")});
 }
 
-int32_t SchemaCompiler::AnyInteger() { return IntegerRange(std::nullopt, std::nullopt); }
+int32_t SchemaCompiler::AnyInteger() { return IntegerRange(std::nullopt, std::nullopt, /*negative_zero=*/false); }
 
 int32_t SchemaCompiler::AnyNumber() {
   int32_t digits = g_.Plus(g_.Class({{'0', '9'}}));
-  return g_.Seq({IntegerRange(std::nullopt, std::nullopt), g_.Optional(g_.Seq({Lit("."), digits})),
+  // "-0" only as the integer part of a number ("-0.5"): alone it is an integer no serializer writes.
+  return g_.Seq({IntegerRange(std::nullopt, std::nullopt, /*negative_zero=*/true), g_.Optional(g_.Seq({Lit("."), digits})),
                  g_.Optional(g_.Seq({g_.Class({{'e', 'e'}, {'E', 'E'}}), g_.Optional(g_.Class({{'+', '+'}, {'-', '-'}})),
                                      g_.Plus(g_.Class({{'0', '9'}}))}))});
 }
@@ -124,14 +125,14 @@ static int32_t NonNegativeRange(Grammar* g, int64_t a, int64_t b) {
   return g->Alt(std::move(alts));
 }
 
-int32_t SchemaCompiler::IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+int32_t SchemaCompiler::IntegerRange(std::optional<int64_t> lo, std::optional<int64_t> hi, bool negative_zero) {
   std::vector<int32_t> alts;
   if (!hi || *hi >= 0) alts.push_back(NonNegativeRange(&g_, lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi : -1));
   if (!lo || *lo < 0) {
     int64_t a = hi ? std::max<int64_t>(-*hi, 1) : 1;
     alts.push_back(g_.Seq({Lit("-"), NonNegativeRange(&g_, a, lo ? -*lo : -1)}));
   }
-  if ((!lo || *lo <= 0) && (!hi || *hi >= 0)) alts.push_back(Lit("-0"));
+  if (negative_zero && (!lo || *lo <= 0) && (!hi || *hi >= 0)) alts.push_back(Lit("-0"));
   return g_.Alt(std::move(alts));
 }
 
@@ -151,7 +152,7 @@ Result<int32_t> SchemaCompiler::Integer(const Json& s, const std::string& path) 
   }
   if (!lo && !hi) return AnyInteger();
   if (lo && hi && *lo > *hi) return Error(path, "no integer lies within the bounds");
-  return IntegerRange(lo, hi);
+  return IntegerRange(lo, hi, /*negative_zero=*/false);
 }
 
 Result<int32_t> SchemaCompiler::Number(const Json& s, const std::string& path) {
@@ -178,7 +179,7 @@ Result<int32_t> SchemaCompiler::Number(const Json& s, const std::string& path) {
   std::optional<int64_t> ilo = lo ? std::optional<int64_t>(*lo + (lo_strict ? 1 : 0)) : std::nullopt;
   std::optional<int64_t> ihi = hi ? std::optional<int64_t>(*hi - (hi_strict ? 1 : 0)) : std::nullopt;
   if (!ilo || !ihi || *ilo <= *ihi) {
-    alts.push_back(g_.Seq({IntegerRange(ilo, ihi), g_.Optional(g_.Seq({Lit("."), g_.Plus(Lit("0"))}))}));
+    alts.push_back(g_.Seq({IntegerRange(ilo, ihi, /*negative_zero=*/true), g_.Optional(g_.Seq({Lit("."), g_.Plus(Lit("0"))}))}));
   }
   // Non-integers in (k, k+1) for k in [lo, hi - 1] (an absent bound: no limit).
   int32_t digit = g_.Class({{'0', '9'}});

@@ -236,7 +236,15 @@ TEST_CASE("integer bounds are exact on every integer in a window") {
     for (int64_t v : edges) CHECK(testing::MatchBytes(g, std::to_string(v)) == (v >= range.first && v <= range.second));
     CHECK_FALSE(testing::MatchBytes(g, "01"));
     CHECK_FALSE(testing::MatchBytes(g, "1.0"));
+    CHECK_FALSE(testing::MatchBytes(g, "-0"));
   }
+  auto any = testing::MustCompile({Kind::kJsonSchema, R"({"type":"integer"})"}, bytes);
+  CHECK(testing::MatchBytes(any, "0"));
+  CHECK(testing::MatchBytes(any, "-7"));
+  CHECK_FALSE(testing::MatchBytes(any, "-0"));
+  auto number = testing::MustCompile({Kind::kJsonSchema, R"({"type":"number"})"}, bytes);
+  CHECK(testing::MatchBytes(number, "-0.5"));
+  CHECK(testing::MatchBytes(number, "-0"));  // JSON's number grammar: -0 is a number
 }
 
 TEST_CASE("number bounds are exact on decimals; non-integer bounds are refused by name") {
