@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
     const uint32_t* bits = p.allowed + static_cast<int64_t>(seq) * p.allowed_words;
     __syncthreads();  // every pass of step 0 has read the raw row
     for (int32_t v = threadIdx.x; v < p.vocab; v += kThreads) {
-      if (!((bits[v >> 5] >> (v & 31)) & 1u)) row[v] = -INFINITY;
+      if (!TokenAllowed(bits, v)) row[v] = -INFINITY;
     }
     __syncthreads();
   }

@@ -19,6 +19,10 @@ constexpr int32_t kMaxTopLogprobs = 20;
 // independent of summation order (a seeded request draws the same token on any launch).
 constexpr double kProbFixedScale = 4294967296.0;  // 2^32
 
+// Constrained decoding's token bitmask: token v may be sampled iff bit v % 32 of word v / 32
+// is set (grammar::Matcher::FillNextTokenBitmask's layout).
+KVF_HD bool TokenAllowed(const uint32_t* bits, int64_t v) { return (bits[v >> 5] >> (v & 31)) & 1u; }
+
 // Uniform in (0, 1) for (seed, step, index): splitmix64's finaliser over a mixed counter.
 KVF_HD float SampleUniform(uint64_t seed, uint64_t step, uint64_t index) {
   uint64_t x = seed ^ (step * 0x9E3779B97F4A7C15ull) ^ ((index + 1) * 0xD1B54A32D192ED03ull);

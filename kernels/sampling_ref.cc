@@ -67,7 +67,7 @@ std::vector<float> AdjustedRowRef(const float* logits, int32_t vocab, const Samp
   for (const LogitAdjust& a : row.adjust) out[a.token] = AdjustLogit(out[a.token], a);
   if (!row.allowed.empty()) {
     for (int32_t i = 0; i < vocab; ++i) {
-      if (!((row.allowed[static_cast<size_t>(i) / 32] >> (i % 32)) & 1u)) out[i] = -INFINITY;
+      if (!TokenAllowed(row.allowed.data(), i)) out[i] = -INFINITY;
     }
   }
   return out;

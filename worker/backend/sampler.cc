@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "kernels/sampling_common.h"
 
 namespace kvfleet::backend {
 
@@ -85,7 +86,7 @@ void MaskLogits(std::span<float> logits, std::span<const uint32_t> allowed) {
     if (bits == UINT32_MAX) continue;
     const size_t end = std::min(logits.size(), w * 32 + 32);
     for (size_t i = w * 32; i < end; ++i) {
-      if (!(bits >> (i % 32) & 1u)) logits[i] = -INFINITY;
+      if (!kernels::TokenAllowed(allowed.data(), static_cast<int64_t>(i))) logits[i] = -INFINITY;
     }
   }
 }
