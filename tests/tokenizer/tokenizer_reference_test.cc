@@ -93,7 +93,8 @@ const fs::path& ReferenceDir() {
     REQUIRE_MESSAGE(fs::exists(modules / "@huggingface" / "tokenizers" / "package.json"),
                     "the npm test assets are missing from " << modules.string()
                                                             << ": run tests/assets.sh (tests/run.sh does)");
-    std::string key = ReadAll(script) + ReadAll(script.parent_path() / "corpus.mjs") + ReadAll(package);
+    std::string key = ReadAll(script) + ReadAll(script.parent_path() / "corpus.mjs") +
+                      ReadAll(script.parent_path() / "mistral-7b-instruct-v0.3.jinja") + ReadAll(package);
     for (const char* name : kTokenizers) key += std::string(name) + "=" + CorpusScale(name) + "\n";
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016" PRIx64, XXH3_64bits(key.data(), key.size()));
