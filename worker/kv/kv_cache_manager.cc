@@ -83,10 +83,9 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       log->info("pool {}: blocks past the first {} tokens are not reused (the window makes the cache cyclic)", i,
                 l.window);
     }
-    if (reuse_enabled_ && config.attention_chunk_size != 0 &&
-        (!l.windowed() || config.attention_chunk_size < l.window)) {
+    if (reuse_enabled_ && l.attention_chunk != 0 && (!l.windowed() || l.attention_chunk < l.window)) {
       log->info("pool {}: blocks past the first {} tokens are not reused (chunked attention drops earlier chunks)", i,
-                config.attention_chunk_size);
+                l.attention_chunk);
     }
     // Routers count and hash event blocks of G tokens.
     events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks / group_blocks_, l.host_blocks / group_blocks_},

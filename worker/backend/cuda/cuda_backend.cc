@@ -164,6 +164,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   KVF_ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(options.model_dir));
   b->config_ = checkpoint->config();
   const model::ModelConfig& c = b->config_;
+  if (c.architecture == model::Architecture::kLlama4) {
+    return Unimplemented("cuda backend: " + options.model_dir +
+                         " is Llama 4, whose kernels it lacks: interleaved RoPE with NoPE layers, per-layer chunked "
+                         "attention, q/k L2 norm, attention temperature tuning, and sigmoid-routed experts with a "
+                         "shared expert; serve it with --backend cpu");
+  }
   if (c.is_moe()) {  // (9)
     const int64_t ei = c.moe.expert_intermediate / tp;
     const int64_t routes = static_cast<int64_t>(options.max_num_tokens) * c.moe.experts_per_token;
