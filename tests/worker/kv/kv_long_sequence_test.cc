@@ -210,6 +210,15 @@ TEST_CASE("chunked_layers: the chunked layers get a pool of their own, and only 
   f.Prefill(id);
   for (TokenId t = 0; t < 40; ++t) f.Decode(id, 100 + t);
   f.Check();
+  // Both pools are window 0: only the chunked one, which stores the shorter prefix (its first
+  // chunk: 2 blocks), publishes events, so a router's index holds what a hit can reuse.
+  size_t created = 0, stored_blocks = 0;
+  for (const KvEvent& e : f.Flush()) {
+    created += std::holds_alternative<CreatedEvent>(e.data);
+    if (const auto* st = std::get_if<StoredEvent>(&e.data)) stored_blocks += st->blocks.size();
+  }
+  CHECK(created == 1);
+  CHECK(stored_blocks == 2);
   CHECK(f.m->View(id, 1).first_window_block == 10);  // the chunk [40, 46]
   CHECK(f.m->View(id, 0).first_window_block == 0);   // all 46 tokens
   CHECK(f.m->View(id, 0).blocks.size() == 12);
