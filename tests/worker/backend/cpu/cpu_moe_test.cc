@@ -123,6 +123,21 @@ TEST_CASE("routing: softmax over every expert, the top k by probability, renorma
   CHECK(weights[0] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
 }
 
+TEST_CASE("Llama 4 routing: the top k by logit, each weighted sigmoid(logit), never renormalised") {
+  const float logits[8] = {-1.0f, 2.0f, 0.5f, 2.0f,  // token 0: experts 1 and 3 tie
+                           4.0f, -3.0f, 1.0f, 0.0f};
+  int32_t experts[4];
+  float weights[4];
+  RouteTopKSigmoid(logits, 2, 4, 2, experts, weights);
+  CHECK(experts[0] == 1);
+  CHECK(experts[1] == 3);
+  CHECK(experts[2] == 0);
+  CHECK(experts[3] == 2);
+  CHECK(weights[0] == doctest::Approx(1.0 / (1.0 + std::exp(-2.0))).epsilon(1e-6));
+  CHECK(weights[2] == doctest::Approx(1.0 / (1.0 + std::exp(-4.0))).epsilon(1e-6));
+  CHECK(weights[3] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
+}
+
 TEST_CASE("the MoE block equals a naive per-token reference at every batch size and top-k") {
   ThreadPool pool(2);
   for (int64_t k : {1, 2, 3}) {
