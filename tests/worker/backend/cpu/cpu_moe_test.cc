@@ -1,5 +1,5 @@
-// The cpu backend's mixture-of-experts MLP: routing as transformers' Mixtral and Qwen3-MoE
-// routers compute it, the block against a naive per-token reference at several batch
+// The cpu backend's mixture-of-experts MLP: routing as transformers' Mixtral, Qwen3-MoE and
+// Llama 4 routers compute it, the block against a naive per-token reference at several batch
 // sizes, experts split over tensor-parallel ranks, and MoE models whose logits do not
 // depend on how a prompt is chunked.
 #include <doctest/doctest.h>
