@@ -258,6 +258,108 @@ std::vector<Layout> Layouts() {
                      {"norm_eps", 1e-05},    {"vocab_size", 32768},     {"rope_theta", 1000000.0}};
     out.push_back(std::move(l));
   }
+  {
+    // Llama4ForConditionalGeneration: the text model at tiny sizes under text_config (4 layers,
+    // so that layer 3 is NoPE as in Scout's no_rope_layers), every layer MoE as Scout's
+    // moe_layers, and Scout's vision_config (no vision weights are written: kvfleet reads none).
+    Layout l;
+    l.name = "llama-4-scout";
+    l.repo = "meta-llama/Llama-4-Scout-17B-16E-Instruct";
+    constexpr int64_t kLlama4Layers = 4;
+    ojson text{{"attention_bias", false},
+               {"attention_chunk_size", 8192},
+               {"attention_dropout", 0.0},
+               {"attn_scale", 0.1},
+               {"attn_temperature_tuning", 4},
+               {"bos_token_id", 200000},
+               {"eos_token_id", {200001, 200007, 200008}},
+               {"floor_scale", 8192},
+               {"for_llm_compressor", false},
+               {"head_dim", kHeadDim},
+               {"hidden_act", "silu"},
+               {"hidden_size", kHidden},
+               {"initializer_range", 0.02},
+               {"interleave_moe_layer_step", 1},
+               {"intermediate_size", kExpertIntermediate},
+               {"intermediate_size_mlp", kIntermediate},
+               {"max_position_embeddings", 262144},
+               {"model_type", "llama4_text"},
+               {"moe_layers", {0, 1, 2, 3}},
+               {"no_rope_layers", {1, 1, 1, 0}},
+               {"num_attention_heads", kHeads},
+               {"num_experts_per_tok", 1},
+               {"num_hidden_layers", kLlama4Layers},
+               {"num_key_value_heads", kKvHeads},
+               {"num_local_experts", 16},
+               {"output_router_logits", false},
+               {"pad_token_id", 200018},
+               {"rms_norm_eps", 1e-05},
+               {"rope_scaling",
+                {{"factor", 8.0},
+                 {"high_freq_factor", 4.0},
+                 {"low_freq_factor", 1.0},
+                 {"original_max_position_embeddings", 8192},
+                 {"rope_type", "llama3"}}},
+               {"rope_theta", 500000.0},
+               {"router_aux_loss_coef", 0.001},
+               {"router_jitter_noise", 0.0},
+               {"torch_dtype", "bfloat16"},
+               {"use_cache", true},
+               {"use_qk_norm", true},
+               {"vocab_size", 202048}};
+    ojson vision{{"attention_dropout", 0.0},
+                 {"hidden_act", "gelu"},
+                 {"hidden_size", 1408},
+                 {"image_size", 336},
+                 {"initializer_range", 0.02},
+                 {"intermediate_size", 5632},
+                 {"model_type", "llama4_vision_model"},
+                 {"multi_modal_projector_bias", false},
+                 {"norm_eps", 1e-05},
+                 {"num_attention_heads", 16},
+                 {"num_channels", 3},
+                 {"num_hidden_layers", 34},
+                 {"patch_size", 14},
+                 {"pixel_shuffle_ratio", 0.5},
+                 {"projector_dropout", 0.0},
+                 {"projector_input_dim", 4096},
+                 {"projector_output_dim", 4096},
+                 {"rope_theta", 10000},
+                 {"vision_feature_layer", -1},
+                 {"vision_feature_select_strategy", "default"},
+                 {"vision_output_dim", 4096}};
+    l.config = ojson{{"architectures", {"Llama4ForConditionalGeneration"}},
+                     {"boi_token_index", 200080},
+                     {"eoi_token_index", 200081},
+                     {"image_token_index", 200092},
+                     {"model_type", "llama4"},
+                     {"text_config", text},
+                     {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},
+                     {"transformers_version", "4.51.0"},
+                     {"vision_config", vision}};
+    l.generation_config = ojson{{"bos_token_id", 200000},
+                                {"do_sample", true},
+                                {"eos_token_id", {200001, 200007, 200008}},
+                                {"pad_token_id", 200018},
+                                {"temperature", 0.6},
+                                {"top_p", 0.9},
+                                {"transformers_version", "4.51.0"}};
+    l.tokens = {{"<|begin_of_text|>", 200000}, {"<|end_of_text|>", 200001}, {"<|header_start|>", 200005},
+                {"<|header_end|>", 200006},    {"<|eom|>", 200007},         {"<|eot|>", 200008}};
+    l.end_of_turn = 200008;
+    l.end_of_turn_text = "<|eot|>";
+    l.shards = 50;
+    l.tokenizer_config = ojson{{"bos_token", "<|begin_of_text|>"},
+                               {"clean_up_tokenization_spaces", false},
+                               {"eos_token", "<|eot|>"},
+                               {"model_input_names", {"input_ids", "attention_mask"}},
+                               {"model_max_length", 10485760},
+                               {"pad_token", "<|finetune_right_pad|>"},
+                               {"tokenizer_class", "PreTrainedTokenizerFast"}};
+    l.special_tokens_map = true;
+    out.push_back(std::move(l));
+  }
   return out;
 }
 

@@ -230,7 +230,9 @@ Status WriteModelLayout(const ModelLayoutOptions& o) {
     if (id.is_number_integer()) max_id = std::max(max_id, id.get<int64_t>());
   }
   if (!kept_added.empty()) max_id = std::max(max_id, *kept_added.rbegin());
-  const int64_t vocab_size = l.config["vocab_size"].get<int64_t>();
+  // Llama4ForConditionalGeneration keeps the text model's fields under text_config.
+  const ojson& text_config = l.config.contains("text_config") ? l.config["text_config"] : l.config;
+  const int64_t vocab_size = text_config["vocab_size"].get<int64_t>();
   if (max_id >= vocab_size) {
     return InvalidArgument(tflag + ": token id " + std::to_string(max_id) + " does not fit " + l.repo +
                            "'s vocab_size " + std::to_string(vocab_size));
@@ -322,7 +324,8 @@ Status WriteModelLayout(const ModelLayoutOptions& o) {
   KVF_RETURN_IF_ERROR(made);
   if (!l.params_path.empty()) KVF_RETURN_IF_ERROR(WriteJson(out / l.params_path, l.params));
   if (o.end_of_turn_scale != 1.0) {
-    KVF_RETURN_IF_ERROR(ScaleRow(o.out_dir, "lm_head.weight", l.end_of_turn, o.end_of_turn_scale));
+    KVF_RETURN_IF_ERROR(
+        ScaleRow(o.out_dir, parsed->tensor_prefix + "lm_head.weight", l.end_of_turn, o.end_of_turn_scale));
   }
   return Status::Ok();
 }

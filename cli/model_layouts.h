@@ -31,7 +31,8 @@
 namespace kvfleet::cli {
 
 // The layout names: llama-3.1-8b-instruct, qwen2.5-7b-instruct, qwen3-8b, qwen3-30b-a3b,
-// mistral-7b-instruct-v0.3.
+// mistral-7b-instruct-v0.3, llama-4-scout (Llama4ForConditionalGeneration: the text model's
+// weights under language_model., no vision tower).
 std::vector<std::string> ModelLayoutNames();
 
 struct ModelLayoutOptions {

@@ -29,7 +29,8 @@ void ScaleLlama3(const RopeScaling& s, std::vector<float>& inv) {
     const double wavelen = 2 * std::numbers::pi / f;
     if (wavelen > low_wavelen) {
       f = static_cast<float>(f / s.factor);
-    } else if (wavelen >= high_wavelen) {
+    } else if (wavelen >= high_wavelen && s.high_freq_factor > s.low_freq_factor) {
+      // Equal factors (Llama 4 Scout: 1 and 1) leave no band to blend.
       const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       f = static_cast<float>((1 - smooth) * f / s.factor + smooth * f);
     }

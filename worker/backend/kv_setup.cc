@@ -114,6 +114,7 @@ kv::KvCacheConfig KvCacheConfigFor(const model::ModelConfig& model, const KvMemo
   c.dense_context = attention.streaming_llm;
   c.attention_chunk_size = static_cast<uint32_t>(attention.attention_chunk_size > 0 ? attention.attention_chunk_size
                                                                                    : model.attention_chunk_size);
+  c.chunked_layers = model.layer_chunked;  // Llama 4: the chunk bounds its RoPE layers only
   c.vocab_size = static_cast<uint32_t>(model.vocab_size);  // cached tokens are stored in just the bits it needs
   c.block_size = memory.block_size;
   c.device_bytes = memory.device_bytes;

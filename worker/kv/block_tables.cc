@@ -16,7 +16,7 @@ namespace kvfleet::kv {
 
 uint32_t KvCacheManager::ReuseLimit(uint32_t pool) const {
   uint32_t limit = layouts_[pool].window;
-  const uint32_t C = config_.attention_chunk_size;
+  const uint32_t C = layouts_[pool].attention_chunk;
   if (C != 0) limit = limit == 0 ? C : std::min(limit, C);
   return limit;
 }
@@ -24,7 +24,7 @@ uint32_t KvCacheManager::ReuseLimit(uint32_t pool) const {
 uint32_t KvCacheManager::MaxSequenceBlocks(uint32_t pool) const {
   const uint64_t B = config_.block_size;
   const uint64_t W = layouts_[pool].window;
-  const uint64_t C = config_.attention_chunk_size;
+  const uint64_t C = layouts_[pool].attention_chunk;
   if (W == 0 && C == 0) return 0;
   // After Commit(q) and the Append of the next token: [q + 1 - W, q + 1] spans at most
   // ceil((W - 1) / B) + 1 blocks; a chunk's [q - q % C, q + 1] at most C / B + 1.
@@ -38,10 +38,10 @@ uint32_t KvCacheManager::MaxSequenceBlocks(uint32_t pool) const {
 
 void KvCacheManager::TrimWindows(Sequence& s) {
   const uint32_t B = config_.block_size;
-  const uint32_t C = config_.attention_chunk_size;
   const TimeNs now = clock_->Now();
   for (uint32_t p = 0; p < pools_.size(); ++p) {
     const uint32_t W = layouts_[p].window;
+    const uint32_t C = layouts_[p].attention_chunk;
     if (W == 0 && C == 0) continue;
     BlockPool& pool = *pools_[p];
     Sequence::PoolState& st = s.pools[p];

@@ -50,6 +50,7 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       clock_(clock),
       hooks_(hooks),
       events_(std::make_unique<EventList>(config.event_buffer_max_size)),
+      muted_events_(std::make_unique<EventList>(0)),
       scratch_(std::make_unique<Plan>()) {
   auto log = Logger("kv");
   // Reuse stays on with StreamingLLM sinks (TensorRT-LLM turns it off): a model with sinks has a
@@ -68,9 +69,19 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   opts.vocab_size = config.vocab_size;
   opts.epoch = clock->Now();
   opts.first_lru_tick = hooks.first_lru_tick;
+  // Of pools sharing a window, the one storing the shortest prefix (ReuseLimit 0: no limit)
+  // publishes, the lower index on ties (TakeEvents).
+  auto stored = [this](uint32_t p) { return ReuseLimit(p) == 0 ? UINT64_MAX : uint64_t{ReuseLimit(p)}; };
+  publishes_.assign(layouts_.size(), true);
+  for (uint32_t i = 0; i < layouts_.size(); ++i) {
+    for (uint32_t j = 0; j < layouts_.size(); ++j) {
+      if (j == i || layouts_[j].window != layouts_[i].window) continue;
+      if (stored(j) < stored(i) || (stored(j) == stored(i) && j < i)) publishes_[i] = false;
+    }
+  }
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     const PoolLayout& l = layouts_[i];
-    pools_.push_back(std::make_unique<BlockPool>(i, l, opts, events_.get()));
+    pools_.push_back(std::make_unique<BlockPool>(i, l, opts, publishes_[i] ? events_.get() : muted_events_.get()));
     std::string window = l.window == 0 ? std::string("full") : std::to_string(l.window);
     if (l.sink_tokens > 0) window += " + " + std::to_string(l.sink_tokens) + " sinks";
     if (l.dense_context) window += " (StreamingLLM: dense context, position shift)";
@@ -83,13 +94,12 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
       log->info("pool {}: blocks past the first {} tokens are not reused (the window makes the cache cyclic)", i,
                 l.window);
     }
-    if (reuse_enabled_ && config.attention_chunk_size != 0 &&
-        (!l.windowed() || config.attention_chunk_size < l.window)) {
+    if (reuse_enabled_ && l.attention_chunk != 0 && (!l.windowed() || l.attention_chunk < l.window)) {
       log->info("pool {}: blocks past the first {} tokens are not reused (chunked attention drops earlier chunks)", i,
-                config.attention_chunk_size);
+                l.attention_chunk);
     }
     // Routers count and hash event blocks of G tokens.
-    events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks / group_blocks_, l.host_blocks / group_blocks_},
+    if (publishes_[i]) events_->Push(KvEvent{l.window, CreatedEvent{{l.device_blocks / group_blocks_, l.host_blocks / group_blocks_},
                                                  config.EventBlockSize()}});
   }
   scratch_->pools.resize(pools_.size());
@@ -526,7 +536,9 @@ uint64_t KvCacheManager::events_dropped() const { return events_->dropped(); }
 
 std::vector<KvEvent> KvCacheManager::Snapshot() const {
   std::vector<KvEvent> out;
-  for (const auto& pool : pools_) pool->Snapshot(&out);
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    if (publishes_[p]) pools_[p]->Snapshot(&out);
+  }
   return out;
 }
 

@@ -248,6 +248,9 @@ class KvCacheManager {
   void Clear();
   // The events since the last call, oldest first (at most event_buffer_max_size: the
   // oldest beyond that were dropped and counted in events_dropped()).
+  // Routers index events by window (schema/README.md): of pools that share a window (Llama 4's
+  // chunked and NoPE layers both have none), only the one storing the shortest prefix
+  // publishes (a hit needs every pool); the others' events are neither kept nor counted.
   std::vector<KvEvent> TakeEvents();
   // Events dropped because the list was full, since the manager was made (only grows).
   uint64_t events_dropped() const;
@@ -307,6 +310,8 @@ class KvCacheManager {
   bool reuse_enabled_ = true;
   uint32_t group_blocks_ = 1;  // blocks per event block: EventBlockSize() / block_size
   std::unique_ptr<EventList> events_;  // this manager's and its pools' events, until taken
+  std::unique_ptr<EventList> muted_events_;  // off (max_size 0): the sink of non-publishing pools
+  std::vector<bool> publishes_;              // [pool]: its events reach events_ (TakeEvents)
   std::vector<std::unique_ptr<BlockPool>> pools_;
   // Holds PinChain left for UnpinChain, by (pool, tier, block): invariant 3 counts them.
   std::map<std::tuple<uint32_t, Tier, BlockId>, uint32_t> export_pins_;

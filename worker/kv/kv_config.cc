@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "common/block_hash.h"
@@ -26,6 +27,10 @@ Status KvCacheConfig::Validate() const {
   }
   if (offload_min_priority > kMaxPriority) return InvalidArgument("kv: offload_min_priority > 100");
   if (device_bytes == 0) return InvalidArgument("kv: device_bytes must be > 0");
+  if (!chunked_layers.empty() && chunked_layers.size() != num_layers) {
+    return InvalidArgument("kv: chunked_layers has " + std::to_string(chunked_layers.size()) + " entries for " +
+                           std::to_string(num_layers) + " layers");
+  }
   if (attention_chunk_size % block_size != 0) {
     return InvalidArgument("kv: attention_chunk_size " + std::to_string(attention_chunk_size) +
                            " is not a multiple of block_size " + std::to_string(block_size));
@@ -48,6 +53,10 @@ Status KvCacheConfig::Validate() const {
     return InvalidArgument("kv: sink_tokens and dense_context do not combine with attention_chunk_size");
   }
   return Status::Ok();
+}
+
+uint32_t KvCacheConfig::ChunkOfLayer(uint32_t layer) const {
+  return chunked_layers.empty() || (layer < chunked_layers.size() && chunked_layers[layer]) ? attention_chunk_size : 0;
 }
 
 uint32_t KvCacheConfig::WindowOfLayer(uint32_t layer) const {
@@ -73,15 +82,17 @@ uint64_t DeviceBudgetFromFreeMemory(uint64_t free_bytes, double fraction) {
 }
 
 Result<std::vector<PoolLayout>> ComputePools(const KvCacheConfig& c) {
-  std::map<std::pair<uint32_t, uint32_t>, PoolLayout> by_key;  // full attention (0) sorts first
+  // Keyed by (window, chunk, heads): full attention (window 0, chunk 0) sorts first.
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, PoolLayout> by_key;
   for (uint32_t l = 0; l < c.num_layers; ++l) {
     const uint32_t w = c.WindowOfLayer(l);
     const uint32_t h = c.KvHeadsOfLayer(l);
-    PoolLayout& p = by_key[{w, h}];
+    const uint32_t chunk = c.ChunkOfLayer(l);
+    PoolLayout& p = by_key[{w, chunk, h}];
     p.window = w;
     p.sink_tokens = w != 0 ? c.sink_tokens : 0;
     p.dense_context = w != 0 && c.dense_context;
-    p.attention_chunk = c.attention_chunk_size;
+    p.attention_chunk = chunk;
     p.num_kv_heads = h;
     p.layers.push_back(l);
   }

@@ -54,6 +54,8 @@ struct KvCacheConfig {
   bool dense_context = false;             // StreamingLLM's dense context phase: windowed pools keep
                                           // the whole prompt until it is computed
   uint32_t attention_chunk_size = 0;      // Llama-4 chunked attention, tokens (a multiple of B); 0 = off
+  std::vector<bool> chunked_layers;       // [num_layers]: the layers the chunk bounds (Llama 4: its
+                                          // RoPE layers); empty: every layer
   uint32_t vocab_size = 0;                // token ids are < vocab_size; sets the bits each cached
                                           // token is stored in (17 for 128K); 0 = unknown (32 bits)
 
@@ -77,6 +79,8 @@ struct KvCacheConfig {
   Status Validate() const;
   // The layer's window after repetition; 0 = full attention.
   uint32_t WindowOfLayer(uint32_t layer) const;
+  // The attention chunk of a layer (attention_chunk_size where chunked_layers has it); 0: none.
+  uint32_t ChunkOfLayer(uint32_t layer) const;
   uint32_t KvHeadsOfLayer(uint32_t layer) const;
   // G: routing_block_size, else its default for block_size.
   uint32_t EventBlockSize() const;

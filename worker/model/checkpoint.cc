@@ -64,7 +64,12 @@ std::string LayerTensorName(int64_t layer, std::string_view suffix) {
   return "model.layers." + std::to_string(layer) + "." + std::string(suffix);
 }
 
+std::string MlpTensorName(const ModelConfig& c, int64_t layer, std::string_view suffix) {
+  return LayerTensorName(layer, (c.architecture == Architecture::kLlama4 ? "feed_forward." : "mlp.") + std::string(suffix));
+}
+
 std::string RouterTensorName(const ModelConfig& c, int64_t layer) {
+  if (c.architecture == Architecture::kLlama4) return MlpTensorName(c, layer, "router.weight");
   return LayerTensorName(layer, c.architecture == Architecture::kMixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
 
@@ -99,8 +104,21 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
       add("self_attn.k_norm.weight", {c.head_dim});
     }
     add("post_attention_layernorm.weight", {h});
+    const int64_t ei = c.moe.expert_intermediate, experts = c.moe.num_experts;
+    auto mlp = [&](std::string_view suffix, std::vector<int64_t> shape) {
+      s.push_back({MlpTensorName(c, l, suffix), std::move(shape)});
+    };
+    if (c.sparse_layer(l) && c.architecture == Architecture::kLlama4) {  // fused experts, shared expert
+      const int64_t si = c.moe.shared_expert_intermediate;
+      mlp("router.weight", {experts, h});
+      mlp("experts.gate_up_proj", {experts, h, 2 * ei});
+      mlp("experts.down_proj", {experts, ei, h});
+      mlp("shared_expert.gate_proj.weight", {si, h});
+      mlp("shared_expert.up_proj.weight", {si, h});
+      mlp("shared_expert.down_proj.weight", {h, si});
+      continue;
+    }
     if (c.sparse_layer(l)) {  // router, then each expert's gate, up and down
-      const int64_t ei = c.moe.expert_intermediate;
       s.push_back({RouterTensorName(c, l), {c.moe.num_experts, h}});
       for (int64_t e = 0; e < c.moe.num_experts; ++e) {
         s.push_back({ExpertTensorName(c, l, e, ExpertProj::kGate), {ei, h}});
@@ -109,13 +127,13 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
       }
       continue;
     }
-    add("mlp.gate_proj.weight", {inter, h});
-    add("mlp.up_proj.weight", {inter, h});
-    add("mlp.down_proj.weight", {h, inter});
+    mlp("gate_proj.weight", {inter, h});
+    mlp("up_proj.weight", {inter, h});
+    mlp("down_proj.weight", {h, inter});
     if (c.mlp_bias) {
-      add("mlp.gate_proj.bias", {inter});
-      add("mlp.up_proj.bias", {inter});
-      add("mlp.down_proj.bias", {h});
+      mlp("gate_proj.bias", {inter});
+      mlp("up_proj.bias", {inter});
+      mlp("down_proj.bias", {h});
     }
   }
   s.push_back({"model.norm.weight", {h}});
@@ -132,7 +150,12 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   KVF_ASSIGN_OR_RETURN(std::vector<std::string> shards, ListShards(dir));
   for (const std::string& path : shards) {
     KVF_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
-    for (const auto& [name, view] : file->tensors()) {
+    // Llama4ForConditionalGeneration: the text model's tensors by their Llama4ForCausalLM
+    // names; the vision tower's and the projector's are never read.
+    const std::string& prefix = ck->config_.tensor_prefix;
+    for (const auto& [file_name, view] : file->tensors()) {
+      if (!prefix.empty() && file_name.rfind(prefix, 0) != 0) continue;
+      const std::string name = file_name.substr(prefix.size());
       if (!ck->by_name_.emplace(name, &view).second) {
         return DataLoss(dir + ": tensor " + name + " appears in two files");
       }

@@ -41,7 +41,12 @@ std::string LayerTensorName(int64_t layer, std::string_view suffix);
 // Mixtral: block_sparse_moe.gate, Qwen3-MoE: mlp.gate) and each expert's projections
 // (Mixtral: block_sparse_moe.experts.E.w1/w3/w2, Qwen3-MoE: mlp.experts.E.gate_proj/up_proj/
 // down_proj). REQUIRES: config.is_moe().
+// Llama 4 names its router feed_forward.router and fuses its experts (llama4_config.h):
+// MlpTensorName(c, l, "experts.gate_up_proj"), ..."experts.down_proj"; ExpertTensorName is
+// not for it.
 enum class ExpertProj : uint8_t { kGate, kUp, kDown };
+// A layer's MLP tensor: Llama 4's are under feed_forward., the others' under mlp.
+std::string MlpTensorName(const ModelConfig& config, int64_t layer, std::string_view suffix);
 std::string RouterTensorName(const ModelConfig& config, int64_t layer);
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert, ExpertProj proj);
 

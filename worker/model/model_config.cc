@@ -6,40 +6,18 @@
 #include <nlohmann/json.hpp>
 
 #include "common/tokenizer_files.h"
+#include "worker/model/config_fields.h"
+#include "worker/model/llama4_config.h"
 
 namespace kvfleet::model {
 namespace {
 
 using nlohmann::json;
 
-Status FieldError(std::string_view field, std::string_view what) {
-  return InvalidArgument("config.json: " + std::string(field) + ": " + std::string(what));
-}
-
-// Reads an integer field; `fallback` when absent or null, an error when required and absent.
-Result<int64_t> GetInt(const json& j, const char* field, std::optional<int64_t> fallback) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) {
-    if (fallback) return *fallback;
-    return FieldError(field, "missing");
-  }
-  if (!it->is_number_integer()) return FieldError(field, "not an integer: " + it->dump());
-  return it->get<int64_t>();
-}
-
-Result<double> GetNumber(const json& j, const char* field, double fallback) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number()) return FieldError(field, "not a number: " + it->dump());
-  return it->get<double>();
-}
-
-Result<bool> GetBool(const json& j, const char* field, bool fallback) {
-  auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return FieldError(field, "not a boolean: " + it->dump());
-  return it->get<bool>();
-}
+using config_fields::FieldError;
+using config_fields::GetBool;
+using config_fields::GetInt;
+using config_fields::GetNumber;
 
 // The number at r[key]: `fallback` when absent or null; errors name `prefix.key`.
 Result<double> GetNumberIn(const json& r, const std::string& prefix, const char* key, std::optional<double> fallback) {
@@ -114,8 +92,8 @@ Result<RopeScaling> ParseRopeScaling(const json& j, int64_t max_position_embeddi
     KVF_ASSIGN_OR_RETURN(rs.high_freq_factor, GetNumberIn(r, field, "high_freq_factor", 4.0));
     if (!original) return FieldError(field + ".original_max_position_embeddings", "missing");
     rs.original_max_position_embeddings = *original;
-    if (!(rs.high_freq_factor > rs.low_freq_factor) || !(rs.low_freq_factor > 0)) {
-      return FieldError(field + ".high_freq_factor", "must exceed low_freq_factor, and both be > 0");
+    if (!(rs.high_freq_factor >= rs.low_freq_factor) || !(rs.low_freq_factor > 0)) {
+      return FieldError(field + ".high_freq_factor", "must be at least low_freq_factor, and both be > 0");
     }
   } else if (rs.type == Type::kYarn) {
     rs.original_max_position_embeddings = original.value_or(max_position_embeddings);
@@ -225,12 +203,14 @@ Status ParseWindows(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
-// Fields no supported model can honour, whatever its architecture.
-Status CheckUnsupportedFields(const json& j) {
+// Fields no supported model can honour, whatever its architecture; `multimodal`: the
+// sub-configs are the caller's to read (Llama4ForConditionalGeneration).
+Status CheckUnsupportedFields(const json& j, bool multimodal) {
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
     return Unimplemented("config.json: quantization_config: quantized weights are not supported (bf16, fp16 or "
                          "fp32 checkpoints only)");
   }
+  if (multimodal) return Status::Ok();
   for (const char* field : {"vision_config", "audio_config", "text_config"}) {
     if (auto v = j.find(field); v != j.end() && !v->is_null()) {
       return Unimplemented("config.json: " + std::string(field) +
@@ -349,6 +329,7 @@ std::string_view ArchitectureName(Architecture a) {
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
     case Architecture::kMixtral: return "MixtralForCausalLM";
     case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case Architecture::kLlama4: return "Llama4ForCausalLM";
   }
   return "?";
 }
@@ -371,6 +352,29 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     return FieldError("architectures", "missing");
   }
   std::string arch = (*archs)[0].get<std::string>();
+  if (arch == "Llama4ForConditionalGeneration") {
+    // The text model only: its text_config, its tensors under language_model.; the vision
+    // tower and projector are not read.
+    KVF_RETURN_IF_ERROR(CheckUnsupportedFields(j, /*multimodal=*/true));
+    auto text = j.find("text_config");
+    if (text == j.end() || !text->is_object()) return FieldError("text_config", "missing (Llama4ForConditionalGeneration)");
+    json t = *text;
+    KVF_ASSIGN_OR_RETURN(bool tie, GetBool(j, "tie_word_embeddings", false));
+    t["architectures"] = json::array({"Llama4ForCausalLM"});
+    t["tie_word_embeddings"] = tie;
+    for (const char* f : {"eos_token_id", "bos_token_id", "torch_dtype", "dtype"}) {
+      if (!t.contains(f) && j.contains(f)) t[f] = j[f];
+    }
+    Result<ModelConfig> inner = ParseModelConfig(t.dump());
+    if (!inner.ok()) {  // "config.json: FIELD: ..." becomes "config.json: text_config.FIELD: ..."
+      std::string m = inner.status().message();
+      const std::string head = "config.json: ";
+      if (m.rfind(head, 0) == 0) m = head + "text_config." + m.substr(head.size());
+      return Status(inner.status().code(), m);
+    }
+    inner->tensor_prefix = "language_model.";
+    return inner;
+  }
   if (arch == "LlamaForCausalLM") {
     c.architecture = Architecture::kLlama;
   } else if (arch == "Qwen2ForCausalLM") {
@@ -383,12 +387,14 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
     c.architecture = Architecture::kMixtral;
   } else if (arch == "Qwen3MoeForCausalLM") {
     c.architecture = Architecture::kQwen3Moe;
+  } else if (arch == "Llama4ForCausalLM") {
+    c.architecture = Architecture::kLlama4;
   } else {
     return Unimplemented("config.json: architectures: unsupported architecture " + arch +
                          " (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
-                         "MixtralForCausalLM, Qwen3MoeForCausalLM)");
+                         "MixtralForCausalLM, Qwen3MoeForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration)");
   }
-  KVF_RETURN_IF_ERROR(CheckUnsupportedFields(j));
+  KVF_RETURN_IF_ERROR(CheckUnsupportedFields(j, /*multimodal=*/false));
   if (j.contains("model_type") && j["model_type"].is_string()) c.model_type = j["model_type"].get<std::string>();
 
   if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
@@ -445,9 +451,14 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text) {
   if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
     KVF_RETURN_IF_ERROR(ParseMoe(j, &c));
   }
-  KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
   KVF_ASSIGN_OR_RETURN(c.attention_chunk_size, GetInt(j, "attention_chunk_size", 0));
   if (c.attention_chunk_size < 0) return FieldError("attention_chunk_size", "must be >= 0");
+  if (c.architecture == Architecture::kLlama4) {  // no sliding window; layer_types are chunks
+    c.layer_window.assign(static_cast<size_t>(c.num_layers), 0);
+    KVF_RETURN_IF_ERROR(ParseLlama4Fields(j, &c));
+  } else {
+    KVF_RETURN_IF_ERROR(ParseWindows(j, &c));
+  }
 
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) {
     c.bos_token_id = j["bos_token_id"].get<int64_t>();

@@ -3,12 +3,15 @@
 //
 // Supported `architectures`: LlamaForCausalLM (Llama 2/3/3.1/3.2, TinyLlama, SmolLM2),
 // Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (RMSNorm over each q and k head before
-// RoPE, head_dim free of hidden/heads), MistralForCausalLM (sliding window), and the
-// mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM (MoeConfig below).
-// rope_type: default, linear, llama3, yarn, dynamic (kernels/rope.h). Parsing rejects
-// anything else, and any field it cannot honour (e.g. an unknown rope_type, a
-// partial_rotary_factor or a hidden_act other than silu, a quantization_config, a
-// vision_config, a router other than softmax-then-top-k), with a message naming the field.
+// RoPE, head_dim free of hidden/heads), MistralForCausalLM (sliding window), the mixtures of
+// experts MixtralForCausalLM and Qwen3MoeForCausalLM (MoeConfig below), and Llama 4
+// (Llama4ForCausalLM, and the text model of Llama4ForConditionalGeneration: its
+// `text_config`, tensors under `language_model.`, the vision tower's ignored; llama4_config.h
+// has what it adds). rope_type: default, linear, llama3, yarn, dynamic (kernels/rope.h).
+// Parsing rejects anything else, and any field it cannot honour (e.g. an unknown rope_type,
+// a partial_rotary_factor or a hidden_act other than silu, a quantization_config, a
+// vision_config outside Llama 4, a router other than softmax-then-top-k outside Llama 4),
+// with a message naming the field.
 //
 // Thread safety: a value; immutable once parsed.
 #pragma once
@@ -31,6 +34,8 @@ enum class Architecture : uint8_t {
   kQwen3,    // Qwen3ForCausalLM: q_norm/k_norm per head; attention_bias on q, k, v and o
   kMixtral,  // MixtralForCausalLM: Mistral's attention, every layer's MLP a sparse MoE block
   kQwen3Moe, // Qwen3MoeForCausalLM: Qwen3's attention, MoE blocks on the layers MoeConfig names
+  kLlama4,   // Llama4ForCausalLM / Llama4ForConditionalGeneration's text model: NoPE layers,
+             // chunked attention, sigmoid-routed MoE with a shared expert (llama4_config.h)
 };
 std::string_view ArchitectureName(Architecture a);  // the HF class name
 
@@ -42,6 +47,8 @@ using RopeScaling = kernels::RopeScaling;
 // fp32 over all experts, the top k of p (ties: the lower expert id first), renormalised to
 // sum to 1 when norm_topk_prob; out = Σ_k p_k · down_e(silu(gate_e·x) ⊙ up_e·x). No shared
 // expert (Qwen2-MoE has one, Qwen3-MoE does not), no capacity limit: no token is dropped.
+// Llama 4 (sigmoid_routing): the top k of the logits (ties: the lower id first), each scored
+// sigmoid(logit); an expert's INPUT is scaled by its score, out = shared(x) + Σ_k e(s_k·x).
 struct MoeConfig {
   int64_t num_experts = 0;            // Mixtral's num_local_experts, Qwen3-MoE's num_experts; 0: dense
   int64_t experts_per_token = 0;      // num_experts_per_tok: the k of top-k
@@ -50,14 +57,16 @@ struct MoeConfig {
   bool norm_topk_prob = false;        // renormalise the top-k probabilities (Mixtral: always)
   std::vector<bool> layer_sparse;     // [num_layers]: the layer's MLP is the MoE block (Qwen3-MoE:
                                       // not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0)
+  bool sigmoid_routing = false;       // Llama 4's router (above); false: softmax, then top-k
+  int64_t shared_expert_intermediate = 0;  // a dense SwiGLU MLP every token passes; 0: none
 };
 
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
-  std::string model_type;  // "llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"
+  std::string model_type;  // "llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "llama4_text"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
+  int64_t intermediate_size = 0;  // the dense MLP's (Llama 4: intermediate_size_mlp)
   int64_t num_layers = 0;         // num_hidden_layers
   int64_t num_heads = 0;          // num_attention_heads
   int64_t num_kv_heads = 0;       // num_key_value_heads (defaults to num_heads); 1 = MQA
@@ -78,8 +87,21 @@ struct ModelConfig {
   std::vector<int64_t> layer_window;
   // Chunked attention (Llama 4's attention_chunk_size): a query sees only keys of its own
   // chunk of this many positions; 0 = off. Read on any architecture; HF honours it only
-  // for Llama 4.
+  // for Llama 4, and there only on the layers layer_chunked names.
   int64_t attention_chunk_size = 0;
+  std::vector<bool> layer_chunked;  // [num_layers], or empty: every layer (Llama 4: its RoPE layers)
+  // Llama 4 (llama4_config.h). layer_nope: [num_layers] or empty; true where the layer has no
+  // RoPE (no_rope_layers[l] == 0).
+  std::vector<bool> layer_nope;
+  bool rope_interleaved = false;       // RoPE on pairs (2i, 2i + 1) (kernels/rope.h)
+  bool qk_l2_norm = false;             // use_qk_norm: q and k heads RMS-normalised, no weight,
+                                       // after RoPE, on RoPE layers only
+  bool attn_temperature_tuning = false;  // NoPE layers scale q at position p (arXiv 2501.19399):
+  double floor_scale = 8192;             //   1 + attn_scale · log(1 + floor((p + 1) / floor_scale))
+  double attn_scale = 0.1;
+  // What the text model's tensor names carry before `model.` / `lm_head.` in the checkpoint:
+  // "language_model." for Llama4ForConditionalGeneration (Checkpoint strips it), else "".
+  std::string tensor_prefix;
   MoeConfig moe;                          // num_experts 0 for a dense model
   int64_t bos_token_id = -1;              // -1: none given
   // eos_token_id, a number or a list; LoadModelConfig adds generation_config.json's
@@ -91,7 +113,12 @@ struct ModelConfig {
   int64_t kv_size() const { return num_kv_heads * head_dim; }
   // The RoPE of this model, for kernels::RopeInvFreq / RopeAttentionScaling.
   kernels::RopeConfig rope() const {
-    return {static_cast<int>(head_dim), rope_theta, max_position_embeddings, rope_scaling};
+    return {static_cast<int>(head_dim), rope_theta, max_position_embeddings, rope_scaling, rope_interleaved};
+  }
+  bool uses_rope(int64_t l) const { return layer_nope.empty() || !layer_nope[static_cast<size_t>(l)]; }
+  // The chunk that bounds layer l's attention; 0: none.
+  int64_t chunk_of_layer(int64_t l) const {
+    return layer_chunked.empty() || layer_chunked[static_cast<size_t>(l)] ? attention_chunk_size : 0;
   }
   // True when some layer has a sliding window.
   bool has_sliding_window() const;

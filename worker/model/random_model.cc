@@ -191,6 +191,31 @@ json Qwen3MoeBase(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, 
   return c;
 }
 
+// Llama 4's text model (Llama4ForCausalLM; meta-llama/Llama-4-Scout-17B-16E's text_config
+// keys): `expert_inter` is intermediate_size (experts and the shared expert), `inter` the
+// dense layers' intermediate_size_mlp.
+json Llama4TextBase(int64_t hidden, int64_t inter, int64_t expert_inter, int64_t layers, int64_t heads,
+                    int64_t kv_heads, int64_t head_dim, int64_t vocab, int64_t experts, int64_t moe_step,
+                    int64_t chunk) {
+  json c = LlamaBase(hidden, expert_inter, layers, heads, kv_heads, vocab, 262144, 500000.0, 1e-5, false);
+  AsArchitecture(c, "Llama4ForCausalLM", "llama4_text");
+  c["attention_bias"] = false;
+  c["attention_chunk_size"] = chunk;
+  c["attn_scale"] = 0.1;
+  c["attn_temperature_tuning"] = true;
+  c["floor_scale"] = 8192;
+  c["head_dim"] = head_dim;
+  c["interleave_moe_layer_step"] = moe_step;
+  c["intermediate_size_mlp"] = inter;
+  c["num_experts_per_tok"] = 1;
+  c["num_local_experts"] = experts;
+  c["rope_scaling"] = json{{"factor", 8.0}, {"high_freq_factor", 4.0}, {"low_freq_factor", 1.0},
+                           {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
+  c["router_aux_loss_coef"] = 0.001;
+  c["use_qk_norm"] = true;
+  return c;
+}
+
 void SetSpecialIds(json& c, int64_t bos, int64_t eos) {
   if (bos >= 0) c["bos_token_id"] = bos;
   if (eos >= 0) c["eos_token_id"] = eos;
@@ -208,6 +233,8 @@ void InitRange(const TensorSpec& spec, int64_t hidden, double* half_range, float
     *centre = 1.0f;
   } else if (ends_with(".bias")) {
     *half_range = 0.5;
+  } else if (spec.shape.size() == 3) {  // Llama 4's fused experts [E][in][out], used as x·W
+    *half_range = std::sqrt(3.0 / static_cast<double>(spec.shape[1]));
   } else {
     *half_range = std::sqrt(3.0 / static_cast<double>(spec.shape.back()));
   }
@@ -280,7 +307,7 @@ uint64_t TensorBytes(const TensorSpec& s, DType dtype) {
 std::vector<std::string> RandomModelShapes() {
   return {"tiny",         "tiny-qwen2",   "tiny-qwen3",   "tiny-mistral", "tiny-mixtral", "tiny-qwen3-moe",
           "smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b",   "llama-3.2-1b", "llama-3.1-8b", "qwen3-8b",
-          "mistral-7b",   "qwen3-32b",    "qwen3-30b-a3b", "mixtral-8x7b"};
+          "mistral-7b",   "qwen3-32b",    "qwen3-30b-a3b", "mixtral-8x7b", "tiny-llama4"};
 }
 
 Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t bos, int64_t eos) {
@@ -321,6 +348,13 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     c = Qwen3MoeBase(64, 192, 3, 4, 2, 32, vocab, true, 8, 2, 48);
     c["norm_topk_prob"] = false;
     c["mlp_only_layers"] = {1};
+    SetSpecialIds(c, bos, eos);
+  } else if (shape == "tiny-llama4") {
+    // 4 layers: MoE on 1 and 3 (4 experts of 32, top-1, a shared expert), dense MLPs of 128 on
+    // 0 and 2; layer 3 NoPE; 16-token chunks on the RoPE layers; temperature tuning from
+    // position 7 (floor_scale 8) so short prompts see it.
+    c = Llama4TextBase(64, 128, 32, 4, 4, 2, 16, vocab, 4, 2, 16);
+    c["floor_scale"] = 8;
     SetSpecialIds(c, bos, eos);
   } else if (shape == "smollm2-135m") {  // HuggingFaceTB/SmolLM2-135M
     c = LlamaBase(576, 1536, 30, 9, 3, 49152, 8192, 100000.0, 1e-5, true);
@@ -412,6 +446,9 @@ Status MakeRandomModel(const RandomModelOptions& o) {
 
   // Plan the shards: consecutive tensors until the next would pass max_shard_bytes.
   std::vector<TensorSpec> specs = ExpectedTensors(cfg);
+  // Llama4ForConditionalGeneration: the text model's tensors under language_model. (no
+  // vision tower is written; kvfleet reads none).
+  for (TensorSpec& s : specs) s.name = cfg.tensor_prefix + s.name;
   std::vector<std::vector<const TensorSpec*>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
   for (const TensorSpec& s : specs) {
@@ -445,7 +482,9 @@ Status MakeRandomModel(const RandomModelOptions& o) {
     for (const TensorSpec* s : shards[si]) {
       double half_range;
       float centre;
-      InitRange(*s, cfg.hidden_size, &half_range, &centre);
+      TensorSpec unprefixed = *s;
+      unprefixed.name = s->name.substr(cfg.tensor_prefix.size());
+      InitRange(unprefixed, cfg.hidden_size, &half_range, &centre);
       const float step = static_cast<float>(half_range / 8388608.0);
       const uint64_t key = RandomTensorKey(o.seed, s->name);
       uint64_t n = 1;

@@ -7,7 +7,11 @@
 // GQA, tied embeddings and llama3 rope scaling; tiny-qwen2: QKV bias; tiny-qwen3:
 // q_norm/k_norm, head_dim 64 with hidden 64 and 4 heads, YaRN x4; tiny-mistral: MQA, untied
 // lm_head and a 20-token sliding window; tiny-mixtral: 4 experts, top-2 renormalised;
-// tiny-qwen3-moe: 8 experts, top-2 not renormalised, a dense layer between two MoE layers).
+// tiny-qwen3-moe: 8 experts, top-2 not renormalised, a dense layer between two MoE layers;
+// tiny-llama4: Llama4ForCausalLM, 4 layers, MoE on 1 and 3 (4 experts, top-1, a shared
+// expert), layer 3 NoPE, 16-token attention chunks, temperature tuning from position 7).
+// Llama4ForConditionalGeneration configs write the text model's tensors under
+// language_model. and no vision tower.
 // Tiny shapes take their vocab size and bos/eos ids from the tokenizer, so a real tokenizer
 // works with them.
 //
@@ -21,7 +25,8 @@
 // then rounded to bf16 (nearest even) when the dtype is bf16. The ranges (in fp32):
 // embeddings and lm_head a = 2·sqrt(3/hidden) (logits of a few units, so greedy choices
 // are not near-ties); projections a = sqrt(3/fan_in) (unit-variance activations, so
-// attention is far from uniform; MoE routers and experts too); norms (q_norm and k_norm too)
+// attention is far from uniform; MoE routers and experts too, fan_in of a fused 3-D expert
+// tensor [E][in][out] being `in`); norms (q_norm and k_norm too)
 // c = 1, a = 0.25; biases a = 0.5.
 //
 // Files are written tensor by tensor in chunks, never holding a model in memory, and

@@ -257,6 +257,20 @@ TEST_CASE("cpu backend, StreamingLLM: chunked, batched and reused runs match run
   CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
 }
 
+TEST_CASE("cpu backend, Llama 4 (16-token chunks on its RoPE layers only): chunked, batched and reused runs match") {
+  const auto prompts = Prompts();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny-llama4", 1);
+    REQUIRE(e.backend->pools().size() == 2);  // the NoPE layer's full attention, the chunked layers
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 24)[0]);
+  }
+  CpuEngine e(256, 16, 8, "tiny-llama4", 1);
+  CHECK(e.Run(prompts, 24) == alone);
+  CHECK(e.Run({prompts[3]}, 24)[0] == alone[3]);  // its first chunk from the reuse tree
+  CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
+}
+
 TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match runs alone") {
   // Chunks of 32 tokens (Llama 4's chunked attention) on the tiny model: prompts of 30..69
   // tokens cross chunk boundaries while prefilling and decoding.
@@ -273,6 +287,20 @@ TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match r
   CHECK(e.Run(prompts, 40) == alone);
   CpuEngine plain(256, 256, 1);
   CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
+}
+
+TEST_CASE("cpu backend, Llama 4 (16-token chunks on its RoPE layers only): chunked, batched and reused runs match") {
+  const auto prompts = Prompts();
+  std::vector<std::vector<TokenId>> alone;
+  {
+    CpuEngine e(256, 256, 1, "tiny-llama4", 1);
+    REQUIRE(e.backend->pools().size() == 2);  // the NoPE layer's full attention, the chunked layers
+    for (const auto& p : prompts) alone.push_back(e.Run({p}, 24)[0]);
+  }
+  CpuEngine e(256, 16, 8, "tiny-llama4", 1);
+  CHECK(e.Run(prompts, 24) == alone);
+  CHECK(e.Run({prompts[3]}, 24)[0] == alone[3]);  // its first chunk from the reuse tree
+  CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
 }
 
 }  // namespace

@@ -191,6 +191,44 @@ TEST_CASE("chunked attention frees the blocks no chunk can see any more") {
   f.Release(id);
 }
 
+// Llama 4: chunked attention bounds its RoPE layers only; the NoPE layers see every token.
+TEST_CASE("chunked_layers: the chunked layers get a pool of their own, and only it drops blocks") {
+  auto c = SmallConfig(4, 64);
+  c.num_layers = 2;
+  c.attention_chunk_size = 8;
+  c.chunked_layers = {true, false};
+  REQUIRE(c.Validate().ok());
+  auto pools = ComputePools(c);
+  REQUIRE(pools.ok());
+  REQUIRE(pools->size() == 2);
+  CHECK((*pools)[0].attention_chunk == 0);  // full attention sorts first
+  CHECK((*pools)[0].layers == std::vector<uint32_t>{1});
+  CHECK((*pools)[1].attention_chunk == 8);
+  CHECK((*pools)[1].layers == std::vector<uint32_t>{0});
+  Fixture f(c);
+  const SequenceId id = f.Add(Tokens(6, 1));
+  f.Prefill(id);
+  for (TokenId t = 0; t < 40; ++t) f.Decode(id, 100 + t);
+  f.Check();
+  // Both pools are window 0: only the chunked one, which stores the shorter prefix (its first
+  // chunk: 2 blocks), publishes events, so a router's index holds what a hit can reuse.
+  size_t created = 0, stored_blocks = 0;
+  for (const KvEvent& e : f.Flush()) {
+    created += std::holds_alternative<CreatedEvent>(e.data);
+    if (const auto* st = std::get_if<StoredEvent>(&e.data)) stored_blocks += st->blocks.size();
+  }
+  CHECK(created == 1);
+  CHECK(stored_blocks == 2);
+  CHECK(f.m->View(id, 1).first_window_block == 10);  // the chunk [40, 46]
+  CHECK(f.m->View(id, 0).first_window_block == 0);   // all 46 tokens
+  CHECK(f.m->View(id, 0).blocks.size() == 12);
+  CHECK(f.m->SlotOf(id, 0, 0).has_value());
+  CHECK_FALSE(f.m->SlotOf(id, 1, 39).has_value());
+  f.Release(id);
+  c.chunked_layers = {true};
+  CHECK(c.Validate().message().find("chunked_layers has 1 entries for 2 layers") != std::string::npos);
+}
+
 TEST_CASE("a sliding window releases its stored blocks to the reuse tree once it has passed them") {
   auto c = SmallConfig(4, 64);
   c.attention_windows = {8};

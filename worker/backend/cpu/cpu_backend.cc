@@ -5,6 +5,7 @@
 // Thread-compatible (cpu_backend.h): the engine thread calls it.
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/cpu/cpu_moe.h"
+#include "worker/backend/cpu/cpu_qk.h"
 #include "worker/backend/cpu/cpu_rank.h"
 
 #include <algorithm>
@@ -303,8 +304,8 @@ void CpuBackend::Attention(const StepBatch& batch, int64_t layer, Rank& rk) {
     }
     r0 += n;
   }
-  // YaRN scales cos and sin by attention_scaling (HF), so q·k by its square.
-  const double rope_scale = rope_->attention_scaling();
+  // YaRN scales cos and sin by attention_scaling (HF), so q·k by its square; not on NoPE layers.
+  const double rope_scale = c.uses_rope(layer) ? rope_->attention_scaling() : 1.0;
   const float scale = static_cast<float>(rope_scale * rope_scale / std::sqrt(static_cast<double>(hd)));
   const int64_t group = c.num_heads / c.num_kv_heads;
   rk.pool->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
@@ -419,17 +420,9 @@ void CpuBackend::Layer(const StepBatch& batch, int64_t l, Rank& rk) {
   add_lora(LoraTarget::kQ, rk.xn.data(), H, rk.qkv.data(), qkv_width, 0);
   add_lora(LoraTarget::kK, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size);
   add_lora(LoraTarget::kV, rk.xn.data(), H, rk.qkv.data(), qkv_width, q_size + kv_size);
-  PerRow(pool, T, [&](int64_t r) {
-    float* row = &rk.qkv[r * qkv_width];
-    if (c.qk_norm) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-      for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) {
-        const float* w = h < sh.heads ? lw.q_norm.data() : lw.k_norm.data();
-        RmsNorm(row + h * hd, w, hd, c.rms_norm_eps, row + h * hd);
-      }
-    }
-    const float* cs = &cos_[r * hd / 2];
-    const float* sn = &sin_[r * hd / 2];
-    for (int64_t h = 0; h < sh.heads + sh.kv_heads; ++h) rope_->Apply(cs, sn, row + h * hd);
+  PerRow(pool, T, [&](int64_t r) {  // q/k norms, RoPE, Llama 4's NoPE temperature (cpu_qk.h)
+    TransformQk(c, l, lw, *rope_, &cos_[r * hd / 2], &sin_[r * hd / 2], rows_[r].position, sh.heads, sh.kv_heads,
+                &rk.qkv[r * qkv_width]);
   });
   Attention(batch, l, rk);
   // Row-parallel o: each rank's partial product (and LoRA delta), summed over the ranks.

@@ -1,8 +1,11 @@
 // CpuBackend: the `cpu` model backend, an fp32 reference forward pass of the Llama family
-// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral) over the paged KV layout of backend.h.
+// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE, Llama 4's text model) over the
+// paged KV layout of backend.h. Llama 4's pieces: cpu_qk.h (NoPE layers, interleaved RoPE,
+// the L2 q/k norm, temperature tuning), cpu_moe.h (sigmoid routing, the shared expert),
+// cpu_weights.h (fused experts) and per-layer chunks through the KV pools.
 //
 // One step: embeddings → per layer [RMSNorm → QKV (+bias) → Qwen3's per-head q/k RMSNorm →
-// RoPE (kernels/rope.h; dynamic NTK per sequence, at its length after the step) → write K/V into the
+// RoPE (none on Llama 4's NoPE layers) (kernels/rope.h; dynamic NTK per sequence, at its length after the step) → write K/V into the
 // sequence's blocks → attention through the block tables (GQA/MQA, sliding window,
 // sinks with position shift, chunked attention) → o_proj → residual → RMSNorm → SwiGLU
 // MLP → residual] → final RMSNorm → LM head for the rows that need logits → sampler.

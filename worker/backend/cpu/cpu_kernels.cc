@@ -195,6 +195,14 @@ void Rope::Angles(const float* inv_freq, double position, float* cos_out, float*
 
 void Rope::Apply(const float* cos_v, const float* sin_v, float* x) const {
   const int64_t half = head_dim_ / 2;
+  if (config_.interleaved) {  // (x[2i] + i·x[2i+1]) · (cos + i·sin)
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = x[2 * i], x2 = x[2 * i + 1];
+      x[2 * i] = x1 * cos_v[i] - x2 * sin_v[i];
+      x[2 * i + 1] = x2 * cos_v[i] + x1 * sin_v[i];
+    }
+    return;
+  }
   for (int64_t i = 0; i < half; ++i) {
     const float x1 = x[i], x2 = x[i + half];
     x[i] = x1 * cos_v[i] - x2 * sin_v[i];

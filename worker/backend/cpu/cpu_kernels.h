@@ -56,8 +56,8 @@ void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* 
 // out[i] = silu(gate[i]) · up[i]: the SwiGLU activation of n elements.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 
-// RoPE (HF rotate_half convention) with the frequencies and attention scaling of
-// kernels/rope.h.
+// RoPE (HF rotate_half convention, or Llama 4's interleaved pairs when the config says so)
+// with the frequencies and attention scaling of kernels/rope.h.
 class Rope {
  public:
   explicit Rope(const kernels::RopeConfig& config);

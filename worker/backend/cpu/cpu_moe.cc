@@ -39,6 +39,23 @@ void RouteTopK(const float* logits, int64_t T, int64_t E, int64_t k, bool normal
   }
 }
 
+void RouteTopKSigmoid(const float* logits, int64_t T, int64_t E, int64_t k, int32_t* experts, float* weights) {
+  std::vector<char> taken(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits + t * E;
+    std::fill(taken.begin(), taken.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {  // k rounds of argmax, as RouteTopK
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!taken[e] && (best < 0 || z[e] > z[best])) best = e;
+      }
+      taken[best] = 1;
+      experts[t * k + j] = static_cast<int32_t>(best);
+      weights[t * k + j] = 1.0f / (1.0f + std::exp(-z[best]));
+    }
+  }
+}
+
 void MoeMlp(ThreadPool& pool, const model::MoeConfig& moe, const CpuLayerWeights& lw, const float* x, int64_t T,
             int64_t H, int64_t I, MoeScratch* s, float* out) {
   const int64_t E = moe.num_experts, k = moe.experts_per_token;
@@ -46,7 +63,12 @@ void MoeMlp(ThreadPool& pool, const model::MoeConfig& moe, const CpuLayerWeights
   s->experts.resize(static_cast<size_t>(T * k));
   s->weights.resize(static_cast<size_t>(T * k));
   MatMul(pool, x, T, H, lw.router.data(), E, nullptr, s->logits.data());
-  RouteTopK(s->logits.data(), T, E, k, moe.norm_topk_prob, s->experts.data(), s->weights.data());
+  const bool scale_input = moe.sigmoid_routing;
+  if (scale_input) {
+    RouteTopKSigmoid(s->logits.data(), T, E, k, s->experts.data(), s->weights.data());
+  } else {
+    RouteTopK(s->logits.data(), T, E, k, moe.norm_topk_prob, s->experts.data(), s->weights.data());
+  }
 
   // Group the T·k routes by expert (a counting sort keeps each expert's tokens ascending).
   s->offsets.assign(static_cast<size_t>(E + 1), 0);
@@ -56,7 +78,15 @@ void MoeMlp(ThreadPool& pool, const model::MoeConfig& moe, const CpuLayerWeights
   std::vector<int64_t> fill(s->offsets.begin(), s->offsets.end() - 1);
   for (int64_t r = 0; r < T * k; ++r) s->slots[fill[s->experts[r]]++] = r;
 
-  std::fill(out, out + T * H, 0.0f);
+  if (lw.shared_gate_up.empty()) {
+    std::fill(out, out + T * H, 0.0f);
+  } else {  // the shared expert over every token
+    s->gate_up.resize(static_cast<size_t>(T * 2 * I));
+    s->act.resize(static_cast<size_t>(T * I));
+    MatMul(pool, x, T, H, lw.shared_gate_up.data(), 2 * I, nullptr, s->gate_up.data());
+    for (int64_t t = 0; t < T; ++t) SiluMul(&s->gate_up[t * 2 * I], &s->gate_up[t * 2 * I + I], I, &s->act[t * I]);
+    MatMul(pool, s->act.data(), T, I, lw.shared_down.data(), H, nullptr, out);
+  }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t begin = s->offsets[e], n = s->offsets[e + 1] - begin;
     if (n == 0) continue;
@@ -65,14 +95,19 @@ void MoeMlp(ThreadPool& pool, const model::MoeConfig& moe, const CpuLayerWeights
     s->act.resize(static_cast<size_t>(n * I));
     s->down.resize(static_cast<size_t>(n * H));
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(&s->rows[i * H], x + (s->slots[begin + i] / k) * H, H * sizeof(float));
+      const int64_t r = s->slots[begin + i];
+      float* row = &s->rows[i * H];
+      std::memcpy(row, x + (r / k) * H, H * sizeof(float));
+      if (scale_input) {
+        for (int64_t h = 0; h < H; ++h) row[h] *= s->weights[r];
+      }
     }
     MatMul(pool, s->rows.data(), n, H, lw.expert_gate_up[e].data(), 2 * I, nullptr, s->gate_up.data());
     for (int64_t i = 0; i < n; ++i) SiluMul(&s->gate_up[i * 2 * I], &s->gate_up[i * 2 * I + I], I, &s->act[i * I]);
     MatMul(pool, s->act.data(), n, I, lw.expert_down[e].data(), H, nullptr, s->down.data());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = s->slots[begin + i];
-      Axpy(s->weights[r], &s->down[i * H], out + (r / k) * H, H);
+      Axpy(scale_input ? 1.0f : s->weights[r], &s->down[i * H], out + (r / k) * H, H);
     }
   }
 }

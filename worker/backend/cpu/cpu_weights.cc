@@ -58,6 +58,46 @@ class Loader {
   model::LoadProgress progress_;
 };
 
+// Llama 4's fused experts of layer l into each shard's expert_gate_up / expert_down, the
+// shard's slice of every expert's intermediate columns, transposed (llama4_config.h).
+void LoadFusedExperts(const model::Checkpoint& ck, int64_t l, ThreadPool& pool,
+                      const std::vector<TensorParallelShard>& shards, std::vector<CpuWeights>& ws) {
+  const model::ModelConfig& c = ck.config();
+  const int64_t E = c.moe.num_experts, H = c.hidden_size, I = c.moe.expert_intermediate;
+  const model::TensorView& gu = ck.tensor(model::MlpTensorName(c, l, "experts.gate_up_proj"));  // [E][H][2I]
+  const model::TensorView& dn = ck.tensor(model::MlpTensorName(c, l, "experts.down_proj"));     // [E][I][H]
+  const size_t esize = model::DTypeSize(gu.dtype);
+  for (CpuWeights& w : ws) {
+    w.layers[l].expert_gate_up.resize(static_cast<size_t>(E));
+    w.layers[l].expert_down.resize(static_cast<size_t>(E));
+  }
+  pool.ParallelFor(E, [&](int64_t e) {
+    std::vector<float> slab(static_cast<size_t>(H * 2 * I));
+    model::ConvertToF32(gu.dtype, gu.bytes.data() + e * H * 2 * I * esize, slab.size(), slab.data());
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int64_t b = shards[i].expert_inter_begin, ei = shards[i].expert_inter;
+      std::vector<float>& dst = ws[i].layers[l].expert_gate_up[e];
+      dst.resize(static_cast<size_t>(2 * ei * H));
+      for (int64_t r = 0; r < ei; ++r) {
+        for (int64_t h = 0; h < H; ++h) {
+          dst[r * H + h] = slab[h * 2 * I + b + r];             // gate column b + r
+          dst[(ei + r) * H + h] = slab[h * 2 * I + I + b + r];  // up column I + b + r
+        }
+      }
+    }
+    slab.resize(static_cast<size_t>(I * H));
+    model::ConvertToF32(dn.dtype, dn.bytes.data() + e * I * H * model::DTypeSize(dn.dtype), slab.size(), slab.data());
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int64_t b = shards[i].expert_inter_begin, ei = shards[i].expert_inter;
+      std::vector<float>& dst = ws[i].layers[l].expert_down[e];
+      dst.resize(static_cast<size_t>(H * ei));
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t r = 0; r < ei; ++r) dst[h * ei + r] = slab[(b + r) * H + h];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& ck, ThreadPool& pool,
@@ -104,9 +144,20 @@ Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& ck, Thre
         each(name("self_attn.k_norm.weight"), whole, layer(&L::k_norm));
       }
       each(name("post_attention_layernorm.weight"), whole, layer(&L::post_norm));
+      auto e_rows = [](const TensorParallelShard& s) { return Rows(s.expert_inter_begin, s.expert_inter); };
+      auto e_cols = [](const TensorParallelShard& s) { return Cols(s.expert_inter_begin, s.expert_inter); };
+      auto mlp = [&](std::string_view suffix) { return model::MlpTensorName(c, l, suffix); };
+      if (c.sparse_layer(l) && c.moe.shared_expert_intermediate > 0) {  // Llama 4
+        each(model::RouterTensorName(c, l), whole, layer(&L::router));
+        LoadFusedExperts(ck, l, pool, shards, ws);
+        load.Done(mlp("experts.gate_up_proj"));
+        load.Done(mlp("experts.down_proj"));
+        each(mlp("shared_expert.gate_proj.weight"), e_rows, layer(&L::shared_gate_up));
+        each(mlp("shared_expert.up_proj.weight"), e_rows, layer(&L::shared_gate_up));
+        each(mlp("shared_expert.down_proj.weight"), e_cols, layer(&L::shared_down));
+        continue;
+      }
       if (c.sparse_layer(l)) {
-        auto e_rows = [](const TensorParallelShard& s) { return Rows(s.expert_inter_begin, s.expert_inter); };
-        auto e_cols = [](const TensorParallelShard& s) { return Cols(s.expert_inter_begin, s.expert_inter); };
         each(model::RouterTensorName(c, l), whole, layer(&L::router));
         const auto experts = static_cast<size_t>(c.moe.num_experts);
         for (CpuWeights& w : ws) {
@@ -124,13 +175,13 @@ Result<std::vector<CpuWeights>> LoadCpuWeights(const model::Checkpoint& ck, Thre
         }
         continue;
       }
-      each(name("mlp.gate_proj.weight"), i_rows, layer(&L::gate_up));
-      each(name("mlp.up_proj.weight"), i_rows, layer(&L::gate_up));
-      each(name("mlp.down_proj.weight"), i_cols, layer(&L::down));
+      each(mlp("gate_proj.weight"), i_rows, layer(&L::gate_up));
+      each(mlp("up_proj.weight"), i_rows, layer(&L::gate_up));
+      each(mlp("down_proj.weight"), i_cols, layer(&L::down));
       if (c.mlp_bias) {
-        each(name("mlp.gate_proj.bias"), i_rows, layer(&L::gate_up_bias));
-        each(name("mlp.up_proj.bias"), i_rows, layer(&L::gate_up_bias));
-        each(name("mlp.down_proj.bias"), once, layer(&L::down_bias));
+        each(mlp("gate_proj.bias"), i_rows, layer(&L::gate_up_bias));
+        each(mlp("up_proj.bias"), i_rows, layer(&L::gate_up_bias));
+        each(mlp("down_proj.bias"), once, layer(&L::down_bias));
       }
     }
     each("model.norm.weight", whole, [](CpuWeights& w) { return &w.final_norm; });

@@ -1,7 +1,8 @@
 // CpuWeights: a model's weights in fp32, laid out for the cpu backend's matrix products.
 // q/k/v projections are stacked into one [q + 2·kv][hidden] matrix and gate/up into one
 // [2·intermediate][hidden], so each takes one pass over the activations; an MoE expert's
-// gate/up likewise.
+// gate/up likewise. Llama 4's fused expert tensors ([E][hidden][2·inter] and
+// [E][inter][hidden], applied as x·W) are transposed into the same per-expert layout.
 //
 // Under tensor parallelism (worker/backend/tensor_parallel.h) each rank's CpuWeights holds
 // only its shard, in the same layout with local sizes: q, kv and intermediate below are the
@@ -38,6 +39,9 @@ struct CpuLayerWeights {
   std::vector<float> router;                         // [experts][hidden], whole on every rank
   std::vector<std::vector<float>> expert_gate_up;    // [experts] → [2·ei][hidden]: gate rows, then up rows
   std::vector<std::vector<float>> expert_down;       // [experts] → [hidden][ei]
+  // Llama 4's shared expert (MoeConfig::shared_expert_intermediate, sliced like an expert's).
+  std::vector<float> shared_gate_up;  // [2·ei][hidden]: gate rows, then up rows; empty: none
+  std::vector<float> shared_down;     // [hidden][ei]
 };
 
 struct CpuWeights {

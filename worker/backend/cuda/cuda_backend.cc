@@ -112,9 +112,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
     return Unimplemented("--tensor-parallel " + std::to_string(tp) +
                          ": the cuda backend's fp8 KV cache runs on one GPU only; use --kv-cache-dtype bf16");
   }
-  if (tp > 1) {  // heads that do not split are the model's fault, whatever the machine
+  {  // what the model asks of the kernels, whatever the machine
     KVF_ASSIGN_OR_RETURN(const model::ModelConfig model_config, model::LoadModelConfig(options.model_dir));
-    KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));
+    if (model_config.architecture == model::Architecture::kLlama4) {
+      return Unimplemented("cuda backend: " + options.model_dir +
+                           " is Llama 4, whose kernels it lacks: interleaved RoPE with NoPE layers, per-layer "
+                           "chunked attention, the q/k L2 norm, attention temperature tuning, and sigmoid-routed "
+                           "experts with a shared expert; serve it with --backend cpu");
+    }
+    if (tp > 1) KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));  // heads that do not split
   }
   std::vector<int> devices = {options.device};
   auto tp_devices = options.extra.find("tp_devices");

@@ -1,5 +1,5 @@
-// The cpu backend's mixture-of-experts MLP: routing as transformers' Mixtral and Qwen3-MoE
-// routers compute it, the block against a naive per-token reference at several batch
+// The cpu backend's mixture-of-experts MLP: routing as transformers' Mixtral, Qwen3-MoE and
+// Llama 4 routers compute it, the block against a naive per-token reference at several batch
 // sizes, experts split over tensor-parallel ranks, and MoE models whose logits do not
 // depend on how a prompt is chunked.
 #include <doctest/doctest.h>
@@ -121,6 +121,21 @@ TEST_CASE("routing: softmax over every expert, the top k by probability, renorma
   RouteTopK(big, 1, 2, 1, false, experts, weights);
   CHECK(experts[0] == 0);
   CHECK(weights[0] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
+}
+
+TEST_CASE("Llama 4 routing: the top k by logit, each weighted sigmoid(logit), never renormalised") {
+  const float logits[8] = {-1.0f, 2.0f, 0.5f, 2.0f,  // token 0: experts 1 and 3 tie
+                           4.0f, -3.0f, 1.0f, 0.0f};
+  int32_t experts[4];
+  float weights[4];
+  RouteTopKSigmoid(logits, 2, 4, 2, experts, weights);
+  CHECK(experts[0] == 1);
+  CHECK(experts[1] == 3);
+  CHECK(experts[2] == 0);
+  CHECK(experts[3] == 2);
+  CHECK(weights[0] == doctest::Approx(1.0 / (1.0 + std::exp(-2.0))).epsilon(1e-6));
+  CHECK(weights[2] == doctest::Approx(1.0 / (1.0 + std::exp(-4.0))).epsilon(1e-6));
+  CHECK(weights[3] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
 }
 
 TEST_CASE("the MoE block equals a naive per-token reference at every batch size and top-k") {
