@@ -69,14 +69,15 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config, std::vector<PoolLayo
   opts.vocab_size = config.vocab_size;
   opts.epoch = clock->Now();
   opts.first_lru_tick = hooks.first_lru_tick;
-  // Of pools sharing a window, the one storing the shortest prefix (ReuseLimit 0: no limit)
-  // publishes, the lower index on ties (TakeEvents).
+  // Of pools sharing a window, those storing the shortest prefix (ReuseLimit 0: no limit)
+  // publish; a pool storing more (Llama 4's full-attention NoPE layers beside its chunked
+  // ones) would announce blocks no hit can use. Pools storing as much (KV-head groups) all
+  // publish, as they always have.
   auto stored = [this](uint32_t p) { return ReuseLimit(p) == 0 ? UINT64_MAX : uint64_t{ReuseLimit(p)}; };
   publishes_.assign(layouts_.size(), true);
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
     for (uint32_t j = 0; j < layouts_.size(); ++j) {
-      if (j == i || layouts_[j].window != layouts_[i].window) continue;
-      if (stored(j) < stored(i) || (stored(j) == stored(i) && j < i)) publishes_[i] = false;
+      if (j != i && layouts_[j].window == layouts_[i].window && stored(j) < stored(i)) publishes_[i] = false;
     }
   }
   for (uint32_t i = 0; i < layouts_.size(); ++i) {
