@@ -46,17 +46,22 @@
 //   4. BlockCount(w, t) equals the number of blocks w holds with tier bit t.
 //   5. Every slot is reachable from its home position by linear probing.
 //
-// Thread safety: thread-safe. Readers (FindMatches, Holds) read the slots without a lock:
-// each shard has a sequence counter that a writer makes odd while it changes the shard's
-// table, and a reader retries a slot read that overlapped a write. A table that grows is
+// Thread safety: thread-safe. Readers (FindMatches, Holds, HeldRun) never wait for a writer
+// that holds a shard; they read the slots without a lock, as a seqlock per slot group (32
+// slots, shard_table.h): a writer takes its shard's mutex (against other writers), does an
+// op's lookups, then makes the versions of the groups it stores to odd for that op's stores
+// alone, and a reader retries only when a version of the groups its probe read was odd or
+// changed, i.e. when a write touched those very slots meanwhile. A table that grows is built
+// aside and swapped in (a reader still on the old one reads a consistent, older state) and
 // freed only once no lock-free reader is running. Readers of the predicted and overflow
 // tables (only blocks that have such rows: with more than 64 workers, every block a worker
-// past 63 holds) take the shard's side-table mutex, which writers hold only while they write
-// and release while the table grows; every other call takes the shard's mutex. Writers (Apply
-// and the single-block calls, InsertPredicted, RemoveWorker, SweepExpired) take one shard's
-// mutexes at a time: Apply groups a batch's blocks by shard and writes each shard's in slices
-// of config::kWriteSliceOps, so a reader sees a batch applied in part (as it always could
-// across shards) and never waits for a whole one. FindMatches allocates nothing once *out has
+// past 63 holds) take the shard's side-table mutex, which a writer holds only around one
+// op's change to a side table. Writers (Apply and the single-block calls, InsertPredicted,
+// RemoveWorker, ForgetStored, SweepExpired) take one shard's mutex at a time: Apply groups a
+// batch's blocks by shard and writes each shard's in slices of config::kWriteSliceOps, so a
+// reader sees a batch applied in part (as it always could across shards), each block's state
+// whole. A reader may see a block's slot and its side-table rows at two moments of the same
+// batch, never a slot torn between two writes. FindMatches allocates nothing once *out has
 // capacity for every worker that matches.
 #pragma once
 
@@ -86,8 +91,9 @@ constexpr int kShards = 1 << kShardBits;
 // When a capped index trims, it removes the least recently used blocks until the entry
 // count is this fraction of the cap, so trimming runs rarely and its cost amortises.
 constexpr double kTrimTargetFraction = 0.9;
-// A writer holds a shard (its mutex, and its sequence counter odd) for at most this many of a
-// batch's ops at a time: readers wait for one slice (~0.1 ms), not a whole snapshot chunk.
+// A writer holds a shard's mutex for at most this many of a batch's ops at a time: another
+// writer (a prediction) waits for one slice (~0.1 ms), not a whole snapshot chunk. Readers
+// do not take it.
 constexpr size_t kWriteSliceOps = 256;
 }  // namespace config
 

@@ -48,6 +48,7 @@ void GlobalIndex::Shard::Erase(uint64_t i) {
     const uint64_t home = Mix(Ld(s.hash)) & t->mask;
     if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
       Slot& d = t->slots[hole];
+      Open(hole);
       St(d.hash, Ld(s.hash));
       St(d.device, Ld(s.device));
       St(d.host, Ld(s.host));
@@ -58,6 +59,7 @@ void GlobalIndex::Shard::Erase(uint64_t i) {
     }
   }
   Slot& d = t->slots[hole];
+  Open(hole);
   St(d.lru_ms, uint32_t{0});
   St(d.hash, uint64_t{0});
   St(d.device, uint64_t{0});
@@ -110,6 +112,7 @@ void GlobalIndex::Shard::DropSlot(uint64_t i) {
     }
   };
   drop_word(Ld(s.device), Ld(s.host), 0);
+  std::lock_guard side(side_mu);
   if (Ld(s.overflow) != 0) {
     auto it = overflow.find(h);
     it->second.ForEach(Ld(s.overflow), [&](uint32_t g, const Masks& m) { drop_word(m.device, m.host, g * 64); });
@@ -139,12 +142,16 @@ uint32_t GlobalIndex::Shard::Holders(const Slot& s) const {
   return n;
 }
 
-GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacity * sizeof(Slot)) {
-  const bool huge = bytes >= kHugePage;
-  void* p = std::aligned_alloc(huge ? kHugePage : 64, bytes);
-  KVF_CHECK(p != nullptr) << "index table of " << bytes << " bytes";
+GlobalIndex::Table::Table(uint64_t capacity)
+    : mask(capacity - 1),
+      bytes(capacity * sizeof(Slot) + (Group(mask) + 1) * sizeof(std::atomic<uint64_t>)),
+      versions(new std::atomic<uint64_t>[Group(mask) + 1]()) {
+  const size_t slot_bytes = capacity * sizeof(Slot);
+  const bool huge = slot_bytes >= kHugePage;
+  void* p = std::aligned_alloc(huge ? kHugePage : 64, slot_bytes);
+  KVF_CHECK(p != nullptr) << "index table of " << slot_bytes << " bytes";
 #if defined(MADV_HUGEPAGE)
-  if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
+  if (huge) (void)madvise(p, slot_bytes, MADV_HUGEPAGE);
 #endif
   slots = static_cast<Slot*>(p);
   for (uint64_t i = 0; i < capacity; ++i) new (&slots[i]) Slot();  // all zero: unused
@@ -152,35 +159,40 @@ GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacit
 
 uint64_t GlobalIndex::Shard::SweepExpired(uint32_t now_ms) {
   std::lock_guard lock(mu);
-  std::lock_guard side(side_mu);
   if (predicted.empty()) return 0;
+  // The blocks with an expired holder, found without side_mu (only writers change the
+  // table, and they hold mu); then one op per block, as in ApplyToShard.
+  std::vector<BlockHash> expired;
+  for (const auto& [h, list] : predicted)
+    if (std::any_of(list.begin(), list.end(), [&](const PredHolder& p) { return p.expiry_ms <= now_ms; }))
+      expired.push_back(h);
   uint64_t dropped = 0;
-  BeginWrite();
-  int64_t d_entries = 0;
-  boost::unordered::erase_if(predicted, [&](auto& entry) {
-    auto& list = entry.second;
-    size_t keep = 0;
-    for (const PredHolder& p : list) {
-      if (p.expiry_ms > now_ms) {
-        list[keep++] = p;
-        continue;
-      }
-      --workers[p.worker].live;
-      --d_entries;
-      ++dropped;
-    }
-    if (keep == list.size()) return false;
-    const uint64_t i = Find(entry.first, Mix(entry.first));
+  for (BlockHash h : expired) {
+    const uint64_t i = Find(h, Mix(h));
     KVF_CHECK(i != kNpos);
     Slot& s = T()->slots[i];
-    St(s.predicted, static_cast<uint16_t>(keep));
-    list.resize(keep);
-    if (keep != 0) return false;
+    Open(i);
+    {
+      std::lock_guard side(side_mu);
+      auto it = predicted.find(h);
+      auto& list = it->second;
+      size_t keep = 0;
+      for (const PredHolder& p : list) {
+        if (p.expiry_ms > now_ms) {
+          list[keep++] = p;
+          continue;
+        }
+        --workers[p.worker].live;
+        ++dropped;
+      }
+      list.resize(keep);
+      St(s.predicted, static_cast<uint16_t>(keep));
+      if (keep == 0) predicted.erase(it);
+    }
     if (Empty(s)) Erase(i);
-    return true;
-  });
-  EndWrite();
-  Bump(entries, d_entries);
+    Close();
+  }
+  Bump(entries, -static_cast<int64_t>(dropped));
   return dropped;
 }
 
@@ -211,14 +223,12 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
     const uint32_t lru = Ld(t->slots[i].lru_ms);
     if (lru != 0 && lru <= cutoff) doomed.push_back(Ld(t->slots[i].hash));
   }
-  {
-    std::lock_guard side(side_mu);
-    BeginWrite();
-    for (BlockHash h : doomed) {
-      const uint64_t i = Find(h, Mix(h));
-      if (i != kNpos) DropSlot(i);
-    }
-    EndWrite();
+  for (BlockHash h : doomed) {  // one op per block, as in ApplyToShard
+    const uint64_t i = Find(h, Mix(h));
+    if (i == kNpos) continue;
+    Open(i);
+    DropSlot(i);
+    Close();
   }
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
     if (!workers[w].blocks.empty()) MaybeCompact(w);
@@ -226,8 +236,9 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
 
 void GlobalIndex::Shard::CheckInvariants(int index) const {
   std::lock_guard lock(mu);
-  KVF_CHECK((seq.load() & 1) == 0);
+  KVF_CHECK(Closed());
   const Table* t = T();
+  for (uint64_t g = 0; g <= Table::Group(t->mask); ++g) KVF_CHECK((t->versions[g].load() & 1) == 0);
   uint64_t slots_used = 0, pairs = 0;
   std::vector<uint64_t> counts(config::kMaxWorkers * kv::kNumTiers, 0), live(config::kMaxWorkers, 0);
   std::vector<boost::unordered_flat_set<BlockHash>> reverse(config::kMaxWorkers);
