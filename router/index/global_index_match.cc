@@ -117,6 +117,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     const uint64_t m = Mix(hashes[j]);
     const Table* t = shards_[ShardOfMix(m)].table.load(std::memory_order_acquire);
     __builtin_prefetch(&t->slots[m & t->mask]);
+    __builtin_prefetch(&t->versions[Table::Group(m & t->mask)]);
   };
   for (size_t j = 1; j < std::min(n, 1 + kAhead); ++j) prefetch(j);
 
