@@ -93,9 +93,7 @@ uint64_t GlobalIndex::MemoryBytes() const {
     const Shard& shard = shards_[i];
     std::lock_guard lock(shard.mu);
     bytes += static_cast<double>(shard.T()->bytes + sizeof(Table));
-    bytes += static_cast<double>(shard.overflow.bucket_count()) *
-                 (sizeof(std::pair<BlockHash, OverflowRow>) + kMetaPerSlot) +
-             static_cast<double>(shard.overflow_heap_bytes);
+    bytes += static_cast<double>(shard.overflow.Bytes());
     bytes += static_cast<double>(shard.predicted.bucket_count()) *
              (sizeof(std::pair<BlockHash, PredList>) + kMetaPerSlot);
     for (const auto& [h, list] : shard.predicted) {

@@ -27,6 +27,7 @@
 #include <boost/unordered/unordered_flat_map.hpp>
 
 #include "router/index/global_index.h"
+#include "router/index/overflow_rows.h"
 
 namespace kvfleet::router {
 
@@ -109,8 +110,9 @@ struct GlobalIndex::Table {
   static constexpr size_t kHugePage = 2u << 20;
   static uint64_t Group(uint64_t i) { return i >> kGroupBits; }
   const uint64_t mask;
-  const size_t bytes;  // slots and versions
+  const size_t bytes;  // slots, row refs and versions
   Slot* slots;
+  std::unique_ptr<std::atomic<uint32_t>[]> row_refs;  // per slot: its overflow row (OverflowRows); 0: none
   std::unique_ptr<std::atomic<uint64_t>[]> versions;  // per group: odd while a writer stores to it
 };
 static_assert(std::is_trivially_destructible_v<Slot>);
@@ -119,85 +121,10 @@ struct Masks {
   uint64_t device = 0, host = 0;
 };
 static_assert(kWords <= 16, "a slot's overflow field is a 16-bit set of groups");
+// The rank of group g in a row of `groups` (its masks are words 2 rank, 2 rank + 1).
+inline int GroupRank(uint16_t groups, uint32_t g) { return std::popcount(static_cast<uint32_t>(groups) & ((1u << g) - 1)); }
 
-// A block's masks for workers 64 and up: one Masks per 64-worker group that holds it (worker
-// / 64, >= 1), in group order. One row per block, so a reader finds every group with one
-// lookup: a prefix every worker of a 1,000-worker fleet holds took 15 lookups a block when
-// each group was a row of its own. One group is kept inline (the usual case), more in one
-// array. 24 bytes, and 16 more per group past the first.
-class OverflowRow {
- public:
-  OverflowRow() = default;
-  // The union is trivially copyable: copying it copies whichever member is live.
-  OverflowRow(OverflowRow&& o) noexcept : groups_(o.groups_), u_(o.u_) { o.groups_ = 0; }
-  OverflowRow& operator=(OverflowRow&& o) noexcept {
-    if (this != &o) {
-      Free();
-      groups_ = o.groups_;
-      u_ = o.u_;
-      o.groups_ = 0;
-    }
-    return *this;
-  }
-  OverflowRow(const OverflowRow&) = delete;
-  OverflowRow& operator=(const OverflowRow&) = delete;
-  ~OverflowRow() { Free(); }
-
-  uint16_t groups() const { return groups_; }  // bit g: group g has masks here
-  bool empty() const { return groups_ == 0; }
-  size_t HeapBytes() const { return Count() > 1 ? Count() * sizeof(Masks) : 0; }
-  // Group g's masks; zero when the row has none.
-  Masks Get(uint32_t g) const { return (groups_ >> g & 1) ? Data()[Rank(g)] : Masks{}; }
-  // The masks of each group in `groups` (a subset of groups()), in group order: f(g, masks).
-  template <typename F>
-  void ForEach(uint16_t groups, F f) const {
-    for (uint32_t m = groups & groups_; m; m &= m - 1) {
-      const uint32_t g = static_cast<uint32_t>(std::countr_zero(m));
-      f(g, Data()[Rank(g)]);
-    }
-  }
-  // Sets group g's masks; zero masks remove the group.
-  void Set(uint32_t g, Masks m) {
-    const bool has = groups_ >> g & 1, keep = (m.device | m.host) != 0;
-    if (has && keep) {
-      Data()[Rank(g)] = m;
-      return;
-    }
-    if (!has && !keep) return;
-    const uint16_t next = static_cast<uint16_t>(keep ? groups_ | (1u << g) : groups_ & ~(1u << g));
-    const int n = std::popcount(next);
-    Masks fresh[16];
-    for (uint32_t r = next, k = 0; r; r &= r - 1, ++k) {
-      const uint32_t h = static_cast<uint32_t>(std::countr_zero(r));
-      fresh[k] = h == g ? m : Data()[Rank(h)];
-    }
-    Free();
-    groups_ = next;
-    if (n > 1) {
-      u_.many = new Masks[static_cast<size_t>(n)];
-      std::copy(fresh, fresh + n, u_.many);
-    } else {
-      u_.one = n == 1 ? fresh[0] : Masks{};
-    }
-  }
-
- private:
-  int Count() const { return std::popcount(groups_); }
-  int Rank(uint32_t g) const { return std::popcount(static_cast<uint32_t>(groups_) & ((1u << g) - 1)); }
-  const Masks* Data() const { return Count() > 1 ? u_.many : &u_.one; }
-  Masks* Data() { return Count() > 1 ? u_.many : &u_.one; }
-  void Free() {
-    if (Count() > 1) delete[] u_.many;
-    groups_ = 0;
-  }
-
-  uint16_t groups_ = 0;
-  union Storage {
-    Masks one;    // Count() <= 1
-    Masks* many;  // Count() > 1
-  } u_{Masks{}};
-};
-static_assert(sizeof(OverflowRow) == 24);
+static_assert(kWords <= OverflowRows::kMaxGroups);
 struct PredHolder {
   uint32_t worker;
   uint32_t expiry_ms;
@@ -216,16 +143,14 @@ struct alignas(64) GlobalIndex::Shard {
   // Read by lock-free readers.
   std::atomic<Table*> table{nullptr};
   alignas(64) mutable std::mutex mu;  // writers; also a reader whose probe is too long to check
-  // Readers of the side tables (overflow, predicted); writers take it (after mu) only around
-  // one change of a side table (SetBits, TakePredicted, ...): a reader waits for one op's
-  // change at most. Writers read the side tables without it (they hold mu).
+  // Readers of the predicted table; writers take it (after mu) only around one change of it
+  // (TakePredicted, a prediction, a sweep's block): a reader waits for one op's change at
+  // most. Writers read the table without it (they hold mu). The overflow rows need no lock.
   mutable std::mutex side_mu;
-  // Below: GUARDED_BY(mu); overflow, overflow_heap_bytes and predicted also change only under
-  // side_mu.
+  // Below: GUARDED_BY(mu); predicted also changes only under side_mu.
   uint64_t used = 0;                   // slots in use
   std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
-  boost::unordered_flat_map<BlockHash, OverflowRow, MixHash> overflow;  // a row per block with workers >= 64
-  uint64_t overflow_heap_bytes = 0;  // the rows' arrays (OverflowRow::HeapBytes)
+  OverflowRows overflow;  // a row per block with workers >= 64, read lock-free
   boost::unordered_flat_map<BlockHash, PredList, MixHash> predicted;
   struct PerWorker {
     std::vector<BlockHash> blocks;  // reverse list: hashes the worker gained state on
@@ -305,19 +230,46 @@ struct alignas(64) GlobalIndex::Shard {
     return (Ld(s.device) | Ld(s.host)) == 0 && Ld(s.predicted) == 0 && Ld(s.overflow) == 0;
   }
 
+  uint64_t IndexOf(const Slot& s) const { return static_cast<uint64_t>(&s - T()->slots); }
+  // Group g's masks in slot s's overflow row; zero when it has none.
+  Masks RowMasks(const Slot& s, uint32_t g) const {
+    const uint16_t groups = Ld(s.overflow);
+    if (!(groups >> g & 1)) return Masks{};
+    const uint32_t n = static_cast<uint32_t>(std::popcount(groups));
+    const std::atomic<uint64_t>* row = overflow.Words(Ld(T()->row_refs[IndexOf(s)]), 2 * n);
+    const int r = GroupRank(groups, g);
+    return Masks{Ld(row[2 * r]), Ld(row[2 * r + 1])};
+  }
+  // The masks of each group of slot s's overflow row, in group order: f(g, masks).
+  template <typename F>
+  void ForEachGroup(const Slot& s, F f) const {
+    const uint16_t groups = Ld(s.overflow);
+    if (groups == 0) return;
+    const std::atomic<uint64_t>* row =
+        overflow.Words(Ld(T()->row_refs[IndexOf(s)]), 2 * static_cast<uint32_t>(std::popcount(groups)));
+    int r = 0;
+    for (uint32_t m = groups; m; m &= m - 1, ++r)
+      f(static_cast<uint32_t>(std::countr_zero(m)), Masks{Ld(row[2 * r]), Ld(row[2 * r + 1])});
+  }
+  // Sets group g's masks in slot s's row (its group open); zero masks remove the group. Masks
+  // change in place; a new set of groups is a new row, and the old one is freed.
+  void SetRowMasks(Slot& s, uint32_t g, Masks m);
+  // Frees slot s's row (its group open).
+  void DropRow(Slot& s);
+
   uint8_t Bits(const Slot& s, BlockHash h, WorkerId w) const {
+    (void)h;
     if (w < config::kInlineWorkers) {
       const uint64_t bit = 1ull << w;
       return static_cast<uint8_t>(((Ld(s.device) & bit) ? kDev : 0) | ((Ld(s.host) & bit) ? kHostBit : 0));
     }
     if (!(Ld(s.overflow) >> (w / 64) & 1)) return 0;
-    auto it = overflow.find(h);
-    if (it == overflow.end()) return 0;
-    const Masks m = it->second.Get(w / 64);
+    const Masks m = RowMasks(s, w / 64);
     const uint64_t bit = 1ull << (w % 64);
     return static_cast<uint8_t>(((m.device & bit) ? kDev : 0) | ((m.host & bit) ? kHostBit : 0));
   }
   void SetBits(Slot& s, BlockHash h, WorkerId w, uint8_t bits) {
+    (void)h;
     const uint64_t bit = 1ull << (w % 64);
     auto apply = [&](uint64_t m, uint8_t tier_bit) { return (bits & tier_bit) ? m | bit : m & ~bit; };
     if (w < config::kInlineWorkers) {
@@ -325,21 +277,10 @@ struct alignas(64) GlobalIndex::Shard {
       St(s.host, apply(Ld(s.host), kHostBit));
       return;
     }
-    std::lock_guard side(side_mu);
-    auto it = overflow.find(h);
-    if (it == overflow.end()) {
-      if (bits == 0) return;
-      it = overflow.emplace(h, OverflowRow{}).first;
-    }
-    OverflowRow& row = it->second;
-    Masks m = row.Get(w / 64);
+    Masks m = RowMasks(s, w / 64);
     m.device = apply(m.device, kDev);
     m.host = apply(m.host, kHostBit);
-    overflow_heap_bytes -= row.HeapBytes();
-    row.Set(w / 64, m);
-    overflow_heap_bytes += row.HeapBytes();
-    St(s.overflow, row.groups());
-    if (row.empty()) overflow.erase(it);
+    SetRowMasks(s, w / 64, m);
   }
   // Whether w is a predicted holder of h.
   bool IsPredicted(const Slot& s, BlockHash h, WorkerId w) const {
@@ -408,6 +349,8 @@ struct SlotView {
   uint64_t device = 0, host = 0;
   uint32_t lru_ms = 0;
   uint16_t predicted = 0, overflow = 0;
+  // Group g's masks from the overflow row, for each group g in `overflow` (others unset).
+  uint64_t over_device[kWords] = {}, over_host[kWords] = {};
 };
 
 // Registers a lock-free reader for the duration of a call (GlobalIndex::ReclaimRetired).
@@ -419,6 +362,21 @@ class ReaderGuard {
  private:
   std::atomic<uint64_t>& readers_;
 };
+
+// Copies the overflow row at *ref into v (v->overflow set); false when the ref was out of
+// bounds (read while a writer changed it).
+inline bool ReadRow(const GlobalIndex::Shard& shard, const std::atomic<uint32_t>& ref, SlotView* v) {
+  const uint32_t n = static_cast<uint32_t>(std::popcount(v->overflow));
+  const std::atomic<uint64_t>* row = shard.overflow.Words(ref.load(std::memory_order_acquire), 2 * n);
+  if (row == nullptr) return false;
+  int r = 0;
+  for (uint32_t m = v->overflow; m; m &= m - 1, ++r) {
+    const int g = std::countr_zero(m);
+    v->over_device[g] = Ld(row[2 * r]);
+    v->over_host[g] = Ld(row[2 * r + 1]);
+  }
+  return true;
+}
 
 // Reads h's slot without a lock: checks the version of each slot group its probe reads
 // before and after (a seqlock per group), and retries when one was odd or changed, i.e.
@@ -459,6 +417,7 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
       v.lru_ms = lru;
       v.predicted = Ld(s.predicted);
       v.overflow = Ld(s.overflow);
+      if (v.overflow != 0 && !ReadRow(shard, t->row_refs[i], &v)) stable = false;
       break;
     }
     if (too_long) {
@@ -467,7 +426,9 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
       const uint64_t j = shard.Find(h, mix);
       if (j == kNpos) return SlotView{};
       const Slot& s = shard.T()->slots[j];
-      return SlotView{&s, Ld(s.device), Ld(s.host), Ld(s.lru_ms), Ld(s.predicted), Ld(s.overflow)};
+      SlotView locked{&s, Ld(s.device), Ld(s.host), Ld(s.lru_ms), Ld(s.predicted), Ld(s.overflow), {}, {}};
+      if (locked.overflow != 0) ReadRow(shard, shard.T()->row_refs[j], &locked);
+      return locked;
     }
     // The slot loads above are acquires: these loads cannot move before them, and see an
     // odd or newer version if any of them read a store of a later write.
@@ -482,7 +443,8 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
   }
 }
 
-// Locks the shard's side_mu for a reader: a writer holds it for one op's change at most.
+// Locks the shard's side_mu (the predicted table) for a reader: a writer holds it for one
+// op's change at most.
 inline std::unique_lock<std::mutex> LockSideTables(const GlobalIndex::Shard& shard) {
   return std::unique_lock(shard.side_mu);
 }
