@@ -1,16 +1,18 @@
-// The shard table of GlobalIndex: one shard's open-addressing slot array, its overflow and
-// predicted side tables and its per-worker reverse lists (the layout and the invariants are
-// global_index.h's), with the writer-side operations on them. Internal to router/index:
-// only global_index.cc and shard_table.cc include it. The operations on the write path of
-// every event and prediction (Find, FindOrInsert, Bits, SetBits, TakePredicted) stay inline
-// here; growth, erasure, compaction, sweeping, trimming and the invariant checks live in
-// shard_table.cc.
+// The shard table of GlobalIndex: one shard's open-addressing slot array with its row refs and
+// group versions, its overflow rows (overflow_rows.h), its predicted table and its per-worker
+// reverse lists (the layout and the invariants are global_index.h's), with the writer-side
+// operations on them, and the lock-free readers' ReadSlot. Internal to router/index: only
+// global_index.cc, global_index_match.cc and shard_table.cc include it. The operations on the
+// write path of every event and prediction (Find, FindOrInsert, Bits, SetBits, TakePredicted)
+// stay inline here; growth, erasure, row changes, compaction, sweeping, trimming and the
+// invariant checks live in shard_table.cc.
 //
 // Owned by GlobalIndex, config::kShards of them. Thread safety: a shard's writers hold its
 // `mu`; each op opens the groups of slots it stores to (Open: the group's version turns odd)
-// only after its lookups, and closes them (Close) when its stores are done; a writer holds
-// `side_mu` only while it changes a side table. Lock-free readers (ReadSlot, below) check the
-// versions of the slot groups they read, and take `side_mu` alone for the side tables.
+// only after its lookups, and closes them (Close) when its stores are done; overflow rows
+// change only inside that section, and a writer holds `side_mu` only while it changes the
+// predicted table. Lock-free readers (ReadSlot, below) check the versions of the slot groups
+// they read (the slots and their rows), and take `side_mu` alone for the predicted table.
 #pragma once
 
 #include <algorithm>
@@ -434,6 +436,10 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
     // odd or newer version if any of them read a store of a later write.
     for (int k = 0; stable && k < checked; ++k)
       stable = t->versions[groups[k]].load(std::memory_order_relaxed) == versions[k];
+    // Rows are shared by a table and the one that replaces it, and written under the new
+    // table's versions only: a row read that saw a write made after a growth also sees the
+    // new table here (the writer swapped it in before), and retries.
+    if (stable && v.overflow != 0) stable = shard.table.load(std::memory_order_relaxed) == t;
     if (stable) return v;
     if (attempt < kSpinsBeforeYield) {
       CpuRelax();
