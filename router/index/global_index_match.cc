@@ -101,8 +101,9 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
   if (hi < 0) return;  // only expired predictions
   touch(v0);
 
-  // The home slots of the next blocks are prefetched a window ahead, so the cache misses
-  // of a long request overlap instead of queueing.
+  // The home slots of the next blocks (with their group versions and row refs) are
+  // prefetched a window ahead, so the cache misses of a long request overlap instead of
+  // queueing.
   constexpr size_t kAhead = 16;
   const size_t n = hashes.size();
   auto prefetch = [&](size_t j) {
@@ -110,6 +111,7 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     const Table* t = shards_[ShardOfMix(m)].table.load(std::memory_order_acquire);
     __builtin_prefetch(&t->slots[m & t->mask]);
     __builtin_prefetch(&t->versions[Table::Group(m & t->mask)]);
+    __builtin_prefetch(&t->row_refs[m & t->mask]);
   };
   for (size_t j = 1; j < std::min(n, 1 + kAhead); ++j) prefetch(j);
 
