@@ -336,16 +336,17 @@ void GlobalIndex::ClearWorker(WorkerId worker, bool keep_predicted) {
       const uint64_t i = shard.Find(h, Mix(h));
       if (i == kNpos) continue;  // stale: removed or trimmed since
       Slot& s = shard.T()->slots[i];
+      const bool held = shard.Bits(s, h, worker) != 0;
+      const bool predicted = shard.IsPredicted(s, h, worker);
+      if (keep_predicted && predicted) kept.push_back(h);
+      const bool take_predicted = !keep_predicted && predicted;
+      if (!held && !take_predicted) continue;  // nothing to drop: readers see no write
       shard.Open(i);
-      if (shard.Bits(s, h, worker) != 0) {
+      if (held) {
         shard.SetBits(s, h, worker, 0);
         ++dropped;
       }
-      if (!keep_predicted) {
-        if (shard.TakePredicted(s, h, worker)) ++dropped;
-      } else if (shard.IsPredicted(s, h, worker)) {
-        kept.push_back(h);
-      }
+      if (take_predicted && shard.TakePredicted(s, h, worker)) ++dropped;
       if (Shard::Empty(s)) shard.Erase(i);
       shard.Close();
     }
