@@ -93,9 +93,7 @@ uint64_t GlobalIndex::MemoryBytes() const {
     const Shard& shard = shards_[i];
     std::lock_guard lock(shard.mu);
     bytes += static_cast<double>(shard.T()->bytes + sizeof(Table));
-    bytes += static_cast<double>(shard.overflow.bucket_count()) *
-                 (sizeof(std::pair<BlockHash, OverflowRow>) + kMetaPerSlot) +
-             static_cast<double>(shard.overflow_heap_bytes);
+    bytes += static_cast<double>(shard.overflow.Bytes());
     bytes += static_cast<double>(shard.predicted.bucket_count()) *
              (sizeof(std::pair<BlockHash, PredList>) + kMetaPerSlot);
     for (const auto& [h, list] : shard.predicted) {
@@ -129,8 +127,8 @@ std::vector<BlockHash> GlobalIndex::BlocksOf(WorkerId worker, kv::Tier tier) con
 void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, size_t n, size_t ahead, uint32_t now_ms) {
   Table* retired = nullptr;
   auto& pw = shard.workers[worker];
-  // The slot of op.hash, inserted if new, stamped as used now. A growth replaces the table;
-  // more than one per batch is possible, and each old table is retired.
+  // The slot of op.hash, inserted if new, opened and stamped as used now. A growth replaces
+  // the table; more than one per batch is possible, and each old table is retired.
   auto touch = [&](const Op& op) -> Slot& {
     Table* old = nullptr;
     const uint64_t i = shard.FindOrInsert(op.hash, op.mix, now_ms, &old);
@@ -142,15 +140,14 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
     St(s.lru_ms, now_ms);
     return s;
   };
-  // In slices: a reader of this shard (a lock-free one retrying, or one of the side tables
-  // waiting for the mutex) waits for one slice, not for a 64K-block snapshot chunk.
+  // Each op opens the slots it stores to only once its lookups are done, and closes them
+  // after its stores (shard_table.h, Open/Close): readers of other slots never wait. The
+  // shard's mutex is taken a slice at a time, so another writer (a prediction from an HTTP
+  // thread) waits for one slice, not for a 64K-block snapshot chunk.
   for (size_t begin = 0; begin < n; begin += config::kWriteSliceOps) {
-    if (begin > 0) WriterGap(shard);
     const size_t end = std::min(n, begin + config::kWriteSliceOps);
     int64_t d_entries = 0, d_tier[kv::kNumTiers] = {0, 0};
     std::lock_guard lock(shard.mu);
-    std::lock_guard side(shard.side_mu);  // released while the table grows (FindOrInsert)
-    shard.BeginWrite();
     for (size_t k = begin; k < end; ++k) {
       // ops[n..n + ahead) are the next shards' ops: the window runs across shards.
       if (k + kPrefetchAhead < n + ahead) Prefetch(ops[k + kPrefetchAhead]);
@@ -176,6 +173,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
           Slot& s = shard.T()->slots[i];
           const uint8_t bits = shard.Bits(s, op.hash, worker);
           if (!(bits & op.tier_bit)) break;
+          shard.Open(i);
           shard.SetBits(s, op.hash, worker, bits & ~op.tier_bit);
           --d_tier[op.tier_bit == kDev ? 0 : 1];
           if ((bits & ~op.tier_bit) == 0) {
@@ -193,6 +191,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
           if (bits == 0) break;
           if (bits & kDev) --d_tier[0];
           if (bits & kHostBit) --d_tier[1];
+          shard.Open(i);
           shard.SetBits(s, op.hash, worker, op.tier_bit);
           ++d_tier[op.tier_bit == kDev ? 0 : 1];
           break;
@@ -200,6 +199,7 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
         case Op::kPredict: {
           Slot& s = touch(op);
           if (shard.Bits(s, op.hash, worker) != 0) break;  // already held for real
+          std::lock_guard side(shard.side_mu);
           auto& list = shard.predicted[op.hash];
           auto it = std::find_if(list.begin(), list.end(), [&](const PredHolder& p) { return p.worker == worker; });
           if (it != list.end()) {
@@ -213,8 +213,8 @@ void GlobalIndex::ApplyToShard(Shard& shard, WorkerId worker, const Op* ops, siz
           break;
         }
       }
+      shard.Close();
     }
-    shard.EndWrite();
     Bump(shard.entries, d_entries);
     Bump(pw.tier_count[0], d_tier[0]);
     Bump(pw.tier_count[1], d_tier[1]);
@@ -292,7 +292,6 @@ bool GlobalIndex::Move(WorkerId worker, BlockHash hash, kv::Tier tier) {
   const uint64_t mix = Mix(hash);
   Shard& shard = shards_[ShardOfMix(mix)];
   std::lock_guard lock(shard.mu);
-  std::lock_guard side(shard.side_mu);
   const uint64_t i = shard.Find(hash, mix);
   if (i == kNpos) return false;
   Slot& s = shard.T()->slots[i];
@@ -301,9 +300,9 @@ bool GlobalIndex::Move(WorkerId worker, BlockHash hash, kv::Tier tier) {
   auto& counts = shard.workers[worker].tier_count;
   if (bits & kDev) Bump(counts[0], -1);
   if (bits & kHostBit) Bump(counts[1], -1);
-  shard.BeginWrite();
+  shard.Open(i);
   shard.SetBits(s, hash, worker, TierBit(tier));
-  shard.EndWrite();
+  shard.Close();
   Bump(counts[static_cast<int>(tier)], 1);
   return true;
 }
@@ -328,28 +327,29 @@ void GlobalIndex::ClearWorker(WorkerId worker, bool keep_predicted) {
   for (int si = 0; si < config::kShards; ++si) {
     Shard& shard = shards_[si];
     std::lock_guard lock(shard.mu);
-    std::lock_guard side(shard.side_mu);
     auto& pw = shard.workers[worker];
     if (pw.blocks.empty()) continue;
     kept.clear();
-    shard.BeginWrite();
     int64_t dropped = 0;
+    // One op per block (Open .. Close), as in ApplyToShard.
     for (BlockHash h : pw.blocks) {
       const uint64_t i = shard.Find(h, Mix(h));
       if (i == kNpos) continue;  // stale: removed or trimmed since
       Slot& s = shard.T()->slots[i];
-      if (shard.Bits(s, h, worker) != 0) {
+      const bool held = shard.Bits(s, h, worker) != 0;
+      const bool predicted = shard.IsPredicted(s, h, worker);
+      if (keep_predicted && predicted) kept.push_back(h);
+      const bool take_predicted = !keep_predicted && predicted;
+      if (!held && !take_predicted) continue;  // nothing to drop: readers see no write
+      shard.Open(i);
+      if (held) {
         shard.SetBits(s, h, worker, 0);
         ++dropped;
       }
-      if (!keep_predicted) {
-        if (shard.TakePredicted(s, h, worker)) ++dropped;
-      } else if (shard.IsPredicted(s, h, worker)) {
-        kept.push_back(h);
-      }
+      if (take_predicted && shard.TakePredicted(s, h, worker)) ++dropped;
       if (Shard::Empty(s)) shard.Erase(i);
+      shard.Close();
     }
-    shard.EndWrite();
     Bump(shard.entries, -dropped);
     // A pair lost and regained is listed twice (shard_table.h): keep each once.
     std::sort(kept.begin(), kept.end());

@@ -9,11 +9,13 @@
 // Layout. config::kShards shards, picked by the top bits of a mix of the hash. Each shard owns:
 //   - an open-addressing table (linear probing, load <= 3/4, power-of-two capacity) of
 //     32-byte slots: {hash, device mask, host mask, LRU stamp, predicted count, overflow
-//     count}. Bit w of the masks is worker w, for workers 0..63 (config::kInlineWorkers):
-//     a fleet of up to 64 workers lives entirely in the slots.
-//   - an overflow table hash -> the {device, host} masks of each 64-worker group holding the
-//     block among workers 64..kMaxWorkers-1, one row per block (shard_table.h, OverflowRow;
-//     the slot's overflow field is the row's set of groups). Correct for any fleet; slower.
+//     groups}. Bit w of the masks is worker w, for workers 0..63 (config::kInlineWorkers):
+//     a fleet of up to 64 workers lives entirely in the slots. Beside each slot a 4-byte
+//     ref to its overflow row, and per 32 slots a version (the readers' seqlock, below).
+//   - overflow rows (overflow_rows.h): the {device, host} masks of each 64-worker group
+//     holding the block among workers 64..kMaxWorkers-1, one row per block in an arena of
+//     words (the slot's overflow field is the row's set of groups, its ref the row's place).
+//     Correct for any fleet; slower.
 //   - a predicted table hash -> [(worker, expiry)] (the slot counts its holders).
 //   - per worker, a reverse list: every hash the worker gained state on in this shard,
 //     appended when it gains it and compacted (stale and duplicate hashes dropped) once it
@@ -24,10 +26,11 @@
 // slot is 32 bytes / load (0.375..0.75) = 43..85 bytes, shared by its holders; each holder
 // adds 8 bytes of reverse list, plus the hashes of entries removed since the list was last
 // compacted (at most 3x more under heavy churn, none in steady growth). So 1 holder: ~50..95
-// bytes, 2 holders: ~30..50, many (shared prefixes): ~10..15. Workers >= 64 add ~40 bytes per
-// block in its overflow row, ~16 per further 64-worker group; a predicted holder ~40 bytes. Measured: 31.8
-// bytes per entry over 3.17 M entries (1 M blocks held by two workers each, plus 32 hot
-// 1,024-block prefixes held by all 64 workers).
+// bytes, 2 holders: ~30..50, many (shared prefixes): ~10..15. Workers >= 64 add 16 bytes per
+// 64-worker group in the block's overflow row (up to 2x that in the arena's doubling chunks)
+// and 5..11 bytes of row ref per block; a predicted holder ~40 bytes. Measured: 31.8 bytes per
+// entry over 3.17 M entries (1 M blocks held by two workers each, plus 32 hot 1,024-block
+// prefixes held by all 64 workers), before the row refs and versions (+4.25 bytes a slot).
 //
 // Windows: the index holds one tier set per (block, worker). EventPlane indexes only the
 // events of one pool per worker, the one IndexedWindow (schema/registration.h) picks from
@@ -38,26 +41,31 @@
 // Invariants (CheckInvariants() asserts them):
 //   1. A slot is in use iff its LRU stamp is non-zero; an in-use slot has a holder (a mask
 //      bit, an overflow row or a predicted holder). Its predicted count equals its predicted
-//      holders, its overflow set the groups of its overflow row (each with a holder), and no
-//      such row exists without its slot.
+//      holders, its overflow set the groups of its overflow row (each with a holder): it has
+//      a row ref iff the set is not empty, and the arena's live rows are exactly these.
 //   2. A (block, worker) pair is held (tier bits) or predicted, never both.
 //   3. Every (block, worker) pair with state is in the worker's reverse list of its shard,
 //      and the list's live count is the number of such pairs.
 //   4. BlockCount(w, t) equals the number of blocks w holds with tier bit t.
 //   5. Every slot is reachable from its home position by linear probing.
 //
-// Thread safety: thread-safe. Readers (FindMatches, Holds) read the slots without a lock:
-// each shard has a sequence counter that a writer makes odd while it changes the shard's
-// table, and a reader retries a slot read that overlapped a write. A table that grows is
-// freed only once no lock-free reader is running. Readers of the predicted and overflow
-// tables (only blocks that have such rows: with more than 64 workers, every block a worker
-// past 63 holds) take the shard's side-table mutex, which writers hold only while they write
-// and release while the table grows; every other call takes the shard's mutex. Writers (Apply
-// and the single-block calls, InsertPredicted, RemoveWorker, SweepExpired) take one shard's
-// mutexes at a time: Apply groups a batch's blocks by shard and writes each shard's in slices
-// of config::kWriteSliceOps, so a reader sees a batch applied in part (as it always could
-// across shards) and never waits for a whole one. FindMatches allocates nothing once *out has
-// capacity for every worker that matches.
+// Thread safety: thread-safe. Readers (FindMatches, Holds, HeldRun) do not wait for a writer
+// that holds a shard. They read the slots and overflow rows without a lock, as a seqlock per
+// slot group (32 slots, shard_table.h): a writer takes its shard's mutex (against other
+// writers), does an op's lookups, then makes the versions of the groups it stores to odd for
+// that op's stores alone; a reader retries only when a version of the groups its probe read
+// was odd or changed, i.e. when a write touched those very slots (or their rows) meanwhile.
+// A table that grows is built aside and swapped in (a reader still on the old one reads a
+// consistent, older state) and freed only once no lock-free reader is running. Readers of the
+// predicted table (only blocks with a prediction) take the shard's side-table mutex, which a
+// writer holds only around one op's change to that table; a probe run past 8 groups (which a
+// table at load <= 3/4 practically never has) is read under the shard's mutex. Writers (Apply
+// and the single-block calls, InsertPredicted, RemoveWorker, ForgetStored, SweepExpired) take
+// one shard's mutex at a time: Apply groups a batch's blocks by shard and writes each shard's
+// in slices of config::kWriteSliceOps, so a reader sees a batch applied in part (as it always
+// could across shards), never a slot or row torn between two writes; a block's slot and its
+// predicted holders may be seen at two moments of one batch. FindMatches allocates nothing
+// once *out has capacity for every worker that matches.
 #pragma once
 
 #include <atomic>
@@ -86,8 +94,9 @@ constexpr int kShards = 1 << kShardBits;
 // When a capped index trims, it removes the least recently used blocks until the entry
 // count is this fraction of the cap, so trimming runs rarely and its cost amortises.
 constexpr double kTrimTargetFraction = 0.9;
-// A writer holds a shard (its mutex, and its sequence counter odd) for at most this many of a
-// batch's ops at a time: readers wait for one slice (~0.1 ms), not a whole snapshot chunk.
+// A writer holds a shard's mutex for at most this many of a batch's ops at a time: another
+// writer (a prediction) waits for one slice (~0.1 ms), not a whole snapshot chunk. Readers
+// do not take it.
 constexpr size_t kWriteSliceOps = 256;
 }  // namespace config
 

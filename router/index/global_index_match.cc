@@ -49,19 +49,23 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     uint32_t expected = v.lru_ms;
     const_cast<Slot*>(v.slot)->lru_ms.compare_exchange_strong(expected, now_ms, std::memory_order_relaxed);
   };
-  // The block's holders in words lo..hi of blk_any/blk_dev/blk_held: the slot's masks, plus
-  // the predicted and overflow rows (under the shard's side_mu) when the slot has any. Overflow
-  // rows are looked up only for words with a worker still matching (s.active).
+  // The block's holders in words lo..hi of blk_any/blk_dev/blk_held: the slot's masks and its
+  // overflow row (both read lock-free by ReadSlot), plus the predicted holders (under the
+  // shard's side_mu) when the slot has any.
   auto block_bits = [&](const Shard& shard, BlockHash h, const SlotView& v, int lo, int hi) {
     for (int w = lo; w <= hi; ++w) s.blk_any[w] = s.blk_dev[w] = s.blk_held[w] = 0;
     if (lo == 0) {
       s.blk_any[0] = s.blk_held[0] = v.device | v.host;
       s.blk_dev[0] = v.device;
     }
-    const bool need_overflow = v.overflow != 0 && hi >= 1;
-    if (v.predicted == 0 && !need_overflow) return;
-    const std::unique_lock lock = LockSideTables(shard);
+    for (uint32_t m = v.overflow & ~1u; m; m &= m - 1) {
+      const int w = std::countr_zero(m);
+      if (w < lo || w > hi) continue;
+      s.blk_any[w] = s.blk_held[w] = v.over_device[w] | v.over_host[w];
+      s.blk_dev[w] = v.over_device[w];
+    }
     if (v.predicted != 0) {
+      const std::unique_lock lock = LockSideTables(shard);
       if (auto it = shard.predicted.find(h); it != shard.predicted.end()) {
         for (const PredHolder& p : it->second) {
           const int w = static_cast<int>(p.worker / 64);
@@ -69,18 +73,6 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
           s.blk_any[w] |= 1ull << (p.worker % 64);
           s.blk_dev[w] |= 1ull << (p.worker % 64);
         }
-      }
-    }
-    if (need_overflow) {
-      uint16_t wanted = 0;  // the words lo..hi with a worker still matching
-      for (int w = std::max(lo, 1); w <= hi; ++w) wanted |= s.active[w] != 0 ? static_cast<uint16_t>(1u << w) : 0;
-      auto it = wanted != 0 ? shard.overflow.find(h) : shard.overflow.end();
-      if (it != shard.overflow.end()) {
-        it->second.ForEach(wanted, [&](uint32_t w, const Masks& m) {
-          s.blk_any[w] |= m.device | m.host;
-          s.blk_held[w] |= m.device | m.host;
-          s.blk_dev[w] |= m.device;
-        });
       }
     }
   };
@@ -109,14 +101,17 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
   if (hi < 0) return;  // only expired predictions
   touch(v0);
 
-  // The home slots of the next blocks are prefetched a window ahead, so the cache misses
-  // of a long request overlap instead of queueing.
+  // The home slots of the next blocks (with their group versions and row refs) are
+  // prefetched a window ahead, so the cache misses of a long request overlap instead of
+  // queueing.
   constexpr size_t kAhead = 16;
   const size_t n = hashes.size();
   auto prefetch = [&](size_t j) {
     const uint64_t m = Mix(hashes[j]);
     const Table* t = shards_[ShardOfMix(m)].table.load(std::memory_order_acquire);
     __builtin_prefetch(&t->slots[m & t->mask]);
+    __builtin_prefetch(&t->versions[Table::Group(m & t->mask)]);
+    __builtin_prefetch(&t->row_refs[m & t->mask]);
   };
   for (size_t j = 1; j < std::min(n, 1 + kAhead); ++j) prefetch(j);
 
@@ -178,11 +173,7 @@ bool GlobalIndex::Holds(WorkerId worker, BlockHash hash) const {
   if (worker < config::kInlineWorkers) return ((v.device | v.host) >> worker) & 1;
   const uint32_t group = worker / 64;
   if (!(v.overflow >> group & 1)) return false;
-  const std::unique_lock lock = LockSideTables(shard);
-  auto it = shard.overflow.find(hash);
-  if (it == shard.overflow.end()) return false;
-  const Masks m = it->second.Get(group);
-  return ((m.device | m.host) >> (worker % 64)) & 1;
+  return ((v.over_device[group] | v.over_host[group]) >> (worker % 64)) & 1;
 }
 
 }  // namespace kvfleet::router

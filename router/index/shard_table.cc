@@ -31,6 +31,7 @@ GlobalIndex::Table* GlobalIndex::Shard::Grow() {
       St(d.predicted, Ld(s.predicted));
       St(d.overflow, Ld(s.overflow));
       St(d.lru_ms, Ld(s.lru_ms));
+      St(fresh->row_refs[j], Ld(old->row_refs[i]));
       break;
     }
   }
@@ -48,23 +49,71 @@ void GlobalIndex::Shard::Erase(uint64_t i) {
     const uint64_t home = Mix(Ld(s.hash)) & t->mask;
     if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
       Slot& d = t->slots[hole];
+      Open(hole);
       St(d.hash, Ld(s.hash));
       St(d.device, Ld(s.device));
       St(d.host, Ld(s.host));
       St(d.predicted, Ld(s.predicted));
       St(d.overflow, Ld(s.overflow));
       St(d.lru_ms, Ld(s.lru_ms));
+      St(t->row_refs[hole], Ld(t->row_refs[j]));
       hole = j;
     }
   }
   Slot& d = t->slots[hole];
+  Open(hole);
   St(d.lru_ms, uint32_t{0});
   St(d.hash, uint64_t{0});
   St(d.device, uint64_t{0});
   St(d.host, uint64_t{0});
   St(d.predicted, uint16_t{0});
   St(d.overflow, uint16_t{0});
+  St(t->row_refs[hole], uint32_t{0});
   --used;
+}
+
+void GlobalIndex::Shard::SetRowMasks(Slot& s, uint32_t g, Masks m) {
+  const uint16_t groups = Ld(s.overflow);
+  std::atomic<uint32_t>& ref = T()->row_refs[IndexOf(s)];
+  const uint32_t old = Ld(ref);
+  const int n = std::popcount(groups);
+  const bool has = groups >> g & 1, keep = (m.device | m.host) != 0;
+  if (has && keep) {
+    std::atomic<uint64_t>* row = overflow.MutableWords(old, 2 * static_cast<uint32_t>(n));
+    const int r = GroupRank(groups, g);
+    St(row[2 * r], m.device);
+    St(row[2 * r + 1], m.host);
+    return;
+  }
+  if (!has && !keep) return;
+  const uint16_t next = static_cast<uint16_t>(keep ? groups | (1u << g) : groups & ~(1u << g));
+  const int fresh_n = std::popcount(next);
+  uint32_t fresh = 0;
+  if (fresh_n != 0) {
+    fresh = overflow.Allocate(fresh_n);
+    std::atomic<uint64_t>* to = overflow.MutableWords(fresh, 2 * static_cast<uint32_t>(fresh_n));
+    const std::atomic<uint64_t>* from = n != 0 ? overflow.Words(old, 2 * static_cast<uint32_t>(n)) : nullptr;
+    int r = 0;
+    for (uint32_t bits = next; bits; bits &= bits - 1, ++r) {
+      const uint32_t h = static_cast<uint32_t>(std::countr_zero(bits));
+      const int k = GroupRank(groups, h);
+      const Masks masks = h == g ? m : Masks{Ld(from[2 * k]), Ld(from[2 * k + 1])};
+      St(to[2 * r], masks.device);
+      St(to[2 * r + 1], masks.host);
+    }
+  }
+  St(ref, fresh);
+  St(s.overflow, next);
+  if (n != 0) overflow.Free(old, n);
+}
+
+void GlobalIndex::Shard::DropRow(Slot& s) {
+  const uint16_t groups = Ld(s.overflow);
+  if (groups == 0) return;
+  std::atomic<uint32_t>& ref = T()->row_refs[IndexOf(s)];
+  overflow.Free(Ld(ref), std::popcount(groups));
+  St(ref, uint32_t{0});
+  St(s.overflow, uint16_t{0});
 }
 
 bool GlobalIndex::Shard::HasState(BlockHash h, WorkerId w) const {
@@ -110,14 +159,10 @@ void GlobalIndex::Shard::DropSlot(uint64_t i) {
     }
   };
   drop_word(Ld(s.device), Ld(s.host), 0);
-  if (Ld(s.overflow) != 0) {
-    auto it = overflow.find(h);
-    it->second.ForEach(Ld(s.overflow), [&](uint32_t g, const Masks& m) { drop_word(m.device, m.host, g * 64); });
-    overflow_heap_bytes -= it->second.HeapBytes();
-    overflow.erase(it);
-    St(s.overflow, uint16_t{0});
-  }
+  ForEachGroup(s, [&](uint32_t g, const Masks& m) { drop_word(m.device, m.host, g * 64); });
+  DropRow(s);
   if (Ld(s.predicted) != 0) {
+    std::lock_guard side(side_mu);
     auto it = predicted.find(h);
     for (const PredHolder& p : it->second) {
       --workers[p.worker].live;
@@ -131,20 +176,21 @@ void GlobalIndex::Shard::DropSlot(uint64_t i) {
 
 uint32_t GlobalIndex::Shard::Holders(const Slot& s) const {
   uint32_t n = static_cast<uint32_t>(std::popcount(Ld(s.device) | Ld(s.host))) + Ld(s.predicted);
-  if (Ld(s.overflow) != 0) {
-    overflow.find(Ld(s.hash))->second.ForEach(Ld(s.overflow), [&](uint32_t, const Masks& m) {
-      n += static_cast<uint32_t>(std::popcount(m.device | m.host));
-    });
-  }
+  ForEachGroup(s, [&](uint32_t, const Masks& m) { n += static_cast<uint32_t>(std::popcount(m.device | m.host)); });
   return n;
 }
 
-GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacity * sizeof(Slot)) {
-  const bool huge = bytes >= kHugePage;
-  void* p = std::aligned_alloc(huge ? kHugePage : 64, bytes);
-  KVF_CHECK(p != nullptr) << "index table of " << bytes << " bytes";
+GlobalIndex::Table::Table(uint64_t capacity)
+    : mask(capacity - 1),
+      bytes(capacity * (sizeof(Slot) + sizeof(std::atomic<uint32_t>)) + (Group(mask) + 1) * sizeof(std::atomic<uint64_t>)),
+      row_refs(new std::atomic<uint32_t>[capacity]()),
+      versions(new std::atomic<uint64_t>[Group(mask) + 1]()) {
+  const size_t slot_bytes = capacity * sizeof(Slot);
+  const bool huge = slot_bytes >= kHugePage;
+  void* p = std::aligned_alloc(huge ? kHugePage : 64, slot_bytes);
+  KVF_CHECK(p != nullptr) << "index table of " << slot_bytes << " bytes";
 #if defined(MADV_HUGEPAGE)
-  if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
+  if (huge) (void)madvise(p, slot_bytes, MADV_HUGEPAGE);
 #endif
   slots = static_cast<Slot*>(p);
   for (uint64_t i = 0; i < capacity; ++i) new (&slots[i]) Slot();  // all zero: unused
@@ -152,35 +198,40 @@ GlobalIndex::Table::Table(uint64_t capacity) : mask(capacity - 1), bytes(capacit
 
 uint64_t GlobalIndex::Shard::SweepExpired(uint32_t now_ms) {
   std::lock_guard lock(mu);
-  std::lock_guard side(side_mu);
   if (predicted.empty()) return 0;
+  // The blocks with an expired holder, found without side_mu (only writers change the
+  // table, and they hold mu); then one op per block, as in ApplyToShard.
+  std::vector<BlockHash> expired;
+  for (const auto& [h, list] : predicted)
+    if (std::any_of(list.begin(), list.end(), [&](const PredHolder& p) { return p.expiry_ms <= now_ms; }))
+      expired.push_back(h);
   uint64_t dropped = 0;
-  BeginWrite();
-  int64_t d_entries = 0;
-  boost::unordered::erase_if(predicted, [&](auto& entry) {
-    auto& list = entry.second;
-    size_t keep = 0;
-    for (const PredHolder& p : list) {
-      if (p.expiry_ms > now_ms) {
-        list[keep++] = p;
-        continue;
-      }
-      --workers[p.worker].live;
-      --d_entries;
-      ++dropped;
-    }
-    if (keep == list.size()) return false;
-    const uint64_t i = Find(entry.first, Mix(entry.first));
+  for (BlockHash h : expired) {
+    const uint64_t i = Find(h, Mix(h));
     KVF_CHECK(i != kNpos);
     Slot& s = T()->slots[i];
-    St(s.predicted, static_cast<uint16_t>(keep));
-    list.resize(keep);
-    if (keep != 0) return false;
+    Open(i);
+    {
+      std::lock_guard side(side_mu);
+      auto it = predicted.find(h);
+      auto& list = it->second;
+      size_t keep = 0;
+      for (const PredHolder& p : list) {
+        if (p.expiry_ms > now_ms) {
+          list[keep++] = p;
+          continue;
+        }
+        --workers[p.worker].live;
+        ++dropped;
+      }
+      list.resize(keep);
+      St(s.predicted, static_cast<uint16_t>(keep));
+      if (keep == 0) predicted.erase(it);
+    }
     if (Empty(s)) Erase(i);
-    return true;
-  });
-  EndWrite();
-  Bump(entries, d_entries);
+    Close();
+  }
+  Bump(entries, -static_cast<int64_t>(dropped));
   return dropped;
 }
 
@@ -211,14 +262,12 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
     const uint32_t lru = Ld(t->slots[i].lru_ms);
     if (lru != 0 && lru <= cutoff) doomed.push_back(Ld(t->slots[i].hash));
   }
-  {
-    std::lock_guard side(side_mu);
-    BeginWrite();
-    for (BlockHash h : doomed) {
-      const uint64_t i = Find(h, Mix(h));
-      if (i != kNpos) DropSlot(i);
-    }
-    EndWrite();
+  for (BlockHash h : doomed) {  // one op per block, as in ApplyToShard
+    const uint64_t i = Find(h, Mix(h));
+    if (i == kNpos) continue;
+    Open(i);
+    DropSlot(i);
+    Close();
   }
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w)
     if (!workers[w].blocks.empty()) MaybeCompact(w);
@@ -226,8 +275,9 @@ void GlobalIndex::Shard::TrimTo(uint64_t cap) {
 
 void GlobalIndex::Shard::CheckInvariants(int index) const {
   std::lock_guard lock(mu);
-  KVF_CHECK((seq.load() & 1) == 0);
+  KVF_CHECK(Closed());
   const Table* t = T();
+  for (uint64_t g = 0; g <= Table::Group(t->mask); ++g) KVF_CHECK((t->versions[g].load() & 1) == 0);
   uint64_t slots_used = 0, pairs = 0;
   std::vector<uint64_t> counts(config::kMaxWorkers * kv::kNumTiers, 0), live(config::kMaxWorkers, 0);
   std::vector<boost::unordered_flat_set<BlockHash>> reverse(config::kMaxWorkers);
@@ -240,10 +290,13 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
     ++pairs;
     KVF_CHECK(reverse[w].contains(h));                                        // 3
   };
-  uint64_t overflow_rows = 0, predicted_rows = 0, heap_bytes = 0;
+  uint64_t row_words = 0, predicted_rows = 0;
   for (uint64_t i = 0; i <= t->mask; ++i) {
     const Slot& s = t->slots[i];
-    if (Ld(s.lru_ms) == 0) continue;
+    if (Ld(s.lru_ms) == 0) {
+      KVF_CHECK(Ld(t->row_refs[i]) == 0);
+      continue;
+    }
     ++slots_used;
     const BlockHash h = Ld(s.hash);
     KVF_CHECK(ShardOfMix(Mix(h)) == index);
@@ -251,21 +304,16 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
     KVF_CHECK(!Empty(s));                                                     // 1
     for (uint64_t m = Ld(s.device) | Ld(s.host); m; m &= m - 1)
       held(static_cast<WorkerId>(std::countr_zero(m)), Bits(s, h, static_cast<WorkerId>(std::countr_zero(m))), h);
-    if (auto it = overflow.find(h); it != overflow.end()) {
-      ++overflow_rows;
-      KVF_CHECK(it->second.groups() == Ld(s.overflow));                       // 1
-      KVF_CHECK((it->second.groups() & 1) == 0);  // group 0 lives in the slot
-      heap_bytes += it->second.HeapBytes();
-      it->second.ForEach(it->second.groups(), [&](uint32_t g, const Masks& masks) {
-        KVF_CHECK((masks.device | masks.host) != 0);
-        for (uint64_t m = masks.device | masks.host; m; m &= m - 1) {
-          const WorkerId w = g * 64 + static_cast<WorkerId>(std::countr_zero(m));
-          held(w, Bits(s, h, w), h);
-        }
-      });
-    } else {
-      KVF_CHECK(Ld(s.overflow) == 0);                                         // 1
-    }
+    KVF_CHECK((Ld(s.overflow) != 0) == (Ld(t->row_refs[i]) != 0));            // 1
+    KVF_CHECK((Ld(s.overflow) & 1) == 0);  // group 0 lives in the slot
+    row_words += 2 * static_cast<uint64_t>(std::popcount(Ld(s.overflow)));
+    ForEachGroup(s, [&](uint32_t g, const Masks& masks) {
+      KVF_CHECK((masks.device | masks.host) != 0);                            // 1
+      for (uint64_t m = masks.device | masks.host; m; m &= m - 1) {
+        const WorkerId w = g * 64 + static_cast<WorkerId>(std::countr_zero(m));
+        held(w, Bits(s, h, w), h);
+      }
+    });
     if (Ld(s.predicted) != 0) {
       auto it = predicted.find(h);
       KVF_CHECK(it != predicted.end());
@@ -282,8 +330,7 @@ void GlobalIndex::Shard::CheckInvariants(int index) const {
     }
   }
   KVF_CHECK(slots_used == used);
-  KVF_CHECK(overflow_rows == overflow.size());                                // 1: no orphan rows
-  KVF_CHECK(heap_bytes == overflow_heap_bytes);
+  KVF_CHECK(row_words == overflow.LiveWords());                               // 1: no orphan rows
   KVF_CHECK(predicted_rows == predicted.size());
   KVF_CHECK(pairs == entries.load());
   for (WorkerId w = 0; w < config::kMaxWorkers; ++w) {

@@ -1,15 +1,18 @@
-// The shard table of GlobalIndex: one shard's open-addressing slot array, its overflow and
-// predicted side tables and its per-worker reverse lists (the layout and the invariants are
-// global_index.h's), with the writer-side operations on them. Internal to router/index:
-// only global_index.cc and shard_table.cc include it. The operations on the write path of
-// every event and prediction (Find, FindOrInsert, Bits, SetBits, TakePredicted) stay inline
-// here; growth, erasure, compaction, sweeping, trimming and the invariant checks live in
-// shard_table.cc.
+// The shard table of GlobalIndex: one shard's open-addressing slot array with its row refs and
+// group versions, its overflow rows (overflow_rows.h), its predicted table and its per-worker
+// reverse lists (the layout and the invariants are global_index.h's), with the writer-side
+// operations on them, and the lock-free readers' ReadSlot. Internal to router/index: only
+// global_index.cc, global_index_match.cc and shard_table.cc include it. The operations on the
+// write path of every event and prediction (Find, FindOrInsert, Bits, SetBits, TakePredicted)
+// stay inline here; growth, erasure, row changes, compaction, sweeping, trimming and the
+// invariant checks live in shard_table.cc.
 //
 // Owned by GlobalIndex, config::kShards of them. Thread safety: a shard's writers hold its
-// `mu` and bracket table changes with BeginWrite/EndWrite, and hold `side_mu` too while they
-// change the side tables; lock-free readers (ReadSlot, below) read the slots under the
-// shard's sequence counter, and take `side_mu` alone for the side tables.
+// `mu`; each op opens the groups of slots it stores to (Open: the group's version turns odd)
+// only after its lookups, and closes them (Close) when its stores are done; overflow rows
+// change only inside that section, and a writer holds `side_mu` only while it changes the
+// predicted table. Lock-free readers (ReadSlot, below) check the versions of the slot groups
+// they read (the slots and their rows), and take `side_mu` alone for the predicted table.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include <boost/unordered/unordered_flat_map.hpp>
 
 #include "router/index/global_index.h"
+#include "router/index/overflow_rows.h"
 
 namespace kvfleet::router {
 
@@ -51,7 +55,7 @@ inline int ShardOfMix(uint64_t mix) { return static_cast<int>(mix >> (64 - confi
 
 // Slots are read by lock-free readers while a writer may change them, so every field is an
 // atomic. Stores release and loads acquire (plain moves on x86): a reader that sees any
-// store of a write section then also sees the section's odd sequence number (seqlock
+// store of a write section then also sees the odd version of the slot's group (seqlock
 // without fences, which TSan does not model).
 template <typename T>
 inline T Ld(const std::atomic<T>& a) {
@@ -75,6 +79,14 @@ inline constexpr size_t kCompactFactor = 4;
 inline constexpr size_t kCompactSlack = 32;
 // Apply prefetches the home slots of the ops this far ahead, so their cache misses overlap.
 inline constexpr size_t kPrefetchAhead = 12;
+// A slot group: 2^kGroupBits consecutive slots (1 KiB) sharing one version (a seqlock). A
+// writer makes a group's version odd only while it stores to the group's slots, for one op:
+// a reader retries (or waits) only when a write touches the very slots it reads, not when
+// the writer holds the shard. 8 bytes of versions per 32 slots (0.8% of the table).
+inline constexpr int kGroupBits = 5;
+// A reader's probe checks the versions of at most this many groups (256 slots; a probe
+// run at load <= 3/4 is a few slots); a longer one is read under the shard's mutex.
+inline constexpr int kMaxProbeGroups = 8;
 
 // 32 bytes, two per cache line.
 struct alignas(32) Slot {
@@ -87,18 +99,23 @@ struct alignas(32) Slot {
 };
 static_assert(sizeof(Slot) == 32);
 
-// A shard's slot array. Arrays of 2 MiB and more are 2 MiB aligned and asked to be backed by
-// huge pages: a million-block index is tens of MiB of random probes, and with 4 KiB pages
-// nearly every probe would also miss the TLB.
+// A shard's slot array and its groups' versions. Arrays of 2 MiB and more are 2 MiB aligned
+// and asked to be backed by huge pages: a million-block index is tens of MiB of random
+// probes, and with 4 KiB pages nearly every probe would also miss the TLB. A table is
+// written only until it is replaced (Grow), so a reader still on the old one reads a
+// consistent, older state.
 struct GlobalIndex::Table {
   explicit Table(uint64_t capacity);
   ~Table();
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
   static constexpr size_t kHugePage = 2u << 20;
+  static uint64_t Group(uint64_t i) { return i >> kGroupBits; }
   const uint64_t mask;
-  const size_t bytes;
+  const size_t bytes;  // slots, row refs and versions
   Slot* slots;
+  std::unique_ptr<std::atomic<uint32_t>[]> row_refs;  // per slot: its overflow row (OverflowRows); 0: none
+  std::unique_ptr<std::atomic<uint64_t>[]> versions;  // per group: odd while a writer stores to it
 };
 static_assert(std::is_trivially_destructible_v<Slot>);
 
@@ -106,85 +123,10 @@ struct Masks {
   uint64_t device = 0, host = 0;
 };
 static_assert(kWords <= 16, "a slot's overflow field is a 16-bit set of groups");
+// The rank of group g in a row of `groups` (its masks are words 2 rank, 2 rank + 1).
+inline int GroupRank(uint16_t groups, uint32_t g) { return std::popcount(static_cast<uint32_t>(groups) & ((1u << g) - 1)); }
 
-// A block's masks for workers 64 and up: one Masks per 64-worker group that holds it (worker
-// / 64, >= 1), in group order. One row per block, so a reader finds every group with one
-// lookup: a prefix every worker of a 1,000-worker fleet holds took 15 lookups a block when
-// each group was a row of its own. One group is kept inline (the usual case), more in one
-// array. 24 bytes, and 16 more per group past the first.
-class OverflowRow {
- public:
-  OverflowRow() = default;
-  // The union is trivially copyable: copying it copies whichever member is live.
-  OverflowRow(OverflowRow&& o) noexcept : groups_(o.groups_), u_(o.u_) { o.groups_ = 0; }
-  OverflowRow& operator=(OverflowRow&& o) noexcept {
-    if (this != &o) {
-      Free();
-      groups_ = o.groups_;
-      u_ = o.u_;
-      o.groups_ = 0;
-    }
-    return *this;
-  }
-  OverflowRow(const OverflowRow&) = delete;
-  OverflowRow& operator=(const OverflowRow&) = delete;
-  ~OverflowRow() { Free(); }
-
-  uint16_t groups() const { return groups_; }  // bit g: group g has masks here
-  bool empty() const { return groups_ == 0; }
-  size_t HeapBytes() const { return Count() > 1 ? Count() * sizeof(Masks) : 0; }
-  // Group g's masks; zero when the row has none.
-  Masks Get(uint32_t g) const { return (groups_ >> g & 1) ? Data()[Rank(g)] : Masks{}; }
-  // The masks of each group in `groups` (a subset of groups()), in group order: f(g, masks).
-  template <typename F>
-  void ForEach(uint16_t groups, F f) const {
-    for (uint32_t m = groups & groups_; m; m &= m - 1) {
-      const uint32_t g = static_cast<uint32_t>(std::countr_zero(m));
-      f(g, Data()[Rank(g)]);
-    }
-  }
-  // Sets group g's masks; zero masks remove the group.
-  void Set(uint32_t g, Masks m) {
-    const bool has = groups_ >> g & 1, keep = (m.device | m.host) != 0;
-    if (has && keep) {
-      Data()[Rank(g)] = m;
-      return;
-    }
-    if (!has && !keep) return;
-    const uint16_t next = static_cast<uint16_t>(keep ? groups_ | (1u << g) : groups_ & ~(1u << g));
-    const int n = std::popcount(next);
-    Masks fresh[16];
-    for (uint32_t r = next, k = 0; r; r &= r - 1, ++k) {
-      const uint32_t h = static_cast<uint32_t>(std::countr_zero(r));
-      fresh[k] = h == g ? m : Data()[Rank(h)];
-    }
-    Free();
-    groups_ = next;
-    if (n > 1) {
-      u_.many = new Masks[static_cast<size_t>(n)];
-      std::copy(fresh, fresh + n, u_.many);
-    } else {
-      u_.one = n == 1 ? fresh[0] : Masks{};
-    }
-  }
-
- private:
-  int Count() const { return std::popcount(groups_); }
-  int Rank(uint32_t g) const { return std::popcount(static_cast<uint32_t>(groups_) & ((1u << g) - 1)); }
-  const Masks* Data() const { return Count() > 1 ? u_.many : &u_.one; }
-  Masks* Data() { return Count() > 1 ? u_.many : &u_.one; }
-  void Free() {
-    if (Count() > 1) delete[] u_.many;
-    groups_ = 0;
-  }
-
-  uint16_t groups_ = 0;
-  union Storage {
-    Masks one;    // Count() <= 1
-    Masks* many;  // Count() > 1
-  } u_{Masks{}};
-};
-static_assert(sizeof(OverflowRow) == 24);
+static_assert(kWords <= OverflowRows::kMaxGroups);
 struct PredHolder {
   uint32_t worker;
   uint32_t expiry_ms;
@@ -201,22 +143,16 @@ struct MixHash {
 
 struct alignas(64) GlobalIndex::Shard {
   // Read by lock-free readers.
-  std::atomic<uint64_t> seq{0};  // odd while a writer changes `table`
   std::atomic<Table*> table{nullptr};
-  // Readers waiting for a writer of this shard (ReadSlot past its spin, or blocked on
-  // side_mu): a writer with more slices to write leaves them a gap first (WriterGap).
-  mutable std::atomic<uint32_t> readers_waiting{0};
-  alignas(64) mutable std::mutex mu;  // writers
-  // Readers of the side tables (overflow, predicted); writers hold it (after mu) while they
-  // change them. A table's growth releases it: a reader waits for a slice of writes at most,
-  // never for a rebuild of the slot array.
+  alignas(64) mutable std::mutex mu;  // writers; also a reader whose probe is too long to check
+  // Readers of the predicted table; writers take it (after mu) only around one change of it
+  // (TakePredicted, a prediction, a sweep's block): a reader waits for one op's change at
+  // most. Writers read the table without it (they hold mu). The overflow rows need no lock.
   mutable std::mutex side_mu;
-  // Below: GUARDED_BY(mu); overflow, overflow_heap_bytes and predicted also change only under
-  // side_mu.
+  // Below: GUARDED_BY(mu); predicted also changes only under side_mu.
   uint64_t used = 0;                   // slots in use
   std::atomic<uint64_t> entries{0};    // (block, worker) entries; read lock-free
-  boost::unordered_flat_map<BlockHash, OverflowRow, MixHash> overflow;  // a row per block with workers >= 64
-  uint64_t overflow_heap_bytes = 0;  // the rows' arrays (OverflowRow::HeapBytes)
+  OverflowRows overflow;  // a row per block with workers >= 64, read lock-free
   boost::unordered_flat_map<BlockHash, PredList, MixHash> predicted;
   struct PerWorker {
     std::vector<BlockHash> blocks;  // reverse list: hashes the worker gained state on
@@ -224,15 +160,33 @@ struct alignas(64) GlobalIndex::Shard {
     std::atomic<uint64_t> tier_count[kv::kNumTiers] = {};  // read lock-free
   };
   std::unique_ptr<PerWorker[]> workers{new PerWorker[config::kMaxWorkers]};
+  boost::container::small_vector<uint64_t, 4> open_;  // the groups the current op opened
 
   Shard() : table(new Table(kInitialSlots)) {}
   ~Shard() { delete table.load(); }
 
   // ---- Writer side (mu held) -------------------------------------------------------------
   Table* T() const { return table.load(std::memory_order_relaxed); }
-  // Slot stores after BeginWrite are releases, so none is seen before the odd number.
-  void BeginWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-  void EndWrite() { seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  // Opens slot i's group for this op's stores: its version turns odd (once per op). Slot
+  // stores are releases, so none is seen before the odd version.
+  void Open(uint64_t i) {
+    const uint64_t g = Table::Group(i);
+    for (uint64_t o : open_)
+      if (o == g) return;
+    std::atomic<uint64_t>& v = T()->versions[g];
+    v.store(v.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    open_.push_back(g);
+  }
+  // Ends the op: every group it opened turns even again (a release: a reader that sees the
+  // new version sees the op's stores).
+  void Close() {
+    for (uint64_t g : open_) {
+      std::atomic<uint64_t>& v = T()->versions[g];
+      v.store(v.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
+    open_.clear();
+  }
+  bool Closed() const { return open_.empty(); }
 
   uint64_t Find(BlockHash h, uint64_t mix) const {
     const Table* t = T();
@@ -242,25 +196,19 @@ struct alignas(64) GlobalIndex::Shard {
       if (Ld(s.hash) == h) return i;
     }
   }
-  // Returns h's slot, claiming one (stamped now_ms, no holders) when absent. May grow the
-  // table; *old receives the replaced table for the caller to retire. REQUIRES: inside a
-  // write section (BeginWrite) and holding side_mu, which it closes and releases around a
-  // growth.
+  // Returns h's slot, opened (Open), claiming one (stamped now_ms, no holders) when absent.
+  // May grow the table; *old receives the replaced table for the caller to retire. REQUIRES:
+  // no group open (Closed()): readers keep reading the old table while the new one is built.
   uint64_t FindOrInsert(BlockHash h, uint64_t mix, uint32_t now_ms, Table** old) {
     Table* t = T();
     for (uint64_t i = mix & t->mask;; i = (i + 1) & t->mask) {
       Slot& s = t->slots[i];
       if (Ld(s.lru_ms) == 0) {
         if ((used + 1) * 4 > (t->mask + 1) * 3) {
-          // Readers keep reading the old table while the new one is built (it does not
-          // change meanwhile), so the write section is closed for the rebuild.
-          EndWrite();
-          side_mu.unlock();  // readers of the side tables need not wait for the rebuild
           *old = Grow();
-          side_mu.lock();
-          BeginWrite();
           return FindOrInsert(h, mix, now_ms, old);
         }
+        Open(i);
         St(s.hash, h);
         St(s.device, uint64_t{0});
         St(s.host, uint64_t{0});
@@ -270,29 +218,60 @@ struct alignas(64) GlobalIndex::Shard {
         ++used;
         return i;
       }
-      if (Ld(s.hash) == h) return i;
+      if (Ld(s.hash) == h) {
+        Open(i);
+        return i;
+      }
     }
   }
   Table* Grow();
-  // Frees slot i, shifting later slots of its probe run back (no tombstones).
+  // Frees slot i, shifting later slots of its probe run back (no tombstones); opens the
+  // groups it stores to.
   void Erase(uint64_t i);
   static bool Empty(const Slot& s) {
     return (Ld(s.device) | Ld(s.host)) == 0 && Ld(s.predicted) == 0 && Ld(s.overflow) == 0;
   }
 
+  uint64_t IndexOf(const Slot& s) const { return static_cast<uint64_t>(&s - T()->slots); }
+  // Group g's masks in slot s's overflow row; zero when it has none.
+  Masks RowMasks(const Slot& s, uint32_t g) const {
+    const uint16_t groups = Ld(s.overflow);
+    if (!(groups >> g & 1)) return Masks{};
+    const uint32_t n = static_cast<uint32_t>(std::popcount(groups));
+    const std::atomic<uint64_t>* row = overflow.Words(Ld(T()->row_refs[IndexOf(s)]), 2 * n);
+    const int r = GroupRank(groups, g);
+    return Masks{Ld(row[2 * r]), Ld(row[2 * r + 1])};
+  }
+  // The masks of each group of slot s's overflow row, in group order: f(g, masks).
+  template <typename F>
+  void ForEachGroup(const Slot& s, F f) const {
+    const uint16_t groups = Ld(s.overflow);
+    if (groups == 0) return;
+    const std::atomic<uint64_t>* row =
+        overflow.Words(Ld(T()->row_refs[IndexOf(s)]), 2 * static_cast<uint32_t>(std::popcount(groups)));
+    int r = 0;
+    for (uint32_t m = groups; m; m &= m - 1, ++r)
+      f(static_cast<uint32_t>(std::countr_zero(m)), Masks{Ld(row[2 * r]), Ld(row[2 * r + 1])});
+  }
+  // Sets group g's masks in slot s's row (its group open); zero masks remove the group. Masks
+  // change in place; a new set of groups is a new row, and the old one is freed.
+  void SetRowMasks(Slot& s, uint32_t g, Masks m);
+  // Frees slot s's row (its group open).
+  void DropRow(Slot& s);
+
   uint8_t Bits(const Slot& s, BlockHash h, WorkerId w) const {
+    (void)h;
     if (w < config::kInlineWorkers) {
       const uint64_t bit = 1ull << w;
       return static_cast<uint8_t>(((Ld(s.device) & bit) ? kDev : 0) | ((Ld(s.host) & bit) ? kHostBit : 0));
     }
     if (!(Ld(s.overflow) >> (w / 64) & 1)) return 0;
-    auto it = overflow.find(h);
-    if (it == overflow.end()) return 0;
-    const Masks m = it->second.Get(w / 64);
+    const Masks m = RowMasks(s, w / 64);
     const uint64_t bit = 1ull << (w % 64);
     return static_cast<uint8_t>(((m.device & bit) ? kDev : 0) | ((m.host & bit) ? kHostBit : 0));
   }
   void SetBits(Slot& s, BlockHash h, WorkerId w, uint8_t bits) {
+    (void)h;
     const uint64_t bit = 1ull << (w % 64);
     auto apply = [&](uint64_t m, uint8_t tier_bit) { return (bits & tier_bit) ? m | bit : m & ~bit; };
     if (w < config::kInlineWorkers) {
@@ -300,20 +279,10 @@ struct alignas(64) GlobalIndex::Shard {
       St(s.host, apply(Ld(s.host), kHostBit));
       return;
     }
-    auto it = overflow.find(h);
-    if (it == overflow.end()) {
-      if (bits == 0) return;
-      it = overflow.emplace(h, OverflowRow{}).first;
-    }
-    OverflowRow& row = it->second;
-    Masks m = row.Get(w / 64);
+    Masks m = RowMasks(s, w / 64);
     m.device = apply(m.device, kDev);
     m.host = apply(m.host, kHostBit);
-    overflow_heap_bytes -= row.HeapBytes();
-    row.Set(w / 64, m);
-    overflow_heap_bytes += row.HeapBytes();
-    St(s.overflow, row.groups());
-    if (row.empty()) overflow.erase(it);
+    SetRowMasks(s, w / 64, m);
   }
   // Whether w is a predicted holder of h.
   bool IsPredicted(const Slot& s, BlockHash h, WorkerId w) const {
@@ -332,6 +301,7 @@ struct alignas(64) GlobalIndex::Shard {
     auto& list = it->second;
     for (size_t k = 0; k < list.size(); ++k) {
       if (list[k].worker != w) continue;
+      std::lock_guard side(side_mu);
       list[k] = list.back();
       list.pop_back();
       if (list.empty()) predicted.erase(it);
@@ -381,6 +351,8 @@ struct SlotView {
   uint64_t device = 0, host = 0;
   uint32_t lru_ms = 0;
   uint16_t predicted = 0, overflow = 0;
+  // Group g's masks from the overflow row, for each group g in `overflow` (others unset).
+  uint64_t over_device[kWords] = {}, over_host[kWords] = {};
 };
 
 // Registers a lock-free reader for the duration of a call (GlobalIndex::ReclaimRetired).
@@ -393,29 +365,50 @@ class ReaderGuard {
   std::atomic<uint64_t>& readers_;
 };
 
-// Reads h's slot without a lock: retries while a writer has the shard (seqlock).
-// REQUIRES: a ReaderGuard is live.
+// Copies the overflow row at *ref into v (v->overflow set); false when the ref was out of
+// bounds (read while a writer changed it).
+inline bool ReadRow(const GlobalIndex::Shard& shard, const std::atomic<uint32_t>& ref, SlotView* v) {
+  const uint32_t n = static_cast<uint32_t>(std::popcount(v->overflow));
+  const std::atomic<uint64_t>* row = shard.overflow.Words(ref.load(std::memory_order_acquire), 2 * n);
+  if (row == nullptr) return false;
+  int r = 0;
+  for (uint32_t m = v->overflow; m; m &= m - 1, ++r) {
+    const int g = std::countr_zero(m);
+    v->over_device[g] = Ld(row[2 * r]);
+    v->over_host[g] = Ld(row[2 * r + 1]);
+  }
+  return true;
+}
+
+// Reads h's slot without a lock: checks the version of each slot group its probe reads
+// before and after (a seqlock per group), and retries when one was odd or changed, i.e.
+// when a writer stored to those very slots meanwhile. A write to the slots lasts one op's
+// stores, so a reader waits only if that writer was preempted within them, and only when
+// it reads those slots. REQUIRES: a ReaderGuard is live.
 inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t mix) {
-  // A write section lasts well under a microsecond unless its thread was preempted; then
-  // spinning only keeps it off the core, so the reader yields after a short spin.
   constexpr int kSpinsBeforeYield = 128;
-  bool waiting = false;  // counted in shard.readers_waiting
-  for (int spins = 0;; ++spins) {
-    const uint64_t s0 = shard.seq.load(std::memory_order_acquire);
-    if (s0 & 1) {
-      if (spins < kSpinsBeforeYield) {
-        CpuRelax();
-      } else {
-        if (!waiting) shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
-        waiting = true;
-        std::this_thread::yield();
-      }
-      continue;
-    }
+  for (int attempt = 0;; ++attempt) {
     const GlobalIndex::Table* t = shard.table.load(std::memory_order_acquire);
+    uint64_t groups[kMaxProbeGroups], versions[kMaxProbeGroups];
+    int checked = 0;
+    bool stable = true, too_long = false;
     SlotView v;
     uint64_t i = mix & t->mask;
     for (uint64_t n = 0; n <= t->mask; ++n, i = (i + 1) & t->mask) {
+      const uint64_t g = GlobalIndex::Table::Group(i);
+      if (checked == 0 || groups[checked - 1] != g) {
+        if (checked == kMaxProbeGroups) {
+          too_long = true;
+          break;
+        }
+        const uint64_t version = t->versions[g].load(std::memory_order_acquire);
+        if (version & 1) {
+          stable = false;
+          break;
+        }
+        groups[checked] = g;
+        versions[checked++] = version;
+      }
       const Slot& s = t->slots[i];
       const uint32_t lru = Ld(s.lru_ms);
       if (lru == 0) break;
@@ -426,42 +419,40 @@ inline SlotView ReadSlot(const GlobalIndex::Shard& shard, BlockHash h, uint64_t 
       v.lru_ms = lru;
       v.predicted = Ld(s.predicted);
       v.overflow = Ld(s.overflow);
+      if (v.overflow != 0 && !ReadRow(shard, t->row_refs[i], &v)) stable = false;
       break;
     }
-    // The slot loads above are acquires: this load cannot move before them, and it sees an
-    // odd or newer number if any of them read a store of a later write section.
-    if (shard.seq.load(std::memory_order_relaxed) == s0) {
-      if (waiting) shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
-      return v;
+    if (too_long) {
+      // No writer changes the shard meanwhile; the table is the current one under mu.
+      std::lock_guard lock(shard.mu);
+      const uint64_t j = shard.Find(h, mix);
+      if (j == kNpos) return SlotView{};
+      const Slot& s = shard.T()->slots[j];
+      SlotView locked{&s, Ld(s.device), Ld(s.host), Ld(s.lru_ms), Ld(s.predicted), Ld(s.overflow), {}, {}};
+      if (locked.overflow != 0) ReadRow(shard, shard.T()->row_refs[j], &locked);
+      return locked;
     }
-  }
-}
-
-// Locks the shard's side_mu for a reader, counted as waiting while a writer holds it.
-inline std::unique_lock<std::mutex> LockSideTables(const GlobalIndex::Shard& shard) {
-  std::unique_lock lock(shard.side_mu, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    shard.readers_waiting.fetch_add(1, std::memory_order_relaxed);
-    lock.lock();
-    shard.readers_waiting.fetch_sub(1, std::memory_order_relaxed);
-  }
-  return lock;
-}
-
-// Between two slices of a batch's writes to `shard` (its mutexes released): when readers
-// wait, lets them through before the next slice, for at most ~kGapSpins spins. A writer that
-// took the next slice at once would keep the shard's sequence number odd, or side_mu held,
-// for the batch's whole share of the shard, and a snapshot chunk has ~600 ops a shard.
-inline void WriterGap(const GlobalIndex::Shard& shard) {
-  constexpr int kGapSpins = 256;
-  constexpr int kSpinsBeforeYield = 32;  // then the core goes to the readers, if they lack one
-  for (int k = 0; k < kGapSpins && shard.readers_waiting.load(std::memory_order_relaxed) != 0; ++k) {
-    if (k < kSpinsBeforeYield) {
+    // The slot loads above are acquires: these loads cannot move before them, and see an
+    // odd or newer version if any of them read a store of a later write.
+    for (int k = 0; stable && k < checked; ++k)
+      stable = t->versions[groups[k]].load(std::memory_order_relaxed) == versions[k];
+    // Rows are shared by a table and the one that replaces it, and written under the new
+    // table's versions only: a row read that saw a write made after a growth also sees the
+    // new table here (the writer swapped it in before), and retries.
+    if (stable && v.overflow != 0) stable = shard.table.load(std::memory_order_relaxed) == t;
+    if (stable) return v;
+    if (attempt < kSpinsBeforeYield) {
       CpuRelax();
     } else {
-      std::this_thread::yield();
+      std::this_thread::yield();  // the writer was preempted within its stores
     }
   }
+}
+
+// Locks the shard's side_mu (the predicted table) for a reader: a writer holds it for one
+// op's change at most.
+inline std::unique_lock<std::mutex> LockSideTables(const GlobalIndex::Shard& shard) {
+  return std::unique_lock(shard.side_mu);
 }
 
 }  // namespace kvfleet::router

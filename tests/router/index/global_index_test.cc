@@ -524,5 +524,109 @@ TEST_CASE("readers match while the tables grow and shrink under them (TSan)") {
   index.CheckInvariants();
 }
 
+// The block hash whose mix (shard_table.h: murmur3's finaliser) is `mix`: the finaliser's
+// inverse, so a test can place blocks on chosen slots.
+BlockHash HashWithMix(uint64_t mix) {
+  auto inverse = [](uint64_t c) {  // mod 2^64, by Newton's iteration
+    uint64_t x = c;
+    for (int i = 0; i < 6; ++i) x *= 2 - c * x;
+    return x;
+  };
+  uint64_t h = mix;
+  h ^= h >> 33;
+  h *= inverse(0xc4ceb9fe1a85ec53ULL);
+  h ^= h >> 33;
+  h *= inverse(0xff51afd7ed558ccdULL);
+  h ^= h >> 33;
+  return h;
+}
+
+TEST_CASE("a reader never sees a slot torn between two blocks or two writes (TSan)") {
+  SystemClock clock;
+  GlobalIndex index({}, &clock);
+  // Every block has the same shard and home slot, at every table size: one probe run in which
+  // writers keep claiming slots, freeing them and shifting the rest back. Block b is only
+  // ever held by owner(b), on tier(b). A slot read half before and half after a write (a
+  // shifted slot's hash with its neighbour's masks) shows another worker or tier.
+  constexpr uint32_t kChurned = 120, kGeneration = 8, kGenerations = 600;
+  auto block_hash = [](uint32_t id) { return HashWithMix((uint64_t{id} + 1) << 24 | 0x5A5A5); };
+  const WorkerId owners[3] = {3, 71, 130};  // a slot's masks, and two overflow groups
+  auto owner = [&](uint32_t b) { return owners[b % 3]; };
+  auto tier = [](uint32_t b) { return b % 2 == 0 ? Tier::kDevice : Tier::kHost; };
+  // Pinned blocks, worker 200's: generation g (ids kChurned + g * kGeneration ...) is stored
+  // at the end of the run, published as `current`, and removed once g + 1 is published. A
+  // reader that sees `current` == g before and after its match must find the block: a probe
+  // that overlapped a shift of the slots before it would miss it.
+  constexpr WorkerId kPinOwner = 200;
+  auto pinned = [&](uint32_t g, uint32_t j) { return block_hash(kChurned + g * kGeneration + j); };
+  auto pin = [&](uint32_t g, BlockOp::Kind kind) {
+    std::vector<BlockOp> ops;
+    for (uint32_t j = 0; j < kGeneration; ++j) ops.push_back({pinned(g, j), kind, Tier::kDevice});
+    index.Apply(kPinOwner, ops);
+  };
+  pin(0, BlockOp::kStore);
+  std::atomic<uint32_t> current{0};
+  std::atomic<int> writing{4};
+  std::vector<std::thread> writers;
+  for (uint32_t k = 0; k < 3; ++k) {
+    writers.emplace_back([&, k] {
+      std::mt19937 rng(k);
+      std::vector<BlockOp> ops;
+      for (int round = 0; round < 6000; ++round) {
+        ops.clear();
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t b = static_cast<uint32_t>(rng() % (kChurned / 3)) * 3 + k;
+          ops.push_back({block_hash(b), rng() % 2 ? BlockOp::kStore : BlockOp::kRemove, tier(b)});
+        }
+        index.Apply(owners[k], ops);
+      }
+      writing.fetch_sub(1);
+    });
+  }
+  writers.emplace_back([&] {
+    for (uint32_t g = 1; g < kGenerations; ++g) {
+      pin(g, BlockOp::kStore);
+      current.store(g);
+      pin(g - 1, BlockOp::kRemove);
+      std::this_thread::yield();
+    }
+    writing.fetch_sub(1);
+  });
+  std::atomic<uint64_t> torn{0}, missed{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      std::mt19937 rng(100 + r);
+      std::vector<PrefixMatch> out;
+      out.reserve(config::kMaxWorkers);
+      std::vector<BlockHash> chain(kGeneration);
+      while (writing.load() > 0) {
+        const uint32_t b = static_cast<uint32_t>(rng() % kChurned);
+        const BlockHash h = block_hash(b);
+        index.FindMatches(std::span(&h, 1), &out);
+        for (const PrefixMatch& m : out) {
+          const bool device = tier(b) == Tier::kDevice;
+          const bool right = m.worker == owner(b) && m.held_blocks == 1 &&
+                             m.device_blocks == (device ? 1u : 0u) && m.host_blocks == (device ? 0u : 1u);
+          if (!right) torn.fetch_add(1);
+        }
+        if (index.Holds(owners[(b + 1) % 3], h)) torn.fetch_add(1);
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t g = current.load();
+          for (uint32_t j = 0; j < kGeneration; ++j) chain[j] = pinned(g, j);
+          index.FindMatches(chain, &out);
+          const bool found = out.size() == 1 && out[0].worker == kPinOwner && out[0].device_blocks == kGeneration;
+          if (!found && current.load() == g) missed.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  for (auto& t : readers) t.join();
+  CHECK(torn.load() == 0);
+  CHECK(missed.load() == 0);
+  index.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace kvfleet::router
