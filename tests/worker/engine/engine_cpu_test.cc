@@ -289,20 +289,6 @@ TEST_CASE("cpu backend, --attention-chunk-size: chunked and batched runs match r
   CHECK(plain.Run({prompts[3]}, 40)[0] != alone[3]);
 }
 
-TEST_CASE("cpu backend, Llama 4 (16-token chunks on its RoPE layers only): chunked, batched and reused runs match") {
-  const auto prompts = Prompts();
-  std::vector<std::vector<TokenId>> alone;
-  {
-    CpuEngine e(256, 256, 1, "tiny-llama4", 1);
-    REQUIRE(e.backend->pools().size() == 2);  // the NoPE layer's full attention, the chunked layers
-    for (const auto& p : prompts) alone.push_back(e.Run({p}, 24)[0]);
-  }
-  CpuEngine e(256, 16, 8, "tiny-llama4", 1);
-  CHECK(e.Run(prompts, 24) == alone);
-  CHECK(e.Run({prompts[3]}, 24)[0] == alone[3]);  // its first chunk from the reuse tree
-  CHECK(e.usage[e.last_ids[0]].cached_device_tokens > 0);
-}
-
 }  // namespace
 }  // namespace kvfleet::engine
 
