@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,21 @@ inline Result<bool> GetBool(const nlohmann::json& j, const char* field, bool fal
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_boolean()) return FieldError(field, "not a boolean: " + it->dump());
   return it->get<bool>();
+}
+
+// A list of layer indices (moe_layers, mlp_only_layers) as a per-layer mask; errors name the
+// field and the entry ("FIELD[i]: not a layer index: ...").
+inline Result<std::vector<bool>> LayerSet(const nlohmann::json& list, const char* field, int64_t layers) {
+  if (!list.is_array()) return FieldError(field, "not a list: " + list.dump());
+  std::vector<bool> mask(static_cast<size_t>(layers), false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& l = list[i];
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers) {
+      return FieldError(std::string(field) + "[" + std::to_string(i) + "]", "not a layer index: " + l.dump());
+    }
+    mask[l.get<size_t>()] = true;
+  }
+  return mask;
 }
 
 }  // namespace kvfleet::model::config_fields

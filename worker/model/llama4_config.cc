@@ -11,21 +11,8 @@ using config_fields::FieldError;
 using config_fields::GetBool;
 using config_fields::GetInt;
 using config_fields::GetNumber;
+using config_fields::LayerSet;
 using nlohmann::json;
-
-// A list of layer indices (moe_layers) as a per-layer mask.
-Result<std::vector<bool>> LayerSet(const json& list, const char* field, int64_t layers) {
-  if (!list.is_array()) return FieldError(field, "not a list: " + list.dump());
-  std::vector<bool> mask(static_cast<size_t>(layers), false);
-  for (size_t i = 0; i < list.size(); ++i) {
-    const json& l = list[i];
-    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers) {
-      return FieldError(std::string(field) + "[" + std::to_string(i) + "]", "not a layer index: " + l.dump());
-    }
-    mask[l.get<size_t>()] = true;
-  }
-  return mask;
-}
 
 Status ParseMoe(const json& j, ModelConfig* c) {
   MoeConfig& m = c->moe;

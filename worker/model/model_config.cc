@@ -18,6 +18,7 @@ using config_fields::FieldError;
 using config_fields::GetBool;
 using config_fields::GetInt;
 using config_fields::GetNumber;
+using config_fields::LayerSet;
 
 // The number at r[key]: `fallback` when absent or null; errors name `prefix.key`.
 Result<double> GetNumberIn(const json& r, const std::string& prefix, const char* key, std::optional<double> fallback) {
@@ -273,14 +274,8 @@ Status ParseMoe(const json& j, ModelConfig* c) {
     if (step <= 0) return FieldError("decoder_sparse_step", "must be > 0");
     for (int64_t l = 0; l < c->num_layers; ++l) m.layer_sparse[l] = m.layer_sparse[l] && (l + 1) % step == 0;
     if (auto only = j.find("mlp_only_layers"); only != j.end() && !only->is_null()) {
-      if (!only->is_array()) return FieldError("mlp_only_layers", "not a list: " + only->dump());
-      for (size_t i = 0; i < only->size(); ++i) {
-        const json& l = (*only)[i];
-        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c->num_layers) {
-          return FieldError("mlp_only_layers[" + std::to_string(i) + "]", "not a layer index: " + l.dump());
-        }
-        m.layer_sparse[l.get<size_t>()] = false;
-      }
+      KVF_ASSIGN_OR_RETURN(const std::vector<bool> dense, LayerSet(*only, "mlp_only_layers", c->num_layers));
+      for (int64_t l = 0; l < c->num_layers; ++l) m.layer_sparse[l] = m.layer_sparse[l] && !dense[l];
     }
   }
   if (m.num_experts == 0) {  // Qwen3-MoE with no experts: every layer dense, as HF builds it

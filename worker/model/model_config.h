@@ -116,10 +116,6 @@ struct ModelConfig {
     return {static_cast<int>(head_dim), rope_theta, max_position_embeddings, rope_scaling, rope_interleaved};
   }
   bool uses_rope(int64_t l) const { return layer_nope.empty() || !layer_nope[static_cast<size_t>(l)]; }
-  // The chunk that bounds layer l's attention; 0: none.
-  int64_t chunk_of_layer(int64_t l) const {
-    return layer_chunked.empty() || layer_chunked[static_cast<size_t>(l)] ? attention_chunk_size : 0;
-  }
   // True when some layer has a sliding window.
   bool has_sliding_window() const;
   // True when the model has experts, and when layer l's MLP is its MoE block (else the dense

@@ -33,8 +33,6 @@ TEST_CASE("Llama4ForCausalLM with transformers' defaults") {
   CHECK(c->layer_nope == nope);
   CHECK(c->layer_chunked == std::vector<bool>{true, true, true, false, true, true, true, false});
   CHECK(c->attention_chunk_size == 8192);
-  CHECK(c->chunk_of_layer(0) == 8192);
-  CHECK(c->chunk_of_layer(3) == 0);
   CHECK(c->rope_interleaved);
   CHECK(c->rope().interleaved);
   CHECK(c->qk_l2_norm);

@@ -165,7 +165,11 @@ void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* 
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
   const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+  if (weight == nullptr) {
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv;
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+  }
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {

@@ -50,7 +50,8 @@ struct PagedKvHead {
 void PagedAttentionRow(const PagedKvHead& kv, const float* q, const float* q_sink, int64_t sink_lo, int64_t sink_hi,
                        int64_t lo, int64_t hi, float scale, float* scores, float* acc, float* out);
 
-// out = x / sqrt(mean(x²) + eps) · weight, one row of n (Llama RMSNorm). out may be x.
+// out = x / sqrt(mean(x²) + eps) · weight, one row of n (Llama RMSNorm); weight null: none
+// (Llama 4's q/k norm). out may be x.
 void RmsNorm(const float* x, const float* weight, int64_t n, double eps, float* out);
 
 // out[i] = silu(gate[i]) · up[i]: the SwiGLU activation of n elements.

@@ -30,9 +30,7 @@ void TransformQk(const model::ModelConfig& c, int64_t l, const CpuLayerWeights& 
   }
   for (int64_t h = 0; h < heads + kv_heads; ++h) rope.Apply(cos_v, sin_v, row + h * hd);
   if (c.qk_l2_norm) {  // Llama 4: after RoPE, no weight
-    thread_local std::vector<float> ones;
-    ones.assign(static_cast<size_t>(hd), 1.0f);
-    for (int64_t h = 0; h < heads + kv_heads; ++h) RmsNorm(row + h * hd, ones.data(), hd, c.rms_norm_eps, row + h * hd);
+    for (int64_t h = 0; h < heads + kv_heads; ++h) RmsNorm(row + h * hd, nullptr, hd, c.rms_norm_eps, row + h * hd);
   }
 }
 
