@@ -16,8 +16,12 @@ namespace {
 constexpr int kRouteWarps = 4;
 constexpr int kRoutePerLane = kMoeMaxExperts / 32;
 
-__global__ void MoeRouteKernel(const __nv_bfloat16* logits, int32_t ld, int32_t T, int32_t E, int32_t k,
-                               bool normalize, int32_t* experts, float* weights) {
+__device__ __forceinline__ float LogitValue(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float LogitValue(float v) { return v; }
+
+template <typename Logit>
+__global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                               int32_t* experts, float* weights) {
   GridDependentsLaunch();
   GridDependencyWait();
   const int lane = threadIdx.x % 32;
@@ -28,7 +32,7 @@ __global__ void MoeRouteKernel(const __nv_bfloat16* logits, int32_t ld, int32_t 
 #pragma unroll
   for (int i = 0; i < kRoutePerLane; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < E ? __bfloat162float(logits[t * ld + e]) : -INFINITY;
+    p[i] = e < E ? LogitValue(logits[t * ld + e]) : -INFINITY;
     zmax = fmaxf(zmax, p[i]);
   }
   zmax = WarpMax(zmax);
@@ -241,12 +245,23 @@ __global__ void MoeCombineKernel(const __nv_bfloat16* y, const float* weights, c
 
 }  // namespace
 
-cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
-                           int32_t* experts, float* weights, cudaStream_t stream) {
+template <typename Logit>
+cudaError_t LaunchRoute(const Logit* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                        int32_t* experts, float* weights, cudaStream_t stream) {
   if (T <= 0) return cudaSuccess;
   if (E < 1 || E > kMoeMaxExperts || ld < E || k < 1 || k > E || k > kMoeMaxTopK) return cudaErrorInvalidValue;
-  return LaunchKernel(MoeRouteKernel, (T + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream, logits, ld, T,
-                      E, k, normalize, experts, weights);
+  return LaunchKernel(MoeRouteKernel<Logit>, (T + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream, logits,
+                      ld, T, E, k, normalize, experts, weights);
+}
+
+cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                           int32_t* experts, float* weights, cudaStream_t stream) {
+  return LaunchRoute(logits, ld, T, E, k, normalize, experts, weights, stream);
+}
+
+cudaError_t LaunchMoeRoute(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                           int32_t* experts, float* weights, cudaStream_t stream) {
+  return LaunchRoute(logits, ld, T, E, k, normalize, experts, weights, stream);
 }
 
 cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,

@@ -23,6 +23,11 @@ namespace kvfleet::kernels {
 // REQUIRES: 1 <= k <= min(E, kMoeMaxTopK), E <= kMoeMaxExperts.
 cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
                            int32_t* experts, float* weights, cudaStream_t stream);
+// The same over fp32 logits (the cuda backend's router product: a routing decision is
+// discrete, so the logits are not rounded to bf16 before it; HF's fp32 reference flips
+// experts within bf16 rounding of a near-tie otherwise).
+cudaError_t LaunchMoeRoute(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                           int32_t* experts, float* weights, cudaStream_t stream);
 
 // Groups the S routes by expert. Rows within a group come in no fixed order; nothing depends
 // on it (each row of the grouped GEMM is computed alone, and the combine reads by position).

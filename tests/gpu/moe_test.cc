@@ -49,10 +49,26 @@ TEST_CASE("routing equals the reference: top-k by probability, ties to the lower
       CHECK(worst <= 1e-6f);
       CHECK(experts[0] == 1);
       CHECK(experts[1] == 3);
+      // The fp32 overload (the backend's router product) over the same values: the same routes.
+      std::vector<float> wide(logits.size());
+      for (size_t i = 0; i < wide.size(); ++i) wide[i] = Bf16ToFloat(logits[i]);
+      DeviceBuffer<float> dlf(wide);
+      de.Poison();
+      dw.Poison();
+      KVF_CUDA_OK(LaunchMoeRoute(dlf.get(), s.ld, s.T, s.E, s.k, normalize, de.get(), dw.get(), nullptr));
+      KVF_CUDA_OK(cudaDeviceSynchronize());
+      CHECK(de.Download() == experts);
+      const std::vector<float> got_f32 = dw.Download();
+      worst = 0;
+      for (size_t i = 0; i < got_f32.size(); ++i) worst = std::max(worst, std::fabs(got_f32[i] - weights[i]));
+      CHECK(worst <= 1e-6f);
     }
   // Out of range: refused, nothing launched.
-  CHECK(LaunchMoeRoute(nullptr, 4, 1, 4, 5, true, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
-  CHECK(LaunchMoeRoute(nullptr, 1024, 1, 1024, 2, true, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  const __nv_bfloat16* none = nullptr;
+  CHECK(LaunchMoeRoute(none, 4, 1, 4, 5, true, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(LaunchMoeRoute(none, 1024, 1, 1024, 2, true, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(LaunchMoeRoute(static_cast<const float*>(nullptr), 8, 1, 8, 9, true, nullptr, nullptr, nullptr) ==
+        cudaErrorInvalidValue);
 }
 
 // The grouping: offsets and tile offsets as the reference's; within each group the same

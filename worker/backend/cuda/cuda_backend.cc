@@ -269,7 +269,7 @@ Status CudaBackend::AllocateBuffers() {
   if (c.is_moe()) {  // (9)
     const size_t E = static_cast<size_t>(c.moe.num_experts), routes = T * static_cast<size_t>(c.moe.experts_per_token);
     const size_t EI = static_cast<size_t>(shard_.expert_inter);
-    KVF_ASSIGN_OR_RETURN(moe_logits_, DeviceAlloc<bf16>(T * static_cast<size_t>(moe_router_rows_)));
+    KVF_ASSIGN_OR_RETURN(moe_logits_, DeviceAlloc<float>(T * static_cast<size_t>(moe_router_rows_)));
     KVF_ASSIGN_OR_RETURN(moe_experts_, DeviceAlloc<int32_t>(routes));
     KVF_ASSIGN_OR_RETURN(moe_sorted_, DeviceAlloc<int32_t>(routes));
     KVF_ASSIGN_OR_RETURN(moe_position_, DeviceAlloc<int32_t>(routes));

@@ -89,7 +89,8 @@
 //      no communicator and no threads: the path of (1)-(7). LoRA and an fp8 KV cache are
 //      refused at N > 1.
 //   9. Mixtures of experts (model::MoeConfig; kernels/moe.h): an MoE layer's MLP is the router
-//      product (bf16 logits, as HF's router in a bf16 model), a routing kernel (fp32 softmax,
+//      product (fp32 logits from bf16 operands: top-k is discrete, and rounding a logit to bf16
+//      flips experts within 0.03 of each other that the fp32 reference keeps), a routing kernel (fp32 softmax,
 //      top-k, renormalisation), a device-side grouping of the step's T·k routes by expert, one
 //      grouped tensor-core GEMM for every expert's gate/up and one for down over those groups,
 //      SiLU·mul between, and the weighted un-permute into the layer's output. No host sync and
@@ -438,7 +439,7 @@ class CudaBackend final : public ModelBackendBase {
   __nv_bfloat16* resid_alt_ = nullptr;  // [min(max_num_tokens, kGemvMaxRows)][hidden]: (5)
   // (9) MoE scratch, S = max_num_tokens · experts_per_token routes; null for a dense model.
   int32_t moe_router_rows_ = 0;               // experts rounded up to 8 (16-byte rows of logits)
-  __nv_bfloat16* moe_logits_ = nullptr;       // [max_num_tokens][moe_router_rows_]
+  float* moe_logits_ = nullptr;               // [max_num_tokens][moe_router_rows_], fp32: routing is discrete
   int32_t *moe_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_position_ = nullptr;  // [S]
   int32_t *moe_offsets_ = nullptr, *moe_tile_offsets_ = nullptr;                      // [experts + 1]
   float* moe_weights_ = nullptr;              // [S]

@@ -38,6 +38,16 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     }
     return gemm_->Run(w, x, bias, y, LtGemm::Out::kBf16, rows_out, T, k, stream_);
   };
+  // The MoE router's product in fp32: the top-k choice is discrete, and bf16's rounding of a
+  // logit (0.03 near 8) flips near-tied experts that the model's fp32 reference keeps (9).
+  auto gemm_f32 = [&](const bf16* w, const bf16* x, float* y, int64_t rows_out, int64_t k) {
+    if (T <= gemv_max_rows_) {
+      return CudaStatus(kernels::LaunchGemv(w, x, nullptr, y, /*out_f32=*/true, static_cast<int32_t>(rows_out), T,
+                                            static_cast<int32_t>(k), stream_),
+                        "LaunchGemv");
+    }
+    return gemm_->Run(w, x, nullptr, y, LtGemm::Out::kF32, rows_out, T, k, stream_);
+  };
   const float eps = static_cast<float>(c.rms_norm_eps);
   // (5) On the gemv, each RMSNorm is the next product's prologue; the residual stream
   // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
@@ -115,7 +125,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     KVF_RETURN_IF_ERROR(AllReduce(tmp_, int64_t{T} * H));  // (8) row-parallel: before the RMSNorm reads it
     if (c.sparse_layer(l)) {  // (9) no gemv fusion: the router, the routing and the grouped GEMMs
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
-      KVF_RETURN_IF_ERROR(gemm(w.router, xn_, nullptr, moe_logits_, moe_router_rows_, H));
+      KVF_RETURN_IF_ERROR(gemm_f32(w.router, xn_, moe_logits_, moe_router_rows_, H));
       KVF_RETURN_IF_ERROR(MoeBlock(w, T));
     } else if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
