@@ -12,6 +12,8 @@
 #   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
 #
 #   deploy/bundle.sh [BUILD_DIR [OUT_DIR]]      defaults: build, .bundle/kvfleet
+#   KVFLEET_BUNDLE_TARGETS="kvfleet kvfleet-worker gpu_sampling_test ..." builds and packs only
+#   those targets (and the files above), for a device run that needs a few of them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$(cd "${1:-$ROOT/build}" && pwd)"
@@ -25,7 +27,9 @@ if grep -qE '^KVFLEET_CUDA:[A-Z]+=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
   exit 1
 fi
 # The default build leaves the benchmarks out; the bundle carries them.
-cmake --build "$BUILD" --target all kvfleet_benches
+TARGETS="${KVFLEET_BUNDLE_TARGETS:-}"
+# shellcheck disable=SC2086 # a list of target names
+cmake --build "$BUILD" --target ${TARGETS:-all kvfleet_benches}
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
@@ -40,9 +44,10 @@ skip_lib() {
 }
 
 bins=()
-[ -x "$BUILD/cli/kvfleet" ] && bins+=("$BUILD/cli/kvfleet")
-while IFS= read -r f; do bins+=("$f"); done < <(find "$BUILD" -type f -perm -u+x -name 'kvfleet-*' -not -path '*/CMakeFiles/*')
-[ -d "$BUILD/bench" ] && while IFS= read -r f; do bins+=("$f"); done < <(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x)
+wanted() { [ -z "$TARGETS" ] || [[ " $TARGETS " == *" $(basename "$1") "* ]]; }
+[ -x "$BUILD/cli/kvfleet" ] && wanted kvfleet && bins+=("$BUILD/cli/kvfleet")
+while IFS= read -r f; do wanted "$f" && bins+=("$f"); done < <(find "$BUILD" -type f -perm -u+x -name 'kvfleet-*' -not -path '*/CMakeFiles/*')
+[ -d "$BUILD/bench" ] && while IFS= read -r f; do wanted "$f" && bins+=("$f"); done < <(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x)
 
 # Test executables and labels from ctest itself.
 (cd "$BUILD" && ctest --show-only=json-v1) | python3 -c '
@@ -56,11 +61,13 @@ for t in json.load(sys.stdin)["tests"]:
 # Only executables this build produced (tests that run a system tool, e.g. cmake or python3 on a
 # script, need nothing bundled).
 while IFS=$'\t' read -r name labels exe; do
-  case "$exe" in "$BUILD"/*) bins+=("$exe") ;; esac
+  case "$exe" in "$BUILD"/*) wanted "$exe" && bins+=("$exe") ;; esac
 done < "$OUT/tests.tsv.abs"
 # Only the tests this build produced and built.
 awk -F'\t' -v build="$BUILD/" 'BEGIN{OFS="\t"} index($3, build) == 1 {n=split($3, p, "/"); if (system("test -x \"" $3 "\"") == 0) print $1, $2, "bin/" p[n]}' \
-  "$OUT/tests.tsv.abs" > "$OUT/tests.tsv"
+  "$OUT/tests.tsv.abs" | while IFS=$'\t' read -r name labels exe; do
+    wanted "$exe" && printf '%s\t%s\t%s\n' "$name" "$labels" "$exe"
+  done > "$OUT/tests.tsv"
 rm "$OUT/tests.tsv.abs"
 
 for b in "${bins[@]}"; do

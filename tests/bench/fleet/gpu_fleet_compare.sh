@@ -20,7 +20,8 @@
 # on a fleet whose router never asks for a pull, --transfer-bytes-per-s 0: kv without transfer),
 # KVFLEET_PD (N > 0: after each load's rows, `kv` once more with the first N workers prefill
 # workers and the rest decode workers, `kvfleet up --prefill-workers N`; KVFLEET_PD_WORKERS:
-# that fleet's worker count, default KVFLEET_WORKERS). Every run's request
+# that fleet's worker count, default KVFLEET_WORKERS), KVFLEET_WORKER_EXTRA (more kvfleet-worker
+# arguments for every worker, e.g. "--prefill-rate 9000"). Every run's request
 # lines go to NAME.requests.jsonl, for pd_goodput.py (goodput at a TTFT and an ITL SLO).
 set -uo pipefail
 B="$(cd "$1" && pwd)"; TRACE="$2"; R="$3"
@@ -53,6 +54,7 @@ fleet="$K up --backend $BACKEND --workers $WORKERS --model-dir $model --http-por
  --log-dir $R/fleet-logs --router-bin $B/bin/kvfleet-router --worker-bin $B/bin/kvfleet-worker \
  --worker-arg=--gpu-memory-fraction=$FRACTION"
 [ "$BACKEND" = cuda ] || fleet="${fleet% --worker-arg=*}"
+for a in ${KVFLEET_WORKER_EXTRA:-}; do fleet="$fleet --worker-arg=$a"; done
 [ -n "$DEVICES" ] && fleet="$fleet --devices $DEVICES"
 bench() {  # bench NAME TIME_SCALE POLICIES [FLEET_CMD]
   "$K" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale "$2" --duration "$DURATION" \
