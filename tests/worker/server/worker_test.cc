@@ -414,9 +414,9 @@ TEST_CASE("worker config: --transfer-nccl is off by default, parses both ways, a
 TEST_CASE("a backend without device pools refuses NCCL transfers and says which backend can") {
   backend::BackendOptions o;
   o.block_size = 16;
-  o.kv_cache_bytes = 1 << 20;
+  o.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
   auto mock = backend::mock::MockBackend::Make(o, {});
-  REQUIRE(mock.ok());
+  REQUIRE_MESSAGE(mock.ok(), mock.status().ToString());
   auto nccl = (*mock)->MakeKvNccl([] {});
   REQUIRE_FALSE(nccl.ok());
   CHECK(nccl.status().code() == StatusCode::kFailedPrecondition);
