@@ -144,6 +144,13 @@ class CudaKvNccl final : public KvNccl {
       if (!d.status.ok()) {
         d.bytes = 0;
         Drop(q.t.peer);
+        // A send or receive the abort left on the stream must not hold up the next transfer:
+        // a fresh stream (the old one's resources go once its work ends).
+        if (stream_ != nullptr) {
+          cudaStreamDestroy(stream_);
+          stream_ = nullptr;
+          setup = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        }
         std::lock_guard lock(mu_);
         if (next_comm_[q.t.peer] == q.t.comm) next_comm_[q.t.peer] = 0;
       }
