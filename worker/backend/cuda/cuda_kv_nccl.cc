@@ -139,7 +139,15 @@ class CudaKvNccl final : public KvNccl {
       }
       Done d;
       d.id = q.t.id;
-      d.status = !q.early.ok() ? q.early : !setup.ok() ? setup : Stopping() ? Status{StatusCode::kCancelled, "the worker is stopping"} : Run(q, &d.bytes);
+      if (!q.early.ok()) {
+        d.status = q.early;
+      } else if (!setup.ok()) {
+        d.status = setup;
+      } else if (Stopping()) {
+        d.status = Status{StatusCode::kCancelled, "the worker is stopping"};
+      } else {
+        d.status = Run(q, &d.bytes);
+      }
       d.seconds = std::chrono::duration<double>(SteadyClock::now() - q.start).count();
       if (!d.status.ok()) {
         d.bytes = 0;
