@@ -52,6 +52,10 @@ struct PullRequest {
   release @8 :Bool;                # a release frame: the receiver has copied the `device` answer
                                    # of transferId and the holder may unpin; every other field
                                    # is unset and ignored
+  nccl @9 :Bool;                   # the receiver can receive blocks by NCCL point-to-point; the
+                                   # holder may answer `nccl` (used where `device` is not possible)
+  ncclComm @10 :UInt64;            # the holder's number of the NCCL communicator this receiver
+                                   # keeps with it, from an earlier `nccl` answer; 0: none
 }
 
 enum RefusalReason {
@@ -81,6 +85,7 @@ struct PullReply {
     blocks @2 :List(Block);  # the next blocks of the chain, indexes contiguous across frames
     done @3 :UInt32;         # the last frame: how many blocks were sent in all (the leading run held)
     device @4 :DeviceRun;    # the only frame: same host, the run stays in the holder's device pools
+    nccl @5 :NcclRun;        # the only frame: the run follows by NCCL send/recv (PullRequest.nccl)
   }
 
   struct Refused {
@@ -104,4 +109,17 @@ struct DeviceBlock {
   hash @1 :UInt64;                 # = hashes[index]
   tokens @2 :List(UInt32);         # the block's blockSize tokens
   slots @3 :List(UInt32);          # per pool, the block's index in the holder's device pool
+}
+
+# A holder's answer to a receiver that offered NCCL (PullRequest.nccl): the leading run of the
+# chain it holds in its device pools, which it sends right after this frame with ncclSend on
+# the pair's communicator, block after block and pool after pool (bytesPerBlock bytes each);
+# the receiver posts the matching ncclRecv into blocks of its own. Both sides issue their
+# transfers on one communicator in the order of these frames.
+struct NcclRun {
+  comm @0 :UInt64;                 # the holder's number for the communicator, non-zero
+  uniqueId @1 :Data;               # non-empty (an ncclUniqueId, 128 bytes): a new communicator of
+                                   # 2 ranks, holder rank 0, receiver rank 1, replacing the pair's
+                                   # old one; empty: `comm` is the one the request named (ncclComm)
+  blocks @2 :List(DeviceBlock);    # the leading run, indexes 0..n-1; slots empty
 }

@@ -153,7 +153,7 @@ uint64_t Checksum(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.d
 
 std::string EncodePullRequest(const PullRequest& r) {
   capnp::MallocMessageBuilder message;
-  if (r.host_id.empty() && !r.release) {
+  if (r.host_id.empty() && !r.release && !r.nccl && r.nccl_comm == 0) {
     auto first = message.getRoot<capnp::AnyPointer>().initAsAnyStruct(kFirstRequestDataWords, kFirstRequestPointers);
     WriteRequestFields(first.as<schema::PullRequest>(), r);
     return wire::Encode(message);
@@ -162,6 +162,8 @@ std::string EncodePullRequest(const PullRequest& r) {
   WriteRequestFields(out, r);
   out.setHostId(r.host_id);
   out.setRelease(r.release);
+  out.setNccl(r.nccl);
+  out.setNcclComm(r.nccl_comm);
   return wire::Encode(message);
 }
 
@@ -230,6 +232,8 @@ Result<PullRequest> DecodePullRequest(const void* data, size_t size) {
     r.deadline_ms = in.getDeadlineMs();
     if (r.deadline_ms == 0) return InvalidArgument("pull request with deadline 0");
     KVF_ASSIGN_OR_RETURN(r.host_id, ReadName(in.getHostId(), config::kMaxHostIdBytes, "host id"));
+    r.nccl = in.getNccl();
+    r.nccl_comm = in.getNcclComm();
     return r;
   });
 }
@@ -285,6 +289,23 @@ std::string EncodeDone(uint64_t transfer_id, uint32_t count) {
   return wire::Encode(builder);
 }
 
+namespace {
+
+void WriteDeviceBlocks(capnp::List<schema::DeviceBlock>::Builder list, std::span<const DeviceBlock> blocks) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const DeviceBlock& b = blocks[i];
+    auto w = list[static_cast<unsigned>(i)];
+    w.setIndex(b.index);
+    w.setHash(b.hash);
+    auto tokens = w.initTokens(static_cast<unsigned>(b.tokens.size()));
+    for (size_t j = 0; j < b.tokens.size(); ++j) tokens.set(static_cast<unsigned>(j), b.tokens[j]);
+    auto slots = w.initSlots(static_cast<unsigned>(b.slots.size()));
+    for (size_t j = 0; j < b.slots.size(); ++j) slots.set(static_cast<unsigned>(j), b.slots[j]);
+  }
+}
+
+}  // namespace
+
 std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run) {
   capnp::MallocMessageBuilder builder;
   auto out = builder.initRoot<schema::PullReply>();
@@ -295,21 +316,49 @@ std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run) {
     const std::string& h = run.handles[i];
     handles.set(static_cast<unsigned>(i), capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(h.data()), h.size()));
   }
-  auto list = device.initBlocks(static_cast<unsigned>(run.blocks.size()));
-  for (size_t i = 0; i < run.blocks.size(); ++i) {
-    const DeviceBlock& b = run.blocks[i];
-    auto w = list[static_cast<unsigned>(i)];
-    w.setIndex(b.index);
-    w.setHash(b.hash);
-    auto tokens = w.initTokens(static_cast<unsigned>(b.tokens.size()));
-    for (size_t j = 0; j < b.tokens.size(); ++j) tokens.set(static_cast<unsigned>(j), b.tokens[j]);
-    auto slots = w.initSlots(static_cast<unsigned>(b.slots.size()));
-    for (size_t j = 0; j < b.slots.size(); ++j) slots.set(static_cast<unsigned>(j), b.slots[j]);
-  }
+  WriteDeviceBlocks(device.initBlocks(static_cast<unsigned>(run.blocks.size())), run.blocks);
+  return wire::Encode(builder);
+}
+
+std::string EncodeNcclRun(uint64_t transfer_id, const NcclRun& run) {
+  capnp::MallocMessageBuilder builder;
+  auto out = builder.initRoot<schema::PullReply>();
+  out.setTransferId(transfer_id);
+  auto nccl = out.initNccl();
+  nccl.setComm(run.comm);
+  nccl.setUniqueId(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(run.unique_id.data()), run.unique_id.size()));
+  WriteDeviceBlocks(nccl.initBlocks(static_cast<unsigned>(run.blocks.size())), run.blocks);
   return wire::Encode(builder);
 }
 
 namespace {
+
+// A device or nccl run's blocks, each with `slots` slots.
+Result<std::vector<DeviceBlock>> ReadDeviceBlocks(capnp::List<schema::DeviceBlock>::Reader list, size_t slots_each) {
+  if (list.size() > static_cast<size_t>(limits::kMaxPullBlocks)) {
+    return InvalidArgument("device run of " + std::to_string(list.size()) + " blocks, more than " +
+                           std::to_string(limits::kMaxPullBlocks));
+  }
+  std::vector<DeviceBlock> blocks(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) {
+    auto w = list[i];
+    DeviceBlock& b = blocks[i];
+    b.index = w.getIndex();
+    b.hash = w.getHash();
+    auto tokens = w.getTokens();
+    if (tokens.size() > config::kMaxBlockTokens) return InvalidArgument("device block with too many tokens");
+    b.tokens.resize(tokens.size());
+    for (unsigned j = 0; j < tokens.size(); ++j) b.tokens[j] = tokens[j];
+    auto slots = w.getSlots();
+    if (slots.size() != slots_each) {
+      return InvalidArgument("device block " + std::to_string(b.index) + " with " + std::to_string(slots.size()) +
+                             " slots, not " + std::to_string(slots_each));
+    }
+    b.slots.resize(slots.size());
+    for (unsigned j = 0; j < slots.size(); ++j) b.slots[j] = slots[j];
+  }
+  return blocks;
+}
 
 Result<DeviceRun> ReadDeviceRun(schema::DeviceRun::Reader in) {
   DeviceRun run;
@@ -328,29 +377,21 @@ Result<DeviceRun> ReadDeviceRun(schema::DeviceRun::Reader in) {
     }
     run.handles[i].assign(reinterpret_cast<const char*>(h.begin()), h.size());
   }
-  auto list = in.getBlocks();
-  if (list.size() > static_cast<size_t>(limits::kMaxPullBlocks)) {
-    return InvalidArgument("device run of " + std::to_string(list.size()) + " blocks, more than " +
-                           std::to_string(limits::kMaxPullBlocks));
+  KVF_ASSIGN_OR_RETURN(run.blocks, ReadDeviceBlocks(in.getBlocks(), handles.size()));
+  return run;
+}
+
+Result<NcclRun> ReadNcclRun(schema::NcclRun::Reader in) {
+  NcclRun run;
+  run.comm = in.getComm();
+  if (run.comm == 0) return InvalidArgument("nccl run with communicator 0");
+  auto id = in.getUniqueId();
+  if (id.size() != 0 && id.size() != config::kNcclUniqueIdBytes) {
+    return InvalidArgument("nccl unique id of " + std::to_string(id.size()) + " bytes, not " +
+                           std::to_string(config::kNcclUniqueIdBytes));
   }
-  run.blocks.resize(list.size());
-  for (unsigned i = 0; i < list.size(); ++i) {
-    auto w = list[i];
-    DeviceBlock& b = run.blocks[i];
-    b.index = w.getIndex();
-    b.hash = w.getHash();
-    auto tokens = w.getTokens();
-    if (tokens.size() > config::kMaxBlockTokens) return InvalidArgument("device block with too many tokens");
-    b.tokens.resize(tokens.size());
-    for (unsigned j = 0; j < tokens.size(); ++j) b.tokens[j] = tokens[j];
-    auto slots = w.getSlots();
-    if (slots.size() != handles.size()) {
-      return InvalidArgument("device block " + std::to_string(b.index) + " with " + std::to_string(slots.size()) +
-                             " slots for " + std::to_string(handles.size()) + " handles");
-    }
-    b.slots.resize(slots.size());
-    for (unsigned j = 0; j < slots.size(); ++j) b.slots[j] = slots[j];
-  }
+  run.unique_id.assign(reinterpret_cast<const char*>(id.begin()), id.size());
+  KVF_ASSIGN_OR_RETURN(run.blocks, ReadDeviceBlocks(in.getBlocks(), 0));
   return run;
 }
 
@@ -416,6 +457,11 @@ Result<PullReply> DecodePullReply(const void* data, size_t size) {
         reply.body = std::move(run);
         return reply;
       }
+      case schema::PullReply::NCCL: {
+        KVF_ASSIGN_OR_RETURN(NcclRun run, ReadNcclRun(in.getNccl()));
+        reply.body = std::move(run);
+        return reply;
+      }
     }
     return InvalidArgument("pull reply of unknown kind " + std::to_string(static_cast<int>(in.which())));
   });
@@ -447,6 +493,27 @@ Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bo
   return Status::Ok();
 }
 
+namespace {
+
+// Block i of a device or nccl run: index i, hash hashes[i], block_size tokens, `slots` slots.
+Status CheckDeviceBlocks(const PullRequest& request, std::span<const DeviceBlock> blocks, size_t slots) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const DeviceBlock& b = blocks[i];
+    const std::string at = "device block " + std::to_string(i) + ": ";
+    if (b.index != i) return InvalidArgument(at + "index " + std::to_string(b.index) + " out of order");
+    if (b.hash != request.hashes[i]) return InvalidArgument(at + "hash is not the one asked for");
+    if (b.tokens.size() != request.block_size) {
+      return InvalidArgument(at + std::to_string(b.tokens.size()) + " tokens, not " + std::to_string(request.block_size));
+    }
+    if (b.slots.size() != slots) {
+      return InvalidArgument(at + std::to_string(b.slots.size()) + " slots, not " + std::to_string(slots));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run) {
   const size_t pools = request.layout.pools.size();
   if (run.handles.size() != pools) {
@@ -457,19 +524,24 @@ Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run) {
     return InvalidArgument("device run of " + std::to_string(run.blocks.size()) + " blocks for a chain of " +
                            std::to_string(request.hashes.size()));
   }
-  for (size_t i = 0; i < run.blocks.size(); ++i) {
-    const DeviceBlock& b = run.blocks[i];
-    const std::string at = "device block " + std::to_string(i) + ": ";
-    if (b.index != i) return InvalidArgument(at + "index " + std::to_string(b.index) + " out of order");
-    if (b.hash != request.hashes[i]) return InvalidArgument(at + "hash is not the one asked for");
-    if (b.tokens.size() != request.block_size) {
-      return InvalidArgument(at + std::to_string(b.tokens.size()) + " tokens, not " + std::to_string(request.block_size));
-    }
-    if (b.slots.size() != pools) {
-      return InvalidArgument(at + std::to_string(b.slots.size()) + " slots for " + std::to_string(pools) + " pools");
-    }
+  return CheckDeviceBlocks(request, run.blocks, pools);
+}
+
+Status CheckNcclRun(const PullRequest& request, const NcclRun& run) {
+  if (!request.nccl) return InvalidArgument("an nccl answer to a pull that did not offer NCCL");
+  if (run.comm == 0) return InvalidArgument("nccl run with communicator 0");
+  if (run.unique_id.empty() && (request.nccl_comm == 0 || run.comm != request.nccl_comm)) {
+    return InvalidArgument("nccl run on communicator " + std::to_string(run.comm) +
+                           " without a unique id, which the pull did not name");
   }
-  return Status::Ok();
+  if (!run.unique_id.empty() && run.unique_id.size() != config::kNcclUniqueIdBytes) {
+    return InvalidArgument("nccl unique id of " + std::to_string(run.unique_id.size()) + " bytes");
+  }
+  if (run.blocks.size() > request.hashes.size()) {
+    return InvalidArgument("nccl run of " + std::to_string(run.blocks.size()) + " blocks for a chain of " +
+                           std::to_string(request.hashes.size()));
+  }
+  return CheckDeviceBlocks(request, run.blocks, 0);
 }
 
 uint64_t EncodedBlockBytes(const Block& b) {

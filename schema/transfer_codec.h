@@ -34,6 +34,8 @@ constexpr uint32_t kMaxBlockTokens = 1 << 16;
 constexpr size_t kMaxDeviceHandleBytes = 256;
 // PullRequest::host_id: a host name or machine id.
 constexpr size_t kMaxHostIdBytes = 256;
+// NcclRun::unique_id: an ncclUniqueId (NCCL_UNIQUE_ID_BYTES).
+constexpr size_t kNcclUniqueIdBytes = 128;
 }  // namespace config
 
 enum class KvDtype : uint8_t { kBf16, kFp8E4M3, kFp32, kNone };
@@ -88,6 +90,10 @@ struct PullRequest {
   // A release frame: the receiver has copied the DeviceRun of transfer_id and the holder may
   // unpin it. Every other field is unset and ignored.
   bool release = false;
+  // The receiver can receive blocks by NCCL send/recv: the holder may answer with an NcclRun.
+  bool nccl = false;
+  // The holder's number (NcclRun::comm) of the communicator this receiver keeps with it; 0: none.
+  uint64_t nccl_comm = 0;
   bool operator==(const PullRequest&) const = default;
 };
 
@@ -128,15 +134,25 @@ struct DeviceRun {
   bool operator==(const DeviceRun&) const = default;
 };
 
+// An answer by NCCL: the holder sends the run with ncclSend right after this frame, on the
+// pair's communicator `comm` (a new one when unique_id is set: holder rank 0, receiver rank
+// 1), each block's pools in order; the receiver receives them into blocks of its own.
+struct NcclRun {
+  uint64_t comm = 0;                // the holder's number for the communicator, non-zero
+  std::string unique_id;            // empty, or kNcclUniqueIdBytes: create `comm` from it
+  std::vector<DeviceBlock> blocks;  // indexes 0..n-1, slots empty
+  bool operator==(const NcclRun&) const = default;
+};
+
 struct PullReply {
   uint64_t transfer_id = 0;
-  std::variant<Refusal, std::vector<Block>, Done, DeviceRun> body;
+  std::variant<Refusal, std::vector<Block>, Done, DeviceRun, NcclRun> body;
 };
 
 // XXH3_64 (seed 0) of a block's bytes in one pool.
 uint64_t Checksum(std::span<const std::byte> bytes);
 
-// A request without host_id and release is written exactly as before they existed (the
+// A request without host_id, release and nccl is written exactly as before they existed (the
 // struct at its first size), so old frames and transfer_vectors.txt stay byte for byte.
 std::string EncodePullRequest(const PullRequest& request);
 // A release frame for `transfer_id` (PullRequest::release).
@@ -157,12 +173,14 @@ std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::strin
 std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks);
 std::string EncodeDone(uint64_t transfer_id, uint32_t count);
 std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run);
+std::string EncodeNcclRun(uint64_t transfer_id, const NcclRun& run);
 // Decodes one PullReply frame: a non-zero transfer id, a known refusal reason, and blocks
 // whose token, data and checksum lists are within limits and data and checksums agree in
 // count; a device run of 1 to kMaxKvPools handles of 1 to kMaxDeviceHandleBytes bytes, at
 // most limits::kMaxPullBlocks blocks of at most kMaxBlockTokens tokens and one slot per
-// handle. What a block or run must be for the request it answers is CheckBlock's and
-// CheckDeviceRun's.
+// handle; an nccl run with a non-zero comm, a unique id empty or of kNcclUniqueIdBytes, and
+// blocks as a device run's without slots. What a block or run must be for the request it
+// answers is CheckBlock's, CheckDeviceRun's and CheckNcclRun's.
 Result<PullReply> DecodePullReply(const void* data, size_t size);
 
 // Checks block `b` as the `index`-th block answering `request`: its index, its hash
@@ -175,6 +193,12 @@ Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bo
 // blocks as hashes, block i with index i, hash hashes[i], block_size tokens and one slot per
 // pool. InvalidArgument otherwise.
 Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run);
+
+// Checks `run` as the answer to `request`: a request that offered NCCL, a non-zero comm, a
+// unique id only where the request named no communicator or another one, at most as many
+// blocks as hashes, block i with index i, hash hashes[i], block_size tokens and no slots.
+// InvalidArgument otherwise.
+Status CheckNcclRun(const PullRequest& request, const NcclRun& run);
 
 // An upper bound on the bytes `b` adds to an EncodeBlocks frame: a holder packs frames by it.
 uint64_t EncodedBlockBytes(const Block& b);

@@ -3,7 +3,8 @@
 // longer than the pinned staging; an fp8 cache says it cannot move blocks; and two in-process
 // cuda workers on one GPU: a Generate whose PullHint names the worker that computed its prefix
 // pulls the blocks over the TransferService and gives the computed prefix's greedy tokens;
-// and the same across two processes, where the pull copies device to device (CUDA IPC).
+// and the same across two processes, where the pull copies device to device (CUDA IPC), or,
+// with the receiver on a second GPU and IPC off, moves by NCCL send/recv.
 //
 // Needs a GPU (label gpu).
 #include <doctest/doctest.h>
@@ -26,6 +27,7 @@
 #include <zmq.hpp>
 
 #include "schema/requests.h"
+#include "tests/common/http/test_client.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 #include "tests/gpu/cuda_parity.h"
@@ -167,19 +169,22 @@ TEST_CASE("two cuda workers: a prefix pulled from the worker that computed it gi
   CHECK(fresh.cached_device_tokens == 0);
 }
 
-// The holder of the two-process case below, run in a child process (this binary again,
-// started with --no-skip and this case's name): it starts a cuda worker, writes its endpoints
-// to KVFLEET_IPC_HOLDER_FD and serves until KVFLEET_IPC_STOP_FD closes.
+// The holder of the two-process cases below, run in a child process (this binary again,
+// started with --no-skip and this case's name): it starts a cuda worker on GPU 0 (NCCL too
+// with KVFLEET_IPC_NCCL=1), writes its endpoints to KVFLEET_IPC_HOLDER_FD and serves until
+// KVFLEET_IPC_STOP_FD closes.
 TEST_CASE("cuda IPC holder process" * doctest::skip()) {
   const char* up = std::getenv("KVFLEET_IPC_HOLDER_FD");
   const char* stop = std::getenv("KVFLEET_IPC_STOP_FD");
   const char* model = std::getenv("KVFLEET_IPC_MODEL");
+  const char* nccl = std::getenv("KVFLEET_IPC_NCCL");
   REQUIRE(up != nullptr);
   REQUIRE(stop != nullptr);
   REQUIRE(model != nullptr);
   zmq::context_t context;
   server::WorkerConfig c = CudaWorkerConfig(model);
   c.transfer_ipc = true;
+  c.transfer_nccl = nccl != nullptr && std::string(nccl) == "1";
   RunningWorker a(c, context);
   const std::string line =
       a.worker->requests_endpoint() + "\n" + a.worker->transfer_endpoint() + "\n" + a.worker->worker_id() + "\n";
@@ -190,15 +195,23 @@ TEST_CASE("cuda IPC holder process" * doctest::skip()) {
   }
 }
 
-TEST_CASE("two cuda workers in two processes: the pull copies the holder's device blocks (CUDA IPC)") {
-  const std::string model = RandomModelDir("tiny", 1);
+// The holder child of the two-process cases: its requests endpoint, transfer endpoint and
+// worker id; closing stop_fd ends it.
+struct HolderProcess {
+  std::vector<std::string> endpoints;
+  pid_t pid = -1;
+  int stop_fd = -1;
+};
+
+HolderProcess StartHolderProcess(const std::string& model, bool nccl) {
   int up[2], stop[2];
   REQUIRE(pipe(up) == 0);
   REQUIRE(pipe(stop) == 0);
   // Everything the child needs is made before fork: it only closes and execs (a fresh image,
   // without this process's CUDA state or locks).
   std::vector<std::string> vars = {"KVFLEET_IPC_HOLDER_FD=" + std::to_string(up[1]),
-                                   "KVFLEET_IPC_STOP_FD=" + std::to_string(stop[0]), "KVFLEET_IPC_MODEL=" + model};
+                                   "KVFLEET_IPC_STOP_FD=" + std::to_string(stop[0]), "KVFLEET_IPC_MODEL=" + model,
+                                   std::string("KVFLEET_IPC_NCCL=") + (nccl ? "1" : "0")};
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   for (std::string& v : vars) envp.push_back(v.data());
@@ -219,10 +232,28 @@ TEST_CASE("two cuda workers in two processes: the pull copies the holder's devic
   char buf[512];
   for (ssize_t n; (n = read(up[0], buf, sizeof(buf))) > 0;) text.append(buf, static_cast<size_t>(n));
   close(up[0]);
-  std::vector<std::string> a;  // requests, transfer endpoint, worker id
-  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) a.push_back(text.substr(at, nl - at));
-  REQUIRE(a.size() == 3);
+  HolderProcess h;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) {
+    h.endpoints.push_back(text.substr(at, nl - at));
+  }
+  h.pid = child;
+  h.stop_fd = stop[1];
+  return h;
+}
 
+void StopHolderProcess(HolderProcess& h) {
+  close(h.stop_fd);
+  int status = 0;
+  REQUIRE(waitpid(h.pid, &status, 0) == h.pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("two cuda workers in two processes: the pull copies the holder's device blocks (CUDA IPC)") {
+  const std::string model = RandomModelDir("tiny", 1);
+  HolderProcess holder = StartHolderProcess(model, false);
+  const std::vector<std::string>& a = holder.endpoints;  // requests, transfer endpoint, worker id
+  REQUIRE(a.size() == 3);
   {
     zmq::context_t context;
     server::WorkerConfig c = CudaWorkerConfig(model);
@@ -253,11 +284,66 @@ TEST_CASE("two cuda workers in two processes: the pull copies the holder's devic
     CHECK(again.cached_device_tokens == 96);
     CHECK(again.tokens == computed.tokens);
   }
-  close(stop[1]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  StopHolderProcess(holder);
+}
+
+TEST_CASE("two cuda workers in two processes on two GPUs, IPC off: the pull moves the holder's device blocks by NCCL") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 2) {
+    // NCCL refuses two ranks on one GPU: the pair needs two.
+    MESSAGE("SKIPPED: KV transfer by NCCL needs 2 GPUs, this machine has " << devices);
+    return;
+  }
+  const std::string model = RandomModelDir("tiny", 1);
+  HolderProcess holder = StartHolderProcess(model, true);
+  const std::vector<std::string>& a = holder.endpoints;  // requests, transfer endpoint, worker id
+  REQUIRE(a.size() == 3);
+  {
+    zmq::context_t context;
+    server::WorkerConfig c = CudaWorkerConfig(model);
+    c.transfer_ipc = false;  // as across hosts or IPC namespaces: the holder cannot answer `device`
+    c.transfer_nccl = true;
+    c.device = 1;
+    RunningWorker b(c, context);
+    std::vector<TokenId> prompt(100);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(1000 + 7 * i);
+    const Answer computed = Ask(context, a[0], prompt);
+    REQUIRE(computed.finished);
+    const PullHint from_a{a[1], "", 6, a[2]};
+    // The first pull sets up the pair's communicator; the second, of another prompt, reuses it.
+    const Answer pulled = Ask(context, b.worker->requests_endpoint(), prompt, from_a);
+    REQUIRE(pulled.finished);
+    CHECK(pulled.cached_device_tokens == 96);
+    CHECK(pulled.tokens == computed.tokens);
+    std::vector<TokenId> second = prompt;
+    second[0] = 999;
+    const Answer computed2 = Ask(context, a[0], second);
+    const Answer pulled2 = Ask(context, b.worker->requests_endpoint(), second, from_a);
+    CHECK(pulled2.cached_device_tokens == 96);
+    CHECK(pulled2.tokens == computed2.tokens);
+    const transfer::TransferStats stats = b.worker->transfer_stats();
+    REQUIRE(stats.pulls.count(a[1]) == 1);
+    const transfer::SourceStats& src = stats.pulls.at(a[1]);
+    CHECK(src.nccl == 2);    // by NCCL,
+    CHECK(src.device == 0);  // not CUDA IPC
+    CHECK(src.blocks == 12);
+    CHECK(src.nccl_copy_bytes == src.bytes);  // every block received
+    CHECK(src.nccl_copy_seconds > 0);
+    // B holds them now, and recomputing agrees: B's answer for a prompt it computes itself.
+    const Answer again = Ask(context, b.worker->requests_endpoint(), prompt);
+    CHECK(again.cached_device_tokens == 96);
+    CHECK(again.tokens == computed.tokens);
+    // /metrics counts the NCCL pulls (refreshed every 250 ms while idle).
+    std::string metrics;
+    for (int i = 0; i < 100 && metrics.find("kvfleet_worker_kv_nccl_pulls_total 2") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      metrics = http::testing::BodyOf(http::testing::Roundtrip(b.worker->http_port(), "GET", "/metrics"));
+    }
+    CHECK(metrics.find("kvfleet_worker_kv_nccl_pulls_total 2") != std::string::npos);
+    CHECK(metrics.find("kvfleet_worker_kv_nccl_copy_bytes_total{source=\"" + a[1]) != std::string::npos);
+  }
+  StopHolderProcess(holder);
 }
 
 }  // namespace

@@ -398,5 +398,103 @@ TEST_CASE("CheckDeviceRun refuses a run out of order, of another hash, tokens, h
   CHECK(CheckDeviceRun(r, run).message().find("chain of 2") != std::string::npos);
 }
 
+// An NCCL answer to ExampleRequest offering NCCL: both blocks, a new communicator.
+NcclRun ExampleNcclRun() {
+  NcclRun run;
+  run.comm = 41;
+  run.unique_id = std::string(config::kNcclUniqueIdBytes, '\x5a');
+  run.blocks = {DeviceBlock{0, 0x276a80ee59a83ca7ULL, {1, 2, 3, 4}, {}},
+                DeviceBlock{1, 0x48a3b26c8ba2c36dULL, {5, 6, 7, 8}, {}}};
+  return run;
+}
+
+TEST_CASE("a request offering NCCL round-trips; an old holder reads the fields it knows, and an old receiver's request offers none") {
+  PullRequest r = ExampleRequest();
+  r.nccl = true;
+  r.nccl_comm = 41;
+  const std::string frame = EncodePullRequest(r);
+  auto back = DecodeRequest(frame);
+  REQUIRE(back.ok());
+  CHECK(*back == r);
+  CHECK(back->host_id.empty());
+  // An old holder's reader: every field up to release unchanged, the new ones unseen.
+  Aligned a(frame);
+  auto msg = wire::Decode<schema::PullRequest>(a.data(), a.size);
+  REQUIRE(msg.ok());
+  auto old = (*msg)->Root<schema::PullRequest>();
+  CHECK(old.getDeadlineMs() == 2000);
+  CHECK(old.getHashes().size() == 2);
+  CHECK_FALSE(old.getRelease());
+  // An old receiver's request (the first encoding, the vector's bytes) offers no NCCL.
+  back = DecodeRequest(LoadTransferVectors().at("pull request"));
+  REQUIRE(back.ok());
+  CHECK_FALSE(back->nccl);
+  CHECK(back->nccl_comm == 0);
+  // Only the communicator named (a receiver that keeps one) is enough to leave the first encoding.
+  r.nccl = false;
+  CHECK(EncodePullRequest(r) != EncodePullRequest(ExampleRequest()));
+  CHECK(DecodeRequest(EncodePullRequest(r))->nccl_comm == 41);
+}
+
+TEST_CASE("an nccl run round-trips and matches the request it answers") {
+  PullRequest r = ExampleRequest();
+  r.nccl = true;
+  const NcclRun run = ExampleNcclRun();
+  auto back = DecodeReply(EncodeNcclRun(7, run));
+  REQUIRE(back.ok());
+  CHECK(back->transfer_id == 7);
+  REQUIRE(std::holds_alternative<NcclRun>(back->body));
+  CHECK(std::get<NcclRun>(back->body) == run);
+  CHECK(CheckNcclRun(r, run).ok());
+  // The communicator the request named, reused: no unique id.
+  NcclRun reuse = run;
+  reuse.unique_id.clear();
+  back = DecodeReply(EncodeNcclRun(7, reuse));
+  REQUIRE(back.ok());
+  CHECK(std::get<NcclRun>(back->body) == reuse);
+  CHECK(!CheckNcclRun(r, reuse).ok());  // the request named none
+  r.nccl_comm = 41;
+  CHECK(CheckNcclRun(r, reuse).ok());
+  r.nccl_comm = 40;
+  CHECK(CheckNcclRun(r, reuse).message().find("did not name") != std::string::npos);
+  CHECK(CheckNcclRun(r, run).ok());  // a new communicator replaces the one named
+  NcclRun empty = run;
+  empty.blocks.clear();
+  CHECK(CheckNcclRun(r, empty).ok());
+}
+
+TEST_CASE("an nccl run that breaks Contract 4 does not decode or fails CheckNcclRun") {
+  auto fails = [](const NcclRun& run) { return !DecodeReply(EncodeNcclRun(7, run)).ok(); };
+  NcclRun run = ExampleNcclRun();
+  run.comm = 0;
+  CHECK(fails(run));
+  run = ExampleNcclRun();
+  run.unique_id.pop_back();
+  CHECK(fails(run));  // not an ncclUniqueId's size
+  run = ExampleNcclRun();
+  run.blocks[0].slots = {3};
+  CHECK(fails(run));  // the receiver names its own blocks
+  run = ExampleNcclRun();
+  run.blocks.assign(wire::limits::kMaxPullBlocks + 1, DeviceBlock{0, 1, {}, {}});
+  CHECK(fails(run));
+
+  PullRequest r = ExampleRequest();
+  auto check = [&](const NcclRun& run) { return CheckNcclRun(r, run).message(); };
+  CHECK(check(ExampleNcclRun()).find("did not offer NCCL") != std::string::npos);
+  r.nccl = true;
+  run = ExampleNcclRun();
+  std::swap(run.blocks[0], run.blocks[1]);
+  CHECK(check(run).find("out of order") != std::string::npos);
+  run = ExampleNcclRun();
+  run.blocks[1].hash ^= 1;
+  CHECK(check(run).find("hash") != std::string::npos);
+  run = ExampleNcclRun();
+  run.blocks[0].tokens.pop_back();
+  CHECK(check(run).find("tokens") != std::string::npos);
+  run = ExampleNcclRun();
+  run.blocks.push_back(DeviceBlock{2, 99, {9, 10, 11, 12}, {}});
+  CHECK(check(run).find("chain of 2") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvfleet::transfer

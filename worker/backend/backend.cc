@@ -155,6 +155,10 @@ Status ModelBackend::WriteKvBlocks(uint32_t /*pool*/, std::span<const BlockId> /
 
 std::vector<std::string> ModelBackend::ExportKvDevice() { return {}; }
 
+Result<std::unique_ptr<KvNccl>> ModelBackend::MakeKvNccl(std::function<void()> /*on_done*/) {
+  return FailedPrecondition("the " + std::string(name()) + " backend moves no device blocks by NCCL (cuda workers do)");
+}
+
 Status ModelBackend::CopyKvBlocksFromPeer(uint32_t /*pool*/, const std::string& /*handle*/,
                                           std::span<const BlockId> /*src*/, std::span<const BlockId> /*dst*/) {
   return FailedPrecondition("the " + std::string(name()) + " backend copies no device blocks from another process");

@@ -55,6 +55,7 @@
 #include "common/status.h"
 #include "grammar/grammar.h"
 #include "schema/sampling.h"
+#include "worker/backend/kv_nccl.h"
 #include "worker/backend/sampler.h"
 #include "worker/kv/block_copier.h"
 #include "worker/kv/kv_config.h"
@@ -277,6 +278,11 @@ class ModelBackend {
   // exporter keeps `src` unchanged until then. Called between steps.
   virtual Status CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
                                       std::span<const BlockId> dst);
+  // NCCL point-to-point transfers of device blocks with other workers (Contract 4's `nccl`
+  // answer, kv_nccl.h); `on_done` is called whenever a transfer ends. FailedPrecondition,
+  // saying why, when this backend cannot (cpu, mock, an fp8 cache, tensor parallelism, a
+  // build without NCCL). Once, at start-up.
+  virtual Result<std::unique_ptr<KvNccl>> MakeKvNccl(std::function<void()> on_done);
 
   // LoRA. Adapter slots on the device: 0 when the backend serves no adapters.
   virtual int32_t max_loras() const { return 0; }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <utility>
 
 #include "common/block_hash.h"
@@ -11,8 +12,10 @@
 namespace kvfleet::server {
 
 KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
-                 backend::ModelBackend* backend, engine::Engine* engine)
-    : options_(options), service_(service), kv_(kv), backend_(backend), engine_(engine) {
+                 backend::ModelBackend* backend, engine::Engine* engine, backend::KvNccl* nccl)
+    : options_(options), service_(service), kv_(kv), backend_(backend), engine_(engine), nccl_(nccl) {
+  // Communicator numbers from a random start: a restarted holder never repeats one a receiver keeps.
+  next_comm_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
   const backend::KvTransferFormat format = backend_->kv_transfer_format();
   const std::optional<transfer::KvDtype> dtype = transfer::ParseKvDtype(format.dtype);
   if (!dtype) {
@@ -93,11 +96,20 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   pull.hashes.assign(hashes.begin() + plan->first_block, hashes.end());
   pull.layout = *layout_;
   if (device_ && no_device_sources_.count(hint.source) == 0) pull.host_id = options_.host_id;
+  if (nccl()) {
+    pull.nccl = true;
+    pull.nccl_comm = nccl_->CommFor(hint.source);
+  }
   // The router's bound (twice its predicted time), within this worker's own.
   const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
   const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
-  pending_.emplace(transfer_id, Pending{id, *plan, std::move(tokens), hasher.seed(), {}});
+  Pending p;
+  p.request = id;
+  p.plan = *plan;
+  p.tokens = std::move(tokens);
+  p.seed = hasher.seed();
+  pending_.emplace(transfer_id, std::move(p));
   engine_->Hold(id);
   ++stats_.started;
 }
@@ -106,6 +118,10 @@ void KvPulls::Poll() {
   if (service_ == nullptr) return;
   for (const transfer::IncomingPull& pull : service_->TakePulls()) Serve(pull);
   for (const transfer::Released& r : service_->TakeReleases()) {
+    if (r.nccl) {
+      NcclAnswered(r);
+      continue;
+    }
     auto it = held_.find({r.peer_token, r.transfer_id});
     if (it == held_.end()) continue;
     kv_->UnpinChain(it->second);
@@ -113,11 +129,17 @@ void KvPulls::Poll() {
   }
   stats_.device_held = held_.size();
   for (transfer::PullResult& result : service_->TakeResults()) {
+    // An answer this side will not receive: its holder sends it all the same, so the pair's
+    // communicator would pair that send with a later receive. It is not used again.
+    if (result.nccl_abandoned && nccl_ != nullptr) nccl_->Forget(result.source);
     auto it = pending_.find(result.transfer_id);
     if (it == pending_.end()) continue;
+    if (result.nccl && ReceiveNccl(it->second, result)) continue;  // ends in PollNccl
     Finish(it->second, result);
     pending_.erase(it);
   }
+  PollNccl();
+  stats_.nccl_held = nccl_held_.size();
 }
 
 void KvPulls::Serve(const transfer::IncomingPull& pull) {
@@ -136,7 +158,7 @@ void KvPulls::Serve(const transfer::IncomingPull& pull) {
   if (r.model != options_.model) {
     return refuse(transfer::RefusalReason::kNotHeld, "this worker serves '" + options_.model + "', not '" + r.model + "'");
   }
-  if (ServeDevice(pull)) return;
+  if (ServeDevice(pull) || ServeNccl(pull)) return;
   std::vector<transfer::Block> blocks;
   const size_t num_pools = layout_->pools.size();
   const bool bytes = layout_->dtype != transfer::KvDtype::kNone;
@@ -169,19 +191,15 @@ void KvPulls::Serve(const transfer::IncomingPull& pull) {
 
 bool KvPulls::ServeDevice(const transfer::IncomingPull& pull) {
   const transfer::PullRequest& r = pull.request;
-  if (!device_ || r.host_id != options_.host_id) return false;
-  std::vector<kv::ExportedBlock> run = kv_->PinChain(r.parent_hash, r.hashes);
-  size_t n = 0;  // the leading run on the device; a block on the host tier goes as bytes
-  while (n < run.size() && std::all_of(run[n].pools.begin(), run[n].pools.end(),
-                                       [](const kv::BlockLocation& l) { return l.tier == kv::Tier::kDevice; })) {
-    ++n;
-  }
+  if (!device_ || r.host_id != options_.host_id || held_.count({pull.peer_token, r.transfer_id}) != 0) return false;
+  std::vector<kv::ExportedBlock> run = PinDeviceRun(r);
   std::vector<std::string> handles;
-  if (n > 0 && held_.count({pull.peer_token, r.transfer_id}) == 0) handles = backend_->ExportKvDevice();
-  if (handles.empty()) n = 0;
-  kv_->UnpinChain(std::span(run).subspan(n));
-  run.resize(n);
-  if (n == 0) return false;
+  if (!run.empty()) handles = backend_->ExportKvDevice();
+  if (handles.empty()) {
+    kv_->UnpinChain(run);
+    return false;
+  }
+  const size_t n = run.size();
   transfer::DeviceRun out;
   out.handles = std::move(handles);
   for (size_t i = 0; i < n; ++i) {
@@ -196,6 +214,18 @@ bool KvPulls::ServeDevice(const transfer::IncomingPull& pull) {
   ++stats_.device_served;
   service_->ServeDevice(pull.peer_token, r.transfer_id, std::move(out));
   return true;
+}
+
+std::vector<kv::ExportedBlock> KvPulls::PinDeviceRun(const transfer::PullRequest& r) {
+  std::vector<kv::ExportedBlock> run = kv_->PinChain(r.parent_hash, r.hashes);
+  size_t n = 0;  // the leading run on the device; a block on the host tier goes as bytes
+  while (n < run.size() && std::all_of(run[n].pools.begin(), run[n].pools.end(),
+                                       [](const kv::BlockLocation& l) { return l.tier == kv::Tier::kDevice; })) {
+    ++n;
+  }
+  kv_->UnpinChain(std::span(run).subspan(n));
+  run.resize(n);
+  return run;
 }
 
 uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good) {
@@ -224,21 +254,30 @@ uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result,
   return good;
 }
 
-void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
+uint32_t KvPulls::CountGood(const Pending& p, const transfer::PullResult& result, size_t received) {
+  if (result.outcome != transfer::PullOutcome::kOk) return 0;
   const uint32_t B = kv_->block_size();
   const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
-  const size_t received = result.device ? result.device->blocks.size() : result.blocks.size();
   uint32_t good = 0;
-  if (result.outcome == transfer::PullOutcome::kOk) {
-    // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
-    for (size_t j = 0; j < received; ++j) {
-      const std::vector<TokenId>& tokens = result.device ? result.device->blocks[j].tokens : result.blocks[j].tokens;
-      const size_t at = size_t{p.plan.first_block + good} * B;
-      if (good >= wanted || !std::equal(tokens.begin(), tokens.end(), p.tokens.begin() + at)) break;
-      ++good;
-    }
-    if (good < received) ++stats_.token_mismatches;
+  // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
+  for (size_t j = 0; j < received; ++j) {
+    const std::vector<TokenId>& tokens = result.device ? result.device->blocks[j].tokens
+                                         : result.nccl ? result.nccl->blocks[j].tokens
+                                                       : result.blocks[j].tokens;
+    const size_t at = size_t{p.plan.first_block + good} * B;
+    if (good >= wanted || !std::equal(tokens.begin(), tokens.end(), p.tokens.begin() + at)) break;
+    ++good;
   }
+  if (good < received) ++stats_.token_mismatches;
+  return good;
+}
+
+void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
+  const size_t received = result.device ? result.device->blocks.size()
+                          : result.nccl ? result.nccl->blocks.size()
+                                        : result.blocks.size();
+  uint32_t good = CountGood(p, result, received);
+  if (result.nccl) good = 0;  // an NCCL run not received (ReceiveNccl could not post it)
   bool copy_failed = false, late = false;
   if (result.device) {
     // The holder keeps the run pinned until its deadline plus kDeviceHoldGrace, no longer. Its
@@ -272,17 +311,20 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
       }
     }
   }
+  const bool ok = result.outcome == transfer::PullOutcome::kOk;
+  const std::string why = late                      ? "late"
+                          : copy_failed             ? "copy_failed"
+                          : ok && result.nccl       ? "nccl_failed"
+                          : ok && good < received   ? "token_mismatch"
+                          : ok                      ? "short"
+                                                    : std::string(PullOutcomeName(result.outcome));
+  Complete(p, good, why);
+}
+
+void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
   kv_->EndImport(p.plan, good);
   stats_.imported_blocks += good;
-  if (good < wanted) {
-    const bool ok = result.outcome == transfer::PullOutcome::kOk;
-    const std::string why = late                      ? "late"
-                            : copy_failed             ? "copy_failed"
-                            : ok && good < received   ? "token_mismatch"
-                            : ok                      ? "short"
-                                                      : std::string(PullOutcomeName(result.outcome));
-    ++stats_.fallbacks[why];
-  }
+  if (good < p.plan.num_blocks - p.plan.first_block) ++stats_.fallbacks[why];
   engine_->Unhold(p.request);
   for (engine::RequestId w : p.waiters) engine_->Unhold(w);
 }

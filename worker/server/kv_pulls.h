@@ -21,6 +21,15 @@
 // copies device to device, then releases. A holder it cannot map (another IPC namespace,
 // the same process) is asked for bytes from then on.
 //
+// NCCL (a backend::KvNccl, --transfer-nccl): where CUDA IPC is not possible (a pull without a
+// host id, or another host's), a pull offering NCCL gets the leading device run by NCCL
+// send/recv (kv_pulls_nccl.cc). The holder answers with the pair's communicator (a new one
+// when the receiver names none or another), keeps the run pinned, and sends it once its
+// answer has left; the receiver receives the whole run into the blocks it allocated, in the
+// order the answers came, and imports the verified leading run when the receive ends. A
+// failed or late transfer costs that pull's prefix (`pull_fallbacks{reason="nccl_failed"}`),
+// never the request, and the pair's next pull sets up a new communicator.
+//
 // Thread safety: thread-compatible; the engine thread calls every method.
 #pragma once
 
@@ -38,6 +47,13 @@
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
 #include "worker/transfer/transfer_service.h"
+
+namespace kvfleet::server::config {
+// The first pull between two workers sets up their NCCL communicator (measured 0.5 to 0.65 s
+// on one H200 host): its transfer may take this long from its answer even past the pull's
+// deadline, so a short deadline cannot keep a pair from ever meeting. Later pulls reuse it.
+constexpr DurationNs kNcclSetupTimeout = 3 * kNsPerSec;
+}  // namespace kvfleet::server::config
 
 namespace kvfleet::server {
 
@@ -71,14 +87,19 @@ struct KvPullStats {
   uint64_t device_pulls = 0;      // pulls answered with device blocks, copied here (CUDA IPC)
   uint64_t device_served = 0;     // pulls this worker answered with its device blocks
   uint64_t device_held = 0;       // of those, still pinned for their receivers now
+  uint64_t nccl_pulls = 0;        // pulls whose run was received here by NCCL
+  uint64_t nccl_served = 0;       // pulls this worker answered by NCCL
+  uint64_t nccl_send_failures = 0;  // of those, runs whose send failed or timed out
+  uint64_t nccl_held = 0;         // runs pinned now for an NCCL answer (sending or to send)
 };
 
 class KvPulls {
  public:
   // `service` may be null: no pulls, and pulls from others are never seen. The pointers
   // outlive this object.
+  // `nccl` may be null too: no NCCL transfers.
   KvPulls(const KvPullsOptions& options, transfer::TransferService* service, kv::KvCacheManager* kv,
-          backend::ModelBackend* backend, engine::Engine* engine);
+          backend::ModelBackend* backend, engine::Engine* engine, backend::KvNccl* nccl = nullptr);
 
   // This worker's block layout, as a PullRequest carries it; nullopt when its backend or KV
   // setup cannot move blocks (and unsupported() says why).
@@ -87,6 +108,8 @@ class KvPulls {
   // Whether pulls with workers on this host copy device blocks (options.host_id, a cuda backend).
   bool device() const { return device_; }
   const std::string& host_id() const { return options_.host_id; }
+  // Whether pulls offer, and answers may use, NCCL (a KvNccl, and blocks that can move).
+  bool nccl() const { return nccl_ != nullptr && layout_.has_value(); }
 
   // Whether Start wants to see a request that came with `hint`: a hint, or pulls in flight
   // that it may wait for.
@@ -109,6 +132,16 @@ class KvPulls {
     std::vector<TokenId> tokens;  // the prompt's hinted blocks
     uint64_t seed = 0;            // their hash namespace (Contract 1)
     std::vector<engine::RequestId> waiters;  // later requests holding for this pull
+    // Receiving by NCCL: the run's blocks, its verified leading run, and the holder.
+    uint32_t nccl_received = 0;
+    uint32_t nccl_good = 0;
+    std::string nccl_source;
+  };
+  // Holder: a run pinned for an NCCL answer, sent once the answer has left.
+  struct NcclHeld {
+    std::vector<kv::ExportedBlock> run;
+    backend::KvNccl::Transfer transfer;  // blocks, peer, comm and unique id; id and timeout at Submit
+    TimeNs deadline = 0;                 // the pull's, on the service's clock
   };
   // Holds `id` for a pull in flight whose first pulled block its prompt has, if any.
   bool WaitForPull(engine::RequestId id, const engine::GenerateRequest& request);
@@ -116,7 +149,23 @@ class KvPulls {
   // Serve's same-host path: pins the leading run on the device and sends its slots; false
   // when there is none to send that way (the bytes path answers).
   bool ServeDevice(const transfer::IncomingPull& pull);
+  // Pins the leading run of `r`'s chain that lies in the device pools; empty when none does.
+  std::vector<kv::ExportedBlock> PinDeviceRun(const transfer::PullRequest& r);
+  // kv_pulls_nccl.cc. Serve's NCCL path: pins the leading device run and answers with the
+  // pair's communicator; false when there is none to send that way.
+  bool ServeNccl(const transfer::IncomingPull& pull);
+  // Holder: the answer `r` left (send the run now) or did not (unpin).
+  void NcclAnswered(const transfer::Released& r);
+  // Receiver: posts the receive of an `nccl` answer; false when it cannot (the pull ends now).
+  bool ReceiveNccl(Pending& p, const transfer::PullResult& result);
+  // Both: NCCL transfers that ended.
+  void PollNccl();
+  // The verified leading run of an ok result: blocks whose tokens are the prompt's.
+  uint32_t CountGood(const Pending& p, const transfer::PullResult& result, size_t received);
   void Finish(Pending& p, transfer::PullResult& result);
+  // Ends pull `p` with `good` blocks imported: stores them, counts a fallback `why` when fewer
+  // than wanted, unholds its requests.
+  void Complete(Pending& p, uint32_t good, const std::string& why);
   // Finish's same-host path: copies the verified leading run `good` from the holder's device
   // blocks; returns how many were written.
   uint32_t CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good);
@@ -133,6 +182,15 @@ class KvPulls {
   // Holder: runs pinned for receivers copying them, by (peer token, transfer id).
   std::map<std::pair<uint64_t, uint64_t>, std::vector<kv::ExportedBlock>> held_;
   std::set<std::string> no_device_sources_;  // holders whose device blocks could not be mapped here
+  backend::KvNccl* nccl_ = nullptr;
+  // Holder: NCCL answers by (peer token, transfer id), pinned until their send ends.
+  std::map<std::pair<uint64_t, uint64_t>, NcclHeld> nccl_held_;
+  std::map<uint64_t, uint64_t> answered_comm_;  // holder: per peer token, the last communicator answered
+  uint64_t next_comm_ = 0;                      // holder: communicator numbers, from a random start
+  uint64_t next_nccl_id_ = 1;                   // KvNccl transfer ids
+  // KvNccl transfers in flight: a receive's pull (transfer id), a send's NCCL answer.
+  std::map<uint64_t, uint64_t> nccl_receiving_;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> nccl_sending_;
   KvPullStats stats_;
 };
 

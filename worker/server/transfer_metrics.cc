@@ -25,7 +25,15 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
       device_copy_bytes_(Counter(r, "kvfleet_worker_kv_device_copy_bytes_total",
                                  "Bytes of pulled KV blocks copied device to device from the holder's pools")),
       device_copy_seconds_(Counter(r, "kvfleet_worker_kv_device_copy_seconds_total",
-                                   "Time of those device-to-device copies (bytes over time: the pair's bandwidth)")) {}
+                                   "Time of those device-to-device copies (bytes over time: the pair's bandwidth)")),
+      nccl_pulls_(Counter(r, "kvfleet_worker_kv_nccl_pulls_total",
+                          "Pulls whose blocks the holder sent by NCCL and this worker received into its pools")),
+      nccl_copy_bytes_(Counter(r, "kvfleet_worker_kv_nccl_copy_bytes_total",
+                               "Bytes of pulled KV blocks received by NCCL from the holder's pools")),
+      nccl_copy_seconds_(Counter(r, "kvfleet_worker_kv_nccl_copy_seconds_total",
+                                 "Time of those NCCL receives, a communicator's set-up included")),
+      nccl_send_failures_(Counter(r, "kvfleet_worker_kv_nccl_send_failures_total",
+                                  "NCCL sends of pulled runs (this worker the holder) that failed or timed out")) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -48,12 +56,19 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
       Advance(device_copy_bytes_, {{"source", source}}, static_cast<double>(s.device_copy_bytes));
       Advance(device_copy_seconds_, {{"source", source}}, s.device_copy_seconds);
     }
+    if (s.nccl_copy_bytes > 0) {
+      Advance(nccl_copy_bytes_, {{"source", source}}, static_cast<double>(s.nccl_copy_bytes));
+      Advance(nccl_copy_seconds_, {{"source", source}}, s.nccl_copy_seconds);
+    }
   }
   for (const auto& [reason, n] : pulls.fallbacks) Advance(fallbacks_, {{"reason", reason}}, static_cast<double>(n));
   Advance(imported_, {}, static_cast<double>(pulls.imported_blocks));
   Advance(served_, {{"result", "served"}}, static_cast<double>(service.served));
   Advance(served_, {{"result", "served_device"}}, static_cast<double>(pulls.device_served));
+  Advance(served_, {{"result", "served_nccl"}}, static_cast<double>(pulls.nccl_served));
   Advance(device_pulls_, {}, static_cast<double>(pulls.device_pulls));
+  Advance(nccl_pulls_, {}, static_cast<double>(pulls.nccl_pulls));
+  Advance(nccl_send_failures_, {}, static_cast<double>(pulls.nccl_send_failures));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {
     if (service.refused[r] == 0) continue;
     const auto reason = std::string(transfer::RefusalReasonName(static_cast<transfer::RefusalReason>(r)));

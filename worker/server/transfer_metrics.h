@@ -8,6 +8,11 @@
 //   kvfleet_worker_kv_imported_blocks_total            pulled blocks checked and stored
 //   kvfleet_worker_kv_served_total{result}             pulls answered: served, or refused and why
 //   kvfleet_worker_kv_served_bytes_total
+//   kvfleet_worker_kv_device_pulls_total               pulls copied device to device (CUDA IPC, same host)
+//   kvfleet_worker_kv_device_copy_{bytes,seconds}_total{source}   those copies
+//   kvfleet_worker_kv_nccl_pulls_total                 pulls received by NCCL send/recv
+//   kvfleet_worker_kv_nccl_copy_{bytes,seconds}_total{source}     those receives (set-up included)
+//   kvfleet_worker_kv_nccl_send_failures_total         NCCL sends (as holder) that failed or timed out
 //
 // Thread safety: thread-compatible; the engine thread calls Update.
 #pragma once
@@ -46,6 +51,10 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& device_pulls_;
   prometheus::Family<prometheus::Counter>& device_copy_bytes_;
   prometheus::Family<prometheus::Counter>& device_copy_seconds_;
+  prometheus::Family<prometheus::Counter>& nccl_pulls_;
+  prometheus::Family<prometheus::Counter>& nccl_copy_bytes_;
+  prometheus::Family<prometheus::Counter>& nccl_copy_seconds_;
+  prometheus::Family<prometheus::Counter>& nccl_send_failures_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

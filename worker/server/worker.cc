@@ -353,12 +353,19 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
   }
   po.own_endpoint = transfer_endpoint_;
   if (config_.transfer_ipc) po.host_id = ThisHostId();
-  pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get());
+  if (config_.transfer_nccl && transfer_ != nullptr) {
+    RequestServer* requests = requests_.get();
+    auto nccl = backend_->MakeKvNccl([requests] { requests->Wake(); });
+    if (!nccl.ok()) return nccl.status().WithContext("--transfer-nccl");
+    kv_nccl_ = std::move(*nccl);
+  }
+  pulls_ = std::make_unique<KvPulls>(po, transfer_.get(), kv_.get(), backend_.get(), engine_.get(), kv_nccl_.get());
   if (transfer_ != nullptr && !pulls_->layout()) {
     Logger("worker")->info("KV transfer off: {}", pulls_->unsupported());
   } else if (transfer_ != nullptr) {
-    Logger("worker")->info("KV transfer on {} ({} blocks of {} bytes)", transfer_endpoint_,
-                           transfer::KvDtypeName(pulls_->layout()->dtype), pulls_->layout()->BytesPerBlock());
+    Logger("worker")->info("KV transfer on {} ({} blocks of {} bytes{}{})", transfer_endpoint_,
+                           transfer::KvDtypeName(pulls_->layout()->dtype), pulls_->layout()->BytesPerBlock(),
+                           pulls_->device() ? "; CUDA IPC on this host" : "", pulls_->nccl() ? "; NCCL" : "");
   }
   if (config_.role != "both" && (transfer_ == nullptr || !pulls_->layout())) {
     // A split request's KV must cross between the pools: a worker that cannot move it has no part there.

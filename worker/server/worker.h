@@ -121,6 +121,7 @@ class Worker {
   std::unique_ptr<transfer::TransferService> transfer_;  // null: --transfer ""
   std::string transfer_endpoint_;                       // as peers should reach it
   std::string transfer_key_;                            // its CURVE public key (Z85); empty: plain TCP
+  std::unique_ptr<backend::KvNccl> kv_nccl_;             // null: no --transfer-nccl
   std::unique_ptr<KvPulls> pulls_;
   std::unique_ptr<TransferMetrics> transfer_metrics_;
   std::unique_ptr<WorkerLoop> loop_;

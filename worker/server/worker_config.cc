@@ -55,6 +55,11 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                "cuda: a pull between two workers on this host copies the holder's device blocks (CUDA IPC) "
                "instead of sending their bytes; a holder that cannot be mapped gets asked for bytes")
       ->capture_default_str();
+  app.add_flag("--transfer-nccl,!--no-transfer-nccl", c->transfer_nccl,
+               "cuda: where CUDA IPC is not possible (another host or IPC namespace, --no-transfer-ipc), a pull "
+               "between two workers that both set this moves the holder's device blocks by NCCL send/recv "
+               "(a communicator per pair, set up on their first pull) instead of sending their bytes")
+      ->capture_default_str();
   app.add_option("--transfer-deadline-ms", c->transfer_deadline_ms,
                  "the longest a pull may take before its prefix is computed instead; a router's hint names a "
                  "shorter one (twice its predicted time)")
@@ -192,6 +197,12 @@ Status WorkerConfig::Validate() const {
   // The model's shape is checked by the backend (heads, KV heads, intermediate size).
   if (tensor_parallel != 1 && tensor_parallel != 2 && tensor_parallel != 4 && tensor_parallel != 8) {
     return InvalidArgument("--tensor-parallel must be 1, 2, 4 or 8, got " + std::to_string(tensor_parallel));
+  }
+  if (transfer_nccl && (backend == "cpu" || backend == "mock")) {  // auto: checked again once resolved
+    return InvalidArgument("--transfer-nccl moves device KV blocks by NCCL; it needs --backend cuda, not " + backend);
+  }
+  if (transfer_nccl && transfer.empty()) {
+    return InvalidArgument("--transfer-nccl needs KV transfer (--transfer): its answers go over the transfer socket");
   }
   if (device != 0 && (backend == "cpu" || backend == "mock")) {  // auto: checked again once resolved
     return InvalidArgument("--device " + std::to_string(device) + " picks a GPU; it needs --backend cuda");

@@ -55,6 +55,10 @@ struct WorkerConfig {
   bool transfer_insecure = false;
   // Same-host pulls copy device blocks (CUDA IPC) between cuda workers; off: always bytes.
   bool transfer_ipc = true;
+  // cuda: pulls may move device blocks by NCCL point-to-point (a communicator per pair of
+  // workers, made on the first pull between them) where CUDA IPC is not possible: another
+  // host, another IPC namespace, or --no-transfer-ipc. Both workers need it; off: bytes.
+  bool transfer_nccl = false;
   uint32_t transfer_deadline_ms = 10'000;  // the longest a pull may take (a hint's own deadline is capped by it)
   // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
   double mock_transfer_bytes_per_s = 0.5e9;  // the router's default assumption (routing README)

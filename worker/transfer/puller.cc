@@ -111,6 +111,8 @@ void TransferService::Impl::HandleReply(const std::string& source_key, const zmq
     }
     // A device run that came too late is still pinned at its holder: let it go now.
     if (reply.ok() && std::holds_alternative<DeviceRun>(reply->body)) SendRelease(source_key, id);
+    // An nccl run that came too late is sent all the same: its communicator is spent.
+    if (reply.ok() && std::holds_alternative<NcclRun>(reply->body)) AbandonNccl(source_key, id);
     return;
   }
   Pull& pull = it->second;
@@ -121,6 +123,7 @@ void TransferService::Impl::HandleReply(const std::string& source_key, const zmq
                       refusal->reason);
   }
   if (auto* run = std::get_if<DeviceRun>(&reply->body)) return HandleDeviceRun(id, std::move(*run));
+  if (auto* run = std::get_if<NcclRun>(&reply->body)) return HandleNcclRun(id, std::move(*run));
   if (auto* blocks = std::get_if<std::vector<Block>>(&reply->body)) {
     for (Block& b : *blocks) {
       Status s = CheckBlock(pull.request, b, static_cast<uint32_t>(pull.blocks.size()), true);
@@ -157,6 +160,12 @@ void TransferService::Impl::FinishPull(uint64_t id, PullOutcome outcome, Status 
   r.elapsed = now - pull.start;
   r.deadline = pull.deadline;
   if (outcome != PullOutcome::kOk) return PushResult(std::move(r));
+  if (pull.nccl) {
+    // Received by the engine over NCCL: no modelled link.
+    r.bytes = pull.nccl->blocks.size() * pull.request.layout.BytesPerBlock();
+    r.nccl = std::move(pull.nccl);
+    return PushResult(std::move(r));
+  }
   if (pull.device) {
     // Same host: no modelled link; the run is leased until released or its hold ends.
     r.bytes = pull.device->blocks.size() * pull.request.layout.BytesPerBlock();

@@ -145,6 +145,10 @@ void TransferService::Impl::Queue(Command command) {
         stats.device_expired++;
         stats.stale_serves++;
         cv.notify_all();
+      } else if (auto* nccl = std::get_if<ServeNcclCommand>(&command)) {
+        releases_ready.push_back(Released{nccl->peer_token, nccl->transfer_id, true, true});
+        stats.stale_serves++;
+        cv.notify_all();
       }
       return;
     }
@@ -162,6 +166,10 @@ void TransferService::ServeDevice(uint64_t peer_token, uint64_t transfer_id, Dev
   impl_->Queue(ServeDeviceCommand{peer_token, transfer_id, std::move(run)});
 }
 
+void TransferService::ServeNccl(uint64_t peer_token, uint64_t transfer_id, NcclRun run) {
+  impl_->Queue(ServeNcclCommand{peer_token, transfer_id, std::move(run)});
+}
+
 void TransferService::ReleasePull(uint64_t transfer_id) { impl_->Queue(ReleaseCommand{transfer_id}); }
 
 void TransferService::RecordDeviceCopy(const std::string& source_endpoint, uint64_t bytes, double seconds) {
@@ -169,6 +177,13 @@ void TransferService::RecordDeviceCopy(const std::string& source_endpoint, uint6
   SourceStats& src = impl_->stats.pulls[source_endpoint];
   src.device_copy_bytes += bytes;
   src.device_copy_seconds += seconds;
+}
+
+void TransferService::RecordNcclCopy(const std::string& source_endpoint, uint64_t bytes, double seconds) {
+  std::lock_guard lock(impl_->mu);
+  SourceStats& src = impl_->stats.pulls[source_endpoint];
+  src.nccl_copy_bytes += bytes;
+  src.nccl_copy_seconds += seconds;
 }
 
 void TransferService::Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message) {
@@ -218,7 +233,8 @@ void TransferService::Impl::CountPull(const PullResult& r) {
   if (r.outcome != PullOutcome::kOk) return;
   src.ok++;
   if (r.device) src.device++;
-  src.blocks += r.device ? r.device->blocks.size() : r.blocks.size();
+  if (r.nccl) src.nccl++;
+  src.blocks += r.device ? r.device->blocks.size() : r.nccl ? r.nccl->blocks.size() : r.blocks.size();
   src.bytes += r.bytes;
   src.seconds += static_cast<double>(r.elapsed) / kNsPerSec;
 }
@@ -243,6 +259,8 @@ void TransferService::Impl::RunCommands() {
             DoCancel(cmd.transfer_id);
           } else if constexpr (std::is_same_v<T, ServeDeviceCommand>) {
             DoServeDevice(cmd);
+          } else if constexpr (std::is_same_v<T, ServeNcclCommand>) {
+            DoServeNccl(cmd);
           } else {
             static_assert(std::is_same_v<T, ReleaseCommand>);
             DoRelease(cmd.transfer_id);
@@ -310,6 +328,13 @@ void TransferService::Impl::IoLoop() {
         stats.stale_serves++;
       }
       ReportReleased(device->peer_token, device->transfer_id, true);
+    } else if (auto* nccl = std::get_if<ServeNcclCommand>(&c)) {
+      {
+        std::lock_guard lock(mu);
+        stats.stale_serves++;
+        releases_ready.push_back(Released{nccl->peer_token, nccl->transfer_id, true, true});
+      }
+      Notify();
     }
   }
   ReleaseAllHeld();

@@ -12,6 +12,11 @@
 //     DeviceRun of IPC handles and slots; it keeps the run pinned until the receiver's
 //     ReleasePull reaches it or the deadline plus kDeviceHoldGrace passes (TakeReleases says
 //     when the engine may unpin). The receiver's PullResult then carries `device`.
+//   - NCCL (a request offering it, where the device path is not possible): the holder may
+//     answer with ServeNccl, an NcclRun naming the pair's communicator; TakeReleases says
+//     whether the frame left (the engine then sends the run by NCCL) or not (unpin now). The
+//     receiver's PullResult carries `nccl`; it receives the run in the order the answers came,
+//     and forgets the communicator of any answer it cannot receive (`nccl_abandoned`).
 // The service checks the wire; the engine thread still compares each block's tokens with its
 // own prompt before importing it (a hash collision costs a miss, never a wrong answer).
 //
@@ -103,6 +108,14 @@ struct PullResult {
   // CheckDeviceRun, still pinned in the holder's device pools. Copy it before `deadline`,
   // then ReleasePull(transfer_id).
   std::optional<DeviceRun> device;
+  // kOk only, when the holder answered `nccl` (blocks is then empty): the run, checked by
+  // CheckNcclRun, which the holder sends by NCCL now; receive all of it, in answer order.
+  std::optional<NcclRun> nccl;
+  // An `nccl` answer from `source` that will not be received: a faulty one (this pull's
+  // kMalformed), or one that came after its pull ended (a result of its own, kCancelled, for
+  // a transfer id already reported, not counted in the stats). The holder sends that run on
+  // the pair's communicator all the same: the receiver must not use the communicator again.
+  bool nccl_abandoned = false;
   uint64_t bytes = 0;                    // blocks (or device blocks) × the layout's bytes per block
   DurationNs elapsed = 0;                // from StartPull to completion, on the service's clock
   TimeNs deadline = 0;                   // the pull's deadline, on the service's clock (0: not sent)
@@ -117,6 +130,9 @@ struct Released {
   // deadline + config::kDeviceHoldGrace, the run was never sent (stale, invalid, no room),
   // or the service stopped.
   bool expired = false;
+  // A ServeNccl's answer: expired false means its frame left and the engine sends the run by
+  // NCCL now (and unpins when the send ends); true, the frame was not sent: unpin now.
+  bool nccl = false;
 };
 
 // Pulls this service made from one holder.
@@ -130,6 +146,10 @@ struct SourceStats {
   // Device answers copied by the receiver (RecordDeviceCopy): bytes and seconds of the copies.
   uint64_t device_copy_bytes = 0;
   double device_copy_seconds = 0;
+  uint64_t nccl = 0;  // of ok: answered `nccl` (the run follows by NCCL send/recv)
+  // NCCL answers received by the receiver (RecordNcclCopy): bytes and seconds of the receives.
+  uint64_t nccl_copy_bytes = 0;
+  double nccl_copy_seconds = 0;
 };
 
 struct TransferStats {
@@ -149,6 +169,10 @@ struct TransferStats {
   uint64_t device_releases = 0;  // held runs their receiver released (Released::expired false)
   uint64_t device_expired = 0;   // runs reported Released with expired true
   uint64_t stray_releases = 0;   // release frames for no run held for that peer: dropped
+  // Holder side, NCCL.
+  uint64_t served_nccl = 0;      // `nccl` frames sent
+  // Receiver side: `nccl` answers that came after their pull ended (nccl_abandoned).
+  uint64_t late_nccl = 0;
 };
 
 // The time a pull of `bytes` takes at `bytes_per_s` (0 when the rate is 0).
@@ -181,8 +205,16 @@ class TransferService {
   // pull no longer open or past its deadline (stale_serves), the request without a host id or
   // a run failing CheckDeviceRun (refused malformed, logged), the peer's queue full or gone.
   void ServeDevice(uint64_t peer_token, uint64_t transfer_id, DeviceRun run);
-  // Takes the device runs that may be unpinned since the last call.
+  // Takes the device runs that may be unpinned since the last call, and the ServeNccl
+  // answers sent or not (Released::nccl).
   std::vector<Released> TakeReleases();
+  // Answers with one `nccl` frame. REQUIRES: the engine has pinned `run`'s blocks. Exactly one
+  // Released{nccl=true} follows, in the order the frames leave: expired=false once the frame
+  // is sent (the engine then sends the run on the communicator, in that order); expired=true
+  // when it was not: the pull no longer open or past its deadline (stale_serves), a request
+  // that offered no NCCL or a run failing CheckNcclRun (refused malformed, logged), the peer's
+  // queue full or gone, or the service stopped.
+  void ServeNccl(uint64_t peer_token, uint64_t transfer_id, NcclRun run);
 
   // Receiver side. Sends `request` to the holder at `source_endpoint` (a CURVE server with
   // public key `source_server_key` (Z85) when it is not empty). Chooses and returns the
@@ -199,6 +231,9 @@ class TransferService {
   // The receiver copied `bytes` of a device answer from `source_endpoint` in `seconds`:
   // counted in that source's stats (the pair's device-to-device bandwidth).
   void RecordDeviceCopy(const std::string& source_endpoint, uint64_t bytes, double seconds);
+  // The receiver received `bytes` of an `nccl` answer from `source_endpoint` in `seconds`
+  // (from posting the receives to their end, communicator set-up included).
+  void RecordNcclCopy(const std::string& source_endpoint, uint64_t bytes, double seconds);
 
   // Waits until TakePulls, TakeResults or TakeReleases has something, up to `timeout`.
   // Returns whether it has.

@@ -1,7 +1,8 @@
 // TransferService::Impl: the state behind transfer_service.h, shared by its four sources:
 // transfer_service.cc (start, stop, the engine thread's calls, the I/O loop), holder.cc (the
-// ROUTER: pulls in, blocks out), puller.cc (the DEALERs: pulls out, blocks in) and
-// device_path.cc (same host: device runs held and released, on both sides).
+// ROUTER: pulls in, blocks out), puller.cc (the DEALERs: pulls out, blocks in),
+// device_path.cc (same host: device runs held and released, on both sides) and nccl_path.cc
+// (NCCL answers, on both sides).
 //
 // Thread safety: fields marked GUARDED_BY(mu) are shared with the engine thread; everything
 // else belongs to the I/O thread once Start() returns.
@@ -81,7 +82,13 @@ struct ServeDeviceCommand {
 struct ReleaseCommand {
   uint64_t transfer_id;
 };
-using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand>;
+struct ServeNcclCommand {
+  uint64_t peer_token;
+  uint64_t transfer_id;
+  NcclRun run;
+};
+using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand,
+                             ServeNcclCommand>;
 
 struct TransferService::Impl {
   Impl(TransferOptions opts, const Clock* c);
@@ -130,6 +137,15 @@ struct TransferService::Impl {
   void SendRelease(const std::string& source_key, uint64_t transfer_id);
   // Receiver: forgets leases past their hold.
   void ExpireLeases(TimeNs now);
+
+  // --- nccl_path.cc ---
+  // Holder: sends an nccl frame and reports whether it left (Released::nccl).
+  void DoServeNccl(ServeNcclCommand& cmd);
+  // Receiver: an nccl answer to pull `id` (from HandleReply).
+  void HandleNcclRun(uint64_t id, NcclRun run);
+  // Receiver: an nccl answer from `source_key` for no pull in flight: the communicator is
+  // spent (PullResult::nccl_abandoned).
+  void AbandonNccl(const std::string& source_key, uint64_t transfer_id);
 
   // --- puller.cc: the DEALERs ---
   void DoPull(PullCommand& cmd);
@@ -203,6 +219,7 @@ struct TransferService::Impl {
     TimeNs deadline = 0;
     std::vector<Block> blocks;  // verified so far
     std::optional<DeviceRun> device;  // a verified device answer
+    std::optional<NcclRun> nccl;      // a verified nccl answer
   };
   std::unordered_map<uint64_t, Pull> pulls;
   // Device answers handed to the engine and not yet released: which holder, and when it lets

@@ -385,6 +385,44 @@ TEST_CASE("worker config: --backend auto (the default) runs the model on cuda or
   CHECK(WorkerConfig{}.ModelName() == "mock");
 }
 
+TEST_CASE("worker config: --transfer-nccl is off by default, parses both ways, and needs --backend cuda and --transfer") {
+  WorkerConfig c;
+  CHECK_FALSE(c.transfer_nccl);
+  c.backend = "mock";
+  CLI::App app;
+  AddWorkerFlags(app, &c);
+  std::vector<std::string> args = {"--transfer-nccl"};
+  REQUIRE_NOTHROW(app.parse(args));
+  CHECK(c.transfer_nccl);
+  CHECK(c.Validate().message().find("--transfer-nccl moves device KV blocks by NCCL; it needs --backend cuda, not mock") !=
+        std::string::npos);
+  c.backend = "cpu";
+  c.model_dir = "/nonexistent";
+  CHECK(c.Validate().message().find("it needs --backend cuda, not cpu") != std::string::npos);
+  c.backend = "cuda";
+  CHECK(c.Validate().ok());
+  c.transfer.clear();
+  CHECK(c.Validate().message().find("--transfer-nccl needs KV transfer (--transfer)") != std::string::npos);
+  CLI::App again;
+  AddWorkerFlags(again, &c);
+  args = {"--no-transfer-nccl"};
+  REQUIRE_NOTHROW(again.parse(args));
+  CHECK_FALSE(c.transfer_nccl);
+  CHECK(c.Validate().ok());
+}
+
+TEST_CASE("a backend without device pools refuses NCCL transfers and says which backend can") {
+  backend::BackendOptions o;
+  o.block_size = 16;
+  o.kv_cache_bytes = 64ull * 2 * 1024 * 1024;
+  auto mock = backend::mock::MockBackend::Make(o, {});
+  REQUIRE_MESSAGE(mock.ok(), mock.status().ToString());
+  auto nccl = (*mock)->MakeKvNccl([] {});
+  REQUIRE_FALSE(nccl.ok());
+  CHECK(nccl.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(nccl.status().message().find("cuda workers do") != std::string::npos);
+}
+
 TEST_CASE("an fp8 KV cache holds twice the blocks of a bf16 one in the same bytes (mock)") {
   backend::BackendOptions o;
   o.block_size = 16;

@@ -187,6 +187,8 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<std::string> ExportKvDevice() override;
   Status CopyKvBlocksFromPeer(uint32_t pool, const std::string& handle, std::span<const BlockId> src,
                               std::span<const BlockId> dst) override;
+  // NCCL point-to-point (cuda_kv_nccl.h): this backend's device pools, after its stream.
+  Result<std::unique_ptr<KvNccl>> MakeKvNccl(std::function<void()> on_done) override;
 
   const kv::KvCacheConfig& kv_cache_config() const { return kv_config_; }
   // --kv-cache-dtype fp8: the pools hold e4m3 (kernels/paged_kv.h).

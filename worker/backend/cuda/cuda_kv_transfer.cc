@@ -15,6 +15,9 @@
 // to device on its own stream, merging neighbouring blocks into one copy. The holder keeps the
 // blocks pinned and unchanged until the receiver says it is done (kv_pulls.cc).
 //
+// Another host, or no IPC between the two (NCCL): MakeKvNccl (cuda_kv_nccl.h) sends and
+// receives whole blocks by ncclSend/ncclRecv on a thread and stream of its own.
+//
 // Not supported: an fp8 cache (the block bytes are e4m3 under per-model scales, which
 // Contract 4's Layout does not carry yet) and tensor parallelism (each rank holds its KV heads
 // of a block; no peer layout names that split).
@@ -27,6 +30,7 @@
 
 #include "worker/backend/cuda/cuda_backend.h"
 #include "common/log.h"
+#include "worker/backend/cuda/cuda_kv_nccl.h"
 #include "worker/backend/cuda/cuda_util.h"
 
 namespace kvfleet::backend::cuda {
@@ -212,6 +216,19 @@ Status CudaBackend::CopyKvBlocksFromPeer(uint32_t pool, const std::string& handl
   }
   KVF_CUDA_RETURN(cudaStreamSynchronize(stream_));
   return Status::Ok();
+}
+
+Result<std::unique_ptr<KvNccl>> CudaBackend::MakeKvNccl(std::function<void()> on_done) {
+  if (const KvTransferFormat f = kv_transfer_format(); !f.unsupported.empty()) return FailedPrecondition(f.unsupported);
+  KvNcclPools pools;
+  pools.device = options_.device;
+  pools.engine_stream = stream_;
+  for (size_t p = 0; p < device_kv_.size(); ++p) {
+    pools.pools.push_back(static_cast<std::byte*>(device_kv_[p]));
+    pools.bytes_per_block.push_back(pools_[p].bytes_per_block);
+    pools.device_blocks.push_back(pools_[p].device_blocks);
+  }
+  return MakeCudaKvNccl(std::move(pools), std::move(on_done));
 }
 
 }  // namespace kvfleet::backend::cuda

@@ -1,0 +1,206 @@
+// KvPulls' NCCL path (kv_pulls_nccl.cc) on two mock engines and two TransferServices over
+// loopback, their KvNccl ends joined by a fake wire: a transfer moves when both sides have
+// queued their halves, in order, on one communicator, as NCCL pairs a send with the next
+// receive. The wire fails the test if a send would pair with a receive of another run (the
+// order the real thing cannot check). The bytes are the GPU test's (tests/gpu/cuda_kv_transfer_test.cc).
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/worker/engine/engine_harness.h"
+#include "worker/server/kv_pulls.h"
+
+namespace kvfleet::server {
+namespace {
+
+using engine::testing::Harness;
+using engine::testing::kBlock;
+
+// Two KvNccl ends, side 0 the holder's and side 1 the receiver's.
+struct FakeWire {
+  struct Half {
+    backend::KvNccl::Transfer t;
+  };
+  std::deque<Half> queued[2];
+  std::vector<backend::KvNccl::Done> done[2];
+  std::map<std::string, int> joined;  // unique id -> sides that created a communicator from it
+  int inits = 0;                      // communicators both sides created
+  int moved = 0;                      // runs moved
+  bool fail_next = false;             // the next run fails on both sides (a timeout)
+
+  // Pairs the oldest half of each side while both are there.
+  void Match() {
+    while (!queued[0].empty() && !queued[1].empty()) {
+      const Half s = queued[0].front(), r = queued[1].front();
+      queued[0].pop_front();
+      queued[1].pop_front();
+      REQUIRE(s.t.send);
+      REQUIRE_FALSE(r.t.send);
+      CHECK(s.t.comm == r.t.comm);
+      CHECK(s.t.unique_id == r.t.unique_id);
+      if (!s.t.unique_id.empty()) ++inits;
+      // A send pairs with a receive of the same run: as many blocks per pool.
+      REQUIRE(s.t.blocks.size() == r.t.blocks.size());
+      for (size_t p = 0; p < s.t.blocks.size(); ++p) CHECK(s.t.blocks[p].size() == r.t.blocks[p].size());
+      const Status st = fail_next ? Status{StatusCode::kDeadlineExceeded, "the fake wire timed out"} : Status::Ok();
+      fail_next = false;
+      if (st.ok()) ++moved;
+      done[0].push_back({s.t.id, st, st.ok() ? 1u : 0u, 0.001});
+      done[1].push_back({r.t.id, st, st.ok() ? 1u : 0u, 0.001});
+    }
+  }
+};
+
+class FakeKvNccl final : public backend::KvNccl {
+ public:
+  FakeKvNccl(FakeWire* wire, int side) : wire_(wire), side_(side) {}
+  Result<std::string> NewUniqueId() override {
+    return std::string(transfer::config::kNcclUniqueIdBytes, static_cast<char>('a' + ids_++));
+  }
+  uint64_t CommFor(const std::string& peer) const override {
+    auto it = comm_.find(peer);
+    return it == comm_.end() ? 0 : it->second;
+  }
+  void Submit(Transfer t) override {
+    if (!t.unique_id.empty()) comm_[t.peer] = t.comm;
+    if (t.unique_id.empty() && CommFor(t.peer) != t.comm) {  // a communicator this side no longer has
+      wire_->done[side_].push_back({t.id, FailedPrecondition("no such communicator"), 0, 0});
+      return;
+    }
+    wire_->queued[side_].push_back({std::move(t)});
+    wire_->Match();
+  }
+  std::vector<Done> TakeDone() override {
+    std::vector<Done> out;
+    out.swap(wire_->done[side_]);
+    for (const Done& d : out) {
+      if (!d.status.ok()) comm_.clear();  // a failed transfer aborts the communicator
+    }
+    return out;
+  }
+  void Forget(const std::string& peer) override { comm_.erase(peer); ++forgotten; }
+  int forgotten = 0;
+
+ private:
+  FakeWire* wire_;
+  int side_;
+  int ids_ = 0;
+  std::map<std::string, uint64_t> comm_;
+};
+
+std::unique_ptr<transfer::TransferService> StartService() {
+  auto s = transfer::TransferService::Start({}, SystemClock::Default());
+  REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+  return std::move(*s);
+}
+
+// A holder and a receiver: each a mock engine, a TransferService and its KvPulls.
+struct Pair {
+  explicit Pair(bool holder_nccl = true) {
+    holder_service = StartService();
+    receiver_service = StartService();
+    KvPullsOptions o;
+    o.model = "mock-8b";
+    o.deadline = 5 * kNsPerSec;
+    o.own_endpoint = holder_service->endpoint();
+    holder = std::make_unique<KvPulls>(o, holder_service.get(), a.kv.get(), a.backend.get(), a.engine.get(),
+                                       holder_nccl ? &holder_nccl_end : nullptr);
+    o.own_endpoint = receiver_service->endpoint();
+    receiver = std::make_unique<KvPulls>(o, receiver_service.get(), b.kv.get(), b.backend.get(), b.engine.get(),
+                                         &receiver_nccl_end);
+  }
+
+  std::vector<TokenId> Prompt(TokenId first) const {
+    std::vector<TokenId> p(6 * kBlock + 3);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = first + static_cast<TokenId>(i);
+    return p;
+  }
+
+  // The holder computes `prompt`; the receiver pulls its 6 whole blocks and waits for the pull.
+  void PullOnce(const std::vector<TokenId>& prompt) {
+    a.Add(prompt, 1);
+    a.RunToCompletion();
+    engine::GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 1;
+    auto id = b.engine->Add(r, b.clock.Now());
+    REQUIRE(id.ok());
+    receiver->Start(*id, r, PullHint{holder_service->endpoint(), "", 6, "a"});
+    for (int i = 0; i < 2000 && receiver->pending() > 0; ++i) {
+      holder->Poll();
+      receiver->Poll();
+      receiver_service->WaitForWork(kNsPerMs);
+    }
+    REQUIRE(receiver->pending() == 0);
+    for (int i = 0; i < 200 && holder->stats().nccl_held > 0; ++i) {
+      holder_service->WaitForWork(kNsPerMs);
+      holder->Poll();
+    }
+    // b's engine is not run: the mock (verify_kv) would see pulled blocks nothing wrote.
+  }
+
+  Harness a, b;
+  FakeWire wire;
+  FakeKvNccl holder_nccl_end{&wire, 0}, receiver_nccl_end{&wire, 1};
+  std::unique_ptr<transfer::TransferService> holder_service, receiver_service;
+  std::unique_ptr<KvPulls> holder, receiver;
+};
+
+TEST_CASE("NCCL pulls: the run moves by NCCL, the pair's communicator is set up once and reused, and pins end") {
+  Pair p;
+  REQUIRE(p.receiver->nccl());
+  p.PullOnce(p.Prompt(1000));
+  CHECK(p.receiver->stats().nccl_pulls == 1);
+  CHECK(p.receiver->stats().imported_blocks == 6);
+  CHECK(p.receiver->stats().fallbacks.empty());
+  CHECK(p.holder->stats().nccl_served == 1);
+  CHECK(p.holder->stats().nccl_held == 0);  // unpinned once the send ended
+  CHECK(p.wire.inits == 1);
+  CHECK(p.wire.moved == 1);
+  const transfer::SourceStats src = p.receiver_service->Stats().pulls.at(p.holder_service->endpoint());
+  CHECK(src.nccl == 1);
+  CHECK(src.device == 0);
+  CHECK(src.nccl_copy_bytes == 1);  // what the wire said it moved
+
+  p.PullOnce(p.Prompt(5000));  // another prompt: the same communicator
+  CHECK(p.receiver->stats().nccl_pulls == 2);
+  CHECK(p.receiver->stats().imported_blocks == 12);
+  CHECK(p.wire.inits == 1);
+  CHECK(p.wire.moved == 2);
+  CHECK(p.holder->stats().nccl_held == 0);
+}
+
+TEST_CASE("NCCL pulls: a failed transfer costs that prefix only, and the pair's next pull sets up a new communicator") {
+  Pair p;
+  p.PullOnce(p.Prompt(1000));
+  REQUIRE(p.wire.inits == 1);
+  p.wire.fail_next = true;
+  p.PullOnce(p.Prompt(3000));
+  CHECK(p.receiver->stats().fallbacks.at("nccl_failed") == 1);
+  CHECK(p.receiver->stats().imported_blocks == 6);  // the first pull's only
+  CHECK(p.holder->stats().nccl_send_failures == 1);
+  CHECK(p.holder->stats().nccl_held == 0);
+  p.PullOnce(p.Prompt(7000));
+  CHECK(p.receiver->stats().nccl_pulls == 2);
+  CHECK(p.receiver->stats().imported_blocks == 12);
+  CHECK(p.wire.inits == 2);  // a new one
+}
+
+TEST_CASE("NCCL pulls: a holder without NCCL answers with bytes, and nothing goes by NCCL") {
+  Pair p(/*holder_nccl=*/false);
+  p.PullOnce(p.Prompt(1000));
+  CHECK(p.receiver->stats().nccl_pulls == 0);
+  CHECK(p.receiver->stats().imported_blocks == 6);
+  CHECK(p.holder->stats().served_requests == 1);
+  CHECK(p.holder->stats().nccl_served == 0);
+  CHECK(p.wire.inits == 0);
+  CHECK(p.receiver_service->Stats().pulls.at(p.holder_service->endpoint()).nccl == 0);
+}
+
+}  // namespace
+}  // namespace kvfleet::server
