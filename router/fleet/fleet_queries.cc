@@ -33,6 +33,11 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
   ModelFleet f;
   f.block_size = entry.block_size;
   f.max_context = 0;
+  // The context length is the least of what the routable workers said of themselves. A listed
+  // worker that has not described itself yet has only the flags' guess (--max-context, 8192 by
+  // default), which refuses prompts its model takes: it counts only while no routable worker
+  // has said anything (a worker older than Describe keeps the flags).
+  uint32_t guessed = 0;
   for (WorkerId id : entry.members) {
     const WorkerRecord& w = *workers_[id];
     if (w.removed.load()) continue;
@@ -41,10 +46,10 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
     f.needs_tokenizer = f.needs_tokenizer || w.info.backend == "cpu" || w.info.backend == "cuda";
     if (!Routable(w)) continue;
     f.routable.push_back(id);
-    if (f.max_context == 0 || (w.info.max_context > 0 && w.info.max_context < f.max_context)) {
-      f.max_context = w.info.max_context;
-    }
+    uint32_t& least = w.described.load() ? f.max_context : guessed;
+    if (least == 0 || (w.info.max_context > 0 && w.info.max_context < least)) least = w.info.max_context;
   }
+  if (f.max_context == 0) f.max_context = guessed;
   return f;
 }
 

@@ -194,6 +194,20 @@ TEST_CASE("a static worker that does not answer a Describe (older than it) keeps
   CHECK(w.others() == 0);
 }
 
+TEST_CASE("a listed worker not yet described does not cap the context of one that described itself") {
+  // Regression: with --routers N, the routers beside the first know the workers from the
+  // static list; until every one had answered its Describe, the flags' 8192 was the fleet's
+  // context length and longer prompts got 400 context_length_exceeded.
+  DescribingWorker a, silent;
+  a.set_described(Described("gpu-a", "llama", 32, 131072));
+  auto fleet = StaticFleetOf({a.endpoint(), silent.endpoint()});
+  REQUIRE(WaitFor([&] { return silent.describes() >= 1; }));
+  REQUIRE(WaitFor([&] {
+    auto m = fleet->FindModel("llama");
+    return m && m->routable.size() == 2 && m->max_context == 131072;
+  }));
+}
+
 TEST_CASE("a described Hello is reached at the address the router was given") {
   WorkerHello listed = StaticHello("tcp://10.1.2.3:5556", StaticFleet{});
   WorkerHello got = DescribedHello(listed, Described("pod-7", "default", 16, 32768));
