@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <set>
+
+#include <unistd.h>
 
 #include "common/block_hash.h"
 #include "common/curve_keys.h"
@@ -460,6 +463,14 @@ Status Prepare(RouterConfig* c) {
                                     ? c->admission_ttft_s
                                     : config::kAdmissionShareOfFirstTokenTimeout * c->first_token_timeout_s;
   if (!(c->routing.max_waiting_requests >= 1)) return InvalidArgument("--max-waiting-requests must be >= 1");
+  if (!c->gossip.peers.empty() || !c->gossip.peers_dns.empty()) {  // its own order among equal costs
+    // Unique per router: its --router-id, else its host and gossip endpoint.
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string name = c->gossip.router_id.empty() ? std::string(host) + " " + c->gossip.endpoint
+                                                         : c->gossip.router_id;
+    c->routing.tie_salt = std::hash<std::string>{}(name) | 1;
+  }
   KVF_RETURN_IF_ERROR(c->routing.Validate());
   c->fleet.request_timeout = static_cast<DurationNs>(c->request_timeout_s * kNsPerSec);
   c->fleet.first_token_timeout = static_cast<DurationNs>(c->first_token_timeout_s * kNsPerSec);

@@ -135,6 +135,17 @@ double Picker::Cost(const RouteRequest& request, const Candidate& c, double flee
   return EstimateTtft(request, c, fleet_rate) + delayed * uncached / rate;
 }
 
+namespace {
+// A worker's place among equal costs under a router's salt: splitmix64's finalizer, so each
+// salt orders the workers differently (ids are distinct, so ranks are).
+uint64_t TieRank(WorkerId worker, uint64_t salt) {
+  uint64_t x = (uint64_t{worker} + 1) * 0x9E3779B97F4A7C15ULL ^ salt;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                               std::span<const size_t> eligible, double* cost) {
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
@@ -148,6 +159,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
     const Candidate& ca = candidates[eligible[a]];
     const Candidate& cb = candidates[eligible[b]];
     if (ca.device_blocks != cb.device_blocks) return ca.device_blocks > cb.device_blocks;
+    if (options_.tie_salt != 0) return TieRank(ca.worker, options_.tie_salt) < TieRank(cb.worker, options_.tie_salt);
     return ca.worker < cb.worker;
   };
   size_t best = 0;

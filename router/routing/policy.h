@@ -65,6 +65,11 @@ struct RoutingOptions {
   Policy policy = Policy::kKv;  // the default; a request may override it
   // Softmax temperature over costs normalized to [0, 1]; 0 picks the minimum.
   double temperature = 0.0;
+  // Equal costs (idle workers holding nothing of the prompt) go to the lower worker id when 0.
+  // Routers of one fleet set a salt of their own (Prepare: when gossip names peers), so each
+  // ranks tied workers in its own order: with one order they would all send a burst to the
+  // same idle worker until the next gossip told them (README.md, "Several routers").
+  uint64_t tie_salt = 0;
   // Hot-spot guard: skip a worker running more than factor × the fleet's median
   // requests, unless it runs fewer than hot_spot_min_requests. 0 disables the guard.
   double hot_spot_factor = config::kHotSpotFactor;

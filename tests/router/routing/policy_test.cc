@@ -1,7 +1,9 @@
 // Each routing policy's choice on constructed fleets.
 #include "router/routing/policy.h"
 
+#include <functional>
 #include <map>
+#include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -231,6 +233,31 @@ TEST_CASE("a softmax temperature spreads choices, mostly to the cheapest") {
   CHECK(seen[0] > seen[1]);
   CHECK(seen[1] > seen[2]);
   CHECK(seen[2] > 0);
+}
+
+TEST_CASE("equal costs: the lowest id alone, each router's own order beside other routers") {
+  const std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2), Idle(3), Idle(4), Idle(5), Idle(6), Idle(7)};
+  CHECK(Picker(RoutingOptions{}).Pick(Policy::kKv, {1000, 32}, fleet)->worker == 0);
+  // Eight routers (each its salt) facing the same idle fleet: not all on one worker, and each
+  // always on the same one (the order is the router's, not a coin's).
+  std::map<WorkerId, int> first;
+  for (uint64_t r = 1; r <= 8; ++r) {
+    RoutingOptions o;
+    o.tie_salt = std::hash<std::string>{}("router-" + std::to_string(r)) | 1;
+    Picker picker(o);
+    const WorkerId w = picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker;
+    CHECK(picker.Pick(Policy::kKv, {1000, 32}, fleet)->worker == w);
+    first[w]++;
+  }
+  CHECK(first.size() >= 4);
+  // A cost difference still decides: the salt orders only ties.
+  std::vector<Candidate> held = fleet;
+  held[6].device_blocks = 10;
+  for (uint64_t salt : {uint64_t{3}, uint64_t{0x1234567}}) {
+    RoutingOptions o;
+    o.tie_salt = salt;
+    CHECK(Picker(o).Pick(Policy::kKv, {1000, 32}, held)->worker == 6);
+  }
 }
 
 TEST_CASE("saturated workers are skipped, and a saturated fleet is refused") {
