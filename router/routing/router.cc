@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "common/check.h"
@@ -367,9 +368,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   ttft.clear();
   const double bound = options().admission_ttft_s;
   bool all_admitted = true;
+  double best = std::numeric_limits<double>::infinity();  // the soonest first token
   for (const Candidate& c : candidates) {
     ttft.push_back(picker_.EstimateTtft(d.route, c, fleet_rate));
     all_admitted = all_admitted && (bound == 0 || ttft.back() <= bound);
+    best = std::min(best, ttft.back());
   }
   std::shared_ptr<std::vector<Candidate>> admitted = owned;
   if (!all_admitted) {
@@ -378,7 +381,6 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       if (ttft[i] <= bound) admitted->push_back(candidates[i]);
     }
   }
-  const double best = *std::min_element(ttft.begin(), ttft.end());
   // A retry may be admitted once the best worker's queue has drained below the bound (or,
   // within it, once the requests ahead have their first tokens): at least a second.
   const double retry_after = std::max(1.0, best > bound ? best - bound : best);
