@@ -192,7 +192,8 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
       best = dist(rng_);
     }
   }
-  *cost = prepared != nullptr ? prepared->ttft[eligible[best]] : EstimateTtft(request, candidates[eligible[best]], fallback);
+  const size_t chosen = eligible[best];
+  *cost = prepared != nullptr ? prepared->ttft[chosen] : EstimateTtft(request, candidates[chosen], fallback);
   return eligible[best];
 }
 

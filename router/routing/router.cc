@@ -37,7 +37,9 @@ OwnLoadCounts Sum(OwnLoadCounts a, const OwnLoadCounts& b) {
 // than the Decision it returns once the thread is warm.
 struct RouteScratch {
   std::vector<PrefixMatch> matches;
-  std::vector<uint32_t> match_of;  // by worker id: 1 + its index in matches; 0: none (all 0 between decisions)
+  // By worker id: the index in `matches` of its first match, when its stamp is this decision's.
+  std::vector<uint32_t> match_of, match_stamp;
+  uint32_t stamp = 0;  // this decision's
   std::vector<WorkerLoads::LoadView> views;
   std::vector<WorkerRole> roles;
   std::vector<const std::vector<WorkerId>*> mates;
@@ -189,7 +191,8 @@ void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>
     const uint32_t have = c.device_blocks + c.host_blocks;
     if (c.worker == source || have >= held) continue;
     if (c.transfer_format == 0 || c.transfer_format != format) continue;
-    candidates->push_back(WithPull(c, source, from->bytes_per_block, host != 0 && host == c.transfer_host, held - have));
+    const bool same_host = host != 0 && host == c.transfer_host;
+    candidates->push_back(WithPull(c, source, from->bytes_per_block, same_host, held - have));
   }
 }
 
@@ -275,10 +278,20 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   }
   // Every worker of a large fleet may match a shared prefix: each one's match by its id, not a
   // search per worker. The first of a worker's matches, as a search of the sorted ones finds.
+  if (++s.stamp == 0) {  // wrapped: no entry may look current
+    std::fill(s.match_stamp.begin(), s.match_stamp.end(), 0);
+    s.stamp = 1;
+  }
   for (size_t i = 0; i < matches.size(); ++i) {
     const WorkerId id = matches[i].worker;
-    if (id >= s.match_of.size()) s.match_of.resize(size_t{id} + 1, 0);
-    if (s.match_of[id] == 0) s.match_of[id] = static_cast<uint32_t>(i + 1);
+    if (id >= s.match_of.size()) {
+      s.match_of.resize(size_t{id} + 1);
+      s.match_stamp.resize(size_t{id} + 1, 0);
+    }
+    if (s.match_stamp[id] != s.stamp) {
+      s.match_stamp[id] = s.stamp;
+      s.match_of[id] = static_cast<uint32_t>(i);
+    }
   }
   // The candidates are built in the decision's own vector: when every one is admitted (the
   // usual case) it becomes Decision::candidates as it is.
@@ -304,8 +317,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       ++not_constrained;
       continue;
     }
-    if (id < s.match_of.size() && s.match_of[id] != 0) {
-      const PrefixMatch* m = &matches[s.match_of[id] - 1];
+    if (id < s.match_stamp.size() && s.match_stamp[id] == s.stamp) {
+      const PrefixMatch* m = &matches[s.match_of[id]];
       c.device_blocks = m->device_blocks;
       c.host_blocks = m->host_blocks;
       c.held_blocks = m->held_blocks;
@@ -321,7 +334,6 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     mates.push_back(&views[i].device_mates);
     shared_device = shared_device || !views[i].device_mates.empty();
   }
-  for (const PrefixMatch& m : matches) s.match_of[m.worker] = 0;  // clean for the next decision
   if (shared_device) AddDeviceLoad(d.policy, mates, &candidates);
   if (candidates.empty() && not_constrained > 0) {
     if (refusal != nullptr) *refusal = Refusal{};  // a bad request for this fleet, not a refusal for load
@@ -337,7 +349,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
   const TimeNs now = clock_->Now();
   const double everyone_rate = picker_.FleetRate(candidates);
-  d.route.fleet_load = FleetLoad(prompt.model, candidates, everyone_rate, now);  // each worker once: before the pull options
+  // Each worker once: before the pull options.
+  d.route.fleet_load = FleetLoad(prompt.model, candidates, everyone_rate, now);
   // P/D disaggregation (README.md): prefill-role workers take no request whole; they hold
   // prefixes the decode-capable workers may pull, and take split prefills (TrySplit, below).
   std::vector<Candidate> everyone;  // every candidate, when some are prefill workers
