@@ -194,7 +194,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   }
   const size_t chosen = eligible[best];
   *cost = prepared != nullptr ? prepared->ttft[chosen] : EstimateTtft(request, candidates[chosen], fallback);
-  return eligible[best];
+  return chosen;
 }
 
 Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates,

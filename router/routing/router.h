@@ -26,7 +26,8 @@
 // the kv cost reads (RouteRequest::fleet_load). It sees this router's decisions, and the
 // other routers' rates as their gossip says (WorkerLoads::PeerWorkRate).
 //
-// Thread safety: thread-safe; the HTTP I/O threads route concurrently. Besides the indexes',
+// Thread safety: thread-safe; the HTTP I/O threads route concurrently, each with its own
+// scratch (thread_local: a warm thread allocates only the Decision). Besides the indexes',
 // the fleet's and the Picker's locks, the Router's own guards the fleet load's rates.
 #pragma once
 
