@@ -264,7 +264,7 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
   auto record = std::make_unique<WorkerRecord>();
   record->id = TakeId();
   record->info = hello;
-  record->transfer = TransferPeerOf(hello);
+  SetTransfer(*record, hello);
   MoveDevice(record->id, "", hello.device_id);
   if (listed) record->listed = hello;
   record->from_static = source != HelloSource::kRegistered;
@@ -321,7 +321,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
   }
   MoveDevice(w.id, w.info.device_id, merged.device_id);
   w.info = merged;
-  w.transfer = TransferPeerOf(merged);
+  SetTransfer(w, merged);
   w.said_bye = false;
   if (!listed) w.described = true;
   if (source == HelloSource::kRegistered) {

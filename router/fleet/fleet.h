@@ -81,6 +81,11 @@ struct TransferPeer {
   std::string host_id;       // set: it copies device blocks with workers of the same host id
 };
 
+// A process-wide id for a transfer format or host id (never 0; equal ids exactly when the
+// strings are equal), so that routing compares every candidate's transfer service to the pull
+// source's without reading each one's TransferPeer (LoadView::transfer_format). Thread-safe.
+uint32_t TransferNameId(std::string_view name);
+
 // What the routing step reads of each worker's load (router/routing/router.h): this
 // router's own in-flight counts, now and as they were when a report was written, and the
 // worker's last report. Fleet implements it; tests fake it.
@@ -142,6 +147,10 @@ class WorkerLoads {
     OwnLoadCounts peers;                // PeerLoad
     OwnLoadCounts peers_at_report;      // PeerLoadAt(report->received_at); zeros without a report
     std::vector<WorkerId> device_mates;  // DeviceMates
+    // Transfer, as pulls compare it: TransferNameId of its format (0: it serves no pulls, Transfer
+    // is null) and of its host id (0: none).
+    uint32_t transfer_format = 0;
+    uint32_t transfer_host = 0;
   };
   // The LoadView of each of `workers`, in order. This one asks the calls above worker by
   // worker; the Fleet takes each of its locks once for the lot (a request's routing reads
@@ -159,6 +168,10 @@ class WorkerLoads {
       v.peers = PeerLoad(id);
       if (v.report) v.peers_at_report = PeerLoadAt(id, v.report->received_at);
       v.device_mates = DeviceMates(id);
+      if (const std::shared_ptr<const TransferPeer> t = Transfer(id)) {
+        v.transfer_format = TransferNameId(t->format);
+        v.transfer_host = t->host_id.empty() ? 0 : TransferNameId(t->host_id);
+      }
       out->push_back(std::move(v));
     }
   }

@@ -57,6 +57,9 @@ enum class HelloSource {
 
 // A Hello's transfer service as routing reads it; null when the worker serves no pulls.
 std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info);
+struct WorkerRecord;
+// Sets w's transfer (TransferPeerOf(info)) and its ids for LoadView. REQUIRES: FleetImpl::mu_ held.
+void SetTransfer(WorkerRecord& w, const WorkerHello& info);
 
 // One worker. Fields read by other threads are atomics or guarded by the registry lock.
 struct WorkerRecord {
@@ -65,6 +68,7 @@ struct WorkerRecord {
   WorkerHello listed;                     // GUARDED_BY(FleetImpl::mu_); from_static: the flags' guess
   // `info`'s transfer service (TransferPeerOf), made whenever `info` is set; null: no pulls.
   std::shared_ptr<const TransferPeer> transfer;  // GUARDED_BY(FleetImpl::mu_)
+  uint32_t transfer_format = 0, transfer_host = 0;  // GUARDED_BY(FleetImpl::mu_); LoadView's, of `transfer`
   bool from_static = false;               // static list or DNS: removed when DNS drops it
   // `info` is the worker's own (a Hello, or its answer to a Describe), not the flags' guess.
   std::atomic<bool> described{false};

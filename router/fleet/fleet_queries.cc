@@ -196,6 +196,8 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     v.role = w.info.role;
     v.structured_outputs = w.info.structured_outputs;
     if (!w.info.device_id.empty()) v.device_mates = DeviceMatesOf(w);
+    v.transfer_format = w.transfer_format;
+    v.transfer_host = w.transfer_host;
     if (options_.peers != nullptr) {  // by name: the peers number workers their own way
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
       options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
@@ -255,6 +257,21 @@ std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info) {
   return std::make_shared<const TransferPeer>(TransferPeer{info.name, info.transfer_endpoint, info.transfer_key,
                                                            info.transfer_format, info.transfer_bytes_per_block,
                                                            info.transfer_host_id});
+}
+
+void SetTransfer(WorkerRecord& w, const WorkerHello& info) {
+  w.transfer = TransferPeerOf(info);
+  w.transfer_format = w.transfer ? TransferNameId(w.transfer->format) : 0;
+  w.transfer_host = w.transfer && !w.transfer->host_id.empty() ? TransferNameId(w.transfer->host_id) : 0;
+}
+
+uint32_t TransferNameId(std::string_view name) {
+  static std::mutex mu;
+  static std::map<std::string, uint32_t, std::less<>> ids;  // GUARDED_BY(mu); a few formats and hosts
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = ids.find(name);
+  if (it == ids.end()) it = ids.emplace(std::string(name), static_cast<uint32_t>(ids.size() + 1)).first;
+  return it->second;
 }
 
 std::optional<std::string> FleetImpl::PrefillMismatch(const ModelEntry& model, const WorkerHello& hello,

@@ -59,7 +59,18 @@ Status RoutingOptions::Validate() const {
 
 namespace {
 
-double Median(std::vector<double> values) {
+// Per-thread scratch, so that a decision over a large fleet allocates nothing once warm. Each
+// vector is used by one function at a time.
+struct PickScratch {
+  std::vector<double> rates;           // FleetRate
+  std::vector<size_t> eligible, cool;  // Pick
+  std::vector<double> loads;           // Pick's hot-spot guard
+  std::vector<double> costs;           // PickLowestCost
+};
+thread_local PickScratch t_pick;
+
+// Reorders `values`.
+double Median(std::span<double> values) {
   if (values.empty()) return 0;
   size_t mid = values.size() / 2;
   std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
@@ -107,7 +118,8 @@ double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, dou
 double Picker::FleetRate(std::span<const Candidate> candidates) const {
   const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
                                      [](const Candidate& c) { return c.pull_blocks > 0; });
-  std::vector<double> rates;
+  std::vector<double>& rates = t_pick.rates;
+  rates.clear();
   for (const Candidate& c : candidates) {
     if (c.prefill_tokens_per_s > 0 && (c.pull_blocks == 0 || all_pulls)) rates.push_back(c.prefill_tokens_per_s);
   }
@@ -130,9 +142,14 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
 }
 
 double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const {
+  return CostWithTtft(request, c, fleet_rate, delayed, EstimateTtft(request, c, fleet_rate));
+}
+
+double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
+                            double ttft) const {
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return EstimateTtft(request, c, fleet_rate) + delayed * uncached / rate;
+  return ttft + delayed * uncached / rate;
 }
 
 namespace {
@@ -147,12 +164,17 @@ uint64_t TieRank(WorkerId worker, uint64_t salt) {
 }  // namespace
 
 size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
-                              std::span<const size_t> eligible, double* cost) {
+                              std::span<const size_t> eligible, const Prepared* prepared, double* cost) {
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
-  const double fallback = FleetRate(candidates);
+  const double fallback = prepared != nullptr ? prepared->fleet_rate : FleetRate(candidates);
   const double delayed = DelayedRequests(candidates, request.fleet_load);
-  std::vector<double> costs(eligible.size());
-  for (size_t i = 0; i < eligible.size(); ++i) costs[i] = Cost(request, candidates[eligible[i]], fallback, delayed);
+  std::vector<double>& costs = t_pick.costs;
+  costs.resize(eligible.size());
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    const Candidate& c = candidates[eligible[i]];
+    costs[i] = prepared != nullptr ? CostWithTtft(request, c, fallback, delayed, prepared->ttft[eligible[i]])
+                                   : Cost(request, c, fallback, delayed);
+  }
 
   auto better = [&](size_t a, size_t b) {  // positions in eligible
     if (costs[a] != costs[b]) return costs[a] < costs[b];
@@ -182,13 +204,15 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
       best = dist(rng_);
     }
   }
-  *cost = EstimateTtft(request, candidates[eligible[best]], fallback);
-  return eligible[best];
+  const size_t chosen = eligible[best];
+  *cost = prepared != nullptr ? prepared->ttft[chosen] : EstimateTtft(request, candidates[chosen], fallback);
+  return chosen;
 }
 
-Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates) {
-  std::vector<size_t> eligible;
-  eligible.reserve(candidates.size());
+Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates,
+                            const Prepared* prepared) {
+  std::vector<size_t>& eligible = t_pick.eligible;
+  eligible.clear();
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (candidates[i].queued_requests < options_.max_queued_requests) eligible.push_back(i);
   }
@@ -218,12 +242,14 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
     case Policy::kApprox:
     case Policy::kKvRetention: {
       if (options_.hot_spot_factor > 0) {
-        std::vector<double> loads;
+        std::vector<double>& loads = t_pick.loads;
+        loads.clear();
         for (size_t i : eligible) {
           if (candidates[i].pull_blocks == 0) loads.push_back(candidates[i].running_requests);
         }
         double limit = std::max(options_.hot_spot_factor * Median(loads), options_.hot_spot_min_requests);
-        std::vector<size_t> cool;
+        std::vector<size_t>& cool = t_pick.cool;
+        cool.clear();
         for (size_t i : eligible) {
           if (candidates[i].running_requests <= limit) cool.push_back(i);
         }
@@ -231,7 +257,7 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
         // when the limit is below it, which max() with min_requests >= 0 rules out.
         if (!cool.empty()) eligible.swap(cool);
       }
-      d.index = PickLowestCost(request, candidates, eligible, &d.estimated_ttft_s);
+      d.index = PickLowestCost(request, candidates, eligible, prepared, &d.estimated_ttft_s);
       break;
     }
     case Policy::kDynamo: {
@@ -248,7 +274,8 @@ Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::spa
       d.index = eligible[peer::PickSglang(request, candidates, eligible)];
       break;
     case Policy::kPreble:
-      d.index = eligible[peer::PickPreble(request, candidates, eligible, FleetRate(candidates),
+      d.index = eligible[peer::PickPreble(request, candidates, eligible,
+                                          prepared != nullptr ? prepared->fleet_rate : FleetRate(candidates),
                                           options_.decode_s_per_running_request)];
       break;
   }

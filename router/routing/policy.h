@@ -166,6 +166,10 @@ struct Candidate {
   WorkerId pull_from = 0;
   uint32_t pull_blocks = 0;  // 0: no pull
   double pull_s = 0;
+  // Its transfer service, as pulls compare it (WorkerLoads::LoadView::transfer_format): 0: it
+  // serves no pulls.
+  uint32_t transfer_format = 0;
+  uint32_t transfer_host = 0;  // 0: no host id
 };
 
 struct RouteRequest {
@@ -174,6 +178,13 @@ struct RouteRequest {
   // ρ, the fleet's load in work: the uncached prefill tokens/s this router has sent the
   // model's fleet lately over the fleet's prefill rate (Router; README.md). 0: unknown.
   double fleet_load = 0;
+};
+
+// What the caller of Pick already computed for the same candidates, so that Pick need not
+// again (Router::Route: admission estimated every candidate's TTFT).
+struct Prepared {
+  double fleet_rate = 0;           // REQUIRES: == Picker::FleetRate(candidates)
+  std::span<const double> ttft;    // REQUIRES: [i] == EstimateTtft(request, candidates[i], fleet_rate)
 };
 
 // What Pick chose among the candidates.
@@ -191,8 +202,10 @@ class Picker {
   const RoutingOptions& options() const { return options_; }
 
   // Chooses a worker. Candidates that are saturated are skipped; when all are,
-  // returns ResourceExhausted. REQUIRES: !candidates.empty().
-  Result<Choice> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates);
+  // returns ResourceExhausted. REQUIRES: !candidates.empty(). `prepared` (may be null): the
+  // candidates' figures already known; the choice is the same with or without them.
+  Result<Choice> Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates,
+                      const Prepared* prepared = nullptr);
 
   // The prefill rate standing in for workers that report none: the median of the
   // candidates' reported rates, else default_prefill_tokens_per_s.
@@ -218,7 +231,10 @@ class Picker {
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
-                        std::span<const size_t> eligible, double* cost);
+                        std::span<const size_t> eligible, const Prepared* prepared, double* cost);
+  // Cost, with c's EstimateTtft at `fleet_rate` known.
+  double CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
+                      double ttft) const;
 
   RoutingOptions options_;
   std::atomic<uint64_t> next_{0};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "common/check.h"
@@ -31,6 +32,20 @@ OwnLoadCounts Sum(OwnLoadCounts a, const OwnLoadCounts& b) {
   a.waiting += b.waiting;
   return a;
 }
+
+// Per-thread scratch of Route, so that a decision over a large fleet allocates little more
+// than the Decision it returns once the thread is warm.
+struct RouteScratch {
+  std::vector<PrefixMatch> matches;
+  // By worker id: the index in `matches` of its first match, when its stamp is this decision's.
+  std::vector<uint32_t> match_of, match_stamp;
+  uint32_t stamp = 0;  // this decision's
+  std::vector<WorkerLoads::LoadView> views;
+  std::vector<WorkerRole> roles;
+  std::vector<const std::vector<WorkerId>*> mates;
+  std::vector<double> ttft;
+};
+thread_local RouteScratch t_route;
 
 std::string Seconds(double s) {
   char buf[32];
@@ -167,27 +182,29 @@ void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>
   }
   if (holder == nullptr) return;
   const WorkerId source = holder->worker;
+  // Each candidate's transfer service is compared by ids (Candidate::transfer_format), not read.
+  const uint32_t format = TransferNameId(from->format);
+  const uint32_t host = from->host_id.empty() ? 0 : TransferNameId(from->host_id);
   const size_t n = candidates->size();
   for (size_t i = 0; i < n; ++i) {
     const Candidate& c = (*candidates)[i];
     const uint32_t have = c.device_blocks + c.host_blocks;
     if (c.worker == source || have >= held) continue;
-    std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
-    if (!to || to->format != from->format) continue;
-    candidates->push_back(WithPull(c, source, *from, *to, held - have));
+    if (c.transfer_format == 0 || c.transfer_format != format) continue;
+    const bool same_host = host != 0 && host == c.transfer_host;
+    candidates->push_back(WithPull(c, source, from->bytes_per_block, same_host, held - have));
   }
 }
 
-Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPeer& from, const TransferPeer& to,
+Candidate Router::WithPull(const Candidate& c, WorkerId source, uint64_t bytes_per_block, bool same_host,
                            uint32_t blocks) const {
-  const bool same_host = !from.host_id.empty() && from.host_id == to.host_id;
   const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
   Candidate pulled = c;
   pulled.pull_from = source;
   pulled.pull_blocks = blocks;
   pulled.device_blocks += blocks;
   pulled.pull_s =
-      options().transfer_setup_s + static_cast<double>(blocks) * static_cast<double>(from.bytes_per_block) / bandwidth;
+      options().transfer_setup_s + static_cast<double>(blocks) * static_cast<double>(bytes_per_block) / bandwidth;
   return pulled;
 }
 
@@ -195,8 +212,8 @@ uint32_t Router::PullDeadlineMs(const RouteRequest& route, const Candidate& c, d
   return std::max<uint32_t>(static_cast<uint32_t>(std::ceil(1e3 * picker_.PullDeadline(route, c, fleet_rate))), 10);
 }
 
-double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now) {
-  const double fleet_rate = picker_.FleetRate(candidates);
+double Router::FleetLoad(std::string_view model, std::span<const Candidate> candidates, double fleet_rate,
+                         TimeNs now) {
   double capacity = 0;
   // Workers sharing a device share its compute: each counts its share, so the device counts once.
   for (const Candidate& c : candidates) capacity += c.device_share * std::max(c.prefill_tokens_per_s, fleet_rate);
@@ -227,11 +244,7 @@ void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached
 
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                           std::vector<double>* ttft) const {
-  return Admissible(route, candidates, picker_.FleetRate(candidates), ttft);
-}
-
-std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
-                                          double fleet_rate, std::vector<double>* ttft) const {
+  const double fleet_rate = picker_.FleetRate(candidates);
   const double bound = options().admission_ttft_s;
   std::vector<Candidate> out;
   out.reserve(candidates.size());
@@ -245,13 +258,15 @@ std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<c
 }
 
 Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Refusal* refusal) {
+  RouteScratch& s = t_route;
   Decision d;
   d.policy = prompt.policy;
   d.route = RouteRequest{static_cast<uint32_t>(prompt.tokens.size()), fleet.block_size};
   d.lora_id = LoraId(prompt.lora);
   BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, prompt.lora, prompt.cache_salt});
   d.hashes = hasher.HashAll(prompt.tokens);
-  std::vector<PrefixMatch> matches;
+  std::vector<PrefixMatch>& matches = s.matches;
+  matches.clear();
   const bool by_prefix = d.policy != Policy::kRoundRobin && d.policy != Policy::kLeastLoaded;
   if (by_prefix) {
     PrefixIndex* index = d.policy == Policy::kApprox ? approx_index_ : kv_index_;
@@ -261,14 +276,36 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       std::sort(matches.begin(), matches.end(), by_worker);
     }
   }
-  std::vector<Candidate> candidates;
+  // Every worker of a large fleet may match a shared prefix: each one's match by its id, not a
+  // search per worker. The first of a worker's matches, as a search of the sorted ones finds.
+  if (++s.stamp == 0) {  // wrapped: no entry may look current
+    std::fill(s.match_stamp.begin(), s.match_stamp.end(), 0);
+    s.stamp = 1;
+  }
+  for (size_t i = 0; i < matches.size(); ++i) {
+    const WorkerId id = matches[i].worker;
+    if (id >= s.match_of.size()) {
+      s.match_of.resize(size_t{id} + 1);
+      s.match_stamp.resize(size_t{id} + 1, 0);
+    }
+    if (s.match_stamp[id] != s.stamp) {
+      s.match_stamp[id] = s.stamp;
+      s.match_of[id] = static_cast<uint32_t>(i);
+    }
+  }
+  // The candidates are built in the decision's own vector: when every one is admitted (the
+  // usual case) it becomes Decision::candidates as it is.
+  auto owned = std::make_shared<std::vector<Candidate>>();
+  std::vector<Candidate>& candidates = *owned;
   // Room for every worker's pull option too (AddPulls), so decode_pool below stays valid.
   candidates.reserve(2 * fleet.routable.size());
-  std::vector<WorkerLoads::LoadView> views;
+  std::vector<WorkerLoads::LoadView>& views = s.views;
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
-  std::vector<WorkerRole> roles;  // the candidates'
-  std::vector<const std::vector<WorkerId>*> mates;  // the candidates' device mates
+  std::vector<WorkerRole>& roles = s.roles;  // the candidates'
+  std::vector<const std::vector<WorkerId>*>& mates = s.mates;  // the candidates' device mates
+  roles.clear();
+  mates.clear();
   bool shared_device = false;
   size_t not_constrained = 0;     // workers left out: they offer no constrained decoding
   for (size_t i = 0; i < fleet.routable.size(); ++i) {
@@ -280,10 +317,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       ++not_constrained;
       continue;
     }
-    // Every worker of a large fleet may match a shared prefix: a search, not a scan per worker.
-    auto m = std::lower_bound(matches.begin(), matches.end(), id,
-                              [](const PrefixMatch& a, WorkerId w) { return a.worker < w; });
-    if (m != matches.end() && m->worker == id) {
+    if (id < s.match_stamp.size() && s.match_stamp[id] == s.stamp) {
+      const PrefixMatch* m = &matches[s.match_of[id]];
       c.device_blocks = m->device_blocks;
       c.host_blocks = m->host_blocks;
       c.held_blocks = m->held_blocks;
@@ -292,6 +327,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
     }
     waiting += AddLoad(d.policy, views[i], &c).waiting;
+    c.transfer_format = views[i].transfer_format;
+    c.transfer_host = views[i].transfer_host;
     candidates.push_back(c);
     roles.push_back(views[i].role);
     mates.push_back(&views[i].device_mates);
@@ -311,7 +348,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   }
   if (d.policy == Policy::kKvRetention) DiscountHits(d.route, d.hashes, &candidates);
   const TimeNs now = clock_->Now();
-  d.route.fleet_load = FleetLoad(prompt.model, candidates, now);  // each worker once: before the pull options
+  const double everyone_rate = picker_.FleetRate(candidates);
+  // Each worker once: before the pull options.
+  d.route.fleet_load = FleetLoad(prompt.model, candidates, everyone_rate, now);
   // P/D disaggregation (README.md): prefill-role workers take no request whole; they hold
   // prefixes the decode-capable workers may pull, and take split prefills (TrySplit, below).
   std::vector<Candidate> everyone;  // every candidate, when some are prefill workers
@@ -333,14 +372,28 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
   if (by_cost) AddPulls(everyone.empty() ? decode_pool : everyone, &candidates);
   KVF_CHECK(candidates.data() == decode_pool.data());
-  // Pull options do not count in it (Picker::FleetRate), so it is the decode pool's.
-  const double fleet_rate = picker_.FleetRate(candidates);
+  // Pull options do not count in it (Picker::FleetRate), so it is the decode pool's: everyone's
+  // when no candidate is a prefill worker.
+  const double fleet_rate = everyone.empty() ? everyone_rate : picker_.FleetRate(candidates);
 
-  // Admission.
-  std::vector<double> ttft;
-  auto admitted = std::make_shared<std::vector<Candidate>>(Admissible(d.route, candidates, fleet_rate, &ttft));
-  const double best = *std::min_element(ttft.begin(), ttft.end());
+  // Admission (Admissible's, in place when every candidate is admitted).
+  std::vector<double>& ttft = s.ttft;
+  ttft.clear();
   const double bound = options().admission_ttft_s;
+  bool all_admitted = true;
+  double best = std::numeric_limits<double>::infinity();  // the soonest first token
+  for (const Candidate& c : candidates) {
+    ttft.push_back(picker_.EstimateTtft(d.route, c, fleet_rate));
+    all_admitted = all_admitted && (bound == 0 || ttft.back() <= bound);
+    best = std::min(best, ttft.back());
+  }
+  std::shared_ptr<std::vector<Candidate>> admitted = owned;
+  if (!all_admitted) {
+    admitted = std::make_shared<std::vector<Candidate>>();
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (ttft[i] <= bound) admitted->push_back(candidates[i]);
+    }
+  }
   // A retry may be admitted once the best worker's queue has drained below the bound (or,
   // within it, once the requests ahead have their first tokens): at least a second.
   const double retry_after = std::max(1.0, best > bound ? best - bound : best);
@@ -380,7 +433,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                                     "in about " + Seconds(best)),
                   "predicted_ttft", retry_after);
   }
-  auto choice = picker_.Pick(d.policy, d.route, *admitted);
+  // Every candidate admitted: Pick's fleet rate and TTFTs are those above.
+  const Prepared prepared{fleet_rate, ttft};
+  auto choice = picker_.Pick(d.policy, d.route, *admitted, all_admitted ? &prepared : nullptr);
   if (!choice.ok()) return refuse(choice.status(), "saturated", retry_after);
   const Candidate& chosen = (*admitted)[choice->index];
   d.worker = choice->worker;

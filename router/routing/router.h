@@ -26,7 +26,8 @@
 // the kv cost reads (RouteRequest::fleet_load). It sees this router's decisions, and the
 // other routers' rates as their gossip says (WorkerLoads::PeerWorkRate).
 //
-// Thread safety: thread-safe; the HTTP I/O threads route concurrently. Besides the indexes',
+// Thread safety: thread-safe; the HTTP I/O threads route concurrently, each with its own
+// scratch (thread_local: a warm thread allocates only the Decision). Besides the indexes',
 // the fleet's and the Picker's locks, the Router's own guards the fleet load's rates.
 #pragma once
 
@@ -160,8 +161,6 @@ class Router {
   // Sets c->adapter_load_s for adapter `lora_id` (0: the base model); false when the worker
   // does not serve it.
   bool AddAdapter(uint64_t lora_id, Candidate* c) const;
-  // The candidates whose predicted time to first token is within admission_ttft_s (all of
-  // them when it is 0), and each one's prediction in *ttft.
   // kv_retention: each candidate's retained_share, the part of its matched prefix expected
   // still cached when this request's prefill starts there (README.md).
   void DiscountHits(const RouteRequest& route, std::span<const BlockHash> hashes,
@@ -172,9 +171,10 @@ class Router {
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
   void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
-  // `c` with `blocks` more leading blocks pulled from `source` (`from`) into it (`to`): at the
-  // device-to-device bandwidth when their Hellos name one host, else the network's.
-  Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& from, const TransferPeer& to,
+  // `c` with `blocks` more leading blocks pulled from `source` (TransferPeer::bytes_per_block
+  // `bytes_per_block`) into it: at the device-to-device bandwidth when their Hellos name one
+  // host (`same_host`), else the network's.
+  Candidate WithPull(const Candidate& c, WorkerId source, uint64_t bytes_per_block, bool same_host,
                      uint32_t blocks) const;
   // The hint's deadline for `c`'s pull: Picker::PullDeadline in ms, at least 10.
   uint32_t PullDeadlineMs(const RouteRequest& route, const Candidate& c, double fleet_rate) const;
@@ -188,15 +188,15 @@ class Router {
       Policy policy, const RouteRequest& route, uint64_t lora_id,
       std::shared_ptr<const std::vector<Candidate>> candidates);
   // ρ for `model` now: the uncached prefill tokens/s this router sent it lately over the
-  // candidates' summed prefill rates (each at least the fleet's median, as the cost has it,
-  // and each times its Candidate::device_share: a shared device counts once).
-  double FleetLoad(std::string_view model, std::span<const Candidate> candidates, TimeNs now);
+  // candidates' summed prefill rates (each at least the fleet's median, `fleet_rate` =
+  // Picker::FleetRate(candidates), as the cost has it, and each times its
+  // Candidate::device_share: a shared device counts once).
+  double FleetLoad(std::string_view model, std::span<const Candidate> candidates, double fleet_rate, TimeNs now);
   void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
+  // The candidates whose predicted time to first token is within admission_ttft_s (all of
+  // them when it is 0), and each one's prediction in *ttft.
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
-  // The same, with the candidates' Picker::FleetRate already known.
-  std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
-                                    double fleet_rate, std::vector<double>* ttft) const;
 
   Picker picker_;
   const WorkerLoads* loads_;

@@ -46,7 +46,8 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
     const uint32_t have = c.device_blocks + c.host_blocks;
-    decode.push_back(have < full ? WithPull(c, pre.worker, *from, *to, full - have) : c);
+    const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
+    decode.push_back(have < full ? WithPull(c, pre.worker, from->bytes_per_block, same_host, full - have) : c);
   }
   if (decode.empty()) return false;  // no decode worker can take the prefill worker's KV
   auto decode_admitted = std::make_shared<std::vector<Candidate>>(Admissible(route, decode, &ttft));

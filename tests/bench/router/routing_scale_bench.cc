@@ -57,7 +57,8 @@ constexpr uint32_t kPrefixes = 8;
 constexpr uint32_t kPrefixBlocks = 64;
 constexpr char kModel[] = "bench";
 
-// Loads as the Fleet serves them: one lock for every candidate's view, one per Transfer.
+// Loads as the Fleet serves them: one lock for every candidate's view (with its transfer ids), one per
+// Transfer.
 class BenchLoads final : public WorkerLoads {
  public:
   explicit BenchLoads(size_t n, std::mt19937_64& rng) : views_(n), transfer_(n) {
@@ -81,6 +82,8 @@ class BenchLoads final : public WorkerLoads {
       transfer_[w] = std::make_shared<const TransferPeer>(
           TransferPeer{"w" + std::to_string(w), "tcp://10.0.0." + std::to_string(w % 250) + ":5559", "", "bf16", 64u << 10,
                        "host" + std::to_string(w / 8)});
+      v.transfer_format = TransferNameId(transfer_[w]->format);
+      v.transfer_host = TransferNameId(transfer_[w]->host_id);
     }
   }
   OwnLoadCounts OwnLoad(WorkerId w) const override { return views_[w].own; }

@@ -104,6 +104,9 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(fleet["workers"][0]["device_id"].is_null());  // nor a device
   const WorkerId id = r.fleet->FindModel("llama")->routable.at(0);
   CHECK(r.fleet->Transfer(id) == nullptr);
+  std::vector<WorkerLoads::LoadView> before;
+  r.fleet->Loads(std::span(&id, 1), &before);
+  CHECK(before.at(0).transfer_format == 0);  // serves no pulls
   // A later Hello that announces one: routing reads it, and /fleet shows it.
   hello.name = "w1";
   hello.block_size = 16;
@@ -121,6 +124,13 @@ TEST_CASE("registration adds workers per model and refuses a block-size mismatch
   CHECK(r.fleet->Transfer(id)->name == "w1");
   CHECK(r.fleet->Transfer(id)->bytes_per_block == 4u << 20);
   CHECK(r.fleet->Transfer(id)->host_id == "boot-1");
+  // Routing compares it to a pull's source by ids read with its load, not by its TransferPeer.
+  std::vector<WorkerLoads::LoadView> views;
+  r.fleet->Loads(std::span(&id, 1), &views);
+  REQUIRE(views.size() == 1);
+  CHECK(views[0].transfer_format == TransferNameId("bf16"));
+  CHECK(views[0].transfer_host == TransferNameId("boot-1"));
+  CHECK(TransferNameId("boot-1") != TransferNameId("bf16"));
   fleet = json::parse(BodyOf(Roundtrip(r.port(), "GET", "/fleet")));
   CHECK(fleet["workers"][0]["transfer"]["format"] == "bf16");
   CHECK(fleet["workers"][0]["transfer"]["curve"] == false);

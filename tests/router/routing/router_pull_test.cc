@@ -2,7 +2,12 @@
 // (README.md, "Pulling a prefix"), over the fake fleet of router_fixture.h.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <numeric>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include "router/index/global_index.h"
 #include "router/routing/router.h"
@@ -155,6 +160,51 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     REQUIRE(e.ok());
     CHECK(e->pull.source.empty());
   }
+}
+
+TEST_CASE("threads routing at once get the decisions one thread gets alone (each has its own scratch)") {
+  Fixture f;
+  f.fleet.routable.clear();
+  for (WorkerId w = 0; w < 80; ++w) {  // past 64: the match table grows
+    f.fleet.routable.push_back(w);
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h:1", "", w % 3 ? "bf16" : "fp8e4m3", 1024,
+                                       w % 2 ? "boot-a" : ""};
+  }
+  f.fleet.workers = 80;
+  // Prompts of 1..12 blocks, each held whole by one worker and in half by another: pull options.
+  const BlockHasher hasher(kBlockSize, HashNamespace{"m", "", ""});
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t p = 1; p <= 12; ++p) {
+    std::vector<TokenId> t(p * kBlockSize);
+    std::iota(t.begin(), t.end(), static_cast<TokenId>(1000 * p));
+    const std::vector<BlockHash> hashes = hasher.HashAll(t);
+    f.kv.InsertPredicted(7 * p % 80, hashes, 1000 * kNsPerSec);
+    f.kv.InsertPredicted(11 * p % 80, std::span(hashes).first(p / 2), 1000 * kNsPerSec);
+    prompts.push_back(std::move(t));
+  }
+  auto route = [&](size_t p) {
+    Result<Decision> d = f.router.Route(f.fleet, Prompt{"m", prompts[p], "", Policy::kKv});
+    if (!d.ok()) return std::tuple(~WorkerId{0}, 0u, 0u, WorkerId{0}, size_t{0});
+    return std::tuple(d->worker, d->device_blocks, d->host_blocks, d->pull_from, d->candidates->size());
+  };
+  std::vector<decltype(route(0))> alone;
+  for (size_t p = 0; p < prompts.size(); ++p) alone.push_back(route(p));
+  CHECK(std::get<0>(alone[11]) == 7 * 12 % 80);  // the whole prompt's holder
+  CHECK(std::get<4>(alone[11]) > 80);            // besides a pull option for each worker of its format
+  std::atomic<int> differed{0};
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (size_t round = 0; round < 200; ++round) {
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const size_t p = (i * (k + 1) + round) % prompts.size();  // each thread in its own order
+          if (route(p) != alone[p]) ++differed;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(differed.load() == 0);
 }
 
 }  // namespace
