@@ -12,7 +12,7 @@
 // grammar_bench (its token cache filled first, as the worker's warming thread leaves it). A
 // sequence that ends (its document complete, or max_tokens) is replaced by a new request;
 // only steps that decode exactly B sequences and compute nothing else are timed (wall time of
-// Engine::Step: schedule, the backend's step, postprocess). The mask fill time per token is
+// Engine::Step: schedule, the backend's step, postprocess; the median is the figure). The mask fill time per token is
 // the engine's own count (EngineCounters::mask_fill_ns), spent while the backend's forward
 // pass runs (cuda at one rank; the cpu backend computes first, then asks for the masks).
 #include "tests/bench/grammar_engine_bench.h"
@@ -47,7 +47,8 @@ struct Args {
 };
 
 struct Measured {
-  double step_ms = 0;       // mean over the timed steps
+  double step_ms = 0;       // median of the timed steps (robust to a busy host's preemptions)
+  double mean_ms = 0;       // their mean
   int32_t timed = 0;        // steps timed
   double mask_us = 0;       // mean mask fill per constrained token (0 unconstrained)
   uint64_t finished = 0;    // sequences that ended (and were replaced) meanwhile
@@ -99,7 +100,7 @@ class Bench {
     Measured m;
     int32_t full = 0;  // full decode steps so far (warm-up first)
     uint64_t masks0 = 0, ns0 = 0;
-    double total_ms = 0;
+    std::vector<double> times;
     for (int64_t guard = 0; m.timed < args_.steps; ++guard) {
       if (guard > 100 * (args_.steps + args_.warmup) + 10 * args_.prompt) return Internal("no full decode steps");
       const auto t0 = Clock::now();
@@ -119,10 +120,12 @@ class Bench {
         ns0 = engine.counters().mask_fill_ns;
       }
       if (full <= args_.warmup) continue;
-      total_ms += ms;
+      times.push_back(ms);
       ++m.timed;
     }
-    m.step_ms = total_ms / m.timed;
+    for (double t : times) m.mean_ms += t / static_cast<double>(times.size());
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    m.step_ms = times[times.size() / 2];
     const uint64_t masks = engine.counters().masks_filled - masks0;
     if (masks > 0) m.mask_us = static_cast<double>(engine.counters().mask_fill_ns - ns0) / 1e3 / static_cast<double>(masks);
     engine.CancelAll();
@@ -210,7 +213,8 @@ int RunEngineBench(int argc, char** argv) {
               "%d timed decode steps after %d\n",
               a.backend.c_str(), a.model.c_str(), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_layers), static_cast<long long>(c.vocab_size), a.prompt, a.steps, a.warmup);
-  std::printf("%6s %16s %16s %8s %14s %12s\n", "batch", "plain ms/step", "schema ms/step", "diff", "mask us/token",
+  std::printf("ms/step: the median of the timed steps (mean in brackets)\n");
+  std::printf("%6s %22s %22s %8s %14s %11s\n", "batch", "plain ms/step", "schema ms/step", "diff", "mask us/token",
               "docs ended");
   Bench bench(a, be.get(), kv->get(), &so);
   for (int32_t batch : a.batches) {
@@ -218,8 +222,8 @@ int RunEngineBench(int argc, char** argv) {
     if (!plain.ok()) return Fail(plain.status().ToString());
     auto schema = bench.Run(batch, true);
     if (!schema.ok()) return Fail(schema.status().ToString());
-    std::printf("%6d %16.3f %16.3f %+7.1f%% %14.2f %12llu\n", batch, plain->step_ms, schema->step_ms,
-                100.0 * (schema->step_ms / plain->step_ms - 1.0), schema->mask_us,
+    std::printf("%6d %10.3f (%9.3f) %10.3f (%9.3f) %+7.1f%% %14.2f %11llu\n", batch, plain->step_ms, plain->mean_ms,
+                schema->step_ms, schema->mean_ms, 100.0 * (schema->step_ms / plain->step_ms - 1.0), schema->mask_us,
                 static_cast<unsigned long long>(schema->finished));
     std::fflush(stdout);
   }
