@@ -3,7 +3,7 @@
 // per step at batch 64).
 //
 //   build/bench/grammar_bench --engine --model DIR [--backend cpu|cuda] [--batches 1,64]
-//                             [--prompt 1024] [--steps 40] [--warmup 6] [--threads N]
+//                             [--prompt 1024] [--steps 20] [--warmup 6] [--rounds 2] [--threads N]
 //
 // DIR is a model directory with a tokenizer (`kvfleet make-model --shape llama-3.1-8b --seed 7
 // --tokenizer <llama3 tokenizer dir> --out DIR`): the worker's grammar vocabulary is built
@@ -12,9 +12,10 @@
 // grammar_bench (its token cache filled first, as the worker's warming thread leaves it). A
 // sequence that ends (its document complete, or max_tokens) is replaced by a new request;
 // only steps that decode exactly B sequences and compute nothing else are timed (wall time of
-// Engine::Step: schedule, the backend's step, postprocess; the median is the figure). The mask fill time per token is
-// the engine's own count (EngineCounters::mask_fill_ns), spent while the backend's forward
-// pass runs (cuda at one rank; the cpu backend computes first, then asks for the masks).
+// Engine::Step: schedule, the backend's step, postprocess; the median is the figure), --steps
+// per round after --warmup, the two modes alternating for --rounds rounds. The mask fill
+// time per token is the engine's own count (EngineCounters::mask_fill_ns), spent while the
+// backend's forward pass runs (cuda at one rank; the cpu backend computes first, then asks).
 #include "tests/bench/grammar_engine_bench.h"
 
 #include <algorithm>
@@ -43,15 +44,26 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string model, backend = "cpu";
   std::vector<int32_t> batches = {1, 64};
-  int32_t prompt = 1024, steps = 40, warmup = 6, threads = 0;
+  int32_t prompt = 1024, steps = 20, warmup = 6, threads = 0, rounds = 2;
 };
 
+// One mode's timed steps over every round.
 struct Measured {
-  double step_ms = 0;       // median of the timed steps (robust to a busy host's preemptions)
-  double mean_ms = 0;       // their mean
-  int32_t timed = 0;        // steps timed
-  double mask_us = 0;       // mean mask fill per constrained token (0 unconstrained)
-  uint64_t finished = 0;    // sequences that ended (and were replaced) meanwhile
+  std::vector<double> step_ms;  // each timed step's wall time
+  uint64_t masks = 0;           // masks filled during the timed steps
+  uint64_t mask_ns = 0;         // and the engine's time in them
+  uint64_t finished = 0;        // sequences that ended (and were replaced) meanwhile
+
+  double Median() const {
+    std::vector<double> t = step_ms;
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    return t[t.size() / 2];
+  }
+  double Mean() const {
+    double sum = 0;
+    for (double t : step_ms) sum += t;
+    return sum / static_cast<double>(step_ms.size());
+  }
 };
 
 // Tokens a sequence may generate beyond the timed and warm-up steps: the batch's prefill
@@ -71,7 +83,8 @@ class Bench {
       : args_(a), backend_(b), kv_(kv), so_(so) {}
 
   // B sequences decoding; `grammar`: each under the order schema.
-  Result<Measured> Run(int32_t batch, bool grammar) {
+  // Adds one round's timed steps to *m.
+  Status Run(int32_t batch, bool grammar, Measured* m) {
     engine::EngineOptions eo;
     eo.model_name = "bench";
     eo.scheduler.max_num_tokens = static_cast<uint32_t>(backend_->max_num_tokens());
@@ -97,11 +110,9 @@ class Bench {
       return engine.Add(std::move(r), 0).status();
     };
     for (int32_t i = 0; i < batch; ++i) KVF_RETURN_IF_ERROR(add());
-    Measured m;
-    int32_t full = 0;  // full decode steps so far (warm-up first)
+    int32_t full = 0, timed = 0;  // full decode steps so far (warm-up first)
     uint64_t masks0 = 0, ns0 = 0;
-    std::vector<double> times;
-    for (int64_t guard = 0; m.timed < args_.steps; ++guard) {
+    for (int64_t guard = 0; timed < args_.steps; ++guard) {
       if (guard > 100 * (args_.steps + args_.warmup) + 10 * args_.prompt) return Internal("no full decode steps");
       const auto t0 = Clock::now();
       const std::vector<engine::RequestOutput> outputs = engine.Step();
@@ -110,7 +121,7 @@ class Bench {
       for (const engine::RequestOutput& o : outputs) {
         if (o.finish == engine::FinishReason::kError) return Internal("a sequence ended with an error");
         if (o.finish != engine::FinishReason::kNone) {
-          ++m.finished;
+          ++m->finished;
           KVF_RETURN_IF_ERROR(add());
         }
       }
@@ -120,17 +131,14 @@ class Bench {
         ns0 = engine.counters().mask_fill_ns;
       }
       if (full <= args_.warmup) continue;
-      times.push_back(ms);
-      ++m.timed;
+      m->step_ms.push_back(ms);
+      ++timed;
     }
-    for (double t : times) m.mean_ms += t / static_cast<double>(times.size());
-    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    m.step_ms = times[times.size() / 2];
-    const uint64_t masks = engine.counters().masks_filled - masks0;
-    if (masks > 0) m.mask_us = static_cast<double>(engine.counters().mask_fill_ns - ns0) / 1e3 / static_cast<double>(masks);
+    m->masks += engine.counters().masks_filled - masks0;
+    m->mask_ns += engine.counters().mask_fill_ns - ns0;
     engine.CancelAll();
     while (engine.HasWork()) engine.Step();
-    return m;
+    return Status::Ok();
   }
 
  private:
@@ -160,13 +168,15 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->steps = std::stoi(v);
     } else if (k == "--warmup") {
       a->warmup = std::stoi(v);
+    } else if (k == "--rounds") {
+      a->rounds = std::stoi(v);
     } else if (k == "--threads") {
       a->threads = std::stoi(v);
     } else {
       return false;
     }
   }
-  return !a->model.empty() && !a->batches.empty() && a->prompt > 0 && a->steps > 0 && a->warmup > 0 &&
+  return !a->model.empty() && !a->batches.empty() && a->prompt > 0 && a->steps > 0 && a->warmup > 0 && a->rounds > 0 &&
          std::all_of(a->batches.begin(), a->batches.end(), [](int32_t b) { return b > 0; });
 }
 
@@ -176,7 +186,7 @@ int RunEngineBench(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) {
     return Fail("usage: grammar_bench --engine --model DIR [--backend cpu|cuda] [--batches 1,64] [--prompt N] "
-                "[--steps N] [--warmup N] [--threads N]");
+                "[--steps N] [--warmup N] [--rounds N] [--threads N]");
   }
   const int32_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   backend::BackendOptions bo;
@@ -210,21 +220,25 @@ int RunEngineBench(int argc, char** argv) {
   }
   const model::ModelConfig& c = be->config();
   std::printf("grammar_bench --engine: %s backend, %s (hidden %lld, %lld layers, vocabulary %lld), prompt %d, "
-              "%d timed decode steps after %d\n",
+              "%d rounds of %d timed decode steps after %d\n",
               a.backend.c_str(), a.model.c_str(), static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_layers), static_cast<long long>(c.vocab_size), a.prompt, a.steps, a.warmup);
+              static_cast<long long>(c.num_layers), static_cast<long long>(c.vocab_size), a.prompt, a.rounds, a.steps,
+              a.warmup);
   std::printf("ms/step: the median of the timed steps (mean in brackets)\n");
   std::printf("%6s %22s %22s %8s %14s %11s\n", "batch", "plain ms/step", "schema ms/step", "diff", "mask us/token",
               "docs ended");
   Bench bench(a, be.get(), kv->get(), &so);
   for (int32_t batch : a.batches) {
-    auto plain = bench.Run(batch, false);
-    if (!plain.ok()) return Fail(plain.status().ToString());
-    auto schema = bench.Run(batch, true);
-    if (!schema.ok()) return Fail(schema.status().ToString());
-    std::printf("%6d %10.3f (%9.3f) %10.3f (%9.3f) %+7.1f%% %14.2f %11llu\n", batch, plain->step_ms, plain->mean_ms,
-                schema->step_ms, schema->mean_ms, 100.0 * (schema->step_ms / plain->step_ms - 1.0), schema->mask_us,
-                static_cast<unsigned long long>(schema->finished));
+    Measured plain, schema;
+    for (int32_t round = 0; round < a.rounds; ++round) {  // alternated: drift on a shared host hits both
+      Status st = bench.Run(batch, false, &plain);
+      if (st.ok()) st = bench.Run(batch, true, &schema);
+      if (!st.ok()) return Fail(st.ToString());
+    }
+    const double mask_us = schema.masks > 0 ? static_cast<double>(schema.mask_ns) / 1e3 / static_cast<double>(schema.masks) : 0;
+    std::printf("%6d %10.3f (%9.3f) %10.3f (%9.3f) %+7.1f%% %14.2f %11llu\n", batch, plain.Median(), plain.Mean(),
+                schema.Median(), schema.Mean(), 100.0 * (schema.Median() / plain.Median() - 1.0), mask_us,
+                static_cast<unsigned long long>(schema.finished));
     std::fflush(stdout);
   }
   return 0;
