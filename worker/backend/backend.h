@@ -201,7 +201,7 @@ struct SequenceStep {
 // Writes the allowed-token bitmask of batch.seqs[seq] (a late_token_bitmask sequence) into
 // `mask`, BitmaskWords(vocab_size) words of the backend's memory (the cuda backend's pinned
 // staging row: no further host copy), overwriting every word; at least one bit must be set.
-// The backend calls it once per such sequence per step, on the thread that called Execute,
+// A backend calls it once per such sequence per step, on the thread that called Execute,
 // after it has queued the step's forward pass (cuda: the GPU computes the logits meanwhile)
 // and before it samples; with tensor parallelism (cuda, N > 1) before the step, once.
 // This is when a constrained decoder's next-token mask costs nothing beside a GPU step.
@@ -212,7 +212,7 @@ struct StepBatch {
   TokenBitmaskFiller fill_token_bitmask;  // set when some sequence has late_token_bitmask
 };
 
-// True when batch.seqs[i]'s sampled token is constrained (a token_bitmask or a late one).
+// True when the step's sampled token is constrained (a token_bitmask or a late one).
 inline bool HasTokenBitmask(const SequenceStep& s) {
   return s.sample && (!s.token_bitmask.empty() || s.late_token_bitmask);
 }
