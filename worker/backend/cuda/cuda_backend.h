@@ -40,8 +40,9 @@
 //      logits is padded to a bucket (batch: the next power of two up to max_batch_size;
 //      length: the next power of two from kMinGraphLength up to max_context) and, from the
 //      second step of that bucket on, replayed as one captured graph (metadata upload,
-//      forward, sampling, tokens back). Padding rows compute a token at position 0, read
-//      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
+//      forward, sampling, tokens back; with a masked row, up to the logits: 10). Padding
+//      rows compute a token at position 0, read block 0 and write no KV.
+//      BackendOptions::extra["cuda_graphs"] = "0" turns this off.
 //   5. A matrix product over at most gemv_max_rows token rows (decode at small batch, the
 //      LM head of few sequences) runs on the skinny GEMM kernel (kernels/gemv.h), others on
 //      cuBLASLt; both accumulate in fp32 and round once. BackendOptions::extra
