@@ -191,33 +191,57 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
     }
     __syncthreads();  // the block's global writes are visible to its threads after the barrier
   }
-  if (p.allowed_rows != nullptr && p.allowed_rows[seq] != 0) {  // 1b. constrained decoding
-    const uint32_t* bits = p.allowed + static_cast<int64_t>(seq) * p.allowed_words;
+  // 1b. Constrained decoding: disallowed tokens become -inf in place, in the argmax pass below
+  // (the later passes read the masked row after its barriers).
+  const uint32_t* bits = nullptr;
+  if (p.allowed_rows != nullptr && p.allowed_rows[seq] != 0) {
+    bits = p.allowed + static_cast<int64_t>(seq) * p.allowed_words;
     __syncthreads();  // every pass of step 0 has read the raw row
-    for (int32_t v = threadIdx.x; v < p.vocab; v += kThreads) {
-      if (!TokenAllowed(bits, v)) row[v] = -INFINITY;
-    }
-    __syncthreads();
   }
   // Better() is a total order (value, then lowest index), so any visiting order gives the
   // same argmax. 16-byte loads, several in flight: a 128K-row pass is ~31 loads per thread
-  // instead of ~125 dependent ones (the greedy step is this pass alone).
+  // instead of ~125 dependent ones (the greedy step is this pass alone). A masked row reads
+  // its 4 tokens' bits beside each load (8 neighbouring threads share a word: one broadcast
+  // load per warp and 32 bytes) and writes the 16 bytes back only where a bit is clear.
   ArgMax best{-INFINITY, -1};
   if (p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0) {
-    const float4* row4 = reinterpret_cast<const float4*>(row);
+    float4* row4 = reinterpret_cast<float4*>(row);
     const int32_t n4 = p.vocab / 4;
+    if (bits == nullptr) {
 #pragma unroll 4
-    for (int32_t j = threadIdx.x; j < n4; j += kThreads) {
-      const float4 v = row4[j];
-      best = Better(best, ArgMax{v.x, 4 * j});
-      best = Better(best, ArgMax{v.y, 4 * j + 1});
-      best = Better(best, ArgMax{v.z, 4 * j + 2});
-      best = Better(best, ArgMax{v.w, 4 * j + 3});
+      for (int32_t j = threadIdx.x; j < n4; j += kThreads) {
+        const float4 v = row4[j];
+        best = Better(best, ArgMax{v.x, 4 * j});
+        best = Better(best, ArgMax{v.y, 4 * j + 1});
+        best = Better(best, ArgMax{v.z, 4 * j + 2});
+        best = Better(best, ArgMax{v.w, 4 * j + 3});
+      }
+    } else {
+#pragma unroll 4
+      for (int32_t j = threadIdx.x; j < n4; j += kThreads) {
+        float4 v = row4[j];
+        const uint32_t ok = TokenAllowedBits(bits, 4 * static_cast<int64_t>(j), 4);
+        if (ok != 0xFu) {
+          if (!(ok & 1u)) v.x = -INFINITY;
+          if (!(ok & 2u)) v.y = -INFINITY;
+          if (!(ok & 4u)) v.z = -INFINITY;
+          if (!(ok & 8u)) v.w = -INFINITY;
+          row4[j] = v;
+        }
+        best = Better(best, ArgMax{v.x, 4 * j});
+        best = Better(best, ArgMax{v.y, 4 * j + 1});
+        best = Better(best, ArgMax{v.z, 4 * j + 2});
+        best = Better(best, ArgMax{v.w, 4 * j + 3});
+      }
     }
   } else {
-    for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) best = Better(best, ArgMax{row[i], i});
+    for (int32_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+      float v = row[i];
+      if (bits != nullptr && !TokenAllowed(bits, i)) row[i] = v = -INFINITY;
+      best = Better(best, ArgMax{v, i});
+    }
   }
-  best = BlockArgMax(best);
+  best = BlockArgMax(best);  // its barriers: every masked write is visible to the passes below
   const float temperature = p.temperature[seq];
   const int32_t top_k = p.top_k[seq];
   int32_t token = best.i;

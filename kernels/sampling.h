@@ -8,7 +8,9 @@
 //   1. The row's LogitAdjusts (sampling_common.h: logit_bias, repetition, frequency and
 //      presence penalties, built on the host) replace the logits of their tokens, in place;
 //      then, for a row with an allowed-token bitmask (constrained decoding), every token whose
-//      bit is clear becomes -inf, in place. Logprobs (step 0) stay those of the raw row.
+//      bit is clear becomes -inf, in place (within step 2's argmax pass: one bitmask word
+//      read per 32 tokens, beside the 16-byte logit loads). Logprobs (step 0) stay those of
+//      the raw row.
 //   2. temperature[s] <= 0 or top_k[s] == 1: greedy (argmax, lowest index on ties).
 //   3. otherwise, in vLLM's order: divide by temperature; top-k keeps every logit >= the k-th
 //      largest (ties kept; k <= 0 or k >= vocab: off) and min_p every logit >=

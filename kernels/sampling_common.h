@@ -20,8 +20,13 @@ constexpr int32_t kMaxTopLogprobs = 20;
 constexpr double kProbFixedScale = 4294967296.0;  // 2^32
 
 // Constrained decoding's token bitmask: token v may be sampled iff bit v % 32 of word v / 32
-// is set (grammar::Matcher::FillNextTokenBitmask's layout).
-KVF_HD bool TokenAllowed(const uint32_t* bits, int64_t v) { return (bits[v >> 5] >> (v & 31)) & 1u; }
+// is set (grammar::Matcher::FillNextTokenBitmask's layout). The bits of tokens [v, v + n),
+// bit i for token v + i (n a power of two <= 32, v a multiple of n): the kernel's 16-byte
+// passes take 4 at once.
+KVF_HD uint32_t TokenAllowedBits(const uint32_t* bits, int64_t v, int n) {
+  return (bits[v >> 5] >> (v & 31)) & (n == 32 ? ~0u : (1u << n) - 1u);
+}
+KVF_HD bool TokenAllowed(const uint32_t* bits, int64_t v) { return TokenAllowedBits(bits, v, 1) != 0; }
 
 // Uniform in (0, 1) for (seed, step, index): splitmix64's finaliser over a mixed counter.
 KVF_HD float SampleUniform(uint64_t seed, uint64_t step, uint64_t index) {

@@ -10,8 +10,9 @@
 //                       to measure one change against the default in the same run
 //   --only-batch1       only the batch-1 decode (no large batches, no prefill)
 //   --masked            each decode also with every sequence constrained (a token bitmask
-//                       allowing every other token: its upload and the sampling kernel's
-//                       masking pass), and the difference in step time
+//                       allowing every other token: its copy after the logits are queued,
+//                       upload and the sampling kernel's masking; then one allowing every
+//                       token: the same without masked writes), and the difference in step time
 //   --kv-cache-dtype    the KV cache's element type (fp8: e4m3, half the KV bytes per token)
 //   --decode-ctx N      context of the large-batch decodes (default 2048; 8192 for b64@8K)
 //   --batches B,...     their batch sizes (default 32,64,128)
@@ -212,6 +213,11 @@ void MaskedComparison(backend::ModelBackend& b, int batch, int ctx, int steps, d
   const Decode m = RunDecode(b, batch, ctx, steps, 0, 0x55555555u);
   std::printf("  constrained (a bitmask per sequence): %.3f ms/step, %+.1f%% against unconstrained\n", m.step_s * 1e3,
               100.0 * (m.step_s / step_s - 1.0));
+  // Every token allowed: the split graph, the masks' copy and upload and the kernel's bit
+  // reads, but no masked writes (what remains is the masking itself).
+  const Decode all = RunDecode(b, batch, ctx, steps, 0, 0xFFFFFFFFu);
+  std::printf("  constrained, every token allowed: %.3f ms/step, %+.1f%%\n", all.step_s * 1e3,
+              100.0 * (all.step_s / step_s - 1.0));
 }
 
 // --tensor-parallel: where the collectives' time goes in the decode just measured (step_s).

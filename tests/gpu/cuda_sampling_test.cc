@@ -2,7 +2,8 @@
 // HF fixtures: sampled and prompt logprobs from the sampling and logprobs kernels agree with
 // the cpu backend's double log-softmax of its own logits; their differences agree with
 // transformers' logit differences; penalised greedy picks the argmax of the adjusted logits;
-// constrained decoding samples only tokens the bitmask allows (eager, graphed, two ranks).
+// constrained decoding samples only tokens the bitmask allows (eager, graphed, two ranks),
+// with masks given or filled late by the batch's filler.
 //
 // Bounds: the issue asks |Δ| <= 2e-2 on bf16 end to end. The logits themselves are only
 // within kBf16Tolerance of fp32 (0.10-0.14 seen; cuda_backend_test.cc), and a logprob carries
@@ -255,6 +256,86 @@ TEST_CASE("cuda constrained decoding: tokens only from the bitmask, greedy its b
         seqs[i].push_back(o.tokens[i]);
       }
     }
+  }
+}
+
+// kvfleet issue 37: the engine's masks are filled late (StepBatch::fill_token_bitmask), once
+// the step's logits are queued, straight into the backend's staging rows. Which rows are
+// constrained moves from step to step, and a decode step without any sits between them, so
+// a graph replayed for a bucket must upload this step's masks, not the rows its capture had
+// (a whole-step graph captured the mask copy of the rows masked when it was captured).
+TEST_CASE("cuda constrained decoding: late masks filled once per row, the masked rows moving between graphed steps") {
+  const Reference ref = Reference::Load(Data() + "/model", "tiny");
+  for (int32_t ranks : {1, 2}) {
+    INFO("ranks " << ranks);
+    auto cuda = MakeBackend("cuda", ref, ranks);
+    const int64_t V = cuda->config().vocab_size;
+    std::mt19937 rng(11 + ranks);
+    const std::vector<TokenId>& prompt = ref.prompts[1];
+    const SamplingParams sampled{.temperature = 0.8f}, greedy{.temperature = 0.0f};
+    constexpr size_t kSeqs = 5;  // padded to 8 in graph mode
+    std::vector<std::vector<TokenId>> seqs(kSeqs, std::vector<TokenId>(prompt.begin(), prompt.begin() + 7));
+    std::vector<std::vector<backend::BlockId>> tables(kSeqs);
+    for (size_t i = 0; i < kSeqs; ++i) tables[i] = {static_cast<backend::BlockId>(2 * i), static_cast<backend::BlockId>(2 * i + 1)};
+    for (int step = 0; step < 12; ++step) {
+      INFO("step " << step);
+      const bool none = step == 6 || step == 7 || step == 8;  // three plain steps: their own graph
+      backend::StepBatch batch;
+      std::vector<std::vector<uint32_t>> masks(kSeqs);
+      std::vector<int> late(kSeqs, 0), calls(kSeqs, 0);
+      for (size_t i = 0; i < kSeqs; ++i) {
+        backend::SequenceStep d;
+        const bool first = step == 0;
+        d.tokens = first ? std::span<const TokenId>(seqs[i]) : std::span<const TokenId>(&seqs[i].back(), 1);
+        d.start_position = first ? 0 : static_cast<int64_t>(seqs[i].size()) - 1;
+        d.block_tables = {tables[i]};
+        d.sample = true;
+        d.sampling = i == kSeqs - 1 ? &greedy : &sampled;
+        d.seed = 200 + i;
+        d.rng_counter = static_cast<uint64_t>(step);
+        if (!none && (i + static_cast<size_t>(step)) % 3 != 0) {
+          masks[i] = AllowedMask(V, step % 2 == 0 ? 1 : 30, -1, rng);
+          if (i == 1 && step % 2 == 1) {
+            d.token_bitmask = masks[i];  // a fixed mask beside the late ones
+          } else {
+            d.late_token_bitmask = true;
+            late[i] = 1;
+          }
+        }
+        batch.seqs.push_back(d);
+      }
+      batch.fill_token_bitmask = [&](size_t i, std::span<uint32_t> mask) {
+        ++calls[i];  // (no REQUIRE here: it would throw through the backend)
+        CHECK(late[i] == 1);
+        CHECK(mask.size() == masks[i].size());
+        std::copy_n(masks[i].begin(), std::min(mask.size(), masks[i].size()), mask.begin());
+      };
+      backend::StepOutput o;
+      const Status st = cuda->Execute(batch, &o);
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+      for (size_t i = 0; i < kSeqs; ++i) {
+        CHECK(calls[i] == late[i]);  // once per late row, at two ranks too
+        if (!masks[i].empty()) CHECK(Allows(masks[i], o.tokens[i]));
+        seqs[i].push_back(o.tokens[i]);
+      }
+    }
+    // A late mask that allows nothing fails the step, and the backend serves the next one.
+    backend::StepBatch bad;
+    backend::SequenceStep d;
+    d.tokens = std::span<const TokenId>(&seqs[0].back(), 1);
+    d.start_position = static_cast<int64_t>(seqs[0].size()) - 1;
+    d.block_tables = {tables[0]};
+    d.sample = true;
+    d.sampling = &sampled;
+    d.late_token_bitmask = true;
+    bad.seqs = {d};
+    bad.fill_token_bitmask = [](size_t, std::span<uint32_t> mask) { std::fill(mask.begin(), mask.end(), 0u); };
+    backend::StepOutput o;
+    CHECK(cuda->Execute(bad, &o).code() == StatusCode::kInvalidArgument);
+    const std::vector<uint32_t> one = AllowedMask(V, 1, 7, rng);
+    bad.fill_token_bitmask = [&](size_t, std::span<uint32_t> mask) { std::copy(one.begin(), one.end(), mask.begin()); };
+    REQUIRE(cuda->Execute(bad, &o).ok());
+    CHECK(Allows(one, o.tokens[0]));
   }
 }
 

@@ -171,6 +171,20 @@ PromptLogprobRows PromptLogprobRowsOf(const SequenceStep& step) {
   return {first, std::max(first, end)};
 }
 
+Status FillStepTokenBitmask(const StepBatch& batch, size_t i, std::span<uint32_t> mask) {
+  const SequenceStep& s = batch.seqs[i];
+  if (!s.token_bitmask.empty()) {
+    KVF_CHECK(s.token_bitmask.size() == mask.size()) << "a token bitmask of " << s.token_bitmask.size() << " words";
+    std::copy(s.token_bitmask.begin(), s.token_bitmask.end(), mask.begin());
+    return Status::Ok();
+  }
+  batch.fill_token_bitmask(i, mask);
+  for (uint32_t w : mask) {
+    if (w != 0) return Status::Ok();
+  }
+  return InvalidArgument(Req(s) + ": its late token bitmask allows no token");
+}
+
 Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, const std::vector<KvPoolInfo>& pools,
                          int64_t vocab_size, int64_t max_context) {
   if (batch.seqs.size() > static_cast<size_t>(options.max_batch_size)) {
@@ -221,6 +235,12 @@ Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, 
       bool any = false;
       for (uint32_t w : s.token_bitmask) any |= w != 0;
       if (!any) return InvalidArgument(Req(s) + ": its token bitmask allows no token");
+    }
+    if (s.late_token_bitmask) {
+      if (!s.sample || !s.token_bitmask.empty()) {
+        return InvalidArgument(Req(s) + ": a late token bitmask needs a sampled row without a token_bitmask");
+      }
+      if (!batch.fill_token_bitmask) return InvalidArgument(Req(s) + ": a late token bitmask but no filler in the batch");
     }
     if (s.block_tables.size() != pools.size()) {
       return InvalidArgument(Req(s) + ": " + std::to_string(s.block_tables.size()) + " block tables for " +

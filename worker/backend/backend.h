@@ -193,11 +193,35 @@ struct SequenceStep {
   // set). A backend that applies_token_bitmask() samples only among them; logprobs stay
   // those of the raw logits. Empty: every token. Not owned: valid for the step.
   std::span<const uint32_t> token_bitmask;
+  // Constrained decoding with the mask filled late (the engine's way): with `sample` and an
+  // empty token_bitmask, the backend asks StepBatch::fill_token_bitmask for this sequence's
+  // mask once the step's forward pass is queued, before sampling (see TokenBitmaskFiller).
+  bool late_token_bitmask = false;
 };
+
+// Writes the allowed-token bitmask of batch.seqs[seq] (a late_token_bitmask sequence) into
+// `mask`, BitmaskWords(vocab_size) words of the backend's memory (the cuda backend's pinned
+// staging row: no further host copy), overwriting every word; at least one bit must be set.
+// A backend calls it once per such sequence per step, on the thread that called Execute,
+// after it has queued the step's forward pass (cuda: the GPU computes the logits meanwhile)
+// and before it samples; with tensor parallelism (cuda, N > 1) before the step, once.
+// This is when a constrained decoder's next-token mask costs nothing beside a GPU step.
+using TokenBitmaskFiller = std::function<void(size_t seq, std::span<uint32_t> mask)>;
 
 struct StepBatch {
   std::vector<SequenceStep> seqs;  // at most max_batch_size; tokens in all <= max_num_tokens
+  TokenBitmaskFiller fill_token_bitmask;  // set when some sequence has late_token_bitmask
 };
+
+// True when the step's sampled token is constrained (a token_bitmask or a late one).
+inline bool HasTokenBitmask(const SequenceStep& s) {
+  return s.sample && (!s.token_bitmask.empty() || s.late_token_bitmask);
+}
+// The mask batch.seqs[i] samples with, written into `mask` (BitmaskWords(vocab) words): its
+// token_bitmask copied, or the filler's. InvalidArgument when the mask allows no token: the
+// caller fails the step (a late mask: after its forward pass ran).
+// REQUIRES: HasTokenBitmask(batch.seqs[i]); a validated batch.
+Status FillStepTokenBitmask(const StepBatch& batch, size_t i, std::span<uint32_t> mask);
 
 // With prompt_logprobs: the positions p of this step's rows whose next token is a
 // prompt token (p + 1 < prompt_len); row p gives history[p + 1]'s logprob. [first, end).
@@ -342,9 +366,11 @@ void MapLayersToPools(std::span<const KvPoolInfo> pools, int64_t num_layers, std
                       std::vector<int32_t>* index_in_pool);
 
 // The checks Execute() makes before computing anything: batch and token limits, positions
-// inside the context, token ids inside the vocabulary, sampling values, one block table per
-// pool reaching every visible and written position with in-range ids, and no block written
-// by two sequences. InvalidArgument names the request and the reason.
+// inside the context, token ids inside the vocabulary, sampling values, token bitmasks (one
+// word per 32 tokens, some bit set; a late one only on a sampled row without a token_bitmask
+// and with the batch's filler set), one block table per pool reaching every visible and
+// written position with in-range ids, and no block written by two sequences.
+// InvalidArgument names the request and the reason.
 Status ValidateStepBatch(const StepBatch& batch, const BackendOptions& options, const std::vector<KvPoolInfo>& pools,
                          int64_t vocab_size, int64_t max_context);
 

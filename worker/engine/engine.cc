@@ -40,6 +40,7 @@ Engine::Engine(const EngineOptions& options, backend::ModelBackend* backend, kv:
       loras_(backend, clock, options.max_lora_rank),
       scheduler_(options.scheduler, options.model_name, kv, &loras_) {
   KVF_CHECK(options.Validate(kv->block_size()).ok()) << options.Validate(kv->block_size()).ToString();
+  step_batch_.fill_token_bitmask = [this](size_t i, std::span<uint32_t> mask) { FillMask(step_seqs_[i], mask); };
 }
 
 Engine::~Engine() = default;
@@ -183,8 +184,10 @@ std::vector<RequestOutput> Engine::Step() {
 Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sampled) {
   const auto pools = backend_->pools();
   step_batch_.seqs.clear();
+  step_seqs_.clear();
   for (const ScheduledSeq& s : batch.seqs) {
     const Sequence& seq = *s.seq;
+    step_seqs_.push_back(s.seq);
     backend::SequenceStep& step = step_batch_.seqs.emplace_back();
     step.request_id = seq.id;
     step.tokens = std::span<const TokenId>(seq.tokens).subspan(s.start, s.num_tokens);
@@ -199,10 +202,8 @@ Status Engine::Execute(const ScheduledBatch& batch, std::vector<TokenId>* sample
     step.prompt_len = seq.prompt_len;
     step.context_end = seq.prompt_len;  // StreamingLLM's dense context phase (pools that have one)
     step.lora_slot = seq.lora_slot;
-    if (s.sample && seq.matcher) {
-      if (!seq.mask_ready) FillMask(s.seq);
-      step.token_bitmask = seq.mask;
-    }
+    // Constrained: the backend asks for the mask once the forward pass is queued (FillMask).
+    step.late_token_bitmask = s.sample && seq.matcher.has_value();
     // The backend reads a linear table (kNoBlock where a window dropped the block); the KV
     // manager keeps one per sequence, so a long streamed sequence costs no copy per step.
     for (uint32_t pool = 0; pool < pools.size(); ++pool) step.block_tables.push_back(kv_->View(seq.kv_id, pool).linear);
@@ -243,6 +244,11 @@ void Engine::Postprocess(const ScheduledBatch& batch, const std::vector<TokenId>
     Sequence* seq = s.seq;
     if (!s.sample) continue;
     KVF_CHECK(sampled[i] != backend::kNoToken) << "the backend did not sample request " << seq->id;
+    if (seq->grammar_end) {  // the grammar allowed no more text: the draw is dropped
+      // Unforked siblings end with it: the same grammar from the start ends them alike.
+      Finish(seq, GrammarEnd(*seq), outputs);
+      continue;
+    }
     seq->tokens.push_back(sampled[i]);
     if (seq->request.sampling.logprobs >= 0 && i < step_output_.logprobs.size()) {
       seq->logprobs.push_back(std::move(step_output_.logprobs[i]));
@@ -287,10 +293,34 @@ FinishReason Engine::StopReason(const Sequence& seq) const {
   return FinishReason::kNone;
 }
 
-void Engine::FillMask(Sequence* seq) {
-  seq->mask.resize(grammar::BitmaskWords(static_cast<size_t>(backend_->config().vocab_size)));
-  seq->matcher->FillNextTokenBitmask(seq->mask);
-  seq->mask_ready = true;
+void Engine::FillMask(Sequence* seq, std::span<uint32_t> mask) {
+  const TimeNs start = clock_->Now();
+  seq->matcher->FillNextTokenBitmask(mask);
+  // The grammar's stop ids are the model's eos ids (or none). A document that is complete
+  // and allows no more text ends without sampling an end token (with no stop ids, as the
+  // byte vocabulary, it could not), and a matcher with nothing allowed is a broken grammar:
+  // either way this step's draw is dropped (Postprocess), so the sampler gets any one token.
+  bool other = false;
+  for (size_t w = 0; w < mask.size() && !other; ++w) {
+    uint32_t bits = mask[w];
+    for (TokenId eos : options_.eos_token_ids) {
+      if (eos / 32 == w) bits &= ~(1u << (eos % 32));
+    }
+    other = bits != 0;
+  }
+  if (!other) {
+    seq->grammar_end = true;
+    if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) mask[0] = 1;
+  }
+  ++counters_.masks_filled;
+  counters_.mask_fill_ns += static_cast<uint64_t>(clock_->Now() - start);
+}
+
+FinishReason Engine::GrammarEnd(const Sequence& seq) const {
+  if (seq.matcher->CanTerminate()) return FinishReason::kStop;
+  Logger("engine")->error("request {}: its grammar allows no token after {} generated", seq.request_id,
+                          seq.num_generated());
+  return FinishReason::kError;
 }
 
 // The grammar's end wins over ignore_eos: a stop token the grammar accepts ends the document.
@@ -302,27 +332,7 @@ FinishReason Engine::FollowGrammar(Sequence* seq) {
     return FinishReason::kError;
   }
   if (seq->matcher->IsTerminated()) return FinishReason::kStop;
-  const FinishReason stop = StopReason(*seq);
-  if (stop != FinishReason::kNone) return stop;
-  // The next token's mask now: a document that is complete and allows no more text ends
-  // here (stop), without sampling an end token (with no stop ids, as the byte vocabulary,
-  // it could not), and a matcher with nothing allowed is a broken grammar (error).
-  FillMask(seq);
-  // The grammar's stop ids are the model's eos ids (or none).
-  const std::vector<uint32_t>& mask = seq->mask;
-  bool other = false;
-  for (size_t w = 0; w < mask.size() && !other; ++w) {
-    uint32_t bits = mask[w];
-    for (TokenId eos : options_.eos_token_ids) {
-      if (eos / 32 == w) bits &= ~(1u << (eos % 32));
-    }
-    other = bits != 0;
-  }
-  if (other) return FinishReason::kNone;
-  if (seq->matcher->CanTerminate()) return FinishReason::kStop;
-  Logger("engine")->error("request {}: its grammar allows no token after {} generated", seq->request_id,
-                          seq->num_generated());
-  return FinishReason::kError;
+  return StopReason(*seq);
 }
 
 void Engine::Fork(Sequence* seq) {

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -133,10 +134,14 @@ class Engine {
   Status CheckFits(const GenerateRequest& request) const;
   // Why `seq` stops after its newest token, or kNone.
   FinishReason StopReason(const Sequence& seq) const;
-  // Constrained decoding: the matcher accepts the newest token; why `seq` stops, or kNone
-  // (then its mask for the next token is ready).
+  // Constrained decoding: the matcher accepts the newest token; why `seq` stops, or kNone.
   FinishReason FollowGrammar(Sequence* seq);
-  void FillMask(Sequence* seq);
+  // The backend's TokenBitmaskFiller (backend.h): seq's next-token mask into the backend's
+  // `mask`, called while the step's forward pass runs. A mask with no token but an end token
+  // sets grammar_end (and keeps one bit set for the sampler); Postprocess then ends seq.
+  void FillMask(Sequence* seq, std::span<uint32_t> mask);
+  // How a grammar_end sequence ends: stop when its document is complete, else error.
+  FinishReason GrammarEnd(const Sequence& seq) const;
   // Ends a sequence: frees its blocks and reports it; it leaves sequences_ at the end of
   // the step. An error ends its siblings at the start of the next step. Idempotent.
   void Finish(Sequence* seq, FinishReason reason, std::vector<RequestOutput>* outputs);
@@ -165,8 +170,10 @@ class Engine {
   std::vector<std::pair<RequestId, FinishReason>> ending_;
   std::vector<RequestId> finished_;   // sequences reported this step; erased at its end
 
-  // Per step scratch: the backend batch (its block tables are the KV manager's).
+  // Per step scratch: the backend batch (its block tables are the KV manager's) and the
+  // sequence of each of its rows (for the batch's mask filler).
   backend::StepBatch step_batch_;
+  std::vector<Sequence*> step_seqs_;
   backend::StepOutput step_output_;
 
   EngineCounters counters_;

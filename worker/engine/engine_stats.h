@@ -39,6 +39,10 @@ struct EngineCounters {
   uint64_t requests_cancelled = 0;
   uint64_t preemptions = 0;
   uint64_t generated_tokens = 0;
+  // Constrained decoding: next-token masks filled (one per constrained sampled row) and the
+  // engine thread's time in them (the Clock's; while the backend's forward pass runs).
+  uint64_t masks_filled = 0;
+  uint64_t mask_fill_ns = 0;
 };
 
 }  // namespace kvfleet::engine

@@ -71,11 +71,12 @@ struct Sequence {
   bool prompt_logprobs_sent = false;
   // Constrained decoding (request.grammar set): the grammar's state after every generated
   // token (each token accepted once, as it is appended: a preempted sequence keeps it, and
-  // its recompute samples only tokens after it), and the bitmask of tokens allowed next
-  // (grammar::BitmaskWords words) once mask_ready.
+  // its recompute samples only tokens after it). Its next-token mask is written straight
+  // into the backend's memory during the step (Engine::FillMask).
   std::optional<grammar::Matcher> matcher;
-  std::vector<uint32_t> mask;
-  bool mask_ready = false;
+  // The step's mask allowed no more text (only an end token, or nothing): the token drawn
+  // with it is dropped and the sequence ends (stop when the document is complete, else error).
+  bool grammar_end = false;
 
   uint32_t num_tokens() const { return static_cast<uint32_t>(tokens.size()); }
   uint32_t num_generated() const { return num_tokens() - prompt_len; }

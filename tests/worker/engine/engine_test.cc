@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include "tests/worker/engine/engine_harness.h"
+#include "grammar/grammar.h"
 #include "worker/model/model_config.h"
 
 namespace kvfleet::engine {
@@ -362,6 +363,45 @@ TEST_CASE("many requests with shared prefixes under pressure: every stream compl
 
 // What a request of n sent: each index's tokens and final output, and how many outputs
 // said `last`.
+
+// Constrained decoding with the mask filled by the backend's call during the step (kvfleet
+// issue 37): a complete document whose grammar then allows only the end token ends with stop
+// one step after its last token; that step's draw (the end token) is dropped, so the text is
+// the document alone, as when the mask was filled right after the token.
+TEST_CASE("constrained decoding: a complete document ends with stop, without its end token, the step after") {
+  constexpr TokenId kEos = 128001;
+  HarnessOptions o;
+  o.eos_token_ids = std::vector<TokenId>{kEos};
+  for (const bool with_eos : {true, false}) {  // a vocabulary with the end token, and one with none
+    INFO("end token in the vocabulary: " << with_eos);
+    Harness h(o);
+    std::vector<std::string> bytes(static_cast<size_t>(h.backend->config().vocab_size));
+    for (int b = 0; b < 256; ++b) bytes[b] = std::string(1, static_cast<char>(b));
+    const auto vocab = grammar::Vocabulary::FromTokenBytes(
+        std::move(bytes), with_eos ? std::vector<int32_t>{static_cast<int32_t>(kEos)} : std::vector<int32_t>{});
+    const std::string spec = R"(["yes","no","maybe"])";
+    auto g = grammar::Compile({grammar::Kind::kChoice, spec}, vocab);
+    REQUIRE(g.ok());
+    GenerateRequest r;
+    r.prompt = Prompt(20);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 5;
+    r.sampling.max_tokens = 50;
+    r.sampling.structured = {StructuredOutput::Kind::kChoice, spec};
+    r.grammar = *g;
+    auto id = h.engine->Add(std::move(r), h.clock.Now());
+    REQUIRE(id.ok());
+    h.RunToCompletion();
+    const std::vector<TokenId>& t = h.tokens[*id];
+    const std::string text(t.begin(), t.end());
+    CHECK((text == "yes" || text == "no" || text == "maybe"));
+    CHECK(h.finals[*id].finish == FinishReason::kStop);
+    CHECK(h.finals[*id].usage.completion_tokens == t.size());
+    // One mask per sampled row: each of the document's tokens, and the step whose draw was dropped.
+    CHECK(h.engine->counters().masks_filled == t.size() + 1);
+    CHECK(h.engine->counters().generated_tokens == t.size());
+  }
+}
 
 }  // namespace
 }  // namespace kvfleet::engine

@@ -479,8 +479,7 @@ Status CpuBackend::Execute(const StepBatch& batch, StepOutput* out) {
   } else {
     group_->Run([&](int r) { Forward(batch, *ranks_[r]); });
   }
-  CollectOutputs(batch, out);
-  return Status::Ok();
+  return CollectOutputs(batch, out);
 }
 
 void CpuBackend::PrepareStep(const StepBatch& batch) {
@@ -523,7 +522,7 @@ void CpuBackend::PrepareStep(const StepBatch& batch) {
   logits_.resize(static_cast<size_t>(logit_rows) * V);
 }
 
-void CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
+Status CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
   const int64_t V = config_.vocab_size;
   const size_t nseq = batch.seqs.size();
   out->tokens.assign(nseq, kNoToken);
@@ -542,7 +541,13 @@ void CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
     if (step.sample) {
       const std::span<const float> row(&logits_[last.logits_row * V], V);
       BuildLogitAdjusts(sampling, step.history, static_cast<size_t>(step.prompt_len), &adjust_);
-      out->tokens[s] = sampler_.Sample(row, sampling, step.seed, step.rng_counter, adjust_, step.token_bitmask);
+      std::span<const uint32_t> allowed;
+      if (HasTokenBitmask(step)) {  // a late mask is filled here, after the forward pass (backend.h)
+        mask_.resize(grammar::BitmaskWords(static_cast<size_t>(V)));
+        KVF_RETURN_IF_ERROR(FillStepTokenBitmask(batch, s, mask_));
+        allowed = mask_;
+      }
+      out->tokens[s] = sampler_.Sample(row, sampling, step.seed, step.rng_counter, adjust_, allowed);
       if (sampling.logprobs >= 0) out->logprobs[s] = ComputeLogprobs(row, out->tokens[s], top);
     }
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(step);
@@ -562,6 +567,7 @@ void CpuBackend::CollectOutputs(const StepBatch& batch, StepOutput* out) {
     }
     r += n;
   }
+  return Status::Ok();
 }
 
 namespace {

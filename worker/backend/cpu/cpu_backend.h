@@ -93,8 +93,9 @@ class CpuBackend final : public ModelBackendBase {
   Status Validate(const StepBatch& batch) const;
   // The step's rows, which of them need logits, their RoPE angles, and logits_ sized.
   void PrepareStep(const StepBatch& batch);
-  // Samples, logprobs and requested logits from logits_ into *out.
-  void CollectOutputs(const StepBatch& batch, StepOutput* out);
+  // Samples, logprobs and requested logits from logits_ into *out; a late token bitmask is
+  // filled here (FillStepTokenBitmask), after the forward pass.
+  Status CollectOutputs(const StepBatch& batch, StepOutput* out);
   // Rank `rk`'s forward pass of the step PrepareStep prepared: the logits of its vocab slice
   // into logits_ (gathered through the rank's own buffer when there are several ranks).
   void Forward(const StepBatch& batch, Rank& rk);
@@ -124,6 +125,7 @@ class CpuBackend final : public ModelBackendBase {
   std::unique_ptr<kv::BlockCopier> copier_;
   Sampler sampler_;
   std::vector<kernels::LogitAdjust> adjust_;  // the sampled row's (scratch)
+  std::vector<uint32_t> mask_;                // the sampled row's token bitmask (scratch)
   std::vector<bool> lora_loaded_;             // [max_loras]: the slot holds an adapter
 
   // Per-step data every rank reads, reused across steps. T = tokens in the step.

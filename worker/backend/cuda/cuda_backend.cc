@@ -68,6 +68,9 @@ CudaBackend::~CudaBackend() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (lora_side_ != nullptr) cudaStreamSynchronize(lora_side_);
+  if (mask_stream_ != nullptr) cudaStreamSynchronize(mask_stream_);
+  if (masks_uploaded_ != nullptr) cudaEventDestroy(masks_uploaded_);
+  if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
   if (lora_ready_ != nullptr) cudaEventDestroy(lora_ready_);
   if (lora_fork_ != nullptr) cudaEventDestroy(lora_fork_);
   if (lora_join_ != nullptr) cudaEventDestroy(lora_join_);
@@ -355,6 +358,8 @@ Status CudaBackend::AllocateBuffers() {
   KVF_CUDA_RETURN(cudaHostAlloc(&h, allowed * sizeof(uint32_t), cudaHostAllocDefault));
   host_allocations_.push_back(h);
   allowed_host_ = static_cast<uint32_t*>(h);
+  KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&mask_stream_, cudaStreamNonBlocking));
+  KVF_CUDA_RETURN(cudaEventCreateWithFlags(&masks_uploaded_, cudaEventDisableTiming));
   return Status::Ok();
 }
 
@@ -467,12 +472,7 @@ kernels::PagedKvLayout CudaBackend::PoolLayout(size_t pi) const {
 
 Status CudaBackend::Execute(const StepBatch& batch, StepOutput* out) {
   KVF_RETURN_IF_ERROR(Validate(batch));  // (1)
-  if (!peers_.empty()) {  // (8) every rank runs the step on its own thread; rank 0's tokens go out
-    std::vector<StepOutput> discard(peers_.size());
-    return rank_threads_->Run([&](int r) {
-      return r == 0 ? RunStep(batch, out) : peers_[r - 1]->RunStep(batch, &discard[r - 1]);
-    });
-  }
+  if (!peers_.empty()) return RunRanks(batch, out);  // (8)
   return RunStep(batch, out);
 }
 
@@ -491,9 +491,16 @@ Status CudaBackend::RunStep(const StepBatch& batch, StepOutput* out) {
 }
 
 Status CudaBackend::EnqueueStep(const StepBatch& batch, const StepMeta& m) {
+  KVF_RETURN_IF_ERROR(EnqueueLogits(batch, m));
+  KVF_RETURN_IF_ERROR(FillAndUploadMasks(batch, m));  // (10) none: nothing queued
+  return Sample(m);
+}
+
+Status CudaBackend::EnqueueLogits(const StepBatch& batch, const StepMeta& m) {
   KVF_RETURN_IF_ERROR(UploadMeta(m));
   KVF_RETURN_IF_ERROR(Forward(batch, m));
-  return Sample(m);
+  const int32_t na = static_cast<int32_t>(m.part_a_seq.size());
+  return na > 0 ? LmHead(m, m.head_rows, na) : Status::Ok();
 }
 
 Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
@@ -502,7 +509,10 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
   int32_t lora_mask = m.lora.num_tiles > 0 ? 1 << kNumLoraGroups : 0;
   for (int g = 0; g < kNumLoraGroups; ++g) lora_mask |= m.lora.num_tiles > 0 && m.lora_groups[g] && lora_debug_.launch_kernels ? 1 << g : 0;
   if (lora_mask != 0) lora_mask |= (lora_debug_.launch_expand ? 0 : 1 << (kNumLoraGroups + 1)) | (lora_debug_.launch_shrink ? 0 : 1 << (kNumLoraGroups + 2));
-  const GraphKey key{m.num_seqs, m.bucket_len, lora_mask};
+  // (10) A step with a masked row: its graph ends at the logits (the masks are filled while
+  // it runs); sampling follows outside it. Keyed apart from the whole-step graph.
+  const bool split = !m.masked_rows.empty();
+  const GraphKey key{m.num_seqs, m.bucket_len, lora_mask | (split ? 1 << (kNumLoraGroups + 3) : 0)};
   auto it = graphs_.find(key);
   if (it == graphs_.end() && !graph_seen_.insert(key).second) {
     // Second step of this shape: capture it (the first ran eagerly, so every kernel
@@ -510,7 +520,7 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
     auto capture = [&]() -> Status {
       cudaGraph_t g = nullptr;
       KVF_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      const Status captured = EnqueueStep(batch, m);
+      const Status captured = split ? EnqueueLogits(batch, m) : EnqueueStep(batch, m);
       const cudaError_t end = cudaStreamEndCapture(stream_, &g);
       if (!captured.ok()) {
         if (g != nullptr) cudaGraphDestroy(g);
@@ -532,7 +542,9 @@ Status CudaBackend::EnqueueGraphed(const StepBatch& batch, const StepMeta& m) {
   }
   if (it != graphs_.end()) {
     KVF_CUDA_RETURN(cudaGraphLaunch(it->second, stream_));
-    return Status::Ok();
+    if (!split) return Status::Ok();
+    KVF_RETURN_IF_ERROR(FillAndUploadMasks(batch, m));
+    return Sample(m);
   }
   return EnqueueStep(batch, m);
 }

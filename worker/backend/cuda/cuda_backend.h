@@ -13,8 +13,9 @@
 //   otherwise; StreamingLLM pools always through the decode kernel, one query row per
 //   token) → O GEMM → RMSNorm + residual → gate/up GEMM → SiLU·mul → down GEMM]
 //   → final RMSNorm → gather the rows that need logits → LM head GEMM (fp32 out)
-//   → sampling kernel (constrained rows: their allowed-token bitmasks, uploaded beside the
-//   metadata) → copy the tokens (and requested logits) back.
+//   → sampling kernel (constrained rows: their allowed-token bitmasks, filled by the engine
+//   while the GPU runs the step up to here and uploaded just before it, 10) → copy the tokens
+//   (and requested logits) back.
 //   On the gemv (few token rows, 5), RoPE + K/V store, the post-attention RMSNorm and
 //   SiLU·mul run inside the QKV and gate/up products; the kernels launch with PDL (6).
 //
@@ -39,8 +40,9 @@
 //      logits is padded to a bucket (batch: the next power of two up to max_batch_size;
 //      length: the next power of two from kMinGraphLength up to max_context) and, from the
 //      second step of that bucket on, replayed as one captured graph (metadata upload,
-//      forward, sampling, tokens back). Padding rows compute a token at position 0, read
-//      block 0 and write no KV. BackendOptions::extra["cuda_graphs"] = "0" turns this off.
+//      forward, sampling, tokens back; with a masked row, up to the logits: 10). Padding
+//      rows compute a token at position 0, read block 0 and write no KV.
+//      BackendOptions::extra["cuda_graphs"] = "0" turns this off.
 //   5. A matrix product over at most gemv_max_rows token rows (decode at small batch, the
 //      LM head of few sequences) runs on the skinny GEMM kernel (kernels/gemv.h), others on
 //      cuBLASLt; both accumulate in fp32 and round once. BackendOptions::extra
@@ -98,6 +100,15 @@
 //      (4) capture it unchanged. Tensor parallelism splits every expert's intermediate size
 //      like the dense MLP's (the router is whole on each rank). The gemv fusions (5) and LoRA
 //      (7) do not apply to MoE layers; LoRA is refused for MoE models.
+//  10. Constrained decoding: a row's token bitmask (SequenceStep::token_bitmask, or a late one
+//      from StepBatch::fill_token_bitmask) is written into its pinned staging row after the
+//      step's forward pass and LM head are queued, so the engine fills masks while the GPU
+//      computes the logits; the rows then go up in one copy on a copy stream (overlapping
+//      what remains of that work) and the sampling kernel, which waits for it, applies them
+//      in its first pass over the row (kernels/sampling.h). A graphed step (4) with a
+//      masked row replays a graph of its bucket that ends at the logits (keyed apart), then
+//      copies and samples outside it; a step without one keeps the whole-step graph. At N > 1
+//      (8) the late masks are filled once, before the step, for every rank (no overlap).
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -303,10 +314,11 @@ class CudaBackend final : public ModelBackendBase {
     // staging buffer, the entries (adjust_scratch_) uploaded to adjust_dev_ by UploadMeta.
     const int32_t* adjust_begin = nullptr;
     int32_t adjust_entries = 0;
-    // Constrained decoding: allowed_rows [part A] in the staging buffer (1: row a samples among
-    // allowed_dev_[a]); the first allowed_upload rows of allowed_host_ go up with the metadata.
-    // Graphed steps hold the same pointers, so constrained decode steps run as graphs too.
+    // Constrained decoding (10): allowed_rows [part A] in the staging buffer (1: row a samples
+    // among allowed_dev_[a]); the masked_rows' masks are written into allowed_host_ once the
+    // logits are queued, and its first allowed_upload rows go up before the sampling kernel.
     const int32_t* allowed_rows = nullptr;
+    std::vector<int32_t> masked_rows;  // host: part A rows with a mask, ascending
     int32_t allowed_upload = 0;
     // Prompt logprobs: part B rows whose next prompt token's logprob is asked for.
     std::vector<int32_t> part_b_target;  // host: [part B] the token, -1: none (logits only)
@@ -362,9 +374,16 @@ class CudaBackend final : public ModelBackendBase {
   void PackStep(const StepBatch& batch, StepMeta* m);
   Status UploadMeta(const StepMeta& m);
   // Everything from the metadata upload to the sampled tokens' copy back; with m.graph, as
-  // the bucket's graph (captured on its second step).
+  // the bucket's graph (captured on its second step; a constrained step's graph ends at the
+  // logits, 10).
   Status EnqueueStep(const StepBatch& batch, const StepMeta& m);
   Status EnqueueGraphed(const StepBatch& batch, const StepMeta& m);
+  // EnqueueStep's parts: the metadata upload, the forward pass and part A's logits (LM head);
+  // then (10) the masked rows' bitmasks, filled on the host (FillStepTokenBitmask, straight
+  // into allowed_host_) while the GPU runs those, and uploaded; then the sampling kernel and
+  // the tokens' copy back (Sample).
+  Status EnqueueLogits(const StepBatch& batch, const StepMeta& m);
+  Status FillAndUploadMasks(const StepBatch& batch, const StepMeta& m);
   // The forward pass (cuda_forward.cc): embedding, layers, final RMSNorm into xn_.
   Status Forward(const StepBatch& batch, const StepMeta& m);
   // RoPE + K/V store (unless rope_done: the QKV gemv's epilogue did it), then attention.
@@ -376,7 +395,7 @@ class CudaBackend final : public ModelBackendBase {
   int64_t ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const;
   // logits_[0, n) = LM head of the rows_dev rows of xn_.
   Status LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n);
-  // LM head over part A, then the sampling kernel and the tokens' copy back.
+  // The sampling kernel over part A's logits and the tokens' (and logprobs') copy back.
   Status Sample(const StepMeta& m);
   // Grows the logit-adjustment buffers to hold n entries (cuda_backend.cc).
   Status ReserveAdjust(size_t n);
@@ -474,6 +493,11 @@ class CudaBackend final : public ModelBackendBase {
   uint32_t* allowed_host_ = nullptr;  // pinned
   uint32_t* allowed_dev_ = nullptr;
   int32_t allowed_words_ = 0;
+  // (10) Their upload, off the step's stream once the host has filled them.
+  cudaStream_t mask_stream_ = nullptr;
+  cudaEvent_t masks_uploaded_ = nullptr;
+  // (8, 10) At N > 1: the late masks of a step, filled before it on the engine thread.
+  std::vector<uint32_t> tp_masks_;
 
   // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
   bool use_graphs_ = true;
@@ -523,6 +547,8 @@ class CudaBackend final : public ModelBackendBase {
   Status AllocateKvPools(const std::vector<kv::PoolLayout>& layouts);
   // Rank 0 at N > 1, after the KV pools: the rank threads and the copier over every rank's pools.
   Status StartRanks();
+  // Rank 0's Execute after validation at N > 1: the late masks (10), then RunStep on every rank.
+  Status RunRanks(const StepBatch& batch, StepOutput* out);
   // Execute after validation, on this rank (its own thread at N > 1).
   Status RunStep(const StepBatch& batch, StepOutput* out);
   // buf[0, count) summed over the ranks (8); nothing at N = 1.

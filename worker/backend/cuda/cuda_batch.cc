@@ -1,9 +1,11 @@
 // CudaBackend, step metadata: a step's shape (its decode-graph bucket, invariant 4) and the
 // packing of its token ids, positions, KV slots, block tables, sequence lengths, logits rows
-// and sampling settings into the pinned staging buffer, uploaded in one copy.
+// and sampling settings into the pinned staging buffer, uploaded in one copy; and the
+// constrained rows' token bitmasks, filled and uploaded once the logits are queued (10).
 // Thread-compatible, as CudaBackend: the engine thread calls it.
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -231,10 +233,11 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
     ctr_h[a] = st.rng_counter;
     minp_h[a] = sample ? sp.min_p : 0.0f;
     lpn_h[a] = sample ? sp.logprobs : -1;
-    allow_h[a] = sample && !st.token_bitmask.empty() ? 1 : 0;
-    if (allow_h[a] != 0) {  // Validate checked its length: BitmaskWords(vocab) == allowed_words_
-      std::copy(st.token_bitmask.begin(), st.token_bitmask.end(),
-                allowed_host_ + static_cast<size_t>(a) * static_cast<size_t>(allowed_words_));
+    // Constrained: the row's mask is written into allowed_host_ once the logits are queued
+    // (FillAndUploadMasks), not here.
+    allow_h[a] = HasTokenBitmask(st) ? 1 : 0;
+    if (allow_h[a] != 0) {
+      m.masked_rows.push_back(a);
       m.allowed_upload = a + 1;
     }
     m.want_logprobs = m.want_logprobs || lpn_h[a] >= 0;
@@ -277,12 +280,30 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
   m.staging_used = used;
 }
 
+Status CudaBackend::FillAndUploadMasks(const StepBatch& batch, const StepMeta& m) {
+  if (m.masked_rows.empty()) return Status::Ok();
+  // The previous step's upload of these rows has completed: Execute returned after it (3).
+  const size_t words = static_cast<size_t>(allowed_words_);
+  for (int32_t a : m.masked_rows) {
+    const std::span<uint32_t> row(allowed_host_ + static_cast<size_t>(a) * words, words);
+    const Status st = FillStepTokenBitmask(batch, static_cast<size_t>(m.part_a_seq[a]), row);
+    if (!st.ok()) {
+      cudaStreamSynchronize(stream_);  // the step's queued work ends before the error goes out
+      return st;
+    }
+  }
+  // On the copy stream: the upload overlaps what remains of the logits' work (the host is
+  // usually done first), and the sampling kernel waits for it. The previous step's kernel,
+  // the last reader of allowed_dev_, has completed (3).
+  const size_t bytes = static_cast<size_t>(m.allowed_upload) * words * sizeof(uint32_t);
+  KVF_CUDA_RETURN(cudaMemcpyAsync(allowed_dev_, allowed_host_, bytes, cudaMemcpyHostToDevice, mask_stream_));
+  KVF_CUDA_RETURN(cudaEventRecord(masks_uploaded_, mask_stream_));
+  KVF_CUDA_RETURN(cudaStreamWaitEvent(stream_, masks_uploaded_, 0));
+  return Status::Ok();
+}
+
 Status CudaBackend::UploadMeta(const StepMeta& m) {
   KVF_CUDA_RETURN(cudaMemcpyAsync(staging_dev_, staging_host_, m.staging_used, cudaMemcpyHostToDevice, stream_));
-  if (m.allowed_upload > 0) {
-    const size_t bytes = static_cast<size_t>(m.allowed_upload) * static_cast<size_t>(allowed_words_) * sizeof(uint32_t);
-    KVF_CUDA_RETURN(cudaMemcpyAsync(allowed_dev_, allowed_host_, bytes, cudaMemcpyHostToDevice, stream_));
-  }
   if (m.adjust_entries > 0) {
     const size_t n = static_cast<size_t>(m.adjust_entries);
     KVF_RETURN_IF_ERROR(ReserveAdjust(n));

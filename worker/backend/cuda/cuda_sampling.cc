@@ -75,8 +75,7 @@ TokenLogprobs CudaBackend::LogprobsOfRow(int32_t row, TokenId token, int32_t top
 
 Status CudaBackend::Sample(const StepMeta& m) {
   const int32_t na = static_cast<int32_t>(m.part_a_seq.size());
-  if (na > 0) {
-    KVF_RETURN_IF_ERROR(LmHead(m, m.head_rows, na));
+  if (na > 0) {  // part A's logits are queued (EnqueueLogits)
     kernels::SamplingParams sp;
     sp.logits = logits_;
     sp.temperature = m.temperature;

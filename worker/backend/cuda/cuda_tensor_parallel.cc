@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -145,6 +146,31 @@ Result<CudaBackend::CommTimes> CudaBackend::TakeCommTimes() {
   }
   comm_timed_.clear();
   return t;
+}
+
+Status CudaBackend::RunRanks(const StepBatch& batch, StepOutput* out) {
+  // Every rank runs the step on its own thread; rank 0's tokens go out.
+  // (10) Every rank samples with the same masks: late ones are filled once, here, and the
+  // ranks copy them as token_bitmasks (no overlap with the forward pass at N > 1).
+  std::optional<StepBatch> filled;
+  if (std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const SequenceStep& s) { return s.late_token_bitmask; })) {
+    const size_t words = static_cast<size_t>(allowed_words_);
+    tp_masks_.resize(batch.seqs.size() * words);
+    filled.emplace();
+    filled->seqs = batch.seqs;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      if (!batch.seqs[i].late_token_bitmask) continue;
+      const std::span<uint32_t> mask(tp_masks_.data() + i * words, words);
+      KVF_RETURN_IF_ERROR(FillStepTokenBitmask(batch, i, mask));
+      filled->seqs[i].late_token_bitmask = false;
+      filled->seqs[i].token_bitmask = mask;
+    }
+  }
+  const StepBatch& step = filled ? *filled : batch;
+  std::vector<StepOutput> discard(peers_.size());
+  return rank_threads_->Run([&](int r) {
+    return r == 0 ? RunStep(step, out) : peers_[r - 1]->RunStep(step, &discard[r - 1]);
+  });
 }
 
 }  // namespace kvfleet::backend::cuda

@@ -288,8 +288,7 @@ void MockBackend::UseVocabulary(const grammar::Vocabulary& vocabulary) {
   }
 }
 
-TokenId MockBackend::AllowedTokenFor(const SequenceStep& s, uint64_t hash) const {
-  const std::span<const uint32_t> allowed = s.token_bitmask;
+TokenId MockBackend::AllowedTokenFor(const SequenceStep& s, std::span<const uint32_t> allowed, uint64_t hash) const {
   if (token_classes_.empty()) {  // the first allowed id from the pseudo-random one on, wrapping
     const size_t vocab = static_cast<size_t>(config_.vocab_size);
     for (size_t k = 0; k < vocab; ++k) {
@@ -317,10 +316,10 @@ TokenId MockBackend::AllowedTokenFor(const SequenceStep& s, uint64_t hash) const
   return kNoToken;
 }
 
-TokenId MockBackend::TokenFor(const SequenceStep& s, uint64_t context) const {
+TokenId MockBackend::TokenFor(const SequenceStep& s, std::span<const uint32_t> allowed, uint64_t context) const {
   const uint64_t vocab = static_cast<uint64_t>(config_.vocab_size);
   const uint64_t hash = SplitMix64(s.seed ^ SplitMix64(s.rng_counter + 1) ^ context);
-  if (!s.token_bitmask.empty()) return AllowedTokenFor(s, hash);
+  if (!allowed.empty()) return AllowedTokenFor(s, allowed, hash);
   if (mock_.eos_after > 0 && s.rng_counter + 1 == mock_.eos_after && !config_.eos_token_ids.empty()) {
     return static_cast<TokenId>(config_.eos_token_ids.front());
   }
@@ -363,7 +362,13 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
       KVF_ASSIGN_OR_RETURN(context, WriteAndRead(s));
     }
     if (s.lora_slot >= 0) context = SplitMix64(context ^ lora_slots_[s.lora_slot]);
-    if (s.sample) out->tokens[i] = TokenFor(s, context);
+    std::span<const uint32_t> allowed;
+    if (HasTokenBitmask(s)) {
+      mask_.resize(grammar::BitmaskWords(static_cast<size_t>(config_.vocab_size)));
+      KVF_RETURN_IF_ERROR(FillStepTokenBitmask(batch, i, mask_));
+      allowed = mask_;
+    }
+    if (s.sample) out->tokens[i] = TokenFor(s, allowed, context);
     if (s.sample && s.sampling->logprobs >= 0) out->logprobs[i] = MockLogprobs(out->tokens[i], s.sampling->logprobs);
     const PromptLogprobRows prompt_rows = PromptLogprobRowsOf(s);
     for (int64_t p = prompt_rows.first; p < prompt_rows.end; ++p) {

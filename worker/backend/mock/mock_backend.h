@@ -116,12 +116,14 @@ class MockBackend final : public ModelBackendBase {
   Status Validate(const StepBatch& batch) const;
   // The context hash of one sequence after writing its tokens (verify_kv).
   Result<uint64_t> WriteAndRead(const SequenceStep& step);
-  TokenId TokenFor(const SequenceStep& step, uint64_t context) const;
-  // TokenFor's choice among the tokens step.token_bitmask allows.
-  TokenId AllowedTokenFor(const SequenceStep& step, uint64_t hash) const;
+  // `allowed`: the step's token bitmask (FillStepTokenBitmask), empty when unconstrained.
+  TokenId TokenFor(const SequenceStep& step, std::span<const uint32_t> allowed, uint64_t context) const;
+  // TokenFor's choice among the tokens `allowed` allows.
+  TokenId AllowedTokenFor(const SequenceStep& step, std::span<const uint32_t> allowed, uint64_t hash) const;
   TokenLogprobs MockLogprobs(TokenId token, int32_t top) const;
 
   MockOptions mock_;
+  std::vector<uint32_t> mask_;  // Execute's scratch: a constrained row's token bitmask
   uint64_t device_bytes_ = 0;
   uint64_t host_bytes_ = 0;
   std::unique_ptr<ShadowCopier> copier_;

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 
+#include "kernels/sampling_common.h"
 #include "tests/worker/backend/cpu/reference.h"
 #include "tests/worker/model/test_models.h"
 #include "worker/backend/backend.h"
@@ -169,6 +170,57 @@ TEST_CASE("cpu backend: greedy with penalties and logit_bias is the argmax of th
     }
   }
   CHECK(changed > 0);
+}
+
+// Constrained decoding's late masks (StepBatch::fill_token_bitmask): asked for once per
+// constrained row, after the forward pass (the logits row is there to compare against), and
+// the draw is the best raw logit among the allowed tokens; a late mask allowing nothing fails
+// the step with InvalidArgument.
+TEST_CASE("cpu backend: a late token bitmask is filled once per constrained row and bounds the draw") {
+  auto b = MakeBackend("tiny", 1);
+  const int64_t V = b->config().vocab_size;
+  const std::vector<TokenId> history = Tokens(10, 4);
+  const SamplingParams greedy{.temperature = 0.0f};
+  const StepOutput raw = RunAll(*b, history, static_cast<int64_t>(history.size()), greedy);
+  const std::span<const float> row(&raw.logits[(history.size() - 1) * V], V);
+  // Allowed: every third token but the raw argmax.
+  std::vector<uint32_t> allowed(grammar::BitmaskWords(static_cast<size_t>(V)), 0);
+  for (int64_t t = 0; t < V; t += 3) allowed[t / 32] |= 1u << (t % 32);
+  allowed[raw.tokens[0] / 32] &= ~(1u << (raw.tokens[0] % 32));
+  int64_t best = -1;
+  for (int64_t t = 0; t < V; ++t) {
+    if (kernels::TokenAllowed(allowed.data(), t) && (best < 0 || row[t] > row[best])) best = t;
+  }
+  std::vector<BlockId> table(history.size() / b->block_size() + 1);
+  std::iota(table.begin(), table.end(), 0);
+  SequenceStep s;
+  s.tokens = history;
+  s.history = history;
+  s.prompt_len = static_cast<int64_t>(history.size());
+  s.block_tables = {table};
+  s.sample = true;
+  s.sampling = &greedy;
+  s.late_token_bitmask = true;
+  StepBatch batch;
+  batch.seqs = {s};
+  int calls = 0;
+  batch.fill_token_bitmask = [&](size_t i, std::span<uint32_t> mask) {
+    ++calls;
+    CHECK(i == 0);
+    CHECK(mask.size() == allowed.size());
+    std::copy_n(allowed.begin(), std::min(mask.size(), allowed.size()), mask.begin());
+  };
+  StepOutput out;
+  REQUIRE(b->Execute(batch, &out).ok());
+  CHECK(calls == 1);
+  CHECK(out.tokens[0] == static_cast<TokenId>(best));
+
+  batch.fill_token_bitmask = [](size_t, std::span<uint32_t> mask) { std::fill(mask.begin(), mask.end(), 0u); };
+  const Status st = b->Execute(batch, &out);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("allows no token") != std::string::npos);
+  batch.fill_token_bitmask = nullptr;  // a late row needs a filler: refused before anything runs
+  CHECK(b->Execute(batch, &out).code() == StatusCode::kInvalidArgument);
 }
 
 }  // namespace
