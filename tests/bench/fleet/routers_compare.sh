@@ -9,7 +9,8 @@
 # Loads: the time scales of tests/bench/fleet/transfer_compare.sh, measured for the same mock
 # fleet (length scale 4): Mooncake 15.28 (0.9x) and 20.54 (1.3x); the conversation trace at
 # 40 conversations/s is 2.0x at time scale 2.23, so 0.9x and 1.3x are scales 1.00 and 1.45.
-# KVFLEET_ROUTERS_TRACES (default "mooncake conv") runs the named traces only;
+# KVFLEET_ROUTERS_TRACES (default "mooncake conv") runs the named traces only, and
+# KVFLEET_ROUTERS_LOADS (default "0.9x 1.3x") the named loads;
 # KVFLEET_BENCH_PORT (default 27000) is the first of 300 ports used. Prints one table per
 # trace and load (the bench's own), JSON under OUT_DIR.
 set -uo pipefail
@@ -18,6 +19,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
 PORT="${KVFLEET_BENCH_PORT:-27000}"
 TRACES="${KVFLEET_ROUTERS_TRACES:-mooncake conv}"
+LOADS="${KVFLEET_ROUTERS_LOADS:-0.9x 1.3x}"
 fleet() {  # fleet.sh NAME ROUTERS [FLAGS]: a fleet for `kvfleet bench --fleet-cmd`
   cat >"$OUT/fleet-$1.sh" <<EOS
 #!/usr/bin/env bash
@@ -33,6 +35,7 @@ fleet none 4 "--no-gossip"
 urls() { local u="" i; for ((i = 0; i < $1; i++)); do u+="${u:+,}http://127.0.0.1:$((PORT + i))"; done; echo "$u"; }
 python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"
 run() {  # name trace scale
+  [[ " $LOADS " == *" ${1#*-} "* ]] || return 0
   echo "== $1 (time scale $3); uptime: $(uptime)"
   local config n
   for config in one:1 gossip:4 none:4; do
