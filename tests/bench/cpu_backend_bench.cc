@@ -15,11 +15,11 @@
 #include "worker/backend/backend.h"
 
 using namespace kvfleet;
-using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::steady_clock;
 
 namespace {
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double Since(WallClock::time_point t0) { return std::chrono::duration<double>(WallClock::now() - t0).count(); }
 
 void Run(backend::ModelBackend& b, int batch, int prompt_len, int steps) {
   const int B = b.block_size();
@@ -42,7 +42,7 @@ void Run(backend::ModelBackend& b, int batch, int prompt_len, int steps) {
     q.block_tables = {tables[s]};
     q.sample = true;
   }
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   Status st = b.Execute(step, &out);
   if (!st.ok()) {
     std::fprintf(stderr, "prefill: %s\n", st.ToString().c_str());
@@ -50,7 +50,7 @@ void Run(backend::ModelBackend& b, int batch, int prompt_len, int steps) {
   }
   const double prefill_s = Since(t0);
   for (int s = 0; s < batch; ++s) last[s] = out.tokens[s];
-  t0 = Clock::now();
+  t0 = WallClock::now();
   for (int i = 0; i < steps; ++i) {
     for (int s = 0; s < batch; ++s) {
       auto& q = step.seqs[s];

@@ -62,11 +62,11 @@
 #include "worker/backend/cuda/lt_gemm.h"
 
 using namespace kvfleet;
-using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::steady_clock;
 
 namespace {
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double Since(WallClock::time_point t0) { return std::chrono::duration<double>(WallClock::now() - t0).count(); }
 
 #define BENCH_CUDA(call)                                                                     \
   do {                                                                                       \
@@ -86,7 +86,7 @@ double CopyBandwidthGBs() {
   BENCH_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
   BENCH_CUDA(cudaDeviceSynchronize());
   const int iters = 10;
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
   BENCH_CUDA(cudaDeviceSynchronize());
   const double s = Since(t0);
@@ -116,7 +116,7 @@ double GemmPeakTflops() {
   run();
   BENCH_CUDA(cudaDeviceSynchronize());
   const int iters = 20;
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   for (int i = 0; i < iters; ++i) run();
   BENCH_CUDA(cudaDeviceSynchronize());
   const double s = Since(t0);
@@ -143,7 +143,7 @@ double RunPrefill(backend::ModelBackend& b, std::span<const TokenId> prompt, int
   for (int64_t i = 0; i < static_cast<int64_t>(prompt.size()) / b.block_size(); ++i) {
     table.push_back(static_cast<backend::BlockId>(i));
   }
-  const auto t = Clock::now();
+  const auto t = WallClock::now();
   for (size_t pos = 0; pos < prompt.size(); pos += kPrefillChunk) {
     backend::StepBatch step;
     backend::SequenceStep q;
@@ -184,9 +184,9 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int lo
   backend::StepBatch step;
   step.seqs.resize(batch);
   backend::StepOutput out;
-  Clock::time_point t0;
+  WallClock::time_point t0;
   for (int i = 0; i < total; ++i) {
-    if (i == 3) t0 = Clock::now();
+    if (i == 3) t0 = WallClock::now();
     for (int s = 0; s < batch; ++s) {
       auto& q = step.seqs[s];
       q.request_id = s;
@@ -306,7 +306,7 @@ int RunLoraComparison(backend::ModelBackend& b, const std::vector<int>& counts, 
   }
   int most = 0;
   for (int k : counts) most = std::max(most, k);
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   for (int k = 0; k < most; ++k) {
     Status st = b.LoadLora(k, RandomAdapter(b.config(), rank, static_cast<uint64_t>(k) + 1));
     if (!st.ok()) {
@@ -499,7 +499,7 @@ int main(int argc, char** argv) {
   for (int k : lora_counts) o.max_loras = std::max(o.max_loras, k);
   o.max_lora_rank = lora_rank;
   for (const auto& [k, v] : extra) std::printf("backend setting %s=%s\n", k.c_str(), v.c_str());
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto made = backend::CreateBackend("cuda", o);
   if (!made.ok()) {
     std::fprintf(stderr, "backend: %s\n", made.status().ToString().c_str());
