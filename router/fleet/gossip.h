@@ -40,9 +40,12 @@ namespace kvfleet::router {
 
 namespace config {
 // A router publishes its state this often: a peer's counts are at most this (and the
-// network's delay) older than its own, well under a load report's 200-250 ms.
-inline constexpr DurationNs kGossipInterval = 50 * kNsPerMs;
-// A peer not heard for this long is forgotten: 20 intervals, so a few lost frames or a
+// network's delay) older than its own. What it must be short against is the time between two
+// routers' choices of one worker, not a load report's 200-250 ms: at 50 ms, four routers
+// facing a Mooncake burst sent requests behind each other's (mean TTFT +34% against one
+// router on a quiet host); at 10 ms +3-11% (tests/bench/results/2026-11-30-routers-quiet-host.txt).
+inline constexpr DurationNs kGossipInterval = 10 * kNsPerMs;
+// A peer not heard for this long is forgotten: 100 intervals, so a few lost frames or a
 // slow scheduler do not drop it, yet a dead router's requests stop counting within a second.
 inline constexpr DurationNs kGossipTtl = kNsPerSec;
 // Frames queued per peer connection, each a whole state: the newest matters, so a few do.

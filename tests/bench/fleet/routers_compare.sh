@@ -10,7 +10,9 @@
 # fleet (length scale 4): Mooncake 15.28 (0.9x) and 20.54 (1.3x); the conversation trace at
 # 40 conversations/s is 2.0x at time scale 2.23, so 0.9x and 1.3x are scales 1.00 and 1.45.
 # KVFLEET_ROUTERS_TRACES (default "mooncake conv") runs the named traces only, and
-# KVFLEET_ROUTERS_LOADS (default "0.9x 1.3x") the named loads;
+# KVFLEET_ROUTERS_LOADS (default "0.9x 1.3x") the named loads, KVFLEET_ROUTERS_CONFIGS (default
+# "one gossip none") the named fleets; KVFLEET_ROUTER_EXTRA adds kvfleet-router arguments to every
+# router (e.g. "--gossip-interval-ms 10");
 # KVFLEET_BENCH_PORT (default 27000) is the first of 300 ports used. Prints one table per
 # trace and load (the bench's own), JSON under OUT_DIR.
 set -uo pipefail
@@ -20,12 +22,15 @@ mkdir -p "$OUT"
 PORT="${KVFLEET_BENCH_PORT:-27000}"
 TRACES="${KVFLEET_ROUTERS_TRACES:-mooncake conv}"
 LOADS="${KVFLEET_ROUTERS_LOADS:-0.9x 1.3x}"
+CONFIGS="${KVFLEET_ROUTERS_CONFIGS:-one gossip none}"
+EXTRA=""
+for a in ${KVFLEET_ROUTER_EXTRA:-}; do EXTRA="$EXTRA --router-arg=$a"; done
 fleet() {  # fleet.sh NAME ROUTERS [FLAGS]: a fleet for `kvfleet bench --fleet-cmd`
   cat >"$OUT/fleet-$1.sh" <<EOS
 #!/usr/bin/env bash
 exec "$BIN/kvfleet" up --backend mock --workers 8 --routers $2 $3 --http-port $PORT --registration-port $((PORT + 10)) \
   --gossip-base-port $((PORT + 20)) --worker-base-port $((PORT + 100)) --worker-http-base-port $((PORT + 200)) \
-  --log-dir "$OUT/logs-$1" --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker"
+  --log-dir "$OUT/logs-$1" --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker"$EXTRA
 EOS
   chmod +x "$OUT/fleet-$1.sh"
 }
@@ -40,6 +45,7 @@ run() {  # name trace scale
   local config n
   for config in one:1 gossip:4 none:4; do
     n="${config#*:}"; config="${config%%:*}"
+    [[ " $CONFIGS " == *" $config "* ]] || continue
     echo "-- $config: $n router(s)"
     "$BIN/kvfleet" bench --router "$(urls "$n")" --trace "$2" --time-scale "$3" --length-scale 4 \
       --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-$config.sh" --ttft-slo-ms 1000 \
