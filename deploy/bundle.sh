@@ -45,9 +45,11 @@ skip_lib() {
 
 bins=()
 wanted() { [ -z "$TARGETS" ] || [[ " $TARGETS " == *" $(basename "$1") "* ]]; }
-[ -x "$BUILD/cli/kvfleet" ] && wanted kvfleet && bins+=("$BUILD/cli/kvfleet")
-while IFS= read -r f; do wanted "$f" && bins+=("$f"); done < <(find "$BUILD" -type f -perm -u+x -name 'kvfleet-*' -not -path '*/CMakeFiles/*')
-[ -d "$BUILD/bench" ] && while IFS= read -r f; do wanted "$f" && bins+=("$f"); done < <(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x)
+if [ -x "$BUILD/cli/kvfleet" ] && wanted kvfleet; then bins+=("$BUILD/cli/kvfleet"); fi
+while IFS= read -r f; do if wanted "$f"; then bins+=("$f"); fi; done < <(find "$BUILD" -type f -perm -u+x -name 'kvfleet-*' -not -path '*/CMakeFiles/*')
+if [ -d "$BUILD/bench" ]; then
+  while IFS= read -r f; do if wanted "$f"; then bins+=("$f"); fi; done < <(find "$BUILD/bench" -maxdepth 1 -type f -perm -u+x)
+fi
 
 # Test executables and labels from ctest itself.
 (cd "$BUILD" && ctest --show-only=json-v1) | python3 -c '
@@ -61,12 +63,12 @@ for t in json.load(sys.stdin)["tests"]:
 # Only executables this build produced (tests that run a system tool, e.g. cmake or python3 on a
 # script, need nothing bundled).
 while IFS=$'\t' read -r name labels exe; do
-  case "$exe" in "$BUILD"/*) wanted "$exe" && bins+=("$exe") ;; esac
+  case "$exe" in "$BUILD"/*) if wanted "$exe"; then bins+=("$exe"); fi ;; esac
 done < "$OUT/tests.tsv.abs"
 # Only the tests this build produced and built.
 awk -F'\t' -v build="$BUILD/" 'BEGIN{OFS="\t"} index($3, build) == 1 {n=split($3, p, "/"); if (system("test -x \"" $3 "\"") == 0) print $1, $2, "bin/" p[n]}' \
   "$OUT/tests.tsv.abs" | while IFS=$'\t' read -r name labels exe; do
-    wanted "$exe" && printf '%s\t%s\t%s\n' "$name" "$labels" "$exe"
+    if wanted "$exe"; then printf '%s\t%s\t%s\n' "$name" "$labels" "$exe"; fi
   done > "$OUT/tests.tsv"
 rm "$OUT/tests.tsv.abs"
 
