@@ -8,11 +8,14 @@
 // are within bf16 noise of each other to the other expert than the fp32 reference does (on
 // these random models 4 to 9% of routing decisions have a logit gap below 0.03 at the top-k
 // boundary), and that token's row then differs by more than the dense models' bf16
-// tolerance. So the bar, over each model's prompts: at most 1 row in 8 past kBf16Tolerance,
-// at most 1 greedy choice in 5 different from the reference's other than at near-ties, at
-// least half of them exact; a wrong expert layout or routing misses nearly every row.
+// tolerance. So the bar, over each model's prompts: at most 1 row in 8 past kBf16Tolerance
+// (or, where the fixture records how many rows transformers' own bf16 inference puts past it,
+// that many and 1 in 16 more: tiny-qwen3-moe's routing is that sensitive), at most 1 greedy
+// choice in 5 different from the reference's other than at near-ties, at least half of them
+// exact; a wrong expert layout or routing misses nearly every row.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -56,7 +59,8 @@ TEST_CASE("MoE models match transformers' within bf16 routing: whole and chunked
                      << kBf16Tolerance << ", prompts' max |logit diff| " << diffs[0] << " " << diffs[1] << " "
                      << diffs[2] << "; greedy " << exact << "/" << sampled << " exact, " << near << " near-ties, "
                      << wrong << " other");
-        CHECK(over * 8 <= rows);
+        const int64_t hf_floor = ref.hf_bf16_rows_over >= 0 ? ref.hf_bf16_rows_over + rows / 16 : 0;
+        CHECK(over <= std::max(rows / 8, hf_floor));
         CHECK(wrong * 5 <= sampled);
         CHECK(exact * 2 >= sampled);
       }

@@ -138,6 +138,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   std::unique_ptr<CudaBackend> b(new CudaBackend(rank0));
   auto graphs = options.extra.find("cuda_graphs");
   b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
+  auto moe_gemv = options.extra.find("moe_gemv");  // A/B of the MoE decode path (benches)
+  b->moe_gemv_ = moe_gemv == options.extra.end() || moe_gemv->second != "0";
   if (auto gemv = options.extra.find("gemv_max_rows"); gemv != options.extra.end()) {
     char* end = nullptr;
     const long v = std::strtol(gemv->second.c_str(), &end, 10);
@@ -278,6 +280,7 @@ Status CudaBackend::AllocateBuffers() {
     KVF_ASSIGN_OR_RETURN(moe_position_, DeviceAlloc<int32_t>(routes));
     KVF_ASSIGN_OR_RETURN(moe_offsets_, DeviceAlloc<int32_t>(E + 1));
     KVF_ASSIGN_OR_RETURN(moe_tile_offsets_, DeviceAlloc<int32_t>(E + 1));
+    KVF_ASSIGN_OR_RETURN(moe_active_, DeviceAlloc<int32_t>(E + 1));
     KVF_ASSIGN_OR_RETURN(moe_weights_, DeviceAlloc<float>(routes));
     KVF_ASSIGN_OR_RETURN(moe_gate_up_, DeviceAlloc<bf16>(routes * 2 * EI));
     KVF_ASSIGN_OR_RETURN(moe_act_, DeviceAlloc<bf16>(routes * EI));

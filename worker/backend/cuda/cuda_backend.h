@@ -463,6 +463,8 @@ class CudaBackend final : public ModelBackendBase {
   float* moe_logits_ = nullptr;               // [max_num_tokens][moe_router_rows_], fp32: routing is discrete
   int32_t *moe_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_position_ = nullptr;  // [S]
   int32_t *moe_offsets_ = nullptr, *moe_tile_offsets_ = nullptr;                      // [experts + 1]
+  int32_t* moe_active_ = nullptr;             // [experts + 1]: the non-empty groups (kernels/moe.h)
+  bool moe_gemv_ = true;                      // decode steps by LaunchMoeGroupedGemv (extra "moe_gemv" 0: off)
   float* moe_weights_ = nullptr;              // [S]
   __nv_bfloat16 *moe_gate_up_ = nullptr, *moe_act_ = nullptr, *moe_out_ = nullptr;  // [S][2·ei], [S][ei], [S][hidden]
   float* logits_ = nullptr;  // [logits_rows_][vocab]

@@ -163,7 +163,15 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
   KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob, moe_experts_,
                                           moe_weights_, stream_));
   KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
-                                          moe_tile_offsets_, stream_));
+                                          moe_tile_offsets_, stream_, moe_active_));
+  if (moe_gemv_ && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
+    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, xn_, moe_sorted_, /*gather_div=*/k, moe_offsets_,
+                                                  moe_active_, moe_act_, /*silu_mul=*/true, T, S, E, EI, H, stream_));
+    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
+                                                  moe_active_, moe_out_, /*silu_mul=*/false, T, S, E, H, EI, stream_));
+    KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
+    return Status::Ok();
+  }
   KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, xn_, moe_sorted_, /*gather_div=*/k, moe_offsets_,
                                                 moe_tile_offsets_, moe_gate_up_, S, E, 2 * EI, H, stream_));
   KVF_CUDA_RETURN(kernels::LaunchSiluMul(moe_gate_up_, moe_act_, S, EI, stream_));
