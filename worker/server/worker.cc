@@ -338,6 +338,7 @@ Status Worker::InitTransfer(const std::string& host, const Clock* clock) {
     to.insecure = config_.transfer_insecure;
     to.default_deadline = po.deadline;
     if (config_.backend == "mock") to.simulated_bandwidth_bytes_per_s = config_.mock_transfer_bytes_per_s;
+    to.test_corrupt_served_data = config_.test_corrupt_served_blocks;
     if (!config_.curve_keypair.empty()) {
       KVF_ASSIGN_OR_RETURN(to.keypair, LoadCurveKeyPair(config_.curve_keypair));
       KVF_ASSIGN_OR_RETURN(to.authorized_keys, LoadAuthorizedKeys(config_.transfer_authorized_keys));

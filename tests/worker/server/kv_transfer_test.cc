@@ -1,7 +1,7 @@
 // KV transfer between two in-process cpu workers (Contract 4 end to end): a Generate whose
 // PullHint names the worker that computed its prefix pulls the blocks and gives the tokens a
-// computed prefix gives; a hint whose holder has nothing, or is gone, costs a recompute,
-// never the request.
+// computed prefix gives; a hint whose holder has nothing, sends blocks that fail their
+// checksums, or is gone, costs a recompute, never the request.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -79,6 +79,27 @@ TEST_CASE("a worker pulls a prompt's prefix from the worker that computed it, an
     REQUIRE(got.finished);
     CHECK(got.cached_device_tokens == 0);
     CHECK(got.tokens.size() == 8);
+  }
+  SUBCASE("a holder whose blocks fail their checksums: b computes, nothing of the pull is kept") {
+    WorkerConfig bad_config = CpuConfig(model);
+    bad_config.test_corrupt_served_blocks = true;
+    RunningWorker bad(bad_config, context);
+    REQUIRE(Ask(context, bad.worker->requests_endpoint(), prompt).finished);
+    const PullHint from_bad{bad.worker->transfer_endpoint(), "", 6, bad.worker->worker_id()};
+    const Answer got = Ask(context, b.worker->requests_endpoint(), prompt, from_bad);
+    REQUIRE(got.finished);
+    CHECK(got.cached_device_tokens == 0);
+    CHECK(got.tokens == computed.tokens);
+    const std::string counted = "kvfleet_worker_kv_pulls_total{outcome=\"bad-checksum\"";
+    std::string metrics;
+    for (int i = 0; i < 100 && metrics.find(counted) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      metrics = http::testing::BodyOf(http::testing::Roundtrip(b.worker->http_port(), "GET", "/metrics"));
+    }
+    CHECK(metrics.find(counted) != std::string::npos);
+    // No block imported: the counter is absent (never advanced) or 0.
+    const size_t imported = metrics.find("kvfleet_worker_kv_imported_blocks_total ");
+    if (imported != std::string::npos) CHECK(metrics.compare(imported + 40, 2, "0\n") == 0);
   }
   SUBCASE("a holder that is gone: b computes once the pull's deadline passes") {
     const PullHint gone{"tcp://127.0.0.1:1", "", 6, "gone"};
