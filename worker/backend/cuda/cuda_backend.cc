@@ -117,18 +117,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   }
   {  // what the model asks of the kernels, whatever the machine
     KVF_ASSIGN_OR_RETURN(const model::ModelConfig model_config, model::LoadModelConfig(options.model_dir));
-    if (model_config.architecture == model::Architecture::kLlama4) {  // (11) what it serves on one GPU only
-      if (tp > 1) {
-        return Unimplemented("--tensor-parallel " + std::to_string(tp) + ": the cuda backend serves Llama 4 (" +
-                             options.model_dir + ") on one GPU only; run --tensor-parallel 1, or --backend cpu");
-      }
-      if (options.kv_cache_dtype == KvCacheDtype::kFp8E4m3) {
-        return Unimplemented("--kv-cache-dtype fp8_e4m3: the cuda backend's fp8 KV cache does not serve Llama 4 (" +
-                             options.model_dir + "); use --kv-cache-dtype bf16");
-      }
-      if (options.attention.streaming_llm) {
-        return Unimplemented("--streaming-llm: its shifted RoPE rotates halves, Llama 4 interleaved pairs; the cuda "
-                             "backend does not serve Llama 4 (" + options.model_dir + ") with it");
+    if (model_config.architecture == model::Architecture::kLlama4) {  // (11)
+      const std::string what = tp > 1 ? "--tensor-parallel " + std::to_string(tp)
+                               : options.kv_cache_dtype == KvCacheDtype::kFp8E4m3 ? "--kv-cache-dtype fp8_e4m3"
+                               : options.attention.streaming_llm                  ? "--streaming-llm"
+                                                                                  : "";
+      if (!what.empty()) {
+        return Unimplemented(what + ": the cuda backend serves Llama 4 (" + options.model_dir +
+                             ") on one GPU, with a bf16 KV cache and without --streaming-llm; drop " + what +
+                             " or serve it with --backend cpu");
       }
     }
     if (tp > 1) KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));  // heads that do not split
@@ -190,18 +187,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
                            std::to_string(kernels::kMoeMaxExperts) + " experts and top-" +
                            std::to_string(kernels::kMoeMaxTopK) + ")");
     }
-    if (c.moe.expert_intermediate % tp != 0 || ei % 8 != 0) {
-      return Unimplemented("cuda backend: each rank's " + std::to_string(ei) +
-                           " columns of an expert's intermediate size must be a multiple of 8");
+    if (c.moe.expert_intermediate % tp != 0 || ei % 8 != 0 || c.moe.shared_expert_intermediate % 8 != 0) {
+      return Unimplemented("cuda backend: each rank's " + std::to_string(ei) + " columns of an expert's intermediate "
+                           "size (and the shared expert's " + std::to_string(c.moe.shared_expert_intermediate) +
+                           ") must be a multiple of 8");
     }
     if (kernels::MoeMaxTiles(static_cast<int32_t>(std::min<int64_t>(routes, INT32_MAX)), static_cast<int32_t>(c.moe.num_experts)) > 65535) {
       return InvalidArgument("cuda backend: max_num_tokens " + std::to_string(options.max_num_tokens) + " times " +
                              std::to_string(c.moe.experts_per_token) + " experts a token is more routes than a step "
                              "of the MoE kernels takes; lower --max-num-tokens");
-    }
-    if (c.moe.shared_expert_intermediate % 8 != 0) {  // Llama 4's, through the dense kernels
-      return Unimplemented("cuda backend: the shared expert's intermediate_size " +
-                           std::to_string(c.moe.shared_expert_intermediate) + " must be a multiple of 8");
     }
     if (options.max_loras > 0) {
       return Unimplemented("cuda backend: LoRA adapters on a mixture of experts (" +

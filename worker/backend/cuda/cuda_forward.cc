@@ -247,7 +247,9 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
       any_dense = any_dense || d > 0;
     }
   }
-  const float scale = attention_scale_;
+  // yarn's attention_scaling scales the rotated q·k; a NoPE layer (Llama 4) has none.
+  const float scale =
+      c.uses_rope(layer) ? attention_scale_ : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   // The fields the params of every attention kernel share: q, out and block tables of the
   // launch; the layer's pool, heads, scale and mask.
   auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride,
