@@ -296,8 +296,11 @@ TEST_CASE("Llama 4's q/k transforms (interleaved RoPE, L2 norm, NoPE temperature
         CAPTURE(mode.l2_norm);
         CAPTURE(mode.temperature);
         CAPTURE(per_seq);
-        CHECK(MaxUlpDiff(dq.Download(), q) <= 2);
-        CHECK(MaxUlpDiff(dpool.Download(), pool) <= 2);
+        // An ulp off in a rotated value (sincosf, a fused multiply-add) moves its normed value by
+        // one, the norm's own sum order and rsqrtf by one more, and rounding may add a third.
+        const int ulps = mode.l2_norm ? 3 : 2;
+        CHECK(MaxUlpDiff(dq.Download(), q) <= ulps);
+        CHECK(MaxUlpDiff(dpool.Download(), pool) <= ulps);
         if (mode.temperature) {  // q at the last position really is scaled: not the input
           const size_t q_last = size_t(tokens - 1) * row_elems;
           CHECK(q[size_t(tokens - 1) * s.hq * s.d] != qkv[q_last]);
