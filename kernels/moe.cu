@@ -82,7 +82,7 @@ __global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32
 // One block: counts per expert, the groups' offsets (one thread: E is small), then each
 // route takes the next row of its group.
 __global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
-                               int32_t* offsets, int32_t* tile_offsets) {
+                               int32_t* offsets, int32_t* tile_offsets, int32_t* active) {
   __shared__ int32_t next[kMoeMaxExperts];
   GridDependentsLaunch();
   GridDependencyWait();
@@ -91,9 +91,10 @@ __global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int
   for (int r = threadIdx.x; r < S; r += blockDim.x) atomicAdd(&next[experts[r]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t row = 0, tile = 0;
+    int32_t row = 0, tile = 0, used = 0;
     for (int e = 0; e < E; ++e) {
       const int32_t count = next[e];
+      if (active != nullptr && count > 0) active[1 + used++] = e;
       offsets[e] = row;
       tile_offsets[e] = tile;
       next[e] = row;
@@ -102,6 +103,7 @@ __global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int
     }
     offsets[E] = row;
     tile_offsets[E] = tile;
+    if (active != nullptr) active[0] = used;
   }
   __syncthreads();
   for (int r = threadIdx.x; r < S; r += blockDim.x) {
@@ -265,9 +267,10 @@ cudaError_t LaunchMoeRoute(const float* logits, int32_t ld, int32_t T, int32_t E
 }
 
 cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
-                           int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream) {
+                           int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream, int32_t* active) {
   if (E < 1 || E > kMoeMaxExperts || S < 0) return cudaErrorInvalidValue;
-  return LaunchKernel(MoeGroupKernel, 1, 1024, 0, stream, experts, S, E, sorted, position, offsets, tile_offsets);
+  return LaunchKernel(MoeGroupKernel, 1, 1024, 0, stream, experts, S, E, sorted, position, offsets, tile_offsets,
+                      active);
 }
 
 cudaError_t LaunchMoeGroupedGemm(const __nv_bfloat16* w, const __nv_bfloat16* x, const int32_t* sorted,

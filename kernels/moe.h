@@ -42,9 +42,11 @@ cudaError_t LaunchMoeRouteSigmoid(const float* logits, int32_t ld, int32_t T, in
 //   experts: [S] (route r = t·k + j); sorted: [S] route ids, expert 0's group first;
 //   position: [S] each route's row in sorted; offsets: [E + 1] each group's first row;
 //   tile_offsets: [E + 1] each group's first tile of kMoeTileRows rows.
+//   active: null, or [E + 1]: active[0] the number of non-empty groups, then those experts in
+//   ascending order (what LaunchMoeGroupedGemv walks).
 // REQUIRES: E <= kMoeMaxExperts.
 cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
-                           int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream);
+                           int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream, int32_t* active = nullptr);
 
 // The experts' products over their groups, on tensor cores (WMMA bf16, tiles staged by
 // cp.async; fp32 accumulation, one bf16 rounding): row r of expert e's group gets
@@ -71,6 +73,22 @@ cudaError_t LaunchMoeGatherScaled(const __nv_bfloat16* x, const int32_t* sorted,
 //   y: [S][H]; position: [T·k]; addend, out: [T][H]. REQUIRES: H % 8 == 0.
 cudaError_t LaunchMoeCombineAdd(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,
                                 __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream);
+
+// The same products for decode steps, where a group holds a few rows (at most T: a token
+// chooses an expert once): memory-bound, so each expert's weights are streamed once per
+// kMoeGemvChunk rows (gemv.h's scheme: one warp per weight row pair, 16-byte streaming loads,
+// several in flight per lane) instead of through 64-row tensor-core tiles that are mostly empty.
+// One block column per possible non-empty group (min(S, E)), read from `active`. With
+// silu_mul, w holds each expert's gate rows then up rows ([E][2N][K]) and y[r][n] =
+// bf16(bf16(silu(g)) · u) with g, u the bf16 products (LaunchMoeGroupedGemm into [S][2N]
+// followed by LaunchSiluMul, without the round trip).
+//   w: [E][N][K] (or [E][2N][K]); x, sorted, gather_div, offsets: as LaunchMoeGroupedGemm;
+//   active: from LaunchMoeGroup; y: [S][N]; T: the step's tokens (bounds a group's rows).
+// REQUIRES: as LaunchMoeGroupedGemm.
+cudaError_t LaunchMoeGroupedGemv(const __nv_bfloat16* w, const __nv_bfloat16* x, const int32_t* sorted,
+                                 int32_t gather_div, const int32_t* offsets, const int32_t* active, __nv_bfloat16* y,
+                                 bool silu_mul, int32_t T, int32_t S, int32_t E, int32_t N, int32_t K,
+                                 cudaStream_t stream);
 
 // The un-permute: out[t][h] = bf16(Σ_j weights[t·k + j] · y[position[t·k + j]][h]), summed in
 // fp32 in j order (HF rounds each weighted expert output to bf16 and sums those in bf16).

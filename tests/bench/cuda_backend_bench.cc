@@ -48,6 +48,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -180,7 +181,10 @@ Decode RunDecode(backend::ModelBackend& b, int batch, int ctx, int steps, int lo
   for (int s = 0; s < batch; ++s) {
     for (int i = 0; i < nblocks; ++i) tables[s].push_back(static_cast<backend::BlockId>(s * nblocks + i));
   }
-  std::vector<TokenId> tok(batch, 1000);
+  // Distinct first tokens: identical rows would route every sequence of an MoE model to the
+  // same k experts.
+  std::vector<TokenId> tok(batch);
+  for (int s = 0; s < batch; ++s) tok[s] = static_cast<TokenId>(1000 + 37 * s);
   backend::StepBatch step;
   step.seqs.resize(batch);
   backend::StepOutput out;
@@ -512,11 +516,30 @@ int main(int argc, char** argv) {
 
   const auto& c = b.config();
   const double L = static_cast<double>(c.num_layers), H = static_cast<double>(c.hidden_size);
-  const double matmul_params = L * (H * (c.q_size() + 2 * c.kv_size()) + c.q_size() * H + 3 * H * c.intermediate_size) +
-                               static_cast<double>(c.vocab_size) * H;
+  // The projections' parameters a step of `rows` token rows reads: attention, every dense MLP,
+  // the LM head, and in MoE layers the router, the shared expert and the experts some row
+  // chose: E·(1 − (1 − k/E)^rows) of them in expectation under uniform routing (random
+  // weights route near-uniformly; kvfleet_moe_bench counts the real ones). rows = 0: the
+  // parameters one token passes through (k experts a layer), for FLOPs.
+  auto step_params = [&](double rows) {
+    double p = L * (H * (c.q_size() + 2 * c.kv_size()) + c.q_size() * H) + static_cast<double>(c.vocab_size) * H;
+    const model::MoeConfig& moe = c.moe;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (!c.sparse_layer(l)) {
+        p += 3 * H * static_cast<double>(c.intermediate_size);
+        continue;
+      }
+      const double E = static_cast<double>(moe.num_experts), k = static_cast<double>(moe.experts_per_token);
+      const double used = rows > 0 ? E * (1 - std::pow(1 - k / E, rows)) : k;
+      p += (used * static_cast<double>(moe.expert_intermediate) + static_cast<double>(moe.shared_expert_intermediate)) *
+               3 * H + (rows > 0 ? E * H : 0);
+    }
+    return p;
+  };
+  const double matmul_params = step_params(1), token_params = step_params(0);
   const double kv_elem_bytes = kv_dtype == backend::KvCacheDtype::kFp8E4m3 ? 1 : 2;
   const double kv_bytes_per_token = L * 2 * c.num_kv_heads * c.head_dim * kv_elem_bytes;
-  std::printf("model: %lld layers, hidden %lld, %.2f B matmul params (%.2f GB bf16 read per step), KV %.0f KiB/token\n",
+  std::printf("model: %lld layers, hidden %lld, %.2f B matmul params (%.2f GB bf16 read per batch-1 step), KV %.0f KiB/token\n",
               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size), matmul_params * 1e-9,
               matmul_params * 2e-9, kv_bytes_per_token / 1024);
 
@@ -540,7 +563,7 @@ int main(int argc, char** argv) {
       continue;
     }
     Decode d = RunDecode(b, batch, ctx, steps);
-    const double bytes = matmul_params * 2 + kv_bytes_per_token * batch * (ctx + 3 + steps / 2.0);
+    const double bytes = step_params(batch) * 2 + kv_bytes_per_token * batch * (ctx + 3 + steps / 2.0);
     std::printf("decode batch %d @ %d context: %.3f ms/step, %.0f tokens/s, %.0f GB/s weights+KV = %.1f%% of copy\n",
                 batch, ctx, d.step_s * 1e3, d.tokens_per_s, bytes / d.step_s * 1e-9,
                 100.0 * bytes / d.step_s * 1e-9 / copy);
@@ -559,7 +582,7 @@ int main(int argc, char** argv) {
     // Matmul FLOPs: every token through every projection (LM head only for the sampled
     // rows: one per chunk's last step, negligible). Attention: QK^T and PV over the
     // causal triangle.
-    const double flops = 2.0 * (matmul_params - static_cast<double>(c.vocab_size) * H) * total +
+    const double flops = 2.0 * (token_params - static_cast<double>(c.vocab_size) * H) * total +
                          4.0 * L * c.num_heads * c.head_dim * (static_cast<double>(total) * total / 2.0);
     // Against the combined peak of the ranks' GPUs, as the copy bandwidth above.
     std::printf("prefill %d tokens in %d-token chunks: %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the GEMM peak%s\n",

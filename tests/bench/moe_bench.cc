@@ -14,6 +14,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kernels/moe.h"
@@ -45,21 +46,39 @@ struct Shape {
   int E, k, H, I;
 };
 
-void Bench(const Shape& s, int T, double copy_gbs) {
+// gemv: the decode path (LaunchMoeGroupedGemv with SiLU-mul fused, then down) instead of the
+// tensor-core grouped GEMMs.
+void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
   const int S = T * s.k, ld = (s.E + 7) / 8 * 8;
-  DeviceBuffer<uint16_t> logits(size_t(T) * ld), x(size_t(T) * s.H), gate_up(size_t(s.E) * 2 * s.I * s.H),
+  // kRoutings router outputs, one per call in turn: consecutive calls choose other experts, so
+  // the weights come from DRAM as in a model's next layer, not from L2 (50 MB holds a T = 1
+  // call's 8 qwen3 experts, 75 MB, in good part).
+  constexpr int kRoutings = 16;
+  int call = 0;
+  DeviceBuffer<uint16_t> logits(size_t(kRoutings) * T * ld), x(size_t(T) * s.H), gate_up(size_t(s.E) * 2 * s.I * s.H),
       down(size_t(s.E) * s.H * s.I), gu(size_t(S) * 2 * s.I), act(size_t(S) * s.I), y(size_t(S) * s.H),
       out(size_t(T) * s.H);
   FillRandom(logits, 1, 3.f);
   FillRandom(x, 2, 1.f);
   FillRandom(gate_up, 3, 0.05f);
   FillRandom(down, 4, 0.05f);
-  DeviceBuffer<int32_t> experts(S), sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1);
+  DeviceBuffer<int32_t> experts(S), sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1), active(s.E + 1);
   DeviceBuffer<float> weights(S);
   auto block = [&] {
     auto* bx = x.as<__nv_bfloat16>();
-    KVF_CUDA_OK(LaunchMoeRoute(logits.as<__nv_bfloat16>(), ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
-    KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(), nullptr));
+    const __nv_bfloat16* routing = logits.as<__nv_bfloat16>() + size_t(call++ % kRoutings) * T * ld;
+    KVF_CUDA_OK(LaunchMoeRoute(routing, ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
+    KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(), nullptr,
+                               active.get()));
+    if (gemv) {
+      KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), active.get(),
+                                       act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
+      KVF_CUDA_OK(LaunchMoeGroupedGemv(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
+                                       active.get(), y.as<__nv_bfloat16>(), false, T, S, s.E, s.H, s.I, nullptr));
+      KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T,
+                                   s.k, s.H, nullptr));
+      return;
+    }
     KVF_CUDA_OK(LaunchMoeGroupedGemm(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), tiles.get(),
                                      gu.as<__nv_bfloat16>(), S, s.E, 2 * s.I, s.H, nullptr));
     KVF_CUDA_OK(LaunchSiluMul(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), S, s.I, nullptr));
@@ -69,12 +88,56 @@ void Bench(const Shape& s, int T, double copy_gbs) {
                                  s.H, nullptr));
   };
   const double ms = TimeMs(block);
+  // Where a decode call's time goes: events between its kernels (which also stops PDL's
+  // overlap between them, so the parts add up to more than the whole), medians of 32 calls.
+  std::string parts;
+  if (gemv && T <= 8) {
+    constexpr int kParts = 5, kCalls = 32;
+    std::vector<cudaEvent_t> ev(kParts + 1);
+    for (auto& e : ev) KVF_CUDA_OK(cudaEventCreate(&e));
+    std::vector<std::vector<float>> took(kParts);
+    for (int c = 0; c < kCalls; ++c) {
+      const __nv_bfloat16* routing = logits.as<__nv_bfloat16>() + size_t(call++ % kRoutings) * T * ld;
+      auto* bx = x.as<__nv_bfloat16>();
+      KVF_CUDA_OK(cudaEventRecord(ev[0]));
+      KVF_CUDA_OK(LaunchMoeRoute(routing, ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
+      KVF_CUDA_OK(cudaEventRecord(ev[1]));
+      KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(),
+                                 nullptr, active.get()));
+      KVF_CUDA_OK(cudaEventRecord(ev[2]));
+      KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), active.get(),
+                                       act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
+      KVF_CUDA_OK(cudaEventRecord(ev[3]));
+      KVF_CUDA_OK(LaunchMoeGroupedGemv(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
+                                       active.get(), y.as<__nv_bfloat16>(), false, T, S, s.E, s.H, s.I, nullptr));
+      KVF_CUDA_OK(cudaEventRecord(ev[4]));
+      KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T,
+                                   s.k, s.H, nullptr));
+      KVF_CUDA_OK(cudaEventRecord(ev[5]));
+      KVF_CUDA_OK(cudaEventSynchronize(ev[5]));
+      for (int i = 0; i < kParts; ++i) {
+        float t;
+        KVF_CUDA_OK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
+        took[i].push_back(t * 1e3f);
+      }
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    const char* names[kParts] = {"route", "group", "gate/up", "down", "combine"};
+    parts = "  [us:";
+    for (int i = 0; i < kParts; ++i) {
+      std::sort(took[i].begin(), took[i].end());
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " %s %.1f", names[i], took[i][kCalls / 2]);
+      parts += buf;
+    }
+    parts += "]";
+  }
   const std::vector<int32_t> chosen = experts.Download();
   const size_t used = std::set<int32_t>(chosen.begin(), chosen.end()).size();
   const double weight_bytes = double(used) * 3.0 * s.I * s.H * 2;
   const double flops = 2.0 * S * 3.0 * s.I * s.H;
-  std::printf("%-14s T=%-5d %3zu/%-3d experts  %8.3f ms  %7.1f GB/s weights (%4.1f%% of copy)  %6.1f TFLOP/s\n", s.name,
-              T, used, s.E, ms, weight_bytes / ms / 1e6, 100 * weight_bytes / ms / 1e6 / copy_gbs, flops / ms / 1e9);
+  std::printf("%-14s %s T=%-5d %3zu/%-3d experts  %8.3f ms  %7.1f GB/s weights (%4.1f%% of copy)  %6.1f TFLOP/s%s\n",
+              s.name, gemv ? "gemv" : "gemm", T, used, s.E, ms, weight_bytes / ms / 1e6, 100 * weight_bytes / ms / 1e6 / copy_gbs, flops / ms / 1e9, parts.c_str());
 }
 
 }  // namespace
@@ -95,9 +158,10 @@ int main(int argc, char** argv) {
   KVF_CUDA_OK(cudaFree(b));
   std::printf("device %s, copy %.0f GB/s (D2D, read+write)\n", prop.name, copy_gbs);
   for (const Shape& s : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"mixtral-8x7b", 8, 2, 4096, 14336}}) {
-    for (int T : {1, 8, 64, 512, 4096}) {
+    for (int T : {1, 2, 4, 8, 16, 32, 64, 512, 4096}) {
       if (quick && T > 64) continue;
-      Bench(s, T, copy_gbs);
+      Bench(s, T, copy_gbs, false);
+      if (T <= 64) Bench(s, T, copy_gbs, true);
     }
   }
   return 0;

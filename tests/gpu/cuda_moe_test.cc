@@ -8,9 +8,11 @@
 // are within bf16 noise of each other to the other expert than the fp32 reference does (on
 // these random models 4 to 9% of routing decisions have a logit gap below 0.03 at the top-k
 // boundary), and that token's row then differs by more than the dense models' bf16
-// tolerance. So the bar, over each model's prompts: at most 1 row in 8 past kBf16Tolerance,
-// at most 1 greedy choice in 5 different from the reference's other than at near-ties, at
-// least half of them exact; a wrong expert layout or routing misses nearly every row.
+// tolerance. So the bar, over each model's prompts: at most 1 row in 8 past kBf16Tolerance
+// (or, where the fixture records how many rows transformers' own bf16 inference puts past it,
+// that many and 1 in 16 more: tiny-qwen3-moe's routing is that sensitive), at most 1 greedy
+// choice in 5 different from the reference's other than at near-ties, at least half of them
+// exact; a wrong expert layout or routing misses nearly every row.
 //
 // Llama 4 (invariant 11) on tiny-llama4 (4 layers, MoE with a shared expert on 1 and 3, layer 3
 // NoPE with temperature tuning, 16-token chunks on the RoPE layers, L2 q/k norm, head_dim 16:
@@ -74,7 +76,8 @@ TEST_CASE("MoE models match transformers' within bf16 routing: whole and chunked
                      << kBf16Tolerance << ", prompts' max |logit diff| " << diffs[0] << " " << diffs[1] << " "
                      << diffs[2] << "; greedy " << exact << "/" << sampled << " exact, " << near << " near-ties, "
                      << wrong << " other");
-        CHECK(over * 8 <= rows);
+        const int64_t hf_floor = ref.hf_bf16_rows_over >= 0 ? ref.hf_bf16_rows_over + rows / 16 : 0;
+        CHECK(over <= std::max(rows / 8, hf_floor));
         CHECK(wrong * 5 <= sampled);
         CHECK(exact * 2 >= sampled);
       }
@@ -185,8 +188,13 @@ TEST_CASE("Llama 4 matches transformers' within bf16 routing: whole, chunked acr
                                    << seqs[0].max_diff << " " << seqs[1].max_diff << " " << seqs[2].max_diff
                                    << "; greedy " << exact << "/" << sampled << " exact, " << near << " near-ties, "
                                    << wrong << " other");
-      CHECK(rows == 5 + 24 + 45 + 3 * 16);  // every position of prompt and greedy tokens
-      CHECK(over * 8 <= rows);
+      int64_t positions = 0;  // every position of prompt and greedy tokens
+      for (size_t p = 0; p < ref.prompts.size(); ++p) {
+        positions += static_cast<int64_t>(ref.prompts[p].size() + ref.greedy[p].size());
+      }
+      CHECK(rows == positions);
+      const int64_t hf_floor = ref.hf_bf16_rows_over >= 0 ? ref.hf_bf16_rows_over + rows / 16 : 0;
+      CHECK(over <= std::max(rows / 8, hf_floor));
       CHECK(wrong * 5 <= sampled);
       CHECK(exact * 2 >= sampled);
     }

@@ -1,8 +1,9 @@
 // The MoE kernels (kernels/moe.h) against their CPU references at several sizes: routing
 // (softmax, top-k with ties to the lower id, renormalisation), the device-side grouping by
 // expert, the grouped tensor-core GEMM (gathered token rows and grouped rows, groups of 0 to
-// several tiles, N and K not multiples of the tile), and the weighted un-permute; Llama 4's
-// sigmoid router, scaled gather and unweighted combine plus the shared expert's rows.
+// several tiles, N and K not multiples of the tile), the decode gemv over the same groups, and
+// the weighted un-permute; Llama 4's sigmoid router, scaled gather and unweighted combine plus
+// the shared expert's rows.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "kernels/moe.h"
 #include "kernels/moe_ref.h"
+#include "kernels/small_kernels_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kvfleet::kernels {
@@ -78,11 +80,19 @@ void CheckGroup(const std::vector<int32_t>& experts, int E) {
   const int S = static_cast<int>(experts.size());
   std::vector<int32_t> sorted(S), position(S), offsets(E + 1), tiles(E + 1);
   MoeGroupRef(experts.data(), S, E, sorted.data(), position.data(), offsets.data(), tiles.data());
-  DeviceBuffer<int32_t> de(experts), ds(std::max(S, 1)), dp(std::max(S, 1)), doff(E + 1), dt(E + 1);
-  KVF_CUDA_OK(LaunchMoeGroup(de.get(), S, E, ds.get(), dp.get(), doff.get(), dt.get(), nullptr));
+  DeviceBuffer<int32_t> de(experts), ds(std::max(S, 1)), dp(std::max(S, 1)), doff(E + 1), dt(E + 1), da(E + 1);
+  da.Poison();
+  KVF_CUDA_OK(LaunchMoeGroup(de.get(), S, E, ds.get(), dp.get(), doff.get(), dt.get(), nullptr, da.get()));
   KVF_CUDA_OK(cudaDeviceSynchronize());
   CHECK(doff.Download() == offsets);
   CHECK(dt.Download() == tiles);
+  // The non-empty groups' experts, ascending, after their count.
+  std::vector<int32_t> active = {0};
+  for (int e = 0; e < E; ++e)
+    if (offsets[e + 1] > offsets[e]) active.push_back(e);
+  active[0] = static_cast<int32_t>(active.size()) - 1;
+  const std::vector<int32_t> got_active = da.Download();
+  CHECK(std::vector<int32_t>(got_active.begin(), got_active.begin() + active.size()) == active);
   const std::vector<int32_t> gs = ds.Download(), gp = dp.Download();
   for (int e = 0; e < E; ++e) {
     std::set<int32_t> want(sorted.begin() + offsets[e], sorted.begin() + offsets[e + 1]);
@@ -145,6 +155,64 @@ TEST_CASE("the grouped GEMM equals the reference, from token rows and from group
     }
   CHECK(LaunchMoeGroupedGemm(nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, 8, 4, 64, 60, nullptr) ==
         cudaErrorInvalidValue);
+}
+
+TEST_CASE("the decode gemv equals the reference, from token rows and grouped rows, with and without SiLU-mul") {
+  std::mt19937 rng(25);
+  struct Shape {
+    int T, k, E, N, K;
+  };
+  // T = 1 (one row a group), 2 and 3 (the 2- and 4-row passes), 8 routed to few experts (full
+  // passes), 40 with one expert taking every token (five passes); N not a multiple of the
+  // block's rows, K not a multiple of the warp's stride.
+  for (Shape s : {Shape{1, 8, 128, 96, 256}, Shape{2, 2, 4, 72, 64}, Shape{3, 2, 8, 40, 200}, Shape{8, 2, 3, 64, 1032},
+                  Shape{40, 2, 6, 56, 48}})
+    for (int gather : {1, 0})
+      for (bool silu : {false, true}) {
+        const int S = s.T * s.k;
+        std::vector<int32_t> experts(S);
+        for (int t = 0; t < s.T; ++t) {  // k distinct experts a token, as routing picks them
+          std::vector<int32_t> ids(s.E);
+          std::iota(ids.begin(), ids.end(), 0);
+          std::shuffle(ids.begin(), ids.end(), rng);
+          if (s.T == 40) std::swap(*std::find(ids.begin(), ids.end(), 4), ids[0]);  // expert 4 in every token
+          std::copy(ids.begin(), ids.begin() + s.k, experts.begin() + t * s.k);
+        }
+        std::vector<int32_t> sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1);
+        MoeGroupRef(experts.data(), S, s.E, sorted.data(), position.data(), offsets.data(), tiles.data());
+        const int rows = gather ? s.T : S, wn = silu ? 2 * s.N : s.N;
+        auto w = gputest::RandomBf16(size_t(s.E) * wn * s.K, rng, -0.5f, 0.5f);
+        auto x = gputest::RandomBf16(size_t(rows) * s.K, rng, -1, 1);
+        DeviceBuffer<bf16_bits> dw(w), dx(x), dy(size_t(S) * s.N);
+        DeviceBuffer<int32_t> de(experts), ds(S), dp(S), doff(s.E + 1), dt(s.E + 1), da(s.E + 1);
+        dy.Poison();
+        KVF_CUDA_OK(LaunchMoeGroup(de.get(), S, s.E, ds.get(), dp.get(), doff.get(), dt.get(), nullptr, da.get()));
+        KVF_CUDA_OK(LaunchMoeGroupedGemv(dw.as<__nv_bfloat16>(), dx.as<__nv_bfloat16>(), ds.get(), gather ? s.k : 0,
+                                         doff.get(), da.get(), dy.as<__nv_bfloat16>(), silu, s.T, S, s.E, s.N, s.K,
+                                         nullptr));
+        KVF_CUDA_OK(cudaDeviceSynchronize());
+        // The reference over the kernel's own grouping (rows within a group come in any order).
+        const std::vector<int32_t> gsorted = ds.Download();
+        std::vector<bf16_bits> prod(size_t(S) * wn), y(size_t(S) * s.N);
+        MoeGroupedGemmRef(w.data(), x.data(), gsorted.data(), gather ? s.k : 0, offsets.data(), prod.data(), S, s.E,
+                          wn, s.K);
+        if (silu) {
+          SiluMulRef(prod.data(), y.data(), S, s.N);
+        } else {
+          y = prod;
+        }
+        CAPTURE(s.T);
+        CAPTURE(s.E);
+        CAPTURE(s.N);
+        CAPTURE(s.K);
+        CAPTURE(gather);
+        CAPTURE(silu);
+        // As the grouped GEMM's bar: fp32 sums against double, one bf16 rounding (SiLU-mul
+        // rounds g and u first, as the reference does).
+        CHECK(gputest::RelativeError(dy.Download(), gputest::ToFloat(y)) <= 4e-3);
+      }
+  CHECK(LaunchMoeGroupedGemv(nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, false, 1, 8, 4, 64, 60,
+                             nullptr) == cudaErrorInvalidValue);
 }
 
 TEST_CASE("the combine sums each token's weighted expert rows") {

@@ -307,7 +307,7 @@ uint64_t TensorBytes(const TensorSpec& s, DType dtype) {
 std::vector<std::string> RandomModelShapes() {
   return {"tiny",         "tiny-qwen2",   "tiny-qwen3",   "tiny-mistral", "tiny-mixtral", "tiny-qwen3-moe",
           "smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b",   "llama-3.2-1b", "llama-3.1-8b", "qwen3-8b",
-          "mistral-7b",   "qwen3-32b",    "qwen3-30b-a3b", "mixtral-8x7b", "tiny-llama4"};
+          "mistral-7b",   "qwen3-32b",    "qwen3-30b-a3b", "mixtral-8x7b", "tiny-llama4", "llama-4-scout-4e"};
 }
 
 Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t bos, int64_t eos) {
@@ -393,6 +393,13 @@ Result<json> RandomModelConfig(const std::string& shape, int64_t vocab, int64_t 
     AsArchitecture(c, "MistralForCausalLM", "mistral");
     c["sliding_window"] = 4096;
     SetSpecialIds(c, 1, 2);
+  } else if (shape == "llama-4-scout-4e") {
+    // meta-llama/Llama-4-Scout-17B-16E's text model with 4 of its 16 experts, so that it fits
+    // one GPU (35 B parameters, 70 GB in bf16): 48 layers, every one MoE (top-1 sigmoid, a
+    // shared expert of 8192), every 4th NoPE (the default no_rope_layers), 8192-token attention
+    // chunks on the RoPE layers, the L2 q/k norm, temperature tuning.
+    c = Llama4TextBase(5120, 16384, 8192, 48, 40, 8, 128, 202048, 4, 1, 8192);
+    SetSpecialIds(c, 200000, 200008);
   } else if (shape == "mixtral-8x7b") {  // mistralai/Mixtral-8x7B-v0.1
     c = MixtralBase(4096, 14336, 32, 32, 8, 32000, 8, 2);
     SetSpecialIds(c, 1, 2);

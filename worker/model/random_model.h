@@ -3,7 +3,8 @@
 //
 // A shape names a real model whose config.json we reproduce (smollm2-135m, qwen2.5-0.5b,
 // qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, qwen3-8b, mistral-7b, qwen3-32b, and the mixtures
-// of experts qwen3-30b-a3b and mixtral-8x7b) or a tiny one for CI (tiny: Llama 3 style with
+// of experts qwen3-30b-a3b and mixtral-8x7b), Llama 4 Scout's text model with 4 of its 16
+// experts (llama-4-scout-4e: its layer pattern on one GPU), or a tiny one for CI (tiny: Llama 3 style with
 // GQA, tied embeddings and llama3 rope scaling; tiny-qwen2: QKV bias; tiny-qwen3:
 // q_norm/k_norm, head_dim 64 with hidden 64 and 4 heads, YaRN x4; tiny-mistral: MQA, untied
 // lm_head and a 20-token sliding window; tiny-mixtral: 4 experts, top-2 renormalised;

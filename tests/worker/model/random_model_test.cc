@@ -116,7 +116,7 @@ TEST_CASE("the Qwen3 shapes are Qwen/Qwen3-0.6B, -8B and -32B") {
   CHECK(t.max_position_embeddings == 4 * 32768);
 }
 
-TEST_CASE("the MoE shapes are Qwen/Qwen3-30B-A3B and mistralai/Mixtral-8x7B-v0.1, and two tiny ones") {
+TEST_CASE("the MoE shapes are Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1, Scout with 4 experts, and two tiny ones") {
   ModelConfig q = ConfigOf("qwen3-30b-a3b");
   CHECK(q.architecture == Architecture::kQwen3Moe);
   CHECK(q.hidden_size == 2048);
@@ -161,6 +161,27 @@ TEST_CASE("the MoE shapes are Qwen/Qwen3-30B-A3B and mistralai/Mixtral-8x7B-v0.1
   CHECK(tq.moe.expert_intermediate == 48);
   CHECK_FALSE(tq.moe.norm_topk_prob);
   CHECK(tq.head_dim == 32);
+
+  // llama-4-scout-4e: Scout's text model with 4 experts: every layer MoE, top-1 sigmoid with a
+  // shared expert, every 4th layer NoPE and global, the others chunked.
+  ModelConfig s = ConfigOf("llama-4-scout-4e");
+  CHECK(s.architecture == Architecture::kLlama4);
+  CHECK(s.hidden_size == 5120);
+  CHECK(s.num_layers == 48);
+  CHECK(s.num_heads == 40);
+  CHECK(s.num_kv_heads == 8);
+  CHECK(s.vocab_size == 202048);
+  CHECK(s.moe.num_experts == 4);
+  CHECK(s.moe.experts_per_token == 1);
+  CHECK(s.moe.sigmoid_routing);
+  CHECK(s.moe.expert_intermediate == 8192);
+  CHECK(s.moe.shared_expert_intermediate == 8192);
+  CHECK(s.attention_chunk_size == 8192);
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    CAPTURE(l);
+    CHECK(s.sparse_layer(l));
+    CHECK(s.uses_rope(l) == ((l + 1) % 4 != 0));
+  }
 }
 
 TEST_CASE("tiny shapes take the tokenizer's vocabulary and special tokens") {

@@ -120,12 +120,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
     if (model_config.architecture == model::Architecture::kLlama4) {  // (11)
       const std::string what = tp > 1 ? "--tensor-parallel " + std::to_string(tp)
                                : options.kv_cache_dtype == KvCacheDtype::kFp8E4m3 ? "--kv-cache-dtype fp8_e4m3"
-                               : options.attention.streaming_llm                  ? "--streaming-llm"
-                                                                                  : "";
+                               : options.attention.streaming_llm ? "--streaming-llm" : "";
       if (!what.empty()) {
-        return Unimplemented(what + ": the cuda backend serves Llama 4 (" + options.model_dir +
-                             ") on one GPU, with a bf16 KV cache and without --streaming-llm; drop " + what +
-                             " or serve it with --backend cpu");
+        return Unimplemented(what + ": the cuda backend serves Llama 4 (" + options.model_dir + ") on one GPU, with a "
+                             "bf16 KV cache and without --streaming-llm; drop " + what + " or use --backend cpu");
       }
     }
     if (tp > 1) KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));  // heads that do not split
@@ -143,6 +141,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   std::unique_ptr<CudaBackend> b(new CudaBackend(rank0));
   auto graphs = options.extra.find("cuda_graphs");
   b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
+  auto moe_gemv = options.extra.find("moe_gemv");  // A/B of the MoE decode path (benches)
+  b->moe_gemv_ = moe_gemv == options.extra.end() || moe_gemv->second != "0";
   if (auto gemv = options.extra.find("gemv_max_rows"); gemv != options.extra.end()) {
     char* end = nullptr;
     const long v = std::strtol(gemv->second.c_str(), &end, 10);
@@ -286,6 +286,7 @@ Status CudaBackend::AllocateBuffers() {
     KVF_ASSIGN_OR_RETURN(moe_position_, DeviceAlloc<int32_t>(routes));
     KVF_ASSIGN_OR_RETURN(moe_offsets_, DeviceAlloc<int32_t>(E + 1));
     KVF_ASSIGN_OR_RETURN(moe_tile_offsets_, DeviceAlloc<int32_t>(E + 1));
+    KVF_ASSIGN_OR_RETURN(moe_active_, DeviceAlloc<int32_t>(E + 1));
     KVF_ASSIGN_OR_RETURN(moe_weights_, DeviceAlloc<float>(routes));
     KVF_ASSIGN_OR_RETURN(moe_gate_up_, DeviceAlloc<bf16>(routes * 2 * EI));
     KVF_ASSIGN_OR_RETURN(moe_act_, DeviceAlloc<bf16>(routes * EI));

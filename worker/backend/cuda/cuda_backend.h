@@ -114,13 +114,12 @@
 //      QKV product runs unfused (no gemv RoPE epilogue, 5), then LaunchRopeKvStore with Llama 4's
 //      extras (kernels/small_kernels.h): RoPE layers rotate interleaved pairs and L2-normalise q
 //      and k after, NoPE layers store q and K unrotated with q scaled by its position's
-//      temperature. Chunked attention per layer comes from the pools (kv::ComputePools keys them
-//      by chunk: the RoPE layers' pool masks by attention_chunk, the NoPE layers' attends
-//      globally). MoE layers (9) route by sigmoid (top-k by logit, weights bf16(sigmoid), not
-//      normalised), scale each route's input by its weight (LaunchMoeGatherScaled), and the
-//      combine adds the unweighted expert sum to the shared expert's output, computed over
-//      every token before the block (LaunchMoeCombineAdd); the fused experts (x·W) are
-//      transposed to [out][in] at load. Dense layers are the Llama MLP of intermediate_size_mlp.
+//      temperature. Chunked attention per layer comes from the pools (kv::ComputePools keys them by
+//      chunk: the RoPE layers' masks by it, the NoPE layers' attends globally). MoE layers (9) route
+//      by sigmoid (top-k by logit, weights bf16(sigmoid), not normalised), scale each route's input
+//      by its weight (LaunchMoeGatherScaled), and the combine adds the unweighted expert sum to the
+//      shared expert's output, computed over every token before the block (LaunchMoeCombineAdd);
+//      fused experts (x·W) are transposed at load. Dense layers: Llama's MLP, intermediate_size_mlp.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -481,6 +480,8 @@ class CudaBackend final : public ModelBackendBase {
   float* moe_logits_ = nullptr;               // [max_num_tokens][moe_router_rows_], fp32: routing is discrete
   int32_t *moe_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_position_ = nullptr;  // [S]
   int32_t *moe_offsets_ = nullptr, *moe_tile_offsets_ = nullptr;                      // [experts + 1]
+  int32_t* moe_active_ = nullptr;             // [experts + 1]: the non-empty groups (kernels/moe.h)
+  bool moe_gemv_ = true;                      // decode steps by LaunchMoeGroupedGemv (extra "moe_gemv" 0: off)
   float* moe_weights_ = nullptr;              // [S]
   __nv_bfloat16 *moe_gate_up_ = nullptr, *moe_act_ = nullptr, *moe_out_ = nullptr;  // [S][2·ei], [S][ei], [S][hidden]
   // Llama 4 (sigmoid routing, 9): the routed rows scaled by their scores, [S][hidden], and the

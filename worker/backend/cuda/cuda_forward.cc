@@ -179,22 +179,33 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
                                             moe_weights_, stream_));
   }
   KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
-                                          moe_tile_offsets_, stream_));
+                                          moe_tile_offsets_, stream_, moe_active_));
   if (scale_input) {
     KVF_CUDA_RETURN(kernels::LaunchMoeGatherScaled(xn_, moe_sorted_, k, moe_weights_, moe_scaled_, S, H, stream_));
   }
-  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, scale_input ? moe_scaled_ : xn_, moe_sorted_,
-                                                /*gather_div=*/scale_input ? 0 : k, moe_offsets_, moe_tile_offsets_,
-                                                moe_gate_up_, S, E, 2 * EI, H, stream_));
+  const bf16* x_in = scale_input ? moe_scaled_ : xn_;  // token rows (k routes each), or scaled grouped rows
+  const int32_t gather_div = scale_input ? 0 : k;
+  auto combine = [&]() -> Status {
+    if (scale_input) {
+      KVF_CUDA_RETURN(kernels::LaunchMoeCombineAdd(moe_out_, moe_position_, moe_shared_, tmp_, T, k, H, stream_));
+    } else {
+      KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
+    }
+    return Status::Ok();
+  };
+  if (moe_gemv_ && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
+    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
+                                                  moe_active_, moe_act_, /*silu_mul=*/true, T, S, E, EI, H, stream_));
+    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
+                                                  moe_active_, moe_out_, /*silu_mul=*/false, T, S, E, H, EI, stream_));
+    return combine();
+  }
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
+                                                moe_tile_offsets_, moe_gate_up_, S, E, 2 * EI, H, stream_));
   KVF_CUDA_RETURN(kernels::LaunchSiluMul(moe_gate_up_, moe_act_, S, EI, stream_));
   KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
                                                 moe_tile_offsets_, moe_out_, S, E, H, EI, stream_));
-  if (scale_input) {
-    KVF_CUDA_RETURN(kernels::LaunchMoeCombineAdd(moe_out_, moe_position_, moe_shared_, tmp_, T, k, H, stream_));
-  } else {
-    KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
-  }
-  return Status::Ok();
+  return combine();
 }
 
 Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done) {

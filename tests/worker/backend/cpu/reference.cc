@@ -59,6 +59,7 @@ Reference Reference::Load(const std::string& dir, const std::string& name) {
   r.seed = j["seed"];
   r.vocab = j["vocab_size"];
   r.top_k = j["top_k"];
+  r.hf_bf16_rows_over = j.value("hf_bf16_rows_over", int64_t{-1});
   for (const auto& p : j["prompts"]) r.prompts.push_back(p.get<std::vector<TokenId>>());
   for (const auto& g : j["greedy"]) r.greedy.push_back(g.get<std::vector<TokenId>>());
   r.top_ids = j["top_ids"].get<std::vector<std::vector<std::vector<int64_t>>>>();

@@ -33,6 +33,9 @@ struct Reference {
   std::vector<float> values;    // [rows][8 + 128]
   std::vector<int64_t> row0;    // first row of each prompt
   int64_t top_k = 8;
+  // Rows where transformers' own bf16 inference is past 0.2 from these fp32 logits (what
+  // precision alone costs; make_reference.py's "bf16_rows"), or -1 where not measured.
+  int64_t hf_bf16_rows_over = -1;
 
   // Loads DIR/NAME.json and DIR/NAME.logits.f32; aborts when they are missing or malformed.
   static Reference Load(const std::string& dir, const std::string& name);
