@@ -37,7 +37,7 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
   if (layout.elem_bytes != (fp8 ? 1 : 2) || (fp8 && (extras.scales.k == nullptr || extras.scales.v == nullptr)))
     return cudaErrorInvalidValue;
   if (extras.llama4()) {  // a warp per q / k head: D <= 256, interleaved pairs when rotating
-    if (norm || layout.head_dim > 256 || (rotate && !extras.interleaved)) return cudaErrorInvalidValue;
+    if (norm || fp8 || layout.head_dim > 256 || (rotate && !extras.interleaved)) return cudaErrorInvalidValue;
     return LaunchKernel(small::Llama4QkKvStoreKernel, tokens, tokens <= kRopeWideTokens ? 512 : 256, 0, stream, qkv,
                         positions, slots, inv_freq, q_out, kv_pool, layout, layer, num_q_heads, rotate, extras);
   }

@@ -164,7 +164,7 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
 }
 
 // Llama 4's q/k transforms (RopeKvExtras::interleaved, l2_norm, temperature) and the K/V
-// store: one block per token, a warp per q or k head (a lane per 8 dims, D <= 256, so the
+// store into a bf16 pool: one block per token, a warp per q or k head (a lane per 8 dims, D <= 256, so the
 // interleaved pairs stay within a lane and the L2 norm's sum is one warp reduction in a fixed
 // order), then every thread on the V heads' 8-dim items.
 __global__ void Llama4QkKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
@@ -222,28 +222,14 @@ __global__ void Llama4QkKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* p
       *reinterpret_cast<uint4*>(q_out + (t * num_q_heads + head) * D + d) = FloatToBf16x8(v);
       continue;
     }
-    const int hkv = head - num_q_heads;
-    if (ex.kv_fp8 != nullptr) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = Bf16Round(v[e]);
-      *reinterpret_cast<uint2*>(ex.kv_fp8 + layout.Offset(block, layer, 0, hkv, in_block) + d) =
-          FloatToFp8x8(v, ex.scales.k[hkv]);
-      continue;
-    }
-    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 0, hkv, in_block) + d) = FloatToBf16x8(v);
+    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 0, head - num_q_heads, in_block) + d) =
+        FloatToBf16x8(v);
   }
   if (slot < 0) return;
   for (int it = threadIdx.x; it < hk * (D / 8); it += blockDim.x) {
     const int head = it / (D / 8), dv = (it % (D / 8)) * 8;
-    const uint4 val = *reinterpret_cast<const uint4*>(in + (num_q_heads + hk + head) * D + dv);
-    if (ex.kv_fp8 != nullptr) {
-      float f[8];
-      Bf16x8ToFloat(val, f);
-      *reinterpret_cast<uint2*>(ex.kv_fp8 + layout.Offset(block, layer, 1, head, in_block) + dv) =
-          FloatToFp8x8(f, ex.scales.v[head]);
-      continue;
-    }
-    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 1, head, in_block) + dv) = val;
+    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 1, head, in_block) + dv) =
+        *reinterpret_cast<const uint4*>(in + (num_q_heads + hk + head) * D + dv);
   }
 }
 

@@ -60,8 +60,9 @@ struct RopeKvExtras {
   //   temperature_floor > 0: then q (not k) at position p becomes bf16(q · s), s = 1 +
   //     temperature_scale · log1p(floor((p + 1) / temperature_floor)) in fp32
   //     (attn_temperature_tuning; NoPE layers only, where rotate is false).
-  // Any of these takes a warp per head (a kernel of its own); not with q_norm / k_norm, and
-  // rotating only with interleaved (no model rotates by halves with these).
+  // Any of these takes a warp per head (a kernel of its own); not with q_norm / k_norm or an
+  // fp8 pool (the cuda backend refuses fp8 KV for Llama 4), and rotating only with interleaved
+  // (no model rotates by halves with these).
   bool interleaved = false;
   bool l2_norm = false;
   float temperature_scale = 0.f;

@@ -316,6 +316,14 @@ TEST_CASE("Llama 4's q/k transforms (interleaved RoPE, L2 norm, NoPE temperature
   l2.q_norm = l2.k_norm = reinterpret_cast<const __nv_bfloat16*>(&rng);  // never read: refused first
   CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout, 0, 1, 1, true, l2, nullptr) ==
         cudaErrorInvalidValue);
+  RopeKvExtras f8;  // and an fp8 pool: the Llama 4 kernel stores bf16 only
+  f8.interleaved = true;
+  f8.kv_fp8 = reinterpret_cast<uint8_t*>(&rng);
+  f8.scales = {reinterpret_cast<const float*>(&rng), reinterpret_cast<const float*>(&rng)};
+  PagedKvLayout layout8 = layout;
+  layout8.elem_bytes = 1;
+  CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout8, 0, 1, 1, true, f8, nullptr) ==
+        cudaErrorInvalidValue);
 }
 
 TEST_CASE("RoPE inverse frequencies follow Llama 3.1's scaling") {
