@@ -292,3 +292,119 @@ cudaError_t LaunchMoeCombine(const __nv_bfloat16* y, const float* weights, const
 }
 
 }  // namespace kvfleet::kernels
+
+// ---- Llama 4: the sigmoid router, the scaled gather, the unweighted combine plus the shared expert ----
+namespace kvfleet::kernels {
+namespace {
+
+// One warp per token, as MoeRouteKernel: the logits in registers, k rounds of a warp argmax
+// (larger logit, then lower id) over the experts not yet taken.
+__global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k,
+                                      int32_t* experts, float* weights) {
+  GridDependentsLaunch();
+  GridDependencyWait();
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (t >= T) return;
+  constexpr int kNone = 0x7fffffff;
+  float z[kRoutePerLane];
+  uint32_t open = 0;  // bit i: expert lane + 32·i exists and is not taken
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int e = lane + 32 * i;
+    z[i] = e < E ? logits[t * ld + e] : 0.f;
+    if (e < E) open |= 1u << i;
+  }
+  for (int j = 0; j < k; ++j) {
+    float best = 0.f;
+    int best_e = kNone;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      if ((open >> i & 1u) && (best_e == kNone || z[i] > best)) {  // ascending ids: the first of equals stays
+        best = z[i];
+        best_e = lane + 32 * i;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
+      if (oe != kNone && (best_e == kNone || ob > best || (ob == best && oe < best_e))) {
+        best = ob;
+        best_e = oe;
+      }
+    }
+    // k <= E: some expert is still open, so best_e is one.
+    if (best_e % 32 == lane) open &= ~(1u << (best_e / 32));
+    if (lane == 0) {
+      experts[t * k + j] = best_e;
+      weights[t * k + j] = Bf16Round(1.f / (1.f + expf(-best)));
+    }
+  }
+}
+
+// One block per grouped row; each thread 8 columns at a time.
+__global__ void MoeGatherScaledKernel(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
+                                      __nv_bfloat16* xs, int32_t H) {
+  GridDependentsLaunch();
+  GridDependencyWait();
+  const int64_t r = blockIdx.x;
+  const int32_t route = sorted[r];
+  const float wt = weights[route];
+  const __nv_bfloat16* src = x + int64_t(route / k) * H;
+  for (int v = threadIdx.x; v < H / 8; v += blockDim.x) {
+    float f[8];
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(src)[v], f);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) f[q] *= wt;
+    reinterpret_cast<uint4*>(xs + r * H)[v] = FloatToBf16x8(f);
+  }
+}
+
+// One block per token row; each thread 8 columns at a time.
+__global__ void MoeCombineAddKernel(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,
+                                    __nv_bfloat16* out, int32_t k, int32_t H) {
+  GridDependentsLaunch();
+  GridDependencyWait();
+  const int64_t t = blockIdx.x;
+  for (int v = threadIdx.x; v < H / 8; v += blockDim.x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < k; ++j) {
+      float f[8];
+      Bf16x8ToFloat(reinterpret_cast<const uint4*>(y + int64_t(position[t * k + j]) * H)[v], f);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] += f[q];
+    }
+    float a[8];
+    Bf16x8ToFloat(reinterpret_cast<const uint4*>(addend + t * H)[v], a);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) acc[q] = a[q] + Bf16Round(acc[q]);
+    reinterpret_cast<uint4*>(out + t * H)[v] = FloatToBf16x8(acc);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeRouteSigmoid(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, int32_t* experts,
+                                  float* weights, cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  if (E < 1 || E > kMoeMaxExperts || ld < E || k < 1 || k > E || k > kMoeMaxTopK) return cudaErrorInvalidValue;
+  return LaunchKernel(MoeRouteSigmoidKernel, (T + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, 0, stream, logits,
+                      ld, T, E, k, experts, weights);
+}
+
+cudaError_t LaunchMoeGatherScaled(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
+                                  __nv_bfloat16* xs, int32_t S, int32_t H, cudaStream_t stream) {
+  if (S <= 0) return cudaSuccess;
+  if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
+  return LaunchKernel(MoeGatherScaledKernel, S, 128, 0, stream, x, sorted, k, weights, xs, H);
+}
+
+cudaError_t LaunchMoeCombineAdd(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,
+                                __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
+  return LaunchKernel(MoeCombineAddKernel, T, 256, 0, stream, y, position, addend, out, k, H);
+}
+
+}  // namespace kvfleet::kernels

@@ -1,5 +1,5 @@
-// Mixture-of-experts kernels (Mixtral, Qwen3-MoE; worker/model/model_config.h MoeConfig has
-// the math): routing, grouping a step's S = T·k routes (token, chosen expert) by expert on
+// Mixture-of-experts kernels (Mixtral, Qwen3-MoE, Llama 4; worker/model/model_config.h
+// MoeConfig has the math): routing, grouping a step's S = T·k routes (token, chosen expert) by expert on
 // the device, the experts' products as one grouped GEMM over those groups, and the weighted
 // un-permute back to token rows. Every grid is fixed by T and k alone: no host sync and no
 // data-dependent launch, so decode steps stay inside CUDA graphs.
@@ -29,6 +29,14 @@ cudaError_t LaunchMoeRoute(const __nv_bfloat16* logits, int32_t ld, int32_t T, i
 cudaError_t LaunchMoeRoute(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
                            int32_t* experts, float* weights, cudaStream_t stream);
 
+// Llama 4's router (the sigmoid mode of routing): the top k of the E logits by value (ties:
+// the lower expert id first), each weighted bf16(sigmoid(logit)) (HF: sigmoid in fp32, cast to
+// the model's bf16), not normalised. The weights scale the experts' inputs
+// (LaunchMoeGatherScaled), and LaunchMoeCombineAdd sums the outputs unweighted.
+//   logits: [T][ld] fp32; experts: [T][k]; weights: [T][k]. REQUIRES: as LaunchMoeRoute.
+cudaError_t LaunchMoeRouteSigmoid(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, int32_t* experts,
+                                  float* weights, cudaStream_t stream);
+
 // Groups the S routes by expert. Rows within a group come in no fixed order; nothing depends
 // on it (each row of the grouped GEMM is computed alone, and the combine reads by position).
 //   experts: [S] (route r = t·k + j); sorted: [S] route ids, expert 0's group first;
@@ -50,6 +58,21 @@ cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t
 cudaError_t LaunchMoeGroupedGemm(const __nv_bfloat16* w, const __nv_bfloat16* x, const int32_t* sorted,
                                  int32_t gather_div, const int32_t* offsets, const int32_t* tile_offsets,
                                  __nv_bfloat16* y, int32_t S, int32_t E, int32_t N, int32_t K, cudaStream_t stream);
+
+// The routed rows in grouped order, each scaled by its route's weight (Llama 4 scales an
+// expert's input, HF: bf16(hidden · bf16 score)): xs[r] = bf16(x[sorted[r] / k] · weights[sorted[r]])
+// for r < S; LaunchMoeGroupedGemm then reads xs with gather_div 0.
+//   x: [T][H]; sorted: [S] (LaunchMoeGroup's); weights: [S]; xs: [S][H]. REQUIRES: H % 8 == 0, k >= 1.
+cudaError_t LaunchMoeGatherScaled(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
+                                  __nv_bfloat16* xs, int32_t S, int32_t H, cudaStream_t stream);
+
+// Llama 4's un-permute: out[t][h] = bf16(addend[t][h] + bf16(Σ_j y[position[t·k + j]][h])), the
+// routes' rows summed unweighted in fp32 in j order (their weights scaled the experts' inputs)
+// and rounded, then added to addend, the shared expert's output (HF: shared_expert(x), then
+// add_ of the experts' bf16 sum). addend may alias out (each element is read, then written).
+//   y: [S][H]; position: [T·k]; addend, out: [T][H]. REQUIRES: H % 8 == 0.
+cudaError_t LaunchMoeCombineAdd(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,
+                                __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream);
 
 // The same products for decode steps, where a group holds a few rows (at most T: a token
 // chooses an expert once): memory-bound, so each expert's weights are streamed once per

@@ -30,6 +30,41 @@ void MoeRouteRef(const bf16_bits* logits, int32_t ld, int32_t T, int32_t E, int3
   }
 }
 
+void MoeRouteSigmoidRef(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, int32_t* experts,
+                        float* weights) {
+  std::vector<int32_t> ids(E);
+  for (int32_t t = 0; t < T; ++t) {
+    const float* z = logits + int64_t(t) * ld;
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return z[a] > z[b]; });
+    for (int32_t j = 0; j < k; ++j) {
+      experts[t * k + j] = ids[j];
+      weights[t * k + j] = RoundBf16(1.f / (1.f + std::exp(-z[ids[j]])));
+    }
+  }
+}
+
+void MoeGatherScaledRef(const bf16_bits* x, const int32_t* sorted, int32_t k, const float* weights, bf16_bits* xs,
+                        int32_t S, int32_t H) {
+  for (int32_t r = 0; r < S; ++r) {
+    const int32_t route = sorted[r];
+    for (int32_t h = 0; h < H; ++h) {
+      xs[int64_t(r) * H + h] = FloatToBf16(Bf16ToFloat(x[int64_t(route / k) * H + h]) * weights[route]);
+    }
+  }
+}
+
+void MoeCombineAddRef(const bf16_bits* y, const int32_t* position, const bf16_bits* addend, bf16_bits* out, int32_t T,
+                      int32_t k, int32_t H) {
+  for (int32_t t = 0; t < T; ++t) {
+    for (int32_t h = 0; h < H; ++h) {
+      float acc = 0;
+      for (int32_t j = 0; j < k; ++j) acc += Bf16ToFloat(y[int64_t(position[t * k + j]) * H + h]);
+      out[int64_t(t) * H + h] = FloatToBf16(Bf16ToFloat(addend[int64_t(t) * H + h]) + RoundBf16(acc));
+    }
+  }
+}
+
 void MoeGroupRef(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position, int32_t* offsets,
                  int32_t* tile_offsets) {
   std::fill(offsets, offsets + E + 1, 0);

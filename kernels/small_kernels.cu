@@ -36,6 +36,11 @@ cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions
   const bool fp8 = extras.kv_fp8 != nullptr;
   if (layout.elem_bytes != (fp8 ? 1 : 2) || (fp8 && (extras.scales.k == nullptr || extras.scales.v == nullptr)))
     return cudaErrorInvalidValue;
+  if (extras.llama4()) {  // a warp per q / k head: D <= 256, interleaved pairs when rotating
+    if (norm || fp8 || layout.head_dim > 256 || (rotate && !extras.interleaved)) return cudaErrorInvalidValue;
+    return LaunchKernel(small::Llama4QkKvStoreKernel, tokens, tokens <= kRopeWideTokens ? 512 : 256, 0, stream, qkv,
+                        positions, slots, inv_freq, q_out, kv_pool, layout, layer, num_q_heads, rotate, extras);
+  }
   // One block per token; a decode step's few tokens get 4x the threads so each does one or
   // two (rotation, store) items instead of a serial chain of four (llama-8b: 448 items).
   const int threads = tokens <= kRopeWideTokens ? 512 : 128;

@@ -163,6 +163,76 @@ __global__ void RopeKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* posit
   }
 }
 
+// Llama 4's q/k transforms (RopeKvExtras::interleaved, l2_norm, temperature) and the K/V
+// store into a bf16 pool: one block per token, a warp per q or k head (a lane per 8 dims, D <= 256, so the
+// interleaved pairs stay within a lane and the L2 norm's sum is one warp reduction in a fixed
+// order), then every thread on the V heads' 8-dim items.
+__global__ void Llama4QkKvStoreKernel(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
+                                      const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
+                                      PagedKvLayout layout, int32_t layer, int32_t num_q_heads, bool rotate,
+                                      RopeKvExtras ex) {
+  const int64_t t = blockIdx.x;
+  const int D = layout.head_dim, hk = layout.num_kv_heads;
+  const int row_elems = (num_q_heads + 2 * hk) * D;
+  const __nv_bfloat16* in = qkv + t * row_elems;
+  const int32_t pos = positions[t];
+  const int32_t slot = slots[t];
+  if (ex.inv_freq_row != nullptr) inv_freq += static_cast<int64_t>(ex.inv_freq_row[t]) * (D / 2);
+  GridDependentsLaunch();
+  GridDependencyWait();
+  const int64_t block = slot >= 0 ? slot / layout.block_size : 0;
+  const int32_t in_block = slot >= 0 ? slot % layout.block_size : 0;
+  // HF: log1p(floor((cache_position.float() + 1) / floor_scale)) * attn_scale + 1, in fp32.
+  const bool tune = ex.temperature_floor > 0.f;
+  const float temp =
+      tune ? log1pf(floorf((static_cast<float>(pos) + 1.f) / ex.temperature_floor)) * ex.temperature_scale + 1.f : 1.f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int d = lane * 8;
+  const bool active = d < D;
+  for (int head = warp; head < num_q_heads + hk; head += warps) {  // warp-uniform
+    const bool is_q = head < num_q_heads;
+    if (!is_q && slot < 0) continue;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (active) Bf16x8ToFloat(*reinterpret_cast<const uint4*>(in + head * D + d), v);
+    if (rotate && active) {  // interleaved pairs (the launcher refuses rotate_half here)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        float s, c;
+        sincosf(static_cast<float>(pos) * inv_freq[(d + e) / 2], &s, &c);
+        const float a = v[e], b = v[e + 1];
+        v[e] = Bf16Round(a * c - b * s);
+        v[e + 1] = Bf16Round(a * s + b * c);
+      }
+    }
+    if (ex.l2_norm) {
+      float ss = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += v[e] * v[e];  // inactive lanes hold zeros
+      ss = WarpSum(ss);
+      const float inv = rsqrtf(ss / D + ex.norm_eps);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = Bf16Round(v[e] * inv);
+    }
+    if (is_q && tune) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = Bf16Round(v[e] * temp);
+    }
+    if (!active) continue;
+    if (is_q) {
+      *reinterpret_cast<uint4*>(q_out + (t * num_q_heads + head) * D + d) = FloatToBf16x8(v);
+      continue;
+    }
+    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 0, head - num_q_heads, in_block) + d) =
+        FloatToBf16x8(v);
+  }
+  if (slot < 0) return;
+  for (int it = threadIdx.x; it < hk * (D / 8); it += blockDim.x) {
+    const int head = it / (D / 8), dv = (it % (D / 8)) * 8;
+    *reinterpret_cast<uint4*>(kv_pool + layout.Offset(block, layer, 1, head, in_block) + dv) =
+        *reinterpret_cast<const uint4*>(in + (num_q_heads + hk + head) * D + dv);
+  }
+}
+
 __global__ void SiluMulKernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int32_t rows, int32_t inter) {
   const int64_t vecs_per_row = inter / 8;
   const int64_t total = rows * vecs_per_row;

@@ -52,9 +52,26 @@ struct RopeKvExtras {
   // to +-448, instead of kv_pool (which may be null). scales: this layer's (paged_kv.h).
   uint8_t* kv_fp8 = nullptr;
   KvScales scales;
+  // Llama 4 (worker/model/llama4_config.h), in transformers' order (modeling_llama4.py):
+  //   interleaved: the rotation acts on pairs (2i, 2i + 1) with inv_freq[i], in fp32 with fp32
+  //     cos/sin, rounded to bf16 once (apply_rotary_emb's complex product), not rotate_half;
+  //   l2_norm: then each q and k head becomes bf16(x / rms(x)) over its head_dim, x the rotated
+  //     bf16 head, rms in fp32 with norm_eps, no weight (Llama4TextL2Norm; RoPE layers only);
+  //   temperature_floor > 0: then q (not k) at position p becomes bf16(q · s), s = 1 +
+  //     temperature_scale · log1p(floor((p + 1) / temperature_floor)) in fp32
+  //     (attn_temperature_tuning; NoPE layers only, where rotate is false).
+  // Any of these takes a warp per head (a kernel of its own); not with q_norm / k_norm or an
+  // fp8 pool (the cuda backend refuses fp8 KV for Llama 4), and rotating only with interleaved
+  // (no model rotates by halves with these).
+  bool interleaved = false;
+  bool l2_norm = false;
+  float temperature_scale = 0.f;
+  float temperature_floor = 0.f;  // 0: no temperature tuning
+  bool llama4() const { return interleaved || l2_norm || temperature_floor > 0.f; }
 };
 
-// LaunchRopeKvStore with the extras. REQUIRES: as above; head_dim <= 256 with norms.
+// LaunchRopeKvStore with the extras. REQUIRES: as above; head_dim <= 256 with norms or any
+// of Llama 4's transforms.
 cudaError_t LaunchRopeKvStore(const __nv_bfloat16* qkv, const int32_t* positions, const int32_t* slots,
                               const float* inv_freq, __nv_bfloat16* q_out, __nv_bfloat16* kv_pool,
                               const PagedKvLayout& layout, int32_t layer, int32_t tokens, int32_t num_q_heads,

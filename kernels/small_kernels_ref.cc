@@ -71,6 +71,54 @@ void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_
   }
 }
 
+void Llama4QkKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
+                        bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
+                        int32_t tokens, int32_t num_q_heads, bool rotate, bool l2_norm, float norm_eps,
+                        float temperature_scale, float temperature_floor) {
+  const int D = layout.head_dim, hk = layout.num_kv_heads;
+  const int row = (num_q_heads + 2 * hk) * D;
+  std::vector<float> x(D);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const bf16_bits* in = qkv + t * row;
+    const int32_t slot = slots[t];
+    const float temp = temperature_floor > 0.f
+                           ? std::log1p(std::floor((static_cast<float>(positions[t]) + 1.f) / temperature_floor)) *
+                                     temperature_scale + 1.f
+                           : 1.f;
+    auto transformed = [&](int head, bf16_bits* dst) {
+      for (int d = 0; d < D; ++d) x[d] = Bf16ToFloat(in[head * D + d]);
+      if (rotate) {  // (a + ib)(cos + i sin) in fp32, one rounding
+        for (int i = 0; i < D / 2; ++i) {
+          const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+          const float c = std::cos(angle), s = std::sin(angle);
+          const float a = x[2 * i], b = x[2 * i + 1];
+          x[2 * i] = RoundBf16(a * c - b * s);
+          x[2 * i + 1] = RoundBf16(a * s + b * c);
+        }
+      }
+      if (l2_norm) {
+        double ss = 0;
+        for (int d = 0; d < D; ++d) ss += double(x[d]) * x[d];
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + norm_eps));
+        for (int d = 0; d < D; ++d) x[d] = RoundBf16(x[d] * inv);
+      }
+      if (head < num_q_heads && temperature_floor > 0.f) {
+        for (int d = 0; d < D; ++d) x[d] = RoundBf16(x[d] * temp);
+      }
+      for (int d = 0; d < D; ++d) dst[d] = FloatToBf16(x[d]);
+    };
+    for (int h = 0; h < num_q_heads; ++h) transformed(h, q_out + (t * num_q_heads + h) * D);
+    if (slot < 0) continue;
+    const int64_t block = slot / layout.block_size;
+    const int32_t in_block = slot % layout.block_size;
+    for (int h = 0; h < hk; ++h) {
+      transformed(num_q_heads + h, kv_pool + layout.Offset(block, layer, 0, h, in_block));
+      std::memcpy(kv_pool + layout.Offset(block, layer, 1, h, in_block), in + (num_q_heads + hk + h) * D,
+                  D * sizeof(bf16_bits));
+    }
+  }
+}
+
 void QuantizeKvSlotsRef(const bf16_bits* kv_pool, fp8_bits* kv_fp8, const PagedKvLayout& layout, int32_t layer,
                         const int32_t* slots, int32_t tokens, const float* k_scale, const float* v_scale) {
   for (int64_t t = 0; t < tokens; ++t) {

@@ -20,6 +20,13 @@ void RopeKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_
                     int32_t tokens, int32_t num_q_heads, bool rotate, const bf16_bits* q_norm = nullptr,
                     const bf16_bits* k_norm = nullptr, float norm_eps = 0.f, const int32_t* inv_freq_row = nullptr);
 
+// Shapes as LaunchRopeKvStore with Llama 4's RopeKvExtras: interleaved, l2_norm (norm_eps),
+// temperature_scale and temperature_floor (0: off) as there; rotate rotates interleaved pairs.
+void Llama4QkKvStoreRef(const bf16_bits* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq,
+                        bf16_bits* q_out, bf16_bits* kv_pool, const PagedKvLayout& layout, int32_t layer,
+                        int32_t tokens, int32_t num_q_heads, bool rotate, bool l2_norm, float norm_eps,
+                        float temperature_scale, float temperature_floor);
+
 // What LaunchRopeKvStore with RopeKvExtras::kv_fp8 stores: the K/V RopeKvStoreRef wrote into
 // kv_pool (bf16) at these slots, as e4m3(x / scale) into kv_fp8 (the same shape, elem_bytes 1).
 //   k_scale, v_scale: [num_kv_heads] of this layer.

@@ -108,7 +108,8 @@ inline float TopGap(const Reference& ref, size_t p, int64_t position) {
   return v[0] - v[1];
 }
 
-// Runs every sequence to its end, all of them in each step. REQUIRES: one KV pool.
+// Runs every sequence to its end, all of them in each step. Every KV pool gets the sequence's
+// table (each pool has its own block ids). REQUIRES with drop_behind_window: one KV pool.
 inline void ForcedReplay(backend::ModelBackend& b, std::vector<ForcedSeq*> seqs) {
   const int64_t B = b.block_size(), window = b.pools()[0].window, V = b.config().vocab_size;
   for (ForcedSeq* s : seqs) {
@@ -132,7 +133,7 @@ inline void ForcedReplay(backend::ModelBackend& b, std::vector<ForcedSeq*> seqs)
         const int64_t first_visible = s->pos - window + 1;
         for (int64_t blk = 0; (blk + 1) * B <= first_visible; ++blk) s->table[blk] = backend::kNoBlock;
       }
-      st.block_tables = {s->table};
+      st.block_tables.assign(b.pools().size(), s->table);
       batch.seqs.push_back(st);
       in_step.push_back(s);
     }
@@ -206,7 +207,7 @@ inline void CompareWithCpu(backend::ModelBackend& gpu, backend::ModelBackend& cp
     st.start_position = pos;
     st.context_end = dense_prompt ? static_cast<int64_t>(prompt.size()) : 0;
     st.logits = backend::LogitsRequest::kAll;
-    st.block_tables = {table};
+    st.block_tables.assign(gpu.pools().size(), table);  // every pool the same ids (Llama 4 has two)
     backend::StepBatch batch;
     batch.seqs = {st};
     backend::StepOutput og, oc;

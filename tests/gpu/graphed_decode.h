@@ -35,7 +35,7 @@ inline GraphedDecodeTally CompareGraphedDecode(backend::ModelBackend& eager, bac
   constexpr float kNearTie = 0.05f;
   auto step_of = [&](size_t s) {
     backend::SequenceStep st;
-    st.block_tables = {d.tables[s]};
+    st.block_tables.assign(eager.pools().size(), d.tables[s]);  // every pool the same ids
     st.sample = true;
     st.lora_slot = d.lora_slots.empty() ? -1 : d.lora_slots[s];
     return st;

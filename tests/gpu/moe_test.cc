@@ -2,7 +2,8 @@
 // (softmax, top-k with ties to the lower id, renormalisation), the device-side grouping by
 // expert, the grouped tensor-core GEMM (gathered token rows and grouped rows, groups of 0 to
 // several tiles, N and K not multiples of the tile), the decode gemv over the same groups, and
-// the weighted un-permute.
+// the weighted un-permute; Llama 4's sigmoid router, scaled gather and unweighted combine plus
+// the shared expert's rows.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -241,6 +242,77 @@ TEST_CASE("the combine sums each token's weighted expert rows") {
     // The same fp32 sums in the same order; a fused multiply-add may move the last bit.
     CHECK(gputest::RelativeError(dout.Download(), gputest::ToFloat(out)) <= 1e-3);
   }
+}
+
+// Llama 4's MoE: the sigmoid router (top-k by logit, weights bf16(sigmoid), not normalised),
+// the gather of each route's token row scaled by its weight in grouped order, and the
+// unweighted combine added to the shared expert's rows, in place.
+TEST_CASE("Llama 4: sigmoid routing, the scaled gather and the combine with the shared expert equal the references") {
+  std::mt19937 rng(25);
+  struct Shape {
+    int T, E, k, ld, H;
+  };
+  for (Shape s : {Shape{1, 4, 1, 8, 64}, Shape{37, 16, 1, 16, 128}, Shape{64, 128, 1, 128, 96}, Shape{9, 60, 4, 64, 64},
+                  Shape{5, 512, 16, 512, 40}}) {
+    CAPTURE(s.T);
+    CAPTURE(s.E);
+    CAPTURE(s.k);
+    const int S = s.T * s.k;
+    std::vector<float> logits(size_t(s.T) * s.ld);
+    std::uniform_real_distribution<float> u(-4, 4);
+    for (float& z : logits) z = u(rng);
+    // Token 0: experts 1 and 3 tie at the top (the lower id first); a large negative logit
+    // elsewhere keeps a softmax router's choice from equalling this one by chance.
+    logits[1] = logits[3] = 6.0f;
+    if (s.T > 1) logits[s.ld] = -30.0f;
+    DeviceBuffer<float> dl(logits), dw(S);
+    DeviceBuffer<int32_t> de(S);
+    de.Poison();
+    dw.Poison();
+    KVF_CUDA_OK(LaunchMoeRouteSigmoid(dl.get(), s.ld, s.T, s.E, s.k, de.get(), dw.get(), nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int32_t> experts(S);
+    std::vector<float> weights(S);
+    MoeRouteSigmoidRef(logits.data(), s.ld, s.T, s.E, s.k, experts.data(), weights.data());
+    CHECK(de.Download() == experts);
+    CHECK(experts[0] == 1);
+    const std::vector<float> got_w = dw.Download();
+    float worst = 0;
+    for (size_t i = 0; i < got_w.size(); ++i) worst = std::max(worst, std::fabs(got_w[i] - weights[i]));
+    CHECK(worst <= 4e-3f);  // bf16 roundings of fp32 sigmoids that may differ in the last bit
+    CHECK(std::fabs(got_w[0] - 1.f / (1.f + std::exp(-6.0f))) <= 4e-3f);  // the sigmoid, not a softmax share
+
+    // Grouped by expert, as LaunchMoeGroup would; then the scaled gather from token rows.
+    std::vector<int32_t> sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1);
+    MoeGroupRef(experts.data(), S, s.E, sorted.data(), position.data(), offsets.data(), tiles.data());
+    auto x = gputest::RandomBf16(size_t(s.T) * s.H, rng, -3, 3);
+    DeviceBuffer<bf16_bits> dx(x), dxs(size_t(S) * s.H);
+    DeviceBuffer<int32_t> ds(sorted);
+    DeviceBuffer<float> dref_w(weights);
+    dxs.Poison();
+    KVF_CUDA_OK(LaunchMoeGatherScaled(dx.as<__nv_bfloat16>(), ds.get(), s.k, dref_w.get(), dxs.as<__nv_bfloat16>(), S,
+                                      s.H, nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<bf16_bits> xs(size_t(S) * s.H);
+    MoeGatherScaledRef(x.data(), sorted.data(), s.k, weights.data(), xs.data(), S, s.H);
+    CHECK(dxs.Download() == xs);  // one fp32 product, one rounding: exact
+
+    // The combine: the routes' rows (stand-ins for the experts' outputs) summed unweighted,
+    // rounded, added to the shared expert's rows in place.
+    auto y = gputest::RandomBf16(size_t(S) * s.H, rng, -2, 2);
+    auto shared = gputest::RandomBf16(size_t(s.T) * s.H, rng, -2, 2);
+    DeviceBuffer<bf16_bits> dy(y), dout(shared);
+    DeviceBuffer<int32_t> dp(position);
+    KVF_CUDA_OK(LaunchMoeCombineAdd(dy.as<__nv_bfloat16>(), dp.get(), dout.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
+                                    s.T, s.k, s.H, nullptr));
+    KVF_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<bf16_bits> out(size_t(s.T) * s.H);
+    MoeCombineAddRef(y.data(), position.data(), shared.data(), out.data(), s.T, s.k, s.H);
+    CHECK(dout.Download() == out);  // the same fp32 additions in the same order: exact
+  }
+  CHECK(LaunchMoeRouteSigmoid(nullptr, 8, 1, 8, 9, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(LaunchMoeGatherScaled(nullptr, nullptr, 1, nullptr, nullptr, 4, 60, nullptr) == cudaErrorInvalidValue);
+  CHECK(LaunchMoeCombineAdd(nullptr, nullptr, nullptr, nullptr, 4, 1, 60, nullptr) == cudaErrorInvalidValue);
 }
 
 }  // namespace

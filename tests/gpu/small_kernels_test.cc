@@ -231,6 +231,101 @@ TEST_CASE("RoPE after Qwen3's per-head q/k RMSNorm, with per-sequence frequency 
                           nullptr) == cudaErrorInvalidValue);
 }
 
+// Llama 4: RoPE layers rotate interleaved pairs (2i, 2i + 1) in fp32, then (use_qk_norm) L2-
+// normalise each q and k head; NoPE layers store q and K unrotated, q scaled by the temperature
+// of its position. As with Qwen3's norm, the warp's sum order and rsqrtf may move a normed
+// value by an ulp, and the rotation's fp32 products (fused or not) another.
+TEST_CASE("Llama 4's q/k transforms (interleaved RoPE, L2 norm, NoPE temperature) match the reference") {
+  std::mt19937 rng(16);
+  struct Shape {
+    int hq, hkv, d, block;
+  };
+  struct Mode {
+    bool rotate, l2_norm, temperature;
+  };
+  for (Shape s : {Shape{40, 8, 128, 16}, Shape{4, 2, 16, 8}, Shape{5, 5, 64, 1}, Shape{8, 1, 256, 4}})
+    for (Mode mode : {Mode{true, true, false}, Mode{true, false, false}, Mode{false, false, true}})
+      for (bool per_seq : {false, true}) {
+        const int tokens = 33, layers = 2, layer = 1, seqs = 2;
+        PagedKvLayout layout{layers, s.hkv, s.block, s.d};
+        const int num_blocks = tokens / s.block + 4;
+        auto qkv = gputest::RandomBf16(size_t(tokens) * (s.hq + 2 * s.hkv) * s.d, rng, -4, 4);
+        std::vector<int32_t> pos(tokens), slots(tokens), row(tokens), perm(num_blocks * s.block);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int t = 0; t < tokens; ++t) {
+          pos[t] = 3 + 97 * t;  // temperature 1 below position 7, about 1.58 at the last
+          slots[t] = t == 6 ? -1 : perm[t];
+          row[t] = t % seqs;
+        }
+        RopeConfig rc;
+        rc.head_dim = s.d;
+        rc.interleaved = true;
+        std::vector<float> inv = RopeInvFreq(rc);
+        rc.theta = 10000.0;  // a second frequency row, picked per token when per_seq
+        const std::vector<float> inv2 = RopeInvFreq(rc);
+        inv.insert(inv.end(), inv2.begin(), inv2.end());
+        auto pool = gputest::RandomBf16(num_blocks * layout.BlockElems(), rng);
+        DeviceBuffer<bf16_bits> dqkv(qkv), dpool(pool), dq(size_t(tokens) * s.hq * s.d);
+        DeviceBuffer<int32_t> dpos(pos), dslots(slots), drow(row);
+        DeviceBuffer<float> dinv(inv);
+        dq.Poison();
+        RopeKvExtras ex;
+        ex.interleaved = true;
+        ex.l2_norm = mode.l2_norm;
+        ex.norm_eps = 1e-5f;
+        ex.temperature_scale = mode.temperature ? 0.1f : 0.f;
+        ex.temperature_floor = mode.temperature ? 8.f : 0.f;
+        ex.inv_freq_row = per_seq ? drow.get() : nullptr;
+        KVF_CUDA_OK(LaunchRopeKvStore(dqkv.as<__nv_bfloat16>(), dpos.get(), dslots.get(), dinv.get(),
+                                      dq.as<__nv_bfloat16>(), dpool.as<__nv_bfloat16>(), layout, layer, tokens, s.hq,
+                                      mode.rotate, ex, nullptr));
+        KVF_CUDA_OK(cudaDeviceSynchronize());
+        // The reference takes one frequency row: each token through it alone.
+        std::vector<bf16_bits> q(dq.size());
+        const int row_elems = (s.hq + 2 * s.hkv) * s.d;
+        for (int t = 0; t < tokens; ++t) {
+          Llama4QkKvStoreRef(qkv.data() + size_t(t) * row_elems, &pos[t], &slots[t],
+                             inv.data() + (per_seq ? size_t(row[t]) * s.d / 2 : 0), q.data() + size_t(t) * s.hq * s.d,
+                             pool.data(), layout, layer, 1, s.hq, mode.rotate, mode.l2_norm, 1e-5f,
+                             ex.temperature_scale, ex.temperature_floor);
+        }
+        CAPTURE(s.hq);
+        CAPTURE(s.d);
+        CAPTURE(mode.rotate);
+        CAPTURE(mode.l2_norm);
+        CAPTURE(mode.temperature);
+        CAPTURE(per_seq);
+        // An ulp off in a rotated value (sincosf, a fused multiply-add) moves its normed value by
+        // one, the norm's own sum order and rsqrtf by one more, and rounding may add a third.
+        const int ulps = mode.l2_norm ? 3 : 2;
+        CHECK(MaxUlpDiff(dq.Download(), q) <= ulps);
+        CHECK(MaxUlpDiff(dpool.Download(), pool) <= ulps);
+        if (mode.temperature) {  // q at the last position really is scaled: not the input
+          const size_t q_last = size_t(tokens - 1) * row_elems;
+          CHECK(q[size_t(tokens - 1) * s.hq * s.d] != qkv[q_last]);
+        }
+      }
+  // Refused: rotate_half with Llama 4's transforms, and Qwen3's norm weights with them.
+  RopeKvExtras l2;
+  l2.l2_norm = true;
+  PagedKvLayout layout{1, 1, 16, 64};
+  CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout, 0, 1, 1, true, l2, nullptr) ==
+        cudaErrorInvalidValue);
+  l2.interleaved = true;
+  l2.q_norm = l2.k_norm = reinterpret_cast<const __nv_bfloat16*>(&rng);  // never read: refused first
+  CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout, 0, 1, 1, true, l2, nullptr) ==
+        cudaErrorInvalidValue);
+  RopeKvExtras f8;  // and an fp8 pool: the Llama 4 kernel stores bf16 only
+  f8.interleaved = true;
+  f8.kv_fp8 = reinterpret_cast<uint8_t*>(&rng);
+  f8.scales = {reinterpret_cast<const float*>(&rng), reinterpret_cast<const float*>(&rng)};
+  PagedKvLayout layout8 = layout;
+  layout8.elem_bytes = 1;
+  CHECK(LaunchRopeKvStore(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, layout8, 0, 1, 1, true, f8, nullptr) ==
+        cudaErrorInvalidValue);
+}
+
 TEST_CASE("RoPE inverse frequencies follow Llama 3.1's scaling") {
   RopeConfig rc;  // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original 8192
   rc.scaling.type = RopeScaling::Type::kLlama3;

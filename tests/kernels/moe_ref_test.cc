@@ -1,7 +1,8 @@
 // The MoE kernels' CPU references (kernels/moe_ref.h): the grouping by expert the kernels
 // walk (offsets, 64-row tiles, every route once, position the inverse of sorted), routing's
 // top-k and renormalisation, and the grouped product and combine against a dense
-// per-token computation on values exact in fp32 and bf16.
+// per-token computation on values exact in fp32 and bf16; Llama 4's sigmoid routing, scaled
+// gather and combine onto the shared expert.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -85,6 +86,44 @@ TEST_CASE("grouped product then combine equals each token's weighted experts, co
         want += weights[t * k + j] * dot;
       }
       CHECK(Bf16ToFloat(out[size_t(t) * N + n]) == RoundBf16(want));
+    }
+  }
+}
+
+TEST_CASE("Llama 4 MoE references: top-k by logit with sigmoid weights, inputs scaled, outputs summed onto the shared") {
+  // Token 0: logits -1, 2, 2, 0.5 (experts 1 and 2 tie: the lower first); token 1: 3, -2, 0, 1.
+  const float logits[8] = {-1.f, 2.f, 2.f, 0.5f, 3.f, -2.f, 0.f, 1.f};
+  int32_t experts[4];
+  float weights[4];
+  MoeRouteSigmoidRef(logits, 4, 2, 4, 2, experts, weights);
+  CHECK(experts[0] == 1);
+  CHECK(experts[1] == 2);
+  CHECK(experts[2] == 0);
+  CHECK(experts[3] == 3);
+  CHECK(weights[0] == RoundBf16(1.f / (1.f + std::exp(-2.f))));  // not normalised: the two sum past 1
+  CHECK(weights[2] == RoundBf16(1.f / (1.f + std::exp(-3.f))));
+  // Routes grouped by expert: 0 (token 1), 1 (token 0), 2 (token 0), 3 (token 1).
+  std::vector<int32_t> sorted(4), position(4), offsets(5), tiles(5);
+  MoeGroupRef(experts, 4, 4, sorted.data(), position.data(), offsets.data(), tiles.data());
+  const int H = 8;
+  std::vector<bf16_bits> x(2 * H), xs(4 * H);
+  for (int i = 0; i < 2 * H; ++i) x[i] = FloatToBf16(static_cast<float>(i - 5));
+  MoeGatherScaledRef(x.data(), sorted.data(), 2, weights, xs.data(), 4, H);
+  for (int r = 0; r < 4; ++r) {
+    const int route = sorted[r];
+    for (int h = 0; h < H; ++h) {
+      CHECK(xs[r * H + h] == FloatToBf16(Bf16ToFloat(x[(route / 2) * H + h]) * weights[route]));
+    }
+  }
+  // Combine: token t gets shared[t] + bf16(y of its two routes), unweighted.
+  std::vector<bf16_bits> y(4 * H), shared(2 * H), out(2 * H);
+  for (int i = 0; i < 4 * H; ++i) y[i] = FloatToBf16(0.5f * static_cast<float>(i % 5));
+  for (int i = 0; i < 2 * H; ++i) shared[i] = FloatToBf16(static_cast<float>(i));
+  MoeCombineAddRef(y.data(), position.data(), shared.data(), out.data(), 2, 2, H);
+  for (int t = 0; t < 2; ++t) {
+    for (int h = 0; h < H; ++h) {
+      const float routed = Bf16ToFloat(y[position[2 * t] * H + h]) + Bf16ToFloat(y[position[2 * t + 1] * H + h]);
+      CHECK(Bf16ToFloat(out[t * H + h]) == static_cast<float>(t * H + h) + routed);  // small integers and halves: exact
     }
   }
 }

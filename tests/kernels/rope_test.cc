@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "kernels/small_kernels_ref.h"
 
 namespace kvfleet::kernels {
 namespace {
@@ -125,6 +126,54 @@ TEST_CASE("dynamic NTK frequencies are plain up to max_position_embeddings and s
     previous = inv;
   }
   CHECK(RopeAttentionScaling(c) == 1.0);
+}
+
+// Llama 4's q/k transforms (Llama4QkKvStoreRef) against the formulas in double: RoPE layers
+// rotate pairs (2i, 2i + 1) as complex numbers by position·inv_freq[i], then each head has unit
+// RMS; NoPE layers keep q and K, q scaled by 1 + 0.1·log1p(floor((p + 1) / 8)); V as given.
+TEST_CASE("Llama 4 q/k reference: interleaved rotation, L2 norm after it, NoPE temperature on q only") {
+  const int hq = 2, hkv = 1, d = 8;
+  PagedKvLayout layout{1, hkv, 4, d};
+  std::vector<bf16_bits> qkv((hq + 2 * hkv) * d);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = FloatToBf16(0.25f * static_cast<float>(int(i % 7) - 3) + 0.125f);
+  RopeConfig rc;
+  rc.head_dim = d;
+  rc.theta = 10000.0;
+  rc.interleaved = true;
+  const std::vector<float> inv = RopeInvFreq(rc);
+  const int32_t pos = 5, slot = 1;
+  std::vector<bf16_bits> q(hq * d), pool(layout.BlockElems(), 0);
+  Llama4QkKvStoreRef(qkv.data(), &pos, &slot, inv.data(), q.data(), pool.data(), layout, 0, 1, hq, true, true, 1e-5f,
+                     0.f, 0.f);
+  const bf16_bits* k = pool.data() + layout.Offset(0, 0, 0, 0, 1);
+  for (int h = 0; h <= hq; ++h) {  // q heads, then the k head
+    const bf16_bits* in = qkv.data() + h * d;
+    const bf16_bits* out = h < hq ? q.data() + h * d : k;
+    std::vector<double> want(d);
+    double ss = 0;
+    for (int i = 0; i < d / 2; ++i) {
+      const double a = Bf16ToFloat(in[2 * i]), b = Bf16ToFloat(in[2 * i + 1]);
+      const double c = std::cos(pos * double(inv[i])), s = std::sin(pos * double(inv[i]));
+      want[2 * i] = a * c - b * s;
+      want[2 * i + 1] = a * s + b * c;
+      ss += want[2 * i] * want[2 * i] + want[2 * i + 1] * want[2 * i + 1];
+    }
+    for (int e = 0; e < d; ++e) {
+      CHECK(Bf16ToFloat(out[e]) == doctest::Approx(want[e] / std::sqrt(ss / d + 1e-5)).epsilon(2e-2));
+    }
+  }
+  for (int e = 0; e < d; ++e) CHECK(pool[layout.Offset(0, 0, 1, 0, 1) + e] == qkv[(hq + hkv) * d + e]);  // V
+
+  // NoPE: no rotation, no norm; q times its position's temperature (1 below position 7).
+  for (int32_t p : {6, 7, 100}) {
+    std::vector<bf16_bits> q2(hq * d), pool2(layout.BlockElems(), 0);
+    Llama4QkKvStoreRef(qkv.data(), &p, &slot, inv.data(), q2.data(), pool2.data(), layout, 0, 1, hq, false, false, 1e-5f,
+                       0.1f, 8.f);
+    const double temp = 1.0 + 0.1 * std::log1p(std::floor((p + 1) / 8.0));
+    CAPTURE(p);
+    for (int e = 0; e < hq * d; ++e) CHECK(Bf16ToFloat(q2[e]) == doctest::Approx(Bf16ToFloat(qkv[e]) * temp).epsilon(8e-3));
+    for (int e = 0; e < d; ++e) CHECK(pool2[layout.Offset(0, 0, 0, 0, 1) + e] == qkv[hq * d + e]);  // K unscaled
+  }
 }
 
 }  // namespace

@@ -117,11 +117,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   }
   {  // what the model asks of the kernels, whatever the machine
     KVF_ASSIGN_OR_RETURN(const model::ModelConfig model_config, model::LoadModelConfig(options.model_dir));
-    if (model_config.architecture == model::Architecture::kLlama4) {
-      return Unimplemented("cuda backend: " + options.model_dir +
-                           " is Llama 4, whose kernels it lacks: interleaved RoPE with NoPE layers, per-layer "
-                           "chunked attention, the q/k L2 norm, attention temperature tuning, and sigmoid-routed "
-                           "experts with a shared expert; serve it with --backend cpu");
+    if (model_config.architecture == model::Architecture::kLlama4) {  // (11)
+      const std::string what = tp > 1 ? "--tensor-parallel " + std::to_string(tp)
+                               : options.kv_cache_dtype == KvCacheDtype::kFp8E4m3 ? "--kv-cache-dtype fp8_e4m3"
+                               : options.attention.streaming_llm ? "--streaming-llm" : "";
+      if (!what.empty()) {
+        return Unimplemented(what + ": the cuda backend serves Llama 4 (" + options.model_dir + ") on one GPU, with a "
+                             "bf16 KV cache and without --streaming-llm; drop " + what + " or use --backend cpu");
+      }
     }
     if (tp > 1) KVF_RETURN_IF_ERROR(CheckTensorParallel(model_config, tp));  // heads that do not split
   }
@@ -184,9 +187,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
                            std::to_string(kernels::kMoeMaxExperts) + " experts and top-" +
                            std::to_string(kernels::kMoeMaxTopK) + ")");
     }
-    if (c.moe.expert_intermediate % tp != 0 || ei % 8 != 0) {
-      return Unimplemented("cuda backend: each rank's " + std::to_string(ei) +
-                           " columns of an expert's intermediate size must be a multiple of 8");
+    if (c.moe.expert_intermediate % tp != 0 || ei % 8 != 0 || c.moe.shared_expert_intermediate % 8 != 0) {
+      return Unimplemented("cuda backend: each rank's " + std::to_string(ei) + " columns of an expert's intermediate "
+                           "size (and the shared expert's " + std::to_string(c.moe.shared_expert_intermediate) +
+                           ") must be a multiple of 8");
     }
     if (kernels::MoeMaxTiles(static_cast<int32_t>(std::min<int64_t>(routes, INT32_MAX)), static_cast<int32_t>(c.moe.num_experts)) > 65535) {
       return InvalidArgument("cuda backend: max_num_tokens " + std::to_string(options.max_num_tokens) + " times " +
@@ -269,8 +273,10 @@ Status CudaBackend::AllocateBuffers() {
   KVF_ASSIGN_OR_RETURN(qkv_, DeviceAlloc<bf16>(T * (Q + 2 * KV)));
   KVF_ASSIGN_OR_RETURN(q_, DeviceAlloc<bf16>(T * Q));
   KVF_ASSIGN_OR_RETURN(attn_, DeviceAlloc<bf16>(T * Q));
-  KVF_ASSIGN_OR_RETURN(gate_up_, DeviceAlloc<bf16>(T * 2 * I));
-  KVF_ASSIGN_OR_RETURN(act_, DeviceAlloc<bf16>(T * I));
+  // Llama 4's shared expert (9) runs through gate_up_ and act_ too.
+  const size_t I_mlp = std::max(I, static_cast<size_t>(c.moe.shared_expert_intermediate));
+  KVF_ASSIGN_OR_RETURN(gate_up_, DeviceAlloc<bf16>(T * 2 * I_mlp));
+  KVF_ASSIGN_OR_RETURN(act_, DeviceAlloc<bf16>(T * I_mlp));
   if (c.is_moe()) {  // (9)
     const size_t E = static_cast<size_t>(c.moe.num_experts), routes = T * static_cast<size_t>(c.moe.experts_per_token);
     const size_t EI = static_cast<size_t>(shard_.expert_inter);
@@ -285,6 +291,10 @@ Status CudaBackend::AllocateBuffers() {
     KVF_ASSIGN_OR_RETURN(moe_gate_up_, DeviceAlloc<bf16>(routes * 2 * EI));
     KVF_ASSIGN_OR_RETURN(moe_act_, DeviceAlloc<bf16>(routes * EI));
     KVF_ASSIGN_OR_RETURN(moe_out_, DeviceAlloc<bf16>(routes * H));
+    if (c.moe.sigmoid_routing) {  // Llama 4
+      KVF_ASSIGN_OR_RETURN(moe_scaled_, DeviceAlloc<bf16>(routes * H));
+      KVF_ASSIGN_OR_RETURN(moe_shared_, DeviceAlloc<bf16>(T * H));
+    }
   }
   logits_rows_ = std::max<int64_t>(options_.max_batch_size, config::kMinLogitsRows);
   KVF_ASSIGN_OR_RETURN(head_in_, DeviceAlloc<bf16>(static_cast<size_t>(logits_rows_) * H));

@@ -1,6 +1,6 @@
 // CudaBackend: the `cuda` model backend, the bf16 forward pass of the Llama family
-// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral, and the MoE Mixtral and Qwen3-MoE: invariant 9) on
-// one GPU over the paged KV layout of backend.h.
+// (Llama 2/3/3.x, Qwen2, Qwen3, Mistral, the MoE Mixtral and Qwen3-MoE: invariant 9, and Llama
+// 4's text model: 11) on one GPU over the paged KV layout of backend.h.
 //
 // One step, all on one stream:
 //   upload the step's metadata (token ids, positions, KV slots, block tables, sampling
@@ -109,6 +109,17 @@
 //      masked row replays a graph of its bucket that ends at the logits (keyed apart), then
 //      copies and samples outside it; a step without one keeps the whole-step graph. At N > 1
 //      (8) the late masks are filled once, before the step, for every rank (no overlap).
+//  11. Llama 4 (model/llama4_config.h), on one GPU (--tensor-parallel > 1, an fp8 KV cache and
+//      --streaming-llm are refused at start-up, naming the option; LoRA as for any MoE, 9): the
+//      QKV product runs unfused (no gemv RoPE epilogue, 5), then LaunchRopeKvStore with Llama 4's
+//      extras (kernels/small_kernels.h): RoPE layers rotate interleaved pairs and L2-normalise q
+//      and k after, NoPE layers store q and K unrotated with q scaled by its position's
+//      temperature. Chunked attention per layer comes from the pools (kv::ComputePools keys them by
+//      chunk: the RoPE layers' masks by it, the NoPE layers' attends globally). MoE layers (9) route
+//      by sigmoid (top-k by logit, weights bf16(sigmoid), not normalised), scale each route's input
+//      by its weight (LaunchMoeGatherScaled), and the combine adds the unweighted expert sum to the
+//      shared expert's output, computed over every token before the block (LaunchMoeCombineAdd);
+//      fused experts (x·W) are transposed at load. Dense layers: Llama's MLP, intermediate_size_mlp.
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -270,6 +281,9 @@ class CudaBackend final : public ModelBackendBase {
     __nv_bfloat16 *router = nullptr;          // [moe_router_rows_][hidden]
     __nv_bfloat16 *expert_gate_up = nullptr;  // [experts][2·ei][hidden]: each expert's gate rows, then up rows
     __nv_bfloat16 *expert_down = nullptr;     // [experts][hidden][ei]
+    // Llama 4's shared expert (9), a SwiGLU MLP of si = shared_expert_intermediate over every token.
+    __nv_bfloat16 *shared_gate_up = nullptr;  // [2·si][hidden]: gate rows, then up rows
+    __nv_bfloat16 *shared_down = nullptr;     // [hidden][si]
   };
   // One step as the kernels see it: its shape, and device pointers into the packed staging
   // buffer (valid once UploadMeta's copy has run on the stream). T: token rows, S: sequences
@@ -341,6 +355,8 @@ class CudaBackend final : public ModelBackendBase {
   explicit CudaBackend(const BackendOptions& options);
   Status Validate(const StepBatch& batch) const;
   Status LoadWeights(const model::Checkpoint& checkpoint);
+  // Llama 4's router and fused experts of layer l into w, transposed to [out][in] (9).
+  Status LoadLlama4Experts(const model::Checkpoint& checkpoint, int64_t l, LayerWeights* w);
   Status AllocateBuffers();
   Status AllocateKv(uint64_t free_after_buffers);
   // LoRA (cuda_lora.cc): the slots, their stream and staging (7); none when max_loras == 0.
@@ -388,7 +404,8 @@ class CudaBackend final : public ModelBackendBase {
   Status Forward(const StepBatch& batch, const StepMeta& m);
   // RoPE + K/V store (unless rope_done: the QKV gemv's epilogue did it), then attention.
   Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done);
-  // (9) Layer w's MoE block over T rows: xn_ in, tmp_ out (this rank's partial sum).
+  // (9) Layer w's MoE block over T rows: xn_ in, tmp_ out (this rank's partial sum). With
+  // sigmoid routing (Llama 4) the shared expert's output must be in moe_shared_ already.
   Status MoeBlock(const LayerWeights& w, int32_t T);
   // Sampling and outputs (cuda_sampling.cc). Sizes out's tokens and logits; returns the
   // rows of logits it holds.
@@ -467,6 +484,9 @@ class CudaBackend final : public ModelBackendBase {
   bool moe_gemv_ = true;                      // decode steps by LaunchMoeGroupedGemv (extra "moe_gemv" 0: off)
   float* moe_weights_ = nullptr;              // [S]
   __nv_bfloat16 *moe_gate_up_ = nullptr, *moe_act_ = nullptr, *moe_out_ = nullptr;  // [S][2·ei], [S][ei], [S][hidden]
+  // Llama 4 (sigmoid routing, 9): the routed rows scaled by their scores, [S][hidden], and the
+  // shared expert's output, [max_num_tokens][hidden]; null otherwise.
+  __nv_bfloat16 *moe_scaled_ = nullptr, *moe_shared_ = nullptr;
   float* logits_ = nullptr;  // [logits_rows_][vocab]
   int64_t logits_rows_ = 0;
   float* decode_workspace_ = nullptr;

@@ -54,9 +54,11 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   // the others still read the old one).
   // A LoRA step (7) adds to each product's output before the kernels (5) would fuse in.
   const bool fused_silu = m.lora.num_tiles == 0 && T <= gemv_max_rows_ && gemv_fusion_ >= 1;
-  // The gemv's RoPE epilogue takes one frequency row and no per-head norm (Qwen3).
+  // The gemv's RoPE epilogue takes one frequency row, no per-head norm (Qwen3) and none of
+  // Llama 4's q/k transforms (interleaved pairs, L2 norm, NoPE layers' temperature, 11).
+  const bool llama4_qk = c.rope_interleaved || c.qk_l2_norm || !c.layer_nope.empty();
   const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows && !c.qk_norm &&
-                          m.seq_inv_freq == nullptr;
+                          !llama4_qk && m.seq_inv_freq == nullptr;
   const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
   const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
   const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
@@ -126,6 +128,12 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
     if (c.sparse_layer(l)) {  // (9) no gemv fusion: the router, the routing and the grouped GEMMs
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, w.post_norm, xn_, T, Hi, eps, stream_));
       KVF_RETURN_IF_ERROR(gemm_f32(w.router, xn_, moe_logits_, moe_router_rows_, H));
+      if (w.shared_gate_up != nullptr) {  // Llama 4's shared expert over every token, for MoeBlock's combine
+        const int64_t SI = c.moe.shared_expert_intermediate;
+        KVF_RETURN_IF_ERROR(gemm(w.shared_gate_up, xn_, nullptr, gate_up_, 2 * SI, H));
+        KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(SI), stream_));
+        KVF_RETURN_IF_ERROR(gemm(w.shared_down, act_, nullptr, moe_shared_, H, SI));
+      }
       KVF_RETURN_IF_ERROR(MoeBlock(w, T));
     } else if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
@@ -160,25 +168,44 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
   const int32_t H = static_cast<int32_t>(config_.hidden_size), EI = static_cast<int32_t>(shard_.expert_inter);
   const int32_t E = static_cast<int32_t>(moe.num_experts), k = static_cast<int32_t>(moe.experts_per_token);
   const int32_t S = T * k;
-  KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob, moe_experts_,
-                                          moe_weights_, stream_));
+  // Llama 4 (sigmoid routing): the scores scale the experts' inputs, gathered in grouped order
+  // into moe_scaled_; the combine sums the outputs unweighted onto the shared expert's.
+  const bool scale_input = moe.sigmoid_routing;
+  if (scale_input) {
+    KVF_CUDA_RETURN(kernels::LaunchMoeRouteSigmoid(moe_logits_, moe_router_rows_, T, E, k, moe_experts_, moe_weights_,
+                                                   stream_));
+  } else {
+    KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob, moe_experts_,
+                                            moe_weights_, stream_));
+  }
   KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
                                           moe_tile_offsets_, stream_, moe_active_));
+  if (scale_input) {
+    KVF_CUDA_RETURN(kernels::LaunchMoeGatherScaled(xn_, moe_sorted_, k, moe_weights_, moe_scaled_, S, H, stream_));
+  }
+  const bf16* x_in = scale_input ? moe_scaled_ : xn_;  // token rows (k routes each), or scaled grouped rows
+  const int32_t gather_div = scale_input ? 0 : k;
+  auto combine = [&]() -> Status {
+    if (scale_input) {
+      KVF_CUDA_RETURN(kernels::LaunchMoeCombineAdd(moe_out_, moe_position_, moe_shared_, tmp_, T, k, H, stream_));
+    } else {
+      KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
+    }
+    return Status::Ok();
+  };
   if (moe_gemv_ && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
-    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, xn_, moe_sorted_, /*gather_div=*/k, moe_offsets_,
+    KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
                                                   moe_active_, moe_act_, /*silu_mul=*/true, T, S, E, EI, H, stream_));
     KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
                                                   moe_active_, moe_out_, /*silu_mul=*/false, T, S, E, H, EI, stream_));
-    KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
-    return Status::Ok();
+    return combine();
   }
-  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, xn_, moe_sorted_, /*gather_div=*/k, moe_offsets_,
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
                                                 moe_tile_offsets_, moe_gate_up_, S, E, 2 * EI, H, stream_));
   KVF_CUDA_RETURN(kernels::LaunchSiluMul(moe_gate_up_, moe_act_, S, EI, stream_));
   KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
                                                 moe_tile_offsets_, moe_out_, S, E, H, EI, stream_));
-  KVF_CUDA_RETURN(kernels::LaunchMoeCombine(moe_out_, moe_weights_, moe_position_, tmp_, T, k, H, stream_));
-  return Status::Ok();
+  return combine();
 }
 
 Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done) {
@@ -198,9 +225,18 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
     extras.inv_freq_row = m.seq_inv_freq != nullptr ? m.row_seq : nullptr;
     extras.kv_fp8 = KvFp8(pi);
     extras.scales = LayerKvScales(layer);
+    // Llama 4 (11): interleaved pairs; RoPE layers L2-normalise q and k after the rotation,
+    // NoPE layers rotate nothing and scale q by its position's temperature.
+    const bool rope_layer = c.uses_rope(layer);
+    extras.interleaved = c.rope_interleaved;
+    extras.l2_norm = c.qk_l2_norm && rope_layer;
+    if (!rope_layer && c.attn_temperature_tuning) {
+      extras.temperature_scale = static_cast<float>(c.attn_scale);
+      extras.temperature_floor = static_cast<float>(c.floor_scale);
+    }
     const float* inv_freq = m.seq_inv_freq != nullptr ? m.seq_inv_freq : inv_freq_;
     KVF_CUDA_RETURN(kernels::LaunchRopeKvStore(qkv_, m.positions, m.slots[pi], inv_freq, q_, KvBf16(pi), layout,
-                                               li, m.num_tokens, nh, /*rotate=*/!shift, extras, stream_));
+                                               li, m.num_tokens, nh, /*rotate=*/!shift && rope_layer, extras, stream_));
   }
   kernels::AttentionMask mask;
   mask.window = pool.window;
@@ -222,7 +258,9 @@ Status CudaBackend::Attention(const StepBatch& batch, const StepMeta& m, int64_t
       any_dense = any_dense || d > 0;
     }
   }
-  const float scale = attention_scale_;
+  // yarn's attention_scaling scales the rotated q·k; a NoPE layer (Llama 4) has none.
+  const float scale =
+      c.uses_rope(layer) ? attention_scale_ : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   // The fields the params of every attention kernel share: q, out and block tables of the
   // launch; the layer's pool, heads, scale and mask.
   auto set_common = [&](auto& p, const bf16* q, bf16* out, const int32_t* tables, int32_t stride,

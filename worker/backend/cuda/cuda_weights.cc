@@ -2,6 +2,7 @@
 // host when stored otherwise), this rank's shard of each under tensor parallelism (invariant
 // 8), the fused [q|k|v] and [gate|up] products assembled from their parts, and the RoPE
 // frequencies. Thread-compatible (cuda_backend.h): called once while the backend is built.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -15,10 +16,68 @@
 #include "worker/backend/cuda/cuda_util.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/model_config.h"
+#include "worker/model/safetensors.h"
 
 namespace kvfleet::backend::cuda {
 
 using bf16 = __nv_bfloat16;
+
+namespace {
+
+// dst[c][r] = bf16(src[r][c]) of a rows x cols matrix, in square tiles: a plain column walk
+// misses the cache on every element (Scout's gate_up_proj rows are 64 KB apart).
+void TransposeToBf16(const float* src, int64_t rows, int64_t cols, uint16_t* dst) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) dst[c * rows + r] = model::F32ToBF16(src[r * cols + c]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status CudaBackend::LoadLlama4Experts(const model::Checkpoint& checkpoint, int64_t l, LayerWeights* w) {
+  // Llama 4's fused experts are x·W: gate_up_proj [E][hidden][2·ei] (gate columns, then up),
+  // down_proj [E][ei][hidden]. The grouped GEMM takes [out][in], so each expert is transposed
+  // on the host into expert_gate_up [E][2·ei][hidden] and expert_down [E][hidden][ei].
+  const model::ModelConfig& c = config_;
+  const int64_t E = c.moe.num_experts, H = c.hidden_size, EI = c.moe.expert_intermediate;
+  const model::TensorView& gu = checkpoint.tensor(model::MlpTensorName(c, l, "experts.gate_up_proj"));
+  const model::TensorView& dn = checkpoint.tensor(model::MlpTensorName(c, l, "experts.down_proj"));
+  const std::string router = model::RouterTensorName(c, l);
+  KVF_ASSIGN_OR_RETURN(w->router, DeviceAlloc<bf16>(static_cast<size_t>(moe_router_rows_ * H)));
+  KVF_CUDA_RETURN(cudaMemset(w->router, 0, static_cast<size_t>(moe_router_rows_ * H) * sizeof(bf16)));
+  std::vector<float> slab(static_cast<size_t>(H * 2 * EI));
+  std::vector<uint16_t> out(static_cast<size_t>(H * 2 * EI));
+  {  // the router [E][hidden], as stored
+    const model::TensorView& r = checkpoint.tensor(router);
+    std::vector<float> rf(static_cast<size_t>(E * H));
+    model::ConvertToF32(r.dtype, r.bytes.data(), rf.size(), rf.data());
+    std::vector<uint16_t> rb(rf.size());
+    for (size_t i = 0; i < rf.size(); ++i) rb[i] = model::F32ToBF16(rf[i]);
+    KVF_CUDA_RETURN(cudaMemcpy(w->router, rb.data(), rb.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    weight_bytes_ += rb.size() * sizeof(bf16);
+  }
+  KVF_ASSIGN_OR_RETURN(w->expert_gate_up, DeviceAlloc<bf16>(static_cast<size_t>(E * 2 * EI * H)));
+  KVF_ASSIGN_OR_RETURN(w->expert_down, DeviceAlloc<bf16>(static_cast<size_t>(E * H * EI)));
+  for (int64_t e = 0; e < E; ++e) {
+    model::ConvertToF32(gu.dtype, gu.bytes.data() + e * H * 2 * EI * static_cast<int64_t>(model::DTypeSize(gu.dtype)),
+                        slab.size(), slab.data());
+    TransposeToBf16(slab.data(), H, 2 * EI, out.data());  // row r: column r of [gate | up]
+    KVF_CUDA_RETURN(cudaMemcpy(w->expert_gate_up + e * 2 * EI * H, out.data(), static_cast<size_t>(2 * EI * H) * sizeof(bf16),
+                               cudaMemcpyHostToDevice));
+    model::ConvertToF32(dn.dtype, dn.bytes.data() + e * EI * H * static_cast<int64_t>(model::DTypeSize(dn.dtype)),
+                        static_cast<size_t>(EI * H), slab.data());
+    TransposeToBf16(slab.data(), EI, H, out.data());
+    KVF_CUDA_RETURN(cudaMemcpy(w->expert_down + e * H * EI, out.data(), static_cast<size_t>(H * EI) * sizeof(bf16),
+                               cudaMemcpyHostToDevice));
+  }
+  weight_bytes_ += static_cast<uint64_t>(E * 3 * EI * H) * sizeof(bf16);
+  return Status::Ok();
+}
 
 Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
   const model::ModelConfig& c = config_;
@@ -161,6 +220,18 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
       KVF_RETURN_IF_ERROR(load(name("self_attn.k_norm.weight"), c.head_dim, &w.k_norm));
     }
     KVF_RETURN_IF_ERROR(load(name("post_attention_layernorm.weight"), H, &w.post_norm));
+    if (c.sparse_layer(l) && c.architecture == model::Architecture::kLlama4) {  // (9) one GPU (Make refuses N > 1)
+      KVF_RETURN_IF_ERROR(LoadLlama4Experts(checkpoint, l, &w));
+      const int64_t SI = c.moe.shared_expert_intermediate;
+      auto mlp = [&](std::string_view s) { return model::MlpTensorName(c, l, s); };
+      KVF_RETURN_IF_ERROR(stack({{mlp("shared_expert.gate_proj.weight"), Part{}}, {mlp("shared_expert.up_proj.weight"), Part{}}},
+                                2 * SI, H, &w.shared_gate_up));
+      KVF_RETURN_IF_ERROR(load(mlp("shared_expert.down_proj.weight"), H * SI, &w.shared_down));
+      for (const char* fused : {"experts.gate_up_proj", "experts.down_proj", "router.weight"}) {
+        progress.Add(1, checkpoint.tensor(mlp(fused)).bytes.size());
+      }
+      continue;
+    }
     if (c.sparse_layer(l)) {  // (9) the router whole, each expert's slice of its intermediate size
       const int64_t E = c.moe.num_experts, EI = sh.expert_inter;
       const Part e_rows{sh.expert_inter_begin, EI, 0, -1}, e_cols{0, -1, sh.expert_inter_begin, EI};
@@ -182,13 +253,15 @@ Status CudaBackend::LoadWeights(const model::Checkpoint& checkpoint) {
       }
       continue;
     }
+    // Llama 4's dense layers are feed_forward.* (intermediate_size_mlp), the others' mlp.*.
+    auto mlp = [&](std::string_view s) { return model::MlpTensorName(c, l, s); };
     KVF_RETURN_IF_ERROR(
-        stack({{name("mlp.gate_proj.weight"), i_rows}, {name("mlp.up_proj.weight"), i_rows}}, 2 * I, H, &w.gate_up));
-    KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.weight"), H * I, &w.down, i_cols));
+        stack({{mlp("gate_proj.weight"), i_rows}, {mlp("up_proj.weight"), i_rows}}, 2 * I, H, &w.gate_up));
+    KVF_RETURN_IF_ERROR(load(mlp("down_proj.weight"), H * I, &w.down, i_cols));
     if (c.mlp_bias) {
       KVF_RETURN_IF_ERROR(
-          stack({{name("mlp.gate_proj.bias"), i_rows}, {name("mlp.up_proj.bias"), i_rows}}, 2 * I, 1, &w.gate_up_bias));
-      if (bias_rank) KVF_RETURN_IF_ERROR(load(name("mlp.down_proj.bias"), H, &w.down_bias));
+          stack({{mlp("gate_proj.bias"), i_rows}, {mlp("up_proj.bias"), i_rows}}, 2 * I, 1, &w.gate_up_bias));
+      if (bias_rank) KVF_RETURN_IF_ERROR(load(mlp("down_proj.bias"), H, &w.down_bias));
     }
   }
   KVF_RETURN_IF_ERROR(load("model.norm.weight", H, &final_norm_));
