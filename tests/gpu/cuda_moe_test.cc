@@ -183,7 +183,7 @@ TEST_CASE("Llama 4 matches transformers' within bf16 routing: whole, chunked acr
         wrong += s.wrong;
       }
       INFO("chunk " << chunk << " batched " << batched);
-      MESSAGE("tiny-llama4 chunk " << chunk << (batched ? " batched" : "") << ": " << over << "/" << rows
+      MESSAGE("tiny-llama4 chunk " << chunk << std::string(batched ? " batched" : "") << ": " << over << "/" << rows
                                    << " rows past " << kBf16Tolerance << ", prompts' max |logit diff| "
                                    << seqs[0].max_diff << " " << seqs[1].max_diff << " " << seqs[2].max_diff
                                    << "; greedy " << exact << "/" << sampled << " exact, " << near << " near-ties, "
