@@ -366,12 +366,14 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_flag("--gossip-insecure", c->gossip.insecure,
                "gossip without CURVE on an address other hosts can reach, or beside --curve-keypair (a network "
                "where every host is trusted)");
-  app.add_option("--gossip-interval-ms", c->gossip_interval_ms, "this router sends its state to its peers this often")
+  app.add_option("--gossip-interval-ms", c->gossip_interval_ms,
+                 "this router sends its state to its peers at least this often (a heartbeat while its counts do "
+                 "not change)")
       ->check(CLI::Range(int64_t{1}, int64_t{10000}))
       ->capture_default_str();
   app.add_option("--gossip-on-change", c->gossip.on_change,
                  "send this router's state to its peers as soon as its counts change (at most once per "
-                 "--gossip-min-gap-us), besides every --gossip-interval-ms; false: only every interval")
+                 "--gossip-min-gap-us), and after --gossip-interval-ms without a message; false: only every interval")
       ->capture_default_str();
   app.add_option("--gossip-min-gap-us", c->gossip_min_gap_us,
                  "the least time between two messages sent on change; changes meanwhile go out together")

@@ -44,19 +44,18 @@ class Registry;
 namespace kvfleet::router {
 
 namespace config {
-// A router publishes its state this often: a peer's counts are at most this (and the
-// network's delay) older than its own. What it must be short against is the time between two
-// routers' choices of one worker, not a load report's 200-250 ms: at 50 ms, four routers
-// facing a Mooncake burst sent requests behind each other's (mean TTFT +34% against one
-// router on a quiet host); at 10 ms +3-11% (tests/bench/results/2026-11-30-routers-quiet-host.txt).
-// Since changes are sent as they happen (kGossipMinGap), this is a heartbeat: an idle router
-// still sends this often.
+// A router that sent nothing for this long sends its state anyway: the heartbeat that keeps
+// an idle router from being forgotten, and the most a lost message leaves a peer behind.
+// Before changes were sent as they happen (kGossipMinGap) this was the only period: at 50 ms,
+// four routers facing a Mooncake burst sent requests behind each other's (mean TTFT +34%
+// against one router on a quiet host); at 10 ms +3-11%, still +11% at 0.9x load
+// (tests/bench/results/2026-11-30-routers-quiet-host.txt).
 inline constexpr DurationNs kGossipInterval = 10 * kNsPerMs;
 // Messages sent on change are at least this far apart; changes meanwhile go out together at
 // the gap's end. A peer's counts are then at most ~1-2 ms (and the network's delay) behind,
-// short against the time between two routers' choices of one worker (tens of ms in a Mooncake
-// burst on 8 workers), while a router sends at most 1,000 messages/s, each a few hundred
-// bytes for a small fleet: ~10 us of a peer's gossip thread to read and apply.
+// short against the time between two routers' choices of one worker (about 70 ms per router
+// in a Mooncake run on 8 workers), while a router sends at most 1,000 messages/s, each ~500
+// bytes for a small fleet: ~1 us of a peer's gossip thread to decode.
 inline constexpr DurationNs kGossipMinGap = kNsPerMs;
 // ...and at most this many bytes per second: the gap after a frame of B bytes is at least
 // B / this. A small fleet's frames never reach it (8 KB a message: ~140 busy workers); 1,000

@@ -194,7 +194,8 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
     failed = Unavailable(std::string("send failed: ") + e.what());
   }
   if (!failed.ok()) {
-    fleet_->CountInflight(worker, {-counted.requests, -counted.waiting, -counted.prefill_tokens, -counted.prompt_tokens});
+    fleet_->CountInflight(worker,
+                          {-counted.requests, -counted.waiting, -counted.prefill_tokens, -counted.prompt_tokens});
     return FailOver(handle, failed);
   }
   f.attempt_id = attempt;
