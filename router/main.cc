@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include <prometheus/registry.h>
@@ -51,8 +52,26 @@ class ForgottenRelay {
   Api* api_ = nullptr;  // GUARDED_BY(mu_)
 };
 
+// The lanes count requests on the HTTP threads; the Gossip, made after the fleet, tells the
+// peers of each change (Gossip::OwnStateChanged). Set to null before the Gossip goes.
+class GossipRelay {
+ public:
+  void Set(Gossip* gossip) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    gossip_ = gossip;
+  }
+  void OwnStateChanged(bool routed) {
+    std::shared_lock<std::shared_mutex> lock(mu_);  // lanes on every HTTP thread at once
+    if (gossip_ != nullptr) gossip_->OwnStateChanged(routed);
+  }
+
+ private:
+  std::shared_mutex mu_;
+  Gossip* gossip_ = nullptr;  // GUARDED_BY(mu_)
+};
+
 // The gossip channel to the fleet's other routers, when --peer-routers names any (null
-// otherwise): each interval it tells them this router's own counts and routed work.
+// otherwise): it tells them this router's own counts and routed work as they change.
 Result<std::unique_ptr<Gossip>> StartGossip(const RouterConfig& c, const Fleet* fleet, const Router* router,
                                             PeerLoads* peers, const Clock* clock, prometheus::Registry* registry) {
   if (c.gossip.peers.empty() && c.gossip.peers_dns.empty()) return std::unique_ptr<Gossip>();
@@ -171,7 +190,11 @@ int Run(RouterConfig& c) {
   };
   // What the fleet's other routers say of themselves; routing counts it (peer_loads.h).
   PeerLoads peer_loads(c.gossip.ttl);
-  if (!c.gossip.peers.empty() || !c.gossip.peers_dns.empty()) c.fleet.peers = &peer_loads;
+  GossipRelay gossip_relay;
+  if (!c.gossip.peers.empty() || !c.gossip.peers_dns.empty()) {
+    c.fleet.peers = &peer_loads;
+    c.fleet.on_own_load_change = [&gossip_relay](bool routed) { gossip_relay.OwnStateChanged(routed); };
+  }
   auto fleet = Fleet::Start(c.fleet, &plane, clock, registry.get());
   if (!fleet.ok()) {
     log->error("{}", fleet.status().message());
@@ -186,6 +209,11 @@ int Run(RouterConfig& c) {
     log->error("{}", gossip.status().message());
     return 1;
   }
+  gossip_relay.Set(gossip->get());
+  struct UnsetGossip {
+    GossipRelay& relay;
+    ~UnsetGossip() { relay.Set(nullptr); }
+  } unset_gossip{gossip_relay};
   Api api(c.api, fleet->get(), &router, std::move(codecs), clock, registry);
   forgotten.Set(&api);
   struct Unset {

@@ -366,8 +366,18 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_flag("--gossip-insecure", c->gossip.insecure,
                "gossip without CURVE on an address other hosts can reach, or beside --curve-keypair (a network "
                "where every host is trusted)");
-  app.add_option("--gossip-interval-ms", c->gossip_interval_ms, "this router sends its state to its peers this often")
+  app.add_option("--gossip-interval-ms", c->gossip_interval_ms,
+                 "this router sends its state to its peers at least this often (a heartbeat while its counts do "
+                 "not change)")
       ->check(CLI::Range(int64_t{1}, int64_t{10000}))
+      ->capture_default_str();
+  app.add_option("--gossip-on-change", c->gossip.on_change,
+                 "send this router's state to its peers as soon as its counts change (at most once per "
+                 "--gossip-min-gap-us), and after --gossip-interval-ms without a message; false: only every interval")
+      ->capture_default_str();
+  app.add_option("--gossip-min-gap-us", c->gossip_min_gap_us,
+                 "the least time between two messages sent on change; changes meanwhile go out together")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000000}))
       ->capture_default_str();
   app.add_option("--gossip-ttl-ms", c->gossip_ttl_ms,
                  "a peer router not heard for this long is forgotten, its requests no longer counted")
@@ -403,6 +413,7 @@ Status PrepareGossip(RouterConfig* c) {
   c->gossip.peers = c->peer_routers;
   c->gossip.interval = c->gossip_interval_ms * kNsPerMs;
   c->gossip.ttl = c->gossip_ttl_ms * kNsPerMs;
+  c->gossip.min_gap = c->gossip_min_gap_us * kNsPerUs;
   c->gossip.dns_interval = static_cast<DurationNs>(c->dns_interval_s * kNsPerSec);
   const bool gossip = !c->peer_routers.empty() || !c->gossip.peers_dns.empty();
   if (!c->debug_drop_gossip.empty()) {
@@ -415,6 +426,10 @@ Status PrepareGossip(RouterConfig* c) {
     if (colon == std::string::npos || colon == 0 || colon + 1 == dns.size() || dns.find("://") != std::string::npos) {
       return InvalidArgument("--peer-routers-dns: '" + dns + "' is not HOST:PORT");
     }
+  }
+  if (c->gossip.min_gap > c->gossip.interval) {
+    return InvalidArgument("--gossip-min-gap-us must not be longer than --gossip-interval-ms: the heartbeat "
+                           "would send changes sooner than the gap allows");
   }
   if (c->gossip.ttl <= c->gossip.interval) {
     return InvalidArgument("--gossip-ttl-ms must be longer than --gossip-interval-ms: peers would be forgotten "

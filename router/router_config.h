@@ -84,6 +84,8 @@ struct RouterConfig {
   std::vector<std::string> peer_routers;  // --peer-routers: EP,EP,... the peers' gossip endpoints
   int64_t gossip_interval_ms = config::kGossipInterval / kNsPerMs;  // ms between this router's messages
   int64_t gossip_ttl_ms = config::kGossipTtl / kNsPerMs;            // ms a silent peer is kept
+  // us at least between two messages sent on change (--gossip-on-change=false: heartbeat only)
+  int64_t gossip_min_gap_us = config::kGossipMinGap / kNsPerUs;
   // TESTING ONLY (chaos tests): drop this fraction of received KV event batches, as a lossy
   // network would, through router/events/fault_injection.h. 0 in production.
   double debug_drop_events = 0;

@@ -103,6 +103,8 @@ Result<bench::RouterCounters> ScrapeAll(const bench::ReplayOptions& options) {
     for (const auto& [worker, n] : counts.requests_by_worker) sum.requests_by_worker[worker] += n;
     sum.pulls += counts.pulls;
     sum.pulled_blocks += counts.pulled_blocks;
+    sum.gossip_frames += counts.gossip_frames;
+    sum.gossip_bytes += counts.gossip_bytes;
   }
   return sum;
 }
@@ -210,6 +212,8 @@ int RunBench(const BenchArgs& args) {
       }
       r.router_pulls = after->pulls - before->pulls;
       r.router_pulled_blocks = after->pulled_blocks - before->pulled_blocks;
+      r.router_gossip_frames = after->gossip_frames - before->gossip_frames;
+      r.router_gossip_bytes = after->gossip_bytes - before->gossip_bytes;
     }
     std::cerr << "bench: " << r.policy << ": " << r.completed << " completed, " << r.failed << " failed (429 "
               << r.errors_by_status["429"] << ", 503 " << r.errors_by_status["503"] << ", 504 "
@@ -220,6 +224,9 @@ int RunBench(const BenchArgs& args) {
       for (const auto& [worker, n] : r.requests_by_worker_metrics) std::cerr << " " << worker << "=" << n;
     }
     if (r.router_pulls >= 0) std::cerr << "; pulls " << r.router_pulls << " (" << r.router_pulled_blocks << " blocks)";
+    if (r.router_gossip_frames > 0) {
+      std::cerr << "; gossip " << r.router_gossip_frames << " messages, " << r.router_gossip_bytes << " bytes";
+    }
     std::cerr << "\n";
     for (const auto& e : r.error_examples) std::cerr << "bench:   error " << e << "\n";
   }

@@ -165,7 +165,7 @@ std::map<std::string, double> ParseRequestsByWorker(std::string_view text) {
   return out;
 }
 
-double SumCounter(std::string_view text, std::string_view name) {
+double SumCounter(std::string_view text, std::string_view name, std::string_view label) {
   double sum = 0;
   while (!text.empty()) {
     const size_t nl = text.find('\n');
@@ -176,9 +176,10 @@ double SumCounter(std::string_view text, std::string_view name) {
     if (rest[0] == '{') {
       const size_t close = rest.find('}');
       if (close == std::string_view::npos) continue;
+      if (!label.empty() && rest.substr(0, close).find(label) == std::string_view::npos) continue;
       rest = rest.substr(close + 1);
-    } else if (rest[0] != ' ') {
-      continue;  // another metric whose name starts with this one
+    } else if (rest[0] != ' ' || !label.empty()) {
+      continue;  // another metric whose name starts with this one, or a sample without labels
     }
     try {
       sum += std::stod(std::string(rest));
@@ -193,7 +194,9 @@ Result<RouterCounters> ScrapeRouterCounters(const std::string& router_url) {
   KVF_ASSIGN_OR_RETURN(HttpReply reply, HttpGet(router_url, "/metrics", 5.0));
   if (reply.status != 200) return Unavailable("GET /metrics answered " + std::to_string(reply.status));
   return RouterCounters{ParseRequestsByWorker(reply.body), SumCounter(reply.body, "kvfleet_router_pulls_total"),
-                        SumCounter(reply.body, "kvfleet_router_pulled_blocks_total")};
+                        SumCounter(reply.body, "kvfleet_router_pulled_blocks_total"),
+                        SumCounter(reply.body, "kvfleet_router_gossip_frames_total", "direction=\"sent\""),
+                        SumCounter(reply.body, "kvfleet_router_gossip_sent_bytes_total")};
 }
 
 }  // namespace kvfleet::bench

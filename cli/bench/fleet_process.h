@@ -52,8 +52,9 @@ Result<std::string> OnlyModel(const std::string& router_url);
 // kvfleet_router_requests_total{worker="..."} (issue 7's router metric).
 std::map<std::string, double> ParseRequestsByWorker(std::string_view metrics_text);
 
-// The sum of every sample of counter `name` in Prometheus text, whatever its labels (0: none).
-double SumCounter(std::string_view metrics_text, std::string_view name);
+// The sum of every sample of counter `name` in Prometheus text, whatever its other labels, of
+// those whose labels include `label` (e.g. `direction="sent"`; empty: every sample). 0: none.
+double SumCounter(std::string_view metrics_text, std::string_view name, std::string_view label = {});
 
 // What a run is read by from a router's /metrics, before and after it: requests per worker
 // (ParseRequestsByWorker), and the requests sent with a pull hint and the blocks they named.
@@ -61,6 +62,8 @@ struct RouterCounters {
   std::map<std::string, double> requests_by_worker;
   double pulls = 0;          // kvfleet_router_pulls_total
   double pulled_blocks = 0;  // kvfleet_router_pulled_blocks_total
+  double gossip_frames = 0;  // kvfleet_router_gossip_frames_total{direction="sent"}
+  double gossip_bytes = 0;   // kvfleet_router_gossip_sent_bytes_total
 };
 Result<RouterCounters> ScrapeRouterCounters(const std::string& router_url);
 

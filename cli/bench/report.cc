@@ -145,6 +145,8 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
         {"requests_by_worker_router_metrics", r.requests_by_worker_metrics},
         {"router_pulls", r.router_pulls},
         {"router_pulled_blocks", r.router_pulled_blocks},
+        {"router_gossip_frames", r.router_gossip_frames},
+        {"router_gossip_bytes", r.router_gossip_bytes},
         {"ttft_ms", Ms(r.ttft)},
         {"inter_token_ms", Ms(r.itl)},
         {"e2e_ms", Ms(r.e2e)},

@@ -53,6 +53,10 @@ struct RunReport {
   // sent with a pull hint, and the blocks those named (-1: /metrics could not be read).
   double router_pulls = -1;
   double router_pulled_blocks = -1;
+  // kvfleet_router_gossip_frames_total{direction="sent"} and gossip_sent_bytes_total the same
+  // way, summed over the routers: what their gossip cost (-1: /metrics could not be read).
+  double router_gossip_frames = -1;
+  double router_gossip_bytes = -1;
 };
 
 // Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never

@@ -136,11 +136,14 @@ uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
 }
 
 void FleetImpl::CountInflight(WorkerId id, const OwnLoadDelta& delta) {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  if (Record(id) == nullptr) return;
-  WorkerRecord& w = *workers_[id];
-  if (delta.requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(delta.requests));
-  w.own.Add(clock_, delta);
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (Record(id) == nullptr) return;
+    WorkerRecord& w = *workers_[id];
+    if (delta.requests != 0 && w.inflight_gauge) w.inflight_gauge->Increment(static_cast<double>(delta.requests));
+    w.own.Add(clock_, delta);
+  }
+  if (options_.on_own_load_change) options_.on_own_load_change(delta.requests > 0);
 }
 
 void FleetImpl::CountRetry() {

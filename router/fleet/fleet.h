@@ -258,6 +258,10 @@ struct FleetOptions {
   // What the fleet's other routers said over the gossip channel (gossip.h); null: no
   // gossip, this router's own counts alone. Not owned; it must outlive the Fleet.
   const PeerLoads* peers = nullptr;
+  // Called each time this router's own in-flight counts change (Gossip::OwnStateChanged), on
+  // the lane's thread, with no fleet lock held. `routed`: a request was counted on its worker
+  // and is about to be sent there. Null: none.
+  std::function<void(bool routed)> on_own_load_change;
   // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
   size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
   size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }

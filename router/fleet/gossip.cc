@@ -1,9 +1,12 @@
 #include "router/fleet/gossip.h"
 
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -67,11 +70,15 @@ class Gossip::Impl {
     std::random_device rd;
     incarnation_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(clock->Now());
   }
-  ~Impl() { Stop(); }
+  ~Impl() {
+    Stop();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
 
   Status Init(prometheus::Registry* registry);
   void Stop();
   void Loop();
+  void OwnStateChanged(bool routed);
 
   const std::string& endpoint() const { return endpoint_; }
   const std::string& router_id() const { return router_id_; }
@@ -81,7 +88,13 @@ class Gossip::Impl {
  private:
   Status Bind();
   Status ConnectPeers();
-  void Publish();
+  // Publishes now when the gap since the last message allows, else returns when it will.
+  // `heartbeat`: when nothing went out for an interval, else returns when that will be.
+  // Gossip thread only.
+  std::optional<TimeNs> PublishWhenDue(TimeNs now, bool heartbeat);
+  // Reads the state and sends it (or counts it dropped while the channel is down).
+  // REQUIRES: publish_mu_ held, pub_ open.
+  void PublishLocked(TimeNs now);
   // Reads what the SUB holds, at most a bounded batch, applying or refusing each frame.
   void Drain();
   void Receive(const zmq::message_t& frame);
@@ -96,7 +109,16 @@ class Gossip::Impl {
   PeerLoads* peers_;
   const Clock* clock_;
   uint64_t incarnation_ = 0;
-  uint64_t seq_ = 0;  // gossip thread only
+  // Whoever publishes holds it: the gossip thread, or one deciding a route (OwnStateChanged).
+  std::mutex publish_mu_;
+  uint64_t seq_ = 0;             // GUARDED_BY(publish_mu_)
+  TimeNs last_publish_ = 0;      // GUARDED_BY(publish_mu_); the last attempt, sent or not
+  TimeNs next_allowed_ = 0;      // GUARDED_BY(publish_mu_); the gap's end
+  // Own counts changed since the last message read them; a wake-up of the gossip thread is
+  // pending on wake_fd_ (an eventfd), so that a burst of changes writes it once.
+  std::atomic<bool> changed_{false};
+  std::atomic<bool> wake_pending_{false};
+  int wake_fd_ = -1;
   std::string endpoint_;
   std::string router_id_;
   zmq::context_t ctx_{1};
@@ -154,6 +176,8 @@ Status Gossip::Impl::Init(prometheus::Registry* registry) {
                               "this router's load. Give the fleet's gossip key pair (--gossip-keypair), bind a "
                               "loopback address, or pass --gossip-insecure on a network where every host is trusted");
   }
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Internal("gossip: eventfd: " + std::string(strerror(errno)));
   StartZmqThreadsAtLowerPriority(ctx_);
   KVF_RETURN_IF_ERROR(Bind());
   router_id_ = options_.router_id.empty() ? DefaultRouterId(endpoint_) : options_.router_id;
@@ -253,7 +277,23 @@ bool Gossip::Impl::ChannelDown() {
   return true;
 }
 
-void Gossip::Impl::Publish() {
+std::optional<TimeNs> Gossip::Impl::PublishWhenDue(TimeNs now, bool heartbeat) {
+  std::lock_guard<std::mutex> lock(publish_mu_);
+  if (pub_ == nullptr) return std::nullopt;
+  if (heartbeat) {
+    if (now - last_publish_ < options_.interval) return last_publish_ + options_.interval;
+  } else if (now < next_allowed_) {
+    return next_allowed_;
+  }
+  PublishLocked(now);
+  return std::nullopt;
+}
+
+void Gossip::Impl::PublishLocked(TimeNs now) {
+  // Cleared before the state is read: a change from here on is told by the next message.
+  changed_.store(false);
+  last_publish_ = now;
+  next_allowed_ = now + options_.min_gap;
   if (ChannelDown()) return;
   RouterGossip g;
   g.router_id = router_id_;
@@ -261,14 +301,33 @@ void Gossip::Impl::Publish() {
   g.seq = ++seq_;
   source_(&g);
   const std::string frame = EncodeGossip(g);
+  const auto by_bytes = static_cast<DurationNs>(static_cast<double>(frame.size()) / config::kGossipBytesPerSecond *
+                                                static_cast<double>(kNsPerSec));
+  next_allowed_ = now + std::max(options_.min_gap, by_bytes);
   try {
     if (!pub_->send(zmq::buffer(frame), zmq::send_flags::dontwait)) return;
   } catch (const zmq::error_t&) {
-    return;  // nothing to do but try again next interval
+    return;  // nothing to do but try again: the heartbeat
   }
   sent_.fetch_add(1);
   if (frames_sent_ != nullptr) frames_sent_->Increment();
   if (bytes_sent_ != nullptr) bytes_sent_->Increment(static_cast<double>(frame.size()));
+}
+
+void Gossip::Impl::OwnStateChanged(bool routed) {
+  if (!options_.on_change || stopping_.load(std::memory_order_acquire)) return;
+  changed_.store(true);
+  if (routed) {
+    // The peers hear of the decision before its worker does, when the gap allows. A thread
+    // publishing already, or the gap, leaves it to the gossip thread.
+    std::unique_lock<std::mutex> lock(publish_mu_, std::try_to_lock);
+    const TimeNs now = clock_->Now();
+    if (lock.owns_lock() && pub_ != nullptr && now >= next_allowed_) return PublishLocked(now);
+  }
+  if (!wake_pending_.exchange(true)) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
 }
 
 void Gossip::Impl::Receive(const zmq::message_t& frame) {
@@ -316,24 +375,35 @@ void Gossip::Impl::Drain() {
 
 void Gossip::Impl::Loop() {
   LowerThisThreadPriority();
-  TimeNs next = clock_->Now();
+  TimeNs next_tick = clock_->Now();
   while (!stopping_.load(std::memory_order_acquire)) {
-    const TimeNs now = clock_->Now();
-    if (now >= next) {
+    TimeNs now = clock_->Now();
+    if (now >= next_tick) {
       ApplyDnsAnswer();
-      Publish();
       peers_->Expire(now);
       if (peers_gauge_ != nullptr) peers_gauge_->Set(static_cast<double>(peers_->Peers()));
-      next = now + options_.interval;
+      next_tick = now + options_.interval;
     }
-    zmq::pollitem_t item{sub_->handle(), 0, ZMQ_POLLIN, 0};
-    const auto wait_ms = std::max<int64_t>(1, (next - clock_->Now()) / kNsPerMs);
+    TimeNs wake_at = next_tick;
+    if (const std::optional<TimeNs> due = PublishWhenDue(now, /*heartbeat=*/true)) wake_at = std::min(wake_at, *due);
+    if (changed_.load()) {
+      if (const std::optional<TimeNs> due = PublishWhenDue(now, /*heartbeat=*/false)) wake_at = std::min(wake_at, *due);
+    }
+    zmq::pollitem_t items[] = {{sub_->handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    now = clock_->Now();
+    // Rounded up: a gap's end is never polled for early, so this thread does not spin.
+    const auto wait_ms = std::max<int64_t>(0, (wake_at - now + kNsPerMs - 1) / kNsPerMs);
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(wait_ms));
+      zmq::poll(items, 2, std::chrono::milliseconds(wait_ms));
     } catch (const zmq::error_t&) {
       continue;
     }
-    if ((item.revents & ZMQ_POLLIN) != 0) Drain();
+    if ((items[1].revents & ZMQ_POLLIN) != 0) {
+      uint64_t count = 0;
+      (void)!::read(wake_fd_, &count, sizeof(count));
+      wake_pending_.store(false);  // then changed_ is read again at the top: none is missed
+    }
+    if ((items[0].revents & ZMQ_POLLIN) != 0) Drain();
   }
 }
 
@@ -342,7 +412,10 @@ void Gossip::Impl::Stop() {
   stopping_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();
   sub_.reset();
-  pub_.reset();
+  {
+    std::lock_guard<std::mutex> lock(publish_mu_);  // a deciding thread may be publishing
+    pub_.reset();
+  }
   zap_.reset();
 }
 
@@ -360,5 +433,6 @@ const std::string& Gossip::endpoint() const { return impl_->endpoint(); }
 const std::string& Gossip::router_id() const { return impl_->router_id(); }
 uint64_t Gossip::sent() const { return impl_->sent(); }
 uint64_t Gossip::applied() const { return impl_->applied(); }
+void Gossip::OwnStateChanged(bool routed) { impl_->OwnStateChanged(routed); }
 
 }  // namespace kvfleet::router

@@ -4,10 +4,14 @@
 //
 // Each router binds one PUB socket and connects one SUB socket to every peer's PUB (the
 // --peer-routers list; its own endpoint there is skipped, so every router of a fleet can
-// take the same list; and every address of --peer-routers-dns, re-resolved periodically). Every `interval` it publishes its whole state, read from `source`,
-// and forgets peers not heard for `ttl` (PeerLoads::Expire). What it reads is checked
-// (DecodeGossip, then PeerLoads::Apply); a refused frame is counted by reason in
-// kvfleet_router_gossip_refused_total and never applied.
+// take the same list; and every address of --peer-routers-dns, re-resolved periodically).
+// It publishes its whole state, read from `source`, whenever its own counts change
+// (OwnStateChanged), at most once per gap (config::kGossipMinGap; changes meanwhile go out
+// together at the gap's end), and after `interval` without a message, as a heartbeat. A
+// routing decision is published on the deciding thread, before the request goes to its
+// worker, when the gap allows. Every `interval` it forgets peers not heard for `ttl`
+// (PeerLoads::Expire). What it reads is checked (DecodeGossip, then PeerLoads::Apply); a
+// refused frame is counted by reason in kvfleet_router_gossip_refused_total, never applied.
 //
 // With a key pair (GossipOptions::keypair_file, one per fleet, `kvfleet keygen`) the channel
 // is CURVE: every PUB is a CURVE server with the fleet's gossip key, which every SUB
@@ -15,8 +19,9 @@
 // SUB only ever reads the PUBs it connected to. Without keys the PUB binds only a loopback
 // or ipc address, unless `insecure`.
 //
-// Thread safety: thread-safe; one thread of its own, which calls `source` and writes the
-// PeerLoads. Owned by the router's main; stop it before what `source` reads.
+// Thread safety: thread-safe; one thread of its own, which writes the PeerLoads. `source` is
+// called on that thread, or on a thread calling OwnStateChanged(routed), never two at once.
+// Owned by the router's main; stop it before what `source` reads.
 #pragma once
 
 #include <atomic>
@@ -39,12 +44,25 @@ class Registry;
 namespace kvfleet::router {
 
 namespace config {
-// A router publishes its state this often: a peer's counts are at most this (and the
-// network's delay) older than its own. What it must be short against is the time between two
-// routers' choices of one worker, not a load report's 200-250 ms: at 50 ms, four routers
-// facing a Mooncake burst sent requests behind each other's (mean TTFT +34% against one
-// router on a quiet host); at 10 ms +3-11% (tests/bench/results/2026-11-30-routers-quiet-host.txt).
+// A router that sent nothing for this long sends its state anyway: the heartbeat that keeps
+// an idle router from being forgotten, and the most a lost message leaves a peer behind.
+// Before changes were sent as they happen (kGossipMinGap) this was the only period: at 50 ms,
+// four routers facing a Mooncake burst sent requests behind each other's (mean TTFT +34%
+// against one router on a quiet host); at 10 ms +3-11%, still +11% at 0.9x load
+// (tests/bench/results/2026-11-30-routers-quiet-host.txt).
 inline constexpr DurationNs kGossipInterval = 10 * kNsPerMs;
+// Messages sent on change are at least this far apart; changes meanwhile go out together at
+// the gap's end. A peer's counts are then at most ~1-2 ms (and the network's delay) behind,
+// short against the time between two routers' choices of one worker (about 70 ms per router
+// in a Mooncake run on 8 workers), while a router sends at most 1,000 messages/s, each ~500
+// bytes for a small fleet: ~1 us of a peer's gossip thread to decode.
+inline constexpr DurationNs kGossipMinGap = kNsPerMs;
+// ...and at most this many bytes per second: the gap after a frame of B bytes is at least
+// B / this. A small fleet's frames never reach it (8 KB a message: ~140 busy workers); 1,000
+// busy workers (56-64 KB) go out every 7-8 ms, 1.4x the 10 ms heartbeat's bytes, so that each
+// peer decodes ~140 such frames/s from each router (~1 ms each on a loaded 2-core host), not
+// 1,000.
+inline constexpr double kGossipBytesPerSecond = 8e6;
 // A peer not heard for this long is forgotten: 100 intervals, so a few lost frames or a
 // slow scheduler do not drop it, yet a dead router's requests stop counting within a second.
 inline constexpr DurationNs kGossipTtl = kNsPerSec;
@@ -64,7 +82,11 @@ struct GossipOptions {
   DurationNs dns_interval = 10 * kNsPerSec;
   // This router's name on the channel, unique in the fleet; empty: the bound endpoint.
   std::string router_id;
-  DurationNs interval = config::kGossipInterval;
+  DurationNs interval = config::kGossipInterval;  // heartbeat: a message after this long without one
+  // Send on change (OwnStateChanged), at most once per `min_gap` (and kGossipBytesPerSecond).
+  // false: only the heartbeat, every `interval`.
+  bool on_change = true;
+  DurationNs min_gap = config::kGossipMinGap;
   DurationNs ttl = config::kGossipTtl;  // as the PeerLoads it writes was made with
   std::string keypair_file;  // the fleet's gossip key pair (common/curve_keys.h); empty: no CURVE
   bool insecure = false;     // without keys, bind an address other hosts reach anyway
@@ -90,6 +112,12 @@ class Gossip {
   Gossip(const Gossip&) = delete;
   Gossip& operator=(const Gossip&) = delete;
 
+  // This router's own counts changed (a request counted on a worker, its first token, its
+  // end): publish soon, within the gap. `routed`: a request was just counted on its worker
+  // and is about to be sent: publish now, on this thread, when the gap allows and no other
+  // thread is publishing. Any thread; cheap when the gap holds it back; a no-op once stopped.
+  // REQUIRES: the caller holds no lock `source` takes.
+  void OwnStateChanged(bool routed);
   // Joins the thread and closes the sockets. Idempotent.
   void Stop();
   // The PUB endpoint as bound (the port filled in when it was 0 or *).

@@ -181,19 +181,28 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
   }
   uint64_t attempt = next_attempt_++;
   std::string frame = EncodeGenerate(attempt, f.prefilling ? PrefillOnly(f.request.params) : f.request.params);
+  // Counted before it is sent: the peer routers hear of it (FleetOptions::on_own_load_change,
+  // gossip) before the worker does, and route their next request knowing it.
+  const OwnLoadDelta counted{1, 1, static_cast<int64_t>(f.prefill_tokens), static_cast<int64_t>(f.whole_prompt)};
+  fleet_->CountInflight(worker, counted);
+  Status failed = Status::Ok();
   try {
     if (!p->dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait)) {
-      return FailOver(handle, Unavailable("worker " + fleet_->WorkerName(worker) + " is not accepting requests"));
+      failed = Unavailable("worker " + fleet_->WorkerName(worker) + " is not accepting requests");
     }
   } catch (const zmq::error_t& e) {
-    return FailOver(handle, Unavailable(std::string("send failed: ") + e.what()));
+    failed = Unavailable(std::string("send failed: ") + e.what());
+  }
+  if (!failed.ok()) {
+    fleet_->CountInflight(worker,
+                          {-counted.requests, -counted.waiting, -counted.prefill_tokens, -counted.prompt_tokens});
+    return FailOver(handle, failed);
   }
   f.attempt_id = attempt;
   f.finished = 0;
   f.failures_at_send = fleet_->Failures(worker, nullptr);
   f.first_token_deadline = fleet_->clock()->Now() + options_.first_token_timeout;
   attempts_[attempt] = handle;
-  fleet_->CountInflight(worker, {1, 1, f.prefill_tokens, f.whole_prompt});
   AfterSend(worker);
 }
 

@@ -249,6 +249,25 @@ TEST_CASE("gossip options: a peer list turns gossip on, and each contradiction n
   CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-keypair", "/no/such/file"}) != "(ok)");
 }
 
+TEST_CASE("gossip options: changes are sent at once, at most one per --gossip-min-gap-us, unless turned off") {
+  RouterConfig c;
+  REQUIRE(Parse({"--peer-routers", "tcp://127.0.0.1:5561"}, &c).ok());
+  CHECK(c.gossip.on_change);
+  CHECK(c.gossip.min_gap == config::kGossipMinGap);
+  RouterConfig off;
+  REQUIRE(Parse({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-on-change=false", "--gossip-min-gap-us", "250"},
+                &off)
+              .ok());
+  CHECK_FALSE(off.gossip.on_change);
+  CHECK(off.gossip.min_gap == 250 * kNsPerUs);
+  CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-min-gap-us", "-1"}).find("--gossip-min-gap-us") !=
+        std::string::npos);
+  CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-min-gap-us", "20000"})
+            .find("--gossip-min-gap-us") != std::string::npos);
+  CHECK(ErrorOf({"--peer-routers", "tcp://127.0.0.1:5561", "--gossip-on-change", "maybe"}).find("--gossip-on-change") !=
+        std::string::npos);
+}
+
 TEST_CASE("gossip options: --peer-routers-dns alone turns gossip on; --debug-drop-gossip needs a channel") {
   RouterConfig c;
   REQUIRE(Parse({"--peer-routers-dns", "kvfleet-router-gossip:5560", "--dns-interval-s", "2", "--debug-drop-gossip",

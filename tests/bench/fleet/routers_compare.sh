@@ -14,7 +14,10 @@
 # "one gossip none") the named fleets; KVFLEET_ROUTER_EXTRA adds kvfleet-router arguments to every
 # router (e.g. "--gossip-interval-ms 10");
 # KVFLEET_BENCH_PORT (default 27000) is the first of 300 ports used. Prints one table per
-# trace and load (the bench's own), JSON under OUT_DIR.
+# trace and load (the bench's own), JSON under OUT_DIR, where router_gossip_frames and
+# router_gossip_bytes are what the routers' gossip sent during the run (summed over them).
+# Gossip is sent on change by default; KVFLEET_ROUTER_EXTRA="--gossip-on-change=false" gives
+# the timer alone (every --gossip-interval-ms), as before 2026-11-30.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

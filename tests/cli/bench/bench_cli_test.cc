@@ -274,5 +274,16 @@ TEST_CASE("a counter's samples are summed over their labels; a longer name is an
   CHECK(SumCounter(text, "kvfleet_router_absent_total") == 0);
 }
 
+TEST_CASE("a counter's samples are summed over those with one label, e.g. the gossip frames sent") {
+  const std::string text =
+      "kvfleet_router_gossip_frames_total{direction=\"applied\"} 30\n"
+      "kvfleet_router_gossip_frames_total{direction=\"sent\"} 12\n"
+      "kvfleet_router_gossip_frames_total 5\n"
+      "kvfleet_router_gossip_frames_total_other{direction=\"sent\"} 100\n";
+  CHECK(SumCounter(text, "kvfleet_router_gossip_frames_total", "direction=\"sent\"") == 12);
+  CHECK(SumCounter(text, "kvfleet_router_gossip_frames_total", "direction=\"lost\"") == 0);
+  CHECK(SumCounter(text, "kvfleet_router_gossip_frames_total") == 47);
+}
+
 }  // namespace
 }  // namespace kvfleet::bench

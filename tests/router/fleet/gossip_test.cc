@@ -2,6 +2,8 @@
 // in-flight counts reach the other, a router that stops is forgotten within the ttl, garbage
 // and forged frames are refused and counted, and with a gossip key only its holders take part.
 // Two Fleets sharing one worker: a request in flight from one is load the other routes on.
+// Sent on change: with a heartbeat of 10 s, a change reaches the peer at once, a burst of
+// changes goes out in at most two messages, and a peer that goes quiet is still forgotten.
 #include "router/fleet/gossip.h"
 
 #include <chrono>
@@ -24,17 +26,29 @@ namespace {
 using testing::FakeWorker;
 using testing::WaitFor;
 
-double Refused(prometheus::Registry& registry, const std::string& reason) {
+double Counter(prometheus::Registry& registry, const std::string& name, const std::string& label_name,
+               const std::string& label_value) {
   for (const auto& family : registry.Collect()) {
-    if (family.name != "kvfleet_router_gossip_refused_total") continue;
+    if (family.name != name) continue;
     for (const auto& m : family.metric) {
       for (const auto& label : m.label) {
-        if (label.name == "reason" && label.value == reason) return m.counter.value;
+        if (label.name == label_name && label.value == label_value) return m.counter.value;
       }
     }
   }
   return 0;
 }
+
+double Refused(prometheus::Registry& registry, const std::string& reason) {
+  return Counter(registry, "kvfleet_router_gossip_refused_total", "reason", reason);
+}
+
+double FramesSent(prometheus::Registry& registry) {
+  return Counter(registry, "kvfleet_router_gossip_frames_total", "direction", "sent");
+}
+
+// A heartbeat far longer than any wait here: what a peer hears within one was sent on change.
+constexpr DurationNs kLongInterval = 10 * kNsPerSec;
 
 // Short periods, so that a router that stops is forgotten within the test's bounded waits.
 GossipOptions Options(std::vector<std::string> peers = {}) {
@@ -132,6 +146,92 @@ TEST_CASE("with the gossip channel down each router goes on alone, and merges it
   CHECK(b_peers.WorkRate("m") == 250);
   CHECK(faults->dropped() > 0);
   a_peers.CheckInvariants();
+  b_peers.CheckInvariants();
+}
+
+TEST_CASE("sent on change: a peer hears a change at once, not at the next heartbeat") {
+  std::atomic<uint32_t> requests{0}, none{0};
+  PeerLoads a_peers(30 * kNsPerSec), b_peers(30 * kNsPerSec);
+  GossipOptions ao = Options();
+  ao.interval = kLongInterval;
+  auto a = Gossip::Start(ao, Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a.ok());
+  GossipOptions bo = Options({(*a)->endpoint()});
+  bo.interval = kLongInterval;
+  auto b = Gossip::Start(bo, Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  // a's first heartbeat went out before b subscribed: b hears a only by what a sends on change.
+  REQUIRE(WaitFor([&] {
+    (*a)->OwnStateChanged(false);
+    return b_peers.Peers() == 1;
+  }));
+  requests = 3;
+  (*a)->OwnStateChanged(false);  // a first token or an end: the gossip thread sends it
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 3; }));
+  requests = 4;
+  (*a)->OwnStateChanged(true);  // a decision: sent on this thread, or after the gap by the gossip thread
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 4; }));
+  // A worker a has nothing on is left out of its message; the peer drops it with that message.
+  requests = 0;
+  (*a)->OwnStateChanged(false);
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 0; }));
+  CHECK(b_peers.Peers() == 1);
+  CHECK((*b)->applied() >= 4);
+  b_peers.CheckInvariants();
+}
+
+TEST_CASE("a burst of changes within the gap goes out in at most two messages, the newest state last") {
+  prometheus::Registry registry;
+  std::atomic<uint32_t> requests{0}, none{0};
+  PeerLoads a_peers(30 * kNsPerSec), b_peers(30 * kNsPerSec);
+  GossipOptions ao = Options();
+  ao.interval = kLongInterval;
+  ao.min_gap = kNsPerSec;  // far longer than the burst takes
+  auto a = Gossip::Start(ao, Says(&requests), &a_peers, SystemClock::Default(), &registry);
+  REQUIRE(a.ok());
+  GossipOptions bo = Options({(*a)->endpoint()});
+  bo.interval = kLongInterval;
+  auto b = Gossip::Start(bo, Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  REQUIRE(WaitFor(
+      [&] {
+        (*a)->OwnStateChanged(false);
+        return b_peers.Peers() == 1;
+      },
+      20000));
+  const double sent = FramesSent(registry);
+  const uint64_t applied = (*b)->applied();
+  // Decisions, first tokens and ends: the first may go out at once, the others wait for the
+  // gap's end and go out together.
+  for (uint32_t i = 1; i <= 1000; ++i) {
+    requests = i;
+    (*a)->OwnStateChanged(i % 3 == 0);
+  }
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 1000; }));
+  CHECK(FramesSent(registry) - sent >= 1);
+  CHECK(FramesSent(registry) - sent <= 2);
+  CHECK((*b)->applied() - applied <= 2);
+  CHECK(static_cast<double>((*a)->sent()) == FramesSent(registry));
+}
+
+TEST_CASE("a peer that sends on change and then goes quiet is forgotten at the ttl, and heard at its next change") {
+  std::atomic<uint32_t> requests{2}, none{0};
+  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
+  GossipOptions ao = Options();
+  ao.interval = kLongInterval;  // a's heartbeat never comes within the test: a dead router's silence
+  auto a = Gossip::Start(ao, Says(&requests), &a_peers, SystemClock::Default(), nullptr);
+  REQUIRE(a.ok());
+  auto b = Gossip::Start(Options({(*a)->endpoint()}), Says(&none), &b_peers, SystemClock::Default(), nullptr);
+  REQUIRE(b.ok());
+  REQUIRE(WaitFor([&] {
+    (*a)->OwnStateChanged(false);
+    return b_peers.Load("w").requests == 2;
+  }));
+  CHECK(WaitFor([&] { return b_peers.Peers() == 0; }));  // b expires it every 10 ms
+  CHECK(b_peers.Load("w") == OwnLoadCounts{});
+  requests = 5;
+  (*a)->OwnStateChanged(true);
+  CHECK(WaitFor([&] { return b_peers.Load("w").requests == 5; }));
   b_peers.CheckInvariants();
 }
 
@@ -264,16 +364,22 @@ TEST_CASE("gossip without keys binds only loopback unless told the network is tr
 TEST_CASE("two routers sharing a worker: one's request in flight is load the other routes on") {
   FakeWorker worker;
   worker.set_mode(FakeWorker::Mode::kHang);  // the request stays in flight
-  PeerLoads a_peers(300 * kNsPerMs), b_peers(300 * kNsPerMs);
-  auto start_fleet = [&](PeerLoads* peers) {
+  PeerLoads a_peers(30 * kNsPerSec), b_peers(30 * kNsPerSec);
+  std::atomic<Gossip*> a_tells{nullptr};  // router a's gossip, told of each change of a's counts
+  auto start_fleet = [&](PeerLoads* peers, bool tells) {
     FleetOptions o;
     o.registration_endpoint = "";
     o.static_workers = {worker.endpoint()};
     o.static_model = "m";
     o.peers = peers;
+    if (tells) {
+      o.on_own_load_change = [&a_tells](bool routed) {
+        if (Gossip* g = a_tells.load()) g->OwnStateChanged(routed);
+      };
+    }
     return std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
   };
-  std::unique_ptr<Fleet> fleet_a = start_fleet(&a_peers), fleet_b = start_fleet(&b_peers);
+  std::unique_ptr<Fleet> fleet_a = start_fleet(&a_peers, true), fleet_b = start_fleet(&b_peers, false);
   auto routable = [](const Fleet& fleet) {
     auto m = fleet.FindModel("m");
     return m && m->routable.size() == 1;
@@ -284,11 +390,20 @@ TEST_CASE("two routers sharing a worker: one's request in flight is load the oth
       for (const auto& [name, own] : fleet->OwnLoadsByName()) out->workers.push_back(ToGossipWorker(name, own));
     };
   };
-  auto gossip_a = Gossip::Start(Options(), source_of(fleet_a.get()), &a_peers, SystemClock::Default(), nullptr);
+  // Heartbeats of 10 s: what b hears of a's request within the test, a sent on change.
+  GossipOptions ao = Options();
+  ao.interval = kLongInterval;
+  auto gossip_a = Gossip::Start(ao, source_of(fleet_a.get()), &a_peers, SystemClock::Default(), nullptr);
   REQUIRE(gossip_a.ok());
-  auto gossip_b = Gossip::Start(Options({(*gossip_a)->endpoint()}), source_of(fleet_b.get()), &b_peers,
-                                SystemClock::Default(), nullptr);
+  a_tells = gossip_a->get();
+  GossipOptions bo = Options({(*gossip_a)->endpoint()});
+  bo.interval = kLongInterval;
+  auto gossip_b = Gossip::Start(bo, source_of(fleet_b.get()), &b_peers, SystemClock::Default(), nullptr);
   REQUIRE(gossip_b.ok());
+  REQUIRE(WaitFor([&] {
+    (*gossip_a)->OwnStateChanged(false);
+    return b_peers.Peers() == 1;
+  }));
 
   ForwardRequest r;
   r.worker = 0;
@@ -316,6 +431,7 @@ TEST_CASE("two routers sharing a worker: one's request in flight is load the oth
   CHECK(WaitFor([&] { return fleet_b->PeerLoad(0).requests == 0; }));
   (*gossip_b)->Stop();
   (*gossip_a)->Stop();
+  a_tells = nullptr;
   fleet_a->Stop();
   fleet_b->Stop();
 }
