@@ -123,6 +123,11 @@ bool FleetImpl::Routable(WorkerId id) const {
   return Record(id) != nullptr && !workers_[id]->removed.load() && Routable(*workers_[id]);
 }
 
+bool FleetImpl::Serving(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr && !workers_[id]->removed.load() && Serving(*workers_[id]);
+}
+
 uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (Record(id) == nullptr) {
@@ -155,8 +160,11 @@ std::string FleetImpl::WorkerName(WorkerId id) const {
 // --- internals ---
 
 bool FleetImpl::Routable(const WorkerRecord& w) const {
-  if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
-  if (w.refused.load(std::memory_order_relaxed)) return false;
+  return !w.said_bye.load(std::memory_order_relaxed) && Serving(w);
+}
+
+bool FleetImpl::Serving(const WorkerRecord& w) const {
+  if (!w.connected.load(std::memory_order_relaxed) || w.refused.load(std::memory_order_relaxed)) return false;
   return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
 }
 
