@@ -284,6 +284,7 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
     retired_failures_.erase(retired);
   }
   WorkerRecord* w = record.get();
+  if (options_.peers != nullptr) options_.peers->NameWorker(w->id, hello.name);
   workers_[w->id] = std::move(record);
   ++records_;
   by_endpoint_[hello.requests_endpoint] = w->id;
@@ -328,6 +329,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
     log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
   }
   MoveDevice(w.id, w.info.device_id, merged.device_id);
+  if (options_.peers != nullptr && w.info.name != merged.name) options_.peers->NameWorker(w.id, merged.name);
   w.info = merged;
   SetTransfer(w, merged);
   w.said_bye = false;

@@ -256,8 +256,9 @@ struct FleetOptions {
   // approx policy's predicted entries by id, Api::ForgetWorker's series by name).
   std::function<void(WorkerId id, const std::string& name, bool last_of_name)> on_forgotten;
   // What the fleet's other routers said over the gossip channel (gossip.h); null: no
-  // gossip, this router's own counts alone. Not owned; it must outlive the Fleet.
-  const PeerLoads* peers = nullptr;
+  // gossip, this router's own counts alone. Not owned; it must outlive the Fleet, which tells
+  // it the name of each of its worker ids (PeerLoads::NameWorker).
+  PeerLoads* peers = nullptr;
   // ZeroMQ sockets each worker costs the fleet's context, and the context's limit.
   size_t SocketsPerWorker() const { return config::kFleetSocketsPerWorker + lanes; }
   size_t MaxSockets() const { return SocketsPerWorker() * max_workers + config::kFleetSocketHeadroom; }
