@@ -165,15 +165,6 @@ OwnLoadCounts PeerLoads::LoadAt(std::string_view worker, TimeNs at) const {
   return it == sums_.end() ? OwnLoadCounts{} : it->second.history.At(at, it->second.now);
 }
 
-void PeerLoads::LoadNowAndAt(std::string_view worker, std::optional<TimeNs> at, OwnLoadCounts* now,
-                             OwnLoadCounts* then) const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  auto it = sums_.find(worker);
-  if (it == sums_.end()) return;
-  *now = it->second.now;
-  if (at) *then = it->second.history.At(*at, it->second.now);
-}
-
 double PeerLoads::WorkRate(std::string_view model) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   double rate = 0;

@@ -78,9 +78,6 @@ class PeerLoads {
   // Those counts as they stood at `at` (the router's clock): what a load report received then
   // already counted of the peers' requests (router/routing/router.h, AddLoad).
   OwnLoadCounts LoadAt(std::string_view worker, TimeNs at) const;
-  // Load() into *now and, when `at` is set, LoadAt(*at) into *then, with one lookup under one
-  // lock: routing reads both for every candidate.
-  void LoadNowAndAt(std::string_view worker, std::optional<TimeNs> at, OwnLoadCounts* now, OwnLoadCounts* then) const;
   // The live peers' routed work on `model`, uncached prefill tokens per second, summed.
   double WorkRate(std::string_view model) const;
 
@@ -94,8 +91,8 @@ class PeerLoads {
   class Reader {
    public:
     explicit Reader(const PeerLoads& loads) : loads_(loads), lock_(loads.mu_) {}
-    // LoadNowAndAt of the name the worker `id` has (NameWorker): nothing written when no peer
-    // counts it.
+    // Load() of the name the worker `id` has (NameWorker) into *now and, when `at` is set,
+    // LoadAt(*at) into *then; nothing written when no peer counts it.
     void NowAndAt(WorkerId id, std::optional<TimeNs> at, OwnLoadCounts* now, OwnLoadCounts* then) const;
 
    private:
