@@ -123,11 +123,6 @@ bool FleetImpl::Routable(WorkerId id) const {
   return Record(id) != nullptr && !workers_[id]->removed.load() && Routable(*workers_[id]);
 }
 
-bool FleetImpl::Serving(WorkerId id) const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  return Record(id) != nullptr && !workers_[id]->removed.load() && Serving(*workers_[id]);
-}
-
 uint64_t FleetImpl::Failures(WorkerId id, std::string* why) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (Record(id) == nullptr) {

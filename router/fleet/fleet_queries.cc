@@ -164,6 +164,11 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
   return out;
 }
 
+bool FleetImpl::Serving(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr && !workers_[id]->removed.load() && Serving(*workers_[id]);
+}
+
 Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (Record(id) == nullptr) return {};
@@ -185,23 +190,15 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
   // once warm it allocates nothing here and copies each report once, from the event plane.
   out->resize(ids.size());
   for (WorkerLoads::LoadView& v : *out) {
-    std::optional<WorkerLoad> report = std::move(v.report);
     std::vector<WorkerId> mates = std::move(v.device_mates);
     mates.clear();
     v = WorkerLoads::LoadView{};
-    v.report = std::move(report);
     v.device_mates = std::move(mates);
   }
   if (signals_ != nullptr) {
     signals_->VisitLoads(ids, [out](size_t i, const WorkerLoad* load) {
-      if (load != nullptr) {
-        (*out)[i].report = *load;
-      } else {
-        (*out)[i].report.reset();
-      }
+      if (load != nullptr) (*out)[i].report = *load;
     });
-  } else {
-    for (WorkerLoads::LoadView& v : *out) v.report.reset();
   }
   std::shared_lock<std::shared_mutex> lock(mu_);
   std::optional<PeerLoads::Reader> peers;  // one lock for the lot, and each worker's sums by its id
