@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -66,11 +67,15 @@ class WorkerSignals {
   // kUnknown for a worker whose events are not followed.
   virtual WorkerState State(WorkerId id) const = 0;
   virtual std::optional<WorkerLoad> Load(WorkerId id) const = 0;
-  // Load() of each of `ids`, in order: routing reads every candidate's at once, and an
-  // implementation with a lock takes it once for the lot.
-  virtual void Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const {
-    out->clear();
-    for (WorkerId id : ids) out->push_back(Load(id));
+  // Calls fn(i, load) for each of `ids`, in order, with Load(ids[i]) (null: none): routing
+  // reads every candidate's at once and copies each straight into its own view, so an
+  // implementation with a lock takes it once for the lot. fn must not call back in.
+  virtual void VisitLoads(std::span<const WorkerId> ids,
+                          const std::function<void(size_t i, const WorkerLoad* load)>& fn) const {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::optional<WorkerLoad> load = Load(ids[i]);
+      fn(i, load ? &*load : nullptr);
+    }
   }
 };
 

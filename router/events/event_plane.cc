@@ -38,6 +38,7 @@ constexpr DurationNs kSlowTurn = 200 * kNsPerMs;
 EventPlane::Impl::Impl(const EventPlaneOptions& options, Clock* clock, prometheus::Registry* metrics)
     : options_(options), clock_(clock), index_(options.index, clock), ctx_(1) {
   KVF_CHECK(metrics != nullptr);
+  for (auto& s : states_) s.store(WorkerState::kUnknown, std::memory_order_relaxed);
   auto& r = *metrics;
   f_applied_ = &prometheus::BuildCounter()
                     .Name("kvfleet_router_events_applied_total")
@@ -229,6 +230,7 @@ void EventPlane::Impl::Remove(WorkerId id) {
   workers_.erase(it);
   std::lock_guard lock(view_mu_);
   views_.erase(id);
+  SetState(id, WorkerState::kUnknown);
 }
 
 void EventPlane::Impl::HandleCommand(Command& c) {
@@ -332,6 +334,7 @@ void EventPlane::Impl::RefreshView(const Entry& e) {
   v.stats.buffered_batches = e.sub->buffered();
   v.stats.index_blocks = {index_.BlockCount(e.id, kv::Tier::kDevice), index_.BlockCount(e.id, kv::Tier::kHost)};
   std::lock_guard lock(view_mu_);
+  SetState(e.id, v.state);
   views_[e.id] = std::move(v);
 }
 

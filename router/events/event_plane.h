@@ -146,10 +146,12 @@ class EventPlane final : public WorkerSignals {
   // Unsubscribes and drops the worker's blocks from the index.
   void RemoveWorker(WorkerId id) override;
 
-  // kUnknown for a worker not subscribed to (never added, refused, or removed).
+  // kUnknown for a worker not subscribed to (never added, refused, or removed). Takes no
+  // lock: routing asks it of every worker of a model per decision (Fleet::Resolve).
   WorkerState State(WorkerId id) const override;
   std::optional<WorkerLoad> Load(WorkerId id) const override;
-  void Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const override;
+  void VisitLoads(std::span<const WorkerId> ids,
+                  const std::function<void(size_t i, const WorkerLoad* load)>& fn) const override;
   std::vector<WorkerEventStats> Stats() const;
 
   const GlobalIndex& index() const;

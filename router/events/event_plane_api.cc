@@ -38,6 +38,7 @@ Status EventPlane::AddWorker(WorkerId id, const std::string& worker_name, const 
     auto& v = impl_->views_[id];
     v.stats.id = id;
     v.stats.name = worker_name;
+    impl_->SetState(id, v.state);
   }
   return Status::Ok();
 }
@@ -59,9 +60,7 @@ void EventPlane::RemoveWorker(WorkerId id) {
 }
 
 WorkerState EventPlane::State(WorkerId id) const {
-  std::shared_lock lock(impl_->view_mu_);
-  auto it = impl_->views_.find(id);
-  return it == impl_->views_.end() ? WorkerState::kUnknown : it->second.state;
+  return id < config::kMaxWorkers ? impl_->states_[id].load(std::memory_order_relaxed) : WorkerState::kUnknown;
 }
 
 std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
@@ -71,13 +70,12 @@ std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
   return it->second.load;
 }
 
-void EventPlane::Loads(std::span<const WorkerId> ids, std::vector<std::optional<WorkerLoad>>* out) const {
-  out->clear();
-  out->reserve(ids.size());
+void EventPlane::VisitLoads(std::span<const WorkerId> ids,
+                            const std::function<void(size_t i, const WorkerLoad* load)>& fn) const {
   std::shared_lock lock(impl_->view_mu_);
-  for (WorkerId id : ids) {
-    auto it = impl_->views_.find(id);
-    out->push_back(it == impl_->views_.end() ? std::nullopt : it->second.load);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = impl_->views_.find(ids[i]);
+    fn(i, it == impl_->views_.end() || !it->second.load ? nullptr : &*it->second.load);
   }
 }
 

@@ -5,6 +5,8 @@
 // Thread safety: as EventPlane's; members marked for the event thread are that thread's alone.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -64,6 +66,12 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   GlobalIndex index_;
   mutable std::shared_mutex view_mu_;  // the HTTP threads read views while the event thread writes
   std::unordered_map<WorkerId, View> views_;
+  // By id: views_[id].state, kUnknown without a view. Stored under view_mu_ with views_ (SetState)
+  // and read without it (EventPlane::State): a state read a moment late is one routing could
+  // have read anyway.
+  std::array<std::atomic<WorkerState>, config::kMaxWorkers> states_;
+  // REQUIRES: view_mu_ held exclusively; id < config::kMaxWorkers.
+  void SetState(WorkerId id, WorkerState state) { states_[id].store(state, std::memory_order_relaxed); }
   Status status_;  // set by the constructor
   std::atomic<size_t> replay_sockets_{0};
 

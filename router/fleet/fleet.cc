@@ -158,8 +158,11 @@ std::string FleetImpl::WorkerName(WorkerId id) const {
 // --- internals ---
 
 bool FleetImpl::Routable(const WorkerRecord& w) const {
-  if (!w.connected.load(std::memory_order_relaxed) || w.said_bye.load(std::memory_order_relaxed)) return false;
-  if (w.refused.load(std::memory_order_relaxed)) return false;
+  return !w.said_bye.load(std::memory_order_relaxed) && Serving(w);
+}
+
+bool FleetImpl::Serving(const WorkerRecord& w) const {
+  if (!w.connected.load(std::memory_order_relaxed) || w.refused.load(std::memory_order_relaxed)) return false;
   return signals_ == nullptr || signals_->State(w.id) != WorkerState::kDead;
 }
 
@@ -279,6 +282,7 @@ WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEn
     retired_failures_.erase(retired);
   }
   WorkerRecord* w = record.get();
+  if (options_.peers != nullptr) options_.peers->NameWorker(w->id, hello.name);
   workers_[w->id] = std::move(record);
   ++records_;
   by_endpoint_[hello.requests_endpoint] = w->id;
@@ -323,6 +327,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
     log->info("worker {} serves LoRA adapters [{}]", hello.name, names);
   }
   MoveDevice(w.id, w.info.device_id, merged.device_id);
+  if (options_.peers != nullptr && w.info.name != merged.name) options_.peers->NameWorker(w.id, merged.name);
   w.info = merged;
   SetTransfer(w, merged);
   w.said_bye = false;

@@ -256,8 +256,9 @@ struct FleetOptions {
   // approx policy's predicted entries by id, Api::ForgetWorker's series by name).
   std::function<void(WorkerId id, const std::string& name, bool last_of_name)> on_forgotten;
   // What the fleet's other routers said over the gossip channel (gossip.h); null: no
-  // gossip, this router's own counts alone. Not owned; it must outlive the Fleet.
-  const PeerLoads* peers = nullptr;
+  // gossip, this router's own counts alone. Not owned; it must outlive the Fleet, which tells
+  // it the name of each of its worker ids (PeerLoads::NameWorker).
+  PeerLoads* peers = nullptr;
   // Called each time this router's own in-flight counts change (Gossip::OwnStateChanged), on
   // the lane's thread, with no fleet lock held. `routed`: a request was counted on its worker
   // and is about to be sent there. Null: none.

@@ -107,6 +107,7 @@ void FleetImpl::Forget(WorkerId id, const std::string& why) {
                                     (other->info.name == w->info.name || other->inflight_gauge == w->inflight_gauge));
     }
     retired_failures_[id] = w->failures.load() + 1;  // requests still sent there fail over
+    if (options_.peers != nullptr) options_.peers->NameWorker(id, "");
     record = std::move(workers_[id]);
     --records_;
     free_ids_.insert(id);

@@ -112,6 +112,7 @@ class FleetImpl final : public LaneFleet {
   std::vector<WorkerEndpoint> Endpoints() const override;
   std::unique_ptr<zmq::socket_t> NewDealer() override;  // fleet_connections.cc
   bool Routable(WorkerId id) const override;
+  bool Serving(WorkerId id) const override;
   uint64_t Failures(WorkerId id, std::string* why) const override;
   void CountInflight(WorkerId id, const OwnLoadDelta& delta) override;
   void CountRetry() override;
@@ -172,6 +173,8 @@ class FleetImpl final : public LaneFleet {
   };
 
   bool Routable(const WorkerRecord& w) const;
+  // Routable but for a Bye: it still answers what it was sent (LaneFleet::Serving).
+  bool Serving(const WorkerRecord& w) const;
   // by_device_: `id` leaves device `from`'s workers and joins `to`'s ("": none). REQUIRES: mu_ held.
   void MoveDevice(WorkerId id, const std::string& from, const std::string& to);
   // The routable workers but `w` that name its device. REQUIRES: mu_ held.

@@ -164,6 +164,11 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
   return out;
 }
 
+bool FleetImpl::Serving(WorkerId id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return Record(id) != nullptr && !workers_[id]->removed.load() && Serving(*workers_[id]);
+}
+
 Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (Record(id) == nullptr) return {};
@@ -181,13 +186,25 @@ std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
 }
 
 void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::LoadView>* out) const {
-  std::vector<std::optional<WorkerLoad>> reports;
-  if (signals_ != nullptr) signals_->Loads(ids, &reports);
-  out->assign(ids.size(), {});
+  // The views are reset in place: a routing thread passes the same vector each decision, so
+  // once warm it allocates nothing here and copies each report once, from the event plane.
+  out->resize(ids.size());
+  for (WorkerLoads::LoadView& v : *out) {
+    std::vector<WorkerId> mates = std::move(v.device_mates);
+    mates.clear();
+    v = WorkerLoads::LoadView{};
+    v.device_mates = std::move(mates);
+  }
+  if (signals_ != nullptr) {
+    signals_->VisitLoads(ids, [out](size_t i, const WorkerLoad* load) {
+      if (load != nullptr) (*out)[i].report = *load;
+    });
+  }
   std::shared_lock<std::shared_mutex> lock(mu_);
+  std::optional<PeerLoads::Reader> peers;  // one lock for the lot, and each worker's sums by its id
+  if (options_.peers != nullptr) peers.emplace(*options_.peers);
   for (size_t i = 0; i < ids.size(); ++i) {
     WorkerLoads::LoadView& v = (*out)[i];
-    if (signals_ != nullptr) v.report = std::move(reports[i]);
     if (Record(ids[i]) == nullptr) continue;
     const WorkerRecord& w = *workers_[ids[i]];
     v.own = w.own.Now();
@@ -198,9 +215,9 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
     if (!w.info.device_id.empty()) v.device_mates = DeviceMatesOf(w);
     v.transfer_format = w.transfer_format;
     v.transfer_host = w.transfer_host;
-    if (options_.peers != nullptr) {  // by name: the peers number workers their own way
+    if (peers) {
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
-      options_.peers->LoadNowAndAt(w.info.name, at, &v.peers, &v.peers_at_report);
+      peers->NowAndAt(ids[i], at, &v.peers, &v.peers_at_report);
     }
   }
 }
@@ -344,18 +361,20 @@ std::map<std::string, OwnLoadCounts, std::less<>> FleetImpl::OwnLoadsByName() co
 
 std::map<std::string, OwnLoadCounts, std::less<>> Fleet::OwnLoadsByName() const { return impl_->OwnLoadsByName(); }
 
-// Peers know a worker by its name (their ids are their own): a static worker that has not
-// described itself yet goes by its requests endpoint here and may go by another name there.
 std::vector<WorkerId> Fleet::DeviceMates(WorkerId worker) const { return impl_->DeviceMates(worker); }
 
+// Peers know a worker by its name (their ids are their own): a static worker that has not
+// described itself yet goes by its requests endpoint here and may go by another name there.
 OwnLoadCounts Fleet::PeerLoad(WorkerId worker) const {
-  const PeerLoads* peers = impl_->options().peers;
-  return peers == nullptr ? OwnLoadCounts{} : peers->Load(impl_->WorkerName(worker));
+  OwnLoadCounts now;
+  if (const PeerLoads* peers = impl_->options().peers) PeerLoads::Reader(*peers).NowAndAt(worker, std::nullopt, &now, nullptr);
+  return now;
 }
 
 OwnLoadCounts Fleet::PeerLoadAt(WorkerId worker, TimeNs at) const {
-  const PeerLoads* peers = impl_->options().peers;
-  return peers == nullptr ? OwnLoadCounts{} : peers->LoadAt(impl_->WorkerName(worker), at);
+  OwnLoadCounts now, then;
+  if (const PeerLoads* peers = impl_->options().peers) PeerLoads::Reader(*peers).NowAndAt(worker, at, &now, &then);
+  return then;
 }
 
 double Fleet::PeerWorkRate(std::string_view model) const {

@@ -473,7 +473,9 @@ void Lane::Tick() {
       std::string why;
       if (fleet_->Failures(f.worker, &why) != f.failures_at_send) {
         failed.emplace_back(handle, Unavailable(why));
-      } else if (!fleet_->Routable(f.worker)) {
+      } else if (!fleet_->Serving(f.worker)) {
+        // Not Routable: a worker that said Bye finishes what it has (a drain), so only new
+        // requests avoid it; failing these over would end those past their first token.
         failed.emplace_back(handle, Unavailable("worker " + fleet_->WorkerName(f.worker) + " is not live"));
       }
     }

@@ -4,11 +4,13 @@
 // request, routes it, sends it, reads the answer and writes it to the client, and no other
 // router thread wakes on the request path (router/README.md, "Threads and the request path").
 //
-// A request that fails before its first token (worker disconnected, said bye, declared dead,
+// A request that fails before its first token (worker disconnected, declared dead, refused,
 // overloaded or stopping or serving another model or no longer the adapter, a final Delta with finish error or
 // cancelled, first-token timeout) is retried once on the worker `reroute` picks; after its
-// first token the sink gets an error. Every request ends with its final Delta or one error:
-// none is dropped. The router's own in-flight counts per worker are kept
+// first token the sink gets an error. A worker that said Bye gets no new requests but keeps
+// those it has (LaneFleet::Serving): it drains them, as a worker does on SIGTERM, and those it
+// cancels at the end of its grace fail over as above. Every request ends with its final Delta
+// or one error: none is dropped. The router's own in-flight counts per worker are kept
 // in the fleet (LaneFleet::CountInflight), summed over every lane.
 //
 // Request lifecycle (all on the home thread):
@@ -89,6 +91,10 @@ class LaneFleet {
   // A DEALER with the fleet's socket options and CURVE, not yet connected.
   virtual std::unique_ptr<zmq::socket_t> NewDealer() = 0;
   virtual bool Routable(WorkerId worker) const = 0;
+  // Whether requests already sent to the worker may still be answered there: it is routable,
+  // or it said Bye and drains them (a worker shutting down finishes its in-flight requests
+  // within its grace, or cancels them). False once it is disconnected, DEAD, refused or removed.
+  virtual bool Serving(WorkerId worker) const = 0;
   // How often the worker failed (disconnected, said bye, declared dead, removed): a change
   // since a request was sent means that request is lost there. *why: the last reason.
   virtual uint64_t Failures(WorkerId worker, std::string* why) const = 0;

@@ -1,5 +1,6 @@
 #include "router/fleet/peer_loads.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -43,7 +44,9 @@ PeerLoads::PeerLoads(DurationNs ttl) : ttl_(ttl) { KVF_CHECK(ttl > 0); }
 void PeerLoads::Change(const std::string& worker, const OwnLoadCounts& before, const OwnLoadCounts& after,
                        TimeNs now) {
   if (before == after) return;
-  Sum& sum = sums_[worker];
+  auto [it, added] = sums_.try_emplace(worker);
+  Sum& sum = it->second;
+  if (added) Link(worker, &sum);
   sum.now = Plus(Plus(sum.now, after, 1), before, -1);
   sum.changed_at = now;
   sum.history.Record(now, sum.now);
@@ -105,9 +108,49 @@ void PeerLoads::Expire(TimeNs now) {
   }
   // A sum no peer feeds is zero (invariant 1); once older than the ttl no report still
   // being read can need its history.
-  std::erase_if(sums_, [&](const auto& entry) {
-    return entry.second.now == OwnLoadCounts{} && now - entry.second.changed_at > ttl_;
-  });
+  for (auto it = sums_.begin(); it != sums_.end();) {
+    if (it->second.now == OwnLoadCounts{} && now - it->second.changed_at > ttl_) {
+      Link(it->first, nullptr);
+      it = sums_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PeerLoads::Link(const std::string& name, const Sum* sum) {
+  auto ids = ids_by_name_.find(name);
+  if (ids == ids_by_name_.end()) return;
+  for (WorkerId id : ids->second) sum_by_id_[id] = sum;
+}
+
+void PeerLoads::NameWorker(WorkerId id, std::string_view name) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (id >= name_by_id_.size()) {
+    if (name.empty()) return;
+    name_by_id_.resize(size_t{id} + 1);
+    sum_by_id_.resize(size_t{id} + 1, nullptr);
+  }
+  std::string& held = name_by_id_[id];
+  if (held == name) return;
+  if (!held.empty()) {
+    auto ids = ids_by_name_.find(held);
+    std::erase(ids->second, id);
+    if (ids->second.empty()) ids_by_name_.erase(ids);
+  }
+  held = std::string(name);
+  sum_by_id_[id] = nullptr;
+  if (name.empty()) return;
+  ids_by_name_[held].push_back(id);
+  if (auto it = sums_.find(name); it != sums_.end()) sum_by_id_[id] = &it->second;
+}
+
+void PeerLoads::Reader::NowAndAt(WorkerId id, std::optional<TimeNs> at, OwnLoadCounts* now,
+                                 OwnLoadCounts* then) const {
+  if (id >= loads_.sum_by_id_.size() || loads_.sum_by_id_[id] == nullptr) return;
+  const Sum& sum = *loads_.sum_by_id_[id];
+  *now = sum.now;
+  if (at) *then = sum.history.At(*at, sum.now);
 }
 
 OwnLoadCounts PeerLoads::Load(std::string_view worker) const {
@@ -120,15 +163,6 @@ OwnLoadCounts PeerLoads::LoadAt(std::string_view worker, TimeNs at) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   auto it = sums_.find(worker);
   return it == sums_.end() ? OwnLoadCounts{} : it->second.history.At(at, it->second.now);
-}
-
-void PeerLoads::LoadNowAndAt(std::string_view worker, std::optional<TimeNs> at, OwnLoadCounts* now,
-                             OwnLoadCounts* then) const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  auto it = sums_.find(worker);
-  if (it == sums_.end()) return;
-  *now = it->second.now;
-  if (at) *then = it->second.history.At(*at, it->second.now);
 }
 
 double PeerLoads::WorkRate(std::string_view model) const {
@@ -160,6 +194,19 @@ void PeerLoads::CheckInvariants() const {
     KVF_CHECK(std::abs(sum.now.prompt_tokens - want.prompt_tokens) < 1e-6);
   }
   for (const auto& entry : expected) KVF_CHECK(sums_.contains(entry.first));
+  KVF_CHECK(sum_by_id_.size() == name_by_id_.size());
+  size_t named = 0;
+  for (size_t id = 0; id < name_by_id_.size(); ++id) {
+    const std::string& name = name_by_id_[id];
+    auto it = sums_.find(name);
+    KVF_CHECK(sum_by_id_[id] == (name.empty() || it == sums_.end() ? nullptr : &it->second));
+    if (name.empty()) continue;
+    ++named;
+    auto ids = ids_by_name_.find(name);
+    KVF_CHECK(ids != ids_by_name_.end() && std::count(ids->second.begin(), ids->second.end(), id) == 1);
+  }
+  for (const auto& entry : ids_by_name_) named -= entry.second.size();
+  KVF_CHECK(named == 0);  // no id listed under a name it does not have
   KVF_CHECK(peers_.size() <= config::kMaxPeerRouters);
   KVF_CHECK(sums_.size() <= config::kMaxPeerWorkerNames);
 }

@@ -8,13 +8,20 @@
 // for the ttl is forgotten (Expire): a router that dies or loses the channel drops out, and
 // with no peer left routing is what it is with none, this router's own counts alone.
 //
-// Thread safety: thread-safe. The gossip thread applies and expires; HTTP threads read.
+// Routing reads the sums of every worker of a model per decision: by this router's worker id
+// (NameWorker tells which name an id has), through a Reader that holds the lock once for the
+// lot, so a decision makes no string lookup.
+//
+// Thread safety: thread-safe. The gossip thread applies and expires, the fleet thread names
+// workers; HTTP threads read.
 //
 // Invariants:
 //   1. Each worker's sum is the sum of the live peers' entries for it (CheckInvariants).
 //   2. Within one incarnation of a peer, seq only rises: an older or repeated one is refused.
 //   3. At most config::kMaxPeerRouters peers and config::kMaxPeerWorkerNames worker names
 //      are held: forged router ids or names cannot grow it without bound.
+//   4. The sum found by a worker's id is the one found by its name: sum_by_id_[id] is
+//      sums_'s entry for name_by_id_[id], or null when it has none.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +32,10 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/clock.h"
+#include "router/core/worker.h"
 #include "router/fleet/own_load_history.h"
 #include "schema/gossip_codec.h"
 
@@ -69,11 +78,27 @@ class PeerLoads {
   // Those counts as they stood at `at` (the router's clock): what a load report received then
   // already counted of the peers' requests (router/routing/router.h, AddLoad).
   OwnLoadCounts LoadAt(std::string_view worker, TimeNs at) const;
-  // Load() into *now and, when `at` is set, LoadAt(*at) into *then, with one lookup under one
-  // lock: routing reads both for every candidate.
-  void LoadNowAndAt(std::string_view worker, std::optional<TimeNs> at, OwnLoadCounts* now, OwnLoadCounts* then) const;
   // The live peers' routed work on `model`, uncached prefill tokens per second, summed.
   double WorkRate(std::string_view model) const;
+
+  // This router's worker `id` goes by `name` (the name its peers know it by); an empty name
+  // forgets the id. The fleet calls it as workers join, rename and are forgotten.
+  void NameWorker(WorkerId id, std::string_view name);
+
+  // Reads sums by worker id under one shared lock, held while the Reader lives: routing reads
+  // every candidate's. Not to outlive the PeerLoads; no other call on it from the holder's
+  // thread meanwhile.
+  class Reader {
+   public:
+    explicit Reader(const PeerLoads& loads) : loads_(loads), lock_(loads.mu_) {}
+    // Load() of the name the worker `id` has (NameWorker) into *now and, when `at` is set,
+    // LoadAt(*at) into *then; nothing written when no peer counts it.
+    void NowAndAt(WorkerId id, std::optional<TimeNs> at, OwnLoadCounts* now, OwnLoadCounts* then) const;
+
+   private:
+    const PeerLoads& loads_;
+    std::shared_lock<std::shared_mutex> lock_;
+  };
   size_t Peers() const;
 
   // Asserts the invariants (tests).
@@ -98,11 +123,17 @@ class PeerLoads {
   void Replace(Peer& peer, std::map<std::string, OwnLoadCounts, std::less<>> workers, TimeNs now);
   // Worker names `workers` would add to sums_. REQUIRES: mu_ held.
   size_t NewNames(const std::map<std::string, OwnLoadCounts, std::less<>>& workers) const;
+  // Points the ids named `name` at `sum` (null: it is being erased). REQUIRES: mu_ held exclusively.
+  void Link(const std::string& name, const Sum* sum);
 
   DurationNs ttl_;
   mutable std::shared_mutex mu_;
   std::map<std::string, Peer, std::less<>> peers_;  // GUARDED_BY(mu_); by router id
   std::map<std::string, Sum, std::less<>> sums_;    // GUARDED_BY(mu_); by worker name
+  // This router's worker ids (NameWorker): each one's name, and its entry in sums_ (invariant 4).
+  std::vector<std::string> name_by_id_;  // GUARDED_BY(mu_); "" for an id not named
+  std::vector<const Sum*> sum_by_id_;    // GUARDED_BY(mu_)
+  std::map<std::string, std::vector<WorkerId>, std::less<>> ids_by_name_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace kvfleet::router

@@ -2,7 +2,7 @@
 // Generate with `reply` one byte-token per delta (up to max_tokens); with n > 1, sequence i
 // answers all but the last i bytes of it (finish length), the n interleaved. It reports as cached
 // the longest block-aligned prefix it saw before, and records cancels. It can hang
-// (never answer), stop after the first token, refuse (an Error with a code), end the request
+// (never answer), stop after the first token, decode slowly, refuse (an Error with a code), end the request
 // itself (a final Delta with finish error, after `hang_after` tokens), or close its socket (a
 // crash, to the router). LoRA: it serves the adapters set_loras() names (a Generate for another
 // is refused as unknown_lora), answers LoadLora (adding it) and UnloadLora (removing it, or
@@ -56,6 +56,9 @@ class FakeWorker {
   void set_mode(Mode m) { mode_ = m; }
   // Answers only the first `n` tokens of each request, then hangs (kFail: then fails it).
   void set_hang_after(uint32_t n) { hang_after_ = n; }
+  // Waits this long before each token after the first (a worker still decoding), holding up
+  // its other requests meanwhile.
+  void set_token_delay(std::chrono::milliseconds d) { token_delay_ = d; }
   // kRefuse answers with this code.
   void set_refusal(WorkerErrorCode code) { refusal_ = code; }
   // Closes the socket: the router sees the connection drop.
@@ -175,6 +178,7 @@ class FakeWorker {
       }
       const uint32_t seqs = std::max(1u, msg->params.sampling.n);
       for (uint32_t i = 0; i < n; ++i) {
+        if (i > 0 && token_delay_.load().count() > 0) std::this_thread::sleep_for(token_delay_.load());
         for (uint32_t s = 0; s < seqs; ++s) {
           const uint32_t len = std::max<uint32_t>(1, n - std::min(n - 1, s));  // sequence s: s fewer
           if (i >= len) continue;
@@ -252,6 +256,7 @@ class FakeWorker {
   std::atomic<bool> stop_{false};
   std::atomic<Mode> mode_{Mode::kAnswer};
   std::atomic<uint32_t> hang_after_{~0u};
+  std::atomic<std::chrono::milliseconds> token_delay_{std::chrono::milliseconds(0)};
   std::atomic<WorkerErrorCode> refusal_{WorkerErrorCode::kOverloaded};
   std::atomic<int> generates_{0};
   std::atomic<int> cancels_{0};

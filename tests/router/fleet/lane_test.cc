@@ -385,6 +385,58 @@ TEST_CASE("a split request's decode worker lost after the pull: retried before i
   RunOn(t.loop, [&] { CHECK(mid->tokens == 2); });
 }
 
+// Regression: a lane's tick took a worker that said Bye for one that is gone and failed its
+// requests in flight; one past its first token ended 503 "worker sim-1 is not live" (the router
+// scale bench, with churn), though the leaving worker was finishing it.
+TEST_CASE("a worker that says Bye finishes the requests it has; new ones avoid it") {
+  FakeWorker leaving("hello"), staying("hello");
+  leaving.set_token_delay(std::chrono::milliseconds(60));  // several lane ticks between tokens
+  FleetOptions o;
+  o.registration_endpoint = "tcp://127.0.0.1:*";
+  auto fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), nullptr)).value();
+  const std::string reg = fleet->registration_endpoint();
+  FakeWorker::Register(reg, EncodeHello(leaving.HelloOf("leaving", "m")));
+  REQUIRE(WaitFor([&] { return fleet->FindModel("m") && fleet->FindModel("m")->routable.size() == 1; }));
+  FakeWorker::Register(reg, EncodeHello(staying.HelloOf("staying", "m")));
+  REQUIRE(WaitFor([&] { return fleet->FindModel("m")->routable.size() == 2; }));
+  const WorkerId gone = fleet->FindModel("m")->routable[0], other = fleet->FindModel("m")->routable[1];
+  PollLoop loop;
+  std::unique_ptr<Lane> lane;
+  RunOn(loop, [&] { lane = fleet->NewLane(&loop); });
+  auto submit = [&](std::shared_ptr<Recorder> sink) {
+    RunOn(loop, [&] {
+      ForwardRequest r;
+      r.worker = gone;
+      r.params.tokens = std::vector<TokenId>(64, 7);
+      r.params.sampling.max_tokens = 5;
+      r.sink = sink;
+      r.reroute = [other](std::span<const WorkerId>) -> Result<WorkerId> { return other; };
+      lane->Submit(lane->NewHandle(), std::move(r));
+    });
+  };
+  auto draining = std::make_shared<Recorder>();
+  submit(draining);
+  REQUIRE(WaitFor([&] { return leaving.generates() == 1; }));
+  FakeWorker::Register(reg, EncodeBye({"leaving", 0}));
+  REQUIRE(WaitFor([&] { return fleet->FindModel("m")->routable.size() == 1; }));
+  auto f = draining->outcome.get_future();
+  REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(f.get().ok());  // all five tokens, from the worker that said Bye
+  RunOn(loop, [&] { CHECK(draining->tokens == 5); });
+  CHECK(leaving.cancels() == 0);
+  CHECK(staying.generates() == 0);
+  // Sent after the Bye, to the same worker: retried where `reroute` says, before any token.
+  auto late = std::make_shared<Recorder>();
+  submit(late);
+  auto g = late->outcome.get_future();
+  REQUIRE(g.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(g.get().ok());
+  CHECK(leaving.generates() == 1);
+  CHECK(staying.generates() == 1);
+  RunOn(loop, [&] { lane.reset(); });
+  fleet->Stop();
+}
+
 TEST_CASE("the fleet remembers this router's in-flight counts as they were at a past time") {
   FakeWorker w("hello");
   w.set_mode(FakeWorker::Mode::kHang);

@@ -1,5 +1,9 @@
 #include "router/fleet/own_load_history.h"
 
+#include <random>
+#include <utility>
+#include <vector>
+
 #include <doctest/doctest.h>
 
 namespace kvfleet::router {
@@ -31,6 +35,32 @@ TEST_CASE("once the ring has dropped changes, a time before every kept one gives
   CHECK(h.At(30, current) == Counts(3));
   CHECK(h.At(55, current) == Counts(5));
   CHECK(h.At(60, current) == Counts(6));
+}
+
+TEST_CASE("At answers as a scan of every change ever recorded would, within the ring, at random times") {
+  OwnLoadHistory<16> h;
+  std::vector<std::pair<TimeNs, OwnLoadCounts>> all;  // the model: every change, oldest first
+  std::mt19937 rng(5);
+  TimeNs now = 0;
+  for (int step = 0; step < 2000; ++step) {
+    now += static_cast<TimeNs>(rng() % 3);  // now and then two changes at one time
+    all.emplace_back(now, Counts(static_cast<double>(rng() % 9)));
+    h.Record(all.back().first, all.back().second);
+    const OwnLoadCounts current = all.back().second;
+    const TimeNs at = now - static_cast<TimeNs>(rng() % 40);
+    OwnLoadCounts want;  // the last change at or before `at`; `current` when the ring dropped it
+    const size_t first_kept = all.size() > 16 ? all.size() - 16 : 0;
+    bool found = false;
+    for (size_t i = all.size(); i-- > first_kept;) {
+      if (all[i].first <= at) {
+        want = all[i].second;
+        found = true;
+        break;
+      }
+    }
+    if (!found && first_kept > 0) want = current;
+    REQUIRE(h.At(at, current) == want);
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // message replacing its sender's, stale ones refused, silent peers forgotten.
 #include "router/fleet/peer_loads.h"
 
+#include <map>
 #include <random>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -113,6 +115,56 @@ TEST_CASE("random messages, stale ones and expiries keep each worker's sum the l
       }
       const uint64_t s = rng() % 8 == 0 ? seq[router] : ++seq[router];  // now and then a repeat
       p.Apply(From(router, s, workers), now);
+    }
+    if (step % 50 == 0) p.CheckInvariants();
+  }
+  p.CheckInvariants();
+}
+
+}  // namespace kvfleet::router
+
+namespace kvfleet::router {
+
+// Routing reads the peers' sums by worker id (PeerLoads::Reader) to spare a string lookup per
+// worker per decision: they must be the sums found by name, through gossip adding and expiring
+// names and the fleet naming, renaming and forgetting ids (invariant 4).
+TEST_CASE("peer loads found by worker id equal those found by its name, as names come and go") {
+  PeerLoads p(kTtl);
+  std::mt19937 rng(23);
+  std::map<std::string, uint64_t> seq;
+  std::vector<std::string> name_of(12);  // the fleet's view: id -> name ("" not named)
+  TimeNs now = 0;
+  for (int step = 0; step < 4000; ++step) {
+    now += static_cast<TimeNs>(rng() % (kTtl / 10));
+    const int op = static_cast<int>(rng() % 10);
+    if (op == 0) {
+      p.Expire(now);
+    } else if (op <= 2) {  // a worker joins, is renamed (two ids may share a name) or is forgotten
+      const WorkerId id = static_cast<WorkerId>(rng() % name_of.size());
+      name_of[id] = rng() % 4 == 0 ? "" : "w" + std::to_string(rng() % 6);
+      p.NameWorker(id, name_of[id]);
+    } else {
+      const std::string router = "r" + std::to_string(rng() % 3);
+      std::vector<GossipWorker> workers;
+      for (int w = 0; w < 6; ++w) {
+        if (rng() % 2 != 0) workers.push_back(On("w" + std::to_string(w), rng() % 8, rng() % 3, rng() % 500));
+      }
+      p.Apply(From(router, ++seq[router], workers), now);
+    }
+    const TimeNs at = now - static_cast<TimeNs>(rng() % kTtl);
+    std::vector<OwnLoadCounts> want_now, want_then;
+    for (const std::string& name : name_of) {
+      want_now.push_back(name.empty() ? OwnLoadCounts{} : p.Load(name));
+      want_then.push_back(name.empty() ? OwnLoadCounts{} : p.LoadAt(name, at));
+    }
+    {
+      PeerLoads::Reader reader(p);
+      for (WorkerId id = 0; id < name_of.size(); ++id) {
+        OwnLoadCounts now_by_id, then_by_id;
+        reader.NowAndAt(id, at, &now_by_id, &then_by_id);
+        REQUIRE(now_by_id == want_now[id]);
+        REQUIRE(then_by_id == want_then[id]);
+      }
     }
     if (step % 50 == 0) p.CheckInvariants();
   }
