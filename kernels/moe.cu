@@ -19,6 +19,21 @@ constexpr int kRoutePerLane = kMoeMaxExperts / 32;
 __device__ __forceinline__ float LogitValue(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float LogitValue(float v) { return v; }
 
+// The warp's largest (value, expert) by value, ties to the lower expert id, into every lane;
+// kNoExpert in `best_e` marks a lane with nothing to offer.
+constexpr int kNoExpert = 0x7fffffff;
+__device__ __forceinline__ void WarpArgMax(float& best, int& best_e) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
+    if (oe != kNoExpert && (best_e == kNoExpert || ob > best || (ob == best && oe < best_e))) {
+      best = ob;
+      best_e = oe;
+    }
+  }
+}
+
 template <typename Logit>
 __global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
                                int32_t* experts, float* weights) {
@@ -49,7 +64,7 @@ __global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32
   float chosen_sum = 0.f;
   for (int j = 0; j < k; ++j) {
     float best = -2.f;
-    int best_e = 0x7fffffff;
+    int best_e = kNoExpert;
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
       if (p[i] > best) {  // ascending ids within a lane: the first of equals stays
@@ -57,15 +72,7 @@ __global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32
         best_e = lane + 32 * i;
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
+    WarpArgMax(best, best_e);
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
       if (lane + 32 * i == best_e) p[i] = -1.f;
@@ -306,7 +313,6 @@ __global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
   if (t >= T) return;
-  constexpr int kNone = 0x7fffffff;
   float z[kRoutePerLane];
   uint32_t open = 0;  // bit i: expert lane + 32·i exists and is not taken
 #pragma unroll
@@ -317,23 +323,15 @@ __global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T
   }
   for (int j = 0; j < k; ++j) {
     float best = 0.f;
-    int best_e = kNone;
+    int best_e = kNoExpert;
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
-      if ((open >> i & 1u) && (best_e == kNone || z[i] > best)) {  // ascending ids: the first of equals stays
+      if ((open >> i & 1u) && (best_e == kNoExpert || z[i] > best)) {  // ascending ids: the first of equals stays
         best = z[i];
         best_e = lane + 32 * i;
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
-      if (oe != kNone && (best_e == kNone || ob > best || (ob == best && oe < best_e))) {
-        best = ob;
-        best_e = oe;
-      }
-    }
+    WarpArgMax(best, best_e);
     // k <= E: some expert is still open, so best_e is one.
     if (best_e % 32 == lane) open &= ~(1u << (best_e / 32));
     if (lane == 0) {
