@@ -590,6 +590,7 @@ std::shared_ptr<const TransferPeer> Fleet::Transfer(WorkerId worker) const { ret
 double Fleet::AnnouncedPrefillRate(WorkerId worker) const { return impl_->AnnouncedPrefillRate(worker); }
 WorkerRole Fleet::Role(WorkerId worker) const { return impl_->Role(worker); }
 bool Fleet::StructuredOutputs(WorkerId worker) const { return impl_->StructuredOutputs(worker); }
+bool Fleet::Routable(WorkerId worker) const { return impl_->Routable(worker); }
 uint32_t Fleet::StoredPrefixBlocks(WorkerId worker) const { return impl_->StoredPrefixBlocks(worker); }
 std::string Fleet::WorkerName(WorkerId worker) const { return impl_->WorkerName(worker); }
 std::string Fleet::registration_endpoint() const { return impl_->registration_endpoint(); }

@@ -124,6 +124,9 @@ class WorkerLoads {
   // Its Hello's structuredOutputs: it decodes under a request's constraint (response_format,
   // guided_*, forced tool calls). False for a static entry.
   virtual bool StructuredOutputs(WorkerId /*worker*/) const { return false; }
+  // Whether new requests may go to the worker now (it may have left since a decision listed
+  // it: a retry does not aim there). True for a static entry not declared dead.
+  virtual bool Routable(WorkerId /*worker*/) const { return true; }
   // The fleet's other routers' in-flight counts on the worker, as their gossip last said
   // (peer_loads.h), now and as they stood at `at`; zero without gossip or peers. Routing adds
   // them to this router's own (routing/README.md, "Several routers").
@@ -424,6 +427,7 @@ class Fleet final : public WorkerLoads {
   double AnnouncedPrefillRate(WorkerId worker) const override;
   WorkerRole Role(WorkerId worker) const override;
   bool StructuredOutputs(WorkerId worker) const override;
+  bool Routable(WorkerId worker) const override;
   void Loads(std::span<const WorkerId> workers, std::vector<LoadView>* out) const override;
   // This router's own load on every worker where it has a request in flight, by the
   // worker's name (what it tells its peers, gossip.h); a name two records share is summed.

@@ -490,7 +490,8 @@ std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::MakeRer
     std::vector<Candidate> rest;
     for (Candidate c : *candidates) {
       if (std::find(tried.begin(), tried.end(), c.worker) != tried.end()) continue;
-      if (!AddAdapter(lora_id, &c)) continue;  // it dropped the adapter since
+      if (!loads_->Routable(c.worker)) continue;  // it left since the decision
+      if (!AddAdapter(lora_id, &c)) continue;     // it dropped the adapter since
       rest.push_back(c);
     }
     std::vector<WorkerId> ids;

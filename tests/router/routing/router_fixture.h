@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -53,6 +54,7 @@ class FakeLoads final : public WorkerLoads {
   OwnLoadCounts PeerLoad(WorkerId w) const override { return Get(peers, w); }
   OwnLoadCounts PeerLoadAt(WorkerId w, TimeNs) const override { return Get(peers_then, w); }
   double PeerWorkRate(std::string_view) const override { return peer_work; }
+  bool Routable(WorkerId w) const override { return gone.count(w) == 0; }
   std::vector<WorkerId> DeviceMates(WorkerId w) const override {
     auto it = mates.find(w);
     return it == mates.end() ? std::vector<WorkerId>{} : it->second;
@@ -68,6 +70,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, double> announced;
   std::map<WorkerId, WorkerRole> roles;  // kBoth when not set
   std::map<WorkerId, std::vector<WorkerId>> mates;  // workers sharing each one's device
+  std::set<WorkerId> gone;                           // not Routable: left since the decision
   mutable TimeNs asked_at = 0;
 
  private:

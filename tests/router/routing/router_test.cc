@@ -98,6 +98,27 @@ TEST_CASE("a retry chooses among the same candidates, the workers tried excluded
   CHECK(!reroute(tried).ok());
 }
 
+TEST_CASE("a retry does not aim at a candidate that left after the decision") {
+  Fixture f;
+  f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  REQUIRE(d->worker == 2);
+  auto reroute = f.router.Rerouter(*d);
+  const std::vector<WorkerId> tried = {2};
+  auto before = reroute(tried);
+  REQUIRE(before.ok());
+  const WorkerId left = *before;  // the retry's choice, until it leaves
+  f.loads.gone.insert(left);
+  auto after = reroute(tried);
+  REQUIRE(after.ok());
+  CHECK(*after != left);
+  CHECK(*after != 2);
+  // Every other candidate gone: nothing to retry on.
+  for (WorkerId w : f.fleet.routable) f.loads.gone.insert(w);
+  CHECK(reroute(tried).status().code() == StatusCode::kUnavailable);
+}
+
 TEST_CASE("the approx policy reads and feeds the approx index, not the kv index") {
   Fixture f;
   f.kv.InsertPredicted(0, f.Hashes(), kNsPerSec);
