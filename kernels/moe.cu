@@ -233,20 +233,29 @@ __global__ void __launch_bounds__(kGemmThreads)
   }
 }
 
-// One block per token row; each thread 8 columns at a time.
+// One block per token row; each thread 8 columns at a time. kWeighted: out = Σ_j w_tj·y_tj (the
+// routes' scores weight the outputs). Otherwise (Llama 4: the scores scaled the experts' inputs)
+// out = addend + bf16(Σ_j y_tj), the addend being the shared expert's output.
+template <bool kWeighted>
 __global__ void MoeCombineKernel(const __nv_bfloat16* y, const float* weights, const int32_t* position,
-                                 __nv_bfloat16* out, int32_t k, int32_t H) {
+                                 const __nv_bfloat16* addend, __nv_bfloat16* out, int32_t k, int32_t H) {
   GridDependentsLaunch();
   GridDependencyWait();
   const int64_t t = blockIdx.x;
   for (int v = threadIdx.x; v < H / 8; v += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < k; ++j) {
-      const float wt = weights[t * k + j];
       float f[8];
       Bf16x8ToFloat(reinterpret_cast<const uint4*>(y + int64_t(position[t * k + j]) * H)[v], f);
+      const float wt = kWeighted ? weights[t * k + j] : 1.f;
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] += wt * f[q];
+    }
+    if constexpr (!kWeighted) {
+      float a[8];
+      Bf16x8ToFloat(reinterpret_cast<const uint4*>(addend + t * H)[v], a);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] = a[q] + Bf16Round(acc[q]);
     }
     reinterpret_cast<uint4*>(out + t * H)[v] = FloatToBf16x8(acc);
   }
@@ -295,7 +304,7 @@ cudaError_t LaunchMoeCombine(const __nv_bfloat16* y, const float* weights, const
                              __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream) {
   if (T <= 0) return cudaSuccess;
   if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
-  return LaunchKernel(MoeCombineKernel, T, 256, 0, stream, y, weights, position, out, k, H);
+  return LaunchKernel(MoeCombineKernel<true>, T, 256, 0, stream, y, weights, position, nullptr, out, k, H);
 }
 
 }  // namespace kvfleet::kernels
@@ -359,28 +368,6 @@ __global__ void MoeGatherScaledKernel(const __nv_bfloat16* x, const int32_t* sor
   }
 }
 
-// One block per token row; each thread 8 columns at a time.
-__global__ void MoeCombineAddKernel(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,
-                                    __nv_bfloat16* out, int32_t k, int32_t H) {
-  GridDependentsLaunch();
-  GridDependencyWait();
-  const int64_t t = blockIdx.x;
-  for (int v = threadIdx.x; v < H / 8; v += blockDim.x) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < k; ++j) {
-      float f[8];
-      Bf16x8ToFloat(reinterpret_cast<const uint4*>(y + int64_t(position[t * k + j]) * H)[v], f);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) acc[q] += f[q];
-    }
-    float a[8];
-    Bf16x8ToFloat(reinterpret_cast<const uint4*>(addend + t * H)[v], a);
-#pragma unroll
-    for (int q = 0; q < 8; ++q) acc[q] = a[q] + Bf16Round(acc[q]);
-    reinterpret_cast<uint4*>(out + t * H)[v] = FloatToBf16x8(acc);
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchMoeRouteSigmoid(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, int32_t* experts,
@@ -402,7 +389,7 @@ cudaError_t LaunchMoeCombineAdd(const __nv_bfloat16* y, const int32_t* position,
                                 __nv_bfloat16* out, int32_t T, int32_t k, int32_t H, cudaStream_t stream) {
   if (T <= 0) return cudaSuccess;
   if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
-  return LaunchKernel(MoeCombineAddKernel, T, 256, 0, stream, y, position, addend, out, k, H);
+  return LaunchKernel(MoeCombineKernel<false>, T, 256, 0, stream, y, nullptr, position, addend, out, k, H);
 }
 
 }  // namespace kvfleet::kernels
