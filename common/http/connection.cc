@@ -376,6 +376,9 @@ IoThread* Exchange::io_thread() const { return connection_->io_thread(); }
 
 Exchange::~Exchange() {
   if (!started_.load()) {
+    // A client that left (its handler cancelled the work) has no one to answer.
+    if (gone_.load()) return;
+    connection_->metrics().CountDropped();
     Logger("http")->error("no response to {} {}: answering 500", request_.method, EscapeForLog(request_.path));
     Reply(connection_->routes().FormatError(500, "internal error: the request was dropped"));
   } else if (!finished_.load()) {

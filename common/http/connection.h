@@ -63,6 +63,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void PostClose();
 
   const Routes& routes() const { return *routes_; }
+  ServerMetrics& metrics() const { return *metrics_; }
   IoThread* io_thread() const { return io_thread_; }
 
  private:

@@ -23,13 +23,13 @@
 //
 // Metrics (Server::Start's registry): kvfleet_http_accept_errors_total{reason} (emfile, enfile,
 // enobufs, enomem, other), kvfleet_http_connections_refused_total (over max_connections),
-// kvfleet_http_open_connections, kvfleet_http_slow_reader_closes_total and
+// kvfleet_http_open_connections, kvfleet_http_slow_reader_closes_total,
 // kvfleet_http_requests_refused_total{status} (answered by the server itself: 400, 413, 431,
-// 501).
+// 501) and kvfleet_http_dropped_exchanges_total (invariant 1's 500s).
 //
 // Invariants:
 //   1. Every request gets exactly one response; an Exchange dropped without one answers
-//      500.
+//      500 (and is counted), unless its client had left.
 //   2. A connection processes one request at a time, in order (no pipelined responses
 //      overlap).
 //   3. OnClientGone callbacks run at most once, on an I/O thread, never after Finish() or

@@ -27,6 +27,12 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                         .Help("HTTP connections closed because their client fell max_pending_write_bytes behind")
                         .Register(*registry_)
                         .Add({})),
+      dropped_(prometheus::BuildCounter()
+                   .Name("kvfleet_http_dropped_exchanges_total")
+                   .Help("HTTP requests whose handler ended without answering while the client waited (each "
+                         "answered 500: a bug to report)")
+                   .Register(*registry_)
+                   .Add({})),
       refused_requests_(prometheus::BuildCounter()
                             .Name("kvfleet_http_requests_refused_total")
                             .Help("HTTP requests the server answered itself before any handler (a malformed or "

@@ -36,6 +36,8 @@ class ServerMetrics {
   bool TryOpen(size_t cap);
   void Closed();
   void CountSlowReader() { slow_readers_.Increment(); }
+  // An exchange its handler dropped unanswered while its client waited (answered 500).
+  void CountDropped() { dropped_.Increment(); }
   // A request the server answered itself before any handler (400, 413, 431, 501).
   void CountRefusedRequest(int status);
   size_t open() const { return open_.load(std::memory_order_relaxed); }
@@ -46,6 +48,7 @@ class ServerMetrics {
   prometheus::Counter& refused_connections_;
   prometheus::Gauge& open_connections_;
   prometheus::Counter& slow_readers_;
+  prometheus::Counter& dropped_;
   prometheus::Family<prometheus::Counter>& refused_requests_;
   std::atomic<size_t> open_{0};
 };

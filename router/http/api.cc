@@ -408,7 +408,10 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
     return Refuse(*ex, model, refusal.reason, e);
   }
   stream->MarkSent(sent->sent);
-  ex->OnClientGone([lane, handle = sent->handle] { lane->Cancel(handle); });
+  ex->OnClientGone([self = shared_from_this(), lane, handle = sent->handle] {
+    lane->Cancel(handle);
+    self->metrics_.abandoned.Increment();
+  });
   metrics_.matched.Observe(sent->matched_blocks);
   if (sent->split) metrics_.split.Increment();
   if (sent->pulled_blocks > 0) {

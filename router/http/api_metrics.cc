@@ -85,7 +85,13 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                 .Name("kvfleet_router_split_requests_total")
                 .Help("Requests split between a prefill worker and a decode worker that pulls the prompt's KV")
                 .Register(r)
-                .Add({})) {
+                .Add({})),
+      abandoned(prometheus::BuildCounter()
+                    .Name("kvfleet_router_requests_abandoned_total")
+                    .Help("Completions whose client closed the connection before the answer ended; their work on "
+                          "the worker is cancelled and they are not in kvfleet_router_requests_total")
+                    .Register(r)
+                    .Add({})) {
   http::RegisterBuildInfo(r);
 }
 

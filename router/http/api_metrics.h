@@ -41,6 +41,7 @@ struct ApiMetrics {
   prometheus::Counter& pulls;                         // kvfleet_router_pulls_total: requests sent with a PullHint
   prometheus::Counter& pulled_blocks;                 // kvfleet_router_pulled_blocks_total: the blocks they name
   prometheus::Counter& split;                         // kvfleet_router_split_requests_total: prefilled elsewhere (P/D)
+  prometheus::Counter& abandoned;  // kvfleet_router_requests_abandoned_total: the client left before the answer ended
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -298,6 +299,50 @@ TEST_CASE("accepts that fail for want of file descriptors back off, and serving 
   // Three failures were seen before the limit was restored; backing off (10 ms, doubling)
   // leaves room for a few more at most, where re-arming at once made thousands.
   CHECK(Sample(*registry, emfile) <= 10);
+}
+
+TEST_CASE("an exchange dropped while its client waits answers 500 and is counted; after the client left, neither") {
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::mutex mu;
+  std::shared_ptr<Exchange> held;
+  std::atomic<bool> released{false};
+  Routes routes = HelloRoutes();
+  routes.Add("GET", "/drop", [](std::shared_ptr<Exchange>) {});
+  // As the router's completions: the work is cancelled (and the exchange let go) when the
+  // client leaves before any answer.
+  routes.Add("GET", "/wait", [&](std::shared_ptr<Exchange> ex) {
+    ex->OnClientGone([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      held.reset();
+      released = true;
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    held = std::move(ex);
+  });
+  auto server = Server::Start(Loopback(), std::move(routes), registry);
+  REQUIRE(server.ok());
+  const std::string dropped = "kvfleet_http_dropped_exchanges_total";
+  {
+    Client c((*server)->port());
+    c.Send("GET /drop HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(StatusOf(c.ReadUntil("}}")) == 500);
+  }
+  CHECK(Sample(*registry, dropped) == 1);
+  {
+    Client c((*server)->port());
+    c.Send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n");
+    REQUIRE(WaitUntil([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return held != nullptr;
+    }));
+    c.Close();
+  }
+  REQUIRE(WaitUntil([&] { return released.load(); }));
+  CHECK(Sample(*registry, dropped) == 1);
+  // The server goes on serving.
+  Client c((*server)->port());
+  c.Send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(StatusOf(c.ReadUntil("hi")) == 200);
 }
 
 }  // namespace kvfleet::http

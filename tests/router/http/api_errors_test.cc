@@ -247,6 +247,27 @@ TEST_CASE("a client that disconnects mid-stream cancels its request on the worke
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
 }
 
+TEST_CASE("a client that leaves before any answer cancels its request, counted abandoned, not as a dropped 500") {
+  FakeWorker w;
+  w.set_mode(FakeWorker::Mode::kHang);
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  {
+    Client c(r.port());
+    std::string body = R"({"model":"m","prompt":"x","max_tokens":3})";
+    c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\n\r\n" + body);
+    REQUIRE(WaitFor([&] { return w.generates() == 1; }));
+  }
+  CHECK(WaitFor([&] { return w.cancels() == 1; }));
+  CHECK(WaitFor([&] {
+    return http::SerializeMetrics(*r.registry).find("kvfleet_router_requests_abandoned_total 1") != std::string::npos;
+  }));
+  const std::string metrics = http::SerializeMetrics(*r.registry);
+  CHECK(metrics.find("kvfleet_http_dropped_exchanges_total 0") != std::string::npos);
+  CHECK(metrics.find("status=\"500\"") == std::string::npos);
+}
+
 TEST_CASE("a worker that dies before the first token: the request is retried on another") {
   FakeWorker a, b;
   a.set_mode(FakeWorker::Mode::kHang);
