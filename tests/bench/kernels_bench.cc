@@ -368,6 +368,49 @@ void BenchSmall(const Limits& lim) {
     Report("rope+kv store 8192 tokens (llama-8b)", 2.0 * qkv.size() * 2 / ms / 1e6, "GB/s", lim.copy_gbs, ms);
   }
   {
+    // Llama 4 Scout's heads (40 q, 8 KV, head_dim 128): a RoPE layer's interleaved rotation and
+    // L2 q/k norm, and a NoPE layer's attention temperature (a warp per head); Qwen3's q/k
+    // RMSNorm before the rotation on the same heads.
+    const int tokens = 8192, hq = 40, hkv = 8, d = 128;
+    PagedKvLayout layout{1, hkv, 16, d};
+    DeviceBuffer<uint16_t> qkv(size_t(tokens) * (hq + 2 * hkv) * d), qout(size_t(tokens) * hq * d),
+        pool(size_t(tokens / 16) * layout.BlockElems()), qn(d), kn(d);
+    FillRandom(qkv, 16);
+    FillRandom(qn, 17);
+    FillRandom(kn, 18);
+    std::vector<int32_t> pos(tokens), slots(tokens);
+    std::iota(pos.begin(), pos.end(), 0);
+    std::iota(slots.begin(), slots.end(), 0);
+    DeviceBuffer<int32_t> dpos(pos), dslots(slots);
+    DeviceBuffer<float> inv(RopeInvFreq(RopeConfig{}));
+    RopeKvExtras rope_layer, nope_layer, qwen3;
+    rope_layer.interleaved = true;
+    rope_layer.l2_norm = true;
+    rope_layer.norm_eps = 1e-5f;
+    nope_layer.temperature_scale = 0.1f;
+    nope_layer.temperature_floor = 8192.f;
+    qwen3.q_norm = qn.as<__nv_bfloat16>();
+    qwen3.k_norm = kn.as<__nv_bfloat16>();
+    qwen3.norm_eps = 1e-6f;
+    const struct {
+      const char* name;
+      const RopeKvExtras* extras;
+      bool rotate;
+    } cases[] = {{"llama-4 rope layer (interleaved, L2 norm)", &rope_layer, true},
+                 {"llama-4 nope layer (temperature)", &nope_layer, false},
+                 {"qwen3 q/k norm", &qwen3, true}};
+    for (const auto& c : cases) {
+      const double ms = TimeMs([&] {
+        KVF_CUDA_OK(LaunchRopeKvStore(qkv.as<__nv_bfloat16>(), dpos.get(), dslots.get(), inv.get(),
+                                      qout.as<__nv_bfloat16>(), pool.as<__nv_bfloat16>(), layout, 0, tokens, hq,
+                                      c.rotate, *c.extras, nullptr));
+      });
+      char name[96];
+      std::snprintf(name, sizeof(name), "rope+kv store 8192 tokens, %s", c.name);
+      Report(name, 2.0 * qkv.size() * 2 / ms / 1e6, "GB/s", lim.copy_gbs, ms);
+    }
+  }
+  {
     const int vocab = 128256, tokens = 8192;
     DeviceBuffer<uint16_t> table(size_t(vocab) * hidden), out(size_t(tokens) * hidden);
     FillRandom(table, 13);

@@ -1,5 +1,6 @@
 // The MoE block's kernels (kernels/moe.h) at real shapes: routing, grouping, the two grouped
-// GEMMs with SiLU-mul between and the combine, timed together (CUDA events, launches back to
+// GEMMs with SiLU-mul between and the combine (for Llama 4: sigmoid routing, the scaled gather
+// and the combine onto the shared expert's output), timed together (CUDA events, launches back to
 // back as in a decode graph, median of rounds). Each case prints the expert weights it reads
 // per second (the decode cases are memory-bound: every expert some token chose is read once)
 // next to the device's copy bandwidth, and its TFLOP/s (the prefill cases are compute-bound;
@@ -44,6 +45,8 @@ void FillRandom(DeviceBuffer<uint16_t>& buf, uint32_t seed, float range) {
 struct Shape {
   const char* name;
   int E, k, H, I;
+  bool sigmoid = false;  // Llama 4: sigmoid routing over fp32 logits, inputs scaled, the combine
+                         // adding the shared expert's output (its own gemv is not timed here)
 };
 
 // gemv: the decode path (LaunchMoeGroupedGemv with SiLU-mul fused, then down) instead of the
@@ -57,39 +60,68 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
   int call = 0;
   DeviceBuffer<uint16_t> logits(size_t(kRoutings) * T * ld), x(size_t(T) * s.H), gate_up(size_t(s.E) * 2 * s.I * s.H),
       down(size_t(s.E) * s.H * s.I), gu(size_t(S) * 2 * s.I), act(size_t(S) * s.I), y(size_t(S) * s.H),
-      out(size_t(T) * s.H);
+      out(size_t(T) * s.H), xs(s.sigmoid ? size_t(S) * s.H : 1), shared(s.sigmoid ? size_t(T) * s.H : 1);
   FillRandom(logits, 1, 3.f);
   FillRandom(x, 2, 1.f);
   FillRandom(gate_up, 3, 0.05f);
   FillRandom(down, 4, 0.05f);
+  FillRandom(shared, 5, 1.f);
+  DeviceBuffer<float> flogits(s.sigmoid ? size_t(kRoutings) * T * ld : 1);
+  if (s.sigmoid) {
+    std::vector<float> host(flogits.size());
+    std::mt19937 rng(6);
+    for (float& v : host) v = std::uniform_real_distribution<float>(-3.f, 3.f)(rng);
+    KVF_CUDA_OK(cudaMemcpy(flogits.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
   DeviceBuffer<int32_t> experts(S), sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1), active(s.E + 1);
   DeviceBuffer<float> weights(S);
-  auto block = [&] {
-    auto* bx = x.as<__nv_bfloat16>();
-    const __nv_bfloat16* routing = logits.as<__nv_bfloat16>() + size_t(call++ % kRoutings) * T * ld;
-    KVF_CUDA_OK(LaunchMoeRoute(routing, ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
+  // One MoE block; `mark(i)` before part i (and after the last) when timing the parts.
+  auto block = [&](const std::function<void(int)>& mark) {
+    const size_t routing = size_t(call++ % kRoutings) * T * ld;
+    mark(0);
+    if (s.sigmoid) {
+      KVF_CUDA_OK(LaunchMoeRouteSigmoid(flogits.get() + routing, ld, T, s.E, s.k, experts.get(), weights.get(), nullptr));
+    } else {
+      KVF_CUDA_OK(LaunchMoeRoute(logits.as<__nv_bfloat16>() + routing, ld, T, s.E, s.k, true, experts.get(),
+                                 weights.get(), nullptr));
+    }
+    mark(1);
     KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(), nullptr,
                                active.get()));
+    const __nv_bfloat16* x_in = x.as<__nv_bfloat16>();
+    if (s.sigmoid) {
+      KVF_CUDA_OK(LaunchMoeGatherScaled(x_in, sorted.get(), s.k, weights.get(), xs.as<__nv_bfloat16>(), S, s.H, nullptr));
+      x_in = xs.as<__nv_bfloat16>();
+    }
+    const int gather_div = s.sigmoid ? 0 : s.k;
+    mark(2);
     if (gemv) {
-      KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), active.get(),
-                                       act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
+      KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), x_in, sorted.get(), gather_div, offsets.get(),
+                                       active.get(), act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
+      mark(3);
       KVF_CUDA_OK(LaunchMoeGroupedGemv(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
                                        active.get(), y.as<__nv_bfloat16>(), false, T, S, s.E, s.H, s.I, nullptr));
+    } else {
+      KVF_CUDA_OK(LaunchMoeGroupedGemm(gate_up.as<__nv_bfloat16>(), x_in, sorted.get(), gather_div, offsets.get(),
+                                       tiles.get(), gu.as<__nv_bfloat16>(), S, s.E, 2 * s.I, s.H, nullptr));
+      KVF_CUDA_OK(LaunchSiluMul(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), S, s.I, nullptr));
+      mark(3);
+      KVF_CUDA_OK(LaunchMoeGroupedGemm(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0,
+                                       offsets.get(), tiles.get(), y.as<__nv_bfloat16>(), S, s.E, s.H, s.I, nullptr));
+    }
+    mark(4);
+    if (s.sigmoid) {
+      KVF_CUDA_OK(LaunchMoeCombineAdd(y.as<__nv_bfloat16>(), position.get(), shared.as<__nv_bfloat16>(),
+                                      out.as<__nv_bfloat16>(), T, s.k, s.H, nullptr));
+    } else {
       KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T,
                                    s.k, s.H, nullptr));
-      return;
     }
-    KVF_CUDA_OK(LaunchMoeGroupedGemm(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), tiles.get(),
-                                     gu.as<__nv_bfloat16>(), S, s.E, 2 * s.I, s.H, nullptr));
-    KVF_CUDA_OK(LaunchSiluMul(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), S, s.I, nullptr));
-    KVF_CUDA_OK(LaunchMoeGroupedGemm(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
-                                     tiles.get(), y.as<__nv_bfloat16>(), S, s.E, s.H, s.I, nullptr));
-    KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T, s.k,
-                                 s.H, nullptr));
+    mark(5);
   };
-  const double ms = TimeMs(block);
-  // Where a decode call's time goes: events between its kernels (which also stops PDL's
-  // overlap between them, so the parts add up to more than the whole), medians of 32 calls.
+  const double ms = TimeMs([&] { block([](int) {}); });
+  // Where a decode call's time goes: events between its parts (which also stops PDL's overlap
+  // between them, so the parts add up to more than the whole), medians of 32 calls.
   std::string parts;
   if (gemv && T <= 8) {
     constexpr int kParts = 5, kCalls = 32;
@@ -97,24 +129,8 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
     for (auto& e : ev) KVF_CUDA_OK(cudaEventCreate(&e));
     std::vector<std::vector<float>> took(kParts);
     for (int c = 0; c < kCalls; ++c) {
-      const __nv_bfloat16* routing = logits.as<__nv_bfloat16>() + size_t(call++ % kRoutings) * T * ld;
-      auto* bx = x.as<__nv_bfloat16>();
-      KVF_CUDA_OK(cudaEventRecord(ev[0]));
-      KVF_CUDA_OK(LaunchMoeRoute(routing, ld, T, s.E, s.k, true, experts.get(), weights.get(), nullptr));
-      KVF_CUDA_OK(cudaEventRecord(ev[1]));
-      KVF_CUDA_OK(LaunchMoeGroup(experts.get(), S, s.E, sorted.get(), position.get(), offsets.get(), tiles.get(),
-                                 nullptr, active.get()));
-      KVF_CUDA_OK(cudaEventRecord(ev[2]));
-      KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), bx, sorted.get(), s.k, offsets.get(), active.get(),
-                                       act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
-      KVF_CUDA_OK(cudaEventRecord(ev[3]));
-      KVF_CUDA_OK(LaunchMoeGroupedGemv(down.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), sorted.get(), 0, offsets.get(),
-                                       active.get(), y.as<__nv_bfloat16>(), false, T, S, s.E, s.H, s.I, nullptr));
-      KVF_CUDA_OK(cudaEventRecord(ev[4]));
-      KVF_CUDA_OK(LaunchMoeCombine(y.as<__nv_bfloat16>(), weights.get(), position.get(), out.as<__nv_bfloat16>(), T,
-                                   s.k, s.H, nullptr));
-      KVF_CUDA_OK(cudaEventRecord(ev[5]));
-      KVF_CUDA_OK(cudaEventSynchronize(ev[5]));
+      block([&](int i) { KVF_CUDA_OK(cudaEventRecord(ev[i])); });
+      KVF_CUDA_OK(cudaEventSynchronize(ev[kParts]));
       for (int i = 0; i < kParts; ++i) {
         float t;
         KVF_CUDA_OK(cudaEventElapsedTime(&t, ev[i], ev[i + 1]));
@@ -122,7 +138,7 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
       }
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    const char* names[kParts] = {"route", "group", "gate/up", "down", "combine"};
+    const char* names[kParts] = {"route", s.sigmoid ? "group+gather" : "group", "gate/up", "down", "combine"};
     parts = "  [us:";
     for (int i = 0; i < kParts; ++i) {
       std::sort(took[i].begin(), took[i].end());
@@ -157,7 +173,10 @@ int main(int argc, char** argv) {
   KVF_CUDA_OK(cudaFree(a));
   KVF_CUDA_OK(cudaFree(b));
   std::printf("device %s, copy %.0f GB/s (D2D, read+write)\n", prop.name, copy_gbs);
-  for (const Shape& s : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"mixtral-8x7b", 8, 2, 4096, 14336}}) {
+  // Llama 4 Scout's routed experts (16, top 1, hidden 5120, 8192 each; its shared expert,
+  // another 8192-wide MLP every token takes, is a dense gemv outside this block).
+  for (const Shape& s : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"mixtral-8x7b", 8, 2, 4096, 14336},
+                         Shape{"llama-4-scout", 16, 1, 5120, 8192, true}}) {
     for (int T : {1, 2, 4, 8, 16, 32, 64, 512, 4096}) {
       if (quick && T > 64) continue;
       Bench(s, T, copy_gbs, false);
