@@ -350,14 +350,16 @@ __global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T
   }
 }
 
-// One block per grouped row; each thread 8 columns at a time.
-__global__ void MoeGatherScaledKernel(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
-                                      __nv_bfloat16* xs, int32_t H) {
+// One block per grouped row; each thread 8 columns at a time. kScaled: each row times its
+// route's weight (Llama 4), else copied.
+template <bool kScaled>
+__global__ void MoeGatherKernel(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
+                                __nv_bfloat16* xs, int32_t H) {
   GridDependentsLaunch();
   GridDependencyWait();
   const int64_t r = blockIdx.x;
   const int32_t route = sorted[r];
-  const float wt = weights[route];
+  const float wt = kScaled ? weights[route] : 1.f;
   const __nv_bfloat16* src = x + int64_t(route / k) * H;
   for (int v = threadIdx.x; v < H / 8; v += blockDim.x) {
     float f[8];
@@ -382,7 +384,14 @@ cudaError_t LaunchMoeGatherScaled(const __nv_bfloat16* x, const int32_t* sorted,
                                   __nv_bfloat16* xs, int32_t S, int32_t H, cudaStream_t stream) {
   if (S <= 0) return cudaSuccess;
   if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
-  return LaunchKernel(MoeGatherScaledKernel, S, 128, 0, stream, x, sorted, k, weights, xs, H);
+  return LaunchKernel(MoeGatherKernel<true>, S, 128, 0, stream, x, sorted, k, weights, xs, H);
+}
+
+cudaError_t LaunchMoeGather(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, __nv_bfloat16* xs, int32_t S,
+                            int32_t H, cudaStream_t stream) {
+  if (S <= 0) return cudaSuccess;
+  if (H % 8 != 0 || k < 1) return cudaErrorInvalidValue;
+  return LaunchKernel(MoeGatherKernel<false>, S, 128, 0, stream, x, sorted, k, nullptr, xs, H);
 }
 
 cudaError_t LaunchMoeCombineAdd(const __nv_bfloat16* y, const int32_t* position, const __nv_bfloat16* addend,

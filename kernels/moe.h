@@ -65,6 +65,10 @@ cudaError_t LaunchMoeGroupedGemm(const __nv_bfloat16* w, const __nv_bfloat16* x,
 //   x: [T][H]; sorted: [S] (LaunchMoeGroup's); weights: [S]; xs: [S][H]. REQUIRES: H % 8 == 0, k >= 1.
 cudaError_t LaunchMoeGatherScaled(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, const float* weights,
                                   __nv_bfloat16* xs, int32_t S, int32_t H, cudaStream_t stream);
+// The same unscaled: xs[r] = x[sorted[r] / k], each expert's rows one contiguous matrix (the
+// cuBLAS grouped products of worker/backend/cuda/moe_blas.h read them so).
+cudaError_t LaunchMoeGather(const __nv_bfloat16* x, const int32_t* sorted, int32_t k, __nv_bfloat16* xs, int32_t S,
+                            int32_t H, cudaStream_t stream);
 
 // Llama 4's un-permute: out[t][h] = bf16(addend[t][h] + bf16(Σ_j y[position[t·k + j]][h])), the
 // routes' rows summed unweighted in fp32 in j order (their weights scaled the experts' inputs)

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -20,6 +22,7 @@
 
 #include "kernels/moe.h"
 #include "kernels/small_kernels.h"
+#include "worker/backend/cuda/moe_blas.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kvfleet::kernels {
@@ -49,9 +52,13 @@ struct Shape {
                          // adding the shared expert's output (its own gemv is not timed here)
 };
 
-// gemv: the decode path (LaunchMoeGroupedGemv with SiLU-mul fused, then down) instead of the
-// tensor-core grouped GEMMs.
-void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
+// kGemm: the tensor-core grouped GEMMs; kGemv: the decode path (LaunchMoeGroupedGemv with
+// SiLU-mul fused, then down); kBlas: the prefill products through cuBLAS's grouped GEMM
+// (worker/backend/cuda/moe_blas.h: a gather, and one stream synchronisation a call).
+enum class Path { kGemm, kGemv, kBlas };
+
+void Bench(const Shape& s, int T, double copy_gbs, Path path, backend::cuda::MoeBlas* blas) {
+  const bool gemv = path == Path::kGemv;
   const int S = T * s.k, ld = (s.E + 7) / 8 * 8;
   // kRoutings router outputs, one per call in turn: consecutive calls choose other experts, so
   // the weights come from DRAM as in a model's next layer, not from L2 (50 MB holds a T = 1
@@ -60,7 +67,8 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
   int call = 0;
   DeviceBuffer<uint16_t> logits(size_t(kRoutings) * T * ld), x(size_t(T) * s.H), gate_up(size_t(s.E) * 2 * s.I * s.H),
       down(size_t(s.E) * s.H * s.I), gu(size_t(S) * 2 * s.I), act(size_t(S) * s.I), y(size_t(S) * s.H),
-      out(size_t(T) * s.H), xs(s.sigmoid ? size_t(S) * s.H : 1), shared(s.sigmoid ? size_t(T) * s.H : 1);
+      out(size_t(T) * s.H), xs(s.sigmoid || path == Path::kBlas ? size_t(S) * s.H : 1),
+      shared(s.sigmoid ? size_t(T) * s.H : 1);
   FillRandom(logits, 1, 3.f);
   FillRandom(x, 2, 1.f);
   FillRandom(gate_up, 3, 0.05f);
@@ -95,7 +103,16 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
     }
     const int gather_div = s.sigmoid ? 0 : s.k;
     mark(2);
-    if (gemv) {
+    if (path == Path::kBlas) {
+      const auto st = blas->Products(gate_up.as<__nv_bfloat16>(), down.as<__nv_bfloat16>(), x_in, gather_div,
+                                     sorted.get(), offsets.get(), xs.as<__nv_bfloat16>(), gu.as<__nv_bfloat16>(),
+                                     act.as<__nv_bfloat16>(), y.as<__nv_bfloat16>(), S, s.E, s.I, s.H, nullptr);
+      if (!st.ok()) {
+        std::fprintf(stderr, "MoeBlas: %s\n", st.ToString().c_str());
+        std::exit(1);
+      }
+      mark(3);
+    } else if (gemv) {
       KVF_CUDA_OK(LaunchMoeGroupedGemv(gate_up.as<__nv_bfloat16>(), x_in, sorted.get(), gather_div, offsets.get(),
                                        active.get(), act.as<__nv_bfloat16>(), true, T, S, s.E, s.I, s.H, nullptr));
       mark(3);
@@ -153,7 +170,7 @@ void Bench(const Shape& s, int T, double copy_gbs, bool gemv) {
   const double weight_bytes = double(used) * 3.0 * s.I * s.H * 2;
   const double flops = 2.0 * S * 3.0 * s.I * s.H;
   std::printf("%-14s %s T=%-5d %3zu/%-3d experts  %8.3f ms  %7.1f GB/s weights (%4.1f%% of copy)  %6.1f TFLOP/s%s\n",
-              s.name, gemv ? "gemv" : "gemm", T, used, s.E, ms, weight_bytes / ms / 1e6, 100 * weight_bytes / ms / 1e6 / copy_gbs, flops / ms / 1e9, parts.c_str());
+              s.name, path == Path::kBlas ? "blas" : gemv ? "gemv" : "gemm", T, used, s.E, ms, weight_bytes / ms / 1e6, 100 * weight_bytes / ms / 1e6 / copy_gbs, flops / ms / 1e9, parts.c_str());
 }
 
 }  // namespace
@@ -173,14 +190,21 @@ int main(int argc, char** argv) {
   KVF_CUDA_OK(cudaFree(a));
   KVF_CUDA_OK(cudaFree(b));
   std::printf("device %s, copy %.0f GB/s (D2D, read+write)\n", prop.name, copy_gbs);
+  auto made = kvfleet::backend::cuda::MoeBlas::Make(128);
+  if (!made.ok()) {
+    std::fprintf(stderr, "MoeBlas: %s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<kvfleet::backend::cuda::MoeBlas> blas = std::move(made).value();
   // Llama 4 Scout's routed experts (16, top 1, hidden 5120, 8192 each; its shared expert,
   // another 8192-wide MLP every token takes, is a dense gemv outside this block).
   for (const Shape& s : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"mixtral-8x7b", 8, 2, 4096, 14336},
                          Shape{"llama-4-scout", 16, 1, 5120, 8192, true}}) {
     for (int T : {1, 2, 4, 8, 16, 32, 64, 512, 4096}) {
       if (quick && T > 64) continue;
-      Bench(s, T, copy_gbs, false);
-      if (T <= 64) Bench(s, T, copy_gbs, true);
+      Bench(s, T, copy_gbs, Path::kGemm, blas.get());
+      if (T <= 64) Bench(s, T, copy_gbs, Path::kGemv, blas.get());
+      if (T >= 64) Bench(s, T, copy_gbs, Path::kBlas, blas.get());
     }
   }
   return 0;

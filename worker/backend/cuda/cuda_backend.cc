@@ -139,31 +139,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Make(const BackendOptions& opt
   BackendOptions rank0 = options;
   rank0.device = devices[0];
   std::unique_ptr<CudaBackend> b(new CudaBackend(rank0));
-  auto graphs = options.extra.find("cuda_graphs");
-  b->use_graphs_ = graphs == options.extra.end() || graphs->second != "0";
-  auto moe_gemv = options.extra.find("moe_gemv");  // A/B of the MoE decode path (benches)
-  b->moe_gemv_ = moe_gemv == options.extra.end() || moe_gemv->second != "0";
-  if (auto gemv = options.extra.find("gemv_max_rows"); gemv != options.extra.end()) {
-    char* end = nullptr;
-    const long v = std::strtol(gemv->second.c_str(), &end, 10);
-    if (end == gemv->second.c_str() || *end != '\0' || v < 0 || v > kernels::kGemvMaxRows) {
-      return InvalidArgument("cuda backend: gemv_max_rows must be an integer in [0, " +
-                             std::to_string(kernels::kGemvMaxRows) + "], got '" + gemv->second + "'");
-    }
-    b->gemv_max_rows_ = static_cast<int32_t>(v);
-  }
-  if (auto f = options.extra.find("gemv_fusion"); f != options.extra.end()) {
-    if (f->second.size() != 1 || f->second[0] < '0' || f->second[0] > '4') {
-      return InvalidArgument("cuda backend: gemv_fusion must be 0..4, got '" + f->second + "'");
-    }
-    b->gemv_fusion_ = f->second[0] - '0';
-  }
-  if (auto pdl = options.extra.find("pdl"); pdl != options.extra.end()) {
-    if (pdl->second != "0" && pdl->second != "1") {
-      return InvalidArgument("cuda backend: pdl must be 0 or 1, got '" + pdl->second + "'");
-    }
-    kernels::SetProgrammaticDependentLaunch(pdl->second == "1");  // (6)
-  }
+  KVF_ASSIGN_OR_RETURN(b->tuning_, ParseCudaTuning(options.extra));
+  if (b->tuning_.pdl) kernels::SetProgrammaticDependentLaunch(*b->tuning_.pdl);  // (6)
   KVF_CUDA_RETURN(cudaSetDevice(rank0.device));
   cudaDeviceProp prop{};
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, rank0.device));
@@ -291,9 +268,15 @@ Status CudaBackend::AllocateBuffers() {
     KVF_ASSIGN_OR_RETURN(moe_gate_up_, DeviceAlloc<bf16>(routes * 2 * EI));
     KVF_ASSIGN_OR_RETURN(moe_act_, DeviceAlloc<bf16>(routes * EI));
     KVF_ASSIGN_OR_RETURN(moe_out_, DeviceAlloc<bf16>(routes * H));
-    if (c.moe.sigmoid_routing) {  // Llama 4
+    // Llama 4's scaled rows, or the grouped rows cuBLAS's products read (moe_blas.h).
+    if (c.moe.sigmoid_routing || tuning_.moe_blas) {
       KVF_ASSIGN_OR_RETURN(moe_scaled_, DeviceAlloc<bf16>(routes * H));
+    }
+    if (c.moe.sigmoid_routing) {  // Llama 4
       KVF_ASSIGN_OR_RETURN(moe_shared_, DeviceAlloc<bf16>(T * H));
+    }
+    if (tuning_.moe_blas) {
+      KVF_ASSIGN_OR_RETURN(moe_blas_, MoeBlas::Make(static_cast<int32_t>(E)));
     }
   }
   logits_rows_ = std::max<int64_t>(options_.max_batch_size, config::kMinLogitsRows);

@@ -97,7 +97,9 @@
 //      grouped tensor-core GEMM for every expert's gate/up and one for down over those groups,
 //      SiLU·mul between, and the weighted un-permute into the layer's output. No host sync and
 //      no launch whose shape depends on the routing (grids are sized by T·k), so decode graphs
-//      (4) capture it unchanged. Tensor parallelism splits every expert's intermediate size
+//      (4) capture it unchanged. Decode steps of few rows an expert take the expert gemv
+//      instead (moe_limits.h); steps with prompt tokens (never graphed) take cuBLAS's grouped
+//      GEMM (moe_blas.h: one host sync for the group sizes), 1.3-1.9x faster at 512-4096 rows. Tensor parallelism splits every expert's intermediate size
 //      like the dense MLP's (the router is whole on each rank). The gemv fusions (5) and LoRA
 //      (7) do not apply to MoE layers; LoRA is refused for MoE models.
 //  10. Constrained decoding: a row's token bitmask (SequenceStep::token_bitmask, or a late one
@@ -147,7 +149,9 @@
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/cuda_comm.h"
 #include "worker/backend/cuda/cuda_block_copier.h"
+#include "worker/backend/cuda/cuda_tuning.h"
 #include "worker/backend/cuda/lt_gemm.h"
+#include "worker/backend/cuda/moe_blas.h"
 #include "worker/backend/tensor_parallel.h"
 #include "worker/kv/kv_config.h"
 #include "worker/model/checkpoint.h"
@@ -163,11 +167,6 @@ constexpr int64_t kMinLogitsRows = 64;
 constexpr uint64_t kReserveBytes = 512ull << 20;
 // Smallest sequence-length bucket of a decode graph (the decode kernel's partition unit).
 constexpr int32_t kMinGraphLength = 128;
-// Token rows up to which the matrix products run on the skinny GEMM kernel instead of
-// cuBLASLt (invariant 5). Measured on an H200 over the llama-3.1-8b shapes
-// (kvfleet_gemv_bench, tests/bench/results/README.md): all matmuls of a step at 1 row take
-// 3.83 ms against cuBLASLt's 3.99; at 2 rows they tie, from 3 rows on cuBLASLt is faster.
-constexpr int32_t kGemvMaxRowsDefault = 1;
 // Alignment of every array in the step's metadata staging buffer (16 bytes: vector loads in
 // kernels).
 constexpr size_t kStagingAlign = 16;
@@ -239,8 +238,8 @@ class CudaBackend final : public ModelBackendBase {
   void set_lora_debug(const LoraDebug& d) { lora_debug_ = d; }
   // Turns decode graphs (4) on or off from the next step on (extra["cuda_graphs"] at start).
   void set_use_graphs(bool on) {
-    use_graphs_ = on;
-    for (auto& p : peers_) p->use_graphs_ = on;  // (8)
+    tuning_.use_graphs = on;
+    for (auto& p : peers_) p->tuning_.use_graphs = on;  // (8)
   }
   // Decode graphs (4) captured so far.
   size_t graphs_captured() const { return graphs_.size(); }
@@ -406,7 +405,7 @@ class CudaBackend final : public ModelBackendBase {
   Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done);
   // (9) Layer w's MoE block over T rows: xn_ in, tmp_ out (this rank's partial sum). With
   // sigmoid routing (Llama 4) the shared expert's output must be in moe_shared_ already.
-  Status MoeBlock(const LayerWeights& w, int32_t T);
+  Status MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows);
   // Sampling and outputs (cuda_sampling.cc). Sizes out's tokens and logits; returns the
   // rows of logits it holds.
   int64_t ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const;
@@ -481,7 +480,7 @@ class CudaBackend final : public ModelBackendBase {
   int32_t *moe_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_position_ = nullptr;  // [S]
   int32_t *moe_offsets_ = nullptr, *moe_tile_offsets_ = nullptr;                      // [experts + 1]
   int32_t* moe_active_ = nullptr;             // [experts + 1]: the non-empty groups (kernels/moe.h)
-  bool moe_gemv_ = true;                      // decode steps by LaunchMoeGroupedGemv (extra "moe_gemv" 0: off)
+  std::unique_ptr<MoeBlas> moe_blas_;         // steps with prompt tokens (tuning_.moe_blas)
   float* moe_weights_ = nullptr;              // [S]
   __nv_bfloat16 *moe_gate_up_ = nullptr, *moe_act_ = nullptr, *moe_out_ = nullptr;  // [S][2·ei], [S][ei], [S][hidden]
   // Llama 4 (sigmoid routing, 9): the routed rows scaled by their scores, [S][hidden], and the
@@ -522,9 +521,7 @@ class CudaBackend final : public ModelBackendBase {
   std::vector<uint32_t> tp_masks_;
 
   // Decode graphs by (padded batch, length bucket) (4); buckets seen once, not yet captured.
-  bool use_graphs_ = true;
-  int32_t gemv_max_rows_ = config::kGemvMaxRowsDefault;  // (5)
-  int32_t gemv_fusion_ = 3;                               // (5)
+  CudaTuning tuning_;  // graphs (4), gemv rows and fusion (5), MoE paths (9): cuda_tuning.h
   // (padded batch, length bucket, mask of the LoRA groups the step launches (7)).
   using GraphKey = std::tuple<int32_t, int32_t, int32_t>;
   std::map<GraphKey, cudaGraphExec_t> graphs_;

@@ -48,7 +48,7 @@ void CudaBackend::PackStep(const StepBatch& batch, StepMeta* meta) {
 
   // A decode step that only samples runs as a CUDA graph of its shape bucket (4): the batch
   // padded to a power of two, lengths rounded up to a power of two.
-  bool graph = use_graphs_;
+  bool graph = tuning_.use_graphs;
   bool dense_pool = false;  // a prompt row of a dense context pool attends with its own mask
   for (const KvPoolInfo& p : pools_) dense_pool = dense_pool || p.dense_context;
   int32_t max_end = 0;

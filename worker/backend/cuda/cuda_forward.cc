@@ -31,7 +31,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   const int32_t T = m.num_tokens;
   const int32_t Hi = static_cast<int32_t>(H);
   auto gemm = [&](const bf16* w, const bf16* x, const bf16* bias, bf16* y, int64_t rows_out, int64_t k) {
-    if (T <= gemv_max_rows_) {  // (5)
+    if (T <= tuning_.gemv_max_rows) {  // (5)
       return CudaStatus(kernels::LaunchGemv(w, x, bias, y, /*out_f32=*/false, static_cast<int32_t>(rows_out), T,
                                             static_cast<int32_t>(k), stream_),
                         "LaunchGemv");
@@ -41,7 +41,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   // The MoE router's product in fp32: the top-k choice is discrete, and bf16's rounding of a
   // logit (0.03 near 8) flips near-tied experts that the model's fp32 reference keeps (9).
   auto gemm_f32 = [&](const bf16* w, const bf16* x, float* y, int64_t rows_out, int64_t k) {
-    if (T <= gemv_max_rows_) {
+    if (T <= tuning_.gemv_max_rows) {
       return CudaStatus(kernels::LaunchGemv(w, x, nullptr, y, /*out_f32=*/true, static_cast<int32_t>(rows_out), T,
                                             static_cast<int32_t>(k), stream_),
                         "LaunchGemv");
@@ -53,15 +53,15 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   // alternates between resid_ and resid_alt_ (a block of the product writes the sum while
   // the others still read the old one).
   // A LoRA step (7) adds to each product's output before the kernels (5) would fuse in.
-  const bool fused_silu = m.lora.num_tiles == 0 && T <= gemv_max_rows_ && gemv_fusion_ >= 1;
+  const bool fused_silu = m.lora.num_tiles == 0 && T <= tuning_.gemv_max_rows && tuning_.gemv_fusion >= 1;
   // The gemv's RoPE epilogue takes one frequency row, no per-head norm (Qwen3) and none of
   // Llama 4's q/k transforms (interleaved pairs, L2 norm, NoPE layers' temperature, 11).
   const bool llama4_qk = c.rope_interleaved || c.qk_l2_norm || !c.layer_nope.empty();
-  const bool fused_rope = fused_silu && gemv_fusion_ >= 2 && T <= kernels::kGemvRopeKvMaxRows && !c.qk_norm &&
+  const bool fused_rope = fused_silu && tuning_.gemv_fusion >= 2 && T <= kernels::kGemvRopeKvMaxRows && !c.qk_norm &&
                           !llama4_qk && m.seq_inv_freq == nullptr;
   const bool norm_fits = int64_t{T} * H * 2 <= kernels::kGemvRmsNormMaxXBytes;
-  const bool fused_post_norm = fused_silu && gemv_fusion_ >= 3 && norm_fits;  // before gate/up
-  const bool fused_norm = fused_post_norm && fused_rope && gemv_fusion_ >= 4;  // before QKV
+  const bool fused_post_norm = fused_silu && tuning_.gemv_fusion >= 3 && norm_fits;  // before gate/up
+  const bool fused_norm = fused_post_norm && fused_rope && tuning_.gemv_fusion >= 4;  // before QKV
   bf16* resid = resid_;
   bf16* resid_next = resid_alt_;
   auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,
@@ -134,7 +134,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
         KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(SI), stream_));
         KVF_RETURN_IF_ERROR(gemm(w.shared_down, act_, nullptr, moe_shared_, H, SI));
       }
-      KVF_RETURN_IF_ERROR(MoeBlock(w, T));
+      KVF_RETURN_IF_ERROR(MoeBlock(w, T, !m.all_decode));
     } else if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
@@ -163,7 +163,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   return Status::Ok();
 }
 
-Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
+Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows) {
   const model::MoeConfig& moe = config_.moe;
   const int32_t H = static_cast<int32_t>(config_.hidden_size), EI = static_cast<int32_t>(shard_.expert_inter);
   const int32_t E = static_cast<int32_t>(moe.num_experts), k = static_cast<int32_t>(moe.experts_per_token);
@@ -193,11 +193,16 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T) {
     }
     return Status::Ok();
   };
-  if (moe_gemv_ && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
+  if (tuning_.moe_gemv && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
     KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
                                                   moe_active_, moe_act_, /*silu_mul=*/true, T, S, E, EI, H, stream_));
     KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
                                                   moe_active_, moe_out_, /*silu_mul=*/false, T, S, E, H, EI, stream_));
+    return combine();
+  }
+  if (prompt_rows && moe_blas_ != nullptr) {  // never graphed (4): graphs hold decode steps alone
+    KVF_RETURN_IF_ERROR(moe_blas_->Products(w.expert_gate_up, w.expert_down, x_in, gather_div, moe_sorted_, moe_offsets_,
+                                            moe_scaled_, moe_gate_up_, moe_act_, moe_out_, S, E, EI, H, stream_));
     return combine();
   }
   KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemm(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,

@@ -37,7 +37,7 @@ Status CudaBackend::LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n
   KVF_CUDA_RETURN(kernels::LaunchEmbedding(rows_dev, xn_, head_in_, n, m.num_tokens, Hi, stream_));
   if (comm_ != nullptr) {  // (8) vocab-parallel: this rank's slice of every row, then gathered
     const int64_t Vr = vocab_rows_;
-    if (n <= gemv_max_rows_) {
+    if (n <= tuning_.gemv_max_rows) {
       KVF_RETURN_IF_ERROR(CudaStatus(kernels::LaunchGemv(lm_head_, head_in_, nullptr, vocab_local_, /*out_f32=*/true,
                                                          static_cast<int32_t>(Vr), n, Hi, stream_),
                                      "LaunchGemv"));
@@ -46,7 +46,7 @@ Status CudaBackend::LmHead(const StepMeta& m, const int32_t* rows_dev, int32_t n
     }
     return GatherLogits(n);
   }
-  if (n <= gemv_max_rows_) {  // (5)
+  if (n <= tuning_.gemv_max_rows) {  // (5)
     return CudaStatus(kernels::LaunchGemv(lm_head_, head_in_, nullptr, logits_, /*out_f32=*/true,
                                           static_cast<int32_t>(V), n, Hi, stream_),
                       "LaunchGemv");

@@ -51,9 +51,7 @@ Status CudaBackend::MakePeers(const model::Checkpoint& checkpoint, std::span<con
     p->config_ = config_;
     p->max_context_ = max_context_;
     p->rope_ = rope_;
-    p->use_graphs_ = use_graphs_;
-    p->gemv_max_rows_ = gemv_max_rows_;
-    p->gemv_fusion_ = gemv_fusion_;
+    p->tuning_ = tuning_;
     p->shard_ = ShardOf(config_, shard_.ranks, r);
     const Status st = p->InitRank(checkpoint);
     if (!st.ok()) return st.WithContext("tensor-parallel rank " + std::to_string(r) + " on device " + std::to_string(o.device));
