@@ -178,6 +178,38 @@ TEST_CASE("a prefill pool that cannot keep up: long prompts go whole to the deco
   CHECK(e->split.has_value());
 }
 
+TEST_CASE("a short prompt splits when the decode pool would give its first token later than the split") {
+  // Decode workers compute prompts slowly beside their decodes (their steps stay near
+  // pure-decode time), so a backlog there outweighs a second hop to an idle prefill worker.
+  Fixture f(SplitAt(41));  // 40 tokens: short
+  PrefillAndDecode(f);
+  f.loads.announced[0] = 4'000;                        // 10 ms for the prompt
+  f.loads.announced[1] = f.loads.announced[2] = 250;   // 160 ms beside their decodes
+  SUBCASE("the decode pool is idle but slow: the prefill worker and a 25 ms pull are sooner") {
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    REQUIRE(d->split.has_value());
+    CHECK(d->split->worker == 0);
+    CHECK(d->estimated_ttft_s < 0.16);
+  }
+  SUBCASE("as fast on the decode pool: whole, the split's fixed costs are not repaid") {
+    f.loads.announced[1] = f.loads.announced[2] = 4'000;
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker != 0);
+  }
+  SUBCASE("the prefill worker is behind: whole, a short prompt takes no allowance for the split") {
+    OwnLoadCounts queued;
+    queued.requests = 3;
+    queued.prefill_tokens = 600;  // 150 ms ahead: with the pull, later than 160 ms whole
+    f.loads.own[0] = queued;
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+  }
+}
+
 TEST_CASE("a fleet with prefill workers and no decode-capable one refuses with 503 no_decode_worker, at once") {
   Fixture f(SplitAt(16));
   PrefillAndDecode(f);
