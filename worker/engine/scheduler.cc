@@ -110,6 +110,9 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   const bool bounded = (options_.max_step_ms > 0 || capped) && batch.decode_seqs > 0;
   const double target_us = bounded ? StepTargetUs(batch.shape, capped) : 0;
   bool chunked = false;  // a prefill chunk (not a one-token rest) is in the step
+  // 1b. Decode role: a prompt with at most a block left to compute (a split's pulled prompt)
+  // goes with the decodes, not behind the prompts the cap holds back.
+  if (options_.max_step_over_decodes > 0) AdmitNearlyCached(budget, add);
   // The chunk `seq` gets now, 0 when the budget or the bound leaves nothing.
   auto chunk = [&](Sequence* seq) -> uint32_t {
     const uint32_t max_n = std::min(seq->num_uncomputed(), budget);
@@ -123,6 +126,7 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   // 2. Unfinished prefills, oldest first; one that gets nothing holds back the younger.
   for (Sequence* seq : running_) {
     if (seq->num_uncomputed() <= 1) continue;
+    if (options_.max_step_over_decodes > 0 && seq->num_uncomputed() <= kv_->block_size()) continue;  // 1b's
     const uint32_t n = chunk(seq);
     if (n == 0) break;
     add(seq, n);
@@ -187,6 +191,35 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   }
   batch.predicted_us = step_model_.PredictUs(batch.shape);
   return batch;
+}
+
+template <typename Add>
+void Scheduler::AdmitNearlyCached(uint32_t budget, const Add& add) {
+  const uint32_t block = kv_->block_size();
+  for (Sequence* seq : running_) {
+    const uint32_t left = seq->num_uncomputed();
+    if (left > 1 && left <= block && left <= budget) {
+      add(seq, left);
+      budget -= left;
+    }
+  }
+  for (size_t i = 0; i < waiting_.size() && running_.size() < options_.max_batch_size;) {
+    Sequence* seq = waiting_[i];
+    if (seq->held || seq->admitted_once || !seq->request.lora.empty()) {
+      ++i;
+      continue;
+    }
+    if (!seq->kv_registered) Register(seq);
+    const uint32_t left = seq->num_tokens() - std::min(seq->num_tokens() - 1, kv_->Match(seq->kv_id).cached_tokens());
+    if (left > block || left > budget || !TryAdmit(seq)) {
+      ++i;
+      continue;
+    }
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    const uint32_t n = std::min(seq->num_uncomputed(), budget);
+    add(seq, n);
+    budget -= n;
+  }
 }
 
 uint32_t Scheduler::BoundedChunk(const StepShape& shape, uint32_t start, uint32_t max_n, double target_us,

@@ -22,7 +22,8 @@
 // max_num_tokens budget: there is no inter-token latency to protect. A decode-role worker
 // (P/D disaggregation) also caps the step at max_step_over_decodes times its decodes' own
 // time (config::kDecodeRoleStepOverDecodes): its prompts are the ones the prefill pool did
-// not take, and its inter-token latency is what the split is for. The cap yields to the
+// not take, and its inter-token latency is what the split is for. A prompt with at most a
+// block left to compute (a split's, pulled) runs with the decodes, ahead of those it caps. The cap yields to the
 // max_step_ms rule while a prompt has waited past max_capped_wait_ms: then the fleet is short
 // of prefill, and a first token seconds late costs more than a slower next token.
 // KV memory is the KV cache manager's: Allocate reclaims evictable cached blocks by itself.
@@ -175,6 +176,10 @@ class Scheduler {
   // The longest a step whose decodes are `decodes` may be predicted to take (µs).
   // `capped`: max_step_over_decodes applies (no prompt overdue).
   double StepTargetUs(const StepShape& decodes, bool capped) const;
+  // Decode role: runs the prompts with at most a block left to compute, running or waiting
+  // (matched now; not held, no adapter), through `add` within `budget`, before the bound's cuts.
+  template <typename Add>
+  void AdmitNearlyCached(uint32_t budget, const Add& add);
   // A prompt still to prefill has waited past max_capped_wait_ms at `now`.
   bool PromptOverdue(TimeNs now) const;
   // Tokens of a prefill chunk from `start` (max_n > 0 of them ready) that keep `shape` plus

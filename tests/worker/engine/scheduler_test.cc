@@ -279,6 +279,27 @@ TEST_CASE("a decode-role worker's steps with prefill stay within 1.25x their dec
   CHECK(both_steps <= 4);
 }
 
+TEST_CASE("on a decode-role worker a prompt with at most a block left runs at once, ahead of capped prompts") {
+  // A split request's pulled prompt waited behind the prompts the cap slows (FIFO admission),
+  // so the split's first token waited for the decode worker's prompt queue.
+  Rig rig(25, kFake, 4096, config::kDecodeRoleStepOverDecodes);
+  rig.StartDecodes(8, 512);
+  Sequence* long1 = rig.Add(4000);
+  Sequence* long2 = rig.Add(3000);  // the cap leaves it no room: it waits
+  rig.Step();
+  std::vector<TokenId> prompt(rig.seqs[0]->tokens.begin(), rig.seqs[0]->tokens.begin() + 30 * kB);
+  for (TokenId t : rig.Fresh(10)) prompt.push_back(t);  // 30 cached blocks, then 10 tokens
+  Sequence* pulled = rig.Add(prompt);
+  ScheduledBatch b = rig.Step();
+  const ScheduledSeq* s = rig.Find(b, pulled);
+  REQUIRE(s != nullptr);
+  CHECK(s->sample);
+  CHECK(s->num_tokens == 10);
+  CHECK(long2->state == SequenceState::kWaiting);
+  CHECK(rig.Find(b, long1) != nullptr);  // the oldest prefill still gets its block
+  CHECK(b.predicted_us <= 1.5 * DecodesUs(rig, b));
+}
+
 TEST_CASE("the decode-role cap yields to max_step_ms once a prompt has waited past max_capped_wait_ms") {
   // The cap alone let a saturated fleet's decode workers fall seconds behind on prompts.
   Rig rig(20, kFake, 4096, config::kDecodeRoleStepOverDecodes);
