@@ -63,7 +63,11 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double recompute_s = static_cast<double>(route.prompt_tokens - cached) / decode_rate;
   if (chosen.pull_s > recompute_s) return false;
   const double decode_rate_floor = picker_.FleetRate(decode);
-  const double decode_ttft = picker_.EstimateTtft(route, chosen, decode_rate_floor);
+  // A decode-role worker runs a pulled prompt with its decodes, not behind its queued prompts
+  // (worker/engine/README.md): its part waits for no prefill there.
+  Candidate part = chosen;
+  if (loads_->Role(chosen.worker) == WorkerRole::kDecode) part.queued_prefill_tokens = 0;
+  const double decode_ttft = picker_.EstimateTtft(route, part, decode_rate_floor);
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
   // then the decode worker's part (its queue or the pull, the prompt's last partial block);
   // whole, after the best decode-capable worker's wait and prefill. The split may cost what it
