@@ -12,13 +12,15 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const uint32_t threshold = options().split_prefill_tokens;
   const auto full = static_cast<uint32_t>(d->hashes.size());
   if (threshold == 0 || full == 0 || !(options().transfer_bytes_per_s > 0) || decode_pool.empty()) return false;
-  // Conditional split: only a long prompt that no decode-capable worker holds. A held one is
-  // served (or pulled) by the decode pool at once; a short one costs less computed in place
-  // than a second hop and a pull.
+  // Conditional split: a long prompt that no decode-capable worker holds, while the prefill
+  // pool keeps up (below). A held or short one costs less computed in place than a second hop
+  // and a pull, unless the decode pool is behind: then it splits when that gives its first
+  // token sooner (decode workers compute prompts slowly beside their decodes, by design:
+  // worker/engine/scheduler.h, kDecodeRoleStepOverDecodes).
   uint32_t held = 0;
   for (const Candidate& c : decode_pool) held = std::max(held, c.device_blocks + c.host_blocks);
   const uint32_t cached = std::min(route.prompt_tokens, held * route.block_size);
-  if (route.prompt_tokens - cached < threshold) return false;
+  const bool long_prompt = route.prompt_tokens - cached >= threshold;
 
   // The prefill: the policy's cost (cached prefix and prefill queue) over the prefill workers
   // that serve pulls, admitted as a whole request would be.
@@ -61,16 +63,21 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double recompute_s = static_cast<double>(route.prompt_tokens - cached) / decode_rate;
   if (chosen.pull_s > recompute_s) return false;
   const double decode_rate_floor = picker_.FleetRate(decode);
-  const double decode_ttft = picker_.EstimateTtft(route, chosen, decode_rate_floor);
+  // A decode-role worker runs a pulled prompt with its decodes, not behind its queued prompts
+  // (worker/engine/README.md): its part waits for no prefill there.
+  Candidate part = chosen;
+  if (loads_->Role(chosen.worker) == WorkerRole::kDecode) part.queued_prefill_tokens = 0;
+  const double decode_ttft = picker_.EstimateTtft(route, part, decode_rate_floor);
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
   // then the decode worker's part (its queue or the pull, the prompt's last partial block);
   // whole, after the best decode-capable worker's wait and prefill. The split may cost what it
   // costs on an idle fleet, the decode worker's part without its queue, no more (Dynamo
   // computes a prompt locally when its prefill queue is long). So the pools' queues even out
   // instead of the prefill pool's growing without bound when long prompts outrun it.
+  // A short or held prompt splits only when that is sooner outright: the decode pool is behind.
   Candidate idle = chosen;
   idle.queued_prefill_tokens = idle.admission_wait_s = 0;
-  const double split_cost_s = picker_.EstimateTtft(route, idle, decode_rate_floor);
+  const double split_cost_s = long_prompt ? picker_.EstimateTtft(route, idle, decode_rate_floor) : 0;
   if (prefill_ttft + decode_ttft > whole_ttft_s + split_cost_s + 1e-6) return false;  // 1 µs: rounding
   const double bound = options().admission_ttft_s;
   if (bound > 0 && prefill_ttft + decode_ttft > bound) return false;  // whole, it may still be in time

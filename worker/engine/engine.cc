@@ -141,7 +141,7 @@ std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> outputs;
   ApplyCancellations(&outputs);
 
-  ScheduledBatch batch = scheduler_.Schedule();
+  ScheduledBatch batch = scheduler_.Schedule(start);
   for (Sequence* seq : batch.unfittable) Finish(seq, FinishReason::kError, &outputs);
 
   std::vector<TokenId> sampled;

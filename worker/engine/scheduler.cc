@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -17,6 +18,14 @@ Status SchedulerOptions::Validate(uint32_t block_size) const {
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("max_step_ms (" + std::to_string(max_step_ms) +
                            ") must be 0 (no bound) or between 1 and 60000 ms");
+  }
+  if (!std::isfinite(max_step_over_decodes) ||
+      (max_step_over_decodes != 0 && (max_step_over_decodes < 1 || max_step_over_decodes > 100))) {
+    return InvalidArgument("max_step_over_decodes (" + std::to_string(max_step_over_decodes) +
+                           ") must be 0 (none) or between 1 and 100");
+  }
+  if (!std::isfinite(max_capped_wait_ms) || max_capped_wait_ms < 0) {
+    return InvalidArgument("max_capped_wait_ms (" + std::to_string(max_capped_wait_ms) + ") must be finite and >= 0");
   }
   for (double c : {step_prior.base_us, step_prior.prefill_step_us, step_prior.prefill_token_us,
                    step_prior.decode_seq_us, step_prior.kv_token_us, step_prior.prefill_pair_us}) {
@@ -75,7 +84,7 @@ bool Scheduler::TryAdmit(Sequence* seq) {
   return true;
 }
 
-ScheduledBatch Scheduler::Schedule() {
+ScheduledBatch Scheduler::Schedule(TimeNs now) {
   ScheduledBatch batch;
   uint32_t budget = options_.max_num_tokens;
   auto add = [&](Sequence* seq, uint32_t n) {
@@ -97,9 +106,13 @@ ScheduledBatch Scheduler::Schedule() {
     if (budget > 0 && seq->num_uncomputed() == 1) add(seq, 1);
   }
   // The bound protects the decodes of this step; a step without any runs at full budget.
-  const bool bounded = options_.max_step_ms > 0 && batch.decode_seqs > 0;
-  const double target_us = bounded ? StepTargetUs(batch.shape) : 0;
+  const bool capped = options_.max_step_over_decodes > 0 && !PromptOverdue(now);
+  const bool bounded = (options_.max_step_ms > 0 || capped) && batch.decode_seqs > 0;
+  const double target_us = bounded ? StepTargetUs(batch.shape, capped) : 0;
   bool chunked = false;  // a prefill chunk (not a one-token rest) is in the step
+  // 1b. Decode role: a prompt with at most a block left to compute (a split's pulled prompt)
+  // goes with the decodes, not behind the prompts the cap holds back.
+  if (options_.max_step_over_decodes > 0) AdmitNearlyCached(budget, add);
   // The chunk `seq` gets now, 0 when the budget or the bound leaves nothing.
   auto chunk = [&](Sequence* seq) -> uint32_t {
     const uint32_t max_n = std::min(seq->num_uncomputed(), budget);
@@ -113,6 +126,7 @@ ScheduledBatch Scheduler::Schedule() {
   // 2. Unfinished prefills, oldest first; one that gets nothing holds back the younger.
   for (Sequence* seq : running_) {
     if (seq->num_uncomputed() <= 1) continue;
+    if (options_.max_step_over_decodes > 0 && seq->num_uncomputed() <= kv_->block_size()) continue;  // 1b's
     const uint32_t n = chunk(seq);
     if (n == 0) break;
     add(seq, n);
@@ -179,6 +193,35 @@ ScheduledBatch Scheduler::Schedule() {
   return batch;
 }
 
+template <typename Add>
+void Scheduler::AdmitNearlyCached(uint32_t budget, const Add& add) {
+  const uint32_t block = kv_->block_size();
+  for (Sequence* seq : running_) {
+    const uint32_t left = seq->num_uncomputed();
+    if (left > 1 && left <= block && left <= budget) {
+      add(seq, left);
+      budget -= left;
+    }
+  }
+  for (size_t i = 0; i < waiting_.size() && running_.size() < options_.max_batch_size;) {
+    Sequence* seq = waiting_[i];
+    if (seq->held || seq->admitted_once || !seq->request.lora.empty()) {
+      ++i;
+      continue;
+    }
+    if (!seq->kv_registered) Register(seq);
+    const uint32_t left = seq->num_tokens() - std::min(seq->num_tokens() - 1, kv_->Match(seq->kv_id).cached_tokens());
+    if (left > block || left > budget || !TryAdmit(seq)) {
+      ++i;
+      continue;
+    }
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    const uint32_t n = std::min(seq->num_uncomputed(), budget);
+    add(seq, n);
+    budget -= n;
+  }
+}
+
 uint32_t Scheduler::BoundedChunk(const StepShape& shape, uint32_t start, uint32_t max_n, double target_us,
                                  bool guarantee, bool* cut) const {
   auto fits = [&](uint32_t n) { return step_model_.PredictUs(shape.WithPrefill(start, n)) <= target_us; };
@@ -201,8 +244,24 @@ uint32_t Scheduler::BoundedChunk(const StepShape& shape, uint32_t start, uint32_
   return n;
 }
 
-double Scheduler::StepTargetUs(const StepShape& decodes) const {
-  return std::max(options_.max_step_ms * 1000, config::kMinStepOverDecodes * step_model_.PredictUs(decodes));
+double Scheduler::StepTargetUs(const StepShape& decodes, bool capped) const {
+  const double decodes_us = step_model_.PredictUs(decodes);
+  double target = std::numeric_limits<double>::infinity();
+  if (options_.max_step_ms > 0) target = std::max(options_.max_step_ms * 1000, config::kMinStepOverDecodes * decodes_us);
+  if (capped) target = std::min(target, options_.max_step_over_decodes * decodes_us);
+  return target;
+}
+
+bool Scheduler::PromptOverdue(TimeNs now) const {
+  if (now == 0 || options_.max_capped_wait_ms <= 0) return false;
+  const auto limit = static_cast<TimeNs>(options_.max_capped_wait_ms * static_cast<double>(kNsPerMs));
+  for (const Sequence* seq : running_) {
+    if (seq->num_uncomputed() > 1 && now - seq->arrival > limit) return true;
+  }
+  for (const Sequence* seq : waiting_) {  // oldest first; a held one waits for its pull
+    if (!seq->held) return now - seq->arrival > limit;
+  }
+  return false;
 }
 
 void Scheduler::ObserveStep(const ScheduledBatch& batch, DurationNs duration) {

@@ -178,6 +178,59 @@ TEST_CASE("a prefill pool that cannot keep up: long prompts go whole to the deco
   CHECK(e->split.has_value());
 }
 
+TEST_CASE("a split's decode part waits for no queued prompt on a decode-role worker, behind them on a role-both one") {
+  // A decode-role worker runs a pulled prompt with its decodes (worker/engine/README.md).
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  OwnLoadCounts queued;
+  queued.requests = 2;
+  queued.prefill_tokens = 200;  // 0.2 s ahead on the prefill worker
+  f.loads.own[0] = queued;
+  OwnLoadCounts behind;
+  behind.requests = 4;
+  behind.prefill_tokens = 400;  // 0.4 s ahead on each decode-capable worker
+  f.loads.own[1] = f.loads.own[2] = behind;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->split.has_value());  // 0.24 s and the pull, against 0.44 s whole
+  f.loads.roles[1] = f.loads.roles[2] = WorkerRole::kBoth;
+  auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(e.ok());
+  CHECK_FALSE(e->split.has_value());  // there it would wait 0.4 s more after the prefill
+}
+
+TEST_CASE("a short prompt splits when the decode pool would give its first token later than the split") {
+  // Decode workers compute prompts slowly beside their decodes (their steps stay near
+  // pure-decode time), so a backlog there outweighs a second hop to an idle prefill worker.
+  Fixture f(SplitAt(41));  // 40 tokens: short
+  PrefillAndDecode(f);
+  f.loads.announced[0] = 4'000;                        // 10 ms for the prompt
+  f.loads.announced[1] = f.loads.announced[2] = 250;   // 160 ms beside their decodes
+  SUBCASE("the decode pool is idle but slow: the prefill worker and a 25 ms pull are sooner") {
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    REQUIRE(d->split.has_value());
+    CHECK(d->split->worker == 0);
+    CHECK(d->estimated_ttft_s < 0.16);
+  }
+  SUBCASE("as fast on the decode pool: whole, the split's fixed costs are not repaid") {
+    f.loads.announced[1] = f.loads.announced[2] = 4'000;
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+    CHECK(d->worker != 0);
+  }
+  SUBCASE("the prefill worker is behind: whole, a short prompt takes no allowance for the split") {
+    OwnLoadCounts queued;
+    queued.requests = 3;
+    queued.prefill_tokens = 600;  // 150 ms ahead: with the pull, later than 160 ms whole
+    f.loads.own[0] = queued;
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    CHECK_FALSE(d->split.has_value());
+  }
+}
+
 TEST_CASE("a fleet with prefill workers and no decode-capable one refuses with 503 no_decode_worker, at once") {
   Fixture f(SplitAt(16));
   PrefillAndDecode(f);

@@ -23,12 +23,14 @@ constexpr uint32_t kBudget = 8192;
 constexpr StepCoefficients kFake{5000.0, 1000.0, 20.0, 10.0, 0.05, 0.001};
 
 struct Rig {
-  explicit Rig(double max_step_ms, StepCoefficients model = kFake, uint32_t device_blocks = 4096)
+  explicit Rig(double max_step_ms, StepCoefficients model = kFake, uint32_t device_blocks = 4096,
+               double max_step_over_decodes = 0)
       : kv(kv::testing::SmallConfig(kB, device_blocks)) {
     SchedulerOptions o;
     o.max_num_tokens = kBudget;
     o.max_batch_size = 64;
     o.max_step_ms = max_step_ms;
+    o.max_step_over_decodes = max_step_over_decodes;
     o.step_prior = model;
     REQUIRE(o.Validate(kB).ok());
     scheduler = std::make_unique<Scheduler>(o, "m", kv.m.get());
@@ -49,8 +51,8 @@ struct Rig {
   Sequence* Add(uint32_t prompt_len) { return Add(Fresh(prompt_len)); }
 
   // Schedules a step and completes it as the engine would.
-  ScheduledBatch Step() {
-    ScheduledBatch batch = scheduler->Schedule();
+  ScheduledBatch Step(TimeNs now = 0) {
+    ScheduledBatch batch = scheduler->Schedule(now);
     for (const ScheduledSeq& s : batch.seqs) {
       s.seq->num_computed = s.start + s.num_tokens;
       kv.m->Commit(s.seq->kv_id, s.seq->num_computed);
@@ -229,6 +231,106 @@ TEST_CASE("a waiting prompt is admitted only while a block of it still fits the 
   CHECK(b.prefill_limited);
 }
 
+// The decodes' own predicted time in step `b`.
+double DecodesUs(const Rig& rig, const ScheduledBatch& b) {
+  StepShape decodes;
+  for (const ScheduledSeq& s : b.seqs) {
+    if (s.decode) decodes.AddDecode(s.start + 1);
+  }
+  return rig.Predict(decodes);
+}
+
+TEST_CASE("a decode-role worker's steps with prefill stay within 1.25x their decodes' time, and the prompt still ends") {
+  // Issue 36: decode workers ran every step with a prompt chunk to the 25 ms bound, 2-3x a
+  // decode step, so the split's inter-token p99 stayed 2-3x its p50.
+  Rig rig(25, kFake, 4096, config::kDecodeRoleStepOverDecodes);
+  rig.StartDecodes(8, 512);
+  Sequence* prompt = rig.Add(2000);
+  int steps = 0;
+  while (prompt->num_generated() == 0) {
+    ScheduledBatch b = rig.Step();
+    ++steps;
+    REQUIRE(steps < 400);
+    CHECK(b.decode_seqs == 8);
+    const double decodes_us = DecodesUs(rig, b);
+    const ScheduledSeq* chunk = rig.Find(b, prompt);
+    REQUIRE(chunk != nullptr);  // a block a step at least: never starved
+    if (chunk->num_tokens > 2 * kB) {
+      CHECK(b.predicted_us <= config::kDecodeRoleStepOverDecodes * decodes_us);
+    }
+    if (!chunk->sample) {
+      CHECK(b.time_bounded);
+      StepShape bigger = b.shape;
+      bigger.AddPrefill(chunk->start + chunk->num_tokens, kB);
+      CHECK(rig.Predict(bigger) > config::kDecodeRoleStepOverDecodes * decodes_us);
+    }
+  }
+  // 8 decodes: ~5.3 ms; a quarter of it (~1.3 ms) is ~16 tokens beside the 1 ms a prefill
+  // step adds, so one block a step: 2,000 tokens in ~125 steps, against 3 within 25 ms alone.
+  CHECK(steps >= 100);
+  Rig both(25);
+  both.StartDecodes(8, 512);
+  Sequence* p2 = both.Add(2000);
+  int both_steps = 0;
+  while (p2->num_generated() == 0) {
+    both.Step();
+    ++both_steps;
+  }
+  CHECK(both_steps <= 4);
+}
+
+TEST_CASE("on a decode-role worker a prompt with at most a block left runs at once, ahead of capped prompts") {
+  // A split request's pulled prompt waited behind the prompts the cap slows (FIFO admission),
+  // so the split's first token waited for the decode worker's prompt queue.
+  Rig rig(25, kFake, 4096, config::kDecodeRoleStepOverDecodes);
+  rig.StartDecodes(8, 512);
+  Sequence* long1 = rig.Add(4000);
+  Sequence* long2 = rig.Add(3000);  // the cap leaves it no room: it waits
+  rig.Step();
+  std::vector<TokenId> prompt(rig.seqs[0]->tokens.begin(), rig.seqs[0]->tokens.begin() + 30 * kB);
+  for (TokenId t : rig.Fresh(10)) prompt.push_back(t);  // 30 cached blocks, then 10 tokens
+  Sequence* pulled = rig.Add(prompt);
+  ScheduledBatch b = rig.Step();
+  const ScheduledSeq* s = rig.Find(b, pulled);
+  REQUIRE(s != nullptr);
+  CHECK(s->sample);
+  CHECK(s->num_tokens == 10);
+  CHECK(long2->state == SequenceState::kWaiting);
+  CHECK(rig.Find(b, long1) != nullptr);  // the oldest prefill still gets its block
+  CHECK(b.predicted_us <= 1.5 * DecodesUs(rig, b));
+}
+
+TEST_CASE("the decode-role cap yields to max_step_ms once a prompt has waited past max_capped_wait_ms") {
+  // The cap alone let a saturated fleet's decode workers fall seconds behind on prompts.
+  Rig rig(20, kFake, 4096, config::kDecodeRoleStepOverDecodes);
+  rig.StartDecodes(8, 512);
+  rig.Add(4000);  // arrived at 0
+  const TimeNs limit = static_cast<TimeNs>(config::kDecodeRoleMaxCappedWaitMs * kNsPerMs);
+  ScheduledBatch early = rig.Step(limit);  // not past it yet: capped
+  const double decodes_us = DecodesUs(rig, early);
+  CHECK(early.prefill_tokens <= 2 * kB);
+  CHECK(early.predicted_us < 20'000);
+  ScheduledBatch late = rig.Step(limit + 1);  // the running prefill is overdue: the 20 ms rule
+  CHECK(late.time_bounded);
+  CHECK(late.predicted_us <= 20'000);
+  CHECK(late.predicted_us > 1.25 * decodes_us);
+  CHECK(late.prefill_tokens > 500);
+}
+
+TEST_CASE("the decode-role cap is the tighter bound, and takes effect with max_step_ms 0 too") {
+  for (double max_step_ms : {0.0, 25.0}) {
+    Rig rig(max_step_ms, kFake, 4096, 2.0);
+    rig.StartDecodes(8, 512);
+    Sequence* prompt = rig.Add(4000);
+    ScheduledBatch b = rig.Step();
+    const double decodes_us = DecodesUs(rig, b);
+    REQUIRE(rig.Find(b, prompt) != nullptr);
+    CHECK(b.time_bounded);
+    CHECK(b.predicted_us <= 2.0 * decodes_us);
+    CHECK(b.predicted_us > 1.9 * decodes_us);
+  }
+}
+
 TEST_CASE("max_step_ms is 0 or 1..60000 ms, and the prior's coefficients are finite and >= 0") {
   SchedulerOptions o;
   for (double ok : {0.0, 1.0, 25.0, 60000.0}) {
@@ -242,6 +344,15 @@ TEST_CASE("max_step_ms is 0 or 1..60000 ms, and the prior's coefficients are fin
     CHECK(st.message().find("max_step_ms") != std::string::npos);
   }
   o.max_step_ms = 25;
+  for (double bad : {-1.0, 0.5, 101.0, std::nan("")}) {
+    o.max_step_over_decodes = bad;
+    CHECK(o.Validate(kB).message().find("max_step_over_decodes") != std::string::npos);
+  }
+  o.max_step_over_decodes = 1.25;
+  CHECK(o.Validate(kB).ok());
+  o.max_capped_wait_ms = -1;
+  CHECK(o.Validate(kB).message().find("max_capped_wait_ms") != std::string::npos);
+  o.max_capped_wait_ms = 500;
   o.step_prior.prefill_token_us = -1;
   CHECK(o.Validate(kB).message().find("step_prior") != std::string::npos);
 }
