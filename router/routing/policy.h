@@ -54,6 +54,9 @@ inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
+// A predicted entry lives predicted_ttl beyond the predicted first token (Router::Commit); a wait
+// beyond this is past any first-token timeout, and counts as this (it only bounds the arithmetic).
+inline constexpr double kMaxPredictedWaitSeconds = 600.0;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 inline constexpr double kTransferBytesPerSecond = 0.5e9;
 inline constexpr double kTransferSetupSeconds = 25e-3;
