@@ -95,7 +95,8 @@ struct RoutingOptions {
   DurationNs fleet_load_window = config::kFleetLoadWindow;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
-  // Lifetime of the predicted index entries inserted after each decision (ns).
+  // Lifetime of the predicted index entries inserted after each decision, counted from the
+  // decision's predicted first token (Router::Commit; ns). 0: no predicted entries.
   DurationNs predicted_ttl = config::kPredictedTtl;
   // Upper bound on an approx prediction's life (ns); within it the worker's modelled LRU
   // decides (README.md, "approx").

@@ -100,6 +100,22 @@ TEST_CASE("a prediction lives the event lag beyond the predicted first token, no
   CHECK(f.Matched(f.kv, d->worker) == 0);
 }
 
+TEST_CASE("a predicted TTL of 0 turns predictions off, however long the request will wait") {
+  RoutingOptions o;
+  o.predicted_ttl = 0;
+  Fixture f(o);
+  for (WorkerId w : f.fleet.routable) {
+    f.loads.reported[w].active_prefill_tokens = 30'000;
+    f.loads.reported[w].prefill_tokens_per_second = 10'000;
+  }
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  REQUIRE(d->estimated_ttft_s > 3.0);
+  f.router.Commit(*d);
+  f.clock.Advance(1);
+  CHECK(f.Matched(f.kv, d->worker) == 0);
+}
+
 TEST_CASE("a retry chooses among the same candidates, the workers tried excluded") {
   Fixture f;
   f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
