@@ -308,7 +308,8 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "limited by: full attention, or an all-windowed model's windowed pool) or a windowSize in tokens "
                  "for every worker (0: full attention)")
       ->capture_default_str();
-  app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms, "lifetime of predicted index entries")
+  app.add_option("--predicted-ttl-ms", c->predicted_ttl_ms,
+                 "lifetime of predicted index entries beyond the decision's predicted first token")
       ->capture_default_str();
   app.add_option("--transfer-bytes-per-s", c->routing.transfer_bytes_per_s,
                  "bandwidth assumed between two workers for pulling a cached prefix (kv, kv_retention); 0: the "

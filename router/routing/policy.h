@@ -54,6 +54,9 @@ inline constexpr double kHotSpotMinRequests = 32.0;
 inline constexpr double kMaxQueuedRequests = 256.0;
 inline constexpr DurationNs kPredictedTtl = 2 * kNsPerSec;
 inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
+// A predicted entry lives predicted_ttl beyond the predicted first token (Router::Commit); a wait
+// beyond this is past any first-token timeout, and counts as this (it only bounds the arithmetic).
+inline constexpr double kMaxPredictedWaitSeconds = 600.0;
 inline constexpr double kMaxWaitingRequests = 4096.0;
 inline constexpr double kTransferBytesPerSecond = 0.5e9;
 inline constexpr double kTransferSetupSeconds = 25e-3;
@@ -92,7 +95,8 @@ struct RoutingOptions {
   DurationNs fleet_load_window = config::kFleetLoadWindow;
   // A worker with this many requests queued (not yet running) is saturated.
   double max_queued_requests = config::kMaxQueuedRequests;
-  // Lifetime of the predicted index entries inserted after each decision (ns).
+  // Lifetime of the predicted index entries inserted after each decision, counted from the
+  // decision's predicted first token (Router::Commit; ns). 0: no predicted entries.
   DurationNs predicted_ttl = config::kPredictedTtl;
   // Upper bound on an approx prediction's life (ns); within it the worker's modelled LRU
   // decides (README.md, "approx").

@@ -458,7 +458,15 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
 }
 
 void Router::Commit(const Decision& decision) {
-  const DurationNs ttl = picker_.options().predicted_ttl;
+  // A prediction stands in for the worker's stored events until they can have come: after the
+  // request's prefill, which starts only once the queue ahead of it has drained. So it lives the
+  // event lag (predicted_ttl) beyond the predicted first token, not from the decision: under
+  // overload a queue outlasts a fixed 2 s, and the prefix was forgotten while it waited (README.md,
+  // "Predicted entries").
+  // A TTL of 0 turns predictions off (the index then knows what the events say, no more).
+  const DurationNs event_lag = picker_.options().predicted_ttl;
+  const double wait_s = std::clamp(decision.estimated_ttft_s, 0.0, config::kMaxPredictedWaitSeconds);
+  const DurationNs ttl = event_lag <= 0 ? 0 : event_lag + static_cast<DurationNs>(wait_s * kNsPerSec);
   // Predicted entries only for what the worker will store: a windowed pool keeps a
   // sequence's first window, no more (README.md, "Windowed models").
   auto stored_by = [&](WorkerId worker) {

@@ -22,6 +22,13 @@ With `--cache-tokens N` each worker's cache is instead an LRU of N tokens (a moc
 device KV, e.g. 442368): a prefix its holder has evicted since is then not counted as lost
 to the choice but to "no worker had it whole", which is where a policy that copies prefixes
 onto several workers (crowding others out) pays.
+
+The choice's share is then split by how the best holder got the prefix: sent there by the
+same router as this request or by another (several routers, `kvfleet bench --router A,B,..`),
+and whether that earlier request was still without its first token when this one was sent
+(its blocks not yet stored, so another router knew of it only by its gossip, which carries no
+prefixes); a request whose reported cached tokens cover the holder's match got the prefix
+anyway (a pull), and is counted apart.
 """
 
 import argparse
@@ -72,6 +79,7 @@ def main():
     on_worker = defaultdict(OrderedDict)
     capacity = a.cache_tokens // block if a.cache_tokens else 0
     tot = defaultdict(int)
+    origin = defaultdict(dict)  # worker -> chain id -> router of the request that sent it there
     for (arrival, n_in, ids), r in zip(scaled, reqs):
         full = n_in // block
         ch = chain(ids[:full])
@@ -90,19 +98,29 @@ def main():
         while routed < full and ch[routed] in mine:
             routed += 1
         tot["routed"] += routed * block
-        best = 0
-        for other in on_worker.values():
+        best, holder = 0, None
+        for x, other in on_worker.items():
             m = 0
             while m < full and ch[m] in other:
                 m += 1
-            best = max(best, m)
+            if m > best:
+                best, holder = m, x
         tot["best_worker"] += best * block
+        if best > routed:
+            c = ch[best - 1]
+            if r["cached_tokens"] >= best * block:
+                kind = "cached anyway (pulled)"
+            else:
+                kind = ("same router" if origin[holder][c] == r.get("router") else "another router") + \
+                    (", in flight" if on_worker[holder][c] > sent else ", stored")
+            tot["choice: " + kind] += (best - routed) * block
         tot["in_flight"] += sum(block for c in ch[:routed] if mine[c] > sent)
         tot["actual"] += min(r["cached_tokens"], n_in)
         ready = sent + max(r["ttft_s"], 0)
         for c in ch:
             if c not in mine:
                 mine[c] = ready
+                origin[w][c] = r.get("router")
             mine.move_to_end(c)
         while capacity and len(mine) > capacity:
             mine.popitem(last=False)
@@ -113,6 +131,8 @@ def main():
     print(f"lost to routing (prefix on another worker)   {(tot['ideal'] - tot['routed']) / p:.3f}")
     print(f"  of which no worker had it whole            {(tot['ideal'] - tot['best_worker']) / p:.3f}")
     print(f"  of which the choice (load over hit)        {(tot['best_worker'] - tot['routed']) / p:.3f}")
+    for k in sorted(t for t in tot if t.startswith("choice: ")):
+        print(f"    {k[8:]:<41}{tot[k] / p:.3f}")
     print(f"lost at the worker (eviction, in flight)     {(tot['routed'] - tot['actual']) / p:.3f}")
 
 
