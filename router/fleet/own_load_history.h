@@ -91,13 +91,14 @@ class OwnLoadSlot {
     for (;;) {
       const uint64_t before = seq_.load(std::memory_order_acquire);
       Snapshot s;
-      s.counts.requests = static_cast<double>(requests_.load(std::memory_order_relaxed));
-      s.counts.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_relaxed));
-      s.counts.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_relaxed));
-      s.counts.waiting = static_cast<double>(waiting_.load(std::memory_order_relaxed));
-      s.changed_at = changed_at_.load(std::memory_order_relaxed);
-      s.changes = changes_.load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      // Acquire loads, no fence (ThreadSanitizer models none): a value of a later change brings
+      // that change's odd sequence number with it, so the check below sees the change.
+      s.counts.requests = static_cast<double>(requests_.load(std::memory_order_acquire));
+      s.counts.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_acquire));
+      s.counts.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_acquire));
+      s.counts.waiting = static_cast<double>(waiting_.load(std::memory_order_acquire));
+      s.changed_at = changed_at_.load(std::memory_order_acquire);
+      s.changes = changes_.load(std::memory_order_acquire);
       if ((before & 1) == 0 && seq_.load(std::memory_order_relaxed) == before) return s;
     }
   }
@@ -120,13 +121,13 @@ class OwnLoadSlot {
   void Publish(TimeNs at, int64_t requests, int64_t waiting, int64_t prefill, int64_t prompt, uint64_t changes) {
     const uint64_t seq = seq_.load(std::memory_order_relaxed);
     seq_.store(seq + 1, std::memory_order_relaxed);  // odd: readers retry
-    std::atomic_thread_fence(std::memory_order_release);
-    requests_.store(requests, std::memory_order_relaxed);
-    waiting_.store(waiting, std::memory_order_relaxed);
-    prefill_tokens_.store(prefill, std::memory_order_relaxed);
-    prompt_tokens_.store(prompt, std::memory_order_relaxed);
-    changed_at_.store(at, std::memory_order_relaxed);
-    changes_.store(changes, std::memory_order_relaxed);
+    // Release stores: a reader that sees one also sees the odd number stored before it.
+    requests_.store(requests, std::memory_order_release);
+    waiting_.store(waiting, std::memory_order_release);
+    prefill_tokens_.store(prefill, std::memory_order_release);
+    prompt_tokens_.store(prompt, std::memory_order_release);
+    changed_at_.store(at, std::memory_order_release);
+    changes_.store(changes, std::memory_order_release);
     seq_.store(seq + 2, std::memory_order_release);
   }
   std::atomic<uint64_t> seq_{0};
