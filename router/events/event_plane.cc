@@ -230,6 +230,7 @@ void EventPlane::Impl::Remove(WorkerId id) {
   workers_.erase(it);
   std::lock_guard lock(view_mu_);
   views_.erase(id);
+  loads_[id].reset();
   SetState(id, WorkerState::kUnknown);
 }
 
@@ -325,7 +326,6 @@ bool EventPlane::Impl::ReceiveReplies(Entry& e, TimeNs until) {
 void EventPlane::Impl::RefreshView(const Entry& e) {
   View v;
   v.state = e.sub->state();
-  v.load = e.sub->load();
   v.stats = e.sub->stats();
   v.stats.state = v.state;
   v.stats.epoch = e.sub->epoch();
@@ -335,6 +335,7 @@ void EventPlane::Impl::RefreshView(const Entry& e) {
   v.stats.index_blocks = {index_.BlockCount(e.id, kv::Tier::kDevice), index_.BlockCount(e.id, kv::Tier::kHost)};
   std::lock_guard lock(view_mu_);
   SetState(e.id, v.state);
+  loads_[e.id] = e.sub->load();
   views_[e.id] = std::move(v);
 }
 

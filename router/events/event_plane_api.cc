@@ -64,18 +64,17 @@ WorkerState EventPlane::State(WorkerId id) const {
 }
 
 std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
+  if (id >= config::kMaxWorkers) return std::nullopt;
   std::shared_lock lock(impl_->view_mu_);
-  auto it = impl_->views_.find(id);
-  if (it == impl_->views_.end()) return std::nullopt;
-  return it->second.load;
+  return impl_->loads_[id];
 }
 
 void EventPlane::VisitLoads(std::span<const WorkerId> ids,
                             const std::function<void(size_t i, const WorkerLoad* load)>& fn) const {
   std::shared_lock lock(impl_->view_mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
-    auto it = impl_->views_.find(ids[i]);
-    fn(i, it == impl_->views_.end() || !it->second.load ? nullptr : &*it->second.load);
+    const std::optional<WorkerLoad>* load = ids[i] < config::kMaxWorkers ? &impl_->loads_[ids[i]] : nullptr;
+    fn(i, load == nullptr || !*load ? nullptr : &**load);
   }
 }
 

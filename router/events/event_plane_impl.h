@@ -10,10 +10,12 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -57,7 +59,6 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
 
   struct View {
     WorkerState state = WorkerState::kSyncing;
-    std::optional<WorkerLoad> load;
     WorkerEventStats stats;
   };
 
@@ -66,6 +67,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   GlobalIndex index_;
   mutable std::shared_mutex view_mu_;  // the HTTP threads read views while the event thread writes
   std::unordered_map<WorkerId, View> views_;
+  // By id: each worker's last load report, none without a view. GUARDED_BY(view_mu_). An array,
+  // not in the views: routing reads every worker's (EventPlane::VisitLoads), a dense run of lines.
+  std::vector<std::optional<WorkerLoad>> loads_ = std::vector<std::optional<WorkerLoad>>(config::kMaxWorkers);
   // By id: views_[id].state, kUnknown without a view. Stored under view_mu_ with views_ (SetState)
   // and read without it (EventPlane::State): a state read a moment late is one routing could
   // have read anyway.

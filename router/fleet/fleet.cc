@@ -157,8 +157,9 @@ std::string FleetImpl::WorkerName(WorkerId id) const {
 
 // --- internals ---
 
-bool FleetImpl::Routable(const WorkerRecord& w) const {
-  return !w.said_bye.load(std::memory_order_relaxed) && Serving(w);
+bool FleetImpl::Routable(WorkerId id, const RoutingRow& row) const {
+  if (row.said_bye.load(std::memory_order_relaxed) || !row.connected.load(std::memory_order_relaxed)) return false;
+  return !row.refused.load(std::memory_order_relaxed) && (signals_ == nullptr || signals_->State(id) != WorkerState::kDead);
 }
 
 bool FleetImpl::Serving(const WorkerRecord& w) const {
@@ -267,10 +268,9 @@ std::optional<WorkerId> FleetImpl::AddOrUpdate(const WorkerHello& hello, HelloSo
 WorkerId FleetImpl::AddRecord(std::unique_lock<std::shared_mutex>& lock, ModelEntry& model, const WorkerHello& hello,
                               HelloSource source) {
   const bool listed = source == HelloSource::kListed;
-  auto record = std::make_unique<WorkerRecord>();
-  record->id = TakeId();
-  record->info = hello;
-  SetTransfer(*record, hello);
+  const WorkerId id = TakeId();
+  auto record = std::make_unique<WorkerRecord>(id, table_[id]);
+  SetInfo(*record, hello);
   MoveDevice(record->id, "", hello.device_id);
   if (listed) record->listed = hello;
   record->from_static = source != HelloSource::kRegistered;
@@ -328,8 +328,7 @@ WorkerId FleetImpl::UpdateRecord(std::unique_lock<std::shared_mutex>& lock, Work
   }
   MoveDevice(w.id, w.info.device_id, merged.device_id);
   if (options_.peers != nullptr && w.info.name != merged.name) options_.peers->NameWorker(w.id, merged.name);
-  w.info = merged;
-  SetTransfer(w, merged);
+  SetInfo(w, merged);
   w.said_bye = false;
   if (!listed) w.described = true;
   if (source == HelloSource::kRegistered) {

@@ -8,6 +8,7 @@
 // before that thread starts).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -33,6 +34,7 @@
 #include "router/fleet/fleet.h"
 #include "router/fleet/lane.h"
 #include "router/fleet/poll_loop.h"
+#include "router/fleet/routing_table.h"
 
 namespace kvfleet::router {
 
@@ -58,27 +60,35 @@ enum class HelloSource {
 // A Hello's transfer service as routing reads it; null when the worker serves no pulls.
 std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info);
 struct WorkerRecord;
-// Sets w's transfer (TransferPeerOf(info)) and its ids for LoadView. REQUIRES: FleetImpl::mu_ held.
-void SetTransfer(WorkerRecord& w, const WorkerHello& info);
+// Sets w's `info`, its transfer (TransferPeerOf(info)), and what its routing row holds of them:
+// the one way a record's `info` changes. REQUIRES: FleetImpl::mu_ held exclusively.
+void SetInfo(WorkerRecord& w, const WorkerHello& info);
 
-// One worker. Fields read by other threads are atomics or guarded by the registry lock.
+// One worker. Fields read by other threads are atomics or guarded by the registry lock. What
+// routing reads of it is in its row of the fleet's RoutingTable (routing_table.h).
 struct WorkerRecord {
+  // Takes the row of `id` and resets it. REQUIRES: FleetImpl::mu_ held exclusively.
+  WorkerRecord(WorkerId worker, RoutingRow& routing_row) : id(worker), row(routing_row), own(&routing_row.own) {
+    row.Reset();
+  }
   WorkerId id = 0;
-  WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_)
+  RoutingRow& row;
+  WorkerHello info;                       // GUARDED_BY(FleetImpl::mu_); set by SetInfo
   WorkerHello listed;                     // GUARDED_BY(FleetImpl::mu_); from_static: the flags' guess
   // `info`'s transfer service (TransferPeerOf), made whenever `info` is set; null: no pulls.
   std::shared_ptr<const TransferPeer> transfer;  // GUARDED_BY(FleetImpl::mu_)
-  uint32_t transfer_format = 0, transfer_host = 0;  // GUARDED_BY(FleetImpl::mu_); LoadView's, of `transfer`
   bool from_static = false;               // static list or DNS: removed when DNS drops it
-  // `info` is the worker's own (a Hello, or its answer to a Describe), not the flags' guess.
-  std::atomic<bool> described{false};
+  // The flags are stored in `row`. `info` is the worker's own (a Hello, or its answer to a
+  // Describe), not the flags' guess:
+  std::atomic<bool>& described = row.described;
   // Its last answer to a Describe was refused (another model, tokenizer or block size): not
   // routable until an answer is accepted.
-  std::atomic<bool> refused{false};
-  std::atomic<bool> connected{false};
-  std::atomic<bool> said_bye{false};
-  std::atomic<bool> removed{false};
-  OwnLoadCounter<config::kOwnLoadHistory> own;  // this router's in-flight counts there
+  std::atomic<bool>& refused = row.refused;
+  std::atomic<bool>& connected = row.connected;
+  std::atomic<bool>& said_bye = row.said_bye;
+  std::atomic<bool>& removed = row.removed;
+  // This router's in-flight counts there, published in row.own.
+  OwnLoadCounter<config::kOwnLoadHistory> own;
   std::atomic<uint64_t> failures{0};      // see LaneFleet::Failures
   std::string last_failure;               // GUARDED_BY(FleetImpl::mu_)
   prometheus::Gauge* inflight_gauge = nullptr;
@@ -172,7 +182,8 @@ class FleetImpl final : public LaneFleet {
     std::vector<WorkerId> members;
   };
 
-  bool Routable(const WorkerRecord& w) const;
+  bool Routable(const WorkerRecord& w) const { return Routable(w.id, w.row); }
+  bool Routable(WorkerId id, const RoutingRow& row) const;
   // Routable but for a Bye: it still answers what it was sent (LaneFleet::Serving).
   bool Serving(const WorkerRecord& w) const;
   // by_device_: `id` leaves device `from`'s workers and joins `to`'s ("": none). REQUIRES: mu_ held.
@@ -276,6 +287,8 @@ class FleetImpl final : public LaneFleet {
   // Registry: a record is marked removed when its worker leaves, and deleted (its slot null,
   // its id reused) once it has been gone for forget_after. Ids stay below max_workers.
   mutable std::shared_mutex mu_;
+  // By id: each record's row (declared first: the records refer to theirs).
+  RoutingTable table_{std::min(options_.max_workers, size_t{config::kMaxWorkers})};
   std::vector<std::unique_ptr<WorkerRecord>> workers_;        // GUARDED_BY(mu_); by id, null: free
   std::set<WorkerId> free_ids_;                               // GUARDED_BY(mu_)
   size_t records_ = 0;                                        // GUARDED_BY(mu_); non-null in workers_

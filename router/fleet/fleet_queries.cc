@@ -37,17 +37,19 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
   // worker that has not described itself yet has only the flags' guess (--max-context, 8192 by
   // default), which refuses prompts its model takes: it counts only while no routable worker
   // has said anything (a worker older than Describe keeps the flags).
+  // Each member's routing row (routing_table.h), not its record: only an adapter's needs the
+  // record's Hello.
   uint32_t guessed = 0;
   for (WorkerId id : entry.members) {
-    const WorkerRecord& w = *workers_[id];
-    if (w.removed.load()) continue;
-    if (!adapter.empty() && !Serves(w.info, adapter)) continue;
+    const RoutingRow& row = table_[id];
+    if (row.removed.load()) continue;
+    if (!adapter.empty() && !Serves(workers_[id]->info, adapter)) continue;
     ++f.workers;
-    f.needs_tokenizer = f.needs_tokenizer || w.info.backend == "cpu" || w.info.backend == "cuda";
-    if (!Routable(w)) continue;
+    f.needs_tokenizer = f.needs_tokenizer || row.needs_tokenizer;
+    if (!Routable(id, row)) continue;
     f.routable.push_back(id);
-    uint32_t& least = w.described.load() ? f.max_context : guessed;
-    if (least == 0 || (w.info.max_context > 0 && w.info.max_context < least)) least = w.info.max_context;
+    uint32_t& least = row.described.load() ? f.max_context : guessed;
+    if (least == 0 || (row.max_context > 0 && row.max_context < least)) least = row.max_context;
   }
   if (f.max_context == 0) f.max_context = guessed;
   return f;
@@ -178,7 +180,7 @@ Fleet::OwnLoadCounts FleetImpl::OwnLoad(WorkerId id) const {
 Fleet::OwnLoadCounts FleetImpl::OwnLoadAt(WorkerId id, TimeNs at) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   if (Record(id) == nullptr) return {};
-  return workers_[id]->own.At(at);
+  return workers_[id]->own.FromHistory(at);  // the history itself: Loads reads the routing row
 }
 
 std::optional<WorkerLoad> FleetImpl::ReportedLoad(WorkerId id) const {
@@ -206,15 +208,22 @@ void FleetImpl::Loads(std::span<const WorkerId> ids, std::vector<WorkerLoads::Lo
   for (size_t i = 0; i < ids.size(); ++i) {
     WorkerLoads::LoadView& v = (*out)[i];
     if (Record(ids[i]) == nullptr) continue;
-    const WorkerRecord& w = *workers_[ids[i]];
-    v.own = w.own.Now();
-    if (v.report) v.own_at_report = w.own.At(v.report->received_at);
-    v.announced_prefill_rate = w.info.prefill_tokens_per_second;
-    v.role = w.info.role;
-    v.structured_outputs = w.info.structured_outputs;
-    if (!w.info.device_id.empty()) v.device_mates = DeviceMatesOf(w);
-    v.transfer_format = w.transfer_format;
-    v.transfer_host = w.transfer_host;
+    // The worker's routing row: its record only for a report older than this router's last
+    // change of its counts there (the history ring), and for its device mates.
+    const RoutingRow& row = table_[ids[i]];
+    const OwnLoadSlot::Snapshot own = row.own.Read();
+    v.own = own.counts;
+    if (v.report) {
+      const TimeNs at = v.report->received_at;
+      if (own.changes == 0) v.own_at_report = OwnLoadCounts{};
+      else v.own_at_report = own.changed_at <= at ? own.counts : workers_[ids[i]]->own.At(at);
+    }
+    v.announced_prefill_rate = row.announced_prefill_rate;
+    v.role = row.role;
+    v.structured_outputs = row.structured_outputs;
+    if (row.names_device) v.device_mates = DeviceMatesOf(*workers_[ids[i]]);
+    v.transfer_format = row.transfer_format;
+    v.transfer_host = row.transfer_host;
     if (peers) {
       const std::optional<TimeNs> at = v.report ? std::optional(v.report->received_at) : std::nullopt;
       peers->NowAndAt(ids[i], at, &v.peers, &v.peers_at_report);
@@ -276,10 +285,11 @@ std::shared_ptr<const TransferPeer> TransferPeerOf(const WorkerHello& info) {
                                                            info.transfer_host_id});
 }
 
-void SetTransfer(WorkerRecord& w, const WorkerHello& info) {
+void SetInfo(WorkerRecord& w, const WorkerHello& info) {
+  w.info = info;
   w.transfer = TransferPeerOf(info);
-  w.transfer_format = w.transfer ? TransferNameId(w.transfer->format) : 0;
-  w.transfer_host = w.transfer && !w.transfer->host_id.empty() ? TransferNameId(w.transfer->host_id) : 0;
+  w.row.SetInfo(info, w.transfer ? TransferNameId(w.transfer->format) : 0,
+                w.transfer && !w.transfer->host_id.empty() ? TransferNameId(w.transfer->host_id) : 0);
 }
 
 uint32_t TransferNameId(std::string_view name) {

@@ -4,7 +4,8 @@
 // OwnLoadCounter: those counts themselves, with their history, as the fleet keeps them per
 // worker (the lanes change them; the routing step reads them).
 //
-// Thread safety: OwnLoadHistory is thread-compatible; OwnLoadCounter is thread-safe.
+// Thread safety: OwnLoadHistory is thread-compatible; OwnLoadCounter is thread-safe; OwnLoadSlot
+// takes readers on any thread beside one writer at a time.
 //
 // Invariants:
 //   1. Samples are recorded in time order; At(t) returns the counts of the last sample at or
@@ -75,21 +76,92 @@ class OwnLoadHistory {
   std::array<Sample, N> ring_;
 };
 
-// One worker's own counts and the history of their changes. Now() reads the counts without
-// a lock (the routing step's hot path); Add() and At() order changes with their samples.
+// One worker's own counts now and when they last changed, published for readers that take
+// no lock: a sequence lock (one writer at a time; OwnLoadCounter's mutex orders them). The
+// fleet keeps one per worker in its routing table (routing_table.h), so that a routing
+// decision reads a worker's counts from one line of a dense array. 64 bytes.
+class OwnLoadSlot {
+ public:
+  struct Snapshot {
+    OwnLoadCounts counts;
+    TimeNs changed_at = 0;  // the last change's time; meaningless while `changes` is 0
+    uint64_t changes = 0;   // changes ever published (since Reset)
+  };
+  Snapshot Read() const {
+    for (;;) {
+      const uint64_t before = seq_.load(std::memory_order_acquire);
+      Snapshot s;
+      // Acquire loads, no fence (ThreadSanitizer models none): a value of a later change brings
+      // that change's odd sequence number with it, so the check below sees the change.
+      s.counts.requests = static_cast<double>(requests_.load(std::memory_order_acquire));
+      s.counts.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_acquire));
+      s.counts.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_acquire));
+      s.counts.waiting = static_cast<double>(waiting_.load(std::memory_order_acquire));
+      s.changed_at = changed_at_.load(std::memory_order_acquire);
+      s.changes = changes_.load(std::memory_order_acquire);
+      if ((before & 1) == 0 && seq_.load(std::memory_order_relaxed) == before) return s;
+    }
+  }
+  // The counts changed by `d` at `at`; returns them. REQUIRES: no other Add or Reset at once.
+  OwnLoadCounts Add(TimeNs at, const OwnLoadDelta& d) {
+    const int64_t requests = requests_.load(std::memory_order_relaxed) + d.requests;
+    const int64_t waiting = waiting_.load(std::memory_order_relaxed) + d.waiting;
+    const int64_t prefill = prefill_tokens_.load(std::memory_order_relaxed) + d.prefill_tokens;
+    const int64_t prompt = prompt_tokens_.load(std::memory_order_relaxed) + d.prompt_tokens;
+    Publish(at, requests, waiting, prefill, prompt, changes_.load(std::memory_order_relaxed) + 1);
+    return OwnLoadCounts{static_cast<double>(requests), static_cast<double>(prefill), static_cast<double>(prompt),
+                         static_cast<double>(waiting)};
+  }
+  // Zero counts, never changed (a new worker on a reused id). REQUIRES: no Add at once.
+  void Reset() { Publish(0, 0, 0, 0, 0, 0); }
+  int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  int64_t prefill_tokens() const { return prefill_tokens_.load(std::memory_order_relaxed); }
+
+ private:
+  void Publish(TimeNs at, int64_t requests, int64_t waiting, int64_t prefill, int64_t prompt, uint64_t changes) {
+    const uint64_t seq = seq_.load(std::memory_order_relaxed);
+    seq_.store(seq + 1, std::memory_order_relaxed);  // odd: readers retry
+    // Release stores: a reader that sees one also sees the odd number stored before it.
+    requests_.store(requests, std::memory_order_release);
+    waiting_.store(waiting, std::memory_order_release);
+    prefill_tokens_.store(prefill, std::memory_order_release);
+    prompt_tokens_.store(prompt, std::memory_order_release);
+    changed_at_.store(at, std::memory_order_release);
+    changes_.store(changes, std::memory_order_release);
+    seq_.store(seq + 2, std::memory_order_release);
+  }
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> prefill_tokens_{0};  // expected uncached, requests without a first token
+  std::atomic<int64_t> prompt_tokens_{0};   // their whole prompts
+  std::atomic<int64_t> waiting_{0};         // requests without a first token
+  std::atomic<TimeNs> changed_at_{0};
+  std::atomic<uint64_t> changes_{0};
+};
+
+// One worker's own counts and the history of their changes. The counts and their newest
+// sample are published in an OwnLoadSlot, its own or the one given (the fleet's routing table):
+// Now() and the usual At() (a time after the last change) read it without a lock; an older
+// time asks the history under the mutex. Add() orders changes with their samples.
 template <size_t N>
 class OwnLoadCounter {
  public:
-  OwnLoadCounts Now() const {
-    OwnLoadCounts c;
-    c.requests = static_cast<double>(requests_.load(std::memory_order_relaxed));
-    c.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_relaxed));
-    c.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_relaxed));
-    c.waiting = static_cast<double>(waiting_.load(std::memory_order_relaxed));
-    return c;
-  }
+  OwnLoadCounter() = default;
+  // Publishes in `slot`, which outlives the counter and is reset here.
+  explicit OwnLoadCounter(OwnLoadSlot* slot) : slot_(slot) { slot_->Reset(); }
+  OwnLoadCounter(const OwnLoadCounter&) = delete;
+  OwnLoadCounter& operator=(const OwnLoadCounter&) = delete;
+
+  OwnLoadCounts Now() const { return slot_->Read().counts; }
   // The counts after the last change at or before `at` (OwnLoadHistory::At).
   OwnLoadCounts At(TimeNs at) const {
+    const OwnLoadSlot::Snapshot s = slot_->Read();
+    if (s.changes == 0) return OwnLoadCounts{};
+    if (s.changed_at <= at) return s.counts;
+    return FromHistory(at);
+  }
+  // At(at) as the history alone answers it, under the mutex.
+  OwnLoadCounts FromHistory(TimeNs at) const {
     std::lock_guard<std::mutex> lock(mu_);
     return history_.At(at, Now());
   }
@@ -98,26 +170,16 @@ class OwnLoadCounter {
   void Add(const Clock* clock, const OwnLoadDelta& d) {
     std::lock_guard<std::mutex> lock(mu_);
     const TimeNs now = clock->Now();
-    const int64_t requests = d.requests, prefill_tokens = d.prefill_tokens, prompt_tokens = d.prompt_tokens;
-    OwnLoadCounts after;
-    after.requests = static_cast<double>(requests_.fetch_add(requests, std::memory_order_relaxed) + requests);
-    after.waiting = static_cast<double>(waiting_.fetch_add(d.waiting, std::memory_order_relaxed) + d.waiting);
-    after.prefill_tokens =
-        static_cast<double>(prefill_tokens_.fetch_add(prefill_tokens, std::memory_order_relaxed) + prefill_tokens);
-    after.prompt_tokens =
-        static_cast<double>(prompt_tokens_.fetch_add(prompt_tokens, std::memory_order_relaxed) + prompt_tokens);
-    history_.Record(now, after);
+    history_.Record(now, slot_->Add(now, d));
   }
-  int64_t requests() const { return requests_.load(); }
-  int64_t prefill_tokens() const { return prefill_tokens_.load(); }
+  int64_t requests() const { return slot_->requests(); }
+  int64_t prefill_tokens() const { return slot_->prefill_tokens(); }
 
  private:
-  std::atomic<int64_t> requests_{0};
-  std::atomic<int64_t> prefill_tokens_{0};  // expected uncached, requests without a first token
-  std::atomic<int64_t> prompt_tokens_{0};   // their whole prompts
-  std::atomic<int64_t> waiting_{0};         // requests without a first token
-  mutable std::mutex mu_;                   // orders the counts' changes with their samples
-  OwnLoadHistory<N> history_;               // GUARDED_BY(mu_)
+  OwnLoadSlot own_slot_;
+  OwnLoadSlot* slot_ = &own_slot_;
+  mutable std::mutex mu_;      // orders the counts' changes with their samples
+  OwnLoadHistory<N> history_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace kvfleet::router

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "common/clock.h"
+
 namespace kvfleet::router {
 namespace {
 
@@ -60,6 +62,43 @@ TEST_CASE("At answers as a scan of every change ever recorded would, within the 
     }
     if (!found && first_kept > 0) want = current;
     REQUIRE(h.At(at, current) == want);
+  }
+}
+
+
+TEST_CASE("a counter's published counts and newest sample answer as its history does, at random times") {
+  // The routing table's rows (routing_table.h) read the slot without the counter's lock: Now()
+  // and At() from it must equal what the history ring gives under the lock.
+  ManualClock clock;
+  OwnLoadSlot slot;
+  std::mt19937 rng(11);
+  for (int worker = 0; worker < 3; ++worker) {  // a new counter on the slot: a reused worker id
+    OwnLoadCounter<8> counter(&slot);
+    CHECK(slot.Read().changes == 0);
+    CHECK(counter.Now() == OwnLoadCounts{});
+    CHECK(counter.At(clock.Now()) == OwnLoadCounts{});
+    OwnLoadCounts sum;  // the model: every delta added up
+    std::vector<TimeNs> times;
+    for (int step = 0; step < 500; ++step) {
+      clock.Advance(static_cast<DurationNs>(rng() % 3));
+      OwnLoadDelta d;
+      d.requests = static_cast<int64_t>(rng() % 5) - 2;
+      d.waiting = static_cast<int64_t>(rng() % 3) - 1;
+      d.prefill_tokens = static_cast<int64_t>(rng() % 200) - 100;
+      d.prompt_tokens = static_cast<int64_t>(rng() % 300) - 100;
+      counter.Add(&clock, d);
+      sum.requests += static_cast<double>(d.requests);
+      sum.waiting += static_cast<double>(d.waiting);
+      sum.prefill_tokens += static_cast<double>(d.prefill_tokens);
+      sum.prompt_tokens += static_cast<double>(d.prompt_tokens);
+      times.push_back(clock.Now());
+      REQUIRE(counter.Now() == sum);
+      REQUIRE(slot.Read().counts == sum);
+      REQUIRE(slot.Read().changed_at == clock.Now());
+      REQUIRE(counter.requests() == static_cast<int64_t>(sum.requests));
+      const TimeNs at = clock.Now() - static_cast<TimeNs>(rng() % 12);
+      REQUIRE(counter.At(at) == counter.FromHistory(at));
+    }
   }
 }
 
