@@ -22,6 +22,11 @@ something unkind to the fleet while the bench runs, and checks what clients saw:
                   (--debug-drop-gossip, testing only): each router forgets its peer within
                   the ttl and routes alone, hears it again once the channel is back, and
                   every request completes.
+  router_kill     Three gossiping routers (kvfleet up --routers 3), the bench spread over all
+                  three; the second router SIGKILLed halfway and not restarted within the run.
+                  Clients of the other two see no error; the killed router's clients see only
+                  connection errors (read/write/connect, no timeout), and requests whose
+                  connection it refused are sent to another router by the bench and served.
   soak            A steady rate for --duration-s; router and worker RSS sampled at start
                   and end (and every 30 s). With --asan, the binaries are ASan/LSan
                   builds and any sanitizer report in the logs fails the run.
@@ -208,6 +213,68 @@ def scenario_gossip(args, c):
         fleet.stop()
 
 
+def router_pid(fleet, url):
+    """The pid of the router `kvfleet up` started to serve `url` (its --http-port)."""
+    port = url.rsplit(":", 1)[1]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) != fleet.proc.pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = [a.decode() for a in f.read().split(b"\0")]
+        except (OSError, ValueError):
+            continue
+        if args and args[0].endswith("kvfleet-router") and "--http-port" in args and \
+                args[args.index("--http-port") + 1] == port:
+            return int(entry)
+    return None
+
+
+def scenario_router_kill(args, c):
+    trace = os.path.join(args.work, "router_kill.trace.jsonl")
+    n = write_trace(trace, args.duration_s, args.rate, seed=4)
+    # Restarted only well after the run: the killed router stays down for its second half.
+    fleet = Fleet(args, "router_kill", routers=3, restart_delay_s=args.duration_s + 60)
+    try:
+        fleet.wait_ready()
+        p, _, reqs_path = run_bench(args, fleet, trace, "router_kill")
+        time.sleep(args.duration_s / 2)
+        victim = fleet.urls[1]
+        pid = router_pid(fleet, victim)
+        c.check(pid is not None, f"found the router serving {victim}")
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            log(f"SIGKILL router {victim} (pid {pid})")
+        rc = wait_bench(p, args.duration_s + REQUEST_TIMEOUT_S + 30)
+        reqs = load_requests(reqs_path) if os.path.exists(reqs_path) else []
+        c.check(rc is not None, f"kvfleet bench ended within its deadline (rc {rc})")
+        c.check(len(reqs) == n, f"every request has an outcome ({len(reqs)} of {n})")
+        others = [r for r in reqs if r["router"] != victim]
+        failed_others = [r for r in others if not r["ok"]]
+        c.figure("served_by_others", len(others))
+        c.check(not failed_others, f"clients of the other routers saw no error ({len(failed_others)} did: "
+                                   f"{sorted({r['error'] for r in failed_others})})")
+        on_victim = [r for r in reqs if r["router"] == victim]
+        kinds = {}
+        for r in on_victim:
+            if not r["ok"]:
+                kinds[r["error"]] = kinds.get(r["error"], 0) + 1
+        c.figure("killed_router_errors_by_kind", kinds)
+        c.check(set(kinds) <= {"connect", "read", "write"},
+                f"the killed router's clients saw only connection errors ({kinds})")
+        retried = [r for r in reqs if r.get("connect_retries", 0) > 0]
+        c.figure("sent_to_another_router", len(retried))
+        c.check(len(retried) > 0 and all(r["ok"] for r in retried),
+                f"requests the killed router refused went to another router and were served "
+                f"({sum(r['ok'] for r in retried)} of {len(retried)})")
+    finally:
+        fleet.stop()
+
+
 def index_matches(fleet, tolerance):
     """True when, for every worker, the router's device-tier index blocks equal the worker's
     own device blocks holding a hash (in use or cached), within `tolerance` (a fraction)."""
@@ -347,7 +414,8 @@ def scenario_soak(args, c):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", required=True, choices=["kill", "drop", "router_restart", "gossip", "soak"])
+    ap.add_argument("--scenario", required=True,
+                    choices=["kill", "drop", "router_restart", "router_kill", "gossip", "soak"])
     ap.add_argument("--kvfleet", required=True)
     ap.add_argument("--router-bin", default="")
     ap.add_argument("--worker-bin", default="")
@@ -378,7 +446,7 @@ def main():
     loadavg = os.getloadavg()
     c.figure("load_average_at_start", [round(x, 2) for x in loadavg])
     {"kill": scenario_kill, "drop": scenario_drop, "router_restart": scenario_router_restart,
-     "gossip": scenario_gossip, "soak": scenario_soak}[args.scenario](args, c)
+     "router_kill": scenario_router_kill, "gossip": scenario_gossip, "soak": scenario_soak}[args.scenario](args, c)
     c.figure("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
     result = {"scenario": args.scenario, "workers": args.workers, "duration_s": args.duration_s, "rate": args.rate,
               "asan": args.asan, "passed": not c.failures, "failures": c.failures, "figures": c.figures}
