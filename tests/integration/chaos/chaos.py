@@ -48,7 +48,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from chaos_fleet import (  # noqa: E402
     GROUPS, HEARTBEAT_TIMEOUT_S, POLL_S, REQUEST_TIMEOUT_S, ROUTER_RESTART_DELAY_S, INDEX_REBUILD_TARGET_S,
     DROP_GROUP_PERIOD_S, DROP_HIT_RATE_TOLERANCE, log, http_get, parse_metrics, metric_sum,
-    write_trace, rss_kb, Fleet, FleetPoller, run_bench, wait_bench,
+    write_trace, rss_kb, Fleet, FleetPoller, run_bench, wait_bench, child_args,
     load_requests, summary_of, Checks, client_checks,
 )
 
@@ -216,21 +216,10 @@ def scenario_gossip(args, c):
 def router_pid(fleet, url):
     """The pid of the router `kvfleet up` started to serve `url` (its --http-port)."""
     port = url.rsplit(":", 1)[1]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(")") + 2:].split()[1]) != fleet.proc.pid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = [a.decode() for a in f.read().split(b"\0")]
-        except (OSError, ValueError):
-            continue
+    for pid, args in child_args(fleet.proc.pid):
         if args and args[0].endswith("kvfleet-router") and "--http-port" in args and \
                 args[args.index("--http-port") + 1] == port:
-            return int(entry)
+            return pid
     return None
 
 

@@ -108,27 +108,32 @@ def rss_kb(pid):
     return None
 
 
-def children(pid):
-    """{name: pid} of the router and workers `kvfleet up` (pid) started."""
-    out = {}
+def child_args(pid):
+    """[(pid, argv)] of the processes whose parent is `pid`."""
+    out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            if ppid != pid:
+            if int(stat[stat.rindex(")") + 2:].split()[1]) != pid:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+                out.append((int(entry), [a.decode() for a in f.read().split(b"\0")]))
         except (OSError, ValueError):
             continue
-        args = [a.decode() for a in argv]
+    return out
+
+
+def children(pid):
+    """{name: pid} of the router and workers `kvfleet up` (pid) started."""
+    out = {}
+    for entry, args in child_args(pid):
         if "--worker-id" in args:
-            out[args[args.index("--worker-id") + 1]] = int(entry)
+            out[args[args.index("--worker-id") + 1]] = entry
         elif args and args[0].endswith("kvfleet-router"):
-            out["router"] = int(entry)
+            out["router"] = entry
     return out
 
 
