@@ -311,6 +311,7 @@ class FleetImpl final : public LaneFleet {
   uint64_t monitors_ = 0;
   std::set<std::string> refusals_logged_;
   TimeNs last_forget_check_ = 0;
+  TimeNs last_trim_ = 0;  // ForgetGone's last malloc_trim
   RateLimit socket_errors_log_;
 
   prometheus::Counter* retries_ = nullptr;
