@@ -63,6 +63,12 @@ ChatFailure ChatWith(const FakeWorker& w, Status chat_error) {
   return out;
 }
 
+// Sends a completion request on an open connection without waiting for its answer.
+void PostCompletion(Client& c, const std::string& body) {
+  c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         body);
+}
+
 }  // namespace
 
 TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, not a 400 on messages") {
@@ -239,9 +245,7 @@ TEST_CASE("a client that disconnects mid-stream cancels its request on the worke
   r.WaitRoutable(1);
   {
     Client c(r.port());
-    std::string body = R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})";
-    c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
-           "\r\n\r\n" + body);
+    PostCompletion(c, R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})");
     c.ReadUntil("\"text\":\"h\"");
   }
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
@@ -254,9 +258,7 @@ TEST_CASE("a client that leaves before any answer cancels its request, counted a
   r.WaitRoutable(1);
   {
     Client c(r.port());
-    std::string body = R"({"model":"m","prompt":"x","max_tokens":3})";
-    c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
-           "\r\n\r\n" + body);
+    PostCompletion(c, R"({"model":"m","prompt":"x","max_tokens":3})");
     REQUIRE(WaitFor([&] { return w.generates() == 1; }));
   }
   CHECK(WaitFor([&] { return w.cancels() == 1; }));
@@ -296,9 +298,7 @@ TEST_CASE("a worker that dies after the first token ends the stream with an erro
   RouterUnderTest r({w.endpoint()});
   r.WaitRoutable(1);
   Client c(r.port());
-  std::string body = R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})";
-  c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
-         body);
+  PostCompletion(c, R"({"model":"m","prompt":"x","stream":true,"max_tokens":100})");
   c.ReadUntil("\"text\":\"h\"");
   w.Crash();
   std::string rest = c.ReadUntil("0\r\n\r\n");

@@ -77,12 +77,9 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
   CHECK(next->device_blocks == 10);
 }
 
-// Issue 34: under overload a request waited longer than the 2 s TTL for its prefill, so the
-// predicted entries of its prefix expired before the worker could store the blocks, and the next
-// request sharing the prefix saw no holder (approx's 120 s guesses still knew it).
-TEST_CASE("a prediction lives the event lag beyond the predicted first token, not from the decision") {
-  Fixture f;
-  // 3 s of prefill queued on every worker: the first token ~3 s away wherever it goes.
+// 3 s of prefill queued on every worker (the first token ~3 s away wherever it goes), then a
+// kv decision committed.
+Decision RouteBehindQueues(Fixture& f) {
   for (WorkerId w : f.fleet.routable) {
     f.loads.reported[w].active_prefill_tokens = 30'000;
     f.loads.reported[w].prefill_tokens_per_second = 10'000;
@@ -91,29 +88,31 @@ TEST_CASE("a prediction lives the event lag beyond the predicted first token, no
   REQUIRE(d.ok());
   REQUIRE(d->estimated_ttft_s > 3.0);
   f.router.Commit(*d);
+  return *d;
+}
+
+// Issue 34: under overload a request waited longer than the 2 s TTL for its prefill, so the
+// predicted entries of its prefix expired before the worker could store the blocks, and the next
+// request sharing the prefix saw no holder (approx's 120 s guesses still knew it).
+TEST_CASE("a prediction lives the event lag beyond the predicted first token, not from the decision") {
+  Fixture f;
+  const Decision d = RouteBehindQueues(f);
   const DurationNs ttl = f.router.options().predicted_ttl;
   // Past the TTL counted from the decision, still queued: the prediction stands.
   f.clock.Advance(ttl + kNsPerSec);
-  CHECK(f.Matched(f.kv, d->worker) == 10);
+  CHECK(f.Matched(f.kv, d.worker) == 10);
   // Past the first token and the event lag after it, no stored event confirmed it: gone.
-  f.clock.Advance(static_cast<DurationNs>(d->estimated_ttft_s * kNsPerSec));
-  CHECK(f.Matched(f.kv, d->worker) == 0);
+  f.clock.Advance(static_cast<DurationNs>(d.estimated_ttft_s * kNsPerSec));
+  CHECK(f.Matched(f.kv, d.worker) == 0);
 }
 
 TEST_CASE("a predicted TTL of 0 turns predictions off, however long the request will wait") {
   RoutingOptions o;
   o.predicted_ttl = 0;
   Fixture f(o);
-  for (WorkerId w : f.fleet.routable) {
-    f.loads.reported[w].active_prefill_tokens = 30'000;
-    f.loads.reported[w].prefill_tokens_per_second = 10'000;
-  }
-  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
-  REQUIRE(d.ok());
-  REQUIRE(d->estimated_ttft_s > 3.0);
-  f.router.Commit(*d);
+  const Decision d = RouteBehindQueues(f);
   f.clock.Advance(1);
-  CHECK(f.Matched(f.kv, d->worker) == 0);
+  CHECK(f.Matched(f.kv, d.worker) == 0);
 }
 
 TEST_CASE("a retry chooses among the same candidates, the workers tried excluded") {
