@@ -72,8 +72,8 @@
 //      groups sit at staging offsets fixed by the padded batch, the tile height follows the
 //      padded batch and the tiles are padded to ceil(T / tile) + slots (empty tiles do
 //      nothing). Steps without an adapter take exactly the path of (4)-(6).
-//      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (1..16; default
-//      kernels::LoraTileRowsFor).
+//      BackendOptions::extra["lora_tile_rows"] fixes the kernels' tile height (cuda_tuning.h;
+//      default kernels::LoraTileRowsFor).
 //   8. Tensor parallelism (BackendOptions::tensor_parallel N > 1, cuda_tensor_parallel.cc): N
 //      CudaBackend ranks, this object rank 0 and the engine's, ranks 1..N-1 its peers_, each
 //      on its own thread (RankThreads; rank 0 the engine thread), device, stream, cuBLASLt
@@ -537,7 +537,6 @@ class CudaBackend final : public ModelBackendBase {
   float* lora_slot_scaling_dev_ = nullptr;                             // [slot]
   float* lora_t_ = nullptr;  // the shrink's partial sums: LoraShrinkScratchFloats(max_num_tokens, 3R)
   int32_t* lora_counters_ = nullptr;  // the shrink's split counters: kLoraShrinkTargetBlocks, zero between launches
-  int32_t lora_tile_rows_ = 0;                                         // 0: kernels::LoraTileRowsFor
   cudaStream_t lora_stream_ = nullptr;                                 // LoadLora's copies
   cudaEvent_t lora_ready_ = nullptr;                                   // recorded after them
   cudaStream_t lora_side_ = nullptr;  // the shrinks, forked from stream_ before each targeted product

@@ -2,7 +2,6 @@
 // groups and the shrink + expand launches after each targeted product. Thread-compatible, as
 // CudaBackend: the engine thread calls it.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -39,15 +38,6 @@ Status CudaBackend::AllocateLora() {
   if (options_.max_lora_rank < 1 || options_.max_lora_rank > kernels::kLoraMaxRank) {
     return InvalidArgument("cuda backend: max_lora_rank " + std::to_string(options_.max_lora_rank) +
                            " is outside [1, " + std::to_string(kernels::kLoraMaxRank) + "]");
-  }
-  if (auto t = options_.extra.find("lora_tile_rows"); t != options_.extra.end()) {
-    char* end = nullptr;
-    const long v = std::strtol(t->second.c_str(), &end, 10);
-    if (end == t->second.c_str() || *end != '\0' || v < 1 || v > kernels::kLoraMaxTileRows) {
-      return InvalidArgument("cuda backend: lora_tile_rows must be an integer in [1, " +
-                             std::to_string(kernels::kLoraMaxTileRows) + "], got '" + t->second + "'");
-    }
-    lora_tile_rows_ = static_cast<int32_t>(v);
   }
   const model::ModelConfig& c = config_;
   lora_rank_ = (options_.max_lora_rank + 7) / 8 * 8;
@@ -204,7 +194,8 @@ void CudaBackend::PackLora(const StepBatch& batch, StepMeta* m, std::byte* host,
   // the padded batch, and the rows and tiles are padded to bounds of the batch alone (empty
   // tiles launch blocks that do nothing).
   const int64_t tile_basis = m->graph ? m->num_tokens : grouped;
-  const int32_t tile_rows = lora_tile_rows_ > 0 ? lora_tile_rows_ : kernels::LoraTileRowsFor(tile_basis);
+  const int32_t tile_rows =
+      tuning_.lora_tile_rows > 0 ? tuning_.lora_tile_rows : kernels::LoraTileRowsFor(tile_basis);
   kernels::LoraGroupsHost g = kernels::GroupLoraRows(row_slot, tile_rows);
   if (m->graph) {
     // Σ over slots of ceil(n_slot / tile_rows) <= T / tile_rows + (slots in the step), and a

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "kernels/gemv.h"
+#include "kernels/lora.h"
 
 namespace kvfleet::backend::cuda {
 
@@ -19,6 +20,21 @@ Status ParseSwitch(const std::map<std::string, std::string>& extra, const char* 
   return Status::Ok();
 }
 
+// An integer switch in [lo, hi]: absent keeps `*value` as it is.
+Status ParseIntIn(const std::map<std::string, std::string>& extra, const char* name, long lo, long hi,
+                  int32_t* value) {
+  auto it = extra.find(name);
+  if (it == extra.end()) return Status::Ok();
+  char* end = nullptr;
+  const long v = std::strtol(it->second.c_str(), &end, 10);
+  if (end == it->second.c_str() || *end != '\0' || v < lo || v > hi) {
+    return InvalidArgument(std::string("cuda backend: ") + name + " must be an integer in [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "], got '" + it->second + "'");
+  }
+  *value = static_cast<int32_t>(v);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<CudaTuning> ParseCudaTuning(const std::map<std::string, std::string>& extra) {
@@ -26,15 +42,8 @@ Result<CudaTuning> ParseCudaTuning(const std::map<std::string, std::string>& ext
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "cuda_graphs", &t.use_graphs));
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_gemv", &t.moe_gemv));
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_blas", &t.moe_blas));
-  if (auto it = extra.find("gemv_max_rows"); it != extra.end()) {
-    char* end = nullptr;
-    const long v = std::strtol(it->second.c_str(), &end, 10);
-    if (end == it->second.c_str() || *end != '\0' || v < 0 || v > kernels::kGemvMaxRows) {
-      return InvalidArgument("cuda backend: gemv_max_rows must be an integer in [0, " +
-                             std::to_string(kernels::kGemvMaxRows) + "], got '" + it->second + "'");
-    }
-    t.gemv_max_rows = static_cast<int32_t>(v);
-  }
+  KVF_RETURN_IF_ERROR(ParseIntIn(extra, "gemv_max_rows", 0, kernels::kGemvMaxRows, &t.gemv_max_rows));
+  KVF_RETURN_IF_ERROR(ParseIntIn(extra, "lora_tile_rows", 1, kernels::kLoraMaxTileRows, &t.lora_tile_rows));
   if (auto it = extra.find("gemv_fusion"); it != extra.end()) {
     if (it->second.size() != 1 || it->second[0] < '0' || it->second[0] > '4') {
       return InvalidArgument("cuda backend: gemv_fusion must be 0..4, got '" + it->second + "'");
