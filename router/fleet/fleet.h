@@ -310,6 +310,9 @@ struct ForwardRequest {
 struct ModelFleet {
   uint32_t block_size = 0;
   uint32_t max_context = 0;             // the smallest of its workers'
+  // No routable worker has described itself yet, and one's first Describe is unanswered:
+  // max_context is the flags' guess (--max-context), which its answer replaces in a moment.
+  bool max_context_guessed = false;
   std::vector<WorkerId> routable;       // live workers, ascending
   size_t workers = 0;                   // known workers, routable or not
   // Some known worker runs a real model (backend cpu or cuda): its ids are a tokenizer's,

@@ -147,6 +147,7 @@ void FleetImpl::Describe(WorkerRecord& w, bool now) {
   const TimeNs t = clock_->Now();
   if (!now && t - w.described_asked_at < config::kDescribeInterval) return;
   w.described_asked_at = t;
+  if (!w.described.load()) w.row.describes_sent.fetch_add(1, std::memory_order_relaxed);
   static const std::string frame = EncodeDescribe();
   // A full queue (the worker is not reading) drops this one: the next interval asks again.
   (void)w.dealer->send(zmq::buffer(frame), zmq::send_flags::dontwait);

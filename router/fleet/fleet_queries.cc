@@ -38,8 +38,10 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
   // default), which refuses prompts its model takes: it counts only while no routable worker
   // has said anything (a worker older than Describe keeps the flags).
   // Each member's routing row (routing_table.h), not its record: only an adapter's needs the
-  // record's Hello.
+  // record's Hello. While such a worker's first Describe is unanswered, the guess is marked
+  // (ModelFleet::max_context_guessed): prompts over it are asked to retry, not refused.
   uint32_t guessed = 0;
+  bool answer_pending = false;
   for (WorkerId id : entry.members) {
     const RoutingRow& row = table_[id];
     if (row.removed.load()) continue;
@@ -48,10 +50,15 @@ ModelFleet FleetImpl::FleetOf(const ModelEntry& entry, std::string_view adapter)
     f.needs_tokenizer = f.needs_tokenizer || row.needs_tokenizer;
     if (!Routable(id, row)) continue;
     f.routable.push_back(id);
-    uint32_t& least = row.described.load() ? f.max_context : guessed;
+    const bool described = row.described.load();
+    answer_pending = answer_pending || (!described && row.describes_sent.load(std::memory_order_relaxed) < 2);
+    uint32_t& least = described ? f.max_context : guessed;
     if (least == 0 || (row.max_context > 0 && row.max_context < least)) least = row.max_context;
   }
-  if (f.max_context == 0) f.max_context = guessed;
+  if (f.max_context == 0) {
+    f.max_context = guessed;
+    f.max_context_guessed = guessed > 0 && answer_pending;
+  }
   return f;
 }
 

@@ -39,6 +39,9 @@ struct alignas(64) RoutingRow {
   std::atomic<bool> connected{false};
   std::atomic<bool> refused{false};
   std::atomic<bool> described{false};
+  // Describes sent while not described (static and DNS workers): one unanswered is a worker
+  // whose answer is a moment away; two (config::kDescribeInterval apart) one older than Describe.
+  std::atomic<uint32_t> describes_sent{0};
   // Of the record's `info`. GUARDED_BY(FleetImpl::mu_).
   WorkerRole role = WorkerRole::kBoth;
   bool structured_outputs = false;
@@ -58,6 +61,7 @@ struct alignas(64) RoutingRow {
     connected = false;
     refused = false;
     described = false;
+    describes_sent = 0;
     SetInfo(WorkerHello{}, 0, 0);
     own.Reset();
   }

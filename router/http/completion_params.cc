@@ -65,6 +65,16 @@ std::optional<ApiError> PrepareCompletion(CompletionRequest& req, const ServedMo
     max_tokens = std::min(max_tokens, context - prompt_tokens);
   }
   if (context > 0 && uint64_t{prompt_tokens} + max_tokens > context) {
+    // Over the flags' guess only: the workers' own context lengths are a moment away (a router
+    // that has just listed them), so the client is told to retry, not that its request is bad.
+    if (served.fleet.max_context_guessed) {
+      return MakeError(503,
+                       "model '" + served.model + "': no worker has yet said its context length, and " +
+                           std::to_string(uint64_t{prompt_tokens} + max_tokens) +
+                           " tokens are over the router's guess (--max-context " + std::to_string(context) +
+                           "); retry in a moment",
+                       "server_error", "service_unavailable", 1);
+    }
     return ContextExceeded(context, prompt_tokens, max_tokens);
   }
   params.sampling = SamplingOf(req, max_tokens);

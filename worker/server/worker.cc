@@ -208,7 +208,8 @@ Status Worker::Init(zmq::context_t& context) {
   eo.scheduler.max_batch_size = config_.max_batch_size;
   eo.scheduler.max_step_ms = config_.max_step_ms;
   // A decode-role worker keeps its steps near pure-decode time (scheduler.h).
-  eo.scheduler.max_step_over_decodes = config_.role == "decode" ? engine::config::kDecodeRoleStepOverDecodes : 0;
+  eo.scheduler.max_step_over_decodes = config_.role == "decode" ? config_.decode_step_cap : 0;
+  eo.scheduler.max_capped_wait_ms = config_.decode_cap_wait_ms;
   uint64_t max_context = static_cast<uint64_t>(backend_->max_context());
   uint64_t cache_tokens = UINT64_MAX;
   for (const auto& l : kv_->pools()) {

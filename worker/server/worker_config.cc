@@ -100,6 +100,14 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
                  "(ms; or twice the decodes' own time if longer): the inter-token latency a prefill may add. "
                  "0: no bound, prefill fills --max-num-tokens")
       ->capture_default_str();
+  app.add_option("--decode-step-cap", c->decode_step_cap,
+                 "--role decode: a step with prefill takes at most this many times its decodes alone (the "
+                 "inter-token p99/p50 the split keeps); 0: only --max-step-ms bounds it")
+      ->capture_default_str();
+  app.add_option("--decode-cap-wait-ms", c->decode_cap_wait_ms,
+                 "--role decode: --decode-step-cap yields to --max-step-ms while a prompt has waited this long "
+                 "for its first token (the prefill pool is short); 0: it never yields")
+      ->capture_default_str();
   app.add_option("--prefill-rate", c->prefill_rate,
                  "prefill tokens/s announced to routers until this worker's load reports measure one; 0: measured "
                  "at start-up by timing a few prefill steps within --max-step-ms (the mock: its cost model)")
@@ -210,6 +218,14 @@ Status WorkerConfig::Validate() const {
   if (!std::isfinite(max_step_ms) || (max_step_ms != 0 && (max_step_ms < 1 || max_step_ms > 60'000))) {
     return InvalidArgument("--max-step-ms must be 0 (no bound) or between 1 and 60000, got " +
                            NumberText(max_step_ms));
+  }
+  if (!std::isfinite(decode_step_cap) || (decode_step_cap != 0 && (decode_step_cap < 1 || decode_step_cap > 100))) {
+    return InvalidArgument("--decode-step-cap must be 0 (no cap) or between 1 and 100, got " +
+                           NumberText(decode_step_cap));
+  }
+  if (!std::isfinite(decode_cap_wait_ms) || decode_cap_wait_ms < 0 || decode_cap_wait_ms > 3'600'000) {
+    return InvalidArgument("--decode-cap-wait-ms must be between 0 (never yields) and 3600000, got " +
+                           NumberText(decode_cap_wait_ms));
   }
   if (!std::isfinite(prefill_rate) || prefill_rate < 0 || prefill_rate > 1e9) {
     return InvalidArgument("--prefill-rate must be 0 (measure) or a rate in tokens/s up to 1e9, got " +

@@ -87,6 +87,11 @@ struct WorkerConfig {
   uint32_t max_queued = 1024;        // waiting requests before new ones get `overloaded`
   // ms a step may take while decodes run (engine::SchedulerOptions::max_step_ms); 0: no bound
   double max_step_ms = engine::config::kDefaultMaxStepMs;
+  // --role decode: a step with prefill takes at most this many times its decodes alone
+  // (engine::SchedulerOptions::max_step_over_decodes; 0: no cap), until a prompt has waited
+  // decode_cap_wait_ms (max_capped_wait_ms; 0: the cap never yields).
+  double decode_step_cap = engine::config::kDecodeRoleStepOverDecodes;
+  double decode_cap_wait_ms = engine::config::kDecodeRoleMaxCappedWaitMs;
   // The prefill rate (tokens/s) the Hello announces until load reports measure one; 0: the
   // mock's cost model, else measured at start-up (engine/prefill_calibration.h).
   double prefill_rate = 0;

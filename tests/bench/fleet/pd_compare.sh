@@ -7,6 +7,9 @@
 #   tests/bench/fleet/pd_compare.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR [DURATION_S] [WHICH]
 # WHICH: mooncake, conversations or both (default). Prints the bench's table per row, then
 # pd_goodput.py's table (goodput at a TTFT and an ITL SLO) over the rows' request lines.
+# KVFLEET_PD_ARGS: more `kvfleet up` args for the split fleet only (e.g.
+# "--worker-arg=--decode-step-cap=1.4"), to compare decode-role settings against one colocated row;
+# KVFLEET_PD_PREFILL: its prefill workers of the 8 (default 3).
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"; WHICH="${5:-both}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,7 +27,7 @@ EOS
   chmod +x "$OUT/fleet-$1.sh"
 }
 fleet colocated ""
-fleet pd "--prefill-workers 3"
+fleet pd "--prefill-workers ${KVFLEET_PD_PREFILL:-3} ${KVFLEET_PD_ARGS:-}"
 run() {  # name trace scale
   for kind in colocated pd; do
     echo "== $1 $kind (time scale $3); uptime: $(uptime)"

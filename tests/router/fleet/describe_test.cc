@@ -120,12 +120,13 @@ WorkerHello Described(const std::string& name, const std::string& model, uint32_
 
 // A fleet of static workers of model "llama" with the flags' defaults (block size 32, max
 // context 8192).
-std::unique_ptr<Fleet> StaticFleetOf(std::vector<std::string> workers, WorkerSignals* signals = nullptr) {
+std::unique_ptr<Fleet> StaticFleetOf(std::vector<std::string> workers, WorkerSignals* signals = nullptr,
+                                     const Clock* clock = SystemClock::Default()) {
   FleetOptions o;
   o.registration_endpoint = "";
   o.static_workers = std::move(workers);
   o.static_model = "llama";
-  return std::move(Fleet::Start(o, signals, SystemClock::Default(), nullptr)).value();
+  return std::move(Fleet::Start(o, signals, clock, nullptr)).value();
 }
 
 }  // namespace
@@ -194,6 +195,27 @@ TEST_CASE("a static worker that does not answer a Describe (older than it) keeps
   CHECK(w.others() == 0);
 }
 
+TEST_CASE("the flags' context length is a guess while a first Describe is unanswered, final after the second") {
+  // Regression: with --routers N, a router that had just listed the workers refused prompts
+  // over --max-context's 8192 with 400 context_length_exceeded before their answers came; the
+  // client is now told to retry (ModelFleet::max_context_guessed: 503). A worker that leaves
+  // two Describes unanswered is older than Describe, and the flags are its context length.
+  ManualClock clock;
+  DescribingWorker w;
+  auto fleet = StaticFleetOf({w.endpoint()}, nullptr, &clock);
+  REQUIRE(WaitFor([&] {
+    auto m = fleet->FindModel("llama");
+    return w.describes() >= 1 && m && m->routable.size() == 1;
+  }));
+  auto m = fleet->FindModel("llama");
+  CHECK(m->max_context == 8192);
+  CHECK(m->max_context_guessed);
+  clock.Advance(3 * kNsPerSec);  // the next Describe is due: unanswered too
+  REQUIRE(WaitFor([&] { return w.describes() >= 2; }));
+  REQUIRE(WaitFor([&] { return !fleet->FindModel("llama")->max_context_guessed; }));
+  CHECK(fleet->FindModel("llama")->max_context == 8192);
+}
+
 TEST_CASE("a listed worker not yet described does not cap the context of one that described itself") {
   // Regression: with --routers N, the routers beside the first know the workers from the
   // static list; until every one had answered its Describe, the flags' 8192 was the fleet's
@@ -206,6 +228,7 @@ TEST_CASE("a listed worker not yet described does not cap the context of one tha
     auto m = fleet->FindModel("llama");
     return m && m->routable.size() == 2 && m->max_context == 131072;
   }));
+  CHECK_FALSE(fleet->FindModel("llama")->max_context_guessed);
 }
 
 TEST_CASE("a described Hello is reached at the address the router was given") {

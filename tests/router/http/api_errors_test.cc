@@ -22,7 +22,9 @@ using http::testing::Roundtrip;
 using http::testing::StatusOf;
 using nlohmann::json;
 using testing::FakeWorker;
+using testing::ApiRouter;
 using testing::RouterUnderTest;
+using testing::WithStaticWorkers;
 using testing::WaitFor;
 
 namespace {
@@ -93,6 +95,29 @@ TEST_CASE("a chat to a model without a chat template is a 500 naming the fix, no
   CHECK(refusing.error["param"] == "messages");
 }
 
+TEST_CASE("a prompt over the flags' context guess is retried (503), not refused, until the workers answer") {
+  // Regression: routers beside the first of `kvfleet up --routers N` list the workers before
+  // their Describe answers come, and answered 400 context_length_exceeded to prompts their
+  // models take.
+  ManualClock clock;
+  FakeWorker w;
+  ApiRouter r(WithStaticWorkers({w.endpoint()}, {}), {}, {}, ModelCodecs(MakeByteCodec()), nullptr, &clock);
+  REQUIRE(WaitFor([&] {
+    auto m = r.fleet->FindModel("m");
+    return m && m->routable.size() == 1;
+  }));
+  const std::string body = json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump();
+  auto resp = r.Post("/v1/completions", body);
+  CHECK(StatusOf(resp) == 503);
+  CHECK(resp.find("Retry-After: 1") != std::string::npos);
+  CHECK(resp.find("--max-context 4096") != std::string::npos);
+  clock.Advance(3 * kNsPerSec);  // its second Describe goes unanswered: the flags are final
+  REQUIRE(WaitFor([&] { return !r.fleet->FindModel("m")->max_context_guessed; }));
+  resp = r.Post("/v1/completions", body);
+  CHECK(StatusOf(resp) == 400);
+  CHECK(resp.find("context_length_exceeded") != std::string::npos);
+}
+
 TEST_CASE("every error has its status code and OpenAI error object") {
   FakeWorker w;
   ApiOptions api;
@@ -115,6 +140,8 @@ TEST_CASE("every error has its status code and OpenAI error object") {
   check("{oops", 400, auth);
   check(R"({"model":"m","prompt":7})", 400, auth);
   check(R"({"model":"m","prompt":"x","n":17})", 400, auth);
+  // The static FakeWorker never answers a Describe: --max-context is final after the second.
+  REQUIRE(WaitFor([&] { return !r.fleet->FindModel("m")->max_context_guessed; }));
   auto ctx = check(json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump(), 400, auth);
   CHECK(ctx.find("context_length_exceeded") != std::string::npos);
   auto unknown = check(R"({"model":"nope","prompt":"x"})", 404, auth);

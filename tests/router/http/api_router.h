@@ -24,10 +24,11 @@ namespace kvfleet::router::testing {
 
 struct ApiRouter {
   explicit ApiRouter(FleetOptions fleet_options = {}, ApiOptions api_options = {}, RoutingOptions routing = {},
-                     ModelCodecs codecs = ModelCodecs(MakeByteCodec()), WorkerSignals* signals = nullptr)
+                     ModelCodecs codecs = ModelCodecs(MakeByteCodec()), WorkerSignals* signals = nullptr,
+                     const Clock* fleet_clock = SystemClock::Default())
       : registry(std::make_shared<prometheus::Registry>()), index(SystemClock::Default()) {
     fleet_options.registration_endpoint = "tcp://127.0.0.1:*";
-    fleet = std::move(Fleet::Start(fleet_options, signals, SystemClock::Default(), registry.get())).value();
+    fleet = std::move(Fleet::Start(fleet_options, signals, fleet_clock, registry.get())).value();
     router = std::make_unique<Router>(routing, fleet.get(), &index, &index);
     api = std::make_unique<Api>(std::move(api_options), fleet.get(), router.get(), std::move(codecs),
                                 SystemClock::Default(), registry);

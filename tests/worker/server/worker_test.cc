@@ -241,6 +241,28 @@ TEST_CASE("worker config: instances of one process get distinct ports and ids") 
     c.max_step_ms = bad;
     CHECK(c.Validate().message().find("--max-step-ms") != std::string::npos);
   }
+  c.max_step_ms = engine::config::kDefaultMaxStepMs;
+  // The decode-role cap and its yield (scheduler.h): the defaults, then what each refuses.
+  CHECK(c.decode_step_cap == engine::config::kDecodeRoleStepOverDecodes);
+  CHECK(c.decode_cap_wait_ms == engine::config::kDecodeRoleMaxCappedWaitMs);
+  for (double ok : {0.0, 1.0, 1.4, 100.0}) {
+    c.decode_step_cap = ok;
+    CHECK(c.Validate().ok());
+  }
+  for (double bad : {-1.0, 0.5, 101.0, std::nan("")}) {
+    c.decode_step_cap = bad;
+    CHECK(c.Validate().message().find("--decode-step-cap") != std::string::npos);
+  }
+  c.decode_step_cap = 1.25;
+  for (double ok : {0.0, 500.0, 3.6e6}) {
+    c.decode_cap_wait_ms = ok;
+    CHECK(c.Validate().ok());
+  }
+  for (double bad : {-1.0, 3.7e6, std::nan(""), HUGE_VAL}) {
+    c.decode_cap_wait_ms = bad;
+    CHECK(c.Validate().message().find("--decode-cap-wait-ms") != std::string::npos);
+  }
+  c.decode_cap_wait_ms = 500;
   CHECK(EndpointPort("tcp://host:5556") == 5556);
   CHECK(EndpointPort("tcp://host") == -1);
 }
