@@ -34,17 +34,20 @@ __device__ __forceinline__ void WarpArgMax(float& best, int& best_e) {
   }
 }
 
-// Routes one token (its logits `row`) into experts[0..k) and weights[0..k); every lane of the
-// warp calls it.
 template <typename Logit>
-__device__ __forceinline__ void RouteSoftmaxToken(const Logit* row, int32_t E, int32_t k, bool normalize,
-                                                  int32_t* experts, float* weights, int lane) {
+__global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
+                               int32_t* experts, float* weights) {
+  GridDependentsLaunch();
+  GridDependencyWait();
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (t >= T) return;
   float p[kRoutePerLane];
   float zmax = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kRoutePerLane; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < E ? LogitValue(row[e]) : -INFINITY;
+    p[i] = e < E ? LogitValue(logits[t * ld + e]) : -INFINITY;
     zmax = fmaxf(zmax, p[i]);
   }
   zmax = WarpMax(zmax);
@@ -76,62 +79,20 @@ __device__ __forceinline__ void RouteSoftmaxToken(const Logit* row, int32_t E, i
     }
     chosen[j] = best;
     chosen_sum += best;
-    if (lane == 0) experts[j] = best_e;
+    if (lane == 0) experts[t * k + j] = best_e;
   }
   if (lane == 0) {
-    for (int j = 0; j < k; ++j) weights[j] = normalize ? chosen[j] / chosen_sum : chosen[j];
+    for (int j = 0; j < k; ++j) weights[t * k + j] = normalize ? chosen[j] / chosen_sum : chosen[j];
   }
-}
-
-// Llama 4's router for one token, as RouteSoftmaxToken: k rounds of a warp argmax (larger
-// logit, then lower id) over the experts not yet taken, each weighted bf16(sigmoid(logit)).
-__device__ __forceinline__ void RouteSigmoidToken(const float* row, int32_t E, int32_t k, int32_t* experts,
-                                                  float* weights, int lane) {
-  float z[kRoutePerLane];
-  uint32_t open = 0;  // bit i: expert lane + 32·i exists and is not taken
-#pragma unroll
-  for (int i = 0; i < kRoutePerLane; ++i) {
-    const int e = lane + 32 * i;
-    z[i] = e < E ? row[e] : 0.f;
-    if (e < E) open |= 1u << i;
-  }
-  for (int j = 0; j < k; ++j) {
-    float best = 0.f;
-    int best_e = kNoExpert;
-#pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
-      if ((open >> i & 1u) && (best_e == kNoExpert || z[i] > best)) {  // ascending ids: the first of equals stays
-        best = z[i];
-        best_e = lane + 32 * i;
-      }
-    }
-    WarpArgMax(best, best_e);
-    // k <= E: some expert is still open, so best_e is one.
-    if (best_e % 32 == lane) open &= ~(1u << (best_e / 32));
-    if (lane == 0) {
-      experts[j] = best_e;
-      weights[j] = Bf16Round(1.f / (1.f + expf(-best)));
-    }
-  }
-}
-
-template <typename Logit>
-__global__ void MoeRouteKernel(const Logit* logits, int32_t ld, int32_t T, int32_t E, int32_t k, bool normalize,
-                               int32_t* experts, float* weights) {
-  GridDependentsLaunch();
-  GridDependencyWait();
-  const int lane = threadIdx.x % 32;
-  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
-  if (t >= T) return;
-  RouteSoftmaxToken(logits + t * ld, E, k, normalize, experts + t * k, weights + t * k, lane);
 }
 
 // One block: counts per expert, the groups' offsets (one thread: E is small), then each
-// route takes the next row of its group. `next`: kMoeMaxExperts ints of shared memory. Every
-// thread of the block calls it.
-__device__ __forceinline__ void GroupRoutes(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted,
-                                            int32_t* position, int32_t* offsets, int32_t* tile_offsets,
-                                            int32_t* active, int32_t* next) {
+// route takes the next row of its group.
+__global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
+                               int32_t* offsets, int32_t* tile_offsets, int32_t* active) {
+  __shared__ int32_t next[kMoeMaxExperts];
+  GridDependentsLaunch();
+  GridDependencyWait();
   for (int e = threadIdx.x; e < E; e += blockDim.x) next[e] = 0;
   __syncthreads();
   for (int r = threadIdx.x; r < S; r += blockDim.x) atomicAdd(&next[experts[r]], 1);
@@ -157,39 +118,6 @@ __device__ __forceinline__ void GroupRoutes(const int32_t* experts, int32_t S, i
     sorted[at] = r;
     position[r] = at;
   }
-}
-
-__global__ void MoeGroupKernel(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
-                               int32_t* offsets, int32_t* tile_offsets, int32_t* active) {
-  __shared__ int32_t next[kMoeMaxExperts];
-  GridDependentsLaunch();
-  GridDependencyWait();
-  GroupRoutes(experts, S, E, sorted, position, offsets, tile_offsets, active, next);
-}
-
-// Routing and grouping of a small step in one block (decode): each warp routes tokens
-// warp, warp + 32, ..., then the block groups the routes it wrote. The block's own global
-// writes are visible to it after __syncthreads.
-constexpr int kRouteGroupThreads = 1024;
-template <MoeRouting kMode>
-__global__ void __launch_bounds__(kRouteGroupThreads)
-    MoeRouteGroupKernel(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, int32_t* experts,
-                        float* weights, int32_t* sorted, int32_t* position, int32_t* offsets, int32_t* tile_offsets,
-                        int32_t* active) {
-  __shared__ int32_t next[kMoeMaxExperts];
-  GridDependentsLaunch();
-  GridDependencyWait();
-  const int lane = threadIdx.x % 32;
-  for (int64_t t = threadIdx.x / 32; t < T; t += kRouteGroupThreads / 32) {
-    if constexpr (kMode == MoeRouting::kSigmoid) {
-      RouteSigmoidToken(logits + t * ld, E, k, experts + t * k, weights + t * k, lane);
-    } else {
-      RouteSoftmaxToken(logits + t * ld, E, k, kMode == MoeRouting::kSoftmaxNormalized, experts + t * k,
-                        weights + t * k, lane);
-    }
-  }
-  __syncthreads();
-  GroupRoutes(experts, T * k, E, sorted, position, offsets, tile_offsets, active, next);
 }
 
 // A 64 x 64 tile of one expert's group per block: 4 warps of 2 x 2 WMMA bf16 fragments
@@ -361,25 +289,6 @@ cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t
                       active);
 }
 
-cudaError_t LaunchMoeRouteGroup(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, MoeRouting mode,
-                                int32_t* experts, float* weights, int32_t* sorted, int32_t* position,
-                                int32_t* offsets, int32_t* tile_offsets, int32_t* active, cudaStream_t stream) {
-  if (T < 0 || T > kMoeRouteGroupMaxTokens || E < 1 || E > kMoeMaxExperts || ld < E || k < 1 || k > E ||
-      k > kMoeMaxTopK) {
-    return cudaErrorInvalidValue;
-  }
-  auto launch = [&](auto kernel) {
-    return LaunchKernel(kernel, 1, kRouteGroupThreads, 0, stream, logits, ld, T, E, k, experts, weights, sorted,
-                        position, offsets, tile_offsets, active);
-  };
-  switch (mode) {
-    case MoeRouting::kSoftmax: return launch(MoeRouteGroupKernel<MoeRouting::kSoftmax>);
-    case MoeRouting::kSoftmaxNormalized: return launch(MoeRouteGroupKernel<MoeRouting::kSoftmaxNormalized>);
-    case MoeRouting::kSigmoid: return launch(MoeRouteGroupKernel<MoeRouting::kSigmoid>);
-  }
-  return cudaErrorInvalidValue;
-}
-
 cudaError_t LaunchMoeGroupedGemm(const __nv_bfloat16* w, const __nv_bfloat16* x, const int32_t* sorted,
                                  int32_t gather_div, const int32_t* offsets, const int32_t* tile_offsets,
                                  __nv_bfloat16* y, int32_t S, int32_t E, int32_t N, int32_t K, cudaStream_t stream) {
@@ -404,7 +313,8 @@ cudaError_t LaunchMoeCombine(const __nv_bfloat16* y, const float* weights, const
 namespace kvfleet::kernels {
 namespace {
 
-// One warp per token (RouteSigmoidToken).
+// One warp per token, as MoeRouteKernel: the logits in registers, k rounds of a warp argmax
+// (larger logit, then lower id) over the experts not yet taken.
 __global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k,
                                       int32_t* experts, float* weights) {
   GridDependentsLaunch();
@@ -412,7 +322,32 @@ __global__ void MoeRouteSigmoidKernel(const float* logits, int32_t ld, int32_t T
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
   if (t >= T) return;
-  RouteSigmoidToken(logits + t * ld, E, k, experts + t * k, weights + t * k, lane);
+  float z[kRoutePerLane];
+  uint32_t open = 0;  // bit i: expert lane + 32·i exists and is not taken
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int e = lane + 32 * i;
+    z[i] = e < E ? logits[t * ld + e] : 0.f;
+    if (e < E) open |= 1u << i;
+  }
+  for (int j = 0; j < k; ++j) {
+    float best = 0.f;
+    int best_e = kNoExpert;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      if ((open >> i & 1u) && (best_e == kNoExpert || z[i] > best)) {  // ascending ids: the first of equals stays
+        best = z[i];
+        best_e = lane + 32 * i;
+      }
+    }
+    WarpArgMax(best, best_e);
+    // k <= E: some expert is still open, so best_e is one.
+    if (best_e % 32 == lane) open &= ~(1u << (best_e / 32));
+    if (lane == 0) {
+      experts[t * k + j] = best_e;
+      weights[t * k + j] = Bf16Round(1.f / (1.f + expf(-best)));
+    }
+  }
 }
 
 // One block per grouped row; each thread 8 columns at a time. kScaled: each row times its

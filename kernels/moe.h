@@ -48,16 +48,6 @@ cudaError_t LaunchMoeRouteSigmoid(const float* logits, int32_t ld, int32_t T, in
 cudaError_t LaunchMoeGroup(const int32_t* experts, int32_t S, int32_t E, int32_t* sorted, int32_t* position,
                            int32_t* offsets, int32_t* tile_offsets, cudaStream_t stream, int32_t* active = nullptr);
 
-// LaunchMoeRoute (normalised or not) or LaunchMoeRouteSigmoid, then LaunchMoeGroup over the
-// T·k routes, in one launch of one block: a decode step's routing costs one launch instead of
-// two. The outputs are those of the two kernels it replaces.
-enum class MoeRouting { kSoftmax, kSoftmaxNormalized, kSigmoid };
-inline constexpr int32_t kMoeRouteGroupMaxTokens = 256;  // 8 tokens per warp of the block
-// REQUIRES: T <= kMoeRouteGroupMaxTokens, and as LaunchMoeRoute and LaunchMoeGroup.
-cudaError_t LaunchMoeRouteGroup(const float* logits, int32_t ld, int32_t T, int32_t E, int32_t k, MoeRouting mode,
-                                int32_t* experts, float* weights, int32_t* sorted, int32_t* position,
-                                int32_t* offsets, int32_t* tile_offsets, int32_t* active, cudaStream_t stream);
-
 // The experts' products over their groups, on tensor cores (WMMA bf16, tiles staged by
 // cp.async; fp32 accumulation, one bf16 rounding): row r of expert e's group gets
 //   y[r][n] = bf16(Σ_c x[src(r)][c] · w[e][n][c]),  src(r) = sorted[r] / gather_div

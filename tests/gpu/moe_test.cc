@@ -2,7 +2,7 @@
 // (softmax, top-k with ties to the lower id, renormalisation), the device-side grouping by
 // expert, the grouped tensor-core GEMM (gathered token rows and grouped rows, groups of 0 to
 // several tiles, N and K not multiples of the tile), the decode gemv over the same groups, and
-// the weighted un-permute, routing and grouping in one launch; Llama 4's sigmoid router, scaled gather and unweighted combine plus
+// the weighted un-permute; Llama 4's sigmoid router, scaled gather and unweighted combine plus
 // the shared expert's rows.
 #include <doctest/doctest.h>
 
@@ -114,69 +114,6 @@ TEST_CASE("grouping by expert: offsets, tiles, and every route once in its exper
   }
   // Skewed: every route to one expert (many tiles), the others empty.
   CheckGroup(std::vector<int32_t>(300, 5), 8);
-}
-
-TEST_CASE("routing and grouping in one launch equal the references, softmax (normalised or not) and sigmoid") {
-  std::mt19937 rng(26);
-  struct Shape {
-    int T, E, k, ld;
-  };
-  for (Shape s : {Shape{1, 128, 8, 128}, Shape{64, 128, 8, 128}, Shape{256, 8, 2, 8}, Shape{37, 60, 4, 64},
-                  Shape{3, 16, 1, 16}, Shape{9, 512, 16, 512}})
-    for (MoeRouting mode : {MoeRouting::kSoftmax, MoeRouting::kSoftmaxNormalized, MoeRouting::kSigmoid}) {
-      CAPTURE(s.T);
-      CAPTURE(s.E);
-      CAPTURE(s.k);
-      CAPTURE(static_cast<int>(mode));
-      const int S = s.T * s.k;
-      // bf16-representable fp32 logits, so that the softmax reference (over bf16) sees the same values.
-      auto bf = gputest::RandomBf16(size_t(s.T) * s.ld, rng, -4, 4);
-      bf[1] = bf[3] = FloatToBf16(6.0f);  // a tie at the top of token 0: the lower id first
-      std::vector<float> logits(bf.size());
-      for (size_t i = 0; i < bf.size(); ++i) logits[i] = Bf16ToFloat(bf[i]);
-      std::vector<int32_t> experts(S);
-      std::vector<float> weights(S);
-      if (mode == MoeRouting::kSigmoid) {
-        MoeRouteSigmoidRef(logits.data(), s.ld, s.T, s.E, s.k, experts.data(), weights.data());
-      } else {
-        MoeRouteRef(bf.data(), s.ld, s.T, s.E, s.k, mode == MoeRouting::kSoftmaxNormalized, experts.data(),
-                    weights.data());
-      }
-      std::vector<int32_t> sorted(S), position(S), offsets(s.E + 1), tiles(s.E + 1);
-      MoeGroupRef(experts.data(), S, s.E, sorted.data(), position.data(), offsets.data(), tiles.data());
-      DeviceBuffer<float> dl(logits), dw(S);
-      DeviceBuffer<int32_t> de(S), ds(S), dp(S), doff(s.E + 1), dt(s.E + 1), da(s.E + 1);
-      for (auto* b : {&de, &ds, &dp, &doff, &dt, &da}) b->Poison();
-      dw.Poison();
-      KVF_CUDA_OK(LaunchMoeRouteGroup(dl.get(), s.ld, s.T, s.E, s.k, mode, de.get(), dw.get(), ds.get(), dp.get(),
-                                      doff.get(), dt.get(), da.get(), nullptr));
-      KVF_CUDA_OK(cudaDeviceSynchronize());
-      CHECK(de.Download() == experts);
-      CHECK(experts[0] == 1);
-      const std::vector<float> got_w = dw.Download();
-      float worst = 0;
-      for (size_t i = 0; i < got_w.size(); ++i) worst = std::max(worst, std::fabs(got_w[i] - weights[i]));
-      CHECK(worst <= (mode == MoeRouting::kSigmoid ? 4e-3f : 1e-6f));
-      CHECK(doff.Download() == offsets);
-      CHECK(dt.Download() == tiles);
-      std::vector<int32_t> active = {0};
-      for (int e = 0; e < s.E; ++e)
-        if (offsets[e + 1] > offsets[e]) active.push_back(e);
-      active[0] = static_cast<int32_t>(active.size()) - 1;
-      const std::vector<int32_t> got_active = da.Download();
-      CHECK(std::vector<int32_t>(got_active.begin(), got_active.begin() + active.size()) == active);
-      const std::vector<int32_t> gs = ds.Download(), gp = dp.Download();
-      for (int e = 0; e < s.E; ++e) {
-        CHECK(std::set<int32_t>(sorted.begin() + offsets[e], sorted.begin() + offsets[e + 1]) ==
-              std::set<int32_t>(gs.begin() + offsets[e], gs.begin() + offsets[e + 1]));
-      }
-      for (int r = 0; r < S; ++r) CHECK(gs[gp[r]] == r);
-    }
-  // Past one block's tokens, or out of range: refused, nothing launched.
-  CHECK(LaunchMoeRouteGroup(nullptr, 8, kMoeRouteGroupMaxTokens + 1, 8, 2, MoeRouting::kSoftmax, nullptr, nullptr,
-                            nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
-  CHECK(LaunchMoeRouteGroup(nullptr, 8, 1, 8, 9, MoeRouting::kSigmoid, nullptr, nullptr, nullptr, nullptr, nullptr,
-                            nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
 }
 
 TEST_CASE("the grouped GEMM equals the reference, from token rows and from grouped rows") {

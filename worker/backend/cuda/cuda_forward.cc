@@ -171,24 +171,15 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows)
   // Llama 4 (sigmoid routing): the scores scale the experts' inputs, gathered in grouped order
   // into moe_scaled_; the combine sums the outputs unweighted onto the shared expert's.
   const bool scale_input = moe.sigmoid_routing;
-  if (tuning_.moe_route_group && T <= kernels::kMoeRouteGroupMaxTokens) {  // decode: one launch
-    const kernels::MoeRouting mode = scale_input         ? kernels::MoeRouting::kSigmoid
-                                     : moe.norm_topk_prob ? kernels::MoeRouting::kSoftmaxNormalized
-                                                          : kernels::MoeRouting::kSoftmax;
-    KVF_CUDA_RETURN(kernels::LaunchMoeRouteGroup(moe_logits_, moe_router_rows_, T, E, k, mode, moe_experts_,
-                                                 moe_weights_, moe_sorted_, moe_position_, moe_offsets_,
-                                                 moe_tile_offsets_, moe_active_, stream_));
+  if (scale_input) {
+    KVF_CUDA_RETURN(kernels::LaunchMoeRouteSigmoid(moe_logits_, moe_router_rows_, T, E, k, moe_experts_, moe_weights_,
+                                                   stream_));
   } else {
-    if (scale_input) {
-      KVF_CUDA_RETURN(kernels::LaunchMoeRouteSigmoid(moe_logits_, moe_router_rows_, T, E, k, moe_experts_,
-                                                     moe_weights_, stream_));
-    } else {
-      KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob,
-                                              moe_experts_, moe_weights_, stream_));
-    }
-    KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
-                                            moe_tile_offsets_, stream_, moe_active_));
+    KVF_CUDA_RETURN(kernels::LaunchMoeRoute(moe_logits_, moe_router_rows_, T, E, k, moe.norm_topk_prob, moe_experts_,
+                                            moe_weights_, stream_));
   }
+  KVF_CUDA_RETURN(kernels::LaunchMoeGroup(moe_experts_, S, E, moe_sorted_, moe_position_, moe_offsets_,
+                                          moe_tile_offsets_, stream_, moe_active_));
   if (scale_input) {
     KVF_CUDA_RETURN(kernels::LaunchMoeGatherScaled(xn_, moe_sorted_, k, moe_weights_, moe_scaled_, S, H, stream_));
   }

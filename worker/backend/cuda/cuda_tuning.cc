@@ -42,7 +42,6 @@ Result<CudaTuning> ParseCudaTuning(const std::map<std::string, std::string>& ext
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "cuda_graphs", &t.use_graphs));
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_gemv", &t.moe_gemv));
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_blas", &t.moe_blas));
-  KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_route_group", &t.moe_route_group));
   KVF_RETURN_IF_ERROR(ParseIntIn(extra, "gemv_max_rows", 0, kernels::kGemvMaxRows, &t.gemv_max_rows));
   KVF_RETURN_IF_ERROR(ParseIntIn(extra, "lora_tile_rows", 1, kernels::kLoraMaxTileRows, &t.lora_tile_rows));
   if (auto it = extra.find("gemv_fusion"); it != extra.end()) {

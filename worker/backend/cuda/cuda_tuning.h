@@ -7,7 +7,6 @@
 //   gemv_fusion    0..4    how much of a layer the gemv path fuses (5)
 //   moe_gemv       0 | 1   MoE decode steps through the expert gemv (kernels/moe.h) (9)
 //   moe_blas       0 | 1   MoE steps with prompt tokens through cuBLAS's grouped GEMM (moe_blas.h) (9)
-//   moe_route_group 0 | 1  steps of at most kMoeRouteGroupMaxTokens route and group in one launch (9)
 //   lora_tile_rows 1..kLoraMaxTileRows   the LoRA kernels' tile height (7; unset: by the step's rows)
 //   pdl            0 | 1   programmatic dependent launch, process-wide (kernels/launch.h)
 //
@@ -33,7 +32,6 @@ struct CudaTuning {
   int32_t gemv_fusion = 3;
   bool moe_gemv = true;
   bool moe_blas = true;
-  bool moe_route_group = true;
   int32_t lora_tile_rows = 0;  // 0: kernels::LoraTileRowsFor
   std::optional<bool> pdl;  // unset: the process's setting stays
 };
