@@ -23,9 +23,9 @@
 // (P/D disaggregation) also caps the step at max_step_over_decodes times its decodes' own
 // time (config::kDecodeRoleStepOverDecodes): its prompts are the ones the prefill pool did
 // not take, and its inter-token latency is what the split is for. A prompt with at most a
-// block left to compute (a split's, pulled) runs with the decodes, ahead of those it caps. The cap yields to the
-// max_step_ms rule while a prompt has waited past max_capped_wait_ms: then the fleet is short
-// of prefill, and a first token seconds late costs more than a slower next token.
+// block left to compute (a split's, pulled) runs with the decodes, ahead of those it caps. With
+// max_capped_wait_ms set, the cap yields to the max_step_ms rule while a prompt has waited past
+// it: for a fleet whose first tokens matter more than even inter-token gaps.
 // KV memory is the KV cache manager's: Allocate reclaims evictable cached blocks by itself.
 // When a running sequence cannot get a slot for its next token (MakeRoomToAppend), the
 // scheduler preempts the running request with the lowest retention priority, the newest
@@ -76,12 +76,13 @@ inline constexpr double kDefaultMaxStepMs = 25.0;
 // tokens, against ~540 within the 25 ms bound: prompts computed there are slower (the worker
 // reports that rate, and routers send long prompts to the prefill pool or elsewhere instead).
 inline constexpr double kDecodeRoleStepOverDecodes = 1.25;
-// ... while no prompt there has waited longer than 500 ms for its first token: half the
-// issue's 1 s TTFT SLO, the rest left for its prefill within max_step_ms steps. Past it
-// the prefill pool is saturated too, and the capped rate (several times slower) would let
-// the decode worker's prompt queue grow without bound (Mooncake at 1.3x the mock fleet's
-// capacity: TTFT p50 10.5 s with the cap alone, 2026-11-30-pd-mock8-fix.txt).
-inline constexpr double kDecodeRoleMaxCappedWaitMs = 500.0;
+// The cap does not yield by default (max_capped_wait_ms 0). Yielding once a prompt has waited
+// 500 ms kept first tokens where the prefill pool was too small for the prompts, but its steps
+// then ran to max_step_ms, and the inter-token p99 went to 2.5-3x its p50 on the Mooncake trace
+// whatever the pools' sizes; without it, a split with a prefill pool sized to the prompts (4 of
+// 8 mock workers) held both the 1.5x ratio and colocated's goodput at 0.9x and 1.3x, on both
+// traces (tests/bench/results/2026-11-30-pd-decode-cap.txt). A pool too small shows in TTFT.
+inline constexpr double kDecodeRoleMaxCappedWaitMs = 0.0;
 }  // namespace config
 
 struct SchedulerOptions {
@@ -99,7 +100,7 @@ struct SchedulerOptions {
   // config::kDecodeRoleStepOverDecodes. 0 or in [1, 100].
   double max_step_over_decodes = 0;
   // The cap above yields while a prompt (running or waiting, not held for a pull) has waited
-  // longer than this (ms) since it arrived. 0: it never yields.
+  // longer than this (ms) since it arrived. 0 (config::kDecodeRoleMaxCappedWaitMs): it never yields.
   double max_capped_wait_ms = config::kDecodeRoleMaxCappedWaitMs;
   // Where the step-time model starts before it has measured a step.
   StepCoefficients step_prior = config::kPriorCoefficients;

@@ -106,7 +106,8 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--decode-cap-wait-ms", c->decode_cap_wait_ms,
                  "--role decode: --decode-step-cap yields to --max-step-ms while a prompt has waited this long "
-                 "for its first token (the prefill pool is short); 0: it never yields")
+                 "for its first token (first tokens before even inter-token gaps when the prefill pool is "
+                 "short); 0: it never yields")
       ->capture_default_str();
   app.add_option("--prefill-rate", c->prefill_rate,
                  "prefill tokens/s announced to routers until this worker's load reports measure one; 0: measured "

@@ -24,13 +24,14 @@ constexpr StepCoefficients kFake{5000.0, 1000.0, 20.0, 10.0, 0.05, 0.001};
 
 struct Rig {
   explicit Rig(double max_step_ms, StepCoefficients model = kFake, uint32_t device_blocks = 4096,
-               double max_step_over_decodes = 0)
+               double max_step_over_decodes = 0, double max_capped_wait_ms = 0)
       : kv(kv::testing::SmallConfig(kB, device_blocks)) {
     SchedulerOptions o;
     o.max_num_tokens = kBudget;
     o.max_batch_size = 64;
     o.max_step_ms = max_step_ms;
     o.max_step_over_decodes = max_step_over_decodes;
+    o.max_capped_wait_ms = max_capped_wait_ms;
     o.step_prior = model;
     REQUIRE(o.Validate(kB).ok());
     scheduler = std::make_unique<Scheduler>(o, "m", kv.m.get());
@@ -301,11 +302,12 @@ TEST_CASE("on a decode-role worker a prompt with at most a block left runs at on
 }
 
 TEST_CASE("the decode-role cap yields to max_step_ms once a prompt has waited past max_capped_wait_ms") {
-  // The cap alone let a saturated fleet's decode workers fall seconds behind on prompts.
-  Rig rig(20, kFake, 4096, config::kDecodeRoleStepOverDecodes);
+  // With the yield, a saturated fleet's decode workers do not fall seconds behind on prompts.
+  constexpr double kWaitMs = 500;
+  Rig rig(20, kFake, 4096, config::kDecodeRoleStepOverDecodes, kWaitMs);
   rig.StartDecodes(8, 512);
   rig.Add(4000);  // arrived at 0
-  const TimeNs limit = static_cast<TimeNs>(config::kDecodeRoleMaxCappedWaitMs * kNsPerMs);
+  const TimeNs limit = static_cast<TimeNs>(kWaitMs * kNsPerMs);
   ScheduledBatch early = rig.Step(limit);  // not past it yet: capped
   const double decodes_us = DecodesUs(rig, early);
   CHECK(early.prefill_tokens <= 2 * kB);
@@ -315,6 +317,14 @@ TEST_CASE("the decode-role cap yields to max_step_ms once a prompt has waited pa
   CHECK(late.predicted_us <= 20'000);
   CHECK(late.predicted_us > 1.25 * decodes_us);
   CHECK(late.prefill_tokens > 500);
+  // By default the cap never yields: the same prompt, seconds overdue, still gets capped steps.
+  CHECK(config::kDecodeRoleMaxCappedWaitMs == 0);
+  Rig strict(20, kFake, 4096, config::kDecodeRoleStepOverDecodes, config::kDecodeRoleMaxCappedWaitMs);
+  strict.StartDecodes(8, 512);
+  strict.Add(4000);
+  ScheduledBatch overdue = strict.Step(100 * limit);
+  CHECK(overdue.predicted_us <= config::kDecodeRoleStepOverDecodes * DecodesUs(strict, overdue));
+  CHECK(overdue.prefill_tokens <= 2 * kB);
 }
 
 TEST_CASE("the decode-role cap is the tighter bound, and takes effect with max_step_ms 0 too") {
