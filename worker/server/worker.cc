@@ -210,6 +210,11 @@ Status Worker::Init(zmq::context_t& context) {
   // A decode-role worker keeps its steps near pure-decode time (scheduler.h).
   eo.scheduler.max_step_over_decodes = config_.role == "decode" ? config_.decode_step_cap : 0;
   eo.scheduler.max_capped_wait_ms = config_.decode_cap_wait_ms;
+  if (config_.role != "decode" && (config_.decode_step_cap != engine::config::kDecodeRoleStepOverDecodes ||
+                                   config_.decode_cap_wait_ms != engine::config::kDecodeRoleMaxCappedWaitMs)) {
+    log->warn("--decode-step-cap and --decode-cap-wait-ms act on --role decode only; this worker's role is {}",
+              config_.role);
+  }
   uint64_t max_context = static_cast<uint64_t>(backend_->max_context());
   uint64_t cache_tokens = UINT64_MAX;
   for (const auto& l : kv_->pools()) {
