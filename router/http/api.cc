@@ -417,6 +417,7 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
   if (sent->pulled_blocks > 0) {
     metrics_.pulls.Increment();
     metrics_.pulled_blocks.Increment(sent->pulled_blocks);
+    if (sent->pull_computing) metrics_.pulls_of_computing.Increment();
   }
   metrics_.predicted.Increment(sent->predicted_cached_tokens);
 }

@@ -81,6 +81,12 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                         .Help("Prompt blocks those requests' workers were asked to pull")
                         .Register(r)
                         .Add({})),
+      pulls_of_computing(prometheus::BuildCounter()
+                             .Name("kvfleet_router_pulls_of_computing_total")
+                             .Help("Of those requests, the ones whose holder was still computing the prefix: it "
+                                   "answers the pull once the blocks are stored")
+                             .Register(r)
+                             .Add({})),
       split(prometheus::BuildCounter()
                 .Name("kvfleet_router_split_requests_total")
                 .Help("Requests split between a prefill worker and a decode worker that pulls the prompt's KV")

@@ -23,6 +23,11 @@ struct MatchScratch {
   uint32_t total_len[config::kMaxWorkers] = {};
   uint32_t dev_len[config::kMaxWorkers] = {};
   uint32_t held_len[config::kMaxWorkers] = {};
+  // The latest expiry of a worker's predicted entries seen in this match (NowMs's clock),
+  // valid where pred_stamp is this match's `stamp`.
+  uint32_t pred_expiry[config::kMaxWorkers] = {};
+  uint32_t pred_stamp[config::kMaxWorkers] = {};
+  uint32_t stamp = 0;
 };
 thread_local MatchScratch t_match;
 
@@ -41,6 +46,10 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
   if (hashes.empty()) return;
   ReaderGuard guard(readers_);
   MatchScratch& s = t_match;
+  if (++s.stamp == 0) {  // wrapped: no entry may look current
+    std::fill(std::begin(s.pred_stamp), std::end(s.pred_stamp), 0);
+    s.stamp = 1;
+  }
   const uint32_t now_ms = NowMs();
   const bool stamp_lru = options_.max_entries != 0;
   auto touch = [&](const SlotView& v) {
@@ -72,6 +81,12 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
           if (p.expiry_ms <= now_ms || w < lo || w > hi) continue;
           s.blk_any[w] |= 1ull << (p.worker % 64);
           s.blk_dev[w] |= 1ull << (p.worker % 64);
+          if (s.pred_stamp[p.worker] != s.stamp) {
+            s.pred_stamp[p.worker] = s.stamp;
+            s.pred_expiry[p.worker] = p.expiry_ms;
+          } else {
+            s.pred_expiry[p.worker] = std::max(s.pred_expiry[p.worker], p.expiry_ms);
+          }
         }
       }
     }
@@ -155,6 +170,9 @@ void GlobalIndex::FindMatches(std::span<const BlockHash> hashes, std::vector<Pre
     m.device_blocks = s.dev_len[m.worker];
     m.host_blocks = s.total_len[m.worker] - m.device_blocks;
     m.held_blocks = s.held_len[m.worker];
+    if (m.held_blocks < m.device_blocks + m.host_blocks && s.pred_stamp[m.worker] == s.stamp) {
+      m.predicted_ms_left = s.pred_expiry[m.worker] - now_ms;  // > 0: only unexpired ones count
+    }
   }
 }
 

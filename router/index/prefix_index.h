@@ -24,6 +24,11 @@ struct PrefixMatch {
   // Leading blocks it holds by its own events, the router's predicted entries excluded
   // (HeldRun of the matched blocks): what a pull from it can bring. <= device + host.
   uint32_t held_blocks = 0;
+  // When the run has predicted entries (held_blocks < device + host): milliseconds until the
+  // latest of them expires (an index without expiries: 0). A prediction lives the event lag
+  // beyond the request's predicted first token (Router::Commit), so this less that lag is
+  // about when the worker will have stored the run.
+  uint32_t predicted_ms_left = 0;
 };
 
 class PrefixIndex {

@@ -78,7 +78,7 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   Dispatched out{handle, clock_->Now(), decision.device_blocks + decision.host_blocks,
                  decision.predicted_cached_tokens,
                  decision.pull.source.empty() ? 0 : decision.pull.blocks - decision.device_blocks - decision.host_blocks,
-                 decision.split.has_value()};
+                 decision.split.has_value(), decision.pull_computing};
   // A request routed on another I/O thread meanwhile could miss these entries either way;
   // the window is tens of µs.
   router_->Commit(decision);

@@ -42,6 +42,7 @@ struct Dispatched {
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   uint32_t pulled_blocks = 0;            // of those blocks, the ones it is asked to pull (Decision::pull)
   bool split = false;                    // prefilled on another worker first (Decision::split)
+  bool pull_computing = false;           // pulled from a worker still computing it (Decision::pull_computing)
 };
 
 class Dispatcher {

@@ -96,18 +96,22 @@ double EffectiveRate(const Candidate& c, double fleet_rate) { return std::max(c.
 
 Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
 
+double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
+  return c.queued_prefill_tokens / EffectiveRate(c, fleet_rate) + c.device_prefill_s + c.admission_wait_s;
+}
+
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   // A pull overlaps the wait for the prefill queued ahead and for admission.
-  const double wait = std::max(c.queued_prefill_tokens / rate + c.device_prefill_s + c.admission_wait_s, c.pull_s);
+  const double wait = std::max(QueuedSeconds(c, fleet_rate), c.pull_s);
   return wait + uncached / rate + c.host_blocks * options_.onboard_s_per_block +
          c.running_requests * options_.decode_s_per_running_request + c.adapter_load_s;
 }
 
 double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const double rate = EffectiveRate(c, fleet_rate);
-  const double queued = c.queued_prefill_tokens / rate + c.device_prefill_s + c.admission_wait_s;
+  const double queued = QueuedSeconds(c, fleet_rate);
   const double recompute = static_cast<double>(c.pull_blocks) * request.block_size / rate;
   return std::max(2 * c.pull_s, queued + recompute);
 }

@@ -131,6 +131,9 @@ struct Candidate {
   // Leading blocks it holds by its own events (PrefixMatch::held_blocks): what a pull from
   // it can bring. Its own, also in a pull candidate (which counts the pulled ones in device_blocks).
   uint32_t held_blocks = 0;
+  // Beyond held_blocks, the run is the router's predicted entries: ms until the latest expires
+  // (PrefixMatch::predicted_ms_left; 0: none, or not known).
+  uint32_t predicted_ms_left = 0;
   double queued_prefill_tokens = 0; // prompt tokens admitted but not yet prefilled
   double running_requests = 0;      // active + queued requests
   double queued_requests = 0;       // waiting for admission
@@ -170,6 +173,11 @@ struct Candidate {
   WorkerId pull_from = 0;
   uint32_t pull_blocks = 0;  // 0: no pull
   double pull_s = 0;
+  // Of pull_s, the seconds before pull_from holds the pulled blocks: 0 when its events say it
+  // holds them; else the prefix was routed there a moment ago and is still being computed
+  // (predicted entries), and its prefill queue ahead is the wait (README.md, "Pulling a prefix
+  // being computed").
+  double pull_ready_s = 0;
   // Its transfer service, as pulls compare it (WorkerLoads::LoadView::transfer_format): 0: it
   // serves no pulls.
   uint32_t transfer_format = 0;
@@ -224,6 +232,9 @@ class Picker {
   // the pulled blocks would take pull_blocks x B / rate to compute: a pull ending before that
   // still beats recomputing them on that worker.
   double PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // Seconds before a request's prefill starts on `c`: the prefill queued ahead there (at its
+  // rate, at least `fleet_rate`), that of its device mates and its admission wait.
+  double QueuedSeconds(const Candidate& c, double fleet_rate) const;
   // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
   // candidates' mean waiting_requests N (by Little's law, about as many arrive per worker
   // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's

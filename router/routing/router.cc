@@ -163,36 +163,62 @@ void Router::DiscountHits(const RouteRequest& route, std::span<const BlockHash> 
   }
 }
 
-void Router::AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const {
+void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std::vector<Candidate>* candidates) const {
   if (!(options().transfer_bytes_per_s > 0) || holders.size() < 2 || candidates->empty()) return;
-  // The source holds the longest run by its own events: a predicted entry (a prefix sent there
-  // a moment ago) may not be computed yet, and a pull for it would be refused.
-  const Candidate* holder = nullptr;
-  uint32_t held = 0;
-  std::shared_ptr<const TransferPeer> from;
+  // Two sources at most. The stored one holds the longest run by its own events (a pull for
+  // it is served at once). The computing one matches a longer run counting its predicted
+  // entries, a prefix routed there a moment ago and not stored yet: its holder serves the pull
+  // once its prefill has stored the blocks (worker/server/kv_pulls.h), so the pull waits for
+  // the prefill queued ahead there.
   // Each candidate's run by its own events came with its match (PrefixMatch::held_blocks, one
   // walk of the prompt's blocks for every worker), not from a lookup per block per candidate.
+  struct Source {
+    const Candidate* c = nullptr;
+    uint32_t run = 0;
+    double ready_s = 0;
+    std::shared_ptr<const TransferPeer> peer;
+  };
+  Source stored, computing;
   for (const Candidate& c : holders) {
-    if (c.held_blocks <= held) continue;
+    const uint32_t matched = c.device_blocks + c.host_blocks;
+    if (c.held_blocks <= stored.run && matched < computing.run) continue;
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
-    holder = &c;
-    held = c.held_blocks;
-    from = std::move(peer);
+    if (c.held_blocks > stored.run) stored = Source{&c, c.held_blocks, 0, peer};
+    if (matched > c.held_blocks) {
+      // Its queue ahead computes the run, and some of that queue may have come after the run's
+      // request: the run's own prediction, which expires the event lag after its predicted
+      // first token, says when it is done, where the index keeps expiries.
+      double ready_s = picker_.QueuedSeconds(c, fleet_rate);
+      if (c.predicted_ms_left > 0) {
+        const double lag_s = static_cast<double>(options().predicted_ttl) / kNsPerSec;
+        ready_s = std::min(ready_s, std::max(0.0, c.predicted_ms_left / 1e3 - lag_s));
+      }
+      if (matched > computing.run || (matched == computing.run && ready_s < computing.ready_s)) {
+        computing = Source{&c, matched, ready_s, std::move(peer)};
+      }
+    }
   }
-  if (holder == nullptr) return;
-  const WorkerId source = holder->worker;
-  // Each candidate's transfer service is compared by ids (Candidate::transfer_format), not read.
-  const uint32_t format = TransferNameId(from->format);
-  const uint32_t host = from->host_id.empty() ? 0 : TransferNameId(from->host_id);
   const size_t n = candidates->size();
-  for (size_t i = 0; i < n; ++i) {
-    const Candidate& c = (*candidates)[i];
-    const uint32_t have = c.device_blocks + c.host_blocks;
-    if (c.worker == source || have >= held) continue;
-    if (c.transfer_format == 0 || c.transfer_format != format) continue;
-    const bool same_host = host != 0 && host == c.transfer_host;
-    candidates->push_back(WithPull(c, source, from->bytes_per_block, same_host, held - have));
+  if (computing.run <= stored.run) computing.c = nullptr;  // the stored source brings as much, sooner
+  for (const Source* source_of : {&stored, &computing}) {
+    const Source& from = *source_of;
+    if (from.c == nullptr) continue;
+    const WorkerId source = from.c->worker;
+    // Each candidate's transfer service is compared by ids (Candidate::transfer_format), not read.
+    const uint32_t format = TransferNameId(from.peer->format);
+    const uint32_t host = from.peer->host_id.empty() ? 0 : TransferNameId(from.peer->host_id);
+    for (size_t i = 0; i < n; ++i) {
+      const Candidate& c = (*candidates)[i];
+      const uint32_t have = c.device_blocks + c.host_blocks;
+      if (c.worker == source || have >= from.run) continue;
+      if (c.transfer_format == 0 || c.transfer_format != format) continue;
+      const bool same_host = host != 0 && host == c.transfer_host;
+      Candidate pulled = WithPull(c, source, from.peer->bytes_per_block, same_host, from.run - have);
+      pulled.pull_ready_s = from.ready_s;
+      pulled.pull_s += from.ready_s;
+      candidates->push_back(pulled);
+    }
   }
 }
 
@@ -297,8 +323,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   // usual case) it becomes Decision::candidates as it is.
   auto owned = std::make_shared<std::vector<Candidate>>();
   std::vector<Candidate>& candidates = *owned;
-  // Room for every worker's pull option too (AddPulls), so decode_pool below stays valid.
-  candidates.reserve(2 * fleet.routable.size());
+  // Room for every worker's pull options too (AddPulls: two sources), so decode_pool below stays valid.
+  candidates.reserve(3 * fleet.routable.size());
   std::vector<WorkerLoads::LoadView>& views = s.views;
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
@@ -322,6 +348,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       c.device_blocks = m->device_blocks;
       c.host_blocks = m->host_blocks;
       c.held_blocks = m->held_blocks;
+      c.predicted_ms_left = m->predicted_ms_left;
     }
     if (d.policy == Policy::kSglang || d.policy == Policy::kPreble) {  // the rules that read it
       c.device_cached_blocks = static_cast<double>(kv_index_->CachedBlocks(id));
@@ -370,11 +397,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   // The candidates without pull options: AddPulls only appends, within the capacity reserved.
   const std::span<const Candidate> decode_pool(candidates.data(), candidates.size());
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;
-  if (by_cost) AddPulls(everyone.empty() ? decode_pool : everyone, &candidates);
-  KVF_CHECK(candidates.data() == decode_pool.data());
   // Pull options do not count in it (Picker::FleetRate), so it is the decode pool's: everyone's
   // when no candidate is a prefill worker.
   const double fleet_rate = everyone.empty() ? everyone_rate : picker_.FleetRate(candidates);
+  if (by_cost) AddPulls(everyone.empty() ? decode_pool : everyone, fleet_rate, &candidates);
+  KVF_CHECK(candidates.data() == decode_pool.data());
 
   // Admission (Admissible's, in place when every candidate is admitted).
   std::vector<double>& ttft = s.ttft;
@@ -450,6 +477,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       d.pull = PullHint{peer->endpoint, peer->key, chosen.device_blocks + chosen.host_blocks, peer->name,
                         PullDeadlineMs(d.route, chosen, fleet_rate)};
       d.pull_from = chosen.pull_from;
+      d.pull_computing = chosen.pull_ready_s > 0;
       d.device_blocks -= chosen.pull_blocks;  // what the worker holds itself
     }
   }

@@ -93,6 +93,7 @@ struct Decision {
   // source: it computes what it does not hold.
   PullHint pull;
   WorkerId pull_from = 0;
+  bool pull_computing = false;  // pull_from was still computing the prefix (Candidate::pull_ready_s)
   // Set when the request is split: `pull` then names split->worker, and the decision's worker
   // gets the request once that prefill is done (ForwardRequest::prefill).
   std::optional<SplitPrefill> split;
@@ -168,9 +169,12 @@ class Router {
   // kv, kv_retention: for each candidate that holds less of the prompt than the best holder
   // serving pulls (the longest run by its own events, Candidate::held_blocks), one more
   // candidate: the same worker with the holder's prefix pulled (README.md, "Pulling a prefix").
+  // And where a worker is computing a longer run (its predicted entries), one more: the same
+  // worker with that run pulled once it is stored, after that worker's queue ahead at
+  // `fleet_rate` (Candidate::pull_ready_s; README.md, "Pulling a prefix being computed").
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
-  void AddPulls(std::span<const Candidate> holders, std::vector<Candidate>* candidates) const;
+  void AddPulls(std::span<const Candidate> holders, double fleet_rate, std::vector<Candidate>* candidates) const;
   // `c` with `blocks` more leading blocks pulled from `source` (TransferPeer::bytes_per_block
   // `bytes_per_block`) into it: at the device-to-device bandwidth when their Hellos name one
   // host (`same_host`), else the network's.

@@ -229,6 +229,13 @@ class KvCacheManager {
   // subspans). REQUIRES: no Clear() while a run is pinned.
   std::vector<ExportedBlock> PinChain(BlockHash parent, std::span<const BlockHash> hashes);
   void UnpinChain(std::span<const ExportedBlock> run);
+  // How many leading blocks of the chain PinChain would find now; nothing is pinned or marked.
+  uint32_t HeldRun(BlockHash parent, std::span<const BlockHash> hashes) const;
+  // The longest leading run of the chain that a live sequence here has among its prompt's full
+  // blocks, stored or still to be computed: a holder computing a prefix will hold this much of
+  // it once that sequence's prefill is done (unless it is cancelled first). At least HeldRun's
+  // only while such a sequence lives.
+  uint32_t LiveRun(BlockHash parent, std::span<const BlockHash> hashes) const;
   // The receiver's side, in two calls around the byte copy. BeginImport registers
   // spec.prompt (the pulled chain's whole blocks from the first token on: n·B tokens) as a
   // sequence and allocates the blocks it does not hold yet; the caller writes the pulled
@@ -291,6 +298,9 @@ class KvCacheManager {
   BlockHash HashAt(const Sequence& s, uint32_t i) const;
   void ExtendHashes(Sequence& s);
   void PlanMatch(SequenceId id, const Sequence& s, Plan* plan) const;
+  // The leading run of the chain that every pool holds (on either tier), and its nodes (NodeId)
+  // in *nodes, pools_.size() per block.
+  uint32_t FindRun(BlockHash parent, std::span<const BlockHash> hashes, std::vector<uint32_t>* nodes) const;
   uint32_t BlocksNeeded(const Sequence& s, uint32_t pool, const Plan& plan) const;
   bool Fits(const Sequence& s, const Plan& plan) const;
   std::optional<uint32_t> TableIndex(const Sequence& s, uint32_t pool, uint32_t t) const;

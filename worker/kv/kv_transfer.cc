@@ -16,22 +16,21 @@
 
 namespace kvfleet::kv {
 
-std::vector<ExportedBlock> KvCacheManager::PinChain(BlockHash parent, std::span<const BlockHash> hashes) {
-  std::vector<ExportedBlock> run;
+uint32_t KvCacheManager::FindRun(BlockHash parent, std::span<const BlockHash> hashes, std::vector<NodeId>* nodes) const {
+  nodes->clear();
   // A grouped manager's nodes carry block hashes at B, its events group hashes at G: the
   // hashes a router names are not the ones its tree is indexed by.
-  if (group_blocks_ > 1 || !reuse_enabled_ || hashes.empty()) return run;
-  Tick();
-  const TimeNs now = clock_->Now();
+  if (group_blocks_ > 1 || !reuse_enabled_ || hashes.empty()) return 0;
   const size_t P = pools_.size();
   std::vector<NodeId> prev(P, kNoNode);
   if (parent != 0) {
     for (size_t p = 0; p < P; ++p) {
       prev[p] = pools_[p]->FindHash(parent);
-      if (prev[p] == kNoNode) return run;
+      if (prev[p] == kNoNode) return 0;
     }
   }
   std::vector<NodeId> found(P);
+  uint32_t n = 0;
   for (const BlockHash h : hashes) {
     bool held = true;
     for (size_t p = 0; p < P && held; ++p) {
@@ -39,8 +38,58 @@ std::vector<ExportedBlock> KvCacheManager::PinChain(BlockHash parent, std::span<
       held = found[p] != kNoNode && pools_[p]->parent(found[p]) == prev[p];
     }
     if (!held) break;
+    nodes->insert(nodes->end(), found.begin(), found.end());
+    prev.swap(found);
+    ++n;
+  }
+  return n;
+}
+
+uint32_t KvCacheManager::HeldRun(BlockHash parent, std::span<const BlockHash> hashes) const {
+  std::vector<NodeId> nodes;
+  return FindRun(parent, hashes, &nodes);
+}
+
+uint32_t KvCacheManager::LiveRun(BlockHash parent, std::span<const BlockHash> hashes) const {
+  if (group_blocks_ > 1 || !reuse_enabled_ || hashes.empty()) return 0;
+  const uint32_t B = config_.block_size;
+  uint32_t best = 0;
+  for (const auto& seq : seqs_) {
+    const Sequence& s = *seq;
+    if (!s.live) continue;
+    // Blocks it stores: its prompt's full blocks (an import's chain is its whole prompt but
+    // the one token past it).
+    const uint32_t full = std::min<uint32_t>(static_cast<uint32_t>(s.raw_hashes.size()), s.prompt_len / B);
+    uint32_t k = 0;  // the block of `s` that hashes[0] would be
+    if (parent != 0) {
+      while (k < full && HashAt(s, k) != parent) ++k;
+      if (k == full) continue;
+      ++k;
+    }
+    uint32_t n = 0;
+    while (n < hashes.size() && k + n < full && HashAt(s, k + n) == hashes[n]) ++n;
+    best = std::max(best, n);
+  }
+  return best;
+}
+
+std::vector<ExportedBlock> KvCacheManager::PinChain(BlockHash parent, std::span<const BlockHash> hashes) {
+  std::vector<ExportedBlock> run;
+  if (group_blocks_ > 1 || !reuse_enabled_ || hashes.empty()) return run;
+  Tick();
+  std::vector<NodeId> nodes;
+  const uint32_t n = FindRun(parent, hashes, &nodes);
+  if (n == 0) {
+    FinishCall();
+    return run;
+  }
+  const TimeNs now = clock_->Now();
+  const size_t P = pools_.size();
+  run.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const std::span<const NodeId> found(nodes.data() + size_t{i} * P, P);
     ExportedBlock b;
-    b.hash = h;
+    b.hash = hashes[i];
     b.pools.resize(P);
     for (size_t p = 0; p < P; ++p) {
       b.pools[p] = BlockLocation{pools_[p]->tier(found[p]), pools_[p]->block(found[p])};
@@ -49,7 +98,6 @@ std::vector<ExportedBlock> KvCacheManager::PinChain(BlockHash parent, std::span<
     }
     pools_[0]->Tokens(found[0], &b.tokens);
     run.push_back(std::move(b));
-    prev.swap(found);
   }
   FinishCall();
   return run;

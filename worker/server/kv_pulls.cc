@@ -116,7 +116,16 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
 
 void KvPulls::Poll() {
   if (service_ == nullptr) return;
-  for (const transfer::IncomingPull& pull : service_->TakePulls()) Serve(pull);
+  if (!waiting_.empty()) {
+    std::vector<transfer::IncomingPull> waiting;
+    waiting.swap(waiting_);
+    for (const transfer::IncomingPull& pull : waiting) {
+      if (!WaitForBlocks(pull, true)) Serve(pull);
+    }
+  }
+  for (const transfer::IncomingPull& pull : service_->TakePulls()) {
+    if (!WaitForBlocks(pull, false)) Serve(pull);
+  }
   for (const transfer::Released& r : service_->TakeReleases()) {
     if (r.nccl) {
       NcclAnswered(r);
@@ -140,6 +149,58 @@ void KvPulls::Poll() {
   }
   PollNccl();
   stats_.nccl_held = nccl_held_.size();
+}
+
+uint32_t KvPulls::ComputingRun(const transfer::PullRequest& r) const {
+  uint32_t run = kv_->LiveRun(r.parent_hash, r.hashes);
+  // A request queued here and not yet admitted has no KV sequence: its prompt is hashed here.
+  const uint32_t B = kv_->block_size();
+  const HashNamespace ns{options_.model, r.lora, r.cache_salt};
+  const uint64_t seed = HashSeed(ns);
+  const BlockHasher hasher(B, ns);
+  for (const engine::Sequence* seq : engine_->scheduler().waiting()) {
+    if (run == r.hashes.size()) break;
+    if (seq->kv_registered) continue;  // LiveRun saw it
+    if (HashSeed(HashNamespace{options_.model, seq->request.lora, seq->request.cache_salt}) != seed) continue;
+    const std::span<const TokenId> prompt(seq->tokens.data(), seq->prompt_len);
+    const size_t full = prompt.size() / B;
+    size_t k = 0;  // the prompt's block that r.hashes[0] would be
+    uint64_t h = hasher.seed();
+    if (r.parent_hash != 0) {
+      while (k < full && h != r.parent_hash) {
+        h = hasher.Next(h, prompt.subspan(k * B, B));
+        ++k;
+      }
+      if (h != r.parent_hash) continue;
+    }
+    uint32_t n = 0;
+    for (; n < r.hashes.size() && k + n < full; ++n) {
+      h = hasher.Next(h, prompt.subspan((k + n) * B, B));
+      if (h != r.hashes[n]) break;
+    }
+    run = std::max(run, n);
+  }
+  return run;
+}
+
+bool KvPulls::WaitForBlocks(const transfer::IncomingPull& pull, bool waiting) {
+  const transfer::PullRequest& r = pull.request;
+  // Only a pull this worker could serve: Serve answers (or refuses) the others at once.
+  if (!layout_ || r.layout != *layout_ || r.model != options_.model) return false;
+  const uint32_t held = kv_->HeldRun(r.parent_hash, r.hashes);
+  if (held >= r.hashes.size() || ComputingRun(r) <= held) {
+    if (waiting) ++stats_.serve_waits_stored;
+    return false;
+  }
+  // Half the deadline: the receiver gave it twice the pull it expects (the router's
+  // PullDeadline), and the bytes still have to go.
+  const TimeNs cutoff = pull.deadline - static_cast<DurationNs>(r.deadline_ms) * kNsPerMs / 2;
+  if (service_->Now() >= cutoff) {
+    if (waiting) ++stats_.serve_waits_cut;
+    return false;
+  }
+  waiting_.push_back(pull);
+  return true;
 }
 
 void KvPulls::Serve(const transfer::IncomingPull& pull) {

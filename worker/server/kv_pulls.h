@@ -13,7 +13,11 @@
 //
 // Holder: Poll() answers the pulls that arrived: the layout and namespace must match this
 // worker's, then ExportChain pins the leading run it still holds while ReadKvBlocks copies
-// its bytes out, and the service sends them.
+// its bytes out, and the service sends them. A pull for blocks this worker is still
+// computing (a request here, running or queued, has more of the chain in its prompt than
+// this worker holds: a prefix routed here a moment ago) waits for them: it is answered once they are stored, or at half its
+// deadline with what is held then, so the receiver has the other half for the transfer. The
+// router sends such pulls on purpose (router/routing/README.md, "Pulling a prefix being computed").
 //
 // Same host (options.host_id, a cuda backend): a pull offering this host's id gets the
 // leading run's device slots and the pools' IPC handles instead of bytes. The holder keeps
@@ -91,6 +95,10 @@ struct KvPullStats {
   uint64_t nccl_served = 0;       // pulls this worker answered by NCCL
   uint64_t nccl_send_failures = 0;  // of those, runs whose send failed or timed out
   uint64_t nccl_held = 0;         // runs pinned now for an NCCL answer (sending or to send)
+  // Pulls held for blocks this worker was computing, by how the wait ended: the blocks were
+  // stored (or their sequence ended), or half the pull's deadline passed first.
+  uint64_t serve_waits_stored = 0;
+  uint64_t serve_waits_cut = 0;
 };
 
 class KvPulls {
@@ -123,6 +131,8 @@ class KvPulls {
   void Poll();
   // Pulls in flight.
   size_t pending() const { return pending_.size(); }
+  // Pulls from others waiting here for blocks this worker is computing.
+  size_t waiting() const { return waiting_.size(); }
   const KvPullStats& stats() const { return stats_; }
 
  private:
@@ -146,6 +156,13 @@ class KvPulls {
   // Holds `id` for a pull in flight whose first pulled block its prompt has, if any.
   bool WaitForPull(engine::RequestId id, const engine::GenerateRequest& request);
   void Serve(const transfer::IncomingPull& pull);
+  // Whether `pull` waits (in waiting_) for blocks of its chain this worker is computing: true
+  // while a request here has more of the chain than is held (ComputingRun), until half the
+  // pull's deadline.
+  bool WaitForBlocks(const transfer::IncomingPull& pull, bool waiting);
+  // The longest leading run of `r`'s chain that a request here has in its prompt: a live KV
+  // sequence's (KvCacheManager::LiveRun), or one queued and not yet admitted.
+  uint32_t ComputingRun(const transfer::PullRequest& r) const;
   // Serve's same-host path: pins the leading run on the device and sends its slots; false
   // when there is none to send that way (the bytes path answers).
   bool ServeDevice(const transfer::IncomingPull& pull);
@@ -178,6 +195,7 @@ class KvPulls {
   std::optional<transfer::Layout> layout_;
   std::string unsupported_;
   std::map<uint64_t, Pending> pending_;  // by transfer id
+  std::vector<transfer::IncomingPull> waiting_;  // holder: pulls waiting for blocks being computed
   bool device_ = false;                  // the backend exports and copies device blocks
   // Holder: runs pinned for receivers copying them, by (peer token, transfer id).
   std::map<std::pair<uint64_t, uint64_t>, std::vector<kv::ExportedBlock>> held_;

@@ -33,7 +33,9 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
       nccl_copy_seconds_(Counter(r, "kvfleet_worker_kv_nccl_copy_seconds_total",
                                  "Time of those NCCL receives, a communicator's set-up included")),
       nccl_send_failures_(Counter(r, "kvfleet_worker_kv_nccl_send_failures_total",
-                                  "NCCL sends of pulled runs (this worker the holder) that failed or timed out")) {}
+                                  "NCCL sends of pulled runs (this worker the holder) that failed or timed out")),
+      serve_waits_(Counter(r, "kvfleet_worker_kv_serve_waits_total",
+                           "Pulls held until blocks this worker was computing were stored, by how the wait ended")) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -69,6 +71,8 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
   Advance(device_pulls_, {}, static_cast<double>(pulls.device_pulls));
   Advance(nccl_pulls_, {}, static_cast<double>(pulls.nccl_pulls));
   Advance(nccl_send_failures_, {}, static_cast<double>(pulls.nccl_send_failures));
+  Advance(serve_waits_, {{"ended", "half_deadline"}}, static_cast<double>(pulls.serve_waits_cut));
+  Advance(serve_waits_, {{"ended", "stored"}}, static_cast<double>(pulls.serve_waits_stored));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {
     if (service.refused[r] == 0) continue;
     const auto reason = std::string(transfer::RefusalReasonName(static_cast<transfer::RefusalReason>(r)));

@@ -13,6 +13,8 @@
 //   kvfleet_worker_kv_nccl_pulls_total                 pulls received by NCCL send/recv
 //   kvfleet_worker_kv_nccl_copy_{bytes,seconds}_total{source}     those receives (set-up included)
 //   kvfleet_worker_kv_nccl_send_failures_total         NCCL sends (as holder) that failed or timed out
+//   kvfleet_worker_kv_serve_waits_total{ended}         pulls held for blocks this worker was computing:
+//                                                      ended "stored", or "half_deadline" with part of the chain
 //
 // Thread safety: thread-compatible; the engine thread calls Update.
 #pragma once
@@ -55,6 +57,7 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& nccl_copy_bytes_;
   prometheus::Family<prometheus::Counter>& nccl_copy_seconds_;
   prometheus::Family<prometheus::Counter>& nccl_send_failures_;
+  prometheus::Family<prometheus::Counter>& serve_waits_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

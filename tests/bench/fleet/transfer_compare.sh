@@ -49,7 +49,7 @@ if [ -n "${KVFLEET_TRANSFER_DIAG:-}" ]; then
     --duration "$DURATION" --policy kv --ttft-slo-ms 1000 --quiet 2>&1 | grep -v "^bench: "
   get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_pull"
   for i in $(seq 0 7); do get "http://127.0.0.1:$((PORT + 100 + i))/metrics"; done |
-    grep -E "^kvfleet_worker_kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds)" |
+    grep -E "^kvfleet_worker_kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds|serve_waits)" |
     sed -E 's/source="[^"]*",?//; s/\{\}//' |
     awk '{k=$1; v[k]+=$2} END {for (k in v) printf "%s %.3f\n", k, v[k]}' | sort
   kill "$fpid"; wait "$fpid" 2>/dev/null

@@ -225,8 +225,22 @@ TEST_CASE("a predicted entry counts until its TTL passes or a stored event confi
   std::vector<PrefixMatch> out;
   index.FindMatches(run, &out);
   ExpectSame(out, {{4, 3, 0, 0}});  // held: none, by its events
+  CHECK(out[0].predicted_ms_left == 2000);  // when the prediction runs out
   CHECK(index.BlockCount(4, Tier::kDevice) == 0);  // predictions are not holdings
   index.Store(4, 5, Tier::kDevice);                  // confirms block 5 only
+  clock.AdvanceMs(300);
+  index.InsertPredicted(4, std::span(run).subspan(2), 3 * kNsPerSec);  // a later request's: the latest counts
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{4, 3, 0, 1}});
+  CHECK(out[0].predicted_ms_left == 3000);
+  index.Store(4, 6, Tier::kDevice);
+  index.Store(4, 7, Tier::kDevice);
+  index.FindMatches(run, &out);
+  ExpectSame(out, {{4, 3, 0, 3}});
+  CHECK(out[0].predicted_ms_left == 0);  // held whole: nothing predicted
+  index.Remove(4, 6, Tier::kDevice);
+  index.Remove(4, 7, Tier::kDevice);
+  index.InsertPredicted(4, std::span(run).subspan(1), 2 * kNsPerSec);
   clock.AdvanceMs(2500);
   index.FindMatches(run, &out);
   ExpectSame(out, {{4, 1, 0, 1}});

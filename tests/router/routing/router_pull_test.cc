@@ -42,9 +42,9 @@ TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced 
   }
 }
 
-TEST_CASE("a pull comes only from a holder whose events show the blocks, not from the router's predictions") {
+TEST_CASE("a pull of blocks the router only predicts waits for their prefill; stored ones come at once") {
   // The router predicts a prompt's blocks on the worker it sent the prompt to; until that
-  // worker computes them, a pull from it would be refused (not held) and computed anyway.
+  // worker computes them, a pull from it waits (the holder answers once they are stored).
   RoutingOptions slow;
   slow.default_prefill_tokens_per_s = 1'000;
   Fixture f(slow);
@@ -58,16 +58,75 @@ TEST_CASE("a pull comes only from a holder whose events show the blocks, not fro
   busy.prefill_tokens = 80'000;
   f.loads.own[2] = busy;
   const std::vector<BlockHash> hashes = f.Hashes();
-  global.InsertPredicted(2, hashes, kNsPerSec);
+  // Its first token predicted in a second (a prediction lives the event lag beyond it).
+  global.InsertPredicted(2, hashes, slow.predicted_ttl + kNsPerSec);
   auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
-  CHECK(d->pull.source.empty());  // predicted only: nothing to pull yet
+  CHECK(d->pull.source.empty());  // predicted only, done in ~1 s: recomputing the 40 tokens is sooner
   for (size_t i = 0; i < 6; ++i) global.Store(2, hashes[i], kv::Tier::kDevice);
   d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
   CHECK(d->worker != 2);
   CHECK(d->pull.source == "tcp://h2:5559");
   CHECK(d->pull.blocks == 6);  // the six its events show, not the ten predicted
+  CHECK_FALSE(d->pull_computing);
+}
+
+TEST_CASE("a busy worker still computing a prefix is pulled from once its prefill is done, not queued behind") {
+  // Worker 2 got the prompt a moment ago (predicted entries, first token predicted in 10 ms)
+  // and has 80 s of other prefill queued since. An idle worker pulls the prefix once stored.
+  RoutingOptions slow;
+  slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
+  Fixture f(slow);
+  GlobalIndex global({}, &f.clock);
+  Router router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock);
+  for (WorkerId w : {0u, 1u, 2u}) {
+    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10, ""};
+  }
+  OwnLoadCounts busy;
+  busy.requests = 20;
+  busy.prefill_tokens = 80'000;
+  f.loads.own[2] = busy;
+  const std::vector<BlockHash> hashes = f.Hashes();
+  global.InsertPredicted(2, hashes, slow.predicted_ttl + 10 * kNsPerMs);
+  auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  CHECK(d->worker != 2);
+  CHECK(d->pull.source == "tcp://h2:5559");
+  CHECK(d->pull.blocks == 10);
+  CHECK(d->pull_computing);
+  // Ready in ~10 ms, then the ~26 ms pull: under the 40 ms recompute, and nothing like the queue.
+  CHECK(d->estimated_ttft_s < 0.04);
+  CHECK(d->estimated_ttft_s > 0.03);
+  // The deadline covers the wait: twice ~36 ms.
+  CHECK(d->pull.deadline_ms >= 70);
+  CHECK(d->pull.deadline_ms <= 75);
+
+  SUBCASE("a holder whose queue ahead is shorter than the prediction is ready when that queue is done") {
+    busy.prefill_tokens = 5;  // 5 ms at 1,000 tokens/s
+    f.loads.own[2] = busy;
+    global.InsertPredicted(2, hashes, slow.predicted_ttl + kNsPerSec);  // the prediction: 1 s
+    auto e = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    // Either the holder itself (its 5 ms queue) or a pull after that queue: never a recompute.
+    CHECK(e->predicted_cached_tokens == 10 * kBlockSize);
+  }
+  SUBCASE("once its prefill is predicted later than recomputing, the prefix is recomputed") {
+    global.InsertPredicted(2, hashes, slow.predicted_ttl + 500 * kNsPerMs);
+    auto e = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker != 2);
+    CHECK(e->pull.source.empty());
+  }
+  SUBCASE("a holder whose events show the prefix is pulled from at once instead") {
+    for (size_t i = 0; i < 10; ++i) global.Store(1, hashes[i], kv::Tier::kDevice);
+    f.loads.own[1] = busy;
+    auto e = router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 0);
+    CHECK(e->pull.source == "tcp://h1:5559");
+    CHECK_FALSE(e->pull_computing);
+  }
 }
 
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {

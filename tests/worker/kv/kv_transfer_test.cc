@@ -119,6 +119,31 @@ TEST_CASE("a chain pinned for a same-host copy stays until each of its blocks is
   CHECK(h.m->PinChain(0, hashes).empty());
 }
 
+TEST_CASE("a holder tells the run it holds from the run a live sequence of its own is still computing") {
+  Fixture h(SmallConfig(B, 16));
+  const auto prompt = Tokens(4 * B + 2, 1);
+  const auto hashes = Hashes(prompt);
+  h.Request(Head(prompt, 2));  // the first two blocks are stored
+  CHECK(h.m->HeldRun(0, hashes) == 2);
+  CHECK(h.m->LiveRun(0, hashes) == 0);  // nothing live
+  const SequenceId id = h.Add(prompt);  // admitted, not yet prefilled
+  CHECK(h.m->HeldRun(0, hashes) == 2);
+  CHECK(h.m->LiveRun(0, hashes) == 4);
+  // From a parent, and a chain that leaves the sequence's.
+  CHECK(h.m->LiveRun(hashes[1], std::span(hashes).subspan(2)) == 2);
+  std::vector<BlockHash> other = hashes;
+  other[3] ^= 1;
+  CHECK(h.m->LiveRun(0, other) == 3);
+  CHECK(h.m->LiveRun(12345, std::span(hashes).subspan(1)) == 0);
+  h.m->Match(id);
+  h.Prefill(id);
+  CHECK(h.m->HeldRun(0, hashes) == 4);  // stored by its prefill
+  h.Release(id);
+  CHECK(h.m->LiveRun(0, hashes) == 0);
+  CHECK(h.m->HeldRun(0, hashes) == 4);
+  h.Check();
+}
+
 TEST_CASE("a receiver imports a pulled chain: its blocks are stored, published and reused with the holder's KV") {
   Fixture h(SmallConfig(B, 16));
   Fixture r(SmallConfig(B, 16));

@@ -110,5 +110,59 @@ TEST_CASE("a worker pulls a prompt's prefix from the worker that computed it, an
   }
 }
 
+// Waits (5 s at most) for `needle` on the worker's /metrics, refreshed every 250 ms while idle.
+bool MetricsShow(const RunningWorker& w, const std::string& needle) {
+  std::string metrics;
+  for (int i = 0; i < 100 && metrics.find(needle) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    metrics = http::testing::BodyOf(http::testing::Roundtrip(w.worker->http_port(), "GET", "/metrics"));
+  }
+  return metrics.find(needle) != std::string::npos;
+}
+
+TEST_CASE("a holder still computing the prefix answers a pull once the blocks are stored, or at half its deadline") {
+  // a is made to compute the prefix late: its own request waits for a pull from a holder that
+  // is gone (a's transfer deadline), meanwhile registering the prefix as a live sequence. b's
+  // pull from a arrives in that window.
+  zmq::context_t context;
+  const std::string model = kvfleet::testing::RandomModelDir("tiny", 1);
+  std::vector<TokenId> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(2000 + 3 * i);
+  const PullHint gone{"tcp://127.0.0.1:1", "", 6, "gone"};
+  WorkerConfig b_config = CpuConfig(model);
+  b_config.transfer_deadline_ms = 10'000;
+  RunningWorker b(b_config, context);
+
+  auto race = [&](const RunningWorker& a, uint32_t b_deadline_ms) {
+    Answer on_a;
+    std::thread asker([&] { on_a = Ask(context, a.worker->requests_endpoint(), prompt, gone); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a has started its own pull
+    const PullHint from_a{a.worker->transfer_endpoint(), "", 6, a.worker->worker_id(), b_deadline_ms};
+    const Answer on_b = Ask(context, b.worker->requests_endpoint(), prompt, from_a);
+    asker.join();
+    REQUIRE(on_a.finished);
+    REQUIRE(on_b.finished);
+    CHECK(on_a.cached_device_tokens == 0);
+    CHECK(on_b.tokens == on_a.tokens);
+    return on_b;
+  };
+  SUBCASE("stored within the pull's deadline: served then") {
+    WorkerConfig a_config = CpuConfig(model);
+    a_config.transfer_deadline_ms = 1'500;
+    RunningWorker a(a_config, context);
+    const Answer on_b = race(a, 8'000);
+    CHECK(on_b.cached_device_tokens == 96);  // pulled, not recomputed
+    CHECK(MetricsShow(a, "kvfleet_worker_kv_serve_waits_total{ended=\"stored\"} 1"));
+  }
+  SUBCASE("not stored by half the pull's deadline: b computes the prefix") {
+    WorkerConfig a_config = CpuConfig(model);
+    a_config.transfer_deadline_ms = 3'000;
+    RunningWorker a(a_config, context);
+    const Answer on_b = race(a, 1'000);
+    CHECK(on_b.cached_device_tokens == 0);
+    CHECK(MetricsShow(a, "kvfleet_worker_kv_serve_waits_total{ended=\"half_deadline\"} 1"));
+  }
+}
+
 }  // namespace
 }  // namespace kvfleet::server
