@@ -123,6 +123,12 @@ void Engine::Hold(RequestId id) {
   ++held_;
 }
 
+void Engine::AddRetentionRange(RequestId id, const kv::TokenRangeRetention& range) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() || it->second->kv_registered || it->second->admitted_once) return;
+  it->second->request.retention.token_ranges.push_back(range);
+}
+
 void Engine::Unhold(RequestId id) {
   auto it = sequences_.find(id);
   if (it == sequences_.end() || !it->second->held) return;

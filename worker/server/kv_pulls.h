@@ -3,7 +3,8 @@
 //
 // Receiver: a Generate whose PullHint names another worker holding more of its prompt than
 // this one. Start() registers the prompt's hinted blocks with the KV cache manager
-// (BeginImport: blocks for what is missing are allocated now), asks the holder for the missing
+// (BeginImport: blocks for what is missing are allocated now, to be stored at
+// config::kPulledPriority), asks the holder for the missing
 // chain through the TransferService, and holds the request in the engine's queue (Engine::Hold):
 // the pull overlaps its wait. When the pull ends, Poll() checks each block's tokens against
 // the prompt, writes the verified leading run into the allocated blocks (the backend's
@@ -57,6 +58,12 @@ namespace kvfleet::server::config {
 // on one H200 host): its transfer may take this long from its answer even past the pull's
 // deadline, so a short deadline cannot keep a pair from ever meeting. Later pulls reuse it.
 constexpr DurationNs kNcclSetupTimeout = 3 * kNsPerSec;
+// A pulled prefix is the fleet's second copy of those blocks: losing it costs another pull, not a
+// recompute. So the receiver stores it one below the default priority (its request's own
+// retention ranges still win), and it leaves before blocks of the same age that exist only here
+// until a later request reuses it, which raises it as any reuse does. Pulls tripled a mock
+// fleet's evictions at default priority (tests/bench/results/2026-11-30-transfer-in-flight.txt).
+constexpr uint8_t kPulledPriority = kv::kDefaultPriority - 1;
 }  // namespace kvfleet::server::config
 
 namespace kvfleet::server {

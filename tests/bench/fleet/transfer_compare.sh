@@ -38,20 +38,24 @@ run() {  # name trace scale
 run conv40-2.0x "$OUT/conv40.jsonl" 2.23
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
-# KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on a fleet left up,
-# then the router's pull decisions and the workers' pull outcomes from /metrics.
+# KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on each fleet (with pulls,
+# then without), left up, then the router's pull decisions and the workers' pull outcomes and
+# evictions from /metrics.
 if [ -n "${KVFLEET_TRANSFER_DIAG:-}" ]; then
-  echo "== diagnosis: kv, mooncake-1.3x, pulls by outcome"
-  "$OUT/fleet.sh" >"$OUT/diag-fleet.log" 2>&1 &
-  fpid=$!
-  for _ in $(seq 100); do get "http://127.0.0.1:$PORT/ready" >/dev/null && break; sleep 0.3; done
-  "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale 20.54 --length-scale 4 \
-    --duration "$DURATION" --policy kv --ttft-slo-ms 1000 --quiet 2>&1 | grep -v "^bench: "
-  get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_pull"
-  for i in $(seq 0 7); do get "http://127.0.0.1:$((PORT + 100 + i))/metrics"; done |
-    grep -E "^kvfleet_worker_kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds|serve_waits)" |
-    sed -E 's/source="[^"]*",?//; s/\{\}//' |
-    awk '{k=$1; v[k]+=$2} END {for (k in v) printf "%s %.3f\n", k, v[k]}' | sort
-  kill "$fpid"; wait "$fpid" 2>/dev/null
+  for f in "" -nopull; do
+    echo "== diagnosis: kv$f, mooncake-1.3x, pulls by outcome, evictions"
+    "$OUT/fleet$f.sh" >"$OUT/diag-fleet$f.log" 2>&1 &
+    fpid=$!
+    for _ in $(seq 100); do get "http://127.0.0.1:$PORT/ready" >/dev/null && break; sleep 0.3; done
+    "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale 20.54 --length-scale 4 \
+      --duration "$DURATION" --policy kv --ttft-slo-ms 1000 --quiet 2>&1 | grep -v "^bench: "
+    get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_pull"
+    for i in $(seq 0 7); do get "http://127.0.0.1:$((PORT + 100 + i))/metrics"; done |
+      grep -E "^kvfleet_worker_(kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds|serve_waits)|evictions_total)" |
+      sed -E 's/source="[^"]*",?//; s/\{\}//' |
+      awk '{k=$1; v[k]+=$2} END {for (k in v) printf "%s %.3f\n", k, v[k]}' | sort
+    kill "$fpid"; wait "$fpid" 2>/dev/null
+    sleep 1
+  done
 fi
 echo "uptime at end: $(uptime)"

@@ -120,6 +120,35 @@ bool MetricsShow(const RunningWorker& w, const std::string& needle) {
   return metrics.find(needle) != std::string::npos;
 }
 
+TEST_CASE("a pulled prefix is the first to go when the receiver needs room, before its own older blocks") {
+  // b's cache holds 16 blocks. It computes x (6 blocks of its own), then pulls p (6 blocks,
+  // a second copy of a's), then computes y (7 blocks): room for y is made from p, not from x,
+  // although x is older.
+  zmq::context_t context;
+  const std::string model = kvfleet::testing::RandomModelDir("tiny", 1);
+  RunningWorker a(CpuConfig(model), context);
+  WorkerConfig small = CpuConfig(model);
+  small.kv_cache_bytes = 16 * 8192;  // 16 blocks of 16 tokens (fp32, 2 layers, 2 KV heads of 32)
+  small.max_context = 256;
+  RunningWorker b(small, context);
+  auto prompt_of = [](TokenId base) {
+    std::vector<TokenId> t(100);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(base + 5 * i);
+    return t;
+  };
+  const std::vector<TokenId> x = prompt_of(3000), p = prompt_of(4000), y = prompt_of(5000);
+  REQUIRE(Ask(context, a.worker->requests_endpoint(), p).finished);
+  REQUIRE(Ask(context, b.worker->requests_endpoint(), x).finished);
+  const PullHint from_a{a.worker->transfer_endpoint(), "", 6, a.worker->worker_id()};
+  const Answer pulled = Ask(context, b.worker->requests_endpoint(), p, from_a);
+  REQUIRE(pulled.finished);
+  REQUIRE(pulled.cached_device_tokens == 96);
+  REQUIRE(Ask(context, b.worker->requests_endpoint(), y).finished);
+  const Answer again = Ask(context, b.worker->requests_endpoint(), x);
+  CHECK(again.cached_device_tokens == 96);  // x whole: the pulled copy made the room
+  CHECK(MetricsShow(b, "kvfleet_worker_evictions_total{priority=\"34\"}"));
+}
+
 TEST_CASE("a holder still computing the prefix answers a pull once the blocks are stored, or at half its deadline") {
   // a is made to compute the prefix late: its own request waits for a pull from a holder that
   // is gone (a's transfer deadline), meanwhile registering the prefix as a live sequence. b's
