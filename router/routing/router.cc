@@ -181,11 +181,13 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
   Source stored, computing;
   for (const Candidate& c : holders) {
     const uint32_t matched = c.device_blocks + c.host_blocks;
-    if (c.held_blocks <= stored.run && matched < computing.run) continue;
+    const bool may_store = c.held_blocks > stored.run;
+    const bool may_compute = matched > c.held_blocks && matched >= computing.run;
+    if (!may_store && !may_compute) continue;  // most workers of a large fleet: no lookup
     std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
     if (!peer || peer->bytes_per_block == 0) continue;
-    if (c.held_blocks > stored.run) stored = Source{&c, c.held_blocks, 0, peer};
-    if (matched > c.held_blocks) {
+    if (may_store) stored = Source{&c, c.held_blocks, 0, peer};
+    if (may_compute) {
       // Its queue ahead computes the run, and some of that queue may have come after the run's
       // request: the run's own prediction, which expires the event lag after its predicted
       // first token, says when it is done, where the index keeps expiries.

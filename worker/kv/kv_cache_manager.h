@@ -233,8 +233,8 @@ class KvCacheManager {
   uint32_t HeldRun(BlockHash parent, std::span<const BlockHash> hashes) const;
   // The longest leading run of the chain that a live sequence here has among its prompt's full
   // blocks, stored or still to be computed: a holder computing a prefix will hold this much of
-  // it once that sequence's prefill is done (unless it is cancelled first). At least HeldRun's
-  // only while such a sequence lives.
+  // it once that sequence's prefill is done (unless it is cancelled first). Longer than
+  // HeldRun's only while such a sequence has blocks of the chain left to compute.
   uint32_t LiveRun(BlockHash parent, std::span<const BlockHash> hashes) const;
   // The receiver's side, in two calls around the byte copy. BeginImport registers
   // spec.prompt (the pulled chain's whole blocks from the first token on: n·B tokens) as a

@@ -42,22 +42,37 @@ TEST_CASE("a cold router costs a worker at the prefill rate its Hello announced 
   }
 }
 
+// Three workers serving pulls (64 KiB blocks) over the event-fed index, at 1,000 prefill tokens/s
+// (the prompt's 40 tokens take 40 ms to recompute); worker 2 has 80 s of prefill queued.
+struct BusyHolder {
+  static RoutingOptions Slow() {
+    RoutingOptions o;
+    o.default_prefill_tokens_per_s = 1'000;
+    return o;
+  }
+  BusyHolder() : slow(Slow()), f(slow), global({}, &f.clock), router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock) {
+    for (WorkerId w : {0u, 1u, 2u}) {
+      f.loads.transfer[w] =
+          TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10, ""};
+    }
+    busy.requests = 20;
+    busy.prefill_tokens = 80'000;
+    f.loads.own[2] = busy;
+    hashes = f.Hashes();
+  }
+  RoutingOptions slow;
+  Fixture f;
+  GlobalIndex global;
+  Router router;
+  OwnLoadCounts busy;
+  std::vector<BlockHash> hashes;
+};
+
 TEST_CASE("a pull of blocks the router only predicts waits for their prefill; stored ones come at once") {
   // The router predicts a prompt's blocks on the worker it sent the prompt to; until that
   // worker computes them, a pull from it waits (the holder answers once they are stored).
-  RoutingOptions slow;
-  slow.default_prefill_tokens_per_s = 1'000;
-  Fixture f(slow);
-  GlobalIndex global({}, &f.clock);
-  Router router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock);
-  for (WorkerId w : {0u, 1u, 2u}) {
-    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10, ""};
-  }
-  OwnLoadCounts busy;
-  busy.requests = 20;
-  busy.prefill_tokens = 80'000;
-  f.loads.own[2] = busy;
-  const std::vector<BlockHash> hashes = f.Hashes();
+  BusyHolder h;
+  auto& [slow, f, global, router, busy, hashes] = h;
   // Its first token predicted in a second (a prediction lives the event lag beyond it).
   global.InsertPredicted(2, hashes, slow.predicted_ttl + kNsPerSec);
   auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
@@ -75,19 +90,8 @@ TEST_CASE("a pull of blocks the router only predicts waits for their prefill; st
 TEST_CASE("a busy worker still computing a prefix is pulled from once its prefill is done, not queued behind") {
   // Worker 2 got the prompt a moment ago (predicted entries, first token predicted in 10 ms)
   // and has 80 s of other prefill queued since. An idle worker pulls the prefix once stored.
-  RoutingOptions slow;
-  slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
-  Fixture f(slow);
-  GlobalIndex global({}, &f.clock);
-  Router router(slow, &f.loads, &global, &f.approx, nullptr, &f.clock);
-  for (WorkerId w : {0u, 1u, 2u}) {
-    f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10, ""};
-  }
-  OwnLoadCounts busy;
-  busy.requests = 20;
-  busy.prefill_tokens = 80'000;
-  f.loads.own[2] = busy;
-  const std::vector<BlockHash> hashes = f.Hashes();
+  BusyHolder h;
+  auto& [slow, f, global, router, busy, hashes] = h;
   global.InsertPredicted(2, hashes, slow.predicted_ttl + 10 * kNsPerMs);
   auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
