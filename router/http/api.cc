@@ -413,6 +413,7 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
     self->metrics_.abandoned.Increment();
   });
   metrics_.matched.Observe(sent->matched_blocks);
+  if (sent->passed_over_blocks > 0) metrics_.passed_over_blocks.Increment(sent->passed_over_blocks);
   if (sent->split) metrics_.split.Increment();
   if (sent->pulled_blocks > 0) {
     metrics_.pulls.Increment();

@@ -81,6 +81,12 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                         .Help("Prompt blocks those requests' workers were asked to pull")
                         .Register(r)
                         .Add({})),
+      passed_over_blocks(prometheus::BuildCounter()
+                             .Name("kvfleet_router_passed_over_blocks_total")
+                             .Help("Prompt blocks another worker matched (held, or was computing) that the chosen "
+                                   "worker neither held nor pulled: prefix reuse given up for load")
+                             .Register(r)
+                             .Add({})),
       pulls_of_computing(prometheus::BuildCounter()
                              .Name("kvfleet_router_pulls_of_computing_total")
                              .Help("Of those requests, the ones whose holder was still computing the prefix: it "

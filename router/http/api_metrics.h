@@ -40,6 +40,7 @@ struct ApiMetrics {
   prometheus::Counter& unknown_fields;                // kvfleet_router_unknown_fields_total
   prometheus::Counter& pulls;                         // kvfleet_router_pulls_total: requests sent with a PullHint
   prometheus::Counter& pulled_blocks;                 // kvfleet_router_pulled_blocks_total: the blocks they name
+  prometheus::Counter& passed_over_blocks;  // kvfleet_router_passed_over_blocks_total: reuse given up for load
   prometheus::Counter& pulls_of_computing;  // kvfleet_router_pulls_of_computing_total: of pulls, from a holder still computing
   prometheus::Counter& split;                         // kvfleet_router_split_requests_total: prefilled elsewhere (P/D)
   prometheus::Counter& abandoned;  // kvfleet_router_requests_abandoned_total: the client left before the answer ended

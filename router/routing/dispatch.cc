@@ -79,6 +79,8 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
                  decision.predicted_cached_tokens,
                  decision.pull.source.empty() ? 0 : decision.pull.blocks - decision.device_blocks - decision.host_blocks,
                  decision.split.has_value(), decision.pull_computing};
+  const uint32_t reused = out.matched_blocks + out.pulled_blocks;
+  if (!decision.split && decision.best_matched_blocks > reused) out.passed_over_blocks = decision.best_matched_blocks - reused;
   // A request routed on another I/O thread meanwhile could miss these entries either way;
   // the window is tens of µs.
   router_->Commit(decision);

@@ -43,6 +43,9 @@ struct Dispatched {
   uint32_t pulled_blocks = 0;            // of those blocks, the ones it is asked to pull (Decision::pull)
   bool split = false;                    // prefilled on another worker first (Decision::split)
   bool pull_computing = false;           // pulled from a worker still computing it (Decision::pull_computing)
+  // Leading blocks another worker matched beyond what this one holds or pulls: reuse given up
+  // for load (Decision::best_matched_blocks less matched and pulled; 0 for a split request).
+  uint32_t passed_over_blocks = 0;
 };
 
 class Dispatcher {

@@ -396,6 +396,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                          "no worker can decode the request (start workers with --role decode or both)");
     }
   }
+  for (const Candidate& c : everyone.empty() ? candidates : everyone) {
+    d.best_matched_blocks = std::max(d.best_matched_blocks, c.device_blocks + c.host_blocks);
+  }
   // The candidates without pull options: AddPulls only appends, within the capacity reserved.
   const std::span<const Candidate> decode_pool(candidates.data(), candidates.size());
   const bool by_cost = d.policy == Policy::kKv || d.policy == Policy::kKvRetention;

@@ -94,6 +94,10 @@ struct Decision {
   PullHint pull;
   WorkerId pull_from = 0;
   bool pull_computing = false;  // pull_from was still computing the prefix (Candidate::pull_ready_s)
+  // The longest leading run any worker of the model matched (its events, or this router's
+  // predicted entries): what the decision could have reused at most. The reuse it gives up is
+  // this less the worker's own and pulled blocks (Dispatched::passed_over_blocks).
+  uint32_t best_matched_blocks = 0;
   // Set when the request is split: `pull` then names split->worker, and the decision's worker
   // gets the request once that prefill is done (ForwardRequest::prefill).
   std::optional<SplitPrefill> split;

@@ -49,7 +49,7 @@ if [ -n "${KVFLEET_TRANSFER_DIAG:-}" ]; then
     for _ in $(seq 100); do get "http://127.0.0.1:$PORT/ready" >/dev/null && break; sleep 0.3; done
     "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$TRACE" --time-scale 20.54 --length-scale 4 \
       --duration "$DURATION" --policy kv --ttft-slo-ms 1000 --quiet 2>&1 | grep -v "^bench: "
-    get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_pull"
+    get "http://127.0.0.1:$PORT/metrics" | grep -E "^kvfleet_router_(pull|passed_over)"
     for i in $(seq 0 7); do get "http://127.0.0.1:$((PORT + 100 + i))/metrics"; done |
       grep -E "^kvfleet_worker_(kv_(pulls_total|pull_fallbacks_total|imported|served_total|pulled_bytes|pull_seconds|serve_waits)|evictions_total)" |
       sed -E 's/source="[^"]*",?//; s/\{\}//' |

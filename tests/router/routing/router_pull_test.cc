@@ -78,6 +78,8 @@ TEST_CASE("a pull of blocks the router only predicts waits for their prefill; st
   auto d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
   CHECK(d->pull.source.empty());  // predicted only, done in ~1 s: recomputing the 40 tokens is sooner
+  CHECK(d->best_matched_blocks == 10);  // worker 2's predicted run: given up for its queue
+  CHECK(d->device_blocks == 0);
   for (size_t i = 0; i < 6; ++i) global.Store(2, hashes[i], kv::Tier::kDevice);
   d = router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
@@ -85,6 +87,7 @@ TEST_CASE("a pull of blocks the router only predicts waits for their prefill; st
   CHECK(d->pull.source == "tcp://h2:5559");
   CHECK(d->pull.blocks == 6);  // the six its events show, not the ten predicted
   CHECK_FALSE(d->pull_computing);
+  CHECK(d->best_matched_blocks == 10);
 }
 
 TEST_CASE("a busy worker still computing a prefix is pulled from once its prefill is done, not queued behind") {
