@@ -123,10 +123,12 @@ void Engine::Hold(RequestId id) {
   ++held_;
 }
 
-void Engine::AddRetentionRange(RequestId id, const kv::TokenRangeRetention& range) {
+void Engine::LowerRetention(RequestId id, uint8_t priority) {
   auto it = sequences_.find(id);
   if (it == sequences_.end() || it->second->kv_registered || it->second->admitted_once) return;
-  it->second->request.retention.token_ranges.push_back(range);
+  kv::KvCacheRetentionConfig& r = it->second->request.retention;
+  r.token_ranges.push_back(kv::TokenRangeRetention{0, std::nullopt, priority, std::nullopt});
+  if (r.decode_priority == kv::kDefaultPriority && !r.decode_duration) r.decode_priority = priority;
 }
 
 void Engine::Unhold(RequestId id) {

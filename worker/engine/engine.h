@@ -105,11 +105,12 @@ class Engine {
   // overlap). Held before its first admission only; unknown or finished ids are ignored.
   void Hold(RequestId id);
   void Unhold(RequestId id);
-  // Appends `range` to the retention of request `id` while it waits with no KV sequence yet
-  // (its own ranges, earlier, still win where they overlap): KvPulls stores a pulled prefix's
-  // blocks at a lower priority, and the request must not raise them back when it reuses them.
-  // Nothing happens for an unknown request or one already admitted.
-  void AddRetentionRange(RequestId id, const kv::TokenRangeRetention& range);
+  // Stores request `id`'s blocks at `priority` where its own retention says nothing (a range
+  // over the whole prompt after its own ranges, and its decode priority when that is the
+  // default), while it waits with no KV sequence yet: KvPulls' receiver keeps a request that
+  // came for its load below the requests that came for its cache. Nothing happens for an
+  // unknown request or one already admitted.
+  void LowerRetention(RequestId id, uint8_t priority);
   size_t num_held() const { return held_; }
 
   // True when a Step() would do something: a sequence that is not held, or a cancellation.

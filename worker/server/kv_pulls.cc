@@ -79,8 +79,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   spec.cache_salt = request.cache_salt;
   spec.retention = request.retention;
   // The pulled blocks are a second copy: stored, and reused by this request, below the default.
-  const kv::TokenRangeRetention pulled{0, n * B, config::kPulledPriority, std::nullopt};
-  spec.retention.token_ranges.push_back(pulled);
+  spec.retention.token_ranges.push_back(kv::TokenRangeRetention{0, n * B, config::kPulledPriority, std::nullopt});
   std::vector<TokenId> tokens = spec.prompt;
   Result<kv::ImportPlan> plan = kv_->BeginImport(std::move(spec));
   if (!plan.ok() || plan->first_block >= plan->num_blocks) {
@@ -88,7 +87,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
     ++stats_.skipped;
     return;
   }
-  engine_->AddRetentionRange(id, pulled);
+  engine_->LowerRetention(id, config::kPulledPriority);
   const BlockHasher hasher(B, HashNamespace{options_.model, request.lora, request.cache_salt});
   const std::vector<BlockHash> hashes = hasher.HashAll(tokens);
   transfer::PullRequest pull;

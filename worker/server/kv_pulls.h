@@ -58,11 +58,14 @@ namespace kvfleet::server::config {
 // on one H200 host): its transfer may take this long from its answer even past the pull's
 // deadline, so a short deadline cannot keep a pair from ever meeting. Later pulls reuse it.
 constexpr DurationNs kNcclSetupTimeout = 3 * kNsPerSec;
-// A pulled prefix is the fleet's second copy of those blocks: losing it costs another pull, not a
-// recompute. So the receiver stores it one below the default priority (its request's own
-// retention ranges still win), and it leaves before blocks of the same age that exist only here
-// until a later request reuses it, which raises it as any reuse does. Pulls tripled a mock
-// fleet's evictions at default priority (tests/bench/results/2026-11-30-transfer-in-flight.txt).
+// A request that pulls its prefix was sent here for this worker's load, not its cache: the
+// pulled blocks are the fleet's second copy (losing them costs another pull, not a recompute),
+// and the rest of its blocks hang under them (a radix tree evicts children first). So the
+// receiver stores all of its blocks (the pulled prefix, its own prompt and what it generates)
+// one below the default priority, where its own retention says nothing: they make room before
+// blocks of the same age that requests came here for, until a later request reuses them, which
+// raises them as any reuse does. Pulls tripled a mock fleet's evictions at the default priority
+// (tests/bench/results/2026-11-30-transfer-in-flight.txt).
 constexpr uint8_t kPulledPriority = kv::kDefaultPriority - 1;
 }  // namespace kvfleet::server::config
 
