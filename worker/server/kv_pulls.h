@@ -65,7 +65,8 @@ constexpr DurationNs kNcclSetupTimeout = 3 * kNsPerSec;
 // one below the default priority, where its own retention says nothing: they make room before
 // blocks of the same age that requests came here for, until a later request reuses them, which
 // raises them as any reuse does. Pulls tripled a mock fleet's evictions at the default priority
-// (tests/bench/results/2026-11-30-transfer-in-flight.txt).
+// (tests/bench/results/2026-11-30-transfer-in-flight.txt). Below --offload-min-priority's default
+// (35), they are dropped rather than offloaded to a host tier; 34 offloads them too.
 constexpr uint8_t kPulledPriority = kv::kDefaultPriority - 1;
 }  // namespace kvfleet::server::config
 

@@ -130,7 +130,8 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
   app.add_option("--host-cache-bytes", c->host_cache_bytes, "host-memory KV tier bytes (0: none)")
       ->capture_default_str();
   app.add_option("--offload-min-priority", c->offload_min_priority,
-                 "evicted blocks of at least this retention priority move to the host tier")
+                 "evicted blocks of at least this retention priority move to the host tier (a request that "
+                 "pulled its prefix from another worker stores its blocks at 34: 34 offloads those too)")
       ->capture_default_str();
   app.add_flag("--events-include-tokens", c->events_include_tokens, "stored KV events carry the block tokens");
   app.add_option("--max-attention-window", c->max_attention_window,
