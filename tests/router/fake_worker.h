@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "common/block_hash.h"
+#include "common/clock.h"
 #include "schema/registration.h"
 #include "schema/requests.h"
 
@@ -35,6 +36,23 @@ bool WaitFor(Pred pred, int ms = 5000) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return pred();
+}
+
+// WaitFor for a fleet on a ManualClock: the fleet drains its sockets' connect events at its
+// tick (20 ms on its clock), so while waiting the clock moves a tick every 50 ms, at most
+// `max_advance` in all (the test's next clock-driven event must lie beyond it).
+template <typename Pred>
+bool WaitTicking(ManualClock& clock, Pred pred, DurationNs max_advance, int ms = 10'000) {
+  int polls = 0;
+  DurationNs advanced = 0;
+  return WaitFor([&] {
+    if (pred()) return true;
+    if (++polls % 10 == 0 && advanced < max_advance) {
+      clock.Advance(20 * kNsPerMs);
+      advanced += 20 * kNsPerMs;
+    }
+    return false;
+  }, ms);
 }
 
 class FakeWorker {

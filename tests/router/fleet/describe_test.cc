@@ -17,6 +17,7 @@
 namespace kvfleet::router {
 
 using testing::WaitFor;
+using testing::WaitTicking;
 
 namespace {
 
@@ -203,10 +204,10 @@ TEST_CASE("the flags' context length is a guess while a first Describe is unansw
   ManualClock clock;
   DescribingWorker w;
   auto fleet = StaticFleetOf({w.endpoint()}, nullptr, &clock);
-  REQUIRE(WaitFor([&] {
+  REQUIRE(WaitTicking(clock, [&] {  // short of the second Describe (2 s on the fleet's clock)
     auto m = fleet->FindModel("llama");
     return w.describes() >= 1 && m && m->routable.size() == 1;
-  }));
+  }, 1500 * kNsPerMs));
   auto m = fleet->FindModel("llama");
   CHECK(m->max_context == 8192);
   CHECK(m->max_context_guessed);

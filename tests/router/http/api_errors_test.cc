@@ -26,6 +26,7 @@ using testing::ApiRouter;
 using testing::RouterUnderTest;
 using testing::WithStaticWorkers;
 using testing::WaitFor;
+using testing::WaitTicking;
 
 namespace {
 
@@ -102,10 +103,11 @@ TEST_CASE("a prompt over the flags' context guess is retried (503), not refused,
   ManualClock clock;
   FakeWorker w;
   ApiRouter r(WithStaticWorkers({w.endpoint()}, {}), {}, {}, ModelCodecs(MakeByteCodec()), nullptr, &clock);
-  REQUIRE(WaitFor([&] {
+  // Short of the second Describe (2 s on the fleet's clock).
+  REQUIRE(WaitTicking(clock, [&] {
     auto m = r.fleet->FindModel("m");
     return m && m->routable.size() == 1;
-  }));
+  }, 1500 * kNsPerMs));
   const std::string body = json{{"model", "m"}, {"prompt", std::string(4000, 'a')}, {"max_tokens", 200}}.dump();
   auto resp = r.Post("/v1/completions", body);
   CHECK(StatusOf(resp) == 503);
