@@ -51,7 +51,9 @@ async function complete(prompt, extra = {}) {
 function batches() {
   const file = path.join(dir, 'events.log');
   if (!fs.existsSync(file)) return [];
-  return fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+  const text = fs.readFileSync(file, 'utf8');
+  // Only whole lines: the one `kvfleet events` is writing now has no newline yet.
+  return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
 }
 const allEvents = () => batches().flatMap((b) => b.events);
 // Stored blocks, each with its parent's hash (a stored event's blocks are a chain).
