@@ -359,6 +359,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     c.transfer_format = views[i].transfer_format;
     c.transfer_host = views[i].transfer_host;
     candidates.push_back(c);
+    d.best_matched_blocks = std::max(d.best_matched_blocks, c.device_blocks + c.host_blocks);
     roles.push_back(views[i].role);
     mates.push_back(&views[i].device_mates);
     shared_device = shared_device || !views[i].device_mates.empty();
@@ -395,9 +396,6 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
       return Unavailable("model '" + std::string(prompt.model) + "' has only prefill workers (--role prefill) live: "
                          "no worker can decode the request (start workers with --role decode or both)");
     }
-  }
-  for (const Candidate& c : everyone.empty() ? candidates : everyone) {
-    d.best_matched_blocks = std::max(d.best_matched_blocks, c.device_blocks + c.host_blocks);
   }
   // The candidates without pull options: AddPulls only appends, within the capacity reserved.
   const std::span<const Candidate> decode_pool(candidates.data(), candidates.size());

@@ -122,13 +122,9 @@ void KvPulls::Poll() {
   if (!waiting_.empty()) {
     std::vector<transfer::IncomingPull> waiting;
     waiting.swap(waiting_);
-    for (const transfer::IncomingPull& pull : waiting) {
-      if (!WaitForBlocks(pull, true)) Serve(pull);
-    }
+    for (const transfer::IncomingPull& pull : waiting) Serve(pull, /*waited=*/true);
   }
-  for (const transfer::IncomingPull& pull : service_->TakePulls()) {
-    if (!WaitForBlocks(pull, false)) Serve(pull);
-  }
+  for (const transfer::IncomingPull& pull : service_->TakePulls()) Serve(pull, /*waited=*/false);
   for (const transfer::Released& r : service_->TakeReleases()) {
     if (r.nccl) {
       NcclAnswered(r);
@@ -188,8 +184,6 @@ uint32_t KvPulls::ComputingRun(const transfer::PullRequest& r) const {
 
 bool KvPulls::WaitForBlocks(const transfer::IncomingPull& pull, bool waiting) {
   const transfer::PullRequest& r = pull.request;
-  // Only a pull this worker could serve: Serve answers (or refuses) the others at once.
-  if (!layout_ || r.layout != *layout_ || r.model != options_.model) return false;
   const uint32_t held = kv_->HeldRun(r.parent_hash, r.hashes);
   if (held >= r.hashes.size() || ComputingRun(r) <= held) {
     if (waiting) ++stats_.serve_waits_stored;
@@ -206,7 +200,7 @@ bool KvPulls::WaitForBlocks(const transfer::IncomingPull& pull, bool waiting) {
   return true;
 }
 
-void KvPulls::Serve(const transfer::IncomingPull& pull) {
+void KvPulls::Serve(const transfer::IncomingPull& pull, bool waited) {
   const transfer::PullRequest& r = pull.request;
   auto refuse = [&](transfer::RefusalReason reason, std::string why) {
     ++stats_.refused_requests;
@@ -222,6 +216,7 @@ void KvPulls::Serve(const transfer::IncomingPull& pull) {
   if (r.model != options_.model) {
     return refuse(transfer::RefusalReason::kNotHeld, "this worker serves '" + options_.model + "', not '" + r.model + "'");
   }
+  if (WaitForBlocks(pull, waited)) return;  // blocks this worker is still computing
   if (ServeDevice(pull) || ServeNccl(pull)) return;
   std::vector<transfer::Block> blocks;
   const size_t num_pools = layout_->pools.size();

@@ -166,10 +166,12 @@ class KvPulls {
   };
   // Holds `id` for a pull in flight whose first pulled block its prompt has, if any.
   bool WaitForPull(engine::RequestId id, const engine::GenerateRequest& request);
-  void Serve(const transfer::IncomingPull& pull);
-  // Whether `pull` waits (in waiting_) for blocks of its chain this worker is computing: true
-  // while a request here has more of the chain than is held (ComputingRun), until half the
-  // pull's deadline.
+  // Answers `pull` (`waited`: it waited in waiting_ since an earlier Poll), or, once its layout
+  // and namespace are checked, puts it in waiting_ (WaitForBlocks).
+  void Serve(const transfer::IncomingPull& pull, bool waited);
+  // Whether `pull` (of this worker's layout and model) waits in waiting_ for blocks of its chain
+  // this worker is computing: true while a request here has more of the chain than is held
+  // (ComputingRun), until half the pull's deadline.
   bool WaitForBlocks(const transfer::IncomingPull& pull, bool waiting);
   // The longest leading run of `r`'s chain that a request here has in its prompt: a live KV
   // sequence's (KvCacheManager::LiveRun), or one queued and not yet admitted.
