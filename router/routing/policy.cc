@@ -65,7 +65,8 @@ struct PickScratch {
   std::vector<double> rates;           // FleetRate
   std::vector<size_t> eligible, cool;  // Pick
   std::vector<double> loads;           // Pick's hot-spot guard
-  std::vector<double> costs;           // PickLowestCost
+  std::vector<double> costs, ttfts;    // PickLowestCost
+  std::vector<char> late;              // PickLowestCost
 };
 thread_local PickScratch t_pick;
 
@@ -173,14 +174,34 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   const double fallback = prepared != nullptr ? prepared->fleet_rate : FleetRate(candidates);
   const double delayed = DelayedRequests(candidates, request.fleet_load);
   std::vector<double>& costs = t_pick.costs;
+  std::vector<double>& ttfts = t_pick.ttfts;
   costs.resize(eligible.size());
+  ttfts.resize(eligible.size());
+  size_t soonest = 0;
   for (size_t i = 0; i < eligible.size(); ++i) {
     const Candidate& c = candidates[eligible[i]];
-    costs[i] = prepared != nullptr ? CostWithTtft(request, c, fallback, delayed, prepared->ttft[eligible[i]])
-                                   : Cost(request, c, fallback, delayed);
+    ttfts[i] = prepared != nullptr ? prepared->ttft[eligible[i]] : EstimateTtft(request, c, fallback);
+    costs[i] = CostWithTtft(request, c, fallback, delayed, ttfts[i]);
+    if (ttfts[i] < ttfts[soonest]) soonest = i;
+  }
+  // The work charge makes a request wait for a hit, which spares the fleet work. Between
+  // candidates that compute as much of the prompt as the soonest one, it only weighs their rates,
+  // and measured rates of like workers differ by a few percent (a worker whose requests all still
+  // queue has no decodes in its steps and measures fastest): times `delayed`, up to 10·N, that
+  // outweighed seconds of the request's own wait. So such a candidate may give the first token
+  // later than the soonest by at most the request's own prefill there (README.md, "The kv cost
+  // model"); past that it is not chosen.
+  const uint32_t soonest_cached = CachedTokens(request, candidates[eligible[soonest]]);
+  const double allowance = static_cast<double>(request.prompt_tokens - soonest_cached) /
+                           EffectiveRate(candidates[eligible[soonest]], fallback);
+  std::vector<char>& late = t_pick.late;
+  late.resize(eligible.size());
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    late[i] = CachedTokens(request, candidates[eligible[i]]) <= soonest_cached && ttfts[i] > ttfts[soonest] + allowance;
   }
 
   auto better = [&](size_t a, size_t b) {  // positions in eligible
+    if (late[a] != late[b]) return late[b] != 0;
     if (costs[a] != costs[b]) return costs[a] < costs[b];
     const Candidate& ca = candidates[eligible[a]];
     const Candidate& cb = candidates[eligible[b]];
@@ -195,7 +216,8 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   if (options_.temperature > 0 && eligible.size() > 1) {
     // Dynamo-style: softmax over costs normalized to [0, 1], so the temperature means the
     // same thing whatever the absolute TTFTs are.
-    double lo = costs[best];
+    // Every candidate has its chance, the late ones above included: the operator asked for spread.
+    double lo = *std::min_element(costs.begin(), costs.end());
     double hi = *std::max_element(costs.begin(), costs.end());
     double span = hi - lo;
     if (span > 0) {
@@ -208,9 +230,8 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
       best = dist(rng_);
     }
   }
-  const size_t chosen = eligible[best];
-  *cost = prepared != nullptr ? prepared->ttft[chosen] : EstimateTtft(request, candidates[chosen], fallback);
-  return chosen;
+  *cost = ttfts[best];
+  return eligible[best];
 }
 
 Result<Choice> Picker::Pick(Policy policy, const RouteRequest& request, std::span<const Candidate> candidates,

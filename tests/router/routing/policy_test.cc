@@ -142,6 +142,37 @@ TEST_CASE("the busier the fleet in work, the longer its backlog lasts, and the m
   CHECK(Picker(flat).Pick(Policy::kKv, r, fleet)->worker == 1);
 }
 
+TEST_CASE("kv: a faster measured rate does not buy seconds of a request's wait, however loaded the fleet") {
+  // Mooncake at 1.3x, logged: worker 5 queued 41 K prompt tokens (1.6 s) and, its requests all
+  // still waiting, measured 8% faster than worker 2 with 6.5 K queued. At n = 10·N the work
+  // charge's 8% of a 14 K-token prefill outweighed 1.3 s of the request's own wait.
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet;
+  for (WorkerId w = 0; w < 8; ++w) fleet.push_back(Idle(w));
+  for (Candidate& c : fleet) {
+    c.prefill_tokens_per_s = 24'000;
+    c.queued_prefill_tokens = 9'000;
+    c.waiting_requests = 6;
+  }
+  fleet[5].prefill_tokens_per_s = 26'100;
+  fleet[5].queued_prefill_tokens = 41'400;
+  fleet[2].queued_prefill_tokens = 6'500;
+  RouteRequest r{14'159, 32};
+  r.fleet_load = 1.06;
+  Choice d = *picker.Pick(Policy::kKv, r, fleet);
+  CHECK(d.worker == 2);
+  CHECK(d.estimated_ttft_s == doctest::Approx((6'500.0 + 14'159) / 24'000));
+  // Within its own prefill (0.59 s here) of the soonest, the faster worker still wins: a queue
+  // 0.3 s longer than worker 2's is worth the fleet's work at that load.
+  fleet[5].queued_prefill_tokens = 6'500 + 0.3 * 26'100;
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 5);
+  // The bound is on equal or smaller hits only: a hit still holds the request past it (the hit's
+  // own case is "under load kv charges the prefill a choice adds once per request waiting").
+  fleet[5].queued_prefill_tokens = 41'400;
+  fleet[5].device_blocks = 400;  // 12,800 of 14,159 tokens
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 5);
+}
+
 TEST_CASE("kv: of two equal hits, the worker whose queue drains later loses, however loaded the fleet") {
   Picker picker(RoutingOptions{});
   std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
