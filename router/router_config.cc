@@ -297,7 +297,8 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
                  "the prefill a choice adds by 1 / (1 - load); in [0, 1), 0: no stretch")
       ->capture_default_str();
   app.add_option("--decode-s-per-running-request", c->routing.decode_s_per_running_request,
-                 "kv cost: seconds each running request adds to a new request's first token")
+                 "kv cost: seconds each running request adds to a new request's first token, on a worker that has not "
+                 "reported its decode rate (and in preble's rule)")
       ->capture_default_str();
   app.add_option("--hot-spot-factor", c->routing.hot_spot_factor, "skip workers above k x median load (0: off)")
       ->capture_default_str();

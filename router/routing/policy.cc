@@ -106,8 +106,12 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   // A pull overlaps the wait for the prefill queued ahead and for admission.
   const double wait = std::max(QueuedSeconds(c, fleet_rate), c.pull_s);
-  return wait + uncached / rate + c.host_blocks * options_.onboard_s_per_block +
-         c.running_requests * options_.decode_s_per_running_request + c.adapter_load_s;
+  return wait + uncached / rate + c.host_blocks * options_.onboard_s_per_block + DecodeSeconds(c) + c.adapter_load_s;
+}
+
+double Picker::DecodeSeconds(const Candidate& c) const {
+  if (c.step_s < 0) return c.running_requests * options_.decode_s_per_running_request;
+  return c.running_requests > 0 ? c.step_s : 0;
 }
 
 double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const {

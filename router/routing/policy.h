@@ -138,6 +138,10 @@ struct Candidate {
   double running_requests = 0;      // active + queued requests
   double queued_requests = 0;       // waiting for admission
   double prefill_tokens_per_s = 0;  // measured; 0 = unknown
+  // The worker's engine step as its last report measured it (its running requests over its decode
+  // rate: each step decodes every one); what a request's first token waits for beside its prefill.
+  // < 0: not measured, and each running request counts decode_s_per_running_request instead.
+  double step_s = -1;
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
@@ -235,6 +239,9 @@ class Picker {
   // Seconds before a request's prefill starts on `c`: the prefill queued ahead there (at its
   // rate, at least `fleet_rate`), that of its device mates and its admission wait.
   double QueuedSeconds(const Candidate& c, double fleet_rate) const;
+  // Seconds the decodes running on `c` add to a request's first token: its measured step while
+  // it runs any (Candidate::step_s), else decode_s_per_running_request each.
+  double DecodeSeconds(const Candidate& c) const;
   // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
   // candidates' mean waiting_requests N (by Little's law, about as many arrive per worker
   // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's

@@ -89,6 +89,9 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
   c->queued_requests = std::max(queued, known.requests - active);
   c->waiting_requests = known.waiting + std::max(0.0, queued - then.waiting);
   if (load->prefill_tokens_per_second > 0) c->prefill_tokens_per_s = load->prefill_tokens_per_second;
+  // Each step decodes every running request: running over the decode rate is the step's length,
+  // measured, where a constant per running request over- or under-counts it (README.md).
+  if (load->decode_tokens_per_second > 0) c->step_s = active / load->decode_tokens_per_second;
   // The worker's predicted wait less its prefill term, which the blend above recounts: what
   // only the worker knows, a batch or KV cache too full to admit one more (README.md).
   const double prefill_s = load->prefill_tokens_per_second > 0

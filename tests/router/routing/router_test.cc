@@ -201,6 +201,11 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(c.queued_requests == doctest::Approx(2));  // max(reported queued, own - reported active)
   CHECK(c.prefill_tokens_per_s == doctest::Approx(20000));
   CHECK(c.waiting_requests == doctest::Approx(2 + (2 - 1)));  // own now + the report's queued beyond own then
+  CHECK(c.step_s < 0);  // no decode rate reported: the constant per running request
+  f.loads.reported[0].decode_tokens_per_second = 250;  // 3 running: a 12 ms step
+  auto measured = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(measured.ok());
+  CHECK(measured->candidates->at(0).step_s == doctest::Approx(0.012));
   // The approx policy knows no reports: its own counts alone.
   auto a = f.router.Route(f.fleet, f.PromptOf(Policy::kApprox));
   REQUIRE(a.ok());
@@ -209,6 +214,7 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(ca.queued_prefill_tokens == doctest::Approx(300));
   CHECK(ca.queued_requests == doctest::Approx(2));
   CHECK(ca.prefill_tokens_per_s == 0);
+  CHECK(ca.step_s < 0);
   CHECK(ca.waiting_requests == doctest::Approx(2));
 }
 
