@@ -152,11 +152,13 @@ def scenario_drop(args, c):
         finally:
             fleet.stop()
     clean, drop = ratios.get("clean", 0), ratios.get("drop", 0)
-    rel = abs(drop - clean) / clean if clean > 0 else float("inf")
+    rel = (drop - clean) / clean if clean > 0 else float("-inf")
     c.figure("hit_rate_relative_change", round(rel, 4))
     c.check(clean > 0, "the clean run found prefix hits")
-    c.check(rel <= DROP_HIT_RATE_TOLERANCE,
-            f"hit rate with {args.drop_rate:.0%} event loss {drop:.3f} within 5% of clean {clean:.3f}")
+    # Lost events may cost hits, and must not cost more than 5% of them. A lossy run that finds
+    # more (79 requests, routed on loads that differ between the runs) has lost nothing.
+    c.check(rel >= -DROP_HIT_RATE_TOLERANCE,
+            f"hit rate with {args.drop_rate:.0%} event loss {drop:.3f} at most 5% below clean {clean:.3f}")
     c.check(c.figures.get("drop_event_gaps", 0) > 0, "the router saw the dropped batches as gaps")
 
 
