@@ -150,10 +150,6 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
   return std::max(options_.uncached_work_weight, mean / (1 - rho));
 }
 
-double Picker::Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const {
-  return CostWithTtft(request, c, fleet_rate, delayed, EstimateTtft(request, c, fleet_rate));
-}
-
 double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                             double ttft) const {
   double rate = EffectiveRate(c, fleet_rate);

@@ -247,14 +247,12 @@ class Picker {
   // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's
   // load ρ (`fleet_load`), N / (1 − ρ), and at least uncached_work_weight.
   double DelayedRequests(std::span<const Candidate> candidates, double fleet_load = 0) const;
-  // The kv cost: EstimateTtft plus the prefill work the choice adds, times `delayed`
-  // (DelayedRequests) (README.md).
-  double Cost(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed) const;
 
  private:
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                         std::span<const size_t> eligible, const Prepared* prepared, double* cost);
-  // Cost, with c's EstimateTtft at `fleet_rate` known.
+  // The kv cost of `c`, whose EstimateTtft at `fleet_rate` is `ttft`: that plus the prefill work
+  // the choice adds, times `delayed` (DelayedRequests) (README.md).
   double CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                       double ttft) const;
 
