@@ -43,6 +43,7 @@ struct BenchArgs {
   bool compare_retention = false;  // each policy without, then with, replay.retention
   std::string fleet_cmd;   // restarts the fleet before each --compare run
   double ready_timeout_s = config::kDefaultReadyTimeoutS;
+  int fleet_workers = 0;   // with --fleet-cmd: routable workers to wait for before each run
   std::string out_path;
   std::string plot_path;
   std::string requests_out_path;  // one JSON line per request (chaos tests read it)
@@ -179,7 +180,7 @@ int RunBench(const BenchArgs& args) {
     if (!args.fleet_cmd.empty()) {
       if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
       for (const std::string& url : options.RouterUrls()) {
-        if (Status s = fleet.WaitReady(url, args.ready_timeout_s); !s.ok()) return fail(s);
+        if (Status s = fleet.WaitReady(url, args.ready_timeout_s, args.fleet_workers); !s.ok()) return fail(s);
       }
     }
     if (options.model.empty()) {
@@ -300,6 +301,11 @@ Action AddBenchCommand(CLI::App& parent) {
   cmd->add_option("--fleet-cmd", args->fleet_cmd,
                   "shell command that starts the fleet; run (and stopped) around each --compare run");
   cmd->add_option("--ready-timeout", args->ready_timeout_s, "seconds --fleet-cmd may take to be ready")
+      ->capture_default_str();
+  cmd->add_option("--fleet-workers", args->fleet_workers,
+                  "with --fleet-cmd: before each run, wait (within --ready-timeout) until the router lists this many "
+                  "routable workers (GET /fleet), else stop with an error; 0: the router's /ready alone")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--request-timeout", args->replay.request_timeout_s, "per-request deadline (s)")
       ->capture_default_str();

@@ -35,7 +35,20 @@ Status FleetProcess::Start(const std::string& command) {
   return Status::Ok();
 }
 
-Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s) {
+namespace {
+// Workers GET /fleet lists as routable; -1 when the reply is no such list.
+int RoutableWorkers(const std::string& body) {
+  nlohmann::json fleet = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!fleet.is_object() || !fleet.contains("workers") || !fleet["workers"].is_array()) return -1;
+  int routable = 0;
+  for (const nlohmann::json& w : fleet["workers"]) {
+    if (w.is_object() && w.value("routable", false)) ++routable;
+  }
+  return routable;
+}
+}  // namespace
+
+Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, int workers) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last = "no answer";
   while (std::chrono::steady_clock::now() < deadline) {
@@ -45,8 +58,16 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s) 
       return Unavailable("--fleet-cmd exited before the router was ready");
     }
     auto reply = HttpGet(router_url, "/ready", 1.0);
-    if (reply.ok() && reply->status == 200) return Status::Ok();
-    last = reply.ok() ? "HTTP " + std::to_string(reply->status) : reply.status().message();
+    if (reply.ok() && reply->status == 200) {
+      if (workers <= 0) return Status::Ok();
+      auto fleet = HttpGet(router_url, "/fleet", 1.0);
+      const int routable = fleet.ok() && fleet->status == 200 ? RoutableWorkers(fleet->body) : -1;
+      if (routable >= workers) return Status::Ok();
+      last = routable < 0 ? "no worker list from /fleet"
+                          : std::to_string(routable) + " of " + std::to_string(workers) + " workers routable";
+    } else {
+      last = reply.ok() ? "HTTP " + std::to_string(reply->status) : reply.status().message();
+    }
     std::this_thread::sleep_for(kPollPeriod);
   }
   return Unavailable("router at " + router_url + " not ready after " + std::to_string(timeout_s) + " s (" + last + ")");

@@ -27,8 +27,10 @@ class FleetProcess {
 
   // Starts `command`. REQUIRES: not running.
   Status Start(const std::string& command);
-  // Polls GET <router_url>/ready until it answers 200, the process exits, or timeout_s.
-  Status WaitReady(const std::string& router_url, double timeout_s);
+  // Polls GET <router_url>/ready until it answers 200 and, when `workers` > 0, GET /fleet lists
+  // that many routable workers; an error when the process exits or timeout_s passes first (a
+  // fleet that lost workers at start would otherwise be measured as if whole).
+  Status WaitReady(const std::string& router_url, double timeout_s, int workers = 0);
   // Stops the process group; waits at most grace_s before SIGKILL. Idempotent.
   void Stop(double grace_s = 10);
   bool running() const { return pid_ > 0; }

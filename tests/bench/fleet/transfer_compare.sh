@@ -28,11 +28,11 @@ python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed
 run() {  # name trace scale
   echo "== $1 (time scale $3); uptime: $(uptime)"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
-    --duration "$DURATION" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" --ttft-slo-ms 1000 \
+    --duration "$DURATION" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" --fleet-workers 8 --ttft-slo-ms 1000 \
     --out "$OUT/$1.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
   echo "-- kv without pulls (--transfer-bytes-per-s 0):"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
-    --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" --ttft-slo-ms 1000 \
+    --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" --fleet-workers 8 --ttft-slo-ms 1000 \
     --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
 }
 run conv40-2.0x "$OUT/conv40.jsonl" 2.23

@@ -215,6 +215,28 @@ TEST_CASE("a bad trace line stops kvfleet bench with the line named") {
   CHECK(out.find("bad.jsonl:2:") != std::string::npos);
 }
 
+TEST_CASE("--fleet-workers: a fleet is measured only once the router lists that many routable workers") {
+  testing::FakeOpenAiServer server;  // its /fleet: two routable workers of three
+  FleetProcess fleet;
+  REQUIRE(fleet.Start("exec sleep 60").ok());
+  CHECK(fleet.WaitReady(server.url(), 5, 2).ok());
+  const Status short_of_one = fleet.WaitReady(server.url(), 0.5, 3);
+  CHECK_FALSE(short_of_one.ok());
+  CHECK(short_of_one.message().find("2 of 3 workers routable") != std::string::npos);
+  fleet.Stop(5);
+
+  // Through the command: the run stops with that error instead of measuring a smaller fleet.
+  TempDir dir;
+  const fs::path trace = dir.path / "t.jsonl";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 64, \"output_length\": 2, \"hash_ids\": [1]}\n";
+  const std::string cmd = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
+                          trace.string() + " --compare kv --fleet-cmd 'exec sleep 60' --fleet-workers 3 " +
+                          "--ready-timeout 0.5 --quiet --out " + (dir.path / "o.json").string() + " 2>&1";
+  auto [rc, out] = RunCommand(cmd);
+  CHECK(rc != 0);
+  CHECK(out.find("2 of 3 workers routable") != std::string::npos);
+}
+
 TEST_CASE("a fleet command that exits is reported, and Stop takes down its whole process group") {
   FleetProcess dead;
   REQUIRE(dead.Start("exit 3").ok());

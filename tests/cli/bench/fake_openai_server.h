@@ -107,9 +107,12 @@ class FakeOpenAiServer {
   void Serve(tcp::socket socket) {
     std::string method, target, request_body;
     if (!ReadRequest(socket, &method, &target, &request_body)) return;
-    if (method == "GET") {  // /health, /ready, /v1/models
+    if (method == "GET") {  // /health, /ready, /v1/models, /fleet (two routable workers, one not)
       ++gets_;
-      std::string body = target == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})" : "";
+      std::string body = target == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})"
+                         : target == "/fleet"   ? R"({"workers":[{"routable":true},{"routable":false},)"
+                                                  R"({"routable":true}],"refused":[],"ready":true})"
+                                                : "";
       Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\nConnection: close\r\n\r\n" + body);
       return;
