@@ -200,8 +200,21 @@ int RunBench(const BenchArgs& args) {
     auto before = ScrapeAll(options);
     auto run = bench::Replay(requests, prompts, options);
     auto after = ScrapeAll(options);
+    // A worker lost during the run leaves its results those of a smaller fleet: not reported as the whole.
+    Status whole = Status::Ok();
+    if (!args.fleet_cmd.empty() && args.fleet_workers > 0) {
+      for (const std::string& url : options.RouterUrls()) {
+        auto routable = bench::RoutableWorkers(url);
+        if (!routable.ok() || *routable < args.fleet_workers) {
+          whole = Unavailable("the fleet lost workers during the " + spec.label + " run: " +
+                              (routable.ok() ? std::to_string(*routable) : routable.status().message()) + " of " +
+                              std::to_string(args.fleet_workers) + " workers routable at " + url + " at its end");
+        }
+      }
+    }
     fleet.Stop();
     if (!run.ok()) return fail(run.status());
+    if (!whole.ok()) return fail(whole);
     if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
     reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s));
     bench::RunReport& r = reports.back();
@@ -304,7 +317,8 @@ Action AddBenchCommand(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--fleet-workers", args->fleet_workers,
                   "with --fleet-cmd: before each run, wait (within --ready-timeout) until the router lists this many "
-                  "routable workers (GET /fleet), else stop with an error; 0: the router's /ready alone")
+                  "routable workers (GET /fleet), and after it check they still are; else stop with an error; 0: "
+                  "the router's /ready alone")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--request-timeout", args->replay.request_timeout_s, "per-request deadline (s)")

@@ -36,8 +36,8 @@ Status FleetProcess::Start(const std::string& command) {
 }
 
 namespace {
-// Workers GET /fleet lists as routable; -1 when the reply is no such list.
-int RoutableWorkers(const std::string& body) {
+// Workers a GET /fleet body lists as routable; -1 when it is no such list.
+int CountRoutable(const std::string& body) {
   nlohmann::json fleet = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!fleet.is_object() || !fleet.contains("workers") || !fleet["workers"].is_array()) return -1;
   int routable = 0;
@@ -60,8 +60,8 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, 
     auto reply = HttpGet(router_url, "/ready", 1.0);
     if (reply.ok() && reply->status == 200) {
       if (workers <= 0) return Status::Ok();
-      auto fleet = HttpGet(router_url, "/fleet", 1.0);
-      const int routable = fleet.ok() && fleet->status == 200 ? RoutableWorkers(fleet->body) : -1;
+      auto routable_now = RoutableWorkers(router_url);
+      const int routable = routable_now.ok() ? *routable_now : -1;
       if (routable >= workers) return Status::Ok();
       last = routable < 0 ? "no worker list from /fleet"
                           : std::to_string(routable) + " of " + std::to_string(workers) + " workers routable";
@@ -71,6 +71,14 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, 
     std::this_thread::sleep_for(kPollPeriod);
   }
   return Unavailable("router at " + router_url + " not ready after " + std::to_string(timeout_s) + " s (" + last + ")");
+}
+
+Result<int> RoutableWorkers(const std::string& router_url) {
+  auto reply = HttpGet(router_url, "/fleet", 1.0);
+  if (!reply.ok()) return reply.status();
+  const int routable = reply->status == 200 ? CountRoutable(reply->body) : -1;
+  if (routable < 0) return Unavailable("no worker list from " + router_url + "/fleet");
+  return routable;
 }
 
 void FleetProcess::Stop(double grace_s) {

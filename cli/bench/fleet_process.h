@@ -46,6 +46,9 @@ struct HttpReply {
 // GET <url><path> with a deadline; the reply, or why there was none.
 Result<HttpReply> HttpGet(const std::string& url, const std::string& path, double timeout_s);
 
+// Workers GET <router_url>/fleet lists as routable now; an error when it gives no such list.
+Result<int> RoutableWorkers(const std::string& router_url);
+
 // The router's only model, from GET /v1/models; an error when it serves none or several
 // (then --model must choose).
 Result<std::string> OnlyModel(const std::string& router_url);

@@ -235,6 +235,21 @@ TEST_CASE("--fleet-workers: a fleet is measured only once the router lists that 
   auto [rc, out] = RunCommand(cmd);
   CHECK(rc != 0);
   CHECK(out.find("2 of 3 workers routable") != std::string::npos);
+
+  // All there at the start and at the end: the run is measured.
+  const std::string two = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
+                          trace.string() + " --compare kv --fleet-cmd 'exec sleep 60' --fleet-workers 2 " +
+                          "--ready-timeout 5 --quiet --out " + (dir.path / "o.json").string() + " 2>&1";
+  auto [whole_rc, whole_out] = RunCommand(two);
+  CHECK(whole_rc == 0);
+  // A worker lost during the run: the row is not reported as the whole fleet's.
+  testing::FakeOpenAiServer losing;
+  losing.LoseAWorkerAfterFirstFleet();
+  std::string lost_cmd = two;
+  lost_cmd.replace(lost_cmd.find(server.url()), server.url().size(), losing.url());
+  auto [lost_rc, lost_out] = RunCommand(lost_cmd);
+  CHECK(lost_rc != 0);
+  CHECK(lost_out.find("lost workers during the kv run: 1 of 2 workers routable") != std::string::npos);
 }
 
 TEST_CASE("a fleet command that exits is reported, and Stop takes down its whole process group") {

@@ -48,6 +48,8 @@ class FakeOpenAiServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()); }
   int max_concurrent() const { return max_concurrent_.load(); }
   int gets() const { return gets_.load(); }
+  // From the second GET /fleet on, one routable worker fewer (a worker lost after the start).
+  void LoseAWorkerAfterFirstFleet() { lose_a_worker_ = true; }
   std::vector<nlohmann::json> bodies() {
     std::lock_guard lock(mu_);
     return bodies_;
@@ -109,9 +111,11 @@ class FakeOpenAiServer {
     if (!ReadRequest(socket, &method, &target, &request_body)) return;
     if (method == "GET") {  // /health, /ready, /v1/models, /fleet (two routable workers, one not)
       ++gets_;
+      const bool lost = target == "/fleet" && fleet_gets_++ > 0 && lose_a_worker_;
       std::string body = target == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})"
-                         : target == "/fleet"   ? R"({"workers":[{"routable":true},{"routable":false},)"
-                                                  R"({"routable":true}],"refused":[],"ready":true})"
+                         : target == "/fleet"   ? std::string(R"({"workers":[{"routable":true},{"routable":false},)") +
+                                                    (lost ? R"({"routable":false})" : R"({"routable":true})") +
+                                                    R"(],"refused":[],"ready":true})"
                                                 : "";
       Write(socket, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\nConnection: close\r\n\r\n" + body);
@@ -171,6 +175,8 @@ class FakeOpenAiServer {
   std::atomic<int> concurrent_{0};
   std::atomic<int> max_concurrent_{0};
   std::atomic<int> gets_{0};
+  std::atomic<int> fleet_gets_{0};
+  std::atomic<bool> lose_a_worker_{false};
   std::mutex mu_;
   std::vector<std::thread> connections_;  // GUARDED_BY(mu_)
   std::vector<nlohmann::json> bodies_;    // GUARDED_BY(mu_)
