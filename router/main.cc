@@ -201,6 +201,17 @@ int Run(RouterConfig& c) {
     return 1;
   }
   Router router(c.routing, fleet->get(), &plane.index(), &approx_index, &plane.index().retention());
+  std::unique_ptr<DecisionLog> decision_log;
+  if (!c.decision_log.empty()) {
+    auto opened = DecisionLog::Open(c.decision_log);
+    if (!opened.ok()) {
+      log->error("{}", opened.status().message());
+      return 1;
+    }
+    decision_log = std::move(*opened);
+    router.SetDecisionLog(decision_log.get());
+    log->info("every routing decision is logged to {}", c.decision_log);
+  }
   const std::string codec_name =
       codecs.fallback()->name() + (codecs.by_model().empty() ? "" : " and " + std::to_string(codecs.by_model().size()) +
                                                                          " per-model tokenizers");

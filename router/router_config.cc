@@ -392,6 +392,9 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--debug-drop-gossip", c->debug_drop_gossip,
                  "TESTING ONLY: AT_S:FOR_S, the gossip channel to the peer routers down for FOR_S seconds from AT_S "
                  "seconds after start-up (fault injection)");
+  app.add_option("--decision-log", c->decision_log,
+                 "append one JSON line per routing decision to this file: the choice and every candidate's load view "
+                 "and estimated first token (for diagnosis: a write per decision)");
   app.add_option("--request-timeout-s", c->request_timeout_s, "whole-request timeout")->capture_default_str();
   app.add_option("--report-timings", c->api.report_timings,
                  "add the router's own timestamps of each request (monotonic ns of this host) to its usage's "

@@ -93,6 +93,9 @@ struct RouterConfig {
   // AT_S after start-up (router/fleet/gossip_faults.h); parsed by Prepare. Empty in production.
   std::string debug_drop_gossip;
   std::optional<GossipOutage> gossip_outage;
+  // --decision-log: append one JSON line per routing decision here (router/routing/decision_log.h);
+  // empty: none.
+  std::string decision_log;
 };
 
 // Registers every option of `c` on `app` (--help prints them with their defaults).

@@ -444,6 +444,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (by_cost && !prompt.whole && prompt.constrained_field.empty() && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
                     static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
+    if (decision_log_ != nullptr) decision_log_->Write(d, now, fleet_rate, picker_);
     return d;
   }
   if (admitted->empty()) {
@@ -488,6 +489,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     }
   }
   d.candidates = std::move(admitted);
+  if (decision_log_ != nullptr) decision_log_->Write(d, now, fleet_rate, picker_);
   return d;
 }
 

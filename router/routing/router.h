@@ -48,6 +48,7 @@
 #include "router/fleet/fleet.h"
 #include "router/index/prefix_index.h"
 #include "router/index/retention_estimate.h"
+#include "router/routing/decision_log.h"
 #include "router/routing/policy.h"
 #include "router/routing/work_rate.h"
 
@@ -131,6 +132,9 @@ class Router {
          RetentionEstimate* retention = nullptr, const Clock* clock = SystemClock::Default());
 
   const RoutingOptions& options() const { return picker_.options(); }
+  // Every decision from now on is also written to `log` (may be null: none), which must outlive
+  // the Router. Call before routing starts.
+  void SetDecisionLog(DecisionLog* log) { decision_log_ = log; }
 
   // Chooses a worker of `fleet` for `prompt`, or refuses it (see Admission above):
   // ResourceExhausted (429: queue_full, saturated, predicted_ttft) or Unavailable (503:
@@ -207,6 +211,7 @@ class Router {
                                     std::vector<double>* ttft) const;
 
   Picker picker_;
+  DecisionLog* decision_log_ = nullptr;
   const WorkerLoads* loads_;
   PrefixIndex* kv_index_;
   PrefixIndex* approx_index_;

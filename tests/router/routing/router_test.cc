@@ -1,12 +1,17 @@
 // Router: one request's routing decision over a fake fleet's loads and in-memory indexes.
 #include "router/routing/router.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "router/index/retention_estimate.h"
 #include "router/routing/predicted_index.h"
@@ -75,6 +80,39 @@ TEST_CASE("predicted entries go in only when the decision is committed") {
   REQUIRE(next.ok());
   CHECK(next->worker == d->worker);
   CHECK(next->device_blocks == 10);
+}
+
+TEST_CASE("--decision-log: one JSON line per decision, every candidate with its estimate") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kvfleet_decision_log_" + std::to_string(getpid()) + ".jsonl")).string();
+  std::filesystem::remove(path);
+  Fixture f;
+  auto log = DecisionLog::Open(path);
+  REQUIRE(log.ok());
+  f.router.SetDecisionLog(log->get());
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  f.router.Commit(*d);
+  auto next = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(next.ok());
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1]["policy"] == "kv");
+  CHECK(lines[1]["worker"] == next->worker);
+  CHECK(lines[1]["estimated_ttft_s"].get<double>() == doctest::Approx(next->estimated_ttft_s));
+  CHECK(lines[1]["candidates"].size() == next->candidates->size());
+  bool saw_holder = false;
+  for (const nlohmann::json& c : lines[1]["candidates"]) {
+    if (c["worker"] == d->worker) saw_holder = c["device_blocks"] == 10;
+  }
+  CHECK(saw_holder);  // the first decision's predicted entries, as the second one saw them
+  std::filesystem::remove(path);
+  // A log that cannot be opened stops the router at start-up with the reason, not later.
+  auto bad = DecisionLog::Open("/nonexistent-dir/decisions.jsonl");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("--decision-log /nonexistent-dir/decisions.jsonl") != std::string::npos);
 }
 
 // 3 s of prefill queued on every worker (the first token ~3 s away wherever it goes), then a
