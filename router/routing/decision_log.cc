@@ -22,7 +22,7 @@ DecisionLog::~DecisionLog() {
 
 std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
   std::string line;
-  char buf[320];
+  char buf[1024];  // twice the longest field list with every number at its widest: nothing is cut
   std::snprintf(buf, sizeof(buf),
                 R"({"t_s":%.6f,"policy":"%s","prompt_tokens":%u,"worker":%u,"estimated_ttft_s":%.6g,)"
                 R"("predicted_cached_tokens":%u,"pull_from":%d,"pull_blocks":%u,"split":%s,"fleet_load":%.4g,)"
@@ -37,8 +37,8 @@ std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, 
     for (const Candidate& c : *d.candidates) {
       std::snprintf(buf, sizeof(buf),
                     R"(%s{"worker":%u,"device_blocks":%u,"host_blocks":%u,"pull_blocks":%u,"pull_s":%.6g,)"
-                    R"("queued_prefill_tokens":%.0f,"prefill_tokens_per_s":%.6g,"admission_wait_s":%.6g,)"
-                    R"("running_requests":%.0f,"waiting_requests":%.0f,"step_s":%.6g,"ttft_s":%.6g})",
+                    R"("queued_prefill_tokens":%.10g,"prefill_tokens_per_s":%.6g,"admission_wait_s":%.6g,)"
+                    R"("running_requests":%.6g,"waiting_requests":%.6g,"step_s":%.6g,"ttft_s":%.6g})",
                     first ? "" : ",", c.worker, c.device_blocks, c.host_blocks, c.pull_blocks, c.pull_s,
                     c.queued_prefill_tokens, c.prefill_tokens_per_s, c.admission_wait_s, c.running_requests,
                     c.waiting_requests, c.step_s, picker.EstimateTtft(d.route, c, fleet_rate));
