@@ -35,19 +35,6 @@ Status FleetProcess::Start(const std::string& command) {
   return Status::Ok();
 }
 
-namespace {
-// Workers a GET /fleet body lists as routable; -1 when it is no such list.
-int CountRoutable(const std::string& body) {
-  nlohmann::json fleet = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!fleet.is_object() || !fleet.contains("workers") || !fleet["workers"].is_array()) return -1;
-  int routable = 0;
-  for (const nlohmann::json& w : fleet["workers"]) {
-    if (w.is_object() && w.value("routable", false)) ++routable;
-  }
-  return routable;
-}
-}  // namespace
-
 Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, int workers) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last = "no answer";
@@ -60,11 +47,10 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, 
     auto reply = HttpGet(router_url, "/ready", 1.0);
     if (reply.ok() && reply->status == 200) {
       if (workers <= 0) return Status::Ok();
-      auto routable_now = RoutableWorkers(router_url);
-      const int routable = routable_now.ok() ? *routable_now : -1;
-      if (routable >= workers) return Status::Ok();
-      last = routable < 0 ? "no worker list from /fleet"
-                          : std::to_string(routable) + " of " + std::to_string(workers) + " workers routable";
+      auto routable = RoutableWorkers(router_url);
+      if (routable.ok() && *routable >= workers) return Status::Ok();
+      last = routable.ok() ? std::to_string(*routable) + " of " + std::to_string(workers) + " workers routable"
+                           : routable.status().message();
     } else {
       last = reply.ok() ? "HTTP " + std::to_string(reply->status) : reply.status().message();
     }
@@ -76,8 +62,14 @@ Status FleetProcess::WaitReady(const std::string& router_url, double timeout_s, 
 Result<int> RoutableWorkers(const std::string& router_url) {
   auto reply = HttpGet(router_url, "/fleet", 1.0);
   if (!reply.ok()) return reply.status();
-  const int routable = reply->status == 200 ? CountRoutable(reply->body) : -1;
-  if (routable < 0) return Unavailable("no worker list from " + router_url + "/fleet");
+  const nlohmann::json fleet = nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
+  if (reply->status != 200 || !fleet.is_object() || !fleet.contains("workers") || !fleet["workers"].is_array()) {
+    return Unavailable("no worker list from " + router_url + "/fleet");
+  }
+  int routable = 0;
+  for (const nlohmann::json& w : fleet["workers"]) {
+    if (w.is_object() && w.value("routable", false)) ++routable;
+  }
   return routable;
 }
 

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "common/log.h"
 #include "router/routing/router.h"
 
@@ -21,33 +23,36 @@ DecisionLog::~DecisionLog() {
 }
 
 std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
-  std::string line;
-  char buf[1024];  // twice the longest field list with every number at its widest: nothing is cut
-  std::snprintf(buf, sizeof(buf),
-                R"({"t_s":%.6f,"policy":"%s","prompt_tokens":%u,"worker":%u,"estimated_ttft_s":%.6g,)"
-                R"("predicted_cached_tokens":%u,"pull_from":%d,"pull_blocks":%u,"split":%s,"fleet_load":%.4g,)"
-                R"("fleet_rate":%.6g,"candidates":[)",
-                static_cast<double>(now) / kNsPerSec, std::string(PolicyName(d.policy)).c_str(), d.route.prompt_tokens,
-                d.worker, d.estimated_ttft_s, d.predicted_cached_tokens,
-                d.pull.source.empty() ? -1 : static_cast<int>(d.pull_from), d.pull.source.empty() ? 0 : d.pull.blocks,
-                d.split ? "true" : "false", d.route.fleet_load, fleet_rate);
-  line += buf;
+  const bool pulls = !d.pull.source.empty();
+  nlohmann::ordered_json line = {{"t_s", static_cast<double>(now) / kNsPerSec},
+                                 {"policy", std::string(PolicyName(d.policy))},
+                                 {"prompt_tokens", d.route.prompt_tokens},
+                                 {"worker", d.worker},
+                                 {"estimated_ttft_s", d.estimated_ttft_s},
+                                 {"predicted_cached_tokens", d.predicted_cached_tokens},
+                                 {"pull_from", pulls ? static_cast<int64_t>(d.pull_from) : -1},
+                                 {"pull_blocks", pulls ? d.pull.blocks : 0},
+                                 {"split", d.split.has_value()},
+                                 {"fleet_load", d.route.fleet_load},
+                                 {"fleet_rate", fleet_rate}};
+  nlohmann::ordered_json& candidates = line["candidates"] = nlohmann::ordered_json::array();
   if (d.candidates != nullptr) {
-    bool first = true;
     for (const Candidate& c : *d.candidates) {
-      std::snprintf(buf, sizeof(buf),
-                    R"(%s{"worker":%u,"device_blocks":%u,"host_blocks":%u,"pull_blocks":%u,"pull_s":%.6g,)"
-                    R"("queued_prefill_tokens":%.10g,"prefill_tokens_per_s":%.6g,"admission_wait_s":%.6g,)"
-                    R"("running_requests":%.6g,"waiting_requests":%.6g,"step_s":%.6g,"ttft_s":%.6g})",
-                    first ? "" : ",", c.worker, c.device_blocks, c.host_blocks, c.pull_blocks, c.pull_s,
-                    c.queued_prefill_tokens, c.prefill_tokens_per_s, c.admission_wait_s, c.running_requests,
-                    c.waiting_requests, c.step_s, picker.EstimateTtft(d.route, c, fleet_rate));
-      line += buf;
-      first = false;
+      candidates.push_back({{"worker", c.worker},
+                            {"device_blocks", c.device_blocks},
+                            {"host_blocks", c.host_blocks},
+                            {"pull_blocks", c.pull_blocks},
+                            {"pull_s", c.pull_s},
+                            {"queued_prefill_tokens", c.queued_prefill_tokens},
+                            {"prefill_tokens_per_s", c.prefill_tokens_per_s},
+                            {"admission_wait_s", c.admission_wait_s},
+                            {"running_requests", c.running_requests},
+                            {"waiting_requests", c.waiting_requests},
+                            {"step_s", c.step_s},
+                            {"ttft_s", picker.EstimateTtft(d.route, c, fleet_rate)}});
     }
   }
-  line += "]}";
-  return line;
+  return line.dump();
 }
 
 void DecisionLog::Write(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
