@@ -145,10 +145,25 @@ std::string JsNumber(double d) {
   if (std::isnan(d)) return "NaN";
   if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
   if (d == 0) return "0";
-  if (d == std::trunc(d) && std::fabs(d) < 1e21) {
+  if (d == std::trunc(d) && std::fabs(d) < 9e18) {  // within long long
     char buf[32];
     auto r = std::to_chars(buf, buf + sizeof(buf), static_cast<long long>(d));
     return std::string(buf, r.ptr);
+  }
+  if (d == std::trunc(d) && std::fabs(d) < 1e21) {
+    // JS writes the shortest round-trip digits, then zeros up to the units: 2.222222222222222e19
+    // is "22222222222222220000".
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+    std::string sci(buf, r.ptr);
+    const size_t e = sci.find('e');
+    std::string digits;
+    for (size_t i = 0; i < e; ++i) {
+      if (sci[i] != '.' && sci[i] != '-') digits += sci[i];
+    }
+    const int exponent = std::stoi(sci.substr(e + 1));
+    digits.resize(static_cast<size_t>(exponent) + 1, '0');
+    return (d < 0 ? "-" : "") + digits;
   }
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof(buf), d);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/jinja.h"
+#include "tokenizer/jinja_value.h"
 
 namespace kvfleet::tok::jinja {
 namespace {
@@ -113,6 +114,12 @@ TEST_CASE("integers stay within 64 bits: overflow is an error, never a wrapped o
         "[2] [9223372036854775806]");
   CHECK(RenderError("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
             .find("limit") != std::string::npos);
+}
+
+TEST_CASE("a whole number past a long long prints as JavaScript does, shortest digits then zeros") {
+  CHECK(JsNumber(22222222222222222233.76) == "22222222222222220000");  // the fuzzer's input, once a crash
+  CHECK(JsNumber(-1e20) == "-100000000000000000000");
+  CHECK(JsNumber(12345) == "12345");
 }
 
 }  // namespace
