@@ -2,7 +2,7 @@
 // against recomputing the prefix:
 //
 //   kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N]
-//                     [--kv-cache-gib G] [--ipc] [--nccl] [--devices A,B] [--peak-gbs G]
+//                     [--kv-cache-gib G] [--ipc] [--nccl] [--devices A,B] [--peak-gbs G] [--log-level L]
 //
 //   --model DIR        default: a llama-3.1-8b-shaped random model (test_models.h, seed 7)
 //   --prompt-tokens N  default 8192; whole blocks of 32 are pulled, the last block computed
@@ -19,6 +19,7 @@
 //                      pull's bytes: peer copies (what CUDA IPC does) and NCCL send/recv.
 //   --peak-gbs G       the link's peak one way, for the copies' share of it (default 478: an
 //                      H200 pair's NV18, 18 NVLinks of 26.562 GB/s; 0: not printed)
+//   --log-level L      the workers' log level (default info); debug times each pull's stages
 //
 // Workers A and B (in-process, cuda backend, one GPU). After a warm-up (a prompt on each, and
 // one pull from A to B), each round: A computes prompt P's prefix; B computes P' (P with its first
@@ -59,6 +60,7 @@
 #include <zmq.hpp>
 
 #include "common/block_hash.h"
+#include "common/log.h"
 #include "schema/requests.h"
 #include "schema/transfer_codec.h"
 #include "schema/wire.h"
@@ -362,13 +364,20 @@ int main(int argc, char** argv) {
       ipc = true;
     } else if (!std::strcmp(argv[i], "--nccl")) {
       nccl = true;
+    } else if (!std::strcmp(argv[i], "--log-level") && i + 1 < argc) {
+      LogOptions lo;
+      lo.level = argv[++i];
+      if (Status s = InitLogging(lo); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--devices") && i + 1 < argc &&
                std::sscanf(argv[i + 1], "%d,%d", &device_a, &device_b) == 2 && device_a >= 0 && device_b >= 0) {
       ++i;
     } else {
       std::fprintf(stderr,
                    "usage: kv_transfer_bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--reps N] "
-                   "[--kv-cache-gib G] [--ipc] [--nccl] [--devices A,B] [--peak-gbs G]\n");
+                   "[--kv-cache-gib G] [--ipc] [--nccl] [--devices A,B] [--peak-gbs G] [--log-level L]\n");
       return 2;
     }
   }

@@ -112,6 +112,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   p.plan = *plan;
   p.tokens = std::move(tokens);
   p.seed = hasher.seed();
+  p.source = hint.source;
   pending_.emplace(transfer_id, std::move(p));
   engine_->Hold(id);
   ++stats_.started;

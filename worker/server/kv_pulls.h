@@ -58,6 +58,12 @@ namespace kvfleet::server::config {
 // on one H200 host): its transfer may take this long from its answer even past the pull's
 // deadline, so a short deadline cannot keep a pair from ever meeting. Later pulls reuse it.
 constexpr DurationNs kNcclSetupTimeout = 3 * kNsPerSec;
+// A pair's communicator holds device memory on both GPUs (NCCL's buffers, per channel) and
+// costs about 0.55 s to set up again. A worker lets go of one that has moved nothing for this
+// long, and keeps at most kMaxNcclPeers (the least recently used goes first): a fleet's
+// workers pull from a few holders at a time, not from every worker they ever met.
+constexpr DurationNs kNcclPeerIdle = 120 * kNsPerSec;
+constexpr size_t kMaxNcclPeers = 16;
 // A request that pulls its prefix was sent here for this worker's load, not its cache: the
 // pulled blocks are the fleet's second copy (losing them costs another pull, not a recompute),
 // and the rest of its blocks hang under them (a radix tree evicts children first). So the
@@ -82,6 +88,9 @@ struct KvPullsOptions {
   // its pulls and answers a pull offering the same one with its device blocks (CUDA IPC)
   // instead of their bytes.
   std::string host_id;
+  // NCCL communicators kept (config::kNcclPeerIdle, config::kMaxNcclPeers).
+  DurationNs nccl_peer_idle = config::kNcclPeerIdle;
+  size_t max_nccl_peers = config::kMaxNcclPeers;
 };
 
 // The host's boot id (/proc/sys/kernel/random/boot_id): two workers showing the same one
@@ -106,6 +115,8 @@ struct KvPullStats {
   uint64_t nccl_served = 0;       // pulls this worker answered by NCCL
   uint64_t nccl_send_failures = 0;  // of those, runs whose send failed or timed out
   uint64_t nccl_held = 0;         // runs pinned now for an NCCL answer (sending or to send)
+  uint64_t nccl_peers = 0;        // peers this worker keeps a communicator with now
+  uint64_t nccl_peers_forgotten = 0;  // communicators let go: idle, or past kMaxNcclPeers
   // Pulls held for blocks this worker was computing, by how the wait ended: the blocks were
   // stored (or their sequence ended), or half the pull's deadline passed first.
   uint64_t serve_waits_stored = 0;
@@ -153,6 +164,7 @@ class KvPulls {
     std::vector<TokenId> tokens;  // the prompt's hinted blocks
     uint64_t seed = 0;            // their hash namespace (Contract 1)
     std::vector<engine::RequestId> waiters;  // later requests holding for this pull
+    std::string source;           // the holder's transfer endpoint
     // Receiving by NCCL: the run's blocks, its verified leading run, and the holder.
     uint32_t nccl_received = 0;
     uint32_t nccl_good = 0;
@@ -190,6 +202,14 @@ class KvPulls {
   bool ReceiveNccl(Pending& p, const transfer::PullResult& result);
   // Both: NCCL transfers that ended.
   void PollNccl();
+  // Both: `peer` (a receiver's name, or a holder's endpoint) moved a run now.
+  void TouchNcclPeer(const std::string& peer);
+  // Both: forgets the communicators of peers idle past options_.nccl_peer_idle, or past the
+  // options_.max_nccl_peers most recently used, that no pull in flight uses.
+  void ForgetIdleNcclPeers();
+  bool NcclPeerBusy(const std::string& peer) const;
+  // Holder: `t`'s communicator is no longer the one its receiver is known to keep.
+  void Unanswer(const backend::KvNccl::Transfer& t);
   // The verified leading run of an ok result: blocks whose tokens are the prompt's.
   uint32_t CountGood(const Pending& p, const transfer::PullResult& result, size_t received);
   void Finish(Pending& p, transfer::PullResult& result);
@@ -216,7 +236,9 @@ class KvPulls {
   backend::KvNccl* nccl_ = nullptr;
   // Holder: NCCL answers by (peer token, transfer id), pinned until their send ends.
   std::map<std::pair<uint64_t, uint64_t>, NcclHeld> nccl_held_;
-  std::map<uint64_t, uint64_t> answered_comm_;  // holder: per peer token, the last communicator answered
+  std::map<std::string, uint64_t> answered_comm_;  // holder: per receiver, the last communicator answered
+  std::map<std::string, TimeNs> nccl_peer_used_;  // both: peers with a communicator, by last use
+  TimeNs next_nccl_sweep_ = 0;
   uint64_t next_comm_ = 0;                      // holder: communicator numbers, from a random start
   uint64_t next_nccl_id_ = 1;                   // KvNccl transfer ids
   // KvNccl transfers in flight: a receive's pull (transfer id), a send's NCCL answer.

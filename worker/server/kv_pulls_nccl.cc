@@ -14,9 +14,6 @@ namespace kvfleet::server {
 
 namespace {
 
-// The holder's name for a receiver: its connection on the holder's ROUTER.
-std::string PeerOfToken(uint64_t peer_token) { return "receiver-" + std::to_string(peer_token); }
-
 DurationNs AtLeast(DurationNs d, DurationNs floor) { return std::max(d, floor); }
 
 }  // namespace
@@ -29,9 +26,9 @@ bool KvPulls::ServeNccl(const transfer::IncomingPull& pull) {
   if (run.empty()) return false;
   NcclHeld held;
   backend::KvNccl::Transfer& t = held.transfer;
-  t.peer = PeerOfToken(pull.peer_token);
+  t.peer = pull.peer;
   t.send = true;
-  auto answered = answered_comm_.find(pull.peer_token);
+  auto answered = answered_comm_.find(pull.peer);
   if (r.nccl_comm != 0 && answered != answered_comm_.end() && answered->second == r.nccl_comm) {
     t.comm = r.nccl_comm;  // the pair's communicator, which both sides still keep
   } else {
@@ -45,7 +42,8 @@ bool KvPulls::ServeNccl(const transfer::IncomingPull& pull) {
     t.comm = next_comm_++;
     t.unique_id = std::move(*id);
   }
-  answered_comm_[pull.peer_token] = t.comm;
+  answered_comm_[pull.peer] = t.comm;
+  TouchNcclPeer(pull.peer);
   transfer::NcclRun out;
   out.comm = t.comm;
   out.unique_id = t.unique_id;
@@ -59,6 +57,8 @@ bool KvPulls::ServeNccl(const transfer::IncomingPull& pull) {
   nccl_held_.emplace(key, std::move(held));
   ++stats_.served_requests;
   ++stats_.nccl_served;
+  Logger("transfer")->debug("pull {}: answered by NCCL, {} blocks on communicator {}{}", r.transfer_id,
+                            out.blocks.size(), out.comm, out.unique_id.empty() ? "" : " (new)");
   service_->ServeNccl(pull.peer_token, r.transfer_id, std::move(out));
   return true;
 }
@@ -68,9 +68,7 @@ void KvPulls::NcclAnswered(const transfer::Released& r) {
   if (it == nccl_held_.end()) return;
   NcclHeld& held = it->second;
   if (r.expired) {  // the answer never left: nothing will be received
-    if (answered_comm_[r.peer_token] == held.transfer.comm && !held.transfer.unique_id.empty()) {
-      answered_comm_.erase(r.peer_token);  // the receiver never learnt of that communicator
-    }
+    if (!held.transfer.unique_id.empty()) Unanswer(held.transfer);  // the receiver never learnt of it
     kv_->UnpinChain(held.run);
     nccl_held_.erase(it);
     return;
@@ -82,6 +80,7 @@ void KvPulls::NcclAnswered(const transfer::Released& r) {
   const DurationNs left = held.deadline + transfer::config::kDeviceHoldGrace - service_->Now();
   t.timeout = AtLeast(left, t.unique_id.empty() ? kNsPerMs : config::kNcclSetupTimeout + transfer::config::kDeviceHoldGrace / 2);
   nccl_sending_.emplace(t.id, it->first);
+  Logger("transfer")->debug("pull {}: the NCCL answer left; send {} submitted", r.transfer_id, t.id);
   nccl_->Submit(std::move(t));
 }
 
@@ -104,6 +103,7 @@ bool KvPulls::ReceiveNccl(Pending& p, const transfer::PullResult& result) {
   p.nccl_received = received;
   p.nccl_good = CountGood(p, result, received);
   p.nccl_source = result.source;
+  TouchNcclPeer(result.source);
   // Every block of the run is received (the holder sends them all), into the blocks allocated
   // for the chain: the ones past a token mismatch are not imported.
   backend::KvNccl::Transfer t;
@@ -122,6 +122,8 @@ bool KvPulls::ReceiveNccl(Pending& p, const transfer::PullResult& result) {
   const DurationNs left = result.deadline + transfer::config::kDeviceHoldGrace / 2 - service_->Now();
   t.timeout = AtLeast(left, t.unique_id.empty() ? kNsPerMs : config::kNcclSetupTimeout);
   nccl_receiving_.emplace(t.id, result.transfer_id);
+  Logger("transfer")->debug("pull {}: NCCL answer from {}, {} blocks; receive {} submitted", result.transfer_id,
+                            result.source, received, t.id);
   nccl_->Submit(std::move(t));
   return true;
 }
@@ -134,9 +136,7 @@ void KvPulls::PollNccl() {
       if (!d.status.ok()) {
         ++stats_.nccl_send_failures;
         Logger("transfer")->warn("pull {}: the NCCL send failed: {}", s->second.second, d.status.ToString());
-        if (held != nccl_held_.end() && answered_comm_[s->second.first] == held->second.transfer.comm) {
-          answered_comm_.erase(s->second.first);
-        }
+        if (held != nccl_held_.end()) Unanswer(held->second.transfer);
       }
       if (held != nccl_held_.end()) {
         kv_->UnpinChain(held->second.run);
@@ -167,6 +167,55 @@ void KvPulls::PollNccl() {
     Complete(p, good, why);
     pending_.erase(it);
   }
+  ForgetIdleNcclPeers();
+}
+
+void KvPulls::Unanswer(const backend::KvNccl::Transfer& t) {
+  auto it = answered_comm_.find(t.peer);
+  if (it != answered_comm_.end() && it->second == t.comm) answered_comm_.erase(it);
+}
+
+void KvPulls::TouchNcclPeer(const std::string& peer) {
+  nccl_peer_used_[peer] = service_->Now();
+  stats_.nccl_peers = nccl_peer_used_.size();
+}
+
+bool KvPulls::NcclPeerBusy(const std::string& peer) const {
+  // A pull in flight may name the pair's communicator (its request's nccl_comm), or an
+  // answer may be about to use it: forgetting it then would leave the other side's half of a
+  // transfer unmatched until its deadline.
+  for (const auto& [id, p] : pending_) {
+    if (p.source == peer) return true;
+  }
+  for (const auto& [key, held] : nccl_held_) {
+    if (held.transfer.peer == peer) return true;
+  }
+  return false;
+}
+
+void KvPulls::ForgetIdleNcclPeers() {
+  const TimeNs now = service_->Now();
+  if (now < next_nccl_sweep_) return;
+  next_nccl_sweep_ = now + std::min(kNsPerSec, options_.nccl_peer_idle);
+  auto forget = [&](std::map<std::string, TimeNs>::iterator it, const char* why) {
+    Logger("transfer")->debug("NCCL communicator with {} let go ({})", it->first, why);
+    nccl_->Forget(it->first);
+    answered_comm_.erase(it->first);
+    ++stats_.nccl_peers_forgotten;
+    return nccl_peer_used_.erase(it);
+  };
+  for (auto it = nccl_peer_used_.begin(); it != nccl_peer_used_.end();) {
+    it = now - it->second > options_.nccl_peer_idle && !NcclPeerBusy(it->first) ? forget(it, "idle") : std::next(it);
+  }
+  while (nccl_peer_used_.size() > options_.max_nccl_peers) {
+    auto oldest = nccl_peer_used_.end();
+    for (auto it = nccl_peer_used_.begin(); it != nccl_peer_used_.end(); ++it) {
+      if (!NcclPeerBusy(it->first) && (oldest == nccl_peer_used_.end() || it->second < oldest->second)) oldest = it;
+    }
+    if (oldest == nccl_peer_used_.end()) break;  // every one in use: the next sweep
+    forget(oldest, "the least recently used of too many");
+  }
+  stats_.nccl_peers = nccl_peer_used_.size();
 }
 
 }  // namespace kvfleet::server

@@ -35,7 +35,14 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
       nccl_send_failures_(Counter(r, "kvfleet_worker_kv_nccl_send_failures_total",
                                   "NCCL sends of pulled runs (this worker the holder) that failed or timed out")),
       serve_waits_(Counter(r, "kvfleet_worker_kv_serve_waits_total",
-                           "Pulls held until blocks this worker was computing were stored, by how the wait ended")) {}
+                           "Pulls held until blocks this worker was computing were stored, by how the wait ended")),
+      nccl_released_(Counter(r, "kvfleet_worker_kv_nccl_communicators_released_total",
+                             "NCCL communicators with other workers let go: idle, or more peers than a worker keeps")),
+      nccl_communicators_(prometheus::BuildGauge()
+                              .Name("kvfleet_worker_kv_nccl_communicators")
+                              .Help("Workers this worker keeps an NCCL communicator with (each holds device memory)")
+                              .Register(r)
+                              .Add({})) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -71,6 +78,8 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
   Advance(device_pulls_, {}, static_cast<double>(pulls.device_pulls));
   Advance(nccl_pulls_, {}, static_cast<double>(pulls.nccl_pulls));
   Advance(nccl_send_failures_, {}, static_cast<double>(pulls.nccl_send_failures));
+  Advance(nccl_released_, {}, static_cast<double>(pulls.nccl_peers_forgotten));
+  nccl_communicators_.Set(static_cast<double>(pulls.nccl_peers));
   Advance(serve_waits_, {{"ended", "half_deadline"}}, static_cast<double>(pulls.serve_waits_cut));
   Advance(serve_waits_, {{"ended", "stored"}}, static_cast<double>(pulls.serve_waits_stored));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {

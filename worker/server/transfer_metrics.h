@@ -13,6 +13,8 @@
 //   kvfleet_worker_kv_nccl_pulls_total                 pulls received by NCCL send/recv
 //   kvfleet_worker_kv_nccl_copy_{bytes,seconds}_total{source}     those receives (set-up included)
 //   kvfleet_worker_kv_nccl_send_failures_total         NCCL sends (as holder) that failed or timed out
+//   kvfleet_worker_kv_nccl_communicators               peers this worker keeps an NCCL communicator with now
+//   kvfleet_worker_kv_nccl_communicators_released_total  communicators let go (idle, or too many peers)
 //   kvfleet_worker_kv_serve_waits_total{ended}         pulls held for blocks this worker was computing:
 //                                                      ended "stored", or "half_deadline" with part of the chain
 //
@@ -24,6 +26,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
 #include "worker/server/kv_pulls.h"
@@ -58,6 +61,8 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& nccl_copy_seconds_;
   prometheus::Family<prometheus::Counter>& nccl_send_failures_;
   prometheus::Family<prometheus::Counter>& serve_waits_;
+  prometheus::Family<prometheus::Counter>& nccl_released_;
+  prometheus::Gauge& nccl_communicators_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

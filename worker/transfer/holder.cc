@@ -13,6 +13,18 @@ namespace {
 // What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
 constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
 
+// A receiver's name for as long as its connection lasts: "receiver-" and its routing id in hex.
+std::string PeerName(const std::string& identity) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string name = "receiver-";
+  for (const char c : identity) {
+    const auto byte = static_cast<unsigned char>(c);
+    name += kDigits[byte >> 4];
+    name += kDigits[byte & 15];
+  }
+  return name;
+}
+
 // Frees a sent frame's bytes; libzmq calls it, on its I/O thread, once the frame is written.
 void FreeSentFrame(void* /*data*/, void* hint) { delete static_cast<std::string*>(hint); }
 
@@ -94,7 +106,7 @@ void TransferService::Impl::HandleRequest(std::vector<zmq::message_t>& parts) {
   open_pulls[key] = OpenPull{*request, deadline};
   {
     std::lock_guard lock(mu);
-    pulls_ready.push_back(IncomingPull{token, std::move(*request), deadline});
+    pulls_ready.push_back(IncomingPull{token, PeerName(identity), std::move(*request), deadline});
   }
   Notify();
 }

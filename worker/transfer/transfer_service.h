@@ -81,6 +81,10 @@ struct TransferOptions {
 // A pull another worker sent this holder, for the engine thread.
 struct IncomingPull {
   uint64_t peer_token = 0;  // names the connection it came on; give it back to Serve/Refuse
+  // Names the receiver for as long as its connection lasts (its routing id, printable). A
+  // peer token is recycled a second after the connection's last pull; this is not, so it
+  // keys what a pair keeps between pulls (an NCCL communicator).
+  std::string peer;
   PullRequest request;
   TimeNs deadline = 0;      // this service's clock: arrival + request.deadline_ms
 };

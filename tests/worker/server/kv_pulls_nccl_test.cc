@@ -100,16 +100,18 @@ std::unique_ptr<transfer::TransferService> StartService() {
 
 // A holder and a receiver: each a mock engine, a TransferService and its KvPulls.
 struct Pair {
-  explicit Pair(bool holder_nccl = true) {
+  explicit Pair(bool holder_nccl = true, DurationNs holder_idle = server::config::kNcclPeerIdle) {
     holder_service = StartService();
     receiver_service = StartService();
     KvPullsOptions o;
+    o.nccl_peer_idle = holder_idle;
     o.model = "mock-8b";
     o.deadline = 5 * kNsPerSec;
     o.own_endpoint = holder_service->endpoint();
     holder = std::make_unique<KvPulls>(o, holder_service.get(), a.kv.get(), a.backend.get(), a.engine.get(),
                                        holder_nccl ? &holder_nccl_end : nullptr);
     o.own_endpoint = receiver_service->endpoint();
+    o.nccl_peer_idle = server::config::kNcclPeerIdle;
     receiver = std::make_unique<KvPulls>(o, receiver_service.get(), b.kv.get(), b.backend.get(), b.engine.get(),
                                          &receiver_nccl_end);
   }
@@ -173,6 +175,47 @@ TEST_CASE("NCCL pulls: the run moves by NCCL, the pair's communicator is set up 
   CHECK(p.wire.inits == 1);
   CHECK(p.wire.moved == 2);
   CHECK(p.holder->stats().nccl_held == 0);
+}
+
+TEST_CASE("NCCL pulls: pulls seconds apart reuse the pair's communicator") {
+  // The holder's TransferService recycles a connection's peer token a second after its last
+  // pull; the communicator is the receiver's, kept by its connection, not by the token.
+  Pair p;
+  p.PullOnce(p.Prompt(1000));
+  REQUIRE(p.wire.inits == 1);
+  const TimeNs until = SystemClock::Default()->Now() + 2200 * kNsPerMs;  // two of the service's sweeps
+  while (SystemClock::Default()->Now() < until) {
+    p.holder_service->WaitForWork(50 * kNsPerMs);
+    p.holder->Poll();
+    p.receiver->Poll();
+  }
+  p.PullOnce(p.Prompt(5000));
+  CHECK(p.receiver->stats().nccl_pulls == 2);
+  CHECK(p.wire.inits == 1);
+  CHECK(p.holder_nccl_end.forgotten == 0);
+  CHECK(p.holder->stats().nccl_peers == 1);
+  CHECK(p.receiver->stats().nccl_peers == 1);
+}
+
+TEST_CASE("NCCL pulls: a holder lets an idle communicator go, and the pair's next pull sets up a new one") {
+  Pair p(/*holder_nccl=*/true, /*holder_idle=*/200 * kNsPerMs);
+  p.PullOnce(p.Prompt(1000));
+  REQUIRE(p.wire.inits == 1);
+  for (int i = 0; i < 100 && p.holder->stats().nccl_peers > 0; ++i) {
+    p.holder_service->WaitForWork(20 * kNsPerMs);
+    p.holder->Poll();
+  }
+  CHECK(p.holder->stats().nccl_peers == 0);
+  CHECK(p.holder->stats().nccl_peers_forgotten == 1);
+  CHECK(p.holder_nccl_end.forgotten == 1);
+  CHECK(p.receiver->stats().nccl_peers == 1);  // the receiver still keeps its side
+  // The receiver names the communicator it keeps; the holder has none and answers with a new
+  // one, which the receiver takes in its place: no pull waits for a half that never comes.
+  p.PullOnce(p.Prompt(5000));
+  CHECK(p.receiver->stats().nccl_pulls == 2);
+  CHECK(p.receiver->stats().fallbacks.empty());
+  CHECK(p.wire.inits == 2);
+  CHECK(p.holder->stats().nccl_peers == 1);
 }
 
 TEST_CASE("NCCL pulls: a failed transfer costs that prefix only, and the pair's next pull sets up a new communicator") {

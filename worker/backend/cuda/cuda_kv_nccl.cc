@@ -98,7 +98,7 @@ class CudaKvNccl final : public KvNccl {
   void Forget(const std::string& peer) override {
     {
       std::lock_guard lock(mu_);
-      next_comm_[peer] = 0;
+      next_comm_.erase(peer);
       Queued marker;
       marker.forget = true;
       marker.t.peer = peer;
@@ -123,7 +123,11 @@ class CudaKvNccl final : public KvNccl {
   void Loop() {
     Status setup = CudaStatus(cudaSetDevice(pools_.device), "cudaSetDevice");
     if (setup.ok()) setup = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (setup.ok()) setup = CudaStatus(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming), "cudaEventCreate");
+    // Timed events: the debug log says how long a transfer waited for the engine's stream and
+    // how long NCCL then took.
+    if (setup.ok()) setup = CudaStatus(cudaEventCreate(&begin_event_), "cudaEventCreate");
+    if (setup.ok()) setup = CudaStatus(cudaEventCreate(&ready_event_), "cudaEventCreate");
+    if (setup.ok()) setup = CudaStatus(cudaEventCreate(&done_event_), "cudaEventCreate");
     while (true) {
       Queued q;
       {
@@ -160,7 +164,7 @@ class CudaKvNccl final : public KvNccl {
           setup = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         }
         std::lock_guard lock(mu_);
-        if (next_comm_[q.t.peer] == q.t.comm) next_comm_[q.t.peer] = 0;
+        if (auto c = next_comm_.find(q.t.peer); c != next_comm_.end() && c->second == q.t.comm) next_comm_.erase(c);
       }
       if (q.ready != nullptr) cudaEventDestroy(q.ready);
       {
@@ -171,7 +175,9 @@ class CudaKvNccl final : public KvNccl {
     }
     for (auto& [peer, c] : comms_) ncclCommAbort(c.comm);
     comms_.clear();
-    if (done_event_ != nullptr) cudaEventDestroy(done_event_);
+    for (cudaEvent_t e : {begin_event_, ready_event_, done_event_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -220,6 +226,7 @@ class CudaKvNccl final : public KvNccl {
       }
     }
     KVF_CUDA_RETURN(cudaSetDevice(pools_.device));
+    const SteadyClock::time_point dequeued = SteadyClock::now();
     if (!t.unique_id.empty()) {
       Drop(t.peer);  // the peer's side replaced it too
       ncclUniqueId id;
@@ -238,7 +245,10 @@ class CudaKvNccl final : public KvNccl {
       return FailedPrecondition("KV transfer by NCCL: no communicator " + std::to_string(t.comm) + " with this peer");
     }
     ncclComm_t comm = it->second.comm;
+    const SteadyClock::time_point set_up = SteadyClock::now();
+    KVF_CUDA_RETURN(cudaEventRecord(begin_event_, stream_));
     KVF_CUDA_RETURN(cudaStreamWaitEvent(stream_, q.ready, 0));
+    KVF_CUDA_RETURN(cudaEventRecord(ready_event_, stream_));
     uint64_t total = 0;
     ncclResult_t first = ncclSuccess;
     ncclGroupStart();
@@ -256,6 +266,7 @@ class CudaKvNccl final : public KvNccl {
     if (first != ncclSuccess) return NcclError(first, t.send ? "ncclSend" : "ncclRecv");
     if (end != ncclSuccess && end != ncclInProgress) return NcclError(end, "ncclGroupEnd");
     if (end == ncclInProgress) KVF_RETURN_IF_ERROR(AwaitComm(comm, deadline, "enqueueing the transfer"));
+    const SteadyClock::time_point enqueued = SteadyClock::now();
     KVF_CUDA_RETURN(cudaEventRecord(done_event_, stream_));
     while (true) {
       const cudaError_t e = cudaEventQuery(done_event_);
@@ -270,6 +281,16 @@ class CudaKvNccl final : public KvNccl {
       std::this_thread::sleep_for(config::kPollSleep);
     }
     *bytes = total;
+    if (auto log = Logger("transfer"); log->should_log(spdlog::level::debug)) {
+      float stream_wait_ms = 0, moved_ms = 0;
+      cudaEventElapsedTime(&stream_wait_ms, begin_event_, ready_event_);
+      cudaEventElapsedTime(&moved_ms, ready_event_, done_event_);
+      auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+      log->debug("NCCL {} {} of {} bytes with {}: queued {:.2f} ms, set-up {:.2f} ms, enqueued in {:.2f} ms, waited "
+                 "{:.2f} ms for the engine's stream, moved in {:.2f} ms, done {:.2f} ms after Submit",
+                 t.send ? "send" : "receive", t.id, total, t.peer, ms(dequeued - q.start), ms(set_up - dequeued),
+                 ms(enqueued - set_up), stream_wait_ms, moved_ms, ms(SteadyClock::now() - q.start));
+    }
     return Status::Ok();
   }
 
@@ -284,7 +305,7 @@ class CudaKvNccl final : public KvNccl {
   // The thread's own.
   std::map<std::string, Comm> comms_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t done_event_ = nullptr;
+  cudaEvent_t begin_event_ = nullptr, ready_event_ = nullptr, done_event_ = nullptr;
   std::thread thread_;  // last: starts once everything above is built
 };
 
