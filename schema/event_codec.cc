@@ -1,5 +1,6 @@
 #include "schema/event_codec.h"
 
+#include <cmath>
 #include <utility>
 
 #include <capnp/message.h>
@@ -7,6 +8,7 @@
 
 #include "common/check.h"
 #include "schema/events.capnp.h"
+#include "schema/limits.h"
 #include "schema/wire.h"
 
 namespace kvfleet::events {
@@ -200,9 +202,16 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   out.setPredictedWaitUs(load.predicted_wait_us);
   auto loras = out.initResidentLoras(static_cast<unsigned>(load.resident_loras.size()));
   for (unsigned i = 0; i < load.resident_loras.size(); ++i) loras.set(i, load.resident_loras[i]);
+  auto pulls = out.initPulls(static_cast<unsigned>(load.pulls.size()));
+  for (unsigned i = 0; i < load.pulls.size(); ++i) {
+    pulls[i].setSource(load.pulls[i].source);
+    pulls[i].setPulls(load.pulls[i].pulls);
+    pulls[i].setBytes(load.pulls[i].bytes);
+    pulls[i].setSeconds(load.pulls[i].seconds);
+  }
 }
 
-LoadReport ParseLoad(schema::Load::Reader in) {
+Result<LoadReport> ParseLoad(schema::Load::Reader in) {
   LoadReport l;
   l.active_requests = in.getActiveRequests();
   l.queued_requests = in.getQueuedRequests();
@@ -218,6 +227,19 @@ LoadReport ParseLoad(schema::Load::Reader in) {
   l.decode_tokens_per_second = in.getDecodeTokensPerSecond();
   l.predicted_wait_us = in.getPredictedWaitUs();
   for (uint64_t id : in.getResidentLoras()) l.resident_loras.push_back(id);
+  auto pulls = in.getPulls();
+  if (pulls.size() > config::kMaxPullSources) {
+    return InvalidArgument("load with pull totals from " + std::to_string(pulls.size()) + " holders (at most " +
+                           std::to_string(config::kMaxPullSources) + ")");
+  }
+  for (auto p : pulls) {
+    const capnp::Text::Reader source = p.getSource();
+    if (source.size() == 0 || source.size() > static_cast<size_t>(wire::limits::kMaxNameBytes)) {
+      return InvalidArgument("pull totals with a holder endpoint of " + std::to_string(source.size()) + " bytes");
+    }
+    if (!std::isfinite(p.getSeconds()) || p.getSeconds() < 0) return InvalidArgument("pull totals with bad seconds");
+    l.pulls.push_back(PullTotals{std::string(source.cStr(), source.size()), p.getPulls(), p.getBytes(), p.getSeconds()});
+  }
   return l;
 }
 
@@ -250,7 +272,7 @@ Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in, StructBudget& bud
   if (out.header.seq == 0) return InvalidArgument("seq 0");
   KVF_RETURN_IF_ERROR(ParseKvEvents(in.getEvents(), &out.events, budget));
   KVF_RETURN_IF_ERROR(CheckEventIds(out.events));
-  out.load = ParseLoad(in.getLoad());
+  KVF_ASSIGN_OR_RETURN(out.load, ParseLoad(in.getLoad()));
   out.block_events = BlockEventCount(out.events);
   return out;
 }

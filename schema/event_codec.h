@@ -29,6 +29,9 @@ namespace config {
 constexpr size_t kMaxWorkerIdBytes = 256;
 // Tokens per stored block on the wire; block sizes are far smaller.
 constexpr size_t kMaxTokensPerBlock = 1 << 16;
+// Holders one load may carry pull totals for: a worker reports only those it pulled from since
+// its previous batch, and a fleet has at most this many workers (wire::limits::kMaxGossipWorkers).
+constexpr size_t kMaxPullSources = 1024;
 }  // namespace config
 
 // The worker's load, as schema Load.

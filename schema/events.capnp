@@ -72,6 +72,17 @@ struct Load {
   # 0 from a worker older than the field.
   predictedWaitUs @8 :UInt64;
   residentLoras @9 :List(UInt64);      # loraIds of the adapters on the device now (Hello.loras)
+  # What this worker's KV pulls (Contract 4) took, by holder: totals since the worker started,
+  # for the holders whose totals changed since its previous batch (README.md, "Load"). Empty
+  # from older workers.
+  pulls @10 :List(PullTotals);
+}
+
+struct PullTotals {
+  source @0 :Text;      # the holder's transfer endpoint, as its Hello gives it
+  pulls @1 :UInt64;     # pulls from it that brought blocks
+  bytes @2 :UInt64;     # their blocks' bytes
+  seconds @3 :Float64;  # their time, each from the request to the blocks in place here
 }
 
 struct EventBatch {

@@ -6,12 +6,22 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvfleet {
 
 // Tiers in kv::Tier order: device, host.
 constexpr int kLoadTiers = 2;
+
+// A worker's KV pulls from one holder (Contract 4), totals since the worker started.
+struct PullTotals {
+  std::string source;  // the holder's transfer endpoint
+  uint64_t pulls = 0;  // pulls that brought blocks
+  uint64_t bytes = 0;
+  double seconds = 0;  // from each pull's request to its blocks in place
+  bool operator==(const PullTotals&) const = default;
+};
 
 struct LoadReport {
   uint32_t active_requests = 0;        // running: scheduled at least once and not finished
@@ -29,6 +39,9 @@ struct LoadReport {
   // LoraId (common/block_hash.h) of each LoRA adapter on the device now; the others the
   // worker serves (its Hello's loras) must be loaded first. Empty from older workers.
   std::vector<uint64_t> resident_loras;
+  // The holders whose pull totals changed since the worker's previous batch. Empty from older
+  // workers, and in a batch after which nothing was pulled.
+  std::vector<PullTotals> pulls;
 };
 
 }  // namespace kvfleet

@@ -10,9 +10,11 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
+#include "router/core/pull_fit.h"
 #include "schema/load_report.h"
 #include "schema/requests.h"
 
@@ -67,6 +69,11 @@ class WorkerSignals {
   // kUnknown for a worker whose events are not followed.
   virtual WorkerState State(WorkerId id) const = 0;
   virtual std::optional<WorkerLoad> Load(WorkerId id) const = 0;
+  // What worker `receiver`'s pulls from the holder at `holder_endpoint` took (its load
+  // reports' Load.pulls); none: it reported none.
+  virtual std::optional<PullFit> MeasuredPulls(WorkerId /*receiver*/, std::string_view /*holder_endpoint*/) const {
+    return std::nullopt;
+  }
   // Calls fn(i, load) for each of `ids`, in order, with Load(ids[i]) (null: none): routing
   // reads every candidate's at once and copies each straight into its own view, so an
   // implementation with a lock takes it once for the lot. fn must not call back in.

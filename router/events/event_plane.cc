@@ -231,6 +231,7 @@ void EventPlane::Impl::Remove(WorkerId id) {
   std::lock_guard lock(view_mu_);
   views_.erase(id);
   loads_[id].reset();
+  pull_fits_.erase(id);
   SetState(id, WorkerState::kUnknown);
 }
 
@@ -336,6 +337,7 @@ void EventPlane::Impl::RefreshView(const Entry& e) {
   std::lock_guard lock(view_mu_);
   SetState(e.id, v.state);
   loads_[e.id] = e.sub->load();
+  if (e.sub->TakePullFitsChanged()) pull_fits_[e.id] = e.sub->pull_fits();
   views_[e.id] = std::move(v);
 }
 

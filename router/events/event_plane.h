@@ -150,6 +150,7 @@ class EventPlane final : public WorkerSignals {
   // lock: routing asks it of every worker of a model per decision (Fleet::Resolve).
   WorkerState State(WorkerId id) const override;
   std::optional<WorkerLoad> Load(WorkerId id) const override;
+  std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const override;
   void VisitLoads(std::span<const WorkerId> ids,
                   const std::function<void(size_t i, const WorkerLoad* load)>& fn) const override;
   std::vector<WorkerEventStats> Stats() const;

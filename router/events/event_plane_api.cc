@@ -69,6 +69,15 @@ std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
   return impl_->loads_[id];
 }
 
+std::optional<PullFit> EventPlane::MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {
+  std::shared_lock lock(impl_->view_mu_);
+  auto worker = impl_->pull_fits_.find(receiver);
+  if (worker == impl_->pull_fits_.end()) return std::nullopt;
+  auto fit = worker->second.find(holder_endpoint);
+  if (fit == worker->second.end()) return std::nullopt;
+  return fit->second;
+}
+
 void EventPlane::VisitLoads(std::span<const WorkerId> ids,
                             const std::function<void(size_t i, const WorkerLoad* load)>& fn) const {
   std::shared_lock lock(impl_->view_mu_);

@@ -70,6 +70,8 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   // By id: each worker's last load report, none without a view. GUARDED_BY(view_mu_). An array,
   // not in the views: routing reads every worker's (EventPlane::VisitLoads), a dense run of lines.
   std::vector<std::optional<WorkerLoad>> loads_ = std::vector<std::optional<WorkerLoad>>(config::kMaxWorkers);
+  // By id: what its pulls took, by holder endpoint (WorkerSubscriber::pull_fits). GUARDED_BY(view_mu_).
+  std::unordered_map<WorkerId, std::map<std::string, PullFit, std::less<>>> pull_fits_;
   // By id: views_[id].state, kUnknown without a view. Stored under view_mu_ with views_ (SetState)
   // and read without it (EventPlane::State): a state read a moment late is one routing could
   // have read anyway.

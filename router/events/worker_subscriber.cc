@@ -103,6 +103,26 @@ void WorkerSubscriber::Buffer(events::DecodedBatch batch) {
   stats_.buffered_batches = buffer_.size();
 }
 
+void WorkerSubscriber::NotePulls(uint64_t epoch, const PullTotals& totals) {
+  auto it = pull_sources_.find(totals.source);
+  if (it == pull_sources_.end()) {
+    if (pull_sources_.size() >= events::config::kMaxPullSources) return;  // a worker pulls from fewer
+    it = pull_sources_.emplace(totals.source, PullSource{}).first;
+  }
+  PullSource& s = it->second;
+  PullTotals from;  // after a restart the totals count from zero
+  if (s.epoch == epoch) {
+    if (totals.pulls <= s.last.pulls) return;
+    from = s.last;
+  }
+  pull_fits_[totals.source].Add(static_cast<double>(totals.pulls - from.pulls),
+                                static_cast<double>(totals.bytes - std::min(totals.bytes, from.bytes)),
+                                std::max(0.0, totals.seconds - from.seconds));
+  s.last = totals;
+  s.epoch = epoch;
+  pull_fits_changed_ = true;
+}
+
 void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
   const TimeNs now = clock_->Now();
   const auto& h = batch.header;
@@ -117,6 +137,8 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
   }
   last_heard_ = now;
   stats_.last_heard = now;
+  for (const PullTotals& p : batch.load.pulls) NotePulls(h.epoch, p);
+  batch.load.pulls.clear();
   load_ = WorkerLoad{batch.load, now};
 
   switch (state_) {

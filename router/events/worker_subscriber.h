@@ -26,9 +26,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "router/core/pull_fit.h"
 #include "router/events/event_plane.h"
 #include "router/index/global_index.h"
 #include "schema/event_codec.h"
@@ -87,6 +89,11 @@ class WorkerSubscriber {
   size_t buffered() const { return buffer_.size(); }
   TimeNs last_heard() const { return last_heard_; }
   const std::optional<WorkerLoad>& load() const { return load_; }
+  // What the worker's pulls took, by holder endpoint (Load.pulls, router/core/pull_fit.h).
+  // The load() a batch leaves carries no pull totals: they are folded in here.
+  const std::map<std::string, PullFit, std::less<>>& pull_fits() const { return pull_fits_; }
+  // Whether pull_fits() changed since the last call.
+  bool TakePullFitsChanged() { return std::exchange(pull_fits_changed_, false); }
   // Per-worker counts for /fleet.
   const WorkerEventStats& stats() const { return stats_; }
 
@@ -116,6 +123,10 @@ class WorkerSubscriber {
   // REPLAYING from the first missing seq.
   void DrainBuffer();
   void SetState(WorkerState s);
+  // Folds one holder's pull totals from a batch of `epoch` into its fit: the increment since
+  // the totals last seen, or the whole totals after a restart (another epoch). Totals no
+  // greater than those seen (a duplicate or reordered batch) add nothing.
+  void NotePulls(uint64_t epoch, const PullTotals& totals);
 
   const WorkerId id_;
   const std::string name_;
@@ -142,6 +153,13 @@ class WorkerSubscriber {
   WorkerEventStats stats_;
   RateLimit far_seq_log_, event_id_log_;
   std::vector<BlockOp> ops_;  // the batch being collected; reused
+  struct PullSource {
+    PullTotals last;
+    uint64_t epoch = 0;
+  };
+  std::map<std::string, PullSource, std::less<>> pull_sources_;  // by holder endpoint
+  std::map<std::string, PullFit, std::less<>> pull_fits_;
+  bool pull_fits_changed_ = false;
 };
 
 }  // namespace kvfleet::router

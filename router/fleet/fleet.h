@@ -116,6 +116,11 @@ class WorkerLoads {
   // no pulls (routing/README.md, "Pulling a prefix"). Shared, not copied: routing asks it of
   // every candidate.
   virtual std::shared_ptr<const TransferPeer> Transfer(WorkerId /*worker*/) const { return nullptr; }
+  // What `receiver`'s pulls from the holder at `holder_endpoint` took, as its load reports say
+  // (WorkerSignals::MeasuredPulls); none without them.
+  virtual std::optional<PullFit> MeasuredPulls(WorkerId /*receiver*/, std::string_view /*holder_endpoint*/) const {
+    return std::nullopt;
+  }
   // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
   // reports carry a measured one. 0: none announced.
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
@@ -427,6 +432,7 @@ class Fleet final : public WorkerLoads {
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
+  std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
   WorkerRole Role(WorkerId worker) const override;
   bool StructuredOutputs(WorkerId worker) const override;

@@ -138,6 +138,9 @@ class FleetImpl final : public LaneFleet {
   void NoteAdapter(WorkerId id, const LoraAnnounce& adapter, bool loaded);
   std::optional<double> AdapterLoadSeconds(WorkerId id, uint64_t lora_id) const;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId id) const;
+  std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {
+    return signals_ ? signals_->MeasuredPulls(receiver, holder_endpoint) : std::nullopt;
+  }
   double AnnouncedPrefillRate(WorkerId id) const;
   WorkerRole Role(WorkerId id) const;
   bool StructuredOutputs(WorkerId id) const;

@@ -399,4 +399,8 @@ double Fleet::PeerWorkRate(std::string_view model) const {
   return peers == nullptr ? 0 : peers->WorkRate(model);
 }
 
+std::optional<PullFit> Fleet::MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {
+  return impl_->MeasuredPulls(receiver, holder_endpoint);
+}
+
 }  // namespace kvfleet::router

@@ -219,7 +219,7 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
       if (c.worker == source || have >= from.run) continue;
       if (c.transfer_format == 0 || c.transfer_format != format) continue;
       const bool same_host = host != 0 && host == c.transfer_host;
-      Candidate pulled = WithPull(c, source, from.peer->bytes_per_block, same_host, from.run - have);
+      Candidate pulled = WithPull(c, source, *from.peer, same_host, from.run - have);
       pulled.pull_ready_s = from.ready_s;
       pulled.pull_s += from.ready_s;
       candidates->push_back(pulled);
@@ -227,15 +227,17 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
   }
 }
 
-Candidate Router::WithPull(const Candidate& c, WorkerId source, uint64_t bytes_per_block, bool same_host,
+Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host,
                            uint32_t blocks) const {
   const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
+  const double bytes = static_cast<double>(blocks) * static_cast<double>(peer.bytes_per_block);
+  const PullCost prior{options().transfer_setup_s, 1.0 / bandwidth};
+  const std::optional<PullFit> measured = loads_->MeasuredPulls(c.worker, peer.endpoint);
   Candidate pulled = c;
   pulled.pull_from = source;
   pulled.pull_blocks = blocks;
   pulled.device_blocks += blocks;
-  pulled.pull_s =
-      options().transfer_setup_s + static_cast<double>(blocks) * static_cast<double>(bytes_per_block) / bandwidth;
+  pulled.pull_s = (measured ? measured->Solve(prior, bytes) : prior).Seconds(bytes);
   return pulled;
 }
 

@@ -183,10 +183,11 @@ class Router {
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
   void AddPulls(std::span<const Candidate> holders, double fleet_rate, std::vector<Candidate>* candidates) const;
-  // `c` with `blocks` more leading blocks pulled from `source` (TransferPeer::bytes_per_block
-  // `bytes_per_block`) into it: at the device-to-device bandwidth when their Hellos name one
-  // host (`same_host`), else the network's.
-  Candidate WithPull(const Candidate& c, WorkerId source, uint64_t bytes_per_block, bool same_host,
+  // `c` with `blocks` more leading blocks pulled from `source` (whose transfer service is
+  // `peer`) into it. Priced by what c's pulls from that holder took (its load reports,
+  // router/core/pull_fit.h), regularized toward the flags: the device-to-device bandwidth when
+  // their Hellos name one host (`same_host`), else the network's, and the set-up per pull.
+  Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host,
                      uint32_t blocks) const;
   // The hint's deadline for `c`'s pull: Picker::PullDeadline in ms, at least 10.
   uint32_t PullDeadlineMs(const RouteRequest& route, const Candidate& c, double fleet_rate) const;

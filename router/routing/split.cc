@@ -49,7 +49,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
     if (!to || to->format != from->format) continue;
     const uint32_t have = c.device_blocks + c.host_blocks;
     const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
-    decode.push_back(have < full ? WithPull(c, pre.worker, from->bytes_per_block, same_host, full - have) : c);
+    decode.push_back(have < full ? WithPull(c, pre.worker, *from, same_host, full - have) : c);
   }
   if (decode.empty()) return false;  // no decode worker can take the prefill worker's KV
   auto decode_admitted = std::make_shared<std::vector<Candidate>>(Admissible(route, decode, &ttft));

@@ -3,6 +3,7 @@
 #include "common/block_hash.h"
 #include "tests/schema/frame_vectors.h"
 
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <map>
@@ -31,6 +32,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   load.prefill_tokens_per_second = 18500;
   load.predicted_wait_us = 1'250'000;
   load.resident_loras = {LoraId("a"), LoraId("b")};
+  load.pulls = {{"tcp://10.0.0.7:5700", 3, 3'000'000'000, 0.25}, {"tcp://10.0.0.8:5700", 1, 4096, 0.004}};
   const std::string frame = EncodeBatch({"w1", 9, 4, 123}, events, load);
   auto batch = DecodeBatch(frame.data(), frame.size());
   REQUIRE(batch.ok());
@@ -43,6 +45,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(batch->load.prefill_tokens_per_second == 18500);
   CHECK(batch->load.predicted_wait_us == 1'250'000);
   CHECK(batch->load.resident_loras == load.resident_loras);
+  CHECK(batch->load.pulls == load.pulls);
   CHECK(batch->block_events == 2 + 2 + 1 + 1);
   REQUIRE(batch->events.size() == 4);
   const auto& stored = std::get<kv::StoredEvent>(batch->events[0].data);
@@ -98,6 +101,29 @@ TEST_CASE("a Load without predictedWaitUs (a worker older than the field) reads 
   CHECK(load.decode_tokens_per_second == 2400);
   CHECK(load.predicted_wait_us == 0);
   CHECK(load.resident_loras.empty());
+  CHECK(load.pulls.empty());
+}
+
+TEST_CASE("a Load's pull totals are refused when malformed: no holder, a bad time, too many holders") {
+  auto decodes = [](const LoadReport& load) {
+    const std::string frame = EncodeBatch({"w1", 9, 4, 0}, {}, load);
+    return DecodeBatch(frame.data(), frame.size());
+  };
+  LoadReport load;
+  load.pulls = {{"", 1, 10, 0.1}};
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls = {{"tcp://h:1", 1, 10, -1}};
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls = {{"tcp://h:1", 1, 10, std::nan("")}};
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls = {{std::string(300, 'x'), 1, 10, 0.1}};
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls.assign(events::config::kMaxPullSources + 1, PullTotals{"tcp://h:1", 1, 10, 0.1});
+  auto many = decodes(load);
+  REQUIRE_FALSE(many.ok());
+  CHECK(many.status().message().find("holders") != std::string::npos);
+  load.pulls.resize(events::config::kMaxPullSources);
+  CHECK(decodes(load).ok());
 }
 
 TEST_CASE("truncated frames and lists of empty structs are refused, not expanded") {

@@ -151,6 +151,25 @@ void KvPulls::Poll() {
   stats_.nccl_held = nccl_held_.size();
 }
 
+std::vector<PullTotals> KvPulls::TakeChangedPullTotals() {
+  std::vector<PullTotals> changed;
+  if (service_ == nullptr) return changed;
+  std::set<std::string> receiving;  // holders with an NCCL receive in flight: its time is not in yet
+  for (const auto& [id, p] : pending_) {
+    if (!p.nccl_source.empty()) receiving.insert(p.nccl_source);
+  }
+  for (const auto& [source, s] : service_->Stats().pulls) {
+    if (s.ok == 0 || receiving.count(source) != 0) continue;
+    // A device answer's or an NCCL answer's time is its answer's and then its copy's.
+    PullTotals t{source, s.ok, s.bytes, s.seconds + s.device_copy_seconds + s.nccl_copy_seconds};
+    PullTotals& last = reported_totals_[source];
+    if (last == t) continue;
+    last = t;
+    changed.push_back(std::move(t));
+  }
+  return changed;
+}
+
 uint32_t KvPulls::ComputingRun(const transfer::PullRequest& r) const {
   uint32_t run = kv_->LiveRun(r.parent_hash, r.hashes);
   // A request queued here and not yet admitted has no KV sequence: its prompt is hashed here.

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "schema/load_report.h"
 #include "schema/requests.h"
 #include "schema/transfer_codec.h"
 #include "worker/backend/backend.h"
@@ -156,6 +157,10 @@ class KvPulls {
   // Pulls from others waiting here for blocks this worker is computing.
   size_t waiting() const { return waiting_.size(); }
   const KvPullStats& stats() const { return stats_; }
+  // What this worker's pulls took, by holder (Contract 2's Load.pulls): the totals of every
+  // holder whose totals changed since the last call, once none of its pulls is mid-receive
+  // (an NCCL receive's time is counted when it ends), so a report's new pulls are whole.
+  std::vector<PullTotals> TakeChangedPullTotals();
 
  private:
   struct Pending {
@@ -245,6 +250,7 @@ class KvPulls {
   std::map<uint64_t, uint64_t> nccl_receiving_;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> nccl_sending_;
   KvPullStats stats_;
+  std::map<std::string, PullTotals> reported_totals_;  // by holder: as the last TakeChangedPullTotals gave them
 };
 
 }  // namespace kvfleet::server

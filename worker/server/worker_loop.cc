@@ -112,18 +112,23 @@ void WorkerLoop::Run() {
     if (engine_->HasWork()) {
       std::vector<engine::RequestOutput> outputs = engine_->Step();
       const engine::StepReport& step = engine_->last_step();
-      publisher_->Publish(kv_->TakeEvents(), step.load, kv_->events_dropped());
+      publisher_->Publish(kv_->TakeEvents(), WithPulls(step.load), kv_->events_dropped());
       if (step_observer_) step_observer_(step, outputs);
       Send(outputs);
     } else if (clock_->Now() >= next_idle_load_) {
-      publisher_->Publish(kv_->TakeEvents(), engine_->Load(), kv_->events_dropped());
+      publisher_->Publish(kv_->TakeEvents(), WithPulls(engine_->Load()), kv_->events_dropped());
       next_idle_load_ = clock_->Now() + options_.idle_load_interval;
     }
     in_flight_.store(engine_->num_requests(), std::memory_order_relaxed);
     if (stopping && !engine_->HasWork()) break;
   }
   // Anything the drain left (cancellations after the last step) goes out too.
-  publisher_->Publish(kv_->TakeEvents(), engine_->Load(), kv_->events_dropped());
+  publisher_->Publish(kv_->TakeEvents(), WithPulls(engine_->Load()), kv_->events_dropped());
+}
+
+LoadReport WorkerLoop::WithPulls(LoadReport load) {
+  if (pulls_ != nullptr) load.pulls = pulls_->TakeChangedPullTotals();
+  return load;
 }
 
 }  // namespace kvfleet::server

@@ -77,6 +77,8 @@ class WorkerLoop {
  private:
   void Apply(Command& command, bool refuse_new);
   void Send(std::vector<engine::RequestOutput>& outputs);
+  // `load` with the pull totals that changed since the last batch (Load.pulls).
+  LoadReport WithPulls(LoadReport load);
 
   const WorkerLoopOptions options_;
   engine::Engine* const engine_;

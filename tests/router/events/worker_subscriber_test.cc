@@ -375,5 +375,44 @@ TEST_CASE("an older worker's batches carry no event ids and are applied unchecke
   CHECK(f.counters.event_id_mismatches == 1);
 }
 
+TEST_CASE("a batch's pull totals are folded into the holder's fit: increments, once; a restart counts from zero") {
+  Fixture f;
+  f.sub.Start();
+  auto with_pulls = [](uint64_t epoch, uint64_t seq, std::vector<PullTotals> pulls) {
+    events::DecodedBatch b = Batch(epoch, seq);
+    b.load.pulls = std::move(pulls);
+    return b;
+  };
+  const PullCost prior{0.5, 1e-9};  // far from the data: 0.5 s set-up, 1 GB/s
+  // Pulls of 20 ms set-up at 10 GB/s, of two sizes in turn, one per batch.
+  PullTotals totals{"tcp://a:1", 0, 0, 0};
+  uint64_t seq = 0;
+  auto pull = [&](uint64_t bytes) {
+    totals.pulls += 1;
+    totals.bytes += bytes;
+    totals.seconds += 0.02 + static_cast<double>(bytes) / 10e9;
+    f.sub.OnBatch(with_pulls(7, ++seq, {totals}));
+  };
+  pull(1'000'000'000);
+  pull(100'000'000);
+  CHECK(f.sub.TakePullFitsChanged());
+  CHECK_FALSE(f.sub.TakePullFitsChanged());
+  REQUIRE(f.sub.load());
+  CHECK(f.sub.load()->pulls.empty());  // the load every routing decision copies carries none
+  // A duplicate and a reordered batch add nothing.
+  f.sub.OnBatch(with_pulls(7, seq, {totals}));
+  f.sub.OnBatch(with_pulls(7, seq - 1, {{"tcp://a:1", 1, 1'000'000'000, 0.12}}));
+  CHECK_FALSE(f.sub.TakePullFitsChanged());
+  for (int i = 0; i < 20; ++i) pull(i % 2 == 0 ? 1'000'000'000 : 100'000'000);
+  REQUIRE(f.sub.pull_fits().count("tcp://a:1") == 1);
+  const PullCost fit = f.sub.pull_fits().find("tcp://a:1")->second.Solve(prior, 1e9);
+  CHECK(fit.setup_s == doctest::Approx(0.02).epsilon(0.15));
+  CHECK(fit.Seconds(1e9) == doctest::Approx(0.12).epsilon(0.1));
+  CHECK(fit.Seconds(1e8) == doctest::Approx(0.03).epsilon(0.1));
+  // The worker restarted (another epoch): its totals count from zero, and are taken whole.
+  f.sub.OnBatch(with_pulls(8, 1, {{"tcp://a:1", 1, 1'000'000'000, 0.12}}));
+  CHECK(f.sub.TakePullFitsChanged());
+}
+
 }  // namespace
 }  // namespace kvfleet::router

@@ -46,6 +46,12 @@ class FakeLoads final : public WorkerLoads {
     return std::make_shared<const TransferPeer>(it->second);
   }
 
+  std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder) const override {
+    auto it = measured.find({receiver, std::string(holder)});
+    if (it == measured.end()) return std::nullopt;
+    return it->second;
+  }
+
   WorkerRole Role(WorkerId w) const override {
     auto it = roles.find(w);
     return it == roles.end() ? WorkerRole::kBoth : it->second;
@@ -67,6 +73,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, WorkerLoad> reported;
   std::map<WorkerId, uint32_t> stored_prefix;
   std::map<WorkerId, TransferPeer> transfer;
+  std::map<std::pair<WorkerId, std::string>, PullFit> measured;  // by receiver and holder endpoint
   std::map<WorkerId, double> announced;
   std::map<WorkerId, WorkerRole> roles;  // kBoth when not set
   std::map<WorkerId, std::vector<WorkerId>> mates;  // workers sharing each one's device

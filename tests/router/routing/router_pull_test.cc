@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -191,6 +192,34 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     CHECK(e->pull.source == "tcp://h2:5559");
     CHECK(e->estimated_ttft_s < 0.05);
   }
+  SUBCASE("a pair's measured pulls price its pull instead of the flags") {
+    // Worker 0's pulls from worker 2 took 0.5 s each (a link far slower than the flags say):
+    // worker 1, with no pulls measured, pulls at the flags' price.
+    PullFit slow_pair;
+    for (int i = 0; i < 30; ++i) slow_pair.Add(1, 655'360, 0.5);
+    f.loads.measured[{0, "tcp://h2:5559"}] = slow_pair;
+    auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 1);
+    CHECK(e->pull.source == "tcp://h2:5559");
+    CHECK(e->pull.deadline_ms == 53);
+    // Slower from both: recomputing (40 ms) beats a pull.
+    f.loads.measured[{1, "tcp://h2:5559"}] = slow_pair;
+    auto g = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(g.ok());
+    CHECK(g->worker != 2);
+    CHECK(g->pull.source.empty());
+    SUBCASE("and a fast pair is priced by what it measured, not by the flags' set-up") {
+      PullFit fast_pair;
+      for (int i = 0; i < 30; ++i) fast_pair.Add(1, 655'360, 0.002);
+      f.loads.measured[{0, "tcp://h2:5559"}] = fast_pair;
+      auto h = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+      REQUIRE(h.ok());
+      CHECK(h->worker == 0);
+      CHECK(h->pull.source == "tcp://h2:5559");
+      CHECK(h->estimated_ttft_s < 0.026);  // below the flags' 25 ms set-up alone
+    }
+  }
   SUBCASE("an idle holder keeps its prefix's requests: no pull") {
     f.loads.own.erase(2);
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
@@ -226,6 +255,31 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     REQUIRE(e.ok());
     CHECK(e->pull.source.empty());
   }
+}
+
+TEST_CASE("a pair's pull fit: the prior without pulls, the pulls' own time at their size, never a negative term") {
+  const PullCost prior{0.025, 1 / 0.5e9};
+  PullFit none;
+  CHECK(none.Solve(prior, 1e6).setup_s == doctest::Approx(0.025));
+  CHECK(none.Solve(prior, 1e6).s_per_byte == doctest::Approx(2e-9));
+  // Pulls all of one size cannot tell set-up from bandwidth; what they took at that size is
+  // still what the fit says, within the prior's one pull of weight.
+  PullFit same;
+  for (int i = 0; i < 40; ++i) same.Add(1, 50e6, 0.004);
+  CHECK(same.Solve(prior, 50e6).Seconds(50e6) == doctest::Approx(0.004).epsilon(0.1));
+  // Faster than any set-up: the set-up goes to 0 rather than below.
+  PullFit tiny;
+  for (int i = 0; i < 40; ++i) tiny.Add(1, i % 2 == 0 ? 1e9 : 1e6, i % 2 == 0 ? 0.004 : 0.0001);
+  const PullCost t = tiny.Solve(prior, 1e9);
+  CHECK(t.setup_s >= 0);
+  CHECK(t.s_per_byte >= 0);
+  CHECK(t.Seconds(1e9) == doctest::Approx(0.004).epsilon(0.2));
+  // Increments that are no pulls, or malformed, are not taken.
+  PullFit bad;
+  bad.Add(0, 1e9, 1);
+  bad.Add(1, -1, 1);
+  bad.Add(1, 1e9, std::nan(""));
+  CHECK(bad.pulls() == 0);
 }
 
 TEST_CASE("threads routing at once get the decisions one thread gets alone (each has its own scratch)") {

@@ -168,6 +168,15 @@ TEST_CASE("NCCL pulls: the run moves by NCCL, the pair's communicator is set up 
   CHECK(src.nccl == 1);
   CHECK(src.device == 0);
   CHECK(src.nccl_copy_bytes == 1);  // what the wire said it moved
+  // The load reports' pull totals (Contract 2's Load.pulls): the holder's, once, with the
+  // receive's time in them.
+  std::vector<PullTotals> totals = p.receiver->TakeChangedPullTotals();
+  REQUIRE(totals.size() == 1);
+  CHECK(totals[0].source == p.holder_service->endpoint());
+  CHECK(totals[0].pulls == 1);
+  CHECK(totals[0].seconds >= 0.001);  // the fake wire's receive
+  CHECK(p.receiver->TakeChangedPullTotals().empty());
+  CHECK(p.holder->TakeChangedPullTotals().empty());  // it pulled nothing
 
   p.PullOnce(p.Prompt(5000));  // another prompt: the same communicator
   CHECK(p.receiver->stats().nccl_pulls == 2);
@@ -175,6 +184,44 @@ TEST_CASE("NCCL pulls: the run moves by NCCL, the pair's communicator is set up 
   CHECK(p.wire.inits == 1);
   CHECK(p.wire.moved == 2);
   CHECK(p.holder->stats().nccl_held == 0);
+  totals = p.receiver->TakeChangedPullTotals();
+  REQUIRE(totals.size() == 1);
+  CHECK(totals[0].pulls == 2);
+}
+
+TEST_CASE("NCCL pulls: a pull mid-receive is not in the load report's totals until its receive ends") {
+  Pair p;
+  const std::vector<TokenId> prompt = p.Prompt(1000);
+  p.a.Add(prompt, 1);
+  p.a.RunToCompletion();
+  engine::GenerateRequest r;
+  r.prompt = prompt;
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 1;
+  auto id = p.b.engine->Add(r, p.b.clock.Now());
+  REQUIRE(id.ok());
+  p.receiver->Start(*id, r, PullHint{p.holder_service->endpoint(), "", 6, "a"});
+  for (int i = 0; i < 2000 && p.holder->stats().nccl_served == 0; ++i) {
+    p.holder_service->WaitForWork(kNsPerMs);
+    p.holder->Poll();  // answers; the send waits for the answer's release, a later Poll
+  }
+  REQUIRE(p.holder->stats().nccl_served == 1);
+  for (int i = 0; i < 2000 && p.wire.queued[1].empty(); ++i) {
+    p.receiver_service->WaitForWork(kNsPerMs);
+    p.receiver->Poll();
+  }
+  REQUIRE(p.wire.queued[1].size() == 1);  // the receive, posted; no send to meet it yet
+  CHECK(p.receiver_service->Stats().pulls.at(p.holder_service->endpoint()).ok == 1);
+  CHECK(p.receiver->TakeChangedPullTotals().empty());
+  for (int i = 0; i < 2000 && p.receiver->pending() > 0; ++i) {
+    p.holder->Poll();
+    p.receiver->Poll();
+    p.receiver_service->WaitForWork(kNsPerMs);
+  }
+  REQUIRE(p.receiver->pending() == 0);
+  const std::vector<PullTotals> totals = p.receiver->TakeChangedPullTotals();
+  REQUIRE(totals.size() == 1);
+  CHECK(totals[0].pulls == 1);
 }
 
 TEST_CASE("NCCL pulls: pulls seconds apart reuse the pair's communicator") {

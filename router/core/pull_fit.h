@@ -1,0 +1,95 @@
+// PullFit: what one worker's KV pulls from one holder took, as the worker's load reports say
+// (Contract 2's Load.pulls), fitted to the line a pull's time follows:
+//
+//   seconds = setup + bytes / bandwidth
+//
+// `setup` is what a pull costs whatever its size: the holder's engine step in progress, the
+// round trips, an NCCL or IPC hand-off. Routing prices a pull between that pair with it
+// (router/routing/README.md, "Pulling a prefix") instead of the flags' guess for every pair
+// of its kind.
+//
+// The fit: exponentially weighted least squares over the reports' increments (each holds the
+// pulls of one batch: n pulls, B bytes, T seconds, fitted as T = n·setup + B/bandwidth), each
+// increment weighing config::kPullFitForgetting of the one after it, so the last ~20 count.
+// Solve() regularizes toward a prior (the flags' setup and bandwidth for the pair's kind,
+// weighing config::kPullFitPriorPulls of a pull): a pair with no pulls is priced at the prior,
+// and one whose pulls are all of one size (setup and bandwidth then cannot be told apart) at
+// what they took at that size, split between the two terms as the prior splits it. A tenth
+// of a pull against the last ~20 keeps a prior 10x off to within ~10% of what was measured.
+//
+// Thread safety: a value.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kvfleet::router {
+
+namespace config {
+inline constexpr double kPullFitForgetting = 0.95;
+inline constexpr double kPullFitPriorPulls = 0.1;
+}  // namespace config
+
+struct PullCost {
+  double setup_s = 0;
+  double s_per_byte = 0;
+  double pulls = 0;  // the fit's weight in pulls (decayed): 0 means the prior alone
+  double Seconds(double bytes) const { return setup_s + bytes * s_per_byte; }
+};
+
+class PullFit {
+ public:
+  // Adds an increment: `pulls` pulls that moved `bytes` in `seconds` together.
+  void Add(double pulls, double bytes, double seconds) {
+    if (!(pulls > 0) || bytes < 0 || !(seconds >= 0)) return;
+    const double g = bytes / kBytesPerUnit;
+    Decay();
+    nn_ += pulls * pulls;
+    ng_ += pulls * g;
+    gg_ += g * g;
+    nt_ += pulls * seconds;
+    gt_ += g * seconds;
+    pulls_ += pulls;
+  }
+
+  // The fitted cost, pulled toward `prior` by config::kPullFitPriorPulls pulls of the size
+  // `typical_bytes` (the prior's weight on each coefficient at that size).
+  PullCost Solve(const PullCost& prior, double typical_bytes) const {
+    const double g0 = std::max(typical_bytes / kBytesPerUnit, 1e-6);
+    const double w = config::kPullFitPriorPulls;
+    // Ridge: minimise Σ (t − n·s − g·v)² + w·(s − s0)² + w·g0²·(v − v0)², v in seconds per unit.
+    const double v0 = prior.s_per_byte * kBytesPerUnit;
+    const double a = nn_ + w, b = ng_, d = gg_ + w * g0 * g0;
+    const double r1 = nt_ + w * prior.setup_s, r2 = gt_ + w * g0 * g0 * v0;
+    const double det = a * d - b * b;
+    PullCost out = prior;
+    out.pulls = pulls_;
+    if (!(det > 0)) return out;
+    double s = (r1 * d - b * r2) / det;
+    double v = (a * r2 - b * r1) / det;
+    // Neither term goes negative: refit the other alone.
+    if (s < 0) {
+      s = 0;
+      v = r2 / d;
+    } else if (v < 0) {
+      v = 0;
+      s = r1 / a;
+    }
+    out.setup_s = s;
+    out.s_per_byte = v / kBytesPerUnit;
+    return out;
+  }
+
+  double pulls() const { return pulls_; }
+
+ private:
+  static constexpr double kBytesPerUnit = 1e9;  // sums in GB: n and g of like magnitude
+  void Decay() {
+    const double f = config::kPullFitForgetting;
+    nn_ *= f, ng_ *= f, gg_ *= f, nt_ *= f, gt_ *= f, pulls_ *= f;
+  }
+
+  double nn_ = 0, ng_ = 0, gg_ = 0, nt_ = 0, gt_ = 0, pulls_ = 0;
+};
+
+}  // namespace kvfleet::router
