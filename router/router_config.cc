@@ -330,6 +330,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--transfer-setup-ms", c->transfer_setup_ms, "the fixed cost of one pull, added to its bytes' time")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--transfer-measured,!--no-transfer-measured", c->routing.transfer_measured,
+               "price a pull by what that pair's pulls took (the workers' load reports), the transfer flags "
+               "being the prior; off: by the flags alone")
+      ->capture_default_str();
   app.add_option("--max-workers", c->fleet.max_workers,
                  "workers known at once; a new one beyond takes the place of the one gone longest, or is refused "
                  "(max-workers) when none is gone; sizes the ZeroMQ socket "

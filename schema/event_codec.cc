@@ -202,6 +202,7 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   out.setPredictedWaitUs(load.predicted_wait_us);
   auto loras = out.initResidentLoras(static_cast<unsigned>(load.resident_loras.size()));
   for (unsigned i = 0; i < load.resident_loras.size(); ++i) loras.set(i, load.resident_loras[i]);
+  if (load.pulls.empty()) return;  // a null list: most batches carry none
   auto pulls = out.initPulls(static_cast<unsigned>(load.pulls.size()));
   for (unsigned i = 0; i < load.pulls.size(); ++i) {
     pulls[i].setSource(load.pulls[i].source);

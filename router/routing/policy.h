@@ -114,6 +114,11 @@ struct RoutingOptions {
   double transfer_setup_s = config::kTransferSetupSeconds;
   // Between two workers that copy device to device on one host (their Hellos' host ids match).
   double transfer_ipc_bytes_per_s = config::kTransferIpcBytesPerSecond;
+  // Price a pull by its pair's measured pulls (their load reports' Load.pulls, PullFit), the
+  // flags above being the prior; false: by the flags alone. Off by default: measured pulls are
+  // cheaper than the flags' set-up on a mock fleet, and the holder's queue is over-estimated,
+  // so pulls escape waits that are not there (README.md, "Pulling a prefix").
+  bool transfer_measured = false;
   // P/D disaggregation (README.md, "Prefill and decode on different workers"): with prefill
   // workers in the fleet, a request whose prompt has at least this many tokens no
   // decode-capable worker holds is prefilled on a prefill worker and decoded where it is

@@ -232,7 +232,8 @@ Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPe
   const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
   const double bytes = static_cast<double>(blocks) * static_cast<double>(peer.bytes_per_block);
   const PullCost prior{options().transfer_setup_s, 1.0 / bandwidth};
-  const std::optional<PullFit> measured = loads_->MeasuredPulls(c.worker, peer.endpoint);
+  const std::optional<PullFit> measured =
+      options().transfer_measured ? loads_->MeasuredPulls(c.worker, peer.endpoint) : std::nullopt;
   Candidate pulled = c;
   pulled.pull_from = source;
   pulled.pull_blocks = blocks;

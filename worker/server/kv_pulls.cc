@@ -113,6 +113,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   p.tokens = std::move(tokens);
   p.seed = hasher.seed();
   p.source = hint.source;
+  p.started = service_->Now();
   pending_.emplace(transfer_id, std::move(p));
   engine_->Hold(id);
   ++stats_.started;
@@ -153,19 +154,11 @@ void KvPulls::Poll() {
 
 std::vector<PullTotals> KvPulls::TakeChangedPullTotals() {
   std::vector<PullTotals> changed;
-  if (service_ == nullptr) return changed;
-  std::set<std::string> receiving;  // holders with an NCCL receive in flight: its time is not in yet
-  for (const auto& [id, p] : pending_) {
-    if (!p.nccl_source.empty()) receiving.insert(p.nccl_source);
-  }
-  for (const auto& [source, s] : service_->Stats().pulls) {
-    if (s.ok == 0 || receiving.count(source) != 0) continue;
-    // A device answer's or an NCCL answer's time is its answer's and then its copy's.
-    PullTotals t{source, s.ok, s.bytes, s.seconds + s.device_copy_seconds + s.nccl_copy_seconds};
+  for (const auto& [source, t] : totals_) {
     PullTotals& last = reported_totals_[source];
     if (last == t) continue;
     last = t;
-    changed.push_back(std::move(t));
+    changed.push_back(t);
   }
   return changed;
 }
@@ -403,6 +396,14 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
 void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
   kv_->EndImport(p.plan, good);
   stats_.imported_blocks += good;
+  if (good > 0) {
+    // What the request waited for its prefix: from the pull's start to its blocks stored here.
+    PullTotals& t = totals_[p.source];
+    t.source = p.source;
+    t.pulls += 1;
+    t.bytes += uint64_t{good} * layout_->BytesPerBlock();
+    t.seconds += static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
+  }
   if (good < p.plan.num_blocks - p.plan.first_block) ++stats_.fallbacks[why];
   engine_->Unhold(p.request);
   for (engine::RequestId w : p.waiters) engine_->Unhold(w);

@@ -158,8 +158,10 @@ class KvPulls {
   size_t waiting() const { return waiting_.size(); }
   const KvPullStats& stats() const { return stats_; }
   // What this worker's pulls took, by holder (Contract 2's Load.pulls): the totals of every
-  // holder whose totals changed since the last call, once none of its pulls is mid-receive
-  // (an NCCL receive's time is counted when it ends), so a report's new pulls are whole.
+  // holder whose totals changed since the last call. A pull counts once it has imported
+  // blocks, with the time from its start to then: what its request waited for the prefix
+  // (the holder's answer, the transfer, an NCCL receive or device copy, and the import,
+  // which waits for this worker's step in progress).
   std::vector<PullTotals> TakeChangedPullTotals();
 
  private:
@@ -170,6 +172,7 @@ class KvPulls {
     uint64_t seed = 0;            // their hash namespace (Contract 1)
     std::vector<engine::RequestId> waiters;  // later requests holding for this pull
     std::string source;           // the holder's transfer endpoint
+    TimeNs started = 0;           // on the service's clock
     // Receiving by NCCL: the run's blocks, its verified leading run, and the holder.
     uint32_t nccl_received = 0;
     uint32_t nccl_good = 0;
@@ -250,6 +253,7 @@ class KvPulls {
   std::map<uint64_t, uint64_t> nccl_receiving_;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> nccl_sending_;
   KvPullStats stats_;
+  std::map<std::string, PullTotals> totals_;           // by holder: pulls that imported blocks (Load.pulls)
   std::map<std::string, PullTotals> reported_totals_;  // by holder: as the last TakeChangedPullTotals gave them
 };
 

@@ -140,6 +140,7 @@ TEST_CASE("a busy worker still computing a prefix is pulled from once its prefil
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
   RoutingOptions slow;
   slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
+  slow.transfer_measured = true;              // no pair has measured pulls but where a subcase says
   Fixture f(slow);
   for (WorkerId w : {0u, 1u, 2u}) {
     // 64 KiB a block: 10 blocks pull in ~26 ms at the default 0.5 GB/s and 25 ms setup.
@@ -192,7 +193,7 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     CHECK(e->pull.source == "tcp://h2:5559");
     CHECK(e->estimated_ttft_s < 0.05);
   }
-  SUBCASE("a pair's measured pulls price its pull instead of the flags") {
+  SUBCASE("with --transfer-measured, a pair's measured pulls price its pull instead of the flags") {
     // Worker 0's pulls from worker 2 took 0.5 s each (a link far slower than the flags say):
     // worker 1, with no pulls measured, pulls at the flags' price.
     PullFit slow_pair;
@@ -209,6 +210,17 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     REQUIRE(g.ok());
     CHECK(g->worker != 2);
     CHECK(g->pull.source.empty());
+    SUBCASE("without it, every pair is priced by the flags") {
+      RoutingOptions flags_only = slow;
+      flags_only.transfer_measured = false;
+      Fixture h(flags_only);
+      h.loads = f.loads;
+      h.kv.InsertPredicted(2, h.Hashes(), kNsPerSec);
+      auto k = h.router.Route(h.fleet, h.PromptOf(Policy::kKv));
+      REQUIRE(k.ok());
+      CHECK(k->worker != 2);
+      CHECK(k->pull.source == "tcp://h2:5559");
+    }
     SUBCASE("and a fast pair is priced by what it measured, not by the flags' set-up") {
       PullFit fast_pair;
       for (int i = 0; i < 30; ++i) fast_pair.Add(1, 655'360, 0.002);
