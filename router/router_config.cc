@@ -330,6 +330,10 @@ void AddOptions(CLI::App& app, RouterConfig* c) {
   app.add_option("--transfer-setup-ms", c->transfer_setup_ms, "the fixed cost of one pull, added to its bytes' time")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--ttft-calibration,!--no-ttft-calibration", c->routing.calibrate_ttft,
+               "fit the kv cost model's queue, own-prefill and step terms to the first tokens that come "
+               "(router/routing/README.md, \"Calibrating the estimate\"); off: the terms as they are")
+      ->capture_default_str();
   app.add_flag("--transfer-measured,!--no-transfer-measured", c->routing.transfer_measured,
                "price a pull by what that pair's pulls took (the workers' load reports), the transfer flags "
                "being the prior; off: by the flags alone")

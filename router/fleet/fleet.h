@@ -310,6 +310,9 @@ struct ForwardRequest {
   // Picks the worker for a retry, excluding `tried`. Runs on the lane's thread.
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
   std::optional<PrefillStage> prefill;  // set: the prompt is computed elsewhere first
+  // Called on the lane's thread with the first token's delay after the send, when it comes
+  // from `worker` on the first attempt (no retry, no prefill stage). May be empty.
+  std::function<void(double seconds)> on_first_token;
 };
 
 struct ModelFleet {

@@ -201,7 +201,8 @@ void Lane::StartAttempt(uint64_t handle, WorkerId worker) {
   f.attempt_id = attempt;
   f.finished = 0;
   f.failures_at_send = fleet_->Failures(worker, nullptr);
-  f.first_token_deadline = fleet_->clock()->Now() + options_.first_token_timeout;
+  f.sent = fleet_->clock()->Now();
+  f.first_token_deadline = f.sent + options_.first_token_timeout;
   attempts_[attempt] = handle;
   AfterSend(worker);
 }
@@ -405,6 +406,9 @@ void Lane::OnDelta(const WorkerDelta& d) {
   if (!f.first_token && (!d.tokens.empty() || d.finish != FinishReason::kNone)) {
     fleet_->CountInflight(worker, {0, -1, -int64_t{f.prefill_tokens}, -int64_t{f.whole_prompt}});
     f.first_token = true;
+    if (f.request.on_first_token && f.tried.size() == 1 && f.prefill_tried.empty() && !d.tokens.empty()) {
+      f.request.on_first_token(static_cast<double>(fleet_->clock()->Now() - f.sent) / kNsPerSec);
+    }
   }
   std::shared_ptr<ResponseSink> sink = f.request.sink;
   // A request of n sequences ends with the last delta of each (Contract 3).

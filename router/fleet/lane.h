@@ -155,6 +155,7 @@ class Lane {
     uint32_t whole_prompt = 0;    // likewise
     TimeNs deadline = 0;
     TimeNs first_token_deadline = 0;
+    TimeNs sent = 0;  // the attempt's send
   };
   struct Control {
     WorkerId worker = 0;

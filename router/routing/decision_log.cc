@@ -35,6 +35,8 @@ std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, 
                                  {"split", d.split.has_value()},
                                  {"fleet_load", d.route.fleet_load},
                                  {"fleet_rate", fleet_rate}};
+  const TtftCoefficients k = picker.Coefficients();
+  line["ttft_coefficients"] = {{"queue", k.queue}, {"own", k.own}, {"step", k.step}};
   nlohmann::ordered_json& candidates = line["candidates"] = nlohmann::ordered_json::array();
   if (d.candidates != nullptr) {
     for (const Candidate& c : *d.candidates) {

@@ -63,6 +63,12 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   fwd.prefill_tokens = static_cast<uint32_t>(params.tokens.size()) - decision.predicted_cached_tokens;
   fwd.sink = make_sink(Routed{decision.worker, lane, handle, decision.estimated_ttft_s});
   fwd.reroute = router_->Rerouter(decision);
+  if (decision.ttft_terms && !decision.split && decision.pull.source.empty()) {
+    Router* router = router_;
+    fwd.on_first_token = [router, terms = *decision.ttft_terms](double seconds) {
+      router->ObserveFirstToken(terms, seconds);
+    };
+  }
   if (decision.split) {
     // The pull is named once the prefill is done, by the worker that did it (a retry's).
     fwd.prefill = PrefillStage{decision.split->worker,

@@ -97,16 +97,31 @@ double EffectiveRate(const Candidate& c, double fleet_rate) { return std::max(c.
 
 Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
 
+TtftCoefficients Picker::Coefficients() const {
+  return calibration_ != nullptr ? calibration_->coefficients() : TtftCoefficients{};
+}
+
 double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
-  return c.queued_prefill_tokens / EffectiveRate(c, fleet_rate) + c.device_prefill_s + c.admission_wait_s;
+  return Coefficients().queue * c.queued_prefill_tokens / EffectiveRate(c, fleet_rate) + c.device_prefill_s +
+         c.admission_wait_s;
 }
 
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
-  double rate = EffectiveRate(c, fleet_rate);
-  double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
+  const TtftTerms t = Terms(request, c, fleet_rate);
+  const TtftCoefficients k = Coefficients();
   // A pull overlaps the wait for the prefill queued ahead and for admission.
-  const double wait = std::max(QueuedSeconds(c, fleet_rate), c.pull_s);
-  return wait + uncached / rate + c.host_blocks * options_.onboard_s_per_block + DecodeSeconds(c) + c.adapter_load_s;
+  const double wait = std::max(k.queue * t.queue_s + c.device_prefill_s + c.admission_wait_s, c.pull_s);
+  return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;
+}
+
+TtftTerms Picker::Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
+  const double rate = EffectiveRate(c, fleet_rate);
+  TtftTerms t;
+  t.queue_s = c.queued_prefill_tokens / rate;
+  t.own_s = static_cast<double>(request.prompt_tokens - CachedTokens(request, c)) / rate;
+  t.step_s = DecodeSeconds(c);
+  t.rest_s = c.device_prefill_s + c.admission_wait_s + c.host_blocks * options_.onboard_s_per_block + c.adapter_load_s;
+  return t;
 }
 
 double Picker::DecodeSeconds(const Candidate& c) const {

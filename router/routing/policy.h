@@ -19,6 +19,7 @@
 #include <span>
 #include <string_view>
 
+#include "router/routing/ttft_calibration.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "router/core/worker.h"
@@ -119,6 +120,9 @@ struct RoutingOptions {
   // cheaper than the flags' set-up on a mock fleet, and the holder's queue is over-estimated,
   // so pulls escape waits that are not there (README.md, "Pulling a prefix").
   bool transfer_measured = false;
+  // Fit the kv cost model's time to first token to the first tokens that come (its queue,
+  // own-prefill and step terms; ttft_calibration.h), instead of taking its terms at face value.
+  bool calibrate_ttft = true;
   // P/D disaggregation (README.md, "Prefill and decode on different workers"): with prefill
   // workers in the fleet, a request whose prompt has at least this many tokens no
   // decode-capable worker holds is prefilled on a prefill worker and decoded where it is
@@ -235,6 +239,12 @@ class Picker {
   // median reported prefill rate) is a floor under c's own rate, and stands in for it when
   // c reports none (README.md, "prefill rate").
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // EstimateTtft's terms, before the calibration's coefficients; `c` without a pull.
+  TtftTerms Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
+  // Scales EstimateTtft's terms by `calibration`'s coefficients (ttft_calibration.h); null
+  // (the default): by 1. REQUIRES: outlives the Picker; set before routing starts.
+  void SetCalibration(const TtftCalibration* calibration) { calibration_ = calibration; }
+  TtftCoefficients Coefficients() const;
   // How long a pull candidate's worker waits for its pull before computing the prefix itself
   // (README.md, "Pulling a prefix"): twice the predicted pull_s, or the break-even with not
   // pulling, whichever is longer. The request waits for the prefill queued ahead anyway, and
@@ -242,7 +252,8 @@ class Picker {
   // still beats recomputing them on that worker.
   double PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
   // Seconds before a request's prefill starts on `c`: the prefill queued ahead there (at its
-  // rate, at least `fleet_rate`), that of its device mates and its admission wait.
+  // rate, at least `fleet_rate`, times the calibration's queue coefficient), that of its
+  // device mates and its admission wait.
   double QueuedSeconds(const Candidate& c, double fleet_rate) const;
   // Seconds the decodes running on `c` add to a request's first token: its measured step while
   // it runs any (Candidate::step_s), else decode_s_per_running_request each.
@@ -262,6 +273,7 @@ class Picker {
                       double ttft) const;
 
   RoutingOptions options_;
+  const TtftCalibration* calibration_ = nullptr;
   std::atomic<uint64_t> next_{0};
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // GUARDED_BY(rng_mu_)

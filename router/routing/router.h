@@ -90,6 +90,9 @@ struct Decision {
   uint32_t host_blocks = 0;              // further leading blocks on its host tier
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   double estimated_ttft_s = 0;           // predicted time to first token there (every policy)
+  // The estimate's terms for the worker (Picker::Terms), when the request neither pulls nor is
+  // split: the first token checks them (Router::ObserveFirstToken).
+  std::optional<TtftTerms> ttft_terms;
   // Where the worker pulls the prefix it lacks (README.md, "Pulling a prefix"); empty
   // source: it computes what it does not hold.
   PullHint pull;
@@ -132,6 +135,13 @@ class Router {
          RetentionEstimate* retention = nullptr, const Clock* clock = SystemClock::Default());
 
   const RoutingOptions& options() const { return picker_.options(); }
+  // A request decided with `terms` (Decision::ttft_terms) and answered by the worker it was
+  // sent to had its first token `seconds` after it was sent: the estimate's calibration
+  // learns from it (ttft_calibration.h; RoutingOptions::calibrate_ttft). Any thread.
+  void ObserveFirstToken(const TtftTerms& terms, double seconds) {
+    if (options().calibrate_ttft) calibration_.Observe(terms, seconds);
+  }
+  const TtftCalibration& calibration() const { return calibration_; }
   // Every decision from now on is also written to `log` (may be null: none), which must outlive
   // the Router. Call before routing starts.
   void SetDecisionLog(DecisionLog* log) { decision_log_ = log; }
@@ -211,6 +221,7 @@ class Router {
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
 
+  TtftCalibration calibration_;  // before picker_, which reads it
   Picker picker_;
   DecisionLog* decision_log_ = nullptr;
   const WorkerLoads* loads_;

@@ -4,8 +4,9 @@
 # 8 mock workers, on the conversation trace and the Mooncake synthetic trace at two loads.
 #   tests/bench/fleet/transfer_compare.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR [DURATION_S]
 # KVFLEET_TRANSFER_BPS (default 0.5e9): the mock's simulated link (--mock-transfer-bytes-per-s)
-# and the router's assumed bandwidth (--transfer-bytes-per-s), the same. Prints one table per
-# trace and load; JSON under OUT_DIR.
+# and the router's assumed bandwidth (--transfer-bytes-per-s), the same. KVFLEET_TRANSFER_ROUTER_ARGS:
+# more router flags for every fleet (e.g. --no-ttft-calibration). Prints one table per trace and
+# load; JSON under OUT_DIR.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,11 +18,13 @@ fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
 #!/usr/bin/env bash
 exec "$BIN/kvfleet" up --backend mock --workers 8 --http-port $PORT --registration-port $((PORT + 1)) \
   --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs$2" \
-  --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1
+  --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1 $EXTRA
 EOS
   chmod +x "$OUT/fleet$2.sh"
 }
 BPS="${KVFLEET_TRANSFER_BPS:-0.5e9}"
+EXTRA=""
+for a in ${KVFLEET_TRANSFER_ROUTER_ARGS:-}; do EXTRA="$EXTRA --router-arg=$a"; done
 fleet "--router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS" ""
 fleet "--router-arg=--transfer-bytes-per-s=0" "-nopull"
 python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -292,6 +293,60 @@ TEST_CASE("a pair's pull fit: the prior without pulls, the pulls' own time at th
   bad.Add(1, -1, 1);
   bad.Add(1, 1e9, std::nan(""));
   CHECK(bad.pulls() == 0);
+}
+
+TEST_CASE("the TTFT calibration fits the estimate's terms to the first tokens, and the estimate follows") {
+  TtftCalibration cal;
+  // First tokens that come at 0.6 x the queue term, 0.8 x the own prefill, the step, and 9 ms.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int i = 0; i < 199; ++i) {
+    TtftTerms t{0.05 * u(rng), 0.02 * u(rng), 0.01 + 0.01 * u(rng), 0.001};
+    cal.Observe(t, 0.6 * t.queue_s + 0.8 * t.own_s + t.step_s + 0.009 + t.rest_s);
+  }
+  CHECK(cal.coefficients().queue == 1);  // not before kCalibrationMinObservations
+  for (int i = 0; i < 2000; ++i) {
+    TtftTerms t{0.05 * u(rng), 0.02 * u(rng), 0.01 + 0.01 * u(rng), 0.001};
+    cal.Observe(t, 0.6 * t.queue_s + 0.8 * t.own_s + t.step_s + 0.009 + t.rest_s);
+  }
+  CHECK(cal.coefficients().queue == doctest::Approx(0.6).epsilon(0.05));
+  CHECK(cal.coefficients().own == doctest::Approx(0.8).epsilon(0.05));
+  CHECK(cal.coefficients().step == doctest::Approx(1.0).epsilon(0.1));
+  CHECK(cal.intercept() == doctest::Approx(0.009).epsilon(0.2));
+  // Garbage is not taken; a term that never varies stays near 1 (the prior); none leaves its bounds.
+  cal.Observe(TtftTerms{std::nan(""), 0, 0, 0}, 1);
+  cal.Observe(TtftTerms{-1, 0, 0, 0}, 1);
+  TtftCalibration flat;
+  for (int i = 0; i < 2000; ++i) {
+    TtftTerms t{0.05 * u(rng), 0.02 * u(rng), 0.0, 0};
+    flat.Observe(t, 100 * t.queue_s);  // a queue 100x slower than estimated
+  }
+  CHECK(flat.coefficients().queue == config::kMaxCoefficient);
+  CHECK(flat.coefficients().step == doctest::Approx(1.0));
+
+  // The router's estimate uses the coefficients; --no-ttft-calibration leaves them at 1.
+  testing::Fixture f;
+  OwnLoadCounts queued;
+  queued.requests = 1;
+  queued.prefill_tokens = 800;  // 100 ms at the default 8,000 tokens/s
+  for (WorkerId w : {0u, 1u, 2u}) f.loads.own[w] = queued;
+  auto before = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(before.ok());
+  REQUIRE(before->ttft_terms);
+  CHECK(before->ttft_terms->queue_s == doctest::Approx(0.1));
+  for (int i = 0; i < 2000; ++i) {
+    TtftTerms t{0.05 * u(rng), 0.02 * u(rng), 0, 0};
+    f.router.ObserveFirstToken(t, 0.5 * t.queue_s + t.own_s);
+  }
+  CHECK(f.router.calibration().coefficients().queue == doctest::Approx(0.5).epsilon(0.05));
+  auto after = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(after.ok());
+  CHECK(after->estimated_ttft_s == doctest::Approx(before->estimated_ttft_s - 0.05).epsilon(0.05));
+  RoutingOptions off;
+  off.calibrate_ttft = false;
+  testing::Fixture g(off);
+  g.router.ObserveFirstToken(TtftTerms{0.1, 0, 0, 0}, 0.01);
+  CHECK(g.router.calibration().observations() == 0);
 }
 
 TEST_CASE("threads routing at once get the decisions one thread gets alone (each has its own scratch)") {
