@@ -106,6 +106,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
           std::shared_ptr<prometheus::Registry> registry)
       : options_(options),
         fleet_(fleet),
+        router_(router),
         dispatcher_(fleet, router, clock, options.unknown_model_grace),
         codecs_(std::move(codecs)),
         clock_(clock),
@@ -282,6 +283,7 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
 
   ApiOptions options_;
   Fleet* fleet_;
+  Router* router_;  // the calibration's coefficients, for /metrics
   Dispatcher dispatcher_;
   const ModelCodecs codecs_;  // each model's tokenizer
   const Clock* clock_;
@@ -421,6 +423,10 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
     if (sent->pull_computing) metrics_.pulls_of_computing.Increment();
   }
   metrics_.predicted.Increment(sent->predicted_cached_tokens);
+  const TtftCoefficients k = router_->calibration().coefficients();
+  metrics_.coefficient_queue.Set(k.queue);
+  metrics_.coefficient_own.Set(k.own);
+  metrics_.coefficient_step.Set(k.step);
 }
 
 Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,

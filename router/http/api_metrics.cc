@@ -103,8 +103,17 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                     .Help("Completions whose client closed the connection before the answer ended; their work on "
                           "the worker is cancelled and they are not in kvfleet_router_requests_total")
                     .Register(r)
-                    .Add({})) {
+                    .Add({})),
+      ttft_coefficient(prometheus::BuildGauge()
+                           .Name("kvfleet_router_ttft_coefficient")
+                           .Help("The kv estimate's coefficient per term (queue, own prefill, step), fitted to the "
+                                 "first tokens that came; 1 until calibrated, and with --no-ttft-calibration")
+                           .Register(r)),
+      coefficient_queue(ttft_coefficient.Add({{"term", "queue"}})),
+      coefficient_own(ttft_coefficient.Add({{"term", "own"}})),
+      coefficient_step(ttft_coefficient.Add({{"term", "step"}})) {
   http::RegisterBuildInfo(r);
+  for (prometheus::Gauge* g : {&coefficient_queue, &coefficient_own, &coefficient_step}) g->Set(1);
 }
 
 void ApiMetrics::CountTokens(const std::string& model, uint32_t prompt, uint32_t generated) {

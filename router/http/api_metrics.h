@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
@@ -44,6 +45,12 @@ struct ApiMetrics {
   prometheus::Counter& pulls_of_computing;  // kvfleet_router_pulls_of_computing_total: of pulls, from a holder still computing
   prometheus::Counter& split;                         // kvfleet_router_split_requests_total: prefilled elsewhere (P/D)
   prometheus::Counter& abandoned;  // kvfleet_router_requests_abandoned_total: the client left before the answer ended
+  // kvfleet_router_ttft_coefficient{term}: the kv estimate's calibrated coefficients
+  // (router/routing/ttft_calibration.h), 1 until calibrated.
+  prometheus::Family<prometheus::Gauge>& ttft_coefficient;
+  prometheus::Gauge& coefficient_queue;
+  prometheus::Gauge& coefficient_own;
+  prometheus::Gauge& coefficient_step;
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);

@@ -482,7 +482,9 @@ TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version,
   REQUIRE(StatusOf(version) == 200);
   CHECK(json::parse(BodyOf(version))["version"].is_string());
   CHECK(StatusOf(Roundtrip(r.port(), "GET", "/health")) == 200);
-  CHECK(StatusOf(Roundtrip(r.port(), "GET", "/metrics")) == 200);
+  const std::string metrics = Roundtrip(r.port(), "GET", "/metrics");
+  CHECK(StatusOf(metrics) == 200);
+  CHECK(metrics.find(R"(kvfleet_router_ttft_coefficient{term="queue"} 1)") != std::string::npos);
 }
 
 TEST_CASE("with --cache-salt-per-key, each API key's requests hash in their own cache namespace") {
