@@ -33,7 +33,6 @@ inline constexpr double kPullFitPriorPulls = 0.1;
 struct PullCost {
   double setup_s = 0;
   double s_per_byte = 0;
-  double pulls = 0;  // the fit's weight in pulls (decayed): 0 means the prior alone
   double Seconds(double bytes) const { return setup_s + bytes * s_per_byte; }
 };
 
@@ -63,7 +62,6 @@ class PullFit {
     const double r1 = nt_ + w * prior.setup_s, r2 = gt_ + w * g0 * g0 * v0;
     const double det = a * d - b * b;
     PullCost out = prior;
-    out.pulls = pulls_;
     if (!(det > 0)) return out;
     double s = (r1 * d - b * r2) / det;
     double v = (a * r2 - b * r1) / det;

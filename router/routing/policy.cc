@@ -93,6 +93,11 @@ uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
 // get no work and so never measure again (README.md, "prefill rate").
 double EffectiveRate(const Candidate& c, double fleet_rate) { return std::max(c.prefill_tokens_per_s, fleet_rate); }
 
+// The wait before a prefill starts on `c`, whose queued prefill takes `queue_s` by its figures.
+double QueueWait(const Candidate& c, double queue_s, const TtftCoefficients& k) {
+  return k.queue * queue_s + c.device_prefill_s + c.admission_wait_s;
+}
+
 }  // namespace
 
 Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
@@ -102,15 +107,14 @@ TtftCoefficients Picker::Coefficients() const {
 }
 
 double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
-  return Coefficients().queue * c.queued_prefill_tokens / EffectiveRate(c, fleet_rate) + c.device_prefill_s +
-         c.admission_wait_s;
+  return QueueWait(c, c.queued_prefill_tokens / EffectiveRate(c, fleet_rate), Coefficients());
 }
 
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const TtftTerms t = Terms(request, c, fleet_rate);
   const TtftCoefficients k = Coefficients();
   // A pull overlaps the wait for the prefill queued ahead and for admission.
-  const double wait = std::max(k.queue * t.queue_s + c.device_prefill_s + c.admission_wait_s, c.pull_s);
+  const double wait = std::max(QueueWait(c, t.queue_s, k), c.pull_s);
   return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;
 }
 

@@ -482,7 +482,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.predicted_cached_tokens = choice->predicted_cached_tokens;
   CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, fleet_rate);
-  if (chosen.pull_blocks == 0) d.ttft_terms = picker_.Terms(d.route, chosen, fleet_rate);
+  if (chosen.pull_blocks == 0 && options().calibrate_ttft) d.ttft_terms = picker_.Terms(d.route, chosen, fleet_rate);
   if (chosen.pull_blocks > 0) {
     if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
       // Past its break-even a pull is better recomputed.

@@ -91,7 +91,7 @@ struct Decision {
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   double estimated_ttft_s = 0;           // predicted time to first token there (every policy)
   // The estimate's terms for the worker (Picker::Terms), when the request neither pulls nor is
-  // split: the first token checks them (Router::ObserveFirstToken).
+  // split and the estimate is calibrated: the first token checks them (Router::ObserveFirstToken).
   std::optional<TtftTerms> ttft_terms;
   // Where the worker pulls the prefix it lacks (README.md, "Pulling a prefix"); empty
   // source: it computes what it does not hold.

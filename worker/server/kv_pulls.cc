@@ -154,12 +154,8 @@ void KvPulls::Poll() {
 
 std::vector<PullTotals> KvPulls::TakeChangedPullTotals() {
   std::vector<PullTotals> changed;
-  for (const auto& [source, t] : totals_) {
-    PullTotals& last = reported_totals_[source];
-    if (last == t) continue;
-    last = t;
-    changed.push_back(t);
-  }
+  for (const std::string& source : changed_totals_) changed.push_back(totals_.at(source));
+  changed_totals_.clear();
   return changed;
 }
 
@@ -403,6 +399,7 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
     t.pulls += 1;
     t.bytes += uint64_t{good} * layout_->BytesPerBlock();
     t.seconds += static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
+    changed_totals_.insert(p.source);
   }
   if (good < p.plan.num_blocks - p.plan.first_block) ++stats_.fallbacks[why];
   engine_->Unhold(p.request);

@@ -171,12 +171,11 @@ class KvPulls {
     std::vector<TokenId> tokens;  // the prompt's hinted blocks
     uint64_t seed = 0;            // their hash namespace (Contract 1)
     std::vector<engine::RequestId> waiters;  // later requests holding for this pull
-    std::string source;           // the holder's transfer endpoint
+    std::string source;           // the holder's transfer endpoint (PullResult::source)
     TimeNs started = 0;           // on the service's clock
-    // Receiving by NCCL: the run's blocks, its verified leading run, and the holder.
+    // Receiving by NCCL: the run's blocks and its verified leading run.
     uint32_t nccl_received = 0;
     uint32_t nccl_good = 0;
-    std::string nccl_source;
   };
   // Holder: a run pinned for an NCCL answer, sent once the answer has left.
   struct NcclHeld {
@@ -253,8 +252,8 @@ class KvPulls {
   std::map<uint64_t, uint64_t> nccl_receiving_;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> nccl_sending_;
   KvPullStats stats_;
-  std::map<std::string, PullTotals> totals_;           // by holder: pulls that imported blocks (Load.pulls)
-  std::map<std::string, PullTotals> reported_totals_;  // by holder: as the last TakeChangedPullTotals gave them
+  std::map<std::string, PullTotals> totals_;  // by holder: pulls that imported blocks (Load.pulls)
+  std::set<std::string> changed_totals_;      // holders whose totals changed since TakeChangedPullTotals
 };
 
 }  // namespace kvfleet::server

@@ -102,8 +102,7 @@ bool KvPulls::ReceiveNccl(Pending& p, const transfer::PullResult& result) {
   const uint32_t received = static_cast<uint32_t>(run.blocks.size());
   p.nccl_received = received;
   p.nccl_good = CountGood(p, result, received);
-  p.nccl_source = result.source;
-  TouchNcclPeer(result.source);
+  TouchNcclPeer(p.source);
   // Every block of the run is received (the holder sends them all), into the blocks allocated
   // for the chain: the ones past a token mismatch are not imported.
   backend::KvNccl::Transfer t;
@@ -157,7 +156,7 @@ void KvPulls::PollNccl() {
     if (d.status.ok()) {
       good = p.nccl_good;
       ++stats_.nccl_pulls;
-      service_->RecordNcclCopy(p.nccl_source, d.bytes, d.seconds);
+      service_->RecordNcclCopy(p.source, d.bytes, d.seconds);
       if (good < p.nccl_received) why = "token_mismatch";
     } else {
       Logger("transfer")->warn("pull {}: the NCCL receive failed: {}; its prefix is computed", transfer_id,

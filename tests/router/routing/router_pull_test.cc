@@ -138,6 +138,13 @@ TEST_CASE("a busy worker still computing a prefix is pulled from once its prefil
   }
 }
 
+// A pair's fit after 30 pulls of the test's 10-block run (640 KiB), each taking `seconds`.
+PullFit PullsOfTheRun(double seconds) {
+  PullFit fit;
+  for (int i = 0; i < 30; ++i) fit.Add(1, 655'360, seconds);
+  return fit;
+}
+
 TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recomputed or queued for") {
   RoutingOptions slow;
   slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
@@ -197,8 +204,7 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   SUBCASE("with --transfer-measured, a pair's measured pulls price its pull instead of the flags") {
     // Worker 0's pulls from worker 2 took 0.5 s each (a link far slower than the flags say):
     // worker 1, with no pulls measured, pulls at the flags' price.
-    PullFit slow_pair;
-    for (int i = 0; i < 30; ++i) slow_pair.Add(1, 655'360, 0.5);
+    const PullFit slow_pair = PullsOfTheRun(0.5);
     f.loads.measured[{0, "tcp://h2:5559"}] = slow_pair;
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
     REQUIRE(e.ok());
@@ -223,9 +229,7 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
       CHECK(k->pull.source == "tcp://h2:5559");
     }
     SUBCASE("and a fast pair is priced by what it measured, not by the flags' set-up") {
-      PullFit fast_pair;
-      for (int i = 0; i < 30; ++i) fast_pair.Add(1, 655'360, 0.002);
-      f.loads.measured[{0, "tcp://h2:5559"}] = fast_pair;
+      f.loads.measured[{0, "tcp://h2:5559"}] = PullsOfTheRun(0.002);
       auto h = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
       REQUIRE(h.ok());
       CHECK(h->worker == 0);
