@@ -1,6 +1,7 @@
 #include "cli/bench/fleet_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,12 +18,16 @@ namespace kvfleet::bench {
 namespace {
 // How often WaitReady() asks /ready, and how often Stop() checks that the group exited.
 constexpr auto kPollPeriod = std::chrono::milliseconds(200);
+constexpr auto kStopPollPeriod = std::chrono::milliseconds(20);
 }  // namespace
 
 FleetProcess::~FleetProcess() { Stop(); }
 
 Status FleetProcess::Start(const std::string& command) {
   if (pid_ > 0) return FailedPrecondition("fleet already running");
+  // Orphans of the command's shell (it may exit first when stopped) are reparented here, so
+  // Stop() can wait for them and reap them.
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return Internal("cannot become a child subreaper (prctl)");
   pid_t pid = fork();
   if (pid < 0) return Internal("fork failed");
   if (pid == 0) {
@@ -76,20 +81,23 @@ Result<int> RoutableWorkers(const std::string& router_url) {
 void FleetProcess::Stop(double grace_s) {
   if (pid_ <= 0) return;
   kill(-pid_, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
-  int wstatus = 0;
-  while (waitpid(pid_, &wstatus, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(-pid_, SIGKILL);
-      waitpid(pid_, &wstatus, 0);
-      break;
+  // Reaps what has exited of the group (its members are this process's children or, once
+  // the shell is gone, its orphans) and says whether any member is left.
+  auto group_left = [this] {
+    int wstatus = 0;
+    while (waitpid(-pid_, &wstatus, WNOHANG) > 0) {
     }
-    std::this_thread::sleep_for(kPollPeriod);
-  }
-  // The shell may be gone while its children linger: make sure the group is.
-  if (kill(-pid_, 0) == 0) {
-    std::this_thread::sleep_for(kPollPeriod);
+    return kill(-pid_, 0) == 0;
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+  while (group_left() && Clock::now() < deadline) std::this_thread::sleep_for(kStopPollPeriod);
+  if (group_left()) {
     kill(-pid_, SIGKILL);
+    // A member that is not this process's to reap (another reaper took it) stays a zombie
+    // and would answer kill(0) for good: give up waiting after a second.
+    const auto killed_by = Clock::now() + std::chrono::seconds(1);
+    while (group_left() && Clock::now() < killed_by) std::this_thread::sleep_for(kStopPollPeriod);
   }
   pid_ = -1;
 }

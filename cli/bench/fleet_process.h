@@ -2,8 +2,11 @@
 // after it, so that every policy starts from empty KV caches.
 //
 // CMD runs under /bin/sh in its own process group; Stop() signals the whole group
-// (SIGTERM, then SIGKILL after a grace period), so a `kvfleet up` and everything it
-// started go down together.
+// (SIGTERM, then SIGKILL after a grace period) and returns once every process of the group
+// is gone, so a `kvfleet up` and everything it started go down together, and the next
+// fleet never starts beside the last one's workers still shutting down on the same ports.
+// The shell may exit at the signal before what it started; this process is a child
+// subreaper (PR_SET_CHILD_SUBREAPER, from Start), so those orphans are its to reap.
 //
 // Thread safety: thread-compatible; owned by the bench command.
 #pragma once
@@ -31,7 +34,8 @@ class FleetProcess {
   // that many routable workers; an error when the process exits or timeout_s passes first (a
   // fleet that lost workers at start would otherwise be measured as if whole).
   Status WaitReady(const std::string& router_url, double timeout_s, int workers = 0);
-  // Stops the process group; waits at most grace_s before SIGKILL. Idempotent.
+  // Stops the process group: SIGTERM, then SIGKILL to whatever is left of it after grace_s;
+  // returns when the group is gone (or 1 s after the SIGKILL). Idempotent.
   void Stop(double grace_s = 10);
   bool running() const { return pid_ > 0; }
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "router/fleet/membership.h"
 #include "schema/limits.h"
 
 namespace kvfleet::router {
@@ -190,7 +191,7 @@ void Registration::Drain(const std::function<void(const ToRouterMessage&, const 
       peer.identity = key != nullptr ? key : "";
       peer.authenticated = !peer.identity.empty();
     } else {
-      peer.identity = identity.to_string();
+      peer.identity = PeerOfRoutingId(identity.to_string_view());
     }
     on_message(*decoded, peer);
   }

@@ -474,12 +474,16 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message, const Registratio
   Status admitted = hello != nullptr ? membership_.AdmitHello(*hello, peer, clock_->Now())
                                      : membership_.AdmitBye(std::get<WorkerBye>(message), peer);
   if (!admitted.ok()) {
+    // A Bye of a run its replacement has already replaced: a restart's ordinary overlap.
+    const bool stale = admitted.code() == StatusCode::kNotFound;
     if (refused_family_ != nullptr) {
-      refused_family_->Add({{"reason", hello != nullptr ? "hello-not-owner" : "bye-not-owner"}}).Increment();
+      refused_family_->Add({{"reason", hello != nullptr ? "hello-not-owner" : stale ? "bye-stale" : "bye-not-owner"}})
+          .Increment();
     }
     uint64_t suppressed = 0;
     if (registration_log_.Allow(&suppressed)) {
-      Logger("fleet")->warn("registration: refused: {} ({} more suppressed)", admitted.message(), suppressed);
+      Logger("fleet")->log(stale ? spdlog::level::info : spdlog::level::warn, "registration: refused: {} ({} more suppressed)",
+                           admitted.message(), suppressed);
     }
     return;
   }

@@ -1,5 +1,6 @@
 #include "router/fleet/membership.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace kvfleet::router {
@@ -27,6 +28,7 @@ Status Membership::AdmitHello(const WorkerHello& hello, const RegistrationPeer& 
   Claim& claim = claims_[hello.name];
   claim.identity = peer.identity;
   claim.last_hello = now;
+  claim.epoch = hello.epoch;
   for (int i = 0; i < 3; ++i) {
     claim.endpoints[i] = endpoints[i];
     if (!endpoints[i].empty()) endpoints_[endpoints[i]] = hello.name;
@@ -40,8 +42,24 @@ Status Membership::AdmitBye(const WorkerBye& bye, const RegistrationPeer& peer) 
   if (held->second.identity != peer.identity) {
     return FailedPrecondition("bye for worker '" + bye.name + "' from a peer other than the one that registered it");
   }
+  if (bye.epoch != 0 && held->second.epoch != 0 && bye.epoch != held->second.epoch) {
+    return NotFound("bye from an earlier run of worker '" + bye.name + "', which has registered again");
+  }
   Drop(bye.name);
   return Status::Ok();
+}
+
+std::string PeerOfRoutingId(std::string_view routing_id) {
+  constexpr size_t kEpochDigits = 16;
+  if (routing_id.size() > kEpochDigits + 1) {
+    const size_t hash = routing_id.size() - kEpochDigits - 1;
+    const std::string_view digits = routing_id.substr(hash + 1);
+    const bool hex = std::all_of(digits.begin(), digits.end(), [](char c) {
+      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+    });
+    if (routing_id[hash] == '#' && hex) return std::string(routing_id.substr(0, hash));
+  }
+  return std::string(routing_id);
 }
 
 void Membership::Prune(TimeNs now) {

@@ -1,5 +1,7 @@
 #include "worker/server/registration.h"
 
+#include <cstdio>
+
 #include "common/log.h"
 #include "schema/limits.h"
 
@@ -10,19 +12,32 @@ namespace config {
 constexpr int kByeLingerMs = 500;
 // Hellos queued while the router is unreachable: the newest says it all, so keep few.
 constexpr int kSendHighWaterMark = 4;
+constexpr size_t kMaxRoutingIdBytes = 255;
 }  // namespace config
+
+std::string RegistrationRoutingId(const std::string& name, uint64_t epoch) {
+  char suffix[18];
+  std::snprintf(suffix, sizeof(suffix), "#%016llx", static_cast<unsigned long long>(epoch));
+  return name + suffix;
+}
 
 Registration::Registration(zmq::context_t& context, const RegistrationOptions& options, const WorkerHello& info)
     : options_(options), hello_(EncodeHello(info)), bye_(EncodeBye(WorkerBye{info.name, info.epoch})), socket_(context, zmq::socket_type::dealer) {}
 
 Result<std::unique_ptr<Registration>> Registration::Start(zmq::context_t& context, const RegistrationOptions& options,
                                                           const WorkerHello& info) {
+  // ZMQ routing ids are 1..255 bytes.
+  if (info.name.empty() || RegistrationRoutingId(info.name, info.epoch).size() > config::kMaxRoutingIdBytes) {
+    return InvalidArgument("worker id " + EscapeForLog(info.name, 64) + " is " + std::to_string(info.name.size()) +
+                           " bytes; registration takes 1 to " +
+                           std::to_string(config::kMaxRoutingIdBytes - RegistrationRoutingId("", 0).size()));
+  }
   std::unique_ptr<Registration> r(new Registration(context, options, info));
   try {
     r->socket_.set(zmq::sockopt::sndhwm, config::kSendHighWaterMark);
     r->socket_.set(zmq::sockopt::linger, config::kByeLingerMs);
     r->socket_.set(zmq::sockopt::maxmsgsize, wire::limits::kMaxRegistrationReplyBytes);
-    r->socket_.set(zmq::sockopt::routing_id, info.name);
+    r->socket_.set(zmq::sockopt::routing_id, RegistrationRoutingId(info.name, info.epoch));
     if (!options.router_public_key.empty()) {
       KVF_RETURN_IF_ERROR(MakeCurveClient(r->socket_, options.keys, options.router_public_key));
     }

@@ -4,6 +4,10 @@
 //
 // A DEALER socket connects to the router's registration ROUTER; ZMQ reconnects by
 // itself, so a router that is down when the worker starts is found when it comes up.
+// Its routing id is the worker's id and this run's epoch (RegistrationRoutingId): unique to
+// the process, so a run that is still going (its Bye lingering in the socket) and the run
+// that replaced it are two connections to the router, never one id that the router's
+// handover would give to the later connection while the earlier one stays open and unread.
 //
 // Thread safety: thread-safe. One background thread owns the socket.
 #pragma once
@@ -26,6 +30,10 @@
 namespace kvfleet::server {
 
 // The Hello and Bye frames are schema/registration.h's EncodeHello / EncodeBye.
+
+// "<worker id>#<epoch as 16 hex digits>": the registration socket's routing id. A router
+// without CURVE takes the id before the '#' as the peer (router/fleet/membership.h).
+std::string RegistrationRoutingId(const std::string& name, uint64_t epoch);
 
 struct RegistrationOptions {
   std::string router_endpoint;  // tcp://host:5555

@@ -6,7 +6,7 @@
 # KVFLEET_TRANSFER_BPS (default 0.5e9): the mock's simulated link (--mock-transfer-bytes-per-s)
 # and the router's assumed bandwidth (--transfer-bytes-per-s), the same. KVFLEET_TRANSFER_ROUTER_ARGS:
 # more router flags for every fleet (e.g. --no-ttft-calibration). Prints one table per trace and
-# load; JSON under OUT_DIR.
+# load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,7 +17,7 @@ fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
   cat >"$OUT/fleet$2.sh" <<EOS
 #!/usr/bin/env bash
 exec "$BIN/kvfleet" up --backend mock --workers 8 --http-port $PORT --registration-port $((PORT + 1)) \
-  --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs$2" \
+  --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs$2/\$(date +%s%N)" \
   --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1 $EXTRA
 EOS
   chmod +x "$OUT/fleet$2.sh"

@@ -13,6 +13,7 @@
 #include "router/fleet/membership.h"
 #include "tests/router/fake_worker.h"
 #include "tests/router/fleet/mock_worker_config.h"
+#include "worker/server/registration.h"
 #include "worker/server/worker.h"
 
 namespace kvfleet::router {
@@ -89,6 +90,42 @@ TEST_CASE("Membership: a Bye counts only from the peer that registered the worke
   CHECK(members.AdmitHello(HelloFor("w1", "m", "tcp://h:1"), other, 1).ok());
 }
 
+TEST_CASE("Membership: a Bye ends only the run that registered") {
+  Membership members(10 * kNsPerSec);
+  const RegistrationPeer owner{"w1", false};
+  WorkerHello hello = HelloFor("w1", "m", "tcp://h:1");
+  hello.epoch = 2;
+  REQUIRE(members.AdmitHello(hello, owner, 0).ok());
+  // The run before it, still shutting down: refused as stale, the claim kept.
+  const Status stale = members.AdmitBye({"w1", 1}, owner);
+  CHECK(stale.code() == StatusCode::kNotFound);
+  CHECK(members.claims() == 1);
+  CHECK(members.AdmitBye({"w1", 2}, owner).ok());
+  CHECK(members.claims() == 0);
+  // A Bye without an epoch (0) ends whichever run holds the claim.
+  REQUIRE(members.AdmitHello(hello, owner, 1).ok());
+  CHECK(members.AdmitBye({"w1", 0}, owner).ok());
+}
+
+TEST_CASE("a registration routing id names its worker before the run's epoch") {
+  const std::string id = server::RegistrationRoutingId("worker-7", 0x1234abcdULL);
+  CHECK(id == "worker-7#000000001234abcd");
+  CHECK(PeerOfRoutingId(id) == "worker-7");
+  CHECK(PeerOfRoutingId("worker-7") == "worker-7");  // a worker that sets no epoch
+  CHECK(PeerOfRoutingId("a#b#000000001234abcd") == "a#b");
+  CHECK(PeerOfRoutingId("w#000000001234ABCD") == "w#000000001234ABCD");  // not ours: kept whole
+  CHECK(PeerOfRoutingId("w#00000001234abcd") == "w#00000001234abcd");    // 15 digits
+  CHECK(PeerOfRoutingId("#000000001234abcd") == "#000000001234abcd");    // no id before it
+  // A ZMQ routing id is at most 255 bytes: a worker id too long for one is refused, named.
+  zmq::context_t context;
+  server::RegistrationOptions ro;
+  ro.router_endpoint = "tcp://127.0.0.1:1";
+  CHECK(server::Registration::Start(context, ro, HelloFor(std::string(238, 'w'), "m", "tcp://h:1")).ok());
+  auto long_id = server::Registration::Start(context, ro, HelloFor(std::string(239, 'w'), "m", "tcp://h:1"));
+  REQUIRE_FALSE(long_id.ok());
+  CHECK(long_id.status().message().find("registration takes 1 to 238") != std::string::npos);
+}
+
 TEST_CASE("Membership: lapsed claims are forgotten") {
   Membership members(1 * kNsPerSec);
   for (int i = 0; i < 100; ++i) {
@@ -122,6 +159,47 @@ TEST_CASE("the fleet refuses a Hello or Bye from a peer that does not own the wo
   REQUIRE(WaitFor([&] { return Refusals(registry, "bye-not-owner") == 1; }));
   CHECK(Routable(*fleet, "m"));
   FakeWorker::Register(reg, EncodeBye({"w1", 0}));
+  CHECK(WaitFor([&] { return !Routable(*fleet, "m"); }));
+  fleet->Stop();
+}
+
+// A restart's overlap: the run being replaced still has its Bye in its socket (the Bye's
+// linger) when its replacement, the same worker id, registers. Each run is its own connection
+// (its routing id carries its epoch): the old Bye is refused as stale, and the new run's
+// Hellos keep arriving. With one routing id for both, the router's handover gave the id to
+// the later connection and left the new run's open but unread, so it never registered.
+TEST_CASE("a worker's earlier run saying Bye does not cut off the run that replaced it") {
+  FakeWorker target;
+  prometheus::Registry registry;
+  FleetOptions o;
+  o.registration_endpoint = "tcp://127.0.0.1:*";
+  auto fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), &registry)).value();
+  server::RegistrationOptions ro;
+  ro.router_endpoint = fleet->registration_endpoint();
+  ro.interval = 50 * kNsPerMs;
+  zmq::context_t context;
+  WorkerHello now = HelloFor("w1", "m", target.endpoint());
+  now.epoch = 2;
+  auto run = std::move(server::Registration::Start(context, ro, now)).value();
+  REQUIRE(WaitFor([&] { return Routable(*fleet, "m"); }));
+
+  {  // The earlier run: connected under its own routing id, its Bye the last thing it sends.
+    zmq::socket_t earlier(context, zmq::socket_type::dealer);
+    earlier.set(zmq::sockopt::linger, 500);
+    earlier.set(zmq::sockopt::routing_id, server::RegistrationRoutingId("w1", 1));
+    earlier.connect(ro.router_endpoint);
+    earlier.send(zmq::buffer(EncodeBye({"w1", 1})), zmq::send_flags::none);
+  }
+  REQUIRE(WaitFor([&] { return Refusals(registry, "bye-stale") == 1; }));
+  CHECK(Routable(*fleet, "m"));
+  // The run in service is still heard: a changed Hello reaches the fleet.
+  now.max_context = 4096;
+  run->Update(now, true);
+  CHECK(WaitFor([&] {
+    const std::vector<WorkerStatus> workers = fleet->Workers();
+    return workers.size() == 1 && workers[0].info.max_context == 4096;
+  }));
+  run->Stop(true);
   CHECK(WaitFor([&] { return !Routable(*fleet, "m"); }));
   fleet->Stop();
 }
