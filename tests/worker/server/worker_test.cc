@@ -101,16 +101,16 @@ TEST_CASE("concurrent clients, registration and events against an in-process wor
   for (auto& t : clients) t.join();
   CHECK(completed.load() == kClients * kRequests);
 
-  // Hello arrived (routing id = the worker id), with the worker's facts.
+  // Hello arrived (routing id = the worker id and this run's epoch), with the worker's facts.
   zmq::pollitem_t item{static_cast<void*>(registry), 0, ZMQ_POLLIN, 0};
   REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(5000)) == 1);
   zmq::message_t identity, frame;
   (void)registry.recv(identity, zmq::recv_flags::none);
   (void)registry.recv(frame, zmq::recv_flags::none);
-  CHECK(identity.to_string() == worker->worker_id());
   auto hello_msg = wire::Decode<schema::ToRouter>(frame.data(), frame.size());
   REQUIRE(hello_msg.ok());
   auto hello = (*hello_msg)->Root<schema::ToRouter>().getHello();
+  CHECK(identity.to_string() == server::RegistrationRoutingId(worker->worker_id(), hello.getEpoch()));
   CHECK(std::string(hello.getModel().cStr()) == "mock-8b");
   CHECK(hello.getBlockSize() == 16);
   CHECK(hello.getTiers()[0].getTotalBlocks() == 128);
