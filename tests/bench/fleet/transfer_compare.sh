@@ -5,7 +5,8 @@
 #   tests/bench/fleet/transfer_compare.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR [DURATION_S]
 # KVFLEET_TRANSFER_BPS (default 0.5e9): the mock's simulated link (--mock-transfer-bytes-per-s)
 # and the router's assumed bandwidth (--transfer-bytes-per-s), the same. KVFLEET_TRANSFER_ROUTER_ARGS:
-# more router flags for every fleet (e.g. --no-ttft-calibration). Prints one table per trace and
+# more router flags for every fleet (e.g. --no-ttft-calibration). KVFLEET_CONV_SEED (default 1): the
+# conversation trace's seed. Prints one table per trace and
 # load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
@@ -27,7 +28,7 @@ EXTRA=""
 for a in ${KVFLEET_TRANSFER_ROUTER_ARGS:-}; do EXTRA="$EXTRA --router-arg=$a"; done
 fleet "--router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS" ""
 fleet "--router-arg=--transfer-bytes-per-s=0" "-nopull"
-python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"
+python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed "${KVFLEET_CONV_SEED:-1}" >"$OUT/conv40.jsonl"
 run() {  # name trace scale
   echo "== $1 (time scale $3); uptime: $(uptime)"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
