@@ -2,6 +2,7 @@
 // forged Hellos and Byes, CURVE on the registration socket admitting only listed worker
 // keys, and an unauthenticated registration socket kept off other hosts.
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include <doctest/doctest.h>
@@ -45,6 +46,13 @@ double Refusals(prometheus::Registry& registry, const std::string& reason) {
     }
   }
   return 0;
+}
+
+// A fleet taking registrations on a loopback port, counting into `registry`.
+std::unique_ptr<Fleet> RegistrationFleet(prometheus::Registry& registry) {
+  FleetOptions o;
+  o.registration_endpoint = "tcp://127.0.0.1:*";
+  return std::move(Fleet::Start(o, nullptr, SystemClock::Default(), &registry)).value();
 }
 
 bool Routable(Fleet& fleet, const std::string& model) {
@@ -140,9 +148,7 @@ TEST_CASE("Membership: lapsed claims are forgotten") {
 TEST_CASE("the fleet refuses a Hello or Bye from a peer that does not own the worker it names") {
   FakeWorker victim;
   prometheus::Registry registry;
-  FleetOptions o;
-  o.registration_endpoint = "tcp://127.0.0.1:*";
-  auto fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), &registry)).value();
+  auto fleet = RegistrationFleet(registry);
   const std::string reg = fleet->registration_endpoint();
   FakeWorker::Register(reg, EncodeHello(HelloFor("w1", "m", victim.endpoint())));
   REQUIRE(WaitFor([&] { return Routable(*fleet, "m"); }));
@@ -171,9 +177,7 @@ TEST_CASE("the fleet refuses a Hello or Bye from a peer that does not own the wo
 TEST_CASE("a worker's earlier run saying Bye does not cut off the run that replaced it") {
   FakeWorker target;
   prometheus::Registry registry;
-  FleetOptions o;
-  o.registration_endpoint = "tcp://127.0.0.1:*";
-  auto fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), &registry)).value();
+  auto fleet = RegistrationFleet(registry);
   server::RegistrationOptions ro;
   ro.router_endpoint = fleet->registration_endpoint();
   ro.interval = 50 * kNsPerMs;
