@@ -90,7 +90,8 @@ void FleetProcess::Stop(double grace_s) {
     return kill(-pid_, 0) == 0;
   };
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
   while (group_left() && Clock::now() < deadline) std::this_thread::sleep_for(kStopPollPeriod);
   if (group_left()) {
     kill(-pid_, SIGKILL);

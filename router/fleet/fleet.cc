@@ -482,8 +482,8 @@ void FleetImpl::OnRegistration(const ToRouterMessage& message, const Registratio
     }
     uint64_t suppressed = 0;
     if (registration_log_.Allow(&suppressed)) {
-      Logger("fleet")->log(stale ? spdlog::level::info : spdlog::level::warn, "registration: refused: {} ({} more suppressed)",
-                           admitted.message(), suppressed);
+      Logger("fleet")->log(stale ? spdlog::level::info : spdlog::level::warn,
+                           "registration: refused: {} ({} more suppressed)", admitted.message(), suppressed);
     }
     return;
   }
