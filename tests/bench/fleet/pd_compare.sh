@@ -9,7 +9,8 @@
 # pd_goodput.py's table (goodput at a TTFT and an ITL SLO) over the rows' request lines.
 # KVFLEET_PD_ARGS: more `kvfleet up` args for the split fleet only (e.g.
 # "--worker-arg=--decode-step-cap=1.4"), to compare decode-role settings against one colocated row;
-# KVFLEET_PD_PREFILL: its prefill workers of the 8 (default 3).
+# KVFLEET_PD_PREFILL: its prefill workers of the 8 (default 3). KVFLEET_PD_ROUTER_ARGS: router flags
+# for both fleets (e.g. "--admission-ttft-s=1", the TTFT SLO as the router's admission bound).
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"; WHICH="${5:-both}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,10 +23,12 @@ fleet() {  # name, extra `kvfleet up` args: fleet-NAME.sh for `kvfleet bench --f
 exec "$BIN/kvfleet" up --backend mock --workers 8 $2 --http-port $PORT --registration-port $((PORT + 1)) \
   --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs-$1" \
   --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" \
-  --router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS
+  --router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS $ROUTER_ARGS
 EOS
   chmod +x "$OUT/fleet-$1.sh"
 }
+ROUTER_ARGS=""
+for a in ${KVFLEET_PD_ROUTER_ARGS:-}; do ROUTER_ARGS="$ROUTER_ARGS --router-arg=$a"; done
 fleet colocated ""
 fleet pd "--prefill-workers ${KVFLEET_PD_PREFILL:-3} ${KVFLEET_PD_ARGS:-}"
 run() {  # name trace scale

@@ -141,13 +141,13 @@ TEST_CASE("static workers that describe themselves are known by their own id, bl
   b.set_described(Described("gpu-b", "llama", 16, 65536));
   RecordingSignals signals;
   auto fleet = StaticFleetOf({a.endpoint(), b.endpoint()}, &signals);
-  // Both are accepted with block size 16: the flags' 32 is a guess that refuses nobody.
+  // Both are accepted with block size 16: the flags' 32 is a guess that refuses nobody. (The
+  // model's figures are already b's while a's answer is on its way: wait for both names.)
   REQUIRE(WaitFor([&] {
     auto m = fleet->FindModel("llama");
-    return m && m->routable.size() == 2 && m->block_size == 16 && m->max_context == 65536;
+    return m && m->routable.size() == 2 && m->block_size == 16 && m->max_context == 65536 &&
+           fleet->WorkerName(0) == "gpu-a" && fleet->WorkerName(1) == "gpu-b";
   }));
-  CHECK(fleet->WorkerName(0) == "gpu-a");
-  CHECK(fleet->WorkerName(1) == "gpu-b");
   const std::vector<WorkerStatus> workers = fleet->Workers();
   REQUIRE(workers.size() == 2);
   const WorkerHello& info = workers[0].info;
