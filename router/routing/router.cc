@@ -445,18 +445,27 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                                     "--max-waiting-requests)"),
                   "queue_full", retry_after);
   }
-  if (by_cost && !prompt.whole && prompt.constrained_field.empty() && !prefill_pool.empty() && TrySplit(prefill_pool, decode_pool, best, &d)) {
+  // A split prefills the prompt on a prefill worker (TrySplit's conditions below).
+  const bool may_split = by_cost && !prompt.whole && prompt.constrained_field.empty() && !prefill_pool.empty();
+  if (may_split && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
                     static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
     if (decision_log_ != nullptr) decision_log_->Write(d, now, fleet_rate, picker_);
     return d;
   }
   if (admitted->empty()) {
-    // Would an idle worker serve it in time? Its own prefill alone, on the fastest.
+    // Would an idle fleet serve it in time? Its own prefill alone, on the fastest worker, or
+    // split where it may be: on a prefill worker, then pulled (a decode worker computes
+    // prompts slowly beside its decodes, so its own figure alone would call a busy prefill
+    // pool's request impossible).
     double alone = best;
     for (Candidate c : candidates) {
       c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
       alone = std::min(alone, picker_.EstimateTtft(d.route, c, fleet_rate));
+    }
+    if (may_split) {
+      alone = std::min(alone, IdleSplitTtft(prefill_pool, decode_pool, d.route,
+                                            static_cast<uint32_t>(d.hashes.size())));
     }
     if (alone > bound) {
       return refuse(Unavailable("no worker of model '" + std::string(prompt.model) + "' can give the first token of " +

@@ -207,6 +207,13 @@ class Router {
   // token routed whole (the decode pool's best prediction). False: route it whole.
   bool TrySplit(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool, double whole_ttft_s,
                 Decision* d);
+  // The soonest first token a split of `route` could give on an idle fleet (split.cc): the
+  // quickest prefill worker serving pulls computing the prompt (its cached prefix counted), then
+  // the cheapest pull of its `full_blocks` to a decode worker of its KV format and that worker's
+  // part. Infinity when none can. For telling a busy fleet from an impossible request (Route's
+  // admission): not a decision.
+  double IdleSplitTtft(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
+                       const RouteRequest& route, uint32_t full_blocks) const;
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> MakeRerouter(
       Policy policy, const RouteRequest& route, uint64_t lora_id,
       std::shared_ptr<const std::vector<Candidate>> candidates);

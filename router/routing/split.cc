@@ -1,6 +1,7 @@
 // Router: P/D disaggregation, the split of one request's prefill from its decode (README.md,
 // "Prefill and decode on different workers").
 #include <algorithm>
+#include <limits>
 
 #include "router/routing/router.h"
 
@@ -97,6 +98,43 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
                           std::move(prefill_admitted)};
   d->candidates = std::move(decode_admitted);
   return true;
+}
+
+namespace {
+Candidate Idle(Candidate c) {
+  c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
+  return c;
+}
+}  // namespace
+
+double Router::IdleSplitTtft(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
+                             const RouteRequest& route, uint32_t full_blocks) const {
+  double best = std::numeric_limits<double>::infinity();
+  const Candidate* pre = nullptr;
+  std::shared_ptr<const TransferPeer> from;
+  const double prefill_rate = picker_.FleetRate(prefill_pool);
+  for (const Candidate& c : prefill_pool) {
+    std::shared_ptr<const TransferPeer> peer = loads_->Transfer(c.worker);
+    if (!peer || peer->bytes_per_block == 0) continue;
+    const double ttft = picker_.EstimateTtft(route, Idle(c), prefill_rate);
+    if (ttft < best) {
+      best = ttft;
+      pre = &c;
+      from = std::move(peer);
+    }
+  }
+  if (pre == nullptr) return best;
+  const double decode_rate = picker_.FleetRate(decode_pool);
+  double part = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : decode_pool) {
+    std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
+    if (!to || to->format != from->format) continue;
+    const uint32_t have = c.device_blocks + c.host_blocks;
+    const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
+    const Candidate pulled = have < full_blocks ? WithPull(c, pre->worker, *from, same_host, full_blocks - have) : c;
+    part = std::min(part, picker_.EstimateTtft(route, Idle(pulled), decode_rate));
+  }
+  return best + part;
 }
 
 std::function<Result<WorkerId>(std::span<const WorkerId> tried)> Router::PrefillRerouter(const Decision& decision) {

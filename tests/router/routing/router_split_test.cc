@@ -153,6 +153,29 @@ TEST_CASE("a split needs a pull cheaper than the prefill it saves, and KV format
   }
 }
 
+TEST_CASE("admission with a prefill pool: a request a busy prefill pool could serve later is 429, not 503") {
+  RoutingOptions o = SplitAt(16);
+  o.admission_ttft_s = 0.035;
+  Fixture f(o);
+  PrefillAndDecode(f);
+  WorkerLoad fast;
+  fast.prefill_tokens_per_second = 10'000;  // the 40-token prompt: 4 ms on the prefill worker
+  fast.active_prefill_tokens = 400;         // 40 ms queued there
+  f.loads.reported[0] = fast;
+  // Whole, an idle decode worker takes 40 ms (the 1,000 tokens/s prior); split on an idle fleet,
+  // 4 ms of prefill and a ~25 ms pull. The fleet is busy, not the request impossible.
+  Refusal why;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv), &why);
+  CHECK(d.status().code() == StatusCode::kResourceExhausted);
+  CHECK(why.reason == "predicted_ttft");
+  // With no split possible (prompt logprobs), the decode pool's 40 ms is all there is: 503.
+  Prompt whole = f.PromptOf(Policy::kKv);
+  whole.whole = true;
+  auto unsplit = f.router.Route(f.fleet, whole, &why);
+  CHECK(unsplit.status().code() == StatusCode::kUnavailable);
+  CHECK(why.reason == "unattainable");
+}
+
 TEST_CASE("a prefill pool that cannot keep up: long prompts go whole to the decode pool until it catches up") {
   Fixture f(SplitAt(16));
   PrefillAndDecode(f);
