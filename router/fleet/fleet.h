@@ -298,6 +298,7 @@ struct PrefillStage {
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> reroute;
   // The decode's pull once `prefill_worker` has computed the prompt; empty: compute it.
   std::function<PullHint(WorkerId prefill_worker)> pull_from;
+  double estimated_s = 0;  // the router's prediction of the stage (its debug log compares)
 };
 
 struct ForwardRequest {

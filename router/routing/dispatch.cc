@@ -73,7 +73,8 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
     // The pull is named once the prefill is done, by the worker that did it (a retry's).
     fwd.prefill = PrefillStage{decision.split->worker,
                                decision.route.prompt_tokens - decision.split->predicted_cached_tokens,
-                               router_->PrefillRerouter(decision), router_->SplitPull(decision)};
+                               router_->PrefillRerouter(decision), router_->SplitPull(decision),
+                               decision.split->estimated_ttft_s};
   } else {
     params.pull = decision.pull;
   }
