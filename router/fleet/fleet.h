@@ -299,6 +299,9 @@ struct PrefillStage {
   // The decode's pull once `prefill_worker` has computed the prompt; empty: compute it.
   std::function<PullHint(WorkerId prefill_worker)> pull_from;
   double estimated_s = 0;  // the router's prediction of the stage (its debug log compares)
+  // Called with the stage's seconds from send to its end, when it ends on the first prefill
+  // worker tried (on the lane's thread); may be empty.
+  std::function<void(double seconds)> on_done;
 };
 
 struct ForwardRequest {

@@ -307,9 +307,11 @@ void Lane::FailOver(uint64_t handle, const Status& why) {
 void Lane::PrefillDone(uint64_t handle) {
   Flight& f = flights_.at(handle);
   const WorkerId prefilled_on = f.worker;
+  const double seconds = static_cast<double>(fleet_->clock()->Now() - f.sent) / kNsPerSec;
+  if (f.prefill_tried.size() == 1 && f.request.prefill->on_done) f.request.prefill->on_done(seconds);
   if (auto log = Logger("fleet"); log->should_log(spdlog::level::debug)) {  // the split's two stages, timed
     log->debug("request {}: prefilled on worker {} in {:.1f} ms (predicted {:.1f}); decoding on worker {}", handle,
-               fleet_->WorkerName(prefilled_on), static_cast<double>(fleet_->clock()->Now() - f.sent) / kNsPerMs,
+               fleet_->WorkerName(prefilled_on), seconds * 1e3,
                f.request.prefill->estimated_s * 1e3, fleet_->WorkerName(f.request.worker));
   }
   Release(f);

@@ -74,7 +74,13 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
     fwd.prefill = PrefillStage{decision.split->worker,
                                decision.route.prompt_tokens - decision.split->predicted_cached_tokens,
                                router_->PrefillRerouter(decision), router_->SplitPull(decision),
-                               decision.split->estimated_ttft_s};
+                               decision.split->estimated_ttft_s, nullptr};
+    if (decision.split->ttft_terms) {
+      Router* router = router_;
+      fwd.prefill->on_done = [router, terms = *decision.split->ttft_terms](double seconds) {
+        router->ObservePrefillStage(terms, seconds);
+      };
+    }
   } else {
     params.pull = decision.pull;
   }

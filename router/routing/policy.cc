@@ -106,13 +106,18 @@ TtftCoefficients Picker::Coefficients() const {
   return calibration_ != nullptr ? calibration_->coefficients() : TtftCoefficients{};
 }
 
+TtftCoefficients Picker::Coefficients(const Candidate& c) const {
+  if (c.prefill_role) return prefill_calibration_ != nullptr ? prefill_calibration_->coefficients() : TtftCoefficients{};
+  return Coefficients();
+}
+
 double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
-  return QueueWait(c, c.queued_prefill_tokens / EffectiveRate(c, fleet_rate), Coefficients());
+  return QueueWait(c, c.queued_prefill_tokens / EffectiveRate(c, fleet_rate), Coefficients(c));
 }
 
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const TtftTerms t = Terms(request, c, fleet_rate);
-  const TtftCoefficients k = Coefficients();
+  const TtftCoefficients k = Coefficients(c);
   // A pull overlaps the wait for the prefill queued ahead and for admission.
   const double wait = std::max(QueueWait(c, t.queue_s, k), c.pull_s);
   return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;

@@ -191,6 +191,8 @@ struct Candidate {
   // (predicted entries), and its prefill queue ahead is the wait (README.md, "Pulling a prefix
   // being computed").
   double pull_ready_s = 0;
+  // A --role prefill worker: its estimate takes the prefill pool's calibration (Picker::Coefficients).
+  bool prefill_role = false;
   // Its transfer service, as pulls compare it (WorkerLoads::LoadView::transfer_format): 0: it
   // serves no pulls.
   uint32_t transfer_format = 0;
@@ -241,10 +243,15 @@ class Picker {
   double EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
   // EstimateTtft's terms, before the calibration's coefficients; `c` without a pull.
   TtftTerms Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const;
-  // Scales EstimateTtft's terms by `calibration`'s coefficients (ttft_calibration.h); null
-  // (the default): by 1. REQUIRES: outlives the Picker; set before routing starts.
-  void SetCalibration(const TtftCalibration* calibration) { calibration_ = calibration; }
-  TtftCoefficients Coefficients() const;
+  // Scales EstimateTtft's terms by `calibration`'s coefficients (ttft_calibration.h), a
+  // prefill-role candidate's by `prefill`'s; null (the default): by 1. REQUIRES: both outlive
+  // the Picker; set before routing starts.
+  void SetCalibration(const TtftCalibration* calibration, const TtftCalibration* prefill = nullptr) {
+    calibration_ = calibration;
+    prefill_calibration_ = prefill;
+  }
+  TtftCoefficients Coefficients() const;                    // the decode-capable workers'
+  TtftCoefficients Coefficients(const Candidate& c) const;  // c's: its pool's
   // How long a pull candidate's worker waits for its pull before computing the prefix itself
   // (README.md, "Pulling a prefix"): twice the predicted pull_s, or the break-even with not
   // pulling, whichever is longer. The request waits for the prefill queued ahead anyway, and
@@ -274,6 +281,7 @@ class Picker {
 
   RoutingOptions options_;
   const TtftCalibration* calibration_ = nullptr;
+  const TtftCalibration* prefill_calibration_ = nullptr;
   std::atomic<uint64_t> next_{0};
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // GUARDED_BY(rng_mu_)

@@ -21,7 +21,7 @@ Router::Router(const RoutingOptions& options, const WorkerLoads* loads, PrefixIn
       clock_(clock),
       approx_in_use_(options.policy == Policy::kApprox) {
   if (retention_ != nullptr && options.policy == Policy::kKvRetention) retention_->Enable();
-  if (options.calibrate_ttft) picker_.SetCalibration(&calibration_);
+  if (options.calibrate_ttft) picker_.SetCalibration(&calibration_, &prefill_calibration_);
 }
 
 namespace {
@@ -396,6 +396,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     everyone = candidates;
     candidates.clear();
     for (size_t i = 0; i < everyone.size(); ++i) {
+      everyone[i].prefill_role = !ServesDecode(roles[i]);
       (ServesDecode(roles[i]) ? candidates : prefill_pool).push_back(everyone[i]);
     }
     if (candidates.empty()) {

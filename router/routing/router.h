@@ -82,6 +82,9 @@ struct SplitPrefill {
   double pull_s = 0;                     // predicted time of the decode worker's pull
   uint32_t pull_deadline_ms = 0;         // its hint's deadline (Picker::PullDeadline)
   std::shared_ptr<const std::vector<Candidate>> candidates;  // the prefill workers considered: its retry's
+  // The prefill worker's estimate terms, when calibrating: the stage's end checks them
+  // (Router::ObservePrefillStage).
+  std::optional<TtftTerms> ttft_terms;
 };
 
 struct Decision {
@@ -142,6 +145,14 @@ class Router {
     if (options().calibrate_ttft) calibration_.Observe(terms, seconds);
   }
   const TtftCalibration& calibration() const { return calibration_; }
+  // The same for a split's prefill stage on a prefill worker (SplitPrefill::ttft_terms), which
+  // ended `seconds` after it was sent: the prefill pool's own calibration learns from it. A
+  // prefill worker runs no decodes and its queue holds whole prompts, so the decode pool's
+  // coefficients do not fit it (README.md, "Prefill and decode on different workers").
+  void ObservePrefillStage(const TtftTerms& terms, double seconds) {
+    if (options().calibrate_ttft) prefill_calibration_.Observe(terms, seconds);
+  }
+  const TtftCalibration& prefill_calibration() const { return prefill_calibration_; }
   // Every decision from now on is also written to `log` (may be null: none), which must outlive
   // the Router. Call before routing starts.
   void SetDecisionLog(DecisionLog* log) { decision_log_ = log; }
@@ -228,7 +239,8 @@ class Router {
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
                                     std::vector<double>* ttft) const;
 
-  TtftCalibration calibration_;  // before picker_, which reads it
+  TtftCalibration calibration_;          // before picker_, which reads them
+  TtftCalibration prefill_calibration_;  // of the prefill-role workers' estimates
   Picker picker_;
   DecisionLog* decision_log_ = nullptr;
   const WorkerLoads* loads_;

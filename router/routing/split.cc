@@ -95,7 +95,8 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   d->pull = PullHint{from->endpoint, from->key, full, from->name, deadline_ms};
   d->pull_from = pre.worker;
   d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s, deadline_ms,
-                          std::move(prefill_admitted)};
+                          std::move(prefill_admitted), std::nullopt};
+  if (options().calibrate_ttft) d->split->ttft_terms = picker_.Terms(route, pre, picker_.FleetRate(prefill));
   d->candidates = std::move(decode_admitted);
   return true;
 }

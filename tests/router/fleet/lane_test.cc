@@ -117,7 +117,8 @@ struct Setup {
   // `decode`, whose pull names the prefill worker by its id (source "tcp://prefill-<id>").
   uint64_t SubmitSplit(WorkerId prefill, WorkerId decode, std::shared_ptr<Recorder> sink,
                        std::function<Result<WorkerId>(std::span<const WorkerId>)> prefill_reroute = nullptr,
-                       std::function<Result<WorkerId>(std::span<const WorkerId>)> reroute = nullptr) {
+                       std::function<Result<WorkerId>(std::span<const WorkerId>)> reroute = nullptr,
+                       std::function<void(double)> on_done = nullptr) {
     uint64_t handle = 0;
     RunOn(loop, [&] {
       ForwardRequest r;
@@ -127,9 +128,11 @@ struct Setup {
       r.params.sampling.logprobs = 2;
       r.sink = sink;
       r.reroute = std::move(reroute);
-      r.prefill = PrefillStage{prefill, 64, std::move(prefill_reroute), [](WorkerId w) {
+      r.prefill = PrefillStage{prefill, 64, std::move(prefill_reroute),
+                               [](WorkerId w) {
                                  return PullHint{"tcp://prefill-" + std::to_string(w), "", 2, "p", 50};
-                               }};
+                               },
+                               0, std::move(on_done)};
       handle = lane->NewHandle();
       sink->lane = lane.get();
       sink->handle = handle;
@@ -287,11 +290,17 @@ TEST_CASE("a split request: the prompt as one dropped token on the prefill worke
   FakeWorker prefill("xyz"), decode("hello");
   Setup s({prefill.endpoint(), decode.endpoint()});
   auto sink = std::make_shared<Recorder>();
-  s.SubmitSplit(0, 1, sink);
+  std::vector<double> stages;  // the lane's thread reports the stage's time (the router's calibration)
+  s.SubmitSplit(0, 1, sink, nullptr, nullptr, [&](double seconds) { stages.push_back(seconds); });
   auto f = sink->outcome.get_future();
   REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(f.get().ok());
-  RunOn(s.loop, [&] { CHECK(sink->tokens == 4); });  // the decode's "hell", none of the prefill's
+  RunOn(s.loop, [&] {
+    CHECK(sink->tokens == 4);  // the decode's "hell", none of the prefill's
+    REQUIRE(stages.size() == 1);
+    CHECK(stages[0] > 0);
+    CHECK(stages[0] < 10);
+  });
   REQUIRE(prefill.generates() == 1);
   const GenerateParams pre = prefill.last_params();
   CHECK(pre.sampling.max_tokens == 1);
@@ -313,10 +322,14 @@ TEST_CASE("a split request's prefill worker crashes mid-prompt: another prefill 
   Setup s({dying.endpoint(), other.endpoint(), decode.endpoint()});
   SUBCASE("retried on another prefill worker, whose KV the decode then pulls") {
     auto sink = std::make_shared<Recorder>();
-    s.SubmitSplit(0, 2, sink, [](std::span<const WorkerId> tried) -> Result<WorkerId> {
-      CHECK(tried.size() == 1);  // the prefill's own attempts, not the decode's
-      return WorkerId{1};
-    });
+    int stages = 0;  // a retried prefill's time is not its first worker's: not reported
+    s.SubmitSplit(
+        0, 2, sink,
+        [](std::span<const WorkerId> tried) -> Result<WorkerId> {
+          CHECK(tried.size() == 1);  // the prefill's own attempts, not the decode's
+          return WorkerId{1};
+        },
+        nullptr, [&](double) { ++stages; });
     REQUIRE(WaitFor([&] { return dying.generates() == 1; }));
     dying.Crash();
     auto f = sink->outcome.get_future();
@@ -325,6 +338,7 @@ TEST_CASE("a split request's prefill worker crashes mid-prompt: another prefill 
     CHECK(other.generates() == 1);
     REQUIRE(decode.generates() == 1);
     CHECK(decode.last_params().pull.source == "tcp://prefill-1");
+    RunOn(s.loop, [&] { CHECK(stages == 0); });
   }
   SUBCASE("no prefill worker left: the decode worker gets the request without a pull") {
     auto sink = std::make_shared<Recorder>();

@@ -153,6 +153,30 @@ TEST_CASE("a split needs a pull cheaper than the prefill it saves, and KV format
   }
 }
 
+TEST_CASE("the prefill pool's estimates are calibrated on its own stages, apart from the decode pool's") {
+  Fixture fresh(SplitAt(16)), taught(SplitAt(16));
+  PrefillAndDecode(fresh);
+  PrefillAndDecode(taught);
+  // Prefill stages that take twice their terms, over varied queues, prompts and steps.
+  for (int i = 0; i < 400; ++i) {
+    const TtftTerms terms{0.01 * (i % 7), 0.02 + 0.01 * (i % 5), 0.005 * (i % 3), 0};
+    taught.router.ObservePrefillStage(terms, 2 * (terms.queue_s + terms.own_s + terms.step_s));
+  }
+  CHECK(taught.router.prefill_calibration().coefficients().own > 1.5);
+  CHECK(taught.router.calibration().coefficients().own == 1);  // the decode pool's: untouched
+  // Uncalibrated, the 40-token prompt splits (its prefill's terms go with the decision); at the
+  // prefill pool's own pace (~1.75x: 70 ms of prefill before the pull) it no longer beats an
+  // idle decode worker's 40 ms, and stays whole.
+  auto before = fresh.router.Route(fresh.fleet, fresh.PromptOf(Policy::kKv));
+  REQUIRE(before.ok());
+  REQUIRE(before->split.has_value());
+  CHECK(before->split->ttft_terms.has_value());
+  auto after = taught.router.Route(taught.fleet, taught.PromptOf(Policy::kKv));
+  REQUIRE(after.ok());
+  CHECK_FALSE(after->split.has_value());
+  CHECK(after->worker != 0);
+}
+
 TEST_CASE("admission with a prefill pool: a request a busy prefill pool could serve later is 429, not 503") {
   RoutingOptions o = SplitAt(16);
   o.admission_ttft_s = 0.035;
