@@ -23,6 +23,11 @@
 // [config::kMinCoefficient, config::kMaxCoefficient]. Until config::kCalibrationMinObservations
 // have come, θ = 1.
 //
+// A fleet with prefill workers keeps a second one for them (Router::ObservePrefillStage): a
+// split's prefill stage, from its send to the prefill worker's one token, against that
+// worker's terms. Their queues hold whole prompts and their steps no decodes, so the decode
+// pool's θ does not fit them (router/routing/README.md, "Calibrating the estimate").
+//
 // Thread safety: thread-safe. Observe takes a mutex; coefficients() reads three atomics
 // (routing threads, every candidate).
 #pragma once
