@@ -148,7 +148,7 @@ class Router {
   // The same for a split's prefill stage on a prefill worker (SplitPrefill::ttft_terms), which
   // ended `seconds` after it was sent: the prefill pool's own calibration learns from it. A
   // prefill worker runs no decodes and its queue holds whole prompts, so the decode pool's
-  // coefficients do not fit it (README.md, "Prefill and decode on different workers").
+  // coefficients do not fit it (README.md, "Calibrating the estimate").
   void ObservePrefillStage(const TtftTerms& terms, double seconds) {
     if (options().calibrate_ttft) prefill_calibration_.Observe(terms, seconds);
   }
