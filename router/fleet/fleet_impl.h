@@ -1,7 +1,9 @@
 // FleetImpl: the Fleet behind fleet.h, and WorkerRecord, its record of one worker.
-// Internal to the fleet: included only by fleet.cc (start and stop, the registry, the
-// fleet thread's loop, DNS, the Fleet's queries) and fleet_connections.cc (the DEALERs to
-// the workers and the monitors that say whether each is connected).
+// Internal to the fleet: included only by its own files: fleet.cc (start and stop, the
+// registry, the fleet thread's loop), fleet_membership.cc (registrations and DNS answers),
+// fleet_queries.cc (the Fleet's queries), fleet_forget.cc (departed workers forgotten) and
+// fleet_connections.cc (the DEALERs to the workers and the monitors that say whether each is
+// connected).
 //
 // Thread safety: thread-safe, as Fleet. The registry is guarded by mu_, the command queue by
 // cmd_mu_; what is marked "fleet thread only" is used by the fleet thread alone (or by Init
