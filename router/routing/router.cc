@@ -460,10 +460,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     // prompts slowly beside its decodes, so its own figure alone would call a busy prefill
     // pool's request impossible).
     double alone = best;
-    for (Candidate c : candidates) {
-      c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
-      alone = std::min(alone, picker_.EstimateTtft(d.route, c, fleet_rate));
-    }
+    for (const Candidate& c : candidates) alone = std::min(alone, picker_.EstimateTtft(d.route, Idle(c), fleet_rate));
     if (may_split) {
       alone = std::min(alone, IdleSplitTtft(prefill_pool, decode_pool, d.route,
                                             static_cast<uint32_t>(d.hashes.size())));

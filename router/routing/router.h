@@ -225,6 +225,11 @@ class Router {
   // admission): not a decision.
   double IdleSplitTtft(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
                        const RouteRequest& route, uint32_t full_blocks) const;
+  // `c` on an idle fleet: nothing queued or running there or on its device, no admission wait.
+  static Candidate Idle(Candidate c) {
+    c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
+    return c;
+  }
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> MakeRerouter(
       Policy policy, const RouteRequest& route, uint64_t lora_id,
       std::shared_ptr<const std::vector<Candidate>> candidates);

@@ -101,13 +101,6 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   return true;
 }
 
-namespace {
-Candidate Idle(Candidate c) {
-  c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
-  return c;
-}
-}  // namespace
-
 double Router::IdleSplitTtft(std::span<const Candidate> prefill_pool, std::span<const Candidate> decode_pool,
                              const RouteRequest& route, uint32_t full_blocks) const {
   double best = std::numeric_limits<double>::infinity();
