@@ -200,6 +200,7 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   out.setPrefillTokensPerSecond(load.prefill_tokens_per_second);
   out.setDecodeTokensPerSecond(load.decode_tokens_per_second);
   out.setPredictedWaitUs(load.predicted_wait_us);
+  out.setPulledWaitUs(load.pulled_wait_us);
   auto loras = out.initResidentLoras(static_cast<unsigned>(load.resident_loras.size()));
   for (unsigned i = 0; i < load.resident_loras.size(); ++i) loras.set(i, load.resident_loras[i]);
   if (load.pulls.empty()) return;  // a null list: most batches carry none
@@ -227,6 +228,7 @@ Result<LoadReport> ParseLoad(schema::Load::Reader in) {
   l.prefill_tokens_per_second = in.getPrefillTokensPerSecond();
   l.decode_tokens_per_second = in.getDecodeTokensPerSecond();
   l.predicted_wait_us = in.getPredictedWaitUs();
+  l.pulled_wait_us = in.getPulledWaitUs();
   for (uint64_t id : in.getResidentLoras()) l.resident_loras.push_back(id);
   auto pulls = in.getPulls();
   if (pulls.size() > config::kMaxPullSources) {

@@ -76,6 +76,11 @@ struct Load {
   # for the holders whose totals changed since its previous batch (README.md, "Load"). Empty
   # from older workers.
   pulls @10 :List(PullTotals);
+  # How long a prompt that arrives with all but at most a block of it pulled (a split's, P/D)
+  # would wait to be admitted, in µs. A worker that admits such prompts ahead of its queue
+  # (--role decode) waits only for a batch slot and a KV block; others admit it in order, so
+  # this equals predictedWaitUs there (README.md, "Load"). 0 from older workers.
+  pulledWaitUs @11 :UInt64;
 }
 
 struct PullTotals {

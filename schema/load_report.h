@@ -36,6 +36,10 @@ struct LoadReport {
   // at prefill_tokens_per_second (none while that is 0) plus the admission wait when the
   // batch or the KV cache is full (schema/README.md, "Load"). 0 from older workers.
   uint64_t predicted_wait_us = 0;
+  // Microseconds a prompt that arrives with all but at most a block pulled waits to be
+  // admitted: on a worker that admits such prompts ahead of its queue (a decode-role worker),
+  // for a batch slot and a KV block only; elsewhere predicted_wait_us. 0 from older workers.
+  uint64_t pulled_wait_us = 0;
   // LoraId (common/block_hash.h) of each LoRA adapter on the device now; the others the
   // worker serves (its Hello's loras) must be loaded first. Empty from older workers.
   std::vector<uint64_t> resident_loras;

@@ -10,6 +10,36 @@
 
 namespace kvfleet::router {
 
+namespace {
+
+nlohmann::ordered_json TermsJson(const TtftTerms& t) {
+  return {{"queue_s", t.queue_s}, {"own_s", t.own_s}, {"step_s", t.step_s}, {"rest_s", t.rest_s}};
+}
+
+nlohmann::ordered_json CandidatesJson(const RouteRequest& route, const std::vector<Candidate>* candidates,
+                                      double fleet_rate, const Picker& picker) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  if (candidates == nullptr) return out;
+  for (const Candidate& c : *candidates) {
+    out.push_back({{"worker", c.worker},
+                   {"device_blocks", c.device_blocks},
+                   {"host_blocks", c.host_blocks},
+                   {"pull_blocks", c.pull_blocks},
+                   {"pull_s", c.pull_s},
+                   {"queued_prefill_tokens", c.queued_prefill_tokens},
+                   {"prefill_tokens_per_s", c.prefill_tokens_per_s},
+                   {"admission_wait_s", c.admission_wait_s},
+                   {"pulled_wait_s", c.pulled_wait_s},
+                   {"running_requests", c.running_requests},
+                   {"waiting_requests", c.waiting_requests},
+                   {"step_s", c.step_s},
+                   {"ttft_s", picker.EstimateTtft(route, c, fleet_rate)}});
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<DecisionLog>> DecisionLog::Open(const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "a");
   if (file == nullptr) {
@@ -37,21 +67,20 @@ std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, 
                                  {"fleet_rate", fleet_rate}};
   const TtftCoefficients k = picker.Coefficients();
   line["ttft_coefficients"] = {{"queue", k.queue}, {"own", k.own}, {"step", k.step}};
-  nlohmann::ordered_json& candidates = line["candidates"] = nlohmann::ordered_json::array();
-  if (d.candidates != nullptr) {
-    for (const Candidate& c : *d.candidates) {
-      candidates.push_back({{"worker", c.worker},
-                            {"device_blocks", c.device_blocks},
-                            {"host_blocks", c.host_blocks},
-                            {"pull_blocks", c.pull_blocks},
-                            {"pull_s", c.pull_s},
-                            {"queued_prefill_tokens", c.queued_prefill_tokens},
-                            {"prefill_tokens_per_s", c.prefill_tokens_per_s},
-                            {"admission_wait_s", c.admission_wait_s},
-                            {"running_requests", c.running_requests},
-                            {"waiting_requests", c.waiting_requests},
-                            {"step_s", c.step_s},
-                            {"ttft_s", picker.EstimateTtft(d.route, c, fleet_rate)}});
+  if (d.ttft_terms) line["ttft_terms"] = TermsJson(*d.ttft_terms);  // what the calibration will check
+  line["candidates"] = CandidatesJson(d.route, d.candidates.get(), fleet_rate, picker);
+  if (d.split) {  // the prefill stage: its worker, estimate and pool, as the split saw them
+    const SplitPrefill& s = *d.split;
+    nlohmann::ordered_json& prefill = line["prefill"] = {{"worker", s.worker},
+                                                         {"estimated_ttft_s", s.estimated_ttft_s},
+                                                         {"predicted_cached_tokens", s.predicted_cached_tokens},
+                                                         {"pull_s", s.pull_s}};
+    if (s.candidates != nullptr && !s.candidates->empty()) {
+      const TtftCoefficients p = picker.Coefficients(s.candidates->front());
+      prefill["ttft_coefficients"] = {{"queue", p.queue}, {"own", p.own}, {"step", p.step}};
+      if (s.ttft_terms) prefill["ttft_terms"] = TermsJson(*s.ttft_terms);
+      prefill["candidates"] =
+          CandidatesJson(d.route, s.candidates.get(), picker.FleetRate(*s.candidates), picker);
     }
   }
   return line.dump();

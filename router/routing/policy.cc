@@ -98,6 +98,12 @@ double QueueWait(const Candidate& c, double queue_s, const TtftCoefficients& k) 
   return k.queue * queue_s + c.device_prefill_s + c.admission_wait_s;
 }
 
+// Whether `c` admits the request ahead of its queued prompts: a decode-role worker does so
+// for a prompt with at most a block left to compute there (Candidate::admits_nearly_cached_ahead).
+bool AheadOfQueue(const RouteRequest& request, const Candidate& c) {
+  return c.admits_nearly_cached_ahead && request.prompt_tokens - CachedTokens(request, c) <= request.block_size;
+}
+
 }  // namespace
 
 Picker::Picker(const RoutingOptions& options, uint64_t seed) : options_(options), rng_(seed) {}
@@ -119,17 +125,20 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
   const TtftTerms t = Terms(request, c, fleet_rate);
   const TtftCoefficients k = Coefficients(c);
   // A pull overlaps the wait for the prefill queued ahead and for admission.
-  const double wait = std::max(QueueWait(c, t.queue_s, k), c.pull_s);
+  const double admission = AheadOfQueue(request, c) ? c.pulled_wait_s : c.admission_wait_s;
+  const double wait = std::max(k.queue * t.queue_s + c.device_prefill_s + admission, c.pull_s);
   return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;
 }
 
 TtftTerms Picker::Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const double rate = EffectiveRate(c, fleet_rate);
+  const bool ahead = AheadOfQueue(request, c);
   TtftTerms t;
-  t.queue_s = c.queued_prefill_tokens / rate;
+  t.queue_s = ahead ? 0 : c.queued_prefill_tokens / rate;
   t.own_s = static_cast<double>(request.prompt_tokens - CachedTokens(request, c)) / rate;
   t.step_s = DecodeSeconds(c);
-  t.rest_s = c.device_prefill_s + c.admission_wait_s + c.host_blocks * options_.onboard_s_per_block + c.adapter_load_s;
+  t.rest_s = c.device_prefill_s + (ahead ? c.pulled_wait_s : c.admission_wait_s) +
+             c.host_blocks * options_.onboard_s_per_block + c.adapter_load_s;
   return t;
 }
 

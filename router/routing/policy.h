@@ -154,6 +154,11 @@ struct Candidate {
   // The worker's predicted wait beyond its prefill queue: for batch slots or KV blocks
   // (Contract 2's predictedWaitUs less its prefill term; README.md, "Admission"). Seconds.
   double admission_wait_s = 0;
+  // The wait to admit a prompt whose prefix comes by a pull, with at most a block left to
+  // compute (a split's decode part): Contract 2's pulledWaitUs. A decode-role worker admits
+  // such prompts ahead of its queue, so there it is for a batch slot only (README.md,
+  // "Prefill and decode on different workers"). Seconds.
+  double pulled_wait_s = 0;
   // Seconds of prefill queued on the other workers of its device (their Hellos name the same
   // deviceId), each at its own rate: the device computes them before or beside this one's
   // (README.md, "Workers sharing a device"). 0: its device is its own.
@@ -193,6 +198,10 @@ struct Candidate {
   double pull_ready_s = 0;
   // A --role prefill worker: its estimate takes the prefill pool's calibration (Picker::Coefficients).
   bool prefill_role = false;
+  // A --role decode worker: it admits a prompt with at most a block left to compute (a split's,
+  // pulled, or a whole request's nearly all cached) ahead of its queued prompts, so such a
+  // request's estimate there has no queue term and waits pulled_wait_s for admission.
+  bool admits_nearly_cached_ahead = false;
   // Its transfer service, as pulls compare it (WorkerLoads::LoadView::transfer_format): 0: it
   // serves no pulls.
   uint32_t transfer_format = 0;

@@ -66,7 +66,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
   // Without a report, every request the routers have in flight there may be queued.
   c->queued_requests = known.requests;
   c->waiting_requests = known.waiting;
-  c->admission_wait_s = 0;
+  c->admission_wait_s = c->pulled_wait_s = 0;
   c->decode_blocks = c->kv_usage = c->free_device_blocks = c->total_device_blocks = 0;
   if (policy == Policy::kApprox) {
     c->prefill_tokens_per_s = 0;
@@ -99,6 +99,7 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
                                ? static_cast<double>(load->active_prefill_tokens) / load->prefill_tokens_per_second
                                : 0;
   c->admission_wait_s = std::max(0.0, static_cast<double>(load->predicted_wait_us) / 1e6 - prefill_s);
+  c->pulled_wait_s = static_cast<double>(load->pulled_wait_us) / 1e6;
   // What the peer policies weigh besides (peer_policies.h).
   const auto device = static_cast<size_t>(kv::Tier::kDevice);
   c->decode_blocks = static_cast<double>(load->active_decode_blocks);
@@ -365,6 +366,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     waiting += AddLoad(d.policy, views[i], &c).waiting;
     c.transfer_format = views[i].transfer_format;
     c.transfer_host = views[i].transfer_host;
+    c.admits_nearly_cached_ahead = views[i].role == WorkerRole::kDecode;
     candidates.push_back(c);
     d.best_matched_blocks = std::max(d.best_matched_blocks, c.device_blocks + c.host_blocks);
     roles.push_back(views[i].role);

@@ -227,7 +227,7 @@ class Router {
                        const RouteRequest& route, uint32_t full_blocks) const;
   // `c` on an idle fleet: nothing queued or running there or on its device, no admission wait.
   static Candidate Idle(Candidate c) {
-    c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.device_prefill_s = 0;
+    c.queued_prefill_tokens = c.running_requests = c.admission_wait_s = c.pulled_wait_s = c.device_prefill_s = 0;
     return c;
   }
   std::function<Result<WorkerId>(std::span<const WorkerId> tried)> MakeRerouter(

@@ -64,11 +64,10 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double recompute_s = static_cast<double>(route.prompt_tokens - cached) / decode_rate;
   if (chosen.pull_s > recompute_s) return false;
   const double decode_rate_floor = picker_.FleetRate(decode);
-  // A decode-role worker runs a pulled prompt with its decodes, not behind its queued prompts
-  // (worker/engine/README.md): its part waits for no prefill there.
-  Candidate part = chosen;
-  if (loads_->Role(chosen.worker) == WorkerRole::kDecode) part.queued_prefill_tokens = 0;
-  const double decode_ttft = picker_.EstimateTtft(route, part, decode_rate_floor);
+  // A decode-role worker admits the pulled prompt ahead of its queued prompts and runs it with
+  // its decodes (worker/engine/README.md): the estimate counts no queue there, and for admission
+  // only its report's pulledWaitUs (Candidate::admits_nearly_cached_ahead).
+  const double decode_ttft = picker_.EstimateTtft(route, chosen, decode_rate_floor);
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
   // then the decode worker's part (its queue or the pull, the prompt's last partial block);
   // whole, after the best decode-capable worker's wait and prefill. The split may cost what it
@@ -77,7 +76,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   // instead of the prefill pool's growing without bound when long prompts outrun it.
   // A short or held prompt splits only when that is sooner outright: the decode pool is behind.
   Candidate idle = chosen;
-  idle.queued_prefill_tokens = idle.admission_wait_s = 0;
+  idle.queued_prefill_tokens = idle.admission_wait_s = idle.pulled_wait_s = 0;
   const double split_cost_s = long_prompt ? picker_.EstimateTtft(route, idle, decode_rate_floor) : 0;
   if (prefill_ttft + decode_ttft > whole_ttft_s + split_cost_s + 1e-6) return false;  // 1 µs: rounding
   const double bound = options().admission_ttft_s;

@@ -31,6 +31,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   load.free_blocks = {5, 6};
   load.prefill_tokens_per_second = 18500;
   load.predicted_wait_us = 1'250'000;
+  load.pulled_wait_us = 40'000;
   load.resident_loras = {LoraId("a"), LoraId("b")};
   load.pulls = {{"tcp://10.0.0.7:5700", 3, 3'000'000'000, 0.25}, {"tcp://10.0.0.8:5700", 1, 4096, 0.004}};
   const std::string frame = EncodeBatch({"w1", 9, 4, 123}, events, load);
@@ -44,6 +45,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   CHECK(batch->load.free_blocks[1] == 6);
   CHECK(batch->load.prefill_tokens_per_second == 18500);
   CHECK(batch->load.predicted_wait_us == 1'250'000);
+  CHECK(batch->load.pulled_wait_us == 40'000);
   CHECK(batch->load.resident_loras == load.resident_loras);
   CHECK(batch->load.pulls == load.pulls);
   CHECK(batch->block_events == 2 + 2 + 1 + 1);
@@ -235,6 +237,7 @@ void CheckExampleBatch(const std::string& frame, bool ids) {
   CHECK(b->load.prefill_tokens_per_second == 18500);
   CHECK(b->load.decode_tokens_per_second == 2400);
   CHECK(b->load.predicted_wait_us == (ids ? 110702u : 0u));  // the older worker predates it too
+  CHECK(b->load.pulled_wait_us == 0);                          // both predate pulledWaitUs
 }
 
 TEST_CASE("the spec's example frames decode, and an older worker's frame reads as event id 0 and lora id 0") {

@@ -467,7 +467,10 @@ LoadReport Engine::Load() const {
     const uint32_t max_tokens = seq->request.sampling.max_tokens, max_context = options_.limits.max_context;
     const uint32_t to_length = max_tokens - std::min(seq->num_generated(), max_tokens);
     const uint32_t to_context = max_context - std::min(seq->num_tokens(), max_context);
-    running_remaining.push_back(std::max(1u, std::min(to_length, to_context)));
+    const uint32_t remaining = std::max(1u, std::min(to_length, to_context));
+    // Its steps after its prefill: a prompt still computing samples its first token with its
+    // prefill's last chunk, which the prefill term counts (predicted_wait.h).
+    running_remaining.push_back(seq->decoding() ? remaining : remaining - 1);
   }
   for (const Sequence* seq : scheduler_.waiting()) {
     load.active_prefill_tokens += seq->num_tokens();
@@ -503,6 +506,8 @@ LoadReport Engine::Load() const {
   queue.waiting_tokens = waiting_tokens;
   queue.running_remaining = running_remaining;
   load.predicted_wait_us = static_cast<uint64_t>(PredictedWaitSeconds(queue) * 1e6);
+  const bool pulled_ahead = options_.scheduler.max_step_over_decodes > 0;  // Scheduler::AdmitNearlyCached
+  load.pulled_wait_us = static_cast<uint64_t>(PulledWaitSeconds(queue, pulled_ahead) * 1e6);
   load.resident_loras = loras_.Resident();
   return load;
 }

@@ -46,4 +46,11 @@ double PredictedWaitSeconds(const QueueSnapshot& q) {
   return prefill + AdmissionWaitSeconds(q);
 }
 
+double PulledWaitSeconds(const QueueSnapshot& q, bool ahead) {
+  if (!ahead) return PredictedWaitSeconds(q);
+  QueueSnapshot first = q;
+  first.waiting_tokens = {};
+  return AdmissionWaitSeconds(first);
+}
+
 }  // namespace kvfleet::engine

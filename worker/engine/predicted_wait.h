@@ -13,6 +13,10 @@
 //               finish, k = (waiting requests that do not fit now) + 1: the k-th shortest
 //               remaining output × the step time. Past the running requests' count, the
 //               longest remaining output × step time, once per full batch of them.
+//               A running prompt's remaining output leaves out the token its prefill's last
+//               chunk samples: until then it waits on prefill, which the prefill term counts.
+//               So a worker whose requests end at their first token (a prefill-role worker's)
+//               has no admission term: its queue is its prefill, counted once.
 //
 // The admission term is an approximation: each finished request is taken to make room for
 // one waiting request, and a waiting prompt to need blocks for all its tokens (no cache
@@ -37,7 +41,8 @@ struct QueueSnapshot {
   // Waiting requests in admission order: each one's tokens (prompt, plus any generated
   // before a preemption).
   std::span<const uint32_t> waiting_tokens;
-  // Running requests: each one's tokens still to generate (>= 1).
+  // Running requests: each one's tokens still to generate, less the one its prefill samples
+  // while it still computes its prompt (so >= 0).
   std::span<const uint32_t> running_remaining;
 };
 
@@ -47,5 +52,12 @@ double PredictedWaitSeconds(const QueueSnapshot& queue);
 // The admission term alone: seconds until one more request behind the waiting ones can be
 // admitted, as far as batch slots and KV blocks go.
 double AdmissionWaitSeconds(const QueueSnapshot& queue);
+
+// Seconds a prompt with at most a block left to compute (its prefix pulled) waits to be
+// admitted. A worker that admits such prompts ahead of its queue (`ahead`: a decode-role
+// worker's scheduler, Scheduler::AdmitNearlyCached) makes it wait for a batch slot and a
+// block only: the admission term with nothing waiting. Otherwise it queues like any request:
+// PredictedWaitSeconds.
+double PulledWaitSeconds(const QueueSnapshot& queue, bool ahead);
 
 }  // namespace kvfleet::engine

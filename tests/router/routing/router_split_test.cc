@@ -1,9 +1,15 @@
 // Router: P/D disaggregation (README.md, "Prefill and decode on different workers"): which
 // requests are split, which workers take each half, over the fake fleet of router_fixture.h.
-#include <doctest/doctest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "router/routing/decision_log.h"
 #include "router/routing/router.h"
 #include "tests/router/routing/router_fixture.h"
 
@@ -63,6 +69,34 @@ TEST_CASE("a long uncached prompt is prefilled on a prefill worker and pulled by
   auto again = f.router.Rerouter(*d)(tried);
   REQUIRE(again.ok());
   CHECK(*again == 1);
+}
+
+TEST_CASE("the decision log shows a split's prefill stage: its worker, estimate, pool coefficients and candidates") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kvfleet_split_decisions_" + std::to_string(getpid()) + ".jsonl")).string();
+  std::filesystem::remove(path);
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  auto log = DecisionLog::Open(path);
+  REQUIRE(log.ok());
+  f.router.SetDecisionLog(log->get());
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  REQUIRE(d->split.has_value());
+  std::ifstream in(path);
+  std::string text;
+  REQUIRE(std::getline(in, text));
+  const nlohmann::json line = nlohmann::json::parse(text);
+  CHECK(line["split"] == true);
+  const nlohmann::json& prefill = line["prefill"];
+  CHECK(prefill["worker"] == d->split->worker);
+  CHECK(prefill["estimated_ttft_s"].get<double>() == doctest::Approx(d->split->estimated_ttft_s));
+  CHECK(prefill["ttft_coefficients"]["queue"] == 1.0);
+  REQUIRE(prefill["candidates"].size() == 1);  // the one prefill worker
+  CHECK(prefill["candidates"][0]["worker"] == 0);
+  CHECK(prefill["candidates"][0]["ttft_s"].get<double>() == doctest::Approx(d->split->estimated_ttft_s));
+  CHECK(line["candidates"].size() == d->candidates->size());  // the decode workers, pull included
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("conditional split: a short prompt, or one a decode worker holds, stays on one decode worker") {
@@ -244,6 +278,27 @@ TEST_CASE("a split's decode part waits for no queued prompt on a decode-role wor
   auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(e.ok());
   CHECK_FALSE(e->split.has_value());  // there it would wait 0.4 s more after the prefill
+}
+
+TEST_CASE("a split's decode part waits for a batch slot on a decode-role worker, not behind the prompts waiting there") {
+  // A decode-role worker admits a pulled prompt ahead of its queue (worker/engine/README.md):
+  // its report's pulledWaitUs, not the admission wait of its predictedWaitUs, is the part's.
+  Fixture f(SplitAt(16));
+  PrefillAndDecode(f);
+  WorkerLoad full;  // batch full, prompts waiting: 2 s before one more is admitted in order
+  full.prefill_tokens_per_second = 1'000;
+  full.predicted_wait_us = 2'000'000;
+  full.pulled_wait_us = 0;  // a slot free for one admitted ahead
+  f.loads.reported[1] = f.loads.reported[2] = full;
+  auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(d.ok());
+  REQUIRE(d->split.has_value());
+  CHECK(d->estimated_ttft_s < 0.5);  // the prefill (40 ms) and the pull, no admission wait
+  full.pulled_wait_us = 1'500'000;  // no slot free until a running request finishes
+  f.loads.reported[1] = f.loads.reported[2] = full;
+  auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(e.ok());
+  CHECK(e->estimated_ttft_s >= 1.5);
 }
 
 TEST_CASE("a short prompt splits when the decode pool would give its first token later than the split") {

@@ -34,6 +34,7 @@ struct HarnessOptions {
   std::optional<std::vector<TokenId>> eos_token_ids;
   int32_t max_loras = 0;  // adapter slots on the backend
   int32_t max_lora_rank = model::kMaxLoraRank;
+  double max_step_over_decodes = 0;  // > 0: a decode-role worker's scheduler (SchedulerOptions)
 };
 
 struct Harness {
@@ -68,6 +69,7 @@ struct Harness {
     eo.model_name = "mock-8b";
     eo.scheduler.max_num_tokens = o.max_num_tokens;
     eo.scheduler.max_batch_size = o.max_batch_size;
+    eo.scheduler.max_step_over_decodes = o.max_step_over_decodes;
     eo.limits.max_context = o.max_context;
     eo.limits.max_queued = o.max_queued;
     eo.limits.vocab_size = static_cast<uint32_t>(backend->config().vocab_size);

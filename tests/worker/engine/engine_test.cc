@@ -248,6 +248,46 @@ TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a fu
   CHECK(h.engine->Load().predicted_wait_us == 0);
 }
 
+TEST_CASE("the predicted wait counts a queue of one-token prompts once: their slots free as their prefills end") {
+  HarnessOptions o;  // a prefill worker's load: every request ends at its first token
+  o.max_batch_size = 2;
+  Harness h(o);
+  h.Add(Prompt(320, 5000), 1);
+  h.RunToCompletion();  // full prefill steps: the rate is measured
+  const double rate = h.engine->Load().prefill_tokens_per_second;
+  REQUIRE(rate > 0);
+  for (int i = 0; i < 8; ++i) h.Add(Prompt(128, static_cast<TokenId>(10000 + 1000 * i)), 1);
+  h.Step();
+  const LoadReport load = h.engine->Load();
+  REQUIRE(load.queued_requests >= 6);  // both slots taken, the rest waiting for them
+  // Its prefill queue is the whole wait: counting a step per blocked batch on top of it
+  // predicted the newcomer several steps late.
+  CHECK(load.predicted_wait_us == doctest::Approx(1e6 * load.active_prefill_tokens / rate).epsilon(0.01));
+  RequestId x = h.Add(Prompt(64, 30000), 1);
+  h.RunToCompletion();
+  const double predicted = load.predicted_wait_us / 1e6 + 64 / rate;
+  const double actual = static_cast<double>(h.finals[x].usage.time_to_first_token) / kNsPerSec;
+  CHECK(std::abs(actual - predicted) <= 2 * 64 / rate);
+}
+
+TEST_CASE("a decode-role worker reports the short wait of a pulled prompt it admits ahead of its queue") {
+  HarnessOptions o;
+  o.max_batch_size = 4;
+  o.max_step_over_decodes = 1.25;
+  Harness h(o);
+  for (int i = 0; i < 4; ++i) h.Add(Prompt(8, static_cast<TokenId>(1000 * (i + 1))), 50 * (i + 1));
+  for (int i = 0; i < 3; ++i) h.Step();
+  for (int i = 0; i < 2; ++i) h.Add(Prompt(300, static_cast<TokenId>(40000 + 1000 * i)), 50);
+  h.Step();
+  const LoadReport load = h.engine->Load();
+  REQUIRE(load.active_requests == 4);  // the batch is full of decodes
+  REQUIRE(load.queued_requests == 2);
+  // In order, a newcomer waits for the third finish (two wait before it) and the prompts
+  // ahead; admitted ahead, a pulled prompt waits for the first finish only.
+  CHECK(load.pulled_wait_us > 0);
+  CHECK(load.pulled_wait_us * 2 < load.predicted_wait_us);
+}
+
 TEST_CASE("stop conditions: EOS unless ignore_eos, stop token ids, max_tokens") {
   HarnessOptions o;
   o.eos_after = 3;  // the mock's third generated token is EOS

@@ -80,6 +80,33 @@ TEST_CASE("more requests blocked than running: whole batches of the longest rema
   CHECK(q.Wait() == doctest::Approx(4.0 / 10'000 + 3 * 10 * 0.010));
 }
 
+TEST_CASE("a running prompt whose output ends at its first token frees its slot when its prefill ends") {
+  Queue q;
+  q.snapshot.max_batch_size = 2;
+  // A prefill worker's requests: each samples one token, with its prompt's last chunk, so a
+  // running prompt's remaining output after its prefill is 0 (engine.cc), and the prefill
+  // term already counts the queue: no admission wait on top.
+  q.running = {0, 0};
+  q.waiting = {1'000, 1'000, 1'000, 1'000};
+  q.snapshot.prefill_tokens = 5'000;
+  CHECK(q.Wait() == doctest::Approx(0.5));
+}
+
+TEST_CASE("a pulled prompt admitted ahead waits for a slot only; one admitted in order waits like any") {
+  Queue q;
+  q.running = {30, 7, 100, 12};  // max_batch_size 4: full
+  q.waiting = {1'000, 1'000};
+  q.snapshot.prefill_tokens = 2'000;
+  q.snapshot.waiting_tokens = q.waiting;
+  q.snapshot.running_remaining = q.running;
+  CHECK(PulledWaitSeconds(q.snapshot, true) == doctest::Approx(7 * 0.010));  // the first finish
+  CHECK(PulledWaitSeconds(q.snapshot, false) == doctest::Approx(PredictedWaitSeconds(q.snapshot)));
+  CHECK(PredictedWaitSeconds(q.snapshot) == doctest::Approx(0.2 + 30 * 0.010));  // the third finish
+  q.running = {30, 7, 100};  // a slot free: admitted ahead at once, whatever waits
+  q.snapshot.running_remaining = q.running;
+  CHECK(PulledWaitSeconds(q.snapshot, true) == 0);
+}
+
 TEST_CASE("no step measured yet: no admission term") {
   Queue q;
   q.snapshot.step_s = 0;
