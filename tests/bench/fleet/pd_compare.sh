@@ -11,6 +11,7 @@
 # "--worker-arg=--decode-step-cap=1.4"), to compare decode-role settings against one colocated row;
 # KVFLEET_PD_PREFILL: its prefill workers of the 8 (default 3). KVFLEET_PD_ROUTER_ARGS: router flags
 # for both fleets (e.g. "--admission-ttft-s=1", the TTFT SLO as the router's admission bound).
+# KVFLEET_CONV_SEED: the conversation trace's seed (default 1).
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"; WHICH="${5:-both}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,7 +46,7 @@ if [ "$WHICH" != conversations ]; then
   run mooncake-1.3x "$TRACE" 20.54
 fi
 if [ "$WHICH" != mooncake ]; then
-  python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed 1 >"$OUT/conv40.jsonl"
+  python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed "${KVFLEET_CONV_SEED:-1}" >"$OUT/conv40.jsonl"
   run conv40-0.9x "$OUT/conv40.jsonl" 1.25
   run conv40-1.3x "$OUT/conv40.jsonl" 1.81
 fi
