@@ -427,6 +427,10 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
   metrics_.coefficient_queue.Set(k.queue);
   metrics_.coefficient_own.Set(k.own);
   metrics_.coefficient_step.Set(k.step);
+  const TtftCoefficients p = router_->prefill_calibration().coefficients();
+  metrics_.prefill_coefficient_queue.Set(p.queue);
+  metrics_.prefill_coefficient_own.Set(p.own);
+  metrics_.prefill_coefficient_step.Set(p.step);
 }
 
 Api::Api(const ApiOptions& options, Fleet* fleet, Router* router, std::shared_ptr<const TextCodec> codec,

@@ -111,9 +111,20 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                            .Register(r)),
       coefficient_queue(ttft_coefficient.Add({{"term", "queue"}})),
       coefficient_own(ttft_coefficient.Add({{"term", "own"}})),
-      coefficient_step(ttft_coefficient.Add({{"term", "step"}})) {
+      coefficient_step(ttft_coefficient.Add({{"term", "step"}})),
+      prefill_ttft_coefficient(prometheus::BuildGauge()
+                                   .Name("kvfleet_router_prefill_ttft_coefficient")
+                                   .Help("The kv estimate's coefficient per term for prefill-role workers, fitted to "
+                                         "split requests' prefill stages; 1 until calibrated")
+                                   .Register(r)),
+      prefill_coefficient_queue(prefill_ttft_coefficient.Add({{"term", "queue"}})),
+      prefill_coefficient_own(prefill_ttft_coefficient.Add({{"term", "own"}})),
+      prefill_coefficient_step(prefill_ttft_coefficient.Add({{"term", "step"}})) {
   http::RegisterBuildInfo(r);
-  for (prometheus::Gauge* g : {&coefficient_queue, &coefficient_own, &coefficient_step}) g->Set(1);
+  for (prometheus::Gauge* g : {&coefficient_queue, &coefficient_own, &coefficient_step, &prefill_coefficient_queue,
+                               &prefill_coefficient_own, &prefill_coefficient_step}) {
+    g->Set(1);
+  }
 }
 
 void ApiMetrics::CountTokens(const std::string& model, uint32_t prompt, uint32_t generated) {

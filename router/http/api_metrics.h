@@ -51,6 +51,12 @@ struct ApiMetrics {
   prometheus::Gauge& coefficient_queue;
   prometheus::Gauge& coefficient_own;
   prometheus::Gauge& coefficient_step;
+  // kvfleet_router_prefill_ttft_coefficient{term}: the same for --role prefill workers, fitted
+  // to split requests' prefill stages (Router::ObservePrefillStage); 1 until calibrated.
+  prometheus::Family<prometheus::Gauge>& prefill_ttft_coefficient;
+  prometheus::Gauge& prefill_coefficient_queue;
+  prometheus::Gauge& prefill_coefficient_own;
+  prometheus::Gauge& prefill_coefficient_step;
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);

@@ -485,6 +485,7 @@ TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version,
   const std::string metrics = Roundtrip(r.port(), "GET", "/metrics");
   CHECK(StatusOf(metrics) == 200);
   CHECK(metrics.find(R"(kvfleet_router_ttft_coefficient{term="queue"} 1)") != std::string::npos);
+  CHECK(metrics.find(R"(kvfleet_router_prefill_ttft_coefficient{term="queue"} 1)") != std::string::npos);
 }
 
 TEST_CASE("with --cache-salt-per-key, each API key's requests hash in their own cache namespace") {
