@@ -208,24 +208,31 @@ TEST_CASE("the reported prefill rate is the prefill capacity: steps with little 
   CHECK(h.engine->Load().prefill_tokens_per_second > 0.5f * capacity);
 }
 
-TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a queue of prompts") {
-  Harness h;  // 64 tokens per step; the manual clock moves by the mock's modelled step times
-  h.Add(Prompt(320, 5000), 2);
+// Measures the prefill rate on one long prompt, queues `n` prompts of `tokens` tokens (each
+// generating `max_tokens`) and steps once. Checks that the predicted wait is the prefill queued
+// at that rate, and that a 64-token newcomer's first token comes as predicted: the wait, then
+// its own 64 tokens, within a step or two of the steps' rounding and the decodes beside them.
+// Returns the load it checked.
+LoadReport CheckWaitIsPrefillQueue(Harness& h, int n, uint32_t tokens, uint32_t max_tokens) {
+  h.Add(Prompt(320, 5000), max_tokens);
   h.RunToCompletion();  // full prefill steps: the rate is measured
   const double rate = h.engine->Load().prefill_tokens_per_second;
   REQUIRE(rate > 0);
-  for (int i = 0; i < 4; ++i) h.Add(Prompt(256, static_cast<TokenId>(10000 + 1000 * i)), 2);
+  for (int i = 0; i < n; ++i) h.Add(Prompt(tokens, static_cast<TokenId>(10000 + 1000 * i)), max_tokens);
   h.Step();
   const LoadReport load = h.engine->Load();
   CHECK(load.predicted_wait_us == doctest::Approx(1e6 * load.active_prefill_tokens / rate).epsilon(0.01));
   RequestId x = h.Add(Prompt(64, 30000), 1);
   h.RunToCompletion();
-  // Its first token: the wait, then its own 64 tokens, within a step or two of the steps'
-  // rounding and the decodes beside them.
   const double predicted = load.predicted_wait_us / 1e6 + 64 / rate;
   const double actual = static_cast<double>(h.finals[x].usage.time_to_first_token) / kNsPerSec;
-  const double step = 64 / rate;
-  CHECK(std::abs(actual - predicted) <= 2 * step);
+  CHECK(std::abs(actual - predicted) <= 2 * 64 / rate);
+  return load;
+}
+
+TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a queue of prompts") {
+  Harness h;  // 64 tokens per step; the manual clock moves by the mock's modelled step times
+  CheckWaitIsPrefillQueue(h, 4, 256, 2);
 }
 
 TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a full batch") {
@@ -252,22 +259,10 @@ TEST_CASE("the predicted wait counts a queue of one-token prompts once: their sl
   HarnessOptions o;  // a prefill worker's load: every request ends at its first token
   o.max_batch_size = 2;
   Harness h(o);
-  h.Add(Prompt(320, 5000), 1);
-  h.RunToCompletion();  // full prefill steps: the rate is measured
-  const double rate = h.engine->Load().prefill_tokens_per_second;
-  REQUIRE(rate > 0);
-  for (int i = 0; i < 8; ++i) h.Add(Prompt(128, static_cast<TokenId>(10000 + 1000 * i)), 1);
-  h.Step();
-  const LoadReport load = h.engine->Load();
-  REQUIRE(load.queued_requests >= 6);  // both slots taken, the rest waiting for them
   // Its prefill queue is the whole wait: counting a step per blocked batch on top of it
   // predicted the newcomer several steps late.
-  CHECK(load.predicted_wait_us == doctest::Approx(1e6 * load.active_prefill_tokens / rate).epsilon(0.01));
-  RequestId x = h.Add(Prompt(64, 30000), 1);
-  h.RunToCompletion();
-  const double predicted = load.predicted_wait_us / 1e6 + 64 / rate;
-  const double actual = static_cast<double>(h.finals[x].usage.time_to_first_token) / kNsPerSec;
-  CHECK(std::abs(actual - predicted) <= 2 * 64 / rate);
+  const LoadReport load = CheckWaitIsPrefillQueue(h, 8, 128, 1);
+  CHECK(load.queued_requests >= 6);  // both slots taken, the rest waiting for them
 }
 
 TEST_CASE("a decode-role worker reports the short wait of a pulled prompt it admits ahead of its queue") {
