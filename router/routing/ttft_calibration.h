@@ -19,10 +19,9 @@
 // least squares (config::kCalibrationForgetting per observation: the last ~500 count) with an
 // intercept (the messages' and the engine's fixed delays, which shift every worker alike and
 // are not applied), regularized toward θ = 1 with config::kCalibrationPriorWeight observations'
-// weight, refitted every config::kCalibrationRefit observations, the best fit with each θ in
-// [config::kMinCoefficient, config::kMaxCoefficient] (box-constrained: where one θ meets a
-// bound, the others and the intercept are fitted with it there). Until
-// config::kCalibrationMinObservations have come, θ = 1.
+// weight, refitted every config::kCalibrationRefit observations, each θ clamped to
+// [config::kMinCoefficient, config::kMaxCoefficient]. Until config::kCalibrationMinObservations
+// have come, θ = 1.
 //
 // A fleet with prefill workers keeps a second one for them (Router::ObservePrefillStage): a
 // split's prefill stage, from its send to the prefill worker's one token, against that

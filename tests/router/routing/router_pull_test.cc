@@ -299,24 +299,6 @@ TEST_CASE("a pair's pull fit: the prior without pulls, the pulls' own time at th
   CHECK(bad.pulls() == 0);
 }
 
-TEST_CASE("the TTFT calibration's bounds: where one coefficient meets its bound, the others are fitted with it there") {
-  // First tokens at 3x the own term, whose queue term partly moves with it: the unconstrained
-  // fit is (queue 0, own 3). Clamped one by one that gave (0.25, 2), a third of the own term's
-  // time unaccounted; within the bounds the queue term takes up what it can of it.
-  TtftCalibration cal;
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (int i = 0; i < 2000; ++i) {
-    const double own = 0.02 * u(rng);
-    TtftTerms t{0.5 * own + 0.01 * u(rng), own, 0.01 + 0.01 * u(rng), 0};
-    cal.Observe(t, 3 * t.own_s + t.step_s);
-  }
-  const TtftCoefficients k = cal.coefficients();
-  CHECK(k.own == config::kMaxCoefficient);
-  CHECK(k.queue > 0.6);
-  CHECK(k.step == doctest::Approx(1.0).epsilon(0.1));
-}
-
 TEST_CASE("the TTFT calibration fits the estimate's terms to the first tokens, and the estimate follows") {
   TtftCalibration cal;
   // First tokens that come at 0.6 x the queue term, 0.8 x the own prefill, the step, and 9 ms.
