@@ -79,8 +79,9 @@ struct Load {
   # How long a prompt that arrives with all but at most a block of it pulled (a split's, P/D)
   # would wait to be admitted, in µs. A worker that admits such prompts ahead of its queue
   # (--role decode) waits only for a batch slot and a KV block; others admit it in order, so
-  # this equals predictedWaitUs there (README.md, "Load"). 0 from older workers.
-  pulledWaitUs @11 :UInt64;
+  # this equals predictedWaitUs there (README.md, "Load"). All ones (the default) from older
+  # workers: not known.
+  pulledWaitUs @11 :UInt64 = 0xffffffffffffffff;
 }
 
 struct PullTotals {

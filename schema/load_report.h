@@ -14,6 +14,9 @@ namespace kvfleet {
 // Tiers in kv::Tier order: device, host.
 constexpr int kLoadTiers = 2;
 
+// LoadReport::pulled_wait_us from a worker older than the field (events.capnp's default).
+constexpr uint64_t kPulledWaitUnknown = ~uint64_t{0};
+
 // A worker's KV pulls from one holder (Contract 4), totals since the worker started.
 struct PullTotals {
   std::string source;  // the holder's transfer endpoint
@@ -38,8 +41,9 @@ struct LoadReport {
   uint64_t predicted_wait_us = 0;
   // Microseconds a prompt that arrives with all but at most a block pulled waits to be
   // admitted: on a worker that admits such prompts ahead of its queue (a decode-role worker),
-  // for a batch slot and a KV block only; elsewhere predicted_wait_us. 0 from older workers.
-  uint64_t pulled_wait_us = 0;
+  // for a batch slot and a KV block only; elsewhere predicted_wait_us. kPulledWaitUnknown from
+  // older workers.
+  uint64_t pulled_wait_us = kPulledWaitUnknown;
   // LoraId (common/block_hash.h) of each LoRA adapter on the device now; the others the
   // worker serves (its Hello's loras) must be loaded first. Empty from older workers.
   std::vector<uint64_t> resident_loras;

@@ -99,7 +99,9 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
                                ? static_cast<double>(load->active_prefill_tokens) / load->prefill_tokens_per_second
                                : 0;
   c->admission_wait_s = std::max(0.0, static_cast<double>(load->predicted_wait_us) / 1e6 - prefill_s);
-  c->pulled_wait_s = static_cast<double>(load->pulled_wait_us) / 1e6;
+  // A worker older than pulledWaitUs: its admission wait, as for any prompt (README.md).
+  c->pulled_wait_s = load->pulled_wait_us == kPulledWaitUnknown ? c->admission_wait_s
+                                                                 : static_cast<double>(load->pulled_wait_us) / 1e6;
   // What the peer policies weigh besides (peer_policies.h).
   const auto device = static_cast<size_t>(kv::Tier::kDevice);
   c->decode_blocks = static_cast<double>(load->active_decode_blocks);

@@ -237,7 +237,7 @@ void CheckExampleBatch(const std::string& frame, bool ids) {
   CHECK(b->load.prefill_tokens_per_second == 18500);
   CHECK(b->load.decode_tokens_per_second == 2400);
   CHECK(b->load.predicted_wait_us == (ids ? 110702u : 0u));  // the older worker predates it too
-  CHECK(b->load.pulled_wait_us == 0);                          // both predate pulledWaitUs
+  CHECK(b->load.pulled_wait_us == kPulledWaitUnknown);         // both predate pulledWaitUs
 }
 
 TEST_CASE("the spec's example frames decode, and an older worker's frame reads as event id 0 and lora id 0") {

@@ -299,6 +299,13 @@ TEST_CASE("a split's decode part waits for a batch slot on a decode-role worker,
   auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(e.ok());
   CHECK(e->estimated_ttft_s >= 1.5);
+  // A worker older than the field does not say: its admission wait stands, as for any prompt.
+  full.pulled_wait_us = kPulledWaitUnknown;
+  f.loads.reported[1] = f.loads.reported[2] = full;
+  auto g = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  REQUIRE(g.ok());
+  CHECK(g->estimated_ttft_s >= 2.0);
+  CHECK(g->estimated_ttft_s < 3.0);  // not the field's all-ones read as microseconds
 }
 
 TEST_CASE("a short prompt splits when the decode pool would give its first token later than the split") {
