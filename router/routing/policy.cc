@@ -93,15 +93,21 @@ uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
 // get no work and so never measure again (README.md, "prefill rate").
 double EffectiveRate(const Candidate& c, double fleet_rate) { return std::max(c.prefill_tokens_per_s, fleet_rate); }
 
-// The wait before a prefill starts on `c`, whose queued prefill takes `queue_s` by its figures.
-double QueueWait(const Candidate& c, double queue_s, const TtftCoefficients& k) {
-  return k.queue * queue_s + c.device_prefill_s + c.admission_wait_s;
+// The wait before a prefill starts on `c`, whose queued prefill takes `queue_s` by its figures,
+// with `admission_s` for a batch slot or KV blocks.
+double QueueWait(const Candidate& c, double queue_s, double admission_s, const TtftCoefficients& k) {
+  return k.queue * queue_s + c.device_prefill_s + admission_s;
 }
 
 // Whether `c` admits the request ahead of its queued prompts: a decode-role worker does so
-// for a prompt with at most a block left to compute there (Candidate::admits_nearly_cached_ahead).
+// for a prompt with at most a block left to compute there (Candidate::role).
 bool AheadOfQueue(const RouteRequest& request, const Candidate& c) {
-  return c.admits_nearly_cached_ahead && request.prompt_tokens - CachedTokens(request, c) <= request.block_size;
+  return c.role == WorkerRole::kDecode && request.prompt_tokens - CachedTokens(request, c) <= request.block_size;
+}
+
+// The wait `c` makes the request's prefill start after, beyond its queue: for admission.
+double AdmissionWait(const RouteRequest& request, const Candidate& c) {
+  return AheadOfQueue(request, c) ? c.pulled_wait_s : c.admission_wait_s;
 }
 
 }  // namespace
@@ -113,32 +119,30 @@ TtftCoefficients Picker::Coefficients() const {
 }
 
 TtftCoefficients Picker::Coefficients(const Candidate& c) const {
-  if (c.prefill_role) return prefill_calibration_ != nullptr ? prefill_calibration_->coefficients() : TtftCoefficients{};
+  if (c.role == WorkerRole::kPrefill) return prefill_calibration_ != nullptr ? prefill_calibration_->coefficients() : TtftCoefficients{};
   return Coefficients();
 }
 
 double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
-  return QueueWait(c, c.queued_prefill_tokens / EffectiveRate(c, fleet_rate), Coefficients(c));
+  return QueueWait(c, c.queued_prefill_tokens / EffectiveRate(c, fleet_rate), c.admission_wait_s, Coefficients(c));
 }
 
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const TtftTerms t = Terms(request, c, fleet_rate);
   const TtftCoefficients k = Coefficients(c);
   // A pull overlaps the wait for the prefill queued ahead and for admission.
-  const double admission = AheadOfQueue(request, c) ? c.pulled_wait_s : c.admission_wait_s;
-  const double wait = std::max(k.queue * t.queue_s + c.device_prefill_s + admission, c.pull_s);
+  const double wait = std::max(QueueWait(c, t.queue_s, AdmissionWait(request, c), k), c.pull_s);
   return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;
 }
 
 TtftTerms Picker::Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const double rate = EffectiveRate(c, fleet_rate);
-  const bool ahead = AheadOfQueue(request, c);
   TtftTerms t;
-  t.queue_s = ahead ? 0 : c.queued_prefill_tokens / rate;
+  t.queue_s = AheadOfQueue(request, c) ? 0 : c.queued_prefill_tokens / rate;
   t.own_s = static_cast<double>(request.prompt_tokens - CachedTokens(request, c)) / rate;
   t.step_s = DecodeSeconds(c);
-  t.rest_s = c.device_prefill_s + (ahead ? c.pulled_wait_s : c.admission_wait_s) +
-             c.host_blocks * options_.onboard_s_per_block + c.adapter_load_s;
+  t.rest_s = c.device_prefill_s + AdmissionWait(request, c) + c.host_blocks * options_.onboard_s_per_block +
+             c.adapter_load_s;
   return t;
 }
 

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "router/core/worker.h"
+#include "schema/registration.h"
 
 namespace kvfleet::router {
 
@@ -196,12 +197,11 @@ struct Candidate {
   // (predicted entries), and its prefill queue ahead is the wait (README.md, "Pulling a prefix
   // being computed").
   double pull_ready_s = 0;
-  // A --role prefill worker: its estimate takes the prefill pool's calibration (Picker::Coefficients).
-  bool prefill_role = false;
-  // A --role decode worker: it admits a prompt with at most a block left to compute (a split's,
-  // pulled, or a whole request's nearly all cached) ahead of its queued prompts, so such a
-  // request's estimate there has no queue term and waits pulled_wait_s for admission.
-  bool admits_nearly_cached_ahead = false;
+  // Its --role. A prefill worker's estimate takes the prefill pool's calibration
+  // (Picker::Coefficients). A decode worker admits a prompt with at most a block left to compute
+  // (a split's, pulled, or a whole request's nearly all cached) ahead of its queued prompts, so
+  // such a request's estimate there has no queue term and waits pulled_wait_s for admission.
+  WorkerRole role = WorkerRole::kBoth;
   // Its transfer service, as pulls compare it (WorkerLoads::LoadView::transfer_format): 0: it
   // serves no pulls.
   uint32_t transfer_format = 0;

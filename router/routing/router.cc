@@ -42,7 +42,6 @@ struct RouteScratch {
   std::vector<uint32_t> match_of, match_stamp;
   uint32_t stamp = 0;  // this decision's
   std::vector<WorkerLoads::LoadView> views;
-  std::vector<WorkerRole> roles;
   std::vector<const std::vector<WorkerId>*> mates;
   std::vector<double> ttft;
 };
@@ -340,9 +339,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   std::vector<WorkerLoads::LoadView>& views = s.views;
   loads_->Loads(fleet.routable, &views);
   double waiting = 0;  // this router's requests of the model without a first token
-  std::vector<WorkerRole>& roles = s.roles;  // the candidates'
   std::vector<const std::vector<WorkerId>*>& mates = s.mates;  // the candidates' device mates
-  roles.clear();
   mates.clear();
   bool shared_device = false;
   size_t not_constrained = 0;     // workers left out: they offer no constrained decoding
@@ -368,10 +365,9 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     waiting += AddLoad(d.policy, views[i], &c).waiting;
     c.transfer_format = views[i].transfer_format;
     c.transfer_host = views[i].transfer_host;
-    c.admits_nearly_cached_ahead = views[i].role == WorkerRole::kDecode;
+    c.role = views[i].role;
     candidates.push_back(c);
     d.best_matched_blocks = std::max(d.best_matched_blocks, c.device_blocks + c.host_blocks);
-    roles.push_back(views[i].role);
     mates.push_back(&views[i].device_mates);
     shared_device = shared_device || !views[i].device_mates.empty();
   }
@@ -396,13 +392,11 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   // prefixes the decode-capable workers may pull, and take split prefills (TrySplit, below).
   std::vector<Candidate> everyone;  // every candidate, when some are prefill workers
   std::vector<Candidate> prefill_pool;
-  if (std::find(roles.begin(), roles.end(), WorkerRole::kPrefill) != roles.end()) {
+  if (std::any_of(candidates.begin(), candidates.end(),
+                  [](const Candidate& c) { return c.role == WorkerRole::kPrefill; })) {
     everyone = candidates;
     candidates.clear();
-    for (size_t i = 0; i < everyone.size(); ++i) {
-      everyone[i].prefill_role = !ServesDecode(roles[i]);
-      (ServesDecode(roles[i]) ? candidates : prefill_pool).push_back(everyone[i]);
-    }
+    for (const Candidate& c : everyone) (ServesDecode(c.role) ? candidates : prefill_pool).push_back(c);
     if (candidates.empty()) {
       if (refusal != nullptr) *refusal = Refusal{"no_decode_worker", 0};
       return Unavailable("model '" + std::string(prompt.model) + "' has only prefill workers (--role prefill) live: "

@@ -216,7 +216,7 @@ TEST_CASE("a decode-role worker admits a prompt with at most a block left ahead 
   c.queued_prefill_tokens = 10'000;  // 1 s of prompts queued there
   c.admission_wait_s = 2;            // and 2 s before one more is admitted behind them
   c.pulled_wait_s = 0.25;            // a batch slot for one admitted ahead
-  c.admits_nearly_cached_ahead = true;
+  c.role = WorkerRole::kDecode;
   c.device_blocks = 124;  // 3,968 of 4,000 tokens cached: 32 left, one block
   const RouteRequest nearly{4000, 32};
   CHECK(picker.EstimateTtft(nearly, c, 10'000) == doctest::Approx(0.25 + 32.0 / 10'000));
@@ -225,7 +225,7 @@ TEST_CASE("a decode-role worker admits a prompt with at most a block left ahead 
   c.device_blocks = 123;  // 64 left: it queues like any prompt
   CHECK(picker.EstimateTtft(nearly, c, 10'000) == doctest::Approx(1 + 2 + 64.0 / 10'000));
   c.device_blocks = 124;
-  c.admits_nearly_cached_ahead = false;  // a role-both worker admits it in order
+  c.role = WorkerRole::kBoth;  // a role-both worker admits it in order
   CHECK(picker.EstimateTtft(nearly, c, 10'000) == doctest::Approx(1 + 2 + 32.0 / 10'000));
 }
 
