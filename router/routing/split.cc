@@ -38,7 +38,8 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   if (!p.ok()) return false;
   const Candidate& pre = (*prefill_admitted)[p->index];
   const std::shared_ptr<const TransferPeer> from = loads_->Transfer(pre.worker);
-  const double prefill_ttft = picker_.EstimateTtft(route, pre, picker_.FleetRate(prefill));
+  const double prefill_rate = picker_.FleetRate(prefill);
+  const double prefill_ttft = picker_.EstimateTtft(route, pre, prefill_rate);
   if (prefill_ttft > whole_ttft_s) return false;  // below, with the decode's wait
 
   // The decode: every decode-capable worker of the same KV format, with the prompt's full
@@ -66,7 +67,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   const double decode_rate_floor = picker_.FleetRate(decode);
   // A decode-role worker admits the pulled prompt ahead of its queued prompts and runs it with
   // its decodes (worker/engine/README.md): the estimate counts no queue there, and for admission
-  // only its report's pulledWaitUs (Candidate::admits_nearly_cached_ahead).
+  // only its report's pulledWaitUs (Candidate::role).
   const double decode_ttft = picker_.EstimateTtft(route, chosen, decode_rate_floor);
   // Only while the prefill pool keeps up: split, the first token comes after the prefill and
   // then the decode worker's part (its queue or the pull, the prompt's last partial block);
@@ -95,7 +96,7 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   d->pull_from = pre.worker;
   d->split = SplitPrefill{pre.worker, p->predicted_cached_tokens, full, prefill_ttft, chosen.pull_s, deadline_ms,
                           std::move(prefill_admitted), std::nullopt};
-  if (options().calibrate_ttft) d->split->ttft_terms = picker_.Terms(route, pre, picker_.FleetRate(prefill));
+  if (options().calibrate_ttft) d->split->ttft_terms = picker_.Terms(route, pre, prefill_rate);
   d->candidates = std::move(decode_admitted);
   return true;
 }

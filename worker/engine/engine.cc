@@ -506,8 +506,8 @@ LoadReport Engine::Load() const {
   queue.waiting_tokens = waiting_tokens;
   queue.running_remaining = running_remaining;
   load.predicted_wait_us = static_cast<uint64_t>(PredictedWaitSeconds(queue) * 1e6);
-  const bool pulled_ahead = options_.scheduler.max_step_over_decodes > 0;  // Scheduler::AdmitNearlyCached
-  load.pulled_wait_us = static_cast<uint64_t>(PulledWaitSeconds(queue, pulled_ahead) * 1e6);
+  load.pulled_wait_us =
+      static_cast<uint64_t>(PulledWaitSeconds(queue, scheduler_.admits_nearly_cached_ahead()) * 1e6);
   load.resident_loras = loras_.Resident();
   return load;
 }

@@ -112,7 +112,7 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   bool chunked = false;  // a prefill chunk (not a one-token rest) is in the step
   // 1b. Decode role: a prompt with at most a block left to compute (a split's pulled prompt)
   // goes with the decodes, not behind the prompts the cap holds back.
-  if (options_.max_step_over_decodes > 0) AdmitNearlyCached(budget, add);
+  if (admits_nearly_cached_ahead()) AdmitNearlyCached(budget, add);
   // The chunk `seq` gets now, 0 when the budget or the bound leaves nothing.
   auto chunk = [&](Sequence* seq) -> uint32_t {
     const uint32_t max_n = std::min(seq->num_uncomputed(), budget);
@@ -126,7 +126,7 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   // 2. Unfinished prefills, oldest first; one that gets nothing holds back the younger.
   for (Sequence* seq : running_) {
     if (seq->num_uncomputed() <= 1) continue;
-    if (options_.max_step_over_decodes > 0 && seq->num_uncomputed() <= kv_->block_size()) continue;  // 1b's
+    if (admits_nearly_cached_ahead() && seq->num_uncomputed() <= kv_->block_size()) continue;  // 1b's
     const uint32_t n = chunk(seq);
     if (n == 0) break;
     add(seq, n);

@@ -164,6 +164,9 @@ class Scheduler {
   const std::vector<Sequence*>& running() const { return running_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
   const StepTimeModel& step_model() const { return step_model_; }
+  // Whether a prompt with at most a block left to compute goes ahead of the waiting prompts,
+  // with the decodes (a decode-role worker's cap: step 1b, AdmitNearlyCached).
+  bool admits_nearly_cached_ahead() const { return options_.max_step_over_decodes > 0; }
 
   Status CheckInvariants() const;
 
