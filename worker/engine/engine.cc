@@ -119,7 +119,7 @@ void Engine::Cancel(RequestId id) {
 void Engine::Hold(RequestId id) {
   auto it = sequences_.find(id);
   if (it == sequences_.end() || it->second->held || it->second->finished || it->second->admitted_once) return;
-  it->second->held = true;
+  it->second->held = it->second->was_held = true;
   ++held_;
 }
 

@@ -113,6 +113,11 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
   // 1b. Decode role: a prompt with at most a block left to compute (a split's pulled prompt)
   // goes with the decodes, not behind the prompts the cap holds back.
   if (admits_nearly_cached_ahead()) AdmitNearlyCached(budget, add);
+  // 1c. A prompt held while its prefix was pulled keeps its arrival place: the prompts admitted
+  // during the pull came after it. Behind them, a pulled prompt of a few tokens waited for whole
+  // long prefills that arrived during its 30 ms pull (a mock fleet: 0.4 s first tokens for pulls
+  // predicted at 0.06-0.09 s).
+  AdmitPulledInPlace();
   // The chunk `seq` gets now, 0 when the budget or the bound leaves nothing.
   auto chunk = [&](Sequence* seq) -> uint32_t {
     const uint32_t max_n = std::min(seq->num_uncomputed(), budget);
@@ -219,6 +224,22 @@ void Scheduler::AdmitNearlyCached(uint32_t budget, const Add& add) {
     const uint32_t n = std::min(seq->num_uncomputed(), budget);
     add(seq, n);
     budget -= n;
+  }
+}
+
+void Scheduler::AdmitPulledInPlace() {
+  for (size_t i = 0; i < waiting_.size() && running_.size() < options_.max_batch_size;) {
+    Sequence* seq = waiting_[i];
+    auto later = [seq](const Sequence* r) { return r->num_uncomputed() > 1 && r->arrival > seq->arrival; };
+    if (!seq->was_held || seq->held || seq->admitted_once || !seq->request.lora.empty() ||
+        std::none_of(running_.begin(), running_.end(), later)) {
+      ++i;
+      continue;
+    }
+    if (!TryAdmit(seq)) return;  // the cache is full: step 3 admits in arrival order
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    running_.pop_back();  // TryAdmit appended it
+    running_.insert(std::find_if(running_.begin(), running_.end(), later), seq);
   }
 }
 

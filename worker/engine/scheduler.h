@@ -4,7 +4,9 @@
 // Each step has a budget of max_num_tokens tokens and max_batch_size running sequences:
 //   1. Decode first: every running sequence with one uncomputed token gets it.
 //   2. Then running sequences still prefilling (a long prompt, or a recompute after
-//      preemption) get chunks, oldest first.
+//      preemption) get chunks, oldest first. A prompt held while the worker pulled its prefix
+//      (Engine::Hold) keeps its arrival place: once unheld it is admitted ahead of the prompts
+//      admitted during its pull that arrived after it, and prefills before them.
 //   3. Then waiting sequences are admitted, in order, while the budget, the batch size and
 //      the KV cache allow: Match (prefix hits skip their tokens), CanAllocate, Allocate.
 //      Admission stops at the first one that does not fit, so a big request is not starved
@@ -185,6 +187,9 @@ class Scheduler {
   // (matched now; not held, no adapter), through `add` within `budget`, before the bound's cuts.
   template <typename Add>
   void AdmitNearlyCached(uint32_t budget, const Add& add);
+  // Step 1c: admits each unheld, once-held waiting prompt (no adapter) that arrived before a
+  // running prefill, and places it before the running prefills that arrived after it.
+  void AdmitPulledInPlace();
   // A prompt still to prefill has waited past max_capped_wait_ms at `now`.
   bool PromptOverdue(TimeNs now) const;
   // Tokens of a prefill chunk from `start` (max_n > 0 of them ready) that keep `shape` plus
@@ -198,7 +203,7 @@ class Scheduler {
   kv::KvCacheManager* const kv_;
   LoraRegistry* const loras_;
   std::deque<Sequence*> waiting_;   // front: preempted (oldest first), then arrival order
-  std::vector<Sequence*> running_;  // admission order
+  std::vector<Sequence*> running_;  // admission order; a pulled prompt ahead of later arrivals (1c)
   uint64_t num_preemptions_ = 0;
   StepTimeModel step_model_;
 };

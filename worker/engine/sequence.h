@@ -55,6 +55,8 @@ struct Sequence {
 
   // Engine::Hold: queued but not admitted while the worker pulls its prefix (KV transfer).
   bool held = false;
+  // It was held: once unheld it keeps its arrival place among the prefills (Scheduler, 1c).
+  bool was_held = false;
 
   // Usage: cache hits counted on the first admission only (what the client saved).
   bool admitted_once = false;

@@ -152,6 +152,40 @@ TEST_CASE("a held request waits while the ones behind it run, and starts once un
   }
 }
 
+TEST_CASE("a prompt held for its pull keeps its arrival place among the prefills") {
+  Harness h;  // a step computes at most 64 tokens
+  h.Add(Prompt(40), 1);
+  h.RunToCompletion();  // its first two blocks are now cached: "pulled" for the prompts below
+  RequestId pulled = h.Add(Prompt(40), 3);
+  h.engine->Hold(pulled);
+  h.clock.Set(h.clock.Now() + kNsPerMs);
+  RequestId later = h.Add(Prompt(400, 7000), 3);  // arrives during the pull
+  h.Step();
+  CHECK(h.tokens[later].empty());  // 64 of its 400 tokens prefilled
+  h.engine->Unhold(pulled);
+  h.Step();
+  // Ahead of the prompt that came during its pull: its 8 uncached tokens, and its first token.
+  // Behind it, the pulled prompt waited for all 400 tokens of the later one.
+  CHECK(h.tokens[pulled].size() == 1);
+  CHECK(h.tokens[later].empty());
+  h.RunToCompletion();
+  CHECK(h.tokens[later].size() == 3);
+
+  SUBCASE("not ahead of a prompt that came before it") {
+    RequestId earlier = h.Add(Prompt(400, 9000), 3);
+    h.clock.Set(h.clock.Now() + kNsPerMs);
+    RequestId held = h.Add(Prompt(40), 3);
+    h.engine->Hold(held);
+    h.Step();
+    h.engine->Unhold(held);
+    h.Step();
+    CHECK(h.tokens[held].empty());  // the earlier prompt's chunk took the step's budget
+    h.RunToCompletion();
+    CHECK(h.tokens[held].size() == 3);
+    CHECK(h.tokens[earlier].size() == 3);
+  }
+}
+
 TEST_CASE("a prompt over the context limit is refused; generation stops at the limit") {
   HarnessOptions o;
   o.max_context = 64;
