@@ -8,6 +8,7 @@
 # more router flags for every fleet (e.g. --no-ttft-calibration). KVFLEET_CONV_SEED (default 1): the
 # conversation trace's seed. Prints one table per trace and
 # load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
+# Several rounds' OUT_DIRs pooled per row and policy: tests/bench/fleet/pooled_ttft.py.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; DURATION="${4:-25}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
