@@ -31,6 +31,7 @@ struct OwnLoadCounts {
   double prefill_tokens = 0;  // tokens expected uncached, for requests without a first token
   double prompt_tokens = 0;   // their whole prompts
   double waiting = 0;         // requests without a first token
+  double left_prefill_tokens = 0;  // cumulative: prefill tokens of requests that left the pending set
   bool operator==(const OwnLoadCounts&) const = default;
 };
 
@@ -97,6 +98,7 @@ class OwnLoadSlot {
       s.counts.prefill_tokens = static_cast<double>(prefill_tokens_.load(std::memory_order_acquire));
       s.counts.prompt_tokens = static_cast<double>(prompt_tokens_.load(std::memory_order_acquire));
       s.counts.waiting = static_cast<double>(waiting_.load(std::memory_order_acquire));
+      s.counts.left_prefill_tokens = static_cast<double>(left_.load(std::memory_order_acquire));
       s.changed_at = changed_at_.load(std::memory_order_acquire);
       s.changes = changes_.load(std::memory_order_acquire);
       if ((before & 1) == 0 && seq_.load(std::memory_order_relaxed) == before) return s;
@@ -108,17 +110,19 @@ class OwnLoadSlot {
     const int64_t waiting = waiting_.load(std::memory_order_relaxed) + d.waiting;
     const int64_t prefill = prefill_tokens_.load(std::memory_order_relaxed) + d.prefill_tokens;
     const int64_t prompt = prompt_tokens_.load(std::memory_order_relaxed) + d.prompt_tokens;
-    Publish(at, requests, waiting, prefill, prompt, changes_.load(std::memory_order_relaxed) + 1);
+    const int64_t left = left_.load(std::memory_order_relaxed) + std::max<int64_t>(0, -d.prefill_tokens);
+    Publish(at, requests, waiting, prefill, prompt, left, changes_.load(std::memory_order_relaxed) + 1);
     return OwnLoadCounts{static_cast<double>(requests), static_cast<double>(prefill), static_cast<double>(prompt),
-                         static_cast<double>(waiting)};
+                         static_cast<double>(waiting), static_cast<double>(left)};
   }
   // Zero counts, never changed (a new worker on a reused id). REQUIRES: no Add at once.
-  void Reset() { Publish(0, 0, 0, 0, 0, 0); }
+  void Reset() { Publish(0, 0, 0, 0, 0, 0, 0); }
   int64_t requests() const { return requests_.load(std::memory_order_relaxed); }
   int64_t prefill_tokens() const { return prefill_tokens_.load(std::memory_order_relaxed); }
 
  private:
-  void Publish(TimeNs at, int64_t requests, int64_t waiting, int64_t prefill, int64_t prompt, uint64_t changes) {
+  void Publish(TimeNs at, int64_t requests, int64_t waiting, int64_t prefill, int64_t prompt, int64_t left,
+               uint64_t changes) {
     const uint64_t seq = seq_.load(std::memory_order_relaxed);
     seq_.store(seq + 1, std::memory_order_relaxed);  // odd: readers retry
     // Release stores: a reader that sees one also sees the odd number stored before it.
@@ -126,6 +130,7 @@ class OwnLoadSlot {
     waiting_.store(waiting, std::memory_order_release);
     prefill_tokens_.store(prefill, std::memory_order_release);
     prompt_tokens_.store(prompt, std::memory_order_release);
+    left_.store(left, std::memory_order_release);
     changed_at_.store(at, std::memory_order_release);
     changes_.store(changes, std::memory_order_release);
     seq_.store(seq + 2, std::memory_order_release);
@@ -135,6 +140,7 @@ class OwnLoadSlot {
   std::atomic<int64_t> prefill_tokens_{0};  // expected uncached, requests without a first token
   std::atomic<int64_t> prompt_tokens_{0};   // their whole prompts
   std::atomic<int64_t> waiting_{0};         // requests without a first token
+  std::atomic<int64_t> left_{0};            // cumulative prefill tokens of requests that left
   std::atomic<TimeNs> changed_at_{0};
   std::atomic<uint64_t> changes_{0};
 };

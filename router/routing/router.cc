@@ -84,8 +84,19 @@ OwnLoadCounts Router::AddLoad(Policy policy, const WorkerLoads::LoadView& view, 
   // its gossip; twice only while the one report that came before its gossip is the last.
   const OwnLoadCounts then = Sum(view.own_at_report, view.peers_at_report);
   c->running_requests = known.requests + std::max(0.0, active + queued - then.requests);
+  // Progress the report shows on this router's own pending prompts: what it expected uncached
+  // of them then, less what the worker had left (counting waiting prompts whole, so a lower
+  // bound), once every request it had sent there had reached the worker; less the prompts that
+  // have left the pending set since (their tokens left the own count already).
+  double progress = 0;
+  const OwnLoadCounts& own_then = view.own_at_report;
+  if (active + queued >= own_then.requests) {
+    progress = std::max(0.0, own_then.prefill_tokens - static_cast<double>(load->active_prefill_tokens));
+    progress = std::max(0.0, progress - (own.left_prefill_tokens - own_then.left_prefill_tokens));
+  }
   c->queued_prefill_tokens =
-      known.prefill_tokens + std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
+      std::max(0.0, known.prefill_tokens - std::min(progress, own.prefill_tokens)) +
+      std::max(0.0, static_cast<double>(load->active_prefill_tokens) - then.prompt_tokens);
   c->queued_requests = std::max(queued, known.requests - active);
   c->waiting_requests = known.waiting + std::max(0.0, queued - then.waiting);
   if (load->prefill_tokens_per_second > 0) c->prefill_tokens_per_s = load->prefill_tokens_per_second;

@@ -91,6 +91,8 @@ TEST_CASE("a counter's published counts and newest sample answer as its history 
       sum.waiting += static_cast<double>(d.waiting);
       sum.prefill_tokens += static_cast<double>(d.prefill_tokens);
       sum.prompt_tokens += static_cast<double>(d.prompt_tokens);
+      // Prefill tokens that left the pending set (a first token, an end), cumulative.
+      sum.left_prefill_tokens += static_cast<double>(std::max<int64_t>(0, -d.prefill_tokens));
       times.push_back(clock.Now());
       REQUIRE(counter.Now() == sum);
       REQUIRE(slot.Read().counts == sum);

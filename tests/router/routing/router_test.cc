@@ -256,6 +256,41 @@ TEST_CASE("a load report is blended with this router's own counts, then and now"
   CHECK(ca.waiting_requests == doctest::Approx(2));
 }
 
+TEST_CASE("the prefill a report shows done on this router's pending prompts is not counted again") {
+  Fixture f;
+  f.fleet.routable = {0};
+  WorkerLoad report;
+  report.active_requests = 1;
+  report.active_prefill_tokens = 2000;  // 8,000 of the 10,000-token prompt prefilled
+  report.prefill_tokens_per_second = 20000;
+  report.received_at = 777;
+  f.loads.reported[0] = report;
+  f.loads.own_then[0] = OwnLoadCounts{1, 10000, 10000, 1, 0};
+  f.loads.own[0] = OwnLoadCounts{1, 10000, 10000, 1, 0};
+  auto route = [&] {
+    auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(d.ok());
+    return d->candidates->at(0).queued_prefill_tokens;
+  };
+  CHECK(route() == doctest::Approx(2000));  // counted whole, it was 10,000
+  // Its first token came since the report, and a 3,000-token prompt was sent: the progress
+  // left with it, and is not taken off the new prompt.
+  f.loads.own[0] = OwnLoadCounts{2, 3000, 3000, 1, 10000};
+  CHECK(route() == doctest::Approx(3000));
+  // A prompt sent before the report was read but after it was written: the worker did not have
+  // it yet (its counts hold fewer requests than this router had there), so its absence from the
+  // report is no progress.
+  f.loads.own_then[0] = OwnLoadCounts{2, 13000, 13000, 2, 0};
+  f.loads.own[0] = OwnLoadCounts{2, 13000, 13000, 2, 0};
+  CHECK(route() == doctest::Approx(13000));
+  // A second router's prompts in the report hide the progress (a lower bound, never more).
+  f.loads.reported[0].active_requests = 3;
+  f.loads.reported[0].active_prefill_tokens = 2000 + 9000;
+  f.loads.own_then[0] = OwnLoadCounts{1, 10000, 10000, 1, 0};
+  f.loads.own[0] = OwnLoadCounts{1, 10000, 10000, 1, 0};
+  CHECK(route() == doctest::Approx(10000 + 1000));
+}
+
 TEST_CASE("the fleet's load is the uncached prefill this router sent the model lately over its prefill rate") {
   RoutingOptions o;
   o.fleet_load_window = kNsPerSec;
