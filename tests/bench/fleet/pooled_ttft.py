@@ -25,7 +25,7 @@ def runs_of(out_dirs):
     for d in out_dirs:
         for path in sorted(glob.glob(os.path.join(d, "*.json"))):
             name = os.path.basename(path)[: -len(".json")]
-            row, _, suffix = name.partition("-nopull")
+            row = name.partition("-nopull")[0]
             try:
                 runs = json.load(open(path))["runs"]
             except (ValueError, KeyError) as e:
