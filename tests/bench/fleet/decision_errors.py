@@ -10,6 +10,10 @@ time (the two clocks' offset is found from the first requests). Prints:
   - by the chosen worker's queue ahead (queued prefill / its rate, before calibration), the
     error of the estimated first token (actual - estimated): mean, p10, p90;
   - the same for requests that pulled their prefix and for the rest;
+  - the TTFT's p90/p99/p99.5 beside those of each request's own uncached prefill at the chosen
+    worker's rate (the floor no choice of worker gets under, at the cache reuse achieved), and
+    how many of the slowest `--tail` were sent where the estimate was over 50 ms later than at
+    the soonest candidate;
   - the slowest `--tail` of the requests: the estimate, the prompt and its cached tokens, the
     chosen worker's queue and own prefill, and the soonest other candidate's estimate;
   - the `--late` requests whose first token came latest after its estimate, each with the
@@ -98,6 +102,13 @@ def main():
     summary("the rest", [r["ttft_s"] - d["estimated_ttft_s"] for r, d in whole if d["pull_blocks"] == 0])
 
     slowest = sorted(whole, key=lambda p: -p[0]["ttft_s"])[:max(1, int(a.tail * len(whole)))]
+    ttft = sorted(r["ttft_s"] for r, _ in whole)
+    own = sorted((r["prompt_tokens"] - r["cached_tokens"]) / rate(chosen(d), d) for r, d in whole)
+    print("TTFT against its floor, the own prefill without a queue (ms):")
+    for q in (0.9, 0.99, 0.995):
+        print(f"  p{100 * q:<5g} TTFT {1e3 * ttft[int(q * len(ttft))]:6.0f}  own prefill {1e3 * own[int(q * len(own))]:6.0f}")
+    later = sum(1 for _, d in slowest if chosen(d)["ttft_s"] > min(c["ttft_s"] for c in d["candidates"]) + 0.05)
+    print(f"  of the slowest {len(slowest)}, {later} were sent where the estimate was over 50 ms later than the soonest")
     print(f"the slowest {len(slowest)} (ms; queue and own at the chosen worker's rate; soonest: another candidate):")
     print("   ttft    est  prompt  cached  worker  queue   own  soonest (worker)  pulled")
     for r, d in slowest:
