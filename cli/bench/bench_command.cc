@@ -75,7 +75,7 @@ void RaiseOpenFileLimit() {
 void WriteRequestLines(std::ostream& out, const std::string& policy, const bench::ReplayRun& run) {
   for (size_t i = 0; i < run.outcomes.size(); ++i) {
     const bench::RequestOutcome& o = run.outcomes[i];
-    nlohmann::json j = {{"policy", policy},       {"index", i},
+    nlohmann::json j = {{"policy", policy},       {"index", i}, {"request_id", o.request_id},
                         {"arrival_s", o.arrival_s}, {"sent_unix_s", o.sent_unix_s},
                         {"ok", o.ok},              {"error", o.error},
                         {"http_status", o.http_status}, {"router", o.router}, {"worker", o.worker},

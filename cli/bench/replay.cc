@@ -80,6 +80,11 @@ class Replayer {
 
   ReplayRun Run() {
     start_ = std::chrono::steady_clock::now();
+    char run[32];
+    std::snprintf(run, sizeof(run), "bench-%llx-", static_cast<unsigned long long>(
+                      std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count()));
+    for (size_t i = 0; i < run_.outcomes.size(); ++i) run_.outcomes[i].request_id = run + std::to_string(i);
     asio::co_spawn(io_, Schedule(), asio::detached);
     if (options_.progress) asio::co_spawn(io_, Progress(), asio::detached);
     io_.run();
@@ -178,6 +183,7 @@ class Replayer {
     req.set(http::field::host, target->url.host);
     req.set(http::field::content_type, "application/json");
     req.set(http::field::accept, "text/event-stream");
+    req.set("x-request-id", out.request_id);  // the router's decision log names it
     req.body() = CompletionBody(requests_[i], prompts_, options_);
     req.prepare_payload();
     auto [wec, wn] = co_await http::async_write(stream, req, kAwait);

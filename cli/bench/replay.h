@@ -77,6 +77,7 @@ struct RequestOutcome {
   std::string router;          // the router URL it was sent to
   uint32_t connect_retries = 0;  // routers that refused its connection before `router` took it
   std::string worker;          // from the worker header, else the usage chunk's kvfleet.worker; empty when neither
+  std::string request_id;      // its X-Request-Id: "bench-<run>-<index>", <run> the run's start in µs (hex)
   double sent_unix_s = 0;      // wall-clock send time (Unix seconds), to line up with other logs
   double arrival_s = 0;        // scheduled send time, from the start of the run
   double queue_s = 0;          // waited for the concurrency limit

@@ -4,6 +4,7 @@
 // (completion_stream.h); /fleet, /v1/models and /ready are operator_api.h's.
 #include "router/http/api.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
@@ -55,6 +56,30 @@ bool SameKey(std::string_view a, std::string_view b) {
 
 double Seconds(DurationNs d) { return static_cast<double>(d) / kNsPerSec; }
 
+// X-Request-Id: the client's name for a completion, echoed on its answer and written to the
+// decision log. It reaches headers and logs, so only characters that cannot end or split
+// either: at most kMaxRequestIdBytes of A-Z a-z 0-9 and - _ . : / + =.
+constexpr std::string_view kRequestIdHeader = "x-request-id";
+constexpr size_t kMaxRequestIdBytes = 128;
+
+bool ValidRequestId(std::string_view id) {
+  if (id.empty() || id.size() > kMaxRequestIdBytes) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           std::string_view("-_.:/+=").find(c) != std::string_view::npos;
+  });
+}
+
+// The id to echo: the request's X-Request-Id when it is valid, else empty.
+std::string_view RequestIdOf(const http::Request& req) {
+  std::string_view id = req.Header(kRequestIdHeader);
+  return ValidRequestId(id) ? id : std::string_view();
+}
+
+void EchoRequestId(const http::Request& req, http::Headers* headers) {
+  if (std::string_view id = RequestIdOf(req); !id.empty()) headers->emplace_back(kRequestIdHeader, id);
+}
+
 // An HTTP I/O thread as a lane's loop.
 class IoThreadLoop final : public LaneLoop {
  public:
@@ -84,8 +109,12 @@ struct ThreadLane {
 class ExchangeWriter final : public AnswerWriter {
  public:
   explicit ExchangeWriter(std::shared_ptr<http::Exchange> ex) : ex_(std::move(ex)) {}
-  void Reply(http::Response response) override { ex_->Reply(std::move(response)); }
+  void Reply(http::Response response) override {
+    EchoRequestId(ex_->request(), &response.headers);
+    ex_->Reply(std::move(response));
+  }
   void StartStream(int status, std::string_view content_type, http::Headers headers) override {
+    EchoRequestId(ex_->request(), &headers);
     ex_->StartStream(status, content_type, std::move(headers));
   }
   void Write(std::string_view data) override { ex_->Write(data); }
@@ -201,7 +230,18 @@ class ApiImpl : public std::enable_shared_from_this<ApiImpl> {
   void Fail(http::Exchange& ex, const std::string& model, const ApiError& e) {
     metrics_.requests.Add({{"model", ModelLabel(model)}, {"worker", "none"}, {"status", std::to_string(e.status)}})
         .Increment();
-    ex.Reply(ErrorResponse(e));
+    http::Response r = ErrorResponse(e);
+    EchoRequestId(ex.request(), &r.headers);
+    ex.Reply(std::move(r));
+  }
+  // A completion's X-Request-Id, when sent, must be one RequestIdOf echoes.
+  static std::optional<ApiError> CheckRequestId(const http::Request& req) {
+    std::string_view id = req.Header(kRequestIdHeader);
+    if (id.empty() || ValidRequestId(id)) return std::nullopt;
+    return MakeError(400,
+                     "X-Request-Id must be 1 to " + std::to_string(kMaxRequestIdBytes) +
+                         " characters of A-Z a-z 0-9 - _ . : / + = (got " + std::to_string(id.size()) + " bytes)",
+                     "invalid_request_error", "invalid_request_id");
   }
   // A request refused for load, answered at once and counted by `reason` (empty: not a
   // refusal for load, answered as any failure).
@@ -344,6 +384,7 @@ void ApiImpl::AddRoutes(http::Routes* routes) {
 void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
   const TimeNs arrived = clock_->Now();
   if (auto e = Authorize(ex->request())) return Fail(*ex, "", *e);
+  if (auto e = CheckRequestId(ex->request())) return Fail(*ex, "", *e);
   auto parsed = ParseCompletionRequest(ex->request().body, chat, options_.limits);
   if (!parsed.ok()) return Fail(*ex, "", ErrorFromStatus(parsed.status()));
   Serve(std::move(ex), std::move(parsed).value(), arrived, nullptr);
@@ -352,6 +393,7 @@ void ApiImpl::Complete(std::shared_ptr<http::Exchange> ex, bool chat) {
 void ApiImpl::Respond(std::shared_ptr<http::Exchange> ex) {
   const TimeNs arrived = clock_->Now();
   if (auto e = Authorize(ex->request())) return Fail(*ex, "", *e);
+  if (auto e = CheckRequestId(ex->request())) return Fail(*ex, "", *e);
   auto parsed = ParseResponsesRequest(ex->request().body, options_.limits);
   if (!parsed.ok()) return Fail(*ex, "", ErrorFromStatus(parsed.status()));
   CompletionRequest req = std::move(parsed->chat);
@@ -403,7 +445,8 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
   Lane* lane = LaneOf(ex->io_thread());
   const std::string constrained_field = req.structured_field;  // req moves into the stream
   Result<Dispatched> sent =
-      dispatcher_.Dispatch(*served, std::move(prepared.params), policy, lane, make_stream, &refusal, constrained_field);
+      dispatcher_.Dispatch(*served, std::move(prepared.params), policy, lane, make_stream, &refusal, constrained_field,
+                           RequestIdOf(ex->request()));
   if (!sent.ok()) {
     ApiError e = RouteError(sent.status(), refusal);
     if (sent.status().code() == StatusCode::kInvalidArgument) e.param = constrained_field;

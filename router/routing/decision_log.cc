@@ -55,6 +55,7 @@ DecisionLog::~DecisionLog() {
 std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
   const bool pulls = !d.pull.source.empty();
   nlohmann::ordered_json line = {{"t_s", static_cast<double>(now) / kNsPerSec},
+                                 {"request_id", d.request_id},
                                  {"policy", std::string(PolicyName(d.policy))},
                                  {"prompt_tokens", d.route.prompt_tokens},
                                  {"worker", d.worker},

@@ -46,12 +46,14 @@ Result<ServedModel> Dispatcher::Resolve(std::string_view name, Refusal* refusal)
 
 Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParams params,
                                         std::optional<Policy> policy, Lane* lane, const SinkFactory& make_sink,
-                                        Refusal* refusal, std::string_view constrained_field) {
+                                        Refusal* refusal, std::string_view constrained_field,
+                                        std::string_view request_id) {
   params.model = served.model;
   params.lora = served.lora;
   Prompt prompt{served.model, params.tokens, params.cache_salt, policy.value_or(router_->options().policy)};
   prompt.lora = params.lora;
   prompt.whole = params.sampling.prompt_logprobs;
+  prompt.request_id = request_id;
   if (params.sampling.structured.kind != StructuredOutput::Kind::kNone) {
     prompt.constrained_field = constrained_field.empty() ? std::string_view("response_format") : constrained_field;
   }

@@ -72,9 +72,10 @@ class Dispatcher {
   // with *refusal set (Router::Route). REQUIRES: !params.tokens.empty(),
   // !served.fleet.routable.empty(); on `lane`'s thread. `constrained_field`: the request
   // field that set params.sampling.structured, for a refusal's message (Prompt::constrained_field).
+  // `request_id`: the client's X-Request-Id, for the decision log (Prompt::request_id).
   Result<Dispatched> Dispatch(const ServedModel& served, GenerateParams params, std::optional<Policy> policy,
                               Lane* lane, const SinkFactory& make_sink, Refusal* refusal,
-                              std::string_view constrained_field = {});
+                              std::string_view constrained_field = {}, std::string_view request_id = {});
 
  private:
   Fleet* fleet_;

@@ -309,6 +309,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   RouteScratch& s = t_route;
   Decision d;
   d.policy = prompt.policy;
+  d.request_id = prompt.request_id;
   d.route = RouteRequest{static_cast<uint32_t>(prompt.tokens.size()), fleet.block_size};
   d.lora_id = LoraId(prompt.lora);
   BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, prompt.lora, prompt.cache_salt});

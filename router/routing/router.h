@@ -70,6 +70,8 @@ struct Prompt {
   // tool_choice, ...; empty: none). Only workers whose Hello offers structured outputs are
   // candidates, and such a request is never split (a prefill worker need not offer them).
   std::string_view constrained_field = {};
+  // The client's X-Request-Id (router/http/api.cc checks it; empty: none): only logged.
+  std::string_view request_id = {};
 };
 
 // A split request's prefill (README.md, "Prefill and decode on different workers"): the
@@ -114,6 +116,7 @@ struct Decision {
   uint64_t lora_id = 0;           // LoraId(prompt.lora); 0: the base model
   std::vector<BlockHash> hashes;  // the prompt's full blocks
   std::shared_ptr<const std::vector<Candidate>> candidates;  // every worker considered
+  std::string request_id;  // Prompt::request_id, for the decision log
 };
 
 // Why Route refused a request: the label of kvfleet_router_requests_refused_total and when

@@ -5,8 +5,9 @@ what the slowest first tokens were waiting for.
   decision_errors.py --requests R.jsonl --decisions D.jsonl [--policy kv] [--tail 0.01] [--late 6]
 
 R is `kvfleet bench --requests-out`, D the router's `--decision-log` of the same run (one router).
-Each request is joined to the decision with its prompt's token count made closest to its send
-time (the two clocks' offset is found from the first requests). Prints:
+Each request is joined to the decision that names its id (the bench sends each request with an
+X-Request-Id, which the router logs); files from before the ids, to the decision with its
+prompt's token count made closest to its send time (the clocks' offset from the first requests). Prints:
   - by the chosen worker's queue ahead (queued prefill / its rate, before calibration), the
     error of the estimated first token (actual - estimated): mean, p10, p90;
   - the same for requests that pulled their prefix and for the rest;
@@ -30,7 +31,11 @@ def load(path, policy):
 
 
 def join(requests, decisions):
-    """(request, decision) pairs, matched by prompt tokens and send time."""
+    """(request, decision) pairs: by the request's id (X-Request-Id, which the router logs) where
+    both have one, else matched by prompt tokens and send time."""
+    by_id = {d["request_id"]: d for d in decisions if d.get("request_id")}
+    if by_id and all(r.get("request_id") for r in requests):
+        return [(r, by_id[r["request_id"]]) for r in requests if r["request_id"] in by_id]
     offsets = []
     for r in requests[:200]:
         for d in decisions[:400]:

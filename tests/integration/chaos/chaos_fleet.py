@@ -106,44 +106,33 @@ def index_blind_hits(trace_path, reqs, decisions):
 
     The truth comes from the clients' side: a worker holds a request's shared prefix once an
     earlier request of the same group got its first token from it DROP_SETTLE_S before this one
-    was sent. The index's view is the decision-log line of the request: the blocks each
-    candidate matched. Requests and decisions are paired in send order, the clocks' offset
-    taken as their median gap; a request sent within 10 ms of another is left out (the two
-    may have been routed in either order). Returns {"held", "blind", "left_out", "paired"}:
-    `held` requests whose prefix some worker held, `blind` those of them for which the index
-    showed no holder with the whole prefix."""
+    was sent. The index's view is the request's decision-log line (joined by its X-Request-Id):
+    the blocks each candidate matched. Returns {"held", "blind", "undecided"}: `held` requests
+    whose prefix some worker held, `blind` those of them for which the index showed no holder
+    with the whole prefix, `undecided` completed requests with no decision line."""
     groups = []
     with open(trace_path) as f:
         for line in f:
             if line.strip():
                 groups.append(json.loads(line)["hash_ids"][0] // 1000)
+    by_id = {d["request_id"]: d for d in decisions if d.get("request_id")}
     sent = sorted((r for r in reqs if r["ok"]), key=lambda r: r["sent_unix_s"])
-    decided = sorted(decisions, key=lambda d: d["t_s"])
-    out = {"held": 0, "blind": 0, "left_out": 0, "paired": len(sent) == len(decided)}
-    if not out["paired"] or not sent:
-        return out
-    gaps = sorted(d["t_s"] - r["sent_unix_s"] for r, d in zip(sent, decided))
-    offset = gaps[len(gaps) // 2]
+    out = {"held": 0, "blind": 0, "undecided": sum(1 for r in sent if r["request_id"] not in by_id)}
     names = {}  # the decision log's worker number -> the name the client saw
-    for r, d in zip(sent, decided):
-        names.setdefault(d["worker"], {}).setdefault(r["worker"], 0)
-        names[d["worker"]][r["worker"]] += 1
-    names = {k: max(v, key=v.get) for k, v in names.items()}
+    for r in sent:
+        if r["request_id"] in by_id:
+            names[by_id[r["request_id"]]["worker"]] = r["worker"]
     ready = {}  # group -> {worker name: unix time of its first token}
-    for i, (r, d) in enumerate(zip(sent, decided)):
+    for r in sent:
         g = groups[r["index"]]
-        near = [sent[j]["sent_unix_s"] for j in (i - 1, i + 1) if 0 <= j < len(sent)]
-        alone = all(abs(t - r["sent_unix_s"]) >= 0.01 for t in near)
+        d = by_id.get(r["request_id"])
         holders = [w for w, t in ready.get(g, {}).items() if t <= r["sent_unix_s"] - DROP_SETTLE_S]
-        if holders:
-            if not alone or abs(d["t_s"] - offset - r["sent_unix_s"]) > 0.05:
-                out["left_out"] += 1
-            else:
-                out["held"] += 1
-                seen = max((c["device_blocks"] + c["host_blocks"] for c in d["candidates"]
-                            if names.get(c["worker"]) in holders), default=0)
-                if seen < SHARED_BLOCKS:
-                    out["blind"] += 1
+        if holders and d is not None:
+            out["held"] += 1
+            seen = max((c["device_blocks"] + c["host_blocks"] for c in d["candidates"]
+                        if names.get(c["worker"]) in holders), default=0)
+            if seen < SHARED_BLOCKS:
+                out["blind"] += 1
         ready.setdefault(g, {}).setdefault(r["worker"], r["sent_unix_s"] + r["ttft_s"])
     return out
 

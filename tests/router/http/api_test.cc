@@ -1,5 +1,5 @@
 // The router's HTTP API end to end against fake workers: the answers' shapes and usage,
-// streaming, timings, stops, n choices, echo and logprobs, and the sampling fields. Errors
+// streaming, timings, X-Request-Id, stops, n choices, echo and logprobs, and the sampling fields. Errors
 // are in api_errors_test.cc, registration, models and keys in api_fleet_test.cc.
 #include "router/http/api.h"
 
@@ -43,6 +43,42 @@ TEST_CASE("a completion returns OpenAI's shape with the worker's usage and cache
   auto second = json::parse(BodyOf(r.Post("/v1/completions", body)));
   CHECK(second["usage"]["prompt_tokens_details"]["cached_tokens"] == 96);
   CHECK(w.last_params().sampling.max_tokens == 5);
+}
+
+TEST_CASE("X-Request-Id is echoed on the answer, streamed or not, and on an error; a malformed one is a 400") {
+  FakeWorker w("hello world");
+  RouterUnderTest r({w.endpoint()});
+  r.WaitRoutable(1);
+  const std::string body = json{{"model", "m"}, {"prompt", "hi"}, {"max_tokens", 2}}.dump();
+  auto plain = r.Post("/v1/completions", body, "X-Request-Id: job-7/a.b:c+d=_-\r\n");
+  REQUIRE(StatusOf(plain) == 200);
+  CHECK(plain.find("\r\nx-request-id: job-7/a.b:c+d=_-\r\n") != std::string::npos);
+  const std::string chat =
+      json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}, {"stream", true}}
+          .dump();
+  auto streamed = r.Post("/v1/chat/completions", chat, "x-request-id: s1\r\n");
+  REQUIRE(StatusOf(streamed) == 200);
+  CHECK(streamed.find("\r\nx-request-id: s1\r\n") != std::string::npos);
+  // Without one, none comes back.
+  CHECK(r.Post("/v1/completions", body).find("x-request-id") == std::string::npos);
+  // A request the router refuses names it too.
+  auto refused = r.Post("/v1/completions", json{{"model", "m"}}.dump(), "X-Request-Id: e1\r\n");
+  CHECK(StatusOf(refused) == 400);
+  CHECK(refused.find("\r\nx-request-id: e1\r\n") != std::string::npos);
+  // An id that could split a log line or a header, or a long one, is refused before routing,
+  // and not echoed.
+  const int sent = w.generates();
+  for (const std::string& bad : {std::string("a b"), std::string("a\"b"), std::string(129, 'x'), std::string("ü")}) {
+    CAPTURE(bad);
+    auto answer = r.Post("/v1/completions", body, "X-Request-Id: " + bad + "\r\n");
+    CHECK(StatusOf(answer) == 400);
+    auto j = json::parse(BodyOf(answer));
+    CHECK(j["error"]["code"] == "invalid_request_id");
+    CHECK(j["error"]["message"].get<std::string>().find("X-Request-Id must be 1 to 128 characters") == 0);
+    CHECK(answer.find("x-request-id:") == std::string::npos);
+  }
+  CHECK(StatusOf(r.Post("/v1/completions", body, "X-Request-Id: " + std::string(128, 'x') + "\r\n")) == 200);
+  CHECK(w.generates() == sent + 1);
 }
 
 TEST_CASE("chat streaming sends role, deltas, finish, usage and [DONE]") {

@@ -93,12 +93,16 @@ TEST_CASE("--decision-log: one JSON line per decision, every candidate with its 
   auto d = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
   REQUIRE(d.ok());
   f.router.Commit(*d);
-  auto next = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+  Prompt named = f.PromptOf(Policy::kKv);
+  named.request_id = "bench-1-7";  // the client's X-Request-Id
+  auto next = f.router.Route(f.fleet, named);
   REQUIRE(next.ok());
   std::ifstream in(path);
   std::vector<nlohmann::json> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
   REQUIRE(lines.size() == 2);
+  CHECK(lines[0]["request_id"] == "");
+  CHECK(lines[1]["request_id"] == "bench-1-7");
   CHECK(lines[1]["policy"] == "kv");
   CHECK(lines[1]["worker"] == next->worker);
   CHECK(lines[1]["estimated_ttft_s"].get<double>() == doctest::Approx(next->estimated_ttft_s));
