@@ -66,7 +66,6 @@ struct PickScratch {
   std::vector<size_t> eligible, cool;  // Pick
   std::vector<double> loads;           // Pick's hot-spot guard
   std::vector<double> costs, ttfts;    // PickLowestCost
-  std::vector<char> late;              // PickLowestCost
 };
 thread_local PickScratch t_pick;
 
@@ -187,11 +186,15 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
   return std::max(options_.uncached_work_weight, mean / (1 - rho));
 }
 
+// The work is priced at the fleet's rate, not the worker's own: a worker's measured rate is the
+// prefill share of its steps, high while few of its requests decode (its queue still holds
+// them), and those decodes progress in the same steps elsewhere. Priced at its own rate, a
+// worker with a long queue measured fastest and drew the long prompts behind it
+// (README.md, "The kv cost model"). Its own rate stays in its TTFT.
 double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                             double ttft) const {
-  double rate = EffectiveRate(c, fleet_rate);
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  return ttft + delayed * uncached / rate;
+  return ttft + delayed * uncached / fleet_rate;
 }
 
 namespace {
@@ -214,31 +217,12 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   std::vector<double>& ttfts = t_pick.ttfts;
   costs.resize(eligible.size());
   ttfts.resize(eligible.size());
-  size_t soonest = 0;
   for (size_t i = 0; i < eligible.size(); ++i) {
     const Candidate& c = candidates[eligible[i]];
     ttfts[i] = prepared != nullptr ? prepared->ttft[eligible[i]] : EstimateTtft(request, c, fallback);
     costs[i] = CostWithTtft(request, c, fallback, delayed, ttfts[i]);
-    if (ttfts[i] < ttfts[soonest]) soonest = i;
   }
-  // The work charge makes a request wait for a hit, which spares the fleet work. Between
-  // candidates that compute as much of the prompt as the soonest one, it only weighs their rates,
-  // and measured rates of like workers differ by a few percent (a worker whose requests all still
-  // queue has no decodes in its steps and measures fastest): times `delayed`, up to 10·N, that
-  // outweighed seconds of the request's own wait. So such a candidate may give the first token
-  // later than the soonest by at most the request's own prefill there (README.md, "The kv cost
-  // model"); past that it is not chosen.
-  const uint32_t soonest_cached = CachedTokens(request, candidates[eligible[soonest]]);
-  const double allowance = static_cast<double>(request.prompt_tokens - soonest_cached) /
-                           EffectiveRate(candidates[eligible[soonest]], fallback);
-  std::vector<char>& late = t_pick.late;
-  late.resize(eligible.size());
-  for (size_t i = 0; i < eligible.size(); ++i) {
-    late[i] = CachedTokens(request, candidates[eligible[i]]) <= soonest_cached && ttfts[i] > ttfts[soonest] + allowance;
-  }
-
   auto better = [&](size_t a, size_t b) {  // positions in eligible
-    if (late[a] != late[b]) return late[b] != 0;
     if (costs[a] != costs[b]) return costs[a] < costs[b];
     const Candidate& ca = candidates[eligible[a]];
     const Candidate& cb = candidates[eligible[b]];
@@ -253,7 +237,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   if (options_.temperature > 0 && eligible.size() > 1) {
     // Dynamo-style: softmax over costs normalized to [0, 1], so the temperature means the
     // same thing whatever the absolute TTFTs are.
-    // Every candidate has its chance, the late ones above included: the operator asked for spread.
+    // Every candidate has its chance: the operator asked for spread.
     double lo = *std::min_element(costs.begin(), costs.end());
     double hi = *std::max_element(costs.begin(), costs.end());
     double span = hi - lo;

@@ -284,7 +284,7 @@ class Picker {
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                         std::span<const size_t> eligible, const Prepared* prepared, double* cost);
   // The kv cost of `c`, whose EstimateTtft at `fleet_rate` is `ttft`: that plus the prefill work
-  // the choice adds, times `delayed` (DelayedRequests) (README.md).
+  // the choice adds at `fleet_rate`, times `delayed` (DelayedRequests) (README.md).
   double CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                       double ttft) const;
 

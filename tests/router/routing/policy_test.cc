@@ -162,9 +162,13 @@ TEST_CASE("kv: a faster measured rate does not buy seconds of a request's wait, 
   Choice d = *picker.Pick(Policy::kKv, r, fleet);
   CHECK(d.worker == 2);
   CHECK(d.estimated_ttft_s == doctest::Approx((6'500.0 + 14'159) / 24'000));
-  // Within its own prefill (0.59 s here) of the soonest, the faster worker still wins: a queue
-  // 0.3 s longer than worker 2's is worth the fleet's work at that load.
+  // The work is priced at the fleet's rate: a queue 0.3 s longer than worker 2's loses, however
+  // fast worker 5's steps measure while its requests still queue.
   fleet[5].queued_prefill_tokens = 6'500 + 0.3 * 26'100;
+  CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 2);
+  // Its faster rate still counts where it makes the first token sooner: the same queue as
+  // worker 2's, prefilled faster.
+  fleet[5].queued_prefill_tokens = 6'500;
   CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 5);
   // The bound is on equal or smaller hits only: a hit still holds the request past it (the hit's
   // own case is "under load kv charges the prefill a choice adds once per request waiting").
