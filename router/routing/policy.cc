@@ -190,7 +190,7 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
 // prefill share of its steps, high while few of its requests decode (its queue still holds
 // them), and those decodes progress in the same steps elsewhere. Priced at its own rate, a
 // worker with a long queue measured fastest and drew the long prompts behind it
-// (README.md, "The kv cost model"). Its own rate stays in its TTFT.
+// (README.md, "A long queue does not buy long prompts"). Its own rate stays in its TTFT.
 double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                             double ttft) const {
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
