@@ -52,10 +52,11 @@ DecisionLog::~DecisionLog() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
+std::string DecisionLog::Line(const Decision& d, std::string_view request_id, TimeNs now, double fleet_rate,
+                              const Picker& picker) {
   const bool pulls = !d.pull.source.empty();
   nlohmann::ordered_json line = {{"t_s", static_cast<double>(now) / kNsPerSec},
-                                 {"request_id", d.request_id},
+                                 {"request_id", request_id},
                                  {"policy", std::string(PolicyName(d.policy))},
                                  {"prompt_tokens", d.route.prompt_tokens},
                                  {"worker", d.worker},
@@ -87,8 +88,9 @@ std::string DecisionLog::Line(const Decision& d, TimeNs now, double fleet_rate, 
   return line.dump();
 }
 
-void DecisionLog::Write(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker) {
-  std::string line = Line(d, now, fleet_rate, picker);
+void DecisionLog::Write(const Decision& d, std::string_view request_id, TimeNs now, double fleet_rate,
+                        const Picker& picker) {
+  std::string line = Line(d, request_id, now, fleet_rate, picker);
   line += '\n';
   std::lock_guard<std::mutex> lock(mu_);
   if (file_ == nullptr) return;

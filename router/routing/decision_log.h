@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "common/clock.h"
 #include "common/status.h"
@@ -29,10 +30,12 @@ class DecisionLog {
   // One line for `d`, decided at `now`: the request, the choice, and each candidate's load
   // view with its estimated TTFT at `fleet_rate` (Picker::EstimateTtft). A write error stops
   // the log (the first one is logged); routing goes on.
-  void Write(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker);
+  // `request_id`: the client's X-Request-Id (Prompt::request_id; empty: none).
+  void Write(const Decision& d, std::string_view request_id, TimeNs now, double fleet_rate, const Picker& picker);
 
   // The line Write appends, without its newline.
-  static std::string Line(const Decision& d, TimeNs now, double fleet_rate, const Picker& picker);
+  static std::string Line(const Decision& d, std::string_view request_id, TimeNs now, double fleet_rate,
+                          const Picker& picker);
 
  private:
   explicit DecisionLog(std::FILE* file) : file_(file) {}

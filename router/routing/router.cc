@@ -309,7 +309,6 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   RouteScratch& s = t_route;
   Decision d;
   d.policy = prompt.policy;
-  d.request_id = prompt.request_id;
   d.route = RouteRequest{static_cast<uint32_t>(prompt.tokens.size()), fleet.block_size};
   d.lora_id = LoraId(prompt.lora);
   BlockHasher hasher(fleet.block_size, HashNamespace{prompt.model, prompt.lora, prompt.cache_salt});
@@ -461,7 +460,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   if (may_split && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
                     static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
-    if (decision_log_ != nullptr) decision_log_->Write(d, now, fleet_rate, picker_);
+    if (decision_log_ != nullptr) decision_log_->Write(d, prompt.request_id, now, fleet_rate, picker_);
     return d;
   }
   if (admitted->empty()) {
@@ -511,7 +510,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
     }
   }
   d.candidates = std::move(admitted);
-  if (decision_log_ != nullptr) decision_log_->Write(d, now, fleet_rate, picker_);
+  if (decision_log_ != nullptr) decision_log_->Write(d, prompt.request_id, now, fleet_rate, picker_);
   return d;
 }
 

@@ -116,7 +116,6 @@ struct Decision {
   uint64_t lora_id = 0;           // LoraId(prompt.lora); 0: the base model
   std::vector<BlockHash> hashes;  // the prompt's full blocks
   std::shared_ptr<const std::vector<Candidate>> candidates;  // every worker considered
-  std::string request_id;  // Prompt::request_id, for the decision log
 };
 
 // Why Route refused a request: the label of kvfleet_router_requests_refused_total and when
