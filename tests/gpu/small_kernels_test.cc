@@ -6,7 +6,6 @@
 #include <numeric>
 
 #include "kernels/fp8.h"
-#include "kernels/l2_prefetch.h"
 #include "kernels/rope.h"
 #include "kernels/small_kernels.h"
 #include "kernels/small_kernels_ref.h"
@@ -374,24 +373,6 @@ TEST_CASE("embedding lookup copies rows and zeroes out-of-range ids") {
     std::vector<bf16_bits> out(dout.size());
     EmbeddingRef(ids.data(), table.data(), out.data(), static_cast<int>(ids.size()), vocab, hidden);
     CHECK(dout.Download() == out);
-  }
-}
-
-TEST_CASE("an L2 prefetch changes no byte, takes any length, and refuses a misaligned start") {
-  // 5 MiB and 48 bytes: 321 chunks of 16 KiB, the last one short.
-  const size_t n = (size_t{5} << 20) + 48;
-  std::vector<uint8_t> host(n);
-  for (size_t i = 0; i < n; ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
-  DeviceBuffer<uint8_t> buf(host);
-  for (bool evict_last : {false, true}) {
-    CAPTURE(evict_last);
-    CHECK(LaunchL2Prefetch(buf.get(), n, evict_last, nullptr) == cudaSuccess);
-    CHECK(LaunchL2Prefetch(buf.get() + 16, 16, evict_last, nullptr) == cudaSuccess);
-    CHECK(LaunchL2Prefetch(buf.get(), 15, evict_last, nullptr) == cudaSuccess);  // under 16 bytes: nothing
-    CHECK(LaunchL2Prefetch(nullptr, n, evict_last, nullptr) == cudaSuccess);
-    CHECK(LaunchL2Prefetch(buf.get() + 8, 64, evict_last, nullptr) == cudaErrorInvalidValue);
-    KVF_CUDA_OK(cudaDeviceSynchronize());
-    CHECK(buf.Download() == host);
   }
 }
 

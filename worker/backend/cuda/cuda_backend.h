@@ -122,8 +122,6 @@
 //      by its weight (LaunchMoeGatherScaled), and the combine adds the unweighted expert sum to the
 //      shared expert's output, computed over every token before the block (LaunchMoeCombineAdd);
 //      fused experts (x·W) are transposed at load. Dense layers: Llama's MLP, intermediate_size_mlp.
-//  12. Steps on the gemv prefetch the O and the next layer's QKV weights into L2 on a side stream
-//      joined at the end of the forward pass (l2_prefetcher.h; MoeBlock's next_qkv).
 //
 // Thread safety: thread-compatible (backend.h); the engine thread calls it.
 #pragma once
@@ -152,7 +150,6 @@
 #include "worker/backend/cuda/cuda_comm.h"
 #include "worker/backend/cuda/cuda_block_copier.h"
 #include "worker/backend/cuda/cuda_tuning.h"
-#include "worker/backend/cuda/l2_prefetcher.h"
 #include "worker/backend/cuda/lt_gemm.h"
 #include "worker/backend/cuda/moe_blas.h"
 #include "worker/backend/tensor_parallel.h"
@@ -408,7 +405,7 @@ class CudaBackend final : public ModelBackendBase {
   Status Attention(const StepBatch& batch, const StepMeta& m, int64_t layer, bool rope_done);
   // (9) Layer w's MoE block over T rows: xn_ in, tmp_ out (this rank's partial sum). With
   // sigmoid routing (Llama 4) the shared expert's output must be in moe_shared_ already.
-  Status MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows, const void* next_qkv, size_t next_qkv_bytes);
+  Status MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows);
   // Sampling and outputs (cuda_sampling.cc). Sizes out's tokens and logits; returns the
   // rows of logits it holds.
   int64_t ShapeOutput(const StepBatch& batch, const StepMeta& m, StepOutput* out) const;
@@ -549,7 +546,6 @@ class CudaBackend final : public ModelBackendBase {
   std::array<uint16_t*, 2> lora_pinned_ = {};                          // conversion buffers, in turn
   std::array<cudaEvent_t, 2> lora_pinned_free_ = {};                   // their copies done
   LoraDebug lora_debug_;
-  L2Prefetcher prefetcher_;  // weights into L2 ahead of the products (l2_prefetcher.h)
   // time_kernels: three events per timed pair (before the shrink, between, after the expand),
   // created as needed; lora_timed_ holds (group, first event) of each pair since the last take.
   std::vector<cudaEvent_t> lora_events_;

@@ -64,16 +64,6 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
   const bool fused_norm = fused_post_norm && fused_rope && tuning_.gemv_fusion >= 4;  // before QKV
   bf16* resid = resid_;
   bf16* resid_next = resid_alt_;
-  // (12) Steps on the gemv prefetch each product's weights into L2 while the small kernels
-  // before it run: a layer's O weights after its QKV product, the next layer's QKV weights after
-  // the gate/up product.
-  const bool prefetch = tuning_.l2_prefetch > 0 && T <= tuning_.gemv_max_rows && m.lora.num_tiles == 0;
-  const bool evict_last = tuning_.l2_prefetch == 2;
-  const size_t qkv_bytes = static_cast<size_t>(qkv_width * H) * sizeof(bf16);
-  auto prefetch_next_qkv = [&](int64_t l) -> std::pair<const void*, size_t> {
-    if (!prefetch || l + 1 >= c.num_layers) return {nullptr, 0};
-    return {layers_[l + 1].qkv, qkv_bytes};
-  };
   auto norm_gemv = [&](const bf16* x, bool add_residual, const bf16* norm_w, const bf16* w, const bf16* bias, bf16* y,
                        bool silu_mul, int64_t rows_out) -> Status {
     kernels::GemvRmsNorm nrm;
@@ -130,9 +120,6 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       KVF_RETURN_IF_ERROR(gemm(w.qkv, xn_, w.qkv_bias, qkv_, qkv_width, H));
       KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraQkv, xn_, qkv_));
     }
-    if (prefetch) {
-      KVF_RETURN_IF_ERROR(prefetcher_.Prefetch(stream_, w.o, static_cast<size_t>(H * Q) * sizeof(bf16), evict_last));
-    }
     KVF_RETURN_IF_ERROR(Attention(batch, m, l, /*rope_done=*/fused_rope));
     KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraO, attn_));
     KVF_RETURN_IF_ERROR(gemm(w.o, attn_, w.o_bias, tmp_, H, Q));
@@ -147,8 +134,7 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
         KVF_CUDA_RETURN(kernels::LaunchSiluMul(gate_up_, act_, T, static_cast<int32_t>(SI), stream_));
         KVF_RETURN_IF_ERROR(gemm(w.shared_down, act_, nullptr, moe_shared_, H, SI));
       }
-      const auto [next_qkv, next_bytes] = prefetch_next_qkv(l);
-      KVF_RETURN_IF_ERROR(MoeBlock(w, T, !m.all_decode, next_qkv, next_bytes));
+      KVF_RETURN_IF_ERROR(MoeBlock(w, T, !m.all_decode));
     } else if (fused_post_norm) {  // SiLU-mul in the gate/up gemv's epilogue too
       KVF_RETURN_IF_ERROR(norm_gemv(tmp_, true, w.post_norm, w.gate_up, w.gate_up_bias, act_, true, I));
     } else {
@@ -164,8 +150,6 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       }
     }
     if (!c.sparse_layer(l)) {
-      const auto [next_qkv, next_bytes] = prefetch_next_qkv(l);
-      KVF_RETURN_IF_ERROR(prefetcher_.Prefetch(stream_, next_qkv, next_bytes, evict_last));
       KVF_RETURN_IF_ERROR(LoraShrinkAhead(m, l, kLoraDown, act_));
       KVF_RETURN_IF_ERROR(gemm(w.down, act_, w.down_bias, tmp_, H, I));
       KVF_RETURN_IF_ERROR(LoraAddToProduct(m, l, kLoraDown, act_, tmp_));
@@ -176,11 +160,10 @@ Status CudaBackend::Forward(const StepBatch& batch, const StepMeta& m) {
       KVF_CUDA_RETURN(kernels::LaunchRmsNorm(tmp_, resid, next_norm, xn_, T, Hi, eps, stream_));
     }
   }
-  return prefetcher_.Join(stream_);
+  return Status::Ok();
 }
 
-Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows, const void* next_qkv,
-                             size_t next_qkv_bytes) {
+Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows) {
   const model::MoeConfig& moe = config_.moe;
   const int32_t H = static_cast<int32_t>(config_.hidden_size), EI = static_cast<int32_t>(shard_.expert_inter);
   const int32_t E = static_cast<int32_t>(moe.num_experts), k = static_cast<int32_t>(moe.experts_per_token);
@@ -213,7 +196,6 @@ Status CudaBackend::MoeBlock(const LayerWeights& w, int32_t T, bool prompt_rows,
   if (tuning_.moe_gemv && kernels::MoeUseGemv(T, k, E)) {  // decode: few rows an expert (moe_limits.h)
     KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_gate_up, x_in, moe_sorted_, gather_div, moe_offsets_,
                                                   moe_active_, moe_act_, /*silu_mul=*/true, T, S, E, EI, H, stream_));
-    KVF_RETURN_IF_ERROR(prefetcher_.Prefetch(stream_, next_qkv, next_qkv_bytes, tuning_.l2_prefetch == 2));
     KVF_CUDA_RETURN(kernels::LaunchMoeGroupedGemv(w.expert_down, moe_act_, moe_sorted_, /*gather_div=*/0, moe_offsets_,
                                                   moe_active_, moe_out_, /*silu_mul=*/false, T, S, E, H, EI, stream_));
     return combine();

@@ -38,7 +38,6 @@ Status CudaBackend::InitRank(const model::Checkpoint& checkpoint) {
   KVF_CUDA_RETURN(cudaGetDeviceProperties(&prop, options_.device));
   num_sms_ = prop.multiProcessorCount;
   KVF_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  KVF_RETURN_IF_ERROR(prefetcher_.Init());
   KVF_ASSIGN_OR_RETURN(gemm_, LtGemm::Make());
   KVF_RETURN_IF_ERROR(LoadWeights(checkpoint));
   return AllocateBuffers();

@@ -43,7 +43,6 @@ Result<CudaTuning> ParseCudaTuning(const std::map<std::string, std::string>& ext
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_gemv", &t.moe_gemv));
   KVF_RETURN_IF_ERROR(ParseSwitch(extra, "moe_blas", &t.moe_blas));
   KVF_RETURN_IF_ERROR(ParseIntIn(extra, "gemv_max_rows", 0, kernels::kGemvMaxRows, &t.gemv_max_rows));
-  KVF_RETURN_IF_ERROR(ParseIntIn(extra, "l2_prefetch", 0, 2, &t.l2_prefetch));
   KVF_RETURN_IF_ERROR(ParseIntIn(extra, "lora_tile_rows", 1, kernels::kLoraMaxTileRows, &t.lora_tile_rows));
   if (auto it = extra.find("gemv_fusion"); it != extra.end()) {
     if (it->second.size() != 1 || it->second[0] < '0' || it->second[0] > '4') {

@@ -9,8 +9,6 @@
 //   moe_blas       0 | 1   MoE steps with prompt tokens through cuBLAS's grouped GEMM (moe_blas.h) (9)
 //   lora_tile_rows 1..kLoraMaxTileRows   the LoRA kernels' tile height (7; unset: by the step's rows)
 //   pdl            0 | 1   programmatic dependent launch, process-wide (kernels/launch.h)
-//   l2_prefetch    0..2    gemv steps prefetch the next product's weights into L2 (l2_prefetcher.h):
-//                          0 off, 1 on, 2 on with an evict_last policy
 //
 // Thread safety: pure functions.
 #pragma once
@@ -34,7 +32,6 @@ struct CudaTuning {
   int32_t gemv_fusion = 3;
   bool moe_gemv = true;
   bool moe_blas = true;
-  int32_t l2_prefetch = 1;
   int32_t lora_tile_rows = 0;  // 0: kernels::LoraTileRowsFor
   std::optional<bool> pdl;  // unset: the process's setting stays
 };
