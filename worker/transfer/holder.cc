@@ -1,5 +1,6 @@
 // The holder's side of TransferService: pulls in on the ROUTER, refusals and blocks out.
 // Runs on the I/O thread only.
+#include <algorithm>
 #include <set>
 
 #include "common/log.h"
@@ -12,6 +13,12 @@ namespace {
 
 // What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
 constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
+// The blocks a frame packs: up to 16 MiB of them, or one larger block alone (up to the budget).
+// Every copy of a pull's bytes (the encode's segments, the frame, libzmq's receive buffer, the
+// decode) is a buffer of about a frame; glibc's malloc serves those under its largest mmap
+// threshold (32 MiB) from memory it kept from the last frame, and maps buffers above it fresh,
+// each byte then costing a page fault at each copy.
+constexpr uint64_t kFrameTarget = std::min<uint64_t>(uint64_t{16} << 20, kFrameBudget);
 
 // A receiver's name for as long as its connection lasts: "receiver-" and its routing id in hex.
 std::string PeerName(const std::string& identity) {
@@ -188,7 +195,7 @@ bool TransferService::Impl::PumpServing() {
           // a block within a frame).
           size_t end = s.next;
           uint64_t bytes = 0;
-          while (end < s.blocks.size() && (end == s.next || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameBudget)) {
+          while (end < s.blocks.size() && (end == s.next || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameTarget)) {
             bytes += EncodedBlockBytes(s.blocks[end]);
             ++end;
           }

@@ -22,7 +22,7 @@ using namespace testing;
 TEST_CASE("a chain served in several frames arrives whole, checked, with its bytes") {
   auto holder = Make();
   auto receiver = Make();
-  // 6 blocks of 12 MiB: 72 MiB, more than one 64 MiB frame.
+  // 6 blocks of 12 MiB: 72 MiB, a frame each (over 16 MiB, two do not fit one; holder.cc kFrameTarget).
   const uint64_t block_bytes = uint64_t{12} << 20;
   const PullRequest request = Chain(6, block_bytes);
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
@@ -45,13 +45,31 @@ TEST_CASE("a chain served in several frames arrives whole, checked, with its byt
   CHECK(r.source == holder->endpoint());
   AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
   const TransferStats hs = holder->Stats();
-  CHECK(hs.served_frames == 2);  // five blocks fit a frame
+  CHECK(hs.served_frames == 6);
   CHECK(hs.served_blocks == 6);
   CHECK(hs.served_bytes == 6 * block_bytes);
   const TransferStats rs = receiver->Stats();
   REQUIRE(rs.pulls.count(holder->endpoint()) == 1);
   CHECK(rs.pulls.at(holder->endpoint()).ok == 1);
   CHECK(rs.pulls.at(holder->endpoint()).bytes == 6 * block_bytes);
+}
+
+TEST_CASE("blocks pack into frames of up to 16 MiB") {
+  auto holder = Make();
+  auto receiver = Make();
+  // 11 blocks of 3 MiB: five to a frame (15 MiB and the frame's header), then five, then one.
+  const uint64_t block_bytes = uint64_t{3} << 20;
+  const PullRequest request = Chain(11, block_bytes);
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
+  IncomingPull in = AwaitPull(*holder);
+  holder->Serve(in.peer_token, id, Blocks(in.request, 11));
+  PullResult r = AwaitResult(*receiver, id);
+  REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
+  REQUIRE(r.blocks.size() == 11);
+  CHECK(r.blocks[10].data[0][block_bytes - 1] == static_cast<std::byte>(10 * 7 + 1));
+  AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
+  CHECK(holder->Stats().served_frames == 3);
+  CHECK(holder->Stats().served_blocks == 11);
 }
 
 TEST_CASE("a holder that has only the chain's first blocks sends them: a shorter run, still ok") {
