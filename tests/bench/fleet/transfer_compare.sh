@@ -6,7 +6,8 @@
 # KVFLEET_TRANSFER_BPS (default 0.5e9): the mock's simulated link (--mock-transfer-bytes-per-s)
 # and the router's assumed bandwidth (--transfer-bytes-per-s), the same. KVFLEET_TRANSFER_ROUTER_ARGS:
 # more router flags for every fleet (e.g. --no-ttft-calibration). KVFLEET_CONV_SEED (default 1): the
-# conversation trace's seed. Prints one table per trace and
+# conversation trace's seed. KVFLEET_CONV_ROWS (default "2.0x:2.23"): the conversation rows, each
+# NAME:TIME_SCALE ("0.9x:1.25 2.0x:2.23" for both loads). Prints one table per trace and
 # load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
 # Several rounds' OUT_DIRs pooled per row and policy: tests/bench/fleet/pooled_ttft.py.
 set -uo pipefail
@@ -40,7 +41,7 @@ run() {  # name trace scale
     --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" --fleet-workers 8 --ttft-slo-ms 1000 \
     --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
 }
-run conv40-2.0x "$OUT/conv40.jsonl" 2.23
+for row in ${KVFLEET_CONV_ROWS:-2.0x:2.23}; do run "conv40-${row%%:*}" "$OUT/conv40.jsonl" "${row#*:}"; done
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
 # KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on each fleet (with pulls,
