@@ -66,6 +66,7 @@ std::string DecisionLog::Line(const Decision& d, std::string_view request_id, Ti
                                  {"pull_blocks", pulls ? d.pull.blocks : 0},
                                  {"split", d.split.has_value()},
                                  {"fleet_load", d.route.fleet_load},
+                                 {"follow_ups", d.route.follow_ups},
                                  {"fleet_rate", fleet_rate}};
   const TtftCoefficients k = picker.Coefficients();
   line["ttft_coefficients"] = {{"queue", k.queue}, {"own", k.own}, {"step", k.step}};

@@ -281,13 +281,21 @@ std::map<std::string, double, std::less<>> Router::RoutedWork(TimeNs now) const 
   return out;
 }
 
-void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens) {
+void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens, bool continues) {
   std::lock_guard<std::mutex> lock(work_mu_);
   auto it = routed_work_.find(model);
   if (it == routed_work_.end()) {
     it = routed_work_.emplace(std::string(model), DecayedRate(options().fleet_load_window)).first;
   }
   it->second.Add(now, uncached_tokens);
+  auto f = follow_ups_.try_emplace(std::string(model), options().fleet_load_window).first;
+  f->second.Count(now, continues);
+}
+
+double Router::FollowUpsPerStart(std::string_view model, TimeNs now) const {
+  std::lock_guard<std::mutex> lock(work_mu_);
+  auto it = follow_ups_.find(model);
+  return it == follow_ups_.end() ? 0 : it->second.PerStart(now);
 }
 
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
@@ -399,6 +407,10 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   const double everyone_rate = picker_.FleetRate(candidates);
   // Each worker once: before the pull options.
   d.route.fleet_load = FleetLoad(prompt.model, candidates, everyone_rate, now);
+  // A start places its conversation; a continuation's is placed already (its prefix is cached
+  // where it is), and moving it would pay for the prefix again.
+  const bool continues = 2 * uint64_t{d.best_matched_blocks} * d.route.block_size > d.route.prompt_tokens;
+  d.route.follow_ups = continues ? 0 : FollowUpsPerStart(prompt.model, now);
   // P/D disaggregation (README.md): prefill-role workers take no request whole; they hold
   // prefixes the decode-capable workers may pull, and take split prefills (TrySplit, below).
   std::vector<Candidate> everyone;  // every candidate, when some are prefill workers
@@ -459,7 +471,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   const bool may_split = by_cost && !prompt.whole && prompt.constrained_field.empty() && !prefill_pool.empty();
   if (may_split && TrySplit(prefill_pool, decode_pool, best, &d)) {
     CountRoutedWork(prompt.model, now,
-                    static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens));
+                    static_cast<double>(d.route.prompt_tokens - d.split->predicted_cached_tokens), continues);
     if (decision_log_ != nullptr) decision_log_->Write(d, prompt.request_id, now, fleet_rate, picker_);
     return d;
   }
@@ -496,7 +508,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   d.device_blocks = chosen.device_blocks;
   d.host_blocks = chosen.host_blocks;
   d.predicted_cached_tokens = choice->predicted_cached_tokens;
-  CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens));
+  CountRoutedWork(prompt.model, now, static_cast<double>(d.route.prompt_tokens - d.predicted_cached_tokens),
+                  continues);
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, fleet_rate);
   if (chosen.pull_blocks == 0 && options().calibrate_ttft) d.ttft_terms = picker_.Terms(d.route, chosen, fleet_rate);
   if (chosen.pull_blocks > 0) {

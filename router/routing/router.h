@@ -240,7 +240,9 @@ class Router {
   // Picker::FleetRate(candidates), as the cost has it, and each times its
   // Candidate::device_share: a shared device counts once).
   double FleetLoad(std::string_view model, std::span<const Candidate> candidates, double fleet_rate, TimeNs now);
-  void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens);
+  // Also counts the request as a start or a continuation (FollowUps) by `route`'s best match.
+  void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens, bool continues);
+  double FollowUpsPerStart(std::string_view model, TimeNs now) const;
   // The candidates whose predicted time to first token is within admission_ttft_s (all of
   // them when it is 0), and each one's prediction in *ttft.
   std::vector<Candidate> Admissible(const RouteRequest& route, std::span<const Candidate> candidates,
@@ -257,6 +259,7 @@ class Router {
   const Clock* clock_;
   mutable std::mutex work_mu_;
   std::map<std::string, DecayedRate, std::less<>> routed_work_;  // GUARDED_BY(work_mu_), by model
+  std::map<std::string, FollowUps, std::less<>> follow_ups_;     // GUARDED_BY(work_mu_), by model
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of
   // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first

@@ -37,4 +37,17 @@ double DecayedRate::PerSecond(TimeNs now) const {
   return Decayed(now) / (window_s_ * filled);
 }
 
+FollowUps::FollowUps(DurationNs window) : starts_(window), continuations_(window) {}
+
+void FollowUps::Count(TimeNs now, bool continues) {
+  // Both rates start their clocks at the first request, so their sums cover the same time.
+  starts_.Add(now, continues ? 0.0 : 1.0);
+  continuations_.Add(now, continues ? 1.0 : 0.0);
+}
+
+double FollowUps::PerStart(TimeNs now) const {
+  const double starts = starts_.PerSecond(now);
+  return starts > 0 ? continuations_.PerSecond(now) / starts : 0;
+}
+
 }  // namespace kvfleet::router

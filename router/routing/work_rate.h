@@ -36,4 +36,26 @@ class DecayedRate {
   double sum_ = 0;
 };
 
+// FollowUps: how many later requests extend a request's prompt, as this router has seen them:
+// the requests that came with more than half of their prompt held somewhere in the fleet
+// (continuations: a conversation's next turn, an agent's next call) over those that did not
+// (starts), each a DecayedRate over the same window. A request's later turns go where its
+// prefix is cached, so the worker a request goes to serves, on average, this many more of them
+// (Picker::CostWithTtft, README.md "A conversation stays where it starts").
+//
+// Thread safety: thread-compatible, as DecayedRate.
+class FollowUps {
+ public:
+  // REQUIRES: window > 0.
+  explicit FollowUps(DurationNs window);
+
+  void Count(TimeNs now, bool continues);
+  // Continuations per start at `now`; 0 before a start has been counted.
+  double PerStart(TimeNs now) const;
+
+ private:
+  DecayedRate starts_;
+  DecayedRate continuations_;
+};
+
 }  // namespace kvfleet::router

@@ -214,6 +214,33 @@ TEST_CASE("kv counts a worker's measured step for its running requests, not a co
         doctest::Approx(0.01 + 5 * config::kDecodeSecondsPerRunningRequest));
 }
 
+TEST_CASE("kv prices the steps a request's follow-ups will wait on where it goes, not only its own") {
+  // Conversations at 0.9x of capacity on 8 mock workers, logged: a first turn went where its first
+  // token was ~1 ms sooner (the step's length at 30 running against 10), and the turns after it
+  // followed to that worker, whose requests then ran 2x those of the idlest.
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1), Idle(2)};
+  fleet[0].running_requests = 30;
+  fleet[0].step_s = 0.012;
+  fleet[1].running_requests = 10;
+  fleet[1].step_s = 0.009;
+  fleet[1].queued_prefill_tokens = 40;  // its first token 1 ms later: 4 ms of queue, a step 3 ms shorter
+  fleet[2].running_requests = 20;
+  fleet[2].step_s = 0.0105;
+  fleet[2].queued_prefill_tokens = 40;
+  RouteRequest alone{100, 32};
+  CHECK(picker.Pick(Policy::kKv, alone, fleet)->worker == 0);
+  RouteRequest conversation = alone;
+  conversation.follow_ups = 5;  // 5 turns after this one, on average
+  CHECK(picker.Pick(Policy::kKv, conversation, fleet)->worker == 1);
+  // Its own estimate is what it was: the follow-ups are in the choice's cost only.
+  CHECK(picker.Pick(Policy::kKv, conversation, fleet)->estimated_ttft_s ==
+        doctest::Approx(picker.EstimateTtft(alone, fleet[1], 10'000)));
+  // A worker running nothing has no step for them to wait on.
+  fleet[2].running_requests = 0;
+  CHECK(picker.Pick(Policy::kKv, conversation, fleet)->worker == 2);
+}
+
 TEST_CASE("a decode-role worker admits a prompt with at most a block left ahead of its queue: no queue in its estimate") {
   Picker picker(RoutingOptions{});
   Candidate c = Idle(0);

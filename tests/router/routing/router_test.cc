@@ -39,6 +39,30 @@ TEST_CASE("the kv policy picks the worker holding the prompt's prefix") {
   CHECK(d->candidates->size() == 3);
 }
 
+TEST_CASE("a conversation's first turn carries the turns seen per start; a later turn none") {
+  Fixture f;
+  auto conversation = [&](TokenId first_token, int later_turns) {
+    std::vector<TokenId> tokens(10 * kBlockSize);
+    std::iota(tokens.begin(), tokens.end(), first_token);
+    std::vector<double> follow_ups;
+    for (int turn = 0; turn <= later_turns; ++turn) {
+      f.clock.AdvanceMs(100);
+      auto d = f.router.Route(f.fleet, Prompt{"m", tokens, "", Policy::kKv});
+      REQUIRE(d.ok());
+      follow_ups.push_back(d->route.follow_ups);
+      f.router.Commit(*d);  // its prefix predicted where it went: the next turn is a continuation
+    }
+    return follow_ups;
+  };
+  // The first request only starts the counts' clock; then a start and its three later turns.
+  CHECK(conversation(100, 3) == std::vector<double>{0, 0, 0, 0});
+  CHECK(conversation(5000, 3) == std::vector<double>{0, 0, 0, 0});
+  // Six continuations over one start counted so far (decayed alike over 0.8 s).
+  const std::vector<double> third = conversation(9000, 1);
+  CHECK(third[0] == doctest::Approx(6).epsilon(0.1));
+  CHECK(third[1] == 0);
+}
+
 TEST_CASE("predicted entries stop at the blocks a windowed worker stores: its first window") {
   Fixture f;
   for (WorkerId w : {0u, 1u, 2u}) f.loads.stored_prefix[w] = 3;  // a window of 3 blocks

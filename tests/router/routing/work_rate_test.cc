@@ -71,5 +71,19 @@ TEST_CASE("an amount counted at an earlier time than the last (clock reads cross
   CHECK(rate.PerSecond(t - kNsPerSec) == doctest::Approx(200));  // never grows backwards
 }
 
+TEST_CASE("follow-ups: continuations per start, 0 before a start") {
+  FollowUps f(5 * kNsPerSec);
+  TimeNs t = 100 * kNsPerSec;
+  CHECK(f.PerStart(t) == 0);
+  for (int i = 0; i < 20; ++i, t += 10 * kNsPerMs) f.Count(t, true);  // continuations only: no start seen
+  CHECK(f.PerStart(t) == 0);
+  // One start for every four continuations, steadily, for 40 s.
+  for (int i = 0; i < 4000; ++i, t += 10 * kNsPerMs) f.Count(t, i % 5 != 0);
+  CHECK(f.PerStart(t) == doctest::Approx(4).epsilon(0.05));
+  // Then starts only (a new trace without later turns): it decays within a few windows.
+  for (int i = 0; i < 2000; ++i, t += 10 * kNsPerMs) f.Count(t, false);
+  CHECK(f.PerStart(t) < 0.1);
+}
+
 }  // namespace
 }  // namespace kvfleet::router
