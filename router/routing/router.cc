@@ -268,8 +268,8 @@ double Router::FleetLoad(std::string_view model, std::span<const Candidate> cand
   double sent = loads_->PeerWorkRate(model);  // the other routers' work, as their gossip says
   {
     std::lock_guard<std::mutex> lock(work_mu_);
-    auto it = routed_work_.find(model);
-    if (it != routed_work_.end()) sent += it->second.PerSecond(now);
+    auto it = traffic_.find(model);
+    if (it != traffic_.end()) sent += it->second.work.PerSecond(now);
   }
   return capacity > 0 ? sent / capacity : 0;
 }
@@ -277,25 +277,22 @@ double Router::FleetLoad(std::string_view model, std::span<const Candidate> cand
 std::map<std::string, double, std::less<>> Router::RoutedWork(TimeNs now) const {
   std::map<std::string, double, std::less<>> out;
   std::lock_guard<std::mutex> lock(work_mu_);
-  for (const auto& [model, rate] : routed_work_) out.emplace(model, rate.PerSecond(now));
+  for (const auto& [model, traffic] : traffic_) out.emplace(model, traffic.work.PerSecond(now));
   return out;
 }
 
 void Router::CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens, bool continues) {
   std::lock_guard<std::mutex> lock(work_mu_);
-  auto it = routed_work_.find(model);
-  if (it == routed_work_.end()) {
-    it = routed_work_.emplace(std::string(model), DecayedRate(options().fleet_load_window)).first;
-  }
-  it->second.Add(now, uncached_tokens);
-  auto f = follow_ups_.try_emplace(std::string(model), options().fleet_load_window).first;
-  f->second.Count(now, continues);
+  auto it = traffic_.find(model);
+  if (it == traffic_.end()) it = traffic_.try_emplace(std::string(model), options().fleet_load_window).first;
+  it->second.work.Add(now, uncached_tokens);
+  it->second.follow_ups.Count(now, continues);
 }
 
 double Router::FollowUpsPerStart(std::string_view model, TimeNs now) const {
   std::lock_guard<std::mutex> lock(work_mu_);
-  auto it = follow_ups_.find(model);
-  return it == follow_ups_.end() ? 0 : it->second.PerStart(now);
+  auto it = traffic_.find(model);
+  return it == traffic_.end() ? 0 : it->second.follow_ups.PerStart(now);
 }
 
 std::vector<Candidate> Router::Admissible(const RouteRequest& route, std::span<const Candidate> candidates,

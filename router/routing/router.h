@@ -258,8 +258,14 @@ class Router {
   RetentionEstimate* retention_;
   const Clock* clock_;
   mutable std::mutex work_mu_;
-  std::map<std::string, DecayedRate, std::less<>> routed_work_;  // GUARDED_BY(work_mu_), by model
-  std::map<std::string, FollowUps, std::less<>> follow_ups_;     // GUARDED_BY(work_mu_), by model
+  // What this router has sent a model's fleet: the uncached prefill (its load ρ) and the
+  // continuations per start (follow-ups), counted together in CountRoutedWork.
+  struct ModelTraffic {
+    explicit ModelTraffic(DurationNs window) : work(window), follow_ups(window) {}
+    DecayedRate work;
+    FollowUps follow_ups;
+  };
+  std::map<std::string, ModelTraffic, std::less<>> traffic_;  // GUARDED_BY(work_mu_), by model
   // The approx index learns decisions only once the approx policy is in use (the router's
   // default, or a request's override): feeding it on every kv-routed request cost ~5% of
   // the router's CPU at 200 req/s of 8K-token prompts for an index nobody read. The first

@@ -191,8 +191,8 @@ bool TransferService::Impl::PumpServing() {
     while (true) {
       if (s.pending.empty()) {
         if (s.next < s.blocks.size()) {
-          // The next frame: as many blocks as fit the budget, at least one (CheckLayout keeps
-          // a block within a frame).
+          // The next frame: as many blocks as fit kFrameTarget, at least one (CheckLayout keeps
+          // a block within the budget).
           size_t end = s.next;
           uint64_t bytes = 0;
           while (end < s.blocks.size() && (end == s.next || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameTarget)) {

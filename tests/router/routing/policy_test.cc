@@ -170,8 +170,8 @@ TEST_CASE("kv: a faster measured rate does not buy seconds of a request's wait, 
   // worker 2's, prefilled faster.
   fleet[5].queued_prefill_tokens = 6'500;
   CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 5);
-  // The bound is on equal or smaller hits only: a hit still holds the request past it (the hit's
-  // own case is "under load kv charges the prefill a choice adds once per request waiting").
+  // A hit still holds the request behind the longer queue: the work it spares the fleet (the
+  // hit's own case is "under load kv charges the prefill a choice adds once per request waiting").
   fleet[5].queued_prefill_tokens = 41'400;
   fleet[5].device_blocks = 400;  // 12,800 of 14,159 tokens
   CHECK(picker.Pick(Policy::kKv, r, fleet)->worker == 5);
