@@ -214,8 +214,8 @@ struct RouteRequest {
   // ρ, the fleet's load in work: the uncached prefill tokens/s this router has sent the
   // model's fleet lately over the fleet's prefill rate (Router; README.md). 0: unknown.
   double fleet_load = 0;
-  // The later requests expected to extend this one's prompt, which go where its prefix is
-  // cached (FollowUps::PerStart; README.md, "A conversation stays where it starts"). 0: none.
+  // The requests tied to a holder that follow each one free to be placed (FollowUps::PerStart;
+  // README.md, "A conversation stays where it starts"), for a free request. 0: none, or tied.
   double follow_ups = 0;
 };
 
@@ -287,8 +287,8 @@ class Picker {
   size_t PickLowestCost(const RouteRequest& request, std::span<const Candidate> candidates,
                         std::span<const size_t> eligible, const Prepared* prepared, double* cost);
   // The kv cost of `c`, whose EstimateTtft at `fleet_rate` is `ttft`: that plus the prefill work
-  // the choice adds at `fleet_rate`, times `delayed` (DelayedRequests), plus the steps the
-  // request's follow-ups will wait on there (RouteRequest::follow_ups) (README.md).
+  // the choice adds at `fleet_rate`, times `delayed` (DelayedRequests), plus the steps the tied
+  // requests that follow will wait on there (RouteRequest::follow_ups) (README.md).
   double CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                       double ttft) const;
 

@@ -404,8 +404,8 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
   const double everyone_rate = picker_.FleetRate(candidates);
   // Each worker once: before the pull options.
   d.route.fleet_load = FleetLoad(prompt.model, candidates, everyone_rate, now);
-  // A start places its conversation; a continuation's is placed already (its prefix is cached
-  // where it is), and moving it would pay for the prefix again.
+  // A request more than half held is tied to its holder (moving it pays for most of its prompt
+  // again); a free one is priced for the tied requests that follow each (FollowUps).
   const bool continues = 2 * uint64_t{d.best_matched_blocks} * d.route.block_size > d.route.prompt_tokens;
   d.route.follow_ups = continues ? 0 : FollowUpsPerStart(prompt.model, now);
   // P/D disaggregation (README.md): prefill-role workers take no request whole; they hold

@@ -36,12 +36,13 @@ class DecayedRate {
   double sum_ = 0;
 };
 
-// FollowUps: how many later requests extend a request's prompt, as this router has seen them:
-// the requests that came with more than half of their prompt held somewhere in the fleet
-// (continuations: a conversation's next turn, an agent's next call) over those that did not
-// (starts), each a DecayedRate over the same window. A request's later turns go where its
-// prefix is cached, so the worker a request goes to serves, on average, this many more of them
-// (Picker::CostWithTtft, README.md "A conversation stays where it starts").
+// FollowUps: how many requests tied to a holder follow each request free to be placed, as this
+// router has seen them: the requests that came with more than half of their prompt held somewhere
+// in the fleet (a conversation's next turn, an agent's next call, a first turn whose shared system
+// prompt is held: they go where that prefix is) over those that did not, each a DecayedRate over
+// the same window. Only the free requests spread the load, so each one is priced for the tied ones
+// that follow (Picker::CostWithTtft, README.md "A conversation stays where it starts"). Not a
+// conversation's later turns per first turn: the README says why that count spread load worse.
 //
 // Thread safety: thread-compatible, as DecayedRate.
 class FollowUps {
