@@ -123,8 +123,15 @@ int RunBench(const BenchArgs& args) {
   auto trace = bench::LoadTrace(args.trace_path);
   if (!trace.ok()) return fail(trace.status());
   const auto requests = bench::ScaleTrace(*trace, args.scale);
+  if (args.scale.warmup_s > 0 && (requests.empty() || requests.back().arrival_s < args.scale.warmup_s)) {
+    std::ostringstream message;
+    message << "--warmup-s " << args.scale.warmup_s << " is past the last arrival ("
+            << (requests.empty() ? 0.0 : requests.back().arrival_s) << " s): nothing would be measured";
+    return fail(InvalidArgument(message.str()));
+  }
   const bench::PromptBuilder prompts(args.vocab_size, args.scale.block_tokens());
-  const bench::IdealReuse ideal = bench::ComputeIdealReuse(requests, args.scale.block_tokens());
+  const bench::IdealReuse ideal =
+      bench::ComputeIdealReuse(requests, args.scale.block_tokens(), args.scale.warmup_s);
   RaiseOpenFileLimit();
 
   if (args.compare_retention && args.replay.retention.prefix_tokens == 0)
@@ -147,7 +154,9 @@ int RunBench(const BenchArgs& args) {
   const bool comparing = runs.size() > 1;
   std::cerr << "bench: " << requests.size() << " requests from " << args.trace_path << " (time scale "
             << args.scale.time_scale << ", length scale " << args.scale.length_scale << ", block "
-            << args.scale.block_tokens() << " tokens); ideal cached-token ratio " << ideal.token_ratio()
+            << args.scale.block_tokens() << " tokens";
+  if (args.scale.warmup_s > 0) std::cerr << "; arrivals before " << args.scale.warmup_s << " s a warm-up";
+  std::cerr << "); ideal cached-token ratio " << ideal.token_ratio()
             << " (blocks " << ideal.block_ratio() << ")\n";
   if (args.dry_run) {
     uint64_t output_tokens = 0;
@@ -216,7 +225,7 @@ int RunBench(const BenchArgs& args) {
     if (!run.ok()) return fail(run.status());
     if (!whole.ok()) return fail(whole);
     if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
-    reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s));
+    reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s, args.scale.warmup_s));
     bench::RunReport& r = reports.back();
     if (before.ok() && after.ok()) {
       for (const auto& [worker, n] : after->requests_by_worker) {
@@ -291,6 +300,10 @@ Action AddBenchCommand(CLI::App& parent) {
   cmd->add_option("--concurrency-limit", args->replay.concurrency_limit, "most requests in flight")
       ->capture_default_str();
   cmd->add_option("--duration", args->scale.duration_s, "replay only arrivals in the first S seconds (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-s", args->scale.warmup_s,
+                  "send the arrivals of the first S seconds but leave them out of every figure and of the ideal "
+                  "(the router's /metrics counts stay whole-run)")
       ->capture_default_str();
   cmd->add_option("--model", args->replay.model, "\"model\" of each request (empty: the router's only model)");
   cmd->add_option("--vocab-size", args->vocab_size, "prompt token ids are drawn from [0, N)")->capture_default_str();

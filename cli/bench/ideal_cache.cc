@@ -15,14 +15,14 @@ uint64_t ChainId(uint64_t parent, uint64_t id) {
 }
 }  // namespace
 
-IdealReuse ComputeIdealReuse(const std::vector<ScaledRequest>& requests, uint32_t block_tokens) {
+IdealReuse ComputeIdealReuse(const std::vector<ScaledRequest>& requests, uint32_t block_tokens,
+                             double measured_from_s) {
   IdealReuse out;
   std::unordered_set<uint64_t> seen;
   std::vector<uint64_t> chain;
   for (const ScaledRequest& r : requests) {
-    out.prompt_tokens += r.input_length;
+    const bool measured = r.arrival_s >= measured_from_s;
     const uint32_t full_blocks = r.input_length / block_tokens;
-    out.block_refs += full_blocks;
     chain.clear();
     uint64_t prefix = 0;
     for (uint32_t b = 0; b < full_blocks; ++b) {
@@ -31,8 +31,12 @@ IdealReuse ComputeIdealReuse(const std::vector<ScaledRequest>& requests, uint32_
     }
     uint32_t hits = 0;
     while (hits < full_blocks && seen.count(chain[hits])) ++hits;
-    out.hit_blocks += hits;
-    out.hit_tokens += uint64_t{hits} * block_tokens;
+    if (measured) {
+      out.prompt_tokens += r.input_length;
+      out.block_refs += full_blocks;
+      out.hit_blocks += hits;
+      out.hit_tokens += uint64_t{hits} * block_tokens;
+    }
     seen.insert(chain.begin(), chain.end());  // after matching: no self-hits
   }
   return out;

@@ -25,7 +25,9 @@ struct IdealReuse {
   double block_ratio() const { return block_refs ? double(hit_blocks) / double(block_refs) : 0.0; }
 };
 
+// Requests arriving before `measured_from_s` fill the cache but are not counted (a warm-up).
 // REQUIRES: block_tokens >= 1; each request's source outlives the call.
-IdealReuse ComputeIdealReuse(const std::vector<ScaledRequest>& requests, uint32_t block_tokens);
+IdealReuse ComputeIdealReuse(const std::vector<ScaledRequest>& requests, uint32_t block_tokens,
+                             double measured_from_s = 0);
 
 }  // namespace kvfleet::bench

@@ -68,15 +68,17 @@ bool CanRun(const std::string& program) {
 
 }  // namespace
 
-RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s) {
+RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s,
+                    double warmup_s) {
   RunReport r;
   r.policy = std::move(policy);
   r.ideal = ideal;
-  r.wall_s = run.wall_s;
+  r.wall_s = std::max(0.0, run.wall_s - warmup_s);
   r.ttft_slo_s = ttft_slo_s;
   for (const char* status : {"429", "503", "504", "other"}) r.errors_by_status[status] = 0;
   Samples ttft, itl, e2e, queue, refusal;
   for (const RequestOutcome& o : run.outcomes) {
+    if (o.arrival_s < warmup_s) continue;
     ++r.requests;
     ++r.requests_by_worker[o.worker.empty() ? "unknown" : o.worker];
     queue.Add(o.queue_s);
@@ -121,6 +123,7 @@ nlohmann::json ResultsJson(const BenchSettings& settings, const std::vector<RunR
       {"length_scale", settings.scale.length_scale},
       {"block_tokens", settings.scale.block_tokens()},
       {"duration_s", settings.scale.duration_s},
+      {"warmup_s", settings.scale.warmup_s},
       {"vocab_size", settings.vocab_size},
       {"concurrency_limit", settings.concurrency_limit},
       {"ttft_slo_ms", settings.ttft_slo_s * 1e3},

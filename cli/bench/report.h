@@ -61,8 +61,10 @@ struct RunReport {
 
 // Summarizes a run. Failed requests count in `requests`, `errors` and per worker, never
 // in latencies or token counts. `ttft_slo_s` (0: none) decides which completed requests
-// count toward goodput.
-RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s = 0);
+// count toward goodput. Requests sent before `warmup_s` (TraceScale::warmup_s) count nowhere,
+// and the rates are per second of the run after it.
+RunReport Summarize(std::string policy, ReplayRun& run, const IdealReuse& ideal, double ttft_slo_s = 0,
+                    double warmup_s = 0);
 
 struct BenchSettings {
   std::string router_url, trace_path, model;

@@ -86,7 +86,11 @@ Status TraceScale::Validate() const {
   if (length_scale == 0 || length_scale > config::kTraceBlockTokens || (length_scale & (length_scale - 1)) != 0) {
     return InvalidArgument("--length-scale must be a power of two from 1 to 512 (it divides the 512-token block)");
   }
-  if (duration_s < 0) return InvalidArgument("--duration must be >= 0");
+  if (!(duration_s >= 0) || !std::isfinite(duration_s)) return InvalidArgument("--duration must be >= 0");
+  if (!(warmup_s >= 0) || !std::isfinite(warmup_s)) return InvalidArgument("--warmup-s must be >= 0");
+  if (duration_s > 0 && warmup_s >= duration_s) {
+    return InvalidArgument("--warmup-s must be below --duration: nothing would be measured");
+  }
   return Status::Ok();
 }
 

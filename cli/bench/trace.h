@@ -47,6 +47,11 @@ struct TraceScale {
   uint32_t length_scale = 1;
   // Only requests arriving (after time scaling) before this many seconds; 0 = all.
   double duration_s = 0;
+  // Requests arriving (after time scaling) before this many seconds are sent but left out of
+  // every figure and of the ideal (whose cache they still fill): they warm the workers' caches
+  // and the router's measures, and start the conversations whose later turns are measured.
+  // 0 = none; below duration_s when that is set.
+  double warmup_s = 0;
 
   Status Validate() const;
   uint32_t block_tokens() const { return config::kTraceBlockTokens / length_scale; }

@@ -7,7 +7,11 @@
 # and the router's assumed bandwidth (--transfer-bytes-per-s), the same. KVFLEET_TRANSFER_ROUTER_ARGS:
 # more router flags for every fleet (e.g. --no-ttft-calibration). KVFLEET_CONV_SEED (default 1): the
 # conversation trace's seed. KVFLEET_CONV_ROWS (default "2.0x:2.23"): the conversation rows, each
-# NAME:TIME_SCALE ("0.9x:1.25 2.0x:2.23" for both loads). Prints one table per trace and
+# NAME:TIME_SCALE[:DURATION_S:WARMUP_S] ("0.9x:1.25 2.0x:2.23" for both loads; "0.9x:1.25:60:30"
+# measures 30 s of the conversations after 30 s of warm-up, `kvfleet bench --warmup-s`, when the
+# conversations' later turns have caught up with their first turns). KVFLEET_CONV_TRACE_S (default 60):
+# the seconds of the trace in which conversations start (a row replays DURATION_S x TIME_SCALE of
+# it: 60 s at 1.25 needs 75). Prints one table per trace and
 # load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
 # Several rounds' OUT_DIRs pooled per row and policy: tests/bench/fleet/pooled_ttft.py.
 set -uo pipefail
@@ -30,18 +34,22 @@ EXTRA=""
 for a in ${KVFLEET_TRANSFER_ROUTER_ARGS:-}; do EXTRA="$EXTRA --router-arg=$a"; done
 fleet "--router-arg=--transfer-bytes-per-s=$BPS --worker-arg=--mock-transfer-bytes-per-s=$BPS" ""
 fleet "--router-arg=--transfer-bytes-per-s=0" "-nopull"
-python3 "$HERE/conversation_trace.py" --rate 40 --duration 60 --think-s 5 --seed "${KVFLEET_CONV_SEED:-1}" >"$OUT/conv40.jsonl"
-run() {  # name trace scale
-  echo "== $1 (time scale $3); uptime: $(uptime)"
+python3 "$HERE/conversation_trace.py" --rate 40 --duration "${KVFLEET_CONV_TRACE_S:-60}" --think-s 5 --seed "${KVFLEET_CONV_SEED:-1}" >"$OUT/conv40.jsonl"
+run() {  # name trace scale [duration warmup]
+  local duration="${4:-$DURATION}" warmup="${5:-0}"
+  echo "== $1 (time scale $3, $duration s, warm-up $warmup s); uptime: $(uptime)"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
-    --duration "$DURATION" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" --fleet-workers 8 --ttft-slo-ms 1000 \
-    --out "$OUT/$1.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+    --duration "$duration" --warmup-s "$warmup" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" \
+    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
   echo "-- kv without pulls (--transfer-bytes-per-s 0):"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
-    --duration "$DURATION" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" --fleet-workers 8 --ttft-slo-ms 1000 \
-    --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+    --duration "$duration" --warmup-s "$warmup" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" \
+    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
 }
-for row in ${KVFLEET_CONV_ROWS:-2.0x:2.23}; do run "conv40-${row%%:*}" "$OUT/conv40.jsonl" "${row#*:}"; done
+for row in ${KVFLEET_CONV_ROWS:-2.0x:2.23}; do
+  IFS=: read -r name scale duration warmup <<<"$row"
+  run "conv40-$name" "$OUT/conv40.jsonl" "$scale" "$duration" "$warmup"
+done
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
 [ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
 # KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on each fleet (with pulls,

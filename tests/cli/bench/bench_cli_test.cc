@@ -215,6 +215,25 @@ TEST_CASE("a bad trace line stops kvfleet bench with the line named") {
   CHECK(out.find("bad.jsonl:2:") != std::string::npos);
 }
 
+TEST_CASE("--warmup-s past the last arrival, or over the whole --duration, is refused: nothing would be measured") {
+  TempDir dir;
+  const fs::path trace = dir.path / "t.jsonl";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n"
+                       << "{\"timestamp\": 2000, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n";
+  const std::string bench = std::string(KVFLEET_CLI) + " bench --trace " + trace.string() + " --dry-run";
+  auto [rc, out] = RunCommand(bench + " --warmup-s 3 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("past the last arrival (2 s)") != std::string::npos);
+  auto [over_rc, over] = RunCommand(bench + " --warmup-s 1 --duration 1 2>&1");
+  CHECK(over_rc == 2);
+  CHECK(over.find("--warmup-s must be below --duration") != std::string::npos);
+  // A warm-up of the first request: the second alone is measured.
+  auto [ok_rc, ok] = RunCommand(bench + " --warmup-s 1 2>&1");
+  CHECK(ok_rc == 0);
+  CHECK(ok.find("arrivals before 1 s a warm-up") != std::string::npos);
+  CHECK(ok.find("prompt_tokens 10\n") != std::string::npos);
+}
+
 TEST_CASE("--fleet-workers: a fleet is measured only once the router lists that many routable workers") {
   testing::FakeOpenAiServer server;  // its /fleet: two routable workers of three
   FleetProcess fleet;

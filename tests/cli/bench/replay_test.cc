@@ -174,6 +174,21 @@ TEST_CASE("the report counts errors by status (429, 503, 504, other) and goodput
 
   // Without an SLO every completed request counts.
   CHECK(Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens())).slo_met == 3);
+
+  // A warm-up of the first four arrivals (0-3 ms): the rest counted (the late token, a stream, a
+  // 429, the cut stream), the rates per second after it.
+  RunReport warm = Summarize("kv", *run, ComputeIdealReuse(requests, scale.block_tokens(), 0.0035), 0.150, 0.0035);
+  CHECK(warm.requests == 4);
+  CHECK(warm.completed == 2);
+  CHECK(warm.slo_met == 1);
+  CHECK(warm.ttft.count == 2);
+  CHECK(warm.errors_by_status["429"] == 1);
+  CHECK(warm.errors_by_status["503"] == 0);
+  CHECK(warm.errors_by_status["504"] == 0);
+  CHECK(warm.errors_by_status["other"] == 1);
+  CHECK(warm.ideal.prompt_tokens == 4 * 50);
+  CHECK(warm.wall_s == doctest::Approx(r.wall_s - 0.0035));
+  CHECK(warm.goodput_rps == doctest::Approx(1 / warm.wall_s));
 }
 
 TEST_CASE("a router that is not there gives connect errors, not a hang") {

@@ -2,6 +2,7 @@
 // percentile math.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "cli/bench/ideal_cache.h"
@@ -86,6 +87,18 @@ TEST_CASE("--length-scale divides lengths rounding up and --time-scale divides a
   scale.length_scale = 1;
   scale.time_scale = 0;
   CHECK_FALSE(scale.Validate().ok());
+  scale.time_scale = 1;
+  scale.warmup_s = 1;
+  CHECK(scale.Validate().ok());
+  scale.warmup_s = 1.5;  // the whole --duration a warm-up: nothing measured
+  CHECK_FALSE(scale.Validate().ok());
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    scale.warmup_s = bad;
+    CHECK_FALSE(scale.Validate().ok());
+  }
+  scale.warmup_s = 0;
+  scale.duration_s = std::nan("");
+  CHECK_FALSE(scale.Validate().ok());
 }
 
 TEST_CASE("shared hash ids give shared token prefixes at every length scale; different ids do not") {
@@ -162,6 +175,13 @@ TEST_CASE("the ideal ratio counts leading blocks seen before, at the scaled bloc
   CHECK(scaled.hit_blocks == 6);
   CHECK(scaled.hit_tokens == 64 * 6);
   CHECK(scaled.prompt_tokens == 192 * 3 + 175);
+
+  // A warm-up (arrivals before 1.5 ms, r0 and r1) fills the cache and is not counted: r2 and r3.
+  auto warm = ComputeIdealReuse(ScaleTrace(t, TraceScale{}), 512, 0.0015);
+  CHECK(warm.prompt_tokens == 1536 * 2);
+  CHECK(warm.block_refs == 3 + 3);
+  CHECK(warm.hit_blocks == 1 + 3);
+  CHECK(warm.hit_tokens == 512 * 4);
 
   // A request repeated back to back never hits on itself the first time.
   auto once = Parse("{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [1, 1]}\n");
