@@ -194,8 +194,8 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
 double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
                             double ttft) const {
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
-  // The requests that will extend this prompt come to the worker chosen now (their prefix is
-  // cached there), and each waits on its steps as this one does.
+  // The tied requests that follow each free one (RouteRequest::follow_ups; 0 for a tied request)
+  // go where their prefix is cached, and each waits on that worker's steps as this one does.
   const double follow_ups = request.follow_ups * Coefficients(c).step * DecodeSeconds(c);
   return ttft + delayed * uncached / fleet_rate + follow_ups;
 }

@@ -240,7 +240,8 @@ class Router {
   // Picker::FleetRate(candidates), as the cost has it, and each times its
   // Candidate::device_share: a shared device counts once).
   double FleetLoad(std::string_view model, std::span<const Candidate> candidates, double fleet_rate, TimeNs now);
-  // Also counts the request as a start or a continuation (FollowUps) by `route`'s best match.
+  // Also counts the request as free or tied (FollowUps; `continues`: more than half of its
+  // prompt held in the fleet).
   void CountRoutedWork(std::string_view model, TimeNs now, double uncached_tokens, bool continues);
   double FollowUpsPerStart(std::string_view model, TimeNs now) const;
   // The candidates whose predicted time to first token is within admission_ttft_s (all of
