@@ -104,6 +104,8 @@ class BlockPool {
   uint32_t num_free(Tier t) const { return alloc_[Idx(t)].num_free(); }
   // Cached device blocks no sequence holds: what eviction can reclaim.
   uint32_t num_reclaimable() const { return unpinned_cached_[0]; }
+  // Cached blocks of tier `t` no sequence holds: what eviction (device) or a drop (host) frees.
+  uint32_t num_evictable(Tier t) const { return unpinned_cached_[Idx(t)]; }
 
   // --- the tree (read-only) ---
   // Changes whenever a node is added, removed or moves tier: a cached match is stale then.

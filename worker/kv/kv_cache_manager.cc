@@ -555,7 +555,7 @@ KvStats KvCacheManager::Stats() const {
 
 uint64_t KvCacheManager::FreeBlocks(Tier tier) const {
   uint64_t n = 0;
-  for (const auto& pool : pools_) n += pool->num_free(tier);
+  for (const auto& pool : pools_) n += pool->num_free(tier) + pool->num_evictable(tier);
   return n;
 }
 

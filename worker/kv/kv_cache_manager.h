@@ -281,7 +281,9 @@ class KvCacheManager {
   // (chunk) until the window has passed them (invariant 8). 0: unbounded (full attention).
   // A prompt's blocks are all allocated at once, so a prompt longer than this needs more.
   uint32_t MaxSequenceBlocks(uint32_t pool) const;
-  // Load report figures, summed over pools.
+  // Load report figures, summed over pools. Free counts the blocks free or evictable: cached
+  // blocks no sequence holds, which a new sequence's Allocate takes as if free (Contract 2,
+  // "Load"). A cache that has filled with reusable prefixes is full, not out of room.
   uint64_t FreeBlocks(Tier tier) const;
   uint64_t TotalBlocks(Tier tier) const;
   // Host memory of the manager's bookkeeping in bytes (nodes, tokens, index, free lists).

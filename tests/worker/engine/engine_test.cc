@@ -289,6 +289,28 @@ TEST_CASE("the predicted wait says when a newcomer's prefill starts: behind a fu
   CHECK(h.engine->Load().predicted_wait_us == 0);
 }
 
+TEST_CASE("the predicted wait counts a cache full of finished prompts' prefixes as room: a newcomer evicts them") {
+  HarnessOptions o;
+  o.device_blocks = 64;
+  Harness h(o);
+  // Finished prompts fill every block with prefixes kept for reuse, held by nobody (more than
+  // fit: none is left on the free list).
+  for (int i = 0; i < 10; ++i) h.Add(Prompt(testing::kBlock * 8 - 1, static_cast<TokenId>(1000 * (i + 1))), 1);
+  h.RunToCompletion();
+  // A long request decodes beside them, so a newcomer would have a finish to wait for.
+  h.Add(Prompt(40, 50000), 200);
+  for (int i = 0; i < 3; ++i) h.Step();
+  const LoadReport load = h.engine->Load();
+  REQUIRE(load.active_requests == 1);
+  CHECK(load.free_blocks[0] == load.total_blocks[0] - 3);  // all but the decode's 3 blocks
+  CHECK(load.predicted_wait_us == 0);
+  h.Add(Prompt(testing::kBlock * 8, 60000), 1);
+  h.Step();
+  const LoadReport after = h.engine->Load();
+  CHECK(after.active_requests == 2);  // admitted at once, evicting cached blocks
+  CHECK(after.queued_requests == 0);
+}
+
 TEST_CASE("the predicted wait counts a queue of one-token prompts once: their slots free as their prefills end") {
   HarnessOptions o;  // a prefill worker's load: every request ends at its first token
   o.max_batch_size = 2;

@@ -293,7 +293,7 @@ TEST_CASE("offloaded blocks are found on the host and onboarded") {
   REQUIRE(evicted.size() == 2);
   CHECK(evicted[0].offloaded);
   CHECK(evicted[1].offloaded);
-  CHECK(f.m->FreeBlocks(Tier::kHost) == 14);
+  CHECK(f.m->FreeBlocks(Tier::kHost) == 16);  // offloaded, held by nobody: evictable
   f.mem->ScribbleDevice();  // the freed device blocks get reused by others
   f.Flush();
   const SequenceId id = f.Add(prompt);
@@ -478,6 +478,25 @@ TEST_CASE("an adapter's blocks hash apart from the base model's, and their event
   CHECK(snap[{LoraId("sql"), Tier::kHost}] + snap[{0, Tier::kHost}] == 4);
   CHECK(snap[{LoraId("sql"), Tier::kHost}] + snap[{LoraId("sql"), Tier::kDevice}] == 2);
   f.Check();
+}
+
+TEST_CASE("FreeBlocks counts cached blocks nobody holds: what a new sequence can take") {
+  Fixture f(SmallConfig(4, 8));
+  f.Request(Tokens(16, 1));  // its 4 blocks stay cached for reuse, held by nobody
+  CHECK(f.m->FreeBlocks(Tier::kDevice) == 8);
+  const SequenceId held = f.Add(Tokens(8, 2));
+  f.Prefill(held);  // 2 blocks in use
+  const uint64_t free = f.m->FreeBlocks(Tier::kDevice);
+  CHECK(free == 6);
+  // Exactly `free` blocks fit, by evicting the cached ones; one token more does not.
+  const SequenceId over = f.Add(Tokens(static_cast<uint32_t>(free) * 4 + 1, 3));
+  CHECK_FALSE(f.m->CanAllocate(over));
+  f.Release(over);
+  const SequenceId fits = f.Add(Tokens(static_cast<uint32_t>(free) * 4, 3));
+  f.Prefill(fits);
+  CHECK(f.m->FreeBlocks(Tier::kDevice) == 0);
+  f.Release(fits);
+  f.Release(held);
 }
 
 TEST_CASE("Clear drops every cached block and emits cleared") {
