@@ -11,7 +11,9 @@
 # measures 30 s of the conversations after 30 s of warm-up, `kvfleet bench --warmup-s`, when the
 # conversations' later turns have caught up with their first turns). KVFLEET_CONV_TRACE_S (default 60):
 # the seconds of the trace in which conversations start (a row replays DURATION_S x TIME_SCALE of
-# it: 60 s at 1.25 needs 75). Prints one table per trace and
+# it: 60 s at 1.25 needs 75). KVFLEET_TRANSFER_LOGS=1: each router writes its decision log
+# (--decision-log) and each row its requests (`kvfleet bench --requests-out`) in OUT_DIR,
+# for taking a row apart (a run's log is ~50 MB). Prints one table per trace and
 # load; JSON under OUT_DIR, and each fleet's logs under OUT_DIR/logs*/<start time>.
 # Several rounds' OUT_DIRs pooled per row and policy: tests/bench/fleet/pooled_ttft.py.
 set -uo pipefail
@@ -20,12 +22,18 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
 PORT="${KVFLEET_BENCH_PORT:-29600}"
 get() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null; }
+decision_log() {  # $1: the fleet's suffix; a log per start, named when the fleet starts
+  [ -n "${KVFLEET_TRANSFER_LOGS:-}" ] && echo "--router-arg=--decision-log=$OUT/decisions$1-\$(date +%s%N).jsonl"
+}
+requests_out() {  # $1: the row's name
+  [ -n "${KVFLEET_TRANSFER_LOGS:-}" ] && echo "--requests-out $OUT/$1-requests.jsonl"
+}
 fleet() {  # fleet.sh for `kvfleet bench --fleet-cmd`; $1: extra router args
   cat >"$OUT/fleet$2.sh" <<EOS
 #!/usr/bin/env bash
 exec "$BIN/kvfleet" up --backend mock --workers 8 --http-port $PORT --registration-port $((PORT + 1)) \
   --worker-base-port $((PORT + 10)) --worker-http-base-port $((PORT + 100)) --log-dir "$OUT/logs$2/\$(date +%s%N)" \
-  --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1 $EXTRA
+  --router-bin "$BIN/kvfleet-router" --worker-bin "$BIN/kvfleet-worker" $1 $EXTRA $(decision_log "$2")
 EOS
   chmod +x "$OUT/fleet$2.sh"
 }
@@ -40,11 +48,11 @@ run() {  # name trace scale [duration warmup]
   echo "== $1 (time scale $3, $duration s, warm-up $warmup s); uptime: $(uptime)"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
     --duration "$duration" --warmup-s "$warmup" --compare kv,approx,preble --fleet-cmd "$OUT/fleet.sh" \
-    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1.json" $(requests_out "$1") --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
   echo "-- kv without pulls (--transfer-bytes-per-s 0):"
   "$BIN/kvfleet" bench --router "http://127.0.0.1:$PORT" --trace "$2" --time-scale "$3" --length-scale 4 \
     --duration "$duration" --warmup-s "$warmup" --compare kv --fleet-cmd "$OUT/fleet-nopull.sh" \
-    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1-nopull.json" --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
+    --fleet-workers 8 --ttft-slo-ms 1000 --out "$OUT/$1-nopull.json" $(requests_out "$1-nopull") --quiet 2>&1 | grep -v "^bench: \|^kvfleet up"
 }
 for row in ${KVFLEET_CONV_ROWS:-2.0x:2.23}; do
   IFS=: read -r name scale duration warmup <<<"$row"
