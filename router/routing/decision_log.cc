@@ -67,6 +67,7 @@ std::string DecisionLog::Line(const Decision& d, std::string_view request_id, Ti
                                  {"split", d.split.has_value()},
                                  {"fleet_load", d.route.fleet_load},
                                  {"follow_ups", d.route.follow_ups},
+                                 {"pull_bias_s", d.pull_bias_s},
                                  {"fleet_rate", fleet_rate}};
   const TtftCoefficients k = picker.Coefficients();
   line["ttft_coefficients"] = {{"queue", k.queue}, {"own", k.own}, {"step", k.step}};

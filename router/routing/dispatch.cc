@@ -65,10 +65,14 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
   fwd.prefill_tokens = static_cast<uint32_t>(params.tokens.size()) - decision.predicted_cached_tokens;
   fwd.sink = make_sink(Routed{decision.worker, lane, handle, decision.estimated_ttft_s});
   fwd.reroute = router_->Rerouter(decision);
-  if (decision.ttft_terms && !decision.split && decision.pull.source.empty()) {
+  if (!decision.split && router_->options().calibrate_ttft) {
     Router* router = router_;
-    fwd.on_first_token = [router, terms = *decision.ttft_terms](double seconds) {
-      router->ObserveFirstToken(terms, seconds);
+    const bool pulled = !decision.pull.source.empty();
+    const double estimated = decision.estimated_ttft_s - decision.pull_bias_s;
+    std::optional<TtftTerms> terms = pulled ? std::nullopt : decision.ttft_terms;
+    fwd.on_first_token = [router, pulled, estimated, terms](double seconds) {
+      router->ObserveEstimate(pulled, estimated, seconds);
+      if (terms) router->ObserveFirstToken(*terms, seconds);
     };
   }
   if (decision.split) {

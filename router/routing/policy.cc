@@ -129,9 +129,11 @@ double Picker::QueuedSeconds(const Candidate& c, double fleet_rate) const {
 double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const TtftTerms t = Terms(request, c, fleet_rate);
   const TtftCoefficients k = Coefficients(c);
-  // A pull overlaps the wait for the prefill queued ahead and for admission.
+  // A pull overlaps the wait for the prefill queued ahead and for admission; what its first
+  // tokens showed beyond that is its bias (ttft_calibration.h).
   const double wait = std::max(QueueWait(c, t.queue_s, AdmissionWait(request, c), k), c.pull_s);
-  return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s + c.adapter_load_s;
+  return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s +
+         c.adapter_load_s + c.pull_bias_s;
 }
 
 TtftTerms Picker::Terms(const RouteRequest& request, const Candidate& c, double fleet_rate) const {

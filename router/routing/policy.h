@@ -197,6 +197,9 @@ struct Candidate {
   // (predicted entries), and its prefill queue ahead is the wait (README.md, "Pulling a prefix
   // being computed").
   double pull_ready_s = 0;
+  // Added to a pull's estimate: how much later than estimated pulls' first tokens came, beyond
+  // the others' (TtftCalibration::pull_bias_s; 0 for a split's decode worker).
+  double pull_bias_s = 0;
   // Its --role. A prefill worker's estimate takes the prefill pool's calibration
   // (Picker::Coefficients). A decode worker admits a prompt with at most a block left to compute
   // (a split's, pulled, or a whole request's nearly all cached) ahead of its queued prompts, so

@@ -220,6 +220,7 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
   }
   const size_t n = candidates->size();
   if (computing.run <= stored.run) computing.c = nullptr;  // the stored source brings as much, sooner
+  const double pull_bias_s = options().calibrate_ttft ? calibration_.pull_bias_s() : 0;
   for (const Source* source_of : {&stored, &computing}) {
     const Source& from = *source_of;
     if (from.c == nullptr) continue;
@@ -236,6 +237,7 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
       Candidate pulled = WithPull(c, source, *from.peer, same_host, from.run - have);
       pulled.pull_ready_s = from.ready_s;
       pulled.pull_s += from.ready_s;
+      pulled.pull_bias_s = pull_bias_s;
       candidates->push_back(pulled);
     }
   }
@@ -509,6 +511,7 @@ Result<Decision> Router::Route(const ModelFleet& fleet, const Prompt& prompt, Re
                   continues);
   d.estimated_ttft_s = picker_.EstimateTtft(d.route, chosen, fleet_rate);
   if (chosen.pull_blocks == 0 && options().calibrate_ttft) d.ttft_terms = picker_.Terms(d.route, chosen, fleet_rate);
+  d.pull_bias_s = chosen.pull_bias_s;
   if (chosen.pull_blocks > 0) {
     if (std::shared_ptr<const TransferPeer> peer = loads_->Transfer(chosen.pull_from)) {
       // Past its break-even a pull is better recomputed.

@@ -95,6 +95,7 @@ struct Decision {
   uint32_t host_blocks = 0;              // further leading blocks on its host tier
   uint32_t predicted_cached_tokens = 0;  // prompt tokens expected cached there
   double estimated_ttft_s = 0;           // predicted time to first token there (every policy)
+  double pull_bias_s = 0;                // of estimated_ttft_s, a pull's bias (Candidate::pull_bias_s)
   // The estimate's terms for the worker (Picker::Terms), when the request neither pulls nor is
   // split and the estimate is calibrated: the first token checks them (Router::ObserveFirstToken).
   std::optional<TtftTerms> ttft_terms;
@@ -145,6 +146,13 @@ class Router {
   // learns from it (ttft_calibration.h; RoutingOptions::calibrate_ttft). Any thread.
   void ObserveFirstToken(const TtftTerms& terms, double seconds) {
     if (options().calibrate_ttft) calibration_.Observe(terms, seconds);
+  }
+  // A request routed without a split, with a pull or without, estimated at `estimated_s`
+  // (Decision::estimated_ttft_s less its pull_bias_s) and answered by the worker it was sent
+  // to, had its first token `seconds` after it was sent: what a pull's estimate lacks
+  // (TtftCalibration::ObserveEstimate). Any thread.
+  void ObserveEstimate(bool pulled, double estimated_s, double seconds) {
+    if (options().calibrate_ttft) calibration_.ObserveEstimate(pulled, estimated_s, seconds);
   }
   const TtftCalibration& calibration() const { return calibration_; }
   // The same for a split's prefill stage on a prefill worker (SplitPrefill::ttft_terms), which

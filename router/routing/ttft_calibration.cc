@@ -21,6 +21,19 @@ void TtftCalibration::Observe(const TtftTerms& terms, double actual_s) {
   if (n >= config::kCalibrationMinObservations && n % config::kCalibrationRefit == 0) Refit();
 }
 
+void TtftCalibration::ObserveEstimate(bool pulled, double estimated_s, double actual_s) {
+  const double residual = actual_s - estimated_s;
+  if (!std::isfinite(residual)) return;
+  std::lock_guard lock(mu_);
+  Residuals& r = pulled ? pulled_ : stayed_;
+  const double f = pulled ? config::kPullResidualForgetting : config::kCalibrationForgetting;
+  r.sum = f * r.sum + residual;
+  r.weight = f * r.weight + 1;
+  ++r.count;
+  if (pulled_.count < config::kPullBiasMinObservations || stayed_.count < config::kPullBiasMinObservations) return;
+  pull_bias_.store(pulled_.sum / pulled_.weight - stayed_.sum / stayed_.weight, std::memory_order_relaxed);
+}
+
 void TtftCalibration::Refit() {
   // Ridge toward θ = (1, 1, 1): (XᵀWX + λ·D) θ = XᵀWy + λ·D·θ₀, D = diag(1, 1, 1, 0). The
   // prior's weight is in observations: λ times the mean square of each term, so it weighs as

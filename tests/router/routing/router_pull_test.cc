@@ -184,6 +184,40 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
     // The queue's 100 ms, then the 40 pulled tokens' 40 ms: not twice the pull's 26.3 ms.
     CHECK(e->pull.deadline_ms == 140);
   }
+  SUBCASE("pulls whose first tokens came later than estimated, beyond the others', carry that in their estimate") {
+    auto observe = [&](double pulled_late_s, int n) {
+      for (int i = 0; i < n; ++i) {
+        f.router.ObserveEstimate(true, 0.03, 0.03 + 0.009 + pulled_late_s);
+        f.router.ObserveEstimate(false, 0.02, 0.02 + 0.009);  // the others: 9 ms after theirs
+      }
+    };
+    observe(0.005, config::kPullBiasMinObservations - 1);
+    auto early = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(early.ok());
+    CHECK(early->pull_bias_s == 0);  // not before kPullBiasMinObservations of each
+    CHECK(early->estimated_ttft_s == doctest::Approx(d->estimated_ttft_s));
+    observe(0.005, 1);
+    CHECK(f.router.calibration().pull_bias_s() == doctest::Approx(0.005));
+    auto late = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(late.ok());
+    CHECK(late->pull.source == "tcp://h2:5559");  // 5 ms later: still sooner than recomputing
+    CHECK(late->pull_bias_s == doctest::Approx(0.005));
+    CHECK(late->estimated_ttft_s == doctest::Approx(d->estimated_ttft_s + 0.005));
+    // Pulls 80 ms late (the recent ones count most): recomputing the 40 tokens (40 ms, and as
+    // much again for the work it adds to the fleet) is cheaper than the pull's ~106 ms.
+    observe(0.080, 200);
+    CHECK(f.router.calibration().pull_bias_s() == doctest::Approx(0.080).epsilon(0.05));
+    auto slow_pulls = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
+    REQUIRE(slow_pulls.ok());
+    CHECK(slow_pulls->worker != 2);
+    CHECK(slow_pulls->pull.source.empty());
+    CHECK(slow_pulls->pull_bias_s == 0);
+    // Garbage is not taken; pulls sooner than estimated make them cheaper.
+    f.router.ObserveEstimate(true, std::nan(""), 1);
+    CHECK(f.router.calibration().pull_bias_s() == doctest::Approx(0.080).epsilon(0.05));
+    observe(-0.004, 400);
+    CHECK(f.router.calibration().pull_bias_s() == doctest::Approx(-0.004).epsilon(0.05));
+  }
   SUBCASE("a pull slower than recomputing is not chosen") {
     for (auto& [w, t] : f.loads.transfer) t.bytes_per_block = 16u << 20;  // 160 MiB: 0.36 s against 40 ms
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
