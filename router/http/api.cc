@@ -470,6 +470,7 @@ void ApiImpl::Serve(std::shared_ptr<http::Exchange> ex, CompletionRequest req, T
   metrics_.coefficient_queue.Set(k.queue);
   metrics_.coefficient_own.Set(k.own);
   metrics_.coefficient_step.Set(k.step);
+  metrics_.pull_bias.Set(router_->calibration().pull_bias_s());
   const TtftCoefficients p = router_->prefill_calibration().coefficients();
   metrics_.prefill_coefficient_queue.Set(p.queue);
   metrics_.prefill_coefficient_own.Set(p.own);

@@ -119,7 +119,13 @@ ApiMetrics::ApiMetrics(prometheus::Registry& r)
                                    .Register(r)),
       prefill_coefficient_queue(prefill_ttft_coefficient.Add({{"term", "queue"}})),
       prefill_coefficient_own(prefill_ttft_coefficient.Add({{"term", "own"}})),
-      prefill_coefficient_step(prefill_ttft_coefficient.Add({{"term", "step"}})) {
+      prefill_coefficient_step(prefill_ttft_coefficient.Add({{"term", "step"}})),
+      pull_bias(prometheus::BuildGauge()
+                    .Name("kvfleet_router_pull_bias_seconds")
+                    .Help("Added to the kv estimate of a pull: how much later than estimated pulls' first tokens "
+                          "came, beyond the other requests'; negative: sooner. 0 until 20 of each were seen")
+                    .Register(r)
+                    .Add({})) {
   http::RegisterBuildInfo(r);
   for (prometheus::Gauge* g : {&coefficient_queue, &coefficient_own, &coefficient_step, &prefill_coefficient_queue,
                                &prefill_coefficient_own, &prefill_coefficient_step}) {

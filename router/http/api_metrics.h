@@ -57,6 +57,9 @@ struct ApiMetrics {
   prometheus::Gauge& prefill_coefficient_queue;
   prometheus::Gauge& prefill_coefficient_own;
   prometheus::Gauge& prefill_coefficient_step;
+  // kvfleet_router_pull_bias_seconds: added to a pull's estimate, how much later than estimated
+  // pulls' first tokens came beyond the others' (TtftCalibration::pull_bias_s); 0 until known.
+  prometheus::Gauge& pull_bias;
 
   // Counts a request's tokens once it ends (a generation cut short counts what it made).
   void CountTokens(const std::string& model, uint32_t prompt, uint32_t generated);

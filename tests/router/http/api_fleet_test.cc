@@ -486,6 +486,7 @@ TEST_CASE("with an API key, /fleet, /tokenize and /detokenize need it; /version,
   CHECK(StatusOf(metrics) == 200);
   CHECK(metrics.find(R"(kvfleet_router_ttft_coefficient{term="queue"} 1)") != std::string::npos);
   CHECK(metrics.find(R"(kvfleet_router_prefill_ttft_coefficient{term="queue"} 1)") != std::string::npos);
+  CHECK(metrics.find("kvfleet_router_pull_bias_seconds 0\n") != std::string::npos);  // no pulls seen
 }
 
 TEST_CASE("with --cache-salt-per-key, each API key's requests hash in their own cache namespace") {
