@@ -69,8 +69,7 @@ Result<Dispatched> Dispatcher::Dispatch(const ServedModel& served, GenerateParam
     Router* router = router_;
     const bool pulled = !decision.pull.source.empty();
     const double estimated = decision.estimated_ttft_s - decision.pull_bias_s;
-    std::optional<TtftTerms> terms = pulled ? std::nullopt : decision.ttft_terms;
-    fwd.on_first_token = [router, pulled, estimated, terms](double seconds) {
+    fwd.on_first_token = [router, pulled, estimated, terms = decision.ttft_terms](double seconds) {
       router->ObserveEstimate(pulled, estimated, seconds);
       if (terms) router->ObserveFirstToken(*terms, seconds);
     };

@@ -102,10 +102,9 @@ class BlockPool {
   uint32_t window() const { return window_; }
   uint32_t num_blocks(Tier t) const { return alloc_[Idx(t)].num_blocks(); }
   uint32_t num_free(Tier t) const { return alloc_[Idx(t)].num_free(); }
-  // Cached device blocks no sequence holds: what eviction can reclaim.
-  uint32_t num_reclaimable() const { return unpinned_cached_[0]; }
-  // Cached blocks of tier `t` no sequence holds: what eviction (device) or a drop (host) frees.
-  uint32_t num_evictable(Tier t) const { return unpinned_cached_[Idx(t)]; }
+  // Free blocks of tier `t`, and cached ones no sequence holds: what eviction (device) or a
+  // drop (host) frees. What a new sequence (or an offload) can take.
+  uint64_t num_free_or_evictable(Tier t) const { return uint64_t{num_free(t)} + unpinned_cached_[Idx(t)]; }
 
   // --- the tree (read-only) ---
   // Changes whenever a node is added, removed or moves tier: a cached match is stale then.

@@ -279,7 +279,7 @@ bool KvCacheManager::Fits(const Sequence& s, const Plan& plan) const {
         pool.refcount(Tier::kDevice, pool.block(pp.partial_src)) == 0) {
       ++claimed;
     }
-    const uint64_t available = uint64_t{pool.num_free(Tier::kDevice)} + pool.num_reclaimable() - claimed;
+    const uint64_t available = pool.num_free_or_evictable(Tier::kDevice) - claimed;
     if (BlocksNeeded(s, p, plan) > available) return false;
   }
   return true;
@@ -431,7 +431,7 @@ bool KvCacheManager::CanAppend(SequenceId id, uint32_t n) const {
   const uint32_t B = config_.block_size;
   const uint32_t more = CeilDiv(s.tokens.size() + n, B) - CeilDiv(s.tokens.size(), B);
   for (const auto& pool : pools_) {
-    if (more > uint64_t{pool->num_free(Tier::kDevice)} + pool->num_reclaimable()) return false;
+    if (more > pool->num_free_or_evictable(Tier::kDevice)) return false;
   }
   return true;
 }
@@ -555,7 +555,7 @@ KvStats KvCacheManager::Stats() const {
 
 uint64_t KvCacheManager::FreeBlocks(Tier tier) const {
   uint64_t n = 0;
-  for (const auto& pool : pools_) n += pool->num_free(tier) + pool->num_evictable(tier);
+  for (const auto& pool : pools_) n += pool->num_free_or_evictable(tier);
   return n;
 }
 
