@@ -255,13 +255,17 @@ std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::strin
   return wire::Encode(builder);
 }
 
-std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks) {
+namespace {
+
+// EncodeBlocks of Blocks or BlockViews: the same bytes from either.
+template <typename B>
+std::string EncodeBlocksOf(uint64_t transfer_id, std::span<const B> blocks) {
   capnp::MallocMessageBuilder builder;
   auto out = builder.initRoot<schema::PullReply>();
   out.setTransferId(transfer_id);
   auto list = out.initBlocks(static_cast<unsigned>(blocks.size()));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const Block& b = blocks[i];
+    const B& b = blocks[i];
     KVF_CHECK(b.data.size() == b.checksums.size());
     auto w = list[static_cast<unsigned>(i)];
     w.setIndex(b.index);
@@ -279,6 +283,16 @@ std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks) {
     for (size_t j = 0; j < b.checksums.size(); ++j) sums.set(static_cast<unsigned>(j), b.checksums[j]);
   }
   return wire::Encode(builder);
+}
+
+}  // namespace
+
+std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks) {
+  return EncodeBlocksOf(transfer_id, blocks);
+}
+
+std::string EncodeBlocks(uint64_t transfer_id, std::span<const BlockView> blocks) {
+  return EncodeBlocksOf(transfer_id, blocks);
 }
 
 std::string EncodeDone(uint64_t transfer_id, uint32_t count) {
@@ -467,7 +481,10 @@ Result<PullReply> DecodePullReply(const void* data, size_t size) {
   });
 }
 
-Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums) {
+namespace {
+
+template <typename B>
+Status CheckBlockOf(const PullRequest& request, const B& b, uint32_t index, bool verify_checksums) {
   const std::string at = "block " + std::to_string(index) + ": ";
   if (b.index != index) return InvalidArgument(at + "index " + std::to_string(b.index) + " out of order");
   if (index >= request.hashes.size()) return InvalidArgument(at + "beyond the " + std::to_string(request.hashes.size()) + " asked for");
@@ -491,6 +508,16 @@ Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bo
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums) {
+  return CheckBlockOf(request, b, index, verify_checksums);
+}
+
+Status CheckBlock(const PullRequest& request, const BlockView& b, uint32_t index, bool verify_checksums) {
+  return CheckBlockOf(request, b, index, verify_checksums);
 }
 
 namespace {
@@ -547,6 +574,13 @@ Status CheckNcclRun(const PullRequest& request, const NcclRun& run) {
 uint64_t EncodedBlockBytes(const Block& b) {
   uint64_t bytes = kBlockOverheadBytes + (b.tokens.size() * 4 + 7) / 8 * 8;
   for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;  // padded bytes, pointer, checksum
+  return bytes;
+}
+
+uint64_t EncodedBlockBytes(const Layout& layout) {
+  uint64_t bytes = kBlockOverheadBytes + (uint64_t{layout.block_size} * 4 + 7) / 8 * 8;
+  if (layout.dtype == KvDtype::kNone) return bytes;
+  for (const PoolGeometry& p : layout.pools) bytes += (p.bytes_per_block + 7) / 8 * 8 + 8 + 8;
   return bytes;
 }
 

@@ -106,6 +106,17 @@ struct Block {
   bool operator==(const Block&) const = default;
 };
 
+// A block as EncodeBlocks reads it, its tokens and bytes in memory the caller keeps (a
+// holder's frame buffer, reused frame after frame): no copy into a Block first. Encodes to
+// the same bytes as a Block with the same contents.
+struct BlockView {
+  uint32_t index = 0;
+  BlockHash hash = 0;
+  std::span<const TokenId> tokens;
+  std::vector<std::span<const std::byte>> data;  // one per pool; none for KvDtype::kNone
+  std::vector<uint64_t> checksums;               // Checksum(data[i])
+};
+
 struct Refusal {
   RefusalReason reason = RefusalReason::kMalformed;
   std::string message;
@@ -171,6 +182,7 @@ uint64_t ReadTransferId(const void* data, size_t size);
 std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::string_view message);
 // REQUIRES: each block's data and checksums agree in count.
 std::string EncodeBlocks(uint64_t transfer_id, std::span<const Block> blocks);
+std::string EncodeBlocks(uint64_t transfer_id, std::span<const BlockView> blocks);
 std::string EncodeDone(uint64_t transfer_id, uint32_t count);
 std::string EncodeDeviceRun(uint64_t transfer_id, const DeviceRun& run);
 std::string EncodeNcclRun(uint64_t transfer_id, const NcclRun& run);
@@ -188,6 +200,7 @@ Result<PullReply> DecodePullReply(const void* data, size_t size);
 // (none for kNone) and, when `verify_checksums`, every checksum. A checksum mismatch is
 // DataLoss; any other fault InvalidArgument.
 Status CheckBlock(const PullRequest& request, const Block& b, uint32_t index, bool verify_checksums);
+Status CheckBlock(const PullRequest& request, const BlockView& b, uint32_t index, bool verify_checksums);
 
 // Checks `run` as the answer to `request`: one handle per pool of the layout, at most as many
 // blocks as hashes, block i with index i, hash hashes[i], block_size tokens and one slot per
@@ -202,5 +215,7 @@ Status CheckNcclRun(const PullRequest& request, const NcclRun& run);
 
 // An upper bound on the bytes `b` adds to an EncodeBlocks frame: a holder packs frames by it.
 uint64_t EncodedBlockBytes(const Block& b);
+// The same bound for a block of `layout` (block_size tokens, one data per pool but for kNone).
+uint64_t EncodedBlockBytes(const Layout& layout);
 
 }  // namespace kvfleet::transfer

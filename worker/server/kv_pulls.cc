@@ -34,6 +34,7 @@ KvPulls::KvPulls(const KvPullsOptions& options, transfer::TransferService* servi
                                                p.bytes_per_block});
     }
     layout_ = std::move(l);
+    streams_.emplace(service_, kv_, backend_, *layout_);
     device_ = !options_.host_id.empty() && !backend_->ExportKvDevice().empty();
   }
 }
@@ -132,12 +133,20 @@ void KvPulls::Poll() {
       NcclAnswered(r);
       continue;
     }
+    if (r.stream) {
+      if (streams_) streams_->Ended(r);
+      continue;
+    }
     auto it = held_.find({r.peer_token, r.transfer_id});
     if (it == held_.end()) continue;
     kv_->UnpinChain(it->second);
     held_.erase(it);
   }
   stats_.device_held = held_.size();
+  if (streams_) {
+    streams_->Pump();
+    stats_.bytes_held = streams_->streams();
+  }
   for (transfer::PullResult& result : service_->TakeResults()) {
     // An answer this side will not receive: its holder sends it all the same, so the pair's
     // communicator would pair that send with a later receive. It is not used again.
@@ -227,34 +236,10 @@ void KvPulls::Serve(const transfer::IncomingPull& pull, bool waited) {
   }
   if (WaitForBlocks(pull, waited)) return;  // blocks this worker is still computing
   if (ServeDevice(pull) || ServeNccl(pull)) return;
-  std::vector<transfer::Block> blocks;
-  const size_t num_pools = layout_->pools.size();
-  const bool bytes = layout_->dtype != transfer::KvDtype::kNone;
-  Result<std::vector<kv::ExportedBlock>> run =
-      kv_->ExportChain(r.parent_hash, r.hashes, [&](std::span<const kv::ExportedBlock> run) -> Status {
-        blocks.resize(run.size());
-        for (size_t i = 0; i < run.size(); ++i) {
-          transfer::Block& b = blocks[i];
-          b.index = static_cast<uint32_t>(i);
-          b.hash = run[i].hash;
-          b.tokens = run[i].tokens;
-          if (!bytes) continue;
-          b.data.resize(num_pools);
-          for (size_t p = 0; p < num_pools; ++p) {
-            b.data[p].resize(layout_->pools[p].bytes_per_block);
-            KVF_RETURN_IF_ERROR(backend_->ReadKvBlocks(static_cast<uint32_t>(p), std::span(&run[i].pools[p], 1),
-                                                      b.data[p]));
-          }
-        }
-        return Status::Ok();
-      });
-  if (!run.ok()) {
-    Logger("transfer")->error("pull {}: reading the blocks failed: {}", r.transfer_id, run.status().ToString());
-    return refuse(transfer::RefusalReason::kNotHeld, "reading the blocks failed: " + run.status().message());
-  }
-  if (run->empty()) return refuse(transfer::RefusalReason::kNotHeld, "this worker holds none of the chain now");
+  // Pinned until the service says its last frame left (or the transfer ended early); Poll
+  // reads it a frame at a time.
+  if (!streams_->Start(pull)) return refuse(transfer::RefusalReason::kNotHeld, "this worker holds none of the chain now");
   ++stats_.served_requests;
-  service_->Serve(pull.peer_token, r.transfer_id, std::move(blocks));
 }
 
 bool KvPulls::ServeDevice(const transfer::IncomingPull& pull) {

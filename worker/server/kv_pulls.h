@@ -13,9 +13,10 @@
 // sent a bad checksum or refused) the request computes: a transfer never fails a request.
 //
 // Holder: Poll() answers the pulls that arrived: the layout and namespace must match this
-// worker's, then ExportChain pins the leading run it still holds while ReadKvBlocks copies
-// its bytes out, and the service sends them. A pull for blocks this worker is still
-// computing (a request here, running or queued, has more of the chain in its prompt than
+// worker's, then the leading run it still holds is pinned and streamed (ServeStreams): each
+// Poll reads at most a frame of it into a reused buffer for the service to send, and the run
+// is unpinned once its last frame has left or the transfer ended early. A pull for blocks
+// this worker is still computing (a request here, running or queued, has more of the chain in its prompt than
 // this worker holds: a prefix routed here a moment ago) waits for them: it is answered once they are stored, or at half its
 // deadline with what is held then, so the receiver has the other half for the transfer. The
 // router sends such pulls on purpose (router/routing/README.md, "Pulling a prefix being computed").
@@ -52,6 +53,7 @@
 #include "worker/backend/backend.h"
 #include "worker/engine/engine.h"
 #include "worker/kv/kv_cache_manager.h"
+#include "worker/server/serve_streams.h"
 #include "worker/transfer/transfer_service.h"
 
 namespace kvfleet::server::config {
@@ -116,6 +118,7 @@ struct KvPullStats {
   uint64_t nccl_served = 0;       // pulls this worker answered by NCCL
   uint64_t nccl_send_failures = 0;  // of those, runs whose send failed or timed out
   uint64_t nccl_held = 0;         // runs pinned now for an NCCL answer (sending or to send)
+  uint64_t bytes_held = 0;        // runs pinned now for a bytes answer (read and sent a frame at a time)
   uint64_t nccl_peers = 0;        // peers this worker keeps a communicator with now
   uint64_t nccl_peers_forgotten = 0;  // communicators let go: idle, or past kMaxNcclPeers
   // Pulls held for blocks this worker was computing, by how the wait ended: the blocks were
@@ -150,8 +153,13 @@ class KvPulls {
   // chain being pulled now waits for that pull instead of computing the chain again. Nothing
   // happens when neither applies.
   void Start(engine::RequestId id, const engine::GenerateRequest& request, const PullHint& hint);
-  // Serves pulls that arrived; imports pulls that ended and unholds their requests.
+  // Serves pulls that arrived (reading at most a frame of each bytes answer); imports pulls
+  // that ended and unholds their requests.
   void Poll();
+  // Whether a Poll now would read a frame of a bytes answer: the worker loop should not idle.
+  bool reading() const { return streams_.has_value() && streams_->ready(); }
+  // The bytes answers being streamed (null: this worker's blocks cannot move).
+  const ServeStreams* streams() const { return streams_ ? &*streams_ : nullptr; }
   // Pulls in flight.
   size_t pending() const { return pending_.size(); }
   // Pulls from others waiting here for blocks this worker is computing.
@@ -236,6 +244,7 @@ class KvPulls {
   std::string unsupported_;
   std::map<uint64_t, Pending> pending_;  // by transfer id
   std::vector<transfer::IncomingPull> waiting_;  // holder: pulls waiting for blocks being computed
+  std::optional<ServeStreams> streams_;  // holder: bytes answers, with a layout
   bool device_ = false;                  // the backend exports and copies device blocks
   // Holder: runs pinned for receivers copying them, by (peer token, transfer id).
   std::map<std::pair<uint64_t, uint64_t>, std::vector<kv::ExportedBlock>> held_;

@@ -96,7 +96,9 @@ void WorkerLoop::Run() {
       Logger("worker")->info("shutting down: {} requests in flight, {} s grace", engine_->num_requests(),
                              options_.shutdown_grace / kNsPerSec);
     }
-    std::vector<Command> commands = server_->Take(engine_->HasWork() || stopping ? 0 : options_.idle_wait);
+    // A KV pull being served with a frame to read goes on at once, as a step would.
+    const bool busy = engine_->HasWork() || stopping || (pulls_ != nullptr && pulls_->reading());
+    std::vector<Command> commands = server_->Take(busy ? 0 : options_.idle_wait);
     for (Command& c : commands) Apply(c, stopping);
     if (stopping && !cancelled_all && clock_->Now() >= drain_deadline) {
       Logger("worker")->warn("grace period over: cancelling {} requests", engine_->num_requests());

@@ -1,5 +1,5 @@
-// The holder's side of TransferService: pulls in on the ROUTER, refusals and blocks out.
-// Runs on the I/O thread only.
+// The holder's side of TransferService: pulls in on the ROUTER, refusals out (blocks out:
+// serving.cc). Runs on the I/O thread only.
 #include <algorithm>
 #include <set>
 
@@ -10,15 +10,6 @@
 namespace kvfleet::transfer {
 
 namespace {
-
-// What a blocks frame may hold besides its blocks: the reply's header, lists' tags.
-constexpr uint64_t kFrameBudget = wire::limits::kMaxTransferBytes - wire::limits::kSlackBytes;
-// The blocks a frame packs: up to 16 MiB of them, or one larger block alone (up to the budget).
-// Every copy of a pull's bytes (the encode's segments, the frame, libzmq's receive buffer, the
-// decode) is a buffer of about a frame; glibc's malloc serves those under its largest mmap
-// threshold (32 MiB) from memory it kept from the last frame, and maps buffers above it fresh,
-// each byte then costing a page fault at each copy.
-constexpr uint64_t kFrameTarget = std::min<uint64_t>(uint64_t{16} << 20, kFrameBudget);
 
 // A receiver's name for as long as its connection lasts: "receiver-" and its routing id in hex.
 std::string PeerName(const std::string& identity) {
@@ -151,93 +142,6 @@ std::optional<TransferService::Impl::OpenPull> TransferService::Impl::TakeOpenPu
     stats.stale_serves++;
   }
   return open;
-}
-
-void TransferService::Impl::DoServe(ServeCommand& cmd) {
-  // Past the deadline the bytes would only be dropped at the receiver.
-  std::optional<OpenPull> open = TakeOpenPull(cmd.peer_token, cmd.transfer_id);
-  if (!open) return;
-  const PullRequest& request = open->request;
-  const std::string& identity = identity_of_token.at(cmd.peer_token);
-  Status status = cmd.blocks.size() <= request.hashes.size()
-                      ? Status::Ok()
-                      : InvalidArgument(std::to_string(cmd.blocks.size()) + " blocks for a chain of " +
-                                        std::to_string(request.hashes.size()));
-  for (size_t i = 0; status.ok() && i < cmd.blocks.size(); ++i) {
-    Block& b = cmd.blocks[i];
-    b.checksums.resize(b.data.size());
-    for (size_t p = 0; p < b.data.size(); ++p) b.checksums[p] = Checksum(b.data[p]);
-    status = CheckBlock(request, b, static_cast<uint32_t>(i), false);
-    if (options.test_corrupt_served_data && !b.data.empty() && !b.data[0].empty()) b.data[0][0] ^= std::byte{0x5a};
-  }
-  if (!status.ok()) {
-    Logger("transfer")->error("transfer {}: the engine served a run that breaks Contract 4: {}", cmd.transfer_id,
-                              status.message());
-    return SendRefusal(identity, cmd.transfer_id, RefusalReason::kMalformed, "holder error: " + status.message());
-  }
-  Serving s;
-  s.identity = identity;
-  s.transfer_id = cmd.transfer_id;
-  s.bytes = cmd.blocks.size() * request.layout.BytesPerBlock();
-  s.blocks = std::move(cmd.blocks);
-  serving.push_back(std::move(s));
-}
-
-bool TransferService::Impl::PumpServing() {
-  bool backlog = false;
-  for (auto it = serving.begin(); it != serving.end();) {
-    Serving& s = *it;
-    bool finished = false;
-    while (true) {
-      if (s.pending.empty()) {
-        if (s.next < s.blocks.size()) {
-          // The next frame: as many blocks as fit kFrameTarget, at least one (CheckLayout keeps
-          // a block within the budget).
-          size_t end = s.next;
-          uint64_t bytes = 0;
-          while (end < s.blocks.size() && (end == s.next || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameTarget)) {
-            bytes += EncodedBlockBytes(s.blocks[end]);
-            ++end;
-          }
-          s.pending = EncodeBlocks(s.transfer_id, std::span<const Block>(s.blocks).subspan(s.next, end - s.next));
-          for (size_t i = s.next; i < end; ++i) s.blocks[i].data = {};  // the frame holds the bytes now
-          s.next = end;
-        } else if (!s.done_queued) {
-          s.pending = EncodeDone(s.transfer_id, static_cast<uint32_t>(s.blocks.size()));
-          s.done_queued = true;
-        } else {
-          finished = true;
-          break;
-        }
-      }
-      bool gone = false;
-      if (!SendTo(router, s.identity, s.pending, &gone)) {
-        if (gone) {
-          Logger("transfer")->info("transfer {}: the receiver left before it was served", s.transfer_id);
-          s.blocks.clear();
-          it = serving.erase(it);
-        } else {
-          backlog = true;
-          ++it;
-        }
-        break;
-      }
-      if (!s.done_queued) {
-        std::lock_guard lock(mu);
-        stats.served_frames++;
-      }
-      s.pending.clear();
-    }
-    if (!finished) continue;
-    {
-      std::lock_guard lock(mu);
-      stats.served++;
-      stats.served_blocks += s.blocks.size();
-      stats.served_bytes += s.bytes;
-    }
-    it = serving.erase(it);
-  }
-  return backlog;
 }
 
 void TransferService::Impl::SweepOpenPulls(TimeNs now) {

@@ -126,10 +126,19 @@ std::vector<Released> TransferService::TakeReleases() {
   return out;
 }
 
+std::vector<SpentFrame> TransferService::TakeSpentFrames() {
+  std::lock_guard lock(impl_->mu);
+  std::vector<SpentFrame> out;
+  out.swap(impl_->spent_ready);
+  return out;
+}
+
 bool TransferService::WaitForWork(DurationNs timeout) {
   Impl& s = *impl_;
   std::unique_lock lock(s.mu);
-  auto has_work = [&] { return !s.pulls_ready.empty() || !s.results_ready.empty() || !s.releases_ready.empty(); };
+  auto has_work = [&] {
+    return !s.pulls_ready.empty() || !s.results_ready.empty() || !s.releases_ready.empty() || !s.spent_ready.empty();
+  };
   s.cv.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return has_work() || s.stopping.load(); });
   return has_work();
 }
@@ -138,18 +147,10 @@ void TransferService::Impl::Queue(Command command) {
   {
     std::lock_guard lock(mu);
     if (io_done) {
-      // Stopped: nothing will run it. A device run was never sent, so the engine unpins now
-      // (the caller is the engine thread: it sees TakeReleases on its next round).
-      if (auto* device = std::get_if<ServeDeviceCommand>(&command)) {
-        releases_ready.push_back(Released{device->peer_token, device->transfer_id, true});
-        stats.device_expired++;
-        stats.stale_serves++;
-        cv.notify_all();
-      } else if (auto* nccl = std::get_if<ServeNcclCommand>(&command)) {
-        releases_ready.push_back(Released{nccl->peer_token, nccl->transfer_id, true, true});
-        stats.stale_serves++;
-        cv.notify_all();
-      }
+      // Stopped: nothing will run it. The caller is the engine thread: it sees TakeReleases and
+      // TakeSpentFrames on its next round.
+      DropCommand(command);
+      cv.notify_all();
       return;
     }
     commands.push_back(std::move(command));
@@ -158,8 +159,31 @@ void TransferService::Impl::Queue(Command command) {
   (void)!write(wake_fd, &one, sizeof(one));
 }
 
+void TransferService::Impl::DropCommand(Command& command) {
+  if (auto* device = std::get_if<ServeDeviceCommand>(&command)) {
+    // A device run never sent: the engine unpins now.
+    releases_ready.push_back(Released{device->peer_token, device->transfer_id, true});
+    stats.device_expired++;
+    stats.stale_serves++;
+  } else if (auto* nccl = std::get_if<ServeNcclCommand>(&command)) {
+    releases_ready.push_back(Released{nccl->peer_token, nccl->transfer_id, true, true});
+    stats.stale_serves++;
+  } else if (auto* frame = std::get_if<ServeFrameCommand>(&command)) {
+    // A stream's first chunk opened nothing: it ends here. A later one's stream was cut on Stop.
+    if (frame->chunk.first == 0) {
+      releases_ready.push_back(Released{frame->peer_token, frame->transfer_id, true, false, true});
+      stats.stale_serves++;
+    }
+    GiveBack(frame->peer_token, frame->transfer_id, std::move(frame->chunk.bytes));
+  }
+}
+
 void TransferService::Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks) {
   impl_->Queue(ServeCommand{peer_token, transfer_id, std::move(blocks)});
+}
+
+void TransferService::ServeFrame(uint64_t peer_token, uint64_t transfer_id, FrameChunk chunk) {
+  impl_->Queue(ServeFrameCommand{peer_token, transfer_id, std::move(chunk)});
 }
 
 void TransferService::ServeDevice(uint64_t peer_token, uint64_t transfer_id, DeviceRun run) {
@@ -261,6 +285,8 @@ void TransferService::Impl::RunCommands() {
             DoServeDevice(cmd);
           } else if constexpr (std::is_same_v<T, ServeNcclCommand>) {
             DoServeNccl(cmd);
+          } else if constexpr (std::is_same_v<T, ServeFrameCommand>) {
+            DoServeFrame(cmd);
           } else {
             static_assert(std::is_same_v<T, ReleaseCommand>);
             DoRelease(cmd.transfer_id);
@@ -313,30 +339,16 @@ void TransferService::Impl::IoLoop() {
   // linger; this side's own pulls end.
   RefuseAllOpen(RefusalReason::kShuttingDown, "the holder is shutting down");
   PumpServing();
+  CutAllServing();
   CancelAllPulls("the transfer service stopped");
-  // Commands queued since the loop's last round: a device run among them was never sent.
-  std::vector<Command> late;
+  // Commands queued since the loop's last round: a run among them was never sent.
   {
     std::lock_guard lock(mu);
     io_done = true;
-    late.swap(commands);
+    for (Command& c : commands) DropCommand(c);
+    commands.clear();
   }
-  for (Command& c : late) {
-    if (auto* device = std::get_if<ServeDeviceCommand>(&c)) {
-      {
-        std::lock_guard lock(mu);
-        stats.stale_serves++;
-      }
-      ReportReleased(device->peer_token, device->transfer_id, true);
-    } else if (auto* nccl = std::get_if<ServeNcclCommand>(&c)) {
-      {
-        std::lock_guard lock(mu);
-        stats.stale_serves++;
-        releases_ready.push_back(Released{nccl->peer_token, nccl->transfer_id, true, true});
-      }
-      Notify();
-    }
-  }
+  Notify();
   ReleaseAllHeld();
   for (auto& [key, source] : sources) source.dealer->close();
   router.close();

@@ -1,9 +1,13 @@
 // TransferService: a worker's end of Contract 4 (schema/README.md), KV blocks pulled from
 // another worker instead of recomputed. One service plays both parts:
 //   - holder: a ROUTER socket other workers' pulls arrive on. The engine thread takes them
-//     (TakePulls), reads the leading run of the chain it still holds and hands the blocks to
-//     Serve (or says why not: Refuse). The service checksums them, packs them into frames
-//     under limits::kMaxTransferBytes, sends them and a `done`.
+//     (TakePulls), pins the leading run of the chain it still holds and streams it: it reads
+//     a frame's worth of blocks at a time (BlocksPerFrame) into a reused buffer and hands it
+//     to ServeFrame, which gives the buffer back (TakeSpentFrames) once the frame is encoded,
+//     and reports the run's end (TakeReleases, Released::stream): then the engine unpins. Or
+//     it says why not (Refuse). The service checksums the blocks, packs them into frames
+//     under limits::kMaxTransferBytes, sends them and a `done`. (Serve takes a whole run at
+//     once, already read.)
 //   - receiver: StartPull sends a PullRequest on a DEALER to the holder (one per endpoint,
 //     kept); the I/O thread checks every block as it arrives (index, hash, tokens, sizes,
 //     checksum) and enforces the deadline. Each StartPull ends in exactly one PullResult
@@ -48,7 +52,22 @@ namespace config {
 // A holder keeps a device run pinned this long past the request's deadline when no release
 // arrives: the receiver copies nothing after its deadline, and its clock started earlier.
 constexpr DurationNs kDeviceHoldGrace = kNsPerSec;
+// The blocks a `blocks` frame packs: up to 16 MiB of them, or one larger block alone (up to
+// what a receiver takes). Every copy of a pull's bytes (the encode's segments, the frame,
+// libzmq's receive buffer, the decode) is a buffer of about a frame; glibc's malloc serves
+// those under its largest mmap threshold (32 MiB) from memory it kept from the last frame,
+// and maps buffers above it fresh, each byte then costing a page fault at each copy
+// (tests/bench/results/2026-12-01-nvidia-h200-kv-transfer-tcp-frames.txt).
+constexpr uint64_t kFrameTargetBytes = uint64_t{16} << 20;
+// A streamed run's frames the engine may have handed to ServeFrame and not had back: the next
+// frame is read while one is encoded, and a slow receiver holds at most this many of the
+// engine's buffers (its frames queued in ZeroMQ aside).
+constexpr uint32_t kFramesAhead = 2;
 }  // namespace config
+
+// How many blocks of `layout` a streamed frame carries: as many as fit
+// config::kFrameTargetBytes, at least one.
+uint32_t BlocksPerFrame(const Layout& layout);
 
 struct TransferOptions {
   // Where the holder's ROUTER binds, e.g. "tcp://0.0.0.0:5559"; port 0 picks one.
@@ -126,7 +145,27 @@ struct PullResult {
   std::string source;                    // the holder's endpoint
 };
 
-// A device run a holder may unpin now (TakeReleases).
+// One frame of a run the engine streams (ServeFrame): the run's blocks first..first+n-1.
+struct FrameChunk {
+  uint32_t first = 0;                        // the run's index of its first block
+  std::vector<BlockHash> hashes;             // [n]
+  std::vector<std::vector<TokenId>> tokens;  // [n]: block_size tokens each
+  // The blocks' bytes, pool after pool, each pool's n blocks back to back as ReadKvBlocks
+  // writes them: pool p from n × (the bytes per block of the pools before p). At least
+  // n × layout.BytesPerBlock() bytes (a reused buffer may be longer); empty for dtype none.
+  std::vector<std::byte> bytes;
+  bool last = false;  // the run ends here: `done` follows (n may be 0: the run is cut short)
+};
+
+// A FrameChunk's bytes, back from the service once its frame is encoded (TakeSpentFrames):
+// the engine reads a later frame into them.
+struct SpentFrame {
+  uint64_t peer_token = 0;
+  uint64_t transfer_id = 0;
+  std::vector<std::byte> bytes;
+};
+
+// A run a holder may unpin now (TakeReleases): a device run, an nccl answer, or a stream.
 struct Released {
   uint64_t peer_token = 0;
   uint64_t transfer_id = 0;
@@ -137,6 +176,10 @@ struct Released {
   // A ServeNccl's answer: expired false means its frame left and the engine sends the run by
   // NCCL now (and unpins when the send ends); true, the frame was not sent: unpin now.
   bool nccl = false;
+  // A streamed run's end (ServeFrame): expired false when its last frame and `done` left;
+  // true when it was cut short: stale at its first frame, the receiver gone, its deadline
+  // passed, a frame breaking Contract 4, or the service stopped.
+  bool stream = false;
 };
 
 // Pulls this service made from one holder.
@@ -168,6 +211,9 @@ struct TransferStats {
   uint64_t unauthorized_clients = 0;  // CURVE handshakes the ZAP handler refused
   uint64_t late_frames = 0;     // receiver side: replies for no pull in flight (past deadline)
   uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open, or Serve past its deadline: not sent
+  // Serves ended before their `done`: the receiver gone, the deadline passed, a streamed frame
+  // breaking Contract 4, or Stop.
+  uint64_t cut_serves = 0;
   // Holder side, the device path.
   uint64_t served_device = 0;    // `device` frames sent
   uint64_t device_releases = 0;  // held runs their receiver released (Released::expired false)
@@ -201,6 +247,17 @@ class TransferService {
   // in frames under the cap, then `done` with n. A run that breaks those rules is not sent:
   // the pull is refused (malformed on the receiver's side) and the error logged.
   void Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks);
+  // Streams the leading run frame by frame: the engine reads each frame's blocks (in order,
+  // chunk.first counting on from the last chunk's; at most BlocksPerFrame a frame) and hands
+  // them here; chunk.last ends the run and `done` follows. The first chunk (first 0) opens
+  // the stream and exactly one Released{stream=true} follows it, once the run may be unpinned
+  // (REQUIRES: the engine keeps its blocks pinned until then). Every chunk's bytes come back
+  // through TakeSpentFrames, sent or not; a chunk after its stream ended is only given back.
+  // A chunk failing CheckBlock is not sent: the first refuses the pull malformed, a later one
+  // ends the run with the blocks sent so far; both logged.
+  void ServeFrame(uint64_t peer_token, uint64_t transfer_id, FrameChunk chunk);
+  // Takes the streamed frames' buffers given back since the last call.
+  std::vector<SpentFrame> TakeSpentFrames();
   void Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalReason reason, std::string message);
   // Same host: answers with one `device` frame. REQUIRES: the engine has pinned `run`'s blocks;
   // it unpins them when TakeReleases reports (peer_token, transfer_id), which happens exactly
@@ -209,8 +266,8 @@ class TransferService {
   // pull no longer open or past its deadline (stale_serves), the request without a host id or
   // a run failing CheckDeviceRun (refused malformed, logged), the peer's queue full or gone.
   void ServeDevice(uint64_t peer_token, uint64_t transfer_id, DeviceRun run);
-  // Takes the device runs that may be unpinned since the last call, and the ServeNccl
-  // answers sent or not (Released::nccl).
+  // Takes the device runs that may be unpinned since the last call, the ServeNccl answers
+  // sent or not (Released::nccl) and the streams that ended (Released::stream).
   std::vector<Released> TakeReleases();
   // Answers with one `nccl` frame. REQUIRES: the engine has pinned `run`'s blocks. Exactly one
   // Released{nccl=true} follows, in the order the frames leave: expired=false once the frame
@@ -239,7 +296,8 @@ class TransferService {
   // (from posting the receives to their end, communicator set-up included).
   void RecordNcclCopy(const std::string& source_endpoint, uint64_t bytes, double seconds);
 
-  // Waits until TakePulls, TakeResults or TakeReleases has something, up to `timeout`.
+  // Waits until TakePulls, TakeResults, TakeReleases or TakeSpentFrames has something, up to
+  // `timeout`.
   // Returns whether it has.
   bool WaitForWork(DurationNs timeout);
 
@@ -248,7 +306,8 @@ class TransferService {
   TimeNs Now() const;
 
   // Refuses the pulls not yet served (shuttingDown), sends what is queued, reports every held
-  // device run released (expired), stops the I/O thread and closes the sockets. A ServeDevice
+  // device run and unfinished stream released (expired) and gives back their frames, stops
+  // the I/O thread and closes the sockets. A ServeDevice, or a stream's first ServeFrame,
   // after Stop is reported released at once. Device runs this receiver was answered with and
   // has not released are left to their holders' expiry. Idempotent.
   void Stop();

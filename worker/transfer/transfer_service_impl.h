@@ -1,8 +1,8 @@
-// TransferService::Impl: the state behind transfer_service.h, shared by its four sources:
+// TransferService::Impl: the state behind transfer_service.h, shared by its sources:
 // transfer_service.cc (start, stop, the engine thread's calls, the I/O loop), holder.cc (the
-// ROUTER: pulls in, blocks out), puller.cc (the DEALERs: pulls out, blocks in),
-// device_path.cc (same host: device runs held and released, on both sides) and nccl_path.cc
-// (NCCL answers, on both sides).
+// ROUTER: pulls in, refusals out), serving.cc (blocks out: whole runs and streams),
+// puller.cc (the DEALERs: pulls out, blocks in), device_path.cc (same host: device runs held
+// and released, on both sides) and nccl_path.cc (NCCL answers, on both sides).
 //
 // Thread safety: fields marked GUARDED_BY(mu) are shared with the engine thread; everything
 // else belongs to the I/O thread once Start() returns.
@@ -87,8 +87,13 @@ struct ServeNcclCommand {
   uint64_t transfer_id;
   NcclRun run;
 };
+struct ServeFrameCommand {
+  uint64_t peer_token;
+  uint64_t transfer_id;
+  FrameChunk chunk;
+};
 using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand,
-                             ServeNcclCommand>;
+                             ServeNcclCommand, ServeFrameCommand>;
 
 struct TransferService::Impl {
   Impl(TransferOptions opts, const Clock* c);
@@ -102,10 +107,13 @@ struct TransferService::Impl {
   void Notify();  // wakes WaitForWork and calls on_ready
   void PushResult(PullResult result);  // for the engine thread
 
+  // Commands queued too late for the I/O thread (Stop): a run it was to hold or stream is
+  // reported released, a frame's bytes given back; the rest dropped. REQUIRES: mu held.
+  void DropCommand(Command& command);
+
   // --- holder.cc: the ROUTER ---
   void DrainRouter();
   void HandleRequest(std::vector<zmq::message_t>& parts);
-  void DoServe(ServeCommand& cmd);
   void DoRefuse(RefuseCommand& cmd);
   // The open pull an answer (Serve, ServeDevice) is for, taken out of open_pulls; nullopt,
   // counted in stale_serves, when it is no longer open or past its deadline (the receiver
@@ -114,10 +122,33 @@ struct TransferService::Impl {
   std::optional<OpenPull> TakeOpenPull(uint64_t peer_token, uint64_t transfer_id);
   // Sends a refusal to `identity` now (dropped if its queue is full) and counts it.
   void SendRefusal(const std::string& identity, uint64_t transfer_id, RefusalReason reason, const std::string& message);
-  // Sends what fits of the frames being served; true when some frame still waits for room.
-  bool PumpServing();
   void SweepOpenPulls(TimeNs now);
   void RefuseAllOpen(RefusalReason reason, const std::string& message);
+
+  // --- serving.cc: blocks out ---
+  struct Serving;
+  void DoServe(ServeCommand& cmd);
+  void DoServeFrame(ServeFrameCommand& cmd);
+  // Sends what fits of the frames being served; true when some frame still waits for room.
+  // Cuts the serves past their deadline.
+  bool PumpServing();
+  // What NextFrame found for a serve.
+  enum class Next : uint8_t {
+    kFrame,     // s.pending holds the next frame
+    kWaiting,   // a stream waits for the engine's next chunk
+    kFinished,  // `done` has left
+    kCut,       // the serve was cut (and reported): drop it
+  };
+  // Encodes `s`'s next frame into s.pending: blocks of a whole run, a streamed chunk (its
+  // buffer given back), or `done`.
+  Next NextFrame(Serving& s);
+  // Ends `s` before its `done` (`why` logged): its streamed chunks given back, a stream
+  // reported released (expired). REQUIRES: mu not held.
+  void CutServing(Serving& s, const char* why);
+  // Gives `bytes` of stream (peer_token, transfer_id) back to the engine. REQUIRES: mu held.
+  void GiveBack(uint64_t peer_token, uint64_t transfer_id, std::vector<std::byte> bytes);
+  // Stopping: every serve not finished is cut.
+  void CutAllServing();
 
   // --- device_path.cc: same host ---
   // Holder: sends a device run and holds it until released.
@@ -179,6 +210,7 @@ struct TransferService::Impl {
   std::vector<IncomingPull> pulls_ready;  // GUARDED_BY(mu): I/O -> engine
   std::vector<PullResult> results_ready;  // GUARDED_BY(mu): I/O -> engine
   std::vector<Released> releases_ready;   // GUARDED_BY(mu): I/O -> engine
+  std::vector<SpentFrame> spent_ready;    // GUARDED_BY(mu): I/O -> engine
   bool io_done = false;                   // GUARDED_BY(mu): the I/O thread runs no more commands
   TransferStats stats;                    // GUARDED_BY(mu); unauthorized_clients read from `unauthorized`
 
@@ -191,14 +223,20 @@ struct TransferService::Impl {
   std::unordered_map<uint64_t, std::string> identity_of_token;
   uint64_t next_peer_token = 1;
   std::map<std::pair<uint64_t, uint64_t>, OpenPull> open_pulls;  // (peer token, transfer id)
+  // A pull being answered with blocks: a whole run (Serve) or a stream (ServeFrame).
   struct Serving {
     std::string identity;
+    uint64_t peer_token = 0;
     uint64_t transfer_id = 0;
-    std::vector<Block> blocks;
-    uint64_t bytes = 0;
-    size_t next = 0;          // the first block not yet in a frame
-    std::string pending;      // a frame the peer's queue had no room for
-    bool done_queued = false;  // `pending` is the done frame
+    PullRequest request;
+    TimeNs deadline = 0;
+    bool stream = false;
+    std::vector<Block> blocks;       // a whole run's
+    std::deque<FrameChunk> chunks;   // a stream's, read and not yet encoded
+    bool last_seen = false;          // a stream's last chunk arrived
+    uint32_t sent = 0;               // blocks in frames so far: the next block's index
+    std::string pending;             // a frame the peer's queue had no room for
+    bool done_queued = false;        // `pending` is the done frame
   };
   std::deque<Serving> serving;
   TimeNs next_sweep = 0;

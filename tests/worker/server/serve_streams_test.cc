@@ -1,0 +1,267 @@
+// ServeStreams (serve_streams.h) inside KvPulls: a holder answering a pull with bytes streams
+// its run a frame per Poll, batched reads into reused buffers, the run pinned in its cache
+// until the last frame has left, and unpinned whenever the transfer ends early (deadline,
+// Stop, the receiver gone). Two mock engines whose backends are given bytes (BytesBackend),
+// two TransferServices over loopback. Loops are bounded; nothing here measures time.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/block_hash.h"
+#include "tests/worker/engine/engine_harness.h"
+#include "worker/server/kv_pulls.h"
+
+namespace kvfleet::server {
+namespace {
+
+using engine::testing::Harness;
+using engine::testing::kBlock;
+
+// The mock's engine with KV blocks that have bytes: fp32 blocks of `bytes_per_block` (in place
+// of the mock's modelled size). Block b of every pool reads as its id (8 bytes) then b's low
+// byte repeated. Reads are recorded (blocks per call); writes kept per (pool, block).
+class BytesBackend final : public backend::ModelBackend {
+ public:
+  BytesBackend(backend::ModelBackend* inner, uint64_t bytes_per_block) : inner_(inner) {
+    pools_.assign(inner->pools().begin(), inner->pools().end());
+    for (backend::KvPoolInfo& p : pools_) p.bytes_per_block = bytes_per_block;
+  }
+  std::string_view name() const override { return "bytes"; }
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  int32_t block_size() const override { return inner_->block_size(); }
+  int32_t max_num_tokens() const override { return inner_->max_num_tokens(); }
+  int32_t max_batch_size() const override { return inner_->max_batch_size(); }
+  int64_t max_context() const override { return inner_->max_context(); }
+  std::span<const backend::KvPoolInfo> pools() const override { return pools_; }
+  Status Execute(const backend::StepBatch& batch, backend::StepOutput* out) override {
+    return inner_->Execute(batch, out);
+  }
+  kv::BlockCopier& block_copier() override { return inner_->block_copier(); }
+  backend::KvTransferFormat kv_transfer_format() const override { return {"fp32", "", {}}; }
+
+  Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) override {
+    const uint64_t bpb = pools_[pool].bytes_per_block;
+    REQUIRE(out.size() == blocks.size() * bpb);
+    reads.push_back(blocks.size());
+    if (fail_reads) return Internal("the test failed the read");
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      std::byte* b = out.data() + i * bpb;
+      const uint64_t id = blocks[i].block;
+      std::memcpy(b, &id, sizeof(id));
+      std::memset(b + sizeof(id), static_cast<int>(id & 0xff), bpb - sizeof(id));
+    }
+    return Status::Ok();
+  }
+  Status WriteKvBlocks(uint32_t pool, std::span<const kv::BlockId> blocks, std::span<const std::byte> in) override {
+    const uint64_t bpb = pools_[pool].bytes_per_block;
+    REQUIRE(in.size() == blocks.size() * bpb);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      written[{pool, blocks[i]}].assign(in.begin() + i * bpb, in.begin() + (i + 1) * bpb);
+    }
+    return Status::Ok();
+  }
+
+  std::vector<size_t> reads;  // blocks per ReadKvBlocks call
+  bool fail_reads = false;
+  std::map<std::pair<uint32_t, kv::BlockId>, std::vector<std::byte>> written;
+
+ private:
+  backend::ModelBackend* inner_;
+  std::vector<backend::KvPoolInfo> pools_;
+};
+
+// 1 MiB blocks: 15 to a 16 MiB frame.
+constexpr uint64_t kBlockBytes = uint64_t{1} << 20;
+constexpr uint32_t kPerFrame = 15;
+constexpr uint32_t kChain = 40;  // blocks pulled: three frames (15, 15, 10)
+
+struct Streams {
+  Streams()
+      : holder_bytes(a.backend.get(), kBlockBytes),
+        receiver_bytes(b.backend.get(), kBlockBytes) {
+    auto hs = transfer::TransferService::Start({}, &holder_clock);
+    REQUIRE_MESSAGE(hs.ok(), hs.status().ToString());
+    holder_service = std::move(*hs);
+    auto rs = transfer::TransferService::Start({}, SystemClock::Default());
+    REQUIRE_MESSAGE(rs.ok(), rs.status().ToString());
+    receiver_service = std::move(*rs);
+    KvPullsOptions o;
+    o.model = "mock-8b";
+    o.deadline = 5 * kNsPerSec;
+    o.own_endpoint = holder_service->endpoint();
+    holder = std::make_unique<KvPulls>(o, holder_service.get(), a.kv.get(), &holder_bytes, a.engine.get());
+    o.own_endpoint = receiver_service->endpoint();
+    receiver = std::make_unique<KvPulls>(o, receiver_service.get(), b.kv.get(), &receiver_bytes, b.engine.get());
+    REQUIRE(holder->layout().has_value());
+    REQUIRE(transfer::BlocksPerFrame(*holder->layout()) == kPerFrame);
+    prompt = engine::testing::Prompt(kChain * kBlock + 3);
+    a.Add(prompt, 1);
+    a.RunToCompletion();
+    REQUIRE(Pinned() == 0);
+  }
+
+  // The holder's device blocks held though no sequence is live there: pinned by a transfer.
+  uint32_t Pinned() const { return a.kv->Stats().pools[0].tiers[0].in_use; }
+
+  // The receiver pulls the prompt's kChain whole blocks from the holder.
+  void StartPull() {
+    engine::GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 1;
+    auto id = b.engine->Add(r, b.clock.Now());
+    REQUIRE(id.ok());
+    receiver->Start(*id, r, PullHint{holder_service->endpoint(), "", kChain, "a"});
+    REQUIRE(receiver->pending() == 1);
+  }
+
+  // One holder tick, checked: at most one frame read (one batched read per pool), the run
+  // pinned exactly while its stream lasts.
+  void HolderTick() {
+    const size_t reads = holder_bytes.reads.size();
+    holder->Poll();
+    CHECK(holder_bytes.reads.size() - reads <= 1);
+    for (size_t i = reads; i < holder_bytes.reads.size(); ++i) CHECK(holder_bytes.reads[i] <= kPerFrame);
+    REQUIRE(holder->streams()->CheckInvariants().ok());
+    REQUIRE(a.kv->CheckInvariants().ok());
+    CHECK(Pinned() == holder->streams()->pinned_blocks());
+  }
+
+  // Ticks the holder until its stream has started.
+  void AwaitStream() {
+    for (int i = 0; i < 2000 && holder->streams()->streams() == 0; ++i) {
+      holder_service->WaitForWork(kNsPerMs);
+      HolderTick();
+    }
+    REQUIRE(holder->streams()->streams() == 1);
+    CHECK(Pinned() == kChain);
+  }
+
+  // Ticks the holder until no stream is left.
+  void AwaitNoStream() {
+    for (int i = 0; i < 4000 && holder->streams()->streams() > 0; ++i) {
+      holder_service->WaitForWork(kNsPerMs);
+      HolderTick();
+    }
+    REQUIRE(holder->streams()->streams() == 0);
+    CHECK(Pinned() == 0);
+  }
+
+  Harness a, b;
+  ManualClock holder_clock;
+  BytesBackend holder_bytes, receiver_bytes;
+  std::unique_ptr<transfer::TransferService> holder_service, receiver_service;
+  std::unique_ptr<KvPulls> holder, receiver;
+  std::vector<TokenId> prompt;
+};
+
+TEST_CASE("a pull of many blocks streams a frame a tick, batched, pinned until its last frame has left") {
+  Streams t;
+  t.StartPull();
+  bool started = false;
+  for (int i = 0; i < 4000 && (t.receiver->pending() > 0 || t.holder->streams()->streams() > 0 || !started); ++i) {
+    // What the service had reported before this tick: the run may be unpinned only after
+    // the stream's `done` left (served counts it in the same step as the release).
+    const uint64_t served_before = t.holder_service->Stats().served;
+    t.HolderTick();
+    started = started || t.holder->streams()->streams() > 0;
+    if (started && served_before == 0) CHECK(t.Pinned() == kChain);
+    if (started && t.holder->streams()->streams() == 0) {
+      const transfer::TransferStats s = t.holder_service->Stats();
+      CHECK(s.served == 1);
+      CHECK(s.served_frames == 3);
+    }
+    t.receiver->Poll();
+    t.receiver_service->WaitForWork(kNsPerMs);
+  }
+  REQUIRE(t.receiver->pending() == 0);
+  REQUIRE(t.holder->streams()->streams() == 0);
+  CHECK(t.Pinned() == 0);
+  // One read per pool per frame, each of a frame's blocks: not a call per block.
+  CHECK(t.holder_bytes.reads == std::vector<size_t>{kPerFrame, kPerFrame, kChain - 2 * kPerFrame});
+  CHECK(t.holder->streams()->stats().frames == 3);
+  CHECK(t.holder->streams()->stats().completed == 1);
+  CHECK(t.holder->stats().bytes_held == 0);
+  CHECK(t.receiver->stats().imported_blocks == kChain);
+  // Every block arrived as the holder read it: its id, then its low byte throughout.
+  REQUIRE(t.receiver_bytes.written.size() == kChain);
+  std::set<uint64_t> ids;
+  for (const auto& [where, bytes] : t.receiver_bytes.written) {
+    REQUIRE(bytes.size() == kBlockBytes);
+    uint64_t id = 0;
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    ids.insert(id);
+    CHECK(bytes.back() == static_cast<std::byte>(id & 0xff));
+  }
+  CHECK(ids.size() == kChain);
+}
+
+TEST_CASE("a stream past its deadline is cut and its run unpinned") {
+  Streams t;
+  t.StartPull();
+  t.AwaitStream();  // its first frame read
+  t.holder_clock.AdvanceMs(10'000);
+  t.AwaitNoStream();
+  CHECK(t.holder->streams()->stats().cut == 1);
+  CHECK(t.holder->streams()->stats().completed == 0);
+  CHECK(t.holder_service->Stats().served == 0);
+}
+
+TEST_CASE("a holder stopping cuts its streams and unpins their runs") {
+  Streams t;
+  t.StartPull();
+  t.AwaitStream();
+  t.holder_service->Stop();
+  t.AwaitNoStream();
+  CHECK(t.holder->streams()->stats().cut == 1);
+  CHECK(t.holder->streams()->stats().completed == 0);
+}
+
+TEST_CASE("a receiver that leaves mid-pull costs the holder no pinned block") {
+  Streams t;
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(t.holder_service->endpoint());
+  transfer::PullRequest r;
+  r.transfer_id = 9;
+  r.model = "mock-8b";
+  r.block_size = kBlock;
+  const BlockHasher hasher(kBlock, HashNamespace{"mock-8b", "", ""});
+  r.hashes = hasher.HashAll(std::span(t.prompt).first(size_t{kChain} * kBlock));
+  r.layout = *t.holder->layout();
+  r.deadline_ms = 30'000;
+  dealer.send(zmq::buffer(transfer::EncodePullRequest(r)), zmq::send_flags::none);
+  t.AwaitStream();
+  dealer.close();  // gone after the first frame was read, before the run is sent
+  t.AwaitNoStream();
+  // Cut when the holder saw the receiver gone, done when its frames all left first.
+  CHECK(t.holder->streams()->stats().cut + t.holder->streams()->stats().completed == 1);
+}
+
+TEST_CASE("a run that cannot be read is refused and unpinned at once") {
+  Streams t;
+  t.holder_bytes.fail_reads = true;
+  t.StartPull();
+  for (int i = 0; i < 2000 && t.receiver->pending() > 0; ++i) {
+    t.HolderTick();
+    t.receiver->Poll();
+    t.receiver_service->WaitForWork(kNsPerMs);
+  }
+  REQUIRE(t.receiver->pending() == 0);
+  CHECK(t.receiver->stats().imported_blocks == 0);
+  CHECK(t.holder->streams()->streams() == 0);
+  CHECK(t.Pinned() == 0);
+  CHECK(t.holder->streams()->stats().read_failures == 1);
+  CHECK(t.holder->stats().served_requests == 1);
+}
+
+}  // namespace
+}  // namespace kvfleet::server
