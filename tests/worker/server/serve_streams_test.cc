@@ -83,7 +83,8 @@ constexpr uint32_t kPerFrame = 15;
 constexpr uint32_t kChain = 40;  // blocks pulled: three frames (15, 15, 10)
 
 struct Streams {
-  Streams()
+  // `bytes` false: the plain mock backends (dtype none, tokens only).
+  explicit Streams(bool bytes = true)
       : holder_bytes(a.backend.get(), kBlockBytes),
         receiver_bytes(b.backend.get(), kBlockBytes) {
     auto hs = transfer::TransferService::Start({}, &holder_clock);
@@ -96,11 +97,13 @@ struct Streams {
     o.model = "mock-8b";
     o.deadline = 5 * kNsPerSec;
     o.own_endpoint = holder_service->endpoint();
-    holder = std::make_unique<KvPulls>(o, holder_service.get(), a.kv.get(), &holder_bytes, a.engine.get());
+    backend::ModelBackend* holder_backend = bytes ? &holder_bytes : static_cast<backend::ModelBackend*>(a.backend.get());
+    backend::ModelBackend* receiver_backend = bytes ? &receiver_bytes : static_cast<backend::ModelBackend*>(b.backend.get());
+    holder = std::make_unique<KvPulls>(o, holder_service.get(), a.kv.get(), holder_backend, a.engine.get());
     o.own_endpoint = receiver_service->endpoint();
-    receiver = std::make_unique<KvPulls>(o, receiver_service.get(), b.kv.get(), &receiver_bytes, b.engine.get());
+    receiver = std::make_unique<KvPulls>(o, receiver_service.get(), b.kv.get(), receiver_backend, b.engine.get());
     REQUIRE(holder->layout().has_value());
-    REQUIRE(transfer::BlocksPerFrame(*holder->layout()) == kPerFrame);
+    if (bytes) REQUIRE(transfer::BlocksPerFrame(*holder->layout()) == kPerFrame);
     prompt = engine::testing::Prompt(kChain * kBlock + 3);
     a.Add(prompt, 1);
     a.RunToCompletion();
@@ -201,6 +204,23 @@ TEST_CASE("a pull of many blocks streams a frame a tick, batched, pinned until i
     CHECK(bytes.back() == static_cast<std::byte>(id & 0xff));
   }
   CHECK(ids.size() == kChain);
+}
+
+TEST_CASE("a mock holder (no bytes, dtype none) streams its run's tokens in one frame") {
+  Streams t(/*bytes=*/false);
+  t.StartPull();
+  for (int i = 0; i < 4000 && (t.receiver->pending() > 0 || t.holder->streams()->streams() > 0); ++i) {
+    t.HolderTick();
+    t.receiver->Poll();
+    t.receiver_service->WaitForWork(kNsPerMs);
+  }
+  REQUIRE(t.receiver->pending() == 0);
+  CHECK(t.holder->streams()->streams() == 0);
+  CHECK(t.Pinned() == 0);
+  CHECK(t.holder->streams()->stats().frames == 1);
+  CHECK(t.holder->streams()->stats().read_calls == 0);
+  CHECK(t.holder->streams()->stats().completed == 1);
+  CHECK(t.receiver->stats().imported_blocks == kChain);
 }
 
 TEST_CASE("a stream past its deadline is cut and its run unpinned") {
