@@ -9,7 +9,10 @@
 # conversation trace's seed. KVFLEET_CONV_ROWS (default "2.0x:2.23"): the conversation rows, each
 # NAME:TIME_SCALE[:DURATION_S:WARMUP_S] ("0.9x:1.25 2.0x:2.23" for both loads; "0.9x:1.25:60:30"
 # measures 30 s of the conversations after 30 s of warm-up, `kvfleet bench --warmup-s`, when the
-# conversations' later turns have caught up with their first turns). KVFLEET_CONV_TRACE_S (default 60):
+# conversations' later turns have caught up with their first turns). KVFLEET_MOONCAKE_ROWS (default
+# "0.9x:15.28 1.3x:20.54"): the Mooncake rows, the same form ("1.3x:20.54:32:7" leaves out the first
+# 7 s, when the fleet's caches are empty and the trace's opening burst overloads it whatever the
+# policy). KVFLEET_CONV_TRACE_S (default 60):
 # the seconds of the trace in which conversations start (a row replays DURATION_S x TIME_SCALE of
 # it: 60 s at 1.25 needs 75). KVFLEET_TRANSFER_LOGS=1: each router writes its decision log
 # (--decision-log) and each row its requests (`kvfleet bench --requests-out`) in OUT_DIR,
@@ -58,8 +61,12 @@ for row in ${KVFLEET_CONV_ROWS:-2.0x:2.23}; do
   IFS=: read -r name scale duration warmup <<<"$row"
   run "conv40-$name" "$OUT/conv40.jsonl" "$scale" "$duration" "$warmup"
 done
-[ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-0.9x "$TRACE" 15.28
-[ -n "${KVFLEET_TRANSFER_QUICK:-}" ] || run mooncake-1.3x "$TRACE" 20.54
+if [ -z "${KVFLEET_TRANSFER_QUICK:-}" ]; then
+  for row in ${KVFLEET_MOONCAKE_ROWS:-0.9x:15.28 1.3x:20.54}; do
+    IFS=: read -r name scale duration warmup <<<"$row"
+    run "mooncake-$name" "$TRACE" "$scale" "$duration" "$warmup"
+  done
+fi
 # KVFLEET_TRANSFER_DIAG=1: one more kv run of the Mooncake trace at 1.3x on each fleet (with pulls,
 # then without), left up, then the router's pull decisions and the workers' pull outcomes and
 # evictions from /metrics.
