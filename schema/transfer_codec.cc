@@ -411,12 +411,34 @@ Result<NcclRun> ReadNcclRun(schema::NcclRun::Reader in) {
 
 }  // namespace
 
+Block ToBlock(const BlockView& v) {
+  Block b;
+  b.index = v.index;
+  b.hash = v.hash;
+  b.tokens.assign(v.tokens.begin(), v.tokens.end());
+  b.data.reserve(v.data.size());
+  for (std::span<const std::byte> d : v.data) b.data.emplace_back(d.begin(), d.end());
+  b.checksums = v.checksums;
+  return b;
+}
+
 Result<PullReply> DecodePullReply(const void* data, size_t size) {
-  // Read in place: the blocks' bytes are copied out below, and a frame is up to 64 MiB.
-  auto msg = wire::DecodeInPlace<schema::PullReply>(data, size);
-  if (!msg.ok()) return msg.status();
+  BlockFrame frame;
+  KVF_ASSIGN_OR_RETURN(PullReply reply, DecodePullReply(data, size, &frame));
+  if (auto* blocks = std::get_if<std::vector<Block>>(&reply.body)) {
+    blocks->reserve(frame.blocks.size());
+    for (const BlockView& v : frame.blocks) blocks->push_back(ToBlock(v));
+  }
+  return reply;
+}
+
+Result<PullReply> DecodePullReply(const void* data, size_t size, BlockFrame* frame) {
+  // Read in place: a frame is up to 64 MiB, and its blocks' bytes are read where they lie.
+  auto decoded = wire::DecodeInPlace<schema::PullReply>(data, size);
+  if (!decoded.ok()) return decoded.status();
+  std::shared_ptr<wire::DecodedMessage> msg = std::move(*decoded);
   return wire::Guard([&]() -> Result<PullReply> {
-    auto in = (*msg)->Root<schema::PullReply>();
+    auto in = msg->Root<schema::PullReply>();
     PullReply reply;
     reply.transfer_id = in.getTransferId();
     if (reply.transfer_id == 0) return InvalidArgument("pull reply with transfer id 0");
@@ -434,16 +456,18 @@ Result<PullReply> DecodePullReply(const void* data, size_t size) {
         // A zero-sized struct costs its sender nothing: a real block takes words of its own,
         // so the frame's size in words bounds how many it can honestly hold.
         if (list.size() > size / sizeof(capnp::word)) return DataLoss("pull reply with empty block entries");
-        std::vector<Block> blocks(list.size());
+        std::vector<BlockView> blocks(list.size());
+        std::vector<size_t> token_at(list.size() + 1, 0);
+        std::vector<TokenId> tokens;
         for (unsigned i = 0; i < list.size(); ++i) {
           auto w = list[i];
-          Block& b = blocks[i];
+          BlockView& b = blocks[i];
           b.index = w.getIndex();
           b.hash = w.getHash();
-          auto tokens = w.getTokens();
-          if (tokens.size() > config::kMaxBlockTokens) return InvalidArgument("block with too many tokens");
-          b.tokens.resize(tokens.size());
-          for (unsigned j = 0; j < tokens.size(); ++j) b.tokens[j] = tokens[j];
+          auto t = w.getTokens();
+          if (t.size() > config::kMaxBlockTokens) return InvalidArgument("block with too many tokens");
+          for (unsigned j = 0; j < t.size(); ++j) tokens.push_back(t[j]);
+          token_at[i + 1] = tokens.size();
           auto bytes = w.getData();
           auto sums = w.getChecksums();
           if (bytes.size() > static_cast<size_t>(limits::kMaxKvPools)) return InvalidArgument("block with too many pools");
@@ -455,12 +479,17 @@ Result<PullReply> DecodePullReply(const void* data, size_t size) {
           b.checksums.resize(sums.size());
           for (unsigned j = 0; j < bytes.size(); ++j) {
             auto d = bytes[j];
-            b.data[j].resize(d.size());
-            if (d.size() != 0) std::memcpy(b.data[j].data(), d.begin(), d.size());
+            b.data[j] = std::span(reinterpret_cast<const std::byte*>(d.begin()), d.size());
             b.checksums[j] = sums[j];
           }
         }
-        reply.body = std::move(blocks);
+        frame->tokens = std::move(tokens);
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          blocks[i].tokens = std::span<const TokenId>(frame->tokens).subspan(token_at[i], token_at[i + 1] - token_at[i]);
+        }
+        frame->blocks = std::move(blocks);
+        frame->message = std::move(msg);
+        reply.body = std::vector<Block>();
         return reply;
       }
       case schema::PullReply::DONE:

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -117,6 +118,19 @@ struct BlockView {
   std::vector<uint64_t> checksums;               // Checksum(data[i])
 };
 
+// A `blocks` frame's blocks as views over the frame itself (DecodePullReply with a
+// BlockFrame): a receiver checks them and copies each block's bytes once, where they go, with
+// no Block of its own in between. Each view's data points into the frame's bytes (or into
+// `message`'s aligned copy of them), so the views are valid while both live unchanged.
+struct BlockFrame {
+  std::vector<BlockView> blocks;
+  std::vector<TokenId> tokens;           // every block's tokens, back to back: the views' tokens
+  std::shared_ptr<const void> message;   // the decoded message the views read
+};
+
+// A Block holding copies of `v`'s tokens and bytes.
+Block ToBlock(const BlockView& v);
+
 struct Refusal {
   RefusalReason reason = RefusalReason::kMalformed;
   std::string message;
@@ -194,6 +208,10 @@ std::string EncodeNcclRun(uint64_t transfer_id, const NcclRun& run);
 // blocks as a device run's without slots. What a block or run must be for the request it
 // answers is CheckBlock's, CheckDeviceRun's and CheckNcclRun's.
 Result<PullReply> DecodePullReply(const void* data, size_t size);
+// The same, reading a `blocks` frame in place: its blocks go to *frame as views over `data`
+// (which must outlive them unchanged) and the body's vector of Blocks stays empty. Any other
+// reply decodes as above and leaves *frame untouched.
+Result<PullReply> DecodePullReply(const void* data, size_t size, BlockFrame* frame);
 
 // Checks block `b` as the `index`-th block answering `request`: its index, its hash
 // (= request.hashes[index]), block_size tokens, one data per pool of bytes_per_block bytes

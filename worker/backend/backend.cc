@@ -153,6 +153,13 @@ Status ModelBackend::WriteKvBlocks(uint32_t /*pool*/, std::span<const BlockId> /
   return FailedPrecondition(kv_transfer_format().unsupported);
 }
 
+Status ModelBackend::WriteKvBlocksFrom(uint32_t pool, std::span<const BlockId> blocks,
+                                       std::span<const std::span<const std::byte>> in) {
+  if (blocks.size() != in.size()) return InvalidArgument("KV transfer: block and buffer counts differ");
+  for (size_t i = 0; i < blocks.size(); ++i) KVF_RETURN_IF_ERROR(WriteKvBlocks(pool, blocks.subspan(i, 1), in[i]));
+  return Status::Ok();
+}
+
 std::vector<std::string> ModelBackend::ExportKvDevice() { return {}; }
 
 Result<std::unique_ptr<KvNccl>> ModelBackend::MakeKvNccl(std::function<void()> /*on_done*/) {

@@ -288,6 +288,10 @@ class ModelBackend {
   // Writes whole device blocks of `pool` from `in`, laid out as ReadKvBlocks writes them.
   // Called between steps; the next step reads them.
   virtual Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in);
+  // The same, block i's bytes from in[i] (each bytes_per_block long) where they lie: a
+  // received frame's blocks, written with no gather first. The default writes block by block.
+  virtual Status WriteKvBlocksFrom(uint32_t pool, std::span<const BlockId> blocks,
+                                   std::span<const std::span<const std::byte>> in);
   // The prefill rate (tokens/s) a step of at most `max_tokens` prompt tokens computes, cut to
   // `max_step_ms` (> 0) as the engine's step bound cuts prefill while decodes run: what the
   // worker announces before it has measured one (its Hello). 0: this backend cannot tell.

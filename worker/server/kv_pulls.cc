@@ -107,7 +107,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   // The router's bound (twice its predicted time), within this worker's own.
   const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
-  const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
+  const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull), /*stream=*/true);
   Pending p;
   p.request = id;
   p.plan = *plan;
@@ -147,7 +147,10 @@ void KvPulls::Poll() {
     streams_->Pump();
     stats_.bytes_held = streams_->streams();
   }
-  for (transfer::PullResult& result : service_->TakeResults()) {
+  std::vector<transfer::PullResult> results = service_->TakeResults();
+  // Taken after the results: every block of a result just taken is among these.
+  for (const transfer::Arrival& a : service_->TakeArrivals()) WriteArrival(a);
+  for (transfer::PullResult& result : results) {
     // An answer this side will not receive: its holder sends it all the same, so the pair's
     // communicator would pair that send with a later receive. It is not used again.
     if (result.nccl_abandoned && nccl_ != nullptr) nccl_->Forget(result.source);
@@ -307,6 +310,50 @@ uint32_t KvPulls::CopyFromDevice(Pending& p, const transfer::PullResult& result,
   return good;
 }
 
+void KvPulls::WriteArrival(const transfer::Arrival& a) {
+  auto it = pending_.find(a.transfer_id);
+  if (it == pending_.end()) return;  // the pull has ended here
+  Pending& p = it->second;
+  const uint32_t first = p.arrived;
+  p.arrived += static_cast<uint32_t>(a.blocks.size());
+  if (p.stopped || a.first != first) {
+    p.stopped = true;
+    return;
+  }
+  const uint32_t B = kv_->block_size();
+  const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
+  // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
+  uint32_t n = 0;
+  for (; n < a.blocks.size(); ++n) {
+    const std::span<const TokenId> tokens = a.blocks[n].tokens;
+    const size_t at = size_t{p.plan.first_block + first + n} * B;
+    if (first + n >= wanted || tokens.size() != B || !std::equal(tokens.begin(), tokens.end(), p.tokens.begin() + at)) {
+      p.stopped = true;
+      break;
+    }
+  }
+  if (n > 0 && layout_->dtype != transfer::KvDtype::kNone) {
+    // Straight from the received frame, no gather: one call per pool, its blocks' copies overlapped.
+    std::vector<kv::BlockId> dst(n);
+    std::vector<std::span<const std::byte>> src(n);
+    for (size_t pool = 0; pool < layout_->pools.size(); ++pool) {
+      const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
+      for (uint32_t j = 0; j < n; ++j) {
+        dst[j] = view.linear[p.plan.first_block + first + j];
+        src[j] = a.blocks[j].data[pool];
+      }
+      if (Status st = backend_->WriteKvBlocksFrom(static_cast<uint32_t>(pool), dst, src); !st.ok()) {
+        Logger("transfer")->error("pull {}: writing the blocks failed: {}", a.transfer_id, st.ToString());
+        ++stats_.write_failures;
+        p.stopped = true;
+        p.write_failed = true;
+        return;
+      }
+    }
+  }
+  p.written += n;
+}
+
 uint32_t KvPulls::CountGood(const Pending& p, const transfer::PullResult& result, size_t received) {
   if (result.outcome != transfer::PullOutcome::kOk) return 0;
   const uint32_t B = kv_->block_size();
@@ -314,9 +361,7 @@ uint32_t KvPulls::CountGood(const Pending& p, const transfer::PullResult& result
   uint32_t good = 0;
   // The holder's tokens must be the prompt's: a hash collision costs a miss, never wrong KV.
   for (size_t j = 0; j < received; ++j) {
-    const std::vector<TokenId>& tokens = result.device ? result.device->blocks[j].tokens
-                                         : result.nccl ? result.nccl->blocks[j].tokens
-                                                       : result.blocks[j].tokens;
+    const std::vector<TokenId>& tokens = result.device ? result.device->blocks[j].tokens : result.nccl->blocks[j].tokens;
     const size_t at = size_t{p.plan.first_block + good} * B;
     if (good >= wanted || !std::equal(tokens.begin(), tokens.end(), p.tokens.begin() + at)) break;
     ++good;
@@ -326,13 +371,13 @@ uint32_t KvPulls::CountGood(const Pending& p, const transfer::PullResult& result
 }
 
 void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
-  const size_t received = result.device ? result.device->blocks.size()
-                          : result.nccl ? result.nccl->blocks.size()
-                                        : result.blocks.size();
-  uint32_t good = CountGood(p, result, received);
-  if (result.nccl) good = 0;  // an NCCL run not received (ReceiveNccl could not post it)
+  const bool ok = result.outcome == transfer::PullOutcome::kOk;
+  size_t received = 0;
+  uint32_t good = 0;
   bool copy_failed = false, late = false;
   if (result.device) {
+    received = result.device->blocks.size();
+    good = CountGood(p, result, received);
     // The holder keeps the run pinned until its deadline plus kDeviceHoldGrace, no longer. Its
     // deadline runs from the pull's arrival there, after this side's start, on the same host's
     // monotonic clock: so until this side's deadline plus half the grace the run is still
@@ -347,24 +392,19 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
       good = copied;
     }
     service_->ReleasePull(result.transfer_id);
-  } else if (good > 0 && layout_->dtype != transfer::KvDtype::kNone) {
-    // Block by block from the received buffers: gathering a long run into one buffer first
-    // costs a copy of every byte (and its page faults), more than the device copy itself.
-    for (size_t pool = 0; pool < layout_->pools.size() && good > 0; ++pool) {
-      const kv::PoolView view = kv_->View(p.plan.seq, static_cast<uint32_t>(pool));
-      for (uint32_t j = 0; j < good; ++j) {
-        const kv::BlockId id = view.linear[p.plan.first_block + j];
-        const std::vector<std::byte>& d = result.blocks[j].data[pool];
-        if (Status st = backend_->WriteKvBlocks(static_cast<uint32_t>(pool), std::span(&id, 1), d); !st.ok()) {
-          Logger("transfer")->error("pull {}: writing the blocks failed: {}", result.transfer_id, st.ToString());
-          ++stats_.write_failures;
-          good = 0;
-          copy_failed = true;
-        }
-      }
-    }
+  } else if (result.nccl) {
+    received = result.nccl->blocks.size();
+    CountGood(p, result, received);
+    good = 0;  // an NCCL run not received (ReceiveNccl could not post it)
+  } else if (ok) {
+    // Bytes: written as they arrived (WriteArrival). Only a pull that ended ok makes them a
+    // run; one that failed midway (a bad checksum, the deadline) stores none of them, and
+    // the request computes over what was written.
+    received = result.streamed_blocks;
+    copy_failed = p.write_failed;
+    good = copy_failed ? 0 : std::min<uint32_t>(p.written, result.streamed_blocks);
+    if (!copy_failed && good < received) ++stats_.token_mismatches;
   }
-  const bool ok = result.outcome == transfer::PullOutcome::kOk;
   const std::string why = late                      ? "late"
                           : copy_failed             ? "copy_failed"
                           : ok && result.nccl       ? "nccl_failed"

@@ -9,7 +9,9 @@
 // the pull overlaps its wait. When the pull ends, Poll() checks each block's tokens against
 // the prompt, writes the verified leading run into the allocated blocks (the backend's
 // WriteKvBlocks), stores it (stored events: every router learns of the second holder) and
-// unholds the request. Whatever the pull did not bring (the holder evicted it, died, was late,
+// unholds the request. The bytes of a pull over TCP are written as they arrive, a frame at a
+// time (WriteArrival), overlapping the rest of the transfer; only a pull that ends ok stores
+// them. Whatever the pull did not bring (the holder evicted it, died, was late,
 // sent a bad checksum or refused) the request computes: a transfer never fails a request.
 //
 // Holder: Poll() answers the pulls that arrived: the layout and namespace must match this
@@ -184,6 +186,13 @@ class KvPulls {
     // Receiving by NCCL: the run's blocks and its verified leading run.
     uint32_t nccl_received = 0;
     uint32_t nccl_good = 0;
+    // Receiving bytes (streamed, WriteArrival): blocks arrived, the leading run of them whose
+    // tokens are the prompt's written into plan's blocks, and whether writing has stopped (a
+    // token mismatch, a gap, or a failed write: write_failed).
+    uint32_t arrived = 0;
+    uint32_t written = 0;
+    bool stopped = false;
+    bool write_failed = false;
   };
   // Holder: a run pinned for an NCCL answer, sent once the answer has left.
   struct NcclHeld {
@@ -225,7 +234,10 @@ class KvPulls {
   bool NcclPeerBusy(const std::string& peer) const;
   // Holder: `t`'s communicator is no longer the one its receiver is known to keep.
   void Unanswer(const backend::KvNccl::Transfer& t);
-  // The verified leading run of an ok result: blocks whose tokens are the prompt's.
+  // Receiver: writes a streamed pull's arrived blocks into the blocks its import allocated,
+  // as far as their tokens are the prompt's (one WriteKvBlocksFrom per pool).
+  void WriteArrival(const transfer::Arrival& a);
+  // The verified leading run of an ok device or nccl result: blocks whose tokens are the prompt's.
   uint32_t CountGood(const Pending& p, const transfer::PullResult& result, size_t received);
   void Finish(Pending& p, transfer::PullResult& result);
   // Ends pull `p` with `good` blocks imported: stores them, counts a fallback `why` when fewer

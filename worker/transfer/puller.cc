@@ -65,6 +65,7 @@ void TransferService::Impl::DoPull(PullCommand& cmd) {
   pull.source_key = key;
   pull.endpoint = cmd.endpoint;
   pull.start = cmd.start;
+  pull.stream = cmd.stream;
   pulls.emplace(id, std::move(pull));
 }
 
@@ -79,6 +80,7 @@ void TransferService::Impl::DoCancel(uint64_t transfer_id) {
     r.outcome = PullOutcome::kCancelled;
     r.status = CancelledStatus("cancelled");
     r.blocks.clear();
+    r.streamed_blocks = 0;
     r.bytes = 0;
     return PushResult(std::move(r));
   }
@@ -86,6 +88,11 @@ void TransferService::Impl::DoCancel(uint64_t transfer_id) {
 
 void TransferService::Impl::DrainDealer(const std::string& source_key, zmq::socket_t& dealer) {
   for (int i = 0; i < 64; ++i) {
+    {
+      // The engine has kArrivalsAhead frames of blocks to take first: the rest wait (IoLoop).
+      std::lock_guard lock(mu);
+      if (arrivals_ready.size() >= config::kArrivalsAhead) return;
+    }
     zmq::message_t frame;
     if (!dealer.recv(frame, zmq::recv_flags::dontwait)) return;
     bool extra = frame.more();
@@ -98,8 +105,9 @@ void TransferService::Impl::DrainDealer(const std::string& source_key, zmq::sock
   }
 }
 
-void TransferService::Impl::HandleReply(const std::string& source_key, const zmq::message_t& frame) {
-  auto reply = DecodePullReply(frame.data(), frame.size());
+void TransferService::Impl::HandleReply(const std::string& source_key, zmq::message_t& frame) {
+  BlockFrame views;
+  auto reply = DecodePullReply(frame.data(), frame.size(), &views);
   // A reply that cannot name its pull, or names one that ended (or another holder's), has
   // no pull to fail: it is counted and dropped.
   const uint64_t id = reply.ok() ? reply->transfer_id : 0;
@@ -124,21 +132,41 @@ void TransferService::Impl::HandleReply(const std::string& source_key, const zmq
   }
   if (auto* run = std::get_if<DeviceRun>(&reply->body)) return HandleDeviceRun(id, std::move(*run));
   if (auto* run = std::get_if<NcclRun>(&reply->body)) return HandleNcclRun(id, std::move(*run));
-  if (auto* blocks = std::get_if<std::vector<Block>>(&reply->body)) {
-    for (Block& b : *blocks) {
-      Status s = CheckBlock(pull.request, b, static_cast<uint32_t>(pull.blocks.size()), true);
+  if (std::holds_alternative<std::vector<Block>>(reply->body)) {
+    const uint32_t first = pull.received;
+    for (const BlockView& b : views.blocks) {
+      Status s = CheckBlock(pull.request, b, pull.received, true);
       if (!s.ok()) {
         const PullOutcome outcome = s.code() == StatusCode::kDataLoss ? PullOutcome::kBadChecksum : PullOutcome::kMalformed;
         return FinishPull(id, outcome, s);
       }
-      pull.blocks.push_back(std::move(b));
+      ++pull.received;
+      if (!pull.stream) pull.blocks.push_back(ToBlock(b));
     }
+    if (!pull.stream || views.blocks.empty()) return;
+    // The views read the frame (in place) or the message's copy of it, and their tokens:
+    // the arrival keeps all three (a moved vector keeps its buffer, so the views stay valid).
+    struct Kept {
+      zmq::message_t frame;
+      std::shared_ptr<const void> message;
+      std::vector<TokenId> tokens;
+    };
+    Arrival a;
+    a.transfer_id = id;
+    a.first = first;
+    a.blocks = std::move(views.blocks);
+    a.frame = std::make_shared<Kept>(Kept{std::move(frame), std::move(views.message), std::move(views.tokens)});
+    {
+      std::lock_guard lock(mu);
+      arrivals_ready.push_back(std::move(a));
+    }
+    Notify();
     return;
   }
   const uint32_t count = std::get<Done>(reply->body).count;
-  if (count != pull.blocks.size()) {
+  if (count != pull.received) {
     return FinishPull(id, PullOutcome::kMalformed,
-                      DataLoss("done with " + std::to_string(count) + " blocks, " + std::to_string(pull.blocks.size()) +
+                      DataLoss("done with " + std::to_string(count) + " blocks, " + std::to_string(pull.received) +
                                " arrived"));
   }
   FinishPull(id, PullOutcome::kOk, Status::Ok());
@@ -173,8 +201,9 @@ void TransferService::Impl::FinishPull(uint64_t id, PullOutcome outcome, Status 
     leases[id] = Lease{pull.source_key, pull.deadline + config::kDeviceHoldGrace};
     return PushResult(std::move(r));
   }
-  r.bytes = pull.blocks.size() * pull.request.layout.BytesPerBlock();
+  r.bytes = pull.received * pull.request.layout.BytesPerBlock();
   r.blocks = std::move(pull.blocks);
+  if (pull.stream) r.streamed_blocks = pull.received;
   const TimeNs ready = pull.start + ModelledTransferTime(r.bytes, options.simulated_bandwidth_bytes_per_s);
   if (ready <= now) return PushResult(std::move(r));
   if (ready > pull.deadline) {
@@ -182,6 +211,7 @@ void TransferService::Impl::FinishPull(uint64_t id, PullOutcome outcome, Status 
     r.outcome = PullOutcome::kDeadline;
     r.status = DeadlineStatus("a modelled " + std::to_string(r.bytes) + " bytes take past the deadline");
     r.blocks.clear();
+    r.streamed_blocks = 0;
     r.bytes = 0;
     r.elapsed = pull.deadline - pull.start;
     delayed.emplace_back(pull.deadline, std::move(r));
@@ -227,6 +257,7 @@ void TransferService::Impl::CancelAllPulls(const std::string& why) {
     r.outcome = PullOutcome::kCancelled;
     r.status = CancelledStatus(why);
     r.blocks.clear();
+    r.streamed_blocks = 0;
     r.bytes = 0;
     PushResult(std::move(r));
   }

@@ -119,6 +119,21 @@ std::vector<PullResult> TransferService::TakeResults() {
   return out;
 }
 
+std::vector<Arrival> TransferService::TakeArrivals() {
+  Impl& s = *impl_;
+  std::vector<Arrival> out;
+  {
+    std::lock_guard lock(s.mu);
+    out.swap(s.arrivals_ready);
+  }
+  // The I/O thread stops reading holders' replies while kArrivalsAhead wait: it reads on now.
+  if (out.size() >= config::kArrivalsAhead) {
+    uint64_t one = 1;
+    (void)!write(s.wake_fd, &one, sizeof(one));
+  }
+  return out;
+}
+
 std::vector<Released> TransferService::TakeReleases() {
   std::lock_guard lock(impl_->mu);
   std::vector<Released> out;
@@ -137,7 +152,8 @@ bool TransferService::WaitForWork(DurationNs timeout) {
   Impl& s = *impl_;
   std::unique_lock lock(s.mu);
   auto has_work = [&] {
-    return !s.pulls_ready.empty() || !s.results_ready.empty() || !s.releases_ready.empty() || !s.spent_ready.empty();
+    return !s.pulls_ready.empty() || !s.results_ready.empty() || !s.releases_ready.empty() || !s.spent_ready.empty() ||
+           !s.arrivals_ready.empty();
   };
   s.cv.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return has_work() || s.stopping.load(); });
   return has_work();
@@ -215,14 +231,14 @@ void TransferService::Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalR
 }
 
 uint64_t TransferService::StartPull(const std::string& source_endpoint, const std::string& source_server_key,
-                                    PullRequest request) {
+                                    PullRequest request, bool stream) {
   Impl& s = *impl_;
   request.transfer_id = s.next_transfer_id.fetch_add(1);
   if (request.deadline_ms == 0) {
     request.deadline_ms = static_cast<uint32_t>(std::max<DurationNs>(1, s.options.default_deadline / kNsPerMs));
   }
   const uint64_t id = request.transfer_id;
-  s.Queue(PullCommand{source_endpoint, source_server_key, std::move(request), s.clock->Now()});
+  s.Queue(PullCommand{source_endpoint, source_server_key, std::move(request), s.clock->Now(), stream});
   return id;
 }
 
@@ -258,7 +274,7 @@ void TransferService::Impl::CountPull(const PullResult& r) {
   src.ok++;
   if (r.device) src.device++;
   if (r.nccl) src.nccl++;
-  src.blocks += r.device ? r.device->blocks.size() : r.nccl ? r.nccl->blocks.size() : r.blocks.size();
+  src.blocks += r.device ? r.device->blocks.size() : r.nccl ? r.nccl->blocks.size() : r.blocks.size() + r.streamed_blocks;
   src.bytes += r.bytes;
   src.seconds += static_cast<double>(r.elapsed) / kNsPerSec;
 }
@@ -314,12 +330,20 @@ void TransferService::Impl::IoLoop() {
     polled.clear();
     items.push_back({router.handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+    // The engine has not taken the streamed blocks checked so far: replies wait in ZeroMQ's
+    // queue (then TCP) until it does (TakeArrivals wakes this loop).
+    bool arrivals_full;
+    {
+      std::lock_guard lock(mu);
+      arrivals_full = arrivals_ready.size() >= config::kArrivalsAhead;
+    }
     for (auto& [key, source] : sources) {
+      if (arrivals_full) break;
       items.push_back({source.dealer->handle(), 0, ZMQ_POLLIN, 0});
       polled.emplace_back(key, source.dealer.get());
     }
     long timeout = config::kIdlePollMs;
-    if (backlog || next_timer != 0 || holding) timeout = config::kBusyPollMs;
+    if (backlog || next_timer != 0 || holding || arrivals_full) timeout = config::kBusyPollMs;
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
     } catch (const zmq::error_t& e) {

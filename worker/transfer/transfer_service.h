@@ -11,7 +11,9 @@
 //   - receiver: StartPull sends a PullRequest on a DEALER to the holder (one per endpoint,
 //     kept); the I/O thread checks every block as it arrives (index, hash, tokens, sizes,
 //     checksum) and enforces the deadline. Each StartPull ends in exactly one PullResult
-//     (TakeResults): ok with the verified leading run, or why not, with no blocks.
+//     (TakeResults): ok with the verified leading run, or why not, with no blocks. A streamed
+//     pull hands each frame's checked blocks over as they arrive instead (TakeArrivals), views
+//     over the received frame, and its result only counts them.
 //   - same host (a request with a host_id): the holder may answer with ServeDevice instead, a
 //     DeviceRun of IPC handles and slots; it keeps the run pinned until the receiver's
 //     ReleasePull reaches it or the deadline plus kDeviceHoldGrace passes (TakeReleases says
@@ -63,6 +65,11 @@ constexpr uint64_t kFrameTargetBytes = uint64_t{16} << 20;
 // frame is read while one is encoded, and a slow receiver holds at most this many of the
 // engine's buffers (its frames queued in ZeroMQ aside).
 constexpr uint32_t kFramesAhead = 2;
+// A streamed pull's frames (StartPull with stream) checked and waiting for the engine thread
+// (TakeArrivals): past this many, the I/O thread reads no more replies from holders until the
+// engine takes them, so a receiver busy with long steps holds at most these frames (and
+// ZeroMQ's queue) of a pull's bytes, not the whole run.
+constexpr size_t kArrivalsAhead = 4;
 }  // namespace config
 
 // How many blocks of `layout` a streamed frame carries: as many as fit
@@ -127,6 +134,9 @@ struct PullResult {
   std::optional<RefusalReason> refusal;  // with kRefused
   Status status;                         // OK with kOk, otherwise the reason in words
   std::vector<Block> blocks;             // kOk only: indexes 0..n-1, each checked by CheckBlock
+  // A streamed pull (StartPull with stream): its blocks came as Arrivals (blocks stays empty);
+  // with kOk, how many: the run is Arrivals' blocks 0..streamed_blocks-1.
+  uint32_t streamed_blocks = 0;
   // kOk only, when the holder answered `device` (blocks is then empty): the run, checked by
   // CheckDeviceRun, still pinned in the holder's device pools. Copy it before `deadline`,
   // then ReleasePull(transfer_id).
@@ -143,6 +153,17 @@ struct PullResult {
   DurationNs elapsed = 0;                // from StartPull to completion, on the service's clock
   TimeNs deadline = 0;                   // the pull's deadline, on the service's clock (0: not sent)
   std::string source;                    // the holder's endpoint
+};
+
+// A streamed pull's blocks of one `blocks` frame, checked (CheckBlock) as they arrived: the
+// run's blocks first..first+n-1, in order and with no gap across a pull's arrivals. The views'
+// bytes are the received frame's own, which `frame` keeps (no copy was made): the engine
+// copies them where they go and drops this.
+struct Arrival {
+  uint64_t transfer_id = 0;
+  uint32_t first = 0;
+  std::vector<BlockView> blocks;
+  std::shared_ptr<const void> frame;
 };
 
 // One frame of a run the engine streams (ServeFrame): the run's blocks first..first+n-1.
@@ -280,11 +301,19 @@ class TransferService {
   // Receiver side. Sends `request` to the holder at `source_endpoint` (a CURVE server with
   // public key `source_server_key` (Z85) when it is not empty). Chooses and returns the
   // transfer id (request.transfer_id is ignored); deadline_ms 0 means default_deadline.
-  uint64_t StartPull(const std::string& source_endpoint, const std::string& source_server_key, PullRequest request);
+  // With `stream`, the run's blocks come as they arrive and pass their checks (TakeArrivals),
+  // and the PullResult carries their count (streamed_blocks), not the blocks: only a kOk
+  // result makes the arrivals a run; after any other they are only the pull's leftovers.
+  uint64_t StartPull(const std::string& source_endpoint, const std::string& source_server_key, PullRequest request,
+                     bool stream = false);
   // Ends the pull with kCancelled now; frames still coming for it are dropped.
   void CancelPull(uint64_t transfer_id);
   // Takes the pulls that ended since the last call.
   std::vector<PullResult> TakeResults();
+  // Takes the streamed pulls' blocks checked since the last call, oldest first. A pull's
+  // arrivals are all queued before its PullResult: taken after TakeResults, they include
+  // every block of the results just taken.
+  std::vector<Arrival> TakeArrivals();
   // Tells the holder that answered `transfer_id` with `device` that it may unpin the run (the
   // copy is done, or abandoned). A no-op for any other id, and for a run whose deadline +
   // config::kDeviceHoldGrace has passed (the holder let it go by itself).

@@ -70,6 +70,7 @@ struct PullCommand {
   std::string server_key;
   PullRequest request;  // transfer_id and deadline_ms set
   TimeNs start;
+  bool stream = false;  // blocks go to arrivals_ready as they are checked
 };
 struct CancelCommand {
   uint64_t transfer_id;
@@ -182,7 +183,8 @@ struct TransferService::Impl {
   void DoPull(PullCommand& cmd);
   void DoCancel(uint64_t transfer_id);
   void DrainDealer(const std::string& source_key, zmq::socket_t& dealer);
-  void HandleReply(const std::string& source_key, const zmq::message_t& frame);
+  // Takes `frame`: a streamed pull's blocks keep it (their views read it).
+  void HandleReply(const std::string& source_key, zmq::message_t& frame);
   // Ends pull `id` with `outcome`: removes it and queues its result (delayed by the modelled
   // transfer time when kOk and the bandwidth is simulated).
   void FinishPull(uint64_t id, PullOutcome outcome, Status status, std::optional<RefusalReason> refusal = {});
@@ -211,6 +213,7 @@ struct TransferService::Impl {
   std::vector<PullResult> results_ready;  // GUARDED_BY(mu): I/O -> engine
   std::vector<Released> releases_ready;   // GUARDED_BY(mu): I/O -> engine
   std::vector<SpentFrame> spent_ready;    // GUARDED_BY(mu): I/O -> engine
+  std::vector<Arrival> arrivals_ready;    // GUARDED_BY(mu): I/O -> engine, streamed pulls' blocks
   bool io_done = false;                   // GUARDED_BY(mu): the I/O thread runs no more commands
   TransferStats stats;                    // GUARDED_BY(mu); unauthorized_clients read from `unauthorized`
 
@@ -255,7 +258,9 @@ struct TransferService::Impl {
     std::string endpoint;
     TimeNs start = 0;
     TimeNs deadline = 0;
-    std::vector<Block> blocks;  // verified so far
+    bool stream = false;        // blocks go to arrivals_ready, not `blocks`
+    uint32_t received = 0;      // blocks verified so far
+    std::vector<Block> blocks;  // verified so far (not streamed)
     std::optional<DeviceRun> device;  // a verified device answer
     std::optional<NcclRun> nccl;      // a verified nccl answer
   };

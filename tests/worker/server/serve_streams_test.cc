@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "common/block_hash.h"
 #include "tests/worker/engine/engine_harness.h"
@@ -68,7 +71,20 @@ class BytesBackend final : public backend::ModelBackend {
     return Status::Ok();
   }
 
+  Status WriteKvBlocksFrom(uint32_t pool, std::span<const kv::BlockId> blocks,
+                           std::span<const std::span<const std::byte>> in) override {
+    const uint64_t bpb = pools_[pool].bytes_per_block;
+    REQUIRE(in.size() == blocks.size());
+    write_calls.push_back(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      REQUIRE(in[i].size() == bpb);
+      written[{pool, blocks[i]}].assign(in[i].begin(), in[i].end());
+    }
+    return Status::Ok();
+  }
+
   std::vector<size_t> reads;  // blocks per ReadKvBlocks call
+  std::vector<size_t> write_calls;  // blocks per WriteKvBlocksFrom call
   bool fail_reads = false;
   std::map<std::pair<uint32_t, kv::BlockId>, std::vector<std::byte>> written;
 
@@ -193,6 +209,8 @@ TEST_CASE("a pull of many blocks streams a frame a tick, batched, pinned until i
   CHECK(t.holder->streams()->stats().completed == 1);
   CHECK(t.holder->stats().bytes_held == 0);
   CHECK(t.receiver->stats().imported_blocks == kChain);
+  // Written a frame at a time as it arrived: one call per pool per frame.
+  CHECK(t.receiver_bytes.write_calls == std::vector<size_t>{kPerFrame, kPerFrame, kChain - 2 * kPerFrame});
   // Every block arrived as the holder read it: its id, then its low byte throughout.
   REQUIRE(t.receiver_bytes.written.size() == kChain);
   std::set<uint64_t> ids;
@@ -281,6 +299,172 @@ TEST_CASE("a run that cannot be read is refused and unpinned at once") {
   CHECK(t.Pinned() == 0);
   CHECK(t.holder->streams()->stats().read_failures == 1);
   CHECK(t.holder->stats().served_requests == 1);
+}
+
+// A receiver alone against a holder played by hand on a ROUTER, a frame at a time: what the
+// receiver has written between frames, a bad frame, a holder that goes quiet. The receiver's
+// service runs on a ManualClock (its deadlines).
+struct HandHolder {
+  HandHolder() : receiver_bytes(b.backend.get(), kBlockBytes) {
+    router.set(zmq::sockopt::linger, 0);
+    router.bind("tcp://127.0.0.1:*");
+    endpoint = router.get(zmq::sockopt::last_endpoint);
+    auto rs = transfer::TransferService::Start({}, &clock);
+    REQUIRE_MESSAGE(rs.ok(), rs.status().ToString());
+    service = std::move(*rs);
+    KvPullsOptions o;
+    o.model = "mock-8b";
+    o.deadline = 5 * kNsPerSec;
+    o.own_endpoint = service->endpoint();
+    receiver = std::make_unique<KvPulls>(o, service.get(), b.kv.get(), &receiver_bytes, b.engine.get());
+    prompt = engine::testing::Prompt(kChain * kBlock + 3);
+  }
+
+  // The receiver pulls the prompt's kChain whole blocks; the pull reaches the ROUTER.
+  void StartPull() {
+    engine::GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 1;
+    auto id = b.engine->Add(r, b.clock.Now());
+    REQUIRE(id.ok());
+    request_id = *id;
+    receiver->Start(*id, r, PullHint{endpoint, "", kChain, "a"});
+    REQUIRE(receiver->pending() == 1);
+    std::vector<zmq::message_t> parts;
+    REQUIRE(zmq::recv_multipart(router, std::back_inserter(parts)).has_value());
+    REQUIRE(parts.size() == 2);
+    identity = parts[0].to_string();
+    auto decoded = transfer::DecodePullRequest(parts[1].data(), parts[1].size());
+    REQUIRE(decoded.ok());
+    request = std::move(*decoded);
+    REQUIRE(request.hashes.size() == kChain);
+  }
+
+  void Send(const std::string& frame) {
+    router.send(zmq::buffer(identity), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(frame), zmq::send_flags::none);
+  }
+  // Blocks [first, first + n) in one frame, each pool's bytes its index; `corrupt`: block
+  // `first`'s bytes changed after their checksum; `other_tokens`: block `first` carries tokens
+  // that are not the prompt's (under the hash asked for: a collision).
+  void SendFrame(uint32_t first, uint32_t n, bool corrupt = false, bool other_tokens = false) {
+    std::vector<transfer::Block> blocks;
+    for (uint32_t i = first; i < first + n; ++i) {
+      transfer::Block& bl = blocks.emplace_back();
+      bl.index = i;
+      bl.hash = request.hashes[i];
+      bl.tokens.assign(prompt.begin() + size_t{i} * kBlock, prompt.begin() + size_t{i + 1} * kBlock);
+      if (other_tokens && i == first) bl.tokens[0] += 1;
+      for (const transfer::PoolGeometry& p : request.layout.pools) {
+        bl.data.emplace_back(p.bytes_per_block, static_cast<std::byte>(i));
+        bl.checksums.push_back(transfer::Checksum(bl.data.back()));
+      }
+      if (corrupt && i == first) bl.data[0][1] ^= std::byte{1};
+    }
+    Send(transfer::EncodeBlocks(request.transfer_id, blocks));
+  }
+
+  // Polls the receiver until `done` holds.
+  void PollUntil(const std::function<bool()>& done) {
+    for (int i = 0; i < 4000 && !done(); ++i) {
+      service->WaitForWork(kNsPerMs);
+      receiver->Poll();
+    }
+    REQUIRE(done());
+  }
+  size_t Written() const { return receiver_bytes.written.size(); }
+
+  // The held request, released with nothing imported, computes its whole prompt and
+  // finishes. (Imported blocks hold bytes the mock's shadow KV never saw: a request reading
+  // them fails its step here, so the cases that import stop at the import.)
+  void AwaitRequestDone() {
+    b.RunToCompletion();
+    REQUIRE(b.finals.count(request_id) == 1);
+    CHECK(b.finals.at(request_id).finish == engine::FinishReason::kLength);
+    CHECK(b.kv->CheckInvariants().ok());
+  }
+
+  Harness b;
+  ManualClock clock;
+  BytesBackend receiver_bytes;
+  zmq::context_t context;
+  zmq::socket_t router{context, zmq::socket_type::router};
+  std::string endpoint;
+  std::unique_ptr<transfer::TransferService> service;
+  std::unique_ptr<KvPulls> receiver;
+  std::vector<TokenId> prompt;
+  engine::RequestId request_id = 0;
+  std::string identity;
+  transfer::PullRequest request;
+};
+
+TEST_CASE("a pulled run is written frame by frame as it arrives, before its done, and stored at the done") {
+  HandHolder t;
+  t.StartPull();
+  t.SendFrame(0, kPerFrame);
+  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  // On the device already, one call for the frame, while the pull still waits for the rest.
+  CHECK(t.receiver->pending() == 1);
+  CHECK(t.receiver_bytes.write_calls == std::vector<size_t>{kPerFrame});
+  CHECK(t.receiver->stats().imported_blocks == 0);
+  t.SendFrame(kPerFrame, kPerFrame);
+  t.PollUntil([&] { return t.Written() == 2 * kPerFrame; });
+  CHECK(t.receiver->pending() == 1);
+  t.SendFrame(2 * kPerFrame, kChain - 2 * kPerFrame);
+  t.Send(transfer::EncodeDone(t.request.transfer_id, kChain));
+  t.PollUntil([&] { return t.receiver->pending() == 0; });
+  CHECK(t.receiver_bytes.write_calls == std::vector<size_t>{kPerFrame, kPerFrame, kChain - 2 * kPerFrame});
+  CHECK(t.receiver->stats().imported_blocks == kChain);
+  CHECK(t.receiver->stats().fallbacks.empty());
+  // Each block of the chain written once, with its own bytes.
+  std::set<int> values;
+  for (const auto& [where, bytes] : t.receiver_bytes.written) values.insert(static_cast<int>(bytes.front()));
+  CHECK(values.size() == kChain);
+  CHECK(t.b.kv->CheckInvariants().ok());
+}
+
+TEST_CASE("a bad checksum in a pull's second frame stores none of it: the request computes its whole prompt") {
+  HandHolder t;
+  t.StartPull();
+  t.SendFrame(0, kPerFrame);
+  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  t.SendFrame(kPerFrame, kPerFrame, /*corrupt=*/true);
+  t.PollUntil([&] { return t.receiver->pending() == 0; });
+  // The first frame was written, the second not; the pull failed, so nothing is stored.
+  CHECK(t.Written() == kPerFrame);
+  CHECK(t.receiver->stats().imported_blocks == 0);
+  CHECK(t.receiver->stats().fallbacks.at("bad-checksum") == 1);
+  t.AwaitRequestDone();
+}
+
+TEST_CASE("a holder gone after a pull's first frame is the pull's deadline: nothing stored, the request computes") {
+  HandHolder t;
+  t.StartPull();
+  t.SendFrame(0, kPerFrame);
+  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  t.router.close();
+  t.clock.AdvanceMs(6'000);  // past the pull's 5 s
+  t.PollUntil([&] { return t.receiver->pending() == 0; });
+  CHECK(t.receiver->stats().imported_blocks == 0);
+  CHECK(t.receiver->stats().fallbacks.at("deadline") == 1);
+  t.AwaitRequestDone();
+}
+
+TEST_CASE("a block whose tokens are not the prompt's ends the written run there; the run before it is stored") {
+  HandHolder t;
+  t.StartPull();
+  t.SendFrame(0, kPerFrame);
+  t.SendFrame(kPerFrame, kPerFrame, false, /*other_tokens=*/true);
+  t.SendFrame(2 * kPerFrame, kChain - 2 * kPerFrame);
+  t.Send(transfer::EncodeDone(t.request.transfer_id, kChain));
+  t.PollUntil([&] { return t.receiver->pending() == 0; });
+  // Nothing past the collision is written; the verified leading run is imported.
+  CHECK(t.Written() == kPerFrame);
+  CHECK(t.receiver->stats().imported_blocks == kPerFrame);
+  CHECK(t.receiver->stats().token_mismatches == 1);
+  CHECK(t.receiver->stats().fallbacks.at("token_mismatch") == 1);
+  CHECK(t.b.kv->CheckInvariants().ok());
 }
 
 }  // namespace
