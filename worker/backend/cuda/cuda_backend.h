@@ -203,6 +203,8 @@ class CudaBackend final : public ModelBackendBase {
   KvTransferFormat kv_transfer_format() const override;
   Status ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocation> blocks, std::span<std::byte> out) override;
   Status WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) override;
+  Status WriteKvBlocksFrom(uint32_t pool, std::span<const BlockId> blocks,
+                           std::span<const std::span<const std::byte>> in) override;
   // CUDA IPC: each pool's cudaIpcMemHandle_t; a peer's pools are mapped on first use and kept
   // (config::kMaxPeerMappings, the oldest unmapped first).
   std::vector<std::string> ExportKvDevice() override;

@@ -123,18 +123,33 @@ Status CudaBackend::ReadKvBlocks(uint32_t pool, std::span<const kv::BlockLocatio
 Status CudaBackend::WriteKvBlocks(uint32_t pool, std::span<const BlockId> blocks, std::span<const std::byte> in) {
   KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, blocks.size(), in.size()));
   const uint64_t bpb = pools_[pool].bytes_per_block;
+  std::vector<std::span<const std::byte>> each(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) each[i] = in.subspan(i * bpb, bpb);
+  return WriteKvBlocksFrom(pool, blocks, each);
+}
+
+Status CudaBackend::WriteKvBlocksFrom(uint32_t pool, std::span<const BlockId> blocks,
+                                      std::span<const std::span<const std::byte>> in) {
+  if (blocks.size() != in.size()) return InvalidArgument("KV transfer: block and buffer counts differ");
+  KVF_RETURN_IF_ERROR(CheckKvTransfer(pool, 0, 0));  // a format that moves blocks, a pool that exists
+  const uint64_t bpb = pools_[pool].bytes_per_block;
   std::vector<Piece> pieces;
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (int64_t{blocks[i]} >= pools_[pool].device_blocks) {
       return InvalidArgument("KV transfer: no device block " + std::to_string(blocks[i]) + " in pool " +
                              std::to_string(pool));
     }
+    if (in[i].size() != bpb) {
+      return InvalidArgument("KV transfer: " + std::to_string(in[i].size()) + " bytes for a block of " +
+                             std::to_string(bpb));
+    }
     AddPieces(static_cast<std::byte*>(device_kv_[pool]) + size_t{blocks[i]} * bpb,
-              const_cast<std::byte*>(in.data()) + i * bpb, bpb, &pieces);
+              const_cast<std::byte*>(in[i].data()), bpb, &pieces);
   }
   KVF_CUDA_RETURN(cudaSetDevice(options_.device));
   // Half k % 2 is refilled once piece k - 2's DMA out of it is done; the copies queue behind
-  // whatever the stream holds, and the next step queues behind them.
+  // whatever the stream holds, and the next step queues behind them. A run of blocks in one
+  // call overlaps each block's memcpy into staging with the previous one's DMA.
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (k >= 2) KVF_CUDA_RETURN(cudaEventSynchronize(transfer_done_[k % 2]));
     std::memcpy(transfer_staging_[k % 2], pieces[k].host, pieces[k].bytes);
