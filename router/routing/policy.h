@@ -60,7 +60,7 @@ inline constexpr DurationNs kApproxTtl = 120 * kNsPerSec;
 // beyond this is past any first-token timeout, and counts as this (it only bounds the arithmetic).
 inline constexpr double kMaxPredictedWaitSeconds = 600.0;
 inline constexpr double kMaxWaitingRequests = 4096.0;
-inline constexpr double kTransferBytesPerSecond = 0.5e9;
+inline constexpr double kTransferBytesPerSecond = 2e9;
 inline constexpr double kTransferSetupSeconds = 25e-3;
 inline constexpr double kTransferIpcBytesPerSecond = 500e9;  // measured 700-930 GB/s, Constants (README)
 inline constexpr uint32_t kSplitPrefillTokens = 1024;  // Dynamo's max_local_prefill_length; README.md says why

@@ -61,7 +61,7 @@ struct WorkerConfig {
   bool transfer_nccl = false;
   uint32_t transfer_deadline_ms = 10'000;  // the longest a pull may take (a hint's own deadline is capped by it)
   // mock: the simulated link a pulled block crosses (bytes/s); 0: no delay
-  double mock_transfer_bytes_per_s = 0.5e9;  // the router's default assumption (routing README)
+  double mock_transfer_bytes_per_s = 2e9;  // the router's default assumption (routing README)
   // Tests only (no flag): this worker flips a byte of every block it serves, so that its pullers'
   // checksums fail (transfer::TransferOptions::test_corrupt_served_data).
   bool test_corrupt_served_blocks = false;

@@ -149,9 +149,10 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
   RoutingOptions slow;
   slow.default_prefill_tokens_per_s = 1'000;  // the 40 tokens take 40 ms to recompute
   slow.transfer_measured = true;              // no pair has measured pulls but where a subcase says
+  slow.transfer_bytes_per_s = 0.5e9;
   Fixture f(slow);
   for (WorkerId w : {0u, 1u, 2u}) {
-    // 64 KiB a block: 10 blocks pull in ~26 ms at the default 0.5 GB/s and 25 ms setup.
+    // 64 KiB a block: 10 blocks pull in ~26 ms at 0.5 GB/s and the default 25 ms setup.
     f.loads.transfer[w] = TransferPeer{"w" + std::to_string(w), "tcp://h" + std::to_string(w) + ":5559", "", "bf16", 64u << 10};
   }
   f.kv.InsertPredicted(2, f.Hashes(), kNsPerSec);
