@@ -107,7 +107,7 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   // The router's bound (twice its predicted time), within this worker's own.
   const auto max_ms = static_cast<uint32_t>(std::max<DurationNs>(1, options_.deadline / kNsPerMs));
   pull.deadline_ms = hint.deadline_ms > 0 ? std::min(hint.deadline_ms, max_ms) : max_ms;
-  const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull), /*stream=*/true);
+  const uint64_t transfer_id = service_->StartPull(hint.source, hint.server_key, std::move(pull));
   Pending p;
   p.request = id;
   p.plan = *plan;

@@ -94,7 +94,7 @@ void TransferService::Impl::HandleDeviceRun(uint64_t id, DeviceRun run) {
   Status status = Status::Ok();
   if (pull.request.host_id.empty()) {
     status = InvalidArgument("a device answer to a pull that gave no host id");
-  } else if (!pull.blocks.empty() || pull.device) {
+  } else if (pull.received > 0 || pull.device) {
     status = InvalidArgument("a device answer after other replies");
   } else {
     status = CheckDeviceRun(pull.request, run);

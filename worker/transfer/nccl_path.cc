@@ -51,7 +51,7 @@ void TransferService::Impl::DoServeNccl(ServeNcclCommand& cmd) {
 
 void TransferService::Impl::HandleNcclRun(uint64_t id, NcclRun run) {
   Pull& pull = pulls.at(id);
-  Status status = !pull.blocks.empty() || pull.device || pull.nccl
+  Status status = pull.received > 0 || pull.device || pull.nccl
                       ? InvalidArgument("an nccl answer after other replies")
                       : CheckNcclRun(pull.request, run);
   if (!status.ok()) {

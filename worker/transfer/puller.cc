@@ -1,5 +1,6 @@
 // The receiver's side of TransferService: pulls out on a DEALER per holder, blocks in,
-// checked one by one, deadlines. Runs on the I/O thread only.
+// checked one by one and handed to the engine a frame at a time (arrivals), deadlines. Runs
+// on the I/O thread only.
 #include <algorithm>
 
 #include "common/log.h"
@@ -65,7 +66,6 @@ void TransferService::Impl::DoPull(PullCommand& cmd) {
   pull.source_key = key;
   pull.endpoint = cmd.endpoint;
   pull.start = cmd.start;
-  pull.stream = cmd.stream;
   pulls.emplace(id, std::move(pull));
 }
 
@@ -79,7 +79,6 @@ void TransferService::Impl::DoCancel(uint64_t transfer_id) {
     delayed.erase(it);
     r.outcome = PullOutcome::kCancelled;
     r.status = CancelledStatus("cancelled");
-    r.blocks.clear();
     r.streamed_blocks = 0;
     r.bytes = 0;
     return PushResult(std::move(r));
@@ -141,9 +140,8 @@ void TransferService::Impl::HandleReply(const std::string& source_key, zmq::mess
         return FinishPull(id, outcome, s);
       }
       ++pull.received;
-      if (!pull.stream) pull.blocks.push_back(ToBlock(b));
     }
-    if (!pull.stream || views.blocks.empty()) return;
+    if (views.blocks.empty()) return;
     // The views read the frame (in place) or the message's copy of it, and their tokens:
     // the arrival keeps all three (a moved vector keeps its buffer, so the views stay valid).
     struct Kept {
@@ -202,15 +200,13 @@ void TransferService::Impl::FinishPull(uint64_t id, PullOutcome outcome, Status 
     return PushResult(std::move(r));
   }
   r.bytes = pull.received * pull.request.layout.BytesPerBlock();
-  r.blocks = std::move(pull.blocks);
-  if (pull.stream) r.streamed_blocks = pull.received;
+  r.streamed_blocks = pull.received;
   const TimeNs ready = pull.start + ModelledTransferTime(r.bytes, options.simulated_bandwidth_bytes_per_s);
   if (ready <= now) return PushResult(std::move(r));
   if (ready > pull.deadline) {
     // The modelled link could not have carried the run in time: the pull fails at its deadline.
     r.outcome = PullOutcome::kDeadline;
     r.status = DeadlineStatus("a modelled " + std::to_string(r.bytes) + " bytes take past the deadline");
-    r.blocks.clear();
     r.streamed_blocks = 0;
     r.bytes = 0;
     r.elapsed = pull.deadline - pull.start;
@@ -256,7 +252,6 @@ void TransferService::Impl::CancelAllPulls(const std::string& why) {
   for (auto& [at, r] : delayed) {
     r.outcome = PullOutcome::kCancelled;
     r.status = CancelledStatus(why);
-    r.blocks.clear();
     r.streamed_blocks = 0;
     r.bytes = 0;
     PushResult(std::move(r));

@@ -1,8 +1,7 @@
-// The holder's blocks out (TransferService::Serve and ServeFrame): a run's blocks checksummed,
-// checked against the request, packed into frames and sent as the receiver's queue has room,
-// then `done`. A whole run (Serve) comes read; a stream (ServeFrame) comes a frame's chunk at a
-// time, read by the engine into buffers that go back to it once encoded. Runs on the I/O
-// thread only.
+// The holder's blocks out (TransferService::ServeFrame): a run comes a frame's chunk at a
+// time, read by the engine into buffers that go back to it once encoded; each chunk's blocks
+// are checksummed, checked against the request, encoded into one frame and sent as the
+// receiver's queue has room, then `done`. Runs on the I/O thread only.
 //
 // Invariants:
 //   1. Every stream opened by a first chunk ends in exactly one Released{stream=true}: at its
@@ -38,41 +37,9 @@ void TransferService::Impl::GiveBack(uint64_t peer_token, uint64_t transfer_id, 
   spent_ready.push_back(SpentFrame{peer_token, transfer_id, std::move(bytes)});
 }
 
-void TransferService::Impl::DoServe(ServeCommand& cmd) {
-  // Past the deadline the bytes would only be dropped at the receiver.
-  std::optional<OpenPull> open = TakeOpenPull(cmd.peer_token, cmd.transfer_id);
-  if (!open) return;
-  const PullRequest& request = open->request;
-  const std::string& identity = identity_of_token.at(cmd.peer_token);
-  Status status = cmd.blocks.size() <= request.hashes.size()
-                      ? Status::Ok()
-                      : InvalidArgument(std::to_string(cmd.blocks.size()) + " blocks for a chain of " +
-                                        std::to_string(request.hashes.size()));
-  for (size_t i = 0; status.ok() && i < cmd.blocks.size(); ++i) {
-    Block& b = cmd.blocks[i];
-    b.checksums.resize(b.data.size());
-    for (size_t p = 0; p < b.data.size(); ++p) b.checksums[p] = Checksum(b.data[p]);
-    status = CheckBlock(request, b, static_cast<uint32_t>(i), false);
-    if (options.test_corrupt_served_data && !b.data.empty() && !b.data[0].empty()) b.data[0][0] ^= std::byte{0x5a};
-  }
-  if (!status.ok()) {
-    Logger("transfer")->error("transfer {}: the engine served a run that breaks Contract 4: {}", cmd.transfer_id,
-                              status.message());
-    return SendRefusal(identity, cmd.transfer_id, RefusalReason::kMalformed, "holder error: " + status.message());
-  }
-  Serving s;
-  s.identity = identity;
-  s.peer_token = cmd.peer_token;
-  s.transfer_id = cmd.transfer_id;
-  s.request = std::move(open->request);
-  s.deadline = open->deadline;
-  s.blocks = std::move(cmd.blocks);
-  serving.push_back(std::move(s));
-}
-
 void TransferService::Impl::DoServeFrame(ServeFrameCommand& cmd) {
   auto it = std::find_if(serving.begin(), serving.end(), [&](const Serving& s) {
-    return s.stream && s.peer_token == cmd.peer_token && s.transfer_id == cmd.transfer_id;
+    return s.peer_token == cmd.peer_token && s.transfer_id == cmd.transfer_id;
   });
   if (it != serving.end() && !it->last_seen) {
     it->last_seen = cmd.chunk.last;
@@ -88,7 +55,6 @@ void TransferService::Impl::DoServeFrame(ServeFrameCommand& cmd) {
       s.transfer_id = cmd.transfer_id;
       s.request = std::move(open->request);
       s.deadline = open->deadline;
-      s.stream = true;
       s.last_seen = cmd.chunk.last;
       s.chunks.push_back(std::move(cmd.chunk));
       serving.push_back(std::move(s));
@@ -152,20 +118,7 @@ Status ViewChunk(const PullRequest& request, uint32_t sent, const FrameChunk& ch
 }  // namespace
 
 TransferService::Impl::Next TransferService::Impl::NextFrame(Serving& s) {
-  if (!s.stream && s.sent < s.blocks.size()) {
-    // As many blocks as fit kFrameTarget, at least one.
-    size_t end = s.sent;
-    uint64_t bytes = 0;
-    while (end < s.blocks.size() && (end == s.sent || bytes + EncodedBlockBytes(s.blocks[end]) <= kFrameTarget)) {
-      bytes += EncodedBlockBytes(s.blocks[end]);
-      ++end;
-    }
-    s.pending = EncodeBlocks(s.transfer_id, std::span<const Block>(s.blocks).subspan(s.sent, end - s.sent));
-    for (size_t i = s.sent; i < end; ++i) s.blocks[i].data = {};  // the frame holds the bytes now
-    s.sent = static_cast<uint32_t>(end);
-    return Next::kFrame;
-  }
-  while (s.stream && !s.chunks.empty()) {
+  while (!s.chunks.empty()) {
     FrameChunk chunk = std::move(s.chunks.front());
     s.chunks.pop_front();
     std::vector<BlockView> views;
@@ -205,7 +158,7 @@ TransferService::Impl::Next TransferService::Impl::NextFrame(Serving& s) {
     if (!s.pending.empty()) return Next::kFrame;
     // An empty chunk (the engine's last, cut short): on to the next, or `done`.
   }
-  if (s.stream && !s.last_seen) return Next::kWaiting;
+  if (!s.last_seen) return Next::kWaiting;
   if (s.done_queued) return Next::kFinished;
   s.pending = EncodeDone(s.transfer_id, s.sent);
   s.done_queued = true;
@@ -218,10 +171,9 @@ void TransferService::Impl::CutServing(Serving& s, const char* why) {
     std::lock_guard lock(mu);
     stats.cut_serves++;
     for (FrameChunk& c : s.chunks) GiveBack(s.peer_token, s.transfer_id, std::move(c.bytes));
-    if (s.stream) releases_ready.push_back(Released{s.peer_token, s.transfer_id, true, false, true});
+    releases_ready.push_back(Released{s.peer_token, s.transfer_id, true, false, true});
   }
   s.chunks.clear();
-  s.blocks.clear();
   Notify();
 }
 
@@ -271,9 +223,9 @@ bool TransferService::Impl::PumpServing() {
       stats.served++;
       stats.served_blocks += s.sent;
       stats.served_bytes += uint64_t{s.sent} * s.request.layout.BytesPerBlock();
-      if (s.stream) releases_ready.push_back(Released{s.peer_token, s.transfer_id, false, false, true});
+      releases_ready.push_back(Released{s.peer_token, s.transfer_id, false, false, true});
     }
-    if (s.stream) Notify();
+    Notify();
     it = serving.erase(it);
   }
   return backlog;

@@ -194,10 +194,6 @@ void TransferService::Impl::DropCommand(Command& command) {
   }
 }
 
-void TransferService::Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks) {
-  impl_->Queue(ServeCommand{peer_token, transfer_id, std::move(blocks)});
-}
-
 void TransferService::ServeFrame(uint64_t peer_token, uint64_t transfer_id, FrameChunk chunk) {
   impl_->Queue(ServeFrameCommand{peer_token, transfer_id, std::move(chunk)});
 }
@@ -231,14 +227,14 @@ void TransferService::Refuse(uint64_t peer_token, uint64_t transfer_id, RefusalR
 }
 
 uint64_t TransferService::StartPull(const std::string& source_endpoint, const std::string& source_server_key,
-                                    PullRequest request, bool stream) {
+                                    PullRequest request) {
   Impl& s = *impl_;
   request.transfer_id = s.next_transfer_id.fetch_add(1);
   if (request.deadline_ms == 0) {
     request.deadline_ms = static_cast<uint32_t>(std::max<DurationNs>(1, s.options.default_deadline / kNsPerMs));
   }
   const uint64_t id = request.transfer_id;
-  s.Queue(PullCommand{source_endpoint, source_server_key, std::move(request), s.clock->Now(), stream});
+  s.Queue(PullCommand{source_endpoint, source_server_key, std::move(request), s.clock->Now()});
   return id;
 }
 
@@ -274,7 +270,7 @@ void TransferService::Impl::CountPull(const PullResult& r) {
   src.ok++;
   if (r.device) src.device++;
   if (r.nccl) src.nccl++;
-  src.blocks += r.device ? r.device->blocks.size() : r.nccl ? r.nccl->blocks.size() : r.blocks.size() + r.streamed_blocks;
+  src.blocks += r.device ? r.device->blocks.size() : r.nccl ? r.nccl->blocks.size() : r.streamed_blocks;
   src.bytes += r.bytes;
   src.seconds += static_cast<double>(r.elapsed) / kNsPerSec;
 }
@@ -289,9 +285,7 @@ void TransferService::Impl::RunCommands() {
     std::visit(
         [&](auto& cmd) {
           using T = std::decay_t<decltype(cmd)>;
-          if constexpr (std::is_same_v<T, ServeCommand>) {
-            DoServe(cmd);
-          } else if constexpr (std::is_same_v<T, RefuseCommand>) {
+          if constexpr (std::is_same_v<T, RefuseCommand>) {
             DoRefuse(cmd);
           } else if constexpr (std::is_same_v<T, PullCommand>) {
             DoPull(cmd);

@@ -5,15 +5,14 @@
 //     a frame's worth of blocks at a time (BlocksPerFrame) into a reused buffer and hands it
 //     to ServeFrame, which gives the buffer back (TakeSpentFrames) once the frame is encoded,
 //     and reports the run's end (TakeReleases, Released::stream): then the engine unpins. Or
-//     it says why not (Refuse). The service checksums the blocks, packs them into frames
-//     under limits::kMaxTransferBytes, sends them and a `done`. (Serve takes a whole run at
-//     once, already read.)
+//     it says why not (Refuse). The service checksums and checks each frame's blocks, encodes
+//     the frame, sends it and, after the last, a `done`.
 //   - receiver: StartPull sends a PullRequest on a DEALER to the holder (one per endpoint,
 //     kept); the I/O thread checks every block as it arrives (index, hash, tokens, sizes,
-//     checksum) and enforces the deadline. Each StartPull ends in exactly one PullResult
-//     (TakeResults): ok with the verified leading run, or why not, with no blocks. A streamed
-//     pull hands each frame's checked blocks over as they arrive instead (TakeArrivals), views
-//     over the received frame, and its result only counts them.
+//     checksum) and enforces the deadline. It hands each frame's checked blocks to the engine
+//     thread as they arrive (TakeArrivals), views over the received frame. Each StartPull ends
+//     in exactly one PullResult (TakeResults): ok, counting the verified leading run the
+//     arrivals carried, or why not (the arrivals are then only leftovers).
 //   - same host (a request with a host_id): the holder may answer with ServeDevice instead, a
 //     DeviceRun of IPC handles and slots; it keeps the run pinned until the receiver's
 //     ReleasePull reaches it or the deadline plus kDeviceHoldGrace passes (TakeReleases says
@@ -65,7 +64,7 @@ constexpr uint64_t kFrameTargetBytes = uint64_t{16} << 20;
 // frame is read while one is encoded, and a slow receiver holds at most this many of the
 // engine's buffers (its frames queued in ZeroMQ aside).
 constexpr uint32_t kFramesAhead = 2;
-// A streamed pull's frames (StartPull with stream) checked and waiting for the engine thread
+// A pull's `blocks` frames checked and waiting for the engine thread
 // (TakeArrivals): past this many, the I/O thread reads no more replies from holders until the
 // engine takes them, so a receiver busy with long steps holds at most these frames (and
 // ZeroMQ's queue) of a pull's bytes, not the whole run.
@@ -106,7 +105,7 @@ struct TransferOptions {
 
 // A pull another worker sent this holder, for the engine thread.
 struct IncomingPull {
-  uint64_t peer_token = 0;  // names the connection it came on; give it back to Serve/Refuse
+  uint64_t peer_token = 0;  // names the connection it came on; give it back to ServeFrame, Refuse etc.
   // Names the receiver for as long as its connection lasts (its routing id, printable). A
   // peer token is recycled a second after the connection's last pull; this is not, so it
   // keys what a pair keeps between pulls (an NCCL communicator).
@@ -116,7 +115,7 @@ struct IncomingPull {
 };
 
 enum class PullOutcome : uint8_t {
-  kOk,           // blocks (or device): the verified leading run (maybe shorter than asked, maybe empty)
+  kOk,           // the verified leading run (maybe shorter than asked, maybe empty): arrived, device or nccl
   kRefused,      // the holder refused: PullResult::refusal
   kDeadline,     // no `done` before the deadline (a holder gone or slow looks the same)
   kBadChecksum,  // a block's bytes differ from their checksum: nothing is imported
@@ -133,15 +132,14 @@ struct PullResult {
   PullOutcome outcome = PullOutcome::kOk;
   std::optional<RefusalReason> refusal;  // with kRefused
   Status status;                         // OK with kOk, otherwise the reason in words
-  std::vector<Block> blocks;             // kOk only: indexes 0..n-1, each checked by CheckBlock
-  // A streamed pull (StartPull with stream): its blocks came as Arrivals (blocks stays empty);
-  // with kOk, how many: the run is Arrivals' blocks 0..streamed_blocks-1.
+  // kOk with `blocks` frames: how many blocks arrived (each checked by CheckBlock): the run is
+  // the pull's Arrivals' blocks 0..streamed_blocks-1. 0 otherwise.
   uint32_t streamed_blocks = 0;
-  // kOk only, when the holder answered `device` (blocks is then empty): the run, checked by
+  // kOk only, when the holder answered `device`: the run, checked by
   // CheckDeviceRun, still pinned in the holder's device pools. Copy it before `deadline`,
   // then ReleasePull(transfer_id).
   std::optional<DeviceRun> device;
-  // kOk only, when the holder answered `nccl` (blocks is then empty): the run, checked by
+  // kOk only, when the holder answered `nccl`: the run, checked by
   // CheckNcclRun, which the holder sends by NCCL now; receive all of it, in answer order.
   std::optional<NcclRun> nccl;
   // An `nccl` answer from `source` that will not be received: a faulty one (this pull's
@@ -149,13 +147,13 @@ struct PullResult {
   // a transfer id already reported, not counted in the stats). The holder sends that run on
   // the pair's communicator all the same: the receiver must not use the communicator again.
   bool nccl_abandoned = false;
-  uint64_t bytes = 0;                    // blocks (or device blocks) × the layout's bytes per block
+  uint64_t bytes = 0;                    // the run's blocks × the layout's bytes per block
   DurationNs elapsed = 0;                // from StartPull to completion, on the service's clock
   TimeNs deadline = 0;                   // the pull's deadline, on the service's clock (0: not sent)
   std::string source;                    // the holder's endpoint
 };
 
-// A streamed pull's blocks of one `blocks` frame, checked (CheckBlock) as they arrived: the
+// A pull's blocks of one `blocks` frame, checked (CheckBlock) as they arrived: the
 // run's blocks first..first+n-1, in order and with no gap across a pull's arrivals. The views'
 // bytes are the received frame's own, which `frame` keeps (no copy was made): the engine
 // copies them where they go and drops this.
@@ -231,9 +229,11 @@ struct TransferStats {
   uint64_t dropped_frames = 0;  // frames with no readable transfer id: nothing to answer
   uint64_t unauthorized_clients = 0;  // CURVE handshakes the ZAP handler refused
   uint64_t late_frames = 0;     // receiver side: replies for no pull in flight (past deadline)
-  uint64_t stale_serves = 0;    // Serve/Refuse for a pull no longer open, or Serve past its deadline: not sent
-  // Serves ended before their `done`: the receiver gone, the deadline passed, a streamed frame
-  // breaking Contract 4, or Stop.
+  // Answers (a stream's first ServeFrame, ServeDevice, ServeNccl, Refuse) for a pull no longer
+  // open, or past its deadline: not sent.
+  uint64_t stale_serves = 0;
+  // Streams ended before their `done`: the receiver gone, the deadline passed, a frame breaking
+  // Contract 4, or Stop.
   uint64_t cut_serves = 0;
   // Holder side, the device path.
   uint64_t served_device = 0;    // `device` frames sent
@@ -263,14 +263,10 @@ class TransferService {
 
   // Holder side. Takes the pulls received so far, oldest first.
   std::vector<IncomingPull> TakePulls();
-  // Sends `blocks`, the leading run of the chain this holder has (indexes 0..n-1, each
-  // block_size tokens and one data per pool, none for dtype none; checksums are filled here),
-  // in frames under the cap, then `done` with n. A run that breaks those rules is not sent:
-  // the pull is refused (malformed on the receiver's side) and the error logged.
-  void Serve(uint64_t peer_token, uint64_t transfer_id, std::vector<Block> blocks);
-  // Streams the leading run frame by frame: the engine reads each frame's blocks (in order,
-  // chunk.first counting on from the last chunk's; at most BlocksPerFrame a frame) and hands
-  // them here; chunk.last ends the run and `done` follows. The first chunk (first 0) opens
+  // Streams the leading run of the chain this holder has, frame by frame: the engine reads
+  // each frame's blocks (in order, chunk.first counting on from the last chunk's; at most
+  // BlocksPerFrame a frame) and hands them here; checksums are computed here. chunk.last ends
+  // the run and `done` follows, counting the blocks sent. The first chunk (first 0) opens
   // the stream and exactly one Released{stream=true} follows it, once the run may be unpinned
   // (REQUIRES: the engine keeps its blocks pinned until then). Every chunk's bytes come back
   // through TakeSpentFrames, sent or not; a chunk after its stream ended is only given back.
@@ -301,18 +297,17 @@ class TransferService {
   // Receiver side. Sends `request` to the holder at `source_endpoint` (a CURVE server with
   // public key `source_server_key` (Z85) when it is not empty). Chooses and returns the
   // transfer id (request.transfer_id is ignored); deadline_ms 0 means default_deadline.
-  // With `stream`, the run's blocks come as they arrive and pass their checks (TakeArrivals),
-  // and the PullResult carries their count (streamed_blocks), not the blocks: only a kOk
-  // result makes the arrivals a run; after any other they are only the pull's leftovers.
-  uint64_t StartPull(const std::string& source_endpoint, const std::string& source_server_key, PullRequest request,
-                     bool stream = false);
+  // The run's blocks come as they arrive and pass their checks (TakeArrivals), and the
+  // PullResult carries their count (streamed_blocks): only a kOk result makes the arrivals a
+  // run; after any other they are only the pull's leftovers.
+  uint64_t StartPull(const std::string& source_endpoint, const std::string& source_server_key, PullRequest request);
   // Ends the pull with kCancelled now; frames still coming for it are dropped.
   void CancelPull(uint64_t transfer_id);
   // Takes the pulls that ended since the last call.
   std::vector<PullResult> TakeResults();
-  // Takes the streamed pulls' blocks checked since the last call, oldest first. A pull's
-  // arrivals are all queued before its PullResult: taken after TakeResults, they include
-  // every block of the results just taken.
+  // Takes the pulls' blocks checked since the last call, oldest first. A pull's arrivals are
+  // all queued before its PullResult: taken after TakeResults, they include every block of the
+  // results just taken.
   std::vector<Arrival> TakeArrivals();
   // Tells the holder that answered `transfer_id` with `device` that it may unpin the run (the
   // copy is done, or abandoned). A no-op for any other id, and for a run whose deadline +

@@ -1,6 +1,6 @@
 // TransferService::Impl: the state behind transfer_service.h, shared by its sources:
 // transfer_service.cc (start, stop, the engine thread's calls, the I/O loop), holder.cc (the
-// ROUTER: pulls in, refusals out), serving.cc (blocks out: whole runs and streams),
+// ROUTER: pulls in, refusals out), serving.cc (blocks out, streamed),
 // puller.cc (the DEALERs: pulls out, blocks in), device_path.cc (same host: device runs held
 // and released, on both sides) and nccl_path.cc (NCCL answers, on both sides).
 //
@@ -54,11 +54,6 @@ bool SendTo(zmq::socket_t& router, const std::string& identity, std::string& fra
 inline Status CancelledStatus(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status DeadlineStatus(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
-struct ServeCommand {
-  uint64_t peer_token;
-  uint64_t transfer_id;
-  std::vector<Block> blocks;
-};
 struct RefuseCommand {
   uint64_t peer_token;
   uint64_t transfer_id;
@@ -70,7 +65,6 @@ struct PullCommand {
   std::string server_key;
   PullRequest request;  // transfer_id and deadline_ms set
   TimeNs start;
-  bool stream = false;  // blocks go to arrivals_ready as they are checked
 };
 struct CancelCommand {
   uint64_t transfer_id;
@@ -93,7 +87,7 @@ struct ServeFrameCommand {
   uint64_t transfer_id;
   FrameChunk chunk;
 };
-using Command = std::variant<ServeCommand, RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand,
+using Command = std::variant<RefuseCommand, PullCommand, CancelCommand, ServeDeviceCommand, ReleaseCommand,
                              ServeNcclCommand, ServeFrameCommand>;
 
 struct TransferService::Impl {
@@ -116,9 +110,9 @@ struct TransferService::Impl {
   void DrainRouter();
   void HandleRequest(std::vector<zmq::message_t>& parts);
   void DoRefuse(RefuseCommand& cmd);
-  // The open pull an answer (Serve, ServeDevice) is for, taken out of open_pulls; nullopt,
-  // counted in stale_serves, when it is no longer open or past its deadline (the receiver
-  // has given up: its clock started earlier than ours).
+  // The open pull an answer (a stream's first chunk, ServeDevice, ServeNccl) is for, taken
+  // out of open_pulls; nullopt, counted in stale_serves, when it is no longer open or past its
+  // deadline (the receiver has given up: its clock started earlier than ours).
   struct OpenPull;
   std::optional<OpenPull> TakeOpenPull(uint64_t peer_token, uint64_t transfer_id);
   // Sends a refusal to `identity` now (dropped if its queue is full) and counts it.
@@ -128,7 +122,6 @@ struct TransferService::Impl {
 
   // --- serving.cc: blocks out ---
   struct Serving;
-  void DoServe(ServeCommand& cmd);
   void DoServeFrame(ServeFrameCommand& cmd);
   // Sends what fits of the frames being served; true when some frame still waits for room.
   // Cuts the serves past their deadline.
@@ -140,11 +133,10 @@ struct TransferService::Impl {
     kFinished,  // `done` has left
     kCut,       // the serve was cut (and reported): drop it
   };
-  // Encodes `s`'s next frame into s.pending: blocks of a whole run, a streamed chunk (its
-  // buffer given back), or `done`.
+  // Encodes `s`'s next frame into s.pending: its next chunk (the buffer given back), or `done`.
   Next NextFrame(Serving& s);
-  // Ends `s` before its `done` (`why` logged): its streamed chunks given back, a stream
-  // reported released (expired). REQUIRES: mu not held.
+  // Ends `s` before its `done` (`why` logged): its chunks given back, the stream reported
+  // released (expired). REQUIRES: mu not held.
   void CutServing(Serving& s, const char* why);
   // Gives `bytes` of stream (peer_token, transfer_id) back to the engine. REQUIRES: mu held.
   void GiveBack(uint64_t peer_token, uint64_t transfer_id, std::vector<std::byte> bytes);
@@ -213,7 +205,7 @@ struct TransferService::Impl {
   std::vector<PullResult> results_ready;  // GUARDED_BY(mu): I/O -> engine
   std::vector<Released> releases_ready;   // GUARDED_BY(mu): I/O -> engine
   std::vector<SpentFrame> spent_ready;    // GUARDED_BY(mu): I/O -> engine
-  std::vector<Arrival> arrivals_ready;    // GUARDED_BY(mu): I/O -> engine, streamed pulls' blocks
+  std::vector<Arrival> arrivals_ready;    // GUARDED_BY(mu): I/O -> engine, pulls' blocks
   bool io_done = false;                   // GUARDED_BY(mu): the I/O thread runs no more commands
   TransferStats stats;                    // GUARDED_BY(mu); unauthorized_clients read from `unauthorized`
 
@@ -226,17 +218,15 @@ struct TransferService::Impl {
   std::unordered_map<uint64_t, std::string> identity_of_token;
   uint64_t next_peer_token = 1;
   std::map<std::pair<uint64_t, uint64_t>, OpenPull> open_pulls;  // (peer token, transfer id)
-  // A pull being answered with blocks: a whole run (Serve) or a stream (ServeFrame).
+  // A pull being answered with blocks, a stream of chunks (ServeFrame).
   struct Serving {
     std::string identity;
     uint64_t peer_token = 0;
     uint64_t transfer_id = 0;
     PullRequest request;
     TimeNs deadline = 0;
-    bool stream = false;
-    std::vector<Block> blocks;       // a whole run's
-    std::deque<FrameChunk> chunks;   // a stream's, read and not yet encoded
-    bool last_seen = false;          // a stream's last chunk arrived
+    std::deque<FrameChunk> chunks;   // read and not yet encoded
+    bool last_seen = false;          // the last chunk arrived
     uint32_t sent = 0;               // blocks in frames so far: the next block's index
     std::string pending;             // a frame the peer's queue had no room for
     bool done_queued = false;        // `pending` is the done frame
@@ -258,9 +248,7 @@ struct TransferService::Impl {
     std::string endpoint;
     TimeNs start = 0;
     TimeNs deadline = 0;
-    bool stream = false;        // blocks go to arrivals_ready, not `blocks`
-    uint32_t received = 0;      // blocks verified so far
-    std::vector<Block> blocks;  // verified so far (not streamed)
+    uint32_t received = 0;            // blocks verified so far (handed over as arrivals)
     std::optional<DeviceRun> device;  // a verified device answer
     std::optional<NcclRun> nccl;      // a verified nccl answer
   };

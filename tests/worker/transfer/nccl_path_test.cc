@@ -48,7 +48,7 @@ TEST_CASE("NCCL: an nccl answer reaches the receiver as sent, and the holder lea
   CHECK(*r.nccl == run);
   CHECK_FALSE(r.device.has_value());
   CHECK_FALSE(r.nccl_abandoned);
-  CHECK(r.blocks.empty());
+  CHECK(r.streamed_blocks == 0);
   CHECK(r.bytes == 2 * 256);
   const std::vector<Released> released = AwaitReleases(*holder);
   REQUIRE(released.size() == 1);

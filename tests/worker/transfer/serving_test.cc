@@ -19,23 +19,6 @@ namespace {
 
 using namespace testing;
 
-// Blocks [first, first + n) of `r`'s chain (one pool) as the engine reads them: Blocks()'s
-// tokens and bytes, the bytes back to back in one buffer.
-FrameChunk Chunk(const PullRequest& r, uint32_t first, uint32_t n, bool last) {
-  FrameChunk c;
-  c.first = first;
-  c.last = last;
-  const uint64_t bpb = r.layout.pools[0].bytes_per_block;
-  for (uint32_t i = first; i < first + n; ++i) {
-    c.hashes.push_back(r.hashes[i]);
-    std::vector<TokenId> tokens;
-    for (uint32_t t = 0; t < r.block_size; ++t) tokens.push_back(static_cast<TokenId>(i * 100 + t));
-    c.tokens.push_back(std::move(tokens));
-    c.bytes.insert(c.bytes.end(), bpb, static_cast<std::byte>(i * 7 + 1));
-  }
-  return c;
-}
-
 // The stream releases `holder` reported so far, with the spent frames counted into `spent`.
 std::vector<Released> StreamReleases(TransferService& holder, size_t* spent) {
   for (const SpentFrame& f : holder.TakeSpentFrames()) {
@@ -104,15 +87,16 @@ TEST_CASE("a streamed run arrives whole in several frames, and is released only 
   CHECK(hs.served_bytes == 11 * block_bytes);
   CHECK(hs.cut_serves == 0);
 
-  PullResult r = AwaitResult(*receiver, id);
-  REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
-  REQUIRE(r.blocks.size() == 11);
+  Pulled p = AwaitPulled(*receiver, id);
+  REQUIRE_MESSAGE(p.result.outcome == PullOutcome::kOk, p.result.status.ToString());
+  CHECK(p.result.streamed_blocks == 11);
+  REQUIRE(p.blocks.size() == 11);
   for (uint32_t i = 0; i < 11; ++i) {
-    CHECK(r.blocks[i].index == i);
-    CHECK(r.blocks[i].hash == request.hashes[i]);
-    CHECK(r.blocks[i].tokens[3] == i * 100 + 3);
-    CHECK(r.blocks[i].data[0].front() == static_cast<std::byte>(i * 7 + 1));
-    CHECK(r.blocks[i].data[0].back() == static_cast<std::byte>(i * 7 + 1));
+    CHECK(p.blocks[i].index == i);
+    CHECK(p.blocks[i].hash == request.hashes[i]);
+    CHECK(p.blocks[i].tokens[3] == i * 100 + 3);
+    CHECK(p.blocks[i].data[0].front() == static_cast<std::byte>(i * 7 + 1));
+    CHECK(p.blocks[i].data[0].back() == static_cast<std::byte>(i * 7 + 1));
   }
   CHECK(holder->TakeReleases().empty());  // exactly one
 }
@@ -127,9 +111,10 @@ TEST_CASE("a stream the engine ends early sends done with the blocks it handed o
   holder->ServeFrame(in.peer_token, id, Chunk(in.request, 2, 0, true));  // a read failed: no more
   size_t spent = 0;
   CHECK_FALSE(AwaitStreamEnd(*holder, &spent)[0].expired);
-  PullResult r = AwaitResult(*receiver, id);
-  CHECK(r.outcome == PullOutcome::kOk);
-  CHECK(r.blocks.size() == 2);
+  Pulled p = AwaitPulled(*receiver, id);
+  CHECK(p.result.outcome == PullOutcome::kOk);
+  CHECK(p.result.streamed_blocks == 2);
+  CHECK(p.blocks.size() == 2);
 }
 
 TEST_CASE("a stream whose receiver left is cut and released, and later chunks only come back") {
@@ -257,9 +242,10 @@ TEST_CASE("a first chunk breaking Contract 4 refuses the pull malformed; a later
   holder->ServeFrame(in.peer_token, id, std::move(short_bytes));
   holder->ServeFrame(in.peer_token, id, Chunk(in.request, 4, 2, true));  // dropped with the stream's end
   CHECK_FALSE(AwaitStreamEnd(*holder, &spent)[0].expired);
-  r = AwaitResult(*receiver, id);
-  CHECK(r.outcome == PullOutcome::kOk);
-  CHECK(r.blocks.size() == 2);
+  const Pulled p = AwaitPulled(*receiver, id);
+  CHECK(p.result.outcome == PullOutcome::kOk);
+  CHECK(p.result.streamed_blocks == 2);
+  CHECK(p.blocks.size() == 2);
   std::vector<Released> none;
   AwaitSpent(*holder, 4, &spent, &none);
   CHECK(none.empty());

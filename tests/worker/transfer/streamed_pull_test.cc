@@ -1,4 +1,4 @@
-// Streamed pulls (TransferService::StartPull with stream): the receiver hands a pull's blocks
+// Streamed pulls (TransferService::StartPull, TakeArrivals): the receiver hands a pull's blocks
 // to the engine a frame at a time as they pass their checks (TakeArrivals), as views over the
 // frames it received, and reads no further replies while config::kArrivalsAhead frames wait
 // for the engine. Two services over loopback; waits are bounded, nothing is timed.
@@ -14,10 +14,10 @@ namespace kvfleet::transfer {
 namespace {
 
 using testing::AwaitPull;
-using testing::AwaitStats;
 using testing::Blocks;
 using testing::Chain;
 using testing::Make;
+using testing::ServeRun;
 
 // Takes `arrivals` of pull `r` (`id`), checked in order from block `*next`.
 void TakeInOrder(PullRequest r, uint64_t id, std::vector<Arrival> arrivals, uint32_t* next) {
@@ -41,11 +41,11 @@ TEST_CASE("a streamed pull hands its blocks over a frame at a time, at most kArr
   auto receiver = Make();
   constexpr uint32_t kBlocks = 10;
   const PullRequest r = Chain(kBlocks, uint64_t{8} << 20);  // 8 MiB blocks: one a frame
-  const uint64_t id = receiver->StartPull(holder->endpoint(), "", r, /*stream=*/true);
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", r);
   const IncomingPull pull = AwaitPull(*holder);
-  holder->Serve(pull.peer_token, pull.request.transfer_id, Blocks(pull.request, kBlocks));
-  // Every frame and the `done` have left the holder: they wait in the receiver's queue.
-  AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
+  // Every frame and the `done` leave the holder: they wait in the receiver's queue.
+  CHECK_FALSE(ServeRun(*holder, pull, Blocks(pull.request, kBlocks)).expired);
+  CHECK(holder->Stats().served == 1);
   // The engine takes none: the receiver stops reading at kArrivalsAhead frames, so the pull
   // cannot reach its `done` (a receiver reading on would end it here within the waits).
   std::vector<PullResult> results;
@@ -68,7 +68,6 @@ TEST_CASE("a streamed pull hands its blocks over a frame at a time, at most kArr
   REQUIRE(results.size() == 1);
   const PullResult& res = results[0];
   CHECK(res.outcome == PullOutcome::kOk);
-  CHECK(res.blocks.empty());
   CHECK(res.streamed_blocks == kBlocks);
   CHECK(res.bytes == uint64_t{kBlocks} * (uint64_t{8} << 20));
   CHECK(next == kBlocks);
@@ -81,13 +80,13 @@ TEST_CASE("a streamed pull whose block is corrupted ends bad-checksum, with no a
   auto holder = Make(o);
   auto receiver = Make();
   const PullRequest r = Chain(3);
-  const uint64_t id = receiver->StartPull(holder->endpoint(), "", r, /*stream=*/true);
+  const uint64_t id = receiver->StartPull(holder->endpoint(), "", r);
   const IncomingPull pull = AwaitPull(*holder);
-  holder->Serve(pull.peer_token, pull.request.transfer_id, Blocks(pull.request, 3));
-  const PullResult res = testing::AwaitResult(*receiver, id);
-  CHECK(res.outcome == PullOutcome::kBadChecksum);
-  CHECK(res.streamed_blocks == 0);
-  CHECK(receiver->TakeArrivals().empty());
+  ServeRun(*holder, pull, Blocks(pull.request, 3));
+  const testing::Pulled res = testing::AwaitPulled(*receiver, id);
+  CHECK(res.result.outcome == PullOutcome::kBadChecksum);
+  CHECK(res.result.streamed_blocks == 0);
+  CHECK(res.blocks.empty());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// TransferService: two services in one process over loopback TCP, one holding, one pulling;
-// raw sockets play broken peers. Waits are bounded; nothing here measures time, and the
-// deadline and bandwidth cases move a ManualClock instead of sleeping.
+// TransferService: two services in one process over loopback TCP, one holding (serving runs
+// as the engine streams them: ServeRun), one pulling (its blocks taken as they arrive:
+// AwaitPulled); raw sockets play broken peers. Waits are bounded; nothing here measures time,
+// and the deadline and bandwidth cases move a ManualClock instead of sleeping.
 #include "worker/transfer/transfer_service.h"
 
 #include <doctest/doctest.h>
@@ -22,7 +23,7 @@ using namespace testing;
 TEST_CASE("a chain served in several frames arrives whole, checked, with its bytes") {
   auto holder = Make();
   auto receiver = Make();
-  // 6 blocks of 12 MiB: 72 MiB, a frame each (over 16 MiB, two do not fit one; holder.cc kFrameTarget).
+  // 6 blocks of 12 MiB: 72 MiB, a frame each (over 16 MiB, two do not fit one: BlocksPerFrame).
   const uint64_t block_bytes = uint64_t{12} << 20;
   const PullRequest request = Chain(6, block_bytes);
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
@@ -30,21 +31,23 @@ TEST_CASE("a chain served in several frames arrives whole, checked, with its byt
   CHECK(in.request.transfer_id == id);
   CHECK(in.request.hashes == request.hashes);
   CHECK(in.request.layout == request.layout);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 6));
-  PullResult r = AwaitResult(*receiver, id);
+  CHECK_FALSE(ServeRun(*holder, in, Blocks(in.request, 6)).expired);
+  Pulled p = AwaitPulled(*receiver, id);
+  const PullResult& r = p.result;
   REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
-  REQUIRE(r.blocks.size() == 6);
+  CHECK(r.streamed_blocks == 6);
+  REQUIRE(p.blocks.size() == 6);
   for (uint32_t i = 0; i < 6; ++i) {
-    CHECK(r.blocks[i].index == i);
-    CHECK(r.blocks[i].hash == request.hashes[i]);
-    CHECK(r.blocks[i].tokens[1] == i * 100 + 1);
-    CHECK(r.blocks[i].data[0].size() == block_bytes);
-    CHECK(r.blocks[i].data[0][block_bytes - 1] == static_cast<std::byte>(i * 7 + 1));
+    CHECK(p.blocks[i].index == i);
+    CHECK(p.blocks[i].hash == request.hashes[i]);
+    CHECK(p.blocks[i].tokens[1] == i * 100 + 1);
+    CHECK(p.blocks[i].data[0].size() == block_bytes);
+    CHECK(p.blocks[i].data[0][block_bytes - 1] == static_cast<std::byte>(i * 7 + 1));
   }
   CHECK(r.bytes == 6 * block_bytes);
   CHECK(r.source == holder->endpoint());
-  AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
   const TransferStats hs = holder->Stats();
+  CHECK(hs.served == 1);
   CHECK(hs.served_frames == 6);
   CHECK(hs.served_blocks == 6);
   CHECK(hs.served_bytes == 6 * block_bytes);
@@ -54,22 +57,13 @@ TEST_CASE("a chain served in several frames arrives whole, checked, with its byt
   CHECK(rs.pulls.at(holder->endpoint()).bytes == 6 * block_bytes);
 }
 
-TEST_CASE("blocks pack into frames of up to 16 MiB") {
-  auto holder = Make();
-  auto receiver = Make();
-  // 11 blocks of 3 MiB: five to a frame (15 MiB and the frame's header), then five, then one.
-  const uint64_t block_bytes = uint64_t{3} << 20;
-  const PullRequest request = Chain(11, block_bytes);
-  const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
-  IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 11));
-  PullResult r = AwaitResult(*receiver, id);
-  REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
-  REQUIRE(r.blocks.size() == 11);
-  CHECK(r.blocks[10].data[0][block_bytes - 1] == static_cast<std::byte>(10 * 7 + 1));
-  AwaitStats(*holder, [](const TransferStats& s) { return s.served == 1; });
-  CHECK(holder->Stats().served_frames == 3);
-  CHECK(holder->Stats().served_blocks == 11);
+TEST_CASE("a frame carries as many blocks as fit 16 MiB, at least one") {
+  CHECK(BlocksPerFrame(Chain(1, uint64_t{3} << 20).layout) == 5);  // 15 MiB and the blocks' headers
+  CHECK(BlocksPerFrame(Chain(1, uint64_t{4} << 20).layout) == 3);  // four would pass 16 MiB by their headers
+  CHECK(BlocksPerFrame(Chain(1, uint64_t{12} << 20).layout) == 1);
+  CHECK(BlocksPerFrame(Chain(1, uint64_t{40} << 20).layout) == 1);  // a block over 16 MiB goes alone
+  // Tokens only (dtype none): as many as a pull may ask for.
+  CHECK(BlocksPerFrame(Chain(1, 1 << 20, KvDtype::kNone).layout) == wire::limits::kMaxPullBlocks);
 }
 
 TEST_CASE("a holder that has only the chain's first blocks sends them: a shorter run, still ok") {
@@ -77,18 +71,22 @@ TEST_CASE("a holder that has only the chain's first blocks sends them: a shorter
   auto receiver = Make();
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(5));
   IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
-  PullResult r = AwaitResult(*receiver, id);
-  CHECK(r.outcome == PullOutcome::kOk);
-  CHECK(r.blocks.size() == 2);
-  CHECK(r.bytes == 2 * 256);
+  ServeRun(*holder, in, Blocks(in.request, 2));
+  Pulled p = AwaitPulled(*receiver, id);
+  CHECK(p.result.outcome == PullOutcome::kOk);
+  CHECK(p.result.streamed_blocks == 2);
+  CHECK(p.blocks.size() == 2);
+  CHECK(p.result.bytes == 2 * 256);
 
   const uint64_t none = receiver->StartPull(holder->endpoint(), "", Chain(5));
   in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, none, {});
-  r = AwaitResult(*receiver, none);
-  CHECK(r.outcome == PullOutcome::kOk);
-  CHECK(r.blocks.empty());
+  CHECK_FALSE(ServeRun(*holder, in, {}).expired);
+  p = AwaitPulled(*receiver, none);
+  CHECK(p.result.outcome == PullOutcome::kOk);
+  CHECK(p.result.streamed_blocks == 0);
+  CHECK(p.blocks.empty());
+  CHECK(holder->Stats().served == 2);
+  CHECK(holder->Stats().served_blocks == 2);
 }
 
 TEST_CASE("a refusal reaches the receiver with its reason and message") {
@@ -102,7 +100,7 @@ TEST_CASE("a refusal reaches the receiver with its reason and message") {
   REQUIRE(r.refusal.has_value());
   CHECK(*r.refusal == RefusalReason::kLayoutMismatch);
   CHECK(r.status.message().find("holder dtype fp8e4m3") != std::string::npos);
-  CHECK(r.blocks.empty());
+  CHECK(r.streamed_blocks == 0);
   AwaitStats(*holder, [](const TransferStats& s) {
     return s.refused[static_cast<size_t>(RefusalReason::kLayoutMismatch)] == 1;
   });
@@ -156,8 +154,8 @@ TEST_CASE("garbage on the holder's socket is refused or dropped, and the next go
   auto receiver = Make();
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(2));
   IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
-  CHECK(AwaitResult(*receiver, id).blocks.size() == 2);
+  ServeRun(*holder, in, Blocks(in.request, 2));
+  CHECK(AwaitPulled(*receiver, id).blocks.size() == 2);
 }
 
 TEST_CASE("a holder that never answers: the pull ends at its deadline and late frames are dropped") {
@@ -174,7 +172,7 @@ TEST_CASE("a holder that never answers: the pull ends at its deadline and late f
   CHECK(r.status.code() == StatusCode::kDeadlineExceeded);
   CHECK(r.elapsed >= 1'000 * kNsPerMs);
   // The holder's clock has not reached the deadline: it still sends, and the frames are dropped.
-  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
+  CHECK_FALSE(ServeRun(*holder, in, Blocks(in.request, 2)).expired);
   AwaitStats(*receiver, [](const TransferStats& s) { return s.late_frames >= 1; });
   CHECK(receiver->TakeResults().empty());
 
@@ -182,9 +180,10 @@ TEST_CASE("a holder that never answers: the pull ends at its deadline and late f
   const uint64_t second = receiver->StartPull(holder->endpoint(), "", request);
   in = AwaitPull(*holder);
   holder_clock.AdvanceMs(1'001);
-  holder->Serve(in.peer_token, second, Blocks(in.request, 2));
-  AwaitStats(*holder, [](const TransferStats& s) { return s.stale_serves == 1; });
+  CHECK(ServeRun(*holder, in, Blocks(in.request, 2)).expired);
+  CHECK(holder->Stats().stale_serves == 1);
   CHECK(holder->Stats().served == 1);
+  CHECK(in.request.transfer_id == second);
   CHECK(AwaitResult(*receiver, second, &clock).outcome == PullOutcome::kDeadline);
 }
 
@@ -195,12 +194,13 @@ TEST_CASE("a corrupted block fails the whole pull and nothing is handed over") {
   auto receiver = Make();
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", Chain(3));
   IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 3));
-  PullResult r = AwaitResult(*receiver, id);
-  CHECK(r.outcome == PullOutcome::kBadChecksum);
-  CHECK(r.status.message().find("checksum") != std::string::npos);
-  CHECK(r.blocks.empty());
-  CHECK(r.bytes == 0);
+  ServeRun(*holder, in, Blocks(in.request, 3));
+  Pulled p = AwaitPulled(*receiver, id);
+  CHECK(p.result.outcome == PullOutcome::kBadChecksum);
+  CHECK(p.result.status.message().find("checksum") != std::string::npos);
+  CHECK(p.result.streamed_blocks == 0);
+  CHECK(p.result.bytes == 0);
+  CHECK(p.blocks.empty());  // the frame with the bad block is not handed over
 }
 
 TEST_CASE("a holder answering out of order, with another hash or a wrong count fails the pull as malformed") {
@@ -225,23 +225,26 @@ TEST_CASE("a holder answering out of order, with another hash or a wrong count f
       fake.send(zmq::buffer(identity.to_string()), zmq::send_flags::sndmore);
       fake.send(zmq::buffer(frame));
     }
-    return AwaitResult(*receiver, id);
+    return AwaitPulled(*receiver, id);
   };
-  PullResult r = answer([](uint64_t id, std::vector<Block>& b) {
+  Pulled p = answer([](uint64_t id, std::vector<Block>& b) {
     return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(1, 1))};
   });
-  CHECK(r.outcome == PullOutcome::kMalformed);
-  CHECK(r.status.message().find("out of order") != std::string::npos);
-  r = answer([](uint64_t id, std::vector<Block>& b) {
+  CHECK(p.result.outcome == PullOutcome::kMalformed);
+  CHECK(p.result.status.message().find("out of order") != std::string::npos);
+  CHECK(p.blocks.empty());
+  p = answer([](uint64_t id, std::vector<Block>& b) {
     b[0].hash ^= 1;
     return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(0, 1))};
   });
-  CHECK(r.outcome == PullOutcome::kMalformed);
-  r = answer([](uint64_t id, std::vector<Block>& b) {
+  CHECK(p.result.outcome == PullOutcome::kMalformed);
+  p = answer([](uint64_t id, std::vector<Block>& b) {
     return std::vector<std::string>{EncodeBlocks(id, std::span<const Block>(b).subspan(0, 2)), EncodeDone(id, 3)};
   });
-  CHECK(r.outcome == PullOutcome::kMalformed);
-  CHECK(r.blocks.empty());
+  CHECK(p.result.outcome == PullOutcome::kMalformed);
+  CHECK(p.result.streamed_blocks == 0);
+  // The two good blocks were handed over as they came: after a failed pull, only leftovers.
+  CHECK(p.blocks.size() == 2);
 }
 
 TEST_CASE("CURVE: an unauthorized worker is served nothing and an authorized one is") {
@@ -273,8 +276,8 @@ TEST_CASE("CURVE: an unauthorized worker is served nothing and an authorized one
   auto receiver = Make(good_options);
   const uint64_t id = receiver->StartPull(holder->endpoint(), holder_keys->public_key, Chain(2));
   IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 2));
-  CHECK(AwaitResult(*receiver, id).blocks.size() == 2);
+  ServeRun(*holder, in, Blocks(in.request, 2));
+  CHECK(AwaitPulled(*receiver, id).blocks.size() == 2);
 }
 
 TEST_CASE("a bind other hosts can reach needs CURVE or insecure") {
@@ -303,11 +306,13 @@ TEST_CASE("simulated bandwidth: a pull completes no earlier than its modelled by
   const TimeNs start = clock.Now();
   const uint64_t id = receiver->StartPull(holder->endpoint(), "", request);
   IncomingPull in = AwaitPull(*holder);
-  holder->Serve(in.peer_token, id, Blocks(in.request, 4));
-  PullResult r = AwaitResult(*receiver, id, &clock);
+  ServeRun(*holder, in, Blocks(in.request, 4));
+  Pulled p = AwaitPulled(*receiver, id, &clock);
+  const PullResult& r = p.result;
   REQUIRE(r.outcome == PullOutcome::kOk);
-  CHECK(r.blocks.size() == 4);
-  CHECK(r.blocks[0].data.empty());
+  CHECK(r.streamed_blocks == 4);
+  REQUIRE(p.blocks.size() == 4);
+  CHECK(p.blocks[0].data.empty());
   CHECK(r.bytes == 4u << 20);
   CHECK(r.elapsed == 4 * kNsPerSec);
   CHECK(clock.Now() - start >= 4 * kNsPerSec);
@@ -370,7 +375,7 @@ TEST_CASE("same host: a device answer reaches the receiver as it was sent, and i
   REQUIRE_MESSAGE(r.outcome == PullOutcome::kOk, r.status.ToString());
   REQUIRE(r.device.has_value());
   CHECK(*r.device == run);
-  CHECK(r.blocks.empty());
+  CHECK(r.streamed_blocks == 0);
   CHECK(r.bytes == 2 * 256);
   CHECK(r.deadline > 0);
   const SourceStats src = receiver->Stats().pulls.at(holder->endpoint());
@@ -483,6 +488,26 @@ TEST_CASE("same host: a device run that does not answer the request fails the pu
   REQUIRE(decoded.ok());
   CHECK(decoded->release);
   CHECK(decoded->transfer_id == id);
+
+  // A device answer after a `blocks` frame (Contract 4: `device` is a pull's only answer).
+  const uint64_t mixed = receiver->StartPull(fake.get(zmq::sockopt::last_endpoint), "", DeviceChain(3));
+  REQUIRE(fake.recv(identity, zmq::recv_flags::none));
+  REQUIRE(fake.recv(body, zmq::recv_flags::none));
+  std::vector<Block> first = Blocks(*request, 1);
+  first[0].checksums = {Checksum(first[0].data[0])};
+  for (const std::string& f : {EncodeBlocks(mixed, first), EncodeDeviceRun(mixed, Run(*request, 2))}) {
+    fake.send(zmq::buffer(identity.to_string()), zmq::send_flags::sndmore);
+    fake.send(zmq::buffer(f));
+  }
+  r = AwaitResult(*receiver, mixed);
+  CHECK(r.outcome == PullOutcome::kMalformed);
+  CHECK(r.status.message().find("after other replies") != std::string::npos);
+  REQUIRE(fake.recv(release_identity, zmq::recv_flags::none));
+  REQUIRE(fake.recv(release, zmq::recv_flags::none));
+  decoded = DecodePullRequest(release.data(), release.size());
+  REQUIRE(decoded.ok());
+  CHECK(decoded->release);
+  CHECK(decoded->transfer_id == mixed);
 
   // The holder's own engine serving a bad run: refused malformed, released at once.
   auto holder = Make();
