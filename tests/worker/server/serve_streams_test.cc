@@ -163,6 +163,16 @@ struct Streams {
     CHECK(Pinned() == kChain);
   }
 
+  // Ticks the holder and polls the receiver until the pull has ended there.
+  void AwaitPullEnd() {
+    for (int i = 0; i < 4000 && (receiver->pending() > 0 || holder->streams()->streams() > 0); ++i) {
+      HolderTick();
+      receiver->Poll();
+      receiver_service->WaitForWork(kNsPerMs);
+    }
+    REQUIRE(receiver->pending() == 0);
+  }
+
   // Ticks the holder until no stream is left.
   void AwaitNoStream() {
     for (int i = 0; i < 4000 && holder->streams()->streams() > 0; ++i) {
@@ -227,12 +237,7 @@ TEST_CASE("a pull of many blocks streams a frame a tick, batched, pinned until i
 TEST_CASE("a mock holder (no bytes, dtype none) streams its run's tokens in one frame") {
   Streams t(/*bytes=*/false);
   t.StartPull();
-  for (int i = 0; i < 4000 && (t.receiver->pending() > 0 || t.holder->streams()->streams() > 0); ++i) {
-    t.HolderTick();
-    t.receiver->Poll();
-    t.receiver_service->WaitForWork(kNsPerMs);
-  }
-  REQUIRE(t.receiver->pending() == 0);
+  t.AwaitPullEnd();
   CHECK(t.holder->streams()->streams() == 0);
   CHECK(t.Pinned() == 0);
   CHECK(t.holder->streams()->stats().frames == 1);
@@ -288,12 +293,7 @@ TEST_CASE("a run that cannot be read is refused and unpinned at once") {
   Streams t;
   t.holder_bytes.fail_reads = true;
   t.StartPull();
-  for (int i = 0; i < 2000 && t.receiver->pending() > 0; ++i) {
-    t.HolderTick();
-    t.receiver->Poll();
-    t.receiver_service->WaitForWork(kNsPerMs);
-  }
-  REQUIRE(t.receiver->pending() == 0);
+  t.AwaitPullEnd();
   CHECK(t.receiver->stats().imported_blocks == 0);
   CHECK(t.holder->streams()->streams() == 0);
   CHECK(t.Pinned() == 0);
@@ -375,6 +375,15 @@ struct HandHolder {
   }
   size_t Written() const { return receiver_bytes.written.size(); }
 
+  // Starts the pull and sends its first frame (kPerFrame blocks); returns once the receiver
+  // has written them, the pull still waiting for the rest.
+  void StartWithFirstFrame() {
+    StartPull();
+    SendFrame(0, kPerFrame);
+    PollUntil([&] { return Written() == kPerFrame; });
+    REQUIRE(receiver->pending() == 1);
+  }
+
   // The held request, released with nothing imported, computes its whole prompt and
   // finishes. (Imported blocks hold bytes the mock's shadow KV never saw: a request reading
   // them fails its step here, so the cases that import stop at the import.)
@@ -401,11 +410,8 @@ struct HandHolder {
 
 TEST_CASE("a pulled run is written frame by frame as it arrives, before its done, and stored at the done") {
   HandHolder t;
-  t.StartPull();
-  t.SendFrame(0, kPerFrame);
-  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  t.StartWithFirstFrame();
   // On the device already, one call for the frame, while the pull still waits for the rest.
-  CHECK(t.receiver->pending() == 1);
   CHECK(t.receiver_bytes.write_calls == std::vector<size_t>{kPerFrame});
   CHECK(t.receiver->stats().imported_blocks == 0);
   t.SendFrame(kPerFrame, kPerFrame);
@@ -426,9 +432,7 @@ TEST_CASE("a pulled run is written frame by frame as it arrives, before its done
 
 TEST_CASE("a bad checksum in a pull's second frame stores none of it: the request computes its whole prompt") {
   HandHolder t;
-  t.StartPull();
-  t.SendFrame(0, kPerFrame);
-  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  t.StartWithFirstFrame();
   t.SendFrame(kPerFrame, kPerFrame, /*corrupt=*/true);
   t.PollUntil([&] { return t.receiver->pending() == 0; });
   // The first frame was written, the second not; the pull failed, so nothing is stored.
@@ -440,9 +444,7 @@ TEST_CASE("a bad checksum in a pull's second frame stores none of it: the reques
 
 TEST_CASE("a holder gone after a pull's first frame is the pull's deadline: nothing stored, the request computes") {
   HandHolder t;
-  t.StartPull();
-  t.SendFrame(0, kPerFrame);
-  t.PollUntil([&] { return t.Written() == kPerFrame; });
+  t.StartWithFirstFrame();
   t.router.close();
   t.clock.AdvanceMs(6'000);  // past the pull's 5 s
   t.PollUntil([&] { return t.receiver->pending() == 0; });
