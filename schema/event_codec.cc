@@ -206,7 +206,7 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
   if (load.pulls.empty()) return;  // a null list: most batches carry none
   auto pulls = out.initPulls(static_cast<unsigned>(load.pulls.size()));
   for (unsigned i = 0; i < load.pulls.size(); ++i) {
-    pulls[i].setSource(load.pulls[i].source);
+    pulls[i].setSource(wire::AsText(load.pulls[i].source));
     pulls[i].setPulls(load.pulls[i].pulls);
     pulls[i].setBytes(load.pulls[i].bytes);
     pulls[i].setSeconds(load.pulls[i].seconds);
@@ -248,7 +248,7 @@ Result<LoadReport> ParseLoad(schema::Load::Reader in) {
 
 void BuildBatch(const BatchHeader& header, std::span<const kv::KvEvent> events, const LoadReport& load,
                 schema::EventBatch::Builder b) {
-  b.setWorkerId(header.worker_id);
+  b.setWorkerId(wire::AsText(header.worker_id));
   b.setEpoch(header.epoch);
   b.setSeq(header.seq);
   b.setCreatedNs(header.created_ns);
@@ -282,7 +282,7 @@ Result<DecodedBatch> ParseBatch(schema::EventBatch::Reader in, StructBudget& bud
 
 schema::ReplayReply::Builder InitReply(capnp::MessageBuilder& message, const ReplyHeader& header) {
   auto reply = message.initRoot<schema::ReplayReply>();
-  reply.setWorkerId(header.worker_id);
+  reply.setWorkerId(wire::AsText(header.worker_id));
   reply.setEpoch(header.epoch);
   reply.setRequestId(header.request_id);
   reply.setLast(header.last);

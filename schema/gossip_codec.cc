@@ -58,13 +58,13 @@ Status Check(const RouterGossip& g) {
 std::string EncodeGossip(const RouterGossip& g) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<schema::RouterGossip>();
-  out.setRouterId(g.router_id);
+  out.setRouterId(wire::AsText(g.router_id));
   out.setIncarnation(g.incarnation);
   out.setSeq(g.seq);
   auto workers = out.initWorkers(static_cast<unsigned>(g.workers.size()));
   for (unsigned i = 0; i < g.workers.size(); ++i) {
     const GossipWorker& w = g.workers[i];
-    workers[i].setWorker(w.worker);
+    workers[i].setWorker(wire::AsText(w.worker));
     workers[i].setRequests(w.requests);
     workers[i].setWaiting(w.waiting);
     workers[i].setPrefillTokens(w.prefill_tokens);
@@ -72,7 +72,7 @@ std::string EncodeGossip(const RouterGossip& g) {
   }
   auto models = out.initModels(static_cast<unsigned>(g.models.size()));
   for (unsigned i = 0; i < g.models.size(); ++i) {
-    models[i].setModel(g.models[i].model);
+    models[i].setModel(wire::AsText(g.models[i].model));
     models[i].setPrefillTokensPerSecond(g.models[i].prefill_tokens_per_second);
   }
   return wire::Encode(message);
@@ -89,16 +89,16 @@ Result<RouterGossip> DecodeGossip(const void* data, size_t size) {
       return InvalidArgument("gossip: more workers or models than a router holds");
     }
     RouterGossip g;
-    g.router_id = root.getRouterId().cStr();
+    g.router_id = wire::FromText(root.getRouterId());
     g.incarnation = root.getIncarnation();
     g.seq = root.getSeq();
     g.workers.reserve(workers.size());
     for (auto w : workers) {
-      g.workers.push_back(GossipWorker{w.getWorker().cStr(), w.getRequests(), w.getWaiting(), w.getPrefillTokens(),
+      g.workers.push_back(GossipWorker{wire::FromText(w.getWorker()), w.getRequests(), w.getWaiting(), w.getPrefillTokens(),
                                        w.getPromptTokens()});
     }
     g.models.reserve(models.size());
-    for (auto m : models) g.models.push_back(GossipModel{m.getModel().cStr(), m.getPrefillTokensPerSecond()});
+    for (auto m : models) g.models.push_back(GossipModel{wire::FromText(m.getModel()), m.getPrefillTokensPerSecond()});
     return g;
   });
   if (!read.ok()) return read.status();

@@ -13,8 +13,8 @@ namespace kvfleet {
 namespace {
 
 void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
-  out.setWorkerId(h.name);
-  out.setModel(h.model);
+  out.setWorkerId(wire::AsText(h.name));
+  out.setModel(wire::AsText(h.model));
   out.setBlockSize(h.block_size);
   out.setMaxContext(h.max_context);
   auto tiers = out.initTiers(h.host_blocks > 0 ? 2 : 1);
@@ -25,11 +25,11 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
     tiers[1].setTotalBlocks(h.host_blocks);
   }
   auto e = out.initEndpoints();
-  e.setRequests(h.requests_endpoint);
-  e.setEvents(h.events_endpoint);
-  e.setReplay(h.replay_endpoint);
-  e.setHttp(h.http_endpoint);
-  out.setBackend(h.backend);
+  e.setRequests(wire::AsText(h.requests_endpoint));
+  e.setEvents(wire::AsText(h.events_endpoint));
+  e.setReplay(wire::AsText(h.replay_endpoint));
+  e.setHttp(wire::AsText(h.http_endpoint));
+  out.setBackend(wire::AsText(h.backend));
   out.setEpoch(h.epoch);
   out.setTokenizerDigest(h.tokenizer_digest);
   out.setKvBlockSize(h.kv_block_size);
@@ -49,10 +49,10 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   }
   auto loras = out.initLoras(static_cast<unsigned>(h.loras.size()));
   for (unsigned i = 0; i < h.loras.size(); ++i) {
-    loras[i].setName(h.loras[i].name);
+    loras[i].setName(wire::AsText(h.loras[i].name));
     loras[i].setLoraId(h.loras[i].lora_id);
     loras[i].setRank(h.loras[i].rank);
-    loras[i].setBaseModel(h.loras[i].base_model);
+    loras[i].setBaseModel(wire::AsText(h.loras[i].base_model));
   }
   out.setMaxLoras(h.max_loras);
   out.setLoraLoadUs(h.lora_load_us);
@@ -60,21 +60,21 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   out.setPrefillTokensPerSecond(h.prefill_tokens_per_second);
   out.setRole(static_cast<schema::WorkerRole>(static_cast<uint16_t>(h.role)));
   out.setStructuredOutputs(h.structured_outputs);
-  out.setDeviceId(h.device_id);
+  out.setDeviceId(wire::AsText(h.device_id));
   if (!h.transfer_endpoint.empty()) {
     auto t = out.initTransfer();
-    t.setEndpoint(h.transfer_endpoint);
-    t.setPublicKey(h.transfer_key);
-    t.setFormat(h.transfer_format);
+    t.setEndpoint(wire::AsText(h.transfer_endpoint));
+    t.setPublicKey(wire::AsText(h.transfer_key));
+    t.setFormat(wire::AsText(h.transfer_format));
     t.setBytesPerBlock(h.transfer_bytes_per_block);
-    t.setHostId(h.transfer_host_id);
+    t.setHostId(wire::AsText(h.transfer_host_id));
   }
 }
 
 WorkerHello ReadHello(schema::Hello::Reader h) {
   WorkerHello out;
-  out.name = h.getWorkerId().cStr();
-  out.model = h.getModel().cStr();
+  out.name = wire::FromText(h.getWorkerId());
+  out.model = wire::FromText(h.getModel());
   out.block_size = h.getBlockSize();
   out.max_context = h.getMaxContext();
   for (auto t : h.getTiers()) {
@@ -82,11 +82,11 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     else out.host_blocks += t.getTotalBlocks();
   }
   auto e = h.getEndpoints();
-  out.requests_endpoint = e.getRequests().cStr();
-  out.events_endpoint = e.getEvents().cStr();
-  out.replay_endpoint = e.getReplay().cStr();
-  out.http_endpoint = e.getHttp().cStr();
-  out.backend = h.getBackend().cStr();
+  out.requests_endpoint = wire::FromText(e.getRequests());
+  out.events_endpoint = wire::FromText(e.getEvents());
+  out.replay_endpoint = wire::FromText(e.getReplay());
+  out.http_endpoint = wire::FromText(e.getHttp());
+  out.backend = wire::FromText(h.getBackend());
   out.epoch = h.getEpoch();
   out.tokenizer_digest = h.getTokenizerDigest();
   out.kv_block_size = h.getKvBlockSize();
@@ -96,7 +96,7 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
                                           p.getHostBlocks(), p.getReuse(), p.getReuseTokens()});
   }
   for (auto l : h.getLoras()) {
-    out.loras.push_back(LoraAnnounce{l.getName().cStr(), l.getLoraId(), l.getRank(), l.getBaseModel().cStr()});
+    out.loras.push_back(LoraAnnounce{wire::FromText(l.getName()), l.getLoraId(), l.getRank(), wire::FromText(l.getBaseModel())});
   }
   out.max_loras = h.getMaxLoras();
   out.lora_load_us = h.getLoraLoadUs();
@@ -109,14 +109,14 @@ WorkerHello ReadHello(schema::Hello::Reader h) {
     default: out.role = WorkerRole::kBoth; break;
   }
   out.structured_outputs = h.getStructuredOutputs();
-  out.device_id = h.getDeviceId().cStr();
+  out.device_id = wire::FromText(h.getDeviceId());
   if (h.hasTransfer()) {
     auto t = h.getTransfer();
-    out.transfer_endpoint = t.getEndpoint().cStr();
-    out.transfer_key = t.getPublicKey().cStr();
-    out.transfer_format = t.getFormat().cStr();
+    out.transfer_endpoint = wire::FromText(t.getEndpoint());
+    out.transfer_key = wire::FromText(t.getPublicKey());
+    out.transfer_format = wire::FromText(t.getFormat());
     out.transfer_bytes_per_block = t.getBytesPerBlock();
-    out.transfer_host_id = t.getHostId().cStr();
+    out.transfer_host_id = wire::FromText(t.getHostId());
   }
   return out;
 }
@@ -175,7 +175,7 @@ Result<WorkerHello> DecodeDescribed(const void* data, size_t size) {
     if (!root.isHello()) return DataLoss("FromWorker is not a Hello");
     return ReadHello(root.getHello());
   } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+    return DataLoss(std::string("malformed message: ") + wire::FromText(e.getDescription()));
   }
 }
 
@@ -205,7 +205,7 @@ uint32_t IndexedReuseTokens(const WorkerHello& hello) {
 std::string EncodeBye(const WorkerBye& b) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<schema::ToRouter>().initBye();
-  out.setWorkerId(b.name);
+  out.setWorkerId(wire::AsText(b.name));
   out.setEpoch(b.epoch);
   return wire::Encode(message);
 }
@@ -218,11 +218,11 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
     if (root.isHello()) return ToRouterMessage(ReadHello(root.getHello()));
     if (root.isBye()) {
       auto b = root.getBye();
-      return ToRouterMessage(WorkerBye{b.getWorkerId().cStr(), b.getEpoch()});
+      return ToRouterMessage(WorkerBye{wire::FromText(b.getWorkerId()), b.getEpoch()});
     }
     return DataLoss("ToRouter of an unknown kind");
   } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
+    return DataLoss(std::string("malformed message: ") + wire::FromText(e.getDescription()));
   }
 }
 

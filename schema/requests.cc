@@ -87,7 +87,7 @@ void SetSampling(s::Sampling::Builder out, const SamplingParams& p) {
   if (p.structured.kind != StructuredOutput::Kind::kNone) {
     auto st = out.initStructured();
     st.setKind(static_cast<s::StructuredOutput::Kind>(p.structured.kind));
-    st.setSpec(p.structured.spec);
+    st.setSpec(wire::AsText(p.structured.spec));
   }
 }
 
@@ -112,7 +112,7 @@ SamplingParams GetSampling(s::Sampling::Reader in) {
     // A kind this build does not know reads past kEbnf, which ValidateSampling refuses.
     p.structured.kind = static_cast<StructuredOutput::Kind>(std::min<uint16_t>(
         static_cast<uint16_t>(in.getStructured().getKind()), static_cast<uint16_t>(StructuredOutput::Kind::kEbnf) + 1));
-    p.structured.spec = in.getStructured().getSpec();
+    p.structured.spec = wire::FromText(in.getStructured().getSpec());
   }
   return p;
 }
@@ -150,15 +150,15 @@ std::string EncodeGenerate(uint64_t request_id, const GenerateParams& p) {
     r.setDecodeDurationMs(*p.retention.decode_duration_ms);
     r.setHasDecodeDuration(true);
   }
-  g.setLoraName(p.lora);
-  g.setCacheSalt(p.cache_salt);
-  g.setModel(p.model);
+  g.setLoraName(wire::AsText(p.lora));
+  g.setCacheSalt(wire::AsText(p.cache_salt));
+  g.setModel(wire::AsText(p.model));
   if (!p.pull.source.empty()) {
     auto h = g.initPull();
-    h.setSource(p.pull.source);
-    h.setServerKey(p.pull.server_key);
+    h.setSource(wire::AsText(p.pull.source));
+    h.setServerKey(wire::AsText(p.pull.server_key));
     h.setBlocks(p.pull.blocks);
-    h.setWorkerId(p.pull.worker_id);
+    h.setWorkerId(wire::AsText(p.pull.worker_id));
     h.setDeadlineMs(p.pull.deadline_ms);
   }
   return wire::Encode(message);
@@ -174,8 +174,8 @@ std::string EncodeLoadLora(uint64_t request_id, const LoraControl& lora) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<s::ToWorker>().initLoadLora();
   out.setRequestId(request_id);
-  out.setName(lora.name);
-  out.setPath(lora.path);
+  out.setName(wire::AsText(lora.name));
+  out.setPath(wire::AsText(lora.path));
   return wire::Encode(message);
 }
 
@@ -183,7 +183,7 @@ std::string EncodeUnloadLora(uint64_t request_id, const std::string& name) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<s::ToWorker>().initUnloadLora();
   out.setRequestId(request_id);
-  out.setName(name);
+  out.setName(wire::AsText(name));
   return wire::Encode(message);
 }
 
@@ -216,7 +216,7 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       if (static_cast<int>(e.getCode()) > static_cast<int>(WorkerErrorCode::kUnknownModel)) {
         out.code = WorkerErrorCode::kInternal;
       }
-      out.message = e.getMessage().cStr();
+      out.message = wire::FromText(e.getMessage());
       return FromWorkerMessage(std::move(out));
     }
     if (root.isLoraResult()) {
@@ -228,7 +228,7 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       if (static_cast<int>(r.getCode()) > static_cast<int>(WorkerErrorCode::kUnknownModel)) {
         out.code = WorkerErrorCode::kInternal;
       }
-      out.message = r.getMessage().cStr();
+      out.message = wire::FromText(r.getMessage());
       return FromWorkerMessage(std::move(out));
     }
     return DataLoss("FromWorker of an unknown kind");
@@ -250,15 +250,15 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
       auto l = root.getLoadLora();
       out.kind = ToWorkerMessage::Kind::kLoadLora;
       out.request_id = l.getRequestId();
-      out.lora.name = l.getName().cStr();
-      out.lora.path = l.getPath().cStr();
+      out.lora.name = wire::FromText(l.getName());
+      out.lora.path = wire::FromText(l.getPath());
       return out;
     }
     if (root.isUnloadLora()) {
       auto l = root.getUnloadLora();
       out.kind = ToWorkerMessage::Kind::kUnloadLora;
       out.request_id = l.getRequestId();
-      out.lora.name = l.getName().cStr();
+      out.lora.name = wire::FromText(l.getName());
       return out;
     }
     if (!root.isGenerate()) return DataLoss("ToWorker of an unknown kind");
@@ -279,15 +279,15 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     }
     if (retention.getHasDecodePriority()) out.params.retention.decode_priority = retention.getDecodePriority();
     if (retention.getHasDecodeDuration()) out.params.retention.decode_duration_ms = retention.getDecodeDurationMs();
-    out.params.lora = g.getLoraName().cStr();
-    out.params.cache_salt = g.getCacheSalt().cStr();
-    out.params.model = g.getModel().cStr();
+    out.params.lora = wire::FromText(g.getLoraName());
+    out.params.cache_salt = wire::FromText(g.getCacheSalt());
+    out.params.model = wire::FromText(g.getModel());
     if (g.hasPull()) {
       auto h = g.getPull();
-      out.params.pull.source = h.getSource().cStr();
-      out.params.pull.server_key = h.getServerKey().cStr();
+      out.params.pull.source = wire::FromText(h.getSource());
+      out.params.pull.server_key = wire::FromText(h.getServerKey());
       out.params.pull.blocks = h.getBlocks();
-      out.params.pull.worker_id = h.getWorkerId().cStr();
+      out.params.pull.worker_id = wire::FromText(h.getWorkerId());
       out.params.pull.deadline_ms = h.getDeadlineMs();
     }
     return out;
@@ -320,7 +320,7 @@ std::string EncodeError(const WorkerError& e) {
   auto out = message.initRoot<s::FromWorker>().initError();
   out.setRequestId(e.request_id);
   out.setCode(static_cast<s::ErrorCode>(static_cast<int>(e.code)));
-  out.setMessage(e.message);
+  out.setMessage(wire::AsText(e.message));
   return wire::Encode(message);
 }
 
@@ -330,7 +330,7 @@ std::string EncodeLoraResult(const WorkerLoraResult& r) {
   out.setRequestId(r.request_id);
   out.setOk(r.ok);
   out.setCode(static_cast<s::ErrorCode>(static_cast<int>(r.code)));
-  out.setMessage(r.message);
+  out.setMessage(wire::AsText(r.message));
   return wire::Encode(message);
 }
 

@@ -64,9 +64,9 @@ constexpr uint16_t kFirstRequestPointers = 3;
 void WriteRequestFields(schema::PullRequest::Builder out, const PullRequest& r) {
   out.setTransferId(r.transfer_id);
   auto ns = out.initHashNamespace();
-  ns.setModel(r.model);
-  ns.setLora(r.lora);
-  ns.setCacheSalt(r.cache_salt);
+  ns.setModel(wire::AsText(r.model));
+  ns.setLora(wire::AsText(r.lora));
+  ns.setCacheSalt(wire::AsText(r.cache_salt));
   out.setBlockSize(r.block_size);
   out.setParentHash(r.parent_hash);
   auto hashes = out.initHashes(static_cast<unsigned>(r.hashes.size()));
@@ -160,7 +160,7 @@ std::string EncodePullRequest(const PullRequest& r) {
   }
   auto out = message.initRoot<schema::PullRequest>();
   WriteRequestFields(out, r);
-  out.setHostId(r.host_id);
+  out.setHostId(wire::AsText(r.host_id));
   out.setRelease(r.release);
   out.setNccl(r.nccl);
   out.setNcclComm(r.nccl_comm);

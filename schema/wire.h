@@ -29,6 +29,14 @@ constexpr int kNestingLimit = 64;
 // Serializes a builder into the bytes of one frame.
 std::string Encode(capnp::MessageBuilder& message);
 
+// A std::string as Cap'n Proto Text, every byte of it. A Text setter given the std::string
+// itself reads it through kj::StringPtr's c_str() constructor and stops at the first NUL: a
+// cache salt "a\0b" from a client would reach the worker as "a", hashed into another namespace
+// than the router's, and a regex pattern would be cut short.
+inline capnp::Text::Reader AsText(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
+// Text as a std::string, every byte of it (its size, not up to a NUL).
+inline std::string FromText(capnp::Text::Reader text) { return std::string(text.begin(), text.size()); }
+
 class DecodedMessage {
  public:
   template <typename T>

@@ -74,6 +74,16 @@ TEST_CASE("a Generate round-trips through the codec with every field, retention 
   CHECK(g.model == "llama");
   CHECK(g.pull == p.pull);
 
+  // Text fields carry every byte, a NUL included: the worker hashes the salt the router hashed
+  // (a setter given the std::string itself would stop at the NUL).
+  p.cache_salt = std::string("tenant-a\0x", 10);
+  p.sampling.structured = {StructuredOutput::Kind::kRegex, std::string("ab\0|.*", 6)};
+  frame = EncodeGenerate(43, p);
+  got = DecodeToWorker(frame.data(), frame.size());
+  REQUIRE(got.ok());
+  CHECK(got->params.cache_salt == p.cache_salt);
+  CHECK(got->params.sampling.structured.spec == p.sampling.structured.spec);
+
   GenerateParams plain;
   plain.tokens = {5};
   frame = EncodeGenerate(1, plain);
