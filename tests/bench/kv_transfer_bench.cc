@@ -32,13 +32,15 @@
 // wall time from sending the Generate to the first token's Delta (the worker's own
 // timeToFirstTokenUs beside it). The pull's bytes and time are B's TransferService stats
 // (StartPull to the last verified block: the holder's device reads, checksums, encode, the
-// loopback, decode and checks; not the receiver's write into its cache).
+// loopback, decode and checks; the receiver's writes into its cache, frame by frame on its
+// engine thread, overlap it but are not in it).
 //
-// Then where a pull's time goes: each stage of the path timed alone over the same bytes
-// (blocks of the model's size): the device-to-host copy into pinned staging and out into a
-// block's buffer (ReadKvBlocks), XXH3 checksums, Cap'n Proto encode into frames under 64 MiB,
-// the frames over a ZeroMQ DEALER→ROUTER on tcp://127.0.0.1, decode + checks, and the
-// host-to-device copy block by block (WriteKvBlocks).
+// Then where a pull's time goes: each stage of the streamed path timed alone over the same
+// bytes (blocks of the model's size), summed over its frames (BlocksPerFrame blocks, up to
+// 16 MiB): the device-to-host copy through pinned staging into a reused frame buffer
+// (ReadKvBlocks), XXH3 checksums and checks, Cap'n Proto encode of each frame, the frames over
+// a ZeroMQ DEALER→ROUTER on tcp://127.0.0.1, in-place decode + checks, and the host-to-device
+// copy from each received frame through the staging (WriteKvBlocksFrom).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// kv_transfer_stages.h: each stage of a pull alone, and the same-host transports side by side.
+// kv_transfer_stages.h: each stage of a streamed TCP pull alone, and the same-host transports
+// side by side.
 #include "tests/bench/kv_transfer_stages.h"
 
 #include <cuda_runtime_api.h>
@@ -20,8 +21,37 @@
 #include <zmq.hpp>
 
 #include "schema/transfer_codec.h"
+#include "worker/transfer/transfer_service.h"
 
 namespace kvfleet::bench {
+
+namespace {
+
+// One contiguous range between the device and host memory, at most a staging half.
+struct Piece {
+  std::byte* device = nullptr;
+  std::byte* host = nullptr;
+  size_t bytes = 0;
+};
+
+// As the cuda backend cuts a run of blocks (cuda_kv_transfer.cc AddPieces): ranges that are
+// neighbours on both sides merged, then cut to the staging half's size.
+void AddPieces(std::byte* device, std::byte* host, size_t bytes, size_t half, std::vector<Piece>* pieces) {
+  if (!pieces->empty()) {
+    Piece& last = pieces->back();
+    if (last.device + last.bytes == device && last.host + last.bytes == host && last.bytes < half) {
+      const size_t take = std::min(bytes, half - last.bytes);
+      last.bytes += take;
+      device += take;
+      host += take;
+      bytes -= take;
+    }
+  }
+  for (size_t at = 0; at < bytes; at += half) pieces->push_back({device + at, host + at, std::min(half, bytes - at)});
+}
+
+}  // namespace
+
 void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
   const uint64_t total = uint64_t{blocks} * bpb;
   const double gb = static_cast<double>(total) / 1e9;
@@ -35,7 +65,7 @@ void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
   CUDA_OK(cudaMemset(dev, 0x3c, total));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  const size_t half = 8ull << 20;
+  const size_t half = 8ull << 20;  // a staging half, as the cuda backend's (kTransferStagingBytes)
   std::byte* staging[2];
   for (auto& s : staging) CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&s), half, cudaHostAllocDefault));
   cudaEvent_t ev[2];
@@ -60,30 +90,7 @@ void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
     report("(link) D2H pageable, one copy (pages touched)", MsSince(t0));
   }
 
-  // 1. Holder, engine thread: ReadKvBlocks per block into a fresh block buffer (KvPulls::Serve).
-  std::vector<transfer::Block> run(blocks);
-  Clk::time_point t0 = Clk::now();
-  for (uint32_t i = 0; i < blocks; ++i) {
-    run[i].data.assign(1, std::vector<std::byte>(bpb));
-    std::byte* dst = run[i].data[0].data();
-    const std::byte* src = static_cast<const std::byte*>(dev) + uint64_t{i} * bpb;
-    const size_t pieces = (bpb + half - 1) / half;
-    CUDA_OK(cudaStreamSynchronize(stream));
-    for (size_t k = 0; k <= pieces; ++k) {
-      if (k < pieces) {
-        CUDA_OK(cudaMemcpyAsync(staging[k % 2], src + k * half, std::min(half, bpb - k * half), cudaMemcpyDeviceToHost,
-                                stream));
-        CUDA_OK(cudaEventRecord(ev[k % 2], stream));
-      }
-      if (k > 0) {
-        CUDA_OK(cudaEventSynchronize(ev[(k - 1) % 2]));
-        std::memcpy(dst + (k - 1) * half, staging[(k - 1) % 2], std::min(half, bpb - (k - 1) * half));
-      }
-    }
-  }
-  report("1 holder: D2H via staging into new buffers", MsSince(t0));
-
-  // The request these blocks answer, for the checks.
+  // The request these blocks answer, for the checks, and the frames a holder cuts it into.
   transfer::PullRequest request;
   request.transfer_id = 1;
   request.model = "bench";
@@ -91,33 +98,75 @@ void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
   request.layout.block_size = block_size;
   request.layout.pools = {transfer::PoolGeometry{0, 1, 1, 1, bpb}};
   request.deadline_ms = 1000;
+  std::vector<std::vector<TokenId>> tokens(blocks);
   for (uint32_t i = 0; i < blocks; ++i) {
-    run[i].index = i;
-    run[i].hash = 1000 + i;
-    run[i].tokens.assign(block_size, static_cast<TokenId>(i));
     request.hashes.push_back(1000 + i);
+    tokens[i].assign(block_size, static_cast<TokenId>(i));
   }
-  // 2. Holder, I/O thread: checksums, then frames under 64 MiB (holder.cc).
-  t0 = Clk::now();
-  for (transfer::Block& b : run) b.checksums = {transfer::Checksum(b.data[0])};
-  report("2 holder: XXH3 checksums", MsSince(t0));
+  const uint32_t per_frame = transfer::BlocksPerFrame(request.layout);
+
+  // 1-3. Holder, a frame at a time (serve_streams.cc, serving.cc): the engine thread reads the
+  // frame's blocks into one of kFramesAhead reused buffers (ReadKvBlocks: the stream synced,
+  // pieces through the staging halves); the I/O thread checksums and checks them as views over
+  // the buffer and encodes the frame. Each stage's time is summed over the frames. The buffers
+  // are mapped beforehand, as a worker keeps its spare ones from pull to pull.
+  std::vector<std::byte> buffers[transfer::config::kFramesAhead];
+  for (auto& b : buffers) b.assign(uint64_t{per_frame} * bpb, std::byte{1});
+  double read_ms = 0, check_ms = 0, encode_ms = 0;
   std::vector<std::string> frames;
-  t0 = Clk::now();
-  for (size_t i = 0; i < run.size();) {
-    uint64_t bytes = 1024;
-    size_t end = i;
-    while (end < run.size() && bytes + transfer::EncodedBlockBytes(run[end]) < (64ull << 20)) {
-      bytes += transfer::EncodedBlockBytes(run[end++]);
+  std::vector<Piece> pieces;
+  for (uint32_t first = 0; first < blocks; first += per_frame) {
+    const uint32_t n = std::min(per_frame, blocks - first);
+    std::byte* buffer = buffers[frames.size() % transfer::config::kFramesAhead].data();
+    Clk::time_point t0 = Clk::now();
+    pieces.clear();
+    for (uint32_t i = 0; i < n; ++i) {
+      AddPieces(static_cast<std::byte*>(dev) + uint64_t{first + i} * bpb, buffer + uint64_t{i} * bpb, bpb, half,
+                &pieces);
     }
-    if (end == i) ++end;
-    frames.push_back(transfer::EncodeBlocks(1, std::span<const transfer::Block>(run).subspan(i, end - i)));
-    i = end;
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (size_t k = 0; k <= pieces.size(); ++k) {
+      if (k < pieces.size()) {
+        CUDA_OK(cudaMemcpyAsync(staging[k % 2], pieces[k].device, pieces[k].bytes, cudaMemcpyDeviceToHost, stream));
+        CUDA_OK(cudaEventRecord(ev[k % 2], stream));
+      }
+      if (k > 0) {
+        CUDA_OK(cudaEventSynchronize(ev[(k - 1) % 2]));
+        std::memcpy(pieces[k - 1].host, staging[(k - 1) % 2], pieces[k - 1].bytes);
+      }
+    }
+    read_ms += MsSince(t0);
+    t0 = Clk::now();
+    std::vector<transfer::BlockView> views(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      transfer::BlockView& v = views[i];
+      v.index = first + i;
+      v.hash = request.hashes[first + i];
+      v.tokens = tokens[first + i];
+      v.data = {std::span<const std::byte>(buffer + uint64_t{i} * bpb, bpb)};
+      v.checksums = {transfer::Checksum(v.data[0])};
+      if (Status s = transfer::CheckBlock(request, v, first + i, false); !s.ok()) {
+        std::fprintf(stderr, "check: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    check_ms += MsSince(t0);
+    t0 = Clk::now();
+    std::string frame = transfer::EncodeBlocks(1, views);
+    encode_ms += MsSince(t0);
+    // Stage 4 sends a copy: this frame's memory goes back to malloc for the next encode, as a
+    // holder's does once libzmq has sent it (not 1 GB of fresh pages).
+    frames.push_back(frame);
   }
-  report("3 holder: capnp encode into frames", MsSince(t0));
-  std::printf("      (%zu frames)\n", frames.size());
+  report("1 holder: D2H via staging into reused frames", read_ms);
+  report("2 holder: XXH3 checksums + checks", check_ms);
+  report("3 holder: capnp encode, a frame a call", encode_ms);
+  std::printf("      (%zu frames of up to %u blocks)\n", frames.size(), per_frame);
 
   // 4. The frames over ZeroMQ on loopback TCP, sender on its own thread (as the I/O threads).
-  std::vector<zmq::message_t> received;
+  // The receiver drops each frame as it comes, as a pull does once its blocks are written, so
+  // libzmq's next receive buffer reuses its memory; stages 5 and 6 read the same bytes from
+  // the sender's frames.
   {
     zmq::context_t ctx;
     zmq::socket_t router(ctx, zmq::socket_type::router);
@@ -129,7 +178,7 @@ void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
     zmq::message_t id, hi;
     (void)router.recv(id);
     (void)router.recv(hi);
-    t0 = Clk::now();
+    const Clk::time_point t0 = Clk::now();
     std::thread sender([&] {
       for (const std::string& f : frames) {
         router.send(zmq::buffer(id.data(), id.size()), zmq::send_flags::sndmore);
@@ -141,46 +190,48 @@ void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size) {
     for (size_t i = 0; i < frames.size(); ++i) {
       zmq::message_t m;
       (void)dealer.recv(m);
-      received.push_back(std::move(m));
     }
     sender.join();
     report("4 zmq DEALER<-ROUTER over tcp 127.0.0.1", MsSince(t0));
   }
-  // 5. Receiver, I/O thread: decode and check every block, checksums included (puller.cc).
-  std::vector<transfer::Block> got;
-  t0 = Clk::now();
-  for (const zmq::message_t& m : received) {
-    auto reply = transfer::DecodePullReply(m.data(), m.size());
+  // 5. Receiver, I/O thread: each frame decoded in place (its blocks views over it), every
+  // block checked, checksums included (puller.cc); the views are what stage 6 writes from.
+  std::vector<transfer::BlockFrame> arrived(frames.size());
+  uint32_t next = 0;
+  Clk::time_point t0 = Clk::now();
+  for (size_t f = 0; f < frames.size(); ++f) {
+    auto reply = transfer::DecodePullReply(frames[f].data(), frames[f].size(), &arrived[f]);
     if (!reply.ok()) {
       std::fprintf(stderr, "decode: %s\n", reply.status().ToString().c_str());
       std::exit(1);
     }
-    for (transfer::Block& b : std::get<std::vector<transfer::Block>>(reply->body)) {
-      if (Status s = transfer::CheckBlock(request, b, static_cast<uint32_t>(got.size()), true); !s.ok()) {
+    for (const transfer::BlockView& b : arrived[f].blocks) {
+      if (Status s = transfer::CheckBlock(request, b, next++, true); !s.ok()) {
         std::fprintf(stderr, "check: %s\n", s.ToString().c_str());
         std::exit(1);
       }
-      got.push_back(std::move(b));
     }
   }
-  report("5 receiver: decode + checks (checksums)", MsSince(t0));
-  received.clear();
-  // 6. Receiver, engine thread: WriteKvBlocks block by block from the received buffers
-  // (KvPulls::Finish), through the staging to the device.
+  report("5 receiver: decode in place, checks, XXH3", MsSince(t0));
+  // 6. Receiver, engine thread: each frame's blocks written straight from the received frame,
+  // one call a frame (WriteKvBlocksFrom: each piece's memcpy into a staging half overlaps the
+  // previous piece's DMA, then the stream is synced).
   t0 = Clk::now();
-  size_t k = 0;
-  for (const transfer::Block& b : got) {
-    for (size_t at = 0; at < bpb; at += half, ++k) {
+  for (const transfer::BlockFrame& f : arrived) {
+    pieces.clear();
+    for (const transfer::BlockView& b : f.blocks) {
+      AddPieces(static_cast<std::byte*>(dev) + uint64_t{b.index} * bpb, const_cast<std::byte*>(b.data[0].data()), bpb,
+                half, &pieces);
+    }
+    for (size_t k = 0; k < pieces.size(); ++k) {
       if (k >= 2) CUDA_OK(cudaEventSynchronize(ev[k % 2]));
-      const size_t n = std::min<size_t>(half, bpb - at);
-      std::memcpy(staging[k % 2], b.data[0].data() + at, n);
-      CUDA_OK(cudaMemcpyAsync(static_cast<std::byte*>(dev) + uint64_t{b.index} * bpb + at, staging[k % 2], n,
-                              cudaMemcpyHostToDevice, stream));
+      std::memcpy(staging[k % 2], pieces[k].host, pieces[k].bytes);
+      CUDA_OK(cudaMemcpyAsync(pieces[k].device, staging[k % 2], pieces[k].bytes, cudaMemcpyHostToDevice, stream));
       CUDA_OK(cudaEventRecord(ev[k % 2], stream));
     }
+    CUDA_OK(cudaStreamSynchronize(stream));
   }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  report("6 receiver: H2D via staging, block by block", MsSince(t0));
+  report("6 receiver: H2D via staging, a frame a call", MsSince(t0));
   for (auto e : ev) cudaEventDestroy(e);
   for (auto s : staging) cudaFreeHost(s);
   cudaStreamDestroy(stream);

@@ -33,8 +33,10 @@ inline double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The TCP path's stages: device-to-host staging, checksums, Cap'n Proto frames, ZeroMQ on
-// loopback, decode and checks, host-to-device staging; `blocks` blocks of `bpb` bytes.
+// The TCP path's stages as a pull streams them, a frame (BlocksPerFrame blocks) at a time:
+// the holder's reads through pinned staging into reused frame buffers, checksums and checks,
+// Cap'n Proto frames, ZeroMQ on loopback, the receiver's in-place decode and checks, and its
+// writes from the received frames through the staging; `blocks` blocks of `bpb` bytes.
 void StageBreakdown(uint32_t blocks, uint64_t bpb, uint32_t block_size);
 
 // The two same-host transports between GPU `a` (holder) and GPU `b` (receiver) over the same
