@@ -5,6 +5,7 @@
 
 #include <capnp/message.h>
 
+#include "schema/limits.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -71,8 +72,14 @@ void FillHello(const WorkerHello& h, schema::Hello::Builder out) {
   }
 }
 
-WorkerHello ReadHello(schema::Hello::Reader h) {
+// A Hello's tiers: one per cache tier, device and host today; room for tiers a newer worker adds.
+constexpr uint64_t kMaxTiers = 16;
+
+Result<WorkerHello> ReadHello(schema::Hello::Reader h) {
   WorkerHello out;
+  KVF_RETURN_IF_ERROR(wire::CheckCount(h.getTiers(), kMaxTiers, "tiers"));
+  KVF_RETURN_IF_ERROR(wire::CheckCount(h.getKvPools(), wire::limits::kMaxKvPools, "kv pools"));
+  KVF_RETURN_IF_ERROR(wire::CheckCount(h.getLoras(), wire::limits::kMaxLoraAdapters, "lora adapters"));
   out.name = wire::FromText(h.getWorkerId());
   out.model = wire::FromText(h.getModel());
   out.block_size = h.getBlockSize();
@@ -175,7 +182,7 @@ Result<WorkerHello> DecodeDescribed(const void* data, size_t size) {
     if (!root.isHello()) return DataLoss("FromWorker is not a Hello");
     return ReadHello(root.getHello());
   } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed message: ") + wire::FromText(e.getDescription()));
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
   }
 }
 
@@ -215,14 +222,17 @@ Result<ToRouterMessage> DecodeToRouter(const void* data, size_t size) {
   if (!decoded.ok()) return decoded.status();
   try {
     auto root = (*decoded)->Root<schema::ToRouter>();
-    if (root.isHello()) return ToRouterMessage(ReadHello(root.getHello()));
+    if (root.isHello()) {
+      KVF_ASSIGN_OR_RETURN(WorkerHello hello, ReadHello(root.getHello()));
+      return ToRouterMessage(std::move(hello));
+    }
     if (root.isBye()) {
       auto b = root.getBye();
       return ToRouterMessage(WorkerBye{wire::FromText(b.getWorkerId()), b.getEpoch()});
     }
     return DataLoss("ToRouter of an unknown kind");
   } catch (const kj::Exception& e) {
-    return DataLoss(std::string("malformed message: ") + wire::FromText(e.getDescription()));
+    return DataLoss(std::string("malformed message: ") + e.getDescription().cStr());
   }
 }
 

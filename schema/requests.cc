@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "schema/limits.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -48,15 +49,17 @@ void SetLogprobs(capnp::List<s::TokenLogprob>::Builder out, const std::vector<To
   }
 }
 
-std::vector<TokenLogprob> GetLogprobs(capnp::List<s::TokenLogprob>::Reader in) {
-  std::vector<TokenLogprob> out;
-  out.reserve(in.size());
+Status GetLogprobs(capnp::List<s::TokenLogprob>::Reader in, std::vector<TokenLogprob>* out) {
+  KVF_RETURN_IF_ERROR(wire::CheckCount(in, wire::limits::kMaxContextTokens, "logprobs"));
+  out->reserve(in.size());
   for (auto e : in) {
     TokenLogprob t{e.getToken(), e.getLogprob(), {}};
-    for (auto k : e.getTop()) t.top.emplace_back(k.getToken(), k.getLogprob());
-    out.push_back(std::move(t));
+    auto top = e.getTop();
+    KVF_RETURN_IF_ERROR(wire::CheckCount(top, sampling::config::kMaxTopLogprobs, "top logprobs"));
+    for (auto k : top) t.top.emplace_back(k.getToken(), k.getLogprob());
+    out->push_back(std::move(t));
   }
-  return out;
+  return Status::Ok();
 }
 
 void SetSampling(s::Sampling::Builder out, const SamplingParams& p) {
@@ -91,21 +94,26 @@ void SetSampling(s::Sampling::Builder out, const SamplingParams& p) {
   }
 }
 
-SamplingParams GetSampling(s::Sampling::Reader in) {
+// Over a limit ValidateSampling also refuses: OutOfRange here, before the list is read.
+Result<SamplingParams> GetSampling(s::Sampling::Reader in) {
   SamplingParams p;
   p.temperature = in.getTemperature();
   p.top_p = in.getTopP();
   p.top_k = in.getTopK();
   if (in.getHasSeed()) p.seed = in.getSeed();
   p.max_tokens = in.getMaxTokens();
-  for (auto t : in.getStopTokenIds()) p.stop_token_ids.push_back(t);
+  auto stops = in.getStopTokenIds();
+  KVF_RETURN_IF_ERROR(wire::CheckCount(stops, sampling::config::kMaxStopTokenIds, "stop token ids"));
+  for (auto t : stops) p.stop_token_ids.push_back(t);
   p.ignore_eos = in.getIgnoreEos();
   p.n = in.getN();
   p.presence_penalty = in.getPresencePenalty();
   p.frequency_penalty = in.getFrequencyPenalty();
   p.repetition_penalty = in.getRepetitionPenalty();
   p.min_p = in.getMinP();
-  for (auto b : in.getLogitBias()) p.logit_bias.emplace_back(b.getToken(), b.getBias());
+  auto bias = in.getLogitBias();
+  KVF_RETURN_IF_ERROR(wire::CheckCount(bias, sampling::config::kMaxLogitBias, "logit bias"));
+  for (auto b : bias) p.logit_bias.emplace_back(b.getToken(), b.getBias());
   p.logprobs = in.getLogprobs();
   p.prompt_logprobs = in.getPromptLogprobs();
   if (in.hasStructured()) {
@@ -198,14 +206,15 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size) {
       out.request_id = d.getRequestId();
       out.index = d.getIndex();
       auto tokens = d.getTokens();
+      KVF_RETURN_IF_ERROR(wire::CheckCount(tokens, wire::limits::kMaxContextTokens, "delta tokens"));
       out.tokens.reserve(tokens.size());
       for (auto t : tokens) out.tokens.push_back(t);
       out.finish = FromSchema(d.getFinishReason());
       auto u = d.getUsage();
       out.usage = {u.getPromptTokens(), u.getCachedDeviceTokens(), u.getCachedHostTokens(), u.getCompletionTokens(),
                    u.getTimeToFirstTokenUs()};
-      out.logprobs = GetLogprobs(d.getLogprobs());
-      out.prompt_logprobs = GetLogprobs(d.getPromptLogprobs());
+      KVF_RETURN_IF_ERROR(GetLogprobs(d.getLogprobs(), &out.logprobs));
+      KVF_RETURN_IF_ERROR(GetLogprobs(d.getPromptLogprobs(), &out.prompt_logprobs));
       return FromWorkerMessage(std::move(out));
     }
     if (root.isError()) {
@@ -265,11 +274,14 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
     auto g = root.getGenerate();
     out.request_id = g.getRequestId();
     auto tokens = g.getTokens();
+    KVF_RETURN_IF_ERROR(wire::CheckCount(tokens, wire::limits::kMaxContextTokens, "prompt tokens"));
     out.params.tokens.reserve(tokens.size());
     for (auto t : tokens) out.params.tokens.push_back(t);
-    out.params.sampling = GetSampling(g.getSampling());
+    KVF_ASSIGN_OR_RETURN(out.params.sampling, GetSampling(g.getSampling()));
     auto retention = g.getRetention();
-    for (auto r : retention.getRanges()) {
+    auto ranges = retention.getRanges();
+    KVF_RETURN_IF_ERROR(wire::CheckCount(ranges, kMaxRetentionRanges, "retention ranges"));
+    for (auto r : ranges) {
       RetentionRange rr;
       rr.start = r.getStart();
       if (r.getHasEnd()) rr.end = r.getEnd();

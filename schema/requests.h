@@ -25,6 +25,9 @@
 
 namespace kvfleet {
 
+// A request's kv_retention.token_ranges: at most this many.
+inline constexpr size_t kMaxRetentionRanges = 64;
+
 struct RetentionRange {
   uint32_t start = 0;
   std::optional<uint32_t> end;              // exclusive; none: to the end

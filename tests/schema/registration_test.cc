@@ -4,6 +4,7 @@
 #include "common/block_hash.h"
 #include "schema/describe.h"
 #include "schema/requests.h"
+#include "schema/limits.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -251,6 +252,28 @@ TEST_CASE("a worker's structured-outputs capability round-trips in its Hello, an
   auto decoded = DecodeToRouter(frame.data(), frame.size());
   REQUIRE(decoded.ok());
   CHECK_FALSE(std::get<WorkerHello>(*decoded).structured_outputs);
+}
+
+TEST_CASE("a Hello with more KV pools or adapters than Contract 3 allows is refused before they are read") {
+  capnp::MallocMessageBuilder message;
+  auto h = message.initRoot<schema::ToRouter>().initHello();
+  h.setWorkerId("w");
+  h.initKvPools(wire::limits::kMaxKvPools + 1);
+  std::string frame = wire::Encode(message);
+  auto got = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == StatusCode::kOutOfRange);
+  h.initKvPools(1);
+  h.initLoras(wire::limits::kMaxLoraAdapters + 1);
+  frame = wire::Encode(message);
+  got = DecodeToRouter(frame.data(), frame.size());
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == StatusCode::kOutOfRange);
+  // The same Hello answering a Describe.
+  capnp::MallocMessageBuilder described;
+  described.initRoot<schema::FromWorker>().initHello().initLoras(wire::limits::kMaxLoraAdapters + 1);
+  frame = wire::Encode(described);
+  CHECK(DecodeDescribed(frame.data(), frame.size()).status().code() == StatusCode::kOutOfRange);
 }
 
 }  // namespace kvfleet

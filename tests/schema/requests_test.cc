@@ -4,6 +4,7 @@
 #include <capnp/message.h>
 #include <doctest/doctest.h>
 
+#include "schema/limits.h"
 #include "schema/wire.h"
 #include "schema/worker.capnp.h"
 
@@ -251,6 +252,44 @@ TEST_CASE("frames that are not Contract 3 are DataLoss, never a crash") {
   auto got = DecodeFromWorker(frame.data(), frame.size());
   REQUIRE(got.ok());
   CHECK(std::get<WorkerError>(*got).code == WorkerErrorCode::kInternal);
+}
+
+TEST_CASE("a list longer than its contract's bound is refused before it is read (OutOfRange)") {
+  // A struct list may claim elements of no size, taking no bytes of the frame: a 400-byte frame
+  // claimed 31 million logit biases (schema_wire_fuzzer). Each list is checked against its bound
+  // before the decoder reads an element. Built whole here, one past each bound.
+  auto generate = [](auto fill) {
+    capnp::MallocMessageBuilder message;
+    auto g = message.initRoot<schema::ToWorker>().initGenerate();
+    g.setRequestId(1);
+    g.initTokens(1).set(0, 5);
+    fill(g);
+    return wire::Encode(message);
+  };
+  auto refused = [](const std::string& frame) {
+    auto got = DecodeToWorker(frame.data(), frame.size());
+    return got.ok() ? Status::Ok() : got.status();
+  };
+  const Status bias = refused(generate([](auto g) { g.initSampling().initLogitBias(sampling::config::kMaxLogitBias + 1); }));
+  CHECK(bias.code() == StatusCode::kOutOfRange);
+  CHECK(bias.message().find("logit bias: 301 entries, more than 300") != std::string::npos);
+  CHECK(refused(generate([](auto g) { g.initSampling().initStopTokenIds(sampling::config::kMaxStopTokenIds + 1); }))
+            .code() == StatusCode::kOutOfRange);
+  CHECK(refused(generate([](auto g) { g.initRetention().initRanges(kMaxRetentionRanges + 1); })).code() ==
+        StatusCode::kOutOfRange);
+  CHECK(refused(generate([](auto g) { g.initTokens(wire::limits::kMaxContextTokens + 1); })).code() ==
+        StatusCode::kOutOfRange);
+  // At the bound: read.
+  CHECK(refused(generate([](auto g) { g.initSampling().initLogitBias(sampling::config::kMaxLogitBias); })).ok());
+
+  // A Delta's logprobs, and each one's top entries.
+  capnp::MallocMessageBuilder message;
+  auto d = message.initRoot<schema::FromWorker>().initDelta();
+  d.initLogprobs(1)[0].initTop(sampling::config::kMaxTopLogprobs + 1);
+  const std::string frame = wire::Encode(message);
+  auto delta = DecodeFromWorker(frame.data(), frame.size());
+  REQUIRE_FALSE(delta.ok());
+  CHECK(delta.status().code() == StatusCode::kOutOfRange);
 }
 
 }  // namespace kvfleet
