@@ -15,6 +15,7 @@
 #include "schema/transfer.capnp.h"
 #include "schema/wire.h"
 #include "tests/schema/frame_vectors.h"
+#include "tests/schema/transfer_example.h"
 
 namespace kvfleet::transfer {
 namespace {
@@ -42,19 +43,7 @@ Result<PullReply> DecodeReply(const std::string& frame) {
   return DecodePullReply(a.data(), a.size);
 }
 
-// The vectors' request: the two blocks of tokens 1..16 at B = 4 (hash_vectors.txt, row 1).
-PullRequest ExampleRequest() {
-  PullRequest r;
-  r.transfer_id = 7;
-  r.model = "meta-llama/Llama-3.1-8B-Instruct";
-  r.block_size = 4;
-  r.hashes = {0x276a80ee59a83ca7ULL, 0x48a3b26c8ba2c36dULL};
-  r.layout.dtype = KvDtype::kBf16;
-  r.layout.block_size = 4;
-  r.layout.pools = {PoolGeometry{0, 2, 1, 2, 64}};
-  r.deadline_ms = 2000;
-  return r;
-}
+using testing::ExampleRequest;
 
 Block ExampleBlock() {
   Block b;

@@ -14,25 +14,12 @@
 #include <vector>
 
 #include "schema/transfer_codec.h"
+#include "tests/schema/transfer_example.h"
 
 namespace {
 
 using namespace kvfleet;
 using namespace kvfleet::transfer;
-
-// The spec's test vectors' request (schema/transfer_vectors.txt): two blocks of B = 4.
-PullRequest KnownRequest() {
-  PullRequest r;
-  r.transfer_id = 7;
-  r.model = "meta-llama/Llama-3.1-8B-Instruct";
-  r.block_size = 4;
-  r.hashes = {0x276a80ee59a83ca7ULL, 0x48a3b26c8ba2c36dULL};
-  r.layout.dtype = KvDtype::kBf16;
-  r.layout.block_size = 4;
-  r.layout.pools = {PoolGeometry{0, 2, 1, 2, 64}};
-  r.deadline_ms = 2000;
-  return r;
-}
 
 void CheckBlocks(const PullRequest& request, const std::vector<Block>& blocks) {
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -56,7 +43,7 @@ void CheckReply(const PullRequest& request, const PullReply& reply) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const PullRequest known = KnownRequest();
+  static const PullRequest known = testing::ExampleRequest();  // the spec vectors' request
   // Word-aligned, as a received ZeroMQ frame is: the in-place decoder reads it where it is.
   std::vector<uint64_t> words((size + 7) / 8);
   if (size > 0) std::memcpy(words.data(), data, size);
