@@ -1,7 +1,9 @@
 #include "schema/transfer_codec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include <capnp/any.h>
 #include <capnp/message.h>
@@ -257,10 +259,9 @@ std::string EncodeRefused(uint64_t transfer_id, RefusalReason reason, std::strin
 
 namespace {
 
-// EncodeBlocks of Blocks or BlockViews: the same bytes from either.
+// A `blocks` reply's blocks, from Blocks or BlockViews alike.
 template <typename B>
-std::string EncodeBlocksOf(uint64_t transfer_id, std::span<const B> blocks) {
-  capnp::MallocMessageBuilder builder;
+void FillBlocks(uint64_t transfer_id, std::span<const B> blocks, capnp::MessageBuilder& builder) {
   auto out = builder.initRoot<schema::PullReply>();
   out.setTransferId(transfer_id);
   auto list = out.initBlocks(static_cast<unsigned>(blocks.size()));
@@ -282,7 +283,62 @@ std::string EncodeBlocksOf(uint64_t transfer_id, std::span<const B> blocks) {
     auto sums = w.initChecksums(static_cast<unsigned>(b.checksums.size()));
     for (size_t j = 0; j < b.checksums.size(); ++j) sums.set(static_cast<unsigned>(j), b.checksums[j]);
   }
-  return wire::Encode(builder);
+}
+
+// A `blocks` reply's root and list beyond its blocks: the root pointer, the reply's struct (its
+// transfer id and union tag, the list pointer) and the list's tag.
+constexpr uint64_t kBlocksReplyOverheadBytes = 8 + 3 * 8 + 8;
+
+uint64_t EncodedBlockBytes(const BlockView& b) {
+  uint64_t bytes = kBlockOverheadBytes + (b.tokens.size() * 4 + 7) / 8 * 8;
+  for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;
+  return bytes;
+}
+
+// Builds a message in zeroed words the caller owns and leaves them as built (capnp's
+// MallocMessageBuilder zeroes a first segment it was given when it is destroyed); a message that
+// outgrows them gets segments of its own, and `in_place()` is then false.
+class InPlaceBuilder final : public capnp::MessageBuilder {
+ public:
+  explicit InPlaceBuilder(kj::ArrayPtr<capnp::word> words) : words_(words) {}
+  kj::ArrayPtr<capnp::word> allocateSegment(unsigned minimum) override {
+    if (!given_ && minimum <= words_.size()) {
+      given_ = true;
+      return words_;
+    }
+    given_ = true;
+    more_.push_back(kj::heapArray<capnp::word>(std::max<size_t>(minimum, 1024)));
+    std::memset(more_.back().begin(), 0, more_.back().size() * sizeof(capnp::word));
+    return more_.back();
+  }
+  bool in_place() const { return more_.empty(); }
+
+ private:
+  kj::ArrayPtr<capnp::word> words_;
+  bool given_ = false;
+  std::vector<kj::Array<capnp::word>> more_;
+};
+
+// A holder's frames are megabytes: the message is built as the frame's one segment, in the
+// string it is sent from, after the 8 bytes of its segment table. Left to grow its own segments,
+// the builder copied the blocks' bytes into them and wire::Encode copied them all again into the
+// frame. The bytes are those capnp's own builder writes for a message of one segment, from
+// Blocks or BlockViews alike.
+template <typename B>
+std::string EncodeBlocksOf(uint64_t transfer_id, std::span<const B> blocks) {
+  uint64_t bound = kBlocksReplyOverheadBytes;
+  for (const B& b : blocks) bound += EncodedBlockBytes(b);
+  std::string out(sizeof(capnp::word) + bound, '\0');  // zeroed, as a builder's segment must be
+  capnp::word* segment = reinterpret_cast<capnp::word*>(out.data() + sizeof(capnp::word));
+  KVF_CHECK(reinterpret_cast<uintptr_t>(segment) % alignof(capnp::word) == 0);
+  InPlaceBuilder builder(kj::arrayPtr(segment, bound / sizeof(capnp::word)));
+  FillBlocks(transfer_id, blocks, builder);
+  if (!builder.in_place()) return wire::Encode(builder);  // past the bound, which is an upper one
+  const auto words = static_cast<uint32_t>(builder.getSegmentsForOutput()[0].size());
+  const uint32_t table[2] = {0, words};  // one segment (count - 1), of `words` words
+  std::memcpy(out.data(), table, sizeof(table));
+  out.resize(sizeof(capnp::word) * (1 + uint64_t{words}));
+  return out;
 }
 
 }  // namespace

@@ -291,7 +291,17 @@ TEST_CASE("blocks encoded from views are byte for byte the frame encoded from Bl
   }
   std::vector<BlockView> views;
   for (const Block& b : blocks) views.push_back(ViewOf(b));
-  CHECK(EncodeBlocks(9, views) == EncodeBlocks(9, blocks));
+  const std::string frame = EncodeBlocks(9, views);
+  CHECK(frame == EncodeBlocks(9, blocks));
+  // Built in the frame itself as one segment: its table says 0 more segments, and every byte of
+  // the frame is the message (no slack past it).
+  uint32_t table[2];
+  std::memcpy(table, frame.data(), sizeof(table));
+  CHECK(table[0] == 0);
+  CHECK(frame.size() == 8 * (1 + uint64_t{table[1]}));
+  auto decoded = DecodeReply(frame);
+  REQUIRE(decoded.ok());
+  CHECK(std::get<std::vector<Block>>(decoded->body) == blocks);
 
   Layout layout = ExampleRequest().layout;
   Block sized = ExampleBlock();
