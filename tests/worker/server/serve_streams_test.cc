@@ -97,6 +97,7 @@ class BytesBackend final : public backend::ModelBackend {
 constexpr uint64_t kBlockBytes = uint64_t{1} << 20;
 constexpr uint32_t kPerFrame = 15;
 constexpr uint32_t kChain = 40;  // blocks pulled: three frames (15, 15, 10)
+constexpr DurationNs kPullDeadline = 60 * kNsPerSec;
 
 struct Streams {
   // `bytes` false: the plain mock backends (dtype none, tokens only).
@@ -111,7 +112,9 @@ struct Streams {
     receiver_service = std::move(*rs);
     KvPullsOptions o;
     o.model = "mock-8b";
-    o.deadline = 5 * kNsPerSec;
+    // The receiver's clock is the system's: a 40-block pull under TSan on two busy cores took
+    // over 5 s, and a test that waits for a deadline advances the holder's ManualClock instead.
+    o.deadline = kPullDeadline;
     o.own_endpoint = holder_service->endpoint();
     backend::ModelBackend* holder_backend = bytes ? &holder_bytes : static_cast<backend::ModelBackend*>(a.backend.get());
     backend::ModelBackend* receiver_backend = bytes ? &receiver_bytes : static_cast<backend::ModelBackend*>(b.backend.get());
@@ -250,7 +253,7 @@ TEST_CASE("a stream past its deadline is cut and its run unpinned") {
   Streams t;
   t.StartPull();
   t.AwaitStream();  // its first frame read
-  t.holder_clock.AdvanceMs(10'000);
+  t.holder_clock.AdvanceMs(kPullDeadline / kNsPerMs + 1'000);
   t.AwaitNoStream();
   CHECK(t.holder->streams()->stats().cut == 1);
   CHECK(t.holder->streams()->stats().completed == 0);
