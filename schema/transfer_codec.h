@@ -231,7 +231,7 @@ Status CheckDeviceRun(const PullRequest& request, const DeviceRun& run);
 // InvalidArgument otherwise.
 Status CheckNcclRun(const PullRequest& request, const NcclRun& run);
 
-// An upper bound on the bytes `b` adds to an EncodeBlocks frame: a holder packs frames by it.
+// An upper bound on the bytes `b` adds to an EncodeBlocks frame.
 uint64_t EncodedBlockBytes(const Block& b);
 // The same bound for a block of `layout` (block_size tokens, one data per pool but for kNone).
 uint64_t EncodedBlockBytes(const Layout& layout);
