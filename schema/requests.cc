@@ -306,6 +306,16 @@ Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size) {
   });
 }
 
+uint64_t ReadGenerateRequestId(const void* data, size_t size) {
+  auto decoded = wire::Decode<s::ToWorker>(data, size);
+  if (!decoded.ok()) return 0;
+  auto id = wire::Guard([&]() -> Result<uint64_t> {
+    auto root = (*decoded)->Root<s::ToWorker>();
+    return root.isGenerate() ? root.getGenerate().getRequestId() : 0;
+  });
+  return id.ok() ? *id : 0;
+}
+
 std::string EncodeDelta(const WorkerDelta& d) {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<s::FromWorker>().initDelta();

@@ -139,6 +139,10 @@ Result<FromWorkerMessage> DecodeFromWorker(const void* data, size_t size);
 
 // The worker's side.
 Result<ToWorkerMessage> DecodeToWorker(const void* data, size_t size);
+// The request id of a Generate frame that DecodeToWorker refuses (a list over its bound, a field
+// it cannot read), so the worker can answer it with an error instead of leaving the router to
+// time out; 0 when not even that can be read, or the frame is not a Generate.
+uint64_t ReadGenerateRequestId(const void* data, size_t size);
 std::string EncodeDelta(const WorkerDelta& delta);
 std::string EncodeError(const WorkerError& error);
 std::string EncodeLoraResult(const WorkerLoraResult& result);

@@ -312,6 +312,11 @@ void RequestServer::HandleFrame(const std::string& identity, const zmq::message_
       Logger("server")->warn("dropped a malformed request frame ({} bytes): {} ({} more suppressed)", frame.size(),
                              decoded.status().message(), suppressed);
     }
+    // A Generate whose id can be read is answered, so its router does not wait for a timeout.
+    if (const uint64_t id = ReadGenerateRequestId(frame.data(), frame.size()); id != 0) {
+      SendError(ClientKey{identity, id}, WorkerErrorCode::kInvalidRequest,
+                "the request frame does not decode: " + decoded.status().message());
+    }
     return;
   }
   ToWorkerMessage& msg = *decoded;

@@ -205,5 +205,40 @@ TEST_CASE("LoadLora reads the adapter on the loader thread while requests keep f
   (*server)->Stop();
 }
 
+TEST_CASE("a Generate frame that does not decode is answered with an error, not left to time out") {
+  zmq::context_t context;
+  SteppingClock clock;
+  RequestServerOptions options;
+  options.endpoint = "tcp://127.0.0.1:0";
+  auto server = RequestServer::Start(context, options, &clock);
+  REQUIRE(server.ok());
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.connect((*server)->bound_endpoint());
+  // 301 logit biases: one past Contract 3's bound, refused before they are read.
+  capnp::MallocMessageBuilder message;
+  auto g = message.initRoot<schema::ToWorker>().initGenerate();
+  g.setRequestId(77);
+  g.initTokens(1).set(0, 5);
+  g.initSampling().initLogitBias(sampling::config::kMaxLogitBias + 1);
+  const std::string bad = wire::Encode(message);
+  dealer.send(zmq::buffer(bad), zmq::send_flags::none);
+  zmq::message_t reply;
+  REQUIRE(dealer.recv(reply, zmq::recv_flags::none));
+  auto answer = DecodeFromWorker(reply.data(), reply.size());
+  REQUIRE(answer.ok());
+  const auto* error = std::get_if<WorkerError>(&*answer);
+  REQUIRE(error != nullptr);
+  CHECK(error->request_id == 77);
+  CHECK(error->code == WorkerErrorCode::kInvalidRequest);
+  CHECK(error->message.find("logit bias") != std::string::npos);
+  CHECK((*server)->malformed_frames() == 1);
+  // Garbage with no readable id is only counted.
+  dealer.send(zmq::str_buffer("not a frame"), zmq::send_flags::none);
+  for (int i = 0; i < 100 && (*server)->malformed_frames() < 2; ++i) (void)(*server)->Take(10 * kNsPerMs);
+  CHECK((*server)->malformed_frames() == 2);
+  (*server)->Stop();
+}
+
 }  // namespace
 }  // namespace kvfleet::server
