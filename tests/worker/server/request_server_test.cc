@@ -62,23 +62,36 @@ engine::RequestOutput Output(size_t tokens, DurationNs engine_ttft, engine::Fini
   return out;
 }
 
-TEST_CASE("the reported time to first token runs until the first token leaves the worker") {
+// A request server on a loopback port and a router's DEALER connected to it.
+struct Connected {
+  explicit Connected(RequestServerOptions options = {}) {
+    options.endpoint = "tcp://127.0.0.1:0";
+    auto started = RequestServer::Start(context, options, &clock);
+    REQUIRE(started.ok());
+    server = std::move(*started);
+    dealer.set(zmq::sockopt::routing_id, "router-a");
+    dealer.set(zmq::sockopt::rcvtimeo, 5000);
+    dealer.connect(server->bound_endpoint());
+  }
+  void Send(const std::string& frame) { dealer.send(zmq::buffer(frame), zmq::send_flags::none); }
+
   zmq::context_t context;
   SteppingClock clock;
+  std::unique_ptr<RequestServer> server;
+  zmq::socket_t dealer{context, zmq::socket_type::dealer};
+};
+
+TEST_CASE("the reported time to first token runs until the first token leaves the worker") {
   RequestServerOptions options;
-  options.endpoint = "tcp://127.0.0.1:0";
   std::mutex reported_mu;
   std::vector<DurationNs> reported;  // GUARDED_BY(reported_mu): what on_first_token got
   options.on_first_token = [&](DurationNs ttft) {
     std::lock_guard<std::mutex> lock(reported_mu);
     reported.push_back(ttft);
   };
-  auto server = RequestServer::Start(context, options, &clock);
-  REQUIRE(server.ok());
-  zmq::socket_t dealer(context, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::routing_id, "router-a");
-  dealer.set(zmq::sockopt::rcvtimeo, 5000);
-  dealer.connect((*server)->bound_endpoint());
+  Connected c(options);
+  zmq::socket_t& dealer = c.dealer;
+  RequestServer* server = c.server.get();
 
   for (uint64_t id : {7, 8}) {
     const std::string frame = GenerateFrame(id);
@@ -86,7 +99,7 @@ TEST_CASE("the reported time to first token runs until the first token leaves th
   }
   std::vector<GenerateCommand> got;
   for (int i = 0; i < 100 && got.size() < 2; ++i) {
-    for (auto& c : (*server)->Take(100 * kNsPerMs)) got.push_back(std::get<GenerateCommand>(std::move(c)));
+    for (auto& c : server->Take(100 * kNsPerMs)) got.push_back(std::get<GenerateCommand>(std::move(c)));
   }
   REQUIRE(got.size() == 2);
   const ClientKey a = got[0].key, b = got[1].key;
@@ -95,26 +108,26 @@ TEST_CASE("the reported time to first token runs until the first token leaves th
   const DurationNs engine_ttft = 20 * kNsPerMs;
   const uint64_t engine_us = engine_ttft / kNsPerUs;
   // Request a: a Delta before any token, the first token, one more, the last.
-  (*server)->SendOutput(a, Output(0, 0, engine::FinishReason::kNone));
+  server->SendOutput(a, Output(0, 0, engine::FinishReason::kNone));
   SentDelta none = Receive(dealer);
   CHECK(none.ttft_us == 0);
-  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
+  server->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
   SentDelta first = Receive(dealer);
   CHECK(first.tokens == 1);
   // The outbox wait (at least one clock step) is counted, on top of the engine's figure.
   CHECK(first.ttft_us >= engine_us + 1000);
-  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
+  server->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kNone));
   CHECK(Receive(dealer).ttft_us == first.ttft_us);
-  (*server)->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kLength));
+  server->SendOutput(a, Output(1, engine_ttft, engine::FinishReason::kLength));
   CHECK(Receive(dealer).ttft_us == first.ttft_us);
 
   // Request b: its first token comes in its last Delta; nothing of a's is carried over.
-  (*server)->SendOutput(b, Output(2, 3 * kNsPerMs, engine::FinishReason::kStop));
+  server->SendOutput(b, Output(2, 3 * kNsPerMs, engine::FinishReason::kStop));
   SentDelta only = Receive(dealer);
   CHECK(only.request_id == 8);
   CHECK(only.ttft_us >= 3000 + 1000);
   CHECK(only.ttft_us < first.ttft_us);
-  (*server)->Stop();
+  server->Stop();
   // The metric hook saw each request once, with the figure its Deltas carried.
   std::lock_guard<std::mutex> lock(reported_mu);
   REQUIRE(reported.size() == 2);
@@ -136,20 +149,13 @@ WorkerLoraResult ReceiveLoraResult(zmq::socket_t& dealer) {
 }
 
 TEST_CASE("LoadLora reads the adapter on the loader thread while requests keep flowing; results go back as LoraResult") {
-  zmq::context_t context;
-  SteppingClock clock;
-  RequestServerOptions options;
-  options.endpoint = "tcp://127.0.0.1:0";
-  auto server = RequestServer::Start(context, options, &clock);
-  REQUIRE(server.ok());
-  zmq::socket_t dealer(context, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::routing_id, "router-a");
-  dealer.set(zmq::sockopt::rcvtimeo, 5000);
-  dealer.connect((*server)->bound_endpoint());
+  Connected c;
+  zmq::socket_t& dealer = c.dealer;
+  RequestServer* server = c.server.get();
   auto take = [&](size_t n) {
     std::vector<Command> got;
     for (int i = 0; i < 100 && got.size() < n; ++i) {
-      for (auto& c : (*server)->Take(100 * kNsPerMs)) got.push_back(std::move(c));
+      for (auto& c : server->Take(100 * kNsPerMs)) got.push_back(std::move(c));
     }
     REQUIRE(got.size() == n);
     return got;
@@ -166,7 +172,7 @@ TEST_CASE("LoadLora reads the adapter on the loader thread while requests keep f
   // A slow read does not hold up the socket: a Generate sent after it arrives first.
   std::mutex gate;
   gate.lock();
-  (*server)->SetLoraLoader([&](const std::string& name, const std::string& path)
+  server->SetLoraLoader([&](const std::string& name, const std::string& path)
                                -> Result<std::shared_ptr<const model::LoraAdapter>> {
     std::lock_guard<std::mutex> wait(gate);
     auto a = std::make_shared<model::LoraAdapter>();
@@ -192,29 +198,23 @@ TEST_CASE("LoadLora reads the adapter on the loader thread while requests keep f
   auto unload = take(1);
   CHECK(std::get<UnloadLoraCommand>(unload[0]).name == "sql");
 
-  (*server)->SendLoraResult(load.key, Status::Ok());
+  server->SendLoraResult(load.key, Status::Ok());
   WorkerLoraResult ok = ReceiveLoraResult(dealer);
   CHECK(ok.request_id == 2);
   CHECK(ok.ok);
-  (*server)->SendLoraResult(std::get<UnloadLoraCommand>(unload[0]).key, FailedPrecondition("in use by 2"));
+  server->SendLoraResult(std::get<UnloadLoraCommand>(unload[0]).key, FailedPrecondition("in use by 2"));
   WorkerLoraResult busy = ReceiveLoraResult(dealer);
   CHECK(busy.request_id == 4);
   CHECK_FALSE(busy.ok);
   CHECK(busy.code == WorkerErrorCode::kInvalidRequest);
   CHECK(busy.message == "in use by 2");
-  (*server)->Stop();
+  server->Stop();
 }
 
 TEST_CASE("a Generate frame that does not decode is answered with an error, not left to time out") {
-  zmq::context_t context;
-  SteppingClock clock;
-  RequestServerOptions options;
-  options.endpoint = "tcp://127.0.0.1:0";
-  auto server = RequestServer::Start(context, options, &clock);
-  REQUIRE(server.ok());
-  zmq::socket_t dealer(context, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::rcvtimeo, 5000);
-  dealer.connect((*server)->bound_endpoint());
+  Connected c;
+  zmq::socket_t& dealer = c.dealer;
+  RequestServer* server = c.server.get();
   // 301 logit biases: one past Contract 3's bound, refused before they are read.
   capnp::MallocMessageBuilder message;
   auto g = message.initRoot<schema::ToWorker>().initGenerate();
@@ -232,12 +232,12 @@ TEST_CASE("a Generate frame that does not decode is answered with an error, not 
   CHECK(error->request_id == 77);
   CHECK(error->code == WorkerErrorCode::kInvalidRequest);
   CHECK(error->message.find("logit bias") != std::string::npos);
-  CHECK((*server)->malformed_frames() == 1);
+  CHECK(server->malformed_frames() == 1);
   // Garbage with no readable id is only counted.
   dealer.send(zmq::str_buffer("not a frame"), zmq::send_flags::none);
-  for (int i = 0; i < 100 && (*server)->malformed_frames() < 2; ++i) (void)(*server)->Take(10 * kNsPerMs);
-  CHECK((*server)->malformed_frames() == 2);
-  (*server)->Stop();
+  for (int i = 0; i < 100 && server->malformed_frames() < 2; ++i) (void)server->Take(10 * kNsPerMs);
+  CHECK(server->malformed_frames() == 2);
+  server->Stop();
 }
 
 }  // namespace
