@@ -241,7 +241,7 @@ Result<LoadReport> ParseLoad(schema::Load::Reader in) {
       return InvalidArgument("pull totals with a holder endpoint of " + std::to_string(source.size()) + " bytes");
     }
     if (!std::isfinite(p.getSeconds()) || p.getSeconds() < 0) return InvalidArgument("pull totals with bad seconds");
-    l.pulls.push_back(PullTotals{std::string(source.cStr(), source.size()), p.getPulls(), p.getBytes(), p.getSeconds()});
+    l.pulls.push_back(PullTotals{wire::FromText(source), p.getPulls(), p.getBytes(), p.getSeconds()});
   }
   return l;
 }

@@ -52,7 +52,7 @@ Result<RefusalReason> FromWire(schema::RefusalReason r) {
 
 Result<std::string> ReadName(capnp::Text::Reader text, size_t max, const char* what) {
   if (text.size() > max) return OutOfRange(std::string(what) + " longer than " + std::to_string(max) + " bytes");
-  return std::string(text.cStr(), text.size());
+  return wire::FromText(text);
 }
 
 // Contract 4's first PullRequest struct: 3 data words (transferId; blockSize and deadlineMs;
@@ -289,9 +289,11 @@ void FillBlocks(uint64_t transfer_id, std::span<const B> blocks, capnp::MessageB
 // transfer id and union tag, the list pointer) and the list's tag.
 constexpr uint64_t kBlocksReplyOverheadBytes = 8 + 3 * 8 + 8;
 
-uint64_t EncodedBlockBytes(const BlockView& b) {
+// EncodedBlockBytes of a Block or a BlockView.
+template <typename B>
+uint64_t EncodedBytesOf(const B& b) {
   uint64_t bytes = kBlockOverheadBytes + (b.tokens.size() * 4 + 7) / 8 * 8;
-  for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;
+  for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;  // padded bytes, pointer, checksum
   return bytes;
 }
 
@@ -327,7 +329,7 @@ class InPlaceBuilder final : public capnp::MessageBuilder {
 template <typename B>
 std::string EncodeBlocksOf(uint64_t transfer_id, std::span<const B> blocks) {
   uint64_t bound = kBlocksReplyOverheadBytes;
-  for (const B& b : blocks) bound += EncodedBlockBytes(b);
+  for (const B& b : blocks) bound += EncodedBytesOf(b);
   std::string out(sizeof(capnp::word) + bound, '\0');  // zeroed, as a builder's segment must be
   capnp::word* segment = reinterpret_cast<capnp::word*>(out.data() + sizeof(capnp::word));
   KVF_CHECK(reinterpret_cast<uintptr_t>(segment) % alignof(capnp::word) == 0);
@@ -566,11 +568,7 @@ Result<PullReply> DecodePullReply(const void* data, size_t size, BlockFrame* fra
   });
 }
 
-uint64_t EncodedBlockBytes(const Block& b) {
-  uint64_t bytes = kBlockOverheadBytes + (b.tokens.size() * 4 + 7) / 8 * 8;
-  for (const auto& d : b.data) bytes += (d.size() + 7) / 8 * 8 + 8 + 8;  // padded bytes, pointer, checksum
-  return bytes;
-}
+uint64_t EncodedBlockBytes(const Block& b) { return EncodedBytesOf(b); }
 
 uint64_t EncodedBlockBytes(const Layout& layout) {
   uint64_t bytes = kBlockOverheadBytes + (uint64_t{layout.block_size} * 4 + 7) / 8 * 8;
