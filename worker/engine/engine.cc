@@ -131,6 +131,11 @@ void Engine::LowerRetention(RequestId id, uint8_t priority) {
   if (r.decode_priority == kv::kDefaultPriority && !r.decode_duration) r.decode_priority = priority;
 }
 
+bool Engine::AwaitsAdmission(RequestId id) const {
+  auto it = sequences_.find(id);
+  return it != sequences_.end() && !it->second->finished && !it->second->admitted_once;
+}
+
 void Engine::Unhold(RequestId id) {
   auto it = sequences_.find(id);
   if (it == sequences_.end() || !it->second->held) return;

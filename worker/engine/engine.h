@@ -112,6 +112,9 @@ class Engine {
   // unknown request or one already admitted.
   void LowerRetention(RequestId id, uint8_t priority);
   size_t num_held() const { return held_; }
+  // Whether request `id` still waits for its first admission (held or not): false once
+  // admitted, finished, or for an unknown id.
+  bool AwaitsAdmission(RequestId id) const;
 
   // True when a Step() would do something: a sequence that is not held, or a cancellation.
   bool HasWork() const { return sequences_.size() > held_ || !ending_.empty(); }

@@ -246,6 +246,11 @@ class KvCacheManager {
   // FailedPrecondition when this manager groups blocks for routing (token-level KV).
   Result<ImportPlan> BeginImport(SequenceSpec spec);
   void EndImport(const ImportPlan& plan, uint32_t written);
+  // EndImport in two: StoreImport stores the written chain as EndImport does but keeps the
+  // import sequence, so the chain stays referenced (no eviction takes it) until ReleaseImport
+  // releases the sequence (and frees any of its blocks not written).
+  void StoreImport(const ImportPlan& plan, uint32_t written);
+  void ReleaseImport(const ImportPlan& plan);
 
   // --- cache-wide ---
   // Evicts up to n device blocks of `pool` (offloading those that qualify), lowest priority

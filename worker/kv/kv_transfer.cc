@@ -155,11 +155,17 @@ Result<ImportPlan> KvCacheManager::BeginImport(SequenceSpec spec) {
 }
 
 void KvCacheManager::EndImport(const ImportPlan& plan, uint32_t written) {
+  StoreImport(plan, written);
+  ReleaseImport(plan);
+}
+
+void KvCacheManager::StoreImport(const ImportPlan& plan, uint32_t written) {
   // Blocks before first_block were held already; a partly reused one after them (computed
   // tokens past first_block · B) is overwritten whole by the first written block.
   const uint32_t end = std::min(plan.num_blocks, plan.first_block + written);
   if (written > 0) Commit(plan.seq, end * config_.block_size);
-  Release(plan.seq);
 }
+
+void KvCacheManager::ReleaseImport(const ImportPlan& plan) { Release(plan.seq); }
 
 }  // namespace kvfleet::kv

@@ -86,6 +86,8 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   if (!plan.ok() || plan->first_block >= plan->num_blocks) {
     if (plan.ok()) kv_->EndImport(*plan, 0);
     ++stats_.skipped;
+    Logger("transfer")->debug("request {}: no pull of {} blocks from {}: {}", id, n, hint.source,
+                              plan.ok() ? "this worker holds them" : plan.status().ToString());
     return;
   }
   engine_->LowerRetention(id, config::kPulledPriority);
@@ -120,8 +122,23 @@ void KvPulls::Start(engine::RequestId id, const engine::GenerateRequest& request
   ++stats_.started;
 }
 
+void KvPulls::ReleaseKept(bool all) {
+  auto done = [&](const Kept& k) {
+    if (!all && std::any_of(k.requests.begin(), k.requests.end(),
+                            [&](engine::RequestId r) { return engine_->AwaitsAdmission(r); })) {
+      return false;
+    }
+    kv_->ReleaseImport(k.plan);
+    stats_.kept_blocks -= k.plan.num_blocks;
+    return true;
+  };
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
+}
+
 void KvPulls::Poll() {
   if (service_ == nullptr) return;
+  // Admitted since the last Poll, a request's own sequence holds its pulled chain now.
+  if (!kept_.empty()) ReleaseKept(engine_->last_step().preemptions > 0);
   if (!waiting_.empty()) {
     std::vector<transfer::IncomingPull> waiting;
     waiting.swap(waiting_);
@@ -411,11 +428,29 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
                           : ok && good < received   ? "token_mismatch"
                           : ok                      ? "short"
                                                     : std::string(PullOutcomeName(result.outcome));
+  if (good < p.plan.num_blocks - p.plan.first_block) {
+    Logger("transfer")->debug("request {}: pull {} from {} brought {} of {} blocks in {:.1f} ms ({}): {}", p.request,
+                              result.transfer_id, p.source, good, p.plan.num_blocks - p.plan.first_block,
+                              static_cast<double>(service_->Now() - p.started) / kNsPerMs, why,
+                              result.status.ToString());
+  }
   Complete(p, good, why);
 }
 
 void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
-  kv_->EndImport(p.plan, good);
+  const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
+  // A whole chain stays referenced until its requests are admitted (ReleaseKept). One cut
+  // short is stored and let go: its request computes the rest in blocks of its own, and
+  // keeping the import would hold the unwritten ones too.
+  if (good > 0 && good == wanted) {
+    kv_->StoreImport(p.plan, good);
+    Kept k{p.plan, {p.request}};
+    k.requests.insert(k.requests.end(), p.waiters.begin(), p.waiters.end());
+    kept_.push_back(std::move(k));
+    stats_.kept_blocks += p.plan.num_blocks;
+  } else {
+    kv_->EndImport(p.plan, good);
+  }
   stats_.imported_blocks += good;
   if (good > 0) {
     // What the request waited for its prefix: from the pull's start to its blocks stored here.
@@ -426,7 +461,7 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
     t.seconds += static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
     changed_totals_.insert(p.source);
   }
-  if (good < p.plan.num_blocks - p.plan.first_block) ++stats_.fallbacks[why];
+  if (good < wanted) ++stats_.fallbacks[why];
   engine_->Unhold(p.request);
   for (engine::RequestId w : p.waiters) engine_->Unhold(w);
 }

@@ -9,7 +9,11 @@
 // the pull overlaps its wait. When the pull ends, Poll() checks each block's tokens against
 // the prompt, writes the verified leading run into the allocated blocks (the backend's
 // WriteKvBlocks), stores it (stored events: every router learns of the second holder) and
-// unholds the request. The bytes of a pull over TCP are written as they arrive, a frame at a
+// unholds the request. The stored chain stays referenced for the request (and those that
+// waited for the same pull) until its own KV sequence holds it, at its admission: a busy
+// worker's queue would otherwise evict the pulled blocks, stored below the default priority,
+// before the request that came for them runs (they are released at once instead when a step
+// preempts a running request: running requests come first). The bytes of a pull over TCP are written as they arrive, a frame at a
 // time (WriteArrival), overlapping the rest of the transfer; only a pull that ends ok stores
 // them. Whatever the pull did not bring (the holder evicted it, died, was late,
 // sent a bad checksum or refused) the request computes: a transfer never fails a request.
@@ -123,6 +127,7 @@ struct KvPullStats {
   uint64_t bytes_held = 0;        // runs pinned now for a bytes answer (read and sent a frame at a time)
   uint64_t nccl_peers = 0;        // peers this worker keeps a communicator with now
   uint64_t nccl_peers_forgotten = 0;  // communicators let go: idle, or past kMaxNcclPeers
+  uint64_t kept_blocks = 0;       // pulled blocks kept now for requests not admitted yet
   // Pulls held for blocks this worker was computing, by how the wait ended: the blocks were
   // stored (or their sequence ended), or half the pull's deadline passed first.
   uint64_t serve_waits_stored = 0;
@@ -243,6 +248,9 @@ class KvPulls {
   // Ends pull `p` with `good` blocks imported: stores them, counts a fallback `why` when fewer
   // than wanted, unholds its requests.
   void Complete(Pending& p, uint32_t good, const std::string& why);
+  // Releases the kept imports none of whose requests awaits admission any more; every one
+  // when `all`.
+  void ReleaseKept(bool all);
   // Finish's same-host path: copies the verified leading run `good` from the holder's device
   // blocks; returns how many were written.
   uint32_t CopyFromDevice(Pending& p, const transfer::PullResult& result, uint32_t good);
@@ -255,6 +263,12 @@ class KvPulls {
   std::optional<transfer::Layout> layout_;
   std::string unsupported_;
   std::map<uint64_t, Pending> pending_;  // by transfer id
+  // Receiver: pulls stored for requests not yet admitted; each keeps its chain referenced.
+  struct Kept {
+    kv::ImportPlan plan;
+    std::vector<engine::RequestId> requests;  // the pull's request and those that waited for it
+  };
+  std::vector<Kept> kept_;
   std::vector<transfer::IncomingPull> waiting_;  // holder: pulls waiting for blocks being computed
   std::optional<ServeStreams> streams_;  // holder: bytes answers, with a layout
   bool device_ = false;                  // the backend exports and copies device blocks

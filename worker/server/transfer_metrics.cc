@@ -42,7 +42,12 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
                               .Name("kvfleet_worker_kv_nccl_communicators")
                               .Help("Workers this worker keeps an NCCL communicator with (each holds device memory)")
                               .Register(r)
-                              .Add({})) {}
+                              .Add({})),
+      kept_blocks_(prometheus::BuildGauge()
+                       .Name("kvfleet_worker_kv_pulled_kept_blocks")
+                       .Help("KV blocks pulled here and kept for requests not admitted yet (evicted by nothing)")
+                       .Register(r)
+                       .Add({})) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -80,6 +85,7 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
   Advance(nccl_send_failures_, {}, static_cast<double>(pulls.nccl_send_failures));
   Advance(nccl_released_, {}, static_cast<double>(pulls.nccl_peers_forgotten));
   nccl_communicators_.Set(static_cast<double>(pulls.nccl_peers));
+  kept_blocks_.Set(static_cast<double>(pulls.kept_blocks));
   Advance(serve_waits_, {{"ended", "half_deadline"}}, static_cast<double>(pulls.serve_waits_cut));
   Advance(serve_waits_, {{"ended", "stored"}}, static_cast<double>(pulls.serve_waits_stored));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {

@@ -15,6 +15,7 @@
 //   kvfleet_worker_kv_nccl_send_failures_total         NCCL sends (as holder) that failed or timed out
 //   kvfleet_worker_kv_nccl_communicators               peers this worker keeps an NCCL communicator with now
 //   kvfleet_worker_kv_nccl_communicators_released_total  communicators let go (idle, or too many peers)
+//   kvfleet_worker_kv_pulled_kept_blocks               pulled blocks kept for requests not admitted yet
 //   kvfleet_worker_kv_serve_waits_total{ended}         pulls held for blocks this worker was computing:
 //                                                      ended "stored", or "half_deadline" with part of the chain
 //
@@ -63,6 +64,7 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& serve_waits_;
   prometheus::Family<prometheus::Counter>& nccl_released_;
   prometheus::Gauge& nccl_communicators_;
+  prometheus::Gauge& kept_blocks_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

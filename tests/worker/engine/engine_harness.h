@@ -35,6 +35,9 @@ struct HarnessOptions {
   int32_t max_loras = 0;  // adapter slots on the backend
   int32_t max_lora_rank = model::kMaxLoraRank;
   double max_step_over_decodes = 0;  // > 0: a decode-role worker's scheduler (SchedulerOptions)
+  // The mock checks that every KV slot a step reads was written by an earlier step. Off for
+  // a receiver of mock pulls (dtype none): their blocks come with tokens, no bytes.
+  bool verify_kv = true;
 };
 
 struct Harness {
@@ -47,7 +50,7 @@ struct Harness {
     bo.num_blocks = o.device_blocks;
     bo.max_loras = o.max_loras;
     backend::mock::MockOptions mo;
-    mo.verify_kv = true;
+    mo.verify_kv = o.verify_kv;
     mo.eos_after = o.eos_after;
     mo.clock = &clock;
     mo.wait = [this](TimeNs deadline) {

@@ -185,6 +185,35 @@ TEST_CASE("a receiver imports a pulled chain: its blocks are stored, published a
   }
 }
 
+TEST_CASE("a stored import stays referenced, out of eviction's reach, until it is released") {
+  Fixture h(SmallConfig(B, 16));
+  Fixture r(SmallConfig(B, 16));
+  const auto prompt = Tokens(4 * B + 1, 9);
+  h.Request(prompt);
+  auto run = h.m->ExportChain(0, Hashes(prompt), [](auto) { return Status{}; });
+  REQUIRE(run.ok());
+  auto plan = r.m->BeginImport(Spec(Head(prompt, 4)));
+  REQUIRE(plan.ok());
+  CopyRun(h, *run, r, *plan);
+  r.m->StoreImport(*plan, plan->num_blocks - plan->first_block);
+  r.Check();
+  size_t stored = 0;
+  for (const KvEvent& e : r.Flush()) {
+    if (const auto* s = std::get_if<StoredEvent>(&e.data)) stored += s->blocks.size();
+  }
+  CHECK(stored == 4);  // every router learns of the chain at once
+  CHECK(r.m->Stats().pools[0].tiers[0].evictable == 0);
+  CHECK(r.m->Evict(0, 16).empty());
+  const SequenceId probe = r.m->AddSequence(Spec(prompt)).value();
+  CHECK(r.m->Match(probe).device_tokens == 4 * B);
+  r.m->Release(probe);
+
+  r.m->ReleaseImport(*plan);
+  r.Check();
+  CHECK(r.m->Stats().pools[0].tiers[0].evictable >= 4);
+  CHECK(r.m->Evict(0, 16).size() >= 4);
+}
+
 TEST_CASE("a receiver that holds the start of a chain imports only the rest") {
   Fixture h(SmallConfig(B, 16));
   Fixture r(SmallConfig(B, 16));

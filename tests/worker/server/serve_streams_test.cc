@@ -25,6 +25,7 @@ namespace kvfleet::server {
 namespace {
 
 using engine::testing::Harness;
+using engine::testing::HarnessOptions;
 using engine::testing::kBlock;
 
 // The mock's engine with KV blocks that have bytes: fp32 blocks of `bytes_per_block` (in place
@@ -132,12 +133,13 @@ struct Streams {
   // The holder's device blocks held though no sequence is live there: pinned by a transfer.
   uint32_t Pinned() const { return a.kv->Stats().pools[0].tiers[0].in_use; }
 
-  // The receiver pulls the prompt's kChain whole blocks from the holder.
-  void StartPull() {
+  // The receiver pulls the prompt's kChain whole blocks from the holder, for a request of
+  // `max_tokens`.
+  void StartPull(uint32_t max_tokens = 1) {
     engine::GenerateRequest r;
     r.prompt = prompt;
     r.sampling.temperature = 0;
-    r.sampling.max_tokens = 1;
+    r.sampling.max_tokens = max_tokens;
     auto id = b.engine->Add(r, b.clock.Now());
     REQUIRE(id.ok());
     receiver->Start(*id, r, PullHint{holder_service->endpoint(), "", kChain, "a"});
@@ -186,7 +188,13 @@ struct Streams {
     CHECK(Pinned() == 0);
   }
 
-  Harness a, b;
+  static HarnessOptions ReceiverOptions() {
+    HarnessOptions o;
+    o.verify_kv = false;  // a mock pull's blocks come without bytes: the request can run on them
+    return o;
+  }
+
+  Harness a, b{ReceiverOptions()};
   ManualClock holder_clock;
   BytesBackend holder_bytes, receiver_bytes;
   std::unique_ptr<transfer::TransferService> holder_service, receiver_service;
@@ -247,6 +255,46 @@ TEST_CASE("a mock holder (no bytes, dtype none) streams its run's tokens in one 
   CHECK(t.holder->streams()->stats().read_calls == 0);
   CHECK(t.holder->streams()->stats().completed == 1);
   CHECK(t.receiver->stats().imported_blocks == kChain);
+}
+
+TEST_CASE("a pulled chain stays out of eviction's reach until its request is admitted, then is released") {
+  Streams t(/*bytes=*/false);
+  t.StartPull(/*max_tokens=*/4);
+  const engine::RequestId id = t.b.engine->scheduler().waiting().front()->id;
+  t.AwaitPullEnd();
+  REQUIRE(t.receiver->stats().imported_blocks == kChain);
+  CHECK(t.receiver->stats().kept_blocks == kChain);
+  CHECK(t.b.engine->AwaitsAdmission(id));
+  // Whatever needs room before the request runs (a busy worker's queue) finds none of it:
+  // stored below the default priority, it would go first.
+  CHECK(t.b.kv->Evict(0, kChain).empty());
+  t.receiver->Poll();
+  CHECK(t.receiver->stats().kept_blocks == kChain);  // not admitted yet: kept
+  t.b.Step();
+  CHECK_FALSE(t.b.engine->AwaitsAdmission(id));
+  REQUIRE(t.b.engine->scheduler().running().size() == 1);
+  t.receiver->Poll();
+  CHECK(t.receiver->stats().kept_blocks == 0);
+  CHECK(t.b.kv->Evict(0, kChain).empty());  // the running request's own sequence holds it now
+  t.b.RunToCompletion();
+  REQUIRE(t.b.finals.count(id) == 1);
+  CHECK(t.b.finals.at(id).finish == engine::FinishReason::kLength);
+  CHECK(t.b.finals.at(id).usage.cached_device_tokens == kChain * kBlock);
+  CHECK(t.b.kv->CheckInvariants().ok());
+}
+
+TEST_CASE("a pulled chain kept for a request that ends before its admission is released") {
+  Streams t(/*bytes=*/false);
+  t.StartPull();
+  const engine::RequestId id = t.b.engine->scheduler().waiting().front()->id;
+  t.AwaitPullEnd();
+  REQUIRE(t.receiver->stats().kept_blocks == kChain);
+  t.b.engine->Cancel(id);
+  t.b.Step();
+  t.receiver->Poll();
+  CHECK(t.receiver->stats().kept_blocks == 0);
+  CHECK(t.b.DeviceBlocksInUse() == 0);
+  CHECK(t.b.kv->Evict(0, kChain).size() == kChain);  // cached still, evictable again
 }
 
 TEST_CASE("a stream past its deadline is cut and its run unpinned") {
