@@ -62,7 +62,7 @@ namespace {
 // Per-thread scratch, so that a decision over a large fleet allocates nothing once warm. Each
 // vector is used by one function at a time.
 struct PickScratch {
-  std::vector<double> rates;           // FleetRate
+  std::vector<double> rates;           // FleetRate, FleetStepPerRequest
   std::vector<size_t> eligible, cool;  // Pick
   std::vector<double> loads;           // Pick's hot-spot guard
   std::vector<double> costs, ttfts;    // PickLowestCost
@@ -152,6 +152,19 @@ double Picker::DecodeSeconds(const Candidate& c) const {
   return c.running_requests > 0 ? c.step_s : 0;
 }
 
+double Picker::FleetStepPerRequest(std::span<const Candidate> candidates) const {
+  const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
+                                     [](const Candidate& c) { return c.pull_blocks > 0; });
+  std::vector<double>& steps = t_pick.rates;
+  steps.clear();
+  for (const Candidate& c : candidates) {
+    if (c.step_s > 0 && c.running_requests > 0 && (c.pull_blocks == 0 || all_pulls)) {
+      steps.push_back(c.step_s / c.running_requests);
+    }
+  }
+  return steps.empty() ? options_.decode_s_per_running_request : Median(steps);
+}
+
 double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
   const double rate = EffectiveRate(c, fleet_rate);
   const double queued = QueuedSeconds(c, fleet_rate);
@@ -194,11 +207,13 @@ double Picker::DelayedRequests(std::span<const Candidate> candidates, double fle
 // worker with a long queue measured fastest and drew the long prompts behind it
 // (README.md, "A long queue does not buy long prompts"). Its own rate stays in its TTFT.
 double Picker::CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
-                            double ttft) const {
+                            double step_per_request, double ttft) const {
   double uncached = static_cast<double>(request.prompt_tokens - CachedTokens(request, c));
   // The tied requests that follow each free one (RouteRequest::follow_ups; 0 for a tied request)
-  // go where their prefix is cached, and each waits on that worker's steps as this one does.
-  const double follow_ups = request.follow_ups * Coefficients(c).step * DecodeSeconds(c);
+  // go where their prefix is cached, seconds later, and each waits on that worker's steps then.
+  // What lasts that long is the requests it runs (their conversations), not its measured step:
+  // a worker's step off the fleet's mean did not outlast half a second (README.md).
+  const double follow_ups = request.follow_ups * Coefficients(c).step * c.running_requests * step_per_request;
   return ttft + delayed * uncached / fleet_rate + follow_ups;
 }
 
@@ -218,6 +233,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   // The fleet's median rate: a floor under each worker's own (EffectiveRate).
   const double fallback = prepared != nullptr ? prepared->fleet_rate : FleetRate(candidates);
   const double delayed = DelayedRequests(candidates, request.fleet_load);
+  const double step_per_request = request.follow_ups > 0 ? FleetStepPerRequest(candidates) : 0;
   std::vector<double>& costs = t_pick.costs;
   std::vector<double>& ttfts = t_pick.ttfts;
   costs.resize(eligible.size());
@@ -225,7 +241,7 @@ size_t Picker::PickLowestCost(const RouteRequest& request, std::span<const Candi
   for (size_t i = 0; i < eligible.size(); ++i) {
     const Candidate& c = candidates[eligible[i]];
     ttfts[i] = prepared != nullptr ? prepared->ttft[eligible[i]] : EstimateTtft(request, c, fallback);
-    costs[i] = CostWithTtft(request, c, fallback, delayed, ttfts[i]);
+    costs[i] = CostWithTtft(request, c, fallback, delayed, step_per_request, ttfts[i]);
   }
   auto better = [&](size_t a, size_t b) {  // positions in eligible
     if (costs[a] != costs[b]) return costs[a] < costs[b];

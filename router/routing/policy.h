@@ -280,6 +280,10 @@ class Picker {
   // Seconds the decodes running on `c` add to a request's first token: its measured step while
   // it runs any (Candidate::step_s), else decode_s_per_running_request each.
   double DecodeSeconds(const Candidate& c) const;
+  // The fleet's step per running request: the median over the candidates that run requests and
+  // report a step of step_s / running_requests (each worker once, as FleetRate counts them);
+  // decode_s_per_running_request when none does.
+  double FleetStepPerRequest(std::span<const Candidate> candidates) const;
   // How many later requests the prefill a choice adds will delay (README.md, "kv cost"): the
   // candidates' mean waiting_requests N (by Little's law, about as many arrive per worker
   // while the fleet's backlog drains), stretched by the backlog's busy period at the fleet's
@@ -291,9 +295,10 @@ class Picker {
                         std::span<const size_t> eligible, const Prepared* prepared, double* cost);
   // The kv cost of `c`, whose EstimateTtft at `fleet_rate` is `ttft`: that plus the prefill work
   // the choice adds at `fleet_rate`, times `delayed` (DelayedRequests), plus the steps the tied
-  // requests that follow will wait on there (RouteRequest::follow_ups) (README.md).
+  // requests that follow will wait on there (RouteRequest::follow_ups), its running requests at
+  // `step_per_request` (FleetStepPerRequest) each (README.md).
   double CostWithTtft(const RouteRequest& request, const Candidate& c, double fleet_rate, double delayed,
-                      double ttft) const;
+                      double step_per_request, double ttft) const;
 
   RoutingOptions options_;
   const TtftCalibration* calibration_ = nullptr;

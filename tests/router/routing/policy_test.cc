@@ -241,6 +241,34 @@ TEST_CASE("kv prices the steps a request's follow-ups will wait on where it goes
   CHECK(picker.Pick(Policy::kKv, conversation, fleet)->worker == 2);
 }
 
+TEST_CASE("the follow-ups wait on the requests a worker runs, priced at the fleet's step per request, not its own step") {
+  // Logged on conversations at 0.9x (8 mock workers): a worker's step off the fleet's mean did
+  // not outlast half a second (its correlation 0.01-0.07 at 0.5 s), while its running requests'
+  // lasted (0.64-0.68). Priced at each worker's own step, a first turn gave up 3 ms of its own
+  // first token in a third of the starts for a step ~1.5 ms shorter at that moment.
+  Picker picker(RoutingOptions{});
+  std::vector<Candidate> fleet = {Idle(0), Idle(1)};
+  fleet[0].running_requests = 15;
+  fleet[0].step_s = 0.008;  // measured shorter this step
+  fleet[0].queued_prefill_tokens = 40;  // 4 ms of queue
+  fleet[1].running_requests = 15;
+  fleet[1].step_s = 0.010;
+  RouteRequest start{100, 32};
+  start.follow_ups = 5;
+  const double own0 = picker.EstimateTtft(start, fleet[0], 10'000), own1 = picker.EstimateTtft(start, fleet[1], 10'000);
+  REQUIRE(own1 < own0);
+  CHECK(picker.Pick(Policy::kKv, start, fleet)->worker == 1);  // the sooner first token: same load
+  CHECK(picker.FleetStepPerRequest(fleet) == doctest::Approx(0.009 / 15));
+  // With more running there, the follow-ups outweigh its sooner first token.
+  fleet[1].running_requests = 25;
+  fleet[1].step_s = 0.009;
+  REQUIRE(picker.EstimateTtft(start, fleet[1], 10'000) < own0);
+  CHECK(picker.Pick(Policy::kKv, start, fleet)->worker == 0);
+  // No worker reports a step: the constant per running request.
+  for (Candidate& c : fleet) c.step_s = -1;
+  CHECK(picker.FleetStepPerRequest(fleet) == RoutingOptions{}.decode_s_per_running_request);
+}
+
 TEST_CASE("a decode-role worker admits a prompt with at most a block left ahead of its queue: no queue in its estimate") {
   Picker picker(RoutingOptions{});
   Candidate c = Idle(0);
