@@ -62,7 +62,7 @@ namespace {
 // Per-thread scratch, so that a decision over a large fleet allocates nothing once warm. Each
 // vector is used by one function at a time.
 struct PickScratch {
-  std::vector<double> rates;           // FleetRate, FleetStepPerRequest
+  std::vector<double> rates;           // FleetMedian
   std::vector<size_t> eligible, cool;  // Pick
   std::vector<double> loads;           // Pick's hot-spot guard
   std::vector<double> costs, ttfts;    // PickLowestCost
@@ -78,6 +78,22 @@ double Median(std::span<double> values) {
   if (values.size() % 2 == 1) return hi;
   double lo = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
   return (lo + hi) / 2;
+}
+
+// The median of `value` over the candidates `counts` keeps, `fallback` when it keeps none.
+// Fleet-wide figures count each worker once: a pull candidate (pull_blocks > 0) is a second
+// option of a worker already counted, not another worker; unless every candidate is one (a
+// split request's decode workers, each with the prompt pulled).
+template <typename Counts, typename Value>
+double FleetMedian(std::span<const Candidate> candidates, Counts counts, Value value, double fallback) {
+  const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
+                                     [](const Candidate& c) { return c.pull_blocks > 0; });
+  std::vector<double>& values = t_pick.rates;
+  values.clear();
+  for (const Candidate& c : candidates) {
+    if (counts(c) && (c.pull_blocks == 0 || all_pulls)) values.push_back(value(c));
+  }
+  return values.empty() ? fallback : Median(values);
 }
 
 uint32_t CachedTokens(const RouteRequest& r, const Candidate& c) {
@@ -153,16 +169,9 @@ double Picker::DecodeSeconds(const Candidate& c) const {
 }
 
 double Picker::FleetStepPerRequest(std::span<const Candidate> candidates) const {
-  const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
-                                     [](const Candidate& c) { return c.pull_blocks > 0; });
-  std::vector<double>& steps = t_pick.rates;
-  steps.clear();
-  for (const Candidate& c : candidates) {
-    if (c.step_s > 0 && c.running_requests > 0 && (c.pull_blocks == 0 || all_pulls)) {
-      steps.push_back(c.step_s / c.running_requests);
-    }
-  }
-  return steps.empty() ? options_.decode_s_per_running_request : Median(steps);
+  return FleetMedian(
+      candidates, [](const Candidate& c) { return c.step_s > 0 && c.running_requests > 0; },
+      [](const Candidate& c) { return c.step_s / c.running_requests; }, options_.decode_s_per_running_request);
 }
 
 double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, double fleet_rate) const {
@@ -172,18 +181,11 @@ double Picker::PullDeadline(const RouteRequest& request, const Candidate& c, dou
   return std::max(2 * c.pull_s, queued + recompute);
 }
 
-// Fleet-wide figures count each worker once: a pull candidate (pull_blocks > 0) is a second
-// option of a worker already counted, not another worker; unless every candidate is one (a
-// split request's decode workers, each with the prompt pulled).
 double Picker::FleetRate(std::span<const Candidate> candidates) const {
-  const bool all_pulls = std::all_of(candidates.begin(), candidates.end(),
-                                     [](const Candidate& c) { return c.pull_blocks > 0; });
-  std::vector<double>& rates = t_pick.rates;
-  rates.clear();
-  for (const Candidate& c : candidates) {
-    if (c.prefill_tokens_per_s > 0 && (c.pull_blocks == 0 || all_pulls)) rates.push_back(c.prefill_tokens_per_s);
-  }
-  return rates.empty() ? options_.default_prefill_tokens_per_s : Median(rates);
+  return FleetMedian(
+      candidates, [](const Candidate& c) { return c.prefill_tokens_per_s > 0; },
+      [](const Candidate& c) { return static_cast<double>(c.prefill_tokens_per_s); },
+      options_.default_prefill_tokens_per_s);
 }
 
 double Picker::DelayedRequests(std::span<const Candidate> candidates, double fleet_load) const {

@@ -43,6 +43,18 @@ void CopyRun(Fixture& from, const std::vector<ExportedBlock>& run, Fixture& to, 
   }
 }
 
+// `prompt`'s first four blocks, computed at `h`, imported into `r` with their bytes copied:
+// the plan, for the caller to store.
+ImportPlan CopiedImport(Fixture& h, Fixture& r, const std::vector<TokenId>& prompt) {
+  h.Request(prompt);
+  auto run = h.m->ExportChain(0, Hashes(prompt), [](auto) { return Status{}; });
+  REQUIRE(run.ok());
+  auto plan = r.m->BeginImport(Spec(Head(prompt, 4)));
+  REQUIRE(plan.ok());
+  CopyRun(h, *run, r, *plan);
+  return *plan;
+}
+
 TEST_CASE("a holder exports the leading run of a chain it holds, with each block's tokens and place") {
   Fixture h(SmallConfig(B, 16));
   const auto prompt = Tokens(4 * B + 2, 1);
@@ -189,13 +201,8 @@ TEST_CASE("a stored import stays referenced, out of eviction's reach, until it i
   Fixture h(SmallConfig(B, 16));
   Fixture r(SmallConfig(B, 16));
   const auto prompt = Tokens(4 * B + 1, 9);
-  h.Request(prompt);
-  auto run = h.m->ExportChain(0, Hashes(prompt), [](auto) { return Status{}; });
-  REQUIRE(run.ok());
-  auto plan = r.m->BeginImport(Spec(Head(prompt, 4)));
-  REQUIRE(plan.ok());
-  CopyRun(h, *run, r, *plan);
-  r.m->StoreImport(*plan, plan->num_blocks - plan->first_block);
+  const ImportPlan plan = CopiedImport(h, r, prompt);
+  r.m->StoreImport(plan, plan.num_blocks - plan.first_block);
   r.Check();
   size_t stored = 0;
   for (const KvEvent& e : r.Flush()) {
@@ -208,7 +215,7 @@ TEST_CASE("a stored import stays referenced, out of eviction's reach, until it i
   CHECK(r.m->Match(probe).device_tokens == 4 * B);
   r.m->Release(probe);
 
-  r.m->ReleaseImport(*plan);
+  r.m->ReleaseImport(plan);
   r.Check();
   CHECK(r.m->Stats().pools[0].tiers[0].evictable >= 4);
   CHECK(r.m->Evict(0, 16).size() >= 4);
@@ -236,13 +243,7 @@ TEST_CASE("an import that got the first blocks of its chain stores those only") 
   Fixture h(SmallConfig(B, 16));
   Fixture r(SmallConfig(B, 16));
   const auto prompt = Tokens(4 * B + 1, 11);
-  h.Request(prompt);
-  auto run = h.m->ExportChain(0, Hashes(prompt), [](auto) { return Status{}; });
-  REQUIRE(run.ok());
-  auto plan = r.m->BeginImport(Spec(Head(prompt, 4)));
-  REQUIRE(plan.ok());
-  CopyRun(h, *run, r, *plan);
-  r.m->EndImport(*plan, 2);
+  r.m->EndImport(CopiedImport(h, r, prompt), 2);
   r.Check();
   CHECK(r.Request(prompt).device_tokens == 2 * B);
 }
