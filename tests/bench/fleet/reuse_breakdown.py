@@ -2,7 +2,7 @@
 """Where the cached-token ratio of a `kvfleet bench` run goes, next to the trace's ideal.
 
   reuse_breakdown.py --trace T.jsonl --time-scale X --length-scale Y [--duration S] \
-      --requests R.jsonl [--policy kv]
+      --requests R.jsonl [--policy kv] [--warmup-s S] [--cache-tokens N] [--fleet-cache-tokens N]
 
 R is `kvfleet bench --requests-out` (one line per request, with the worker that served it).
 For every request, in arrival order, it counts the leading full blocks (512/Y tokens) that:
@@ -17,6 +17,12 @@ For every request, in arrival order, it counts the leading full blocks (512/Y to
             share it only once it is written);
 and the tokens the worker reported cached (`actual`). routed - actual is lost at the
 worker: eviction (finite cache) or a prefix still being computed.
+
+With `--fleet-cache-tokens N` it also prints `fleet_lru`: what one LRU cache of N tokens shared by
+the whole fleet would hold (e.g. 8 x 442368 for 8 mock workers). Workers that pull prefixes from
+each other share their caches so; the ideal assumes an unbounded one, which a fleet of finite KV
+cannot reach whatever its routing. `--warmup-s S` leaves out of every figure the arrivals of the
+first S seconds, as `kvfleet bench --warmup-s` does (the caches still see them).
 
 With `--cache-tokens N` each worker's cache is instead an LRU of N tokens (a mock worker's
 device KV, e.g. 442368): a prefix its holder has evicted since is then not counted as lost
@@ -56,9 +62,11 @@ def main():
     ap.add_argument("--requests", required=True)
     ap.add_argument("--policy", default="")
     ap.add_argument("--cache-tokens", type=int, default=0, help="each worker's cache, an LRU of this many tokens (0: infinite)")
+    ap.add_argument("--fleet-cache-tokens", type=int, default=0, help="also: one LRU of this many tokens shared by the fleet")
+    ap.add_argument("--warmup-s", type=float, default=0, help="leave out the arrivals of the first S seconds")
     a = ap.parse_args()
-    if a.cache_tokens < 0:
-        ap.error("--cache-tokens must be >= 0")
+    if a.cache_tokens < 0 or a.fleet_cache_tokens < 0:
+        ap.error("--cache-tokens and --fleet-cache-tokens must be >= 0")
     block = TRACE_BLOCK // a.length_scale
     trace = [json.loads(l) for l in open(a.trace) if l.strip()]
     trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
@@ -78,17 +86,30 @@ def main():
     # worker -> chain id -> Unix time its KV was first written there, least recently used first
     on_worker = defaultdict(OrderedDict)
     capacity = a.cache_tokens // block if a.cache_tokens else 0
-    tot = defaultdict(int)
+    fleet_lru, fleet_capacity = OrderedDict(), a.fleet_cache_tokens // block
+    totals = defaultdict(int)
     origin = defaultdict(dict)  # worker -> chain id -> router of the request that sent it there
     for (arrival, n_in, ids), r in zip(scaled, reqs):
         full = n_in // block
         ch = chain(ids[:full])
+        # Past the warm-up every figure counts; before it only the caches learn.
+        tot = totals if arrival >= a.warmup_s else defaultdict(int)
         tot["prompt"] += n_in
         hits = 0
         while hits < full and ch[hits] in seen:
             hits += 1
         tot["ideal"] += hits * block
         seen.update(ch)
+        if fleet_capacity:
+            shared = 0
+            while shared < full and ch[shared] in fleet_lru:
+                shared += 1
+            tot["fleet_lru"] += shared * block
+            for c in ch:
+                fleet_lru[c] = True
+                fleet_lru.move_to_end(c)
+            while len(fleet_lru) > fleet_capacity:
+                fleet_lru.popitem(last=False)
         if not r["ok"]:
             tot["failed"] += 1
             continue
@@ -124,9 +145,10 @@ def main():
             mine.move_to_end(c)
         while capacity and len(mine) > capacity:
             mine.popitem(last=False)
+    tot = totals
     p = tot["prompt"]
     print(f"requests {len(reqs)} (failed {tot['failed']}), block {block} tokens, prompt tokens {p}")
-    for k in ("ideal", "best_worker", "routed", "in_flight", "actual"):
+    for k in ("ideal",) + (("fleet_lru",) if fleet_capacity else ()) + ("best_worker", "routed", "in_flight", "actual"):
         print(f"{k:>10} {tot[k] / p:.3f}")
     print(f"lost to routing (prefix on another worker)   {(tot['ideal'] - tot['routed']) / p:.3f}")
     print(f"  of which no worker had it whole            {(tot['ideal'] - tot['best_worker']) / p:.3f}")
