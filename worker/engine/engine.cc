@@ -176,6 +176,7 @@ std::vector<RequestOutput> Engine::Step() {
   if (executed) scheduler_.ObserveStep(batch, report.duration);  // the step-time model learns
   report.time_bounded = batch.time_bounded;
   report.prefill_limited = batch.prefill_limited;
+  report.kv_short = batch.kv_short;
   report.batch_sequences = static_cast<uint32_t>(batch.seqs.size());
   report.batch_tokens = batch.num_tokens;
   report.prefill_tokens = batch.prefill_tokens;

@@ -25,6 +25,7 @@ struct StepReport {
   uint32_t prefill_tokens = 0;      // of batch_tokens, prompt (or recompute) tokens
   uint32_t decode_sequences = 0;
   uint32_t preemptions = 0;         // requests preempted by this step's schedule
+  bool kv_short = false;            // a waiting request did not fit in the KV cache (ScheduledBatch)
   uint32_t finished = 0;
   bool time_bounded = false;        // the step bound (max_step_ms) cut its prefill
   bool prefill_limited = false;     // more prefill was ready than the step took

@@ -178,7 +178,7 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
     }
     if (!TryAdmit(seq)) {
       ReleaseLora(seq);
-      if (running_.empty()) {
+      if (running_.empty() && kv_->live_imports() == 0) {
         // Nothing holds blocks and it still does not fit: it never will.
         waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));
         kv_->Release(seq->kv_id);
@@ -186,6 +186,7 @@ ScheduledBatch Scheduler::Schedule(TimeNs now) {
         batch.unfittable.push_back(seq);
         continue;
       }
+      batch.kv_short = true;
       break;
     }
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(next));

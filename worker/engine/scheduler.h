@@ -130,8 +130,11 @@ struct ScheduledBatch {
   // More prefill was ready than the step took (token budget or time bound), so its prefill
   // tokens per second say how fast queued prompts drain.
   bool prefill_limited = false;
+  // A waiting request did not fit in the KV cache (admission stopped there): blocks held for
+  // anything but a running request (KvPulls' kept chains) should make room.
+  bool kv_short = false;
   // Waiting requests that can never fit: the cache is too small even with nothing else
-  // running, or their adapter failed to load. The engine ends them with an error.
+  // running or imported, or their adapter failed to load. The engine ends them with an error.
   std::vector<Sequence*> unfittable;
   bool empty() const { return seqs.empty(); }
 };

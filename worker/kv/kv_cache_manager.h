@@ -251,6 +251,8 @@ class KvCacheManager {
   // releases the sequence (and frees any of its blocks not written).
   void StoreImport(const ImportPlan& plan, uint32_t written);
   void ReleaseImport(const ImportPlan& plan);
+  // Import sequences begun and not yet released: blocks held for no request of the engine's.
+  size_t live_imports() const { return live_imports_; }
 
   // --- cache-wide ---
   // Evicts up to n device blocks of `pool` (offloading those that qualify), lowest priority
@@ -326,6 +328,7 @@ class KvCacheManager {
   KvTestHooks hooks_;
   bool reuse_enabled_ = true;
   uint32_t group_blocks_ = 1;  // blocks per event block: EventBlockSize() / block_size
+  size_t live_imports_ = 0;    // BeginImport's sequences not yet released (ReleaseImport)
   std::unique_ptr<EventList> events_;  // this manager's and its pools' events, until taken
   std::unique_ptr<EventList> muted_events_;  // off (max_size 0): the sink of non-publishing pools
   std::vector<bool> publishes_;              // [pool]: its events reach events_ (TakeEvents)

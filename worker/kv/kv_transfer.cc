@@ -151,6 +151,7 @@ Result<ImportPlan> KvCacheManager::BeginImport(SequenceSpec spec) {
     Release(id);
     return st;
   }
+  ++live_imports_;
   return ImportPlan{id, std::min(n, NumComputedTokens(id) / B), n};
 }
 
@@ -166,6 +167,9 @@ void KvCacheManager::StoreImport(const ImportPlan& plan, uint32_t written) {
   if (written > 0) Commit(plan.seq, end * config_.block_size);
 }
 
-void KvCacheManager::ReleaseImport(const ImportPlan& plan) { Release(plan.seq); }
+void KvCacheManager::ReleaseImport(const ImportPlan& plan) {
+  Release(plan.seq);
+  --live_imports_;
+}
 
 }  // namespace kvfleet::kv

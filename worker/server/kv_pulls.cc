@@ -137,8 +137,14 @@ void KvPulls::ReleaseKept(bool all) {
 
 void KvPulls::Poll() {
   if (service_ == nullptr) return;
-  // Admitted since the last Poll, a request's own sequence holds its pulled chain now.
-  if (!kept_.empty()) ReleaseKept(engine_->last_step().preemptions > 0);
+  // Admitted since the last Poll, a request's own sequence holds its pulled chain now. Kept
+  // chains yield when the cache is short: a request waiting ahead did not fit, or a running one
+  // was preempted (without the first, a request ahead that fits only without them waits for
+  // ever, and with nothing running the scheduler would call it unfittable).
+  if (!kept_.empty()) {
+    const engine::StepReport& step = engine_->last_step();
+    ReleaseKept(step.preemptions > 0 || step.kv_short);
+  }
   if (!waiting_.empty()) {
     std::vector<transfer::IncomingPull> waiting;
     waiting.swap(waiting_);

@@ -12,8 +12,9 @@
 // unholds the request. The stored chain stays referenced for the request (and those that
 // waited for the same pull) until its own KV sequence holds it, at its admission: a busy
 // worker's queue would otherwise evict the pulled blocks, stored below the default priority,
-// before the request that came for them runs (they are released at once instead when a step
-// preempts a running request: running requests come first). The bytes of a pull over TCP are written as they arrive, a frame at a
+// before the request that came for them runs (they are released at once instead when the
+// cache is short: a step preempts a running request, or a request waiting ahead of them does
+// not fit). The bytes of a pull over TCP are written as they arrive, a frame at a
 // time (WriteArrival), overlapping the rest of the transfer; only a pull that ends ok stores
 // them. Whatever the pull did not bring (the holder evicted it, died, was late,
 // sent a bad checksum or refused) the request computes: a transfer never fails a request.

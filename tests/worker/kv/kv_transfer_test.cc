@@ -210,6 +210,7 @@ TEST_CASE("a stored import stays referenced, out of eviction's reach, until it i
   }
   CHECK(stored == 4);  // every router learns of the chain at once
   CHECK(r.m->Stats().pools[0].tiers[0].evictable == 0);
+  CHECK(r.m->live_imports() == 1);
   CHECK(r.m->Evict(0, 16).empty());
   const SequenceId probe = r.m->AddSequence(Spec(prompt)).value();
   CHECK(r.m->Match(probe).device_tokens == 4 * B);
@@ -217,6 +218,7 @@ TEST_CASE("a stored import stays referenced, out of eviction's reach, until it i
 
   r.m->ReleaseImport(plan);
   r.Check();
+  CHECK(r.m->live_imports() == 0);
   CHECK(r.m->Stats().pools[0].tiers[0].evictable >= 4);
   CHECK(r.m->Evict(0, 16).size() >= 4);
 }

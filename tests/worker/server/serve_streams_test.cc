@@ -101,9 +101,11 @@ constexpr uint32_t kChain = 40;  // blocks pulled: three frames (15, 15, 10)
 constexpr DurationNs kPullDeadline = 60 * kNsPerSec;
 
 struct Streams {
-  // `bytes` false: the plain mock backends (dtype none, tokens only).
-  explicit Streams(bool bytes = true)
-      : holder_bytes(a.backend.get(), kBlockBytes),
+  // `bytes` false: the plain mock backends (dtype none, tokens only). `receiver_blocks`: the
+  // receiver's device KV blocks.
+  explicit Streams(bool bytes = true, int64_t receiver_blocks = 256)
+      : b(ReceiverOptions(receiver_blocks)),
+        holder_bytes(a.backend.get(), kBlockBytes),
         receiver_bytes(b.backend.get(), kBlockBytes) {
     auto hs = transfer::TransferService::Start({}, &holder_clock);
     REQUIRE_MESSAGE(hs.ok(), hs.status().ToString());
@@ -188,13 +190,14 @@ struct Streams {
     CHECK(Pinned() == 0);
   }
 
-  static HarnessOptions ReceiverOptions() {
+  static HarnessOptions ReceiverOptions(int64_t blocks) {
     HarnessOptions o;
+    o.device_blocks = blocks;
     o.verify_kv = false;  // a mock pull's blocks come without bytes: the request can run on them
     return o;
   }
 
-  Harness a, b{ReceiverOptions()};
+  Harness a, b;
   ManualClock holder_clock;
   BytesBackend holder_bytes, receiver_bytes;
   std::unique_ptr<transfer::TransferService> holder_service, receiver_service;
@@ -295,6 +298,28 @@ TEST_CASE("a pulled chain kept for a request that ends before its admission is r
   CHECK(t.receiver->stats().kept_blocks == 0);
   CHECK(t.b.DeviceBlocksInUse() == 0);
   CHECK(t.b.kv->Evict(0, kChain).size() == kChain);  // cached still, evictable again
+}
+
+TEST_CASE("kept chains yield when a request waiting ahead does not fit: it runs, and so does the pulled one") {
+  // 80 blocks: the chain kept (40, and the import's partial one) leaves 39, and the request
+  // ahead needs 49. With nothing running it would have been called unfittable.
+  Streams t(/*bytes=*/false, /*receiver_blocks=*/80);
+  const engine::RequestId ahead = t.b.Add(engine::testing::Prompt(48 * kBlock, 50'000), 1);
+  t.StartPull();
+  const engine::RequestId pulled = t.b.engine->scheduler().waiting().back()->id;
+  t.AwaitPullEnd();
+  REQUIRE(t.receiver->stats().kept_blocks == kChain);
+  t.b.Step();
+  CHECK(t.b.engine->last_step().kv_short);
+  CHECK(t.b.finals.count(ahead) == 0);  // waiting, not ended
+  t.receiver->Poll();
+  CHECK(t.receiver->stats().kept_blocks == 0);
+  t.b.RunToCompletion();
+  REQUIRE(t.b.finals.count(ahead) == 1);
+  CHECK(t.b.finals.at(ahead).finish == engine::FinishReason::kLength);
+  REQUIRE(t.b.finals.count(pulled) == 1);
+  CHECK(t.b.finals.at(pulled).finish == engine::FinishReason::kLength);
+  CHECK(t.b.kv->CheckInvariants().ok());
 }
 
 TEST_CASE("a stream past its deadline is cut and its run unpinned") {
