@@ -129,7 +129,6 @@ void KvPulls::ReleaseKept(bool all) {
       return false;
     }
     kv_->ReleaseImport(k.plan);
-    stats_.kept_blocks -= k.plan.num_blocks;
     return true;
   };
   kept_.erase(std::remove_if(kept_.begin(), kept_.end(), done), kept_.end());
@@ -185,6 +184,8 @@ void KvPulls::Poll() {
   }
   PollNccl();
   stats_.nccl_held = nccl_held_.size();
+  stats_.kept_blocks = 0;
+  for (const Kept& k : kept_) stats_.kept_blocks += k.plan.num_blocks;
 }
 
 std::vector<PullTotals> KvPulls::TakeChangedPullTotals() {
@@ -434,16 +435,10 @@ void KvPulls::Finish(Pending& p, transfer::PullResult& result) {
                           : ok && good < received   ? "token_mismatch"
                           : ok                      ? "short"
                                                     : std::string(PullOutcomeName(result.outcome));
-  if (good < p.plan.num_blocks - p.plan.first_block) {
-    Logger("transfer")->debug("request {}: pull {} from {} brought {} of {} blocks in {:.1f} ms ({}): {}", p.request,
-                              result.transfer_id, p.source, good, p.plan.num_blocks - p.plan.first_block,
-                              static_cast<double>(service_->Now() - p.started) / kNsPerMs, why,
-                              result.status.ToString());
-  }
-  Complete(p, good, why);
+  Complete(p, good, why, result.status);
 }
 
-void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
+void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why, const Status& status) {
   const uint32_t wanted = p.plan.num_blocks - p.plan.first_block;
   // A whole chain stays referenced until its requests are admitted (ReleaseKept). One cut
   // short is stored and let go: its request computes the rest in blocks of its own, and
@@ -453,7 +448,6 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
     Kept k{p.plan, {p.request}};
     k.requests.insert(k.requests.end(), p.waiters.begin(), p.waiters.end());
     kept_.push_back(std::move(k));
-    stats_.kept_blocks += p.plan.num_blocks;
   } else {
     kv_->EndImport(p.plan, good);
   }
@@ -467,7 +461,12 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why) {
     t.seconds += static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
     changed_totals_.insert(p.source);
   }
-  if (good < wanted) ++stats_.fallbacks[why];
+  if (good < wanted) {
+    ++stats_.fallbacks[why];
+    Logger("transfer")->debug("request {}: a pull from {} brought {} of {} blocks in {:.1f} ms ({}): {}", p.request,
+                              p.source, good, wanted, static_cast<double>(service_->Now() - p.started) / kNsPerMs,
+                              why, status.ToString());
+  }
   engine_->Unhold(p.request);
   for (engine::RequestId w : p.waiters) engine_->Unhold(w);
 }

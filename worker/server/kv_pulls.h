@@ -246,9 +246,9 @@ class KvPulls {
   // The verified leading run of an ok device or nccl result: blocks whose tokens are the prompt's.
   uint32_t CountGood(const Pending& p, const transfer::PullResult& result, size_t received);
   void Finish(Pending& p, transfer::PullResult& result);
-  // Ends pull `p` with `good` blocks imported: stores them, counts a fallback `why` when fewer
-  // than wanted, unholds its requests.
-  void Complete(Pending& p, uint32_t good, const std::string& why);
+  // Ends pull `p` with `good` blocks imported: stores them, counts (and logs at debug, with the
+  // transfer's `status`) a fallback `why` when fewer than wanted, unholds its requests.
+  void Complete(Pending& p, uint32_t good, const std::string& why, const Status& status);
   // Releases the kept imports none of whose requests awaits admission any more; every one
   // when `all`.
   void ReleaseKept(bool all);

@@ -163,7 +163,7 @@ void KvPulls::PollNccl() {
                                d.status.ToString());
       why = "nccl_failed";
     }
-    Complete(p, good, why);
+    Complete(p, good, why, d.status);
     pending_.erase(it);
   }
   ForgetIdleNcclPeers();
