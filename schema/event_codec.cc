@@ -210,6 +210,8 @@ void BuildLoad(const LoadReport& load, schema::Load::Builder out) {
     pulls[i].setPulls(load.pulls[i].pulls);
     pulls[i].setBytes(load.pulls[i].bytes);
     pulls[i].setSeconds(load.pulls[i].seconds);
+    pulls[i].setFailed(load.pulls[i].failed);
+    pulls[i].setFailedSeconds(load.pulls[i].failed_seconds);
   }
 }
 
@@ -240,8 +242,12 @@ Result<LoadReport> ParseLoad(schema::Load::Reader in) {
     if (source.size() == 0 || source.size() > static_cast<size_t>(wire::limits::kMaxNameBytes)) {
       return InvalidArgument("pull totals with a holder endpoint of " + std::to_string(source.size()) + " bytes");
     }
-    if (!std::isfinite(p.getSeconds()) || p.getSeconds() < 0) return InvalidArgument("pull totals with bad seconds");
-    l.pulls.push_back(PullTotals{wire::FromText(source), p.getPulls(), p.getBytes(), p.getSeconds()});
+    if (!std::isfinite(p.getSeconds()) || p.getSeconds() < 0 || !std::isfinite(p.getFailedSeconds()) ||
+        p.getFailedSeconds() < 0) {
+      return InvalidArgument("pull totals with bad seconds");
+    }
+    l.pulls.push_back(PullTotals{wire::FromText(source), p.getPulls(), p.getBytes(), p.getSeconds(), p.getFailed(),
+                                 p.getFailedSeconds()});
   }
   return l;
 }

@@ -89,6 +89,11 @@ struct PullTotals {
   pulls @1 :UInt64;     # pulls from it that brought blocks
   bytes @2 :UInt64;     # their blocks' bytes
   seconds @3 :Float64;  # their time, each from the request to the blocks in place here
+  # Pulls from it that brought no block (the holder refused, failed or went silent past the
+  # deadline, or the first frame failed its checksum): the request computed its whole prefix.
+  # 0 from older workers.
+  failed @4 :UInt64;
+  failedSeconds @5 :Float64;  # their time, each from the request to the fallback
 }
 
 struct EventBatch {

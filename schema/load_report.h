@@ -23,6 +23,8 @@ struct PullTotals {
   uint64_t pulls = 0;  // pulls that brought blocks
   uint64_t bytes = 0;
   double seconds = 0;  // from each pull's request to its blocks in place
+  uint64_t failed = 0;  // pulls that brought no block: the request computed its whole prefix
+  double failed_seconds = 0;  // from each failed pull's request to its fallback
   bool operator==(const PullTotals&) const = default;
 };
 

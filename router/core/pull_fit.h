@@ -17,17 +17,37 @@
 // what they took at that size, split between the two terms as the prior splits it. A tenth
 // of a pull against the last ~20 keeps a prior 10x off to within ~10% of what was measured.
 //
+// Apart from the fit, the pair's failed pulls (Load.pulls' `failed`: no block came, the request
+// computed its whole prefix): the share of its pulls that fail and what a failure took, both
+// forgetting by time (config::kPullFailureMemorySeconds), so that a pair no longer pulled from
+// (because its pulls failed) is tried again once its failures are old. Routing weighs a pull
+// option by them (router/routing/README.md, "Pulling a prefix").
+//
 // Thread safety: a value.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+
+#include "common/clock.h"
 
 namespace kvfleet::router {
 
 namespace config {
 inline constexpr double kPullFitForgetting = 0.95;
 inline constexpr double kPullFitPriorPulls = 0.1;
+// The failures' memory: their weight halves every this many seconds. Long beside a pull (tens
+// of ms) and a load report (~0.1 s), so a pair whose pulls all fail stays priced so; short
+// beside an outage, so a pair that recovered is tried again as its failures age (a lone one
+// weighs a third of its pulls after 10 s; fifty in a row, a twentieth after 100 s).
+inline constexpr double kPullFailureHalfLifeSeconds = 10;
+// The pulls that count toward a pair's failed share before it has any: one good pull, so a
+// lone failure makes half the pair's pulls failed, and a share fades as its failures age.
+inline constexpr double kPullFailurePriorPulls = 1;
+// Ten half-lives: a failure then weighs a thousandth, and routing stops reading the pairs'.
+inline constexpr TimeNs kPullFailuresForgottenNs =
+    static_cast<TimeNs>(10 * kPullFailureHalfLifeSeconds * static_cast<double>(kNsPerSec));
 }  // namespace config
 
 struct PullCost {
@@ -78,9 +98,39 @@ class PullFit {
     return out;
   }
 
+  // Adds what the pair's pulls came to by `now`: `ok` pulls that brought blocks, `failed`
+  // that brought none, taking `failed_seconds` together.
+  void AddOutcomes(TimeNs now, double ok, double failed, double failed_seconds) {
+    if (!(ok >= 0) || !(failed >= 0) || !(failed_seconds >= 0) || !std::isfinite(failed_seconds)) return;
+    Age(now);
+    ok_ += ok;
+    failed_ += failed;
+    failed_seconds_ += failed_seconds;
+  }
+
+  // The share of the pair's pulls that fail, as of `now`: 0 without failures.
+  double FailedShare(TimeNs now) const {
+    const double f = Weight(now);
+    const double failed = failed_ * f;
+    return failed > 0 ? failed / (failed + ok_ * f + config::kPullFailurePriorPulls) : 0;
+  }
+
+  // What a failed pull took, from its request to its fallback: 0 without failures.
+  double FailedSeconds() const { return failed_ > 0 ? failed_seconds_ / failed_ : 0; }
+
   double pulls() const { return pulls_; }
 
  private:
+  double Weight(TimeNs now) const {
+    const double age_s = static_cast<double>(std::max<TimeNs>(0, now - outcomes_at_)) / kNsPerSec;
+    return std::exp2(-age_s / config::kPullFailureHalfLifeSeconds);
+  }
+  void Age(TimeNs now) {
+    const double f = Weight(now);
+    ok_ *= f, failed_ *= f, failed_seconds_ *= f;
+    outcomes_at_ = std::max(outcomes_at_, now);
+  }
+
   static constexpr double kBytesPerUnit = 1e9;  // sums in GB: n and g of like magnitude
   void Decay() {
     const double f = config::kPullFitForgetting;
@@ -88,6 +138,8 @@ class PullFit {
   }
 
   double nn_ = 0, ng_ = 0, gg_ = 0, nt_ = 0, gt_ = 0, pulls_ = 0;
+  double ok_ = 0, failed_ = 0, failed_seconds_ = 0;  // weighed by age, as of outcomes_at_
+  TimeNs outcomes_at_ = 0;
 };
 
 }  // namespace kvfleet::router

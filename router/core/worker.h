@@ -74,6 +74,8 @@ class WorkerSignals {
   virtual std::optional<PullFit> MeasuredPulls(WorkerId /*receiver*/, std::string_view /*holder_endpoint*/) const {
     return std::nullopt;
   }
+  // When a worker's load report last said one of its pulls failed (this clock; 0: never).
+  virtual TimeNs LastPullFailure() const { return 0; }
   // Calls fn(i, load) for each of `ids`, in order, with Load(ids[i]) (null: none): routing
   // reads every candidate's at once and copies each straight into its own view, so an
   // implementation with a lock takes it once for the lot. fn must not call back in.

@@ -338,6 +338,9 @@ void EventPlane::Impl::RefreshView(const Entry& e) {
   SetState(e.id, v.state);
   loads_[e.id] = e.sub->load();
   if (e.sub->TakePullFitsChanged()) pull_fits_[e.id] = e.sub->pull_fits();
+  if (e.sub->last_pull_failure() > last_pull_failure_.load(std::memory_order_relaxed)) {
+    last_pull_failure_.store(e.sub->last_pull_failure(), std::memory_order_relaxed);
+  }
   views_[e.id] = std::move(v);
 }
 

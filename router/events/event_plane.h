@@ -151,6 +151,7 @@ class EventPlane final : public WorkerSignals {
   WorkerState State(WorkerId id) const override;
   std::optional<WorkerLoad> Load(WorkerId id) const override;
   std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const override;
+  TimeNs LastPullFailure() const override;
   void VisitLoads(std::span<const WorkerId> ids,
                   const std::function<void(size_t i, const WorkerLoad* load)>& fn) const override;
   std::vector<WorkerEventStats> Stats() const;

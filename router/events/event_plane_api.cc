@@ -69,6 +69,8 @@ std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
   return impl_->loads_[id];
 }
 
+TimeNs EventPlane::LastPullFailure() const { return impl_->last_pull_failure_.load(std::memory_order_relaxed); }
+
 std::optional<PullFit> EventPlane::MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {
   std::shared_lock lock(impl_->view_mu_);
   auto worker = impl_->pull_fits_.find(receiver);

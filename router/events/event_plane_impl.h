@@ -72,6 +72,9 @@ class EventPlane::Impl final : public WorkerSubscriber::Io {
   std::vector<std::optional<WorkerLoad>> loads_ = std::vector<std::optional<WorkerLoad>>(config::kMaxWorkers);
   // By id: what its pulls took, by holder endpoint (WorkerSubscriber::pull_fits). GUARDED_BY(view_mu_).
   std::unordered_map<WorkerId, std::map<std::string, PullFit, std::less<>>> pull_fits_;
+  // When any worker last reported a failed pull (0: never): routing reads the pairs' failures
+  // (pull_fits_) only after one.
+  std::atomic<TimeNs> last_pull_failure_{0};
   // By id: views_[id].state, kUnknown without a view. Stored under view_mu_ with views_ (SetState)
   // and read without it (EventPlane::State): a state read a moment late is one routing could
   // have read anyway.

@@ -103,7 +103,7 @@ void WorkerSubscriber::Buffer(events::DecodedBatch batch) {
   stats_.buffered_batches = buffer_.size();
 }
 
-void WorkerSubscriber::NotePulls(uint64_t epoch, const PullTotals& totals) {
+void WorkerSubscriber::NotePulls(TimeNs now, uint64_t epoch, const PullTotals& totals) {
   auto it = pull_sources_.find(totals.source);
   if (it == pull_sources_.end()) {
     if (pull_sources_.size() >= events::config::kMaxPullSources) return;  // a worker pulls from fewer
@@ -112,12 +112,16 @@ void WorkerSubscriber::NotePulls(uint64_t epoch, const PullTotals& totals) {
   PullSource& s = it->second;
   PullTotals from;  // after a restart the totals count from zero
   if (s.epoch == epoch) {
-    if (totals.pulls <= s.last.pulls) return;
+    if (totals.pulls <= s.last.pulls && totals.failed <= s.last.failed) return;
     from = s.last;
   }
-  pull_fits_[totals.source].Add(static_cast<double>(totals.pulls - from.pulls),
-                                static_cast<double>(totals.bytes - std::min(totals.bytes, from.bytes)),
-                                std::max(0.0, totals.seconds - from.seconds));
+  const double ok = static_cast<double>(totals.pulls - std::min(totals.pulls, from.pulls));
+  const double failed = static_cast<double>(totals.failed - std::min(totals.failed, from.failed));
+  PullFit& fit = pull_fits_[totals.source];
+  fit.Add(ok, static_cast<double>(totals.bytes - std::min(totals.bytes, from.bytes)),
+          std::max(0.0, totals.seconds - from.seconds));
+  fit.AddOutcomes(now, ok, failed, std::max(0.0, totals.failed_seconds - from.failed_seconds));
+  if (failed > 0) last_pull_failure_ = now;
   s.last = totals;
   s.epoch = epoch;
   pull_fits_changed_ = true;
@@ -137,7 +141,7 @@ void WorkerSubscriber::OnBatch(events::DecodedBatch batch) {
   }
   last_heard_ = now;
   stats_.last_heard = now;
-  for (const PullTotals& p : batch.load.pulls) NotePulls(h.epoch, p);
+  for (const PullTotals& p : batch.load.pulls) NotePulls(now, h.epoch, p);
   batch.load.pulls.clear();
   load_ = WorkerLoad{batch.load, now};
 

@@ -94,6 +94,8 @@ class WorkerSubscriber {
   const std::map<std::string, PullFit, std::less<>>& pull_fits() const { return pull_fits_; }
   // Whether pull_fits() changed since the last call.
   bool TakePullFitsChanged() { return std::exchange(pull_fits_changed_, false); }
+  // When a batch last reported one of the worker's pulls failed (0: never).
+  TimeNs last_pull_failure() const { return last_pull_failure_; }
   // Per-worker counts for /fleet.
   const WorkerEventStats& stats() const { return stats_; }
 
@@ -123,10 +125,10 @@ class WorkerSubscriber {
   // REPLAYING from the first missing seq.
   void DrainBuffer();
   void SetState(WorkerState s);
-  // Folds one holder's pull totals from a batch of `epoch` into its fit: the increment since
-  // the totals last seen, or the whole totals after a restart (another epoch). Totals no
-  // greater than those seen (a duplicate or reordered batch) add nothing.
-  void NotePulls(uint64_t epoch, const PullTotals& totals);
+  // Folds one holder's pull totals from a batch of `epoch`, heard at `now`, into its fit: the
+  // increment since the totals last seen, or the whole totals after a restart (another
+  // epoch). Totals no greater than those seen (a duplicate or reordered batch) add nothing.
+  void NotePulls(TimeNs now, uint64_t epoch, const PullTotals& totals);
 
   const WorkerId id_;
   const std::string name_;
@@ -160,6 +162,7 @@ class WorkerSubscriber {
   std::map<std::string, PullSource, std::less<>> pull_sources_;  // by holder endpoint
   std::map<std::string, PullFit, std::less<>> pull_fits_;
   bool pull_fits_changed_ = false;
+  TimeNs last_pull_failure_ = 0;
 };
 
 }  // namespace kvfleet::router

@@ -121,6 +121,9 @@ class WorkerLoads {
   virtual std::optional<PullFit> MeasuredPulls(WorkerId /*receiver*/, std::string_view /*holder_endpoint*/) const {
     return std::nullopt;
   }
+  // When a worker's load report last said one of its pulls failed (WorkerSignals::
+  // LastPullFailure; router monotonic clock): 0, never.
+  virtual TimeNs LastPullFailure() const { return 0; }
   // The prefill rate its Hello announced (tokens/s): what the worker expects before its load
   // reports carry a measured one. 0: none announced.
   virtual double AnnouncedPrefillRate(WorkerId /*worker*/) const { return 0; }
@@ -440,6 +443,7 @@ class Fleet final : public WorkerLoads {
   std::optional<double> AdapterLoadSeconds(WorkerId worker, uint64_t lora_id) const override;
   std::shared_ptr<const TransferPeer> Transfer(WorkerId worker) const override;
   std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const override;
+  TimeNs LastPullFailure() const override;
   double AnnouncedPrefillRate(WorkerId worker) const override;
   WorkerRole Role(WorkerId worker) const override;
   bool StructuredOutputs(WorkerId worker) const override;

@@ -143,6 +143,7 @@ class FleetImpl final : public LaneFleet {
   std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {
     return signals_ ? signals_->MeasuredPulls(receiver, holder_endpoint) : std::nullopt;
   }
+  TimeNs LastPullFailure() const { return signals_ ? signals_->LastPullFailure() : 0; }
   double AnnouncedPrefillRate(WorkerId id) const;
   WorkerRole Role(WorkerId id) const;
   bool StructuredOutputs(WorkerId id) const;

@@ -403,4 +403,6 @@ std::optional<PullFit> Fleet::MeasuredPulls(WorkerId receiver, std::string_view 
   return impl_->MeasuredPulls(receiver, holder_endpoint);
 }
 
+TimeNs Fleet::LastPullFailure() const { return impl_->LastPullFailure(); }
+
 }  // namespace kvfleet::router

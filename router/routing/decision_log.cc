@@ -26,6 +26,7 @@ nlohmann::ordered_json CandidatesJson(const RouteRequest& route, const std::vect
                    {"host_blocks", c.host_blocks},
                    {"pull_blocks", c.pull_blocks},
                    {"pull_s", c.pull_s},
+                   {"pull_failed_share", c.pull_failed_share},
                    {"queued_prefill_tokens", c.queued_prefill_tokens},
                    {"prefill_tokens_per_s", c.prefill_tokens_per_s},
                    {"admission_wait_s", c.admission_wait_s},

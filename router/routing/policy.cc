@@ -147,7 +147,15 @@ double Picker::EstimateTtft(const RouteRequest& request, const Candidate& c, dou
   const TtftCoefficients k = Coefficients(c);
   // A pull overlaps the wait for the prefill queued ahead and for admission; what its first
   // tokens showed beyond that is its bias (ttft_calibration.h).
-  const double wait = std::max(QueueWait(c, t.queue_s, AdmissionWait(request, c), k), c.pull_s);
+  const double queued = QueueWait(c, t.queue_s, AdmissionWait(request, c), k);
+  double wait = std::max(queued, c.pull_s);
+  if (c.pull_failed_share > 0) {
+    // A pair whose pulls fail: the expected wait, a failure being its fallback's wait and then
+    // the pulled blocks computed with the rest.
+    const double pulled_s = static_cast<double>(c.pull_blocks) * request.block_size / EffectiveRate(c, fleet_rate);
+    const double failed = std::max(queued, c.pull_failed_s) + k.own * pulled_s;
+    wait += c.pull_failed_share * (failed - wait);
+  }
   return wait + k.own * t.own_s + c.host_blocks * options_.onboard_s_per_block + k.step * t.step_s +
          c.adapter_load_s + c.pull_bias_s;
 }

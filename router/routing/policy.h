@@ -200,6 +200,11 @@ struct Candidate {
   // Added to a pull's estimate: how much later than estimated pulls' first tokens came, beyond
   // the others' (TtftCalibration::pull_bias_s; 0 for a split's decode worker).
   double pull_bias_s = 0;
+  // The share of this worker's pulls from pull_from that failed lately, and what a failure took
+  // before its fallback (PullFit::FailedShare, FailedSeconds; 0 without failures): with that
+  // share the pull is a wait of pull_failed_s and then the pulled blocks computed here too.
+  double pull_failed_share = 0;
+  double pull_failed_s = 0;
   // Its --role. A prefill worker's estimate takes the prefill pool's calibration
   // (Picker::Coefficients). A decode worker admits a prompt with at most a block left to compute
   // (a split's, pulled, or a whole request's nearly all cached) ahead of its queued prompts, so

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <string_view>
@@ -33,7 +34,7 @@ TEST_CASE("a batch survives encoding and decoding") {
   load.predicted_wait_us = 1'250'000;
   load.pulled_wait_us = 40'000;
   load.resident_loras = {LoraId("a"), LoraId("b")};
-  load.pulls = {{"tcp://10.0.0.7:5700", 3, 3'000'000'000, 0.25}, {"tcp://10.0.0.8:5700", 1, 4096, 0.004}};
+  load.pulls = {{"tcp://10.0.0.7:5700", 3, 3'000'000'000, 0.25, 2, 0.5}, {"tcp://10.0.0.8:5700", 1, 4096, 0.004}};
   const std::string frame = EncodeBatch({"w1", 9, 4, 123}, events, load);
   auto batch = DecodeBatch(frame.data(), frame.size());
   REQUIRE(batch.ok());
@@ -117,6 +118,10 @@ TEST_CASE("a Load's pull totals are refused when malformed: no holder, a bad tim
   load.pulls = {{"tcp://h:1", 1, 10, -1}};
   CHECK_FALSE(decodes(load).ok());
   load.pulls = {{"tcp://h:1", 1, 10, std::nan("")}};
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls = {{"tcp://h:1", 1, 10, 0.1, 1, -0.5}};  // the failed pulls' time
+  CHECK_FALSE(decodes(load).ok());
+  load.pulls = {{"tcp://h:1", 1, 10, 0.1, 1, std::numeric_limits<double>::infinity()}};
   CHECK_FALSE(decodes(load).ok());
   load.pulls = {{std::string(300, 'x'), 1, 10, 0.1}};
   CHECK_FALSE(decodes(load).ok());

@@ -8,6 +8,7 @@
 
 #include "common/block_hash.h"
 #include "common/log.h"
+#include "schema/event_codec.h"
 
 namespace kvfleet::server {
 
@@ -452,13 +453,21 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why, const 
     kv_->EndImport(p.plan, good);
   }
   stats_.imported_blocks += good;
-  if (good > 0) {
-    // What the request waited for its prefix: from the pull's start to its blocks stored here.
+  // What the request waited for its prefix: from the pull's start to its blocks stored here,
+  // or to its fallback (a router prices a pair whose pulls fail by what they cost). As many
+  // holders as a load report may carry: a fleet has fewer, and a hint may name any endpoint.
+  if (totals_.contains(p.source) || totals_.size() < events::config::kMaxPullSources) {
+    const double seconds = static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
     PullTotals& t = totals_[p.source];
     t.source = p.source;
-    t.pulls += 1;
-    t.bytes += uint64_t{good} * layout_->BytesPerBlock();
-    t.seconds += static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
+    if (good > 0) {
+      t.pulls += 1;
+      t.bytes += uint64_t{good} * layout_->BytesPerBlock();
+      t.seconds += seconds;
+    } else {
+      t.failed += 1;
+      t.failed_seconds += seconds;
+    }
     changed_totals_.insert(p.source);
   }
   if (good < wanted) {

@@ -288,7 +288,7 @@ class KvPulls {
   std::map<uint64_t, uint64_t> nccl_receiving_;
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> nccl_sending_;
   KvPullStats stats_;
-  std::map<std::string, PullTotals> totals_;  // by holder: pulls that imported blocks (Load.pulls)
+  std::map<std::string, PullTotals> totals_;  // by holder: its pulls, those that failed apart (Load.pulls)
   std::set<std::string> changed_totals_;      // holders whose totals changed since TakeChangedPullTotals
 };
 

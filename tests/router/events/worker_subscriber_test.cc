@@ -412,6 +412,38 @@ TEST_CASE("a batch's pull totals are folded into the holder's fit: increments, o
   // The worker restarted (another epoch): its totals count from zero, and are taken whole.
   f.sub.OnBatch(with_pulls(8, 1, {{"tcp://a:1", 1, 1'000'000'000, 0.12}}));
   CHECK(f.sub.TakePullFitsChanged());
+  CHECK(f.sub.last_pull_failure() == 0);
+}
+
+TEST_CASE("a batch's failed pulls make the pair's failed share, which fades as they age") {
+  Fixture f;
+  f.sub.Start();
+  auto with_pulls = [](uint64_t epoch, uint64_t seq, PullTotals pulls) {
+    events::DecodedBatch b = Batch(epoch, seq);
+    b.load.pulls = {std::move(pulls)};
+    return b;
+  };
+  auto share = [&] { return f.sub.pull_fits().find("tcp://b:1")->second.FailedShare(f.clock.Now()); };
+  f.clock.AdvanceMs(1'000);
+  // Three good pulls, then two that failed after 0.4 s each (the holder went silent).
+  f.sub.OnBatch(with_pulls(7, 1, {"tcp://b:1", 3, 3'000, 0.03}));
+  CHECK(f.sub.last_pull_failure() == 0);
+  CHECK(share() == 0);
+  f.sub.OnBatch(with_pulls(7, 2, {"tcp://b:1", 3, 3'000, 0.03, 2, 0.8}));
+  CHECK(f.sub.TakePullFitsChanged());
+  CHECK(f.sub.last_pull_failure() == f.clock.Now());
+  const PullFit& fit = f.sub.pull_fits().find("tcp://b:1")->second;
+  CHECK(fit.FailedSeconds() == doctest::Approx(0.4));
+  CHECK(share() == doctest::Approx(2.0 / (2 + 3 + config::kPullFailurePriorPulls)));
+  CHECK(fit.pulls() == doctest::Approx(3));  // the fit of the pulls' time takes the good ones only
+  // The same totals again (a duplicate) add nothing; more failures raise the share.
+  f.sub.OnBatch(with_pulls(7, 3, {"tcp://b:1", 3, 3'000, 0.03, 2, 0.8}));
+  CHECK_FALSE(f.sub.TakePullFitsChanged());
+  for (uint64_t i = 0; i < 20; ++i) f.sub.OnBatch(with_pulls(7, 4 + i, {"tcp://b:1", 3, 3'000, 0.03, 3 + i, 0.8 + 0.4 * (1 + i)}));
+  CHECK(share() > 0.8);
+  // No pulls since: the failures fade, and the pair is worth trying again.
+  f.clock.AdvanceMs(static_cast<int64_t>(1e3 * 8 * config::kPullFailureHalfLifeSeconds));
+  CHECK(share() < 0.1);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ class FakeLoads final : public WorkerLoads {
     if (it == measured.end()) return std::nullopt;
     return it->second;
   }
+  TimeNs LastPullFailure() const override { return last_pull_failure; }
 
   WorkerRole Role(WorkerId w) const override {
     auto it = roles.find(w);
@@ -74,6 +75,7 @@ class FakeLoads final : public WorkerLoads {
   std::map<WorkerId, uint32_t> stored_prefix;
   std::map<WorkerId, TransferPeer> transfer;
   std::map<std::pair<WorkerId, std::string>, PullFit> measured;  // by receiver and holder endpoint
+  TimeNs last_pull_failure = 0;
   std::map<WorkerId, double> announced;
   std::map<WorkerId, WorkerRole> roles;  // kBoth when not set
   std::map<WorkerId, std::vector<WorkerId>> mates;  // workers sharing each one's device

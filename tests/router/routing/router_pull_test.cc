@@ -272,6 +272,36 @@ TEST_CASE("a busy holder's prefix is pulled by an idle worker instead of recompu
       CHECK(h->estimated_ttft_s < 0.026);  // below the flags' 25 ms set-up alone
     }
   }
+  SUBCASE("a pair whose pulls fail is weighed by its failures, measured pulls or not, until they age") {
+    RoutingOptions flags_only = slow;
+    flags_only.transfer_measured = false;
+    Fixture h(flags_only);
+    h.loads = f.loads;
+    h.clock.AdvanceMs(1'000);
+    h.kv.InsertPredicted(2, h.Hashes(), kNsPerSec);
+    // Worker 0's last nine pulls from worker 2 failed, each after 0.5 s (a link that drops them).
+    PullFit failing;
+    failing.AddOutcomes(h.clock.Now(), 0, 9, 4.5);
+    h.loads.measured[{0, "tcp://h2:5559"}] = failing;
+    h.loads.last_pull_failure = h.clock.Now();
+    auto e = h.router.Route(h.fleet, h.PromptOf(Policy::kKv));
+    REQUIRE(e.ok());
+    CHECK(e->worker == 1);  // the pair that has not failed pulls
+    CHECK(e->pull.source == "tcp://h2:5559");
+    CHECK(e->estimated_ttft_s < 0.05);
+    // Failing from both: recomputing the 40 tokens (40 ms) beats a pull that fails nine times in ten.
+    h.loads.measured[{1, "tcp://h2:5559"}] = failing;
+    auto g = h.router.Route(h.fleet, h.PromptOf(Policy::kKv));
+    REQUIRE(g.ok());
+    CHECK(g->worker != 2);
+    CHECK(g->pull.source.empty());
+    // Long after the last failure, the pairs are tried again.
+    h.clock.AdvanceMs(static_cast<int64_t>(1e3 * 10 * config::kPullFailureHalfLifeSeconds) + 1);
+    h.kv.InsertPredicted(2, h.Hashes(), kNsPerSec);
+    auto k = h.router.Route(h.fleet, h.PromptOf(Policy::kKv));
+    REQUIRE(k.ok());
+    CHECK(k->pull.source == "tcp://h2:5559");
+  }
   SUBCASE("an idle holder keeps its prefix's requests: no pull") {
     f.loads.own.erase(2);
     auto e = f.router.Route(f.fleet, f.PromptOf(Policy::kKv));
@@ -332,6 +362,20 @@ TEST_CASE("a pair's pull fit: the prior without pulls, the pulls' own time at th
   bad.Add(1, -1, 1);
   bad.Add(1, 1e9, std::nan(""));
   CHECK(bad.pulls() == 0);
+  // Failures: a share of the pair's pulls, against one good pull before any, halving in weight
+  // every half-life; malformed outcomes are not taken.
+  PullFit failing;
+  CHECK(failing.FailedShare(0) == 0);
+  failing.AddOutcomes(kNsPerSec, 2, 1, 0.3);
+  failing.AddOutcomes(kNsPerSec, 0, 1, 0.5);
+  failing.AddOutcomes(kNsPerSec, -1, 1, 0.5);
+  failing.AddOutcomes(kNsPerSec, 0, 1, std::nan(""));
+  CHECK(failing.FailedShare(kNsPerSec) == doctest::Approx(2.0 / (2 + 2 + config::kPullFailurePriorPulls)));
+  CHECK(failing.FailedSeconds() == doctest::Approx(0.4));
+  const TimeNs later = kNsPerSec + static_cast<TimeNs>(config::kPullFailureHalfLifeSeconds * 1e9);
+  CHECK(failing.FailedShare(later) == doctest::Approx(1.0 / (1 + 1 + config::kPullFailurePriorPulls)));
+  CHECK(failing.FailedSeconds() == doctest::Approx(0.4));
+  CHECK(failing.pulls() == 0);  // outcomes are not the fit's pulls
 }
 
 TEST_CASE("the TTFT calibration fits the estimate's terms to the first tokens, and the estimate follows") {

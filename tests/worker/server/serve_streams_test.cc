@@ -526,6 +526,13 @@ TEST_CASE("a holder gone after a pull's first frame is the pull's deadline: noth
   t.PollUntil([&] { return t.receiver->pending() == 0; });
   CHECK(t.receiver->stats().imported_blocks == 0);
   CHECK(t.receiver->stats().fallbacks.at("deadline") == 1);
+  // The load reports count it failed, with the time it took, apart from the pulls that brought blocks.
+  const std::vector<PullTotals> totals = t.receiver->TakeChangedPullTotals();
+  REQUIRE(totals.size() == 1);
+  CHECK(totals[0].pulls == 0);
+  CHECK(totals[0].bytes == 0);
+  CHECK(totals[0].failed == 1);
+  CHECK(totals[0].failed_seconds >= 5.0);
   t.AwaitRequestDone();
 }
 
@@ -542,6 +549,11 @@ TEST_CASE("a block whose tokens are not the prompt's ends the written run there;
   CHECK(t.receiver->stats().imported_blocks == kPerFrame);
   CHECK(t.receiver->stats().token_mismatches == 1);
   CHECK(t.receiver->stats().fallbacks.at("token_mismatch") == 1);
+  // Blocks came: a pull, not a failed one.
+  const std::vector<PullTotals> totals = t.receiver->TakeChangedPullTotals();
+  REQUIRE(totals.size() == 1);
+  CHECK(totals[0].pulls == 1);
+  CHECK(totals[0].failed == 0);
   CHECK(t.b.kv->CheckInvariants().ok());
 }
 
