@@ -19,7 +19,7 @@
 //
 // Apart from the fit, the pair's failed pulls (Load.pulls' `failed`: no block came, the request
 // computed its whole prefix): the share of its pulls that fail and what a failure took, both
-// forgetting by time (config::kPullFailureMemorySeconds), so that a pair no longer pulled from
+// forgetting by time (config::kPullFailureHalfLifeSeconds), so that a pair no longer pulled from
 // (because its pulls failed) is tried again once its failures are old. Routing weighs a pull
 // option by them (router/routing/README.md, "Pulling a prefix").
 //
