@@ -61,6 +61,9 @@ class PullFit {
   // Adds an increment: `pulls` pulls that moved `bytes` in `seconds` together.
   void Add(double pulls, double bytes, double seconds) {
     if (!(pulls > 0) || bytes < 0 || !(seconds >= 0)) return;
+    totals_.pulls += pulls;
+    totals_.bytes += bytes;
+    totals_.seconds += seconds;
     const double g = bytes / kBytesPerUnit;
     Decay();
     nn_ += pulls * pulls;
@@ -106,6 +109,8 @@ class PullFit {
     ok_ += ok;
     failed_ += failed;
     failed_seconds_ += failed_seconds;
+    totals_.failed += failed;
+    totals_.failed_seconds += failed_seconds;
   }
 
   // The share of the pair's pulls that fail, as of `now`: 0 without failures.
@@ -119,6 +124,13 @@ class PullFit {
   double FailedSeconds() const { return failed_ > 0 ? failed_seconds_ / failed_ : 0; }
 
   double pulls() const { return pulls_; }
+
+  // Everything added, unweighed (/fleet shows it): the pulls that brought blocks, their bytes
+  // and seconds, and the failed pulls and their seconds.
+  struct Totals {
+    double pulls = 0, bytes = 0, seconds = 0, failed = 0, failed_seconds = 0;
+  };
+  const Totals& totals() const { return totals_; }
 
  private:
   double Weight(TimeNs now) const {
@@ -140,6 +152,7 @@ class PullFit {
   double nn_ = 0, ng_ = 0, gg_ = 0, nt_ = 0, gt_ = 0, pulls_ = 0;
   double ok_ = 0, failed_ = 0, failed_seconds_ = 0;  // weighed by age, as of outcomes_at_
   TimeNs outcomes_at_ = 0;
+  Totals totals_;
 };
 
 }  // namespace kvfleet::router

@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -76,6 +78,8 @@ class WorkerSignals {
   }
   // When a worker's load report last said one of its pulls failed (this clock; 0: never).
   virtual TimeNs LastPullFailure() const { return 0; }
+  // What worker `receiver`'s pulls took, by holder endpoint: empty, none reported.
+  virtual std::map<std::string, PullFit, std::less<>> PullFits(WorkerId /*receiver*/) const { return {}; }
   // Calls fn(i, load) for each of `ids`, in order, with Load(ids[i]) (null: none): routing
   // reads every candidate's at once and copies each straight into its own view, so an
   // implementation with a lock takes it once for the lot. fn must not call back in.

@@ -152,6 +152,7 @@ class EventPlane final : public WorkerSignals {
   std::optional<WorkerLoad> Load(WorkerId id) const override;
   std::optional<PullFit> MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const override;
   TimeNs LastPullFailure() const override;
+  std::map<std::string, PullFit, std::less<>> PullFits(WorkerId receiver) const override;
   void VisitLoads(std::span<const WorkerId> ids,
                   const std::function<void(size_t i, const WorkerLoad* load)>& fn) const override;
   std::vector<WorkerEventStats> Stats() const;

@@ -69,6 +69,12 @@ std::optional<WorkerLoad> EventPlane::Load(WorkerId id) const {
   return impl_->loads_[id];
 }
 
+std::map<std::string, PullFit, std::less<>> EventPlane::PullFits(WorkerId receiver) const {
+  std::shared_lock lock(impl_->view_mu_);
+  auto it = impl_->pull_fits_.find(receiver);
+  return it == impl_->pull_fits_.end() ? std::map<std::string, PullFit, std::less<>>{} : it->second;
+}
+
 TimeNs EventPlane::LastPullFailure() const { return impl_->last_pull_failure_.load(std::memory_order_relaxed); }
 
 std::optional<PullFit> EventPlane::MeasuredPulls(WorkerId receiver, std::string_view holder_endpoint) const {

@@ -377,6 +377,7 @@ struct WorkerStatus {
   int64_t peer_inflight_requests = 0;       // the other routers', as their gossip said (peer_loads.h)
   int64_t peer_inflight_prefill_tokens = 0; // theirs, not yet past the first token
   std::optional<WorkerLoad> load;
+  std::map<std::string, PullFit, std::less<>> pulls;  // by holder endpoint: what its pulls took
 };
 
 class FleetImpl;

@@ -167,7 +167,10 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
       s.peer_inflight_requests = static_cast<int64_t>(peers.requests);
       s.peer_inflight_prefill_tokens = static_cast<int64_t>(peers.prefill_tokens);
     }
-    if (signals_) s.load = signals_->Load(w->id);
+    if (signals_) {
+      s.load = signals_->Load(w->id);
+      s.pulls = signals_->PullFits(w->id);
+    }
     out.push_back(std::move(s));
   }
   return out;

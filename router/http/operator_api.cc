@@ -66,6 +66,25 @@ json LoadJson(const WorkerStatus& w, TimeNs now) {
           {"report_age_seconds", static_cast<double>(now - w.load->received_at) / kNsPerSec}};
 }
 
+// What the worker's pulls took, per holder, as its load reports said (router/core/pull_fit.h):
+// totals as this router heard them, the pulls' mean bandwidth, and the share of its pulls from
+// that holder that failed lately, which routing weighs a pull from it by.
+json PullsJson(const WorkerStatus& w, TimeNs now) {
+  json out = json::array();
+  for (const auto& [holder, fit] : w.pulls) {
+    const PullFit::Totals& t = fit.totals();
+    out.push_back({{"holder", holder},
+                   {"pulls", t.pulls},
+                   {"bytes", t.bytes},
+                   {"seconds", t.seconds},
+                   {"bytes_per_second", t.seconds > 0 ? json(t.bytes / t.seconds) : json(nullptr)},
+                   {"failed", t.failed},
+                   {"failed_seconds", t.failed_seconds},
+                   {"failed_share", fit.FailedShare(now)}});
+  }
+  return out;
+}
+
 json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_size, TimeNs now) {
   const WorkerHello& info = w.info;
   return {{"id", w.id},
@@ -106,7 +125,8 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"router_inflight_prefill_tokens", w.inflight_prefill_tokens},
           {"peer_routers_inflight_requests", w.peer_inflight_requests},
           {"peer_routers_inflight_prefill_tokens", w.peer_inflight_prefill_tokens},
-          {"load", LoadJson(w, now)}};
+          {"load", LoadJson(w, now)},
+          {"pulls", PullsJson(w, now)}};
 }
 
 json ModelEntry(const std::string& id, const std::string& root, const json& parent) {

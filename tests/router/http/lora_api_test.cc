@@ -1,7 +1,8 @@
 // LoRA adapters through the router's API against fake workers: a request's model selects an
 // adapter and goes only to workers serving it, /v1/models and /fleet list adapters, Hellos
 // change what is served, and /v1/load_lora_adapter and /v1/unload_lora_adapter reach every
-// target worker and answer with their outcome.
+// target worker and answer with their outcome. And what else /fleet shows of the load
+// reports: each worker's KV pulls per holder.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -40,8 +41,14 @@ class FakeSignals final : public WorkerSignals {
     if (it == loads.end()) return std::nullopt;
     return it->second;
   }
+  std::map<std::string, PullFit, std::less<>> PullFits(WorkerId id) const override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pulls.find(id);
+    return it == pulls.end() ? std::map<std::string, PullFit, std::less<>>{} : it->second;
+  }
   mutable std::mutex mu;
   std::map<WorkerId, WorkerLoad> loads;
+  std::map<WorkerId, std::map<std::string, PullFit, std::less<>>> pulls;
 };
 
 // The router has not just restarted: an unknown model is 404 at once.
@@ -325,6 +332,34 @@ TEST_CASE("with an API key, loading and unloading adapters need it") {
   CHECK(StatusOf(r.Post("/v1/unload_lora_adapter", R"({"lora_name":"a"})")) == 401);
   CHECK(w.lora_controls() == 0);
   CHECK(StatusOf(r.Post("/v1/load_lora_adapter", body, "Authorization: Bearer sk-good\r\n")) == 200);
+}
+
+TEST_CASE("/fleet shows each worker's KV pulls per holder: totals, bandwidth and the failed share") {
+  FakeWorker w;
+  FakeSignals signals;
+  LoraRouter r({}, &signals);
+  r.Register(w.HelloOf("w"));
+  const WorkerId id = r.fleet->Workers().at(0).id;
+  CHECK(json::parse(BodyOf(r.Get("/fleet")))["workers"][0]["pulls"].empty());  // none reported
+  // Three pulls of 1 GB in 0.5 s each, then one that failed after 0.4 s.
+  PullFit fit;
+  fit.Add(3, 3e9, 1.5);
+  fit.AddOutcomes(SystemClock::Default()->Now(), 3, 1, 0.4);
+  {
+    std::lock_guard<std::mutex> lock(signals.mu);
+    signals.pulls[id]["tcp://10.0.0.7:5559"] = fit;
+  }
+  const json pulls = json::parse(BodyOf(r.Get("/fleet")))["workers"][0]["pulls"];
+  REQUIRE(pulls.size() == 1);
+  CHECK(pulls[0]["holder"] == "tcp://10.0.0.7:5559");
+  CHECK(pulls[0]["pulls"] == 3);
+  CHECK(pulls[0]["bytes"].get<double>() == doctest::Approx(3e9));
+  CHECK(pulls[0]["bytes_per_second"].get<double>() == doctest::Approx(2e9));
+  CHECK(pulls[0]["failed"] == 1);
+  CHECK(pulls[0]["failed_seconds"].get<double>() == doctest::Approx(0.4));
+  // One failed of four, against one good pull before any (router/core/pull_fit.h).
+  CHECK(pulls[0]["failed_share"].get<double>() ==
+        doctest::Approx(1.0 / (1 + 3 + config::kPullFailurePriorPulls)).epsilon(0.01));
 }
 
 }  // namespace kvfleet::router
