@@ -1,6 +1,7 @@
 #include "router/http/operator_api.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -74,11 +75,11 @@ json PullsJson(const WorkerStatus& w, TimeNs now) {
   for (const auto& [holder, fit] : w.pulls) {
     const PullFit::Totals& t = fit.totals();
     out.push_back({{"holder", holder},
-                   {"pulls", t.pulls},
-                   {"bytes", t.bytes},
+                   {"pulls", static_cast<uint64_t>(t.pulls)},  // counts, summed from whole increments
+                   {"bytes", static_cast<uint64_t>(t.bytes)},
                    {"seconds", t.seconds},
                    {"bytes_per_second", t.seconds > 0 ? json(t.bytes / t.seconds) : json(nullptr)},
-                   {"failed", t.failed},
+                   {"failed", static_cast<uint64_t>(t.failed)},
                    {"failed_seconds", t.failed_seconds},
                    {"failed_share", fit.FailedShare(now)}});
   }
