@@ -48,6 +48,7 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
   const size_t n = candidates->size();
   if (computing.run <= stored.run) computing.c = nullptr;  // the stored source brings as much, sooner
   const double pull_bias_s = options().calibrate_ttft ? calibration_.pull_bias_s() : 0;
+  const PairReads reads = ReadPairs();
   for (const Source* source_of : {&stored, &computing}) {
     const Source& from = *source_of;
     if (from.c == nullptr) continue;
@@ -61,7 +62,7 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
       if (c.worker == source || have >= from.run) continue;
       if (c.transfer_format == 0 || c.transfer_format != format) continue;
       const bool same_host = host != 0 && host == c.transfer_host;
-      Candidate pulled = WithPull(c, source, *from.peer, same_host, from.run - have);
+      Candidate pulled = WithPull(c, source, *from.peer, same_host, from.run - have, reads);
       pulled.pull_ready_s = from.ready_s;
       pulled.pull_s += from.ready_s;
       pulled.pull_bias_s = pull_bias_s;
@@ -70,25 +71,27 @@ void Router::AddPulls(std::span<const Candidate> holders, double fleet_rate, std
   }
 }
 
-Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host,
-                           uint32_t blocks) const {
-  const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
-  const double bytes = static_cast<double>(blocks) * static_cast<double>(peer.bytes_per_block);
-  const PullCost prior{options().transfer_setup_s, 1.0 / bandwidth};
-  // The pair's failures are read only while some are recent: a healthy fleet looks up no pair.
+Router::PairReads Router::ReadPairs() const {
+  // The pairs' failures are read only while some are recent: a healthy fleet looks up no pair.
   const TimeNs now = clock_->Now();
   const TimeNs failed_at = loads_->LastPullFailure();
   const bool failures = failed_at > 0 && now - failed_at < config::kPullFailuresForgottenNs;
-  const std::optional<PullFit> measured = options().transfer_measured || failures
-                                              ? loads_->MeasuredPulls(c.worker, peer.endpoint)
-                                              : std::nullopt;
+  return PairReads{now, options().transfer_measured || failures};
+}
+
+Candidate Router::WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host, uint32_t blocks,
+                           const PairReads& reads) const {
+  const double bandwidth = same_host ? options().transfer_ipc_bytes_per_s : options().transfer_bytes_per_s;
+  const double bytes = static_cast<double>(blocks) * static_cast<double>(peer.bytes_per_block);
+  const PullCost prior{options().transfer_setup_s, 1.0 / bandwidth};
+  const std::optional<PullFit> measured = reads.read ? loads_->MeasuredPulls(c.worker, peer.endpoint) : std::nullopt;
   Candidate pulled = c;
   pulled.pull_from = source;
   pulled.pull_blocks = blocks;
   pulled.device_blocks += blocks;
   pulled.pull_s = (measured && options().transfer_measured ? measured->Solve(prior, bytes) : prior).Seconds(bytes);
   if (measured) {
-    pulled.pull_failed_share = measured->FailedShare(now);
+    pulled.pull_failed_share = measured->FailedShare(reads.now);
     pulled.pull_failed_s = measured->FailedSeconds();
   }
   return pulled;

@@ -214,12 +214,20 @@ class Router {
   // Holders are looked for among `holders` (every worker of the model: a prefill worker's
   // cache serves the decode pool too).
   void AddPulls(std::span<const Candidate> holders, double fleet_rate, std::vector<Candidate>* candidates) const;
+  // Whether pull options read each pair's measured pulls (PullFit), as of `now`: with
+  // --transfer-measured, or while some worker's failed pull is recent. Taken once per decision.
+  struct PairReads {
+    TimeNs now = 0;
+    bool read = false;
+  };
+  PairReads ReadPairs() const;
   // `c` with `blocks` more leading blocks pulled from `source` (whose transfer service is
   // `peer`) into it. Priced by what c's pulls from that holder took (its load reports,
-  // router/core/pull_fit.h), regularized toward the flags: the device-to-device bandwidth when
-  // their Hellos name one host (`same_host`), else the network's, and the set-up per pull.
-  Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host,
-                     uint32_t blocks) const;
+  // router/core/pull_fit.h) where `reads` says so, regularized toward the flags: the
+  // device-to-device bandwidth when their Hellos name one host (`same_host`), else the
+  // network's, and the set-up per pull; weighed by the pair's failed pulls.
+  Candidate WithPull(const Candidate& c, WorkerId source, const TransferPeer& peer, bool same_host, uint32_t blocks,
+                     const PairReads& reads) const;
   // The hint's deadline for `c`'s pull: Picker::PullDeadline in ms, at least 10.
   uint32_t PullDeadlineMs(const RouteRequest& route, const Candidate& c, double fleet_rate) const;
   // P/D disaggregation (split.cc; README.md): whether `prompt` is split, and if so fills *d

@@ -46,12 +46,13 @@ bool Router::TrySplit(std::span<const Candidate> prefill_pool, std::span<const C
   // blocks pulled from the prefill worker. Its cost is then its decode load (running requests,
   // the admission wait its report gives when its batch or KV cache is full) and the pull.
   std::vector<Candidate> decode;
+  const PairReads reads = ReadPairs();
   for (const Candidate& c : decode_pool) {
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
     const uint32_t have = c.device_blocks + c.host_blocks;
     const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
-    decode.push_back(have < full ? WithPull(c, pre.worker, *from, same_host, full - have) : c);
+    decode.push_back(have < full ? WithPull(c, pre.worker, *from, same_host, full - have, reads) : c);
   }
   if (decode.empty()) return false;  // no decode worker can take the prefill worker's KV
   auto decode_admitted = std::make_shared<std::vector<Candidate>>(Admissible(route, decode, &ttft));
@@ -120,12 +121,13 @@ double Router::IdleSplitTtft(std::span<const Candidate> prefill_pool, std::span<
   if (pre == nullptr) return best;
   const double decode_rate = picker_.FleetRate(decode_pool);
   double part = std::numeric_limits<double>::infinity();
+  const PairReads reads = ReadPairs();
   for (const Candidate& c : decode_pool) {
     std::shared_ptr<const TransferPeer> to = loads_->Transfer(c.worker);
     if (!to || to->format != from->format) continue;
     const uint32_t have = c.device_blocks + c.host_blocks;
     const bool same_host = !from->host_id.empty() && from->host_id == to->host_id;
-    const Candidate pulled = have < full_blocks ? WithPull(c, pre->worker, *from, same_host, full_blocks - have) : c;
+    const Candidate pulled = have < full_blocks ? WithPull(c, pre->worker, *from, same_host, full_blocks - have, reads) : c;
     part = std::min(part, picker_.EstimateTtft(route, Idle(pulled), decode_rate));
   }
   return best + part;
