@@ -453,11 +453,12 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why, const 
     kv_->EndImport(p.plan, good);
   }
   stats_.imported_blocks += good;
+  const TimeNs elapsed = std::max<TimeNs>(0, service_->Now() - p.started);
   // What the request waited for its prefix: from the pull's start to its blocks stored here,
   // or to its fallback (a router prices a pair whose pulls fail by what they cost). As many
   // holders as a load report may carry: a fleet has fewer, and a hint may name any endpoint.
   if (totals_.contains(p.source) || totals_.size() < events::config::kMaxPullSources) {
-    const double seconds = static_cast<double>(std::max<TimeNs>(0, service_->Now() - p.started)) / kNsPerSec;
+    const double seconds = static_cast<double>(elapsed) / kNsPerSec;
     PullTotals& t = totals_[p.source];
     t.source = p.source;
     if (good > 0) {
@@ -473,7 +474,7 @@ void KvPulls::Complete(Pending& p, uint32_t good, const std::string& why, const 
   if (good < wanted) {
     ++stats_.fallbacks[why];
     Logger("transfer")->debug("request {}: a pull from {} brought {} of {} blocks in {:.1f} ms ({}): {}", p.request,
-                              p.source, good, wanted, static_cast<double>(service_->Now() - p.started) / kNsPerMs,
+                              p.source, good, wanted, static_cast<double>(elapsed) / kNsPerMs,
                               why, status.ToString());
   }
   engine_->Unhold(p.request);
