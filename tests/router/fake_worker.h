@@ -39,15 +39,16 @@ bool WaitFor(Pred pred, int ms = 5000) {
 }
 
 // WaitFor for a fleet on a ManualClock: the fleet drains its sockets' connect events at its
-// tick (20 ms on its clock), so while waiting the clock moves a tick every 50 ms, at most
-// `max_advance` in all (the test's next clock-driven event must lie beyond it).
+// tick (20 ms on its clock), so while waiting the clock moves a tick every `polls_per_tick`
+// polls (50 ms by default), at most `max_advance` in all (the test's next clock-driven event
+// must lie beyond it).
 template <typename Pred>
-bool WaitTicking(ManualClock& clock, Pred pred, DurationNs max_advance, int ms = 10'000) {
+bool WaitTicking(ManualClock& clock, Pred pred, DurationNs max_advance, int ms = 10'000, int polls_per_tick = 10) {
   int polls = 0;
   DurationNs advanced = 0;
   return WaitFor([&] {
     if (pred()) return true;
-    if (++polls % 10 == 0 && advanced < max_advance) {
+    if (++polls % polls_per_tick == 0 && advanced < max_advance) {
       clock.Advance(20 * kNsPerMs);
       advanced += 20 * kNsPerMs;
     }

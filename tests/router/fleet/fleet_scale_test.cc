@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <string>
@@ -27,6 +28,7 @@
 namespace kvfleet::router {
 
 using testing::WaitFor;
+using testing::WaitTicking;
 
 namespace {
 
@@ -93,7 +95,8 @@ void OnLoopThread(PollLoop& loop, std::function<void()> fn) {
 // A fleet with a registration socket and `lanes` lanes, each on its own thread, as the router
 // runs one per HTTP I/O thread.
 struct ScaleSetup {
-  ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes, prometheus::Registry* registry = nullptr)
+  ScaleSetup(size_t max_workers, DurationNs forget_after, size_t lanes, prometheus::Registry* registry = nullptr,
+             const Clock* clock = SystemClock::Default())
       : loops(lanes) {
     FleetOptions o;
     o.on_forgotten = [this](WorkerId, const std::string& worker, bool last_of_name) {
@@ -104,7 +107,7 @@ struct ScaleSetup {
     o.max_workers = max_workers;
     o.lanes = lanes;
     o.forget_after = forget_after;
-    fleet = std::move(Fleet::Start(o, nullptr, SystemClock::Default(), registry)).value();
+    fleet = std::move(Fleet::Start(o, nullptr, clock, registry)).value();
     lane_of.resize(lanes);
     for (size_t i = 0; i < lanes; ++i) OnLoopThread(loops[i], [&, i] { lane_of[i] = fleet->NewLane(&loops[i]); });
     registrar = std::make_unique<Registrar>(ctx, RouterEndpoint(*fleet), "registrar");
@@ -198,26 +201,52 @@ TEST_CASE("300 registrations: the fleet takes max_workers of them with all their
 }
 
 TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets; one back within it is kept") {
-  const DurationNs grace = 150 * kNsPerMs;
+  // The fleet's clock is the test's: a registered worker not yet connected is gone since its
+  // Hello, so on a loaded machine a real-time grace could forget one before its connection
+  // was seen. Here the grace passes only when the test moves the clock.
+  const DurationNs grace = 2 * kNsPerSec;
+  ManualClock clock;
   prometheus::Registry registry;
-  ScaleSetup s(8, grace, 1, &registry);
+  ScaleSetup s(8, grace, 1, &registry, &clock);
   testing::FakeWorker leaving_worker, returning_worker;  // reachable: only a Bye makes them gone
-  WorkerHello leaving = HelloOf("leaving", 1), returning = HelloOf("returning", 2);
+  WorkerHello leaving = HelloOf("leaving", 1), returning = HelloOf("returning", 2), later = HelloOf("later", 3);
   leaving.requests_endpoint = leaving_worker.endpoint();
   returning.requests_endpoint = returning_worker.endpoint();
   s.registrar->Send(leaving);
   s.registrar->Send(returning);
-  REQUIRE(WaitFor([&] { return s.fleet->Records() == 2 && s.LaneDealers() == 2; }));
-  s.Bye(leaving);
+  auto status_of = [&](const std::string& name) {
+    for (const WorkerStatus& w : s.fleet->Workers()) {
+      if (w.info.name == name) return std::optional<WorkerStatus>(w);
+    }
+    return std::optional<WorkerStatus>();
+  };
+  auto connected = [&](const std::string& name) {
+    const auto w = status_of(name);
+    return w && w->connected;
+  };
+  REQUIRE(WaitTicking(clock, [&] {
+    return s.fleet->Records() == 2 && s.LaneDealers() == 2 && connected("leaving") && connected("returning");
+  }, grace * 3 / 4));
+  // One socket, in order: the second Bye seen means the rest was too.
   s.Bye(returning);
   s.registrar->Send(returning);  // restarted within the grace
-  REQUIRE(WaitFor([&] { return s.fleet->Records() == 1; }));
+  s.Bye(leaving);
+  REQUIRE(WaitFor([&] {
+    const auto w = status_of("leaving");
+    return w && w->said_bye;
+  }));
+  REQUIRE(WaitTicking(clock, [&] { return s.fleet->Records() == 1; }, 4 * grace, 10'000, 1));
   CHECK_FALSE(Listed(*s.fleet, "leaving"));
   CHECK(s.Forgotten() == std::vector<std::string>{"leaving"});
   CHECK(InflightSeries(registry) == std::set<std::string>{"returning"});
   CHECK(s.fleet->SocketsOpen() == 1 + config::kFleetSocketsPerWorker);
   CHECK(WaitFor([&] { return s.LaneDealers() == 1; }));
-  std::this_thread::sleep_for(std::chrono::nanoseconds(2 * grace));
+  // Another grace and more: one that says bye now is forgotten, the one back is not.
+  s.registrar->Send(later);
+  REQUIRE(WaitFor([&] { return Listed(*s.fleet, "later"); }));
+  s.Bye(later);
+  REQUIRE(WaitTicking(clock, [&] { return s.Forgotten().size() == 2; }, 4 * grace, 10'000, 1));
+  CHECK(s.Forgotten() == std::vector<std::string>{"leaving", "later"});
   CHECK(Listed(*s.fleet, "returning"));
   CHECK(s.fleet->Records() == 1);
 }
@@ -264,7 +293,11 @@ TEST_CASE("a full fleet: a new worker takes the place of the one gone longest, n
 
 TEST_CASE("churn: workers come and go, the registry, its ids and its sockets stay bounded") {
   constexpr int kRounds = 5, kPerRound = 20;
-  ScaleSetup s(kPerRound, 100 * kNsPerMs, 2);
+  // Nobody listens at these workers' addresses: on a real-time grace, a round's first ones
+  // could be forgotten before its last ones registered. The test's clock passes the grace
+  // only once the round has said bye.
+  ManualClock clock;
+  ScaleSetup s(kPerRound, 100 * kNsPerMs, 2, nullptr, &clock);
   for (int round = 0; round < kRounds; ++round) {
     std::vector<WorkerHello> hellos;
     for (int i = 0; i < kPerRound; ++i) {
@@ -276,7 +309,7 @@ TEST_CASE("churn: workers come and go, the registry, its ids and its sockets sta
     for (const WorkerStatus& w : s.fleet->Workers()) ids.insert(w.id);
     CHECK(*ids.rbegin() < kPerRound);  // forgotten workers' ids are reused
     for (const WorkerHello& h : hellos) s.Bye(h);
-    REQUIRE(WaitFor([&] { return s.fleet->Records() == 0; }));
+    REQUIRE(WaitTicking(clock, [&] { return s.fleet->Records() == 0; }, kNsPerSec, 10'000, 1));
     CHECK(s.fleet->SocketsOpen() == 1);
     CHECK(WaitFor([&] { return s.LaneDealers() == 0; }));
     CHECK(s.RefusedFor("max-workers") == 0);
