@@ -176,7 +176,9 @@ int RunBench(const BenchArgs& args) {
   std::vector<bench::RunReport> reports;
   std::string model = args.replay.model;
   const auto run_id = std::chrono::system_clock::now().time_since_epoch().count();
-  for (const Run& spec : runs) {
+  // One run: its fleet started and ready, the trace replayed, its report appended. An error
+  // leaves `reports` as it was.
+  auto measure = [&](const Run& spec) -> Status {
     const std::string& policy = spec.policy;
     bench::ReplayOptions options = args.replay;
     options.policy = policy;
@@ -187,15 +189,13 @@ int RunBench(const BenchArgs& args) {
     if (comparing) options.cache_salt = "kvfleet-bench-" + std::to_string(run_id) + "-" + spec.label;
     bench::FleetProcess fleet;
     if (!args.fleet_cmd.empty()) {
-      if (Status s = fleet.Start(args.fleet_cmd); !s.ok()) return fail(s);
+      KVF_RETURN_IF_ERROR(fleet.Start(args.fleet_cmd));
       for (const std::string& url : options.RouterUrls()) {
-        if (Status s = fleet.WaitReady(url, args.ready_timeout_s, args.fleet_workers); !s.ok()) return fail(s);
+        KVF_RETURN_IF_ERROR(fleet.WaitReady(url, args.ready_timeout_s, args.fleet_workers));
       }
     }
     if (options.model.empty()) {
-      auto model = bench::OnlyModel(options.RouterUrls().front());
-      if (!model.ok()) return fail(model.status());
-      options.model = *model;
+      KVF_ASSIGN_OR_RETURN(options.model, bench::OnlyModel(options.RouterUrls().front()));
       std::cerr << "bench: model " << options.model << "\n";
     }
     model = options.model;
@@ -222,8 +222,8 @@ int RunBench(const BenchArgs& args) {
       }
     }
     fleet.Stop();
-    if (!run.ok()) return fail(run.status());
-    if (!whole.ok()) return fail(whole);
+    KVF_RETURN_IF_ERROR(run.status());
+    KVF_RETURN_IF_ERROR(whole);
     if (request_lines.is_open()) WriteRequestLines(request_lines, spec.label, *run);
     reports.push_back(bench::Summarize(spec.label, *run, ideal, ttft_slo_s, args.scale.warmup_s));
     bench::RunReport& r = reports.back();
@@ -252,14 +252,26 @@ int RunBench(const BenchArgs& args) {
     }
     std::cerr << "\n";
     for (const auto& e : r.error_examples) std::cerr << "bench:   error " << e << "\n";
+    return Status::Ok();
+  };
+  // A run that cannot be measured (its fleet not ready, workers lost, the router gone) ends
+  // the comparison; the runs measured before it are still reported, with what stopped it.
+  Status stopped = Status::Ok();
+  std::vector<std::string> not_measured;
+  for (const Run& spec : runs) {
+    if (stopped.ok()) stopped = measure(spec);
+    if (!stopped.ok()) not_measured.push_back(spec.label);
   }
+  if (!stopped.ok() && reports.empty()) return fail(stopped);
 
   bench::PrintTable(std::cout, reports);
   bench::BenchSettings settings{args.replay.router_url, args.trace_path, model, args.scale,
                                 args.vocab_size, args.replay.concurrency_limit, ttft_slo_s};
   if (!args.out_path.empty()) {
+    nlohmann::json results = bench::ResultsJson(settings, reports);
+    if (!stopped.ok()) results["stopped"] = {{"error", stopped.message()}, {"runs_not_measured", not_measured}};
     std::ofstream out(args.out_path);
-    out << bench::ResultsJson(settings, reports).dump(2) << "\n";
+    out << results.dump(2) << "\n";
     if (!out) return fail(Internal("cannot write " + args.out_path));
     std::cerr << "bench: results in " << args.out_path << "\n";
   }
@@ -277,6 +289,12 @@ int RunBench(const BenchArgs& args) {
     } else {
       std::cerr << "bench: plot in " << args.plot_path << "\n";
     }
+  }
+  if (!stopped.ok()) {
+    std::cerr << "error: the " << not_measured.front() << " run: " << stopped.message() << " (not measured: ";
+    for (size_t i = 0; i < not_measured.size(); ++i) std::cerr << (i > 0 ? ", " : "") << not_measured[i];
+    std::cerr << "; the runs before it are reported above)\n";
+    return 2;
   }
   size_t failed = 0;
   for (const auto& r : reports) failed += r.failed;

@@ -271,6 +271,34 @@ TEST_CASE("--fleet-workers: a fleet is measured only once the router lists that 
   CHECK(lost_out.find("lost workers during the kv run: 1 of 2 workers routable") != std::string::npos);
 }
 
+TEST_CASE("a comparison stopped by a fleet that does not come up still reports the runs measured before it") {
+  // Regression: a --compare whose later fleet never became ready exited with the error alone,
+  // and the runs already measured (minutes of them) were lost with it.
+  testing::FakeOpenAiServer server;
+  // Two routable workers for the first run's start and end; one for every fleet after it.
+  server.LoseAWorkerAfterFleetGets(2);
+  TempDir dir;
+  const fs::path trace = WriteTrace(dir.path / "trace.jsonl", 3);
+  const fs::path out = dir.path / "results.json";
+  const std::string cmd = std::string(KVFLEET_CLI) + " bench --router " + server.url() + " --trace " +
+                          trace.string() + " --length-scale 8 --time-scale 10 --compare kv,round_robin,least_loaded" +
+                          " --fleet-cmd 'exec sleep 60' --fleet-workers 2 --ready-timeout 0.5 --out " + out.string() +
+                          " --quiet 2>&1";
+  auto [rc, printed] = RunCommand(cmd);
+  CHECK(rc == 2);
+  CHECK(printed.find("kv ") != std::string::npos);  // the table, with the run measured
+  CHECK(printed.find("error: the round_robin run: router at ") != std::string::npos);
+  CHECK(printed.find("not ready after 0.5") != std::string::npos);
+  CHECK(printed.find("(1 of 2 workers routable) (not measured: round_robin, least_loaded;") != std::string::npos);
+  std::ifstream j(out);
+  const nlohmann::json results = nlohmann::json::parse(j);
+  REQUIRE(results["runs"].size() == 1);
+  CHECK(results["runs"][0]["policy"] == "kv");
+  CHECK(results["runs"][0]["completed"] == 3);
+  CHECK(results["stopped"]["error"].get<std::string>().find("1 of 2 workers routable") != std::string::npos);
+  CHECK(results["stopped"]["runs_not_measured"] == nlohmann::json::array({"round_robin", "least_loaded"}));
+}
+
 TEST_CASE("a fleet command that exits is reported, and Stop takes down its whole process group") {
   FleetProcess dead;
   REQUIRE(dead.Start("exit 3").ok());

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cctype>
 #include <csignal>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -49,7 +50,9 @@ class FakeOpenAiServer {
   int max_concurrent() const { return max_concurrent_.load(); }
   int gets() const { return gets_.load(); }
   // From the second GET /fleet on, one routable worker fewer (a worker lost after the start).
-  void LoseAWorkerAfterFirstFleet() { lose_a_worker_ = true; }
+  void LoseAWorkerAfterFirstFleet() { LoseAWorkerAfterFleetGets(1); }
+  // From GET /fleet number `gets` + 1 on, one routable worker fewer.
+  void LoseAWorkerAfterFleetGets(int gets) { lose_after_gets_ = gets; }
   std::vector<nlohmann::json> bodies() {
     std::lock_guard lock(mu_);
     return bodies_;
@@ -111,7 +114,7 @@ class FakeOpenAiServer {
     if (!ReadRequest(socket, &method, &target, &request_body)) return;
     if (method == "GET") {  // /health, /ready, /v1/models, /fleet (two routable workers, one not)
       ++gets_;
-      const bool lost = target == "/fleet" && fleet_gets_++ > 0 && lose_a_worker_;
+      const bool lost = target == "/fleet" && fleet_gets_++ >= lose_after_gets_;
       std::string body = target == "/v1/models" ? R"({"object":"list","data":[{"id":"fake"}]})"
                          : target == "/fleet"   ? std::string(R"({"workers":[{"routable":true},{"routable":false},)") +
                                                     (lost ? R"({"routable":false})" : R"({"routable":true})") +
@@ -176,7 +179,7 @@ class FakeOpenAiServer {
   std::atomic<int> max_concurrent_{0};
   std::atomic<int> gets_{0};
   std::atomic<int> fleet_gets_{0};
-  std::atomic<bool> lose_a_worker_{false};
+  std::atomic<int> lose_after_gets_{std::numeric_limits<int>::max()};
   std::mutex mu_;
   std::vector<std::thread> connections_;  // GUARDED_BY(mu_)
   std::vector<nlohmann::json> bodies_;    // GUARDED_BY(mu_)
