@@ -25,7 +25,7 @@ for f in "${fuzzers[@]}"; do
       -artifact_prefix="$DIR/crashes/$name-" "$work" "${seeds[@]}" >"$DIR/$name.log" 2>&1; then
     echo "fuzz: $name FAILED"; tail -40 "$DIR/$name.log"; rc=1
   else
-    grep -E "stat::number_of_executed_units" "$DIR/$name.log" | sed "s/^/fuzz: $name /"
+    grep -aE "stat::number_of_executed_units" "$DIR/$name.log" | sed "s/^/fuzz: $name /"
   fi
 done
 exit $rc
