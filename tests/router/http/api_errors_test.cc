@@ -340,7 +340,9 @@ TEST_CASE("no first token within the timeout: the request moves to another worke
   a.set_mode(FakeWorker::Mode::kHang);
   b.set_mode(FakeWorker::Mode::kHang);
   FleetOptions fo;
-  fo.first_token_timeout = 300 * kNsPerMs;
+  // The retry's attempt has the same timeout: long enough that the answering worker cannot
+  // miss it on a loaded machine.
+  fo.first_token_timeout = kNsPerSec;
   RouterUnderTest r({a.endpoint(), b.endpoint()}, {}, {}, fo);
   r.WaitRoutable(2);
   std::string result;

@@ -89,7 +89,15 @@ TEST_CASE("a cpu worker with --lora serves the adapter beside the base model, lo
   zmq::socket_t events(sub_context, zmq::socket_type::sub);
   events.set(zmq::sockopt::subscribe, "");
   events.connect("tcp://127.0.0.1:" + std::to_string(worker.events_port));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription reaches the publisher
+  {
+    // A first batch (a heartbeat comes every 200 ms) shows the subscription has reached the
+    // publisher: the steps below publish nothing it misses.
+    zmq::pollitem_t first{static_cast<void*>(events), 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq::poll(&first, 1, std::chrono::milliseconds(10'000)) == 1);
+    zmq::message_t topic, batch;
+    REQUIRE(events.recv(topic, zmq::recv_flags::none));
+    REQUIRE(events.recv(batch, zmq::recv_flags::none));
+  }
 
   Client client(worker.requests_port);
   std::vector<uint32_t> prompt = Prompt(40, 5);
