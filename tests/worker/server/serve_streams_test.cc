@@ -536,6 +536,28 @@ TEST_CASE("a holder gone after a pull's first frame is the pull's deadline: noth
   t.AwaitRequestDone();
 }
 
+TEST_CASE("a holder that refuses a pull (busy, or its blocks gone) is a failed pull, reported with what it took") {
+  for (const transfer::RefusalReason reason : {transfer::RefusalReason::kBusy, transfer::RefusalReason::kNotHeld}) {
+    CAPTURE(transfer::RefusalReasonName(reason));
+    HandHolder t;
+    t.StartPull();
+    t.clock.AdvanceMs(3);  // the refusal's round trip, on the receiver's clock
+    t.Send(transfer::EncodeRefused(t.request.transfer_id, reason, "not now"));
+    t.PollUntil([&] { return t.receiver->pending() == 0; });
+    CHECK(t.Written() == 0);
+    CHECK(t.receiver->stats().imported_blocks == 0);
+    CHECK(t.receiver->stats().fallbacks.at("refused") == 1);
+    // A failure as a router weighs the pair by: no blocks, the 3 ms to the fallback.
+    const std::vector<PullTotals> totals = t.receiver->TakeChangedPullTotals();
+    REQUIRE(totals.size() == 1);
+    CHECK(totals[0].source == t.endpoint);
+    CHECK(totals[0].pulls == 0);
+    CHECK(totals[0].failed == 1);
+    CHECK(totals[0].failed_seconds == doctest::Approx(0.003));
+    t.AwaitRequestDone();
+  }
+}
+
 TEST_CASE("a block whose tokens are not the prompt's ends the written run there; the run before it is stored") {
   HandHolder t;
   t.StartPull();
