@@ -98,6 +98,13 @@ stage "done"
 read -r total failed < <(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\2 \1/p' "$CTEST_LOG" |
   awk '{t += $1; f += $2} END {print t + 0, f + 0}')
 echo "summary: $((total - failed)) passed, $failed failed"
+if [ "$failed" -gt 0 ]; then
+  # The failing tests' own lines (doctest's assertions, sanitizer reports), again at the end: a
+  # log kept only in part (its head and tail) still says what failed.
+  echo "what the failing tests said (first 60 lines; their whole output is above):"
+  grep -aE '\*\*\*(Failed|Timeout|Exception)|ERROR: |WARNING: ThreadSanitizer|runtime error: |TEST CASE: |^  values: ' \
+    "$CTEST_LOG" | head -60
+fi
 if [ ${#failures[@]} -ne 0 ]; then
   echo "tests/run.sh: FAILED: ${failures[*]}"
   exit 1
