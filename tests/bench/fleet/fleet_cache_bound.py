@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""The cached-token ratio a fleet's KV capacity allows on a trace, whatever the routing.
+
+  fleet_cache_bound.py --trace T.jsonl --time-scale X --length-scale Y [--duration S] \
+      [--warmup-s S] --fleet-cache-tokens N [--fleet-cache-tokens M ...]
+
+The trace is scaled as `kvfleet bench` scales it (arrivals / X, lengths / Y, blocks of 512/Y
+tokens; --duration and --warmup-s as the bench's). For each capacity N (tokens, e.g. 8 x 442368
+for 8 mock workers) it prints, for the requests past the warm-up (the caches see them all):
+  ideal     the leading full blocks an unbounded cache would hold (the bench's "ideal");
+  lru       those one LRU cache of N tokens shared by the whole fleet would hold;
+  slru      those one segmented LRU of N tokens would hold: blocks used once go before blocks
+            used again (each segment LRU), so a prompt's one-off tail does not push out a prefix
+            that others share; an online policy that needs no knowledge of the future;
+  opt       the blocks, leading or not, that one cache of N tokens would hold under the optimal
+            eviction (Belady's: the block used again furthest in the future goes first; a
+            request's blocks are inserted once it is served).
+`opt` bounds what any fleet of that capacity can reach, routing and eviction alike: a fleet's
+workers together hold no more than one cache of their summed capacity (a prefix held twice
+takes its room twice), a hit needs a block's predecessors too, and the blocks of requests in
+flight take room besides. A goal above `opt` is out of reach for that fleet.
+"""
+
+import argparse
+import heapq
+import json
+import math
+
+TRACE_BLOCK = 512
+
+
+def chain(ids):
+    out, prefix = [], ()
+    for i in ids:
+        prefix = prefix + (i,)
+        out.append(hash(prefix))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--time-scale", type=float, default=1)
+    ap.add_argument("--length-scale", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=0)
+    ap.add_argument("--warmup-s", type=float, default=0)
+    ap.add_argument("--fleet-cache-tokens", type=int, action="append", required=True)
+    a = ap.parse_args()
+    if a.time_scale <= 0 or a.length_scale < 1 or TRACE_BLOCK % a.length_scale:
+        ap.error("--time-scale must be > 0 and --length-scale a divisor of 512")
+    if any(n <= 0 for n in a.fleet_cache_tokens):
+        ap.error("--fleet-cache-tokens must be > 0")
+    block = TRACE_BLOCK // a.length_scale
+    trace = [json.loads(l) for l in open(a.trace) if l.strip()]
+    trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
+    t0 = trace[0]["timestamp"]
+    reqs = []  # (measured, prompt tokens, full blocks' chain ids)
+    for r in trace:
+        arrival = (r["timestamp"] - t0) / 1000.0 / a.time_scale
+        if a.duration > 0 and arrival >= a.duration:
+            break
+        n_in = math.ceil(r["input_length"] / a.length_scale)
+        reqs.append((arrival >= a.warmup_s, n_in, chain(r["hash_ids"][: n_in // block])))
+
+    # Each access's next use of the same block (its request's index), for Belady.
+    never = len(reqs)
+    next_use = [None] * len(reqs)
+    upcoming = {}
+    for i in range(len(reqs) - 1, -1, -1):
+        next_use[i] = [upcoming.get(c, never) for c in reqs[i][2]]
+        for c in reqs[i][2]:
+            upcoming[c] = i
+
+    prompt = sum(n for measured, n, _ in reqs if measured)
+    seen, ideal = set(), 0
+    for measured, _, ch in reqs:
+        hits = 0
+        while hits < len(ch) and ch[hits] in seen:
+            hits += 1
+        ideal += hits * block if measured else 0
+        seen.update(ch)
+    print(f"requests {sum(1 for r in reqs if r[0])} measured of {len(reqs)}; prompt tokens {prompt}; block {block} tokens")
+    print(f"ideal {ideal / prompt:.4f}")
+
+    for tokens in a.fleet_cache_tokens:
+        capacity = tokens // block
+        # LRU, leading blocks only (as reuse_breakdown.py's fleet_lru).
+        lru, lru_hits = {}, 0
+        for measured, _, ch in reqs:
+            shared = 0
+            while shared < len(ch) and ch[shared] in lru:
+                shared += 1
+            lru_hits += shared * block if measured else 0
+            for c in ch:
+                lru.pop(c, None)
+                lru[c] = True
+            while len(lru) > capacity:
+                del lru[next(iter(lru))]
+        # Segmented LRU: a block's first use puts it in `once`; a later one moves it to `again`.
+        once, again, slru_hits = {}, {}, 0
+        for measured, _, ch in reqs:
+            shared = 0
+            while shared < len(ch) and (ch[shared] in once or ch[shared] in again):
+                shared += 1
+            slru_hits += shared * block if measured else 0
+            for c in ch:
+                if c in again:
+                    del again[c]
+                    again[c] = True
+                elif c in once:
+                    del once[c]
+                    again[c] = True
+                else:
+                    once[c] = True
+            while len(once) + len(again) > capacity:
+                del (once if once else again)[next(iter(once if once else again))]
+        # Belady: every block present counts; evict the furthest next use (lazy max-heap).
+        cached, heap, opt_hits = {}, [], 0
+        for i, (measured, _, ch) in enumerate(reqs):
+            opt_hits += sum(block for c in ch if c in cached) if measured else 0
+            for c, nxt in zip(ch, next_use[i]):
+                cached[c] = nxt
+                heapq.heappush(heap, (-nxt, c))
+            while len(cached) > capacity:
+                nxt, c = heapq.heappop(heap)
+                if cached.get(c) == -nxt:
+                    del cached[c]
+        print(f"capacity {tokens} tokens ({capacity} blocks): " +
+              ", ".join(f"{name} {hits / prompt:.4f} ({hits / ideal:.1%} of ideal)"
+                        for name, hits in (("lru", lru_hits), ("slru", slru_hits), ("opt", opt_hits))))
+
+
+if __name__ == "__main__":
+    main()
