@@ -23,26 +23,13 @@ flight take room besides. A goal above `opt` is out of reach for that fleet.
 
 import argparse
 import heapq
-import json
-import math
 
-TRACE_BLOCK = 512
-
-
-def chain(ids):
-    out, prefix = [], ()
-    for i in ids:
-        prefix = prefix + (i,)
-        out.append(hash(prefix))
-    return out
+from trace_common import TRACE_BLOCK, add_scale_args, chain, scaled_trace
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--time-scale", type=float, default=1)
-    ap.add_argument("--length-scale", type=int, default=1)
-    ap.add_argument("--duration", type=float, default=0)
+    add_scale_args(ap)
     ap.add_argument("--warmup-s", type=float, default=0)
     ap.add_argument("--fleet-cache-tokens", type=int, action="append", required=True)
     a = ap.parse_args()
@@ -51,16 +38,9 @@ def main():
     if any(n <= 0 for n in a.fleet_cache_tokens):
         ap.error("--fleet-cache-tokens must be > 0")
     block = TRACE_BLOCK // a.length_scale
-    trace = [json.loads(l) for l in open(a.trace) if l.strip()]
-    trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
-    t0 = trace[0]["timestamp"]
-    reqs = []  # (measured, prompt tokens, full blocks' chain ids)
-    for r in trace:
-        arrival = (r["timestamp"] - t0) / 1000.0 / a.time_scale
-        if a.duration > 0 and arrival >= a.duration:
-            break
-        n_in = math.ceil(r["input_length"] / a.length_scale)
-        reqs.append((arrival >= a.warmup_s, n_in, chain(r["hash_ids"][: n_in // block])))
+    # (measured, prompt tokens, its full blocks' chain ids)
+    reqs = [(arrival >= a.warmup_s, n_in, chain(ids[: n_in // block]))
+            for arrival, n_in, ids in scaled_trace(a.trace, a.time_scale, a.length_scale, a.duration)]
 
     # Each access's next use of the same block (its request's index), for Belady.
     never = len(reqs)

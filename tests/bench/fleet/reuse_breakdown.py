@@ -39,26 +39,14 @@ anyway (a pull), and is counted apart.
 
 import argparse
 import json
-import math
 from collections import OrderedDict, defaultdict
 
-TRACE_BLOCK = 512
-
-
-def chain(ids):
-    out, prefix = [], ()
-    for i in ids:
-        prefix = prefix + (i,)
-        out.append(hash(prefix))
-    return out
+from trace_common import TRACE_BLOCK, add_scale_args, chain, scaled_trace
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--time-scale", type=float, default=1)
-    ap.add_argument("--length-scale", type=int, default=1)
-    ap.add_argument("--duration", type=float, default=0)
+    add_scale_args(ap)
     ap.add_argument("--requests", required=True)
     ap.add_argument("--policy", default="")
     ap.add_argument("--cache-tokens", type=int, default=0, help="each worker's cache, an LRU of this many tokens (0: infinite)")
@@ -68,15 +56,7 @@ def main():
     if a.cache_tokens < 0 or a.fleet_cache_tokens < 0:
         ap.error("--cache-tokens and --fleet-cache-tokens must be >= 0")
     block = TRACE_BLOCK // a.length_scale
-    trace = [json.loads(l) for l in open(a.trace) if l.strip()]
-    trace.sort(key=lambda r: r["timestamp"])  # stable, as the bench
-    t0 = trace[0]["timestamp"]
-    scaled = []
-    for r in trace:
-        arrival = (r["timestamp"] - t0) / 1000.0 / a.time_scale
-        if a.duration > 0 and arrival >= a.duration:
-            break
-        scaled.append((arrival, math.ceil(r["input_length"] / a.length_scale), r["hash_ids"]))
+    scaled = scaled_trace(a.trace, a.time_scale, a.length_scale, a.duration)
     reqs = [json.loads(l) for l in open(a.requests) if l.strip()]
     if a.policy:
         reqs = [r for r in reqs if r["policy"] == a.policy]
