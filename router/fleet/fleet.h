@@ -377,7 +377,6 @@ struct WorkerStatus {
   int64_t peer_inflight_requests = 0;       // the other routers', as their gossip said (peer_loads.h)
   int64_t peer_inflight_prefill_tokens = 0; // theirs, not yet past the first token
   std::optional<WorkerLoad> load;
-  std::map<std::string, PullFit, std::less<>> pulls;  // by holder endpoint: what its pulls took
 };
 
 class FleetImpl;
@@ -438,6 +437,9 @@ class Fleet final : public WorkerLoads {
   OwnLoadCounts OwnLoadAt(WorkerId worker, TimeNs at) const override;
   // The worker's last load report (from the WorkerSignals; nullopt without them).
   std::optional<WorkerLoad> ReportedLoad(WorkerId worker) const override;
+  // What `worker`'s pulls took, by holder endpoint, as its load reports said (empty: none, or
+  // no WorkerSignals). Only /fleet asks: Workers() leaves them out.
+  std::map<std::string, PullFit, std::less<>> PullFits(WorkerId worker) const;
   uint64_t CacheBlocks(WorkerId worker) const override;
   uint32_t KvBlocksPerBlock(WorkerId worker) const override;
   uint32_t StoredPrefixBlocks(WorkerId worker) const override;

@@ -144,6 +144,9 @@ class FleetImpl final : public LaneFleet {
     return signals_ ? signals_->MeasuredPulls(receiver, holder_endpoint) : std::nullopt;
   }
   TimeNs LastPullFailure() const { return signals_ ? signals_->LastPullFailure() : 0; }
+  std::map<std::string, PullFit, std::less<>> PullFits(WorkerId worker) const {
+    return signals_ ? signals_->PullFits(worker) : std::map<std::string, PullFit, std::less<>>{};
+  }
   double AnnouncedPrefillRate(WorkerId id) const;
   WorkerRole Role(WorkerId id) const;
   bool StructuredOutputs(WorkerId id) const;

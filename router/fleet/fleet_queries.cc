@@ -167,10 +167,7 @@ std::vector<WorkerStatus> FleetImpl::Workers() const {
       s.peer_inflight_requests = static_cast<int64_t>(peers.requests);
       s.peer_inflight_prefill_tokens = static_cast<int64_t>(peers.prefill_tokens);
     }
-    if (signals_) {
-      s.load = signals_->Load(w->id);
-      s.pulls = signals_->PullFits(w->id);
-    }
+    if (signals_) s.load = signals_->Load(w->id);
     out.push_back(std::move(s));
   }
   return out;
@@ -407,5 +404,7 @@ std::optional<PullFit> Fleet::MeasuredPulls(WorkerId receiver, std::string_view 
 }
 
 TimeNs Fleet::LastPullFailure() const { return impl_->LastPullFailure(); }
+
+std::map<std::string, PullFit, std::less<>> Fleet::PullFits(WorkerId worker) const { return impl_->PullFits(worker); }
 
 }  // namespace kvfleet::router

@@ -70,9 +70,9 @@ json LoadJson(const WorkerStatus& w, TimeNs now) {
 // What the worker's pulls took, per holder, as its load reports said (router/core/pull_fit.h):
 // totals as this router heard them, the pulls' mean bandwidth, and the share of its pulls from
 // that holder that failed lately, which routing weighs a pull from it by.
-json PullsJson(const WorkerStatus& w, TimeNs now) {
+json PullsJson(const std::map<std::string, PullFit, std::less<>>& pulls, TimeNs now) {
   json out = json::array();
-  for (const auto& [holder, fit] : w.pulls) {
+  for (const auto& [holder, fit] : pulls) {
     const PullFit::Totals& t = fit.totals();
     out.push_back({{"holder", holder},
                    {"pulls", static_cast<uint64_t>(t.pulls)},  // counts, summed from whole increments
@@ -126,8 +126,7 @@ json WorkerJson(const WorkerStatus& w, std::optional<uint32_t> routing_window_si
           {"router_inflight_prefill_tokens", w.inflight_prefill_tokens},
           {"peer_routers_inflight_requests", w.peer_inflight_requests},
           {"peer_routers_inflight_prefill_tokens", w.peer_inflight_prefill_tokens},
-          {"load", LoadJson(w, now)},
-          {"pulls", PullsJson(w, now)}};
+          {"load", LoadJson(w, now)}};
 }
 
 json ModelEntry(const std::string& id, const std::string& root, const json& parent) {
@@ -139,7 +138,11 @@ json ModelEntry(const std::string& id, const std::string& root, const json& pare
 std::string FleetJson(const Fleet& fleet, const Clock& clock, std::optional<uint32_t> routing_window_size) {
   const TimeNs now = clock.Now();
   json workers = json::array();
-  for (const WorkerStatus& w : fleet.Workers()) workers.push_back(WorkerJson(w, routing_window_size, now));
+  for (const WorkerStatus& w : fleet.Workers()) {
+    json worker = WorkerJson(w, routing_window_size, now);
+    worker["pulls"] = PullsJson(fleet.PullFits(w.id), now);  // read here alone: Workers() has other callers
+    workers.push_back(std::move(worker));
+  }
   json refused = json::array();
   for (const RefusedWorker& r : fleet.Refused()) {
     refused.push_back({{"name", r.info.name},
