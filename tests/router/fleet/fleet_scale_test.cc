@@ -45,12 +45,14 @@ WorkerHello HelloOf(const std::string& name, int port) {
   return h;
 }
 
-bool Listed(const Fleet& fleet, const std::string& name) {
+std::optional<WorkerStatus> StatusOf(const Fleet& fleet, const std::string& name) {
   for (const WorkerStatus& w : fleet.Workers()) {
-    if (w.info.name == name) return true;
+    if (w.info.name == name) return w;
   }
-  return false;
+  return std::nullopt;
 }
+
+bool Listed(const Fleet& fleet, const std::string& name) { return StatusOf(fleet, name).has_value(); }
 
 // A worker's registration DEALER, as worker/server/registration.cc connects it.
 struct Registrar {
@@ -214,14 +216,8 @@ TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets
   returning.requests_endpoint = returning_worker.endpoint();
   s.registrar->Send(leaving);
   s.registrar->Send(returning);
-  auto status_of = [&](const std::string& name) {
-    for (const WorkerStatus& w : s.fleet->Workers()) {
-      if (w.info.name == name) return std::optional<WorkerStatus>(w);
-    }
-    return std::optional<WorkerStatus>();
-  };
   auto connected = [&](const std::string& name) {
-    const auto w = status_of(name);
+    const auto w = StatusOf(*s.fleet, name);
     return w && w->connected;
   };
   REQUIRE(WaitTicking(clock, [&] {
@@ -232,7 +228,7 @@ TEST_CASE("a worker that says bye is forgotten after the grace, with its sockets
   s.registrar->Send(returning);  // restarted within the grace
   s.Bye(leaving);
   REQUIRE(WaitFor([&] {
-    const auto w = status_of("leaving");
+    const auto w = StatusOf(*s.fleet, "leaving");
     return w && w->said_bye;
   }));
   REQUIRE(WaitTicking(clock, [&] { return s.fleet->Records() == 1; }, 4 * grace, 10'000, 1));
