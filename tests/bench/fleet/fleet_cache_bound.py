@@ -12,9 +12,15 @@ for 8 mock workers) it prints, for the requests past the warm-up (the caches see
   slru      those one segmented LRU of N tokens would hold: blocks used once go before blocks
             used again (each segment LRU), so a prompt's one-off tail does not push out a prefix
             that others share; an online policy that needs no knowledge of the future;
+  arc       those one ARC cache of N tokens would hold (Megiddo and Modha's adaptive replacement:
+            LRU lists of blocks used once and blocks used again, the split between them moved
+            by misses on recently evicted blocks of each); online, no knowledge of the future;
   opt       the blocks, leading or not, that one cache of N tokens would hold under the optimal
             eviction (Belady's: the block used again furthest in the future goes first; a
             request's blocks are inserted once it is served).
+The online orders trade one workload for another: scan resistance (slru, arc) keeps shared
+prefixes against one-off tails, and loses where the block used once is the one used next (a
+conversation's latest turn). Compare them on more than one trace.
 `opt` bounds what any fleet of that capacity can reach, routing and eviction alike: a fleet's
 workers together hold no more than one cache of their summed capacity (a prefix held twice
 takes its room twice), a hit needs a block's predecessors too, and the blocks of requests in
@@ -23,8 +29,59 @@ flight take room besides. A goal above `opt` is out of reach for that fleet.
 
 import argparse
 import heapq
+from collections import OrderedDict
 
 from trace_common import TRACE_BLOCK, add_scale_args, chain, scaled_trace
+
+
+def arc(reqs, capacity):
+    """Leading blocks hit by the measured requests under ARC of `capacity` blocks."""
+    t1, t2, b1, b2 = OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict()
+    target = 0  # t1's target size
+
+    def replace(in_b2):
+        if t1 and (len(t1) > target or (in_b2 and len(t1) == target)):
+            b1[t1.popitem(last=False)[0]] = True
+        else:
+            b2[t2.popitem(last=False)[0]] = True
+
+    hits = 0
+    for measured, _, ch in reqs:
+        shared = 0
+        while shared < len(ch) and (ch[shared] in t1 or ch[shared] in t2):
+            shared += 1
+        hits += shared if measured else 0
+        for c in ch:
+            if c in t1:
+                del t1[c]
+                t2[c] = True
+            elif c in t2:
+                t2.move_to_end(c)
+            elif c in b1 or c in b2:
+                in_b2 = c in b2
+                if in_b2:
+                    target = max(0, target - max(len(b1) // len(b2), 1))
+                    del b2[c]
+                else:
+                    target = min(capacity, target + max(len(b2) // len(b1), 1))
+                    del b1[c]
+                if len(t1) + len(t2) >= capacity:
+                    replace(in_b2)
+                t2[c] = True
+            else:
+                if len(t1) + len(b1) == capacity:
+                    if len(t1) < capacity:
+                        b1.popitem(last=False)
+                        replace(False)
+                    else:
+                        t1.popitem(last=False)
+                elif len(t1) + len(t2) + len(b1) + len(b2) >= capacity:
+                    if len(t1) + len(t2) + len(b1) + len(b2) >= 2 * capacity:
+                        b2.popitem(last=False)
+                    if len(t1) + len(t2) >= capacity:
+                        replace(False)
+                t1[c] = True
+    return hits
 
 
 def main():
@@ -94,6 +151,7 @@ def main():
                     once[c] = True
             while len(once) + len(again) > capacity:
                 del (once if once else again)[next(iter(once if once else again))]
+        arc_hits = arc(reqs, capacity) * block
         # Belady: every block present counts; evict the furthest next use (lazy max-heap).
         cached, heap, opt_hits = {}, [], 0
         for i, (measured, _, ch) in enumerate(reqs):
@@ -107,7 +165,8 @@ def main():
                     del cached[c]
         print(f"capacity {tokens} tokens ({capacity} blocks): " +
               ", ".join(f"{name} {hits / prompt:.4f} ({hits / ideal:.1%} of ideal)"
-                        for name, hits in (("lru", lru_hits), ("slru", slru_hits), ("opt", opt_hits))))
+                        for name, hits in (("lru", lru_hits), ("slru", slru_hits), ("arc", arc_hits),
+                                                      ("opt", opt_hits))))
 
 
 if __name__ == "__main__":
