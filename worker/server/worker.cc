@@ -167,6 +167,7 @@ Status Worker::Init(zmq::context_t& context) {
     bo.extra["mock.prefill_token_us"] = std::to_string(config_.mock_cost.prefill_token_us);
     bo.extra["mock.decode_seq_us"] = std::to_string(config_.mock_cost.decode_seq_us);
     bo.extra["mock.kv_token_read_us"] = std::to_string(config_.mock_cost.kv_token_read_us);
+    bo.extra["mock.tier_copy_us_per_mib"] = std::to_string(config_.mock_cost.tier_copy_us_per_mib);
     bo.extra["mock.verify_kv"] = config_.mock_verify_kv ? "1" : "0";
     if (!config_.device_id.empty()) bo.extra["mock.device"] = config_.device_id;  // this process's mocks naming it take turns
   }

@@ -166,6 +166,9 @@ void AddWorkerFlags(CLI::App& app, WorkerConfig* c) {
       ->capture_default_str();
   app.add_option("--mock-kv-token-read-us", c->mock_cost.kv_token_read_us, "mock: per KV token read (d), µs")
       ->capture_default_str();
+  app.add_option("--mock-tier-copy-us-per-mib", c->mock_cost.tier_copy_us_per_mib,
+                 "mock: per MiB of KV offloaded to or onboarded from the host tier (e), µs")
+      ->capture_default_str();
   app.add_flag("--mock-verify-kv", c->mock_verify_kv, "mock: check KV contents through a shadow cache (tests)");
   app.add_option("--mock-workers", c->mock_workers, "mock: workers in this process (fleet benchmarks)")
       ->capture_default_str();

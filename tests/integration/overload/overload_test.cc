@@ -83,7 +83,7 @@ double CapacityRps() {
   backend::mock::CostModel cost;  // the workers' defaults
   const double fit = (engine::config::kDefaultMaxStepMs * 1e3 - cost.step_base_us) / cost.prefill_token_us;
   const uint64_t tokens = std::min<uint64_t>(kStepTokens, static_cast<uint64_t>(fit));
-  const double step_s = static_cast<double>(cost.StepDuration({tokens, 0, tokens})) / static_cast<double>(kNsPerSec);
+  const double step_s = static_cast<double>(cost.StepDuration({tokens, 0, tokens, 0})) / static_cast<double>(kNsPerSec);
   return kWorkers * static_cast<double>(tokens) / step_s / kPromptTokens;
 }
 

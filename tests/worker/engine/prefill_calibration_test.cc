@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <memory>
+#include <vector>
 
 #include "worker/backend/mock/mock_backend.h"
 
@@ -14,8 +15,9 @@ namespace {
 // A mock of `a` µs per step and `b` µs per prefill token (no KV read cost, so a step's time
 // is exactly linear in its tokens), on `clock`; `extra_first_us` more for its first step.
 struct TimedMock {
-  TimedMock(double a, double b, int64_t blocks = 1024, double extra_first_us = 0) {
+  TimedMock(double a, double b, int64_t blocks = 1024, double extra_first_us = 0, uint64_t host_bytes = 0) {
     backend::BackendOptions bo;
+    bo.host_kv_bytes = host_bytes;
     bo.block_size = 16;
     bo.max_num_tokens = 8192;
     bo.max_batch_size = 8;
@@ -111,6 +113,33 @@ TEST_CASE("a slow backend's calibration stops within its time budget") {
     REQUIRE(measured->steps.size() == 1);
     CHECK(measured->tokens_per_second == doctest::Approx(64 / 1.282).epsilon(1e-6));
   }
+}
+
+
+TEST_CASE("a mock step pays for the KV copied between the tiers since the step before, and only once") {
+  TimedMock m(2'000, 10, 1024, 0, 64ull << 20);
+  REQUIRE(m.mock->cost_model().tier_copy_us_per_mib == 20);  // the default
+  REQUIRE(m.mock->pools().size() == 1);
+  REQUIRE(m.mock->pools()[0].bytes_per_block == 2ull << 20);  // 16 tokens x 128 KiB
+  REQUIRE(m.mock->pools()[0].host_blocks == 32);
+  const backend::StepBatch none;
+  backend::StepOutput out;
+  // Three offloads and an onboard (4 x 2 MiB at 20 us/MiB = 160 us); a copy within the device
+  // tier (a partial block's) is not charged.
+  std::vector<kv::BlockCopy> copies = {{0, kv::Tier::kDevice, 1, kv::Tier::kHost, 0},
+                                       {0, kv::Tier::kDevice, 2, kv::Tier::kHost, 1},
+                                       {0, kv::Tier::kDevice, 3, kv::Tier::kHost, 2},
+                                       {0, kv::Tier::kHost, 0, kv::Tier::kDevice, 4},
+                                       {0, kv::Tier::kDevice, 5, kv::Tier::kDevice, 6}};
+  m.mock->block_copier().Copy(copies);
+  TimeNs start = m.clock.Now();
+  REQUIRE(m.mock->Execute(none, &out).ok());
+  CHECK(m.clock.Now() - start == 160 * kNsPerUs);
+  start = m.clock.Now();
+  REQUIRE(m.mock->Execute(none, &out).ok());
+  CHECK(m.clock.Now() - start == 0);
+  // With work besides, the copies add to the step: 2 ms + 0.16 ms.
+  CHECK(m.mock->cost_model().StepDuration({1, 0, 1, 8ull << 20}) == (2'000 + 10 + 160) * kNsPerUs);
 }
 
 }  // namespace

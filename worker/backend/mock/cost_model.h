@@ -1,9 +1,12 @@
 // The mock backend's cost model: how long one engine step takes on a real GPU.
 //
 //   step = a + b·(prefill tokens computed) + c·(decode sequences) + d·(KV tokens read)
+//          + e·(MiB copied between the tiers)
 //
 // "KV tokens read" counts, for every sequence in the step, the tokens its attention
-// reads from the cache: its context after the step (cached prefix + new tokens).
+// reads from the cache: its context after the step (cached prefix + new tokens). The tier
+// copies are the offloads (device to host) and onboards (host to device) the KV cache made
+// since the last step: the engine issues them before the step's kernels on the same stream.
 //
 // Default constants: measured, not guessed. tests/bench/worker/calibrate_mock.py ran the
 // forward pass of a Llama-3.1-8B-shaped model (bf16, random weights; cuBLAS GEMMs, flash
@@ -15,6 +18,9 @@
 //   c = 11.5 µs    per decoding sequence (GEMM rows, sampling)
 //   d = 0.057 µs   per KV token read: 128 KiB/token at ~2.3 TB/s
 // Measured points, for comparison: decode 64 seqs × 2048 ctx = 15.4 ms; 128 × 512 = 12.6 ms.
+//   e = 20 µs      per MiB between the tiers: ~52 GB/s, what the cuda backend's block copies
+//                  reached over PCIe 5 on an H200 (kv offload 52.5 GB/s, onboard 51.3 GB/s;
+//                  tests/bench/results/2026-11-21-nvidia-h200-kernels-v7.txt)
 // A tuned engine (vLLM, SGLang) is within ~10-20% of these figures on the same GPU.
 // worker/backend/mock/README.md says how to re-fit for another GPU or model.
 //
@@ -33,18 +39,21 @@ struct CostModel {
   double prefill_token_us = 26.0;     // b: per prompt token computed (not served from cache)
   double decode_seq_us = 11.5;        // c: per sequence decoding one token
   double kv_token_read_us = 0.057;    // d: per KV token attention reads
+  double tier_copy_us_per_mib = 20.0; // e: per MiB copied between the device and host tiers
 
   // A step's work, as the cost model sees it.
   struct Work {
     uint64_t prefill_tokens = 0;
     uint64_t decode_seqs = 0;
     uint64_t kv_tokens_read = 0;
+    uint64_t tier_copy_bytes = 0;
   };
 
   // All constants must be finite and >= 0.
   Status Validate() const;
 
-  // REQUIRES: Validate().ok(). 0 for a step with no work.
+  // REQUIRES: Validate().ok(). 0 for a step with no work; a step of tier copies alone
+  // takes their time, without a.
   DurationNs StepDuration(const Work& work) const;
 };
 

@@ -17,7 +17,8 @@
 namespace kvfleet::backend::mock {
 
 // The shadow KV cache of verify_kv: per pool and tier, the (token, position) in each slot.
-// Without verify_kv it only counts copies.
+// Without verify_kv it only counts copies, and the modelled bytes of those between the tiers
+// (which the next step pays for).
 class MockBackend::ShadowCopier final : public kv::BlockCopier {
  public:
   struct Slot {
@@ -25,6 +26,7 @@ class MockBackend::ShadowCopier final : public kv::BlockCopier {
     uint32_t position_plus_one = 0;  // 0: never written
   };
   ShadowCopier(const std::vector<KvPoolInfo>& pools, uint32_t block_size, bool enabled) : block_size_(block_size) {
+    for (const KvPoolInfo& p : pools) bytes_per_block_.push_back(p.bytes_per_block);
     if (!enabled) return;
     for (const KvPoolInfo& p : pools) {
       tiers_.push_back({std::vector<Slot>(static_cast<size_t>(p.device_blocks) * block_size),
@@ -33,6 +35,9 @@ class MockBackend::ShadowCopier final : public kv::BlockCopier {
   }
   void Copy(std::span<const kv::BlockCopy> copies) override {
     copies_ += copies.size();
+    for (const kv::BlockCopy& c : copies) {
+      if (c.src_tier != c.dst_tier) tier_copy_bytes_ += bytes_per_block_[c.pool];
+    }
     if (tiers_.empty()) return;
     for (const kv::BlockCopy& c : copies) {
       auto& src = tiers_[c.pool][static_cast<int>(c.src_tier)];
@@ -44,9 +49,13 @@ class MockBackend::ShadowCopier final : public kv::BlockCopier {
   bool enabled() const { return !tiers_.empty(); }
   std::vector<Slot>& device(uint32_t pool) { return tiers_[pool][0]; }
   uint64_t copies() const { return copies_; }
+  // The bytes copied between the tiers since the last call.
+  uint64_t TakeTierCopyBytes() { return std::exchange(tier_copy_bytes_, 0); }
 
  private:
   uint32_t block_size_;
+  std::vector<uint64_t> bytes_per_block_;  // per pool
+  uint64_t tier_copy_bytes_ = 0;
   std::vector<std::array<std::vector<Slot>, kv::kNumTiers>> tiers_;
   uint64_t copies_ = 0;
 };
@@ -78,6 +87,8 @@ Status ParseMockSettings(const BackendOptions& options, MockOptions* mock) {
         mock->cost.decode_seq_us = std::stod(value);
       } else if (key == "mock.kv_token_read_us") {
         mock->cost.kv_token_read_us = std::stod(value);
+      } else if (key == "mock.tier_copy_us_per_mib") {
+        mock->cost.tier_copy_us_per_mib = std::stod(value);
       } else if (key == "mock.verify_kv") {
         mock->verify_kv = value == "1" || value == "true";
       } else if (key == "mock.device") {
@@ -375,6 +386,7 @@ Status MockBackend::Execute(const StepBatch& batch, StepOutput* out) {
       out->prompt_logprobs[i].push_back(MockLogprobs(s.history[p + 1], s.sampling->logprobs));
     }
   }
+  work.tier_copy_bytes = copier_->TakeTierCopyBytes();
   last_step_ = mock_.cost.StepDuration(work);
   const TimeNs deadline = mock_.device.empty() ? start + last_step_ : ReserveDevice(mock_.device, start, last_step_);
   if (mock_.wait) {
@@ -403,7 +415,7 @@ double MockBackend::ExpectedPrefillTokensPerSecond(uint32_t max_tokens, double m
     const double fit = (max_step_ms * 1e3 - c.step_base_us) / c.prefill_token_us;
     tokens = std::clamp<uint64_t>(fit > 1 ? static_cast<uint64_t>(fit) : 1, 1, tokens);
   }
-  const DurationNs d = c.StepDuration({tokens, 0, tokens});
+  const DurationNs d = c.StepDuration({tokens, 0, tokens, 0});
   return d > 0 ? static_cast<double>(tokens) * kNsPerSec / static_cast<double>(d) : 0;
 }
 

@@ -32,7 +32,8 @@
 // ManualClock's Advance).
 //
 // Settings in BackendOptions::extra (all optional):
-//   mock.step_base_us, mock.prefill_token_us, mock.decode_seq_us, mock.kv_token_read_us
+//   mock.step_base_us, mock.prefill_token_us, mock.decode_seq_us, mock.kv_token_read_us,
+//   mock.tier_copy_us_per_mib
 //   mock.verify_kv (0/1), mock.eos_after (N: the Nth generated token is EOS; 0: never)
 //   mock.device (a name: the mocks of this process naming it run one step at a time)
 // Without a model_dir the model is Llama-3.1-8B's shape (config.json of
