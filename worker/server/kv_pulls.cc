@@ -187,6 +187,9 @@ void KvPulls::Poll() {
   stats_.nccl_held = nccl_held_.size();
   stats_.kept_blocks = 0;
   for (const Kept& k : kept_) stats_.kept_blocks += k.plan.num_blocks;
+  stats_.in_flight = pending_.size();
+  stats_.held_requests = 0;
+  for (const auto& [id, p] : pending_) stats_.held_requests += 1 + p.waiters.size();
 }
 
 std::vector<PullTotals> KvPulls::TakeChangedPullTotals() {

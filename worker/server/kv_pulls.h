@@ -129,6 +129,8 @@ struct KvPullStats {
   uint64_t nccl_peers = 0;        // peers this worker keeps a communicator with now
   uint64_t nccl_peers_forgotten = 0;  // communicators let go: idle, or past kMaxNcclPeers
   uint64_t kept_blocks = 0;       // pulled blocks kept now for requests not admitted yet
+  uint64_t in_flight = 0;         // pulls started here and not ended now
+  uint64_t held_requests = 0;     // requests held now for those pulls (their own, or waiting on another's)
   // Pulls held for blocks this worker was computing, by how the wait ended: the blocks were
   // stored (or their sequence ended), or half the pull's deadline passed first.
   uint64_t serve_waits_stored = 0;

@@ -47,7 +47,18 @@ TransferMetrics::TransferMetrics(prometheus::Registry& r)
                        .Name("kvfleet_worker_kv_pulled_kept_blocks")
                        .Help("KV blocks pulled here and kept for requests not admitted yet (evicted by nothing)")
                        .Register(r)
-                       .Add({})) {}
+                       .Add({})),
+      in_flight_(prometheus::BuildGauge()
+                     .Name("kvfleet_worker_kv_pulls_in_flight")
+                     .Help("KV pulls this worker has started and not ended")
+                     .Register(r)
+                     .Add({})),
+      held_requests_(prometheus::BuildGauge()
+                         .Name("kvfleet_worker_kv_pull_held_requests")
+                         .Help("Requests held for a KV pull in flight, theirs or another's, before they queue "
+                               "for admission (not in kvfleet_worker_requests)")
+                         .Register(r)
+                         .Add({})) {}
 
 void TransferMetrics::Advance(prometheus::Family<prometheus::Counter>& family,
                               const std::map<std::string, std::string>& labels, double total) {
@@ -86,6 +97,8 @@ void TransferMetrics::Update(const KvPullStats& pulls, const transfer::TransferS
   Advance(nccl_released_, {}, static_cast<double>(pulls.nccl_peers_forgotten));
   nccl_communicators_.Set(static_cast<double>(pulls.nccl_peers));
   kept_blocks_.Set(static_cast<double>(pulls.kept_blocks));
+  in_flight_.Set(static_cast<double>(pulls.in_flight));
+  held_requests_.Set(static_cast<double>(pulls.held_requests));
   Advance(serve_waits_, {{"ended", "half_deadline"}}, static_cast<double>(pulls.serve_waits_cut));
   Advance(serve_waits_, {{"ended", "stored"}}, static_cast<double>(pulls.serve_waits_stored));
   for (size_t r = 0; r < transfer::kNumRefusalReasons; ++r) {

@@ -16,6 +16,8 @@
 //   kvfleet_worker_kv_nccl_communicators               peers this worker keeps an NCCL communicator with now
 //   kvfleet_worker_kv_nccl_communicators_released_total  communicators let go (idle, or too many peers)
 //   kvfleet_worker_kv_pulled_kept_blocks               pulled blocks kept for requests not admitted yet
+//   kvfleet_worker_kv_pulls_in_flight                  pulls started here and not ended
+//   kvfleet_worker_kv_pull_held_requests               requests held for them (not yet queued for admission)
 //   kvfleet_worker_kv_serve_waits_total{ended}         pulls held for blocks this worker was computing:
 //                                                      ended "stored", or "half_deadline" with part of the chain
 //
@@ -65,6 +67,8 @@ class TransferMetrics {
   prometheus::Family<prometheus::Counter>& nccl_released_;
   prometheus::Gauge& nccl_communicators_;
   prometheus::Gauge& kept_blocks_;
+  prometheus::Gauge& in_flight_;
+  prometheus::Gauge& held_requests_;
   std::map<std::pair<const void*, std::map<std::string, std::string>>, double> seen_;
 };
 

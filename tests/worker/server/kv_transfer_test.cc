@@ -165,7 +165,9 @@ TEST_CASE("a holder still computing the prefix answers a pull once the blocks ar
   auto race = [&](const RunningWorker& a, uint32_t b_deadline_ms) {
     Answer on_a;
     std::thread asker([&] { on_a = Ask(context, a.worker->requests_endpoint(), prompt, gone); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a has started its own pull
+    // a has started its own pull, and holds its request for it.
+    REQUIRE(MetricsShow(a, "kvfleet_worker_kv_pulls_in_flight 1\n"));
+    CHECK(MetricsShow(a, "kvfleet_worker_kv_pull_held_requests 1\n"));
     const PullHint from_a{a.worker->transfer_endpoint(), "", 6, a.worker->worker_id(), b_deadline_ms};
     const Answer on_b = Ask(context, b.worker->requests_endpoint(), prompt, from_a);
     asker.join();
@@ -173,6 +175,8 @@ TEST_CASE("a holder still computing the prefix answers a pull once the blocks ar
     REQUIRE(on_b.finished);
     CHECK(on_a.cached_device_tokens == 0);
     CHECK(on_b.tokens == on_a.tokens);
+    CHECK(MetricsShow(a, "kvfleet_worker_kv_pulls_in_flight 0\n"));
+    CHECK(MetricsShow(a, "kvfleet_worker_kv_pull_held_requests 0\n"));
     return on_b;
   };
   SUBCASE("stored within the pull's deadline: served then") {
