@@ -115,7 +115,6 @@ TEST_CASE("a slow backend's calibration stops within its time budget") {
   }
 }
 
-
 TEST_CASE("a mock step pays for the KV copied between the tiers since the step before, and only once") {
   TimedMock m(2'000, 10, 1024, 0, 64ull << 20);
   REQUIRE(m.mock->cost_model().tier_copy_us_per_mib == 20);  // the default

@@ -17,10 +17,10 @@
 //   b = 26 µs      per prefill token (4096 tokens: 118 ms, ~550 TFLOP/s)
 //   c = 11.5 µs    per decoding sequence (GEMM rows, sampling)
 //   d = 0.057 µs   per KV token read: 128 KiB/token at ~2.3 TB/s
-// Measured points, for comparison: decode 64 seqs × 2048 ctx = 15.4 ms; 128 × 512 = 12.6 ms.
 //   e = 20 µs      per MiB between the tiers: ~52 GB/s, what the cuda backend's block copies
 //                  reached over PCIe 5 on an H200 (kv offload 52.5 GB/s, onboard 51.3 GB/s;
 //                  tests/bench/results/2026-11-21-nvidia-h200-kernels-v7.txt)
+// Measured points, for comparison: decode 64 seqs × 2048 ctx = 15.4 ms; 128 × 512 = 12.6 ms.
 // A tuned engine (vLLM, SGLang) is within ~10-20% of these figures on the same GPU.
 // worker/backend/mock/README.md says how to re-fit for another GPU or model.
 //
