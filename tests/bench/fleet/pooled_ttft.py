@@ -6,10 +6,12 @@
 Each OUT_DIR is one round of tests/bench/fleet/transfer_compare.sh (or any directory of
 `kvfleet bench --out` JSON files). A row is a JSON file's name, with "-nopull" and the like
 read as a policy suffix: `mooncake-1.3x-nopull.json`'s kv run is policy "kv-nopull" of row
-"mooncake-1.3x". Every run's TTFT CDF (`ttft_cdf_ms`; the bench keeps at most 2,000 points a
-run, evenly spaced in rank, so a run of more requests is thinned and each point stands for the
-same share of its run) joins its row and policy's pool, and the pool's mean and quantiles are
-printed beside the range of the runs' own p99s and cached ratios (over the ideal).
+"mooncake-1.3x". Every run's TTFT CDF (`ttft_cdf_ms`) joins its row and policy's pool, and the
+pool's mean and quantiles are printed beside the range of the runs' own p99s and cached ratios
+(over the ideal). A CDF point stands for the requests its cumulative fraction adds (the bench
+keeps at most 2,000 points a run, evenly spaced in rank, and repeats the slowest at 1.0, which
+adds none), and quantiles are the bench's own: linear between the two nearest ranks. A pool of
+one run whose CDF is not thinned gives that run's mean and p99.
 
 One run's p99 over ~1,500 requests rests on its 15 slowest; rounds differ by several percent.
 The pool ranks policies on the same question with every round's requests at once.
@@ -36,8 +38,23 @@ def runs_of(out_dirs):
     return pools
 
 
+def samples(run):
+    """The run's TTFTs as its CDF gives them: each point repeated for the requests it stands for."""
+    count = run["ttft_ms"]["count"]
+    out, seen = [], 0
+    for value, fraction in run["ttft_cdf_ms"]:
+        upto = round(fraction * count)
+        out.extend([value] * (upto - seen))
+        seen = max(seen, upto)
+    return out
+
+
 def quantile(values, q):
-    return values[min(len(values) - 1, int(q * len(values)))]
+    """As the bench's Percentile: linear between the ranks around q x (n - 1) of sorted values."""
+    rank = q * (len(values) - 1)
+    lo = int(rank)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (rank - lo)
 
 
 def main():
@@ -52,7 +69,7 @@ def main():
               f"{'runs p99':>17s}  cached/ideal")
         for policy in sorted(pools[row]):
             runs = pools[row][policy]
-            ttft = sorted(v for run in runs for v, _ in run["ttft_cdf_ms"])
+            ttft = sorted(v for run in runs for v in samples(run))
             if not ttft:
                 continue
             p99s = [run["ttft_ms"]["p99"] for run in runs]

@@ -17,7 +17,7 @@
 # KVFLEET_FLEET_ARGS_<NAME>, when set (even empty), replaces them for that fleet.
 # Writes OUT_DIR/s<seed>/<name>/<row>[-nopull].json (`kvfleet bench --out`; pooled_ttft.py reads
 # OUT_DIR/s*/*) and prints, per row and name, each seed's TTFT mean/p99 (ms), cached/ideal ratio
-# and the router's pulls.
+# and the router's pulls, then the four standard fleets' TTFT pooled over the seeds.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"; TRACE="$2"; OUT="$3"; SEEDS="$4"; ROWS="$5"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -97,4 +97,13 @@ for row in rows:
                          + (f" failed {r['failed']}" if r["failed"] else ""))
         print(f"  {name:8s} " + " | ".join(cells))
 EOF
+# Pooled over the seeds (pooled_ttft.py), for the four standard fleets: another name's runs would
+# join the pool of their policy.
+pooled=()
+for seed in $SEEDS; do
+  for name in kv nopull approx preble; do
+    [ -d "$OUT/s$seed/$name" ] && pooled+=("$OUT/s$seed/$name")
+  done
+done
+[ ${#pooled[@]} -gt 0 ] && python3 "$HERE/pooled_ttft.py" "${pooled[@]}"
 echo "uptime at end: $(uptime)"
