@@ -4,7 +4,8 @@
 # same host load (transfer_compare.sh runs them one after another).
 #   tests/bench/fleet/transfer_side_by_side.sh KVFLEET_BIN_DIR MOONCAKE_TRACE OUT_DIR "SEEDS" "ROWS"
 # SEEDS: e.g. "41 42 43"; a seed names a round, and is the conversation trace's --seed.
-# ROWS: any of conv09 (conversations at 0.9x: time scale 1.25), conv20 (2.0x: 2.23), mc09 (the
+# ROWS: any of conv09 (conversations at 0.9x: time scale 1.25), conv13 (1.3x: 1.81), conv20 (2.0x:
+# 2.23; the conversations reuse ~70% of their tokens, so 2.0x offered is their loaded point), mc09 (the
 # Mooncake trace at 0.9x: 15.28, past its first 7 s) and mc13 (1.3x: 20.54, past its first 7 s);
 # every row replays 25 s (conversations) or 32 s (Mooncake) at length scale 4.
 # NAMES (default "kv nopull approx preble"): the fleets. kv, approx, preble: that routing policy
@@ -28,10 +29,11 @@ mkdir -p "$OUT"
 row_args() {  # row -> trace time-scale duration warm-up
   case "$1" in
     conv09) echo "conv 1.25 25 0" ;;
+    conv13) echo "conv 1.81 25 0" ;;
     conv20) echo "conv 2.23 25 0" ;;
     mc09) echo "mc 15.28 32 7" ;;
     mc13) echo "mc 20.54 32 7" ;;
-    *) echo "transfer_side_by_side: unknown row '$1' (conv09 conv20 mc09 mc13)" >&2; return 1 ;;
+    *) echo "transfer_side_by_side: unknown row '$1' (conv09 conv13 conv20 mc09 mc13)" >&2; return 1 ;;
   esac
 }
 
