@@ -8,11 +8,12 @@
 # 2.23; the conversations reuse ~70% of their tokens, so 2.0x offered is their loaded point), mc09 (the
 # Mooncake trace at 0.9x: 15.28, past its first 7 s) and mc13 (1.3x: 20.54, past its first 7 s);
 # every row replays 25 s (conversations) or 32 s (Mooncake) at length scale 4.
-# NAMES (default "kv nopull approx preble"): the fleets. kv, approx, preble: that routing policy
-# with pulls priced at KVFLEET_TRANSFER_BPS (default 25e9, router --transfer-bytes-per-s, the mock's
-# --mock-transfer-bytes-per-s); nopull: kv with --transfer-bytes-per-s 0. KVFLEET_WORKER_BIN_<NAME>
-# (e.g. KVFLEET_WORKER_BIN_kv2=/path/kvfleet-worker with NAMES="kv kv2"; the name's policy is
-# then kv) runs that fleet on another worker binary, to compare two workers side by side.
+# NAMES (default "kv nopull approx preble"; letters, digits and _): the fleets. kv, approx,
+# preble: that routing policy with pulls priced at KVFLEET_TRANSFER_BPS (default 25e9, router
+# --transfer-bytes-per-s, the mock's --mock-transfer-bytes-per-s); nopull: kv with
+# --transfer-bytes-per-s 0. KVFLEET_WORKER_BIN_<NAME> (e.g. KVFLEET_WORKER_BIN_kv2=/path/kvfleet-worker
+# with NAMES="kv kv2"; the name's policy is then kv) runs that fleet on another worker binary, to
+# compare two workers side by side.
 # KVFLEET_FLEET_ARGS: more `kvfleet up` arguments for every fleet (e.g.
 # "--worker-arg=--host-cache-bytes=28991029248" gives each worker a host tier);
 # KVFLEET_FLEET_ARGS_<NAME>, when set (even empty), replaces them for that fleet.
@@ -65,10 +66,14 @@ EOS
     echo "transfer_side_by_side: s$seed $row $name failed (exit $?): $(tail -3 "$dir/$row.log")" >&2
 }
 
+for name in $NAMES; do
+  [[ "$name" =~ ^[A-Za-z0-9_]+$ ]] || { echo "transfer_side_by_side: fleet name '$name': letters, digits and _ only" >&2; exit 2; }
+done
+for row in $ROWS; do row_args "$row" >/dev/null || exit 2; done
+
 for seed in $SEEDS; do
   python3 "$HERE/conversation_trace.py" --rate 40 --duration 75 --think-s 5 --seed "$seed" >"$OUT/conv-s$seed.jsonl"
   for row in $ROWS; do
-    row_args "$row" >/dev/null || exit 2
     echo "== s$seed $row; uptime: $(uptime)"
     i=0
     for name in $NAMES; do
