@@ -31,11 +31,46 @@ import argparse
 import heapq
 from collections import OrderedDict
 
-from trace_common import TRACE_BLOCK, add_scale_args, chain, scaled_trace
+from trace_common import TRACE_BLOCK, add_scale_args, chain, leading, scaled_trace
+
+
+# The online orders: each returns the leading blocks the measured requests of `reqs` (measured,
+# prompt tokens, chain) find in one cache of `capacity` blocks under that order.
+
+
+def lru(reqs, capacity):
+    """As reuse_breakdown.py's fleet_lru."""
+    cache, hits = OrderedDict(), 0
+    for measured, _, ch in reqs:
+        hits += leading(ch, cache) if measured else 0
+        for c in ch:
+            cache[c] = True
+            cache.move_to_end(c)
+        while len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits
+
+
+def slru(reqs, capacity):
+    """A block's first use puts it in `once`; a later one moves it to `again`; `once` goes first."""
+    once, again, hits = OrderedDict(), OrderedDict(), 0
+    for measured, _, ch in reqs:
+        hits += leading(ch, once, again) if measured else 0
+        for c in ch:
+            if c in again:
+                again.move_to_end(c)
+            elif c in once:
+                del once[c]
+                again[c] = True
+            else:
+                once[c] = True
+        while len(once) + len(again) > capacity:
+            (once if once else again).popitem(last=False)
+    return hits
 
 
 def arc(reqs, capacity):
-    """Leading blocks hit by the measured requests under ARC of `capacity` blocks."""
+    """Megiddo and Modha's ARC."""
     t1, t2, b1, b2 = OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict()
     target = 0  # t1's target size
 
@@ -47,10 +82,7 @@ def arc(reqs, capacity):
 
     hits = 0
     for measured, _, ch in reqs:
-        shared = 0
-        while shared < len(ch) and (ch[shared] in t1 or ch[shared] in t2):
-            shared += 1
-        hits += shared if measured else 0
+        hits += leading(ch, t1, t2) if measured else 0
         for c in ch:
             if c in t1:
                 del t1[c]
@@ -111,47 +143,14 @@ def main():
     prompt = sum(n for measured, n, _ in reqs if measured)
     seen, ideal = set(), 0
     for measured, _, ch in reqs:
-        hits = 0
-        while hits < len(ch) and ch[hits] in seen:
-            hits += 1
-        ideal += hits * block if measured else 0
+        ideal += leading(ch, seen) * block if measured else 0
         seen.update(ch)
     print(f"requests {sum(1 for r in reqs if r[0])} measured of {len(reqs)}; prompt tokens {prompt}; block {block} tokens")
     print(f"ideal {ideal / prompt:.4f}")
 
     for tokens in a.fleet_cache_tokens:
         capacity = tokens // block
-        # LRU, leading blocks only (as reuse_breakdown.py's fleet_lru).
-        lru, lru_hits = {}, 0
-        for measured, _, ch in reqs:
-            shared = 0
-            while shared < len(ch) and ch[shared] in lru:
-                shared += 1
-            lru_hits += shared * block if measured else 0
-            for c in ch:
-                lru.pop(c, None)
-                lru[c] = True
-            while len(lru) > capacity:
-                del lru[next(iter(lru))]
-        # Segmented LRU: a block's first use puts it in `once`; a later one moves it to `again`.
-        once, again, slru_hits = {}, {}, 0
-        for measured, _, ch in reqs:
-            shared = 0
-            while shared < len(ch) and (ch[shared] in once or ch[shared] in again):
-                shared += 1
-            slru_hits += shared * block if measured else 0
-            for c in ch:
-                if c in again:
-                    del again[c]
-                    again[c] = True
-                elif c in once:
-                    del once[c]
-                    again[c] = True
-                else:
-                    once[c] = True
-            while len(once) + len(again) > capacity:
-                del (once if once else again)[next(iter(once if once else again))]
-        arc_hits = arc(reqs, capacity) * block
+        online = [(name, order(reqs, capacity) * block) for name, order in (("lru", lru), ("slru", slru), ("arc", arc))]
         # Belady: every block present counts; evict the furthest next use (lazy max-heap).
         cached, heap, opt_hits = {}, [], 0
         for i, (measured, _, ch) in enumerate(reqs):
@@ -165,8 +164,7 @@ def main():
                     del cached[c]
         print(f"capacity {tokens} tokens ({capacity} blocks): " +
               ", ".join(f"{name} {hits / prompt:.4f} ({hits / ideal:.1%} of ideal)"
-                        for name, hits in (("lru", lru_hits), ("slru", slru_hits), ("arc", arc_hits),
-                                                      ("opt", opt_hits))))
+                        for name, hits in online + [("opt", opt_hits)]))
 
 
 if __name__ == "__main__":

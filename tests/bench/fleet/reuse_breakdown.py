@@ -41,7 +41,7 @@ import argparse
 import json
 from collections import OrderedDict, defaultdict
 
-from trace_common import TRACE_BLOCK, add_scale_args, chain, scaled_trace
+from trace_common import TRACE_BLOCK, add_scale_args, chain, leading, scaled_trace
 
 
 def main():
@@ -70,21 +70,14 @@ def main():
     totals = defaultdict(int)
     origin = defaultdict(dict)  # worker -> chain id -> router of the request that sent it there
     for (arrival, n_in, ids), r in zip(scaled, reqs):
-        full = n_in // block
-        ch = chain(ids[:full])
+        ch = chain(ids[: n_in // block])
         # Past the warm-up every figure counts; before it only the caches learn.
         tot = totals if arrival >= a.warmup_s else defaultdict(int)
         tot["prompt"] += n_in
-        hits = 0
-        while hits < full and ch[hits] in seen:
-            hits += 1
-        tot["ideal"] += hits * block
+        tot["ideal"] += leading(ch, seen) * block
         seen.update(ch)
         if fleet_capacity:
-            shared = 0
-            while shared < full and ch[shared] in fleet_lru:
-                shared += 1
-            tot["fleet_lru"] += shared * block
+            tot["fleet_lru"] += leading(ch, fleet_lru) * block
             for c in ch:
                 fleet_lru[c] = True
                 fleet_lru.move_to_end(c)
@@ -95,15 +88,11 @@ def main():
             continue
         w, sent = r["worker"], r["sent_unix_s"]
         mine = on_worker[w]
-        routed = 0
-        while routed < full and ch[routed] in mine:
-            routed += 1
+        routed = leading(ch, mine)
         tot["routed"] += routed * block
         best, holder = 0, None
         for x, other in on_worker.items():
-            m = 0
-            while m < full and ch[m] in other:
-                m += 1
+            m = leading(ch, other)
             if m > best:
                 best, holder = m, x
         tot["best_worker"] += best * block

@@ -24,6 +24,15 @@ def chain(ids):
     return out
 
 
+def leading(ch, *held):
+    """How many of the chain's first blocks are in one of the `held` collections, up to the first
+    that is in none: a prefix hit needs every block before it."""
+    n = 0
+    while n < len(ch) and any(ch[n] in h for h in held):
+        n += 1
+    return n
+
+
 def scaled_trace(path, time_scale, length_scale, duration=0):
     """The trace's requests as `kvfleet bench` replays them: (arrival s, prompt tokens, hash ids)
     in arrival order, arrivals / time_scale, lengths / length_scale, those before `duration`."""
